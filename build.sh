@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# build.sh: one entry for setting up, building, running and testing fsdp-lua
+# on a Debian machine (root or sudo). Safe to run again: packages are
+# installed only when missing and the build is incremental.
+#
+#   ./build.sh          install dependencies and build
+#   ./build.sh run      ... then run the main job (recipes/quickstart.lua)
+#   ./build.sh test     ... then run every test suite (tests/run.sh)
+#
+# Environment: JOBS (parallel make jobs, default: number of cores),
+# FSDP_NO_CUDA=1 (build without the CUDA backend even if nvcc is found).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
+          libedit-dev libopenblas-dev openmpi-bin libopenmpi-dev lua-busted
+          lua-cjson libjansson-dev libcmocka-dev tmux)
+
+log() { printf '[build.sh] %s\n' "$*" >&2; }
+
+install_deps() {
+  local missing=() p
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=()
+  [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+  log "installing: ${missing[*]}"
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+generate() {
+  local opts=()
+  [ "${FSDP_NO_CUDA:-0}" = 1 ] && opts+=(--no-cuda)
+  if command -v premake5 >/dev/null; then
+    premake5 --file=premake5.lua "${opts[@]}" gmake2 >/dev/null
+  else
+    premake4 --file=premake5.lua "${opts[@]}" gmake >/dev/null
+  fi
+}
+
+build() { # build CONFIG...
+  generate
+  local cfg
+  for cfg in "$@"; do
+    log "building ($cfg)"
+    make -C build -j"${JOBS:-$(nproc)}" config="$cfg" --no-print-directory >/dev/null
+  done
+}
+
+case "${1:-build}" in
+  build)
+    install_deps
+    build release
+    ;;
+  run)
+    install_deps
+    build release
+    shift
+    exec build/bin/fsdp-lua recipes/quickstart.lua "$@"
+    ;;
+  test)
+    install_deps
+    build release asan
+    shift
+    exec tests/run.sh "$@"
+    ;;
+  *)
+    echo "usage: ./build.sh [build|run|test]" >&2
+    exit 2
+    ;;
+esac

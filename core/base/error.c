@@ -1,0 +1,46 @@
+/*
+ * error.c: the thread-local "last error" of the core.
+ *
+ * Fallible calls record a message here and return a status (or NULL); the
+ * Lua binding turns the message into a Lua error. Messages name the
+ * operation and the shapes involved so the user can find the mistake without
+ * a debugger. Broken internal invariants are not errors: fl_abort stops the
+ * process with the location, because continuing would corrupt results.
+ */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+enum { FL_ERROR_CAPACITY = 1024 };
+
+static _Thread_local char last_message[FL_ERROR_CAPACITY];
+static _Thread_local fl_status last_status = FL_OK;
+
+int fl_fail(fl_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_message, sizeof last_message, fmt, ap);
+    va_end(ap);
+    last_status = status;
+    return status;
+}
+
+int fl_set_error(fl_status status, const char *message) {
+    return fl_fail(status, "%s", message ? message : "(no message)");
+}
+
+fl_status fl_last_status(void) { return last_status; }
+
+const char *fl_last_error(void) { return last_message; }
+
+void fl_clear_error(void) {
+    last_message[0] = '\0';
+    last_status = FL_OK;
+}
+
+void fl_abort(const char *file, int line, const char *what) {
+    fprintf(stderr, "fsdp-lua: internal error at %s:%d: %s\n", file, line, what);
+    fflush(stderr);
+    abort();
+}

@@ -1,0 +1,129 @@
+/*
+ * internal.h: declarations shared by the files of the core, never installed.
+ *
+ * Error helpers (fl_fail), invariant checks (FL_ASSERT), the storage layout,
+ * and the per-device backend vtable through which every kernel is reached.
+ */
+#ifndef FL_INTERNAL_H
+#define FL_INTERNAL_H
+
+#include "fsdp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- errors ------------------------------------------------------------ */
+
+/* Record an error for this thread and return `status` (so callers can write
+ * `return fl_fail(FL_ERR_ARG, "narrow: ...", ...)`). */
+int fl_fail(fl_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Same, for functions that return a pointer: records and returns NULL. */
+#define FL_FAIL_NULL(status, ...) (fl_fail((status), __VA_ARGS__), (void *)0)
+
+/* Broken internal invariant: not a user mistake. Abort with location. */
+#define FL_ASSERT(cond)                                                       \
+    do {                                                                      \
+        if (!(cond)) fl_abort(__FILE__, __LINE__, #cond);                     \
+    } while (0)
+void fl_abort(const char *file, int line, const char *what)
+    __attribute__((noreturn));
+
+/* ---- shapes ------------------------------------------------------------ */
+
+/* Normalise a possibly negative dim against ndim (ndim_extra lets unsqueeze
+ * accept dim == ndim). Returns the dim or -1 after recording an error that
+ * names `op` and the tensor's shape. */
+int fl_wrap_dim(const char *op, const fl_tensor *t, int dim, int ndim_extra);
+/* Validate ndim and sizes for a new tensor; computes numel. */
+int fl_check_shape(const char *op, int ndim, const int64_t *shape,
+                   int64_t *numel);
+/* "[3, 4]" of a tensor into a caller buffer (for messages). */
+const char *fl_shape_str(const fl_tensor *t, char *buf, size_t size);
+/* Row-major contiguous strides for shape. */
+void fl_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+
+/* ---- storage ----------------------------------------------------------- */
+
+struct fl_storage {
+    void *data;
+    int64_t nbytes;
+    int32_t refcount;
+    fl_device device;
+    /* For storage the core did not allocate (e.g. mmap of a file): called
+     * instead of the device allocator's free when the last reference goes. */
+    void (*release)(void *ctx, void *data, int64_t nbytes);
+    void *release_ctx;
+};
+
+fl_storage *fl_storage_new(fl_device device, int64_t nbytes);
+void fl_storage_retain(fl_storage *s);
+void fl_storage_release(fl_storage *s);
+
+/* A fresh tensor header (refcount 1) with the given geometry and no data;
+ * storage is attached by the caller. */
+fl_tensor *fl_tensor_header(int ndim, const int64_t *shape, fl_dtype dtype,
+                            fl_device device);
+/* A new view header sharing t's storage with the given geometry. */
+fl_tensor *fl_tensor_view_of(const fl_tensor *t, int ndim,
+                             const int64_t *shape, const int64_t *stride,
+                             int64_t offset);
+/* Fail unless t is non-NULL and, if need_data, has host-usable storage. */
+int fl_check_tensor(const char *op, const fl_tensor *t, bool need_data);
+
+/* ---- allocators and memory statistics ---------------------------------- */
+
+/* Account for an allocation of nbytes on device; fails (FL_ERR_OOM, with a
+ * message naming the device, the request and the statistics) when a limit
+ * would be exceeded. Call fl_memory_note_free when it is returned. */
+int fl_memory_note_alloc(fl_device device, int64_t nbytes);
+void fl_memory_note_free(fl_device device, int64_t nbytes);
+void fl_memory_note_failure(fl_device device);
+
+/* ---- backends: one vtable per device kind ------------------------------ */
+
+/* What a random fill generates: distribution, key and parameters. */
+typedef struct fl_random_spec {
+    enum { FL_RANDOM_UNIFORM, FL_RANDOM_NORMAL, FL_RANDOM_INT } kind;
+    uint64_t seed, stream, first_index;
+    double a, b;          /* uniform: low, high; normal: mean, std */
+    int64_t ilow, ihigh;  /* randint */
+} fl_random_spec;
+
+typedef struct fl_backend {
+    const char *name;
+    void *(*alloc)(int index, int64_t nbytes);
+    void (*free)(int index, void *ptr, int64_t nbytes);
+    /* dst and src on this device, same numel (src may broadcast: stride 0),
+     * any dtypes and strides. */
+    int (*copy)(fl_tensor *dst, const fl_tensor *src);
+    int (*fill)(fl_tensor *t, double value);
+    int (*random)(fl_tensor *t, const fl_random_spec *spec);
+    /* Contiguous bytes between host memory and this device. */
+    int (*to_host)(int index, void *host_dst, const void *src, int64_t nbytes);
+    int (*from_host)(int index, void *dst, const void *host_src,
+                     int64_t nbytes);
+} fl_backend;
+
+/* The backend of a device kind with storage, or NULL (meta, or cuda when the
+ * build lacks it). */
+const fl_backend *fl_backend_of(fl_device device);
+
+extern const fl_backend fl_cpu_backend;
+#ifdef FL_HAVE_CUDA
+extern const fl_backend fl_cuda_backend;
+#endif
+
+/* ---- scalar element access used by kernels ------------------------------ */
+
+double fl_load_f64(const void *p, fl_dtype dtype);
+int64_t fl_load_i64(const void *p, fl_dtype dtype);
+void fl_store_f64(void *p, fl_dtype dtype, double v);
+void fl_store_i64(void *p, fl_dtype dtype, int64_t v);
+
+/* The value of element `index` of a random fill, as double: the generator is
+ * evaluated at spec->first_index + index (rng.c documents the mapping). */
+double fl_random_value(const fl_random_spec *spec, uint64_t index);
+
+#endif /* FL_INTERNAL_H */

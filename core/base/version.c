@@ -1,0 +1,34 @@
+/*
+ * version.c: the core's version and a one-line description of its build,
+ * shown by `fsdp-lua --version` and recorded in benchmark output.
+ */
+#include "internal.h"
+
+#define FL_VERSION_STRING "0.1.0"
+
+#define FL_STR2(x) #x
+#define FL_STR(x) FL_STR2(x)
+
+#ifdef FL_HAVE_CUDA
+#define FL_CUDA_INFO "cuda=built"
+#else
+#define FL_CUDA_INFO "cuda=off"
+#endif
+
+#ifdef _OPENMP
+#define FL_OMP_INFO "openmp=" FL_STR(_OPENMP)
+#else
+#define FL_OMP_INFO "openmp=off"
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#define FL_SAN_INFO " asan"
+#else
+#define FL_SAN_INFO ""
+#endif
+
+const char *fl_version(void) { return FL_VERSION_STRING; }
+
+const char *fl_build_info(void) {
+    return "gcc " __VERSION__ ", " FL_CUDA_INFO ", " FL_OMP_INFO FL_SAN_INFO;
+}

@@ -1,0 +1,203 @@
+/*
+ * cpu_backend.c: the CPU device: aligned host allocation and the element
+ * kernels of the tensor core (strided copy with dtype conversion, fill,
+ * counter-based random numbers). Later ops add their own files in cpu/.
+ */
+#include "cpu_iter.h"
+
+#include <string.h>
+
+/* 64 bytes: a cache line, and the widest SIMD load (AVX-512). */
+enum { ALIGNMENT = 64 };
+/* Elements converted per step through the scratch buffers below. */
+enum { SCRATCH = 512 };
+
+static void *cpu_alloc(int index, int64_t nbytes) {
+    (void)index;
+    size_t size = ((size_t)nbytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
+    return aligned_alloc(ALIGNMENT, size);
+}
+
+static void cpu_free(int index, void *ptr, int64_t nbytes) {
+    (void)index;
+    (void)nbytes;
+    free(ptr);
+}
+
+/* Gather `count` elements of `size` bytes, `stride` elements apart, into a
+ * dense buffer (or scatter the other way). Dispatch on size so the compiler
+ * emits plain loads and stores. */
+static void gather(void *dst, const char *src, int64_t stride, int64_t count, size_t size) {
+    switch (size) {
+    case 1: for (int64_t i = 0; i < count; i++) ((uint8_t *)dst)[i] = ((const uint8_t *)src)[i * stride]; break;
+    case 2: for (int64_t i = 0; i < count; i++) ((uint16_t *)dst)[i] = ((const uint16_t *)src)[i * stride]; break;
+    case 4: for (int64_t i = 0; i < count; i++) ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i * stride]; break;
+    case 8: for (int64_t i = 0; i < count; i++) ((uint64_t *)dst)[i] = ((const uint64_t *)src)[i * stride]; break;
+    default: FL_ASSERT(!"element size");
+    }
+}
+
+static void scatter(char *dst, int64_t stride, const void *src, int64_t count, size_t size) {
+    switch (size) {
+    case 1: for (int64_t i = 0; i < count; i++) ((uint8_t *)dst)[i * stride] = ((const uint8_t *)src)[i]; break;
+    case 2: for (int64_t i = 0; i < count; i++) ((uint16_t *)dst)[i * stride] = ((const uint16_t *)src)[i]; break;
+    case 4: for (int64_t i = 0; i < count; i++) ((uint32_t *)dst)[i * stride] = ((const uint32_t *)src)[i]; break;
+    case 8: for (int64_t i = 0; i < count; i++) ((uint64_t *)dst)[i * stride] = ((const uint64_t *)src)[i]; break;
+    default: FL_ASSERT(!"element size");
+    }
+}
+
+/* ---- copy --------------------------------------------------------------- */
+
+typedef struct copy_ctx {
+    fl_dtype dst_dtype, src_dtype;
+} copy_ctx;
+
+static void copy_chunk(void *vctx, char *const *ptrs, const int64_t *inner, int64_t count,
+                       int64_t index) {
+    (void)index;
+    const copy_ctx *c = vctx;
+    size_t dsize = fl_dtype_size(c->dst_dtype), ssize = fl_dtype_size(c->src_dtype);
+    if (inner[0] == 1 && inner[1] == 1) {
+        fl_convert(ptrs[0], c->dst_dtype, ptrs[1], c->src_dtype, count);
+        return;
+    }
+    if (c->dst_dtype == c->src_dtype) { /* strided, same type: move elements */
+        if (inner[1] == 1) {
+            scatter(ptrs[0], inner[0], ptrs[1], count, dsize);
+        } else {
+            _Alignas(8) char tmp[SCRATCH * 8];
+            for (int64_t i = 0; i < count; i += SCRATCH) {
+                int64_t n = count - i < SCRATCH ? count - i : SCRATCH;
+                gather(tmp, ptrs[1] + i * inner[1] * (int64_t)ssize, inner[1], n, ssize);
+                scatter(ptrs[0] + i * inner[0] * (int64_t)dsize, inner[0], tmp, n, dsize);
+            }
+        }
+        return;
+    }
+    /* Strided with conversion: densify, convert, scatter, SCRATCH at a time. */
+    _Alignas(8) char in[SCRATCH * 8], out[SCRATCH * 8];
+    for (int64_t i = 0; i < count; i += SCRATCH) {
+        int64_t n = count - i < SCRATCH ? count - i : SCRATCH;
+        const char *s = ptrs[1] + i * inner[1] * (int64_t)ssize;
+        char *d = ptrs[0] + i * inner[0] * (int64_t)dsize;
+        const void *dense = s;
+        if (inner[1] != 1) {
+            gather(in, s, inner[1], n, ssize);
+            dense = in;
+        }
+        if (inner[0] == 1) {
+            fl_convert(d, c->dst_dtype, dense, c->src_dtype, n);
+        } else {
+            fl_convert(out, c->dst_dtype, dense, c->src_dtype, n);
+            scatter(d, inner[0], out, n, dsize);
+        }
+    }
+}
+
+static int cpu_copy(fl_tensor *dst, const fl_tensor *src) {
+    const fl_tensor *ts[2] = {dst, src};
+    fl_cpu_iter it;
+    fl_cpu_iter_init(&it, 2, ts);
+    copy_ctx c = {dst->dtype, src->dtype};
+    fl_cpu_iter_run(&it, copy_chunk, &c);
+    return FL_OK;
+}
+
+/* ---- fill --------------------------------------------------------------- */
+
+typedef struct fill_ctx {
+    _Alignas(8) char value[8]; /* one element of the tensor's dtype */
+    size_t size;
+    bool zero;
+} fill_ctx;
+
+static void fill_chunk(void *vctx, char *const *ptrs, const int64_t *inner, int64_t count,
+                       int64_t index) {
+    (void)index;
+    const fill_ctx *c = vctx;
+    if (c->zero && inner[0] == 1) {
+        memset(ptrs[0], 0, (size_t)count * c->size);
+        return;
+    }
+    _Alignas(8) char tmp[SCRATCH * 8];
+    int64_t n = count < SCRATCH ? count : SCRATCH;
+    for (int64_t i = 0; i < n; i++) memcpy(tmp + (size_t)i * c->size, c->value, c->size);
+    for (int64_t i = 0; i < count; i += SCRATCH) {
+        int64_t m = count - i < SCRATCH ? count - i : SCRATCH;
+        scatter(ptrs[0] + i * inner[0] * (int64_t)c->size, inner[0], tmp, m, c->size);
+    }
+}
+
+static int cpu_fill(fl_tensor *t, double value) {
+    fill_ctx c = {.size = fl_dtype_size(t->dtype)};
+    fl_store_f64(c.value, t->dtype, value);
+    c.zero = true;
+    for (size_t i = 0; i < c.size; i++) c.zero &= c.value[i] == 0;
+    const fl_tensor *ts[1] = {t};
+    fl_cpu_iter it;
+    fl_cpu_iter_init(&it, 1, ts);
+    fl_cpu_iter_run(&it, fill_chunk, &c);
+    return FL_OK;
+}
+
+/* ---- random ------------------------------------------------------------- */
+
+typedef struct random_ctx {
+    const fl_random_spec *spec;
+    fl_dtype dtype;
+} random_ctx;
+
+static void random_chunk(void *vctx, char *const *ptrs, const int64_t *inner, int64_t count,
+                         int64_t index) {
+    const random_ctx *c = vctx;
+    size_t size = fl_dtype_size(c->dtype);
+    double values[SCRATCH];
+    _Alignas(8) char out[SCRATCH * 8];
+    for (int64_t i = 0; i < count; i += SCRATCH) {
+        int64_t n = count - i < SCRATCH ? count - i : SCRATCH;
+        for (int64_t j = 0; j < n; j++)
+            values[j] = fl_random_value(c->spec, (uint64_t)(index + i + j));
+        char *d = ptrs[0] + i * inner[0] * (int64_t)size;
+        if (inner[0] == 1) {
+            fl_convert(d, c->dtype, values, FL_F64, n);
+        } else {
+            fl_convert(out, c->dtype, values, FL_F64, n);
+            scatter(d, inner[0], out, n, size);
+        }
+    }
+}
+
+static int cpu_random(fl_tensor *t, const fl_random_spec *spec) {
+    random_ctx c = {spec, t->dtype};
+    const fl_tensor *ts[1] = {t};
+    fl_cpu_iter it;
+    fl_cpu_iter_init(&it, 1, ts);
+    fl_cpu_iter_run(&it, random_chunk, &c);
+    return FL_OK;
+}
+
+/* ---- host transfers (the CPU is the host) ------------------------------- */
+
+static int cpu_to_host(int index, void *host_dst, const void *src, int64_t nbytes) {
+    (void)index;
+    memcpy(host_dst, src, (size_t)nbytes);
+    return FL_OK;
+}
+
+static int cpu_from_host(int index, void *dst, const void *host_src, int64_t nbytes) {
+    (void)index;
+    memcpy(dst, host_src, (size_t)nbytes);
+    return FL_OK;
+}
+
+const fl_backend fl_cpu_backend = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = cpu_copy,
+    .fill = cpu_fill,
+    .random = cpu_random,
+    .to_host = cpu_to_host,
+    .from_host = cpu_from_host,
+};

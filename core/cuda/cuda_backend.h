@@ -1,0 +1,26 @@
+/*
+ * cuda_backend.h: the C entry points of cuda_runtime.cu, used by the C
+ * vtable in cuda_backend.c. Plain C types only.
+ */
+#ifndef FL_CUDA_BACKEND_H
+#define FL_CUDA_BACKEND_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int fl_cuda_probe(void);                 /* device count, 0 without a GPU */
+const char *fl_cuda_probe_status(void);  /* device 0's name or why none */
+void *fl_cuda_malloc(int index, int64_t nbytes);
+void fl_cuda_free(int index, void *ptr);
+int fl_cuda_memcpy(int index, void *dst, const void *src, int64_t nbytes, int to_host);
+int fl_cuda_memset(int index, void *dst, int value, int64_t nbytes);
+const char *fl_cuda_last_problem(void);  /* text of the last failed call */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FL_CUDA_BACKEND_H */

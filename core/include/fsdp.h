@@ -1,0 +1,301 @@
+/*
+ * fsdp.h: the one public header of the fsdp-lua core.
+ *
+ * Every exported symbol starts with `fl_` (types, functions) or `FL_` (enum
+ * constants). The Lua FFI declarations are generated from this file at build
+ * time (preprocessed with -DFL_FFI_CDEF, see mk/extra.mk) and compiled into
+ * the library, so `fl_ffi_cdef()` always describes the binary that is loaded.
+ * Rules for this file that keep the generation working:
+ *   - constants are enums, never #define (the preprocessor removes macros);
+ *   - no function bodies, no attributes outside FL_API, no system types
+ *     beyond <stdint.h>/<stddef.h>/<stdbool.h> (LuaJIT knows those).
+ *
+ * Conventions
+ *   - Dimensions and indices are 0-based; a negative dim counts from the end.
+ *   - Functions that return a tensor return a NEW reference (refcount owned by
+ *     the caller) or NULL on error. Functions that return int return FL_OK (0)
+ *     or an fl_status. On error fl_last_error() says what went wrong, naming
+ *     the operation and the shapes involved. No user mistake aborts the
+ *     process; only broken internal invariants do (with file and line).
+ *   - Tensor arguments are borrowed: the callee takes its own reference when
+ *     it keeps one.
+ */
+#ifndef FSDP_H
+#define FSDP_H
+
+#ifndef FL_FFI_CDEF
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#define FL_API __attribute__((visibility("default")))
+#ifdef __cplusplus
+extern "C" {
+#endif
+#else
+#define FL_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Library                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Semantic version of the core, e.g. "0.1.0". */
+FL_API const char *fl_version(void);
+/* One line describing how the core was built: compiler, CUDA, OpenMP. */
+FL_API const char *fl_build_info(void);
+/* This header, preprocessed for LuaJIT's ffi.cdef (generated at build time). */
+FL_API const char *fl_ffi_cdef(void);
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef enum fl_status {
+    FL_OK = 0,
+    FL_ERR_ARG = 1,         /* invalid argument: shape, dim, dtype, value */
+    FL_ERR_OOM = 2,         /* allocation refused: system or memory limit */
+    FL_ERR_DEVICE = 3,      /* device missing or device runtime failure */
+    FL_ERR_IO = 4,          /* file system or file format problem */
+    FL_ERR_STATE = 5,       /* object in the wrong state (e.g. freed storage) */
+    FL_ERR_UNSUPPORTED = 6  /* no kernel for this dtype/device in this build */
+} fl_status;
+
+/* Status of the last failed call on this thread (FL_OK if none since clear). */
+FL_API fl_status fl_last_status(void);
+/* Message of the last failed call on this thread ("" if none). */
+FL_API const char *fl_last_error(void);
+/* Forget the last error of this thread. */
+FL_API void fl_clear_error(void);
+/* Set this thread's error (used by bindings to report their own failures). */
+FL_API int fl_set_error(fl_status status, const char *message);
+
+/* ------------------------------------------------------------------------ */
+/* Data types                                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef enum fl_dtype {
+    FL_F32 = 0,
+    FL_F64 = 1,
+    FL_F16 = 2,   /* IEEE 754 binary16 */
+    FL_BF16 = 3,  /* bfloat16: the top 16 bits of an f32 */
+    FL_I64 = 4,
+    FL_I32 = 5,
+    FL_I16 = 6,
+    FL_I8 = 7,
+    FL_U32 = 8,
+    FL_U16 = 9,
+    FL_U8 = 10,
+    FL_BOOL = 11, /* one byte, 0 or 1 */
+    FL_DTYPE_COUNT = 12
+} fl_dtype;
+
+/* Bytes per element; 0 for an invalid dtype. */
+FL_API size_t fl_dtype_size(fl_dtype dtype);
+/* Canonical short name ("f32", "bf16", "i64", "bool"); "?" if invalid. */
+FL_API const char *fl_dtype_name(fl_dtype dtype);
+/* Parse a name or alias ("float32", "half", "bfloat16", "long", "uint8"...).
+ * Returns the dtype, or -1 with the error set if the name is unknown. */
+FL_API int fl_dtype_parse(const char *name);
+/* True for f32, f64, f16, bf16. */
+FL_API bool fl_dtype_is_float(fl_dtype dtype);
+
+/* Scalar conversions. f32 -> bf16/f16 round to nearest even; NaN stays NaN
+ * (quiet), overflow gives infinity, f16 subnormals are exact. */
+FL_API uint16_t fl_f32_to_bf16(float value);
+FL_API float fl_bf16_to_f32(uint16_t bits);
+FL_API uint16_t fl_f32_to_f16(float value);
+FL_API float fl_f16_to_f32(uint16_t bits);
+
+/* Convert n contiguous elements from one dtype to another (src and dst must
+ * not overlap). Float to integer truncates toward zero and saturates at the
+ * target's range (NaN becomes 0); anything to bool is (x != 0). */
+FL_API int fl_convert(void *dst, fl_dtype dst_dtype, const void *src,
+                      fl_dtype src_dtype, int64_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Devices and memory                                                        */
+/* ------------------------------------------------------------------------ */
+
+typedef enum fl_device_kind {
+    FL_DEVICE_META = 0, /* shapes only, never any storage */
+    FL_DEVICE_CPU = 1,
+    FL_DEVICE_CUDA = 2,
+    FL_DEVICE_KIND_COUNT = 3
+} fl_device_kind;
+
+enum { FL_MAX_DEVICE_INDEX = 63 };
+
+/* A device is kind | index << 8 (e.g. cuda:1 == FL_DEVICE_CUDA | 1 << 8). */
+typedef int32_t fl_device;
+
+FL_API fl_device fl_device_make(fl_device_kind kind, int index);
+FL_API fl_device_kind fl_device_kind_of(fl_device device);
+FL_API int fl_device_index(fl_device device);
+/* Parse "cpu", "meta", "cuda", "cuda:1". Returns FL_OK and sets *out. */
+FL_API int fl_device_parse(const char *name, fl_device *out);
+/* Write the canonical name ("cpu", "meta", "cuda:0") into buf. */
+FL_API int fl_device_format(fl_device device, char *buf, size_t size);
+
+/* True when the core was compiled with the CUDA backend. */
+FL_API bool fl_cuda_built(void);
+/* Number of usable CUDA devices: 0 without a GPU, a driver or the backend. */
+FL_API int fl_cuda_device_count(void);
+/* Why fl_cuda_device_count() is 0, or the name of device 0 ("" if unknown). */
+FL_API const char *fl_cuda_status(void);
+
+typedef struct fl_memory_stats {
+    int64_t in_use;      /* bytes allocated now */
+    int64_t peak;        /* high-water mark of in_use since the last reset */
+    int64_t allocations; /* allocations since the last reset */
+    int64_t frees;       /* frees since the last reset */
+    int64_t failures;    /* allocations refused since the last reset */
+    int64_t limit;       /* refuse allocations beyond this many bytes; 0 = none */
+} fl_memory_stats;
+
+/* Statistics of the allocator of one device (meta: always zero). */
+FL_API int fl_memory_stats_get(fl_device device, fl_memory_stats *out);
+/* Reset peak to in_use and the counters to 0; in_use and limit stay. */
+FL_API int fl_memory_stats_reset(fl_device device);
+/* Make allocations that would exceed `bytes` in use fail with FL_ERR_OOM. */
+FL_API int fl_memory_set_limit(fl_device device, int64_t bytes);
+
+/* ------------------------------------------------------------------------ */
+/* Tensors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+enum { FL_MAX_DIMS = 8 };
+
+/* Flags of fl_tensor.flags. */
+enum {
+    FL_TENSOR_FAKE = 1 /* real target device, no storage yet */
+};
+
+typedef struct fl_storage fl_storage;
+
+/* A strided view of a storage. Read the fields freely; change them only
+ * through the functions below. A meta tensor (device kind META) or a fake one
+ * (FL_TENSOR_FAKE) has storage == NULL and data == NULL. */
+typedef struct fl_tensor {
+    fl_storage *storage;            /* owned reference, NULL without storage */
+    void *data;                     /* address of element [0,...,0] or NULL */
+    int64_t shape[FL_MAX_DIMS];
+    int64_t stride[FL_MAX_DIMS];    /* in elements, may be 0 (broadcast) */
+    int64_t offset;                 /* elements from the start of storage */
+    int64_t numel;                  /* product of shape (1 for a 0-d tensor) */
+    int32_t refcount;
+    fl_device device;
+    fl_dtype dtype;
+    int32_t ndim;                   /* 0 ... FL_MAX_DIMS */
+    uint32_t flags;
+} fl_tensor;
+
+/* Take or drop a reference. Dropping the last frees the tensor and, with its
+ * last view, the storage. Both accept NULL. */
+FL_API fl_tensor *fl_tensor_retain(fl_tensor *t);
+FL_API void fl_tensor_release(fl_tensor *t);
+/* Bytes of storage the tensor refers to (0 for meta and fake tensors). */
+FL_API int64_t fl_tensor_storage_bytes(const fl_tensor *t);
+/* True if t has its own memory (not meta, not fake). */
+FL_API bool fl_tensor_has_storage(const fl_tensor *t);
+/* True if the elements are laid out densely in row-major order. */
+FL_API bool fl_tensor_is_contiguous(const fl_tensor *t);
+/* Write "[3, 4]" into buf. */
+FL_API int fl_shape_format(int ndim, const int64_t *shape, char *buf, size_t size);
+
+/* --- creation. shape has ndim entries, each >= 0. --- */
+FL_API fl_tensor *fl_empty(int ndim, const int64_t *shape, fl_dtype dtype,
+                           fl_device device);
+/* Like fl_empty but never allocates: the tensor reports `device` and has no
+ * storage (for planning at full size on a machine that cannot hold it). */
+FL_API fl_tensor *fl_fake(int ndim, const int64_t *shape, fl_dtype dtype,
+                          fl_device device);
+FL_API fl_tensor *fl_zeros(int ndim, const int64_t *shape, fl_dtype dtype,
+                           fl_device device);
+FL_API fl_tensor *fl_full(int ndim, const int64_t *shape, double value,
+                          fl_dtype dtype, fl_device device);
+/* [start, end) by step, as PyTorch: ceil((end - start) / step) elements. */
+FL_API fl_tensor *fl_arange(double start, double end, double step,
+                            fl_dtype dtype, fl_device device);
+/* A tensor holding `n` values read from host memory of dtype src_dtype,
+ * converted to dtype (n must equal the product of shape). */
+FL_API fl_tensor *fl_from_host(int ndim, const int64_t *shape, fl_dtype dtype,
+                               fl_device device, const void *src,
+                               fl_dtype src_dtype, int64_t n);
+
+/* --- in place (the trailing underscore marks mutation) --- */
+FL_API int fl_fill_(fl_tensor *t, double value);
+/* Copy src into dst: same numel, src broadcastable to dst's shape or with
+ * the same number of elements laid out the same; converts dtypes and crosses
+ * devices. dst may be a strided view. */
+FL_API int fl_copy_(fl_tensor *dst, const fl_tensor *src);
+
+/* Counter-based random numbers. Element i of t in row-major order takes the
+ * value the generator gives for index (first_index + i) under (seed, stream):
+ * any part of a tensor can be generated alone and equals the same part of
+ * the whole. The generator is Philox-4x32-10. */
+FL_API int fl_uniform_(fl_tensor *t, uint64_t seed, uint64_t stream,
+                       uint64_t first_index, double low, double high);
+FL_API int fl_normal_(fl_tensor *t, uint64_t seed, uint64_t stream,
+                      uint64_t first_index, double mean, double std);
+/* Integers uniform in [low, high). */
+FL_API int fl_randint_(fl_tensor *t, uint64_t seed, uint64_t stream,
+                       uint64_t first_index, int64_t low, int64_t high);
+/* The raw generator: 4 words for counter (c0..c3) under key (k0, k1). */
+FL_API void fl_philox4x32(const uint32_t counter[4], const uint32_t key[2],
+                          uint32_t out[4]);
+
+/* --- copies --- */
+/* A contiguous copy (new storage) with the same dtype and device. */
+FL_API fl_tensor *fl_clone(const fl_tensor *t);
+/* t itself (new reference) if contiguous, else a contiguous clone. */
+FL_API fl_tensor *fl_contiguous(const fl_tensor *t);
+/* Convert to dtype and move to device; t itself (new reference) if both
+ * already match. */
+FL_API fl_tensor *fl_to(const fl_tensor *t, fl_dtype dtype, fl_device device);
+
+/* --- views: share storage with t, never copy --- */
+/* New shape with the same numel; one entry may be -1. Fails if the strides
+ * cannot express it (use fl_reshape). */
+FL_API fl_tensor *fl_view(const fl_tensor *t, int ndim, const int64_t *shape);
+/* Like fl_view, but copies when a view is impossible. */
+FL_API fl_tensor *fl_reshape(const fl_tensor *t, int ndim,
+                             const int64_t *shape);
+/* Elements [start, start + length) of dimension dim. */
+FL_API fl_tensor *fl_narrow(const fl_tensor *t, int dim, int64_t start,
+                            int64_t length);
+/* Elements start, start+step, ... below stop (Python slice semantics:
+ * negative start/stop count from the end and are clamped; step > 0). */
+FL_API fl_tensor *fl_slice(const fl_tensor *t, int dim, int64_t start,
+                           int64_t stop, int64_t step);
+/* Index `index` of dimension dim, removing that dimension. */
+FL_API fl_tensor *fl_select(const fl_tensor *t, int dim, int64_t index);
+FL_API fl_tensor *fl_transpose(const fl_tensor *t, int dim0, int dim1);
+/* dims is a permutation of 0 ... ndim-1 (negative entries allowed). */
+FL_API fl_tensor *fl_permute(const fl_tensor *t, int ndim, const int *dims);
+/* Broadcast size-1 dims (and new leading dims) to shape; -1 keeps a size. */
+FL_API fl_tensor *fl_expand(const fl_tensor *t, int ndim,
+                            const int64_t *shape);
+/* Insert a size-1 dimension at dim (dim may equal ndim). */
+FL_API fl_tensor *fl_unsqueeze(const fl_tensor *t, int dim);
+/* Remove dimension dim, which must have size 1. */
+FL_API fl_tensor *fl_squeeze(const fl_tensor *t, int dim);
+/* Collapse dims start ... end (inclusive) into one; view when possible. */
+FL_API fl_tensor *fl_flatten(const fl_tensor *t, int start_dim, int end_dim);
+
+/* --- element access (for printing and tests; not for compute) --- */
+/* Value of the element at `index` (ndim entries) as double / int64. The
+ * tensor must have host-readable storage (CPU). */
+FL_API int fl_get(const fl_tensor *t, const int64_t *index, double *out);
+FL_API int fl_get_i64(const fl_tensor *t, const int64_t *index, int64_t *out);
+FL_API int fl_set(fl_tensor *t, const int64_t *index, double value);
+/* Copy all elements, in row-major order, to host memory as dst_dtype. */
+FL_API int fl_to_host(const fl_tensor *t, void *dst, fl_dtype dst_dtype,
+                      int64_t n);
+
+#ifndef FL_FFI_CDEF
+#ifdef __cplusplus
+}
+#endif
+#endif
+
+#endif /* FSDP_H */

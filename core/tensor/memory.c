@@ -1,0 +1,102 @@
+/*
+ * memory.c: allocation accounting per device (bytes in use, peak, counts)
+ * and optional limits.
+ *
+ * Every allocation of tensor storage passes through fl_memory_note_alloc, so
+ * the statistics are exact for memory the core owns; a limit turns an
+ * allocation that would exceed it into a clean FL_ERR_OOM, which is how
+ * tests and sweeps exercise out-of-memory handling on a big machine.
+ * Counters are atomics: communication threads allocate too.
+ */
+#include "internal.h"
+
+#include <stdatomic.h>
+
+typedef struct memory_counters {
+    _Atomic int64_t in_use, peak, allocations, frees, failures, limit;
+} memory_counters;
+
+static memory_counters counters[FL_DEVICE_KIND_COUNT][FL_MAX_DEVICE_INDEX + 1];
+
+static memory_counters *counters_of(fl_device device) {
+    int kind = fl_device_kind_of(device), index = fl_device_index(device);
+    if (kind < 0 || kind >= FL_DEVICE_KIND_COUNT || index < 0 || index > FL_MAX_DEVICE_INDEX)
+        return NULL;
+    return &counters[kind][index];
+}
+
+static int device_error(const char *op, fl_device device) {
+    return fl_fail(FL_ERR_ARG, "%s: invalid device id %d", op, (int)device);
+}
+
+static const char *device_str(fl_device device, char *buf, size_t size) {
+    if (fl_device_format(device, buf, size) != FL_OK) snprintf(buf, size, "?");
+    return buf;
+}
+
+int fl_memory_note_alloc(fl_device device, int64_t nbytes) {
+    memory_counters *c = counters_of(device);
+    FL_ASSERT(c != NULL && nbytes >= 0);
+    int64_t limit = atomic_load(&c->limit);
+    int64_t now = atomic_fetch_add(&c->in_use, nbytes) + nbytes;
+    if (limit > 0 && now > limit) {
+        atomic_fetch_sub(&c->in_use, nbytes);
+        atomic_fetch_add(&c->failures, 1);
+        char dev[32];
+        return fl_fail(FL_ERR_OOM,
+                       "out of memory on %s: requested %lld bytes with %lld in use "
+                       "(peak %lld) and a limit of %lld bytes",
+                       device_str(device, dev, sizeof dev), (long long)nbytes,
+                       (long long)(now - nbytes), (long long)atomic_load(&c->peak),
+                       (long long)limit);
+    }
+    atomic_fetch_add(&c->allocations, 1);
+    int64_t peak = atomic_load(&c->peak);
+    while (now > peak && !atomic_compare_exchange_weak(&c->peak, &peak, now)) {
+    }
+    return FL_OK;
+}
+
+void fl_memory_note_free(fl_device device, int64_t nbytes) {
+    memory_counters *c = counters_of(device);
+    FL_ASSERT(c != NULL);
+    atomic_fetch_sub(&c->in_use, nbytes);
+    atomic_fetch_add(&c->frees, 1);
+}
+
+void fl_memory_note_failure(fl_device device) {
+    memory_counters *c = counters_of(device);
+    if (c) atomic_fetch_add(&c->failures, 1);
+}
+
+int fl_memory_stats_get(fl_device device, fl_memory_stats *out) {
+    memory_counters *c = counters_of(device);
+    if (!c) return device_error("memory_stats", device);
+    out->in_use = atomic_load(&c->in_use);
+    out->peak = atomic_load(&c->peak);
+    out->allocations = atomic_load(&c->allocations);
+    out->frees = atomic_load(&c->frees);
+    out->failures = atomic_load(&c->failures);
+    out->limit = atomic_load(&c->limit);
+    return FL_OK;
+}
+
+int fl_memory_stats_reset(fl_device device) {
+    memory_counters *c = counters_of(device);
+    if (!c) return device_error("memory_stats_reset", device);
+    atomic_store(&c->peak, atomic_load(&c->in_use));
+    atomic_store(&c->allocations, 0);
+    atomic_store(&c->frees, 0);
+    atomic_store(&c->failures, 0);
+    return FL_OK;
+}
+
+int fl_memory_set_limit(fl_device device, int64_t bytes) {
+    memory_counters *c = counters_of(device);
+    if (!c) return device_error("memory_set_limit", device);
+    if (bytes < 0)
+        return fl_fail(FL_ERR_ARG, "memory_set_limit: limit %lld is negative (0 means none)",
+                       (long long)bytes);
+    atomic_store(&c->limit, bytes);
+    return FL_OK;
+}

@@ -1,0 +1,80 @@
+/*
+ * shape.c: shape arithmetic shared by every tensor function and op: dim
+ * wrapping, shape validation, contiguity, strides, and shape strings for
+ * error messages.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+int fl_shape_format(int ndim, const int64_t *shape, char *buf, size_t size) {
+    if (size == 0) return FL_OK;
+    size_t used = 0;
+    buf[0] = '\0';
+    used += (size_t)snprintf(buf, size, "[");
+    for (int d = 0; d < ndim && used < size; d++)
+        used += (size_t)snprintf(buf + used, size - used, d ? ", %lld" : "%lld",
+                                 (long long)shape[d]);
+    if (used < size) snprintf(buf + used, size - used, "]");
+    return FL_OK;
+}
+
+const char *fl_shape_str(const fl_tensor *t, char *buf, size_t size) {
+    fl_shape_format(t->ndim, t->shape, buf, size);
+    return buf;
+}
+
+int fl_wrap_dim(const char *op, const fl_tensor *t, int dim, int ndim_extra) {
+    int n = t->ndim + ndim_extra;
+    int wrapped = dim < 0 ? dim + n : dim;
+    if (wrapped < 0 || wrapped >= n || n == 0) {
+        char s[128];
+        fl_fail(FL_ERR_ARG, "%s: dim %d out of range for a %d-d tensor of shape %s", op, dim,
+                t->ndim, fl_shape_str(t, s, sizeof s));
+        return -1;
+    }
+    return wrapped;
+}
+
+int fl_check_shape(const char *op, int ndim, const int64_t *shape, int64_t *numel) {
+    if (ndim < 0 || ndim > FL_MAX_DIMS)
+        return fl_fail(FL_ERR_ARG, "%s: %d dimensions requested, at most %d supported", op, ndim,
+                       FL_MAX_DIMS);
+    if (ndim > 0 && !shape) return fl_fail(FL_ERR_ARG, "%s: shape is NULL", op);
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 0) {
+            char s[128];
+            fl_shape_format(ndim, shape, s, sizeof s);
+            return fl_fail(FL_ERR_ARG, "%s: negative size %lld in dim %d of shape %s", op,
+                           (long long)shape[d], d, s);
+        }
+        if (shape[d] > 0 && n > INT64_MAX / shape[d]) {
+            char s[128];
+            fl_shape_format(ndim, shape, s, sizeof s);
+            return fl_fail(FL_ERR_ARG, "%s: shape %s has more than 2^63 elements", op, s);
+        }
+        n *= shape[d];
+    }
+    if (numel) *numel = n;
+    return FL_OK;
+}
+
+void fl_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        stride[d] = s;
+        s *= shape[d] > 0 ? shape[d] : 1;
+    }
+}
+
+bool fl_tensor_is_contiguous(const fl_tensor *t) {
+    if (t->numel == 0) return true;
+    int64_t expected = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] == 1) continue; /* any stride is fine for size 1 */
+        if (t->stride[d] != expected) return false;
+        expected *= t->shape[d];
+    }
+    return true;
+}

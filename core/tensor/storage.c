@@ -1,0 +1,74 @@
+/*
+ * storage.c: reference-counted blocks of device memory that tensors view.
+ *
+ * Storage is allocated through the device's backend and accounted in the
+ * memory statistics; storage the core did not allocate (a memory-mapped
+ * file, a buffer owned by another library) carries its own release callback
+ * and is not counted as allocator memory.
+ */
+#include "internal.h"
+
+fl_storage *fl_storage_new(fl_device device, int64_t nbytes) {
+    const fl_backend *be = fl_backend_of(device);
+    if (!be) {
+        char dev[32];
+        fl_device_format(device, dev, sizeof dev);
+        return FL_FAIL_NULL(FL_ERR_DEVICE, "cannot allocate on device %s: %s", dev,
+                            fl_device_kind_of(device) == FL_DEVICE_CUDA
+                                ? fl_cuda_status()
+                                : "it holds no storage");
+    }
+    if (fl_device_kind_of(device) == FL_DEVICE_CUDA &&
+        fl_device_index(device) >= fl_cuda_device_count()) {
+        char dev[32];
+        fl_device_format(device, dev, sizeof dev);
+        return FL_FAIL_NULL(FL_ERR_DEVICE, "device %s is not available: %s", dev,
+                            fl_cuda_status());
+    }
+    fl_storage *s = calloc(1, sizeof *s);
+    if (!s) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a storage header");
+    if (fl_memory_note_alloc(device, nbytes) != FL_OK) {
+        free(s);
+        return NULL;
+    }
+    int index = fl_device_index(device);
+    /* Allocate at least one byte so a 0-element tensor still has an address. */
+    s->data = be->alloc(index, nbytes > 0 ? nbytes : 1);
+    if (!s->data) {
+        fl_memory_note_free(device, nbytes);
+        fl_memory_note_failure(device);
+        free(s);
+        char dev[32];
+        fl_device_format(device, dev, sizeof dev);
+        fl_memory_stats st;
+        fl_memory_stats_get(device, &st);
+        return FL_FAIL_NULL(FL_ERR_OOM,
+                            "out of memory on %s: the system refused %lld bytes "
+                            "(%lld in use, peak %lld)",
+                            dev, (long long)nbytes, (long long)st.in_use, (long long)st.peak);
+    }
+    s->nbytes = nbytes;
+    s->refcount = 1;
+    s->device = device;
+    return s;
+}
+
+void fl_storage_retain(fl_storage *s) {
+    if (s) __atomic_fetch_add(&s->refcount, 1, __ATOMIC_RELAXED);
+}
+
+void fl_storage_release(fl_storage *s) {
+    if (!s) return;
+    int32_t left = __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL);
+    FL_ASSERT(left >= 0);
+    if (left > 0) return;
+    if (s->release) {
+        s->release(s->release_ctx, s->data, s->nbytes);
+    } else {
+        const fl_backend *be = fl_backend_of(s->device);
+        FL_ASSERT(be != NULL);
+        be->free(fl_device_index(s->device), s->data, s->nbytes > 0 ? s->nbytes : 1);
+        fl_memory_note_free(s->device, s->nbytes);
+    }
+    free(s);
+}

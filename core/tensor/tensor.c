@@ -1,0 +1,470 @@
+/*
+ * tensor.c: tensor headers, reference counting, creation, and the device-
+ * independent halves of fill, copy, conversion and random generation (the
+ * element loops live in the backends).
+ *
+ * [Note: meta and fake tensors]
+ * A meta tensor has device kind META; a fake tensor reports a real device
+ * (cpu, cuda:N) with the FL_TENSOR_FAKE flag. Neither has storage, and both
+ * go through every creation and view function so whole models can be built
+ * and inspected at full size. Functions that need values (fill, copy,
+ * random, element access) are no-ops on a meta tensor when they only write
+ * (so model init code runs unchanged on meta) and fail with a clear message
+ * when they must read.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- headers and references -------------------------------------------- */
+
+fl_tensor *fl_tensor_header(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device) {
+    fl_tensor *t = calloc(1, sizeof *t);
+    if (!t) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a tensor header");
+    t->ndim = ndim;
+    t->numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        t->shape[d] = shape[d];
+        t->numel *= shape[d];
+    }
+    fl_contiguous_strides(ndim, t->shape, t->stride);
+    t->dtype = dtype;
+    t->device = device;
+    t->refcount = 1;
+    return t;
+}
+
+fl_tensor *fl_tensor_view_of(const fl_tensor *t, int ndim, const int64_t *shape,
+                             const int64_t *stride, int64_t offset) {
+    fl_tensor *v = fl_tensor_header(ndim, shape, t->dtype, t->device);
+    if (!v) return NULL;
+    memcpy(v->stride, stride, (size_t)ndim * sizeof *stride);
+    v->offset = offset;
+    v->flags = t->flags;
+    if (t->storage) {
+        fl_storage_retain(t->storage);
+        v->storage = t->storage;
+        v->data = (char *)t->storage->data + offset * (int64_t)fl_dtype_size(t->dtype);
+    }
+    return v;
+}
+
+fl_tensor *fl_tensor_retain(fl_tensor *t) {
+    if (t) __atomic_fetch_add(&t->refcount, 1, __ATOMIC_RELAXED);
+    return t;
+}
+
+void fl_tensor_release(fl_tensor *t) {
+    if (!t) return;
+    int32_t left = __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL);
+    FL_ASSERT(left >= 0);
+    if (left > 0) return;
+    fl_storage_release(t->storage);
+    free(t);
+}
+
+int64_t fl_tensor_storage_bytes(const fl_tensor *t) {
+    return t && t->storage ? t->storage->nbytes : 0;
+}
+
+bool fl_tensor_has_storage(const fl_tensor *t) { return t && t->storage != NULL; }
+
+int fl_check_tensor(const char *op, const fl_tensor *t, bool need_data) {
+    if (!t) return fl_fail(FL_ERR_ARG, "%s: tensor is NULL (freed?)", op);
+    if (!need_data || t->storage) return FL_OK;
+    char s[128], dev[32];
+    fl_shape_str(t, s, sizeof s);
+    fl_device_format(t->device, dev, sizeof dev);
+    if (fl_device_kind_of(t->device) == FL_DEVICE_META)
+        return fl_fail(FL_ERR_STATE, "%s: tensor of shape %s is on the meta device and has no values",
+                       op, s);
+    if (t->flags & FL_TENSOR_FAKE)
+        return fl_fail(FL_ERR_STATE, "%s: fake tensor of shape %s on %s has no storage yet", op,
+                       s, dev);
+    return fl_fail(FL_ERR_STATE, "%s: tensor of shape %s on %s has no storage (freed?)", op, s,
+                   dev);
+}
+
+/* Metadata-only tensors: meta, or fake on a real device. */
+static bool is_metadata_only(const fl_tensor *t) {
+    return fl_device_kind_of(t->device) == FL_DEVICE_META || (t->flags & FL_TENSOR_FAKE);
+}
+
+/* A CPU tensor on the stack over memory the caller owns: contiguous, never
+ * retained or released, so it may be handed to fl_copy_ and nothing else. */
+typedef struct host_view {
+    fl_tensor t;
+    fl_storage s;
+} host_view;
+
+static fl_tensor *host_view_init(host_view *v, void *data, int ndim, const int64_t *shape,
+                                 fl_dtype dtype) {
+    memset(v, 0, sizeof *v);
+    v->t.ndim = ndim;
+    v->t.numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        v->t.shape[d] = shape[d];
+        v->t.numel *= shape[d];
+    }
+    fl_contiguous_strides(ndim, v->t.shape, v->t.stride);
+    v->t.dtype = dtype;
+    v->t.device = v->s.device = fl_device_make(FL_DEVICE_CPU, 0);
+    v->t.refcount = v->s.refcount = 1;
+    v->t.storage = &v->s;
+    v->t.data = v->s.data = data;
+    v->s.nbytes = v->t.numel * (int64_t)fl_dtype_size(dtype);
+    return &v->t;
+}
+
+/* ---- creation ----------------------------------------------------------- */
+
+static int check_dtype(const char *op, fl_dtype dtype) {
+    if ((int)dtype < 0 || dtype >= FL_DTYPE_COUNT)
+        return fl_fail(FL_ERR_ARG, "%s: invalid dtype %d", op, (int)dtype);
+    return FL_OK;
+}
+
+static int check_device(const char *op, fl_device device) {
+    char name[32];
+    if (fl_device_format(device, name, sizeof name) != FL_OK)
+        return fl_fail(FL_ERR_ARG, "%s: invalid device id %d", op, (int)device);
+    return FL_OK;
+}
+
+static fl_tensor *create(const char *op, int ndim, const int64_t *shape, fl_dtype dtype,
+                         fl_device device, bool fake) {
+    int64_t numel;
+    if (fl_check_shape(op, ndim, shape, &numel) || check_dtype(op, dtype) ||
+        check_device(op, device))
+        return NULL;
+    if ((size_t)numel > (size_t)INT64_MAX / fl_dtype_size(dtype))
+        return FL_FAIL_NULL(FL_ERR_ARG, "%s: %lld elements of %s overflow a byte count", op,
+                            (long long)numel, fl_dtype_name(dtype));
+    fl_tensor *t = fl_tensor_header(ndim, shape, dtype, device);
+    if (!t) return NULL;
+    if (fake) {
+        if (fl_device_kind_of(device) != FL_DEVICE_META) t->flags |= FL_TENSOR_FAKE;
+        return t;
+    }
+    if (fl_device_kind_of(device) == FL_DEVICE_META) return t;
+    t->storage = fl_storage_new(device, numel * (int64_t)fl_dtype_size(dtype));
+    if (!t->storage) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s: %s", op, fl_last_error());
+        fl_set_error(fl_last_status(), msg);
+        free(t);
+        return NULL;
+    }
+    t->data = t->storage->data;
+    return t;
+}
+
+fl_tensor *fl_empty(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device) {
+    return create("empty", ndim, shape, dtype, device, false);
+}
+
+fl_tensor *fl_fake(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device) {
+    return create("fake", ndim, shape, dtype, device, true);
+}
+
+static fl_tensor *filled(const char *op, int ndim, const int64_t *shape, double value,
+                         fl_dtype dtype, fl_device device) {
+    fl_tensor *t = create(op, ndim, shape, dtype, device, false);
+    if (t && fl_fill_(t, value) != FL_OK) {
+        fl_tensor_release(t);
+        return NULL;
+    }
+    return t;
+}
+
+fl_tensor *fl_zeros(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device) {
+    return filled("zeros", ndim, shape, 0.0, dtype, device);
+}
+
+fl_tensor *fl_full(int ndim, const int64_t *shape, double value, fl_dtype dtype,
+                   fl_device device) {
+    return filled("full", ndim, shape, value, dtype, device);
+}
+
+fl_tensor *fl_arange(double start, double end, double step, fl_dtype dtype, fl_device device) {
+    if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step))
+        return FL_FAIL_NULL(FL_ERR_ARG, "arange: start %g, end %g, step %g must be finite with "
+                            "step != 0", start, end, step);
+    double count = ceil((end - start) / step);
+    if (count < 0) count = 0;
+    if (count > 9.0e18)
+        return FL_FAIL_NULL(FL_ERR_ARG, "arange: %g elements are too many", count);
+    int64_t n = (int64_t)count;
+    fl_tensor *t = create("arange", 1, &n, dtype, device, false);
+    if (!t || is_metadata_only(t)) return t;
+    /* Compute on the host in f64 (exact for integers up to 2^53), then
+     * convert and place on the device. */
+    double *values = malloc((size_t)(n > 0 ? n : 1) * sizeof *values);
+    if (!values) {
+        fl_tensor_release(t);
+        return FL_FAIL_NULL(FL_ERR_OOM, "arange: out of host memory for %lld values",
+                            (long long)n);
+    }
+    for (int64_t i = 0; i < n; i++) values[i] = start + (double)i * step;
+    host_view v;
+    int rc = fl_copy_(t, host_view_init(&v, values, 1, &n, FL_F64));
+    free(values);
+    if (rc != FL_OK) {
+        fl_tensor_release(t);
+        return NULL;
+    }
+    return t;
+}
+
+fl_tensor *fl_from_host(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device,
+                        const void *src, fl_dtype src_dtype, int64_t n) {
+    int64_t numel;
+    if (fl_check_shape("from_host", ndim, shape, &numel) || check_dtype("from_host", src_dtype))
+        return NULL;
+    if (n != numel) {
+        char s[128];
+        fl_shape_format(ndim, shape, s, sizeof s);
+        return FL_FAIL_NULL(FL_ERR_ARG, "from_host: %lld values given for shape %s (%lld elements)",
+                            (long long)n, s, (long long)numel);
+    }
+    if (n > 0 && !src) return FL_FAIL_NULL(FL_ERR_ARG, "from_host: source pointer is NULL");
+    fl_tensor *t = create("from_host", ndim, shape, dtype, device, false);
+    if (!t || is_metadata_only(t)) return t;
+    host_view v;
+    if (fl_copy_(t, host_view_init(&v, (void *)src, ndim, shape, src_dtype)) != FL_OK) {
+        fl_tensor_release(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* ---- fill, copy, random ------------------------------------------------- */
+
+int fl_fill_(fl_tensor *t, double value) {
+    if (fl_check_tensor("fill_", t, false)) return fl_last_status();
+    if (is_metadata_only(t)) return FL_OK;
+    if (fl_check_tensor("fill_", t, true)) return fl_last_status();
+    return fl_backend_of(t->device)->fill(t, value);
+}
+
+static int random_fill(const char *op, fl_tensor *t, const fl_random_spec *spec) {
+    if (fl_check_tensor(op, t, false)) return fl_last_status();
+    if (is_metadata_only(t)) return FL_OK;
+    if (fl_check_tensor(op, t, true)) return fl_last_status();
+    const fl_backend *be = fl_backend_of(t->device);
+    if (!be->random) {
+        /* A device without a random kernel: generate on the host, copy. */
+        fl_tensor *host = fl_empty(t->ndim, t->shape, t->dtype, fl_device_make(FL_DEVICE_CPU, 0));
+        if (!host) return fl_last_status();
+        int rc = fl_cpu_backend.random(host, spec);
+        if (rc == FL_OK) rc = fl_copy_(t, host);
+        fl_tensor_release(host);
+        return rc;
+    }
+    return be->random(t, spec);
+}
+
+int fl_uniform_(fl_tensor *t, uint64_t seed, uint64_t stream, uint64_t first_index, double low,
+                double high) {
+    if (!(low <= high) || !isfinite(low) || !isfinite(high))
+        return fl_fail(FL_ERR_ARG, "uniform_: need finite low <= high, got [%g, %g)", low, high);
+    fl_random_spec spec = {.kind = FL_RANDOM_UNIFORM, .seed = seed, .stream = stream,
+                           .first_index = first_index, .a = low, .b = high};
+    return random_fill("uniform_", t, &spec);
+}
+
+int fl_normal_(fl_tensor *t, uint64_t seed, uint64_t stream, uint64_t first_index, double mean,
+               double std) {
+    if (!(std >= 0) || !isfinite(std) || !isfinite(mean))
+        return fl_fail(FL_ERR_ARG, "normal_: need finite mean and std >= 0, got mean %g, std %g",
+                       mean, std);
+    fl_random_spec spec = {.kind = FL_RANDOM_NORMAL, .seed = seed, .stream = stream,
+                           .first_index = first_index, .a = mean, .b = std};
+    return random_fill("normal_", t, &spec);
+}
+
+int fl_randint_(fl_tensor *t, uint64_t seed, uint64_t stream, uint64_t first_index, int64_t low,
+                int64_t high) {
+    if (low >= high)
+        return fl_fail(FL_ERR_ARG, "randint_: empty range [%lld, %lld)", (long long)low,
+                       (long long)high);
+    /* Values pass through a double: ranges beyond 2^53 would lose integers. */
+    if ((double)high - (double)low > 9007199254740992.0)
+        return fl_fail(FL_ERR_ARG, "randint_: range [%lld, %lld) is wider than 2^53",
+                       (long long)low, (long long)high);
+    fl_random_spec spec = {.kind = FL_RANDOM_INT, .seed = seed, .stream = stream,
+                           .first_index = first_index, .ilow = low, .ihigh = high};
+    return random_fill("randint_", t, &spec);
+}
+
+/* Broadcast src's geometry to dst's shape (numpy rules). */
+static int broadcast_to(const char *op, const fl_tensor *src, const fl_tensor *dst,
+                        int64_t *stride) {
+    int shift = dst->ndim - src->ndim;
+    bool ok = shift >= 0;
+    for (int d = 0; ok && d < dst->ndim; d++) {
+        int sd = d - shift;
+        if (sd < 0) {
+            stride[d] = 0;
+        } else if (src->shape[sd] == dst->shape[d]) {
+            stride[d] = src->stride[sd];
+        } else if (src->shape[sd] == 1) {
+            stride[d] = 0;
+        } else {
+            ok = false;
+        }
+    }
+    if (!ok) {
+        char a[128], b[128];
+        return fl_fail(FL_ERR_ARG, "%s: source of shape %s does not broadcast to shape %s", op,
+                       fl_shape_str(src, a, sizeof a), fl_shape_str(dst, b, sizeof b));
+    }
+    return FL_OK;
+}
+
+/* Copy between different devices: through a contiguous host buffer. */
+static int copy_across_devices(fl_tensor *dst, const fl_tensor *src) {
+    fl_device cpu = fl_device_make(FL_DEVICE_CPU, 0);
+    int rc;
+    if (fl_device_kind_of(src->device) != FL_DEVICE_CPU) {
+        /* device -> host: bring src's bytes over, then let the CPU kernel
+         * convert and scatter into dst (which may itself be remote). */
+        fl_tensor *dense = fl_contiguous(src);
+        if (!dense) return fl_last_status();
+        fl_tensor *host = fl_empty(dense->ndim, dense->shape, dense->dtype, cpu);
+        rc = host ? FL_OK : fl_last_status();
+        if (rc == FL_OK)
+            rc = fl_backend_of(dense->device)
+                     ->to_host(fl_device_index(dense->device), host->data, dense->data,
+                               dense->numel * (int64_t)fl_dtype_size(dense->dtype));
+        fl_tensor_release(dense);
+        if (rc == FL_OK) rc = fl_copy_(dst, host);
+        fl_tensor_release(host);
+        return rc;
+    }
+    /* host -> device: convert and densify on the host, then one transfer. */
+    if (!fl_tensor_is_contiguous(dst)) {
+        fl_tensor *tmp = fl_empty(dst->ndim, dst->shape, dst->dtype, dst->device);
+        if (!tmp) return fl_last_status();
+        rc = fl_copy_(tmp, src);
+        if (rc == FL_OK) rc = fl_copy_(dst, tmp);
+        fl_tensor_release(tmp);
+        return rc;
+    }
+    fl_tensor *host = fl_empty(dst->ndim, dst->shape, dst->dtype, cpu);
+    if (!host) return fl_last_status();
+    rc = fl_copy_(host, src);
+    if (rc == FL_OK)
+        rc = fl_backend_of(dst->device)
+                 ->from_host(fl_device_index(dst->device), dst->data, host->data,
+                             dst->numel * (int64_t)fl_dtype_size(dst->dtype));
+    fl_tensor_release(host);
+    return rc;
+}
+
+int fl_copy_(fl_tensor *dst, const fl_tensor *src) {
+    if (fl_check_tensor("copy_", dst, false) || fl_check_tensor("copy_", src, false))
+        return fl_last_status();
+    int64_t stride[FL_MAX_DIMS];
+    if (broadcast_to("copy_", src, dst, stride)) return fl_last_status();
+    if (is_metadata_only(dst)) return FL_OK;
+    if (fl_check_tensor("copy_ (destination)", dst, true) ||
+        fl_check_tensor("copy_ (source)", src, true))
+        return fl_last_status();
+    if (dst->device != src->device) return copy_across_devices(dst, src);
+    /* The source seen with dst's shape (stride 0 where it broadcasts). */
+    fl_tensor view = *src;
+    view.ndim = dst->ndim;
+    view.numel = dst->numel;
+    memcpy(view.shape, dst->shape, sizeof view.shape);
+    memcpy(view.stride, stride, sizeof view.stride);
+    return fl_backend_of(dst->device)->copy(dst, &view);
+}
+
+/* ---- copies that create tensors ----------------------------------------- */
+
+fl_tensor *fl_clone(const fl_tensor *t) {
+    if (fl_check_tensor("clone", t, false)) return NULL;
+    fl_tensor *c = is_metadata_only(t) ? fl_fake(t->ndim, t->shape, t->dtype, t->device)
+                                       : fl_empty(t->ndim, t->shape, t->dtype, t->device);
+    if (c && fl_copy_(c, t) != FL_OK) {
+        fl_tensor_release(c);
+        return NULL;
+    }
+    return c;
+}
+
+fl_tensor *fl_contiguous(const fl_tensor *t) {
+    if (fl_check_tensor("contiguous", t, false)) return NULL;
+    if (fl_tensor_is_contiguous(t)) return fl_tensor_retain((fl_tensor *)t);
+    return fl_clone(t);
+}
+
+fl_tensor *fl_to(const fl_tensor *t, fl_dtype dtype, fl_device device) {
+    if (fl_check_tensor("to", t, false) || check_dtype("to", dtype) || check_device("to", device))
+        return NULL;
+    if (t->dtype == dtype && t->device == device) return fl_tensor_retain((fl_tensor *)t);
+    bool metadata = fl_device_kind_of(device) == FL_DEVICE_META || is_metadata_only(t);
+    fl_tensor *r = metadata ? fl_fake(t->ndim, t->shape, dtype, device)
+                            : fl_empty(t->ndim, t->shape, dtype, device);
+    if (r && !metadata && fl_copy_(r, t) != FL_OK) {
+        fl_tensor_release(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* ---- element access ----------------------------------------------------- */
+
+static int element_address(const char *op, const fl_tensor *t, const int64_t *index,
+                           const void **out) {
+    if (fl_check_tensor(op, t, true)) return fl_last_status();
+    if (fl_device_kind_of(t->device) != FL_DEVICE_CPU)
+        return fl_fail(FL_ERR_UNSUPPORTED, "%s: element access needs a cpu tensor (use :to('cpu'))",
+                       op);
+    int64_t off = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (index[d] < 0 || index[d] >= t->shape[d]) {
+            char s[128];
+            return fl_fail(FL_ERR_ARG, "%s: index %lld out of range for dim %d of shape %s", op,
+                           (long long)index[d], d, fl_shape_str(t, s, sizeof s));
+        }
+        off += index[d] * t->stride[d];
+    }
+    *out = (const char *)t->data + off * (int64_t)fl_dtype_size(t->dtype);
+    return FL_OK;
+}
+
+int fl_get(const fl_tensor *t, const int64_t *index, double *out) {
+    const void *p;
+    if (element_address("get", t, index, &p)) return fl_last_status();
+    *out = fl_load_f64(p, t->dtype);
+    return FL_OK;
+}
+
+int fl_get_i64(const fl_tensor *t, const int64_t *index, int64_t *out) {
+    const void *p;
+    if (element_address("get", t, index, &p)) return fl_last_status();
+    *out = fl_load_i64(p, t->dtype);
+    return FL_OK;
+}
+
+int fl_set(fl_tensor *t, const int64_t *index, double value) {
+    const void *p;
+    if (element_address("set", t, index, &p)) return fl_last_status();
+    fl_store_f64((void *)p, t->dtype, value);
+    return FL_OK;
+}
+
+int fl_to_host(const fl_tensor *t, void *dst, fl_dtype dst_dtype, int64_t n) {
+    if (fl_check_tensor("to_host", t, true) || check_dtype("to_host", dst_dtype))
+        return fl_last_status();
+    if (n != t->numel) {
+        char s[128];
+        return fl_fail(FL_ERR_ARG, "to_host: buffer holds %lld values, tensor of shape %s has %lld",
+                       (long long)n, fl_shape_str(t, s, sizeof s), (long long)t->numel);
+    }
+    host_view v;
+    return fl_copy_(host_view_init(&v, dst, t->ndim, t->shape, dst_dtype), t);
+}

@@ -1,0 +1,147 @@
+-- fsdp.core: the FFI binding of the C core.
+--
+-- Loads the declarations the library carries (generated from
+-- core/include/fsdp.h at build time, so they always match the binary) and
+-- provides the small helpers every other module uses to call C: turning the
+-- core's thread-local error into a Lua error, and converting dtype and
+-- device names to the core's enums.
+local ffi = require 'ffi'
+
+local M = {}
+
+ffi.cdef 'const char *fl_ffi_cdef(void);'
+local ok, err = pcall(function() return ffi.C.fl_ffi_cdef end)
+if not ok then
+  error('fsdp: the fsdp core library is not loaded in this process (run scripts with '
+        .. 'build/bin/fsdp-lua): ' .. tostring(err), 2)
+end
+ffi.cdef(ffi.string(ffi.C.fl_ffi_cdef()))
+
+local C = ffi.C
+M.C = C
+M.ffi = ffi
+
+-- The text of the core's last error on this thread.
+function M.last_error()
+  return ffi.string(C.fl_last_error())
+end
+
+-- Raise the core's last error as a Lua error attributed to the caller
+-- `level` frames up (1 = the function calling raise's caller).
+function M.raise(level)
+  local msg = M.last_error()
+  if msg == '' then msg = 'fsdp core call failed (no message)' end
+  error(msg, (level or 1) + 1)
+end
+
+-- Check an int status from the core; raise on failure.
+function M.check(status, level)
+  if status ~= 0 then M.raise((level or 1) + 1) end
+end
+
+-- dtype: name <-> enum ----------------------------------------------------
+
+local dtype_cache = {}
+
+-- Accepts a name ('f32', 'float32', 'bf16', ...) or an enum number.
+function M.dtype(x, level)
+  if type(x) == 'number' then return x end
+  local d = dtype_cache[x]
+  if d then return d end
+  if type(x) ~= 'string' then
+    error(('dtype must be a string such as \'f32\', got %s'):format(type(x)), (level or 1) + 1)
+  end
+  d = C.fl_dtype_parse(x)
+  if d < 0 then M.raise((level or 1) + 1) end
+  dtype_cache[x] = d
+  return d
+end
+
+function M.dtype_name(d)
+  return ffi.string(C.fl_dtype_name(d))
+end
+
+function M.dtype_is_float(d)
+  return C.fl_dtype_is_float(d)
+end
+
+-- device: name <-> id ------------------------------------------------------
+
+local device_cache = {}
+local device_out = ffi.new('fl_device[1]')
+local name_buf = ffi.new('char[32]')
+
+function M.device(x, level)
+  if type(x) == 'number' then return x end
+  local d = device_cache[x]
+  if d then return d end
+  if type(x) ~= 'string' then
+    error(('device must be a string such as \'cpu\', got %s'):format(type(x)), (level or 1) + 1)
+  end
+  M.check(C.fl_device_parse(x, device_out), (level or 1) + 1)
+  d = device_out[0]
+  device_cache[x] = d
+  return d
+end
+
+function M.device_name(d)
+  M.check(C.fl_device_format(d, name_buf, 32))
+  return ffi.string(name_buf)
+end
+
+function M.device_kind(d)
+  local k = C.fl_device_kind_of(d)
+  if k == C.FL_DEVICE_META then return 'meta'
+  elseif k == C.FL_DEVICE_CPU then return 'cpu'
+  else return 'cuda' end
+end
+
+-- shapes: Lua arrays <-> int64_t[] -----------------------------------------
+
+-- A shape given as a table {2, 3} or as numbers 2, 3 (varargs); returns
+-- ndim, int64_t[] and the index after the shape (where options may follow).
+function M.shape_args(level, ...)
+  local first = ...
+  local dims, nextarg
+  if type(first) == 'table' and getmetatable(first) == nil then
+    dims, nextarg = first, 2
+  else
+    dims, nextarg = {}, 1
+    for i = 1, select('#', ...) do
+      local v = select(i, ...)
+      if type(v) ~= 'number' and not (type(v) == 'cdata' and ffi.istype('int64_t', v)) then break end
+      dims[#dims + 1] = v
+      nextarg = i + 1
+    end
+  end
+  local n = #dims
+  if n > C.FL_MAX_DIMS then
+    error(('%d dimensions given, at most %d supported'):format(n, C.FL_MAX_DIMS), level + 1)
+  end
+  local arr = ffi.new('int64_t[?]', math.max(n, 1))
+  for i = 1, n do
+    local v = dims[i]
+    if type(v) ~= 'number' and type(v) ~= 'cdata' then
+      error(('shape entry %d is a %s, expected an integer'):format(i, type(v)), level + 1)
+    end
+    if type(v) == 'number' and v ~= math.floor(v) then
+      error(('shape entry %d is %s, expected an integer'):format(i, tostring(v)), level + 1)
+    end
+    arr[i - 1] = v
+  end
+  return n, arr, nextarg
+end
+
+-- "[2, 3]" for error messages (the core's own format).
+function M.format_shape(shape)
+  return '[' .. table.concat(shape, ', ') .. ']'
+end
+
+-- The shape of a tensor struct as a Lua array.
+function M.shape_table(c)
+  local s = {}
+  for i = 0, c.ndim - 1 do s[i + 1] = tonumber(c.shape[i]) end
+  return s
+end
+
+return M

@@ -1,0 +1,221 @@
+-- fsdp: the Lua library of fsdp-lua.
+--
+--   local fsdp = require 'fsdp'
+--   local x = fsdp.randn({2, 3}, {seed = 1})
+--   local w = fsdp.empty({8192, 8192}, {device = 'meta', dtype = 'bf16'})
+--
+-- Factories take a shape (a table {2, 3} or numbers 2, 3) and an options
+-- table: dtype ('f32' default), device ('cpu' default; 'meta', 'cuda:N'),
+-- and for random ones seed, stream, offset (see fsdp.random).
+local core = require 'fsdp.core'
+local Tensor = require 'fsdp.tensor'
+local random = require 'fsdp.random'
+local ffi, C = core.ffi, core.C
+
+local M = {}
+
+M.Tensor = Tensor
+M.is_tensor = Tensor.is_tensor
+M.C = C
+M.version = ffi.string(C.fl_version())
+M.build_info = ffi.string(C.fl_build_info())
+
+M.manual_seed = random.manual_seed
+M.initial_seed = random.initial_seed
+
+-- defaults ------------------------------------------------------------------
+
+local default_dtype = C.FL_F32
+local default_device = core.device('cpu')
+
+function M.set_default_dtype(d) default_dtype = core.dtype(d, 2) end
+function M.get_default_dtype() return core.dtype_name(default_dtype) end
+function M.set_default_device(d) default_device = core.device(d, 2) end
+function M.get_default_device() return core.device_name(default_device) end
+
+-- The options table of a factory: the argument after the shape, if any.
+local function options(level, nextarg, ...)
+  local opts = select(nextarg, ...)
+  if opts == nil then return {} end
+  if type(opts) ~= 'table' then
+    error(('expected an options table after the shape, got %s'):format(type(opts)), level + 1)
+  end
+  return opts
+end
+
+local function placement(opts, level)
+  local dtype = opts.dtype and core.dtype(opts.dtype, level + 1) or default_dtype
+  local device = opts.device and core.device(opts.device, level + 1) or default_device
+  return dtype, device
+end
+
+-- factories -------------------------------------------------------------------
+
+-- An uninitialised tensor. {fake=true} gives a tensor that reports its
+-- device but owns no storage (for planning at full size).
+function M.empty(...)
+  local n, shape, nextarg = core.shape_args(2, ...)
+  local opts = options(2, nextarg, ...)
+  local dtype, device = placement(opts, 2)
+  local make = opts.fake and C.fl_fake or C.fl_empty
+  return Tensor.wrap(make(n, shape, dtype, device), 2)
+end
+
+function M.zeros(...)
+  local n, shape, nextarg = core.shape_args(2, ...)
+  local dtype, device = placement(options(2, nextarg, ...), 2)
+  return Tensor.wrap(C.fl_zeros(n, shape, dtype, device), 2)
+end
+
+function M.ones(...)
+  local n, shape, nextarg = core.shape_args(2, ...)
+  local dtype, device = placement(options(2, nextarg, ...), 2)
+  return Tensor.wrap(C.fl_full(n, shape, 1, dtype, device), 2)
+end
+
+-- fsdp.full(shape, value, opts)
+function M.full(shape, value, opts)
+  local n, arr = core.shape_args(2, shape)
+  if type(value) == 'boolean' then value = value and 1 or 0 end
+  if type(value) ~= 'number' then
+    error(('full: fill value must be a number, got %s'):format(type(value)), 2)
+  end
+  local dtype, device = placement(opts or {}, 2)
+  return Tensor.wrap(C.fl_full(n, arr, value, dtype, device), 2)
+end
+
+-- fsdp.arange(end), arange(start, end), arange(start, end, step), each
+-- optionally followed by options. Values start, start+step, ... below end.
+function M.arange(...)
+  local nums, opts = {}, {}
+  for i = 1, select('#', ...) do
+    local v = select(i, ...)
+    if type(v) == 'table' then opts = v else nums[#nums + 1] = v end
+  end
+  local start, stop, step
+  if #nums == 1 then start, stop, step = 0, nums[1], 1
+  elseif #nums == 2 then start, stop, step = nums[1], nums[2], 1
+  elseif #nums == 3 then start, stop, step = nums[1], nums[2], nums[3]
+  else error('arange expects (end), (start, end) or (start, end, step)', 2) end
+  local dtype, device = placement(opts, 2)
+  return Tensor.wrap(C.fl_arange(start, stop, step, dtype, device), 2)
+end
+
+-- Nested Lua tables (or one number/boolean) -> tensor. Lua numbers do not
+-- say int or float, so the dtype is opts.dtype, else bool for booleans,
+-- else the default dtype.
+function M.tensor(data, opts)
+  opts = opts or {}
+  local shape, values = {}, {}
+  local is_bool = false
+  local function walk(x, d)
+    if type(x) == 'table' then
+      if shape[d] == nil then shape[d] = #x
+      elseif shape[d] ~= #x then
+        error(('tensor: ragged nested table: dim %d has lengths %d and %d'):format(d - 1, shape[d], #x), 4)
+      end
+      for i = 1, #x do walk(x[i], d + 1) end
+      return
+    end
+    if #shape >= d then error('tensor: ragged nested table: a number where a table was expected', 4) end
+    if type(x) == 'boolean' then is_bool = true; x = x and 1 or 0
+    elseif type(x) == 'cdata' then x = tonumber(x)
+    elseif type(x) ~= 'number' then
+      error(('tensor: element is a %s, expected a number or boolean'):format(type(x)), 4)
+    end
+    values[#values + 1] = x
+  end
+  walk(data, 1)
+  if type(data) == 'table' then
+    -- walk records sizes as it descends: the depth of the first leaf is the rank
+    local depth, x = 0, data
+    while type(x) == 'table' do depth = depth + 1; x = x[1] end
+    for d = depth + 1, #shape do shape[d] = nil end
+  end
+  local dtype = opts.dtype and core.dtype(opts.dtype, 2) or (is_bool and C.FL_BOOL or default_dtype)
+  local device = opts.device and core.device(opts.device, 2) or default_device
+  local n, arr = core.shape_args(2, shape)
+  local buf = ffi.new('double[?]', math.max(#values, 1), values)
+  return Tensor.wrap(C.fl_from_host(n, arr, dtype, device, buf, C.FL_F64, #values), 2)
+end
+
+local function random_factory(fill)
+  return function(...)
+    local n, shape, nextarg = core.shape_args(2, ...)
+    local opts = options(2, nextarg, ...)
+    local dtype, device = placement(opts, 2)
+    local t = Tensor.wrap(C.fl_empty(n, shape, dtype, device), 2)
+    local seed, stream, offset = random.key(opts, 2)
+    core.check(fill(Tensor.cptr(t), seed, stream, offset, opts), 2)
+    return t
+  end
+end
+
+-- Uniform in [0, 1), or [opts.low, opts.high).
+M.rand = random_factory(function(c, seed, stream, offset, o)
+  return C.fl_uniform_(c, seed, stream, offset, o.low or 0, o.high or 1)
+end)
+
+-- Standard normal, or N(opts.mean, opts.std^2).
+M.randn = random_factory(function(c, seed, stream, offset, o)
+  return C.fl_normal_(c, seed, stream, offset, o.mean or 0, o.std or 1)
+end)
+
+-- fsdp.randint(low, high, shape, opts): integers in [low, high), i64 by default.
+function M.randint(low, high, shape, opts)
+  opts = opts or {}
+  if type(low) ~= 'number' or type(high) ~= 'number' then
+    error('randint expects (low, high, shape, opts)', 2)
+  end
+  local n, arr = core.shape_args(2, shape)
+  local dtype = opts.dtype and core.dtype(opts.dtype, 2) or C.FL_I64
+  local device = opts.device and core.device(opts.device, 2) or default_device
+  local t = Tensor.wrap(C.fl_empty(n, arr, dtype, device), 2)
+  local seed, stream, offset = random.key(opts, 2)
+  core.check(C.fl_randint_(Tensor.cptr(t), seed, stream, offset, low, high), 2)
+  return t
+end
+
+-- memory ----------------------------------------------------------------------
+
+local stats_buf = ffi.new('fl_memory_stats')
+
+-- {in_use=, peak=, allocations=, frees=, failures=, limit=} in bytes/counts
+-- for a device (default: the default device).
+function M.memory_stats(device)
+  core.check(C.fl_memory_stats_get(core.device(device or default_device, 2), stats_buf), 2)
+  local s = stats_buf
+  return {
+    in_use = tonumber(s.in_use), peak = tonumber(s.peak),
+    allocations = tonumber(s.allocations), frees = tonumber(s.frees),
+    failures = tonumber(s.failures), limit = tonumber(s.limit),
+  }
+end
+
+function M.reset_memory_stats(device)
+  core.check(C.fl_memory_stats_reset(core.device(device or default_device, 2)), 2)
+end
+
+-- Make allocations beyond `bytes` in use on device fail with an
+-- out-of-memory error (0 removes the limit).
+function M.set_memory_limit(device, bytes)
+  core.check(C.fl_memory_set_limit(core.device(device, 2), bytes), 2)
+end
+
+-- cuda ------------------------------------------------------------------------
+
+M.cuda = {
+  -- True when the core was built with the CUDA backend.
+  built = function() return C.fl_cuda_built() end,
+  device_count = function() return C.fl_cuda_device_count() end,
+  is_available = function() return C.fl_cuda_device_count() > 0 end,
+  -- The name of device 0, or why there is none.
+  status = function() return ffi.string(C.fl_cuda_status()) end,
+}
+
+-- dtypes ------------------------------------------------------------------------
+
+M.dtypes = {}
+for d = 0, C.FL_DTYPE_COUNT - 1 do M.dtypes[#M.dtypes + 1] = core.dtype_name(d) end
+
+return M

@@ -1,0 +1,61 @@
+-- fsdp.random: keys for the core's counter-based random numbers.
+--
+-- A random tensor is a pure function of (seed, stream, offset): element i
+-- takes the generator's value at index offset + i under (seed, stream). So
+-- the same call gives the same values, and a slice can be generated alone
+-- (offset = its first element's position) equal to the slice of the whole,
+-- which is what sharded parameter init relies on.
+--
+-- Calls that give no seed draw from a global generator: its seed (0 until
+-- fsdp.manual_seed) and a stream counter that advances per call, so
+-- successive unseeded calls differ and a script is reproducible run to run.
+local ffi = require 'ffi'
+
+local M = {}
+
+local global_seed = 0
+local next_stream = 0
+
+-- Streams of the global generator start far from small explicit streams so
+-- that `{seed=s, stream=k}` and unseeded calls do not collide by accident.
+local GLOBAL_STREAM_BASE = 2^40
+
+function M.manual_seed(seed)
+  assert(type(seed) == 'number' and seed >= 0 and seed == math.floor(seed),
+         'manual_seed expects a non-negative integer')
+  global_seed = seed
+  next_stream = 0
+end
+
+function M.initial_seed()
+  return global_seed
+end
+
+local function uint64(x, name, level)
+  if type(x) == 'cdata' then return ffi.cast('uint64_t', x) end
+  if type(x) ~= 'number' or x < 0 or x ~= math.floor(x) then
+    error(('random option %s must be a non-negative integer, got %s'):format(name, tostring(x)),
+          level + 1)
+  end
+  return x
+end
+
+-- (seed, stream, offset) for a random call with options {seed=, stream=,
+-- offset=}. With a seed, the stream defaults to 0; without one, the global
+-- generator supplies both.
+function M.key(opts, level)
+  level = (level or 1) + 1
+  opts = opts or {}
+  local offset = uint64(opts.offset or 0, 'offset', level)
+  if opts.seed ~= nil then
+    return uint64(opts.seed, 'seed', level), uint64(opts.stream or 0, 'stream', level), offset
+  end
+  local stream = opts.stream
+  if stream == nil then
+    stream = GLOBAL_STREAM_BASE + next_stream
+    next_stream = next_stream + 1
+  end
+  return global_seed, uint64(stream, 'stream', level), offset
+end
+
+return M

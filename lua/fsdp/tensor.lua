@@ -1,0 +1,368 @@
+-- fsdp.tensor: the Tensor class, a Lua handle on a reference-counted C
+-- tensor (fl_tensor).
+--
+-- A Tensor is a small table {_c = cdata}; the cdata carries a finalizer that
+-- drops the C reference, so tensors are freed by the garbage collector, or
+-- at once by t:free(). Dims and indices are 0-based and may be negative, as
+-- in PyTorch (see docs/ARCHITECTURE.md for why). Properties (t.shape,
+-- t.dtype, t.device, t.ndim) are computed from the C struct on access.
+-- (#t is not available: LuaJIT, like Lua 5.1, ignores __len on tables; use
+-- t:size(0).)
+local core = require 'fsdp.core'
+local ffi, C = core.ffi, core.C
+
+local Tensor = {}
+Tensor.__name = 'Tensor'
+
+local methods = {}
+local properties = {}
+
+-- Wrap a new C reference (or raise the core's error if ptr is NULL).
+local function wrap(ptr, level)
+  if ptr == nil then core.raise((level or 1) + 1) end
+  return setmetatable({ _c = ffi.gc(ptr, C.fl_tensor_release) }, Tensor)
+end
+Tensor.wrap = wrap
+
+-- The C struct of a tensor argument, with a clear error for a freed one or
+-- for something that is not a tensor.
+local function cptr(t, level)
+  local c = type(t) == 'table' and rawget(t, '_c')
+  if c then return c end
+  if getmetatable(t) == Tensor then error('tensor was freed', (level or 1) + 1) end
+  error(('expected a Tensor, got %s'):format(type(t)), (level or 1) + 1)
+end
+Tensor.cptr = cptr
+
+function Tensor.is_tensor(x)
+  return getmetatable(x) == Tensor
+end
+
+Tensor.__index = function(t, k)
+  local m = methods[k]
+  if m then return m end
+  local p = properties[k]
+  if p then return p(t) end
+  if type(k) == 'number' then return t:select(0, k) end
+  return nil
+end
+
+Tensor.__newindex = function(t, k, v)
+  if type(k) == 'number' then
+    local row = t:select(0, k)
+    if Tensor.is_tensor(v) then row:copy_(v) else row:fill_(v) end
+    return
+  end
+  if methods[k] or properties[k] then
+    error(('Tensor.%s cannot be assigned'):format(k), 2)
+  end
+  rawset(t, k, v)
+end
+
+-- Printing lives in fsdp.format (required lazily: it requires this file).
+Tensor.__tostring = function(t)
+  return require('fsdp.format').tensor(t)
+end
+
+-- properties ------------------------------------------------------------------
+
+function properties.shape(t) return core.shape_table(cptr(t, 3)) end
+function properties.ndim(t) return cptr(t, 3).ndim end
+function properties.dtype(t) return core.dtype_name(cptr(t, 3).dtype) end
+function properties.device(t) return core.device_name(cptr(t, 3).device) end
+
+-- geometry ----------------------------------------------------------------------
+
+function methods:dim() return cptr(self, 2).ndim end
+
+function methods:numel() return tonumber(cptr(self, 2).numel) end
+methods.nelement = methods.numel
+
+local function wrap_dim(c, d, level)
+  local n = c.ndim
+  local w = d < 0 and d + n or d
+  if w < 0 or w >= n then
+    error(('dim %d out of range for a %d-d tensor of shape %s'):format(
+      d, n, core.format_shape(core.shape_table(c))), level + 1)
+  end
+  return w
+end
+
+-- t:size() -> {2, 3}; t:size(d) -> the size of dim d.
+function methods:size(d)
+  local c = cptr(self, 2)
+  if d == nil then return core.shape_table(c) end
+  return tonumber(c.shape[wrap_dim(c, d, 2)])
+end
+
+function methods:stride(d)
+  local c = cptr(self, 2)
+  if d == nil then
+    local s = {}
+    for i = 0, c.ndim - 1 do s[i + 1] = tonumber(c.stride[i]) end
+    return s
+  end
+  return tonumber(c.stride[wrap_dim(c, d, 2)])
+end
+
+function methods:storage_offset() return tonumber(cptr(self, 2).offset) end
+function methods:is_contiguous() return C.fl_tensor_is_contiguous(cptr(self, 2)) end
+function methods:is_meta() return C.fl_device_kind_of(cptr(self, 2).device) == C.FL_DEVICE_META end
+function methods:is_fake() return bit.band(cptr(self, 2).flags, C.FL_TENSOR_FAKE) ~= 0 end
+function methods:has_storage() return C.fl_tensor_has_storage(cptr(self, 2)) end
+function methods:is_floating_point() return core.dtype_is_float(cptr(self, 2).dtype) end
+function methods:element_size() return tonumber(C.fl_dtype_size(cptr(self, 2).dtype)) end
+function methods:storage_bytes() return tonumber(C.fl_tensor_storage_bytes(cptr(self, 2))) end
+
+-- Release this handle's reference now instead of at garbage collection.
+-- The memory returns to the allocator once no other view uses it.
+function methods:free()
+  local c = rawget(self, '_c')
+  if c then
+    ffi.gc(c, nil)
+    C.fl_tensor_release(c)
+    rawset(self, '_c', nil)
+  end
+end
+
+-- views -----------------------------------------------------------------------
+
+function methods:view(...)
+  local n, shape = core.shape_args(2, ...)
+  return wrap(C.fl_view(cptr(self, 2), n, shape), 2)
+end
+
+function methods:reshape(...)
+  local n, shape = core.shape_args(2, ...)
+  return wrap(C.fl_reshape(cptr(self, 2), n, shape), 2)
+end
+
+function methods:narrow(dim, start, length)
+  return wrap(C.fl_narrow(cptr(self, 2), dim, start, length), 2)
+end
+
+-- t:slice(dim, start, stop, step): Python's t[start:stop:step] along dim;
+-- stop defaults to the end, step to 1.
+function methods:slice(dim, start, stop, step)
+  return wrap(C.fl_slice(cptr(self, 2), dim, start or 0, stop or 2^62, step or 1), 2)
+end
+
+function methods:select(dim, index)
+  return wrap(C.fl_select(cptr(self, 2), dim, index), 2)
+end
+
+function methods:transpose(d0, d1)
+  return wrap(C.fl_transpose(cptr(self, 2), d0, d1), 2)
+end
+
+-- The transpose of a 2-d tensor.
+function methods:t()
+  local c = cptr(self, 2)
+  if c.ndim ~= 2 then
+    error(('t() expects a 2-d tensor, got shape %s'):format(core.format_shape(core.shape_table(c))), 2)
+  end
+  return wrap(C.fl_transpose(c, 0, 1), 2)
+end
+
+function methods:permute(...)
+  local dims = type(...) == 'table' and ... or { ... }
+  local arr = ffi.new('int[?]', math.max(#dims, 1), dims)
+  return wrap(C.fl_permute(cptr(self, 2), #dims, arr), 2)
+end
+
+function methods:expand(...)
+  local n, shape = core.shape_args(2, ...)
+  return wrap(C.fl_expand(cptr(self, 2), n, shape), 2)
+end
+
+function methods:expand_as(other)
+  return wrap(C.fl_expand(cptr(self, 2), cptr(other, 2).ndim, cptr(other, 2).shape), 2)
+end
+
+function methods:unsqueeze(dim)
+  return wrap(C.fl_unsqueeze(cptr(self, 2), dim), 2)
+end
+
+-- t:squeeze(dim) removes dim (size 1); t:squeeze() removes every size-1 dim.
+function methods:squeeze(dim)
+  local c = cptr(self, 2)
+  if dim ~= nil then return wrap(C.fl_squeeze(c, dim), 2) end
+  local shape = {}
+  for i = 0, c.ndim - 1 do
+    if c.shape[i] ~= 1 then shape[#shape + 1] = tonumber(c.shape[i]) end
+  end
+  return self:view(shape)
+end
+
+function methods:flatten(start_dim, end_dim)
+  return wrap(C.fl_flatten(cptr(self, 2), start_dim or 0, end_dim or -1), 2)
+end
+
+function methods:contiguous() return wrap(C.fl_contiguous(cptr(self, 2)), 2) end
+function methods:clone() return wrap(C.fl_clone(cptr(self, 2)), 2) end
+
+-- conversion ----------------------------------------------------------------------
+
+-- t:to('bf16'), t:to('cpu'), t:to{dtype=, device=}, t:to(other_tensor).
+function methods:to(x)
+  local c = cptr(self, 2)
+  local dtype, device = c.dtype, c.device
+  if Tensor.is_tensor(x) then
+    dtype, device = cptr(x, 2).dtype, cptr(x, 2).device
+  elseif type(x) == 'table' then
+    if x.dtype then dtype = core.dtype(x.dtype, 2) end
+    if x.device then device = core.device(x.device, 2) end
+  elseif type(x) == 'string' then
+    if C.fl_dtype_parse(x) >= 0 then dtype = core.dtype(x, 2)
+    else C.fl_clear_error(); device = core.device(x, 2) end
+  else
+    error(('to() expects a dtype, a device, a table or a tensor, got %s'):format(type(x)), 2)
+  end
+  return wrap(C.fl_to(c, dtype, device), 2)
+end
+
+local function caster(dtype)
+  return function(self) return wrap(C.fl_to(cptr(self, 2), dtype, cptr(self, 2).device), 2) end
+end
+methods.float = caster(C.FL_F32)
+methods.double = caster(C.FL_F64)
+methods.half = caster(C.FL_F16)
+methods.bfloat16 = caster(C.FL_BF16)
+methods.long = caster(C.FL_I64)
+methods.int = caster(C.FL_I32)
+methods.byte = caster(C.FL_U8)
+methods.bool = caster(C.FL_BOOL)
+
+function methods:cpu() return self:to('cpu') end
+
+-- in-place ------------------------------------------------------------------------
+
+function methods:fill_(value)
+  if type(value) == 'boolean' then value = value and 1 or 0 end
+  core.check(C.fl_fill_(cptr(self, 2), value), 2)
+  return self
+end
+
+function methods:zero_() return self:fill_(0) end
+
+function methods:copy_(src)
+  core.check(C.fl_copy_(cptr(self, 2), cptr(src, 2)), 2)
+  return self
+end
+
+-- Random fills take the same options as the factories: {seed=, stream=,
+-- offset=} (see fsdp.random).
+function methods:uniform_(low, high, opts)
+  local seed, stream, offset = require('fsdp.random').key(opts)
+  core.check(C.fl_uniform_(cptr(self, 2), seed, stream, offset, low or 0, high or 1), 2)
+  return self
+end
+
+function methods:normal_(mean, std, opts)
+  local seed, stream, offset = require('fsdp.random').key(opts)
+  core.check(C.fl_normal_(cptr(self, 2), seed, stream, offset, mean or 0, std or 1), 2)
+  return self
+end
+
+function methods:random_(low, high, opts)
+  local seed, stream, offset = require('fsdp.random').key(opts)
+  core.check(C.fl_randint_(cptr(self, 2), seed, stream, offset, low, high), 2)
+  return self
+end
+
+-- element access (printing, tests, small data; never for compute) -----------------
+
+local index_buf = ffi.new('int64_t[?]', C.FL_MAX_DIMS)
+local value_buf = ffi.new('double[1]')
+local int_buf = ffi.new('int64_t[1]')
+
+local function is_integer_dtype(dtype)
+  return not C.fl_dtype_is_float(dtype) and dtype ~= C.FL_BOOL
+end
+
+-- Value at a 0-based index given as numbers or a table; Lua number for
+-- float and 32-bit-or-smaller types, int64 cdata for i64/u32 beyond 2^53.
+function methods:get(...)
+  local c = cptr(self, 2)
+  local idx = type(...) == 'table' and ... or { ... }
+  if #idx ~= c.ndim then
+    error(('get: %d indices for a %d-d tensor'):format(#idx, c.ndim), 2)
+  end
+  for i = 1, #idx do
+    local v = idx[i]
+    if v < 0 then v = v + c.shape[i - 1] end
+    index_buf[i - 1] = v
+  end
+  if is_integer_dtype(c.dtype) then
+    core.check(C.fl_get_i64(c, index_buf, int_buf), 2)
+    local v = int_buf[0]
+    local n = tonumber(v)
+    if n >= -2^53 and n <= 2^53 then return n end
+    return v
+  end
+  core.check(C.fl_get(c, index_buf, value_buf), 2)
+  if c.dtype == C.FL_BOOL then return value_buf[0] ~= 0 end
+  return value_buf[0]
+end
+
+-- t:set(value, i, j, ...)
+function methods:set(value, ...)
+  local c = cptr(self, 2)
+  local idx = type(...) == 'table' and ... or { ... }
+  if #idx ~= c.ndim then
+    error(('set: %d indices for a %d-d tensor'):format(#idx, c.ndim), 2)
+  end
+  for i = 1, #idx do
+    local v = idx[i]
+    if v < 0 then v = v + c.shape[i - 1] end
+    index_buf[i - 1] = v
+  end
+  if type(value) == 'boolean' then value = value and 1 or 0 end
+  core.check(C.fl_set(c, index_buf, value), 2)
+  return self
+end
+
+-- The single value of a one-element tensor.
+function methods:item()
+  local c = cptr(self, 2)
+  if c.numel ~= 1 then
+    error(('item: tensor of shape %s has %d elements, not 1'):format(
+      core.format_shape(core.shape_table(c)), tonumber(c.numel)), 2)
+  end
+  local idx = {}
+  for i = 1, c.ndim do idx[i] = 0 end
+  return self:get(idx)
+end
+
+-- Nested Lua tables of the values (a number for a 0-d tensor).
+function methods:tolist()
+  local c = cptr(self, 2)
+  if C.fl_device_kind_of(c.device) ~= C.FL_DEVICE_CPU and c.storage ~= nil then
+    return self:cpu():tolist()
+  end
+  local n = tonumber(c.numel)
+  local float = C.fl_dtype_is_float(c.dtype)
+  local dtype = float and C.FL_F64 or C.FL_I64
+  local buf = ffi.new(float and 'double[?]' or 'int64_t[?]', math.max(n, 1))
+  core.check(C.fl_to_host(c, buf, dtype, n), 2)
+  local shape = core.shape_table(c)
+  local pos = 0
+  local function build(d)
+    if d > #shape then
+      local v = buf[pos]
+      pos = pos + 1
+      if c.dtype == C.FL_BOOL then return v ~= 0 end
+      return tonumber(v)
+    end
+    local out = {}
+    for i = 1, shape[d] do out[i] = build(d + 1) end
+    return out
+  end
+  return build(1)
+end
+methods.totable = methods.tolist
+
+Tensor.methods = methods
+Tensor.properties = properties
+
+return Tensor

@@ -1,0 +1,200 @@
+-- premake5.lua: the build of fsdp-lua.
+--
+-- Generates Makefiles under build/ with premake5 where installed, or with
+-- Debian's premake4 (`premake4 --file=premake5.lua gmake`) through the small
+-- shim below. Produces:
+--   build/lib/libfsdp.so   the core (every public symbol prefixed fl_)
+--   build/bin/fsdp-lua     the LuaJIT host (static LuaJIT, -rdynamic)
+--   build/bin/fsdp-ctest   the C test suite (cmocka)
+-- Configurations: release (default), debug, asan (AddressSanitizer and
+-- UndefinedBehaviorSanitizer; outputs under build/asan/).
+--
+-- Two things premake4 cannot express are done by mk/extra.mk, appended to
+-- the core's generated makefile: the FFI declarations generated from
+-- core/include/fsdp.h, and the CUDA sources compiled by nvcc when present.
+
+local IS_PREMAKE4 = _PREMAKE_VERSION:sub(1, 1) == "4"
+
+---------------------------------------------------------------------------
+-- premake4 shim: premake5 spellings mapped onto premake4 calls.
+---------------------------------------------------------------------------
+if IS_PREMAKE4 then
+  workspace = solution
+  function filter(spec)
+    if type(spec) == "table" then spec = spec[1] end
+    if spec == nil or spec == "" then return configuration {} end
+    local cfgname = spec:match("^configurations:(.+)$")
+    assert(cfgname, "premake4 shim: unsupported filter '" .. spec .. "'")
+    return configuration(cfgname)
+  end
+  function symbols(v) if v == "On" then flags { "Symbols" } end end
+  function optimize(v)
+    if v == "On" or v == "Speed" then buildoptions { "-O2" }
+    elseif v == "Debug" then buildoptions { "-Og" } end
+  end
+  function cdialect(v) buildoptions { "-std=" .. v:lower() } end
+end
+
+---------------------------------------------------------------------------
+-- Options and detection
+---------------------------------------------------------------------------
+newoption { trigger = "no-cuda", description = "Build without the CUDA backend even if nvcc is found" }
+
+local function shell(cmd)
+  local f = io.popen(cmd .. " 2>/dev/null")
+  local out = f:read("*a") or ""
+  f:close()
+  return (out:gsub("%s+$", ""))
+end
+
+local function find_nvcc()
+  if _OPTIONS["no-cuda"] then return nil end
+  local env = os.getenv("NVCC")
+  if env and env ~= "" then return env end
+  local onpath = shell("command -v nvcc")
+  if onpath ~= "" then return onpath end
+  if os.isfile("/usr/local/cuda/bin/nvcc") then return "/usr/local/cuda/bin/nvcc" end
+  return nil
+end
+
+local NVCC = find_nvcc()
+local CUDA_HOME = NVCC and path.getdirectory(path.getdirectory(NVCC)) or nil
+local ROOT = os.getcwd()
+
+-- premake4's gmake names objects after the source's basename only, so two
+-- sources with the same basename would silently overwrite each other.
+local function check_unique_basenames(patterns)
+  local seen = {}
+  for _, pat in ipairs(patterns) do
+    for _, f in ipairs(os.matchfiles(pat)) do
+      local base = path.getbasename(f)
+      if seen[base] then
+        error(("sources %s and %s share the basename '%s': rename one"):format(seen[base], f, base))
+      end
+      seen[base] = f
+    end
+  end
+end
+check_unique_basenames { "core/**.c", "core/**.cu" }
+
+---------------------------------------------------------------------------
+-- Hook premake4's makefile generator to append mk/extra.mk to the core's
+-- makefile (the mechanism TOOLCHAIN.md describes: make -j safe, with nvcc
+-- header dependencies tracked through -MMD -MP).
+---------------------------------------------------------------------------
+if IS_PREMAKE4 then
+  local make_cpp = premake.make_cpp
+  premake.make_cpp = function(prj)
+    make_cpp(prj)
+    if prj.name == "fsdp" then
+      _p('')
+      -- premake's makefiles run from build/ (all their paths are ../core/...),
+      -- so the root is the parent of the current directory; a moved
+      -- checkout still builds.
+      _p('FL_ROOT := $(abspath ..)')
+      _p('FL_NVCC := %s', NVCC or "")
+      _p('include %s/mk/extra.mk', ROOT)
+    end
+  end
+end
+
+---------------------------------------------------------------------------
+-- The solution
+---------------------------------------------------------------------------
+workspace "fsdp-lua"
+  configurations { "release", "debug", "asan" }
+  location "build"
+  language "C"
+
+  cdialect "C11"
+  defines { "_GNU_SOURCE" }
+  includedirs { "core/include" }
+  buildoptions { "-Wall", "-Wextra", "-Wshadow", "-Wno-unused-parameter",
+                 "-Wstrict-prototypes", "-fno-strict-aliasing" }
+
+  filter "configurations:release"
+    optimize "On"
+    symbols "On"
+    defines { "NDEBUG" }
+  filter "configurations:debug"
+    optimize "Debug"
+    symbols "On"
+  filter "configurations:asan"
+    symbols "On"
+    buildoptions { "-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
+                   "-fno-omit-frame-pointer" }
+    linkoptions { "-fsanitize=address,undefined" }
+  filter {}
+
+-- Objects go to build/obj/<configuration>/<project> (premake4 appends both).
+local function outdirs(kind)
+  objdir "build/obj"
+  filter "configurations:release"
+    targetdir("build/" .. kind)
+  filter "configurations:debug"
+    targetdir("build/debug/" .. kind)
+  filter "configurations:asan"
+    targetdir("build/asan/" .. kind)
+  filter {}
+end
+
+-- The core: one shared library; only FL_API symbols are exported.
+project "fsdp"
+  kind "SharedLib"
+  outdirs "lib"
+  files { "core/**.c" }
+  excludes { "core/host/**.c" }
+  includedirs { "core/base" }
+  buildoptions { "-fPIC", "-fvisibility=hidden", "-fopenmp" }
+  linkoptions { "-fopenmp" }
+  links { "m", "pthread" }
+  if NVCC then
+    -- The asan configuration stays CPU-only: the CUDA runtime is not built
+    -- for the sanitizers and the GPU code is not what they check here.
+    filter "configurations:release or debug"
+    defines { "FL_HAVE_CUDA" }
+    includedirs { CUDA_HOME .. "/include" }
+    libdirs { CUDA_HOME .. "/lib64" }
+    links { "cudart" }
+    linkoptions { "-Wl,-rpath," .. CUDA_HOME .. "/lib64" }
+    filter {}
+    if not IS_PREMAKE4 then
+      -- premake5 compiles .cu files and the generated declarations with
+      -- native custom build rules instead of mk/extra.mk.
+      files { "core/**.cu", "core/include/fsdp.h" }
+      filter "files:**.cu"
+        buildmessage "nvcc %{file.name}"
+        buildcommands { NVCC .. ' ' .. shell("sh mk/nvcc_flags.sh") ..
+          ' -c "%{file.abspath}" -o "%{cfg.objdir}/%{file.basename}.cu.o"' }
+        buildoutputs { "%{cfg.objdir}/%{file.basename}.cu.o" }
+      filter {}
+    end
+  end
+  if not IS_PREMAKE4 then
+    files { "core/include/fsdp.h" }
+    filter "files:core/include/fsdp.h"
+      buildmessage "generating FFI declarations"
+      buildcommands { 'sh "' .. ROOT .. '/mk/gen_cdef.sh" "%{file.abspath}" "%{cfg.objdir}/fsdp_cdef.c"' }
+      buildoutputs { "%{cfg.objdir}/fsdp_cdef.c" }
+      compilebuildoutputs "On"
+    filter {}
+  end
+
+-- The executable: LuaJIT linked statically and every symbol exported so
+-- ffi.C sees the core and C Lua modules (cjson.so) see the Lua API.
+project "fsdp-lua"
+  kind "ConsoleApp"
+  outdirs "bin"
+  files { "core/host/**.c" }
+  includedirs { "/usr/include/luajit-2.1" }
+  links { "fsdp", ":libluajit-5.1.a", "edit", "m", "dl" }
+  linkoptions { "-rdynamic", "-Wl,-rpath,'$$ORIGIN/../lib'" }
+
+-- The C test suite.
+project "fsdp-ctest"
+  kind "ConsoleApp"
+  outdirs "bin"
+  files { "tests/c/**.c" }
+  includedirs { "core/base" }
+  links { "fsdp", "cmocka", "m" }
+  linkoptions { "-Wl,-rpath,'$$ORIGIN/../lib'" }

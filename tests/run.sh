@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# tests/run.sh: run every test suite and print one summary line,
+# "N passed, N failed, N skipped", exiting non-zero on any failure.
+#
+# Suites (each speaks TAP, which is how the counts are gathered):
+#   c        the core's C tests (cmocka), release build
+#   c-asan   the same under AddressSanitizer + UndefinedBehaviorSanitizer
+#   lua      busted specs run inside fsdp-lua (tests/lua/*_spec.lua)
+# A suite that exits non-zero without reporting a failed test (a crash, a
+# sanitizer report) counts as one failure.
+#   tests/run.sh            all suites
+#   tests/run.sh lua c      only these
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+passed=0 failed=0 skipped=0
+failures=()
+
+run_suite() { # run_suite NAME COMMAND...
+  local name=$1; shift
+  local out rc p f s
+  echo "=== $name: $*"
+  out=$("$@" 2>&1)
+  rc=$?
+  printf '%s\n' "$out"
+  p=$(grep -cE '^ok [0-9]+' <<<"$out" | tr -d ' ')
+  s=$(grep -ciE '^ok [0-9]+.*# *skip' <<<"$out" | tr -d ' ')
+  f=$(grep -cE '^not ok [0-9]+' <<<"$out" | tr -d ' ')
+  p=$((p - s))
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+    f=1
+    failures+=("$name: exited with status $rc without a failed test (crash?)")
+  fi
+  while IFS= read -r line; do failures+=("$name: $line"); done < <(grep -E '^not ok [0-9]+' <<<"$out")
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+  echo "=== $name: $p passed, $f failed, $s skipped"
+}
+
+want() { [ $# -eq 0 ] || [[ " ${SUITES} " == *" $1 "* ]]; }
+SUITES="$*"
+
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+want c && run_suite c env CMOCKA_MESSAGE_OUTPUT=TAP build/bin/fsdp-ctest
+if want c-asan; then
+  if [ -x build/asan/bin/fsdp-ctest ]; then
+    run_suite c-asan env CMOCKA_MESSAGE_OUTPUT=TAP \
+      ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+      build/asan/bin/fsdp-ctest
+  else
+    echo "=== c-asan: skipped (build/asan/bin/fsdp-ctest not built; ./build.sh test builds it)"
+    skipped=$((skipped + 1))
+  fi
+fi
+want lua && run_suite lua build/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
+
+if [ ${#failures[@]} -gt 0 ]; then
+  echo
+  echo "Failures:"
+  printf '  %s\n' "${failures[@]}"
+fi
+echo
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
