@@ -36,8 +36,8 @@ run_suite() { # run_suite NAME COMMAND...
   echo "=== $name: $p passed, $f failed, $s skipped"
 }
 
-want() { [ $# -eq 0 ] || [[ " ${SUITES} " == *" $1 "* ]]; }
 SUITES="$*"
+want() { [ -z "$SUITES" ] || [[ " $SUITES " == *" $1 "* ]]; }
 
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 want c && run_suite c env CMOCKA_MESSAGE_OUTPUT=TAP build/bin/fsdp-ctest

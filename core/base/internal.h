@@ -125,5 +125,7 @@ void fl_store_i64(void *p, fl_dtype dtype, int64_t v);
 /* The value of element `index` of a random fill, as double: the generator is
  * evaluated at spec->first_index + index (rng.c documents the mapping). */
 double fl_random_value(const fl_random_spec *spec, uint64_t index);
+/* The same for FL_RANDOM_INT, exact over the whole int64 range. */
+int64_t fl_random_int64(const fl_random_spec *spec, uint64_t index);
 
 #endif /* FL_INTERNAL_H */

@@ -152,17 +152,24 @@ static void random_chunk(void *vctx, char *const *ptrs, const int64_t *inner, in
                          int64_t index) {
     const random_ctx *c = vctx;
     size_t size = fl_dtype_size(c->dtype);
-    double values[SCRATCH];
-    _Alignas(8) char out[SCRATCH * 8];
+    /* Integers go through int64 so values beyond 2^53 stay exact. */
+    bool ints = c->spec->kind == FL_RANDOM_INT;
+    fl_dtype via = ints ? FL_I64 : FL_F64;
+    _Alignas(8) char values[SCRATCH * 8], out[SCRATCH * 8];
     for (int64_t i = 0; i < count; i += SCRATCH) {
         int64_t n = count - i < SCRATCH ? count - i : SCRATCH;
-        for (int64_t j = 0; j < n; j++)
-            values[j] = fl_random_value(c->spec, (uint64_t)(index + i + j));
+        for (int64_t j = 0; j < n; j++) {
+            uint64_t k = (uint64_t)(index + i + j);
+            if (ints)
+                ((int64_t *)values)[j] = fl_random_int64(c->spec, k);
+            else
+                ((double *)values)[j] = fl_random_value(c->spec, k);
+        }
         char *d = ptrs[0] + i * inner[0] * (int64_t)size;
         if (inner[0] == 1) {
-            fl_convert(d, c->dtype, values, FL_F64, n);
+            fl_convert(d, c->dtype, values, via, n);
         } else {
-            fl_convert(out, c->dtype, values, FL_F64, n);
+            fl_convert(out, c->dtype, values, via, n);
             scatter(d, inner[0], out, n, size);
         }
     }

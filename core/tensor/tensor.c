@@ -289,10 +289,6 @@ int fl_randint_(fl_tensor *t, uint64_t seed, uint64_t stream, uint64_t first_ind
     if (low >= high)
         return fl_fail(FL_ERR_ARG, "randint_: empty range [%lld, %lld)", (long long)low,
                        (long long)high);
-    /* Values pass through a double: ranges beyond 2^53 would lose integers. */
-    if ((double)high - (double)low > 9007199254740992.0)
-        return fl_fail(FL_ERR_ARG, "randint_: range [%lld, %lld) is wider than 2^53",
-                       (long long)low, (long long)high);
     fl_random_spec spec = {.kind = FL_RANDOM_INT, .seed = seed, .stream = stream,
                            .first_index = first_index, .ilow = low, .ihigh = high};
     return random_fill("randint_", t, &spec);

@@ -1,0 +1,112 @@
+/*
+ * hostlib.c: the `fsdp.host` module, what the executable tells Lua about
+ * itself.
+ *
+ *   root         project root (lua/, models/, recipes/), nil if not found
+ *   exe          absolute path of this executable
+ *   version      fl_version() of the core
+ *   build_info   fl_build_info() of the core
+ *   cuda_built   whether the core has the CUDA backend
+ *   interactive  true when the REPL will run in this process
+ *   readline(prompt)   -> line; nil at end of input; nil, "interrupted"
+ *                         after Ctrl-C at the prompt
+ *   add_history(line)  remember a line for the terminal's line editor
+ *   history_file()     -> path of the history file, nil without $HOME
+ *   isatty(fd)         -> whether file descriptor fd is a terminal
+ *
+ * It is built in C and needs nothing from lua/, so the REPL works even when
+ * the Lua library cannot load.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "host.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <lauxlib.h>
+
+#include "fsdp.h"
+
+static int host_readline(lua_State *L) {
+    const char *prompt = luaL_optstring(L, 1, "> ");
+    char *line = NULL;
+    switch (host_read_line(prompt, &line)) {
+    case HOST_READ_LINE:
+        lua_pushstring(L, line);
+        free(line);
+        return 1;
+    case HOST_READ_INTERRUPTED:
+        lua_pushnil(L);
+        lua_pushliteral(L, "interrupted");
+        return 2;
+    case HOST_READ_EOF:
+    default:
+        lua_pushnil(L);
+        return 1;
+    }
+}
+
+static int host_add_history_lua(lua_State *L) {
+    host_add_history(luaL_checkstring(L, 1));
+    return 0;
+}
+
+static int host_history_file_lua(lua_State *L) {
+    const char *file = host_history_file();
+    if (file == NULL) {
+        lua_pushnil(L);
+    } else {
+        lua_pushstring(L, file);
+    }
+    return 1;
+}
+
+static int host_isatty(lua_State *L) {
+    lua_pushboolean(L, isatty(luaL_checkint(L, 1)));
+    return 1;
+}
+
+/* The loader in package.preload; upvalues: root (or nil), exe, interactive. */
+static int open_host_module(lua_State *L) {
+    static const luaL_Reg functions[] = {
+        {"readline", host_readline},
+        {"add_history", host_add_history_lua},
+        {"history_file", host_history_file_lua},
+        {"isatty", host_isatty},
+        {NULL, NULL},
+    };
+    lua_newtable(L);
+    luaL_register(L, NULL, functions);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_setfield(L, -2, "root");
+    lua_pushvalue(L, lua_upvalueindex(2));
+    lua_setfield(L, -2, "exe");
+    lua_pushvalue(L, lua_upvalueindex(3));
+    lua_setfield(L, -2, "interactive");
+    lua_pushstring(L, fl_version());
+    lua_setfield(L, -2, "version");
+    lua_pushstring(L, fl_build_info());
+    lua_setfield(L, -2, "build_info");
+    lua_pushboolean(L, fl_cuda_built());
+    lua_setfield(L, -2, "cuda_built");
+    return 1;
+}
+
+void host_preload_module(lua_State *L, const host_paths *paths,
+                         bool interactive) {
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "preload");
+    if (paths->root[0] != '\0') {
+        lua_pushstring(L, paths->root);
+    } else {
+        lua_pushnil(L);
+    }
+    lua_pushstring(L, paths->exe);
+    lua_pushboolean(L, interactive);
+    lua_pushcclosure(L, open_host_module, 3);
+    lua_setfield(L, -2, "fsdp.host");
+    lua_pop(L, 2);
+}

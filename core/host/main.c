@@ -1,0 +1,294 @@
+/*
+ * main.c: the fsdp-lua executable's command line.
+ *
+ *   fsdp-lua [options] [script [args...]]
+ *
+ * It behaves like lua.c where the two overlap: -e chunks run in order, then
+ * the script with the `arg` table and `...`, then the REPL with -i; with no
+ * script and no -e it is a REPL on a terminal and runs standard input
+ * otherwise. An error anywhere prints "fsdp-lua: <message>" and a traceback
+ * and exits 1; a bad command line exits 2.
+ *
+ * Before any user code runs, package.path gets the project root (see
+ * paths.c) and package.preload gets `fsdp.host` (hostlib.c).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "host.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <lauxlib.h>
+#include <luajit.h>
+#include <lualib.h>
+
+#include "fsdp.h"
+
+enum { EXIT_USAGE = 2 };
+
+typedef struct options {
+    int script;        /* argv index of the script; 0 when there is none */
+    bool has_e;        /* at least one -e */
+    bool interactive;  /* -i */
+    bool version;      /* -v, --version */
+    bool help;         /* -h, --help */
+    const char *bad;   /* the argument that made the command line invalid */
+    const char *why;   /* what is wrong with it */
+} options;
+
+/* Everything pmain needs, passed through lua_cpcall. */
+typedef struct run_context {
+    int argc;
+    char **argv;
+    options opts;
+    bool ok;  /* false after any error */
+} run_context;
+
+static void print_usage(FILE *out) {
+    fputs(
+        "usage: " HOST_PROGNAME " [options] [script [args...]]\n"
+        "\n"
+        "Runs a Lua script with the fsdp-lua library (LuaJIT and the fsdp core).\n"
+        "Without a script and -e it starts a REPL when standard input is a\n"
+        "terminal, and runs standard input as a chunk otherwise.\n"
+        "\n"
+        "Options:\n"
+        "  -e CODE        run the Lua code CODE (repeatable, run in order,\n"
+        "                 before the script)\n"
+        "  -i             enter the REPL after running the script and -e code\n"
+        "  -v, --version  print version and build information\n"
+        "  -h, --help     print this help and exit\n"
+        "  --             stop handling options; the next argument is the script\n"
+        "  -              as the script: read it from standard input\n"
+        "\n"
+        "The script gets its arguments as `...` and in the table `arg`\n"
+        "(arg[0] is the script, arg[1] the first argument, as in lua).\n"
+        "\n"
+        "Environment:\n"
+        "  FSDP_LUA_HOME         project root holding lua/, models/ and recipes/\n"
+        "                        (default: found from this executable's path)\n"
+        "  OMP_NUM_THREADS       threads of the OpenMP CPU kernels\n"
+        "  OPENBLAS_NUM_THREADS  threads of OpenBLAS matrix products\n"
+        "  LUA_PATH, LUA_CPATH   module search paths, as in LuaJIT; the\n"
+        "                        project's lua/ and root come first\n"
+        "\n"
+        "Files:\n"
+        "  ~/.fsdp_lua_history   REPL history\n",
+        out);
+}
+
+static void print_version(void) {
+    printf("%s %s\n", HOST_PROGNAME, fl_version());
+    printf("%s; %s\n", fl_build_info(), LUAJIT_VERSION);
+    fflush(stdout);
+}
+
+/* Mark the command line invalid; parsing stops. */
+static void reject(options *opts, const char *arg, const char *why) {
+    opts->bad = arg;
+    opts->why = why;
+}
+
+/* Handle argv[*i], an option; may consume the next argument (-e CODE).
+ * Returns false when option processing is over (script found or error). */
+static bool parse_option(options *opts, int argc, char **argv, int *i) {
+    const char *arg = argv[*i];
+    if (strcmp(arg, "--") == 0) {
+        opts->script = *i + 1 < argc ? *i + 1 : 0;
+        return false;
+    }
+    if (strcmp(arg, "-") == 0) {
+        opts->script = *i;
+        return false;
+    }
+    if (strcmp(arg, "-i") == 0) {
+        opts->interactive = true;
+    } else if (strcmp(arg, "-v") == 0 || strcmp(arg, "--version") == 0) {
+        opts->version = true;
+    } else if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+        opts->help = true;
+    } else if (strncmp(arg, "-e", 2) == 0) {
+        /* "-e CODE" or "-eCODE", as lua.c accepts both. */
+        if (arg[2] == '\0' && ++*i >= argc) {
+            reject(opts, arg, "needs an argument");
+            return false;
+        }
+        opts->has_e = true;
+    } else {
+        reject(opts, arg, "is not a known option");
+        return false;
+    }
+    return true;
+}
+
+static options parse_args(int argc, char **argv) {
+    options opts = {0};
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] != '-') {
+            opts.script = i;
+            break;
+        }
+        if (!parse_option(&opts, argc, argv, &i)) break;
+    }
+    return opts;
+}
+
+/* Whether the REPL runs at the end: with -i, or when there is nothing else
+ * to do and a person is typing. */
+static bool repl_will_run(const options *opts) {
+    if (opts->interactive) return true;
+    if (opts->script != 0 || opts->has_e || opts->version) return false;
+    return isatty(STDIN_FILENO);
+}
+
+/* The global `arg`, as lua.c builds it: arg[0] is the script, arg[1..n] its
+ * arguments, and negative indices the interpreter and options before it.
+ * Without a script arg[0] is the interpreter and the options follow. */
+static void create_arg_table(lua_State *L, int argc, char **argv, int script) {
+    lua_createtable(L, argc - script - 1, script + 1);
+    for (int i = 0; i < argc; i++) {
+        lua_pushstring(L, argv[i]);
+        lua_rawseti(L, -2, i - script);
+    }
+    lua_setglobal(L, "arg");
+}
+
+static bool run_string(lua_State *L, const char *code) {
+    int status = luaL_loadbuffer(L, code, strlen(code), "=(command line)");
+    if (status == LUA_OK) status = host_docall(L, 0, 0);
+    return host_report(L, status) == LUA_OK;
+}
+
+/* All -e chunks, in the order given, up to the script. */
+static bool run_e_options(lua_State *L, int argc, char **argv, int end) {
+    for (int i = 1; i < end && i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) break;
+        if (strncmp(argv[i], "-e", 2) != 0) continue;
+        const char *code = argv[i][2] != '\0' ? argv[i] + 2 : argv[++i];
+        if (!run_string(L, code)) return false;
+    }
+    return true;
+}
+
+/* The script (NULL name: standard input) with args[0..nargs-1] as `...`. */
+static bool run_file(lua_State *L, const char *name, char **args, int nargs) {
+    int status = luaL_loadfile(L, name);
+    if (status == LUA_OK) {
+        luaL_checkstack(L, nargs, "too many arguments to script");
+        for (int i = 0; i < nargs; i++) lua_pushstring(L, args[i]);
+        status = host_docall(L, nargs, 0);
+    }
+    return host_report(L, status) == LUA_OK;
+}
+
+static bool run_script(lua_State *L, int argc, char **argv, int script) {
+    const char *name = argv[script];
+    /* "-" is standard input, unless it came after "--" (then it is a file). */
+    if (strcmp(name, "-") == 0 && strcmp(argv[script - 1], "--") != 0) {
+        name = NULL;
+    }
+    return run_file(L, name, argv + script + 1, argc - script - 1);
+}
+
+/* The REPL of lua/fsdp/repl.lua, or the built-in one if that cannot load. */
+static bool run_repl(lua_State *L) {
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "fsdp.repl");
+    int status = lua_pcall(L, 1, 1, 0);
+    if (status == LUA_OK && !lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        lua_pushliteral(L, "it did not return a table");
+        status = LUA_ERRRUN;
+    }
+    if (status != LUA_OK) {
+        const char *why = lua_tostring(L, -1);
+        lua_pushfstring(L, "cannot load the REPL module fsdp.repl (%s); "
+                           "using the built-in REPL",
+                        why != NULL ? why : "error object is not a string");
+        host_message(lua_tostring(L, -1));
+        lua_pop(L, 2);
+        host_fallback_repl(L);
+        return true;
+    }
+    lua_getfield(L, -1, "run");
+    lua_remove(L, -2);
+    return host_report(L, host_docall(L, 0, 0)) == LUA_OK;
+}
+
+static void open_libraries(lua_State *L) {
+    lua_gc(L, LUA_GCSTOP, 0);  /* no collections while building the state */
+    luaL_openlibs(L);
+    lua_gc(L, LUA_GCRESTART, -1);
+}
+
+/* Set up the state, then -e chunks, the script and the REPL in order. */
+static bool run_all(lua_State *L, run_context *ctx) {
+    const options *opts = &ctx->opts;
+    host_paths paths;
+    char err[8192];
+    if (!host_find_paths(&paths, ctx->argv[0], err, sizeof err)) {
+        host_message(err);
+        return false;
+    }
+    bool repl = repl_will_run(opts);
+    open_libraries(L);
+    host_set_package_path(L, paths.root);
+    host_preload_module(L, &paths, repl);
+    create_arg_table(L, ctx->argc, ctx->argv, opts->script);
+    int end = opts->script != 0 ? opts->script : ctx->argc;
+    if (!run_e_options(L, ctx->argc, ctx->argv, end)) return false;
+    if (opts->script != 0) {
+        if (!run_script(L, ctx->argc, ctx->argv, opts->script)) return false;
+    }
+    if (repl) return run_repl(L);
+    if (opts->script == 0 && !opts->has_e && !opts->version) {
+        return run_file(L, NULL, NULL, 0);
+    }
+    return true;
+}
+
+/* Runs under lua_cpcall so that a memory error while setting up the state
+ * is reported rather than aborting. */
+static int pmain(lua_State *L) {
+    run_context *ctx = lua_touserdata(L, 1);
+    ctx->ok = run_all(L, ctx);
+    return 0;
+}
+
+static int run(int argc, char **argv, options opts) {
+    lua_State *L = luaL_newstate();
+    if (L == NULL) {
+        host_message("cannot create the Lua state: not enough memory");
+        return EXIT_FAILURE;
+    }
+    run_context ctx = {argc, argv, opts, false};
+    int status = lua_cpcall(L, pmain, &ctx);
+    host_report(L, status);
+    lua_close(L);
+    return status == LUA_OK && ctx.ok ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+int main(int argc, char **argv) {
+    options opts = parse_args(argc, argv);
+    if (opts.bad != NULL) {
+        fprintf(stderr, "%s: '%s' %s\n", HOST_PROGNAME, opts.bad, opts.why);
+        fprintf(stderr, "Try '%s --help' for more information.\n",
+                HOST_PROGNAME);
+        return EXIT_USAGE;
+    }
+    if (opts.help) {
+        print_usage(stdout);
+        return EXIT_SUCCESS;
+    }
+    if (opts.version) print_version();
+    /* -v alone only prints; it needs no Lua state and no project root. */
+    if (opts.version && !opts.interactive && !opts.has_e && opts.script == 0) {
+        return EXIT_SUCCESS;
+    }
+    return run(argc, argv, opts);
+}

@@ -1,0 +1,130 @@
+/*
+ * rng.c: the counter-based random number generator of the core.
+ *
+ * Philox-4x32-10 (Salmon et al., "Parallel Random Numbers: As Easy as 1, 2,
+ * 3", SC11; the Random123 reference) maps a 128-bit counter and a 64-bit key
+ * to 128 random bits with no state in between. That is what deferred,
+ * sharded parameter init needs: a rank computes just the elements of its
+ * shard, and they equal the same elements of a single-process init of the
+ * whole model, for any world size.
+ *
+ * THE MAPPING BELOW IS A CONTRACT. Changing any detail of it changes every
+ * initialised model and every checkpoint comparison against older runs.
+ *
+ *   key      = { lo32(seed), hi32(seed) }
+ *   g        = spec->first_index + index      (uint64, wraps)
+ *   block(b) = philox4x32_10(counter = { lo32(b), hi32(b),
+ *                                        lo32(stream), hi32(stream) }, key)
+ *              -> words w[0..3]
+ *
+ *   UNIFORM: b = g >> 2, word x = w[g & 3].
+ *            u = (x >> 8) * 2^-24, a multiple of 2^-24 in [0, 1) (as
+ *            PyTorch's float uniform; exact in f32, so an f32 tensor with
+ *            [low, high) = [0, 1) never holds 1).
+ *            value = low + (high - low) * u, in double.
+ *   NORMAL:  b = g >> 1, words x1 = w[2 (g & 1)], x2 = w[2 (g & 1) + 1].
+ *            u1 = (x1 + 1) * 2^-32 in (0, 1], u2 = x2 * 2^-32 in [0, 1),
+ *            z = sqrt(-2 ln u1) * cos(2 pi u2)   (Box-Muller, in double),
+ *            value = mean + std * z. The tails reach |z| = 6.66.
+ *   INT:     b = g >> 1, word x = w[2 (g & 1)] | w[2 (g & 1) + 1] << 32.
+ *            range = high - low (as uint64; 0 if high <= low),
+ *            value = low + floor(x * range / 2^64)   (128-bit multiply:
+ *            bias below range / 2^64, far less than x mod range).
+ *
+ * Each element reads one block, so any element is computable alone; kernels
+ * that generate runs of elements may share a block between its 4 (uniform)
+ * or 2 (normal, int) elements, with identical results. Uniform and int
+ * values are exact integer arithmetic; normal values go through log, sqrt
+ * and cos and so match to the last bit only where the math library agrees
+ * (identical on every rank of one installation).
+ */
+#include "internal.h"
+
+#include <math.h>
+
+enum {
+    PHILOX_ROUNDS = 10
+};
+
+/* Random123's constants: the two round multipliers and the Weyl sequence
+ * (golden ratio and sqrt(3) - 1, scaled to 32 bits) that bumps the key. */
+#define PHILOX_M0 UINT32_C(0xD2511F53)
+#define PHILOX_M1 UINT32_C(0xCD9E8D57)
+#define PHILOX_W0 UINT32_C(0x9E3779B9)
+#define PHILOX_W1 UINT32_C(0xBB67AE85)
+
+/* Ten rounds of: two 32x32->64 multiplies, whose high halves are mixed with
+ * the other two words and the round key and whose low halves are carried
+ * over, in Random123's word order. The key advances by the Weyl constants
+ * before every round but the first. */
+static inline void philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                 uint32_t k0, uint32_t k1, uint32_t out[4]) {
+    for (int round = 0; round < PHILOX_ROUNDS; round++) {
+        if (round > 0) {
+            k0 += PHILOX_W0;
+            k1 += PHILOX_W1;
+        }
+        uint64_t p0 = (uint64_t)PHILOX_M0 * c0;
+        uint64_t p1 = (uint64_t)PHILOX_M1 * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+        uint32_t n1 = (uint32_t)p1;
+        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        uint32_t n3 = (uint32_t)p0;
+        c0 = n0;
+        c1 = n1;
+        c2 = n2;
+        c3 = n3;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+void fl_philox4x32(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
+    philox4x32_10(counter[0], counter[1], counter[2], counter[3], key[0], key[1], out);
+}
+
+/* Block b of the stream (seed, stream), per the contract above. */
+static inline void random_block(const fl_random_spec *spec, uint64_t b, uint32_t w[4]) {
+    philox4x32_10((uint32_t)b, (uint32_t)(b >> 32), (uint32_t)spec->stream,
+                  (uint32_t)(spec->stream >> 32), (uint32_t)spec->seed,
+                  (uint32_t)(spec->seed >> 32), w);
+}
+
+double fl_random_value(const fl_random_spec *spec, uint64_t index) {
+    uint64_t g = spec->first_index + index;
+    uint32_t w[4];
+    switch (spec->kind) {
+    case FL_RANDOM_UNIFORM: {
+        random_block(spec, g >> 2, w);
+        double u = (double)(w[g & 3] >> 8) * 0x1p-24;
+        return spec->a + (spec->b - spec->a) * u;
+    }
+    case FL_RANDOM_NORMAL: {
+        random_block(spec, g >> 1, w);
+        int j = 2 * (int)(g & 1);
+        double u1 = ((double)w[j] + 1.0) * 0x1p-32;
+        double u2 = (double)w[j + 1] * 0x1p-32;
+        double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
+        return spec->a + spec->b * z;
+    }
+    case FL_RANDOM_INT:
+        return (double)fl_random_int64(spec, index);
+    }
+    fl_abort(__FILE__, __LINE__, "fl_random_value: invalid random kind");
+}
+
+int64_t fl_random_int64(const fl_random_spec *spec, uint64_t index) {
+    FL_ASSERT(spec->kind == FL_RANDOM_INT);
+    uint64_t g = spec->first_index + index;
+    uint32_t w[4];
+    random_block(spec, g >> 1, w);
+    int j = 2 * (int)(g & 1);
+    uint64_t x = (uint64_t)w[j] | (uint64_t)w[j + 1] << 32;
+    /* Unsigned arithmetic: high - low and low + offset may exceed int64 in
+     * between (e.g. the full range [INT64_MIN, INT64_MAX)). */
+    uint64_t range = spec->ihigh > spec->ilow ? (uint64_t)spec->ihigh - (uint64_t)spec->ilow : 0;
+    uint64_t offset = (uint64_t)(((unsigned __int128)x * range) >> 64);
+    return (int64_t)((uint64_t)spec->ilow + offset);
+}

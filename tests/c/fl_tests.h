@@ -1,0 +1,15 @@
+/*
+ * fl_tests.h: the groups of the C test suite (one executable, fsdp-ctest).
+ * Each group is a function that runs its cmocka tests and returns the number
+ * of failures; main.c runs them all.
+ */
+#ifndef FL_TESTS_H
+#define FL_TESTS_H
+
+int fl_test_dtype(void);
+int fl_test_rng(void);
+int fl_test_tensor(void);
+int fl_test_view(void);
+int fl_test_memory(void);
+
+#endif /* FL_TESTS_H */
