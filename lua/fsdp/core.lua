@@ -26,17 +26,39 @@ function M.last_error()
   return ffi.string(C.fl_last_error())
 end
 
--- Raise the core's last error as a Lua error attributed to the caller
--- `level` frames up (1 = the function calling raise's caller).
-function M.raise(level)
+-- Errors are attributed to the user's code: the first frame on the stack
+-- outside this library (counting levels by hand breaks on tail calls).
+local LIB_DIR = debug.getinfo(1, 'S').source:match('^@(.*)core%.lua$')
+
+local function user_level()
+  -- getinfo level 1 is this function, 2 the helper raising the error; the
+  -- helper's error level is one less than the getinfo level.
+  local k = 3
+  while true do
+    local info = debug.getinfo(k, 'S')
+    if not info then return 0 end
+    if info.what ~= 'C' and not (LIB_DIR and info.source:sub(2, #LIB_DIR + 1) == LIB_DIR) then
+      return k - 1
+    end
+    k = k + 1
+  end
+end
+
+-- Raise a Lua error with `msg`, positioned at the user's calling line.
+function M.fail(msg)
+  error(msg, user_level())
+end
+
+-- Raise the core's last error.
+function M.raise()
   local msg = M.last_error()
   if msg == '' then msg = 'fsdp core call failed (no message)' end
-  error(msg, (level or 1) + 1)
+  error(msg, user_level())
 end
 
 -- Check an int status from the core; raise on failure.
-function M.check(status, level)
-  if status ~= 0 then M.raise((level or 1) + 1) end
+function M.check(status)
+  if status ~= 0 then M.raise() end
 end
 
 -- dtype: name <-> enum ----------------------------------------------------
@@ -44,15 +66,15 @@ end
 local dtype_cache = {}
 
 -- Accepts a name ('f32', 'float32', 'bf16', ...) or an enum number.
-function M.dtype(x, level)
+function M.dtype(x)
   if type(x) == 'number' then return x end
   local d = dtype_cache[x]
   if d then return d end
   if type(x) ~= 'string' then
-    error(('dtype must be a string such as \'f32\', got %s'):format(type(x)), (level or 1) + 1)
+    M.fail(('dtype must be a string such as \'f32\', got %s'):format(type(x)))
   end
   d = C.fl_dtype_parse(x)
-  if d < 0 then M.raise((level or 1) + 1) end
+  if d < 0 then M.raise() end
   dtype_cache[x] = d
   return d
 end
@@ -71,14 +93,14 @@ local device_cache = {}
 local device_out = ffi.new('fl_device[1]')
 local name_buf = ffi.new('char[32]')
 
-function M.device(x, level)
+function M.device(x)
   if type(x) == 'number' then return x end
   local d = device_cache[x]
   if d then return d end
   if type(x) ~= 'string' then
-    error(('device must be a string such as \'cpu\', got %s'):format(type(x)), (level or 1) + 1)
+    M.fail(('device must be a string such as \'cpu\', got %s'):format(type(x)))
   end
-  M.check(C.fl_device_parse(x, device_out), (level or 1) + 1)
+  M.check(C.fl_device_parse(x, device_out))
   d = device_out[0]
   device_cache[x] = d
   return d
@@ -100,7 +122,7 @@ end
 
 -- A shape given as a table {2, 3} or as numbers 2, 3 (varargs); returns
 -- ndim, int64_t[] and the index after the shape (where options may follow).
-function M.shape_args(level, ...)
+function M.shape_args(...)
   local first = ...
   local dims, nextarg
   if type(first) == 'table' and getmetatable(first) == nil then
@@ -116,16 +138,16 @@ function M.shape_args(level, ...)
   end
   local n = #dims
   if n > C.FL_MAX_DIMS then
-    error(('%d dimensions given, at most %d supported'):format(n, C.FL_MAX_DIMS), level + 1)
+    M.fail(('%d dimensions given, at most %d supported'):format(n, C.FL_MAX_DIMS))
   end
   local arr = ffi.new('int64_t[?]', math.max(n, 1))
   for i = 1, n do
     local v = dims[i]
     if type(v) ~= 'number' and type(v) ~= 'cdata' then
-      error(('shape entry %d is a %s, expected an integer'):format(i, type(v)), level + 1)
+      M.fail(('shape entry %d is a %s, expected an integer'):format(i, type(v)))
     end
     if type(v) == 'number' and v ~= math.floor(v) then
-      error(('shape entry %d is %s, expected an integer'):format(i, tostring(v)), level + 1)
+      M.fail(('shape entry %d is %s, expected an integer'):format(i, tostring(v)))
     end
     arr[i - 1] = v
   end

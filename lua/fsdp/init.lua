@@ -28,24 +28,24 @@ M.initial_seed = random.initial_seed
 local default_dtype = C.FL_F32
 local default_device = core.device('cpu')
 
-function M.set_default_dtype(d) default_dtype = core.dtype(d, 2) end
+function M.set_default_dtype(d) default_dtype = core.dtype(d) end
 function M.get_default_dtype() return core.dtype_name(default_dtype) end
-function M.set_default_device(d) default_device = core.device(d, 2) end
+function M.set_default_device(d) default_device = core.device(d) end
 function M.get_default_device() return core.device_name(default_device) end
 
 -- The options table of a factory: the argument after the shape, if any.
-local function options(level, nextarg, ...)
+local function options(nextarg, ...)
   local opts = select(nextarg, ...)
   if opts == nil then return {} end
   if type(opts) ~= 'table' then
-    error(('expected an options table after the shape, got %s'):format(type(opts)), level + 1)
+    core.fail(('expected an options table after the shape, got %s'):format(type(opts)))
   end
   return opts
 end
 
-local function placement(opts, level)
-  local dtype = opts.dtype and core.dtype(opts.dtype, level + 1) or default_dtype
-  local device = opts.device and core.device(opts.device, level + 1) or default_device
+local function placement(opts)
+  local dtype = opts.dtype and core.dtype(opts.dtype) or default_dtype
+  local device = opts.device and core.device(opts.device) or default_device
   return dtype, device
 end
 
@@ -54,34 +54,34 @@ end
 -- An uninitialised tensor. {fake=true} gives a tensor that reports its
 -- device but owns no storage (for planning at full size).
 function M.empty(...)
-  local n, shape, nextarg = core.shape_args(2, ...)
-  local opts = options(2, nextarg, ...)
-  local dtype, device = placement(opts, 2)
+  local n, shape, nextarg = core.shape_args(...)
+  local opts = options(nextarg, ...)
+  local dtype, device = placement(opts)
   local make = opts.fake and C.fl_fake or C.fl_empty
-  return Tensor.wrap(make(n, shape, dtype, device), 2)
+  return Tensor.wrap(make(n, shape, dtype, device))
 end
 
 function M.zeros(...)
-  local n, shape, nextarg = core.shape_args(2, ...)
-  local dtype, device = placement(options(2, nextarg, ...), 2)
-  return Tensor.wrap(C.fl_zeros(n, shape, dtype, device), 2)
+  local n, shape, nextarg = core.shape_args(...)
+  local dtype, device = placement(options(nextarg, ...))
+  return Tensor.wrap(C.fl_zeros(n, shape, dtype, device))
 end
 
 function M.ones(...)
-  local n, shape, nextarg = core.shape_args(2, ...)
-  local dtype, device = placement(options(2, nextarg, ...), 2)
-  return Tensor.wrap(C.fl_full(n, shape, 1, dtype, device), 2)
+  local n, shape, nextarg = core.shape_args(...)
+  local dtype, device = placement(options(nextarg, ...))
+  return Tensor.wrap(C.fl_full(n, shape, 1, dtype, device))
 end
 
 -- fsdp.full(shape, value, opts)
 function M.full(shape, value, opts)
-  local n, arr = core.shape_args(2, shape)
+  local n, arr = core.shape_args(shape)
   if type(value) == 'boolean' then value = value and 1 or 0 end
   if type(value) ~= 'number' then
-    error(('full: fill value must be a number, got %s'):format(type(value)), 2)
+    core.fail(('full: fill value must be a number, got %s'):format(type(value)))
   end
-  local dtype, device = placement(opts or {}, 2)
-  return Tensor.wrap(C.fl_full(n, arr, value, dtype, device), 2)
+  local dtype, device = placement(opts or {})
+  return Tensor.wrap(C.fl_full(n, arr, value, dtype, device))
 end
 
 -- fsdp.arange(end), arange(start, end), arange(start, end, step), each
@@ -96,9 +96,9 @@ function M.arange(...)
   if #nums == 1 then start, stop, step = 0, nums[1], 1
   elseif #nums == 2 then start, stop, step = nums[1], nums[2], 1
   elseif #nums == 3 then start, stop, step = nums[1], nums[2], nums[3]
-  else error('arange expects (end), (start, end) or (start, end, step)', 2) end
-  local dtype, device = placement(opts, 2)
-  return Tensor.wrap(C.fl_arange(start, stop, step, dtype, device), 2)
+  else core.fail('arange expects (end), (start, end) or (start, end, step)') end
+  local dtype, device = placement(opts)
+  return Tensor.wrap(C.fl_arange(start, stop, step, dtype, device))
 end
 
 -- Nested Lua tables (or one number/boolean) -> tensor. Lua numbers do not
@@ -112,16 +112,16 @@ function M.tensor(data, opts)
     if type(x) == 'table' then
       if shape[d] == nil then shape[d] = #x
       elseif shape[d] ~= #x then
-        error(('tensor: ragged nested table: dim %d has lengths %d and %d'):format(d - 1, shape[d], #x), 4)
+        core.fail(('tensor: ragged nested table: dim %d has lengths %d and %d'):format(d - 1, shape[d], #x))
       end
       for i = 1, #x do walk(x[i], d + 1) end
       return
     end
-    if #shape >= d then error('tensor: ragged nested table: a number where a table was expected', 4) end
+    if #shape >= d then core.fail('tensor: ragged nested table: a number where a table was expected') end
     if type(x) == 'boolean' then is_bool = true; x = x and 1 or 0
     elseif type(x) == 'cdata' then x = tonumber(x)
     elseif type(x) ~= 'number' then
-      error(('tensor: element is a %s, expected a number or boolean'):format(type(x)), 4)
+      core.fail(('tensor: element is a %s, expected a number or boolean'):format(type(x)))
     end
     values[#values + 1] = x
   end
@@ -132,21 +132,21 @@ function M.tensor(data, opts)
     while type(x) == 'table' do depth = depth + 1; x = x[1] end
     for d = depth + 1, #shape do shape[d] = nil end
   end
-  local dtype = opts.dtype and core.dtype(opts.dtype, 2) or (is_bool and C.FL_BOOL or default_dtype)
-  local device = opts.device and core.device(opts.device, 2) or default_device
-  local n, arr = core.shape_args(2, shape)
+  local dtype = opts.dtype and core.dtype(opts.dtype) or (is_bool and C.FL_BOOL or default_dtype)
+  local device = opts.device and core.device(opts.device) or default_device
+  local n, arr = core.shape_args(shape)
   local buf = ffi.new('double[?]', math.max(#values, 1), values)
-  return Tensor.wrap(C.fl_from_host(n, arr, dtype, device, buf, C.FL_F64, #values), 2)
+  return Tensor.wrap(C.fl_from_host(n, arr, dtype, device, buf, C.FL_F64, #values))
 end
 
 local function random_factory(fill)
   return function(...)
-    local n, shape, nextarg = core.shape_args(2, ...)
-    local opts = options(2, nextarg, ...)
-    local dtype, device = placement(opts, 2)
-    local t = Tensor.wrap(C.fl_empty(n, shape, dtype, device), 2)
-    local seed, stream, offset = random.key(opts, 2)
-    core.check(fill(Tensor.cptr(t), seed, stream, offset, opts), 2)
+    local n, shape, nextarg = core.shape_args(...)
+    local opts = options(nextarg, ...)
+    local dtype, device = placement(opts)
+    local t = Tensor.wrap(C.fl_empty(n, shape, dtype, device))
+    local seed, stream, offset = random.key(opts)
+    core.check(fill(Tensor.cptr(t), seed, stream, offset, opts))
     return t
   end
 end
@@ -165,14 +165,14 @@ end)
 function M.randint(low, high, shape, opts)
   opts = opts or {}
   if type(low) ~= 'number' or type(high) ~= 'number' then
-    error('randint expects (low, high, shape, opts)', 2)
+    core.fail('randint expects (low, high, shape, opts)')
   end
-  local n, arr = core.shape_args(2, shape)
-  local dtype = opts.dtype and core.dtype(opts.dtype, 2) or C.FL_I64
-  local device = opts.device and core.device(opts.device, 2) or default_device
-  local t = Tensor.wrap(C.fl_empty(n, arr, dtype, device), 2)
-  local seed, stream, offset = random.key(opts, 2)
-  core.check(C.fl_randint_(Tensor.cptr(t), seed, stream, offset, low, high), 2)
+  local n, arr = core.shape_args(shape)
+  local dtype = opts.dtype and core.dtype(opts.dtype) or C.FL_I64
+  local device = opts.device and core.device(opts.device) or default_device
+  local t = Tensor.wrap(C.fl_empty(n, arr, dtype, device))
+  local seed, stream, offset = random.key(opts)
+  core.check(C.fl_randint_(Tensor.cptr(t), seed, stream, offset, low, high))
   return t
 end
 
@@ -183,7 +183,7 @@ local stats_buf = ffi.new('fl_memory_stats')
 -- {in_use=, peak=, allocations=, frees=, failures=, limit=} in bytes/counts
 -- for a device (default: the default device).
 function M.memory_stats(device)
-  core.check(C.fl_memory_stats_get(core.device(device or default_device, 2), stats_buf), 2)
+  core.check(C.fl_memory_stats_get(core.device(device or default_device), stats_buf))
   local s = stats_buf
   return {
     in_use = tonumber(s.in_use), peak = tonumber(s.peak),
@@ -193,13 +193,13 @@ function M.memory_stats(device)
 end
 
 function M.reset_memory_stats(device)
-  core.check(C.fl_memory_stats_reset(core.device(device or default_device, 2)), 2)
+  core.check(C.fl_memory_stats_reset(core.device(device or default_device)))
 end
 
 -- Make allocations beyond `bytes` in use on device fail with an
 -- out-of-memory error (0 removes the limit).
 function M.set_memory_limit(device, bytes)
-  core.check(C.fl_memory_set_limit(core.device(device, 2), bytes), 2)
+  core.check(C.fl_memory_set_limit(core.device(device), bytes))
 end
 
 -- cuda ------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 -- fsdp.manual_seed) and a stream counter that advances per call, so
 -- successive unseeded calls differ and a script is reproducible run to run.
 local ffi = require 'ffi'
+local core = require 'fsdp.core'
 
 local M = {}
 
@@ -31,11 +32,10 @@ function M.initial_seed()
   return global_seed
 end
 
-local function uint64(x, name, level)
+local function uint64(x, name)
   if type(x) == 'cdata' then return ffi.cast('uint64_t', x) end
   if type(x) ~= 'number' or x < 0 or x ~= math.floor(x) then
-    error(('random option %s must be a non-negative integer, got %s'):format(name, tostring(x)),
-          level + 1)
+    core.fail(('random option %s must be a non-negative integer, got %s'):format(name, tostring(x)))
   end
   return x
 end
@@ -43,19 +43,18 @@ end
 -- (seed, stream, offset) for a random call with options {seed=, stream=,
 -- offset=}. With a seed, the stream defaults to 0; without one, the global
 -- generator supplies both.
-function M.key(opts, level)
-  level = (level or 1) + 1
+function M.key(opts)
   opts = opts or {}
-  local offset = uint64(opts.offset or 0, 'offset', level)
+  local offset = uint64(opts.offset or 0, 'offset')
   if opts.seed ~= nil then
-    return uint64(opts.seed, 'seed', level), uint64(opts.stream or 0, 'stream', level), offset
+    return uint64(opts.seed, 'seed'), uint64(opts.stream or 0, 'stream'), offset
   end
   local stream = opts.stream
   if stream == nil then
     stream = GLOBAL_STREAM_BASE + next_stream
     next_stream = next_stream + 1
   end
-  return global_seed, uint64(stream, 'stream', level), offset
+  return global_seed, uint64(stream, 'stream'), offset
 end
 
 return M

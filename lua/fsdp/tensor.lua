@@ -18,19 +18,19 @@ local methods = {}
 local properties = {}
 
 -- Wrap a new C reference (or raise the core's error if ptr is NULL).
-local function wrap(ptr, level)
-  if ptr == nil then core.raise((level or 1) + 1) end
+local function wrap(ptr)
+  if ptr == nil then core.raise() end
   return setmetatable({ _c = ffi.gc(ptr, C.fl_tensor_release) }, Tensor)
 end
 Tensor.wrap = wrap
 
 -- The C struct of a tensor argument, with a clear error for a freed one or
 -- for something that is not a tensor.
-local function cptr(t, level)
+local function cptr(t)
   local c = type(t) == 'table' and rawget(t, '_c')
   if c then return c end
-  if getmetatable(t) == Tensor then error('tensor was freed', (level or 1) + 1) end
-  error(('expected a Tensor, got %s'):format(type(t)), (level or 1) + 1)
+  if getmetatable(t) == Tensor then core.fail('tensor was freed') end
+  core.fail(('expected a Tensor, got %s'):format(type(t)))
 end
 Tensor.cptr = cptr
 
@@ -54,7 +54,7 @@ Tensor.__newindex = function(t, k, v)
     return
   end
   if methods[k] or properties[k] then
-    error(('Tensor.%s cannot be assigned'):format(k), 2)
+    core.fail(('Tensor.%s cannot be assigned'):format(k))
   end
   rawset(t, k, v)
 end
@@ -66,53 +66,53 @@ end
 
 -- properties ------------------------------------------------------------------
 
-function properties.shape(t) return core.shape_table(cptr(t, 3)) end
-function properties.ndim(t) return cptr(t, 3).ndim end
-function properties.dtype(t) return core.dtype_name(cptr(t, 3).dtype) end
-function properties.device(t) return core.device_name(cptr(t, 3).device) end
+function properties.shape(t) return core.shape_table(cptr(t)) end
+function properties.ndim(t) return cptr(t).ndim end
+function properties.dtype(t) return core.dtype_name(cptr(t).dtype) end
+function properties.device(t) return core.device_name(cptr(t).device) end
 
 -- geometry ----------------------------------------------------------------------
 
-function methods:dim() return cptr(self, 2).ndim end
+function methods:dim() return cptr(self).ndim end
 
-function methods:numel() return tonumber(cptr(self, 2).numel) end
+function methods:numel() return tonumber(cptr(self).numel) end
 methods.nelement = methods.numel
 
-local function wrap_dim(c, d, level)
+local function wrap_dim(c, d)
   local n = c.ndim
   local w = d < 0 and d + n or d
   if w < 0 or w >= n then
-    error(('dim %d out of range for a %d-d tensor of shape %s'):format(
-      d, n, core.format_shape(core.shape_table(c))), level + 1)
+    core.fail(('dim %d out of range for a %d-d tensor of shape %s'):format(
+      d, n, core.format_shape(core.shape_table(c))))
   end
   return w
 end
 
 -- t:size() -> {2, 3}; t:size(d) -> the size of dim d.
 function methods:size(d)
-  local c = cptr(self, 2)
+  local c = cptr(self)
   if d == nil then return core.shape_table(c) end
-  return tonumber(c.shape[wrap_dim(c, d, 2)])
+  return tonumber(c.shape[wrap_dim(c, d)])
 end
 
 function methods:stride(d)
-  local c = cptr(self, 2)
+  local c = cptr(self)
   if d == nil then
     local s = {}
     for i = 0, c.ndim - 1 do s[i + 1] = tonumber(c.stride[i]) end
     return s
   end
-  return tonumber(c.stride[wrap_dim(c, d, 2)])
+  return tonumber(c.stride[wrap_dim(c, d)])
 end
 
-function methods:storage_offset() return tonumber(cptr(self, 2).offset) end
-function methods:is_contiguous() return C.fl_tensor_is_contiguous(cptr(self, 2)) end
-function methods:is_meta() return C.fl_device_kind_of(cptr(self, 2).device) == C.FL_DEVICE_META end
-function methods:is_fake() return bit.band(cptr(self, 2).flags, C.FL_TENSOR_FAKE) ~= 0 end
-function methods:has_storage() return C.fl_tensor_has_storage(cptr(self, 2)) end
-function methods:is_floating_point() return core.dtype_is_float(cptr(self, 2).dtype) end
-function methods:element_size() return tonumber(C.fl_dtype_size(cptr(self, 2).dtype)) end
-function methods:storage_bytes() return tonumber(C.fl_tensor_storage_bytes(cptr(self, 2))) end
+function methods:storage_offset() return tonumber(cptr(self).offset) end
+function methods:is_contiguous() return C.fl_tensor_is_contiguous(cptr(self)) end
+function methods:is_meta() return C.fl_device_kind_of(cptr(self).device) == C.FL_DEVICE_META end
+function methods:is_fake() return bit.band(cptr(self).flags, C.FL_TENSOR_FAKE) ~= 0 end
+function methods:has_storage() return C.fl_tensor_has_storage(cptr(self)) end
+function methods:is_floating_point() return core.dtype_is_float(cptr(self).dtype) end
+function methods:element_size() return tonumber(C.fl_dtype_size(cptr(self).dtype)) end
+function methods:storage_bytes() return tonumber(C.fl_tensor_storage_bytes(cptr(self))) end
 
 -- Release this handle's reference now instead of at garbage collection.
 -- The memory returns to the allocator once no other view uses it.
@@ -128,65 +128,65 @@ end
 -- views -----------------------------------------------------------------------
 
 function methods:view(...)
-  local n, shape = core.shape_args(2, ...)
-  return wrap(C.fl_view(cptr(self, 2), n, shape), 2)
+  local n, shape = core.shape_args(...)
+  return wrap(C.fl_view(cptr(self), n, shape))
 end
 
 function methods:reshape(...)
-  local n, shape = core.shape_args(2, ...)
-  return wrap(C.fl_reshape(cptr(self, 2), n, shape), 2)
+  local n, shape = core.shape_args(...)
+  return wrap(C.fl_reshape(cptr(self), n, shape))
 end
 
 function methods:narrow(dim, start, length)
-  return wrap(C.fl_narrow(cptr(self, 2), dim, start, length), 2)
+  return wrap(C.fl_narrow(cptr(self), dim, start, length))
 end
 
 -- t:slice(dim, start, stop, step): Python's t[start:stop:step] along dim;
 -- stop defaults to the end, step to 1.
 function methods:slice(dim, start, stop, step)
-  return wrap(C.fl_slice(cptr(self, 2), dim, start or 0, stop or 2^62, step or 1), 2)
+  return wrap(C.fl_slice(cptr(self), dim, start or 0, stop or 2^62, step or 1))
 end
 
 function methods:select(dim, index)
-  return wrap(C.fl_select(cptr(self, 2), dim, index), 2)
+  return wrap(C.fl_select(cptr(self), dim, index))
 end
 
 function methods:transpose(d0, d1)
-  return wrap(C.fl_transpose(cptr(self, 2), d0, d1), 2)
+  return wrap(C.fl_transpose(cptr(self), d0, d1))
 end
 
 -- The transpose of a 2-d tensor.
 function methods:t()
-  local c = cptr(self, 2)
+  local c = cptr(self)
   if c.ndim ~= 2 then
-    error(('t() expects a 2-d tensor, got shape %s'):format(core.format_shape(core.shape_table(c))), 2)
+    core.fail(('t() expects a 2-d tensor, got shape %s'):format(core.format_shape(core.shape_table(c))))
   end
-  return wrap(C.fl_transpose(c, 0, 1), 2)
+  return wrap(C.fl_transpose(c, 0, 1))
 end
 
 function methods:permute(...)
   local dims = type(...) == 'table' and ... or { ... }
   local arr = ffi.new('int[?]', math.max(#dims, 1), dims)
-  return wrap(C.fl_permute(cptr(self, 2), #dims, arr), 2)
+  return wrap(C.fl_permute(cptr(self), #dims, arr))
 end
 
 function methods:expand(...)
-  local n, shape = core.shape_args(2, ...)
-  return wrap(C.fl_expand(cptr(self, 2), n, shape), 2)
+  local n, shape = core.shape_args(...)
+  return wrap(C.fl_expand(cptr(self), n, shape))
 end
 
 function methods:expand_as(other)
-  return wrap(C.fl_expand(cptr(self, 2), cptr(other, 2).ndim, cptr(other, 2).shape), 2)
+  return wrap(C.fl_expand(cptr(self), cptr(other).ndim, cptr(other).shape))
 end
 
 function methods:unsqueeze(dim)
-  return wrap(C.fl_unsqueeze(cptr(self, 2), dim), 2)
+  return wrap(C.fl_unsqueeze(cptr(self), dim))
 end
 
 -- t:squeeze(dim) removes dim (size 1); t:squeeze() removes every size-1 dim.
 function methods:squeeze(dim)
-  local c = cptr(self, 2)
-  if dim ~= nil then return wrap(C.fl_squeeze(c, dim), 2) end
+  local c = cptr(self)
+  if dim ~= nil then return wrap(C.fl_squeeze(c, dim)) end
   local shape = {}
   for i = 0, c.ndim - 1 do
     if c.shape[i] ~= 1 then shape[#shape + 1] = tonumber(c.shape[i]) end
@@ -195,34 +195,34 @@ function methods:squeeze(dim)
 end
 
 function methods:flatten(start_dim, end_dim)
-  return wrap(C.fl_flatten(cptr(self, 2), start_dim or 0, end_dim or -1), 2)
+  return wrap(C.fl_flatten(cptr(self), start_dim or 0, end_dim or -1))
 end
 
-function methods:contiguous() return wrap(C.fl_contiguous(cptr(self, 2)), 2) end
-function methods:clone() return wrap(C.fl_clone(cptr(self, 2)), 2) end
+function methods:contiguous() return wrap(C.fl_contiguous(cptr(self))) end
+function methods:clone() return wrap(C.fl_clone(cptr(self))) end
 
 -- conversion ----------------------------------------------------------------------
 
 -- t:to('bf16'), t:to('cpu'), t:to{dtype=, device=}, t:to(other_tensor).
 function methods:to(x)
-  local c = cptr(self, 2)
+  local c = cptr(self)
   local dtype, device = c.dtype, c.device
   if Tensor.is_tensor(x) then
-    dtype, device = cptr(x, 2).dtype, cptr(x, 2).device
+    dtype, device = cptr(x).dtype, cptr(x).device
   elseif type(x) == 'table' then
-    if x.dtype then dtype = core.dtype(x.dtype, 2) end
-    if x.device then device = core.device(x.device, 2) end
+    if x.dtype then dtype = core.dtype(x.dtype) end
+    if x.device then device = core.device(x.device) end
   elseif type(x) == 'string' then
-    if C.fl_dtype_parse(x) >= 0 then dtype = core.dtype(x, 2)
-    else C.fl_clear_error(); device = core.device(x, 2) end
+    if C.fl_dtype_parse(x) >= 0 then dtype = core.dtype(x)
+    else C.fl_clear_error(); device = core.device(x) end
   else
-    error(('to() expects a dtype, a device, a table or a tensor, got %s'):format(type(x)), 2)
+    core.fail(('to() expects a dtype, a device, a table or a tensor, got %s'):format(type(x)))
   end
-  return wrap(C.fl_to(c, dtype, device), 2)
+  return wrap(C.fl_to(c, dtype, device))
 end
 
 local function caster(dtype)
-  return function(self) return wrap(C.fl_to(cptr(self, 2), dtype, cptr(self, 2).device), 2) end
+  return function(self) return wrap(C.fl_to(cptr(self), dtype, cptr(self).device)) end
 end
 methods.float = caster(C.FL_F32)
 methods.double = caster(C.FL_F64)
@@ -239,14 +239,14 @@ function methods:cpu() return self:to('cpu') end
 
 function methods:fill_(value)
   if type(value) == 'boolean' then value = value and 1 or 0 end
-  core.check(C.fl_fill_(cptr(self, 2), value), 2)
+  core.check(C.fl_fill_(cptr(self), value))
   return self
 end
 
 function methods:zero_() return self:fill_(0) end
 
 function methods:copy_(src)
-  core.check(C.fl_copy_(cptr(self, 2), cptr(src, 2)), 2)
+  core.check(C.fl_copy_(cptr(self), cptr(src)))
   return self
 end
 
@@ -254,19 +254,19 @@ end
 -- offset=} (see fsdp.random).
 function methods:uniform_(low, high, opts)
   local seed, stream, offset = require('fsdp.random').key(opts)
-  core.check(C.fl_uniform_(cptr(self, 2), seed, stream, offset, low or 0, high or 1), 2)
+  core.check(C.fl_uniform_(cptr(self), seed, stream, offset, low or 0, high or 1))
   return self
 end
 
 function methods:normal_(mean, std, opts)
   local seed, stream, offset = require('fsdp.random').key(opts)
-  core.check(C.fl_normal_(cptr(self, 2), seed, stream, offset, mean or 0, std or 1), 2)
+  core.check(C.fl_normal_(cptr(self), seed, stream, offset, mean or 0, std or 1))
   return self
 end
 
 function methods:random_(low, high, opts)
   local seed, stream, offset = require('fsdp.random').key(opts)
-  core.check(C.fl_randint_(cptr(self, 2), seed, stream, offset, low, high), 2)
+  core.check(C.fl_randint_(cptr(self), seed, stream, offset, low, high))
   return self
 end
 
@@ -283,10 +283,10 @@ end
 -- Value at a 0-based index given as numbers or a table; Lua number for
 -- float and 32-bit-or-smaller types, int64 cdata for i64/u32 beyond 2^53.
 function methods:get(...)
-  local c = cptr(self, 2)
+  local c = cptr(self)
   local idx = type(...) == 'table' and ... or { ... }
   if #idx ~= c.ndim then
-    error(('get: %d indices for a %d-d tensor'):format(#idx, c.ndim), 2)
+    core.fail(('get: %d indices for a %d-d tensor'):format(#idx, c.ndim))
   end
   for i = 1, #idx do
     local v = idx[i]
@@ -294,23 +294,23 @@ function methods:get(...)
     index_buf[i - 1] = v
   end
   if is_integer_dtype(c.dtype) then
-    core.check(C.fl_get_i64(c, index_buf, int_buf), 2)
+    core.check(C.fl_get_i64(c, index_buf, int_buf))
     local v = int_buf[0]
     local n = tonumber(v)
     if n >= -2^53 and n <= 2^53 then return n end
     return v
   end
-  core.check(C.fl_get(c, index_buf, value_buf), 2)
+  core.check(C.fl_get(c, index_buf, value_buf))
   if c.dtype == C.FL_BOOL then return value_buf[0] ~= 0 end
   return value_buf[0]
 end
 
 -- t:set(value, i, j, ...)
 function methods:set(value, ...)
-  local c = cptr(self, 2)
+  local c = cptr(self)
   local idx = type(...) == 'table' and ... or { ... }
   if #idx ~= c.ndim then
-    error(('set: %d indices for a %d-d tensor'):format(#idx, c.ndim), 2)
+    core.fail(('set: %d indices for a %d-d tensor'):format(#idx, c.ndim))
   end
   for i = 1, #idx do
     local v = idx[i]
@@ -318,16 +318,16 @@ function methods:set(value, ...)
     index_buf[i - 1] = v
   end
   if type(value) == 'boolean' then value = value and 1 or 0 end
-  core.check(C.fl_set(c, index_buf, value), 2)
+  core.check(C.fl_set(c, index_buf, value))
   return self
 end
 
 -- The single value of a one-element tensor.
 function methods:item()
-  local c = cptr(self, 2)
+  local c = cptr(self)
   if c.numel ~= 1 then
-    error(('item: tensor of shape %s has %d elements, not 1'):format(
-      core.format_shape(core.shape_table(c)), tonumber(c.numel)), 2)
+    core.fail(('item: tensor of shape %s has %d elements, not 1'):format(
+      core.format_shape(core.shape_table(c)), tonumber(c.numel)))
   end
   local idx = {}
   for i = 1, c.ndim do idx[i] = 0 end
@@ -336,7 +336,7 @@ end
 
 -- Nested Lua tables of the values (a number for a 0-d tensor).
 function methods:tolist()
-  local c = cptr(self, 2)
+  local c = cptr(self)
   if C.fl_device_kind_of(c.device) ~= C.FL_DEVICE_CPU and c.storage ~= nil then
     return self:cpu():tolist()
   end
@@ -344,7 +344,7 @@ function methods:tolist()
   local float = C.fl_dtype_is_float(c.dtype)
   local dtype = float and C.FL_F64 or C.FL_I64
   local buf = ffi.new(float and 'double[?]' or 'int64_t[?]', math.max(n, 1))
-  core.check(C.fl_to_host(c, buf, dtype, n), 2)
+  core.check(C.fl_to_host(c, buf, dtype, n))
   local shape = core.shape_table(c)
   local pos = 0
   local function build(d)

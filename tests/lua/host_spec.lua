@@ -32,7 +32,9 @@ end
 
 -- The executable with arguments (each quoted), bounded in time.
 local function fl(...)
-  local parts = { 'timeout 10', quote(EXE) }
+  -- --foreground: without it, timeout relays a signal it receives to its
+  -- whole process group too, so the host would get SIGINT twice.
+  local parts = { 'timeout --foreground 10', quote(EXE) }
   for i = 1, select('#', ...) do parts[#parts + 1] = quote((select(i, ...))) end
   return table.concat(parts, ' ')
 end
@@ -310,7 +312,7 @@ describe('project root', function()
   local function copy_exe(bin_dir)
     os.execute('mkdir -p ' .. quote(bin_dir) .. ' && cp ' .. quote(EXE) .. ' ' .. quote(bin_dir))
     local lib_dir = EXE:match('^(.*)/[^/]+/[^/]+$') .. '/lib'
-    return 'LD_LIBRARY_PATH=' .. quote(lib_dir) .. ' timeout 10 ' .. quote(bin_dir .. '/fsdp-lua')
+    return 'LD_LIBRARY_PATH=' .. quote(lib_dir) .. ' timeout --foreground 10 ' .. quote(bin_dir .. '/fsdp-lua')
   end
 
   it('is found in the installed layout <prefix>/share/fsdp-lua', function()
