@@ -144,7 +144,7 @@ project "fsdp"
   outdirs "lib"
   files { "core/**.c" }
   excludes { "core/host/**.c" }
-  includedirs { "core/base" }
+  includedirs { "core/base", "core/ops" }
   buildoptions { "-fPIC", "-fvisibility=hidden", "-fopenmp" }
   linkoptions { "-fopenmp" }
   links { "m", "pthread" }

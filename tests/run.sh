@@ -6,6 +6,7 @@
 #   c        the core's C tests (cmocka), release build
 #   c-asan   the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   lua      busted specs run inside fsdp-lua (tests/lua/*_spec.lua)
+#   lua-asan the same specs through the sanitized build
 # A suite that exits non-zero without reporting a failed test (a crash, a
 # sanitizer report) counts as one failure.
 #   tests/run.sh            all suites
@@ -52,6 +53,17 @@ if want c-asan; then
   fi
 fi
 want lua && run_suite lua build/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
+# The specs again through the sanitized core: memory errors in C reached
+# from Lua (autograd graphs, views) show up here.
+if want lua-asan; then
+  if [ -x build/asan/bin/fsdp-lua ]; then
+    run_suite lua-asan env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+      build/asan/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
+  else
+    echo "=== lua-asan: skipped (build/asan/bin/fsdp-lua not built; ./build.sh test builds it)"
+    skipped=$((skipped + 1))
+  fi
+fi
 
 if [ ${#failures[@]} -gt 0 ]; then
   echo

@@ -9,8 +9,6 @@
 
 /* 64 bytes: a cache line, and the widest SIMD load (AVX-512). */
 enum { ALIGNMENT = 64 };
-/* Elements converted per step through the scratch buffers below. */
-enum { SCRATCH = 512 };
 
 static void *cpu_alloc(int index, int64_t nbytes) {
     (void)index;
@@ -22,29 +20,6 @@ static void cpu_free(int index, void *ptr, int64_t nbytes) {
     (void)index;
     (void)nbytes;
     free(ptr);
-}
-
-/* Gather `count` elements of `size` bytes, `stride` elements apart, into a
- * dense buffer (or scatter the other way). Dispatch on size so the compiler
- * emits plain loads and stores. */
-static void gather(void *dst, const char *src, int64_t stride, int64_t count, size_t size) {
-    switch (size) {
-    case 1: for (int64_t i = 0; i < count; i++) ((uint8_t *)dst)[i] = ((const uint8_t *)src)[i * stride]; break;
-    case 2: for (int64_t i = 0; i < count; i++) ((uint16_t *)dst)[i] = ((const uint16_t *)src)[i * stride]; break;
-    case 4: for (int64_t i = 0; i < count; i++) ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i * stride]; break;
-    case 8: for (int64_t i = 0; i < count; i++) ((uint64_t *)dst)[i] = ((const uint64_t *)src)[i * stride]; break;
-    default: FL_ASSERT(!"element size");
-    }
-}
-
-static void scatter(char *dst, int64_t stride, const void *src, int64_t count, size_t size) {
-    switch (size) {
-    case 1: for (int64_t i = 0; i < count; i++) ((uint8_t *)dst)[i * stride] = ((const uint8_t *)src)[i]; break;
-    case 2: for (int64_t i = 0; i < count; i++) ((uint16_t *)dst)[i * stride] = ((const uint16_t *)src)[i]; break;
-    case 4: for (int64_t i = 0; i < count; i++) ((uint32_t *)dst)[i * stride] = ((const uint32_t *)src)[i]; break;
-    case 8: for (int64_t i = 0; i < count; i++) ((uint64_t *)dst)[i * stride] = ((const uint64_t *)src)[i]; break;
-    default: FL_ASSERT(!"element size");
-    }
 }
 
 /* ---- copy --------------------------------------------------------------- */
@@ -64,33 +39,33 @@ static void copy_chunk(void *vctx, char *const *ptrs, const int64_t *inner, int6
     }
     if (c->dst_dtype == c->src_dtype) { /* strided, same type: move elements */
         if (inner[1] == 1) {
-            scatter(ptrs[0], inner[0], ptrs[1], count, dsize);
+            fl_cpu_scatter(ptrs[0], inner[0], ptrs[1], count, dsize);
         } else {
-            _Alignas(8) char tmp[SCRATCH * 8];
-            for (int64_t i = 0; i < count; i += SCRATCH) {
-                int64_t n = count - i < SCRATCH ? count - i : SCRATCH;
-                gather(tmp, ptrs[1] + i * inner[1] * (int64_t)ssize, inner[1], n, ssize);
-                scatter(ptrs[0] + i * inner[0] * (int64_t)dsize, inner[0], tmp, n, dsize);
+            _Alignas(8) char tmp[FL_CPU_SCRATCH * 8];
+            for (int64_t i = 0; i < count; i += FL_CPU_SCRATCH) {
+                int64_t n = count - i < FL_CPU_SCRATCH ? count - i : FL_CPU_SCRATCH;
+                fl_cpu_gather(tmp, ptrs[1] + i * inner[1] * (int64_t)ssize, inner[1], n, ssize);
+                fl_cpu_scatter(ptrs[0] + i * inner[0] * (int64_t)dsize, inner[0], tmp, n, dsize);
             }
         }
         return;
     }
-    /* Strided with conversion: densify, convert, scatter, SCRATCH at a time. */
-    _Alignas(8) char in[SCRATCH * 8], out[SCRATCH * 8];
-    for (int64_t i = 0; i < count; i += SCRATCH) {
-        int64_t n = count - i < SCRATCH ? count - i : SCRATCH;
+    /* Strided with conversion: densify, convert, scatter, FL_CPU_SCRATCH at a time. */
+    _Alignas(8) char in[FL_CPU_SCRATCH * 8], out[FL_CPU_SCRATCH * 8];
+    for (int64_t i = 0; i < count; i += FL_CPU_SCRATCH) {
+        int64_t n = count - i < FL_CPU_SCRATCH ? count - i : FL_CPU_SCRATCH;
         const char *s = ptrs[1] + i * inner[1] * (int64_t)ssize;
         char *d = ptrs[0] + i * inner[0] * (int64_t)dsize;
         const void *dense = s;
         if (inner[1] != 1) {
-            gather(in, s, inner[1], n, ssize);
+            fl_cpu_gather(in, s, inner[1], n, ssize);
             dense = in;
         }
         if (inner[0] == 1) {
             fl_convert(d, c->dst_dtype, dense, c->src_dtype, n);
         } else {
             fl_convert(out, c->dst_dtype, dense, c->src_dtype, n);
-            scatter(d, inner[0], out, n, dsize);
+            fl_cpu_scatter(d, inner[0], out, n, dsize);
         }
     }
 }
@@ -120,12 +95,12 @@ static void fill_chunk(void *vctx, char *const *ptrs, const int64_t *inner, int6
         memset(ptrs[0], 0, (size_t)count * c->size);
         return;
     }
-    _Alignas(8) char tmp[SCRATCH * 8];
-    int64_t n = count < SCRATCH ? count : SCRATCH;
+    _Alignas(8) char tmp[FL_CPU_SCRATCH * 8];
+    int64_t n = count < FL_CPU_SCRATCH ? count : FL_CPU_SCRATCH;
     for (int64_t i = 0; i < n; i++) memcpy(tmp + (size_t)i * c->size, c->value, c->size);
-    for (int64_t i = 0; i < count; i += SCRATCH) {
-        int64_t m = count - i < SCRATCH ? count - i : SCRATCH;
-        scatter(ptrs[0] + i * inner[0] * (int64_t)c->size, inner[0], tmp, m, c->size);
+    for (int64_t i = 0; i < count; i += FL_CPU_SCRATCH) {
+        int64_t m = count - i < FL_CPU_SCRATCH ? count - i : FL_CPU_SCRATCH;
+        fl_cpu_scatter(ptrs[0] + i * inner[0] * (int64_t)c->size, inner[0], tmp, m, c->size);
     }
 }
 
@@ -155,9 +130,9 @@ static void random_chunk(void *vctx, char *const *ptrs, const int64_t *inner, in
     /* Integers go through int64 so values beyond 2^53 stay exact. */
     bool ints = c->spec->kind == FL_RANDOM_INT;
     fl_dtype via = ints ? FL_I64 : FL_F64;
-    _Alignas(8) char values[SCRATCH * 8], out[SCRATCH * 8];
-    for (int64_t i = 0; i < count; i += SCRATCH) {
-        int64_t n = count - i < SCRATCH ? count - i : SCRATCH;
+    _Alignas(8) char values[FL_CPU_SCRATCH * 8], out[FL_CPU_SCRATCH * 8];
+    for (int64_t i = 0; i < count; i += FL_CPU_SCRATCH) {
+        int64_t n = count - i < FL_CPU_SCRATCH ? count - i : FL_CPU_SCRATCH;
         for (int64_t j = 0; j < n; j++) {
             uint64_t k = (uint64_t)(index + i + j);
             if (ints)
@@ -170,7 +145,7 @@ static void random_chunk(void *vctx, char *const *ptrs, const int64_t *inner, in
             fl_convert(d, c->dtype, values, via, n);
         } else {
             fl_convert(out, c->dtype, values, via, n);
-            scatter(d, inner[0], out, n, size);
+            fl_cpu_scatter(d, inner[0], out, n, size);
         }
     }
 }

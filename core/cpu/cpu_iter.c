@@ -85,3 +85,53 @@ void fl_cpu_iter_run(const fl_cpu_iter *it, fl_cpu_chunk_fn fn, void *ctx) {
         fn(ctx, ptrs, istride, count, row * inner + col);
     }
 }
+
+void fl_cpu_gather(void *dst, const char *src, int64_t stride, int64_t n, size_t size) {
+    switch (size) {
+    case 1: for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = ((const uint8_t *)src)[i * stride]; break;
+    case 2: for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = ((const uint16_t *)src)[i * stride]; break;
+    case 4: for (int64_t i = 0; i < n; i++) ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i * stride]; break;
+    case 8: for (int64_t i = 0; i < n; i++) ((uint64_t *)dst)[i] = ((const uint64_t *)src)[i * stride]; break;
+    default: FL_ASSERT(!"element size");
+    }
+}
+
+void fl_cpu_scatter(char *dst, int64_t stride, const void *src, int64_t n, size_t size) {
+    switch (size) {
+    case 1: for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i * stride] = ((const uint8_t *)src)[i]; break;
+    case 2: for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i * stride] = ((const uint16_t *)src)[i]; break;
+    case 4: for (int64_t i = 0; i < n; i++) ((uint32_t *)dst)[i * stride] = ((const uint32_t *)src)[i]; break;
+    case 8: for (int64_t i = 0; i < n; i++) ((uint64_t *)dst)[i * stride] = ((const uint64_t *)src)[i]; break;
+    default: FL_ASSERT(!"element size");
+    }
+}
+
+void fl_cpu_load(void *dst, fl_dtype as, const char *src, fl_dtype src_dtype, int64_t stride,
+                 int64_t n) {
+    FL_ASSERT(n <= FL_CPU_SCRATCH);
+    size_t size = fl_dtype_size(src_dtype);
+    if (stride == 1) {
+        fl_convert(dst, as, src, src_dtype, n);
+    } else if (as == src_dtype) {
+        fl_cpu_gather(dst, src, stride, n, size);
+    } else {
+        _Alignas(8) char tmp[FL_CPU_SCRATCH * 8];
+        fl_cpu_gather(tmp, src, stride, n, size);
+        fl_convert(dst, as, tmp, src_dtype, n);
+    }
+}
+
+void fl_cpu_store(char *dst, fl_dtype dst_dtype, int64_t stride, const void *src, fl_dtype as,
+                  int64_t n) {
+    FL_ASSERT(n <= FL_CPU_SCRATCH);
+    size_t size = fl_dtype_size(dst_dtype);
+    if (stride == 1) {
+        fl_convert(dst, dst_dtype, src, as, n);
+    } else if (as == dst_dtype) {
+        fl_cpu_scatter(dst, stride, src, n, size);
+    } else {
+        _Alignas(8) char tmp[FL_CPU_SCRATCH * 8];
+        fl_convert(tmp, dst_dtype, src, as, n);
+        fl_cpu_scatter(dst, stride, tmp, n, size);
+    }
+}

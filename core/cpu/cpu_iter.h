@@ -33,4 +33,20 @@ void fl_cpu_iter_init(fl_cpu_iter *it, int ntensors, const fl_tensor *const *ts)
 /* Call fn over every element exactly once, in parallel for large tensors. */
 void fl_cpu_iter_run(const fl_cpu_iter *it, fl_cpu_chunk_fn fn, void *ctx);
 
+/* Elements per step of the load/convert/compute/store loops of kernels:
+ * small enough for scratch buffers on the stack (SCRATCH * 8 bytes). */
+enum { FL_CPU_SCRATCH = 512 };
+
+/* Read n elements of src_dtype, `stride` elements apart, into the dense
+ * buffer dst as dtype `as` (n <= FL_CPU_SCRATCH). */
+void fl_cpu_load(void *dst, fl_dtype as, const char *src, fl_dtype src_dtype, int64_t stride,
+                 int64_t n);
+/* Write n dense elements of dtype `as` from src to dst (dst_dtype, `stride`
+ * elements apart), converting (n <= FL_CPU_SCRATCH). */
+void fl_cpu_store(char *dst, fl_dtype dst_dtype, int64_t stride, const void *src, fl_dtype as,
+                  int64_t n);
+/* Move n elements of `size` bytes between strided and dense memory. */
+void fl_cpu_gather(void *dst, const char *src, int64_t stride, int64_t n, size_t size);
+void fl_cpu_scatter(char *dst, int64_t stride, const void *src, int64_t n, size_t size);
+
 #endif /* FL_CPU_ITER_H */

@@ -167,10 +167,12 @@ enum { FL_MAX_DIMS = 8 };
 
 /* Flags of fl_tensor.flags. */
 enum {
-    FL_TENSOR_FAKE = 1 /* real target device, no storage yet */
+    FL_TENSOR_FAKE = 1,         /* real target device, no storage yet */
+    FL_TENSOR_REQUIRES_GRAD = 2 /* gradients flow to (or through) it */
 };
 
 typedef struct fl_storage fl_storage;
+typedef struct fl_node fl_node;
 
 /* A strided view of a storage. Read the fields freely; change them only
  * through the functions below. A meta tensor (device kind META) or a fake one
@@ -187,6 +189,10 @@ typedef struct fl_tensor {
     fl_dtype dtype;
     int32_t ndim;                   /* 0 ... FL_MAX_DIMS */
     uint32_t flags;
+    /* autograd (see "Autograd" below) */
+    struct fl_tensor *grad;         /* accumulated gradient of a leaf, or NULL */
+    fl_node *grad_fn;               /* the op that produced it, or NULL (leaf) */
+    int32_t output_index;           /* which output of grad_fn this is */
 } fl_tensor;
 
 /* Take or drop a reference. Dropping the last frees the tensor and, with its
@@ -291,6 +297,116 @@ FL_API int fl_set(fl_tensor *t, const int64_t *index, double value);
 /* Copy all elements, in row-major order, to host memory as dst_dtype. */
 FL_API int fl_to_host(const fl_tensor *t, void *dst, fl_dtype dst_dtype,
                       int64_t n);
+
+
+/* ------------------------------------------------------------------------ */
+/* Autograd                                                                  */
+/* ------------------------------------------------------------------------ */
+/* Ops record a node on the tape when grad mode is on and an input requires
+ * grad; fl_backward walks the nodes from a scalar loss in reverse creation
+ * order and accumulates (+=) into the .grad of leaf tensors that require
+ * grad. Backward kernels run with grad mode off (no double backward). The
+ * engine can also be stepped: nodes implemented in Lua (activation
+ * checkpointing, the sharding layer's boundary hooks) pause it and hand
+ * their gradients to the caller, which answers with fl_engine_provide. */
+
+/* Grad mode of this thread (on by default). set returns the previous. */
+FL_API bool fl_grad_enabled(void);
+FL_API bool fl_set_grad_enabled(bool enabled);
+/* Mark a leaf tensor (no grad_fn) as requiring grad; float dtypes only. */
+FL_API int fl_requires_grad_(fl_tensor *t, bool requires_grad);
+FL_API bool fl_requires_grad(const fl_tensor *t);
+/* The accumulated gradient (new reference) or NULL when there is none. */
+FL_API fl_tensor *fl_grad(const fl_tensor *t);
+/* Replace the gradient (NULL clears it); shape must match. */
+FL_API int fl_set_grad(fl_tensor *t, fl_tensor *grad);
+/* A view of t's storage outside the graph (no grad_fn, no requires_grad). */
+FL_API fl_tensor *fl_detach(const fl_tensor *t);
+/* Name of the node that produced t ("MulBackward"), or NULL for a leaf. */
+FL_API const char *fl_grad_fn_name(const fl_tensor *t);
+
+/* Backpropagate from roots (usually one scalar loss) with the given output
+ * gradients (NULL entries, or grads == NULL, mean ones for a scalar).
+ * Fails if a Lua node is reached: use the stepping API for graphs that
+ * have them. */
+FL_API int fl_backward(int n, fl_tensor *const *roots, fl_tensor *const *grads);
+
+typedef struct fl_engine fl_engine;
+
+enum { FL_ENGINE_DONE = 0, FL_ENGINE_LUA_NODE = 1 };
+
+/* What fl_engine_step stopped for. For a Lua node: its id (given to
+ * fl_lua_node_attach) and the gradients of its outputs (borrowed, valid
+ * until the next call on the engine; NULL for an output no gradient
+ * reached). */
+typedef struct fl_engine_event {
+    int32_t kind;
+    int32_t n_grads;
+    int64_t lua_id;
+    fl_tensor **grads;
+} fl_engine_event;
+
+FL_API fl_engine *fl_engine_start(int n, fl_tensor *const *roots,
+                                  fl_tensor *const *grads);
+/* Run C nodes until the graph is done or a Lua node is ready. */
+FL_API int fl_engine_step(fl_engine *e, fl_engine_event *event);
+/* Gradients for the inputs of the Lua node last returned (NULL entries for
+ * inputs that get none). */
+FL_API int fl_engine_provide(fl_engine *e, int n, fl_tensor *const *grads);
+FL_API void fl_engine_free(fl_engine *e);
+
+/* Make `outputs` (tensors without grad_fn, e.g. fresh detach()es) the
+ * outputs of a node whose backward runs in Lua, with `inputs` as the
+ * tensors its gradients flow to. No-op when grad mode is off or no input
+ * requires grad. */
+FL_API int fl_lua_node_attach(int64_t lua_id, const char *name, int n_inputs,
+                              fl_tensor *const *inputs, int n_outputs,
+                              fl_tensor *const *outputs);
+/* Ids of Lua nodes freed since the last call (graphs dropped without
+ * backward), so the Lua side can forget their handlers. Returns the count
+ * written (at most max). */
+FL_API int fl_lua_nodes_released(int64_t *ids, int max);
+
+/* FLOPs counted by ops since the last reset (on every device, meta too). */
+FL_API int64_t fl_flops(void);
+FL_API void fl_flops_reset(void);
+
+/* ------------------------------------------------------------------------ */
+/* Ops                                                                       */
+/* ------------------------------------------------------------------------ */
+/* Every op: shape inference shared by all devices (on meta it returns a
+ * correctly shaped tensor, allocates nothing and still counts FLOPs), a
+ * kernel per backend, and a backward node when grad is needed. Inputs
+ * broadcast with numpy rules where the op says so. */
+
+/* ---- ops: elementwise binary and scalar (core/ops/binary.c) ---- */
+typedef enum fl_binary_op {
+    FL_ADD = 0, FL_SUB = 1, FL_MUL = 2, FL_DIV = 3, FL_BINARY_OP_COUNT = 4
+} fl_binary_op;
+/* a op b with broadcasting; the result dtype is the promotion of both
+ * (float over int, wider over narrower; f16 with bf16 gives f32). */
+FL_API fl_tensor *fl_binary(fl_binary_op op, const fl_tensor *a,
+                            const fl_tensor *b);
+/* a op s (reverse: s op a) for a scalar s, in a's dtype. */
+FL_API fl_tensor *fl_binary_scalar(fl_binary_op op, const fl_tensor *a,
+                                   double s, bool reverse);
+/* In place: a = a op b (b broadcasts to a). Not recorded for autograd: a
+ * tensor that requires grad cannot be updated in place with grad mode on. */
+FL_API int fl_binary_(fl_binary_op op, fl_tensor *a, const fl_tensor *b);
+/* a += alpha * b (b broadcasts to a), the accumulation of gradients and
+ * optimizers; not recorded. */
+FL_API int fl_add_scaled_(fl_tensor *a, const fl_tensor *b, double alpha);
+/* Sum t down to `shape` (t's shape with leading dims dropped and some dims
+ * reduced to 1), undoing a broadcast: PyTorch's sum_to_size. */
+FL_API fl_tensor *fl_sum_to(const fl_tensor *t, int ndim, const int64_t *shape);
+
+/* ---- ops: unary, activations, reductions, dropout (core/ops/unary.c, reduce.c) ---- */
+
+/* ---- ops: matmul, linear, embedding, conv2d, pooling, cat/split (core/ops/) ---- */
+
+/* ---- ops: norms, softmax, cross-entropy, rotary, attention (core/ops/) ---- */
+
+/* ---- optim: fused optimizer updates and norms (core/optim/) ---- */
 
 #ifndef FL_FFI_CDEF
 #ifdef __cplusplus

@@ -41,7 +41,9 @@ fl_tensor *fl_tensor_view_of(const fl_tensor *t, int ndim, const int64_t *shape,
     if (!v) return NULL;
     memcpy(v->stride, stride, (size_t)ndim * sizeof *stride);
     v->offset = offset;
-    v->flags = t->flags;
+    /* A view is "fake" like its base; autograd state is the op's business
+     * (a recorded view gets its own grad_fn). */
+    v->flags = t->flags & FL_TENSOR_FAKE;
     if (t->storage) {
         fl_storage_retain(t->storage);
         v->storage = t->storage;
@@ -61,6 +63,8 @@ void fl_tensor_release(fl_tensor *t) {
     FL_ASSERT(left >= 0);
     if (left > 0) return;
     fl_storage_release(t->storage);
+    fl_tensor_release(t->grad);
+    fl_node_release(t->grad_fn);
     free(t);
 }
 
@@ -380,6 +384,28 @@ int fl_copy_(fl_tensor *dst, const fl_tensor *src) {
 
 /* ---- copies that create tensors ----------------------------------------- */
 
+/* clone and to are differentiable: the gradient goes back converted to the
+ * input's dtype and device. */
+static int to_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    gi[0] = fl_to(go[0], (fl_dtype)node->i[0], (fl_device)node->i[1]);
+    return gi[0] ? FL_OK : (int)fl_last_status();
+}
+
+static const fl_node_type to_type = {.name = "ToBackward", .backward = to_backward};
+static const fl_node_type clone_type = {.name = "CloneBackward", .backward = to_backward};
+
+static fl_tensor *record_copy(fl_tensor *out, const fl_tensor *in, const fl_node_type *type) {
+    if (!out || out == in || !fl_needs_grad(1, &in)) return out;
+    fl_node *node;
+    if (fl_record(type, 1, &in, out, 0, NULL, &node) != FL_OK) {
+        fl_tensor_release(out);
+        return NULL;
+    }
+    node->i[0] = in->dtype;
+    node->i[1] = in->device;
+    return out;
+}
+
 fl_tensor *fl_clone(const fl_tensor *t) {
     if (fl_check_tensor("clone", t, false)) return NULL;
     fl_tensor *c = is_metadata_only(t) ? fl_fake(t->ndim, t->shape, t->dtype, t->device)
@@ -388,7 +414,7 @@ fl_tensor *fl_clone(const fl_tensor *t) {
         fl_tensor_release(c);
         return NULL;
     }
-    return c;
+    return record_copy(c, t, &clone_type);
 }
 
 fl_tensor *fl_contiguous(const fl_tensor *t) {
@@ -408,7 +434,7 @@ fl_tensor *fl_to(const fl_tensor *t, fl_dtype dtype, fl_device device) {
         fl_tensor_release(r);
         return NULL;
     }
-    return r;
+    return record_copy(r, t, &to_type);
 }
 
 /* ---- element access ----------------------------------------------------- */

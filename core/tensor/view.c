@@ -8,6 +8,78 @@
 
 #include <string.h>
 
+/* ---- autograd of views --------------------------------------------------- */
+
+/* What a view's backward needs: the input's shape (as a storage-less meta
+ * tensor) and up to 8 integers describing the view. */
+enum { VIEW_RESHAPE, VIEW_PERMUTE, VIEW_EXPAND, VIEW_NARROW, VIEW_SLICE, VIEW_SELECT };
+
+static const fl_node_type view_types[];
+
+/* Record out = view(in) when grad is needed; releases out on failure. */
+static fl_tensor *recorded(fl_tensor *out, const fl_tensor *in, int kind, int n, const int64_t *params) {
+    if (!out || !fl_needs_grad(1, &in)) return out;
+    fl_tensor *shape = fl_empty(in->ndim, in->shape, in->dtype, fl_device_make(FL_DEVICE_META, 0));
+    fl_node *node = NULL;
+    const fl_tensor *saved[1] = {shape};
+    int rc = shape ? fl_record(&view_types[kind], 1, &in, out, 1, saved, &node) : (int)fl_last_status();
+    fl_tensor_release(shape);
+    if (rc != FL_OK) {
+        fl_tensor_release(out);
+        return NULL;
+    }
+    for (int k = 0; k < n; k++) node->i[k] = params[k];
+    return out;
+}
+
+static int reshape_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    fl_tensor *in = node->saved[0];
+    gi[0] = fl_reshape(go[0], in->ndim, in->shape);
+    return gi[0] ? FL_OK : (int)fl_last_status();
+}
+
+static int permute_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    int inverse[FL_MAX_DIMS];
+    for (int k = 0; k < go[0]->ndim; k++) inverse[node->i[k]] = k;
+    gi[0] = fl_permute(go[0], go[0]->ndim, inverse);
+    return gi[0] ? FL_OK : (int)fl_last_status();
+}
+
+static int expand_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    fl_tensor *in = node->saved[0];
+    gi[0] = fl_sum_to(go[0], in->ndim, in->shape);
+    return gi[0] ? FL_OK : (int)fl_last_status();
+}
+
+/* narrow, slice, select: the gradient lands in the viewed part of zeros. */
+static int part_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    fl_tensor *in = node->saved[0];
+    fl_tensor *z = fl_zeros(in->ndim, in->shape, go[0]->dtype, go[0]->device);
+    if (!z) return fl_last_status();
+    int kind = (int)(node->type - view_types);
+    int dim = (int)node->i[0];
+    fl_tensor *part = kind == VIEW_NARROW ? fl_narrow(z, dim, node->i[1], node->i[2])
+                      : kind == VIEW_SLICE ? fl_slice(z, dim, node->i[1], node->i[2], node->i[3])
+                                           : fl_select(z, dim, node->i[1]);
+    int rc = part ? fl_copy_(part, go[0]) : (int)fl_last_status();
+    fl_tensor_release(part);
+    if (rc != FL_OK) {
+        fl_tensor_release(z);
+        return rc;
+    }
+    gi[0] = z;
+    return FL_OK;
+}
+
+static const fl_node_type view_types[] = {
+    [VIEW_RESHAPE] = {.name = "ViewBackward", .backward = reshape_backward},
+    [VIEW_PERMUTE] = {.name = "PermuteBackward", .backward = permute_backward},
+    [VIEW_EXPAND] = {.name = "ExpandBackward", .backward = expand_backward},
+    [VIEW_NARROW] = {.name = "NarrowBackward", .backward = part_backward},
+    [VIEW_SLICE] = {.name = "SliceBackward", .backward = part_backward},
+    [VIEW_SELECT] = {.name = "SelectBackward", .backward = part_backward},
+};
+
 /* Resolve a requested shape with at most one -1 against numel. */
 static int infer_shape(const char *op, const fl_tensor *t, int ndim, const int64_t *req,
                        int64_t *shape) {
@@ -85,15 +157,17 @@ fl_tensor *fl_view(const fl_tensor *t, int ndim, const int64_t *req) {
                             "(use reshape, or contiguous first)",
                             fl_shape_str(t, a, sizeof a), b);
     }
-    return fl_tensor_view_of(t, ndim, shape, stride, t->offset);
+    return recorded(fl_tensor_view_of(t, ndim, shape, stride, t->offset), t, VIEW_RESHAPE, 0, NULL);
 }
 
 fl_tensor *fl_reshape(const fl_tensor *t, int ndim, const int64_t *req) {
     int64_t shape[FL_MAX_DIMS], stride[FL_MAX_DIMS];
     if (fl_check_tensor("reshape", t, false) || infer_shape("reshape", t, ndim, req, shape))
         return NULL;
-    if (view_strides(t, ndim, shape, stride)) return fl_tensor_view_of(t, ndim, shape, stride, t->offset);
-    fl_tensor *dense = fl_clone(t);
+    if (view_strides(t, ndim, shape, stride))
+        return recorded(fl_tensor_view_of(t, ndim, shape, stride, t->offset), t, VIEW_RESHAPE, 0,
+                        NULL);
+    fl_tensor *dense = fl_clone(t); /* clone and view record their own nodes */
     if (!dense) return NULL;
     fl_tensor *v = fl_view(dense, ndim, shape);
     fl_tensor_release(dense);
@@ -115,7 +189,9 @@ fl_tensor *fl_narrow(const fl_tensor *t, int dim, int64_t start, int64_t length)
     int64_t shape[FL_MAX_DIMS];
     memcpy(shape, t->shape, sizeof shape);
     shape[d] = length;
-    return fl_tensor_view_of(t, t->ndim, shape, t->stride, t->offset + start * t->stride[d]);
+    int64_t params[3] = {d, start, length};
+    return recorded(fl_tensor_view_of(t, t->ndim, shape, t->stride, t->offset + start * t->stride[d]),
+                    t, VIEW_NARROW, 3, params);
 }
 
 fl_tensor *fl_slice(const fl_tensor *t, int dim, int64_t start, int64_t stop, int64_t step) {
@@ -134,7 +210,9 @@ fl_tensor *fl_slice(const fl_tensor *t, int dim, int64_t start, int64_t stop, in
     memcpy(stride, t->stride, sizeof stride);
     shape[d] = (stop - start + step - 1) / step;
     stride[d] = t->stride[d] * step;
-    return fl_tensor_view_of(t, t->ndim, shape, stride, t->offset + start * t->stride[d]);
+    int64_t params[4] = {d, start, stop, step};
+    return recorded(fl_tensor_view_of(t, t->ndim, shape, stride, t->offset + start * t->stride[d]),
+                    t, VIEW_SLICE, 4, params);
 }
 
 fl_tensor *fl_select(const fl_tensor *t, int dim, int64_t index) {
@@ -154,7 +232,9 @@ fl_tensor *fl_select(const fl_tensor *t, int dim, int64_t index) {
         shape[n] = t->shape[k];
         stride[n++] = t->stride[k];
     }
-    return fl_tensor_view_of(t, n, shape, stride, t->offset + i * t->stride[d]);
+    int64_t params[2] = {d, i};
+    return recorded(fl_tensor_view_of(t, n, shape, stride, t->offset + i * t->stride[d]), t,
+                    VIEW_SELECT, 2, params);
 }
 
 fl_tensor *fl_permute(const fl_tensor *t, int ndim, const int *dims) {
@@ -164,7 +244,7 @@ fl_tensor *fl_permute(const fl_tensor *t, int ndim, const int *dims) {
         return FL_FAIL_NULL(FL_ERR_ARG, "permute: %d dims given for a %d-d tensor of shape %s",
                             ndim, t->ndim, fl_shape_str(t, s, sizeof s));
     }
-    int64_t shape[FL_MAX_DIMS], stride[FL_MAX_DIMS];
+    int64_t shape[FL_MAX_DIMS], stride[FL_MAX_DIMS], perm[FL_MAX_DIMS];
     bool used[FL_MAX_DIMS] = {false};
     for (int k = 0; k < ndim; k++) {
         int d = fl_wrap_dim("permute", t, dims[k], 0);
@@ -172,10 +252,12 @@ fl_tensor *fl_permute(const fl_tensor *t, int ndim, const int *dims) {
         if (used[d])
             return FL_FAIL_NULL(FL_ERR_ARG, "permute: dim %d appears more than once", d);
         used[d] = true;
+        perm[k] = d;
         shape[k] = t->shape[d];
         stride[k] = t->stride[d];
     }
-    return fl_tensor_view_of(t, ndim, shape, stride, t->offset);
+    return recorded(fl_tensor_view_of(t, ndim, shape, stride, t->offset), t, VIEW_PERMUTE, ndim,
+                    perm);
 }
 
 fl_tensor *fl_transpose(const fl_tensor *t, int dim0, int dim1) {
@@ -216,7 +298,7 @@ fl_tensor *fl_expand(const fl_tensor *t, int ndim, const int64_t *req) {
             goto bad;
         }
     }
-    return fl_tensor_view_of(t, ndim, shape, stride, t->offset);
+    return recorded(fl_tensor_view_of(t, ndim, shape, stride, t->offset), t, VIEW_EXPAND, 0, NULL);
 bad:
     fl_shape_format(ndim, req, b, sizeof b);
     return FL_FAIL_NULL(FL_ERR_ARG,
@@ -240,7 +322,8 @@ fl_tensor *fl_unsqueeze(const fl_tensor *t, int dim) {
             stride[k] = t->stride[j++];
         }
     }
-    return fl_tensor_view_of(t, t->ndim + 1, shape, stride, t->offset);
+    return recorded(fl_tensor_view_of(t, t->ndim + 1, shape, stride, t->offset), t, VIEW_RESHAPE,
+                    0, NULL);
 }
 
 fl_tensor *fl_squeeze(const fl_tensor *t, int dim) {
@@ -259,7 +342,7 @@ fl_tensor *fl_squeeze(const fl_tensor *t, int dim) {
         shape[n] = t->shape[k];
         stride[n++] = t->stride[k];
     }
-    return fl_tensor_view_of(t, n, shape, stride, t->offset);
+    return recorded(fl_tensor_view_of(t, n, shape, stride, t->offset), t, VIEW_RESHAPE, 0, NULL);
 }
 
 fl_tensor *fl_flatten(const fl_tensor *t, int start_dim, int end_dim) {

@@ -23,6 +23,17 @@ M.build_info = ffi.string(C.fl_build_info())
 M.manual_seed = random.manual_seed
 M.initial_seed = random.initial_seed
 
+local autograd = require 'fsdp.autograd'
+M.autograd = autograd
+M.no_grad = autograd.no_grad
+M.enable_grad = autograd.enable_grad
+M.is_grad_enabled = autograd.is_grad_enabled
+M.set_grad_enabled = autograd.set_grad_enabled
+
+-- FLOPs counted by ops since the last reset (meta included).
+function M.flops() return tonumber(C.fl_flops()) end
+function M.reset_flops() C.fl_flops_reset() end
+
 -- defaults ------------------------------------------------------------------
 
 local default_dtype = C.FL_F32

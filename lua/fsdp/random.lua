@@ -32,6 +32,16 @@ function M.initial_seed()
   return global_seed
 end
 
+-- The global generator's position, to replay random calls (activation
+-- checkpointing re-runs a forward with the same dropout masks).
+function M.get_state()
+  return { seed = global_seed, next_stream = next_stream }
+end
+
+function M.set_state(s)
+  global_seed, next_stream = s.seed, s.next_stream
+end
+
 local function uint64(x, name)
   if type(x) == 'cdata' then return ffi.cast('uint64_t', x) end
   if type(x) ~= 'number' or x < 0 or x ~= math.floor(x) then

@@ -48,6 +48,10 @@ Tensor.__index = function(t, k)
 end
 
 Tensor.__newindex = function(t, k, v)
+  if k == 'grad' then
+    core.check(C.fl_set_grad(cptr(t), v and cptr(v) or nil))
+    return
+  end
   if type(k) == 'number' then
     local row = t:select(0, k)
     if Tensor.is_tensor(v) then row:copy_(v) else row:fill_(v) end
@@ -70,6 +74,20 @@ function properties.shape(t) return core.shape_table(cptr(t)) end
 function properties.ndim(t) return cptr(t).ndim end
 function properties.dtype(t) return core.dtype_name(cptr(t).dtype) end
 function properties.device(t) return core.device_name(cptr(t).device) end
+function properties.requires_grad(t) return C.fl_requires_grad(cptr(t)) end
+
+-- The accumulated gradient (a Tensor sharing the C gradient) or nil.
+function properties.grad(t)
+  local g = C.fl_grad(cptr(t))
+  if g == nil then return nil end
+  return wrap(g)
+end
+
+-- Name of the node that computed t ("MulBackward"), nil for a leaf.
+function properties.grad_fn(t)
+  local n = C.fl_grad_fn_name(cptr(t))
+  return n ~= nil and ffi.string(n) or nil
+end
 
 -- geometry ----------------------------------------------------------------------
 
@@ -123,6 +141,66 @@ function methods:free()
     C.fl_tensor_release(c)
     rawset(self, '_c', nil)
   end
+end
+
+-- autograd ----------------------------------------------------------------------
+
+function methods:requires_grad_(on)
+  if on == nil then on = true end
+  core.check(C.fl_requires_grad_(cptr(self), on))
+  return self
+end
+
+function methods:is_leaf() return cptr(self).grad_fn == nil end
+function methods:detach() return wrap(C.fl_detach(cptr(self))) end
+
+-- Backpropagate from this tensor (a scalar, or give `grad` of its shape).
+function methods:backward(grad)
+  require('fsdp.autograd').backward(self, grad)
+end
+
+-- arithmetic: t + u, t - 2, 3 * t, t / u, -t, with broadcasting -----------------
+
+local BINARY = { add = C.FL_ADD, sub = C.FL_SUB, mul = C.FL_MUL, div = C.FL_DIV }
+
+local function binary(op, a, b)
+  if type(b) == 'number' then
+    return wrap(C.fl_binary_scalar(op, cptr(a), b, false))
+  elseif type(a) == 'number' then
+    return wrap(C.fl_binary_scalar(op, cptr(b), a, true))
+  end
+  return wrap(C.fl_binary(op, cptr(a), cptr(b)))
+end
+
+for name, op in pairs(BINARY) do
+  methods[name] = function(a, b) return binary(op, a, b) end
+  -- In place, outside autograd (optimizers, accumulation): a = a op b.
+  methods[name .. '_'] = function(a, b)
+    if type(b) == 'number' then
+      local c = cptr(a)
+      b = wrap(C.fl_full(0, nil, b, c.dtype, c.device))
+    end
+    core.check(C.fl_binary_(op, cptr(a), cptr(b)))
+    return a
+  end
+end
+
+Tensor.__add = function(a, b) return binary(C.FL_ADD, a, b) end
+Tensor.__sub = function(a, b) return binary(C.FL_SUB, a, b) end
+Tensor.__mul = function(a, b) return binary(C.FL_MUL, a, b) end
+Tensor.__div = function(a, b) return binary(C.FL_DIV, a, b) end
+Tensor.__unm = function(a) return wrap(C.fl_binary_scalar(C.FL_MUL, cptr(a), -1, false)) end
+
+-- self += alpha * other, outside autograd.
+function methods:add_scaled_(other, alpha)
+  core.check(C.fl_add_scaled_(cptr(self), cptr(other), alpha or 1))
+  return self
+end
+
+-- Sum down to `shape`, undoing a broadcast (PyTorch's sum_to_size).
+function methods:sum_to(...)
+  local n, shape = core.shape_args(...)
+  return wrap(C.fl_sum_to(cptr(self), n, shape))
 end
 
 -- views -----------------------------------------------------------------------

@@ -1,0 +1,403 @@
+/*
+ * engine.c: backpropagation over the tape.
+ *
+ * From the roots, the engine discovers the nodes that gradients reach,
+ * counts for each how many edges feed it, and runs a node once all of them
+ * have delivered (its gradient buffers are complete), newest node first
+ * among the ready ones (a max-heap on creation order: that is reverse
+ * execution order, the order the sharding layer's prefetching expects).
+ * Gradients reaching a leaf are accumulated into its .grad. A node's saved
+ * tensors and buffers are freed as soon as it has run.
+ *
+ * Nodes implemented in Lua pause the engine: fl_engine_step returns
+ * FL_ENGINE_LUA_NODE with the node's output gradients, and the caller
+ * resumes it with fl_engine_provide. C never calls into Lua.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+typedef struct node_state {
+    fl_node *node;
+    int32_t deps;          /* edges still to deliver */
+    fl_tensor **buffers;   /* n_outputs accumulated gradients */
+} node_state;
+
+/* ---- node lookup: open addressing on the node pointer ------------------- */
+
+typedef struct node_map {
+    fl_node **keys;
+    int *values;
+    int cap;
+} node_map;
+
+static size_t hash_ptr(const void *p) { return ((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15ull; }
+
+static int map_get(const node_map *m, const fl_node *n) {
+    if (m->cap == 0) return -1;
+    for (size_t i = hash_ptr(n) & (size_t)(m->cap - 1);; i = (i + 1) & (size_t)(m->cap - 1)) {
+        if (m->keys[i] == n) return m->values[i];
+        if (!m->keys[i]) return -1;
+    }
+}
+
+static void map_put(node_map *m, fl_node *n, int v) {
+    size_t i = hash_ptr(n) & (size_t)(m->cap - 1);
+    while (m->keys[i]) i = (i + 1) & (size_t)(m->cap - 1);
+    m->keys[i] = n;
+    m->values[i] = v;
+}
+
+struct fl_engine {
+    node_state *states;    /* one per discovered node */
+    int n_states, cap_states;
+    int *heap;             /* indices into states, max-heap on sequence */
+    int heap_len;
+    node_map map;          /* node -> index in states */
+    int pending;           /* state index of the Lua node awaiting provide, or -1 */
+    bool failed;
+};
+
+/* ---- heap ------------------------------------------------------------------ */
+
+static bool newer(const fl_engine *e, int a, int b) {
+    return e->states[a].node->sequence > e->states[b].node->sequence;
+}
+
+static void heap_push(fl_engine *e, int s) {
+    int i = e->heap_len++;
+    e->heap[i] = s;
+    while (i > 0 && newer(e, e->heap[i], e->heap[(i - 1) / 2])) {
+        int p = (i - 1) / 2, tmp = e->heap[p];
+        e->heap[p] = e->heap[i];
+        e->heap[i] = tmp;
+        i = p;
+    }
+}
+
+static int heap_pop(fl_engine *e) {
+    int top = e->heap[0];
+    e->heap[0] = e->heap[--e->heap_len];
+    for (int i = 0;;) {
+        int l = 2 * i + 1, r = l + 1, best = i;
+        if (l < e->heap_len && newer(e, e->heap[l], e->heap[best])) best = l;
+        if (r < e->heap_len && newer(e, e->heap[r], e->heap[best])) best = r;
+        if (best == i) break;
+        int tmp = e->heap[best];
+        e->heap[best] = e->heap[i];
+        e->heap[i] = tmp;
+        i = best;
+    }
+    return top;
+}
+
+/* ---- gradient accumulation ---------------------------------------------------- */
+
+/* *slot += g (taking g's reference; the first gradient is kept as is, later
+ * ones are added into a private copy). */
+static int accumulate(fl_tensor **slot, fl_tensor *g) {
+    if (!*slot) {
+        *slot = g;
+        return FL_OK;
+    }
+    fl_tensor *sum = fl_binary(FL_ADD, *slot, g);
+    fl_tensor_release(g);
+    if (!sum) return fl_last_status();
+    fl_tensor_release(*slot);
+    *slot = sum;
+    return FL_OK;
+}
+
+/* leaf.grad += g. A new .grad is a private contiguous tensor (g may be a
+ * broadcast view or shared with another gradient). */
+static int accumulate_leaf(fl_tensor *leaf, fl_tensor *g) {
+    int rc;
+    if (!leaf->grad) {
+        fl_tensor *own = fl_to(g, leaf->dtype, leaf->device);
+        fl_tensor *dense = own && (own == g || !fl_tensor_is_contiguous(own)) ? fl_clone(own) : own;
+        if (own && dense != own) fl_tensor_release(own);
+        rc = dense ? fl_set_grad(leaf, dense) : (int)fl_last_status();
+        fl_tensor_release(dense);
+    } else {
+        rc = fl_add_scaled_(leaf->grad, g, 1.0);
+    }
+    fl_tensor_release(g);
+    return rc;
+}
+
+/* ---- discovery ----------------------------------------------------------------- */
+
+static int add_state(fl_engine *e, fl_node *n) {
+    if (e->n_states == e->cap_states) {
+        int cap = e->cap_states ? 2 * e->cap_states : 64;
+        node_state *grown = realloc(e->states, (size_t)cap * sizeof *grown);
+        if (!grown) return -1;
+        e->states = grown;
+        e->cap_states = cap;
+    }
+    int s = e->n_states++;
+    e->states[s] = (node_state){.node = n, .deps = 0,
+                                .buffers = calloc((size_t)n->n_outputs, sizeof(fl_tensor *))};
+    if (!e->states[s].buffers) return -1;
+    fl_node_retain(n);
+    map_put(&e->map, n, s);
+    return s;
+}
+
+/* Keep the map at most half full (linear probing stays short). */
+static int reserve_map(fl_engine *e) {
+    node_map *m = &e->map;
+    if (m->cap && 2 * (e->n_states + 1) <= m->cap) return FL_OK;
+    int cap = m->cap ? 2 * m->cap : 1024;
+    node_map bigger = {calloc((size_t)cap, sizeof(fl_node *)), calloc((size_t)cap, sizeof(int)), cap};
+    if (!bigger.keys || !bigger.values) {
+        free(bigger.keys);
+        free(bigger.values);
+        return FL_ERR_OOM;
+    }
+    for (int k = 0; k < m->cap; k++)
+        if (m->keys[k]) map_put(&bigger, m->keys[k], m->values[k]);
+    free(m->keys);
+    free(m->values);
+    *m = bigger;
+    return FL_OK;
+}
+
+/* Find every node reachable from the roots and count incoming edges. */
+static int discover(fl_engine *e, int n_roots, fl_tensor *const *roots) {
+    int *stack = NULL, len = 0, stack_cap = 0;
+    bool oom = reserve_map(e) != FL_OK;
+    for (int r = 0; !oom && r < n_roots; r++) {
+        fl_node *n = roots[r]->grad_fn;
+        if (!n || map_get(&e->map, n) >= 0) continue;
+        int s = add_state(e, n);
+        oom = s < 0;
+        for (int todo = s; !oom && todo >= 0; todo = len > 0 ? stack[--len] : -1) {
+            fl_node *cur = e->states[todo].node;
+            for (int i = 0; !oom && i < cur->n_inputs; i++) {
+                if (cur->inputs[i].kind != FL_EDGE_NODE) continue;
+                fl_node *next = cur->inputs[i].node;
+                int t = map_get(&e->map, next);
+                if (t < 0) {
+                    if (reserve_map(e) != FL_OK || (t = add_state(e, next)) < 0) {
+                        oom = true;
+                        break;
+                    }
+                    if (len == stack_cap) {
+                        stack_cap = stack_cap ? 2 * stack_cap : 256;
+                        int *grown = realloc(stack, (size_t)stack_cap * sizeof *stack);
+                        if (!grown) { oom = true; break; }
+                        stack = grown;
+                    }
+                    stack[len++] = t;
+                }
+                e->states[t].deps++;
+            }
+        }
+    }
+    free(stack);
+    if (oom) return fl_fail(FL_ERR_OOM, "backward: out of host memory for the graph");
+    return FL_OK;
+}
+
+/* ---- the engine -------------------------------------------------------------------- */
+
+static int state_of(const fl_engine *e, const fl_node *n) {
+    int s = map_get(&e->map, n);
+    FL_ASSERT(s >= 0);
+    return s;
+}
+
+fl_engine *fl_engine_start(int n, fl_tensor *const *roots, fl_tensor *const *grads) {
+    fl_engine *e = calloc(1, sizeof *e);
+    if (!e) return FL_FAIL_NULL(FL_ERR_OOM, "backward: out of host memory");
+    e->pending = -1;
+    for (int r = 0; r < n; r++) {
+        fl_tensor *root = roots[r];
+        if (fl_check_tensor("backward", root, false)) goto fail;
+        if (!fl_requires_grad(root)) {
+            fl_fail(FL_ERR_ARG, "backward: tensor %d does not require grad and has no grad_fn "
+                                "(was it computed with grad mode off, or from tensors that do "
+                                "not require grad?)", r);
+            goto fail;
+        }
+        if (!(grads && grads[r]) && root->numel != 1) {
+            char s[128];
+            fl_fail(FL_ERR_ARG, "backward: gradient can be implicit only for a scalar; tensor "
+                                "%d has shape %s", r, fl_shape_str(root, s, sizeof s));
+            goto fail;
+        }
+    }
+    if (discover(e, n, roots) != FL_OK) goto fail;
+    e->heap = calloc((size_t)(e->n_states > 0 ? e->n_states : 1), sizeof(int));
+    if (!e->heap) {
+        fl_fail(FL_ERR_OOM, "backward: out of host memory");
+        goto fail;
+    }
+    bool was = fl_set_grad_enabled(false);
+    int rc = FL_OK;
+    for (int r = 0; rc == FL_OK && r < n; r++) {
+        fl_tensor *root = roots[r];
+        fl_tensor *g = grads && grads[r] ? fl_tensor_retain(grads[r])
+                                         : fl_full(root->ndim, root->shape, 1.0, root->dtype,
+                                                   root->device);
+        if (!g) { rc = fl_last_status(); break; }
+        if (!root->grad_fn) {
+            rc = accumulate_leaf(root, g);
+        } else {
+            node_state *st = &e->states[state_of(e, root->grad_fn)];
+            rc = accumulate(&st->buffers[root->output_index], g);
+        }
+    }
+    fl_set_grad_enabled(was);
+    if (rc != FL_OK) goto fail;
+    for (int s = 0; s < e->n_states; s++)
+        if (e->states[s].deps == 0) heap_push(e, s);
+    return e;
+fail:
+    fl_engine_free(e);
+    return NULL;
+}
+
+/* Fill in zero gradients for outputs that none reached. */
+static int complete_buffers(node_state *st) {
+    for (int k = 0; k < st->node->n_outputs; k++) {
+        if (st->buffers[k]) continue;
+        fl_output_meta *m = &st->node->outputs[k];
+        st->buffers[k] = fl_zeros(m->ndim, m->shape, m->dtype, m->device);
+        if (!st->buffers[k]) return fl_last_status();
+    }
+    return FL_OK;
+}
+
+/* Send input gradients along the node's edges; frees the node's state. */
+static int deliver(fl_engine *e, int s, fl_tensor **grads_in) {
+    node_state *st = &e->states[s];
+    fl_node *node = st->node;
+    int rc = FL_OK;
+    for (int i = 0; i < node->n_inputs; i++) {
+        fl_edge *edge = &node->inputs[i];
+        fl_tensor *g = grads_in[i];
+        grads_in[i] = NULL;
+        if (edge->kind == FL_EDGE_NONE || !g || rc != FL_OK) {
+            fl_tensor_release(g);
+            if (edge->kind == FL_EDGE_NODE && rc == FL_OK) {
+                /* no gradient, but the dependency is satisfied */
+                node_state *next = &e->states[state_of(e, edge->node)];
+                if (--next->deps == 0) heap_push(e, (int)(next - e->states));
+            }
+            continue;
+        }
+        if (edge->kind == FL_EDGE_LEAF) {
+            rc = accumulate_leaf(edge->leaf, g);
+        } else {
+            int t = state_of(e, edge->node);
+            node_state *next = &e->states[t];
+            rc = accumulate(&next->buffers[edge->index], g);
+            if (--next->deps == 0) heap_push(e, t);
+        }
+    }
+    for (int k = 0; k < node->n_outputs; k++) {
+        fl_tensor_release(st->buffers[k]);
+        st->buffers[k] = NULL;
+    }
+    /* Free what backward no longer needs, now rather than with the graph. */
+    for (int k = 0; k < node->n_saved; k++) {
+        fl_tensor_release(node->saved[k]);
+        node->saved[k] = NULL;
+    }
+    return rc;
+}
+
+int fl_engine_step(fl_engine *e, fl_engine_event *event) {
+    memset(event, 0, sizeof *event);
+    if (e->failed) return fl_fail(FL_ERR_STATE, "backward: the engine already failed");
+    if (e->pending >= 0)
+        return fl_fail(FL_ERR_STATE, "backward: the Lua node %s is waiting for its gradients",
+                       e->states[e->pending].node->type->name);
+    bool was = fl_set_grad_enabled(false);
+    int rc = FL_OK;
+    while (e->heap_len > 0) {
+        int s = heap_pop(e);
+        node_state *st = &e->states[s];
+        fl_node *node = st->node;
+        rc = complete_buffers(st);
+        if (rc != FL_OK) break;
+        if (node->lua_id) {
+            e->pending = s;
+            event->kind = FL_ENGINE_LUA_NODE;
+            event->lua_id = node->lua_id;
+            event->n_grads = node->n_outputs;
+            event->grads = st->buffers;
+            break;
+        }
+        fl_tensor *stack_in[8];
+        fl_tensor **grads_in = node->n_inputs <= 8 ? stack_in
+                                                  : calloc((size_t)node->n_inputs, sizeof *grads_in);
+        if (!grads_in) { rc = fl_fail(FL_ERR_OOM, "backward: out of host memory"); break; }
+        memset(grads_in, 0, (size_t)node->n_inputs * sizeof *grads_in);
+        rc = node->type->backward(node, st->buffers, grads_in);
+        if (rc != FL_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "backward of %s: %s", node->type->name, fl_last_error());
+            fl_set_error(fl_last_status(), msg);
+            for (int i = 0; i < node->n_inputs; i++) fl_tensor_release(grads_in[i]);
+        } else {
+            rc = deliver(e, s, grads_in);
+        }
+        if (grads_in != stack_in) free(grads_in);
+        if (rc != FL_OK) break;
+    }
+    fl_set_grad_enabled(was);
+    if (rc != FL_OK) e->failed = true;
+    return rc;
+}
+
+int fl_engine_provide(fl_engine *e, int n, fl_tensor *const *grads) {
+    if (e->pending < 0)
+        return fl_fail(FL_ERR_STATE, "backward: no Lua node is waiting for gradients");
+    fl_node *node = e->states[e->pending].node;
+    if (n != node->n_inputs)
+        return fl_fail(FL_ERR_ARG, "backward of %s: %d gradients given for %d inputs",
+                       node->type->name, n, node->n_inputs);
+    fl_tensor *stack_in[8];
+    fl_tensor **grads_in = n <= 8 ? stack_in : calloc((size_t)n, sizeof *grads_in);
+    if (!grads_in) return fl_fail(FL_ERR_OOM, "backward: out of host memory");
+    for (int i = 0; i < n; i++) grads_in[i] = fl_tensor_retain(grads[i]);
+    bool was = fl_set_grad_enabled(false);
+    int s = e->pending;
+    e->pending = -1;
+    int rc = deliver(e, s, grads_in);
+    fl_set_grad_enabled(was);
+    if (grads_in != stack_in) free(grads_in);
+    if (rc != FL_OK) e->failed = true;
+    return rc;
+}
+
+void fl_engine_free(fl_engine *e) {
+    if (!e) return;
+    for (int s = 0; s < e->n_states; s++) {
+        node_state *st = &e->states[s];
+        for (int k = 0; k < st->node->n_outputs; k++) fl_tensor_release(st->buffers[k]);
+        free(st->buffers);
+        fl_node_release(st->node);
+    }
+    free(e->states);
+    free(e->heap);
+    free(e->map.keys);
+    free(e->map.values);
+    free(e);
+}
+
+int fl_backward(int n, fl_tensor *const *roots, fl_tensor *const *grads) {
+    fl_engine *e = fl_engine_start(n, roots, grads);
+    if (!e) return fl_last_status();
+    fl_engine_event ev;
+    int rc = fl_engine_step(e, &ev);
+    if (rc == FL_OK && ev.kind == FL_ENGINE_LUA_NODE)
+        rc = fl_fail(FL_ERR_STATE, "backward reached the Lua node %s: run backward from Lua "
+                                   "(tensor:backward())",
+                     e->states[e->pending].node->type->name);
+    fl_engine_free(e);
+    return rc;
+}

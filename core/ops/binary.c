@@ -1,0 +1,396 @@
+/*
+ * binary.c: elementwise add, sub, mul, div of two tensors (numpy
+ * broadcasting) or of a tensor and a scalar, their in-place forms, and
+ * their backward; plus fl_sum_to and fl_reduce_grad_to, which undo
+ * broadcasting for gradients.
+ *
+ * This file is also the pattern every op follows: validate and infer the
+ * output's shape and dtype (the same on every device), create the output
+ * (no storage on meta or fake tensors), count FLOPs, run the device's
+ * kernel, and record a backward node when an input requires grad.
+ */
+#include "binary.h"
+
+#include <string.h>
+
+static const char *op_names[] = {"add", "sub", "mul", "div"};
+
+const fl_binary_kernels *fl_binary_kernels_of(const char *op, fl_device device) {
+    if (fl_device_kind_of(device) == FL_DEVICE_CPU) return &fl_cpu_binary_kernels;
+    char d[32];
+    fl_device_format(device, d, sizeof d);
+    return FL_FAIL_NULL(FL_ERR_UNSUPPORTED, "%s: no kernel for device %s in this build", op, d);
+}
+
+/* ---- shapes and dtypes ------------------------------------------------------ */
+
+/* Output shape of broadcasting a with b; fails naming op and both shapes. */
+static int broadcast_shape(const char *op, const fl_tensor *a, const fl_tensor *b, int *ndim,
+                           int64_t *shape) {
+    int n = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int d = 0; d < n; d++) {
+        int da = d - (n - a->ndim), db = d - (n - b->ndim);
+        int64_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
+        if (sa != sb && sa != 1 && sb != 1) {
+            char x[128], y[128];
+            return fl_fail(FL_ERR_ARG, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)",
+                           op, fl_shape_str(a, x, sizeof x), fl_shape_str(b, y, sizeof y), d,
+                           (long long)sa, (long long)sb);
+        }
+        shape[d] = sa == 1 ? sb : sa;
+    }
+    *ndim = n;
+    return FL_OK;
+}
+
+static int float_rank(fl_dtype d) {
+    switch (d) {
+    case FL_F64: return 3;
+    case FL_F32: return 2;
+    default: return 1; /* f16, bf16 */
+    }
+}
+
+/* Result dtype of combining a and b: floats win over integers, wider over
+ * narrower; f16 with bf16 meet at f32; integers of different types meet at
+ * i64; division of integers is true division in f32, as in PyTorch. */
+static fl_dtype promote(fl_dtype a, fl_dtype b, int op) {
+    bool fa = fl_dtype_is_float(a), fb = fl_dtype_is_float(b);
+    fl_dtype r;
+    if (fa && fb) {
+        if (a == b) r = a;
+        else if (float_rank(a) != float_rank(b)) r = float_rank(a) > float_rank(b) ? a : b;
+        else r = FL_F32;
+    } else if (fa || fb) {
+        r = fa ? a : b;
+    } else {
+        r = a == b ? a : FL_I64;
+    }
+    if (op == FL_DIV && !fl_dtype_is_float(r)) r = FL_F32;
+    return r;
+}
+
+static bool metadata_only(const fl_tensor *t) {
+    return !t->storage;
+}
+
+/* A view of t with shape (ndim, shape) and stride 0 where it broadcasts. */
+static void broadcast_view(const fl_tensor *t, int ndim, const int64_t *shape, fl_tensor *view) {
+    *view = *t;
+    int shift = ndim - t->ndim;
+    for (int d = ndim - 1; d >= 0; d--) {
+        int sd = d - shift;
+        view->shape[d] = shape[d];
+        view->stride[d] = sd >= 0 && t->shape[sd] == shape[d] ? t->stride[sd] : 0;
+    }
+    view->ndim = ndim;
+    view->numel = 1;
+    for (int d = 0; d < ndim; d++) view->numel *= shape[d];
+}
+
+/* Output tensor for an op over `inputs`: meta stays meta, a fake input
+ * makes a fake output, otherwise real storage. */
+static fl_tensor *new_output(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device,
+                             bool no_storage) {
+    return no_storage ? fl_fake(ndim, shape, dtype, device) : fl_empty(ndim, shape, dtype, device);
+}
+
+/* ---- the op ---------------------------------------------------------------- */
+
+static const fl_node_type binary_types[4];
+static const fl_node_type scalar_types[4];
+
+static fl_tensor *binary_impl(int op, const fl_tensor *a, const fl_tensor *b, fl_dtype out_dtype) {
+    const char *name = op_names[op];
+    if (fl_check_tensor(name, a, false) || fl_check_tensor(name, b, false)) return NULL;
+    if (a->device != b->device) {
+        char da[32], db[32];
+        fl_device_format(a->device, da, sizeof da);
+        fl_device_format(b->device, db, sizeof db);
+        return FL_FAIL_NULL(FL_ERR_ARG, "%s: tensors on different devices (%s and %s)", name, da, db);
+    }
+    int ndim;
+    int64_t shape[FL_MAX_DIMS];
+    if (broadcast_shape(name, a, b, &ndim, shape)) return NULL;
+    bool no_storage = metadata_only(a) || metadata_only(b);
+    fl_tensor *out = new_output(ndim, shape, out_dtype, a->device, no_storage);
+    if (!out) return NULL;
+    fl_flops_add(out->numel);
+    if (!no_storage) {
+        const fl_binary_kernels *k = fl_binary_kernels_of(name, out->device);
+        fl_tensor va, vb;
+        broadcast_view(a, ndim, shape, &va);
+        broadcast_view(b, ndim, shape, &vb);
+        if (!k || k->binary(op, out, &va, &vb, 1.0) != FL_OK) {
+            fl_tensor_release(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+fl_tensor *fl_binary(fl_binary_op op, const fl_tensor *a, const fl_tensor *b) {
+    if ((int)op < 0 || op >= FL_BINARY_OP_COUNT)
+        return FL_FAIL_NULL(FL_ERR_ARG, "binary: invalid op %d", (int)op);
+    if (fl_check_tensor(op_names[op], a, false) || fl_check_tensor(op_names[op], b, false))
+        return NULL;
+    fl_tensor *out = binary_impl(op, a, b, promote(a->dtype, b->dtype, op));
+    const fl_tensor *ins[2] = {a, b};
+    if (out && fl_needs_grad(2, ins)) {
+        /* mul and div need the operands; add and sub only their shapes,
+         * kept as storage-less meta tensors. */
+        fl_tensor *sa = fl_empty(a->ndim, a->shape, a->dtype, fl_device_make(FL_DEVICE_META, 0));
+        fl_tensor *sb = fl_empty(b->ndim, b->shape, b->dtype, fl_device_make(FL_DEVICE_META, 0));
+        bool operands = op == FL_MUL || op == FL_DIV;
+        const fl_tensor *saved[2] = {operands ? a : sa, operands ? b : sb};
+        int rc = sa && sb ? fl_record(&binary_types[op], 2, ins, out, 2, saved, NULL)
+                          : (int)fl_last_status();
+        fl_tensor_release(sa);
+        fl_tensor_release(sb);
+        if (rc != FL_OK) {
+            fl_tensor_release(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+fl_tensor *fl_binary_scalar(fl_binary_op op, const fl_tensor *a, double s, bool reverse) {
+    if ((int)op < 0 || op >= FL_BINARY_OP_COUNT)
+        return FL_FAIL_NULL(FL_ERR_ARG, "binary: invalid op %d", (int)op);
+    if (fl_check_tensor(op_names[op], a, false)) return NULL;
+    /* An integer tensor meets a fractional scalar (or true division) in f32. */
+    fl_dtype out_dtype = a->dtype;
+    if (!fl_dtype_is_float(a->dtype) && (s != (double)(int64_t)s || op == FL_DIV))
+        out_dtype = FL_F32;
+    fl_dtype sd = out_dtype == FL_F64 ? FL_F64 : fl_dtype_is_float(out_dtype) ? FL_F32 : FL_I64;
+    fl_tensor *st = fl_full(0, NULL, s, sd, fl_device_make(FL_DEVICE_CPU, 0));
+    if (!st) return NULL;
+    /* The scalar must sit on a's device for the kernel: a 0-d broadcast. */
+    fl_tensor *sdev = fl_device_kind_of(a->device) == FL_DEVICE_CPU ? fl_tensor_retain(st)
+                                                                   : fl_to(st, sd, a->device);
+    fl_tensor_release(st);
+    if (!sdev) return NULL;
+    fl_tensor *out = reverse ? binary_impl(op, sdev, a, out_dtype) : binary_impl(op, a, sdev, out_dtype);
+    fl_tensor_release(sdev);
+    if (out && fl_needs_grad(1, &a)) {
+        fl_node *node;
+        const fl_tensor *saved[1] = {a};
+        bool keep_a = op == FL_DIV && reverse; /* d(s/a)/da = -s/a^2 */
+        if (fl_record(&scalar_types[op], 1, &a, out, keep_a ? 1 : 0, saved, &node) != FL_OK) {
+            fl_tensor_release(out);
+            return NULL;
+        }
+        node->f[0] = s;
+        node->i[0] = reverse;
+        node->i[1] = a->dtype; /* the gradient goes back in a's dtype */
+    }
+    return out;
+}
+
+static int check_inplace(const char *op, const fl_tensor *a) {
+    if (fl_grad_enabled() && fl_requires_grad(a))
+        return fl_fail(FL_ERR_ARG, "%s: a tensor that requires grad cannot be modified in place "
+                                   "while grad mode is on (use no_grad, or the out-of-place op)",
+                       op);
+    return FL_OK;
+}
+
+static int inplace(int op, const char *name, fl_tensor *a, const fl_tensor *b, double alpha) {
+    if (fl_check_tensor(name, a, false) || fl_check_tensor(name, b, false) ||
+        check_inplace(name, a))
+        return fl_last_status();
+    int ndim;
+    int64_t shape[FL_MAX_DIMS];
+    if (broadcast_shape(name, a, b, &ndim, shape)) return fl_last_status();
+    bool same = ndim == a->ndim;
+    for (int d = 0; same && d < ndim; d++) same = shape[d] == a->shape[d];
+    if (!same) {
+        char x[128], y[128];
+        return fl_fail(FL_ERR_ARG, "%s: in place, %s must broadcast to %s", name,
+                       fl_shape_str(b, y, sizeof y), fl_shape_str(a, x, sizeof x));
+    }
+    if (a->device != b->device)
+        return fl_fail(FL_ERR_ARG, "%s: tensors on different devices", name);
+    fl_flops_add(a->numel);
+    if (metadata_only(a)) return FL_OK;
+    if (metadata_only(b)) return fl_check_tensor(name, b, true);
+    const fl_binary_kernels *k = fl_binary_kernels_of(name, a->device);
+    if (!k) return fl_last_status();
+    fl_tensor vb;
+    broadcast_view(b, a->ndim, a->shape, &vb);
+    return k->binary(op, a, a, &vb, alpha);
+}
+
+int fl_binary_(fl_binary_op op, fl_tensor *a, const fl_tensor *b) {
+    if ((int)op < 0 || op >= FL_BINARY_OP_COUNT)
+        return fl_fail(FL_ERR_ARG, "binary_: invalid op %d", (int)op);
+    static const char *names[] = {"add_", "sub_", "mul_", "div_"};
+    return inplace(op, names[op], a, b, 1.0);
+}
+
+int fl_add_scaled_(fl_tensor *a, const fl_tensor *b, double alpha) {
+    return inplace(FL_AXPY, "add_scaled_", a, b, alpha);
+}
+
+/* ---- sum_to: undo broadcasting -------------------------------------------- */
+
+static const fl_node_type sum_to_type;
+
+fl_tensor *fl_sum_to(const fl_tensor *t, int ndim, const int64_t *shape) {
+    if (fl_check_tensor("sum_to", t, false) || fl_check_shape("sum_to", ndim, shape, NULL))
+        return NULL;
+    int shift = t->ndim - ndim;
+    bool ok = shift >= 0;
+    for (int d = 0; ok && d < ndim; d++)
+        ok = shape[d] == t->shape[d + shift] || shape[d] == 1;
+    if (!ok) {
+        char a[128], b[128];
+        fl_shape_format(ndim, shape, b, sizeof b);
+        return FL_FAIL_NULL(FL_ERR_ARG, "sum_to: shape %s cannot be summed to %s",
+                            fl_shape_str(t, a, sizeof a), b);
+    }
+    fl_tensor *out = new_output(ndim, shape, t->dtype, t->device, metadata_only(t));
+    if (!out) return NULL;
+    fl_flops_add(t->numel);
+    if (!metadata_only(t)) {
+        const fl_binary_kernels *k = fl_binary_kernels_of("sum_to", t->device);
+        if (!k || k->sum_to(out, t) != FL_OK) {
+            fl_tensor_release(out);
+            return NULL;
+        }
+    }
+    if (fl_needs_grad(1, &t)) {
+        fl_tensor *shape_of_t = fl_empty(t->ndim, t->shape, t->dtype, fl_device_make(FL_DEVICE_META, 0));
+        const fl_tensor *saved[1] = {shape_of_t};
+        int rc = shape_of_t ? fl_record(&sum_to_type, 1, &t, out, 1, saved, NULL) : (int)fl_last_status();
+        fl_tensor_release(shape_of_t);
+        if (rc != FL_OK) {
+            fl_tensor_release(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+fl_tensor *fl_reduce_grad_to(const fl_tensor *grad, const fl_tensor *input) {
+    bool same = grad->ndim == input->ndim;
+    for (int d = 0; same && d < grad->ndim; d++) same = grad->shape[d] == input->shape[d];
+    fl_tensor *r = same ? fl_tensor_retain((fl_tensor *)grad)
+                        : fl_sum_to(grad, input->ndim, input->shape);
+    if (r && r->dtype != input->dtype) {
+        fl_tensor *cast = fl_to(r, input->dtype, r->device);
+        fl_tensor_release(r);
+        r = cast;
+    }
+    return r;
+}
+
+/* ---- backward ------------------------------------------------------------- */
+
+/* grads_in[i] = reduce(g) to saved[i]'s shape, if wanted. */
+static int give(fl_node *node, int i, fl_tensor *g, fl_tensor **grads_in) {
+    if (!g) return fl_last_status();
+    if (fl_node_wants(node, i)) {
+        grads_in[i] = fl_reduce_grad_to(g, node->saved[i]);
+        if (!grads_in[i]) {
+            fl_tensor_release(g);
+            return fl_last_status();
+        }
+    }
+    fl_tensor_release(g);
+    return FL_OK;
+}
+
+static int add_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    int rc = give(node, 0, fl_tensor_retain(go[0]), gi);
+    return rc ? rc : give(node, 1, fl_tensor_retain(go[0]), gi);
+}
+
+static int sub_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    int rc = give(node, 0, fl_tensor_retain(go[0]), gi);
+    if (rc || !fl_node_wants(node, 1)) return rc;
+    return give(node, 1, fl_binary_scalar(FL_MUL, go[0], -1.0, false), gi);
+}
+
+static int mul_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    fl_tensor *a = node->saved[0], *b = node->saved[1];
+    int rc = fl_node_wants(node, 0) ? give(node, 0, fl_binary(FL_MUL, go[0], b), gi) : FL_OK;
+    if (rc || !fl_node_wants(node, 1)) return rc;
+    return give(node, 1, fl_binary(FL_MUL, go[0], a), gi);
+}
+
+static int div_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    fl_tensor *a = node->saved[0], *b = node->saved[1];
+    int rc = fl_node_wants(node, 0) ? give(node, 0, fl_binary(FL_DIV, go[0], b), gi) : FL_OK;
+    if (rc || !fl_node_wants(node, 1)) return rc;
+    /* d(a/b)/db = -a / b^2 */
+    fl_tensor *ga = fl_binary(FL_MUL, go[0], a);
+    fl_tensor *bb = ga ? fl_binary(FL_MUL, b, b) : NULL;
+    fl_tensor *q = bb ? fl_binary(FL_DIV, ga, bb) : NULL;
+    fl_tensor *neg = q ? fl_binary_scalar(FL_MUL, q, -1.0, false) : NULL;
+    fl_tensor_release(ga);
+    fl_tensor_release(bb);
+    fl_tensor_release(q);
+    return give(node, 1, neg, gi);
+}
+
+static const fl_node_type binary_types[4] = {
+    {.name = "AddBackward", .backward = add_backward},
+    {.name = "SubBackward", .backward = sub_backward},
+    {.name = "MulBackward", .backward = mul_backward},
+    {.name = "DivBackward", .backward = div_backward},
+};
+
+/* The gradient of a scalar op, cast to the input's dtype. */
+static int scalar_give(fl_tensor *g, fl_tensor **gi, fl_dtype dtype) {
+    if (!g) return fl_last_status();
+    if (g->dtype != dtype) {
+        fl_tensor *c = fl_to(g, dtype, g->device);
+        fl_tensor_release(g);
+        g = c;
+        if (!g) return fl_last_status();
+    }
+    gi[0] = g;
+    return FL_OK;
+}
+
+static int scalar_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    int op = (int)(node->type - scalar_types);
+    double s = node->f[0];
+    bool reverse = node->i[0] != 0;
+    fl_dtype dtype = (fl_dtype)node->i[1];
+    switch (op) {
+    case FL_ADD: return scalar_give(fl_tensor_retain(go[0]), gi, dtype);
+    case FL_SUB: return scalar_give(reverse ? fl_binary_scalar(FL_MUL, go[0], -1, false)
+                                                  : fl_tensor_retain(go[0]), gi, dtype);
+    case FL_MUL: return scalar_give(fl_binary_scalar(FL_MUL, go[0], s, false), gi, dtype);
+    case FL_DIV:
+        if (!reverse) return scalar_give(fl_binary_scalar(FL_DIV, go[0], s, false), gi, dtype);
+        {
+            fl_tensor *a = node->saved[0];
+            fl_tensor *aa = fl_binary(FL_MUL, a, a);
+            fl_tensor *q = aa ? fl_binary(FL_DIV, go[0], aa) : NULL;
+            fl_tensor *r = q ? fl_binary_scalar(FL_MUL, q, -s, false) : NULL;
+            fl_tensor_release(aa);
+            fl_tensor_release(q);
+            return scalar_give(r, gi, dtype);
+        }
+    }
+    return fl_fail(FL_ERR_STATE, "scalar backward: bad op %d", op);
+}
+
+static const fl_node_type scalar_types[4] = {
+    {.name = "AddScalarBackward", .backward = scalar_backward},
+    {.name = "SubScalarBackward", .backward = scalar_backward},
+    {.name = "MulScalarBackward", .backward = scalar_backward},
+    {.name = "DivScalarBackward", .backward = scalar_backward},
+};
+
+static int sum_to_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    fl_tensor *shape = node->saved[0];
+    gi[0] = fl_expand(go[0], shape->ndim, shape->shape);
+    return gi[0] ? FL_OK : (int)fl_last_status();
+}
+
+static const fl_node_type sum_to_type = {.name = "SumToBackward", .backward = sum_to_backward};

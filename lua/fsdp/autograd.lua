@@ -1,0 +1,196 @@
+-- fsdp.autograd: backward from Lua, grad mode, and nodes whose backward is
+-- a Lua function (activation checkpointing, the sharding layer's hooks).
+--
+-- The tape and its kernels are C (core/autograd). The C engine never calls
+-- into Lua: when it reaches a Lua node it pauses and returns the node's
+-- output gradients here; we run the node's Lua backward and hand the input
+-- gradients back (fl_engine_provide). This avoids C->Lua callbacks, which
+-- LuaJIT's JIT handles poorly, and lets Lua backward run more ops, even a
+-- nested backward (checkpointing does exactly that).
+local core = require 'fsdp.core'
+local Tensor = require 'fsdp.tensor'
+local ffi, C = core.ffi, core.C
+
+local M = {}
+
+-- grad mode ---------------------------------------------------------------------
+
+function M.is_grad_enabled() return C.fl_grad_enabled() end
+function M.set_grad_enabled(on) return C.fl_set_grad_enabled(on and true or false) end
+
+-- LuaJIT lacks table.pack: capture varargs with their count.
+local function pack(...) return { n = select('#', ...), ... } end
+
+-- Run fn(...) with grad mode set to `on`, restoring it even on error.
+local function with_grad_mode(on, fn, ...)
+  local was = C.fl_set_grad_enabled(on)
+  local res = pack(pcall(fn, ...))
+  C.fl_set_grad_enabled(was)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+
+function M.no_grad(fn, ...) return with_grad_mode(false, fn, ...) end
+function M.enable_grad(fn, ...) return with_grad_mode(true, fn, ...) end
+
+-- Lua nodes ------------------------------------------------------------------------
+
+-- id -> {backward = fn(grads) -> input grads, n_inputs = n}
+local handlers = {}
+local next_id = 1
+local released = ffi.new('int64_t[256]')
+
+-- Forget handlers of nodes the core freed without running (graphs dropped
+-- before backward, e.g. an evaluation pass left in grad mode).
+local function collect_released()
+  while true do
+    local n = C.fl_lua_nodes_released(released, 256)
+    for i = 0, n - 1 do handlers[tonumber(released[i])] = nil end
+    if n < 256 then return end
+  end
+end
+
+-- Make `outputs` (tensors with no grad_fn) the outputs of a node whose
+-- backward is backward(grads) -> grads for `inputs` (one per input; nil
+-- for none). Returns the node id, or nil when nothing requires grad.
+function M.attach(name, inputs, outputs, backward)
+  collect_released()
+  local id = next_id
+  next_id = next_id + 1
+  local ins = ffi.new('fl_tensor*[?]', math.max(#inputs, 1))
+  for i, t in ipairs(inputs) do ins[i - 1] = Tensor.cptr(t) end
+  local outs = ffi.new('fl_tensor*[?]', math.max(#outputs, 1))
+  for i, t in ipairs(outputs) do outs[i - 1] = Tensor.cptr(t) end
+  core.check(C.fl_lua_node_attach(id, name, #inputs, ins, #outputs, outs))
+  if outputs[1] and outputs[1]._c.grad_fn ~= nil then
+    handlers[id] = { backward = backward, n_inputs = #inputs, name = name }
+    return id
+  end
+  return nil
+end
+
+-- backward --------------------------------------------------------------------------
+
+local event = ffi.new('fl_engine_event')
+
+local function run_lua_node(engine, ev)
+  local id = tonumber(ev.lua_id)
+  local h = handlers[id]
+  handlers[id] = nil
+  if not h then core.fail(('backward: no Lua handler for node %d'):format(id)) end
+  local grads = {}
+  for i = 0, ev.n_grads - 1 do
+    -- The engine owns these: take our own reference.
+    grads[i + 1] = ev.grads[i] ~= nil and Tensor.wrap(C.fl_tensor_retain(ev.grads[i])) or nil
+  end
+  local ok, result = pcall(h.backward, grads)
+  if not ok then
+    error(('in backward of %s: %s'):format(h.name, tostring(result)), 0)
+  end
+  result = result or {}
+  local arr = ffi.new('fl_tensor*[?]', math.max(h.n_inputs, 1))
+  for i = 1, h.n_inputs do
+    arr[i - 1] = result[i] and Tensor.cptr(result[i]) or nil
+  end
+  core.check(C.fl_engine_provide(engine, h.n_inputs, arr))
+end
+
+-- Backpropagate from tensors (one Tensor or an array) with optional output
+-- gradients (same layout; nil means ones for a scalar).
+function M.backward(tensors, grads)
+  if Tensor.is_tensor(tensors) then tensors, grads = { tensors }, { grads } end
+  grads = grads or {}
+  local n = #tensors
+  local roots = ffi.new('fl_tensor*[?]', math.max(n, 1))
+  local gs = ffi.new('fl_tensor*[?]', math.max(n, 1))
+  for i = 1, n do
+    roots[i - 1] = Tensor.cptr(tensors[i])
+    gs[i - 1] = grads[i] and Tensor.cptr(grads[i]) or nil
+  end
+  local engine = C.fl_engine_start(n, roots, gs)
+  if engine == nil then core.raise() end
+  engine = ffi.gc(engine, C.fl_engine_free)
+  while true do
+    core.check(C.fl_engine_step(engine, event))
+    if event.kind == C.FL_ENGINE_DONE then break end
+    run_lua_node(engine, event)
+  end
+  C.fl_engine_free(ffi.gc(engine, nil))
+end
+
+-- activation checkpointing ----------------------------------------------------------------
+
+-- Run fn(inputs...) keeping only its inputs: the forward runs without
+-- recording; in backward fn runs again with grad on (same random numbers:
+-- the global generator is replayed) and its graph is backpropagated at
+-- once, which accumulates the gradients of the parameters fn uses.
+-- `params` lists those parameters: the node depends on them too, so it is
+-- recorded (and their gradients computed) even when no input requires
+-- grad, e.g. a first block fed raw data. Returns fn's outputs.
+function M.checkpoint_with_params(params, fn, ...)
+  local inputs = pack(...)
+  local random = require 'fsdp.random'
+  local rng_state = random.get_state()
+  local outputs = pack(M.no_grad(fn, unpack(inputs, 1, inputs.n)))
+  local tensor_inputs = {}
+  for i = 1, inputs.n do
+    if Tensor.is_tensor(inputs[i]) then tensor_inputs[#tensor_inputs + 1] = inputs[i] end
+  end
+  local n_data = #tensor_inputs
+  for _, p in ipairs(params) do tensor_inputs[#tensor_inputs + 1] = p end
+  -- Outputs leave the forward as fresh detached tensors; the Lua node makes
+  -- them depend on the inputs.
+  local outs = {}
+  for i = 1, outputs.n do
+    if Tensor.is_tensor(outputs[i]) then
+      outputs[i] = outputs[i]:detach()
+      outs[#outs + 1] = outputs[i]
+    end
+  end
+  M.attach('CheckpointBackward', tensor_inputs, outs, function(grads)
+    -- Recompute with grad on, from detached copies of the inputs that
+    -- require grad exactly when the originals do.
+    local again, leaves = {}, {}
+    for i = 1, inputs.n do
+      local x = inputs[i]
+      if Tensor.is_tensor(x) then
+        local d = x:detach()
+        if x.requires_grad then d:requires_grad_(true) end
+        again[i] = d
+        leaves[#leaves + 1] = d
+      else
+        again[i] = x
+      end
+    end
+    local now = random.get_state()
+    random.set_state(rng_state)
+    local re = pack(M.enable_grad(fn, unpack(again, 1, inputs.n)))
+    random.set_state(now)
+    local roots, gs = {}, {}
+    local k = 0
+    for i = 1, re.n do
+      if Tensor.is_tensor(re[i]) then
+        k = k + 1
+        if re[i].requires_grad and grads[k] then
+          roots[#roots + 1] = re[i]
+          gs[#gs + 1] = grads[k]
+        end
+      end
+    end
+    if #roots > 0 then M.backward(roots, gs) end
+    -- Gradients for the data inputs; the parameters' were accumulated by
+    -- the nested backward (nil entries for them).
+    local result = {}
+    for i = 1, n_data do result[i] = leaves[i].grad end
+    return result
+  end)
+  return unpack(outputs, 1, outputs.n)
+end
+
+function M.checkpoint(fn, ...)
+  return M.checkpoint_with_params({}, fn, ...)
+end
+
+M.pack = pack
+
+return M
