@@ -47,6 +47,15 @@ local function shell(cmd)
   return (out:gsub("%s+$", ""))
 end
 
+-- The directories pkg-config gives for a package, without their -I/-L.
+function pkg_config_dirs(flag, package)
+  local dirs = {}
+  for word in shell("pkg-config " .. flag .. " " .. package):gmatch("%S+") do
+    dirs[#dirs + 1] = word:gsub("^%-[IL]", "")
+  end
+  return dirs
+end
+
 local function find_nvcc()
   if _OPTIONS["no-cuda"] then return nil end
   local env = os.getenv("NVCC")
@@ -147,7 +156,10 @@ project "fsdp"
   includedirs { "core/base", "core/ops" }
   buildoptions { "-fPIC", "-fvisibility=hidden", "-fopenmp" }
   linkoptions { "-fopenmp" }
-  links { "m", "pthread" }
+  -- OpenBLAS (Debian's pthread build) for every matrix product.
+  includedirs { pkg_config_dirs("--cflags-only-I", "openblas") }
+  libdirs { pkg_config_dirs("--libs-only-L", "openblas") }
+  links { "openblas", "m", "pthread" }
   if NVCC then
     -- The asan configuration stays CPU-only: the CUDA runtime is not built
     -- for the sanitizers and the GPU code is not what they check here.

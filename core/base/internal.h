@@ -207,6 +207,15 @@ int fl_record(const fl_node_type *type, int n_inputs, const fl_tensor *const *in
  * broadcast dims (new reference). */
 fl_tensor *fl_reduce_grad_to(const fl_tensor *grad, const fl_tensor *input);
 
+/* ---- BLAS ------------------------------------------------------------------- */
+
+/* C = alpha * op(A) @ op(B) + beta * C in f32, row-major: op(A) is [m, k],
+ * op(B) is [k, n], C is [m, n]; lda/ldb/ldc are row strides in elements
+ * (of A and B as stored, before transposition). OpenBLAS underneath. */
+void fl_cpu_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                  int64_t ldc);
+
 /* ---- FLOP accounting ----------------------------------------------------- */
 
 void fl_flops_add(int64_t n);
