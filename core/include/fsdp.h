@@ -407,6 +407,117 @@ FL_API fl_tensor *fl_sum_to(const fl_tensor *t, int ndim, const int64_t *shape);
 /* ---- ops: norms, softmax, cross-entropy, rotary, attention (core/ops/) ---- */
 
 /* ---- optim: fused optimizer updates and norms (core/optim/) ---- */
+/* ------------------------------------------------------------------------ */
+/* Files: safetensors                                                        */
+/* ------------------------------------------------------------------------ */
+/* The format: 8 bytes little-endian header length N, N bytes of JSON
+ * ({"name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...,
+ * "__metadata__": {"k": "v"}}), then the data; offsets are relative to the
+ * end of the header. Reading maps the file and validates every entry before
+ * any tensor is made: a truncated or hostile file gives an error naming the
+ * file, the tensor and the problem, never an out-of-bounds read. */
+
+typedef struct fl_safetensors fl_safetensors;
+
+/* Open and validate a file. Tensors taken from it keep the mapping alive,
+ * so fl_safetensors_close may come before they are released. */
+FL_API fl_safetensors *fl_safetensors_open(const char *path);
+FL_API void fl_safetensors_close(fl_safetensors *f);
+/* Number of tensors, and the name of the i-th (in file data order). */
+FL_API int fl_safetensors_count(const fl_safetensors *f);
+FL_API const char *fl_safetensors_name(const fl_safetensors *f, int i);
+/* Index of a tensor by name, or -1 (no error set). */
+FL_API int fl_safetensors_find(const fl_safetensors *f, const char *name);
+/* Shape and dtype of the i-th tensor without reading it. */
+FL_API int fl_safetensors_info(const fl_safetensors *f, int i, fl_dtype *dtype, int *ndim,
+                               int64_t *shape);
+/* The i-th tensor as a CPU tensor over the mapped file (a copy when the
+ * data is not aligned for its dtype). Read-only by convention. */
+FL_API fl_tensor *fl_safetensors_get(fl_safetensors *f, int i);
+/* A value of "__metadata__", or NULL. Number of keys and the k-th key. */
+FL_API const char *fl_safetensors_metadata(const fl_safetensors *f, const char *key);
+FL_API int fl_safetensors_metadata_count(const fl_safetensors *f);
+FL_API const char *fl_safetensors_metadata_key(const fl_safetensors *f, int k);
+
+/* Streaming writer: declare every tensor (name, dtype, shape) and the
+ * metadata, then write the tensors' data one at a time in declaration
+ * order (so a caller can gather and write one unit's parameters at a time),
+ * then finish. The file appears atomically at finish (temporary file,
+ * fsync, rename); abort or a failure leaves any previous file untouched. */
+typedef struct fl_safetensors_writer fl_safetensors_writer;
+
+FL_API fl_safetensors_writer *fl_safetensors_writer_new(const char *path);
+FL_API int fl_safetensors_writer_declare(fl_safetensors_writer *w, const char *name,
+                                         fl_dtype dtype, int ndim, const int64_t *shape);
+FL_API int fl_safetensors_writer_metadata(fl_safetensors_writer *w, const char *key,
+                                          const char *value);
+/* Write the next declared tensor's data (any device, layout; must match
+ * the declared shape and dtype). The header is written before the first. */
+FL_API int fl_safetensors_writer_write(fl_safetensors_writer *w, const fl_tensor *t);
+FL_API int fl_safetensors_writer_finish(fl_safetensors_writer *w);
+/* Discard the temporary file and free the writer (also after finish). */
+FL_API void fl_safetensors_writer_free(fl_safetensors_writer *w);
+
+/* One fused update of one tensor per call (later: one flat shard per unit).
+ * param, grad and the state tensors are contiguous, on one device, with the
+ * same number of elements (shapes may differ: a flat shard's state is 1-d)
+ * and no shared memory. Math is f32 whatever the storage; every stored value
+ * is rounded once (nearest even). param: f32, bf16 or f16; grad: f32 or the
+ * param's dtype; state: f32, bf16 or f16 (zeros before the first step).
+ * Meta and fake operands are checked and left alone. CPU kernels (OpenMP);
+ * other devices report FL_ERR_UNSUPPORTED. `step` counts the updates of
+ * this tensor including the current one (1 on the first call). Nothing is
+ * recorded for autograd. */
+
+/* AdamW (PyTorch's torch.optim.AdamW, decoupled weight decay):
+ *   p *= 1 - lr*wd;  m = lerp(m, g, 1 - beta1);  v = beta2*v + (1-beta2)*g*g
+ *   p -= lr/(1 - beta1^step) * m / (sqrt(v)/sqrt(1 - beta2^step) + eps) */
+typedef struct fl_adamw_options {
+    double lr, beta1, beta2, eps, weight_decay;
+    int64_t step;
+} fl_adamw_options;
+FL_API int fl_adamw_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *exp_avg,
+                          fl_tensor *exp_avg_sq, const fl_adamw_options *opts);
+
+/* AnyPrecisionAdamW (torchdistx): AdamW with exp_avg and exp_avg_sq in any
+ * state dtype (bf16 typically), m = beta1*m + (1-beta1)*g, and, when
+ * `compensation` is not NULL, Kahan summation for low-precision params: the
+ * whole change of p (decay and step) goes into the compensation buffer, p
+ * takes what its dtype can hold and the buffer keeps the rest for the next
+ * step (so a small decay is not rounded away in bf16). */
+FL_API int fl_anyprecision_adamw_step_(fl_tensor *param, const fl_tensor *grad,
+                                       fl_tensor *exp_avg, fl_tensor *exp_avg_sq,
+                                       fl_tensor *compensation,
+                                       const fl_adamw_options *opts);
+
+/* SGD (torch.optim.SGD): d = g + wd*p; with momentum, buf = d on step 1 and
+ * buf = momentum*buf + (1 - dampening)*d after, then d = nesterov ?
+ * d + momentum*buf : buf; finally p -= lr*d. momentum_buffer may be NULL
+ * when momentum == 0. */
+typedef struct fl_sgd_options {
+    double lr, momentum, dampening, weight_decay;
+    bool nesterov;
+    int64_t step;
+} fl_sgd_options;
+FL_API int fl_sgd_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *momentum_buffer,
+                        const fl_sgd_options *opts);
+
+/* Adadelta (torch.optim.Adadelta): d = g + wd*p; s = rho*s + (1-rho)*d*d;
+ * delta = sqrt(a + eps) / sqrt(s + eps) * d; a = rho*a + (1-rho)*delta^2;
+ * p -= lr*delta. */
+typedef struct fl_adadelta_options {
+    double lr, rho, eps, weight_decay;
+} fl_adadelta_options;
+FL_API int fl_adadelta_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *square_avg,
+                             fl_tensor *acc_delta, const fl_adadelta_options *opts);
+
+/* Sum of the squares of all elements of a contiguous float tensor on the
+ * cpu, accumulated in double in a fixed order (the result does not depend
+ * on the thread count): the local part of clip-by-global-norm. */
+FL_API int fl_grad_sq_norm(const fl_tensor *t, double *out);
+/* t *= alpha in place (contiguous float tensor; f32 arithmetic for the
+ * 16-bit floats): the scaling of clip-by-norm. No-op on meta and fake. */
+FL_API int fl_grad_scale_(fl_tensor *t, double alpha);
 
 #ifndef FL_FFI_CDEF
 #ifdef __cplusplus

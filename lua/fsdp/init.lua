@@ -30,6 +30,11 @@ M.enable_grad = autograd.enable_grad
 M.is_grad_enabled = autograd.is_grad_enabled
 M.set_grad_enabled = autograd.set_grad_enabled
 
+local safetensors = require 'fsdp.safetensors'
+M.safetensors = safetensors
+M.load_safetensors = safetensors.load
+M.save_safetensors = safetensors.save
+
 -- FLOPs counted by ops since the last reset (meta included).
 function M.flops() return tonumber(C.fl_flops()) end
 function M.reset_flops() C.fl_flops_reset() end
