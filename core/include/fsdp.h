@@ -401,10 +401,211 @@ FL_API int fl_add_scaled_(fl_tensor *a, const fl_tensor *b, double alpha);
 FL_API fl_tensor *fl_sum_to(const fl_tensor *t, int ndim, const int64_t *shape);
 
 /* ---- ops: unary, activations, reductions, dropout (core/ops/unary.c, reduce.c) ---- */
+/* Elementwise functions of one tensor. The output is a new contiguous tensor
+ * of x's shape. Floats keep their dtype (f32 arithmetic for bf16/f16, f64
+ * for f64); integer and bool inputs give f32, except abs, relu and square,
+ * which keep an integer dtype (and refuse bool). Gradients follow PyTorch,
+ * subgradients included: relu' = (x > 0), abs' = sign(x) (0 at 0). */
+typedef enum fl_unary_op {
+    FL_EXP = 0,
+    FL_LOG = 1,
+    FL_SQRT = 2,
+    FL_RSQRT = 3,       /* 1 / sqrt(x) */
+    FL_TANH = 4,
+    FL_SIGMOID = 5,
+    FL_ABS = 6,
+    FL_RELU = 7,
+    FL_GELU = 8,        /* x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) */
+    FL_GELU_TANH = 9,   /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))):
+                         * PyTorch's approximate='tanh', HF's gelu_new */
+    FL_SILU = 10,       /* x * sigmoid(x) */
+    FL_SQUARE = 11,
+    FL_UNARY_OP_COUNT = 12
+} fl_unary_op;
+FL_API fl_tensor *fl_unary(fl_unary_op op, const fl_tensor *x);
+/* x ^ exponent (float result; d/dx = exponent * x^(exponent - 1)). */
+FL_API fl_tensor *fl_pow_scalar(const fl_tensor *x, double exponent);
+/* min(max(x, lo), hi); a bound is ignored when its has_ flag is false (a
+ * lo above hi gives hi everywhere, a NaN element stays NaN, a NaN bound is
+ * refused). The gradient passes where lo <= x <= hi, boundaries included,
+ * as in PyTorch. Integer tensors stay integer when the bounds are integral. */
+FL_API fl_tensor *fl_clamp(const fl_tensor *x, double lo, double hi, bool has_lo, bool has_hi);
+/* silu(gate) * up in one pass (the SwiGLU of Llama's MLP): same shapes and
+ * float dtype. */
+FL_API fl_tensor *fl_silu_mul(const fl_tensor *gate, const fl_tensor *up);
+
+/* Inverted dropout with a counter-based mask: element i (row-major) is kept
+ * iff u_i >= p, where u_i is the value fl_uniform_(t, seed, stream, offset,
+ * 0, 1) would give element i, and kept elements are scaled by 1/(1 - p).
+ * The mask is not stored: backward regenerates it from the key. p = 0
+ * returns x itself (a new reference); p = 1 gives zeros. Float tensors. */
+FL_API fl_tensor *fl_dropout(const fl_tensor *x, double p, uint64_t seed, uint64_t stream,
+                             uint64_t offset);
+
+/* Sum or mean over the dims listed (ndims == 0: over all dims; negative
+ * dims count from the end; a dim may not repeat). keepdim leaves the
+ * reduced dims with size 1. Floats are accumulated in f64 and the result
+ * keeps x's dtype; integers and bool sum exactly in i64 and give i64; mean
+ * needs a float tensor (mean of no elements is NaN). The result does not
+ * depend on the number of threads. */
+FL_API fl_tensor *fl_sum(const fl_tensor *x, int ndims, const int *dims, bool keepdim);
+FL_API fl_tensor *fl_mean(const fl_tensor *x, int ndims, const int *dims, bool keepdim);
+/* Variance over dims: sum((x - mean)^2) / max(0, N - correction)
+ * (correction 1: the unbiased estimate, PyTorch's default); std is its
+ * square root. Float tensors. */
+FL_API fl_tensor *fl_var(const fl_tensor *x, int ndims, const int *dims, int64_t correction,
+                         bool keepdim);
+FL_API fl_tensor *fl_std(const fl_tensor *x, int ndims, const int *dims, int64_t correction,
+                         bool keepdim);
+/* Largest (smallest) values along dim and their indices (i64): the first
+ * index on ties, NaN counted as larger (smaller) than any number, so a NaN
+ * propagates as in PyTorch. The gradient goes to the chosen positions.
+ * *values and *indices receive new references. */
+FL_API int fl_max_dim(const fl_tensor *x, int dim, bool keepdim, fl_tensor **values,
+                      fl_tensor **indices);
+FL_API int fl_min_dim(const fl_tensor *x, int dim, bool keepdim, fl_tensor **values,
+                      fl_tensor **indices);
+
+/* Comparisons with broadcasting, giving bool tensors; not differentiable.
+ * Values compare exactly (integers as i64, anything with a float as f64). */
+typedef enum fl_compare_op {
+    FL_EQ = 0, FL_NE = 1, FL_LT = 2, FL_LE = 3, FL_GT = 4, FL_GE = 5, FL_COMPARE_OP_COUNT = 6
+} fl_compare_op;
+FL_API fl_tensor *fl_compare(fl_compare_op op, const fl_tensor *a, const fl_tensor *b);
+/* a op s for a scalar s. */
+FL_API fl_tensor *fl_compare_scalar(fl_compare_op op, const fl_tensor *a, double s);
+/* cond ? a : b elementwise; cond is bool; all three broadcast together and
+ * the result dtype is the promotion of a and b (as fl_binary). Gradients
+ * flow to a where cond holds and to b elsewhere. */
+FL_API fl_tensor *fl_where(const fl_tensor *cond, const fl_tensor *a, const fl_tensor *b);
 
 /* ---- ops: matmul, linear, embedding, conv2d, pooling, cat/split (core/ops/) ---- */
+/* Float operands of one dtype (f32, f64, bf16, f16); bf16/f16 products are
+ * computed in f32 and rounded once to the input dtype. FLOPs: 2*m*n*k per
+ * matrix product (plus one per bias element added); backward counts its own
+ * products. Operands that are transposed contiguous views are used in place
+ * (BLAS transposition), never copied. */
+
+/* torch.matmul: 1-d @ 1-d is a dot product (0-d result); 2-d @ 2-d a matrix
+ * product; a 1-d operand gets a dim of 1 prepended (left) or appended
+ * (right) that is removed from the result; beyond 2-d, [..., m, k] @
+ * [..., k, n] with the batch dims broadcast. */
+FL_API fl_tensor *fl_matmul(const fl_tensor *a, const fl_tensor *b);
+/* y = x @ w^T + bias: x [..., in], w [out, in], bias [out] or NULL ->
+ * [..., out]; one product over all rows of x. */
+FL_API fl_tensor *fl_linear(const fl_tensor *x, const fl_tensor *w, const fl_tensor *bias);
+/* Rows of w [V, D] picked by ids (i64 or i32, any shape) -> [..., D]. An id
+ * outside [0, V) is an error (nothing is written). Rows whose id equals
+ * padding_idx (in [0, V); -1 for none) get no gradient. */
+FL_API fl_tensor *fl_embedding(const fl_tensor *ids, const fl_tensor *w, int64_t padding_idx);
+
+/* Geometry of a 2-d window op, per spatial dim (height, width). */
+typedef struct fl_conv2d_options {
+    int64_t stride[2];   /* >= 1 */
+    int64_t padding[2];  /* >= 0, zeros on both sides */
+    int64_t dilation[2]; /* >= 1 */
+} fl_conv2d_options;
+/* Convolution (cross-correlation, as PyTorch) of x [N, C, H, W] with w [O,
+ * C, kh, kw] plus bias [O] (or NULL) -> [N, O, Ho, Wo], Ho = (H + 2*ph -
+ * dh*(kh-1) - 1) / sh + 1. im2col + GEMM. opts NULL means stride 1, no
+ * padding, dilation 1. */
+FL_API fl_tensor *fl_conv2d(const fl_tensor *x, const fl_tensor *w, const fl_tensor *bias,
+                            const fl_conv2d_options *opts);
+/* Max over kh x kw windows of each plane of x [N, C, H, W] (or [C, H, W]);
+ * padding counts as -infinity. When `indices` is not NULL it receives a new
+ * i64 tensor of the output's shape holding, for each output, the flat index
+ * (h * W + w) of the chosen input in its plane (PyTorch's return_indices).
+ * opts NULL means stride = kernel, no padding, dilation 1; padding may be at
+ * most half the (dilated) kernel. FLOPs: one comparison per window element. */
+FL_API fl_tensor *fl_max_pool2d(const fl_tensor *x, int64_t kh, int64_t kw,
+                                const fl_conv2d_options *opts, fl_tensor **indices);
+
+/* The tensors (n >= 1, same dtype, device and ndim, equal sizes except in
+ * dim) joined along dim into a new tensor. */
+FL_API fl_tensor *fl_cat(int n, const fl_tensor *const *tensors, int dim);
 
 /* ---- ops: norms, softmax, cross-entropy, rotary, attention (core/ops/) ---- */
+/* Fused kernels: one pass over the input forward, one or two backward.
+ * Inputs may be strided; math is f32 for f32/f16/bf16 and f64 for f64;
+ * results come back in the input's dtype. FLOP conventions are in each
+ * op's file (core/ops/norm.c, softmax.c, cross_entropy.c, rotary.c,
+ * attention.c). */
+
+/* RMSNorm over the last dim with Llama's semantics (T5LayerNorm is the
+ * same with eps 1e-6): y = weight * to(x.dtype, x32 * rsqrt(mean(x32^2) +
+ * eps)), normalised in f32 and rounded to x's dtype BEFORE the weight
+ * multiply. weight: NULL or [x.shape[-1]]. Result dtype: x's (the
+ * promotion of x's and weight's when they differ, as weight * x). */
+FL_API fl_tensor *fl_rms_norm(const fl_tensor *x, const fl_tensor *weight, double eps);
+/* LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * weight +
+ * bias with the biased variance; weight and bias NULL or [x.shape[-1]]. */
+FL_API fl_tensor *fl_layer_norm(const fl_tensor *x, const fl_tensor *weight,
+                                const fl_tensor *bias, double eps);
+/* Softmax and log-softmax along dim (stable: the max is subtracted). */
+FL_API fl_tensor *fl_softmax(const fl_tensor *x, int dim);
+FL_API fl_tensor *fl_log_softmax(const fl_tensor *x, int dim);
+
+typedef enum fl_loss_reduction {
+    FL_LOSS_NONE = 0, /* one loss per target (0 where ignored) */
+    FL_LOSS_MEAN = 1, /* sum / number of non-ignored targets (nan if none, as PyTorch) */
+    FL_LOSS_SUM = 2
+} fl_loss_reduction;
+
+/* Cross-entropy fused with log-softmax: logits [..., C] (classes on the
+ * LAST dim), targets [...] i64 or i32 class indices; targets equal to
+ * ignore_index (PyTorch: -100) contribute nothing; any other target
+ * outside [0, C) is an error naming it. label_smoothing in [0, 1]. The
+ * result is 0-d for mean/sum, the targets' shape for none, in the logits'
+ * dtype. Saves only the per-row logsumexp for backward. */
+FL_API fl_tensor *fl_cross_entropy(const fl_tensor *logits, const fl_tensor *targets,
+                                   int64_t ignore_index, fl_loss_reduction reduction,
+                                   double label_smoothing);
+/* Negative log-likelihood of log-probabilities [..., C] (e.g. the output of
+ * fl_log_softmax) at targets [...]: -log_probs[..., target]; reductions and
+ * ignore_index as fl_cross_entropy. */
+FL_API fl_tensor *fl_nll_loss(const fl_tensor *log_probs, const fl_tensor *targets,
+                              int64_t ignore_index, fl_loss_reduction reduction);
+
+/* Rotary position embeddings, Hugging Face's convention (rotate_half over
+ * the two halves of the head dim). */
+typedef enum fl_rope_scaling {
+    FL_ROPE_DEFAULT = 0, /* inv_freq = 1 / theta^(2i/D) */
+    FL_ROPE_LLAMA3 = 1   /* Llama 3.1's frequency scaling (transformers' "llama3") */
+} fl_rope_scaling;
+typedef struct fl_rope_options {
+    double theta;             /* base: 1e4 (Llama 2), 5e5 (Llama 3) */
+    int32_t scaling;          /* fl_rope_scaling */
+    double factor;            /* llama3: 8 (3.1), 32 (3.2) */
+    double low_freq_factor;   /* llama3: 1 */
+    double high_freq_factor;  /* llama3: 4 */
+    double original_max_position_embeddings; /* llama3: 8192 */
+} fl_rope_options;
+/* cos and sin tables [seq_len, head_dim] for positions 0 ... seq_len-1,
+ * built as transformers builds them (f32 arithmetic, cat(freqs, freqs)),
+ * then converted to dtype on device (meta: shapes only). opts NULL means
+ * theta 1e4 without scaling. New references in *cos and *sin. */
+FL_API int fl_rope_tables(int64_t seq_len, int64_t head_dim, const fl_rope_options *opts,
+                          fl_dtype dtype, fl_device device, fl_tensor **cos, fl_tensor **sin);
+/* x * cos + rotate_half(x) * sin for x [..., T, D] (e.g. [B, H, T, D]).
+ * cos, sin: [P, D] tables; row t of the tables serves position t, or
+ * positions[t] when positions (i64/i32, [T] or [x.shape[0], T]) is given.
+ * Gradients flow to x only (the tables are constants). */
+FL_API fl_tensor *fl_apply_rotary(const fl_tensor *x, const fl_tensor *cos, const fl_tensor *sin,
+                                  const fl_tensor *positions);
+
+/* softmax(scale * q @ k^T + bias, causal mask) @ v, flash-attention style
+ * (query blocks; saves only q, k, v, the output and the per-row
+ * logsumexp). q [B, Hq, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] ->
+ * [B, Hq, Tq, Dv]; Hq a multiple of Hkv (grouped-query attention: head h
+ * reads kv head h / (Hq / Hkv)). bias: NULL or additive, broadcastable to
+ * [B, Hq, Tq, Tk] (T5's relative position bias, or 0/-inf masks), and it
+ * gets a gradient when it requires one. causal: key j is hidden from query
+ * i when j > i (PyTorch's is_causal, aligned top-left). scale: PyTorch's
+ * default is 1/sqrt(D); T5 uses 1. A query row with every key masked
+ * gives zeros. */
+FL_API fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *k,
+                                                  const fl_tensor *v, const fl_tensor *bias,
+                                                  bool causal, double scale);
 
 /* ---- optim: fused optimizer updates and norms (core/optim/) ---- */
 /* ------------------------------------------------------------------------ */

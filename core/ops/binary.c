@@ -164,12 +164,18 @@ fl_tensor *fl_binary_scalar(fl_binary_op op, const fl_tensor *a, double s, bool 
     if (!fl_dtype_is_float(a->dtype) && (s != (double)(int64_t)s || op == FL_DIV))
         out_dtype = FL_F32;
     fl_dtype sd = out_dtype == FL_F64 ? FL_F64 : fl_dtype_is_float(out_dtype) ? FL_F32 : FL_I64;
-    fl_tensor *st = fl_full(0, NULL, s, sd, fl_device_make(FL_DEVICE_CPU, 0));
-    if (!st) return NULL;
-    /* The scalar must sit on a's device for the kernel: a 0-d broadcast. */
-    fl_tensor *sdev = fl_device_kind_of(a->device) == FL_DEVICE_CPU ? fl_tensor_retain(st)
-                                                                   : fl_to(st, sd, a->device);
-    fl_tensor_release(st);
+    /* The scalar as a 0-d tensor on a's device (a storage-less one when a
+     * has no storage: nothing is computed then). */
+    fl_tensor *sdev;
+    if (metadata_only(a)) {
+        sdev = fl_fake(0, NULL, sd, a->device);
+    } else if (fl_device_kind_of(a->device) == FL_DEVICE_CPU) {
+        sdev = fl_full(0, NULL, s, sd, a->device);
+    } else {
+        fl_tensor *st = fl_full(0, NULL, s, sd, fl_device_make(FL_DEVICE_CPU, 0));
+        sdev = st ? fl_to(st, sd, a->device) : NULL;
+        fl_tensor_release(st);
+    }
     if (!sdev) return NULL;
     fl_tensor *out = reverse ? binary_impl(op, sdev, a, out_dtype) : binary_impl(op, a, sdev, out_dtype);
     fl_tensor_release(sdev);

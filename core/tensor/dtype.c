@@ -367,12 +367,19 @@ static inline int64_t i64_from_f32(float x) {
     return x != x ? 0 : x >= 0x1p63f ? INT64_MAX : x <= -0x1p63f ? INT64_MIN : (int64_t)x;
 }
 
-/* One contiguous loop per fast pair, on all threads for large n. */
+/* One contiguous loop per fast pair, on all threads for large n. Small n
+ * (kernels convert 512-element chunks) takes a plain loop: entering even a
+ * serial `omp parallel` region costs about a microsecond. */
 #define DEFINE_CONVERT(NAME, DST_T, SRC_T, ELEMENT)                            \
     static void NAME(void *dst, const void *src, int64_t n) {                  \
         DST_T *restrict d = dst;                                               \
         const SRC_T *restrict s = src;                                         \
-        _Pragma("omp parallel for simd if(n > FL_PARALLEL_MIN) schedule(static)") \
+        if (n <= FL_PARALLEL_MIN) {                                            \
+            _Pragma("omp simd")                                                \
+            for (int64_t i = 0; i < n; i++) d[i] = ELEMENT(s[i]);              \
+            return;                                                            \
+        }                                                                      \
+        _Pragma("omp parallel for simd schedule(static)")                      \
         for (int64_t i = 0; i < n; i++) d[i] = ELEMENT(s[i]);                  \
     }
 
@@ -401,6 +408,10 @@ static const struct {
 /* Same dtype: a byte copy, split into chunks so large copies use every
  * core's share of memory bandwidth. */
 static void copy_bytes(void *dst, const void *src, int64_t nbytes, int64_t n) {
+    if (n <= FL_PARALLEL_MIN) {
+        memcpy(dst, src, (size_t)nbytes);
+        return;
+    }
     const int64_t chunk = 1 << 20;
     int64_t nchunks = (nbytes + chunk - 1) / chunk;
     #pragma omp parallel for if(n > FL_PARALLEL_MIN) schedule(static)
@@ -419,7 +430,7 @@ static void convert_generic(void *dst, fl_dtype dst_dtype, const void *src,
     size_t dsize = fl_dtype_size(dst_dtype), ssize = fl_dtype_size(src_dtype);
     bool from_float = fl_dtype_is_float(src_dtype);
     #pragma omp parallel for if(n > FL_PARALLEL_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = 0; i < n; i++) { /* (the if clause: see DEFINE_CONVERT) */
         const char *s = (const char *)src + (size_t)i * ssize;
         char *d = (char *)dst + (size_t)i * dsize;
         if (from_float)

@@ -234,4 +234,26 @@ M.cuda = {
 M.dtypes = {}
 for d = 0, C.FL_DTYPE_COUNT - 1 do M.dtypes[#M.dtypes + 1] = core.dtype_name(d) end
 
+-- Submodules loaded on first use (they require this module themselves):
+-- fsdp.nn, fsdp.optim, fsdp.functional (also as fsdp.F).
+local lazy = { nn = 'fsdp.nn', optim = 'fsdp.optim', functional = 'fsdp.functional',
+               F = 'fsdp.functional' }
+setmetatable(M, {
+  __index = function(t, k)
+    local name = lazy[k]
+    if not name then return nil end
+    local mod = require(name)
+    rawset(t, k, mod)
+    return mod
+  end,
+})
+
+-- The op families add Tensor methods (t:sum(), t:matmul(), t:softmax()...):
+-- load them with the library so the methods always exist. They require
+-- this module, so it is registered first.
+package.loaded['fsdp'] = M
+M.F = require 'fsdp.functional'
+M.functional = M.F
+M.cat = M.F.cat
+
 return M

@@ -11,5 +11,6 @@ int fl_test_rng(void);
 int fl_test_tensor(void);
 int fl_test_view(void);
 int fl_test_memory(void);
+int fl_test_optim(void);
 
 #endif /* FL_TESTS_H */

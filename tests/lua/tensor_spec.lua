@@ -185,6 +185,10 @@ end)
 
 describe('memory', function()
   it('counts allocations, frees on free(), and enforces a limit', function()
+    -- Collect first: a finalizer running mid-test would free unrelated memory.
+    collectgarbage()
+    collectgarbage('stop')
+    finally(function() collectgarbage('restart') end)
     fsdp.reset_memory_stats('cpu')
     local s0 = fsdp.memory_stats('cpu')
     local t = fsdp.empty({ 1024, 1024 })

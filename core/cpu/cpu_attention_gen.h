@@ -1,0 +1,214 @@
+/*
+ * cpu_attention_gen.h: the attention kernels for one compute type,
+ * included by cpu_attention.c for f32 and f64. The includer defines R, RT,
+ * FN(x), EXP(x) (as cpu_fused_gen.h) and GEMM (the BLAS product in R with
+ * fl_cpu_sgemm's arguments).
+ *
+ * The unit of work is a block of QBLOCK query rows of one (batch, head):
+ *   forward   S = scale * Q K^T + bias, masked; P = exp(S - rowmax);
+ *             O = (P V) / rowsum; lse = rowmax + log(rowsum)
+ *   backward  P = exp(S - lse) recomputed; dV += P^T dO; dP = dO V^T;
+ *             dS = P * (dP - rowsum(dO * O)); dQ = scale * dS K;
+ *             dK += scale * dS^T Q; dbias += dS
+ * With causal masking a block only multiplies the keys its last row can
+ * see, so the GEMMs shrink to about half.
+ */
+
+#include "cpu_fused_rows.h"
+
+/* Row i0 of (b, h) of a [B, H, T, X] tensor with a dense last dim. */
+static inline R *FN(row_of)(const fl_tensor *t, int64_t b, int64_t h, int64_t i) {
+    return (R *)t->data + b * t->stride[0] + h * t->stride[1] + i * t->stride[2];
+}
+
+/* S rows of one block: bias, causal mask, then exp(S - shift) in place.
+ * shift is each row's max (forward: also returns lse and 1/rowsum) or the
+ * saved lse (backward). A fully masked row becomes zeros. */
+static void FN(probabilities)(const fl_attention_args *a, R *S, int64_t m, int64_t nk, int64_t b,
+                              int64_t h, int64_t i0, R *lse, R *inv_sum, const R *saved_lse) {
+    const fl_tensor *bias = a->bias;
+    for (int64_t r = 0; r < m; r++) {
+        R *s = S + r * nk;
+        int64_t i = i0 + r;
+        if (bias) {
+            const R *br = FN(row_of)(bias, b, h, i);
+            int64_t bs = bias->stride[3];
+            if (bs == 1)
+                for (int64_t j = 0; j < nk; j++) s[j] += br[j];
+            else
+                for (int64_t j = 0; j < nk; j++) s[j] += br[j * bs];
+        }
+        if (a->causal)
+            for (int64_t j = i + 1; j < nk; j++) s[j] = -INFINITY;
+        R shift = saved_lse ? saved_lse[r] : FN(row_max)(s, nk);
+        if (shift == -INFINITY) {
+            /* Every key masked: no probability mass, zero output. */
+            for (int64_t j = 0; j < nk; j++) s[j] = 0;
+            if (lse) lse[r] = -INFINITY;
+            if (inv_sum) inv_sum[r] = 0;
+            continue;
+        }
+        R sum = FN(row_exp)(s, s, nk, shift);
+        if (lse) lse[r] = shift + (R)log((double)sum);
+        if (inv_sum) inv_sum[r] = 1 / sum;
+    }
+}
+
+static int FN(attention)(const fl_attention_args *a) {
+    const fl_tensor *q = a->q, *k = a->k, *v = a->v;
+    int64_t B = q->shape[0], Hq = q->shape[1], Tq = q->shape[2], D = q->shape[3];
+    int64_t Hkv = k->shape[1], Tk = k->shape[2], Dv = v->shape[3], group = Hq / Hkv;
+    int64_t nqb = (Tq + QBLOCK - 1) / QBLOCK, items = B * Hq * nqb;
+    R scale = (R)a->scale;
+    bool par = parallel_items(items, B * Hq * Tq * Tk * (D + Dv));
+    int blas_threads = par ? blas_serial_begin() : 0;
+    bool oom = false;
+#pragma omp parallel if (par)
+    {
+        R *S = malloc((size_t)(QBLOCK * (Tk ? Tk : 1) + QBLOCK) * sizeof(R));
+        if (!S) oom = true;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (!S || oom) continue;
+            int64_t qb = it % nqb, h = (it / nqb) % Hq, b = it / (nqb * Hq), hk = h / group;
+            int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK;
+            int64_t nk = a->causal ? (Tk < i0 + m ? Tk : i0 + m) : Tk;
+            R *O = FN(row_of)(a->out, b, h, i0), *L = FN(row_of)(a->lse, b, h, i0);
+            R *inv_sum = S + QBLOCK * (Tk ? Tk : 1);
+            if (nk == 0) {
+                for (int64_t r = 0; r < m; r++) {
+                    L[r] = -INFINITY;
+                    for (int64_t d = 0; d < Dv; d++) O[r * Dv + d] = 0;
+                }
+                continue;
+            }
+            const R *Q = FN(row_of)(q, b, h, i0), *K = FN(row_of)(k, b, hk, 0);
+            const R *V = FN(row_of)(v, b, hk, 0);
+            GEMM(false, true, m, nk, D, scale, Q, q->stride[2], K, k->stride[2], 0, S, nk);
+            FN(probabilities)(a, S, m, nk, b, h, i0, L, inv_sum, NULL);
+            GEMM(false, false, m, Dv, nk, 1, S, nk, V, v->stride[2], 0, O, Dv);
+            for (int64_t r = 0; r < m; r++)
+                for (int64_t d = 0; d < Dv; d++) O[r * Dv + d] *= inv_sum[r];
+        }
+        free(S);
+    }
+    if (par) blas_serial_end(blas_threads);
+    return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention: out of host memory for "
+                                     "score blocks")
+               : FL_OK;
+}
+
+/* dS of one block into its slot of dbias (the bias's shape as 4-d, size 1
+ * where it broadcast): rows summed over broadcast batch/heads/queries by
+ * the caller's work split, keys summed here when the bias had one. */
+static void FN(add_dbias)(R *dst, const fl_tensor *dbias, const R *dS, int64_t m, int64_t nk,
+                          int64_t b, int64_t h, int64_t i0) {
+    const int64_t *s = dbias->shape;
+    for (int64_t r = 0; r < m; r++) {
+        int64_t i = i0 + r;
+        R *row = dst + (((s[0] > 1 ? b : 0) * s[1] + (s[1] > 1 ? h : 0)) * s[2] +
+                        (s[2] > 1 ? i : 0)) * s[3];
+        const R *d = dS + r * nk;
+        if (s[3] == 1) {
+            double sum = 0;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < nk; j++) sum += d[j];
+            row[0] += (R)sum;
+        } else {
+            for (int64_t j = 0; j < nk; j++) row[j] += d[j];
+        }
+    }
+}
+
+static int FN(attention_backward)(const fl_attention_args *a) {
+    const fl_tensor *q = a->q, *k = a->k, *v = a->v, *o = a->o, *dout = a->dout;
+    int64_t B = q->shape[0], Hq = q->shape[1], Tq = q->shape[2], D = q->shape[3];
+    int64_t Hkv = k->shape[1], Tk = k->shape[2], Dv = v->shape[3], group = Hq / Hkv;
+    int64_t nqb = (Tq + QBLOCK - 1) / QBLOCK;
+    R scale = (R)a->scale;
+    /* Work is split by kv head so that dK/dV (shared by the query heads of
+     * a group) have one writer. dbias is written by whoever owns its
+     * slot: with a batch-broadcast bias (T5: [1, H, Tq, Tk]) each item
+     * takes one kv head across the whole batch; a head-broadcast bias
+     * needs per-thread copies summed at the end. */
+    const fl_tensor *db = a->dbias;
+    bool private_db = db && db->shape[1] == 1 && Hq > 1;
+    bool whole_batch = db && !private_db && db->shape[0] == 1 && B > 1;
+    int64_t items = whole_batch ? Hkv : B * Hkv;
+    int nthreads = omp_get_max_threads();
+    R *db_parts = NULL;
+    if (private_db) {
+        db_parts = calloc((size_t)nthreads * (size_t)db->numel, sizeof(R));
+        if (!db_parts)
+            return fl_fail(FL_ERR_OOM, "scaled_dot_product_attention backward: out of host "
+                                       "memory for bias gradients");
+    }
+    bool par = parallel_items(items, B * Hq * Tq * Tk * (2 * D + 3 * Dv));
+    int blas_threads = par ? blas_serial_begin() : 0;
+    bool oom = false;
+    int64_t block = QBLOCK * (Tk ? Tk : 1);
+#pragma omp parallel if (par)
+    {
+        R *P = malloc((size_t)(2 * block + QBLOCK) * sizeof(R));
+        if (!P) oom = true;
+        R *dbias_dst = !db ? NULL
+                     : private_db ? db_parts + (int64_t)omp_get_thread_num() * db->numel
+                                  : (R *)db->data;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (!P || oom) continue;
+            R *dP = P + block, *rowdot = P + 2 * block;
+            int64_t hk = it % Hkv, b0 = whole_batch ? 0 : it / Hkv, b1 = whole_batch ? B : b0 + 1;
+            for (int64_t b = b0; b < b1; b++) {
+                const R *K = FN(row_of)(k, b, hk, 0), *V = FN(row_of)(v, b, hk, 0);
+                R *dK = a->dk ? FN(row_of)(a->dk, b, hk, 0) : NULL;
+                R *dV = a->dv ? FN(row_of)(a->dv, b, hk, 0) : NULL;
+                for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+                    for (int64_t qb = 0; qb < nqb; qb++) {
+                        int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK;
+                        int64_t nk = a->causal ? (Tk < i0 + m ? Tk : i0 + m) : Tk;
+                        R *dQ = a->dq ? FN(row_of)(a->dq, b, h, i0) : NULL;
+                        if (nk == 0) {
+                            if (dQ)
+                                for (int64_t x = 0; x < m * D; x++) dQ[x] = 0;
+                            continue;
+                        }
+                        const R *Q = FN(row_of)(q, b, h, i0), *dO = FN(row_of)(dout, b, h, i0);
+                        const R *O = FN(row_of)(o, b, h, i0);
+                        const R *L = FN(row_of)(a->lse, b, h, i0);
+                        int64_t ldq = q->stride[2], ldo = dout->stride[2];
+                        GEMM(false, true, m, nk, D, scale, Q, ldq, K, k->stride[2], 0, P, nk);
+                        FN(probabilities)(a, P, m, nk, b, h, i0, NULL, NULL, L);
+                        if (dV) GEMM(true, false, nk, Dv, m, 1, P, nk, dO, ldo, 1, dV, Dv);
+                        if (!dQ && !dK && !dbias_dst) continue;
+                        GEMM(false, true, m, nk, Dv, 1, dO, ldo, V, v->stride[2], 0, dP, nk);
+                        for (int64_t r = 0; r < m; r++) {
+                            double s = 0;
+#pragma omp simd reduction(+ : s)
+                            for (int64_t d = 0; d < Dv; d++)
+                                s += (double)dO[r * ldo + d] * O[r * o->stride[2] + d];
+                            rowdot[r] = (R)s;
+                        }
+                        for (int64_t r = 0; r < m; r++)
+                            for (int64_t j = 0; j < nk; j++)
+                                dP[r * nk + j] = P[r * nk + j] * (dP[r * nk + j] - rowdot[r]);
+                        if (dbias_dst) FN(add_dbias)(dbias_dst, db, dP, m, nk, b, h, i0);
+                        if (dQ) GEMM(false, false, m, D, nk, scale, dP, nk, K, k->stride[2], 0, dQ, D);
+                        if (dK) GEMM(true, false, nk, D, m, scale, dP, nk, Q, ldq, 1, dK, D);
+                    }
+                }
+            }
+        }
+        free(P);
+    }
+    if (par) blas_serial_end(blas_threads);
+    if (private_db && !oom) {
+        R *dst = db->data;
+        for (int t = 0; t < nthreads; t++)
+            for (int64_t x = 0; x < db->numel; x++) dst[x] += db_parts[(int64_t)t * db->numel + x];
+    }
+    free(db_parts);
+    return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention backward: out of host memory "
+                                     "for score blocks")
+               : FL_OK;
+}

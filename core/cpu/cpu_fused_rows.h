@@ -1,0 +1,55 @@
+/*
+ * cpu_fused_rows.h: the hot loops over one row that the fused kernels
+ * share (max, exp-and-sum, exp-affine), written for one compute type and
+ * included by cpu_fused_gen.h and cpu_attention_gen.h under their R, FN
+ * and EXP. No include guard: each instantiation defines its own copies.
+ *
+ * Each loop is a function of its own so that it can carry FL_FUSED_CLONES
+ * (an AVX2+FMA clone next to the baseline build): the row kernels call
+ * them once per row, so the dispatch costs nothing, while the loops around
+ * OpenMP regions could not be cloned (GCC outlines those before cloning).
+ * Not every includer uses every loop, hence `unused`.
+ */
+
+#ifndef FL_FUSED_ROW
+#define FL_FUSED_ROW FL_FUSED_CLONES __attribute__((unused))
+#endif
+
+/* max over x[0, n) (-inf for n == 0). A nan may be skipped here; it
+ * still reaches the result through exp(nan - max). */
+FL_FUSED_ROW static R FN(row_max)(const R *x, int64_t n) {
+    R m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* sum of exp(x[i] - shift); the terms are also stored to dst (which may
+ * be x) unless dst is NULL. */
+FL_FUSED_ROW static R FN(row_exp)(R *dst, const R *x, int64_t n, R shift) {
+    R sum = 0;
+    if (dst) {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < n; i++) {
+            R e = EXP(x[i] - shift);
+            dst[i] = e;
+            sum += e;
+        }
+    } else {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < n; i++) sum += EXP(x[i] - shift);
+    }
+    return sum;
+}
+
+/* dst[i] = a * exp(x[i] - shift) + b, plus c[i] when c is not NULL. */
+FL_FUSED_ROW static void FN(row_exp_affine)(R *dst, const R *x, int64_t n, R shift, R a, R b,
+                                               const R *c) {
+    if (c) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) dst[i] = a * EXP(x[i] - shift) + b + c[i];
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) dst[i] = a * EXP(x[i] - shift) + b;
+    }
+}

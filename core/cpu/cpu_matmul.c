@@ -1,0 +1,267 @@
+/*
+ * cpu_matmul.c: the CPU matrix product behind matmul, linear and their
+ * backward (batched, broadcast, with an optional bias), the row sums of the
+ * bias gradient, and the CPU kernel table of the linear family.
+ *
+ * Every product is one BLAS GEMM call per matrix (f32: fl_cpu_sgemm, f64:
+ * dgemm). Operands are read in place whenever one axis of the matrix has
+ * unit stride, the other axis then being BLAS's leading dimension (with the
+ * transposition flag for a transposed view); only other strides are copied.
+ * bf16/f16 operands are converted to f32 once per call (Debian's OpenBLAS
+ * has no bf16 GEMM), multiplied with f32 accumulation, and the result is
+ * rounded once to the output dtype.
+ */
+#include "cpu_iter.h"
+#include "cpu_linear.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <string.h>
+
+/* Below this many elements, memory-bound loops stay on one thread. */
+enum { PARALLEL_MIN = 1 << 16 };
+
+static int64_t max1(int64_t v) { return v > 1 ? v : 1; }
+
+void fl_cpu_gemm_ct(fl_dtype ct, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+                    int64_t ldc) {
+    if (ct == FL_F32) {
+        fl_cpu_sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, (float)beta, c, ldc);
+        return;
+    }
+    FL_ASSERT(ct == FL_F64);
+    FL_ASSERT(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX && lda <= INT32_MAX &&
+              ldb <= INT32_MAX && ldc <= INT32_MAX);
+    if (m == 0 || n == 0) return;
+    /* f64 is for gradient checks and reference runs, so its one BLAS call
+     * lives here rather than in the shared cpu_gemm.c. */
+    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, 1.0, a,
+                (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+/* ---- operands ---------------------------------------------------------------- */
+
+/* One GEMM operand as BLAS will read it. */
+typedef struct operand {
+    const char *base;              /* element [0, ..., 0], in the compute dtype */
+    bool trans;                    /* stored as the transpose of a row-major matrix */
+    int64_t ld;                    /* row stride of the matrix as stored */
+    int64_t bstride[FL_MAX_DIMS];  /* batch strides in elements, 0 where broadcast */
+    fl_tensor *owned;              /* converted or compacted copy, or NULL */
+} operand;
+
+/* Can BLAS read an r x c matrix with strides (sr, sc) without a copy? Either
+ * row-major (unit column stride, ld = sr) or as the transpose of a row-major
+ * c x r matrix (unit row stride, ld = sc). A size-1 axis has no meaningful
+ * stride, so a strided row vector is read as a column of a transpose. */
+static bool blas_layout(int64_t r, int64_t c, int64_t sr, int64_t sc, bool *trans, int64_t *ld) {
+    if ((sc == 1 || c <= 1) && (r <= 1 || sr >= max1(c))) {
+        *trans = false;
+        *ld = r <= 1 ? max1(c) : sr;
+    } else if ((sr == 1 || r <= 1) && (c <= 1 || sc >= max1(r))) {
+        *trans = true;
+        *ld = c <= 1 ? max1(r) : sc;
+    } else {
+        return false;
+    }
+    return *ld <= INT32_MAX;
+}
+
+/* Make t (a batch of matrices, stride 0 on broadcast batch dims) readable by
+ * BLAS in dtype ct: in place when possible; else its distinct elements (the
+ * broadcast dims collapsed, never expanded) are converted or compacted. */
+static int prepare(const fl_tensor *t, fl_dtype ct, operand *op) {
+    int nd = t->ndim, nb = nd - 2;
+    int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
+    memset(op, 0, sizeof *op);
+    bool in_place = blas_layout(r, c, t->stride[nd - 2], t->stride[nd - 1], &op->trans, &op->ld);
+    fl_tensor d = *t; /* the distinct elements */
+    d.numel = 1;
+    for (int i = 0; i < nd; i++) {
+        if (i < nb && t->stride[i] == 0) d.shape[i] = 1;
+        d.numel *= d.shape[i];
+    }
+    if (in_place && t->dtype == ct) {
+        op->base = t->data;
+        for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i];
+        return FL_OK;
+    }
+    if (in_place) {
+        /* Convert the whole memory span the view covers, keeping its
+         * strides, when it is not much larger than the elements themselves
+         * (dense or transposed operands): one vectorised pass, no gather. */
+        int64_t span = 1;
+        for (int i = 0; i < nd; i++) span += (d.shape[i] - 1) * d.stride[i];
+        if (span <= 2 * d.numel + 4096) {
+            op->owned = fl_empty(1, &span, ct, t->device);
+            if (!op->owned) return fl_last_status();
+            int rc = fl_convert(op->owned->data, ct, t->data, t->dtype, span);
+            if (rc != FL_OK) return rc;
+            op->base = op->owned->data;
+            for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i];
+            return FL_OK;
+        }
+    }
+    op->owned = fl_empty(nd, d.shape, ct, t->device);
+    if (!op->owned) return fl_last_status();
+    int rc = fl_cpu_backend.copy(op->owned, &d);
+    if (rc != FL_OK) return rc;
+    op->base = op->owned->data;
+    op->trans = false;
+    op->ld = max1(c);
+    for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i] == 0 ? 0 : op->owned->stride[i];
+    return FL_OK;
+}
+
+/* When B is the same matrix for the whole batch and A's batch rows are
+ * evenly spaced (a dense [..., m, k] input times a weight), the batch is
+ * one GEMM of (batch * m) rows: far faster than many small ones. */
+static bool fold_rows(const operand *A, const operand *B, const fl_tensor *out, int64_t k,
+                      int64_t *rows, int64_t *lda) {
+    int nb = out->ndim - 2;
+    if (nb == 0 || A->trans) return false;
+    for (int i = 0; i < nb; i++)
+        if (B->bstride[i] != 0 && out->shape[i] != 1) return false;
+    int64_t inner = -1, expect = 0, total = 1;
+    for (int i = nb; i >= 0; i--) {
+        int64_t size = out->shape[i], stride = i == nb ? A->ld : A->bstride[i];
+        if (size == 1) continue;
+        if (inner < 0) inner = stride;
+        else if (stride != expect) return false;
+        expect = stride * size;
+        total *= size;
+    }
+    *rows = total;
+    *lda = inner < 0 ? max1(k) : inner;
+    return total <= INT32_MAX && *lda >= max1(k) && *lda <= INT32_MAX;
+}
+
+/* ---- the product ---------------------------------------------------------------- */
+
+static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
+                      const fl_tensor *bias) {
+    int nd = out->ndim, nb = nd - 2;
+    int64_t m = out->shape[nb], n = out->shape[nb + 1], k = a->shape[nd - 1];
+    if (out->numel == 0) return FL_OK;
+    fl_dtype ct = out->dtype == FL_F64 ? FL_F64 : FL_F32;
+    size_t cs = fl_dtype_size(ct);
+    int64_t nbatch = out->numel / (m * n), nrows = nbatch * m;
+    operand A = {0}, B = {0};
+    fl_tensor *cbuf = NULL, *bias_ct = NULL;
+    char *c = out->data;
+    int rc = FL_OK;
+    if (out->dtype != ct) {
+        cbuf = fl_empty(1, &out->numel, ct, out->device);
+        if (!cbuf) return fl_last_status();
+        c = cbuf->data;
+    }
+    /* The bias goes into C first and the GEMM adds to it (beta = 1). */
+    double beta = 0;
+    if (bias) {
+        bias_ct = fl_empty(1, &n, ct, out->device);
+        rc = bias_ct ? fl_cpu_backend.copy(bias_ct, bias) : (int)fl_last_status();
+        if (rc != FL_OK) goto done;
+        const char *row = bias_ct->data;
+        /* Serial on purpose: libgomp's idle workers spin for a while after
+         * a parallel region, and OpenBLAS's own threads, starting right
+         * after, would share the cores with them (measured: a parallel fill
+         * made the whole call 30% slower on 2 cores). */
+        for (int64_t i = 0; i < nrows; i++) memcpy(c + i * n * (int64_t)cs, row, (size_t)n * cs);
+        beta = 1;
+    } else if (k == 0) {
+        memset(c, 0, (size_t)out->numel * cs);
+    }
+    if (k > 0) {
+        if ((rc = prepare(a, ct, &A)) != FL_OK || (rc = prepare(b, ct, &B)) != FL_OK) goto done;
+        int64_t rows, lda;
+        if (fold_rows(&A, &B, out, k, &rows, &lda)) {
+            fl_cpu_gemm_ct(ct, false, B.trans, rows, n, k, A.base, lda, B.base, B.ld, beta, c, n);
+        } else {
+            /* Small products (attention heads) go one per thread; large
+             * ones one after another, each threaded by OpenBLAS. */
+            bool spread = nbatch > 1 && m * n * k <= FL_CPU_SMALL_GEMM;
+#pragma omp parallel for schedule(static) if (spread)
+            for (int64_t i = 0; i < nbatch; i++) {
+                int64_t oa = 0, ob = 0, rem = i;
+                for (int d = nb - 1; d >= 0; d--) {
+                    int64_t idx = rem % out->shape[d];
+                    rem /= out->shape[d];
+                    oa += idx * A.bstride[d];
+                    ob += idx * B.bstride[d];
+                }
+                fl_cpu_gemm_ct(ct, A.trans, B.trans, m, n, k, A.base + oa * (int64_t)cs, A.ld,
+                               B.base + ob * (int64_t)cs, B.ld, beta, c + i * m * n * (int64_t)cs,
+                               n);
+            }
+        }
+    }
+    if (cbuf) rc = fl_convert(out->data, out->dtype, cbuf->data, ct, out->numel);
+done:
+    fl_tensor_release(A.owned);
+    fl_tensor_release(B.owned);
+    fl_tensor_release(cbuf);
+    fl_tensor_release(bias_ct);
+    return rc;
+}
+
+/* ---- row sums (bias gradients) ------------------------------------------------- */
+
+/* Column sums of in [rows, n] accumulated in double. Threads own blocks of
+ * columns; with fewer blocks than threads the rows are split too, each part
+ * summed into its own row of partial sums, added up at the end in a fixed
+ * order (so the result does not depend on scheduling). */
+static int cpu_sum_rows(fl_tensor *out, const fl_tensor *in) {
+    enum { BLOCK = FL_CPU_SCRATCH };
+    int64_t rows = in->shape[0], n = in->shape[1], sr = in->stride[0], sc = in->stride[1];
+    if (n == 0) return FL_OK;
+    size_t es = fl_dtype_size(in->dtype);
+    int64_t nblocks = (n + BLOCK - 1) / BLOCK;
+    /* Threads only for very large sums: this runs between GEMMs, and after
+     * a parallel region libgomp's workers spin for about a millisecond,
+     * slowing the next GEMM's OpenBLAS threads by as much as they save. */
+    bool big = rows * n >= (1 << 22);
+    int64_t threads = omp_get_max_threads();
+    int64_t parts = big && nblocks < threads ? threads : 1;
+    if (parts > rows) parts = max1(rows);
+    double *partial = malloc((size_t)(parts * n) * sizeof *partial);
+    if (!partial) return fl_fail(FL_ERR_OOM, "linear backward: out of host memory for row sums");
+    const char *base = in->data;
+#pragma omp parallel for collapse(2) schedule(static) if (big)
+    for (int64_t p = 0; p < parts; p++) {
+        for (int64_t blk = 0; blk < nblocks; blk++) {
+            int64_t r0 = rows * p / parts, r1 = rows * (p + 1) / parts;
+            int64_t c0 = blk * BLOCK, len = n - c0 < BLOCK ? n - c0 : BLOCK;
+            double acc[BLOCK], tmp[BLOCK];
+            for (int64_t j = 0; j < len; j++) acc[j] = 0;
+            for (int64_t r = r0; r < r1; r++) {
+                const char *src = base + (r * sr + c0 * sc) * (int64_t)es;
+                if (sc == 1 && in->dtype == FL_F32) { /* the common case, without a call */
+                    const float *f = (const float *)src;
+                    for (int64_t j = 0; j < len; j++) acc[j] += f[j];
+                } else {
+                    fl_cpu_load(tmp, FL_F64, src, in->dtype, sc, len);
+                    for (int64_t j = 0; j < len; j++) acc[j] += tmp[j];
+                }
+            }
+            memcpy(partial + p * n + c0, acc, (size_t)len * sizeof *acc);
+        }
+    }
+    for (int64_t p = 1; p < parts; p++)
+        for (int64_t j = 0; j < n; j++) partial[j] += partial[p * n + j];
+    int rc = fl_convert(out->data, out->dtype, partial, FL_F64, n);
+    free(partial);
+    return rc;
+}
+
+const fl_linear_kernels fl_cpu_linear_kernels = {
+    .matmul = cpu_matmul,
+    .sum_rows = cpu_sum_rows,
+    .embedding = fl_cpu_embedding,
+    .embedding_backward = fl_cpu_embedding_backward,
+    .conv2d = fl_cpu_conv2d,
+    .conv2d_backward = fl_cpu_conv2d_backward,
+    .max_pool2d = fl_cpu_max_pool2d,
+    .max_pool2d_backward = fl_cpu_max_pool2d_backward,
+};

@@ -1,0 +1,265 @@
+/*
+ * attention.c: scaled dot-product attention, flash-attention style on the
+ * CPU: softmax(scale * q k^T + bias, causal mask) v, forward and backward.
+ *
+ * Shapes: q [B, Hq, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] ->
+ * [B, Hq, Tq, Dv]. Grouped-query attention: Hq is a multiple of Hkv and
+ * query head h reads kv head h / (Hq / Hkv). bias is additive and
+ * broadcasts to [B, Hq, Tq, Tk] (T5's relative position bias, or a mask of
+ * 0 and -inf); it may require grad (T5 trains it) and then gets dS summed
+ * over the dims it was broadcast along. scale multiplies q k^T (PyTorch's
+ * default is 1/sqrt(D); T5 uses 1, the caller passes it).
+ *
+ * causal masks key j for query i when j > i (PyTorch's is_causal: the
+ * mask is aligned top-left, so with Tq != Tk query 0 sees key 0 only; for
+ * decoding with a cache pass causal = false or an explicit bias). A row
+ * whose every key is masked (bias -inf everywhere) outputs zeros and gets
+ * zero gradients, as FlashAttention does (PyTorch's math path gives nan).
+ *
+ * Memory: the kernels work on blocks of query rows and never hold all of
+ * the B*H*Tq*Tk scores; only q, k, v, the output and the per-row
+ * logsumexp [B, Hq, Tq] are saved, and the backward recomputes each
+ * block's probabilities from the logsumexp. Math is f32 (f64 for f64
+ * inputs) through BLAS GEMMs; q, k, v must share one dtype.
+ *
+ * FLOPs (the FlashAttention/PyTorch convention: matrix products only):
+ * forward 2*B*Hq*Tq*Tk*(D + Dv), halved when causal; backward 2.5 times
+ * the forward (five products to the forward's two: S recomputed, dV, dP,
+ * dQ, dK).
+ */
+#include "fused.h"
+
+#include <math.h>
+
+static const fl_node_type attention_type;
+
+static const char *OP = "scaled_dot_product_attention";
+
+static int64_t forward_flops(int64_t b, int64_t hq, int64_t tq, int64_t tk, int64_t d, int64_t dv,
+                             bool causal) {
+    int64_t f = 2 * b * hq * tq * tk * (d + dv);
+    return causal ? f / 2 : f;
+}
+
+static int check_qkv(const fl_tensor *q, const fl_tensor *k, const fl_tensor *v) {
+    if (fl_fused_check_float(OP, "q", q) || fl_fused_check_float(OP, "k", k) ||
+        fl_fused_check_float(OP, "v", v) || fl_fused_check_device(OP, "k", k, q->device) ||
+        fl_fused_check_device(OP, "v", v, q->device))
+        return fl_last_status();
+    char a[128], b[128], c[128];
+    fl_shape_str(q, a, sizeof a);
+    fl_shape_str(k, b, sizeof b);
+    fl_shape_str(v, c, sizeof c);
+    if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
+        return fl_fail(FL_ERR_ARG, "%s: q %s, k %s and v %s must be 4-d [batch, heads, seq, dim]",
+                       OP, a, b, c);
+    if (q->dtype != k->dtype || q->dtype != v->dtype)
+        return fl_fail(FL_ERR_ARG, "%s: q, k and v must have one dtype, got %s, %s and %s", OP,
+                       fl_dtype_name(q->dtype), fl_dtype_name(k->dtype), fl_dtype_name(v->dtype));
+    if (k->shape[0] != q->shape[0] || v->shape[0] != q->shape[0] || k->shape[1] != v->shape[1] ||
+        k->shape[2] != v->shape[2] || k->shape[3] != q->shape[3])
+        return fl_fail(FL_ERR_ARG, "%s: shapes q %s, k %s, v %s do not fit q [B, Hq, Tq, D], "
+                                   "k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv]",
+                       OP, a, b, c);
+    if (k->shape[1] == 0 || q->shape[1] % k->shape[1])
+        return fl_fail(FL_ERR_ARG, "%s: %lld query heads (q %s) are not a multiple of %lld kv "
+                                   "heads (k %s)",
+                       OP, (long long)q->shape[1], a, (long long)k->shape[1], b);
+    return FL_OK;
+}
+
+static int check_bias(const fl_tensor *bias, const int64_t *target) {
+    if (fl_fused_check_float(OP, "bias", bias)) return fl_last_status();
+    bool ok = bias->ndim <= 4;
+    for (int d = 0; ok && d < bias->ndim; d++) {
+        int64_t s = bias->shape[d], t = target[4 - bias->ndim + d];
+        ok = s == t || s == 1;
+    }
+    if (!ok) {
+        char a[128], b[128];
+        fl_shape_format(4, target, b, sizeof b);
+        return fl_fail(FL_ERR_ARG, "%s: bias of shape %s does not broadcast to the scores %s", OP,
+                       fl_shape_str(bias, a, sizeof a), b);
+    }
+    return FL_OK;
+}
+
+/* bias's shape seen as 4-d: leading 1s. */
+static void bias_shape4(const fl_tensor *bias, int64_t *shape4) {
+    for (int d = 0; d < 4; d++) {
+        int bd = d - (4 - bias->ndim);
+        shape4[d] = bd >= 0 ? bias->shape[bd] : 1;
+    }
+}
+
+/* A [B, Hq, Tq, Tk] header over bias's storage with stride 0 where it
+ * broadcasts (a struct on the caller's stack: kernels only read it). */
+static void bias_view(const fl_tensor *bias, const int64_t *target, fl_tensor *view) {
+    *view = *bias;
+    for (int d = 0; d < 4; d++) {
+        int bd = d - (4 - bias->ndim);
+        view->shape[d] = target[d];
+        view->stride[d] = bd >= 0 && bias->shape[bd] == target[d] ? bias->stride[bd] : 0;
+    }
+    view->ndim = 4;
+    view->numel = target[0] * target[1] * target[2] * target[3];
+}
+
+/* The kernel's copies of the inputs: compute dtype, contiguous last dim. */
+typedef struct prepared {
+    fl_tensor *q, *k, *v, *bias;
+    fl_tensor bias4;
+} prepared;
+
+static int prepare(prepared *p, const fl_tensor *q, const fl_tensor *k, const fl_tensor *v,
+                   const fl_tensor *bias, const int64_t *scores) {
+    fl_dtype r = fl_fused_compute_dtype(q->dtype);
+    p->q = fl_fused_prepare(q, r);
+    p->k = p->q ? fl_fused_prepare(k, r) : NULL;
+    p->v = p->k ? fl_fused_prepare(v, r) : NULL;
+    p->bias = NULL;
+    if (p->v && bias) {
+        bool was = fl_set_grad_enabled(false);
+        p->bias = fl_to(bias, r, bias->device);
+        fl_set_grad_enabled(was);
+        if (p->bias) bias_view(p->bias, scores, &p->bias4);
+    }
+    return p->v && (!bias || p->bias) ? FL_OK : (int)fl_last_status();
+}
+
+static void release_prepared(prepared *p) {
+    fl_tensor_release(p->q);
+    fl_tensor_release(p->k);
+    fl_tensor_release(p->v);
+    fl_tensor_release(p->bias);
+}
+
+fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *k,
+                                           const fl_tensor *v, const fl_tensor *bias, bool causal,
+                                           double scale) {
+    if (check_qkv(q, k, v)) return NULL;
+    if (!isfinite(scale)) return FL_FAIL_NULL(FL_ERR_ARG, "%s: scale must be finite, got %g", OP, scale);
+    int64_t B = q->shape[0], Hq = q->shape[1], Tq = q->shape[2], D = q->shape[3];
+    int64_t Tk = k->shape[2], Dv = v->shape[3];
+    int64_t scores[4] = {B, Hq, Tq, Tk};
+    if (bias && (check_bias(bias, scores) || fl_fused_check_device(OP, "bias", bias, q->device)))
+        return NULL;
+    const fl_tensor *ins[4] = {q, k, v, bias};
+    bool no_storage = fl_fused_no_storage(4, ins);
+    fl_dtype r = fl_fused_compute_dtype(q->dtype);
+    int64_t out_shape[4] = {B, Hq, Tq, Dv};
+    fl_tensor *out = fl_fused_output(4, out_shape, q->dtype, q->device, no_storage);
+    fl_tensor *lse = out ? fl_fused_output(3, scores, r, q->device, no_storage) : NULL;
+    if (!lse) {
+        fl_tensor_release(out);
+        return NULL;
+    }
+    fl_flops_add(forward_flops(B, Hq, Tq, Tk, D, Dv, causal));
+    if (!no_storage) {
+        const fl_fused_kernels *kern = fl_fused_kernels_of(OP, q->device);
+        prepared p = {0};
+        fl_tensor *out_c = NULL;
+        int rc = kern ? prepare(&p, q, k, v, bias, scores) : (int)fl_last_status();
+        if (!rc) {
+            out_c = q->dtype == r ? fl_tensor_retain(out) : fl_empty(4, out_shape, r, q->device);
+            rc = out_c ? FL_OK : (int)fl_last_status();
+        }
+        if (!rc) {
+            fl_attention_args a = {.q = p.q, .k = p.k, .v = p.v, .bias = bias ? &p.bias4 : NULL,
+                                   .causal = causal, .scale = scale, .out = out_c, .lse = lse};
+            rc = kern->attention(&a);
+        }
+        if (!rc && out_c != out) rc = fl_copy_(out, out_c);
+        fl_tensor_release(out_c);
+        release_prepared(&p);
+        if (rc) {
+            fl_tensor_release(out);
+            fl_tensor_release(lse);
+            return NULL;
+        }
+    }
+    if (fl_needs_grad(4, ins)) {
+        fl_node *node;
+        const fl_tensor *saved[6] = {q, k, v, bias, out, lse};
+        out = fl_fused_record(&attention_type, 4, ins, out, 6, saved, &node);
+        if (out) {
+            node->f[0] = scale;
+            node->i[0] = causal;
+        }
+    }
+    fl_tensor_release(lse);
+    return out;
+}
+
+static int attention_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    const fl_tensor *q = node->saved[0], *k = node->saved[1], *v = node->saved[2];
+    const fl_tensor *bias = node->saved[3], *o = node->saved[4], *lse = node->saved[5];
+    const fl_tensor *g = go[0];
+    double scale = node->f[0];
+    bool causal = node->i[0] != 0;
+    int64_t B = q->shape[0], Hq = q->shape[1], Tq = q->shape[2], D = q->shape[3];
+    int64_t Tk = k->shape[2], Dv = v->shape[3];
+    int64_t scores[4] = {B, Hq, Tq, Tk};
+    const fl_tensor *all[7] = {q, k, v, bias, o, lse, g};
+    bool no_storage = fl_fused_no_storage(7, all);
+    fl_dtype r = fl_fused_compute_dtype(q->dtype);
+    fl_flops_add(forward_flops(B, Hq, Tq, Tk, D, Dv, causal) * 5 / 2);
+
+    bool want_bias = bias && fl_node_wants(node, 3);
+    int64_t b4[4] = {1, 1, 1, 1};
+    if (bias) bias_shape4(bias, b4);
+    /* Gradients in the compute dtype; dk, dv and dbias accumulate. */
+    const fl_tensor *src[4] = {q, k, v, bias};
+    fl_tensor *grads[4] = {NULL, NULL, NULL, NULL};
+    int rc = FL_OK;
+    for (int i = 0; i < 4 && !rc; i++) {
+        if (!fl_node_wants(node, i) || (i == 3 && !want_bias)) continue;
+        const int64_t *shape = i == 3 ? b4 : src[i]->shape;
+        grads[i] = no_storage ? fl_fake(4, shape, r, q->device)
+                 : i == 0     ? fl_empty(4, shape, r, q->device)
+                              : fl_zeros(4, shape, r, q->device);
+        if (!grads[i]) rc = fl_last_status();
+    }
+    if (!rc && !no_storage) {
+        const fl_fused_kernels *kern = fl_fused_kernels_of("scaled_dot_product_attention backward",
+                                                           q->device);
+        prepared p = {0};
+        fl_tensor *oc = NULL, *gc = NULL;
+        rc = kern ? prepare(&p, q, k, v, bias, scores) : (int)fl_last_status();
+        if (!rc) {
+            oc = fl_fused_prepare(o, r);
+            gc = oc ? fl_fused_prepare(g, r) : NULL;
+            rc = gc ? FL_OK : (int)fl_last_status();
+        }
+        if (!rc) {
+            fl_attention_args a = {.q = p.q, .k = p.k, .v = p.v, .bias = bias ? &p.bias4 : NULL,
+                                   .causal = causal, .scale = scale, .lse = (fl_tensor *)lse,
+                                   .dout = gc, .o = oc, .dq = grads[0], .dk = grads[1],
+                                   .dv = grads[2], .dbias = grads[3]};
+            rc = kern->attention_backward(&a);
+        }
+        fl_tensor_release(oc);
+        fl_tensor_release(gc);
+        release_prepared(&p);
+    }
+    /* To each input's shape (dbias: from 4-d back to bias's own dims) and
+     * dtype. */
+    for (int i = 0; i < 4 && !rc; i++) {
+        if (!grads[i]) continue;
+        if (i == 3 && bias->ndim != 4) {
+            fl_tensor *shaped = fl_view(grads[3], bias->ndim, bias->shape);
+            fl_tensor_release(grads[3]);
+            grads[3] = shaped;
+        }
+        grads[i] = grads[i] ? fl_fused_as_dtype(grads[i], src[i]->dtype) : NULL;
+        if (!grads[i]) rc = fl_last_status();
+    }
+    for (int i = 0; i < 4; i++) {
+        if (rc) fl_tensor_release(grads[i]);
+        else gi[i] = grads[i];
+    }
+    return rc;
+}
+
+static const fl_node_type attention_type = {.name = "ScaledDotProductAttentionBackward",
+                                            .backward = attention_backward};

@@ -1,0 +1,96 @@
+/*
+ * optim_kernel.h: what the fused optimizer updates of core/optim/ share.
+ *
+ * An update reads a parameter, its gradient and a few state tensors of the
+ * same number of elements and writes some of them, element by element. The
+ * driver here checks the operands (naming the optimizer and the operand at
+ * fault), cuts [0, numel) into chunks spread over OpenMP threads, and hands
+ * each optimizer's inner loop plain f32 arrays whatever the stored dtypes:
+ * f32 operands are used in place, bf16/f16 ones are converted into scratch
+ * arrays and converted back (rounded to nearest even) when written. So every
+ * optimizer does its math in f32 and rounds once per stored value.
+ */
+#ifndef FL_OPTIM_KERNEL_H
+#define FL_OPTIM_KERNEL_H
+
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
+enum { FL_OPTIM_MAX_OPERANDS = 5 };
+
+/* Elements per chunk of the driver: the most an inner loop is given. */
+enum { FL_OPTIM_CHUNK = 1024 };
+
+/* Inner loops are `omp simd` loops written once with loop-invariant flags
+ * (weight decay on, first step, nesterov) and instantiated per flag value
+ * through this forced inlining: GCC will not if-convert a conditional
+ * floating-point operation under the default -ftrapping-math, so a flag
+ * tested inside the loop would keep it scalar. */
+#define FL_OPTIM_INLINE static inline __attribute__((always_inline))
+
+/* Operand 0 is always the parameter, 1 its gradient, the rest state. */
+typedef struct fl_optim_operand {
+    const char *name;  /* "param", "grad", "exp_avg": used in messages */
+    fl_tensor *t;      /* NULL for an optional operand that is absent */
+    bool write;        /* stored back after the inner loop */
+} fl_optim_operand;
+
+/* The inner loop of an update over n elements: x[k] holds operand k's
+ * values as f32 (NULL for an absent operand); the loop overwrites the
+ * arrays of the operands it writes. `dtypes[k]` are the stored dtypes, for
+ * loops that must know how a value will be rounded (Kahan summation). */
+typedef void (*fl_optim_loop)(const void *ctx, int64_t n, float *const *x,
+                              const fl_dtype *dtypes);
+
+/* Check the operands and run `loop` over all elements. Meta and fake
+ * operands are checked for shape and dtype and then left alone (there are
+ * no values to update), so a model planned on meta can step its optimizer.
+ * Returns FL_OK or the status of the failure, with the error naming `op`. */
+int fl_optim_run(const char *op, int n, const fl_optim_operand *ops, fl_optim_loop loop,
+                 const void *ctx);
+
+/* Check the hyper-parameters every optimizer has. */
+int fl_optim_check_lr(const char *op, double lr, double weight_decay);
+/* Check fl_adamw_options (AdamW and AnyPrecisionAdamW share them). */
+int fl_adamw_check_options(const char *op, const fl_adamw_options *o);
+
+/* x as it will read back after being stored as `dtype`: the rounding of
+ * fl_convert (nearest even; NaN stays NaN), inlined for the inner loops. */
+static inline float fl_optim_round(fl_dtype dtype, float x) {
+    if (dtype == FL_BF16) {
+        uint32_t u;
+        memcpy(&u, &x, sizeof u);
+        if ((u & 0x7fffffffu) > 0x7f800000u) return x; /* NaN */
+        u += 0x7fffu + ((u >> 16) & 1u);
+        u &= 0xffff0000u;
+        memcpy(&x, &u, sizeof x);
+        return x;
+    }
+    if (dtype == FL_F16) return fl_f16_to_f32(fl_f32_to_f16(x));
+    return x;
+}
+
+/* x[i] = sqrt(x[i]) for n elements, four at a time where the ISA has a
+ * vector square root. C's sqrtf must set errno on a negative argument, so
+ * GCC keeps it scalar in any loop (without -fno-math-errno) and the whole
+ * update with it; the inner loops therefore take their square roots in
+ * this separate pass and stay vectorised. IEEE square roots are correctly
+ * rounded, so the vector and scalar results are the same bits. */
+static inline void fl_optim_sqrt_n(float *x, int64_t n) {
+    int64_t i = 0;
+#if defined(__SSE__)
+    for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vsqrtq_f32(vld1q_f32(x + i)));
+#endif
+    for (; i < n; i++) x[i] = sqrtf(x[i]);
+}
+
+#endif /* FL_OPTIM_KERNEL_H */

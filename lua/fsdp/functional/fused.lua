@@ -1,0 +1,175 @@
+-- fsdp.functional.fused: norms, softmax, cross-entropy, rotary embeddings
+-- and attention: the fused, memory-bound kernels of core/ops/ (norm.c,
+-- softmax.c, cross_entropy.c, rotary.c, attention.c), each one pass over
+-- its input with its backward in C.
+--
+--   local F = require 'fsdp.functional'
+--   local h = F.rms_norm(x, w, 1e-5)
+--   local cos, sin = F.rope_tables(T, 64, {theta = 5e5, scaling = {type = 'llama3'}})
+--   local y = F.scaled_dot_product_attention(F.apply_rotary(q, cos, sin),
+--                                            F.apply_rotary(k, cos, sin), v, {causal = true})
+--   local loss = F.cross_entropy(logits, targets, {ignore_index = -100})
+--
+-- Dims are 0-based (negative from the end); option tables as PyTorch's
+-- keyword arguments.
+local core = require 'fsdp.core'
+local Tensor = require 'fsdp.tensor'
+local ffi, C = core.ffi, core.C
+local wrap, cptr = Tensor.wrap, Tensor.cptr
+
+local M = {}
+
+-- An optional tensor argument: its C struct, or NULL for nil.
+local function maybe(t)
+  if t == nil then return nil end
+  return cptr(t)
+end
+
+local function options(name, opts)
+  if opts == nil then return {} end
+  if type(opts) ~= 'table' or Tensor.is_tensor(opts) then
+    core.fail(('%s: expected an options table, got %s'):format(name, type(opts)))
+  end
+  return opts
+end
+
+local function number(name, what, v, default)
+  if v == nil then return default end
+  if type(v) ~= 'number' then
+    core.fail(('%s: %s must be a number, got %s'):format(name, what, type(v)))
+  end
+  return v
+end
+
+-- norms --------------------------------------------------------------------------
+
+-- RMSNorm over the last dim, as Hugging Face's LlamaRMSNorm (and
+-- T5LayerNorm): normalised in f32, cast back to x's dtype, then times
+-- weight. weight may be nil. eps defaults to 1e-6 (HF's default; Llama
+-- configs use 1e-5).
+function M.rms_norm(x, weight, eps)
+  return wrap(C.fl_rms_norm(cptr(x), maybe(weight), number('rms_norm', 'eps', eps, 1e-6)))
+end
+
+-- LayerNorm over the last dim (biased variance); weight and bias may be
+-- nil; eps defaults to 1e-5 as PyTorch's.
+function M.layer_norm(x, weight, bias, eps)
+  return wrap(C.fl_layer_norm(cptr(x), maybe(weight), maybe(bias),
+                              number('layer_norm', 'eps', eps, 1e-5)))
+end
+
+-- softmax ------------------------------------------------------------------------
+
+function M.softmax(x, dim)
+  return wrap(C.fl_softmax(cptr(x), number('softmax', 'dim', dim, -1)))
+end
+
+function M.log_softmax(x, dim)
+  return wrap(C.fl_log_softmax(cptr(x), number('log_softmax', 'dim', dim, -1)))
+end
+
+-- losses --------------------------------------------------------------------------
+
+local REDUCTIONS = { none = C.FL_LOSS_NONE, mean = C.FL_LOSS_MEAN, sum = C.FL_LOSS_SUM }
+
+local function loss_options(name, opts)
+  opts = options(name, opts)
+  local reduction = opts.reduction or 'mean'
+  local r = REDUCTIONS[reduction]
+  if not r then
+    core.fail(("%s: reduction must be 'mean', 'sum' or 'none', got %s"):format(name, tostring(reduction)))
+  end
+  return number(name, 'ignore_index', opts.ignore_index, -100), r, opts
+end
+
+-- Cross-entropy of logits [..., C] (classes on the last dim) against
+-- integer targets [...]: opts.ignore_index (-100), opts.reduction
+-- ('mean' | 'sum' | 'none'), opts.label_smoothing (0). A mean over no
+-- targets (all ignored) is nan, as in PyTorch.
+function M.cross_entropy(logits, targets, opts)
+  local ignore, reduction, o = loss_options('cross_entropy', opts)
+  local smoothing = number('cross_entropy', 'label_smoothing', o.label_smoothing, 0)
+  return wrap(C.fl_cross_entropy(cptr(logits), cptr(targets), ignore, reduction, smoothing))
+end
+
+-- Negative log-likelihood of log-probabilities [..., C] (F.log_softmax's
+-- output) at integer targets [...]; options as cross_entropy's (no
+-- smoothing).
+function M.nll_loss(log_probs, targets, opts)
+  local ignore, reduction = loss_options('nll_loss', opts)
+  return wrap(C.fl_nll_loss(cptr(log_probs), cptr(targets), ignore, reduction))
+end
+
+-- rotary embeddings ----------------------------------------------------------------
+
+-- cos, sin tables [seq_len, head_dim] built as transformers builds them.
+-- opts: theta (1e4), scaling (nil, or {type = 'llama3', factor = 8,
+-- low_freq_factor = 1, high_freq_factor = 4,
+-- original_max_position_embeddings = 8192}; missing fields take these
+-- Llama 3.1 values), dtype and device (the defaults of fsdp).
+function M.rope_tables(seq_len, head_dim, opts)
+  local name = 'rope_tables'
+  opts = options(name, opts)
+  local o = ffi.new('fl_rope_options')
+  o.theta = number(name, 'theta', opts.theta, 1e4)
+  o.scaling = C.FL_ROPE_DEFAULT
+  local s = opts.scaling
+  if s ~= nil then
+    if type(s) ~= 'table' then core.fail(('%s: scaling must be a table, got %s'):format(name, type(s))) end
+    local kind = s.type or s.rope_type
+    if kind ~= 'llama3' then
+      core.fail(("%s: scaling type must be 'llama3', got %s"):format(name, tostring(kind)))
+    end
+    o.scaling = C.FL_ROPE_LLAMA3
+    o.factor = number(name, 'scaling.factor', s.factor, 8)
+    o.low_freq_factor = number(name, 'scaling.low_freq_factor', s.low_freq_factor, 1)
+    o.high_freq_factor = number(name, 'scaling.high_freq_factor', s.high_freq_factor, 4)
+    o.original_max_position_embeddings = number(name, 'scaling.original_max_position_embeddings',
+                                                s.original_max_position_embeddings, 8192)
+  end
+  -- Required lazily: fsdp itself loads the functional modules.
+  local fsdp = require 'fsdp'
+  local dtype = core.dtype(opts.dtype or fsdp.get_default_dtype())
+  local device = core.device(opts.device or fsdp.get_default_device())
+  local out = ffi.new('fl_tensor*[2]')
+  core.check(C.fl_rope_tables(number(name, 'seq_len', seq_len), number(name, 'head_dim', head_dim),
+                              o, dtype, device, out, out + 1))
+  return wrap(out[0]), wrap(out[1])
+end
+
+-- x * cos + rotate_half(x) * sin for x [..., T, D] (usually [B, H, T, D]);
+-- opts.positions: i64 [T] or [B, T] rows of the tables (default 0 ... T-1).
+function M.apply_rotary(x, cos, sin, opts)
+  opts = options('apply_rotary', opts)
+  return wrap(C.fl_apply_rotary(cptr(x), cptr(cos), cptr(sin), maybe(opts.positions)))
+end
+
+-- attention -------------------------------------------------------------------------
+
+-- softmax(scale * q k^T + bias) v with q [B, Hq, Tq, D], k [B, Hkv, Tk, D],
+-- v [B, Hkv, Tk, Dv] (Hq a multiple of Hkv: grouped-query attention).
+-- opts: causal (false), bias (additive, broadcastable to [B, Hq, Tq, Tk];
+-- attn_mask is accepted as its PyTorch name), scale (1/sqrt(D); T5 passes 1).
+function M.scaled_dot_product_attention(q, k, v, opts)
+  local name = 'scaled_dot_product_attention'
+  opts = options(name, opts)
+  local qc = cptr(q)
+  local bias = opts.bias
+  if bias == nil then bias = opts.attn_mask end
+  local scale = opts.scale
+  if scale == nil then
+    local d = qc.ndim > 0 and tonumber(qc.shape[qc.ndim - 1]) or 1
+    scale = 1 / math.sqrt(d)
+  end
+  return wrap(C.fl_scaled_dot_product_attention(qc, cptr(k), cptr(v), maybe(bias),
+                                                opts.causal and true or false,
+                                                number(name, 'scale', scale)))
+end
+
+-- Tensor methods ----------------------------------------------------------------------
+
+local methods = Tensor.methods
+function methods:softmax(dim) return M.softmax(self, dim) end
+function methods:log_softmax(dim) return M.log_softmax(self, dim) end
+
+return M

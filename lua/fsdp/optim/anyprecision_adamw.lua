@@ -1,0 +1,51 @@
+-- fsdp.optim.anyprecision_adamw: AnyPrecisionAdamW (torchdistx, used by
+-- llama-recipes for pure-bf16 training): AdamW with the moments in chosen
+-- dtypes and optional Kahan summation so bf16 params do not lose the
+-- updates smaller than their spacing. One fused C update per parameter
+-- (fl_anyprecision_adamw_step_, which documents the math and how weight
+-- decay joins the compensated update).
+--
+-- Options (torchdistx's defaults): lr (1e-3), betas ({0.9, 0.999}), eps
+-- (1e-8), weight_decay (0), use_kahan_summation (false), momentum_dtype,
+-- variance_dtype, compensation_buffer_dtype (all 'bf16'), groups.
+local core = require 'fsdp.core'
+local Tensor = require 'fsdp.tensor'
+local Optimizer = require 'fsdp.optim.optimizer'
+local AdamW = require 'fsdp.optim.adamw'
+
+local C = core.C
+local cptr = Tensor.cptr
+
+local AnyPrecisionAdamW = Optimizer:extend('AnyPrecisionAdamW', {
+  lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 0.0,
+  use_kahan_summation = false, momentum_dtype = 'bf16', variance_dtype = 'bf16',
+  compensation_buffer_dtype = 'bf16',
+})
+
+AnyPrecisionAdamW.check_group = AdamW.check_group
+AnyPrecisionAdamW.setup = AdamW.setup
+AnyPrecisionAdamW.options_for = AdamW.options_for
+
+function AnyPrecisionAdamW:update(g, name, p, grad)
+  local st = self.state[name]
+  if st == nil then
+    st = {
+      step = 0,
+      exp_avg = self:zeros_like(p, g.momentum_dtype),
+      exp_avg_sq = self:zeros_like(p, g.variance_dtype),
+    }
+    if g.use_kahan_summation then
+      st.compensation = self:zeros_like(p, g.compensation_buffer_dtype)
+    end
+    self.state[name] = st
+  end
+  st.step = st.step + 1
+  local comp = st.compensation and cptr(st.compensation) or nil
+  if C.fl_anyprecision_adamw_step_(cptr(p), cptr(grad), cptr(st.exp_avg), cptr(st.exp_avg_sq),
+                                   comp, self:options_for(g, st.step)) ~= 0 then
+    st.step = st.step - 1
+    self:raise(name)
+  end
+end
+
+return AnyPrecisionAdamW

@@ -1,0 +1,255 @@
+-- fsdp.optim.optimizer: the base class of the optimizers: parameter groups
+-- chosen by predicates on names, per-parameter state keyed by name, step,
+-- zero_grad and state dicts. Subclasses give their defaults, check their
+-- hyper-parameters, and update one parameter with a fused C kernel.
+--
+--   local opt = optim.AdamW(model:named_parameters(), {
+--     lr = 3e-4, betas = {0.9, 0.95}, weight_decay = 0.1,
+--     groups = { {match = function(name, p) return p:dim() < 2 end, weight_decay = 0} },
+--   })
+--
+-- `params` is an array of {name, tensor} pairs (named_parameters()), an
+-- array of tensors (named '0', '1', ... by position) or a module. Each
+-- parameter joins the first group whose `match` accepts it, else the
+-- default group; opt.param_groups[1] is the default group and the groups
+-- given follow in order (possibly empty, so indices stay stable). Every
+-- group carries all hyper-parameters (lr among them, which schedulers set).
+-- State is keyed by parameter name, so state dicts speak the model's names.
+local core = require 'fsdp.core'
+local fsdp = require 'fsdp'
+local Module = require 'fsdp.nn.module'
+
+local Optimizer = {}
+Optimizer.__index = Optimizer
+Optimizer.name = 'Optimizer'
+
+-- A new optimizer class: Optimizer:extend('AdamW', {lr = 1e-3, ...}).
+-- Calling the class builds an instance: AdamW(params, opts).
+function Optimizer:extend(name, defaults)
+  local cls = setmetatable({}, {
+    __index = self,
+    __call = function(c, params, opts) return c.new(c, params, opts) end,
+  })
+  cls.__index = cls
+  cls.name = name
+  cls.defaults = defaults
+  return cls
+end
+
+local function known_keys(defaults)
+  local keys = {}
+  for k in pairs(defaults) do keys[#keys + 1] = k end
+  table.sort(keys)
+  return table.concat(keys, ', ')
+end
+
+-- A copy of v (tables one level deep: betas).
+local function copy(v)
+  if type(v) ~= 'table' then return v end
+  local t = {}
+  for k, x in pairs(v) do t[k] = x end
+  return t
+end
+
+local function normalise_params(self, params)
+  if Module.is_module(params) then params = params:named_parameters() end
+  if type(params) ~= 'table' then
+    core.fail(('%s: params must be named_parameters(), an array of tensors or a module, got %s')
+      :format(self.name, type(params)))
+  end
+  local out, seen = {}, {}
+  for i, e in ipairs(params) do
+    local name, p
+    if fsdp.is_tensor(e) then
+      name, p = tostring(i - 1), e
+    elseif type(e) == 'table' and type(e[1]) == 'string' and fsdp.is_tensor(e[2]) then
+      name, p = e[1], e[2]
+    else
+      core.fail(('%s: params entry %d is neither a tensor nor a {name, tensor} pair'):format(self.name, i))
+    end
+    if seen[p] then
+      core.fail(('%s: parameter %s is the same tensor as %s; pass each parameter once')
+        :format(self.name, name, seen[p]))
+    end
+    seen[p] = name
+    out[#out + 1] = { name, p }
+  end
+  return out
+end
+
+function Optimizer.new(cls, params, opts)
+  local self = setmetatable({ state = {}, param_groups = {} }, cls)
+  opts = opts or {}
+  local defaults = cls.defaults
+  local base = {}
+  for k, v in pairs(defaults) do base[k] = copy(v) end
+  for k, v in pairs(opts) do
+    if k ~= 'groups' then
+      if defaults[k] == nil then
+        core.fail(('%s: unknown option %s (known: groups, %s)'):format(cls.name, k, known_keys(defaults)))
+      end
+      base[k] = copy(v)
+    end
+  end
+  local specs = opts.groups or {}
+  local groups = { base }
+  for gi, spec in ipairs(specs) do
+    if type(spec) ~= 'table' or type(spec.match) ~= 'function' then
+      core.fail(('%s: groups[%d] needs a match = function(name, param) predicate'):format(cls.name, gi))
+    end
+    local g = {}
+    for k, v in pairs(base) do g[k] = copy(v) end
+    for k, v in pairs(spec) do
+      if k ~= 'match' and k ~= 'name' then
+        if defaults[k] == nil then
+          core.fail(('%s: groups[%d] has unknown option %s (known: %s)'):format(cls.name, gi, k, known_keys(defaults)))
+        end
+        g[k] = copy(v)
+      end
+    end
+    g.match, g.name = spec.match, spec.name
+    groups[#groups + 1] = g
+  end
+  for _, g in ipairs(groups) do g.params, g.names = {}, {} end
+  for _, np in ipairs(normalise_params(self, params)) do
+    local target = groups[1]
+    for gi = 2, #groups do
+      if groups[gi].match(np[1], np[2]) then target = groups[gi]; break end
+    end
+    target.params[#target.params + 1] = np[2]
+    target.names[#target.names + 1] = np[1]
+  end
+  for gi, g in ipairs(groups) do
+    local bad = self:check_group(g)
+    if bad then
+      core.fail(('%s: %s%s'):format(cls.name, gi == 1 and '' or ('groups[%d]: '):format(gi - 1), bad))
+    end
+    self.param_groups[gi] = g
+  end
+  self:setup()
+  return self
+end
+
+-- Subclass hooks: validate a group (return a message or nil), prepare
+-- per-optimizer scratch, update one parameter.
+function Optimizer:check_group() return nil end
+function Optimizer:setup() end
+function Optimizer:update()
+  core.fail(self.name .. ' has no update()')
+end
+
+-- Raise the core's last error with the optimizer and parameter named.
+function Optimizer:raise(name)
+  core.fail(('%s: parameter %s: %s'):format(self.name, name, core.last_error()))
+end
+
+-- A zero state tensor shaped like p (dtype: p's unless given).
+function Optimizer:zeros_like(p, dtype)
+  return fsdp.zeros(p.shape, { dtype = dtype or p.dtype, device = p.device })
+end
+
+-- The gradient of p as a contiguous tensor, or nil.
+local function grad_of(p)
+  local g = p.grad
+  if g == nil then return nil end
+  if not g:is_contiguous() then g = g:contiguous() end
+  return g
+end
+
+-- One update of every parameter that has a gradient (others are skipped,
+-- their state untouched, as in PyTorch).
+function Optimizer:step()
+  for _, g in ipairs(self.param_groups) do
+    local params, names = g.params, g.names
+    for i = 1, #params do
+      local grad = grad_of(params[i])
+      if grad ~= nil then self:update(g, names[i], params[i], grad) end
+    end
+  end
+end
+
+-- Drop every parameter's gradient (PyTorch's set_to_none=True).
+function Optimizer:zero_grad()
+  for _, g in ipairs(self.param_groups) do
+    for _, p in ipairs(g.params) do p.grad = nil end
+  end
+end
+
+-- The learning rate of each group, in order.
+function Optimizer:get_lrs()
+  local out = {}
+  for i, g in ipairs(self.param_groups) do out[i] = g.lr end
+  return out
+end
+
+-- {state = {[name] = {step=, <tensors>...}}, param_groups = {{<hyper-
+-- parameters>, names = {...}}}}. Tensors are the optimizer's own (not
+-- copies), as in PyTorch.
+function Optimizer:state_dict()
+  local groups = {}
+  for i, g in ipairs(self.param_groups) do
+    local h = {}
+    for k in pairs(self.defaults) do h[k] = copy(g[k]) end
+    if g.initial_lr then h.initial_lr = g.initial_lr end
+    h.names = copy(g.names)
+    groups[i] = h
+  end
+  local state = {}
+  for name, st in pairs(self.state) do
+    local s = {}
+    for k, v in pairs(st) do s[k] = v end
+    state[name] = s
+  end
+  return { state = state, param_groups = groups }
+end
+
+-- Restore hyper-parameters and state saved by state_dict(). The groups
+-- must hold the same parameter names; state tensors are copied to each
+-- parameter's device.
+function Optimizer:load_state_dict(sd)
+  if type(sd) ~= 'table' or type(sd.param_groups) ~= 'table' or type(sd.state) ~= 'table' then
+    core.fail(self.name .. ': load_state_dict expects {state=, param_groups=}')
+  end
+  if #sd.param_groups ~= #self.param_groups then
+    core.fail(('%s: load_state_dict: the state has %d parameter groups, this optimizer %d')
+      :format(self.name, #sd.param_groups, #self.param_groups))
+  end
+  local by_name = {}
+  for gi, g in ipairs(self.param_groups) do
+    local saved = sd.param_groups[gi]
+    local names = saved.names or {}
+    if #names ~= #g.names then
+      core.fail(('%s: load_state_dict: group %d has %d parameters in the state, %d here')
+        :format(self.name, gi, #names, #g.names))
+    end
+    for i, n in ipairs(g.names) do
+      if names[i] ~= n then
+        core.fail(('%s: load_state_dict: group %d parameter %d is %s in the state but %s here')
+          :format(self.name, gi, i, tostring(names[i]), n))
+      end
+      by_name[n] = g.params[i]
+    end
+  end
+  for name, st in pairs(sd.state) do
+    if by_name[name] == nil then
+      core.fail(('%s: load_state_dict: state for unknown parameter %s'):format(self.name, name))
+    end
+  end
+  for gi, g in ipairs(self.param_groups) do
+    for k in pairs(self.defaults) do
+      if sd.param_groups[gi][k] ~= nil then g[k] = copy(sd.param_groups[gi][k]) end
+    end
+    g.initial_lr = sd.param_groups[gi].initial_lr or g.initial_lr
+  end
+  local state = {}
+  for name, st in pairs(sd.state) do
+    local p, s = by_name[name], {}
+    for k, v in pairs(st) do
+      if fsdp.is_tensor(v) then s[k] = v:to({ device = p.device }):clone() else s[k] = v end
+    end
+    state[name] = s
+  end
+  self.state = state
+end
+
+return Optimizer

@@ -1,0 +1,60 @@
+-- fsdp.optim.sgd: stochastic gradient descent with momentum, PyTorch's
+-- torch.optim.SGD, one fused C update per parameter (fl_sgd_step_):
+--
+--   d = g + weight_decay * p
+--   buf = d (first step), else momentum * buf + (1 - dampening) * d
+--   d = nesterov and d + momentum * buf or buf      (momentum > 0)
+--   p -= lr * d
+--
+-- Options: lr (1e-3), momentum (0), dampening (0), weight_decay (0),
+-- nesterov (false), groups. The momentum buffer has the param's dtype.
+local ffi = require 'ffi'
+local core = require 'fsdp.core'
+local Tensor = require 'fsdp.tensor'
+local Optimizer = require 'fsdp.optim.optimizer'
+
+local C = core.C
+local cptr = Tensor.cptr
+
+local SGD = Optimizer:extend('SGD', {
+  lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false,
+})
+
+function SGD:check_group(g)
+  if type(g.lr) ~= 'number' or g.lr < 0 then return ('lr must be a number >= 0, got %s'):format(tostring(g.lr)) end
+  if type(g.momentum) ~= 'number' or g.momentum < 0 then return 'momentum must be >= 0' end
+  if type(g.dampening) ~= 'number' or g.dampening < 0 or g.dampening > 1 then return 'dampening must be in [0, 1]' end
+  if type(g.weight_decay) ~= 'number' or g.weight_decay < 0 then return 'weight_decay must be >= 0' end
+  if g.nesterov and (g.momentum <= 0 or g.dampening ~= 0) then
+    return 'nesterov momentum requires momentum > 0 and zero dampening'
+  end
+  return nil
+end
+
+function SGD:setup()
+  self.options = ffi.new('fl_sgd_options')
+end
+
+function SGD:update(g, name, p, grad)
+  local st = self.state[name]
+  if st == nil then
+    st = { step = 0 }
+    if g.momentum ~= 0 then st.momentum_buffer = self:zeros_like(p) end
+    self.state[name] = st
+  end
+  if g.momentum ~= 0 and st.momentum_buffer == nil then
+    -- momentum switched on after steps without it: start the buffer afresh
+    st.momentum_buffer, st.step = self:zeros_like(p), 0
+  end
+  st.step = st.step + 1
+  local o = self.options
+  o.lr, o.momentum, o.dampening, o.weight_decay = g.lr, g.momentum, g.dampening, g.weight_decay
+  o.nesterov, o.step = g.nesterov and true or false, st.step
+  local buf = g.momentum ~= 0 and cptr(st.momentum_buffer) or nil
+  if C.fl_sgd_step_(cptr(p), cptr(grad), buf, o) ~= 0 then
+    st.step = st.step - 1
+    self:raise(name)
+  end
+end
+
+return SGD
