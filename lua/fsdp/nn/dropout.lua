@@ -1,0 +1,28 @@
+-- fsdp.nn.dropout: nn.Dropout, zeroing each element with probability p in
+-- training mode and scaling the rest by 1/(1-p); the identity in eval mode.
+--
+--   nn.Dropout(p)          p = 0.5 by default, as PyTorch
+local core = require 'fsdp.core'
+local Module = require 'fsdp.nn.module'
+local repr = require 'fsdp.nn.repr'
+
+local Dropout = Module:extend('Dropout')
+
+function Dropout:__init(p)
+  p = p or 0.5
+  if type(p) ~= 'number' or p < 0 or p > 1 then
+    core.fail(('Dropout: p must be a probability in [0, 1], got %s'):format(tostring(p)))
+  end
+  self.p = p
+end
+
+function Dropout:forward(x)
+  if not self.training or self.p == 0 then return x end
+  return require('fsdp.functional').dropout(x, self.p, true)
+end
+
+function Dropout:extra_repr()
+  return ('p=%s, inplace=False'):format(repr.float(self.p))
+end
+
+return Dropout

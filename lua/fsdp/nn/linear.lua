@@ -1,0 +1,48 @@
+-- fsdp.nn.linear: nn.Linear, y = x W^T + b, as torch.nn.Linear.
+--
+--   nn.Linear(in_features, out_features, {bias = true, device =, dtype =,
+--             init = rule, bias_init = rule})
+--
+-- weight [out_features, in_features], bias [out_features]. Default init as
+-- PyTorch: both U(-1/sqrt(in_features), 1/sqrt(in_features)). Models set
+-- their own rules through `init` (e.g. nn.init.normal(0.02)).
+local core = require 'fsdp.core'
+local Module = require 'fsdp.nn.module'
+local parameter = require 'fsdp.nn.parameter'
+local repr = require 'fsdp.nn.repr'
+
+local Linear = Module:extend('Linear')
+
+local function check_size(what, v)
+  if type(v) ~= 'number' or v < 0 or v ~= math.floor(v) then
+    core.fail(('Linear: %s must be a non-negative integer, got %s'):format(what, tostring(v)))
+  end
+end
+
+function Linear:__init(in_features, out_features, opts)
+  opts = opts or {}
+  check_size('in_features', in_features)
+  check_size('out_features', out_features)
+  self.in_features, self.out_features = in_features, out_features
+  local default = parameter.init.kaiming_uniform(math.max(in_features, 1))
+  local place = { device = opts.device, dtype = opts.dtype }
+  self:register_parameter('weight', parameter.Parameter({ out_features, in_features },
+    { init = opts.init or default, device = place.device, dtype = place.dtype }))
+  if opts.bias == false then
+    self:register_parameter('bias', nil)
+  else
+    self:register_parameter('bias', parameter.Parameter({ out_features },
+      { init = opts.bias_init or default, device = place.device, dtype = place.dtype }))
+  end
+end
+
+function Linear:forward(x)
+  return require('fsdp.functional').linear(x, self.weight, self.bias)
+end
+
+function Linear:extra_repr()
+  return ('in_features=%d, out_features=%d, bias=%s'):format(
+    self.in_features, self.out_features, repr.bool(self.bias ~= nil))
+end
+
+return Linear
