@@ -5,10 +5,11 @@ Run once (Debian's python3-torch is enough: `/usr/bin/python3
 tests/golden/make_llama_golden.py`); the outputs are committed and the
 tests need no torch. The model is written here from the Hugging Face
 LlamaForCausalLM math (RMSNorm in fp32 cast back before the weight,
-rotate-half RoPE with optional llama3 frequency scaling, grouped-query
+rotate-half RoPE with optional llama3 frequency scaling and HF's float32
+frequency tables, grouped-query
 attention, SwiGLU MLP, untied or tied lm_head), independently of
-fsdp-lua, and evaluated in float64 so the stored numbers are exact to
-~1e-15.
+fsdp-lua, and evaluated in float64 (but for the f32 RoPE tables, as in
+HF) so the stored numbers are exact to ~1e-15.
 
 Each output file (safetensors, written by hand below so nothing but torch
 is needed) holds, under Hugging Face names: the weights, `input_ids` and
@@ -46,7 +47,10 @@ def rms_norm(x, w, eps):
 
 
 def inv_freq(head_dim, theta, scaling):
-    freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float64) / head_dim))
+    # In float32, operation by operation as transformers'
+    # _compute_default_rope_parameters and _compute_llama3_parameters do:
+    # HF's tables are f32 whatever the model's dtype.
+    freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim))
     if scaling is None:
         return freq
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
@@ -69,9 +73,12 @@ def forward(cfg, w, ids):
     d, h, kv = cfg["dim"], cfg["heads"], cfg["kv_heads"]
     hd = d // h
     B, T = ids.shape
-    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq(hd, cfg["theta"], cfg["scaling"]))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq(hd, cfg["theta"], cfg["scaling"]))
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
+    # HF takes cos/sin in f32; here they are correctly rounded to f32 (cos in
+    # f64, then rounded), which torch's f32 cos matches to within an ulp.
+    cos = emb.double().cos().float().double()
+    sin = emb.double().sin().float().double()
     mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     x = w["model.embed_tokens.weight"][ids]
     for i in range(cfg["layers"]):

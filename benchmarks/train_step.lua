@@ -1,0 +1,93 @@
+-- benchmarks/train_step.lua: speed of a full training step (forward, loss,
+-- backward, AdamW) on CPU, against this machine's own sgemm rate measured
+-- in the same run. Prints numbers; asserts nothing (machines are noisy:
+-- compare the ratios).
+--
+--   fsdp-lua benchmarks/train_step.lua [--steps=5] [--warmup=2] [--only=gpt2|llama]
+--
+-- Models (issue 3's benchmark): (a) GPT-2-124M-shaped (12 layers, width
+-- 768, 12 heads, MLP 3072, vocab 50257; built with the Llama blocks),
+-- batch 4 x seq 64; (b) a small Llama (width 512, 8 layers, 8 heads, MLP
+-- 1376, vocab 32000), batch 4 x seq 256. FLOPs per step are the model's
+-- 6N + 12LHT per token (PaLM appendix B), the convention MFU uses.
+local fsdp = require 'fsdp'
+local F = require 'fsdp.functional'
+local llama = require 'models.llama'
+local optim = require 'fsdp.optim'
+local recipe = require 'fsdp.recipe'
+local clock = require 'fsdp.clock'
+
+local cfg = recipe.config({
+  steps = { 5, 'measured steps per model' },
+  warmup = { 2, 'unmeasured steps first' },
+  only = { '', 'run one model: gpt2 or llama' },
+}, arg, 'benchmarks/train_step.lua')
+
+-- Best-of rate of an f32 [m, k] @ [k, n] product, in GFLOP/s.
+local function sgemm_rate(m, n, k, reps)
+  local a = fsdp.randn({ m, k }, { seed = 1 })
+  local b = fsdp.randn({ k, n }, { seed = 2 })
+  local best = math.huge
+  for _ = 1, reps do
+    local t0 = clock.now()
+    local c = F.matmul(a, b)
+    best = math.min(best, clock.now() - t0)
+    c:free()
+  end
+  return 2 * m * n * k / best / 1e9
+end
+
+local function median(xs)
+  table.sort(xs)
+  local n = #xs
+  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
+end
+
+local function bench(name, c, B, T)
+  local model = llama.build(c)
+  model:init_weights({ seed = 0 })
+  local n = model:num_parameters()
+  local opt = optim.AdamW(model:named_parameters(), { lr = 1e-4 })
+  local ids = fsdp.randint(0, c.vocab_size, { B, T }, { seed = 1 })
+  local targets = fsdp.randint(0, c.vocab_size, { B, T }, { seed = 2 })
+  local times, op_flops = {}, 0
+  for step = 1, cfg.warmup + cfg.steps do
+    fsdp.reset_flops()
+    local t0 = clock.now()
+    local loss = model:loss(ids, targets)
+    loss:backward()
+    opt:step()
+    opt:zero_grad()
+    local dt = clock.now() - t0
+    if step > cfg.warmup then
+      times[#times + 1] = dt
+      op_flops = fsdp.flops()
+    end
+  end
+  local dt = median(times)
+  local flops = llama.flops_per_token(c, T, n) * B * T
+  return { name = name, params = n, ms = dt * 1e3, tokens = B * T / dt, gflops = flops / dt / 1e9,
+           model_gflop = flops / 1e9, op_gflop = op_flops / 1e9 }
+end
+
+print(('fsdp-lua %s; %s; OMP_NUM_THREADS=%s'):format(fsdp.version, fsdp.build_info,
+  os.getenv('OMP_NUM_THREADS') or 'unset'))
+local peak = math.max(sgemm_rate(1024, 1024, 1024, 5), sgemm_rate(256, 3072, 768, 10))
+print(('sgemm (best of 1024^3 and 256x3072x768): %.1f GFLOP/s'):format(peak))
+
+local runs = {}
+if cfg.only == '' or cfg.only == 'gpt2' then
+  local c = llama.config({ dim = 768, n_layers = 12, n_heads = 12, n_kv_heads = 12, ffn_dim = 3072,
+                           vocab_size = 50257, rope_theta = 1e4 })
+  runs[#runs + 1] = bench('GPT-2-124M-shaped, batch 4 x 64', c, 4, 64)
+end
+if cfg.only == '' or cfg.only == 'llama' then
+  runs[#runs + 1] = bench('small Llama, batch 4 x 256', llama.config('small'), 4, 256)
+end
+
+print(('%-34s %12s %10s %10s %10s %12s %8s'):format('model', 'params', 'ms/step', 'tokens/s',
+  'GFLOP/s', 'GFLOP/step', 'of sgemm'))
+for _, r in ipairs(runs) do
+  print(('%-34s %12d %10.0f %10.0f %10.1f %12.1f %7.0f%%'):format(r.name, r.params, r.ms, r.tokens,
+    r.gflops, r.model_gflop, 100 * r.gflops / peak))
+end

@@ -1,0 +1,242 @@
+-- models/llama.lua: the Llama 2 / Llama 3 family, with Hugging Face
+-- parameter names (model.layers.N.self_attn.q_proj.weight, ...), so that
+-- Hugging Face checkpoints load unchanged and our exports load in HF.
+--
+--   local llama = require 'models.llama'
+--   local model = llama.build('Llama-2-7b', {device = 'meta'})
+--   print(model:num_parameters())                  -- 6738415616
+--   local small = llama.build('tiny', {num_layers = 2})
+--   small:init_weights({seed = 0})
+--   local logits = small(ids)                      -- ids: i64 [B, T]
+--   local loss = small:loss(ids, targets)
+--
+-- The math (MODELS.md): RMSNorm in fp32 cast back before the weight,
+-- rotate-half RoPE (theta, optional llama3 frequency scaling), grouped-query
+-- attention with a causal mask, SwiGLU MLP down(silu(gate(x)) * up(x)), no
+-- biases, untied lm_head except where the config ties it to the embedding.
+local fsdp = require 'fsdp'
+local nn = require 'fsdp.nn'
+local F = require 'fsdp.functional'
+
+local M = {}
+
+local LLAMA3_8K = { type = 'llama3', factor = 8, low_freq_factor = 1, high_freq_factor = 4,
+                    original_max_position_embeddings = 8192 }
+local LLAMA3_32 = { type = 'llama3', factor = 32, low_freq_factor = 1, high_freq_factor = 4,
+                    original_max_position_embeddings = 8192 }
+
+-- Every row of MODELS.md plus small configs for tests and CPU training.
+-- Fields: dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, tied,
+-- rope_theta, rope_scaling, norm_eps, max_seq_len; head_dim defaults to
+-- dim / n_heads.
+M.configs = {
+  ['Llama-2-7b'] = { dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 32, ffn_dim = 11008,
+                     vocab_size = 32000, rope_theta = 1e4, max_seq_len = 4096 },
+  ['Llama-2-13b'] = { dim = 5120, n_layers = 40, n_heads = 40, n_kv_heads = 40, ffn_dim = 13824,
+                      vocab_size = 32000, rope_theta = 1e4, max_seq_len = 4096 },
+  ['Llama-2-70b'] = { dim = 8192, n_layers = 80, n_heads = 64, n_kv_heads = 8, ffn_dim = 28672,
+                      vocab_size = 32000, rope_theta = 1e4, max_seq_len = 4096 },
+  ['Llama-3.1-8B'] = { dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 8, ffn_dim = 14336,
+                       vocab_size = 128256, rope_theta = 5e5, rope_scaling = LLAMA3_8K,
+                       max_seq_len = 131072 },
+  ['Llama-3.1-70B'] = { dim = 8192, n_layers = 80, n_heads = 64, n_kv_heads = 8, ffn_dim = 28672,
+                        vocab_size = 128256, rope_theta = 5e5, rope_scaling = LLAMA3_8K,
+                        max_seq_len = 131072 },
+  ['Llama-3.2-1B'] = { dim = 2048, n_layers = 16, n_heads = 32, n_kv_heads = 8, ffn_dim = 8192,
+                       vocab_size = 128256, tied = true, rope_theta = 5e5, rope_scaling = LLAMA3_32,
+                       max_seq_len = 131072 },
+  ['Llama-3.2-3B'] = { dim = 3072, n_layers = 28, n_heads = 24, n_kv_heads = 8, ffn_dim = 8192,
+                       vocab_size = 128256, tied = true, rope_theta = 5e5, rope_scaling = LLAMA3_32,
+                       max_seq_len = 131072 },
+  -- The benchmark's small Llama (issue 3): dim 512, 8 layers, 8 heads.
+  ['small'] = { dim = 512, n_layers = 8, n_heads = 8, n_kv_heads = 8, ffn_dim = 1376,
+                vocab_size = 32000, rope_theta = 1e4, max_seq_len = 2048 },
+  -- Seconds-long CPU training and tests.
+  ['tiny'] = { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 176,
+               vocab_size = 256, rope_theta = 1e4, max_seq_len = 512 },
+}
+M.configs['llama2_7b'] = M.configs['Llama-2-7b']
+M.configs['llama2_70b'] = M.configs['Llama-2-70b']
+
+local DEFAULTS = { n_kv_heads = nil, tied = false, rope_theta = 1e4, rope_scaling = nil,
+                   norm_eps = 1e-5, max_seq_len = 4096, init_std = 0.02 }
+
+-- A full config from a name or a table, with overrides applied (override
+-- keys as the recipes spell them are accepted too: num_layers, hidden_width,
+-- num_heads, vocab). Checks the shapes fit together.
+function M.config(name_or_config, overrides)
+  local base = name_or_config
+  if type(base) == 'string' then
+    base = M.configs[base]
+    if not base then
+      local names = {}
+      for k in pairs(M.configs) do names[#names + 1] = k end
+      table.sort(names)
+      error(("llama: unknown config '%s' (known: %s)"):format(name_or_config, table.concat(names, ', ')), 2)
+    end
+  end
+  local c = {}
+  for k, v in pairs(DEFAULTS) do c[k] = v end
+  for k, v in pairs(base) do c[k] = v end
+  local aliases = { num_layers = 'n_layers', hidden_width = 'dim', num_heads = 'n_heads',
+                    num_kv_heads = 'n_kv_heads', vocab = 'vocab_size', ffn = 'ffn_dim' }
+  for k, v in pairs(overrides or {}) do c[aliases[k] or k] = v end
+  c.n_kv_heads = c.n_kv_heads or c.n_heads
+  c.head_dim = c.head_dim or c.dim / c.n_heads
+  local function need(ok, msg) if not ok then error('llama config: ' .. msg, 3) end end
+  need(c.head_dim == math.floor(c.head_dim), ('dim %d is not a multiple of n_heads %d'):format(c.dim, c.n_heads))
+  need(c.head_dim % 2 == 0, ('head_dim %d must be even for rotary embeddings'):format(c.head_dim))
+  need(c.n_heads % c.n_kv_heads == 0, ('n_heads %d is not a multiple of n_kv_heads %d'):format(c.n_heads, c.n_kv_heads))
+  return c
+end
+
+-- Parameters from the closed form of MODELS.md (a check on the build).
+function M.closed_form_parameters(c)
+  local per_layer = 2 * c.dim * c.n_heads * c.head_dim + 2 * c.dim * c.n_kv_heads * c.head_dim
+                    + 3 * c.dim * c.ffn_dim + 2 * c.dim
+  return c.n_layers * per_layer + c.dim + (c.tied and 1 or 2) * c.vocab_size * c.dim
+end
+
+-- Training FLOPs per token (PaLM appendix B): 6N + 12 L H hd T.
+function M.flops_per_token(c, seq_len, n_params)
+  n_params = n_params or M.closed_form_parameters(c)
+  return 6 * n_params + 12 * c.n_layers * c.n_heads * c.head_dim * seq_len
+end
+
+-- layers ---------------------------------------------------------------------------------
+
+local function linear(in_f, out_f, c, opts)
+  local l = nn.Linear(in_f, out_f, { bias = false, device = opts.device, dtype = opts.dtype })
+  l.weight.init = nn.init.normal(c.init_std)
+  return l
+end
+
+local Attention = nn.Module:extend('LlamaAttention')
+
+function Attention:__init(c, opts)
+  self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
+  self.q_proj = linear(c.dim, c.n_heads * c.head_dim, c, opts)
+  self.k_proj = linear(c.dim, c.n_kv_heads * c.head_dim, c, opts)
+  self.v_proj = linear(c.dim, c.n_kv_heads * c.head_dim, c, opts)
+  self.o_proj = linear(c.n_heads * c.head_dim, c.dim, c, opts)
+end
+
+-- x [B, T, dim]; rope = {cos, sin} of [T, head_dim].
+function Attention:forward(x, rope)
+  local B, T = x:size(0), x:size(1)
+  local function heads(t, n) return t:view(B, T, n, self.head_dim):transpose(1, 2) end
+  local q = heads(self.q_proj(x), self.n_heads)
+  local k = heads(self.k_proj(x), self.n_kv_heads)
+  local v = heads(self.v_proj(x), self.n_kv_heads)
+  q = F.apply_rotary(q, rope.cos, rope.sin)
+  k = F.apply_rotary(k, rope.cos, rope.sin)
+  local o = F.scaled_dot_product_attention(q, k, v, { causal = true })
+  return self.o_proj(o:transpose(1, 2):reshape(B, T, self.n_heads * self.head_dim))
+end
+
+local MLP = nn.Module:extend('LlamaMLP')
+
+function MLP:__init(c, opts)
+  self.gate_proj = linear(c.dim, c.ffn_dim, c, opts)
+  self.up_proj = linear(c.dim, c.ffn_dim, c, opts)
+  self.down_proj = linear(c.ffn_dim, c.dim, c, opts)
+end
+
+function MLP:forward(x)
+  local gate, up = self.gate_proj(x), self.up_proj(x)
+  local h = F.silu_mul and F.silu_mul(gate, up) or F.silu(gate) * up
+  return self.down_proj(h)
+end
+
+-- The transformer layer: the class wrap and checkpoint policies name.
+local DecoderLayer = nn.Module:extend('LlamaDecoderLayer')
+M.DecoderLayer = DecoderLayer
+
+function DecoderLayer:__init(c, opts)
+  self.self_attn = Attention(c, opts)
+  self.mlp = MLP(c, opts)
+  self.input_layernorm = nn.RMSNorm(c.dim, { eps = c.norm_eps, device = opts.device, dtype = opts.dtype })
+  self.post_attention_layernorm = nn.RMSNorm(c.dim, { eps = c.norm_eps, device = opts.device,
+                                                      dtype = opts.dtype })
+end
+
+function DecoderLayer:forward(x, rope)
+  local h = x + self.self_attn(self.input_layernorm(x), rope)
+  return h + self.mlp(self.post_attention_layernorm(h))
+end
+
+local Model = nn.Module:extend('LlamaModel')
+
+function Model:__init(c, opts)
+  self.config = c
+  self.embed_tokens = nn.Embedding(c.vocab_size, c.dim, { device = opts.device, dtype = opts.dtype })
+  self.embed_tokens.weight.init = nn.init.normal(c.init_std)
+  self.layers = nn.ModuleList()
+  for _ = 1, c.n_layers do self.layers:append(DecoderLayer(c, opts)) end
+  self.norm = nn.RMSNorm(c.dim, { eps = c.norm_eps, device = opts.device, dtype = opts.dtype })
+  self._rope_cache = {}
+end
+
+-- cos/sin tables for a sequence length, computed once per (length, dtype,
+-- device) in f32 and cast like Hugging Face does.
+function Model:rope(T, like)
+  local key = T .. '/' .. like.dtype .. '/' .. like.device
+  local r = self._rope_cache[key]
+  if not r then
+    local c = self.config
+    local cos, sin = F.rope_tables(T, c.head_dim, { theta = c.rope_theta, scaling = c.rope_scaling,
+                                                    dtype = like.dtype, device = like.device })
+    r = { cos = cos, sin = sin }
+    self._rope_cache[key] = r
+  end
+  return r
+end
+
+function Model:forward(ids)
+  local h = self.embed_tokens(ids)
+  local rope = self:rope(ids:size(1), h)
+  for _, layer in ipairs(self.layers:children()) do h = layer(h, rope) end
+  return self.norm(h)
+end
+
+local CausalLM = nn.Module:extend('LlamaForCausalLM')
+M.CausalLM = CausalLM
+
+function CausalLM:__init(c, opts)
+  self.config = c
+  self.model = Model(c, opts)
+  if c.tied then
+    -- One tensor under two modules: counted once, named model.embed_tokens.weight.
+    self.lm_head = nn.Linear(c.dim, c.vocab_size, { bias = false, device = 'meta' })
+    self.lm_head:register_parameter('weight', self.model.embed_tokens.weight)
+  else
+    self.lm_head = linear(c.dim, c.vocab_size, c, opts)
+  end
+end
+
+-- ids: i64 [B, T] -> logits [B, T, vocab].
+function CausalLM:forward(ids)
+  return self.lm_head(self.model(ids))
+end
+
+-- Mean cross-entropy of next-token predictions; targets i64 [B, T] (the
+-- ids shifted by one; -100 entries are ignored).
+function CausalLM:loss(ids, targets)
+  local logits = self(ids)
+  local V = self.config.vocab_size
+  return F.cross_entropy(logits:view(-1, V), targets:view(-1), { ignore_index = -100 }), logits
+end
+
+-- Build a model: name_or_config as in M.config; opts: device ('cpu' or
+-- 'meta'), dtype, and config overrides (num_layers=, dim=, ...).
+function M.build(name_or_config, opts)
+  opts = opts or {}
+  local overrides = {}
+  for k, v in pairs(opts) do
+    if k ~= 'device' and k ~= 'dtype' then overrides[k] = v end
+  end
+  local c = M.config(name_or_config, overrides)
+  return CausalLM(c, { device = opts.device or fsdp.get_default_device(), dtype = opts.dtype })
+end
+
+return M

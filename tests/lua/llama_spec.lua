@@ -1,0 +1,142 @@
+-- llama_spec.lua: models/llama.lua against the facts of MODELS.md (exact
+-- parameter counts on meta, Llama-2-70B built quickly in little memory),
+-- against golden numbers computed by PyTorch in float64
+-- (tests/golden/make_llama_golden.py: logits, loss and every gradient), and
+-- a tiny Llama that learns structured synthetic data, deterministically.
+local fsdp = require 'fsdp'
+local llama = require 'models.llama'
+local json = require 'cjson'
+local clock = require 'fsdp.clock'
+local T = require 'fsdp.testing'
+
+local function rss_mb()
+  for line in io.lines('/proc/self/status') do
+    local kb = line:match('^VmRSS:%s+(%d+)')
+    if kb then return tonumber(kb) / 1024 end
+  end
+end
+
+describe('Llama configs', function()
+  local expected = {
+    ['Llama-2-7b'] = 6738415616, ['Llama-2-13b'] = 13015864320, ['Llama-2-70b'] = 68976648192,
+    ['Llama-3.1-8B'] = 8030261248, ['Llama-3.1-70B'] = 70553706496,
+    ['Llama-3.2-1B'] = 1235814400, ['Llama-3.2-3B'] = 3212749824,
+  }
+  for name, count in pairs(expected) do
+    it(name .. ' has ' .. count .. ' parameters on meta', function()
+      local m = llama.build(name, { device = 'meta' })
+      assert.equals(count, m:num_parameters())
+      assert.equals(count, llama.closed_form_parameters(m.config))
+    end)
+  end
+
+  it('the seed log\'s 7B with a 50,432-token vocabulary has 6,889,410,560', function()
+    assert.equals(6889410560, llama.build('Llama-2-7b', { device = 'meta', vocab_size = 50432 }):num_parameters())
+  end)
+
+  it('builds Llama-2-70b on meta in under 2 s and 200 MB, allocating nothing', function()
+    collectgarbage()
+    local before = fsdp.memory_stats('cpu').in_use
+    local t0 = clock.now()
+    local m = llama.build('Llama-2-70b', { device = 'meta' })
+    local n = m:num_parameters()
+    local dt = clock.now() - t0
+    assert.equals(68976648192, n)
+    assert.equals(before, fsdp.memory_stats('cpu').in_use)
+    -- Time and memory budgets hold for the release build; the sanitizer
+    -- build runs several times slower with shadow memory on top.
+    if not fsdp.build_info:find('asan') then
+      assert.is_true(dt < 2, ('took %.2f s'):format(dt))
+      assert.is_true(rss_mb() < 200, ('resident %.0f MB'):format(rss_mb()))
+    end
+  end)
+
+  it('uses Hugging Face names and ties lm_head to the embedding when the config says so', function()
+    local m = llama.build('tiny', { device = 'meta', tied = true })
+    local names = {}
+    for _, p in ipairs(m:named_parameters()) do names[#names + 1] = p[1] end
+    assert.equals('model.embed_tokens.weight', names[1])
+    assert.equals('model.layers.0.self_attn.q_proj.weight', names[2])
+    assert.equals('model.norm.weight', names[#names])
+    assert.equals(m.model.embed_tokens.weight, m.lm_head.weight)
+  end)
+
+  it('rejects inconsistent configs with a clear message', function()
+    assert.has_error(function() llama.build('tiny', { device = 'meta', n_heads = 3 }) end)
+    assert.error_matches(function() llama.build('Llama-9', { device = 'meta' }) end, "unknown config 'Llama%-9'")
+  end)
+end)
+
+-- Build the golden file's model in f64 with its weights.
+local function golden(name)
+  local tensors, _, meta = fsdp.load_safetensors('tests/golden/' .. name .. '.safetensors')
+  local g = json.decode(meta.config)
+  local scaling = g.scaling ~= json.null and g.scaling or nil
+  local c = {
+    dim = g.dim, n_layers = g.layers, n_heads = g.heads, n_kv_heads = g.kv_heads, ffn_dim = g.ffn,
+    vocab_size = g.vocab, tied = g.tied, rope_theta = g.theta, rope_scaling = scaling, norm_eps = g.eps,
+  }
+  local model = llama.build(c, { dtype = 'f64' })
+  local state = {}
+  for _, p in ipairs(model:named_parameters()) do state[p[1]] = tensors[p[1]] end
+  model:load_state_dict(state, { strict = true })
+  return model, tensors
+end
+
+for _, name in ipairs({ 'llama2_tiny', 'llama3_tiny' }) do
+  describe('golden ' .. name, function()
+    it('logits, loss and every gradient match PyTorch in float64', function()
+      local model, g = golden(name)
+      local loss, logits = model:loss(g.input_ids, g.labels)
+      assert.is_true(T.max_abs_diff(logits, g.logits) < 1e-10, 'logits differ')
+      assert.is_true(math.abs(loss:item() - g.loss:item()) < 1e-12)
+      loss:backward()
+      for _, p in ipairs(model:named_parameters()) do
+        local diff = T.max_abs_diff(p[2].grad, g['grad.' .. p[1]])
+        assert(diff < 1e-10, ('gradient of %s differs by %g'):format(p[1], diff))
+      end
+    end)
+
+    it('matches in float32 within float32 precision', function()
+      local model, g = golden(name)
+      model:to({ dtype = 'f32' })
+      local loss, logits = model:loss(g.input_ids, g.labels)
+      assert.is_true(T.max_abs_diff(logits, g.logits) < 2e-4)
+      assert.is_true(math.abs(loss:item() - g.loss:item()) < 1e-4)
+    end)
+  end)
+end
+
+describe('training a tiny Llama', function()
+  local synthetic = require 'fsdp.data.synthetic'
+  local optim = require 'fsdp.optim'
+
+  local function train(steps)
+    local c = llama.config('tiny', { dim = 32, n_heads = 4, n_kv_heads = 2, ffn_dim = 96, vocab_size = 64 })
+    local model = llama.build(c)
+    model:init_weights({ seed = 3 })
+    local opt = optim.AdamW(model:named_parameters(), { lr = 1e-2, weight_decay = 0 })
+    local data = synthetic.Markov(c.vocab_size, { seed = 3, noise = 0.05 })
+    local losses = {}
+    for step = 1, steps do
+      local ids, targets = data:batch(step - 1, 8, 32)
+      local loss = model:loss(ids, targets)
+      loss:backward()
+      optim.clip_grad_norm_(model:parameters(), 1.0)
+      opt:step()
+      opt:zero_grad()
+      losses[step] = loss:item()
+    end
+    return losses, data:entropy(), math.log(c.vocab_size)
+  end
+
+  it('learns structured data far below ln(vocab), the same way every time', function()
+    local losses, entropy, uniform = train(120)
+    local last = (losses[118] + losses[119] + losses[120]) / 3
+    assert.is_true(losses[1] > uniform - 0.3, ('first loss %.3f'):format(losses[1]))
+    assert.is_true(last < uniform / 3, ('final loss %.3f vs ln(V) %.3f'):format(last, uniform))
+    assert.is_true(last < entropy + 0.5, ('final loss %.3f vs entropy %.3f'):format(last, entropy))
+    local again = train(5)
+    for i = 1, 5 do assert.equals(losses[i], again[i]) end
+  end)
+end)
