@@ -108,11 +108,24 @@ static int accumulate(fl_tensor **slot, fl_tensor *g) {
     return FL_OK;
 }
 
-/* leaf.grad += g. A new .grad is a private contiguous tensor (g may be a
- * broadcast view or shared with another gradient). */
+/* Whether g can become a .grad as it is: nobody else references it or its
+ * storage, it is dense, covers its whole storage, and has the leaf's dtype
+ * and device. (Most gradients are: a backward kernel's fresh output.) */
+static bool can_adopt(const fl_tensor *leaf, const fl_tensor *g) {
+    return g->refcount == 1 && g->storage && g->storage->refcount == 1 && g->grad_fn == NULL &&
+           g->offset == 0 && fl_tensor_is_contiguous(g) && g->dtype == leaf->dtype &&
+           g->device == leaf->device &&
+           g->numel * (int64_t)fl_dtype_size(g->dtype) == g->storage->nbytes;
+}
+
+/* leaf.grad += g. A new .grad is a private contiguous tensor: g itself when
+ * it can be adopted, else a copy (g may be a broadcast view or shared with
+ * another gradient). */
 static int accumulate_leaf(fl_tensor *leaf, fl_tensor *g) {
     int rc;
-    if (!leaf->grad) {
+    if (!leaf->grad && can_adopt(leaf, g)) {
+        rc = fl_set_grad(leaf, g);
+    } else if (!leaf->grad) {
         fl_tensor *own = fl_to(g, leaf->dtype, leaf->device);
         fl_tensor *dense = own && (own == g || !fl_tensor_is_contiguous(own)) ? fl_clone(own) : own;
         if (own && dense != own) fl_tensor_release(own);

@@ -81,6 +81,13 @@ int fl_memory_note_alloc(fl_device device, int64_t nbytes);
 void fl_memory_note_free(fl_device device, int64_t nbytes);
 void fl_memory_note_failure(fl_device device);
 
+/* The CPU's caching allocator (core/cpu/cpu_alloc.c): 64-byte aligned
+ * blocks; fl_cpu_free must get the size the block was allocated with. */
+void *fl_cpu_alloc(int64_t nbytes);
+void fl_cpu_free(void *ptr, int64_t nbytes);
+int64_t fl_cpu_reserved_bytes(void);
+int64_t fl_cpu_empty_cache(void);
+
 /* ---- backends: one vtable per device kind ------------------------------ */
 
 /* What a random fill generates: distribution, key and parameters. */

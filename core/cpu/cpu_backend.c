@@ -7,19 +7,15 @@
 
 #include <string.h>
 
-/* 64 bytes: a cache line, and the widest SIMD load (AVX-512). */
-enum { ALIGNMENT = 64 };
-
+/* Host memory comes from the caching allocator (cpu_alloc.c). */
 static void *cpu_alloc(int index, int64_t nbytes) {
     (void)index;
-    size_t size = ((size_t)nbytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
-    return aligned_alloc(ALIGNMENT, size);
+    return fl_cpu_alloc(nbytes);
 }
 
 static void cpu_free(int index, void *ptr, int64_t nbytes) {
     (void)index;
-    (void)nbytes;
-    free(ptr);
+    fl_cpu_free(ptr, nbytes);
 }
 
 /* ---- copy --------------------------------------------------------------- */

@@ -74,6 +74,8 @@ static void print_usage(FILE *out) {
         "                        (default: found from this executable's path)\n"
         "  OMP_NUM_THREADS       threads of the OpenMP CPU kernels\n"
         "  OPENBLAS_NUM_THREADS  threads of OpenBLAS matrix products\n"
+        "  OMP_WAIT_POLICY       passive unless set (idle OpenMP threads would\n"
+        "                        spin on the cores OpenBLAS needs)\n"
         "  LUA_PATH, LUA_CPATH   module search paths, as in LuaJIT; the\n"
         "                        project's lua/ and root come first\n"
         "\n"
@@ -273,7 +275,21 @@ static int run(int argc, char **argv, options opts) {
     return status == LUA_OK && ctx.ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
+/* [Note: OpenMP wait policy]
+ * OpenMP's idle workers spin after each parallel region by default, on the
+ * very cores OpenBLAS's threads need for the matrix product that usually
+ * follows: a training step ran 2x slower that way. libgomp reads
+ * OMP_WAIT_POLICY when it is loaded, before main, so the host sets
+ * "passive" and executes itself again once; a policy the user set is kept. */
+static void prefer_passive_openmp(char **argv) {
+    if (getenv("OMP_WAIT_POLICY")) return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    execv("/proc/self/exe", argv);
+    /* Exec failed: carry on with the default policy. */
+}
+
 int main(int argc, char **argv) {
+    prefer_passive_openmp(argv);
     options opts = parse_args(argc, argv);
     if (opts.bad != NULL) {
         fprintf(stderr, "%s: '%s' %s\n", HOST_PROGNAME, opts.bad, opts.why);

@@ -150,6 +150,8 @@ typedef struct fl_memory_stats {
     int64_t frees;       /* frees since the last reset */
     int64_t failures;    /* allocations refused since the last reset */
     int64_t limit;       /* refuse allocations beyond this many bytes; 0 = none */
+    int64_t reserved;    /* bytes held from the system, the allocator's cache
+                            included (>= in_use) */
 } fl_memory_stats;
 
 /* Statistics of the allocator of one device (meta: always zero). */
@@ -158,6 +160,12 @@ FL_API int fl_memory_stats_get(fl_device device, fl_memory_stats *out);
 FL_API int fl_memory_stats_reset(fl_device device);
 /* Make allocations that would exceed `bytes` in use fail with FL_ERR_OOM. */
 FL_API int fl_memory_set_limit(fl_device device, int64_t bytes);
+/* Bytes allocated for storage on all devices since the process started
+ * (monotonic): how a garbage-collected binding paces its collections. */
+FL_API int64_t fl_memory_allocated_total(void);
+/* Return the allocator's cached free blocks to the system; returns the
+ * number of bytes released. */
+FL_API int64_t fl_memory_empty_cache(fl_device device);
 
 /* ------------------------------------------------------------------------ */
 /* Tensors                                                                   */

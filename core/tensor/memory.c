@@ -17,6 +17,9 @@ typedef struct memory_counters {
 } memory_counters;
 
 static memory_counters counters[FL_DEVICE_KIND_COUNT][FL_MAX_DEVICE_INDEX + 1];
+static _Atomic int64_t allocated_total;
+
+int64_t fl_memory_allocated_total(void) { return atomic_load(&allocated_total); }
 
 static memory_counters *counters_of(fl_device device) {
     int kind = fl_device_kind_of(device), index = fl_device_index(device);
@@ -51,6 +54,7 @@ int fl_memory_note_alloc(fl_device device, int64_t nbytes) {
                        (long long)limit);
     }
     atomic_fetch_add(&c->allocations, 1);
+    atomic_fetch_add(&allocated_total, nbytes);
     int64_t peak = atomic_load(&c->peak);
     while (now > peak && !atomic_compare_exchange_weak(&c->peak, &peak, now)) {
     }
@@ -78,7 +82,12 @@ int fl_memory_stats_get(fl_device device, fl_memory_stats *out) {
     out->frees = atomic_load(&c->frees);
     out->failures = atomic_load(&c->failures);
     out->limit = atomic_load(&c->limit);
+    out->reserved = fl_device_kind_of(device) == FL_DEVICE_CPU ? fl_cpu_reserved_bytes() : out->in_use;
     return FL_OK;
+}
+
+int64_t fl_memory_empty_cache(fl_device device) {
+    return fl_device_kind_of(device) == FL_DEVICE_CPU ? fl_cpu_empty_cache() : 0;
 }
 
 int fl_memory_stats_reset(fl_device device) {

@@ -204,8 +204,14 @@ function M.memory_stats(device)
   return {
     in_use = tonumber(s.in_use), peak = tonumber(s.peak),
     allocations = tonumber(s.allocations), frees = tonumber(s.frees),
-    failures = tonumber(s.failures), limit = tonumber(s.limit),
+    failures = tonumber(s.failures), limit = tonumber(s.limit), reserved = tonumber(s.reserved),
   }
+end
+
+-- Give the allocator's cached free blocks back to the system; returns the
+-- bytes released.
+function M.empty_cache(device)
+  return tonumber(C.fl_memory_empty_cache(core.device(device or default_device)))
 end
 
 function M.reset_memory_stats(device)

@@ -17,9 +17,37 @@ Tensor.__name = 'Tensor'
 local methods = {}
 local properties = {}
 
+-- [Note: collecting tensors]
+-- A Tensor is a few dozen bytes to Lua's collector, which cannot see the
+-- megabytes of C storage it may pin. Left alone, the collector runs far too
+-- rarely: a training loop's dead activations and gradients pile up, and
+-- memory grows by a model's worth per step. So the binding paces the
+-- collector by C allocation: once the bytes allocated since the last full
+-- collection exceed a quarter of the live bytes then (at least
+-- MIN_GC_BYTES), the next tensor created runs a full collection first.
+-- A quarter, not Go's GOGC=100 whole: most live bytes in training are
+-- long-lived (weights, optimizer state), so garbage stays a fraction of a
+-- step's activations and the caching allocator hands their blocks back
+-- warm. A full collection of the (small) Lua heap costs about a
+-- millisecond.
+local MIN_GC_BYTES = 256 * 2^20
+local gc_mark, gc_budget = 0, MIN_GC_BYTES
+local stats_buf = ffi.new('fl_memory_stats')
+local cpu = C.fl_device_make(C.FL_DEVICE_CPU, 0)
+
+local function pace_collector()
+  local total = tonumber(C.fl_memory_allocated_total())
+  if total - gc_mark < gc_budget then return end
+  collectgarbage('collect')
+  C.fl_memory_stats_get(cpu, stats_buf)
+  gc_mark = tonumber(C.fl_memory_allocated_total())
+  gc_budget = math.max(MIN_GC_BYTES, tonumber(stats_buf.in_use) / 4)
+end
+
 -- Wrap a new C reference (or raise the core's error if ptr is NULL).
 local function wrap(ptr)
   if ptr == nil then core.raise() end
+  pace_collector()
   return setmetatable({ _c = ffi.gc(ptr, C.fl_tensor_release) }, Tensor)
 end
 Tensor.wrap = wrap
