@@ -34,6 +34,8 @@ local cfg = recipe.config({
   beta2 = { 0.95, 'AdamW beta2' },
   grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)' },
   seed = { 0, 'initialisation and data seed' },
+  dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU: converted per op), f64' },
+  activation_checkpointing = { false, 'recompute each decoder layer in backward instead of keeping activations' },
   data_noise = { 0.1, 'synthetic data: probability of a random next token' },
   log_every = { 1, 'print a log line every N steps' },
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
@@ -78,11 +80,14 @@ if cfg.dry_run then
   os.exit(0)
 end
 
-local model = llama.CausalLM(c, { device = 'cpu' })
+local model = llama.CausalLM(c, { device = 'cpu', dtype = cfg.dtype })
 model:init_weights({ seed = cfg.seed })
+if cfg.activation_checkpointing then
+  fsdp.checkpoint(model, function(m) return m:is_instance_of(llama.DecoderLayer) end)
+end
 local n_params = model:num_parameters()
-print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters'):format(
-  c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim, c.vocab_size, n_params))
+print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s'):format(
+  c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype))
 
 local opt = optim.AdamW(model:named_parameters(), {
   lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay,

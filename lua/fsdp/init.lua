@@ -208,6 +208,11 @@ function M.memory_stats(device)
   }
 end
 
+-- Exact memory accounting: with 0, dead tensors are collected before every
+-- allocation, so peak statistics count only live tensors (see [Note:
+-- collecting tensors] in tensor.lua). Returns the previous budget.
+M.set_collect_budget = Tensor.set_collect_budget
+
 -- Give the allocator's cached free blocks back to the system; returns the
 -- bytes released.
 function M.empty_cache(device)
@@ -261,5 +266,7 @@ package.loaded['fsdp'] = M
 M.F = require 'fsdp.functional'
 M.functional = M.F
 M.cat = M.F.cat
+M.checkpoint = require 'fsdp.checkpoint'
+
 
 return M

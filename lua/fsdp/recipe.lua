@@ -66,8 +66,20 @@ end
 
 -- Resolve a config from spec = {key = {default, description}} and the
 -- script's arguments. Returns the config table and the positional
--- arguments. Exits after printing usage on --help.
+-- arguments. Exits after printing usage on --help; a bad option prints its
+-- message (no traceback: it is a usage mistake, not a program error) and
+-- exits with status 2.
 function M.config(spec, args, script)
+  local ok, cfg, positional = pcall(M.parse, spec, args, script)
+  if not ok then
+    io.stderr:write(('fsdp-lua: %s\nTry --help for the options.\n'):format(tostring(cfg)))
+    os.exit(2)
+  end
+  return cfg, positional
+end
+
+-- M.config without the exit: raises an error for a bad option.
+function M.parse(spec, args, script)
   local cfg, positional = {}, {}
   for k, d in pairs(spec) do cfg[k] = d[1] end
   args = args or {}

@@ -23,15 +23,17 @@ local properties = {}
 -- rarely: a training loop's dead activations and gradients pile up, and
 -- memory grows by a model's worth per step. So the binding paces the
 -- collector by C allocation: once the bytes allocated since the last full
--- collection exceed a quarter of the live bytes then (at least
--- MIN_GC_BYTES), the next tensor created runs a full collection first.
--- A quarter, not Go's GOGC=100 whole: most live bytes in training are
--- long-lived (weights, optimizer state), so garbage stays a fraction of a
--- step's activations and the caching allocator hands their blocks back
--- warm. A full collection of the (small) Lua heap costs about a
--- millisecond.
-local MIN_GC_BYTES = 256 * 2^20
-local gc_mark, gc_budget = 0, MIN_GC_BYTES
+-- collection exceed a budget, the next tensor created runs a full
+-- collection first. The budget is a quarter of the live bytes, clamped to
+-- [min_budget, MAX_BUDGET]: most live bytes in training are long-lived
+-- (weights, optimizer state), so dead activations stay a fraction of a
+-- step's and the caching allocator gets their blocks back warm; a full
+-- collection of the small Lua heap costs about a millisecond.
+-- min_budget = 0 collects before every allocation: exact memory
+-- accounting (tests, memory planning checks), at some speed.
+local MAX_BUDGET = 256 * 2^20
+local min_budget = 64 * 2^20
+local gc_mark, gc_budget = 0, min_budget
 local stats_buf = ffi.new('fl_memory_stats')
 local cpu = C.fl_device_make(C.FL_DEVICE_CPU, 0)
 
@@ -41,7 +43,16 @@ local function pace_collector()
   collectgarbage('collect')
   C.fl_memory_stats_get(cpu, stats_buf)
   gc_mark = tonumber(C.fl_memory_allocated_total())
-  gc_budget = math.max(MIN_GC_BYTES, tonumber(stats_buf.in_use) / 4)
+  gc_budget = math.min(MAX_BUDGET, math.max(min_budget, tonumber(stats_buf.in_use) / 4))
+end
+
+-- Set the smallest collection budget in bytes (0: collect before every
+-- allocation, for exact peak memory); returns the previous one.
+function Tensor.set_collect_budget(bytes)
+  local previous = min_budget
+  min_budget = bytes
+  gc_budget = math.min(gc_budget, math.max(bytes, 0))
+  return previous
 end
 
 -- Wrap a new C reference (or raise the core's error if ptr is NULL).
