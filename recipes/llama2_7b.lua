@@ -77,7 +77,7 @@ if cfg.dry_run then
   print(('training FLOPs per token at seq %d: %.3e'):format(cfg.seq_len, llama.flops_per_token(c, cfg.seq_len, n)))
   print(('built on meta in %.2f s; cpu memory in use: %d bytes'):format(clock.now() - t0,
     fsdp.memory_stats('cpu').in_use))
-  os.exit(0)
+  return
 end
 
 local model = llama.CausalLM(c, { device = 'cpu', dtype = cfg.dtype })
