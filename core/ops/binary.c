@@ -17,82 +17,25 @@ static const char *op_names[] = {"add", "sub", "mul", "div"};
 
 const fl_binary_kernels *fl_binary_kernels_of(const char *op, fl_device device) {
     if (fl_device_kind_of(device) == FL_DEVICE_CPU) return &fl_cpu_binary_kernels;
-    char d[32];
-    fl_device_format(device, d, sizeof d);
-    return FL_FAIL_NULL(FL_ERR_UNSUPPORTED, "%s: no kernel for device %s in this build", op, d);
+    return fl_no_kernel(op, device);
 }
 
-/* ---- shapes and dtypes ------------------------------------------------------ */
+/* ---- shapes and dtypes (broadcasting and promotion: op_common.c) ---------- */
 
-/* Output shape of broadcasting a with b; fails naming op and both shapes. */
-static int broadcast_shape(const char *op, const fl_tensor *a, const fl_tensor *b, int *ndim,
-                           int64_t *shape) {
-    int n = a->ndim > b->ndim ? a->ndim : b->ndim;
-    for (int d = 0; d < n; d++) {
-        int da = d - (n - a->ndim), db = d - (n - b->ndim);
-        int64_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
-        if (sa != sb && sa != 1 && sb != 1) {
-            char x[128], y[128];
-            return fl_fail(FL_ERR_ARG, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)",
-                           op, fl_shape_str(a, x, sizeof x), fl_shape_str(b, y, sizeof y), d,
-                           (long long)sa, (long long)sb);
-        }
-        shape[d] = sa == 1 ? sb : sa;
-    }
-    *ndim = n;
-    return FL_OK;
-}
-
-static int float_rank(fl_dtype d) {
-    switch (d) {
-    case FL_F64: return 3;
-    case FL_F32: return 2;
-    default: return 1; /* f16, bf16 */
-    }
-}
-
-/* Result dtype of combining a and b: floats win over integers, wider over
- * narrower; f16 with bf16 meet at f32; integers of different types meet at
- * i64; division of integers is true division in f32, as in PyTorch. */
-static fl_dtype promote(fl_dtype a, fl_dtype b, int op) {
-    bool fa = fl_dtype_is_float(a), fb = fl_dtype_is_float(b);
-    fl_dtype r;
-    if (fa && fb) {
-        if (a == b) r = a;
-        else if (float_rank(a) != float_rank(b)) r = float_rank(a) > float_rank(b) ? a : b;
-        else r = FL_F32;
-    } else if (fa || fb) {
-        r = fa ? a : b;
-    } else {
-        r = a == b ? a : FL_I64;
-    }
-    if (op == FL_DIV && !fl_dtype_is_float(r)) r = FL_F32;
-    return r;
+/* Division of integers is true division in f32, as in PyTorch. */
+static fl_dtype result_dtype(fl_dtype a, fl_dtype b, int op) {
+    fl_dtype r = fl_promote(a, b);
+    return op == FL_DIV && !fl_dtype_is_float(r) ? FL_F32 : r;
 }
 
 static bool metadata_only(const fl_tensor *t) {
     return !t->storage;
 }
 
-/* A view of t with shape (ndim, shape) and stride 0 where it broadcasts. */
-static void broadcast_view(const fl_tensor *t, int ndim, const int64_t *shape, fl_tensor *view) {
-    *view = *t;
-    int shift = ndim - t->ndim;
-    for (int d = ndim - 1; d >= 0; d--) {
-        int sd = d - shift;
-        view->shape[d] = shape[d];
-        view->stride[d] = sd >= 0 && t->shape[sd] == shape[d] ? t->stride[sd] : 0;
-    }
-    view->ndim = ndim;
-    view->numel = 1;
-    for (int d = 0; d < ndim; d++) view->numel *= shape[d];
-}
-
-/* Output tensor for an op over `inputs`: meta stays meta, a fake input
- * makes a fake output, otherwise real storage. */
-static fl_tensor *new_output(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device,
-                             bool no_storage) {
-    return no_storage ? fl_fake(ndim, shape, dtype, device) : fl_empty(ndim, shape, dtype, device);
+static int broadcast_pair(const char *op, const fl_tensor *a, const fl_tensor *b, int *ndim,
+                          int64_t *shape) {
+    const fl_tensor *ts[2] = {a, b};
+    return fl_broadcast_shape(op, 2, ts, ndim, shape);
 }
 
 /* ---- the op ---------------------------------------------------------------- */
@@ -103,24 +46,20 @@ static const fl_node_type scalar_types[4];
 static fl_tensor *binary_impl(int op, const fl_tensor *a, const fl_tensor *b, fl_dtype out_dtype) {
     const char *name = op_names[op];
     if (fl_check_tensor(name, a, false) || fl_check_tensor(name, b, false)) return NULL;
-    if (a->device != b->device) {
-        char da[32], db[32];
-        fl_device_format(a->device, da, sizeof da);
-        fl_device_format(b->device, db, sizeof db);
-        return FL_FAIL_NULL(FL_ERR_ARG, "%s: tensors on different devices (%s and %s)", name, da, db);
-    }
+    const fl_tensor *pair[2] = {a, b};
+    if (fl_same_device(name, 2, pair)) return NULL;
     int ndim;
     int64_t shape[FL_MAX_DIMS];
-    if (broadcast_shape(name, a, b, &ndim, shape)) return NULL;
+    if (broadcast_pair(name, a, b, &ndim, shape)) return NULL;
     bool no_storage = metadata_only(a) || metadata_only(b);
-    fl_tensor *out = new_output(ndim, shape, out_dtype, a->device, no_storage);
+    fl_tensor *out = fl_op_output(ndim, shape, out_dtype, a->device, no_storage);
     if (!out) return NULL;
     fl_flops_add(out->numel);
     if (!no_storage) {
         const fl_binary_kernels *k = fl_binary_kernels_of(name, out->device);
         fl_tensor va, vb;
-        broadcast_view(a, ndim, shape, &va);
-        broadcast_view(b, ndim, shape, &vb);
+        fl_broadcast_view(a, ndim, shape, &va);
+        fl_broadcast_view(b, ndim, shape, &vb);
         if (!k || k->binary(op, out, &va, &vb, 1.0) != FL_OK) {
             fl_tensor_release(out);
             return NULL;
@@ -134,7 +73,7 @@ fl_tensor *fl_binary(fl_binary_op op, const fl_tensor *a, const fl_tensor *b) {
         return FL_FAIL_NULL(FL_ERR_ARG, "binary: invalid op %d", (int)op);
     if (fl_check_tensor(op_names[op], a, false) || fl_check_tensor(op_names[op], b, false))
         return NULL;
-    fl_tensor *out = binary_impl(op, a, b, promote(a->dtype, b->dtype, op));
+    fl_tensor *out = binary_impl(op, a, b, result_dtype(a->dtype, b->dtype, op));
     const fl_tensor *ins[2] = {a, b};
     if (out && fl_needs_grad(2, ins)) {
         /* mul and div need the operands; add and sub only their shapes,
@@ -208,7 +147,7 @@ static int inplace(int op, const char *name, fl_tensor *a, const fl_tensor *b, d
         return fl_last_status();
     int ndim;
     int64_t shape[FL_MAX_DIMS];
-    if (broadcast_shape(name, a, b, &ndim, shape)) return fl_last_status();
+    if (broadcast_pair(name, a, b, &ndim, shape)) return fl_last_status();
     bool same = ndim == a->ndim;
     for (int d = 0; same && d < ndim; d++) same = shape[d] == a->shape[d];
     if (!same) {
@@ -224,7 +163,7 @@ static int inplace(int op, const char *name, fl_tensor *a, const fl_tensor *b, d
     const fl_binary_kernels *k = fl_binary_kernels_of(name, a->device);
     if (!k) return fl_last_status();
     fl_tensor vb;
-    broadcast_view(b, a->ndim, a->shape, &vb);
+    fl_broadcast_view(b, a->ndim, a->shape, &vb);
     return k->binary(op, a, a, &vb, alpha);
 }
 
@@ -256,7 +195,7 @@ fl_tensor *fl_sum_to(const fl_tensor *t, int ndim, const int64_t *shape) {
         return FL_FAIL_NULL(FL_ERR_ARG, "sum_to: shape %s cannot be summed to %s",
                             fl_shape_str(t, a, sizeof a), b);
     }
-    fl_tensor *out = new_output(ndim, shape, t->dtype, t->device, metadata_only(t));
+    fl_tensor *out = fl_op_output(ndim, shape, t->dtype, t->device, metadata_only(t));
     if (!out) return NULL;
     fl_flops_add(t->numel);
     if (!metadata_only(t)) {

@@ -22,17 +22,17 @@ fl_tensor *fl_compare(fl_compare_op op, const fl_tensor *a, const fl_tensor *b) 
     const fl_tensor *ins[2] = {a, b};
     int ndim;
     int64_t shape[FL_MAX_DIMS];
-    if (fl_ew_same_device(name, 2, ins) || fl_ew_broadcast_shape(name, 2, ins, &ndim, shape))
+    if (fl_same_device(name, 2, ins) || fl_broadcast_shape(name, 2, ins, &ndim, shape))
         return NULL;
     bool meta = no_storage(a) || no_storage(b);
-    fl_tensor *out = fl_ew_new_output(ndim, shape, FL_BOOL, a->device, meta);
+    fl_tensor *out = fl_op_output(ndim, shape, FL_BOOL, a->device, meta);
     if (!out) return NULL;
     fl_flops_add(out->numel);
     if (!meta) {
         const fl_elementwise_kernels *k = fl_elementwise_kernels_of(name, a->device);
         fl_tensor va, vb;
-        fl_ew_broadcast_view(a, ndim, shape, &va);
-        fl_ew_broadcast_view(b, ndim, shape, &vb);
+        fl_broadcast_view(a, ndim, shape, &va);
+        fl_broadcast_view(b, ndim, shape, &vb);
         if (!k || k->compare(op, out, &va, &vb) != FL_OK) {
             fl_tensor_release(out);
             return NULL;
@@ -81,19 +81,19 @@ fl_tensor *fl_where(const fl_tensor *cond, const fl_tensor *a, const fl_tensor *
     const fl_tensor *ins[3] = {cond, a, b};
     int ndim;
     int64_t shape[FL_MAX_DIMS];
-    if (fl_ew_same_device("where", 3, ins) || fl_ew_broadcast_shape("where", 3, ins, &ndim, shape))
+    if (fl_same_device("where", 3, ins) || fl_broadcast_shape("where", 3, ins, &ndim, shape))
         return NULL;
     bool meta = no_storage(cond) || no_storage(a) || no_storage(b);
-    fl_tensor *out = fl_ew_new_output(ndim, shape, fl_ew_promote(a->dtype, b->dtype), a->device,
+    fl_tensor *out = fl_op_output(ndim, shape, fl_promote(a->dtype, b->dtype), a->device,
                                       meta);
     if (!out) return NULL;
     fl_flops_add(out->numel);
     if (!meta) {
         const fl_elementwise_kernels *k = fl_elementwise_kernels_of("where", a->device);
         fl_tensor vc, va, vb;
-        fl_ew_broadcast_view(cond, ndim, shape, &vc);
-        fl_ew_broadcast_view(a, ndim, shape, &va);
-        fl_ew_broadcast_view(b, ndim, shape, &vb);
+        fl_broadcast_view(cond, ndim, shape, &vc);
+        fl_broadcast_view(a, ndim, shape, &va);
+        fl_broadcast_view(b, ndim, shape, &vb);
         if (!k || k->where(out, &vc, &va, &vb) != FL_OK) {
             fl_tensor_release(out);
             return NULL;

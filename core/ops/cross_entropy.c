@@ -78,6 +78,18 @@ static int scalar_grad(const fl_tensor *g, fl_loss_reduction reduction, int64_t 
     return FL_OK;
 }
 
+/* The incoming gradient of a loss in the form the backward kernels take:
+ * per row (reduction 'none': a contiguous tensor in the compute dtype) or
+ * one scalar (already divided by the count for 'mean'). */
+static int loss_grad(const fl_tensor *g, int reduction, int64_t count, fl_dtype dtype,
+                     fl_tensor **g_rows, double *g_scalar) {
+    if (reduction != FL_LOSS_NONE) return scalar_grad(g, reduction, count, g_scalar);
+    fl_tensor *gc = fl_fused_prepare(g, fl_fused_compute_dtype(dtype));
+    *g_rows = gc ? fl_contiguous(gc) : NULL;
+    fl_tensor_release(gc);
+    return *g_rows ? FL_OK : (int)fl_last_status();
+}
+
 /* ---- cross_entropy --------------------------------------------------------- */
 
 static const fl_node_type cross_entropy_type;
@@ -152,15 +164,8 @@ static int cross_entropy_backward(fl_node *node, fl_tensor *const *go, fl_tensor
         const fl_fused_kernels *k = fl_fused_kernels_of("cross_entropy backward", logits->device);
         fl_tensor *g_rows = NULL;
         double g_scalar = 0;
-        int rc = k ? FL_OK : (int)fl_last_status();
-        if (!rc && reduction == FL_LOSS_NONE) {
-            fl_tensor *gc = fl_fused_prepare(g, fl_fused_compute_dtype(logits->dtype));
-            g_rows = gc ? fl_contiguous(gc) : NULL;
-            fl_tensor_release(gc);
-            if (!g_rows) rc = fl_last_status();
-        } else if (!rc) {
-            rc = scalar_grad(g, reduction, node->i[2], &g_scalar);
-        }
+        int rc = k ? loss_grad(g, reduction, node->i[2], logits->dtype, &g_rows, &g_scalar)
+                   : (int)fl_last_status();
         if (!rc) rc = k->cross_entropy_backward(dx, g_rows, g_scalar, logits, tg, lse, &p);
         fl_tensor_release(g_rows);
         if (rc) {
@@ -240,15 +245,8 @@ static int nll_loss_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi
         const fl_fused_kernels *k = fl_fused_kernels_of("nll_loss backward", lp->device);
         fl_tensor *g_rows = NULL;
         double g_scalar = 0;
-        int rc = k ? FL_OK : (int)fl_last_status();
-        if (!rc && reduction == FL_LOSS_NONE) {
-            fl_tensor *gc = fl_fused_prepare(g, fl_fused_compute_dtype(lp->dtype));
-            g_rows = gc ? fl_contiguous(gc) : NULL;
-            fl_tensor_release(gc);
-            if (!g_rows) rc = fl_last_status();
-        } else if (!rc) {
-            rc = scalar_grad(g, reduction, node->i[2], &g_scalar);
-        }
+        int rc = k ? loss_grad(g, reduction, node->i[2], lp->dtype, &g_rows, &g_scalar)
+                   : (int)fl_last_status();
         if (!rc) rc = k->nll_loss_backward(dx, g_rows, g_scalar, tg, &p);
         fl_tensor_release(g_rows);
         if (rc) {

@@ -66,21 +66,4 @@ extern const fl_elementwise_kernels fl_cpu_elementwise_kernels;
 /* The table for a device, or NULL with an error naming the op. */
 const fl_elementwise_kernels *fl_elementwise_kernels_of(const char *op, fl_device device);
 
-/* ---- helpers shared by the op files of this family ---------------------- */
-
-/* A new output: without storage (meta stays meta, fake stays fake) when
- * no_storage, else allocated on device. */
-fl_tensor *fl_ew_new_output(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device,
-                            bool no_storage);
-/* Numpy broadcasting of n tensors' shapes; fails naming op and shapes. */
-int fl_ew_broadcast_shape(const char *op, int n, const fl_tensor *const *ts, int *ndim,
-                          int64_t *shape);
-/* A header-only view of t with shape (ndim, shape), stride 0 where t is
- * broadcast (for kernels; never retained or released). */
-void fl_ew_broadcast_view(const fl_tensor *t, int ndim, const int64_t *shape, fl_tensor *view);
-/* The dtype two operands meet at, as fl_binary promotes. */
-fl_dtype fl_ew_promote(fl_dtype a, fl_dtype b);
-/* Fail unless all tensors share one device (naming op and the devices). */
-int fl_ew_same_device(const char *op, int n, const fl_tensor *const *ts);
-
 #endif /* FL_OPS_ELEMENTWISE_H */

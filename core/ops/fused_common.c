@@ -8,9 +8,7 @@
 
 const fl_fused_kernels *fl_fused_kernels_of(const char *op, fl_device device) {
     if (fl_device_kind_of(device) == FL_DEVICE_CPU) return &fl_cpu_fused_kernels;
-    char d[32];
-    fl_device_format(device, d, sizeof d);
-    return FL_FAIL_NULL(FL_ERR_UNSUPPORTED, "%s: no kernel for device %s in this build", op, d);
+    return fl_no_kernel(op, device);
 }
 
 fl_dtype fl_fused_compute_dtype(fl_dtype dtype) {

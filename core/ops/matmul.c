@@ -16,9 +16,7 @@
 
 const fl_linear_kernels *fl_linear_kernels_of(const char *op, fl_device device) {
     if (fl_device_kind_of(device) == FL_DEVICE_CPU) return &fl_cpu_linear_kernels;
-    char d[32];
-    fl_device_format(device, d, sizeof d);
-    return FL_FAIL_NULL(FL_ERR_UNSUPPORTED, "%s: no kernel for device %s in this build", op, d);
+    return fl_no_kernel(op, device);
 }
 
 fl_tensor *fl_linear_output(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device,

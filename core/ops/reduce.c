@@ -64,7 +64,7 @@ static fl_tensor *sum_impl(const char *op, bool mean, const fl_tensor *x, int nd
     for (int d = 0; d < x->ndim; d++)
         if (mask[d]) count *= x->shape[d];
     fl_dtype dtype = fl_dtype_is_float(x->dtype) ? x->dtype : FL_I64;
-    fl_tensor *out = fl_ew_new_output(nd, shape, dtype, x->device, no_storage(x));
+    fl_tensor *out = fl_op_output(nd, shape, dtype, x->device, no_storage(x));
     if (!out) return NULL;
     fl_flops_add(x->numel);
     if (!no_storage(x)) {
@@ -212,8 +212,8 @@ static int minmax_impl(bool is_max, const fl_tensor *x, int dim, bool keepdim, f
     if (x->ndim > 0) mask[d] = true;
     int64_t shape[FL_MAX_DIMS];
     int nd = reduced_shape(x, mask, keepdim, shape);
-    fl_tensor *v = fl_ew_new_output(nd, shape, x->dtype, x->device, no_storage(x));
-    fl_tensor *ix = v ? fl_ew_new_output(nd, shape, FL_I64, x->device, no_storage(x)) : NULL;
+    fl_tensor *v = fl_op_output(nd, shape, x->dtype, x->device, no_storage(x));
+    fl_tensor *ix = v ? fl_op_output(nd, shape, FL_I64, x->device, no_storage(x)) : NULL;
     if (!ix) goto fail;
     fl_flops_add(x->numel);
     if (!no_storage(x)) {
@@ -256,7 +256,7 @@ static int minmax_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) 
     const fl_tensor *like = node->saved[0], *ix = node->saved[1];
     int dim = (int)node->i[0];
     bool meta = no_storage(ix) || no_storage(go[0]);
-    fl_tensor *gx = fl_ew_new_output(like->ndim, like->shape, like->dtype, go[0]->device, meta);
+    fl_tensor *gx = fl_op_output(like->ndim, like->shape, like->dtype, go[0]->device, meta);
     if (!gx || meta) {
         gi[0] = gx;
         return gx ? FL_OK : (int)fl_last_status();

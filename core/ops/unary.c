@@ -38,7 +38,7 @@ static bool keeps_integers(int op) {
 static fl_tensor *unary_impl(int op, const fl_tensor *x, double p0, double p1,
                              fl_dtype out_dtype) {
     const char *name = unary_names[op];
-    fl_tensor *out = fl_ew_new_output(x->ndim, x->shape, out_dtype, x->device, no_storage(x));
+    fl_tensor *out = fl_op_output(x->ndim, x->shape, out_dtype, x->device, no_storage(x));
     if (!out) return NULL;
     fl_flops_add(out->numel);
     if (!no_storage(x)) {
@@ -113,7 +113,7 @@ fl_tensor *fl_clamp(const fl_tensor *x, double lo, double hi, bool has_lo, bool 
 static int unary_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
     int op = (int)node->i[0];
     const fl_tensor *s = node->saved[0];
-    fl_tensor *gx = fl_ew_new_output(s->ndim, s->shape, s->dtype, s->device,
+    fl_tensor *gx = fl_op_output(s->ndim, s->shape, s->dtype, s->device,
                                      no_storage(s) || no_storage(go[0]));
     if (!gx) return fl_last_status();
     fl_flops_add(2 * gx->numel);
@@ -153,7 +153,7 @@ fl_tensor *fl_silu_mul(const fl_tensor *gate, const fl_tensor *up) {
     if (fl_check_tensor("silu_mul", gate, false) || fl_check_tensor("silu_mul", up, false))
         return NULL;
     const fl_tensor *ins[2] = {gate, up};
-    if (fl_ew_same_device("silu_mul", 2, ins)) return NULL;
+    if (fl_same_device("silu_mul", 2, ins)) return NULL;
     bool same = gate->ndim == up->ndim;
     for (int d = 0; same && d < gate->ndim; d++) same = gate->shape[d] == up->shape[d];
     if (!same) {
@@ -166,7 +166,7 @@ fl_tensor *fl_silu_mul(const fl_tensor *gate, const fl_tensor *up) {
                                         "and %s",
                             fl_dtype_name(gate->dtype), fl_dtype_name(up->dtype));
     bool meta = no_storage(gate) || no_storage(up);
-    fl_tensor *out = fl_ew_new_output(gate->ndim, gate->shape, gate->dtype, gate->device, meta);
+    fl_tensor *out = fl_op_output(gate->ndim, gate->shape, gate->dtype, gate->device, meta);
     if (!out) return NULL;
     fl_flops_add(2 * out->numel); /* the activation and the product */
     if (!meta) {
@@ -187,9 +187,9 @@ static int silu_mul_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi
     const fl_tensor *gate = node->saved[0], *up = node->saved[1];
     bool meta = no_storage(gate) || no_storage(up) || no_storage(go[0]);
     bool want_gate = fl_node_wants(node, 0), want_up = fl_node_wants(node, 1);
-    fl_tensor *gg = want_gate ? fl_ew_new_output(gate->ndim, gate->shape, gate->dtype,
+    fl_tensor *gg = want_gate ? fl_op_output(gate->ndim, gate->shape, gate->dtype,
                                                  gate->device, meta) : NULL;
-    fl_tensor *gu = want_up ? fl_ew_new_output(up->ndim, up->shape, up->dtype, up->device, meta)
+    fl_tensor *gu = want_up ? fl_op_output(up->ndim, up->shape, up->dtype, up->device, meta)
                             : NULL;
     int rc = (want_gate && !gg) || (want_up && !gu) ? (int)fl_last_status() : FL_OK;
     fl_flops_add(4 * gate->numel);
@@ -244,7 +244,7 @@ static fl_random_spec dropout_key(uint64_t seed, uint64_t stream, uint64_t offse
 static fl_tensor *dropout_apply(const fl_tensor *x, const fl_tensor *like, double p,
                                 const fl_random_spec *key) {
     bool meta = no_storage(x);
-    fl_tensor *out = fl_ew_new_output(like->ndim, like->shape, like->dtype, like->device, meta);
+    fl_tensor *out = fl_op_output(like->ndim, like->shape, like->dtype, like->device, meta);
     if (!out) return NULL;
     fl_flops_add(out->numel);
     if (!meta) {
