@@ -5,14 +5,17 @@
 --
 --   fsdp-lua benchmarks/train_step.lua [--steps=5] [--warmup=2] [--only=gpt2|llama]
 --
--- Models (issue 3's benchmark): (a) GPT-2-124M-shaped (12 layers, width
--- 768, 12 heads, MLP 3072, vocab 50257; built with the Llama blocks),
--- batch 4 x seq 64; (b) a small Llama (width 512, 8 layers, 8 heads, MLP
--- 1376, vocab 32000), batch 4 x seq 256. FLOPs per step are the model's
--- 6N + 12LHT per token (PaLM appendix B), the convention MFU uses.
+-- Models (issue 3's benchmark): (a) GPT-2 124M (models/gpt2.lua's 'gpt2':
+-- 12 layers, width 768, 12 heads, MLP 3072, vocab 50257, learned
+-- positions, tied head; dropout 0), batch 4 x seq 64; (b) a small Llama
+-- (width 512, 8 layers, 8 heads, MLP 1376, vocab 32000), batch 4 x seq
+-- 256. FLOPs per step are each model's 6N + 12LHT per token (PaLM appendix
+-- B), the convention MFU uses (GPT-2's N leaves out the position table, as
+-- nanoGPT's estimate does).
 local fsdp = require 'fsdp'
 local F = require 'fsdp.functional'
 local llama = require 'models.llama'
+local gpt2 = require 'models.gpt2'
 local optim = require 'fsdp.optim'
 local recipe = require 'fsdp.recipe'
 local clock = require 'fsdp.clock'
@@ -43,8 +46,9 @@ local function median(xs)
   return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
 end
 
-local function bench(name, c, B, T)
-  local model = llama.build(c)
+-- family: the model's module (build, flops_per_token); c its config.
+local function bench(name, family, c, B, T)
+  local model = family.build(c)
   model:init_weights({ seed = 0 })
   local n = model:num_parameters()
   local opt = optim.AdamW(model:named_parameters(), { lr = 1e-4 })
@@ -65,7 +69,7 @@ local function bench(name, c, B, T)
     end
   end
   local dt = median(times)
-  local flops = llama.flops_per_token(c, T, n) * B * T
+  local flops = family.flops_per_token(c, T, n) * B * T
   return { name = name, params = n, ms = dt * 1e3, tokens = B * T / dt, gflops = flops / dt / 1e9,
            model_gflop = flops / 1e9, op_gflop = op_flops / 1e9, op_gflops = op_flops / dt / 1e9 }
 end
@@ -77,12 +81,10 @@ print(('sgemm (best of 1024^3 and 256x3072x768): %.1f GFLOP/s'):format(peak))
 
 local runs = {}
 if cfg.only == '' or cfg.only == 'gpt2' then
-  local c = llama.config({ dim = 768, n_layers = 12, n_heads = 12, n_kv_heads = 12, ffn_dim = 3072,
-                           vocab_size = 50257, rope_theta = 1e4 })
-  runs[#runs + 1] = bench('GPT-2-124M-shaped, batch 4 x 64', c, 4, 64)
+  runs[#runs + 1] = bench('GPT-2 124M, batch 4 x 64', gpt2, gpt2.config('gpt2'), 4, 64)
 end
 if cfg.only == '' or cfg.only == 'llama' then
-  runs[#runs + 1] = bench('small Llama, batch 4 x 256', llama.config('small'), 4, 256)
+  runs[#runs + 1] = bench('small Llama, batch 4 x 256', llama, llama.config('small'), 4, 256)
 end
 
 -- Two FLOP counts: the model's 6N + 12LHT (what MFU uses; it counts the

@@ -111,41 +111,25 @@ local function linear(in_f, out_f, c, opts)
   return l
 end
 
-local Attention = nn.Module:extend('LlamaAttention')
+-- The shared blocks under Hugging Face's class names, so printed trees
+-- and class-based wrap policies read as in transformers: nn.Attention with
+-- q/k/v/o_proj, grouped-query heads, causal, rotary tables passed per call;
+-- nn.GatedMLP's SwiGLU with gate/up/down_proj. No biases; every weight
+-- N(0, init_std) as HF's _init_weights.
+local Attention = nn.Attention:extend('LlamaAttention')
+M.Attention = Attention
+local MLP = nn.GatedMLP:extend('LlamaMLP')
+M.MLP = MLP
 
-function Attention:__init(c, opts)
-  self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
-  self.q_proj = linear(c.dim, c.n_heads * c.head_dim, c, opts)
-  self.k_proj = linear(c.dim, c.n_kv_heads * c.head_dim, c, opts)
-  self.v_proj = linear(c.dim, c.n_kv_heads * c.head_dim, c, opts)
-  self.o_proj = linear(c.n_heads * c.head_dim, c.dim, c, opts)
+local function attention(c, opts)
+  return Attention(c.dim, c.n_heads, { n_kv_heads = c.n_kv_heads, head_dim = c.head_dim, bias = false,
+                                       causal = true, init = nn.init.normal(c.init_std),
+                                       device = opts.device, dtype = opts.dtype })
 end
 
--- x [B, T, dim]; rope = {cos, sin} of [T, head_dim].
-function Attention:forward(x, rope)
-  local B, T = x:size(0), x:size(1)
-  local function heads(t, n) return t:view(B, T, n, self.head_dim):transpose(1, 2) end
-  local q = heads(self.q_proj(x), self.n_heads)
-  local k = heads(self.k_proj(x), self.n_kv_heads)
-  local v = heads(self.v_proj(x), self.n_kv_heads)
-  q = F.apply_rotary(q, rope.cos, rope.sin)
-  k = F.apply_rotary(k, rope.cos, rope.sin)
-  local o = F.scaled_dot_product_attention(q, k, v, { causal = true })
-  return self.o_proj(o:transpose(1, 2):reshape(B, T, self.n_heads * self.head_dim))
-end
-
-local MLP = nn.Module:extend('LlamaMLP')
-
-function MLP:__init(c, opts)
-  self.gate_proj = linear(c.dim, c.ffn_dim, c, opts)
-  self.up_proj = linear(c.dim, c.ffn_dim, c, opts)
-  self.down_proj = linear(c.ffn_dim, c.dim, c, opts)
-end
-
-function MLP:forward(x)
-  local gate, up = self.gate_proj(x), self.up_proj(x)
-  local h = F.silu_mul and F.silu_mul(gate, up) or F.silu(gate) * up
-  return self.down_proj(h)
+local function mlp(c, opts)
+  return MLP(c.dim, c.ffn_dim, { activation = 'silu', bias = false, init = nn.init.normal(c.init_std),
+                                 device = opts.device, dtype = opts.dtype })
 end
 
 -- The transformer layer: the class wrap and checkpoint policies name.
@@ -153,15 +137,16 @@ local DecoderLayer = nn.Module:extend('LlamaDecoderLayer')
 M.DecoderLayer = DecoderLayer
 
 function DecoderLayer:__init(c, opts)
-  self.self_attn = Attention(c, opts)
-  self.mlp = MLP(c, opts)
+  self.self_attn = attention(c, opts)
+  self.mlp = mlp(c, opts)
   self.input_layernorm = nn.RMSNorm(c.dim, { eps = c.norm_eps, device = opts.device, dtype = opts.dtype })
   self.post_attention_layernorm = nn.RMSNorm(c.dim, { eps = c.norm_eps, device = opts.device,
                                                       dtype = opts.dtype })
 end
 
+-- rope = {cos, sin} of [T, head_dim], shared by every layer.
 function DecoderLayer:forward(x, rope)
-  local h = x + self.self_attn(self.input_layernorm(x), rope)
+  local h = x + self.self_attn(self.input_layernorm(x), { rope = rope })
   return h + self.mlp(self.post_attention_layernorm(h))
 end
 

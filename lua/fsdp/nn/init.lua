@@ -12,6 +12,7 @@ local parameter = require 'fsdp.nn.parameter'
 local container = require 'fsdp.nn.container'
 local norm = require 'fsdp.nn.norm'
 local activation = require 'fsdp.nn.activation'
+local mlp = require 'fsdp.nn.mlp'
 
 local M = {}
 
@@ -40,6 +41,10 @@ M.Flatten = require 'fsdp.nn.flatten'
 M.ReLU = activation.ReLU
 M.GELU = activation.GELU
 M.SiLU = activation.SiLU
+-- Transformer blocks: attention with its projections, the feed-forwards.
+M.Attention = require 'fsdp.nn.attention'
+M.GatedMLP = mlp.GatedMLP
+M.MLP = mlp.MLP
 
 M.utils = require 'fsdp.nn.utils'
 

@@ -1,0 +1,182 @@
+-- fsdp.nn.attention: nn.Attention, multi-head and grouped-query attention
+-- with its projections, the block every transformer in models/ shares.
+--
+--   nn.Attention(dim, n_heads, {n_kv_heads = n_heads, head_dim = dim / n_heads,
+--                bias = false, out_bias = bias, causal = true, scale = 1/sqrt(head_dim),
+--                dropout = 0, out_dropout = 0, fused_qkv = false, names = {...},
+--                init = rule, out_init = init, bias_init = rule, device =, dtype =})
+--   y = attn(x, {rope = {cos =, sin =, positions =}, bias = t, mask = t, context = t})
+--
+-- Children, in the order PyTorch models register them: q_proj, k_proj,
+-- v_proj, o_proj (Hugging Face Llama names), or with fused_qkv one
+-- projection of all three, qkv_proj [(H + 2 KV) * head_dim, dim] rows in
+-- the order q, k, v, and o_proj. opts.names renames them ({q =, k =, v =,
+-- o =} or, fused, {qkv =, o =}): GPT-2 is {qkv = 'c_attn', o = 'c_proj'},
+-- T5 is {q = 'q', k = 'k', v = 'v', o = 'o'}; the names are the
+-- checkpoint's keys, so they must be the model's own.
+--
+-- forward(x [B, T, dim], opts): rope applies rotary embeddings to q and k
+-- (F.apply_rotary: rotate-half, the Hugging Face convention); bias is
+-- added to the scores (broadcast to [B, H, T, S]: T5's position bias, an
+-- ALiBi slope table); mask is a bool tensor broadcast the same way, true
+-- where a query may attend (PyTorch's boolean attn_mask); context gives
+-- keys and values from another sequence [B, S, dim] (cross-attention; not
+-- with fused_qkv, which projects all three from x). causal hides key j
+-- from query i when j > i.
+--
+-- dropout is on the attention probabilities (HF's attn_pdrop /
+-- attention_dropout); out_dropout on the output projection (HF GPT-2's
+-- resid_pdrop). Both act in training mode only. The fused kernel
+-- (F.scaled_dot_product_attention: blocks of rows, never the whole score
+-- matrix) has no dropout, so with dropout > 0 in training the scores are
+-- materialised ([B, H, T, S]) and the probabilities dropped explicitly;
+-- everywhere else, eval included, the fused kernel runs.
+--
+-- Weights start as nn.Linear's (PyTorch's kaiming-uniform) unless the
+-- model gives rules: init for q, k, v (or qkv), out_init for o (GPT-2
+-- scales it by 1/sqrt(2 n_layers)), bias_init for every bias.
+local fsdp = require 'fsdp'
+local core = require 'fsdp.core'
+local Module = require 'fsdp.nn.module'
+local Linear = require 'fsdp.nn.linear'
+
+local Attention = Module:extend('Attention')
+
+local function positive_int(what, v)
+  if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
+    core.fail(('Attention: %s must be a positive integer, got %s'):format(what, tostring(v)))
+  end
+  return v
+end
+
+local function probability(what, v)
+  v = v or 0
+  if type(v) ~= 'number' or v < 0 or v > 1 then
+    core.fail(('Attention: %s must be a probability in [0, 1], got %s'):format(what, tostring(v)))
+  end
+  return v
+end
+
+function Attention:__init(dim, n_heads, opts)
+  opts = opts or {}
+  positive_int('dim', dim)
+  positive_int('n_heads', n_heads)
+  local n_kv = positive_int('n_kv_heads', opts.n_kv_heads or n_heads)
+  if n_heads % n_kv ~= 0 then
+    core.fail(('Attention: n_heads %d is not a multiple of n_kv_heads %d'):format(n_heads, n_kv))
+  end
+  local hd = opts.head_dim
+  if hd == nil then
+    if dim % n_heads ~= 0 then
+      core.fail(('Attention: dim %d is not a multiple of n_heads %d (give head_dim)'):format(dim, n_heads))
+    end
+    hd = dim / n_heads
+  end
+  positive_int('head_dim', hd)
+  self.dim, self.n_heads, self.n_kv_heads, self.head_dim = dim, n_heads, n_kv, hd
+  self.causal = opts.causal ~= false
+  self.scale = opts.scale or 1 / math.sqrt(hd)
+  self.dropout = probability('dropout', opts.dropout)
+  self.out_dropout = probability('out_dropout', opts.out_dropout)
+  self.fused_qkv = opts.fused_qkv and true or false
+
+  local names = opts.names or {}
+  local bias = opts.bias == true
+  local out_bias = opts.out_bias
+  if out_bias == nil then out_bias = bias end
+  local function linear(in_f, out_f, with_bias, init)
+    return Linear(in_f, out_f, { bias = with_bias, init = init, bias_init = opts.bias_init,
+                                 device = opts.device, dtype = opts.dtype })
+  end
+  -- Child names live in a plain field (not a registered attribute), so
+  -- forward finds its projections under whatever the model calls them.
+  local n = {}
+  if self.fused_qkv then
+    n.qkv = names.qkv or 'qkv_proj'
+    self:add_module(n.qkv, linear(dim, (n_heads + 2 * n_kv) * hd, bias, opts.init))
+  else
+    n.q, n.k, n.v = names.q or 'q_proj', names.k or 'k_proj', names.v or 'v_proj'
+    self:add_module(n.q, linear(dim, n_heads * hd, bias, opts.init))
+    self:add_module(n.k, linear(dim, n_kv * hd, bias, opts.init))
+    self:add_module(n.v, linear(dim, n_kv * hd, bias, opts.init))
+  end
+  n.o = names.o or 'o_proj'
+  self:add_module(n.o, linear(n_heads * hd, dim, out_bias, opts.out_init or opts.init))
+  self._names = n
+end
+
+-- x [B, T, dim] (and context [B, S, dim]) -> q [B, H, T, hd], k and v
+-- [B, KV, S, hd]: views of the projections, no copies.
+function Attention:project(x, context)
+  local n, hd, H, KV = self._names, self.head_dim, self.n_heads, self.n_kv_heads
+  local B, T = x:size(0), x:size(1)
+  if self.fused_qkv then
+    if context ~= nil then
+      core.fail('Attention: a fused qkv projection cannot attend to a context (cross-attention)')
+    end
+    -- One product for all three; the heads axis is then split by narrowing.
+    local qkv = self[n.qkv](x):view(B, T, H + 2 * KV, hd)
+    return qkv:narrow(2, 0, H):transpose(1, 2), qkv:narrow(2, H, KV):transpose(1, 2),
+           qkv:narrow(2, H + KV, KV):transpose(1, 2)
+  end
+  local kv_in = context or x
+  local S = kv_in:size(1)
+  return self[n.q](x):view(B, T, H, hd):transpose(1, 2),
+         self[n.k](kv_in):view(B, S, KV, hd):transpose(1, 2),
+         self[n.v](kv_in):view(B, S, KV, hd):transpose(1, 2)
+end
+
+-- The scores materialised, for dropout on the probabilities: grouped heads
+-- are matched by broadcasting k and v over a group axis ([B, KV, rep, ...]),
+-- never by copying them.
+local function attend_with_dropout(F, q, k, v, bias, causal, scale, p)
+  local B, H, T, hd = q:size(0), q:size(1), q:size(2), q:size(3)
+  local KV, S, Dv = k:size(1), k:size(2), v:size(3)
+  local rep = H / KV
+  local scores = F.matmul(q:reshape(B, KV, rep, T, hd), k:unsqueeze(2):transpose(3, 4)) * scale
+  scores = scores:view(B, H, T, S)
+  if bias ~= nil then scores = scores + bias end
+  if causal then
+    local rows = fsdp.arange(T, { dtype = 'i64', device = q.device }):view(T, 1)
+    local cols = fsdp.arange(S, { dtype = 'i64', device = q.device }):view(1, S)
+    scores = F.masked_fill(scores, F.gt(cols, rows), -math.huge)
+  end
+  local probs = F.dropout(F.softmax(scores, -1), p, true)
+  return F.matmul(probs:view(B, KV, rep, T, S), v:unsqueeze(2)):view(B, H, T, Dv)
+end
+
+-- An additive bias from opts.bias and opts.mask (0 where true, -inf where
+-- false), or nil.
+local function score_bias(F, opts, like)
+  local bias, mask = opts.bias, opts.mask
+  if mask == nil then return bias end
+  local zero = fsdp.zeros({}, { dtype = like.dtype, device = like.device })
+  local from_mask = F.where(mask, zero, -math.huge)
+  if bias == nil then return from_mask end
+  return bias + from_mask
+end
+
+function Attention:forward(x, opts)
+  opts = opts or {}
+  local F = require('fsdp.functional')
+  local B, T = x:size(0), x:size(1)
+  local q, k, v = self:project(x, opts.context)
+  local rope = opts.rope
+  if rope ~= nil then
+    local ropts = rope.positions and { positions = rope.positions } or nil
+    q = F.apply_rotary(q, rope.cos, rope.sin, ropts)
+    k = F.apply_rotary(k, rope.cos, rope.sin, ropts)
+  end
+  local bias = score_bias(F, opts, q)
+  local o
+  if self.training and self.dropout > 0 then
+    o = attend_with_dropout(F, q, k, v, bias, self.causal, self.scale, self.dropout)
+  else
+    o = F.scaled_dot_product_attention(q, k, v, { causal = self.causal, bias = bias, scale = self.scale })
+  end
+  local y = self[self._names.o](o:transpose(1, 2):reshape(B, T, self.n_heads * self.head_dim))
+  if self.training and self.out_dropout > 0 then y = F.dropout(y, self.out_dropout, true) end
+  return y
+end
+
+return Attention
