@@ -1,0 +1,90 @@
+-- recipes/mnist.lua: PyTorch's MNIST getting-started example: the
+-- tutorial CNN (models/mnist.lua), Adadelta with lr 1.0, StepLR gamma 0.7
+-- per epoch, training loss and test accuracy per epoch.
+--
+--   fsdp-lua recipes/mnist.lua                        synthetic digits
+--   fsdp-lua recipes/mnist.lua --data=path/to/mnist   the idx files (train-*, t10k-*)
+--   fsdp-lua recipes/mnist.lua --dry-run              build on meta and print the model
+local fsdp = require 'fsdp'
+local recipe = require 'fsdp.recipe'
+local mnist_model = require 'models.mnist'
+local mnist = require 'fsdp.data.mnist'
+local optim = require 'fsdp.optim'
+local clock = require 'fsdp.clock'
+local F = fsdp.F
+
+local cfg = recipe.config({
+  data = { '', 'directory of the MNIST idx files (empty: synthetic digits)' },
+  epochs = { 3, 'training epochs' },
+  batch_size = { 64, 'training batch size' },
+  test_batch_size = { 1000, 'evaluation batch size' },
+  lr = { 1.0, 'Adadelta learning rate' },
+  gamma = { 0.7, 'StepLR decay per epoch' },
+  train_size = { 6000, 'synthetic training examples' },
+  test_size = { 1000, 'synthetic test examples' },
+  max_batches = { 0, 'stop each epoch after this many batches (0: all)' },
+  seed = { 1, 'initialisation and data seed' },
+  log_interval = { 20, 'batches between log lines' },
+  dry_run = { false, 'build on meta, print the model and its parameter count, exit' },
+}, arg, 'recipes/mnist.lua')
+
+if cfg.dry_run then
+  local net = mnist_model.build({ device = 'meta' })
+  print(net)
+  print(('parameters: %d'):format(net:num_parameters()))
+  return
+end
+
+local train, test
+if cfg.data ~= '' then
+  train, test = mnist.load(cfg.data, 'train'), mnist.load(cfg.data, 'test')
+else
+  train = mnist.synthetic(cfg.train_size, { seed = cfg.seed })
+  test = mnist.synthetic(cfg.test_size, { seed = cfg.seed, offset = cfg.train_size })
+end
+print(('data: %d training and %d test images (%s)'):format(train:size(), test:size(),
+  cfg.data ~= '' and cfg.data or 'synthetic'))
+
+fsdp.manual_seed(cfg.seed)
+local net = mnist_model.build()
+net:init_weights({ seed = cfg.seed })
+local opt = optim.Adadelta(net:named_parameters(), { lr = cfg.lr })
+local sched = optim.lr_scheduler.StepLR(opt, 1, cfg.gamma)
+
+local function batches(ds, size)
+  local n = math.ceil(ds:size() / size)
+  if cfg.max_batches > 0 then n = math.min(n, cfg.max_batches) end
+  return n
+end
+
+for epoch = 1, cfg.epochs do
+  net:train()
+  local t0 = clock.now()
+  local nb = batches(train, cfg.batch_size)
+  for i = 0, nb - 1 do
+    local x, y = train:batch(i, cfg.batch_size)
+    local loss = F.nll_loss(net(x), y)
+    loss:backward()
+    opt:step()
+    opt:zero_grad()
+    if i % cfg.log_interval == 0 or i == nb - 1 then
+      print(('Train Epoch: %d [%d/%d (%.0f%%)]\tLoss: %.6f'):format(epoch, i * cfg.batch_size,
+        train:size(), 100 * i / nb, loss:item()))
+    end
+  end
+  net:eval()
+  local correct, total, loss_sum = 0, 0, 0
+  fsdp.no_grad(function()
+    for i = 0, batches(test, cfg.test_batch_size) - 1 do
+      local x, y = test:batch(i, cfg.test_batch_size)
+      local out = net(x)
+      loss_sum = loss_sum + F.nll_loss(out, y, { reduction = 'sum' }):item()
+      local _, pred = out:max(1)
+      correct = correct + F.eq(pred, y):sum():item()
+      total = total + y:size(0)
+    end
+  end)
+  print(('Test set: Average loss: %.4f, Accuracy: %d/%d (%.1f%%), epoch time %.1f s'):format(
+    loss_sum / total, correct, total, 100 * correct / total, clock.now() - t0))
+  sched:step()
+end
