@@ -1,0 +1,169 @@
+-- models/deepvit.lua: DeepViT, the vision transformer with re-attention
+-- (Zhou et al. 2021, "DeepViT: Towards Deeper Vision Transformer"; layout of
+-- vit-pytorch's deepvit.py, 2022, without patch LayerNorms).
+--
+--   local deepvit = require 'models.deepvit'
+--   local m = deepvit.build('8B', {device = 'meta'})  -- 8,007,494,160 parameters
+--   local logits = deepvit.build('tiny')(images)       -- images f32 [B, 3, H, W]
+--
+-- Re-attention, per block: dots = q k^T * dim_head^-0.5; softmax; dropout;
+-- mix the heads with a learnable theta [H, H] (attn'[b,g,i,j] = sum_h
+-- attn[b,h,i,j] theta[h,g]); LayerNorm over the head axis; attn' v; output
+-- Linear with bias. Patches are flattened (p1 p2 c) and embedded by a
+-- Linear; a class token and learned positions are added; the class token's
+-- output goes through LayerNorm and a Linear head.
+local nn = require 'fsdp.nn'
+local F = require 'fsdp.functional'
+
+local M = {}
+
+local BASE = { image_size = 256, patch_size = 32, dim = 1024, mlp_dim = 2048, dim_head = 64,
+               num_classes = 10000, channels = 3, dropout = 0.1, emb_dropout = 0.1 }
+
+local function config(fields)
+  local c = {}
+  for k, v in pairs(BASE) do c[k] = v end
+  for k, v in pairs(fields) do c[k] = v end
+  return c
+end
+
+-- The configs of the FSDP DeepViT experiments (MODELS.md), and a tiny one.
+M.configs = {
+  ['60M'] = config({ depth = 10, heads = 8 }),
+  ['1B'] = config({ depth = 118, heads = 16 }),
+  ['3B'] = config({ depth = 357, heads = 16 }),
+  ['8B'] = config({ depth = 952, heads = 16 }),
+  tiny = config({ image_size = 32, patch_size = 8, dim = 64, mlp_dim = 128, dim_head = 16, depth = 2,
+                  heads = 4, num_classes = 10, dropout = 0, emb_dropout = 0 }),
+}
+
+function M.config(name_or_config, overrides)
+  local base = name_or_config
+  if type(base) == 'string' then
+    base = M.configs[base]
+    if not base then error(("deepvit: unknown config '%s' (known: 60M, 1B, 3B, 8B, tiny)"):format(name_or_config), 2) end
+  end
+  local c = {}
+  for k, v in pairs(BASE) do c[k] = v end
+  for k, v in pairs(base) do c[k] = v end
+  for k, v in pairs(overrides or {}) do c[k] = v end
+  if c.image_size % c.patch_size ~= 0 then
+    error(('deepvit config: image_size %d is not a multiple of patch_size %d'):format(c.image_size, c.patch_size), 2)
+  end
+  c.num_patches = (c.image_size / c.patch_size) ^ 2
+  c.patch_dim = c.channels * c.patch_size ^ 2
+  return c
+end
+
+-- Training FLOPs per image (MODELS.md): n tokens, L blocks.
+function M.flops_per_image(c)
+  local n, L, d, inner = c.num_patches + 1, c.depth, c.dim, c.heads * c.dim_head
+  return 6 * (n * L * (4 * d * inner + 2 * d * c.mlp_dim) + n * c.patch_dim * d + d * c.num_classes)
+    + 12 * L * n * n * inner + 6 * L * c.heads * c.heads * n * n
+end
+
+local ReAttention = nn.Module:extend('ReAttention')
+
+function ReAttention:__init(c, o)
+  self.heads, self.dim_head = c.heads, c.dim_head
+  local inner = c.heads * c.dim_head
+  self.norm = nn.LayerNorm(c.dim, o)
+  self.to_qkv = nn.Linear(c.dim, 3 * inner, { bias = false, device = o.device, dtype = o.dtype })
+  self.dropout = nn.Dropout(c.dropout)
+  self:register_parameter('reattn_weights', nn.Parameter({ c.heads, c.heads },
+    { init = nn.init.normal(1), device = o.device, dtype = o.dtype }))
+  self.reattn_norm = nn.LayerNorm(c.heads, o)
+  self.to_out = nn.Linear(inner, c.dim, o)
+  self.out_dropout = nn.Dropout(c.dropout)
+end
+
+function ReAttention:forward(x)
+  local B, N = x:size(0), x:size(1)
+  local H, D = self.heads, self.dim_head
+  local qkv = self.to_qkv(self.norm(x)):view(B, N, 3, H, D):permute(2, 0, 3, 1, 4) -- [3, B, H, N, D]
+  local q, k, v = qkv[0], qkv[1], qkv[2]
+  local attn = F.softmax(q:matmul(k:transpose(-1, -2)) * (D ^ -0.5), -1)
+  attn = self.dropout(attn)
+  -- mix heads: [B, H, N, N] -> [B, N, N, H] @ theta [H, G] -> [B, G, N, N]
+  local mixed = attn:permute(0, 2, 3, 1):matmul(self.reattn_weights)
+  -- LayerNorm over the head axis, which is last here
+  attn = self.reattn_norm(mixed):permute(0, 3, 1, 2)
+  local out = attn:matmul(v):transpose(1, 2):reshape(B, N, H * D)
+  return self.out_dropout(self.to_out(out))
+end
+
+local FeedForward = nn.Module:extend('FeedForward')
+
+function FeedForward:__init(c, o)
+  self.norm = nn.LayerNorm(c.dim, o)
+  self.fc1 = nn.Linear(c.dim, c.mlp_dim, o)
+  self.fc2 = nn.Linear(c.mlp_dim, c.dim, o)
+  self.dropout = nn.Dropout(c.dropout)
+end
+
+function FeedForward:forward(x)
+  return self.dropout(self.fc2(self.dropout(F.gelu(self.fc1(self.norm(x))))))
+end
+
+-- The transformer block: the class wrap and checkpoint policies name.
+local Block = nn.Module:extend('DeepViTBlock')
+M.Block = Block
+
+function Block:__init(c, o)
+  self.attn = ReAttention(c, o)
+  self.ff = FeedForward(c, o)
+end
+
+function Block:forward(x)
+  x = x + self.attn(x)
+  return x + self.ff(x)
+end
+
+local DeepViT = nn.Module:extend('DeepViT')
+M.DeepViT = DeepViT
+
+function DeepViT:__init(c, o)
+  self.config = c
+  self.to_patch_embedding = nn.Linear(c.patch_dim, c.dim, o)
+  self:register_parameter('pos_embedding', nn.Parameter({ 1, c.num_patches + 1, c.dim },
+    { init = nn.init.normal(1), device = o.device, dtype = o.dtype }))
+  self:register_parameter('cls_token', nn.Parameter({ 1, 1, c.dim },
+    { init = nn.init.normal(1), device = o.device, dtype = o.dtype }))
+  self.dropout = nn.Dropout(c.emb_dropout)
+  self.layers = nn.ModuleList()
+  for _ = 1, c.depth do self.layers:append(Block(c, o)) end
+  self.norm = nn.LayerNorm(c.dim, o)
+  self.head = nn.Linear(c.dim, c.num_classes, o)
+end
+
+-- images [B, C, H, W] -> patches [B, (H/p)(W/p), p*p*C] in (p1 p2 c) order.
+function DeepViT:patches(img)
+  local c = self.config
+  local B, C = img:size(0), img:size(1)
+  if C ~= c.channels or img:size(2) ~= c.image_size or img:size(3) ~= c.image_size then
+    error(('deepvit: expected images [B, %d, %d, %d], got %s'):format(c.channels, c.image_size,
+      c.image_size, '[' .. table.concat(img.shape, ', ') .. ']'), 0)
+  end
+  local p, h = c.patch_size, c.image_size / c.patch_size
+  return img:view(B, C, h, p, h, p):permute(0, 2, 4, 3, 5, 1):reshape(B, h * h, p * p * C)
+end
+
+function DeepViT:forward(img)
+  local x = self.to_patch_embedding(self:patches(img))
+  local B = x:size(0)
+  local cls = self.cls_token:expand(B, 1, self.config.dim)
+  x = self.dropout(F.cat({ cls, x }, 1) + self.pos_embedding)
+  for _, block in ipairs(self.layers) do x = block(x) end
+  return self.head(self.norm(x:select(1, 0)))
+end
+
+function M.build(name_or_config, opts)
+  opts = opts or {}
+  local overrides = {}
+  for k, v in pairs(opts) do
+    if k ~= 'device' and k ~= 'dtype' then overrides[k] = v end
+  end
+  return DeepViT(M.config(name_or_config, overrides), { device = opts.device, dtype = opts.dtype })
+end
+
+return M
