@@ -1,0 +1,90 @@
+-- recipes/deepvit_8b.lua: the DeepViT 8B experiment of the seed (images
+-- 256x256 in 32x32 patches, width 1024, 952 re-attention blocks, 10000
+-- classes), on one process for now: --dry-run builds it at full size on
+-- meta; reduced sizes train on CPU with synthetic image classes.
+--
+--   fsdp-lua recipes/deepvit_8b.lua --dry-run
+--   fsdp-lua recipes/deepvit_8b.lua --depth=2 --dim=128 --heads=4 --mlp_dim=256 \
+--            --image_size=64 --num_classes=10 --max_steps=50
+--
+-- Activation checkpointing applies to DeepViTBlock, the class the seed's
+-- wrap and checkpoint policies name; --optimizer=anyprecision uses
+-- AnyPrecisionAdamW (bf16 states) as the seed can.
+local fsdp = require 'fsdp'
+local recipe = require 'fsdp.recipe'
+local deepvit = require 'models.deepvit'
+local optim = require 'fsdp.optim'
+local clock = require 'fsdp.clock'
+local F = fsdp.F
+
+local cfg = recipe.config({
+  model = { '8B', 'config: 60M, 1B, 3B, 8B, tiny' },
+  depth = { 0, 'override the number of blocks (0: keep)' },
+  dim = { 0, 'override the width (0: keep)' },
+  heads = { 0, 'override the heads (0: keep)' },
+  mlp_dim = { 0, 'override the MLP width (0: keep)' },
+  image_size = { 0, 'override the image size (0: keep)' },
+  patch_size = { 0, 'override the patch size (0: keep)' },
+  num_classes = { 0, 'override the classes (0: keep)' },
+  batch_size = { 8, 'images per step' },
+  max_steps = { 50, 'optimizer steps' },
+  lr = { 1e-3, 'learning rate' },
+  optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)' },
+  activation_checkpointing = { false, 'recompute each DeepViTBlock in backward' },
+  dropout = { -1, 'override dropout (-1: keep the config\'s 0.1)' },
+  seed = { 0, 'initialisation and data seed' },
+  log_every = { 5, 'steps between log lines' },
+  dry_run = { false, 'build at full size on meta, print it, and exit' },
+}, arg, 'recipes/deepvit_8b.lua')
+
+local overrides = {}
+for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes' }) do
+  if cfg[k] > 0 then overrides[k] = cfg[k] end
+end
+if cfg.dropout >= 0 then overrides.dropout, overrides.emb_dropout = cfg.dropout, cfg.dropout end
+local c = deepvit.config(cfg.model, overrides)
+
+if cfg.dry_run then
+  local t0 = clock.now()
+  local m = deepvit.DeepViT(c, { device = 'meta' })
+  print(m)
+  print(('parameters: %d'):format(m:num_parameters()))
+  print(('training FLOPs per image: %.3e'):format(deepvit.flops_per_image(c)))
+  print(('built on meta in %.2f s; cpu memory in use: %d bytes'):format(clock.now() - t0,
+    fsdp.memory_stats('cpu').in_use))
+  return
+end
+
+fsdp.manual_seed(cfg.seed)
+local model = deepvit.DeepViT(c, {})
+model:init_weights({ seed = cfg.seed })
+if cfg.activation_checkpointing then
+  fsdp.checkpoint(model, function(m) return m:is_instance_of(deepvit.Block) end)
+end
+print(('model: %d blocks, width %d, %d heads, image %d / patch %d, %d classes: %d parameters'):format(
+  c.depth, c.dim, c.heads, c.image_size, c.patch_size, c.num_classes, model:num_parameters()))
+local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
+local opt = Opt(model:named_parameters(), { lr = cfg.lr, weight_decay = 0 })
+
+-- Synthetic classes: a fixed random image per class plus noise.
+local pixels = c.channels * c.image_size * c.image_size
+local templates = fsdp.randn({ c.num_classes, pixels }, { seed = cfg.seed, stream = 7 })
+local flops = deepvit.flops_per_image(c) * cfg.batch_size
+print(('chance loss: ln(%d) = %.3f'):format(c.num_classes, math.log(c.num_classes)))
+for step = 1, cfg.max_steps do
+  local t0 = clock.now()
+  local B = cfg.batch_size
+  local y = fsdp.randint(0, c.num_classes, { B }, { seed = cfg.seed, stream = 8, offset = (step - 1) * B })
+  local noise = fsdp.randn({ B, c.channels, c.image_size, c.image_size },
+    { seed = cfg.seed, stream = 9, offset = (step - 1) * B * pixels })
+  local x = F.embedding(y, templates):view(B, c.channels, c.image_size, c.image_size) + noise
+  local loss = F.cross_entropy(model(x), y)
+  loss:backward()
+  opt:step()
+  opt:zero_grad()
+  local dt = clock.now() - t0
+  if step % cfg.log_every == 0 or step == cfg.max_steps then
+    print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, GFLOP/s: %.1f'):format(
+      step, loss:item(), B / dt, opt.param_groups[1].lr, flops / dt / 1e9))
+  end
+end
