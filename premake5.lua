@@ -4,6 +4,8 @@
 -- Debian's premake4 (`premake4 --file=premake5.lua gmake`) through the small
 -- shim below. Produces:
 --   build/lib/libfsdp.so   the core (every public symbol prefixed fl_)
+--   build/lib/libfsdp_mpi.so  the Open MPI backend, dlopen()ed by the core
+--                          only under a launcher (built when MPI is found)
 --   build/bin/fsdp-lua     the LuaJIT host (static LuaJIT, -rdynamic)
 --   build/bin/fsdp-ctest   the C test suite (cmocka)
 -- Configurations: release (default), debug, asan (AddressSanitizer and
@@ -66,6 +68,23 @@ local function find_nvcc()
   return nil
 end
 
+-- Open MPI's include and library directories (pkg-config, else mpicc's
+-- --showme), or nil when MPI's development files are missing: the core then
+-- builds without the mpi backend and runs as one rank.
+local function find_mpi()
+  local inc = pkg_config_dirs("--cflags-only-I", "ompi")
+  local lib = pkg_config_dirs("--libs-only-L", "ompi")
+  if #inc == 0 then
+    for dir in shell("mpicc --showme:incdirs"):gmatch("%S+") do inc[#inc + 1] = dir end
+    for dir in shell("mpicc --showme:libdirs"):gmatch("%S+") do lib[#lib + 1] = dir end
+  end
+  for _, dir in ipairs(inc) do
+    if os.isfile(dir .. "/mpi.h") then return { includedirs = inc, libdirs = lib } end
+  end
+  return nil
+end
+
+local MPI = find_mpi()
 local NVCC = find_nvcc()
 local CUDA_HOME = NVCC and path.getdirectory(path.getdirectory(NVCC)) or nil
 local ROOT = os.getcwd()
@@ -152,14 +171,15 @@ project "fsdp"
   kind "SharedLib"
   outdirs "lib"
   files { "core/**.c" }
-  excludes { "core/host/**.c" }
+  -- The MPI backend is its own library (below): the core never links MPI.
+  excludes { "core/host/**.c", "core/dist/mpi/**.c" }
   includedirs { "core/base", "core/ops" }
   buildoptions { "-fPIC", "-fvisibility=hidden", "-fopenmp" }
   linkoptions { "-fopenmp" }
   -- OpenBLAS (Debian's pthread build) for every matrix product.
   includedirs { pkg_config_dirs("--cflags-only-I", "openblas") }
   libdirs { pkg_config_dirs("--libs-only-L", "openblas") }
-  links { "openblas", "jansson", "m", "pthread" }
+  links { "openblas", "jansson", "m", "pthread", "dl" }
   if NVCC then
     -- The asan configuration stays CPU-only: the CUDA runtime is not built
     -- for the sanitizers and the GPU code is not what they check here.
@@ -191,6 +211,21 @@ project "fsdp"
       compilebuildoutputs "On"
     filter {}
   end
+
+-- The mpi backend of core/dist: a plugin the core dlopen()s only in a
+-- process a launcher started, so libfsdp.so never depends on libmpi.
+if MPI then
+project "fsdp_mpi"
+  kind "SharedLib"
+  outdirs "lib"
+  files { "core/dist/mpi/**.c" }
+  includedirs { "core/dist", MPI.includedirs }
+  libdirs { MPI.libdirs }
+  buildoptions { "-fPIC", "-fvisibility=hidden" }
+  links { "fsdp", "mpi", "pthread" }
+  linkoptions { "-Wl,-rpath,'$$ORIGIN'" }
+  for _, dir in ipairs(MPI.libdirs) do linkoptions { "-Wl,-rpath," .. dir } end
+end
 
 -- The executable: LuaJIT linked statically and every symbol exported so
 -- ffi.C sees the core and C Lua modules (cjson.so) see the Lua API.

@@ -7,6 +7,7 @@
 #   c-asan   the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   lua      busted specs run inside fsdp-lua (tests/lua/*_spec.lua)
 #   lua-asan the same specs through the sanitized build
+#   mpi      multi-rank scripts under mpirun, 2 and 4 ranks (tests/mpi/run.sh)
 # A suite that exits non-zero without reporting a failed test (a crash, a
 # sanitizer report) counts as one failure.
 #   tests/run.sh            all suites
@@ -61,6 +62,15 @@ if want lua-asan; then
       build/asan/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
   else
     echo "=== lua-asan: skipped (build/asan/bin/fsdp-lua not built; ./build.sh test builds it)"
+    skipped=$((skipped + 1))
+  fi
+fi
+
+if want mpi; then
+  if command -v mpirun >/dev/null; then
+    run_suite mpi tests/mpi/run.sh
+  else
+    echo "=== mpi: skipped (mpirun not found; ./build.sh installs openmpi-bin)"
     skipped=$((skipped + 1))
   fi
 fi

@@ -5,7 +5,8 @@
  * host_docall: errors come back with a traceback appended, whatever the type
  * of the error object, and Ctrl-C while Lua runs becomes an "interrupted!"
  * error raised from a debug hook, so the script's own pcalls and the REPL can
- * catch it like any other error.
+ * catch it like any other error. Reporting an error that ends the run also
+ * ends the other ranks of a multi-rank job (fl_dist_abort_on_error).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -18,6 +19,8 @@
 #include <string.h>
 
 #include <lauxlib.h>
+
+#include "fsdp.h"
 
 /* The state that SIGINT interrupts, and how many host_docall frames are
  * active (the REPL run from a script nests them). Signal handlers may only
@@ -107,7 +110,12 @@ void host_message(const char *message) {
 int host_report(lua_State *L, int status) {
     if (status == LUA_OK) return status;
     const char *msg = lua_tostring(L, -1);
-    host_message(msg != NULL ? msg : "(error object is not a string)");
+    if (msg == NULL) msg = "(error object is not a string)";
+    /* Every report ends the run. In a job with several ranks the others
+     * would wait for this one forever: this prints the rank and ends the
+     * whole job instead (it returns only in a single-process run). */
+    fl_dist_abort_on_error(msg);
+    host_message(msg);
     lua_pop(L, 1);
     return status;
 }

@@ -2,6 +2,7 @@
  * main.c: the fsdp-lua executable's command line.
  *
  *   fsdp-lua [options] [script [args...]]
+ *   fsdp-lua --nproc N [options] script [args...]   (N ranks under mpirun)
  *
  * It behaves like lua.c where the two overlap: -e chunks run in order, then
  * the script with the `arg` table and `...`, then the REPL with -i; with no
@@ -11,6 +12,10 @@
  *
  * Before any user code runs, package.path gets the project root (see
  * paths.c) and package.preload gets `fsdp.host` (hostlib.c).
+ *
+ * --nproc N replaces this process with `mpirun -np N` running the same
+ * executable and arguments (see launch_ranks), so mpirun's exit status is
+ * the command's.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -18,6 +23,8 @@
 
 #include "host.h"
 
+#include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +44,9 @@ typedef struct options {
     bool interactive;  /* -i */
     bool version;      /* -v, --version */
     bool help;         /* -h, --help */
+    int nproc;         /* --nproc N: ranks to start under mpirun; 0: none */
+    int nproc_arg;     /* argv index of --nproc */
+    int nproc_args;    /* 1 for --nproc=N, 2 for --nproc N */
     const char *bad;   /* the argument that made the command line invalid */
     const char *why;   /* what is wrong with it */
 } options;
@@ -63,6 +73,11 @@ static void print_usage(FILE *out) {
         "  -i             enter the REPL after running the script and -e code\n"
         "  -v, --version  print version and build information\n"
         "  -h, --help     print this help and exit\n"
+        "  --nproc N      run as N ranks: starts `mpirun -np N` with this\n"
+        "                 executable and the other arguments; allows root and\n"
+        "                 more ranks than cores when needed, and gives each\n"
+        "                 rank its share of the cores' threads unless\n"
+        "                 OMP_NUM_THREADS or OPENBLAS_NUM_THREADS is set\n"
         "  --             stop handling options; the next argument is the script\n"
         "  -              as the script: read it from standard input\n"
         "\n"
@@ -78,6 +93,15 @@ static void print_usage(FILE *out) {
         "                        spin on the cores OpenBLAS needs)\n"
         "  LUA_PATH, LUA_CPATH   module search paths, as in LuaJIT; the\n"
         "                        project's lua/ and root come first\n"
+        "  FSDP_BACKEND          mpi, self or auto (default: mpi when a launcher\n"
+        "                        such as mpirun or srun started the process)\n"
+        "  FSDP_COLLECTIVE_TIMEOUT  seconds a collective may wait (default 600)\n"
+        "  FSDP_RANKS_PER_NODE   treat blocks of N consecutive ranks as nodes\n"
+        "  FSDP_MPI_LIBRARY      the mpi backend plugin (default: libfsdp_mpi.so\n"
+        "                        next to libfsdp.so)\n"
+        "  FSDP_MPIRUN           the launcher --nproc runs (default: mpirun)\n"
+        "  FSDP_PROGRESS_THREAD  0: no thread advancing MPI transfers while the\n"
+        "                        rank computes (they advance only in waits)\n"
         "\n"
         "Files:\n"
         "  ~/.fsdp_lua_history   REPL history\n",
@@ -114,6 +138,23 @@ static bool parse_option(options *opts, int argc, char **argv, int *i) {
         opts->version = true;
     } else if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
         opts->help = true;
+    } else if (strcmp(arg, "--nproc") == 0 || strncmp(arg, "--nproc=", 8) == 0) {
+        const char *value = arg[7] == '=' ? arg + 8 : NULL;
+        opts->nproc_arg = *i;
+        opts->nproc_args = value ? 1 : 2;
+        if (!value && ++*i < argc) value = argv[*i];
+        if (!value) {
+            reject(opts, arg, "needs a number of ranks");
+            return false;
+        }
+        char *end;
+        errno = 0;
+        long n = strtol(value, &end, 10);
+        if (errno || *end || end == value || n < 1 || n > 100000) {
+            reject(opts, value, "is not a number of ranks for --nproc (1 or more)");
+            return false;
+        }
+        opts->nproc = (int)n;
     } else if (strncmp(arg, "-e", 2) == 0) {
         /* "-e CODE" or "-eCODE", as lua.c accepts both. */
         if (arg[2] == '\0' && ++*i >= argc) {
@@ -275,6 +316,110 @@ static int run(int argc, char **argv, options opts) {
     return status == LUA_OK && ctx.ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
+/* Cores this process may run on, counting hyperthreads of one core once:
+ * Open MPI gives one slot per core and refuses more ranks than slots
+ * unless oversubscription is allowed. */
+static int read_int(const char *fmt, int cpu, int fallback) {
+    char path[128];
+    snprintf(path, sizeof path, fmt, cpu);
+    FILE *f = fopen(path, "r");
+    int v = fallback;
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1) v = fallback;
+        fclose(f);
+    }
+    return v;
+}
+
+static int usable_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+    static int seen[CPU_SETSIZE][2]; /* distinct (package, core) pairs */
+    int cores = 0, logical = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+        if (!CPU_ISSET(cpu, &set)) continue;
+        logical++;
+        int core = read_int("/sys/devices/system/cpu/cpu%d/topology/core_id", cpu, -1);
+        int package =
+            read_int("/sys/devices/system/cpu/cpu%d/topology/physical_package_id", cpu, 0);
+        if (core < 0) continue;
+        bool known = false;
+        for (int c = 0; c < cores && !known; c++)
+            known = seen[c][0] == package && seen[c][1] == core;
+        if (!known) {
+            seen[cores][0] = package;
+            seen[cores][1] = core;
+            cores++;
+        }
+    }
+    return cores > 0 ? cores : logical > 0 ? logical : 1;
+}
+
+/* --nproc N: exec `mpirun -np N <this executable> <the other arguments>`.
+ * Only what the machine needs is added, through Open MPI's environment
+ * variables so a user's own settings win: permission to run as root when
+ * this is root, oversubscription when N exceeds the cores, shared-memory
+ * transfers without cross-process reads (containers often forbid the
+ * ptrace-like reads of the single-copy path, which then fails mid-run),
+ * and one share of the cores per rank for OpenMP and OpenBLAS threads
+ * unless the user set thread counts (N ranks each using every core would
+ * oversubscribe them N times). Returns only if mpirun cannot start. */
+static int launch_ranks(int argc, char **argv, const options *opts) {
+    int rank = fl_dist_launcher_rank();
+    if (rank >= 0) {
+        fprintf(stderr, "%s: --nproc in a process a launcher already started (rank %d): run "
+                        "the script without --nproc\n",
+                HOST_PROGNAME, rank);
+        return EXIT_USAGE;
+    }
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) {
+        snprintf(exe, sizeof exe, "%s", argv[0]);
+    } else {
+        exe[len] = '\0';
+    }
+    const char *mpirun = getenv("FSDP_MPIRUN");
+    if (mpirun == NULL || *mpirun == '\0') mpirun = "mpirun";
+    char np[16];
+    snprintf(np, sizeof np, "%d", opts->nproc);
+    char **args = calloc((size_t)argc + 5, sizeof *args);
+    if (args == NULL) {
+        host_message("--nproc: out of memory");
+        return EXIT_FAILURE;
+    }
+    int k = 0;
+    args[k++] = (char *)mpirun;
+    args[k++] = "-np";
+    args[k++] = np;
+    args[k++] = exe;
+    for (int i = 1; i < argc; i++) {
+        if (i >= opts->nproc_arg && i < opts->nproc_arg + opts->nproc_args) continue;
+        args[k++] = argv[i];
+    }
+    args[k] = NULL;
+    if (geteuid() == 0) {
+        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    }
+    int cores = usable_cores();
+    if (opts->nproc > cores) setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+    if (!getenv("OMP_NUM_THREADS") && !getenv("OPENBLAS_NUM_THREADS")) {
+        char threads[16];
+        snprintf(threads, sizeof threads, "%d", cores / opts->nproc > 1 ? cores / opts->nproc : 1);
+        setenv("OMP_NUM_THREADS", threads, 1);
+        setenv("OPENBLAS_NUM_THREADS", threads, 1);
+    }
+    fflush(stdout);
+    execvp(mpirun, args);
+    fprintf(stderr, "%s: --nproc %d: cannot run %s: %s (install Open MPI's mpirun, or set "
+                    "FSDP_MPIRUN)\n",
+            HOST_PROGNAME, opts->nproc, mpirun, strerror(errno));
+    free(args);
+    return 127;
+}
+
 /* [Note: OpenMP wait policy]
  * OpenMP's idle workers spin after each parallel region by default, on the
  * very cores OpenBLAS's threads need for the matrix product that usually
@@ -301,6 +446,7 @@ int main(int argc, char **argv) {
         print_usage(stdout);
         return EXIT_SUCCESS;
     }
+    if (opts.nproc > 0) return launch_ranks(argc, argv, &opts);
     if (opts.version) print_version();
     /* -v alone only prints; it needs no Lua state and no project root. */
     if (opts.version && !opts.interactive && !opts.has_e && opts.script == 0) {

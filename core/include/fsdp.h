@@ -728,6 +728,140 @@ FL_API int fl_grad_sq_norm(const fl_tensor *t, double *out);
  * 16-bit floats): the scaling of clip-by-norm. No-op on meta and fake. */
 FL_API int fl_grad_scale_(fl_tensor *t, double alpha);
 
+/* ---- distributed: process groups and collectives (core/dist/) ---- */
+/* One interface over two backends, chosen by fl_dist_init:
+ *   self  one rank, no MPI: collectives are copies or nothing;
+ *   mpi   Open MPI over cpu tensors. It lives in libfsdp_mpi.so next to
+ *         this library and is loaded only when a launcher started the
+ *         process (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK, or
+ *         SLURM_PROCID with SLURM_NTASKS > 1) or FSDP_BACKEND=mpi, so a
+ *         plain run never touches MPI. FSDP_BACKEND=self forces one rank;
+ *         FSDP_MPI_LIBRARY names another plugin file.
+ * Collectives start at once and return a work handle (non-blocking MPI
+ * underneath, so compute overlaps communication); fl_work_wait finishes
+ * one. Every rank of a group starts the same collectives on it in the same
+ * order. Tensors are contiguous cpu tensors; meta and fake tensors are
+ * checked and left alone, so planning code runs unchanged. bf16 and f16
+ * reductions accumulate in f32. A wait gives up after the collective
+ * timeout (FSDP_COLLECTIVE_TIMEOUT seconds, default 600) with an error
+ * naming the collective, the group and the rank instead of hanging. Calls
+ * come from one thread. A NULL group means the world. Anything that needs
+ * the backend initialises it on first use. Errors: FL_ERR_ARG for a
+ * misuse, FL_ERR_DEVICE when the backend cannot load, communication fails
+ * or a wait times out, FL_ERR_UNSUPPORTED for tensors the backend cannot
+ * move (cuda tensors until the nccl backend exists). */
+
+typedef struct fl_group fl_group;
+typedef struct fl_work fl_work;
+
+typedef enum fl_reduce_op {
+    FL_REDUCE_SUM = 0,
+    FL_REDUCE_AVG = 1, /* the sum divided by the group size; float dtypes */
+    FL_REDUCE_MAX = 2,
+    FL_REDUCE_MIN = 3,
+    FL_REDUCE_OP_COUNT = 4
+} fl_reduce_op;
+
+/* Start the backend (idempotent). Fails naming the plugin path and the
+ * loader's message when the mpi backend is wanted and cannot load, and
+ * when FSDP_RANKS_PER_NODE does not divide the world size. */
+FL_API int fl_dist_init(void);
+FL_API bool fl_dist_is_initialized(void);
+/* "self" or "mpi"; NULL with the error set if initialisation fails. */
+FL_API const char *fl_dist_backend_name(void);
+/* Where this process stands (initialise on first use; -1 on failure). The
+ * node of a rank comes from MPI's shared-memory split, or, with
+ * FSDP_RANKS_PER_NODE=n, from consecutive blocks of n ranks (4 ranks on one
+ * machine then act as 2 nodes of 2). */
+FL_API int fl_dist_rank(void);
+FL_API int fl_dist_world_size(void);
+FL_API int fl_dist_local_rank(void);  /* index of this rank on its node */
+FL_API int fl_dist_local_size(void);  /* ranks on this node */
+FL_API int fl_dist_node(void);        /* index of this node */
+FL_API int fl_dist_nodes(void);       /* number of nodes */
+/* The rank a launcher gave this process, read from its environment without
+ * initialising anything; -1 when no launcher started it. */
+FL_API int fl_dist_launcher_rank(void);
+/* Seconds a wait may last before it fails (FSDP_COLLECTIVE_TIMEOUT, else
+ * 600); set_timeout changes it for this process (seconds > 0). */
+FL_API double fl_dist_timeout(void);
+FL_API int fl_dist_set_timeout(double seconds);
+/* For the host, when a script ends with an uncaught error: in a job with a
+ * launcher, print "fsdp-lua: rank R: message" and end every rank of the job
+ * (MPI_Abort; before the backend started, exit(1), which the launcher
+ * turns into the end of the job), so no rank waits forever for this one.
+ * Returns without doing anything in a run without a launcher. */
+FL_API void fl_dist_abort_on_error(const char *message);
+/* Complete dropped works (bounded by the timeout), free the groups and
+ * shut the backend down (MPI_Finalize). init registers it with atexit;
+ * nothing distributed may be called after it. */
+FL_API void fl_dist_finalize(void);
+
+/* Groups are reference counted: every function returning one returns a
+ * new reference. Creating a group is collective over its parent: every
+ * rank of the parent calls, members or not, in the same order. */
+FL_API fl_group *fl_group_world(void);
+/* The world ranks `ranks` (n distinct, in group-rank order). A rank not
+ * listed gets a group that is not a member (rank -1, size 0). */
+FL_API fl_group *fl_group_new(int n, const int *ranks);
+/* MPI_Comm_split of parent (NULL: world): ranks passing the same color
+ * form a group ordered by key, then by parent rank; color < 0 gives a
+ * non-member group. name labels it in messages (copied; NULL: a default). */
+FL_API fl_group *fl_group_split(fl_group *parent, int color, int key, const char *name);
+/* The groups of hybrid sharding, collective over the world: shard = the
+ * ranks of this node (full sharding inside it), replicate = the ranks with
+ * this local rank on every node (replicas across nodes). */
+FL_API int fl_group_hybrid(fl_group **shard, fl_group **replicate);
+FL_API fl_group *fl_group_retain(fl_group *g);
+FL_API void fl_group_release(fl_group *g);
+FL_API bool fl_group_is_member(const fl_group *g);
+FL_API int fl_group_rank(const fl_group *g);  /* -1 outside the group */
+FL_API int fl_group_size(const fl_group *g);  /* 0 outside the group */
+/* World rank of group rank i; -1 when i is out of range. */
+FL_API int fl_group_world_rank(const fl_group *g, int i);
+/* "world", "shard(node 1)", "replicate(local rank 0)", "group[0, 2]". */
+FL_API const char *fl_group_name(const fl_group *g);
+
+/* Collectives: each returns a new work (NULL with the error set on a
+ * misuse, before anything was sent). The tensors stay referenced by the
+ * work until it completes; do not read an output or write an input
+ * before fl_work_wait (or fl_work_test) reports completion. */
+/* out = the inputs of every group rank concatenated in rank order: in has
+ * n elements, out size*n of the same dtype. in may be out's own slot
+ * (elements rank*n ... rank*n+n-1 of out): gathered in place, no copy. */
+FL_API fl_work *fl_all_gather_into(fl_group *g, fl_tensor *out, const fl_tensor *in);
+/* out = the reduction over the group of chunk r of every rank's in, on
+ * group rank r: in has size * out->numel elements; in and out do not
+ * overlap. op: sum, avg (floats), max, min. */
+FL_API fl_work *fl_reduce_scatter(fl_group *g, fl_tensor *out, const fl_tensor *in,
+                                  fl_reduce_op op);
+/* t = the reduction of t over the group, in place. */
+FL_API fl_work *fl_all_reduce(fl_group *g, fl_tensor *t, fl_reduce_op op);
+/* t = group rank root's t, in place. */
+FL_API fl_work *fl_broadcast(fl_group *g, fl_tensor *t, int root);
+FL_API fl_work *fl_barrier(fl_group *g);
+/* A barrier that cannot hang (blocking): every rank reports to group rank
+ * 0 by point-to-point messages; after `timeout` seconds rank 0 fails
+ * naming the world ranks that did not arrive and tells the ranks that did,
+ * which fail with the same names; a rank that hears nothing from rank 0
+ * within 2 * timeout + 1 seconds fails saying so. FL_OK when every rank
+ * arrived. */
+FL_API int fl_monitored_barrier(fl_group *g, double timeout);
+
+/* Block until the collective completes (its outputs are then valid). Fails
+ * after the collective timeout naming the collective, the group and this
+ * rank; a work that failed stays failed. */
+FL_API int fl_work_wait(fl_work *w);
+/* Progress the collective; *done says whether it has completed. */
+FL_API int fl_work_test(fl_work *w, bool *done);
+FL_API bool fl_work_is_completed(const fl_work *w);
+/* The collective's name, e.g. "all_reduce". */
+FL_API const char *fl_work_name(const fl_work *w);
+/* Drop the handle (NULL is fine). An unfinished collective carries on with
+ * its tensors referenced and completes during later calls or at finalize;
+ * its outputs are defined only after a wait. */
+FL_API void fl_work_release(fl_work *w);
+
 #ifndef FL_FFI_CDEF
 #ifdef __cplusplus
 }

@@ -248,7 +248,7 @@ for d = 0, C.FL_DTYPE_COUNT - 1 do M.dtypes[#M.dtypes + 1] = core.dtype_name(d) 
 -- Submodules loaded on first use (they require this module themselves):
 -- fsdp.nn, fsdp.optim, fsdp.functional (also as fsdp.F).
 local lazy = { nn = 'fsdp.nn', optim = 'fsdp.optim', functional = 'fsdp.functional',
-               F = 'fsdp.functional' }
+               F = 'fsdp.functional', dist = 'fsdp.dist' }
 setmetatable(M, {
   __index = function(t, k)
     local name = lazy[k]

@@ -1,0 +1,315 @@
+/*
+ * dist.c: starting and stopping the distributed runtime: which backend
+ * runs, loading the MPI plugin, where this rank stands (rank, node), the
+ * collective timeout, and ending the whole job when a rank fails.
+ *
+ * [Note: choosing the backend]
+ * libfsdp.so never links libmpi. A process started by a launcher
+ * (OMPI_COMM_WORLD_SIZE from mpirun, PMI_SIZE or PMIX_RANK from PMI
+ * launchers, SLURM_PROCID with SLURM_NTASKS > 1 from srun) or with
+ * FSDP_BACKEND=mpi dlopen()s libfsdp_mpi.so, found next to libfsdp.so (or
+ * at FSDP_MPI_LIBRARY); anything else is one rank on the `self` backend
+ * and never loads MPI, so a plain `fsdp-lua x.lua` starts fast, prints no
+ * MPI noise and runs where MPI is not installed. The plugin is opened with
+ * RTLD_GLOBAL because Open MPI's own components are shared objects that
+ * expect libmpi's symbols in the global scope.
+ *
+ * [Note: failing without hanging]
+ * A rank that dies while the others wait in a collective would leave them
+ * waiting forever. Three things bound that: (1) the host calls
+ * fl_dist_abort_on_error when a script ends with an uncaught error, which
+ * prints the rank and the message and calls MPI_Abort, so mpirun kills the
+ * job within seconds; (2) every wait polls with a deadline (the collective
+ * timeout) and fails naming the collective and the group; (3) the
+ * monitored barrier names the ranks that did not arrive.
+ */
+#include "dist.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+fl_dist_state fl_dist;
+
+extern const fl_dist_backend fl_dist_self_backend;
+
+enum { DEFAULT_TIMEOUT_SECONDS = 600 };
+
+/* ---- time and waiting ----------------------------------------------------- */
+
+double fl_dist_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void fl_dist_pause(double waited) {
+    /* Open MPI moves data (and computes reductions) only inside MPI calls,
+     * so every pause between polls is time the collective stands still:
+     * sleeping even 20 us between polls made a 32 MB reduce_scatter take
+     * twice as long as MPI's own blocking call. Yielding instead lets other
+     * ranks sharing the core run, and costs nothing when none do. */
+    if (waited < 1.0) {
+        sched_yield();
+        return;
+    }
+    /* Waits this long are a late or failed peer, not a transfer: poll
+     * less often so a wait of minutes does not burn a core. */
+    struct timespec ts = {0, waited < 10.0 ? 50000 : 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- the environment --------------------------------------------------------- */
+
+static int env_int(const char *name, int fallback) {
+    const char *v = getenv(name);
+    if (!v || !*v) return fallback;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < INT_MIN || x > INT_MAX) return fallback;
+    return (int)x;
+}
+
+/* Why a launcher started this process ("OMPI_COMM_WORLD_SIZE=4"), or NULL. */
+static const char *launcher_reason(char *buf, size_t size) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) {
+            snprintf(buf, size, "%s=%s set by the launcher", vars[i], v);
+            return buf;
+        }
+    }
+    /* Inside an allocation SLURM_PROCID is set even for a single process;
+     * only a multi-task step means the ranks expect each other. */
+    if (getenv("SLURM_PROCID") && env_int("SLURM_NTASKS", 1) > 1) {
+        snprintf(buf, size, "SLURM_NTASKS=%d set by srun", env_int("SLURM_NTASKS", 1));
+        return buf;
+    }
+    return NULL;
+}
+
+int fl_dist_launcher_rank(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        int r = env_int(vars[i], -1);
+        if (r >= 0) return r;
+    }
+    if (env_int("SLURM_NTASKS", 1) > 1) return env_int("SLURM_PROCID", -1);
+    return -1;
+}
+
+const char *fl_dist_rank_str(char *buf, size_t size) {
+    int r = fl_dist.initialized ? fl_dist.topo.rank : fl_dist_launcher_rank();
+    if (r < 0) r = 0;
+    snprintf(buf, size, "rank %d", r);
+    return buf;
+}
+
+/* ---- loading the MPI plugin -------------------------------------------------- */
+
+static int plugin_path(char *path, size_t size) {
+    const char *env = getenv("FSDP_MPI_LIBRARY");
+    if (env && *env) {
+        snprintf(path, size, "%s", env);
+        return FL_OK;
+    }
+    /* Next to this library: build/lib, build/debug/lib or an install. */
+    Dl_info info;
+    if (!dladdr((const void *)(uintptr_t)&fl_dist_init, &info) || !info.dli_fname)
+        return fl_fail(FL_ERR_DEVICE, "dist: cannot find where libfsdp.so was loaded from "
+                                      "(set FSDP_MPI_LIBRARY to libfsdp_mpi.so)");
+    const char *slash = strrchr(info.dli_fname, '/');
+    int dir_len = slash ? (int)(slash - info.dli_fname) : 1;
+    const char *dir = slash ? info.dli_fname : ".";
+    snprintf(path, size, "%.*s/libfsdp_mpi.so", dir_len, dir);
+    return FL_OK;
+}
+
+static int load_mpi_plugin(const char *why) {
+    char path[4096];
+    if (plugin_path(path, sizeof path)) return fl_last_status();
+    dlerror();
+    void *handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!handle) {
+        const char *err = dlerror();
+        return fl_fail(FL_ERR_DEVICE,
+                       "dist: the mpi backend is needed (%s) but %s cannot be loaded: %s "
+                       "(it is built when Open MPI's development files are installed: "
+                       "libopenmpi-dev)",
+                       why, path, err ? err : "unknown error");
+    }
+    fl_dist_backend_entry entry;
+    void *sym = dlsym(handle, FL_DIST_MPI_ENTRY);
+    memcpy(&entry, &sym, sizeof entry);
+    if (!entry) {
+        dlclose(handle);
+        return fl_fail(FL_ERR_DEVICE, "dist: %s does not export %s: not an fsdp-lua mpi backend",
+                       path, FL_DIST_MPI_ENTRY);
+    }
+    const fl_dist_backend *b = entry();
+    if (!b || b->abi != FL_DIST_BACKEND_ABI) {
+        dlclose(handle);
+        return fl_fail(FL_ERR_DEVICE,
+                       "dist: %s was built for backend interface %d, this core has %d: "
+                       "rebuild both",
+                       path, b ? b->abi : -1, FL_DIST_BACKEND_ABI);
+    }
+    fl_dist.plugin = handle;
+    fl_dist.backend = b;
+    return FL_OK;
+}
+
+/* ---- init and finalize ------------------------------------------------------- */
+
+static int read_timeout(double *out) {
+    const char *v = getenv("FSDP_COLLECTIVE_TIMEOUT");
+    *out = DEFAULT_TIMEOUT_SECONDS;
+    if (!v || !*v) return FL_OK;
+    char *end;
+    double t = strtod(v, &end);
+    if (*end || !(t > 0) || !isfinite(t))
+        return fl_fail(FL_ERR_ARG, "dist: FSDP_COLLECTIVE_TIMEOUT=%s is not a positive number "
+                                   "of seconds", v);
+    *out = t;
+    return FL_OK;
+}
+
+/* FSDP_RANKS_PER_NODE=n: consecutive blocks of n ranks act as nodes, so
+ * hybrid sharding can be exercised on one machine. Meaningless for one
+ * rank, where it is ignored. */
+static int apply_ranks_per_node(fl_dist_topology *t) {
+    const char *v = getenv("FSDP_RANKS_PER_NODE");
+    if (!v || !*v || t->size == 1) return FL_OK;
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || n < 1 || n > t->size || t->size % n != 0)
+        return fl_fail(FL_ERR_ARG, "dist: FSDP_RANKS_PER_NODE=%s must be a positive divisor of "
+                                   "the world size %d",
+                       v, t->size);
+    t->local_rank = t->rank % (int)n;
+    t->local_size = (int)n;
+    t->node = t->rank / (int)n;
+    t->nodes = t->size / (int)n;
+    return FL_OK;
+}
+
+static void finalize_at_exit(void) { fl_dist_finalize(); }
+
+int fl_dist_init(void) {
+    if (fl_dist.initialized) return FL_OK;
+    if (fl_dist.finalized)
+        return fl_fail(FL_ERR_STATE, "dist: the distributed runtime was already finalized");
+    double timeout;
+    if (read_timeout(&timeout)) return fl_last_status();
+    const char *choice = getenv("FSDP_BACKEND");
+    char why[128];
+    const char *reason = launcher_reason(why, sizeof why);
+    bool want_mpi;
+    if (choice && *choice && strcmp(choice, "auto") != 0) {
+        if (strcmp(choice, "mpi") != 0 && strcmp(choice, "self") != 0)
+            return fl_fail(FL_ERR_ARG, "dist: FSDP_BACKEND=%s: expected mpi, self or auto", choice);
+        want_mpi = strcmp(choice, "mpi") == 0;
+        reason = "FSDP_BACKEND=mpi";
+    } else {
+        want_mpi = reason != NULL;
+    }
+    if (!fl_dist.backend) {
+        if (want_mpi) {
+            if (load_mpi_plugin(reason)) return fl_last_status();
+        } else {
+            fl_dist.backend = &fl_dist_self_backend;
+        }
+        fl_dist_topology topo;
+        memset(&topo, 0, sizeof topo);
+        if (fl_dist.backend->init(&topo) != FL_OK) {
+            int status = fl_fail(fl_last_status() ? fl_last_status() : FL_ERR_DEVICE,
+                                 "dist: the %s backend failed to start: %s",
+                                 fl_dist.backend->name, fl_last_error());
+            fl_dist.backend = NULL;
+            return status;
+        }
+        fl_dist.topo = topo;
+        /* From here MPI runs: finalize it at exit whatever happens next. */
+        atexit(finalize_at_exit);
+    }
+    fl_dist_topology topo = fl_dist.topo;
+    if (apply_ranks_per_node(&topo)) return fl_last_status();
+    fl_dist.topo = topo;
+    fl_dist.timeout = timeout;
+    fl_dist.world = fl_group_wrap(fl_dist.backend->world(), "world");
+    if (!fl_dist.world) return fl_last_status();
+    fl_dist.initialized = true;
+    return FL_OK;
+}
+
+int fl_dist_ensure(void) { return fl_dist.initialized ? FL_OK : fl_dist_init(); }
+
+bool fl_dist_is_initialized(void) { return fl_dist.initialized; }
+
+const char *fl_dist_backend_name(void) {
+    return fl_dist_ensure() ? NULL : fl_dist.backend->name;
+}
+
+#define TOPO_GETTER(fn, field)                                                \
+    int fn(void) { return fl_dist_ensure() ? -1 : fl_dist.topo.field; }
+TOPO_GETTER(fl_dist_rank, rank)
+TOPO_GETTER(fl_dist_world_size, size)
+TOPO_GETTER(fl_dist_local_rank, local_rank)
+TOPO_GETTER(fl_dist_local_size, local_size)
+TOPO_GETTER(fl_dist_node, node)
+TOPO_GETTER(fl_dist_nodes, nodes)
+#undef TOPO_GETTER
+
+double fl_dist_timeout(void) {
+    if (fl_dist.initialized) return fl_dist.timeout;
+    double t;
+    return read_timeout(&t) ? DEFAULT_TIMEOUT_SECONDS : t;
+}
+
+int fl_dist_set_timeout(double seconds) {
+    if (!(seconds > 0) || !isfinite(seconds))
+        return fl_fail(FL_ERR_ARG, "dist: the collective timeout must be a positive number of "
+                                   "seconds, got %g",
+                       seconds);
+    if (fl_dist_ensure()) return fl_last_status();
+    fl_dist.timeout = seconds;
+    return FL_OK;
+}
+
+void fl_dist_finalize(void) {
+    if (!fl_dist.backend || fl_dist.finalized) return;
+    if (fl_dist.initialized) {
+        fl_dist_drain_dropped(fl_dist.timeout);
+        fl_group_release(fl_dist.world);
+        fl_dist.world = NULL;
+    }
+    fl_dist.initialized = false;
+    fl_dist.finalized = true;
+    fl_dist.backend->finalize();
+}
+
+void fl_dist_abort_on_error(const char *message) {
+    int rank = fl_dist.backend ? fl_dist.topo.rank : fl_dist_launcher_rank();
+    bool job = fl_dist_launcher_rank() >= 0 ||
+               (fl_dist.backend && fl_dist.backend != &fl_dist_self_backend);
+    if (!job) return;
+    fflush(stdout);
+    fprintf(stderr, "fsdp-lua: rank %d: %s\n", rank, message ? message : "(no message)");
+    if (fl_dist.backend && fl_dist.backend != &fl_dist_self_backend && !fl_dist.finalized) {
+        fprintf(stderr, "fsdp-lua: rank %d: aborting the job (%d ranks)\n", rank,
+                fl_dist.topo.size);
+        fflush(stderr);
+        fl_dist.backend->abort(1);
+    }
+    /* No backend running: the launcher ends the job when a rank exits with
+     * a failure (mpirun and srun both do by default). */
+    exit(1);
+}

@@ -1,0 +1,93 @@
+/*
+ * dist_backend.h: the vtable a communication backend implements, shared by
+ * the core (core/dist/) and the MPI plugin (core/dist/mpi/, built into
+ * libfsdp_mpi.so).
+ *
+ * The plugin is a separate shared object so that libfsdp.so never links
+ * libmpi: a plain run starts fast, prints nothing from MPI and works on
+ * machines without it. Everything that does not need MPI (checking tensors,
+ * staging bf16 in f32, averaging, timeouts, works, groups' names) stays in
+ * the core, so a backend moves contiguous buffers and nothing else. The
+ * plugin may call only public (FL_API) core functions, chiefly
+ * fl_set_error to report failures; the core then prefixes the collective,
+ * group and rank.
+ *
+ * Communicators and requests are opaque pointers owned by the backend.
+ * FL_DIST_BACKEND_ABI changes whenever this file does, so a stale plugin is
+ * refused with a message instead of misbehaving.
+ */
+#ifndef FL_DIST_BACKEND_H
+#define FL_DIST_BACKEND_H
+
+#include "fsdp.h"
+
+enum { FL_DIST_BACKEND_ABI = 1 };
+
+/* The symbol libfsdp_mpi.so exports: returns its vtable. */
+#define FL_DIST_MPI_ENTRY "fl_dist_mpi_backend"
+
+/* Where the process stands in the world, as the backend found it. */
+typedef struct fl_dist_topology {
+    int rank, size;
+    int local_rank, local_size; /* on this node */
+    int node, nodes;
+} fl_dist_topology;
+
+typedef enum fl_coll_kind {
+    FL_COLL_ALL_GATHER = 0,
+    FL_COLL_REDUCE_SCATTER = 1,
+    FL_COLL_ALL_REDUCE = 2,
+    FL_COLL_BROADCAST = 3,
+    FL_COLL_BARRIER = 4
+} fl_coll_kind;
+
+/* One collective over contiguous host buffers. count is per rank for
+ * all_gather (each rank's contribution) and reduce_scatter (each rank's
+ * result), the whole buffer for all_reduce and broadcast. send == NULL
+ * means in place: all_gather's own slot of recv already holds the input;
+ * all_reduce and broadcast always work in recv. Reductions never see f16,
+ * bf16 or avg: the core stages those in f32 and divides itself. */
+typedef struct fl_coll {
+    fl_coll_kind kind;
+    const void *send;
+    void *recv;
+    int64_t count;
+    fl_dtype dtype;
+    fl_reduce_op op; /* sum, max or min */
+    int root;        /* broadcast: rank in the communicator */
+} fl_coll;
+
+typedef struct fl_dist_backend {
+    int abi; /* FL_DIST_BACKEND_ABI */
+    const char *name;
+    /* Start (MPI_Init) and describe the world. */
+    int (*init)(fl_dist_topology *topo);
+    /* Stop; no call follows. */
+    void (*finalize)(void);
+    /* The world communicator (private to the core: a duplicate). */
+    void *(*world)(void);
+    /* Collective over comm: *out is the new communicator, NULL for a rank
+     * that passed color < 0. */
+    int (*split)(void *comm, int color, int key, void **out);
+    int (*comm_rank)(void *comm);
+    int (*comm_size)(void *comm);
+    /* World ranks of comm's members, in comm order (comm_size entries). */
+    int (*world_ranks)(void *comm, int *ranks);
+    void (*comm_free)(void *comm);
+    /* Start a collective; *req is NULL when it completed at once. */
+    int (*start)(void *comm, const fl_coll *c, void **req);
+    /* Progress; when *done the request is freed and must not be used. */
+    int (*test)(void *req, bool *done);
+    /* Point-to-point messages of a few bytes (the monitored barrier). */
+    int (*isend)(void *comm, int dst, int tag, const void *buf, int nbytes, void **req);
+    int (*irecv)(void *comm, int src, int tag, void *buf, int nbytes, void **req);
+    /* Give up an unfinished request: a receive is cancelled, a send left
+     * to finish alone (its buffer must stay valid). Frees req. */
+    void (*abandon)(void *req);
+    /* End every process of the job with this exit code. */
+    void (*abort)(int code);
+} fl_dist_backend;
+
+typedef const fl_dist_backend *(*fl_dist_backend_entry)(void);
+
+#endif /* FL_DIST_BACKEND_H */

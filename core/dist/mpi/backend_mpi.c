@@ -1,0 +1,457 @@
+/*
+ * backend_mpi.c: the Open MPI backend, built alone into libfsdp_mpi.so and
+ * loaded by the core only in processes a launcher started (see [Note:
+ * choosing the backend] in core/dist/dist.c), so libfsdp.so never links
+ * libmpi.
+ *
+ * It moves contiguous host buffers with MPI's non-blocking collectives
+ * (MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Iallreduce, MPI_Ibcast,
+ * MPI_Ibarrier) on duplicates of the world's communicator, so nothing the
+ * user's own MPI code does can match our messages. Errors return codes
+ * (MPI_ERRORS_RETURN) and become messages through fl_set_error, with
+ * MPI's own description of the error.
+ *
+ * [Note: the progress thread]
+ * Open MPI advances a non-blocking collective only while some thread is
+ * inside an MPI call; a rank busy computing would otherwise move nothing
+ * until it waits, and "overlap" would be a delay. So while requests are
+ * outstanding a progress thread tests them every FSDP_PROGRESS_INTERVAL_US
+ * microseconds (default 100) and sleeps on a condition variable when there
+ * are none (no cost to a run that is not communicating). MPI is initialised
+ * with MPI_THREAD_SERIALIZED and every MPI call, from either thread, holds
+ * one mutex. FSDP_PROGRESS_THREAD=0 turns the thread off (progress then
+ * happens only in test and wait); so does an MPI that cannot provide
+ * MPI_THREAD_SERIALIZED.
+ */
+#include "dist_backend.h"
+
+#include <errno.h>
+#include <mpi.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef struct mpi_req {
+    MPI_Request request;
+    bool receive;          /* a point-to-point receive (cancellable) */
+    bool done;             /* completed (or failed: error != 0) */
+    int error;
+    const char *what;      /* the MPI call, for messages */
+    struct mpi_req *prev, *next; /* in the active list while not done */
+} mpi_req;
+
+static struct {
+    pthread_mutex_t lock; /* held around every MPI call */
+    pthread_cond_t wake;  /* a request became active, or stop */
+    pthread_t thread;
+    bool thread_running, stop;
+    long interval_us;
+    mpi_req *active;      /* requests not yet seen complete */
+    bool we_initialized;  /* MPI_Init was ours, so MPI_Finalize is too */
+    int thread_level;
+    MPI_Comm *world;
+} S = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+/* ---- errors ------------------------------------------------------------- */
+
+static int mpi_fail(int code, const char *call) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(code, text, &len) != MPI_SUCCESS)
+        snprintf(text, sizeof text, "code %d", code);
+    char msg[MPI_MAX_ERROR_STRING + 128];
+    snprintf(msg, sizeof msg, "%s failed: %s", call, text);
+    return fl_set_error(FL_ERR_DEVICE, msg);
+}
+
+/* ---- the active list (callers hold S.lock) ---------------------------------- */
+
+static void track(mpi_req *r) {
+    r->prev = NULL;
+    r->next = S.active;
+    if (S.active) S.active->prev = r;
+    S.active = r;
+    pthread_cond_signal(&S.wake);
+}
+
+static void untrack(mpi_req *r) {
+    if (r->prev) r->prev->next = r->next;
+    else if (S.active == r) S.active = r->next;
+    if (r->next) r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+
+/* Test one request; marks it done (and untracks it) when it completed. */
+static void poll_one(mpi_req *r) {
+    if (r->done) return;
+    int flag = 0;
+    int rc = MPI_Test(&r->request, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        r->error = rc;
+        flag = 1;
+    }
+    if (flag) {
+        r->done = true;
+        untrack(r);
+    }
+}
+
+static void *progress_main(void *arg) {
+    struct timespec pause = {0, S.interval_us * 1000};
+    pthread_mutex_lock(&S.lock);
+    while (!S.stop) {
+        if (!S.active) {
+            pthread_cond_wait(&S.wake, &S.lock);
+            continue;
+        }
+        for (mpi_req *r = S.active, *next; r; r = next) {
+            next = r->next;
+            poll_one(r);
+        }
+        pthread_mutex_unlock(&S.lock);
+        nanosleep(&pause, NULL);
+        pthread_mutex_lock(&S.lock);
+    }
+    pthread_mutex_unlock(&S.lock);
+    return NULL;
+}
+
+static void start_progress_thread(void) {
+    const char *env = getenv("FSDP_PROGRESS_THREAD");
+    if (env && strcmp(env, "0") == 0) return;
+    if (S.thread_level < MPI_THREAD_SERIALIZED) return;
+    const char *iv = getenv("FSDP_PROGRESS_INTERVAL_US");
+    S.interval_us = iv && atol(iv) > 0 ? atol(iv) : 100;
+    if (S.interval_us >= 1000000) S.interval_us = 999999;
+    S.stop = false;
+    S.thread_running = pthread_create(&S.thread, NULL, progress_main, NULL) == 0;
+}
+
+/* ---- types ------------------------------------------------------------------------ */
+
+static MPI_Datatype mpi_type(fl_dtype d) {
+    switch (d) {
+    case FL_F32: return MPI_FLOAT;
+    case FL_F64: return MPI_DOUBLE;
+    case FL_F16:
+    case FL_BF16: /* moved as bits; reductions are staged in f32 by the core */
+    case FL_U16: return MPI_UINT16_T;
+    case FL_I64: return MPI_INT64_T;
+    case FL_I32: return MPI_INT32_T;
+    case FL_I16: return MPI_INT16_T;
+    case FL_I8: return MPI_INT8_T;
+    case FL_U32: return MPI_UINT32_T;
+    case FL_U8:
+    case FL_BOOL: return MPI_UINT8_T; /* max is any, min is all */
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static MPI_Op mpi_op(fl_reduce_op op) {
+    switch (op) {
+    case FL_REDUCE_MAX: return MPI_MAX;
+    case FL_REDUCE_MIN: return MPI_MIN;
+    default: return MPI_SUM;
+    }
+}
+
+/* ---- init and finalize ------------------------------------------------------------- */
+
+static int mpi_backend_init(fl_dist_topology *t) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    pthread_mutex_lock(&S.lock);
+    int rc = MPI_SUCCESS;
+    if (!initialized) {
+        rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &S.thread_level);
+        if (rc != MPI_SUCCESS) {
+            pthread_mutex_unlock(&S.lock);
+            return mpi_fail(rc, "MPI_Init_thread");
+        }
+        S.we_initialized = true;
+    } else {
+        MPI_Query_thread(&S.thread_level);
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    S.world = malloc(sizeof *S.world);
+    const char *call = "MPI_Comm_dup";
+    if (!S.world) {
+        pthread_mutex_unlock(&S.lock);
+        return fl_set_error(FL_ERR_OOM, "mpi backend: out of memory");
+    }
+    rc = MPI_Comm_dup(MPI_COMM_WORLD, S.world);
+    MPI_Comm local = MPI_COMM_NULL;
+    int *leaders = NULL;
+    if (rc == MPI_SUCCESS) {
+        MPI_Comm_rank(*S.world, &t->rank);
+        MPI_Comm_size(*S.world, &t->size);
+        call = "MPI_Comm_split_type";
+        rc = MPI_Comm_split_type(*S.world, MPI_COMM_TYPE_SHARED, t->rank, MPI_INFO_NULL, &local);
+    }
+    /* Nodes: the ranks sharing memory with this one. Each node is named by
+     * its lowest world rank; the node index counts the lower-named nodes. */
+    int leader = t->rank;
+    if (rc == MPI_SUCCESS) {
+        MPI_Comm_rank(local, &t->local_rank);
+        MPI_Comm_size(local, &t->local_size);
+        call = "MPI_Allreduce";
+        rc = MPI_Allreduce(&t->rank, &leader, 1, MPI_INT, MPI_MIN, local);
+    }
+    if (rc == MPI_SUCCESS) {
+        leaders = malloc(sizeof(int) * (size_t)t->size);
+        call = "MPI_Allgather";
+        rc = leaders ? MPI_Allgather(&leader, 1, MPI_INT, leaders, 1, MPI_INT, *S.world)
+                     : MPI_ERR_NO_MEM;
+    }
+    if (rc == MPI_SUCCESS) {
+        t->node = t->nodes = 0;
+        for (int r = 0; r < t->size; r++) {
+            if (leaders[r] != r) continue; /* r names a node */
+            t->nodes++;
+            if (r < leader) t->node++;
+        }
+    }
+    free(leaders);
+    if (local != MPI_COMM_NULL) MPI_Comm_free(&local);
+    pthread_mutex_unlock(&S.lock);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, call);
+    start_progress_thread();
+    return FL_OK;
+}
+
+static void mpi_backend_finalize(void) {
+    if (S.thread_running) {
+        pthread_mutex_lock(&S.lock);
+        S.stop = true;
+        pthread_cond_signal(&S.wake);
+        pthread_mutex_unlock(&S.lock);
+        pthread_join(S.thread, NULL);
+        S.thread_running = false;
+    }
+    pthread_mutex_lock(&S.lock);
+    if (S.world) {
+        MPI_Comm_free(S.world);
+        free(S.world);
+        S.world = NULL;
+    }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (S.we_initialized && !finalized) MPI_Finalize();
+    pthread_mutex_unlock(&S.lock);
+}
+
+/* ---- communicators ---------------------------------------------------------------- */
+
+static void *mpi_world(void) { return S.world; }
+
+static int mpi_split(void *comm, int color, int key, void **out) {
+    MPI_Comm result = MPI_COMM_NULL;
+    pthread_mutex_lock(&S.lock);
+    int rc = MPI_Comm_split(*(MPI_Comm *)comm, color < 0 ? MPI_UNDEFINED : color, key, &result);
+    pthread_mutex_unlock(&S.lock);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_split");
+    *out = NULL;
+    if (result == MPI_COMM_NULL) return FL_OK;
+    MPI_Comm *box = malloc(sizeof *box);
+    if (!box) {
+        pthread_mutex_lock(&S.lock);
+        MPI_Comm_free(&result);
+        pthread_mutex_unlock(&S.lock);
+        return fl_set_error(FL_ERR_OOM, "mpi backend: out of memory");
+    }
+    *box = result;
+    *out = box;
+    return FL_OK;
+}
+
+static int mpi_comm_rank(void *comm) {
+    int r = -1;
+    pthread_mutex_lock(&S.lock);
+    MPI_Comm_rank(*(MPI_Comm *)comm, &r);
+    pthread_mutex_unlock(&S.lock);
+    return r;
+}
+
+static int mpi_comm_size(void *comm) {
+    int n = 0;
+    pthread_mutex_lock(&S.lock);
+    MPI_Comm_size(*(MPI_Comm *)comm, &n);
+    pthread_mutex_unlock(&S.lock);
+    return n;
+}
+
+static int mpi_world_ranks(void *comm, int *ranks) {
+    pthread_mutex_lock(&S.lock);
+    MPI_Group group, world;
+    int n = 0, rc = MPI_Comm_group(*(MPI_Comm *)comm, &group);
+    if (rc == MPI_SUCCESS) {
+        rc = MPI_Comm_group(MPI_COMM_WORLD, &world);
+        MPI_Group_size(group, &n);
+        int *mine = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+        if (rc == MPI_SUCCESS && mine) {
+            for (int i = 0; i < n; i++) mine[i] = i;
+            rc = MPI_Group_translate_ranks(group, n, mine, world, ranks);
+        } else if (!mine) {
+            rc = MPI_ERR_NO_MEM;
+        }
+        free(mine);
+        MPI_Group_free(&world);
+        MPI_Group_free(&group);
+    }
+    pthread_mutex_unlock(&S.lock);
+    return rc == MPI_SUCCESS ? FL_OK : mpi_fail(rc, "MPI_Group_translate_ranks");
+}
+
+static void mpi_comm_free(void *comm) {
+    pthread_mutex_lock(&S.lock);
+    MPI_Comm_free((MPI_Comm *)comm);
+    pthread_mutex_unlock(&S.lock);
+    if (comm == S.world) S.world = NULL;
+    free(comm);
+}
+
+/* ---- collectives and messages -------------------------------------------------------- */
+
+static mpi_req *req_new(const char *what, bool receive) {
+    mpi_req *r = calloc(1, sizeof *r);
+    if (r) {
+        r->what = what;
+        r->receive = receive;
+    }
+    return r;
+}
+
+/* Record a started request (under the lock) or free it when the call
+ * failed. */
+static int started(mpi_req *r, int rc, void **req) {
+    if (rc != MPI_SUCCESS) {
+        pthread_mutex_unlock(&S.lock);
+        const char *what = r->what;
+        free(r);
+        *req = NULL;
+        return mpi_fail(rc, what);
+    }
+    track(r);
+    pthread_mutex_unlock(&S.lock);
+    *req = r;
+    return FL_OK;
+}
+
+static int mpi_start(void *comm_ptr, const fl_coll *c, void **req) {
+    static const char *const calls[] = {"MPI_Iallgather", "MPI_Ireduce_scatter_block",
+                                        "MPI_Iallreduce", "MPI_Ibcast", "MPI_Ibarrier"};
+    *req = NULL;
+    MPI_Comm comm = *(MPI_Comm *)comm_ptr;
+    MPI_Datatype type = mpi_type(c->dtype);
+    if (type == MPI_DATATYPE_NULL && c->kind != FL_COLL_BARRIER)
+        return fl_set_error(FL_ERR_UNSUPPORTED, "mpi backend: no MPI type for this dtype");
+    if ((int)c->kind < 0 || c->kind > FL_COLL_BARRIER)
+        return fl_set_error(FL_ERR_ARG, "mpi backend: unknown collective");
+    mpi_req *r = req_new(calls[c->kind], false);
+    if (!r) return fl_set_error(FL_ERR_OOM, "mpi backend: out of memory");
+    int count = (int)c->count, rc;
+    pthread_mutex_lock(&S.lock);
+    switch (c->kind) {
+    case FL_COLL_ALL_GATHER:
+        rc = MPI_Iallgather(c->send ? c->send : MPI_IN_PLACE, count, type, c->recv, count, type,
+                            comm, &r->request);
+        break;
+    case FL_COLL_REDUCE_SCATTER:
+        rc = MPI_Ireduce_scatter_block(c->send, c->recv, count, type, mpi_op(c->op), comm,
+                                       &r->request);
+        break;
+    case FL_COLL_ALL_REDUCE:
+        rc = MPI_Iallreduce(MPI_IN_PLACE, c->recv, count, type, mpi_op(c->op), comm,
+                            &r->request);
+        break;
+    case FL_COLL_BROADCAST:
+        rc = MPI_Ibcast(c->recv, count, type, c->root, comm, &r->request);
+        break;
+    case FL_COLL_BARRIER:
+    default:
+        rc = MPI_Ibarrier(comm, &r->request);
+        break;
+    }
+    return started(r, rc, req);
+}
+
+static int mpi_test(void *req, bool *done) {
+    mpi_req *r = req;
+    pthread_mutex_lock(&S.lock);
+    poll_one(r);
+    bool finished = r->done;
+    int error = r->error;
+    pthread_mutex_unlock(&S.lock);
+    *done = finished;
+    if (!finished) return FL_OK;
+    const char *what = r->what;
+    free(r);
+    return error ? mpi_fail(error, what) : FL_OK;
+}
+
+static int mpi_isend(void *comm, int dst, int tag, const void *buf, int nbytes, void **req) {
+    mpi_req *r = req_new("MPI_Isend", false);
+    if (!r) return fl_set_error(FL_ERR_OOM, "mpi backend: out of memory");
+    pthread_mutex_lock(&S.lock);
+    int rc = MPI_Isend(buf, nbytes, MPI_BYTE, dst, tag, *(MPI_Comm *)comm, &r->request);
+    return started(r, rc, req);
+}
+
+static int mpi_irecv(void *comm, int src, int tag, void *buf, int nbytes, void **req) {
+    mpi_req *r = req_new("MPI_Irecv", true);
+    if (!r) return fl_set_error(FL_ERR_OOM, "mpi backend: out of memory");
+    pthread_mutex_lock(&S.lock);
+    int rc = MPI_Irecv(buf, nbytes, MPI_BYTE, src, tag, *(MPI_Comm *)comm, &r->request);
+    return started(r, rc, req);
+}
+
+static void mpi_abandon(void *req) {
+    mpi_req *r = req;
+    pthread_mutex_lock(&S.lock);
+    if (!r->done) {
+        if (r->receive) MPI_Cancel(&r->request);
+        /* Freeing an active request lets the operation finish on its own. */
+        MPI_Request_free(&r->request);
+        untrack(r);
+    }
+    pthread_mutex_unlock(&S.lock);
+    free(r);
+}
+
+static void mpi_abort(int code) {
+    /* The progress thread may hold the lock inside MPI_Test; wait a little
+     * for it, then abort regardless: ending the job matters more. */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 2;
+    pthread_mutex_timedlock(&S.lock, &until);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    _exit(code);
+}
+
+static const fl_dist_backend mpi_backend = {
+    .abi = FL_DIST_BACKEND_ABI,
+    .name = "mpi",
+    .init = mpi_backend_init,
+    .finalize = mpi_backend_finalize,
+    .world = mpi_world,
+    .split = mpi_split,
+    .comm_rank = mpi_comm_rank,
+    .comm_size = mpi_comm_size,
+    .world_ranks = mpi_world_ranks,
+    .comm_free = mpi_comm_free,
+    .start = mpi_start,
+    .test = mpi_test,
+    .isend = mpi_isend,
+    .irecv = mpi_irecv,
+    .abandon = mpi_abandon,
+    .abort = mpi_abort,
+};
+
+EXPORT const fl_dist_backend *fl_dist_mpi_backend(void);
+EXPORT const fl_dist_backend *fl_dist_mpi_backend(void) { return &mpi_backend; }

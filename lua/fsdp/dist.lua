@@ -1,0 +1,308 @@
+-- fsdp.dist: process groups and collectives (the C side is core/dist/).
+--
+--   local dist = require('fsdp').dist
+--   dist.init()                                  -- optional: first use does it
+--   dist.print('world', dist.world_size())       -- "[rank 1] world 4"
+--   local full = dist.all_gather(shard)          -- concatenation over ranks
+--   local work = dist.reduce_scatter(grad, {op = 'avg', async = true})
+--   ... compute while the data moves ...
+--   local mine = work:wait()
+--
+-- A plain `fsdp-lua x.lua` is one rank on the `self` backend (collectives
+-- are copies); under mpirun / srun / `fsdp-lua --nproc N` the `mpi` backend
+-- is loaded. Every rank must call the same collectives on a group in the
+-- same order, and creating a group is itself collective (every rank calls,
+-- members or not). Tensors are contiguous cpu tensors (meta and fake ones
+-- are checked and left alone). Options shared by the collectives:
+--   group  a Group (default: the world)
+--   async  true: return a Work at once (w:wait() -> the result, w:test())
+--   op     'sum' (default), 'avg' (floats), 'max', 'min'
+--   out    a preallocated output (all_gather, reduce_scatter)
+-- Waits fail after the collective timeout (FSDP_COLLECTIVE_TIMEOUT seconds,
+-- default 600; dist.set_timeout) naming the collective, group and rank.
+local core = require 'fsdp.core'
+local Tensor = require 'fsdp.tensor'
+local ffi, C = core.ffi, core.C
+local cptr = Tensor.cptr
+
+local M = {}
+
+-- runtime -------------------------------------------------------------------
+
+-- Start the backend (idempotent; every other function does it on first use).
+function M.init()
+  core.check(C.fl_dist_init())
+  return M
+end
+
+function M.is_initialized() return C.fl_dist_is_initialized() end
+
+-- 'self' or 'mpi'.
+function M.backend()
+  local name = C.fl_dist_backend_name()
+  if name == nil then core.raise() end
+  return ffi.string(name)
+end
+
+local function getter(fn)
+  return function()
+    local v = fn()
+    if v < 0 then core.raise() end
+    return v
+  end
+end
+
+M.rank = getter(C.fl_dist_rank)
+M.world_size = getter(C.fl_dist_world_size)
+-- This rank's index on its node and the node's rank count; the node's
+-- index and the node count (FSDP_RANKS_PER_NODE=n makes blocks of n
+-- consecutive ranks act as nodes).
+M.local_rank = getter(C.fl_dist_local_rank)
+M.local_size = getter(C.fl_dist_local_size)
+M.node = getter(C.fl_dist_node)
+M.nodes = getter(C.fl_dist_nodes)
+
+-- The rank the launcher assigned (from its environment, nothing started),
+-- or nil outside a launcher.
+function M.launcher_rank()
+  local r = C.fl_dist_launcher_rank()
+  return r >= 0 and r or nil
+end
+
+-- Seconds a wait may last before it fails.
+function M.timeout() return C.fl_dist_timeout() end
+function M.set_timeout(seconds)
+  if type(seconds) ~= 'number' then
+    core.fail(('set_timeout: expected seconds as a number, got %s'):format(type(seconds)))
+  end
+  core.check(C.fl_dist_set_timeout(seconds))
+end
+
+-- Shut the backend down now (otherwise it happens at exit).
+function M.finalize() C.fl_dist_finalize() end
+
+-- print(...) prefixed with "[rank r] " so interleaved output says who spoke.
+function M.print(...)
+  local parts = {}
+  for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
+  io.stdout:write(('[rank %d] %s\n'):format(M.rank(), table.concat(parts, '\t')))
+  io.stdout:flush()
+end
+
+-- groups ----------------------------------------------------------------------
+
+local Group = {}
+Group.__index = Group
+M.Group = Group
+
+local function wrap_group(ptr)
+  if ptr == nil then core.raise() end
+  return setmetatable({ _c = ffi.gc(ptr, C.fl_group_release) }, Group)
+end
+
+function Group:is_member() return C.fl_group_is_member(self._c) end
+-- Rank inside the group (-1 outside it) and the member count (0 outside).
+function Group:rank() return C.fl_group_rank(self._c) end
+function Group:size() return C.fl_group_size(self._c) end
+function Group:name() return ffi.string(C.fl_group_name(self._c)) end
+-- The world ranks of the members, in group order.
+function Group:ranks()
+  local r = {}
+  for i = 0, self:size() - 1 do r[i + 1] = C.fl_group_world_rank(self._c, i) end
+  return r
+end
+Group.__tostring = function(g)
+  if not g:is_member() then return ('Group(%s, not a member)'):format(g:name()) end
+  return ('Group(%s, rank %d of %d, world ranks {%s})'):format(
+    g:name(), g:rank(), g:size(), table.concat(g:ranks(), ', '))
+end
+
+local world_group
+function M.world()
+  if not world_group then world_group = wrap_group(C.fl_group_world()) end
+  return world_group
+end
+
+-- A group of the given world ranks (0-based, group order). Collective over
+-- the world; ranks outside the list get a group that is not a member.
+function M.new_group(ranks)
+  if type(ranks) ~= 'table' or #ranks == 0 then
+    core.fail('new_group: expected a non-empty list of world ranks')
+  end
+  local arr = ffi.new('int[?]', #ranks)
+  for i, r in ipairs(ranks) do
+    if type(r) ~= 'number' or r ~= math.floor(r) then
+      core.fail(('new_group: entry %d is %s, expected an integer rank'):format(i, tostring(r)))
+    end
+    arr[i - 1] = r
+  end
+  return wrap_group(C.fl_group_new(#ranks, arr))
+end
+
+-- Split a group (default the world) by color, MPI_Comm_split style: ranks
+-- with equal colors form a group ordered by key; a negative color or nil
+-- opts out. opts: group, key (default: the rank), name.
+function M.split(color, opts)
+  opts = opts or {}
+  local parent = opts.group and opts.group._c or nil
+  return wrap_group(C.fl_group_split(parent, color or -1, opts.key or M.rank(), opts.name))
+end
+
+-- The groups of hybrid sharding: shard (the ranks of this node) and
+-- replicate (the ranks with this local rank on every node).
+function M.hybrid_groups()
+  local s, r = ffi.new('fl_group*[1]'), ffi.new('fl_group*[1]')
+  core.check(C.fl_group_hybrid(s, r))
+  return wrap_group(s[0]), wrap_group(r[0])
+end
+
+-- works --------------------------------------------------------------------------
+
+local Work = {}
+Work.__index = Work
+M.Work = Work
+
+local done_buf = ffi.new('bool[1]')
+
+-- Block until the collective completed; returns its result tensor.
+function Work:wait()
+  core.check(C.fl_work_wait(self._w))
+  return self.result
+end
+
+-- Progress it; true once it completed.
+function Work:test()
+  core.check(C.fl_work_test(self._w, done_buf))
+  return done_buf[0]
+end
+
+function Work:is_completed() return C.fl_work_is_completed(self._w) end
+function Work:name() return ffi.string(C.fl_work_name(self._w)) end
+Work.__tostring = function(w)
+  return ('Work(%s, %s)'):format(w:name(), w:is_completed() and 'completed' or 'in flight')
+end
+
+-- A started collective: a Work when async, else waited for and released.
+local function finish(ptr, result, opts)
+  if ptr == nil then core.raise() end
+  if opts.async then
+    return setmetatable({ _w = ffi.gc(ptr, C.fl_work_release), result = result }, Work)
+  end
+  local rc = C.fl_work_wait(ptr)
+  C.fl_work_release(ptr)
+  if rc ~= 0 then core.raise() end
+  return result
+end
+
+-- collectives ----------------------------------------------------------------------
+
+local reduce_ops = { sum = C.FL_REDUCE_SUM, avg = C.FL_REDUCE_AVG, mean = C.FL_REDUCE_AVG,
+                     max = C.FL_REDUCE_MAX, min = C.FL_REDUCE_MIN }
+
+local function reduce_op(name, what)
+  local op = reduce_ops[name or 'sum']
+  if not op then
+    core.fail(("%s: unknown op '%s' (expected 'sum', 'avg', 'max' or 'min')"):format(
+      what, tostring(name)))
+  end
+  return op
+end
+
+local function options(opts, what)
+  if opts == nil then return {} end
+  if type(opts) ~= 'table' or getmetatable(opts) ~= nil then
+    core.fail(('%s: expected an options table, got %s'):format(what, type(opts)))
+  end
+  return opts
+end
+
+-- The Group of opts.group (nil for the world).
+local function group_obj(opts)
+  local g = opts.group
+  if g ~= nil and getmetatable(g) ~= Group then
+    core.fail(('group option: expected a Group from fsdp.dist, got %s'):format(type(g)))
+  end
+  return g
+end
+
+-- The C group of opts.group, or NULL for the world.
+local function group_of(opts)
+  local g = group_obj(opts)
+  return g and g._c or nil
+end
+
+local function group_size(opts)
+  local g = group_obj(opts)
+  return g and g:size() or M.world_size()
+end
+
+-- A new tensor like t (meta stays meta, fake stays fake) with shape.
+local function like(t, shape)
+  local n, arr = core.shape_args(shape)
+  local c = cptr(t)
+  local make = t:is_fake() and C.fl_fake or C.fl_empty
+  return Tensor.wrap(make(n, arr, c.dtype, c.device))
+end
+
+-- The concatenation of every group rank's t along dim 0 (a 0-d t gives a
+-- 1-d result): world * t:size(0) rows.
+function M.all_gather(t, opts)
+  opts = options(opts, 'all_gather')
+  local out = opts.out
+  if not out then
+    local shape, size = t.shape, group_size(opts)
+    if #shape == 0 then shape = { size } else shape[1] = shape[1] * size end
+    out = like(t, shape)
+  end
+  return finish(C.fl_all_gather_into(group_of(opts), cptr(out), cptr(t)), out, opts)
+end
+
+-- Rank r gets the reduction (opts.op) over ranks of chunk r of t, where t
+-- splits into group-size chunks along dim 0 (or flat, when dim 0 does not
+-- divide).
+function M.reduce_scatter(t, opts)
+  opts = options(opts, 'reduce_scatter')
+  local op = reduce_op(opts.op, 'reduce_scatter')
+  local out = opts.out
+  if not out then
+    local shape, size = t.shape, group_size(opts)
+    if #shape >= 1 and shape[1] % size == 0 then
+      shape[1] = shape[1] / size
+    elseif t:numel() % size == 0 then
+      shape = { t:numel() / size }
+    else
+      core.fail(('reduce_scatter: %d elements do not split into %d equal chunks'):format(
+        t:numel(), size))
+    end
+    out = like(t, shape)
+  end
+  return finish(C.fl_reduce_scatter(group_of(opts), cptr(out), cptr(t), op), out, opts)
+end
+
+-- t = the reduction of t over the group, in place; returns t.
+function M.all_reduce(t, opts)
+  opts = options(opts, 'all_reduce')
+  local op = reduce_op(opts.op, 'all_reduce')
+  return finish(C.fl_all_reduce(group_of(opts), cptr(t), op), t, opts)
+end
+
+-- t = group rank root's t (default 0), in place; returns t.
+function M.broadcast(t, root, opts)
+  if type(root) == 'table' and opts == nil then root, opts = nil, root end
+  opts = options(opts, 'broadcast')
+  return finish(C.fl_broadcast(group_of(opts), cptr(t), root or 0), t, opts)
+end
+
+function M.barrier(opts)
+  opts = options(opts, 'barrier')
+  return finish(C.fl_barrier(group_of(opts)), nil, opts)
+end
+
+-- A barrier that names the ranks that did not arrive within opts.timeout
+-- seconds (default: the collective timeout) instead of hanging.
+function M.monitored_barrier(opts)
+  opts = options(opts, 'monitored_barrier')
+  core.check(C.fl_monitored_barrier(group_of(opts), opts.timeout or M.timeout()))
+end
+
+return M

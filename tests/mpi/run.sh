@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# tests/mpi/run.sh: the multi-rank tests, as TAP (the `mpi` suite of
+# tests/run.sh). Each script runs under mpirun with 2 and 4 ranks (4 ranks
+# oversubscribe a 2-core machine), every run bounded by `timeout`, and
+# failure cases are checked from the outside: exit status, time taken and
+# the message.
+#
+#   tests/mpi/run.sh            everything
+#   FSDP_LUA=path tests/mpi/run.sh   another build of the executable
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+EXE=${FSDP_LUA:-build/bin/fsdp-lua}
+if ! command -v mpirun >/dev/null; then
+  echo "1..0 # SKIP mpirun not found (install openmpi-bin)"
+  exit 0
+fi
+if [ ! -x "$EXE" ]; then
+  echo "not ok 1 - $EXE is not built (./build.sh)"
+  exit 1
+fi
+
+# Open MPI on these machines (docs: TOOLCHAIN): root, more ranks than cores,
+# containers that forbid cross-process reads. One thread per rank: 4 ranks
+# on 2 cores are oversubscribed already.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+# A broken collective fails a test in seconds rather than at the default
+# ten minutes.
+export FSDP_COLLECTIVE_TIMEOUT=${FSDP_COLLECTIVE_TIMEOUT:-20}
+LIMIT=60 # seconds for any one mpirun
+
+n=0 failed=0
+ok() { n=$((n + 1)); echo "ok $n - $*"; }
+not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
+comment() { sed 's/^/#   /' <<<"$1"; }
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# run_tap LABEL ENV... -- COMMAND...: a script that prints "ok - name" /
+# "not ok - name" lines (tests/mpi/tap.lua); they are numbered here.
+run_tap() {
+  local label=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  local out rc start line count=0
+  start=$(now)
+  out=$(env "${envs[@]}" timeout -k 5 "$LIMIT" "$@" 2>&1)
+  rc=$?
+  while IFS= read -r line; do
+    case "$line" in
+      "ok - "*) ok "${line#ok - } [$label]"; count=$((count + 1)) ;;
+      "not ok - "*) not_ok "${line#not ok - } [$label]"; count=$((count + 1)) ;;
+      "#"*) echo "$line" ;;
+    esac
+  done <<<"$out"
+  if [ "$rc" -ne 0 ] || [ "$count" -eq 0 ]; then
+    not_ok "$label: exited with status $rc after $(elapsed "$start") s ($count tests reported)"
+    comment "$out"
+  else
+    echo "# $label: $count tests in $(elapsed "$start") s"
+  fi
+}
+
+# expect_failure LABEL MAX_SECONDS 'NEEDLE|NEEDLE...' ENV... -- COMMAND...:
+# the command must fail (not time out) within MAX_SECONDS and its output
+# must contain every needle.
+expect_failure() {
+  local label=$1 max=$2 needles=$3; shift 3
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  local out rc start took missing=() needle
+  start=$(now)
+  out=$(env "${envs[@]}" timeout -k 5 "$LIMIT" "$@" 2>&1)
+  rc=$?
+  took=$(elapsed "$start")
+  IFS='|' read -r -a list <<<"$needles"
+  for needle in "${list[@]}"; do
+    grep -qF -- "$needle" <<<"$out" || missing+=("$needle")
+  done
+  if [ "$rc" -eq 0 ]; then
+    not_ok "$label: exited 0, expected a failure"
+    comment "$out"
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    not_ok "$label: still running after $LIMIT s (hang)"
+    comment "$out"
+  elif awk -v t="$took" -v m="$max" 'BEGIN { exit !(t > m) }'; then
+    not_ok "$label: took $took s, more than $max s"
+    comment "$out"
+  elif [ ${#missing[@]} -gt 0 ]; then
+    not_ok "$label: output lacks: ${missing[*]}"
+    comment "$out"
+  else
+    ok "$label: exit $rc after $took s, message names the rank"
+  fi
+}
+
+for np in 2 4; do
+  run_tap "collectives, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/collectives.lua
+done
+run_tap "groups, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
+  mpirun -np 4 "$EXE" tests/mpi/groups.lua
+run_tap "groups, 2 ranks as 2 nodes of 1" FSDP_RANKS_PER_NODE=1 -- \
+  mpirun -np 2 "$EXE" tests/mpi/groups.lua
+for np in 2 4; do
+  run_tap "monitored barrier, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/monitored_barrier.lua
+done
+
+for np in 2 4; do
+  last=$((np - 1))
+  expect_failure "rank $last raises an error while the others wait, $np ranks" 15 \
+    "fsdp-lua: rank $last: tests/mpi/rank_error.lua|deliberate failure on the last rank|aborting the job ($np ranks)" \
+    -- mpirun -np $np "$EXE" tests/mpi/rank_error.lua
+done
+expect_failure "rank 3 fails before the backend started, 4 ranks" 15 \
+  "fsdp-lua: rank 3: tests/mpi/rank_error.lua|deliberate failure before init" \
+  -- mpirun -np 4 "$EXE" tests/mpi/rank_error.lua early
+expect_failure "a collective rank 1 never joins times out and ends the job" 15 \
+  "fsdp-lua: rank 0:|all_reduce on group world (rank 0 of 2, world rank 0): not complete after waiting 1 s" \
+  FSDP_COLLECTIVE_TIMEOUT=1 -- mpirun -np 2 "$EXE" tests/mpi/collective_timeout.lua
+
+# fsdp-lua --nproc starts mpirun itself, with no Open MPI variables set.
+out=$(env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
+  -u OMPI_MCA_rmaps_base_oversubscribe -u OMPI_MCA_btl_vader_single_copy_mechanism \
+  timeout -k 5 "$LIMIT" "$EXE" --nproc 4 tests/mpi/nproc.lua first 'second arg' 2>&1)
+rc=$?
+lines=$(grep -c 'backend=mpi size=4 sum=4 args=first,second arg' <<<"$out")
+if [ "$rc" -eq 0 ] && [ "$lines" -eq 4 ]; then
+  ok "fsdp-lua --nproc 4 (more ranks than cores) forwards the arguments to every rank"
+else
+  not_ok "fsdp-lua --nproc 4: exit $rc, $lines of 4 ranks reported"
+  comment "$out"
+fi
+expect_failure "fsdp-lua --nproc 2 propagates a failing rank's exit status" 15 \
+  "fsdp-lua: rank 1: tests/mpi/rank_error.lua" \
+  -- "$EXE" --nproc 2 tests/mpi/rank_error.lua
+
+# The mpi backend without a launcher: an MPI singleton of one rank.
+out=$(env FSDP_BACKEND=mpi timeout -k 5 "$LIMIT" "$EXE" -e \
+  "local d = require('fsdp').dist; local t = d.all_reduce(require('fsdp').ones(2)); print(d.backend(), d.world_size(), t:sum():item())" 2>&1)
+if [ "$out" = "$(printf 'mpi\t1\t2')" ]; then
+  ok "FSDP_BACKEND=mpi without a launcher runs as a one-rank MPI world"
+else
+  not_ok "FSDP_BACKEND=mpi singleton printed: $out"
+fi
+
+echo "1..$n"
+[ "$failed" -eq 0 ]
