@@ -40,7 +40,12 @@ void fl_clear_error(void) {
 }
 
 void fl_abort(const char *file, int line, const char *what) {
-    fprintf(stderr, "fsdp-lua: internal error at %s:%d: %s\n", file, line, what);
+    /* Name the rank: in a job of many processes, which one broke matters. */
+    int rank = fl_dist_launcher_rank();
+    if (rank >= 0)
+        fprintf(stderr, "fsdp-lua: rank %d: internal error at %s:%d: %s\n", rank, file, line, what);
+    else
+        fprintf(stderr, "fsdp-lua: internal error at %s:%d: %s\n", file, line, what);
     fflush(stderr);
     abort();
 }
