@@ -14,6 +14,7 @@
 -- output goes through LayerNorm and a Linear head.
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
+local common = require 'models.common'
 
 local M = {}
 
@@ -158,12 +159,8 @@ function DeepViT:forward(img)
 end
 
 function M.build(name_or_config, opts)
-  opts = opts or {}
-  local overrides = {}
-  for k, v in pairs(opts) do
-    if k ~= 'device' and k ~= 'dtype' then overrides[k] = v end
-  end
-  return DeepViT(M.config(name_or_config, overrides), { device = opts.device, dtype = opts.dtype })
+  local placement, overrides = common.split_build_opts(opts)
+  return DeepViT(M.config(name_or_config, overrides), placement)
 end
 
 return M

@@ -17,6 +17,7 @@
 local fsdp = require 'fsdp'
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
+local common = require 'models.common'
 
 local M = {}
 
@@ -205,23 +206,16 @@ function CausalLM:forward(ids)
 end
 
 -- Mean cross-entropy of next-token predictions; targets i64 [B, T] (the
--- ids shifted by one; -100 entries are ignored).
+-- ids shifted by one; -100 entries are ignored). Returns loss, logits.
 function CausalLM:loss(ids, targets)
-  local logits = self(ids)
-  local V = self.config.vocab_size
-  return F.cross_entropy(logits:view(-1, V), targets:view(-1), { ignore_index = -100 }), logits
+  return common.causal_lm_loss(self, ids, targets)
 end
 
 -- Build a model: name_or_config as in M.config; opts: device ('cpu' or
 -- 'meta'), dtype, and config overrides (num_layers=, dim=, ...).
 function M.build(name_or_config, opts)
-  opts = opts or {}
-  local overrides = {}
-  for k, v in pairs(opts) do
-    if k ~= 'device' and k ~= 'dtype' then overrides[k] = v end
-  end
-  local c = M.config(name_or_config, overrides)
-  return CausalLM(c, { device = opts.device or fsdp.get_default_device(), dtype = opts.dtype })
+  local placement, overrides = common.split_build_opts(opts)
+  return CausalLM(M.config(name_or_config, overrides), placement)
 end
 
 return M

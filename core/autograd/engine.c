@@ -185,8 +185,8 @@ static int discover(fl_engine *e, int n_roots, fl_tensor *const *roots) {
         if (!n || map_get(&e->map, n) >= 0) continue;
         int s = add_state(e, n);
         oom = s < 0;
-        for (int todo = s; !oom && todo >= 0; todo = len > 0 ? stack[--len] : -1) {
-            fl_node *cur = e->states[todo].node;
+        for (int cur_state = s; !oom && cur_state >= 0; cur_state = len > 0 ? stack[--len] : -1) {
+            fl_node *cur = e->states[cur_state].node;
             for (int i = 0; !oom && i < cur->n_inputs; i++) {
                 if (cur->inputs[i].kind != FL_EDGE_NODE) continue;
                 fl_node *next = cur->inputs[i].node;
