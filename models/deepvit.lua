@@ -39,15 +39,7 @@ M.configs = {
 }
 
 function M.config(name_or_config, overrides)
-  local base = name_or_config
-  if type(base) == 'string' then
-    base = M.configs[base]
-    if not base then error(("deepvit: unknown config '%s' (known: 60M, 1B, 3B, 8B, tiny)"):format(name_or_config), 2) end
-  end
-  local c = {}
-  for k, v in pairs(BASE) do c[k] = v end
-  for k, v in pairs(base) do c[k] = v end
-  for k, v in pairs(overrides or {}) do c[k] = v end
+  local c = common.merge_config('deepvit', M.configs, BASE, nil, name_or_config, overrides)
   if c.image_size % c.patch_size ~= 0 then
     error(('deepvit config: image_size %d is not a multiple of patch_size %d'):format(c.image_size, c.patch_size), 2)
   end

@@ -61,20 +61,7 @@ local ALIASES = {
 -- A full config from a name or a table, with overrides applied. Checks
 -- the shapes fit together.
 function M.config(name_or_config, overrides)
-  local base = name_or_config
-  if type(base) == 'string' then
-    base = M.configs[base]
-    if not base then
-      local names = {}
-      for k in pairs(M.configs) do names[#names + 1] = k end
-      table.sort(names)
-      error(("gpt2: unknown config '%s' (known: %s)"):format(name_or_config, table.concat(names, ', ')), 2)
-    end
-  end
-  local c = {}
-  for k, v in pairs(DEFAULTS) do c[k] = v end
-  for k, v in pairs(base) do c[ALIASES[k] or k] = v end
-  for k, v in pairs(overrides or {}) do c[ALIASES[k] or k] = v end
+  local c = common.merge_config('gpt2', M.configs, DEFAULTS, ALIASES, name_or_config, overrides)
   c.ffn_dim = c.ffn_dim or 4 * c.dim
   c.head_dim = c.dim / c.n_heads
   c.embd_pdrop = c.embd_pdrop or c.dropout

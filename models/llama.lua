@@ -59,6 +59,10 @@ M.configs = {
 M.configs['llama2_7b'] = M.configs['Llama-2-7b']
 M.configs['llama2_70b'] = M.configs['Llama-2-70b']
 
+-- Override keys as the recipes spell them.
+local ALIASES = { num_layers = 'n_layers', hidden_width = 'dim', num_heads = 'n_heads',
+                  num_kv_heads = 'n_kv_heads', vocab = 'vocab_size', ffn = 'ffn_dim' }
+
 local DEFAULTS = { n_kv_heads = nil, tied = false, rope_theta = 1e4, rope_scaling = nil,
                    norm_eps = 1e-5, max_seq_len = 4096, init_std = 0.02 }
 
@@ -66,22 +70,7 @@ local DEFAULTS = { n_kv_heads = nil, tied = false, rope_theta = 1e4, rope_scalin
 -- keys as the recipes spell them are accepted too: num_layers, hidden_width,
 -- num_heads, vocab). Checks the shapes fit together.
 function M.config(name_or_config, overrides)
-  local base = name_or_config
-  if type(base) == 'string' then
-    base = M.configs[base]
-    if not base then
-      local names = {}
-      for k in pairs(M.configs) do names[#names + 1] = k end
-      table.sort(names)
-      error(("llama: unknown config '%s' (known: %s)"):format(name_or_config, table.concat(names, ', ')), 2)
-    end
-  end
-  local c = {}
-  for k, v in pairs(DEFAULTS) do c[k] = v end
-  for k, v in pairs(base) do c[k] = v end
-  local aliases = { num_layers = 'n_layers', hidden_width = 'dim', num_heads = 'n_heads',
-                    num_kv_heads = 'n_kv_heads', vocab = 'vocab_size', ffn = 'ffn_dim' }
-  for k, v in pairs(overrides or {}) do c[aliases[k] or k] = v end
+  local c = common.merge_config('llama', M.configs, DEFAULTS, ALIASES, name_or_config, overrides)
   c.n_kv_heads = c.n_kv_heads or c.n_heads
   c.head_dim = c.head_dim or c.dim / c.n_heads
   local function need(ok, msg) if not ok then error('llama config: ' .. msg, 3) end end

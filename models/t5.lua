@@ -70,20 +70,7 @@ local ALIASES = {
 -- A full config from a name or a table, with overrides applied. Checks
 -- the shapes fit together.
 function M.config(name_or_config, overrides)
-  local base = name_or_config
-  if type(base) == 'string' then
-    base = M.configs[base]
-    if not base then
-      local names = {}
-      for k in pairs(M.configs) do names[#names + 1] = k end
-      table.sort(names)
-      error(("t5: unknown config '%s' (known: %s)"):format(name_or_config, table.concat(names, ', ')), 2)
-    end
-  end
-  local c = {}
-  for k, v in pairs(DEFAULTS) do c[k] = v end
-  for k, v in pairs(base) do c[ALIASES[k] or k] = v end
-  for k, v in pairs(overrides or {}) do c[ALIASES[k] or k] = v end
+  local c = common.merge_config('t5', M.configs, DEFAULTS, ALIASES, name_or_config, overrides)
   c.num_decoder_layers = c.num_decoder_layers or c.num_layers
   local function need(ok, msg) if not ok then error('t5 config: ' .. msg, 3) end end
   for _, k in ipairs({ 'd_model', 'd_ff', 'd_kv', 'num_heads', 'num_layers', 'num_decoder_layers', 'vocab_size',
