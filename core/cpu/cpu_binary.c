@@ -1,5 +1,5 @@
 /*
- * cpu_binary.c: CPU kernels of the elementwise binary family and of sum_to.
+ * cpu_binary.c: CPU kernels of the elementwise binary family.
  *
  * Values are computed in f32 (f64 for f64 outputs, int64 for integer
  * outputs): chunks are loaded and converted to that type, combined, and
@@ -100,56 +100,6 @@ static int cpu_binary(int op, fl_tensor *out, const fl_tensor *a, const fl_tenso
     return FL_OK;
 }
 
-/* ---- sum_to ----------------------------------------------------------------- */
-
-/* Sums in double, then stores once: gradients of broadcast inputs (bias
- * rows summed over batch x sequence) add up many terms. The output is
- * walked element by element in parallel, each summing its own slice of the
- * input, so no two threads write one element. */
-static int cpu_sum_to(fl_tensor *out, const fl_tensor *in) {
-    int nd = in->ndim;
-    int shift = nd - out->ndim;
-    int64_t ostride[FL_MAX_DIMS];   /* out's strides seen with in's ndim */
-    int kept[FL_MAX_DIMS], reduced[FL_MAX_DIMS], nk = 0, nr = 0;
-    for (int d = 0; d < nd; d++) {
-        int od = d - shift;
-        int64_t osize = od >= 0 ? out->shape[od] : 1;
-        ostride[d] = od >= 0 ? out->stride[od] : 0;
-        if (osize == in->shape[d]) kept[nk++] = d;
-        else reduced[nr++] = d;
-    }
-    int64_t n_out = 1, n_red = 1;
-    for (int k = 0; k < nk; k++) n_out *= in->shape[kept[k]];
-    for (int r = 0; r < nr; r++) n_red *= in->shape[reduced[r]];
-    size_t isz = fl_dtype_size(in->dtype), osz = fl_dtype_size(out->dtype);
-    const char *ibase = in->data;
-    char *obase = out->data;
-#pragma omp parallel for schedule(static) if (n_out * n_red >= (1 << 16))
-    for (int64_t o = 0; o < n_out; o++) {
-        int64_t ioff = 0, ooff = 0, rem = o;
-        for (int k = nk - 1; k >= 0; k--) {
-            int d = kept[k];
-            int64_t i = rem % in->shape[d];
-            rem /= in->shape[d];
-            ioff += i * in->stride[d];
-            ooff += i * ostride[d];
-        }
-        double acc = 0;
-        for (int64_t r = 0; r < n_red; r++) {
-            int64_t roff = 0, rr = r;
-            for (int k = nr - 1; k >= 0; k--) {
-                int d = reduced[k];
-                roff += (rr % in->shape[d]) * in->stride[d];
-                rr /= in->shape[d];
-            }
-            acc += fl_load_f64(ibase + (ioff + roff) * (int64_t)isz, in->dtype);
-        }
-        fl_store_f64(obase + ooff * (int64_t)osz, out->dtype, acc);
-    }
-    return FL_OK;
-}
-
 const fl_binary_kernels fl_cpu_binary_kernels = {
     .binary = cpu_binary,
-    .sum_to = cpu_sum_to,
 };

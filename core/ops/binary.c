@@ -2,7 +2,7 @@
  * binary.c: elementwise add, sub, mul, div of two tensors (numpy
  * broadcasting) or of a tensor and a scalar, their in-place forms, and
  * their backward; plus fl_sum_to and fl_reduce_grad_to, which undo
- * broadcasting for gradients.
+ * broadcasting for gradients (through the reduce family's sum).
  *
  * This file is also the pattern every op follows: validate and infer the
  * output's shape and dtype (the same on every device), create the output
@@ -180,8 +180,8 @@ int fl_add_scaled_(fl_tensor *a, const fl_tensor *b, double alpha) {
 
 /* ---- sum_to: undo broadcasting -------------------------------------------- */
 
-static const fl_node_type sum_to_type;
-
+/* A sum over the broadcast dims (the reduce family's kernel, accumulating
+ * in f64) and a view to the target shape; sum and view carry the backward. */
 fl_tensor *fl_sum_to(const fl_tensor *t, int ndim, const int64_t *shape) {
     if (fl_check_tensor("sum_to", t, false) || fl_check_shape("sum_to", ndim, shape, NULL))
         return NULL;
@@ -195,25 +195,17 @@ fl_tensor *fl_sum_to(const fl_tensor *t, int ndim, const int64_t *shape) {
         return FL_FAIL_NULL(FL_ERR_ARG, "sum_to: shape %s cannot be summed to %s",
                             fl_shape_str(t, a, sizeof a), b);
     }
-    fl_tensor *out = fl_op_output(ndim, shape, t->dtype, t->device, metadata_only(t));
-    if (!out) return NULL;
-    fl_flops_add(t->numel);
-    if (!metadata_only(t)) {
-        const fl_binary_kernels *k = fl_binary_kernels_of("sum_to", t->device);
-        if (!k || k->sum_to(out, t) != FL_OK) {
-            fl_tensor_release(out);
-            return NULL;
-        }
-    }
-    if (fl_needs_grad(1, &t)) {
-        fl_tensor *shape_of_t = fl_empty(t->ndim, t->shape, t->dtype, fl_device_make(FL_DEVICE_META, 0));
-        const fl_tensor *saved[1] = {shape_of_t};
-        int rc = shape_of_t ? fl_record(&sum_to_type, 1, &t, out, 1, saved, NULL) : (int)fl_last_status();
-        fl_tensor_release(shape_of_t);
-        if (rc != FL_OK) {
-            fl_tensor_release(out);
-            return NULL;
-        }
+    int dims[FL_MAX_DIMS], n = 0;
+    for (int d = 0; d < t->ndim; d++)
+        if (d < shift || (shape[d - shift] == 1 && t->shape[d] != 1)) dims[n++] = d;
+    fl_tensor *summed = n > 0 ? fl_sum(t, n, dims, true) : fl_tensor_retain((fl_tensor *)t);
+    fl_tensor *out = summed ? fl_reshape(summed, ndim, shape) : NULL;
+    fl_tensor_release(summed);
+    /* fl_sum gives integers as i64; sum_to keeps the input's dtype. */
+    if (out && out->dtype != t->dtype) {
+        fl_tensor *cast = fl_to(out, t->dtype, out->device);
+        fl_tensor_release(out);
+        out = cast;
     }
     return out;
 }
@@ -331,11 +323,3 @@ static const fl_node_type scalar_types[4] = {
     {.name = "MulScalarBackward", .backward = scalar_backward},
     {.name = "DivScalarBackward", .backward = scalar_backward},
 };
-
-static int sum_to_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
-    fl_tensor *shape = node->saved[0];
-    gi[0] = fl_expand(go[0], shape->ndim, shape->shape);
-    return gi[0] ? FL_OK : (int)fl_last_status();
-}
-
-static const fl_node_type sum_to_type = {.name = "SumToBackward", .backward = sum_to_backward};

@@ -1,7 +1,6 @@
 /*
  * binary.h: the kernel table of the elementwise binary family (add, sub,
- * mul, div, and a += alpha * b) and of sum_to, the reduction that undoes
- * broadcasting in their backward. One table per device kind.
+ * mul, div, and a += alpha * b). One table per device kind.
  */
 #ifndef FL_OPS_BINARY_H
 #define FL_OPS_BINARY_H
@@ -15,9 +14,6 @@ typedef struct fl_binary_kernels {
     /* out = a op b elementwise; a and b are views with out's shape (stride
      * 0 where they broadcast); any dtypes; alpha is used by FL_AXPY. */
     int (*binary)(int op, fl_tensor *out, const fl_tensor *a, const fl_tensor *b, double alpha);
-    /* out = sum of `in` over the dims where out (viewed with in's ndim)
-     * has size 1 and in does not. */
-    int (*sum_to)(fl_tensor *out, const fl_tensor *in);
 } fl_binary_kernels;
 
 extern const fl_binary_kernels fl_cpu_binary_kernels;
