@@ -134,6 +134,16 @@ void fl_store_i64(void *p, fl_dtype dtype, int64_t v);
 double fl_random_value(const fl_random_spec *spec, uint64_t index);
 /* The same for FL_RANDOM_INT, exact over the whole int64 range. */
 int64_t fl_random_int64(const fl_random_spec *spec, uint64_t index);
+/* Elements index ... index + n - 1 at once, with the same bits as the
+ * calls above: into f64 (uniform, normal) or i64 (int). Philox runs on
+ * FL_PHILOX_LANES blocks at a time. */
+void fl_random_fill(const fl_random_spec *spec, uint64_t index, int64_t n, double *f64,
+                    int64_t *i64);
+/* Words of Philox blocks first_block ... + FL_PHILOX_LANES - 1 under
+ * (spec->seed, spec->stream): out[word][lane]. */
+enum { FL_PHILOX_LANES = 8 };
+void fl_philox_lanes(const fl_random_spec *spec, uint64_t first_block,
+                     uint32_t out[4][FL_PHILOX_LANES]);
 
 /* ---- autograd: what ops need to record backward nodes ------------------- */
 

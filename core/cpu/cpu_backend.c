@@ -129,13 +129,7 @@ static void random_chunk(void *vctx, char *const *ptrs, const int64_t *inner, in
     _Alignas(8) char values[FL_CPU_SCRATCH * 8], out[FL_CPU_SCRATCH * 8];
     for (int64_t i = 0; i < count; i += FL_CPU_SCRATCH) {
         int64_t n = count - i < FL_CPU_SCRATCH ? count - i : FL_CPU_SCRATCH;
-        for (int64_t j = 0; j < n; j++) {
-            uint64_t k = (uint64_t)(index + i + j);
-            if (ints)
-                ((int64_t *)values)[j] = fl_random_int64(c->spec, k);
-            else
-                ((double *)values)[j] = fl_random_value(c->spec, k);
-        }
+        fl_random_fill(c->spec, (uint64_t)(index + i), n, (double *)values, (int64_t *)values);
         char *d = ptrs[0] + i * inner[0] * (int64_t)size;
         if (inner[0] == 1) {
             fl_convert(d, c->dtype, values, via, n);

@@ -525,60 +525,20 @@ typedef struct dropout_ctx {
     fl_dtype out_dtype, x_dtype, compute;
 } dropout_ctx;
 
-/* Philox-4x32-10 (rng.c's rounds and key schedule) on PHILOX_LANES
- * consecutive blocks at once, written lane-wise so the 32x32->64-bit
- * products vectorise: about 3x the speed of one block per call, which is
- * what dropout's time goes to. out[word][lane] is word `word` of block
- * b + lane. */
-enum { PHILOX_LANES = 8 };
-
-static void philox_lanes(uint64_t b, const fl_random_spec *k, uint32_t out[4][PHILOX_LANES]) {
-    uint32_t x0[PHILOX_LANES], x1[PHILOX_LANES], x2[PHILOX_LANES], x3[PHILOX_LANES];
-    for (int l = 0; l < PHILOX_LANES; l++) {
-        uint64_t block = b + (uint64_t)l;
-        x0[l] = (uint32_t)block;
-        x1[l] = (uint32_t)(block >> 32);
-        x2[l] = (uint32_t)k->stream;
-        x3[l] = (uint32_t)(k->stream >> 32);
-    }
-    uint32_t k0 = (uint32_t)k->seed, k1 = (uint32_t)(k->seed >> 32);
-    for (int round = 0; round < 10; round++) {
-        if (round > 0) { /* the Weyl key bumps of Random123 */
-            k0 += UINT32_C(0x9E3779B9);
-            k1 += UINT32_C(0xBB67AE85);
-        }
-#pragma omp simd
-        for (int l = 0; l < PHILOX_LANES; l++) {
-            uint64_t p0 = (uint64_t)UINT32_C(0xD2511F53) * x0[l];
-            uint64_t p1 = (uint64_t)UINT32_C(0xCD9E8D57) * x2[l];
-            uint32_t n0 = (uint32_t)(p1 >> 32) ^ x1[l] ^ k0;
-            uint32_t n2 = (uint32_t)(p0 >> 32) ^ x3[l] ^ k1;
-            x1[l] = (uint32_t)p1;
-            x3[l] = (uint32_t)p0;
-            x0[l] = n0;
-            x2[l] = n2;
-        }
-    }
-    memcpy(out[0], x0, sizeof x0);
-    memcpy(out[1], x1, sizeof x1);
-    memcpy(out[2], x2, sizeof x2);
-    memcpy(out[3], x3, sizeof x3);
-}
-
 /* keep[j] for elements g0 ... g0 + n - 1 (n >= 1). */
 static void dropout_keep(const dropout_ctx *c, uint64_t g0, int64_t n, uint8_t *keep) {
     uint64_t first = g0 >> 2, last = (g0 + (uint64_t)n - 1) >> 2;
-    for (uint64_t b = first; b <= last; b += PHILOX_LANES) {
-        uint32_t w[4][PHILOX_LANES];
-        philox_lanes(b, c->key, w);
-        for (int l = 0; l < PHILOX_LANES && b + (uint64_t)l <= last; l++) {
+    for (uint64_t b = first; b <= last; b += FL_PHILOX_LANES) {
+        uint32_t w[4][FL_PHILOX_LANES];
+        fl_philox_lanes(c->key, b, w);
+        for (int l = 0; l < FL_PHILOX_LANES && b + (uint64_t)l <= last; l++) {
             for (int word = 0; word < 4; word++) {
                 uint64_t g = (b + (uint64_t)l) * 4 + (uint64_t)word;
                 if (g < g0 || g - g0 >= (uint64_t)n) continue;
                 keep[g - g0] = (w[word][l] >> 8) >= c->threshold;
             }
         }
-        if (last - b < PHILOX_LANES) break; /* (b += 8 could wrap at the end of the counter) */
+        if (last - b < FL_PHILOX_LANES) break; /* (b += 8 could wrap at the end of the counter) */
     }
 }
 
