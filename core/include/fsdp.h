@@ -862,6 +862,115 @@ FL_API const char *fl_work_name(const fl_work *w);
  * its outputs are defined only after a wait. */
 FL_API void fl_work_release(fl_work *w);
 
+/* ---- sharded units (core/fsdp/) ---- */
+/* A unit is the FSDP flat parameter of one wrapped module (DESIGN.md,
+ * decision 6): its parameters, in order, laid end to end in one flat
+ * buffer padded to a multiple of the shard group's size, so every group
+ * rank holds one equal contiguous shard. The master shard (master dtype,
+ * e.g. f32) is what the optimizer updates; fl_unit_unshard all-gathers it
+ * in the param dtype into the gathered buffer, whose per-parameter views
+ * the module computes with; fl_unit_reshard frees that buffer again.
+ *
+ * [Note: the gathered buffer keeps its address]
+ * Autograd saves views of the gathered parameters (a linear saves its
+ * weight) and derived views cache data pointers, while FULL_SHARD frees the
+ * buffer after forward and gathers it again before backward. The buffer is
+ * therefore one reserved range of virtual memory: resharding returns its
+ * pages to the system (madvise) and protects them, so a stray read faults
+ * loudly instead of seeing zeros, and unsharding makes them usable again at
+ * the same address. Every view ever taken stays valid across the cycle;
+ * the allocator's statistics count the bytes only while gathered.
+ *
+ * Gradients: the views' gradients are packed into one flat buffer in the
+ * reduce dtype (fl_unit_pack_grads), reduce-scattered with averaging over
+ * the shard group, all-reduced (averaged) over the replicate group when
+ * there is one (hybrid sharding, NO_SHARD), and added into the sharded
+ * gradient in the master dtype (fl_unit_finish_reduce). Strategies are
+ * choices of groups: FULL_SHARD and SHARD_GRAD_OP shard over the world;
+ * NO_SHARD shards over a group of one and replicates over the world; the
+ * hybrids shard inside a node and replicate across nodes. When to reshard
+ * is the caller's (lua/fsdp/sharding/). States:
+ *   SHARDED --unshard--> UNSHARDING --wait--> UNSHARDED --reshard--> SHARDED
+ * A meta unit (device meta) moves through the same states without storage
+ * or communication: the planner's and the REPL's view of a huge model. */
+
+typedef struct fl_unit fl_unit;
+
+typedef enum fl_unit_state {
+    FL_UNIT_SHARDED = 0,
+    FL_UNIT_UNSHARDING = 1, /* all-gather in flight */
+    FL_UNIT_UNSHARDED = 2
+} fl_unit_state;
+
+typedef struct fl_unit_config {
+    fl_group *shard_group;     /* ranks that split the flat parameter; NULL: world */
+    fl_group *replicate_group; /* ranks with equal shards (gradients averaged over
+                                  it); NULL: none */
+    fl_dtype master_dtype;     /* master shard and its gradient */
+    fl_dtype param_dtype;      /* all-gather and compute */
+    fl_dtype reduce_dtype;     /* gradient reduction */
+    fl_device device;          /* cpu, or meta for a unit without storage */
+} fl_unit_config;
+
+/* A unit over n parameters (names, shapes given as ndims[i] sizes each,
+ * concatenated in dims), its master shard allocated and zero. The groups
+ * are retained. name labels the unit in messages ("" for the root). */
+FL_API fl_unit *fl_unit_new(const char *name, int n, const char *const *names,
+                            const int *ndims, const int64_t *dims,
+                            const fl_unit_config *config);
+FL_API void fl_unit_free(fl_unit *u);
+FL_API const char *fl_unit_name(const fl_unit *u);
+FL_API fl_unit_state fl_unit_state_of(const fl_unit *u);
+FL_API int fl_unit_param_count(const fl_unit *u);
+FL_API const char *fl_unit_param_name(const fl_unit *u, int i);
+/* Element offset of parameter i in the flat parameter. */
+FL_API int64_t fl_unit_param_offset(const fl_unit *u, int i);
+FL_API int64_t fl_unit_numel(const fl_unit *u);        /* sum over parameters */
+FL_API int64_t fl_unit_padded_numel(const fl_unit *u); /* multiple of the group size */
+FL_API int64_t fl_unit_shard_numel(const fl_unit *u);  /* padded / group size */
+/* Where parameter i meets this rank's shard: its elements [*param_start,
+ * *param_start + *len) are shard elements [*shard_start, ... + *len).
+ * *len is 0 when they do not meet. */
+FL_API int fl_unit_param_shard_range(const fl_unit *u, int i, int64_t *param_start,
+                                     int64_t *shard_start, int64_t *len);
+/* The master shard, 1-d [shard numel] (new reference). */
+FL_API fl_tensor *fl_unit_shard(fl_unit *u);
+/* The sharded gradient (new reference), or NULL before the first reduce. */
+FL_API fl_tensor *fl_unit_grad(fl_unit *u);
+/* Drop the sharded gradient: the next reduce starts it afresh. */
+FL_API void fl_unit_zero_grad(fl_unit *u);
+/* Start gathering (SHARDED -> UNSHARDING); nothing to do when UNSHARDED. */
+FL_API int fl_unit_unshard(fl_unit *u);
+/* Finish gathering (UNSHARDING -> UNSHARDED); fine when UNSHARDED. */
+FL_API int fl_unit_wait(fl_unit *u);
+/* Free the gathered buffer (-> SHARDED). Fails while UNSHARDING. */
+FL_API int fl_unit_reshard(fl_unit *u);
+/* A view of gathered parameter i in the param dtype (new tensor, no
+ * autograd); its values are defined while the unit is UNSHARDED. */
+FL_API fl_tensor *fl_unit_param_view(fl_unit *u, int i);
+/* Bytes of the gathered buffer (counted only while gathered). */
+FL_API int64_t fl_unit_gathered_bytes(const fl_unit *u);
+/* Blocking: the whole flat parameter (numel elements, padding dropped) in
+ * dtype, gathered from the master shards (state dicts, summon). */
+FL_API fl_tensor *fl_unit_gather_master(fl_unit *u, fl_dtype dtype);
+/* Write elements of a whole flat parameter `full` (numel elements) that
+ * fall in this rank's shard into the master shard (summon's writeback). */
+FL_API int fl_unit_scatter_master(fl_unit *u, const fl_tensor *full);
+/* A flat [padded numel] tensor in the reduce dtype holding grads[i] (shaped
+ * like parameter i; NULL: zeros) at each parameter's offset, plus `extra`
+ * (a flat tensor of padded numel, any float dtype) when not NULL. */
+FL_API fl_tensor *fl_unit_pack_grads(fl_unit *u, int n, fl_tensor *const *grads,
+                                     const fl_tensor *extra);
+/* Start reducing a packed gradient (reduce-scatter over the shard group);
+ * the unit owns flat_grad from then on (do not write it). A reduce still
+ * pending on this unit is finished first. */
+FL_API int fl_unit_reduce(fl_unit *u, fl_tensor *flat_grad);
+FL_API bool fl_unit_reduce_pending(const fl_unit *u);
+/* Finish the pending reduce (if any): wait, average over the replicate
+ * group, then grad = reduced (first time, or after zero_grad) or
+ * grad += reduced. */
+FL_API int fl_unit_finish_reduce(fl_unit *u);
+
 #ifndef FL_FFI_CDEF
 #ifdef __cplusplus
 }

@@ -95,9 +95,18 @@ local function run_lua_node(engine, ev)
   core.check(C.fl_engine_provide(engine, h.n_inputs, arr))
 end
 
--- Backpropagate from tensors (one Tensor or an array) with optional output
--- gradients (same layout; nil means ones for a scalar).
-function M.backward(tensors, grads)
+-- Functions to run once the outermost backward in progress has finished
+-- (the sharding layer waits for its last gradient reductions there), in
+-- the order queued. Nested backwards (a checkpoint's recompute) do not run
+-- them.
+local depth, callbacks = 0, {}
+
+function M.queue_callback(fn)
+  if depth == 0 then core.fail('queue_callback: no backward is running') end
+  callbacks[#callbacks + 1] = fn
+end
+
+local function run_engine(tensors, grads)
   if Tensor.is_tensor(tensors) then tensors, grads = { tensors }, { grads } end
   grads = grads or {}
   local n = #tensors
@@ -118,26 +127,56 @@ function M.backward(tensors, grads)
   C.fl_engine_free(ffi.gc(engine, nil))
 end
 
+-- Backpropagate from tensors (one Tensor or an array) with optional output
+-- gradients (same layout; nil means ones for a scalar).
+function M.backward(tensors, grads)
+  depth = depth + 1
+  local ok, err = pcall(run_engine, tensors, grads)
+  depth = depth - 1
+  if depth > 0 then
+    if not ok then error(err, 0) end
+    return
+  end
+  local queued = callbacks
+  callbacks = {}
+  if not ok then error(err, 0) end
+  for _, fn in ipairs(queued) do fn() end
+end
+
 -- activation checkpointing ----------------------------------------------------------------
 
 -- Run fn(inputs...) keeping only its inputs: the forward runs without
 -- recording; in backward fn runs again with grad on (same random numbers:
 -- the global generator is replayed) and its graph is backpropagated at
--- once, which accumulates the gradients of the parameters fn uses.
--- `params` lists those parameters: the node depends on them too, so it is
--- recorded (and their gradients computed) even when no input requires
--- grad, e.g. a first block fed raw data. Returns fn's outputs.
+-- once. `params` lists the parameters fn uses: the node depends on them
+-- too, so it is recorded (and their gradients computed) even when no input
+-- requires grad, e.g. a first block fed raw data. Two forms:
+--   {p1, p2, ...}           fn reads these tensors (leaves): the nested
+--                           backward accumulates their .grad directly;
+--   {tensors = {...}, swap = function(map) ... return restore end}
+--                           fn reads parameters through modules: during the
+--                           recompute swap(map) rebinds each tensor t to
+--                           map[t], a detached copy, and returns a function
+--                           undoing it; the copies' gradients are returned
+--                           to the outer backward as this node's. Parameters
+--                           that are themselves computed (the sharding
+--                           layer's views of gathered units) need this form:
+--                           their gradients must flow back through the
+--                           outer graph, not stop at a nested one.
+-- Returns fn's outputs.
 function M.checkpoint_with_params(params, fn, ...)
   local inputs = pack(...)
   local random = require 'fsdp.random'
   local rng_state = random.get_state()
   local outputs = pack(M.no_grad(fn, unpack(inputs, 1, inputs.n)))
+  local swap = params.swap
+  local ptensors = swap and params.tensors or params
   local tensor_inputs = {}
   for i = 1, inputs.n do
     if Tensor.is_tensor(inputs[i]) then tensor_inputs[#tensor_inputs + 1] = inputs[i] end
   end
   local n_data = #tensor_inputs
-  for _, p in ipairs(params) do tensor_inputs[#tensor_inputs + 1] = p end
+  for _, p in ipairs(ptensors) do tensor_inputs[#tensor_inputs + 1] = p end
   -- Outputs leave the forward as fresh detached tensors; the Lua node makes
   -- them depend on the inputs.
   local outs = {}
@@ -147,6 +186,11 @@ function M.checkpoint_with_params(params, fn, ...)
       outs[#outs + 1] = outputs[i]
     end
   end
+  local function leaf_like(x)
+    local d = x:detach()
+    if x.requires_grad then d:requires_grad_(true) end
+    return d
+  end
   M.attach('CheckpointBackward', tensor_inputs, outs, function(grads)
     -- Recompute with grad on, from detached copies of the inputs that
     -- require grad exactly when the originals do.
@@ -154,21 +198,26 @@ function M.checkpoint_with_params(params, fn, ...)
     for i = 1, inputs.n do
       local x = inputs[i]
       if Tensor.is_tensor(x) then
-        local d = x:detach()
-        if x.requires_grad then d:requires_grad_(true) end
-        again[i] = d
-        leaves[#leaves + 1] = d
+        again[i] = leaf_like(x)
+        leaves[#leaves + 1] = again[i]
       else
         again[i] = x
       end
     end
+    local copies, restore = {}, nil
+    if swap then
+      for _, p in ipairs(ptensors) do copies[p] = leaf_like(p) end
+      restore = swap(copies)
+    end
     local now = random.get_state()
     random.set_state(rng_state)
-    local re = pack(M.enable_grad(fn, unpack(again, 1, inputs.n)))
+    local re = pack(pcall(M.enable_grad, fn, unpack(again, 1, inputs.n)))
     random.set_state(now)
+    if restore then restore() end
+    if not re[1] then error(re[2], 0) end
     local roots, gs = {}, {}
     local k = 0
-    for i = 1, re.n do
+    for i = 2, re.n do
       if Tensor.is_tensor(re[i]) then
         k = k + 1
         if re[i].requires_grad and grads[k] then
@@ -178,10 +227,13 @@ function M.checkpoint_with_params(params, fn, ...)
       end
     end
     if #roots > 0 then M.backward(roots, gs) end
-    -- Gradients for the data inputs; the parameters' were accumulated by
-    -- the nested backward (nil entries for them).
+    -- Gradients for the data inputs, then for swapped parameters (plain
+    -- ones had theirs accumulated by the nested backward: nil entries).
     local result = {}
     for i = 1, n_data do result[i] = leaves[i].grad end
+    if swap then
+      for j, p in ipairs(ptensors) do result[n_data + j] = copies[p].grad end
+    end
     return result
   end)
   return unpack(outputs, 1, outputs.n)

@@ -12,14 +12,38 @@
 -- with everything inside them, for one extra forward of compute.
 local autograd = require 'fsdp.autograd'
 
--- Wrap module m's forward. Its parameters are looked up at each call (the
--- sharding layer may swap them for views) and given to the checkpoint so
--- they get gradients even when no input requires grad.
+-- The parameter slots of m's tree, read at each call (the sharding layer
+-- swaps parameters for views of gathered units): the distinct tensors, and
+-- a swap that rebinds every slot holding a tensor t to map[t] during the
+-- recompute (see autograd.checkpoint_with_params).
+local function params_of(m)
+  local slots, tensors, seen = {}, {}, {}
+  for _, nm in ipairs(m:named_modules()) do
+    local ps = rawget(nm[2], '_parameters')
+    for _, key in ipairs(rawget(nm[2], '_param_names')) do
+      local t = ps[key]
+      if t ~= nil then
+        slots[#slots + 1] = { ps, key, t }
+        if not seen[t] then seen[t] = true; tensors[#tensors + 1] = t end
+      end
+    end
+  end
+  local function swap(map)
+    for _, s in ipairs(slots) do s[1][s[2]] = map[s[3]] end
+    return function()
+      for _, s in ipairs(slots) do s[1][s[2]] = s[3] end
+    end
+  end
+  return { tensors = tensors, swap = swap }
+end
+
+-- Wrap module m's forward: the checkpoint gets its parameters too, so they
+-- get gradients even when no input requires grad.
 local function wrap(m)
   local forward = m.forward
   m.forward = function(self, ...)
     if not autograd.is_grad_enabled() then return forward(self, ...) end
-    return autograd.checkpoint_with_params(self:parameters(), forward, self, ...)
+    return autograd.checkpoint_with_params(params_of(self), forward, self, ...)
   end
   m._checkpointed = true
 end

@@ -248,7 +248,8 @@ for d = 0, C.FL_DTYPE_COUNT - 1 do M.dtypes[#M.dtypes + 1] = core.dtype_name(d) 
 -- Submodules loaded on first use (they require this module themselves):
 -- fsdp.nn, fsdp.optim, fsdp.functional (also as fsdp.F).
 local lazy = { nn = 'fsdp.nn', optim = 'fsdp.optim', functional = 'fsdp.functional',
-               F = 'fsdp.functional', dist = 'fsdp.dist' }
+               F = 'fsdp.functional', dist = 'fsdp.dist', sharding = 'fsdp.sharding',
+               policy = 'fsdp.sharding.policy' }
 setmetatable(M, {
   __index = function(t, k)
     local name = lazy[k]
@@ -267,6 +268,14 @@ M.F = require 'fsdp.functional'
 M.functional = M.F
 M.cat = M.F.cat
 M.checkpoint = require 'fsdp.checkpoint'
+
+-- Fully sharded data parallel (fsdp.sharding): shard a model, and what
+-- works across its shards.
+for _, name in ipairs({ 'shard', 'no_sync', 'clip_grad_norm', 'summon_full_params',
+                        'full_state_dict' }) do
+  M[name] = function(...) return require('fsdp.sharding')[name](...) end
+end
+M.sharding_memory = function(...) return require('fsdp.sharding').memory(...) end
 
 
 return M

@@ -111,6 +111,21 @@ for np in 2 4; do
   run_tap "monitored barrier, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/monitored_barrier.lua
 done
 
+# Sharding: every strategy x precision x checkpointing x prefetch mode
+# against one rank; hybrid sharding as 2 nodes of 1 and 2 nodes of 2.
+run_tap "sharded training = one rank, 2 ranks on one node" -- \
+  mpirun -np 2 "$EXE" tests/mpi/fsdp_equivalence.lua
+run_tap "sharded training = one rank, 2 ranks as 2 nodes of 1" FSDP_RANKS_PER_NODE=1 -- \
+  mpirun -np 2 "$EXE" tests/mpi/fsdp_equivalence.lua f32
+run_tap "sharded training = one rank, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
+  mpirun -np 4 "$EXE" tests/mpi/fsdp_equivalence.lua
+for np in 2 4; do
+  run_tap "sharded memory, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_memory.lua
+done
+expect_failure "a rank failing inside a sharded backward ends the job, 4 ranks" 15 \
+  "fsdp-lua: rank 3: in backward of Failing|deliberate failure in backward|aborting the job (4 ranks)" \
+  -- mpirun -np 4 "$EXE" tests/mpi/fsdp_rank_error.lua
+
 for np in 2 4; do
   last=$((np - 1))
   expect_failure "rank $last raises an error while the others wait, $np ranks" 15 \

@@ -1,0 +1,598 @@
+-- fsdp.sharding: fully sharded data parallel over a model, FSDP's ideas
+-- with flat parameters per unit (DESIGN.md, decisions 4-8).
+--
+--   local model = llama.build('Llama-2-7b', {device = 'meta'})
+--   fsdp.shard(model, {
+--     policy = fsdp.policy.transformer{llama.DecoderLayer},
+--     strategy = 'FULL_SHARD',                 -- SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2
+--     mixed_precision = {param = 'bf16', reduce = 'f32', buffer = 'bf16'},
+--     backward_prefetch = 'pre',               -- 'post', false
+--     forward_prefetch = true, limit_all_gathers = true,
+--   })
+--   fsdp.checkpoint(model, is_block)           -- shard-aware: after sharding
+--   local opt = optim.AdamW(model:named_parameters(), {...})  -- original names
+--   loss = model:loss(ids, targets); loss:backward()
+--   fsdp.clip_grad_norm(model, 1.0); opt:step(); opt:zero_grad()
+--
+-- Each unit's pre-forward hook gathers it (and prefetches the next in the
+-- recorded forward order); its post-forward hook frees it again
+-- (FULL_SHARD, HYBRID_SHARD; never the root) and puts a pre-backward node
+-- on its outputs that gathers it before its backward (prefetching the next
+-- in the recorded backward order with 'pre'); the unit's post-backward node
+-- reduce-scatters its gradient and frees it ('post' prefetches there). A
+-- callback queued for the end of backward waits for the last reductions.
+-- See [Note: what a parameter slot holds] in fsdp/sharding/unit.lua.
+local core = require 'fsdp.core'
+local fsdp = require 'fsdp'
+local dist = require 'fsdp.dist'
+local autograd = require 'fsdp.autograd'
+local Tensor = require 'fsdp.tensor'
+local Module = require 'fsdp.nn.module'
+local repr = require 'fsdp.nn.repr'
+local parameter = require 'fsdp.nn.parameter'
+local Unit = require 'fsdp.sharding.unit'
+local ffi, C = core.ffi, core.C
+
+local M = {}
+M.policy = require 'fsdp.sharding.policy'
+
+-- strategies ---------------------------------------------------------------------------
+
+-- reshard_after_forward and where shards live: 'group' (the shard group
+-- option, default the world), 'node' (hybrid), 'self' (no sharding).
+local STRATEGIES = {
+  FULL_SHARD = { reshard = true, shard = 'group' },
+  SHARD_GRAD_OP = { reshard = false, shard = 'group' },
+  NO_SHARD = { reshard = false, shard = 'self' },
+  HYBRID_SHARD = { reshard = true, shard = 'node' },
+  HYBRID_SHARD_ZERO2 = { reshard = false, shard = 'node' },
+}
+M.strategies = { 'FULL_SHARD', 'SHARD_GRAD_OP', 'NO_SHARD', 'HYBRID_SHARD', 'HYBRID_SHARD_ZERO2' }
+
+-- Groups are created collectively, once per process, in the order first
+-- needed (the same on every rank: policies are deterministic).
+local groups = {}
+local function self_group()
+  if not groups.self then groups.self = dist.split(dist.rank(), { name = 'self' }) end
+  return groups.self
+end
+local function hybrid_groups()
+  if not groups.shard then groups.shard, groups.replicate = dist.hybrid_groups() end
+  return groups.shard, groups.replicate
+end
+
+local function strategy_groups(name, group)
+  local s = STRATEGIES[name].shard
+  if s == 'group' then return group, nil end
+  if s == 'self' then return self_group(), group or dist.world() end
+  return hybrid_groups()
+end
+
+local OPTIONS = {
+  policy = true, strategy = true, mixed_precision = true, cpu_offload = true,
+  backward_prefetch = true, forward_prefetch = true, limit_all_gathers = true,
+  sync_module_states = true, ignored = true, group = true, seed = true, device = true,
+}
+
+local function check_strategy(s, where)
+  if not STRATEGIES[s] then
+    core.fail(("fsdp.shard: %sunknown strategy '%s' (known: %s)"):format(where or '', tostring(s),
+      table.concat(M.strategies, ', ')))
+  end
+end
+
+-- {param=, reduce=, buffer=} dtype names; nil fields keep the model's.
+local function mixed_precision(mp, master, where)
+  if mp == nil or mp == false then return { param = master, reduce = master } end
+  if type(mp) == 'string' then mp = { param = mp, reduce = mp, buffer = mp } end
+  if type(mp) ~= 'table' then
+    core.fail(('fsdp.shard: %smixed_precision must be a table {param=, reduce=, buffer=} or a dtype name'):format(where or ''))
+  end
+  for k in pairs(mp) do
+    if k ~= 'param' and k ~= 'reduce' and k ~= 'buffer' and k ~= 'keep_low_precision_grads' then
+      core.fail(("fsdp.shard: %smixed_precision has unknown key '%s' (known: param, reduce, buffer)"):format(where or '', tostring(k)))
+    end
+  end
+  local function name(d)
+    if d == nil then return nil end
+    local code = type(d) == 'string' and C.fl_dtype_parse(d) or -1
+    if code < 0 or not C.fl_dtype_is_float(code) then
+      C.fl_clear_error()
+      core.fail(("fsdp.shard: %smixed_precision: '%s' is not a floating-point dtype"):format(where or '', tostring(d)))
+    end
+    return core.dtype_name(code)
+  end
+  local param = name(mp.param) or master
+  return { param = param, reduce = name(mp.reduce) or param, buffer = name(mp.buffer) }
+end
+
+-- which parameters go where ------------------------------------------------------------
+
+-- Every slot holding each parameter tensor: {tensor = {{params_table, key}...}}.
+local function slots_of(model)
+  local slots = {}
+  for _, nm in ipairs(model:named_modules()) do
+    local ps = rawget(nm[2], '_parameters')
+    for _, key in ipairs(rawget(nm[2], '_param_names')) do
+      local t = ps[key]
+      if t ~= nil then
+        slots[t] = slots[t] or {}
+        table.insert(slots[t], { ps, key })
+      end
+    end
+  end
+  return slots
+end
+
+-- Apply the policy bottom-up. Returns {{module=, name=, overrides=,
+-- tensors={...}}...} children before parents, the root last.
+local function plan_units(model, policy, ignored)
+  local claimed = {}
+  for _, m in ipairs(ignored) do
+    for _, p in ipairs(m:parameters()) do claimed[p] = true end
+  end
+  local fqn = {}
+  for _, np in ipairs(model:named_parameters()) do fqn[np[2]] = np[1] end
+  local units = {}
+  local function unclaimed_in(m)
+    local list = {}
+    for _, p in ipairs(m:parameters()) do
+      if not claimed[p] then list[#list + 1] = p end
+    end
+    return list
+  end
+  local function visit(m, name, is_root)
+    for _, nc in ipairs(m:named_children()) do
+      visit(nc[2], name == '' and nc[1] or name .. '.' .. nc[1], false)
+    end
+    local list = unclaimed_in(m)
+    local numel = 0
+    for _, p in ipairs(list) do numel = numel + p:numel() end
+    local r = false
+    if not is_root and #list > 0 and policy then r = policy(m, name, numel) end
+    if is_root or r then
+      for _, p in ipairs(list) do claimed[p] = true end
+      units[#units + 1] = { module = m, name = name, tensors = list,
+                            overrides = type(r) == 'table' and r or {} }
+    end
+  end
+  visit(model, '', true)
+  return units, fqn
+end
+
+-- orchestration ------------------------------------------------------------------------
+
+local State = {}
+State.__index = State
+
+function State:start_unshard(u)
+  if u == nil or u:state() ~= 'SHARDED' then return end
+  if self.limit_all_gathers then
+    while #self.inflight >= 2 do table.remove(self.inflight, 1):wait() end
+  end
+  u:unshard()
+  self.inflight[#self.inflight + 1] = u
+end
+
+function State:ensure_unsharded(u)
+  self:start_unshard(u)
+  u:wait()
+  for i, v in ipairs(self.inflight) do
+    if v == u then table.remove(self.inflight, i); break end
+  end
+end
+
+local function next_map(order)
+  local nxt = {}
+  for i = 1, #order - 1 do nxt[order[i]] = order[i + 1] end
+  return nxt
+end
+
+local function cast_inputs(args, dtype)
+  for i = 1, args.n do
+    local a = args[i]
+    if Tensor.is_tensor(a) and a:is_floating_point() and a.dtype ~= dtype then
+      args[i] = a:to({ dtype = dtype })
+    end
+  end
+  return args
+end
+
+-- The tensors among a forward's outputs (a tensor, or a table of them).
+local function output_tensors(out)
+  if Tensor.is_tensor(out) then return { out }, function(new) return new[1] end end
+  if type(out) ~= 'table' or getmetatable(out) ~= nil then return {}, nil end
+  local keys, list = {}, {}
+  for k, v in pairs(out) do
+    if Tensor.is_tensor(v) and v.requires_grad then keys[#keys + 1] = k; list[#list + 1] = v end
+  end
+  return list, function(new)
+    local r = {}
+    for k, v in pairs(out) do r[k] = v end
+    for i, k in ipairs(keys) do r[k] = new[i] end
+    return r
+  end
+end
+
+function State:pre_forward(u, ...)
+  local grad = autograd.is_grad_enabled()
+  if u.is_root and grad then self.iteration = self.iteration + 1 end
+  if grad and self.recording_forward then self.fwd_order[#self.fwd_order + 1] = u end
+  self:ensure_unsharded(u)
+  if self.forward_prefetch and self.fwd_next then self:start_unshard(self.fwd_next[u]) end
+  u:bind_views(function(unit, grads) self:post_backward(unit, grads) end)
+  local args = autograd.pack(...)
+  if u.is_root and u.param_dtype ~= u.master_dtype then args = cast_inputs(args, u.param_dtype) end
+  return unpack(args, 1, args.n)
+end
+
+function State:post_forward(u, out)
+  if not autograd.is_grad_enabled() then
+    u:reshard()
+    u:bind_segments()
+    return nil
+  end
+  if u.is_root and self.recording_forward then
+    self.recording_forward = false
+    self.fwd_next = next_map(self.fwd_order)
+  end
+  if u.reshard_after_forward and not u.is_root then u:reshard() end
+  local list, rebuild = output_tensors(out)
+  local ins, outs = {}, {}
+  for _, t in ipairs(list) do
+    if t.requires_grad then ins[#ins + 1] = t; outs[#outs + 1] = t:detach() end
+  end
+  if #ins == 0 then return nil end
+  autograd.attach('FSDPPreBackward[' .. u:label() .. ']', ins, outs, function(grads)
+    self:pre_backward(u)
+    return grads
+  end)
+  if #ins ~= #list then return nil end -- outputs without grad: keep the original structure
+  return rebuild(outs)
+end
+
+function State:pre_backward(u)
+  if not self.callback_queued then
+    self.callback_queued = true
+    autograd.queue_callback(function() self:finish_backward() end)
+  end
+  if self.recording_backward then self.bwd_order[#self.bwd_order + 1] = u end
+  self:ensure_unsharded(u)
+  if self.backward_prefetch == 'pre' and self.bwd_next then self:start_unshard(self.bwd_next[u]) end
+end
+
+function State:post_backward(u, grads)
+  u:reduce_grads(grads, self.sync)
+  if self.sync then
+    -- At most one reduction in flight besides this one: it overlaps the
+    -- next unit's backward, and packed gradients do not pile up.
+    for _, v in ipairs(self.pending) do v:finish_reduce() end
+    self.pending = { u }
+  end
+  u:reshard()
+  u:bind_segments()
+  if self.backward_prefetch == 'post' and self.bwd_next then self:start_unshard(self.bwd_next[u]) end
+end
+
+function State:finish_backward()
+  self.callback_queued = false
+  for _, v in ipairs(self.pending) do v:finish_reduce() end
+  self.pending = {}
+  if self.recording_backward then
+    self.recording_backward = false
+    self.bwd_next = next_map(self.bwd_order)
+  end
+  -- Units whose gradients never came (unused in this forward) and
+  -- prefetches nobody used: back to rest.
+  for _, u in ipairs(self.inflight) do u:wait() end
+  self.inflight = {}
+  for _, u in ipairs(self.units) do
+    if u:state() ~= 'SHARDED' then u:reshard() end
+    u:bind_segments()
+  end
+end
+
+-- the API ----------------------------------------------------------------------------------
+
+local function state_of(model, what)
+  local s = Module.is_module(model) and rawget(model, '_fsdp')
+  if not s then core.fail(('%s: the model is not sharded (call fsdp.shard first)'):format(what)) end
+  return s
+end
+M.state_of = state_of
+
+local function fmt_int(n)
+  local s = ('%d'):format(n)
+  return (s:reverse():gsub('(%d%d%d)', '%1,'):reverse():gsub('^,', ''))
+end
+
+-- print(model) shows each unit as FSDP's repr does: the wrapper, then the
+-- module it wraps.
+local function set_repr(u)
+  local m = u.module
+  local cls_repr = getmetatable(m).__repr
+  rawset(m, '__repr', function(self)
+    local head = ('FullyShardedDataParallel(%s, %d params, numel %s, shard %s x %d, %s%s)'):format(
+      u.strategy, #u.params, fmt_int(u.numel), fmt_int(u.shard_numel), u.shard_size,
+      u.param_dtype, u.param_dtype ~= u.master_dtype and ('/' .. u.master_dtype) or '')
+    return head .. '(\n  (_fsdp_wrapped_module): ' .. repr.addindent(cls_repr(self), 2) .. '\n)'
+  end)
+end
+
+-- Buffers: materialised when on meta (from their init rules), cast to the
+-- buffer dtype, and broadcast from rank 0 with sync_module_states.
+local function prepare_buffers(model, device, mp_buffer, seed, sync)
+  autograd.no_grad(function()
+    for _, nm in ipairs(model:named_modules()) do
+      local m, prefix = nm[2], nm[1]
+      local bs = rawget(m, '_buffers')
+      for _, key in ipairs(rawget(m, '_buffer_names')) do
+        local b = bs[key]
+        if b ~= nil then
+          local name = prefix == '' and key or prefix .. '.' .. key
+          local r = b
+          if b:is_meta() and device ~= 'meta' then
+            r = fsdp.empty(b.shape, { dtype = b.dtype, device = device })
+            local rule = rawget(b, 'init')
+            if rule == nil then
+              core.fail(('fsdp.shard: buffer %s is on the meta device and has no init rule'):format(name))
+            end
+            parameter.fill(r, rule, { seed = seed, name = name }, 'buffer ' .. name)
+          end
+          if mp_buffer and r:is_floating_point() and r.dtype ~= mp_buffer then r = r:to({ dtype = mp_buffer }) end
+          if sync and r:has_storage() then dist.broadcast(r, 0) end
+          if r ~= b then
+            for k, v in pairs(b) do if type(k) == 'string' and k:sub(1, 1) ~= '_' then rawset(r, k, v) end end
+            bs[key] = r
+          end
+        end
+      end
+    end
+  end)
+end
+
+-- sync_module_states: every rank takes rank 0's values of its parameters.
+local function broadcast_params(spec_params, device)
+  autograd.no_grad(function()
+    for _, p in ipairs(spec_params) do
+      local t = p.tensor
+      local full
+      if dist.rank() == 0 then
+        if not t:has_storage() then
+          core.fail(('fsdp.shard: sync_module_states needs rank 0 to hold the values of %s'):format(p.name))
+        end
+        full = t:contiguous()
+      else
+        full = fsdp.empty(t.shape, { dtype = t.dtype, device = device })
+      end
+      dist.broadcast(full, 0)
+      p.values = full
+    end
+  end)
+end
+
+-- Shard `model` in place (see the top of this file); returns it.
+function M.shard(model, opts)
+  opts = opts or {}
+  if not Module.is_module(model) then core.fail('fsdp.shard expects a module') end
+  if rawget(model, '_fsdp') then core.fail('fsdp.shard: the model is already sharded') end
+  for k in pairs(opts) do
+    if not OPTIONS[k] then
+      local known = {}
+      for o in pairs(OPTIONS) do known[#known + 1] = o end
+      table.sort(known)
+      core.fail(("fsdp.shard: unknown option '%s' (known: %s)"):format(tostring(k), table.concat(known, ', ')))
+    end
+  end
+  local strategy = opts.strategy or 'FULL_SHARD'
+  check_strategy(strategy)
+  local bp = opts.backward_prefetch
+  if bp == nil then bp = 'pre' end
+  if bp ~= 'pre' and bp ~= 'post' and bp ~= false then
+    core.fail(("fsdp.shard: backward_prefetch must be 'pre', 'post' or false, got %s"):format(tostring(bp)))
+  end
+  if opts.policy ~= nil and type(opts.policy) ~= 'function' then
+    core.fail('fsdp.shard: policy must be a function (module, name, unwrapped_numel), e.g. fsdp.policy.transformer{...}')
+  end
+  local group = opts.group
+  if group ~= nil and getmetatable(group) ~= dist.Group then core.fail('fsdp.shard: group must be a Group from fsdp.dist') end
+  local ignored = opts.ignored or {}
+  local seed = opts.seed or fsdp.initial_seed()
+
+  local first = model:parameters()[1]
+  if not first then core.fail('fsdp.shard: the model has no parameters') end
+  local master = first.dtype
+  local device = opts.device or (first:is_meta() and 'cpu' or first.device)
+  if device ~= 'cpu' and device ~= 'meta' then
+    core.fail(("fsdp.shard: device '%s' is not supported yet (cpu, or meta to plan)"):format(device))
+  end
+  local base_mp = mixed_precision(opts.mixed_precision, master)
+
+  local plan, fqn = plan_units(model, opts.policy, ignored)
+  local slots = slots_of(model)
+  local S = setmetatable({
+    units = {}, inflight = {}, pending = {}, sync = true, iteration = 0,
+    recording_forward = true, recording_backward = true, fwd_order = {}, bwd_order = {},
+    backward_prefetch = bp, forward_prefetch = opts.forward_prefetch and true or false,
+    limit_all_gathers = opts.limit_all_gathers and true or false,
+    cpu_offload = opts.cpu_offload and true or false, strategy = strategy, model = model,
+    ignored = ignored, device = device,
+  }, State)
+
+  for i, spec in ipairs(plan) do
+    local ov = spec.overrides
+    local where = spec.name == '' and 'root unit: ' or ('unit %s: '):format(spec.name)
+    local st = ov.strategy or strategy
+    check_strategy(st, where)
+    local mp = ov.mixed_precision ~= nil and mixed_precision(ov.mixed_precision, master, where) or base_mp
+    local shard_group, replicate_group = strategy_groups(st, group)
+    local params = {}
+    for _, t in ipairs(spec.tensors) do
+      if t.dtype ~= master then
+        core.fail(('fsdp.shard: parameter %s is %s but the model\'s parameters are %s: one master dtype per model')
+          :format(fqn[t], t.dtype, master))
+      end
+      params[#params + 1] = { name = fqn[t], tensor = t, slots = slots[t] }
+    end
+    if opts.sync_module_states then broadcast_params(params, device) end
+    local reshard = STRATEGIES[st].reshard
+    if ov.reshard_after_forward ~= nil then reshard = ov.reshard_after_forward end
+    local u = Unit.new({
+      name = spec.name, module = spec.module, params = params, strategy = st,
+      shard_group = shard_group, replicate_group = replicate_group,
+      master_dtype = master, param_dtype = mp.param, reduce_dtype = mp.reduce,
+      device = device, is_root = i == #plan, reshard_after_forward = reshard,
+    })
+    u.shard_size = shard_group and shard_group:size() or dist.world_size()
+    u.replicas = dist.world_size() / u.shard_size
+    if opts.sync_module_states then
+      for _, p in ipairs(params) do p.tensor = p.values; p.values = nil end
+    end
+    u:init_shard(seed)
+    for _, p in ipairs(params) do p.tensor = nil end -- the whole parameter is not kept
+    u:bind_segments()
+    S.units[#S.units + 1] = u
+    spec.module:register_forward_pre_hook(function(_, ...) return S:pre_forward(u, ...) end, { prepend = true })
+    spec.module:register_forward_hook(function(_, _, out) return S:post_forward(u, out) end)
+    set_repr(u)
+  end
+  S.root = S.units[#S.units]
+  prepare_buffers(model, device, base_mp.buffer, seed, opts.sync_module_states)
+  rawset(model, '_fsdp', S)
+  rawset(model, 'no_sync', function(self, fn) return M.no_sync(self, fn) end)
+  return model
+end
+
+-- Run fn() with gradient synchronisation off: backward passes inside
+-- accumulate unsharded gradients locally; the first backward after it
+-- reduces their sum. Returns fn's results.
+function M.no_sync(model, fn)
+  local S = state_of(model, 'no_sync')
+  local was = S.sync
+  S.sync = false
+  local r = autograd.pack(pcall(fn))
+  S.sync = was
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, r.n)
+end
+
+local sq = ffi.new('double[1]')
+
+-- Clip the gradients of a sharded model to a global L2 norm of at most
+-- max_norm, over every rank's shards; returns the norm before clipping.
+-- Each rank adds the squares of its shards, divided by the number of
+-- replicas holding the same shard (NO_SHARD and hybrid units), so one
+-- all-reduce over the world gives the norm of the whole gradient.
+function M.clip_grad_norm(model, max_norm)
+  local S = state_of(model, 'clip_grad_norm')
+  if type(max_norm) ~= 'number' or max_norm < 0 then
+    core.fail(('clip_grad_norm: max_norm must be a number >= 0, got %s'):format(tostring(max_norm)))
+  end
+  local clip = require 'fsdp.optim.clip'
+  local local_sq = 0
+  for _, u in ipairs(S.units) do
+    u:sync_zero_grad()
+    if u.grad ~= nil and u.grad:has_storage() then
+      core.check(C.fl_grad_sq_norm(Tensor.cptr(u.grad), sq))
+      local_sq = local_sq + sq[0] / u.replicas
+    end
+  end
+  local ignored_params = {}
+  for _, m in ipairs(S.ignored) do
+    for _, p in ipairs(m:parameters()) do ignored_params[#ignored_params + 1] = p end
+  end
+  local_sq = local_sq + clip.grad_sq_norm(ignored_params) / dist.world_size()
+  local t = fsdp.tensor({ local_sq }, { dtype = 'f64' })
+  dist.all_reduce(t)
+  local total = math.sqrt(t:item())
+  local coef = max_norm / (total + 1e-6)
+  if coef < 1 and total == total then
+    for _, u in ipairs(S.units) do
+      if u.grad ~= nil and u.grad:has_storage() then core.check(C.fl_grad_scale_(Tensor.cptr(u.grad), coef)) end
+    end
+    clip.scale_grads(ignored_params, coef)
+  end
+  return total
+end
+
+-- Run fn() with every parameter slot holding the whole parameter in the
+-- master dtype (gathered from the shards; collective). With
+-- {writeback = true} changes made to them are written back to the shards.
+-- Not inside forward or backward.
+function M.summon_full_params(model, fn, opts)
+  local S = state_of(model, 'summon_full_params')
+  opts = opts or {}
+  local gathered = {}
+  autograd.no_grad(function()
+    for _, u in ipairs(S.units) do
+      if u:state() ~= 'SHARDED' and u:state() ~= 'UNSHARDED' then
+        core.fail('summon_full_params: a unit is being gathered (inside forward or backward?)')
+      end
+      local by, full = u:gather_full()
+      gathered[u] = full
+      for _, p in ipairs(u.params) do
+        for _, slot in ipairs(p.slots) do slot[1][slot[2]] = by[p] end
+      end
+    end
+  end)
+  local r = autograd.pack(pcall(fn))
+  autograd.no_grad(function()
+    for _, u in ipairs(S.units) do
+      if r[1] and opts.writeback then u:scatter_full(gathered[u]) end
+      u:bind_segments()
+    end
+  end)
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, r.n)
+end
+
+-- The whole parameters by name (master dtype), gathered unit by unit
+-- (collective). {rank0_only = true}: other ranks get an empty table.
+function M.full_state_dict(model, opts)
+  local S = state_of(model, 'full_state_dict')
+  opts = opts or {}
+  local out = {}
+  local keep = not opts.rank0_only or dist.rank() == 0
+  autograd.no_grad(function()
+    for _, u in ipairs(S.units) do
+      local by = u:gather_full()
+      if keep then
+        for _, p in ipairs(u.params) do out[p.name] = by[p]:clone() end
+      end
+    end
+  end)
+  if keep then
+    for _, nb in ipairs(model:named_buffers()) do out[nb[1]] = nb[2] end
+  end
+  return out
+end
+
+-- This rank's bytes: sharded parameters, their gradients, the optimizer's
+-- state (when given), buffers, the largest gathered unit, and the sum of
+-- what persists across steps.
+function M.memory(model, opt)
+  local S = state_of(model, 'memory')
+  local r = { params = 0, grads = 0, optimizer = 0, buffers = 0, largest_unit = 0 }
+  for _, u in ipairs(S.units) do
+    r.params = r.params + u:shard_bytes()
+    r.grads = r.grads + u:grad_bytes()
+    r.largest_unit = math.max(r.largest_unit, u.gathered_bytes)
+  end
+  for _, b in ipairs(model:buffers()) do r.buffers = r.buffers + b:storage_bytes() end
+  if opt then
+    for _, st in pairs(opt.state) do
+      for _, v in pairs(st) do
+        if Tensor.is_tensor(v) then r.optimizer = r.optimizer + v:numel() * v:element_size() end
+      end
+    end
+  end
+  r.persistent = r.params + r.grads + r.optimizer + r.buffers
+  return r
+end
+
+-- The units, root last: {name=, strategy=, numel=, shard_numel=, ...}.
+function M.units(model)
+  return state_of(model, 'units').units
+end
+
+return M
