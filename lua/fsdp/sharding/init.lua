@@ -221,9 +221,9 @@ function State:pre_forward(u, ...)
   self:ensure_unsharded(u)
   if self.forward_prefetch and self.fwd_next then self:start_unshard(self.fwd_next[u]) end
   u:bind_views(function(unit, grads) self:post_backward(unit, grads) end)
-  local args = autograd.pack(...)
-  if u.is_root and u.param_dtype ~= u.master_dtype then args = cast_inputs(args, u.param_dtype) end
-  return unpack(args, 1, args.n)
+  -- Floating-point inputs take the unit's compute dtype (FSDP's
+  -- cast_forward_inputs), so units of different precisions compose.
+  return unpack(cast_inputs(autograd.pack(...), u.param_dtype))
 end
 
 function State:post_forward(u, out)

@@ -64,8 +64,8 @@ function Unit.new(spec)
   self.shard_numel = tonumber(C.fl_unit_shard_numel(c))
   self.gathered_bytes = tonumber(C.fl_unit_gathered_bytes(c))
   -- An input for the post-backward node, so it is recorded: the node
-  -- returns no gradient for it.
-  self.anchor = Tensor.wrap(C.fl_empty(0, nil, core.dtype('f32'), core.device('cpu')))
+  -- returns no gradient for it (meta: it costs no memory).
+  self.anchor = Tensor.wrap(C.fl_empty(0, nil, core.dtype('f32'), core.device('meta')))
   self.anchor:requires_grad_(true)
   for i, p in ipairs(self.params) do
     core.check(C.fl_unit_param_shard_range(c, i - 1, out1, out2, out3))

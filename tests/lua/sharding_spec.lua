@@ -1,0 +1,286 @@
+-- sharding_spec.lua: fsdp.shard in one process (world of one rank, the
+-- `self` backend): training identical to the plain model, deferred init
+-- identical to a whole init, policies and per-unit overrides, what the
+-- model shows (names, print), summon/full_state_dict, clipping, meta
+-- planning, the C unit's state machine, and the errors. The multi-rank
+-- behaviour is tested under mpirun (tests/mpi/fsdp_*.lua).
+local fsdp = require 'fsdp'
+local ffi = require 'ffi'
+local llama = require 'models.llama'
+local optim = require 'fsdp.optim'
+local core = require 'fsdp.core'
+local Tensor = require 'fsdp.tensor'
+
+local CFG = { dim = 32, n_layers = 3, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64,
+              max_seq_len = 32 }
+local is_block = function(m) return m:is_instance_of(llama.DecoderLayer) end
+local policy = fsdp.policy.transformer { llama.DecoderLayer }
+local ids = fsdp.randint(0, 64, { 2, 16 }, { seed = 1 })
+local tg = fsdp.randint(0, 64, { 2, 16 }, { seed = 2 })
+
+local function meta_model(cfg)
+  return llama.CausalLM(llama.config('Llama-2-7b', cfg or CFG), { device = 'meta' })
+end
+
+local function plain_model()
+  local m = meta_model()
+  m:init_weights({ seed = 4, device = 'cpu' })
+  return m
+end
+
+local function sharded(opts)
+  opts = opts or {}
+  opts.seed = opts.seed or 4
+  if opts.policy == nil then opts.policy = policy end
+  return fsdp.shard(meta_model(), opts)
+end
+
+local function train(m, steps, clip)
+  local opt = optim.AdamW(m:named_parameters(), { lr = 1e-2 })
+  local losses = {}
+  for _ = 1, steps do
+    local loss = m:loss(ids, tg)
+    loss:backward()
+    if clip then
+      if rawget(m, '_fsdp') then fsdp.clip_grad_norm(m, clip) else optim.clip_grad_norm_(m:parameters(), clip) end
+    end
+    opt:step()
+    opt:zero_grad()
+    losses[#losses + 1] = loss:item()
+  end
+  return losses
+end
+
+local function full_params(m)
+  if rawget(m, '_fsdp') then return fsdp.full_state_dict(m) end
+  local out = {}
+  for _, np in ipairs(m:named_parameters()) do out[np[1]] = np[2] end
+  return out
+end
+
+local function assert_same_params(a, b, tol)
+  local n = 0
+  for name, t in pairs(a) do
+    if b[name] ~= nil or t.is_param then
+      assert.is_not_nil(b[name], name)
+      local err = (t:double() - b[name]:double()):abs():max():item()
+      assert.is_true(err <= (tol or 0), ('%s differs by %g'):format(name, err))
+      n = n + 1
+    end
+  end
+  assert.is_true(n > 0)
+end
+
+describe('fsdp.shard on one rank', function()
+  it('initialises each shard from the rules: equal to a whole init', function()
+    local whole, m = plain_model(), sharded()
+    local full = fsdp.full_state_dict(m)
+    for _, np in ipairs(whole:named_parameters()) do
+      assert.equals(0, (full[np[1]] - np[2]):abs():max():item(), np[1])
+    end
+  end)
+
+  it('trains exactly like the unsharded model, with and without checkpointing', function()
+    local plain = plain_model()
+    local want = train(plain, 3, 0.5)
+    for _, ckpt in ipairs({ false, true }) do
+      local m = sharded()
+      if ckpt then fsdp.checkpoint(m, is_block) end
+      local got = train(m, 3, 0.5)
+      for i = 1, 3 do assert.near(want[i], got[i], 1e-6 * math.abs(want[i])) end
+      local fp = full_params(m)
+      for _, np in ipairs(plain:named_parameters()) do
+        local err = (fp[np[1]] - np[2]):abs():max():item()
+        assert.is_true(err < 1e-6, np[1] .. ' ' .. err)
+      end
+    end
+  end)
+
+  it('keeps original names, with 1-d shard segments and their shapes', function()
+    local m = sharded()
+    local names = {}
+    for _, np in ipairs(m:named_parameters()) do names[#names + 1] = np[1] end
+    local want = {}
+    for _, np in ipairs(plain_model():named_parameters()) do want[#want + 1] = np[1] end
+    assert.same(want, names)
+    local q = m.model.layers[1].self_attn.q_proj.weight
+    assert.equals(1, q:dim())
+    assert.same({ 32, 32 }, q.fsdp_shape)
+    assert.equals(1024, q:numel())
+  end)
+
+  it('prints its units like FSDP', function()
+    local s = tostring(sharded({ strategy = 'SHARD_GRAD_OP' }))
+    assert.truthy(s:find('^FullyShardedDataParallel%(SHARD_GRAD_OP, 3 params'))
+    assert.truthy(s:find('%(0%-2%): 3 x FullyShardedDataParallel%(SHARD_GRAD_OP, 9 params, numel 9,280'))
+    assert.truthy(s:find('(_fsdp_wrapped_module): LlamaDecoderLayer(', 1, true))
+  end)
+
+  it('applies policies bottom-up with per-unit overrides', function()
+    local seen = {}
+    local m = sharded({
+      policy = function(mod, name, numel)
+        seen[#seen + 1] = name
+        if name == 'lm_head' then return { strategy = 'NO_SHARD', mixed_precision = { param = 'bf16' } } end
+        return is_block(mod)
+      end,
+    })
+    local units = fsdp.sharding.units(m)
+    assert.equals(5, #units) -- 3 blocks, lm_head, root
+    assert.equals('lm_head', units[4].name)
+    assert.equals('NO_SHARD', units[4].strategy)
+    assert.equals('bf16', units[4].param_dtype)
+    assert.equals('', units[5].name)
+    assert.equals('FULL_SHARD', units[5].strategy)
+    -- children are asked before their parent
+    local pos = {}
+    for i, n in ipairs(seen) do pos[n] = i end
+    assert.is_true(pos['model.layers.0.self_attn.q_proj'] < pos['model.layers.0'])
+    -- a NO_SHARD bf16 head still trains
+    local l = train(m, 2)
+    assert.is_true(l[2] < l[1])
+  end)
+
+  it('wraps by size: fsdp.policy.size counts only unclaimed parameters', function()
+    local function names(min)
+      local out = {}
+      for _, u in ipairs(fsdp.sharding.units(sharded({ policy = fsdp.policy.size { min_params = min } }))) do
+        out[#out + 1] = u.name
+      end
+      return out
+    end
+    -- blocks have 9,280 parameters, their MLPs 6,144, attention 3,072
+    assert.same({ 'model.layers.0', 'model.layers.1', 'model.layers.2', '' }, names(7000))
+    -- at 5000 the MLPs go first; what is left of the three blocks (3 x 3,136)
+    -- then makes their ModuleList a unit
+    assert.same({ 'model.layers.0.mlp', 'model.layers.1.mlp', 'model.layers.2.mlp', 'model.layers', '' },
+      names(5000))
+  end)
+
+  it('runs mixed precision: bf16 compute, f32 master shards', function()
+    local m = sharded({ mixed_precision = { param = 'bf16', reduce = 'f32', buffer = 'bf16' } })
+    local during
+    m.model.layers[1]:register_forward_hook(function(self) during = self.mlp.up_proj.weight end)
+    local loss = m:loss(ids, tg)
+    assert.equals('bf16', during.dtype)
+    assert.same({ 64, 32 }, during.shape)
+    loss:backward()
+    local seg = m.model.layers[1].mlp.up_proj.weight
+    assert.equals('f32', seg.dtype)
+    assert.equals('f32', seg.grad.dtype)
+    local l = train(m, 3)
+    assert.is_true(l[3] < l[1])
+  end)
+
+  it('summons full parameters, writing changes back when asked', function()
+    local m = sharded()
+    fsdp.summon_full_params(m, function()
+      assert.same({ 64, 32 }, m.lm_head.weight.shape)
+      m.lm_head.weight:fill_(0.5)
+    end)
+    assert.is_true(fsdp.full_state_dict(m)['lm_head.weight']:sum():item() ~= 0.5 * 64 * 32)
+    fsdp.summon_full_params(m, function() m.lm_head.weight:fill_(0.25) end, { writeback = true })
+    assert.equals(0.25 * 64 * 32, fsdp.full_state_dict(m)['lm_head.weight']:sum():item())
+    assert.equals(1, m.lm_head.weight:dim()) -- back to the segment
+  end)
+
+  it('accumulates gradients under no_sync like two backward passes', function()
+    local a, b = sharded(), sharded()
+    local la = a:loss(ids, tg); la:backward()
+    local lb = a:loss(ids, tg); lb:backward()
+    b:no_sync(function() local l = b:loss(ids, tg); l:backward() end)
+    local l2 = b:loss(ids, tg); l2:backward()
+    local ga, gb = a.lm_head.weight.grad, b.lm_head.weight.grad
+    assert.is_true((ga - gb):abs():max():item() < 1e-6)
+  end)
+
+  it('drops gradients on zero_grad: the next backward starts afresh', function()
+    local m = sharded()
+    local l = m:loss(ids, tg); l:backward()
+    local first = m.lm_head.weight.grad:clone()
+    m:zero_grad()
+    assert.is_nil(m.lm_head.weight.grad)
+    l = m:loss(ids, tg); l:backward()
+    assert.equals(0, (m.lm_head.weight.grad - first):abs():max():item())
+  end)
+
+  it('reports the memory a rank holds', function()
+    local m = sharded()
+    local opt = optim.AdamW(m:named_parameters(), { lr = 1e-3 })
+    local l = m:loss(ids, tg); l:backward(); opt:step()
+    local r = fsdp.sharding.memory(m, opt)
+    local n = plain_model():num_parameters()
+    assert.equals(n * 4, r.params)
+    assert.equals(n * 4, r.grads)
+    assert.equals(n * 8, r.optimizer)
+    assert.equals(r.params + r.grads + r.optimizer + r.buffers, r.persistent)
+  end)
+
+  it('plans Llama-2-70B on the meta device without allocating', function()
+    local budget = fsdp.set_collect_budget(0)
+    finally(function() fsdp.set_collect_budget(budget) end)
+    collectgarbage()
+    local before = fsdp.memory_stats('cpu').in_use
+    local m = llama.CausalLM(llama.config('Llama-2-70b'), { device = 'meta' })
+    fsdp.shard(m, { policy = policy, device = 'meta', mixed_precision = { param = 'bf16' } })
+    local units = fsdp.sharding.units(m)
+    assert.equals(81, #units)
+    assert.equals(855654400, units[1].numel) -- one 70B block
+    assert.equals(855654400 * 2, units[1].gathered_bytes)
+    assert.equals(before, fsdp.memory_stats('cpu').in_use)
+    assert.truthy(tostring(m):find('80 x FullyShardedDataParallel(FULL_SHARD, 9 params, numel 855,654,400', 1, true))
+  end)
+
+  it('explains misuse', function()
+    assert.error_matches(function() fsdp.shard(meta_model(), { stratgy = 'x' }) end,
+      "unknown option 'stratgy'")
+    assert.error_matches(function() sharded({ strategy = 'FULL' }) end,
+      "unknown strategy 'FULL' %(known: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2%)")
+    assert.error_matches(function() sharded({ mixed_precision = { param = 'i32' } }) end,
+      "'i32' is not a floating%-point dtype")
+    assert.error_matches(function() sharded({ mixed_precision = { parm = 'bf16' } }) end,
+      "unknown key 'parm'")
+    assert.error_matches(function() sharded({ backward_prefetch = 'both' }) end,
+      "backward_prefetch must be 'pre', 'post' or false")
+    assert.error_matches(function()
+      sharded({ policy = function(_, name) if name == 'lm_head' then return { strategy = 'ZERO3' } end end })
+    end, "unit lm_head: unknown strategy 'ZERO3'")
+    local m = sharded()
+    assert.error_matches(function() fsdp.shard(m) end, 'already sharded')
+    assert.error_matches(function() fsdp.clip_grad_norm(plain_model(), 1) end, 'not sharded')
+    assert.error_matches(function() fsdp.shard(42) end, 'expects a module')
+  end)
+
+  it('has a C unit with explicit states', function()
+    local C = core.C
+    local names = ffi.new('const char*[1]', { 'w' })
+    local ndims = ffi.new('int[1]', { 2 })
+    local dims = ffi.new('int64_t[2]', { 3, 5 })
+    local cfg = ffi.new('fl_unit_config')
+    cfg.master_dtype, cfg.param_dtype, cfg.reduce_dtype = core.dtype('f32'), core.dtype('bf16'), core.dtype('f32')
+    cfg.device = core.device('cpu')
+    local u = ffi.gc(C.fl_unit_new('demo', 1, names, ndims, dims, cfg), C.fl_unit_free)
+    assert.equals(15, tonumber(C.fl_unit_numel(u)))
+    assert.equals(C.FL_UNIT_SHARDED, tonumber(C.fl_unit_state_of(u)))
+    assert.equals(C.FL_ERR_STATE, tonumber(C.fl_unit_wait(u)))
+    assert.truthy(core.last_error():find('sharded unit demo: wait before unshard', 1, true))
+    local shard = Tensor.wrap(C.fl_unit_shard(u))
+    shard:copy_(fsdp.arange(15))
+    assert.equals(0, C.fl_unit_unshard(u))
+    assert.equals(C.FL_UNIT_UNSHARDING, tonumber(C.fl_unit_state_of(u)))
+    assert.equals(C.FL_ERR_STATE, tonumber(C.fl_unit_reshard(u)))
+    assert.equals(0, C.fl_unit_wait(u))
+    local view = Tensor.wrap(C.fl_unit_param_view(u, 0))
+    assert.same({ 3, 5 }, view.shape)
+    assert.equals('bf16', view.dtype)
+    assert.equals(14, view:get(2, 4))
+    local before = fsdp.memory_stats('cpu').in_use
+    assert.equals(0, C.fl_unit_reshard(u))
+    assert.equals(before - 4096, fsdp.memory_stats('cpu').in_use) -- one page returned
+    assert.equals(0, C.fl_unit_unshard(u))
+    assert.equals(0, C.fl_unit_wait(u))
+    assert.equals(7, view:get(1, 2)) -- the same view sees the gathered values again
+    assert.is_true(C.fl_unit_param_name(u, 3) == nil)
+    assert.truthy(core.last_error():find('parameter index 3 out of range', 1, true))
+  end)
+end)
