@@ -73,7 +73,10 @@ end
 -- A shard's header and mapped tokens, checked to be a token shard.
 local function open_shard(path)
   local ok, f = pcall(safetensors.open, path)
-  if not ok then fail('%s is not a readable token shard: %s', path, tostring(f)) end
+  if not ok then
+    -- the reader's message already names the file; drop its source position
+    fail('not a readable token shard: %s', (tostring(f):gsub('^[^:\n]*:%d+: ', '')))
+  end
   local meta = f:metadata()
   if meta.format ~= M.FORMAT then
     fail('%s is a safetensors file but not a token shard (metadata format = %s, expected %q; '
