@@ -15,6 +15,8 @@ local recipe = require 'fsdp.recipe'
 local deepvit = require 'models.deepvit'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
+local images = require 'fsdp.data.images'
+local metrics = require 'fsdp.metrics'
 local F = fsdp.F
 
 local cfg = recipe.config({
@@ -35,6 +37,11 @@ local cfg = recipe.config({
   seed = { 0, 'initialisation and data seed' },
   log_every = { 5, 'steps between log lines' },
   dry_run = { false, 'build at full size on meta, print it, and exit' },
+  data = { '', 'directory of raw images (train_images.u8, train_labels.txt; fsdp.data.images); empty: synthetic' },
+  validation_freq = { 0, 'steps between validations (0: never); on the val_* files of --data' },
+  val_batches = { 4, 'batches per validation' },
+  metrics_file = { '', 'append every step\'s numbers to this JSONL file' },
+  peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)' },
 }, arg, 'recipes/deepvit_8b.lua')
 
 local overrides = {}
@@ -66,25 +73,41 @@ print(('model: %d blocks, width %d, %d heads, image %d / patch %d, %d classes: %
 local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
 local opt = Opt(model:named_parameters(), { lr = cfg.lr, weight_decay = 0 })
 
--- Synthetic classes: a fixed random image per class plus noise.
-local pixels = c.channels * c.image_size * c.image_size
-local templates = fsdp.randn({ c.num_classes, pixels }, { seed = cfg.seed, stream = 7 })
-local flops = deepvit.flops_per_image(c) * cfg.batch_size
-print(('chance loss: ln(%d) = %.3f'):format(c.num_classes, math.log(c.num_classes)))
+-- Data: synthetic classes (a fixed random image per class plus noise), or
+-- raw uint8 images with labels; both with next/batches/state/load_state.
+local data, val_data
+local image_opts = { channels = c.channels, image_size = c.image_size, num_classes = c.num_classes,
+                     batch_size = cfg.batch_size, seed = cfg.seed }
+if cfg.data ~= '' then
+  data = images.open(cfg.data, image_opts)
+  if cfg.validation_freq > 0 then
+    image_opts.split, image_opts.shuffle = 'val', false
+    val_data = images.open(cfg.data, image_opts)
+  end
+else
+  data = images.synthetic(image_opts)
+  val_data = data
+end
+print(('data: %s; chance loss: ln(%d) = %.3f'):format(tostring(data), c.num_classes, math.log(c.num_classes)))
+
+local log = metrics.Logger({
+  total_steps = cfg.max_steps, batch_size = cfg.batch_size, flops_per_sample = deepvit.flops_per_image(c),
+  peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every,
+})
 for step = 1, cfg.max_steps do
   local t0 = clock.now()
-  local B = cfg.batch_size
-  local y = fsdp.randint(0, c.num_classes, { B }, { seed = cfg.seed, stream = 8, offset = (step - 1) * B })
-  local noise = fsdp.randn({ B, c.channels, c.image_size, c.image_size },
-    { seed = cfg.seed, stream = 9, offset = (step - 1) * B * pixels })
-  local x = F.embedding(y, templates):view(B, c.channels, c.image_size, c.image_size) + noise
+  local x, y = data:next()
   local loss = F.cross_entropy(model(x), y)
   loss:backward()
+  local lr = opt.param_groups[1].lr
   opt:step()
   opt:zero_grad()
-  local dt = clock.now() - t0
-  if step % cfg.log_every == 0 or step == cfg.max_steps then
-    print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, GFLOP/s: %.1f'):format(
-      step, loss:item(), B / dt, opt.param_groups[1].lr, flops / dt / 1e9))
+  log:step(step, { loss = loss:item(), lr = lr, dt = clock.now() - t0 })
+  if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then
+    model:eval()
+    log:validation(step, metrics.evaluate(function(vx, vy) return F.cross_entropy(model(vx), vy) end,
+      val_data:batches(cfg.val_batches)))
+    model:train()
   end
 end
+log:close()

@@ -5,15 +5,19 @@
 --   fsdp-lua recipes/llama2_7b.lua --num_layers=2 --hidden_width=256 --num_heads=4 \
 --            --vocab_size=512 --max_steps=200       a reduced model that trains on CPU
 --
--- Every key below is an option (--key=value); --help lists them. Data are
--- synthetic tokens with learnable structure (fsdp.data.synthetic) so the
--- loss has somewhere to go: it falls toward the data's entropy, far below
--- ln(vocab_size).
+-- Every key below is an option (--key=value); --help lists them. By default
+-- the data are synthetic tokens with learnable structure
+-- (fsdp.data.synthetic) so the loss has somewhere to go: it falls toward
+-- the data's entropy, far below ln(vocab_size). --data=DIR trains on token
+-- shards written by tools/tokenize.lua (the vocabulary then comes from the
+-- data), validating on their val split every --validation_freq steps.
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
-local synthetic = require 'fsdp.data.synthetic'
+local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
+local tokens = require 'fsdp.data.tokens'
+local metrics = require 'fsdp.metrics'
 
 local cfg = recipe.config({
   model = { 'Llama-2-7b', 'model config (models/llama.lua)' },
@@ -38,6 +42,12 @@ local cfg = recipe.config({
   activation_checkpointing = { false, 'recompute each decoder layer in backward instead of keeping activations' },
   data_noise = { 0.1, 'synthetic data: probability of a random next token' },
   log_every = { 1, 'print a log line every N steps' },
+  data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard); empty: synthetic' },
+  val_data = { '', 'validation shards (default: the val split of --data)' },
+  validation_freq = { 50, 'steps between validations (0: never)' },
+  val_batches = { 4, 'batches per validation' },
+  metrics_file = { '', 'append every step\'s numbers to this JSONL file' },
+  peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)' },
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
 }, arg, 'recipes/llama2_7b.lua')
 
@@ -54,6 +64,19 @@ if cfg.num_kv_heads > 0 then overrides.n_kv_heads = cfg.num_kv_heads end
 if cfg.ffn_dim > 0 then overrides.ffn_dim = cfg.ffn_dim end
 if cfg.vocab_size > 0 then overrides.vocab_size = cfg.vocab_size end
 if overrides.n_heads and not overrides.n_kv_heads then overrides.n_kv_heads = overrides.n_heads end
+
+-- Token shards decide the vocabulary (a larger --vocab_size is allowed).
+local train_data
+if cfg.data ~= '' and not cfg.dry_run then
+  train_data = tokens.open(cfg.data, { split = 'train', seq_len = cfg.seq_len, batch_size = cfg.batch_size,
+                                       seed = cfg.seed })
+  if cfg.vocab_size == 0 then
+    overrides.vocab_size = train_data.vocab_size
+  elseif cfg.vocab_size < train_data.vocab_size then
+    error(('recipes/llama2_7b.lua: --vocab_size=%d is smaller than the vocabulary of %s (%d)'):format(
+      cfg.vocab_size, cfg.data, train_data.vocab_size), 0)
+  end
+end
 
 local c = llama.config(cfg.model, overrides)
 
@@ -96,25 +119,52 @@ local opt = optim.AdamW(model:named_parameters(), {
 })
 local sched = optim.lr_scheduler.WarmupCosine(opt, {
   warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps, min_lr = cfg.min_lr })
-local data = synthetic.Markov(c.vocab_size, { seed = cfg.seed, noise = cfg.data_noise })
-print(('data: synthetic Markov chain, entropy %.3f nats/token; uniform guessing: ln(%d) = %.3f'):format(
-  data:entropy(), c.vocab_size, math.log(c.vocab_size)))
+-- data: `data` and `val_data` share one interface (next, batches, state,
+-- load_state); data:state() is the position a checkpoint stores.
+local data, val_data
+if train_data then
+  data = train_data
+  local val_path = cfg.val_data ~= '' and cfg.val_data or cfg.data
+  local has_val = cfg.val_data ~= '' or #tokens.shard_paths(cfg.data, 'val') > 0
+  if has_val and cfg.validation_freq > 0 then
+    val_data = tokens.open(val_path, { split = 'val', seq_len = cfg.seq_len, batch_size = cfg.batch_size,
+                                       shuffle = false })
+  end
+  print(('data: %s, %d steps per epoch%s'):format(tostring(data), data:steps_per_epoch(),
+    val_data and (', validation on ' .. tostring(val_data)) or ', no validation split'))
+else
+  local opts = { seed = cfg.seed, noise = cfg.data_noise, batch_size = cfg.batch_size, seq_len = cfg.seq_len }
+  data = synthetic_tokens.new(c.vocab_size, opts)
+  val_data = data
+  print(('data: synthetic Markov chain, entropy %.3f nats/token; uniform guessing: ln(%d) = %.3f'):format(
+    data:entropy(), c.vocab_size, math.log(c.vocab_size)))
+end
 
-local flops_per_step = llama.flops_per_token(c, cfg.seq_len, n_params) * cfg.batch_size * cfg.seq_len
+local log = metrics.Logger({
+  total_steps = cfg.max_steps, batch_size = cfg.batch_size, tokens_per_sample = cfg.seq_len,
+  flops_per_sample = llama.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
+  peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every,
+})
+local function validate(step)
+  local loss = metrics.evaluate(function(ids, targets) return model:loss(ids, targets) end,
+    val_data:batches(cfg.val_batches))
+  log:validation(step, loss)
+end
+
 local params = model:parameters()
 for step = 1, cfg.max_steps do
   local t0 = clock.now()
-  local ids, targets = data:batch(step - 1, cfg.batch_size, cfg.seq_len)
+  local ids, targets = data:next()
   local loss = model:loss(ids, targets)
   loss:backward()
-  local norm = cfg.grad_clip > 0 and optim.clip_grad_norm_(params, cfg.grad_clip) or 0
+  local norm = cfg.grad_clip > 0 and optim.clip_grad_norm_(params, cfg.grad_clip) or nil
   local lr = opt.param_groups[1].lr
   opt:step()
   sched:step()
   opt:zero_grad()
-  local dt = clock.now() - t0
-  if step % cfg.log_every == 0 or step == cfg.max_steps then
-    print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, tokens/s: %.0f, GFLOP/s: %.1f, grad norm: %.3f'):format(
-      step, loss:item(), cfg.batch_size / dt, lr, cfg.batch_size * cfg.seq_len / dt, flops_per_step / dt / 1e9, norm))
+  log:step(step, { loss = loss:item(), lr = lr, dt = clock.now() - t0, grad_norm = norm })
+  if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then
+    validate(step)
   end
 end
+log:close()

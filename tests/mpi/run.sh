@@ -127,6 +127,10 @@ expect_failure "a rank failing inside a sharded backward ends the job, 4 ranks" 
   -- mpirun -np 4 "$EXE" tests/mpi/fsdp_rank_error.lua
 
 for np in 2 4; do
+  run_tap "data pipeline across ranks, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/data_ranks.lua
+done
+
+for np in 2 4; do
   last=$((np - 1))
   expect_failure "rank $last raises an error while the others wait, $np ranks" 15 \
     "fsdp-lua: rank $last: tests/mpi/rank_error.lua|deliberate failure on the last rank|aborting the job ($np ranks)" \

@@ -1,0 +1,127 @@
+-- fsdp.data.pairs: source/target text pairs for T5, from JSONL, tokenized
+-- at load, behind the interface of the token datasets (next, batches,
+-- state, load_state).
+--
+--   local pairs_data = require 'fsdp.data.pairs'
+--   local ds = pairs_data.open('pairs.jsonl', { tokenizer = 'byte', source_len = 64, target_len = 32,
+--                                               batch_size = 8, source_field = 'source', target_field = 'target' })
+--   local input_ids, labels = ds:next()     -- i64 [8, 64], i64 [8, 32]
+--   local loss = t5_model:loss(input_ids, labels)
+--
+-- Each side is truncated to leave room for the tokenizer's EOS, which ends
+-- it. Sources are padded with pad_id (0, T5's pad); labels with -100 (the
+-- ignore index of the loss, which T5's shift_right turns into pad). The
+-- val split is every k-th pair by the rule of tools/tokenize.lua (pair k
+-- is validation when floor((k+1)f) > floor(kf), f = val_fraction). The
+-- order, the ranks' parts and the state follow fsdp.data.sampler.
+local fsdp = require 'fsdp'
+local core = require 'fsdp.core'
+local cjson = require 'cjson'
+local Sampler = require 'fsdp.data.sampler'
+local tokenizer = require 'fsdp.data.tokenizer'
+
+local M = {}
+
+local function fail(fmt, ...) core.fail('fsdp.data.pairs: ' .. fmt:format(...)) end
+
+local Dataset = {}
+Dataset.__index = Dataset
+
+-- [n, len] i64 of the id tensors, each truncated to len - 1, then EOS,
+-- then `pad`.
+local function pad_rows(ids, len, eos, pad)
+  local out = fsdp.full({ #ids, len }, pad, { dtype = 'i64' })
+  for i, t in ipairs(ids) do
+    local n = math.min(t:numel(), len - 1)
+    local row = out:select(0, i - 1)
+    if n > 0 then row:narrow(0, 0, n):copy_(t:narrow(0, 0, n)) end
+    row:set(eos, n)
+  end
+  return out
+end
+
+-- opts: tokenizer ('byte' or a SentencePiece model path, or a loaded
+-- tokenizer), source_field/target_field ('source'/'target'), source_len,
+-- target_len, split ('train' or 'val'), val_fraction (0), pad_id (0),
+-- batch_size, seed, shuffle, rank/world_size.
+function M.open(path, opts)
+  local sf, tf = opts.source_field or 'source', opts.target_field or 'target'
+  local f, err = io.open(path, 'rb')
+  if not f then fail('cannot open %s: %s', path, err) end
+  local split, frac = opts.split or 'train', opts.val_fraction or 0
+  if split ~= 'train' and split ~= 'val' then fail("split must be 'train' or 'val', got %s", tostring(split)) end
+  local sources, targets, k, line = {}, {}, 0, 0
+  for text in f:lines() do
+    line = line + 1
+    if text:match('%S') then
+      local ok, obj = pcall(cjson.decode, text)
+      if not ok or type(obj) ~= 'table' then f:close(); fail('%s:%d: not a JSON object', path, line) end
+      local s, t = obj[sf], obj[tf]
+      if type(s) ~= 'string' or type(t) ~= 'string' then
+        f:close()
+        fail('%s:%d: needs string fields %q and %q', path, line, sf, tf)
+      end
+      local is_val = math.floor((k + 1) * frac) > math.floor(k * frac)
+      if is_val == (split == 'val') then
+        sources[#sources + 1], targets[#targets + 1] = s, t
+      end
+      k = k + 1
+    end
+  end
+  f:close()
+  local tok = type(opts.tokenizer) == 'table' and opts.tokenizer or tokenizer.load(opts.tokenizer)
+  for _, key in ipairs({ 'source_len', 'target_len' }) do
+    if type(opts[key]) ~= 'number' or opts[key] < 2 then fail('%s must be a number >= 2', key) end
+  end
+  local self = setmetatable({ path = path, split = split, tokenizer = tok, n = #sources }, Dataset)
+  self.vocab_size, self.eos_id = tok.vocab_size, tok.eos_id
+  self.sources = pad_rows(tok:encode(sources), opts.source_len, tok.eos_id, opts.pad_id or 0)
+  self.labels = pad_rows(tok:encode(targets), opts.target_len, tok.eos_id, -100)
+  self.seed = opts.seed or 0
+  local rank, world = opts.rank, opts.world_size
+  if rank == nil or world == nil then rank, world = rank or fsdp.dist.rank(), world or fsdp.dist.world_size() end
+  self.sampler = Sampler.new({ n = self.n, batch_size = opts.batch_size, seed = self.seed, shuffle = opts.shuffle,
+    rank = rank, world_size = world, name = ('fsdp.data.pairs: %s (%s split, %d pairs)'):format(path, split, self.n) })
+  return self
+end
+
+function Dataset:gather(idx)
+  local src, lab = {}, {}
+  for b, i in ipairs(idx) do
+    src[b], lab[b] = self.sources:narrow(0, i, 1), self.labels:narrow(0, i, 1)
+  end
+  return fsdp.cat(src, 0), fsdp.cat(lab, 0)
+end
+
+function Dataset:next() return self:gather((self.sampler:next())) end
+
+function Dataset:batches(n)
+  local smp, k = self.sampler, 0
+  n = math.min(n, smp.steps_per_epoch)
+  return function()
+    if k >= n then return nil end
+    local first = k * smp.global_batch + smp.rank * smp.batch_size
+    local idx = {}
+    for j = 1, smp.batch_size do idx[j] = first + j - 1 end
+    k = k + 1
+    return self:gather(idx)
+  end
+end
+
+function Dataset:state()
+  local s = self.sampler:state()
+  return { kind = 'pairs', epoch = s.epoch, position = s.position, seed = self.seed, n = self.n }
+end
+
+function Dataset:load_state(s)
+  if type(s) ~= 'table' or s.kind ~= 'pairs' or s.n ~= self.n or s.seed ~= self.seed then
+    fail('%s: the saved position is not for these %d pairs with seed %d', self.path, self.n, self.seed)
+  end
+  self.sampler:load_state(s)
+end
+
+function Dataset:__tostring()
+  return ('TextPairs(%s, %s: %d pairs, %s)'):format(self.path, self.split, self.n, tostring(self.tokenizer))
+end
+
+return M

@@ -1,0 +1,237 @@
+-- fsdp.metrics: the training log. One line per logged step in the seed's
+-- format, extended with throughput, utilisation and memory; validation
+-- loss and perplexity; a JSONL file of the same numbers; a progress bar on
+-- a terminal.
+--
+--   local metrics = require 'fsdp.metrics'
+--   local log = metrics.Logger({ total_steps = 100, batch_size = 4, tokens_per_sample = 2048,
+--                                flops_per_sample = 6 * N * 2048, peak_tflops = 989,
+--                                metrics_file = 'logs/run.jsonl' })
+--   log:step(step, { loss = loss:item(), lr = lr, dt = seconds, grad_norm = norm })
+--   log:validation(step, metrics.evaluate(function(ids, t) return model:loss(ids, t) end, val:batches(8)))
+--   log:close()
+--
+-- A step line reads
+--   Batch 10 Loss: 2.3026, Speed: 41.20 samples/sec, lr: 3.000e-04, tokens/s: 5274, TFLOPS: 0.0123,
+--   MFU: 1.23%, peak memory: 812.4 MiB, grad norm: 0.912
+-- (one line; MFU only with a declared peak, grad norm only when given).
+-- Speed and tokens/s count the whole job (every rank's samples); TFLOPS
+-- and MFU are per rank: the rank's training FLOPs per second against the
+-- peak of one device (--peak_tflops, e.g. 989 for an H100 in bf16 dense).
+-- Loss is the mean over ranks. Only rank 0 prints and writes the file;
+-- with several ranks its lines start with "[rank 0] ". Output goes to a
+-- terminal as a progress bar (redrawn in place, log lines scrolling above
+-- it); to a file or pipe as plain lines. FSDP_PROGRESS=0/1 overrides the
+-- detection. FSDP_DEBUG=INFO prints every rank's distributed setup at start.
+local ffi = require 'ffi'
+local fsdp = require 'fsdp'
+local core = require 'fsdp.core'
+local clock = require 'fsdp.clock'
+local cjson = require('cjson').new()
+
+-- NaN or infinite losses are written as null, keeping every line valid JSON.
+cjson.encode_invalid_numbers('null')
+pcall(ffi.cdef, 'int isatty(int fd);')
+
+local M = {}
+
+local function stdout_is_terminal()
+  local v = os.getenv('FSDP_PROGRESS')
+  if v == '0' or v == '1' then return v == '1' end
+  return ffi.C.isatty(1) == 1
+end
+
+local function hostname()
+  local p = io.popen('hostname 2>/dev/null')
+  local name = p and p:read('*l')
+  if p then p:close() end
+  return name or '?'
+end
+
+-- The distributed setup of this rank, one line (FSDP_DEBUG=INFO prints it).
+function M.dist_info()
+  local dist = fsdp.dist
+  local w = dist.world()
+  return ('rank %d of %d, local rank %d of %d, node %d of %d, backend %s, world group %s, NCCL_DEBUG=%s, '
+    .. 'host %s'):format(dist.rank(), dist.world_size(), dist.local_rank(), dist.local_size(), dist.node(),
+    dist.nodes(), dist.backend(), tostring(w), os.getenv('NCCL_DEBUG') or '(unset)',
+    os.getenv('HOSTNAME') or hostname())
+end
+
+-- Whether FSDP_DEBUG asks for verbose distributed information.
+function M.debug_enabled()
+  local v = (os.getenv('FSDP_DEBUG') or ''):upper()
+  return v == 'INFO' or v == 'DETAIL'
+end
+
+-- Mean over batches (and over ranks) of loss_fn(batch...), without
+-- gradients. `batches` is an iterator such as dataset:batches(n).
+function M.evaluate(loss_fn, batches)
+  local sum, n = 0, 0
+  fsdp.no_grad(function()
+    for a, b, c in batches do
+      sum, n = sum + loss_fn(a, b, c):item(), n + 1
+    end
+  end)
+  local t = fsdp.tensor({ sum, n }, { dtype = 'f64' })
+  if fsdp.dist.world_size() > 1 then fsdp.dist.all_reduce(t) end
+  local total, count = t:get(0), t:get(1)
+  if count == 0 then core.fail('fsdp.metrics: evaluate: the validation data yielded no batches') end
+  return total / count
+end
+
+local Logger = {}
+Logger.__index = Logger
+
+local function number_opt(opts, key, default)
+  local v = opts[key]
+  if v == nil then return default end
+  if type(v) ~= 'number' or v < 0 then
+    core.fail(('fsdp.metrics: option %s must be a number >= 0, got %s'):format(key, tostring(v)))
+  end
+  return v
+end
+
+-- opts: total_steps, batch_size (per rank), tokens_per_sample (0: no
+-- tokens/s), flops_per_sample (training FLOPs; 0: no TFLOPS), peak_tflops
+-- (0: no MFU), metrics_file ('' or nil: none), log_every (1), device
+-- ('cpu', for peak memory), progress (nil: auto), out (io.stdout),
+-- rank/world_size (default fsdp.dist's).
+function M.Logger(opts)
+  opts = opts or {}
+  local self = setmetatable({}, Logger)
+  local dist = fsdp.dist
+  self.rank = opts.rank or dist.rank()
+  self.world_size = opts.world_size or dist.world_size()
+  self.total_steps = number_opt(opts, 'total_steps', 0)
+  self.batch_size = number_opt(opts, 'batch_size', 1)
+  self.tokens_per_sample = number_opt(opts, 'tokens_per_sample', 0)
+  self.flops_per_sample = number_opt(opts, 'flops_per_sample', 0)
+  self.peak_tflops = number_opt(opts, 'peak_tflops', 0)
+  self.log_every = math.max(1, number_opt(opts, 'log_every', 1))
+  self.device = opts.device or 'cpu'
+  self.out = opts.out or io.stdout
+  self.prefix = self.world_size > 1 and ('[rank %d] '):format(self.rank) or ''
+  self.leader = self.rank == 0
+  if opts.progress == nil then self.progress = self.leader and stdout_is_terminal() and self.out == io.stdout
+  else self.progress = opts.progress and self.leader end
+  self.start = clock.now()
+  if self.leader and opts.metrics_file and opts.metrics_file ~= '' then
+    local f, err = io.open(opts.metrics_file, 'a')
+    if not f then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(opts.metrics_file, err)) end
+    self.file, self.file_path = f, opts.metrics_file
+  end
+  if M.debug_enabled() then
+    -- every rank speaks, in rank order
+    for r = 0, self.world_size - 1 do
+      if r == self.rank then
+        self.out:write(('[rank %d] fsdp: %s\n'):format(self.rank, M.dist_info()))
+        self.out:flush()
+      end
+      if self.world_size > 1 then dist.barrier() end
+    end
+  end
+  return self
+end
+
+-- Print a line (rank 0 only, prefixed when there are several ranks),
+-- keeping the progress bar below it.
+function Logger:print(fmt, ...)
+  if not self.leader then return end
+  local line = select('#', ...) > 0 and fmt:format(...) or fmt
+  if self.bar_drawn then self.out:write('\r\27[K') end
+  self.out:write(self.prefix, line, '\n')
+  if self.bar_drawn then self:_draw_bar() end
+  self.out:flush()
+end
+
+-- Print from every rank (prefixed by its rank when there are several).
+function Logger:print_all(fmt, ...)
+  local line = select('#', ...) > 0 and fmt:format(...) or fmt
+  self.out:write(self.prefix, line, '\n')
+  self.out:flush()
+end
+
+function Logger:_write(record)
+  if not self.file then return end
+  record.time = clock.now() - self.start
+  self.file:write(cjson.encode(record), '\n')
+  self.file:flush()
+end
+
+local function clock_text(s)
+  s = math.max(0, math.floor(s + 0.5))
+  return ('%d:%02d:%02d'):format(math.floor(s / 3600), math.floor(s / 60) % 60, s % 60)
+end
+
+function Logger:_draw_bar()
+  local step, total = self.last_step or 0, self.total_steps
+  local width = 30
+  local frac = total > 0 and math.min(1, step / total) or 0
+  local fill = math.floor(frac * width + 0.5)
+  local elapsed = clock.now() - self.start
+  local eta = step > 0 and total > step and elapsed / step * (total - step) or 0
+  self.out:write(('\r[%s%s] %d/%d %3.0f%% loss %.4f elapsed %s eta %s'):format(('#'):rep(fill),
+    ('.'):rep(width - fill), step, total, frac * 100, self.last_loss or 0, clock_text(elapsed), clock_text(eta)))
+  self.bar_drawn = true
+end
+
+-- Record step `step` (1-based): s = {loss =, lr =, dt = seconds of the
+-- step, grad_norm = (optional), epoch = (optional)}. Every rank calls it
+-- (the loss is averaged over ranks); rank 0 prints every log_every steps
+-- and on the last, and writes the metrics file.
+function Logger:step(step, s)
+  local loss = s.loss
+  if self.world_size > 1 then
+    loss = fsdp.dist.all_reduce(fsdp.tensor({ loss }, { dtype = 'f64' }), { op = 'avg' }):item()
+  end
+  if not self.leader then return end
+  local dt = s.dt or 0
+  local samples = self.batch_size * self.world_size
+  local sps = dt > 0 and samples / dt or 0
+  local tps = sps * self.tokens_per_sample
+  local tflops = dt > 0 and self.flops_per_sample * self.batch_size / dt / 1e12 or 0
+  local mfu = self.peak_tflops > 0 and tflops / self.peak_tflops or nil
+  local peak = fsdp.memory_stats(self.device).peak
+  self.last_step, self.last_loss = step, loss
+  self:_write({ type = 'train', step = step, loss = loss, lr = s.lr, samples_per_sec = sps,
+    tokens_per_sec = self.tokens_per_sample > 0 and tps or nil, tflops_per_rank = tflops, mfu = mfu,
+    peak_memory_bytes = peak, grad_norm = s.grad_norm, epoch = s.epoch, step_time = dt })
+  if step % self.log_every == 0 or step == self.total_steps then
+    local parts = { ('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e'):format(step, loss, sps, s.lr or 0) }
+    if self.tokens_per_sample > 0 then parts[#parts + 1] = ('tokens/s: %.0f'):format(tps) end
+    if self.flops_per_sample > 0 then parts[#parts + 1] = ('TFLOPS: %.4g'):format(tflops) end
+    if mfu then parts[#parts + 1] = ('MFU: %.2f%%'):format(mfu * 100) end
+    parts[#parts + 1] = ('peak memory: %.1f MiB'):format(peak / 2 ^ 20)
+    if s.grad_norm then parts[#parts + 1] = ('grad norm: %.3f'):format(s.grad_norm) end
+    self:print(table.concat(parts, ', '))
+  elseif self.progress then
+    self:_draw_bar()
+    self.out:flush()
+  end
+end
+
+-- Record a validation loss (already averaged over ranks, e.g. by
+-- metrics.evaluate) at training step `step`.
+function Logger:validation(step, loss)
+  if not self.leader then return loss end
+  local ppl = math.exp(loss)
+  self:_write({ type = 'val', step = step, loss = loss, perplexity = ppl })
+  self:print('Validation at batch %d: loss %.4f, perplexity %.3f', step, loss, ppl)
+  return loss
+end
+
+-- End the bar's line and close the metrics file.
+function Logger:close()
+  if self.bar_drawn then
+    self.out:write('\r\27[K')
+    self.out:flush()
+    self.bar_drawn = false
+  end
+  if self.file then
+    self.file:close()
+    self.file = nil
+  end
+end
+
+return M

@@ -1,0 +1,186 @@
+-- tools/tokenize.lua: turn text or JSONL files into token shards
+-- (fsdp.data.tokens' format) for recipes/llama2_7b.lua --data=DIR.
+--
+--   fsdp-lua tools/tokenize.lua --input=corpus.txt --output=data/corpus --tokenizer=byte
+--   fsdp-lua tools/tokenize.lua --input=a.jsonl,b.jsonl --output=data/c --tokenizer=tok.model
+--   fsdp-lua tools/tokenize.lua --input=corpus.txt --output=data/c --train_spm=8000
+--
+-- Documents: a JSONL line's `text` field (--text_field), or in a text file
+-- each paragraph (--documents=paragraph, blank-line separated), line, or
+-- the whole file. Each document is followed by the tokenizer's EOS.
+-- --val_fraction of the documents, spread evenly (document k goes to
+-- validation when floor((k+1)f) > floor(kf)), form the val split. Shards
+-- are written once they hold --shard_tokens tokens:
+--   DIR/train-00000.safetensors ...  DIR/val-00000.safetensors ...
+-- and a trained or given SentencePiece model is copied to DIR/tokenizer.model.
+local fsdp = require 'fsdp'
+local recipe = require 'fsdp.recipe'
+local tokens = require 'fsdp.data.tokens'
+local tokenizer = require 'fsdp.data.tokenizer'
+local clock = require 'fsdp.clock'
+local cjson = require 'cjson'
+local lfs = require 'lfs'
+
+local cfg = recipe.config({
+  input = { '', 'text (.txt) or JSONL (.jsonl) files, comma-separated' },
+  output = { '', 'directory for the shards (created)' },
+  tokenizer = { 'byte', "'byte' or the path of a SentencePiece .model" },
+  train_spm = { 0, 'train a SentencePiece model of this vocabulary size on the input first' },
+  spm_model_type = { 'unigram', 'model type for --train_spm: unigram or bpe' },
+  text_field = { 'text', 'the JSONL field holding the text' },
+  documents = { 'paragraph', 'documents of a text file: paragraph, line or file' },
+  val_fraction = { 0.01, 'fraction of documents for the val split' },
+  shard_tokens = { 100000000, 'tokens per shard (a shard closes once it holds this many)' },
+  chunk_docs = { 2000, 'documents tokenized per call' },
+}, arg, 'tools/tokenize.lua')
+
+-- A mistake in the options or the input: the message names the culprit
+-- (the host prints it and exits 1).
+local function die(fmt, ...) error(('tools/tokenize.lua: ' .. fmt):format(...), 0) end
+
+if cfg.input == '' then die('--input is required (text or JSONL files)') end
+if cfg.output == '' then die('--output is required (a directory)') end
+if cfg.val_fraction < 0 or cfg.val_fraction >= 1 then die('--val_fraction must be in [0, 1)') end
+if ({ paragraph = true, line = true, file = true })[cfg.documents] == nil then
+  die('--documents must be paragraph, line or file, got %q', cfg.documents)
+end
+local inputs = {}
+for p in cfg.input:gmatch('[^,]+') do
+  local f = io.open(p, 'rb')
+  if not f then die('cannot open input %s', p) end
+  f:close()
+  inputs[#inputs + 1] = p
+end
+
+-- Call emit(doc) for every non-empty document of every input.
+local function each_document(emit)
+  for _, path in ipairs(inputs) do
+    local f = io.open(path, 'rb')
+    if path:match('%.jsonl$') or path:match('%.json$') then
+      local n = 0
+      for line in f:lines() do
+        n = n + 1
+        if line:match('%S') then
+          local ok, obj = pcall(cjson.decode, line)
+          if not ok or type(obj) ~= 'table' then die('%s:%d: not a JSON object: %s', path, n, tostring(obj)) end
+          local text = obj[cfg.text_field]
+          if type(text) ~= 'string' then
+            die('%s:%d: no string field %q (set --text_field)', path, n, cfg.text_field)
+          end
+          if text ~= '' then emit(text) end
+        end
+      end
+    elseif cfg.documents == 'file' then
+      local text = f:read('*a')
+      if text:match('%S') then emit(text) end
+    else
+      local para = {}
+      for line in f:lines() do
+        if cfg.documents == 'line' then
+          if line:match('%S') then emit(line) end
+        elseif line:match('%S') then
+          para[#para + 1] = line
+        elseif #para > 0 then
+          emit(table.concat(para, '\n'))
+          para = {}
+        end
+      end
+      if #para > 0 then emit(table.concat(para, '\n')) end
+    end
+    f:close()
+  end
+end
+
+local function mkdir_p(dir)
+  local path = ''
+  for part in dir:gmatch('[^/]+') do
+    path = (path == '' and dir:sub(1, 1) == '/') and '/' .. part or (path == '' and part or path .. '/' .. part)
+    if not lfs.attributes(path, 'mode') then
+      local ok, err = lfs.mkdir(path)
+      if not ok then die('cannot create %s: %s', path, err) end
+    end
+  end
+end
+mkdir_p(cfg.output)
+
+local function copy_file(from, to)
+  local src = assert(io.open(from, 'rb'))
+  local dst = io.open(to, 'wb')
+  if not dst then die('cannot write %s', to) end
+  dst:write(src:read('*a'))
+  src:close()
+  dst:close()
+end
+
+local t0 = clock.now()
+local model_path = cfg.tokenizer
+if cfg.train_spm > 0 then
+  local spm = require 'fsdp.data.sentencepiece'
+  local corpus = os.tmpname()
+  local f = assert(io.open(corpus, 'wb'))
+  each_document(function(doc) f:write((doc:gsub('[\r\n]', ' ')), '\n') end)
+  f:close()
+  model_path = spm.train({ input = corpus, model_prefix = cfg.output .. '/tokenizer', vocab_size = cfg.train_spm,
+                           model_type = cfg.spm_model_type })
+  os.remove(corpus)
+  os.remove(cfg.output .. '/tokenizer.vocab')
+  print(('trained a SentencePiece %s model (asked for %d pieces): %s (%.1f s)'):format(cfg.spm_model_type,
+    cfg.train_spm, model_path, clock.now() - t0))
+elseif model_path ~= 'byte' and model_path ~= cfg.output .. '/tokenizer.model' then
+  copy_file(model_path, cfg.output .. '/tokenizer.model')
+end
+local tok = tokenizer.load(model_path)
+local eos = fsdp.full({ 1 }, tok.eos_id, { dtype = 'i64' })
+local description = tok.name == 'byte' and 'byte' or 'sentencepiece'
+
+-- A split's pending tokens and its shard counter.
+local splits = {}
+for _, name in ipairs({ 'train', 'val' }) do
+  splits[name] = { name = name, parts = {}, pending = 0, docs = 0, shards = 0, tokens = 0, total_docs = 0 }
+end
+
+local function flush(s)
+  if s.pending == 0 then return end
+  local path = ('%s/%s-%05d.safetensors'):format(cfg.output, s.name, s.shards)
+  tokens.write_shard(path, fsdp.cat(s.parts, 0),
+    { vocab_size = tok.vocab_size, eos_id = tok.eos_id, documents = s.docs, tokenizer = description })
+  s.shards, s.tokens, s.total_docs = s.shards + 1, s.tokens + s.pending, s.total_docs + s.docs
+  s.parts, s.pending, s.docs = {}, 0, 0
+end
+
+local doc_index, batch, batch_split = 0, {}, {}
+local function encode_batch()
+  if #batch == 0 then return end
+  local encoded = tok:encode(batch)
+  for i, ids in ipairs(encoded) do
+    local s = splits[batch_split[i]]
+    s.parts[#s.parts + 1] = ids
+    s.parts[#s.parts + 1] = eos
+    s.pending, s.docs = s.pending + ids:numel() + 1, s.docs + 1
+    if s.pending >= cfg.shard_tokens then flush(s) end
+  end
+  batch, batch_split = {}, {}
+end
+
+local f = cfg.val_fraction
+each_document(function(doc)
+  local val = math.floor((doc_index + 1) * f) > math.floor(doc_index * f)
+  doc_index = doc_index + 1
+  batch[#batch + 1] = doc
+  batch_split[#batch_split + 1] = val and 'val' or 'train'
+  if #batch >= cfg.chunk_docs then encode_batch() end
+end)
+encode_batch()
+flush(splits.train)
+flush(splits.val)
+if doc_index == 0 then die('no documents found in %s', cfg.input) end
+
+local dt = clock.now() - t0
+print(('tokenizer: %s'):format(tostring(tok)))
+for _, name in ipairs({ 'train', 'val' }) do
+  local s = splits[name]
+  print(('%s: %d documents, %d tokens in %d shards (%s)'):format(name, s.total_docs, s.tokens, s.shards,
+    tokens.dtype_for(tok.vocab_size)))
+end
+print(('%d documents in %.2f s (%.0f tokens/s) -> %s'):format(doc_index, dt,
+  (splits.train.tokens + splits.val.tokens) / dt, cfg.output))
