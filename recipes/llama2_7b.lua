@@ -27,7 +27,7 @@ local cfg = recipe.config({
   num_kv_heads = { 0, 'override the key/value heads (0: same as heads)' },
   ffn_dim = { 0, 'override the MLP width (0: keep, or 8/3 width rounded up to 32 when the width changes)' },
   vocab_size = { 0, 'override the vocabulary (0: keep)' },
-  batch_size = { 4, 'sequences per step' },
+  batch_size = { 4, 'sequences per step and rank (the global batch is this times the world size)' },
   seq_len = { 128, 'tokens per sequence' },
   max_steps = { 100, 'optimizer steps' },
   lr = { 3e-4, 'peak learning rate' },
@@ -40,6 +40,14 @@ local cfg = recipe.config({
   seed = { 0, 'initialisation and data seed' },
   dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU: converted per op), f64' },
   activation_checkpointing = { false, 'recompute each decoder layer in backward instead of keeping activations' },
+  sharding_strategy = { 'FULL_SHARD', 'FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2' },
+  mixed_precision = { '', 'compute dtype of the sharded units (bf16, f16); empty: the parameter dtype' },
+  reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype)' },
+  wrap = { 'transformer', 'wrap policy: transformer (one unit per decoder layer), size, none' },
+  wrap_min_params = { 1e8, 'with --wrap=size: the parameters that make a unit' },
+  backward_prefetch = { 'pre', 'gather the next unit in backward: pre, post, none' },
+  forward_prefetch = { false, 'gather the next unit in forward ahead of time' },
+  limit_all_gathers = { true, 'at most two all-gathers in flight' },
   data_noise = { 0.1, 'synthetic data: probability of a random next token' },
   log_every = { 1, 'print a log line every N steps' },
   data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard); empty: synthetic' },
@@ -103,19 +111,48 @@ if cfg.dry_run then
   return
 end
 
-local model = llama.CausalLM(c, { device = 'cpu', dtype = cfg.dtype })
-model:init_weights({ seed = cfg.seed })
+-- Built on meta, then sharded: each rank materialises only its shards,
+-- with the values of a one-process init (fsdp.nn.parameter). On one rank
+-- this is plain training (the one unit holds everything).
+local dist = fsdp.dist
+local model = llama.CausalLM(c, { device = 'meta', dtype = cfg.dtype })
+local n_params = model:num_parameters()
+local policies = {
+  transformer = fsdp.policy.transformer { llama.DecoderLayer },
+  size = fsdp.policy.size { min_params = cfg.wrap_min_params },
+  none = fsdp.policy.none,
+}
+if not policies[cfg.wrap] then
+  error(("recipes/llama2_7b.lua: --wrap must be transformer, size or none, got '%s'"):format(cfg.wrap), 0)
+end
+local bp = cfg.backward_prefetch
+if bp ~= 'pre' and bp ~= 'post' and bp ~= 'none' then
+  error(("recipes/llama2_7b.lua: --backward_prefetch must be pre, post or none, got '%s'"):format(bp), 0)
+end
+local mp
+if cfg.mixed_precision ~= '' or cfg.reduce_dtype ~= '' then
+  local param = cfg.mixed_precision ~= '' and cfg.mixed_precision or cfg.dtype
+  mp = { param = param, reduce = cfg.reduce_dtype ~= '' and cfg.reduce_dtype or param, buffer = param }
+end
+fsdp.shard(model, {
+  policy = policies[cfg.wrap], strategy = cfg.sharding_strategy, mixed_precision = mp,
+  backward_prefetch = bp ~= 'none' and bp or false, forward_prefetch = cfg.forward_prefetch,
+  limit_all_gathers = cfg.limit_all_gathers, seed = cfg.seed,
+})
 if cfg.activation_checkpointing then
   fsdp.checkpoint(model, function(m) return m:is_instance_of(llama.DecoderLayer) end)
 end
-local n_params = model:num_parameters()
+local units = fsdp.sharding.units(model)
 print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s'):format(
   c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype))
+print(('sharding: %s over %d rank%s, %d units, compute %s, reduce %s'):format(cfg.sharding_strategy,
+  dist.world_size(), dist.world_size() == 1 and '' or 's', #units, units[1].param_dtype, units[1].reduce_dtype))
 
 local opt = optim.AdamW(model:named_parameters(), {
   lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay,
-  -- no decay for norm weights (and any 1-d parameter)
-  groups = { { match = function(_, p) return p:dim() < 2 end, weight_decay = 0 } },
+  -- no decay for norm weights (and any 1-d parameter); parameters are
+  -- shard segments, so their original shape is p.fsdp_shape
+  groups = { { match = function(_, p) return #(p.fsdp_shape or p.shape) < 2 end, weight_decay = 0 } },
 })
 local sched = optim.lr_scheduler.WarmupCosine(opt, {
   warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps, min_lr = cfg.min_lr })
@@ -151,13 +188,12 @@ local function validate(step)
   log:validation(step, loss)
 end
 
-local params = model:parameters()
 for step = 1, cfg.max_steps do
   local t0 = clock.now()
   local ids, targets = data:next()
   local loss = model:loss(ids, targets)
   loss:backward()
-  local norm = cfg.grad_clip > 0 and optim.clip_grad_norm_(params, cfg.grad_clip) or nil
+  local norm = cfg.grad_clip > 0 and fsdp.clip_grad_norm(model, cfg.grad_clip) or nil
   local lr = opt.param_groups[1].lr
   opt:step()
   sched:step()

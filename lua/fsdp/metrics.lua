@@ -21,8 +21,8 @@
 -- Loss is the mean over ranks. Only rank 0 prints and writes the file;
 -- with several ranks its lines start with "[rank 0] ". Output goes to a
 -- terminal as a progress bar (redrawn in place, log lines scrolling above
--- it); to a file or pipe as plain lines. FSDP_PROGRESS=0/1 overrides the
--- detection. FSDP_DEBUG=INFO prints every rank's distributed setup at start.
+-- it); to a file or pipe, or under a launcher, as plain lines.
+-- FSDP_PROGRESS=0/1 overrides the detection. FSDP_DEBUG=INFO prints every rank's distributed setup at start.
 local ffi = require 'ffi'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
@@ -38,6 +38,9 @@ local M = {}
 local function stdout_is_terminal()
   local v = os.getenv('FSDP_PROGRESS')
   if v == '0' or v == '1' then return v == '1' end
+  -- Under mpirun a rank's stdout is a pseudo-terminal that the launcher
+  -- forwards line by line: a bar redrawn in place would only add noise.
+  if fsdp.dist.launcher_rank() ~= nil then return false end
   return ffi.C.isatty(1) == 1
 end
 

@@ -122,6 +122,23 @@ run_tap "sharded training = one rank, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NO
 for np in 2 4; do
   run_tap "sharded memory, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_memory.lua
 done
+# The Llama recipe, sharded: 2 ranks of batch 2 log the losses of 1 rank of
+# batch 4 (f32: equal to the printed 4 decimals, within 2e-4).
+recipe_losses() { grep -oE 'Batch [0-9]+ Loss: [0-9.]+' | awk '{print $4}'; }
+RECIPE=(recipes/llama2_7b.lua --num_layers=2 --hidden_width=64 --num_heads=4 --vocab_size=128
+        --max_steps=20 --log_every=5 --seq_len=32 --validation_freq=0)
+one=$(timeout -k 5 "$LIMIT" "$EXE" "${RECIPE[@]}" --batch_size=4 2>&1 | recipe_losses)
+for strategy in FULL_SHARD HYBRID_SHARD; do
+  two=$(timeout -k 5 "$LIMIT" mpirun -np 2 "$EXE" "${RECIPE[@]}" --batch_size=2 \
+        --sharding_strategy=$strategy --activation_checkpointing 2>&1 | recipe_losses)
+  if [ -n "$one" ] && [ "$(wc -l <<<"$one")" -eq 4 ] &&
+     paste <(echo "$one") <(echo "$two") | awk '{ d = $1 - $2; if (d < 0) d = -d; if (NF != 2 || d > 2e-4) bad = 1 } END { exit bad }'; then
+    ok "recipes/llama2_7b.lua on 2 ranks ($strategy, checkpointed) logs the losses of 1 rank: $(echo $two)"
+  else
+    not_ok "recipes/llama2_7b.lua on 2 ranks ($strategy): losses [$(echo $two)], one rank [$(echo $one)]"
+  fi
+done
+
 expect_failure "a rank failing inside a sharded backward ends the job, 4 ranks" 15 \
   "fsdp-lua: rank 3: in backward of Failing|deliberate failure in backward|aborting the job (4 ranks)" \
   -- mpirun -np 4 "$EXE" tests/mpi/fsdp_rank_error.lua
