@@ -8,7 +8,7 @@
  *   gathered  param dtype, [padded numel]: the whole flat parameter while
  *             unsharded, in a fixed virtual range whose pages come and go
  *             ([Note: the gathered buffer keeps its address]);
- *   grad      master dtype, [shard numel]: the reduced, accumulated gradient.
+ *   grad      grad dtype, [shard numel]: the reduced, accumulated gradient.
  * Every cross-rank step is one collective on the whole unit: one all-gather
  * to unshard, one reduce-scatter (plus one all-reduce across replicas) per
  * backward.
@@ -122,8 +122,9 @@ fl_unit *fl_unit_new(const char *name, int n, const char *const *names, const in
                      const int64_t *dims, const fl_unit_config *config) {
     if (n < 0 || (n > 0 && (!names || !ndims || !dims)) || !config)
         return FL_FAIL_NULL(FL_ERR_ARG, "fl_unit_new: bad arguments");
-    fl_dtype dts[3] = {config->master_dtype, config->param_dtype, config->reduce_dtype};
-    for (int i = 0; i < 3; i++)
+    fl_dtype dts[4] = {config->master_dtype, config->param_dtype, config->reduce_dtype,
+                       config->grad_dtype};
+    for (int i = 0; i < 4; i++)
         if (!fl_dtype_is_float(dts[i]))
             return FL_FAIL_NULL(FL_ERR_ARG, "sharded unit %s: dtype %s is not a floating-point type",
                                 name && name[0] ? name : "<root>", fl_dtype_name(dts[i]));
@@ -449,9 +450,9 @@ int fl_unit_finish_reduce(fl_unit *u) {
     }
     if (rc == FL_OK && !u->meta) {
         if (!u->grad) { /* the first gradient: adopt the reduced buffer (it is ours) */
-            u->grad = reduced->dtype == u->cfg.master_dtype
+            u->grad = reduced->dtype == u->cfg.grad_dtype
                           ? fl_tensor_retain(reduced)
-                          : fl_to(reduced, u->cfg.master_dtype, u->cfg.device);
+                          : fl_to(reduced, u->cfg.grad_dtype, u->cfg.device);
             if (!u->grad) rc = fl_last_status();
         } else {
             fl_tensor *tmp = reduced->dtype == u->grad->dtype
@@ -461,7 +462,7 @@ int fl_unit_finish_reduce(fl_unit *u) {
             fl_tensor_release(tmp);
         }
     } else if (rc == FL_OK && !u->grad) {
-        u->grad = flat(u->cfg.master_dtype, u->cfg.device, u->shard_numel);
+        u->grad = flat(u->cfg.grad_dtype, u->cfg.device, u->shard_numel);
     }
     fl_tensor_release(u->reduce_in);
     fl_tensor_release(u->reduce_out);

@@ -885,7 +885,7 @@ FL_API void fl_work_release(fl_work *w);
  * reduce dtype (fl_unit_pack_grads), reduce-scattered with averaging over
  * the shard group, all-reduced (averaged) over the replicate group when
  * there is one (hybrid sharding, NO_SHARD), and added into the sharded
- * gradient in the master dtype (fl_unit_finish_reduce). Strategies are
+ * gradient in the grad dtype (fl_unit_finish_reduce). Strategies are
  * choices of groups: FULL_SHARD and SHARD_GRAD_OP shard over the world;
  * NO_SHARD shards over a group of one and replicates over the world; the
  * hybrids shard inside a node and replicate across nodes. When to reshard
@@ -909,6 +909,8 @@ typedef struct fl_unit_config {
     fl_dtype master_dtype;     /* master shard and its gradient */
     fl_dtype param_dtype;      /* all-gather and compute */
     fl_dtype reduce_dtype;     /* gradient reduction */
+    fl_dtype grad_dtype;       /* the sharded gradient: the master dtype, or a
+                                  low precision one (keep_low_precision_grads) */
     fl_device device;          /* cpu, or meta for a unit without storage */
 } fl_unit_config;
 

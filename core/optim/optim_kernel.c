@@ -20,8 +20,7 @@ static bool is_metadata_only(const fl_tensor *t) {
     return fl_device_kind_of(t->device) == FL_DEVICE_META || (t->flags & FL_TENSOR_FAKE);
 }
 
-static int check_operand(const char *op, const fl_optim_operand *o, const fl_tensor *param,
-                         bool is_grad) {
+static int check_operand(const char *op, const fl_optim_operand *o, const fl_tensor *param) {
     const fl_tensor *t = o->t;
     char s[128], ps[128], dev[32], pdev[32];
     fl_shape_str(t, s, sizeof s);
@@ -34,11 +33,10 @@ static int check_operand(const char *op, const fl_optim_operand *o, const fl_ten
     if (t->numel != param->numel)
         return fl_fail(FL_ERR_ARG, "%s: %s has %lld elements (shape %s) but param has %lld (shape %s)",
                        op, o->name, (long long)t->numel, s, (long long)param->numel, ps);
-    if (is_grad) {
-        if (t->dtype != param->dtype && t->dtype != FL_F32)
-            return fl_fail(FL_ERR_ARG, "%s: grad has dtype %s; it must be f32 or the param's dtype %s",
-                           op, fl_dtype_name(t->dtype), fl_dtype_name(param->dtype));
-    } else if (!is_update_dtype(t->dtype)) {
+    /* Any of f32, bf16, f16 for any operand: the loop reads each through
+     * f32 scratch. A low-precision gradient of an f32 parameter is what
+     * sharded units keep with keep_low_precision_grads. */
+    if (!is_update_dtype(t->dtype)) {
         return fl_fail(FL_ERR_ARG, "%s: %s has dtype %s; supported are f32, bf16 and f16", op,
                        o->name, fl_dtype_name(t->dtype));
     }
@@ -86,7 +84,7 @@ int fl_optim_run(const char *op, int n, const fl_optim_operand *ops, fl_optim_lo
     bool metadata_only = false;
     for (int k = 0; k < n; k++) {
         if (!ops[k].t) continue;
-        if (check_operand(op, &ops[k], param, k == 1)) return fl_last_status();
+        if (check_operand(op, &ops[k], param)) return fl_last_status();
         metadata_only |= is_metadata_only(ops[k].t);
     }
     if (metadata_only) return FL_OK;

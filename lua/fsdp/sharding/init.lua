@@ -5,7 +5,8 @@
 --   fsdp.shard(model, {
 --     policy = fsdp.policy.transformer{llama.DecoderLayer},
 --     strategy = 'FULL_SHARD',                 -- SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2
---     mixed_precision = {param = 'bf16', reduce = 'f32', buffer = 'bf16'},
+--     mixed_precision = {param = 'bf16', reduce = 'f32', buffer = 'bf16',
+--                        keep_low_precision_grads = false},
 --     backward_prefetch = 'pre',               -- 'post', false
 --     forward_prefetch = true, limit_all_gathers = true,
 --   })
@@ -83,7 +84,7 @@ end
 
 -- {param=, reduce=, buffer=} dtype names; nil fields keep the model's.
 local function mixed_precision(mp, master, where)
-  if mp == nil or mp == false then return { param = master, reduce = master } end
+  if mp == nil or mp == false then return { param = master, reduce = master, grad = master } end
   if type(mp) == 'string' then mp = { param = mp, reduce = mp, buffer = mp } end
   if type(mp) ~= 'table' then
     core.fail(('fsdp.shard: %smixed_precision must be a table {param=, reduce=, buffer=} or a dtype name'):format(where or ''))
@@ -103,7 +104,11 @@ local function mixed_precision(mp, master, where)
     return core.dtype_name(code)
   end
   local param = name(mp.param) or master
-  return { param = param, reduce = name(mp.reduce) or param, buffer = name(mp.buffer) }
+  local reduce = name(mp.reduce) or param
+  -- keep_low_precision_grads: the sharded gradient stays in the reduce
+  -- dtype instead of being cast up to the master dtype (half the bytes).
+  return { param = param, reduce = reduce, buffer = name(mp.buffer),
+           grad = mp.keep_low_precision_grads and reduce or master }
 end
 
 -- which parameters go where ------------------------------------------------------------
@@ -440,7 +445,7 @@ function M.shard(model, opts)
     local u = Unit.new({
       name = spec.name, module = spec.module, params = params, strategy = st,
       shard_group = shard_group, replicate_group = replicate_group,
-      master_dtype = master, param_dtype = mp.param, reduce_dtype = mp.reduce,
+      master_dtype = master, param_dtype = mp.param, reduce_dtype = mp.reduce, grad_dtype = mp.grad,
       device = device, is_root = i == #plan, reshard_after_forward = reshard,
     })
     u.shard_size = shard_group and shard_group:size() or dist.world_size()

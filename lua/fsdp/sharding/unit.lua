@@ -54,6 +54,7 @@ function Unit.new(spec)
   cfg.master_dtype = core.dtype(spec.master_dtype)
   cfg.param_dtype = core.dtype(spec.param_dtype)
   cfg.reduce_dtype = core.dtype(spec.reduce_dtype)
+  cfg.grad_dtype = core.dtype(spec.grad_dtype or spec.master_dtype)
   cfg.device = core.device(spec.device)
   local c = C.fl_unit_new(spec.name, n, names, ndims, dims, cfg)
   if c == nil then core.raise() end
