@@ -214,6 +214,45 @@ describe('fsdp.shard on one rank', function()
     assert.equals(0, (m.lm_head.weight.grad - first):abs():max():item())
   end)
 
+  it('updates each unit with one fused call per parameter group, state by name', function()
+    local function make(m)
+      return optim.AdamW(m:named_parameters(), { lr = 1e-2, groups = {
+        { match = function(name) return name:find('norm') ~= nil end, weight_decay = 0 } } })
+    end
+    local m = sharded()
+    local opt = make(m)
+    for _ = 1, 2 do
+      local l = m:loss(ids, tg); l:backward(); opt:step(); opt:zero_grad()
+    end
+    -- a block: q, k, v, o, gate, up, down in one run; its two norms in another
+    local runs = 0
+    for _, g in ipairs(opt.runs) do
+      for _, r in ipairs(g) do if r.unit.name == 'model.layers.1' then runs = runs + 1 end end
+    end
+    assert.equals(2, runs)
+    local sd = opt:state_dict()
+    local st = sd.state['model.layers.1.mlp.up_proj.weight']
+    assert.equals(2, st.step)
+    assert.equals(2048, st.exp_avg:numel())
+    assert.is_nil(sd.state['model.layers.1.self_attn.q_proj.weight#run'])
+    -- a fresh optimizer loading that state continues exactly
+    local saved = {}
+    for name, s in pairs(sd.state) do
+      saved[name] = { step = s.step, exp_avg = s.exp_avg:clone(), exp_avg_sq = s.exp_avg_sq:clone() }
+    end
+    local m2 = sharded()
+    fsdp.summon_full_params(m2, function()
+      local full = fsdp.full_state_dict(m)
+      for _, np in ipairs(m2:named_parameters()) do np[2]:copy_(full[np[1]]) end
+    end, { writeback = true })
+    local opt2 = make(m2)
+    opt2:load_state_dict({ state = saved, param_groups = sd.param_groups })
+    for _, pair in ipairs({ { m, opt }, { m2, opt2 } }) do
+      local l = pair[1]:loss(ids, tg); l:backward(); pair[2]:step(); pair[2]:zero_grad()
+    end
+    assert_same_params(fsdp.full_state_dict(m), fsdp.full_state_dict(m2), 0)
+  end)
+
   it('reports the memory a rank holds', function()
     local m = sharded()
     local opt = optim.AdamW(m:named_parameters(), { lr = 1e-3 })

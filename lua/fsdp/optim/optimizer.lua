@@ -156,15 +156,115 @@ local function grad_of(p)
   return g
 end
 
+-- [Note: fused updates of sharded units]
+-- The parameters of a sharded model are segments of one flat shard per
+-- unit (fsdp.sharding.unit). Consecutive segments of one unit in one group
+-- form a run; a run is updated by one kernel call on the flat shard, its
+-- gradient and flat state tensors. Per-name state stays what state_dict
+-- and checkpoints see: each name's tensors are views into the run's, and
+-- its step count is refreshed after each update. load_state_dict drops the
+-- runs; they are rebuilt from the per-name state on the next step.
+
+-- The runs of group g: {unit=, start=, len=, names={...}, params={...}}.
+local function runs_of(g)
+  local runs, cur = {}, nil
+  for i, p in ipairs(g.params) do
+    local u = rawget(p, 'fsdp_unit')
+    local start = u and p:storage_offset() - u.shard:storage_offset()
+    if u and cur and cur.unit == u and cur.start + cur.len == start then
+      cur.len = cur.len + p:numel()
+    elseif u then
+      cur = { unit = u, start = start, len = p:numel(), names = {}, params = {} }
+      runs[#runs + 1] = cur
+    else
+      cur = nil
+    end
+    if cur then
+      cur.names[#cur.names + 1] = g.names[i]
+      cur.params[#cur.params + 1] = p
+    end
+  end
+  return runs
+end
+
+-- Make the run's state from its names' states (all present: concatenated
+-- once), or leave it to the first update (none present).
+local function adopt_state(self, run)
+  local sts, any, all = {}, false, true
+  for i, name in ipairs(run.names) do
+    sts[i] = self.state[name]
+    if sts[i] then any = true else all = false end
+  end
+  if not any then return true end
+  if not all then return false end
+  local st = {}
+  for k, v in pairs(sts[1]) do
+    if fsdp.is_tensor(v) then
+      local parts = {}
+      for i = 1, #sts do parts[i] = sts[i][k]:reshape(-1) end
+      st[k] = fsdp.cat(parts, 0)
+    else
+      st[k] = v
+    end
+  end
+  run.state = st
+  return true
+end
+
+-- Per-name views of the run's state.
+local function share_state(self, run)
+  local off = 0
+  for i, name in ipairs(run.names) do
+    local n = run.params[i]:numel()
+    local s = {}
+    for k, v in pairs(run.state) do
+      s[k] = fsdp.is_tensor(v) and v:narrow(0, off, n) or v
+    end
+    self.state[name] = s
+    off = off + n
+  end
+end
+
+function Optimizer:step_run(g, run)
+  local u = run.unit
+  if u.grad == nil or run.len == 0 then return end
+  if run.state == nil and not run.fresh then
+    if not adopt_state(self, run) then -- partial state: per segment
+      for i, p in ipairs(run.params) do
+        local grad = grad_of(p)
+        if grad ~= nil then self:update(g, run.names[i], p, grad) end
+      end
+      return
+    end
+    run.fresh = run.state == nil
+  end
+  local key = run.names[1] .. '#run'
+  local p = u.shard:narrow(0, run.start, run.len)
+  local grad = u.grad:narrow(0, run.start, run.len)
+  self.state[key] = run.state
+  local ok, err = pcall(self.update, self, g, key, p, grad)
+  run.state, self.state[key] = self.state[key], nil
+  if not ok then error(err, 0) end
+  run.fresh = false
+  share_state(self, run)
+end
+
 -- One update of every parameter that has a gradient (others are skipped,
 -- their state untouched, as in PyTorch).
 function Optimizer:step()
-  for _, g in ipairs(self.param_groups) do
+  if self.runs == nil then
+    self.runs = {}
+    for gi, g in ipairs(self.param_groups) do self.runs[gi] = runs_of(g) end
+  end
+  for gi, g in ipairs(self.param_groups) do
     local params, names = g.params, g.names
     for i = 1, #params do
-      local grad = grad_of(params[i])
-      if grad ~= nil then self:update(g, names[i], params[i], grad) end
+      if rawget(params[i], 'fsdp_unit') == nil then
+        local grad = grad_of(params[i])
+        if grad ~= nil then self:update(g, names[i], params[i], grad) end
+      end
     end
+    for _, run in ipairs(self.runs[gi]) do self:step_run(g, run) end
   end
 end
 
@@ -250,6 +350,7 @@ function Optimizer:load_state_dict(sd)
     state[name] = s
   end
   self.state = state
+  self.runs = nil -- see [Note: fused updates of sharded units]
 end
 
 return Optimizer
