@@ -120,6 +120,7 @@ run_tap "sharded training = one rank, 2 ranks as 2 nodes of 1" FSDP_RANKS_PER_NO
 run_tap "sharded training = one rank, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/fsdp_equivalence.lua
 for np in 2 4; do
+  run_tap "sharding features, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_api.lua
   run_tap "sharded memory, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_memory.lua
 done
 # The Llama recipe, sharded: 2 ranks of batch 2 log the losses of 1 rank of
