@@ -113,7 +113,8 @@ end
 
 -- which parameters go where ------------------------------------------------------------
 
--- Every slot holding each parameter tensor: {tensor = {{params_table, key}...}}.
+-- Every slot holding each parameter tensor: {tensor = {{params_table, key,
+-- module, module name}...}}.
 local function slots_of(model)
   local slots = {}
   for _, nm in ipairs(model:named_modules()) do
@@ -122,11 +123,28 @@ local function slots_of(model)
       local t = ps[key]
       if t ~= nil then
         slots[t] = slots[t] or {}
-        table.insert(slots[t], { ps, key })
+        table.insert(slots[t], { ps, key, nm[2], nm[1] })
       end
     end
   end
   return slots
+end
+
+-- A unit other than the root is freed while modules outside it run, so a
+-- parameter it owns must not be used from outside it (tied weights belong
+-- in one unit, or to the root).
+local function check_shared(spec, params)
+  local inside = {}
+  for _, m in ipairs(spec.module:modules()) do inside[m] = true end
+  for _, p in ipairs(params) do
+    for _, slot in ipairs(p.slots) do
+      if not inside[slot[3]] then
+        core.fail(('fsdp.shard: parameter %s of unit %s is also used by %s, outside that unit; '
+          .. 'wrap the modules sharing it in one unit or leave them to the root'):format(
+          p.name, spec.name, slot[4] == '' and 'the root' or slot[4]))
+      end
+    end
+  end
 end
 
 -- Apply the policy bottom-up. Returns {{module=, name=, overrides=,
@@ -252,7 +270,6 @@ function State:post_forward(u, out)
     self:pre_backward(u)
     return grads
   end)
-  if #ins ~= #list then return nil end -- outputs without grad: keep the original structure
   return rebuild(outs)
 end
 
@@ -439,6 +456,7 @@ function M.shard(model, opts)
       end
       params[#params + 1] = { name = fqn[t], tensor = t, slots = slots[t] }
     end
+    if i < #plan then check_shared(spec, params) end
     if opts.sync_module_states then broadcast_params(params, device) end
     local reshard = STRATEGIES[st].reshard
     if ov.reshard_after_forward ~= nil then reshard = ov.reshard_after_forward end
