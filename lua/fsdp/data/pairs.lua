@@ -95,18 +95,7 @@ end
 
 function Dataset:next() return self:gather((self.sampler:next())) end
 
-function Dataset:batches(n)
-  local smp, k = self.sampler, 0
-  n = math.min(n, smp.steps_per_epoch)
-  return function()
-    if k >= n then return nil end
-    local first = k * smp.global_batch + smp.rank * smp.batch_size
-    local idx = {}
-    for j = 1, smp.batch_size do idx[j] = first + j - 1 end
-    k = k + 1
-    return self:gather(idx)
-  end
-end
+function Dataset:batches(n) return self.sampler:gather_batches(self, n) end
 
 function Dataset:state()
   local s = self.sampler:state()

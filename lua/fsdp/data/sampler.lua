@@ -127,6 +127,32 @@ function Sampler:next()
   return out, self.epoch
 end
 
+-- An iterator over the first n global batches in order (unshuffled), each
+-- as this rank's example ids: fixed validation batches, so every
+-- evaluation sees the same examples. n is capped at the batches there are.
+function Sampler:fixed_batches(n)
+  n = math.min(n or self.steps_per_epoch, self.steps_per_epoch)
+  local k = 0
+  return function()
+    if k >= n then return nil end
+    local first = k * self.global_batch + self.rank * self.batch_size
+    local ids = {}
+    for j = 1, self.batch_size do ids[j] = first + j - 1 end
+    k = k + 1
+    return ids
+  end
+end
+
+-- The batches of fixed_batches(n) gathered by dataset:gather(ids).
+function Sampler:gather_batches(dataset, n)
+  local it = self:fixed_batches(n)
+  return function()
+    local ids = it()
+    if ids then return dataset:gather(ids) end
+    return nil
+  end
+end
+
 function Sampler:state()
   return { epoch = self.epoch, position = self.position }
 end

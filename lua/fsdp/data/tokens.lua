@@ -175,19 +175,7 @@ function Dataset:steps_per_epoch() return self.sampler.steps_per_epoch end
 -- The first n global batches in order, this rank's part of each (for
 -- validation: every evaluation sees the same sequences). n is capped at
 -- the batches the split holds.
-function Dataset:batches(n)
-  local smp = self.sampler
-  n = math.min(n or smp.steps_per_epoch, smp.steps_per_epoch)
-  local k = 0
-  return function()
-    if k >= n then return nil end
-    local first = k * smp.global_batch + smp.rank * smp.batch_size
-    local seqs = {}
-    for j = 1, smp.batch_size do seqs[j] = first + j - 1 end
-    k = k + 1
-    return self:gather(seqs)
-  end
-end
+function Dataset:batches(n) return self.sampler:gather_batches(self, n) end
 
 -- The data position, a plain table (stored in checkpoints).
 function Dataset:state()
