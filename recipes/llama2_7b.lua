@@ -39,9 +39,16 @@ local cfg = recipe.config({
   data_noise = { 0.1, 'synthetic data: probability of a random next token' },
   log_every = { 1, 'print a log line every N steps' },
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
+  memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit)' },
+  summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
 }, arg, 'recipes/llama2_7b.lua')
 
 print('config:\n' .. recipe.format(cfg))
+
+-- A limit, and the peak a summary reports, are about live tensors: collect
+-- dead ones before every allocation so uncollected garbage never counts.
+if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
+if cfg.memory_limit_mb > 0 then fsdp.set_memory_limit('cpu', cfg.memory_limit_mb * 2^20) end
 
 local overrides = {}
 if cfg.num_layers > 0 then overrides.n_layers = cfg.num_layers end
@@ -77,6 +84,7 @@ if cfg.dry_run then
   print(('training FLOPs per token at seq %d: %.3e'):format(cfg.seq_len, llama.flops_per_token(c, cfg.seq_len, n)))
   print(('built on meta in %.2f s; cpu memory in use: %d bytes'):format(clock.now() - t0,
     fsdp.memory_stats('cpu').in_use))
+  recipe.expose({ model = model, config = c, cfg = cfg })
   return
 end
 
@@ -102,6 +110,7 @@ print(('data: synthetic Markov chain, entropy %.3f nats/token; uniform guessing:
 
 local flops_per_step = llama.flops_per_token(c, cfg.seq_len, n_params) * cfg.batch_size * cfg.seq_len
 local params = model:parameters()
+local step_times = {}
 for step = 1, cfg.max_steps do
   local t0 = clock.now()
   local ids, targets = data:batch(step - 1, cfg.batch_size, cfg.seq_len)
@@ -113,8 +122,27 @@ for step = 1, cfg.max_steps do
   sched:step()
   opt:zero_grad()
   local dt = clock.now() - t0
+  step_times[step] = dt
   if step % cfg.log_every == 0 or step == cfg.max_steps then
     print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, tokens/s: %.0f, GFLOP/s: %.1f, grad norm: %.3f'):format(
       step, loss:item(), cfg.batch_size / dt, lr, cfg.batch_size * cfg.seq_len / dt, flops_per_step / dt / 1e9, norm))
   end
+end
+
+-- For the REPL after `fsdp-lua -i recipes/llama2_7b.lua ...`, and for
+-- recipes/sweep.lua: one machine-readable line. The first step is warmup
+-- (first-touch allocations) and is left out of the rates when there are
+-- more.
+recipe.expose({ model = model, config = c, cfg = cfg, opt = opt, sched = sched, data = data })
+if cfg.summary then
+  local first = cfg.max_steps > 1 and 2 or 1
+  local seconds = 0
+  for step = first, cfg.max_steps do seconds = seconds + step_times[step] end
+  local steps = cfg.max_steps - first + 1
+  print('SUMMARY ' .. require('cjson').encode({
+    samples_per_s = cfg.batch_size * steps / seconds,
+    tflops = flops_per_step * steps / seconds / 1e12,
+    peak_bytes = fsdp.memory_stats('cpu').peak,
+    step_seconds = seconds / steps, steps = steps, parameters = n_params,
+  }))
 end
