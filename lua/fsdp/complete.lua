@@ -173,9 +173,8 @@ function M.candidates(before, word, env)
     methods_only = sep == ':'
     if methods_only then
       for k in pairs(pool) do
-        local f = safe_index(value, k)
-        local callable = type(f) == 'function' or (type(getmetatable(f)) == 'table' and getmetatable(f).__call)
-        if not callable then pool[k] = nil end
+        -- Functions only: a child module is callable, but not a method.
+        if type(safe_index(value, k)) ~= 'function' then pool[k] = nil end
       end
     else
       -- Digits are field names only where the value is not a plain array

@@ -88,7 +88,10 @@ local function overview()
     out('the fsdp library did not load: ', tostring(fsdp), '\n\n')
   end
   if host.root then
-    local models = described_files(host.root .. '/models')
+    local models = {}
+    for _, m in ipairs(described_files(host.root .. '/models')) do
+      if m.name ~= 'common' then models[#models + 1] = m end  -- shared code, not a model
+    end
     if #models > 0 then
       out("models (local llama = require 'models.llama'; llama.build('Llama-2-70b', {device = 'meta'})):\n")
       for _, m in ipairs(models) do out(('  models.%-10s %s\n'):format(m.name, m.text)) end
