@@ -16,7 +16,7 @@
 -- children, parameters and methods, whose __index are functions), else
 -- its own string keys and those reachable through __index tables. Names
 -- starting with '_' are offered only when the typed prefix starts with '_'.
--- After ':' only functions are offered. Needs nothing from the fsdp
+-- After ':' only functions are offered. Tab on a blank line indents. Needs nothing from the fsdp
 -- library, like the REPL itself.
 local M = {}
 
@@ -159,6 +159,8 @@ end
 function M.candidates(before, word, env)
   env = env or _G
   word = word or ''
+  -- Tab on a blank line indents (a loop body typed over several lines).
+  if before:match('^%s*$') then return { '  ' } end
   if in_string(before) then return {} end
   local partial = before:match('([%w_]*)$')
   local sep_at = #before - #partial

@@ -94,6 +94,11 @@ describe('fsdp.complete', function()
     assert.are.same({}, cands('cfg[lr].', env))     -- not a literal index: never evaluated
   end)
 
+  it('indents on a blank line', function()
+    assert.are.same({ '  ' }, complete.candidates('', '', env))
+    assert.are.same({ '  ' }, complete.candidates('    ', '', env))
+  end)
+
   it('never calls what it completes', function()
     local calls = 0
     local trap = setmetatable({}, { __call = function() calls = calls + 1 end })
