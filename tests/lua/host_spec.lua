@@ -483,11 +483,15 @@ describe('REPL on a terminal', function()
     error(('timed out waiting for %q on the terminal:\n%s'):format(text, history()))
   end
 
-  -- Start the executable with `args` (a shell-quoted string) in the pane.
+  -- Start the executable with `args` (a shell-quoted string) in the pane,
+  -- each time on a new private server (removed with tmp): a server just
+  -- killed may still be exiting.
+  local servers = 0
   local function start(args)
     home = tmp .. '/term-home'
     os.execute('rm -rf ' .. quote(home) .. ' && mkdir -p ' .. quote(home))
-    socket = tmp .. '/tmux.sock'  -- a private server, removed with tmp
+    servers = servers + 1
+    socket = ('%s/tmux%d.sock'):format(tmp, servers)
     rc_file = home .. '/rc'
     local cmd = ('env HOME=%s LANG=C.UTF-8 %s %s; echo $? > %s'):format(
       quote(home), quote(EXE), args, quote(rc_file))
