@@ -469,6 +469,17 @@ describe('REPL on a terminal', function()
     error('the REPL did not exit within 10 s')
   end
 
+  -- Wait until the last line is an empty prompt: keys typed while a chunk
+  -- still runs reach the terminal before the line editor, so Tab must wait.
+  local function wait_prompt()
+    for _ = 1, 150 do
+      local s = screen():gsub('%s+$', '')
+      if s:sub(-2) == '\n>' or s == '>' then return end
+      os.execute('sleep 0.1')
+    end
+    error('timed out waiting for an empty prompt:\n' .. screen())
+  end
+
   -- The whole pane, scrolled-off lines included.
   local function history()
     return (tmux('capture-pane -p -S - -t repl'))
@@ -550,7 +561,7 @@ describe('REPL on a terminal', function()
 
   it('completes names with Tab: fields, methods, numbered layers', function()
     if not have_tmux then pending('tmux is not installed: terminal REPL not tested') return end
-    wait_for('\n>')
+    wait_prompt()
     tmux('send-keys -t repl -l fsdp.man')
     tmux('send-keys -t repl Tab')
     wait_for('> fsdp.manual_seed')
@@ -563,14 +574,18 @@ describe('REPL on a terminal', function()
     local s = wait_for('fsdp.randint')
     assert.is_truthy(s:find('fsdp.randn', 1, true), s)
     tmux('send-keys -t repl C-c')
+    wait_prompt()
     type_line('x = fsdp.zeros(2, 3)')
+    wait_prompt()
     tmux('send-keys -t repl -l x:resh')
     tmux('send-keys -t repl Tab')
     tmux('send-keys -t repl -l "(3, 2).shape"')
     tmux('send-keys -t repl Enter')
     wait_for('x:reshape(3, 2).shape')
     wait_for('{3, 2}')  -- printed by the table printer
+    wait_prompt()
     type_line("m = require('models.llama').build('tiny', {device = 'meta'})")
+    wait_prompt()
     tmux('send-keys -t repl -l m.model.layers.1.ml')
     tmux('send-keys -t repl Tab')
     tmux('send-keys -t repl -l .up_pr')
@@ -613,6 +628,7 @@ describe('REPL on a terminal', function()
     wait_for('\n6738415616')
     type_line('cfg.dry_run, config.n_layers')
     wait_for('\ntrue')  -- the terminal shows the tab as blanks
+    wait_prompt()
     tmux('send-keys -t repl -l model.lm_h')
     tmux('send-keys -t repl Tab')
     tmux('send-keys -t repl -l .weight.shape')
