@@ -17,7 +17,7 @@ cd "$(dirname "$0")"
 PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
           libedit-dev libopenblas-dev openmpi-bin libopenmpi-dev lua-busted
           lua-cjson libjansson-dev libcmocka-dev tmux sentencepiece
-          lua-filesystem)
+          lua-filesystem gnuplot-nox)
 
 log() { printf '[build.sh] %s\n' "$*" >&2; }
 

@@ -59,6 +59,7 @@ if cfg.dry_run then
   print(('training FLOPs per image: %.3e'):format(deepvit.flops_per_image(c)))
   print(('built on meta in %.2f s; cpu memory in use: %d bytes'):format(clock.now() - t0,
     fsdp.memory_stats('cpu').in_use))
+  recipe.expose({ model = m, config = c, cfg = cfg })  -- for the REPL after -i
   return
 end
 

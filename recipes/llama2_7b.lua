@@ -57,9 +57,16 @@ local cfg = recipe.config({
   metrics_file = { '', 'append every step\'s numbers to this JSONL file' },
   peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)' },
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
+  memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit)' },
+  summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
 }, arg, 'recipes/llama2_7b.lua')
 
 print('config:\n' .. recipe.format(cfg))
+
+-- A limit, and the peak a summary reports, are about live tensors: collect
+-- dead ones before every allocation so uncollected garbage never counts.
+if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
+if cfg.memory_limit_mb > 0 then fsdp.set_memory_limit('cpu', cfg.memory_limit_mb * 2^20) end
 
 local overrides = {}
 if cfg.num_layers > 0 then overrides.n_layers = cfg.num_layers end
@@ -108,6 +115,7 @@ if cfg.dry_run then
   print(('training FLOPs per token at seq %d: %.3e'):format(cfg.seq_len, llama.flops_per_token(c, cfg.seq_len, n)))
   print(('built on meta in %.2f s; cpu memory in use: %d bytes'):format(clock.now() - t0,
     fsdp.memory_stats('cpu').in_use))
+  recipe.expose({ model = model, config = c, cfg = cfg })
   return
 end
 
@@ -188,6 +196,8 @@ local function validate(step)
   log:validation(step, loss)
 end
 
+local flops_per_step = llama.flops_per_token(c, cfg.seq_len, n_params) * cfg.batch_size * cfg.seq_len
+local step_times = {}
 for step = 1, cfg.max_steps do
   local t0 = clock.now()
   local ids, targets = data:next()
@@ -198,9 +208,29 @@ for step = 1, cfg.max_steps do
   opt:step()
   sched:step()
   opt:zero_grad()
-  log:step(step, { loss = loss:item(), lr = lr, dt = clock.now() - t0, grad_norm = norm })
+  local dt = clock.now() - t0
+  step_times[step] = dt
+  log:step(step, { loss = loss:item(), lr = lr, dt = dt, grad_norm = norm })
   if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then
     validate(step)
   end
 end
 log:close()
+
+-- For the REPL after `fsdp-lua -i recipes/llama2_7b.lua ...`, and for
+-- recipes/sweep.lua: one machine-readable line. The first step is warmup
+-- (first-touch allocations) and is left out of the rates when there are
+-- more.
+recipe.expose({ model = model, config = c, cfg = cfg, opt = opt, sched = sched, data = data })
+if cfg.summary then
+  local first = cfg.max_steps > 1 and 2 or 1
+  local seconds = 0
+  for step = first, cfg.max_steps do seconds = seconds + step_times[step] end
+  local steps = cfg.max_steps - first + 1
+  print('SUMMARY ' .. require('cjson').encode({
+    samples_per_s = cfg.batch_size * dist.world_size() * steps / seconds,
+    tflops = flops_per_step * steps / seconds / 1e12,
+    peak_bytes = fsdp.memory_stats('cpu').peak,
+    step_seconds = seconds / steps, steps = steps, parameters = n_params,
+  }))
+end

@@ -32,6 +32,7 @@ if cfg.dry_run then
   local net = mnist_model.build({ device = 'meta' })
   print(net)
   print(('parameters: %d'):format(net:num_parameters()))
+  recipe.expose({ model = net, cfg = cfg })  -- for the REPL after -i
   return
 end
 

@@ -65,6 +65,12 @@ host_read_status host_read_line(const char *prompt, char **line);
 void host_add_history(const char *line);
 /* $HOME/.fsdp_lua_history, or NULL when HOME is unset. */
 const char *host_history_file(void);
+/* Tab completion: given the line up to the cursor and the word being
+ * completed (its tail), return a malloc'd NULL-terminated array of malloc'd
+ * replacements for the word, or NULL for none. */
+typedef char **(*host_completer)(void *data, const char *before, const char *word);
+/* Set (or with NULL clear) the completer the terminal line editor uses. */
+void host_set_completer(host_completer fn, void *data);
 
 /* ---- hostlib.c: the `fsdp.host` Lua module ------------------------------ */
 

@@ -13,6 +13,9 @@
  *   add_history(line)  remember a line for the terminal's line editor
  *   history_file()     -> path of the history file, nil without $HOME
  *   isatty(fd)         -> whether file descriptor fd is a terminal
+ *   set_completer(fn)  Tab in the terminal line editor calls
+ *                      fn(line_before_cursor, word) -> {replacement, ...}
+ *                      (nil: no completion); errors in fn complete nothing
  *
  * It is built in C and needs nothing from lua/, so the REPL works even when
  * the Lua library cannot load.
@@ -24,16 +27,56 @@
 #include "host.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <lauxlib.h>
 
 #include "fsdp.h"
 
+/* The Lua completer (a registry reference) and the state that is reading a
+ * line, in which it runs: the editor calls it from inside host.readline. */
+static int completer_ref = LUA_NOREF;
+
+static char **complete_in_lua(void *data, const char *before, const char *word) {
+    lua_State *L = data;
+    int top = lua_gettop(L);
+    if (!lua_checkstack(L, 4)) return NULL;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, completer_ref);
+    lua_pushstring(L, before);
+    lua_pushstring(L, word);
+    if (lua_pcall(L, 2, 1, 0) != LUA_OK || !lua_istable(L, -1)) {
+        lua_settop(L, top);
+        return NULL;
+    }
+    size_t n = lua_objlen(L, -1);
+    char **items = calloc(n + 1, sizeof *items);
+    size_t k = 0;
+    for (size_t i = 1; items != NULL && i <= n; i++) {
+        lua_rawgeti(L, -1, (int)i);
+        const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        if (s != NULL && (items[k] = strdup(s)) != NULL) k++;
+        lua_pop(L, 1);
+    }
+    lua_settop(L, top);
+    return items;
+}
+
+static int host_set_completer_lua(lua_State *L) {
+    if (!lua_isnoneornil(L, 1)) luaL_checktype(L, 1, LUA_TFUNCTION);
+    luaL_unref(L, LUA_REGISTRYINDEX, completer_ref);
+    lua_settop(L, 1);
+    completer_ref = lua_isnil(L, 1) ? LUA_NOREF : luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
 static int host_readline(lua_State *L) {
     const char *prompt = luaL_optstring(L, 1, "> ");
     char *line = NULL;
-    switch (host_read_line(prompt, &line)) {
+    host_set_completer(completer_ref != LUA_NOREF ? complete_in_lua : NULL, L);
+    host_read_status status = host_read_line(prompt, &line);
+    host_set_completer(NULL, NULL);
+    switch (status) {
     case HOST_READ_LINE:
         lua_pushstring(L, line);
         free(line);
@@ -76,6 +119,7 @@ static int open_host_module(lua_State *L) {
         {"add_history", host_add_history_lua},
         {"history_file", host_history_file_lua},
         {"isatty", host_isatty},
+        {"set_completer", host_set_completer_lua},
         {NULL, NULL},
     };
     lua_newtable(L);

@@ -8,7 +8,10 @@
  *     waiting for another key) and the line is dropped;
  *   - that function decodes UTF-8 itself, because libedit takes the int it
  *     returns as one wide character;
- *   - Tab inserts a tab instead of completing file names.
+ *   - Tab completes through a function the host sets (the REPL completes
+ *     Lua names: fields, methods), never file names; words break at
+ *     operators, brackets and blanks but not at '.' or ':', so the word
+ *     completed is a whole access path like `model.layers.0.ml`.
  * The history is $HOME/.fsdp_lua_history, loaded on the first terminal read
  * and written at exit (os.exit included), capped at HISTORY_MAX entries.
  */
@@ -36,6 +39,12 @@ static char *last_history_line;  /* to skip immediate repeats */
 static char history_path[4096];
 /* Set by the prompt's SIGINT handler; read after the interrupted read. */
 static volatile sig_atomic_t prompt_interrupted;
+static host_completer completer;
+static void *completer_data;
+
+/* Characters that end a word for completion: Lua's operators, brackets,
+ * quotes and blanks, but not '.', ':' and '_', which are part of a path. */
+static const char word_breaks[] = " \t\n\"'`@$><=;|&{}()[],+-*/%^#~";
 
 const char *host_history_file(void) {
     const char *home = getenv("HOME");
@@ -83,6 +92,61 @@ static int read_key(FILE *stream) {
     return code;
 }
 
+void host_set_completer(host_completer fn, void *data) {
+    completer = fn;
+    completer_data = data;
+}
+
+/* The longest common prefix of the candidates, malloc'd. */
+static char *common_prefix(char **items, size_t n) {
+    size_t len = strlen(items[0]);
+    for (size_t i = 1; i < n; i++) {
+        size_t k = 0;
+        while (k < len && items[i][k] == items[0][k]) k++;
+        len = k;
+    }
+    return strndup(items[0], len);
+}
+
+/* libedit's completion entry: the candidates for `text`, the word before
+ * the cursor, in readline's form (the replacement first, then the
+ * candidates when there are several; NULL for none). The line up to the
+ * cursor goes to the completer too, for the context of the word. */
+static char **attempt_completion(const char *text, int start, int end) {
+    (void)start;
+    (void)end;
+    rl_attempted_completion_over = 1;  /* never fall back to file names */
+    if (completer == NULL) return NULL;
+    char *before = strndup(rl_line_buffer, (size_t)rl_point);
+    if (before == NULL) return NULL;
+    char **items = completer(completer_data, before, text);
+    free(before);
+    if (items == NULL) return NULL;
+    size_t n = 0;
+    while (items[n] != NULL) n++;
+    if (n == 0) {
+        free(items);
+        return NULL;
+    }
+    char **matches = calloc(n + 2, sizeof *matches);
+    char *prefix = n > 1 ? common_prefix(items, n) : NULL;
+    if (matches == NULL || (n > 1 && prefix == NULL)) {
+        for (size_t i = 0; i < n; i++) free(items[i]);
+        free(items);
+        free(matches);
+        free(prefix);
+        return NULL;
+    }
+    if (n == 1) {
+        matches[0] = items[0];
+    } else {
+        matches[0] = prefix;
+        memcpy(matches + 1, items, n * sizeof *items);
+    }
+    free(items);
+    return matches;
+}
+
 static void init_editor(void) {
     if (editor_ready) return;
     editor_ready = true;
@@ -93,7 +157,10 @@ static void init_editor(void) {
     rl_readline_name = HOST_PROGNAME;
     rl_catch_signals = 0;
     rl_getc_function = read_key;
-    rl_inhibit_completion = 1;
+    rl_attempted_completion_function = attempt_completion;
+    rl_basic_word_break_characters = word_breaks;
+    rl_completer_word_break_characters = (char *)word_breaks;
+    rl_completion_append_character = '\0';
     using_history();
     stifle_history(HISTORY_MAX);
     const char *file = host_history_file();

@@ -10,6 +10,7 @@
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local random = require 'fsdp.random'
+local fake = require 'fsdp.fake'
 local ffi, C = core.ffi, core.C
 
 local M = {}
@@ -67,25 +68,35 @@ end
 
 -- factories -------------------------------------------------------------------
 
+-- {fake=true}, or any factory inside fsdp.fake(fn): a tensor that reports
+-- its device and owns no storage (values and fills are skipped).
+local function wants_fake(opts) return opts.fake or fake.active() end
+local function make_empty(opts)
+  return wants_fake(opts) and C.fl_fake or C.fl_empty
+end
+
 -- An uninitialised tensor. {fake=true} gives a tensor that reports its
 -- device but owns no storage (for planning at full size).
 function M.empty(...)
   local n, shape, nextarg = core.shape_args(...)
   local opts = options(nextarg, ...)
   local dtype, device = placement(opts)
-  local make = opts.fake and C.fl_fake or C.fl_empty
-  return Tensor.wrap(make(n, shape, dtype, device))
+  return Tensor.wrap(make_empty(opts)(n, shape, dtype, device))
 end
 
 function M.zeros(...)
   local n, shape, nextarg = core.shape_args(...)
-  local dtype, device = placement(options(nextarg, ...))
+  local opts = options(nextarg, ...)
+  local dtype, device = placement(opts)
+  if wants_fake(opts) then return Tensor.wrap(C.fl_fake(n, shape, dtype, device)) end
   return Tensor.wrap(C.fl_zeros(n, shape, dtype, device))
 end
 
 function M.ones(...)
   local n, shape, nextarg = core.shape_args(...)
-  local dtype, device = placement(options(nextarg, ...))
+  local opts = options(nextarg, ...)
+  local dtype, device = placement(opts)
+  if wants_fake(opts) then return Tensor.wrap(C.fl_fake(n, shape, dtype, device)) end
   return Tensor.wrap(C.fl_full(n, shape, 1, dtype, device))
 end
 
@@ -96,7 +107,9 @@ function M.full(shape, value, opts)
   if type(value) ~= 'number' then
     core.fail(('full: fill value must be a number, got %s'):format(type(value)))
   end
-  local dtype, device = placement(opts or {})
+  opts = opts or {}
+  local dtype, device = placement(opts)
+  if wants_fake(opts) then return Tensor.wrap(C.fl_fake(n, arr, dtype, device)) end
   return Tensor.wrap(C.fl_full(n, arr, value, dtype, device))
 end
 
@@ -114,6 +127,11 @@ function M.arange(...)
   elseif #nums == 3 then start, stop, step = nums[1], nums[2], nums[3]
   else core.fail('arange expects (end), (start, end) or (start, end, step)') end
   local dtype, device = placement(opts)
+  if wants_fake(opts) then
+    -- The length (and the argument checks) of the meta arange, on device.
+    local shape = Tensor.wrap(C.fl_arange(start, stop, step, dtype, core.device('meta')))._c.shape
+    return Tensor.wrap(C.fl_fake(1, shape, dtype, device))
+  end
   return Tensor.wrap(C.fl_arange(start, stop, step, dtype, device))
 end
 
@@ -151,6 +169,7 @@ function M.tensor(data, opts)
   local dtype = opts.dtype and core.dtype(opts.dtype) or (is_bool and C.FL_BOOL or default_dtype)
   local device = opts.device and core.device(opts.device) or default_device
   local n, arr = core.shape_args(shape)
+  if wants_fake(opts) then return Tensor.wrap(C.fl_fake(n, arr, dtype, device)) end
   local buf = ffi.new('double[?]', math.max(#values, 1), values)
   return Tensor.wrap(C.fl_from_host(n, arr, dtype, device, buf, C.FL_F64, #values))
 end
@@ -160,7 +179,7 @@ local function random_factory(fill)
     local n, shape, nextarg = core.shape_args(...)
     local opts = options(nextarg, ...)
     local dtype, device = placement(opts)
-    local t = Tensor.wrap(C.fl_empty(n, shape, dtype, device))
+    local t = Tensor.wrap(make_empty(opts)(n, shape, dtype, device))
     local seed, stream, offset = random.key(opts)
     core.check(fill(Tensor.cptr(t), seed, stream, offset, opts))
     return t
@@ -186,7 +205,7 @@ function M.randint(low, high, shape, opts)
   local n, arr = core.shape_args(shape)
   local dtype = opts.dtype and core.dtype(opts.dtype) or C.FL_I64
   local device = opts.device and core.device(opts.device) or default_device
-  local t = Tensor.wrap(C.fl_empty(n, arr, dtype, device))
+  local t = Tensor.wrap(make_empty(opts)(n, arr, dtype, device))
   local seed, stream, offset = random.key(opts)
   core.check(C.fl_randint_(Tensor.cptr(t), seed, stream, offset, low, high))
   return t
@@ -251,6 +270,13 @@ local lazy = { nn = 'fsdp.nn', optim = 'fsdp.optim', functional = 'fsdp.function
                F = 'fsdp.functional', dist = 'fsdp.dist', sharding = 'fsdp.sharding',
                policy = 'fsdp.sharding.policy' }
 setmetatable(M, {
+  -- Tab completion (fsdp.complete) offers the lazy submodules too.
+  __dir = function(t)
+    local names = {}
+    for k in pairs(t) do names[#names + 1] = k end
+    for k in pairs(lazy) do names[#names + 1] = k end
+    return names
+  end,
   __index = function(t, k)
     local name = lazy[k]
     if not name then return nil end
@@ -268,6 +294,9 @@ M.F = require 'fsdp.functional'
 M.functional = M.F
 M.cat = M.F.cat
 M.checkpoint = require 'fsdp.checkpoint'
+M.fake = fake.run
+M.is_fake_mode = fake.active
+M.summary = require('fsdp.summary').summary
 
 -- Fully sharded data parallel (fsdp.sharding): shard a model, and what
 -- works across its shards.

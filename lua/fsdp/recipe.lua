@@ -125,6 +125,23 @@ function M.parse(spec, args, script)
   return cfg, positional
 end
 
+-- Names a recipe exposed (a set), for the REPL's help().
+M.exposed = {}
+
+-- Make a recipe's objects globals for the REPL that follows when the
+-- recipe runs with -i (`fsdp-lua -i recipes/llama2_7b.lua --dry-run`, then
+-- `model`, `cfg` at the prompt). Without -i it does nothing: a recipe's
+-- locals stay local. Returns its argument.
+function M.expose(objects)
+  local ok, host = pcall(require, 'fsdp.host')
+  if not (ok and host.interactive) then return objects end
+  for k, v in pairs(objects) do
+    rawset(_G, k, v)
+    M.exposed[k] = true
+  end
+  return objects
+end
+
 -- The resolved config as printed at the start of a run.
 function M.format(cfg)
   local lines = {}

@@ -11,7 +11,13 @@
 --
 -- Values are printed by M.print_value, which asks the functions in M.printers
 -- first (each takes a value and returns a string, or nil to pass), then
--- tostring: modules and tensors add their printers there.
+-- tostring (tensors and modules print themselves that way). M.add_printer
+-- puts a printer ahead of the others; the last is fsdp.pretty, for plain
+-- tables.
+--
+-- M.run also sets up the session (M.setup): Tab completion of names
+-- (fsdp.complete), the globals `help` (fsdp.help) and `fsdp` (the library,
+-- when it loads), each only if the user has not defined it.
 --
 -- This file needs only the host (fsdp.host, built into the executable), not
 -- the fsdp library, so the REPL works while the library is broken.
@@ -33,6 +39,11 @@ M.chunk_name = '=stdin'
 
 -- Printers tried in order before tostring: function(value) -> string | nil.
 M.printers = {}
+
+-- Add a printer ahead of those already there (later additions win).
+function M.add_printer(fn)
+  table.insert(M.printers, 1, fn)
+end
 
 local unpack = unpack or table.unpack
 local function pack(...) return { n = select('#', ...), ... } end
@@ -179,8 +190,37 @@ end
 
 local function banner()
   local luajit = jit and jit.version or _VERSION
-  return ('fsdp-lua %s (%s) -- help: the README; Ctrl-D exits'):format(
+  return ('fsdp-lua %s (%s) -- help() lists what there is; Tab completes; Ctrl-D exits'):format(
     tostring(host.version), luajit)
+end
+
+local set_up = false
+
+-- Completion, the table printer and the globals help and fsdp. Each part
+-- that fails to load is reported and left out; the loop runs regardless.
+function M.setup()
+  if set_up then return end
+  set_up = true
+  local ok, complete = pcall(require, 'fsdp.complete')
+  if ok then
+    host.set_completer(function(before, word) return complete.candidates(before, word) end)
+  else
+    warn('tab completion is off: ' .. tostring(complete))
+  end
+  local pretty_ok, pretty = pcall(require, 'fsdp.pretty')
+  if pretty_ok then M.printers[#M.printers + 1] = pretty.format end
+  if rawget(_G, 'help') == nil then
+    local help_ok, help = pcall(require, 'fsdp.help')
+    if help_ok then rawset(_G, 'help', help.help) end
+  end
+  if rawget(_G, 'fsdp') == nil then
+    local fsdp_ok, fsdp = pcall(require, 'fsdp')
+    if fsdp_ok then
+      rawset(_G, 'fsdp', fsdp)
+    else
+      warn('the fsdp library did not load: ' .. tostring(fsdp))
+    end
+  end
 end
 
 -- The loop. opts.banner (default: stdin is a terminal) prints the banner.
@@ -190,6 +230,7 @@ function M.run(opts)
   local show_banner = opts.banner
   if show_banner == nil then show_banner = on_terminal end
   if show_banner then io.stdout:write(banner(), '\n') end
+  M.setup()
   local buffer
   while true do
     local line, why = host.readline(buffer and M.continuation_prompt or M.prompt)

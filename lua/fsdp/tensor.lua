@@ -86,6 +86,14 @@ Tensor.__index = function(t, k)
   return nil
 end
 
+-- The names Tab completion offers (fsdp.complete): methods and properties.
+Tensor.__dir = function()
+  local names = {}
+  for k in pairs(methods) do names[#names + 1] = k end
+  for k in pairs(properties) do names[#names + 1] = k end
+  return names
+end
+
 Tensor.__newindex = function(t, k, v)
   if k == 'grad' then
     core.check(C.fl_set_grad(cptr(t), v and cptr(v) or nil))

@@ -469,16 +469,49 @@ describe('REPL on a terminal', function()
     error('the REPL did not exit within 10 s')
   end
 
-  before_each(function()
-    if not have_tmux then return end
+  -- Wait until the last line is an empty prompt: keys typed while a chunk
+  -- still runs reach the terminal before the line editor, so Tab must wait.
+  local function wait_prompt()
+    for _ = 1, 150 do
+      local s = screen():gsub('%s+$', '')
+      if s:sub(-2) == '\n>' or s == '>' then return end
+      os.execute('sleep 0.1')
+    end
+    error('timed out waiting for an empty prompt:\n' .. screen())
+  end
+
+  -- The whole pane, scrolled-off lines included.
+  local function history()
+    return (tmux('capture-pane -p -S - -t repl'))
+  end
+
+  local function wait_in_history(text)
+    for _ = 1, 150 do
+      local s = history()
+      if s:find(text, 1, true) then return s end
+      os.execute('sleep 0.1')
+    end
+    error(('timed out waiting for %q on the terminal:\n%s'):format(text, history()))
+  end
+
+  -- Start the executable with `args` (a shell-quoted string) in the pane,
+  -- each time on a new private server (removed with tmp): a server just
+  -- killed may still be exiting.
+  local servers = 0
+  local function start(args)
     home = tmp .. '/term-home'
     os.execute('rm -rf ' .. quote(home) .. ' && mkdir -p ' .. quote(home))
-    socket = tmp .. '/tmux.sock'  -- a private server, removed with tmp
+    servers = servers + 1
+    socket = ('%s/tmux%d.sock'):format(tmp, servers)
     rc_file = home .. '/rc'
-    local cmd = ('env HOME=%s LANG=C.UTF-8 %s; echo $? > %s'):format(
-      quote(home), quote(EXE), quote(rc_file))
+    local cmd = ('env HOME=%s LANG=C.UTF-8 %s %s; echo $? > %s'):format(
+      quote(home), quote(EXE), args, quote(rc_file))
     local out, rc = tmux('new-session -d -x 120 -y 40 -s repl ' .. quote(cmd))
     assert.are.equal(0, rc, out)
+  end
+
+  before_each(function()
+    if have_tmux then start('') end
   end)
 
   after_each(function()
@@ -522,6 +555,87 @@ describe('REPL on a terminal', function()
     type_line('print("still " .. "alive")')
     wait_for('still alive')
     not_contains(screen(), 'DROPPED')  -- the cancelled line never ran
+    tmux('send-keys -t repl C-d')
+    assert.are.equal(0, wait_exit())
+  end)
+
+  it('completes names with Tab: fields, methods, numbered layers', function()
+    if not have_tmux then pending('tmux is not installed: terminal REPL not tested') return end
+    wait_prompt()
+    tmux('send-keys -t repl -l fsdp.man')
+    tmux('send-keys -t repl Tab')
+    wait_for('> fsdp.manual_seed')
+    tmux('send-keys -t repl C-c')
+    -- Several choices: Tab completes the common part, Tab Tab lists them.
+    tmux('send-keys -t repl -l fsdp.ra')
+    tmux('send-keys -t repl Tab')
+    wait_for('> fsdp.rand')
+    tmux('send-keys -t repl Tab')
+    local s = wait_for('fsdp.randint')
+    assert.is_truthy(s:find('fsdp.randn', 1, true), s)
+    tmux('send-keys -t repl C-c')
+    wait_prompt()
+    type_line('x = fsdp.zeros(2, 3)')
+    wait_prompt()
+    tmux('send-keys -t repl -l x:resh')
+    tmux('send-keys -t repl Tab')
+    tmux('send-keys -t repl -l "(3, 2).shape"')
+    tmux('send-keys -t repl Enter')
+    wait_for('x:reshape(3, 2).shape')
+    wait_for('{3, 2}')  -- printed by the table printer
+    wait_prompt()
+    type_line("m = require('models.llama').build('tiny', {device = 'meta'})")
+    wait_prompt()
+    tmux('send-keys -t repl -l m.model.layers.1.ml')
+    tmux('send-keys -t repl Tab')
+    tmux('send-keys -t repl -l .up_pr')
+    tmux('send-keys -t repl Tab')
+    wait_for('> m.model.layers.1.mlp.up_proj')
+    tmux('send-keys -t repl C-c')
+    type_line('print("done" .. "!")')
+    wait_for('done!')
+    tmux('send-keys -t repl C-d')
+    assert.are.equal(0, wait_exit())
+  end)
+
+  it('builds Llama-2-70b on meta, prints and summarises it in seconds', function()
+    if not have_tmux then pending('tmux is not installed: terminal REPL not tested') return end
+    wait_for('\n>')
+    type_line("t0 = require('fsdp.clock').now()")
+    type_line("m = require('models.llama').build('llama2_70b', {device = 'meta'})")
+    type_line('m')
+    type_line('s = fsdp.summary(m)')
+    type_line("print(('ELAP' .. 'SED %.3f s'):format(require('fsdp.clock').now() - t0))")
+    local text = wait_in_history('ELAPSED ')
+    local seconds = tonumber(text:match('ELAPSED ([%d.]+) s'))
+    print(('# REPL: Llama-2-70b built on meta, printed and summarised in %.3f s'):format(seconds))
+    assert.is_truthy(text:find('(0-79): 80 x LlamaDecoderLayer(', 1, true), text)
+    assert.is_truthy(text:find('model.layers.0-79', 1, true), text)
+    assert.is_truthy(text:find('total: 68,976,648,192 parameters, 257.0 GiB', 1, true), text)
+    -- The bound only where the build is not slowed down by sanitizers.
+    if not host.build_info:find('asan', 1, true) then assert.is_true(seconds < 5, text) end
+    tmux('send-keys -t repl C-d')
+    assert.are.equal(0, wait_exit())
+  end)
+
+  it('-i recipe --dry-run drops into the REPL with the recipe\'s model', function()
+    if not have_tmux then pending('tmux is not installed: terminal REPL not tested') return end
+    tmux('kill-server')
+    start('-i ' .. quote(host.root .. '/recipes/llama2_7b.lua') .. ' --dry-run')
+    wait_in_history('parameters: 6,738,415,616')
+    wait_for('\n>')
+    type_line('model:num_parameters()')
+    wait_for('\n6738415616')
+    type_line('cfg.dry_run, config.n_layers')
+    wait_for('\ntrue')  -- the terminal shows the tab as blanks
+    wait_prompt()
+    tmux('send-keys -t repl -l model.lm_h')
+    tmux('send-keys -t repl Tab')
+    tmux('send-keys -t repl -l .weight.shape')
+    tmux('send-keys -t repl Enter')
+    wait_for('{32000, 4096}')
+    type_line('help()')
+    wait_in_history('from the recipe: cfg, config, model')
     tmux('send-keys -t repl C-d')
     assert.are.equal(0, wait_exit())
   end)

@@ -284,6 +284,26 @@ end
 
 metamethods.__call = call
 
+-- The names Tab completion offers (fsdp.complete): children, parameters,
+-- buffers, plain fields and the methods of the class and its parents.
+function metamethods.__dir(self)
+  local names = {}
+  for _, list in ipairs { '_module_names', '_param_names', '_buffer_names' } do
+    for _, k in ipairs(rawget(self, list)) do names[#names + 1] = k end
+  end
+  for k in pairs(self) do
+    if type(k) == 'string' then names[#names + 1] = k end
+  end
+  local cls = getmetatable(self)
+  while cls do
+    for k in pairs(cls) do
+      if type(k) == 'string' then names[#names + 1] = k end
+    end
+    cls = rawget(cls, 'super')
+  end
+  return names
+end
+
 function metamethods.__tostring(self)
   return self:__repr()
 end

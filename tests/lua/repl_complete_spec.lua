@@ -1,0 +1,168 @@
+-- repl_complete_spec.lua: the REPL's helpers in-process: Tab completion
+-- candidates (fsdp.complete), the table printer (fsdp.pretty), help()
+-- (fsdp.help) and recipe.expose. The terminal itself is driven through
+-- tmux in host_spec.lua.
+local complete = require 'fsdp.complete'
+local pretty = require 'fsdp.pretty'
+local help = require 'fsdp.help'
+local fsdp = require 'fsdp'
+local llama = require 'models.llama'
+
+-- Candidates for the line typed so far, with the word as libedit cuts it.
+local function cands(before, env)
+  local word = before:match('[^%s"\'`@$><=;|&{}()%[%],+%-*/%%^#~]*$')
+  return complete.candidates(before, word, env)
+end
+
+local function has(list, item)
+  for _, v in ipairs(list) do if v == item then return true end end
+  return false
+end
+
+local function capture_stdout(fn)
+  local saved, chunks = io.stdout, {}
+  io.stdout = { write = function(self, ...)
+    for i = 1, select('#', ...) do chunks[#chunks + 1] = tostring((select(i, ...))) end
+    return self
+  end, flush = function() end }
+  local ok, err = pcall(fn)
+  io.stdout = saved
+  assert(ok, err)
+  return table.concat(chunks)
+end
+
+describe('fsdp.complete', function()
+  local env = setmetatable({
+    fsdp = fsdp,
+    model = llama.build('tiny', { device = 'meta' }),
+    x = fsdp.zeros(2, 3),
+    cfg = { lr = 1, layers = { { width = 4 } }, ['not an id'] = 1, _private = 2 },
+    print = print, pairs = pairs,
+  }, {})
+
+  it('completes fields of tables, the lazy submodules included', function()
+    assert.are.same({ 'fsdp.rand', 'fsdp.randint', 'fsdp.randn' }, cands('fsdp.ra', env))
+    assert.are.same({ 'fsdp.rand', 'fsdp.randint', 'fsdp.randn' }, cands('y = fsdp.ra', env))
+    assert.is_true(has(cands('fsdp.', env), 'fsdp.optim'))   -- loaded on first use
+    assert.is_true(has(cands('fsdp.', env), 'fsdp.summary'))
+    assert.are.same({ 'fsdp.nn.Linear' }, cands('fsdp.nn.Lin', env))
+  end)
+
+  it('completes globals and keywords', function()
+    assert.are.same({ 'false', 'for', 'fsdp', 'function' }, cands('f', env))
+    assert.are.same({ 'print' }, cands('(pri', env))
+  end)
+
+  it('follows module children, numbered layers and indices', function()
+    local layer = cands('model.model.layers.0.', env)
+    assert.is_true(has(layer, 'model.model.layers.0.self_attn'))
+    assert.is_true(has(layer, 'model.model.layers.0.mlp'))
+    assert.is_true(has(layer, 'model.model.layers.0.forward'))   -- methods through the class
+    local list = cands('model.model.layers.', env)
+    assert.are.same({ 'model.model.layers.0', 'model.model.layers.1' }, { list[1], list[2] })
+    assert.is_true(has(list, 'model.model.layers.append'))
+    assert.are.same({ '.mlp' }, cands('model.model.layers[1].ml', env))
+    assert.are.same({ '.self_attn' }, cands('model.model.layers["0"].se', env))
+    assert.are.same({ 'model.model.layers.1.mlp.up_proj' }, cands('model.model.layers.1.mlp.up', env))
+    assert.are.same({ 'cfg.layers' }, cands('cfg.la', env))
+    assert.are.same({ '.width' }, cands('cfg.layers[1].w', env))
+  end)
+
+  it('offers methods after ":" and tensor properties after "."', function()
+    local m = cands('x:', env)
+    assert.is_true(has(m, 'x:matmul'))
+    assert.is_true(has(m, 'x:view'))
+    assert.is_false(has(m, 'x:shape'))   -- a property, not a method
+    assert.are.same({ 'x.shape' }, cands('x.sha', env))
+    assert.are.same({ 'model:num_parameters' }, cands('model:num_p', env))
+    assert.are.same({}, cands('model:model', env))  -- a child is not a method
+  end)
+
+  it('hides private names unless asked, and names that are not identifiers', function()
+    assert.is_false(has(cands('cfg.', env), 'cfg._private'))
+    assert.are.same({ 'cfg._private' }, cands('cfg._p', env))
+    for _, c in ipairs(cands('cfg.', env)) do assert.is_nil(c:find(' ', 1, true)) end
+    assert.is_false(has(cands('model.', env), 'model._modules'))
+  end)
+
+  it('offers nothing inside strings, comments, unknown paths and calls', function()
+    assert.are.same({}, cands('print("fsdp.ra', env))
+    assert.are.same({}, cands('x = 1 -- fsdp.ra', env))
+    assert.are.same({}, cands('nothing.here.', env))
+    assert.are.same({}, cands('fsdp.zeros(2).', env))
+    assert.are.same({}, cands('3.', env))
+    assert.are.same({}, cands('cfg[lr].', env))     -- not a literal index: never evaluated
+  end)
+
+  it('indents on a blank line', function()
+    assert.are.same({ '  ' }, complete.candidates('', '', env))
+    assert.are.same({ '  ' }, complete.candidates('    ', '', env))
+  end)
+
+  it('never calls what it completes', function()
+    local calls = 0
+    local trap = setmetatable({}, { __call = function() calls = calls + 1 end })
+    local e = { f = function() calls = calls + 1 return {} end, t = trap }
+    cands('f().', e)
+    cands('t:', e)
+    assert.are.equal(0, calls)
+  end)
+end)
+
+describe('fsdp.pretty', function()
+  it('prints plain tables in key order, nested and cut', function()
+    assert.are.equal('{1, 2, 3, lr = 0.0003, name = "a\\nb", nested = {x = true}}',
+      pretty.format({ 1, 2, 3, lr = 3e-4, name = 'a\nb', nested = { x = true } }))
+    assert.are.equal('{}', pretty.format({}))
+    assert.are.equal('{["end"] = 2, ["not id"] = 1}', pretty.format({ ['not id'] = 1, ['end'] = 2 }))
+    local cyc = {}
+    cyc.me = cyc
+    assert.are.equal('{me = <cycle>}', pretty.format(cyc))
+    local big = {}
+    for i = 1, 100 do big[i] = i end
+    local text = pretty.format(big)
+    assert.matches('%.%.%. %(60 more%)', text)
+    for line in text:gmatch('[^\n]+') do assert.is_true(#line <= 82, line) end
+  end)
+
+  it('leaves values that print themselves to tostring, one line inside tables', function()
+    local t = fsdp.zeros(2, 2)
+    assert.is_nil(pretty.format(t))
+    assert.is_nil(pretty.format(42))
+    local m = llama.build('tiny', { device = 'meta' })
+    assert.are.equal('{model = LlamaForCausalLM( ...}', pretty.format({ model = m }))
+  end)
+end)
+
+describe('help()', function()
+  it('lists the keys, the library, models and recipes', function()
+    local out = capture_stdout(function() help.help() end)
+    assert.matches('Tab completes names', out, 1, true)
+    assert.matches('fsdp (global `fsdp`', out, 1, true)
+    for _, name in ipairs { 'randn', 'summary', 'fake', 'memory_stats' } do
+      assert.matches('%f[%w_]' .. name .. '%f[^%w_]', out)
+    end
+    assert.matches('fsdp.nn', out, 1, true)
+    assert.matches('models.llama%s+the Llama 2 / Llama 3 family', out)
+    assert.matches('models.t5', out, 1, true)
+    assert.matches('llama2_7b%s+train Llama 2 7B', out)
+    assert.matches('sweep%s+measure a training recipe', out)
+    assert.is_nil(out:find('models.common', 1, true))  -- shared code, not a model
+  end)
+
+  it('describes a value: fields and methods', function()
+    local out = capture_stdout(function() help.help(fsdp.zeros(2)) end)
+    assert.matches('^Tensor\n', out)
+    assert.matches('fields:\n.*shape.*methods:', out)
+    assert.matches('methods:\n.*matmul', out)
+  end)
+end)
+
+describe('recipe.expose', function()
+  it('does nothing outside an interactive session', function()
+    local recipe = require 'fsdp.recipe'
+    local obj = {}
+    assert.are.equal(obj, recipe.expose({ exposed_probe = obj }).exposed_probe)
+    assert.is_nil(rawget(_G, 'exposed_probe'))
+  end)
+end)
