@@ -17,6 +17,8 @@ cd "$(dirname "$0")"
 PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
           libedit-dev libopenblas-dev openmpi-bin libopenmpi-dev lua-busted
           lua-cjson libjansson-dev libcmocka-dev tmux)
+# lfs: directories of multi-file safetensors checkpoints (lua/fsdp/safetensors_sharded.lua).
+PACKAGES+=(lua-filesystem)
 
 log() { printf '[build.sh] %s\n' "$*" >&2; }
 
