@@ -418,6 +418,10 @@ end
 -- decoder reading the labels shifted right; opts as forward's. Returns
 -- loss, logits.
 function Model:loss(input_ids, labels, opts)
+  if not fsdp.is_tensor(labels) or labels:dim() ~= 2 or (labels.dtype ~= 'i64' and labels.dtype ~= 'i32') then
+    core.fail('t5: labels must be an integer tensor [batch, target length] (-100: ignored), got '
+      .. (fsdp.is_tensor(labels) and (labels.dtype .. ' ' .. core.format_shape(labels.shape)) or type(labels)))
+  end
   local logits = self(input_ids, M.shift_right(labels, self.config), opts)
   local V = self.config.vocab_size
   return F.cross_entropy(logits:view(-1, V), labels:reshape(-1), { ignore_index = -100 }), logits
