@@ -12,6 +12,9 @@
 --   local logits = tiny(input_ids, decoder_input_ids)   -- i64 [B, S], [B, T]
 --   local loss = tiny:loss(input_ids, labels)           -- decoder input = shift_right(labels)
 --   local out = t5.generate(tiny, input_ids, {max_new_tokens = 8})
+--   -- padded batches, Hugging Face's masks (1 = attend, 0 = padding):
+--   tiny(input_ids, decoder_input_ids, {attention_mask = m, decoder_attention_mask = dm})
+--   tiny:loss(input_ids, labels, {attention_mask = m})
 --
 -- The math (MODELS.md): T5LayerNorm is RMS only (eps 1e-6); pre-norm
 -- residual blocks; no biases; attention scores q k^T with no 1/sqrt(d)
@@ -26,6 +29,7 @@
 -- encoder.embed_tokens.weight and decoder.embed_tokens.weight are aliases
 -- of shared.weight, so the tensor appears once, as shared.weight.
 local fsdp = require 'fsdp'
+local core = require 'fsdp.core'
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
 local common = require 'models.common'
@@ -132,6 +136,34 @@ function M.relative_position_bucket(relative_position, bidirectional, num_bucket
 end
 M._relative_position_bucket = M.relative_position_bucket
 
+-- padding masks ---------------------------------------------------------------------------
+
+-- The most negative finite value of each float dtype (torch.finfo(dtype).min).
+local LOWEST = { f64 = -1.7976931348623157e308, f32 = -3.4028234663852886e38,
+                 bf16 = -3.3895313892515355e38, f16 = -65504 }
+
+-- Hugging Face's extended attention mask: mask [B, S] (any dtype; 1 =
+-- attend to this key, 0 = padding) -> an additive bias [B, 1, 1, S] in
+-- like's dtype, 0 where kept and the dtype's lowest finite value where
+-- padded: (1 - mask) * finfo.min, as HF computes it. Finite rather than
+-- -inf, so a query whose keys are all padding still gets a distribution
+-- (uniform) instead of NaN, as in HF. `what` names the argument in errors.
+function M.mask_bias(mask, B, S, like, what)
+  what = what or 'attention_mask'
+  if not fsdp.is_tensor(mask) then
+    core.fail(('t5: %s must be a tensor [batch, length] of 1 (attend) and 0 (padding), got a %s')
+      :format(what, type(mask)))
+  end
+  if mask:dim() ~= 2 or mask:size(0) ~= B or mask:size(1) ~= S then
+    core.fail(('t5: %s has shape %s, expected [%d, %d] (batch, length of its sequence)')
+      :format(what, core.format_shape(mask.shape), B, S))
+  end
+  local lowest = LOWEST[like.dtype]
+  if not lowest then core.fail(('t5: masks need a float dtype, the model computes in %s'):format(like.dtype)) end
+  local keep = mask:to({ dtype = like.dtype, device = like.device })
+  return ((1 - keep) * lowest):view(B, 1, 1, S)
+end
+
 -- layers ---------------------------------------------------------------------------------
 
 -- nn.Attention under HF's class name with T5's child names q, k, v, o; no
@@ -233,9 +265,10 @@ function LayerCrossAttention:__init(c, opts)
 end
 
 -- Keys and values from the encoder output, unnormalised (it went through
--- the encoder's final_layer_norm); no position bias.
-function LayerCrossAttention:forward(x, encoder_hidden)
-  return x + self.dropout(self.EncDecAttention(self.layer_norm(x), { context = encoder_hidden }))
+-- the encoder's final_layer_norm); no position bias, only the encoder's
+-- padding mask as a bias [B, 1, 1, S] (or nil).
+function LayerCrossAttention:forward(x, encoder_hidden, encoder_bias)
+  return x + self.dropout(self.EncDecAttention(self.layer_norm(x), { context = encoder_hidden, bias = encoder_bias }))
 end
 
 local LayerFF = nn.Module:extend('T5LayerFF')
@@ -265,12 +298,13 @@ function Block:__init(c, opts, is_decoder, has_relative_bias)
   self.layer:append(LayerFF(c, opts))
 end
 
--- x [B, T, d]; position_bias [1, H, T, T] from the stack's block 0;
--- encoder_hidden [B, S, d] for decoder blocks.
-function Block:forward(x, position_bias, encoder_hidden)
+-- x [B, T, d]; position_bias [1 or B, H, T, T] from the stack's block 0
+-- (with the padding mask folded in); for decoder blocks encoder_hidden
+-- [B, S, d] and encoder_bias, the encoder's padding mask [B, 1, 1, S] or nil.
+function Block:forward(x, position_bias, encoder_hidden, encoder_bias)
   local layers = self.layer:children()
   local h = layers[1](x, position_bias)
-  if self.is_decoder then h = layers[2](h, encoder_hidden) end
+  if self.is_decoder then h = layers[2](h, encoder_hidden, encoder_bias) end
   return layers[#layers](h)
 end
 
@@ -288,14 +322,25 @@ function Stack:__init(c, opts, is_decoder)
 end
 
 -- embeds [B, T, d] (the shared embedding of the ids) -> hidden [B, T, d].
--- The position bias is computed once, by block 0's attention, and given
--- to every block.
-function Stack:forward(embeds, encoder_hidden)
+-- opts: mask (this sequence's padding mask [B, T]); for the decoder
+-- encoder_hidden [B, S, d] and encoder_mask [B, S]. The position bias is
+-- computed once, by block 0's attention, the padding mask added to it (as
+-- HF does), and the sum given to every block.
+function Stack:forward(embeds, opts)
+  opts = opts or {}
   local blocks = self.block:children()
-  local T = embeds:size(1)
+  local B, T = embeds:size(0), embeds:size(1)
   local bias = blocks[1].layer:children()[1].SelfAttention:compute_bias(T, T, embeds.device)
+  if opts.mask ~= nil then
+    local what = self.is_decoder and 'decoder_attention_mask' or 'attention_mask'
+    bias = bias + M.mask_bias(opts.mask, B, T, embeds, what)
+  end
+  local encoder_bias
+  if opts.encoder_mask ~= nil then
+    encoder_bias = M.mask_bias(opts.encoder_mask, B, opts.encoder_hidden:size(1), embeds, 'attention_mask')
+  end
   local h = self.dropout(embeds)
-  for _, block in ipairs(blocks) do h = block(h, bias, encoder_hidden) end
+  for _, block in ipairs(blocks) do h = block(h, bias, opts.encoder_hidden, encoder_bias) end
   return self.dropout(self.final_layer_norm(h))
 end
 
@@ -319,29 +364,65 @@ function Model:__init(c, opts)
   end
 end
 
--- input_ids i64 [B, S] -> encoder hidden states [B, S, d].
-function Model:encode(input_ids)
-  return self.encoder(self.shared(input_ids))
+-- Hugging Face's other names for shared.weight: T5 checkpoints may carry
+-- the embedding under them too (the same tensor). fsdp.safetensors.load_into
+-- reads this table; load_state_dict below applies it.
+Model.state_dict_aliases = { ['encoder.embed_tokens.weight'] = 'shared.weight',
+                             ['decoder.embed_tokens.weight'] = 'shared.weight' }
+
+-- nn.Module's load_state_dict after mapping the aliases onto shared.weight
+-- (dropped when shared.weight itself is in the state).
+function Model:load_state_dict(state, opts)
+  local renamed = {}
+  for name, t in pairs(state) do
+    local own = Model.state_dict_aliases[name]
+    if own == nil then
+      renamed[name] = t
+    elseif state[own] == nil then
+      renamed[own] = t
+    end
+  end
+  return nn.Module.load_state_dict(self, renamed, opts)
+end
+
+-- input_ids i64 [B, S] -> encoder hidden states [B, S, d]. attention_mask
+-- [B, S] (1 = token, 0 = padding; nil: no padding) keeps padded keys out
+-- of the encoder's attention; hidden states at padded positions are
+-- computed anyway (as in HF) and masked again in cross-attention.
+function Model:encode(input_ids, attention_mask)
+  return self.encoder(self.shared(input_ids), { mask = attention_mask })
 end
 
 -- The decoder over decoder_input_ids i64 [B, T] attending to the encoder's
--- output -> logits [B, T, vocab]. With tied embeddings the output is
--- scaled by d_model^-0.5 first, as in Mesh TensorFlow.
-function Model:decode(encoder_hidden, decoder_input_ids)
-  local h = self.decoder(self.shared(decoder_input_ids), encoder_hidden)
+-- output -> logits [B, T, vocab]. opts: attention_mask (the encoder's
+-- padding mask [B, S], for cross-attention), decoder_attention_mask [B, T]
+-- (on top of the causal mask). With tied embeddings the output is scaled
+-- by d_model^-0.5 first, as in Mesh TensorFlow.
+function Model:decode(encoder_hidden, decoder_input_ids, opts)
+  opts = opts or {}
+  local h = self.decoder(self.shared(decoder_input_ids), {
+    mask = opts.decoder_attention_mask, encoder_hidden = encoder_hidden, encoder_mask = opts.attention_mask })
   if self.config.tied then h = h * (self.config.d_model ^ -0.5) end
   return self.lm_head(h)
 end
 
 -- input_ids [B, S], decoder_input_ids [B, T] -> logits [B, T, vocab].
-function Model:forward(input_ids, decoder_input_ids)
-  return self:decode(self:encode(input_ids), decoder_input_ids)
+-- opts: attention_mask [B, S], decoder_attention_mask [B, T] (HF's
+-- meaning: 1 = attend, 0 = padding).
+function Model:forward(input_ids, decoder_input_ids, opts)
+  opts = opts or {}
+  return self:decode(self:encode(input_ids, opts.attention_mask), decoder_input_ids, opts)
 end
 
 -- Mean cross-entropy of labels i64 [B, T] (-100 entries ignored), the
--- decoder reading the labels shifted right. Returns loss, logits.
-function Model:loss(input_ids, labels)
-  local logits = self(input_ids, M.shift_right(labels, self.config))
+-- decoder reading the labels shifted right; opts as forward's. Returns
+-- loss, logits.
+function Model:loss(input_ids, labels, opts)
+  if not fsdp.is_tensor(labels) or labels:dim() ~= 2 or (labels.dtype ~= 'i64' and labels.dtype ~= 'i32') then
+    core.fail('t5: labels must be an integer tensor [batch, target length] (-100: ignored), got '
+      .. (fsdp.is_tensor(labels) and (labels.dtype .. ' ' .. core.format_shape(labels.shape)) or type(labels)))
+  end
+  local logits = self(input_ids, M.shift_right(labels, self.config), opts)
   local V = self.config.vocab_size
   return F.cross_entropy(logits:view(-1, V), labels:reshape(-1), { ignore_index = -100 }), logits
 end
@@ -361,19 +442,22 @@ end
 -- Greedy decoding for inspection: the encoder once, then the decoder
 -- re-run on the growing sequence (no cache) for max_new_tokens steps, or
 -- until every row has produced eos; finished rows continue with pad.
--- Returns the decoder ids i64 [B, 1 + n], starting with the start token.
+-- opts: max_new_tokens (20), eos_token_id, attention_mask (padded
+-- sources). Returns the decoder ids i64 [B, 1 + n], starting with the
+-- start token.
 function M.generate(model, input_ids, opts)
   opts = opts or {}
   local c = model.config
   local max_new = opts.max_new_tokens or 20
   local eos = opts.eos_token_id or c.eos_token_id
+  local mask = opts.attention_mask
   return fsdp.no_grad(function()
-    local enc = model:encode(input_ids)
+    local enc = model:encode(input_ids, mask)
     local B = input_ids:size(0)
     local ids = fsdp.full({ B, 1 }, c.decoder_start_token_id, { dtype = 'i64', device = input_ids.device })
     local done = fsdp.zeros({ B, 1 }, { dtype = 'i64', device = input_ids.device })
     for _ = 1, max_new do
-      local logits = model:decode(enc, ids)
+      local logits = model:decode(enc, ids, { attention_mask = mask })
       local T = logits:size(1)
       local nxt = F.argmax(logits:narrow(1, T - 1, 1), -1) -- [B, 1]
       nxt = F.where(F.gt(done, 0), c.pad_token_id, nxt)
@@ -383,6 +467,41 @@ function M.generate(model, input_ids, opts)
     end
     return ids
   end)
+end
+
+-- A config from a Hugging Face T5Config (config.json decoded to a table):
+-- feed_forward_proj 'relu' is v1.0's MLP, 'gated-gelu' v1.1's; the other
+-- fields keep HF's names (ALIASES). Other activations are an error.
+function M.config_from_hf(hf, overrides)
+  local c = {}
+  for _, k in ipairs({ 'd_model', 'd_ff', 'd_kv', 'num_heads', 'num_layers', 'num_decoder_layers', 'vocab_size',
+                       'relative_attention_num_buckets', 'relative_attention_max_distance', 'layer_norm_epsilon',
+                       'dropout_rate', 'initializer_factor', 'decoder_start_token_id', 'pad_token_id',
+                       'eos_token_id' }) do
+    if type(hf[k]) == 'number' then c[k] = hf[k] end
+  end
+  if hf.tie_word_embeddings ~= nil then c.tie_word_embeddings = hf.tie_word_embeddings end
+  local ff = hf.feed_forward_proj or 'relu'
+  if ff == 'gated-gelu' then
+    c.gated = true
+  elseif ff ~= 'relu' then
+    core.fail(("t5: feed_forward_proj '%s' is not supported (relu: v1.0, gated-gelu: v1.1)"):format(tostring(ff)))
+  end
+  return M.config(c, overrides)
+end
+
+-- The Hugging Face T5Config of a config (for config.json next to saved weights).
+function M.config_to_hf(c)
+  return {
+    architectures = { 'T5ForConditionalGeneration' }, model_type = 't5', is_encoder_decoder = true,
+    d_model = c.d_model, d_ff = c.d_ff, d_kv = c.d_kv, num_heads = c.num_heads, num_layers = c.num_layers,
+    num_decoder_layers = c.num_decoder_layers, vocab_size = c.vocab_size,
+    relative_attention_num_buckets = c.relative_attention_num_buckets,
+    relative_attention_max_distance = c.relative_attention_max_distance, layer_norm_epsilon = c.norm_eps,
+    dropout_rate = c.dropout, initializer_factor = c.init_factor,
+    feed_forward_proj = c.gated and 'gated-gelu' or 'relu', tie_word_embeddings = c.tied,
+    decoder_start_token_id = c.decoder_start_token_id, pad_token_id = c.pad_token_id, eos_token_id = c.eos_token_id,
+  }
 end
 
 -- Build a model: name_or_config as in M.config; opts: device ('cpu' or

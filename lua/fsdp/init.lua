@@ -35,6 +35,9 @@ local safetensors = require 'fsdp.safetensors'
 M.safetensors = safetensors
 M.load_safetensors = safetensors.load
 M.save_safetensors = safetensors.save
+M.load_safetensors_dir = safetensors.load_dir         -- multi-file (HF index) checkpoints
+M.load_safetensors_into = safetensors.load_into
+M.save_safetensors_sharded = safetensors.save_sharded
 
 -- FLOPs counted by ops since the last reset (meta included).
 function M.flops() return tonumber(C.fl_flops()) end

@@ -5,6 +5,10 @@
 --   local tensors, names, meta = st.load('model.safetensors')
 --   st.save('out.safetensors', {['w'] = w, ['b'] = b}, {format = 'pt'})
 --   local f = st.open(path); f:info(name); f:get(name); f:close()
+--
+-- Multi-file checkpoints (Hugging Face's layout, fsdp.safetensors_sharded)
+-- are reached from here too: st.open_checkpoint(path), st.load_dir(path),
+-- st.load_into(model, path), st.save_sharded(dir, tensors, opts).
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local ffi, C = core.ffi, core.C
@@ -27,6 +31,11 @@ function File:names()
     out[#out + 1] = ffi.string(C.fl_safetensors_name(self._h, i))
   end
   return out
+end
+
+-- Whether the file holds a tensor of that name.
+function File:has(name)
+  return C.fl_safetensors_find(self._h, name) >= 0
 end
 
 local function index_of(self, name)
@@ -106,5 +115,12 @@ function M.save(path, tensors, metadata)
   C.fl_safetensors_writer_free(w)
   if not ok then error(err, 0) end
 end
+
+local sharded = require 'fsdp.safetensors_sharded'
+M.open_checkpoint = sharded.open_checkpoint
+M.load_dir = sharded.load_dir
+M.load_into = sharded.load_into
+M.save_sharded = sharded.save_sharded
+M.parse_size = sharded.parse_size
 
 return M

@@ -178,3 +178,154 @@ describe('safetensors', function()
     end)
   end)
 end)
+
+describe('multi-file checkpoints', function()
+  local lfs = require 'lfs'
+  local T = require 'fsdp.testing'
+
+  local function tmpdir()
+    local d = os.tmpname()
+    os.remove(d)
+    return d
+  end
+  local function rm_rf(d)
+    if lfs.attributes(d, 'mode') ~= 'directory' then return end
+    for name in lfs.dir(d) do
+      if name ~= '.' and name ~= '..' then os.remove(d .. '/' .. name) end
+    end
+    lfs.rmdir(d)
+  end
+  local function listing(d)
+    local out = {}
+    for name in lfs.dir(d) do
+      if name ~= '.' and name ~= '..' then out[#out + 1] = name end
+    end
+    table.sort(out)
+    return out
+  end
+  local function write(path, text)
+    local f = assert(io.open(path, 'wb'))
+    f:write(text)
+    f:close()
+  end
+  -- Five f32 tensors of 400 bytes each, in name order a..e.
+  local function tensors()
+    local t = {}
+    for i, name in ipairs({ 'a', 'b', 'c', 'd', 'e' }) do t[name] = fsdp.randn({ 10, 10 }, { seed = i }) end
+    return t
+  end
+
+  it('save_sharded packs files up to max_shard_size and writes HF\'s index', function()
+    local d = tmpdir()
+    local files = fsdp.save_safetensors_sharded(d, tensors(), { max_shard_size = 1000 })
+    assert.same({ 'model-00001-of-00003.safetensors', 'model-00002-of-00003.safetensors',
+                  'model-00003-of-00003.safetensors' }, files)
+    assert.same({ 'model-00001-of-00003.safetensors', 'model-00002-of-00003.safetensors',
+                  'model-00003-of-00003.safetensors', 'model.safetensors.index.json' }, listing(d))
+    local index = require('cjson').decode(io.open(d .. '/model.safetensors.index.json'):read('*a'))
+    assert.equals(2000, index.metadata.total_size)
+    assert.equals('model-00001-of-00003.safetensors', index.weight_map.b)
+    assert.equals('model-00002-of-00003.safetensors', index.weight_map.c)
+    assert.equals('model-00003-of-00003.safetensors', index.weight_map.e)
+    assert.same({ format = 'pt' }, select(3, fsdp.load_safetensors(d .. '/' .. files[1])))
+    local back, names = fsdp.load_safetensors_dir(d)
+    assert.same({ 'a', 'b', 'c', 'd', 'e' }, names)
+    for name, t in pairs(tensors()) do assert.equals(0, T.max_abs_diff(t, back[name])) end
+    -- Saved again in one file: model.safetensors, and the old shards go.
+    assert.same({ 'model.safetensors' }, fsdp.save_safetensors_sharded(d, tensors(), { max_shard_size = '1MB' }))
+    assert.same({ 'model.safetensors' }, listing(d))
+    rm_rf(d)
+  end)
+
+  it('a tensor larger than max_shard_size gets a file of its own', function()
+    local d = tmpdir()
+    local files = fsdp.save_safetensors_sharded(d, { { 'small', fsdp.zeros({ 2 }) }, { 'big', fsdp.zeros({ 100 }) },
+                                                     { 'tail', fsdp.zeros({ 2 }) } }, { max_shard_size = '100B' })
+    assert.equals(3, #files)
+    assert.equals(d .. '/model-00002-of-00003.safetensors', fsdp.safetensors.open_checkpoint(d):file_of('big'))
+    rm_rf(d)
+  end)
+
+  it('load_into streams one file at a time into the model', function()
+    local nn = fsdp.nn
+    local model = nn.Sequential(nn.Linear(10, 10, { bias = false }), nn.Linear(10, 10), nn.Linear(10, 10, { bias = false }))
+    local src = {}
+    for _, p in ipairs(model:named_parameters()) do src[p[1]] = fsdp.randn(p[2].shape, { seed = #p[1] }) end
+    local d = tmpdir()
+    fsdp.save_safetensors_sharded(d, src, { max_shard_size = 450 })
+    local calls = {}
+    local load = model.load_state_dict
+    model.load_state_dict = function(self, state, opts)
+      local n = 0
+      for _ in pairs(state) do n = n + 1 end
+      calls[#calls + 1] = n
+      return load(self, state, opts)
+    end
+    fsdp.load_safetensors_into(model, d)
+    assert.same({ 2, 1, 1 }, calls) -- three files: 0.weight 1.bias | 1.weight | 2.weight
+    for _, p in ipairs(model:named_parameters()) do assert.equals(0, T.max_abs_diff(p[2], src[p[1]])) end
+    rm_rf(d)
+  end)
+
+  describe('errors name the problem', function()
+    local d
+    before_each(function()
+      d = tmpdir()
+      fsdp.save_safetensors_sharded(d, tensors(), { max_shard_size = 1000 })
+    end)
+    after_each(function() rm_rf(d) end)
+
+    it('corrupt index JSON', function()
+      write(d .. '/model.safetensors.index.json', '{"weight_map": {"a": ')
+      assert.error_matches(function() fsdp.load_safetensors_dir(d) end, 'model%.safetensors%.index%.json is not valid JSON')
+      write(d .. '/model.safetensors.index.json', '{"metadata": {}}')
+      assert.error_matches(function() fsdp.load_safetensors_dir(d) end, 'has no "weight_map" object')
+      write(d .. '/model.safetensors.index.json', '{"weight_map": {"a": "../x.safetensors"}}')
+      assert.error_matches(function() fsdp.load_safetensors_dir(d) end, "must name a file in the index's directory")
+    end)
+
+    it('a file named in the index is missing', function()
+      os.remove(d .. '/model-00002-of-00003.safetensors')
+      assert.error_matches(function() fsdp.load_safetensors_dir(d) end,
+        'assigns 2 tensors %(%a, %.%.%.%) to .*model%-00002%-of%-00003%.safetensors, which does not exist')
+    end)
+
+    it('a tensor the index promises is not in its file', function()
+      write(d .. '/model.safetensors.index.json',
+        '{"weight_map": {"a": "model-00001-of-00003.safetensors", "z": "model-00001-of-00003.safetensors"}}')
+      assert.error_matches(function() fsdp.load_safetensors_dir(d) end,
+        'puts tensor z in .*model%-00001%-of%-00003%.safetensors, which has no tensor of that name')
+    end)
+
+    it('a name in two files of an index-less directory', function()
+      os.remove(d .. '/model.safetensors.index.json')
+      fsdp.save_safetensors(d .. '/extra.safetensors', { c = fsdp.zeros({ 1 }) })
+      assert.error_matches(function() fsdp.load_safetensors_dir(d) end, 'tensor c is in both .* and .*')
+    end)
+
+    it('names and shapes that do not fit the model, before anything is copied', function()
+      local model = fsdp.nn.Linear(10, 10)
+      local before = model.weight:clone()
+      assert.error_matches(function() fsdp.load_safetensors_into(model, d) end,
+        'missing keys: weight, bias; unexpected keys: a, b, c, d, e')
+      local _, unexpected = fsdp.load_safetensors_into(model, d, { strict = false })
+      assert.equals(5, #unexpected)
+      local sd = d .. '/one'
+      fsdp.save_safetensors_sharded(sd, { weight = fsdp.zeros({ 10, 9 }), bias = fsdp.zeros({ 10 }) })
+      assert.error_matches(function() fsdp.load_safetensors_into(model, sd) end,
+        'size mismatch for weight: .* has %[10, 9%], the model %[10, 10%]')
+      assert.equals(0, T.max_abs_diff(before, model.weight))
+      rm_rf(sd)
+    end)
+
+    it('bad paths and sizes', function()
+      assert.error_matches(function() fsdp.load_safetensors_dir(d .. '/nope') end, 'no such file or directory')
+      assert.error_matches(function() fsdp.save_safetensors_sharded(d, tensors(), { max_shard_size = '5 parsecs' }) end,
+        'max_shard_size must be a positive size')
+      assert.error_matches(function() fsdp.save_safetensors_sharded(d, { { 'a', 1 } }) end, 'a is a number, not a Tensor')
+      assert.error_matches(function()
+        fsdp.save_safetensors_sharded(d, { { 'a', fsdp.zeros({ 1 }) }, { 'a', fsdp.zeros({ 1 }) } })
+      end, 'tensor name a appears twice')
+    end)
+  end)
+end)

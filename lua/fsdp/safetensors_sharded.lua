@@ -1,0 +1,416 @@
+-- fsdp.safetensors_sharded: checkpoints in several safetensors files, the
+-- way Hugging Face ships large models: a directory of
+-- model-00001-of-0000N.safetensors files and model.safetensors.index.json,
+-- whose "weight_map" names the file holding each tensor.
+--
+--   local st = require 'fsdp.safetensors'
+--   local ck = st.open_checkpoint('llama-dir')  -- a directory, an index, or one file
+--   ck:names(); ck:info(name); ck:get(name); ck:files()
+--   st.load_into(model, 'llama-dir')           -- file by file into the model
+--   st.save_sharded('out-dir', model:state_dict(), {max_shard_size = '2GB'})
+--
+-- Loading into a model streams: each file is mapped, copied into the
+-- parameters and released before the next is opened, so only one file's
+-- pages are ever touched at once. Everything is validated before the first
+-- copy (the index, that every file exists and holds what the index says,
+-- names and shapes against the model), so a broken checkpoint never leaves
+-- a model half loaded.
+local core = require 'fsdp.core'
+local Tensor = require 'fsdp.tensor'
+local cjson = require 'cjson'
+local lfs = require 'lfs'
+
+local M = {}
+
+M.INDEX_NAME = 'model.safetensors.index.json'
+M.SINGLE_NAME = 'model.safetensors'
+
+-- The single-file reader and writer (required when used: that module
+-- requires this one).
+local function st() return require 'fsdp.safetensors' end
+
+local function mode(path) return lfs.attributes(path, 'mode') end
+
+local function join(dir, name) return dir:sub(-1) == '/' and dir .. name or dir .. '/' .. name end
+
+local function dirname(path)
+  local d = path:match('^(.*)/[^/]*$')
+  if d == nil then return '.' end
+  return d == '' and '/' or d
+end
+
+local function sorted(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys)
+  return keys
+end
+
+-- reading -------------------------------------------------------------------------------
+
+local Checkpoint = {}
+Checkpoint.__index = Checkpoint
+
+-- The index's weight_map as name -> file path, validated: a JSON object
+-- whose "weight_map" maps names to plain file names in the index's
+-- directory (no paths: a checkpoint never points outside itself).
+local function read_index(path)
+  local f, err = io.open(path, 'rb')
+  if not f then core.fail(('safetensors: cannot read index %s: %s'):format(path, err)) end
+  local text = f:read('*a')
+  f:close()
+  local ok, doc = pcall(cjson.decode, text)
+  if not ok then
+    core.fail(('safetensors: index %s is not valid JSON (%s)'):format(path, tostring(doc):gsub('^.-: ', '')))
+  end
+  if type(doc) ~= 'table' or type(doc.weight_map) ~= 'table' then
+    core.fail(('safetensors: index %s has no "weight_map" object'):format(path))
+  end
+  local dir, map = dirname(path), {}
+  for name, file in pairs(doc.weight_map) do
+    if type(name) ~= 'string' or type(file) ~= 'string' or file == '' or file:find('/', 1, true)
+        or file == '.' or file == '..' then
+      core.fail(('safetensors: index %s: weight_map entry %s -> %s must name a file in the index\'s directory')
+        :format(path, tostring(name), tostring(file)))
+    end
+    map[name] = join(dir, file)
+  end
+  local meta = {}
+  if type(doc.metadata) == 'table' then
+    for k, v in pairs(doc.metadata) do meta[k] = v end
+  end
+  return map, meta
+end
+
+-- name -> path for the tensors of `paths` (safetensors files), from their
+-- headers; a name in two files is an error.
+local function map_files(paths)
+  local map, meta = {}, {}
+  for _, path in ipairs(paths) do
+    local f = st().open(path)
+    for _, name in ipairs(f:names()) do
+      if map[name] then
+        core.fail(('safetensors: tensor %s is in both %s and %s'):format(name, map[name], path))
+      end
+      map[name] = path
+    end
+    if #paths == 1 then meta = f:metadata() end
+    f:close()
+  end
+  return map, meta
+end
+
+-- Open a checkpoint: `path` is one .safetensors file, an index JSON file,
+-- or a directory holding model.safetensors, model.safetensors.index.json,
+-- or (neither) some *.safetensors files, taken together. Every file is
+-- checked here: it exists, is a valid safetensors file, and holds the
+-- tensors the index assigns to it.
+function M.open_checkpoint(path)
+  if type(path) ~= 'string' then core.fail('safetensors: a checkpoint path must be a string') end
+  local m = mode(path)
+  if m == nil then core.fail(('safetensors: %s: no such file or directory'):format(path)) end
+  local map, meta, index
+  if m == 'directory' then
+    if mode(join(path, M.SINGLE_NAME)) == 'file' then
+      map, meta = map_files({ join(path, M.SINGLE_NAME) })
+    elseif mode(join(path, M.INDEX_NAME)) == 'file' then
+      index = join(path, M.INDEX_NAME)
+    else
+      local files = {}
+      for name in lfs.dir(path) do
+        if name:match('%.safetensors$') then files[#files + 1] = join(path, name) end
+      end
+      if #files == 0 then
+        core.fail(('safetensors: %s holds neither %s, %s nor any .safetensors file')
+          :format(path, M.SINGLE_NAME, M.INDEX_NAME))
+      end
+      table.sort(files)
+      map, meta = map_files(files)
+    end
+  elseif path:match('%.json$') then
+    index = path
+  else
+    map, meta = map_files({ path })
+  end
+  if index then
+    map, meta = read_index(index)
+    -- Each file once: it exists and holds what the index says it does.
+    local by_file = {}
+    for name, file in pairs(map) do
+      by_file[file] = by_file[file] or {}
+      table.insert(by_file[file], name)
+    end
+    for _, file in ipairs(sorted(by_file)) do
+      if mode(file) ~= 'file' then
+        core.fail(('safetensors: index %s assigns %d tensors (%s, ...) to %s, which does not exist')
+          :format(index, #by_file[file], by_file[file][1], file))
+      end
+      local f = st().open(file)
+      for _, name in ipairs(by_file[file]) do
+        if not f:has(name) then
+          f:close()
+          core.fail(('safetensors: index %s puts tensor %s in %s, which has no tensor of that name')
+            :format(index, name, file))
+        end
+      end
+      f:close()
+    end
+  end
+  local files = {}
+  for _, file in pairs(map) do files[file] = true end
+  return setmetatable({ path = path, index = index, map = map, metadata = meta, _files = sorted(files) },
+    Checkpoint)
+end
+
+-- The tensor names, sorted.
+function Checkpoint:names() return sorted(self.map) end
+
+-- The files, sorted (the order loads go in).
+function Checkpoint:files() return self._files end
+
+-- The file holding `name`.
+function Checkpoint:file_of(name)
+  local file = self.map[name]
+  if not file then core.fail(('safetensors: %s: no tensor named %s'):format(self.path, name)) end
+  return file
+end
+
+function Checkpoint:info(name)
+  local f = st().open(self:file_of(name))
+  local info = f:info(name)
+  f:close()
+  return info
+end
+
+-- One tensor (a view of its file's mapping, which lives as long as it does).
+function Checkpoint:get(name)
+  local f = st().open(self:file_of(name))
+  local t = f:get(name)
+  f:close()
+  return t
+end
+
+-- Iterate file by file: `for path, tensors in ck:each_file() do ... end`
+-- with tensors the name -> Tensor views of that file's share of the
+-- checkpoint. The previous file's views are freed before the next file
+-- is mapped, so keep (clone) what must outlive the step.
+function Checkpoint:each_file()
+  local i, previous = 0, nil
+  local by_file = {}
+  for name, file in pairs(self.map) do
+    by_file[file] = by_file[file] or {}
+    table.insert(by_file[file], name)
+  end
+  return function()
+    if previous then
+      for _, t in pairs(previous) do t:free() end
+      previous = nil
+    end
+    i = i + 1
+    local file = self._files[i]
+    if not file then return nil end
+    local f = st().open(file)
+    local tensors = {}
+    for _, name in ipairs(by_file[file]) do tensors[name] = f:get(name) end
+    f:close()
+    previous = tensors
+    return file, tensors
+  end
+end
+
+-- Every tensor at once: name -> Tensor, the sorted names, the metadata
+-- (the index's, or the single file's).
+function M.load_dir(path)
+  local ck = M.open_checkpoint(path)
+  local tensors = {}
+  for _, file in ipairs(ck._files) do
+    local f = st().open(file)
+    for name, owner in pairs(ck.map) do
+      if owner == file then tensors[name] = f:get(name) end
+    end
+    f:close()
+  end
+  return tensors, ck:names(), ck.metadata
+end
+
+-- Load a checkpoint (any form open_checkpoint takes) into `model`'s
+-- parameters and buffers, one file at a time. A model may declare other
+-- names for its tensors in `state_dict_aliases` (name in the checkpoint ->
+-- its own name; T5's encoder.embed_tokens.weight is shared.weight). With
+-- strict (the default) a missing or unexpected name is an error; shapes
+-- must always match. Both are checked from the headers before anything is
+-- copied. Returns the missing and unexpected names.
+function M.load_into(model, path, opts)
+  opts = opts or {}
+  local strict = opts.strict ~= false
+  local ck = M.open_checkpoint(path)
+  local own, keys = model:state_dict()
+  local aliases = model.state_dict_aliases or {}
+  local covered, unexpected = {}, {}
+  for _, name in ipairs(ck:names()) do
+    local key = own[name] and name or aliases[name]
+    local dst = key and own[key]
+    if dst == nil then
+      unexpected[#unexpected + 1] = name
+    else
+      local shape = ck:info(name).shape
+      if core.format_shape(shape) ~= core.format_shape(dst.shape) then
+        core.fail(('load_into: size mismatch for %s: %s has %s, the model %s')
+          :format(name, ck:file_of(name), core.format_shape(shape), core.format_shape(dst.shape)))
+      end
+      covered[dst] = true
+    end
+  end
+  local missing = {}
+  for _, key in ipairs(keys) do
+    if not covered[own[key]] then missing[#missing + 1] = key end
+  end
+  if strict and (#missing > 0 or #unexpected > 0) then
+    local parts = {}
+    if #missing > 0 then parts[#parts + 1] = 'missing keys: ' .. table.concat(missing, ', ') end
+    if #unexpected > 0 then parts[#parts + 1] = 'unexpected keys: ' .. table.concat(unexpected, ', ') end
+    core.fail(('load_into: %s does not fit the model: %s'):format(path, table.concat(parts, '; ')))
+  end
+  for _, tensors in ck:each_file() do
+    model:load_state_dict(tensors, { strict = false })
+  end
+  return missing, unexpected
+end
+
+-- writing -------------------------------------------------------------------------------
+
+local UNITS = { B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12, KIB = 2^10, MIB = 2^20, GIB = 2^30, TIB = 2^40 }
+
+-- Bytes from a number or a string as Hugging Face writes sizes: '5GB'
+-- (10^9), '500MiB' (2^20), '2048'.
+function M.parse_size(v, what)
+  what = what or 'max_shard_size'
+  local n = nil
+  if type(v) == 'number' then
+    n = v
+  elseif type(v) == 'string' then
+    local num, unit = v:upper():match('^%s*([%d.]+)%s*(%a*)%s*$')
+    local scale = num and (unit == '' and 1 or UNITS[unit])
+    if scale and tonumber(num) then n = tonumber(num) * scale end
+  end
+  if not n or n <= 0 or n ~= n then
+    core.fail(('safetensors: %s must be a positive size in bytes or a string such as "5GB" or "500MiB", got %s')
+      :format(what, tostring(v)))
+  end
+  return math.floor(n)
+end
+
+local function mkdir_p(dir)
+  local path = dir:sub(1, 1) == '/' and '' or '.'
+  for part in dir:gmatch('[^/]+') do
+    path = path .. '/' .. part
+    if mode(path) == nil then
+      local ok, err = lfs.mkdir(path)
+      if not ok and mode(path) ~= 'directory' then
+        core.fail(('safetensors: cannot create directory %s: %s'):format(path, tostring(err)))
+      end
+    elseif mode(path) ~= 'directory' then
+      core.fail(('safetensors: %s exists and is not a directory'):format(path))
+    end
+  end
+end
+
+-- Text written to a temporary name and renamed into place.
+local function write_atomic(path, text)
+  local tmp = path .. '.tmp'
+  local f, err = io.open(tmp, 'wb')
+  if not f then core.fail(('safetensors: cannot write %s: %s'):format(tmp, err)) end
+  local ok, werr = f:write(text)
+  f:close()
+  if not ok then
+    os.remove(tmp)
+    core.fail(('safetensors: cannot write %s: %s'):format(tmp, werr))
+  end
+  local renamed, rerr = os.rename(tmp, path)
+  if not renamed then
+    os.remove(tmp)
+    core.fail(('safetensors: cannot rename %s into place: %s'):format(tmp, rerr))
+  end
+end
+
+-- HF's index layout: total size in metadata, weight_map sorted by name.
+local function index_json(total, map)
+  local lines = { '{', '  "metadata": {', ('    "total_size": %d'):format(total), '  },', '  "weight_map": {' }
+  local names = sorted(map)
+  for i, name in ipairs(names) do
+    lines[#lines + 1] = ('    %s: %s%s'):format(cjson.encode(name), cjson.encode(map[name]), i < #names and ',' or '')
+  end
+  lines[#lines + 1] = '  }'
+  lines[#lines + 1] = '}'
+  return table.concat(lines, '\n') .. '\n'
+end
+
+-- Save tensors (name -> Tensor, written in sorted name order, or an array
+-- of {name, tensor} pairs, in their order) into `dir` as Hugging Face does:
+-- consecutive tensors fill a file until the next would take it past
+-- max_shard_size (a tensor larger than that gets a file of its own);
+-- several files are model-0000i-of-0000N.safetensors plus
+-- model.safetensors.index.json, a single one is model.safetensors.
+-- opts: max_shard_size (bytes or '5GB'; default '5GB'), metadata (string
+-- map for every file; default {format = 'pt'}, which transformers
+-- requires). Files of an earlier save with another layout are removed,
+-- after the new ones are in place. Returns the file names written.
+function M.save_sharded(dir, tensors, opts)
+  opts = opts or {}
+  if type(dir) ~= 'string' or dir == '' then core.fail('save_sharded: dir must be a directory path') end
+  if type(tensors) ~= 'table' then core.fail('save_sharded: tensors must be a table of name -> Tensor') end
+  local max = M.parse_size(opts.max_shard_size or '5GB')
+  local list = {}
+  if tensors[1] ~= nil then
+    local seen = {}
+    for i, p in ipairs(tensors) do
+      if type(p) ~= 'table' or type(p[1]) ~= 'string' then
+        core.fail(('save_sharded: entry %d must be a {name, tensor} pair'):format(i))
+      end
+      if seen[p[1]] then core.fail(('save_sharded: tensor name %s appears twice'):format(p[1])) end
+      seen[p[1]] = true
+      list[#list + 1] = p
+    end
+  else
+    for _, name in ipairs(sorted(tensors)) do list[#list + 1] = { name, tensors[name] } end
+  end
+  local shards, size, total = {}, math.huge, 0
+  for _, p in ipairs(list) do
+    if not Tensor.is_tensor(p[2]) then
+      core.fail(('save_sharded: %s is a %s, not a Tensor'):format(p[1], type(p[2])))
+    end
+    local bytes = p[2]:numel() * p[2]:element_size()
+    if size + bytes > max then
+      shards[#shards + 1] = {}
+      size = 0
+    end
+    table.insert(shards[#shards], p)
+    size, total = size + bytes, total + bytes
+  end
+  if #shards == 0 then shards[1] = {} end
+  mkdir_p(dir)
+  local metadata = opts.metadata or { format = 'pt' }
+  local written, map = {}, {}
+  for i, shard in ipairs(shards) do
+    local name = #shards == 1 and M.SINGLE_NAME
+      or ('model-%05d-of-%05d.safetensors'):format(i, #shards)
+    st().save(join(dir, name), shard, metadata)
+    written[#written + 1] = name
+    for _, p in ipairs(shard) do map[p[1]] = name end
+  end
+  if #shards > 1 then write_atomic(join(dir, M.INDEX_NAME), index_json(total, map)) end
+  -- Leftovers of a previous save: other shard sets, and whichever of the
+  -- single file and the index this save did not write.
+  local keep = {}
+  for _, n in ipairs(written) do keep[n] = true end
+  if #shards > 1 then keep[M.INDEX_NAME] = true end
+  for name in lfs.dir(dir) do
+    if not keep[name] and (name == M.SINGLE_NAME or name == M.INDEX_NAME
+        or name:match('^model%-%d%d%d%d%d%-of%-%d%d%d%d%d%.safetensors$')) then
+      os.remove(join(dir, name))
+    end
+  end
+  return written
+end
+
+return M

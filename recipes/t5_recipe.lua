@@ -1,0 +1,191 @@
+-- recipes/t5_recipe.lua: what recipes/t5_3b.lua and recipes/t5_11b.lua
+-- share: their options, the full-size dry run on meta, and training at
+-- reduced size on CPU on a synthetic source -> target task (reverse, or
+-- copy, a padded sequence of random tokens, then eos), ending with greedy
+-- generation on held-out examples and their exact-match rate.
+--
+-- The seed's T5 experiments wrap and checkpoint T5Block; here
+-- --activation_checkpointing recomputes each T5Block in backward and
+-- --optimizer=anyprecision uses AnyPrecisionAdamW (bf16 states).
+local fsdp = require 'fsdp'
+local recipe = require 'fsdp.recipe'
+local t5 = require 'models.t5'
+local optim = require 'fsdp.optim'
+local clock = require 'fsdp.clock'
+local F = fsdp.F
+
+local M = {}
+
+-- The task. batch(step, B) -> input_ids [B, L+1] (content ids 2..V-1 of
+-- a random length in [min_len, L], eos 1, pad 0), attention_mask, labels
+-- [B, L+1] (the content reversed, or copied with opts.copy, then eos,
+-- then -100) and decoder_attention_mask. Everything is made with tensor
+-- ops: the reversal gathers each row through an embedding lookup of its
+-- positions.
+function M.reverse_task(opts)
+  local V, L, min_len, seed = opts.vocab_size, opts.max_len, opts.min_len or 1, opts.seed or 0
+  assert(min_len >= 1 and min_len <= L, 't5 recipe: need 1 <= min_len <= max_len')
+  assert(V > 2, 't5 recipe: the vocabulary needs ids beyond pad 0 and eos 1')
+  local task = {}
+  -- stream selects the split: training batches and held-out ones never share draws.
+  function task.batch(step, B, stream)
+    stream = stream or 1
+    local n = L + 1
+    local content = fsdp.randint(2, V, { B, L }, { seed = seed, stream = 2 * stream, offset = step * B * L })
+    local len = fsdp.randint(min_len, L + 1, { B, 1 }, { seed = seed, stream = 2 * stream + 1, offset = step * B })
+    local pos = fsdp.arange(n, { dtype = 'i64' }):view(1, n)
+    local src = F.cat({ content, fsdp.zeros({ B, 1 }, { dtype = 'i64' }) }, 1)
+    src = F.where(F.lt(pos, len), src, 0)
+    src = F.where(F.eq(pos, len), 1, src)
+    -- Row b's target j is its source at len_b - 1 - j: a lookup in the
+    -- flattened batch, rows offset by b * n.
+    local rows = fsdp.arange(B, { dtype = 'i64' }):view(B, 1) * n
+    local from = opts.copy and pos or (len - 1 - pos)
+    local idx = F.clamp(from, 0, n - 1) + rows
+    local reversed = F.embedding(idx, src:to('f32'):view(B * n, 1)):view(B, n):to('i64')
+    local tail = F.where(F.eq(pos, len), fsdp.ones({ B, n }, { dtype = 'i64' }),
+                         fsdp.full({ B, n }, -100, { dtype = 'i64' }))
+    local labels = F.where(F.lt(pos, len), reversed, tail)
+    return src, F.le(pos, len):to('i64'), labels, F.ne(labels, -100):to('i64')
+  end
+  return task
+end
+
+-- Greedy generation on a batch: per-row exact match of the generated
+-- tokens (start token dropped) against labels up to and including eos.
+-- Returns the number of rows right, and the generated ids.
+function M.exact_match(model, src, mask, labels)
+  local n = labels:size(1)
+  local out = t5.generate(model, src, { attention_mask = mask, max_new_tokens = n })
+  local got = out:narrow(1, 1, out:size(1) - 1)
+  if got:size(1) < n then
+    got = F.cat({ got, fsdp.zeros({ got:size(0), n - got:size(1) }, { dtype = 'i64' }) }, 1)
+  end
+  local errors = F.sum((F.ne(got, labels):to('i64') * F.ne(labels, -100):to('i64')), 1)
+  return F.sum(F.eq(errors, 0):to('i64')):item(), got
+end
+
+local function commas(n)
+  local s = ('%d'):format(n)
+  return (s:reverse():gsub('(%d%d%d)', '%1,'):reverse():gsub('^,', ''))
+end
+
+-- Run the recipe: default_model a models/t5.lua config name, script the
+-- path for --help, argv the command line.
+function M.run(default_model, script, argv)
+  local cfg = recipe.config({
+    model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny' },
+    num_layers = { 0, 'override encoder and decoder layers (0: keep)' },
+    d_model = { 0, 'override the width (0: keep)' },
+    d_ff = { 0, 'override the MLP width (0: keep)' },
+    d_kv = { 0, 'override the head size (0: keep)' },
+    num_heads = { 0, 'override the heads (0: keep)' },
+    vocab_size = { 0, 'override the vocabulary (0: keep)' },
+    batch_size = { 16, 'sequence pairs per step' },
+    min_len = { 2, 'shortest source (tokens before eos)' },
+    max_len = { 8, 'longest source; shorter ones are padded and masked' },
+    max_steps = { 200, 'optimizer steps' },
+    lr = { 3e-3, 'peak learning rate' },
+    warmup_steps = { 20, 'linear warmup steps' },
+    weight_decay = { 0.0, 'AdamW weight decay (not applied to norms)' },
+    grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)' },
+    optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)' },
+    task = { 'reverse', 'reverse or copy the source' },
+    dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU), f64' },
+    activation_checkpointing = { false, 'recompute each T5Block in backward' },
+    dropout = { 0.0, 'dropout rate (T5 pre-training used 0.1)' },
+    eval_examples = { 64, 'held-out examples for the final greedy generation' },
+    seed = { 0, 'initialisation and data seed' },
+    log_every = { 10, 'steps between log lines' },
+    dry_run = { false, 'build at full size on meta, print it, and exit' },
+  }, argv, script)
+  -- Checked before anything is built (a full-size model takes minutes).
+  if cfg.task ~= 'reverse' and cfg.task ~= 'copy' then
+    error(("--task must be reverse or copy, got '%s'"):format(cfg.task), 0)
+  end
+  if cfg.optimizer ~= 'adamw' and cfg.optimizer ~= 'anyprecision' then
+    error(("--optimizer must be adamw or anyprecision, got '%s'"):format(cfg.optimizer), 0)
+  end
+
+  local overrides = { dropout = cfg.dropout }
+  for _, k in ipairs({ 'num_layers', 'd_model', 'd_ff', 'd_kv', 'num_heads', 'vocab_size' }) do
+    if cfg[k] > 0 then overrides[k] = cfg[k] end
+  end
+  if overrides.num_layers then overrides.num_decoder_layers = overrides.num_layers end
+  local c = t5.config(cfg.model, overrides)
+
+  if cfg.dry_run then
+    local t0 = clock.now()
+    local model = t5.Model(c, { device = 'meta' })
+    print(model)
+    local n = model:num_parameters()
+    print(('parameters: %s'):format(commas(n)))
+    print(('closed form: %d'):format(t5.closed_form_parameters(c)))
+    print(('fp32 weights %.1f GiB, bf16 %.1f GiB; AdamW state %.1f GiB (fp32)'):format(
+      n * 4 / 2^30, n * 2 / 2^30, n * 8 / 2^30))
+    print(('built on meta in %.2f s; cpu memory in use: %d bytes'):format(clock.now() - t0,
+      fsdp.memory_stats('cpu').in_use))
+    return
+  end
+
+  print('config:\n' .. recipe.format(cfg))
+  local model = t5.Model(c, { device = 'cpu', dtype = cfg.dtype })
+  model:init_weights({ seed = cfg.seed })
+  if cfg.activation_checkpointing then
+    fsdp.checkpoint(model, function(m) return m:is_instance_of(t5.Block) end)
+  end
+  print(('model: %d + %d layers, d_model %d, d_ff %d, %d heads x %d, vocab %d, %s: %d parameters, %s'):format(
+    c.num_layers, c.num_decoder_layers, c.d_model, c.d_ff, c.num_heads, c.d_kv, c.vocab_size,
+    c.gated and 'v1.1' or 'v1.0', model:num_parameters(), cfg.dtype))
+
+  local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
+  local opt = Opt(model:named_parameters(), { lr = cfg.lr, weight_decay = cfg.weight_decay,
+    groups = { { match = function(_, p) return p:dim() < 2 end, weight_decay = 0 } } })
+  local sched = optim.lr_scheduler.WarmupCosine(opt, { warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps,
+                                                       min_lr = cfg.lr / 10 })
+  local task = M.reverse_task({ vocab_size = c.vocab_size, max_len = cfg.max_len, min_len = cfg.min_len,
+                                seed = cfg.seed, copy = cfg.task == 'copy' })
+  print(('task: ' .. cfg.task .. ' %d..%d random tokens of %d, then eos; chance loss ln(%d) = %.3f'):format(
+    cfg.min_len, cfg.max_len, c.vocab_size - 2, c.vocab_size, math.log(c.vocab_size)))
+
+  local params = model:parameters()
+  for step = 1, cfg.max_steps do
+    local t0 = clock.now()
+    local src, mask, labels, dmask = task.batch(step - 1, cfg.batch_size)
+    local loss = model:loss(src, labels, { attention_mask = mask, decoder_attention_mask = dmask })
+    loss:backward()
+    local norm = cfg.grad_clip > 0 and optim.clip_grad_norm_(params, cfg.grad_clip) or 0
+    local lr = opt.param_groups[1].lr
+    opt:step()
+    sched:step()
+    opt:zero_grad()
+    local dt = clock.now() - t0
+    if step % cfg.log_every == 0 or step == cfg.max_steps then
+      print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f'):format(
+        step, loss:item(), cfg.batch_size / dt, lr, norm))
+    end
+  end
+
+  -- Held-out examples (another random stream), greedy decoding.
+  model:eval()
+  local src, mask, labels = task.batch(0, cfg.eval_examples, 1000)
+  local right, got = M.exact_match(model, src, mask, labels)
+  local function tokens(row, stop)
+    local out = {}
+    for _, v in ipairs(row) do
+      if v == stop or v == -100 then break end
+      out[#out + 1] = tostring(v)
+    end
+    return table.concat(out, ' ')
+  end
+  local S, G, Lb = src:tolist(), got:tolist(), labels:tolist()
+  for i = 1, math.min(4, cfg.eval_examples) do
+    local want, have = tokens(Lb[i], 1), tokens(G[i], 1)
+    print(('  source: %-24s target: %-24s generated: %-24s %s'):format(tokens(S[i], 1), want, have,
+      want == have and 'ok' or 'WRONG'))
+  end
+  print(('held-out exact match: %d / %d'):format(right, cfg.eval_examples))
+  return right, cfg.eval_examples
+end
+
+return M
