@@ -298,14 +298,24 @@ function Block:__init(c, opts, is_decoder, has_relative_bias)
   self.layer:append(LayerFF(c, opts))
 end
 
--- x [B, T, d]; position_bias [1 or B, H, T, T] from the stack's block 0
--- (with the padding mask folded in); for decoder blocks encoder_hidden
--- [B, S, d] and encoder_bias, the encoder's padding mask [B, 1, 1, S] or nil.
-function Block:forward(x, position_bias, encoder_hidden, encoder_bias)
+-- x [B, T, d] -> hidden [B, T, d], position_bias. Block 0 (the one with
+-- the relative attention bias) is given position_bias = nil and computes
+-- it, adding mask_bias (this sequence's padding mask, [B, 1, 1, T] or nil);
+-- the stack hands what it returns to every later block, as Hugging Face's
+-- T5Block does. Computing it inside block 0 keeps the bias table's use
+-- inside the module that owns it, so block 0 can be a sharded unit. For
+-- decoder blocks encoder_hidden [B, S, d] and encoder_bias, the encoder's
+-- padding mask [B, 1, 1, S] or nil.
+function Block:forward(x, position_bias, encoder_hidden, encoder_bias, mask_bias)
   local layers = self.layer:children()
+  if position_bias == nil then
+    local T = x:size(1)
+    position_bias = layers[1].SelfAttention:compute_bias(T, T, x.device)
+    if mask_bias ~= nil then position_bias = position_bias + mask_bias end
+  end
   local h = layers[1](x, position_bias)
   if self.is_decoder then h = layers[2](h, encoder_hidden, encoder_bias) end
-  return layers[#layers](h)
+  return layers[#layers](h), position_bias
 end
 
 -- A stack of blocks: the encoder or the decoder.
@@ -324,23 +334,24 @@ end
 -- embeds [B, T, d] (the shared embedding of the ids) -> hidden [B, T, d].
 -- opts: mask (this sequence's padding mask [B, T]); for the decoder
 -- encoder_hidden [B, S, d] and encoder_mask [B, S]. The position bias is
--- computed once, by block 0's attention, the padding mask added to it (as
--- HF does), and the sum given to every block.
+-- computed once, by block 0, the padding mask added to it (as HF does), and
+-- the sum given to every later block.
 function Stack:forward(embeds, opts)
   opts = opts or {}
-  local blocks = self.block:children()
   local B, T = embeds:size(0), embeds:size(1)
-  local bias = blocks[1].layer:children()[1].SelfAttention:compute_bias(T, T, embeds.device)
+  local mask_bias
   if opts.mask ~= nil then
     local what = self.is_decoder and 'decoder_attention_mask' or 'attention_mask'
-    bias = bias + M.mask_bias(opts.mask, B, T, embeds, what)
+    mask_bias = M.mask_bias(opts.mask, B, T, embeds, what)
   end
   local encoder_bias
   if opts.encoder_mask ~= nil then
     encoder_bias = M.mask_bias(opts.encoder_mask, B, opts.encoder_hidden:size(1), embeds, 'attention_mask')
   end
-  local h = self.dropout(embeds)
-  for _, block in ipairs(blocks) do h = block(h, bias, opts.encoder_hidden, encoder_bias) end
+  local h, bias = self.dropout(embeds), nil
+  for _, block in ipairs(self.block:children()) do
+    h, bias = block(h, bias, opts.encoder_hidden, encoder_bias, mask_bias)
+  end
   return self.dropout(self.final_layer_norm(h))
 end
 

@@ -96,6 +96,39 @@ describe('fsdp.shard on one rank', function()
     end
   end)
 
+  it('shards T5, DeepViT and GPT-2 by their block classes, training exactly as unsharded', function()
+    local F = require 'fsdp.functional'
+    local function compare(build, block, loss_fn, n_units)
+      local plain = build(); plain:init_weights({ seed = 9, device = 'cpu' })
+      local m = fsdp.shard(build(), { policy = fsdp.policy.transformer { block }, seed = 9 })
+      fsdp.checkpoint(m, function(x) return x:is_instance_of(block) end)
+      assert.equals(n_units, #fsdp.sharding.units(m))
+      local losses = {}
+      for k, mod in ipairs({ plain, m }) do
+        local opt = optim.AdamW(mod:named_parameters(), { lr = 1e-3 })
+        for _ = 1, 3 do
+          local l = loss_fn(mod); l:backward(); opt:step(); opt:zero_grad()
+          losses[k] = l:item()
+        end
+      end
+      assert.near(losses[1], losses[2], 1e-6 * math.abs(losses[1]))
+    end
+    local t5 = require 'models.t5'
+    local src, lab = fsdp.randint(0, 32, { 2, 8 }, { seed = 1 }), fsdp.randint(0, 32, { 2, 6 }, { seed = 2 })
+    local mask = fsdp.tensor({ { 1, 1, 1, 1, 1, 1, 0, 0 }, { 1, 1, 1, 1, 1, 1, 1, 1 } }, { dtype = 'i64' })
+    compare(function() return t5.build('tiny', { device = 'meta' }) end, t5.Block,
+      function(m) return m:loss(src, lab, { attention_mask = mask }) end, 5)
+    local deepvit = require 'models.deepvit'
+    local img, y = fsdp.randn({ 2, 3, 32, 32 }, { seed = 3 }), fsdp.tensor({ 1, 7 }, { dtype = 'i64' })
+    compare(function() return deepvit.build('tiny', { device = 'meta' }) end, deepvit.Block,
+      function(m) return F.cross_entropy(m(img), y) end, 3)
+    local gpt2 = require 'models.gpt2'
+    local toks = fsdp.randint(0, 64, { 2, 16 }, { seed = 4 })
+    compare(function()
+      return gpt2.build({ n_layer = 2, n_embd = 32, n_head = 4, vocab_size = 64, n_positions = 32 }, { device = 'meta' })
+    end, gpt2.Block, function(m) return m:loss(toks, toks) end, 3)
+  end)
+
   it('keeps original names, with 1-d shard segments and their shapes', function()
     local m = sharded()
     local names = {}

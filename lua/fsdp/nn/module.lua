@@ -91,7 +91,9 @@ end
 
 -- Pre-hooks get (module, ...args) and may return replacement args; forward
 -- hooks get (module, args, output) with args packed ({n=, ...}) and may
--- return a replacement for the (first) output.
+-- return a replacement for the (first) output; registered with
+-- {all_outputs = true} they get every output packed and may return a
+-- replacement pack.
 local function run_hooked(self, ...)
   local args = pack(...)
   local pre = rawget(self, '_forward_pre_hooks')
@@ -105,8 +107,12 @@ local function run_hooked(self, ...)
   local post = rawget(self, '_forward_hooks')
   if #post > 0 then
     for _, h in ipairs({ unpack(post) }) do
-      local r = h.fn(self, args, out[1])
-      if r ~= nil then out[1] = r; out.n = math.max(out.n, 1) end
+      if h.all_outputs then
+        out = h.fn(self, args, out) or out
+      else
+        local r = h.fn(self, args, out[1])
+        if r ~= nil then out[1] = r; out.n = math.max(out.n, 1) end
+      end
     end
   end
   return unpack(out, 1, out.n)
@@ -127,7 +133,7 @@ local function add_hook(list, fn, opts, what)
   if type(fn) ~= 'function' then
     core.fail(('%s expects a function, got %s'):format(what, type(fn)))
   end
-  local entry = { fn = fn }
+  local entry = { fn = fn, all_outputs = opts and opts.all_outputs or nil }
   if opts and opts.prepend then table.insert(list, 1, entry) else list[#list + 1] = entry end
   return {
     remove = function()
@@ -146,7 +152,8 @@ function Module:register_forward_pre_hook(fn, opts)
 end
 
 -- fn(module, args, output) after forward; returning a value replaces the
--- output.
+-- output. {all_outputs = true}: fn(module, args, outputs) with every output
+-- packed ({n=, ...}), returning a replacement pack or nil.
 function Module:register_forward_hook(fn, opts)
   return add_hook(rawget(self, '_forward_hooks'), fn, opts, 'register_forward_hook')
 end

@@ -221,18 +221,37 @@ local function cast_inputs(args, dtype)
   return args
 end
 
--- The tensors among a forward's outputs (a tensor, or a table of them).
+-- The tensors among a forward's outputs (packed: {n=, ...}; each a tensor
+-- or a plain table of them) that require grad, and a function that puts
+-- replacements for them back into a copy of the outputs.
 local function output_tensors(out)
-  if Tensor.is_tensor(out) then return { out }, function(new) return new[1] end end
-  if type(out) ~= 'table' or getmetatable(out) ~= nil then return {}, nil end
-  local keys, list = {}, {}
-  for k, v in pairs(out) do
-    if Tensor.is_tensor(v) and v.requires_grad then keys[#keys + 1] = k; list[#list + 1] = v end
+  local list, places = {}, {}
+  for i = 1, out.n do
+    local v = out[i]
+    if Tensor.is_tensor(v) then
+      if v.requires_grad then list[#list + 1] = v; places[#places + 1] = { i } end
+    elseif type(v) == 'table' and getmetatable(v) == nil then
+      for k, t in pairs(v) do
+        if Tensor.is_tensor(t) and t.requires_grad then list[#list + 1] = t; places[#places + 1] = { i, k } end
+      end
+    end
   end
   return list, function(new)
-    local r = {}
-    for k, v in pairs(out) do r[k] = v end
-    for i, k in ipairs(keys) do r[k] = new[i] end
+    local r = { n = out.n }
+    for i = 1, out.n do r[i] = out[i] end
+    for j, place in ipairs(places) do
+      local i, k = place[1], place[2]
+      if k == nil then
+        r[i] = new[j]
+      else
+        if r[i] == out[i] then
+          local copy = {}
+          for kk, vv in pairs(out[i]) do copy[kk] = vv end
+          r[i] = copy
+        end
+        r[i][k] = new[j]
+      end
+    end
     return r
   end
 end
@@ -246,7 +265,8 @@ function State:pre_forward(u, ...)
   u:bind_views(function(unit, grads) self:post_backward(unit, grads) end)
   -- Floating-point inputs take the unit's compute dtype (FSDP's
   -- cast_forward_inputs), so units of different precisions compose.
-  return unpack(cast_inputs(autograd.pack(...), u.param_dtype))
+  local args = cast_inputs(autograd.pack(...), u.param_dtype)
+  return unpack(args, 1, args.n)
 end
 
 function State:post_forward(u, out)
@@ -261,12 +281,10 @@ function State:post_forward(u, out)
   end
   if u.reshard_after_forward and not u.is_root then u:reshard() end
   local list, rebuild = output_tensors(out)
-  local ins, outs = {}, {}
-  for _, t in ipairs(list) do
-    if t.requires_grad then ins[#ins + 1] = t; outs[#outs + 1] = t:detach() end
-  end
-  if #ins == 0 then return nil end
-  autograd.attach('FSDPPreBackward[' .. u:label() .. ']', ins, outs, function(grads)
+  if #list == 0 then return nil end
+  local outs = {}
+  for i, t in ipairs(list) do outs[i] = t:detach() end
+  autograd.attach('FSDPPreBackward[' .. u:label() .. ']', list, outs, function(grads)
     self:pre_backward(u)
     return grads
   end)
@@ -476,7 +494,8 @@ function M.shard(model, opts)
     u:bind_segments()
     S.units[#S.units + 1] = u
     spec.module:register_forward_pre_hook(function(_, ...) return S:pre_forward(u, ...) end, { prepend = true })
-    spec.module:register_forward_hook(function(_, _, out) return S:post_forward(u, out) end)
+    spec.module:register_forward_hook(function(_, _, out) return S:post_forward(u, out) end,
+                                      { all_outputs = true })
     set_repr(u)
   end
   S.root = S.units[#S.units]
