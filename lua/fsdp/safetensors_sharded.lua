@@ -254,9 +254,10 @@ function M.load_into(model, path, opts)
       unexpected[#unexpected + 1] = name
     else
       local shape = ck:info(name).shape
-      if core.format_shape(shape) ~= core.format_shape(dst.shape) then
+      local want = rawget(dst, 'fsdp_shape') or dst.shape -- a sharded model's whole shape
+      if core.format_shape(shape) ~= core.format_shape(want) then
         core.fail(('load_into: size mismatch for %s: %s has %s, the model %s')
-          :format(name, ck:file_of(name), core.format_shape(shape), core.format_shape(dst.shape)))
+          :format(name, ck:file_of(name), core.format_shape(shape), core.format_shape(want)))
       end
       covered[dst] = true
     end

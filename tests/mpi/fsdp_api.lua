@@ -94,4 +94,25 @@ T.test('summon_full_params with writeback; full_state_dict on rank 0 only', func
   end
 end)
 
+T.test('a Hugging Face checkpoint loads straight into shards', function()
+  local dir = os.getenv('FSDP_TEST_TMP') or '/tmp'
+  local path = ('%s/fsdp_api_%d.safetensors'):format(dir, tonumber(os.getenv('OMPI_COMM_WORLD_SIZE') or W))
+  local whole = meta()
+  whole:init_weights({ seed = 21, device = 'cpu' })
+  if R == 0 then
+    local sd = {}
+    for _, np in ipairs(whole:named_parameters()) do sd[np[1]] = np[2] end
+    fsdp.save_safetensors(path, sd)
+  end
+  dist.barrier()
+  local m = fsdp.shard(meta(), { policy = blocks, seed = 0 })
+  local before = fsdp.memory_stats('cpu').in_use
+  fsdp.load_safetensors_into(m, path)
+  T.truthy(fsdp.memory_stats('cpu').in_use - before < 64 * 1024, 'loading allocated memory')
+  local full = fsdp.full_state_dict(m)
+  for _, np in ipairs(whole:named_parameters()) do T.eq(full[np[1]], np[2], np[1]) end
+  dist.barrier()
+  if R == 0 then os.remove(path) end
+end)
+
 T.done()

@@ -529,7 +529,7 @@ function Module:load_state_dict(state, opts)
       if not loaded[own[key]] then missing[#missing + 1] = key end
     else
       local dst = own[key]
-      local ds, ss = dst.shape, src.shape
+      local ds, ss = rawget(dst, 'fsdp_shape') or dst.shape, src.shape
       if core.format_shape(ds) ~= core.format_shape(ss) then
         core.fail(('load_state_dict: size mismatch for %s: the checkpoint has %s, the model %s')
           :format(key, core.format_shape(ss), core.format_shape(ds)))
@@ -548,7 +548,14 @@ function Module:load_state_dict(state, opts)
   end
   no_grad(function()
     for _, key in ipairs(keys) do
-      if state[key] ~= nil then own[key]:copy_(state[key]) end
+      local src, dst = state[key], own[key]
+      if src ~= nil then
+        -- A shard segment of a sharded model takes only its slice: with a
+        -- memory-mapped checkpoint no rank reads the whole tensor.
+        local offset = rawget(dst, 'fsdp_offset')
+        if offset then src = src:reshape(-1):narrow(0, offset, dst:numel()) end
+        dst:copy_(src)
+      end
     end
   end)
   return missing, unexpected

@@ -98,6 +98,7 @@ function Unit:make_segments()
       rawset(seg, 'is_param', true)
       rawset(seg, 'fsdp_unit', self)
       rawset(seg, 'fsdp_shape', p.shape)
+      rawset(seg, 'fsdp_offset', p.param_start) -- its first element in the whole parameter
       if self.shard:is_floating_point() then seg:requires_grad_(true) end
       p.segment = seg
     end
