@@ -12,6 +12,7 @@
 -- AnyPrecisionAdamW (bf16 states) as the seed can.
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
+local shard_recipe = require 'fsdp.sharding.recipe'
 local deepvit = require 'models.deepvit'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
@@ -19,7 +20,7 @@ local images = require 'fsdp.data.images'
 local metrics = require 'fsdp.metrics'
 local F = fsdp.F
 
-local cfg = recipe.config({
+local cfg = recipe.config(shard_recipe.options({
   model = { '8B', 'config: 60M, 1B, 3B, 8B, tiny' },
   depth = { 0, 'override the number of blocks (0: keep)' },
   dim = { 0, 'override the width (0: keep)' },
@@ -32,7 +33,6 @@ local cfg = recipe.config({
   max_steps = { 50, 'optimizer steps' },
   lr = { 1e-3, 'learning rate' },
   optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)' },
-  activation_checkpointing = { false, 'recompute each DeepViTBlock in backward' },
   dropout = { -1, 'override dropout (-1: keep the config\'s 0.1)' },
   seed = { 0, 'initialisation and data seed' },
   log_every = { 5, 'steps between log lines' },
@@ -42,7 +42,7 @@ local cfg = recipe.config({
   val_batches = { 4, 'batches per validation' },
   metrics_file = { '', 'append every step\'s numbers to this JSONL file' },
   peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)' },
-}, arg, 'recipes/deepvit_8b.lua')
+}), arg, 'recipes/deepvit_8b.lua')
 
 local overrides = {}
 for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes' }) do
@@ -64,13 +64,13 @@ if cfg.dry_run then
 end
 
 fsdp.manual_seed(cfg.seed)
-local model = deepvit.DeepViT(c, {})
-model:init_weights({ seed = cfg.seed })
-if cfg.activation_checkpointing then
-  fsdp.checkpoint(model, function(m) return m:is_instance_of(deepvit.Block) end)
-end
+-- On meta, then sharded (one unit per DeepViTBlock, the seed's wrap and
+-- checkpoint class): each rank initialises only its shards.
+local model = deepvit.DeepViT(c, { device = 'meta' })
+local n_params = model:num_parameters()
+shard_recipe.apply(model, cfg, deepvit.Block, 'recipes/deepvit_8b.lua')
 print(('model: %d blocks, width %d, %d heads, image %d / patch %d, %d classes: %d parameters'):format(
-  c.depth, c.dim, c.heads, c.image_size, c.patch_size, c.num_classes, model:num_parameters()))
+  c.depth, c.dim, c.heads, c.image_size, c.patch_size, c.num_classes, n_params))
 local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
 local opt = Opt(model:named_parameters(), { lr = cfg.lr, weight_decay = 0 })
 

@@ -19,7 +19,9 @@ local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local tokens = require 'fsdp.data.tokens'
 local metrics = require 'fsdp.metrics'
 
-local cfg = recipe.config({
+local shard_recipe = require 'fsdp.sharding.recipe'
+
+local cfg = recipe.config(shard_recipe.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua)' },
   num_layers = { 0, 'override the number of layers (0: keep the config)' },
   hidden_width = { 0, 'override the model width (0: keep)' },
@@ -39,15 +41,6 @@ local cfg = recipe.config({
   grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)' },
   seed = { 0, 'initialisation and data seed' },
   dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU: converted per op), f64' },
-  activation_checkpointing = { false, 'recompute each decoder layer in backward instead of keeping activations' },
-  sharding_strategy = { 'FULL_SHARD', 'FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2' },
-  mixed_precision = { '', 'compute dtype of the sharded units (bf16, f16); empty: the parameter dtype' },
-  reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype)' },
-  wrap = { 'transformer', 'wrap policy: transformer (one unit per decoder layer), size, none' },
-  wrap_min_params = { 1e8, 'with --wrap=size: the parameters that make a unit' },
-  backward_prefetch = { 'pre', 'gather the next unit in backward: pre, post, none' },
-  forward_prefetch = { false, 'gather the next unit in forward ahead of time' },
-  limit_all_gathers = { true, 'at most two all-gathers in flight' },
   data_noise = { 0.1, 'synthetic data: probability of a random next token' },
   log_every = { 1, 'print a log line every N steps' },
   data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard); empty: synthetic' },
@@ -59,7 +52,7 @@ local cfg = recipe.config({
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
   memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit)' },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-}, arg, 'recipes/llama2_7b.lua')
+}), arg, 'recipes/llama2_7b.lua')
 
 print('config:\n' .. recipe.format(cfg))
 
@@ -125,42 +118,14 @@ end
 local dist = fsdp.dist
 local model = llama.CausalLM(c, { device = 'meta', dtype = cfg.dtype })
 local n_params = model:num_parameters()
-local policies = {
-  transformer = fsdp.policy.transformer { llama.DecoderLayer },
-  size = fsdp.policy.size { min_params = cfg.wrap_min_params },
-  none = fsdp.policy.none,
-}
-if not policies[cfg.wrap] then
-  error(("recipes/llama2_7b.lua: --wrap must be transformer, size or none, got '%s'"):format(cfg.wrap), 0)
-end
-local bp = cfg.backward_prefetch
-if bp ~= 'pre' and bp ~= 'post' and bp ~= 'none' then
-  error(("recipes/llama2_7b.lua: --backward_prefetch must be pre, post or none, got '%s'"):format(bp), 0)
-end
-local mp
-if cfg.mixed_precision ~= '' or cfg.reduce_dtype ~= '' then
-  local param = cfg.mixed_precision ~= '' and cfg.mixed_precision or cfg.dtype
-  mp = { param = param, reduce = cfg.reduce_dtype ~= '' and cfg.reduce_dtype or param, buffer = param }
-end
-fsdp.shard(model, {
-  policy = policies[cfg.wrap], strategy = cfg.sharding_strategy, mixed_precision = mp,
-  backward_prefetch = bp ~= 'none' and bp or false, forward_prefetch = cfg.forward_prefetch,
-  limit_all_gathers = cfg.limit_all_gathers, seed = cfg.seed,
-})
-if cfg.activation_checkpointing then
-  fsdp.checkpoint(model, function(m) return m:is_instance_of(llama.DecoderLayer) end)
-end
-local units = fsdp.sharding.units(model)
+shard_recipe.apply(model, cfg, llama.DecoderLayer, 'recipes/llama2_7b.lua')
 print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s'):format(
   c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype))
-print(('sharding: %s over %d rank%s, %d units, compute %s, reduce %s'):format(cfg.sharding_strategy,
-  dist.world_size(), dist.world_size() == 1 and '' or 's', #units, units[1].param_dtype, units[1].reduce_dtype))
 
 local opt = optim.AdamW(model:named_parameters(), {
   lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay,
-  -- no decay for norm weights (and any 1-d parameter); parameters are
-  -- shard segments, so their original shape is p.fsdp_shape
-  groups = { { match = function(_, p) return #(p.fsdp_shape or p.shape) < 2 end, weight_decay = 0 } },
+  -- no decay for norm weights (and any 1-d parameter)
+  groups = { { match = shard_recipe.no_decay, weight_decay = 0 } },
 })
 local sched = optim.lr_scheduler.WarmupCosine(opt, {
   warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps, min_lr = cfg.min_lr })

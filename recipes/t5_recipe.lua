@@ -9,12 +9,18 @@
 -- --optimizer=anyprecision uses AnyPrecisionAdamW (bf16 states).
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
+local shard_recipe = require 'fsdp.sharding.recipe'
 local t5 = require 'models.t5'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
 local F = fsdp.F
 
 local M = {}
+
+-- Under a launcher every rank runs this; rank 0 speaks.
+local function print(...)
+  if fsdp.dist.rank() == 0 then _G.print(...) end
+end
 
 -- The task. batch(step, B) -> input_ids [B, L+1] (content ids 2..V-1 of
 -- a random length in [min_len, L], eos 1, pad 0), attention_mask, labels
@@ -73,7 +79,7 @@ end
 -- Run the recipe: default_model a models/t5.lua config name, script the
 -- path for --help, argv the command line.
 function M.run(default_model, script, argv)
-  local cfg = recipe.config({
+  local cfg = recipe.config(shard_recipe.options({
     model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny' },
     num_layers = { 0, 'override encoder and decoder layers (0: keep)' },
     d_model = { 0, 'override the width (0: keep)' },
@@ -81,7 +87,7 @@ function M.run(default_model, script, argv)
     d_kv = { 0, 'override the head size (0: keep)' },
     num_heads = { 0, 'override the heads (0: keep)' },
     vocab_size = { 0, 'override the vocabulary (0: keep)' },
-    batch_size = { 16, 'sequence pairs per step' },
+    batch_size = { 16, 'sequence pairs per step and rank' },
     min_len = { 2, 'shortest source (tokens before eos)' },
     max_len = { 8, 'longest source; shorter ones are padded and masked' },
     max_steps = { 200, 'optimizer steps' },
@@ -92,13 +98,12 @@ function M.run(default_model, script, argv)
     optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)' },
     task = { 'reverse', 'reverse or copy the source' },
     dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU), f64' },
-    activation_checkpointing = { false, 'recompute each T5Block in backward' },
     dropout = { 0.0, 'dropout rate (T5 pre-training used 0.1)' },
     eval_examples = { 64, 'held-out examples for the final greedy generation' },
     seed = { 0, 'initialisation and data seed' },
     log_every = { 10, 'steps between log lines' },
     dry_run = { false, 'build at full size on meta, print it, and exit' },
-  }, argv, script)
+  }), argv, script)
   -- Checked before anything is built (a full-size model takes minutes).
   if cfg.task ~= 'reverse' and cfg.task ~= 'copy' then
     error(("--task must be reverse or copy, got '%s'"):format(cfg.task), 0)
@@ -129,18 +134,18 @@ function M.run(default_model, script, argv)
   end
 
   print('config:\n' .. recipe.format(cfg))
-  local model = t5.Model(c, { device = 'cpu', dtype = cfg.dtype })
-  model:init_weights({ seed = cfg.seed })
-  if cfg.activation_checkpointing then
-    fsdp.checkpoint(model, function(m) return m:is_instance_of(t5.Block) end)
-  end
+  -- On meta, then sharded (one unit per T5Block, the seed's wrap and
+  -- checkpoint class): each rank initialises only its shards.
+  local model = t5.Model(c, { device = 'meta', dtype = cfg.dtype })
+  local n_params = model:num_parameters()
+  shard_recipe.apply(model, cfg, t5.Block, script)
   print(('model: %d + %d layers, d_model %d, d_ff %d, %d heads x %d, vocab %d, %s: %d parameters, %s'):format(
     c.num_layers, c.num_decoder_layers, c.d_model, c.d_ff, c.num_heads, c.d_kv, c.vocab_size,
-    c.gated and 'v1.1' or 'v1.0', model:num_parameters(), cfg.dtype))
+    c.gated and 'v1.1' or 'v1.0', n_params, cfg.dtype))
 
   local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
   local opt = Opt(model:named_parameters(), { lr = cfg.lr, weight_decay = cfg.weight_decay,
-    groups = { { match = function(_, p) return p:dim() < 2 end, weight_decay = 0 } } })
+    groups = { { match = shard_recipe.no_decay, weight_decay = 0 } } })
   local sched = optim.lr_scheduler.WarmupCosine(opt, { warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps,
                                                        min_lr = cfg.lr / 10 })
   local task = M.reverse_task({ vocab_size = c.vocab_size, max_len = cfg.max_len, min_len = cfg.min_len,
@@ -148,13 +153,15 @@ function M.run(default_model, script, argv)
   print(('task: ' .. cfg.task .. ' %d..%d random tokens of %d, then eos; chance loss ln(%d) = %.3f'):format(
     cfg.min_len, cfg.max_len, c.vocab_size - 2, c.vocab_size, math.log(c.vocab_size)))
 
-  local params = model:parameters()
   for step = 1, cfg.max_steps do
     local t0 = clock.now()
-    local src, mask, labels, dmask = task.batch(step - 1, cfg.batch_size)
+    -- Rank r of W draws rows r*B.. of global batch `step` (the same
+    -- examples one rank with batch W*B would see).
+    local W, R = fsdp.dist.world_size(), fsdp.dist.rank()
+    local src, mask, labels, dmask = task.batch((step - 1) * W + R, cfg.batch_size)
     local loss = model:loss(src, labels, { attention_mask = mask, decoder_attention_mask = dmask })
     loss:backward()
-    local norm = cfg.grad_clip > 0 and optim.clip_grad_norm_(params, cfg.grad_clip) or 0
+    local norm = cfg.grad_clip > 0 and fsdp.clip_grad_norm(model, cfg.grad_clip) or 0
     local lr = opt.param_groups[1].lr
     opt:step()
     sched:step()
@@ -169,7 +176,9 @@ function M.run(default_model, script, argv)
   -- Held-out examples (another random stream), greedy decoding.
   model:eval()
   local src, mask, labels = task.batch(0, cfg.eval_examples, 1000)
-  local right, got = M.exact_match(model, src, mask, labels)
+  -- Generation calls encode/decode, not the sharded root's forward: it runs
+  -- on the whole parameters, gathered once.
+  local right, got = fsdp.summon_full_params(model, function() return M.exact_match(model, src, mask, labels) end)
   local function tokens(row, stop)
     local out = {}
     for _, v in ipairs(row) do

@@ -257,6 +257,7 @@ local function output_tensors(out)
 end
 
 function State:pre_forward(u, ...)
+  if self.summoned then return ... end -- whole parameters are bound already
   local grad = autograd.is_grad_enabled()
   if u.is_root and grad then self.iteration = self.iteration + 1 end
   if grad and self.recording_forward then self.fwd_order[#self.fwd_order + 1] = u end
@@ -270,6 +271,7 @@ function State:pre_forward(u, ...)
 end
 
 function State:post_forward(u, out)
+  if self.summoned then return nil end
   if not autograd.is_grad_enabled() then
     u:reshard()
     u:bind_segments()
@@ -558,9 +560,11 @@ function M.clip_grad_norm(model, max_norm)
 end
 
 -- Run fn() with every parameter slot holding the whole parameter in the
--- master dtype (gathered from the shards; collective). With
--- {writeback = true} changes made to them are written back to the shards.
--- Not inside forward or backward.
+-- master dtype (gathered from the shards; collective). Forward passes
+-- inside use them as they are (no gathering, no communication), so any
+-- method of the model works, not only its forward: generation calling
+-- encode/decode, say. With {writeback = true} changes made to them are
+-- written back to the shards. Not inside forward or backward.
 function M.summon_full_params(model, fn, opts)
   local S = state_of(model, 'summon_full_params')
   opts = opts or {}
@@ -577,7 +581,9 @@ function M.summon_full_params(model, fn, opts)
       end
     end
   end)
+  S.summoned = true
   local r = autograd.pack(pcall(fn))
+  S.summoned = false
   autograd.no_grad(function()
     for _, u in ipairs(S.units) do
       if r[1] and opts.writeback then u:scatter_full(gathered[u]) end

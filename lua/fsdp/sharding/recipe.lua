@@ -1,0 +1,81 @@
+-- fsdp.sharding.recipe: the sharding options every training recipe shares,
+-- and the step from a recipe's config to a sharded, checkpointed model.
+--
+--   local shard_recipe = require 'fsdp.sharding.recipe'
+--   local cfg = recipe.config(shard_recipe.options({ lr = {...}, ... }), arg, 'recipes/x.lua')
+--   local model = Model(c, {device = 'meta'})
+--   shard_recipe.apply(model, cfg, Block)   -- wrap and checkpoint by the block class
+--
+-- The seed's recipes wrap the transformer block class, checkpoint the same
+-- class and train in bf16 mixed precision; these options expose each choice.
+local fsdp = require 'fsdp'
+
+local M = {}
+
+M.OPTIONS = {
+  sharding_strategy = { 'FULL_SHARD', 'FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2' },
+  mixed_precision = { '', 'compute dtype of the sharded units (bf16, f16); empty: the parameter dtype' },
+  reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype)' },
+  wrap = { 'transformer', 'wrap policy: transformer (one unit per block), size, none' },
+  wrap_min_params = { 1e8, 'with --wrap=size: the parameters that make a unit' },
+  backward_prefetch = { 'pre', 'gather the next unit in backward: pre, post, none' },
+  forward_prefetch = { false, 'gather the next unit in forward ahead of time' },
+  limit_all_gathers = { true, 'at most two all-gathers in flight' },
+  activation_checkpointing = { false, 'recompute each block in backward instead of keeping activations' },
+}
+
+-- A recipe's own options plus these (its own win on a clash).
+function M.options(own)
+  local all = {}
+  for k, v in pairs(M.OPTIONS) do all[k] = v end
+  for k, v in pairs(own) do all[k] = v end
+  return all
+end
+
+local function bad(script, fmt, ...)
+  error(script .. ': ' .. fmt:format(...), 0)
+end
+
+-- Shard `model` (built on meta) as cfg says, units and checkpoints on
+-- instances of block_class; each rank initialises its shards from the init
+-- rules with cfg.seed. Returns the model and its units.
+function M.apply(model, cfg, block_class, script)
+  script = script or 'recipe'
+  local policies = {
+    transformer = fsdp.policy.transformer { block_class },
+    size = fsdp.policy.size { min_params = cfg.wrap_min_params },
+    none = fsdp.policy.none,
+  }
+  if not policies[cfg.wrap] then bad(script, "--wrap must be transformer, size or none, got '%s'", cfg.wrap) end
+  local bp = cfg.backward_prefetch
+  if bp ~= 'pre' and bp ~= 'post' and bp ~= 'none' then
+    bad(script, "--backward_prefetch must be pre, post or none, got '%s'", bp)
+  end
+  local mp
+  if cfg.mixed_precision ~= '' or cfg.reduce_dtype ~= '' then
+    local param = cfg.mixed_precision ~= '' and cfg.mixed_precision or nil
+    mp = { param = param, reduce = cfg.reduce_dtype ~= '' and cfg.reduce_dtype or param, buffer = param }
+  end
+  fsdp.shard(model, {
+    policy = policies[cfg.wrap], strategy = cfg.sharding_strategy, mixed_precision = mp,
+    backward_prefetch = bp ~= 'none' and bp or false, forward_prefetch = cfg.forward_prefetch,
+    limit_all_gathers = cfg.limit_all_gathers, seed = cfg.seed,
+  })
+  if cfg.activation_checkpointing then
+    fsdp.checkpoint(model, function(m) return m:is_instance_of(block_class) end)
+  end
+  local units = fsdp.sharding.units(model)
+  local W = fsdp.dist.world_size()
+  if fsdp.dist.rank() == 0 then print(('sharding: %s over %d rank%s, %d units, compute %s, reduce %s%s'):format(cfg.sharding_strategy,
+    W, W == 1 and '' or 's', #units, units[1].param_dtype, units[1].reduce_dtype,
+    cfg.activation_checkpointing and ', checkpointed blocks' or '')) end
+  return model, units
+end
+
+-- Weight decay off for norm weights and biases (any parameter whose whole
+-- shape is 1-d): parameters are shard segments, their shape is fsdp_shape.
+function M.no_decay(_, p)
+  return #(rawget(p, 'fsdp_shape') or p.shape) < 2
+end
+
+return M
