@@ -185,9 +185,18 @@ describe('fsdp.shard on one rank', function()
     -- blocks have 9,280 parameters, their MLPs 6,144, attention 3,072
     assert.same({ 'model.layers.0', 'model.layers.1', 'model.layers.2', '' }, names(7000))
     -- at 5000 the MLPs go first; what is left of the three blocks (3 x 3,136)
-    -- then makes their ModuleList a unit
-    assert.same({ 'model.layers.0.mlp', 'model.layers.1.mlp', 'model.layers.2.mlp', 'model.layers', '' },
-      names(5000))
+    -- would make their ModuleList a unit, but nothing calls a ModuleList's
+    -- forward (FSDP excludes it too): the rest rises to the LlamaModel
+    assert.same({ 'model.layers.0.mlp', 'model.layers.1.mlp', 'model.layers.2.mlp', 'model', '' }, names(5000))
+    -- and that model trains: every unit is gathered when it runs
+    local m = sharded({ policy = fsdp.policy.size { min_params = 5000 } })
+    assert.equals(2, #train(m, 2))
+  end)
+
+  it('refuses a policy that wraps a ModuleList, naming it', function()
+    local ok, err = pcall(sharded, { policy = function(_, name) return name == 'model.layers' end })
+    assert.is_false(ok)
+    assert.matches('policy chose model.layers, a ModuleList', tostring(err), 1, true)
   end)
 
   it('runs mixed precision: bf16 compute, f32 master shards', function()

@@ -60,6 +60,9 @@ end
 
 local ModuleList = Module:extend('ModuleList')
 M.ModuleList = ModuleList
+-- Holders are never called, only their children are: fsdp.shard will not
+-- make one a unit (its parameters would never be gathered).
+ModuleList.is_holder = true
 
 function ModuleList:__init(modules)
   if modules ~= nil and type(modules) ~= 'table' then
@@ -110,6 +113,7 @@ end
 
 local ModuleDict = Module:extend('ModuleDict')
 M.ModuleDict = ModuleDict
+ModuleDict.is_holder = true
 
 -- nn.ModuleDict({{'a', m1}, {'b', m2}}) keeps that order; a plain map
 -- {a = m1, b = m2} is inserted in sorted key order (Lua maps have none).

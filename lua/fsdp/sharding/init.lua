@@ -173,6 +173,10 @@ local function plan_units(model, policy, ignored)
     for _, p in ipairs(list) do numel = numel + p:numel() end
     local r = false
     if not is_root and #list > 0 and policy then r = policy(m, name, numel) end
+    if r and m.is_holder then
+      core.fail(('fsdp.shard: the policy chose %s, a %s; nothing calls its forward, so its parameters '
+        .. 'would never be gathered: wrap its elements instead'):format(name, m:class_name()))
+    end
     if is_root or r then
       for _, p in ipairs(list) do claimed[p] = true end
       units[#units + 1] = { module = m, name = name, tensors = list,

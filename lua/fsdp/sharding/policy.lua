@@ -33,14 +33,16 @@ function M.transformer(classes)
 end
 
 -- Modules whose unwrapped parameters number at least min_params (FSDP's
--- size_based_auto_wrap_policy; default 1e8).
+-- size_based_auto_wrap_policy; default 1e8). As there, ModuleList and
+-- ModuleDict are never chosen: nothing calls their forward, so what their
+-- children left unclaimed rises to the next module that runs.
 function M.size(opts)
   opts = opts or {}
   local min = opts.min_params or 1e8
   if type(min) ~= 'number' or min < 0 then
     core.fail(('policy.size: min_params must be a number >= 0, got %s'):format(tostring(min)))
   end
-  return function(_, _, unwrapped) return unwrapped >= min end
+  return function(m, _, unwrapped) return not m.is_holder and unwrapped >= min end
 end
 
 -- The first non-false answer of several policies.
