@@ -1,8 +1,10 @@
--- fsdp.testing: helpers for tests of ops and models.
+-- fsdp.testing: helpers for tests of ops, models and scripts.
 --
 -- gradcheck compares the gradients autograd computes with central finite
 -- differences, in f64 on small inputs: the check every op's backward gets.
 -- Per-element Lua loops are fine here (tests, tiny tensors), never in ops.
+-- sh / run_script / capture_stdout / tmpdir are what the specs that drive
+-- the executable or read printed output share.
 local fsdp = require 'fsdp'
 local Tensor = require 'fsdp.tensor'
 
@@ -74,6 +76,47 @@ function M.max_abs_diff(a, b)
   local worst = 0
   for _, v in ipairs(flat(d):tolist()) do worst = math.max(worst, math.abs(v)) end
   return worst
+end
+
+-- Shell quoting for one argument.
+function M.quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- Run a shell command from the project root; returns its output (stdout
+-- and stderr together) and exit status.
+function M.sh(cmd)
+  local p = assert(io.popen(('cd %s && (%s) 2>&1; echo "@rc=$?"'):format(M.quote(require('fsdp.host').root), cmd)))
+  local out = p:read('*a')
+  p:close()
+  local body, rc = out:match('^(.-)@rc=(%d+)\n?$')
+  return body, tonumber(rc)
+end
+
+-- Run a script of the project (e.g. 'recipes/mnist.lua') with the
+-- executable under test, bounded in time: output and exit status.
+function M.run_script(script, args, seconds)
+  local host = require 'fsdp.host'
+  return M.sh(('timeout %d %s %s %s'):format(seconds or 120, M.quote(host.exe), script, args or ''))
+end
+
+-- What fn prints to io.stdout (io.write and print through it), as a string.
+function M.capture_stdout(fn)
+  local saved, chunks = io.stdout, {}
+  io.stdout = { write = function(self, ...)
+    for i = 1, select('#', ...) do chunks[#chunks + 1] = tostring((select(i, ...))) end
+    return self
+  end, flush = function() end }
+  local ok, err = pcall(fn)
+  io.stdout = saved
+  assert(ok, err)
+  return table.concat(chunks)
+end
+
+-- A fresh empty directory.
+function M.tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(require('lfs').mkdir(d))
+  return d
 end
 
 return M

@@ -9,12 +9,7 @@ local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local t5 = require 'models.t5'
 local optim = require 'fsdp.optim'
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(require('lfs').mkdir(d))
-  return d
-end
+local tmpdir = require('fsdp.testing').tmpdir
 
 local function write(path, s)
   local f = assert(io.open(path, 'wb'))

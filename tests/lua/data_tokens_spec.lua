@@ -11,19 +11,9 @@ local Sampler = require 'fsdp.data.sampler'
 local corpus = require 'tests.data.corpus'
 local spm = require 'fsdp.data.sentencepiece'
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(require('lfs').mkdir(d))
-  return d
-end
+local tmpdir = require('fsdp.testing').tmpdir
 
-local function sh(cmd)
-  local p = io.popen(('cd %s && %s 2>&1; echo "rc=$?"'):format(host.root, cmd))
-  local out = p:read('*a')
-  p:close()
-  return out, tonumber(out:match('rc=(%d+)%s*$'))
-end
+local sh = require('fsdp.testing').sh
 
 local function tokenize(args)
   return sh(('timeout 60 %s tools/tokenize.lua %s'):format(host.exe, args))

@@ -2,7 +2,7 @@
 -- --config files layered under the command line, clear errors, and the
 -- recipes themselves end to end (dry run at full size; a short CPU run).
 local recipe = require 'fsdp.recipe'
-local host = require 'fsdp.host'
+local T = require 'fsdp.testing'
 
 local spec = {
   lr = { 3e-4, 'learning rate' },
@@ -40,13 +40,7 @@ describe('recipe options', function()
 end)
 
 describe('recipes/llama2_7b.lua', function()
-  local exe = host.exe
-  local function run(args)
-    local p = io.popen(('cd %s && timeout 120 %s recipes/llama2_7b.lua %s 2>&1; echo "rc=$?"'):format(host.root, exe, args))
-    local out = p:read('*a')
-    p:close()
-    return out, tonumber(out:match('rc=(%d+)%s*$'))
-  end
+  local function run(args) return T.run_script('recipes/llama2_7b.lua', args) end
 
   it('builds the full 7B on meta with --dry-run and prints its parameters', function()
     local out, rc = run('--dry-run')
@@ -71,12 +65,7 @@ describe('recipes/llama2_7b.lua', function()
 end)
 
 describe('recipes/deepvit_8b.lua and recipes/mnist.lua', function()
-  local function run(script, args)
-    local p = io.popen(('cd %s && timeout 120 %s %s %s 2>&1; echo "rc=$?"'):format(host.root, host.exe, script, args))
-    local out = p:read('*a')
-    p:close()
-    return out, tonumber(out:match('rc=(%d+)%s*$'))
-  end
+  local run = T.run_script
 
   it('build DeepViT 8B and the MNIST CNN at full size on meta', function()
     local out, rc = run('recipes/deepvit_8b.lua', '--dry-run')

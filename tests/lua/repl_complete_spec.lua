@@ -19,17 +19,7 @@ local function has(list, item)
   return false
 end
 
-local function capture_stdout(fn)
-  local saved, chunks = io.stdout, {}
-  io.stdout = { write = function(self, ...)
-    for i = 1, select('#', ...) do chunks[#chunks + 1] = tostring((select(i, ...))) end
-    return self
-  end, flush = function() end }
-  local ok, err = pcall(fn)
-  io.stdout = saved
-  assert(ok, err)
-  return table.concat(chunks)
-end
+local capture_stdout = require('fsdp.testing').capture_stdout
 
 describe('fsdp.complete', function()
   local env = setmetatable({

@@ -18,17 +18,7 @@ local function params_under(model, path)
   return n
 end
 
-local function capture_stdout(fn)
-  local saved, chunks = io.stdout, {}
-  io.stdout = { write = function(self, ...)
-    for i = 1, select('#', ...) do chunks[#chunks + 1] = tostring((select(i, ...))) end
-    return self
-  end, flush = function() end }
-  local ok, err = pcall(fn)
-  io.stdout = saved
-  assert(ok, err)
-  return table.concat(chunks)
-end
+local capture_stdout = require('fsdp.testing').capture_stdout
 
 describe('fsdp.summary', function()
   it('totals equal num_parameters, tied weights counted once', function()

@@ -3,18 +3,10 @@
 -- processes with one point out of its memory limit, a CSV and a PNG chart;
 -- the batch-size finder.
 local sweep = require 'fsdp.sweep'
-local host = require 'fsdp.host'
 local clock = require 'fsdp.clock'
 
-local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function sh(cmd)
-  local p = assert(io.popen('(' .. cmd .. ') 2>&1; echo "@rc=$?"'))
-  local out = p:read('*a')
-  p:close()
-  local body, rc = out:match('^(.-)@rc=(%d+)\n?$')
-  return body, tonumber(rc)
-end
+local T = require 'fsdp.testing'
+local quote = T.quote
 
 local function read_file(path)
   local f = io.open(path, 'rb')
@@ -25,7 +17,7 @@ local function read_file(path)
 end
 
 local tmp
-setup(function() tmp = (sh('mktemp -d')):gsub('%s+$', '') end)
+setup(function() tmp = T.tmpdir() end)
 teardown(function() if tmp then os.execute('rm -rf ' .. quote(tmp)) end end)
 
 describe('fsdp.sweep grids', function()
@@ -76,7 +68,7 @@ describe('recipes/sweep.lua', function()
   local small = '--num_layers=1 --hidden_width=32 --num_heads=2 --vocab_size=64 --seq_len=16'
 
   local function run(args)
-    return sh(('cd %s && timeout 120 %s recipes/sweep.lua %s'):format(quote(host.root), quote(host.exe), args))
+    return T.run_script('recipes/sweep.lua', args)
   end
 
   it('runs 8 points in fresh processes, one out of memory, and writes a CSV and a chart', function()

@@ -247,13 +247,7 @@ describe('a tiny T5 on padded sequences', function()
 end)
 
 describe('recipes/t5_3b.lua and recipes/t5_11b.lua', function()
-  local host = require 'fsdp.host'
-  local function run(script, args)
-    local p = io.popen(('cd %s && timeout 120 %s %s %s 2>&1; echo "rc=$?"'):format(host.root, host.exe, script, args))
-    local out = p:read('*a')
-    p:close()
-    return out, tonumber(out:match('rc=(%d+)%s*$'))
-  end
+  local run = require('fsdp.testing').run_script
 
   it('build the full models on meta with --dry-run', function()
     local out, rc = run('recipes/t5_3b.lua', '--dry-run')
