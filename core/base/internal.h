@@ -111,6 +111,13 @@ typedef struct fl_backend {
     int (*to_host)(int index, void *host_dst, const void *src, int64_t nbytes);
     int (*from_host)(int index, void *dst, const void *host_src,
                      int64_t nbytes);
+    /* The allocator's cache: bytes held from the system (in use included),
+     * and giving the free part back (returns the bytes released). */
+    int64_t (*reserved_bytes)(int index);
+    int64_t (*empty_cache)(int index);
+    /* Why the last alloc of this device returned NULL, into buf; NULL for
+     * the generic message. */
+    const char *(*describe_oom)(int index, char *buf, size_t size);
 } fl_backend;
 
 /* The backend of a device kind with storage, or NULL (meta, or cuda when the

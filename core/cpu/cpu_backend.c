@@ -163,6 +163,16 @@ static int cpu_from_host(int index, void *dst, const void *host_src, int64_t nby
     return FL_OK;
 }
 
+static int64_t cpu_reserved_bytes(int index) {
+    (void)index;
+    return fl_cpu_reserved_bytes();
+}
+
+static int64_t cpu_empty_cache(int index) {
+    (void)index;
+    return fl_cpu_empty_cache();
+}
+
 const fl_backend fl_cpu_backend = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -172,4 +182,6 @@ const fl_backend fl_cpu_backend = {
     .random = cpu_random,
     .to_host = cpu_to_host,
     .from_host = cpu_from_host,
+    .reserved_bytes = cpu_reserved_bytes,
+    .empty_cache = cpu_empty_cache,
 };

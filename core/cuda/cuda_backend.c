@@ -1,6 +1,8 @@
 /*
  * cuda_backend.c: the vtable of the cuda device (compiled only with the
- * CUDA backend). Allocation and transfers go to cuda_runtime.cu; element
+ * CUDA backend). Memory comes from one caching pool per device
+ * (core/tensor/device_pool.c over cudaMalloc and CUDA events); transfers go
+ * to cuda_runtime.cu; element
  * kernels (strided copy with conversion, fill, random) come with the GPU
  * kernel work: until then the core routes cuda tensors through the host
  * where it can (random numbers, contiguous same-dtype copies) and otherwise
@@ -9,19 +11,88 @@
 #ifdef FL_HAVE_CUDA
 #include "internal.h"
 #include "cuda_backend.h"
+#include "../tensor/device_pool.h"
+
+#include <pthread.h>
 
 bool fl_cuda_built(void) { return true; }
 int fl_cuda_device_count(void) { return fl_cuda_probe(); }
 const char *fl_cuda_status(void) { return fl_cuda_probe_status(); }
 
+/* ---- the caching pools ---------------------------------------------------- */
+
+/* The pool's callbacks get the device index as their context. */
+static void *raw_alloc(void *ctx, int64_t nbytes) { return fl_cuda_malloc((int)(intptr_t)ctx, nbytes); }
+static void raw_free(void *ctx, void *ptr, int64_t nbytes) {
+    (void)nbytes;
+    fl_cuda_free((int)(intptr_t)ctx, ptr);
+}
+static void *raw_record(void *ctx, uint64_t stream) {
+    return fl_cuda_event_record((int)(intptr_t)ctx, stream);
+}
+/* An event that could not be recorded (NULL) never holds a block back. */
+static bool raw_done(void *ctx, void *ev) {
+    (void)ctx;
+    return !ev || fl_cuda_event_done(ev);
+}
+static void raw_destroy(void *ctx, void *ev) {
+    (void)ctx;
+    if (ev) fl_cuda_event_destroy(ev);
+}
+static int raw_info(void *ctx, int64_t *free_bytes, int64_t *total) {
+    return fl_cuda_mem_info((int)(intptr_t)ctx, free_bytes, total);
+}
+
+static fl_pool *pools[FL_MAX_DEVICE_INDEX + 1];
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The pool of device `index`, made on first use; NULL for a device that
+ * does not exist. Pools live as long as the process. */
+static fl_pool *pool_of(int index) {
+    if (index < 0 || index > FL_MAX_DEVICE_INDEX || index >= fl_cuda_probe()) return NULL;
+    pthread_mutex_lock(&pools_lock);
+    if (!pools[index]) {
+        fl_pool_device dev = {.ctx = (void *)(intptr_t)index, .alloc = raw_alloc, .free = raw_free,
+                              .record_event = raw_record, .event_done = raw_done,
+                              .event_destroy = raw_destroy, .mem_info = raw_info};
+        char name[32];
+        snprintf(name, sizeof name, "cuda:%d", index);
+        pools[index] = fl_pool_create(&dev, name);
+    }
+    fl_pool *p = pools[index];
+    pthread_mutex_unlock(&pools_lock);
+    return p;
+}
+
+/* Until streams exist every tensor lives on the default stream (0). */
 static void *cuda_alloc(int index, int64_t nbytes) {
-    if (index >= fl_cuda_probe()) return NULL;
-    return fl_cuda_malloc(index, nbytes);
+    fl_pool *p = pool_of(index);
+    return p ? fl_pool_alloc(p, nbytes, 0) : NULL;
 }
 
 static void cuda_free(int index, void *ptr, int64_t nbytes) {
     (void)nbytes;
-    fl_cuda_free(index, ptr);
+    fl_pool *p = pool_of(index);
+    bool known = p && fl_pool_free(p, ptr);
+    FL_ASSERT(known); /* else a pointer the pool did not hand out */
+}
+
+static int64_t cuda_reserved_bytes(int index) {
+    fl_pool *p = pool_of(index);
+    if (!p) return 0;
+    fl_pool_stats st;
+    fl_pool_stats_get(p, &st);
+    return st.reserved;
+}
+
+static int64_t cuda_empty_cache(int index) {
+    fl_pool *p = pool_of(index);
+    return p ? fl_pool_empty_cache(p) : 0;
+}
+
+static const char *cuda_describe_oom(int index, char *buf, size_t size) {
+    fl_pool *p = pool_of(index);
+    return p ? fl_pool_oom_message(p, buf, size) : NULL;
 }
 
 static int transfer_failed(const char *what) {
@@ -83,5 +154,8 @@ const fl_backend fl_cuda_backend = {
     .random = NULL, /* generated on the host: see random_fill in tensor.c */
     .to_host = cuda_to_host,
     .from_host = cuda_from_host,
+    .reserved_bytes = cuda_reserved_bytes,
+    .empty_cache = cuda_empty_cache,
+    .describe_oom = cuda_describe_oom,
 };
 #endif /* FL_HAVE_CUDA */

@@ -18,6 +18,14 @@ void fl_cuda_free(int index, void *ptr);
 int fl_cuda_memcpy(int index, void *dst, const void *src, int64_t nbytes, int to_host);
 int fl_cuda_memset(int index, void *dst, int value, int64_t nbytes);
 const char *fl_cuda_last_problem(void);  /* text of the last failed call */
+/* Events for the caching allocator: recorded on a stream (0: the legacy
+ * default stream), queried without blocking, destroyed. NULL/false on
+ * failure. */
+void *fl_cuda_event_record(int index, uint64_t stream);
+int fl_cuda_event_done(void *event);
+void fl_cuda_event_destroy(void *event);
+/* Free and total memory of the device; 0 on success. */
+int fl_cuda_mem_info(int index, int64_t *free_bytes, int64_t *total_bytes);
 
 #ifdef __cplusplus
 }

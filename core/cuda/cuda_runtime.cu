@@ -79,3 +79,35 @@ extern "C" int fl_cuda_memset(int index, void *dst, int value, int64_t nbytes) {
 }
 
 extern "C" const char *fl_cuda_last_problem(void) { return status_text; }
+
+extern "C" void *fl_cuda_event_record(int index, uint64_t stream) {
+    cudaEvent_t ev;
+    if (!ok(cudaSetDevice(index), "cudaSetDevice")) return NULL;
+    if (!ok(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate")) return NULL;
+    if (!ok(cudaEventRecord(ev, (cudaStream_t)(uintptr_t)stream), "cudaEventRecord")) {
+        cudaEventDestroy(ev);
+        return NULL;
+    }
+    return (void *)ev;
+}
+
+/* Done, or failed (an error is sticky: waiting longer would not help). */
+extern "C" int fl_cuda_event_done(void *event) {
+    cudaError_t err = cudaEventQuery((cudaEvent_t)event);
+    if (err == cudaErrorNotReady) {
+        cudaGetLastError();
+        return 0;
+    }
+    return 1;
+}
+
+extern "C" void fl_cuda_event_destroy(void *event) { cudaEventDestroy((cudaEvent_t)event); }
+
+extern "C" int fl_cuda_mem_info(int index, int64_t *free_bytes, int64_t *total_bytes) {
+    size_t f = 0, t = 0;
+    if (!ok(cudaSetDevice(index), "cudaSetDevice") || !ok(cudaMemGetInfo(&f, &t), "cudaMemGetInfo"))
+        return -1;
+    *free_bytes = (int64_t)f;
+    *total_bytes = (int64_t)t;
+    return 0;
+}

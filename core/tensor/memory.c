@@ -82,12 +82,14 @@ int fl_memory_stats_get(fl_device device, fl_memory_stats *out) {
     out->frees = atomic_load(&c->frees);
     out->failures = atomic_load(&c->failures);
     out->limit = atomic_load(&c->limit);
-    out->reserved = fl_device_kind_of(device) == FL_DEVICE_CPU ? fl_cpu_reserved_bytes() : out->in_use;
+    const fl_backend *be = fl_backend_of(device);
+    out->reserved = be && be->reserved_bytes ? be->reserved_bytes(fl_device_index(device)) : out->in_use;
     return FL_OK;
 }
 
 int64_t fl_memory_empty_cache(fl_device device) {
-    return fl_device_kind_of(device) == FL_DEVICE_CPU ? fl_cpu_empty_cache() : 0;
+    const fl_backend *be = fl_backend_of(device);
+    return be && be->empty_cache ? be->empty_cache(fl_device_index(device)) : 0;
 }
 
 int fl_memory_stats_reset(fl_device device) {

@@ -38,6 +38,9 @@ fl_storage *fl_storage_new(fl_device device, int64_t nbytes) {
         fl_memory_note_free(device, nbytes);
         fl_memory_note_failure(device);
         free(s);
+        char why[768];
+        if (be->describe_oom && be->describe_oom(index, why, sizeof why))
+            return FL_FAIL_NULL(FL_ERR_OOM, "%s", why);
         char dev[32];
         fl_device_format(device, dev, sizeof dev);
         fl_memory_stats st;
