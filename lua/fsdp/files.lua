@@ -12,6 +12,7 @@ local C = core.C
 local M = {}
 
 function M.mode(path) return lfs.attributes(path, 'mode') end
+function M.size(path) return lfs.attributes(path, 'size') or 0 end
 
 function M.join(dir, name) return dir:sub(-1) == '/' and dir .. name or dir .. '/' .. name end
 

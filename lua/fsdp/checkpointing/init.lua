@@ -22,11 +22,11 @@
 -- rank's parameter slices the saved ranges that hold it, found by
 -- parameter name and element offset, so no rank reads more than its share.
 local core = require 'fsdp.core'
+local fsdp = require 'fsdp'
 local Tensor = require 'fsdp.tensor'
 local dist = require 'fsdp.dist'
 local random = require 'fsdp.random'
 local autograd = require 'fsdp.autograd'
-local safetensors = require 'fsdp.safetensors'
 local files = require 'fsdp.files'
 local json = require 'fsdp.json'
 local layout = require 'fsdp.checkpointing.layout'
@@ -113,7 +113,7 @@ local function write_rank_file(path, parts, opt)
     for _, e in ipairs(plan) do
       core.check(C.fl_safetensors_writer_write(w, Tensor.cptr(e.part.flat)))
       for _, k in ipairs(e.keys) do
-        local flat = require('fsdp').zeros({ e.part.len }, { dtype = e.dtypes[k] })
+        local flat = fsdp.zeros({ e.part.len }, { dtype = e.dtypes[k] })
         for _, p in ipairs(e.part.params) do
           local st = opt.state[p.name]
           if p.len > 0 and st and st[k] ~= nil then

@@ -14,6 +14,7 @@
 -- shards that cover it.
 local core = require 'fsdp.core'
 local dist = require 'fsdp.dist'
+local json = require 'fsdp.json'
 
 local M = {}
 
@@ -86,7 +87,7 @@ end
 function M.describe(part)
   local params = {}
   for i, p in ipairs(part.params) do
-    local shape = setmetatable({}, require('fsdp.json').array_mt)
+    local shape = json.array({})
     for d, s in ipairs(p.shape) do shape[d] = s end
     params[i] = { name = p.name, shape = shape, offset = p.offset }
   end

@@ -76,7 +76,7 @@ end
 
 local function dir_bytes(dir)
   local n = 0
-  for _, name in ipairs(files.list(dir)) do n = n + (require('lfs').attributes(files.join(dir, name), 'size') or 0) end
+  for _, name in ipairs(files.list(dir)) do n = n + files.size(files.join(dir, name)) end
   return n
 end
 
