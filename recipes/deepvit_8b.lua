@@ -13,6 +13,7 @@
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local shard_recipe = require 'fsdp.sharding.recipe'
+local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local deepvit = require 'models.deepvit'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
@@ -20,7 +21,7 @@ local images = require 'fsdp.data.images'
 local metrics = require 'fsdp.metrics'
 local F = fsdp.F
 
-local cfg = recipe.config(shard_recipe.options({
+local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({
   model = { '8B', 'config: 60M, 1B, 3B, 8B, tiny' },
   depth = { 0, 'override the number of blocks (0: keep)' },
   dim = { 0, 'override the width (0: keep)' },
@@ -42,7 +43,7 @@ local cfg = recipe.config(shard_recipe.options({
   val_batches = { 4, 'batches per validation' },
   metrics_file = { '', 'append every step\'s numbers to this JSONL file' },
   peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)' },
-}), arg, 'recipes/deepvit_8b.lua')
+})), arg, 'recipes/deepvit_8b.lua')
 
 local overrides = {}
 for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes' }) do
@@ -95,7 +96,9 @@ local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = cfg.batch_size, flops_per_sample = deepvit.flops_per_image(c),
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every,
 })
-for step = 1, cfg.max_steps do
+local state = { model = model, optimizer = opt, data = data }
+local start_step = ckpt_recipe.resume(cfg, state)
+for step = start_step + 1, cfg.max_steps do
   local t0 = clock.now()
   local x, y = data:next()
   local loss = F.cross_entropy(model(x), y)
@@ -110,5 +113,7 @@ for step = 1, cfg.max_steps do
       val_data:batches(cfg.val_batches)))
     model:train()
   end
+  ckpt_recipe.after_step(cfg, state, step, { model = cfg.model })
 end
 log:close()
+ckpt_recipe.finish(cfg, model)

@@ -20,8 +20,9 @@ local tokens = require 'fsdp.data.tokens'
 local metrics = require 'fsdp.metrics'
 
 local shard_recipe = require 'fsdp.sharding.recipe'
+local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 
-local cfg = recipe.config(shard_recipe.options({
+local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua)' },
   num_layers = { 0, 'override the number of layers (0: keep the config)' },
   hidden_width = { 0, 'override the model width (0: keep)' },
@@ -52,7 +53,7 @@ local cfg = recipe.config(shard_recipe.options({
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
   memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit)' },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-}), arg, 'recipes/llama2_7b.lua')
+})), arg, 'recipes/llama2_7b.lua')
 
 print('config:\n' .. recipe.format(cfg))
 
@@ -161,9 +162,15 @@ local function validate(step)
   log:validation(step, loss)
 end
 
+-- --resume_from_checkpoint: parameters, optimizer, schedule, data position
+-- and RNG come back from the newest complete checkpoint, so the losses from
+-- here on are the uninterrupted run's (fsdp.checkpointing.recipe).
+local state = { model = model, optimizer = opt, scheduler = sched, data = data }
+local start_step = ckpt_recipe.resume(cfg, state)
+
 local flops_per_step = llama.flops_per_token(c, cfg.seq_len, n_params) * cfg.batch_size * cfg.seq_len
 local step_times = {}
-for step = 1, cfg.max_steps do
+for step = start_step + 1, cfg.max_steps do
   local t0 = clock.now()
   local ids, targets = data:next()
   local loss = model:loss(ids, targets)
@@ -179,16 +186,18 @@ for step = 1, cfg.max_steps do
   if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then
     validate(step)
   end
+  ckpt_recipe.after_step(cfg, state, step, { model = cfg.model })
 end
 log:close()
+ckpt_recipe.finish(cfg, model)
 
 -- For the REPL after `fsdp-lua -i recipes/llama2_7b.lua ...`, and for
 -- recipes/sweep.lua: one machine-readable line. The first step is warmup
 -- (first-touch allocations) and is left out of the rates when there are
 -- more.
 recipe.expose({ model = model, config = c, cfg = cfg, opt = opt, sched = sched, data = data })
-if cfg.summary then
-  local first = cfg.max_steps > 1 and 2 or 1
+if cfg.summary and cfg.max_steps > start_step then
+  local first = cfg.max_steps > start_step + 1 and start_step + 2 or start_step + 1
   local seconds = 0
   for step = first, cfg.max_steps do seconds = seconds + step_times[step] end
   local steps = cfg.max_steps - first + 1

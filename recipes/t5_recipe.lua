@@ -10,6 +10,7 @@
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local shard_recipe = require 'fsdp.sharding.recipe'
+local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local t5 = require 'models.t5'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
@@ -79,7 +80,7 @@ end
 -- Run the recipe: default_model a models/t5.lua config name, script the
 -- path for --help, argv the command line.
 function M.run(default_model, script, argv)
-  local cfg = recipe.config(shard_recipe.options({
+  local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({
     model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny' },
     num_layers = { 0, 'override encoder and decoder layers (0: keep)' },
     d_model = { 0, 'override the width (0: keep)' },
@@ -103,7 +104,7 @@ function M.run(default_model, script, argv)
     seed = { 0, 'initialisation and data seed' },
     log_every = { 10, 'steps between log lines' },
     dry_run = { false, 'build at full size on meta, print it, and exit' },
-  }), argv, script)
+  })), argv, script)
   -- Checked before anything is built (a full-size model takes minutes).
   if cfg.task ~= 'reverse' and cfg.task ~= 'copy' then
     error(("--task must be reverse or copy, got '%s'"):format(cfg.task), 0)
@@ -153,7 +154,11 @@ function M.run(default_model, script, argv)
   print(('task: ' .. cfg.task .. ' %d..%d random tokens of %d, then eos; chance loss ln(%d) = %.3f'):format(
     cfg.min_len, cfg.max_len, c.vocab_size - 2, c.vocab_size, math.log(c.vocab_size)))
 
-  for step = 1, cfg.max_steps do
+  -- The batches are a function of the step, so a checkpoint needs no data
+  -- position; the RNG (dropout) and the rest come back with it.
+  local state = { model = model, optimizer = opt, scheduler = sched }
+  local start_step = ckpt_recipe.resume(cfg, state)
+  for step = start_step + 1, cfg.max_steps do
     local t0 = clock.now()
     -- Rank r of W draws rows r*B.. of global batch `step` (the same
     -- examples one rank with batch W*B would see).
@@ -171,7 +176,9 @@ function M.run(default_model, script, argv)
       print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f'):format(
         step, loss:item(), cfg.batch_size / dt, lr, norm))
     end
+    ckpt_recipe.after_step(cfg, state, step, { model = cfg.model })
   end
+  ckpt_recipe.finish(cfg, model)
 
   -- Held-out examples (another random stream), greedy decoding.
   model:eval()

@@ -30,6 +30,11 @@ int fl_fail(fl_status status, const char *fmt, ...)
 void fl_abort(const char *file, int line, const char *what)
     __attribute__((noreturn));
 
+/* ---- files ------------------------------------------------------------- */
+
+/* fsync the directory holding `path` (after a rename into it). */
+int fl_sync_parent_dir(const char *path);
+
 /* ---- shapes ------------------------------------------------------------ */
 
 /* Normalise a possibly negative dim against ndim (ndim_extra lets unsqueeze

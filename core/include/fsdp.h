@@ -667,6 +667,15 @@ FL_API int fl_safetensors_writer_finish(fl_safetensors_writer *w);
 /* Discard the temporary file and free the writer (also after finish). */
 FL_API void fl_safetensors_writer_free(fl_safetensors_writer *w);
 
+/* Publish a small file atomically (index.json, markers): write `len`
+ * bytes to "<path>.tmp.<pid>" in the same directory, fsync, rename over
+ * `path`, fsync the directory. On failure the temporary file is removed
+ * and any previous file at `path` is untouched. (core/io/atomic_file.c) */
+FL_API int fl_file_write_atomic(const char *path, const void *data, size_t len);
+/* fsync a file or directory by path (after creating or removing entries
+ * in a directory, so the change survives a crash). */
+FL_API int fl_fsync_path(const char *path);
+
 /* One fused update of one tensor per call (later: one flat shard per unit).
  * param, grad and the state tensors are contiguous, on one device, with the
  * same number of elements (shapes may differ: a flat shard's state is 1-d)

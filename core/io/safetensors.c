@@ -11,7 +11,8 @@
  *
  * Writing streams: the header is written first from declarations, then the
  * tensors in order, so no caller needs all tensors in memory at once. The
- * file is written under a temporary name and renamed after fsync.
+ * file is written under a temporary name and renamed after fsync
+ * (the steps of atomic_file.c).
  */
 #include "internal.h"
 
@@ -476,25 +477,6 @@ int fl_safetensors_writer_write(fl_safetensors_writer *w, const fl_tensor *t) {
     return FL_OK;
 }
 
-/* fsync the directory holding path, so the rename itself survives a crash. */
-static void sync_parent_dir(const char *path) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) {
-        snprintf(dir, sizeof dir, ".");
-    } else if (slash == dir) {
-        dir[1] = '\0'; /* the root directory */
-    } else {
-        *slash = '\0';
-    }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-}
-
 int fl_safetensors_writer_finish(fl_safetensors_writer *w) {
     if (writer_usable(w, "finish")) return fl_last_status();
     if (w->next != w->n)
@@ -506,9 +488,8 @@ int fl_safetensors_writer_finish(fl_safetensors_writer *w) {
     w->file = NULL;
     if (rc != 0) return fail_writer(w, "cannot close");
     if (rename(w->tmp_path, w->path) != 0) return fail_writer(w, "cannot rename into place");
-    sync_parent_dir(w->path);
     w->finished = true;
-    return FL_OK;
+    return fl_sync_parent_dir(w->path); /* the rename itself survives a crash */
 }
 
 void fl_safetensors_writer_free(fl_safetensors_writer *w) {

@@ -298,6 +298,28 @@ function M.barrier(opts)
   return finish(C.fl_barrier(group_of(opts)), nil, opts)
 end
 
+-- Every group rank's string s, as an array in group rank order (PyTorch's
+-- all_gather_object for text: checkpoints gather each rank's data position
+-- and RNG state this way). Two all-gathers: the lengths, then the bytes
+-- padded to the longest.
+function M.all_gather_strings(s, opts)
+  if type(s) ~= 'string' then core.fail('all_gather_strings: expects a string, got ' .. type(s)) end
+  opts = options(opts, 'all_gather_strings')
+  local size = group_size(opts)
+  if size == 1 then return { s } end
+  local len = Tensor.wrap(C.fl_empty(1, ffi.new('int64_t[1]', 1), C.FL_I64, core.device('cpu')))
+  len:fill_(#s)
+  local lens = M.all_gather(len, { group = opts.group })
+  local longest = 0
+  for r = 0, size - 1 do longest = math.max(longest, lens:get(r)) end
+  local bytes = Tensor.wrap(C.fl_empty(1, ffi.new('int64_t[1]', math.max(longest, 1)), C.FL_U8, core.device('cpu')))
+  ffi.copy(cptr(bytes).data, s, #s)
+  local all = M.all_gather(bytes, { group = opts.group })
+  local base, stride, out = ffi.cast('const char *', cptr(all).data), math.max(longest, 1), {}
+  for r = 0, size - 1 do out[r + 1] = ffi.string(base + r * stride, lens:get(r)) end
+  return out
+end
+
 -- A barrier that names the ranks that did not arrive within opts.timeout
 -- seconds (default: the collective timeout) instead of hanging.
 function M.monitored_barrier(opts)

@@ -271,7 +271,7 @@ for d = 0, C.FL_DTYPE_COUNT - 1 do M.dtypes[#M.dtypes + 1] = core.dtype_name(d) 
 -- fsdp.nn, fsdp.optim, fsdp.functional (also as fsdp.F).
 local lazy = { nn = 'fsdp.nn', optim = 'fsdp.optim', functional = 'fsdp.functional',
                F = 'fsdp.functional', dist = 'fsdp.dist', sharding = 'fsdp.sharding',
-               policy = 'fsdp.sharding.policy' }
+               policy = 'fsdp.sharding.policy', checkpointing = 'fsdp.checkpointing' }
 setmetatable(M, {
   -- Tab completion (fsdp.complete) offers the lazy submodules too.
   __dir = function(t)
@@ -308,6 +308,8 @@ for _, name in ipairs({ 'shard', 'no_sync', 'clip_grad_norm', 'summon_full_param
   M[name] = function(...) return require('fsdp.sharding')[name](...) end
 end
 M.sharding_memory = function(...) return require('fsdp.sharding').memory(...) end
+-- Sharded checkpoints and the streamed full state dict (fsdp.checkpointing).
+M.save_full_state_dict = function(...) return require('fsdp.checkpointing').save_full_state_dict(...) end
 
 
 return M

@@ -19,6 +19,7 @@ local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local cjson = require 'cjson'
 local lfs = require 'lfs'
+local files = require 'fsdp.files'
 
 local M = {}
 
@@ -301,38 +302,10 @@ function M.parse_size(v, what)
   return math.floor(n)
 end
 
-local function mkdir_p(dir)
-  local path = dir:sub(1, 1) == '/' and '' or '.'
-  for part in dir:gmatch('[^/]+') do
-    path = path .. '/' .. part
-    if mode(path) == nil then
-      local ok, err = lfs.mkdir(path)
-      if not ok and mode(path) ~= 'directory' then
-        core.fail(('safetensors: cannot create directory %s: %s'):format(path, tostring(err)))
-      end
-    elseif mode(path) ~= 'directory' then
-      core.fail(('safetensors: %s exists and is not a directory'):format(path))
-    end
-  end
-end
+local function mkdir_p(dir) files.mkdir_p(dir, 'safetensors') end
 
--- Text written to a temporary name and renamed into place.
-local function write_atomic(path, text)
-  local tmp = path .. '.tmp'
-  local f, err = io.open(tmp, 'wb')
-  if not f then core.fail(('safetensors: cannot write %s: %s'):format(tmp, err)) end
-  local ok, werr = f:write(text)
-  f:close()
-  if not ok then
-    os.remove(tmp)
-    core.fail(('safetensors: cannot write %s: %s'):format(tmp, werr))
-  end
-  local renamed, rerr = os.rename(tmp, path)
-  if not renamed then
-    os.remove(tmp)
-    core.fail(('safetensors: cannot rename %s into place: %s'):format(tmp, rerr))
-  end
-end
+-- Text published atomically (temporary file, fsync, rename: fsdp.files).
+local write_atomic = files.write_atomic
 
 -- HF's index layout: total size in metadata, weight_map sorted by name.
 local function index_json(total, map)

@@ -57,6 +57,25 @@ describe('recipes/llama2_7b.lua', function()
     assert.matches('Batch 3 Loss: [%d.]+, Speed: [%d.]+ samples/sec, lr: [%d.e%-+]+', out)
   end)
 
+  it('accepts every option recipes/llama2_7b.sbatch passes (checkpointing and resuming)', function()
+    local f = assert(io.open(host.root .. '/recipes/llama2_7b.sbatch'))
+    local text = f:read('*a')
+    f:close()
+    local command = text:match('srun [^\n]*llama2_7b%.lua(.-)"%$@"')
+    assert.is_not_nil(command, 'the srun line of the sbatch script')
+    local opts = {}
+    for opt in command:gmatch('%-%-[%w_]+') do opts[#opts + 1] = opt end
+    for _, needed in ipairs({ '--checkpoint_dir', '--checkpoint_freq', '--resume_from_checkpoint' }) do
+      assert.truthy(command:find(needed, 1, true), needed)
+    end
+    -- Values from the job's environment become placeholders; --dry-run
+    -- then parses them all without training.
+    local args = command:gsub('\\\n', ' '):gsub('"%$%b{}[^"]*"', 'x')
+    local out, rc = run(args .. ' --dry-run')
+    assert.equals(0, rc, out)
+    assert.is_true(#opts >= 10)
+  end)
+
   it('rejects an unknown option with status 2 and the list of valid ones', function()
     local out, rc = run('--bogus=1')
     assert.equals(2, rc)

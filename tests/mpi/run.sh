@@ -140,6 +140,26 @@ for strategy in FULL_SHARD HYBRID_SHARD; do
   fi
 done
 
+# Sharded checkpoints (fsdp.checkpointing): saved on 4 ranks, loaded on 2
+# and 1 and with other strategies (each load also saves, so every layout's
+# files are read back once), whole parameters identical at the resume
+# point; the streamed full state dict; the recipe killed and restarted.
+CK=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-ckpt-reshard.XXXXXX")
+RESHARD=("$EXE" tests/mpi/ckpt_reshard.lua)
+run_tap "checkpoint saved on 4 ranks, FULL_SHARD" -- mpirun -np 4 "${RESHARD[@]}" save "$CK" FULL_SHARD transformer
+run_tap "4-rank checkpoint loaded on 2 ranks" -- mpirun -np 2 "${RESHARD[@]}" load "$CK" FULL_SHARD transformer
+run_tap "4-rank checkpoint loaded on 1 rank, one unit" -- "${RESHARD[@]}" load "$CK" FULL_SHARD none
+run_tap "4-rank checkpoint loaded as HYBRID_SHARD on 2 nodes of 2, saved again" FSDP_RANKS_PER_NODE=2 -- \
+  mpirun -np 4 "${RESHARD[@]}" load "$CK" HYBRID_SHARD transformer a b
+run_tap "hybrid checkpoint loaded as NO_SHARD on 2 ranks, saved again" -- \
+  mpirun -np 2 "${RESHARD[@]}" load "$CK" NO_SHARD transformer b c
+run_tap "NO_SHARD checkpoint loaded on 1 rank" -- "${RESHARD[@]}" load "$CK" FULL_SHARD transformer c
+rm -rf "$CK"
+for np in 2 4; do
+  run_tap "streamed full state dict, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_full_state_dict.lua
+done
+run_tap "llama2_7b.lua on 2 ranks killed (kill -9) and restarted" -- tests/mpi/ckpt_recipe.sh
+
 expect_failure "a rank failing inside a sharded backward ends the job, 4 ranks" 15 \
   "fsdp-lua: rank 3: in backward of Failing|deliberate failure in backward|aborting the job (4 ranks)" \
   -- mpirun -np 4 "$EXE" tests/mpi/fsdp_rank_error.lua

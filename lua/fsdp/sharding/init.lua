@@ -598,19 +598,36 @@ function M.summon_full_params(model, fn, opts)
   return unpack(r, 2, r.n)
 end
 
+-- Gather the units one at a time (collective, every rank): fn(unit, by)
+-- with by = {[param] = whole parameter in the master dtype}. The gathered
+-- buffer and its views are freed as soon as fn returns, not left to the
+-- collector, so at most one unit is ever whole on any rank (fn keeps
+-- what it clones).
+function M.each_full_unit(model, fn)
+  local S = state_of(model, 'each_full_unit')
+  autograd.no_grad(function()
+    for _, u in ipairs(S.units) do
+      local by, full = u:gather_full()
+      local ok, err = pcall(fn, u, by)
+      for _, t in pairs(by) do t:free() end
+      full:free()
+      if not ok then error(err, 0) end
+    end
+  end)
+end
+
 -- The whole parameters by name (master dtype), gathered unit by unit
 -- (collective). {rank0_only = true}: other ranks get an empty table.
+-- To write them to a file without holding them all, see
+-- fsdp.checkpointing.save_full_state_dict.
 function M.full_state_dict(model, opts)
-  local S = state_of(model, 'full_state_dict')
+  state_of(model, 'full_state_dict')
   opts = opts or {}
   local out = {}
   local keep = not opts.rank0_only or dist.rank() == 0
-  autograd.no_grad(function()
-    for _, u in ipairs(S.units) do
-      local by = u:gather_full()
-      if keep then
-        for _, p in ipairs(u.params) do out[p.name] = by[p]:clone() end
-      end
+  M.each_full_unit(model, function(u, by)
+    if keep then
+      for _, p in ipairs(u.params) do out[p.name] = by[p]:clone() end
     end
   end)
   if keep then

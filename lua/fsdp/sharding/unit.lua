@@ -219,7 +219,11 @@ function Unit:gather_full()
   full = Tensor.wrap(full)
   local out = {}
   for _, p in ipairs(self.params) do
-    out[p] = full:narrow(0, p.offset, p.numel):view(p.shape)
+    -- The intermediate narrow is released now: left to the collector it
+    -- would pin the whole gathered buffer after the caller frees the rest.
+    local flat = full:narrow(0, p.offset, p.numel)
+    out[p] = flat:view(p.shape)
+    flat:free()
   end
   return out, full
 end

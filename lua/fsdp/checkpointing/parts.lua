@@ -1,0 +1,135 @@
+-- fsdp.checkpointing.parts: a model seen as what a sharded checkpoint
+-- stores, and where a saved value lands in a model of another shape.
+--
+-- A *part* is one flat array of the model and this rank's contiguous slice
+-- of it: a sharded unit (its flat parameter, padded; the slice is the
+-- master shard), or a tensor that is not sharded (a parameter of an
+-- ignored module or of an unsharded model, a persistent buffer), which is
+-- its own part, whole on every rank. Each part lists its parameters with
+-- their offsets in the flat array, so a value is located by (parameter
+-- name, element index) alone: that is what makes resharding possible. A
+-- checkpoint saved with W ranks, a strategy and a wrap loads into W' ranks,
+-- another strategy, or another wrap whose parameter names are the same:
+-- for each parameter slice this rank holds now, pieces() finds the saved
+-- shards that cover it.
+local core = require 'fsdp.core'
+local dist = require 'fsdp.dist'
+local json = require 'fsdp.json'
+
+local M = {}
+
+-- This rank's slice of part `key`: {key=, kind=, flat= (1-d tensor),
+-- start= (its first element in the whole flat array), len=, numel=,
+-- padded_numel=, dtype=, writer= (whether this rank writes it: one replica
+-- of each slice), params = {{name=, shape=, offset=, param_start=,
+-- shard_start=, len=, tensor=}...}}. param_start: the first element of the
+-- parameter this rank holds; shard_start: where it sits in `flat`.
+local function whole_part(kind, name, t, writer)
+  if not t:is_contiguous() then
+    core.fail(('checkpointing: %s %s is not contiguous'):format(kind, name))
+  end
+  local n = t:numel()
+  return {
+    key = kind .. ':' .. name, kind = kind, flat = t:view({ n }), start = 0, len = n, numel = n,
+    padded_numel = n, dtype = t.dtype, writer = writer,
+    params = { { name = name, shape = t.shape, offset = 0, param_start = 0, shard_start = 0, len = n, tensor = t } },
+  }
+end
+
+local function unit_part(u)
+  local group_rank = u.shard_group and u.shard_group:rank() or dist.rank()
+  local part = {
+    key = 'unit:' .. u:label(), kind = 'unit', unit = u, flat = u.shard,
+    start = group_rank * u.shard_numel, len = u.shard_numel, numel = u.numel,
+    padded_numel = u.padded_numel, dtype = u.master_dtype,
+    -- Replicas (NO_SHARD, hybrid) hold the same slice: one of them writes.
+    writer = u.replicate_group == nil or u.replicate_group:rank() == 0,
+    params = {},
+  }
+  for i, p in ipairs(u.params) do
+    if p.len > 0 and p.offset + p.param_start ~= part.start + p.shard_start then
+      core.fail(('checkpointing: unit %s: parameter %s sits at %d of the flat parameter, expected %d (shard layout changed?)')
+        :format(u:label(), p.name, p.offset + p.param_start, part.start + p.shard_start))
+    end
+    part.params[i] = { name = p.name, shape = p.shape, offset = p.offset, param_start = p.param_start,
+                       shard_start = p.shard_start, len = p.len, tensor = p.segment }
+  end
+  return part
+end
+
+-- The parts of `model`, in model order: its units (root last), then
+-- unsharded parameters, then persistent buffers.
+function M.of(model)
+  local parts = {}
+  local S = rawget(model, '_fsdp')
+  if S then
+    for _, u in ipairs(S.units) do parts[#parts + 1] = unit_part(u) end
+  end
+  local is_param = {}
+  for _, np in ipairs(model:named_parameters()) do
+    is_param[np[2]] = true
+    if rawget(np[2], 'fsdp_unit') == nil then
+      parts[#parts + 1] = whole_part('param', np[1], np[2], dist.rank() == 0)
+    end
+  end
+  local own, keys = model:state_dict()
+  for _, key in ipairs(keys) do
+    local t = own[key]
+    if not is_param[t] and t:has_storage() then
+      parts[#parts + 1] = whole_part('buffer', key, t, dist.rank() == 0)
+      is_param[t] = true -- a buffer under two names is stored once
+    end
+  end
+  return parts
+end
+
+-- The index entry of a part (what every rank agrees on).
+function M.describe(part)
+  local params = {}
+  for i, p in ipairs(part.params) do
+    local shape = json.array({})
+    for d, s in ipairs(p.shape) do shape[d] = s end
+    params[i] = { name = p.name, shape = shape, offset = p.offset }
+  end
+  return { key = part.key, kind = part.kind, dtype = part.dtype, numel = part.numel,
+           padded_numel = part.padded_numel, params = params, shards = {}, optim = {} }
+end
+
+-- name -> {part = <index entry>, offset=, shape=} over a checkpoint's parts;
+-- a name saved twice is an error (the index is damaged).
+function M.saved_params(index)
+  local map = {}
+  for _, part in ipairs(index.parts) do
+    for _, p in ipairs(part.params) do
+      if map[p.name] then
+        core.fail(('checkpoint index %s: parameter %s is in parts %s and %s'):format(index.path, p.name,
+          map[p.name].part.key, part.key))
+      end
+      map[p.name] = { part = part, offset = p.offset, shape = p.shape }
+    end
+  end
+  return map
+end
+
+-- Where the saved elements [first, first + len) of a saved part's flat
+-- array are: {{rank=, src= (offset in that rank's saved slice), dst=
+-- (offset from first), len=}...}. Fails unless the saved shards cover the
+-- whole range (a rank's file missing from the index).
+function M.pieces(part, first, len, what)
+  local out, covered = {}, 0
+  for _, sh in ipairs(part.shards) do
+    local a = math.max(first, sh.start)
+    local b = math.min(first + len, sh.start + sh.len)
+    if a < b then
+      out[#out + 1] = { rank = sh.rank, src = a - sh.start, dst = a - first, len = b - a }
+      covered = covered + (b - a)
+    end
+  end
+  if covered ~= len then
+    core.fail(('checkpoint: %s: the saved shards of %s cover %d of its %d elements [%d, %d)')
+      :format(what, part.key, covered, len, first, first + len))
+  end
+  return out
+end
+
+return M

@@ -1,0 +1,111 @@
+-- fsdp.checkpointing.recipe: the checkpoint options every training recipe
+-- shares, and the three points where a training loop meets them.
+--
+--   local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+--   local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({...})), arg, script)
+--   local objs = {model = m, optimizer = opt, scheduler = sched, data = data}
+--   local start = ckpt_recipe.resume(cfg, objs)          -- 0, or the step resumed from
+--   for step = start + 1, cfg.max_steps do
+--     ... one step ...
+--     ckpt_recipe.after_step(cfg, objs, step)            -- saves every --checkpoint_freq steps
+--   end
+--   ckpt_recipe.finish(cfg, m)                           -- --save_full_state_dict
+--
+-- The same command serves a fresh start and every restart after a crash or
+-- a requeue (the seed's Slurm recipe): with --resume_from_checkpoint the run
+-- continues from the newest complete checkpoint in --checkpoint_dir when
+-- there is one, and starts fresh otherwise.
+--
+-- Test hook: FSDP_TEST_KILL_AT_STEP=N kills rank 0 with SIGKILL right after
+-- step N (and after the checkpoint of step N, if one is due), as a crash
+-- would; mpirun then ends the job (tests/mpi/ckpt_recipe.sh).
+local dist = require 'fsdp.dist'
+local clock = require 'fsdp.clock'
+local files = require 'fsdp.files'
+local ckpt = require 'fsdp.checkpointing'
+
+local M = {}
+
+M.OPTIONS = {
+  checkpoint_dir = { '', 'directory of sharded checkpoints (one step-NNNNNN/ per save); empty: no checkpoints' },
+  checkpoint_freq = { 0, 'save a sharded checkpoint every N steps, and after the last (0: never)' },
+  keep_checkpoints = { 2, 'complete checkpoints to keep; older ones are deleted after a save (0: keep all)' },
+  resume_from_checkpoint = { false, 'continue from the newest complete checkpoint in --checkpoint_dir, if any' },
+  save_full_state_dict = { '', 'at the end, write the whole model to this safetensors file (HF names, one unit at a time)' },
+}
+
+-- A recipe's own options plus these (its own win on a clash).
+function M.options(own)
+  local all = {}
+  for k, v in pairs(M.OPTIONS) do all[k] = v end
+  for k, v in pairs(own) do all[k] = v end
+  return all
+end
+
+local function say(fmt, ...)
+  if dist.rank() == 0 then
+    io.stdout:write(fmt:format(...), '\n')
+    io.stdout:flush()
+  end
+end
+
+local function check(cfg)
+  if (cfg.checkpoint_freq > 0 or cfg.resume_from_checkpoint) and cfg.checkpoint_dir == '' then
+    error('--checkpoint_freq and --resume_from_checkpoint need --checkpoint_dir', 0)
+  end
+end
+
+-- The step to continue after: the resumed checkpoint's, or 0.
+function M.resume(cfg, objs)
+  check(cfg)
+  if not cfg.resume_from_checkpoint then return 0 end
+  local dir, step, skipped = ckpt.latest(cfg.checkpoint_dir)
+  for _, path in ipairs(skipped) do
+    say('checkpoint: skipping %s: no %s (its save was interrupted)', path, ckpt.layout.COMPLETE)
+  end
+  if not dir then
+    say('checkpoint: no complete checkpoint in %s: starting fresh', cfg.checkpoint_dir)
+    return 0
+  end
+  local t0 = clock.now()
+  local info = ckpt.load(dir, objs)
+  say('checkpoint: resumed from %s (step %d, saved on %d rank%s, %s) in %.2f s', dir, info.step,
+    info.world_size, info.world_size == 1 and '' or 's', info.strategy, clock.now() - t0)
+  return info.step
+end
+
+local function dir_bytes(dir)
+  local n = 0
+  for _, name in ipairs(files.list(dir)) do n = n + files.size(files.join(dir, name)) end
+  return n
+end
+
+-- Save when step is a multiple of --checkpoint_freq or the last step; then
+-- the kill hook. objs: as resume's; extra: stored in the index.
+function M.after_step(cfg, objs, step, extra)
+  if cfg.checkpoint_freq > 0 and (step % cfg.checkpoint_freq == 0 or step == cfg.max_steps) then
+    local t0 = clock.now()
+    local dir = ckpt.save(cfg.checkpoint_dir, {
+      model = objs.model, optimizer = objs.optimizer, scheduler = objs.scheduler, data = objs.data,
+      step = step, keep = cfg.keep_checkpoints, extra = extra,
+    })
+    local dt = clock.now() - t0
+    if dist.rank() == 0 then
+      local mb = dir_bytes(dir) / 2^20
+      say('checkpoint: saved %s (%.1f MiB) in %.2f s', dir, mb, dt)
+    end
+  end
+  if os.getenv('FSDP_TEST_KILL_AT_STEP') == tostring(step) and dist.rank() == 0 then
+    ckpt.kill_self('FSDP_TEST_KILL_AT_STEP=' .. step)
+  end
+end
+
+-- --save_full_state_dict: the whole model, streamed unit by unit.
+function M.finish(cfg, model)
+  if cfg.save_full_state_dict == '' then return end
+  local t0 = clock.now()
+  ckpt.save_full_state_dict(cfg.save_full_state_dict, model)
+  say('full state dict: wrote %s in %.2f s', cfg.save_full_state_dict, clock.now() - t0)
+end
+
+return M

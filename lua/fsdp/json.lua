@@ -1,0 +1,97 @@
+-- fsdp.json: JSON text that round-trips every number exactly, for files
+-- whose values must come back bit for bit (checkpoint indexes: learning
+-- rates, RNG positions). Debian's lua-cjson prints at most 14 significant
+-- digits, which loses doubles; here integers print as integers and other
+-- numbers with the fewest digits (at most 17)
+-- that read back as the same double. Objects are written with sorted keys and
+-- indented, so files diff well. Decoding is cjson's (strtod is exact).
+--
+--   local json = require 'fsdp.json'
+--   local text = json.encode({lr = 0.1 + 0.2, shape = json.array({})})
+--   local v = json.decode(text)
+local cjson = require 'cjson'
+
+local M = {}
+
+-- Marks a table to be written as an array even when empty.
+M.array_mt = {}
+function M.array(t) return setmetatable(t or {}, M.array_mt) end
+
+local function is_array(t)
+  if getmetatable(t) == M.array_mt then return true end
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n > 0 and t[n] ~= nil and #t == n
+end
+
+local function number(x, path)
+  if x ~= x or x == math.huge or x == -math.huge then
+    error(('json.encode: %s is %s, which JSON cannot hold'):format(path, tostring(x)), 0)
+  end
+  if x == math.floor(x) and math.abs(x) < 2 ^ 53 then return ('%d'):format(x) end
+  -- The shortest of 15, 16, 17 digits that reads back as x.
+  for digits = 15, 16 do
+    local s = ('%.' .. digits .. 'g'):format(x)
+    if tonumber(s) == x then return s end
+  end
+  return ('%.17g'):format(x)
+end
+
+local function encode(v, indent, out, path)
+  local t = type(v)
+  if t == 'nil' then
+    out[#out + 1] = 'null'
+  elseif t == 'boolean' then
+    out[#out + 1] = tostring(v)
+  elseif t == 'number' then
+    out[#out + 1] = number(v, path)
+  elseif t == 'string' then
+    out[#out + 1] = cjson.encode(v)
+  elseif t == 'table' then
+    local inner = indent .. '  '
+    if is_array(v) then
+      -- Arrays of scalars stay on one line (shapes, ranges).
+      local flat = true
+      for _, x in ipairs(v) do if type(x) == 'table' then flat = false end end
+      out[#out + 1] = '['
+      for i, x in ipairs(v) do
+        if i > 1 then out[#out + 1] = flat and ', ' or ',' end
+        if not flat then out[#out + 1] = '\n' .. inner end
+        encode(x, inner, out, path .. '[' .. i .. ']')
+      end
+      out[#out + 1] = (flat or #v == 0) and ']' or '\n' .. indent .. ']'
+    else
+      local keys = {}
+      for k in pairs(v) do
+        if type(k) ~= 'string' then
+          error(('json.encode: %s has a key of type %s (object keys are strings)'):format(path, type(k)), 0)
+        end
+        keys[#keys + 1] = k
+      end
+      table.sort(keys)
+      out[#out + 1] = '{'
+      for i, k in ipairs(keys) do
+        out[#out + 1] = (i > 1 and ',\n' or '\n') .. inner .. cjson.encode(k) .. ': '
+        encode(v[k], inner, out, path .. '.' .. k)
+      end
+      out[#out + 1] = #keys == 0 and '}' or '\n' .. indent .. '}'
+    end
+  else
+    error(('json.encode: %s is a %s, which JSON cannot hold'):format(path, t), 0)
+  end
+end
+
+function M.encode(v)
+  local out = {}
+  encode(v, '', out, '$')
+  return table.concat(out) .. '\n'
+end
+
+-- The value of `text`; nil and cjson's message when it is not JSON.
+function M.decode(text)
+  local ok, v = pcall(cjson.decode, text)
+  if not ok then return nil, (tostring(v):gsub('^.-: ', '')) end
+  return v
+end
+
+return M
