@@ -58,7 +58,7 @@ describe('recipes/llama2_7b.lua', function()
   end)
 
   it('accepts every option recipes/llama2_7b.sbatch passes (checkpointing and resuming)', function()
-    local f = assert(io.open(host.root .. '/recipes/llama2_7b.sbatch'))
+    local f = assert(io.open(require('fsdp.host').root .. '/recipes/llama2_7b.sbatch'))
     local text = f:read('*a')
     f:close()
     local command = text:match('srun [^\n]*llama2_7b%.lua(.-)"%$@"')
