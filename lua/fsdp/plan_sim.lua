@@ -129,13 +129,16 @@ function M.run(units, blocks, stem, head, opts)
   end
   local function post_backward(u, where, prefetch)
     bump(u.padded * u.rs, where .. ' (packing the gradient)')
-    live = live - u.shard * u.gs
     if u.G > 1 then
       bump(u.shard * u.rs, where .. ' (reduce-scatter)')
       -- 16-bit reductions staged in f32 (input and output) while in flight
       if opts.f32_reduce and u.rs < 4 then bump((u.padded + u.shard) * 4, where .. ' (reduce-scatter)') end
     end
     if pending then finish(pending, where) end
+    -- The previous step's gradient: dropped by zero_grad, its storage goes
+    -- with the Lua handle the unit held, at the next collection (when the
+    -- pending unit's gradient is bound).
+    live = live - u.shard * u.gs
     pending = u
     if not u.aliased then free(u) end
     live = live - (vgrads[u] or 0)
