@@ -29,12 +29,6 @@ local function seconds(s)
 end
 
 local function unit_summary(p)
-  local blocks, other = 0, 0
-  for _, u in ipairs(p.units) do
-    if not u.root then
-      if u.gb > 0 or u.numel > 0 then blocks = blocks + 1 else other = other + 1 end
-    end
-  end
   return ('%d unit%s (%s)'):format(#p.units, #p.units == 1 and '' or 's', p.options.policy_name)
 end
 
@@ -56,7 +50,7 @@ function M.format(p)
   line('  buffers and caches                    %s', gib(m.buffers))
   if m.host > 0 then line('  offloaded to host memory             -%s', gib(m.host)) end
   line('  persistent                            %s', gib(m.persistent))
-  line('  gathered units (largest %s GiB)  %s', ('%.3f'):format(m.largest_unit / GiB), gib(m.gathered))
+  line('  %-38s%s', ('gathered units (largest %.3f)'):format(m.largest_unit / GiB), gib(m.gathered))
   line('  activations saved                     %s  (checkpointed %.3f, not %.3f)', gib(m.activations),
     m.activations_checkpointed / GiB, m.activations_full / GiB)
   line('  inputs                                %s', gib(m.inputs))

@@ -120,7 +120,7 @@ function M.run(units, blocks, stem, head, opts)
     if p.G > 1 and opts.f32_reduce and p.rs < 4 then live = live - (p.padded + p.shard) * 4 end
     if p.replicas > 1 and opts.f32_reduce and p.rs < 4 then check(p.shard * 4, where) end
     if p.rs ~= p.gs then
-      bump(p.shard * p.gs, where .. ' (casting the gradient of ' .. p.label .. ')')
+      bump(p.shard * p.gs, where .. ', casting the gradient of ' .. p.label)
       live = live - p.shard * p.rs
       if p.G > 1 then live = live - p.padded * p.rs end
     elseif p.G > 1 then
@@ -128,11 +128,11 @@ function M.run(units, blocks, stem, head, opts)
     end
   end
   local function post_backward(u, where, prefetch)
-    bump(u.padded * u.rs, where .. ' (packing the gradient)')
+    bump(u.padded * u.rs, where .. ', packing its gradient')
     if u.G > 1 then
-      bump(u.shard * u.rs, where .. ' (reduce-scatter)')
+      bump(u.shard * u.rs, where .. ', reduce-scatter')
       -- 16-bit reductions staged in f32 (input and output) while in flight
-      if opts.f32_reduce and u.rs < 4 then bump((u.padded + u.shard) * 4, where .. ' (reduce-scatter)') end
+      if opts.f32_reduce and u.rs < 4 then bump((u.padded + u.shard) * 4, where .. ', reduce-scatter') end
     end
     if pending then finish(pending, where) end
     -- The previous step's gradient: dropped by zero_grad, its storage goes
@@ -156,7 +156,7 @@ function M.run(units, blocks, stem, head, opts)
       -- The recompute makes the block's saved tensors again and its output
       -- (the size of its input); the checkpoint node holds the incoming
       -- gradient until its nested backward ends (the steps free it early).
-      bump(b.prof.saved - b.prof.input + 2 * b.prof.input, where .. ' (recomputing its forward)')
+      bump(b.prof.saved - b.prof.input + 2 * b.prof.input, where .. ', recomputing its forward')
     end
     run_steps(b.prof.steps, owner, where)
     if opts.checkpoint then live = live - 2 * b.prof.input end
