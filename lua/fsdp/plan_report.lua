@@ -1,17 +1,24 @@
 -- fsdp.plan_report: the printed form of a plan (tostring(plan), and what
--- the REPL shows): the setup, one row per kind of per-rank memory in GiB,
+-- the REPL shows): the setup, one row per kind of per-rank memory in GiB (MiB, KiB for small models),
 -- the communication per collective, FLOPs, the predicted step time, and
 -- FITS / DOES NOT FIT with the margin.
 local M = {}
 
 local GiB = 2^30
 
+-- Memory rows in the largest unit the peak fills (GiB for real models,
+-- MiB or KiB for the small ones tests train).
+local function unit_for(bytes)
+  if bytes >= 2^30 then return 2^30, 'GiB' end
+  if bytes >= 2^20 then return 2^20, 'MiB' end
+  return 2^10, 'KiB'
+end
+
 local function commas(n)
   local s = ('%d'):format(n)
   return (s:reverse():gsub('(%d%d%d)', '%1,'):reverse():gsub('^(%-?),', '%1'))
 end
 
-local function gib(b) return ('%10.3f'):format(b / GiB) end
 
 -- 1.23e15 -> "1.23 PFLOP"
 local function si(x, unit)
@@ -34,6 +41,8 @@ end
 
 function M.format(p)
   local r, m, dev = p.options, p.memory, p.options.device
+  local scale, unit = unit_for(math.max(m.peak, 1))
+  local function gib(b) return ('%10.3f'):format(b / scale) end
   local L = {}
   local function line(fmt, ...) L[#L + 1] = fmt:format(...) end
   local mp = r.mp
@@ -43,25 +52,25 @@ function M.format(p)
     r.master, mp.param, mp.reduce, r.optimizer)
   line('  batch %d x seq %d per rank (%s tokens)%s%s', r.batch, r.seq, commas(p.tokens),
     r.checkpoint and ', activation checkpointing' or '', r.offload and ', CPU offload' or '')
-  line('per-rank memory                                GiB')
+  line('per-rank memory                                %s', unit)
   line('  %-38s%s', ('parameters (%s shards)'):format(r.master), gib(m.params))
   line('  %-38s%s', ('gradients (%s shards)'):format(mp.grad), gib(m.grads))
   line('  %-38s%s', ('optimizer state (%s)'):format(r.optimizer), gib(m.optimizer))
   line('  buffers and caches                    %s', gib(m.buffers))
   if m.host > 0 then line('  offloaded to host memory             -%s', gib(m.host)) end
   line('  persistent                            %s', gib(m.persistent))
-  line('  %-38s%s', ('gathered units (largest %.3f)'):format(m.largest_unit / GiB), gib(m.gathered))
+  line('  %-38s%s', ('gathered units (largest %.3f)'):format(m.largest_unit / scale), gib(m.gathered))
   line('  activations saved                     %s  (checkpointed %.3f, not %.3f)', gib(m.activations),
-    m.activations_checkpointed / GiB, m.activations_full / GiB)
+    m.activations_checkpointed / scale, m.activations_full / scale)
   line('  inputs                                %s', gib(m.inputs))
   line('  backward transients                   %s', gib(math.max(0, m.transient)))
   line('  peak                                  %s  (at %s)', gib(m.peak), m.peak_at)
   line('  device memory usable                  %s  (%s)', gib(p.usable),
     (dev.reserved or 0) > 0 and ('%.1f GiB reserved by the runtime'):format(dev.reserved / GiB) or 'nothing reserved')
   if p.fits then
-    line('  FITS: %.3f GiB to spare (%.0f%% of the device)', p.headroom / GiB, 100 * m.peak / dev.memory)
+    line('  FITS: %.3f %s to spare (peak is %.0f%% of the device)', p.headroom / scale, unit, 100 * m.peak / dev.memory)
   else
-    line('  DOES NOT FIT: %.3f GiB short (peak is %.0f%% of what is usable)', -p.headroom / GiB,
+    line('  DOES NOT FIT: %.3f %s short (peak is %.0f%% of what is usable)', -p.headroom / scale, unit,
       100 * m.peak / p.usable)
   end
   line('communication per step per rank')
