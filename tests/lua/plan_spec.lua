@@ -192,7 +192,8 @@ describe('fsdp.plan memory', function()
     fsdp.plan(m, with(H100))
     local dt = clock.now() - t0
     assert.are.equal(before, fsdp.memory_stats('cpu').in_use)
-    assert.is_true(dt < 1, ('%.3f s'):format(dt))
+    -- The bound only where the build is not slowed down by sanitizers.
+    if not require('fsdp.host').build_info:find('asan', 1, true) then assert.is_true(dt < 1, ('%.3f s'):format(dt)) end
   end)
 end)
 
