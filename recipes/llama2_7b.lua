@@ -2,6 +2,8 @@
 -- warmup then cosine decay, gradient clipping at 1.0).
 --
 --   fsdp-lua recipes/llama2_7b.lua --dry-run          full size on meta: tree, parameters, memory
+--   fsdp-lua recipes/llama2_7b.lua --plan --plan_device=h100-80g --mixed_precision=bf16
+--                                                    what each rank would hold, send and compute
 --   fsdp-lua recipes/llama2_7b.lua --num_layers=2 --hidden_width=256 --num_heads=4 \
 --            --vocab_size=512 --max_steps=200       a reduced model that trains on CPU
 --
@@ -60,7 +62,8 @@ print('config:\n' .. recipe.format(cfg))
 -- A limit, and the peak a summary reports, are about live tensors: collect
 -- dead ones before every allocation so uncollected garbage never counts.
 if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
-if cfg.memory_limit_mb > 0 then fsdp.set_memory_limit('cpu', cfg.memory_limit_mb * 2^20) end
+-- (--plan only plans for the limit: it allocates nothing to limit.)
+if cfg.memory_limit_mb > 0 and not cfg.plan then fsdp.set_memory_limit('cpu', cfg.memory_limit_mb * 2^20) end
 
 local overrides = {}
 if cfg.num_layers > 0 then overrides.n_layers = cfg.num_layers end
@@ -109,6 +112,14 @@ if cfg.dry_run then
   print(('training FLOPs per token at seq %d: %.3e'):format(cfg.seq_len, llama.flops_per_token(c, cfg.seq_len, n)))
   print(('built on meta in %.2f s; cpu memory in use: %d bytes'):format(clock.now() - t0,
     fsdp.memory_stats('cpu').in_use))
+  recipe.expose({ model = model, config = c, cfg = cfg })
+  return
+end
+
+-- --plan: what each rank would hold for this config (nothing allocated).
+if cfg.plan then
+  local model = llama.CausalLM(c, { device = 'meta', dtype = cfg.dtype })
+  shard_recipe.plan(model, cfg, llama.DecoderLayer, { batch = cfg.batch_size, seq = cfg.seq_len }, 'recipes/llama2_7b.lua')
   recipe.expose({ model = model, config = c, cfg = cfg })
   return
 end

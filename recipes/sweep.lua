@@ -5,7 +5,9 @@
 --   fsdp-lua recipes/sweep.lua --grid='dtype=f32,bf16 batch_size=2,4,8' --steps=5
 --   fsdp-lua recipes/sweep.lua --memory_limit_mb=64  points past 64 MiB are reported as OOM
 --   fsdp-lua recipes/sweep.lua --find_batch --memory_limit_mb=64
---                                                    the largest batch that fits, per point
+--                                                    the largest batch that fits, per point:
+--                                                    planned first (the recipe's --plan), then
+--                                                    verified by real steps (two probes when right)
 --
 -- An axis is any option of the recipe (see `fsdp-lua recipes/llama2_7b.lua
 -- --help`), so `sharding_strategy=FULL_SHARD,SHARD_GRAD_OP` works as soon
@@ -31,6 +33,7 @@ local cfg = recipe.config({
   out = { 'sweep_out', 'directory for sweep.csv and sweep.png' },
   chart = { true, 'draw sweep.png with gnuplot' },
   find_batch = { false, 'instead of timing: the largest batch_size that fits under --memory_limit_mb, per point' },
+  plan_first = { true, '--find_batch: start from the planner\'s answer (the recipe\'s --plan), then verify by real steps' },
   max_batch = { 1024, 'upper bound of --find_batch' },
 }, arg, 'recipes/sweep.lua')
 
@@ -69,6 +72,16 @@ if cfg.find_batch then
   for _, point in ipairs(points) do
     opts.on_probe = function(b, r)
       print(('  %s batch_size=%d: %s'):format(sweep.label(point, rest), b, r.status))
+    end
+    opts.start = nil
+    if cfg.plan_first then
+      local planned, why = sweep.plan_point(opts, point, rest)
+      if planned and planned.max_batch then
+        print(('  %s: planned largest batch_size %d (fsdp.plan)'):format(sweep.label(point, rest), planned.max_batch))
+        opts.start = math.max(1, planned.max_batch)
+      else
+        print(('  %s: no plan (%s); probing from 1'):format(sweep.label(point, rest), tostring(why or 'no max_batch')))
+      end
     end
     local found, err_or_best = nil, nil
     ok, found, _, err_or_best = pcall(sweep.find_batch, opts, point, rest)

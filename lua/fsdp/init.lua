@@ -268,10 +268,13 @@ M.dtypes = {}
 for d = 0, C.FL_DTYPE_COUNT - 1 do M.dtypes[#M.dtypes + 1] = core.dtype_name(d) end
 
 -- Submodules loaded on first use (they require this module themselves):
--- fsdp.nn, fsdp.optim, fsdp.functional (also as fsdp.F).
+-- fsdp.nn, fsdp.optim, fsdp.functional (also as fsdp.F), fsdp.plan (callable).
 local lazy = { nn = 'fsdp.nn', optim = 'fsdp.optim', functional = 'fsdp.functional',
                F = 'fsdp.functional', dist = 'fsdp.dist', sharding = 'fsdp.sharding',
-               policy = 'fsdp.sharding.policy', checkpointing = 'fsdp.checkpointing' }
+               policy = 'fsdp.sharding.policy', checkpointing = 'fsdp.checkpointing',
+               -- fsdp.plan(model, opts): memory, communication and time per
+               -- rank without allocating; fsdp.devices: its device profiles.
+               plan = 'fsdp.plan', devices = 'fsdp.devices' }
 setmetatable(M, {
   -- Tab completion (fsdp.complete) offers the lazy submodules too.
   __dir = function(t)

@@ -100,8 +100,9 @@ local function capture(cmd)
 end
 
 -- The command line of one point: the recipe with the base arguments, the
--- point's options, and the measuring options last so they win.
-function M.command(opts, point, axes)
+-- point's options, and the measuring options last so they win (then
+-- `extra`, e.g. '--plan').
+function M.command(opts, point, axes, extra)
   local host = require 'fsdp.host'
   local parts = { 'timeout', '-k', '5', tostring(opts.timeout or 600), shell_quote(opts.exe or host.exe),
                   shell_quote(opts.recipe) }
@@ -114,7 +115,24 @@ function M.command(opts, point, axes)
   if (opts.memory_limit_mb or 0) > 0 then
     parts[#parts + 1] = ('--memory_limit_mb=%s'):format(opts.memory_limit_mb)
   end
+  if extra then parts[#parts + 1] = extra end
   return table.concat(parts, ' ')
+end
+
+-- The planner's answer for a point: the recipe run with --plan (nothing
+-- is trained or allocated) prints `PLAN {json}`; with a memory limit that
+-- has max_batch, the largest batch it predicts fits. Returns the decoded
+-- table, or nil and why (a recipe without --plan, say).
+function M.plan_point(opts, point, axes)
+  local output, rc = capture(M.command(opts, point, axes, '--plan'))
+  local line = output:match('\nPLAN (%b{})') or output:match('^PLAN (%b{})')
+  if rc ~= 0 or not line then
+    local why = output:match('fsdp%-lua: ([^\n]*)') or ('exit %d, no PLAN line'):format(rc)
+    return nil, why
+  end
+  local ok, data = pcall(require('cjson').decode, line)
+  if not ok or type(data) ~= 'table' then return nil, 'unreadable PLAN line: ' .. line end
+  return data
 end
 
 -- Run one point in a fresh process; the result has the point, status and
@@ -144,9 +162,12 @@ function M.run(opts)
   return results
 end
 
--- The largest batch size (1 ... opts.max_batch) whose real training step
--- fits, each probe one step in a fresh process: doubling until a failure,
--- then bisecting. opts.start seeds the first probe (a planner's guess).
+-- The largest batch size (1 ... opts.max_batch) whose real training steps
+-- fit, each probe two steps in a fresh process (the second is the steady
+-- state: optimizer state and the previous gradients exist; a first step
+-- alone fits batches the second does not): doubling until a failure, then
+-- bisecting. opts.start seeds the first probe (the planner's answer: then
+-- start + 1 is probed next, and two probes settle a right plan).
 -- Returns the batch (0 when even 1 fails), the probes {batch, status} in
 -- order, and the last successful result.
 function M.find_batch(opts, point, axes)
@@ -154,7 +175,7 @@ function M.find_batch(opts, point, axes)
   local probes, best_result = {}, nil
   local probe_opts = {}
   for k, v in pairs(opts) do probe_opts[k] = v end
-  probe_opts.steps = 0  -- one step: the warmup step is a real step
+  probe_opts.steps = 1  -- two steps: a warmup step and the steady one
   local probe_axes = {}
   for _, a in ipairs(axes) do probe_axes[#probe_axes + 1] = a end
   probe_axes[#probe_axes + 1] = { name = 'batch_size' }
@@ -173,11 +194,14 @@ function M.find_batch(opts, point, axes)
   end
   local lo, hi = 0, nil           -- lo fits (0: none yet), hi fails
   local b = math.max(1, math.min(opts.start or 1, max_batch))
+  local planned = opts.start ~= nil
   while true do
     if fits(b) then
       lo = b
       if b >= max_batch then return lo, probes, best_result end
-      b = math.min(b * 2, max_batch)
+      -- After a planned start its neighbour; then doubling.
+      b = planned and b + 1 or math.min(b * 2, max_batch)
+      planned = false
     else
       hi = b
       break

@@ -43,7 +43,8 @@ local function pace_collector()
   collectgarbage('collect')
   C.fl_memory_stats_get(cpu, stats_buf)
   gc_mark = tonumber(C.fl_memory_allocated_total())
-  gc_budget = math.min(MAX_BUDGET, math.max(min_budget, tonumber(stats_buf.in_use) / 4))
+  -- A budget of 0 stays 0: every allocation collects (exact accounting).
+  gc_budget = min_budget <= 0 and 0 or math.min(MAX_BUDGET, math.max(min_budget, tonumber(stats_buf.in_use) / 4))
 end
 
 -- Set the smallest collection budget in bytes (0: collect before every

@@ -123,6 +123,17 @@ describe('recipes/sweep.lua', function()
     -- The probes bracket it: found fits, found + 1 does not.
     assert.matches(('batch_size=%d: ok'):format(found), out, 1, true)
     assert.matches(('batch_size=%d: oom'):format(found + 1), out, 1, true)
+    -- The planner answered first (the recipe's --plan); its answer was the
+    -- real one, so two probes settled it.
+    local planned = tonumber(out:match('planned largest batch_size (%d+)'))
+    assert.are.equal(found, planned, out)
+    local _, probes = out:gsub('batch_size=%d+: %a+', '')
+    assert.are.equal(2, probes, out)
+    -- Without the planner: the same answer by doubling and bisecting.
+    out, rc = run(('--find_batch --plan_first=false --grid=dtype=f32 --args=%s --memory_limit_mb=2 --max_batch=256')
+      :format(quote(small)))
+    assert.are.equal(0, rc, out)
+    assert.are.equal(found, tonumber(out:match('largest batch_size that fits: (%d+)')), out)
   end)
 
   it('records a failing point and goes on', function()

@@ -123,6 +123,11 @@ for np in 2 4; do
   run_tap "sharding features, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_api.lua
   run_tap "sharded memory, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_memory.lua
 done
+# The planner's persistent and peak bytes against the allocator's, every
+# strategy in f32 and in bf16 with checkpointing; hybrid as 2 nodes of 2.
+run_tap "planned = measured memory, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua
+run_tap "planned = measured memory, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
+  mpirun -np 4 "$EXE" tests/mpi/plan_memory.lua
 # The Llama recipe, sharded: 2 ranks of batch 2 log the losses of 1 rank of
 # batch 4 (f32: equal to the printed 4 decimals, within 2e-4).
 recipe_losses() { grep -oE 'Batch [0-9]+ Loss: [0-9.]+' | awk '{print $4}'; }

@@ -49,6 +49,8 @@ local STRATEGIES = {
   HYBRID_SHARD_ZERO2 = { reshard = false, shard = 'node' },
 }
 M.strategies = { 'FULL_SHARD', 'SHARD_GRAD_OP', 'NO_SHARD', 'HYBRID_SHARD', 'HYBRID_SHARD_ZERO2' }
+-- Read by the planner (fsdp.plan), which must make the same choices.
+M.strategy_info = STRATEGIES
 
 -- Groups are created collectively, once per process, in the order first
 -- needed (the same on every rank: policies are deterministic).
@@ -75,23 +77,26 @@ local OPTIONS = {
   sync_module_states = true, ignored = true, group = true, seed = true, device = true,
 }
 
-local function check_strategy(s, where)
+-- `who` names the caller in errors ('fsdp.shard', or 'fsdp.plan').
+local function check_strategy(s, where, who)
   if not STRATEGIES[s] then
-    core.fail(("fsdp.shard: %sunknown strategy '%s' (known: %s)"):format(where or '', tostring(s),
+    core.fail(("%s: %sunknown strategy '%s' (known: %s)"):format(who or 'fsdp.shard', where or '', tostring(s),
       table.concat(M.strategies, ', ')))
   end
 end
+M.check_strategy = check_strategy
 
 -- {param=, reduce=, buffer=} dtype names; nil fields keep the model's.
-local function mixed_precision(mp, master, where)
+local function mixed_precision(mp, master, where, who)
+  who = who or 'fsdp.shard'
   if mp == nil or mp == false then return { param = master, reduce = master, grad = master } end
   if type(mp) == 'string' then mp = { param = mp, reduce = mp, buffer = mp } end
   if type(mp) ~= 'table' then
-    core.fail(('fsdp.shard: %smixed_precision must be a table {param=, reduce=, buffer=} or a dtype name'):format(where or ''))
+    core.fail(('%s: %smixed_precision must be a table {param=, reduce=, buffer=} or a dtype name'):format(who, where or ''))
   end
   for k in pairs(mp) do
     if k ~= 'param' and k ~= 'reduce' and k ~= 'buffer' and k ~= 'keep_low_precision_grads' then
-      core.fail(("fsdp.shard: %smixed_precision has unknown key '%s' (known: param, reduce, buffer)"):format(where or '', tostring(k)))
+      core.fail(("%s: %smixed_precision has unknown key '%s' (known: param, reduce, buffer)"):format(who, where or '', tostring(k)))
     end
   end
   local function name(d)
@@ -99,7 +104,7 @@ local function mixed_precision(mp, master, where)
     local code = type(d) == 'string' and C.fl_dtype_parse(d) or -1
     if code < 0 or not C.fl_dtype_is_float(code) then
       C.fl_clear_error()
-      core.fail(("fsdp.shard: %smixed_precision: '%s' is not a floating-point dtype"):format(where or '', tostring(d)))
+      core.fail(("%s: %smixed_precision: '%s' is not a floating-point dtype"):format(who, where or '', tostring(d)))
     end
     return core.dtype_name(code)
   end
@@ -110,6 +115,7 @@ local function mixed_precision(mp, master, where)
   return { param = param, reduce = reduce, buffer = name(mp.buffer),
            grad = mp.keep_low_precision_grads and reduce or master }
 end
+M.mixed_precision = mixed_precision
 
 -- which parameters go where ------------------------------------------------------------
 
@@ -186,6 +192,9 @@ local function plan_units(model, policy, ignored)
   visit(model, '', true)
   return units, fqn
 end
+-- The planner (fsdp.plan) asks the same question of a meta model, so its
+-- units are exactly the ones fsdp.shard would make.
+M.plan_units = plan_units
 
 -- orchestration ------------------------------------------------------------------------
 

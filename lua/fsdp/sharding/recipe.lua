@@ -22,6 +22,8 @@ M.OPTIONS = {
   forward_prefetch = { false, 'gather the next unit in forward ahead of time' },
   limit_all_gathers = { true, 'at most two all-gathers in flight' },
   activation_checkpointing = { false, 'recompute each block in backward instead of keeping activations' },
+  plan = { false, 'print what each rank would hold, send and compute (fsdp.plan) for this config, and exit' },
+  plan_device = { 'cpu', 'device profile for --plan (fsdp.devices: cpu, a100-80g, h100-80g, ...)' },
 }
 
 -- A recipe's own options plus these (its own win on a clash).
@@ -39,8 +41,8 @@ end
 -- Shard `model` (built on meta) as cfg says, units and checkpoints on
 -- instances of block_class; each rank initialises its shards from the init
 -- rules with cfg.seed. Returns the model and its units.
-function M.apply(model, cfg, block_class, script)
-  script = script or 'recipe'
+-- The wrap policy and mixed precision a config asks for (checked).
+function M.policy_and_precision(cfg, block_class, script)
   local policies = {
     transformer = fsdp.policy.transformer { block_class },
     size = fsdp.policy.size { min_params = cfg.wrap_min_params },
@@ -56,8 +58,15 @@ function M.apply(model, cfg, block_class, script)
     local param = cfg.mixed_precision ~= '' and cfg.mixed_precision or nil
     mp = { param = param, reduce = cfg.reduce_dtype ~= '' and cfg.reduce_dtype or param, buffer = param }
   end
+  return policies[cfg.wrap], mp
+end
+
+function M.apply(model, cfg, block_class, script)
+  script = script or 'recipe'
+  local bp = cfg.backward_prefetch
+  local policy, mp = M.policy_and_precision(cfg, block_class, script)
   fsdp.shard(model, {
-    policy = policies[cfg.wrap], strategy = cfg.sharding_strategy, mixed_precision = mp,
+    policy = policy, strategy = cfg.sharding_strategy, mixed_precision = mp,
     backward_prefetch = bp ~= 'none' and bp or false, forward_prefetch = cfg.forward_prefetch,
     limit_all_gathers = cfg.limit_all_gathers, seed = cfg.seed,
   })
@@ -70,6 +79,45 @@ function M.apply(model, cfg, block_class, script)
     W, W == 1 and '' or 's', #units, units[1].param_dtype, units[1].reduce_dtype,
     cfg.activation_checkpointing and ', checkpointed blocks' or '')) end
   return model, units
+end
+
+-- --plan: the plan of `model` (built on meta, not sharded) for this job's
+-- world and the config's sharding options, batch and seq (what the
+-- recipe feeds one rank). With cfg.memory_limit_mb the device is this
+-- machine's CPU limited to it, and the plan also searches the largest
+-- batch that fits. Prints the plan and one line `PLAN {json}` (batch,
+-- peak_bytes, persistent_bytes, fits, max_batch) for recipes/sweep.lua.
+function M.plan(model, cfg, block_class, shape, script)
+  script = script or 'recipe'
+  local policy, mp = M.policy_and_precision(cfg, block_class, script)
+  local device = cfg.plan_device
+  local limit = (cfg.memory_limit_mb or 0) > 0 and cfg.memory_limit_mb * 2^20 or nil
+  if limit then
+    local base = fsdp.devices.get(device, script .. ': --plan_device')
+    device = {}
+    for k, v in pairs(base) do device[k] = v end
+    device.name = ('%s limited to %g MiB'):format(base.name, cfg.memory_limit_mb)
+    device.memory, device.reserved = limit, 0
+  end
+  local opts = {
+    world = fsdp.dist.world_size(), nodes = fsdp.dist.nodes(), strategy = cfg.sharding_strategy, policy = policy,
+    mixed_precision = mp, checkpoint = cfg.activation_checkpointing, device = device,
+    backward_prefetch = cfg.backward_prefetch ~= 'none' and cfg.backward_prefetch or false,
+    forward_prefetch = cfg.forward_prefetch, batch = shape.batch, seq = shape.seq,
+  }
+  local p = fsdp.plan(model, opts)
+  local max_batch = limit and fsdp.plan.max_batch(model, opts) or nil
+  if fsdp.dist.rank() == 0 then
+    print(p)
+    if limit then
+      print(('largest batch_size that fits in %g MiB (planned): %d'):format(cfg.memory_limit_mb, max_batch))
+    end
+    print('PLAN ' .. require('cjson').encode({
+      batch = shape.batch, peak_bytes = p.memory.peak, persistent_bytes = p.memory.persistent, fits = p.fits,
+      max_batch = max_batch, step_seconds = p.time.step,
+    }))
+  end
+  return p
 end
 
 -- Weight decay off for norm weights and biases (any parameter whose whole

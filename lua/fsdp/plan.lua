@@ -1,0 +1,316 @@
+-- fsdp.plan: what each rank would hold, compute and send for a model,
+-- world size, sharding strategy, precision, batch and device, without
+-- allocating it (the model is built on meta).
+--
+--   local m = require('models.llama').build('Llama-2-70b', {device = 'meta'})
+--   local p = fsdp.plan(m, {world = 64, strategy = 'FULL_SHARD', mixed_precision = 'bf16',
+--                           device = 'h100-80g', batch = 1, seq = 4096})
+--   print(p)                      -- per-rank memory, communication, FLOPs, time, FITS / DOES NOT FIT
+--   p.memory.peak, p.memory.persistent, p.fits, p.time.step, p.comm.all_gather.bytes
+--   fsdp.plan.max_batch(m, {...})  -- the largest batch per rank that fits
+--
+-- Options (errors name the option at fault):
+--   world (default: this job's size), nodes (1; ranks per node = world /
+--   nodes), strategy (FULL_SHARD), policy (a function as fsdp.shard's, or
+--   'transformer' / 'size' / 'none'; default: one unit per block of a
+--   known model family, else fsdp.policy.size{}), mixed_precision (as
+--   fsdp.shard's: 'bf16' or {param=, reduce=, buffer=,
+--   keep_low_precision_grads=}), checkpoint (true: the family's blocks),
+--   offload (cpu_offload: shards, gradients and optimizer state live in
+--   host memory), optimizer ('adamw', 'anyprecision_adamw', 'sgd',
+--   'adadelta', 'none', or {name=, state_dtype=, momentum=,
+--   use_kahan_summation=, momentum_dtype=, variance_dtype=}), batch
+--   (sequences per rank, 1), seq (tokens per sequence; the model's
+--   max_seq_len), device (a name in fsdp.devices or a profile; 'cpu'),
+--   backward_prefetch ('pre'), forward_prefetch (false), utilization (the
+--   device's), rank (0: whose shard; the last rank holds the padding).
+--
+-- Units are fsdp.shard's own (fsdp.sharding.plan_units, the same padding);
+-- the bytes of a step come from replaying it (fsdp.plan_sim) with the
+-- model family's activations (fsdp.plan_models). Printing is
+-- fsdp.plan_report.
+local core = require 'fsdp.core'
+local sharding = require 'fsdp.sharding'
+local devices = require 'fsdp.devices'
+local models = require 'fsdp.plan_models'
+local sim = require 'fsdp.plan_sim'
+local C = core.C
+
+local M = {}
+local Plan = {}
+Plan.__index = Plan
+Plan.__name = 'Plan'
+M.Plan = Plan
+
+local WHO = 'fsdp.plan'
+local function fail(fmt, ...) core.fail(WHO .. ': ' .. fmt:format(...)) end
+
+local OPTIONS = {
+  world = true, nodes = true, strategy = true, policy = true, mixed_precision = true, checkpoint = true,
+  offload = true, optimizer = true, batch = true, seq = true, device = true, backward_prefetch = true,
+  forward_prefetch = true, limit_all_gathers = true, utilization = true, rank = true,
+}
+
+local function size_of(dtype) return tonumber(C.fl_dtype_size(core.dtype(dtype))) end
+
+local function positive_int(opts, key, default)
+  local v = opts[key]
+  if v == nil then return default end
+  if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
+    fail('%s must be a positive integer, got %s', key, tostring(v))
+  end
+  return v
+end
+
+-- optimizers: bytes of state per parameter element, from their state
+-- tensors (fsdp/optim/*.lua).
+local OPTIMIZERS = {
+  adamw = function(o, master) return 2 * size_of(o.state_dtype or master), 'AdamW' end,
+  anyprecision_adamw = function(o)
+    local b = size_of(o.momentum_dtype or 'bf16') + size_of(o.variance_dtype or 'bf16')
+    if o.use_kahan_summation then b = b + size_of(o.compensation_buffer_dtype or 'bf16') end
+    return b, 'AnyPrecisionAdamW'
+  end,
+  sgd = function(o, master) return (o.momentum or 0) ~= 0 and size_of(master) or 0, 'SGD' end,
+  adadelta = function(_, master) return 2 * size_of(master), 'Adadelta' end,
+  none = function() return 0, 'no optimizer' end,
+}
+
+local function optimizer_bytes(spec, master)
+  local o = type(spec) == 'table' and spec or { name = spec or 'adamw' }
+  local name = type(o.name) == 'string' and o.name:lower():gsub('[%s_]', '') or nil
+  local canon = { adamw = 'adamw', anyprecisionadamw = 'anyprecision_adamw', sgd = 'sgd', adadelta = 'adadelta',
+                  none = 'none' }
+  local f = name and OPTIMIZERS[canon[name]]
+  if not f then
+    fail("optimizer: unknown optimizer '%s' (known: adamw, anyprecision_adamw, sgd, adadelta, none)", tostring(o.name))
+  end
+  return f(o, master)
+end
+
+local function policy_of(opts, est, cfg)
+  local p = opts.policy
+  if type(p) == 'function' then return p, 'custom' end
+  if p == nil or p == 'transformer' then
+    if est.name ~= 'generic' or next(cfg.blocks or {}) then
+      return function(m) return est.is_block(m, cfg) end, 'one unit per block'
+    end
+    if p == 'transformer' then fail("policy: 'transformer' needs a known model family or blocks") end
+  end
+  if p == nil or p == 'size' then return sharding.policy.size {}, 'size >= 1e8 parameters' end
+  if p == 'none' or p == false then return nil, 'one unit (the root)' end
+  fail("policy must be a function, 'transformer', 'size' or 'none', got %s", tostring(p))
+end
+
+-- The units fsdp.shard would make, with this rank's numbers.
+local function plan_units(model, r)
+  local specs = sharding.plan_units(model, r.policy, {})
+  local units = {}
+  for i, spec in ipairs(specs) do
+    local ov = spec.overrides
+    local where = spec.name == '' and 'root unit: ' or ('unit %s: '):format(spec.name)
+    local st = ov.strategy or r.strategy
+    sharding.check_strategy(st, where, WHO)
+    local mp = ov.mixed_precision ~= nil and sharding.mixed_precision(ov.mixed_precision, r.master, where, WHO) or r.mp
+    local shard_on = sharding.strategy_info[st].shard
+    local G = shard_on == 'self' and 1 or shard_on == 'node' and r.ranks_per_node or r.world
+    local numel = 0
+    for _, t in ipairs(spec.tensors) do numel = numel + t:numel() end
+    local padded = math.ceil(numel / G) * G
+    local shard = padded / G
+    local ps = size_of(mp.param)
+    local aliased = G == 1 and mp.param == r.master
+    local gb = aliased and 0 or padded * ps
+    if r.device.page and gb > 0 then gb = math.ceil(gb / r.device.page) * r.device.page end
+    local reshard = sharding.strategy_info[st].reshard
+    if ov.reshard_after_forward ~= nil then reshard = ov.reshard_after_forward end
+    units[i] = {
+      name = spec.name, label = spec.name == '' and '<root>' or spec.name, module = spec.module,
+      tensors = spec.tensors, strategy = st, numel = numel, padded = padded, shard = shard, G = G,
+      replicas = r.world / G, aliased = aliased, gb = gb, ps = ps, rs = size_of(mp.reduce),
+      gs = size_of(mp.grad), reshard = reshard, root = i == #specs, param_dtype = mp.param,
+      reduce_dtype = mp.reduce,
+      -- real elements in this rank's shard (the last ranks hold the padding)
+      real = math.max(0, math.min(shard, numel - r.rank % G * shard)),
+    }
+  end
+  return units
+end
+
+-- Resolve the options into one table (checked).
+local function resolve(model, opts)
+  for k in pairs(opts) do
+    if not OPTIONS[k] then
+      local known = {}
+      for o in pairs(OPTIONS) do known[#known + 1] = o end
+      table.sort(known)
+      fail("unknown option '%s' (known: %s)", tostring(k), table.concat(known, ', '))
+    end
+  end
+  local r = {}
+  r.world = positive_int(opts, 'world', require('fsdp.dist').world_size())
+  r.nodes = positive_int(opts, 'nodes', 1)
+  if r.world % r.nodes ~= 0 then fail('world %d is not a multiple of nodes %d', r.world, r.nodes) end
+  r.ranks_per_node = r.world / r.nodes
+  r.strategy = opts.strategy or 'FULL_SHARD'
+  sharding.check_strategy(r.strategy, '', WHO)
+  r.rank = opts.rank or 0
+  if type(r.rank) ~= 'number' or r.rank < 0 or r.rank >= r.world or r.rank ~= math.floor(r.rank) then
+    fail('rank must be an integer in [0, %d), got %s', r.world, tostring(opts.rank))
+  end
+  r.batch = positive_int(opts, 'batch', 1)
+  local first = model:parameters()[1]
+  if not first then fail('the model has no parameters') end
+  r.master = first.dtype
+  r.mp = sharding.mixed_precision(opts.mixed_precision, r.master, '', WHO)
+  r.device = devices.get(opts.device or 'cpu', WHO .. ': device')
+  r.utilization = opts.utilization or r.device.utilization or 0.5
+  if type(r.utilization) ~= 'number' or r.utilization <= 0 or r.utilization > 1 then
+    fail('utilization must be in (0, 1], got %s', tostring(opts.utilization))
+  end
+  local bp = opts.backward_prefetch
+  if bp == nil then bp = 'pre' end
+  if bp ~= 'pre' and bp ~= 'post' and bp ~= false then
+    fail("backward_prefetch must be 'pre', 'post' or false, got %s", tostring(bp))
+  end
+  r.backward_prefetch, r.forward_prefetch = bp, opts.forward_prefetch and true or false
+  r.offload = opts.offload and true or false
+  local ck = opts.checkpoint
+  if ck ~= nil and type(ck) ~= 'boolean' then fail('checkpoint must be true or false, got %s', tostring(ck)) end
+  r.checkpoint = ck or false
+  r.opt_bytes, r.optimizer = optimizer_bytes(opts.optimizer, r.master)
+  return r
+end
+
+-- One plan (see the top of this file).
+function M.plan(model, opts)
+  if type(model) ~= 'table' or type(model.named_modules) ~= 'function' then
+    fail('expected an nn.Module (built on meta), got %s', type(model))
+  end
+  if rawget(model, '_fsdp') then fail('the model is already sharded: plan the unsharded model (built on meta)') end
+  opts = opts or {}
+  if type(opts) ~= 'table' then fail('expected an options table, got %s', type(opts)) end
+  local r = resolve(model, opts)
+  local est, cfg = models.find(model)
+  r.policy, r.policy_name = policy_of(opts, est, cfg)
+  local seq = opts.seq or (est.dims(cfg) or {}).T or 1
+  if type(seq) ~= 'number' or seq < 1 or seq ~= math.floor(seq) then
+    fail('seq must be a positive integer, got %s', tostring(opts.seq))
+  end
+  r.seq = seq
+  local units = plan_units(model, r)
+  local root = units[#units]
+  local s, ps = size_of(root.param_dtype), root.ps
+  local ctx = { B = r.batch, T = seq, N = r.batch * seq, s = s, ps = ps, f32_gemm = r.device.f32_gemm }
+
+  -- persistent bytes of this rank
+  local mem = { params = 0, grads = 0, optimizer = 0, buffers = 0, largest_unit = 0 }
+  for _, u in ipairs(units) do
+    mem.params = mem.params + u.shard * size_of(r.master)
+    mem.grads = mem.grads + u.shard * u.gs
+    mem.optimizer = mem.optimizer + u.real * r.opt_bytes
+    mem.largest_unit = math.max(mem.largest_unit, u.gb)
+  end
+  for _, b in ipairs(model:buffers()) do
+    local d = (r.mp.buffer and b:is_floating_point()) and r.mp.buffer or b.dtype
+    mem.buffers = mem.buffers + b:numel() * size_of(d)
+  end
+  mem.buffers = mem.buffers + est.caches(cfg, ctx)
+  mem.host = 0
+  if r.offload and r.device.name ~= 'cpu' then
+    mem.host = mem.params + mem.grads + mem.optimizer
+  end
+  mem.persistent = mem.params + mem.grads + mem.optimizer + mem.buffers - mem.host
+
+  -- blocks in forward order, each with its units
+  local unit_of = {}
+  for _, u in ipairs(units) do for _, t in ipairs(u.tensors) do unit_of[t] = u end end
+  local blocks, block_params = {}, 0
+  local function add_blocks(m, name)
+    if est.is_block(m, cfg) then
+      local us, seen = {}, {}
+      for _, t in ipairs(m:parameters()) do
+        local u = unit_of[t]
+        if u and not seen[u] then seen[u] = true; us[#us + 1] = u end
+        block_params = block_params + t:numel()
+      end
+      blocks[#blocks + 1] = { name = name, units = us, prof = est.block(cfg, m, ctx) }
+      return
+    end
+    for _, nc in ipairs(m:named_children()) do add_blocks(nc[2], name == '' and nc[1] or name .. '.' .. nc[1]) end
+  end
+  add_blocks(model, '')
+  local stem, head = est.stem(cfg, ctx), est.head(cfg, ctx)
+  local inputs = est.inputs(cfg, ctx)
+  local function replay(checkpoint)
+    return sim.run(units, blocks, stem, head, {
+      persistent = mem.persistent, inputs = inputs, checkpoint = checkpoint and #blocks > 0,
+      forward_prefetch = r.forward_prefetch, backward_prefetch = r.backward_prefetch,
+      f32_reduce = r.device.f32_reduce,
+    })
+  end
+  local step = replay(r.checkpoint)
+  local other = replay(not r.checkpoint)
+  mem.inputs = inputs
+  mem.activations = step.activations
+  mem.activations_checkpointed = r.checkpoint and step.activations or other.activations
+  mem.activations_full = r.checkpoint and other.activations or step.activations
+  mem.gathered = step.gathered_peak
+  mem.peak = step.peak
+  mem.peak_at = step.peak_at
+  mem.peak_other = other.peak
+  mem.transient = step.peak - mem.persistent - step.gathered_peak - step.activations - inputs
+  mem.residual = step.residual
+
+  local plan = setmetatable({ units = units, memory = mem, options = r, model_class = model:class_name(),
+                              n_params = model:num_parameters(), estimator = est.name, blocks = #blocks,
+                              tokens = est.tokens(cfg, ctx) }, Plan)
+  require('fsdp.plan_cost').fill(plan, est, cfg, ctx, block_params)
+  local usable = r.device.memory - (r.device.reserved or 0)
+  plan.usable = usable
+  plan.fits = mem.peak <= usable
+  plan.headroom = usable - mem.peak
+  return plan
+end
+
+-- The largest batch per rank whose plan fits (0 when even 1 does not),
+-- doubling then bisecting over plans (no memory is allocated); opts as
+-- M.plan's (batch ignored), opts.max_batch caps the search (65536).
+-- Returns the batch and its plan.
+function M.max_batch(model, opts)
+  opts = opts or {}
+  local cap = opts.max_batch or 65536
+  local o = {}
+  for k, v in pairs(opts) do if k ~= 'max_batch' then o[k] = v end end
+  local function try(b) o.batch = b; return M.plan(model, o) end
+  local p1 = try(1)
+  if not p1.fits then return 0, p1 end
+  local lo, lo_plan, hi = 1, p1, nil
+  while not hi do
+    local b = math.min(lo * 2, cap)
+    if b == lo then return lo, lo_plan end
+    local p = try(b)
+    if p.fits then lo, lo_plan = b, p else hi = b end
+  end
+  while hi - lo > 1 do
+    local mid = math.floor((lo + hi) / 2)
+    local p = try(mid)
+    if p.fits then lo, lo_plan = mid, p else hi = mid end
+  end
+  return lo, lo_plan
+end
+
+function Plan.is_plan(x) return getmetatable(x) == Plan end
+Plan.__tostring = function(p) return require('fsdp.plan_report').format(p) end
+
+-- fsdp.plan(model, opts) is M.plan.
+setmetatable(M, { __call = function(_, ...) return M.plan(...) end })
+
+-- The REPL prints plans with their report (the REPL needs the host; a
+-- plain Lua without it has no REPL to teach).
+local ok, repl = pcall(require, 'fsdp.repl')
+if ok and repl.add_printer then
+  repl.add_printer(function(v) if Plan.is_plan(v) then return tostring(v) end end)
+end
+
+return M

@@ -1,0 +1,84 @@
+-- fsdp.plan_cost: the FLOPs, communication and predicted time of one
+-- training step of a plan (fsdp.plan fills plan.flops, plan.comm and
+-- plan.time with it).
+--
+-- Communication, per rank and step, follows the unit code: one all-gather
+-- of each unit's padded flat parameter in the param dtype per gathering
+-- (FULL_SHARD and HYBRID_SHARD gather a non-root unit twice, for forward
+-- and again for backward; SHARD_GRAD_OP and NO_SHARD once; the root once),
+-- one reduce-scatter of its packed gradient in the reduce dtype, and an
+-- all-reduce of the reduced shard across replicas (NO_SHARD, hybrids).
+-- A group of one rank sends nothing. "wire" counts what a rank sends with
+-- ring algorithms: (G-1)/G of the buffer for all-gather and reduce-scatter,
+-- 2(R-1)/R for all-reduce; a group inside one node runs at the device's
+-- intra-node bandwidth, a group across nodes at its inter-node one.
+--
+-- Time: compute = hardware FLOPs / (peak FLOP/s of the compute dtype x
+-- utilization); communication = wire bytes / bandwidth; the optimizer
+-- reads and writes the shards, gradients and state once at memory
+-- bandwidth. With prefetching, communication overlaps compute (FSDP's
+-- point): the step takes the longer of the two plus the optimizer;
+-- without, their sum.
+local M = {}
+
+local function add(comm, kind, calls, bytes, wire, link)
+  local c = comm[kind]
+  if not c then
+    c = { calls = 0, bytes = 0, wire = 0, seconds = 0, link = link }
+    comm[kind] = c
+  end
+  c.calls, c.bytes, c.wire = c.calls + calls, c.bytes + bytes, c.wire + wire
+  if link == 'inter' then c.link = 'inter' end
+end
+
+function M.fill(plan, est, cfg, ctx, block_params)
+  local r, dev = plan.options, plan.options.device
+  -- FLOPs of this rank's step
+  local model_flops, block_fwd = est.flops(cfg, ctx, plan.n_params, block_params)
+  local hardware = model_flops + (r.checkpoint and block_fwd or 0)
+  plan.flops = { model = model_flops, hardware = hardware, recompute = hardware - model_flops,
+                 per_token = model_flops / math.max(plan.tokens, 1) }
+
+  -- communication
+  local comm = {}
+  local spans_nodes = function(G) return G > r.ranks_per_node end
+  for _, u in ipairs(plan.units) do
+    local link = spans_nodes(u.G) and 'inter' or 'intra'
+    if u.G > 1 then
+      local gathers = (u.reshard and not u.root) and 2 or 1
+      local buf = u.padded * u.ps
+      add(comm, 'all_gather', gathers, gathers * buf, gathers * buf * (u.G - 1) / u.G, link)
+      local rbuf = u.padded * u.rs
+      add(comm, 'reduce_scatter', 1, rbuf, rbuf * (u.G - 1) / u.G, link)
+    end
+    if u.replicas > 1 then
+      local R = u.replicas
+      local rlink = (r.nodes > 1) and 'inter' or 'intra'
+      local buf = u.shard * u.rs
+      add(comm, 'all_reduce', 1, buf, buf * 2 * (R - 1) / R, rlink)
+    end
+  end
+  local comm_s = 0
+  for _, c in pairs(comm) do
+    c.seconds = c.wire / (c.link == 'inter' and dev.inter_bw or dev.intra_bw)
+    comm_s = comm_s + c.seconds
+  end
+  plan.comm = comm
+
+  -- time
+  local peak_flops = dev.flops[r.mp.param] or dev.flops.f32
+  local compute_s = hardware / (peak_flops * r.utilization)
+  local m = plan.memory
+  local opt_s = (2 * (m.params + m.optimizer) + m.grads) / dev.mem_bw
+  local overlap = r.backward_prefetch ~= false or r.forward_prefetch
+  local step_s = (overlap and math.max(compute_s, comm_s) or compute_s + comm_s) + opt_s
+  plan.time = {
+    compute = compute_s, comm = comm_s, optimizer = opt_s, step = step_s, overlap = overlap,
+    exposed_comm = overlap and math.max(0, comm_s - compute_s) or comm_s,
+    tokens_per_s = plan.tokens * r.world / step_s,
+    mfu = model_flops / step_s / peak_flops,
+    peak_flops = peak_flops,
+  }
+end
+
+return M

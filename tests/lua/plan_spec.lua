@@ -1,0 +1,278 @@
+-- plan_spec.lua: fsdp.plan and fsdp.devices: the planner's units are
+-- fsdp.shard's, bytes follow the strategy (1/world, full, 1/ranks per
+-- node), precision and checkpointing, Llama-2-70B's numbers by hand,
+-- FLOPs and communication, printing (and the REPL's printer), device
+-- profiles, the batch search, and the errors. The planner's agreement with
+-- measured memory is tests/mpi/plan_memory.lua.
+local fsdp = require 'fsdp'
+local llama = require 'models.llama'
+local t5 = require 'models.t5'
+local deepvit = require 'models.deepvit'
+
+local N70 = 68976648192  -- Llama-2-70b's parameters
+local BLOCK70 = 855654400 -- one of its 80 decoder layers
+local ROOT70 = 524296192  -- embedding, final norm, lm_head
+
+local function tiny(overrides)
+  local o = { device = 'meta' }
+  for k, v in pairs(overrides or {}) do o[k] = v end
+  return llama.build('tiny', o)
+end
+
+local m70
+local function llama70()
+  m70 = m70 or llama.build('Llama-2-70b', { device = 'meta' })
+  return m70
+end
+
+local H100 = { world = 64, nodes = 8, strategy = 'FULL_SHARD', mixed_precision = 'bf16', device = 'h100-80g',
+               batch = 1, seq = 4096 }
+local function with(base, extra)
+  local o = {}
+  for k, v in pairs(base) do o[k] = v end
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return o
+end
+
+describe('fsdp.plan units', function()
+  it('are the units fsdp.shard makes, with the same padding and overrides', function()
+    local policy = function(m, name)
+      if name == 'lm_head' then return { strategy = 'NO_SHARD' } end
+      return m:is_instance_of(llama.DecoderLayer)
+    end
+    for _, mp in ipairs({ false, 'bf16' }) do
+      local planned = fsdp.plan(tiny({ vocab_size = 255 }), { policy = policy, mixed_precision = mp or nil,
+                                                              device = 'h100-80g' })
+      local m = tiny({ vocab_size = 255 })
+      fsdp.shard(m, { policy = policy, device = 'meta', mixed_precision = mp or nil })
+      local units = fsdp.sharding.units(m)
+      assert.are.equal(#units, #planned.units)
+      for i, u in ipairs(units) do
+        local p = planned.units[i]
+        assert.are.equal(u.name, p.name)
+        assert.are.equal(u.strategy, p.strategy)
+        assert.are.equal(u.numel, p.numel)
+        assert.are.equal(u.padded_numel, p.padded)
+        assert.are.equal(u.shard_numel, p.shard)
+        assert.are.equal(u.gathered_bytes, p.gb, u.name)
+      end
+    end
+  end)
+
+  it('pad each unit to a multiple of the shard group', function()
+    local p = fsdp.plan(tiny({ vocab_size = 255 }), { world = 3 })
+    for _, u in ipairs(p.units) do
+      assert.are.equal(0, u.padded % 3)
+      assert.is_true(u.padded - u.numel < 3)
+      assert.are.equal(u.padded / 3, u.shard)
+    end
+    -- The last rank holds the padding: fewer real elements, less optimizer state.
+    local last = fsdp.plan(tiny({ vocab_size = 255 }), { world = 3, rank = 2 })
+    assert.is_true(last.memory.optimizer < p.memory.optimizer)
+    assert.are.equal(p.memory.params, last.memory.params)
+  end)
+end)
+
+describe('fsdp.plan memory', function()
+  it('shards parameters, gradients and optimizer state 1/world with FULL_SHARD', function()
+    local m = llama70()
+    local one = fsdp.plan(m, { world = 1, device = 'h100-80g' })
+    local p = fsdp.plan(m, with(H100))
+    assert.are.equal(N70 * 4, one.memory.params)
+    assert.are.equal(N70 * 4 / 64, p.memory.params) -- every unit divides by 64
+    assert.are.equal(N70 * 4 / 64, p.memory.grads)   -- f32 gradients (keep_low_precision_grads off)
+    assert.are.equal(N70 * 8 / 64, p.memory.optimizer)
+    assert.are.equal(p.memory.params + p.memory.grads + p.memory.optimizer + p.memory.buffers, p.memory.persistent)
+    local wide = fsdp.plan(m, with(H100, { world = 128, nodes = 16 }))
+    assert.is_true(math.abs(wide.memory.params * 2 - p.memory.params) <= 81 * 4 * 2)
+  end)
+
+  it('keeps everything on every rank with NO_SHARD, 1/ranks-per-node with HYBRID_SHARD', function()
+    local m = llama70()
+    local full = fsdp.plan(m, with(H100, { strategy = 'NO_SHARD' }))
+    assert.are.equal(N70 * 4, full.memory.params)
+    assert.are.equal(N70 * 8, full.memory.optimizer)
+    local hybrid = fsdp.plan(m, with(H100, { strategy = 'HYBRID_SHARD' }))
+    assert.are.equal(N70 * 4 / 8, hybrid.memory.params)
+    assert.are.equal(8, hybrid.units[1].G)
+    assert.are.equal(8, hybrid.units[1].replicas)
+  end)
+
+  it('gathers units in the param dtype: bf16 halves them', function()
+    local m = llama70()
+    local f32 = fsdp.plan(m, with(H100, { mixed_precision = false }))
+    local bf16 = fsdp.plan(m, with(H100))
+    assert.are.equal(BLOCK70 * 4, f32.memory.largest_unit)
+    assert.are.equal(BLOCK70 * 2, bf16.memory.largest_unit)
+    assert.are.equal(f32.memory.gathered, 2 * bf16.memory.gathered)
+    -- FULL_SHARD: the root and two blocks (one prefetched); SHARD_GRAD_OP
+    -- keeps every unit gathered from its forward to its backward.
+    assert.are.equal(ROOT70 * 2 + 2 * BLOCK70 * 2, bf16.memory.gathered)
+    local zero2 = fsdp.plan(m, with(H100, { strategy = 'SHARD_GRAD_OP' }))
+    assert.are.equal(N70 * 2, zero2.memory.gathered)
+    local no_prefetch = fsdp.plan(m, with(H100, { backward_prefetch = false }))
+    assert.are.equal(ROOT70 * 2 + BLOCK70 * 2, no_prefetch.memory.gathered)
+  end)
+
+  it('cuts activations with checkpointing, and they grow with the batch', function()
+    local m = llama70()
+    local plain = fsdp.plan(m, with(H100))
+    local ckpt = fsdp.plan(m, with(H100, { checkpoint = true }))
+    assert.are.equal(plain.memory.activations, ckpt.memory.activations_full)
+    assert.are.equal(ckpt.memory.activations, plain.memory.activations_checkpointed)
+    assert.is_true(ckpt.memory.activations < plain.memory.activations / 10)
+    assert.is_true(ckpt.memory.peak < plain.memory.peak)
+    -- A checkpointed 70B layer keeps its input: 4096 x 8192 bf16 values.
+    local two = fsdp.plan(m, with(H100, { checkpoint = true, batch = 2 }))
+    assert.is_true(two.memory.activations - ckpt.memory.activations >= 80 * 4096 * 8192 * 2)
+  end)
+
+  it('gives Llama-2-70B on 64 H100s in bf16 the numbers worked out by hand', function()
+    local p = fsdp.plan(llama70(), with(H100, { checkpoint = true }))
+    local per_token = llama.flops_per_token(llama.config('Llama-2-70b'), 4096, N70)
+    assert.are.equal(per_token * 4096, p.flops.model)
+    assert.is_true(p.flops.hardware > p.flops.model) -- the recomputed forward
+    local ag, rs = p.comm.all_gather, p.comm.reduce_scatter
+    assert.are.equal(2 * 80 + 1, ag.calls)
+    assert.are.equal((2 * 80 * BLOCK70 + ROOT70) * 2, ag.bytes)
+    assert.are.equal(81, rs.calls)
+    assert.are.equal(N70 * 2, rs.bytes)
+    assert.are.equal('inter', ag.link)                 -- 64 ranks span 8 nodes
+    assert.is_nil(p.comm.all_reduce)
+    assert.is_true(p.fits)
+    assert.is_true(p.memory.peak > p.memory.persistent + p.memory.activations)
+    assert.is_true(p.time.step >= p.time.compute and p.time.step >= p.time.comm)
+    -- Without checkpointing 80 layers of 4096 tokens keep ~89 GiB: too much.
+    local plain = fsdp.plan(llama70(), with(H100))
+    assert.is_false(plain.fits)
+    assert.is_true(plain.memory.activations > 80 * 2^30)
+  end)
+
+  it('moves shards, gradients and optimizer state to the host with offload', function()
+    local p = fsdp.plan(llama70(), with(H100, { checkpoint = true, offload = true }))
+    local q = fsdp.plan(llama70(), with(H100, { checkpoint = true }))
+    assert.are.equal(q.memory.params + q.memory.grads + q.memory.optimizer, p.memory.host)
+    assert.are.equal(q.memory.persistent - p.memory.host, p.memory.persistent)
+  end)
+
+  it('prices optimizers by their state', function()
+    local m = tiny()
+    local adamw = fsdp.plan(m).memory.optimizer
+    assert.are.equal(adamw / 2, fsdp.plan(m, { optimizer = { name = 'sgd', momentum = 0.9 } }).memory.optimizer)
+    assert.are.equal(0, fsdp.plan(m, { optimizer = 'sgd' }).memory.optimizer)
+    assert.are.equal(adamw / 2, fsdp.plan(m, { optimizer = 'AnyPrecisionAdamW' }).memory.optimizer)
+    assert.are.equal(adamw * 3 / 4, fsdp.plan(m, { optimizer = { name = 'anyprecision_adamw',
+      use_kahan_summation = true } }).memory.optimizer)
+    assert.are.equal(0, fsdp.plan(m, { optimizer = 'none' }).memory.optimizer)
+  end)
+
+  it('plans T5 and DeepViT at full size, and other models generically', function()
+    local p = fsdp.plan(t5.build('t5-11b', { device = 'meta' }), { world = 32, mixed_precision = 'bf16',
+      device = 'a100-80g', batch = 4, seq = 512, checkpoint = true })
+    assert.are.equal('T5', p.estimator)
+    assert.are.equal(48, p.blocks)
+    assert.is_true(p.memory.activations > 0 and p.flops.model > 0)
+    local v = fsdp.plan(deepvit.build('8B', { device = 'meta' }), { world = 16, device = 'a100-80g', batch = 8 })
+    assert.are.equal('DeepViT', v.estimator)
+    assert.are.equal(952, v.blocks)
+    local g = fsdp.plan(require('models.gpt2').build('tiny', { device = 'meta' }), { batch = 2, seq = 16 })
+    assert.are.equal('generic', g.estimator)
+    assert.is_true(g.blocks > 0 and g.memory.peak > g.memory.persistent)
+  end)
+
+  it('allocates nothing and takes well under a second for 70B', function()
+    local budget = fsdp.set_collect_budget(0)
+    finally(function() fsdp.set_collect_budget(budget) end)
+    local m = llama70()
+    fsdp.plan(m, with(H100)) -- warm
+    collectgarbage(); collectgarbage()
+    local before = fsdp.memory_stats('cpu').in_use
+    local clock = require 'fsdp.clock'
+    local t0 = clock.now()
+    fsdp.plan(m, with(H100))
+    local dt = clock.now() - t0
+    assert.are.equal(before, fsdp.memory_stats('cpu').in_use)
+    -- The bound only where the build is not slowed down by sanitizers.
+    if not require('fsdp.host').build_info:find('asan', 1, true) then assert.is_true(dt < 1, ('%.3f s'):format(dt)) end
+  end)
+end)
+
+describe('fsdp.plan printing', function()
+  it('prints a report with per-rank memory rows and the verdict', function()
+    local p = fsdp.plan(llama70(), with(H100, { checkpoint = true }))
+    local text = tostring(p)
+    for _, needle in ipairs({ 'per-rank memory', 'parameters (f32 shards)', 'optimizer state (AdamW)',
+                              'gathered units', 'activations saved', 'peak', 'FITS:', 'all_gather',
+                              'reduce_scatter', 'tokens/s', 'MFU' }) do
+      assert.is_truthy(text:find(needle, 1, true), needle .. ' in:\n' .. text)
+    end
+    assert.is_truthy(text:find(('%.3f'):format(N70 * 4 / 64 / 2^30), 1, true), text)
+    assert.is_truthy(tostring(fsdp.plan(llama70(), with(H100))):find('DOES NOT FIT', 1, true))
+  end)
+
+  it('is what the REPL prints for a plan', function()
+    local repl = require 'fsdp.repl'
+    local p = fsdp.plan(tiny())
+    assert.are.equal(tostring(p), repl.format_value(p))
+  end)
+end)
+
+describe('fsdp.devices', function()
+  it('has profiles as plain tables, and takes new ones', function()
+    assert.are.equal(81559 * 2^20, fsdp.devices['h100-80g'].memory)
+    assert.is_truthy(table.concat(fsdp.devices.names(), ' '):find('a100-80g', 1, true))
+    fsdp.devices.add({ name = 'test-24g', memory = 24 * 2^30, flops = { bf16 = 100e12, f32 = 50e12 },
+                       mem_bw = 1e12, intra_bw = 32e9, inter_bw = 12.5e9 })
+    local p = fsdp.plan(tiny(), { device = 'test-24g', mixed_precision = 'bf16' })
+    assert.are.equal('test-24g', p.options.device.name)
+    assert.are.equal(100e12, p.time.peak_flops)
+    fsdp.devices['test-assigned'] = { memory = 2^30, flops = { f32 = 1e12 }, mem_bw = 1e11, intra_bw = 1e10,
+                                      inter_bw = 1e9 }
+    assert.is_true(fsdp.plan(tiny(), { device = 'test-assigned' }).fits)
+    assert.error_matches(function() fsdp.devices.add({ name = 'bad', memory = 1, flops = { f32 = 1 } }) end,
+      'device profile bad: mem_bw must be a positive number')
+  end)
+
+  it('measures this machine as the cpu profile', function()
+    local cpu = fsdp.devices.get('cpu')
+    assert.is_true(cpu.memory > 2^28)
+    assert.is_true(cpu.flops.f32 > 1e8)
+  end)
+end)
+
+describe('fsdp.plan.max_batch', function()
+  it('finds the largest batch that fits', function()
+    fsdp.devices.add({ name = 'test-small', memory = 64 * 2^20, flops = { f32 = 1e12 }, mem_bw = 1e11,
+                       intra_bw = 1e10, inter_bw = 1e9 })
+    local opts = { device = 'test-small', seq = 128 }
+    local b, p = fsdp.plan.max_batch(tiny(), opts)
+    assert.is_true(b >= 1, tostring(b))
+    assert.is_true(p.fits)
+    assert.are.equal(b, p.options.batch)
+    assert.is_false(fsdp.plan(tiny(), { device = 'test-small', seq = 128, batch = b + 1 }).fits)
+    assert.are.equal(0, (fsdp.plan.max_batch(llama70(), { device = 'test-small' })))
+  end)
+end)
+
+describe('fsdp.plan errors', function()
+  it('name the option at fault', function()
+    local m = tiny()
+    assert.error_matches(function() fsdp.plan(m, { wrold = 2 }) end, "fsdp.plan: unknown option 'wrold'")
+    assert.error_matches(function() fsdp.plan(m, { device = 'tpu-v9' }) end,
+      "fsdp.plan: device: unknown device 'tpu%-v9' %(known: a100%-40g")
+    assert.error_matches(function() fsdp.plan(m, { strategy = 'ZERO3' }) end, "fsdp.plan: unknown strategy 'ZERO3'")
+    assert.error_matches(function() fsdp.plan(m, { batch = 0 }) end, 'fsdp.plan: batch must be a positive integer')
+    assert.error_matches(function() fsdp.plan(m, { world = 6, nodes = 4 }) end,
+      'fsdp.plan: world 6 is not a multiple of nodes 4')
+    assert.error_matches(function() fsdp.plan(m, { mixed_precision = 'i8' }) end,
+      "fsdp.plan: mixed_precision: 'i8' is not a floating%-point dtype")
+    assert.error_matches(function() fsdp.plan(m, { optimizer = 'lion' }) end,
+      "fsdp.plan: optimizer: unknown optimizer 'lion'")
+    assert.error_matches(function() fsdp.plan(m, { policy = 42 }) end, 'fsdp.plan: policy must be')
+    assert.error_matches(function() fsdp.plan(m, { rank = 3, world = 2 }) end, 'fsdp.plan: rank must be')
+    assert.error_matches(function() fsdp.plan(42) end, 'fsdp.plan: expected an nn.Module')
+    local sharded = tiny()
+    fsdp.shard(sharded, { device = 'meta' })
+    assert.error_matches(function() fsdp.plan(sharded) end, 'already sharded')
+  end)
+end)
