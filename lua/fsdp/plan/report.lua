@@ -1,4 +1,4 @@
--- fsdp.plan_report: the printed form of a plan (tostring(plan), and what
+-- fsdp.plan.report: the printed form of a plan (tostring(plan), and what
 -- the REPL shows): the setup, one row per kind of per-rank memory in GiB (MiB, KiB for small models),
 -- the communication per collective, FLOPs, the predicted step time, and
 -- FITS / DOES NOT FIT with the margin.

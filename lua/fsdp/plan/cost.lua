@@ -1,4 +1,4 @@
--- fsdp.plan_cost: the FLOPs, communication and predicted time of one
+-- fsdp.plan.cost: the FLOPs, communication and predicted time of one
 -- training step of a plan (fsdp.plan fills plan.flops, plan.comm and
 -- plan.time with it).
 --

@@ -1,4 +1,4 @@
--- fsdp.plan_sim: one training step of one rank, replayed in bytes for the
+-- fsdp.plan.sim: one training step of one rank, replayed in bytes for the
 -- planner (fsdp.plan): when units are gathered and freed, what forward
 -- saves, what each backward step allocates and frees, when gradients are
 -- packed, reduced and adopted. The result is the peak of the bytes in use
@@ -21,7 +21,7 @@
 --   fsdp.checkpoint  a checkpointed block keeps its input; its backward
 --       runs its forward again, then the same steps.
 -- The model's part (saved bytes, backward steps) comes from
--- fsdp.plan_models.
+-- fsdp.plan.models.
 local M = {}
 
 -- units: the planner's units (root last) with gb (gathered bytes), G

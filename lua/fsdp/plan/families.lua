@@ -1,10 +1,10 @@
--- fsdp.plan_families: the planner's profiles of T5 and DeepViT (see
--- fsdp.plan_models for what a profile gives and how its steps read),
+-- fsdp.plan.families: the planner's profiles of T5 and DeepViT (see
+-- fsdp.plan.models for what a profile gives and how its steps read),
 -- written from their forward code the way Llama's is: what each op keeps
 -- for backward, what each backward step allocates and frees. Checked
 -- against fsdp.memory_stats on tiny configs: T5's saved bytes exact and
 -- peaks within 2%; DeepViT's peaks within 3%.
-local steps = require 'fsdp.plan_steps'
+local steps = require 'fsdp.plan.steps'
 local F32, I64 = steps.F32, steps.I64
 local is_a, staging, linear_step, family_fn = steps.is_a, steps.staging, steps.linear_step, steps.family_fn
 

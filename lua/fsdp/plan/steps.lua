@@ -1,5 +1,5 @@
--- fsdp.plan_steps: what the planner's model profiles (fsdp.plan_models,
--- fsdp.plan_families) share: dtype sizes, class tests by name, the f32
+-- fsdp.plan.steps: what the planner's model profiles (fsdp.plan.models,
+-- fsdp.plan.families) share: dtype sizes, class tests by name, the f32
 -- staging of low-precision products on devices that compute them in f32,
 -- a linear layer's backward step, and the families' own FLOP formulas.
 local M = {}

@@ -1,4 +1,4 @@
--- fsdp.plan_models: what a model's training step keeps and computes, for
+-- fsdp.plan.models: what a model's training step keeps and computes, for
 -- the planner (fsdp.plan): the bytes autograd saves in forward, the
 -- gradients each step of backward allocates and frees, FLOPs and the
 -- inputs, per model family.
@@ -29,11 +29,11 @@
 -- logsumexp; norms keep their input and a f32 rstd per row; SwiGLU keeps
 -- gate and up) and were checked against fsdp.memory_stats: saved bytes
 -- exact, peaks to a few bytes (tests/mpi/plan_memory.lua). T5 and DeepViT
--- are built the same way from their forward code (fsdp.plan_families);
+-- are built the same way from their forward code (fsdp.plan.families);
 -- other models fall back to a generic estimate from their widths.
 local M = {}
 
-local steps = require 'fsdp.plan_steps'
+local steps = require 'fsdp.plan.steps'
 local F32, I64 = steps.F32, steps.I64
 local is_a, staging, linear_step, family_fn = steps.is_a, steps.staging, steps.linear_step, steps.family_fn
 M.is_a = is_a
@@ -180,7 +180,7 @@ function generic.flops(_, ctx, n_params, block_params) return 6 * n_params * ctx
 function generic.tokens(_, ctx) return ctx.N end
 function generic.dims() return { T = 1 } end
 
-local families = require 'fsdp.plan_families'
+local families = require 'fsdp.plan.families'
 M.estimators = { llama, families.t5, families.deepvit, generic }
 
 -- The estimator for a model and its config: est, cfg.

@@ -26,14 +26,14 @@
 --   device's), rank (0: whose shard; the last rank holds the padding).
 --
 -- Units are fsdp.shard's own (fsdp.sharding.plan_units, the same padding);
--- the bytes of a step come from replaying it (fsdp.plan_sim) with the
--- model family's activations (fsdp.plan_models). Printing is
--- fsdp.plan_report.
+-- the bytes of a step come from replaying it (fsdp.plan.sim) with the
+-- model family's activations (fsdp.plan.models). Printing is
+-- fsdp.plan.report.
 local core = require 'fsdp.core'
 local sharding = require 'fsdp.sharding'
 local devices = require 'fsdp.devices'
-local models = require 'fsdp.plan_models'
-local sim = require 'fsdp.plan_sim'
+local models = require 'fsdp.plan.models'
+local sim = require 'fsdp.plan.sim'
 local C = core.C
 
 local M = {}
@@ -265,7 +265,7 @@ function M.plan(model, opts)
   local plan = setmetatable({ units = units, memory = mem, options = r, model_class = model:class_name(),
                               n_params = model:num_parameters(), estimator = est.name, blocks = #blocks,
                               tokens = est.tokens(cfg, ctx) }, Plan)
-  require('fsdp.plan_cost').fill(plan, est, cfg, ctx, block_params)
+  require('fsdp.plan.cost').fill(plan, est, cfg, ctx, block_params)
   local usable = r.device.memory - (r.device.reserved or 0)
   plan.usable = usable
   plan.fits = mem.peak <= usable
@@ -301,7 +301,7 @@ function M.max_batch(model, opts)
 end
 
 function Plan.is_plan(x) return getmetatable(x) == Plan end
-Plan.__tostring = function(p) return require('fsdp.plan_report').format(p) end
+Plan.__tostring = function(p) return require('fsdp.plan.report').format(p) end
 
 -- fsdp.plan(model, opts) is M.plan.
 setmetatable(M, { __call = function(_, ...) return M.plan(...) end })
