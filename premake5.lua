@@ -187,7 +187,9 @@ project "fsdp"
     defines { "FL_HAVE_CUDA" }
     includedirs { CUDA_HOME .. "/include" }
     libdirs { CUDA_HOME .. "/lib64" }
-    links { "cudart" }
+    -- cuBLASLt for GEMMs, cuDNN for convolutions and fused attention;
+    -- both come with the toolkit, and none needs a driver to load.
+    links { "cudart", "cublasLt", "cublas", "cudnn" }
     linkoptions { "-Wl,-rpath," .. CUDA_HOME .. "/lib64" }
     filter {}
     if not IS_PREMAKE4 then
