@@ -1,0 +1,142 @@
+/*
+ * cuda_common.cuh: what the CUDA kernel files (the .cu files of core/cuda) share.
+ *
+ * - The core's internal header, as C (it compiles as C++ under nvcc), so a
+ *   .cu file implements a family's kernel table (binary.h, elementwise.h,
+ *   linear.h, fused.h) directly and reports errors with fl_fail.
+ * - Element loads and stores of every dtype through float (f64 through
+ *   double): kernels compute in f32 (f64 for f64), as the CPU kernels do.
+ * - Strided indexing: a tensor's shape and strides by value (fl_cu_layout),
+ *   and the element offset of a row-major linear index.
+ * - The stream every kernel is queued on (one place to change when streams
+ *   arrive), the device of a tensor made current, grid sizes for
+ *   grid-stride loops, and a launch's error turned into the core's.
+ */
+#ifndef FL_CUDA_COMMON_CUH
+#define FL_CUDA_COMMON_CUH
+
+extern "C" {
+#include "internal.h"
+}
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+/* Shape and strides (in elements) of a tensor, passed to kernels by value. */
+struct fl_cu_layout {
+    int ndim;
+    int64_t shape[FL_MAX_DIMS];
+    int64_t stride[FL_MAX_DIMS];
+};
+
+static inline fl_cu_layout fl_cu_layout_of(const fl_tensor *t) {
+    fl_cu_layout l;
+    l.ndim = t->ndim;
+    for (int d = 0; d < FL_MAX_DIMS; d++) {
+        l.shape[d] = d < t->ndim ? t->shape[d] : 1;
+        l.stride[d] = d < t->ndim ? t->stride[d] : 0;
+    }
+    return l;
+}
+
+/* Element offset of the i-th element in row-major order. */
+__device__ __forceinline__ int64_t fl_cu_offset(const fl_cu_layout &l, int64_t i) {
+    int64_t off = 0;
+    for (int d = l.ndim - 1; d >= 0; d--) {
+        int64_t n = l.shape[d];
+        off += (i % n) * l.stride[d];
+        i /= n;
+    }
+    return off;
+}
+
+/* Element i (an offset, in elements) of data of dtype d, as float. */
+__device__ __forceinline__ float fl_cu_load(const void *p, int64_t i, int d) {
+    switch (d) {
+    case FL_F32: return ((const float *)p)[i];
+    case FL_F64: return (float)((const double *)p)[i];
+    case FL_F16: return __half2float(((const __half *)p)[i]);
+    case FL_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    case FL_I64: return (float)((const long long *)p)[i];
+    case FL_I32: return (float)((const int *)p)[i];
+    case FL_I16: return (float)((const short *)p)[i];
+    case FL_I8: return (float)((const signed char *)p)[i];
+    case FL_U32: return (float)((const unsigned *)p)[i];
+    case FL_U16: return (float)((const unsigned short *)p)[i];
+    case FL_U8: return (float)((const unsigned char *)p)[i];
+    case FL_BOOL: return ((const unsigned char *)p)[i] ? 1.0f : 0.0f;
+    default: return 0.0f;
+    }
+}
+
+__device__ __forceinline__ double fl_cu_load_f64(const void *p, int64_t i, int d) {
+    switch (d) {
+    case FL_F64: return ((const double *)p)[i];
+    case FL_I64: return (double)((const long long *)p)[i];
+    case FL_I32: return (double)((const int *)p)[i];
+    case FL_U32: return (double)((const unsigned *)p)[i];
+    default: return (double)fl_cu_load(p, i, d);
+    }
+}
+
+/* Store v as dtype d: round to nearest even for f16/bf16, truncation toward
+ * zero for integers (C's conversion, as the CPU backend), v != 0 for bool. */
+__device__ __forceinline__ void fl_cu_store_f64(void *p, int64_t i, int d, double v) {
+    switch (d) {
+    case FL_F32: ((float *)p)[i] = (float)v; break;
+    case FL_F64: ((double *)p)[i] = v; break;
+    case FL_F16: ((__half *)p)[i] = __float2half_rn((float)v); break;
+    case FL_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn((float)v); break;
+    case FL_I64: ((long long *)p)[i] = (long long)v; break;
+    case FL_I32: ((int *)p)[i] = (int)v; break;
+    case FL_I16: ((short *)p)[i] = (short)v; break;
+    case FL_I8: ((signed char *)p)[i] = (signed char)v; break;
+    case FL_U32: ((unsigned *)p)[i] = (unsigned)v; break;
+    case FL_U16: ((unsigned short *)p)[i] = (unsigned short)v; break;
+    case FL_U8: ((unsigned char *)p)[i] = (unsigned char)v; break;
+    case FL_BOOL: ((unsigned char *)p)[i] = v != 0; break;
+    default: break;
+    }
+}
+
+__device__ __forceinline__ void fl_cu_store(void *p, int64_t i, int d, float v) {
+    switch (d) {
+    case FL_F32: ((float *)p)[i] = v; break;
+    case FL_F16: ((__half *)p)[i] = __float2half_rn(v); break;
+    case FL_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
+    default: fl_cu_store_f64(p, i, d, (double)v); break;
+    }
+}
+
+/* The stream kernels are queued on: the legacy default stream, ordered with
+ * the synchronous host transfers of the backend, until the backend has
+ * streams of its own. */
+static inline cudaStream_t fl_cu_stream(void) { return 0; }
+
+/* Make t's device current; FL_OK or an error naming the op. */
+static inline int fl_cu_use_device(const char *op, const fl_tensor *t) {
+    cudaError_t e = cudaSetDevice(fl_device_index(t->device));
+    return e == cudaSuccess
+               ? FL_OK
+               : fl_fail(FL_ERR_DEVICE, "%s on cuda:%d: %s", op, fl_device_index(t->device),
+                         cudaGetErrorString(e));
+}
+
+/* Blocks for a grid-stride loop over n items: enough to fill the GPU,
+ * never more than the items need. */
+static inline unsigned fl_cu_blocks(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 65535LL * 8) b = 65535LL * 8;
+    return (unsigned)b;
+}
+
+/* After a launch: the launch's error (bad configuration, a sticky fault of
+ * an earlier kernel) as the core's error naming the op. */
+static inline int fl_cu_check(const char *op) {
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? FL_OK : fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(e));
+}
+
+#endif /* FL_CUDA_COMMON_CUH */
