@@ -1,0 +1,160 @@
+-- fsdp.sharding.hooks: the orchestration of a sharded model's units
+-- during a step, as one State per model: gathering before forward (and
+-- prefetching the next unit in the recorded order), freeing after it,
+-- gathering again before backward, reducing gradients after it, and the
+-- callback that waits for the last reductions at the end of backward.
+-- fsdp.shard (init.lua) makes the State and installs these as module hooks
+-- and autograd nodes.
+local autograd = require 'fsdp.autograd'
+local Tensor = require 'fsdp.tensor'
+
+local State = {}
+State.__index = State
+
+function State:start_unshard(u)
+  if u == nil or u:state() ~= 'SHARDED' then return end
+  if self.limit_all_gathers then
+    while #self.inflight >= 2 do table.remove(self.inflight, 1):wait() end
+  end
+  u:unshard()
+  self.inflight[#self.inflight + 1] = u
+end
+
+function State:ensure_unsharded(u)
+  self:start_unshard(u)
+  u:wait()
+  for i, v in ipairs(self.inflight) do
+    if v == u then table.remove(self.inflight, i); break end
+  end
+end
+
+local function next_map(order)
+  local nxt = {}
+  for i = 1, #order - 1 do nxt[order[i]] = order[i + 1] end
+  return nxt
+end
+
+local function cast_inputs(args, dtype)
+  for i = 1, args.n do
+    local a = args[i]
+    if Tensor.is_tensor(a) and a:is_floating_point() and a.dtype ~= dtype then
+      args[i] = a:to({ dtype = dtype })
+    end
+  end
+  return args
+end
+
+-- The tensors among a forward's outputs (packed: {n=, ...}; each a tensor
+-- or a plain table of them) that require grad, and a function that puts
+-- replacements for them back into a copy of the outputs.
+local function output_tensors(out)
+  local list, places = {}, {}
+  for i = 1, out.n do
+    local v = out[i]
+    if Tensor.is_tensor(v) then
+      if v.requires_grad then list[#list + 1] = v; places[#places + 1] = { i } end
+    elseif type(v) == 'table' and getmetatable(v) == nil then
+      for k, t in pairs(v) do
+        if Tensor.is_tensor(t) and t.requires_grad then list[#list + 1] = t; places[#places + 1] = { i, k } end
+      end
+    end
+  end
+  return list, function(new)
+    local r = { n = out.n }
+    for i = 1, out.n do r[i] = out[i] end
+    for j, place in ipairs(places) do
+      local i, k = place[1], place[2]
+      if k == nil then
+        r[i] = new[j]
+      else
+        if r[i] == out[i] then
+          local copy = {}
+          for kk, vv in pairs(out[i]) do copy[kk] = vv end
+          r[i] = copy
+        end
+        r[i][k] = new[j]
+      end
+    end
+    return r
+  end
+end
+
+function State:pre_forward(u, ...)
+  if self.summoned then return ... end -- whole parameters are bound already
+  local grad = autograd.is_grad_enabled()
+  if u.is_root and grad then self.iteration = self.iteration + 1 end
+  if grad and self.recording_forward then self.fwd_order[#self.fwd_order + 1] = u end
+  self:ensure_unsharded(u)
+  if self.forward_prefetch and self.fwd_next then self:start_unshard(self.fwd_next[u]) end
+  u:bind_views(function(unit, grads) self:post_backward(unit, grads) end)
+  -- Floating-point inputs take the unit's compute dtype (FSDP's
+  -- cast_forward_inputs), so units of different precisions compose.
+  local args = cast_inputs(autograd.pack(...), u.param_dtype)
+  return unpack(args, 1, args.n)
+end
+
+function State:post_forward(u, out)
+  if self.summoned then return nil end
+  if not autograd.is_grad_enabled() then
+    u:reshard()
+    u:bind_segments()
+    return nil
+  end
+  if u.is_root and self.recording_forward then
+    self.recording_forward = false
+    self.fwd_next = next_map(self.fwd_order)
+  end
+  if u.reshard_after_forward and not u.is_root then u:reshard() end
+  local list, rebuild = output_tensors(out)
+  if #list == 0 then return nil end
+  local outs = {}
+  for i, t in ipairs(list) do outs[i] = t:detach() end
+  autograd.attach('FSDPPreBackward[' .. u:label() .. ']', list, outs, function(grads)
+    self:pre_backward(u)
+    return grads
+  end)
+  return rebuild(outs)
+end
+
+function State:pre_backward(u)
+  if not self.callback_queued then
+    self.callback_queued = true
+    autograd.queue_callback(function() self:finish_backward() end)
+  end
+  if self.recording_backward then self.bwd_order[#self.bwd_order + 1] = u end
+  self:ensure_unsharded(u)
+  if self.backward_prefetch == 'pre' and self.bwd_next then self:start_unshard(self.bwd_next[u]) end
+end
+
+function State:post_backward(u, grads)
+  u:reduce_grads(grads, self.sync)
+  if self.sync then
+    -- At most one reduction in flight besides this one: it overlaps the
+    -- next unit's backward, and packed gradients do not pile up.
+    for _, v in ipairs(self.pending) do v:finish_reduce() end
+    self.pending = { u }
+  end
+  u:reshard()
+  u:bind_segments()
+  if self.backward_prefetch == 'post' and self.bwd_next then self:start_unshard(self.bwd_next[u]) end
+end
+
+function State:finish_backward()
+  self.callback_queued = false
+  for _, v in ipairs(self.pending) do v:finish_reduce() end
+  self.pending = {}
+  if self.recording_backward then
+    self.recording_backward = false
+    self.bwd_next = next_map(self.bwd_order)
+  end
+  -- Units whose gradients never came (unused in this forward) and
+  -- prefetches nobody used: back to rest.
+  for _, u in ipairs(self.inflight) do u:wait() end
+  self.inflight = {}
+  for _, u in ipairs(self.units) do
+    if u:state() ~= 'SHARDED' then u:reshard() end
+    u:bind_segments()
+  end
+end
+
+return State
