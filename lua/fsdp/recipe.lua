@@ -132,6 +132,17 @@ M.exposed = {}
 -- recipe runs with -i (`fsdp-lua -i recipes/llama2_7b.lua --dry-run`, then
 -- `model`, `cfg` at the prompt). Without -i it does nothing: a recipe's
 -- locals stay local. Returns its argument.
+-- Option specs combined, later tables winning on a clash: the shared
+-- option sets (fsdp.sharding.recipe, fsdp.checkpointing.recipe) under a
+-- recipe's own.
+function M.merge(...)
+  local all = {}
+  for i = 1, select('#', ...) do
+    for k, v in pairs((select(i, ...))) do all[k] = v end
+  end
+  return all
+end
+
 function M.expose(objects)
   local ok, host = pcall(require, 'fsdp.host')
   if not (ok and host.interactive) then return objects end

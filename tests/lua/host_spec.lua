@@ -49,13 +49,7 @@ local function not_contains(haystack, needle)
     ('did not expect %q in:\n%s'):format(needle, haystack))
 end
 
-local function read_file(path)
-  local f = io.open(path, 'rb')
-  if not f then return nil end
-  local s = f:read('*a')
-  f:close()
-  return s
-end
+local read_file = require('fsdp.files').read
 
 local function write_file(path, text)
   local f = assert(io.open(path, 'wb'))

@@ -16,13 +16,7 @@ local function sh(cmd)
   return body or out, tonumber(rc)
 end
 
-local function read_file(path)
-  local f = io.open(path, 'rb')
-  if not f then return nil end
-  local s = f:read('*a')
-  f:close()
-  return s
-end
+local read_file = require('fsdp.files').read
 
 describe('the planner in the REPL', function()
   local have_tmux = select(2, sh('command -v tmux')) == 0

@@ -17,12 +17,7 @@ local function write_file(path, bytes)
   f:close()
 end
 
-local function read_file(path)
-  local f = assert(io.open(path, 'rb'))
-  local s = f:read('*a')
-  f:close()
-  return s
-end
+local function read_file(path) return assert(require('fsdp.files').read(path)) end
 
 -- A file from a header string and data bytes, as the format defines it.
 local function assemble(header, data)
@@ -180,7 +175,6 @@ describe('safetensors', function()
 end)
 
 describe('multi-file checkpoints', function()
-  local lfs = require 'lfs'
   local T = require 'fsdp.testing'
 
   local function tmpdir()
@@ -188,21 +182,8 @@ describe('multi-file checkpoints', function()
     os.remove(d)
     return d
   end
-  local function rm_rf(d)
-    if lfs.attributes(d, 'mode') ~= 'directory' then return end
-    for name in lfs.dir(d) do
-      if name ~= '.' and name ~= '..' then os.remove(d .. '/' .. name) end
-    end
-    lfs.rmdir(d)
-  end
-  local function listing(d)
-    local out = {}
-    for name in lfs.dir(d) do
-      if name ~= '.' and name ~= '..' then out[#out + 1] = name end
-    end
-    table.sort(out)
-    return out
-  end
+  local files = require 'fsdp.files'
+  local rm_rf, listing = files.remove_tree, files.list
   local function write(path, text)
     local f = assert(io.open(path, 'wb'))
     f:write(text)

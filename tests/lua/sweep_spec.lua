@@ -8,13 +8,7 @@ local clock = require 'fsdp.clock'
 local T = require 'fsdp.testing'
 local quote = T.quote
 
-local function read_file(path)
-  local f = io.open(path, 'rb')
-  if not f then return nil end
-  local s = f:read('*a')
-  f:close()
-  return s
-end
+local read_file = require('fsdp.files').read
 
 local tmp
 setup(function() tmp = T.tmpdir() end)

@@ -35,12 +35,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own)
-  local all = {}
-  for k, v in pairs(M.OPTIONS) do all[k] = v end
-  for k, v in pairs(own) do all[k] = v end
-  return all
-end
+function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
 
 local function say(fmt, ...)
   if dist.rank() == 0 then
