@@ -12,14 +12,10 @@
 
 #include <math.h>
 
-typedef struct adadelta_ctx {
-    float lr, rho, one_minus_rho, eps, weight_decay;
-} adadelta_ctx;
-
 /* Vectorised passes over one chunk (n <= FL_OPTIM_CHUNK): the new
  * square_avg, both square roots (fl_optim_sqrt_n), then delta, acc_delta
  * and the param. `decay` is a constant where instantiated. */
-FL_OPTIM_INLINE void adadelta_elems(const adadelta_ctx *c, int64_t n, float *restrict p,
+FL_OPTIM_INLINE void adadelta_elems(const fl_adadelta_ctx *c, int64_t n, float *restrict p,
                                     const float *restrict g, float *restrict s,
                                     float *restrict a, bool decay) {
     float rho = c->rho, one_minus_rho = c->one_minus_rho, eps = c->eps, wd = c->weight_decay;
@@ -46,7 +42,7 @@ FL_OPTIM_INLINE void adadelta_elems(const adadelta_ctx *c, int64_t n, float *res
 
 static void adadelta_loop(const void *vctx, int64_t n, float *const *x, const fl_dtype *dtypes) {
     (void)dtypes;
-    const adadelta_ctx *c = vctx;
+    const fl_adadelta_ctx *c = vctx;
     if (c->weight_decay != 0)
         adadelta_elems(c, n, x[0], x[1], x[2], x[3], true);
     else
@@ -63,7 +59,7 @@ int fl_adadelta_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *square
     if (!(o->eps >= 0)) return fl_fail(FL_ERR_ARG, "%s: eps must be >= 0, got %g", op, o->eps);
     if (!square_avg || !acc_delta)
         return fl_fail(FL_ERR_ARG, "%s: %s is NULL", op, square_avg ? "acc_delta" : "square_avg");
-    adadelta_ctx c = {
+    fl_adadelta_ctx c = {
         .lr = (float)o->lr,
         .rho = (float)o->rho,
         .one_minus_rho = (float)(1 - o->rho),
@@ -76,5 +72,5 @@ int fl_adadelta_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *square
         {"square_avg", square_avg, true},
         {"acc_delta", acc_delta, true},
     };
-    return fl_optim_run(op, 4, ops, adadelta_loop, &c);
+    return fl_optim_run(op, 4, ops, adadelta_loop, FL_OPTIM_ADADELTA, &c);
 }

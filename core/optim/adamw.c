@@ -14,16 +14,12 @@
 
 #include <math.h>
 
-typedef struct adamw_ctx {
-    float decay, weight1, beta2, one_minus_beta2, eps, neg_step_size, bc2_sqrt;
-} adamw_ctx;
-
 /* One AdamW update of n elements (n <= FL_OPTIM_CHUNK) in three
  * vectorised passes over L1-resident data: the moments, their square
  * roots (fl_optim_sqrt_n), the param. `far` selects PyTorch's lerp
  * branch: lerp(m, g, w) is m + w*(g - m) for w < 0.5 and g - (g - m)*(1 -
  * w) otherwise (so w = 1 gives g exactly), a constant in each instance. */
-FL_OPTIM_INLINE void adamw_elems(const adamw_ctx *c, int64_t n, float *restrict p,
+FL_OPTIM_INLINE void adamw_elems(const fl_adamw_ctx *c, int64_t n, float *restrict p,
                                  const float *restrict g, float *restrict m,
                                  float *restrict v, bool far) {
     float w = c->weight1, one_minus_w = 1 - c->weight1;
@@ -49,7 +45,7 @@ FL_OPTIM_INLINE void adamw_elems(const adamw_ctx *c, int64_t n, float *restrict 
 
 static void adamw_loop(const void *vctx, int64_t n, float *const *x, const fl_dtype *dtypes) {
     (void)dtypes;
-    const adamw_ctx *c = vctx;
+    const fl_adamw_ctx *c = vctx;
     if (c->weight1 < 0.5f)
         adamw_elems(c, n, x[0], x[1], x[2], x[3], false);
     else
@@ -75,7 +71,7 @@ int fl_adamw_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *exp_avg,
     if (fl_adamw_check_options(op, o)) return fl_last_status();
     double bc1 = 1 - pow(o->beta1, (double)o->step);
     double bc2 = 1 - pow(o->beta2, (double)o->step);
-    adamw_ctx c = {
+    fl_adamw_ctx c = {
         .decay = (float)(1 - o->lr * o->weight_decay),
         .weight1 = (float)(1 - o->beta1),
         .beta2 = (float)o->beta2,
@@ -92,5 +88,5 @@ int fl_adamw_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *exp_avg,
         {"exp_avg", exp_avg, true},
         {"exp_avg_sq", exp_avg_sq, true},
     };
-    return fl_optim_run(op, 4, ops, adamw_loop, &c);
+    return fl_optim_run(op, 4, ops, adamw_loop, FL_OPTIM_ADAMW, &c);
 }

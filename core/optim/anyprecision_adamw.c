@@ -27,15 +27,9 @@
 
 #include <math.h>
 
-typedef struct anyprecision_ctx {
-    float neg_lr_wd, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, neg_step_size,
-        bc2_sqrt;
-    bool kahan;
-} anyprecision_ctx;
-
 static void anyprecision_loop(const void *vctx, int64_t n, float *const *x,
                               const fl_dtype *dtypes) {
-    const anyprecision_ctx *c = vctx;
+    const fl_anyprecision_ctx *c = vctx;
     float *restrict p = x[0];
     const float *restrict g = x[1];
     float *restrict m = x[2];
@@ -71,7 +65,7 @@ int fl_anyprecision_adamw_step_(fl_tensor *param, const fl_tensor *grad, fl_tens
         return fl_fail(FL_ERR_ARG, "%s: %s is NULL", op, exp_avg ? "exp_avg_sq" : "exp_avg");
     double bc1 = 1 - pow(o->beta1, (double)o->step);
     double bc2 = 1 - pow(o->beta2, (double)o->step);
-    anyprecision_ctx c = {
+    fl_anyprecision_ctx c = {
         .neg_lr_wd = (float)(-o->lr * o->weight_decay),
         .beta1 = (float)o->beta1,
         .one_minus_beta1 = (float)(1 - o->beta1),
@@ -89,5 +83,5 @@ int fl_anyprecision_adamw_step_(fl_tensor *param, const fl_tensor *grad, fl_tens
         {"exp_avg_sq", exp_avg_sq, true},
         {"compensation", compensation, true},
     };
-    return fl_optim_run(op, 5, ops, anyprecision_loop, &c);
+    return fl_optim_run(op, 5, ops, anyprecision_loop, FL_OPTIM_ANYPRECISION_ADAMW, &c);
 }

@@ -6,13 +6,15 @@
  * The sum is deterministic: fixed chunks are summed in a fixed order each
  * (four interleaved accumulators), and the chunk sums are added in chunk
  * order, so neither the thread count nor the scheduling changes the bits.
+ * The CUDA kernels (core/cuda/cuda_optim.cu) keep the same chunks and
+ * order, so a GPU gives the same bits.
  */
-#include "internal.h"
+#include "optim_update.h"
 
 #include <stdlib.h>
 
 /* Elements per chunk: one chunk's partial sum is one slot of `partials`. */
-enum { CHUNK = 4096 };
+enum { CHUNK = FL_GRAD_NORM_CHUNK };
 /* Below this many elements threads cost more than they save. */
 enum { PARALLEL_MIN = 1 << 16 };
 
@@ -29,13 +31,22 @@ static int check(const char *op, const fl_tensor *t) {
     return FL_OK;
 }
 
-static int check_cpu(const char *op, const fl_tensor *t) {
-    if (fl_device_kind_of(t->device) == FL_DEVICE_CUDA) {
-        char dev[32];
-        fl_device_format(t->device, dev, sizeof dev);
-        return fl_fail(FL_ERR_UNSUPPORTED, "%s: has a cpu kernel only; the tensor is on %s", op, dev);
+/* Whether t's kernel is the GPU's (after fl_check_tensor); on a device
+ * with neither kernel, an error. */
+static int on_cuda(const char *op, const fl_tensor *t, bool *cuda) {
+    *cuda = false;
+    if (fl_check_tensor(op, t, true)) return fl_last_status();
+    fl_device_kind k = fl_device_kind_of(t->device);
+    if (k == FL_DEVICE_CPU) return FL_OK;
+#ifdef FL_HAVE_CUDA
+    if (k == FL_DEVICE_CUDA) {
+        *cuda = true;
+        return FL_OK;
     }
-    return fl_check_tensor(op, t, true);
+#endif
+    char dev[32];
+    fl_device_format(t->device, dev, sizeof dev);
+    return fl_fail(FL_ERR_UNSUPPORTED, "%s: no kernel for device %s in this build", op, dev);
 }
 
 static double chunk_sum_squares(const void *src, fl_dtype dtype, int64_t n) {
@@ -61,7 +72,11 @@ int fl_grad_sq_norm(const fl_tensor *t, double *out) {
     const char *op = "grad_sq_norm";
     if (!out) return fl_fail(FL_ERR_ARG, "%s: out is NULL", op);
     *out = 0;
-    if (check(op, t) || check_cpu(op, t)) return fl_last_status();
+    bool cuda;
+    if (check(op, t) || on_cuda(op, t, &cuda)) return fl_last_status();
+#ifdef FL_HAVE_CUDA
+    if (cuda) return fl_cuda_grad_sq_norm(t, out);
+#endif
     int64_t numel = t->numel;
     int64_t chunks = (numel + CHUNK - 1) / CHUNK;
     if (chunks == 0) return FL_OK;
@@ -88,7 +103,11 @@ int fl_grad_scale_(fl_tensor *t, double alpha) {
     const char *op = "grad_scale_";
     if (check(op, t)) return fl_last_status();
     if (fl_device_kind_of(t->device) == FL_DEVICE_META || (t->flags & FL_TENSOR_FAKE)) return FL_OK;
-    if (check_cpu(op, t)) return fl_last_status();
+    bool cuda;
+    if (on_cuda(op, t, &cuda)) return fl_last_status();
+#ifdef FL_HAVE_CUDA
+    if (cuda) return fl_cuda_grad_scale_(t, alpha);
+#endif
     int64_t numel = t->numel;
     int64_t chunks = (numel + CHUNK - 1) / CHUNK;
     size_t esize = fl_dtype_size(t->dtype);

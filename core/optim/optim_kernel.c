@@ -73,7 +73,7 @@ int fl_optim_check_lr(const char *op, double lr, double weight_decay) {
 }
 
 int fl_optim_run(const char *op, int n, const fl_optim_operand *ops, fl_optim_loop loop,
-                 const void *ctx) {
+                 fl_optim_kind kind, const void *ctx) {
     FL_ASSERT(n >= 2 && n <= FL_OPTIM_MAX_OPERANDS);
     const fl_tensor *param = ops[0].t;
     if (!param) return fl_fail(FL_ERR_ARG, "%s: param is NULL (freed?)", op);
@@ -88,15 +88,22 @@ int fl_optim_run(const char *op, int n, const fl_optim_operand *ops, fl_optim_lo
         metadata_only |= is_metadata_only(ops[k].t);
     }
     if (metadata_only) return FL_OK;
-    if (fl_device_kind_of(param->device) != FL_DEVICE_CPU) {
+    fl_device_kind dk = fl_device_kind_of(param->device);
+    if (dk != FL_DEVICE_CPU && dk != FL_DEVICE_CUDA) {
         char dev[32];
         fl_device_format(param->device, dev, sizeof dev);
-        return fl_fail(FL_ERR_UNSUPPORTED, "%s: the fused update has a cpu kernel only; param is on %s",
-                       op, dev);
+        return fl_fail(FL_ERR_UNSUPPORTED, "%s: no fused update for device %s", op, dev);
     }
     for (int k = 0; k < n; k++)
         if (ops[k].t && fl_check_tensor(op, ops[k].t, true)) return fl_last_status();
     if (check_overlap(op, n, ops)) return fl_last_status();
+    if (dk == FL_DEVICE_CUDA) {
+#ifdef FL_HAVE_CUDA
+        return fl_cuda_optim_update(op, kind, ctx, n, ops);
+#else
+        return fl_fail(FL_ERR_UNSUPPORTED, "%s: this build has no CUDA backend", op);
+#endif
+    }
 
     fl_dtype dtypes[FL_OPTIM_MAX_OPERANDS] = {0};
     for (int k = 0; k < n; k++) dtypes[k] = ops[k].t ? ops[k].t->dtype : FL_F32;

@@ -13,7 +13,7 @@
 #ifndef FL_OPTIM_KERNEL_H
 #define FL_OPTIM_KERNEL_H
 
-#include "internal.h"
+#include "optim_update.h"
 
 #include <math.h>
 #include <string.h>
@@ -22,8 +22,6 @@
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 #endif
-
-enum { FL_OPTIM_MAX_OPERANDS = 5 };
 
 /* Elements per chunk of the driver: the most an inner loop is given. */
 enum { FL_OPTIM_CHUNK = 1024 };
@@ -35,13 +33,6 @@ enum { FL_OPTIM_CHUNK = 1024 };
  * tested inside the loop would keep it scalar. */
 #define FL_OPTIM_INLINE static inline __attribute__((always_inline))
 
-/* Operand 0 is always the parameter, 1 its gradient, the rest state. */
-typedef struct fl_optim_operand {
-    const char *name;  /* "param", "grad", "exp_avg": used in messages */
-    fl_tensor *t;      /* NULL for an optional operand that is absent */
-    bool write;        /* stored back after the inner loop */
-} fl_optim_operand;
-
 /* The inner loop of an update over n elements: x[k] holds operand k's
  * values as f32 (NULL for an absent operand); the loop overwrites the
  * arrays of the operands it writes. `dtypes[k]` are the stored dtypes, for
@@ -49,12 +40,14 @@ typedef struct fl_optim_operand {
 typedef void (*fl_optim_loop)(const void *ctx, int64_t n, float *const *x,
                               const fl_dtype *dtypes);
 
-/* Check the operands and run `loop` over all elements. Meta and fake
- * operands are checked for shape and dtype and then left alone (there are
- * no values to update), so a model planned on meta can step its optimizer.
- * Returns FL_OK or the status of the failure, with the error naming `op`. */
+/* Check the operands and run the update over all elements: `loop` on the
+ * CPU, the CUDA kernel of `kind` on a GPU (ctx is kind's struct of
+ * optim_update.h either way). Meta and fake operands are checked for shape
+ * and dtype and then left alone (there are no values to update), so a model
+ * planned on meta can step its optimizer. Returns FL_OK or the status of
+ * the failure, with the error naming `op`. */
 int fl_optim_run(const char *op, int n, const fl_optim_operand *ops, fl_optim_loop loop,
-                 const void *ctx);
+                 fl_optim_kind kind, const void *ctx);
 
 /* Check the hyper-parameters every optimizer has. */
 int fl_optim_check_lr(const char *op, double lr, double weight_decay);

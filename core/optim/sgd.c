@@ -12,14 +12,9 @@
  */
 #include "optim_kernel.h"
 
-typedef struct sgd_ctx {
-    float lr, momentum, one_minus_dampening, weight_decay;
-    bool use_momentum, nesterov, first;
-} sgd_ctx;
-
 /* One chunk for one combination of the flags (each a constant where it
  * is instantiated, see FL_OPTIM_INLINE). */
-FL_OPTIM_INLINE void sgd_elems(const sgd_ctx *c, int64_t n, float *restrict p,
+FL_OPTIM_INLINE void sgd_elems(const fl_sgd_ctx *c, int64_t n, float *restrict p,
                                const float *restrict g, float *restrict buf, bool decay,
                                bool momentum, bool first, bool nesterov) {
     float lr = c->lr, wd = c->weight_decay, mom = c->momentum, keep = c->one_minus_dampening;
@@ -37,7 +32,7 @@ FL_OPTIM_INLINE void sgd_elems(const sgd_ctx *c, int64_t n, float *restrict p,
 
 static void sgd_loop(const void *vctx, int64_t n, float *const *x, const fl_dtype *dtypes) {
     (void)dtypes;
-    const sgd_ctx *c = vctx;
+    const fl_sgd_ctx *c = vctx;
     float *p = x[0], *buf = x[2];
     const float *g = x[1];
     bool decay = c->weight_decay != 0;
@@ -75,7 +70,7 @@ int fl_sgd_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *momentum_bu
     bool use_momentum = o->momentum != 0;
     if (use_momentum && !momentum_buffer)
         return fl_fail(FL_ERR_ARG, "%s: momentum %g needs a momentum_buffer, got NULL", op, o->momentum);
-    sgd_ctx c = {
+    fl_sgd_ctx c = {
         .lr = (float)o->lr,
         .momentum = (float)o->momentum,
         .one_minus_dampening = (float)(1 - o->dampening),
@@ -89,5 +84,5 @@ int fl_sgd_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *momentum_bu
         {"grad", (fl_tensor *)grad, false},
         {"momentum_buffer", use_momentum ? momentum_buffer : NULL, true},
     };
-    return fl_optim_run(op, 3, ops, sgd_loop, &c);
+    return fl_optim_run(op, 3, ops, sgd_loop, FL_OPTIM_SGD, &c);
 }

@@ -1,0 +1,247 @@
+-- cuda_linear_spec.lua: the CUDA kernels of the linear family and of the
+-- fused optimizer updates where backend_ops_spec's small cases do not
+-- reach: GEMMs large enough for cuBLASLt's tiled and split-K kernels,
+-- transposed, strided and broadcast operands, f64, the bias epilogue and
+-- the row sums of its gradient, embedding's id check and padding, pooling
+-- and convolution geometry, and N optimizer steps on cuda:0 against the
+-- same steps on the CPU (which the kernels repeat operation for
+-- operation). Pending without a GPU.
+local fsdp = require 'fsdp'
+local F = fsdp.F
+local optim = require 'fsdp.optim'
+local nn = require 'fsdp.nn'
+
+local CUDA = fsdp.cuda.is_available()
+local DEV = 'cuda:0'
+
+local function randn(shape, seed) return fsdp.randn(shape, { seed = seed }) end
+
+-- max |got - want| / max |want|, both taken to f64 on the CPU.
+local function normalised_error(got, want)
+  local g, w = got:to('cpu'):to('f64'), want:to('cpu'):to('f64')
+  local scale = F.max(F.abs(w):view(-1), 0):item()
+  local diff = F.max(F.abs(g - w):view(-1), 0):item()
+  return diff / math.max(scale, 1e-30)
+end
+
+local function assert_close(got, want, tol, what)
+  local e = normalised_error(got, want)
+  assert(e <= tol, ('%s: normalised error %.3g > %.3g'):format(what, e, tol))
+end
+
+local function error_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, 'expected an error')
+  return tostring(err)
+end
+
+describe('cuda linear kernels', function()
+  if not CUDA then
+    pending('no GPU here (' .. fsdp.cuda.status() .. '): the cuda kernels were not run')
+    return
+  end
+
+  it('multiplies 1024x4096 by 4096x4096 in bf16 as the CPU does in f32', function()
+    local a, b = randn({ 1024, 4096 }, 1):to('bf16'), randn({ 4096, 4096 }, 2):to('bf16')
+    local want = F.matmul(a:to('f32'), b:to('f32'))
+    local got = F.matmul(a:to(DEV), b:to(DEV))
+    assert.equals('bf16', got.dtype)
+    assert_close(got, want, 1e-2, 'bf16 1024x4096x4096')
+  end)
+
+  it('multiplies odd sizes and vectors in f32 and f16', function()
+    for _, s in ipairs({ { 127, 255, 63 }, { 1, 4096, 1024 }, { 300, 1, 7 }, { 5, 17, 1 } }) do
+      local a, b = randn({ s[1], s[2] }, 3), randn({ s[2], s[3] }, 4)
+      local want = F.matmul(a:to('f64'), b:to('f64'))
+      assert_close(F.matmul(a:to(DEV), b:to(DEV)), want, 1e-5, 'f32 ' .. table.concat(s, 'x'))
+      local ah, bh = a:to('f16'), b:to('f16')
+      local want_h = F.matmul(ah:to('f64'), bh:to('f64'))
+      assert_close(F.matmul(ah:to(DEV), bh:to(DEV)), want_h, 4e-3, 'f16 ' .. table.concat(s, 'x'))
+    end
+  end)
+
+  it('reads transposed, permuted and strided operands', function()
+    local a, b = randn({ 96, 64 }, 5), randn({ 80, 96 }, 6)
+    for _, dtype in ipairs({ 'f32', 'bf16' }) do
+      local tol = dtype == 'f32' and 1e-5 or 2e-2
+      -- dtypes are converted on the CPU: the spec tests products, not casts
+      local ac, bc = a:to(dtype):to('f64'), b:to(dtype):to('f64')
+      local ad, bd = a:to(dtype):to(DEV), b:to(dtype):to(DEV)
+      assert_close(F.matmul(ad:t(), bd:t()), F.matmul(ac:t(), bc:t()), tol, dtype .. ' a^T b^T')
+      assert_close(F.matmul(bd, ad), F.matmul(bc, ac), tol, dtype .. ' b a')
+      assert_close(F.matmul(ad:t(), ad), F.matmul(ac:t(), ac), tol, dtype .. ' a^T a')
+    end
+    -- [k, B, m] permuted to [B, m, k]: unit stride across rows, batch stride m
+    local x = randn({ 32, 4, 24 }, 7)
+    local w = randn({ 4, 32, 16 }, 8)
+    local want = F.matmul(x:to('f64'):permute(1, 2, 0), w:to('f64'))
+    assert_close(F.matmul(x:to(DEV):permute(1, 2, 0), w:to(DEV)), want, 1e-5, 'permuted batch')
+    -- no unit stride on either axis: compacted before the product
+    local s = randn({ 24, 32, 2 }, 9)
+    local want_s = F.matmul(s:to('f64'):select(2, 1), w:to('f64'):select(0, 1))
+    assert_close(F.matmul(s:to(DEV):select(2, 1), w:to(DEV):select(0, 1)), want_s, 1e-5, 'strided')
+  end)
+
+  it('broadcasts batch dims on either side', function()
+    local a, b = randn({ 2, 3, 20, 12 }, 10), randn({ 3, 12, 9 }, 11)
+    assert_close(F.matmul(a:to(DEV), b:to(DEV)), F.matmul(a:to('f64'), b:to('f64')), 1e-5, 'b broadcast')
+    local c, d = randn({ 2, 1, 20, 12 }, 12), randn({ 1, 3, 12, 9 }, 13)
+    assert_close(F.matmul(c:to(DEV), d:to(DEV)), F.matmul(c:to('f64'), d:to('f64')), 1e-5, 'both broadcast')
+    local e = randn({ 12, 9 }, 14)
+    assert_close(F.matmul(a:to(DEV), e:to(DEV)), F.matmul(a:to('f64'), e:to('f64')), 1e-5, 'folded rows')
+  end)
+
+  it('runs f64 products, with a bias, through cuBLAS', function()
+    local x, w, b = randn({ 3, 33, 40 }, 15):to('f64'), randn({ 24, 40 }, 16):to('f64'), randn({ 24 }, 17):to('f64')
+    assert_close(F.linear(x:to(DEV), w:to(DEV), b:to(DEV)), F.linear(x, w, b), 1e-12, 'f64 linear')
+  end)
+
+  it('adds the bias in the epilogue and sums many rows for its gradient', function()
+    for _, dtype in ipairs({ 'f32', 'bf16', 'f16' }) do
+      local tol = ({ f32 = 1e-5, bf16 = 2e-2, f16 = 4e-3 })[dtype]
+      local x = randn({ 8, 1024, 256 }, 18):to(dtype)
+      local w, b = randn({ 3, 256 }, 19):to(dtype), randn({ 3 }, 20):to(dtype)
+      local xr, wr, br = x:to('f64'), w:to('f64'), b:to('f64')
+      local ref = F.linear(xr, wr, br)
+      local bg = b:to(DEV):detach():requires_grad_()
+      local out = F.linear(x:to(DEV), w:to(DEV), bg)
+      assert_close(out, ref, tol, dtype .. ' linear')
+      local gy = randn(out.shape, 21):to(dtype)
+      ;(out * gy:to(DEV)):sum():backward()
+      -- the bias gradient: column sums of gy over 8192 rows
+      local want = F.sum(gy:to('f64'):view(-1, 3), 0)
+      assert_close(bg.grad, want, tol, dtype .. ' bias gradient')
+    end
+  end)
+
+  it('checks embedding ids on the device, skips padding, adds repeats', function()
+    local w = randn({ 10, 6 }, 22)
+    local bad = fsdp.tensor({ 1, 2, 10, 3 }, { dtype = 'i64' })
+    local cpu_err = error_of(F.embedding, bad, w)
+    local gpu_err = error_of(F.embedding, bad:to(DEV), w:to(DEV))
+    assert.equals(cpu_err, gpu_err)
+    assert.truthy(gpu_err:find('id 10 (element 2 of the ids)', 1, true))
+    for _, dtype in ipairs({ 'f32', 'bf16' }) do
+      local ids = fsdp.tensor({ 3, 3, 0, 7, 3, 0, 9, 3 }, { dtype = 'i32' })
+      local wd = w:to(dtype)
+      local wg = wd:to(DEV):detach():requires_grad_()
+      local out = F.embedding(ids:to(DEV), wg, 0)
+      assert.same(F.embedding(ids, wd):to('f32'):tolist(), out:to('cpu'):to('f32'):tolist())
+      local gy = randn(out.shape, 23):to(dtype)
+      ;(out * gy:to(DEV)):sum():backward()
+      local wc = wd:detach():requires_grad_()
+      ;(F.embedding(ids, wc, 0) * gy):sum():backward()
+      assert_close(wg.grad, wc.grad, dtype == 'f32' and 1e-6 or 1e-2, dtype .. ' embedding gradient')
+      assert.same({ 0, 0, 0, 0, 0, 0 }, wg.grad:to('cpu'):to('f32'):select(0, 0):tolist())
+    end
+  end)
+
+  it('pools with padding, dilation and overlapping windows as the CPU', function()
+    local x = randn({ 2, 3, 11, 13 }, 24)
+    for _, o in ipairs({ { 3, 1, { padding = 1 } }, { 3, 2, { dilation = 2, padding = 1 } }, { 2, 2, {} } }) do
+      for _, dtype in ipairs({ 'f32', 'bf16', 'f64' }) do
+        local xc = x:to(dtype):detach():requires_grad_()
+        local xg = x:to(dtype):to(DEV):detach():requires_grad_()
+        local oc, ic = F.max_pool2d(xc, o[1], o[2], { padding = o[3].padding, dilation = o[3].dilation, return_indices = true })
+        local og, ig = F.max_pool2d(xg, o[1], o[2], { padding = o[3].padding, dilation = o[3].dilation, return_indices = true })
+        assert.same(ic:tolist(), ig:to('cpu'):tolist())
+        assert.same(oc:to('f64'):tolist(), og:to('cpu'):to('f64'):tolist())
+        local gy = randn(oc.shape, 25):to(dtype)
+        ;(oc * gy):sum():backward()
+        ;(og * gy:to(DEV)):sum():backward()
+        assert_close(xg.grad, xc.grad, dtype == 'bf16' and 1e-2 or 1e-6, dtype .. ' pool gradient')
+      end
+    end
+  end)
+
+  it('convolves with stride, padding and dilation through cuDNN', function()
+    local x, w, b = randn({ 4, 5, 17, 15 }, 26), randn({ 8, 5, 3, 3 }, 27), randn({ 8 }, 28)
+    for _, dtype in ipairs({ 'f32', 'bf16', 'f64' }) do
+      local tol = ({ f32 = 1e-5, bf16 = 2e-2, f64 = 1e-12 })[dtype]
+      local opts = { stride = { 2, 1 }, padding = { 1, 2 }, dilation = { 1, 2 } }
+      local function run(device, ref_dtype)
+        local xs = x:to(dtype):to(ref_dtype or dtype):to(device):detach():requires_grad_()
+        local ws = w:to(dtype):to(ref_dtype or dtype):to(device):detach():requires_grad_()
+        local bs = b:to(dtype):to(ref_dtype or dtype):to(device):detach():requires_grad_()
+        local out = F.conv2d(xs, ws, bs, opts)
+        local gy = randn(out.shape, 29):to(dtype):to(ref_dtype or dtype):to(device)
+        ;(out * gy):sum():backward()
+        return out, xs.grad, ws.grad, bs.grad
+      end
+      local r = { run('cpu', 'f64') }
+      local g = { run(DEV) }
+      for i, what in ipairs({ 'output', 'x gradient', 'w gradient', 'bias gradient' }) do
+        assert_close(g[i], r[i], tol, dtype .. ' conv2d ' .. what)
+      end
+    end
+  end)
+end)
+
+describe('cuda optimizer updates', function()
+  if not CUDA then
+    pending('no GPU here (' .. fsdp.cuda.status() .. '): the cuda updates were not run')
+    return
+  end
+
+  -- N steps of make(params) on the CPU and on cuda:0 with the same
+  -- gradients; params and every state tensor compared.
+  local function same_steps(make, dtype, tol, what)
+    local n, steps = 4099, 5
+    local init = randn({ n }, 30):to(dtype)
+    local pc = nn.Parameter(init:clone())
+    local pg = nn.Parameter(init:to(DEV))
+    local oc, og = make({ { 'w', pc } }), make({ { 'w', pg } })
+    for s = 1, steps do
+      local g = (randn({ n }, 40 + s) * 0.1):to(dtype)
+      pc.grad, pg.grad = g, g:to(DEV)
+      oc:step()
+      og:step()
+    end
+    assert_close(pg, pc, tol, what .. ' param')
+    for k, v in pairs(oc.state.w) do
+      if fsdp.is_tensor(v) then assert_close(og.state.w[k], v, tol, what .. ' ' .. k) end
+    end
+  end
+
+  it('AdamW matches the CPU', function()
+    local make = function(p) return optim.AdamW(p, { lr = 1e-2, weight_decay = 0.1, betas = { 0.9, 0.95 } }) end
+    same_steps(make, 'f32', 1e-6, 'AdamW f32')
+    same_steps(make, 'bf16', 1e-2, 'AdamW bf16')
+    local far = function(p) return optim.AdamW(p, { lr = 1e-2, betas = { 0.3, 0.95 } }) end
+    same_steps(far, 'f32', 1e-6, 'AdamW beta1 < 0.5')
+  end)
+
+  it('AnyPrecisionAdamW matches the CPU with and without Kahan summation', function()
+    for _, kahan in ipairs({ true, false }) do
+      local make = function(p)
+        return optim.AnyPrecisionAdamW(p, { lr = 1e-3, weight_decay = 0.01, use_kahan_summation = kahan })
+      end
+      same_steps(make, 'bf16', 1e-2, 'AnyPrecisionAdamW kahan=' .. tostring(kahan))
+      same_steps(make, 'f32', 1e-6, 'AnyPrecisionAdamW f32 kahan=' .. tostring(kahan))
+    end
+  end)
+
+  it('SGD matches the CPU (plain, momentum, nesterov)', function()
+    for _, o in ipairs({ { lr = 0.1 }, { lr = 0.1, momentum = 0.9, dampening = 0.1, weight_decay = 1e-2 },
+                         { lr = 0.05, momentum = 0.9, nesterov = true } }) do
+      same_steps(function(p) return optim.SGD(p, o) end, 'f32', 1e-6, 'SGD')
+    end
+  end)
+
+  it('Adadelta matches the CPU', function()
+    same_steps(function(p) return optim.Adadelta(p, { lr = 1.0, weight_decay = 1e-2 }) end, 'f32', 1e-6, 'Adadelta')
+  end)
+
+  it('sums squares of gradients in the CPU order and scales them', function()
+    for _, dtype in ipairs({ 'f32', 'bf16', 'f64' }) do
+      local g = randn({ 3 * 4096 + 7 }, 50):to(dtype)
+      local pc, pg = nn.Parameter(g:clone()), nn.Parameter(g:to(DEV))
+      pc.grad, pg.grad = g:clone(), g:to(DEV)
+      local nc, ng = optim.clip.grad_sq_norm({ pc }), optim.clip.grad_sq_norm({ pg })
+      assert(math.abs(nc - ng) <= 1e-12 * nc, ('%s: %.17g vs %.17g'):format(dtype, ng, nc))
+      optim.clip.scale_grads({ pc }, 0.37)
+      optim.clip.scale_grads({ pg }, 0.37)
+      assert.same(pc.grad:to('f64'):tolist(), pg.grad:to('cpu'):to('f64'):tolist())
+    end
+  end)
+end)
