@@ -2,7 +2,7 @@
  * cuda_linear.cu: the kernel table of the linear family on CUDA, the row
  * sums of the bias gradient, and the helpers the family's CUDA files share
  * (strided gather, library workspaces). The kernels themselves live in
- * cuda_matmul.cu, cuda_embedding.cu, cuda_pool.cu and cuda_conv.cu.
+ * cuda_matmul.cu, cuda_embedding.cu, cuda_pool2d.cu and cuda_conv.cu.
  */
 #include "cuda_linear.cuh"
 

@@ -1,7 +1,7 @@
 /*
  * cuda_linear.cuh: what the CUDA kernels of the linear family share across
  * their files: cuda_gemm.cu (matmul, row sums, the table), cuda_embedding.cu,
- * cuda_pool.cu and cuda_conv.cu. Their contracts are the fields of
+ * cuda_pool2d.cu and cuda_conv.cu. Their contracts are the fields of
  * fl_linear_kernels (core/ops/linear.h).
  */
 #ifndef FL_CUDA_LINEAR_CUH

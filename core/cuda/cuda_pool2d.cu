@@ -1,5 +1,5 @@
 /*
- * cuda_pool.cu: GPU kernels of max_pool2d: the window maxima with their
+ * cuda_pool2d.cu: GPU kernels of max_pool2d: the window maxima with their
  * indices (one thread per output), and the backward that adds each output
  * gradient at its index.
  *
