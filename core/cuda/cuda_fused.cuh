@@ -149,7 +149,9 @@ template <typename T> __device__ __forceinline__ T fl_cu_block_max(T v) {
 }
 
 /* Threads for one block per lane of n elements: a power of two from 32 to
- * 1024, no more than the lane can use. */
+ * 1024, no more than the lane can use. Kernels launched with it declare
+ * __launch_bounds__(1024), so they never need more registers than a
+ * 1024-thread block can have. */
 static inline int fl_cu_row_threads(int64_t n) {
     int t = 32;
     while (t < 1024 && t < n) t *= 2;

@@ -30,7 +30,7 @@ __device__ __forceinline__ bool target_ok(int64_t t, int64_t C) { return t >= 0 
 
 /* One block per row of logits [rows, C] (last dim, strided). */
 template <typename R>
-__global__ void cross_entropy_kernel(R *row_loss, void *rows_out, int ro_dt, R *lse,
+__global__ void __launch_bounds__(1024) cross_entropy_kernel(R *row_loss, void *rows_out, int ro_dt, R *lse,
                                      const void *x, int x_dt, fl_cu_lanes xl, const void *tg,
                                      int t_dt, int64_t rows, int64_t C, int64_t ignore,
                                      R smooth, loss_result *res) {
@@ -70,7 +70,7 @@ __global__ void cross_entropy_kernel(R *row_loss, void *rows_out, int ro_dt, R *
 
 /* One thread per row: -log_probs[r, t]. */
 template <typename R>
-__global__ void nll_loss_kernel(R *row_loss, void *rows_out, int ro_dt, const void *lp, int lp_dt,
+__global__ void __launch_bounds__(1024) nll_loss_kernel(R *row_loss, void *rows_out, int ro_dt, const void *lp, int lp_dt,
                                 fl_cu_lanes ll, const void *tg, int t_dt, int64_t rows, int64_t C,
                                 int64_t ignore, loss_result *res) {
     for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
@@ -92,7 +92,7 @@ __global__ void nll_loss_kernel(R *row_loss, void *rows_out, int ro_dt, const vo
 /* One block: total (double, in row order per thread, then a fixed tree)
  * and count of the rows whose target counts. */
 template <typename R>
-__global__ void loss_total_kernel(const R *row_loss, const void *tg, int t_dt, int64_t rows,
+__global__ void __launch_bounds__(1024) loss_total_kernel(const R *row_loss, const void *tg, int t_dt, int64_t rows,
                                   int64_t C, int64_t ignore, loss_result *res) {
     double tot = 0, cnt = 0;
     for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -112,7 +112,7 @@ __global__ void loss_total_kernel(const R *row_loss, const void *tg, int t_dt, i
 /* dlogits = gs * exp(x - lse) - gs * ls / C, minus gs * (1 - ls) at the
  * target; zero rows for ignored targets. One block per row. */
 template <typename R>
-__global__ void cross_entropy_backward_kernel(void *dx, int dx_dt, const R *g_rows, R g_scalar,
+__global__ void __launch_bounds__(1024) cross_entropy_backward_kernel(void *dx, int dx_dt, const R *g_rows, R g_scalar,
                                               const void *x, int x_dt, fl_cu_lanes xl,
                                               const void *tg, int t_dt, const R *lse,
                                               int64_t rows, int64_t C, int64_t ignore,
@@ -135,7 +135,7 @@ __global__ void cross_entropy_backward_kernel(void *dx, int dx_dt, const R *g_ro
 }
 
 template <typename R>
-__global__ void nll_loss_backward_kernel(void *dlp, int dt, const R *g_rows, R g_scalar,
+__global__ void __launch_bounds__(1024) nll_loss_backward_kernel(void *dlp, int dt, const R *g_rows, R g_scalar,
                                          const void *tg, int t_dt, int64_t rows, int64_t C,
                                          int64_t ignore) {
     for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;

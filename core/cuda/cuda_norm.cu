@@ -21,7 +21,7 @@ const int COLS = 256;       /* columns per block of the partial sums */
 const int MAX_GROUPS = 256; /* row groups of the partial sums */
 
 template <typename R>
-__global__ void rms_norm_kernel(void *out, int out_dt, R *rstd, const void *x, int x_dt,
+__global__ void __launch_bounds__(1024) rms_norm_kernel(void *out, int out_dt, R *rstd, const void *x, int x_dt,
                                 fl_cu_lanes xl, const void *w, int w_dt, int64_t ws, int64_t rows,
                                 int64_t n, double eps, int round_dt) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -44,7 +44,7 @@ __global__ void rms_norm_kernel(void *out, int out_dt, R *rstd, const void *x, i
 
 /* dx = inv * (dn - x * mean(dn * x) * inv^2), dn = g * w */
 template <typename R>
-__global__ void rms_norm_dx_kernel(void *dx, int dx_dt, const void *g, int g_dt, fl_cu_lanes gl,
+__global__ void __launch_bounds__(1024) rms_norm_dx_kernel(void *dx, int dx_dt, const void *g, int g_dt, fl_cu_lanes gl,
                                    const void *x, int x_dt, fl_cu_lanes xl, const void *w,
                                    int w_dt, int64_t ws, const R *rstd, int64_t rows, int64_t n) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -67,7 +67,7 @@ __global__ void rms_norm_dx_kernel(void *dx, int dx_dt, const void *g, int g_dt,
 }
 
 template <typename R>
-__global__ void layer_norm_kernel(void *out, int out_dt, R *mean, R *rstd, const void *x,
+__global__ void __launch_bounds__(1024) layer_norm_kernel(void *out, int out_dt, R *mean, R *rstd, const void *x,
                                   int x_dt, fl_cu_lanes xl, const void *w, int w_dt, int64_t ws,
                                   const void *b, int b_dt, int64_t bs, int64_t rows, int64_t n,
                                   double eps) {
@@ -100,7 +100,7 @@ __global__ void layer_norm_kernel(void *out, int out_dt, R *mean, R *rstd, const
 
 /* dx = inv * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = g * w */
 template <typename R>
-__global__ void layer_norm_dx_kernel(void *dx, int dx_dt, const void *g, int g_dt,
+__global__ void __launch_bounds__(1024) layer_norm_dx_kernel(void *dx, int dx_dt, const void *g, int g_dt,
                                      fl_cu_lanes gl, const void *x, int x_dt, fl_cu_lanes xl,
                                      const void *w, int w_dt, int64_t ws, const R *mean,
                                      const R *rstd, int64_t rows, int64_t n) {
@@ -130,7 +130,7 @@ __global__ void layer_norm_dx_kernel(void *dx, int dx_dt, const void *g, int g_d
  * pb[grp, col] += g, xhat = (x - mean) * rstd (mean NULL: RMSNorm, 0).
  * Grid: (column blocks, groups). */
 template <typename R>
-__global__ void column_partials_kernel(R *pw, R *pb, const void *g, int g_dt, fl_cu_lanes gl,
+__global__ void __launch_bounds__(1024) column_partials_kernel(R *pw, R *pb, const void *g, int g_dt, fl_cu_lanes gl,
                                        const void *x, int x_dt, fl_cu_lanes xl, const R *mean,
                                        const R *rstd, int64_t rows, int64_t n,
                                        int64_t rows_per_group) {
@@ -154,7 +154,7 @@ __global__ void column_partials_kernel(R *pw, R *pb, const void *g, int g_dt, fl
 
 /* dst[col] = sum over groups of parts[grp, col], in double, group order. */
 template <typename R>
-__global__ void column_finish_kernel(void *dst, int dst_dt, const R *parts, int64_t groups,
+__global__ void __launch_bounds__(1024) column_finish_kernel(void *dst, int dst_dt, const R *parts, int64_t groups,
                                      int64_t n) {
     for (int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; col < n;
          col += (int64_t)gridDim.x * blockDim.x) {

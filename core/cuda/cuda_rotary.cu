@@ -22,7 +22,7 @@ struct table {
 };
 
 template <typename R>
-__global__ void rotary_kernel(void *out, int out_dt, const void *x, int x_dt, fl_cu_lanes xl,
+__global__ void __launch_bounds__(1024) rotary_kernel(void *out, int out_dt, const void *x, int x_dt, fl_cu_lanes xl,
                               table cs, table sn, const void *pos, int pos_dt, int pos_ndim,
                               int64_t ps0, int64_t ps1, int64_t rows, int64_t T, int64_t D,
                               int64_t per_batch, int64_t table_rows, bool inverse,

@@ -15,7 +15,7 @@
 namespace {
 
 template <typename R>
-__global__ void softmax_kernel(void *out, int out_dt, fl_cu_lanes ol, const void *x, int x_dt,
+__global__ void __launch_bounds__(1024) softmax_kernel(void *out, int out_dt, fl_cu_lanes ol, const void *x, int x_dt,
                                fl_cu_lanes xl, int64_t lanes, int64_t n, bool is_log) {
     for (int64_t l = blockIdx.x; l < lanes; l += gridDim.x) {
         int64_t xo = fl_cu_lane_offset(xl, l), oo = fl_cu_lane_offset(ol, l);
@@ -43,7 +43,7 @@ __global__ void softmax_kernel(void *out, int out_dt, fl_cu_lanes ol, const void
 
 /* log: dx = g - exp(y) * sum(g); else dx = y * (g - sum(g * y)). */
 template <typename R>
-__global__ void softmax_backward_kernel(void *dx, int dx_dt, fl_cu_lanes dl, const void *g,
+__global__ void __launch_bounds__(1024) softmax_backward_kernel(void *dx, int dx_dt, fl_cu_lanes dl, const void *g,
                                         int g_dt, fl_cu_lanes gl, const void *y, int y_dt,
                                         fl_cu_lanes yl, int64_t lanes, int64_t n, bool is_log) {
     for (int64_t l = blockIdx.x; l < lanes; l += gridDim.x) {
