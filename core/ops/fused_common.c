@@ -8,6 +8,9 @@
 
 const fl_fused_kernels *fl_fused_kernels_of(const char *op, fl_device device) {
     if (fl_device_kind_of(device) == FL_DEVICE_CPU) return &fl_cpu_fused_kernels;
+#ifdef FL_HAVE_CUDA
+    if (fl_device_kind_of(device) == FL_DEVICE_CUDA) return &fl_cuda_fused_kernels;
+#endif
     return fl_no_kernel(op, device);
 }
 

@@ -1,0 +1,311 @@
+/*
+ * cuda_norm.cu: RMSNorm and LayerNorm on CUDA, forward and backward, with
+ * the semantics of the CPU kernels (cpu_fused_gen.h): math in R (float for
+ * f32/f16/bf16, double for f64), statistics rstd/mean saved per row in R,
+ * RMSNorm's output rounded through x's 16-bit dtype before the weight
+ * multiply (Llama), outputs contiguous.
+ *
+ * Forward and dx: one block per row (the row stays in L1/L2 between the
+ * passes: sum, then output), block reductions in R.
+ * dweight/dbias: a sum over rows of each column, done in two passes so
+ * that it is deterministic and needs no atomics: blocks of 256 columns by
+ * a group of rows write per-group partial sums [groups, n] (coalesced
+ * along the columns), then one thread per column adds its groups in
+ * double, in group order, and stores the dtype of dw.
+ */
+#include "cuda_fused.cuh"
+
+namespace {
+
+const int COLS = 256;       /* columns per block of the partial sums */
+const int MAX_GROUPS = 256; /* row groups of the partial sums */
+
+template <typename R>
+__global__ void __launch_bounds__(1024) rms_norm_kernel(void *out, int out_dt, R *rstd, const void *x, int x_dt,
+                                fl_cu_lanes xl, const void *w, int w_dt, int64_t ws, int64_t rows,
+                                int64_t n, double eps, int round_dt) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t xo = fl_cu_lane_offset(xl, r), xs = xl.step;
+        R ss = 0;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            R v = fl_cu_ld<R>(x, xo + i * xs, x_dt);
+            ss += v * v;
+        }
+        ss = fl_cu_block_sum(ss);
+        R inv = (R)(1.0 / sqrt((double)ss / (double)n + eps));
+        if (threadIdx.x == 0) rstd[r] = inv;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            R y = fl_cu_round_to(fl_cu_ld<R>(x, xo + i * xs, x_dt) * inv, round_dt);
+            if (w) y *= fl_cu_ld<R>(w, i * ws, w_dt);
+            fl_cu_st(out, r * n + i, out_dt, y);
+        }
+    }
+}
+
+/* dx = inv * (dn - x * mean(dn * x) * inv^2), dn = g * w */
+template <typename R>
+__global__ void __launch_bounds__(1024) rms_norm_dx_kernel(void *dx, int dx_dt, const void *g, int g_dt, fl_cu_lanes gl,
+                                   const void *x, int x_dt, fl_cu_lanes xl, const void *w,
+                                   int w_dt, int64_t ws, const R *rstd, int64_t rows, int64_t n) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t xo = fl_cu_lane_offset(xl, r), go = fl_cu_lane_offset(gl, r);
+        R inv = rstd[r], dot = 0;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            R dn = fl_cu_ld<R>(g, go + i * gl.step, g_dt);
+            if (w) dn *= fl_cu_ld<R>(w, i * ws, w_dt);
+            dot += dn * fl_cu_ld<R>(x, xo + i * xl.step, x_dt);
+        }
+        dot = fl_cu_block_sum(dot);
+        R c = (R)((double)dot / (double)n) * inv * inv;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            R dn = fl_cu_ld<R>(g, go + i * gl.step, g_dt);
+            if (w) dn *= fl_cu_ld<R>(w, i * ws, w_dt);
+            R xv = fl_cu_ld<R>(x, xo + i * xl.step, x_dt);
+            fl_cu_st(dx, r * n + i, dx_dt, inv * (dn - xv * c));
+        }
+    }
+}
+
+template <typename R>
+__global__ void __launch_bounds__(1024) layer_norm_kernel(void *out, int out_dt, R *mean, R *rstd, const void *x,
+                                  int x_dt, fl_cu_lanes xl, const void *w, int w_dt, int64_t ws,
+                                  const void *b, int b_dt, int64_t bs, int64_t rows, int64_t n,
+                                  double eps) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t xo = fl_cu_lane_offset(xl, r), xs = xl.step;
+        /* Two passes: the mean, then the centred variance (accurate when
+         * |mean| >> std), as the CPU. */
+        R s = 0;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += fl_cu_ld<R>(x, xo + i * xs, x_dt);
+        s = fl_cu_block_sum(s);
+        R m = (R)((double)s / (double)n), v = 0;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            R d = fl_cu_ld<R>(x, xo + i * xs, x_dt) - m;
+            v += d * d;
+        }
+        v = fl_cu_block_sum(v);
+        R inv = (R)(1.0 / sqrt((double)v / (double)n + eps));
+        if (threadIdx.x == 0) {
+            mean[r] = m;
+            rstd[r] = inv;
+        }
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            R y = (fl_cu_ld<R>(x, xo + i * xs, x_dt) - m) * inv;
+            if (w) y *= fl_cu_ld<R>(w, i * ws, w_dt);
+            if (b) y += fl_cu_ld<R>(b, i * bs, b_dt);
+            fl_cu_st(out, r * n + i, out_dt, y);
+        }
+    }
+}
+
+/* dx = inv * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = g * w */
+template <typename R>
+__global__ void __launch_bounds__(1024) layer_norm_dx_kernel(void *dx, int dx_dt, const void *g, int g_dt,
+                                     fl_cu_lanes gl, const void *x, int x_dt, fl_cu_lanes xl,
+                                     const void *w, int w_dt, int64_t ws, const R *mean,
+                                     const R *rstd, int64_t rows, int64_t n) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t xo = fl_cu_lane_offset(xl, r), go = fl_cu_lane_offset(gl, r);
+        R m = mean[r], inv = rstd[r], s1 = 0, s2 = 0;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            R dh = fl_cu_ld<R>(g, go + i * gl.step, g_dt);
+            if (w) dh *= fl_cu_ld<R>(w, i * ws, w_dt);
+            R xh = (fl_cu_ld<R>(x, xo + i * xl.step, x_dt) - m) * inv;
+            s1 += dh;
+            s2 += dh * xh;
+        }
+        s1 = fl_cu_block_sum(s1);
+        s2 = fl_cu_block_sum(s2);
+        R c1 = (R)((double)s1 / (double)n), c2 = (R)((double)s2 / (double)n);
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            R dh = fl_cu_ld<R>(g, go + i * gl.step, g_dt);
+            if (w) dh *= fl_cu_ld<R>(w, i * ws, w_dt);
+            R xh = (fl_cu_ld<R>(x, xo + i * xl.step, x_dt) - m) * inv;
+            fl_cu_st(dx, r * n + i, dx_dt, inv * (dh - c1 - xh * c2));
+        }
+    }
+}
+
+/* Partial column sums over a group of rows: pw[grp, col] += g * xhat and
+ * pb[grp, col] += g, xhat = (x - mean) * rstd (mean NULL: RMSNorm, 0).
+ * Grid: (column blocks, groups). */
+template <typename R>
+__global__ void __launch_bounds__(1024) column_partials_kernel(R *pw, R *pb, const void *g, int g_dt, fl_cu_lanes gl,
+                                       const void *x, int x_dt, fl_cu_lanes xl, const R *mean,
+                                       const R *rstd, int64_t rows, int64_t n,
+                                       int64_t rows_per_group) {
+    int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= n) return;
+    int64_t r0 = (int64_t)blockIdx.y * rows_per_group;
+    int64_t r1 = r0 + rows_per_group < rows ? r0 + rows_per_group : rows;
+    R sw = 0, sb = 0;
+    for (int64_t r = r0; r < r1; r++) {
+        R gv = fl_cu_ld<R>(g, fl_cu_lane_offset(gl, r) + col * gl.step, g_dt);
+        if (pw) {
+            R xv = fl_cu_ld<R>(x, fl_cu_lane_offset(xl, r) + col * xl.step, x_dt);
+            sw += gv * ((xv - (mean ? mean[r] : (R)0)) * rstd[r]);
+        }
+        sb += gv;
+    }
+    int64_t at = (int64_t)blockIdx.y * n + col;
+    if (pw) pw[at] = sw;
+    if (pb) pb[at] = sb;
+}
+
+/* dst[col] = sum over groups of parts[grp, col], in double, group order. */
+template <typename R>
+__global__ void __launch_bounds__(1024) column_finish_kernel(void *dst, int dst_dt, const R *parts, int64_t groups,
+                                     int64_t n) {
+    for (int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; col < n;
+         col += (int64_t)gridDim.x * blockDim.x) {
+        double s = 0;
+        for (int64_t k = 0; k < groups; k++) s += (double)parts[k * n + col];
+        fl_cu_st(dst, col, dst_dt, (R)s);
+    }
+}
+
+template <typename R> fl_dtype dtype_of();
+template <> fl_dtype dtype_of<float>() { return FL_F32; }
+template <> fl_dtype dtype_of<double>() { return FL_F64; }
+
+/* dw (and db) from g, x and the statistics: the two passes above. */
+template <typename R>
+int column_sums(const char *op, fl_tensor *dw, fl_tensor *db, const fl_tensor *g,
+                const fl_tensor *x, const R *mean, const R *rstd, int64_t rows, int64_t n) {
+    int dim = x->ndim - 1;
+    if (n == 0) return FL_OK;
+    int64_t groups = (rows + 15) / 16;
+    if (groups > MAX_GROUPS) groups = MAX_GROUPS;
+    if (groups < 1) groups = 1;
+    int64_t per = (rows + groups - 1) / groups;
+    if (per < 1) per = 1;
+    fl_tensor *pw = dw ? fl_cu_scratch(groups * n, dtype_of<R>(), x) : NULL;
+    fl_tensor *pb = db ? fl_cu_scratch(groups * n, dtype_of<R>(), x) : NULL;
+    int rc = (dw && !pw) || (db && !pb) ? (int)fl_last_status() : FL_OK;
+    if (!rc) {
+        dim3 grid((unsigned)((n + COLS - 1) / COLS), (unsigned)groups);
+        column_partials_kernel<R><<<grid, COLS, 0, fl_cu_stream()>>>(
+            pw ? (R *)pw->data : NULL, pb ? (R *)pb->data : NULL, g->data, g->dtype,
+            fl_cu_lanes_of(g, dim), x->data, x->dtype, fl_cu_lanes_of(x, dim), mean, rstd, rows,
+            n, per);
+        rc = fl_cu_check(op);
+    }
+    if (!rc && dw) {
+        column_finish_kernel<R><<<fl_cu_blocks(n, 256), 256, 0, fl_cu_stream()>>>(
+            dw->data, dw->dtype, (const R *)pw->data, groups, n);
+        rc = fl_cu_check(op);
+    }
+    if (!rc && db) {
+        column_finish_kernel<R><<<fl_cu_blocks(n, 256), 256, 0, fl_cu_stream()>>>(
+            db->data, db->dtype, (const R *)pb->data, groups, n);
+        rc = fl_cu_check(op);
+    }
+    fl_tensor_release(pw);
+    fl_tensor_release(pb);
+    return rc;
+}
+
+int64_t param_stride(const fl_tensor *t) { return t && t->ndim ? t->stride[0] : 0; }
+
+template <typename R>
+int rms_norm_t(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, const fl_tensor *w,
+               double eps) {
+    int dim = x->ndim - 1;
+    int64_t n = x->shape[dim], rows = n ? x->numel / n : 0;
+    if (rows == 0) return FL_OK;
+    int round_dt = x->dtype == FL_BF16 || x->dtype == FL_F16 ? (int)x->dtype : -1;
+    rms_norm_kernel<R><<<fl_cu_row_blocks(rows), fl_cu_row_threads(n), 0, fl_cu_stream()>>>(
+        out->data, out->dtype, (R *)rstd->data, x->data, x->dtype, fl_cu_lanes_of(x, dim),
+        w ? w->data : NULL, w ? w->dtype : 0, param_stride(w), rows, n, eps, round_dt);
+    return fl_cu_check("rms_norm");
+}
+
+template <typename R>
+int rms_norm_backward_t(fl_tensor *dx, fl_tensor *dw, const fl_tensor *g, const fl_tensor *x,
+                        const fl_tensor *w, const fl_tensor *rstd) {
+    const char *op = "rms_norm backward";
+    int dim = x->ndim - 1;
+    int64_t n = x->shape[dim], rows = n ? x->numel / n : 0;
+    if (dx && rows > 0) {
+        rms_norm_dx_kernel<R><<<fl_cu_row_blocks(rows), fl_cu_row_threads(n), 0,
+                                fl_cu_stream()>>>(
+            dx->data, dx->dtype, g->data, g->dtype, fl_cu_lanes_of(g, dim), x->data, x->dtype,
+            fl_cu_lanes_of(x, dim), w ? w->data : NULL, w ? w->dtype : 0, param_stride(w),
+            (const R *)rstd->data, rows, n);
+        if (fl_cu_check(op)) return fl_last_status();
+    }
+    if (dw && rows == 0) return fl_fill_(dw, 0);
+    return dw ? column_sums<R>(op, dw, NULL, g, x, NULL, (const R *)rstd->data, rows, n) : FL_OK;
+}
+
+template <typename R>
+int layer_norm_t(fl_tensor *out, fl_tensor *mean, fl_tensor *rstd, const fl_tensor *x,
+                 const fl_tensor *w, const fl_tensor *b, double eps) {
+    int dim = x->ndim - 1;
+    int64_t n = x->shape[dim], rows = n ? x->numel / n : 0;
+    if (rows == 0) return FL_OK;
+    layer_norm_kernel<R><<<fl_cu_row_blocks(rows), fl_cu_row_threads(n), 0, fl_cu_stream()>>>(
+        out->data, out->dtype, (R *)mean->data, (R *)rstd->data, x->data, x->dtype,
+        fl_cu_lanes_of(x, dim), w ? w->data : NULL, w ? w->dtype : 0, param_stride(w),
+        b ? b->data : NULL, b ? b->dtype : 0, param_stride(b), rows, n, eps);
+    return fl_cu_check("layer_norm");
+}
+
+template <typename R>
+int layer_norm_backward_t(fl_tensor *dx, fl_tensor *dw, fl_tensor *db, const fl_tensor *g,
+                          const fl_tensor *x, const fl_tensor *w, const fl_tensor *mean,
+                          const fl_tensor *rstd) {
+    const char *op = "layer_norm backward";
+    int dim = x->ndim - 1;
+    int64_t n = x->shape[dim], rows = n ? x->numel / n : 0;
+    if (dx && rows > 0) {
+        layer_norm_dx_kernel<R><<<fl_cu_row_blocks(rows), fl_cu_row_threads(n), 0,
+                                  fl_cu_stream()>>>(
+            dx->data, dx->dtype, g->data, g->dtype, fl_cu_lanes_of(g, dim), x->data, x->dtype,
+            fl_cu_lanes_of(x, dim), w ? w->data : NULL, w ? w->dtype : 0, param_stride(w),
+            (const R *)mean->data, (const R *)rstd->data, rows, n);
+        if (fl_cu_check(op)) return fl_last_status();
+    }
+    if (rows == 0) {
+        if (dw && fl_fill_(dw, 0)) return fl_last_status();
+        if (db && fl_fill_(db, 0)) return fl_last_status();
+        return FL_OK;
+    }
+    if (!dw && !db) return FL_OK;
+    return column_sums<R>(op, dw, db, g, x, (const R *)mean->data, (const R *)rstd->data, rows,
+                          n);
+}
+
+} // namespace
+
+/* ---- entries of the table (cuda_fused.cu), dispatched like the CPU's ----- */
+
+int fl_cuda_rms_norm(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, const fl_tensor *w,
+                     double eps) {
+    if (fl_cu_use_device("rms_norm", x)) return fl_last_status();
+    return rstd->dtype == FL_F64 ? rms_norm_t<double>(out, rstd, x, w, eps)
+                                 : rms_norm_t<float>(out, rstd, x, w, eps);
+}
+
+int fl_cuda_rms_norm_backward(fl_tensor *dx, fl_tensor *dw, const fl_tensor *g,
+                              const fl_tensor *x, const fl_tensor *w, const fl_tensor *rstd) {
+    if (fl_cu_use_device("rms_norm backward", x)) return fl_last_status();
+    return rstd->dtype == FL_F64 ? rms_norm_backward_t<double>(dx, dw, g, x, w, rstd)
+                                 : rms_norm_backward_t<float>(dx, dw, g, x, w, rstd);
+}
+
+int fl_cuda_layer_norm(fl_tensor *out, fl_tensor *mean, fl_tensor *rstd, const fl_tensor *x,
+                       const fl_tensor *w, const fl_tensor *b, double eps) {
+    if (fl_cu_use_device("layer_norm", x)) return fl_last_status();
+    return rstd->dtype == FL_F64 ? layer_norm_t<double>(out, mean, rstd, x, w, b, eps)
+                                 : layer_norm_t<float>(out, mean, rstd, x, w, b, eps);
+}
+
+int fl_cuda_layer_norm_backward(fl_tensor *dx, fl_tensor *dw, fl_tensor *db, const fl_tensor *g,
+                                const fl_tensor *x, const fl_tensor *w, const fl_tensor *mean,
+                                const fl_tensor *rstd) {
+    if (fl_cu_use_device("layer_norm backward", x)) return fl_last_status();
+    return rstd->dtype == FL_F64
+               ? layer_norm_backward_t<double>(dx, dw, db, g, x, w, mean, rstd)
+               : layer_norm_backward_t<float>(dx, dw, db, g, x, w, mean, rstd);
+}

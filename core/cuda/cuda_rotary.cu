@@ -1,0 +1,126 @@
+/*
+ * cuda_rotary.cu: rotary position embeddings on CUDA, with the CPU's
+ * semantics (cpu_fused_gen.h): over x's last two dims [T, D],
+ *   y = x * cos + rotate_half(x) * sin,  rotate_half(x) = [-x2, x1],
+ * and the inverse (the transposed map, the backward)
+ *   dx = g * cos - rotate_half(g * sin).
+ * positions: NULL (row t uses table row t), integer [T], or [x.shape[0], T].
+ *
+ * One thread per pair (i, i + D/2) of a row: each reads its two elements
+ * of x and of the two tables once and writes both outputs. A position
+ * outside the tables is an error naming it, as on the CPU; checking it
+ * costs a sync, so only calls with positions pay it.
+ */
+#include "cuda_fused.cuh"
+
+namespace {
+
+struct table {
+    const void *p;
+    int dt;
+    int64_t s0, s1;
+};
+
+template <typename R>
+__global__ void __launch_bounds__(1024) rotary_kernel(void *out, int out_dt, const void *x, int x_dt, fl_cu_lanes xl,
+                              table cs, table sn, const void *pos, int pos_dt, int pos_ndim,
+                              int64_t ps0, int64_t ps1, int64_t rows, int64_t T, int64_t D,
+                              int64_t per_batch, int64_t table_rows, bool inverse,
+                              unsigned long long *bad_row) {
+    int64_t h = D / 2, items = rows * h;
+    for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < items;
+         it += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = it / h, i = it % h, t = r % T, p = t;
+        if (pos) {
+            int64_t off = pos_ndim == 1 ? t * ps0 : (r / per_batch) * ps0 + t * ps1;
+            p = fl_cu_ld_i64(pos, off, pos_dt);
+            if (p < 0 || p >= table_rows) {
+                atomicMin(bad_row, (unsigned long long)r);
+                continue;
+            }
+        }
+        int64_t xo = fl_cu_lane_offset(xl, r);
+        R x1 = fl_cu_ld<R>(x, xo + i * xl.step, x_dt);
+        R x2 = fl_cu_ld<R>(x, xo + (i + h) * xl.step, x_dt);
+        R c1 = fl_cu_ld<R>(cs.p, p * cs.s0 + i * cs.s1, cs.dt);
+        R c2 = fl_cu_ld<R>(cs.p, p * cs.s0 + (i + h) * cs.s1, cs.dt);
+        R s1 = fl_cu_ld<R>(sn.p, p * sn.s0 + i * sn.s1, sn.dt);
+        R s2 = fl_cu_ld<R>(sn.p, p * sn.s0 + (i + h) * sn.s1, sn.dt);
+        R y1, y2;
+        if (!inverse) {
+            y1 = x1 * c1 - x2 * s1;
+            y2 = x2 * c2 + x1 * s2;
+        } else {
+            y1 = x1 * c1 + x2 * s2;
+            y2 = x2 * c2 - x1 * s1;
+        }
+        fl_cu_st(out, r * D + i, out_dt, y1);
+        fl_cu_st(out, r * D + i + h, out_dt, y2);
+    }
+}
+
+table table_of(const fl_tensor *t) {
+    table tb = {t->data, (int)t->dtype, t->stride[0], t->stride[1]};
+    return tb;
+}
+
+} // namespace
+
+int fl_cuda_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
+                   const fl_tensor *sin, const fl_tensor *positions, bool inverse) {
+    const char *op = "apply_rotary";
+    int dim = x->ndim - 1;
+    int64_t D = x->shape[dim], T = x->shape[dim - 1];
+    int64_t rows = D ? x->numel / D : 0, per_batch = x->shape[0] ? rows / x->shape[0] : 0;
+    int64_t table_rows = cos->shape[0], items = rows * (D / 2);
+    if (items == 0) return FL_OK;
+    if (fl_cu_use_device(op, x)) return fl_last_status();
+    fl_tensor *bad = NULL;
+    if (positions) {
+        bad = fl_cu_scratch(8, FL_U8, x);
+        if (!bad) return fl_last_status();
+        cudaError_t e = cudaMemsetAsync(bad->data, 0xff, 8, fl_cu_stream());
+        if (e != cudaSuccess) {
+            fl_tensor_release(bad);
+            return fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(e));
+        }
+    }
+    const void *pd = positions ? positions->data : NULL;
+    int pdt = positions ? positions->dtype : 0, pnd = positions ? positions->ndim : 0;
+    int64_t ps0 = positions ? positions->stride[0] : 0;
+    int64_t ps1 = positions && positions->ndim > 1 ? positions->stride[1] : 0;
+    unsigned long long *bp = bad ? (unsigned long long *)bad->data : NULL;
+    unsigned blocks = fl_cu_blocks(items, 256);
+    fl_cu_lanes xl = fl_cu_lanes_of(x, dim);
+    if (out->dtype == FL_F64)
+        rotary_kernel<double><<<blocks, 256, 0, fl_cu_stream()>>>(
+            out->data, out->dtype, x->data, x->dtype, xl, table_of(cos), table_of(sin), pd, pdt,
+            pnd, ps0, ps1, rows, T, D, per_batch, table_rows, inverse, bp);
+    else
+        rotary_kernel<float><<<blocks, 256, 0, fl_cu_stream()>>>(
+            out->data, out->dtype, x->data, x->dtype, xl, table_of(cos), table_of(sin), pd, pdt,
+            pnd, ps0, ps1, rows, T, D, per_batch, table_rows, inverse, bp);
+    int rc = fl_cu_check(op);
+    if (!rc && bad) {
+        unsigned long long row = 0;
+        cudaError_t e = cudaMemcpy(&row, bad->data, sizeof row, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) {
+            rc = fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(e));
+        } else if (row != ~0ull) {
+            /* The first bad row's position, read back for the message. */
+            int64_t r = (int64_t)row, t = r % T;
+            int64_t off = pnd == 1 ? t * ps0 : (r / per_batch) * ps0 + t * ps1;
+            size_t es = fl_dtype_size(positions->dtype);
+            unsigned char v[8] = {0};
+            e = cudaMemcpy(v, (const char *)pd + off * (int64_t)es, es, cudaMemcpyDeviceToHost);
+            rc = e != cudaSuccess
+                     ? fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(e))
+                     : fl_fail(FL_ERR_ARG, "%s: position %lld is out of range for tables of "
+                                           "%lld positions",
+                               op, (long long)fl_load_i64(v, positions->dtype),
+                               (long long)table_rows);
+        }
+    }
+    fl_tensor_release(bad);
+    return rc;
+}

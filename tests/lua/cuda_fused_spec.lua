@@ -1,0 +1,249 @@
+-- cuda_fused_spec.lua: the fused family's CUDA kernels (core/cuda/cuda_norm.cu,
+-- cuda_softmax.cu, cuda_loss.cu, cuda_rotary.cu, cuda_attention*.cu) at the
+-- sizes and layouts backend_ops_spec's small cases do not reach: attention
+-- at a realistic size (B=2, 8 query heads over 2 kv heads, T=1024, D=128,
+-- bf16, causal and with a trained bias), head dims to 256 and sequence
+-- lengths off the 32-row tiles, norms at width 8192, cross-entropy over a
+-- 32000 vocabulary, softmax along a strided non-last dim, rotary with
+-- per-batch positions, the errors the kernels raise (as the CPU's), and
+-- finite-difference checks in f64 along a random direction (run on the GPU
+-- whole: no per-element host access).
+--
+-- Each comparison runs the same (rounded) inputs on the CPU in f32 (or f64)
+-- and measures max |gpu - cpu| / max |cpu|. Without a GPU every case is
+-- reported pending, naming the reason.
+local fsdp = require 'fsdp'
+local Tensor = require 'fsdp.tensor'
+local F = fsdp.F
+
+local CUDA = fsdp.cuda.is_available()
+local TOLERANCE = { f64 = 1e-10, f32 = 2e-5, bf16 = 2e-2, f16 = 4e-3 }
+
+local function randn(shape, seed, dtype)
+  return fsdp.randn(shape, { seed = seed }):to(dtype or 'f32')
+end
+
+-- max |got - want| / max |want| over all elements.
+local function normalised_error(got, want)
+  local g, w = got:to('cpu'):to('f64'), want:to('cpu'):to('f64')
+  assert.are.same(w.shape, g.shape)
+  local scale = F.max(F.abs(w):view(-1), 0):item()
+  local diff = F.max(F.abs(g - w):view(-1), 0):item()
+  return diff / math.max(scale, 1e-30)
+end
+
+local function assert_close(got, want, tol, what)
+  local e = normalised_error(got, want)
+  assert(e <= tol, ('%s: normalised error %.3g exceeds %.3g'):format(what, e, tol))
+end
+
+-- Runs fn on copies of `inputs` (tensors, in `dtype`; others as they are)
+-- on `device`, float ones requiring grad; returns the output and the
+-- gradients of sum(out * w) with fixed weights w.
+local function run(fn, inputs, dtype, device)
+  local xs = {}
+  for i, t in ipairs(inputs) do
+    if Tensor.is_tensor(t) and t:is_floating_point() then
+      xs[i] = t:to(dtype):to(device):detach():requires_grad_()
+    elseif Tensor.is_tensor(t) then
+      xs[i] = t:to(device)
+    else
+      xs[i] = t
+    end
+  end
+  local out = fn(unpack(xs, 1, #inputs))
+  local w = fsdp.randn(out.shape, { seed = 99 }):to(out.dtype):to(device)
+  ;(out * w):sum():backward()
+  local grads = {}
+  for i, x in ipairs(xs) do
+    if Tensor.is_tensor(x) and x.requires_grad then grads[i] = x.grad end
+  end
+  return out, grads
+end
+
+-- The op on cuda:0 in `dtype` against the CPU in `ref` (f32 or f64) on the
+-- same rounded inputs: output and every input gradient.
+local function compare(fn, inputs, dtype, ref, what)
+  local rounded = {}
+  for i, t in ipairs(inputs) do
+    rounded[i] = (Tensor.is_tensor(t) and t:is_floating_point()) and t:to(dtype) or t
+  end
+  local out_g, grads_g = run(fn, rounded, dtype, 'cuda:0')
+  local out_c, grads_c = run(fn, rounded, ref, 'cpu')
+  assert.are.equal('cuda:0', out_g.device)
+  local tol = TOLERANCE[dtype]
+  assert_close(out_g, out_c, tol, what .. ' ' .. dtype .. ' output')
+  for i in pairs(grads_c) do
+    assert(grads_g[i], ('%s: no gradient for input %d on cuda'):format(what, i))
+    assert_close(grads_g[i], grads_c[i], tol, ('%s %s gradient %d'):format(what, dtype, i))
+  end
+end
+
+-- Finite differences along one random direction u per input, on cuda in
+-- f64: (f(x + eps u) - f(x - eps u)) / 2 eps against <grad f, u>, with
+-- f = sum(out * w).
+local function directional_check(fn, inputs, what)
+  local xs = {}
+  for i, t in ipairs(inputs) do xs[i] = t:to('f64'):to('cuda:0'):detach():requires_grad_() end
+  local w = nil
+  local function f(args)
+    local out = fn(unpack(args, 1, #inputs))
+    w = w or fsdp.randn(out.shape, { seed = 5 }):to('f64'):to('cuda:0')
+    return (out * w):sum()
+  end
+  f(xs):backward()
+  local eps = 1e-6
+  for i, x in ipairs(xs) do
+    local u = fsdp.randn(x.shape, { seed = 40 + i }):to('f64'):to('cuda:0')
+    local plus, minus = {}, {}
+    for j, y in ipairs(xs) do
+      plus[j] = j == i and (y:detach() + u * eps) or y:detach()
+      minus[j] = j == i and (y:detach() - u * eps) or y:detach()
+    end
+    local numeric = fsdp.no_grad(function() return (f(plus):item() - f(minus):item()) / (2 * eps) end)
+    local analytic = (x.grad * u):sum():item()
+    assert(math.abs(analytic - numeric) <= 1e-6 * (1 + math.abs(numeric)),
+      ('%s input %d: autograd %.12g, finite difference %.12g'):format(what, i, analytic, numeric))
+  end
+end
+
+-- The message of the error fn raises, without the 'file:line: ' prefix.
+local function error_of(fn)
+  local ok, err = pcall(fn)
+  assert.is_false(ok, 'expected an error')
+  return (tostring(err):gsub('^[^:]*:%d+: ', ''))
+end
+
+describe('the fused CUDA kernels', function()
+  if not CUDA then
+    pending('no GPU here (' .. fsdp.cuda.status() .. '): the fused CUDA kernels were not run')
+    return
+  end
+
+  local function attention(opts)
+    return function(q, k, v, bias)
+      return F.scaled_dot_product_attention(q, k, v,
+        { causal = opts.causal, bias = bias, scale = opts.scale })
+    end
+  end
+
+  it('attention B=2, 8/2 heads, T=1024, D=128 in bf16, causal: forward and backward', function()
+    local q, k, v = randn({ 2, 8, 1024, 128 }, 1), randn({ 2, 2, 1024, 128 }, 2), randn({ 2, 2, 1024, 128 }, 3)
+    compare(attention { causal = true }, { q, k, v }, 'bf16', 'f32', 'causal gqa attention')
+  end)
+
+  it('attention with a trained [1, H, T, T] bias in bf16 (dbias summed over the batch)', function()
+    local q, k, v = randn({ 2, 8, 512, 128 }, 4), randn({ 2, 2, 512, 128 }, 5), randn({ 2, 2, 512, 128 }, 6)
+    local bias = randn({ 1, 8, 512, 512 }, 7)
+    compare(attention { scale = 1 / 8 }, { q, k, v, bias }, 'bf16', 'f32', 'biased attention')
+  end)
+
+  it('attention with a key-broadcast bias, causal, Tq != Tk, off the tiles, f32', function()
+    local q, k, v = randn({ 1, 4, 77, 64 }, 8), randn({ 1, 4, 93, 64 }, 9), randn({ 1, 4, 93, 64 }, 10)
+    local bias = randn({ 4, 77, 1 }, 11)
+    compare(attention { causal = true }, { q, k, v, bias }, 'f32', 'f32', 'key-broadcast bias')
+  end)
+
+  it('attention at head dim 256 and 32 (and Dv != D), f32 and f16', function()
+    local q, k, v = randn({ 1, 2, 100, 256 }, 12), randn({ 1, 1, 130, 256 }, 13), randn({ 1, 1, 130, 256 }, 14)
+    compare(attention {}, { q, k, v }, 'f32', 'f32', 'D=256')
+    q, k, v = randn({ 2, 4, 65, 32 }, 15), randn({ 2, 2, 65, 32 }, 16), randn({ 2, 2, 65, 80 }, 17)
+    compare(attention { causal = true }, { q, k, v }, 'f16', 'f32', 'D=32, Dv=80')
+  end)
+
+  it('attention on transposed [B, T, H, D] projections (strided rows)', function()
+    local q = randn({ 2, 40, 4, 64 }, 18):transpose(1, 2)
+    local k = randn({ 2, 40, 2, 64 }, 19):transpose(1, 2)
+    local v = randn({ 2, 40, 2, 64 }, 20):transpose(1, 2)
+    compare(attention { causal = true }, { q, k, v }, 'f32', 'f32', 'strided attention')
+  end)
+
+  it('attention in f64 matches the CPU to 1e-10 and finite differences', function()
+    local q, k, v = randn({ 1, 2, 37, 16 }, 21), randn({ 1, 1, 37, 16 }, 22), randn({ 1, 1, 37, 16 }, 23)
+    local bias = randn({ 1, 2, 37, 37 }, 24)
+    compare(attention { causal = true }, { q, k, v, bias }, 'f64', 'f64', 'f64 attention')
+    directional_check(attention { causal = true }, { q, k, v, bias }, 'f64 attention')
+  end)
+
+  it('a row whose every key is masked outputs zeros and zero gradients', function()
+    local q, k, v = randn({ 1, 1, 8, 16 }, 25), randn({ 1, 1, 8, 16 }, 26), randn({ 1, 1, 8, 16 }, 27)
+    local mask = fsdp.zeros({ 8, 8 })
+    mask:narrow(0, 3, 1):fill_(-math.huge)
+    compare(attention {}, { q, k, v, mask }, 'f32', 'f32', 'masked row')
+    local out = F.scaled_dot_product_attention(q:to('cuda:0'), k:to('cuda:0'), v:to('cuda:0'),
+      { bias = mask:to('cuda:0') })
+    assert.are.equal(0, F.max(F.abs(out:to('cpu'):narrow(2, 3, 1)):view(-1), 0):item())
+  end)
+
+  it('rms_norm and layer_norm at width 8192 (bf16 and f32), dweight and dbias', function()
+    local x, w, b = randn({ 96, 8192 }, 30), randn({ 8192 }, 31), randn({ 8192 }, 32)
+    compare(function(a, c) return F.rms_norm(a, c, 1e-6) end, { x, w }, 'bf16', 'f32', 'rms_norm')
+    compare(function(a, c) return F.rms_norm(a, c, 1e-6) end, { x, w }, 'f32', 'f32', 'rms_norm')
+    compare(function(a, c, d) return F.layer_norm(a, c, d, 1e-5) end, { x, w, b }, 'f32', 'f32', 'layer_norm')
+    compare(function(a, c, d) return F.layer_norm(a, c, d, 1e-5) end, { x, w, b }, 'bf16', 'f32', 'layer_norm')
+  end)
+
+  it('norms over a strided x, without weights, and in f64 by finite differences', function()
+    local x = randn({ 64, 3, 40 }, 33):transpose(0, 1)
+    compare(function(a) return F.rms_norm(a) end, { x }, 'f32', 'f32', 'strided rms_norm')
+    compare(function(a) return F.layer_norm(a) end, { x }, 'f32', 'f32', 'strided layer_norm')
+    local xs, w, b = randn({ 5, 24 }, 34), randn({ 24 }, 35), randn({ 24 }, 36)
+    directional_check(function(a, c) return F.rms_norm(a, c, 1e-5) end, { xs, w }, 'f64 rms_norm')
+    directional_check(function(a, c, d) return F.layer_norm(a, c, d, 1e-5) end, { xs, w, b }, 'f64 layer_norm')
+  end)
+
+  it('softmax and log_softmax along a strided non-last dim and over 50000 columns', function()
+    local x = randn({ 7, 33, 5 }, 40):transpose(0, 2)
+    compare(function(a) return F.softmax(a, 1) end, { x }, 'f32', 'f32', 'softmax dim 1')
+    compare(function(a) return F.log_softmax(a, 0) end, { x }, 'f32', 'f32', 'log_softmax dim 0')
+    local wide = randn({ 4, 50000 }, 41)
+    compare(function(a) return F.log_softmax(a, -1) end, { wide }, 'bf16', 'f32', 'log_softmax wide')
+    directional_check(function(a) return F.softmax(a, 1) end, { randn({ 3, 9 }, 42) }, 'f64 softmax')
+  end)
+
+  it('cross_entropy over a 32000 vocabulary: mean, sum and none, ignore_index, smoothing', function()
+    local logits = randn({ 256, 32000 }, 50)
+    local t = fsdp.randint(0, 32000, { 256 }, { seed = 51 })
+    t:narrow(0, 10, 5):fill_(-100)
+    for _, red in ipairs { 'mean', 'sum', 'none' } do
+      compare(function(a, tg) return F.cross_entropy(a, tg, { reduction = red, label_smoothing = 0.1 }) end,
+        { logits, t }, 'bf16', 'f32', 'cross_entropy ' .. red)
+    end
+    compare(function(a, tg) return F.cross_entropy(a, tg) end, { logits, t }, 'f32', 'f32', 'cross_entropy f32')
+    local small = fsdp.tensor({ 3, -100, 0, 10, 7, 5 }, { dtype = 'i64' })
+    directional_check(function(a) return F.cross_entropy(a, small:to(a.device), { label_smoothing = 0.2 }) end,
+      { randn({ 6, 11 }, 52) }, 'f64 cross_entropy')
+  end)
+
+  it('nll_loss, and the out-of-range target errors name the same row as the CPU', function()
+    local lp, t = F.log_softmax(randn({ 9, 13 }, 53), -1), fsdp.randint(0, 13, { 9 }, { seed = 54 })
+    compare(function(a, tg) return F.nll_loss(a, tg, { reduction = 'none' }) end, { lp, t }, 'f32', 'f32', 'nll_loss')
+    compare(function(a, tg) return F.nll_loss(a, tg) end, { lp, t }, 'f32', 'f32', 'nll_loss mean')
+    local bad = fsdp.tensor({ 1, 2, 40, 3, 99, 0, 1, 2, 3 }, { dtype = 'i64' })
+    local cpu = error_of(function() F.nll_loss(lp, bad) end)
+    local gpu = error_of(function() F.nll_loss(lp:to('cuda:0'), bad:to('cuda:0')) end)
+    assert.are.equal(cpu, gpu)
+    assert(gpu:find('target 40 (at index 2)', 1, true), gpu)
+    cpu = error_of(function() F.cross_entropy(lp, bad) end)
+    gpu = error_of(function() F.cross_entropy(lp:to('cuda:0'), bad:to('cuda:0')) end)
+    assert.are.equal(cpu, gpu)
+  end)
+
+  it('apply_rotary with per-batch positions and its backward; bad positions fail as on the CPU', function()
+    local cos, sin = F.rope_tables(64, 128)
+    local x = randn({ 2, 8, 20, 128 }, 60)
+    local pos = fsdp.randint(0, 64, { 2, 20 }, { seed = 61 })
+    local rot = function(a) return F.apply_rotary(a, cos:to(a.device), sin:to(a.device), { positions = pos:to(a.device) }) end
+    compare(rot, { x }, 'f32', 'f32', 'rotary positions [B, T]')
+    compare(rot, { x }, 'bf16', 'f32', 'rotary positions [B, T]')
+    local plain = function(a) return F.apply_rotary(a, cos:to(a.device), sin:to(a.device)) end
+    compare(plain, { randn({ 3, 64, 128 }, 62) }, 'f32', 'f32', 'rotary')
+    local bad = fsdp.tensor({ 0, 1, 70, 3 }, { dtype = 'i64' })
+    local xs = randn({ 1, 4, 128 }, 63)
+    local cpu = error_of(function() F.apply_rotary(xs, cos, sin, { positions = bad }) end)
+    local gpu = error_of(function()
+      F.apply_rotary(xs:to('cuda:0'), cos:to('cuda:0'), sin:to('cuda:0'), { positions = bad:to('cuda:0') })
+    end)
+    assert.are.equal(cpu, gpu)
+  end)
+end)
