@@ -189,7 +189,9 @@ project "fsdp"
     libdirs { CUDA_HOME .. "/lib64" }
     -- cuBLASLt for GEMMs, cuDNN for convolutions and fused attention;
     -- both come with the toolkit, and none needs a driver to load.
-    links { "cudart", "cublasLt", "cublas", "cudnn" }
+    -- stdc++: nvcc's host stubs for kernel launches use C++ runtime
+    -- support (thread-safe statics, the exception personality).
+    links { "cudart", "cublasLt", "cublas", "cudnn", "stdc++" }
     linkoptions { "-Wl,-rpath," .. CUDA_HOME .. "/lib64" }
     filter {}
     if not IS_PREMAKE4 then
