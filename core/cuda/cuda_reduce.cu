@@ -345,6 +345,7 @@ int fl_cuda_scatter_dim(fl_tensor *out, const fl_tensor *src, const fl_tensor *i
     if (indices->dtype != FL_I64)
         return fl_fail(FL_ERR_UNSUPPORTED, "%s on cuda: indices must be i64, got %s", op,
                        fl_dtype_name(indices->dtype));
+    if (out->numel == 0) return FL_OK;
     if (fl_cu_use_device(op, out)) return fl_last_status();
     int64_t A, N, B;
     split_at(out, dim, &A, &N, &B);
