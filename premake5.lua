@@ -189,6 +189,9 @@ project "fsdp"
     libdirs { CUDA_HOME .. "/lib64" }
     -- cuBLASLt for GEMMs, cuDNN for convolutions and fused attention;
     -- both come with the toolkit, and none needs a driver to load.
+    -- No libstdc++: the .cu files are built without exceptions and
+    -- thread-safe statics (mk/nvcc_flags.sh), all the C++ runtime their
+    -- launch stubs would otherwise need.
     links { "cudart", "cublasLt", "cublas", "cudnn" }
     linkoptions { "-Wl,-rpath," .. CUDA_HOME .. "/lib64" }
     filter {}

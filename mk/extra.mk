@@ -28,7 +28,7 @@ FL_NVCC_FLAGS := $(shell sh $(FL_ROOT)/mk/nvcc_flags.sh)
 
 vpath %.cu $(sort $(dir $(FL_CU_SOURCES)))
 
-$(OBJDIR)/%.cu.o: %.cu | $(OBJDIR)
+$(OBJDIR)/%.cu.o: %.cu $(FL_ROOT)/mk/nvcc_flags.sh | $(OBJDIR)
 	@echo "$(notdir $<) (nvcc)"
 	$(SILENT) $(FL_NVCC) $(FL_NVCC_FLAGS) -MMD -MP -c "$<" -o "$@"
 

@@ -2,15 +2,13 @@
  * cuda_backend.c: the vtable of the cuda device (compiled only with the
  * CUDA backend). Memory comes from one caching pool per device
  * (core/tensor/device_pool.c over cudaMalloc and CUDA events); transfers go
- * to cuda_runtime.cu; element
- * kernels (strided copy with conversion, fill, random) come with the GPU
- * kernel work: until then the core routes cuda tensors through the host
- * where it can (random numbers, contiguous same-dtype copies) and otherwise
- * reports which kernel this build lacks.
+ * to cuda_runtime.cu; the element kernels (strided copy with conversion,
+ * fill, uniform and int random fills) to cuda_copy.cu.
  */
 #ifdef FL_HAVE_CUDA
 #include "internal.h"
 #include "cuda_backend.h"
+#include "cuda_elem.h"
 #include "../tensor/device_pool.h"
 
 #include <pthread.h>
@@ -111,24 +109,8 @@ static int cuda_from_host(int index, void *dst, const void *host_src, int64_t nb
                : transfer_failed("copy to cuda");
 }
 
-/* Same-device copy: only the dense, same-dtype case is a plain transfer. */
-static int cuda_copy(fl_tensor *dst, const fl_tensor *src) {
-    if (dst->dtype != src->dtype || !fl_tensor_is_contiguous(dst) ||
-        !fl_tensor_is_contiguous(src) || dst->numel != src->numel)
-        return fl_fail(FL_ERR_UNSUPPORTED,
-                       "copy_ on cuda: strided or converting device-to-device copies need the "
-                       "CUDA element kernels, which this build does not have");
-    int64_t nbytes = dst->numel * (int64_t)fl_dtype_size(dst->dtype);
-    /* Through the host: correct, if slow, until a device kernel exists. */
-    void *tmp = malloc((size_t)nbytes + 1);
-    if (!tmp) return fl_fail(FL_ERR_OOM, "copy_ on cuda: no host memory for %lld bytes",
-                             (long long)nbytes);
-    int index = fl_device_index(dst->device);
-    int rc = cuda_to_host(fl_device_index(src->device), tmp, src->data, nbytes);
-    if (rc == FL_OK) rc = cuda_from_host(index, dst->data, tmp, nbytes);
-    free(tmp);
-    return rc;
-}
+/* Same-device copies, any dtypes and strides: cuda_copy.cu. */
+static int cuda_copy(fl_tensor *dst, const fl_tensor *src) { return fl_cuda_copy_kernel(dst, src); }
 
 static int cuda_fill(fl_tensor *t, double value) {
     if (value == 0.0 && fl_tensor_is_contiguous(t)) {
@@ -137,10 +119,23 @@ static int cuda_fill(fl_tensor *t, double value) {
                    ? FL_OK
                    : transfer_failed("fill_ on cuda");
     }
-    /* Other values: build the pattern on the host and transfer it. */
-    fl_tensor *host = fl_full(t->ndim, t->shape, value, t->dtype, fl_device_make(FL_DEVICE_CPU, 0));
+    /* The value becomes one element of t's dtype by the CPU's rules (one
+     * conversion, on the host); the kernel only replicates its bytes. */
+    _Alignas(8) char element[8] = {0};
+    fl_store_f64(element, t->dtype, value);
+    return fl_cuda_fill_kernel(t, element);
+}
+
+/* Uniform and int fills run on the device with the CPU's bits. Normal
+ * fills are generated on the host and copied over: their Box-Muller step
+ * goes through log and cos, where libdevice and libm may differ in the last
+ * bit (see cuda_copy.cu), and initialisation must not depend on the device. */
+static int cuda_random(fl_tensor *t, const fl_random_spec *spec) {
+    if (spec->kind != FL_RANDOM_NORMAL) return fl_cuda_random_kernel(t, spec);
+    fl_tensor *host = fl_empty(t->ndim, t->shape, t->dtype, fl_device_make(FL_DEVICE_CPU, 0));
     if (!host) return fl_last_status();
-    int rc = fl_copy_(t, host);
+    int rc = fl_cpu_backend.random(host, spec);
+    if (rc == FL_OK) rc = fl_copy_(t, host);
     fl_tensor_release(host);
     return rc;
 }
@@ -151,7 +146,7 @@ const fl_backend fl_cuda_backend = {
     .free = cuda_free,
     .copy = cuda_copy,
     .fill = cuda_fill,
-    .random = NULL, /* generated on the host: see random_fill in tensor.c */
+    .random = cuda_random,
     .to_host = cuda_to_host,
     .from_host = cuda_from_host,
     .reserved_bytes = cuda_reserved_bytes,

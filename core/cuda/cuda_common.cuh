@@ -22,6 +22,17 @@ extern "C" {
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
+
+/* A scoped pthread lock. Not std::mutex: that can throw, and the library
+ * links no C++ runtime (mk/nvcc_flags.sh). */
+struct fl_cu_lock {
+    pthread_mutex_t *m;
+    explicit fl_cu_lock(pthread_mutex_t *mutex) : m(mutex) { pthread_mutex_lock(m); }
+    ~fl_cu_lock() { pthread_mutex_unlock(m); }
+    fl_cu_lock(const fl_cu_lock &) = delete;
+    fl_cu_lock &operator=(const fl_cu_lock &) = delete;
+};
 
 /* Shape and strides (in elements) of a tensor, passed to kernels by value. */
 struct fl_cu_layout {

@@ -20,14 +20,13 @@
 
 #include <cudnn.h>
 
-#include <mutex>
 #include <stdlib.h>
 #include <string.h>
 
 enum { MAX_DEVICES = 64 };
 static const size_t WORKSPACE_LIMIT = (size_t)512 << 20;
 
-static std::mutex handles_mutex;
+static pthread_mutex_t handles_mutex = PTHREAD_MUTEX_INITIALIZER;
 static cudnnHandle_t handles[MAX_DEVICES];
 
 static int dnn_fail(const char *op, const char *what, cudnnStatus_t st) {
@@ -38,7 +37,7 @@ static int dnn_fail(const char *op, const char *what, cudnnStatus_t st) {
 static int dnn_handle(const char *op, int dev, cudnnHandle_t *h) {
     if (dev < 0 || dev >= MAX_DEVICES)
         return fl_fail(FL_ERR_DEVICE, "%s on cuda:%d: device index out of range", op, dev);
-    std::lock_guard<std::mutex> lock(handles_mutex);
+    fl_cu_lock lock(&handles_mutex);
     if (!handles[dev]) {
         cudnnStatus_t st = cudnnCreate(&handles[dev]);
         if (st != CUDNN_STATUS_SUCCESS) {

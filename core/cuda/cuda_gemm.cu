@@ -15,7 +15,6 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
-#include <mutex>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +22,7 @@ enum { MAX_DEVICES = 64 };
 
 /* ---- handles ---------------------------------------------------------------- */
 
-static std::mutex handles_mutex;
+static pthread_mutex_t handles_mutex = PTHREAD_MUTEX_INITIALIZER;
 static cublasLtHandle_t lt_handles[MAX_DEVICES];
 static cublasHandle_t blas_handles[MAX_DEVICES];
 
@@ -36,7 +35,7 @@ static int blas_fail(const char *op, const char *what, cublasStatus_t st) {
 static int lt_handle(const char *op, int dev, cublasLtHandle_t *h) {
     if (dev < 0 || dev >= MAX_DEVICES)
         return fl_fail(FL_ERR_DEVICE, "%s on cuda:%d: device index out of range", op, dev);
-    std::lock_guard<std::mutex> lock(handles_mutex);
+    fl_cu_lock lock(&handles_mutex);
     if (!lt_handles[dev]) {
         cublasStatus_t st = cublasLtCreate(&lt_handles[dev]);
         if (st != CUBLAS_STATUS_SUCCESS) {
@@ -52,7 +51,7 @@ static int lt_handle(const char *op, int dev, cublasLtHandle_t *h) {
 static int blas_handle(const char *op, int dev, cublasHandle_t *h) {
     if (dev < 0 || dev >= MAX_DEVICES)
         return fl_fail(FL_ERR_DEVICE, "%s on cuda:%d: device index out of range", op, dev);
-    std::lock_guard<std::mutex> lock(handles_mutex);
+    fl_cu_lock lock(&handles_mutex);
     if (!blas_handles[dev]) {
         cublasStatus_t st = cublasCreate(&blas_handles[dev]);
         if (st != CUBLAS_STATUS_SUCCESS) {
