@@ -4,8 +4,9 @@
  * - The core's internal header, as C (it compiles as C++ under nvcc), so a
  *   .cu file implements a family's kernel table (binary.h, elementwise.h,
  *   linear.h, fused.h) directly and reports errors with fl_fail.
- * - Element loads and stores of every dtype through float (f64 through
- *   double): kernels compute in f32 (f64 for f64), as the CPU kernels do.
+ * - Element loads and stores of every dtype, bit-exact with dtype.c
+ *   (cuda_dtype.cuh): fl_cu_get_f32/put_f32 for kernels that compute in
+ *   f32, fl_cu_get_f64/put_f64 for f64, as the CPU kernels do.
  * - Strided indexing: a tensor's shape and strides by value (fl_cu_layout),
  *   and the element offset of a row-major linear index.
  * - The stream every kernel is queued on (one place to change when streams
@@ -23,6 +24,8 @@ extern "C" {
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
+
+#include "cuda_dtype.cuh"
 
 /* A scoped pthread lock. Not std::mutex: that can throw, and the library
  * links no C++ runtime (mk/nvcc_flags.sh). */
@@ -60,64 +63,6 @@ __device__ __forceinline__ int64_t fl_cu_offset(const fl_cu_layout &l, int64_t i
         i /= n;
     }
     return off;
-}
-
-/* Element i (an offset, in elements) of data of dtype d, as float. */
-__device__ __forceinline__ float fl_cu_load(const void *p, int64_t i, int d) {
-    switch (d) {
-    case FL_F32: return ((const float *)p)[i];
-    case FL_F64: return (float)((const double *)p)[i];
-    case FL_F16: return __half2float(((const __half *)p)[i]);
-    case FL_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-    case FL_I64: return (float)((const long long *)p)[i];
-    case FL_I32: return (float)((const int *)p)[i];
-    case FL_I16: return (float)((const short *)p)[i];
-    case FL_I8: return (float)((const signed char *)p)[i];
-    case FL_U32: return (float)((const unsigned *)p)[i];
-    case FL_U16: return (float)((const unsigned short *)p)[i];
-    case FL_U8: return (float)((const unsigned char *)p)[i];
-    case FL_BOOL: return ((const unsigned char *)p)[i] ? 1.0f : 0.0f;
-    default: return 0.0f;
-    }
-}
-
-__device__ __forceinline__ double fl_cu_load_f64(const void *p, int64_t i, int d) {
-    switch (d) {
-    case FL_F64: return ((const double *)p)[i];
-    case FL_I64: return (double)((const long long *)p)[i];
-    case FL_I32: return (double)((const int *)p)[i];
-    case FL_U32: return (double)((const unsigned *)p)[i];
-    default: return (double)fl_cu_load(p, i, d);
-    }
-}
-
-/* Store v as dtype d: round to nearest even for f16/bf16, truncation toward
- * zero for integers (C's conversion, as the CPU backend), v != 0 for bool. */
-__device__ __forceinline__ void fl_cu_store_f64(void *p, int64_t i, int d, double v) {
-    switch (d) {
-    case FL_F32: ((float *)p)[i] = (float)v; break;
-    case FL_F64: ((double *)p)[i] = v; break;
-    case FL_F16: ((__half *)p)[i] = __float2half_rn((float)v); break;
-    case FL_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn((float)v); break;
-    case FL_I64: ((long long *)p)[i] = (long long)v; break;
-    case FL_I32: ((int *)p)[i] = (int)v; break;
-    case FL_I16: ((short *)p)[i] = (short)v; break;
-    case FL_I8: ((signed char *)p)[i] = (signed char)v; break;
-    case FL_U32: ((unsigned *)p)[i] = (unsigned)v; break;
-    case FL_U16: ((unsigned short *)p)[i] = (unsigned short)v; break;
-    case FL_U8: ((unsigned char *)p)[i] = (unsigned char)v; break;
-    case FL_BOOL: ((unsigned char *)p)[i] = v != 0; break;
-    default: break;
-    }
-}
-
-__device__ __forceinline__ void fl_cu_store(void *p, int64_t i, int d, float v) {
-    switch (d) {
-    case FL_F32: ((float *)p)[i] = v; break;
-    case FL_F16: ((__half *)p)[i] = __float2half_rn(v); break;
-    case FL_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
-    default: fl_cu_store_f64(p, i, d, (double)v); break;
-    }
 }
 
 /* The stream kernels are queued on: the legacy default stream, ordered with

@@ -154,8 +154,8 @@ __global__ void add_bias_kernel(void *out, int od, const void *bias, int bd, int
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t o = (i / P) % O;
-        if (od == FL_F64) fl_cu_store_f64(out, i, od, fl_cu_load_f64(out, i, od) + fl_cu_load_f64(bias, o, bd));
-        else fl_cu_store(out, i, od, fl_cu_load(out, i, od) + fl_cu_load(bias, o, bd));
+        if (od == FL_F64) fl_cu_put_f64(out, i, od, fl_cu_get_f64(out, i, od) + fl_cu_get_f64(bias, o, bd));
+        else fl_cu_put_f32(out, i, od, fl_cu_get_f32(out, i, od) + fl_cu_get_f32(bias, o, bd));
     }
 }
 
@@ -210,7 +210,7 @@ __global__ void bias_grad_kernel(void *gb, int bd, const void *gy, int gd, int64
     double acc = 0;
     for (int64_t i = threadIdx.x; i < count; i += BIAS_THREADS) {
         int64_t n = i / P, p = i - n * P;
-        acc += fl_cu_load_f64(gy, (n * O + o) * P + p, gd);
+        acc += fl_cu_get_f64(gy, (n * O + o) * P + p, gd);
     }
     part[threadIdx.x] = acc;
     __syncthreads();
@@ -218,7 +218,7 @@ __global__ void bias_grad_kernel(void *gb, int bd, const void *gy, int gd, int64
         if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
         __syncthreads();
     }
-    if (threadIdx.x == 0) fl_cu_store_f64(gb, o, bd, part[0]);
+    if (threadIdx.x == 0) fl_cu_put_f64(gb, o, bd, part[0]);
 }
 
 int fl_cuda_conv2d_backward(fl_tensor *gx, fl_tensor *gw, fl_tensor *gb, const fl_tensor *gy,

@@ -125,15 +125,15 @@ __global__ void scatter_rows_kernel(void *acc, int acc64, const void *gy, int gd
         int64_t i = e / D, j = e - i * D;
         int64_t id = id_at(ids, is64, i);
         if (id == padding_idx || id < 0 || id >= V) continue;
-        if (acc64) atomicAdd((double *)acc + id * D + j, fl_cu_load_f64(gy, e, gd));
-        else atomicAdd((float *)acc + id * D + j, fl_cu_load(gy, e, gd));
+        if (acc64) atomicAdd((double *)acc + id * D + j, fl_cu_get_f64(gy, e, gd));
+        else atomicAdd((float *)acc + id * D + j, fl_cu_get_f32(gy, e, gd));
     }
 }
 
 __global__ void round_kernel(void *dst, int dd, const float *src, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        fl_cu_store(dst, i, dd, src[i]);
+        fl_cu_put_f32(dst, i, dd, src[i]);
 }
 
 int fl_cuda_embedding_backward(fl_tensor *gw, const fl_tensor *ids, const fl_tensor *gy,

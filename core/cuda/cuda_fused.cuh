@@ -27,17 +27,17 @@ extern "C" {
 
 template <typename R> __device__ __forceinline__ R fl_cu_ld(const void *p, int64_t i, int dt);
 template <> __device__ __forceinline__ float fl_cu_ld<float>(const void *p, int64_t i, int dt) {
-    return fl_cu_load(p, i, dt);
+    return fl_cu_get_f32(p, i, dt);
 }
 template <> __device__ __forceinline__ double fl_cu_ld<double>(const void *p, int64_t i, int dt) {
-    return fl_cu_load_f64(p, i, dt);
+    return fl_cu_get_f64(p, i, dt);
 }
 
 __device__ __forceinline__ void fl_cu_st(void *p, int64_t i, int dt, float v) {
-    fl_cu_store(p, i, dt, v);
+    fl_cu_put_f32(p, i, dt, v);
 }
 __device__ __forceinline__ void fl_cu_st(void *p, int64_t i, int dt, double v) {
-    fl_cu_store_f64(p, i, dt, v);
+    fl_cu_put_f64(p, i, dt, v);
 }
 
 /* An integer element (targets, positions) without going through float. */
@@ -51,7 +51,7 @@ __device__ __forceinline__ int64_t fl_cu_ld_i64(const void *p, int64_t i, int dt
     case FL_U16: return ((const unsigned short *)p)[i];
     case FL_U8:
     case FL_BOOL: return ((const unsigned char *)p)[i];
-    default: return (int64_t)fl_cu_load_f64(p, i, dt);
+    default: return (int64_t)fl_cu_get_f64(p, i, dt);
     }
 }
 

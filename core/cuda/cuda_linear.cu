@@ -58,14 +58,14 @@ __global__ void sum_rows_kernel(void *out, int od, double *part, const void *in,
     double acc = 0;
     if (col < n)
         for (int64_t r = r0 + threadIdx.y; r < r1; r += SUM_LANES)
-            acc += fl_cu_load_f64(in, r * sr + col * sc, id);
+            acc += fl_cu_get_f64(in, r * sr + col * sc, id);
     lane[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.y == 0 && col < n) {
         double s = 0;
         for (int y = 0; y < SUM_LANES; y++) s += lane[y][threadIdx.x];
         if (part) part[blockIdx.y * n + col] = s;
-        else fl_cu_store_f64(out, col, od, s);
+        else fl_cu_put_f64(out, col, od, s);
     }
 }
 
@@ -75,7 +75,7 @@ __global__ void sum_parts_kernel(void *out, int od, const double *part, int64_t 
          j += (int64_t)gridDim.x * blockDim.x) {
         double s = 0;
         for (int64_t p = 0; p < parts; p++) s += part[p * n + j];
-        fl_cu_store_f64(out, j, od, s);
+        fl_cu_put_f64(out, j, od, s);
     }
 }
 

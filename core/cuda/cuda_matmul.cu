@@ -106,11 +106,11 @@ __global__ void bias_rows_kernel(void *out, int od, const float *src, const void
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t j = i % n;
         if (od == FL_F64) {
-            double v = bias ? fl_cu_load_f64(bias, j, bd) : 0.0;
-            fl_cu_store_f64(out, i, od, v);
+            double v = bias ? fl_cu_get_f64(bias, j, bd) : 0.0;
+            fl_cu_put_f64(out, i, od, v);
         } else {
-            float v = (src ? src[i] : 0.0f) + (bias ? fl_cu_load(bias, j, bd) : 0.0f);
-            fl_cu_store(out, i, od, v);
+            float v = (src ? src[i] : 0.0f) + (bias ? fl_cu_get_f32(bias, j, bd) : 0.0f);
+            fl_cu_put_f32(out, i, od, v);
         }
     }
 }
@@ -206,7 +206,7 @@ __global__ void bias_convert_kernel(void *dst, int ct, const void *src, int sd, 
                                     int64_t n) {
     for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n;
          j += (int64_t)gridDim.x * blockDim.x)
-        fl_cu_store_f64(dst, j, ct, fl_cu_load_f64(src, j * stride, sd));
+        fl_cu_put_f64(dst, j, ct, fl_cu_get_f64(src, j * stride, sd));
 }
 
 static int no_algorithm(const fl_tensor *out, int64_t k) {

@@ -36,11 +36,11 @@ struct operands {
 };
 
 __device__ __forceinline__ float get(const operands &o, int k, int64_t i) {
-    return fl_cu_load(o.p[k], i, o.dt[k]);
+    return fl_cu_get_f32(o.p[k], i, o.dt[k]);
 }
 
 __device__ __forceinline__ void put(const operands &o, int k, int64_t i, float v) {
-    fl_cu_store(o.p[k], i, o.dt[k], v);
+    fl_cu_put_f32(o.p[k], i, o.dt[k], v);
 }
 
 /* x as it reads back after being stored as dtype d (fl_optim_round). */
@@ -175,12 +175,12 @@ __global__ void sum_squares_kernel(double *part, const void *x, int dt, int64_t 
         int64_t len = numel - start < CHUNK ? numel - start : CHUNK, quads = len / 4;
         double s = 0;
         for (int64_t j = 0; j < quads; j++) {
-            double d = fl_cu_load_f64(x, start + 4 * j + k, dt);
+            double d = fl_cu_get_f64(x, start + 4 * j + k, dt);
             s = __dadd_rn(s, __dmul_rn(d, d));
         }
         if (k == 0)
             for (int64_t i = quads * 4; i < len; i++) {
-                double d = fl_cu_load_f64(x, start + i, dt);
+                double d = fl_cu_get_f64(x, start + i, dt);
                 s = __dadd_rn(s, __dmul_rn(d, d));
             }
         part[t] = s;
@@ -231,7 +231,7 @@ __global__ void scale_kernel(void *x, int dt, double alpha, int64_t n) {
     float a = (float)alpha;
     FOR_EACH_ELEMENT(i, n) {
         if (dt == FL_F64) ((double *)x)[i] = __dmul_rn(((double *)x)[i], alpha);
-        else fl_cu_store(x, i, dt, MUL(fl_cu_load(x, i, dt), a));
+        else fl_cu_put_f32(x, i, dt, MUL(fl_cu_get_f32(x, i, dt), a));
     }
 }
 

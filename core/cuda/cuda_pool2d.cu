@@ -48,20 +48,20 @@ __global__ void max_pool_kernel(void *out, long long *idx, const void *x, int xd
         int64_t bi = -1;
         if (klo < khi && jlo < jhi) {
             bi = (h0 + klo * g.dh) * g.W + w0 + jlo * g.dw;
-            best = sizeof(T) == 8 ? (T)fl_cu_load_f64(x, plane + bi, xd) : (T)fl_cu_load(x, plane + bi, xd);
+            best = sizeof(T) == 8 ? (T)fl_cu_get_f64(x, plane + bi, xd) : (T)fl_cu_get_f32(x, plane + bi, xd);
         }
         for (int64_t ki = klo; ki < khi; ki++) {
             int64_t base = (h0 + ki * g.dh) * g.W + w0;
             for (int64_t kj = jlo; kj < jhi; kj++) {
                 int64_t at = base + kj * g.dw;
-                T v = sizeof(T) == 8 ? (T)fl_cu_load_f64(x, plane + at, xd) : (T)fl_cu_load(x, plane + at, xd);
+                T v = sizeof(T) == 8 ? (T)fl_cu_get_f64(x, plane + at, xd) : (T)fl_cu_get_f32(x, plane + at, xd);
                 if (v > best || isnan(v)) {
                     best = v;
                     bi = at;
                 }
             }
         }
-        fl_cu_store_f64(out, e, xd, (double)best);
+        fl_cu_put_f64(out, e, xd, (double)best);
         idx[e] = bi;
     }
 }
@@ -97,15 +97,15 @@ __global__ void max_pool_backward_kernel(void *acc, int acc64, const void *gy, i
         long long at = idx[e];
         if (at < 0) continue;
         int64_t dst = (e / Q) * HW + at;
-        if (acc64) atomicAdd((double *)acc + dst, fl_cu_load_f64(gy, e, gd));
-        else atomicAdd((float *)acc + dst, fl_cu_load(gy, e, gd));
+        if (acc64) atomicAdd((double *)acc + dst, fl_cu_get_f64(gy, e, gd));
+        else atomicAdd((float *)acc + dst, fl_cu_get_f32(gy, e, gd));
     }
 }
 
 __global__ void pool_round_kernel(void *dst, int dd, const float *src, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        fl_cu_store(dst, i, dd, src[i]);
+        fl_cu_put_f32(dst, i, dd, src[i]);
 }
 
 int fl_cuda_max_pool2d_backward(fl_tensor *gx, const fl_tensor *gy, const fl_tensor *indices) {
