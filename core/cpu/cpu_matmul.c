@@ -13,6 +13,7 @@
  */
 #include "cpu_iter.h"
 #include "cpu_linear.h"
+#include "gemm_operand.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -43,40 +44,14 @@ void fl_cpu_gemm_ct(fl_dtype ct, bool trans_a, bool trans_b, int64_t m, int64_t 
 
 /* ---- operands ---------------------------------------------------------------- */
 
-/* One GEMM operand as BLAS will read it. */
-typedef struct operand {
-    const char *base;              /* element [0, ..., 0], in the compute dtype */
-    bool trans;                    /* stored as the transpose of a row-major matrix */
-    int64_t ld;                    /* row stride of the matrix as stored */
-    int64_t bstride[FL_MAX_DIMS];  /* batch strides in elements, 0 where broadcast */
-    fl_tensor *owned;              /* converted or compacted copy, or NULL */
-} operand;
-
-/* Can BLAS read an r x c matrix with strides (sr, sc) without a copy? Either
- * row-major (unit column stride, ld = sr) or as the transpose of a row-major
- * c x r matrix (unit row stride, ld = sc). A size-1 axis has no meaningful
- * stride, so a strided row vector is read as a column of a transpose. */
-static bool blas_layout(int64_t r, int64_t c, int64_t sr, int64_t sc, bool *trans, int64_t *ld) {
-    if ((sc == 1 || c <= 1) && (r <= 1 || sr >= max1(c))) {
-        *trans = false;
-        *ld = r <= 1 ? max1(c) : sr;
-    } else if ((sr == 1 || r <= 1) && (c <= 1 || sc >= max1(r))) {
-        *trans = true;
-        *ld = c <= 1 ? max1(r) : sc;
-    } else {
-        return false;
-    }
-    return *ld <= INT32_MAX;
-}
-
 /* Make t (a batch of matrices, stride 0 on broadcast batch dims) readable by
  * BLAS in dtype ct: in place when possible; else its distinct elements (the
  * broadcast dims collapsed, never expanded) are converted or compacted. */
-static int prepare(const fl_tensor *t, fl_dtype ct, operand *op) {
+static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
     int nd = t->ndim, nb = nd - 2;
     int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
     memset(op, 0, sizeof *op);
-    bool in_place = blas_layout(r, c, t->stride[nd - 2], t->stride[nd - 1], &op->trans, &op->ld);
+    bool in_place = fl_gemm_layout(r, c, t->stride[nd - 2], t->stride[nd - 1], &op->trans, &op->ld);
     fl_tensor d = *t; /* the distinct elements */
     d.numel = 1;
     for (int i = 0; i < nd; i++) {
@@ -115,29 +90,6 @@ static int prepare(const fl_tensor *t, fl_dtype ct, operand *op) {
     return FL_OK;
 }
 
-/* When B is the same matrix for the whole batch and A's batch rows are
- * evenly spaced (a dense [..., m, k] input times a weight), the batch is
- * one GEMM of (batch * m) rows: far faster than many small ones. */
-static bool fold_rows(const operand *A, const operand *B, const fl_tensor *out, int64_t k,
-                      int64_t *rows, int64_t *lda) {
-    int nb = out->ndim - 2;
-    if (nb == 0 || A->trans) return false;
-    for (int i = 0; i < nb; i++)
-        if (B->bstride[i] != 0 && out->shape[i] != 1) return false;
-    int64_t inner = -1, expect = 0, total = 1;
-    for (int i = nb; i >= 0; i--) {
-        int64_t size = out->shape[i], stride = i == nb ? A->ld : A->bstride[i];
-        if (size == 1) continue;
-        if (inner < 0) inner = stride;
-        else if (stride != expect) return false;
-        expect = stride * size;
-        total *= size;
-    }
-    *rows = total;
-    *lda = inner < 0 ? max1(k) : inner;
-    return total <= INT32_MAX && *lda >= max1(k) && *lda <= INT32_MAX;
-}
-
 /* ---- the product ---------------------------------------------------------------- */
 
 static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
@@ -148,7 +100,7 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
     fl_dtype ct = out->dtype == FL_F64 ? FL_F64 : FL_F32;
     size_t cs = fl_dtype_size(ct);
     int64_t nbatch = out->numel / (m * n), nrows = nbatch * m;
-    operand A = {0}, B = {0};
+    fl_gemm_operand A = {0}, B = {0};
     fl_tensor *cbuf = NULL, *bias_ct = NULL;
     char *c = out->data;
     int rc = FL_OK;
@@ -176,7 +128,7 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
     if (k > 0) {
         if ((rc = prepare(a, ct, &A)) != FL_OK || (rc = prepare(b, ct, &B)) != FL_OK) goto done;
         int64_t rows, lda;
-        if (fold_rows(&A, &B, out, k, &rows, &lda)) {
+        if (fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda)) {
             fl_cpu_gemm_ct(ct, false, B.trans, rows, n, k, A.base, lda, B.base, B.ld, beta, c, n);
         } else {
             /* Small products (attention heads) go one per thread; large

@@ -11,6 +11,9 @@
  * dtype: the CPU's order of operations (its GEMM adds onto C = bias).
  */
 #include "cuda_linear.cuh"
+extern "C" {
+#include "gemm_operand.h"
+}
 
 #include <string.h>
 
@@ -18,39 +21,13 @@ static int64_t max1(int64_t v) { return v > 1 ? v : 1; }
 
 /* ---- operands ---------------------------------------------------------------- */
 
-/* One GEMM operand as the library will read it (see cpu_matmul.c). */
-struct operand {
-    const char *base;             /* element [0, ..., 0] */
-    bool trans;                   /* stored as the transpose of a row-major matrix */
-    int64_t ld;                   /* row stride of the matrix as stored */
-    int64_t bstride[FL_MAX_DIMS]; /* batch strides in elements, 0 where broadcast */
-    fl_tensor *owned;             /* compacted copy, or NULL */
-};
-
-/* Can the library read an r x c matrix with strides (sr, sc) in place?
- * Row-major (unit column stride, ld = sr) or the transpose of a row-major
- * c x r matrix (unit row stride, ld = sc); size-1 axes have no stride that
- * matters. Same rule as the CPU kernel. */
-static bool blas_layout(int64_t r, int64_t c, int64_t sr, int64_t sc, bool *trans, int64_t *ld) {
-    if ((sc == 1 || c <= 1) && (r <= 1 || sr >= max1(c))) {
-        *trans = false;
-        *ld = r <= 1 ? max1(c) : sr;
-    } else if ((sr == 1 || r <= 1) && (c <= 1 || sc >= max1(r))) {
-        *trans = true;
-        *ld = c <= 1 ? max1(r) : sc;
-    } else {
-        return false;
-    }
-    return *ld <= INT32_MAX;
-}
-
 /* t in place when the library can read it, else its distinct elements (the
  * broadcast batch dims collapsed, never expanded) compacted on the device. */
-static int prepare(const fl_tensor *t, operand *op) {
+static int prepare(const fl_tensor *t, fl_gemm_operand *op) {
     int nd = t->ndim, nb = nd - 2;
     int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
     memset(op, 0, sizeof *op);
-    if (blas_layout(r, c, t->stride[nd - 2], t->stride[nd - 1], &op->trans, &op->ld)) {
+    if (fl_gemm_layout(r, c, t->stride[nd - 2], t->stride[nd - 1], &op->trans, &op->ld)) {
         op->base = (const char *)t->data;
         for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i];
         return FL_OK;
@@ -70,29 +47,6 @@ static int prepare(const fl_tensor *t, operand *op) {
     op->ld = max1(c);
     for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i] == 0 ? 0 : op->owned->stride[i];
     return FL_OK;
-}
-
-/* B the same matrix for the whole batch and A's rows evenly spaced (a dense
- * [..., m, k] input times a weight): the batch is one GEMM of batch * m
- * rows. Same rule as the CPU kernel. */
-static bool fold_rows(const operand *A, const operand *B, const fl_tensor *out, int64_t k,
-                      int64_t *rows, int64_t *lda) {
-    int nb = out->ndim - 2;
-    if (nb == 0 || A->trans) return false;
-    for (int i = 0; i < nb; i++)
-        if (B->bstride[i] != 0 && out->shape[i] != 1) return false;
-    int64_t inner = -1, expect = 0, total = 1;
-    for (int i = nb; i >= 0; i--) {
-        int64_t size = out->shape[i], stride = i == nb ? A->ld : A->bstride[i];
-        if (size == 1) continue;
-        if (inner < 0) inner = stride;
-        else if (stride != expect) return false;
-        expect = stride * size;
-        total *= size;
-    }
-    *rows = total;
-    *lda = inner < 0 ? max1(k) : inner;
-    return total <= INT32_MAX && *lda >= max1(k) && *lda <= INT32_MAX;
 }
 
 /* ---- bias fills and fallbacks ----------------------------------------------- */
@@ -131,8 +85,8 @@ static int bias_rows(void *out, fl_dtype od, const float *src, const void *bias,
  * through evenly (a broadcast dim has step 0: the library reads the same
  * matrix again), looped on the host over the other batch dims. `c` has
  * out's layout in dtype cd. FL_CU_NO_ALGORITHM as fl_cu_gemm. */
-static int run_products(int dev, const fl_tensor *out, const operand *A, const operand *B,
-                        int64_t k, void *c, fl_dtype cd, const fl_cu_gemm_args *proto, void *ws) {
+static int run_products(int dev, const fl_tensor *out, const fl_gemm_operand *A,
+                        const fl_gemm_operand *B, int64_t k, void *c, fl_dtype cd, const fl_cu_gemm_args *proto, void *ws) {
     const char *op = "matmul";
     int nd = out->ndim, nb = nd - 2;
     int64_t m = out->shape[nb], n = out->shape[nb + 1];
@@ -149,7 +103,7 @@ static int run_products(int dev, const fl_tensor *out, const operand *A, const o
     g.lda = A->ld;
     g.ldc = max1(n);
     int64_t rows, lda;
-    if (fold_rows(A, B, out, k, &rows, &lda)) {
+    if (fl_gemm_fold_rows(A, B, out, k, &rows, &lda)) {
         g.m = rows;
         g.lda = lda;
         g.ta = false;
@@ -231,7 +185,7 @@ int fl_cuda_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b, const
     int64_t n = out->shape[nb + 1], k = a->shape[nd - 1];
     int64_t nrows = out->numel / n;
     fl_dtype ct = dt == FL_F64 ? FL_F64 : FL_F32; /* the bias as the epilogue reads it */
-    operand A, B;
+    fl_gemm_operand A, B;
     memset(&A, 0, sizeof A);
     memset(&B, 0, sizeof B);
     fl_tensor *bias_ct = NULL, *ws = NULL, *tmp = NULL;
