@@ -161,6 +161,12 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-100)
 
 
+def is_oom(e):
+    """CUDA out of memory, also as cuBLAS reports it (a RuntimeError)."""
+    return isinstance(e, torch.cuda.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and ("out of memory" in str(e) or "ALLOC_FAILED" in str(e)))
+
+
 def flops_per_token(c, seq, n_params):
     """6N + 12 L H hd T (PaLM appendix B), as llama.flops_per_token."""
     return 6 * n_params + 12 * c["n_layers"] * c["dim"] * seq
@@ -226,7 +232,9 @@ def main():
         try:
             train_step(B, 0)
             train_step(B, 1)
-        except torch.cuda.OutOfMemoryError:
+        except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one
+            if not is_oom(e):
+                raise
             ok = False
         # Drop what a failed step left (the exception held its frames) before the next try.
         opt.zero_grad(set_to_none=True)
@@ -281,8 +289,8 @@ def main():
         try:
             loss0, loss, times = measure()
             break
-        except torch.cuda.OutOfMemoryError:
-            if not (args.find_batch and B > 1):
+        except RuntimeError as e:
+            if not (args.find_batch and B > 1 and is_oom(e)):
                 raise
         opt.zero_grad(set_to_none=True)
         gc.collect()
