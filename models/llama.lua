@@ -49,6 +49,10 @@ M.configs = {
   ['Llama-3.2-3B'] = { dim = 3072, n_layers = 28, n_heads = 24, n_kv_heads = 8, ffn_dim = 8192,
                        vocab_size = 128256, tied = true, rope_theta = 5e5, rope_scaling = LLAMA3_32,
                        max_seq_len = 131072 },
+  -- TinyLlama-1.1B's shapes: a 1B Llama with Llama 2's 32000-token
+  -- vocabulary (issue 7's GPU benchmark, --model=TinyLlama-1.1B).
+  ['TinyLlama-1.1B'] = { dim = 2048, n_layers = 22, n_heads = 32, n_kv_heads = 4, ffn_dim = 5632,
+                         vocab_size = 32000, rope_theta = 1e4, max_seq_len = 2048 },
   -- The benchmark's small Llama (issue 3): dim 512, 8 layers, 8 heads.
   ['small'] = { dim = 512, n_layers = 8, n_heads = 8, n_kv_heads = 8, ffn_dim = 1376,
                 vocab_size = 32000, rope_theta = 1e4, max_seq_len = 2048 },
