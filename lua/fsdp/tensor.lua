@@ -56,9 +56,20 @@ function Tensor.set_collect_budget(bytes)
   return previous
 end
 
--- Wrap a new C reference (or raise the core's error if ptr is NULL).
+-- Wrap a new C reference (or raise the core's error if ptr is NULL). Out
+-- of memory first collects the dead tensors Lua still holds, so a caller
+-- that catches the error and tries again (a smaller batch, the batch
+-- finder) starts from what is really live.
 local function wrap(ptr)
-  if ptr == nil then core.raise() end
+  if ptr == nil then
+    if C.fl_last_status() == C.FL_ERR_OOM then
+      local msg = core.last_error()
+      collectgarbage('collect')
+      gc_mark = tonumber(C.fl_memory_allocated_total())
+      core.fail(msg)
+    end
+    core.raise()
+  end
   pace_collector()
   return setmetatable({ _c = ffi.gc(ptr, C.fl_tensor_release) }, Tensor)
 end

@@ -203,4 +203,17 @@ describe('memory', function()
     assert.is_false(ok)
     assert.matches('out of memory on cpu: requested 4000 bytes', err)
   end)
+
+  it('collects dead tensors on out of memory, so trying again can succeed', function()
+    local s0 = fsdp.memory_stats('cpu')
+    fsdp.set_memory_limit('cpu', s0.in_use + 6 * 2^20)
+    finally(function() fsdp.set_memory_limit('cpu', 0) end)
+    local dead = fsdp.empty({ 2^20 }) -- 4 MiB, dropped but not yet collected
+    dead = nil
+    local ok, err = pcall(fsdp.empty, { 2^20 })
+    assert.is_false(ok)
+    assert.matches('out of memory on cpu', err)
+    assert.equals(s0.in_use, fsdp.memory_stats('cpu').in_use) -- the dead one is gone
+    assert.equals(2^20, fsdp.empty({ 2^20 }):numel())
+  end)
 end)
