@@ -78,6 +78,21 @@ function M.max_abs_diff(a, b)
   return worst
 end
 
+-- max |got - want| / max |want|, both taken to f64 on the CPU: the error
+-- measure of the backend comparisons, tolerant of where the largest values
+-- are. Shapes must agree.
+function M.normalised_error(got, want)
+  local g, w = got:to('cpu'):to('f64'), want:to('cpu'):to('f64')
+  if table.concat(g.shape, 'x') ~= table.concat(w.shape, 'x') then
+    error(('normalised_error: shapes %s and %s differ'):format(table.concat(g.shape, 'x'),
+      table.concat(w.shape, 'x')), 2)
+  end
+  local F = fsdp.F
+  local scale = F.max(F.abs(w):view(-1), 0):item()
+  local diff = F.max(F.abs(g - w):view(-1), 0):item()
+  return diff / math.max(scale, 1e-30)
+end
+
 -- Shell quoting for one argument.
 function M.quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 

@@ -135,12 +135,7 @@ end
 
 local function describe_shape(t) return t and ('%s %s'):format(table.concat(t.shape, 'x'), t.dtype) or 'nil' end
 
-local function normalised_error(got, want)
-  local g, w = got:to('cpu'):to('f64'), want:to('f64')
-  local scale = F.max(F.abs(w):view(-1), 0):item()
-  local diff = F.max(F.abs(g - w):view(-1), 0):item()
-  return diff / math.max(scale, 1e-30)
-end
+local normalised_error = require('fsdp.testing').normalised_error
 
 describe('every op on meta matches the CPU in shapes and dtypes', function()
   for _, case in ipairs(CASES) do

@@ -23,14 +23,7 @@ local function randn(shape, seed, dtype)
   return fsdp.randn(shape, { seed = seed }):to(dtype or 'f32')
 end
 
--- max |got - want| / max |want| over all elements.
-local function normalised_error(got, want)
-  local g, w = got:to('cpu'):to('f64'), want:to('cpu'):to('f64')
-  assert.are.same(w.shape, g.shape)
-  local scale = F.max(F.abs(w):view(-1), 0):item()
-  local diff = F.max(F.abs(g - w):view(-1), 0):item()
-  return diff / math.max(scale, 1e-30)
-end
+local normalised_error = require('fsdp.testing').normalised_error
 
 local function assert_close(got, want, tol, what)
   local e = normalised_error(got, want)

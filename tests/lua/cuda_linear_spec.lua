@@ -16,13 +16,7 @@ local DEV = 'cuda:0'
 
 local function randn(shape, seed) return fsdp.randn(shape, { seed = seed }) end
 
--- max |got - want| / max |want|, both taken to f64 on the CPU.
-local function normalised_error(got, want)
-  local g, w = got:to('cpu'):to('f64'), want:to('cpu'):to('f64')
-  local scale = F.max(F.abs(w):view(-1), 0):item()
-  local diff = F.max(F.abs(g - w):view(-1), 0):item()
-  return diff / math.max(scale, 1e-30)
-end
+local normalised_error = require('fsdp.testing').normalised_error
 
 local function assert_close(got, want, tol, what)
   local e = normalised_error(got, want)

@@ -381,18 +381,7 @@ end)
 describe('fsdp.repl', function()
   local repl = require 'fsdp.repl'
 
-  local function capture(fn)
-    local saved = io.stdout
-    local chunks = {}
-    io.stdout = { write = function(self, ...)
-      for i = 1, select('#', ...) do chunks[#chunks + 1] = select(i, ...) end
-      return self
-    end, flush = function() end }
-    local ok, err = pcall(fn)
-    io.stdout = saved
-    assert(ok, err)
-    return table.concat(chunks)
-  end
+  local capture = require('fsdp.testing').capture_stdout
 
   it('compiles expressions, statements and knows incomplete input', function()
     assert.are.equal(3, repl.compile('1 + 2')())
