@@ -1,7 +1,8 @@
 /*
  * cuda_linear.cu: the kernel table of the linear family on CUDA, the row
  * sums of the bias gradient, and the helpers the family's CUDA files share
- * (strided gather, library workspaces). The kernels themselves live in
+ * (library workspaces; strided operands are compacted by the backend's
+ * copy). The kernels themselves live in
  * cuda_matmul.cu, cuda_embedding.cu, cuda_pool2d.cu and cuda_conv.cu.
  */
 #include "cuda_linear.cuh"
@@ -11,33 +12,6 @@ static int64_t max1(int64_t v) { return v > 1 ? v : 1; }
 fl_tensor *fl_cu_workspace(const fl_tensor *t, int64_t bytes) {
     int64_t n = max1(bytes);
     return fl_empty(1, &n, FL_U8, t->device);
-}
-
-/* Copy elements of size T in row-major order from a strided source. */
-
-template <typename T>
-__global__ void gather_kernel(T *dst, const T *src, fl_cu_layout l, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = src[fl_cu_offset(l, i)];
-}
-
-int fl_cu_gather(const char *op, fl_tensor *dst, const fl_tensor *src) {
-    int64_t n = src->numel;
-    if (n == 0) return FL_OK;
-    fl_cu_layout l = fl_cu_layout_of(src);
-    unsigned blocks = fl_cu_blocks(n, 256);
-    cudaStream_t s = fl_cu_stream();
-    switch (fl_dtype_size(src->dtype)) {
-    case 1: gather_kernel<<<blocks, 256, 0, s>>>((uint8_t *)dst->data, (const uint8_t *)src->data, l, n); break;
-    case 2: gather_kernel<<<blocks, 256, 0, s>>>((uint16_t *)dst->data, (const uint16_t *)src->data, l, n); break;
-    case 4: gather_kernel<<<blocks, 256, 0, s>>>((uint32_t *)dst->data, (const uint32_t *)src->data, l, n); break;
-    case 8: gather_kernel<<<blocks, 256, 0, s>>>((uint64_t *)dst->data, (const uint64_t *)src->data, l, n); break;
-    default:
-        return fl_fail(FL_ERR_UNSUPPORTED, "%s on cuda: no strided copy for dtype %s", op,
-                       fl_dtype_name(src->dtype));
-    }
-    return fl_cu_check(op);
 }
 
 /* ---- row sums (bias gradients) ------------------------------------------------- */

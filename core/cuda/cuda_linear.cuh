@@ -56,11 +56,6 @@ enum { FL_CU_NO_ALGORITHM = -1 };
  * error naming `op`. The device is current. */
 int fl_cu_gemm(const char *op, int dev, const fl_cu_gemm_args *g, void *ws, int64_t ws_bytes);
 
-/* dst (contiguous, src's shape and dtype, same device) = src with any
- * strides, stride 0 included: how operands that no library can read in
- * place are compacted. Queued on fl_cu_stream(); errors name `op`. */
-int fl_cu_gather(const char *op, fl_tensor *dst, const fl_tensor *src);
-
 /* A fresh tensor of `bytes` bytes on t's device (from the caching pool),
  * for a library's workspace; NULL (error set) when refused. */
 fl_tensor *fl_cu_workspace(const fl_tensor *t, int64_t bytes);

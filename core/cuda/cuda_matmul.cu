@@ -40,7 +40,7 @@ static int prepare(const fl_tensor *t, fl_gemm_operand *op) {
     }
     op->owned = fl_empty(nd, d.shape, t->dtype, t->device);
     if (!op->owned) return fl_last_status();
-    int rc = fl_cu_gather("matmul", op->owned, &d);
+    int rc = fl_cuda_backend.copy(op->owned, &d); /* the device's strided copy */
     if (rc != FL_OK) return rc;
     op->base = (const char *)op->owned->data;
     op->trans = false;
