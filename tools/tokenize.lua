@@ -19,7 +19,6 @@ local tokens = require 'fsdp.data.tokens'
 local tokenizer = require 'fsdp.data.tokenizer'
 local clock = require 'fsdp.clock'
 local cjson = require 'cjson'
-local lfs = require 'lfs'
 
 local cfg = recipe.config({
   input = { '', 'text (.txt) or JSONL (.jsonl) files, comma-separated' },
@@ -91,17 +90,7 @@ local function each_document(emit)
   end
 end
 
-local function mkdir_p(dir)
-  local path = ''
-  for part in dir:gmatch('[^/]+') do
-    path = (path == '' and dir:sub(1, 1) == '/') and '/' .. part or (path == '' and part or path .. '/' .. part)
-    if not lfs.attributes(path, 'mode') then
-      local ok, err = lfs.mkdir(path)
-      if not ok then die('cannot create %s: %s', path, err) end
-    end
-  end
-end
-mkdir_p(cfg.output)
+require('fsdp.files').mkdir_p(cfg.output, 'tools/tokenize.lua')
 
 local function copy_file(from, to)
   local src = assert(io.open(from, 'rb'))

@@ -18,7 +18,6 @@
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local cjson = require 'cjson'
-local lfs = require 'lfs'
 local files = require 'fsdp.files'
 
 local M = {}
@@ -30,9 +29,7 @@ M.SINGLE_NAME = 'model.safetensors'
 -- requires this one).
 local function st() return require 'fsdp.safetensors' end
 
-local function mode(path) return lfs.attributes(path, 'mode') end
-
-local function join(dir, name) return dir:sub(-1) == '/' and dir .. name or dir .. '/' .. name end
+local mode, join = files.mode, files.join
 
 local function dirname(path)
   local d = path:match('^(.*)/[^/]*$')
@@ -117,16 +114,15 @@ function M.open_checkpoint(path)
     elseif mode(join(path, M.INDEX_NAME)) == 'file' then
       index = join(path, M.INDEX_NAME)
     else
-      local files = {}
-      for name in lfs.dir(path) do
-        if name:match('%.safetensors$') then files[#files + 1] = join(path, name) end
+      local found = {}
+      for _, name in ipairs(files.list(path)) do
+        if name:match('%.safetensors$') then found[#found + 1] = join(path, name) end
       end
-      if #files == 0 then
+      if #found == 0 then
         core.fail(('safetensors: %s holds neither %s, %s nor any .safetensors file')
           :format(path, M.SINGLE_NAME, M.INDEX_NAME))
       end
-      table.sort(files)
-      map, meta = map_files(files)
+      map, meta = map_files(found)
     end
   elseif path:match('%.json$') then
     index = path
@@ -378,7 +374,7 @@ function M.save_sharded(dir, tensors, opts)
   local keep = {}
   for _, n in ipairs(written) do keep[n] = true end
   if #shards > 1 then keep[M.INDEX_NAME] = true end
-  for name in lfs.dir(dir) do
+  for _, name in ipairs(files.list(dir)) do
     if not keep[name] and (name == M.SINGLE_NAME or name == M.INDEX_NAME
         or name:match('^model%-%d%d%d%d%d%-of%-%d%d%d%d%d%.safetensors$')) then
       os.remove(join(dir, name))
