@@ -11,6 +11,8 @@
 #
 # Environment: JOBS (parallel make jobs, default: number of cores),
 # FSDP_NO_CUDA=1 (build without the CUDA backend even if nvcc is found).
+# `test` also builds the cudasim configuration (the CUDA backend with its
+# kernels run on the CPU, tests/cudasim) where the CUDA toolkit is present.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -70,7 +72,11 @@ case "${1:-build}" in
     ;;
   test)
     install_deps
-    build release asan
+    configs=(release asan)
+    if [ "${FSDP_NO_CUDA:-0}" != 1 ] && { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; }; then
+      configs+=(cudasim)
+    fi
+    build "${configs[@]}"
     shift
     exec tests/run.sh "$@"
     ;;

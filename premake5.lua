@@ -9,7 +9,10 @@
 --   build/bin/fsdp-lua     the LuaJIT host (static LuaJIT, -rdynamic)
 --   build/bin/fsdp-ctest   the C test suite (cmocka)
 -- Configurations: release (default), debug, asan (AddressSanitizer and
--- UndefinedBehaviorSanitizer; outputs under build/asan/).
+-- UndefinedBehaviorSanitizer; outputs under build/asan/), cudasim (the CUDA
+-- backend with its kernels run on the CPU by tests/cudasim, for testing
+-- the GPU code on machines without a GPU; outputs under build/cudasim/;
+-- needs the CUDA headers, and premake4: mk/extra.mk builds it).
 --
 -- Two things premake4 cannot express are done by mk/extra.mk, appended to
 -- the core's generated makefile: the FFI declarations generated from
@@ -121,6 +124,7 @@ if IS_PREMAKE4 then
       -- checkout still builds.
       _p('FL_ROOT := $(abspath ..)')
       _p('FL_NVCC := %s', NVCC or "")
+      _p('FL_CUDA_HOME := %s', CUDA_HOME or "")
       _p('include %s/mk/extra.mk', ROOT)
     end
   end
@@ -130,7 +134,7 @@ end
 -- The solution
 ---------------------------------------------------------------------------
 workspace "fsdp-lua"
-  configurations { "release", "debug", "asan" }
+  configurations { "release", "debug", "asan", "cudasim" }
   location "build"
   language "C"
 
@@ -152,6 +156,10 @@ workspace "fsdp-lua"
     buildoptions { "-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
                    "-fno-omit-frame-pointer" }
     linkoptions { "-fsanitize=address,undefined" }
+  filter "configurations:cudasim"
+    optimize "On"
+    symbols "On"
+    defines { "NDEBUG" }
   filter {}
 
 -- Objects go to build/obj/<configuration>/<project> (premake4 appends both).
@@ -163,6 +171,8 @@ local function outdirs(kind)
     targetdir("build/debug/" .. kind)
   filter "configurations:asan"
     targetdir("build/asan/" .. kind)
+  filter "configurations:cudasim"
+    targetdir("build/cudasim/" .. kind)
   filter {}
 end
 
@@ -194,6 +204,13 @@ project "fsdp"
     -- launch stubs would otherwise need.
     links { "cudart", "cublasLt", "cublas", "cudnn" }
     linkoptions { "-Wl,-rpath," .. CUDA_HOME .. "/lib64" }
+    -- The simulation: the same backend against the CUDA headers, with the
+    -- runtime, cuBLASLt and cuDNN replaced by tests/cudasim (C++, so the
+    -- C++ runtime is linked here).
+    filter "configurations:cudasim"
+    defines { "FL_HAVE_CUDA", "FL_CUDASIM" }
+    includedirs { CUDA_HOME .. "/include" }
+    links { "stdc++" }
     filter {}
     if not IS_PREMAKE4 then
       -- premake5 compiles .cu files and the generated declarations with

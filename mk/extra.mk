@@ -2,7 +2,10 @@
 # (build/fsdp.make) under premake4, which has no custom build rules.
 #   1. fsdp_cdef.o: the FFI declarations generated from the public header.
 #   2. *.cu.o: the CUDA sources, compiled by nvcc when the build found it
-#      (FL_NVCC non-empty) and the configuration is not asan.
+#      (FL_NVCC non-empty) and the configuration is release or debug.
+#   3. In the cudasim configuration, the same sources rewritten by
+#      tests/cudasim/rewrite.lua and compiled by the C++ compiler with
+#      tests/cudasim/cudasim.h, plus the simulated runtime and libraries.
 # Both are added to OBJECTS and made prerequisites of the library, so
 # `make -j` links only after they exist; -MMD -MP tracks the headers the
 # CUDA sources include.
@@ -21,7 +24,7 @@ OBJECTS += $(FL_CDEF_O)
 $(TARGET): $(FL_CDEF_O)
 
 ifneq ($(FL_NVCC),)
-ifneq ($(config),asan)
+ifneq ($(filter release debug,$(config)),)
 FL_CU_SOURCES := $(shell find $(FL_ROOT)/core -name '*.cu' | sort)
 FL_CU_OBJECTS := $(patsubst %.cu,$(OBJDIR)/%.cu.o,$(notdir $(FL_CU_SOURCES)))
 FL_NVCC_FLAGS := $(shell sh $(FL_ROOT)/mk/nvcc_flags.sh)
@@ -35,5 +38,79 @@ $(OBJDIR)/%.cu.o: %.cu $(FL_ROOT)/mk/nvcc_flags.sh | $(OBJDIR)
 OBJECTS += $(FL_CU_OBJECTS)
 $(TARGET): $(FL_CU_OBJECTS)
 -include $(FL_CU_OBJECTS:.o=.d)
+endif
+endif
+
+ifneq ($(FL_CUDA_HOME),)
+ifeq ($(config),cudasim)
+FL_SIM_DIR := $(FL_ROOT)/tests/cudasim
+FL_SIM_SRC := $(OBJDIR)/cudasim
+FL_CU_SOURCES := $(shell find $(FL_ROOT)/core -name '*.cu' -o -name '*.cuh' | sort)
+FL_SIM_REWRITTEN := $(addprefix $(FL_SIM_SRC)/,$(notdir $(FL_CU_SOURCES)))
+FL_CU_OBJECTS := $(patsubst %.cu,$(OBJDIR)/%.sim.o,$(filter %.cu,$(notdir $(FL_CU_SOURCES))))
+FL_SIM_LIB_SOURCES := $(wildcard $(FL_SIM_DIR)/sim_*.cc $(FL_SIM_DIR)/sim_*.c)
+FL_SIM_LIB_OBJECTS := $(addprefix $(OBJDIR)/,$(addsuffix .o,$(notdir $(FL_SIM_LIB_SOURCES))))
+# No FMA contraction: the kernels' __fmul_rn and friends must stay separate
+# IEEE operations, as on the GPU.
+FL_SIM_FLAGS := -O2 -g -fPIC -fvisibility=hidden -ffp-contract=off -Wall -Wno-unused-function \
+  -Wno-unknown-pragmas -Wno-sign-compare \
+  -I$(FL_ROOT)/core/include -I$(FL_ROOT)/core/base -I$(FL_ROOT)/core/ops -I$(FL_ROOT)/core/cuda \
+  -I$(FL_SIM_DIR) \
+  -I$(FL_CUDA_HOME)/include -DFL_HAVE_CUDA -DFL_CUDASIM -D_GNU_SOURCE
+FL_SIM_CXXFLAGS := -std=c++17 -fno-exceptions $(FL_SIM_FLAGS)
+
+vpath %.cu $(sort $(dir $(FL_CU_SOURCES)))
+vpath %.cuh $(sort $(dir $(FL_CU_SOURCES)))
+
+$(FL_SIM_SRC)/%.cu: %.cu $(FL_SIM_DIR)/rewrite.lua
+	@mkdir -p $(FL_SIM_SRC)
+	$(SILENT) luajit $(FL_SIM_DIR)/rewrite.lua $< > $@.tmp && mv $@.tmp $@
+
+$(FL_SIM_SRC)/%.cuh: %.cuh $(FL_SIM_DIR)/rewrite.lua
+	@mkdir -p $(FL_SIM_SRC)
+	$(SILENT) luajit $(FL_SIM_DIR)/rewrite.lua $< > $@.tmp && mv $@.tmp $@
+
+$(OBJDIR)/%.sim.o: $(FL_SIM_SRC)/%.cu $(FL_SIM_REWRITTEN) $(FL_SIM_DIR)/cudasim.h | $(OBJDIR)
+	@echo "$(notdir $<) (cudasim)"
+	$(SILENT) $(CXX) $(FL_SIM_CXXFLAGS) -include cudasim.h -x c++ -MMD -MP -c "$<" -o "$@"
+
+$(OBJDIR)/%.cc.o: $(FL_SIM_DIR)/%.cc $(wildcard $(FL_SIM_DIR)/*.h) | $(OBJDIR)
+	@echo "$(notdir $<)"
+	$(SILENT) $(CXX) $(FL_SIM_CXXFLAGS) -c "$<" -o "$@"
+
+$(OBJDIR)/%.c.o: $(FL_SIM_DIR)/%.c | $(OBJDIR)
+	@echo "$(notdir $<)"
+	$(SILENT) $(CC) -std=c11 $(FL_SIM_FLAGS) -c "$<" -o "$@"
+
+OBJECTS += $(FL_CU_OBJECTS) $(FL_SIM_LIB_OBJECTS)
+$(TARGET): $(FL_CU_OBJECTS) $(FL_SIM_LIB_OBJECTS)
+-include $(FL_CU_OBJECTS:.o=.d)
+
+# The simulator's own checks, built with the library (tests/run.sh runs
+# them): the scheduler's self-test and the two library simulations
+# compared with references (BLAS; the adjoint identities of convolution).
+FL_SIM_BIN := $(abspath $(TARGETDIR)/../bin)
+FL_SIM_CHECKS := $(FL_SIM_BIN)/cudasim-selftest $(FL_SIM_BIN)/check_sim_cublas $(FL_SIM_BIN)/check_sim_cudnn
+all: $(FL_SIM_CHECKS)
+
+$(FL_SIM_SRC)/selftest.cu: $(FL_SIM_DIR)/selftest.cu $(FL_SIM_DIR)/rewrite.lua
+	@mkdir -p $(FL_SIM_SRC)
+	$(SILENT) luajit $(FL_SIM_DIR)/rewrite.lua $< > $@.tmp && mv $@.tmp $@
+
+$(FL_SIM_BIN)/cudasim-selftest: $(OBJDIR)/selftest.sim.o $(OBJDIR)/sim_fiber.cc.o $(OBJDIR)/sim_runtime.cc.o
+	@mkdir -p $(FL_SIM_BIN)
+	@echo "linking cudasim-selftest"
+	$(SILENT) $(CXX) -o "$@" $^ -lpthread
+
+$(FL_SIM_BIN)/check_sim_cublas: $(FL_SIM_DIR)/check_sim_cublas.c $(FL_SIM_DIR)/sim_cublas.c
+	@mkdir -p $(FL_SIM_BIN)
+	@echo "linking check_sim_cublas"
+	$(SILENT) $(CC) -std=c11 -O2 -I$(FL_CUDA_HOME)/include $< -o "$@" \
+	  $(shell pkg-config --cflags --libs openblas) -lm
+
+$(FL_SIM_BIN)/check_sim_cudnn: $(FL_SIM_DIR)/check_sim_cudnn.c $(OBJDIR)/sim_cudnn.c.o
+	@mkdir -p $(FL_SIM_BIN)
+	@echo "linking check_sim_cudnn"
+	$(SILENT) $(CC) -std=c11 -O2 -I$(FL_CUDA_HOME)/include $^ -o "$@" -lm
 endif
 endif

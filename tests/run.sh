@@ -7,6 +7,7 @@
 #   c-asan   the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   lua      busted specs run inside fsdp-lua (tests/lua/*_spec.lua)
 #   lua-asan the same specs through the sanitized build
+#   cudasim  the CUDA backend's kernels run on the CPU (tests/cudasim/run.sh)
 #   mpi      multi-rank scripts under mpirun, 2 and 4 ranks (tests/mpi/run.sh)
 # A suite that exits non-zero without reporting a failed test (a crash, a
 # sanitizer report) counts as one failure.
@@ -62,6 +63,17 @@ if want lua-asan; then
       LSAN_OPTIONS=suppressions="$PWD/tests/lsan.supp" build/asan/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
   else
     echo "=== lua-asan: skipped (build/asan/bin/fsdp-lua not built; ./build.sh test builds it)"
+    skipped=$((skipped + 1))
+  fi
+fi
+
+# The CUDA backend without a GPU: the cudasim build runs its kernels on
+# the CPU (tests/cudasim) under the specs that compare it with the CPU.
+if want cudasim; then
+  if [ -x build/cudasim/bin/fsdp-lua ]; then
+    run_suite cudasim tests/cudasim/run.sh
+  else
+    echo "=== cudasim: skipped (build/cudasim not built; ./build.sh test builds it where the CUDA toolkit is)"
     skipped=$((skipped + 1))
   fi
 fi

@@ -14,6 +14,11 @@
 #include <pthread.h>
 
 bool fl_cuda_built(void) { return true; }
+#ifdef FL_CUDASIM
+bool fl_cuda_simulated(void) { return true; }
+#else
+bool fl_cuda_simulated(void) { return false; }
+#endif
 int fl_cuda_device_count(void) { return fl_cuda_probe(); }
 const char *fl_cuda_status(void) { return fl_cuda_probe_status(); }
 

@@ -102,10 +102,10 @@ int fl_cuda_embedding(fl_tensor *out, const fl_tensor *ids, const fl_tensor *w) 
     unsigned blocks = fl_cu_blocks(n * D, 256);
     cudaStream_t s = fl_cu_stream();
     switch (fl_dtype_size(w->dtype)) {
-    case 1: gather_rows_kernel<<<blocks, 256, 0, s>>>((uint8_t *)out->data, (const uint8_t *)w->data, s0, s1, ids->data, is64, n, D); break;
-    case 2: gather_rows_kernel<<<blocks, 256, 0, s>>>((uint16_t *)out->data, (const uint16_t *)w->data, s0, s1, ids->data, is64, n, D); break;
-    case 4: gather_rows_kernel<<<blocks, 256, 0, s>>>((uint32_t *)out->data, (const uint32_t *)w->data, s0, s1, ids->data, is64, n, D); break;
-    case 8: gather_rows_kernel<<<blocks, 256, 0, s>>>((uint64_t *)out->data, (const uint64_t *)w->data, s0, s1, ids->data, is64, n, D); break;
+    case 1: gather_rows_kernel<uint8_t><<<blocks, 256, 0, s>>>((uint8_t *)out->data, (const uint8_t *)w->data, s0, s1, ids->data, is64, n, D); break;
+    case 2: gather_rows_kernel<uint16_t><<<blocks, 256, 0, s>>>((uint16_t *)out->data, (const uint16_t *)w->data, s0, s1, ids->data, is64, n, D); break;
+    case 4: gather_rows_kernel<uint32_t><<<blocks, 256, 0, s>>>((uint32_t *)out->data, (const uint32_t *)w->data, s0, s1, ids->data, is64, n, D); break;
+    case 8: gather_rows_kernel<uint64_t><<<blocks, 256, 0, s>>>((uint64_t *)out->data, (const uint64_t *)w->data, s0, s1, ids->data, is64, n, D); break;
     default:
         return fl_fail(FL_ERR_UNSUPPORTED, "%s on cuda: no kernel for dtype %s", op,
                        fl_dtype_name(w->dtype));

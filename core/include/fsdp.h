@@ -138,6 +138,9 @@ FL_API int fl_device_format(fl_device device, char *buf, size_t size);
 
 /* True when the core was compiled with the CUDA backend. */
 FL_API bool fl_cuda_built(void);
+/* True in the cudasim test build, where the CUDA backend's kernels run on
+ * the CPU (tests/cudasim): correct but slow, so tests use smaller sizes. */
+FL_API bool fl_cuda_simulated(void);
 /* Number of usable CUDA devices: 0 without a GPU, a driver or the backend. */
 FL_API int fl_cuda_device_count(void);
 /* Why fl_cuda_device_count() is 0, or the name of device 0 ("" if unknown). */

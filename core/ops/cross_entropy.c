@@ -69,11 +69,20 @@ static fl_tensor *dense_targets(const fl_tensor *t) {
 }
 
 /* The scalar gradient of a reduced loss: g, divided by the count for
- * 'mean'; reads the 0-d gradient. */
+ * 'mean'; reads the 0-d gradient (from a device: one element's copy to the
+ * host, which waits for the kernels that made it). */
 static int scalar_grad(const fl_tensor *g, fl_loss_reduction reduction, int64_t count,
                        double *out) {
     int64_t zero[1] = {0};
-    if (fl_get(g, zero, out)) return fl_last_status();
+    fl_tensor *host = NULL;
+    if (fl_device_kind_of(g->device) != FL_DEVICE_CPU) {
+        host = fl_to(g, g->dtype, fl_device_make(FL_DEVICE_CPU, 0));
+        if (!host) return fl_last_status();
+        g = host;
+    }
+    int rc = fl_get(g, zero, out);
+    fl_tensor_release(host);
+    if (rc) return fl_last_status();
     if (reduction == FL_LOSS_MEAN) *out /= (double)count;
     return FL_OK;
 }

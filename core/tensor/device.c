@@ -79,6 +79,7 @@ const fl_backend *fl_backend_of(fl_device device) {
 /* Without the CUDA backend there are no CUDA devices; the answers below let
  * callers ask without knowing how the core was built. */
 bool fl_cuda_built(void) { return false; }
+bool fl_cuda_simulated(void) { return false; }
 int fl_cuda_device_count(void) { return 0; }
 const char *fl_cuda_status(void) { return "this build has no CUDA backend (nvcc was not found)"; }
 #endif

@@ -256,6 +256,9 @@ end
 M.cuda = {
   -- True when the core was built with the CUDA backend.
   built = function() return C.fl_cuda_built() end,
+  -- True in the cudasim test build (kernels run on the CPU, slowly).
+  -- Tests shrink their sizes there.
+  simulated = function() return C.fl_cuda_simulated() end,
   device_count = function() return C.fl_cuda_device_count() end,
   is_available = function() return C.fl_cuda_device_count() > 0 end,
   -- The name of device 0, or why there is none.

@@ -459,12 +459,16 @@ function methods:set(value, ...)
   return self
 end
 
--- The single value of a one-element tensor.
+-- The single value of a one-element tensor (from a device: copied to the
+-- host, which waits for the work that produced it, as torch's item()).
 function methods:item()
   local c = cptr(self)
   if c.numel ~= 1 then
     core.fail(('item: tensor of shape %s has %d elements, not 1'):format(
       core.format_shape(core.shape_table(c)), tonumber(c.numel)))
+  end
+  if C.fl_device_kind_of(c.device) ~= C.FL_DEVICE_CPU and c.storage ~= nil then
+    return self:cpu():item()
   end
   local idx = {}
   for i = 1, c.ndim do idx[i] = 0 end
