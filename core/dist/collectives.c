@@ -41,6 +41,7 @@ struct fl_work {
     fl_tensor *keep[2];/* the caller's tensors, referenced until completion */
     fl_tensor *result; /* where the result goes (an output, or in place) */
     fl_tensor *stage_in, *stage_out; /* f32 staging of 16-bit reductions */
+    fl_tensor *device_out, *host_out; /* a device result and its host stand-in */
     void *req;         /* the backend's request while in flight */
     bool average;      /* divide the sum by the group size when done */
     bool completed, failed;
@@ -83,7 +84,9 @@ static void work_drop_tensors(fl_work *w) {
     }
     fl_tensor_release(w->stage_in);
     fl_tensor_release(w->stage_out);
-    w->stage_in = w->stage_out = NULL;
+    fl_tensor_release(w->device_out);
+    fl_tensor_release(w->host_out);
+    w->stage_in = w->stage_out = w->device_out = w->host_out = NULL;
     w->result = NULL;
 }
 
@@ -110,8 +113,9 @@ static void divide(void *data, fl_dtype dtype, int64_t n, double by) {
 static int work_finish(fl_work *w) {
     fl_tensor *r = w->stage_out ? w->stage_out : w->result;
     if (w->average && r) divide(r->data, r->dtype, r->numel, (double)w->group->size);
-    if (w->stage_out &&
-        fl_convert(w->result->data, w->result->dtype, r->data, r->dtype, r->numel) != FL_OK) {
+    if ((w->stage_out &&
+         fl_convert(w->result->data, w->result->dtype, r->data, r->dtype, r->numel) != FL_OK) ||
+        (w->device_out && fl_copy_(w->device_out, w->host_out) != FL_OK)) {
         work_drop_tensors(w);
         return fl_last_status();
     }
@@ -256,15 +260,6 @@ static int check_tensor(const char *op, const fl_group *g, const char *role, con
         return fail_at(op, g, FL_ERR_ARG, why);
     }
     if (!t->storage) return FL_OK; /* meta or fake: shapes only */
-    if (fl_device_kind_of(t->device) != FL_DEVICE_CPU) {
-        char dev[32];
-        fl_device_format(t->device, dev, sizeof dev);
-        snprintf(why, sizeof why,
-                 "%s tensor is on %s; the %s backend moves cpu tensors (GPU tensors need the "
-                 "nccl backend, not in this build)",
-                 role, dev, fl_dist.backend->name);
-        return fail_at(op, g, FL_ERR_UNSUPPORTED, why);
-    }
     if (!fl_tensor_is_contiguous(t)) {
         char shape[96];
         snprintf(why, sizeof why, "%s tensor of shape %s is not contiguous (call contiguous())",
@@ -347,6 +342,63 @@ static fl_tensor *f32_stage(const fl_tensor *like, int64_t numel, bool copy) {
     return s;
 }
 
+/* ---- device tensors ----------------------------------------------------------- */
+
+/* [Note: collectives on device tensors]
+ * The backends move host memory. A collective on cuda tensors runs on host
+ * copies: the inputs are copied to the host when it starts (a copy that
+ * waits for the kernels that made them: they all run on the default
+ * stream), the collective runs on the copies, and the result is copied
+ * back to the device tensor when the work completes (work_finish), so a
+ * caller sees the device tensor change exactly when it would with the
+ * result in place. This is the path for ranks sharing one GPU (NCCL
+ * refuses them) and for builds without NCCL; the nccl backend, when it
+ * exists, takes device tensors first. */
+
+static bool on_device(const fl_tensor *t) {
+    return t && t->storage && fl_device_kind_of(t->device) != FL_DEVICE_CPU;
+}
+
+/* Both tensors of a two-tensor collective on one device. */
+static int check_same_device(const char *op, const fl_group *g, const fl_tensor *out,
+                             const fl_tensor *in) {
+    if (!out || !in || !out->storage || !in->storage || out->device == in->device) return FL_OK;
+    char why[160], a[32], b[32];
+    fl_device_format(out->device, a, sizeof a);
+    fl_device_format(in->device, b, sizeof b);
+    snprintf(why, sizeof why, "the output is on %s, the input on %s: use one device", a, b);
+    return fail_at(op, g, FL_ERR_ARG, why);
+}
+
+static fl_tensor *host_copy(const fl_tensor *t) {
+    return fl_to(t, t->dtype, fl_device_make(FL_DEVICE_CPU, 0));
+}
+
+static fl_tensor *host_like(const fl_tensor *t) {
+    return fl_empty(t->ndim, t->shape, t->dtype, fl_device_make(FL_DEVICE_CPU, 0));
+}
+
+/* Attach the copy back of host to dev to w, which ran on host (consumed);
+ * done at once if w already completed. */
+static fl_work *copy_back_when_done(fl_work *w, fl_tensor *dev, fl_tensor *host) {
+    if (!w) {
+        fl_tensor_release(host);
+        return NULL;
+    }
+    if (w->completed) {
+        int rc = fl_copy_(dev, host);
+        fl_tensor_release(host);
+        if (rc != FL_OK) {
+            work_free(w);
+            return NULL;
+        }
+        return w;
+    }
+    w->device_out = fl_tensor_retain(dev);
+    w->host_out = host;
+    return w;
+}
+
 /* ---- the collectives --------------------------------------------------------- */
 
 fl_work *fl_all_gather_into(fl_group *group, fl_tensor *out, const fl_tensor *in) {
@@ -354,7 +406,15 @@ fl_work *fl_all_gather_into(fl_group *group, fl_tensor *out, const fl_tensor *in
     fl_dist_progress_dropped();
     fl_group *g = fl_group_resolve(op, group);
     if (!g) return NULL;
-    if (check_tensor(op, g, "output", out) || check_tensor(op, g, "input", in)) return NULL;
+    if (check_tensor(op, g, "output", out) || check_tensor(op, g, "input", in) ||
+        check_same_device(op, g, out, in))
+        return NULL;
+    if (on_device(out)) {
+        fl_tensor *hin = host_copy(in), *hout = hin ? host_like(out) : NULL;
+        fl_work *w = hout ? fl_all_gather_into(group, hout, hin) : NULL;
+        fl_tensor_release(hin);
+        return hout ? copy_back_when_done(w, out, hout) : NULL;
+    }
     char why[256], s1[96], s2[96];
     if (in->dtype != out->dtype) {
         snprintf(why, sizeof why, "input is %s, output is %s: the dtypes must match",
@@ -400,7 +460,15 @@ fl_work *fl_reduce_scatter(fl_group *group, fl_tensor *out, const fl_tensor *in,
     fl_dist_progress_dropped();
     fl_group *g = fl_group_resolve(op, group);
     if (!g) return NULL;
-    if (check_tensor(op, g, "output", out) || check_tensor(op, g, "input", in)) return NULL;
+    if (check_tensor(op, g, "output", out) || check_tensor(op, g, "input", in) ||
+        check_same_device(op, g, out, in))
+        return NULL;
+    if (on_device(out)) {
+        fl_tensor *hin = host_copy(in), *hout = hin ? host_like(out) : NULL;
+        fl_work *w = hout ? fl_reduce_scatter(group, hout, hin, rop) : NULL;
+        fl_tensor_release(hin);
+        return hout ? copy_back_when_done(w, out, hout) : NULL;
+    }
     char why[256], s1[96], s2[96];
     if (in->dtype != out->dtype) {
         snprintf(why, sizeof why, "input is %s, output is %s: the dtypes must match",
@@ -454,6 +522,10 @@ fl_work *fl_all_reduce(fl_group *group, fl_tensor *t, fl_reduce_op rop) {
     fl_group *g = fl_group_resolve(op, group);
     if (!g) return NULL;
     if (check_tensor(op, g, "the", t) || check_reduce_op(op, g, rop, t->dtype)) return NULL;
+    if (on_device(t) && g->size > 1) {
+        fl_tensor *host = host_copy(t);
+        return host ? copy_back_when_done(fl_all_reduce(group, host, rop), t, host) : NULL;
+    }
     if (!t->storage || g->size == 1) return done_work(op, g);
     if (check_count(op, g, t->numel)) return NULL;
     fl_work *w = work_new(op, g);
@@ -486,6 +558,10 @@ fl_work *fl_broadcast(fl_group *group, fl_tensor *t, int root) {
         snprintf(why, sizeof why, "root %d is not a rank of the group (0 ... %d)", root,
                  g->size - 1);
         return fail_at(op, g, FL_ERR_ARG, why), NULL;
+    }
+    if (on_device(t) && g->size > 1) {
+        fl_tensor *host = host_copy(t);
+        return host ? copy_back_when_done(fl_broadcast(group, host, root), t, host) : NULL;
     }
     if (!t->storage || g->size == 1) return done_work(op, g);
     if (check_count(op, g, t->numel)) return NULL;

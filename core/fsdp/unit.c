@@ -128,6 +128,18 @@ fl_unit *fl_unit_new(const char *name, int n, const char *const *names, const in
         if (!fl_dtype_is_float(dts[i]))
             return FL_FAIL_NULL(FL_ERR_ARG, "sharded unit %s: dtype %s is not a floating-point type",
                                 name && name[0] ? name : "<root>", fl_dtype_name(dts[i]));
+    /* The gathered buffer is a reserved host address range (see the Note);
+     * on a GPU it needs CUDA's virtual memory management, not built yet. */
+    fl_device_kind kind = fl_device_kind_of(config->device);
+    if (kind != FL_DEVICE_CPU && kind != FL_DEVICE_META) {
+        char dev[32];
+        fl_device_format(config->device, dev, sizeof dev);
+        return FL_FAIL_NULL(FL_ERR_UNSUPPORTED,
+                            "sharded unit %s: units on %s are not supported yet (their gathered "
+                            "buffer needs CUDA virtual memory); shard on cpu, or train on %s "
+                            "without fsdp.shard and all_reduce the gradients",
+                            name && name[0] ? name : "<root>", dev, dev);
+    }
     fl_unit *u = calloc(1, sizeof *u);
     if (!u) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a unit");
     u->name = strdup(name ? name : "");

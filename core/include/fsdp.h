@@ -752,16 +752,18 @@ FL_API int fl_grad_scale_(fl_tensor *t, double alpha);
  * Collectives start at once and return a work handle (non-blocking MPI
  * underneath, so compute overlaps communication); fl_work_wait finishes
  * one. Every rank of a group starts the same collectives on it in the same
- * order. Tensors are contiguous cpu tensors; meta and fake tensors are
- * checked and left alone, so planning code runs unchanged. bf16 and f16
+ * order. Tensors are contiguous, on one device; cuda tensors are staged
+ * through host copies ([Note: collectives on device tensors] in
+ * core/dist/collectives.c; the result reaches the device tensor when the
+ * work completes); meta and fake tensors are checked and left alone, so
+ * planning code runs unchanged. bf16 and f16
  * reductions accumulate in f32. A wait gives up after the collective
  * timeout (FSDP_COLLECTIVE_TIMEOUT seconds, default 600) with an error
  * naming the collective, the group and the rank instead of hanging. Calls
  * come from one thread. A NULL group means the world. Anything that needs
  * the backend initialises it on first use. Errors: FL_ERR_ARG for a
  * misuse, FL_ERR_DEVICE when the backend cannot load, communication fails
- * or a wait times out, FL_ERR_UNSUPPORTED for tensors the backend cannot
- * move (cuda tensors until the nccl backend exists). */
+ * or a wait times out. */
 
 typedef struct fl_group fl_group;
 typedef struct fl_work fl_work;

@@ -3,7 +3,9 @@
 #   1. the simulator's self-test and its two library checks (cuBLASLt
 #      against BLAS, cuDNN by adjoint identities), so a fault found below is
 #      the backend's and not the simulator's;
-#   2. the specs that test the CUDA backend on a GPU (every op against the
+#   2. collectives on cuda tensors and data-parallel training on cuda:0
+#      under mpirun with 2 and 4 ranks (tests/mpi/cuda_collectives.lua);
+#   3. the specs that test the CUDA backend on a GPU (every op against the
 #      CPU, the large-kernel specs, training), run by the cudasim build,
 #      whose cuda:0 runs the backend's kernels on the CPU.
 set -uo pipefail
@@ -24,6 +26,33 @@ for check in check_sim_cublas check_sim_cudnn; do
     rc=1
   fi
 done
+
+# Collectives on cuda tensors and data-parallel training, every rank on the
+# one (simulated) cuda:0, under mpirun (settings as tests/mpi/run.sh).
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export FSDP_COLLECTIVE_TIMEOUT=${FSDP_COLLECTIVE_TIMEOUT:-20}
+  for np in 2 4; do
+    out=$(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 5 120 \
+      mpirun -np $np "$bin/fsdp-lua" tests/mpi/cuda_collectives.lua 2>&1)
+    status=$?
+    while IFS= read -r line; do
+      case "$line" in
+        "ok - "*) n=$((n + 1)); echo "ok $n - ${line#ok - } [cuda, $np ranks]" ;;
+        "not ok - "*) n=$((n + 1)); echo "not ok $n - ${line#not ok - } [cuda, $np ranks]"; rc=1 ;;
+        "#"*) echo "$line" ;;
+      esac
+    done <<<"$out"
+    if [ $status -ne 0 ]; then
+      n=$((n + 1)); echo "not ok $n - cuda_collectives.lua on $np ranks exited with status $status"
+      sed 's/^/#   /' <<<"$out" | tail -n 30
+      rc=1
+    fi
+  done
+else
+  echo "ok 199 - cuda_collectives.lua # SKIP mpirun not found"
+fi
 
 "$bin/fsdp-lua" tests/busted.lua -o TAP tests/lua/backend_ops_spec.lua tests/lua/cuda_elem_spec.lua \
   tests/lua/cuda_linear_spec.lua tests/lua/cuda_fused_spec.lua tests/lua/cuda_training_spec.lua || rc=1

@@ -1,0 +1,109 @@
+-- tests/mpi/cuda_collectives.lua: collectives on cuda tensors (staged
+-- through host copies: [Note: collectives on device tensors]) and data-
+-- parallel training on cuda:0 against one process on the CPU. Every rank
+-- uses cuda:0: ranks sharing one GPU, the case NCCL refuses. Run by the
+-- cudasim suite (tests/cudasim/run.sh) under mpirun -np 2 and -np 4; on a
+-- machine with a GPU it runs as it is.
+local fsdp = require 'fsdp'
+local dist = fsdp.dist
+local llama = require 'models.llama'
+local optim = require 'fsdp.optim'
+local T = require 'tests.mpi.tap'
+local r, W = T.rank, T.world
+local DEV = 'cuda:0'
+
+T.test('all_gather and broadcast of cuda tensors stay on cuda, values in rank order', function()
+  for _, dtype in ipairs { 'f32', 'bf16', 'i64' } do
+    local x = fsdp.arange(5, { dtype = dtype }):add(10 * r):to(DEV) -- exact in bf16
+    local out = dist.all_gather(x)
+    T.truthy(out.device == DEV, 'all_gather result on ' .. out.device)
+    local want = {}
+    for k = 0, W - 1 do for i = 0, 4 do want[#want + 1] = 10 * k + i end end
+    T.eq(out, want, 'all_gather ' .. dtype)
+    local b = fsdp.full({ 4 }, r + 1, { dtype = dtype }):to(DEV)
+    dist.broadcast(b, W - 1)
+    T.truthy(b.device == DEV, 'broadcast stays on ' .. DEV)
+    T.eq(b, { W, W, W, W }, 'broadcast ' .. dtype)
+  end
+end)
+
+T.test('all_reduce and reduce_scatter of cuda tensors: sum, avg, max; f32 and bf16', function()
+  local n = 3 * W
+  for _, dtype in ipairs { 'f32', 'bf16' } do
+    local x = fsdp.arange(n, { dtype = dtype }):add(r):to(DEV)
+    dist.all_reduce(x, { op = 'sum' })
+    local want = {}
+    for i = 0, n - 1 do want[i + 1] = W * i + W * (W - 1) / 2 end
+    T.eq(x, want, 'all_reduce sum ' .. dtype)
+
+    local y = fsdp.full({ n }, r, { dtype = dtype }):to(DEV)
+    dist.all_reduce(y, { op = 'max' })
+    T.eq(y, fsdp.full({ n }, W - 1), 'all_reduce max ' .. dtype)
+
+    local z = fsdp.arange(n, { dtype = dtype }):mul(r + 1):to(DEV)
+    local out = fsdp.empty({ 3 }, { dtype = dtype, device = DEV })
+    dist.reduce_scatter(z, { op = 'avg', out = out })
+    T.truthy(out.device == DEV, 'reduce_scatter result on ' .. out.device)
+    local mean = (W + 1) / 2
+    want = {}
+    for i = 0, 2 do want[i + 1] = (3 * r + i) * mean end
+    T.eq(out, want, 'reduce_scatter avg ' .. dtype, dtype == 'bf16' and 0.02 or 1e-6)
+  end
+end)
+
+T.test('a cuda all_reduce started async reaches the tensor at wait()', function()
+  local x = fsdp.full({ 1000 }, r + 1):to(DEV)
+  local work = dist.all_reduce(x, { op = 'sum', async = true })
+  work:wait()
+  T.eq(x, fsdp.full({ 1000 }, W * (W + 1) / 2), 'after wait')
+end)
+
+T.test('a cpu output with a cuda input is refused, naming both devices', function()
+  local ok, err = pcall(dist.reduce_scatter, fsdp.zeros({ 2 * W }):to(DEV), { out = fsdp.empty({ 2 }) })
+  T.truthy(not ok and tostring(err):find('cpu', 1, true) and tostring(err):find(DEV, 1, true),
+    tostring(err))
+end)
+
+T.test('data-parallel training on cuda:0 matches one process on the CPU', function()
+  local VOCAB, B, SEQ = 128, 2, 32
+  local c = llama.config('tiny', { n_layers = 2, vocab_size = VOCAB })
+  local function build(device)
+    local m = llama.build(c, { device = device })
+    m:init_weights({ seed = 7 })
+    return m
+  end
+  local ids = fsdp.randint(0, VOCAB, { B * W, SEQ }, { seed = 1 })
+  local targets = fsdp.randint(0, VOCAB, { B * W, SEQ }, { seed = 2 })
+
+  -- every rank: the whole batch on the CPU, one process
+  local ref = build('cpu')
+  local ref_opt = optim.AdamW(ref:named_parameters(), { lr = 1e-2 })
+  -- this rank's rows on cuda:0, gradients averaged over the ranks
+  local m = build(DEV)
+  local opt = optim.AdamW(m:named_parameters(), { lr = 1e-2 })
+  local my_ids = ids:narrow(0, r * B, B):contiguous():to(DEV)
+  local my_targets = targets:narrow(0, r * B, B):contiguous():to(DEV)
+  for step = 1, 4 do
+    local want = ref:loss(ids, targets)
+    want:backward()
+    ref_opt:step(); ref_opt:zero_grad()
+
+    local loss = m:loss(my_ids, my_targets)
+    loss:backward()
+    for _, p in ipairs(m:parameters()) do dist.all_reduce(p.grad, { op = 'avg' }) end
+    opt:step(); opt:zero_grad()
+    local global = loss:detach():clone()
+    dist.all_reduce(global, { op = 'avg' })
+    local e = math.abs(global:item() - want:item()) / want:item()
+    T.truthy(e < 1e-5, ('step %d: loss %.8g on %d ranks, %.8g on one (relative %.2g)')
+      :format(step, global:item(), W, want:item(), e))
+  end
+end)
+
+T.test('fsdp.shard of a cuda model says sharded units are cpu-only for now', function()
+  local m = llama.build(llama.config('tiny', { n_layers = 1 }), { device = DEV })
+  local ok, err = pcall(fsdp.shard, m)
+  T.truthy(not ok and tostring(err):find('not supported yet', 1, true), tostring(err))
+end)
+
+T.done()
