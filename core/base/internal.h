@@ -123,6 +123,18 @@ typedef struct fl_backend {
     /* Why the last alloc of this device returned NULL, into buf; NULL for
      * the generic message. */
     const char *(*describe_oom)(int index, char *buf, size_t size);
+    /* Address ranges whose memory comes and goes while the addresses stay
+     * (a sharded unit's gathered buffer: [Note: the gathered buffer keeps
+     * its address] in core/fsdp/unit.c). vm_reserve: at least nbytes of
+     * addresses and no memory (*granted: the size, rounded up to the
+     * device's granularity), NULL on failure; vm_commit: memory behind the
+     * whole range (FL_OK, or an error naming the device); vm_decommit: the
+     * memory released, the addresses kept; vm_unreserve: the addresses
+     * given back (decommitted first). */
+    void *(*vm_reserve)(int index, int64_t nbytes, int64_t *granted);
+    int (*vm_commit)(int index, void *base, int64_t nbytes);
+    void (*vm_decommit)(int index, void *base, int64_t nbytes);
+    void (*vm_unreserve)(int index, void *base, int64_t nbytes);
 } fl_backend;
 
 /* The backend of a device kind with storage, or NULL (meta, or cuda when the

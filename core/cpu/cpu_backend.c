@@ -6,6 +6,8 @@
 #include "cpu_iter.h"
 
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* Host memory comes from the caching allocator (cpu_alloc.c). */
 static void *cpu_alloc(int index, int64_t nbytes) {
@@ -173,6 +175,40 @@ static int64_t cpu_empty_cache(int index) {
     return fl_cpu_empty_cache();
 }
 
+/* ---- reserved ranges: pages that come and go ----------------------------------- */
+
+static void *cpu_vm_reserve(int index, int64_t nbytes, int64_t *granted) {
+    (void)index;
+    int64_t page = sysconf(_SC_PAGESIZE);
+    *granted = nbytes > 0 ? (nbytes + page - 1) / page * page : page;
+    void *p = mmap(NULL, (size_t)*granted, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) return FL_FAIL_NULL(FL_ERR_OOM, "cpu: cannot reserve %lld bytes of address space",
+                                             (long long)*granted);
+    return p;
+}
+
+static int cpu_vm_commit(int index, void *base, int64_t nbytes) {
+    (void)index;
+    return mprotect(base, (size_t)nbytes, PROT_READ | PROT_WRITE) == 0
+               ? FL_OK
+               : fl_fail(FL_ERR_OOM, "cpu: cannot map %lld bytes of pages", (long long)nbytes);
+}
+
+/* MADV_DONTNEED returns the pages at once (they read as zeros if touched
+ * again); PROT_NONE makes a use while sharded fault instead of reading
+ * stale zeros. */
+static void cpu_vm_decommit(int index, void *base, int64_t nbytes) {
+    (void)index;
+    madvise(base, (size_t)nbytes, MADV_DONTNEED);
+    mprotect(base, (size_t)nbytes, PROT_NONE);
+}
+
+static void cpu_vm_unreserve(int index, void *base, int64_t nbytes) {
+    (void)index;
+    munmap(base, (size_t)nbytes);
+}
+
 const fl_backend fl_cpu_backend = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -184,4 +220,8 @@ const fl_backend fl_cpu_backend = {
     .from_host = cpu_from_host,
     .reserved_bytes = cpu_reserved_bytes,
     .empty_cache = cpu_empty_cache,
+    .vm_reserve = cpu_vm_reserve,
+    .vm_commit = cpu_vm_commit,
+    .vm_decommit = cpu_vm_decommit,
+    .vm_unreserve = cpu_vm_unreserve,
 };

@@ -157,5 +157,9 @@ const fl_backend fl_cuda_backend = {
     .reserved_bytes = cuda_reserved_bytes,
     .empty_cache = cuda_empty_cache,
     .describe_oom = cuda_describe_oom,
+    .vm_reserve = fl_cuda_vm_reserve,
+    .vm_commit = fl_cuda_vm_commit,
+    .vm_decommit = fl_cuda_vm_decommit,
+    .vm_unreserve = fl_cuda_vm_unreserve,
 };
 #endif /* FL_HAVE_CUDA */

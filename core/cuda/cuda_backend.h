@@ -26,6 +26,11 @@ int fl_cuda_event_done(void *event);
 void fl_cuda_event_destroy(void *event);
 /* Free and total memory of the device; 0 on success. */
 int fl_cuda_mem_info(int index, int64_t *free_bytes, int64_t *total_bytes);
+/* Reserved address ranges (the backend vtable's vm_*): cuda_vm.cu. */
+void *fl_cuda_vm_reserve(int index, int64_t nbytes, int64_t *granted);
+int fl_cuda_vm_commit(int index, void *base, int64_t nbytes);
+void fl_cuda_vm_decommit(int index, void *base, int64_t nbytes);
+void fl_cuda_vm_unreserve(int index, void *base, int64_t nbytes);
 
 #ifdef __cplusplus
 }

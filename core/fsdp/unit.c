@@ -20,8 +20,6 @@
 #include "internal.h"
 
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 typedef struct unit_param {
     char *name;
@@ -55,24 +53,38 @@ static int unit_fail(const fl_unit *u, fl_status st, const char *what) {
 
 /* ---- the gathered buffer's pages ------------------------------------------ */
 
+/* The storage's release: the addresses go back when the last view goes
+ * (ctx: the device). */
 static void range_release(void *ctx, void *data, int64_t nbytes) {
-    (void)ctx;
-    munmap(data, (size_t)nbytes);
+    fl_device device = (fl_device)(intptr_t)ctx;
+    fl_backend_of(device)->vm_unreserve(fl_device_index(device), data, nbytes);
 }
 
-/* Reserve the range, inaccessible until the first unshard; the storage
- * unmaps it when the last view goes. */
+/* Reserve the range through the device's backend, without memory until the
+ * first unshard; the storage gives the addresses back when the last view
+ * goes. */
 static int reserve_gathered(fl_unit *u) {
+    const fl_backend *be = fl_backend_of(u->cfg.device);
+    if (!be || !be->vm_reserve) {
+        char dev[32], why[160];
+        fl_device_format(u->cfg.device, dev, sizeof dev);
+        snprintf(why, sizeof why, "the %s backend cannot reserve address ranges for the gathered "
+                 "parameters", dev);
+        return unit_fail(u, FL_ERR_UNSUPPORTED, why);
+    }
+    int index = fl_device_index(u->cfg.device);
     int64_t bytes = u->padded * (int64_t)fl_dtype_size(u->cfg.param_dtype);
-    int64_t page = sysconf(_SC_PAGESIZE);
-    u->range_bytes = bytes > 0 ? (bytes + page - 1) / page * page : page;
-    void *p = mmap(NULL, (size_t)u->range_bytes, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) return unit_fail(u, FL_ERR_OOM, "cannot reserve address space for the gathered parameters");
+    void *p = be->vm_reserve(index, bytes > 0 ? bytes : 1, &u->range_bytes);
+    if (!p) {
+        char why[512];
+        snprintf(why, sizeof why, "cannot reserve addresses for the gathered parameters: %s",
+                 fl_last_error());
+        return unit_fail(u, FL_ERR_OOM, why);
+    }
     fl_storage *s = calloc(1, sizeof *s);
     fl_tensor *t = fl_tensor_header(1, &u->padded, u->cfg.param_dtype, u->cfg.device);
     if (!s || !t) {
-        munmap(p, (size_t)u->range_bytes);
+        be->vm_unreserve(index, p, u->range_bytes);
         free(s);
         fl_tensor_release(t);
         return unit_fail(u, FL_ERR_OOM, "out of host memory for a header");
@@ -82,6 +94,7 @@ static int reserve_gathered(fl_unit *u) {
     s->refcount = 1;
     s->device = u->cfg.device;
     s->release = range_release;
+    s->release_ctx = (void *)(intptr_t)u->cfg.device;
     t->storage = s;
     t->data = p;
     u->range = p;
@@ -95,16 +108,19 @@ static int pages_in(fl_unit *u) {
         snprintf(why, sizeof why, "cannot gather its parameters: %s", fl_last_error());
         return unit_fail(u, FL_ERR_OOM, why);
     }
-    if (mprotect(u->range, (size_t)u->range_bytes, PROT_READ | PROT_WRITE) != 0) {
+    const fl_backend *be = fl_backend_of(u->cfg.device);
+    if (be->vm_commit(fl_device_index(u->cfg.device), u->range, u->range_bytes) != FL_OK) {
         fl_memory_note_free(u->cfg.device, u->range_bytes);
-        return unit_fail(u, FL_ERR_OOM, "cannot map pages for the gathered parameters");
+        char why[512];
+        snprintf(why, sizeof why, "cannot gather its parameters: %s", fl_last_error());
+        return unit_fail(u, FL_ERR_OOM, why);
     }
     return FL_OK;
 }
 
 static void pages_out(fl_unit *u) {
-    madvise(u->range, (size_t)u->range_bytes, MADV_DONTNEED);
-    mprotect(u->range, (size_t)u->range_bytes, PROT_NONE);
+    fl_backend_of(u->cfg.device)->vm_decommit(fl_device_index(u->cfg.device), u->range,
+                                              u->range_bytes);
     fl_memory_note_free(u->cfg.device, u->range_bytes);
 }
 
@@ -128,18 +144,6 @@ fl_unit *fl_unit_new(const char *name, int n, const char *const *names, const in
         if (!fl_dtype_is_float(dts[i]))
             return FL_FAIL_NULL(FL_ERR_ARG, "sharded unit %s: dtype %s is not a floating-point type",
                                 name && name[0] ? name : "<root>", fl_dtype_name(dts[i]));
-    /* The gathered buffer is a reserved host address range (see the Note);
-     * on a GPU it needs CUDA's virtual memory management, not built yet. */
-    fl_device_kind kind = fl_device_kind_of(config->device);
-    if (kind != FL_DEVICE_CPU && kind != FL_DEVICE_META) {
-        char dev[32];
-        fl_device_format(config->device, dev, sizeof dev);
-        return FL_FAIL_NULL(FL_ERR_UNSUPPORTED,
-                            "sharded unit %s: units on %s are not supported yet (their gathered "
-                            "buffer needs CUDA virtual memory); shard on cpu, or train on %s "
-                            "without fsdp.shard and all_reduce the gradients",
-                            name && name[0] ? name : "<root>", dev, dev);
-    }
     fl_unit *u = calloc(1, sizeof *u);
     if (!u) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a unit");
     u->name = strdup(name ? name : "");

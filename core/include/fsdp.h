@@ -889,11 +889,16 @@ FL_API void fl_work_release(fl_work *w);
  * Autograd saves views of the gathered parameters (a linear saves its
  * weight) and derived views cache data pointers, while FULL_SHARD frees the
  * buffer after forward and gathers it again before backward. The buffer is
- * therefore one reserved range of virtual memory: resharding returns its
- * pages to the system (madvise) and protects them, so a stray read faults
- * loudly instead of seeing zeros, and unsharding makes them usable again at
- * the same address. Every view ever taken stays valid across the cycle;
- * the allocator's statistics count the bytes only while gathered.
+ * therefore one reserved range of virtual addresses (the backend's
+ * vm_reserve): resharding releases the memory behind it and keeps the
+ * addresses, unsharding puts memory back at the same addresses. On the CPU
+ * the pages go back to the system (madvise) and are protected, so a stray
+ * read faults loudly instead of seeing zeros; on CUDA the range is
+ * cuMemAddressReserve'd and physical memory is cuMemCreate'd and mapped at
+ * unshard, unmapped and released at reshard (the driver's virtual memory
+ * management, reached through the runtime so the core never links
+ * libcuda). Every view ever taken stays valid across the cycle; the
+ * allocator's statistics count the bytes only while gathered.
  *
  * Gradients: the views' gradients are packed into one flat buffer in the
  * reduce dtype (fl_unit_pack_grads), reduce-scattered with averaging over

@@ -15,11 +15,13 @@
  */
 #include "sim_internal.h"
 
+#include <cuda.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 namespace {
 
@@ -317,5 +319,125 @@ cudaError_t cudaEventQuery(cudaEvent_t e) { return health(); }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { return health(); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     free((void *)e);
+    return cudaSuccess;
+}
+
+/* ---- the driver's virtual memory management, as the runtime hands it out ---------
+ * cudaGetDriverEntryPointByVersion gives the backend these (cuda_vm.cu).
+ * Addresses are host address space reserved with PROT_NONE; a mapping
+ * makes it read-write and poisons it (fresh memory holds anything), an
+ * unmap returns the pages and protects them again, so a kernel touching a
+ * resharded buffer faults instead of reading stale data. The granularity
+ * is the GPU's usual 2 MiB, so rounding is exercised. */
+
+namespace {
+
+constexpr size_t GRANULARITY = 2 << 20;
+
+struct sim_allocation {
+    size_t bytes;
+    int device;
+};
+
+CUresult sim_granularity(size_t *g, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags) {
+    if (!g || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    *g = GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_reserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                     unsigned long long flags) {
+    if (!ptr || size == 0 || size % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    /* over-reserve to honour the alignment, then trim */
+    size_t align = alignment ? alignment : GRANULARITY;
+    char *p = (char *)mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                           -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t start = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+    if (start > (uintptr_t)p) munmap(p, start - (uintptr_t)p);
+    size_t tail = (uintptr_t)p + size + align - (start + size);
+    if (tail) munmap((void *)(start + size), tail);
+    *ptr = (CUdeviceptr)start;
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_address_free(CUdeviceptr ptr, size_t size) {
+    return munmap((void *)ptr, size) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult sim_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                    unsigned long long flags) {
+    if (!h || !prop || size == 0 || size % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    int dev = prop->location.id;
+    pthread_mutex_lock(&lock);
+    init();
+    bool fits = dev >= 0 && dev < ndevices && used[dev] + size <= capacity;
+    if (fits) used[dev] += size;
+    pthread_mutex_unlock(&lock);
+    if (!fits) return dev >= 0 && dev < ndevices ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_DEVICE;
+    sim_allocation *a = (sim_allocation *)malloc(sizeof *a);
+    *a = {size, dev};
+    *h = (CUmemGenericAllocationHandle)(uintptr_t)a;
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_release(CUmemGenericAllocationHandle h) {
+    sim_allocation *a = (sim_allocation *)(uintptr_t)h;
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    used[a->device] -= a->bytes;
+    pthread_mutex_unlock(&lock);
+    free(a);
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                 unsigned long long flags) {
+    sim_allocation *a = (sim_allocation *)(uintptr_t)h;
+    if (!a || offset + size > a->bytes || ptr % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    /* Mapped but not yet accessible: cuMemSetAccess opens it. */
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    if (!desc || count != 1 || desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (mprotect((void *)ptr, size, PROT_READ | PROT_WRITE) != 0) return CUDA_ERROR_INVALID_VALUE;
+    memset((void *)ptr, 0xff, size);
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_unmap(CUdeviceptr ptr, size_t size) {
+    madvise((void *)ptr, size, MADV_DONTNEED);
+    return mprotect((void *)ptr, size, PROT_NONE) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+} // namespace
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+                                             unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult *status) {
+    static const struct {
+        const char *name;
+        void *fn;
+    } known[] = {
+        {"cuMemAddressReserve", (void *)sim_reserve},
+        {"cuMemAddressFree", (void *)sim_address_free},
+        {"cuMemCreate", (void *)sim_create},
+        {"cuMemRelease", (void *)sim_release},
+        {"cuMemMap", (void *)sim_map},
+        {"cuMemUnmap", (void *)sim_unmap},
+        {"cuMemSetAccess", (void *)sim_set_access},
+        {"cuMemGetAllocationGranularity", (void *)sim_granularity},
+    };
+    for (const auto &k : known)
+        if (strcmp(k.name, symbol) == 0) {
+            *fn = k.fn;
+            if (status) *status = cudaDriverEntryPointSuccess;
+            return cudaSuccess;
+        }
+    fprintf(stderr, "cudasim: the driver function %s is not simulated\n", symbol);
+    *fn = NULL;
+    if (status) *status = cudaDriverEntryPointSymbolNotFound;
     return cudaSuccess;
 }

@@ -165,8 +165,8 @@ function M.shard(model, opts)
   if not first then core.fail('fsdp.shard: the model has no parameters') end
   local master = first.dtype
   local device = opts.device or (first:is_meta() and 'cpu' or first.device)
-  if device ~= 'cpu' and device ~= 'meta' then
-    core.fail(("fsdp.shard: device '%s' is not supported yet (cpu, or meta to plan)"):format(device))
+  if device ~= 'cpu' and device ~= 'meta' and not device:match('^cuda') then
+    core.fail(("fsdp.shard: device '%s' is not one of cpu, cuda:N, meta"):format(device))
   end
   local base_mp = mixed_precision(opts.mixed_precision, master)
 
