@@ -16,6 +16,11 @@
  * When the shard group has one rank and the param dtype is the master
  * dtype (NO_SHARD in full precision) the gathered buffer is the shard
  * itself: nothing is copied or freed.
+ *
+ * With cpu_offload the shard and grad live on the host while the gathered
+ * buffer is on the unit's device: unshard copies the shard up into its slot
+ * (the all-gather runs on the device buffer), and the reduced gradient
+ * comes down into grad, so the optimizer steps on the host.
  */
 #include "internal.h"
 
@@ -46,6 +51,11 @@ struct fl_unit {
 };
 
 static const char *label(const fl_unit *u) { return u->name[0] ? u->name : "<root>"; }
+
+/* Where the shard and its gradient live: the host when offloaded. */
+static fl_device shard_device(const fl_unit *u) {
+    return u->cfg.cpu_offload && !u->meta ? fl_device_make(FL_DEVICE_CPU, 0) : u->cfg.device;
+}
 
 static int unit_fail(const fl_unit *u, fl_status st, const char *what) {
     return fl_fail(st, "sharded unit %s: %s", label(u), what);
@@ -180,9 +190,10 @@ fl_unit *fl_unit_new(const char *name, int n, const char *const *names, const in
     u->padded = (u->numel + u->group_size - 1) / u->group_size * u->group_size;
     u->shard_numel = u->padded / u->group_size;
     u->shard_start = (int64_t)u->group_rank * u->shard_numel;
-    u->shard = flat(config->master_dtype, config->device, u->shard_numel);
+    u->shard = flat(config->master_dtype, shard_device(u), u->shard_numel);
     if (!u->shard) goto fail;
-    u->aliased = u->group_size == 1 && config->param_dtype == config->master_dtype;
+    u->aliased = u->group_size == 1 && config->param_dtype == config->master_dtype &&
+                 shard_device(u) == config->device;
     if (u->aliased) {
         u->gathered = fl_tensor_retain(u->shard);
         u->state = FL_UNIT_UNSHARDED;
@@ -465,20 +476,21 @@ int fl_unit_finish_reduce(fl_unit *u) {
         rc = w ? wait_work(u, w, "all-reduce across replicas") : (int)fl_last_status();
     }
     if (rc == FL_OK && !u->meta) {
+        fl_device gdev = shard_device(u);
         if (!u->grad) { /* the first gradient: adopt the reduced buffer (it is ours) */
-            u->grad = reduced->dtype == u->cfg.grad_dtype
+            u->grad = reduced->dtype == u->cfg.grad_dtype && reduced->device == gdev
                           ? fl_tensor_retain(reduced)
-                          : fl_to(reduced, u->cfg.grad_dtype, u->cfg.device);
+                          : fl_to(reduced, u->cfg.grad_dtype, gdev);
             if (!u->grad) rc = fl_last_status();
         } else {
-            fl_tensor *tmp = reduced->dtype == u->grad->dtype
+            fl_tensor *tmp = reduced->dtype == u->grad->dtype && reduced->device == gdev
                                  ? fl_tensor_retain(reduced)
-                                 : fl_to(reduced, u->grad->dtype, u->grad->device);
+                                 : fl_to(reduced, u->grad->dtype, gdev);
             rc = tmp ? fl_add_scaled_(u->grad, tmp, 1.0) : (int)fl_last_status();
             fl_tensor_release(tmp);
         }
     } else if (rc == FL_OK && !u->grad) {
-        u->grad = flat(u->cfg.grad_dtype, u->cfg.device, u->shard_numel);
+        u->grad = flat(u->cfg.grad_dtype, shard_device(u), u->shard_numel);
     }
     fl_tensor_release(u->reduce_in);
     fl_tensor_release(u->reduce_out);

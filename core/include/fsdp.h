@@ -930,7 +930,12 @@ typedef struct fl_unit_config {
     fl_dtype reduce_dtype;     /* gradient reduction */
     fl_dtype grad_dtype;       /* the sharded gradient: the master dtype, or a
                                   low precision one (keep_low_precision_grads) */
-    fl_device device;          /* cpu, or meta for a unit without storage */
+    fl_device device;          /* cpu, cuda:N, or meta for a unit without storage:
+                                  where parameters are gathered and used */
+    bool cpu_offload;          /* the master shard and its gradient (so the
+                                  optimizer step and its state) on the host,
+                                  copied to device at unshard and from it after
+                                  the reduction */
 } fl_unit_config;
 
 /* A unit over n parameters (names, shapes given as ndims[i] sizes each,

@@ -110,10 +110,12 @@ local CASES = {
   { strategy = 'NO_SHARD', tol = 1e-5 },
   { strategy = 'FULL_SHARD', tol = 2e-2, -- bf16: see fsdp_equivalence.lua's bounds
     mixed_precision = { param = 'bf16', reduce = 'f32', buffer = 'bf16' } },
+  { strategy = 'FULL_SHARD', tol = 1e-5, cpu_offload = true },
+  { strategy = 'NO_SHARD', tol = 1e-5, cpu_offload = true },
 }
 for _, case in ipairs(CASES) do
-T.test(('%s%s training on cuda:0 matches one process on the CPU'):format(case.strategy,
-  case.mixed_precision and ' bf16' or ''), function()
+T.test(('%s%s%s training on cuda:0 matches one process on the CPU'):format(case.strategy,
+  case.mixed_precision and ' bf16' or '', case.cpu_offload and ' with cpu_offload' or ''), function()
   local VOCAB, B, SEQ = 64, 2, 16
   local c = llama.config('tiny', { n_layers = 2, dim = 32, n_heads = 4, n_kv_heads = 2, ffn_dim = 64,
                                    vocab_size = VOCAB })
@@ -124,7 +126,8 @@ T.test(('%s%s training on cuda:0 matches one process on the CPU'):format(case.st
     local m = llama.CausalLM(c, { device = 'meta' })
     fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 5,
                     device = device, group = group, strategy = case.strategy,
-                    mixed_precision = case.mixed_precision })
+                    mixed_precision = case.mixed_precision,
+                    cpu_offload = device ~= 'cpu' and case.cpu_offload })
     return m
   end
   local ref = build('cpu', one)
@@ -146,6 +149,9 @@ T.test(('%s%s training on cuda:0 matches one process on the CPU'):format(case.st
     T.truthy(e < case.tol, ('step %d: loss %.8g sharded on cuda, %.8g on one cpu rank (relative %.2g)')
       :format(step, global:item(), want:item(), e))
   end
+  -- offloaded: every parameter the optimizer steps (the shards) is on the host
+  local where = m:parameters()[1].device
+  T.truthy(where == (case.cpu_offload and 'cpu' or DEV), 'shards on ' .. where)
 end)
 end
 

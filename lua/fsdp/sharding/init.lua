@@ -204,7 +204,8 @@ function M.shard(model, opts)
       name = spec.name, module = spec.module, params = params, strategy = st,
       shard_group = shard_group, replicate_group = replicate_group,
       master_dtype = master, param_dtype = mp.param, reduce_dtype = mp.reduce, grad_dtype = mp.grad,
-      device = device, is_root = i == #plan, reshard_after_forward = reshard,
+      device = device, cpu_offload = opts.cpu_offload, is_root = i == #plan,
+      reshard_after_forward = reshard,
     })
     u.shard_size = shard_group and shard_group:size() or dist.world_size()
     u.replicas = dist.world_size() / u.shard_size

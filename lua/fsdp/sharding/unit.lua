@@ -29,7 +29,8 @@ local out1, out2, out3 = ffi.new('int64_t[1]'), ffi.new('int64_t[1]'), ffi.new('
 
 -- spec: {name=, module=, params = {{name=, tensor=, slots={{tbl, key}...}}...},
 --        shard_group=, replicate_group= (fsdp.dist Groups or nil), strategy=,
---        reshard_after_forward=, master/param/reduce dtypes, device, is_root}
+--        reshard_after_forward=, master/param/reduce dtypes, device, cpu_offload,
+--        is_root}
 function Unit.new(spec)
   local self = setmetatable({}, Unit)
   for k, v in pairs(spec) do self[k] = v end
@@ -56,6 +57,7 @@ function Unit.new(spec)
   cfg.reduce_dtype = core.dtype(spec.reduce_dtype)
   cfg.grad_dtype = core.dtype(spec.grad_dtype or spec.master_dtype)
   cfg.device = core.device(spec.device)
+  cfg.cpu_offload = spec.cpu_offload and true or false
   local c = C.fl_unit_new(spec.name, n, names, ndims, dims, cfg)
   if c == nil then core.raise() end
   self.c = ffi.gc(c, C.fl_unit_free)
