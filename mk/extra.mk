@@ -78,7 +78,7 @@ $(OBJDIR)/%.cc.o: $(FL_SIM_DIR)/%.cc $(wildcard $(FL_SIM_DIR)/*.h) | $(OBJDIR)
 	@echo "$(notdir $<)"
 	$(SILENT) $(CXX) $(FL_SIM_CXXFLAGS) -c "$<" -o "$@"
 
-$(OBJDIR)/%.c.o: $(FL_SIM_DIR)/%.c | $(OBJDIR)
+$(OBJDIR)/%.c.o: $(FL_SIM_DIR)/%.c $(FL_SIM_DIR)/sim_half.h | $(OBJDIR)
 	@echo "$(notdir $<)"
 	$(SILENT) $(CC) -std=c11 $(FL_SIM_FLAGS) -c "$<" -o "$@"
 
@@ -102,7 +102,7 @@ $(FL_SIM_BIN)/cudasim-selftest: $(OBJDIR)/selftest.sim.o $(OBJDIR)/sim_fiber.cc.
 	@echo "linking cudasim-selftest"
 	$(SILENT) $(CXX) -o "$@" $^ -lpthread
 
-$(FL_SIM_BIN)/check_sim_cublas: $(FL_SIM_DIR)/check_sim_cublas.c $(FL_SIM_DIR)/sim_cublas.c
+$(FL_SIM_BIN)/check_sim_cublas: $(FL_SIM_DIR)/check_sim_cublas.c $(FL_SIM_DIR)/sim_cublas.c $(FL_SIM_DIR)/sim_half.h
 	@mkdir -p $(FL_SIM_BIN)
 	@echo "linking check_sim_cublas"
 	$(SILENT) $(CC) -std=c11 -O2 -I$(FL_CUDA_HOME)/include $< -o "$@" \

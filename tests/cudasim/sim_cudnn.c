@@ -51,6 +51,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sim_half.h"
+
 /* ---------------------------------------------------------------- objects */
 
 struct cudnnContext {
@@ -82,64 +84,6 @@ struct cudnnConvolutionStruct {
 };
 
 /* ------------------------------------------------------- number formats */
-
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* bf16 is the top half of an f32: round the low 16 bits to nearest even.
- * A NaN is kept a NaN (quiet bit set) even when its payload sits only in
- * the bits that are dropped. */
-static uint16_t f32_to_bf16(float f) {
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
-
-/* IEEE binary16, round to nearest even, with subnormals; overflow gives
- * infinity (65520 and up, as the tie at 65520 rounds to the even 2^16). */
-static uint16_t f32_to_f16(float f) {
-    uint32_t u = f32_bits(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-    if (a == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
-    int e = (int)(a >> 23) - 127 + 15; /* biased half exponent */
-    uint32_t m = a & 0x7fffffu;
-    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-    if (e >= 1) {
-        uint32_t r = ((uint32_t)e << 10) | (m >> 13), rem = m & 0x1fffu;
-        if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++; /* may carry to inf: right */
-        return (uint16_t)(sign | r);
-    }
-    /* Subnormal result: units of 2^-24. The f32 (normal or subnormal) is
-     * m' * 2^(E-150) with the implicit bit in m'; shift it down to 2^-24. */
-    if (a >> 23 == 0) return sign; /* f32 subnormals are far below 2^-25 */
-    m |= 0x800000u;
-    int shift = 14 - e; /* 14 .. : e <= 0 */
-    if (shift > 24) return sign;
-    uint32_t r = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (r & 1u))) r++; /* may become the smallest normal */
-    return (uint16_t)(sign | r);
-}
-
-static float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13)); /* inf, NaN payload kept */
-    float v = e == 0 ? ldexpf((float)m, -24) : ldexpf((float)(m | 0x400u), (int)e - 25);
-    return sign ? -v : v;
-}
 
 /* TF32: an f32 with the low 13 mantissa bits rounded away (nearest even). */
 static float round_tf32(float f) {
