@@ -5,7 +5,8 @@
 #      the backend's and not the simulator's;
 #   2. collectives on cuda tensors and data-parallel training on cuda:0
 #      under mpirun with 2 and 4 ranks (tests/mpi/cuda_collectives.lua);
-#   3. the specs that test the CUDA backend on a GPU (every op against the
+#   3. the GPU benchmark's batch search on a small simulated device;
+#   4. the specs that test the CUDA backend on a GPU (every op against the
 #      CPU, the large-kernel specs, training), run by the cudasim build,
 #      whose cuda:0 runs the backend's kernels on the CPU.
 set -uo pipefail
@@ -52,6 +53,23 @@ if command -v mpirun >/dev/null; then
   done
 else
   echo "ok 199 - cuda_collectives.lua # SKIP mpirun not found"
+fi
+
+# The GPU benchmark's batch search against a 36 MiB device: out-of-memory
+# from cudaMalloc through the caching allocator, retried after emptying the
+# cache, until the largest batch that fits is measured.
+n=$((n + 1))
+out=$(FSDP_CUDASIM_MEMORY_MB=36 "$bin/fsdp-lua" benchmarks/llama_gpu.lua --device=cuda:0 --model=tiny \
+  --seq=32 --find_batch --max_batch=64 --steps=1 --warmup=1 2>&1)
+status=$?
+largest=$(sed -n 's/^find_batch: largest batch \([0-9]*\)$/\1/p' <<<"$out")
+if [ $status -eq 0 ] && [ "${largest:-0}" -ge 2 ] && grep -q 'is out of memory' <<<"$out" &&
+   grep -q '^RESULT {' <<<"$out"; then
+  echo "ok $n - llama_gpu.lua --find_batch on a 36 MiB cuda:0 finds batch $largest and measures it"
+else
+  echo "not ok $n - llama_gpu.lua --find_batch on a 36 MiB cuda:0 (status $status)"
+  sed 's/^/#   /' <<<"$out" | tail -n 20
+  rc=1
 fi
 
 "$bin/fsdp-lua" tests/busted.lua -o TAP tests/lua/backend_ops_spec.lua tests/lua/cuda_elem_spec.lua \
