@@ -12,7 +12,8 @@
 -- UndefinedBehaviorSanitizer; outputs under build/asan/), cudasim (the CUDA
 -- backend with its kernels run on the CPU by tests/cudasim, for testing
 -- the GPU code on machines without a GPU; outputs under build/cudasim/;
--- needs the CUDA headers, and premake4: mk/extra.mk builds it).
+-- needs the CUDA headers; built through mk/extra.mk, so under premake4
+-- only: the premake5 rules below cover release/debug).
 --
 -- Two things premake4 cannot express are done by mk/extra.mk, appended to
 -- the core's generated makefile: the FFI declarations generated from

@@ -12,8 +12,10 @@
 -- are copies); under mpirun / srun / `fsdp-lua --nproc N` the `mpi` backend
 -- is loaded. Every rank must call the same collectives on a group in the
 -- same order, and creating a group is itself collective (every rank calls,
--- members or not). Tensors are contiguous cpu tensors (meta and fake ones
--- are checked and left alone). Options shared by the collectives:
+-- members or not). Tensors are contiguous, on one device: cpu, or cuda
+-- (moved through host copies; the result reaches the tensor when the work
+-- completes); meta and fake ones are checked and left alone. Options shared
+-- by the collectives:
 --   group  a Group (default: the world)
 --   async  true: return a Work at once (w:wait() -> the result, w:test())
 --   op     'sum' (default), 'avg' (floats), 'max', 'min'
