@@ -64,6 +64,31 @@ T.test('a cpu output with a cuda input is refused, naming both devices', functio
     tostring(err))
 end)
 
+-- `steps` AdamW steps of ref (one process, the whole batch, on the CPU) and
+-- m (this rank's B rows on cuda:0; sync(m) after backward makes the ranks'
+-- gradients agree, unless m is sharded), checking the ranks' mean loss
+-- against ref's each step within tol.
+local function train_against(ref, m, ids, targets, B, steps, tol, sync)
+  local ref_opt = optim.AdamW(ref:named_parameters(), { lr = 1e-2 })
+  local opt = optim.AdamW(m:named_parameters(), { lr = 1e-2 })
+  local my_ids = ids:narrow(0, r * B, B):contiguous():to(DEV)
+  local my_targets = targets:narrow(0, r * B, B):contiguous():to(DEV)
+  for step = 1, steps do
+    local want = ref:loss(ids, targets)
+    want:backward()
+    ref_opt:step(); ref_opt:zero_grad()
+    local loss = m:loss(my_ids, my_targets)
+    loss:backward()
+    if sync then sync(m) end
+    opt:step(); opt:zero_grad()
+    local global = loss:detach():clone()
+    dist.all_reduce(global, { op = 'avg' })
+    local e = math.abs(global:item() - want:item()) / want:item()
+    T.truthy(e < tol, ('step %d: loss %.8g on %d ranks on cuda, %.8g on one cpu process (relative %.2g)')
+      :format(step, global:item(), W, want:item(), e))
+  end
+end
+
 T.test('data-parallel training on cuda:0 matches one process on the CPU', function()
   local VOCAB, B, SEQ = 128, 2, 32
   local c = llama.config('tiny', { n_layers = 2, vocab_size = VOCAB })
@@ -75,29 +100,9 @@ T.test('data-parallel training on cuda:0 matches one process on the CPU', functi
   local ids = fsdp.randint(0, VOCAB, { B * W, SEQ }, { seed = 1 })
   local targets = fsdp.randint(0, VOCAB, { B * W, SEQ }, { seed = 2 })
 
-  -- every rank: the whole batch on the CPU, one process
-  local ref = build('cpu')
-  local ref_opt = optim.AdamW(ref:named_parameters(), { lr = 1e-2 })
-  -- this rank's rows on cuda:0, gradients averaged over the ranks
-  local m = build(DEV)
-  local opt = optim.AdamW(m:named_parameters(), { lr = 1e-2 })
-  local my_ids = ids:narrow(0, r * B, B):contiguous():to(DEV)
-  local my_targets = targets:narrow(0, r * B, B):contiguous():to(DEV)
-  for step = 1, 4 do
-    local want = ref:loss(ids, targets)
-    want:backward()
-    ref_opt:step(); ref_opt:zero_grad()
-
-    local loss = m:loss(my_ids, my_targets)
-    loss:backward()
+  train_against(build('cpu'), build(DEV), ids, targets, B, 4, 1e-5, function(m)
     for _, p in ipairs(m:parameters()) do dist.all_reduce(p.grad, { op = 'avg' }) end
-    opt:step(); opt:zero_grad()
-    local global = loss:detach():clone()
-    dist.all_reduce(global, { op = 'avg' })
-    local e = math.abs(global:item() - want:item()) / want:item()
-    T.truthy(e < 1e-5, ('step %d: loss %.8g on %d ranks, %.8g on one (relative %.2g)')
-      :format(step, global:item(), W, want:item(), e))
-  end
+  end)
 end)
 
 -- FULL_SHARD on cuda:0: the units' gathered buffers live in reserved
@@ -130,25 +135,8 @@ T.test(('%s%s%s training on cuda:0 matches one process on the CPU'):format(case.
                     cpu_offload = device ~= 'cpu' and case.cpu_offload })
     return m
   end
-  local ref = build('cpu', one)
-  local ref_opt = optim.AdamW(ref:named_parameters(), { lr = 1e-2 })
   local m = build(DEV)
-  local opt = optim.AdamW(m:named_parameters(), { lr = 1e-2 })
-  local my_ids = ids:narrow(0, r * B, B):contiguous():to(DEV)
-  local my_targets = targets:narrow(0, r * B, B):contiguous():to(DEV)
-  for step = 1, 3 do
-    local want = ref:loss(ids, targets)
-    want:backward()
-    ref_opt:step(); ref_opt:zero_grad()
-    local loss = m:loss(my_ids, my_targets)
-    loss:backward()
-    opt:step(); opt:zero_grad()
-    local global = loss:detach():clone()
-    dist.all_reduce(global, { op = 'avg' })
-    local e = math.abs(global:item() - want:item()) / want:item()
-    T.truthy(e < case.tol, ('step %d: loss %.8g sharded on cuda, %.8g on one cpu rank (relative %.2g)')
-      :format(step, global:item(), want:item(), e))
-  end
+  train_against(build('cpu', one), m, ids, targets, B, 3, case.tol)
   -- offloaded: every parameter the optimizer steps (the shards) is on the host
   local where = m:parameters()[1].device
   T.truthy(where == (case.cpu_offload and 'cpu' or DEV), 'shards on ' .. where)
