@@ -48,7 +48,8 @@ FL_SIM_SRC := $(OBJDIR)/cudasim
 FL_CU_SOURCES := $(shell find $(FL_ROOT)/core -name '*.cu' -o -name '*.cuh' | sort)
 FL_SIM_REWRITTEN := $(addprefix $(FL_SIM_SRC)/,$(notdir $(FL_CU_SOURCES)))
 FL_CU_OBJECTS := $(patsubst %.cu,$(OBJDIR)/%.sim.o,$(filter %.cu,$(notdir $(FL_CU_SOURCES))))
-FL_SIM_LIB_SOURCES := $(wildcard $(FL_SIM_DIR)/sim_*.cc $(FL_SIM_DIR)/sim_*.c)
+# sim_nccl.c waits for the NCCL backend; until then only its check runs.
+FL_SIM_LIB_SOURCES := $(filter-out %/sim_nccl.c,$(wildcard $(FL_SIM_DIR)/sim_*.cc $(FL_SIM_DIR)/sim_*.c))
 FL_SIM_LIB_OBJECTS := $(addprefix $(OBJDIR)/,$(addsuffix .o,$(notdir $(FL_SIM_LIB_SOURCES))))
 # No FMA contraction: the kernels' __fmul_rn and friends must stay separate
 # IEEE operations, as on the GPU.
@@ -87,10 +88,12 @@ $(TARGET): $(FL_CU_OBJECTS) $(FL_SIM_LIB_OBJECTS)
 -include $(FL_CU_OBJECTS:.o=.d)
 
 # The simulator's own checks, built with the library (tests/run.sh runs
-# them): the scheduler's self-test and the two library simulations
-# compared with references (BLAS; the adjoint identities of convolution).
+# them): the scheduler's self-test and the library simulations compared
+# with references (BLAS; the adjoint identities of convolution; NCCL's
+# collectives across forked processes).
 FL_SIM_BIN := $(abspath $(TARGETDIR)/../bin)
-FL_SIM_CHECKS := $(FL_SIM_BIN)/cudasim-selftest $(FL_SIM_BIN)/check_sim_cublas $(FL_SIM_BIN)/check_sim_cudnn
+FL_SIM_CHECKS := $(FL_SIM_BIN)/cudasim-selftest $(FL_SIM_BIN)/check_sim_cublas $(FL_SIM_BIN)/check_sim_cudnn \
+  $(FL_SIM_BIN)/check_sim_nccl
 all: $(FL_SIM_CHECKS)
 
 $(FL_SIM_SRC)/selftest.cu: $(FL_SIM_DIR)/selftest.cu $(FL_SIM_DIR)/rewrite.lua
@@ -107,6 +110,12 @@ $(FL_SIM_BIN)/check_sim_cublas: $(FL_SIM_DIR)/check_sim_cublas.c $(FL_SIM_DIR)/s
 	@echo "linking check_sim_cublas"
 	$(SILENT) $(CC) -std=c11 -O2 -I$(FL_CUDA_HOME)/include $< -o "$@" \
 	  $(shell pkg-config --cflags --libs openblas) -lm
+
+$(FL_SIM_BIN)/check_sim_nccl: $(FL_SIM_DIR)/check_sim_nccl.c $(FL_SIM_DIR)/sim_nccl.c $(FL_SIM_DIR)/sim_half.h
+	@mkdir -p $(FL_SIM_BIN)
+	@echo "linking check_sim_nccl"
+	$(SILENT) $(CC) -std=c11 -O2 -D_GNU_SOURCE -I$(FL_CUDA_HOME)/include $(FL_SIM_DIR)/check_sim_nccl.c \
+	  $(FL_SIM_DIR)/sim_nccl.c -o "$@" -lrt
 
 $(FL_SIM_BIN)/check_sim_cudnn: $(FL_SIM_DIR)/check_sim_cudnn.c $(OBJDIR)/sim_cudnn.c.o
 	@mkdir -p $(FL_SIM_BIN)
