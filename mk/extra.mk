@@ -48,14 +48,14 @@ FL_SIM_SRC := $(OBJDIR)/cudasim
 FL_CU_SOURCES := $(shell find $(FL_ROOT)/core -name '*.cu' -o -name '*.cuh' | sort)
 FL_SIM_REWRITTEN := $(addprefix $(FL_SIM_SRC)/,$(notdir $(FL_CU_SOURCES)))
 FL_CU_OBJECTS := $(patsubst %.cu,$(OBJDIR)/%.sim.o,$(filter %.cu,$(notdir $(FL_CU_SOURCES))))
-# sim_nccl.c waits for the NCCL backend; until then only its check runs.
-FL_SIM_LIB_SOURCES := $(filter-out %/sim_nccl.c,$(wildcard $(FL_SIM_DIR)/sim_*.cc $(FL_SIM_DIR)/sim_*.c))
+FL_SIM_LIB_SOURCES := $(wildcard $(FL_SIM_DIR)/sim_*.cc $(FL_SIM_DIR)/sim_*.c)
 FL_SIM_LIB_OBJECTS := $(addprefix $(OBJDIR)/,$(addsuffix .o,$(notdir $(FL_SIM_LIB_SOURCES))))
 # No FMA contraction: the kernels' __fmul_rn and friends must stay separate
 # IEEE operations, as on the GPU.
 FL_SIM_FLAGS := -O2 -g -fPIC -fvisibility=hidden -ffp-contract=off -Wall -Wno-unused-function \
   -Wno-unknown-pragmas -Wno-sign-compare \
   -I$(FL_ROOT)/core/include -I$(FL_ROOT)/core/base -I$(FL_ROOT)/core/ops -I$(FL_ROOT)/core/cuda \
+  -I$(FL_ROOT)/core/dist \
   -I$(FL_SIM_DIR) \
   -I$(FL_CUDA_HOME)/include -DFL_HAVE_CUDA -DFL_CUDASIM -D_GNU_SOURCE
 FL_SIM_CXXFLAGS := -std=c++17 -fno-exceptions $(FL_SIM_FLAGS)

@@ -43,6 +43,7 @@ struct fl_work {
     fl_tensor *stage_in, *stage_out; /* f32 staging of 16-bit reductions */
     fl_tensor *device_out, *host_out; /* a device result and its host stand-in */
     void *req;         /* the backend's request while in flight */
+    const fl_device_comm_ops *dops; /* set when req is the device library's */
     bool average;      /* divide the sum by the group size when done */
     bool completed, failed;
     fl_status status;  /* of a failed work */
@@ -139,7 +140,7 @@ static int work_progress(fl_work *w, bool *done) {
     if (w->failed) return fl_fail(w->status, "%s", w->message);
     if (w->req) {
         bool finished = false;
-        int rc = fl_dist.backend->test(w->req, &finished);
+        int rc = w->dops ? w->dops->test(w->req, &finished) : fl_dist.backend->test(w->req, &finished);
         if (rc != FL_OK) {
             w->req = NULL; /* the backend freed it */
             char why[400];
@@ -345,15 +346,22 @@ static fl_tensor *f32_stage(const fl_tensor *like, int64_t numel, bool copy) {
 /* ---- device tensors ----------------------------------------------------------- */
 
 /* [Note: collectives on device tensors]
- * The backends move host memory. A collective on cuda tensors runs on host
- * copies: the inputs are copied to the host when it starts (a copy that
- * waits for the kernels that made them: they all run on the default
- * stream), the collective runs on the copies, and the result is copied
- * back to the device tensor when the work completes (work_finish), so a
- * caller sees the device tensor change exactly when it would with the
- * result in place. This is the path for ranks sharing one GPU (NCCL
- * refuses them) and for builds without NCCL; the nccl backend, when it
- * exists, takes device tensors first. */
+ * A group's first collective on device tensors decides, with every rank,
+ * how the group moves them (device_path):
+ * - through the device's library (NCCL for cuda: cuda_nccl.cu) when every
+ *   rank has it and could make a communicator from rank 0's unique id
+ *   (broadcast by the host backend): device pointers, the tensor's own
+ *   dtype, avg done by the library, queued after the kernels that made the
+ *   inputs, the work complete when its event is;
+ * - otherwise through host copies: the inputs are copied to the host when
+ *   the collective starts (the copy waits for the kernels that made them),
+ *   the host backend moves the copies, and the result is copied back to the
+ *   device tensor when the work completes (work_finish), so a caller sees
+ *   the device tensor change exactly when it would with the result in
+ *   place. This is the path for ranks sharing one GPU (NCCL refuses them),
+ *   for machines without NCCL and for FSDP_NCCL=0.
+ * All ranks or none use the library: collectives of the two kinds would
+ * never meet. */
 
 static bool on_device(const fl_tensor *t) {
     return t && t->storage && fl_device_kind_of(t->device) != FL_DEVICE_CPU;
@@ -376,6 +384,107 @@ static fl_tensor *host_copy(const fl_tensor *t) {
 
 static fl_tensor *host_like(const fl_tensor *t) {
     return fl_empty(t->ndim, t->shape, t->dtype, fl_device_make(FL_DEVICE_CPU, 0));
+}
+
+const fl_device_comm_ops *fl_device_comm_ops_of(fl_device device) {
+#ifdef FL_HAVE_CUDA
+    if (fl_device_kind_of(device) == FL_DEVICE_CUDA) return fl_cuda_nccl_ops();
+#endif
+    (void)device;
+    return NULL;
+}
+
+/* Every rank of g learns whether all of them have *flag set (an all-reduce
+ * of int32 minima on the host). */
+static int agree(fl_group *g, int32_t *flag) {
+    int64_t one = 1;
+    fl_tensor *t = fl_empty(1, &one, FL_I32, fl_device_make(FL_DEVICE_CPU, 0));
+    if (!t) return fl_last_status();
+    *(int32_t *)t->data = *flag;
+    fl_work *w = fl_all_reduce(g, t, FL_REDUCE_MIN);
+    int rc = w ? fl_work_wait(w) : (int)fl_last_status();
+    fl_work_release(w);
+    *flag = *(int32_t *)t->data;
+    fl_tensor_release(t);
+    return rc;
+}
+
+/* Decide, with every rank of g, how g moves tensors on dev: 1 through the
+ * device library (a communicator made now), 0 through host copies; -1 on
+ * an error. All ranks or none use the library: a rank without it, or one
+ * whose communicator could not be made (NCCL refuses two ranks on one
+ * GPU), sends the whole group through host copies, since collectives of
+ * the two kinds would never meet. */
+static int device_path(const char *op, fl_group *g, fl_device dev) {
+    if (g->size == 1) return 0;
+    if (g->device_path == 0) {
+        const fl_device_comm_ops *ops = fl_device_comm_ops_of(dev);
+        int32_t ok = ops != NULL;
+        if (agree(g, &ok)) return -1;
+        unsigned char id[129] = {0};
+        if (ok) {
+            int64_t n = sizeof id;
+            fl_tensor *t = fl_empty(1, &n, FL_U8, fl_device_make(FL_DEVICE_CPU, 0));
+            if (!t) return -1;
+            unsigned char *b = t->data;
+            memset(b, 0, sizeof id);
+            if (g->rank == 0) b[0] = ops->unique_id(b + 1) == FL_OK;
+            fl_work *w = fl_broadcast(g, t, 0);
+            int rc = w ? fl_work_wait(w) : (int)fl_last_status();
+            fl_work_release(w);
+            memcpy(id, b, sizeof id);
+            fl_tensor_release(t);
+            if (rc) return -1;
+            ok = id[0];
+        }
+        void *comm = NULL;
+        char why[300] = "";
+        if (ok) {
+            ok = ops->comm_init(g->size, id + 1, g->rank, fl_device_index(dev), &comm) == FL_OK;
+            if (!ok) snprintf(why, sizeof why, "%s", fl_last_error());
+            int32_t all = ok;
+            if (agree(g, &all)) return -1;
+            if (!all && comm) ops->comm_free(comm);
+            if (!all && why[0])
+                fprintf(stderr, "fsdp-lua: rank %d: %s is not used for cuda tensors on group %s (%s); "
+                        "they move through host copies\n", fl_dist.topo.rank, ops->name, g->name, why);
+            ok = all;
+        }
+        g->device_path = ok ? 1 : -1;
+        g->device_comm = ok ? comm : NULL;
+        g->comm_device = dev;
+    }
+    if (g->device_path < 0) return 0;
+    if (g->comm_device != dev) {
+        char a[32], b[32], why[160];
+        fl_device_format(g->comm_device, a, sizeof a);
+        fl_device_format(dev, b, sizeof b);
+        snprintf(why, sizeof why, "the group's %s communicator is on %s, the tensors on %s",
+                 fl_device_comm_ops_of(dev)->name, a, b);
+        fail_at(op, g, FL_ERR_ARG, why);
+        return -1;
+    }
+    return 1;
+}
+
+/* Start c (device pointers) through g's device library; keep0/keep1 stay
+ * referenced until it completes. */
+static fl_work *launch_device(const char *op, fl_group *g, const fl_coll *c, fl_tensor *keep0,
+                              const fl_tensor *keep1) {
+    const fl_device_comm_ops *ops = fl_device_comm_ops_of(g->comm_device);
+    fl_work *w = work_new(op, g);
+    if (!w) return NULL;
+    w->keep[0] = fl_tensor_retain(keep0);
+    w->keep[1] = keep1 ? fl_tensor_retain((fl_tensor *)keep1) : NULL;
+    w->dops = ops;
+    if (ops->start(g->device_comm, fl_device_index(g->comm_device), c, &w->req) != FL_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", fl_last_error());
+        fail_at(op, g, FL_ERR_DEVICE, why);
+        work_free(w);
+        return NULL;
+    }
+    return w;
 }
 
 /* Attach the copy back of host to dev to w, which ran on host (consumed);
@@ -409,12 +518,6 @@ fl_work *fl_all_gather_into(fl_group *group, fl_tensor *out, const fl_tensor *in
     if (check_tensor(op, g, "output", out) || check_tensor(op, g, "input", in) ||
         check_same_device(op, g, out, in))
         return NULL;
-    if (on_device(out)) {
-        fl_tensor *hin = host_copy(in), *hout = hin ? host_like(out) : NULL;
-        fl_work *w = hout ? fl_all_gather_into(group, hout, hin) : NULL;
-        fl_tensor_release(hin);
-        return hout ? copy_back_when_done(w, out, hout) : NULL;
-    }
     char why[256], s1[96], s2[96];
     if (in->dtype != out->dtype) {
         snprintf(why, sizeof why, "input is %s, output is %s: the dtypes must match",
@@ -441,6 +544,19 @@ fl_work *fl_all_gather_into(fl_group *group, fl_tensor *out, const fl_tensor *in
                  (long long)(g->rank * in->numel));
         return fail_at(op, g, FL_ERR_ARG, why), NULL;
     }
+    if (on_device(out)) {
+        int path = device_path(op, g, out->device);
+        if (path < 0) return NULL;
+        if (path == 1) {
+            fl_coll c = {FL_COLL_ALL_GATHER, in->data, out->data, in->numel, in->dtype,
+                         FL_REDUCE_SUM, 0};
+            return launch_device(op, g, &c, out, in);
+        }
+        fl_tensor *hin = host_copy(in), *hout = hin ? host_like(out) : NULL;
+        fl_work *w = hout ? fl_all_gather_into(group, hout, hin) : NULL;
+        fl_tensor_release(hin);
+        return hout ? copy_back_when_done(w, out, hout) : NULL;
+    }
     if (g->size == 1) {
         if (!in_place) memmove(out->data, in->data, bytes);
         return done_work(op, g);
@@ -463,12 +579,6 @@ fl_work *fl_reduce_scatter(fl_group *group, fl_tensor *out, const fl_tensor *in,
     if (check_tensor(op, g, "output", out) || check_tensor(op, g, "input", in) ||
         check_same_device(op, g, out, in))
         return NULL;
-    if (on_device(out)) {
-        fl_tensor *hin = host_copy(in), *hout = hin ? host_like(out) : NULL;
-        fl_work *w = hout ? fl_reduce_scatter(group, hout, hin, rop) : NULL;
-        fl_tensor_release(hin);
-        return hout ? copy_back_when_done(w, out, hout) : NULL;
-    }
     char why[256], s1[96], s2[96];
     if (in->dtype != out->dtype) {
         snprintf(why, sizeof why, "input is %s, output is %s: the dtypes must match",
@@ -490,6 +600,18 @@ fl_work *fl_reduce_scatter(fl_group *group, fl_tensor *out, const fl_tensor *in,
         return fail_at(op, g, FL_ERR_ARG, "input and output overlap (reduce into a separate "
                                           "tensor)"),
                NULL;
+    if (on_device(out)) {
+        int path = device_path(op, g, out->device);
+        if (path < 0) return NULL;
+        if (path == 1) {
+            fl_coll c = {FL_COLL_REDUCE_SCATTER, in->data, out->data, out->numel, in->dtype, rop, 0};
+            return launch_device(op, g, &c, out, in);
+        }
+        fl_tensor *hin = host_copy(in), *hout = hin ? host_like(out) : NULL;
+        fl_work *w = hout ? fl_reduce_scatter(group, hout, hin, rop) : NULL;
+        fl_tensor_release(hin);
+        return hout ? copy_back_when_done(w, out, hout) : NULL;
+    }
     if (g->size == 1) {
         memcpy(out->data, in->data, (size_t)in->numel * fl_dtype_size(in->dtype));
         return done_work(op, g);
@@ -523,6 +645,12 @@ fl_work *fl_all_reduce(fl_group *group, fl_tensor *t, fl_reduce_op rop) {
     if (!g) return NULL;
     if (check_tensor(op, g, "the", t) || check_reduce_op(op, g, rop, t->dtype)) return NULL;
     if (on_device(t) && g->size > 1) {
+        int path = device_path(op, g, t->device);
+        if (path < 0) return NULL;
+        if (path == 1) {
+            fl_coll c = {FL_COLL_ALL_REDUCE, NULL, t->data, t->numel, t->dtype, rop, 0};
+            return launch_device(op, g, &c, t, NULL);
+        }
         fl_tensor *host = host_copy(t);
         return host ? copy_back_when_done(fl_all_reduce(group, host, rop), t, host) : NULL;
     }
@@ -560,6 +688,12 @@ fl_work *fl_broadcast(fl_group *group, fl_tensor *t, int root) {
         return fail_at(op, g, FL_ERR_ARG, why), NULL;
     }
     if (on_device(t) && g->size > 1) {
+        int path = device_path(op, g, t->device);
+        if (path < 0) return NULL;
+        if (path == 1) {
+            fl_coll c = {FL_COLL_BROADCAST, NULL, t->data, t->numel, t->dtype, FL_REDUCE_SUM, root};
+            return launch_device(op, g, &c, t, NULL);
+        }
         fl_tensor *host = host_copy(t);
         return host ? copy_back_when_done(fl_broadcast(group, host, root), t, host) : NULL;
     }

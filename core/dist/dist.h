@@ -32,7 +32,35 @@ struct fl_group {
     int *world_ranks; /* size entries */
     uint32_t barrier_sequence; /* tags of monitored barriers */
     char name[64];
+    /* Collectives on device tensors ([Note: collectives on device tensors]):
+     * 0 not decided yet, 1 through device_comm, -1 through host copies. */
+    int device_path;
+    void *device_comm;   /* the device library's communicator */
+    fl_device comm_device; /* the device it was made on */
 };
+
+/* A library that moves device memory between ranks itself (NCCL), offered
+ * by a device backend. Communicators are made per group from a 128-byte
+ * unique id that rank 0 makes and the host backend broadcasts. start takes
+ * device pointers (reductions in any float dtype, avg included) and
+ * queues the collective after the work already queued on the device;
+ * test polls the request (freed when done). Errors through fl_fail. */
+typedef struct fl_device_comm_ops {
+    const char *name;
+    int (*unique_id)(unsigned char id[128]);
+    int (*comm_init)(int nranks, const unsigned char id[128], int rank, int device_index,
+                     void **comm);
+    void (*comm_free)(void *comm);
+    int (*start)(void *comm, int device_index, const fl_coll *c, void **req);
+    int (*test)(void *req, bool *done);
+} fl_device_comm_ops;
+
+/* The device library for a device kind, or NULL (none built, none found
+ * at run time, or FSDP_NCCL=0). */
+const fl_device_comm_ops *fl_device_comm_ops_of(fl_device device);
+#ifdef FL_HAVE_CUDA
+const fl_device_comm_ops *fl_cuda_nccl_ops(void); /* core/cuda/cuda_nccl.cu */
+#endif
 
 /* A group around a backend communicator (taken over; NULL: non-member). */
 fl_group *fl_group_wrap(void *comm, const char *name);

@@ -139,6 +139,7 @@ fl_group *fl_group_retain(fl_group *g) {
 void fl_group_release(fl_group *g) {
     if (!g || --g->refcount > 0) return;
     /* After finalize the backend is gone; its communicators went with it. */
+    if (g->device_comm) fl_device_comm_ops_of(g->comm_device)->comm_free(g->device_comm);
     if (g->comm && fl_dist.backend && !fl_dist.finalized) fl_dist.backend->comm_free(g->comm);
     free(g->world_ranks);
     free(g);
@@ -147,6 +148,12 @@ void fl_group_release(fl_group *g) {
 bool fl_group_is_member(const fl_group *g) { return g && g->comm; }
 int fl_group_rank(const fl_group *g) { return g ? g->rank : -1; }
 int fl_group_size(const fl_group *g) { return g ? g->size : 0; }
+
+const char *fl_group_device_library(const fl_group *g) {
+    if (!g) g = fl_dist.world;
+    if (!g || g->device_path == 0) return "undecided";
+    return g->device_path > 0 ? fl_device_comm_ops_of(g->comm_device)->name : "host copies";
+}
 
 int fl_group_world_rank(const fl_group *g, int i) {
     return g && i >= 0 && i < g->size ? g->world_ranks[i] : -1;

@@ -752,11 +752,11 @@ FL_API int fl_grad_scale_(fl_tensor *t, double alpha);
  * Collectives start at once and return a work handle (non-blocking MPI
  * underneath, so compute overlaps communication); fl_work_wait finishes
  * one. Every rank of a group starts the same collectives on it in the same
- * order. Tensors are contiguous, on one device; cuda tensors are staged
- * through host copies ([Note: collectives on device tensors] in
- * core/dist/collectives.c; the result reaches the device tensor when the
- * work completes); meta and fake tensors are checked and left alone, so
- * planning code runs unchanged. bf16 and f16
+ * order. Tensors are contiguous, on one device; cuda tensors move through
+ * NCCL when every rank of the group can use it, else through host copies
+ * ([Note: collectives on device tensors] in core/dist/collectives.c);
+ * meta and fake tensors are checked and left alone, so planning code runs
+ * unchanged. bf16 and f16
  * reductions accumulate in f32. A wait gives up after the collective
  * timeout (FSDP_COLLECTIVE_TIMEOUT seconds, default 600) with an error
  * naming the collective, the group and the rank instead of hanging. Calls
@@ -831,6 +831,10 @@ FL_API void fl_group_release(fl_group *g);
 FL_API bool fl_group_is_member(const fl_group *g);
 FL_API int fl_group_rank(const fl_group *g);  /* -1 outside the group */
 FL_API int fl_group_size(const fl_group *g);  /* 0 outside the group */
+/* How the group moves device tensors, decided by its first collective on
+ * them: "nccl" (GPU to GPU), "host copies" (no NCCL, or NCCL refused:
+ * ranks sharing a GPU), "undecided" before. */
+FL_API const char *fl_group_device_library(const fl_group *g);
 /* World rank of group rank i; -1 when i is out of range. */
 FL_API int fl_group_world_rank(const fl_group *g, int i);
 /* "world", "shard(node 1)", "replicate(local rank 0)", "group[0, 2]". */

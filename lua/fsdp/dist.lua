@@ -13,9 +13,9 @@
 -- is loaded. Every rank must call the same collectives on a group in the
 -- same order, and creating a group is itself collective (every rank calls,
 -- members or not). Tensors are contiguous, on one device: cpu, or cuda
--- (moved through host copies; the result reaches the tensor when the work
--- completes); meta and fake ones are checked and left alone. Options shared
--- by the collectives:
+-- (through NCCL when every rank can use it, else through host copies:
+-- group:device_library() says which); meta and fake ones are checked and
+-- left alone. Options shared by the collectives:
 --   group  a Group (default: the world)
 --   async  true: return a Work at once (w:wait() -> the result, w:test())
 --   op     'sum' (default), 'avg' (floats), 'max', 'min'
@@ -106,6 +106,9 @@ function Group:is_member() return C.fl_group_is_member(self._c) end
 -- Rank inside the group (-1 outside it) and the member count (0 outside).
 function Group:rank() return C.fl_group_rank(self._c) end
 function Group:size() return C.fl_group_size(self._c) end
+-- How the group moves cuda tensors: 'nccl', 'host copies' or 'undecided'
+-- (before its first collective on them).
+function Group:device_library() return ffi.string(C.fl_group_device_library(self._c)) end
 function Group:name() return ffi.string(C.fl_group_name(self._c)) end
 -- The world ranks of the members, in group order.
 function Group:ranks()

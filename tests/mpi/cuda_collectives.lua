@@ -1,7 +1,9 @@
--- tests/mpi/cuda_collectives.lua: collectives on cuda tensors (staged
--- through host copies: [Note: collectives on device tensors]) and data-
--- parallel training on cuda:0 against one process on the CPU. Every rank
--- uses cuda:0: ranks sharing one GPU, the case NCCL refuses. Run by the
+-- tests/mpi/cuda_collectives.lua: collectives on cuda tensors (through
+-- NCCL, or through host copies: [Note: collectives on device tensors]) and
+-- data-parallel and sharded training on cuda:0 against one process on the
+-- CPU. Every rank uses cuda:0 (in cudasim each process has its own
+-- simulated device; on one real GPU NCCL refuses the ranks and host copies
+-- are used). Run by the
 -- cudasim suite (tests/cudasim/run.sh) under mpirun -np 2 and -np 4; on a
 -- machine with a GPU it runs as it is.
 local fsdp = require 'fsdp'
@@ -56,6 +58,15 @@ T.test('a cuda all_reduce started async reaches the tensor at wait()', function(
   local work = dist.all_reduce(x, { op = 'sum', async = true })
   work:wait()
   T.eq(x, fsdp.full({ 1000 }, W * (W + 1) / 2), 'after wait')
+end)
+
+-- The world's first cuda collective decided how it moves them: NCCL when
+-- every rank has it and could make a communicator, else host copies.
+-- FSDP_EXPECT_DEVICE_LIBRARY (set by tests/cudasim/run.sh) says which.
+T.test('the world moved the cuda tensors through the expected library', function()
+  local got, want = dist.world():device_library(), os.getenv('FSDP_EXPECT_DEVICE_LIBRARY')
+  T.truthy(got == 'nccl' or got == 'host copies', 'device library ' .. got)
+  T.truthy(not want or got == want, ('device library %s, expected %s'):format(got, tostring(want)))
 end)
 
 T.test('a cpu output with a cuda input is refused, naming both devices', function()
