@@ -56,12 +56,7 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) attention_kernel(fl_att_params
         T s[FL_ATT_ROWS];
         #pragma unroll
         for (int rr = 0; rr < FL_ATT_ROWS; rr++) s[rr] = 0;
-        const T *kr = Ks + lane * (D + 1), *qr = Qs + warp * FL_ATT_ROWS * D;
-        for (int d = 0; d < D; d++) {
-            T kv = kr[d];
-            #pragma unroll
-            for (int rr = 0; rr < FL_ATT_ROWS; rr++) s[rr] += qr[rr * D + d] * kv;
-        }
+        fl_att_dot_rows(s, Qs + warp * FL_ATT_ROWS * D, Ks + lane * (D + 1), D);
         const int64_t j = k0 + lane;
         #pragma unroll
         for (int rr = 0; rr < FL_ATT_ROWS; rr++) {

@@ -147,4 +147,17 @@ static inline int fl_att_check_dtypes(const char *op, const fl_attention_args *a
     extern __shared__ __align__(16) unsigned char fl_att_smem_raw[];                              \
     T *name = reinterpret_cast<T *>(fl_att_smem_raw)
 
+/* acc[r] += sum over d < n of rows[r * n + d] * col[d], for a warp's
+ * FL_ATT_ROWS rows (queries or keys) against one lane's column: the
+ * products of every kernel's tile, summed in order of d. */
+template <class T>
+__device__ __forceinline__ void fl_att_dot_rows(T (&acc)[FL_ATT_ROWS], const T *rows, const T *col,
+                                                int n) {
+    for (int d = 0; d < n; d++) {
+        T c = col[d];
+        #pragma unroll
+        for (int r = 0; r < FL_ATT_ROWS; r++) acc[r] += rows[r * n + d] * c;
+    }
+}
+
 #endif /* FL_CUDA_ATTENTION_CUH */

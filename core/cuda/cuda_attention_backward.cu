@@ -100,18 +100,8 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) dq_kernel(fl_att_params<T> p) 
         T s[FL_ATT_ROWS], dp[FL_ATT_ROWS];
         #pragma unroll
         for (int rr = 0; rr < FL_ATT_ROWS; rr++) s[rr] = dp[rr] = 0;
-        const T *kr = Ks + lane * (D + 1), *vr = Vs + lane * (Dv + 1);
-        const T *qr = Qs + warp * FL_ATT_ROWS * D, *gr = dOs + warp * FL_ATT_ROWS * Dv;
-        for (int d = 0; d < D; d++) {
-            T kv = kr[d];
-            #pragma unroll
-            for (int rr = 0; rr < FL_ATT_ROWS; rr++) s[rr] += qr[rr * D + d] * kv;
-        }
-        for (int d = 0; d < Dv; d++) {
-            T vv = vr[d];
-            #pragma unroll
-            for (int rr = 0; rr < FL_ATT_ROWS; rr++) dp[rr] += gr[rr * Dv + d] * vv;
-        }
+        fl_att_dot_rows(s, Qs + warp * FL_ATT_ROWS * D, Ks + lane * (D + 1), D);
+        fl_att_dot_rows(dp, dOs + warp * FL_ATT_ROWS * Dv, Vs + lane * (Dv + 1), Dv);
         const int64_t j = k0 + lane;
         #pragma unroll
         for (int rr = 0; rr < FL_ATT_ROWS; rr++) {
@@ -202,17 +192,8 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) dkdv_kernel(fl_att_params<T> p
             T s[FL_ATT_ROWS], dp[FL_ATT_ROWS];
             #pragma unroll
             for (int kk = 0; kk < FL_ATT_ROWS; kk++) s[kk] = dp[kk] = 0;
-            const T *qr = Qs + lane * (D + 1), *gr = dOs + lane * (Dv + 1);
-            for (int d = 0; d < D; d++) {
-                T qv = qr[d];
-                #pragma unroll
-                for (int kk = 0; kk < FL_ATT_ROWS; kk++) s[kk] += kw[kk * D + d] * qv;
-            }
-            for (int d = 0; d < Dv; d++) {
-                T gv = gr[d];
-                #pragma unroll
-                for (int kk = 0; kk < FL_ATT_ROWS; kk++) dp[kk] += vw[kk * Dv + d] * gv;
-            }
+            fl_att_dot_rows(s, kw, Qs + lane * (D + 1), D);
+            fl_att_dot_rows(dp, vw, dOs + lane * (Dv + 1), Dv);
             const int64_t i = i0 + lane;
             const T Li = Ls[lane], Di = Ds[lane];
             #pragma unroll

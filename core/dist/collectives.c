@@ -367,14 +367,15 @@ static bool on_device(const fl_tensor *t) {
     return t && t->storage && fl_device_kind_of(t->device) != FL_DEVICE_CPU;
 }
 
-/* Both tensors of a two-tensor collective on one device. */
+/* Both tensors of a two-tensor collective on one device (meta and fake
+ * ones, without storage, go anywhere). */
 static int check_same_device(const char *op, const fl_group *g, const fl_tensor *out,
                              const fl_tensor *in) {
-    if (!out || !in || !out->storage || !in->storage || out->device == in->device) return FL_OK;
-    char why[160], a[32], b[32];
-    fl_device_format(out->device, a, sizeof a);
-    fl_device_format(in->device, b, sizeof b);
-    snprintf(why, sizeof why, "the output is on %s, the input on %s: use one device", a, b);
+    const fl_tensor *both[2] = {out, in};
+    if (!out->storage || !in->storage || fl_same_device("output and input", 2, both) == FL_OK)
+        return FL_OK;
+    char why[256];
+    snprintf(why, sizeof why, "%s", fl_last_error());
     return fail_at(op, g, FL_ERR_ARG, why);
 }
 

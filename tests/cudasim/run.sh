@@ -29,36 +29,9 @@ for check in check_sim_cublas check_sim_cudnn check_sim_nccl; do
 done
 
 # Collectives on cuda tensors and data-parallel and sharded training under
-# mpirun (settings as tests/mpi/run.sh), through the simulated NCCL and,
-# with FSDP_NCCL=0, through host copies.
-if command -v mpirun >/dev/null; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-  export FSDP_COLLECTIVE_TIMEOUT=${FSDP_COLLECTIVE_TIMEOUT:-20}
-  for run in "2 nccl" "4 nccl" "2 host" "4 host"; do
-    read -r np lib <<<"$run"
-    if [ "$lib" = nccl ]; then envs=(FSDP_EXPECT_DEVICE_LIBRARY=nccl)
-    else envs=(FSDP_NCCL=0 "FSDP_EXPECT_DEVICE_LIBRARY=host copies"); fi
-    out=$(env "${envs[@]}" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 5 120 \
-      mpirun -x FSDP_NCCL -x FSDP_EXPECT_DEVICE_LIBRARY -np $np "$bin/fsdp-lua" \
-      tests/mpi/cuda_collectives.lua 2>&1)
-    status=$?
-    while IFS= read -r line; do
-      case "$line" in
-        "ok - "*) n=$((n + 1)); echo "ok $n - ${line#ok - } [cuda, $np ranks, $lib]" ;;
-        "not ok - "*) n=$((n + 1)); echo "not ok $n - ${line#not ok - } [cuda, $np ranks, $lib]"; rc=1 ;;
-        "#"*) echo "$line" ;;
-      esac
-    done <<<"$out"
-    if [ $status -ne 0 ]; then
-      n=$((n + 1)); echo "not ok $n - cuda_collectives.lua on $np ranks ($lib) exited with status $status"
-      sed 's/^/#   /' <<<"$out" | tail -n 30
-      rc=1
-    fi
-  done
-else
-  echo "ok 199 - cuda_collectives.lua # SKIP mpirun not found"
-fi
+# mpirun, through the simulated NCCL and through host copies (the mpi
+# suite's harness: tests/mpi/run.sh cuda).
+FSDP_LUA="$bin/fsdp-lua" tests/mpi/run.sh cuda || rc=1
 
 # The GPU benchmark's batch search against a 36 MiB device: out-of-memory
 # from cudaMalloc through the caching allocator, retried after emptying the

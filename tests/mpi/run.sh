@@ -7,6 +7,8 @@
 #
 #   tests/mpi/run.sh            everything
 #   FSDP_LUA=path tests/mpi/run.sh   another build of the executable
+#   FSDP_LUA=build/cudasim/bin/fsdp-lua tests/mpi/run.sh cuda
+#                               only the cuda collectives (tests/cudasim/run.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -99,6 +101,20 @@ expect_failure() {
     ok "$label: exit $rc after $took s, message names the rank"
   fi
 }
+
+# Collectives and training on cuda tensors, through NCCL and, with
+# FSDP_NCCL=0, through host copies; the cudasim suite runs these alone.
+if [ "${1:-}" = cuda ]; then
+  for np in 2 4; do
+    run_tap "cuda, $np ranks, nccl" FSDP_EXPECT_DEVICE_LIBRARY=nccl -- \
+      mpirun -np $np "$EXE" tests/mpi/cuda_collectives.lua
+    run_tap "cuda, $np ranks, host copies" FSDP_NCCL=0 "FSDP_EXPECT_DEVICE_LIBRARY=host copies" -- \
+      mpirun -np $np "$EXE" tests/mpi/cuda_collectives.lua
+  done
+  echo "1..$n"
+  [ "$failed" -eq 0 ]
+  exit
+fi
 
 for np in 2 4; do
   run_tap "collectives, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/collectives.lua
