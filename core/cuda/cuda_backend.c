@@ -28,6 +28,7 @@ const char *fl_cuda_status(void) { return fl_cuda_probe_status(); }
 static void *raw_alloc(void *ctx, int64_t nbytes) { return fl_cuda_malloc((int)(intptr_t)ctx, nbytes); }
 static void raw_free(void *ctx, void *ptr, int64_t nbytes) {
     (void)nbytes;
+    fl_cuda_nccl_settle(); /* cudaFree synchronises the device; a failure was reported */
     fl_cuda_free((int)(intptr_t)ctx, ptr);
 }
 static void *raw_record(void *ctx, uint64_t stream) {
@@ -102,13 +103,17 @@ static int transfer_failed(const char *what) {
     return fl_fail(FL_ERR_DEVICE, "%s: %s", what, fl_cuda_last_problem());
 }
 
+/* Synchronous copies wait for everything queued on the device: first make
+ * sure no collective it waits for can hang them. */
 static int cuda_to_host(int index, void *host_dst, const void *src, int64_t nbytes) {
+    if (fl_cuda_nccl_settle() != FL_OK) return fl_last_status();
     return fl_cuda_memcpy(index, host_dst, src, nbytes, 1) == 0
                ? FL_OK
                : transfer_failed("copy from cuda");
 }
 
 static int cuda_from_host(int index, void *dst, const void *host_src, int64_t nbytes) {
+    if (fl_cuda_nccl_settle() != FL_OK) return fl_last_status();
     return fl_cuda_memcpy(index, dst, host_src, nbytes, 0) == 0
                ? FL_OK
                : transfer_failed("copy to cuda");

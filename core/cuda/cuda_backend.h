@@ -31,6 +31,11 @@ void *fl_cuda_vm_reserve(int index, int64_t nbytes, int64_t *granted);
 int fl_cuda_vm_commit(int index, void *base, int64_t nbytes);
 void fl_cuda_vm_decommit(int index, void *base, int64_t nbytes);
 void fl_cuda_vm_unreserve(int index, void *base, int64_t nbytes);
+/* Before the host blocks on a device (a synchronous copy, cudaFree): wait,
+ * with the collective timeout, for the NCCL collectives the device was
+ * made to wait for, aborting a communicator that never completes one
+ * ([Note: ordered collectives] in cuda_nccl.cu). FL_OK, or the error set. */
+int fl_cuda_nccl_settle(void);
 
 #ifdef __cplusplus
 }

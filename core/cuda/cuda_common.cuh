@@ -25,6 +25,7 @@ extern "C" {
 #include <cuda_runtime.h>
 #include <pthread.h>
 
+#include "cuda_backend.h" /* fl_cuda_nccl_settle before a host read */
 #include "cuda_dtype.cuh"
 
 /* A scoped pthread lock. Not std::mutex: that can throw, and the library

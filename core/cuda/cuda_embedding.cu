@@ -61,6 +61,7 @@ static int check_ids(const fl_tensor *ids, const fl_tensor *w) {
         check_ids_kernel<<<fl_cu_blocks(n, 256), 256, 0, s>>>(ids->data, is64, n, V,
                                                               (unsigned long long *)flag->data);
         rc = fl_cu_check(op);
+        if (rc == FL_OK) rc = fl_cuda_nccl_settle(); /* the host waits below */
         if (rc == FL_OK) e = cudaMemcpyAsync(&first, flag->data, sizeof first, cudaMemcpyDeviceToHost, s);
         if (rc == FL_OK && e == cudaSuccess) e = cudaStreamSynchronize(s);
     }

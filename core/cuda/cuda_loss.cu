@@ -175,7 +175,7 @@ int finish_loss(const char *op, loss_scratch *s, const fl_tensor *targets, int64
     loss_total_kernel<R><<<1, 1024, 0, fl_cu_stream()>>>((const R *)s->rows->data, targets->data,
                                                           targets->dtype, rows, C, ignore,
                                                           (loss_result *)s->res->data);
-    if (fl_cu_check(op)) return fl_last_status();
+    if (fl_cu_check(op) || fl_cuda_nccl_settle()) return fl_last_status();
     loss_result res;
     cudaError_t e = cudaMemcpy(&res, s->res->data, sizeof res, cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) return fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(e));

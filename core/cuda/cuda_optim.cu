@@ -205,6 +205,7 @@ int fl_cuda_grad_sq_norm(const fl_tensor *t, double *out) {
     sum_squares_kernel<<<fl_cu_blocks(nparts, 256), 256, 0, fl_cu_stream()>>>(
         (double *)part->data, t->data, t->dtype, numel, chunks);
     rc = fl_cu_check(op);
+    if (rc == FL_OK) rc = fl_cuda_nccl_settle();
     if (rc == FL_OK) {
         /* Synchronous on the legacy stream: waits for the kernel. */
         cudaError_t e = cudaMemcpy(host, part->data, (size_t)nparts * sizeof *host,

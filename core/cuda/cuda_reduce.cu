@@ -369,6 +369,7 @@ int fl_cuda_scatter_dim(fl_tensor *out, const fl_tensor *src, const fl_tensor *i
     /* The count of bad indices decides the status: one small synchronous
      * read (max/min backward is rare next to the GEMMs around it). */
     unsigned long long nbad = 0;
+    if (rc == FL_OK) rc = fl_cuda_nccl_settle();
     if (rc == FL_OK) {
         e = cudaMemcpy(&nbad, bad->data, sizeof nbad, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) rc = fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(e));

@@ -101,6 +101,7 @@ int fl_cuda_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
             out->data, out->dtype, x->data, x->dtype, xl, table_of(cos), table_of(sin), pd, pdt,
             pnd, ps0, ps1, rows, T, D, per_batch, table_rows, inverse, bp);
     int rc = fl_cu_check(op);
+    if (!rc && bad) rc = fl_cuda_nccl_settle();
     if (!rc && bad) {
         unsigned long long row = 0;
         cudaError_t e = cudaMemcpy(&row, bad->data, sizeof row, cudaMemcpyDeviceToHost);

@@ -10,7 +10,15 @@
  * the runtime's cudaGetDriverEntryPointByVersion.
  *
  * A committed range holds one physical allocation covering it; its handle
- * is kept in a small table by base address until decommit.
+ * is kept in a small table by base address until it is unmapped.
+ *
+ * Decommit happens at every reshard, on the training step's hot path, while
+ * kernels reading the range may still be queued: instead of waiting for the
+ * compute stream there, it records an event and the unmap happens once the
+ * event is done (checked at the next vm call). A range committed again
+ * before that simply keeps its memory. When the device runs out of memory,
+ * the pending unmaps are finished first (waiting for their events) and the
+ * allocation is tried again.
  */
 #include "cuda_common.cuh"
 
@@ -40,7 +48,9 @@ pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 enum { MAX_COMMITTED = 4096 };
 struct committed {
     void *base;
+    int64_t nbytes;
     CUmemGenericAllocationHandle handle;
+    cudaEvent_t unmap_after; /* decommitted: unmap once this is done */
 };
 committed table[MAX_COMMITTED];
 
@@ -82,6 +92,34 @@ int driver_fail(const char *what, int index, CUresult r) {
                    r == CUDA_ERROR_OUT_OF_MEMORY ? ": out of memory" : "");
 }
 
+void unmap(committed *c) {
+    api.unmap((CUdeviceptr)c->base, (size_t)c->nbytes);
+    api.release(c->handle);
+    if (c->unmap_after) cudaEventDestroy(c->unmap_after);
+    memset(c, 0, sizeof *c);
+}
+
+/* Unmap the decommitted ranges whose kernels are done; with wait, all of
+ * them (after the device finished with them). Caller holds the lock. */
+void reap(bool wait) {
+    for (int i = 0; i < MAX_COMMITTED; i++) {
+        committed *c = &table[i];
+        if (!c->base || !c->unmap_after) continue;
+        cudaError_t e = wait ? cudaEventSynchronize(c->unmap_after) : cudaEventQuery(c->unmap_after);
+        if (e == cudaErrorNotReady) {
+            cudaGetLastError();
+            continue;
+        }
+        unmap(c);
+    }
+}
+
+committed *find(void *base) {
+    for (int i = 0; i < MAX_COMMITTED; i++)
+        if (table[i].base == base) return &table[i];
+    return NULL;
+}
+
 } // namespace
 
 extern "C" void *fl_cuda_vm_reserve(int index, int64_t nbytes, int64_t *granted) {
@@ -103,9 +141,35 @@ extern "C" void *fl_cuda_vm_reserve(int index, int64_t nbytes, int64_t *granted)
 
 extern "C" int fl_cuda_vm_commit(int index, void *base, int64_t nbytes) {
     if (!load()) return fl_fail(FL_ERR_DEVICE, "cuda:%d: %s", index, api.problem);
+    fl_cu_lock l(&lock);
+    committed *pending = find(base);
+    if (pending && pending->unmap_after) {
+        if (pending->nbytes == nbytes) {
+            /* Decommitted, not unmapped yet: keep the memory (its contents
+             * are undefined after a commit anyway). */
+            cudaEventDestroy(pending->unmap_after);
+            pending->unmap_after = NULL;
+            return FL_OK;
+        }
+        cudaEventSynchronize(pending->unmap_after);
+        unmap(pending);
+        pending = NULL;
+    }
+    reap(false);
+    if (pending) return fl_fail(FL_ERR_DEVICE, "cuda:%d: range %p committed twice", index, base);
+    committed *slot = find(NULL);
+    if (!slot)
+        return fl_fail(FL_ERR_DEVICE, "cuda:%d: more than %d gathered buffers committed at once", index,
+                       MAX_COMMITTED);
     CUmemAllocationProp prop = device_memory(index);
     CUmemGenericAllocationHandle h;
     CUresult r = api.create(&h, (size_t)nbytes, &prop, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        /* Memory may still sit in ranges waiting for their kernels. */
+        if (fl_cuda_nccl_settle() != FL_OK) return fl_last_status();
+        reap(true);
+        r = api.create(&h, (size_t)nbytes, &prop, 0);
+    }
     if (r != CUDA_SUCCESS) return driver_fail("cuMemCreate", index, r);
     r = api.map((CUdeviceptr)base, (size_t)nbytes, 0, h, 0);
     if (r != CUDA_SUCCESS) {
@@ -121,34 +185,42 @@ extern "C" int fl_cuda_vm_commit(int index, void *base, int64_t nbytes) {
         api.release(h);
         return driver_fail("cuMemSetAccess", index, r);
     }
-    fl_cu_lock l(&lock);
-    for (int i = 0; i < MAX_COMMITTED; i++)
-        if (!table[i].base) {
-            table[i] = {base, h};
-            return FL_OK;
-        }
-    api.unmap((CUdeviceptr)base, (size_t)nbytes);
-    api.release(h);
-    return fl_fail(FL_ERR_DEVICE, "cuda:%d: more than %d gathered buffers committed at once", index,
-                   MAX_COMMITTED);
+    *slot = {base, nbytes, h, NULL};
+    return FL_OK;
 }
 
-/* Kernels still reading the range are queued on the legacy default stream:
- * wait for them before the memory goes. */
+/* The kernels queued so far may still read the range: unmap it once they
+ * are done (at once if they already are, or if no event can be had, after
+ * waiting for the compute stream). */
 extern "C" void fl_cuda_vm_decommit(int index, void *base, int64_t nbytes) {
+    (void)nbytes;
     cudaSetDevice(index);
-    cudaStreamSynchronize(0);
     fl_cu_lock l(&lock);
-    for (int i = 0; i < MAX_COMMITTED; i++)
-        if (table[i].base == base) {
-            api.unmap((CUdeviceptr)base, (size_t)nbytes);
-            api.release(table[i].handle);
-            table[i].base = NULL;
-            return;
-        }
+    committed *c = find(base);
+    if (!c || c->unmap_after) return;
+    cudaEvent_t ev;
+    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(ev, fl_cu_stream()) != cudaSuccess) {
+        cudaGetLastError();
+        cudaStreamSynchronize(fl_cu_stream());
+        unmap(c);
+        return;
+    }
+    c->unmap_after = ev;
+    reap(false);
 }
 
 extern "C" void fl_cuda_vm_unreserve(int index, void *base, int64_t nbytes) {
-    fl_cuda_vm_decommit(index, base, nbytes);
+    cudaSetDevice(index);
+    {
+        fl_cu_lock l(&lock);
+        committed *c = find(base);
+        if (c) {
+            fl_cuda_nccl_settle();
+            if (c->unmap_after) cudaEventSynchronize(c->unmap_after);
+            else cudaStreamSynchronize(fl_cu_stream());
+            unmap(c);
+        }
+    }
     if (api.loaded) api.address_free((CUdeviceptr)base, (size_t)nbytes);
 }

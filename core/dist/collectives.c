@@ -169,6 +169,18 @@ int fl_work_test(fl_work *w, bool *done) {
 
 int fl_work_wait(fl_work *w) {
     if (!w) return fl_fail(FL_ERR_ARG, "work wait: NULL work");
+    if (w->dops && w->req && !w->failed) {
+        /* The device library's work: the device waits for it, the host goes
+         * on ([Note: ordered collectives]); nothing is left to finish. */
+        void *req = w->req;
+        w->req = NULL;
+        if (w->dops->order(req) != FL_OK) {
+            char why[400];
+            snprintf(why, sizeof why, "%s", fl_last_error());
+            work_drop_tensors(w);
+            return work_fail(w, FL_ERR_DEVICE, why);
+        }
+    }
     double start = fl_dist_now();
     for (;;) {
         bool done;
@@ -210,7 +222,8 @@ void fl_dist_progress_dropped(void) {
         bool gone = true;
         if (w->req) {
             bool done = false;
-            if (fl_dist.backend->test(w->req, &done) != FL_OK) {
+            int rc = w->dops ? w->dops->test(w->req, &done) : fl_dist.backend->test(w->req, &done);
+            if (rc != FL_OK) {
                 w->req = NULL; /* failed: the backend freed it; nothing to finish */
                 w->failed = true;
             } else if (done) {
@@ -478,7 +491,9 @@ static fl_work *launch_device(const char *op, fl_group *g, const fl_coll *c, fl_
     w->keep[0] = fl_tensor_retain(keep0);
     w->keep[1] = keep1 ? fl_tensor_retain((fl_tensor *)keep1) : NULL;
     w->dops = ops;
-    if (ops->start(g->device_comm, fl_device_index(g->comm_device), c, &w->req) != FL_OK) {
+    char label[160];
+    where(label, sizeof label, op, g);
+    if (ops->start(g->device_comm, fl_device_index(g->comm_device), c, label, &w->req) != FL_OK) {
         char why[400];
         snprintf(why, sizeof why, "%s", fl_last_error());
         fail_at(op, g, FL_ERR_DEVICE, why);

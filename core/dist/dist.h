@@ -43,16 +43,22 @@ struct fl_group {
  * by a device backend. Communicators are made per group from a 128-byte
  * unique id that rank 0 makes and the host backend broadcasts. start takes
  * device pointers (reductions in any float dtype, avg included) and
- * queues the collective after the work already queued on the device;
- * test polls the request (freed when done). Errors through fl_fail. */
+ * queues the collective after the work already queued on the device
+ * (label names it in errors: "all_reduce on group world (rank 1 of 2)");
+ * test polls the request (freed when done); order makes the device's
+ * later work wait for it without blocking the host and takes the request
+ * over ([Note: ordered collectives] in core/cuda/cuda_nccl.cu).
+ * comm_free waits for what is still queued on the communicator. Errors
+ * through fl_fail. */
 typedef struct fl_device_comm_ops {
     const char *name;
     int (*unique_id)(unsigned char id[128]);
     int (*comm_init)(int nranks, const unsigned char id[128], int rank, int device_index,
                      void **comm);
     void (*comm_free)(void *comm);
-    int (*start)(void *comm, int device_index, const fl_coll *c, void **req);
+    int (*start)(void *comm, int device_index, const fl_coll *c, const char *label, void **req);
     int (*test)(void *req, bool *done);
+    int (*order)(void *req);
 } fl_device_comm_ops;
 
 /* The device library for a device kind, or NULL (none built, none found

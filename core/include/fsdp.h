@@ -868,7 +868,13 @@ FL_API int fl_monitored_barrier(fl_group *g, double timeout);
 
 /* Block until the collective completes (its outputs are then valid). Fails
  * after the collective timeout naming the collective, the group and this
- * rank; a work that failed stays failed. */
+ * rank; a work that failed stays failed. A collective moved by the
+ * device's library (NCCL) is waited for on the device instead: everything
+ * queued on the device afterwards runs after it and the host goes on (as
+ * PyTorch's NCCL works), so its outputs are valid for every later op and
+ * copy; a host read that would block behind a collective that never
+ * completes fails after the timeout instead, and the communicator is
+ * aborted ([Note: ordered collectives] in core/cuda/cuda_nccl.cu). */
 FL_API int fl_work_wait(fl_work *w);
 /* Progress the collective; *done says whether it has completed. */
 FL_API int fl_work_test(fl_work *w, bool *done);
