@@ -1,18 +1,20 @@
 -- tests/mpi/cuda_collectives.lua: collectives on cuda tensors (through
 -- NCCL, or through host copies: [Note: collectives on device tensors]) and
--- data-parallel and sharded training on cuda:0 against one process on the
--- CPU. Every rank uses cuda:0 (in cudasim each process has its own
+-- data-parallel and sharded training on a cuda device against one process
+-- on the CPU. Every rank uses cuda:0 (in cudasim each process has its own
 -- simulated device; on one real GPU NCCL refuses the ranks and host copies
--- are used). Run by the
+-- are used), or with FSDP_TEST_CUDA_DEVICE=local cuda:<local rank> (one GPU
+-- per rank on a real machine: NCCL for real; in cudasim, with
+-- FSDP_CUDASIM_DEVICES set, device indices other than 0). Run by the
 -- cudasim suite (tests/cudasim/run.sh) under mpirun -np 2 and -np 4; on a
--- machine with a GPU it runs as it is.
+-- machine with GPUs it runs as it is.
 local fsdp = require 'fsdp'
 local dist = fsdp.dist
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
 local T = require 'tests.mpi.tap'
 local r, W = T.rank, T.world
-local DEV = 'cuda:0'
+local DEV = os.getenv('FSDP_TEST_CUDA_DEVICE') == 'local' and 'cuda:' .. dist.local_rank() or 'cuda:0'
 
 T.test('all_gather and broadcast of cuda tensors stay on cuda, values in rank order', function()
   for _, dtype in ipairs { 'f32', 'bf16', 'i64' } do
@@ -100,7 +102,7 @@ local function train_against(ref, m, ids, targets, B, steps, tol, sync)
   end
 end
 
-T.test('data-parallel training on cuda:0 matches one process on the CPU', function()
+T.test('data-parallel training on ' .. DEV .. ' matches one process on the CPU', function()
   local VOCAB, B, SEQ = 128, 2, 32
   local c = llama.config('tiny', { n_layers = 2, vocab_size = VOCAB })
   local function build(device)
@@ -132,8 +134,8 @@ local CASES = {
     mixed_precision = { param = 'bf16', reduce = 'f32', buffer = 'bf16' } },
 }
 for _, case in ipairs(CASES) do
-T.test(('%s%s%s training on cuda:0 matches one process on the CPU'):format(case.strategy,
-  case.mixed_precision and ' bf16' or '', case.cpu_offload and ' with cpu_offload' or ''), function()
+T.test(('%s%s%s training on %s matches one process on the CPU'):format(case.strategy,
+  case.mixed_precision and ' bf16' or '', case.cpu_offload and ' with cpu_offload' or '', DEV), function()
   local VOCAB, B, SEQ = 64, 2, 16
   local c = llama.config('tiny', { n_layers = 2, dim = 32, n_heads = 4, n_kv_heads = 2, ffn_dim = 64,
                                    vocab_size = VOCAB })

@@ -111,6 +111,8 @@ if [ "${1:-}" = cuda ]; then
     run_tap "cuda, $np ranks, host copies" FSDP_NCCL=0 "FSDP_EXPECT_DEVICE_LIBRARY=host copies" -- \
       mpirun -np $np "$EXE" tests/mpi/cuda_collectives.lua
   done
+  run_tap "cuda, 4 ranks on cuda:<local rank>, nccl" FSDP_EXPECT_DEVICE_LIBRARY=nccl \
+    FSDP_TEST_CUDA_DEVICE=local FSDP_CUDASIM_DEVICES=4 -- mpirun -np 4 "$EXE" tests/mpi/cuda_collectives.lua
   expect_failure "a cuda collective rank 1 never joins fails on rank 0 and ends the job" 20 \
     "fsdp-lua: rank 0:|all_reduce on group world (rank 0 of 2, world rank 0)" \
     FSDP_COLLECTIVE_TIMEOUT=1 -- mpirun -np 2 "$EXE" tests/mpi/collective_timeout.lua cuda
