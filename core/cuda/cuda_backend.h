@@ -5,6 +5,7 @@
 #ifndef FL_CUDA_BACKEND_H
 #define FL_CUDA_BACKEND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -36,6 +37,14 @@ void fl_cuda_vm_unreserve(int index, void *base, int64_t nbytes);
  * made to wait for, aborting a communicator that never completes one
  * ([Note: ordered collectives] in cuda_nccl.cu). FL_OK, or the error set. */
 int fl_cuda_nccl_settle(void);
+/* The public events' CUDA side (cuda_event.cu; core/tensor/event.c). */
+void *fl_cuda_user_event_new(int index, bool timing);
+void fl_cuda_user_event_free(void *ev);
+int fl_cuda_user_event_record(int index, void *ev);
+int fl_cuda_user_event_query(int index, void *ev, bool *done);
+int fl_cuda_user_event_synchronize(int index, void *ev);
+int fl_cuda_user_event_elapsed(int index, void *start, void *end, double *ms);
+int fl_cuda_synchronize(int index);
 
 #ifdef __cplusplus
 }

@@ -170,6 +170,29 @@ FL_API int64_t fl_memory_allocated_total(void);
  * number of bytes released. */
 FL_API int64_t fl_memory_empty_cache(fl_device device);
 
+/* Events and synchronisation (core/tensor/event.c), as torch.cuda.Event:
+ * an event recorded on a device marks the work queued there so far and is
+ * done once that work has run. On cuda the work is the compute stream's
+ * (every kernel and copy; NCCL collectives join it when waited for); on
+ * the CPU work runs when called, so an event is done when recorded. A
+ * timing event also holds when it was reached (the device's clock on
+ * cuda, the host's on the CPU), for fl_event_elapsed_ms. Waiting (event or
+ * device synchronize) first settles the collectives the device waits for,
+ * so it fails after the collective timeout instead of hanging. Meta
+ * devices have no work: events on them are refused. */
+typedef struct fl_event fl_event;
+FL_API fl_event *fl_event_new(fl_device device, bool timing);
+FL_API void fl_event_free(fl_event *e);
+FL_API int fl_event_record(fl_event *e);
+/* *done: everything before the record has run (true if never recorded). */
+FL_API int fl_event_query(fl_event *e, bool *done);
+FL_API int fl_event_synchronize(fl_event *e);
+/* Milliseconds from start to end, both timing events recorded on one
+ * device and done. */
+FL_API int fl_event_elapsed_ms(const fl_event *start, const fl_event *end, double *ms);
+/* Block until everything queued on the device has run. */
+FL_API int fl_device_synchronize(fl_device device);
+
 /* ------------------------------------------------------------------------ */
 /* Tensors                                                                   */
 /* ------------------------------------------------------------------------ */
