@@ -509,6 +509,19 @@ static bool two_threads(void) {
     return ok && st.bad == 0 && cudaStreamSynchronize(st.s) == cudaSuccess && all(a, 200);
 }
 
+/* What the simulated cuBLAS/cuDNN ask before computing at once: stream 0
+ * runs the blocking streams' work first; a deferred stream is refused (1),
+ * so a library call never runs ahead of its stream; a non-stream is -1. */
+static bool library_streams(void) {
+    int *a = ints(1), not_a_stream = 0;
+    cudaStream_t blocking, nb = nonblocking();
+    cudaStreamCreate(&blocking);
+    fill_ints<<<1, N, 0, blocking>>>(a, 2, N);
+    bool ok = fl_sim_stream_now(nb) == 1 && all(a, 1);
+    ok = ok && fl_sim_stream_now(0) == 0 && all(a, 2);
+    return ok && fl_sim_stream_now((cudaStream_t)&not_a_stream) == -1;
+}
+
 /* FSDP_CUDASIM_STREAMS=eager: every stream runs its work when issued. */
 static bool eager_streams(void) {
     setenv("FSDP_CUDASIM_STREAMS", "eager", 1);
@@ -549,6 +562,7 @@ int main(void) {
     report(in_child(deferred_fault_query), "a fault in a deferred kernel surfaces at cudaEventQuery, naming the kernel");
     report(in_child(destroy_and_device_sync), "cudaStreamDestroy runs its queue, cudaDeviceSynchronize all, host functions in order");
     report(in_child(two_threads), "two host threads launching, recording and polling events are serialised");
+    report(in_child(library_streams), "library calls: stream 0 runs blocking streams first, a deferred stream is refused");
     report(in_child(eager_streams), "FSDP_CUDASIM_STREAMS=eager: every stream runs its work when issued");
     printf("1..%d\n", tests_run);
     return tests_failed ? 1 : 0;

@@ -2,8 +2,9 @@
  * sim_internal.h: what the parts of cudasim tell each other: the simulated
  * runtime (sim_runtime.cc, which owns streams and events), the kernel
  * scheduler (sim_fiber.cc), the launch wrapper that rewritten kernel
- * launches call (cudasim.h) and the simulated NCCL (sim_nccl.c, C, which
- * queues its collectives on the runtime's streams).
+ * launches call (cudasim.h) and the simulated libraries (C: sim_nccl.c
+ * queues its collectives on the runtime's streams, sim_cublas.c and
+ * sim_cudnn.c keep stream 0's ordering).
  */
 #ifndef FL_SIM_INTERNAL_H
 #define FL_SIM_INTERNAL_H
@@ -64,6 +65,13 @@ void fl_sim_run(struct fl_sim_site site, dim3 grid, dim3 block, size_t smem, voi
  * faulted by then it is not run and drop(arg) is called instead. -1: s is
  * not a stream. */
 int fl_sim_stream_enqueue(cudaStream_t s, void (*run)(void *), void (*drop)(void *), void *arg);
+
+/* For the simulated libraries that do their work when called (sim_cublas,
+ * sim_cudnn): 0 when s runs work at once, after running what stream-0 work
+ * waits for if s is stream 0 (as fl_sim_stream_enqueue); 1 when s is a
+ * deferred stream, whose order such a library cannot keep, so it refuses
+ * the call rather than run it early; -1 when s is not a stream. */
+int fl_sim_stream_now(cudaStream_t s);
 
 #ifdef __cplusplus
 }

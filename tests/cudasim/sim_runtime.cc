@@ -598,6 +598,15 @@ void fl_sim_launch_kernel(fl_sim_site site, const void *kernel, dim3 grid, dim3 
     enqueue(s, op);
 }
 
+int fl_sim_stream_now(cudaStream_t stream) {
+    stream_guard g(stream_lock);
+    sim_stream *s;
+    if (!lookup_stream(stream, &s)) return -1;
+    if (defers(s)) return 1;
+    if (!s) legacy("a library call on stream 0");
+    return 0;
+}
+
 int fl_sim_stream_enqueue(cudaStream_t stream, void (*run)(void *), void (*drop)(void *), void *arg) {
     stream_guard g(stream_lock);
     sim_stream *s;
