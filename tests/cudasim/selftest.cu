@@ -343,7 +343,16 @@ static bool blocking_streams(void) {
     fill_ints<<<1, N, 0, nb>>>(b, 8, N);
     ok = ok && cudaMemcpy(host, a, BYTES, cudaMemcpyDeviceToHost) == cudaSuccess && all(host, 7);
     ok = ok && cudaMemcpy(host, b, BYTES, cudaMemcpyDeviceToHost) == cudaSuccess && all(host, 1);
-    return ok && cudaDeviceSynchronize() == cudaSuccess && all(b, 8);
+    ok = ok && cudaDeviceSynchronize() == cudaSuccess && all(b, 8);
+    /* the flags are what tells them apart; priorities are clamped */
+    unsigned fb = 9, fn = 9;
+    int prio = 1;
+    cudaStream_t p;
+    ok = ok && cudaStreamGetFlags(blocking, &fb) == cudaSuccess && fb == cudaStreamDefault &&
+         cudaStreamGetFlags(nb, &fn) == cudaSuccess && fn == cudaStreamNonBlocking;
+    ok = ok && cudaStreamCreateWithPriority(&p, cudaStreamNonBlocking, -100) == cudaSuccess &&
+         cudaStreamGetPriority(p, &prio) == cudaSuccess && prio == -5;
+    return ok;
 }
 
 /* (e) Querying an event runs its stream up to the record and no further;

@@ -705,6 +705,8 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *data)
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *out, unsigned flags, int priority) {
     if (!out || (flags & ~(unsigned)cudaStreamNonBlocking)) return fail(cudaErrorInvalidValue);
+    /* clamped to the range, as the runtime does */
+    priority = priority > 0 ? 0 : priority < -5 ? -5 : priority;
     sim_stream *s = (sim_stream *)calloc(1, sizeof *s);
     if (!s) return fail(cudaErrorMemoryAllocation);
     s->magic = STREAM_MAGIC;
@@ -724,6 +726,32 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithPriority(s, cudaStreamDefault, 0); }
+
+/* An H100's range; priorities are remembered, not used (the queues run
+ * when forced, whatever their priority). */
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
+    if (least) *least = 0;
+    if (greatest) *greatest = -5;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetPriority(cudaStream_t h, int *priority) {
+    stream_guard g(stream_lock);
+    sim_stream *s;
+    if (!priority) return fail(cudaErrorInvalidValue);
+    if (!lookup_stream(h, &s)) return fail(cudaErrorInvalidResourceHandle);
+    *priority = s ? s->priority : 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetFlags(cudaStream_t h, unsigned *flags) {
+    stream_guard g(stream_lock);
+    sim_stream *s;
+    if (!flags) return fail(cudaErrorInvalidValue);
+    if (!lookup_stream(h, &s)) return fail(cudaErrorInvalidResourceHandle);
+    *flags = s ? s->flags : cudaStreamDefault;
+    return cudaSuccess;
+}
 
 cudaError_t cudaStreamDestroy(cudaStream_t h) {
     stream_guard g(stream_lock);
