@@ -296,11 +296,15 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
  *   - cudaStreamWaitEvent(s, e): on stream 0 at once, e's stream up to e;
  *     on a deferred s, the same when s reaches the wait;
  *   - any operation on stream 0 (launch, copy, set, record, wait,
- *     synchronisation, the synchronous cudaMemcpy/cudaMemset): first the
- *     queues of the blocking streams (created without
- *     cudaStreamNonBlocking), in the order their work was issued: the
- *     legacy default stream's implicit synchronisation.
- * Nothing else runs queued work. So work whose ordering a program forgot
+ *     synchronisation, the synchronous cudaMemcpy/cudaMemset, a cuBLAS,
+ *     cuDNN or NCCL call: fl_sim_stream_now/enqueue): first the queues of
+ *     the blocking streams (created without cudaStreamNonBlocking), in the
+ *     order their work was issued: the legacy default stream's implicit
+ *     synchronisation;
+ *   - ncclCommDestroy/ncclCommAbort with collectives queued (sim_nccl.c,
+ *     through cudaDeviceSynchronize).
+ * Nothing else runs queued work (not a host read of device memory, not
+ * cudaEventElapsedTime). So work whose ordering a program forgot
  * runs as late as the CUDA rules allow, and a reader that did not wait
  * for it sees the old contents every time instead of usually the new: a
  * missing cudaStreamWaitEvent or a buffer reused too early shows as wrong
