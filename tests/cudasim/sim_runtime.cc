@@ -381,6 +381,7 @@ struct sim_event {
     sim_stream *pending; /* where that record is queued; NULL once it ran */
     bool ran;            /* the last record has run */
     double ms;           /* host clock when it ran (timing events) */
+    int queries;         /* cudaEventQuery calls on the last record so far */
 };
 
 std::recursive_mutex stream_lock;
@@ -410,6 +411,21 @@ bool eager(void) {
             fprintf(stderr, "cudasim: FSDP_CUDASIM_STREAMS=%s is neither lazy nor eager; using lazy\n", m);
     }
     return eager_mode;
+}
+
+/* FSDP_CUDASIM_QUERY_DELAY=n: cudaEventQuery says cudaErrorNotReady n
+ * times for each queued record before it forces the work, as a GPU still
+ * busy would. With n > 0, code that queries an event and then uses the
+ * work's results without a wait (cudaStreamWaitEvent or a synchronise)
+ * reads stale data: a query is not an ordering. */
+int query_delay(void) {
+    static int n = -1;
+    if (n < 0) {
+        const char *v = getenv("FSDP_CUDASIM_QUERY_DELAY");
+        n = v && *v ? atoi(v) : 0;
+        if (n < 0) n = 0;
+    }
+    return n;
 }
 
 double now_ms(void) {
@@ -865,6 +881,7 @@ cudaError_t cudaEventRecord(cudaEvent_t eh, cudaStream_t h) {
     e->seq = enqueue(s, op);
     e->pending = s;
     e->ran = false;
+    e->queries = 0;
     return cudaSuccess;
 }
 
@@ -872,6 +889,7 @@ cudaError_t cudaEventQuery(cudaEvent_t eh) {
     stream_guard g(stream_lock);
     sim_event *e = lookup_event(eh);
     if (!e) return fail(cudaErrorInvalidResourceHandle);
+    if (e->pending && e->queries++ < query_delay()) return cudaErrorNotReady;
     if (e->pending) {
         forcing f("cudaEventQuery");
         force(e->pending, e->seq);
