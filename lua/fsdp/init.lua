@@ -251,6 +251,17 @@ function M.set_memory_limit(device, bytes)
   core.check(C.fl_memory_set_limit(core.device(device), bytes))
 end
 
+-- events and synchronisation -----------------------------------------------------
+
+-- fsdp.Event(device, {timing = true}): see lua/fsdp/event.lua.
+M.Event = require 'fsdp.event'
+
+-- Block until everything queued on `device` (default: the default device)
+-- has run; on the CPU a no-op.
+function M.synchronize(device)
+  core.check(C.fl_device_synchronize(core.device(device or default_device)))
+end
+
 -- cuda ------------------------------------------------------------------------
 
 M.cuda = {
