@@ -822,6 +822,337 @@ static void error_cases(void) {
     destroy_all();
 }
 
+/* ------------------------------------------- g. reshape, grouped batches */
+
+static float io_load(const void *p, int64_t i, cudnnDataType_t t) {
+    return t == CUDNN_DATA_FLOAT ? ((const float *)p)[i]
+           : t == CUDNN_DATA_HALF ? f16_to_f32(((const uint16_t *)p)[i]) : bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static void io_store(void *p, int64_t i, cudnnDataType_t t, float v) {
+    if (t == CUDNN_DATA_FLOAT) ((float *)p)[i] = v;
+    else if (t == CUDNN_DATA_HALF) ((uint16_t *)p)[i] = f32_to_f16(v);
+    else ((uint16_t *)p)[i] = f32_to_bf16(v);
+}
+
+static void reshape_and_group_case(void) {
+    /* RESHAPE as cudnn-frontend's sdpa_backward uses it: an f32 [1,2,3,4]
+     * seen transposed as a bf16 [1,2,4,3] (strides permuted), then copied
+     * out packed by IDENTITY. */
+    int64_t xd[] = {1, 2, 3, 4}, yd[] = {1, 2, 4, 3}, ys[] = {24, 12, 1, 4};
+    AL float x[24];
+    AL uint16_t out[24];
+    for (int i = 0; i < 24; i++) x[i] = 1.0f + (float)i / 256.0f + (i % 3 ? 0x1p-9f : 0.0f);
+    bd_t tx, vy, to;
+    NONNULL(tx = tensor(1, CUDNN_DATA_FLOAT, 4, xd, NULL, 0));
+    NONNULL(vy = tensor(100, CUDNN_DATA_BFLOAT16, 4, yd, ys, VIRT));
+    NONNULL(to = tensor(2, CUDNN_DATA_BFLOAT16, 4, yd, NULL, 0));
+    bd_t rs = create(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    CHECK(set_desc(rs, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, tx));
+    CHECK(set_desc(rs, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, vy));
+    CHECK(cudnnBackendFinalize(rs));
+    PLAN(plan, rs, pointwise(CUDNN_POINTWISE_IDENTITY, vy, NULL, NULL, to, 0));
+    int64_t uids[] = {1, 2};
+    void *ptrs[] = {x, out};
+    CHECK(execute(plan, 2, uids, ptrs));
+    int bad = 0;
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 4; j++) bad += out[(h * 4 + j) * 3 + i] != f32_to_bf16(x[(h * 3 + i) * 4 + j]);
+    result(!bad, "RESHAPE f32 [1,2,3,4] -> bf16 [1,2,4,3] by permuted strides (a transposed view, rounded): %d wrong",
+           bad);
+    destroy_all();
+
+    /* Reshapes that are not views of the same memory. */
+    int64_t d12[] = {1, 12}, d13[] = {1, 13}, s_gap[] = {1, 2, 8, 24};
+    bd_t a, b2;
+    NONNULL(a = tensor(1, CUDNN_DATA_FLOAT, 2, d12, NULL, 0));
+    NONNULL(b2 = tensor(2, CUDNN_DATA_FLOAT, 2, d13, NULL, 0));
+    bd_t rs2 = create(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set_desc(rs2, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, a);
+    set_desc(rs2, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, b2);
+    expect_status(cudnnBackendFinalize(rs2), CUDNN_STATUS_BAD_PARAM, "element counts", "RESHAPE [1,12] -> [1,13]");
+    bd_t g1, g2;
+    NONNULL(g1 = tensor(3, CUDNN_DATA_FLOAT, 4, xd, NULL, 0));
+    NONNULL(g2 = tensor(4, CUDNN_DATA_FLOAT, 4, xd, s_gap, 0));
+    bd_t rs3 = create(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set_desc(rs3, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, g1);
+    set_desc(rs3, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, g2);
+    expect_status(cudnnBackendFinalize(rs3), CUDNN_STATUS_NOT_SUPPORTED, "view",
+                  "RESHAPE between a packed and a gapped layout");
+    destroy_all();
+
+    /* Grouped batch dims (grouped-query attention): C[h] = A[h] x B[h / 2]
+     * for 4 query heads on 2 kv heads, and a reduction of 4 heads onto 2
+     * summing consecutive pairs. */
+    enum { H = 4, G = 2, M = 2, K = 3, N = 2 };
+    int64_t ad[] = {1, H, M, K}, bd[] = {1, H / G, K, N}, cd[] = {1, H, M, N}, rd[] = {1, H / G, M, N};
+    AL float A[H * M * K], B[H / G * K * N], C[H * M * N], R[H / G * M * N];
+    fill_ints(A, H * M * K, 11, -3, 3);
+    fill_ints(B, H / G * K * N, 12, -3, 3);
+    bd_t ta, tb, tc, tr;
+    NONNULL(ta = tensor(1, CUDNN_DATA_FLOAT, 4, ad, NULL, 0));
+    NONNULL(tb = tensor(2, CUDNN_DATA_FLOAT, 4, bd, NULL, 0));
+    NONNULL(tc = tensor(3, CUDNN_DATA_FLOAT, 4, cd, NULL, 0));
+    NONNULL(tr = tensor(4, CUDNN_DATA_FLOAT, 4, rd, NULL, 0));
+    PLAN(plan2, matmul(ta, tb, tc), reduction(CUDNN_REDUCE_TENSOR_ADD, tc, tr));
+    int64_t u2[] = {1, 2, 3, 4};
+    void *p2[] = {A, B, C, R};
+    CHECK(execute(plan2, 4, u2, p2));
+    int badc = 0, badr = 0;
+    for (int h = 0; h < H; h++)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                float ref = 0;
+                for (int k = 0; k < K; k++) ref += A[(h * M + m) * K + k] * B[((h / G) * K + k) * N + n];
+                badc += C[(h * M + m) * N + n] != ref;
+            }
+    for (int hk = 0; hk < H / G; hk++)
+        for (int i = 0; i < M * N; i++) {
+            float ref = 0;
+            for (int g = 0; g < G; g++) ref += C[(hk * G + g) * M * N + i];
+            badr += R[hk * M * N + i] != ref;
+        }
+    result(!badc, "matmul with grouped batch: 4 heads of A on 2 heads of B (head h uses h / 2): %d wrong", badc);
+    result(!badr, "reduction ADD of 4 heads onto 2 (consecutive pairs summed): %d wrong", badr);
+    destroy_all();
+
+    int64_t b3[] = {1, 3, K, N};
+    NONNULL(ta = tensor(1, CUDNN_DATA_FLOAT, 4, ad, NULL, 0));
+    NONNULL(tb = tensor(2, CUDNN_DATA_FLOAT, 4, b3, NULL, 0));
+    NONNULL(tc = tensor(3, CUDNN_DATA_FLOAT, 4, cd, NULL, 0));
+    bd_t mm = create(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    set_dtype(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
+    cudnnBackendFinalize(mm);
+    bd_t op = create(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, ta);
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, tb);
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, tc);
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
+    expect_status(cudnnBackendFinalize(op), CUDNN_STATUS_BAD_PARAM, "does not give",
+                  "matmul batch of 4 heads on 3 (not a divisor)");
+    /* Pointwise broadcasting stays 1-vs-n. */
+    int64_t x2[] = {1, 2, M, N};
+    bd_t t2;
+    NONNULL(t2 = tensor(5, CUDNN_DATA_FLOAT, 4, x2, NULL, 0));
+    bd_t addpw = create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    cudnnPointwiseMode_t addm = CUDNN_POINTWISE_ADD;
+    cudnnBackendSetAttribute(addpw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &addm);
+    set_dtype(addpw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT);
+    cudnnBackendFinalize(addpw);
+    bd_t opp = create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    set_desc(opp, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, addpw);
+    set_desc(opp, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, tc);
+    set_desc(opp, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, t2);
+    set_desc(opp, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, tc);
+    expect_status(cudnnBackendFinalize(opp), CUDNN_STATUS_BAD_PARAM, "broadcast",
+                  "pointwise ADD of [1,4,2,2] and [1,2,2,2] (no grouped broadcast)");
+    /* Math precisions: BOOLEAN/INT32 for compares, not for arithmetic. */
+    bd_t cmp = create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    cudnnPointwiseMode_t ge = CUDNN_POINTWISE_CMP_GE;
+    cudnnBackendSetAttribute(cmp, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &ge);
+    set_dtype(cmp, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_BOOLEAN);
+    expect_status(cudnnBackendFinalize(cmp), CUDNN_STATUS_SUCCESS, NULL, "CMP_GE with BOOLEAN math precision");
+    bd_t addb = create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    cudnnBackendSetAttribute(addb, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &addm);
+    set_dtype(addb, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_INT32);
+    expect_status(cudnnBackendFinalize(addb), CUDNN_STATUS_NOT_SUPPORTED, "math precision",
+                  "ADD with INT32 math precision");
+    destroy_all();
+}
+
+/* ------------------------------------------------------- h. attention bwd */
+
+/* The sdpa_backward graph as cudnn-frontend composes it (9.x before the
+ * native SDPA operations): softmax_sum = rowsum(dO * O) * 1; P = exp(Q K^T *
+ * scale - stats) causally masked; dV = P^T dO; dS = (dO V^T - softmax_sum)
+ * * P * scale; dK = dS^T Q; dQ_accum = dS K, dQ = IDENTITY(dQ_accum); with
+ * Hq != Hkv the kv gradients go through [B, Hq, ..] and a head reduction.
+ * Against attention's gradients in double. */
+static void attention_backward_case(cudnnDataType_t io, int Hq, int Hkv) {
+    enum { B = 1, S = 6, D = 8 };
+    const int G = Hq / Hkv;
+    const char *name = io == CUDNN_DATA_HALF ? "f16" : "bf16";
+    const int64_t nq = (int64_t)B * S * Hq * D, nk = (int64_t)B * S * Hkv * D;
+    uint16_t *q = aligned_alloc(16, nq * 2), *o = aligned_alloc(16, nq * 2), *dout = aligned_alloc(16, nq * 2);
+    uint16_t *dq = aligned_alloc(16, nq * 2), *k = aligned_alloc(16, nk * 2), *v = aligned_alloc(16, nk * 2);
+    uint16_t *dk = aligned_alloc(16, nk * 2), *dv = aligned_alloc(16, nk * 2);
+    float *stats = aligned_alloc(16, (size_t)B * Hq * S * 4 + 16), *ssum = aligned_alloc(16, (size_t)B * Hq * S * 4 + 16);
+    float *acc = aligned_alloc(16, nq * 4);
+    double *P = malloc((size_t)B * Hq * S * S * sizeof *P), *dref_q = calloc(nq, sizeof(double));
+    double *dref_k = calloc(nk, sizeof(double)), *dref_v = calloc(nk, sizeof(double));
+    uint32_t seed = 777;
+    for (int64_t i = 0; i < nq; i++) io_store(q, i, io, (float)uniform(&seed)), io_store(dout, i, io, (float)uniform(&seed));
+    for (int64_t i = 0; i < nk; i++) io_store(k, i, io, (float)uniform(&seed)), io_store(v, i, io, (float)uniform(&seed));
+    const float scale = 1.0f / sqrtf((float)D);
+    /* BSHD memory: element (b, h, s, d) of a tensor with H heads. */
+#define AT(H_, b_, h_, s_, d_) ((((int64_t)(b_) * S + (s_)) * (H_) + (h_)) * D + (d_))
+    /* Forward in double: P, O (rounded to io, as the forward would store
+     * it) and stats (f32). */
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+            for (int i = 0; i < S; i++) {
+                double sc[S], m = -INFINITY, z = 0;
+                for (int j = 0; j <= i; j++) {
+                    double dot = 0;
+                    for (int d = 0; d < D; d++)
+                        dot += io_load(q, AT(Hq, b, h, i, d), io) * (double)io_load(k, AT(Hkv, b, h / G, j, d), io);
+                    sc[j] = dot * scale;
+                    m = fmax(m, sc[j]);
+                }
+                for (int j = 0; j <= i; j++) z += exp(sc[j] - m);
+                stats[(b * Hq + h) * S + i] = (float)(m + log(z));
+                for (int j = 0; j < S; j++) P[((b * Hq + h) * S + i) * S + j] = j <= i ? exp(sc[j] - m) / z : 0;
+                for (int d = 0; d < D; d++) {
+                    double od = 0;
+                    for (int j = 0; j <= i; j++)
+                        od += P[((b * Hq + h) * S + i) * S + j] * io_load(v, AT(Hkv, b, h / G, j, d), io);
+                    io_store(o, AT(Hq, b, h, i, d), io, (float)od);
+                }
+            }
+    /* Gradients in double from the rounded O. */
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+            for (int i = 0; i < S; i++) {
+                double Di = 0;
+                for (int d = 0; d < D; d++) Di += io_load(dout, AT(Hq, b, h, i, d), io) * (double)io_load(o, AT(Hq, b, h, i, d), io);
+                for (int j = 0; j <= i; j++) {
+                    double p = P[((b * Hq + h) * S + i) * S + j], dp = 0;
+                    for (int d = 0; d < D; d++) dp += io_load(dout, AT(Hq, b, h, i, d), io) * (double)io_load(v, AT(Hkv, b, h / G, j, d), io);
+                    double ds = p * (dp - Di) * scale;
+                    for (int d = 0; d < D; d++) {
+                        dref_q[AT(Hq, b, h, i, d)] += ds * io_load(k, AT(Hkv, b, h / G, j, d), io);
+                        dref_k[AT(Hkv, b, h / G, j, d)] += ds * io_load(q, AT(Hq, b, h, i, d), io);
+                        dref_v[AT(Hkv, b, h / G, j, d)] += p * io_load(dout, AT(Hq, b, h, i, d), io);
+                    }
+                }
+            }
+    enum { UQ = 1, UK, UV, UO, UDO, USTATS, USCALE, UNEG, UONE, UDQ, UDK, UDV, USSUM, UACC };
+    int64_t qdim[] = {B, Hq, S, D}, qstr[] = {S * Hq * D, D, Hq * D, 1};
+    int64_t kdim[] = {B, Hkv, S, D}, kstr[] = {S * Hkv * D, D, Hkv * D, 1};
+    int64_t ktdim[] = {B, Hkv, D, S}, ktstr[] = {S * Hkv * D, D, 1, Hkv * D};
+    int64_t sdim[] = {B, Hq, S, S}, rdim[] = {B, Hq, S, 1}, one4[] = {1, 1, 1, 1};
+    int64_t tstr[] = {Hq * S * S, S * S, 1, S}, accstr[] = {Hq * S * D, S * D, D, 1};
+    bd_t tq, tkt, tvt, to, tdo, tst, tsc, tneg, tone, tdq, tdk, tdv, tss, tacc;
+    NONNULL(tq = tensor(UQ, io, 4, qdim, qstr, 0));
+    NONNULL(tkt = tensor(UK, io, 4, ktdim, ktstr, 0));
+    NONNULL(tvt = tensor(UV, io, 4, ktdim, ktstr, 0));
+    NONNULL(to = tensor(UO, io, 4, qdim, qstr, 0));
+    NONNULL(tdo = tensor(UDO, io, 4, qdim, qstr, 0));
+    NONNULL(tst = tensor(USTATS, CUDNN_DATA_FLOAT, 4, rdim, NULL, 0));
+    NONNULL(tsc = tensor(USCALE, CUDNN_DATA_FLOAT, 4, one4, one4, BYVAL));
+    NONNULL(tneg = tensor(UNEG, CUDNN_DATA_FLOAT, 4, one4, one4, BYVAL));
+    NONNULL(tone = tensor(UONE, CUDNN_DATA_FLOAT, 4, one4, one4, BYVAL));
+    NONNULL(tdq = tensor(UDQ, io, 4, qdim, qstr, 0));
+    NONNULL(tdk = tensor(UDK, io, 4, kdim, kstr, 0));
+    NONNULL(tdv = tensor(UDV, io, 4, kdim, kstr, 0));
+    NONNULL(tss = tensor(USSUM, CUDNN_DATA_FLOAT, 4, rdim, NULL, 0));
+    NONNULL(tacc = tensor(UACC, CUDNN_DATA_FLOAT, 4, qdim, accstr, 0));
+    int64_t u = 100;
+    bd_t doo, rs, s1, s2, s3, row, col, keep, s4, p, pt, dp, ds1, ds2, ds, dst, kk, dvf = NULL, dkf = NULL;
+    NONNULL(doo = tensor(u++, CUDNN_DATA_FLOAT, 4, qdim, NULL, VIRT));
+    NONNULL(rs = tensor(u++, CUDNN_DATA_FLOAT, 4, rdim, NULL, VIRT));
+    NONNULL(s1 = tensor(u++, CUDNN_DATA_FLOAT, 4, sdim, NULL, VIRT));
+    NONNULL(s2 = tensor(u++, CUDNN_DATA_FLOAT, 4, sdim, NULL, VIRT));
+    NONNULL(s3 = tensor(u++, CUDNN_DATA_FLOAT, 4, sdim, NULL, VIRT));
+    NONNULL(row = tensor(u++, CUDNN_DATA_INT32, 4, sdim, NULL, VIRT));
+    NONNULL(col = tensor(u++, CUDNN_DATA_INT32, 4, sdim, NULL, VIRT));
+    NONNULL(keep = tensor(u++, CUDNN_DATA_BOOLEAN, 4, sdim, NULL, VIRT));
+    NONNULL(s4 = tensor(u++, CUDNN_DATA_FLOAT, 4, sdim, NULL, VIRT));
+    NONNULL(p = tensor(u++, CUDNN_DATA_FLOAT, 4, sdim, NULL, VIRT));
+    NONNULL(pt = tensor(u++, io, 4, sdim, tstr, VIRT));
+    NONNULL(dp = tensor(u++, CUDNN_DATA_FLOAT, 4, sdim, NULL, VIRT));
+    NONNULL(ds1 = tensor(u++, CUDNN_DATA_FLOAT, 4, sdim, NULL, VIRT));
+    NONNULL(ds2 = tensor(u++, CUDNN_DATA_FLOAT, 4, sdim, NULL, VIRT));
+    NONNULL(ds = tensor(u++, CUDNN_DATA_FLOAT, 4, sdim, NULL, VIRT));
+    NONNULL(dst = tensor(u++, io, 4, sdim, tstr, VIRT));
+    NONNULL(kk = tensor(u++, io, 4, kdim, kstr, VIRT));
+    if (G > 1) {
+        NONNULL(dvf = tensor(u++, io, 4, qdim, accstr, VIRT));
+        NONNULL(dkf = tensor(u++, io, 4, qdim, accstr, VIRT));
+    }
+    bd_t rs_pt = create(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR), rs_dst = create(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    bd_t rs_k = create(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    CHECK(set_desc(rs_pt, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, p));
+    CHECK(set_desc(rs_pt, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, pt));
+    CHECK(cudnnBackendFinalize(rs_pt));
+    CHECK(set_desc(rs_dst, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, ds));
+    CHECK(set_desc(rs_dst, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, dst));
+    CHECK(cudnnBackendFinalize(rs_dst));
+    CHECK(set_desc(rs_k, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, tkt));
+    CHECK(set_desc(rs_k, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, kk));
+    CHECK(cudnnBackendFinalize(rs_k));
+    bd_t ops[32];
+    int n = 0;
+    ops[n++] = pointwise(CUDNN_POINTWISE_MUL, tdo, to, NULL, doo, 0);
+    ops[n++] = reduction(CUDNN_REDUCE_TENSOR_ADD, doo, rs);
+    ops[n++] = pointwise(CUDNN_POINTWISE_MUL, rs, tone, NULL, tss, 0);
+    ops[n++] = matmul(tq, tkt, s1);
+    ops[n++] = pointwise(CUDNN_POINTWISE_MUL, s1, tsc, NULL, s2, 0);
+    ops[n++] = pointwise(CUDNN_POINTWISE_SUB, s2, tst, NULL, s3, 0);
+    ops[n++] = pointwise(CUDNN_POINTWISE_GEN_INDEX, s3, NULL, NULL, row, 2);
+    ops[n++] = pointwise(CUDNN_POINTWISE_GEN_INDEX, s3, NULL, NULL, col, 3);
+    ops[n++] = pointwise(CUDNN_POINTWISE_CMP_GE, row, col, NULL, keep, 0);
+    ops[n++] = pointwise(CUDNN_POINTWISE_BINARY_SELECT, s3, tneg, keep, s4, 0);
+    ops[n++] = pointwise(CUDNN_POINTWISE_EXP, s4, NULL, NULL, p, 0);
+    ops[n++] = rs_pt;
+    if (G > 1) {
+        ops[n++] = matmul(pt, tdo, dvf);
+        ops[n++] = reduction(CUDNN_REDUCE_TENSOR_ADD, dvf, tdv);
+    } else {
+        ops[n++] = matmul(pt, tdo, tdv);
+    }
+    ops[n++] = matmul(tdo, tvt, dp);
+    ops[n++] = pointwise(CUDNN_POINTWISE_SUB, dp, tss, NULL, ds1, 0);
+    ops[n++] = pointwise(CUDNN_POINTWISE_MUL, ds1, p, NULL, ds2, 0);
+    ops[n++] = pointwise(CUDNN_POINTWISE_MUL, ds2, tsc, NULL, ds, 0);
+    ops[n++] = rs_dst;
+    if (G > 1) {
+        ops[n++] = matmul(dst, tq, dkf);
+        ops[n++] = reduction(CUDNN_REDUCE_TENSOR_ADD, dkf, tdk);
+    } else {
+        ops[n++] = matmul(dst, tq, tdk);
+    }
+    ops[n++] = rs_k;
+    ops[n++] = matmul(ds, kk, tacc);
+    ops[n++] = pointwise(CUDNN_POINTWISE_IDENTITY, tacc, NULL, NULL, tdq, 0);
+    for (int i = 0; i < n; i++) NONNULL(ops[i]);
+    cudnnStatus_t st;
+    bd_t plan = plan_for(ops, n, &st);
+    NONNULL(plan);
+    AL float neg = -INFINITY, onef = 1.0f, sc = scale;
+    int64_t uids[] = {UQ, UK, UV, UO, UDO, USTATS, USCALE, UNEG, UONE, UDQ, UDK, UDV, USSUM, UACC};
+    void *ptrs[] = {q, k, v, o, dout, stats, &sc, &neg, &onef, dq, dk, dv, ssum, acc};
+    CHECK(execute(plan, 14, uids, ptrs));
+    double eq = 0, ek = 0, ev = 0, mq = 0, mk = 0, mv = 0;
+    for (int64_t i = 0; i < nq; i++)
+        eq = fmax(eq, fabs(io_load(dq, i, io) - dref_q[i])), mq = fmax(mq, fabs(dref_q[i]));
+    for (int64_t i = 0; i < nk; i++) {
+        ek = fmax(ek, fabs(io_load(dk, i, io) - dref_k[i])), mk = fmax(mk, fabs(dref_k[i]));
+        ev = fmax(ev, fabs(io_load(dv, i, io) - dref_v[i])), mv = fmax(mv, fabs(dref_v[i]));
+    }
+    /* P^T and dS^T are rounded to the I/O type before their matmuls, and
+     * the outputs are: bf16 errors of a few 2^-9 relative. */
+    double tol = io == CUDNN_DATA_HALF ? 1e-3 : 8e-3;
+    result(eq <= tol * mq && ek <= tol * mk && ev <= tol * mv,
+           "attention backward %s Hq=%d Hkv=%d (causal, BSHD): max error dQ %.3g of %.3g, dK %.3g of %.3g, dV %.3g "
+           "of %.3g (tolerance %.0e relative)", name, Hq, Hkv, eq, mq, ek, mk, ev, mv, tol);
+    int badsum = 0;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+            for (int i = 0; i < S; i++) {
+                double Di = 0;
+                for (int d = 0; d < D; d++) Di += io_load(dout, AT(Hq, b, h, i, d), io) * (double)io_load(o, AT(Hq, b, h, i, d), io);
+                badsum += fabs(ssum[(b * Hq + h) * S + i] - Di) > 1e-5;
+            }
+    result(!badsum, "attention backward %s Hq=%d Hkv=%d: softmax_sum = rowsum(dO * O) written: %d wrong", name, Hq,
+           Hkv, badsum);
+#undef AT
+    destroy_all();
+    free(q), free(o), free(dout), free(dq), free(k), free(v), free(dk), free(dv), free(stats), free(ssum), free(acc);
+    free(P), free(dref_q), free(dref_k), free(dref_v);
+}
+
 int main(void) {
     if (cudnnCreate(&handle) != CUDNN_STATUS_SUCCESS) {
         printf("FAIL cudnnCreate\n");
@@ -834,6 +1165,9 @@ int main(void) {
     mask_case();
     attention_case(CUDNN_DATA_FLOAT);
     attention_case(CUDNN_DATA_BFLOAT16);
+    reshape_and_group_case();
+    attention_backward_case(CUDNN_DATA_BFLOAT16, 2, 2);
+    attention_backward_case(CUDNN_DATA_HALF, 4, 2);
     error_cases();
     cudnnDestroy(handle);
     if (failures) {
