@@ -1316,10 +1316,11 @@ cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor) {
         REQUIRE(S_CFG, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG);
         break;
     case CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR:
-        /* Required: UNIQUE_IDS, DATA_POINTERS (as many). WORKSPACE optional
-         * (the plans here need none). */
+        /* Required: UNIQUE_IDS, DATA_POINTERS (as many), WORKSPACE (may be
+         * NULL: the plans here need none). */
         REQUIRE(S_VP_UIDS, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS);
         REQUIRE(S_VP_PTRS, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS);
+        REQUIRE(S_VP_WS, CUDNN_ATTR_VARIANT_PACK_WORKSPACE);
         if (d->nvp != d->nvp_ptrs)
             return fail(CUDNN_STATUS_BAD_PARAM, "cudnnBackendFinalize(VARIANT_PACK): %lld unique ids but %lld data "
                                                 "pointers", (long long)d->nvp, (long long)d->nvp_ptrs);
