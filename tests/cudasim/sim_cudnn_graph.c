@@ -63,6 +63,9 @@
  * simulation runs any graph it can interpret, so a graph the real engine
  * would reject for its shape can pass here).
  *
+ * FSDP_CUDASIM_CUDNN_VERBOSE=1 also prints each error message on stderr
+ * as it happens (cudnnGetLastErrorString returns the last one).
+ *
  * Build: gcc -std=c11 -O2 -fPIC -I/usr/local/cuda/include -c sim_cudnn_graph.c
  */
 
