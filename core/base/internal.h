@@ -77,6 +77,19 @@ fl_tensor *fl_tensor_view_of(const fl_tensor *t, int ndim,
 /* Fail unless t is non-NULL and, if need_data, has host-usable storage. */
 int fl_check_tensor(const char *op, const fl_tensor *t, bool need_data);
 
+/* ---- pinned host memory (core/tensor/pinned.c) ------------------------- */
+
+/* Whether s came from the pinned host pool (a cpu storage). */
+bool fl_storage_is_pinned(const fl_storage *s);
+/* Pinned storage of nbytes on the cpu device; NULL with an error naming
+ * `op` without a CUDA device or when out of memory. */
+fl_storage *fl_pinned_storage_new(const char *op, int64_t nbytes);
+/* Queue a copy of nbytes between pinned host memory (inside the storage
+ * `pinned`) and memory of cuda `device` on its compute stream, and record
+ * the use so the pinned block is not reused before the copy ran. */
+int fl_pinned_copy_async(fl_device device, void *dst, const void *src, int64_t nbytes,
+                         bool to_host, fl_storage *pinned);
+
 /* ---- allocators and memory statistics ---------------------------------- */
 
 /* Account for an allocation of nbytes on device; fails (FL_ERR_OOM, with a

@@ -270,6 +270,36 @@ FL_API fl_tensor *fl_contiguous(const fl_tensor *t);
  * already match. */
 FL_API fl_tensor *fl_to(const fl_tensor *t, fl_dtype dtype, fl_device device);
 
+/* --- pinned host memory and non-blocking copies (core/tensor/pinned.c) ---
+ * A pinned tensor is a cpu tensor in page-locked memory (cudaMallocHost,
+ * from a caching pool): every CPU op reads it as usual, and copies between
+ * it and a cuda device can be queued without blocking the host. Pinning
+ * needs a CUDA device: without one these fail with FL_ERR_DEVICE saying so
+ * (rather than returning pageable memory under a pinned name). */
+/* t itself (new reference) when already pinned, else a pinned copy; cpu
+ * tensors only. */
+FL_API fl_tensor *fl_pin_memory(const fl_tensor *t);
+FL_API bool fl_is_pinned(const fl_tensor *t);
+/* An uninitialised pinned cpu tensor. */
+FL_API fl_tensor *fl_empty_pinned(int ndim, const int64_t *shape, fl_dtype dtype);
+/* fl_copy_ that returns before a host<->cuda transfer has run when it can:
+ * the host side pinned, both sides of one dtype, dense (else it is
+ * fl_copy_, synchronous, as PyTorch's non_blocking). The copy is queued on
+ * the device's compute stream, in order with its kernels. Do not read a
+ * pinned destination on the host, nor write a pinned source, before
+ * fl_cuda_synchronize; freeing either is safe at any time. */
+FL_API int fl_copy_non_blocking_(fl_tensor *dst, const fl_tensor *src);
+/* fl_to with a non-blocking transfer: to the cpu from a cuda device the
+ * result is pinned; from the cpu it is non-blocking when t is pinned. */
+FL_API fl_tensor *fl_to_non_blocking(const fl_tensor *t, fl_dtype dtype, fl_device device);
+/* Wait until everything queued on cuda device `index` has run
+ * (cudaDeviceSynchronize). */
+FL_API int fl_cuda_synchronize(int index);
+/* Bytes of the pinned pool handed out and held from the system. */
+FL_API int fl_pinned_stats(int64_t *allocated, int64_t *reserved);
+/* Give the pinned pool's free blocks back (returns the bytes). */
+FL_API int64_t fl_pinned_empty_cache(void);
+
 /* --- views: share storage with t, never copy --- */
 /* New shape with the same numel; one entry may be -1. Fails if the strides
  * cannot express it (use fl_reshape). */

@@ -78,12 +78,26 @@ local function make_empty(opts)
   return wants_fake(opts) and C.fl_fake or C.fl_empty
 end
 
+-- {pin_memory = true}: a cpu tensor in page-locked memory (needs a CUDA
+-- device; see Tensor:pin_memory()).
+local function pinned_empty(n, shape, dtype, device, opts)
+  if opts.pin_memory ~= true and opts.pin_memory ~= false then
+    core.fail(('pin_memory must be a boolean, got %s'):format(tostring(opts.pin_memory)))
+  end
+  if C.fl_device_kind_of(device) ~= C.FL_DEVICE_CPU or wants_fake(opts) then
+    core.fail(('pin_memory: only cpu tensors with storage can be pinned (device %s%s)')
+      :format(core.device_name(device), wants_fake(opts) and ', fake' or ''))
+  end
+  return Tensor.wrap(C.fl_empty_pinned(n, shape, dtype))
+end
+
 -- An uninitialised tensor. {fake=true} gives a tensor that reports its
 -- device but owns no storage (for planning at full size).
 function M.empty(...)
   local n, shape, nextarg = core.shape_args(...)
   local opts = options(nextarg, ...)
   local dtype, device = placement(opts)
+  if opts.pin_memory then return pinned_empty(n, shape, dtype, device, opts) end
   return Tensor.wrap(make_empty(opts)(n, shape, dtype, device))
 end
 
@@ -91,6 +105,7 @@ function M.zeros(...)
   local n, shape, nextarg = core.shape_args(...)
   local opts = options(nextarg, ...)
   local dtype, device = placement(opts)
+  if opts.pin_memory then return pinned_empty(n, shape, dtype, device, opts):zero_() end
   if wants_fake(opts) then return Tensor.wrap(C.fl_fake(n, shape, dtype, device)) end
   return Tensor.wrap(C.fl_zeros(n, shape, dtype, device))
 end
@@ -264,6 +279,25 @@ M.cuda = {
   -- The name of device 0, or why there is none.
   status = function() return ffi.string(C.fl_cuda_status()) end,
 }
+
+-- Wait until everything queued on a cuda device (default cuda:0) has run:
+-- needed before the host reads a tensor copied to it with non_blocking.
+function M.cuda.synchronize(device)
+  local d = core.device(device or 'cuda:0')
+  if C.fl_device_kind_of(d) ~= C.FL_DEVICE_CUDA then
+    core.fail(('cuda.synchronize: expects a cuda device, got %s'):format(core.device_name(d)))
+  end
+  core.check(C.fl_cuda_synchronize(C.fl_device_index(d)))
+end
+
+local pinned_buf = ffi.new('int64_t[2]')
+-- The pinned host pool: {allocated =, reserved =} bytes (pinned tensors in
+-- use, and what the pool holds from the system).
+function M.cuda.pinned_memory_stats()
+  core.check(C.fl_pinned_stats(pinned_buf, pinned_buf + 1))
+  return { allocated = tonumber(pinned_buf[0]), reserved = tonumber(pinned_buf[1]) }
+end
+
 
 -- dtypes ------------------------------------------------------------------------
 
