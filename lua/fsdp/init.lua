@@ -298,6 +298,20 @@ function M.cuda.pinned_memory_stats()
   return { allocated = tonumber(pinned_buf[0]), reserved = tonumber(pinned_buf[1]) }
 end
 
+local offload_buf = ffi.new('fl_offload_stats')
+-- Activation offload's counters (fsdp.offload_activations): saved, copies,
+-- bytes, shared, kept, kept_params, restores, restored_bytes, failed, and
+-- the pinned pool's pinned_allocated / pinned_reserved bytes.
+function M.cuda.offload_stats()
+  C.fl_offload_stats_get(offload_buf)
+  local out = {}
+  for _, k in ipairs({ 'saved', 'copies', 'bytes', 'shared', 'kept', 'kept_params', 'restores',
+                       'restored_bytes', 'failed', 'pinned_allocated', 'pinned_reserved' }) do
+    out[k] = tonumber(offload_buf[k])
+  end
+  return out
+end
+function M.cuda.reset_offload_stats() C.fl_offload_stats_reset() end
 
 -- dtypes ------------------------------------------------------------------------
 
@@ -337,6 +351,7 @@ M.F = require 'fsdp.functional'
 M.functional = M.F
 M.cat = M.F.cat
 M.checkpoint = require 'fsdp.checkpoint'
+M.offload_activations = require 'fsdp.offload'
 M.fake = fake.run
 M.is_fake_mode = fake.active
 M.summary = require('fsdp.summary').summary
