@@ -298,6 +298,10 @@ function M.cuda.pinned_memory_stats()
   return { allocated = tonumber(pinned_buf[0]), reserved = tonumber(pinned_buf[1]) }
 end
 
+-- Give the pinned pool's wholly free segments back to the system (blocks
+-- whose copies have not run yet stay); returns the bytes released.
+function M.cuda.empty_pinned_cache() return tonumber(C.fl_pinned_empty_cache()) end
+
 local offload_buf = ffi.new('fl_offload_stats')
 -- Activation offload's counters (fsdp.offload_activations): saved, copies,
 -- bytes, shared, kept, kept_params, restores, restored_bytes, failed, and

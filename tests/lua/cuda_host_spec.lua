@@ -148,6 +148,14 @@ describe('pinned memory and non-blocking copies on cuda:0', function()
     assert.is_true(fsdp.cuda.pinned_memory_stats().allocated >= 1024 * 64 * 4)
     q:free()
     assert.equals(before, fsdp.memory_stats('cpu').in_use)
+    -- with every pinned tensor gone, the whole cache goes back
+    d:free()
+    collectgarbage()
+    collectgarbage()
+    fsdp.cuda.synchronize()
+    local held = fsdp.cuda.pinned_memory_stats().reserved
+    assert.equals(held, fsdp.cuda.empty_pinned_cache())
+    assert.same({ allocated = 0, reserved = 0 }, fsdp.cuda.pinned_memory_stats())
     fsdp.set_collect_budget(budget)
   end)
 
