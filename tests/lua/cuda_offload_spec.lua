@@ -219,6 +219,39 @@ describe('offload_activations on cuda:0', function()
     assert.equals(1, fsdp.cuda.offload_stats().restores)
   end)
 
+  it('moves views as their span: a transpose and a broadcast as they are, a view with gaps densely', function()
+    local Views = nn.Module:extend('Views')
+    function Views:forward(x, s)
+      local a = (x * 2):t()                      -- [16, 4], strides {1, 16}
+      local part = x:narrow(1, 2, 8)             -- [4, 8] with gaps in x's rows
+      local b = s:expand(4, 8)                   -- [4, 8] broadcast of a [1, 8] row
+      return (a * a):sum() + (part * b):sum()    -- saves a twice (shared), part and b
+    end
+    local function run(offload)
+      local m = Views()
+      if offload then fsdp.offload_activations(m, function() return true end) end
+      -- leaves that require grad (and their views) would stay: computed inputs
+      local x0 = fsdp.randn({ 4, 16 }, { seed = 5 }):to(DEV):requires_grad_(true)
+      local s0 = fsdp.randn({ 1, 8 }, { seed = 6 }):to(DEV):requires_grad_(true)
+      fsdp.cuda.reset_offload_stats()
+      local y = m(x0 * 3, s0 * 3)
+      local st = fsdp.cuda.offload_stats()
+      y:backward()
+      return { x = x0.grad:cpu(), s = s0.grad:cpu() }, st
+    end
+    local want = run(false)
+    local got, st = run(true)
+    assert_identical(got, want, 'views')
+    -- a: 64 elements (a transpose: its dense span, restored with the same
+    -- strides) once for its two saves; part:
+    -- 32 elements made dense (its span, 4 rows of 16, has gaps); b: its
+    -- [1, 8] row only
+    assert.equals(4, st.saved)
+    assert.equals(3, st.copies)
+    assert.equals(1, st.shared)
+    assert.equals((64 + 32 + 8) * 4, st.bytes)
+  end)
+
   it('never moves a parameter, nor a view of one', function()
     local w = fsdp.randn({ 8, 16 }, { seed = 3 }):to(DEV):requires_grad_(true)
     local Mul = nn.Module:extend('Mul')
