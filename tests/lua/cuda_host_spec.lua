@@ -33,10 +33,7 @@ local function raises(fn, pattern)
 end
 
 describe('pinned memory without a CUDA device', function()
-  if CUDA then
-    it('is tested on the device below', function() end)
-    return
-  end
+  if CUDA then return end -- the device half below tests pinning for real
 
   it('pin_memory says pinned memory needs a CUDA device', function()
     local x = fsdp.randn({ 3, 4 }, { seed = 1 })
