@@ -58,7 +58,6 @@ void *fl_cuda_host_alloc(int64_t nbytes);  /* page-locked; NULL on failure */
 void fl_cuda_host_free(void *ptr);
 /* cudaMemcpyAsync on the compute stream of device `index`; 0 on success. */
 int fl_cuda_memcpy_async(int index, void *dst, const void *src, int64_t nbytes, int to_host);
-int fl_cuda_device_synchronize(int index); /* cudaDeviceSynchronize; 0 on success */
 int fl_cuda_event_wait(void *event);       /* cudaEventSynchronize; 0 on success */
 const char *fl_cuda_host_problem(void);    /* text of the last failed call above */
 #ifdef __cplusplus

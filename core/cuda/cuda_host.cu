@@ -57,14 +57,10 @@ extern "C" int fl_cuda_memcpy_async(int index, void *dst, const void *src, int64
                : -1;
 }
 
-extern "C" int fl_cuda_device_synchronize(int index) {
-    if (!host_ok(cudaSetDevice(index), "cudaSetDevice")) return -1;
-    return host_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize") ? 0 : -1;
-}
-
 /* Blocks until the event's work has run (freeing a pinned block that a
  * copy may still read, when the cache is emptied). */
 extern "C" int fl_cuda_event_wait(void *event) {
+    fl_cuda_nccl_settle(); /* a failure is reported there; the wait then ends */
     return host_ok(cudaEventSynchronize((cudaEvent_t)event), "cudaEventSynchronize") ? 0 : -1;
 }
 

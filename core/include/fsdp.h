@@ -310,14 +310,11 @@ FL_API fl_tensor *fl_empty_pinned(int ndim, const int64_t *shape, fl_dtype dtype
  * fl_copy_, synchronous, as PyTorch's non_blocking). The copy is queued on
  * the device's compute stream, in order with its kernels. Do not read a
  * pinned destination on the host, nor write a pinned source, before
- * fl_cuda_synchronize; freeing either is safe at any time. */
+ * fl_device_synchronize; freeing either is safe at any time. */
 FL_API int fl_copy_non_blocking_(fl_tensor *dst, const fl_tensor *src);
 /* fl_to with a non-blocking transfer: to the cpu from a cuda device the
  * result is pinned; from the cpu it is non-blocking when t is pinned. */
 FL_API fl_tensor *fl_to_non_blocking(const fl_tensor *t, fl_dtype dtype, fl_device device);
-/* Wait until everything queued on cuda device `index` has run
- * (cudaDeviceSynchronize). */
-FL_API int fl_cuda_synchronize(int index);
 /* Bytes of the pinned pool handed out and held from the system. */
 FL_API int fl_pinned_stats(int64_t *allocated, int64_t *reserved);
 /* Give the pinned pool's free blocks back (returns the bytes). */

@@ -135,17 +135,6 @@ int fl_pinned_copy_async(fl_device device, void *dst, const void *src, int64_t n
     return FL_OK;
 }
 
-int fl_cuda_synchronize(int index) {
-    int n = fl_cuda_device_count();
-    if (index < 0 || index >= n)
-        return fl_fail(FL_ERR_DEVICE, "cuda.synchronize: no device cuda:%d (%d device%s: %s)", index,
-                       n, n == 1 ? "" : "s", fl_cuda_status());
-    if (fl_cuda_device_synchronize(index) != 0)
-        return fl_fail(FL_ERR_DEVICE, "cuda.synchronize(cuda:%d): %s", index,
-                       fl_cuda_host_problem());
-    return FL_OK;
-}
-
 int fl_pinned_stats(int64_t *allocated, int64_t *reserved) {
     fl_pool_stats st;
     memset(&st, 0, sizeof st);
@@ -178,10 +167,6 @@ int fl_pinned_copy_async(fl_device device, void *dst, const void *src, int64_t n
                          bool to_host, fl_storage *pinned) {
     (void)device, (void)dst, (void)src, (void)nbytes, (void)to_host, (void)pinned;
     return fl_fail(FL_ERR_DEVICE, "non-blocking copy: %s", fl_cuda_status());
-}
-
-int fl_cuda_synchronize(int index) {
-    return fl_fail(FL_ERR_DEVICE, "cuda.synchronize(cuda:%d): %s", index, fl_cuda_status());
 }
 
 int fl_pinned_stats(int64_t *allocated, int64_t *reserved) {

@@ -298,7 +298,7 @@ function M.cuda.synchronize(device)
   if C.fl_device_kind_of(d) ~= C.FL_DEVICE_CUDA then
     core.fail(('cuda.synchronize: expects a cuda device, got %s'):format(core.device_name(d)))
   end
-  core.check(C.fl_cuda_synchronize(C.fl_device_index(d)))
+  core.check(C.fl_device_synchronize(d))
 end
 
 local pinned_buf = ffi.new('int64_t[2]')
