@@ -11,6 +11,7 @@
 -- for activations then scales with the number of checkpointed blocks, not
 -- with everything inside them, for one extra forward of compute.
 local autograd = require 'fsdp.autograd'
+local select_modules = require 'fsdp.select_modules'
 
 -- The parameter slots of m's tree, read at each call (the sharding layer
 -- swaps parameters for views of gathered units): the distinct tensors, and
@@ -60,22 +61,10 @@ end
 -- only every k-th match (the 1st, k+1-th, ...). Returns the names wrapped.
 return function(model, check_fn, opts)
   opts = opts or {}
-  local every = opts.every or 1
-  local wrapped, inside, matches = {}, {}, 0
-  for _, nm in ipairs(model:named_modules()) do
-    local name, m = nm[1], nm[2]
-    local covered = false
-    for prefix in pairs(inside) do
-      if name:sub(1, #prefix + 1) == prefix .. '.' then covered = true end
-    end
-    if not covered and not rawget(m, '_checkpointed') and check_fn(m, name) then
-      matches = matches + 1
-      if (matches - 1) % every == 0 then
-        wrap(m)
-        inside[name] = true
-        wrapped[#wrapped + 1] = name
-      end
-    end
+  local wrapped = {}
+  for _, nm in ipairs(select_modules(model, check_fn, opts.every or 1, '_checkpointed')) do
+    wrap(nm[2])
+    wrapped[#wrapped + 1] = nm[1]
   end
   return wrapped
 end

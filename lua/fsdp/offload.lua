@@ -18,6 +18,7 @@
 -- else, and the recompute in backward runs without offload.
 local core = require 'fsdp.core'
 local autograd = require 'fsdp.autograd'
+local select_modules = require 'fsdp.select_modules'
 local C = core.C
 
 local M = {}
@@ -72,21 +73,10 @@ end
 -- every k-th match. Returns the names wrapped.
 function M.apply(model, check_fn, opts)
   local every = check_args(model, check_fn, opts)
-  local wrapped, inside, matches = {}, {}, 0
-  for _, nm in ipairs(model:named_modules()) do
-    local name, m = nm[1], nm[2]
-    local covered = false
-    for prefix in pairs(inside) do
-      if prefix == '' or name:sub(1, #prefix + 1) == prefix .. '.' then covered = true end
-    end
-    if not covered and not rawget(m, '_offloaded') and check_fn(m, name) then
-      matches = matches + 1
-      if (matches - 1) % every == 0 then
-        wrap(m)
-        inside[name] = true
-        wrapped[#wrapped + 1] = name
-      end
-    end
+  local wrapped = {}
+  for _, nm in ipairs(select_modules(model, check_fn, every, '_offloaded')) do
+    wrap(nm[2])
+    wrapped[#wrapped + 1] = nm[1]
   end
   return wrapped
 end
