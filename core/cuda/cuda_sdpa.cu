@@ -183,9 +183,9 @@ void debug_line(const sdpa_key *k, const char *why) {
 
 /* ---- what the fused engines can take, before asking cuDNN ---------------- */
 
-bool aligned16(const fl_tensor *t) {
+/* Row strides (every dim but the last) in whole 16-byte units. */
+bool strides16(const fl_tensor *t) {
     size_t es = fl_dtype_size(t->dtype);
-    if ((uintptr_t)t->data % 16) return false;
     for (int d = 0; d < 3; d++)
         if (t->shape[d] > 1 && (t->stride[d] * (int64_t)es) % 16) return false;
     return true;
@@ -193,7 +193,8 @@ bool aligned16(const fl_tensor *t) {
 
 bool dense_last(const fl_tensor *t) { return t->stride[3] == 1 || t->shape[3] == 1; }
 
-/* NULL when the call fits the fused engines' layout rules, else why not. */
+/* NULL when the configuration fits the fused engines' layout rules, else
+ * why not (the same for every call with this key, so it is cached). */
 const char *layout_refusal(const fl_attention_args *a, bool backward, const sdpa_key *k) {
     fl_dtype dt = a->q->dtype;
     if (dt != FL_BF16 && dt != FL_F16) return "only bf16 and f16 inputs";
@@ -206,13 +207,12 @@ const char *layout_refusal(const fl_attention_args *a, bool backward, const sdpa
         if (!io[i]) continue;
         if (io[i]->dtype != dt) return "q, k, v and outputs in different dtypes";
         if (!dense_last(io[i])) return "a tensor whose last dim is strided";
-        if (!aligned16(io[i])) return "a tensor not aligned to 16 bytes (pointer or row stride)";
+        if (!strides16(io[i])) return "a row stride that is not a multiple of 16 bytes";
     }
     if (a->bias) {
         if (a->bias->dtype != dt) return "a bias in another dtype than q";
         if (k->bias_dim[3] != k->Tk || a->bias->stride[3] != 1)
             return "a bias broadcast along keys or strided along them";
-        if ((uintptr_t)a->bias->data % 16) return "a bias not aligned to 16 bytes";
         for (int d = 0; d < 3; d++)
             if (k->bias_dim[d] > 1 && (k->bias_stride[d] * 2) % 16)
                 return "a bias row stride not a multiple of 16 bytes";
@@ -223,6 +223,17 @@ const char *layout_refusal(const fl_attention_args *a, bool backward, const sdpa
         return "lse not a dense f32 [B, Hq, Tq]";
     if (backward && a->dbias) return "dbias is computed by the kernels";
     return NULL;
+}
+
+/* The engines read and write with 16-byte vector accesses: every pointer
+ * must be aligned. That depends on the call (a view's offset), not on the
+ * configuration, so it is checked every time and never cached. */
+bool pointers_aligned(const fl_attention_args *a) {
+    const fl_tensor *all[11] = {a->q, a->k, a->v, a->bias, a->out, a->lse,
+                                a->o, a->dout, a->dq, a->dk, a->dv};
+    for (int i = 0; i < 11; i++)
+        if (all[i] && (uintptr_t)all[i]->data % 16) return false;
+    return true;
 }
 
 /* ---- building a graph ----------------------------------------------------- */
@@ -236,7 +247,7 @@ struct builder {
     int n_ops;
     int64_t next_uid;
     cudnnStatus_t st;
-    char why[192];
+    char why[512];
     cudnnDataType_t io;
 };
 
@@ -245,8 +256,10 @@ bool failed(const builder *b) { return b->why[0] != 0; }
 void fail(builder *b, const char *what, cudnnStatus_t st) {
     if (failed(b)) return;
     b->st = st;
-    snprintf(b->why, sizeof b->why, "%s: %s (cuDNN status %d)", what, cudnnGetErrorString(st),
-             (int)st);
+    char detail[256] = "";
+    cudnnGetLastErrorString(detail, sizeof detail); /* cuDNN's own words, if any */
+    snprintf(b->why, sizeof b->why, "%s: %s (cuDNN status %d)%s%s", what,
+             cudnnGetErrorString(st), (int)st, detail[0] ? ": " : "", detail);
 }
 
 cudnnBackendDescriptor_t make(builder *b, cudnnBackendDescriptorType_t type, const char *what) {
@@ -544,7 +557,7 @@ cudnnBackendDescriptor_t build_plan(builder *b, cudnnHandle_t h, int64_t *worksp
     set(b, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "operation graph");
     finalize(b, graph, "operation graph");
     const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
-    char last[192] = "no engine configuration";
+    char last[512] = "no engine configuration";
     for (int m = 0; m < 2 && !failed(b); m++) {
         cudnnBackendDescriptor_t heur = make(b, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
         set(b, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph,
@@ -583,8 +596,10 @@ cudnnBackendDescriptor_t build_plan(builder *b, cudnnHandle_t h, int64_t *worksp
             st = cudnnBackendFinalize(plan);
             if (st != CUDNN_STATUS_SUCCESS) {
                 /* This engine does not take the graph; try the next one. */
-                snprintf(last, sizeof last, "execution plan: %s (cuDNN status %d)",
-                         cudnnGetErrorString(st), (int)st);
+                char detail[256] = "";
+                cudnnGetLastErrorString(detail, sizeof detail);
+                snprintf(last, sizeof last, "execution plan: %s (cuDNN status %d)%s%s",
+                         cudnnGetErrorString(st), (int)st, detail[0] ? ": " : "", detail);
                 continue;
             }
             st = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
@@ -717,13 +732,11 @@ int run_cudnn(const char *op, const fl_attention_args *a, bool backward, bool *d
     if (env_is("FSDP_CUDNN_SDPA", "0")) return FL_OK;
     sdpa_key k;
     key_of(a, backward, &k);
-    const char *refusal = layout_refusal(a, backward, &k);
-    if (refusal && strstr(refusal, "aligned")) {
-        /* Alignment depends on this call's pointers, not on the
-         * configuration: decline without caching. */
-        debug_line(&k, refusal);
+    if (!pointers_aligned(a)) {
+        debug_line(&k, "a tensor whose data is not aligned to 16 bytes");
         return FL_OK;
     }
+    const char *refusal = layout_refusal(a, backward, &k);
     if (fl_cu_use_device(op, a->q)) return fl_last_status();
     const sdpa_plan *e;
     {
