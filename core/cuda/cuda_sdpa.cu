@@ -22,11 +22,14 @@
  * are multiples of 8, the last dim dense, 16-byte aligned pointers and row
  * strides, the bias not broadcast along keys, no dbias (the frontend routes
  * dbias to another engine variant; T5's trained bias keeps the kernels), no
- * empty dims. Anything else, and any configuration cuDNN refuses while the
- * graph or the plan is built (no engine, an unsupported head dim on this
- * GPU), goes to the kernels. The outcome is cached per configuration (shapes,
- * strides, dtype, causal, bias layout, device; keyed separately for forward
- * and backward), so a graph is built once and a refusal is not retried.
+ * empty dims, and the frontend's version rules for the cuDNN found at run
+ * time (9.0 or later; not 9.10.0/9.10.1 forward; backward before 9.16 only
+ * with Tk a multiple of 128). Anything else, and any configuration cuDNN
+ * refuses while the graph or the plan is built (no engine, an unsupported
+ * head dim on this GPU), goes to the kernels. The outcome is cached per
+ * configuration (shapes, strides, dtype, causal, bias layout, device; keyed
+ * separately for forward and backward), so a graph is built once and a
+ * refusal is not retried.
  * FSDP_CUDNN_SDPA=0 turns this path off; FSDP_CUDNN_DEBUG=1 prints one
  * line on stderr per refused configuration saying why.
  *
@@ -38,6 +41,7 @@
 
 #include <cudnn.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -217,6 +221,15 @@ const char *layout_refusal(const fl_attention_args *a, bool backward, const sdpa
             if (k->bias_dim[d] > 1 && (k->bias_stride[d] * 2) % 16)
                 return "a bias row stride not a multiple of 16 bytes";
     }
+    /* Version rules from cudnn-frontend's support checks, for the library
+     * found at run time (the GPU machine's may be older than our headers). */
+    size_t version = cudnnGetVersion();
+    if (version < 90000) return "cuDNN before 9.0 (the graphs are cuDNN 9's)";
+    if (!backward && (version == 91000 || version == 91001))
+        return "cuDNN 9.10.0/9.10.1 (known bugs in the bf16/f16 forward)";
+    if (backward && version < 91600 && k->Tk % 128)
+        return "cuDNN before 9.16 with Tk not a multiple of 128 (its backward then needs a "
+               "padding mask)";
     const fl_tensor *lse = a->lse;
     if (lse->dtype != FL_F32 || lse->stride[0] != k->Hq * k->Tq || lse->stride[1] != k->Tq ||
         lse->stride[2] != 1)
@@ -764,11 +777,15 @@ int run_cudnn(const char *op, const fl_attention_args *a, bool backward, bool *d
     return rc;
 }
 
+/* The causal mask's fill: -inf, or the lowest float before cuDNN 9.10 (the
+ * frontend's choice: older engines misbehave on -inf). */
+float mask_fill(void) { return cudnnGetVersion() < 91000 ? -FLT_MAX : -INFINITY; }
+
 } // namespace
 
 int fl_cuda_attention_cudnn(const fl_attention_args *a, bool *done) {
     const char *op = "scaled_dot_product_attention";
-    float scale = (float)a->scale, neg_inf = -INFINITY;
+    float scale = (float)a->scale, neg_inf = mask_fill();
     return run_cudnn(op, a, false, done,
                      [&](cudnnHandle_t h, const sdpa_plan *e, void *ws, void *) {
         int64_t uids[8] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE};
@@ -788,7 +805,7 @@ int fl_cuda_attention_cudnn(const fl_attention_args *a, bool *done) {
 
 int fl_cuda_attention_cudnn_backward(const fl_attention_args *a, bool *done) {
     const char *op = "scaled_dot_product_attention backward";
-    float scale = (float)a->scale, neg_inf = -INFINITY, one = 1.0f;
+    float scale = (float)a->scale, neg_inf = mask_fill(), one = 1.0f;
     return run_cudnn(op, a, true, done,
                      [&](cudnnHandle_t h, const sdpa_plan *e, void *ws, void *extra) {
         const int64_t rows = e->key.B * e->key.Hq * e->key.Tq;
