@@ -93,7 +93,7 @@ $(TARGET): $(FL_CU_OBJECTS) $(FL_SIM_LIB_OBJECTS)
 # collectives across forked processes).
 FL_SIM_BIN := $(abspath $(TARGETDIR)/../bin)
 FL_SIM_CHECKS := $(FL_SIM_BIN)/cudasim-selftest $(FL_SIM_BIN)/check_sim_cublas $(FL_SIM_BIN)/check_sim_cudnn \
-  $(FL_SIM_BIN)/check_sim_nccl
+  $(FL_SIM_BIN)/check_sim_nccl $(FL_SIM_BIN)/check_sim_cudnn_graph
 all: $(FL_SIM_CHECKS)
 
 $(FL_SIM_SRC)/selftest.cu: $(FL_SIM_DIR)/selftest.cu $(FL_SIM_DIR)/rewrite.lua
@@ -120,6 +120,14 @@ $(FL_SIM_BIN)/check_sim_nccl: $(FL_SIM_DIR)/check_sim_nccl.c $(FL_SIM_DIR)/sim_n
 $(FL_SIM_BIN)/check_sim_cudnn: $(FL_SIM_DIR)/check_sim_cudnn.c $(OBJDIR)/sim_cudnn.c.o
 	@mkdir -p $(FL_SIM_BIN)
 	@echo "linking check_sim_cudnn"
+	$(SILENT) $(CC) -std=c11 -O2 -I$(FL_CUDA_HOME)/include $^ -o "$@" -lm
+
+# cuDNN's graph API (sim_cudnn_graph.c) through the backend calls, with the
+# handle from sim_cudnn.c.
+$(FL_SIM_BIN)/check_sim_cudnn_graph: $(FL_SIM_DIR)/check_sim_cudnn_graph.c $(OBJDIR)/sim_cudnn_graph.c.o \
+  $(OBJDIR)/sim_cudnn.c.o
+	@mkdir -p $(FL_SIM_BIN)
+	@echo "linking check_sim_cudnn_graph"
 	$(SILENT) $(CC) -std=c11 -O2 -I$(FL_CUDA_HOME)/include $^ -o "$@" -lm
 endif
 endif

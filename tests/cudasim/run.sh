@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/cudasim/run.sh: the cudasim suite, in TAP (tests/run.sh counts it).
 #   1. the simulator's self-test and its library checks (cuBLASLt against
-#      BLAS, cuDNN by adjoint identities, NCCL across forked processes), so
+#      BLAS, cuDNN by adjoint identities, cuDNN's graph API against host
+#      attention, NCCL across forked processes), so
 #      a fault found below is the backend's and not the simulator's;
 #   2. collectives on cuda tensors and data-parallel training on cuda:0
 #      under mpirun with 2 and 4 ranks (tests/mpi/cuda_collectives.lua);
@@ -17,7 +18,7 @@ rc=0
 "$bin/cudasim-selftest" || rc=1
 
 n=100
-for check in check_sim_cublas check_sim_cudnn check_sim_nccl; do
+for check in check_sim_cublas check_sim_cudnn check_sim_cudnn_graph check_sim_nccl; do
   n=$((n + 1))
   if out=$("$bin/$check" 2>&1); then
     echo "ok $n - $check: $(tail -n 1 <<<"$out")"

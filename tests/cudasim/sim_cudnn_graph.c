@@ -2,10 +2,10 @@
  * sim_cudnn_graph.c: a host implementation of cuDNN 9's graph (backend)
  * API for cudasim, covering the descriptors that the scaled-dot-product
  * attention graphs of cudnn-frontend (sdpa, sdpa_backward) are made of:
- * tensors, pointwise, matmul and reduction operations, the operation
- * graph, heuristics, engine, engine config, execution plan and variant
- * pack. As in sim_cudnn.c, "device memory" is host memory and the work is
- * done when cudnnBackendExecute returns.
+ * tensors, pointwise, matmul, reduction and reshape operations, the
+ * operation graph, heuristics, engine, engine config, knob choice,
+ * execution plan and variant pack. As in sim_cudnn.c, "device memory" is
+ * host memory and the work is done when cudnnBackendExecute returns.
  *
  * What is modelled, from the documented semantics:
  * - Every attribute is checked for its documented attribute type and
@@ -16,17 +16,22 @@
  *   documented type. Attributes, descriptor types, modes and data types
  *   this file does not model are CUDNN_STATUS_NOT_SUPPORTED, never ignored.
  * - Finalize checks that every required attribute is present (the list
- *   per descriptor is in the table below each finalize function and in
- *   the report of the commit that added this file) and that shapes agree:
+ *   per descriptor is in a comment at the top of each finalize case) and
+ *   that shapes agree:
  *   tensors have 1..8 positive dims and as many strides; pointwise inputs
  *   have the output's rank and each dim equal to the output's or 1;
- *   matmul is A[..,M,K] x B[..,K,N] = C[..,M,N] with batch dims equal or 1
- *   (broadcast) in A and B; a reduction's output dims are the input's or 1
- *   (the reduced ones). The operation graph identifies tensors by unique
- *   id: descriptors sharing an id must describe the same tensor, an id is
- *   produced by at most one operation, virtual tensors must be produced
- *   inside the graph, by-value tensors must not be outputs, and the graph
- *   must be acyclic.
+ *   matmul is A[..,M,K] x B[..,K,N] = C[..,M,N] with batch dims of A and
+ *   B equal to C's, 1 (broadcast) or dividing C's (grouped: A's batch
+ *   index is C's / (C's dim / A's), the "b (hk g)" grouping of
+ *   cudnn-frontend's grouped-query attention); a reduction's output dims
+ *   are the input's, 1 (reduced) or divide the input's (consecutive groups
+ *   summed: the frontend's dK/dV head reduction); a reshape's output
+ *   covers the same element offsets as its input (a view: dims and strides
+ *   permuted together, or both dense) and may change the data type. The
+ *   operation graph identifies tensors by unique id: descriptors sharing
+ *   an id must describe the same tensor, an id is produced by at most one
+ *   operation, virtual tensors must be produced inside the graph, by-value
+ *   tensors must not be outputs, and the graph must be acyclic.
  * - Execute interprets the graph on the host in a topological order:
  *   virtual tensors get host buffers of their declared data type (so a
  *   bf16 virtual tensor is rounded as on the GPU), all reads and writes go
@@ -35,11 +40,16 @@
  *   round to nearest even (sim_half.h). By-value tensors are read from the
  *   variant pack pointer as a host scalar of their data type. Pointers of
  *   non-virtual tensors must satisfy the tensor's byte alignment.
- * - Pointwise y = op(alpha1 * x, alpha2 * b) (alphas default 1);
+ * - Pointwise y = op(alpha1 * x, alpha2 * b) (alphas default 1), math
+ *   precision FLOAT (INT32 or BOOLEAN also for GEN_INDEX, CMP_*, LOGICAL_*,
+ *   as the frontend's masks set it);
  *   BINARY_SELECT y = t ? x : b (t non-zero: x, as cudnn-frontend's causal
  *   and padding masks use it: x = scores, b = -inf, t = keep-mask);
  *   GEN_INDEX y = the index of the element along CUDNN_ATTR_POINTWISE_AXIS
  *   of the output (x only gives the shape); CMP_* and LOGICAL_* give 1 or 0.
+ * - Reshape: y's element at each index is x's element at the same memory
+ *   offset under y's strides (so permuted strides transpose), converted to
+ *   y's data type.
  * - Heuristics return one engine (global index 0, no knobs, no notes) for
  *   every finalized graph; the execution plan needs no workspace (size 0).
  *
@@ -120,10 +130,10 @@ typedef struct {
     cudnnDataType_t comp;
 } red_t;
 
-enum { OP_PW, OP_MM, OP_RED };
+enum { OP_PW, OP_MM, OP_RED, OP_RESHAPE };
 
 /* One operation as the graph keeps it: in[] is x, b, t (pointwise), a, b
- * (matmul) or x (reduction). */
+ * (matmul) or x (reduction, reshape). */
 typedef struct {
     int kind;
     int nin;
@@ -224,6 +234,7 @@ static const char *type_name(cudnnBackendDescriptorType_t t) {
     case CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR: return "OPERATION_MATMUL";
     case CUDNN_BACKEND_REDUCTION_DESCRIPTOR: return "REDUCTION";
     case CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR: return "OPERATION_REDUCTION";
+    case CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR: return "OPERATION_RESHAPE";
     default: return "?";
     }
 }
@@ -265,7 +276,8 @@ cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t descript
     case CUDNN_BACKEND_MATMUL_DESCRIPTOR:
     case CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR:
     case CUDNN_BACKEND_REDUCTION_DESCRIPTOR:
-    case CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR: break;
+    case CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR:
+    case CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR: break;
     default:
         return fail(CUDNN_STATUS_NOT_SUPPORTED,
                     "cudnnBackendCreateDescriptor: descriptor type %d is not modelled by the simulation",
@@ -399,6 +411,7 @@ static const char *attr_name(cudnnBackendAttributeName_t a) {
         A(CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC)
         A(CUDNN_ATTR_OPERATION_REDUCTION_XDESC) A(CUDNN_ATTR_OPERATION_REDUCTION_YDESC)
         A(CUDNN_ATTR_OPERATION_REDUCTION_DESC)
+        A(CUDNN_ATTR_OPERATION_RESHAPE_XDESC) A(CUDNN_ATTR_OPERATION_RESHAPE_YDESC)
 #undef A
     default: return "an attribute";
     }
@@ -468,6 +481,16 @@ static int supported_pw_mode(cudnnPointwiseMode_t m) {
     case CUDNN_POINTWISE_LOGICAL_AND: case CUDNN_POINTWISE_LOGICAL_OR:
     case CUDNN_POINTWISE_LOGICAL_NOT: case CUDNN_POINTWISE_GEN_INDEX:
     case CUDNN_POINTWISE_BINARY_SELECT: return 1;
+    default: return 0;
+    }
+}
+
+static int pw_is_compare_or_logical(cudnnPointwiseMode_t m) {
+    switch (m) {
+    case CUDNN_POINTWISE_CMP_EQ: case CUDNN_POINTWISE_CMP_NEQ: case CUDNN_POINTWISE_CMP_GT:
+    case CUDNN_POINTWISE_CMP_GE: case CUDNN_POINTWISE_CMP_LT: case CUDNN_POINTWISE_CMP_LE:
+    case CUDNN_POINTWISE_LOGICAL_AND: case CUDNN_POINTWISE_LOGICAL_OR:
+    case CUDNN_POINTWISE_LOGICAL_NOT: return 1;
     default: return 0;
     }
 }
@@ -697,6 +720,18 @@ cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
         default: return unsupported_attr(d, a, "Set");
         }
 
+    case CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR:
+        switch (a) {
+        case CUDNN_ATTR_OPERATION_RESHAPE_XDESC:
+        case CUDNN_ATTR_OPERATION_RESHAPE_YDESC:
+            EXPECT(CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1);
+            REF(CUDNN_BACKEND_TENSOR_DESCRIPTOR, r);
+            if (a == CUDNN_ATTR_OPERATION_RESHAPE_XDESC) d->x = r->t, d->set |= 1u << S_X;
+            else d->y = r->t, d->set |= 1u << S_Y;
+            return CUDNN_STATUS_SUCCESS;
+        default: return unsupported_attr(d, a, "Set");
+        }
+
     case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR:
         switch (a) {
         case CUDNN_ATTR_OPERATIONGRAPH_HANDLE:
@@ -715,7 +750,8 @@ cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
                 if (!o) bad = "is not a backend descriptor";
                 else if (o->type != CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR &&
                          o->type != CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR &&
-                         o->type != CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR)
+                         o->type != CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR &&
+                         o->type != CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR)
                     bad = "is not an operation descriptor the simulation models";
                 else if (!o->finalized) bad = "is not finalized";
                 if (bad) {
@@ -740,9 +776,13 @@ cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
                     op->nin = 2;
                     op->in[0] = o->x;
                     op->in[1] = o->b;
-                } else {
+                } else if (o->type == CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR) {
                     op->kind = OP_RED;
                     op->red = o->red;
+                    op->nin = 1;
+                    op->in[0] = o->x;
+                } else {
+                    op->kind = OP_RESHAPE;
                     op->nin = 1;
                     op->in[0] = o->x;
                 }
@@ -971,9 +1011,14 @@ static cudnnStatus_t finalize_pointwise(desc_t *d) {
     if (!supported_pw_mode(d->pw.mode))
         return fail(CUDNN_STATUS_NOT_SUPPORTED, "POINTWISE mode %d is not modelled by the simulation",
                     (int)d->pw.mode);
-    if (d->pw.prec != CUDNN_DATA_FLOAT)
-        return fail(CUDNN_STATUS_NOT_SUPPORTED, "POINTWISE math precision %s is not modelled (FLOAT only)",
-                    dtype_name(d->pw.prec));
+    /* f32 arithmetic; the index, compare and logical modes may also say
+     * INT32 or BOOLEAN (cudnn-frontend's masks do), computed the same way
+     * here since their operands are exact small integers or 0/1. */
+    int int_ok = d->pw.mode == CUDNN_POINTWISE_GEN_INDEX || pw_is_compare_or_logical(d->pw.mode);
+    if (d->pw.prec != CUDNN_DATA_FLOAT &&
+        !(int_ok && (d->pw.prec == CUDNN_DATA_INT32 || d->pw.prec == CUDNN_DATA_BOOLEAN)))
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, "POINTWISE math precision %s is not modelled for mode %d (FLOAT; "
+                    "INT32 or BOOLEAN for GEN_INDEX, CMP_* and LOGICAL_*)", dtype_name(d->pw.prec), (int)d->pw.mode);
     if (d->pw.mode == CUDNN_POINTWISE_GEN_INDEX && !d->pw.has_axis)
         return missing(d, "CUDNN_ATTR_POINTWISE_AXIS (GEN_INDEX)");
     return CUDNN_STATUS_SUCCESS;
@@ -1025,8 +1070,9 @@ static cudnnStatus_t finalize_op_matmul(desc_t *d) {
     if (ok)
         ok = A->dim[nd - 2] == C->dim[nd - 2] && B->dim[nd - 1] == C->dim[nd - 1] &&
              A->dim[nd - 1] == B->dim[nd - 2];
-    for (int i = 0; ok && i < nd - 2; i++)
-        ok = (A->dim[i] == C->dim[i] || A->dim[i] == 1) && (B->dim[i] == C->dim[i] || B->dim[i] == 1);
+    /* Batch dims: equal, 1 (broadcast) or dividing C's (grouped, as the
+     * grouped-query attention graphs use it: A's index is C's / group). */
+    for (int i = 0; ok && i < nd - 2; i++) ok = C->dim[i] % A->dim[i] == 0 && C->dim[i] % B->dim[i] == 0;
     if (!ok)
         return fail(CUDNN_STATUS_BAD_PARAM, "cudnnBackendFinalize(OPERATION_MATMUL): A %s x B %s does not give C %s",
                     sa, sb, sc);
@@ -1042,13 +1088,69 @@ static cudnnStatus_t finalize_op_reduction(desc_t *d) {
     REQUIRE(S_Y, CUDNN_ATTR_OPERATION_REDUCTION_YDESC);
     REQUIRE(S_DESC, CUDNN_ATTR_OPERATION_REDUCTION_DESC);
     char a[128], b[128];
+    /* Each output dim is the input's, 1 (reduced) or divides it (reduced
+     * over groups of consecutive indices: grouped-query attention's dK and
+     * dV, "b (hk g) s d -> b hk s d"). */
     int ok = d->x.nd == d->y.nd;
-    for (int i = 0; ok && i < d->x.nd; i++) ok = d->y.dim[i] == d->x.dim[i] || d->y.dim[i] == 1;
+    for (int i = 0; ok && i < d->x.nd; i++) ok = d->x.dim[i] % d->y.dim[i] == 0;
     if (ok) return CUDNN_STATUS_SUCCESS;
     shape_str(&d->x, a, sizeof a);
     shape_str(&d->y, b, sizeof b);
     return fail(CUDNN_STATUS_BAD_PARAM, "cudnnBackendFinalize(OPERATION_REDUCTION): output %s is not a reduction "
                                         "of the input %s", b, a);
+}
+
+/* The element offsets a tensor covers, as (dim, stride) pairs of its dims
+ * longer than 1, sorted; two tensors with equal lists cover the same
+ * offsets. */
+static int dim_stride_pairs(const tensor_t *t, int64_t pairs[][2]) {
+    int n = 0;
+    for (int i = 0; i < t->nd; i++)
+        if (t->dim[i] > 1) pairs[n][0] = t->str[i], pairs[n][1] = t->dim[i], n++;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && (pairs[j][0] < pairs[j - 1][0] ||
+                                  (pairs[j][0] == pairs[j - 1][0] && pairs[j][1] < pairs[j - 1][1])); j--) {
+            int64_t s0 = pairs[j][0], s1 = pairs[j][1];
+            pairs[j][0] = pairs[j - 1][0], pairs[j][1] = pairs[j - 1][1];
+            pairs[j - 1][0] = s0, pairs[j - 1][1] = s1;
+        }
+    return n;
+}
+
+/* Dense: the offsets are exactly 0 .. numel-1. */
+static int dense(const tensor_t *t) {
+    int64_t pairs[MAXD][2], expect = 1;
+    int n = dim_stride_pairs(t, pairs);
+    for (int i = 0; i < n; i++) {
+        if (pairs[i][0] != expect) return 0;
+        expect *= pairs[i][1];
+    }
+    return 1;
+}
+
+static int64_t numel(const tensor_t *t);
+
+static cudnnStatus_t finalize_op_reshape(desc_t *d) {
+    /* Required: XDESC, YDESC. A view: y describes the memory x describes
+     * (the frontend's transposes, dims and strides permuted together), so
+     * both must cover the same element offsets; the data type may change
+     * (cudnn-frontend's sdpa_backward reshapes the f32 P into the I/O
+     * type), values are converted, rounding to nearest even. */
+    REQUIRE(S_X, CUDNN_ATTR_OPERATION_RESHAPE_XDESC);
+    REQUIRE(S_Y, CUDNN_ATTR_OPERATION_RESHAPE_YDESC);
+    char a[128], b[128];
+    shape_str(&d->x, a, sizeof a);
+    shape_str(&d->y, b, sizeof b);
+    if (numel(&d->x) != numel(&d->y))
+        return fail(CUDNN_STATUS_BAD_PARAM, "cudnnBackendFinalize(OPERATION_RESHAPE): %s and %s have different "
+                                            "element counts", a, b);
+    int64_t px[MAXD][2], py[MAXD][2];
+    int nx = dim_stride_pairs(&d->x, px), ny = dim_stride_pairs(&d->y, py);
+    int same = nx == ny && !memcmp(px, py, (size_t)nx * sizeof px[0]);
+    if (!same && !(dense(&d->x) && dense(&d->y)))
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, "OPERATION_RESHAPE: %s and %s (strides not a permutation of each "
+                                                "other's, not both dense) is not modelled as a view", a, b);
+    return CUDNN_STATUS_SUCCESS;
 }
 
 static int same_tensor(const tensor_t *a, const tensor_t *b) {
@@ -1185,6 +1287,7 @@ cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor) {
     case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR: st = finalize_op_pointwise(d); break;
     case CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR: st = finalize_op_matmul(d); break;
     case CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR: st = finalize_op_reduction(d); break;
+    case CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR: st = finalize_op_reshape(d); break;
     case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR: st = finalize_graph(d); break;
     case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR:
         /* Required: OPERATION_GRAPH, MODE. */
@@ -1381,6 +1484,15 @@ static int64_t offset_bc(const tensor_t *t, const int64_t *idx) {
     return o;
 }
 
+/* The same where t's dims divide ref's (grouped: index / (ref / t), which
+ * is 0 for a size-1 dim and the index itself for an equal one). */
+static int64_t offset_grouped(const tensor_t *t, const int64_t *idx, const int64_t *ref) {
+    int64_t o = 0;
+    for (int i = 0; i < t->nd; i++)
+        if (t->dim[i] != 1) o += idx[i] / (ref[i] / t->dim[i]) * t->str[i];
+    return o;
+}
+
 static int next_index(int64_t *idx, const tensor_t *t) {
     for (int i = t->nd - 1; i >= 0; i--) {
         if (++idx[i] < t->dim[i]) return 1;
@@ -1440,6 +1552,10 @@ static void run_matmul(const op_t *op, void *const *in, void *out) {
     const tensor_t *A = &op->in[0], *B = &op->in[1], *C = &op->out;
     int nd = C->nd;
     int64_t M = C->dim[nd - 2], N = C->dim[nd - 1], K = A->dim[nd - 1];
+    int64_t refa[MAXD], refb[MAXD];
+    memcpy(refa, C->dim, sizeof refa);
+    memcpy(refb, C->dim, sizeof refb);
+    refa[nd - 1] = K, refb[nd - 2] = K;
     /* Loop over the batch dims of C with m = n = 0, then over m, n. */
     tensor_t batch = *C;
     batch.dim[nd - 2] = batch.dim[nd - 1] = 1;
@@ -1454,7 +1570,8 @@ static void run_matmul(const op_t *op, void *const *in, void *out) {
                 for (int64_t k = 0; k < K; k++) {
                     ia[nd - 2] = m, ia[nd - 1] = k;
                     ib[nd - 2] = k, ib[nd - 1] = n;
-                    acc += load(in[0], offset_bc(A, ia), A->dtype) * load(in[1], offset_bc(B, ib), B->dtype);
+                    acc += load(in[0], offset_grouped(A, ia, refa), A->dtype) *
+                           load(in[1], offset_grouped(B, ib, refb), B->dtype);
                 }
                 int64_t ic[MAXD];
                 memcpy(ic, idx, sizeof ic);
@@ -1476,7 +1593,7 @@ static cudnnStatus_t run_reduction(const op_t *op, void *const *in, void *out) {
     do {
         /* Row-major index of the output element this input element goes to. */
         int64_t r = 0;
-        for (int i = 0; i < y->nd; i++) r = r * y->dim[i] + (y->dim[i] == 1 ? 0 : idx[i]);
+        for (int i = 0; i < y->nd; i++) r = r * y->dim[i] + idx[i] / (x->dim[i] / y->dim[i]);
         float v = load(in[0], offset_bc(x, idx), x->dtype);
         if (op->red.op == CUDNN_REDUCE_TENSOR_ADD) acc[r] += v;
         else if (op->red.op == CUDNN_REDUCE_TENSOR_MAX) acc[r] = fmaxf(acc[r], v);
@@ -1488,6 +1605,17 @@ static cudnnStatus_t run_reduction(const op_t *op, void *const *in, void *out) {
     while (next_index(idx, y));
     free(acc);
     return CUDNN_STATUS_SUCCESS;
+}
+
+/* y's element at each logical index is x's element at the same memory
+ * offset (finalize checked both cover the same offsets). */
+static void run_reshape(const op_t *op, void *const *in, void *out) {
+    const tensor_t *x = &op->in[0], *y = &op->out;
+    int64_t idx[MAXD] = {0};
+    do {
+        int64_t o = offset_bc(y, idx);
+        store(out, o, y->dtype, load(in[0], o, x->dtype));
+    } while (next_index(idx, y));
 }
 
 cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan,
@@ -1550,6 +1678,7 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
         }
         if (op->kind == OP_PW) run_pointwise(op, in, out);
         else if (op->kind == OP_MM) run_matmul(op, in, out);
+        else if (op->kind == OP_RESHAPE) run_reshape(op, in, out);
         else st = run_reduction(op, in, out);
     }
     for (int q = 0; q < nb; q++)
