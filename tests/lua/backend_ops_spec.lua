@@ -89,7 +89,8 @@ local CASES = {
   { 'attention bias unscaled', function()
       return { randn({ 1, 2, 4, 8 }, 1), randn({ 1, 2, 6, 8 }, 2), randn({ 1, 2, 6, 8 }, 3), randn({ 1, 2, 4, 6 }, 4) }
     end, function(q, k, v, b) return F.scaled_dot_product_attention(q, k, v, { bias = b, scale = 1 }) end,
-    cudnn = { forward = 1 } }, -- the bias's gradient is the kernels'
+    -- 6 keys make 12-byte bias rows, which cuDNN's engines cannot read
+    cudnn = { forward = 0, backward = 0 } },
   { 'matmul batched', function() return { randn({ 2, 3, 4 }, 1), randn({ 2, 4, 5 }, 2) } end, F.matmul },
   { 'matmul transposed', function() return { randn({ 4, 3 }, 1), randn({ 5, 4 }, 2) } end,
     function(a, b) return F.matmul(a:t(), b:t()) end },
