@@ -123,8 +123,12 @@ struct sdpa_plan {
     int64_t workspace;                /* the plan's, in bytes */
 };
 
-sdpa_plan *cache;
-int n_cache, cap_cache;
+/* Entries are allocated one by one and never freed or moved: callers use
+ * them after the lock is released. */
+sdpa_plan *cache[MAX_CACHE];
+int n_cache;
+/* What every configuration beyond MAX_CACHE gets: the kernels. */
+sdpa_plan cache_full;
 
 void copy_strides(int64_t *dst, const fl_tensor *t) {
     for (int d = 0; d < 4; d++) dst[d] = t ? t->stride[d] : 0;
@@ -658,32 +662,25 @@ cudnnHandle_t handle_of(builder *b, int dev) {
  * NULL only with the core's error set (out of memory). */
 const sdpa_plan *plan_for(const char *op, const sdpa_key *k, const char *refusal) {
     for (int i = 0; i < n_cache; i++)
-        if (memcmp(&cache[i].key, k, sizeof *k) == 0) return &cache[i];
+        if (memcmp(&cache[i]->key, k, sizeof *k) == 0) return cache[i];
     if (n_cache == MAX_CACHE) {
-        fl_fail(FL_ERR_UNSUPPORTED, "%s on cuda: more than %d attention configurations", op,
-                (int)MAX_CACHE);
+        debug_line(k, "the plan cache is full");
+        return &cache_full;
+    }
+    sdpa_plan *e = (sdpa_plan *)calloc(1, sizeof *e);
+    if (!e) {
+        fl_fail(FL_ERR_OOM, "%s on cuda: no memory for the cuDNN plan cache", op);
         return NULL;
     }
-    if (n_cache == cap_cache) {
-        int cap = cap_cache ? 2 * cap_cache : 16;
-        sdpa_plan *grown = (sdpa_plan *)realloc(cache, (size_t)cap * sizeof *cache);
-        if (!grown) {
-            fl_fail(FL_ERR_OOM, "%s on cuda: no memory for the cuDNN plan cache", op);
-            return NULL;
-        }
-        cache = grown;
-        cap_cache = cap;
-    }
-    sdpa_plan *e = &cache[n_cache];
-    memset(e, 0, sizeof *e);
     e->key = *k;
     if (refusal) {
         debug_line(k, refusal);
-        n_cache++;
+        cache[n_cache++] = e;
         return e;
     }
     builder *b = (builder *)calloc(1, sizeof(builder));
     if (!b) {
+        free(e);
         fl_fail(FL_ERR_OOM, "%s on cuda: no memory to build a cuDNN graph", op);
         return NULL;
     }
@@ -706,7 +703,7 @@ const sdpa_plan *plan_for(const char *op, const sdpa_key *k, const char *refusal
         e->plan = NULL;
     }
     free(b);
-    n_cache++;
+    cache[n_cache++] = e;
     return e;
 }
 
