@@ -812,6 +812,11 @@ static void error_cases(void) {
         void *mis[] = {(char *)xin + 4, yout};
         expect_status(execute(plan, 2, uids, mis), CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, "aligned",
                       "execute with a pointer off its 16-byte alignment");
+        bd_t vp = create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+        CHECK(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 2, uids));
+        CHECK(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 2, mis));
+        expect_status(cudnnBackendFinalize(vp), CUDNN_STATUS_BAD_PARAM, "CUDNN_ATTR_VARIANT_PACK_WORKSPACE",
+                      "variant pack without a workspace");
         float *xa = aligned_alloc(16, 16), *ya = aligned_alloc(16, 16);
         memcpy(xa, xin, 16);
         void *ok[] = {xa, ya};

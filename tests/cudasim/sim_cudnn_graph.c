@@ -63,6 +63,9 @@
  * simulation runs any graph it can interpret, so a graph the real engine
  * would reject for its shape can pass here).
  *
+ * FSDP_CUDASIM_CUDNN_VERBOSE=1 also prints each error message on stderr
+ * as it happens (cudnnGetLastErrorString returns the last one).
+ *
  * Build: gcc -std=c11 -O2 -fPIC -I/usr/local/cuda/include -c sim_cudnn_graph.c
  */
 
@@ -1316,10 +1319,11 @@ cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor) {
         REQUIRE(S_CFG, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG);
         break;
     case CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR:
-        /* Required: UNIQUE_IDS, DATA_POINTERS (as many). WORKSPACE optional
-         * (the plans here need none). */
+        /* Required: UNIQUE_IDS, DATA_POINTERS (as many), WORKSPACE (may be
+         * NULL: the plans here need none). */
         REQUIRE(S_VP_UIDS, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS);
         REQUIRE(S_VP_PTRS, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS);
+        REQUIRE(S_VP_WS, CUDNN_ATTR_VARIANT_PACK_WORKSPACE);
         if (d->nvp != d->nvp_ptrs)
             return fail(CUDNN_STATUS_BAD_PARAM, "cudnnBackendFinalize(VARIANT_PACK): %lld unique ids but %lld data "
                                                 "pointers", (long long)d->nvp, (long long)d->nvp_ptrs);
@@ -1548,7 +1552,7 @@ static void run_pointwise(const op_t *op, void *const *in, void *out) {
     } while (next_index(idx, y));
 }
 
-static void run_matmul(const op_t *op, void *const *in, void *out) {
+static cudnnStatus_t run_matmul(const op_t *op, void *const *in, void *out) {
     const tensor_t *A = &op->in[0], *B = &op->in[1], *C = &op->out;
     int nd = C->nd;
     int64_t M = C->dim[nd - 2], N = C->dim[nd - 1], K = A->dim[nd - 1];
@@ -1556,29 +1560,34 @@ static void run_matmul(const op_t *op, void *const *in, void *out) {
     memcpy(refa, C->dim, sizeof refa);
     memcpy(refb, C->dim, sizeof refb);
     refa[nd - 1] = K, refb[nd - 2] = K;
+    /* Each batch's A (M x K) and B (K x N) as f32, then the products in
+     * f32, summed over k in order. */
+    float *a = malloc((size_t)(M * K + K * N) * sizeof *a);
+    if (!a) return CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED;
+    float *b = a + M * K;
+    int64_t sam = A->str[nd - 2], sak = A->str[nd - 1], sbk = B->str[nd - 2], sbn = B->str[nd - 1];
     /* Loop over the batch dims of C with m = n = 0, then over m, n. */
     tensor_t batch = *C;
     batch.dim[nd - 2] = batch.dim[nd - 1] = 1;
     int64_t idx[MAXD] = {0};
     do {
-        int64_t ia[MAXD], ib[MAXD];
-        memcpy(ia, idx, sizeof ia);
-        memcpy(ib, idx, sizeof ib);
+        int64_t a0 = offset_grouped(A, idx, refa), b0 = offset_grouped(B, idx, refb);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t k = 0; k < K; k++) a[m * K + k] = load(in[0], a0 + m * sam + k * sak, A->dtype);
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t n = 0; n < N; n++) b[k * N + n] = load(in[1], b0 + k * sbk + n * sbn, B->dtype);
+        int64_t ic[MAXD];
+        memcpy(ic, idx, sizeof ic);
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = 0; n < N; n++) {
                 float acc = 0.0f;
-                for (int64_t k = 0; k < K; k++) {
-                    ia[nd - 2] = m, ia[nd - 1] = k;
-                    ib[nd - 2] = k, ib[nd - 1] = n;
-                    acc += load(in[0], offset_grouped(A, ia, refa), A->dtype) *
-                           load(in[1], offset_grouped(B, ib, refb), B->dtype);
-                }
-                int64_t ic[MAXD];
-                memcpy(ic, idx, sizeof ic);
+                for (int64_t k = 0; k < K; k++) acc += a[m * K + k] * b[k * N + n];
                 ic[nd - 2] = m, ic[nd - 1] = n;
                 store(out, offset_bc(C, ic), C->dtype, acc);
             }
     } while (next_index(idx, &batch));
+    free(a);
+    return CUDNN_STATUS_SUCCESS;
 }
 
 static cudnnStatus_t run_reduction(const op_t *op, void *const *in, void *out) {
@@ -1677,7 +1686,7 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
             if (b[q].uid == op->out.uid) out = b[q].p;
         }
         if (op->kind == OP_PW) run_pointwise(op, in, out);
-        else if (op->kind == OP_MM) run_matmul(op, in, out);
+        else if (op->kind == OP_MM) st = run_matmul(op, in, out);
         else if (op->kind == OP_RESHAPE) run_reshape(op, in, out);
         else st = run_reduction(op, in, out);
     }
