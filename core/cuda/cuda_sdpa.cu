@@ -24,7 +24,8 @@
  * dbias to another engine variant; T5's trained bias keeps the kernels), no
  * empty dims, and the frontend's version rules for the cuDNN found at run
  * time (9.0 or later; not 9.10.0/9.10.1 forward; backward before 9.16 only
- * with Tk a multiple of 128). Anything else, and any configuration cuDNN
+ * with Tk a multiple of 128; no single causal query up to 9.9; dQ's f32
+ * accumulator zeroed before 9.6). Anything else, and any configuration cuDNN
  * refuses while the graph or the plan is built (no engine, an unsupported
  * head dim on this GPU), goes to the kernels. The outcome is cached per
  * configuration (shapes, strides, dtype, causal, bias layout, device; keyed
@@ -234,6 +235,8 @@ const char *layout_refusal(const fl_attention_args *a, bool backward, const sdpa
     if (backward && version < 91600 && k->Tk % 128)
         return "cuDNN before 9.16 with Tk not a multiple of 128 (its backward then needs a "
                "padding mask)";
+    if (version <= 90900 && k->Tq == 1 && k->causal)
+        return "cuDNN 9.9 or older with one query and a causal mask";
     const fl_tensor *lse = a->lse;
     if (lse->dtype != FL_F32 || lse->stride[0] != k->Hq * k->Tq || lse->stride[1] != k->Tq ||
         lse->stride[2] != 1)
@@ -807,6 +810,12 @@ int fl_cuda_attention_cudnn_backward(const fl_attention_args *a, bool *done) {
                      [&](cudnnHandle_t h, const sdpa_plan *e, void *ws, void *extra) {
         const int64_t rows = e->key.B * e->key.Hq * e->key.Tq;
         char *softmax_sum = (char *)extra, *dq_accum = softmax_sum + round_up(rows * 4);
+        if (cudnnGetVersion() < 90600) {
+            /* Older engines add into dQ_accum (the frontend zeroes it). */
+            cudaError_t ce = cudaMemsetAsync(dq_accum, 0, rows * e->key.D * 4, fl_cu_stream());
+            if (ce != cudaSuccess)
+                return fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(ce));
+        }
         int64_t uids[16] = {UID_Q,  UID_K,  UID_V,  UID_O,           UID_DO,       UID_STATS,
                             UID_DQ, UID_DK, UID_DV, UID_SOFTMAX_SUM, UID_DQ_ACCUM, UID_SCALE,
                             UID_ONE};
