@@ -377,4 +377,19 @@ describe('attention through cuDNN against the flash-style kernels', function()
         v:to('bf16'):to('cuda:0'), { bias = bias:to('cuda:0') })
     end)
   end)
+
+  it('FSDP_CUDNN_DEBUG=1 says once per configuration why cuDNN declined it', function()
+    local script = [[
+      local fsdp = require 'fsdp'
+      local q = fsdp.randn({ 1, 2, 20, 36 }, { seed = 1 }):to('bf16'):to('cuda:0')
+      for _ = 1, 3 do fsdp.F.scaled_dot_product_attention(q, q, q, { causal = true }) end]]
+    local cmd = ("FSDP_CUDNN_DEBUG=1 '%s' -e \"%s\" 2>&1"):format(require('fsdp.host').exe,
+      script:gsub('\n', ' '))
+    local f = assert(io.popen(cmd))
+    local out = f:read('*a')
+    f:close()
+    local _, n = out:gsub('cuDNN declines forward bf16 B=1 Hq=2 Hkv=2 Tq=20 Tk=20 D=36 Dv=36 causal: ' ..
+      'head dims must be multiples of 8; the flash%-style kernels run it', '')
+    assert(n == 1, 'expected one line saying why, got:\n' .. out)
+  end)
 end)
