@@ -71,7 +71,7 @@ $(FL_SIM_SRC)/%.cuh: %.cuh $(FL_SIM_DIR)/rewrite.lua
 	@mkdir -p $(FL_SIM_SRC)
 	$(SILENT) luajit $(FL_SIM_DIR)/rewrite.lua $< > $@.tmp && mv $@.tmp $@
 
-$(OBJDIR)/%.sim.o: $(FL_SIM_SRC)/%.cu $(FL_SIM_REWRITTEN) $(FL_SIM_DIR)/cudasim.h | $(OBJDIR)
+$(OBJDIR)/%.sim.o: $(FL_SIM_SRC)/%.cu $(FL_SIM_REWRITTEN) $(FL_SIM_DIR)/cudasim.h $(FL_SIM_DIR)/sim_internal.h | $(OBJDIR)
 	@echo "$(notdir $<) (cudasim)"
 	$(SILENT) $(CXX) $(FL_SIM_CXXFLAGS) -include cudasim.h -x c++ -MMD -MP -c "$<" -o "$@"
 
@@ -79,7 +79,7 @@ $(OBJDIR)/%.cc.o: $(FL_SIM_DIR)/%.cc $(wildcard $(FL_SIM_DIR)/*.h) | $(OBJDIR)
 	@echo "$(notdir $<)"
 	$(SILENT) $(CXX) $(FL_SIM_CXXFLAGS) -c "$<" -o "$@"
 
-$(OBJDIR)/%.c.o: $(FL_SIM_DIR)/%.c $(FL_SIM_DIR)/sim_half.h | $(OBJDIR)
+$(OBJDIR)/%.c.o: $(FL_SIM_DIR)/%.c $(FL_SIM_DIR)/sim_half.h $(FL_SIM_DIR)/sim_internal.h | $(OBJDIR)
 	@echo "$(notdir $<)"
 	$(SILENT) $(CC) -std=c11 $(FL_SIM_FLAGS) -c "$<" -o "$@"
 
@@ -111,11 +111,13 @@ $(FL_SIM_BIN)/check_sim_cublas: $(FL_SIM_DIR)/check_sim_cublas.c $(FL_SIM_DIR)/s
 	$(SILENT) $(CC) -std=c11 -O2 -I$(FL_CUDA_HOME)/include $< -o "$@" \
 	  $(shell pkg-config --cflags --libs openblas) -lm
 
-$(FL_SIM_BIN)/check_sim_nccl: $(FL_SIM_DIR)/check_sim_nccl.c $(FL_SIM_DIR)/sim_nccl.c $(FL_SIM_DIR)/sim_half.h
+# With the simulated runtime, for collectives queued on its streams.
+$(FL_SIM_BIN)/check_sim_nccl: $(FL_SIM_DIR)/check_sim_nccl.c $(FL_SIM_DIR)/sim_nccl.c $(FL_SIM_DIR)/sim_half.h \
+  $(FL_SIM_DIR)/sim_internal.h $(OBJDIR)/sim_runtime.cc.o $(OBJDIR)/sim_fiber.cc.o
 	@mkdir -p $(FL_SIM_BIN)
 	@echo "linking check_sim_nccl"
-	$(SILENT) $(CC) -std=c11 -O2 -D_GNU_SOURCE -I$(FL_CUDA_HOME)/include $(FL_SIM_DIR)/check_sim_nccl.c \
-	  $(FL_SIM_DIR)/sim_nccl.c -o "$@" -lrt
+	$(SILENT) $(CC) -std=c11 -O2 -D_GNU_SOURCE -I$(FL_CUDA_HOME)/include -I$(FL_SIM_DIR) $(FL_SIM_DIR)/check_sim_nccl.c \
+	  $(FL_SIM_DIR)/sim_nccl.c $(OBJDIR)/sim_runtime.cc.o $(OBJDIR)/sim_fiber.cc.o -o "$@" -lrt -lstdc++ -lpthread
 
 $(FL_SIM_BIN)/check_sim_cudnn: $(FL_SIM_DIR)/check_sim_cudnn.c $(OBJDIR)/sim_cudnn.c.o
 	@mkdir -p $(FL_SIM_BIN)

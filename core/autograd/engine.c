@@ -7,7 +7,8 @@
  * among the ready ones (a max-heap on creation order: that is reverse
  * execution order, the order the sharding layer's prefetching expects).
  * Gradients reaching a leaf are accumulated into its .grad. A node's saved
- * tensors and buffers are freed as soon as it has run.
+ * tensors and buffers are freed as soon as it has run; saved tensors that
+ * activation offload moved to host memory come back just before it runs.
  *
  * Nodes implemented in Lua pause the engine: fl_engine_step returns
  * FL_ENGINE_LUA_NODE with the node's output gradients, and the caller
@@ -319,6 +320,7 @@ static int deliver(fl_engine *e, int s, fl_tensor **grads_in) {
         fl_tensor_release(node->saved[k]);
         node->saved[k] = NULL;
     }
+    fl_node_drop_packed(node);
     return rc;
 }
 
@@ -349,7 +351,11 @@ int fl_engine_step(fl_engine *e, fl_engine_event *event) {
                                                   : calloc((size_t)node->n_inputs, sizeof *grads_in);
         if (!grads_in) { rc = fl_fail(FL_ERR_OOM, "backward: out of host memory"); break; }
         memset(grads_in, 0, (size_t)node->n_inputs * sizeof *grads_in);
-        rc = node->type->backward(node, st->buffers, grads_in);
+        /* Saved tensors offloaded to host memory come back to their device
+         * first (one place for every op: backward formulas never see
+         * offload). */
+        rc = fl_node_unpack_saved(node);
+        if (rc == FL_OK) rc = node->type->backward(node, st->buffers, grads_in);
         if (rc != FL_OK) {
             char msg[1024];
             snprintf(msg, sizeof msg, "backward of %s: %s", node->type->name, fl_last_error());

@@ -39,6 +39,7 @@ int fl_requires_grad_(fl_tensor *t, bool requires_grad) {
     if (requires_grad && !fl_dtype_is_float(t->dtype))
         return fl_fail(FL_ERR_ARG, "requires_grad_: only floating point tensors can require "
                                    "grad, not %s", fl_dtype_name(t->dtype));
+    if (requires_grad && t->storage) t->storage->holds_params = true; /* see offload.c */
     if (requires_grad)
         t->flags |= FL_TENSOR_REQUIRES_GRAD;
     else
@@ -126,9 +127,13 @@ fl_node *fl_node_new(const fl_node_type *type, int n_inputs, const fl_tensor *co
 
 void fl_node_save(fl_node *node, const fl_tensor *t) {
     FL_ASSERT(node->n_saved < FL_NODE_MAX_SAVED);
+    int k = node->n_saved++;
+    /* Inside an offload scope a device tensor may go to host memory
+     * instead (offload.c); the engine brings it back before backward. */
+    if (t && fl_offload_save(node, k, t)) return;
     fl_tensor *alias = t ? fl_detach(t) : NULL;
     FL_ASSERT(t == NULL || alias != NULL);
-    node->saved[node->n_saved++] = alias;
+    node->saved[k] = alias;
 }
 
 void fl_node_set_output(fl_node *node, int index, fl_tensor *out) {
@@ -175,6 +180,7 @@ static void free_node(fl_node *node) {
     if (node->lua_id && released_count < RELEASED_CAPACITY)
         released_ids[released_count++] = node->lua_id;
     for (int k = 0; k < node->n_saved; k++) fl_tensor_release(node->saved[k]);
+    fl_node_drop_packed(node);
     for (int i = 0; i < node->n_inputs; i++) {
         fl_edge *e = &node->inputs[i];
         if (e->kind == FL_EDGE_LEAF) fl_tensor_release(e->leaf);

@@ -60,6 +60,14 @@ struct fl_storage {
      * instead of the device allocator's free when the last reference goes. */
     void (*release)(void *ctx, void *data, int64_t nbytes);
     void *release_ctx;
+    /* Unique for the life of the process (never reused like an address):
+     * allocator storage gets one in fl_storage_new, other storage 0.
+     * Activation offload keys its deduplication by it. */
+    uint64_t id;
+    /* Viewed by a leaf that requires grad (a parameter, or a sharded
+     * unit's segment of its shard): set by fl_requires_grad_, never
+     * cleared. Activation offload never moves such memory. */
+    bool holds_params;
 };
 
 fl_storage *fl_storage_new(fl_device device, int64_t nbytes);
@@ -76,6 +84,19 @@ fl_tensor *fl_tensor_view_of(const fl_tensor *t, int ndim,
                              int64_t offset);
 /* Fail unless t is non-NULL and, if need_data, has host-usable storage. */
 int fl_check_tensor(const char *op, const fl_tensor *t, bool need_data);
+
+/* ---- pinned host memory (core/tensor/pinned.c) ------------------------- */
+
+/* Whether s came from the pinned host pool (a cpu storage). */
+bool fl_storage_is_pinned(const fl_storage *s);
+/* Pinned storage of nbytes on the cpu device; NULL with an error naming
+ * `op` without a CUDA device or when out of memory. */
+fl_storage *fl_pinned_storage_new(const char *op, int64_t nbytes);
+/* Queue a copy of nbytes between pinned host memory (inside the storage
+ * `pinned`) and memory of cuda `device` on its compute stream, and record
+ * the use so the pinned block is not reused before the copy ran. */
+int fl_pinned_copy_async(fl_device device, void *dst, const void *src, int64_t nbytes,
+                         bool to_host, fl_storage *pinned);
 
 /* ---- allocators and memory statistics ---------------------------------- */
 
@@ -216,6 +237,10 @@ struct fl_node {
     int64_t i[8];
     void *extra;
     int64_t lua_id;            /* nodes whose backward runs in Lua; else 0 */
+    /* Saved tensors moved to host memory by activation offload: NULL, or
+     * FL_NODE_MAX_SAVED entries, packed[k] set while saved[k] is NULL
+     * (core/autograd/offload.c). */
+    struct fl_packed **packed;
 };
 
 extern const fl_node_type fl_lua_node_type;
@@ -230,6 +255,16 @@ fl_node *fl_node_new(const fl_node_type *type, int n_inputs, const fl_tensor *co
 /* Keep t for backward (as a detached alias, so saving an op's own output
  * creates no reference cycle). Saved in order: node->saved[k]. */
 void fl_node_save(fl_node *node, const fl_tensor *t);
+/* Inside an offload scope, move t to pinned host memory as saved slot k of
+ * node (true), or leave it to the caller (false: no scope, a cpu tensor, a
+ * parameter...). Never fails: a copy that cannot be made keeps t on its
+ * device. core/autograd/offload.c. */
+bool fl_offload_save(fl_node *node, int k, const fl_tensor *t);
+/* Bring the node's offloaded saved tensors back to their device (the
+ * engine calls it just before the node's backward). */
+int fl_node_unpack_saved(fl_node *node);
+/* Drop the node's offloaded entries (when it is freed or has run). */
+void fl_node_drop_packed(fl_node *node);
 /* Record out as output `index` of node: out->grad_fn takes a reference. */
 void fl_node_set_output(fl_node *node, int index, fl_tensor *out);
 void fl_node_retain(fl_node *node);

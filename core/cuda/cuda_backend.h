@@ -5,6 +5,7 @@
 #ifndef FL_CUDA_BACKEND_H
 #define FL_CUDA_BACKEND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -36,9 +37,32 @@ void fl_cuda_vm_unreserve(int index, void *base, int64_t nbytes);
  * made to wait for, aborting a communicator that never completes one
  * ([Note: ordered collectives] in cuda_nccl.cu). FL_OK, or the error set. */
 int fl_cuda_nccl_settle(void);
+/* The public events' CUDA side (cuda_event.cu; core/tensor/event.c). */
+void *fl_cuda_user_event_new(int index, bool timing);
+void fl_cuda_user_event_free(void *ev);
+int fl_cuda_user_event_record(int index, void *ev);
+int fl_cuda_user_event_query(int index, void *ev, bool *done);
+int fl_cuda_user_event_synchronize(int index, void *ev);
+int fl_cuda_user_event_elapsed(int index, void *start, void *end, double *ms);
+int fl_cuda_synchronize(int index);
 
 #ifdef __cplusplus
 }
 #endif
+
+/* ---- pinned host memory and asynchronous copies (cuda_host.cu) ---------- */
+#ifdef __cplusplus
+extern "C" {
+#endif
+void *fl_cuda_host_alloc(int64_t nbytes);  /* page-locked; NULL on failure */
+void fl_cuda_host_free(void *ptr);
+/* cudaMemcpyAsync on the compute stream of device `index`; 0 on success. */
+int fl_cuda_memcpy_async(int index, void *dst, const void *src, int64_t nbytes, int to_host);
+int fl_cuda_event_wait(void *event);       /* cudaEventSynchronize; 0 on success */
+const char *fl_cuda_host_problem(void);    /* text of the last failed call above */
+#ifdef __cplusplus
+}
+#endif
+/* ---- end of pinned host memory ------------------------------------------- */
 
 #endif /* FL_CUDA_BACKEND_H */

@@ -208,16 +208,22 @@ void free_request(request *r) {
     free(r);
 }
 
-/* Drop the ordered requests that are done (or whose communicator is gone);
- * with `wait`, poll the others (only those of `only`, if given) until done,
- * giving up after the collective timeout. Caller holds the lock. */
+/* Drop the ordered requests that are done; with `wait`, poll the others
+ * (only those of `only`, if given) until done, giving up after the
+ * collective timeout. A request that failed (or whose communicator was
+ * aborted) is dropped too, and the first such failure is returned: each is
+ * reported once, at the first synchronisation that sees it. Caller holds
+ * the lock. */
 int drain_ordered(bool wait, communicator *only) {
     int rc = FL_OK;
+    char first[512] = "";
     double start = fl_dist_now();
     request **link = &ordered;
     while (*link) {
         request *r = *link;
-        int q = r->comm->aborted ? 1 : query(r);
+        int q = r->comm->aborted
+                    ? (fl_fail(FL_ERR_DEVICE, "%s: its communicator was aborted: %s", r->label, r->comm->why), -1)
+                    : query(r);
         if (q == 0 && wait && (!only || r->comm == only)) {
             double waited = fl_dist_now() - start;
             if (waited > fl_dist_timeout()) {
@@ -228,14 +234,17 @@ int drain_ordered(bool wait, communicator *only) {
                          "collectives in another order",
                          r->label, fl_dist_timeout());
                 abort_comm(r->comm, why);
-                rc = fl_fail(FL_ERR_DEVICE, "%s", why);
-                q = 1;
+                fl_fail(FL_ERR_DEVICE, "%s", why);
+                q = -1;
             } else {
                 fl_dist_pause(waited);
                 continue; /* poll r again */
             }
         }
-        if (q < 0 && rc == FL_OK) rc = fl_last_status();
+        if (q < 0 && rc == FL_OK) {
+            rc = fl_last_status();
+            snprintf(first, sizeof first, "%s", fl_last_error());
+        }
         if (q != 0) {
             *link = r->next;
             free_request(r);
@@ -245,7 +254,7 @@ int drain_ordered(bool wait, communicator *only) {
         }
     }
     ordered_tail = link;
-    return rc;
+    return rc == FL_OK ? FL_OK : fl_fail((fl_status)rc, "%s", first);
 }
 
 int unique_id(unsigned char id[128]) {
@@ -389,12 +398,13 @@ int order(void *req) {
         return rc;
     }
     fl_cu_lock l(&lock);
-    drain_ordered(false, NULL); /* keep the list short */
     r->next = NULL;
     *ordered_tail = r;
     ordered_tail = &r->next;
     ordered_count++;
-    return FL_OK;
+    /* Drop what is done (keeps the list short); a collective found failed,
+     * this one or an earlier one, fails the wait: its outputs are wrong. */
+    return drain_ordered(false, NULL);
 }
 
 const fl_device_comm_ops ops = {"nccl", unique_id, comm_init, comm_free, start, test, order};

@@ -175,10 +175,13 @@ int fl_work_wait(fl_work *w) {
         void *req = w->req;
         w->req = NULL;
         if (w->dops->order(req) != FL_OK) {
-            char why[400];
-            snprintf(why, sizeof why, "%s", fl_last_error());
+            /* The message names the collective that failed (this one or
+             * one waited for earlier): kept as it is. */
+            snprintf(w->message, sizeof w->message, "%s", fl_last_error());
+            w->status = fl_last_status();
+            w->failed = true;
             work_drop_tensors(w);
-            return work_fail(w, FL_ERR_DEVICE, why);
+            return w->status;
         }
     }
     double start = fl_dist_now();

@@ -176,6 +176,29 @@ FL_API int64_t fl_memory_allocated_total(void);
  * number of bytes released. */
 FL_API int64_t fl_memory_empty_cache(fl_device device);
 
+/* Events and synchronisation (core/tensor/event.c), as torch.cuda.Event:
+ * an event recorded on a device marks the work queued there so far and is
+ * done once that work has run. On cuda the work is the compute stream's
+ * (every kernel and copy; NCCL collectives join it when waited for); on
+ * the CPU work runs when called, so an event is done when recorded. A
+ * timing event also holds when it was reached (the device's clock on
+ * cuda, the host's on the CPU), for fl_event_elapsed_ms. Waiting (event or
+ * device synchronize) first settles the collectives the device waits for,
+ * so it fails after the collective timeout instead of hanging. Meta
+ * devices have no work: events on them are refused. */
+typedef struct fl_event fl_event;
+FL_API fl_event *fl_event_new(fl_device device, bool timing);
+FL_API void fl_event_free(fl_event *e);
+FL_API int fl_event_record(fl_event *e);
+/* *done: everything before the record has run (true if never recorded). */
+FL_API int fl_event_query(fl_event *e, bool *done);
+FL_API int fl_event_synchronize(fl_event *e);
+/* Milliseconds from start to end, both timing events recorded on one
+ * device and done. */
+FL_API int fl_event_elapsed_ms(const fl_event *start, const fl_event *end, double *ms);
+/* Block until everything queued on the device has run. */
+FL_API int fl_device_synchronize(fl_device device);
+
 /* ------------------------------------------------------------------------ */
 /* Tensors                                                                   */
 /* ------------------------------------------------------------------------ */
@@ -276,6 +299,33 @@ FL_API fl_tensor *fl_contiguous(const fl_tensor *t);
  * already match. */
 FL_API fl_tensor *fl_to(const fl_tensor *t, fl_dtype dtype, fl_device device);
 
+/* --- pinned host memory and non-blocking copies (core/tensor/pinned.c) ---
+ * A pinned tensor is a cpu tensor in page-locked memory (cudaMallocHost,
+ * from a caching pool): every CPU op reads it as usual, and copies between
+ * it and a cuda device can be queued without blocking the host. Pinning
+ * needs a CUDA device: without one these fail with FL_ERR_DEVICE saying so
+ * (rather than returning pageable memory under a pinned name). */
+/* t itself (new reference) when already pinned, else a pinned copy; cpu
+ * tensors only. */
+FL_API fl_tensor *fl_pin_memory(const fl_tensor *t);
+FL_API bool fl_is_pinned(const fl_tensor *t);
+/* An uninitialised pinned cpu tensor. */
+FL_API fl_tensor *fl_empty_pinned(int ndim, const int64_t *shape, fl_dtype dtype);
+/* fl_copy_ that returns before a host<->cuda transfer has run when it can:
+ * the host side pinned, both sides of one dtype, dense (else it is
+ * fl_copy_, synchronous, as PyTorch's non_blocking). The copy is queued on
+ * the device's compute stream, in order with its kernels. Do not read a
+ * pinned destination on the host, nor write a pinned source, before
+ * fl_device_synchronize; freeing either is safe at any time. */
+FL_API int fl_copy_non_blocking_(fl_tensor *dst, const fl_tensor *src);
+/* fl_to with a non-blocking transfer: to the cpu from a cuda device the
+ * result is pinned; from the cpu it is non-blocking when t is pinned. */
+FL_API fl_tensor *fl_to_non_blocking(const fl_tensor *t, fl_dtype dtype, fl_device device);
+/* Bytes of the pinned pool handed out and held from the system. */
+FL_API int fl_pinned_stats(int64_t *allocated, int64_t *reserved);
+/* Give the pinned pool's free blocks back (returns the bytes). */
+FL_API int64_t fl_pinned_empty_cache(void);
+
 /* --- views: share storage with t, never copy --- */
 /* New shape with the same numel; one entry may be -1. Fails if the strides
  * cannot express it (use fl_reshape). */
@@ -371,6 +421,47 @@ FL_API int fl_engine_step(fl_engine *e, fl_engine_event *event);
  * inputs that get none). */
 FL_API int fl_engine_provide(fl_engine *e, int n, fl_tensor *const *grads);
 FL_API void fl_engine_free(fl_engine *e);
+
+/* Activation offload (core/autograd/offload.c). While a scope is open on
+ * this thread, tensors that ops save for backward and that live on a cuda
+ * device are copied to pinned host memory (queued, non-blocking) and kept
+ * there; the engine copies them back just before the backward that reads
+ * them. Never offloaded: leaves that require grad (parameters) and views
+ * of them, a sharded unit's gathered parameters, cpu tensors. A storage
+ * view saved by several nodes in one scope is copied once. Scopes nest;
+ * the outermost one's end forgets what was shared. */
+FL_API int fl_offload_begin(void);
+/* Fails (FL_ERR_STATE) when no scope is open. */
+FL_API int fl_offload_end(void);
+FL_API int fl_offload_depth(void);
+
+typedef struct fl_offload_stats {
+    int64_t saved;          /* saved tensors held on the host */
+    int64_t copies;         /* device -> host copies made (one per shared view) */
+    int64_t bytes;          /* bytes of those copies */
+    int64_t shared;         /* saves that reused a copy of the same view */
+    int64_t kept;           /* saves in a scope left where they were */
+    int64_t kept_params;    /* ... of which parameters (or views of them) */
+    int64_t restores;       /* host -> device copies made */
+    int64_t restored_bytes;
+    int64_t failed;         /* copies that could not be made (kept on device) */
+    int64_t pinned_allocated; /* bytes of the pinned pool in use now */
+    int64_t pinned_reserved;  /* bytes it holds from the system */
+} fl_offload_stats;
+
+FL_API void fl_offload_stats_get(fl_offload_stats *out);
+/* Counters to 0 (the pinned pool's figures are not counters). */
+FL_API void fl_offload_stats_reset(void);
+
+/* A tensor moved to host memory outside a node (activation checkpointing
+ * keeps its inputs this way inside a scope). */
+typedef struct fl_packed fl_packed;
+/* *out = a packed copy of t when a scope is open and t would be offloaded,
+ * else NULL (keep t). */
+FL_API int fl_offload_pack(const fl_tensor *t, fl_packed **out);
+/* The tensor back on its device (new reference; the first call copies). */
+FL_API fl_tensor *fl_offload_unpack(fl_packed *p);
+FL_API void fl_packed_release(fl_packed *p);
 
 /* Make `outputs` (tensors without grad_fn, e.g. fresh detach()es) the
  * outputs of a node whose backward runs in Lua, with `inputs` as the

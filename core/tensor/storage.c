@@ -8,6 +8,8 @@
  */
 #include "internal.h"
 
+static _Atomic uint64_t next_storage_id = 1;
+
 fl_storage *fl_storage_new(fl_device device, int64_t nbytes) {
     const fl_backend *be = fl_backend_of(device);
     if (!be) {
@@ -53,6 +55,7 @@ fl_storage *fl_storage_new(fl_device device, int64_t nbytes) {
     s->nbytes = nbytes;
     s->refcount = 1;
     s->device = device;
+    s->id = next_storage_id++;
     return s;
 }
 

@@ -323,10 +323,45 @@ static int broadcast_to(const char *op, const fl_tensor *src, const fl_tensor *d
     return FL_OK;
 }
 
-/* Copy between different devices: through a contiguous host buffer. */
-static int copy_across_devices(fl_tensor *dst, const fl_tensor *src) {
-    fl_device cpu = fl_device_make(FL_DEVICE_CPU, 0);
+/* One transfer between a host tensor and a device tensor of the same
+ * shape and dtype, with no staging buffer, when the host side is dense (a
+ * strided device source is made dense on the device first). Queued without
+ * blocking when asked and the host side is pinned (pinned.c). Returns -1
+ * when it does not apply. */
+static int direct_transfer(fl_tensor *dst, const fl_tensor *src, bool non_blocking) {
+    bool to_host = fl_device_kind_of(dst->device) == FL_DEVICE_CPU;
+    const fl_tensor *host = to_host ? dst : src, *dev = to_host ? src : dst;
+    if (fl_device_kind_of(host->device) != FL_DEVICE_CPU ||
+        fl_device_kind_of(dev->device) == FL_DEVICE_CPU || dst->dtype != src->dtype ||
+        dst->ndim != src->ndim || !fl_tensor_is_contiguous(host) ||
+        (!to_host && !fl_tensor_is_contiguous(dev)))
+        return -1;
+    for (int d = 0; d < dst->ndim; d++)
+        if (dst->shape[d] != src->shape[d]) return -1;
+    fl_tensor *dense = to_host ? fl_contiguous(src) : fl_tensor_retain(dst);
+    if (!dense) return fl_last_status();
+    int64_t nbytes = dense->numel * (int64_t)fl_dtype_size(dense->dtype);
+    int index = fl_device_index(dense->device);
+    const fl_backend *be = fl_backend_of(dense->device);
     int rc;
+    if (non_blocking && fl_storage_is_pinned(host->storage))
+        rc = to_host ? fl_pinned_copy_async(dense->device, dst->data, dense->data, nbytes, true,
+                                            dst->storage)
+                     : fl_pinned_copy_async(dense->device, dst->data, src->data, nbytes, false,
+                                            src->storage);
+    else
+        rc = to_host ? be->to_host(index, dst->data, dense->data, nbytes)
+                     : be->from_host(index, dst->data, src->data, nbytes);
+    fl_tensor_release(dense);
+    return rc;
+}
+
+/* Copy between different devices: directly when the layouts allow, else
+ * through a contiguous host buffer. */
+static int copy_across_devices(fl_tensor *dst, const fl_tensor *src, bool non_blocking) {
+    fl_device cpu = fl_device_make(FL_DEVICE_CPU, 0);
+    int rc = direct_transfer(dst, src, non_blocking);
+    if (rc >= 0) return rc;
     if (fl_device_kind_of(src->device) != FL_DEVICE_CPU) {
         /* device -> host: bring src's bytes over, then let the CPU kernel
          * convert and scatter into dst (which may itself be remote). */
@@ -363,7 +398,7 @@ static int copy_across_devices(fl_tensor *dst, const fl_tensor *src) {
     return rc;
 }
 
-int fl_copy_(fl_tensor *dst, const fl_tensor *src) {
+static int copy_impl(fl_tensor *dst, const fl_tensor *src, bool non_blocking) {
     if (fl_check_tensor("copy_", dst, false) || fl_check_tensor("copy_", src, false))
         return fl_last_status();
     int64_t stride[FL_MAX_DIMS];
@@ -372,7 +407,7 @@ int fl_copy_(fl_tensor *dst, const fl_tensor *src) {
     if (fl_check_tensor("copy_ (destination)", dst, true) ||
         fl_check_tensor("copy_ (source)", src, true))
         return fl_last_status();
-    if (dst->device != src->device) return copy_across_devices(dst, src);
+    if (dst->device != src->device) return copy_across_devices(dst, src, non_blocking);
     /* The source seen with dst's shape (stride 0 where it broadcasts). */
     fl_tensor view = *src;
     view.ndim = dst->ndim;
@@ -380,6 +415,12 @@ int fl_copy_(fl_tensor *dst, const fl_tensor *src) {
     memcpy(view.shape, dst->shape, sizeof view.shape);
     memcpy(view.stride, stride, sizeof view.stride);
     return fl_backend_of(dst->device)->copy(dst, &view);
+}
+
+int fl_copy_(fl_tensor *dst, const fl_tensor *src) { return copy_impl(dst, src, false); }
+
+int fl_copy_non_blocking_(fl_tensor *dst, const fl_tensor *src) {
+    return copy_impl(dst, src, true);
 }
 
 /* ---- copies that create tensors ----------------------------------------- */
@@ -431,6 +472,25 @@ fl_tensor *fl_to(const fl_tensor *t, fl_dtype dtype, fl_device device) {
     fl_tensor *r = metadata ? fl_fake(t->ndim, t->shape, dtype, device)
                             : fl_empty(t->ndim, t->shape, dtype, device);
     if (r && !metadata && fl_copy_(r, t) != FL_OK) {
+        fl_tensor_release(r);
+        return NULL;
+    }
+    return record_copy(r, t, &to_type);
+}
+
+fl_tensor *fl_to_non_blocking(const fl_tensor *t, fl_dtype dtype, fl_device device) {
+    if (fl_check_tensor("to", t, false) || check_dtype("to", dtype) || check_device("to", device))
+        return NULL;
+    if (t->dtype == dtype && t->device == device) return fl_tensor_retain((fl_tensor *)t);
+    if (is_metadata_only(t) || fl_device_kind_of(device) == FL_DEVICE_META)
+        return fl_to(t, dtype, device);
+    /* Device to host lands in pinned memory, or the copy could not be
+     * queued (PyTorch does the same). */
+    bool pin = fl_device_kind_of(device) == FL_DEVICE_CPU &&
+               fl_device_kind_of(t->device) == FL_DEVICE_CUDA;
+    fl_tensor *r = pin ? fl_empty_pinned(t->ndim, t->shape, dtype)
+                       : fl_empty(t->ndim, t->shape, dtype, device);
+    if (r && copy_impl(r, t, true) != FL_OK) {
         fl_tensor_release(r);
         return NULL;
     }

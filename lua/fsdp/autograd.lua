@@ -101,6 +101,9 @@ end
 -- them.
 local depth, callbacks = 0, {}
 
+-- Whether a backward is running (a checkpoint's recompute runs inside one).
+function M.in_backward() return depth > 0 end
+
 function M.queue_callback(fn)
   if depth == 0 then core.fail('queue_callback: no backward is running') end
   callbacks[#callbacks + 1] = fn
@@ -145,6 +148,33 @@ end
 
 -- activation checkpointing ----------------------------------------------------------------
 
+-- Inside an offload scope: a packed host copy of each tensor input the
+-- core would offload ({[i] = {handle, requires_grad}}), with inputs[i]
+-- dropped so the device memory can go; nil when nothing was packed.
+local function offload_inputs(inputs)
+  if C.fl_offload_depth() == 0 then return nil end
+  local packed, out = nil, ffi.new('fl_packed*[1]')
+  for i = 1, inputs.n do
+    local x = inputs[i]
+    if Tensor.is_tensor(x) then
+      core.check(C.fl_offload_pack(Tensor.cptr(x), out))
+      if out[0] ~= nil then
+        packed = packed or {}
+        packed[i] = { ffi.gc(out[0], C.fl_packed_release), x.requires_grad }
+        inputs[i] = false
+      end
+    end
+  end
+  return packed
+end
+
+-- The input back on its device as a leaf requiring grad as the original did.
+local function unpack_input(p)
+  local t = Tensor.wrap(C.fl_offload_unpack(p[1]))
+  if p[2] then t:requires_grad_(true) end
+  return t
+end
+
 -- Run fn(inputs...) keeping only its inputs: the forward runs without
 -- recording; in backward fn runs again with grad on (same random numbers:
 -- the global generator is replayed) and its graph is backpropagated at
@@ -177,6 +207,9 @@ function M.checkpoint_with_params(params, fn, ...)
   end
   local n_data = #tensor_inputs
   for _, p in ipairs(ptensors) do tensor_inputs[#tensor_inputs + 1] = p end
+  -- Inside an offload scope (fsdp.offload_activations) the kept inputs go
+  -- to pinned host memory: packed[i] replaces inputs[i] until the recompute.
+  local packed = offload_inputs(inputs)
   -- Outputs leave the forward as fresh detached tensors; the Lua node makes
   -- them depend on the inputs.
   local outs = {}
@@ -197,7 +230,10 @@ function M.checkpoint_with_params(params, fn, ...)
     local again, leaves = {}, {}
     for i = 1, inputs.n do
       local x = inputs[i]
-      if Tensor.is_tensor(x) then
+      if packed and packed[i] then
+        again[i] = unpack_input(packed[i])
+        leaves[#leaves + 1] = again[i]
+      elseif Tensor.is_tensor(x) then
         again[i] = leaf_like(x)
         leaves[#leaves + 1] = again[i]
       else

@@ -43,6 +43,12 @@ local function wrap(m)
   local forward = m.forward
   m.forward = function(self, ...)
     if not autograd.is_grad_enabled() then return forward(self, ...) end
+    -- A module whose activations are offloaded (fsdp.offload_activations,
+    -- applied before this): the checkpoint's kept inputs are what moves.
+    if rawget(self, '_offloaded') and not autograd.in_backward() then
+      return require('fsdp.offload').scoped(autograd.checkpoint_with_params, params_of(self),
+                                             forward, self, ...)
+    end
     return autograd.checkpoint_with_params(params_of(self), forward, self, ...)
   end
   m._checkpointed = true

@@ -78,12 +78,26 @@ local function make_empty(opts)
   return wants_fake(opts) and C.fl_fake or C.fl_empty
 end
 
+-- {pin_memory = true}: a cpu tensor in page-locked memory (needs a CUDA
+-- device; see Tensor:pin_memory()).
+local function pinned_empty(n, shape, dtype, device, opts)
+  if opts.pin_memory ~= true and opts.pin_memory ~= false then
+    core.fail(('pin_memory must be a boolean, got %s'):format(tostring(opts.pin_memory)))
+  end
+  if C.fl_device_kind_of(device) ~= C.FL_DEVICE_CPU or wants_fake(opts) then
+    core.fail(('pin_memory: only cpu tensors with storage can be pinned (device %s%s)')
+      :format(core.device_name(device), wants_fake(opts) and ', fake' or ''))
+  end
+  return Tensor.wrap(C.fl_empty_pinned(n, shape, dtype))
+end
+
 -- An uninitialised tensor. {fake=true} gives a tensor that reports its
 -- device but owns no storage (for planning at full size).
 function M.empty(...)
   local n, shape, nextarg = core.shape_args(...)
   local opts = options(nextarg, ...)
   local dtype, device = placement(opts)
+  if opts.pin_memory then return pinned_empty(n, shape, dtype, device, opts) end
   return Tensor.wrap(make_empty(opts)(n, shape, dtype, device))
 end
 
@@ -91,6 +105,7 @@ function M.zeros(...)
   local n, shape, nextarg = core.shape_args(...)
   local opts = options(nextarg, ...)
   local dtype, device = placement(opts)
+  if opts.pin_memory then return pinned_empty(n, shape, dtype, device, opts):zero_() end
   if wants_fake(opts) then return Tensor.wrap(C.fl_fake(n, shape, dtype, device)) end
   return Tensor.wrap(C.fl_zeros(n, shape, dtype, device))
 end
@@ -251,6 +266,17 @@ function M.set_memory_limit(device, bytes)
   core.check(C.fl_memory_set_limit(core.device(device), bytes))
 end
 
+-- events and synchronisation -----------------------------------------------------
+
+-- fsdp.Event(device, {timing = true}): see lua/fsdp/event.lua.
+M.Event = require 'fsdp.event'
+
+-- Block until everything queued on `device` (default: the default device)
+-- has run; on the CPU a no-op.
+function M.synchronize(device)
+  core.check(C.fl_device_synchronize(core.device(device or default_device)))
+end
+
 -- cuda ------------------------------------------------------------------------
 
 M.cuda = {
@@ -274,6 +300,43 @@ M.cuda = {
              cudnn_backward = tonumber(c[2]), kernel_backward = tonumber(c[3]) }
   end,
 }
+
+-- Wait until everything queued on a cuda device (default cuda:0) has run:
+-- needed before the host reads a tensor copied to it with non_blocking.
+function M.cuda.synchronize(device)
+  local d = core.device(device or 'cuda:0')
+  if C.fl_device_kind_of(d) ~= C.FL_DEVICE_CUDA then
+    core.fail(('cuda.synchronize: expects a cuda device, got %s'):format(core.device_name(d)))
+  end
+  core.check(C.fl_device_synchronize(d))
+end
+
+local pinned_buf = ffi.new('int64_t[2]')
+-- The pinned host pool: {allocated =, reserved =} bytes (pinned tensors in
+-- use, and what the pool holds from the system).
+function M.cuda.pinned_memory_stats()
+  core.check(C.fl_pinned_stats(pinned_buf, pinned_buf + 1))
+  return { allocated = tonumber(pinned_buf[0]), reserved = tonumber(pinned_buf[1]) }
+end
+
+-- Give the pinned pool's wholly free segments back to the system (blocks
+-- whose copies have not run yet stay); returns the bytes released.
+function M.cuda.empty_pinned_cache() return tonumber(C.fl_pinned_empty_cache()) end
+
+local offload_buf = ffi.new('fl_offload_stats')
+-- Activation offload's counters (fsdp.offload_activations): saved, copies,
+-- bytes, shared, kept, kept_params, restores, restored_bytes, failed, and
+-- the pinned pool's pinned_allocated / pinned_reserved bytes.
+function M.cuda.offload_stats()
+  C.fl_offload_stats_get(offload_buf)
+  local out = {}
+  for _, k in ipairs({ 'saved', 'copies', 'bytes', 'shared', 'kept', 'kept_params', 'restores',
+                       'restored_bytes', 'failed', 'pinned_allocated', 'pinned_reserved' }) do
+    out[k] = tonumber(offload_buf[k])
+  end
+  return out
+end
+function M.cuda.reset_offload_stats() C.fl_offload_stats_reset() end
 
 -- dtypes ------------------------------------------------------------------------
 
@@ -313,6 +376,7 @@ M.F = require 'fsdp.functional'
 M.functional = M.F
 M.cat = M.F.cat
 M.checkpoint = require 'fsdp.checkpoint'
+M.offload_activations = require 'fsdp.offload'
 M.fake = fake.run
 M.is_fake_mode = fake.active
 M.summary = require('fsdp.summary').summary

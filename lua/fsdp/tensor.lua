@@ -341,22 +341,43 @@ function methods:clone() return wrap(C.fl_clone(cptr(self))) end
 -- conversion ----------------------------------------------------------------------
 
 -- t:to('bf16'), t:to('cpu'), t:to{dtype=, device=}, t:to(other_tensor).
-function methods:to(x)
+-- Options {non_blocking = true} (as a second argument, or in the table):
+-- a transfer between a pinned cpu tensor and a cuda device is queued
+-- without blocking (to the cpu the result is pinned); call
+-- fsdp.cuda.synchronize() before reading what came to the host.
+function methods:to(x, opts)
   local c = cptr(self)
   local dtype, device = c.dtype, c.device
+  local non_blocking = false
   if Tensor.is_tensor(x) then
     dtype, device = cptr(x).dtype, cptr(x).device
   elseif type(x) == 'table' then
     if x.dtype then dtype = core.dtype(x.dtype) end
     if x.device then device = core.device(x.device) end
+    non_blocking = x.non_blocking
   elseif type(x) == 'string' then
     if C.fl_dtype_parse(x) >= 0 then dtype = core.dtype(x)
     else C.fl_clear_error(); device = core.device(x) end
   else
     core.fail(('to() expects a dtype, a device, a table or a tensor, got %s'):format(type(x)))
   end
+  if opts ~= nil then
+    if type(opts) ~= 'table' then
+      core.fail(('to(): options must be a table like {non_blocking = true}, got %s'):format(type(opts)))
+    end
+    non_blocking = opts.non_blocking
+  end
+  if non_blocking ~= nil and non_blocking ~= false and non_blocking ~= true then
+    core.fail(('to(): non_blocking must be a boolean, got %s'):format(tostring(non_blocking)))
+  end
+  if non_blocking then return wrap(C.fl_to_non_blocking(c, dtype, device)) end
   return wrap(C.fl_to(c, dtype, device))
 end
+
+-- Page-locked host memory (needs a CUDA device): a pinned copy of this
+-- cpu tensor, or itself when already pinned.
+function methods:pin_memory() return wrap(C.fl_pin_memory(cptr(self))) end
+function methods:is_pinned() return C.fl_is_pinned(cptr(self)) end
 
 local function caster(dtype)
   return function(self) return wrap(C.fl_to(cptr(self), dtype, cptr(self).device)) end
@@ -382,8 +403,16 @@ end
 
 function methods:zero_() return self:fill_(0) end
 
-function methods:copy_(src)
-  core.check(C.fl_copy_(cptr(self), cptr(src)))
+-- t:copy_(src [, {non_blocking = true}]): see to() for non_blocking.
+function methods:copy_(src, opts)
+  if opts ~= nil and type(opts) ~= 'table' then
+    core.fail(('copy_(): options must be a table like {non_blocking = true}, got %s'):format(type(opts)))
+  end
+  if opts and opts.non_blocking then
+    core.check(C.fl_copy_non_blocking_(cptr(self), cptr(src)))
+  else
+    core.check(C.fl_copy_(cptr(self), cptr(src)))
+  end
   return self
 end
 

@@ -17,12 +17,26 @@
  * twice, argument refusals; and that no shared memory segment is left in
  * /dev/shm afterwards.
  *
+ * Then collectives on the simulated runtime's deferred streams
+ * (sim_runtime.cc): queued on a non-blocking stream they have not run
+ * (results absent, even to a stream-0 copy) until the rank forces them
+ * (cudaEventQuery of the done event, cudaStreamSynchronize,
+ * cudaStreamWaitEvent(0, done) before a stream-0 read, a stream-0
+ * operation for a blocking stream, ncclCommDestroy); a timeout inside a
+ * forced collective is reported (stderr, ncclCommGetAsyncError,
+ * ncclGetLastError naming the missing rank) and the forcing call returns;
+ * a queued collective that never runs because the device faulted fails
+ * the communicator on every rank at once.
+ *
  * One line per case; exit status non-zero on any failure.
  *
- * Build and run (from the repository root):
- *   gcc -std=c11 -O2 -D_GNU_SOURCE -I/usr/local/cuda/include -o /tmp/check_sim_nccl tests/cudasim/check_sim_nccl.c tests/cudasim/sim_nccl.c -lrt && /tmp/check_sim_nccl
+ * Built by mk/extra.mk with the simulated runtime (sim_runtime.cc.o and
+ * sim_fiber.cc.o from the cudasim object folder, linked with -lstdc++
+ * -lpthread); run by tests/cudasim/run.sh.
  */
 #include <nccl.h>
+
+#include "sim_internal.h" /* fl_sim_fault, to fault the simulated device */
 
 #include <errno.h>
 #include <math.h>
@@ -526,6 +540,158 @@ static int child_dup(int rank, int n, ncclUniqueId id) {
     return !ok;
 }
 
+/* ---- collectives on deferred streams ---------------------------------------- */
+
+#define SM 37 /* elements per rank: not a multiple of anything */
+
+static int count_not(const float *y, size_t n, float v) {
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) bad += y[i] != v;
+    return bad;
+}
+
+/* Every rank queues, checks that nothing arrived, forces, checks that all
+ * did; in lock step (each forcing call meets the others' in the
+ * collective). agree() runs on stream 0, at once. */
+static int child_streams(int rank, int n, ncclUniqueId id) {
+    ncclComm_t comm;
+    if (init_or_report(&comm, n, id, rank)) return 1;
+    cudaStream_t s, blocking;
+    cudaEvent_t done;
+    int bad = 0, fails;
+    char line[200];
+    fails = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess;
+    fails += cudaStreamCreate(&blocking) != cudaSuccess;
+    fails += cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess;
+
+    /* all-reduce, forced by polling the done event */
+    float x[SM], y[SM * 4], host[SM * 4];
+    for (int i = 0; i < SM; i++) x[i] = (float)(rank + 1 + i);
+    for (int i = 0; i < SM; i++) y[i] = -1;
+    fails += ncclAllReduce(x, y, SM, ncclFloat32, ncclSum, comm, s) != ncclSuccess;
+    fails += cudaEventRecord(done, s) != cudaSuccess;
+    fails += count_not(y, SM, -1); /* absent */
+    fails += cudaEventQuery(done) != cudaSuccess;
+    for (int i = 0; i < SM; i++) fails += y[i] != (float)(n * (n + 1) / 2 + n * i);
+    snprintf(line, sizeof line, "N=%d all-reduce on a non-blocking stream: absent until cudaEventQuery(done), then present", n);
+    bad |= agree(comm, fails, line);
+
+    /* all-gather read by stream 0: without a wait the copy sees nothing,
+     * after cudaStreamWaitEvent(0, done) everything */
+    fails = 0;
+    for (int i = 0; i < SM * n; i++) y[i] = -1;
+    for (int i = 0; i < SM; i++) x[i] = (float)(rank * 100 + i);
+    fails += ncclAllGather(x, y, SM, ncclFloat32, comm, s) != ncclSuccess;
+    fails += cudaEventRecord(done, s) != cudaSuccess;
+    fails += cudaMemcpy(host, y, sizeof(float) * SM * n, cudaMemcpyDeviceToHost) != cudaSuccess;
+    fails += count_not(host, (size_t)SM * n, -1);
+    fails += cudaStreamWaitEvent(0, done, 0) != cudaSuccess;
+    fails += cudaMemcpy(host, y, sizeof(float) * SM * n, cudaMemcpyDeviceToHost) != cudaSuccess;
+    for (int q = 0; q < n; q++)
+        for (int i = 0; i < SM; i++) fails += host[q * SM + i] != (float)(q * 100 + i);
+    snprintf(line, sizeof line, "N=%d all-gather: a stream-0 copy without a wait sees nothing, after cudaStreamWaitEvent(0, done) all", n);
+    bad |= agree(comm, fails, line);
+
+    /* reduce-scatter forced by cudaStreamSynchronize; a broadcast on a
+     * blocking stream, forced by the next stream-0 operation */
+    fails = 0;
+    float big[SM * 4];
+    for (int i = 0; i < SM * n; i++) big[i] = (float)(rank + i);
+    for (int i = 0; i < SM; i++) y[i] = -1;
+    fails += ncclReduceScatter(big, y, SM, ncclFloat32, ncclMax, comm, s) != ncclSuccess;
+    fails += count_not(y, SM, -1);
+    fails += cudaStreamSynchronize(s) != cudaSuccess;
+    for (int i = 0; i < SM; i++) fails += y[i] != (float)(n - 1 + rank * SM + i);
+    for (int i = 0; i < SM; i++) x[i] = rank == 1 % n ? (float)(7 * i) : -2;
+    fails += ncclBroadcast(x, x, SM, ncclFloat32, 1 % n, comm, blocking) != ncclSuccess;
+    fails += rank != 1 % n && count_not(x, SM, -2);
+    fails += cudaMemcpy(host, x, sizeof(float) * SM, cudaMemcpyDeviceToHost) != cudaSuccess;
+    for (int i = 0; i < SM; i++) fails += host[i] != (float)(7 * i);
+    snprintf(line, sizeof line, "N=%d reduce-scatter forced by cudaStreamSynchronize, broadcast on a blocking stream by cudaMemcpy", n);
+    bad |= agree(comm, fails, line);
+
+    /* ncclCommDestroy runs what is still queued (finalize flushes) */
+    for (int i = 0; i < SM; i++) y[i] = -1, x[i] = 1;
+    fails = ncclAllReduce(x, y, SM, ncclFloat32, ncclSum, comm, s) != ncclSuccess;
+    fails += count_not(y, SM, -1);
+    fails += ncclCommDestroy(comm) != ncclSuccess;
+    fails += count_not(y, SM, (float)n);
+    if (fails) printf("  rank %d: a collective queued at ncclCommDestroy: %d failures\n", rank, fails);
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(blocking);
+    cudaEventDestroy(done);
+    return bad | (fails != 0);
+}
+
+/* The timeout inside a forced collective: the last rank never calls; the
+ * others' queued all-reduce runs when they poll the done event, times out
+ * (FSDP_COLLECTIVE_TIMEOUT=1) naming it, and the poll returns. */
+static int child_stream_timeout(int rank, int n, ncclUniqueId id) {
+    ncclComm_t comm;
+    if (init_or_report(&comm, n, id, rank)) return 1;
+    cudaStream_t s;
+    cudaEvent_t done;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    float x[3] = {1, 2, 3};
+    char want[64];
+    snprintf(want, sizeof want, "rank(s) %d did not arrive", n - 1);
+    int ok;
+    ncclResult_t ae = ncclSuccess;
+    if (rank == n - 1) {
+        sleep(3);
+        /* the others' abort is this rank's error, and a call now is refused at once */
+        ncclCommGetAsyncError(comm, &ae);
+        ncclResult_t r = ncclAllReduce(x, x, 3, ncclFloat32, ncclSum, comm, s);
+        ok = ae == ncclSystemError && r == ncclSystemError;
+        if (!ok) printf("  rank %d (late): async error %d, late call %d\n", rank, (int)ae, (int)r);
+    } else {
+        ncclResult_t r = ncclAllReduce(x, x, 3, ncclFloat32, ncclSum, comm, s);
+        cudaEventRecord(done, s);
+        ncclCommGetAsyncError(comm, &ae);
+        ok = r == ncclSuccess && ae == ncclSuccess; /* queued: nothing known yet */
+        double t0 = now_s();
+        cudaError_t q = cudaEventQuery(done);
+        double dt = now_s() - t0;
+        ncclCommGetAsyncError(comm, &ae);
+        ok = ok && q == cudaSuccess && dt < 3.0 && ae == ncclSystemError && strstr(ncclGetLastError(comm), want);
+        if (!ok)
+            printf("  rank %d: queued call %d, query %d after %.2f s, async error %d: %s\n", rank, (int)r, (int)q, dt,
+                   (int)ae, ncclGetLastError(comm));
+    }
+    ncclCommDestroy(comm);
+    return !ok;
+}
+
+/* Rank 0's device faults (a simulated kernel fault) before its queued
+ * all-reduce runs: forcing the stream reports the fault and drops the
+ * collective, which fails rank 0's communicator and, through the abort
+ * flag, the others' at once (their timeout is 600 s). */
+static int child_stream_fault(int rank, int n, ncclUniqueId id) {
+    ncclComm_t comm;
+    if (init_or_report(&comm, n, id, rank)) return 1;
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    float x[3] = {1, 2, 3};
+    int ok = ncclAllReduce(x, x, 3, ncclFloat32, ncclSum, comm, s) == ncclSuccess;
+    /* every rank has queued it before rank 0's abort (a stream-0
+     * all-reduce runs at once, the queued one stays queued) */
+    int one = 1, sum = 0;
+    ok = ok && ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, 0) == ncclSuccess && sum == n;
+    double t0 = now_s();
+    if (rank == 0) fl_sim_fault(cudaErrorLaunchFailure, "check_sim_nccl: a fault on purpose, on rank 0");
+    cudaError_t e = cudaStreamSynchronize(s);
+    double dt = now_s() - t0;
+    ncclResult_t ae = ncclSuccess;
+    ncclCommGetAsyncError(comm, &ae);
+    if (rank == 0) ok = ok && e == cudaErrorLaunchFailure && ae == ncclUnhandledCudaError && x[0] == 1;
+    else ok = ok && e == cudaSuccess && ae == ncclSystemError && dt < 3.0 && strstr(ncclGetLastError(comm), "faulted");
+    if (!ok)
+        printf("  rank %d: sync %d after %.2f s, async error %d: %s\n", rank, (int)e, dt, (int)ae, ncclGetLastError(comm));
+    ncclCommDestroy(comm);
+    return !ok;
+}
+
 /* ---- parent ------------------------------------------------------------------- */
 
 /* Forks n children running fn with one id made here; env_timeout and
@@ -636,6 +802,25 @@ int main(void) {
         leak = run_group(n, child_mismatch, "10", NULL, codes);
         ok = !leak && all_zero(codes, n);
         printf("%s N=%d mismatched counts: every rank gets ncclInvalidUsage\n", ok ? "ok  " : "FAIL", n);
+        failed |= !ok;
+
+        leak = run_group(n, child_streams, "30", SMALL_CHUNK, codes);
+        ok = !leak && all_zero(codes, n);
+        printf("%s N=%d collectives on deferred streams: processes exited cleanly, segment removed\n", ok ? "ok  " : "FAIL", n);
+        failed |= !ok;
+
+        t0 = now_s();
+        leak = run_group(n, child_stream_timeout, "1", NULL, codes);
+        ok = !leak && all_zero(codes, n);
+        printf("%s N=%d timeout inside a queued collective: forced by cudaEventQuery, reported, returns (%.1f s)\n",
+               ok ? "ok  " : "FAIL", n, now_s() - t0);
+        failed |= !ok;
+
+        t0 = now_s();
+        leak = run_group(n, child_stream_fault, NULL, NULL, codes);
+        ok = !leak && all_zero(codes, n);
+        printf("%s N=%d device fault before a queued collective: rank 0 drops it, the others fail at once (%.1f s)\n",
+               ok ? "ok  " : "FAIL", n, now_s() - t0);
         failed |= !ok;
 
         leak = run_group(n + 1, child_dup, "10", NULL, codes);

@@ -4,7 +4,8 @@
  *
  * The build force-includes this header into every .cu file after
  * rewrite.lua has turned `kernel<<<grid, block, smem, stream>>>(args)`
- * into `fl_sim_launch(kernel, grid, block, smem, stream)(args)`. The real
+ * into `fl_sim_launch(kernel, grid, block, smem, stream)(args)` (which
+ * hands the launch to the runtime: sim_internal.h). The real
  * CUDA headers supply the types (dim3, cudaStream_t, __nv_bfloat16, ...)
  * and the host half of the bf16/f16 conversions; this header supplies the
  * device half of the language:
@@ -35,6 +36,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "sim_internal.h" /* fl_sim_site, fl_sim_launch_kernel */
+
 /* ---- the scheduler's interface (sim_fiber.cc) ------------------------------ */
 
 struct fl_sim_thread {
@@ -47,17 +50,6 @@ extern fl_sim_thread *fl_sim_self;         /* the fiber now running */
 extern uint3 fl_sim_block_idx;
 extern dim3 fl_sim_block_dim, fl_sim_grid_dim;
 
-/* Where a launch is in the source, for messages. */
-struct fl_sim_site {
-    const char *file;
-    int line;
-    const char *kernel;
-};
-
-/* Run body(closure) for every thread of the grid; kernel identifies the
- * function for its cudaFuncSetAttribute limits. */
-void fl_sim_run(fl_sim_site site, const void *kernel, dim3 grid, dim3 block, size_t dynamic_smem,
-                cudaStream_t stream, void (*body)(void *), void *closure);
 void fl_sim_syncthreads(void);
 unsigned char *fl_sim_dynamic_smem(void);
 
@@ -192,8 +184,11 @@ template <class T> static inline cudaError_t cudaFuncSetAttribute(T *kernel, cud
 /* ---- kernel launches ----------------------------------------------------------- */
 
 /* `fl_sim_launch(site, k, grid, block, smem, stream)(args...)`: the
- * arguments are copied, as a launch copies them to the device, and
- * k(args...) runs once per thread. */
+ * arguments are copied into a closure on the heap, as a launch copies them
+ * to the device (by value, at the launch: a host variable changed after
+ * the launch does not change a launch still queued on a stream), and
+ * k(args...) runs once per thread, now or when the stream is forced
+ * (sim_runtime.cc). */
 template <class F> struct fl_sim_launcher {
     fl_sim_site site;
     F kernel;
@@ -205,13 +200,15 @@ template <class F> struct fl_sim_launcher {
         struct closure {
             F kernel;
             std::tuple<typename std::decay<A>::type...> args;
-        } c{kernel, std::tuple<typename std::decay<A>::type...>(std::forward<A>(args)...)};
-        fl_sim_run(site, (const void *)kernel, grid, block, smem, stream,
-                   [](void *p) {
-                       closure *cl = (closure *)p;
-                       std::apply(cl->kernel, cl->args);
-                   },
-                   &c);
+        };
+        closure *c = new closure{kernel, std::tuple<typename std::decay<A>::type...>(std::forward<A>(args)...)};
+        fl_sim_launch_kernel(
+            site, (const void *)kernel, grid, block, smem, stream,
+            [](void *p) {
+                closure *cl = (closure *)p;
+                std::apply(cl->kernel, cl->args);
+            },
+            c, [](void *p) { delete (closure *)p; });
     }
 };
 

@@ -13,9 +13,12 @@
  * instead of computing garbage that the comparison with the CPU backend
  * would then have to explain.
  *
- * "Device memory" is host memory in cudasim and streams run synchronously,
- * so every call computes at once on the calling thread and alpha/beta may
- * be read the same way whether the pointer mode says host or device.
+ * "Device memory" is host memory in cudasim, so every call computes at once
+ * on the calling thread and alpha/beta may be read the same way whether
+ * the pointer mode says host or device. Computing at once keeps stream
+ * order on stream 0 (the blocking streams' queued work runs first); work
+ * on a deferred stream of sim_runtime.cc is refused with
+ * CUBLAS_STATUS_NOT_SUPPORTED, never run early.
  *
  * The real headers are included so that the compiler checks every
  * definition here against the real prototype (the cublasCreate family are
@@ -47,6 +50,10 @@
 #include <string.h>
 
 #include "sim_half.h"
+#include "sim_internal.h"
+
+/* Weak, so check_sim_cublas links without the simulated runtime. */
+#pragma weak fl_sim_stream_now
 
 /* ---- logging --------------------------------------------------------------------- */
 
@@ -56,6 +63,21 @@ static bool log_enabled(void) {
 }
 
 /* A refusal with its reason: printed when SIM_CUBLAS_LOG is set. */
+/* Work is done when called, which keeps stream order on a stream that
+ * runs its work at once (stream 0 first runs the blocking streams' queued
+ * work, sim_runtime.cc). On a deferred stream it would run early, hiding
+ * the missing waits the stream model is there to show, so it is refused,
+ * always loudly. */
+static cublasStatus_t on_stream(const char *fn, cudaStream_t s) {
+    int r = fl_sim_stream_now ? fl_sim_stream_now(s) : 0;
+    if (r == 0) return CUBLAS_STATUS_SUCCESS;
+    fprintf(stderr, "sim_cublas: %s: %s\n", fn,
+            r > 0 ? "work on a deferred stream (from cudaStreamCreate*) is not simulated; "
+                    "stream 0 is, or FSDP_CUDASIM_STREAMS=eager runs every stream at once"
+                  : "not a CUDA stream");
+    return r > 0 ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_INVALID_VALUE;
+}
+
 static cublasStatus_t refuse(cublasStatus_t st, const char *fn, const char *fmt, ...) {
     if (log_enabled()) {
         va_list ap;
@@ -149,7 +171,7 @@ struct cublasLtContext {
 
 struct cublasContext {
     uint32_t magic;
-    cudaStream_t stream; /* kept for cublasGetStream's sake; work runs at once */
+    cudaStream_t stream; /* work runs at once: stream 0 only (on_stream) */
 };
 
 typedef struct {
@@ -840,7 +862,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     static const char fn[] = "cublasLtMatmul";
     (void)workspace;
     (void)workspace_bytes; /* the algorithm needs none */
-    (void)stream;          /* cudasim streams are synchronous */
     if (!lt_ok(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
     sim_desc *d = as_desc(desc);
     sim_layout *la = as_layout(Adesc), *lb = as_layout(Bdesc), *lc = as_layout(Cdesc),
@@ -908,6 +929,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
             return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "bias not aligned to its elements");
     }
     if (pb.m == 0 || pb.n == 0) return CUBLAS_STATUS_SUCCESS;
+    if ((st = on_stream(fn, stream)) != CUBLAS_STATUS_SUCCESS) return st;
     return run(&pb, a, b, A, B, b != 0 ? C : NULL, D, bias);
 }
 
@@ -1012,6 +1034,8 @@ static cublasStatus_t dgemm_strided(cublasHandle_t h, cublasOperation_t transa,
     pb.compute = CUBLAS_COMPUTE_64F;
     pb.f64 = true;
     pb.blas = true;
+    cublasStatus_t st = on_stream(fn, h->stream);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
     return run(&pb, *alpha, *beta, A, B, *beta != 0 ? C : NULL, C, NULL);
 }
 

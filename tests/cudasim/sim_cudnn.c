@@ -2,8 +2,10 @@
  * sim_cudnn.c: a host implementation of the subset of cuDNN 9's legacy
  * convolution API that core/cuda/cuda_conv.cu calls, for cudasim (the CPU
  * simulation that runs the CUDA backend in tests: "device memory" is host
- * memory and streams run synchronously, so every call here computes at
- * once on the pointers it is given).
+ * memory, so every call here computes at once on the pointers it is given;
+ * that keeps stream order on stream 0, after the blocking streams' queued
+ * work, and a handle on a deferred stream is refused with
+ * CUDNN_STATUS_NOT_SUPPORTED: sim_runtime.cc).
  *
  * The point is to check how the backend DESCRIBES its convolutions, so this
  * follows cuDNN's documented semantics rather than whatever would make the
@@ -48,10 +50,15 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "sim_half.h"
+#include "sim_internal.h"
+
+/* Weak, so check_sim_cudnn links without the simulated runtime. */
+#pragma weak fl_sim_stream_now
 
 /* ---------------------------------------------------------------- objects */
 
@@ -186,9 +193,9 @@ cudnnStatus_t cudnnDestroy(cudnnHandle_t handle) {
     return CUDNN_STATUS_SUCCESS;
 }
 
-/* The stream is only remembered: simulated streams run synchronously, so
- * the work below is done when the call returns, which is one valid order
- * of the asynchronous original. */
+/* The work below is done when the call returns: in order on stream 0 (the
+ * blocking streams' queued work runs first, sim_runtime.cc), refused on a
+ * deferred stream (on_stream). */
 cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t streamId) {
     if (!handle) return CUDNN_STATUS_BAD_PARAM;
     handle->stream = streamId;
@@ -674,6 +681,19 @@ cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(const cudnnConvolutionDescri
 
 /* ---------------------------------------------------------- the routines */
 
+/* Work done when called keeps stream order only on a stream that runs its
+ * work at once; on a deferred stream it would run early and hide missing
+ * waits, so it is refused, loudly. */
+static cudnnStatus_t on_stream(const char *fn, cudnnHandle_t h) {
+    int r = fl_sim_stream_now ? fl_sim_stream_now(h->stream) : 0;
+    if (r == 0) return CUDNN_STATUS_SUCCESS;
+    fprintf(stderr, "sim_cudnn: %s: %s\n", fn,
+            r > 0 ? "work on a deferred stream (from cudaStreamCreate*) is not simulated; "
+                    "stream 0 is, or FSDP_CUDASIM_STREAMS=eager runs every stream at once"
+                  : "not a CUDA stream");
+    return r > 0 ? CUDNN_STATUS_NOT_SUPPORTED : CUDNN_STATUS_BAD_PARAM;
+}
+
 /* Arguments every routine checks alike: data pointers, scaling factors, an
  * algorithm that exists, a workspace pointer when a size is claimed. */
 static cudnnStatus_t check_args(const void *alpha, const void *beta, const void *a, const void *b,
@@ -697,6 +717,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha,
                                   workSpace, workSpaceSizeInBytes);
     if (st == CUDNN_STATUS_SUCCESS)
         st = check(&g, handle, xDesc, wDesc, convDesc, yDesc, CUDNN_STATUS_BAD_PARAM);
+    if (st == CUDNN_STATUS_SUCCESS) st = on_stream("cudnnConvolutionForward", handle);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     forward(&g, alpha, x, w, beta, y);
     return CUDNN_STATUS_SUCCESS;
@@ -714,6 +735,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alp
                                   CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, workSpace, workSpaceSizeInBytes);
     if (st == CUDNN_STATUS_SUCCESS)
         st = check(&g, handle, dxDesc, wDesc, convDesc, dyDesc, CUDNN_STATUS_NOT_SUPPORTED);
+    if (st == CUDNN_STATUS_SUCCESS) st = on_stream("cudnnConvolutionBackwardData", handle);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     backward_data(&g, alpha, w, dy, beta, dx);
     return CUDNN_STATUS_SUCCESS;
@@ -731,6 +753,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *a
                                   CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, workSpace, workSpaceSizeInBytes);
     if (st == CUDNN_STATUS_SUCCESS)
         st = check(&g, handle, xDesc, dwDesc, convDesc, dyDesc, CUDNN_STATUS_BAD_PARAM);
+    if (st == CUDNN_STATUS_SUCCESS) st = on_stream("cudnnConvolutionBackwardFilter", handle);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     backward_filter(&g, alpha, x, dy, beta, dw);
     return CUDNN_STATUS_SUCCESS;

@@ -23,6 +23,11 @@
  * control word, as the ABI requires); glibc's swapcontext also saves the
  * signal mask with a system call per switch, which made it the cost of a
  * simulated launch. Elsewhere ucontext is used.
+ *
+ * When a launch runs is the runtime's business (sim_runtime.cc: at once on
+ * stream 0, when forced on a deferred stream); this file checks a launch's
+ * configuration when it is issued (fl_sim_launch_valid) and runs it
+ * (fl_sim_run), under the runtime's lock.
  */
 #include "cudasim.h"
 #include "sim_internal.h"
@@ -302,7 +307,7 @@ bool run_block(void) {
     }
 }
 
-bool valid_config(dim3 grid, dim3 block, size_t smem, const void *kernel) {
+bool valid_config(const fl_sim_site &where, dim3 grid, dim3 block, size_t smem, const void *kernel) {
     uint64_t threads = (uint64_t)block.x * block.y * block.z;
     const char *bad = NULL;
     if (!grid.x || !grid.y || !grid.z || !threads) bad = "a zero grid or block dimension";
@@ -312,7 +317,7 @@ bool valid_config(dim3 grid, dim3 block, size_t smem, const void *kernel) {
     if (bad) {
         fl_sim_launch_error(cudaErrorInvalidConfiguration,
                             "%s:%d %s: invalid launch: %s (grid %u,%u,%u, block %u,%u,%u)",
-                            basename_of(site.file), site.line, site.kernel, bad, grid.x, grid.y,
+                            basename_of(where.file), where.line, where.kernel, bad, grid.x, grid.y,
                             grid.z, block.x, block.y, block.z);
         return false;
     }
@@ -321,7 +326,7 @@ bool valid_config(dim3 grid, dim3 block, size_t smem, const void *kernel) {
         fl_sim_launch_error(cudaErrorInvalidValue,
                             "%s:%d %s: %zu bytes of dynamic shared memory, the limit is %zu "
                             "(cudaFuncSetAttribute raises it up to 227 KiB)",
-                            basename_of(site.file), site.line, site.kernel, smem, limit);
+                            basename_of(where.file), where.line, where.kernel, smem, limit);
         return false;
     }
     return true;
@@ -329,14 +334,17 @@ bool valid_config(dim3 grid, dim3 block, size_t smem, const void *kernel) {
 
 } // namespace
 
-void fl_sim_run(fl_sim_site where, const void *kernel, dim3 grid, dim3 block, size_t smem,
-                cudaStream_t stream, void (*fn)(void *), void *arg) {
+int fl_sim_launch_valid(fl_sim_site where, const void *kernel, dim3 grid, dim3 block, size_t smem) {
+    return valid_config(where, grid, block, smem, kernel);
+}
+
+void fl_sim_run(fl_sim_site where, dim3 grid, dim3 block, size_t smem, void (*fn)(void *), void *arg) {
     pthread_mutex_lock(&launch_lock);
-    site = where;
-    if (fl_sim_faulted() || !valid_config(grid, block, smem, kernel)) {
+    if (fl_sim_faulted()) {
         pthread_mutex_unlock(&launch_lock);
         return;
     }
+    site = where;
     body = fn;
     closure = arg;
     nthreads = (int)(block.x * block.y * block.z);

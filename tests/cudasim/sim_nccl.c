@@ -18,8 +18,23 @@
  * wraps, and Max/Min propagate NaN (a NaN gradient should not vanish in a
  * simulation meant to catch mistakes).
  *
- * As in the rest of cudasim, "device" pointers are host pointers and the
- * stream is ignored: every call has completed when it returns.
+ * As in the rest of cudasim, "device" pointers are host pointers. Streams
+ * are the simulated runtime's (sim_runtime.cc): on stream 0 a collective
+ * has completed when the call returns; on a stream from cudaStreamCreate*
+ * the call checks its arguments, queues the collective and returns
+ * ncclSuccess, and the collective runs when this rank forces that stream
+ * (cudaStreamSynchronize, cudaEventQuery/Synchronize of an event recorded
+ * after it, cudaStreamWaitEvent(0, ...) on such an event, a stream-0
+ * operation if the stream is blocking, cudaDeviceSynchronize). So results
+ * are absent until the program waits for them, and a failure while it
+ * runs (timeout, abort, mismatch) is reported as NCCL reports
+ * asynchronous errors: on stderr, in ncclGetLastError and by
+ * ncclCommGetAsyncError. A rank's queued collective runs only when that
+ * rank forces it, where a GPU would run it on its own: a rank that blocks
+ * on something else (an MPI call, say) that waits for another rank that
+ * is forced into the collective waits until FSDP_COLLECTIVE_TIMEOUT.
+ * ncclCommDestroy and ncclCommAbort run the collectives still queued
+ * first (destroy implies ncclCommFinalize, which flushes them).
  *
  * Transport: the id made by ncclGetUniqueId is the name of a POSIX shared
  * memory segment (pid, time, counter, random bits). The first rank to reach
@@ -46,8 +61,8 @@
  * the segment; an abort or timeout unlinks it at once, so a rank that
  * crashed leaves nothing behind in /dev/shm.
  *
- * Not modelled: ncclGroupStart/End only count nesting (calls run at once,
- * which is enough for one rank per process issuing the same sequence on
+ * Not modelled: ncclGroupStart/End only count nesting (calls run or are
+ * queued as outside a group, which is enough for one rank per process issuing the same sequence on
  * every rank, but a single thread driving several ranks in one group would
  * deadlock); user-defined reduction ops; fp8 types; config/split/
  * send/recv and the other entry points.
@@ -60,7 +75,8 @@
  *
  * Build: gcc -std=c11 -O2 -fPIC -D_GNU_SOURCE -I/usr/local/cuda/include -c
  * (plus -lrt on old glibc for shm_open). The real nccl.h is included so the
- * compiler checks every definition against the real prototype.
+ * compiler checks every definition against the real prototype. Not
+ * thread-safe per communicator, as NCCL's communicators are not.
  */
 #include <nccl.h>
 
@@ -80,10 +96,15 @@
 
 #include "sim_half.h"
 
-/* Weak, so the library links without a CUDA runtime (check_sim_nccl.c);
- * under cudasim it reaches the simulated runtime and ncclCommCuDevice
- * reports the device that was current at init, as NCCL does. */
+#include "sim_internal.h"
+
+/* Weak, so the library links without a CUDA runtime (then every stream is
+ * stream 0: collectives run when called); under cudasim they reach the
+ * simulated runtime: ncclCommCuDevice reports the device that was current
+ * at init, as NCCL does, and collectives go into the runtime's streams. */
 #pragma weak cudaGetDevice
+#pragma weak cudaDeviceSynchronize
+#pragma weak fl_sim_stream_enqueue
 
 #define SIM_MAGIC 0x4e43434c53494d31ull /* "NCCLSIM1" */
 #define ID_PREFIX "/fsdp-sim-nccl-"
@@ -128,6 +149,7 @@ struct ncclComm {
     double timeout_s;
     uint64_t epoch, seq;
     ncclResult_t async_err;
+    int pending; /* collectives queued on deferred streams, not yet run */
     char name[NCCL_UNIQUE_ID_BYTES];
 };
 
@@ -510,8 +532,17 @@ static void comm_release(struct ncclComm *c) {
     free(c);
 }
 
+/* Destroy and abort finish the collectives still queued on streams (NCCL's
+ * ncclCommFinalize, which ncclCommDestroy implies, flushes uncompleted
+ * operations), so none of them runs later on a freed communicator. After
+ * an abort they fail at once. */
+static void flush_pending(ncclComm_t comm) {
+    if (comm->pending > 0 && cudaDeviceSynchronize) cudaDeviceSynchronize();
+}
+
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!comm) return invalid(ncclInvalidArgument, "ncclCommDestroy: comm is NULL");
+    flush_pending(comm);
     comm_release(comm);
     return ncclSuccess;
 }
@@ -521,6 +552,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     char msg[256];
     snprintf(msg, sizeof msg, "ncclCommAbort called on rank %d of %d (pid %d)", comm->rank, comm->nranks, (int)getpid());
     raise_abort(comm, msg);
+    flush_pending(comm);
     comm_release(comm);
     return ncclSuccess;
 }
@@ -687,34 +719,63 @@ static void post_desc(ncclComm_t c, coll_desc *d, int kind, size_t count, ncclDa
     c->recs[c->rank].desc = *d; /* ordered before the barrier's release store */
 }
 
-/* One driver for all five: per step, `put` elements of this rank's data go
- * into its slot, barrier, results are read out, barrier. */
-static ncclResult_t run_coll(int kind, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t dt, int op, int root,
-                             ncclComm_t c) {
-    const char *what = coll_name(kind);
-    int need_op = kind == K_REDUCESCATTER || kind == K_ALLREDUCE || kind == K_REDUCE;
-    int need_root = kind == K_BROADCAST || kind == K_REDUCE;
-    ncclResult_t r = check_args(what, c, dt, op, root, need_op, need_root);
+/* One driver for all five, in two halves. coll_check refuses bad
+ * arguments when the call is made (their return code is the call's, as in
+ * NCCL); coll_run moves the data when the collective runs (at once on
+ * stream 0, or when its stream is forced): per step, `put` elements of
+ * this rank's data go into its slot, barrier, results are read out,
+ * barrier. A failure in coll_run is the communicator's (async_err), which
+ * is all a queued collective can report. */
+typedef struct {
+    int kind, op, root;
+    const void *sendbuff;
+    void *recvbuff;
+    size_t count;
+    ncclDataType_t dt;
+    ncclComm_t comm;
+} coll_call;
+
+static ncclResult_t coll_check(coll_call *k) {
+    const char *what = coll_name(k->kind);
+    ncclComm_t c = k->comm;
+    int need_op = k->kind == K_REDUCESCATTER || k->kind == K_ALLREDUCE || k->kind == K_REDUCE;
+    int need_root = k->kind == K_BROADCAST || k->kind == K_REDUCE;
+    ncclResult_t r = check_args(what, c, k->dt, k->op, k->root, need_op, need_root);
     if (r != ncclSuccess) return r;
-    if (!need_op) op = 0;
-    if (!need_root) root = 0;
+    if (!need_op) k->op = 0;
+    if (!need_root) k->root = 0;
     if ((r = check_usable(c, what)) != ncclSuccess) return r;
-    if (count == 0) return ncclSuccess; /* NCCL returns at once, no sync */
+    if (k->count == 0) return ncclSuccess;
+    const size_t es = type_size(k->dt);
+    if ((k->kind == K_ALLGATHER || k->kind == K_REDUCESCATTER) && k->count > SIZE_MAX / es / (size_t)c->nranks)
+        return invalid(ncclInvalidArgument, "%s: count %zu overflows", what, k->count);
+    int send_used = k->kind != K_BROADCAST || c->rank == k->root;
+    int recv_used = k->kind != K_REDUCE || c->rank == k->root;
+    if ((send_used && !k->sendbuff) || (recv_used && !k->recvbuff))
+        return invalid(ncclInvalidArgument, "%s: %s is NULL on rank %d", what,
+                       send_used && !k->sendbuff ? "sendbuff" : "recvbuff", c->rank);
+    return ncclSuccess;
+}
+
+static ncclResult_t coll_run(const coll_call *k) {
+    const int kind = k->kind, op = k->op, root = k->root;
+    const size_t count = k->count;
+    const ncclDataType_t dt = k->dt;
+    ncclComm_t c = k->comm;
+    const char *what = coll_name(kind);
+    ncclResult_t r;
+    /* Checked again: between a queued call and its run, the communicator
+     * may have failed (another rank's abort or timeout). */
+    if ((r = check_usable(c, what)) != ncclSuccess) return r;
     const int n = c->nranks, me = c->rank;
     const size_t es = type_size(dt);
-    if (kind == K_ALLGATHER || kind == K_REDUCESCATTER) {
-        if (count > SIZE_MAX / es / (size_t)n) return invalid(ncclInvalidArgument, "%s: count %zu overflows", what, count);
-    }
-    int send_used = kind != K_BROADCAST || me == root;
-    int recv_used = kind != K_REDUCE || me == root;
-    if ((send_used && !sendbuff) || (recv_used && !recvbuff))
-        return invalid(ncclInvalidArgument, "%s: %s is NULL on rank %d", what, send_used && !sendbuff ? "sendbuff" : "recvbuff", me);
+    const int need_root = kind == K_BROADCAST || kind == K_REDUCE;
 
     /* Elements per step: reduce-scatter splits its slot among the n
      * destination blocks. */
     size_t step = c->hdr->chunk / es / (kind == K_REDUCESCATTER ? (size_t)n : 1);
-    const unsigned char *send = sendbuff;
-    unsigned char *recv = recvbuff, *mine = c->slots + (size_t)me * c->hdr->chunk;
+    const unsigned char *send = k->sendbuff;
+    unsigned char *recv = k->recvbuff, *mine = c->slots + (size_t)me * c->hdr->chunk;
     const unsigned char *srcs[MAX_RANKS];
     coll_desc d;
     post_desc(c, &d, kind, count, dt, op, root);
@@ -759,32 +820,67 @@ static ncclResult_t run_coll(int kind, const void *sendbuff, void *recvbuff, siz
     return ncclSuccess;
 }
 
+/* A queued collective, run when its stream is forced (sim_runtime.cc). */
+static void queued_run(void *arg) {
+    coll_call *k = arg;
+    coll_run(k);
+    k->comm->pending--;
+    free(k);
+}
+
+/* The device faulted before the queued collective ran: it never will, as
+ * on a dead CUDA context, so the communicator fails here and the other
+ * ranks, who would wait for it, are told at once. */
+static void queued_drop(void *arg) {
+    coll_call *k = arg;
+    ncclComm_t c = k->comm;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s on rank %d of %d (pid %d) never ran: the CUDA device faulted before its stream reached it",
+             coll_name(k->kind), c->rank, c->nranks, (int)getpid());
+    if (c->async_err == ncclSuccess) comm_fail(c, ncclUnhandledCudaError, msg);
+    c->pending--;
+    free(k);
+}
+
+/* Checks the call, then runs it now (stream 0) or queues it on stream. */
+static ncclResult_t coll_submit(coll_call call, cudaStream_t stream) {
+    ncclResult_t r = coll_check(&call);
+    if (r != ncclSuccess || call.count == 0) return r; /* count 0: NCCL returns at once, no sync */
+    if (!fl_sim_stream_enqueue) return coll_run(&call); /* linked without the runtime: stream 0 only */
+    coll_call *k = malloc(sizeof *k);
+    if (!k) return invalid(ncclSystemError, "%s: out of host memory", coll_name(call.kind));
+    *k = call;
+    call.comm->pending++;
+    int queued = fl_sim_stream_enqueue(stream, queued_run, queued_drop, k);
+    if (queued == 1) return ncclSuccess;
+    call.comm->pending--;
+    free(k);
+    if (queued < 0)
+        return invalid(ncclUnhandledCudaError, "%s: stream %p is not a CUDA stream", coll_name(call.kind), (void *)stream);
+    return coll_run(&call);
+}
+
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype, ncclComm_t comm,
                            cudaStream_t stream) {
-    (void)stream;
-    return run_coll(K_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, 0, 0, comm);
+    return coll_submit((coll_call){K_ALLGATHER, 0, 0, sendbuff, recvbuff, sendcount, datatype, comm}, stream);
 }
 
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
                                ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
-    return run_coll(K_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, (int)op, 0, comm);
+    return coll_submit((coll_call){K_REDUCESCATTER, (int)op, 0, sendbuff, recvbuff, recvcount, datatype, comm}, stream);
 }
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
-    return run_coll(K_ALLREDUCE, sendbuff, recvbuff, count, datatype, (int)op, 0, comm);
+    return coll_submit((coll_call){K_ALLREDUCE, (int)op, 0, sendbuff, recvbuff, count, datatype, comm}, stream);
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
                            cudaStream_t stream) {
-    (void)stream;
-    return run_coll(K_BROADCAST, sendbuff, recvbuff, count, datatype, 0, root, comm);
+    return coll_submit((coll_call){K_BROADCAST, 0, root, sendbuff, recvbuff, count, datatype, comm}, stream);
 }
 
 ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root,
                         ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
-    return run_coll(K_REDUCE, sendbuff, recvbuff, count, datatype, (int)op, root, comm);
+    return coll_submit((coll_call){K_REDUCE, (int)op, root, sendbuff, recvbuff, count, datatype, comm}, stream);
 }

@@ -22,6 +22,7 @@ M.OPTIONS = {
   forward_prefetch = { false, 'gather the next unit in forward ahead of time' },
   limit_all_gathers = { true, 'at most two all-gathers in flight' },
   activation_checkpointing = { false, 'recompute each block in backward instead of keeping activations' },
+  offload_activations = { false, 'move what each block saves for backward to pinned host memory (cuda; a no-op on the cpu)' },
   plan = { false, 'print what each rank would hold, send and compute (fsdp.plan) for this config, and exit' },
   plan_device = { 'cpu', 'device profile for --plan (fsdp.devices: cpu, a100-80g, h100-80g, ...)' },
 }
@@ -65,14 +66,20 @@ function M.apply(model, cfg, block_class, script)
     backward_prefetch = bp ~= 'none' and bp or false, forward_prefetch = cfg.forward_prefetch,
     limit_all_gathers = cfg.limit_all_gathers, seed = cfg.seed,
   })
-  if cfg.activation_checkpointing then
-    fsdp.checkpoint(model, function(m) return m:is_instance_of(block_class) end)
+  local offload = cfg.offload_activations or false
+  if type(offload) ~= 'boolean' then
+    bad(script, '--offload_activations must be true or false, got %s', tostring(offload))
   end
+  local is_block = function(m) return m:is_instance_of(block_class) end
+  if cfg.activation_checkpointing then fsdp.checkpoint(model, is_block) end
+  -- After checkpointing: a checkpointed block then offloads the inputs it keeps.
+  if offload then fsdp.offload_activations(model, is_block) end
   local units = fsdp.sharding.units(model)
   local W = fsdp.dist.world_size()
-  if fsdp.dist.rank() == 0 then print(('sharding: %s over %d rank%s, %d units, compute %s, reduce %s%s'):format(cfg.sharding_strategy,
+  if fsdp.dist.rank() == 0 then print(('sharding: %s over %d rank%s, %d units, compute %s, reduce %s%s%s'):format(cfg.sharding_strategy,
     W, W == 1 and '' or 's', #units, units[1].param_dtype, units[1].reduce_dtype,
-    cfg.activation_checkpointing and ', checkpointed blocks' or '')) end
+    cfg.activation_checkpointing and ', checkpointed blocks' or '',
+    offload and ', activations offloaded to pinned host memory' or '')) end
   return model, units
 end
 

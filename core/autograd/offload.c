@@ -1,0 +1,390 @@
+/*
+ * offload.c: activation offload. Inside an offload scope, the device
+ * tensors an op saves for backward are copied to pinned host memory and
+ * the node keeps the host copy instead of the device storage, so that
+ * storage is freed as soon as the forward drops its own references; the
+ * engine copies them back just before the node's backward
+ * (fl_node_unpack_saved). GPU memory for activations then no longer grows
+ * with depth, for two transfers per saved byte. PyTorch's save_on_cpu and
+ * FSDP's offload_to_cpu checkpoint wrapper do the same with Python hooks;
+ * here every op saves through fl_node_save, so one hook there covers them
+ * all.
+ *
+ * [Note: what is offloaded]
+ * A saved tensor is offloaded when a scope is open (fl_offload_begin, per
+ * thread, nestable) and it lives on a cuda device, in storage of the
+ * device allocator, and is neither a leaf that requires grad nor a view of
+ * one. Parameters are therefore never offloaded: a plain module's are
+ * leaves that require grad, and fl_requires_grad_ marks their storage, so
+ * every view of them (a transposed weight) is known by its storage; a
+ * sharded unit's are views of the gathered buffer, whose storage the unit
+ * manages itself (release callback, reserved addresses) and which
+ * resharding frees anyway, or, for a unit of one rank computing in its
+ * master dtype, views of the shard, whose segments are marked leaves. CPU
+ * tensors are left alone: there is nothing to gain.
+ *
+ * [Note: views and aliasing]
+ * What travels is the span of storage the view covers, and it comes back
+ * with the same shape, strides and dtype at offset 0 of a fresh storage
+ * when that span holds no more elements than the view (dense views,
+ * transposes, broadcasts: stride 0 dims cost nothing), so kernels see the
+ * layout they saw in forward and compute the same bits. A view with gaps
+ * (a narrow of a bigger tensor) is made contiguous on the device first
+ * and comes back contiguous. The restored tensor shares storage with
+ * nothing but the other nodes that saved the same view; no backward
+ * formula in core/ops compares saved tensors' data pointers or writes
+ * through a saved tensor (checked when this was written), so losing the
+ * alias with the forward's tensors is invisible to them. Meta "shape"
+ * tensors that some ops save (views, reductions, dropout) have no storage
+ * and stay as they are.
+ *
+ * [Note: one copy per saved storage]
+ * q, k and v projections save the same input; several nodes save one
+ * tensor. Within a scope, entries are shared by (storage id, offset,
+ * shape, strides, dtype): the first save copies, later ones take a
+ * reference (fl_offload_stats counts both). The storage id never repeats,
+ * unlike an address, so a freed and reallocated block is never mistaken
+ * for the one that was copied. On the way back the first node to run
+ * restores the entry and the others reuse that device tensor.
+ *
+ * [Note: ordering without events]
+ * Both copies are queued with cudaMemcpyAsync on the compute stream, the
+ * one every kernel runs on. The copy to the host is ordered after the
+ * kernel that produced the tensor, and any later reuse of the tensor's
+ * device block (the caching pool hands freed blocks to the same stream) is
+ * ordered after the copy: no event, no fl_pool_record_stream. The copy
+ * back is ordered before the backward kernels that read it. The pinned
+ * blocks record the stream as a user (pinned.c), so releasing them after
+ * queueing never races with the copy. The host never waits; the copies do
+ * not overlap with kernels (that needs a copy stream: docs/ARCHITECTURE.md).
+ */
+#include "internal.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+struct fl_packed {
+    int32_t refcount;
+    fl_tensor *host;        /* pinned: the span's elements; NULL once restored */
+    fl_tensor *restored;    /* the device tensor, once the first user brought it back */
+    fl_device device;
+    fl_dtype dtype;
+    int32_t ndim;
+    int64_t shape[FL_MAX_DIMS];
+    int64_t stride[FL_MAX_DIMS]; /* of the restored tensor, at offset 0 */
+    int64_t span;                /* elements of the restored storage */
+};
+
+/* ---- statistics ----------------------------------------------------------- */
+
+static _Atomic int64_t st_saved, st_copies, st_bytes, st_shared, st_kept, st_kept_params,
+    st_restores, st_restored_bytes, st_failed;
+
+void fl_offload_stats_get(fl_offload_stats *out) {
+    out->saved = st_saved;
+    out->copies = st_copies;
+    out->bytes = st_bytes;
+    out->shared = st_shared;
+    out->kept = st_kept;
+    out->kept_params = st_kept_params;
+    out->restores = st_restores;
+    out->restored_bytes = st_restored_bytes;
+    out->failed = st_failed;
+    fl_pinned_stats(&out->pinned_allocated, &out->pinned_reserved);
+}
+
+void fl_offload_stats_reset(void) {
+    st_saved = st_copies = st_bytes = st_shared = st_kept = st_kept_params = 0;
+    st_restores = st_restored_bytes = st_failed = 0;
+}
+
+/* ---- packed entries ------------------------------------------------------------ */
+
+static fl_packed *packed_retain(fl_packed *p) {
+    if (p) __atomic_fetch_add(&p->refcount, 1, __ATOMIC_RELAXED);
+    return p;
+}
+
+void fl_packed_release(fl_packed *p) {
+    if (!p) return;
+    int32_t left = __atomic_sub_fetch(&p->refcount, 1, __ATOMIC_ACQ_REL);
+    FL_ASSERT(left >= 0);
+    if (left > 0) return;
+    fl_tensor_release(p->host);
+    fl_tensor_release(p->restored);
+    free(p);
+}
+
+/* Elements of storage the view reaches, from its first to its last one
+ * (strides are never negative here). */
+static int64_t span_of(const fl_tensor *t) {
+    if (t->numel == 0) return 0;
+    int64_t last = 0;
+    for (int d = 0; d < t->ndim; d++) last += (t->shape[d] - 1) * t->stride[d];
+    return last + 1;
+}
+
+/* Copy t (on a cuda device) into a new pinned entry; NULL on failure with
+ * the error set. Grad mode is off (no node for the contiguous copy). */
+static fl_packed *pack(const fl_tensor *t) {
+    fl_packed *p = calloc(1, sizeof *p);
+    if (!p) return FL_FAIL_NULL(FL_ERR_OOM, "offload: out of host memory");
+    p->refcount = 1;
+    p->device = t->device;
+    p->dtype = t->dtype;
+    p->ndim = t->ndim;
+    memcpy(p->shape, t->shape, sizeof p->shape);
+    bool neg = false;
+    for (int d = 0; d < t->ndim; d++) neg |= t->stride[d] < 0;
+    /* Same layout when the span is no bigger than the view; else dense. */
+    const fl_tensor *src = t;
+    fl_tensor *dense = NULL;
+    if (neg || span_of(t) > t->numel) {
+        dense = fl_clone(t);
+        if (!dense) {
+            free(p);
+            return NULL;
+        }
+        src = dense;
+    }
+    memcpy(p->stride, src->stride, sizeof p->stride);
+    p->span = span_of(src);
+    int64_t nbytes = p->span * (int64_t)fl_dtype_size(t->dtype);
+    p->host = fl_empty_pinned(1, &p->span, t->dtype);
+    int rc = p->host ? fl_pinned_copy_async(t->device, p->host->data, src->data, nbytes, true,
+                                            p->host->storage)
+                     : (int)fl_last_status();
+    /* The dense temporary goes back to the pool now: its reuse is queued
+     * after the copy on the same stream ([Note: ordering without events]). */
+    fl_tensor_release(dense);
+    if (rc != FL_OK) {
+        fl_packed_release(p);
+        return NULL;
+    }
+    st_copies++;
+    st_bytes += nbytes;
+    return p;
+}
+
+/* The entry's device tensor (new reference), restoring it on first use. */
+static fl_tensor *unpack(fl_packed *p) {
+    if (!p->restored) {
+        fl_tensor *flat = fl_empty(1, &p->span, p->dtype, p->device);
+        if (!flat) return NULL;
+        int64_t nbytes = p->span * (int64_t)fl_dtype_size(p->dtype);
+        int rc = fl_pinned_copy_async(p->device, flat->data, p->host->data, nbytes, false,
+                                      p->host->storage);
+        fl_tensor *v = rc == FL_OK ? fl_tensor_view_of(flat, p->ndim, p->shape, p->stride, 0)
+                                   : NULL;
+        fl_tensor_release(flat);
+        if (!v) return NULL;
+        p->restored = v;
+        /* The host copy is no longer needed: its block returns to the pool
+         * once the copy back has run. */
+        fl_tensor_release(p->host);
+        p->host = NULL;
+        st_restores++;
+        st_restored_bytes += nbytes;
+    }
+    return fl_tensor_retain(p->restored);
+}
+
+/* ---- the scope ------------------------------------------------------------------ */
+
+typedef struct entry {
+    uint64_t storage_id; /* 0: empty slot */
+    int64_t offset;
+    int32_t ndim;
+    fl_dtype dtype;
+    int64_t shape[FL_MAX_DIMS], stride[FL_MAX_DIMS];
+    fl_packed *packed;   /* owned reference */
+} entry;
+
+/* Per thread: the depth of nested scopes and the entries of the outermost
+ * one (an open-addressing table, kept under half full). */
+static _Thread_local int depth;
+static _Thread_local entry *table;
+static _Thread_local int64_t table_cap, table_n;
+
+static uint64_t key_hash(uint64_t id, int64_t offset, int ndim, const int64_t *shape) {
+    uint64_t h = id * 0x9E3779B97F4A7C15ull ^ (uint64_t)offset * 0xC2B2AE3D27D4EB4Full;
+    for (int d = 0; d < ndim; d++) h = (h ^ (uint64_t)shape[d]) * 0x100000001B3ull;
+    return h ^ (h >> 29);
+}
+
+static bool entry_matches(const entry *e, const fl_tensor *t) {
+    if (e->storage_id != t->storage->id || e->offset != t->offset || e->ndim != t->ndim ||
+        e->dtype != t->dtype)
+        return false;
+    for (int d = 0; d < t->ndim; d++)
+        if (e->shape[d] != t->shape[d] || e->stride[d] != t->stride[d]) return false;
+    return true;
+}
+
+static entry *table_slot(const fl_tensor *t) {
+    for (int64_t i = (int64_t)(key_hash(t->storage->id, t->offset, t->ndim, t->shape) &
+                        (uint64_t)(table_cap - 1));;
+         i = (i + 1) & (table_cap - 1)) {
+        if (table[i].storage_id == 0 || entry_matches(&table[i], t)) return &table[i];
+    }
+}
+
+static bool table_reserve(void) {
+    if (table && 2 * (table_n + 1) <= table_cap) return true;
+    int64_t cap = table_cap ? 2 * table_cap : 256;
+    entry *bigger = calloc((size_t)cap, sizeof *bigger);
+    if (!bigger) return false;
+    entry *old = table;
+    int64_t old_cap = table_cap;
+    table = bigger;
+    table_cap = cap;
+    for (int64_t i = 0; i < old_cap; i++) {
+        if (old[i].storage_id == 0) continue;
+        uint64_t h = key_hash(old[i].storage_id, old[i].offset, old[i].ndim, old[i].shape);
+        int64_t j = (int64_t)(h & (uint64_t)(cap - 1));
+        while (table[j].storage_id) j = (j + 1) & (cap - 1);
+        table[j] = old[i];
+    }
+    free(old);
+    return true;
+}
+
+static void table_clear(void) {
+    for (int64_t i = 0; i < table_cap; i++)
+        if (table[i].storage_id) fl_packed_release(table[i].packed);
+    free(table);
+    table = NULL;
+    table_cap = table_n = 0;
+}
+
+int fl_offload_begin(void) {
+    depth++;
+    return FL_OK;
+}
+
+int fl_offload_end(void) {
+    if (depth == 0) return fl_fail(FL_ERR_STATE, "offload_end: no offload scope is open");
+    if (--depth == 0) table_clear();
+    return FL_OK;
+}
+
+int fl_offload_depth(void) { return depth; }
+
+/* ---- what is offloaded ([Note: what is offloaded]) ------------------------------ */
+
+/* A parameter or a view of one: storage a leaf that requires grad views
+ * (fl_requires_grad_ marks it: w, w.t(), a sharded unit's segments and,
+ * when a unit of one rank computes in its master dtype, its parameter
+ * views, which alias the shard), or storage the core did not allocate (a
+ * sharded unit's gathered buffer). */
+static bool is_parameter(const fl_tensor *t) {
+    return t->storage->holds_params || t->storage->release != NULL ||
+           (!t->grad_fn && (t->flags & FL_TENSOR_REQUIRES_GRAD));
+}
+
+/* Whether t is offloaded; counts the ones kept. */
+static bool wanted(const fl_tensor *t) {
+    if (depth == 0 || !t->storage || (t->flags & FL_TENSOR_FAKE) ||
+        fl_device_kind_of(t->device) != FL_DEVICE_CUDA)
+        return false;
+    if (is_parameter(t) || t->storage->id == 0) {
+        st_kept_params++;
+        st_kept++;
+        return false;
+    }
+    return true;
+}
+
+/* The packed entry for t in this scope (new reference), copying it the
+ * first time; NULL on failure. */
+static fl_packed *pack_in_scope(const fl_tensor *t) {
+    entry *e = table_reserve() ? table_slot(t) : NULL;
+    if (e && e->storage_id) {
+        st_shared++;
+        return packed_retain(e->packed);
+    }
+    bool was = fl_set_grad_enabled(false);
+    fl_packed *p = pack(t);
+    fl_set_grad_enabled(was);
+    if (p && e) {
+        e->storage_id = t->storage->id;
+        e->offset = t->offset;
+        e->ndim = t->ndim;
+        e->dtype = t->dtype;
+        memcpy(e->shape, t->shape, sizeof e->shape);
+        memcpy(e->stride, t->stride, sizeof e->stride);
+        e->packed = packed_retain(p);
+        table_n++;
+    }
+    return p;
+}
+
+bool fl_offload_save(fl_node *node, int k, const fl_tensor *t) {
+    if (depth == 0) return false;
+    if (!wanted(t)) {
+        if (t->storage && fl_device_kind_of(t->device) == FL_DEVICE_CPU) st_kept++;
+        return false;
+    }
+    if (!node->packed) {
+        node->packed = calloc(FL_NODE_MAX_SAVED, sizeof *node->packed);
+        if (!node->packed) {
+            st_failed++;
+            return false;
+        }
+    }
+    fl_packed *p = pack_in_scope(t);
+    if (!p) {
+        /* Offload saves memory; it never fails a forward: the tensor stays
+         * on its device (fl_offload_stats counts it) and the error is
+         * forgotten. */
+        st_failed++;
+        fl_clear_error();
+        return false;
+    }
+    node->packed[k] = p;
+    node->saved[k] = NULL;
+    st_saved++;
+    return true;
+}
+
+int fl_node_unpack_saved(fl_node *node) {
+    if (!node->packed) return FL_OK;
+    for (int k = 0; k < node->n_saved; k++) {
+        fl_packed *p = node->packed[k];
+        if (!p) continue;
+        fl_tensor *dev = unpack(p);
+        if (!dev) return fl_last_status();
+        /* A detached alias, as fl_node_save keeps. */
+        node->saved[k] = fl_detach(dev);
+        fl_tensor_release(dev);
+        if (!node->saved[k]) return fl_last_status();
+        node->packed[k] = NULL;
+        fl_packed_release(p);
+    }
+    return FL_OK;
+}
+
+void fl_node_drop_packed(fl_node *node) {
+    if (!node->packed) return;
+    for (int k = 0; k < FL_NODE_MAX_SAVED; k++) fl_packed_release(node->packed[k]);
+    free(node->packed);
+    node->packed = NULL;
+}
+
+/* ---- packing from outside autograd (a checkpoint's inputs) ----------------------- */
+
+int fl_offload_pack(const fl_tensor *t, fl_packed **out) {
+    *out = NULL;
+    if (fl_check_tensor("offload_pack", t, false)) return fl_last_status();
+    if (!wanted(t)) return FL_OK;
+    fl_packed *p = pack_in_scope(t);
+    if (!p) return fl_last_status();
+    st_saved++;
+    *out = p;
+    return FL_OK;
+}
+
+fl_tensor *fl_offload_unpack(fl_packed *p) {
+    if (!p) return FL_FAIL_NULL(FL_ERR_ARG, "offload_unpack: no packed tensor (NULL)");
+    return unpack(p);
+}
