@@ -47,18 +47,39 @@
  * for the one that was copied. On the way back the first node to run
  * restores the entry and the others reuse that device tensor.
  *
- * [Note: ordering without events]
- * Both copies are queued with cudaMemcpyAsync on the compute stream, the
- * one every kernel runs on. The copy to the host is ordered after the
- * kernel that produced the tensor, and any later reuse of the tensor's
- * device block (the caching pool hands freed blocks to the same stream) is
- * ordered after the copy: no event, no fl_pool_record_stream. The copy
- * back is ordered before the backward kernels that read it. The pinned
- * blocks record the stream as a user (pinned.c), so releasing them after
- * queueing never races with the copy. The host never waits; the copies do
- * not overlap with kernels (that needs a copy stream: docs/ARCHITECTURE.md).
+ * [Note: offload streams]
+ * The copy to the host runs on the device's copy stream (cuda_host.cu,
+ * [Note: the copy stream]) so it overlaps the forward kernels queued after
+ * it, instead of sitting between them on the compute stream; the copy back
+ * runs on the compute stream. What orders them:
+ * - At save, the copy stream waits for an event recorded on the compute
+ *   stream, so the copy reads the tensor after the kernels that produced
+ *   it. A write to the saved storage queued after the save (one a plain
+ *   run's backward would see too) may or may not reach the host copy.
+ * - The device block the copy reads records the copy stream as a user
+ *   (fl_cuda_pool_record_stream): the forward drops its references long
+ *   before the copy may have run, and the caching pool would otherwise
+ *   hand the block to the next kernel on the compute stream at once. Once
+ *   freed it is held back until an event recorded on the copy stream at
+ *   free time is done. A dense temporary is protected the same way.
+ * - The pinned block records the copy stream too (pinned.c, [Note: pinned
+ *   stream ids]): an entry dropped before its backward (a forward without
+ *   backward) frees it while the copy may still be queued.
+ * - Each entry (one per offloaded view, [Note: one copy per saved
+ *   storage]) keeps an event recorded on the copy stream after its copy.
+ *   Before the copy back, the compute stream waits for it
+ *   (cudaStreamWaitEvent(0, done)): the host never blocks, and the copy
+ *   back, on the compute stream, is ordered before the backward kernels
+ *   that read the restored tensor. The pinned block records the compute
+ *   stream as well, so it is not reused before the copy back has run. The
+ *   event is destroyed with the entry.
+ * The copies back do not overlap the backward kernels (no prefetch yet).
  */
 #include "internal.h"
+
+#ifdef FL_HAVE_CUDA
+#include "../cuda/cuda_backend.h"
+#endif
 
 #include <stdatomic.h>
 #include <string.h>
@@ -73,6 +94,7 @@ struct fl_packed {
     int64_t shape[FL_MAX_DIMS];
     int64_t stride[FL_MAX_DIMS]; /* of the restored tensor, at offset 0 */
     int64_t span;                /* elements of the restored storage */
+    void *done;                  /* recorded on the copy stream after the copy to the host */
 };
 
 /* ---- statistics ----------------------------------------------------------- */
@@ -112,8 +134,58 @@ void fl_packed_release(fl_packed *p) {
     if (left > 0) return;
     fl_tensor_release(p->host);
     fl_tensor_release(p->restored);
+#ifdef FL_HAVE_CUDA
+    if (p->done) fl_cuda_event_destroy(p->done);
+#endif
     free(p);
 }
+
+/* ---- the copies ([Note: offload streams]) ---------------------------------------- */
+
+#ifdef FL_HAVE_CUDA
+/* Queue the copy of src's span (nbytes) into p->host on the copy stream,
+ * after the compute stream's work so far, and record p->done after it. */
+static int copy_to_host(fl_packed *p, const fl_tensor *src, int64_t nbytes) {
+    int index = fl_device_index(p->device);
+    uint64_t copy = 0;
+    if (fl_cuda_copy_stream(index, &copy) != 0 || fl_cuda_stream_wait_stream(index, copy, 0) != 0)
+        return fl_fail(FL_ERR_DEVICE, "offload: cannot order the copy stream of cuda:%d: %s",
+                       index, fl_cuda_host_problem());
+    /* Before queueing: a block the pool does not know could not be held
+     * back, so nothing is copied out of it. */
+    if (nbytes > 0 && !fl_cuda_pool_record_stream(index, src->storage->data, copy))
+        return fl_fail(FL_ERR_STATE, "offload: cuda:%d: the saved tensor's storage is not a block "
+                                     "of the device pool", index);
+    int rc = fl_pinned_copy_async_on(index, copy, p->host->data, src->data, nbytes, true,
+                                     p->host->storage);
+    if (rc != FL_OK) return rc;
+    p->done = fl_cuda_event_record(index, copy);
+    if (!p->done)
+        return fl_fail(FL_ERR_DEVICE, "offload: cannot record the copy's event on cuda:%d: %s",
+                       index, fl_cuda_last_problem());
+    return FL_OK;
+}
+
+/* Queue the copy of p->host into dst on the compute stream, after the
+ * copy to the host is done. */
+static int copy_back(fl_packed *p, void *dst, int64_t nbytes) {
+    int index = fl_device_index(p->device);
+    if (fl_cuda_stream_wait_event(index, 0, p->done) != 0)
+        return fl_fail(FL_ERR_DEVICE, "offload: cannot order cuda:%d after the copy to the host: "
+                                      "%s", index, fl_cuda_host_problem());
+    return fl_pinned_copy_async(p->device, dst, p->host->data, nbytes, false, p->host->storage);
+}
+#else
+/* Unreachable: without the backend no tensor is on a cuda device. */
+static int copy_to_host(fl_packed *p, const fl_tensor *src, int64_t nbytes) {
+    (void)p, (void)src, (void)nbytes;
+    return fl_fail(FL_ERR_DEVICE, "offload: %s", fl_cuda_status());
+}
+static int copy_back(fl_packed *p, void *dst, int64_t nbytes) {
+    (void)p, (void)dst, (void)nbytes;
+    return fl_fail(FL_ERR_DEVICE, "offload: %s", fl_cuda_status());
+}
+#endif
 
 /* Elements of storage the view reaches, from its first to its last one
  * (strides are never negative here). */
@@ -151,11 +223,10 @@ static fl_packed *pack(const fl_tensor *t) {
     p->span = span_of(src);
     int64_t nbytes = p->span * (int64_t)fl_dtype_size(t->dtype);
     p->host = fl_empty_pinned(1, &p->span, t->dtype);
-    int rc = p->host ? fl_pinned_copy_async(t->device, p->host->data, src->data, nbytes, true,
-                                            p->host->storage)
-                     : (int)fl_last_status();
-    /* The dense temporary goes back to the pool now: its reuse is queued
-     * after the copy on the same stream ([Note: ordering without events]). */
+    int rc = p->host ? copy_to_host(p, src, nbytes) : (int)fl_last_status();
+    /* The dense temporary goes back to the pool now: it recorded the copy
+     * stream, so it is not reused before the copy ran ([Note: offload
+     * streams]). */
     fl_tensor_release(dense);
     if (rc != FL_OK) {
         fl_packed_release(p);
@@ -172,8 +243,7 @@ static fl_tensor *unpack(fl_packed *p) {
         fl_tensor *flat = fl_empty(1, &p->span, p->dtype, p->device);
         if (!flat) return NULL;
         int64_t nbytes = p->span * (int64_t)fl_dtype_size(p->dtype);
-        int rc = fl_pinned_copy_async(p->device, flat->data, p->host->data, nbytes, false,
-                                      p->host->storage);
+        int rc = copy_back(p, flat->data, nbytes);
         fl_tensor *v = rc == FL_OK ? fl_tensor_view_of(flat, p->ndim, p->shape, p->stride, 0)
                                    : NULL;
         fl_tensor_release(flat);

@@ -68,7 +68,10 @@ static fl_pool *pool_of(int index) {
     return p;
 }
 
-/* Until streams exist every tensor lives on the default stream (0). */
+/* Every tensor is allocated for the compute stream: the pools' stream ids
+ * are cudaStream_t values, and that is 0, the legacy default stream. A
+ * block that another stream also reads or writes (activation offload's
+ * copy stream) is marked with fl_cuda_pool_record_stream. */
 static void *cuda_alloc(int index, int64_t nbytes) {
     fl_pool *p = pool_of(index);
     return p ? fl_pool_alloc(p, nbytes, 0) : NULL;
@@ -79,6 +82,11 @@ static void cuda_free(int index, void *ptr, int64_t nbytes) {
     fl_pool *p = pool_of(index);
     bool known = p && fl_pool_free(p, ptr);
     FL_ASSERT(known); /* else a pointer the pool did not hand out */
+}
+
+bool fl_cuda_pool_record_stream(int index, void *block, uint64_t stream) {
+    fl_pool *p = pool_of(index);
+    return p && fl_pool_record_stream(p, block, stream);
 }
 
 static int64_t cuda_reserved_bytes(int index) {

@@ -65,4 +65,35 @@ const char *fl_cuda_host_problem(void);    /* text of the last failed call above
 #endif
 /* ---- end of pinned host memory ------------------------------------------- */
 
+/* ---- the copy stream and the pools' stream uses ----------------------------
+ * Stream ids here are cudaStream_t values as uint64_t (0: the legacy
+ * default stream, where every kernel runs: the compute stream). */
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* cuda_host.cu ([Note: the copy stream]): device `index`'s copy stream,
+ * made on first use (non-blocking); 0 on success. */
+int fl_cuda_copy_stream(int index, uint64_t *stream);
+/* cudaMemcpyAsync on `stream`; 0 on success. */
+int fl_cuda_memcpy_async_on(int index, uint64_t stream, void *dst, const void *src, int64_t nbytes,
+                            int to_host);
+/* Later work on `waiter` runs after the work queued on `waited` so far. */
+int fl_cuda_stream_wait_stream(int index, uint64_t waiter, uint64_t waited);
+/* Later work on `stream` runs after `event` (fl_cuda_event_record's). */
+int fl_cuda_stream_wait_event(int index, uint64_t stream, void *event);
+/* cuda_backend.c: fl_pool_record_stream on device `index`'s pool: the block
+ * at `block` (the start of an allocation of that pool) is also used by
+ * `stream`, so once freed it is not handed out again before the work
+ * queued there by then has run. false for a block the pool does not know. */
+bool fl_cuda_pool_record_stream(int index, void *block, uint64_t stream);
+/* pinned.c: fl_pinned_copy_async with the copy queued on `stream` of
+ * cuda:index, which must be its compute stream (0) or its copy stream; the
+ * pinned block records that stream as a user. FL_OK or the error set. */
+int fl_pinned_copy_async_on(int index, uint64_t stream, void *dst, const void *src,
+                            int64_t nbytes, bool to_host, struct fl_storage *pinned);
+#ifdef __cplusplus
+}
+#endif
+/* ---- end of the copy stream ------------------------------------------------ */
+
 #endif /* FL_CUDA_BACKEND_H */

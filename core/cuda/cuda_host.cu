@@ -1,8 +1,9 @@
 /*
  * cuda_host.cu: the CUDA runtime calls behind pinned (page-locked) host
  * memory and asynchronous host<->device copies: allocating and freeing
- * pinned blocks, queueing a copy on the compute stream, and waiting for a
- * device to finish. The caching of pinned blocks and the bookkeeping of
+ * pinned blocks, queueing a copy on the compute stream or on a device's
+ * copy stream, ordering one stream after another with events, and waiting
+ * for a device to finish. The caching of pinned blocks and the bookkeeping of
  * which copies still read them live in C (core/tensor/pinned.c); only
  * plain C entry points leave this file (cuda_backend.h, "pinned host
  * memory" block).
@@ -15,6 +16,7 @@
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
 
+#include <pthread.h>
 #include <stdio.h>
 
 /* The last failure of this file, for the C side's messages. */
@@ -48,11 +50,73 @@ extern "C" void fl_cuda_host_free(void *ptr) {
  * right after queueing. */
 extern "C" int fl_cuda_memcpy_async(int index, void *dst, const void *src, int64_t nbytes,
                                     int to_host) {
+    return fl_cuda_memcpy_async_on(index, (uint64_t)(uintptr_t)fl_cu_stream(), dst, src, nbytes,
+                                   to_host);
+}
+
+/* [Note: the copy stream]
+ * One non-blocking stream per device, made on first use, for copies that
+ * should overlap the kernels of the compute stream (activation offload's
+ * device-to-host copies, core/autograd/offload.c). Non-blocking, so the
+ * legacy default stream's implicit synchronisation does not serialise it
+ * with the kernels again; everything that crosses between the two streams
+ * is therefore ordered explicitly by events (fl_cuda_stream_wait_stream,
+ * fl_cuda_stream_wait_event), as cuda_nccl.cu does for its communication
+ * stream. Streams live as long as the process (destroying one would
+ * synchronise it). Stream ids that cross into C are cudaStream_t values
+ * as uint64_t: 0 is the legacy default stream, the compute stream. */
+static cudaStream_t copy_streams[64];
+static pthread_mutex_t copy_streams_lock = PTHREAD_MUTEX_INITIALIZER;
+
+extern "C" int fl_cuda_copy_stream(int index, uint64_t *stream) {
+    if (index < 0 || index >= 64) {
+        snprintf(host_problem, sizeof host_problem, "cuda:%d: device index out of range", index);
+        return -1;
+    }
+    pthread_mutex_lock(&copy_streams_lock);
+    bool made = copy_streams[index] != NULL;
+    if (!made && host_ok(cudaSetDevice(index), "cudaSetDevice") &&
+        host_ok(cudaStreamCreateWithFlags(&copy_streams[index], cudaStreamNonBlocking),
+                "cudaStreamCreateWithFlags (the copy stream)"))
+        made = true;
+    if (!made) copy_streams[index] = NULL;
+    *stream = (uint64_t)(uintptr_t)copy_streams[index];
+    pthread_mutex_unlock(&copy_streams_lock);
+    return made ? 0 : -1;
+}
+
+extern "C" int fl_cuda_memcpy_async_on(int index, uint64_t stream, void *dst, const void *src,
+                                       int64_t nbytes, int to_host) {
     if (!host_ok(cudaSetDevice(index), "cudaSetDevice")) return -1;
     if (nbytes == 0) return 0;
     cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
-    return host_ok(cudaMemcpyAsync(dst, src, (size_t)nbytes, kind, fl_cu_stream()),
+    return host_ok(cudaMemcpyAsync(dst, src, (size_t)nbytes, kind, (cudaStream_t)(uintptr_t)stream),
                    "cudaMemcpyAsync")
+               ? 0
+               : -1;
+}
+
+/* The work queued on `waiter` from now on runs after the work queued on
+ * `waited` so far. The event is destroyed at once: CUDA releases it when
+ * the wait is done with it. */
+extern "C" int fl_cuda_stream_wait_stream(int index, uint64_t waiter, uint64_t waited) {
+    if (!host_ok(cudaSetDevice(index), "cudaSetDevice")) return -1;
+    cudaEvent_t ev;
+    if (!host_ok(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"))
+        return -1;
+    bool good = host_ok(cudaEventRecord(ev, (cudaStream_t)(uintptr_t)waited), "cudaEventRecord") &&
+                host_ok(cudaStreamWaitEvent((cudaStream_t)(uintptr_t)waiter, ev, 0),
+                        "cudaStreamWaitEvent");
+    cudaEventDestroy(ev);
+    return good ? 0 : -1;
+}
+
+/* The work queued on `stream` from now on runs after `event` (one from
+ * fl_cuda_event_record) is done; the host does not wait. */
+extern "C" int fl_cuda_stream_wait_event(int index, uint64_t stream, void *event) {
+    if (!host_ok(cudaSetDevice(index), "cudaSetDevice")) return -1;
+    return host_ok(cudaStreamWaitEvent((cudaStream_t)(uintptr_t)stream, (cudaEvent_t)event, 0),
+                   "cudaStreamWaitEvent")
                ? 0
                : -1;
 }

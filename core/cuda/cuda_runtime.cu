@@ -14,7 +14,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static char status_text[256];
+static char status_text[256];  /* what the probe found (fl_cuda_probe_status) */
+static char problem_text[256]; /* the last failed call (fl_cuda_last_problem) */
 static int device_count = -1;
 
 extern "C" int fl_cuda_probe(void) {
@@ -47,7 +48,7 @@ extern "C" const char *fl_cuda_probe_status(void) {
 
 static bool ok(cudaError_t err, const char *what) {
     if (err == cudaSuccess) return true;
-    snprintf(status_text, sizeof status_text, "%s: %s", what, cudaGetErrorString(err));
+    snprintf(problem_text, sizeof problem_text, "%s: %s", what, cudaGetErrorString(err));
     return false;
 }
 
@@ -78,7 +79,7 @@ extern "C" int fl_cuda_memset(int index, void *dst, int value, int64_t nbytes) {
     return ok(cudaMemset(dst, value, (size_t)nbytes), "cudaMemset") ? 0 : -1;
 }
 
-extern "C" const char *fl_cuda_last_problem(void) { return status_text; }
+extern "C" const char *fl_cuda_last_problem(void) { return problem_text; }
 
 extern "C" void *fl_cuda_event_record(int index, uint64_t stream) {
     cudaEvent_t ev;

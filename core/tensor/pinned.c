@@ -12,13 +12,24 @@
  * cudaMallocHost is slow (it maps and locks pages, often milliseconds) and
  * cudaFreeHost synchronises the device, so pinned blocks come from a
  * caching pool, the device pool's policy (core/tensor/device_pool.c) over
- * cudaMallocHost, as PyTorch's CachingHostAllocator. Its "streams" are: 0
- * for the host, which owns every block, and index + 1 for the compute
- * stream of cuda:index. Each asynchronous copy records its device's stream
- * as a user of the block (fl_pool_record_stream); a freed block is then
- * held back until an event recorded at free time on that stream is done,
- * so freeing a pinned tensor never races with a copy still reading or
- * writing it, and the host never waits for one either.
+ * cudaMallocHost, as PyTorch's CachingHostAllocator. Each asynchronous
+ * copy records the stream it was queued on as a user of the block
+ * (fl_pool_record_stream); a freed block is then held back until an event
+ * recorded at free time on each such stream is done, so freeing a pinned
+ * tensor never races with a copy still reading or writing it, and the
+ * host never waits for one either.
+ *
+ * [Note: pinned stream ids]
+ * The one pinned pool serves every device, and a cudaStream_t does not
+ * name its device (the compute stream is the legacy default stream, 0, on
+ * all of them), so the pool's stream ids encode the device and the
+ * stream, not a cudaStream_t:
+ *   0              the host, which owns every block (allocations);
+ *   2 * index + 1  the compute stream of cuda:index (cudaStream_t 0);
+ *   2 * index + 2  the copy stream of cuda:index (fl_cuda_copy_stream).
+ * host_record turns an id back into (device, cudaStream_t) to record its
+ * event. The device pools need no such encoding: one per device, their
+ * ids are the cudaStream_t values themselves (cuda_backend.c).
  *
  * Pinned bytes count in the cpu device's memory statistics (in use, peak,
  * limit): they are host memory.
@@ -47,7 +58,7 @@ bool fl_is_pinned(const fl_tensor *t) { return t && fl_storage_is_pinned(t->stor
 
 #ifdef FL_HAVE_CUDA
 
-/* ---- the pool's device: cudaMallocHost and the compute streams' events --- */
+/* ---- the pool's device: cudaMallocHost and the streams' events ---------- */
 
 static void *host_alloc(void *ctx, int64_t nbytes) {
     (void)ctx;
@@ -58,10 +69,20 @@ static void host_free(void *ctx, void *ptr, int64_t nbytes) {
     (void)nbytes;
     fl_cuda_host_free(ptr);
 }
-/* stream: index + 1 of the device whose compute stream copied the block. */
-static void *host_record(void *ctx, uint64_t stream) {
+/* [Note: pinned stream ids] */
+static uint64_t compute_id(int index) { return 2 * (uint64_t)index + 1; }
+static uint64_t copy_id(int index) { return 2 * (uint64_t)index + 2; }
+
+/* An event on the stream `id` names; NULL (holds nothing back) for the
+ * host, or when it cannot be recorded. A copy stream id is only recorded
+ * after a copy went there, so its stream exists. */
+static void *host_record(void *ctx, uint64_t id) {
     (void)ctx;
-    return stream > 0 ? fl_cuda_event_record((int)(stream - 1), 0) : NULL;
+    if (id == 0) return NULL;
+    int index = (int)((id - 1) / 2);
+    uint64_t stream = 0;
+    if ((id - 1) % 2 == 1 && fl_cuda_copy_stream(index, &stream) != 0) return NULL;
+    return fl_cuda_event_record(index, stream);
 }
 /* An event that could not be recorded (NULL) holds nothing back. */
 static bool host_done(void *ctx, void *ev) {
@@ -123,16 +144,33 @@ fl_storage *fl_pinned_storage_new(const char *op, int64_t nbytes) {
     return s;
 }
 
-int fl_pinned_copy_async(fl_device device, void *dst, const void *src, int64_t nbytes,
-                         bool to_host, fl_storage *pinned) {
+int fl_pinned_copy_async_on(int index, uint64_t stream, void *dst, const void *src,
+                            int64_t nbytes, bool to_host, fl_storage *pinned) {
     FL_ASSERT(fl_storage_is_pinned(pinned));
-    int index = fl_device_index(device);
-    if (fl_cuda_memcpy_async(index, dst, src, nbytes, to_host) != 0)
+    uint64_t id = compute_id(index);
+    if (stream != 0) {
+        uint64_t copy = 0;
+        if (fl_cuda_copy_stream(index, &copy) != 0)
+            return fl_fail(FL_ERR_DEVICE, "non-blocking copy on cuda:%d: %s", index,
+                           fl_cuda_host_problem());
+        FL_ASSERT(stream == copy); /* else a stream the pool could not name */
+        id = copy_id(index);
+    }
+    int rc = stream == 0 ? fl_cuda_memcpy_async(index, dst, src, nbytes, to_host)
+                         : fl_cuda_memcpy_async_on(index, stream, dst, src, nbytes, to_host);
+    if (rc != 0)
         return fl_fail(FL_ERR_DEVICE, "non-blocking copy %s cuda:%d (%lld bytes): %s",
                        to_host ? "from" : "to", index, (long long)nbytes, fl_cuda_host_problem());
-    bool known = fl_pool_record_stream(host_pool(), pinned->data, (uint64_t)index + 1);
+    bool known = fl_pool_record_stream(host_pool(), pinned->data, id);
     FL_ASSERT(known);
     return FL_OK;
+}
+
+/* On the compute stream, the one every kernel runs on: ordered with them
+ * without events (cuda_host.cu). */
+int fl_pinned_copy_async(fl_device device, void *dst, const void *src, int64_t nbytes,
+                         bool to_host, fl_storage *pinned) {
+    return fl_pinned_copy_async_on(fl_device_index(device), 0, dst, src, nbytes, to_host, pinned);
 }
 
 int fl_pinned_stats(int64_t *allocated, int64_t *reserved) {

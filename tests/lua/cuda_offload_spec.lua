@@ -7,8 +7,13 @@
 -- memory after forward by at least 90% of the bytes it moved, copies a
 -- view saved by several nodes once, never moves a parameter (plain,
 -- transposed, or a sharded unit's), and composes with activation
--- checkpointing in either order. The device half is pending without a GPU
--- and runs in the cudasim build.
+-- checkpointing in either order. The copies to the host run on a copy
+-- stream (deferred under cudasim, so each ordering below fails there when
+-- it is missing): the copy back waits for its copy to the host, and the
+-- device and pinned blocks a queued copy uses are not reused before it
+-- ran, in backward and in a forward dropped without one. The device half
+-- is pending without a GPU and runs in the cudasim build; run it with
+-- FSDP_CUDASIM_QUERY_DELAY=2 as well (event queries then say "not yet").
 local fsdp = require 'fsdp'
 local nn = require 'fsdp.nn'
 local llama = require 'models.llama'
@@ -289,6 +294,75 @@ describe('offload_activations on cuda:0', function()
     assert_identical(grads, want, 'sharded')
     assert.is_true(st.copies > 0)
     assert.is_true(st.kept_params > 0, 'the gathered weights were saved and kept')
+  end)
+
+  -- [Note: offload streams] in core/autograd/offload.c. Under cudasim the
+  -- copy stream runs only when something forces it, so each test below
+  -- gets wrong values where one ordering is missing.
+
+  -- x0's gradient through Sq, a module whose saved h = x0 * 3 is offloaded;
+  -- between forward and backward, `between` may run. With keep, the module
+  -- holds h, so no block the copy read is freed before backward (a freed
+  -- one makes the pool query the copy stream's events, which runs it).
+  local Sq = nn.Module:extend('Sq')
+  function Sq:forward(x)
+    local h = x * 3
+    if self.keep then self.h = h end
+    return (h * h):sum()
+  end
+  local function sq_grad(offload, seed, between, keep)
+    local m = Sq()
+    m.keep = keep
+    if offload then fsdp.offload_activations(m, function() return true end) end
+    local x0 = fsdp.randn({ 64, 32 }, { seed = seed }):to(DEV):requires_grad_(true)
+    local was = fsdp.set_collect_budget(0)
+    local y = m(x0)
+    collectgarbage()
+    collectgarbage() -- the forward's h is freed while its copy may still be queued
+    if between then between() end
+    y:backward()
+    fsdp.set_collect_budget(was)
+    return { x = x0.grad:cpu() }
+  end
+
+  it('copies back only after the copy to the host ran', function()
+    for seed = 1, 2 do -- the second run may get the first one's pinned block
+      fsdp.cuda.reset_offload_stats()
+      local got = sq_grad(true, seed, nil, true)
+      assert.equals(1, fsdp.cuda.offload_stats().copies)
+      assert_identical(got, sq_grad(false, seed, nil, true), 'seed ' .. seed)
+    end
+  end)
+
+  it('does not reuse the device block a queued copy reads', function()
+    local want = sq_grad(false, 3)
+    local got = sq_grad(true, 3, function()
+      -- h's block is free now: a tensor of its size would get it at once
+      -- if the pool did not wait for the copy stream
+      -- (two: h * h, freed too, has its size)
+      local z1 = fsdp.full({ 64, 32 }, 5, { device = DEV })
+      local z2 = fsdp.full({ 64, 32 }, 5, { device = DEV })
+      assert.equals(10 * 64 * 32, z1:sum():item() + z2:sum():item())
+    end)
+    assert_identical(got, want, 'device block reused')
+  end)
+
+  it('does not reuse a pinned block a queued copy writes when the forward is dropped', function()
+    local m = Sq()
+    fsdp.offload_activations(m, function() return true end)
+    local x0 = fsdp.randn({ 64, 32 }, { seed = 4 }):to(DEV):requires_grad_(true)
+    local was = fsdp.set_collect_budget(0)
+    fsdp.cuda.reset_offload_stats()
+    local y = m(x0)
+    assert.equals(1, fsdp.cuda.offload_stats().copies)
+    y = nil -- luacheck: ignore (dropped without backward: the entry frees its pinned block)
+    collectgarbage()
+    collectgarbage()
+    local q = fsdp.empty({ 64, 32 }, { pin_memory = true })
+    q:fill_(7)
+    fsdp.cuda.synchronize() -- whatever copy was still queued runs now
+    assert.equals(7 * 64 * 32, q:sum():item(), 'the queued copy wrote into a reused pinned block')
+    fsdp.set_collect_budget(was)
   end)
 
   it('composes with activation checkpointing in either order', function()
