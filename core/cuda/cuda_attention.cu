@@ -1,7 +1,8 @@
 /*
  * cuda_attention.cu: scaled dot-product attention forward on CUDA, a
- * flash-style tiled kernel (the fallback for what cuDNN's fused SDPA does
- * not cover; today the only path). Semantics are the CPU's
+ * flash-style tiled kernel: the fallback for what cuDNN's fused attention
+ * (cuda_sdpa.cu, tried first by the op for bf16/f16) does not cover, and the
+ * path for f32/f64. Semantics are the CPU's
  * (cpu_attention_gen.h): S = scale * Q K^T + bias, key j masked for query
  * i when causal and j > i, O = softmax(S) V, lse = logsumexp of each row,
  * a row with every key masked outputs zeros and lse = -inf. Grouped-query:
@@ -15,6 +16,7 @@
  * their last row can see. Geometry: cuda_attention.cuh.
  */
 #include "cuda_attention.cuh"
+#include "cuda_sdpa.cuh"
 
 namespace {
 
@@ -135,5 +137,6 @@ template <typename T> int attention_t(const fl_attention_args *a) {
 int fl_cuda_attention(const fl_attention_args *a) {
     if (fl_att_check_dtypes("scaled_dot_product_attention", a)) return fl_last_status();
     if (fl_cu_use_device("scaled_dot_product_attention", a->q)) return fl_last_status();
+    fl_cuda_attention_count(FL_ATT_PATH_KERNEL_FORWARD);
     return a->q->dtype == FL_F64 ? attention_t<double>(a) : attention_t<float>(a);
 }

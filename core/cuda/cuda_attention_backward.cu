@@ -1,7 +1,8 @@
 /*
  * cuda_attention_backward.cu: scaled dot-product attention backward on
- * CUDA, flash-style: the probabilities are recomputed tile by tile from the
- * saved logsumexp, P = exp(S - lse), never stored. With
+ * CUDA, flash-style (the fallback for what cuda_sdpa.cu's cuDNN graph
+ * declines, and the path for f32/f64): the probabilities are recomputed
+ * tile by tile from the saved logsumexp, P = exp(S - lse), never stored. With
  * Drow = rowsum(dO * O) and dS = P * (dO V^T - Drow):
  *   dV = P^T dO,  dK = scale * dS^T Q,  dQ = scale * dS K,  dbias = dS
  * (summed over the dims the bias broadcast along).
@@ -21,6 +22,7 @@
  * once and adds dQ with atomics instead): the price of determinism.
  */
 #include "cuda_attention.cuh"
+#include "cuda_sdpa.cuh"
 
 namespace {
 
@@ -298,6 +300,7 @@ int fl_cuda_attention_backward(const fl_attention_args *a) {
     const char *op = "scaled_dot_product_attention backward";
     if (fl_att_check_dtypes(op, a)) return fl_last_status();
     if (fl_cu_use_device(op, a->q)) return fl_last_status();
+    fl_cuda_attention_count(FL_ATT_PATH_KERNEL_BACKWARD);
     return a->q->dtype == FL_F64 ? attention_backward_t<double>(a)
                                  : attention_backward_t<float>(a);
 }

@@ -8,9 +8,10 @@
  *   cuda_rotary.cu              rotary embeddings and their inverse
  *   cuda_attention.cu           attention forward (flash-style tiles)
  *   cuda_attention_backward.cu  attention backward
+ *   cuda_sdpa.cu                attention through cuDNN (bf16/f16), both ways
  * Positional initialisers: designated ones are C++20, the build is C++17.
  */
-#include "cuda_fused.cuh"
+#include "cuda_sdpa.cuh"
 
 extern "C" const fl_fused_kernels fl_cuda_fused_kernels = {
     fl_cuda_rms_norm,
@@ -26,4 +27,6 @@ extern "C" const fl_fused_kernels fl_cuda_fused_kernels = {
     fl_cuda_rotary,
     fl_cuda_attention,
     fl_cuda_attention_backward,
+    fl_cuda_attention_cudnn,
+    fl_cuda_attention_cudnn_backward,
 };

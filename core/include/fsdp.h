@@ -145,6 +145,12 @@ FL_API bool fl_cuda_simulated(void);
 FL_API int fl_cuda_device_count(void);
 /* Why fl_cuda_device_count() is 0, or the name of device 0 ("" if unknown). */
 FL_API const char *fl_cuda_status(void);
+/* Which path scaled_dot_product_attention took on cuda devices since the
+ * process started: counts[0] forward calls through cuDNN's fused attention,
+ * counts[1] forward calls through the flash-style kernels, counts[2] and
+ * counts[3] the same for backward (core/cuda/cuda_sdpa.cu). Zeros without
+ * the CUDA backend. */
+FL_API void fl_cuda_attention_paths(int64_t counts[4]);
 
 typedef struct fl_memory_stats {
     int64_t in_use;      /* bytes allocated now */

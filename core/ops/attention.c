@@ -22,6 +22,11 @@
  * block's probabilities from the logsumexp. Math is f32 (f64 for f64
  * inputs) through BLAS GEMMs; q, k, v must share one dtype.
  *
+ * A device may offer a library path (fused.h: attention_native; on CUDA
+ * cuDNN's fused flash attention, core/cuda/cuda_sdpa.cu): bf16/f16 q, k, v
+ * (and a bias of their dtype) go to it as they are, gradients come back in
+ * that dtype, and whatever it declines runs the kernels on f32 copies.
+ *
  * FLOPs (the FlashAttention/PyTorch convention: matrix products only):
  * forward 2*B*Hq*Tq*Tk*(D + Dv), halved when causal; backward 2.5 times
  * the forward (five products to the forward's two: S recomputed, dV, dP,
@@ -134,6 +139,14 @@ static void release_prepared(prepared *p) {
     fl_tensor_release(p->bias);
 }
 
+/* Whether to offer the device's library path (fused.h: attention_native)
+ * the inputs as they are: 16-bit q, k, v and a bias of the same dtype. */
+static bool native_wanted(int (*entry)(const fl_attention_args *, bool *), const fl_tensor *q,
+                          const fl_tensor *bias) {
+    return entry && q->dtype != fl_fused_compute_dtype(q->dtype) &&
+           (!bias || bias->dtype == q->dtype);
+}
+
 fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *k,
                                            const fl_tensor *v, const fl_tensor *bias, bool causal,
                                            double scale) {
@@ -159,17 +172,26 @@ fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *
         const fl_fused_kernels *kern = fl_fused_kernels_of(OP, q->device);
         prepared p = {0};
         fl_tensor *out_c = NULL;
-        int rc = kern ? prepare(&p, q, k, v, bias, scores) : (int)fl_last_status();
-        if (!rc) {
+        bool done = false;
+        int rc = kern ? FL_OK : (int)fl_last_status();
+        if (!rc && native_wanted(kern->attention_native, q, bias)) {
+            fl_tensor b4;
+            if (bias) bias_view(bias, scores, &b4);
+            fl_attention_args a = {.q = q, .k = k, .v = v, .bias = bias ? &b4 : NULL,
+                                   .causal = causal, .scale = scale, .out = out, .lse = lse};
+            rc = kern->attention_native(&a, &done);
+        }
+        if (!rc && !done) rc = prepare(&p, q, k, v, bias, scores);
+        if (!rc && !done) {
             out_c = q->dtype == r ? fl_tensor_retain(out) : fl_empty(4, out_shape, r, q->device);
             rc = out_c ? FL_OK : (int)fl_last_status();
         }
-        if (!rc) {
+        if (!rc && !done) {
             fl_attention_args a = {.q = p.q, .k = p.k, .v = p.v, .bias = bias ? &p.bias4 : NULL,
                                    .causal = causal, .scale = scale, .out = out_c, .lse = lse};
             rc = kern->attention(&a);
         }
-        if (!rc && out_c != out) rc = fl_copy_(out, out_c);
+        if (!rc && !done && out_c != out) rc = fl_copy_(out, out_c);
         fl_tensor_release(out_c);
         release_prepared(&p);
         if (rc) {
@@ -191,6 +213,38 @@ fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *
     return out;
 }
 
+/* dq, dk and dv through the library path (fused.h: attention_native_backward)
+ * in q's own dtype; *done tells whether it ran. The library computes all
+ * three, so a gradient the node does not want lands in scratch. */
+static int backward_native(const fl_fused_kernels *kern, fl_node *node, const fl_tensor *g,
+                           const int64_t *scores, fl_tensor **grads, bool *done) {
+    const fl_tensor *q = node->saved[0], *bias = node->saved[3], *o = node->saved[4];
+    fl_tensor *d[3] = {NULL, NULL, NULL}, *oc = NULL, *gc = NULL, b4;
+    int rc = FL_OK;
+    for (int i = 0; i < 3 && !rc; i++)
+        if (!(d[i] = fl_empty(4, node->saved[i]->shape, q->dtype, q->device))) rc = fl_last_status();
+    if (!rc) {
+        oc = fl_fused_prepare(o, q->dtype);
+        gc = oc ? fl_fused_prepare(g, q->dtype) : NULL;
+        rc = gc ? FL_OK : (int)fl_last_status();
+    }
+    if (!rc) {
+        if (bias) bias_view(bias, scores, &b4);
+        fl_attention_args a = {.q = q, .k = node->saved[1], .v = node->saved[2],
+                               .bias = bias ? &b4 : NULL, .causal = node->i[0] != 0,
+                               .scale = node->f[0], .lse = (fl_tensor *)node->saved[5],
+                               .dout = gc, .o = oc, .dq = d[0], .dk = d[1], .dv = d[2]};
+        rc = kern->attention_native_backward(&a, done);
+    }
+    for (int i = 0; i < 3; i++) {
+        if (!rc && *done && fl_node_wants(node, i)) grads[i] = d[i];
+        else fl_tensor_release(d[i]);
+    }
+    fl_tensor_release(oc);
+    fl_tensor_release(gc);
+    return rc;
+}
+
 static int attention_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
     const fl_tensor *q = node->saved[0], *k = node->saved[1], *v = node->saved[2];
     const fl_tensor *bias = node->saved[3], *o = node->saved[4], *lse = node->saved[5];
@@ -208,11 +262,18 @@ static int attention_backward(fl_node *node, fl_tensor *const *go, fl_tensor **g
     bool want_bias = bias && fl_node_wants(node, 3);
     int64_t b4[4] = {1, 1, 1, 1};
     if (bias) bias_shape4(bias, b4);
-    /* Gradients in the compute dtype; dk, dv and dbias accumulate. */
     const fl_tensor *src[4] = {q, k, v, bias};
     fl_tensor *grads[4] = {NULL, NULL, NULL, NULL};
+    const fl_fused_kernels *kern = NULL;
+    if (!no_storage &&
+        !(kern = fl_fused_kernels_of("scaled_dot_product_attention backward", q->device)))
+        return fl_last_status();
+    bool done = false;
     int rc = FL_OK;
-    for (int i = 0; i < 4 && !rc; i++) {
+    if (kern && !want_bias && native_wanted(kern->attention_native_backward, q, bias))
+        rc = backward_native(kern, node, g, scores, grads, &done);
+    /* Otherwise gradients in the compute dtype; dk, dv and dbias accumulate. */
+    for (int i = 0; i < 4 && !rc && !done; i++) {
         if (!fl_node_wants(node, i) || (i == 3 && !want_bias)) continue;
         const int64_t *shape = i == 3 ? b4 : src[i]->shape;
         grads[i] = no_storage ? fl_fake(4, shape, r, q->device)
@@ -220,12 +281,10 @@ static int attention_backward(fl_node *node, fl_tensor *const *go, fl_tensor **g
                               : fl_zeros(4, shape, r, q->device);
         if (!grads[i]) rc = fl_last_status();
     }
-    if (!rc && !no_storage) {
-        const fl_fused_kernels *kern = fl_fused_kernels_of("scaled_dot_product_attention backward",
-                                                           q->device);
+    if (!rc && !done && !no_storage) {
         prepared p = {0};
         fl_tensor *oc = NULL, *gc = NULL;
-        rc = kern ? prepare(&p, q, k, v, bias, scores) : (int)fl_last_status();
+        rc = prepare(&p, q, k, v, bias, scores);
         if (!rc) {
             oc = fl_fused_prepare(o, r);
             gc = oc ? fl_fused_prepare(g, r) : NULL;

@@ -89,6 +89,15 @@ typedef struct fl_fused_kernels {
                   const fl_tensor *positions, bool inverse);
     int (*attention)(const fl_attention_args *a);
     int (*attention_backward)(const fl_attention_args *a);
+    /* Optional (NULL where the device has none): attention through a
+     * library's fused kernels on the inputs' own 16-bit dtype: q, k, v,
+     * bias, o, dout, out, dq, dk, dv all in q's dtype (bf16 or f16), lse in
+     * f32, dbias never. q, k, v and bias keep the caller's strides. Sets
+     * *done when it ran; leaves it false, without an error, where the
+     * library does not cover the configuration (layout, sizes, dtype), and
+     * the op then runs the kernels above on f32 copies. */
+    int (*attention_native)(const fl_attention_args *a, bool *done);
+    int (*attention_native_backward)(const fl_attention_args *a, bool *done);
 } fl_fused_kernels;
 
 extern const fl_fused_kernels fl_cpu_fused_kernels;

@@ -82,4 +82,7 @@ bool fl_cuda_built(void) { return false; }
 bool fl_cuda_simulated(void) { return false; }
 int fl_cuda_device_count(void) { return 0; }
 const char *fl_cuda_status(void) { return "this build has no CUDA backend (nvcc was not found)"; }
+void fl_cuda_attention_paths(int64_t counts[4]) {
+    for (int i = 0; i < 4; i++) counts[i] = 0;
+}
 #endif

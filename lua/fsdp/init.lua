@@ -289,6 +289,16 @@ M.cuda = {
   is_available = function() return C.fl_cuda_device_count() > 0 end,
   -- The name of device 0, or why there is none.
   status = function() return ffi.string(C.fl_cuda_status()) end,
+  -- How many scaled_dot_product_attention calls on cuda devices ran through
+  -- cuDNN's fused attention and how many through the flash-style kernels,
+  -- since the process started: { cudnn_forward, kernel_forward,
+  -- cudnn_backward, kernel_backward }.
+  attention_paths = function()
+    local c = ffi.new('int64_t[4]')
+    C.fl_cuda_attention_paths(c)
+    return { cudnn_forward = tonumber(c[0]), kernel_forward = tonumber(c[1]),
+             cudnn_backward = tonumber(c[2]), kernel_backward = tonumber(c[3]) }
+  end,
 }
 
 -- Wait until everything queued on a cuda device (default cuda:0) has run:

@@ -25,7 +25,9 @@ local function ids(shape, n, seed) return fsdp.randint(0, n, shape, { seed = see
 -- Each case: inputs() returns a list of CPU tensors (floats are rounded to
 -- the dtype under test; others are used as they are), run(...) the op.
 -- grad = false for ops without a useful gradient; constant = {[i] = true}
--- for inputs that take none; dtypes defaults to FLOATS.
+-- for inputs that take none; dtypes defaults to FLOATS. cudnn = { forward =
+-- n, backward = n }: calls that must go through cuDNN's fused attention in
+-- bf16/f16 on cuda (core/cuda/cuda_sdpa.cu; unless FSDP_CUDNN_SDPA=0).
 local CASES = {
   { 'add broadcast', function() return { randn({ 3, 4 }, 1), randn({ 4 }, 2) } end, function(a, b) return a + b end },
   { 'sub', function() return { randn({ 3, 4 }, 1), randn({ 3, 1 }, 2) } end, function(a, b) return a - b end },
@@ -82,10 +84,13 @@ local CASES = {
     end, function(x, cos, sin) return F.apply_rotary(x, cos, sin) end, constant = { [2] = true, [3] = true } },
   { 'attention causal gqa', function()
       return { randn({ 2, 4, 5, 8 }, 1), randn({ 2, 2, 5, 8 }, 2), randn({ 2, 2, 5, 8 }, 3) }
-    end, function(q, k, v) return F.scaled_dot_product_attention(q, k, v, { causal = true }) end },
+    end, function(q, k, v) return F.scaled_dot_product_attention(q, k, v, { causal = true }) end,
+    cudnn = { forward = 1, backward = 1 } },
   { 'attention bias unscaled', function()
       return { randn({ 1, 2, 4, 8 }, 1), randn({ 1, 2, 6, 8 }, 2), randn({ 1, 2, 6, 8 }, 3), randn({ 1, 2, 4, 6 }, 4) }
-    end, function(q, k, v, b) return F.scaled_dot_product_attention(q, k, v, { bias = b, scale = 1 }) end },
+    end, function(q, k, v, b) return F.scaled_dot_product_attention(q, k, v, { bias = b, scale = 1 }) end,
+    -- 6 keys make 12-byte bias rows, which cuDNN's engines cannot read
+    cudnn = { forward = 0, backward = 0 } },
   { 'matmul batched', function() return { randn({ 2, 3, 4 }, 1), randn({ 2, 4, 5 }, 2) } end, F.matmul },
   { 'matmul transposed', function() return { randn({ 4, 3 }, 1), randn({ 5, 4 }, 2) } end,
     function(a, b) return F.matmul(a:t(), b:t()) end },
@@ -170,7 +175,15 @@ describe('every op on cuda:0 matches the CPU in values', function()
         local rounded = {}
         for i, t in ipairs(inputs) do rounded[i] = is_float(t) and t:to(dtype):to('f64') or t end
         local out_r, grads_r = evaluate(case, place(case, rounded, 'f64', 'cpu', grad), grad)
+        local before = fsdp.cuda.attention_paths()
         local out_g, grads_g = evaluate(case, place(case, inputs, dtype, 'cuda:0', grad), grad)
+        if case.cudnn and dtype ~= 'f32' and os.getenv('FSDP_CUDNN_SDPA') ~= '0' then
+          local after = fsdp.cuda.attention_paths()
+          for _, dir in ipairs({ 'forward', 'backward' }) do
+            local got, want = after['cudnn_' .. dir] - before['cudnn_' .. dir], case.cudnn[dir] or 0
+            assert(got == want, ('%s: %d %s calls through cuDNN, expected %d'):format(dtype, got, dir, want))
+          end
+        end
         local tol = TOLERANCE[dtype]
         if is_float(out_r) then
           local e = normalised_error(out_g, out_r)

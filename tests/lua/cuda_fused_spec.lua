@@ -104,6 +104,31 @@ local function directional_check(fn, inputs, what)
   end
 end
 
+-- Which path attention took (core/cuda/cuda_sdpa.cu): bf16/f16 attention
+-- goes through cuDNN's fused attention where it is eligible, the rest
+-- through the flash-style kernels. FSDP_CUDNN_SDPA=0 turns cuDNN off, so the
+-- same cases then test the kernels alone.
+local CUDNN_ON = os.getenv('FSDP_CUDNN_SDPA') ~= '0'
+
+-- Runs fn and asserts how many attention calls took each path in it, e.g.
+-- { cudnn_forward = 1, kernel_backward = 1 } (unnamed paths: 0); with cuDNN
+-- turned off every cudnn_ count moves to its kernel_ twin.
+local function expect_paths(want, what, fn)
+  local before = fsdp.cuda.attention_paths()
+  fn()
+  local after = fsdp.cuda.attention_paths()
+  local expected = {}
+  for _, dir in ipairs({ 'forward', 'backward' }) do
+    local c, k = want['cudnn_' .. dir] or 0, want['kernel_' .. dir] or 0
+    if not CUDNN_ON then c, k = 0, c + k end
+    expected['cudnn_' .. dir], expected['kernel_' .. dir] = c, k
+  end
+  for name, n in pairs(expected) do
+    local got = after[name] - before[name]
+    assert(got == n, ('%s: %d attention calls took the %s path, expected %d'):format(what, got, name, n))
+  end
+end
+
 -- The message of the error fn raises, without the 'file:line: ' prefix.
 local function error_of(fn)
   local ok, err = pcall(fn)
@@ -127,14 +152,19 @@ describe('the fused CUDA kernels', function()
   it(('attention B=2, 8/2 heads, T=%d, D=128 in bf16, causal: forward and backward'):format(T_LONG), function()
     local T = T_LONG
     local q, k, v = randn({ 2, 8, T, 128 }, 1), randn({ 2, 2, T, 128 }, 2), randn({ 2, 2, T, 128 }, 3)
-    compare(attention { causal = true }, { q, k, v }, 'bf16', 'f32', 'causal gqa attention')
+    expect_paths({ cudnn_forward = 1, cudnn_backward = 1 }, 'causal gqa attention', function()
+      compare(attention { causal = true }, { q, k, v }, 'bf16', 'f32', 'causal gqa attention')
+    end)
   end)
 
   it('attention with a trained [1, H, T, T] bias in bf16 (dbias summed over the batch)', function()
     local T = T_BIAS
     local q, k, v = randn({ 2, 8, T, 128 }, 4), randn({ 2, 2, T, 128 }, 5), randn({ 2, 2, T, 128 }, 6)
     local bias = randn({ 1, 8, T, T }, 7)
-    compare(attention { scale = 1 / 8 }, { q, k, v, bias }, 'bf16', 'f32', 'biased attention')
+    -- dbias is the kernels' (cuDNN's forward stats feed their backward)
+    expect_paths({ cudnn_forward = 1, kernel_backward = 1 }, 'biased attention', function()
+      compare(attention { scale = 1 / 8 }, { q, k, v, bias }, 'bf16', 'f32', 'biased attention')
+    end)
   end)
 
   -- A bias of one value per key shared by every query (the shape of a
@@ -148,9 +178,13 @@ describe('the fused CUDA kernels', function()
 
   it('attention at head dim 256 and 32 (and Dv != D), f32 and f16', function()
     local q, k, v = randn({ 1, 2, 100, 256 }, 12), randn({ 1, 1, 130, 256 }, 13), randn({ 1, 1, 130, 256 }, 14)
-    compare(attention {}, { q, k, v }, 'f32', 'f32', 'D=256')
+    expect_paths({ kernel_forward = 1, kernel_backward = 1 }, 'D=256 f32', function()
+      compare(attention {}, { q, k, v }, 'f32', 'f32', 'D=256')
+    end)
     q, k, v = randn({ 2, 4, 65, 32 }, 15), randn({ 2, 2, 65, 32 }, 16), randn({ 2, 2, 65, 80 }, 17)
-    compare(attention { causal = true }, { q, k, v }, 'f16', 'f32', 'D=32, Dv=80')
+    expect_paths({ cudnn_forward = 1, cudnn_backward = 1 }, 'D=32, Dv=80 f16', function()
+      compare(attention { causal = true }, { q, k, v }, 'f16', 'f32', 'D=32, Dv=80')
+    end)
   end)
 
   it('attention on transposed [B, T, H, D] projections (strided rows)', function()
@@ -247,5 +281,115 @@ describe('the fused CUDA kernels', function()
       F.apply_rotary(xs:to('cuda:0'), cos:to('cuda:0'), sin:to('cuda:0'), { positions = bad:to('cuda:0') })
     end)
     assert.are.equal(cpu, gpu)
+  end)
+end)
+
+-- cuDNN's fused attention (core/cuda/cuda_sdpa.cu) against the flash-style
+-- kernels on the same inputs, both on cuda:0: output and dq, dk, dv, with
+-- each direction through either path. A forward through one path and a
+-- backward through the other agrees only if both keep the same logsumexp
+-- (cuDNN's softmax stats are the kernels' lse), so the mixed runs check it.
+describe('attention through cuDNN against the flash-style kernels', function()
+  if not CUDA then
+    pending('no GPU here (' .. fsdp.cuda.status() .. '): cuDNN attention was not run')
+    return
+  end
+  if not CUDNN_ON then
+    pending('FSDP_CUDNN_SDPA=0: cuDNN attention is turned off')
+    return
+  end
+
+  local ffi = require 'ffi'
+  pcall(ffi.cdef, 'int setenv(const char *name, const char *value, int overwrite);')
+  local function use_cudnn(on) ffi.C.setenv('FSDP_CUDNN_SDPA', on and '1' or '0', 1) end
+
+  -- q, k, v on cuda:0 in dtype requiring grad (bias constant: a mask or a
+  -- frozen position bias); forward with cuDNN on or off, then backward of
+  -- sum(out * w) likewise.
+  local function run_paths(c, dtype, fwd, bwd)
+    local xs = {}
+    for i, t in ipairs({ c.q, c.k, c.v }) do xs[i] = t:to(dtype):to('cuda:0'):requires_grad_() end
+    local bias = c.bias and c.bias:to(dtype):to('cuda:0')
+    local out
+    use_cudnn(fwd)
+    local ok, err = pcall(function()
+      out = F.scaled_dot_product_attention(xs[1], xs[2], xs[3],
+        { causal = c.causal, bias = bias, scale = c.scale })
+      local w = randn(out.shape, 99, dtype):to('cuda:0')
+      use_cudnn(bwd)
+      ;(out * w):sum():backward()
+    end)
+    use_cudnn(true)
+    assert(ok, err)
+    return { out, xs[1].grad, xs[2].grad, xs[3].grad }
+  end
+
+  local NAMES = { 'output', 'dq', 'dk', 'dv' }
+  local function check(c, dtype)
+    local want
+    expect_paths({ kernel_forward = 1, kernel_backward = 1 }, c.what .. ' kernels', function()
+      want = run_paths(c, dtype, false, false)
+    end)
+    local runs = {
+      { true, true, { cudnn_forward = 1, cudnn_backward = 1 }, 'cuDNN both ways' },
+      { true, false, { cudnn_forward = 1, kernel_backward = 1 }, 'cuDNN forward, kernel backward' },
+      { false, true, { kernel_forward = 1, cudnn_backward = 1 }, 'kernel forward, cuDNN backward' },
+    }
+    for _, r in ipairs(runs) do
+      local what = ('%s %s, %s'):format(c.what, dtype, r[4])
+      local got
+      expect_paths(r[3], what, function() got = run_paths(c, dtype, r[1], r[2]) end)
+      for i = 1, 4 do assert_close(got[i], want[i], TOLERANCE[dtype], what .. ' ' .. NAMES[i]) end
+    end
+  end
+
+  local T = SIM and 96 or 512
+  local cases = {
+    { what = 'causal gqa 8/2 heads', causal = true,
+      q = randn({ 2, 8, T, 64 }, 61), k = randn({ 2, 2, T, 64 }, 62), v = randn({ 2, 2, T, 64 }, 63) },
+    { what = 'non-causal, Tq != Tk', scale = 0.2,
+      q = randn({ 1, 4, 48, 64 }, 64), k = randn({ 1, 4, 80, 64 }, 65), v = randn({ 1, 4, 80, 64 }, 66) },
+    { what = 'causal with a [1, H, Tq, Tk] bias', causal = true,
+      q = randn({ 2, 4, 64, 32 }, 67), k = randn({ 2, 4, 64, 32 }, 68), v = randn({ 2, 4, 64, 32 }, 69),
+      bias = randn({ 1, 4, 64, 64 }, 70) },
+    { what = 'gqa 4/1 with a per-batch key bias [B, 1, 1, Tk]',
+      q = randn({ 2, 4, 40, 64 }, 71), k = randn({ 2, 1, 56, 64 }, 72), v = randn({ 2, 1, 56, 64 }, 73),
+      bias = randn({ 2, 1, 1, 56 }, 74) * 4 },
+  }
+  for _, c in ipairs(cases) do
+    for _, dtype in ipairs({ 'bf16', 'f16' }) do
+      it(('%s in %s'):format(c.what, dtype), function() check(c, dtype) end)
+    end
+  end
+
+  it('configurations cuDNN does not take run through the kernels', function()
+    local function causal(q, k, v) return F.scaled_dot_product_attention(q, k, v, { causal = true }) end
+    -- a head dim that is not a multiple of 8
+    local q, k, v = randn({ 1, 2, 20, 36 }, 75), randn({ 1, 2, 20, 36 }, 76), randn({ 1, 2, 20, 36 }, 77)
+    expect_paths({ kernel_forward = 1, kernel_backward = 1 }, 'D=36', function()
+      compare(causal, { q, k, v }, 'bf16', 'f32', 'D=36')
+    end)
+    -- a bias in f32 with bf16 q, k, v
+    q, k, v = randn({ 1, 2, 20, 32 }, 78), randn({ 1, 2, 20, 32 }, 79), randn({ 1, 2, 20, 32 }, 80)
+    local bias = randn({ 1, 2, 20, 20 }, 81)
+    expect_paths({ kernel_forward = 1 }, 'f32 bias', function()
+      F.scaled_dot_product_attention(q:to('bf16'):to('cuda:0'), k:to('bf16'):to('cuda:0'),
+        v:to('bf16'):to('cuda:0'), { bias = bias:to('cuda:0') })
+    end)
+  end)
+
+  it('FSDP_CUDNN_DEBUG=1 says once per configuration why cuDNN declined it', function()
+    local script = [[
+      local fsdp = require 'fsdp'
+      local q = fsdp.randn({ 1, 2, 20, 36 }, { seed = 1 }):to('bf16'):to('cuda:0')
+      for _ = 1, 3 do fsdp.F.scaled_dot_product_attention(q, q, q, { causal = true }) end]]
+    local cmd = ("FSDP_CUDNN_DEBUG=1 '%s' -e \"%s\" 2>&1"):format(require('fsdp.host').exe,
+      script:gsub('\n', ' '))
+    local f = assert(io.popen(cmd))
+    local out = f:read('*a')
+    f:close()
+    local _, n = out:gsub('cuDNN declines forward bf16 B=1 Hq=2 Hkv=2 Tq=20 Tk=20 D=36 Dv=36 causal: ' ..
+      'head dims must be multiples of 8; the flash%-style kernels run it', '')
+    assert(n == 1, 'expected one line saying why, got:\n' .. out)
   end)
 end)
