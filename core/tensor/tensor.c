@@ -518,10 +518,17 @@ static int element_address(const char *op, const fl_tensor *t, const int64_t *in
     return FL_OK;
 }
 
+/* [Note: NaNs handed to Lua]
+ * LuaJIT keeps its tagged values (nil, booleans, pointers) in the NaN space
+ * of a double and trusts doubles read through the FFI to be numbers: a NaN
+ * whose bits happen to be all ones (uninitialised memory, a poisoned
+ * device buffer) reads back as nil. The values the host reads as doubles
+ * (fl_get, fl_to_host into f64) therefore leave as the one quiet NaN. */
 int fl_get(const fl_tensor *t, const int64_t *index, double *out) {
     const void *p;
     if (element_address("get", t, index, &p)) return fl_last_status();
-    *out = fl_load_f64(p, t->dtype);
+    double v = fl_load_f64(p, t->dtype);
+    *out = v == v ? v : (double)NAN; /* [Note: NaNs handed to Lua] */
     return FL_OK;
 }
 
@@ -548,5 +555,11 @@ int fl_to_host(const fl_tensor *t, void *dst, fl_dtype dst_dtype, int64_t n) {
                        (long long)n, fl_shape_str(t, s, sizeof s), (long long)t->numel);
     }
     host_view v;
-    return fl_copy_(host_view_init(&v, dst, t->ndim, t->shape, dst_dtype), t);
+    int rc = fl_copy_(host_view_init(&v, dst, t->ndim, t->shape, dst_dtype), t);
+    if (rc == FL_OK && dst_dtype == FL_F64) {
+        double *d = dst;
+        for (int64_t i = 0; i < n; i++)
+            if (d[i] != d[i]) d[i] = (double)NAN;
+    }
+    return rc;
 }

@@ -286,6 +286,7 @@ describe('multi-file checkpoints', function()
 
     it('names and shapes that do not fit the model, before anything is copied', function()
       local model = fsdp.nn.Linear(10, 10)
+      model:init_weights({ seed = 1 }) -- parameters start without values
       local before = model.weight:clone()
       assert.error_matches(function() fsdp.load_safetensors_into(model, d) end,
         'missing keys: weight, bias; unexpected keys: a, b, c, d, e')

@@ -140,6 +140,21 @@ describe('views', function()
 end)
 
 describe('copy, fill, element access', function()
+  it('reads a NaN with any bits back as NaN, never as nil (Note: NaNs handed to Lua)', function()
+    local ffi = require 'ffi'
+    local t = fsdp.zeros({ 2 }, { dtype = 'f64' })
+    local p = ffi.cast('uint64_t *', require('fsdp.tensor').cptr(t).data)
+    p[0] = 0xFFFFFFFFFFFFFFFFULL -- what uninitialised or poisoned memory may hold
+    p[1] = 0x7FF0000000000001ULL -- a signalling NaN
+    local v = t:get(0)
+    assert.equals('number', type(v))
+    assert.is_true(v ~= v)
+    local list = t:tolist()
+    assert.is_true(type(list[1]) == 'number' and list[1] ~= list[1])
+    assert.is_true(type(list[2]) == 'number' and list[2] ~= list[2])
+    assert.is_true(t:max():item() ~= t:max():item())
+  end)
+
   it('copy_ broadcasts and converts; set/get address elements', function()
     local t = fsdp.zeros({ 2, 3 }, { dtype = 'bf16' })
     t:copy_(fsdp.tensor({ 1, 2, 3 }))
