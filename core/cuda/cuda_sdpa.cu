@@ -783,6 +783,20 @@ float mask_fill(void) { return cudnnGetVersion() < 91000 ? -FLT_MAX : -INFINITY;
 
 } // namespace
 
+/* The inputs both directions take when present: the bias, and the fill
+ * of masked scores for causal attention. Returns the new count. */
+static int add_mask_inputs(const fl_attention_args *a, float *neg_inf, int64_t *uids, void **ptrs, int n) {
+    if (a->bias) {
+        uids[n] = UID_BIAS;
+        ptrs[n++] = a->bias->data;
+    }
+    if (a->causal) {
+        uids[n] = UID_NEG_INF;
+        ptrs[n++] = neg_inf;
+    }
+    return n;
+}
+
 int fl_cuda_attention_cudnn(const fl_attention_args *a, bool *done) {
     const char *op = "scaled_dot_product_attention";
     float scale = (float)a->scale, neg_inf = mask_fill();
@@ -791,14 +805,7 @@ int fl_cuda_attention_cudnn(const fl_attention_args *a, bool *done) {
         int64_t uids[8] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE};
         void *ptrs[8] = {a->q->data, a->k->data, a->v->data, a->out->data, a->lse->data, &scale};
         int n = 6;
-        if (a->bias) {
-            uids[n] = UID_BIAS;
-            ptrs[n++] = a->bias->data;
-        }
-        if (a->causal) {
-            uids[n] = UID_NEG_INF;
-            ptrs[n++] = &neg_inf;
-        }
+        n = add_mask_inputs(a, &neg_inf, uids, ptrs, n);
         return execute(op, h, e, n, uids, ptrs, ws);
     });
 }
@@ -823,14 +830,7 @@ int fl_cuda_attention_cudnn_backward(const fl_attention_args *a, bool *done) {
                           a->lse->data, a->dq->data, a->dk->data, a->dv->data, softmax_sum,
                           dq_accum,     &scale,      &one};
         int n = 13;
-        if (a->bias) {
-            uids[n] = UID_BIAS;
-            ptrs[n++] = a->bias->data;
-        }
-        if (a->causal) {
-            uids[n] = UID_NEG_INF;
-            ptrs[n++] = &neg_inf;
-        }
+        n = add_mask_inputs(a, &neg_inf, uids, ptrs, n);
         return execute(op, h, e, n, uids, ptrs, ws);
     });
 }
