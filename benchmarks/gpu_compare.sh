@@ -108,6 +108,11 @@ print(f"  tokens/s fsdp-lua / PyTorch = {speed:.3f}   (target >= 1.0)  {verdict(
 print(f"  MFU fsdp-lua = {100 * ls['mfu']:.1f}%   (target >= 45%)  {verdict(ls['mfu'] >= 0.45)}")
 print(f"  peak memory fsdp-lua / PyTorch = {mem:.3f}   (target <= 1.10)  {verdict(mem <= 1.10)}")
 print(f"  (each at its own largest batch: tokens/s ratio {best:.3f}, batches {lf['batch']} / {tf['batch']})")
+p = ls.get('attention_paths')
+if p:
+    print(f"  fsdp-lua attention: cuDNN {p['cudnn_forward']} fwd / {p['cudnn_backward']} bwd, "
+          f"kernels {p['kernel_forward']} fwd / {p['kernel_backward']} bwd"
+          + ("  <-- cuDNN declined: rerun with FSDP_CUDNN_DEBUG=1" if p['kernel_forward'] else ""))
 EOF
 echo "gpu_compare: logs and results.jsonl in $out"
 exit 0

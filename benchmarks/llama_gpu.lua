@@ -169,10 +169,18 @@ print(('batch %d x seq %d: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%%
   :format(B, T, step_s * 1e3, tokens_s, flops_tok * tokens_s / 1e12, 100 * mfu, cfg.peak_tflops))
 print(('peak memory %.3f GiB allocated, %.3f GiB reserved; loss %.4f -> %.4f (ln V = %.4f)')
   :format(mem.peak / 2^30, (mem.reserved or 0) / 2^30, loss0, loss, math.log(c.vocab_size)))
+-- Which attention ran (cuDNN's fused engine or the flash-style kernels):
+-- on a GPU never seen before, the first thing to know about the speed.
+local paths = fsdp.cuda.is_available() and fsdp.cuda.attention_paths() or nil
+if paths then
+  print(('attention calls: cuDNN %d forward, %d backward; kernels %d forward, %d backward%s')
+    :format(paths.cudnn_forward, paths.cudnn_backward, paths.kernel_forward, paths.kernel_backward,
+      paths.kernel_forward > 0 and ' (FSDP_CUDNN_DEBUG=1 says why cuDNN was not used)' or ''))
+end
 print('RESULT ' .. cjson.encode({
   impl = 'fsdp-lua', model = cfg.model, device = device, dtype = cfg.dtype, params = n_params,
   batch = B, seq = T, steps = cfg.steps, warmup = cfg.warmup, step_ms = step_s * 1e3,
   tokens_per_s = tokens_s, flops_per_token = flops_tok, tflops = flops_tok * tokens_s / 1e12,
   mfu = mfu, peak_tflops = cfg.peak_tflops, peak_bytes = mem.peak, reserved_bytes = mem.reserved or 0,
-  loss_first = loss0, loss_last = loss,
+  loss_first = loss0, loss_last = loss, attention_paths = paths,
 }))
