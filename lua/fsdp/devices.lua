@@ -19,6 +19,12 @@
 --   intra_bw      per-rank bandwidth to ranks of the same node, one way
 --                 (NVLink for the GPUs below)
 --   inter_bw      per-rank bandwidth to other nodes, one way (the NIC per GPU)
+--   host_bw       device <-> pinned host memory, one way, as copies reach it
+--                 (activation offload's traffic); nil: the planner refuses
+--                 offload_activations on that device. The GPUs below: PCIe
+--                 Gen4 x16 ~25 GB/s (A100, L40S), Gen5 x16 ~50 GB/s (H100,
+--                 H200) each way, about 80% of the link's 32 / 64 GB/s, what
+--                 pinned cudaMemcpyAsync usually measures
 --   ranks_per_node  the usual node (8 GPUs); fsdp.plan's `nodes` overrides
 --   page          allocation granularity of gathered units (the CPU backend
 --                 maps them in whole pages); nil: exact bytes
@@ -38,15 +44,20 @@ local GiB, MiB = 2^30, 2^20
 
 local PROFILES = {
   ['a100-40g'] = { memory = 40960 * MiB, reserved = GiB, flops = { bf16 = 312e12, f16 = 312e12, f32 = 19.5e12 },
-                   utilization = 0.5, mem_bw = 1.555e12, intra_bw = 300e9, inter_bw = 25e9, ranks_per_node = 8 },
+                   utilization = 0.5, mem_bw = 1.555e12, intra_bw = 300e9, inter_bw = 25e9,
+                   host_bw = 25e9, ranks_per_node = 8 },
   ['a100-80g'] = { memory = 81920 * MiB, reserved = GiB, flops = { bf16 = 312e12, f16 = 312e12, f32 = 19.5e12 },
-                   utilization = 0.5, mem_bw = 2.039e12, intra_bw = 300e9, inter_bw = 25e9, ranks_per_node = 8 },
+                   utilization = 0.5, mem_bw = 2.039e12, intra_bw = 300e9, inter_bw = 25e9,
+                   host_bw = 25e9, ranks_per_node = 8 },
   ['h100-80g'] = { memory = 81559 * MiB, reserved = GiB, flops = { bf16 = 989e12, f16 = 989e12, f32 = 67e12 },
-                   utilization = 0.45, mem_bw = 3.35e12, intra_bw = 450e9, inter_bw = 50e9, ranks_per_node = 8 },
+                   utilization = 0.45, mem_bw = 3.35e12, intra_bw = 450e9, inter_bw = 50e9,
+                   host_bw = 50e9, ranks_per_node = 8 },
   ['h200-141g'] = { memory = 143771 * MiB, reserved = GiB, flops = { bf16 = 989e12, f16 = 989e12, f32 = 67e12 },
-                    utilization = 0.45, mem_bw = 4.8e12, intra_bw = 450e9, inter_bw = 50e9, ranks_per_node = 8 },
+                    utilization = 0.45, mem_bw = 4.8e12, intra_bw = 450e9, inter_bw = 50e9,
+                    host_bw = 50e9, ranks_per_node = 8 },
   ['l40s-48g'] = { memory = 46068 * MiB, reserved = GiB, flops = { bf16 = 362e12, f16 = 362e12, f32 = 91.6e12 },
-                   utilization = 0.4, mem_bw = 864e9, intra_bw = 25e9, inter_bw = 25e9, ranks_per_node = 8 },
+                   utilization = 0.4, mem_bw = 864e9, intra_bw = 25e9, inter_bw = 25e9,
+                   host_bw = 25e9, ranks_per_node = 8 },
   -- Ranks on one machine talk through shared memory; the figures are a
   -- declared guess (MPI over 2 cores), the memory and f32 rate are filled
   -- in from this machine on first use.
@@ -97,6 +108,7 @@ function M.check(p, where)
   if type(u) ~= 'number' or u <= 0 or u > 1 then
     core.fail(('%s: device profile %s: utilization must be in (0, 1], got %s'):format(where, tostring(p.name), tostring(u)))
   end
+  if p.host_bw ~= nil then positive(p, 'host_bw', where) end
   if p.reserved ~= nil and (type(p.reserved) ~= 'number' or p.reserved < 0) then
     core.fail(('%s: device profile %s: reserved must be a number >= 0'):format(where, tostring(p.name)))
   end

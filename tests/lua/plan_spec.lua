@@ -197,6 +197,89 @@ describe('fsdp.plan memory', function()
   end)
 end)
 
+describe('fsdp.plan activation offload', function()
+  -- tiny Llama (2 layers, dim 64, 4 heads of 16, 2 kv heads, ffn 176) on
+  -- one H100, bf16, 128 tokens. One layer saves, per token, bf16 values
+  -- 4 D + 3 Hq + 2 Hkv + 3 F = 256 + 192 + 64 + 528 = 1040 and f32 values
+  -- H + 2 = 6: 128 x (1040 x 2 + 6 x 4) = 269,312 bytes; checkpointed it
+  -- keeps its input, 128 x 64 x 2 = 16,384 bytes.
+  local BLOCK, INPUT = 269312, 16384
+  local ONE = { world = 1, mixed_precision = 'bf16', device = 'h100-80g', seq = 128 }
+
+  it('moves the blocks\' saved activations to pinned host memory', function()
+    local m = tiny()
+    local plain = fsdp.plan(m, ONE)
+    local off = fsdp.plan(m, with(ONE, { offload_activations = true }))
+    assert.are.equal(0, plain.memory.host_activations)
+    assert.are.equal(2 * BLOCK, off.memory.host_activations)
+    -- what is on the device at the end of forward drops by both layers
+    assert.are.equal(plain.memory.activations - 2 * BLOCK, off.memory.activations)
+    -- The peak is in the last layer's backward, whose activations are
+    -- back on the device: it drops by the other layer's, still on the host.
+    assert.are.equal('backward of model.layers.1', off.memory.peak_at)
+    assert.are.equal(plain.memory.peak - BLOCK, off.memory.peak)
+    -- parameters, gradients and optimizer state do not move
+    assert.are.equal(plain.memory.persistent, off.memory.persistent)
+    assert.are.equal(0, off.memory.host)
+  end)
+
+  it('prices the copies: forward ones hidden by compute up to its length, backward ones exposed', function()
+    local m = tiny()
+    local off = fsdp.plan(m, with(ONE, { offload_activations = true }))
+    local o = off.time.offload
+    assert.are.equal(2 * BLOCK, o.bytes)
+    assert.near(538624 / 50e9, o.to_host, 1e-15)   -- 10.77 us each way at 50 GB/s
+    assert.near(538624 / 50e9, o.to_device, 1e-15)
+    -- the forward: a third of the model's 121,356,288 FLOPs at 45% of
+    -- 989 TFLOP/s = 90.9 ns, far shorter than the copies
+    assert.are.equal(121356288, off.flops.model)
+    local forward_s = 121356288 / 3 / (989e12 * 0.45)
+    assert.near(538624 / 50e9 - forward_s + 538624 / 50e9, o.exposed, 1e-15)
+    assert.near((538624 / 50e9 - forward_s) * 50e9, o.backlog, 1e-6)
+    -- one rank: nothing to overlap with, the step is compute + copies + optimizer
+    local t = off.time
+    assert.near(t.compute + o.exposed + t.optimizer, t.step, 1e-15)
+    -- A slow device whose forward (121,356,288 / 3 / 1e10 = 4.05 ms)
+    -- outlasts the copies to the host (0.539 ms at 1 GB/s): only the
+    -- copies back are exposed.
+    fsdp.devices.add({ name = 'test-slow-host', memory = 2^30, flops = { bf16 = 1e10, f32 = 1e10 },
+                       utilization = 1, mem_bw = 1e11, intra_bw = 1e10, inter_bw = 1e9, host_bw = 1e9 })
+    local slow = fsdp.plan(m, with(ONE, { device = 'test-slow-host', offload_activations = true }))
+    assert.near(538624 / 1e9, slow.time.offload.exposed, 1e-15)
+    assert.are.equal(0, slow.time.offload.backlog)
+    -- without offload nothing is moved or charged
+    local plain = fsdp.plan(m, ONE)
+    assert.are.equal(0, plain.time.offload.exposed)
+    assert.near(plain.time.compute + plain.time.optimizer, plain.time.step, 1e-15)
+  end)
+
+  it('composes with checkpointing: only the blocks\' inputs move', function()
+    local m = tiny()
+    local ck = fsdp.plan(m, with(ONE, { checkpoint = true }))
+    local both = fsdp.plan(m, with(ONE, { checkpoint = true, offload_activations = true }))
+    assert.are.equal(2 * INPUT, both.memory.host_activations)
+    assert.are.equal(ck.memory.activations - 2 * INPUT, both.memory.activations)
+    -- layer 0's input is on the host during layer 1's backward (the peak)
+    assert.are.equal('backward of model.layers.1', both.memory.peak_at)
+    assert.are.equal(ck.memory.peak - INPUT, both.memory.peak)
+    assert.are.equal(ck.flops.recompute, both.flops.recompute)
+    assert.near(2 * (32768 / 50e9) - 121356288 / 3 / (989e12 * 0.45), both.time.offload.exposed, 1e-15)
+  end)
+
+  it('changes nothing on the cpu device, and is printed', function()
+    local m = tiny()
+    local cpu = fsdp.plan(m, { world = 1, seq = 128, offload_activations = true })
+    assert.are.equal(0, cpu.memory.host_activations)
+    assert.are.equal(fsdp.plan(m, { world = 1, seq = 128 }).memory.peak, cpu.memory.peak)
+    local text = tostring(fsdp.plan(m, with(ONE, { offload_activations = true })))
+    -- 538,624 bytes in MiB (the unit of the tiny model's report)
+    for _, needle in ipairs({ 'activation offload', 'activations in pinned host memory          0.514',
+                              'each way at 50 GB/s' }) do
+      assert.is_truthy(text:find(needle, 1, true), needle .. ' in:\n' .. text)
+    end
+  end)
+end)
+
 describe('fsdp.plan printing', function()
   it('prints a report with per-rank memory rows and the verdict', function()
     local p = fsdp.plan(llama70(), with(H100, { checkpoint = true }))
@@ -269,6 +352,17 @@ describe('fsdp.plan errors', function()
     assert.error_matches(function() fsdp.plan(m, { optimizer = 'lion' }) end,
       "fsdp.plan: optimizer: unknown optimizer 'lion'")
     assert.error_matches(function() fsdp.plan(m, { policy = 42 }) end, 'fsdp.plan: policy must be')
+    assert.error_matches(function() fsdp.plan(m, { offload_activations = 'yes' }) end,
+      'fsdp.plan: offload_activations must be true or false, got yes')
+    assert.error_matches(function() fsdp.plan(m, { checkpoint = 1 }) end,
+      'fsdp.plan: checkpoint must be true or false, got 1')
+    fsdp.devices.add({ name = 'test-no-host-link', memory = 2^30, flops = { f32 = 1e12 }, mem_bw = 1e11,
+                       intra_bw = 1e10, inter_bw = 1e9 })
+    assert.error_matches(function() fsdp.plan(m, { device = 'test-no-host-link', offload_activations = true }) end,
+      'fsdp.plan: offload_activations: device profile test%-no%-host%-link has no host_bw')
+    assert.error_matches(function() fsdp.devices.add({ name = 'bad-host', memory = 1, flops = { f32 = 1 },
+                                                       mem_bw = 1, intra_bw = 1, inter_bw = 1, host_bw = 0 }) end,
+      'device profile bad%-host: host_bw must be a positive number')
     assert.error_matches(function() fsdp.plan(m, { rank = 3, world = 2 }) end, 'fsdp.plan: rank must be')
     assert.error_matches(function() fsdp.plan(42) end, 'fsdp.plan: expected an nn.Module')
     local sharded = tiny()

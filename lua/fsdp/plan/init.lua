@@ -16,8 +16,11 @@
 --   known model family, else fsdp.policy.size{}), mixed_precision (as
 --   fsdp.shard's: 'bf16' or {param=, reduce=, buffer=,
 --   keep_low_precision_grads=}), checkpoint (true: the family's blocks),
---   offload (cpu_offload: shards, gradients and optimizer state live in
---   host memory), optimizer ('adamw', 'anyprecision_adamw', 'sgd',
+--   offload_activations (true: the family's blocks' saved activations go
+--   to pinned host memory, fsdp.offload_activations; composes with
+--   checkpoint, which leaves only the blocks' inputs to move), offload
+--   (cpu_offload: shards, gradients and optimizer state live in host
+--   memory), optimizer ('adamw', 'anyprecision_adamw', 'sgd',
 --   'adadelta', 'none', or {name=, state_dtype=, momentum=,
 --   use_kahan_summation=, momentum_dtype=, variance_dtype=}), batch
 --   (sequences per rank, 1), seq (tokens per sequence; the model's
@@ -47,8 +50,8 @@ local function fail(fmt, ...) core.fail(WHO .. ': ' .. fmt:format(...)) end
 
 local OPTIONS = {
   world = true, nodes = true, strategy = true, policy = true, mixed_precision = true, checkpoint = true,
-  offload = true, optimizer = true, batch = true, seq = true, device = true, backward_prefetch = true,
-  forward_prefetch = true, limit_all_gathers = true, utilization = true, rank = true,
+  offload = true, offload_activations = true, optimizer = true, batch = true, seq = true, device = true,
+  backward_prefetch = true, forward_prefetch = true, limit_all_gathers = true, utilization = true, rank = true,
 }
 
 local function size_of(dtype) return tonumber(C.fl_dtype_size(core.dtype(dtype))) end
@@ -178,6 +181,18 @@ local function resolve(model, opts)
   local ck = opts.checkpoint
   if ck ~= nil and type(ck) ~= 'boolean' then fail('checkpoint must be true or false, got %s', tostring(ck)) end
   r.checkpoint = ck or false
+  local oa = opts.offload_activations
+  if oa ~= nil and type(oa) ~= 'boolean' then
+    fail('offload_activations must be true or false, got %s', tostring(oa))
+  end
+  r.offload_activations = oa or false
+  -- fsdp.offload_activations leaves cpu tensors alone (nothing to gain):
+  -- on the cpu device the option changes nothing. Any other device needs
+  -- the host link's bandwidth to price the copies.
+  if r.offload_activations and r.device.name ~= 'cpu' and not r.device.host_bw then
+    fail('offload_activations: device profile %s has no host_bw (bytes/s to and from pinned host memory, '
+      .. 'one way; fsdp.devices)', tostring(r.device.name))
+  end
   r.opt_bytes, r.optimizer = optimizer_bytes(opts.optimizer, r.master)
   return r
 end
@@ -242,9 +257,11 @@ function M.plan(model, opts)
   add_blocks(model, '')
   local stem, head = est.stem(cfg, ctx), est.head(cfg, ctx)
   local inputs = est.inputs(cfg, ctx)
+  local offload_activations = r.offload_activations and r.device.name ~= 'cpu'
   local function replay(checkpoint)
     return sim.run(units, blocks, stem, head, {
       persistent = mem.persistent, inputs = inputs, checkpoint = checkpoint and #blocks > 0,
+      offload_activations = offload_activations,
       forward_prefetch = r.forward_prefetch, backward_prefetch = r.backward_prefetch,
       f32_reduce = r.device.f32_reduce,
     })
@@ -261,6 +278,10 @@ function M.plan(model, opts)
   mem.peak_other = other.peak
   mem.transient = step.peak - mem.persistent - step.gathered_peak - step.activations - inputs
   mem.residual = step.residual
+  -- Pinned host memory the offloaded activations take at the end of
+  -- forward; the same bytes cross the host link each way every step. Not
+  -- part of mem.host (the cpu_offload state, subtracted from persistent).
+  mem.host_activations = step.host
 
   local plan = setmetatable({ units = units, memory = mem, options = r, model_class = model:class_name(),
                               n_params = model:num_parameters(), estimator = est.name, blocks = #blocks,

@@ -51,7 +51,8 @@ function M.format(p)
     r.nodes > 1 and (' (%d nodes of %d)'):format(r.nodes, r.ranks_per_node) or '', r.strategy,
     r.master, mp.param, mp.reduce, r.optimizer)
   line('  batch %d x seq %d per rank (%s tokens)%s%s', r.batch, r.seq, commas(p.tokens),
-    r.checkpoint and ', activation checkpointing' or '', r.offload and ', CPU offload' or '')
+    (r.checkpoint and ', activation checkpointing' or '') .. (r.offload_activations and ', activation offload' or ''),
+    r.offload and ', CPU offload' or '')
   line('per-rank memory                                %s', unit)
   line('  %-38s%s', ('parameters (%s shards)'):format(r.master), gib(m.params))
   line('  %-38s%s', ('gradients (%s shards)'):format(mp.grad), gib(m.grads))
@@ -62,8 +63,13 @@ function M.format(p)
   line('  %-38s%s', ('gathered units (largest %.3f)'):format(m.largest_unit / scale), gib(m.gathered))
   line('  activations saved                     %s  (checkpointed %.3f, not %.3f)', gib(m.activations),
     m.activations_checkpointed / scale, m.activations_full / scale)
+  if m.host_activations > 0 then
+    line('  activations in pinned host memory     %s  (not on the device)', gib(m.host_activations))
+  end
   line('  inputs                                %s', gib(m.inputs))
-  line('  backward transients                   %s', gib(math.max(0, m.transient)))
+  -- with offload, a block's activations copied back are transients too
+  line('  backward transients                   %s%s', gib(math.max(0, m.transient)),
+    m.host_activations > 0 and '  (with a block\'s activations copied back)' or '')
   line('  peak                                  %s  (at %s)', gib(m.peak), m.peak_at)
   line('  device memory usable                  %s  (%s)', gib(p.usable),
     (dev.reserved or 0) > 0 and ('%.1f GiB reserved by the runtime'):format(dev.reserved / GiB) or 'nothing reserved')
@@ -90,6 +96,15 @@ function M.format(p)
   line('time per step: compute %s at %.0f%% of %s, communication %s%s, optimizer %s',
     seconds(t.compute), 100 * r.utilization, si(t.peak_flops, 'FLOP/s'), seconds(t.comm),
     t.overlap and ' (overlapped)' or ' (not overlapped)', seconds(t.optimizer))
+  local o = t.offload
+  if o.bytes > 0 then
+    line('  activation offload: %.3f %s each way at %s/s, to host %s (overlaps forward), back %s; %s exposed',
+      o.bytes / scale, unit, si(dev.host_bw, 'B'), seconds(o.to_host), seconds(o.to_device), seconds(o.exposed))
+    if o.backlog > 0 then
+      line('  (the copies to the host outlast the forward: ~%.3f %s still on the device when it ends, '
+        .. 'not in the peak)', o.backlog / scale, unit)
+    end
+  end
   line('  -> %s per step, %s tokens/s over %d ranks, MFU %.1f%%', seconds(t.step), commas(math.floor(t.tokens_per_s)),
     r.world, 100 * t.mfu)
   return table.concat(L, '\n')

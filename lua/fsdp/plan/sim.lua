@@ -20,6 +20,27 @@
 --       dtype.
 --   fsdp.checkpoint  a checkpointed block keeps its input; its backward
 --       runs its forward again, then the same steps.
+--   fsdp.offload_activations (core/autograd/offload.c)  what an offloaded
+--       block keeps (its saved tensors, or with checkpointing its input)
+--       is copied to pinned host memory while forward goes on and comes
+--       back just before the backward that reads it. Two approximations:
+--       - forward: the block's kept bytes are on the device while its own
+--         forward runs and leave when it ends (high within the block: what
+--         it saved first may be copied already). The caching pool really
+--         holds each device block until its copy has run on the copy
+--         stream, so this assumes the host link keeps up with compute;
+--         when it does not, a few blocks' copies are still in flight and
+--         on the device (fsdp.plan.cost prices the excess time and reports
+--         the bytes as time.offload.backlog; the peak leaves them out).
+--       - backward (errs high): the whole block's kept bytes come back
+--         when its backward starts, before its first step. The engine restores them
+--         node by node (fl_node_unpack_saved), so the later nodes' tensors
+--         are really still on the host while the first steps run; the
+--         steps do not say which saved tensors each one reads. With
+--         checkpointing this is exact: the checkpoint node restores its
+--         input, then the recompute (never offloaded) runs.
+--       The stem and head are not offloaded (the planner offloads the
+--       family's blocks, as checkpoint does).
 -- The model's part (saved bytes, backward steps) comes from
 -- fsdp.plan.models.
 local M = {}
@@ -29,6 +50,7 @@ local M = {}
 -- sizes), reshard (after forward), root; blocks: {{units = {...}, prof =
 -- {saved=, input=, steps=, fwd_peak=}, name=}...} in forward order;
 -- head/stem: profiles; opts: persistent, inputs, checkpoint (bool),
+-- offload_activations (bool: the blocks' kept bytes live on the host),
 -- forward_prefetch, backward_prefetch ('pre', 'post', false), f32_reduce
 -- (the backend stages 16-bit reductions in f32: core/dist/collectives.c,
 -- for MPI; NCCL reduces bf16 itself). Units that
@@ -39,6 +61,7 @@ function M.run(units, blocks, stem, head, opts)
   local peak, peak_at = live, 'rest'
   local gathered_now, gathered_peak = 0, 0
   local saved_now, saved_peak = 0, 0
+  local host = 0 -- offloaded activations in pinned host memory
   local is_gathered, vgrads = {}, {}
   local root = units[#units]
   local function bump(x, where)
@@ -103,6 +126,12 @@ function M.run(units, blocks, stem, head, opts)
     local kept = opts.checkpoint and b.prof.input or b.prof.saved
     bump(kept, where); keep(kept)
     check((opts.checkpoint and b.prof.fwd_ckpt_extra or b.prof.fwd_extra) or 0, where)
+    if opts.offload_activations then
+      -- copied to the host: gone from the device when the block's forward
+      -- ends (see the top of this file)
+      live, saved_now = live - kept, saved_now - kept
+      host = host + kept
+    end
     for _, u in ipairs(b.units) do
       if last_fwd[u] == i and u.reshard and u ~= root then free(u) end
     end
@@ -152,6 +181,11 @@ function M.run(units, blocks, stem, head, opts)
     for _, u in ipairs(b.units) do gather(u, where) end
     if opts.backward_prefetch == 'pre' then for _, u in ipairs(units_of(i - 1)) do gather(u, where) end end
     local owner = b.units[1] or root
+    if opts.offload_activations then
+      -- all of the block's kept bytes back at once (an upper bound, see
+      -- the top of this file); its steps free them as without offload
+      bump(opts.checkpoint and b.prof.input or b.prof.saved, where .. ', copying its activations back')
+    end
     if opts.checkpoint then
       -- The recompute makes the block's saved tensors again and its output
       -- (the size of its input); the checkpoint node holds the incoming
@@ -171,6 +205,10 @@ function M.run(units, blocks, stem, head, opts)
   return {
     peak = peak, peak_at = peak_at, gathered_peak = gathered_peak, activations = activations,
     saved_peak = saved_peak,
+    -- Bytes offloaded: in pinned host memory at the end of forward, and
+    -- copied each way once per step (a tensor several nodes save is one
+    -- copy, as the profiles count it once).
+    host = host,
     -- What the steps did not give back (0 when a model's steps balance).
     residual = live - (opts.persistent + opts.inputs),
   }
