@@ -104,6 +104,7 @@ function M.plan(model, cfg, block_class, shape, script)
   local opts = {
     world = fsdp.dist.world_size(), nodes = fsdp.dist.nodes(), strategy = cfg.sharding_strategy, policy = policy,
     mixed_precision = mp, checkpoint = cfg.activation_checkpointing, device = device,
+    offload_activations = cfg.offload_activations or false,
     backward_prefetch = cfg.backward_prefetch ~= 'none' and cfg.backward_prefetch or false,
     forward_prefetch = cfg.forward_prefetch, batch = shape.batch, seq = shape.seq,
   }
