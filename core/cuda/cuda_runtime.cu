@@ -81,12 +81,22 @@ extern "C" int fl_cuda_memset(int index, void *dst, int value, int64_t nbytes) {
 
 extern "C" const char *fl_cuda_last_problem(void) { return problem_text; }
 
+/* NULL means "nothing to wait for" to the caching pool, which then reuses
+ * the block at once: so when no event can be had, the stream is drained
+ * first, which makes that true. */
 extern "C" void *fl_cuda_event_record(int index, uint64_t stream) {
     cudaEvent_t ev;
+    cudaStream_t s = (cudaStream_t)(uintptr_t)stream;
     if (!ok(cudaSetDevice(index), "cudaSetDevice")) return NULL;
-    if (!ok(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate")) return NULL;
-    if (!ok(cudaEventRecord(ev, (cudaStream_t)(uintptr_t)stream), "cudaEventRecord")) {
+    if (!ok(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate")) {
+        cudaGetLastError();
+        cudaStreamSynchronize(s);
+        return NULL;
+    }
+    if (!ok(cudaEventRecord(ev, s), "cudaEventRecord")) {
         cudaEventDestroy(ev);
+        cudaGetLastError();
+        cudaStreamSynchronize(s);
         return NULL;
     }
     return (void *)ev;

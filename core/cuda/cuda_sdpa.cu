@@ -128,7 +128,8 @@ struct sdpa_plan {
  * them after the lock is released. */
 sdpa_plan *cache[MAX_CACHE];
 int n_cache;
-/* What every configuration beyond MAX_CACHE gets: the kernels. */
+/* What every configuration beyond MAX_CACHE gets, and one refused for lack
+ * of memory this time (not cached): the kernels. */
 sdpa_plan cache_full;
 
 void copy_strides(int64_t *dst, const fl_tensor *t) {
@@ -216,6 +217,9 @@ const char *layout_refusal(const fl_attention_args *a, bool backward, const sdpa
         if (!io[i]) continue;
         if (io[i]->dtype != dt) return "q, k, v and outputs in different dtypes";
         if (!dense_last(io[i])) return "a tensor whose last dim is strided";
+        for (int d = 0; d < 3; d++)
+            if (io[i]->shape[d] > 1 && io[i]->stride[d] == 0)
+                return "a broadcast (stride 0) dimension in q, k, v, an output or a gradient";
         if (!strides16(io[i])) return "a row stride that is not a multiple of 16 bytes";
     }
     if (a->bias) {
@@ -237,6 +241,13 @@ const char *layout_refusal(const fl_attention_args *a, bool backward, const sdpa
                "padding mask)";
     if (version <= 90900 && k->Tq == 1 && k->causal)
         return "cuDNN 9.9 or older with one query and a causal mask";
+    return NULL;
+}
+
+/* What depends on this call and is not in the key (so never cached): the
+ * plans read and write lse as a dense f32 [B, Hq, Tq], and compute no
+ * dbias. */
+const char *call_refusal(const fl_attention_args *a, bool backward, const sdpa_key *k) {
     const fl_tensor *lse = a->lse;
     if (lse->dtype != FL_F32 || lse->stride[0] != k->Hq * k->Tq || lse->stride[1] != k->Tq ||
         lse->stride[2] != 1)
@@ -269,6 +280,7 @@ struct builder {
     cudnnStatus_t st;
     char why[512];
     cudnnDataType_t io;
+    bool transient; /* refused for lack of memory: ask again next time */
 };
 
 bool failed(const builder *b) { return b->why[0] != 0; }
@@ -276,6 +288,7 @@ bool failed(const builder *b) { return b->why[0] != 0; }
 void fail(builder *b, const char *what, cudnnStatus_t st) {
     if (failed(b)) return;
     b->st = st;
+    if (st == CUDNN_STATUS_ALLOC_FAILED) b->transient = true;
     char detail[256] = "";
     cudnnGetLastErrorString(detail, sizeof detail); /* cuDNN's own words, if any */
     snprintf(b->why, sizeof b->why, "%s: %s (cuDNN status %d)%s%s", what,
@@ -427,10 +440,10 @@ void reshape(builder *b, tdesc x, tdesc y, const char *name) {
 /* S with key j masked (-inf) for query i when j > i. */
 tdesc causal_mask(builder *b, tdesc s, tdesc neg_inf, const int64_t *sdim) {
     tdesc row = virt(b, CUDNN_DATA_INT32, sdim[0], sdim[1], sdim[2], sdim[3], "causal row index");
-    pointwise(b, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s, NULL, NULL, row, 2,
+    pointwise(b, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, NULL, NULL, row, 2,
               "causal row index");
     tdesc col = virt(b, CUDNN_DATA_INT32, sdim[0], sdim[1], sdim[2], sdim[3], "causal column index");
-    pointwise(b, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s, NULL, NULL, col, 3,
+    pointwise(b, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, NULL, NULL, col, 3,
               "causal column index");
     tdesc keep = virt(b, CUDNN_DATA_BOOLEAN, sdim[0], sdim[1], sdim[2], sdim[3], "causal compare");
     pointwise(b, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, NULL, keep, -1,
@@ -615,7 +628,9 @@ cudnnBackendDescriptor_t build_plan(builder *b, cudnnHandle_t h, int64_t *worksp
             if (failed(b)) return NULL;
             st = cudnnBackendFinalize(plan);
             if (st != CUDNN_STATUS_SUCCESS) {
-                /* This engine does not take the graph; try the next one. */
+                /* This engine does not take the graph (or could not get
+                 * the memory to compile it); try the next one. */
+                if (st == CUDNN_STATUS_ALLOC_FAILED) b->transient = true;
                 char detail[256] = "";
                 cudnnGetLastErrorString(detail, sizeof detail);
                 snprintf(last, sizeof last, "execution plan: %s (cuDNN status %d)%s%s",
@@ -700,10 +715,18 @@ const sdpa_plan *plan_for(const char *op, const sdpa_key *k, const char *refusal
         else memcpy(e->descs, b->descs, (size_t)b->n * sizeof *e->descs);
         e->n_descs = b->n;
     }
+    bool no_memory = e->plan && !e->descs;
     if (!e->ok) {
         debug_line(k, b->why[0] ? b->why : "no memory to keep the plan");
         for (int i = b->n - 1; i >= 0; i--) cudnnBackendDestroyDescriptor(b->descs[i]);
         e->plan = NULL;
+        if (b->transient || no_memory) {
+            /* Out of memory now is no verdict on the configuration. */
+            free(e->descs);
+            free(e);
+            free(b);
+            return &cache_full;
+        }
     }
     free(b);
     cache[n_cache++] = e;
@@ -747,6 +770,10 @@ int run_cudnn(const char *op, const fl_attention_args *a, bool backward, bool *d
     key_of(a, backward, &k);
     if (!pointers_aligned(a)) {
         debug_line(&k, "a tensor whose data is not aligned to 16 bytes");
+        return FL_OK;
+    }
+    if (const char *why = call_refusal(a, backward, &k)) {
+        debug_line(&k, why);
         return FL_OK;
     }
     const char *refusal = layout_refusal(a, backward, &k);
