@@ -28,7 +28,7 @@ const char *fl_cuda_status(void) { return fl_cuda_probe_status(); }
 static void *raw_alloc(void *ctx, int64_t nbytes) { return fl_cuda_malloc((int)(intptr_t)ctx, nbytes); }
 static void raw_free(void *ctx, void *ptr, int64_t nbytes) {
     (void)nbytes;
-    fl_cuda_nccl_settle(); /* cudaFree synchronises the device; a failure was reported */
+    fl_cuda_nccl_settle_quietly(); /* cudaFree waits for the whole device */
     fl_cuda_free((int)(intptr_t)ctx, ptr);
 }
 static void *raw_record(void *ctx, uint64_t stream) {

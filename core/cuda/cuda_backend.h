@@ -37,6 +37,12 @@ void fl_cuda_vm_unreserve(int index, void *base, int64_t nbytes);
  * made to wait for, aborting a communicator that never completes one
  * ([Note: ordered collectives] in cuda_nccl.cu). FL_OK, or the error set. */
 int fl_cuda_nccl_settle(void);
+/* The same before a wait for the whole device (cudaDeviceSynchronize),
+ * which also waits for the collectives not waited for yet. */
+int fl_cuda_nccl_settle_device(void);
+/* For callers that cannot report a failure (cudaFree in the caching pool,
+ * teardown): as settle_device, a failure kept for the next reporting call. */
+void fl_cuda_nccl_settle_quietly(void);
 /* The public events' CUDA side (cuda_event.cu; core/tensor/event.c). */
 void *fl_cuda_user_event_new(int index, bool timing);
 void fl_cuda_user_event_free(void *ev);

@@ -61,7 +61,7 @@ extern "C" int fl_cuda_user_event_elapsed(int index, void *start, void *end, dou
 }
 
 extern "C" int fl_cuda_synchronize(int index) {
-    if (fl_cuda_nccl_settle() != FL_OK) return fl_last_status();
+    if (fl_cuda_nccl_settle_device() != FL_OK) return fl_last_status();
     cudaError_t e = cudaSetDevice(index);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     return e == cudaSuccess ? FL_OK : cuda_fail("cudaDeviceSynchronize", index, e);

@@ -40,7 +40,9 @@ extern "C" void *fl_cuda_host_alloc(int64_t nbytes) {
 }
 
 extern "C" void fl_cuda_host_free(void *ptr) {
-    if (ptr) host_ok(cudaFreeHost(ptr), "cudaFreeHost");
+    if (!ptr) return;
+    fl_cuda_nccl_settle_quietly(); /* cudaFreeHost may wait for the device */
+    host_ok(cudaFreeHost(ptr), "cudaFreeHost");
 }
 
 /* Queued on the stream every kernel runs on (fl_cu_stream(): the legacy
@@ -124,7 +126,7 @@ extern "C" int fl_cuda_stream_wait_event(int index, uint64_t stream, void *event
 /* Blocks until the event's work has run (freeing a pinned block that a
  * copy may still read, when the cache is emptied). */
 extern "C" int fl_cuda_event_wait(void *event) {
-    fl_cuda_nccl_settle(); /* a failure is reported there; the wait then ends */
+    fl_cuda_nccl_settle_quietly(); /* a failure is kept for the next reporting call */
     return host_ok(cudaEventSynchronize((cudaEvent_t)event), "cudaEventSynchronize") ? 0 : -1;
 }
 

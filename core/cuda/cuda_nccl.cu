@@ -125,29 +125,41 @@ struct communicator {
 };
 
 /* A collective in flight: done is recorded on the communication stream
- * after the NCCL call. */
+ * after the NCCL call. Every request is on the in-flight list, in issue
+ * order, until its event is seen done; until order() it belongs to its work
+ * (test() frees it), after that to the list. */
 struct request {
     cudaEvent_t done;
     communicator *comm;
     char label[200];
-    request *next; /* in the ordered list */
+    bool ordered;  /* the compute stream waits for it; the list owns it */
+    bool finished; /* seen done (or failed) while its work still holds it */
+    bool failed;   /* ... and it had failed */
+    request *next;
 };
 
 /* [Note: ordered collectives]
  * fl_work_wait on a device work does not block the host: order() makes the
  * compute stream wait for the collective's done event (as PyTorch's NCCL
- * works do), the work completes at once, and the request moves to this
- * list until its event is seen done. A host synchronisation behind such a
- * wait (a device-to-host copy, cudaFree) would block inside the driver,
- * without a deadline, if a rank never joined the collective: settle() runs
- * first at those points (cuda_backend.c) and polls the listed requests
- * with the collective timeout; past it, or when NCCL reports an
- * asynchronous error, the communicator is aborted (ncclCommAbort makes its
- * kernels return, so the streams drain) and the caller fails naming the
- * collective. */
-request *ordered;       /* oldest first */
-request **ordered_tail = &ordered;
-int ordered_count;      /* read without the lock as a cheap "nothing to do" */
+ * works do) and the work completes at once. Every collective stays on the
+ * in-flight list until its event is seen done. A host synchronisation
+ * would block inside the driver, without a deadline, if a rank never
+ * joined a collective it depends on: a copy or an id check on the compute
+ * stream depends on the ordered collectives, cudaDeviceSynchronize and
+ * cudaFree on every collective of the device. So settle(only_ordered) runs
+ * first at those points (cuda_backend.c, the kernels' host reads, events)
+ * and polls the collectives concerned, failing when one makes no progress
+ * for the collective timeout or NCCL reports an asynchronous error. Then
+ * every communicator with an unfinished collective issued up to that one
+ * is aborted (one communication stream serves them all, so an earlier hung
+ * collective blocks the later ones; ncclCommAbort makes their kernels
+ * return and the stream drain), and the caller fails naming the collective.
+ * A failure found by a caller that cannot report it (cudaFree inside the
+ * caching pool) is kept and returned by the next one that can, so a step
+ * never goes on with the outputs of a failed collective unannounced. */
+request *inflight;            /* oldest first */
+int inflight_count;           /* read without the lock as a cheap "nothing to do" */
+char sticky_failure[512];     /* found by a quiet settle, not reported yet */
 
 /* One non-blocking communication stream per device: collectives run there,
  * after an event on the compute stream (the legacy default stream, where
@@ -180,7 +192,7 @@ void abort_comm(communicator *c, const char *why) {
 
 /* NCCL's asynchronous error of c as a failure (FL_OK when none). */
 int async_error(communicator *c, const char *label) {
-    if (c->aborted) return fl_fail(FL_ERR_DEVICE, "%s: %s (communicator aborted)", label, c->why);
+    if (c->aborted) return fl_fail(FL_ERR_DEVICE, "%s: its communicator was aborted: %s", label, c->why);
     ncclResult_t r = ncclSuccess;
     if (!api.get_async_error || api.get_async_error(c->nc, &r) != ncclSuccess || r == ncclSuccess ||
         r == ncclInProgress)
@@ -193,6 +205,7 @@ int async_error(communicator *c, const char *label) {
 
 /* Query r's event: 1 done, 0 not yet, -1 failed (error set). */
 int query(request *r) {
+    if (r->comm->aborted) return async_error(r->comm, r->label), -1;
     cudaError_t e = cudaEventQuery(r->done);
     if (e == cudaErrorNotReady) {
         cudaGetLastError();
@@ -203,58 +216,91 @@ int query(request *r) {
     return async_error(r->comm, r->label) == FL_OK ? 1 : -1;
 }
 
+/* Take r off the in-flight list (caller holds the lock). */
+void unlink_request(request *r) {
+    for (request **link = &inflight; *link; link = &(*link)->next)
+        if (*link == r) {
+            *link = r->next;
+            inflight_count--;
+            return;
+        }
+}
+
 void free_request(request *r) {
     cudaEventDestroy(r->done);
     free(r);
 }
 
-/* Drop the ordered requests that are done; with `wait`, poll the others
- * (only those of `only`, if given) until done, giving up after the
- * collective timeout. A request that failed (or whose communicator was
- * aborted) is dropped too, and the first such failure is returned: each is
- * reported once, at the first synchronisation that sees it. Caller holds
- * the lock. */
-int drain_ordered(bool wait, communicator *only) {
+/* Abort every communicator with an unfinished collective issued up to and
+ * including `upto` on its device's stream: they block each other. */
+void abort_upto(request *upto, const char *why) {
+    for (request *r = inflight; r; r = r->next) {
+        if (r->comm->device == upto->comm->device && !r->finished) abort_comm(r->comm, why);
+        if (r == upto) break;
+    }
+}
+
+/* Poll the in-flight collectives (the ordered ones only, or all of them)
+ * until each is done, failed, or has made no progress for the collective
+ * timeout; drop the ordered ones that ended. The first failure is returned
+ * (error set); every other one was printed by abort_comm. Caller holds the
+ * lock. */
+int settle_locked(bool only_ordered) {
     int rc = FL_OK;
     char first[512] = "";
-    double start = fl_dist_now();
-    request **link = &ordered;
+    double since = fl_dist_now(); /* the last progress */
+    request **link = &inflight;
     while (*link) {
         request *r = *link;
-        int q = r->comm->aborted
-                    ? (fl_fail(FL_ERR_DEVICE, "%s: its communicator was aborted: %s", r->label, r->comm->why), -1)
-                    : query(r);
-        if (q == 0 && wait && (!only || r->comm == only)) {
-            double waited = fl_dist_now() - start;
-            if (waited > fl_dist_timeout()) {
-                char why[400];
-                snprintf(why, sizeof why,
-                         "%s did not complete within %g s (the collective timeout, FSDP_COLLECTIVE_TIMEOUT): a "
-                         "rank of the group has not started it, has failed, or started this group's "
-                         "collectives in another order",
-                         r->label, fl_dist_timeout());
-                abort_comm(r->comm, why);
-                fl_fail(FL_ERR_DEVICE, "%s", why);
-                q = -1;
-            } else {
+        if (r->finished || (only_ordered && !r->ordered)) {
+            link = &r->next;
+            continue;
+        }
+        int q = query(r);
+        if (q == 0) {
+            double waited = fl_dist_now() - since;
+            if (waited <= fl_dist_timeout()) {
                 fl_dist_pause(waited);
                 continue; /* poll r again */
             }
+            char why[400];
+            snprintf(why, sizeof why,
+                     "%s did not complete within %g s (the collective timeout, FSDP_COLLECTIVE_TIMEOUT): a "
+                     "rank of the group has not started it, has failed, or started this group's collectives "
+                     "in another order",
+                     r->label, fl_dist_timeout());
+            abort_upto(r, why);
+            fl_fail(FL_ERR_DEVICE, "%s", why);
+            q = -1;
         }
+        since = fl_dist_now();
         if (q < 0 && rc == FL_OK) {
             rc = fl_last_status();
             snprintf(first, sizeof first, "%s", fl_last_error());
         }
-        if (q != 0) {
+        if (r->ordered) {
             *link = r->next;
+            inflight_count--;
             free_request(r);
-            ordered_count--;
         } else {
+            r->finished = true; /* its work's test() frees it */
+            r->failed = q < 0;
             link = &r->next;
         }
     }
-    ordered_tail = link;
     return rc == FL_OK ? FL_OK : fl_fail((fl_status)rc, "%s", first);
+}
+
+/* A settle whose caller reports failures (FL_OK or the error set); a
+ * failure kept by an earlier quiet settle comes first. */
+int settle_reporting(bool only_ordered) {
+    fl_cu_lock l(&lock);
+    int rc = settle_locked(only_ordered);
+    if (sticky_failure[0]) {
+        rc = fl_fail(FL_ERR_DEVICE, "%s", sticky_failure);
+        sticky_failure[0] = 0;
+    }
+    return rc;
 }
 
 int unique_id(unsigned char id[128]) {
@@ -285,31 +331,48 @@ int comm_init(int nranks, const unsigned char id[128], int rank, int device_inde
     return FL_OK;
 }
 
-/* Collectives still ordered on c complete (or time out) first: destroying a
- * communicator with work in flight is undefined in NCCL. */
+/* Collectives still in flight on c complete (or time out) first:
+ * destroying a communicator with work in flight is undefined in NCCL. */
 void comm_free(void *comm) {
     communicator *c = (communicator *)comm;
     {
         fl_cu_lock l(&lock);
-        if (drain_ordered(true, c) != FL_OK)
+        if (settle_locked(false) != FL_OK)
             fprintf(stderr, "fsdp-lua: rank %d: %s\n", fl_dist.topo.rank, fl_last_error());
-        drain_ordered(false, NULL);
-        /* Requests of c that remain (aborted) are dropped with it. */
-        request **link = &ordered;
+        /* What remains of c (aborted) goes with it. */
+        request **link = &inflight;
         while (*link) {
             request *r = *link;
-            if (r->comm == c) {
+            if (r->comm == c && r->ordered) {
                 *link = r->next;
+                inflight_count--;
                 free_request(r);
-                ordered_count--;
             } else {
                 link = &r->next;
             }
         }
-        ordered_tail = link;
     }
     if (!c->aborted) api.comm_destroy(c->nc);
     free(c);
+}
+
+/* After a failure once the collective may be queued: nothing it uses may be
+ * released before it has ended, so wait for it (with the timeout, aborting
+ * its communicator past it). Caller holds the lock. */
+void wait_queued(request *r, cudaStream_t s) {
+    double start = fl_dist_now();
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(s);
+        if (e != cudaErrorNotReady) break;
+        cudaGetLastError();
+        double waited = fl_dist_now() - start;
+        if (waited > fl_dist_timeout()) {
+            abort_comm(r->comm, "a collective that failed to start properly did not end");
+            start = fl_dist_now(); /* the abort lets the stream drain */
+        }
+        fl_dist_pause(waited);
+    }
+    cudaGetLastError();
 }
 
 int start(void *comm, int device_index, const fl_coll *c, const char *label, void **req) {
@@ -318,6 +381,15 @@ int start(void *comm, int device_index, const fl_coll *c, const char *label, voi
     if (!nccl_type(c->dtype, &t))
         return fl_fail(FL_ERR_UNSUPPORTED, "nccl: no NCCL type for %s", fl_dtype_name(c->dtype));
     if (cm->aborted) return fl_fail(FL_ERR_DEVICE, "the group's NCCL communicator was aborted earlier: %s", cm->why);
+    {
+        /* A failure found where it could not be reported is this caller's. */
+        fl_cu_lock l(&lock);
+        if (sticky_failure[0]) {
+            int rc = fl_fail(FL_ERR_DEVICE, "%s", sticky_failure);
+            sticky_failure[0] = 0;
+            return rc;
+        }
+    }
     cudaError_t e = cudaSetDevice(device_index);
     if (e != cudaSuccess) return fl_fail(FL_ERR_DEVICE, "nccl: cuda:%d: %s", device_index, cudaGetErrorString(e));
     cudaStream_t s = NULL;
@@ -367,44 +439,79 @@ int start(void *comm, int device_index, const fl_coll *c, const char *label, voi
         return fl_fail(FL_ERR_UNSUPPORTED, "nccl: collective kind %d", (int)c->kind);
     }
     if (rr != ncclSuccess) {
+        int rc = nccl_fail(what, rr);
+        fl_cu_lock l(&lock);
+        wait_queued(r, s); /* NCCL may have queued part of it */
         free_request(r);
-        return nccl_fail(what, rr);
+        return rc;
     }
     e = cudaEventRecord(r->done, s);
     if (e != cudaSuccess) {
-        free_request(r);
-        return fl_fail(FL_ERR_DEVICE, "nccl: %s: cannot record its completion: %s", what, cudaGetErrorString(e));
-    }
-    *req = r;
-    return FL_OK;
-}
-
-int test(void *req, bool *done) {
-    request *r = (request *)req;
-    int q = query(r);
-    *done = q != 0;
-    if (q != 0) free_request(r);
-    return q < 0 ? fl_last_status() : FL_OK;
-}
-
-/* The device's later work waits for req (which this file then owns). */
-int order(void *req) {
-    request *r = (request *)req;
-    cudaError_t e = cudaStreamWaitEvent(fl_cu_stream(), r->done, 0);
-    if (e != cudaSuccess) {
-        int rc = fl_fail(FL_ERR_DEVICE, "%s: cannot order the compute stream after it: %s", r->label,
-                         cudaGetErrorString(e));
+        int rc = fl_fail(FL_ERR_DEVICE, "nccl: %s: cannot record its completion: %s", what, cudaGetErrorString(e));
+        fl_cu_lock l(&lock);
+        wait_queued(r, s); /* its buffers are released on return */
         free_request(r);
         return rc;
     }
     fl_cu_lock l(&lock);
-    r->next = NULL;
-    *ordered_tail = r;
-    ordered_tail = &r->next;
-    ordered_count++;
-    /* Drop what is done (keeps the list short); a collective found failed,
-     * this one or an earlier one, fails the wait: its outputs are wrong. */
-    return drain_ordered(false, NULL);
+    request **link = &inflight;
+    while (*link) link = &(*link)->next;
+    *link = r;
+    inflight_count++;
+    *req = r;
+    return FL_OK;
+}
+
+/* Done, or failed (error set): the request is freed either way. A failed
+ * one is first waited for (its communicator is aborted, so the stream
+ * drains), since its work then releases the buffers. */
+int test(void *req, bool *done) {
+    request *r = (request *)req;
+    fl_cu_lock l(&lock);
+    int q;
+    if (r->finished)
+        q = r->failed ? (fl_fail(FL_ERR_DEVICE, "%s: failed (reported above)", r->label), -1) : 1;
+    else
+        q = query(r);
+    *done = q != 0;
+    if (q == 0) return FL_OK;
+    int rc = FL_OK;
+    if (q < 0) {
+        rc = fl_last_status();
+        char keep[512];
+        snprintf(keep, sizeof keep, "%s", fl_last_error());
+        cudaEventSynchronize(r->done);
+        cudaGetLastError();
+        fl_fail((fl_status)rc, "%s", keep);
+    }
+    unlink_request(r);
+    free_request(r);
+    return rc;
+}
+
+/* The device's later work waits for req (which the in-flight list then
+ * owns). Should the wait not be queued, the host waits instead, since the
+ * work releases the collective's buffers on return. */
+int order(void *req) {
+    request *r = (request *)req;
+    fl_cu_lock l(&lock);
+    cudaError_t e = cudaSetDevice(r->comm->device);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(fl_cu_stream(), r->done, 0);
+    if (e != cudaSuccess) {
+        int rc = fl_fail(FL_ERR_DEVICE, "%s: cannot order the compute stream after it: %s", r->label,
+                         cudaGetErrorString(e));
+        char keep[512];
+        snprintf(keep, sizeof keep, "%s", fl_last_error());
+        r->ordered = true;
+        settle_locked(false); /* the host waits (aborting past the timeout) */
+        return fl_fail((fl_status)rc, "%s", keep);
+    }
+    r->ordered = true;
+    if (r->finished) { /* seen done by a settle while its work held it */
+        unlink_request(r);
+        free_request(r);
+    }
+    return FL_OK;
 }
 
 const fl_device_comm_ops ops = {"nccl", unique_id, comm_init, comm_free, start, test, order};
@@ -414,7 +521,18 @@ const fl_device_comm_ops ops = {"nccl", unique_id, comm_init, comm_free, start, 
 extern "C" const fl_device_comm_ops *fl_cuda_nccl_ops(void) { return available() ? &ops : NULL; }
 
 extern "C" int fl_cuda_nccl_settle(void) {
-    if (__atomic_load_n(&ordered_count, __ATOMIC_RELAXED) == 0) return FL_OK;
+    if (__atomic_load_n(&inflight_count, __ATOMIC_RELAXED) == 0 && !sticky_failure[0]) return FL_OK;
+    return settle_reporting(true);
+}
+
+extern "C" int fl_cuda_nccl_settle_device(void) {
+    if (__atomic_load_n(&inflight_count, __ATOMIC_RELAXED) == 0 && !sticky_failure[0]) return FL_OK;
+    return settle_reporting(false);
+}
+
+extern "C" void fl_cuda_nccl_settle_quietly(void) {
+    if (__atomic_load_n(&inflight_count, __ATOMIC_RELAXED) == 0) return;
     fl_cu_lock l(&lock);
-    return drain_ordered(true, NULL);
+    if (settle_locked(false) != FL_OK && !sticky_failure[0])
+        snprintf(sticky_failure, sizeof sticky_failure, "%s", fl_last_error());
 }

@@ -151,6 +151,7 @@ extern "C" int fl_cuda_vm_commit(int index, void *base, int64_t nbytes) {
             pending->unmap_after = NULL;
             return FL_OK;
         }
+        fl_cuda_nccl_settle_quietly();
         cudaEventSynchronize(pending->unmap_after);
         unmap(pending);
         pending = NULL;
@@ -198,10 +199,12 @@ extern "C" void fl_cuda_vm_decommit(int index, void *base, int64_t nbytes) {
     fl_cu_lock l(&lock);
     committed *c = find(base);
     if (!c || c->unmap_after) return;
-    cudaEvent_t ev;
+    cudaEvent_t ev = NULL;
     if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventRecord(ev, fl_cu_stream()) != cudaSuccess) {
         cudaGetLastError();
+        if (ev) cudaEventDestroy(ev);
+        fl_cuda_nccl_settle_quietly();
         cudaStreamSynchronize(fl_cu_stream());
         unmap(c);
         return;
@@ -216,7 +219,7 @@ extern "C" void fl_cuda_vm_unreserve(int index, void *base, int64_t nbytes) {
         fl_cu_lock l(&lock);
         committed *c = find(base);
         if (c) {
-            fl_cuda_nccl_settle();
+            fl_cuda_nccl_settle_quietly();
             if (c->unmap_after) cudaEventSynchronize(c->unmap_after);
             else cudaStreamSynchronize(fl_cu_stream());
             unmap(c);
