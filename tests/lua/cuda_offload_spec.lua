@@ -39,13 +39,18 @@ local function prefetched()
 end
 
 -- Runs fn with FSDP_OFFLOAD_PREFETCH set to `window` (nil: unset, the
--- default), then unsets it.
+-- default), then puts back what the environment had.
 pcall(ffi.cdef, 'int setenv(const char *name, const char *value, int overwrite);')
 pcall(ffi.cdef, 'int unsetenv(const char *name);')
+local function set_window(window)
+  if window then ffi.C.setenv('FSDP_OFFLOAD_PREFETCH', tostring(window), 1)
+  else ffi.C.unsetenv('FSDP_OFFLOAD_PREFETCH') end
+end
 local function with_window(window, fn)
-  if window then ffi.C.setenv('FSDP_OFFLOAD_PREFETCH', tostring(window), 1) end
+  local was = os.getenv('FSDP_OFFLOAD_PREFETCH')
+  set_window(window)
   local ok, a, b = pcall(fn)
-  ffi.C.unsetenv('FSDP_OFFLOAD_PREFETCH')
+  set_window(was)
   if not ok then error(a, 0) end
   return a, b
 end
@@ -175,7 +180,9 @@ describe('offload_activations on cuda:0', function()
   it('trains with the plain run\'s losses and gradients, bit for bit', function()
     local want_losses, want = train(DEV, 3)
     fsdp.cuda.reset_offload_stats()
-    local losses, grads = train(DEV, 3, function(m) fsdp.offload_activations(m, is_layer) end)
+    local losses, grads = with_window(nil, function()
+      return train(DEV, 3, function(m) fsdp.offload_activations(m, is_layer) end)
+    end)
     assert.same(want_losses, losses)
     assert_identical(grads, want, 'offload')
     local st = fsdp.cuda.offload_stats()
