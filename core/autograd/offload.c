@@ -73,7 +73,44 @@
  *   that read the restored tensor. The pinned block records the compute
  *   stream as well, so it is not reused before the copy back has run. The
  *   event is destroyed with the entry.
- * The copies back do not overlap the backward kernels (no prefetch yet).
+ * An entry restored at its own node's unpack is copied back this way; most
+ * are prefetched instead ([Note: offload prefetch]).
+ *
+ * [Note: offload prefetch]
+ * Queued on the compute stream, a copy back sits between the backward
+ * kernels. So when the engine unpacks a node's entries it also starts, on
+ * the copy stream, the copies back of the entries backward will most
+ * likely need next, a window ahead: FSDP_OFFLOAD_PREFETCH entries
+ * (default 4, 0 disables; read when the outermost scope opens, so it holds
+ * for that forward's entries). What "next" means: the entries of a scope
+ * in save order (the scope's chain), walked down from the latest-saved
+ * entry of the node being unpacked. Backward runs nodes in about reverse
+ * creation order, so this is a proxy, not a promise: an entry prefetched
+ * too early only holds its device block longer. The window counts the
+ * entries below that point which are prefetched but not yet used, so
+ * prefetched blocks stay bounded by it (plus those left behind by a node
+ * that ran out of order). Each prefetch:
+ * - allocates the entry's device block now, from the device pool, for the
+ *   compute stream; the copy stream first waits for the compute stream's
+ *   work so far, since the block may have been freed by a kernel not yet
+ *   run;
+ * - queues the copy on the copy stream, behind the copy to the host of
+ *   the same entry (same stream: no event needed), the pinned block
+ *   recording the copy stream as at save; the host copy is then released;
+ * - records the copy stream on the device block
+ *   (fl_cuda_pool_record_stream): an entry whose prefetch is never used
+ *   (a branch backward does not run, a graph freed without backward) frees
+ *   its block while the copy may still be queued to write it;
+ * - records an event (`ready`) on the copy stream after the copy. At the
+ *   entry's first use the compute stream waits for it instead of queueing
+ *   the copy itself, and the event is destroyed.
+ * A prefetch that fails (device memory exhausted) is forgotten: the entry
+ * is copied back at its own unpack, as without prefetch. Entries leave
+ * the chain when first used or freed; the chain, shared by its entries
+ * (refcounted, locked: an entry may be freed on another thread), outlives
+ * the scope, since backward runs after it closed. A scope's entries are
+ * restored by one thread at a time (the backward that owns the graph), as
+ * without prefetch.
  */
 #include "internal.h"
 
@@ -81,8 +118,19 @@
 #include "../cuda/cuda_backend.h"
 #endif
 
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* A scope's entries in save order ([Note: offload prefetch]). */
+typedef struct chain {
+    int32_t refcount;     /* the open scope's, and one per entry still in it */
+    int32_t window;       /* FSDP_OFFLOAD_PREFETCH when the scope opened */
+    pthread_mutex_t lock; /* items: entries may be freed on any thread */
+    fl_packed **items;    /* NULL once used or freed */
+    int64_t n, cap;
+} chain;
 
 struct fl_packed {
     int32_t refcount;
@@ -95,12 +143,15 @@ struct fl_packed {
     int64_t stride[FL_MAX_DIMS]; /* of the restored tensor, at offset 0 */
     int64_t span;                /* elements of the restored storage */
     void *done;                  /* recorded on the copy stream after the copy to the host */
+    void *ready;                 /* after a prefetch's copy back; NULL once waited for */
+    chain *chain;                /* while in its scope's chain, at items[pos] */
+    int64_t pos;
 };
 
 /* ---- statistics ----------------------------------------------------------- */
 
 static _Atomic int64_t st_saved, st_copies, st_bytes, st_shared, st_kept, st_kept_params,
-    st_restores, st_restored_bytes, st_failed;
+    st_restores, st_restored_bytes, st_failed, st_prefetched;
 
 void fl_offload_stats_get(fl_offload_stats *out) {
     out->saved = st_saved;
@@ -112,12 +163,13 @@ void fl_offload_stats_get(fl_offload_stats *out) {
     out->restores = st_restores;
     out->restored_bytes = st_restored_bytes;
     out->failed = st_failed;
+    out->prefetched = st_prefetched;
     fl_pinned_stats(&out->pinned_allocated, &out->pinned_reserved);
 }
 
 void fl_offload_stats_reset(void) {
     st_saved = st_copies = st_bytes = st_shared = st_kept = st_kept_params = 0;
-    st_restores = st_restored_bytes = st_failed = 0;
+    st_restores = st_restored_bytes = st_failed = st_prefetched = 0;
 }
 
 /* ---- packed entries ------------------------------------------------------------ */
@@ -127,15 +179,90 @@ static fl_packed *packed_retain(fl_packed *p) {
     return p;
 }
 
+/* A reference to an entry found in a chain, unless it is being freed (its
+ * last reference gone, not yet out of the chain). */
+static fl_packed *packed_try_retain(fl_packed *p) {
+    int32_t n = __atomic_load_n(&p->refcount, __ATOMIC_RELAXED);
+    while (n > 0)
+        if (__atomic_compare_exchange_n(&p->refcount, &n, n + 1, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+            return p;
+    return NULL;
+}
+
+/* ---- chains ([Note: offload prefetch]) ------------------------------------------- */
+
+/* FSDP_OFFLOAD_PREFETCH: entries prefetched ahead, -1 when not a
+ * non-negative integer. */
+static int prefetch_window(void) {
+    const char *v = getenv("FSDP_OFFLOAD_PREFETCH");
+    if (!v || !*v) return 4;
+    char *end;
+    long n = strtol(v, &end, 10);
+    return *end || n < 0 || n > 1 << 20 ? -1 : (int)n;
+}
+
+static chain *chain_new(int window) {
+    chain *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->refcount = 1;
+    c->window = window;
+    pthread_mutex_init(&c->lock, NULL);
+    return c;
+}
+
+static void chain_release(chain *c) {
+    if (!c || __atomic_sub_fetch(&c->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
+    pthread_mutex_destroy(&c->lock);
+    free(c->items);
+    free(c);
+}
+
+/* Append p (a new entry); a chain that cannot grow leaves p out, which
+ * only means it is never prefetched. */
+static void chain_add(chain *c, fl_packed *p) {
+    pthread_mutex_lock(&c->lock);
+    if (c->n == c->cap) {
+        int64_t cap = c->cap ? 2 * c->cap : 64;
+        fl_packed **bigger = realloc(c->items, (size_t)cap * sizeof *bigger);
+        if (!bigger) {
+            pthread_mutex_unlock(&c->lock);
+            return;
+        }
+        c->items = bigger;
+        c->cap = cap;
+    }
+    p->pos = c->n;
+    c->items[c->n++] = p;
+    __atomic_fetch_add(&c->refcount, 1, __ATOMIC_RELAXED);
+    p->chain = c;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* p leaves its chain (used, or freed): nothing prefetches it any more. */
+static void chain_leave(fl_packed *p) {
+    chain *c = p->chain;
+    if (!c) return;
+    pthread_mutex_lock(&c->lock);
+    c->items[p->pos] = NULL;
+    pthread_mutex_unlock(&c->lock);
+    p->chain = NULL;
+    chain_release(c);
+}
+
 void fl_packed_release(fl_packed *p) {
     if (!p) return;
     int32_t left = __atomic_sub_fetch(&p->refcount, 1, __ATOMIC_ACQ_REL);
     FL_ASSERT(left >= 0);
     if (left > 0) return;
+    chain_leave(p);
     fl_tensor_release(p->host);
+    /* A prefetched block whose copy may still be queued: it recorded the
+     * copy stream, so the pool holds it back until the copy ran. */
     fl_tensor_release(p->restored);
 #ifdef FL_HAVE_CUDA
     if (p->done) fl_cuda_event_destroy(p->done);
+    if (p->ready) fl_cuda_event_destroy(p->ready);
 #endif
     free(p);
 }
@@ -175,8 +302,67 @@ static int copy_back(fl_packed *p, void *dst, int64_t nbytes) {
                                       "%s", index, fl_cuda_host_problem());
     return fl_pinned_copy_async(p->device, dst, p->host->data, nbytes, false, p->host->storage);
 }
+/* Start q's copy back on the copy stream into a new device block
+ * ([Note: offload prefetch]); q->restored and q->ready are set, the host
+ * copy released. */
+static int prefetch(fl_packed *q) {
+    int index = fl_device_index(q->device);
+    uint64_t copy = 0;
+    if (fl_cuda_copy_stream(index, &copy) != 0 || fl_cuda_stream_wait_stream(index, copy, 0) != 0)
+        return fl_fail(FL_ERR_DEVICE, "offload: cannot order the copy stream of cuda:%d: %s",
+                       index, fl_cuda_host_problem());
+    fl_tensor *flat = fl_empty(1, &q->span, q->dtype, q->device);
+    if (!flat) return fl_last_status();
+    int64_t nbytes = q->span * (int64_t)fl_dtype_size(q->dtype);
+    int rc = FL_OK;
+    if (nbytes > 0 && !fl_cuda_pool_record_stream(index, flat->storage->data, copy))
+        rc = fl_fail(FL_ERR_STATE, "offload: cuda:%d: a new tensor's storage is not a block of "
+                                   "the device pool", index);
+    if (rc == FL_OK)
+        rc = fl_pinned_copy_async_on(index, copy, flat->data, q->host->data, nbytes, false,
+                                     q->host->storage);
+    if (rc == FL_OK && !(q->ready = fl_cuda_event_record(index, copy)))
+        rc = fl_fail(FL_ERR_DEVICE, "offload: cannot record the prefetch's event on cuda:%d: %s",
+                     index, fl_cuda_last_problem());
+    fl_tensor *v = rc == FL_OK ? fl_tensor_view_of(flat, q->ndim, q->shape, q->stride, 0) : NULL;
+    /* On failure the block goes back at once: it recorded the copy stream
+     * before any copy was queued into it. */
+    fl_tensor_release(flat);
+    if (!v) {
+        if (q->ready) fl_cuda_event_destroy(q->ready);
+        q->ready = NULL;
+        return rc == FL_OK ? (int)fl_last_status() : rc;
+    }
+    q->restored = v;
+    fl_tensor_release(q->host);
+    q->host = NULL;
+    st_restores++;
+    st_restored_bytes += nbytes;
+    st_prefetched++;
+    return FL_OK;
+}
+
+/* Before the first use of a prefetched entry: the compute stream waits for
+ * its copy back. */
+static int wait_prefetch(fl_packed *p) {
+    int index = fl_device_index(p->device);
+    if (fl_cuda_stream_wait_event(index, 0, p->ready) != 0)
+        return fl_fail(FL_ERR_DEVICE, "offload: cannot order cuda:%d after a prefetch: %s", index,
+                       fl_cuda_host_problem());
+    fl_cuda_event_destroy(p->ready);
+    p->ready = NULL;
+    return FL_OK;
+}
 #else
 /* Unreachable: without the backend no tensor is on a cuda device. */
+static int prefetch(fl_packed *q) {
+    (void)q;
+    return fl_fail(FL_ERR_DEVICE, "offload: %s", fl_cuda_status());
+}
+static int wait_prefetch(fl_packed *p) {
+    (void)p;
+    return fl_fail(FL_ERR_DEVICE, "offload: %s", fl_cuda_status());
+}
 static int copy_to_host(fl_packed *p, const fl_tensor *src, int64_t nbytes) {
     (void)p, (void)src, (void)nbytes;
     return fl_fail(FL_ERR_DEVICE, "offload: %s", fl_cuda_status());
@@ -255,8 +441,33 @@ static fl_tensor *unpack(fl_packed *p) {
         p->host = NULL;
         st_restores++;
         st_restored_bytes += nbytes;
+    } else if (p->ready && wait_prefetch(p) != FL_OK) {
+        return NULL;
     }
+    chain_leave(p);
     return fl_tensor_retain(p->restored);
+}
+
+/* Prefetch the entries saved before position `at` of c, until `window` of
+ * them are prefetched and not yet used; a failure stops it, forgotten
+ * (those entries come back at their own unpack). The chain's lock is held
+ * only to read a slot: a prefetch allocates, and what that frees may free
+ * entries of this chain. */
+static void prefetch_below(chain *c, int64_t at) {
+    int count = 0;
+    for (int64_t i = at - 1; i >= 0 && count < c->window; i--) {
+        pthread_mutex_lock(&c->lock);
+        fl_packed *q = c->items[i] ? packed_try_retain(c->items[i]) : NULL;
+        pthread_mutex_unlock(&c->lock);
+        if (!q) continue;
+        count++;
+        bool failed = !q->restored && prefetch(q) != FL_OK;
+        fl_packed_release(q);
+        if (failed) {
+            fl_clear_error();
+            break;
+        }
+    }
 }
 
 /* ---- the scope ------------------------------------------------------------------ */
@@ -275,6 +486,10 @@ typedef struct entry {
 static _Thread_local int depth;
 static _Thread_local entry *table;
 static _Thread_local int64_t table_cap, table_n;
+/* The outermost scope's chain (made at its first copy, NULL when the
+ * window is 0) and its window ([Note: offload prefetch]). */
+static _Thread_local chain *scope_chain;
+static _Thread_local int scope_window;
 
 static uint64_t key_hash(uint64_t id, int64_t offset, int ndim, const int64_t *shape) {
     uint64_t h = id * 0x9E3779B97F4A7C15ull ^ (uint64_t)offset * 0xC2B2AE3D27D4EB4Full;
@@ -325,9 +540,19 @@ static void table_clear(void) {
     free(table);
     table = NULL;
     table_cap = table_n = 0;
+    /* Its entries keep it for backward. */
+    chain_release(scope_chain);
+    scope_chain = NULL;
 }
 
 int fl_offload_begin(void) {
+    if (depth == 0) {
+        int window = prefetch_window();
+        if (window < 0)
+            return fl_fail(FL_ERR_ARG, "offload: FSDP_OFFLOAD_PREFETCH must be a number of entries "
+                                       "(0 or more), got '%s'", getenv("FSDP_OFFLOAD_PREFETCH"));
+        scope_window = window;
+    }
     depth++;
     return FL_OK;
 }
@@ -376,6 +601,8 @@ static fl_packed *pack_in_scope(const fl_tensor *t) {
     bool was = fl_set_grad_enabled(false);
     fl_packed *p = pack(t);
     fl_set_grad_enabled(was);
+    if (p && scope_window > 0 && !scope_chain) scope_chain = chain_new(scope_window);
+    if (p && scope_chain) chain_add(scope_chain, p);
     if (p && e) {
         e->storage_id = t->storage->id;
         e->offset = t->offset;
@@ -419,19 +646,46 @@ bool fl_offload_save(fl_node *node, int k, const fl_tensor *t) {
 
 int fl_node_unpack_saved(fl_node *node) {
     if (!node->packed) return FL_OK;
+    /* Where backward stands in the chain ([Note: offload prefetch]): this
+     * node's latest-saved entry still in one (an entry shared with an
+     * earlier save sits at that save's place). Taken first: unpacking takes
+     * the entries out. */
+    chain *c = NULL;
+    int64_t at = -1;
     for (int k = 0; k < node->n_saved; k++) {
+        fl_packed *p = node->packed[k];
+        if (p && p->chain && (!c || p->chain == c) && p->pos > at) {
+            c = p->chain;
+            at = p->pos;
+        }
+    }
+    if (c) __atomic_fetch_add(&c->refcount, 1, __ATOMIC_RELAXED);
+    int rc = FL_OK;
+    for (int k = 0; k < node->n_saved && rc == FL_OK; k++) {
         fl_packed *p = node->packed[k];
         if (!p) continue;
         fl_tensor *dev = unpack(p);
-        if (!dev) return fl_last_status();
+        if (!dev) {
+            rc = fl_last_status();
+            break;
+        }
         /* A detached alias, as fl_node_save keeps. */
         node->saved[k] = fl_detach(dev);
         fl_tensor_release(dev);
-        if (!node->saved[k]) return fl_last_status();
+        if (!node->saved[k]) {
+            rc = fl_last_status();
+            break;
+        }
         node->packed[k] = NULL;
         fl_packed_release(p);
     }
-    return FL_OK;
+    /* After this node's own copies back, so those are queued first; the
+     * prefetches then overlap its backward kernels. */
+    if (c) {
+        if (rc == FL_OK) prefetch_below(c, at);
+        chain_release(c);
+    }
+    return rc;
 }
 
 void fl_node_drop_packed(fl_node *node) {

@@ -447,6 +447,7 @@ typedef struct fl_offload_stats {
     int64_t failed;         /* copies that could not be made (kept on device) */
     int64_t pinned_allocated; /* bytes of the pinned pool in use now */
     int64_t pinned_reserved;  /* bytes it holds from the system */
+    int64_t prefetched;     /* restores started ahead on the copy stream (FSDP_OFFLOAD_PREFETCH) */
 } fl_offload_stats;
 
 FL_API void fl_offload_stats_get(fl_offload_stats *out);

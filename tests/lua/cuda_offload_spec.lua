@@ -14,6 +14,10 @@
 -- ran, in backward and in a forward dropped without one. The device half
 -- is pending without a GPU and runs in the cudasim build; run it with
 -- FSDP_CUDASIM_QUERY_DELAY=2 as well (event queries then say "not yet").
+-- The copies back are prefetched on the copy stream too
+-- (FSDP_OFFLOAD_PREFETCH entries ahead): the compute stream waits for each
+-- before using it, and a prefetched block dropped unused (a branch
+-- backward does not run) is not reused before its copy ran.
 local fsdp = require 'fsdp'
 local nn = require 'fsdp.nn'
 local llama = require 'models.llama'
@@ -25,6 +29,31 @@ local DEV = 'cuda:0'
 local normalised_error = require('fsdp.testing').normalised_error
 
 local function is_layer(m) return m:is_instance_of(llama.DecoderLayer) end
+
+-- fl_offload_stats.prefetched (not in fsdp.cuda.offload_stats' table).
+local ffi = require 'ffi'
+local stats_buf = ffi.new('fl_offload_stats')
+local function prefetched()
+  C.fl_offload_stats_get(stats_buf)
+  return tonumber(stats_buf.prefetched)
+end
+
+-- Runs fn with FSDP_OFFLOAD_PREFETCH set to `window` (nil: unset, the
+-- default), then puts back what the environment had.
+pcall(ffi.cdef, 'int setenv(const char *name, const char *value, int overwrite);')
+pcall(ffi.cdef, 'int unsetenv(const char *name);')
+local function set_window(window)
+  if window then ffi.C.setenv('FSDP_OFFLOAD_PREFETCH', tostring(window), 1)
+  else ffi.C.unsetenv('FSDP_OFFLOAD_PREFETCH') end
+end
+local function with_window(window, fn)
+  local was = os.getenv('FSDP_OFFLOAD_PREFETCH')
+  set_window(window)
+  local ok, a, b = pcall(fn)
+  set_window(was)
+  if not ok then error(a, 0) end
+  return a, b
+end
 
 local VOCAB, B, T = 128, 2, 48
 
@@ -151,7 +180,9 @@ describe('offload_activations on cuda:0', function()
   it('trains with the plain run\'s losses and gradients, bit for bit', function()
     local want_losses, want = train(DEV, 3)
     fsdp.cuda.reset_offload_stats()
-    local losses, grads = train(DEV, 3, function(m) fsdp.offload_activations(m, is_layer) end)
+    local losses, grads = with_window(nil, function()
+      return train(DEV, 3, function(m) fsdp.offload_activations(m, is_layer) end)
+    end)
     assert.same(want_losses, losses)
     assert_identical(grads, want, 'offload')
     local st = fsdp.cuda.offload_stats()
@@ -159,6 +190,11 @@ describe('offload_activations on cuda:0', function()
     assert.equals(st.copies, st.restores, 'every copy came back once')
     assert.equals(st.bytes, st.restored_bytes)
     assert.equals(0, st.failed)
+    -- within a layer each node's entries were started at an earlier node's
+    -- unpack; only each step's first offloaded node in backward (one per
+    -- layer: the layers are separate scopes) copies its own back
+    assert.is_true(prefetched() > st.restores / 2, 'most copies back were prefetched: '
+      .. prefetched() .. ' of ' .. st.restores)
   end)
 
   it('gives the same in bf16', function()
@@ -363,6 +399,110 @@ describe('offload_activations on cuda:0', function()
     fsdp.cuda.synchronize() -- whatever copy was still queued runs now
     assert.equals(7 * 64 * 32, q:sum():item(), 'the queued copy wrote into a reused pinned block')
     fsdp.set_collect_budget(was)
+  end)
+
+  -- [Note: offload prefetch]. A chain of products: h1 = x0 * 3 and each
+  -- h(i+1) = h(i) * h(i) saves h(i); backward unpacks the last one itself
+  -- and prefetches the others, which the compute stream must wait for (a
+  -- block not yet written holds a freed tensor's values or, fresh, NaNs).
+  local Chain = nn.Module:extend('Chain')
+  function Chain:forward(x)
+    local h = x * 3
+    for _ = 1, 4 do h = h * h * 0.5 end -- * 0.5 keeps the values finite
+    return h:sum()
+  end
+  local function chain_grad(offload, seed)
+    local m = Chain()
+    if offload then fsdp.offload_activations(m, function() return true end) end
+    local x0 = fsdp.randn({ 32, 16 }, { seed = seed }):to(DEV):requires_grad_(true)
+    local was = fsdp.set_collect_budget(0)
+    local y = m(x0)
+    collectgarbage()
+    collectgarbage()
+    y:backward()
+    fsdp.set_collect_budget(was)
+    return { x = x0.grad:cpu() }
+  end
+
+  it('prefetches the copies back, and the compute stream waits for them', function()
+    for _, window in ipairs({ false, 1, 0 }) do
+      local what = 'FSDP_OFFLOAD_PREFETCH=' .. tostring(window or 'unset')
+      fsdp.cuda.reset_offload_stats()
+      local got = with_window(window or nil, function() return chain_grad(true, 7) end)
+      local st = fsdp.cuda.offload_stats()
+      assert_identical(got, chain_grad(false, 7), what)
+      assert.equals(4, st.copies, what)
+      assert.equals(4, st.restores, what)
+      -- all but the last saved, which its node copies back itself; a
+      -- window of 1 still reaches each one a node ahead
+      assert.equals(window == 0 and 0 or 3, prefetched(), what)
+    end
+  end)
+
+  it('rejects an FSDP_OFFLOAD_PREFETCH that is not a count', function()
+    local m = Chain()
+    fsdp.offload_activations(m, function() return true end)
+    with_window('many', function()
+      raises(function() m(fsdp.ones({ 2 }, { device = DEV })) end,
+        "FSDP_OFFLOAD_PREFETCH must be a number of entries (0 or more), got 'many'")
+    end)
+    assert.equals(0, C.fl_offload_depth())
+  end)
+
+  -- Saves three tensors on a branch backward never runs, then one it runs:
+  -- that node's unpack prefetches the branch's entries (saved before it),
+  -- as many as the window allows; they are dropped with the branch after
+  -- backward, their copies still queued on the deferred copy stream (no
+  -- later wait forced it).
+  local Branch = nn.Module:extend('Branch')
+  function Branch:forward(x)
+    local dead = {}
+    for i = 1, 3 do
+      local d = x * (i + 1)
+      dead[i] = d * d
+    end
+    local e = x * 5
+    return (e * e):sum(), dead
+  end
+
+  it('prefetches a window ahead, and does not reuse a dropped prefetch\'s block before its copy ran', function()
+    local function x0_grad(offload)
+      local m = Branch()
+      if offload then fsdp.offload_activations(m, function() return true end) end
+      local x0 = fsdp.randn({ 64, 32 }, { seed = 8 }):to(DEV):requires_grad_(true)
+      local y = m(x0)
+      y:backward()
+      return x0.grad:cpu()
+    end
+    local want = x0_grad(false)
+    for _, window in ipairs({ 0, 2, false }) do
+      local what = 'FSDP_OFFLOAD_PREFETCH=' .. tostring(window or 'unset')
+      local m = Branch()
+      fsdp.offload_activations(m, function() return true end)
+      local x0 = fsdp.randn({ 64, 32 }, { seed = 8 }):to(DEV):requires_grad_(true)
+      local was = fsdp.set_collect_budget(0)
+      fsdp.cuda.reset_offload_stats()
+      local y, dead = with_window(window or nil, function() return m(x0) end)
+      collectgarbage()
+      collectgarbage()
+      y:backward()
+      assert.equals(4, fsdp.cuda.offload_stats().copies, what)
+      assert.equals(window == 0 and 0 or window == 2 and 2 or 3, prefetched(), what)
+      assert.equals(0, normalised_error(x0.grad:cpu(), want), what)
+      dead = nil -- luacheck: ignore (the branch's nodes and entries are freed)
+      collectgarbage()
+      collectgarbage()
+      -- the prefetched blocks are free now: tensors of their size would get
+      -- them at once if the pool did not wait for the copy stream, whose
+      -- queued copies then overwrite them
+      local zs = {}
+      for i = 1, 8 do zs[i] = fsdp.full({ 64, 32 }, 5, { device = DEV }) end
+      fsdp.cuda.synchronize()
+      for i = 1, 8 do
+        assert.equals(5 * 64 * 32, zs[i]:sum():item(), what .. ': a prefetch wrote into a reused block')
+      end
+      fsdp.set_collect_budget(was)
+    end
   end)
 
   it('composes with activation checkpointing in either order', function()
