@@ -325,13 +325,14 @@ function M.cuda.empty_pinned_cache() return tonumber(C.fl_pinned_empty_cache()) 
 
 local offload_buf = ffi.new('fl_offload_stats')
 -- Activation offload's counters (fsdp.offload_activations): saved, copies,
--- bytes, shared, kept, kept_params, restores, restored_bytes, failed, and
--- the pinned pool's pinned_allocated / pinned_reserved bytes.
+-- bytes, shared, kept, kept_params, restores, restored_bytes, failed,
+-- prefetched (copies back started ahead of their backward), and the pinned
+-- pool's pinned_allocated / pinned_reserved bytes.
 function M.cuda.offload_stats()
   C.fl_offload_stats_get(offload_buf)
   local out = {}
   for _, k in ipairs({ 'saved', 'copies', 'bytes', 'shared', 'kept', 'kept_params', 'restores',
-                       'restored_bytes', 'failed', 'pinned_allocated', 'pinned_reserved' }) do
+                       'restored_bytes', 'failed', 'pinned_allocated', 'pinned_reserved', 'prefetched' }) do
     out[k] = tonumber(offload_buf[k])
   end
   return out
