@@ -168,9 +168,11 @@ local function offload_inputs(inputs)
   return packed
 end
 
--- The input back on its device as a leaf requiring grad as the original did.
+-- The input back on its device as a leaf requiring grad as the original did:
+-- a fresh alias each time (the restored tensor is shared by every unpack of
+-- the entry, and two recomputes must not add into one .grad).
 local function unpack_input(p)
-  local t = Tensor.wrap(C.fl_offload_unpack(p[1]))
+  local t = Tensor.wrap(C.fl_offload_unpack(p[1])):detach()
   if p[2] then t:requires_grad_(true) end
   return t
 end

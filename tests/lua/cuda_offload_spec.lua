@@ -177,6 +177,32 @@ describe('offload_activations on cuda:0', function()
     return
   end
 
+  it('gives each checkpoint recompute of one shared input its own leaf', function()
+    -- h is saved (packed) by two checkpoints in one scope: one entry, two
+    -- unpacks; sharing the restored tensor would add both recomputes'
+    -- gradients into one .grad.
+    local autograd, offload = require 'fsdp.autograd', require 'fsdp.offload'
+    local function run(scoped)
+      local x = fsdp.randn({ 4, 8 }, { seed = 1, device = DEV }):requires_grad_(true)
+      local w = fsdp.randn({ 8, 8 }, { seed = 2, device = DEV }):requires_grad_(true)
+      local function body()
+        local h = x * 2
+        local a = autograd.checkpoint_with_params({ w }, function(t) return t:matmul(w):tanh() end, h)
+        local b = autograd.checkpoint_with_params({ w }, function(t) return t:matmul(w):sigmoid() end, h)
+        return (a + b):sum()
+      end
+      local loss = scoped and offload.scoped(body) or body()
+      loss:backward()
+      return x.grad:to('cpu'), w.grad:to('cpu')
+    end
+    local want_x, want_w = run(false)
+    fsdp.cuda.reset_offload_stats()
+    local got_x, got_w = run(true)
+    assert.is_true(fsdp.cuda.offload_stats().copies >= 1, 'the shared input was offloaded')
+    assert.equals(0, normalised_error(got_x, want_x))
+    assert.equals(0, normalised_error(got_w, want_w))
+  end)
+
   it('trains with the plain run\'s losses and gradients, bit for bit', function()
     local want_losses, want = train(DEV, 3)
     fsdp.cuda.reset_offload_stats()
