@@ -312,6 +312,16 @@ int unique_id(unsigned char id[128]) {
     return FL_OK;
 }
 
+int check_device(int device_index) {
+    cudaError_t e = cudaSetDevice(device_index);
+    if (e == cudaSuccess) e = cudaFree(0); /* makes the context: fails on a broken device */
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fl_fail(FL_ERR_DEVICE, "nccl: cuda:%d: %s", device_index, cudaGetErrorString(e));
+    }
+    return FL_OK;
+}
+
 int comm_init(int nranks, const unsigned char id[128], int rank, int device_index, void **comm) {
     cudaError_t e = cudaSetDevice(device_index);
     if (e != cudaSuccess) return fl_fail(FL_ERR_DEVICE, "nccl: cuda:%d: %s", device_index, cudaGetErrorString(e));
@@ -514,7 +524,7 @@ int order(void *req) {
     return FL_OK;
 }
 
-const fl_device_comm_ops ops = {"nccl", unique_id, comm_init, comm_free, start, test, order};
+const fl_device_comm_ops ops = {"nccl", unique_id, check_device, comm_init, comm_free, start, test, order};
 
 } // namespace
 

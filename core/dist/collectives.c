@@ -436,7 +436,12 @@ static int device_path(const char *op, fl_group *g, fl_device dev) {
     if (g->size == 1) return 0;
     if (g->device_path == 0) {
         const fl_device_comm_ops *ops = fl_device_comm_ops_of(dev);
-        int32_t ok = ops != NULL;
+        /* A rank that cannot use its device must say so before the others
+         * block in comm_init waiting for it. */
+        int32_t ok = ops != NULL && ops->check_device(fl_device_index(dev)) == FL_OK;
+        if (ops && !ok)
+            fprintf(stderr, "fsdp-lua: rank %d: %s cannot use the device: %s\n", fl_dist.topo.rank,
+                    ops->name, fl_last_error());
         if (agree(g, &ok)) return -1;
         unsigned char id[129] = {0};
         if (ok) {
@@ -461,7 +466,9 @@ static int device_path(const char *op, fl_group *g, fl_device dev) {
             if (!ok) snprintf(why, sizeof why, "%s", fl_last_error());
             int32_t all = ok;
             if (agree(g, &all)) return -1;
-            if (!all && comm) ops->comm_free(comm);
+            /* A communicator some ranks made and others could not is left
+             * alone: destroying it is collective over ranks that never
+             * joined, and would hang. */
             if (!all && why[0])
                 fprintf(stderr, "fsdp-lua: rank %d: %s is not used for cuda tensors on group %s (%s); "
                         "they move through host copies\n", fl_dist.topo.rank, ops->name, g->name, why);
@@ -470,6 +477,7 @@ static int device_path(const char *op, fl_group *g, fl_device dev) {
         g->device_path = ok ? 1 : -1;
         g->device_comm = ok ? comm : NULL;
         g->comm_device = dev;
+        if (ok) g->device_comm_seq = ++fl_dist.device_comms_made;
     }
     if (g->device_path < 0) return 0;
     if (g->comm_device != dev) {

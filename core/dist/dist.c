@@ -284,12 +284,39 @@ int fl_dist_set_timeout(double seconds) {
     return FL_OK;
 }
 
+void fl_dist_retire_device_comm(fl_group *g) {
+    const fl_device_comm_ops *ops = fl_device_comm_ops_of(g->comm_device);
+    if (fl_dist.finalized || !ops) return; /* gone with the process */
+    if (fl_dist.n_retired == fl_dist.cap_retired) {
+        int cap = fl_dist.cap_retired ? 2 * fl_dist.cap_retired : 8;
+        void *p = realloc(fl_dist.retired, (size_t)cap * sizeof *fl_dist.retired);
+        if (!p) return; /* left to the process's end */
+        fl_dist.retired = p;
+        fl_dist.cap_retired = cap;
+    }
+    fl_dist.retired[fl_dist.n_retired++] =
+        (struct fl_retired_comm){g->device_comm_seq, ops, g->device_comm};
+    g->device_comm = NULL;
+}
+
+static int by_seq(const void *a, const void *b) {
+    const struct fl_retired_comm *x = a, *y = b;
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
 void fl_dist_finalize(void) {
     if (!fl_dist.backend || fl_dist.finalized) return;
     if (fl_dist.initialized) {
         fl_dist_drain_dropped(fl_dist.timeout);
         fl_group_release(fl_dist.world);
         fl_dist.world = NULL;
+        /* [Note: destroying device communicators] */
+        qsort(fl_dist.retired, (size_t)fl_dist.n_retired, sizeof *fl_dist.retired, by_seq);
+        for (int i = 0; i < fl_dist.n_retired; i++)
+            fl_dist.retired[i].ops->comm_free(fl_dist.retired[i].comm);
+        free(fl_dist.retired);
+        fl_dist.retired = NULL;
+        fl_dist.n_retired = fl_dist.cap_retired = 0;
     }
     fl_dist.initialized = false;
     fl_dist.finalized = true;

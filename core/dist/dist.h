@@ -18,6 +18,15 @@ typedef struct fl_dist_state {
     double timeout;        /* seconds a wait may last */
     fl_group *world;       /* the state's own reference */
     fl_work *dropped;      /* released before completion: finished later */
+    /* Device communicators of released groups, destroyed at finalize in
+     * creation order ([Note: destroying device communicators]). */
+    struct fl_retired_comm {
+        int seq;
+        const struct fl_device_comm_ops *ops;
+        void *comm;
+    } *retired;
+    int n_retired, cap_retired;
+    int device_comms_made; /* creation counter: the same on every rank */
 } fl_dist_state;
 
 extern fl_dist_state fl_dist;
@@ -37,6 +46,7 @@ struct fl_group {
     int device_path;
     void *device_comm;   /* the device library's communicator */
     fl_device comm_device; /* the device it was made on */
+    int device_comm_seq;   /* its place in creation order */
 };
 
 /* A library that moves device memory between ranks itself (NCCL), offered
@@ -53,6 +63,9 @@ struct fl_group {
 typedef struct fl_device_comm_ops {
     const char *name;
     int (*unique_id)(unsigned char id[128]);
+    /* FL_OK when this rank can make a communicator on the device (checked,
+     * and agreed on, before any rank blocks in comm_init). */
+    int (*check_device)(int device_index);
     int (*comm_init)(int nranks, const unsigned char id[128], int rank, int device_index,
                      void **comm);
     void (*comm_free)(void *comm);
@@ -67,6 +80,15 @@ const fl_device_comm_ops *fl_device_comm_ops_of(fl_device device);
 #ifdef FL_HAVE_CUDA
 const fl_device_comm_ops *fl_cuda_nccl_ops(void); /* core/cuda/cuda_nccl.cu */
 #endif
+
+/* [Note: destroying device communicators]
+ * Destroying an NCCL communicator is collective over its ranks (NCCL
+ * finalizes it inside ncclCommDestroy). Groups are released when Lua
+ * collects them, at a different moment and in a different order on every
+ * rank, so a group's device communicator is not destroyed then: it is
+ * retired, and fl_dist_finalize destroys the retired ones in creation
+ * order, which every rank shares. */
+void fl_dist_retire_device_comm(fl_group *g);
 
 /* A group around a backend communicator (taken over; NULL: non-member). */
 fl_group *fl_group_wrap(void *comm, const char *name);

@@ -139,7 +139,7 @@ fl_group *fl_group_retain(fl_group *g) {
 void fl_group_release(fl_group *g) {
     if (!g || --g->refcount > 0) return;
     /* After finalize the backend is gone; its communicators went with it. */
-    if (g->device_comm) fl_device_comm_ops_of(g->comm_device)->comm_free(g->device_comm);
+    if (g->device_comm) fl_dist_retire_device_comm(g);
     if (g->comm && fl_dist.backend && !fl_dist.finalized) fl_dist.backend->comm_free(g->comm);
     free(g->world_ranks);
     free(g);
