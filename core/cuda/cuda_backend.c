@@ -25,7 +25,15 @@ const char *fl_cuda_status(void) { return fl_cuda_probe_status(); }
 /* ---- the caching pools ---------------------------------------------------- */
 
 /* The pool's callbacks get the device index as their context. */
-static void *raw_alloc(void *ctx, int64_t nbytes) { return fl_cuda_malloc((int)(intptr_t)ctx, nbytes); }
+/* A refusal is retried once after the gathered ranges waiting to be
+ * unmapped give their memory back (cuda_vm.cu); the pool then empties its
+ * own cache and tries again. */
+static void *raw_alloc(void *ctx, int64_t nbytes) {
+    int index = (int)(intptr_t)ctx;
+    void *p = fl_cuda_malloc(index, nbytes);
+    if (!p && fl_cuda_vm_release_pending(index) > 0) p = fl_cuda_malloc(index, nbytes);
+    return p;
+}
 static void raw_free(void *ctx, void *ptr, int64_t nbytes) {
     (void)nbytes;
     fl_cuda_nccl_settle_quietly(); /* cudaFree waits for the whole device */
@@ -101,6 +109,8 @@ static int64_t cuda_empty_cache(int index) {
     fl_pool *p = pool_of(index);
     return p ? fl_pool_empty_cache(p) : 0;
 }
+
+int64_t fl_cuda_pool_release_cached(int index) { return cuda_empty_cache(index); }
 
 static const char *cuda_describe_oom(int index, char *buf, size_t size) {
     fl_pool *p = pool_of(index);

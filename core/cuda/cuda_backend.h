@@ -32,6 +32,11 @@ void *fl_cuda_vm_reserve(int index, int64_t nbytes, int64_t *granted);
 int fl_cuda_vm_commit(int index, void *base, int64_t nbytes);
 void fl_cuda_vm_decommit(int index, void *base, int64_t nbytes);
 void fl_cuda_vm_unreserve(int index, void *base, int64_t nbytes);
+/* Out of device memory: the bytes of decommitted ranges still waiting for
+ * their kernels (unmapped now, after waiting), and of the caching pool's
+ * free blocks (returned now). Each returns what it gave back. */
+int64_t fl_cuda_vm_release_pending(int index);
+int64_t fl_cuda_pool_release_cached(int index);
 /* Before the host blocks on a device (a synchronous copy, cudaFree): wait,
  * with the collective timeout, for the NCCL collectives the device was
  * made to wait for, aborting a communicator that never completes one

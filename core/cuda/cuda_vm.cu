@@ -141,35 +141,38 @@ extern "C" void *fl_cuda_vm_reserve(int index, int64_t nbytes, int64_t *granted)
 
 extern "C" int fl_cuda_vm_commit(int index, void *base, int64_t nbytes) {
     if (!load()) return fl_fail(FL_ERR_DEVICE, "cuda:%d: %s", index, api.problem);
-    fl_cu_lock l(&lock);
-    committed *pending = find(base);
-    if (pending && pending->unmap_after) {
-        if (pending->nbytes == nbytes) {
-            /* Decommitted, not unmapped yet: keep the memory (its contents
-             * are undefined after a commit anyway). */
-            cudaEventDestroy(pending->unmap_after);
-            pending->unmap_after = NULL;
-            return FL_OK;
+    {
+        fl_cu_lock l(&lock);
+        committed *pending = find(base);
+        if (pending && pending->unmap_after) {
+            if (pending->nbytes == nbytes) {
+                /* Decommitted, not unmapped yet: keep the memory (its
+                 * contents are undefined after a commit anyway). */
+                cudaEventDestroy(pending->unmap_after);
+                pending->unmap_after = NULL;
+                return FL_OK;
+            }
+            fl_cuda_nccl_settle_quietly();
+            cudaEventSynchronize(pending->unmap_after);
+            unmap(pending);
+            pending = NULL;
         }
-        fl_cuda_nccl_settle_quietly();
-        cudaEventSynchronize(pending->unmap_after);
-        unmap(pending);
-        pending = NULL;
+        reap(false);
+        if (pending) return fl_fail(FL_ERR_DEVICE, "cuda:%d: range %p committed twice", index, base);
     }
-    reap(false);
-    if (pending) return fl_fail(FL_ERR_DEVICE, "cuda:%d: range %p committed twice", index, base);
-    committed *slot = find(NULL);
-    if (!slot)
-        return fl_fail(FL_ERR_DEVICE, "cuda:%d: more than %d gathered buffers committed at once", index,
-                       MAX_COMMITTED);
+    /* The memory is made outside the lock: running out of it goes to the
+     * caching pool, which may come back here (fl_cuda_vm_release_pending). */
     CUmemAllocationProp prop = device_memory(index);
     CUmemGenericAllocationHandle h;
     CUresult r = api.create(&h, (size_t)nbytes, &prop, 0);
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-        /* Memory may still sit in ranges waiting for their kernels. */
+        /* Memory may still sit in ranges waiting for their kernels, and in
+         * the caching pool's free blocks. */
         if (fl_cuda_nccl_settle() != FL_OK) return fl_last_status();
-        reap(true);
+        fl_cuda_vm_release_pending(index);
         r = api.create(&h, (size_t)nbytes, &prop, 0);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY && fl_cuda_pool_release_cached(index) > 0)
+            r = api.create(&h, (size_t)nbytes, &prop, 0);
     }
     if (r != CUDA_SUCCESS) return driver_fail("cuMemCreate", index, r);
     r = api.map((CUdeviceptr)base, (size_t)nbytes, 0, h, 0);
@@ -181,13 +184,32 @@ extern "C" int fl_cuda_vm_commit(int index, void *base, int64_t nbytes) {
     access.location = prop.location;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     r = api.set_access((CUdeviceptr)base, (size_t)nbytes, &access, 1);
-    if (r != CUDA_SUCCESS) {
+    fl_cu_lock l(&lock);
+    committed *slot = r == CUDA_SUCCESS ? find(NULL) : NULL;
+    if (!slot) {
         api.unmap((CUdeviceptr)base, (size_t)nbytes);
         api.release(h);
-        return driver_fail("cuMemSetAccess", index, r);
+        if (r != CUDA_SUCCESS) return driver_fail("cuMemSetAccess", index, r);
+        return fl_fail(FL_ERR_DEVICE, "cuda:%d: more than %d gathered buffers committed at once", index,
+                       MAX_COMMITTED);
     }
     *slot = {base, nbytes, h, NULL};
     return FL_OK;
+}
+
+/* Unmap every decommitted range once its kernels are done (waiting for
+ * them): for an allocation that ran out of memory. Returns the bytes given
+ * back. */
+extern "C" int64_t fl_cuda_vm_release_pending(int index) {
+    (void)index; /* ranges of every device: waiting for the others is harmless */
+    if (!api.loaded) return 0;
+    fl_cuda_nccl_settle_quietly();
+    fl_cu_lock l(&lock);
+    int64_t freed = 0;
+    for (int i = 0; i < MAX_COMMITTED; i++)
+        if (table[i].base && table[i].unmap_after) freed += table[i].nbytes;
+    reap(true);
+    return freed;
 }
 
 /* The kernels queued so far may still read the range: unmap it once they
