@@ -19,8 +19,9 @@
 #include <pthread.h>
 #include <stdio.h>
 
-/* The last failure of this file, for the C side's messages. */
-static char host_problem[256];
+/* The last failure of this file, for the C side's messages (per thread,
+ * like the core's error). */
+static thread_local char host_problem[256];
 
 static bool host_ok(cudaError_t err, const char *what) {
     if (err == cudaSuccess) return true;
