@@ -311,7 +311,8 @@ void fl_dist_finalize(void) {
         fl_group_release(fl_dist.world);
         fl_dist.world = NULL;
         /* [Note: destroying device communicators] */
-        qsort(fl_dist.retired, (size_t)fl_dist.n_retired, sizeof *fl_dist.retired, by_seq);
+        if (fl_dist.n_retired > 1)
+            qsort(fl_dist.retired, (size_t)fl_dist.n_retired, sizeof *fl_dist.retired, by_seq);
         for (int i = 0; i < fl_dist.n_retired; i++)
             fl_dist.retired[i].ops->comm_free(fl_dist.retired[i].comm);
         free(fl_dist.retired);
