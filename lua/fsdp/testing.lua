@@ -134,4 +134,13 @@ function M.tmpdir()
   return d
 end
 
+-- fn() must fail with a message containing `text` (plain, not a pattern);
+-- fails the test otherwise, showing the message it got.
+function M.raises(fn, text)
+  local ok, err = pcall(fn)
+  if ok then error('expected an error containing ' .. text, 2) end
+  err = tostring(err)
+  if not err:find(text, 1, true) then error(('expected an error containing %q, got: %s'):format(text, err), 2) end
+end
+
 return M

@@ -791,33 +791,28 @@ cudaError_t cudaStreamDestroy(cudaStream_t h) {
     return health();
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t h) {
+/* Runs h's whole queue (the legacy stream's: the blocking streams'); `call`
+ * names the runtime call in fault notes. */
+static cudaError_t run_stream(cudaStream_t h, const char *call, const char *call0) {
     stream_guard g(stream_lock);
     sim_stream *s;
     if (!lookup_stream(h, &s)) return fail(cudaErrorInvalidResourceHandle);
     if (!s) {
-        legacy("cudaStreamSynchronize(0)");
+        legacy(call0);
     } else {
-        forcing f("cudaStreamSynchronize");
+        forcing f(call);
         force(s, UINT64_MAX);
     }
     return health();
 }
 
+cudaError_t cudaStreamSynchronize(cudaStream_t h) {
+    return run_stream(h, "cudaStreamSynchronize", "cudaStreamSynchronize(0)");
+}
+
 /* Runs the queue, so a host polling a stream makes progress, as with
  * cudaEventQuery. */
-cudaError_t cudaStreamQuery(cudaStream_t h) {
-    stream_guard g(stream_lock);
-    sim_stream *s;
-    if (!lookup_stream(h, &s)) return fail(cudaErrorInvalidResourceHandle);
-    if (!s) {
-        legacy("cudaStreamQuery(0)");
-    } else {
-        forcing f("cudaStreamQuery");
-        force(s, UINT64_MAX);
-    }
-    return health();
-}
+cudaError_t cudaStreamQuery(cudaStream_t h) { return run_stream(h, "cudaStreamQuery", "cudaStreamQuery(0)"); }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t eh, unsigned flags) {
     stream_guard g(stream_lock);

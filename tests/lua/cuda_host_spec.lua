@@ -25,12 +25,7 @@ local function assert_same(got, want, what)
   end
 end
 
-local function raises(fn, pattern)
-  local ok, err = pcall(fn)
-  assert.is_false(ok, 'expected an error matching ' .. pattern)
-  err = tostring(err)
-  assert.truthy(err:find(pattern, 1, true), err)
-end
+local raises = require('fsdp.testing').raises
 
 describe('pinned memory without a CUDA device', function()
   if CUDA then return end -- the device half below tests pinning for real

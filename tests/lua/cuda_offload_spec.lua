@@ -100,12 +100,7 @@ local function assert_identical(got, want, what)
   assert.is_true(n > 0, what .. ': no gradients compared')
 end
 
-local function raises(fn, pattern)
-  local ok, err = pcall(fn)
-  assert.is_false(ok, 'expected an error matching ' .. pattern)
-  err = tostring(err)
-  assert.truthy(err:find(pattern, 1, true), err)
-end
+local raises = require('fsdp.testing').raises
 
 describe('offload_activations on the CPU', function()
   it('wraps the matching modules outermost first and changes nothing on the cpu', function()
