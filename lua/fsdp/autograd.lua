@@ -37,8 +37,19 @@ function M.enable_grad(fn, ...) return with_grad_mode(true, fn, ...) end
 
 -- id -> {backward = fn(grads) -> input grads, n_inputs = n}
 local handlers = {}
-local next_id = 1
 local released = ffi.new('int64_t[256]')
+
+-- Node ids are unique in the process, not in this module: the core's list
+-- of released ids is one for the process, and this module can be loaded
+-- more than once in it (busted reloads modules for each spec file). With
+-- ids counted per load, one load would drain another's released id 1 and
+-- drop its own live node 1's handler. The Lua registry holds the counter.
+local registry = debug.getregistry()
+local function new_id()
+  local id = registry.fsdp_lua_node_next_id or 1
+  registry.fsdp_lua_node_next_id = id + 1
+  return id
+end
 
 -- Forget handlers of nodes the core freed without running (graphs dropped
 -- before backward, e.g. an evaluation pass left in grad mode).
@@ -55,8 +66,7 @@ end
 -- for none). Returns the node id, or nil when nothing requires grad.
 function M.attach(name, inputs, outputs, backward)
   collect_released()
-  local id = next_id
-  next_id = next_id + 1
+  local id = new_id()
   local ins = ffi.new('fl_tensor*[?]', math.max(#inputs, 1))
   for i, t in ipairs(inputs) do ins[i - 1] = Tensor.cptr(t) end
   local outs = ffi.new('fl_tensor*[?]', math.max(#outputs, 1))
