@@ -85,6 +85,11 @@ extern "C" {
 /* cuda_host.cu ([Note: the copy stream]): device `index`'s copy stream,
  * made on first use (non-blocking); 0 on success. */
 int fl_cuda_copy_stream(int index, uint64_t *stream);
+/* The non-blocking streams beside the compute stream, one of each kind per
+ * device, made on first use: the copy stream and NCCL's communication
+ * stream (cuda_nccl.cu). 0 on success. */
+enum { FL_CUDA_COPY_STREAM, FL_CUDA_COMM_STREAM, FL_CUDA_SIDE_STREAMS };
+int fl_cuda_side_stream(int index, int which, uint64_t *stream);
 /* cudaMemcpyAsync on `stream`; 0 on success. */
 int fl_cuda_memcpy_async_on(int index, uint64_t stream, void *dst, const void *src, int64_t nbytes,
                             int to_host);

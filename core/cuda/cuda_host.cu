@@ -58,7 +58,8 @@ extern "C" int fl_cuda_memcpy_async(int index, void *dst, const void *src, int64
 }
 
 /* [Note: the copy stream]
- * One non-blocking stream per device, made on first use, for copies that
+ * One non-blocking stream per device, made on first use (one of the side
+ * streams of fl_cuda_side_stream, next to NCCL's), for copies that
  * should overlap the kernels of the compute stream (activation offload's
  * device-to-host copies, core/autograd/offload.c). Non-blocking, so the
  * legacy default stream's implicit synchronisation does not serialise it
@@ -68,24 +69,31 @@ extern "C" int fl_cuda_memcpy_async(int index, void *dst, const void *src, int64
  * stream. Streams live as long as the process (destroying one would
  * synchronise it). Stream ids that cross into C are cudaStream_t values
  * as uint64_t: 0 is the legacy default stream, the compute stream. */
-static cudaStream_t copy_streams[64];
-static pthread_mutex_t copy_streams_lock = PTHREAD_MUTEX_INITIALIZER;
+static cudaStream_t side_streams[FL_CUDA_SIDE_STREAMS][64];
+static pthread_mutex_t side_streams_lock = PTHREAD_MUTEX_INITIALIZER;
 
-extern "C" int fl_cuda_copy_stream(int index, uint64_t *stream) {
-    if (index < 0 || index >= 64) {
+extern "C" int fl_cuda_side_stream(int index, int which, uint64_t *stream) {
+    if (index < 0 || index >= 64 || which < 0 || which >= FL_CUDA_SIDE_STREAMS) {
         snprintf(host_problem, sizeof host_problem, "cuda:%d: device index out of range", index);
         return -1;
     }
-    pthread_mutex_lock(&copy_streams_lock);
-    bool made = copy_streams[index] != NULL;
+    static const char *const what[FL_CUDA_SIDE_STREAMS] = {
+        "cudaStreamCreateWithFlags (the copy stream)",
+        "cudaStreamCreateWithFlags (the communication stream)"};
+    pthread_mutex_lock(&side_streams_lock);
+    cudaStream_t *slot = &side_streams[which][index];
+    bool made = *slot != NULL;
     if (!made && host_ok(cudaSetDevice(index), "cudaSetDevice") &&
-        host_ok(cudaStreamCreateWithFlags(&copy_streams[index], cudaStreamNonBlocking),
-                "cudaStreamCreateWithFlags (the copy stream)"))
+        host_ok(cudaStreamCreateWithFlags(slot, cudaStreamNonBlocking), what[which]))
         made = true;
-    if (!made) copy_streams[index] = NULL;
-    *stream = (uint64_t)(uintptr_t)copy_streams[index];
-    pthread_mutex_unlock(&copy_streams_lock);
+    if (!made) *slot = NULL;
+    *stream = (uint64_t)(uintptr_t)*slot;
+    pthread_mutex_unlock(&side_streams_lock);
     return made ? 0 : -1;
+}
+
+extern "C" int fl_cuda_copy_stream(int index, uint64_t *stream) {
+    return fl_cuda_side_stream(index, FL_CUDA_COPY_STREAM, stream);
 }
 
 extern "C" int fl_cuda_memcpy_async_on(int index, uint64_t stream, void *dst, const void *src,

@@ -161,23 +161,16 @@ request *inflight;            /* oldest first */
 int inflight_count;           /* read without the lock as a cheap "nothing to do" */
 char sticky_failure[512];     /* found by a quiet settle, not reported yet */
 
-/* One non-blocking communication stream per device: collectives run there,
- * after an event on the compute stream (the legacy default stream, where
- * every kernel runs), so they overlap the kernels queued after them. */
-cudaStream_t comm_streams[64];
-
+/* One non-blocking communication stream per device (fl_cuda_side_stream):
+ * collectives run there, after an event on the compute stream (the legacy
+ * default stream, where every kernel runs), so they overlap the kernels
+ * queued after them. */
 int comm_stream(int device, cudaStream_t *s) {
-    if (device < 0 || device >= 64) return fl_fail(FL_ERR_DEVICE, "nccl: cuda:%d: device index out of range", device);
-    fl_cu_lock l(&lock);
-    if (!comm_streams[device]) {
-        cudaError_t e = cudaStreamCreateWithFlags(&comm_streams[device], cudaStreamNonBlocking);
-        if (e != cudaSuccess) {
-            comm_streams[device] = NULL;
-            return fl_fail(FL_ERR_DEVICE, "nccl: cuda:%d: cannot create the communication stream: %s", device,
-                           cudaGetErrorString(e));
-        }
-    }
-    *s = comm_streams[device];
+    uint64_t id = 0;
+    if (fl_cuda_side_stream(device, FL_CUDA_COMM_STREAM, &id) != 0)
+        return fl_fail(FL_ERR_DEVICE, "nccl: cuda:%d: cannot create the communication stream: %s", device,
+                       fl_cuda_host_problem());
+    *s = (cudaStream_t)(uintptr_t)id;
     return FL_OK;
 }
 
@@ -410,18 +403,15 @@ int start(void *comm, int device_index, const fl_coll *c, const char *label, voi
     r->comm = cm;
     /* The collective reads what the kernels queued so far wrote: the
      * communication stream waits for the compute stream's work up to now. */
-    cudaEvent_t ready;
-    e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
-    if (e == cudaSuccess) {
-        e = cudaEventRecord(ready, fl_cu_stream());
-        if (e == cudaSuccess) e = cudaStreamWaitEvent(s, ready, 0);
-        cudaEventDestroy(ready); /* released once the wait is done with it */
-    }
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
-    if (e != cudaSuccess) {
+    if (fl_cuda_stream_wait_stream(device_index, (uint64_t)(uintptr_t)s, 0) != 0) {
         free(r);
         return fl_fail(FL_ERR_DEVICE, "%s: cannot order it after the compute stream: %s", label,
-                       cudaGetErrorString(e));
+                       fl_cuda_host_problem());
+    }
+    e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        free(r);
+        return fl_fail(FL_ERR_DEVICE, "%s: cannot record its completion: %s", label, cudaGetErrorString(e));
     }
     ncclComm_t nc = cm->nc;
     size_t n = (size_t)c->count;

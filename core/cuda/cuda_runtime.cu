@@ -85,21 +85,17 @@ extern "C" const char *fl_cuda_last_problem(void) { return problem_text; }
  * the block at once: so when no event can be had, the stream is drained
  * first, which makes that true. */
 extern "C" void *fl_cuda_event_record(int index, uint64_t stream) {
-    cudaEvent_t ev;
+    cudaEvent_t ev = NULL;
     cudaStream_t s = (cudaStream_t)(uintptr_t)stream;
     if (!ok(cudaSetDevice(index), "cudaSetDevice")) return NULL;
-    if (!ok(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate")) {
-        cudaGetLastError();
-        cudaStreamSynchronize(s);
-        return NULL;
-    }
-    if (!ok(cudaEventRecord(ev, s), "cudaEventRecord")) {
-        cudaEventDestroy(ev);
-        cudaGetLastError();
-        cudaStreamSynchronize(s);
-        return NULL;
-    }
-    return (void *)ev;
+    if (ok(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate") &&
+        ok(cudaEventRecord(ev, s), "cudaEventRecord"))
+        return (void *)ev;
+    if (ev) cudaEventDestroy(ev);
+    cudaGetLastError();
+    fl_cuda_nccl_settle_quietly(); /* the drain may wait behind a collective */
+    cudaStreamSynchronize(s);
+    return NULL;
 }
 
 /* Done, or failed (an error is sticky: waiting longer would not help). */

@@ -213,21 +213,16 @@ extern "C" int64_t fl_cuda_vm_release_pending(int index) {
 }
 
 /* The kernels queued so far may still read the range: unmap it once they
- * are done (at once if they already are, or if no event can be had, after
- * waiting for the compute stream). */
+ * are done (at once if no event can be had: fl_cuda_event_record then
+ * drained the compute stream). */
 extern "C" void fl_cuda_vm_decommit(int index, void *base, int64_t nbytes) {
     (void)nbytes;
     cudaSetDevice(index);
     fl_cu_lock l(&lock);
     committed *c = find(base);
     if (!c || c->unmap_after) return;
-    cudaEvent_t ev = NULL;
-    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventRecord(ev, fl_cu_stream()) != cudaSuccess) {
-        cudaGetLastError();
-        if (ev) cudaEventDestroy(ev);
-        fl_cuda_nccl_settle_quietly();
-        cudaStreamSynchronize(fl_cu_stream());
+    cudaEvent_t ev = (cudaEvent_t)fl_cuda_event_record(index, 0);
+    if (!ev) { /* no event: the compute stream was drained instead */
         unmap(c);
         return;
     }
