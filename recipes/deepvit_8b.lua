@@ -14,6 +14,7 @@ local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+local nonfinite = require 'fsdp.nonfinite'
 local deepvit = require 'models.deepvit'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
@@ -21,7 +22,7 @@ local images = require 'fsdp.data.images'
 local metrics = require 'fsdp.metrics'
 local F = fsdp.F
 
-local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({
+local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options({
   model = { '8B', 'config: 60M, 1B, 3B, 8B, tiny' },
   depth = { 0, 'override the number of blocks (0: keep)' },
   dim = { 0, 'override the width (0: keep)' },
@@ -43,7 +44,7 @@ local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({
   val_batches = { 4, 'batches per validation' },
   metrics_file = { '', 'append every step\'s numbers to this JSONL file' },
   peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)' },
-})), arg, 'recipes/deepvit_8b.lua')
+}))), arg, 'recipes/deepvit_8b.lua')
 
 local overrides = {}
 for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes' }) do
@@ -97,16 +98,16 @@ local log = metrics.Logger({
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every,
 })
 local state = { model = model, optimizer = opt, data = data }
+state.guard = nonfinite.guard(cfg, state, 'recipes/deepvit_8b.lua')  -- the step, and --on_nonfinite
 local start_step = ckpt_recipe.resume(cfg, state)
 for step = start_step + 1, cfg.max_steps do
   local t0 = clock.now()
   local x, y = data:next()
   local loss = F.cross_entropy(model(x), y)
   loss:backward()
-  local lr = opt.param_groups[1].lr
-  opt:step()
-  opt:zero_grad()
-  log:step(step, { loss = loss:item(), lr = lr, dt = clock.now() - t0 })
+  local r = state.guard:step(step, loss)
+  r.dt = clock.now() - t0
+  log:step(step, r)
   if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then
     model:eval()
     log:validation(step, metrics.evaluate(function(vx, vy) return F.cross_entropy(model(vx), vy) end,

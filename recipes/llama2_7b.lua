@@ -23,8 +23,9 @@ local metrics = require 'fsdp.metrics'
 
 local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+local nonfinite = require 'fsdp.nonfinite'
 
-local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({
+local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua)' },
   num_layers = { 0, 'override the number of layers (0: keep the config)' },
   hidden_width = { 0, 'override the model width (0: keep)' },
@@ -55,7 +56,7 @@ local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
   memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit)' },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-})), arg, 'recipes/llama2_7b.lua')
+}))), arg, 'recipes/llama2_7b.lua')
 
 print('config:\n' .. recipe.format(cfg))
 
@@ -176,7 +177,10 @@ end
 -- --resume_from_checkpoint: parameters, optimizer, schedule, data position
 -- and RNG come back from the newest complete checkpoint, so the losses from
 -- here on are the uninterrupted run's (fsdp.checkpointing.recipe).
+-- The step itself (clipping, the optimizer and schedule, and what a NaN or
+-- infinite loss or gradient does: --on_nonfinite) is fsdp.nonfinite's.
 local state = { model = model, optimizer = opt, scheduler = sched, data = data }
+state.guard = nonfinite.guard(cfg, state, 'recipes/llama2_7b.lua')
 local start_step = ckpt_recipe.resume(cfg, state)
 
 local flops_per_step = llama.flops_per_token(c, cfg.seq_len, n_params) * cfg.batch_size * cfg.seq_len
@@ -186,14 +190,10 @@ for step = start_step + 1, cfg.max_steps do
   local ids, targets = data:next()
   local loss = model:loss(ids, targets)
   loss:backward()
-  local norm = cfg.grad_clip > 0 and fsdp.clip_grad_norm(model, cfg.grad_clip) or nil
-  local lr = opt.param_groups[1].lr
-  opt:step()
-  sched:step()
-  opt:zero_grad()
-  local dt = clock.now() - t0
-  step_times[step] = dt
-  log:step(step, { loss = loss:item(), lr = lr, dt = dt, grad_norm = norm })
+  local r = state.guard:step(step, loss)
+  r.dt = clock.now() - t0
+  step_times[step] = r.dt
+  log:step(step, r)
   if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then
     validate(step)
   end

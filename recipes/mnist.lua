@@ -11,9 +11,10 @@ local mnist_model = require 'models.mnist'
 local mnist = require 'fsdp.data.mnist'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
+local nonfinite = require 'fsdp.nonfinite'
 local F = fsdp.F
 
-local cfg = recipe.config({
+local cfg = recipe.config(nonfinite.options({
   data = { '', 'directory of the MNIST idx files (empty: synthetic digits)' },
   epochs = { 3, 'training epochs' },
   batch_size = { 64, 'training batch size' },
@@ -26,7 +27,7 @@ local cfg = recipe.config({
   seed = { 1, 'initialisation and data seed' },
   log_interval = { 20, 'batches between log lines' },
   dry_run = { false, 'build on meta, print the model and its parameter count, exit' },
-}, arg, 'recipes/mnist.lua')
+}), arg, 'recipes/mnist.lua')
 
 if cfg.dry_run then
   local net = mnist_model.build({ device = 'meta' })
@@ -51,6 +52,10 @@ local net = mnist_model.build()
 net:init_weights({ seed = cfg.seed })
 local opt = optim.Adadelta(net:named_parameters(), { lr = cfg.lr })
 local sched = optim.lr_scheduler.StepLR(opt, 1, cfg.gamma)
+-- The optimizer step and what a NaN or infinite loss or gradient does
+-- (--on_nonfinite); StepLR stays per epoch, so the guard gets no scheduler.
+local guard = nonfinite.guard(cfg, { model = net, optimizer = opt }, 'recipes/mnist.lua')
+local step = 0
 
 local function batches(ds, size)
   local n = math.ceil(ds:size() / size)
@@ -66,11 +71,11 @@ for epoch = 1, cfg.epochs do
     local x, y = train:batch(i, cfg.batch_size)
     local loss = F.nll_loss(net(x), y)
     loss:backward()
-    opt:step()
-    opt:zero_grad()
-    if i % cfg.log_interval == 0 or i == nb - 1 then
-      print(('Train Epoch: %d [%d/%d (%.0f%%)]\tLoss: %.6f'):format(epoch, i * cfg.batch_size,
-        train:size(), 100 * i / nb, loss:item()))
+    step = step + 1
+    local r = guard:step(step, loss)
+    if i % cfg.log_interval == 0 or i == nb - 1 or r.skipped then
+      print(('Train Epoch: %d [%d/%d (%.0f%%)]\tLoss: %.6f%s'):format(epoch, i * cfg.batch_size,
+        train:size(), 100 * i / nb, r.loss, r.skipped and ' (skipped: non-finite)' or ''))
     end
   end
   net:eval()

@@ -11,6 +11,7 @@ local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+local nonfinite = require 'fsdp.nonfinite'
 local t5 = require 'models.t5'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
@@ -80,7 +81,7 @@ end
 -- Run the recipe: default_model a models/t5.lua config name, script the
 -- path for --help, argv the command line.
 function M.run(default_model, script, argv)
-  local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({
+  local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options({
     model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny' },
     num_layers = { 0, 'override encoder and decoder layers (0: keep)' },
     d_model = { 0, 'override the width (0: keep)' },
@@ -104,7 +105,7 @@ function M.run(default_model, script, argv)
     seed = { 0, 'initialisation and data seed' },
     log_every = { 10, 'steps between log lines' },
     dry_run = { false, 'build at full size on meta, print it, and exit' },
-  })), argv, script)
+  }))), argv, script)
   -- Checked before anything is built (a full-size model takes minutes).
   if cfg.task ~= 'reverse' and cfg.task ~= 'copy' then
     error(("--task must be reverse or copy, got '%s'"):format(cfg.task), 0)
@@ -157,6 +158,7 @@ function M.run(default_model, script, argv)
   -- The batches are a function of the step, so a checkpoint needs no data
   -- position; the RNG (dropout) and the rest come back with it.
   local state = { model = model, optimizer = opt, scheduler = sched }
+  state.guard = nonfinite.guard(cfg, state, script)  -- the step, and --on_nonfinite
   local start_step = ckpt_recipe.resume(cfg, state)
   for step = start_step + 1, cfg.max_steps do
     local t0 = clock.now()
@@ -166,15 +168,11 @@ function M.run(default_model, script, argv)
     local src, mask, labels, dmask = task.batch((step - 1) * W + R, cfg.batch_size)
     local loss = model:loss(src, labels, { attention_mask = mask, decoder_attention_mask = dmask })
     loss:backward()
-    local norm = cfg.grad_clip > 0 and fsdp.clip_grad_norm(model, cfg.grad_clip) or 0
-    local lr = opt.param_groups[1].lr
-    opt:step()
-    sched:step()
-    opt:zero_grad()
+    local r = state.guard:step(step, loss)
     local dt = clock.now() - t0
-    if step % cfg.log_every == 0 or step == cfg.max_steps then
-      print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f'):format(
-        step, loss:item(), cfg.batch_size / dt, lr, norm))
+    if step % cfg.log_every == 0 or step == cfg.max_steps or r.skipped then
+      print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f%s'):format(
+        step, r.loss, cfg.batch_size / dt, r.lr, r.grad_norm, r.skipped and ', skipped (non-finite: no update)' or ''))
     end
     ckpt_recipe.after_step(cfg, state, step, { model = cfg.model })
   end

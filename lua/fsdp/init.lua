@@ -384,7 +384,7 @@ M.summary = require('fsdp.summary').summary
 
 -- Fully sharded data parallel (fsdp.sharding): shard a model, and what
 -- works across its shards.
-for _, name in ipairs({ 'shard', 'no_sync', 'clip_grad_norm', 'summon_full_params',
+for _, name in ipairs({ 'shard', 'no_sync', 'grad_norm', 'clip_grad_norm', 'summon_full_params',
                         'full_state_dict' }) do
   M[name] = function(...) return require('fsdp.sharding')[name](...) end
 end

@@ -14,7 +14,9 @@
 -- A step line reads
 --   Batch 10 Loss: 2.3026, Speed: 41.20 samples/sec, lr: 3.000e-04, tokens/s: 5274, TFLOPS: 0.0123,
 --   MFU: 1.23%, peak memory: 812.4 MiB, grad norm: 0.912
--- (one line; MFU only with a declared peak, grad norm only when given).
+-- (one line; MFU only with a declared peak, grad norm only when given;
+-- a step the non-finite guard skipped ends with "skipped (non-finite: no
+-- update)" and its JSONL record has skipped = true).
 -- Speed and tokens/s count the whole job (every rank's samples); TFLOPS
 -- and MFU are per rank: the rank's training FLOPs per second against the
 -- peak of one device (--peak_tflops, e.g. 989 for an H100 in bf16 dense).
@@ -180,12 +182,15 @@ function Logger:_draw_bar()
 end
 
 -- Record step `step` (1-based): s = {loss =, lr =, dt = seconds of the
--- step, grad_norm = (optional), epoch = (optional)}. Every rank calls it
--- (the loss is averaged over ranks); rank 0 prints every log_every steps
--- and on the last, and writes the metrics file.
+-- step, grad_norm = (optional), epoch = (optional), skipped = true when
+-- the non-finite guard dropped the step (fsdp.nonfinite), reduced = true
+-- when the loss is already the mean over ranks}. Every rank calls it (the
+-- loss is averaged over ranks unless reduced); rank 0 prints every
+-- log_every steps, on the last and on a skipped one, and writes the
+-- metrics file.
 function Logger:step(step, s)
   local loss = s.loss
-  if self.world_size > 1 then
+  if self.world_size > 1 and not s.reduced then
     loss = fsdp.dist.all_reduce(fsdp.tensor({ loss }, { dtype = 'f64' }), { op = 'avg' }):item()
   end
   if not self.leader then return end
@@ -199,14 +204,16 @@ function Logger:step(step, s)
   self.last_step, self.last_loss = step, loss
   self:_write({ type = 'train', step = step, loss = loss, lr = s.lr, samples_per_sec = sps,
     tokens_per_sec = self.tokens_per_sample > 0 and tps or nil, tflops_per_rank = tflops, mfu = mfu,
-    peak_memory_bytes = peak, grad_norm = s.grad_norm, epoch = s.epoch, step_time = dt })
-  if step % self.log_every == 0 or step == self.total_steps then
+    peak_memory_bytes = peak, grad_norm = s.grad_norm, epoch = s.epoch, step_time = dt,
+    skipped = s.skipped or nil })
+  if step % self.log_every == 0 or step == self.total_steps or s.skipped then
     local parts = { ('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e'):format(step, loss, sps, s.lr or 0) }
     if self.tokens_per_sample > 0 then parts[#parts + 1] = ('tokens/s: %.0f'):format(tps) end
     if self.flops_per_sample > 0 then parts[#parts + 1] = ('TFLOPS: %.4g'):format(tflops) end
     if mfu then parts[#parts + 1] = ('MFU: %.2f%%'):format(mfu * 100) end
     parts[#parts + 1] = ('peak memory: %.1f MiB'):format(peak / 2 ^ 20)
     if s.grad_norm then parts[#parts + 1] = ('grad norm: %.3f'):format(s.grad_norm) end
+    if s.skipped then parts[#parts + 1] = 'skipped (non-finite: no update)' end
     self:print(table.concat(parts, ', '))
   elseif self.progress then
     self:_draw_bar()

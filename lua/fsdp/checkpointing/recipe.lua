@@ -4,6 +4,7 @@
 --   local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 --   local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({...})), arg, script)
 --   local objs = {model = m, optimizer = opt, scheduler = sched, data = data}
+--   objs.guard = nonfinite.guard(cfg, objs, script)      -- optional (fsdp.nonfinite)
 --   local start = ckpt_recipe.resume(cfg, objs)          -- 0, or the step resumed from
 --   for step = start + 1, cfg.max_steps do
 --     ... one step ...
@@ -64,6 +65,11 @@ function M.resume(cfg, objs)
   end
   local t0 = clock.now()
   local info = ckpt.load(dir, objs)
+  -- The non-finite guard's count of skipped steps goes on from where the
+  -- checkpoint's run left it (fsdp.nonfinite).
+  if objs.guard and type(info.extra) == 'table' and type(info.extra.nonfinite_skips) == 'number' then
+    objs.guard.skips = info.extra.nonfinite_skips
+  end
   say('checkpoint: resumed from %s (step %d, saved on %d rank%s, %s) in %.2f s', dir, info.step,
     info.world_size, info.world_size == 1 and '' or 's', info.strategy, clock.now() - t0)
   return info.step
@@ -76,9 +82,19 @@ local function dir_bytes(dir)
 end
 
 -- Save when step is a multiple of --checkpoint_freq or the last step; then
--- the kill hook. objs: as resume's; extra: stored in the index.
+-- the kill hook. objs: as resume's (objs.guard, a fsdp.nonfinite guard:
+-- its skip count is saved too); extra: stored in the index. A step the
+-- guard stopped at never gets here (the run ends inside guard:step), so
+-- no checkpoint holds non-finite gradients' updates and none is pruned
+-- because of them.
 function M.after_step(cfg, objs, step, extra)
   if cfg.checkpoint_freq > 0 and (step % cfg.checkpoint_freq == 0 or step == cfg.max_steps) then
+    if objs.guard then
+      local e = {}
+      for k, v in pairs(extra or {}) do e[k] = v end
+      e.nonfinite_skips = objs.guard.skips
+      extra = e
+    end
     local t0 = clock.now()
     local dir = ckpt.save(cfg.checkpoint_dir, {
       model = objs.model, optimizer = objs.optimizer, scheduler = objs.scheduler, data = objs.data,

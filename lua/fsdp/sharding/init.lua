@@ -243,16 +243,23 @@ end
 
 local sq = ffi.new('double[1]')
 
--- Clip the gradients of a sharded model to a global L2 norm of at most
--- max_norm, over every rank's shards; returns the norm before clipping.
+local function ignored_params(S)
+  local out = {}
+  for _, m in ipairs(S.ignored) do
+    for _, p in ipairs(m:parameters()) do out[#out + 1] = p end
+  end
+  return out
+end
+
+-- The global L2 norm of the gradients of a sharded model, over every
+-- rank's shards (collective: every rank calls it and gets the same bits).
 -- Each rank adds the squares of its shards, divided by the number of
 -- replicas holding the same shard (NO_SHARD and hybrid units), so one
--- all-reduce over the world gives the norm of the whole gradient.
-function M.clip_grad_norm(model, max_norm)
-  local S = state_of(model, 'clip_grad_norm')
-  if type(max_norm) ~= 'number' or max_norm < 0 then
-    core.fail(('clip_grad_norm: max_norm must be a number >= 0, got %s'):format(tostring(max_norm)))
-  end
+-- all-reduce over the world gives the norm of the whole gradient. A NaN or
+-- infinite gradient element anywhere makes the norm NaN or infinite on
+-- every rank (fsdp.nonfinite decides from it).
+function M.grad_norm(model)
+  local S = state_of(model, 'grad_norm')
   local clip = require 'fsdp.optim.clip'
   local local_sq = 0
   for _, u in ipairs(S.units) do
@@ -262,22 +269,36 @@ function M.clip_grad_norm(model, max_norm)
       local_sq = local_sq + sq[0] / u.replicas
     end
   end
-  local ignored_params = {}
-  for _, m in ipairs(S.ignored) do
-    for _, p in ipairs(m:parameters()) do ignored_params[#ignored_params + 1] = p end
-  end
-  local_sq = local_sq + clip.grad_sq_norm(ignored_params) / dist.world_size()
+  local_sq = local_sq + clip.grad_sq_norm(ignored_params(S)) / dist.world_size()
   local t = fsdp.tensor({ local_sq }, { dtype = 'f64' })
   dist.all_reduce(t)
-  local total = math.sqrt(t:item())
-  local coef = max_norm / (total + 1e-6)
-  if coef < 1 and total == total then
-    for _, u in ipairs(S.units) do
-      if u.grad ~= nil and u.grad:has_storage() then core.check(C.fl_grad_scale_(Tensor.cptr(u.grad), coef)) end
-    end
-    clip.scale_grads(ignored_params, coef)
+  return math.sqrt(t:item())
+end
+
+-- Clip the gradients of a sharded model to a global L2 norm of at most
+-- max_norm (M.grad_norm, collective); returns the norm before clipping.
+-- A non-finite norm scales nothing (a factor of 0 would turn an infinite
+-- element into NaN and erase the finite ones that show where it came
+-- from).
+function M.clip_grad_norm(model, max_norm)
+  state_of(model, 'clip_grad_norm')
+  if type(max_norm) ~= 'number' or max_norm < 0 then
+    core.fail(('clip_grad_norm: max_norm must be a number >= 0, got %s'):format(tostring(max_norm)))
   end
+  local total = M.grad_norm(model)
+  local coef = max_norm / (total + 1e-6)
+  if coef < 1 and total == total and total ~= math.huge then M.scale_grads(model, coef) end
   return total
+end
+
+-- Multiply this rank's gradient shards (and the ignored modules'
+-- gradients) by coef in place: the clipping step after M.grad_norm.
+function M.scale_grads(model, coef)
+  local S = state_of(model, 'scale_grads')
+  for _, u in ipairs(S.units) do
+    if u.grad ~= nil and u.grad:has_storage() then core.check(C.fl_grad_scale_(Tensor.cptr(u.grad), coef)) end
+  end
+  require('fsdp.optim.clip').scale_grads(ignored_params(S), coef)
 end
 
 -- Run fn() with every parameter slot holding the whole parameter in the
