@@ -189,6 +189,11 @@ for np in 2 4; do
   run_tap "streamed full state dict, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_full_state_dict.lua
 done
 run_tap "llama2_7b.lua on 2 ranks killed (kill -9) and restarted" -- tests/mpi/ckpt_recipe.sh
+# The non-finite guard: --lr=1e6 and NaN gradient shards stop every rank
+# with one message naming the step and parameter, or are skipped.
+for np in 2 4; do
+  run_tap "non-finite guard of llama2_7b.lua, $np ranks" -- tests/mpi/nonfinite.sh $np
+done
 
 expect_failure "a rank failing inside a sharded backward ends the job, 4 ranks" 15 \
   "fsdp-lua: rank 3: in backward of Failing|deliberate failure in backward|aborting the job (4 ranks)" \
