@@ -49,6 +49,8 @@ local core = require 'fsdp.core'
 local dist = require 'fsdp.dist'
 local Module = require 'fsdp.nn.module'
 local clip = require 'fsdp.optim.clip'
+local Tensor = require 'fsdp.tensor'
+local ffi = require 'ffi'
 
 local M = {}
 
@@ -88,16 +90,28 @@ local function clip_to(model, max_norm, total)
   else clip.scale_grads(model:parameters(), coef) end
 end
 
+local sq = ffi.new('double[1]')
+
+-- Sum of squares of t's elements (a C reduction in double), nil when t
+-- holds none here.
+local function sum_squares(t)
+  if t == nil or t:numel() == 0 or not t:has_storage() then return nil end
+  if not t:is_contiguous() then t = t:contiguous() end
+  core.check(core.C.fl_grad_sq_norm(Tensor.cptr(t), sq))
+  return sq[0]
+end
+
 -- The first parameter of model (named_parameters order) whose gradient
--- holds a NaN or infinite element on any rank: name, unit label (sharded)
--- or nil when none does (the loss alone was non-finite, or squares of huge
--- f64 gradients overflowed). Collective when world_size > 1.
-function M.first_nonfinite(model)
+-- (of_values: whose value) holds a NaN or infinite element on any rank:
+-- name, unit label (sharded) or nil when none does (the loss alone was
+-- non-finite, or squares of huge f64 gradients overflowed). Each rank
+-- looks at its part; collective when world_size > 1 (min over ranks).
+function M.first_nonfinite(model, of_values)
   local params = model:named_parameters()
   local first = #params + 1
   for i, np in ipairs(params) do
-    local g = np[2].grad
-    if g ~= nil and g:numel() > 0 and g:has_storage() and not finite(clip.grad_sq_norm({ np[2] })) then
+    local s = sum_squares(of_values and np[2] or np[2].grad)
+    if s and not finite(s) then
       first = i
       break
     end
@@ -222,6 +236,45 @@ function Guard:step(step, loss)
   else
     text = text .. '; stopped before applying it (--on_nonfinite=stop)'
   end
+  if self.on_stop then self.on_stop(text, step) end
+  error(text, 0)
+end
+
+-- Before a checkpoint of `step` is written (fsdp.checkpointing.recipe's
+-- after_step): the parameters are finite. A finite gradient can still
+-- overflow in the update (an absurd lr); the next step's check would see
+-- it, but this step's save comes first. One C pass over this rank's
+-- parameter storage and one all-reduce, only on steps that save. A
+-- non-finite parameter stops the run whatever the policy: the update is
+-- applied and cannot be skipped.
+function Guard:check_parameters(step)
+  local model = self.model
+  local bad = 0
+  if is_sharded(model) then
+    local S = rawget(model, '_fsdp')
+    for _, u in ipairs(S.units) do
+      local s = sum_squares(u.shard)
+      if s and not finite(s) then bad = 1 end
+    end
+    for _, m in ipairs(S.ignored) do
+      for _, p in ipairs(m:parameters()) do
+        local s = sum_squares(p)
+        if s and not finite(s) then bad = 1 end
+      end
+    end
+  else
+    for _, p in ipairs(model:parameters()) do
+      local s = sum_squares(p)
+      if s and not finite(s) then bad = 1 end
+    end
+  end
+  if dist.world_size() > 1 then
+    bad = dist.all_reduce(fsdp.tensor({ bad }, { dtype = 'f64' }), { op = 'max' }):item()
+  end
+  if bad == 0 then return end
+  local name, unit = M.first_nonfinite(model, true)
+  local text = ('step %d: the update made parameters non-finite (first: %s%s); stopped before saving its '
+    .. 'checkpoint'):format(step, tostring(name), unit and (' (unit %s)'):format(unit) or '')
   if self.on_stop then self.on_stop(text, step) end
   error(text, 0)
 end

@@ -3,8 +3,9 @@
 -- a NaN/inf loss or gradient stops naming the step and the first parameter
 -- or is skipped leaving parameters and optimizer state exactly as they
 -- were, the skip bound; and the recipes end to end: --lr=1e6 exits 3 at
--- the first non-finite step, nothing non-finite on disk, the last finite
--- checkpoints kept, the skip count carried across a resume. The same on 2
+-- the first non-finite step, nothing non-finite on disk (also when the
+-- update itself overflows), the last finite checkpoints kept, the skip
+-- count carried across a resume. The same on 2
 -- and 4 ranks: tests/mpi/nonfinite.sh.
 local fsdp = require 'fsdp'
 local llama = require 'models.llama'
@@ -205,6 +206,18 @@ describe('the recipes under the guard', function()
       .. '/step%-000001', out)
     assert.equals('step-000001', steps_on_disk(dir))
     check_finite(dir .. '/step-000001')
+    files.remove_tree(dir)
+  end)
+
+  it('an update that overflows the parameters (finite gradients, --lr=1e39) stops before its checkpoint', function()
+    local dir = T.tmpdir()
+    local out, rc = llama_run(('--max_steps=4 --lr=1e39 --warmup_steps=0 --checkpoint_dir=%s --checkpoint_freq=1')
+      :format(dir))
+    assert.equals(nonfinite.EXIT_STATUS, rc, out)
+    assert.matches('Batch 1 Loss: [%d.]+', out)
+    assert.matches('step 1: the update made parameters non%-finite %(first: model%.embed_tokens%.weight %(unit <root>%)%); '
+      .. 'stopped before saving its checkpoint; ' .. dir:gsub('%p', '%%%0') .. ' holds no complete checkpoint', out)
+    assert.is_nil(files.mode(dir .. '/step-000001'))
     files.remove_tree(dir)
   end)
 

@@ -17,6 +17,8 @@
 #      trains again.
 #   4. --lr=1e6 with skip_step and --max_nonfinite_skips=2: steps 2 and 3
 #      are skipped, step 4 stops saying the bound was reached.
+#   5. --lr=1e39: the gradients of step 1 are finite but its update
+#      overflows the parameters: the run stops before step 1's checkpoint.
 #
 # Prints "ok - ..." / "not ok - ..." lines (tests/mpi/run.sh's run_tap
 # numbers them). Needs the MPI environment run.sh exports.
@@ -46,7 +48,7 @@ run() {
         --checkpoint_dir="$WORK/$name" "$@" 2>&1)
   rc=$?
 }
-on_disk() { (cd "$WORK/$1" && ls -d step-* 2>/dev/null | tr '\n' ' '); }
+on_disk() { [ -d "$WORK/$1" ] && (cd "$WORK/$1" && ls -d step-* 2>/dev/null | tr '\n' ' '); }
 tensors() { "$EXE" tests/mpi/ckpt_tensors.lua "$@" 2>&1; }
 
 # check DESCRIPTION CONDITION...: ok when every condition (a shell test
@@ -94,3 +96,9 @@ check "--lr=1e6 with skip_step: steps 2 and 3 skipped, step 4 stops at --max_non
   '[ "$rc" -eq 3 ]' 'has "step 2: .*skip 1 of at most 2"' 'has "step 3: .*skip 2 of at most 2"' \
   'has "step 4: .*stopped: 2 steps were skipped already \(--max_nonfinite_skips=2\)"' \
   'tensors same "$WORK/bound/step-000002" "$WORK/bound/step-000003" >/dev/null'
+
+run overflow -- --max_steps=4 --lr=1e39 --warmup_steps=0
+check "--lr=1e39 overflows the parameters in step 1's update: stopped before its checkpoint" \
+  '[ "$rc" -eq 3 ]' \
+  'has "step 1: the update made parameters non-finite \(first: model.embed_tokens.weight \(unit <root>\)\); stopped before saving its checkpoint"' \
+  '[ -z "$(on_disk overflow)" ]'

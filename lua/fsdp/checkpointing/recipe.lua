@@ -83,13 +83,15 @@ end
 
 -- Save when step is a multiple of --checkpoint_freq or the last step; then
 -- the kill hook. objs: as resume's (objs.guard, a fsdp.nonfinite guard:
--- its skip count is saved too); extra: stored in the index. A step the
+-- the parameters are checked finite first and its skip count is saved
+-- too); extra: stored in the index. A step the
 -- guard stopped at never gets here (the run ends inside guard:step), so
 -- no checkpoint holds non-finite gradients' updates and none is pruned
 -- because of them.
 function M.after_step(cfg, objs, step, extra)
   if cfg.checkpoint_freq > 0 and (step % cfg.checkpoint_freq == 0 or step == cfg.max_steps) then
     if objs.guard then
+      objs.guard:check_parameters(step) -- ends the run rather than save non-finite parameters
       local e = {}
       for k, v in pairs(extra or {}) do e[k] = v end
       e.nonfinite_skips = objs.guard.skips
