@@ -39,6 +39,9 @@
 --           max_skips skipped steps, stop as above. The count is part of
 --           the checkpoint (fsdp.checkpointing.recipe stores guard.skips),
 --           so a resumed run continues the bound.
+-- A finite gradient can still overflow in its update; before each save
+-- fsdp.checkpointing.recipe calls guard:check_parameters(step), which stops
+-- (whatever the policy) when a parameter shard holds a NaN or infinity.
 --
 -- Test hook: FSDP_TEST_NONFINITE_GRAD=STEP:NAME[,NAME...] fills with NaN,
 -- right after the backward of step STEP, this rank's part of the gradient
