@@ -322,7 +322,7 @@ function M.guard(cfg, state, script)
     -- No rank exits before rank 0 has written: the launcher ends the job
     -- at the first rank that exits non-zero.
     if dist.world_size() > 1 then dist.barrier() end
-    os.exit(M.EXIT_STATUS)
+    os.exit(M.EXIT_STATUS, true) -- closing the Lua state frees every tensor first
   end
   return guard
 end
