@@ -50,6 +50,10 @@ function M.latest(dir) return layout.latest(dir) end
 
 local function barrier() if dist.world_size() > 1 then dist.barrier() end end
 
+-- An error message without the "file:line: " a raise put in front: it is
+-- passed on to other ranks and raised again with the caller's position.
+local function bare(msg) return (tostring(msg):gsub('^[^%s:]+:%d+: ', '')) end
+
 -- The first error any rank had (err: this rank's, or nil), the same on
 -- every rank, so all ranks take the same branch and none waits alone in a
 -- collective.
@@ -227,7 +231,7 @@ function M.save(dir, objs)
   local mine = ok and json.encode({
     file = file, written = written, optim = scalars, rng = random.get_state(), checksum = checksum,
     data = objs.data and objs.data:state() or nil,
-  }) or json.encode({ error = tostring(written) })
+  }) or json.encode({ error = bare(written) })
   local all = dist.all_gather_strings(mine) -- every rank's file is in place past this point
   local descs = {}
   for r = 0, world - 1 do
@@ -346,7 +350,7 @@ function M.check(step_dir)
     end
     return index
   end)
-  local err = agree(not ok and tostring(res) or nil)
+  local err = agree(not ok and bare(res) or nil)
   if err then return nil, err end
   return res
 end

@@ -78,7 +78,9 @@ function M.resume(cfg, objs)
         info.world_size, info.world_size == 1 and '' or 's', info.strategy, clock.now() - t0)
       return info.step
     end
-    say('checkpoint: refusing %s: %s', dir, why)
+    -- why names the file; the directory is said once
+    local plain = dir:gsub('%p', '%%%0')
+    say('checkpoint: refusing %s: %s', dir, (why:gsub('^checkpoint ' .. plain .. ': ', '')))
     refused[#refused + 1] = dir
   end
   if #refused > 0 then
