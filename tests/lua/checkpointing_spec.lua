@@ -26,6 +26,8 @@ local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64,
 local root = os.tmpname()
 os.remove(root)
 files.mkdir_p(root)
+teardown(function() files.remove_tree(root) end) -- link-safe: never leaves root
+
 local counter = 0
 local function fresh_dir()
   counter = counter + 1
