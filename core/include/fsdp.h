@@ -786,6 +786,10 @@ FL_API int fl_fsync_path(const char *path);
  * "fsdp_checksum" as text "xxh3-64:<16 hex digits>". */
 typedef struct fl_digest fl_digest;
 enum { FL_CHECKSUM_TEXT = 25 }; /* bytes of the text form, with its NUL */
+/* The value is XXH3-64 over the XXH3-64 of each FL_CHECKSUM_BLOCK bytes
+ * (checksum.c: [Note: the checksum of a file's data]), so a reader
+ * verifies on all cores. */
+enum { FL_CHECKSUM_BLOCK = 4 << 20 };
 
 FL_API fl_digest *fl_digest_new(void);
 FL_API void fl_digest_free(fl_digest *d);
@@ -796,7 +800,8 @@ FL_API void fl_digest_reset(fl_digest *d);
 FL_API int64_t fl_digest_update(fl_digest *d, const void *data, size_t nbytes, fl_dtype dtype,
                                 bool finite);
 FL_API uint64_t fl_digest_value(const fl_digest *d);
-/* One-shot checksum of n bytes (the same value as a digest of them). */
+/* One-shot checksum of n bytes, the blocks hashed in parallel (the same
+ * value as a digest of them). */
 FL_API uint64_t fl_checksum(const void *data, size_t n);
 /* Index of the first NaN or infinity among n elements, or -1 (also for
  * integer dtypes). */
