@@ -24,6 +24,7 @@ local dist = require 'fsdp.dist'
 local clock = require 'fsdp.clock'
 local files = require 'fsdp.files'
 local ckpt = require 'fsdp.checkpointing'
+local json = require 'fsdp.json'
 
 local M = {}
 
@@ -59,7 +60,9 @@ end
 function M.resume(cfg, objs)
   check(cfg)
   if not cfg.resume_from_checkpoint then return 0 end
+  -- Rank 0's view of the directory, so every rank walks the same list.
   local s = ckpt.layout.scan(cfg.checkpoint_dir)
+  if dist.world_size() > 1 then s = json.decode(dist.all_gather_strings(json.encode(s))[1]) end
   local newest = s.complete[#s.complete]
   for _, e in ipairs(s.incomplete) do
     if not newest or e.step >= newest.step then
