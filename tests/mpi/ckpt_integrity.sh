@@ -13,7 +13,8 @@
 #   foreign  rank 0's file replaced by rank 0's file of another run's step 8
 # Each restart must name the file and the damage, fall back to step 6, and
 # log for steps 7 and 8 exactly the uninterrupted run's loss, lr and grad
-# norm. Prints "ok - ..." / "not ok - ..." lines (tests/mpi/run.sh numbers
+# norm. Then pruning among symbolic links and stray files (the end of
+# this file). Prints "ok - ..." / "not ok - ..." lines (tests/mpi/run.sh numbers
 # them). Needs the MPI environment run.sh exports.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,11 +32,13 @@ ok() { echo "ok - $*"; }
 not_ok() { echo "not ok - $*"; }
 comment() { sed 's/^/#   /' <<<"$1"; }
 
-# run NAME FREQ: the recipe on 2 ranks with checkpoint dir $WORK/NAME and
-# metrics $WORK/NAME.jsonl (appended across restarts); output in NAME.log.
+# run NAME FREQ [OPTION...]: the recipe on 2 ranks with checkpoint dir
+# $WORK/NAME and metrics $WORK/NAME.jsonl (appended across restarts);
+# output in NAME.log.
 run() {
-  timeout -k 5 60 mpirun -np 2 "$EXE" "${ARGS[@]}" --checkpoint_freq="$2" --checkpoint_dir="$WORK/$1" \
-    --metrics_file="$WORK/$1.jsonl" >>"$WORK/$1.log" 2>&1
+  local name=$1 freq=$2; shift 2
+  timeout -k 5 60 mpirun -np 2 "$EXE" "${ARGS[@]}" --checkpoint_freq="$freq" --checkpoint_dir="$WORK/$name" \
+    --metrics_file="$WORK/$name.jsonl" "$@" >>"$WORK/$name.log" 2>&1
 }
 
 # "step loss lr grad_norm" of train steps from FROM on, the last record of
@@ -111,3 +114,28 @@ run stale 2
 check stale $R1 "stale" "is from step 6, not step $MAX \(a stale file\)"
 run foreign 2
 check foreign $R0 "another run's file" "is from another run \([0-9a-f]+; this checkpoint is run [0-9a-f]+\)"
+
+# Pruning next to symbolic links and stray files: links inside a step
+# directory (named like its files and not) and as step directories point
+# outside; a restart that saves steps 10 and 12 with --keep_checkpoints=2
+# prunes steps 2..8 around them, deletes nothing outside, and every save
+# succeeds.
+OUT=$WORK/outside
+mkdir -p "$OUT/sub" && for f in "$R0" index.json COMPLETE sub/victim; do echo keep >"$OUT/$f"; done
+cp -r "$WORK/ref" "$WORK/links"
+ln -s "$OUT/$R0" "$WORK/links/step-000002/$R0.tmp.99"
+ln -s "$OUT/sub" "$WORK/links/step-000004/sub"
+ln -s "$OUT" "$WORK/links/step-000003"
+ln -s "$OUT/sub" "$WORK/links/step-000005"
+echo mine >"$WORK/links/step-000006/notes.txt"
+run links 2 --max_steps=12 --keep_checkpoints=2
+rc=$?
+kept=$(for d in "$WORK/links"/step-*; do [ -f "$d/COMPLETE" ] && [ ! -L "$d" ] && basename "$d"; done | tr '\n' ' ')
+survived=$(cat "$OUT/$R0" "$OUT/index.json" "$OUT/COMPLETE" "$OUT/sub/victim" 2>/dev/null | tr -d '\n')
+if [ $rc -eq 0 ] && [ "$kept" = "step-000010 step-000012 " ] && [ "$survived" = keepkeepkeepkeep ] &&
+   [ -L "$WORK/links/step-000003" ] && [ -f "$WORK/links/step-000006/notes.txt" ]; then
+  ok "pruning around links and stray files deletes nothing outside and every save succeeds (kept: $kept)"
+else
+  not_ok "pruning around links: exit $rc, kept '$kept', outside files '$survived'"
+  comment "$(grep -E 'checkpoint|rank|error' "$WORK/links.log" | tail -20)"
+fi
