@@ -5,6 +5,7 @@
 --   ckpt.save('ckpt', {model = m, optimizer = opt, scheduler = sched, data = data,
 --                      step = 120, extra = {...}, keep = 2})   -- collective
 --   local dir = ckpt.latest('ckpt')                            -- newest complete, or nil
+--   local index, why = ckpt.check(dir)                         -- collective: files intact?
 --   local info = ckpt.load('ckpt', {model = m, optimizer = opt, scheduler = sched, data = data})
 --   for step = info.step + 1, max_steps do ... end
 --   ckpt.save_full_state_dict('model.safetensors', m)          -- HF names, one unit at a time

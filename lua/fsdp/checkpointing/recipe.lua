@@ -31,8 +31,8 @@ local M = {}
 M.OPTIONS = {
   checkpoint_dir = { '', 'directory of sharded checkpoints (one step-NNNNNN/ per save); empty: no checkpoints' },
   checkpoint_freq = { 0, 'save a sharded checkpoint every N steps, and after the last (0: never)' },
-  keep_checkpoints = { 2, 'complete checkpoints to keep; older ones are deleted after a save (0: keep all)' },
-  resume_from_checkpoint = { false, 'continue from the newest complete checkpoint in --checkpoint_dir, if any' },
+  keep_checkpoints = { 2, 'complete checkpoints to keep; older ones are deleted (their own files only) after a save (0: keep all)' },
+  resume_from_checkpoint = { false, 'continue from the newest intact checkpoint in --checkpoint_dir, if any (damaged ones are named and skipped)' },
   save_full_state_dict = { '', 'at the end, write the whole model to this safetensors file (HF names, one unit at a time)' },
 }
 
