@@ -114,6 +114,7 @@ row('verify: open + checksum of the data (warm)', r.verify_warm)
 row('read: open + copy every tensor (cold)', r.read_cold)
 row('verify: open + checksum of the data (cold)', r.verify_cold)
 row('verify, then read (cold): a checked load', r.checked_cold)
-print(('checksum / cold read: %.2f of the time; checked load / unchecked load (cold): %+.0f%%; '
-  .. 'checksum / warm read: %.2f; write with checksum + scan: %+.0f%%'):format(r.checksum / r.read_cold,
-  100 * (r.checked_cold / r.read_cold - 1), r.checksum / r.read_warm, 100 * (r.write_checked / r.write_plain - 1)))
+print(('verify / read time: %.2f warm (page cache), %.2f cold (checksum in memory / read from disk); '
+  .. 'checked / unchecked load, cold: %+.0f%%; write with checksum + scan: %+.0f%%'):format(
+  r.verify_warm / r.read_warm, r.checksum / r.read_cold, 100 * (r.checked_cold / r.read_cold - 1),
+  100 * (r.write_checked / r.write_plain - 1)))
