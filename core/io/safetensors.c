@@ -437,7 +437,9 @@ static int fail_writer(fl_safetensors_writer *w, const char *what) {
 
 static int write_header(fl_safetensors_writer *w) {
     json_t *root = json_object();
+    /* A checksum copied in with other metadata would describe other data. */
     if (w->digest) json_object_set_new(w->meta, CHECKSUM_KEY, json_string(CHECKSUM_PLACEHOLDER));
+    else json_object_del(w->meta, CHECKSUM_KEY);
     if (json_object_size(w->meta) > 0) json_object_set(root, "__metadata__", w->meta);
     for (int i = 0; i < w->n; i++) {
         entry *e = &w->entries[i];
