@@ -19,7 +19,7 @@ cd "$(dirname "$0")"
 PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
           libedit-dev libopenblas-dev openmpi-bin libopenmpi-dev lua-busted
           lua-cjson libjansson-dev libcmocka-dev tmux sentencepiece
-          lua-filesystem gnuplot-nox)
+          lua-filesystem gnuplot-nox libxxhash-dev)
 
 log() { printf '[build.sh] %s\n' "$*" >&2; }
 

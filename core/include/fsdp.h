@@ -777,6 +777,52 @@ FL_API int fl_file_write_atomic(const char *path, const void *data, size_t len);
  * in a directory, so the change survives a crash). */
 FL_API int fl_fsync_path(const char *path);
 
+/* ------------------------------------------------------------------------ */
+/* Files: integrity (core/io/checksum.c)                                    */
+/* ------------------------------------------------------------------------ */
+/* An XXH3-64 checksum (libxxhash) of the bytes of a file's tensor data,
+ * streamed as they are written, and a scan for NaN/infinity in the same
+ * pass. Checkpoint files keep it in their safetensors metadata under
+ * "fsdp_checksum" as text "xxh3-64:<16 hex digits>". */
+typedef struct fl_digest fl_digest;
+enum { FL_CHECKSUM_TEXT = 25 }; /* bytes of the text form, with its NUL */
+/* The value is XXH3-64 over the XXH3-64 of each FL_CHECKSUM_BLOCK bytes
+ * (checksum.c: [Note: the checksum of a file's data]), so a reader
+ * verifies on all cores. */
+enum { FL_CHECKSUM_BLOCK = 4 << 20 };
+
+FL_API fl_digest *fl_digest_new(void);
+FL_API void fl_digest_free(fl_digest *d);
+FL_API void fl_digest_reset(fl_digest *d);
+/* Add nbytes of `dtype` elements. With `finite` and a floating-point dtype
+ * the bytes are scanned first: returns the index (in elements, from
+ * `data`) of the first NaN or infinity, which is then not hashed; else -1. */
+FL_API int64_t fl_digest_update(fl_digest *d, const void *data, size_t nbytes, fl_dtype dtype,
+                                bool finite);
+FL_API uint64_t fl_digest_value(const fl_digest *d);
+/* One-shot checksum of n bytes, the blocks hashed in parallel (the same
+ * value as a digest of them). */
+FL_API uint64_t fl_checksum(const void *data, size_t n);
+/* Index of the first NaN or infinity among n elements, or -1 (also for
+ * integer dtypes). */
+FL_API int64_t fl_first_nonfinite(const void *data, int64_t n, fl_dtype dtype);
+/* The text form "xxh3-64:<16 hex>" into out[FL_CHECKSUM_TEXT]. */
+FL_API void fl_checksum_text(uint64_t v, char *out);
+
+/* Safetensors with a checksum (core/io/safetensors.c). Before the first
+ * write: store the checksum of all tensor data in the metadata
+ * (fsdp_checksum; other readers ignore it). */
+FL_API int fl_safetensors_writer_checksum(fl_safetensors_writer *w);
+/* Refuse (error naming the tensor and element) a NaN or infinity in the
+ * floating-point tensors written from now on; off by default. */
+FL_API int fl_safetensors_writer_finite(fl_safetensors_writer *w, bool on);
+/* After finish: the checksum's text form, or NULL without a checksum. */
+FL_API const char *fl_safetensors_writer_checksum_value(const fl_safetensors_writer *w);
+/* Recompute the checksum of the data and compare it with the file's
+ * fsdp_checksum: FL_OK when they agree or the file has none (*checked
+ * says which), else an error naming the file and both values. */
+FL_API int fl_safetensors_verify(const fl_safetensors *f, bool *checked);
+
 /* One fused update of one tensor per call (later: one flat shard per unit).
  * param, grad and the state tensors are contiguous, on one device, with the
  * same number of elements (shapes may differ: a flat shard's state is 1-d)

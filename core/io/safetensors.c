@@ -345,7 +345,24 @@ struct fl_safetensors_writer {
     json_t *meta;
     uint64_t data_size;
     bool header_written, finished, failed;
+    /* Integrity (the end of this file): the running checksum or NULL, where
+     * its placeholder sits in the file, finiteness checks, the result. */
+    fl_digest *digest;
+    long checksum_at;
+    bool finite;
+    char checksum[FL_CHECKSUM_TEXT];
 };
+
+/* The checksum is of the data section, which follows the header, so the
+ * header is written with a placeholder of the same length and the digits
+ * are patched in at finish, before the rename: the file that appears is
+ * whole, and readers that do not know the key see ordinary metadata. */
+#define CHECKSUM_KEY "fsdp_checksum"
+#define CHECKSUM_PLACEHOLDER "xxh3-64:0000000000000000"
+
+static int checksum_placeholder(fl_safetensors_writer *w, const char *text);
+static int checked_data(fl_safetensors_writer *w, const entry *e, const void *data, size_t bytes);
+static int patch_checksum(fl_safetensors_writer *w);
 
 fl_safetensors_writer *fl_safetensors_writer_new(const char *path) {
     if (!path) return FL_FAIL_NULL(FL_ERR_ARG, "safetensors writer: path is NULL");
@@ -420,6 +437,9 @@ static int fail_writer(fl_safetensors_writer *w, const char *what) {
 
 static int write_header(fl_safetensors_writer *w) {
     json_t *root = json_object();
+    /* A checksum copied in with other metadata would describe other data. */
+    if (w->digest) json_object_set_new(w->meta, CHECKSUM_KEY, json_string(CHECKSUM_PLACEHOLDER));
+    else json_object_del(w->meta, CHECKSUM_KEY);
     if (json_object_size(w->meta) > 0) json_object_set(root, "__metadata__", w->meta);
     for (int i = 0; i < w->n; i++) {
         entry *e = &w->entries[i];
@@ -443,6 +463,10 @@ static int write_header(fl_safetensors_writer *w) {
     w->file = fopen(w->tmp_path, "wb");
     bool ok = w->file && fwrite(size, 1, 8, w->file) == 8 && fwrite(text, 1, len, w->file) == len;
     for (size_t k = len; ok && k < padded; k++) ok = fputc(' ', w->file) != EOF;
+    if (ok && w->digest && checksum_placeholder(w, text) != FL_OK) {
+        free(text);
+        return fl_last_status();
+    }
     free(text);
     if (!ok) return fail_writer(w, "cannot write the header");
     w->header_written = true;
@@ -470,6 +494,10 @@ int fl_safetensors_writer_write(fl_safetensors_writer *w, const fl_tensor *t) {
     fl_tensor_release(host);
     if (!dense) return fl_last_status();
     size_t bytes = (size_t)(e->end - e->begin);
+    if (checked_data(w, e, dense->data, bytes) != FL_OK) {
+        fl_tensor_release(dense);
+        return fl_last_status();
+    }
     bool ok = bytes == 0 || fwrite(dense->data, 1, bytes, w->file) == bytes;
     fl_tensor_release(dense);
     if (!ok) return fail_writer(w, "cannot write tensor data");
@@ -483,6 +511,7 @@ int fl_safetensors_writer_finish(fl_safetensors_writer *w) {
         return fl_fail(FL_ERR_STATE, "%s: finish with %d of %d declared tensors written", w->path,
                        w->next, w->n);
     if (!w->header_written && write_header(w) != FL_OK) return fl_last_status();
+    if (patch_checksum(w) != FL_OK) return fl_last_status();
     if (fflush(w->file) != 0 || fsync(fileno(w->file)) != 0) return fail_writer(w, "cannot flush");
     int rc = fclose(w->file);
     w->file = NULL;
@@ -499,7 +528,76 @@ void fl_safetensors_writer_free(fl_safetensors_writer *w) {
     for (int i = 0; i < w->n; i++) free(w->entries[i].name);
     free(w->entries);
     json_decref(w->meta);
+    fl_digest_free(w->digest);
     free(w->path);
     free(w->tmp_path);
     free(w);
+}
+
+/* ---- integrity: checksum and finiteness (core/io/checksum.c) ------------------- */
+
+int fl_safetensors_writer_checksum(fl_safetensors_writer *w) {
+    if (writer_usable(w, "checksum")) return fl_last_status();
+    if (w->header_written)
+        return fl_fail(FL_ERR_STATE, "%s: checksum requested after writing started", w->path);
+    if (!w->digest && !(w->digest = fl_digest_new())) return fl_last_status();
+    return FL_OK;
+}
+
+int fl_safetensors_writer_finite(fl_safetensors_writer *w, bool on) {
+    if (writer_usable(w, "finite")) return fl_last_status();
+    w->finite = on;
+    return FL_OK;
+}
+
+const char *fl_safetensors_writer_checksum_value(const fl_safetensors_writer *w) {
+    return w && w->finished && w->digest ? w->checksum : NULL;
+}
+
+/* Where the placeholder's digits are in the file. JSON escapes every quote
+ * inside a string, so the pattern with its bare quotes matches only the
+ * metadata entry itself. */
+static int checksum_placeholder(fl_safetensors_writer *w, const char *text) {
+    static const char pattern[] = "\"" CHECKSUM_KEY "\":\"xxh3-64:";
+    const char *at = strstr(text, pattern);
+    if (!at) return fl_fail(FL_ERR_STATE, "%s: the checksum placeholder is missing from the header",
+                            w->path);
+    w->checksum_at = 8 + (long)(at - text) + (long)(sizeof pattern - 1);
+    return FL_OK;
+}
+
+static int checked_data(fl_safetensors_writer *w, const entry *e, const void *data, size_t bytes) {
+    int64_t bad = -1;
+    if (w->digest)
+        bad = fl_digest_update(w->digest, data, bytes, e->dtype, w->finite);
+    else if (w->finite)
+        bad = fl_first_nonfinite(data, (int64_t)(bytes / fl_dtype_size(e->dtype)), e->dtype);
+    if (bad < 0) return FL_OK;
+    w->failed = true;
+    return fl_fail(FL_ERR_ARG, "%s: tensor '%s' is not finite (element %lld is NaN or infinite): "
+                               "refusing to write it", w->path, e->name, (long long)bad);
+}
+
+static int patch_checksum(fl_safetensors_writer *w) {
+    if (!w->digest) return FL_OK;
+    fl_checksum_text(fl_digest_value(w->digest), w->checksum);
+    const char *digits = w->checksum + strlen("xxh3-64:");
+    if (fflush(w->file) != 0 || fseek(w->file, w->checksum_at, SEEK_SET) != 0 ||
+        fwrite(digits, 1, 16, w->file) != 16 || fseek(w->file, 0, SEEK_END) != 0)
+        return fail_writer(w, "cannot write the checksum");
+    return FL_OK;
+}
+
+int fl_safetensors_verify(const fl_safetensors *f, bool *checked) {
+    if (checked) *checked = false;
+    if (!f) return fl_fail(FL_ERR_ARG, "safetensors verify: file handle is NULL");
+    const char *want = fl_safetensors_metadata(f, CHECKSUM_KEY);
+    if (!want) return FL_OK;
+    char got[FL_CHECKSUM_TEXT];
+    fl_checksum_text(fl_checksum(f->data, (size_t)f->data_size), got);
+    if (strcmp(got, want) != 0)
+        return fl_fail(FL_ERR_IO, "%s: the tensor data is damaged: it hashes to %s, the file "
+                                  "records %s", f->path, got, want);
+    if (checked) *checked = true;
+    return FL_OK;
 }

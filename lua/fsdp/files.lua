@@ -12,6 +12,9 @@ local C = core.C
 local M = {}
 
 function M.mode(path) return lfs.attributes(path, 'mode') end
+-- The mode of the entry itself, not of what a symbolic link points to:
+-- 'link' for a link (lstat). Removal and pruning ask this, never mode().
+function M.lmode(path) return lfs.symlinkattributes(path, 'mode') end
 function M.size(path) return lfs.attributes(path, 'size') or 0 end
 
 function M.join(dir, name) return dir:sub(-1) == '/' and dir .. name or dir .. '/' .. name end
@@ -69,16 +72,17 @@ function M.list(dir)
 end
 
 -- Remove a directory and everything under it; `first` (a name inside it)
--- goes first, so a crash midway leaves a directory without it.
+-- goes first, so a crash midway leaves a directory without it. A symbolic
+-- link is removed as a link: nothing it points to is touched.
 function M.remove_tree(dir, first)
-  if M.mode(dir) ~= 'directory' then return end
-  if first and M.mode(M.join(dir, first)) then
+  if M.lmode(dir) ~= 'directory' then return end
+  if first and M.lmode(M.join(dir, first)) then
     os.remove(M.join(dir, first))
     M.fsync(dir)
   end
   for _, name in ipairs(M.list(dir)) do
     local path = M.join(dir, name)
-    if M.mode(path) == 'directory' then M.remove_tree(path) else os.remove(path) end
+    if M.lmode(path) == 'directory' then M.remove_tree(path) else os.remove(path) end
   end
   local ok, err = lfs.rmdir(dir)
   if not ok then core.fail(('cannot remove directory %s: %s'):format(dir, tostring(err))) end

@@ -3,8 +3,14 @@
 --
 --   local st = require 'fsdp.safetensors'
 --   local tensors, names, meta = st.load('model.safetensors')
---   st.save('out.safetensors', {['w'] = w, ['b'] = b}, {format = 'pt'})
---   local f = st.open(path); f:info(name); f:get(name); f:close()
+--   st.save('out.safetensors', {['w'] = w, ['b'] = b}, {format = 'pt'}, {checksum = true})
+--   local f = st.open(path); f:info(name); f:get(name); f:verify(); f:close()
+--
+-- A file written with checksum = true records an XXH3-64 checksum of its
+-- tensor data in the metadata (fsdp_checksum; other readers such as
+-- Hugging Face's ignore it). load() and the multi-file loaders verify it
+-- when present and refuse a damaged file, naming it; open() stays lazy
+-- (verify() on demand).
 --
 -- Multi-file checkpoints (Hugging Face's layout, fsdp.safetensors_sharded)
 -- are reached from here too: st.open_checkpoint(path), st.load_dir(path),
@@ -61,6 +67,15 @@ function File:get(name)
   return Tensor.wrap(C.fl_safetensors_get(self._h, index_of(self, name)))
 end
 
+-- Recompute the checksum of the data and compare it with the recorded
+-- one; raises naming the file when they differ. Returns whether the file
+-- had a checksum to verify.
+local verify_checked = ffi.new('bool[1]')
+function File:verify()
+  core.check(C.fl_safetensors_verify(self._h, verify_checked))
+  return verify_checked[0]
+end
+
 function File:metadata()
   local meta = {}
   for k = 0, C.fl_safetensors_metadata_count(self._h) - 1 do
@@ -78,6 +93,11 @@ end
 -- All tensors: returns name -> Tensor, the names in file order, metadata.
 function M.load(path)
   local f = M.open(path)
+  local ok, err = pcall(f.verify, f)
+  if not ok then
+    f:close()
+    error(err, 0)
+  end
   local tensors, names = {}, f:names()
   for _, name in ipairs(names) do tensors[name] = f:get(name) end
   local meta = f:metadata()
@@ -87,7 +107,10 @@ end
 
 -- Save name -> Tensor (written in sorted name order) or an array of
 -- {name, tensor} pairs (written in that order), with string metadata.
-function M.save(path, tensors, metadata)
+-- opts: checksum (record the data's checksum, verified by load), finite
+-- (refuse a NaN or infinity, naming the tensor).
+function M.save(path, tensors, metadata, opts)
+  opts = opts or {}
   local pairs_list = {}
   if tensors[1] ~= nil then
     pairs_list = tensors
@@ -107,6 +130,8 @@ function M.save(path, tensors, metadata)
     for k, v in pairs(metadata or {}) do
       core.check(C.fl_safetensors_writer_metadata(w, tostring(k), tostring(v)))
     end
+    if opts.checksum then core.check(C.fl_safetensors_writer_checksum(w)) end
+    if opts.finite then core.check(C.fl_safetensors_writer_finite(w, true)) end
     for _, p in ipairs(pairs_list) do core.check(C.fl_safetensors_writer_write(w, Tensor.cptr(p[2]))) end
     core.check(C.fl_safetensors_writer_finish(w))
   end)

@@ -207,6 +207,11 @@ function Checkpoint:each_file()
     local file = self._files[i]
     if not file then return nil end
     local f = st().open(file)
+    local ok, err = pcall(f.verify, f) -- a recorded checksum must hold before anything is copied
+    if not ok then
+      f:close()
+      error(err, 0)
+    end
     local tensors = {}
     for _, name in ipairs(by_file[file]) do tensors[name] = f:get(name) end
     f:close()
@@ -222,6 +227,11 @@ function M.load_dir(path)
   local tensors = {}
   for _, file in ipairs(ck._files) do
     local f = st().open(file)
+    local ok, err = pcall(f.verify, f)
+    if not ok then
+      f:close()
+      error(err, 0)
+    end
     for name, owner in pairs(ck.map) do
       if owner == file then tensors[name] = f:get(name) end
     end

@@ -13,5 +13,6 @@ int fl_test_view(void);
 int fl_test_memory(void);
 int fl_test_optim(void);
 int fl_test_device_pool(void);
+int fl_test_checksum(void);
 
 #endif /* FL_TESTS_H */

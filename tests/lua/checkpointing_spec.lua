@@ -4,8 +4,12 @@
 -- models, atomic files that leave no temporary files behind, torn step
 -- directories skipped by latest(), keep-last-K, clear errors for damaged
 -- or mismatched checkpoints (naming the file, the field or the parameter),
--- exact numbers in index.json, and the full state dict. Multi-rank saves,
--- resharding and crash/restart run under mpirun (tests/mpi/ckpt_*).
+-- exact numbers in index.json, and the full state dict; integrity: a
+-- damaged, stale or foreign rank file refused by name with resume falling
+-- back to the previous intact checkpoint, saves refusing NaN, pruning that
+-- never follows a link nor deletes a stray file. Multi-rank saves,
+-- resharding, swapped rank files and crash/restart run under mpirun
+-- (tests/mpi/ckpt_*).
 local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
@@ -13,6 +17,8 @@ local ckpt = require 'fsdp.checkpointing'
 local files = require 'fsdp.files'
 local json = require 'fsdp.json'
 local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
+local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+local lfs = require 'lfs'
 
 local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64,
               max_seq_len = 32 }
@@ -20,6 +26,8 @@ local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64,
 local root = os.tmpname()
 os.remove(root)
 files.mkdir_p(root)
+teardown(function() files.remove_tree(root) end) -- link-safe: never leaves root
+
 local counter = 0
 local function fresh_dir()
   counter = counter + 1
@@ -258,5 +266,171 @@ describe('sharded checkpoints, one rank', function()
     assert.equals(-1.5e-300, back.nested[2].b)
     assert.matches('"shape": %[%]', json.encode(v))
     assert.has_error(function() json.encode({ x = 0 / 0 }) end, 'json.encode: $.x is nan, which JSON cannot hold')
+  end)
+end)
+
+describe('checkpoint integrity, one rank', function()
+  local RANK = 'rank-00000-of-00001.safetensors'
+
+  local function pat(s) return (s:gsub('%p', '%%%0')) end
+
+  local function overwrite(path, bytes)
+    local f = assert(io.open(path, 'wb'))
+    f:write(bytes)
+    f:close()
+  end
+
+  -- Steps 1..4 of one run with checkpoints after 2 and 4, and the losses
+  -- of steps 3 and 4 (what a resume from step 2 must log again).
+  local function two_checkpoints(dir)
+    local a = setup()
+    for _ = 1, 2 do step(a) end
+    ckpt.save(dir, { model = a.model, optimizer = a.optimizer, scheduler = a.scheduler, data = a.data, step = 2 })
+    local want = { step(a), step(a) }
+    ckpt.save(dir, { model = a.model, optimizer = a.optimizer, scheduler = a.scheduler, data = a.data, step = 4 })
+    return want
+  end
+
+  -- The step-4 checkpoint is refused naming its rank file and `reason`;
+  -- --resume_from_checkpoint falls back to step 2 and steps 3, 4 repeat
+  -- the uninterrupted run's losses.
+  local function refused_and_fallback(dir, want, reason)
+    local sd = dir .. '/step-000004'
+    local ok, err = pcall(ckpt.load, sd, setup())
+    assert.is_false(ok)
+    assert.matches('checkpointing.load: refused: checkpoint ' .. pat(sd) .. ': ' .. pat(sd .. '/' .. RANK) .. ':? ' .. reason, err)
+    local b = setup()
+    local cfg = { checkpoint_dir = dir, resume_from_checkpoint = true, checkpoint_freq = 0 }
+    assert.equals(2, ckpt_recipe.resume(cfg, b))
+    assert.same(want, { step(b), step(b) })
+  end
+
+  it('a flipped bit in a rank file is refused by name; resume falls back to the previous checkpoint', function()
+    local dir = fresh_dir()
+    local want = two_checkpoints(dir)
+    local path = dir .. '/step-000004/' .. RANK
+    local bytes = files.read(path)
+    local at = #bytes - 1000 -- inside the tensor data
+    overwrite(path, bytes:sub(1, at - 1) .. string.char(bit.bxor(bytes:byte(at), 4)) .. bytes:sub(at + 1))
+    refused_and_fallback(dir, want, 'the tensor data is damaged: it hashes to xxh3%-64:%x+, the file records xxh3%-64:%x+')
+  end)
+
+  it('a rank file from an older step is refused as stale; resume falls back', function()
+    local dir = fresh_dir()
+    local want = two_checkpoints(dir)
+    overwrite(dir .. '/step-000004/' .. RANK, files.read(dir .. '/step-000002/' .. RANK))
+    refused_and_fallback(dir, want, 'is from step 2, not step 4 %(a stale file%)')
+  end)
+
+  it('a rank file of another run is refused; resume falls back', function()
+    local dir, other = fresh_dir(), fresh_dir()
+    local want = two_checkpoints(dir)
+    local a = setup()
+    ckpt.save(other, { model = a.model, optimizer = a.optimizer, scheduler = a.scheduler, data = a.data, step = 4,
+                       run = 'another-run' })
+    overwrite(dir .. '/step-000004/' .. RANK, files.read(other .. '/step-000004/' .. RANK))
+    refused_and_fallback(dir, want, 'is from another run %(another%-run; this checkpoint is run %x+%)')
+    -- a run id is kept across resumes: the next save is the same run's
+    assert.equals(json.decode(files.read(dir .. '/step-000002/index.json')).run, ckpt.run_id())
+  end)
+
+  it('resume stops, naming every refused checkpoint, when none is intact', function()
+    local dir = fresh_dir()
+    two_checkpoints(dir)
+    for _, s in ipairs({ 2, 4 }) do os.remove(('%s/step-%06d/%s'):format(dir, s, RANK)) end
+    local cfg = { checkpoint_dir = dir, resume_from_checkpoint = true, checkpoint_freq = 0 }
+    local ok, err = pcall(ckpt_recipe.resume, cfg, setup())
+    assert.is_false(ok)
+    assert.matches('no intact checkpoint in ' .. pat(dir) .. ' %(refused: .*step%-000004, .*step%-000002%)', err)
+  end)
+
+  it('a save refuses NaN in the optimizer state or parameters: no COMPLETE, the error names step and tensor', function()
+    local dir = fresh_dir()
+    local a = setup()
+    step(a)
+    ckpt.save(dir, { model = a.model, optimizer = a.optimizer, step = 1, keep = 1 })
+    step(a)
+    local name = 'model.layers.1.mlp.up_proj.weight'
+    a.optimizer.state[name].exp_avg:narrow(0, 3, 1):fill_(0 / 0)
+    local ok, err = pcall(ckpt.save, dir, { model = a.model, optimizer = a.optimizer, step = 2, keep = 1 })
+    assert.is_false(ok)
+    assert.matches("step 2 not saved %(rank 0 failed%): .*tensor 'unit:model.layers.1#exp_avg' is not finite", err)
+    assert.is_nil(files.lmode(dir .. '/step-000002/COMPLETE'))
+    assert.is_true(ckpt.layout.is_complete(dir .. '/step-000001')) -- the last finite checkpoint is kept
+    a.optimizer.state[name].exp_avg:fill_(0)
+    a.model.model.norm.weight:fill_(1 / 0)
+    ok, err = pcall(ckpt.save, dir, { model = a.model, optimizer = a.optimizer, step = 3, keep = 1 })
+    assert.is_false(ok)
+    assert.matches("step 3 not saved .*tensor 'unit:.*' is not finite %(element %d+ is NaN or infinite%)", err)
+    assert.same({ 'step-000001', 'step-000002', 'step-000003' }, files.list(dir))
+  end)
+
+  it('pruning never follows a link, leaves stray entries, and later saves succeed', function()
+    local dir, outside = fresh_dir(), fresh_dir()
+    files.mkdir_p(outside .. '/sub')
+    for _, f in ipairs({ 'index.json', RANK, 'COMPLETE', 'sub/victim' }) do files.write_atomic(outside .. '/' .. f, 'keep me') end
+    local a = setup()
+    step(a)
+    ckpt.save(dir, { model = a.model, step = 1 })
+    local s1 = dir .. '/step-000001'
+    -- links inside a step directory, named like its own files and not
+    assert.is_true(lfs.link(outside .. '/' .. RANK, s1 .. '/' .. RANK .. '.tmp.77', true))
+    assert.is_true(lfs.link(outside .. '/sub', s1 .. '/sub', true))
+    assert.is_true(lfs.link(outside .. '/index.json', s1 .. '/index.json.tmp.5', true))
+    files.write_atomic(s1 .. '/notes.txt', 'mine')
+    -- links as step directories, complete and not; a stray file in an incomplete one
+    assert.is_true(lfs.link(outside, dir .. '/step-000002', true))
+    assert.is_true(lfs.link(outside .. '/sub', dir .. '/step-000000', true))
+    files.mkdir_p(dir .. '/step-000003')
+    files.write_atomic(dir .. '/step-000003/user.txt', 'mine')
+    files.write_atomic(dir .. '/step-000003/' .. RANK .. '.tmp.9', 'a killed writer\'s')
+    for s = 4, 7 do ckpt.save(dir, { model = a.model, step = s, keep = 1 }) end
+    for _, f in ipairs({ 'index.json', RANK, 'COMPLETE', 'sub/victim' }) do
+      assert.equals('keep me', files.read(outside .. '/' .. f), f)
+    end
+    assert.same({ 'index.json.tmp.5', 'notes.txt', RANK .. '.tmp.77', 'sub' }, files.list(s1))
+    assert.equals('link', files.lmode(dir .. '/step-000002'))
+    assert.same({ 'user.txt' }, files.list(dir .. '/step-000003'))
+    local s = ckpt.layout.scan(dir)
+    assert.equals(1, #s.complete)
+    assert.equals(7, s.complete[1].step)
+    -- a link where a save's own step directory goes is moved aside, not followed
+    assert.is_true(lfs.link(outside, dir .. '/step-000008', true))
+    ckpt.save(dir, { model = a.model, step = 8, keep = 1 })
+    assert.is_true(ckpt.layout.is_complete(dir .. '/step-000008'))
+    assert.equals('keep me', files.read(outside .. '/COMPLETE'))
+    assert.same({ 'COMPLETE', 'index.json', RANK, 'sub' }, files.list(outside))
+    assert.equals(8, ckpt.load(dir, { model = setup().model }).step)
+  end)
+
+  it('full state dicts carry a checksum that loads verify; other files load as before', function()
+    local a = setup()
+    step(a)
+    local path = root .. '/checked.safetensors'
+    fsdp.save_full_state_dict(path, a.model)
+    local f = require('fsdp.safetensors').open(path)
+    assert.matches('^xxh3%-64:%x+$', f:metadata().fsdp_checksum)
+    assert.equals('pt', f:metadata().format)
+    assert.is_true(f:verify())
+    f:close()
+    local bytes = files.read(path)
+    overwrite(path, bytes:sub(1, -9) .. string.char(bit.bxor(bytes:byte(-8), 1)) .. bytes:sub(-7))
+    local ok, err = pcall(fsdp.load_safetensors, path)
+    assert.is_false(ok)
+    assert.matches(pat(path) .. ': the tensor data is damaged', err)
+    ok, err = pcall(fsdp.load_safetensors_into, setup().model, path)
+    assert.is_false(ok)
+    assert.matches(pat(path) .. ': the tensor data is damaged', err)
+    -- without the option: no checksum, nothing to verify (a checksum
+    -- copied in with the metadata of another file is dropped)
+    local plain = root .. '/plain-nock.safetensors'
+    fsdp.save_safetensors(plain, { w = fsdp.ones({ 3 }) }, { fsdp_checksum = 'xxh3-64:0123456789abcdef' })
+    local g = require('fsdp.safetensors').open(plain)
+    assert.is_nil(g:metadata().fsdp_checksum)
+    assert.is_false(g:verify())
+    g:close()
+    ok, err = pcall(fsdp.save_safetensors, plain, { w = fsdp.tensor({ 1, 0 / 0 }) }, nil, { finite = true })
+    assert.is_false(ok)
+    assert.matches("tensor 'w' is not finite %(element 1 is NaN or infinite%)", err)
   end)
 end)

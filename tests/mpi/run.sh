@@ -194,6 +194,10 @@ run_tap "llama2_7b.lua on 2 ranks killed (kill -9) and restarted" -- tests/mpi/c
 for np in 2 4; do
   run_tap "non-finite guard of llama2_7b.lua, $np ranks" -- tests/mpi/nonfinite.sh $np
 done
+run_tap "damaged 2-rank checkpoints refused, resume falls back" -- tests/mpi/ckpt_integrity.sh
+for np in 2 4; do
+  run_tap "no checkpoint from non-finite state, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_nonfinite.lua
+done
 
 expect_failure "a rank failing inside a sharded backward ends the job, 4 ranks" 15 \
   "fsdp-lua: rank 3: in backward of Failing|deliberate failure in backward|aborting the job (4 ranks)" \

@@ -42,7 +42,10 @@ end
 -- on rank 0. Collective on a sharded model: every rank calls it. opts:
 -- dtype (convert floating-point tensors, e.g. 'bf16' for export; default
 -- the master dtype), metadata (string map; default {format = 'pt'}, which
--- transformers requires). Returns path.
+-- transformers requires), checksum (default true: the data's checksum in
+-- the metadata, verified by our loaders, ignored by others), finite
+-- (refuse NaN/inf, naming the tensor; default false: buffers such as
+-- masks may hold infinities). Returns path.
 function M.save_full_state_dict(path, model, opts)
   opts = opts or {}
   if type(path) ~= 'string' or path == '' then core.fail('save_full_state_dict: path must be a file name') end
@@ -59,7 +62,8 @@ function M.save_full_state_dict(path, model, opts)
           if e[2]:is_floating_point() then list[i] = { e[1], e[2]:to({ dtype = opts.dtype }) } end
         end
       end
-      require('fsdp.safetensors').save(path, list, opts.metadata or { format = 'pt' })
+      require('fsdp.safetensors').save(path, list, opts.metadata or { format = 'pt' },
+        { checksum = opts.checksum ~= false, finite = opts.finite })
     end
     if dist.world_size() > 1 then dist.barrier() end
     return path
@@ -83,6 +87,8 @@ function M.save_full_state_dict(path, model, opts)
     for k, v in pairs(opts.metadata or { format = 'pt' }) do
       core.check(C.fl_safetensors_writer_metadata(w, tostring(k), tostring(v)))
     end
+    if opts.checksum ~= false then core.check(C.fl_safetensors_writer_checksum(w)) end
+    if opts.finite then core.check(C.fl_safetensors_writer_finite(w, true)) end
   end)
   -- Every rank takes part in every gather, even after rank 0 failed, so
   -- no rank is left waiting in a collective.

@@ -5,6 +5,7 @@
 --   ckpt.save('ckpt', {model = m, optimizer = opt, scheduler = sched, data = data,
 --                      step = 120, extra = {...}, keep = 2})   -- collective
 --   local dir = ckpt.latest('ckpt')                            -- newest complete, or nil
+--   local index, why = ckpt.check(dir)                         -- collective: files intact?
 --   local info = ckpt.load('ckpt', {model = m, optimizer = opt, scheduler = sched, data = data})
 --   for step = info.step + 1, max_steps do ... end
 --   ckpt.save_full_state_dict('model.safetensors', m)          -- HF names, one unit at a time
@@ -21,6 +22,14 @@
 -- COMPLETE. A load maps the saved files and copies into each of this
 -- rank's parameter slices the saved ranges that hold it, found by
 -- parameter name and element offset, so no rank reads more than its share.
+--
+-- Nothing loads silently wrong: every rank file carries the checksum of its
+-- tensor data, the step, the run and its rank (fsdp.checkpointing.layout),
+-- and a load first checks every file against the index (check(): each
+-- file once, by one rank, verdict shared by all ranks), refusing a damaged,
+-- swapped or stale file with one message naming it. A save refuses
+-- parameters and optimizer state holding NaN or infinity, so no checkpoint
+-- is ever written from a diverged run.
 local core = require 'fsdp.core'
 local fsdp = require 'fsdp'
 local Tensor = require 'fsdp.tensor'
@@ -31,7 +40,9 @@ local files = require 'fsdp.files'
 local json = require 'fsdp.json'
 local layout = require 'fsdp.checkpointing.layout'
 local parts_of = require 'fsdp.checkpointing.parts'
+local safetensors = require 'fsdp.safetensors'
 local C = core.C
+local META = layout.META
 
 local M = {}
 M.layout = layout
@@ -39,6 +50,44 @@ M.layout = layout
 function M.latest(dir) return layout.latest(dir) end
 
 local function barrier() if dist.world_size() > 1 then dist.barrier() end end
+
+-- An error message without the "file:line: " a raise put in front: it is
+-- passed on to other ranks and raised again with the caller's position.
+local function bare(msg) return (tostring(msg):gsub('^[^%s:]+:%d+: ', '')) end
+
+-- The first error any rank had (err: this rank's, or nil), the same on
+-- every rank, so all ranks take the same branch and none waits alone in a
+-- collective.
+local function agree(err)
+  if dist.world_size() == 1 then return err end
+  for r, e in ipairs(dist.all_gather_strings(err or '')) do
+    if e ~= '' then return e, r - 1 end
+  end
+end
+
+-- The run a save belongs to: a random id made at a fresh start and kept
+-- across resumes (load() adopts the loaded checkpoint's), so a file copied
+-- from another run's checkpoint is told from this run's own.
+local function new_run_id()
+  local f = assert(io.open('/dev/urandom', 'rb'))
+  local bytes = f:read(8)
+  f:close()
+  return (bytes:gsub('.', function(c) return ('%02x'):format(c:byte()) end))
+end
+
+function M.run_id() return M._run end
+
+-- objs.run when given, else this process's run (made by rank 0 at the
+-- first save and shared: collective).
+local function run_of(objs)
+  if objs.run ~= nil then return tostring(objs.run) end
+  if not M._run then
+    local id = dist.rank() == 0 and new_run_id() or ''
+    if dist.world_size() > 1 then id = dist.all_gather_strings(id)[1] end
+    M._run = id
+  end
+  return M._run
+end
 
 -- Test hook (tests/mpi/ckpt_recipe.sh): FSDP_TEST_KILL_IN_SAVE=N kills
 -- rank 0 with SIGKILL in the middle of the save of step N, after every
@@ -87,11 +136,14 @@ end
 
 -- This rank's file: for every part it writes, the slice and one flat
 -- tensor per optimizer state key (built per key while writing, so only one
--- unit's state is ever copied at a time).
-local function write_rank_file(path, parts, opt)
+-- unit's state is ever copied at a time). `meta`: the integrity metadata;
+-- the writer checksums the data and refuses non-finite parameters and
+-- optimizer state (buffers such as masks may hold infinities). Returns the
+-- parts written, the optimizer's scalars and the file's checksum.
+local function write_rank_file(path, parts, opt, meta)
   local w = C.fl_safetensors_writer_new(path)
   if w == nil then core.raise() end
-  local written, scalars = {}, {}
+  local written, scalars, checksum = {}, {}, nil
   local ok, err = pcall(function()
     local plan = {}
     for _, part in ipairs(parts) do
@@ -110,8 +162,12 @@ local function write_rank_file(path, parts, opt)
       end
     end
     core.check(C.fl_safetensors_writer_metadata(w, 'format', layout.FORMAT))
+    for k, v in pairs(meta) do core.check(C.fl_safetensors_writer_metadata(w, META[k], tostring(v))) end
+    core.check(C.fl_safetensors_writer_checksum(w))
     for _, e in ipairs(plan) do
+      core.check(C.fl_safetensors_writer_finite(w, e.part.kind ~= 'buffer'))
       core.check(C.fl_safetensors_writer_write(w, Tensor.cptr(e.part.flat)))
+      core.check(C.fl_safetensors_writer_finite(w, true))
       for _, k in ipairs(e.keys) do
         local flat = fsdp.zeros({ e.part.len }, { dtype = e.dtypes[k] })
         for _, p in ipairs(e.part.params) do
@@ -125,17 +181,20 @@ local function write_rank_file(path, parts, opt)
       end
     end
     core.check(C.fl_safetensors_writer_finish(w))
+    checksum = core.ffi.string(C.fl_safetensors_writer_checksum_value(w))
   end)
   C.fl_safetensors_writer_free(w) -- removes the temporary file of a failed write at once
   if not ok then error(err, 0) end
-  return written, scalars
+  return written, scalars, checksum
 end
 
 -- Save a sharded checkpoint of step objs.step under dir (collective: every
 -- rank calls it). objs: model (required), optimizer, scheduler, data
 -- (anything with state()), step (integer), extra (a JSON-able table),
 -- keep (delete complete checkpoints beyond the newest `keep`; 0/nil: keep
--- all). Returns the step directory.
+-- all), run (the run id; default: the resumed checkpoint's, or a fresh
+-- one). Fails on every rank, writing no COMPLETE, when any rank fails,
+-- e.g. on a NaN in its shard. Returns the step directory.
 function M.save(dir, objs)
   check_objs(objs, 'save')
   local step = objs.step
@@ -143,35 +202,53 @@ function M.save(dir, objs)
     core.fail(('checkpointing.save: step must be an integer >= 0, got %s'):format(tostring(step)))
   end
   local rank, world = dist.rank(), dist.world_size()
+  local run = run_of(objs)
   local step_dir = layout.step_dir(dir, step)
   if rank == 0 then
-    -- A directory of this step from an interrupted save is replaced.
     files.mkdir_p(dir, 'checkpointing.save')
-    if files.mode(step_dir) then files.remove_tree(step_dir, layout.COMPLETE) end
+    local mode = files.lmode(step_dir)
+    if mode == 'directory' then
+      -- A directory of this step from an interrupted or earlier save: its
+      -- own files go, stray ones stay.
+      layout.remove_checkpoint(step_dir)
+    elseif mode then
+      -- A file or link where this save's directory goes: moved aside
+      -- (never followed, nothing deleted).
+      local aside = ('%s.moved-aside-%d'):format(step_dir, os.time())
+      local ok, err = os.rename(step_dir, aside)
+      if not ok then core.fail(('checkpointing.save: %s is a %s and cannot be moved aside: %s'):format(step_dir, mode, err)) end
+      io.stderr:write(('checkpoint: %s was a %s, not a checkpoint: moved to %s\n'):format(step_dir, mode, aside))
+    end
     files.mkdir_p(step_dir, 'checkpointing.save')
     files.fsync(dir)
   end
   barrier()
   local parts = parts_of.of(objs.model)
   local file = layout.rank_file(rank, world)
-  local written, scalars = autograd.no_grad(function()
-    return write_rank_file(files.join(step_dir, file), parts, objs.optimizer)
+  local ok, written, scalars, checksum = pcall(autograd.no_grad, function()
+    return write_rank_file(files.join(step_dir, file), parts, objs.optimizer,
+      { step = step, run = run, rank = rank, world = world })
   end)
-  local mine = json.encode({
-    file = file, written = written, optim = scalars, rng = random.get_state(),
+  local mine = ok and json.encode({
+    file = file, written = written, optim = scalars, rng = random.get_state(), checksum = checksum,
     data = objs.data and objs.data:state() or nil,
-  })
+  }) or json.encode({ error = bare(written) })
   local all = dist.all_gather_strings(mine) -- every rank's file is in place past this point
+  local descs = {}
+  for r = 0, world - 1 do
+    descs[r] = json.decode(all[r + 1])
+    if descs[r].error then
+      core.fail(('checkpointing.save: step %d not saved (rank %d failed): %s'):format(step, r, descs[r].error))
+    end
+  end
   if rank == 0 then
     local index = {
-      format = layout.FORMAT, version = layout.VERSION, step = step, world_size = world,
+      format = layout.FORMAT, version = layout.VERSION, step = step, world_size = world, run = run,
       strategy = rawget(objs.model, '_fsdp') and rawget(objs.model, '_fsdp').strategy or 'unsharded',
       parts = {}, ranks = {}, extra = objs.extra,
       scheduler = objs.scheduler and objs.scheduler:state_dict() or nil,
     }
     local optim_scalars = {}
-    local descs = {}
-    for r = 0, world - 1 do descs[r] = json.decode(all[r + 1]) end
     for i, part in ipairs(parts) do
       local entry = parts_of.describe(part)
       for r = 0, world - 1 do
@@ -185,7 +262,8 @@ function M.save(dir, objs)
     end
     for r = 0, world - 1 do
       for name, sc in pairs(descs[r].optim) do optim_scalars[name] = sc end
-      index.ranks[r + 1] = { file = descs[r].file, rng = descs[r].rng, data = descs[r].data }
+      index.ranks[r + 1] = { file = descs[r].file, checksum = descs[r].checksum, rng = descs[r].rng,
+                             data = descs[r].data }
     end
     if objs.optimizer then
       local sd = objs.optimizer:state_dict()
@@ -196,7 +274,11 @@ function M.save(dir, objs)
       M.kill_self('FSDP_TEST_KILL_IN_SAVE=' .. step .. ': files written, COMPLETE not yet')
     end
     files.write_atomic(files.join(step_dir, layout.COMPLETE), ('step %d, %d ranks\n'):format(step, world))
-    if objs.keep then layout.prune(dir, objs.keep, step) end
+    if objs.keep then
+      for _, note in ipairs(select(2, layout.prune(dir, objs.keep, step))) do
+        io.stderr:write(('checkpoint: pruning %s\n'):format(note))
+      end
+    end
   end
   barrier()
   return step_dir
@@ -221,17 +303,77 @@ end
 
 local load_sharded = require 'fsdp.checkpointing.load'
 
+-- Whether saved rank r's file in step_dir is the one the index describes,
+-- whole: it exists as a regular file, its header parses, it was written by
+-- this run at this step as rank r of the saved world, its checksum is the
+-- index's, and its data hashes to it. Raises one message naming the file.
+local function check_file(step_dir, index, r)
+  local info = index.ranks[r + 1]
+  local path = files.join(step_dir, info.file)
+  local function wrong(fmt, ...) core.fail(('checkpoint %s: %s ' .. fmt):format(step_dir, path, ...)) end
+  local mode = files.lmode(path)
+  if mode == nil then wrong('is missing (rank %d of %d saved it)', r, index.world_size) end
+  if mode ~= 'file' then wrong('is a %s, not the file rank %d saved', mode, r) end
+  local f = safetensors.open(path)
+  local meta = f:metadata()
+  local checked = core.ffi.new('bool[1]')
+  local ok = C.fl_safetensors_verify(f._h, checked) == 0
+  local verify_err = not ok and core.last_error() or nil
+  f:close()
+  if meta[META.run] ~= index.run then
+    wrong('is from another run (%s; this checkpoint is run %s)', tostring(meta[META.run]), index.run)
+  end
+  if meta[META.step] ~= tostring(index.step) then
+    wrong('is from step %s, not step %d (a stale file)', tostring(meta[META.step]), index.step)
+  end
+  if meta[META.rank] ~= tostring(r) or meta[META.world] ~= tostring(index.world_size) then
+    wrong('holds rank %s of %s\'s data, not rank %d of %d\'s (files swapped or renamed)',
+      tostring(meta[META.rank]), tostring(meta[META.world]), r, index.world_size)
+  end
+  if meta[META.checksum] ~= info.checksum then
+    wrong('records checksum %s, the index %s (the file was replaced after the save)',
+      tostring(meta[META.checksum]), info.checksum)
+  end
+  if not ok then core.fail(('checkpoint %s: %s'):format(step_dir, verify_err)) end
+  if not checked[0] then wrong('has no checksum') end
+end
+
+-- Check the checkpoint in step_dir before anything is loaded from it
+-- (collective: every rank calls it): its index is read and each saved
+-- rank file is checked (check_file) by one rank, rank i mod the world
+-- size, so the checkpoint is read once in all. Returns the index, or nil
+-- and the first problem any rank found (the same on every rank).
+function M.check(step_dir)
+  local ok, res = pcall(function()
+    local index = layout.read_index(step_dir)
+    if index.version >= 2 then
+      for r = dist.rank(), index.world_size - 1, dist.world_size() do check_file(step_dir, index, r) end
+    end
+    return index
+  end)
+  local err = agree(not ok and bare(res) or nil)
+  if err then return nil, err end
+  return res
+end
+
 -- Load a checkpoint (a step directory, or the newest complete one under a
 -- checkpoint directory) into objs.model and, when given, objs.optimizer,
 -- objs.scheduler, objs.data (collective only in that every rank reads its
--- own share). The saved world size, strategy and wrap may differ from the
--- current ones (matched by parameter names and offsets). Returns {step=,
--- extra=, dir=, world_size=, strategy=}.
-function M.load(path, objs)
+-- own share, after check(), which is collective). The saved world size,
+-- strategy and wrap may differ from the current ones (matched by
+-- parameter names and offsets). `index`: what check(path) returned, when
+-- the caller checked already. Returns {step=, extra=, dir=, world_size=,
+-- strategy=}. The run continues the loaded checkpoint's (run_id()).
+function M.load(path, objs, index)
   check_objs(objs, 'load')
   local step_dir = M.resolve(path)
-  local index = layout.read_index(step_dir)
+  if not index then
+    local why
+    index, why = M.check(step_dir)
+    if not index then core.fail(('checkpointing.load: refused: %s'):format(why)) end
+  end
   load_sharded.load(step_dir, index, objs)
+  if index.run then M._run = index.run end
   return { step = index.step, extra = index.extra, dir = step_dir, world_size = index.world_size,
            strategy = index.strategy }
 end

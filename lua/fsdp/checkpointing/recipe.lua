@@ -15,7 +15,8 @@
 -- The same command serves a fresh start and every restart after a crash or
 -- a requeue (the seed's Slurm recipe): with --resume_from_checkpoint the run
 -- continues from the newest complete checkpoint in --checkpoint_dir when
--- there is one, and starts fresh otherwise.
+-- there is one (falling back past damaged ones, saying why), and starts
+-- fresh otherwise.
 --
 -- Test hook: FSDP_TEST_KILL_AT_STEP=N kills rank 0 with SIGKILL right after
 -- step N (and after the checkpoint of step N, if one is due), as a crash
@@ -24,14 +25,15 @@ local dist = require 'fsdp.dist'
 local clock = require 'fsdp.clock'
 local files = require 'fsdp.files'
 local ckpt = require 'fsdp.checkpointing'
+local json = require 'fsdp.json'
 
 local M = {}
 
 M.OPTIONS = {
   checkpoint_dir = { '', 'directory of sharded checkpoints (one step-NNNNNN/ per save); empty: no checkpoints' },
   checkpoint_freq = { 0, 'save a sharded checkpoint every N steps, and after the last (0: never)' },
-  keep_checkpoints = { 2, 'complete checkpoints to keep; older ones are deleted after a save (0: keep all)' },
-  resume_from_checkpoint = { false, 'continue from the newest complete checkpoint in --checkpoint_dir, if any' },
+  keep_checkpoints = { 2, 'complete checkpoints to keep; older ones are deleted (their own files only) after a save (0: keep all)' },
+  resume_from_checkpoint = { false, 'continue from the newest intact checkpoint in --checkpoint_dir, if any (damaged ones are named and skipped)' },
   save_full_state_dict = { '', 'at the end, write the whole model to this safetensors file (HF names, one unit at a time)' },
 }
 
@@ -51,28 +53,51 @@ local function check(cfg)
   end
 end
 
--- The step to continue after: the resumed checkpoint's, or 0.
+-- The step to continue after: the resumed checkpoint's, or 0. The newest
+-- complete checkpoint that passes ckpt.check is loaded; a refused one
+-- (damaged, swapped or stale file) is named with the reason and the next
+-- older one tried, every rank taking the same branch. When checkpoints
+-- exist but none is intact the run stops rather than start over.
 function M.resume(cfg, objs)
   check(cfg)
   if not cfg.resume_from_checkpoint then return 0 end
-  local dir, step, skipped = ckpt.latest(cfg.checkpoint_dir)
-  for _, path in ipairs(skipped) do
-    say('checkpoint: skipping %s: no %s (its save was interrupted)', path, ckpt.layout.COMPLETE)
+  -- Rank 0's view of the directory, so every rank walks the same list.
+  local s = ckpt.layout.scan(cfg.checkpoint_dir)
+  if dist.world_size() > 1 then s = json.decode(dist.all_gather_strings(json.encode(s))[1]) end
+  local newest = s.complete[#s.complete]
+  for _, e in ipairs(s.incomplete) do
+    if not newest or e.step >= newest.step then
+      say('checkpoint: skipping %s: no %s (its save was interrupted)', e.path, ckpt.layout.COMPLETE)
+    end
   end
-  if not dir then
-    say('checkpoint: no complete checkpoint in %s: starting fresh', cfg.checkpoint_dir)
-    return 0
+  local refused = {}
+  for i = #s.complete, 1, -1 do
+    local dir = s.complete[i].path
+    local t0 = clock.now()
+    local index, why = ckpt.check(dir)
+    if index then
+      if #refused > 0 then say('checkpoint: falling back to %s, the newest intact checkpoint', dir) end
+      local info = ckpt.load(dir, objs, index)
+      -- The non-finite guard's count of skipped steps goes on from where the
+      -- checkpoint's run left it (fsdp.nonfinite).
+      if objs.guard and type(info.extra) == 'table' and type(info.extra.nonfinite_skips) == 'number' then
+        objs.guard.skips = info.extra.nonfinite_skips
+      end
+      say('checkpoint: resumed from %s (step %d, saved on %d rank%s, %s) in %.2f s', dir, info.step,
+        info.world_size, info.world_size == 1 and '' or 's', info.strategy, clock.now() - t0)
+      return info.step
+    end
+    -- why names the file; the directory is said once
+    local plain = dir:gsub('%p', '%%%0')
+    say('checkpoint: refusing %s: %s', dir, (why:gsub('^checkpoint ' .. plain .. ': ', '')))
+    refused[#refused + 1] = dir
   end
-  local t0 = clock.now()
-  local info = ckpt.load(dir, objs)
-  -- The non-finite guard's count of skipped steps goes on from where the
-  -- checkpoint's run left it (fsdp.nonfinite).
-  if objs.guard and type(info.extra) == 'table' and type(info.extra.nonfinite_skips) == 'number' then
-    objs.guard.skips = info.extra.nonfinite_skips
+  if #refused > 0 then
+    error(('checkpoint: no intact checkpoint in %s (refused: %s); move them aside to start fresh')
+      :format(cfg.checkpoint_dir, table.concat(refused, ', ')), 0)
   end
-  say('checkpoint: resumed from %s (step %d, saved on %d rank%s, %s) in %.2f s', dir, info.step,
-    info.world_size, info.world_size == 1 and '' or 's', info.strategy, clock.now() - t0)
-  return info.step
+  say('checkpoint: no complete checkpoint in %s: starting fresh', cfg.checkpoint_dir)
+  return 0
 end
 
 local function dir_bytes(dir)

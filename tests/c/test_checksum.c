@@ -1,0 +1,104 @@
+/*
+ * test_checksum.c: tests of core/io/checksum.c. The streamed digest equals
+ * the one-shot (parallel, per block) checksum for sizes around the block
+ * boundaries and any split of the bytes into updates; one flipped bit
+ * changes the value; the finiteness scan finds the first NaN or infinity
+ * of every floating dtype (and nothing in integer data), and a digest
+ * with the scan on stops there.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fl_tests.h"
+#include "fsdp.h"
+
+static unsigned char *random_bytes(size_t n) {
+    unsigned char *p = malloc(n ? n : 1);
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        p[i] = (unsigned char)x;
+    }
+    return p;
+}
+
+static void streamed_equals_one_shot(void **state) {
+    (void)state;
+    const size_t B = FL_CHECKSUM_BLOCK;
+    const size_t sizes[] = {0, 1, 4095, B - 1, B, B + 1, 2 * B + 12345, 3 * B};
+    size_t max = 3 * B;
+    unsigned char *data = random_bytes(max);
+    fl_digest *d = fl_digest_new();
+    assert_non_null(d);
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        uint64_t want = fl_checksum(data, n);
+        /* uneven updates, some crossing block ends */
+        const size_t steps[] = {1, 7, 4096, B - 3, 1 << 20};
+        for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
+            fl_digest_reset(d);
+            for (size_t at = 0; at < n; at += steps[k]) {
+                size_t m = n - at < steps[k] ? n - at : steps[k];
+                assert_int_equal(-1, fl_digest_update(d, data + at, m, FL_U8, true));
+            }
+            assert_true(fl_digest_value(d) == want);
+            assert_true(fl_digest_value(d) == want); /* reading the value changes nothing */
+        }
+        if (n > 0) {
+            data[n / 2] ^= 0x10;
+            assert_true(fl_checksum(data, n) != want);
+            data[n / 2] ^= 0x10;
+        }
+    }
+    char text[FL_CHECKSUM_TEXT];
+    fl_checksum_text(0x0123456789abcdefull, text);
+    assert_string_equal("xxh3-64:0123456789abcdef", text);
+    fl_digest_free(d);
+    free(data);
+}
+
+static void finds_the_first_nonfinite(void **state) {
+    (void)state;
+    enum { N = 100000 };
+    float *f = calloc(N, sizeof *f);
+    double *g = calloc(N, sizeof *g);
+    uint16_t *h = calloc(N, sizeof *h), *b = calloc(N, sizeof *b);
+    int32_t *i = calloc(N, sizeof *i);
+    for (int k = 0; k < N; k++) f[k] = (float)k * 1e30f, g[k] = k * 1e300, h[k] = 0x7bff, b[k] = 0x7f7f;
+    assert_int_equal(-1, fl_first_nonfinite(f, N, FL_F32)); /* largest finite values */
+    assert_int_equal(-1, fl_first_nonfinite(h, N, FL_F16));
+    assert_int_equal(-1, fl_first_nonfinite(b, N, FL_BF16));
+    f[77777] = NAN;
+    f[88888] = INFINITY;
+    assert_int_equal(77777, fl_first_nonfinite(f, N, FL_F32));
+    g[N - 1] = -INFINITY;
+    assert_int_equal(N - 1, fl_first_nonfinite(g, N, FL_F64));
+    h[5] = 0xfc00; /* f16 -inf */
+    assert_int_equal(5, fl_first_nonfinite(h, N, FL_F16));
+    b[40000] = 0x7fc0; /* bf16 NaN */
+    assert_int_equal(40000, fl_first_nonfinite(b, N, FL_BF16));
+    for (int k = 0; k < N; k++) i[k] = 0x7f800000;
+    assert_int_equal(-1, fl_first_nonfinite(i, N, FL_I32)); /* integers are never non-finite */
+    /* the digest reports the element, counted from the start of its update */
+    fl_digest *d = fl_digest_new();
+    assert_int_equal(77777, fl_digest_update(d, f, N * sizeof *f, FL_F32, true));
+    assert_int_equal(-1, fl_digest_update(d, f, N * sizeof *f, FL_F32, false));
+    fl_digest_free(d);
+    free(f), free(g), free(h), free(b), free(i);
+}
+
+int fl_test_checksum(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(streamed_equals_one_shot),
+        cmocka_unit_test(finds_the_first_nonfinite),
+    };
+    return cmocka_run_group_tests_name("checksum", tests, NULL, NULL);
+}
