@@ -68,10 +68,15 @@ describe('recipes/llama2_7b.lua', function()
     for _, needed in ipairs({ '--checkpoint_dir', '--checkpoint_freq', '--resume_from_checkpoint' }) do
       assert.truthy(command:find(needed, 1, true), needed)
     end
-    -- Values from the job's environment become placeholders; --dry-run
-    -- then parses them all without training.
-    local args = command:gsub('\\\n', ' '):gsub('"%$%b{}[^"]*"', 'x')
+    -- Values from the job's environment become placeholders (paths in a
+    -- temporary directory: output directories are created as the options
+    -- are checked, and --data must exist); --dry-run then parses them all
+    -- without training.
+    local dir = T.tmpdir()
+    local args = command:gsub('\\\n', ' '):gsub('"%$%b{}[^"]*"', dir .. '/x'):gsub('%-%-data=%S+', '--data=' .. dir)
+      :gsub('%-%-checkpoint_dir=%S+', '--checkpoint_dir=' .. dir .. '/checkpoints')
     local out, rc = run(args .. ' --dry-run')
+    os.execute('rm -rf ' .. T.quote(dir))
     assert.equals(0, rc, out)
     assert.is_true(#opts >= 10)
   end)
