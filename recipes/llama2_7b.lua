@@ -29,7 +29,7 @@ local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 -- naming it, exit status 2).
 local function model_names() return recipe.keys(llama.configs) end
 local DTYPES = { 'f32', 'bf16', 'f64' }
-local overrides, c
+local overrides, c, train_data
 local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua)', one_of = model_names },
   num_layers = { 0, 'override the number of layers (0: keep the config)', int = true, min = 0 },
@@ -78,6 +78,20 @@ local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({
   if cfg.ffn_dim > 0 then overrides.ffn_dim = cfg.ffn_dim end
   if cfg.vocab_size > 0 then overrides.vocab_size = cfg.vocab_size end
   if overrides.n_heads and not overrides.n_kv_heads then overrides.n_kv_heads = overrides.n_heads end
+  -- Token shards decide the vocabulary (a larger --vocab_size is allowed):
+  -- opened here, so a directory without shards is a mistake in --data.
+  if cfg.data ~= '' and not cfg.dry_run then
+    local opened, data = pcall(tokens.open, cfg.data, { split = 'train', seq_len = cfg.seq_len,
+                                                        batch_size = cfg.batch_size, seed = cfg.seed })
+    if not opened then error('--data: ' .. recipe.bare(data), 0) end
+    train_data = data
+    if cfg.vocab_size == 0 then
+      overrides.vocab_size = train_data.vocab_size
+    elseif cfg.vocab_size < train_data.vocab_size then
+      error(('--vocab_size (%d) is smaller than the vocabulary of --data %s (%d)'):format(
+        cfg.vocab_size, cfg.data, train_data.vocab_size), 0)
+    end
+  end
   local ok, err = pcall(llama.config, cfg.model, overrides)
   if not ok then
     error(recipe.explain(err, { dim = 'hidden_width', n_heads = 'num_heads', n_kv_heads = 'num_kv_heads',
@@ -94,21 +108,6 @@ print('config:\n' .. recipe.format(cfg))
 if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
 -- (--plan only plans for the limit: it allocates nothing to limit.)
 if cfg.memory_limit_mb > 0 and not cfg.plan then fsdp.set_memory_limit('cpu', cfg.memory_limit_mb * 2^20) end
-
--- Token shards decide the vocabulary (a larger --vocab_size is allowed).
-local train_data
-if cfg.data ~= '' and not cfg.dry_run then
-  train_data = tokens.open(cfg.data, { split = 'train', seq_len = cfg.seq_len, batch_size = cfg.batch_size,
-                                       seed = cfg.seed })
-  if cfg.vocab_size == 0 then
-    overrides.vocab_size = train_data.vocab_size
-  elseif cfg.vocab_size < train_data.vocab_size then
-    recipe.usage_error(('--vocab_size (%d) is smaller than the vocabulary of --data %s (%d)'):format(
-      cfg.vocab_size, cfg.data, train_data.vocab_size))
-  end
-end
-
-if train_data then c = llama.config(cfg.model, overrides) end
 
 -- 6738415616 -> "6,738,415,616"
 local function commas(n)

@@ -298,6 +298,7 @@ end
 local function bare(msg)
   return (tostring(msg):gsub('^[^\n:]+:%d+: ', ''))
 end
+M.bare = bare
 
 -- A usage mistake: one line on stderr (rank 0 of a launched job only, so N
 -- ranks do not print it N times), exit status 2.
