@@ -8,28 +8,33 @@
 --
 -- A candidate is suggested when it differs from the name only in case,
 -- when the name is, ignoring case, a unique prefix
--- of it, or else when its edit distance (Levenshtein, case-insensitive) is
+-- of it, or else when its edit distance (case-insensitive, see M.distance) is
 -- the smallest and small for the name's length: at most 1 for names of up
 -- to 4 characters, 2 up to 8, then a third of the length. A far-off name
 -- gets no suggestion rather than a misleading one.
 local M = {}
 
--- Levenshtein distance of two strings (insertions, deletions and
--- substitutions cost 1), two rows of the table at a time.
+-- Edit distance of two strings: insertions, deletions, substitutions and
+-- swaps of two neighbours (the commonest typo, "bf61") cost 1 (optimal
+-- string alignment), three rows of the table at a time.
 function M.distance(a, b)
   local n, m = #a, #b
   if n == 0 then return m end
   if m == 0 then return n end
-  local prev, cur = {}, {}
+  local before, prev, cur = {}, {}, {}
   for j = 0, m do prev[j] = j end
   for i = 1, n do
     cur[0] = i
     local ai = a:byte(i)
     for j = 1, m do
-      local cost = ai == b:byte(j) and 0 or 1
-      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+      local bj = b:byte(j)
+      local d = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ai == bj and 0 or 1))
+      if i > 1 and j > 1 and ai == b:byte(j - 1) and a:byte(i - 1) == bj then
+        d = math.min(d, before[j - 2] + 1)
+      end
+      cur[j] = d
     end
-    prev, cur = cur, prev
+    before, prev, cur = prev, cur, before
   end
   return prev[m]
 end
