@@ -53,12 +53,14 @@ end
 
 -- What would make a plan fit, in the recipe's option names (names.layers:
 -- the option that sets the number of blocks; names.dtype, default 'dtype').
-local function suggestions(p, cfg, names, world)
+local function suggestions(p, cfg, names, world, largest_batch)
   local m, out = p.memory, {}
   local activations = m.activations + m.inputs + math.max(0, m.transient)
   if activations > 0.2 * m.peak then
-    out[#out + 1] = ('a smaller --batch_size (now %d)'):format(cfg.batch_size or p.options.batch)
-    if not cfg.activation_checkpointing then
+    local b = largest_batch()
+    out[#out + 1] = ('a smaller --batch_size (now %d; %s)'):format(cfg.batch_size or p.options.batch,
+      b > 0 and ('%d fits'):format(b) or 'even 1 does not fit')
+    if not cfg.activation_checkpointing and m.peak_other < m.peak then
       out[#out + 1] = ('--activation_checkpointing (peak %s)'):format(size(m.peak_other))
     end
   end
@@ -104,7 +106,8 @@ function M.check(model, cfg, block_class, shape, script, names, extra)
   local msg = ('%s: does not fit: planned peak %s per rank (parameters %s, gradients %s, optimizer %s, '
     .. 'activations %s) > %s available (%s); try %s; or --skip_fit_check'):format(
     script or 'recipe', size(m.peak), size(m.params), size(m.grads), size(m.optimizer),
-    size(m.activations + m.inputs), size(budget), source, suggestions(p, cfg, names or {}, opts.world))
+    size(m.activations + m.inputs), size(budget), source,
+    suggestions(p, cfg, names or {}, opts.world, function() return (fsdp.plan.max_batch(model, opts)) end))
   require('fsdp.recipe').usage_error(msg)
 end
 
