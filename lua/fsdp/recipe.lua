@@ -410,10 +410,6 @@ end
 -- Names a recipe exposed (a set), for the REPL's help().
 M.exposed = {}
 
--- Make a recipe's objects globals for the REPL that follows when the
--- recipe runs with -i (`fsdp-lua -i recipes/llama2_7b.lua --dry-run`, then
--- `model`, `cfg` at the prompt). Without -i it does nothing: a recipe's
--- locals stay local. Returns its argument.
 -- Option specs combined, later tables winning on a clash: the shared
 -- option sets (fsdp.sharding.recipe, fsdp.checkpointing.recipe) under a
 -- recipe's own.
@@ -425,6 +421,10 @@ function M.merge(...)
   return all
 end
 
+-- Make a recipe's objects globals for the REPL that follows when the
+-- recipe runs with -i (`fsdp-lua -i recipes/llama2_7b.lua --dry-run`, then
+-- `model`, `cfg` at the prompt). Without -i it does nothing: a recipe's
+-- locals stay local. Returns its argument.
 function M.expose(objects)
   local ok, host = pcall(require, 'fsdp.host')
   if not (ok and host.interactive) then return objects end
