@@ -38,8 +38,9 @@ local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({
   max_steps = { 50, 'optimizer steps', int = true, min = 1 },
   lr = { 1e-3, 'learning rate', positive = true },
   optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)', one_of = { 'adamw', 'anyprecision' } },
-  dropout = { -1, 'override dropout (-1: keep the config\'s 0.1)',
-              check = function(v) if v ~= -1 and not (v >= 0 and v < 1) then return 'must be -1 (keep) or in [0, 1), got ' .. v end end },
+  dropout = { -1, 'override dropout (-1: keep the config\'s 0.1)', check = function(v)
+    if v ~= -1 and not (v >= 0 and v < 1) then return 'must be -1 (keep) or in [0, 1), got ' .. v end
+  end },
   seed = { 0, 'initialisation and data seed', int = true, min = 0 },
   log_every = { 5, 'steps between log lines', int = true, min = 1 },
   dry_run = { false, 'build at full size on meta, print it, and exit' },

@@ -92,8 +92,9 @@ function M.run(default_model, script, argv)
     d_ff = { 0, 'override the MLP width (0: keep)', int = true, min = 0 },
     d_kv = { 0, 'override the head size (0: keep)', int = true, min = 0 },
     num_heads = { 0, 'override the heads (0: keep)', int = true, min = 0 },
-    vocab_size = { 0, 'override the vocabulary (0: keep)', int = true, min = 0,
-                   check = function(v) if v == 1 or v == 2 then return 'must be 0 (keep) or >= 3: ids 0 and 1 are pad and eos, got ' .. v end end },
+    vocab_size = { 0, 'override the vocabulary (0: keep)', int = true, min = 0, check = function(v)
+      if v == 1 or v == 2 then return 'must be 0 (keep) or >= 3: ids 0 and 1 are pad and eos, got ' .. v end
+    end },
     batch_size = { 16, 'sequence pairs per step and rank', int = true, min = 1 },
     min_len = { 2, 'shortest source (tokens before eos)', int = true, min = 1, at_most = 'max_len' },
     max_len = { 8, 'longest source; shorter ones are padded and masked', int = true, min = 1 },
