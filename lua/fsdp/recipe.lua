@@ -114,6 +114,10 @@ local function describe(d)
   if d.less_than then parts[#parts + 1] = '< --' .. d.less_than end
   if d.at_most then parts[#parts + 1] = '<= --' .. d.at_most end
   if d.multiple_of then parts[#parts + 1] = 'multiple of --' .. d.multiple_of end
+  if d.needs then
+    local list = type(d.needs) == 'table' and d.needs or { d.needs }
+    parts[#parts + 1] = 'needs --' .. table.concat(list, ', --')
+  end
   if d.input then parts[#parts + 1] = 'must exist' end
   if d.output then parts[#parts + 1] = 'written' end
   if #parts == 0 then return '' end
