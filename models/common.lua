@@ -3,6 +3,7 @@
 -- into where the model lives (device, dtype) and config overrides.
 local fsdp = require 'fsdp'
 local F = require 'fsdp.functional'
+local suggest = require 'fsdp.suggest'
 
 local M = {}
 
@@ -19,8 +20,11 @@ end
 -- result layers `defaults`, then it, then `overrides`, renaming keys through
 -- `aliases` (other spellings of a field, e.g. Hugging Face's). An unknown
 -- name is an error listing the known ones, raised at the caller of the
--- family's M.config. The family validates and derives fields after.
-function M.merge_config(family, configs, defaults, aliases, name_or_config, overrides)
+-- family's M.config; so is an override key that is neither a field (a key
+-- of `fields`, a set) nor an alias, with "did you mean ...?": a misspelt
+-- override (num_layer = 3) would otherwise build the full model. The family
+-- validates and derives fields after (M.check_fields).
+function M.merge_config(family, configs, defaults, aliases, name_or_config, overrides, fields)
   local base = name_or_config
   if type(base) == 'string' then
     base = configs[base]
@@ -28,16 +32,58 @@ function M.merge_config(family, configs, defaults, aliases, name_or_config, over
       local names = {}
       for k in pairs(configs) do names[#names + 1] = k end
       table.sort(names)
-      error(("%s: unknown config '%s' (known: %s)"):format(family, name_or_config,
-        table.concat(names, ', ')), 3)
+      error(("%s: unknown config '%s'%s (known: %s)"):format(family, name_or_config,
+        suggest.hint(name_or_config, names), table.concat(names, ', ')), 3)
     end
+  elseif type(base) ~= 'table' then
+    error(('%s: expected a config name or table, got %s'):format(family, type(base)), 3)
   end
   aliases = aliases or {}
+  if overrides ~= nil and type(overrides) ~= 'table' then
+    error(('%s: overrides must be a table, got %s'):format(family, type(overrides)), 3)
+  end
+  if fields then
+    for k in pairs(overrides or {}) do
+      if not (fields[k] or aliases[k]) then
+        local names = {}
+        for f in pairs(fields) do names[#names + 1] = f end
+        for a in pairs(aliases) do names[#names + 1] = a end
+        table.sort(names)
+        error(("%s: unknown config key '%s'%s (keys: %s)"):format(family, tostring(k), suggest.hint(k, names),
+          table.concat(names, ', ')), 3)
+      end
+    end
+  end
   local c = {}
   for k, v in pairs(defaults) do c[k] = v end
   for k, v in pairs(base) do c[aliases[k] or k] = v end
   for k, v in pairs(overrides or {}) do c[aliases[k] or k] = v end
   return c
+end
+
+-- Check a merged config's shape fields: each of `ints` a positive integer,
+-- each of `rates` in [0, 1). Errors name the family and the field, raised
+-- at the caller of the family's M.config.
+function M.check_fields(family, c, ints, rates)
+  for _, k in ipairs(ints or {}) do
+    local v = c[k]
+    if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
+      error(('%s config: %s must be a positive integer, got %s'):format(family, k, tostring(v)), 3)
+    end
+  end
+  for _, k in ipairs(rates or {}) do
+    local v = c[k]
+    if v ~= nil and (type(v) ~= 'number' or not (v >= 0 and v < 1)) then
+      error(('%s config: %s must be in [0, 1), got %s'):format(family, k, tostring(v)), 3)
+    end
+  end
+end
+
+-- A set of field names from a list.
+function M.set(list)
+  local s = {}
+  for _, k in ipairs(list) do s[k] = true end
+  return s
 end
 
 -- build(name, opts): placement {device=, dtype=} (device defaulting to

@@ -38,8 +38,14 @@ M.configs = {
                   heads = 4, num_classes = 10, dropout = 0, emb_dropout = 0 }),
 }
 
+-- Every field a config or an override may set (anything else is a typo).
+local FIELDS = common.set({ 'image_size', 'patch_size', 'dim', 'mlp_dim', 'dim_head', 'num_classes', 'channels',
+                            'dropout', 'emb_dropout', 'depth', 'heads' })
+
 function M.config(name_or_config, overrides)
-  local c = common.merge_config('deepvit', M.configs, BASE, nil, name_or_config, overrides)
+  local c = common.merge_config('deepvit', M.configs, BASE, nil, name_or_config, overrides, FIELDS)
+  common.check_fields('deepvit', c, { 'image_size', 'patch_size', 'dim', 'mlp_dim', 'dim_head', 'num_classes',
+                                      'channels', 'depth', 'heads' }, { 'dropout', 'emb_dropout' })
   if c.image_size % c.patch_size ~= 0 then
     error(('deepvit config: image_size %d is not a multiple of patch_size %d'):format(c.image_size, c.patch_size), 2)
   end

@@ -50,6 +50,10 @@ M.configs = {
 
 local DEFAULTS = { vocab_size = 50257, max_seq_len = 1024, norm_eps = 1e-5, init_std = 0.02, dropout = 0 }
 
+-- Every field a config or an override may set (anything else is a typo).
+local FIELDS = common.set({ 'dim', 'n_layers', 'n_heads', 'ffn_dim', 'head_dim', 'vocab_size', 'max_seq_len',
+                            'norm_eps', 'init_std', 'dropout', 'embd_pdrop', 'attn_pdrop', 'resid_pdrop' })
+
 -- Override keys as Hugging Face's GPT2Config and the recipes spell them.
 local ALIASES = {
   n_embd = 'dim', n_layer = 'n_layers', n_head = 'n_heads', n_inner = 'ffn_dim',
@@ -61,8 +65,10 @@ local ALIASES = {
 -- A full config from a name or a table, with overrides applied. Checks
 -- the shapes fit together.
 function M.config(name_or_config, overrides)
-  local c = common.merge_config('gpt2', M.configs, DEFAULTS, ALIASES, name_or_config, overrides)
+  local c = common.merge_config('gpt2', M.configs, DEFAULTS, ALIASES, name_or_config, overrides, FIELDS)
   c.ffn_dim = c.ffn_dim or 4 * c.dim
+  common.check_fields('gpt2', c, { 'dim', 'n_layers', 'n_heads', 'ffn_dim', 'vocab_size', 'max_seq_len' },
+    { 'dropout', 'embd_pdrop', 'attn_pdrop', 'resid_pdrop' })
   c.head_dim = c.dim / c.n_heads
   c.embd_pdrop = c.embd_pdrop or c.dropout
   c.attn_pdrop = c.attn_pdrop or c.dropout

@@ -70,12 +70,17 @@ local ALIASES = { num_layers = 'n_layers', hidden_width = 'dim', num_heads = 'n_
 local DEFAULTS = { n_kv_heads = nil, tied = false, rope_theta = 1e4, rope_scaling = nil,
                    norm_eps = 1e-5, max_seq_len = 4096, init_std = 0.02 }
 
+-- Every field a config or an override may set (anything else is a typo).
+local FIELDS = common.set({ 'dim', 'n_layers', 'n_heads', 'n_kv_heads', 'head_dim', 'ffn_dim', 'vocab_size',
+                            'tied', 'rope_theta', 'rope_scaling', 'norm_eps', 'max_seq_len', 'init_std' })
+
 -- A full config from a name or a table, with overrides applied (override
 -- keys as the recipes spell them are accepted too: num_layers, hidden_width,
 -- num_heads, vocab). Checks the shapes fit together.
 function M.config(name_or_config, overrides)
-  local c = common.merge_config('llama', M.configs, DEFAULTS, ALIASES, name_or_config, overrides)
+  local c = common.merge_config('llama', M.configs, DEFAULTS, ALIASES, name_or_config, overrides, FIELDS)
   c.n_kv_heads = c.n_kv_heads or c.n_heads
+  common.check_fields('llama', c, { 'dim', 'n_layers', 'n_heads', 'n_kv_heads', 'ffn_dim', 'vocab_size', 'max_seq_len' })
   c.head_dim = c.head_dim or c.dim / c.n_heads
   local function need(ok, msg) if not ok then error('llama config: ' .. msg, 3) end end
   need(c.head_dim == math.floor(c.head_dim), ('dim %d is not a multiple of n_heads %d'):format(c.dim, c.n_heads))

@@ -37,7 +37,16 @@ function Net:forward(x)
   return F.log_softmax(self.fc2(x), 1)
 end
 
+-- opts: device, dtype; the network has no config, so any other key is a
+-- mistake (named, with "did you mean ...?").
 function M.build(opts)
+  if opts ~= nil and type(opts) ~= 'table' then error(('mnist.build: expected an options table, got %s'):format(type(opts)), 2) end
+  for k in pairs(opts or {}) do
+    if k ~= 'device' and k ~= 'dtype' then
+      error(("mnist.build: unknown option '%s'%s (options: device, dtype)"):format(tostring(k),
+        require('fsdp.suggest').hint(k, { 'device', 'dtype' })), 2)
+    end
+  end
   return Net(opts)
 end
 

@@ -63,6 +63,12 @@ local DEFAULTS = { vocab_size = 32128, gated = false, tied = true, relative_atte
                    relative_attention_max_distance = 128, norm_eps = 1e-6, dropout = 0, init_factor = 1.0,
                    decoder_start_token_id = 0, pad_token_id = 0, eos_token_id = 1 }
 
+-- Every field a config or an override may set (anything else is a typo).
+local FIELDS = common.set({ 'd_model', 'd_ff', 'd_kv', 'num_heads', 'num_layers', 'num_decoder_layers', 'vocab_size',
+                            'gated', 'tied', 'relative_attention_num_buckets', 'relative_attention_max_distance',
+                            'norm_eps', 'dropout', 'init_factor', 'decoder_start_token_id', 'pad_token_id',
+                            'eos_token_id' })
+
 -- Override keys as Hugging Face's T5Config and the recipes spell them.
 local ALIASES = {
   layer_norm_epsilon = 'norm_eps', dropout_rate = 'dropout',
@@ -74,8 +80,9 @@ local ALIASES = {
 -- A full config from a name or a table, with overrides applied. Checks
 -- the shapes fit together.
 function M.config(name_or_config, overrides)
-  local c = common.merge_config('t5', M.configs, DEFAULTS, ALIASES, name_or_config, overrides)
+  local c = common.merge_config('t5', M.configs, DEFAULTS, ALIASES, name_or_config, overrides, FIELDS)
   c.num_decoder_layers = c.num_decoder_layers or c.num_layers
+  common.check_fields('t5', c, nil, { 'dropout' })
   local function need(ok, msg) if not ok then error('t5 config: ' .. msg, 3) end end
   for _, k in ipairs({ 'd_model', 'd_ff', 'd_kv', 'num_heads', 'num_layers', 'num_decoder_layers', 'vocab_size',
                        'relative_attention_num_buckets' }) do

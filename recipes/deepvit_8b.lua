@@ -22,36 +22,51 @@ local images = require 'fsdp.data.images'
 local metrics = require 'fsdp.metrics'
 local F = fsdp.F
 
+-- Each option carries its constraints; they and the model config they
+-- make are checked before anything is built: a bad one is one line naming
+-- it, exit status 2.
+local c
 local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options({
-  model = { '8B', 'config: 60M, 1B, 3B, 8B, tiny' },
-  depth = { 0, 'override the number of blocks (0: keep)' },
-  dim = { 0, 'override the width (0: keep)' },
-  heads = { 0, 'override the heads (0: keep)' },
-  mlp_dim = { 0, 'override the MLP width (0: keep)' },
-  image_size = { 0, 'override the image size (0: keep)' },
-  patch_size = { 0, 'override the patch size (0: keep)' },
-  num_classes = { 0, 'override the classes (0: keep)' },
-  batch_size = { 8, 'images per step' },
-  max_steps = { 50, 'optimizer steps' },
-  lr = { 1e-3, 'learning rate' },
-  optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)' },
-  dropout = { -1, 'override dropout (-1: keep the config\'s 0.1)' },
-  seed = { 0, 'initialisation and data seed' },
-  log_every = { 5, 'steps between log lines' },
+  model = { '8B', 'config: 60M, 1B, 3B, 8B, tiny', one_of = function() return recipe.keys(deepvit.configs) end },
+  depth = { 0, 'override the number of blocks (0: keep)', int = true, min = 0 },
+  dim = { 0, 'override the width (0: keep)', int = true, min = 0 },
+  heads = { 0, 'override the heads (0: keep)', int = true, min = 0 },
+  mlp_dim = { 0, 'override the MLP width (0: keep)', int = true, min = 0 },
+  image_size = { 0, 'override the image size (0: keep)', int = true, min = 0, multiple_of = 'patch_size' },
+  patch_size = { 0, 'override the patch size (0: keep)', int = true, min = 0 },
+  num_classes = { 0, 'override the classes (0: keep)', int = true, min = 0 },
+  batch_size = { 8, 'images per step', int = true, min = 1 },
+  max_steps = { 50, 'optimizer steps', int = true, min = 1 },
+  lr = { 1e-3, 'learning rate', positive = true },
+  optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)', one_of = { 'adamw', 'anyprecision' } },
+  dropout = { -1, 'override dropout (-1: keep the config\'s 0.1)', check = function(v)
+    if v ~= -1 and not (v >= 0 and v < 1) then return 'must be -1 (keep) or in [0, 1), got ' .. v end
+  end },
+  seed = { 0, 'initialisation and data seed', int = true, min = 0 },
+  log_every = { 5, 'steps between log lines', int = true, min = 1 },
   dry_run = { false, 'build at full size on meta, print it, and exit' },
-  data = { '', 'directory of raw images (train_images.u8, train_labels.txt; fsdp.data.images); empty: synthetic' },
-  validation_freq = { 0, 'steps between validations (0: never); on the val_* files of --data' },
-  val_batches = { 4, 'batches per validation' },
-  metrics_file = { '', 'append every step\'s numbers to this JSONL file' },
-  peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)' },
-}))), arg, 'recipes/deepvit_8b.lua')
-
-local overrides = {}
-for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes' }) do
-  if cfg[k] > 0 then overrides[k] = cfg[k] end
-end
-if cfg.dropout >= 0 then overrides.dropout, overrides.emb_dropout = cfg.dropout, cfg.dropout end
-local c = deepvit.config(cfg.model, overrides)
+  data = { '', 'directory of raw images (train_images.u8, train_labels.txt; fsdp.data.images); empty: synthetic',
+           input = 'dir' },
+  validation_freq = { 0, 'steps between validations (0: never); on the val_* files of --data', int = true, min = 0 },
+  val_batches = { 4, 'batches per validation', int = true, min = 1 },
+  metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
+  peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)', min = 0 },
+}))), arg, 'recipes/deepvit_8b.lua', function(cfg)
+  local overrides = {}
+  for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes' }) do
+    if cfg[k] > 0 then overrides[k] = cfg[k] end
+  end
+  if cfg.dropout >= 0 then overrides.dropout, overrides.emb_dropout = cfg.dropout, cfg.dropout end
+  local ok, err = pcall(deepvit.config, cfg.model, overrides)
+  if not ok then
+    local names = {}
+    for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes', 'dropout' }) do
+      names[k] = k
+    end
+    error(recipe.explain(err, names), 0)
+  end
+  c = err
+end)
 
 if cfg.dry_run then
   local t0 = clock.now()
@@ -70,6 +85,9 @@ fsdp.manual_seed(cfg.seed)
 -- checkpoint class): each rank initialises only its shards.
 local model = deepvit.DeepViT(c, { device = 'meta' })
 local n_params = model:num_parameters()
+-- Refused here, with the planner's numbers, when it cannot fit this machine.
+require('fsdp.sharding.fit').check(model, cfg, deepvit.Block, { batch = cfg.batch_size }, 'recipes/deepvit_8b.lua',
+  { layers = 'depth' }, { optimizer = cfg.optimizer == 'anyprecision' and 'anyprecision_adamw' or 'adamw' })
 shard_recipe.apply(model, cfg, deepvit.Block, 'recipes/deepvit_8b.lua')
 print(('model: %d blocks, width %d, %d heads, image %d / patch %d, %d classes: %d parameters'):format(
   c.depth, c.dim, c.heads, c.image_size, c.patch_size, c.num_classes, n_params))

@@ -25,38 +25,82 @@ local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local nonfinite = require 'fsdp.nonfinite'
 
+-- Each option carries its constraints (fsdp.recipe checks them, and the
+-- model config they make, before anything is built: a bad one is one line
+-- naming it, exit status 2).
+local function model_names() return recipe.keys(llama.configs) end
+local DTYPES = { 'f32', 'bf16', 'f64' }
+local overrides, c, train_data
 local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options({
-  model = { 'Llama-2-7b', 'model config (models/llama.lua)' },
-  num_layers = { 0, 'override the number of layers (0: keep the config)' },
-  hidden_width = { 0, 'override the model width (0: keep)' },
-  num_heads = { 0, 'override the attention heads (0: keep)' },
-  num_kv_heads = { 0, 'override the key/value heads (0: same as heads)' },
-  ffn_dim = { 0, 'override the MLP width (0: keep, or 8/3 width rounded up to 32 when the width changes)' },
-  vocab_size = { 0, 'override the vocabulary (0: keep)' },
-  batch_size = { 4, 'sequences per step and rank (the global batch is this times the world size)' },
-  seq_len = { 128, 'tokens per sequence' },
-  max_steps = { 100, 'optimizer steps' },
-  lr = { 3e-4, 'peak learning rate' },
-  min_lr = { 3e-5, 'final learning rate of the cosine decay' },
-  warmup_steps = { 10, 'linear warmup steps' },
-  weight_decay = { 0.1, 'AdamW weight decay (not applied to norms)' },
-  beta1 = { 0.9, 'AdamW beta1' },
-  beta2 = { 0.95, 'AdamW beta2' },
-  grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)' },
-  seed = { 0, 'initialisation and data seed' },
-  dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU: converted per op), f64' },
-  data_noise = { 0.1, 'synthetic data: probability of a random next token' },
-  log_every = { 1, 'print a log line every N steps' },
-  data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard); empty: synthetic' },
-  val_data = { '', 'validation shards (default: the val split of --data)' },
-  validation_freq = { 50, 'steps between validations (0: never)' },
-  val_batches = { 4, 'batches per validation' },
-  metrics_file = { '', 'append every step\'s numbers to this JSONL file' },
-  peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)' },
+  model = { 'Llama-2-7b', 'model config (models/llama.lua)', one_of = model_names },
+  num_layers = { 0, 'override the number of layers (0: keep the config)', int = true, min = 0 },
+  hidden_width = { 0, 'override the model width (0: keep)', int = true, min = 0, multiple_of = 'num_heads' },
+  num_heads = { 0, 'override the attention heads (0: keep)', int = true, min = 0, multiple_of = 'num_kv_heads' },
+  num_kv_heads = { 0, 'override the key/value heads (0: same as heads)', int = true, min = 0 },
+  ffn_dim = { 0, 'override the MLP width (0: keep, or 8/3 width rounded up to 32 when the width changes)',
+              int = true, min = 0 },
+  vocab_size = { 0, 'override the vocabulary (0: keep)', int = true, min = 0 },
+  batch_size = { 4, 'sequences per step and rank (the global batch is this times the world size)', int = true, min = 1 },
+  seq_len = { 128, 'tokens per sequence', int = true, min = 1 },
+  max_steps = { 100, 'optimizer steps', int = true, min = 1 },
+  lr = { 3e-4, 'peak learning rate', positive = true },
+  min_lr = { 3e-5, 'final learning rate of the cosine decay', min = 0, at_most = 'lr' },
+  warmup_steps = { 10, 'linear warmup steps', int = true, min = 0, less_than = 'max_steps' },
+  weight_decay = { 0.1, 'AdamW weight decay (not applied to norms)', min = 0 },
+  beta1 = { 0.9, 'AdamW beta1', min = 0, below = 1 },
+  beta2 = { 0.95, 'AdamW beta2', min = 0, below = 1 },
+  grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
+  seed = { 0, 'initialisation and data seed', int = true, min = 0 },
+  dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU: converted per op), f64', one_of = DTYPES },
+  data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
+  log_every = { 1, 'print a log line every N steps', int = true, min = 1 },
+  data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard); empty: synthetic', input = true },
+  val_data = { '', 'validation shards (default: the val split of --data)', input = true },
+  validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
+  val_batches = { 4, 'batches per validation', int = true, min = 1 },
+  metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
+  peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)', min = 0 },
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
-  memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit)' },
+  memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit); also what '
+                         .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-}))), arg, 'recipes/llama2_7b.lua')
+}))), arg, 'recipes/llama2_7b.lua', function(cfg)
+  -- The model config the options make: its own checks (heads dividing
+  -- the width with the config's values, an even head size) name the
+  -- options they come from.
+  overrides = {}
+  if cfg.num_layers > 0 then overrides.n_layers = cfg.num_layers end
+  if cfg.hidden_width > 0 then
+    overrides.dim = cfg.hidden_width
+    if cfg.ffn_dim == 0 then overrides.ffn_dim = math.ceil(cfg.hidden_width * 8 / 3 / 32) * 32 end
+  end
+  if cfg.num_heads > 0 then overrides.n_heads = cfg.num_heads end
+  if cfg.num_kv_heads > 0 then overrides.n_kv_heads = cfg.num_kv_heads end
+  if cfg.ffn_dim > 0 then overrides.ffn_dim = cfg.ffn_dim end
+  if cfg.vocab_size > 0 then overrides.vocab_size = cfg.vocab_size end
+  if overrides.n_heads and not overrides.n_kv_heads then overrides.n_kv_heads = overrides.n_heads end
+  -- Token shards decide the vocabulary (a larger --vocab_size is allowed):
+  -- opened here, so a directory without shards is a mistake in --data.
+  if cfg.data ~= '' and not cfg.dry_run then
+    local opened, data = pcall(tokens.open, cfg.data, { split = 'train', seq_len = cfg.seq_len,
+                                                        batch_size = cfg.batch_size, seed = cfg.seed })
+    if not opened then error('--data: ' .. recipe.bare(data), 0) end
+    train_data = data
+    if cfg.vocab_size == 0 then
+      overrides.vocab_size = train_data.vocab_size
+    elseif cfg.vocab_size < train_data.vocab_size then
+      error(('--vocab_size (%d) is smaller than the vocabulary of --data %s (%d)'):format(
+        cfg.vocab_size, cfg.data, train_data.vocab_size), 0)
+    end
+  end
+  local ok, err = pcall(llama.config, cfg.model, overrides)
+  if not ok then
+    error(recipe.explain(err, { dim = 'hidden_width', n_heads = 'num_heads', n_kv_heads = 'num_kv_heads',
+                                head_dim = 'hidden_width', n_layers = 'num_layers', ffn_dim = 'ffn_dim',
+                                vocab_size = 'vocab_size' }), 0)
+  end
+  c = err
+end)
 
 print('config:\n' .. recipe.format(cfg))
 
@@ -65,33 +109,6 @@ print('config:\n' .. recipe.format(cfg))
 if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
 -- (--plan only plans for the limit: it allocates nothing to limit.)
 if cfg.memory_limit_mb > 0 and not cfg.plan then fsdp.set_memory_limit('cpu', cfg.memory_limit_mb * 2^20) end
-
-local overrides = {}
-if cfg.num_layers > 0 then overrides.n_layers = cfg.num_layers end
-if cfg.hidden_width > 0 then
-  overrides.dim = cfg.hidden_width
-  if cfg.ffn_dim == 0 then overrides.ffn_dim = math.ceil(cfg.hidden_width * 8 / 3 / 32) * 32 end
-end
-if cfg.num_heads > 0 then overrides.n_heads = cfg.num_heads end
-if cfg.num_kv_heads > 0 then overrides.n_kv_heads = cfg.num_kv_heads end
-if cfg.ffn_dim > 0 then overrides.ffn_dim = cfg.ffn_dim end
-if cfg.vocab_size > 0 then overrides.vocab_size = cfg.vocab_size end
-if overrides.n_heads and not overrides.n_kv_heads then overrides.n_kv_heads = overrides.n_heads end
-
--- Token shards decide the vocabulary (a larger --vocab_size is allowed).
-local train_data
-if cfg.data ~= '' and not cfg.dry_run then
-  train_data = tokens.open(cfg.data, { split = 'train', seq_len = cfg.seq_len, batch_size = cfg.batch_size,
-                                       seed = cfg.seed })
-  if cfg.vocab_size == 0 then
-    overrides.vocab_size = train_data.vocab_size
-  elseif cfg.vocab_size < train_data.vocab_size then
-    error(('recipes/llama2_7b.lua: --vocab_size=%d is smaller than the vocabulary of %s (%d)'):format(
-      cfg.vocab_size, cfg.data, train_data.vocab_size), 0)
-  end
-end
-
-local c = llama.config(cfg.model, overrides)
 
 -- 6738415616 -> "6,738,415,616"
 local function commas(n)
@@ -131,6 +148,9 @@ end
 local dist = fsdp.dist
 local model = llama.CausalLM(c, { device = 'meta', dtype = cfg.dtype })
 local n_params = model:num_parameters()
+-- Refused here, with the planner's numbers, when it cannot fit this machine.
+require('fsdp.sharding.fit').check(model, cfg, llama.DecoderLayer, { batch = cfg.batch_size, seq = cfg.seq_len },
+  'recipes/llama2_7b.lua', { layers = 'num_layers' })
 shard_recipe.apply(model, cfg, llama.DecoderLayer, 'recipes/llama2_7b.lua')
 print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s'):format(
   c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype))

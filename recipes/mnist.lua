@@ -14,18 +14,19 @@ local clock = require 'fsdp.clock'
 local nonfinite = require 'fsdp.nonfinite'
 local F = fsdp.F
 
+-- Each option carries its constraints, checked before anything is built.
 local cfg = recipe.config(nonfinite.options({
-  data = { '', 'directory of the MNIST idx files (empty: synthetic digits)' },
-  epochs = { 3, 'training epochs' },
-  batch_size = { 64, 'training batch size' },
-  test_batch_size = { 1000, 'evaluation batch size' },
-  lr = { 1.0, 'Adadelta learning rate' },
-  gamma = { 0.7, 'StepLR decay per epoch' },
-  train_size = { 6000, 'synthetic training examples' },
-  test_size = { 1000, 'synthetic test examples' },
-  max_batches = { 0, 'stop each epoch after this many batches (0: all)' },
-  seed = { 1, 'initialisation and data seed' },
-  log_interval = { 20, 'batches between log lines' },
+  data = { '', 'directory of the MNIST idx files (empty: synthetic digits)', input = 'dir' },
+  epochs = { 3, 'training epochs', int = true, min = 1 },
+  batch_size = { 64, 'training batch size', int = true, min = 1 },
+  test_batch_size = { 1000, 'evaluation batch size', int = true, min = 1 },
+  lr = { 1.0, 'Adadelta learning rate', positive = true },
+  gamma = { 0.7, 'StepLR decay per epoch', positive = true },
+  train_size = { 6000, 'synthetic training examples', int = true, min = 1 },
+  test_size = { 1000, 'synthetic test examples', int = true, min = 1 },
+  max_batches = { 0, 'stop each epoch after this many batches (0: all)', int = true, min = 0 },
+  seed = { 1, 'initialisation and data seed', int = true, min = 0 },
+  log_interval = { 20, 'batches between log lines', int = true, min = 1 },
   dry_run = { false, 'build on meta, print the model and its parameter count, exit' },
 }), arg, 'recipes/mnist.lua')
 

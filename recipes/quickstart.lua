@@ -11,14 +11,12 @@
 -- Later issues turn this into a CPU training run.
 local fsdp = require 'fsdp'
 
-local opts = { ranks = 4, dim = 1024, seed = 0 }
-for _, a in ipairs(arg or {}) do
-  local k, v = a:match('^%-%-([%w_]+)=(.+)$')
-  if not k or opts[k] == nil then
-    error(('unknown option %s (expected --ranks=N, --dim=D, --seed=S)'):format(a), 0)
-  end
-  opts[k] = assert(tonumber(v), ('--%s expects a number, got %s'):format(k, v))
-end
+-- The options, checked before anything runs (fsdp.recipe).
+local opts = require('fsdp.recipe').config({
+  ranks = { 4, 'shards the weight is initialised as', int = true, min = 1 },
+  dim = { 1024, 'rows and columns of the weight', int = true, min = 1, multiple_of = 'ranks' },
+  seed = { 0, 'initialisation seed', int = true, min = 0 },
+}, arg, 'recipes/quickstart.lua')
 
 print(('fsdp-lua %s (%s)'):format(fsdp.version, fsdp.build_info))
 
@@ -52,7 +50,6 @@ assert(params == 68976648192, 'Llama-2-70B parameter count does not match MODELS
 -- 2. Sharded init equals whole init.
 fsdp.reset_memory_stats('cpu')
 local dim, ranks = opts.dim, opts.ranks
-assert(dim % ranks == 0, '--dim must be a multiple of --ranks')
 local key = { seed = opts.seed, stream = 7 }
 local t0 = os.clock()
 local whole = fsdp.randn({ dim, dim }, { seed = key.seed, stream = key.stream, std = 0.02 })

@@ -24,17 +24,22 @@ local clock = require 'fsdp.clock'
 local cfg = recipe.config({
   recipe = { 'recipes/llama2_7b.lua', 'the recipe to run at each point' },
   grid = { 'dtype=f32,bf16 activation_checkpointing=false,true batch_size=2,8',
-           'axes "key=v1,v2 key2=..." over the recipe\'s options' },
+           'axes "key=v1,v2 key2=..." over the recipe\'s options',
+           check = function(v)
+             local ok, err = pcall(sweep.parse_grid, v)
+             if not ok then return 'is not a grid: ' .. tostring(err):gsub('^fsdp%.sweep: ', '') end
+           end },
   args = { '--num_layers=2 --hidden_width=128 --num_heads=4 --vocab_size=512 --seq_len=128',
            'recipe options common to every point (the model)' },
-  steps = { 3, 'measured steps per point (after one warmup step)' },
-  memory_limit_mb = { 0, 'CPU memory limit of every point in MiB (0: none)' },
-  timeout = { 600, 'seconds a point may run before it is recorded as a timeout' },
-  out = { 'sweep_out', 'directory for sweep.csv and sweep.png' },
+  steps = { 3, 'measured steps per point (after one warmup step)', int = true, min = 1 },
+  memory_limit_mb = { 0, 'CPU memory limit of every point in MiB (0: none)', min = 0 },
+  timeout = { 600, 'seconds a point may run before it is recorded as a timeout', positive = true },
+  out = { 'sweep_out', 'directory for sweep.csv and sweep.png', output = 'dir' },
   chart = { true, 'draw sweep.png with gnuplot' },
-  find_batch = { false, 'instead of timing: the largest batch_size that fits under --memory_limit_mb, per point' },
+  find_batch = { false, 'instead of timing: the largest batch_size that fits under --memory_limit_mb, per point',
+                 needs = 'memory_limit_mb' },
   plan_first = { true, '--find_batch: start from the planner\'s answer (the recipe\'s --plan), then verify by real steps' },
-  max_batch = { 1024, 'upper bound of --find_batch' },
+  max_batch = { 1024, 'upper bound of --find_batch', int = true, min = 1 },
 }, arg, 'recipes/sweep.lua')
 
 local function fail(msg)
@@ -63,11 +68,33 @@ local opts = { recipe = recipe_path, axes = axes, args = base_args, steps = cfg.
                memory_limit_mb = cfg.memory_limit_mb, timeout = cfg.timeout, max_batch = cfg.max_batch }
 local t0 = clock.now()
 
+-- Every point's options are checked before any point runs: a bad value or
+-- an unknown option is found in seconds, not after the points before it.
+-- (--find_batch checks its points at batch_size 1.)
+do
+  local check_axes, check_points = axes, sweep.points(axes)
+  if cfg.find_batch then
+    check_axes = {}
+    for _, a in ipairs(axes) do if a.name ~= 'batch_size' then check_axes[#check_axes + 1] = a end end
+    check_axes[#check_axes + 1] = { name = 'batch_size', values = { '1' } }
+    check_points = sweep.points(check_axes)
+  end
+  local problems = sweep.validate(opts, check_points, check_axes)
+  if #problems > 0 then
+    for _, p in ipairs(problems) do
+      io.stderr:write(('fsdp-lua: recipes/sweep.lua: grid point %d of %d (%s): %s%s\n'):format(p.index, #check_points,
+        sweep.label(p.point, check_axes), p.message,
+        p.count > 1 and (' (and %d more point%s)'):format(p.count - 1, p.count == 2 and '' or 's') or ''))
+    end
+    os.exit(2)
+  end
+end
+
 if cfg.find_batch then
-  if cfg.memory_limit_mb <= 0 then fail('--find_batch needs --memory_limit_mb: the memory the batch must fit in') end
   local rest = {}
   for _, a in ipairs(axes) do if a.name ~= 'batch_size' then rest[#rest + 1] = a end end
   local points = #rest > 0 and sweep.points(rest) or { {} }
+  local failures = 0
   print(('find_batch: %d point(s), limit %d MiB, batch up to %d'):format(#points, cfg.memory_limit_mb, cfg.max_batch))
   for _, point in ipairs(points) do
     opts.on_probe = function(b, r)
@@ -86,6 +113,7 @@ if cfg.find_batch then
     local found, err_or_best = nil, nil
     ok, found, _, err_or_best = pcall(sweep.find_batch, opts, point, rest)
     if not ok then
+      failures = failures + 1
       print(('%s: %s'):format(sweep.label(point, rest), tostring(found)))
     else
       print(('%s: largest batch_size that fits: %d%s'):format(sweep.label(point, rest), found,
@@ -93,6 +121,10 @@ if cfg.find_batch then
     end
   end
   print(('find_batch took %.1f s'):format(clock.now() - t0))
+  if failures > 0 then
+    io.stderr:write(('fsdp-lua: recipes/sweep.lua: %d of %d point(s) failed\n'):format(failures, #points))
+    os.exit(1)
+  end
   return
 end
 
@@ -119,3 +151,11 @@ if cfg.chart then
   if drawn then print(('wrote %s'):format(png)) else print(('no chart: %s'):format(why)) end
 end
 print(('sweep took %.1f s'):format(clock.now() - t0))
+-- Exit status: a point that failed (an error or a timeout, not out of
+-- memory under a limit, which is a measurement) fails the sweep.
+local failed = 0
+for _, r in ipairs(results) do if sweep.failed(r) then failed = failed + 1 end end
+if failed > 0 then
+  io.stderr:write(('fsdp-lua: recipes/sweep.lua: %d of %d points failed (see the table)\n'):format(failed, #results))
+  os.exit(1)
+end

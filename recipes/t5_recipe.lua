@@ -81,45 +81,50 @@ end
 -- Run the recipe: default_model a models/t5.lua config name, script the
 -- path for --help, argv the command line.
 function M.run(default_model, script, argv)
+  -- Each option carries its constraints; they and the model config they
+  -- make are checked before anything is built (a full-size model takes
+  -- minutes): a bad one is one line naming it, exit status 2.
+  local c
   local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options({
-    model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny' },
-    num_layers = { 0, 'override encoder and decoder layers (0: keep)' },
-    d_model = { 0, 'override the width (0: keep)' },
-    d_ff = { 0, 'override the MLP width (0: keep)' },
-    d_kv = { 0, 'override the head size (0: keep)' },
-    num_heads = { 0, 'override the heads (0: keep)' },
-    vocab_size = { 0, 'override the vocabulary (0: keep)' },
-    batch_size = { 16, 'sequence pairs per step and rank' },
-    min_len = { 2, 'shortest source (tokens before eos)' },
-    max_len = { 8, 'longest source; shorter ones are padded and masked' },
-    max_steps = { 200, 'optimizer steps' },
-    lr = { 3e-3, 'peak learning rate' },
-    warmup_steps = { 20, 'linear warmup steps' },
-    weight_decay = { 0.0, 'AdamW weight decay (not applied to norms)' },
-    grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)' },
-    optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)' },
-    task = { 'reverse', 'reverse or copy the source' },
-    dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU), f64' },
-    dropout = { 0.0, 'dropout rate (T5 pre-training used 0.1)' },
-    eval_examples = { 64, 'held-out examples for the final greedy generation' },
-    seed = { 0, 'initialisation and data seed' },
-    log_every = { 10, 'steps between log lines' },
+    model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny',
+              one_of = function() return recipe.keys(t5.configs) end },
+    num_layers = { 0, 'override encoder and decoder layers (0: keep)', int = true, min = 0 },
+    d_model = { 0, 'override the width (0: keep)', int = true, min = 0 },
+    d_ff = { 0, 'override the MLP width (0: keep)', int = true, min = 0 },
+    d_kv = { 0, 'override the head size (0: keep)', int = true, min = 0 },
+    num_heads = { 0, 'override the heads (0: keep)', int = true, min = 0 },
+    vocab_size = { 0, 'override the vocabulary (0: keep)', int = true, min = 0, check = function(v)
+      if v == 1 or v == 2 then return 'must be 0 (keep) or >= 3: ids 0 and 1 are pad and eos, got ' .. v end
+    end },
+    batch_size = { 16, 'sequence pairs per step and rank', int = true, min = 1 },
+    min_len = { 2, 'shortest source (tokens before eos)', int = true, min = 1, at_most = 'max_len' },
+    max_len = { 8, 'longest source; shorter ones are padded and masked', int = true, min = 1 },
+    max_steps = { 200, 'optimizer steps', int = true, min = 1 },
+    lr = { 3e-3, 'peak learning rate', positive = true },
+    warmup_steps = { 20, 'linear warmup steps', int = true, min = 0, less_than = 'max_steps' },
+    weight_decay = { 0.0, 'AdamW weight decay (not applied to norms)', min = 0 },
+    grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
+    optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)', one_of = { 'adamw', 'anyprecision' } },
+    task = { 'reverse', 'reverse or copy the source', one_of = { 'reverse', 'copy' } },
+    dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU), f64', one_of = { 'f32', 'bf16', 'f64' } },
+    dropout = { 0.0, 'dropout rate (T5 pre-training used 0.1)', min = 0, below = 1 },
+    eval_examples = { 64, 'held-out examples for the final greedy generation', int = true, min = 1 },
+    seed = { 0, 'initialisation and data seed', int = true, min = 0 },
+    log_every = { 10, 'steps between log lines', int = true, min = 1 },
     dry_run = { false, 'build at full size on meta, print it, and exit' },
-  }))), argv, script)
-  -- Checked before anything is built (a full-size model takes minutes).
-  if cfg.task ~= 'reverse' and cfg.task ~= 'copy' then
-    error(("--task must be reverse or copy, got '%s'"):format(cfg.task), 0)
-  end
-  if cfg.optimizer ~= 'adamw' and cfg.optimizer ~= 'anyprecision' then
-    error(("--optimizer must be adamw or anyprecision, got '%s'"):format(cfg.optimizer), 0)
-  end
-
-  local overrides = { dropout = cfg.dropout }
-  for _, k in ipairs({ 'num_layers', 'd_model', 'd_ff', 'd_kv', 'num_heads', 'vocab_size' }) do
-    if cfg[k] > 0 then overrides[k] = cfg[k] end
-  end
-  if overrides.num_layers then overrides.num_decoder_layers = overrides.num_layers end
-  local c = t5.config(cfg.model, overrides)
+  }))), argv, script, function(cfg)
+    local overrides = { dropout = cfg.dropout }
+    for _, k in ipairs({ 'num_layers', 'd_model', 'd_ff', 'd_kv', 'num_heads', 'vocab_size' }) do
+      if cfg[k] > 0 then overrides[k] = cfg[k] end
+    end
+    if overrides.num_layers then overrides.num_decoder_layers = overrides.num_layers end
+    local ok, err = pcall(t5.config, cfg.model, overrides)
+    if not ok then
+      error(recipe.explain(err, { num_layers = 'num_layers', num_decoder_layers = 'num_layers', d_model = 'd_model',
+                                  d_ff = 'd_ff', d_kv = 'd_kv', num_heads = 'num_heads', vocab_size = 'vocab_size' }), 0)
+    end
+    c = err
+  end)
 
   if cfg.dry_run then
     local t0 = clock.now()
@@ -140,6 +145,9 @@ function M.run(default_model, script, argv)
   -- checkpoint class): each rank initialises only its shards.
   local model = t5.Model(c, { device = 'meta', dtype = cfg.dtype })
   local n_params = model:num_parameters()
+  -- Refused here, with the planner's numbers, when it cannot fit this machine.
+  require('fsdp.sharding.fit').check(model, cfg, t5.Block, { batch = cfg.batch_size, seq = cfg.max_len + 1 }, script,
+    { layers = 'num_layers' }, { optimizer = cfg.optimizer == 'anyprecision' and 'anyprecision_adamw' or 'adamw' })
   shard_recipe.apply(model, cfg, t5.Block, script)
   print(('model: %d + %d layers, d_model %d, d_ff %d, %d heads x %d, vocab %d, %s: %d parameters, %s'):format(
     c.num_layers, c.num_decoder_layers, c.d_model, c.d_ff, c.num_heads, c.d_kv, c.vocab_size,

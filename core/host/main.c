@@ -77,7 +77,8 @@ static void print_usage(FILE *out) {
         "                 executable and the other arguments; allows root and\n"
         "                 more ranks than cores when needed, and gives each\n"
         "                 rank its share of the cores' threads unless\n"
-        "                 OMP_NUM_THREADS or OPENBLAS_NUM_THREADS is set\n"
+        "                 OMP_NUM_THREADS or OPENBLAS_NUM_THREADS is set;\n"
+        "                 N is at most FSDP_MAX_NPROC (see below)\n"
         "  --             stop handling options; the next argument is the script\n"
         "  -              as the script: read it from standard input\n"
         "\n"
@@ -100,6 +101,8 @@ static void print_usage(FILE *out) {
         "  FSDP_MPI_LIBRARY      the mpi backend plugin (default: libfsdp_mpi.so\n"
         "                        next to libfsdp.so)\n"
         "  FSDP_MPIRUN           the launcher --nproc runs (default: mpirun)\n"
+        "  FSDP_MAX_NPROC        the most ranks --nproc starts (default: 8 per\n"
+        "                        usable core, at least 16)\n"
         "  FSDP_PROGRESS_THREAD  0: no thread advancing MPI transfers while the\n"
         "                        rank computes (they advance only in waits)\n"
         "\n"
@@ -355,6 +358,39 @@ static int usable_cores(void) {
     return cores > 0 ? cores : logical > 0 ? logical : 1;
 }
 
+/* [Note: --nproc's maximum]
+ * Ranks past the cores only oversubscribe them: each rank is a whole
+ * process (its Lua state, the core, MPI's shared-memory segments), and a
+ * mistyped count (--nproc 100000) ground mpirun for minutes before it
+ * failed. So N is bounded by NPROC_PER_CORE ranks per usable core (at
+ * least NPROC_FLOOR, which the multi-rank tests use on a 2-core machine)
+ * and refused before mpirun starts; FSDP_MAX_NPROC sets another maximum
+ * (a job that means it, or a launcher spreading ranks over hosts). */
+enum { NPROC_PER_CORE = 8, NPROC_FLOOR = 16 };
+
+static int usable_cores(void);
+
+/* The largest --nproc this machine accepts, and whether FSDP_MAX_NPROC set
+ * it; a bad FSDP_MAX_NPROC is reported and ignored. */
+static int max_nproc(bool *from_env) {
+    *from_env = false;
+    const char *env = getenv("FSDP_MAX_NPROC");
+    if (env != NULL && *env != '\0') {
+        char *end;
+        errno = 0;
+        long n = strtol(env, &end, 10);
+        if (!errno && *end == '\0' && n >= 1 && n <= 1000000) {
+            *from_env = true;
+            return (int)n;
+        }
+        fprintf(stderr, "%s: FSDP_MAX_NPROC='%s' is not a number of ranks (1 to 1000000); ignored\n",
+                HOST_PROGNAME, env);
+    }
+    int cores = usable_cores();
+    int n = cores * NPROC_PER_CORE;
+    return n > NPROC_FLOOR ? n : NPROC_FLOOR;
+}
+
 /* --nproc N: exec `mpirun -np N <this executable> <the other arguments>`.
  * Only what the machine needs is added, through Open MPI's environment
  * variables so a user's own settings win: permission to run as root when
@@ -446,7 +482,22 @@ int main(int argc, char **argv) {
         print_usage(stdout);
         return EXIT_SUCCESS;
     }
-    if (opts.nproc > 0) return launch_ranks(argc, argv, &opts);
+    if (opts.nproc > 0) {
+        bool from_env;
+        int max = max_nproc(&from_env);
+        if (opts.nproc > max) {
+            if (from_env) {
+                fprintf(stderr, "%s: --nproc %d is more than FSDP_MAX_NPROC=%d ranks\n", HOST_PROGNAME,
+                        opts.nproc, max);
+            } else {
+                fprintf(stderr, "%s: --nproc %d is more than this machine's maximum of %d ranks (%d per usable "
+                                "core, %d cores); set FSDP_MAX_NPROC to allow more\n",
+                        HOST_PROGNAME, opts.nproc, max, NPROC_PER_CORE, usable_cores());
+            }
+            return EXIT_USAGE;
+        }
+        return launch_ranks(argc, argv, &opts);
+    }
     if (opts.version) print_version();
     /* -v alone only prints; it needs no Lua state and no project root. */
     if (opts.version && !opts.interactive && !opts.has_e && opts.script == 0) {

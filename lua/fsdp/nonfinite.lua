@@ -66,8 +66,9 @@ M.EXIT_STATUS = 3
 
 M.OPTIONS = {
   on_nonfinite = { 'stop', 'on a NaN/inf loss or gradient norm: stop (exit 3 naming the step and parameter) or '
-                   .. 'skip_step (drop the step: no update)' },
-  max_nonfinite_skips = { 10, 'with --on_nonfinite=skip_step: stop at the non-finite step after this many skips' },
+                   .. 'skip_step (drop the step: no update)', one_of = { 'stop', 'skip_step' } },
+  max_nonfinite_skips = { 10, 'with --on_nonfinite=skip_step: stop at the non-finite step after this many skips',
+                          int = true, min = 0 },
 }
 
 -- A recipe's own options plus these (its own win on a clash).
@@ -282,18 +283,6 @@ function Guard:check_parameters(step)
   error(text, 0)
 end
 
--- The options of M.OPTIONS in a recipe's cfg, checked (an error naming
--- the option and script; fsdp.recipe prints it).
-function M.check_options(cfg, script)
-  if not M.POLICIES[cfg.on_nonfinite] then
-    error(("%s: --on_nonfinite must be stop or skip_step, got '%s'"):format(script, tostring(cfg.on_nonfinite)), 0)
-  end
-  local n = cfg.max_nonfinite_skips
-  if type(n) ~= 'number' or n < 0 or n ~= math.floor(n) then
-    error(('%s: --max_nonfinite_skips must be an integer >= 0, got %s'):format(script, tostring(n)), 0)
-  end
-end
-
 -- The guard of a recipe: cfg.on_nonfinite, cfg.max_nonfinite_skips and
 -- cfg.grad_clip (0 when the recipe has no such option) over
 -- state.model/optimizer/scheduler. A stop prints one message on rank 0
@@ -301,7 +290,6 @@ end
 -- every rank with M.EXIT_STATUS; all ranks took the same decision, so
 -- none waits for another.
 function M.guard(cfg, state, script)
-  M.check_options(cfg, script)
   local guard = M.Guard({
     model = state.model, optimizer = state.optimizer, scheduler = state.scheduler, policy = cfg.on_nonfinite,
     max_skips = cfg.max_nonfinite_skips, grad_clip = cfg.grad_clip or 0,

@@ -2,19 +2,58 @@
 --
 --   local recipe = require 'fsdp.recipe'
 --   local cfg = recipe.config({
---     model = {'Llama-2-7b', 'model config name'},
---     lr = {3e-4, 'peak learning rate'},
+--     model = {'Llama-2-7b', 'model config name', one_of = names},
+--     lr = {3e-4, 'peak learning rate', positive = true},
+--     warmup_steps = {10, 'linear warmup steps', int = true, min = 0, less_than = 'max_steps'},
 --     ...
---   }, arg)
+--   }, arg, 'recipes/x.lua', function(cfg) ... checks needing the model config ... end)
 --
 -- Every key of the defaults is overridable as --key=value, typed by its
 -- default (numbers, booleans: true/false/1/0/yes/no, strings); a flag
 -- without a value sets a boolean to true (--dry-run is --dry_run=true:
--- dashes and underscores are the same). An unknown key is an error that
--- lists the valid ones. --config file.lua layers a Lua file returning a
--- table of keys first, so the command line wins over it. --help prints the
--- keys with their defaults and descriptions.
+-- dashes and underscores are the same). --config file.lua layers a Lua
+-- file returning a table of keys first, so the command line wins over it.
+-- --help prints the keys with their defaults, descriptions and constraints.
+--
+-- [Note: options are checked before anything is built]
+-- Each spec entry carries its constraints (M.CONSTRAINTS below), and every
+-- option is checked against them as the command line is read: types,
+-- integer-ness, ranges, enums, relations between options, and paths
+-- (inputs exist; outputs' directories are created and shown writable by a
+-- probe file). A recipe's own checks that need more than one value (its
+-- model config: heads dividing the width, a model name's fields) go in the
+-- function passed as recipe.config's fourth argument, which runs right
+-- after. Any failure is a usage error: one line `fsdp-lua: --key ...`
+-- naming the option, no traceback, exit status 2, before a model is built
+-- or a byte allocated. An unknown option, enum value or model config key
+-- gets a "did you mean ...?" (fsdp.suggest). --validate_options stops
+-- after the checks (recipes/sweep.lua checks a whole grid that way before
+-- running any point).
+local suggest = require 'fsdp.suggest'
+
 local M = {}
+
+-- Constraints a spec entry may carry (besides [1] the default and [2] the
+-- description). Relations name another option of the same spec and are
+-- checked when both are set (a number other than 0, a non-empty string,
+-- true): 0 and '' mean "off" or "keep the model's" throughout the recipes.
+M.CONSTRAINTS = {
+  int = 'the value is an integer',
+  min = 'the value is >= this',
+  max = 'the value is <= this',
+  positive = 'the value is > 0',
+  below = 'the value is < this',
+  one_of = 'the value is one of this list (or of what this function returns)',
+  input = "a path that must exist (true; 'file' or 'dir' to require that kind), unless empty",
+  output = "'file': an output file whose directory is created and must be writable; 'dir': an output directory, the same",
+  less_than = 'the value is < the named option\'s',
+  at_most = 'the value is <= the named option\'s',
+  multiple_of = 'the value is a multiple of the named option\'s',
+  needs = 'when set, the named option (or each of a list) must be set too',
+  check = 'function(value, cfg) returning nil, or what is wrong (a phrase after "--key ")',
+}
+
+local VALIDATE_FLAG = 'validate_options'
 
 local function canonical(key) return (key:gsub('%-', '_')) end
 
@@ -40,23 +79,95 @@ local function sorted_keys(t)
   return keys
 end
 
+-- The keys of a table, sorted (model config names for one_of).
+M.keys = sorted_keys
+
+local function show(v)
+  if type(v) == 'string' then return ("'%s'"):format(v) end
+  return tostring(v)
+end
+
+local function list_of(d)
+  local l = d.one_of
+  if type(l) == 'function' then l = l() end
+  return l
+end
+
+-- The constraints of an entry in words, for --help: "[integer >= 1]".
+local function describe(d)
+  local parts = {}
+  local kind = d.int and 'integer' or nil
+  local bounds = {}
+  if d.positive then bounds[#bounds + 1] = '> 0' end
+  if d.min then bounds[#bounds + 1] = '>= ' .. tostring(d.min) end
+  if d.below then bounds[#bounds + 1] = '< ' .. tostring(d.below) end
+  if d.max then bounds[#bounds + 1] = '<= ' .. tostring(d.max) end
+  if kind or #bounds > 0 then
+    parts[#parts + 1] = ((kind or '') .. ' ' .. table.concat(bounds, ', ')):gsub('^ ', ''):gsub(' $', '')
+  end
+  local l = list_of(d)
+  if l then
+    local shown = {}
+    for i, v in ipairs(l) do shown[i] = v == '' and "''" or tostring(v) end
+    parts[#parts + 1] = 'one of ' .. table.concat(shown, ', ')
+  end
+  if d.less_than then parts[#parts + 1] = '< --' .. d.less_than end
+  if d.at_most then parts[#parts + 1] = '<= --' .. d.at_most end
+  if d.multiple_of then parts[#parts + 1] = 'multiple of --' .. d.multiple_of end
+  if d.needs then
+    local list = type(d.needs) == 'table' and d.needs or { d.needs }
+    parts[#parts + 1] = 'needs --' .. table.concat(list, ', --')
+  end
+  if d.input then parts[#parts + 1] = 'must exist' end
+  if d.output then parts[#parts + 1] = 'written' end
+  if #parts == 0 then return '' end
+  return ' [' .. table.concat(parts, '; ') .. ']'
+end
+
 -- The usage text of a spec.
 function M.usage(spec, script)
   local lines = { ('usage: fsdp-lua %s [--key=value ...] [--config file.lua]'):format(script or 'recipe.lua'), '' }
   for _, k in ipairs(sorted_keys(spec)) do
     local d = spec[k]
-    lines[#lines + 1] = ('  --%-28s %-14s %s'):format(k, tostring(d[1]), d[2] or '')
+    lines[#lines + 1] = ('  --%-28s %-14s %s%s'):format(k, tostring(d[1]), d[2] or '', describe(d))
   end
+  lines[#lines + 1] = ('  --%-28s %-14s %s'):format(VALIDATE_FLAG, 'false',
+    'check the options (and the model config they make), print "options: ok" and exit')
   return table.concat(lines, '\n')
+end
+
+-- A spec entry's constraint names are checked too: a misspelt constraint
+-- (minimum = 1) would otherwise check nothing.
+local function check_spec(spec)
+  for _, k in ipairs(sorted_keys(spec)) do
+    local d = spec[k]
+    if type(d) ~= 'table' then error(('fsdp.recipe: spec entry %s must be a table {default, description, ...}'):format(k), 0) end
+    for name in pairs(d) do
+      if name ~= 1 and name ~= 2 and not M.CONSTRAINTS[name] then
+        error(('fsdp.recipe: spec entry %s: unknown constraint %s%s'):format(k, tostring(name),
+          suggest.hint(name, sorted_keys(M.CONSTRAINTS))), 0)
+      end
+    end
+    for _, rel in ipairs({ 'less_than', 'at_most', 'multiple_of' }) do
+      if d[rel] ~= nil and type(d[rel]) ~= 'string' then
+        error(('fsdp.recipe: spec entry %s: %s must name an option'):format(k, rel), 0)
+      end
+    end
+  end
+end
+
+local function unknown(spec, key, source)
+  local names = sorted_keys(spec)
+  local dash = source == 'cli' and '--' or ''
+  local hint = suggest.hint(key, names, function(c) return dash .. c end)
+  if hint ~= '' then error(('unknown option %s%s%s'):format(dash, key, hint), 0) end
+  error(('unknown option %s%s (valid: %s)'):format(dash, key, table.concat(names, ', ')), 0)
 end
 
 local function apply(cfg, spec, key, value, source)
   key = canonical(key)
   local d = spec[key]
-  if not d then
-    error(('unknown option %s%s (valid: %s)'):format(source == 'cli' and '--' or '', key,
-      table.concat(sorted_keys(spec), ', ')), 0)
-  end
+  if not d then unknown(spec, key, source) end
   if type(value) == 'string' and type(d[1]) ~= 'string' then value = parse_value(key, value, d[1]) end
   if type(d[1]) ~= type(value) and d[1] ~= nil then
     error(('option %s expects a %s, got %s'):format(key, type(d[1]), type(value)), 0)
@@ -64,22 +175,190 @@ local function apply(cfg, spec, key, value, source)
   cfg[key] = value
 end
 
--- Resolve a config from spec = {key = {default, description}} and the
--- script's arguments. Returns the config table and the positional
--- arguments. Exits after printing usage on --help; a bad option prints its
--- message (no traceback: it is a usage mistake, not a program error) and
--- exits with status 2.
-function M.config(spec, args, script)
-  local ok, cfg, positional = pcall(M.parse, spec, args, script)
-  if not ok then
-    io.stderr:write(('fsdp-lua: %s\nTry --help for the options.\n'):format(tostring(cfg)))
-    os.exit(2)
+local function is_set(v) return v ~= nil and v ~= 0 and v ~= '' and v ~= false end
+
+-- What is wrong with one value alone, or nil.
+local function value_problem(d, v, cfg)
+  if type(v) == 'number' then
+    if v ~= v or v == math.huge or v == -math.huge then return 'must be a finite number, got ' .. tostring(v) end
+    if d.int and v ~= math.floor(v) then return 'must be an integer, got ' .. tostring(v) end
+    if d.positive and v <= 0 then return 'must be > 0, got ' .. tostring(v) end
+    if d.min and v < d.min then return ('must be >= %s, got %s'):format(tostring(d.min), tostring(v)) end
+    if d.max and v > d.max then return ('must be <= %s, got %s'):format(tostring(d.max), tostring(v)) end
+    if d.below and v >= d.below then return ('must be < %s, got %s'):format(tostring(d.below), tostring(v)) end
+  end
+  local l = list_of(d)
+  if l then
+    local found = false
+    for _, x in ipairs(l) do if x == v then found = true end end
+    if not found then
+      local shown = {}
+      for i, x in ipairs(l) do shown[i] = x == '' and "'' (none)" or tostring(x) end
+      return ('must be one of %s; got %s%s'):format(table.concat(shown, ', '), show(v),
+        type(v) == 'string' and suggest.hint(v, l) or '')
+    end
+  end
+  if d.check then
+    local why = d.check(v, cfg)
+    if why then return why end
+  end
+end
+
+local function relation_problem(spec, cfg, key, d)
+  local v = cfg[key]
+  for _, rel in ipairs({ 'less_than', 'at_most', 'multiple_of' }) do
+    local other = d[rel]
+    if other and spec[other] ~= nil and is_set(v) and is_set(cfg[other]) then
+      local w = cfg[other]
+      local bad = (rel == 'less_than' and not (v < w)) or (rel == 'at_most' and not (v <= w))
+                  or (rel == 'multiple_of' and v % w ~= 0)
+      if bad then
+        local words = rel == 'less_than' and 'less than' or rel == 'at_most' and 'at most' or 'a multiple of'
+        return ('(%s) must be %s --%s (%s)'):format(tostring(v), words, other, tostring(w))
+      end
+    end
+  end
+  if d.needs and is_set(v) then
+    local list = type(d.needs) == 'table' and d.needs or { d.needs }
+    for _, other in ipairs(list) do
+      if spec[other] ~= nil and not is_set(cfg[other]) then return ('needs --%s'):format(other) end
+    end
+  end
+end
+
+local probe_count = 0
+
+-- Whether a file can be created in dir: by creating (and removing) one, the
+-- only test that also holds for root, read-only mounts and quotas.
+local function writable_dir(dir)
+  probe_count = probe_count + 1
+  -- Unique per rank of a job (each rank checks the same paths at once).
+  local rank = tonumber(require('fsdp.core').C.fl_dist_launcher_rank())
+  local probe = ('%s/.fsdp-lua-write-probe-%d-%d-%d-%s'):format(dir, rank, os.time(), probe_count,
+    tostring({}):match('0x(%x+)') or '0')
+  local f, err = io.open(probe, 'w')
+  if not f then return nil, (err:gsub('^[^:]*: ', '')) end
+  f:close()
+  os.remove(probe)
+  return true
+end
+
+local function mode(path) return require('lfs').attributes(path, 'mode') end
+
+local function make_dir(key, dir)
+  if mode(dir) == 'directory' then return end
+  local ok, err = pcall(require('fsdp.files').mkdir_p, dir, '--' .. key)
+  if not ok then error((tostring(err):gsub('^[^\n:]+:%d+: ', '')), 0) end
+end
+
+local function path_problem(key, d, v)
+  if type(v) ~= 'string' or v == '' then return end
+  if d.input then
+    local m = mode(v)
+    if not m then return ('%s does not exist'):format(v) end
+    if d.input == 'file' and m == 'directory' then return ('%s is a directory, not a file'):format(v) end
+    if d.input == 'dir' and m ~= 'directory' then return ('%s is not a directory'):format(v) end
+  end
+  if d.output == 'dir' then
+    if mode(v) and mode(v) ~= 'directory' then return ('%s exists and is not a directory'):format(v) end
+    make_dir(key, v)
+    local ok, why = writable_dir(v)
+    if not ok then return ('cannot write in %s: %s'):format(v, why) end
+  elseif d.output == 'file' then
+    if mode(v) == 'directory' then return ('%s is a directory, not a file'):format(v) end
+    local dir = require('fsdp.files').dirname(v)
+    make_dir(key, dir)
+    if mode(v) then
+      -- An existing file: opened to append, so nothing in it changes.
+      local f, err = io.open(v, 'a')
+      if not f then return ('cannot write %s: %s'):format(v, (err:gsub('^[^:]*: ', ''))) end
+      f:close()
+    else
+      local ok, why = writable_dir(dir)
+      if not ok then return ('cannot write in %s: %s'):format(dir, why) end
+    end
+  end
+end
+
+-- Check a resolved config against its spec's constraints: each value, then
+-- the relations, then the paths (which create output directories), in
+-- the order of the keys. Raises the first problem as "--key ...".
+function M.validate(spec, cfg)
+  local keys = sorted_keys(spec)
+  for _, k in ipairs(keys) do
+    local why = value_problem(spec[k], cfg[k], cfg)
+    if why then error(('--%s %s'):format(k, why), 0) end
+  end
+  for _, k in ipairs(keys) do
+    local why = relation_problem(spec, cfg, k, spec[k])
+    if why then error(('--%s %s'):format(k, why), 0) end
+  end
+  for _, k in ipairs(keys) do
+    local why = path_problem(k, spec[k], cfg[k])
+    if why then error(('--%s: %s'):format(k, why), 0) end
+  end
+  return cfg
+end
+
+-- A message without the "file:line: " an error() with a level puts first.
+local function bare(msg)
+  return (tostring(msg):gsub('^[^\n:]+:%d+: ', ''))
+end
+M.bare = bare
+
+-- A usage mistake: one line on stderr (rank 0 of a launched job only, so N
+-- ranks do not print it N times), exit status 2.
+function M.usage_error(msg)
+  local rank = tonumber(require('fsdp.core').C.fl_dist_launcher_rank())
+  if rank <= 0 then
+    local line = bare(msg):gsub('\n.*', '')
+    io.stderr:write(('fsdp-lua: %s\n'):format(line))
+    io.stderr:flush()
+  end
+  os.exit(2)
+end
+
+-- An error of a model config function (models/*.lua) in the words of the
+-- recipe's options: names maps config fields to options ({dim =
+-- 'hidden_width'}), and the options whose fields the message names are
+-- appended: "llama config: dim 100 is not a multiple of n_heads 3 (from
+-- --hidden_width, --num_heads)".
+function M.explain(msg, names)
+  msg = bare(msg)
+  local from, seen = {}, {}
+  for _, field in ipairs(sorted_keys(names or {})) do
+    local opt = names[field]
+    if not seen[opt] and (' ' .. msg .. ' '):find('[^%w_]' .. field:gsub('%p', '%%%0') .. '[^%w_]') then
+      seen[opt] = true
+      from[#from + 1] = '--' .. opt
+    end
+  end
+  if #from == 0 then return msg end
+  table.sort(from)
+  return ('%s (from %s)'):format(msg, table.concat(from, ', '))
+end
+
+-- Resolve a config from spec = {key = {default, description, constraints}}
+-- and the script's arguments, and check it (M.validate, then validate(cfg)
+-- when given: the recipe's checks of its model config). Returns the
+-- config table and the positional arguments. Exits after printing usage on
+-- --help, and with "options: ok" after the checks on --validate_options; a
+-- bad option prints its one-line message (no traceback: it is a usage
+-- mistake, not a program error) and exits with status 2.
+function M.config(spec, args, script, validate)
+  local ok, cfg, positional, only = pcall(M.parse, spec, args, script, validate)
+  if not ok then M.usage_error(cfg) end
+  if only then
+    print('options: ok')
+    os.exit(0)
   end
   return cfg, positional
 end
 
--- M.config without the exit: raises an error for a bad option.
-function M.parse(spec, args, script)
+-- M.config without the exit: raises an error for a bad option. The third
+-- result is true when --validate_options was given.
+function M.parse(spec, args, script, validate)
+  check_spec(spec)
   local cfg, positional = {}, {}
   for k, d in pairs(spec) do cfg[k] = d[1] end
   args = args or {}
@@ -96,7 +375,7 @@ function M.parse(spec, args, script)
       for _, k in ipairs(sorted_keys(t)) do apply(cfg, spec, k, t[k], 'file') end
     end
   end
-  local skip = false
+  local skip, only = false, false
   for i, a in ipairs(args) do
     if skip then
       skip = false
@@ -107,6 +386,8 @@ function M.parse(spec, args, script)
       skip = true
     elseif a:match('^%-%-config=') then
       -- handled above
+    elseif a:sub(1, 2) == '--' and canonical(a:sub(3)) == VALIDATE_FLAG then
+      only = true
     elseif a:match('^%-%-') then
       local key, value = a:match('^%-%-([%w_%-]+)=(.*)$')
       if not key then
@@ -122,16 +403,17 @@ function M.parse(spec, args, script)
       positional[#positional + 1] = a
     end
   end
-  return cfg, positional
+  M.validate(spec, cfg)
+  if validate then
+    local ok, err = pcall(validate, cfg)
+    if not ok then error(bare(err), 0) end
+  end
+  return cfg, positional, only
 end
 
 -- Names a recipe exposed (a set), for the REPL's help().
 M.exposed = {}
 
--- Make a recipe's objects globals for the REPL that follows when the
--- recipe runs with -i (`fsdp-lua -i recipes/llama2_7b.lua --dry-run`, then
--- `model`, `cfg` at the prompt). Without -i it does nothing: a recipe's
--- locals stay local. Returns its argument.
 -- Option specs combined, later tables winning on a clash: the shared
 -- option sets (fsdp.sharding.recipe, fsdp.checkpointing.recipe) under a
 -- recipe's own.
@@ -143,6 +425,10 @@ function M.merge(...)
   return all
 end
 
+-- Make a recipe's objects globals for the REPL that follows when the
+-- recipe runs with -i (`fsdp-lua -i recipes/llama2_7b.lua --dry-run`, then
+-- `model`, `cfg` at the prompt). Without -i it does nothing: a recipe's
+-- locals stay local. Returns its argument.
 function M.expose(objects)
   local ok, host = pcall(require, 'fsdp.host')
   if not (ok and host.interactive) then return objects end

@@ -16,7 +16,9 @@
 -- crashes cannot take the sweep with it. The recipe's last line
 -- `SUMMARY {json}` gives samples/s, TFLOPS and peak bytes; a point that
 -- fails is recorded as 'oom' (its output says "out of memory"), 'timeout'
--- or 'error' (with the message), and the sweep goes on.
+-- or 'error' (with the message), and the sweep goes on. Before any point
+-- runs, M.validate checks every point's options (recipes/sweep.lua refuses
+-- a grid with a bad point), and a sweep with a failed point exits non-zero.
 local M = {}
 
 local function fail(msg) error('fsdp.sweep: ' .. msg, 0) end
@@ -111,7 +113,9 @@ function M.command(opts, point, axes, extra)
     parts[#parts + 1] = shell_quote(('--%s=%s'):format(axis.name, point[axis.name]))
   end
   local steps = (opts.steps or 3) + 1  -- one warmup step, left out of the rates
-  parts[#parts + 1] = ('--max_steps=%d --warmup_steps=0 --log_every=%d --summary'):format(steps, steps)
+  -- --skip_fit_check: a point measures what really happens, out of
+  -- memory included, rather than the planner's prediction.
+  parts[#parts + 1] = ('--max_steps=%d --warmup_steps=0 --log_every=%d --summary --skip_fit_check'):format(steps, steps)
   if (opts.memory_limit_mb or 0) > 0 then
     parts[#parts + 1] = ('--memory_limit_mb=%s'):format(opts.memory_limit_mb)
   end
@@ -144,6 +148,37 @@ function M.run_point(opts, point, axes)
   result.point, result.command = point, cmd
   return result
 end
+
+-- Check every point's options before any point runs: the recipe run with
+-- the point's whole command line and --validate_options (fsdp.recipe:
+-- the options and the model config they make are checked, nothing is
+-- built; ~50 ms a point). Returns a list of problems {index=, point=,
+-- message=, count=}, one per distinct message (an unknown option fails
+-- every point alike: count says how many), empty when all are valid.
+function M.validate(opts, points, axes)
+  local problems, by_message = {}, {}
+  for i, point in ipairs(points) do
+    local output, rc = capture(M.command(opts, point, axes, '--validate_options'))
+    if rc ~= 0 or not output:find('options: ok', 1, true) then
+      local message = output:match('fsdp%-lua: ([^\n]*)') or trim(output):match('([^\n]*)$') or ''
+      if rc == 124 or rc == 137 then message = 'checking its options ran past the time limit' end
+      if message == '' then message = ('exit %d'):format(rc) end
+      local seen = by_message[message]
+      if seen then
+        seen.count = seen.count + 1
+      else
+        by_message[message] = { index = i, point = point, message = message, count = 1 }
+        problems[#problems + 1] = by_message[message]
+      end
+    end
+  end
+  return problems
+end
+
+-- Whether a result is a failure of the point (its options, a crash, a
+-- timeout) rather than a measurement: 'oom' under a memory limit is an
+-- answer the sweep asks for.
+function M.failed(result) return result.status == 'error' or result.status == 'timeout' end
 
 -- Run every point of the grid in turn. opts: recipe, axes, args (base
 -- arguments), steps (measured steps per point), memory_limit_mb, timeout

@@ -33,9 +33,142 @@ describe('recipe options', function()
   it('name what is wrong', function()
     assert.error_matches(function() recipe.parse(spec, { '--bogus=1' }) end,
       'unknown option %-%-bogus %(valid: dry_run, lr, model, steps%)')
+    assert.error_matches(function() recipe.parse(spec, { '--step=1' }) end,
+      'unknown option %-%-step %(did you mean %-%-steps%?%)')
     assert.error_matches(function() recipe.parse(spec, { '--lr=fast' }) end, '%-%-lr expects a number, got "fast"')
     assert.error_matches(function() recipe.parse(spec, { '--steps' }) end, '%-%-steps expects a value')
     assert.error_matches(function() recipe.parse(spec, { '--dry_run=maybe' }) end, 'expects true or false')
+  end)
+end)
+
+describe('option constraints', function()
+  local files = require 'fsdp.files'
+  local S = {
+    batch_size = { 4, 'batch', int = true, min = 1 },
+    lr = { 1e-3, 'lr', positive = true },
+    min_lr = { 0, 'final lr', min = 0, at_most = 'lr' },
+    beta = { 0.9, 'beta', min = 0, below = 1 },
+    noise = { 0.1, 'noise', max = 1 },
+    steps = { 10, 'steps', int = true, min = 1 },
+    warmup = { 2, 'warmup', int = true, min = 0, less_than = 'steps' },
+    width = { 0, 'width (0: keep)', int = true, min = 0, multiple_of = 'heads' },
+    heads = { 0, 'heads (0: keep)', int = true, min = 0 },
+    dtype = { 'f32', 'dtype', one_of = { 'f32', 'bf16' } },
+    strategy = { 'FULL_SHARD', 'strategy', one_of = function() return { 'FULL_SHARD', 'NO_SHARD' } end },
+    ckpt_dir = { '', 'checkpoints', output = 'dir' },
+    ckpt_freq = { 0, 'save every', int = true, min = 0, needs = 'ckpt_dir' },
+    out = { '', 'output file', output = 'file' },
+    data = { '', 'input', input = 'dir' },
+    odd = { 1, 'an odd number', check = function(v) if v % 2 == 0 then return 'must be odd, got ' .. v end end },
+  }
+  local function bad(args, pattern)
+    assert.error_matches(function() recipe.parse(S, args) end, pattern, nil, true)
+  end
+
+  it('check integers, ranges and finite numbers', function()
+    assert.equals(8, recipe.parse(S, { '--batch_size=8' }).batch_size)
+    bad({ '--batch_size=0' }, '--batch_size must be >= 1, got 0')
+    bad({ '--batch_size=1.5' }, '--batch_size must be an integer, got 1.5')
+    bad({ '--lr=0' }, '--lr must be > 0, got 0')
+    bad({ '--lr=-inf' }, '--lr must be a finite number, got -inf')
+    bad({ '--beta=1' }, '--beta must be < 1, got 1')
+    bad({ '--noise=1.5' }, '--noise must be <= 1, got 1.5')
+    bad({ '--odd=2' }, '--odd must be odd, got 2')
+  end)
+
+  it('check enums with a suggestion', function()
+    bad({ '--dtype=f8' }, "--dtype must be one of f32, bf16; got 'f8'")
+    bad({ '--dtype=bf61' }, "got 'bf61' (did you mean bf16?)")
+    bad({ '--strategy=FULL' }, "--strategy must be one of FULL_SHARD, NO_SHARD; got 'FULL' (did you mean FULL_SHARD?)")
+    bad({ '--strategy=full_shard' }, '(did you mean FULL_SHARD?)')
+    bad({ '--batchsize=2' }, 'unknown option --batchsize (did you mean --batch_size?)')
+  end)
+
+  it('check relations when both options are set', function()
+    bad({ '--warmup=10', '--steps=3' }, '--warmup (10) must be less than --steps (3)')
+    assert.equals(0, recipe.parse(S, { '--warmup=0', '--steps=1' }).warmup)
+    bad({ '--min_lr=0.1' }, '--min_lr (0.1) must be at most --lr (0.001)')
+    bad({ '--width=10', '--heads=4' }, '--width (10) must be a multiple of --heads (4)')
+    assert.equals(10, recipe.parse(S, { '--width=10' }).width)  -- heads 0: the model's, checked there
+    bad({ '--ckpt_freq=5' }, '--ckpt_freq needs --ckpt_dir')
+  end)
+
+  it('check paths: inputs exist, output directories are created and writable', function()
+    local dir = T.tmpdir()
+    bad({ '--data=' .. dir .. '/none' }, '--data: ' .. dir .. '/none does not exist')
+    local cfg = recipe.parse(S, { '--ckpt_dir=' .. dir .. '/c/d', '--ckpt_freq=5', '--out=' .. dir .. '/e/f.bin',
+                                  '--data=' .. dir })
+    assert.equals(5, cfg.ckpt_freq)
+    assert.equals('directory', files.mode(dir .. '/c/d'))
+    assert.equals('directory', files.mode(dir .. '/e'))
+    assert.is_nil(files.mode(dir .. '/e/f.bin'))
+    bad({ '--out=' .. dir }, '--out: ' .. dir .. ' is a directory, not a file')
+    bad({ '--ckpt_dir=/proc/x' }, '--ckpt_dir: cannot create directory /proc/x')
+    bad({ '--out=/proc/y.bin' }, '--out: cannot write in /proc')
+    os.execute('rm -rf ' .. T.quote(dir))
+  end)
+
+  it('run the recipe\'s own check after its options, as option errors', function()
+    local function check(cfg)
+      if cfg.width > 0 and cfg.width < 8 then error('models/x.lua:3: x config: dim ' .. cfg.width .. ' too small', 0) end
+    end
+    assert.error_matches(function() recipe.parse(S, { '--width=4' }, 'x', check) end,
+      '^x config: dim 4 too small$')
+    assert.equals('x config: dim 4 too small (from --width)',
+      recipe.explain('models/x.lua:3: x config: dim 4 too small', { dim = 'width', heads = 'heads' }))
+    local _, _, only = recipe.parse(S, { '--validate_options' }, 'x', check)
+    assert.is_true(only)
+  end)
+
+  it('refuse a misspelt constraint in a spec', function()
+    assert.error_matches(function() recipe.parse({ n = { 1, 'n', minimum = 1 } }, {}) end,
+      'spec entry n: unknown constraint minimum', nil, true)
+  end)
+
+  it('show in --help', function()
+    local usage = recipe.usage(S, 'x.lua')
+    assert.matches('--batch_size%s+4%s+batch %[integer >= 1%]', usage)
+    assert.matches('--warmup%s+2%s+warmup %[integer >= 0; < %-%-steps%]', usage)
+    assert.matches('--dtype%s+f32%s+dtype %[one of f32, bf16%]', usage)
+  end)
+end)
+
+describe('fsdp.suggest', function()
+  local suggest = require 'fsdp.suggest'
+  it('suggests a close name, a unique prefix or another case, and nothing far off', function()
+    assert.equals(3, suggest.distance('kitten', 'sitting'))
+    assert.equals('num_layers', suggest.closest('num_layer', { 'num_heads', 'num_layers' }))
+    assert.equals('FULL_SHARD', suggest.closest('FULL', { 'FULL_SHARD', 'NO_SHARD' }))
+    assert.equals('FULL_SHARD', suggest.closest('full_shard', { 'FULL_SHARD', 'NO_SHARD' }))
+    assert.equals(1, suggest.distance('bf61', 'bf16'))
+    assert.is_nil(suggest.closest('S', { 'SHARD_GRAD_OP', 'SHARD_X' }))  -- no unique prefix, nothing close
+    assert.is_nil(suggest.closest('bogus', { 'batch_size', 'lr' }))
+    assert.equals('', suggest.hint('zzz', { 'lr' }))
+  end)
+end)
+
+describe('model config overrides', function()
+  it('refuse unknown keys with a suggestion, and bad shapes', function()
+    local llama, gpt2, t5 = require 'models.llama', require 'models.gpt2', require 'models.t5'
+    local deepvit, mnist = require 'models.deepvit', require 'models.mnist'
+    assert.error_matches(function() llama.build('tiny', { device = 'meta', num_layer = 3 }) end,
+      "llama: unknown config key 'num_layer' (did you mean num_layers?)", nil, true)
+    assert.error_matches(function() llama.config('tiny', { n_layers = -1 }) end,
+      'llama config: n_layers must be a positive integer, got -1', nil, true)
+    assert.error_matches(function() llama.config('tiny', { dim = 64.5 }) end, 'dim must be a positive integer')
+    assert.error_matches(function() gpt2.config('tiny', { n_layer = 2, drop = 0.1 }) end,
+      "gpt2: unknown config key 'drop'", nil, true)
+    assert.error_matches(function() gpt2.config('tiny', { dropout = 1.5 }) end, 'dropout must be in [0, 1)', nil, true)
+    assert.error_matches(function() t5.config('tiny', { d_modle = 8 }) end,
+      "t5: unknown config key 'd_modle' (did you mean d_model?)", nil, true)
+    assert.error_matches(function() deepvit.config('tiny', { heads = 0 }) end, 'heads must be a positive integer')
+    assert.error_matches(function() deepvit.config('tiny', { head = 2 }) end, "(did you mean heads?)", nil, true)
+    assert.error_matches(function() mnist.build({ devcie = 'meta' }) end, "(did you mean device?)", nil, true)
+    assert.error_matches(function() llama.config('Llama-2-7') end, "unknown config 'Llama-2-7' (did you mean Llama-2-7b?)",
+      nil, true)
+    -- The spellings that are right still work.
+    assert.equals(3, llama.config('tiny', { num_layers = 3 }).n_layers)
+    assert.equals(3, gpt2.config('tiny', { n_layer = 3 }).n_layers)
   end)
 end)
 
@@ -68,10 +201,15 @@ describe('recipes/llama2_7b.lua', function()
     for _, needed in ipairs({ '--checkpoint_dir', '--checkpoint_freq', '--resume_from_checkpoint' }) do
       assert.truthy(command:find(needed, 1, true), needed)
     end
-    -- Values from the job's environment become placeholders; --dry-run
-    -- then parses them all without training.
-    local args = command:gsub('\\\n', ' '):gsub('"%$%b{}[^"]*"', 'x')
+    -- Values from the job's environment become placeholders (paths in a
+    -- temporary directory: output directories are created as the options
+    -- are checked, and --data must exist); --dry-run then parses them all
+    -- without training.
+    local dir = T.tmpdir()
+    local args = command:gsub('\\\n', ' '):gsub('"%$%b{}[^"]*"', dir .. '/x'):gsub('%-%-data=%S+', '--data=' .. dir)
+      :gsub('%-%-checkpoint_dir=%S+', '--checkpoint_dir=' .. dir .. '/checkpoints')
     local out, rc = run(args .. ' --dry-run')
+    os.execute('rm -rf ' .. T.quote(dir))
     assert.equals(0, rc, out)
     assert.is_true(#opts >= 10)
   end)

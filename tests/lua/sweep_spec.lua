@@ -130,14 +130,48 @@ describe('recipes/sweep.lua', function()
     assert.are.equal(found, tonumber(out:match('largest batch_size that fits: (%d+)')), out)
   end)
 
-  it('records a failing point and goes on', function()
+  it('checks every point of the grid before running any', function()
+    -- Point 2's heads do not divide the width: refused (exit 2) naming the
+    -- point and the options, before point 1 ran (no CSV).
     local out_dir = tmp .. '/bad'
+    local t0 = clock.now()
     local out, rc = run(('--grid=%s --args=%s --steps=1 --chart=false --out=%s'):format(
       quote('num_heads=2,3'), quote(small), quote(out_dir)))
-    assert.are.equal(0, rc, out)
+    assert.are.equal(2, rc, out)
+    assert.matches('grid point 2 of 2 (num_heads=3): --hidden_width (32) must be a multiple of --num_heads (3)', out, 1, true)
+    assert.is_nil(read_file(out_dir .. '/sweep.csv'), out)
+    assert.is_nil(out:find('Batch 1', 1, true), out)
+    -- An option the recipe does not have fails every point alike: said once.
+    out, rc = run(('--grid=%s --args=%s --out=%s'):format(quote('batch_size=1,2 num_layer=1,2'), quote(small),
+      quote(out_dir)))
+    assert.are.equal(2, rc, out)
+    assert.matches('grid point 1 of 4 (batch_size=1 num_layer=1): unknown option --num_layer (did you mean '
+      .. '--num_layers?) (and 3 more points)', out, 1, true)
+    print(('# two grids refused in %.2f s'):format(clock.now() - t0))
+  end)
+
+  it('records a point that fails while running, goes on, and exits 1', function()
+    -- A recipe whose --fail point passes the checks and fails when run.
+    local script = tmp .. '/flaky.lua'
+    local f = assert(io.open(script, 'w'))
+    f:write([[
+local cfg = require('fsdp.recipe').config({
+  fail = { false, 'fail while running' }, max_steps = { 1, 'steps', int = true, min = 1 },
+  warmup_steps = { 0, 'warmup' }, log_every = { 1, 'log' }, summary = { false, 'summary' },
+  skip_fit_check = { false, 'no fit check' },
+}, arg, 'flaky.lua')
+if cfg.fail then error('failed while running') end
+print('SUMMARY {"samples_per_s": 2, "tflops": 0, "peak_bytes": 1048576}')
+]])
+    f:close()
+    local out_dir = tmp .. '/flaky'
+    local out, rc = run(('--recipe=%s --grid=fail=false,true --args= --steps=1 --chart=false --out=%s'):format(
+      quote(script), quote(out_dir)))
+    assert.are.equal(1, rc, out)
+    assert.matches('1 of 2 points failed', out, 1, true)
     local csv = read_file(out_dir .. '/sweep.csv')
-    assert.matches('\n2,ok,', csv)
-    assert.matches('\n3,error,[^\n]*not a multiple', csv)
+    assert.matches('\nfalse,ok,', csv)
+    assert.matches('\ntrue,error,[^\n]*failed while running', csv)
   end)
 
   it('names bad options', function()

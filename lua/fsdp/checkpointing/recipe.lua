@@ -29,12 +29,21 @@ local json = require 'fsdp.json'
 
 local M = {}
 
+-- Each entry carries its constraints (fsdp.recipe checks them before a
+-- recipe builds anything): the output paths are created and probed for
+-- writing at start, not found unwritable at the first save or after the
+-- whole run.
 M.OPTIONS = {
-  checkpoint_dir = { '', 'directory of sharded checkpoints (one step-NNNNNN/ per save); empty: no checkpoints' },
-  checkpoint_freq = { 0, 'save a sharded checkpoint every N steps, and after the last (0: never)' },
-  keep_checkpoints = { 2, 'complete checkpoints to keep; older ones are deleted (their own files only) after a save (0: keep all)' },
-  resume_from_checkpoint = { false, 'continue from the newest intact checkpoint in --checkpoint_dir, if any (damaged ones are named and skipped)' },
-  save_full_state_dict = { '', 'at the end, write the whole model to this safetensors file (HF names, one unit at a time)' },
+  checkpoint_dir = { '', 'directory of sharded checkpoints (one step-NNNNNN/ per save); empty: no checkpoints',
+                     output = 'dir' },
+  checkpoint_freq = { 0, 'save a sharded checkpoint every N steps, and after the last (0: never)',
+                      int = true, min = 0, needs = 'checkpoint_dir' },
+  keep_checkpoints = { 2, 'complete checkpoints to keep; older ones are deleted (their own files only) after a save (0: keep all)',
+                       int = true, min = 0 },
+  resume_from_checkpoint = { false, 'continue from the newest intact checkpoint in --checkpoint_dir, if any (damaged ones are named and skipped)',
+                             needs = 'checkpoint_dir' },
+  save_full_state_dict = { '', 'at the end, write the whole model to this safetensors file (HF names, one unit at a time)',
+                           output = 'file' },
 }
 
 -- A recipe's own options plus these (its own win on a clash).

@@ -12,19 +12,26 @@ local fsdp = require 'fsdp'
 
 local M = {}
 
+-- Each entry carries its constraints (fsdp.recipe checks them before a
+-- recipe builds anything).
+local DTYPES = { '', 'bf16', 'f16', 'f32' }
 M.OPTIONS = {
-  sharding_strategy = { 'FULL_SHARD', 'FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2' },
-  mixed_precision = { '', 'compute dtype of the sharded units (bf16, f16); empty: the parameter dtype' },
-  reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype)' },
-  wrap = { 'transformer', 'wrap policy: transformer (one unit per block), size, none' },
-  wrap_min_params = { 1e8, 'with --wrap=size: the parameters that make a unit' },
-  backward_prefetch = { 'pre', 'gather the next unit in backward: pre, post, none' },
+  sharding_strategy = { 'FULL_SHARD', 'FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2',
+                        one_of = require('fsdp.sharding.layout').strategies },
+  mixed_precision = { '', 'compute dtype of the sharded units (bf16, f16); empty: the parameter dtype', one_of = DTYPES },
+  reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype)', one_of = DTYPES },
+  wrap = { 'transformer', 'wrap policy: transformer (one unit per block), size, none',
+           one_of = { 'transformer', 'size', 'none' } },
+  wrap_min_params = { 1e8, 'with --wrap=size: the parameters that make a unit', int = true, min = 1 },
+  backward_prefetch = { 'pre', 'gather the next unit in backward: pre, post, none', one_of = { 'pre', 'post', 'none' } },
   forward_prefetch = { false, 'gather the next unit in forward ahead of time' },
   limit_all_gathers = { true, 'at most two all-gathers in flight' },
   activation_checkpointing = { false, 'recompute each block in backward instead of keeping activations' },
   offload_activations = { false, 'move what each block saves for backward to pinned host memory (cuda; a no-op on the cpu)' },
   plan = { false, 'print what each rank would hold, send and compute (fsdp.plan) for this config, and exit' },
-  plan_device = { 'cpu', 'device profile for --plan (fsdp.devices: cpu, a100-80g, h100-80g, ...)' },
+  plan_device = { 'cpu', 'device profile for --plan (fsdp.devices: cpu, a100-80g, h100-80g, ...)',
+                  one_of = function() return require('fsdp.devices').names() end },
+  skip_fit_check = { false, 'train even when the planner says the config does not fit this machine\'s memory' },
 }
 
 -- A recipe's own options plus these (its own win on a clash).
@@ -89,9 +96,21 @@ end
 -- machine's CPU limited to it, and the plan also searches the largest
 -- batch that fits. Prints the plan and one line `PLAN {json}` (batch,
 -- peak_bytes, persistent_bytes, fits, max_batch) for recipes/sweep.lua.
+-- The fsdp.plan options of a config (its sharding options, this job's
+-- world, batch and seq from shape) on `device` (a name or profile).
+function M.plan_options(cfg, block_class, shape, script, device)
+  local policy, mp = M.policy_and_precision(cfg, block_class, script or 'recipe')
+  return {
+    world = fsdp.dist.world_size(), nodes = fsdp.dist.nodes(), strategy = cfg.sharding_strategy, policy = policy,
+    mixed_precision = mp, checkpoint = cfg.activation_checkpointing, device = device,
+    offload_activations = cfg.offload_activations or false,
+    backward_prefetch = cfg.backward_prefetch ~= 'none' and cfg.backward_prefetch or false,
+    forward_prefetch = cfg.forward_prefetch, batch = shape.batch, seq = shape.seq,
+  }
+end
+
 function M.plan(model, cfg, block_class, shape, script)
   script = script or 'recipe'
-  local policy, mp = M.policy_and_precision(cfg, block_class, script)
   local device = cfg.plan_device
   local limit = (cfg.memory_limit_mb or 0) > 0 and cfg.memory_limit_mb * 2^20 or nil
   if limit then
@@ -101,13 +120,7 @@ function M.plan(model, cfg, block_class, shape, script)
     device.name = ('%s limited to %g MiB'):format(base.name, cfg.memory_limit_mb)
     device.memory, device.reserved = limit, 0
   end
-  local opts = {
-    world = fsdp.dist.world_size(), nodes = fsdp.dist.nodes(), strategy = cfg.sharding_strategy, policy = policy,
-    mixed_precision = mp, checkpoint = cfg.activation_checkpointing, device = device,
-    offload_activations = cfg.offload_activations or false,
-    backward_prefetch = cfg.backward_prefetch ~= 'none' and cfg.backward_prefetch or false,
-    forward_prefetch = cfg.forward_prefetch, batch = shape.batch, seq = shape.seq,
-  }
+  local opts = M.plan_options(cfg, block_class, shape, script, device)
   local p = fsdp.plan(model, opts)
   local max_batch = limit and fsdp.plan.max_batch(model, opts) or nil
   if fsdp.dist.rank() == 0 then

@@ -1,0 +1,114 @@
+-- fsdp.sharding.fit: the check a training recipe makes after building its
+-- model on meta and before allocating any of it: does the planner
+-- (fsdp.plan) say this configuration fits this machine's memory?
+--
+--   local fit = require 'fsdp.sharding.fit'
+--   local model = llama.CausalLM(c, {device = 'meta', dtype = cfg.dtype})
+--   fit.check(model, cfg, llama.DecoderLayer, {batch = cfg.batch_size, seq = cfg.seq_len}, script,
+--             {layers = 'num_layers'})
+--   shard_recipe.apply(model, cfg, llama.DecoderLayer, script)   -- allocates
+--
+-- Without it, a configuration far past the machine (the 7B recipe's
+-- defaults in f32 on a 24 GB CPU machine: ~100 GiB) starts allocating and
+-- grows until the system kills the process. The budget is what this
+-- process may use: --memory_limit_mb when the recipe has it and it is set,
+-- else the machine's MemAvailable (/proc/meminfo) shared by this job's
+-- ranks on the node. A refusal is one line with the planned peak, its
+-- parts, the budget, and what would make it fit; exit status 2.
+-- --skip_fit_check trains anyway (the plan is an estimate).
+local fsdp = require 'fsdp'
+
+local M = {}
+
+local GiB, MiB = 2^30, 2^20
+
+-- Bytes the kernel says can be allocated without swapping, or nil.
+function M.mem_available()
+  local f = io.open('/proc/meminfo')
+  if not f then return nil end
+  local text = f:read('*a')
+  f:close()
+  local kb = text:match('MemAvailable:%s*(%d+)')
+  return kb and tonumber(kb) * 1024 or nil
+end
+
+local function size(bytes)
+  if bytes >= GiB then return ('%.1f GiB'):format(bytes / GiB) end
+  return ('%.1f MiB'):format(bytes / MiB)
+end
+
+-- The budget of one rank in bytes and where it comes from, or nil when
+-- this machine does not say.
+function M.budget(cfg)
+  if (cfg.memory_limit_mb or 0) > 0 then
+    return cfg.memory_limit_mb * MiB, ('--memory_limit_mb=%g'):format(cfg.memory_limit_mb)
+  end
+  local avail = M.mem_available()
+  if not avail then return nil end
+  local world, nodes = fsdp.dist.world_size(), math.max(1, fsdp.dist.nodes())
+  local local_ranks = math.max(1, math.ceil(world / nodes))
+  if local_ranks == 1 then return avail, 'MemAvailable of this machine' end
+  return avail / local_ranks, ('MemAvailable of this machine / %d ranks on it'):format(local_ranks)
+end
+
+-- What would make a plan fit, in the recipe's option names (names.layers:
+-- the option that sets the number of blocks; names.dtype, default 'dtype').
+local function suggestions(p, cfg, names, world, largest_batch)
+  local m, out = p.memory, {}
+  local activations = m.activations + m.inputs + math.max(0, m.transient)
+  if activations > 0.2 * m.peak then
+    local b = largest_batch()
+    out[#out + 1] = ('a smaller --batch_size (now %d; %s)'):format(cfg.batch_size or p.options.batch,
+      b > 0 and ('%d fits'):format(b) or 'even 1 does not fit')
+    if not cfg.activation_checkpointing and m.peak_other < m.peak then
+      out[#out + 1] = ('--activation_checkpointing (peak %s)'):format(size(m.peak_other))
+    end
+  end
+  local dtype_opt = names.dtype or 'dtype'
+  if cfg[dtype_opt] == 'f32' or cfg[dtype_opt] == 'f64' then
+    out[#out + 1] = ('--%s=bf16 (about half the bytes)'):format(dtype_opt)
+  end
+  -- Ranks on this machine share its memory; sharding over more machines
+  -- divides the persistent state (FULL_SHARD: parameters, gradients and
+  -- optimizer state) among all ranks.
+  local per_rank = m.peak - m.persistent
+  if cfg.sharding_strategy == 'FULL_SHARD' and per_rank < p.usable then
+    local total = m.persistent * world
+    out[#out + 1] = ('sharding over more machines (FULL_SHARD: about %d ranks of this budget)'):format(
+      math.max(world + 1, math.ceil(total / (p.usable - per_rank))))
+  end
+  if names.layers then out[#out + 1] = ('fewer layers (--%s)'):format(names.layers) end
+  return table.concat(out, ', ')
+end
+
+-- Refuse (exit 2, one line) when the plan of `model` (on meta, unsharded)
+-- for this job does not fit the budget. shape: {batch=, seq=} per rank as
+-- shard_recipe.plan's; names: option names for the suggestions
+-- ({layers = 'num_layers'}); extra: more fsdp.plan options (optimizer).
+-- Returns the plan, or nil when skipped (--skip_fit_check, no budget known).
+function M.check(model, cfg, block_class, shape, script, names, extra)
+  if cfg.skip_fit_check then return nil end
+  local budget, source = M.budget(cfg)
+  if not budget then return nil end
+  local shard_recipe = require 'fsdp.sharding.recipe'
+  local base = fsdp.devices.cpu
+  local device = {}
+  for k, v in pairs(base) do device[k] = v end
+  -- The step time is not asked for: a declared rate instead of measuring
+  -- this machine (which would allocate).
+  device.flops = { f32 = 20e9, bf16 = 20e9, f16 = 20e9 }
+  device.name, device.memory, device.reserved, device.measured = 'cpu', budget, 0, true
+  local opts = shard_recipe.plan_options(cfg, block_class, shape, script, device)
+  for k, v in pairs(extra or {}) do opts[k] = v end
+  local p = fsdp.plan(model, opts)
+  if p.fits then return p end
+  local m = p.memory
+  local msg = ('%s: does not fit: planned peak %s per rank (parameters %s, gradients %s, optimizer %s, '
+    .. 'activations %s) > %s available (%s); try %s; or --skip_fit_check'):format(
+    script or 'recipe', size(m.peak), size(m.params), size(m.grads), size(m.optimizer),
+    size(m.activations + m.inputs), size(budget), source,
+    suggestions(p, cfg, names or {}, opts.world, function() return (fsdp.plan.max_batch(model, opts)) end))
+  require('fsdp.recipe').usage_error(msg)
+end
+
+return M

@@ -1,0 +1,212 @@
+-- recipe_options_spec.lua: every recipe run as a process with bad options
+-- (issue 15's list and more): each is refused with exit status 2 and one
+-- line on stderr naming the option, before anything is built (nothing on
+-- stdout: the recipes print their config only after the checks) and fast;
+-- the fit check refuses the default 7B recipe with the planner's numbers;
+-- output paths are created and probed at start; --nproc is bounded before
+-- mpirun starts.
+local T = require 'fsdp.testing'
+local clock = require 'fsdp.clock'
+local files = require 'fsdp.files'
+local host = require 'fsdp.host'
+
+local tmp
+setup(function() tmp = T.tmpdir() end)
+teardown(function() if tmp then os.execute('rm -rf ' .. T.quote(tmp)) end end)
+
+-- Run `fsdp-lua <args>` from the project root with stdout and stderr
+-- apart: exit status, stdout, stderr, seconds.
+local function run(args, env)
+  local err = os.tmpname()
+  local cmd = ('cd %s && %s timeout 120 %s %s 2>%s; echo "@rc=$?"'):format(T.quote(host.root), env or '',
+    T.quote(host.exe), args, T.quote(err))
+  local t0 = clock.now()
+  local p = assert(io.popen(cmd))
+  local out = p:read('*a')
+  p:close()
+  local dt = clock.now() - t0
+  local stdout, rc = out:match('^(.-)@rc=(%d+)\n?$')
+  local stderr = files.read(err) or ''
+  os.remove(err)
+  return tonumber(rc), stdout, stderr, dt
+end
+
+local SMALL = '--num_layers=1 --hidden_width=32 --num_heads=2 --vocab_size=64 --seq_len=16 --batch_size=2'
+
+-- {recipe and options, what the one line says}. TMP in an option is the
+-- spec's temporary directory.
+local CASES = {
+  -- issue 15's list
+  { 'recipes/llama2_7b.lua --batch_size=0', '--batch_size must be >= 1, got 0' },
+  { 'recipes/llama2_7b.lua --vocab_size=-5', '--vocab_size must be >= 0, got -5' },
+  { 'recipes/llama2_7b.lua --num_layers=-1', '--num_layers must be >= 0, got -1' },
+  { 'recipes/llama2_7b.lua --hidden_width=-8', '--hidden_width must be >= 0, got -8' },
+  { 'recipes/llama2_7b.lua --grad_clip=-1', '--grad_clip must be >= 0, got -1' },
+  { 'recipes/llama2_7b.lua --max_steps=3', '--warmup_steps (10) must be less than --max_steps (3)' },
+  { 'recipes/llama2_7b.lua --dtype=f8', "--dtype must be one of f32, bf16, f64; got 'f8'" },
+  { 'recipes/llama2_7b.lua --sharding_strategy=FULL', "got 'FULL' (did you mean FULL_SHARD?)" },
+  { 'recipes/llama2_7b.lua --checkpoint_dir=/proc/fsdp-ckpt', '--checkpoint_dir: cannot create directory /proc/fsdp-ckpt' },
+  { 'recipes/llama2_7b.lua --checkpoint_dir=/etc/passwd', '--checkpoint_dir: /etc/passwd exists and is not a directory' },
+  { 'recipes/llama2_7b.lua --save_full_state_dict=/proc/nope/model.safetensors',
+    '--save_full_state_dict: cannot create directory /proc/nope' },
+  { 'recipes/llama2_7b.lua --save_full_state_dict=TMP', '--save_full_state_dict: TMP is a directory, not a file' },
+  { 'recipes/llama2_7b.lua --num_layer=3', 'unknown option --num_layer (did you mean --num_layers?)' },
+  -- more: types, ranges, enums, relations, paths
+  { 'recipes/llama2_7b.lua --batch_size=2.5', '--batch_size must be an integer, got 2.5' },
+  { 'recipes/llama2_7b.lua --batch_size=four', '--batch_size expects a number, got "four"' },
+  { 'recipes/llama2_7b.lua --batch_size', '--batch_size expects a value' },
+  { 'recipes/llama2_7b.lua --lr=0', '--lr must be > 0, got 0' },
+  { 'recipes/llama2_7b.lua --lr=nan', '--lr must be a finite number, got nan' },
+  { 'recipes/llama2_7b.lua --min_lr=0.01', '--min_lr (0.01) must be at most --lr (0.0003)' },
+  { 'recipes/llama2_7b.lua --beta2=1', '--beta2 must be < 1, got 1' },
+  { 'recipes/llama2_7b.lua --seq_len=0', '--seq_len must be >= 1, got 0' },
+  { 'recipes/llama2_7b.lua --log_every=0', '--log_every must be >= 1, got 0' },
+  { 'recipes/llama2_7b.lua --data_noise=2', '--data_noise must be <= 1, got 2' },
+  { 'recipes/llama2_7b.lua --dry_run=maybe', '--dry_run expects true or false, got "maybe"' },
+  { 'recipes/llama2_7b.lua --model=Llama-2-7', "got 'Llama-2-7' (did you mean Llama-2-7b?)" },
+  { 'recipes/llama2_7b.lua --hidden_width=64 --num_heads=5', '--hidden_width (64) must be a multiple of --num_heads (5)' },
+  { 'recipes/llama2_7b.lua --num_heads=4 --num_kv_heads=3', '--num_heads (4) must be a multiple of --num_kv_heads (3)' },
+  { 'recipes/llama2_7b.lua --hidden_width=100',
+    'llama config: dim 100 is not a multiple of n_heads 32 (from --hidden_width, --num_heads)' },
+  { 'recipes/llama2_7b.lua --hidden_width=48 --num_heads=16',
+    'llama config: head_dim 3 must be even for rotary embeddings (from --hidden_width)' },
+  { 'recipes/llama2_7b.lua --checkpoint_freq=10', '--checkpoint_freq needs --checkpoint_dir' },
+  { 'recipes/llama2_7b.lua --resume_from_checkpoint', '--resume_from_checkpoint needs --checkpoint_dir' },
+  { 'recipes/llama2_7b.lua --keep_checkpoints=-1', '--keep_checkpoints must be >= 0, got -1' },
+  { 'recipes/llama2_7b.lua --wrap=sized', "--wrap must be one of transformer, size, none; got 'sized' (did you mean size?)" },
+  { 'recipes/llama2_7b.lua --backward_prefetch=forward', "--backward_prefetch must be one of pre, post, none; got 'forward'" },
+  { 'recipes/llama2_7b.lua --mixed_precision=fp16', "got 'fp16' (did you mean f16?)" },
+  { 'recipes/llama2_7b.lua --plan_device=h100', "got 'h100' (did you mean h100-80g?)" },
+  { 'recipes/llama2_7b.lua --wrap_min_params=0', '--wrap_min_params must be >= 1, got 0' },
+  { 'recipes/llama2_7b.lua --data=/nonexistent/corpus', '--data: /nonexistent/corpus does not exist' },
+  { 'recipes/llama2_7b.lua --data=TMP', '--data: fsdp.data.tokens: TMP holds no train-NNNNN.safetensors shards' },
+  { 'recipes/llama2_7b.lua --val_data=/nonexistent/val', '--val_data: /nonexistent/val does not exist' },
+  { 'recipes/llama2_7b.lua --metrics_file=/proc/metrics.jsonl', '--metrics_file: cannot write in /proc' },
+  { 'recipes/t5_3b.lua --task=sort', "--task must be one of reverse, copy; got 'sort'" },
+  { 'recipes/t5_3b.lua --optimizer=adam', "got 'adam' (did you mean adamw?)" },
+  { 'recipes/t5_11b.lua --min_len=9', '--min_len (9) must be at most --max_len (8)' },
+  { 'recipes/t5_3b.lua --vocab_size=2', '--vocab_size must be 0 (keep) or >= 3' },
+  { 'recipes/t5_3b.lua --d_model=-1', '--d_model must be >= 0, got -1' },
+  { 'recipes/t5_3b.lua --dropout=1', '--dropout must be < 1, got 1' },
+  { 'recipes/t5_3b.lua --model=t5-3', "got 't5-3' (did you mean t5-3b?)" },
+  { 'recipes/t5_3b.lua --max_steps=10', '--warmup_steps (20) must be less than --max_steps (10)' },
+  { 'recipes/deepvit_8b.lua --depth=-1', '--depth must be >= 0, got -1' },
+  { 'recipes/deepvit_8b.lua --dropout=2', '--dropout must be -1 (keep) or in [0, 1), got 2' },
+  { 'recipes/deepvit_8b.lua --image_size=100 --patch_size=32', '--image_size (100) must be a multiple of --patch_size (32)' },
+  { 'recipes/deepvit_8b.lua --image_size=100',
+    'deepvit config: image_size 100 is not a multiple of patch_size 32 (from --image_size, --patch_size)' },
+  { 'recipes/deepvit_8b.lua --model=8b', "--model must be one of 1B, 3B, 60M, 8B, tiny; got '8b' (did you mean 8B?)" },
+  { 'recipes/deepvit_8b.lua --data=/nonexistent/images', '--data: /nonexistent/images does not exist' },
+  { 'recipes/mnist.lua --batch_size=0', '--batch_size must be >= 1, got 0' },
+  { 'recipes/mnist.lua --epochs=0', '--epochs must be >= 1, got 0' },
+  { 'recipes/mnist.lua --lr=-1', '--lr must be > 0, got -1' },
+  { 'recipes/mnist.lua --data=/etc/passwd', '--data: /etc/passwd is not a directory' },
+  { 'recipes/quickstart.lua --ranks=0', '--ranks must be >= 1, got 0' },
+  { 'recipes/quickstart.lua --dim=1000 --ranks=3', '--dim (1000) must be a multiple of --ranks (3)' },
+  { 'recipes/quickstart.lua --rank=2', 'unknown option --rank (did you mean --ranks?)' },
+  { 'recipes/sweep.lua --steps=0', '--steps must be >= 1, got 0' },
+  { 'recipes/sweep.lua --grid=dtype', '--grid is not a grid: bad grid axis "dtype"' },
+  { 'recipes/sweep.lua --find_batch', '--find_batch needs --memory_limit_mb' },
+  { 'recipes/sweep.lua --grid=batch_size=0,2 --args=' .. T.quote(SMALL),
+    'grid point 1 of 2 (batch_size=0): --batch_size must be >= 1, got 0' },
+  { 'recipes/sweep.lua --grid=bogus=1,2 --args=' .. T.quote(SMALL),
+    'unknown option --bogus (valid: activation_checkpointing' },
+}
+
+describe('recipes refuse bad options before building anything', function()
+  local slowest = 0
+  for _, case in ipairs(CASES) do
+    it(case[1], function()
+      local args, want = case[1]:gsub('TMP', tmp), case[2]:gsub('TMP', tmp)
+      local rc, stdout, stderr, dt = run(args)
+      slowest = math.max(slowest, dt)
+      assert.are.equal(2, rc, stdout .. stderr)
+      -- one line, the option named in it
+      assert.matches('^fsdp%-lua: [^\n]+\n$', stderr)
+      assert.matches(want, stderr, 1, true)
+      assert.is_nil(stderr:find('traceback', 1, true))
+      -- nothing built: the recipes print their config only after the checks
+      assert.are.equal('', stdout)
+      -- a process start and the checks; building the 7B on meta alone takes longer
+      assert.is_true(dt < 10, ('%.2f s'):format(dt))
+    end)
+  end
+  teardown(function() print(('# slowest of %d refusals: %.2f s'):format(#CASES, slowest)) end)
+end)
+
+describe('the fit check', function()
+  it('refuses the default 7B recipe with the planner\'s numbers before allocating', function()
+    -- With this machine's MemAvailable when it is below the ~107 GiB the
+    -- plan needs (a CI machine); otherwise with a 16 GiB limit.
+    local avail = require('fsdp.sharding.fit').mem_available()
+    local args = 'recipes/llama2_7b.lua'
+    if not avail or avail > 100 * 2^30 then args = args .. ' --memory_limit_mb=16384' end
+    local rc, stdout, stderr, dt = run(args)
+    assert.are.equal(2, rc, stdout .. stderr)
+    assert.matches('^fsdp%-lua: recipes/llama2_7b.lua: does not fit: planned peak 106.5 GiB per rank %(parameters '
+      .. '25.1 GiB, gradients 25.1 GiB, optimizer 50.2 GiB, activations [%d.]+ GiB%) > [%d.]+ GiB available %(', stderr)
+    assert.matches('try %-%-dtype=bf16 .* fewer layers %(%-%-num_layers%); or %-%-skip_fit_check\n$', stderr)
+    assert.is_nil(stdout:find('sharding:', 1, true), stdout)
+    print(('# 7B refused by the fit check in %.2f s'):format(dt))
+  end)
+
+  it('suggests a smaller batch and checkpointing when activations are the peak; --skip_fit_check goes on', function()
+    local args = 'recipes/llama2_7b.lua --num_layers=2 --hidden_width=32 --num_heads=2 --vocab_size=64 --batch_size=64 '
+      .. '--seq_len=256 --max_steps=1 --warmup_steps=0 --memory_limit_mb=8'
+    local rc, stdout, stderr = run(args)
+    assert.are.equal(2, rc, stdout .. stderr)
+    assert.matches('> 8%.0 MiB available %(%-%-memory_limit_mb=8%); try a smaller %-%-batch_size %(now 64; %d+ fits%), '
+      .. '%-%-activation_checkpointing', stderr)
+    -- The batch it names fits the plan: the same run with it passes the check.
+    local fits = stderr:match('(%d+) fits')
+    rc, stdout, stderr = run(args:gsub('%-%-batch_size=64', '--batch_size=' .. fits) .. ' --validate_options')
+    assert.are.equal(0, rc, stderr)
+    -- Skipped, the same run meets the limit for real.
+    rc, stdout, stderr = run(args .. ' --skip_fit_check')
+    assert.are.equal(1, rc, stdout .. stderr)
+    assert.matches('out of memory', stderr, 1, true)
+    assert.matches('sharding:', stdout, 1, true)
+  end)
+end)
+
+describe('output paths', function()
+  it('are created and probed at start', function()
+    local ckpt, full, metrics = tmp .. '/a/ckpt', tmp .. '/b/c/model.safetensors', tmp .. '/d/m.jsonl'
+    local rc, stdout, stderr = run(('recipes/llama2_7b.lua --checkpoint_dir=%s --save_full_state_dict=%s '
+      .. '--metrics_file=%s --validate_options'):format(ckpt, full, metrics))
+    assert.are.equal(0, rc, stdout .. stderr)
+    assert.are.equal('options: ok\n', stdout)
+    assert.are.equal('directory', files.mode(ckpt))
+    assert.are.equal('directory', files.mode(tmp .. '/b/c'))
+    assert.are.equal('directory', files.mode(tmp .. '/d'))
+    -- only the directories: no file is left behind
+    assert.is_nil(files.mode(full))
+    assert.is_nil(files.mode(metrics))
+    assert.are.same({}, files.list(ckpt))
+  end)
+end)
+
+describe('--nproc', function()
+  it('is bounded before mpirun starts', function()
+    -- A launcher that would leave a mark if it ran.
+    local mark, fake = tmp .. '/mpirun-ran', tmp .. '/mpirun'
+    local f = assert(io.open(fake, 'w'))
+    f:write('#!/bin/sh\ntouch ' .. T.quote(mark) .. '\n')
+    f:close()
+    os.execute('chmod +x ' .. T.quote(fake))
+    local env = 'FSDP_MPIRUN=' .. T.quote(fake)
+    local rc, _, stderr, dt = run('--nproc 100000 recipes/mnist.lua', env)
+    assert.are.equal(2, rc)
+    assert.matches("^fsdp%-lua: %-%-nproc 100000 is more than this machine's maximum of %d+ ranks", stderr)
+    assert.is_nil(files.mode(mark))
+    assert.is_true(dt < 10)
+    rc, _, stderr = run('--nproc=3 recipes/mnist.lua', 'FSDP_MAX_NPROC=2 ' .. env)
+    assert.are.equal(2, rc)
+    assert.matches('--nproc 3 is more than FSDP_MAX_NPROC=2 ranks', stderr, 1, true)
+    assert.is_nil(files.mode(mark))
+    -- Within the maximum the launcher runs.
+    rc = run('--nproc 2 recipes/mnist.lua', env)
+    assert.are.equal(0, rc)
+    assert.are.equal('file', files.mode(mark))
+  end)
+end)
