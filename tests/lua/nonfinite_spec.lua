@@ -276,7 +276,7 @@ describe('the recipes under the guard', function()
         :format(r[1]:gsub('%p', '%%%0'), r[3]:gsub('%p', '%%%0')), out)
       out, rc = T.run_script(r[1], r[2] .. ' --on_nonfinite=continue')
       assert.is_not.equals(0, rc)
-      assert.matches("%-%-on_nonfinite must be stop or skip_step, got 'continue'", out)
+      assert.matches("%-%-on_nonfinite must be one of stop, skip_step; got 'continue'", out)
     end
   end)
 end)
