@@ -127,16 +127,26 @@ torn_after() {
   echo "$out"
 }
 
+# The processes whose /proc/PID/stat field $1 (after the command name:
+# 1 = parent, 3 = session) is $2 (read from /proc: no procps needed).
+procs_where() {
+  local f line fields
+  for f in /proc/[0-9]*/stat; do
+    { read -r line <"$f"; } 2>/dev/null || continue
+    fields=(${line##*) })
+    [ "${fields[$1]}" = "$2" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+  done
+}
 # Processes of session $1 (mpirun runs as the session leader; Open MPI puts
 # each rank in a process group of its own, but in mpirun's session).
-session_pids() { ps -eo pid=,sid= | awk -v s="$1" '$2 == s { print $1 }'; }
+session_pids() { procs_where 3 "$1"; }
 kill_session() {
   local pids
   pids=$(session_pids "$1")
   [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
   return 0
 }
-rank_pids() { ps -eo pid=,ppid= | awk -v p="$1" '$2 == p { print $1 }'; }
+rank_pids() { procs_where 1 "$1"; }
 
 # The last step the metrics file $1 logged past byte $2 (0: none yet).
 progress() {
@@ -192,7 +202,7 @@ launch() {
   exec 2>>"$WORK/bash-notices"
   setsid env "$@" mpirun -np "$np" "$EXE" "${ARGS[@]}" --batch_size=$((GLOBAL_BATCH / np)) \
     --checkpoint_dir="$WORK/$name" --metrics_file="$WORK/$name.jsonl" --keep_checkpoints=$keep \
-    >"$log" 2>&1 &
+    >"$log" 2>&1 3>&- &
   JOB=$!
 }
 
