@@ -127,14 +127,15 @@ torn_after() {
   echo "$out"
 }
 
-# The processes whose /proc/PID/stat field $1 (after the command name:
-# 1 = parent, 3 = session) is $2 (read from /proc: no procps needed).
+# The live processes whose /proc/PID/stat field $1 (after the command
+# name: 1 = parent, 3 = session) is $2 (read from /proc: no procps needed).
+# Zombies do not count: a container whose init reaps nothing keeps them.
 procs_where() {
   local f line fields
   for f in /proc/[0-9]*/stat; do
     { read -r line <"$f"; } 2>/dev/null || continue
     fields=(${line##*) })
-    [ "${fields[$1]}" = "$2" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+    [ "${fields[0]}" != Z ] && [ "${fields[$1]}" = "$2" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
   done
 }
 # Processes of session $1 (mpirun runs as the session leader; Open MPI puts
@@ -378,13 +379,13 @@ chain() {
         comment "$(grep -E 'checkpoint' "$log" | head -10)"
       fi
     fi
-    # every complete checkpoint newer than r is this attempt's
+    # every complete checkpoint newer than r is this attempt's (the kept ones)
     new=""
     for s in $(complete_steps "$WORK/$name"); do
       if [ "$s" -gt "$r" ]; then cdepth[$s]=${adepth[$attempts]:-0}; new+="$s "; fi
     done
     [ "${adepth[$attempts]:-0}" -gt "$depth_max" ] && depth_max=${adepth[$attempts]:-0}
-    echo "# $name attempt $attempts: $np ranks from step $r (resume depth ${adepth[$attempts]:-0}): ${what:-no random kill}; exit $RC; new checkpoints: ${new:-none}${torn:+; torn saves: $torn}"
+    echo "# $name attempt $attempts: $np ranks from step $r (resume depth ${adepth[$attempts]:-0}): ${what:-no random kill}; exit $RC; its checkpoints kept: ${new:-none}${torn:+; torn saves: $torn}"
     # an attempt that was not killed ends at the plan's switch or finishes
     if [ "$killed" -eq 0 ] && [ "$RC" -ne 0 ] &&
        ! grep -q "test hook: kill -9 (FSDP_TEST_KILL_AT_STEP=$halt)" "$log"; then
@@ -404,7 +405,7 @@ chain() {
     if [ "$RC" -eq 0 ]; then done_=1; fi
   done
   if out=$("$EXE" tests/chaos/check.lua metrics "$WORK/$name.jsonl" "$WORK/$ref.jsonl" "$MAX" 2>&1); then
-    ok "$name: every loss, lr and grad norm of $(awk '{print $2}' <<<"$out") records from $attempts attempts equals the reference's bit for bit"
+    ok "$name: every loss, lr and grad norm of $(awk '{print $2}' <<<"$out") records from $attempts attempts equals the reference's exactly"
     TOTAL_RECORDS=$((TOTAL_RECORDS + $(awk '{print $2}' <<<"$out")))
   else
     not_ok "$name: logged numbers differ from the reference's"
