@@ -42,9 +42,10 @@ describe('checkpointed optimizer scalars', function()
       [1] = { a = { step = 5 }, b = { step = 5 }, c = false },
     }, 2)
     assert.same({ a = { step = 5 }, b = { step = 5 } }, merged)
-    local err = error_of(optim_state.merge, { [0] = { a = { step = 6 } }, [1] = { a = { step = 4 } } }, 2)
-    assert.truthy(err:find('the optimizer state of parameter a is {step = 6} on rank 0 and {step = 4} on rank 1',
-      1, true), err)
+    local err = error_of(optim_state.merge, { [0] = { a = { step = 6 } }, [1] = { a = { step = 4 } } }, 2,
+      'ckpt/step-000006')
+    assert.truthy(err:find('checkpointing.save ckpt/step-000006: the optimizer state of parameter a is {step = 6} '
+      .. 'on rank 0 and {step = 4} on rank 1', 1, true), err)
     err = error_of(optim_state.merge, { [0] = { a = false }, [1] = {}, [2] = { a = { step = 1 } } }, 3)
     assert.truthy(err:find('parameter a is no state on rank 0 and {step = 1} on rank 2', 1, true), err)
   end)

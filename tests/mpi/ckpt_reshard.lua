@@ -13,7 +13,9 @@
 -- parameter bit for bit against ref.safetensors, optionally saves again at
 -- step K into WORK/<TO> (so the next run loads what this layout wrote),
 -- then trains K more steps and checks the losses against the reference,
--- and saves once more: every parameter's optimizer step must then be 2K.
+-- and saves once more: every parameter's optimizer step must then be 2K;
+-- with several ranks, a save where one rank's steps differ must fail on
+-- every rank, naming the parameter.
 -- The data are one fixed global batch per step, split over the ranks, so
 -- any world size sees the same global batches; losses may then differ
 -- only in the order of additions (f32: 1e-5 relative, as
@@ -150,5 +152,21 @@ T.test(('a save %d steps after the resume holds step %d for every parameter (%s)
   end
   T.truthy(n > 0, 'parameters')
 end)
+
+-- Ranks that hold pieces of one parameter step it together; if they ever
+-- disagree, every rank's save fails (no hang), naming the parameter.
+if W > 1 then
+  T.test(('ranks that disagree on a parameter\'s step fail the save together (%s)'):format(label), function()
+    if R == W - 1 then
+      for _, st in pairs(opt.state) do st.step = st.step + 1 end
+    end
+    local dir = ('%s/disagree-%s-%d-%s'):format(work, from, W, strategy)
+    T.raises(function()
+      ckpt.save(dir, { model = m, optimizer = opt, scheduler = sched, data = data, step = 2 * K + 1 })
+    end, 'checkpointing.save ' .. dir .. '/step-', ('step = %d} on rank %d'):format(2 * K + 1, W - 1),
+      'which both hold elements of it')
+    T.truthy(not ckpt.latest(dir), 'no complete checkpoint')
+  end)
+end
 
 T.done()

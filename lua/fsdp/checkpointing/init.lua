@@ -152,7 +152,7 @@ function M.save(dir, objs)
   -- that hold the parameter])
   local reports = {}
   for r = 0, world - 1 do reports[r] = descs[r].optim end
-  local optim_scalars = optim_state.merge(reports, world)
+  local optim_scalars = optim_state.merge(reports, world, step_dir)
   if rank == 0 then
     local index = {
       format = layout.FORMAT, version = layout.VERSION, step = step, world_size = world,

@@ -49,9 +49,10 @@ function M.of_part(opt, part)
 end
 
 -- The scalars of every parameter from the ranks' reports (reports[r] =
--- {name = scalars} of rank r, 0-based), checked to agree. Every rank runs
--- it on the same reports, so a disagreement fails on all ranks alike.
-function M.merge(reports, world)
+-- {name = scalars} of rank r, 0-based), checked to agree; `where` (the
+-- step directory) names the save in the error. Every rank runs it on the
+-- same reports, so a disagreement fails on all ranks alike.
+function M.merge(reports, world, where)
   local out, from = {}, {}
   local function show(sc)
     if not sc then return 'no state' end
@@ -68,8 +69,8 @@ function M.merge(reports, world)
       if from[name] == nil then
         out[name], from[name] = sc, { rank = r, text = text }
       elseif from[name].text ~= text then
-        core.fail(('checkpointing.save: the optimizer state of parameter %s is %s on rank %d and %s on rank %d, which both hold elements of it; refusing to save a state that would not resume the same training')
-          :format(name, show(out[name]), from[name].rank, show(sc), r))
+        core.fail(('checkpointing.save %s: the optimizer state of parameter %s is %s on rank %d and %s on rank %d, which both hold elements of it; refusing to save a state that would not resume the same training')
+          :format(where or '', name, show(out[name]), from[name].rank, show(sc), r))
       end
     end
   end
