@@ -12,7 +12,10 @@
 -- run's strategy and wrap, loads WORK/<FROM or a>, checks every whole
 -- parameter bit for bit against ref.safetensors, optionally saves again at
 -- step K into WORK/<TO> (so the next run loads what this layout wrote),
--- then trains K more steps and checks the losses against the reference.
+-- then trains K more steps and checks the losses against the reference,
+-- and saves once more: every parameter's optimizer step must then be 2K;
+-- with several ranks, a save where one rank's steps differ must fail on
+-- every rank, naming the parameter.
 -- The data are one fixed global batch per step, split over the ranks, so
 -- any world size sees the same global batches; losses may then differ
 -- only in the order of additions (f32: 1e-5 relative, as
@@ -129,5 +132,41 @@ T.test(('training continues with the saving run\'s losses (%s)'):format(label), 
   end
   if R == 0 then print(('# %s: losses after resume %s'):format(label, table.concat(got, ' '))) end
 end)
+
+-- A resumed run's own checkpoint: every parameter's counters are the
+-- ranks' that hold it, whichever segments are empty where (a rank's copy
+-- of a parameter it holds nothing of used to stay at the resumed step),
+-- and no rank keeps state for a parameter it holds nothing of.
+T.test(('a save %d steps after the resume holds step %d for every parameter (%s)'):format(K, 2 * K, label), function()
+  local dir = ('%s/later-%s-%d-%s'):format(work, from, W, strategy)
+  ckpt.save(dir, { model = m, optimizer = opt, scheduler = sched, data = data, step = 2 * K })
+  local index = ckpt.layout.read_index(ckpt.latest(dir))
+  local n = 0
+  for _, np in ipairs(m:named_parameters()) do
+    T.truthy(np[2]:numel() > 0 or opt.state[np[1]] == nil,
+      ('rank %d holds no element of %s but keeps optimizer state for it'):format(R, np[1]))
+    local st = index.optimizer.state[np[1]]
+    T.truthy(st and st.step == 2 * K, ('%s: step %s in the index, expected %d'):format(np[1],
+      tostring(st and st.step), 2 * K))
+    n = n + 1
+  end
+  T.truthy(n > 0, 'parameters')
+end)
+
+-- Ranks that hold pieces of one parameter step it together; if they ever
+-- disagree, every rank's save fails (no hang), naming the parameter.
+if W > 1 then
+  T.test(('ranks that disagree on a parameter\'s step fail the save together (%s)'):format(label), function()
+    if R == W - 1 then
+      for _, st in pairs(opt.state) do st.step = st.step + 1 end
+    end
+    local dir = ('%s/disagree-%s-%d-%s'):format(work, from, W, strategy)
+    T.raises(function()
+      ckpt.save(dir, { model = m, optimizer = opt, scheduler = sched, data = data, step = 2 * K + 1 })
+    end, 'checkpointing.save ' .. dir .. '/step-', ('step = %d} on rank %d'):format(2 * K + 1, W - 1),
+      'which both hold elements of it')
+    T.truthy(not ckpt.latest(dir), 'no complete checkpoint')
+  end)
+end
 
 T.done()

@@ -41,6 +41,7 @@ local json = require 'fsdp.json'
 local layout = require 'fsdp.checkpointing.layout'
 local parts_of = require 'fsdp.checkpointing.parts'
 local safetensors = require 'fsdp.safetensors'
+local optim_state = require 'fsdp.checkpointing.optim_state'
 local C = core.C
 local META = layout.META
 
@@ -109,24 +110,6 @@ local function check_objs(objs, what)
   end
 end
 
--- Each state key of the parameters in `part` (tensor-valued state), with
--- its dtype; and the non-tensor state by parameter name.
-local function optimizer_state(opt, part)
-  local keys, scalars = {}, {}
-  if not opt then return keys, scalars end
-  for _, p in ipairs(part.params) do
-    local st = opt.state[p.name]
-    if st then
-      local sc = {}
-      for k, v in pairs(st) do
-        if Tensor.is_tensor(v) then keys[k] = keys[k] or v.dtype else sc[k] = v end
-      end
-      scalars[p.name] = sc
-    end
-  end
-  return keys, scalars
-end
-
 local function sorted(t)
   local out = {}
   for k in pairs(t) do out[#out + 1] = k end
@@ -147,7 +130,7 @@ local function write_rank_file(path, parts, opt, meta)
   local ok, err = pcall(function()
     local plan = {}
     for _, part in ipairs(parts) do
-      local keys, sc = optimizer_state(opt, part)
+      local keys, sc = optim_state.of_part(opt, part)
       for name, s in pairs(sc) do scalars[name] = s end
       if part.writer then
         local c = Tensor.cptr(part.flat)
@@ -241,6 +224,12 @@ function M.save(dir, objs)
       core.fail(('checkpointing.save: step %d not saved (rank %d failed): %s'):format(step, r, descs[r].error))
     end
   end
+  -- on every rank, so that ranks disagreeing on a parameter's optimizer
+  -- scalars all fail here ([Note: optimizer state is saved by the ranks
+  -- that hold the parameter])
+  local reports = {}
+  for r = 0, world - 1 do reports[r] = descs[r].optim end
+  local optim_scalars = optim_state.merge(reports, world, step_dir)
   if rank == 0 then
     local index = {
       format = layout.FORMAT, version = layout.VERSION, step = step, world_size = world, run = run,
@@ -248,7 +237,6 @@ function M.save(dir, objs)
       parts = {}, ranks = {}, extra = objs.extra,
       scheduler = objs.scheduler and objs.scheduler:state_dict() or nil,
     }
-    local optim_scalars = {}
     for i, part in ipairs(parts) do
       local entry = parts_of.describe(part)
       for r = 0, world - 1 do
@@ -261,7 +249,6 @@ function M.save(dir, objs)
       index.parts[i] = entry
     end
     for r = 0, world - 1 do
-      for name, sc in pairs(descs[r].optim) do optim_scalars[name] = sc end
       index.ranks[r + 1] = { file = descs[r].file, checksum = descs[r].checksum, rng = descs[r].rng,
                              data = descs[r].data }
     end

@@ -9,7 +9,9 @@
 -- the mapping into place, so a rank touches only the pages of its share
 -- whatever the saved world size, strategy or wrap. Optimizer state is
 -- stored over the same slices and comes back the same way, per parameter
--- name; the optimizer regroups it into its fused runs on the next step.
+-- name, for the parameters this rank holds elements of (with the scalars
+-- their holders saved, fsdp.checkpointing.optim_state); the optimizer
+-- regroups it into its fused runs on the next step.
 local core = require 'fsdp.core'
 local fsdp = require 'fsdp'
 local dist = require 'fsdp.dist'
@@ -88,7 +90,9 @@ local function load_model(cache, index, objs, opt_state)
         local first = s.offset + p.param_start
         local what = 'parameter ' .. p.name
         copy_range(cache, s.part, '', first, part.flat:narrow(0, p.shard_start, p.len), what)
-        if want_optim[p.name] and saved_optim[p.name] then
+        -- state only where this rank holds elements ([Note: optimizer
+        -- state is saved by the ranks that hold the parameter])
+        if want_optim[p.name] and saved_optim[p.name] and p.len > 0 then
           local st = {}
           for k, v in pairs(saved_optim[p.name]) do st[k] = v end
           for k, dtype in pairs(s.part.optim or {}) do

@@ -163,23 +163,28 @@ end
 -- gradient and flat state tensors. Per-name state stays what state_dict
 -- and checkpoints see: each name's tensors are views into the run's, and
 -- its step count is refreshed after each update. load_state_dict drops the
--- runs; they are rebuilt from the per-name state on the next step.
+-- runs; they are rebuilt from the per-name state on the next step, fused
+-- only where the names' scalars (step) agree. A segment that is empty on
+-- this rank (its parameter lies in other ranks' shards) is in no run and
+-- gets no state: nothing of it is updated here, and state kept for it
+-- would never be stepped ([Note: optimizer state is saved by the ranks
+-- that hold the parameter] in lua/fsdp/checkpointing/optim_state.lua).
 
 -- The runs of group g: {unit=, start=, len=, names={...}, params={...}}.
 local function runs_of(g)
   local runs, cur = {}, nil
   for i, p in ipairs(g.params) do
     local u = rawget(p, 'fsdp_unit')
-    local start = u and p:storage_offset() - u.shard:storage_offset()
-    if u and cur and cur.unit == u and cur.start + cur.len == start then
-      cur.len = cur.len + p:numel()
-    elseif u then
-      cur = { unit = u, start = start, len = p:numel(), names = {}, params = {} }
-      runs[#runs + 1] = cur
-    else
-      cur = nil
-    end
-    if cur then
+    if u == nil then
+      cur = nil -- a whole parameter, updated on its own
+    elseif p:numel() > 0 then -- (an empty segment is in no run, and breaks none)
+      local start = p:storage_offset() - u.shard:storage_offset()
+      if cur and cur.unit == u and cur.start + cur.len == start then
+        cur.len = cur.len + p:numel()
+      else
+        cur = { unit = u, start = start, len = p:numel(), names = {}, params = {} }
+        runs[#runs + 1] = cur
+      end
       cur.names[#cur.names + 1] = g.names[i]
       cur.params[#cur.params + 1] = p
     end
@@ -187,8 +192,22 @@ local function runs_of(g)
   return runs
 end
 
--- Make the run's state from its names' states (all present: concatenated
--- once), or leave it to the first update (none present).
+-- The non-tensor state of st (step...) as one comparable string.
+local function scalars_of(st)
+  local out = {}
+  for k, v in pairs(st) do
+    if not fsdp.is_tensor(v) then
+      out[#out + 1] = k .. '=' .. (type(v) == 'number' and ('%.17g'):format(v) or tostring(v))
+    end
+  end
+  table.sort(out)
+  return table.concat(out, ',')
+end
+
+-- Make the run's state from its names' states (all present with the same
+-- scalars: concatenated once), or leave it to the first update (none
+-- present). Returns false when the run cannot be fused (the names are
+-- then updated one by one, each with its own step).
 local function adopt_state(self, run)
   local sts, any, all = {}, false, true
   for i, name in ipairs(run.names) do
@@ -197,6 +216,10 @@ local function adopt_state(self, run)
   end
   if not any then return true end
   if not all then return false end
+  local first = scalars_of(sts[1])
+  for i = 2, #sts do
+    if scalars_of(sts[i]) ~= first then return false end
+  end
   local st = {}
   for k, v in pairs(sts[1]) do
     if fsdp.is_tensor(v) then
