@@ -15,6 +15,7 @@ local recipe = require 'fsdp.recipe'
 local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local nonfinite = require 'fsdp.nonfinite'
+local accumulate = require 'fsdp.sharding.accumulate'
 local deepvit = require 'models.deepvit'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
@@ -26,7 +27,7 @@ local F = fsdp.F
 -- make are checked before anything is built: a bad one is one line naming
 -- it, exit status 2.
 local c
-local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options({
+local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
   model = { '8B', 'config: 60M, 1B, 3B, 8B, tiny', one_of = function() return recipe.keys(deepvit.configs) end },
   depth = { 0, 'override the number of blocks (0: keep)', int = true, min = 0 },
   dim = { 0, 'override the width (0: keep)', int = true, min = 0 },
@@ -51,7 +52,7 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
   metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
   peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)', min = 0 },
-}))), arg, 'recipes/deepvit_8b.lua', function(cfg)
+})))), arg, 'recipes/deepvit_8b.lua', function(cfg)
   local overrides = {}
   for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes' }) do
     if cfg[k] > 0 then overrides[k] = cfg[k] end
@@ -112,7 +113,7 @@ end
 print(('data: %s; chance loss: ln(%d) = %.3f'):format(tostring(data), c.num_classes, math.log(c.num_classes)))
 
 local log = metrics.Logger({
-  total_steps = cfg.max_steps, batch_size = cfg.batch_size, flops_per_sample = deepvit.flops_per_image(c),
+  total_steps = cfg.max_steps, batch_size = cfg.batch_size * cfg.grad_accum_steps, flops_per_sample = deepvit.flops_per_image(c),
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every,
 })
 local state = { model = model, optimizer = opt, data = data }
@@ -120,9 +121,11 @@ state.guard = nonfinite.guard(cfg, state, 'recipes/deepvit_8b.lua')  -- the step
 local start_step = ckpt_recipe.resume(cfg, state)
 for step = start_step + 1, cfg.max_steps do
   local t0 = clock.now()
-  local x, y = data:next()
-  local loss = F.cross_entropy(model(x), y)
-  loss:backward()
+  -- --grad_accum_steps micro-batches, gradients reduced once at the last.
+  local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function()
+    local x, y = data:next()
+    return F.cross_entropy(model(x), y)
+  end)
   local r = state.guard:step(step, loss)
   r.dt = clock.now() - t0
   log:step(step, r)

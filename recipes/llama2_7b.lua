@@ -24,6 +24,7 @@ local metrics = require 'fsdp.metrics'
 local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local nonfinite = require 'fsdp.nonfinite'
+local accumulate = require 'fsdp.sharding.accumulate'
 
 -- Each option carries its constraints (fsdp.recipe checks them, and the
 -- model config they make, before anything is built: a bad one is one line
@@ -31,7 +32,7 @@ local nonfinite = require 'fsdp.nonfinite'
 local function model_names() return recipe.keys(llama.configs) end
 local DTYPES = { 'f32', 'bf16', 'f64' }
 local overrides, c, train_data
-local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options({
+local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua)', one_of = model_names },
   num_layers = { 0, 'override the number of layers (0: keep the config)', int = true, min = 0 },
   hidden_width = { 0, 'override the model width (0: keep)', int = true, min = 0, multiple_of = 'num_heads' },
@@ -64,7 +65,7 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
   memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-}))), arg, 'recipes/llama2_7b.lua', function(cfg)
+})))), arg, 'recipes/llama2_7b.lua', function(cfg)
   -- The model config the options make: its own checks (heads dividing
   -- the width with the config's values, an even head size) name the
   -- options they come from.
@@ -183,8 +184,10 @@ else
     data:entropy(), c.vocab_size, math.log(c.vocab_size)))
 end
 
+-- An optimizer step sees --grad_accum_steps micro-batches of --batch_size.
+local step_batch = cfg.batch_size * cfg.grad_accum_steps
 local log = metrics.Logger({
-  total_steps = cfg.max_steps, batch_size = cfg.batch_size, tokens_per_sample = cfg.seq_len,
+  total_steps = cfg.max_steps, batch_size = step_batch, tokens_per_sample = cfg.seq_len,
   flops_per_sample = llama.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every,
 })
@@ -203,13 +206,17 @@ local state = { model = model, optimizer = opt, scheduler = sched, data = data }
 state.guard = nonfinite.guard(cfg, state, 'recipes/llama2_7b.lua')
 local start_step = ckpt_recipe.resume(cfg, state)
 
-local flops_per_step = llama.flops_per_token(c, cfg.seq_len, n_params) * cfg.batch_size * cfg.seq_len
+local flops_per_step = llama.flops_per_token(c, cfg.seq_len, n_params) * step_batch * cfg.seq_len
 local step_times = {}
 for step = start_step + 1, cfg.max_steps do
   local t0 = clock.now()
-  local ids, targets = data:next()
-  local loss = model:loss(ids, targets)
-  loss:backward()
+  -- --grad_accum_steps micro-batches, gradients reduced once at the last
+  -- (fsdp.sharding.accumulate); the data position advances by each, so a
+  -- checkpoint after the step resumes at the next step's first.
+  local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function()
+    local ids, targets = data:next()
+    return model:loss(ids, targets)
+  end)
   local r = state.guard:step(step, loss)
   r.dt = clock.now() - t0
   step_times[step] = r.dt
@@ -233,7 +240,7 @@ if cfg.summary and cfg.max_steps > start_step then
   for step = first, cfg.max_steps do seconds = seconds + step_times[step] end
   local steps = cfg.max_steps - first + 1
   print('SUMMARY ' .. require('cjson').encode({
-    samples_per_s = cfg.batch_size * dist.world_size() * steps / seconds,
+    samples_per_s = step_batch * dist.world_size() * steps / seconds,
     tflops = flops_per_step * steps / seconds / 1e12,
     peak_bytes = fsdp.memory_stats('cpu').peak,
     step_seconds = seconds / steps, steps = steps, parameters = n_params,

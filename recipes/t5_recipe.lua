@@ -12,6 +12,7 @@ local recipe = require 'fsdp.recipe'
 local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local nonfinite = require 'fsdp.nonfinite'
+local accumulate = require 'fsdp.sharding.accumulate'
 local t5 = require 'models.t5'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
@@ -85,7 +86,7 @@ function M.run(default_model, script, argv)
   -- make are checked before anything is built (a full-size model takes
   -- minutes): a bad one is one line naming it, exit status 2.
   local c
-  local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options({
+  local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
     model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny',
               one_of = function() return recipe.keys(t5.configs) end },
     num_layers = { 0, 'override encoder and decoder layers (0: keep)', int = true, min = 0 },
@@ -112,7 +113,7 @@ function M.run(default_model, script, argv)
     seed = { 0, 'initialisation and data seed', int = true, min = 0 },
     log_every = { 10, 'steps between log lines', int = true, min = 1 },
     dry_run = { false, 'build at full size on meta, print it, and exit' },
-  }))), argv, script, function(cfg)
+  })))), argv, script, function(cfg)
     local overrides = { dropout = cfg.dropout }
     for _, k in ipairs({ 'num_layers', 'd_model', 'd_ff', 'd_kv', 'num_heads', 'vocab_size' }) do
       if cfg[k] > 0 then overrides[k] = cfg[k] end
@@ -170,17 +171,20 @@ function M.run(default_model, script, argv)
   local start_step = ckpt_recipe.resume(cfg, state)
   for step = start_step + 1, cfg.max_steps do
     local t0 = clock.now()
-    -- Rank r of W draws rows r*B.. of global batch `step` (the same
-    -- examples one rank with batch W*B would see).
-    local W, R = fsdp.dist.world_size(), fsdp.dist.rank()
-    local src, mask, labels, dmask = task.batch((step - 1) * W + R, cfg.batch_size)
-    local loss = model:loss(src, labels, { attention_mask = mask, decoder_attention_mask = dmask })
-    loss:backward()
+    -- Rank r of W draws rows r*B.. of global batch b (the same examples
+    -- one rank with batch W*B would see); step s takes batches
+    -- (s-1)*k+1 .. s*k, one per micro-batch (--grad_accum_steps=k),
+    -- gradients reduced once at the last.
+    local W, R, k = fsdp.dist.world_size(), fsdp.dist.rank(), cfg.grad_accum_steps
+    local loss = accumulate.forward_backward(model, k, function(i)
+      local src, mask, labels, dmask = task.batch(((step - 1) * k + i - 1) * W + R, cfg.batch_size)
+      return model:loss(src, labels, { attention_mask = mask, decoder_attention_mask = dmask })
+    end)
     local r = state.guard:step(step, loss)
     local dt = clock.now() - t0
     if step % cfg.log_every == 0 or step == cfg.max_steps or r.skipped then
       print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f%s'):format(
-        step, r.loss, cfg.batch_size / dt, r.lr, r.grad_norm, r.skipped and ', skipped (non-finite: no update)' or ''))
+        step, r.loss, cfg.batch_size * k / dt, r.lr, r.grad_norm, r.skipped and ', skipped (non-finite: no update)' or ''))
     end
     ckpt_recipe.after_step(cfg, state, step, { model = cfg.model })
   end

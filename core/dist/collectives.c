@@ -330,7 +330,26 @@ static fl_work *done_work(const char *name, fl_group *g) {
 }
 
 /* Start c on g's communicator and return the work (w is consumed). */
+/* Collectives this process started that move data between ranks (a group
+ * of one, an empty tensor and the host copies of a device collective that
+ * has no device library are not counted twice), by kind: what tests count
+ * to show how often a step communicates (fl_dist_collective_count). */
+static int64_t coll_started[FL_COLL_BARRIER + 1];
+
+static void count_started(const fl_coll *c) {
+    if ((int)c->kind >= 0 && (int)c->kind <= FL_COLL_BARRIER) coll_started[c->kind]++;
+}
+
+int64_t fl_dist_collective_count(const char *kind) {
+    static const char *const names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                                        "barrier"};
+    for (int i = 0; i <= FL_COLL_BARRIER; i++)
+        if (kind && strcmp(kind, names[i]) == 0) return coll_started[i];
+    return -1;
+}
+
 static fl_work *launch(fl_work *w, const fl_coll *c) {
+    count_started(c);
     int rc = fl_dist.backend->start(w->group->comm, c, &w->req);
     if (rc != FL_OK) {
         char why[400];
@@ -499,6 +518,7 @@ static fl_work *launch_device(const char *op, fl_group *g, const fl_coll *c, fl_
     const fl_device_comm_ops *ops = fl_device_comm_ops_of(g->comm_device);
     fl_work *w = work_new(op, g);
     if (!w) return NULL;
+    count_started(c);
     w->keep[0] = fl_tensor_retain(keep0);
     w->keep[1] = keep1 ? fl_tensor_retain((fl_tensor *)keep1) : NULL;
     w->dops = ops;

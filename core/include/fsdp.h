@@ -1025,6 +1025,11 @@ FL_API int fl_work_test(fl_work *w, bool *done);
 FL_API bool fl_work_is_completed(const fl_work *w);
 /* The collective's name, e.g. "all_reduce". */
 FL_API const char *fl_work_name(const fl_work *w);
+/* How many collectives of a kind ("all_gather", "reduce_scatter",
+ * "all_reduce", "broadcast", "barrier") this process has started with data
+ * to move between ranks (groups of one and empty tensors do not count);
+ * -1 for an unknown kind. Tests count communication with it. */
+FL_API int64_t fl_dist_collective_count(const char *kind);
 /* Drop the handle (NULL is fine). An unfinished collective carries on with
  * its tensors referenced and completes during later calls or at finalize;
  * its outputs are defined only after a wait. */

@@ -298,6 +298,18 @@ function M.broadcast(t, root, opts)
   return finish(C.fl_broadcast(group_of(opts), cptr(t), root or 0), t, opts)
 end
 
+-- How many collectives of each kind this process has started that move
+-- data between ranks (groups of one and empty tensors do not count):
+-- {all_gather =, reduce_scatter =, all_reduce =, broadcast =, barrier =}.
+-- Tests take differences of two calls to count a step's communication.
+function M.collective_counts()
+  local r = {}
+  for _, k in ipairs({ 'all_gather', 'reduce_scatter', 'all_reduce', 'broadcast', 'barrier' }) do
+    r[k] = tonumber(C.fl_dist_collective_count(k))
+  end
+  return r
+end
+
 function M.barrier(opts)
   opts = options(opts, 'barrier')
   return finish(C.fl_barrier(group_of(opts)), nil, opts)
