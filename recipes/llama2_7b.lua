@@ -13,6 +13,16 @@
 -- the data's entropy, far below ln(vocab_size). --data=DIR trains on token
 -- shards written by tools/tokenize.lua (the vocabulary then comes from the
 -- data), validating on their val split every --validation_freq steps.
+--
+-- The seed's options (its llama2_7b-training.sbatch TRAINING_ARGS) are
+-- aliases of these ([Note: option aliases] in fsdp.recipe; README has the
+-- table): --max_context_width is --seq_len, --num_key_value_heads
+-- --num_kv_heads, --intermediate_size --ffn_dim, --train_batch_size
+-- --batch_size, --model_type=llama_v2 the Llama 2 family (--model), --bf16
+-- bf16 mixed precision, --dataset=DIR --data, --resume_from_checkpoint=DIR
+-- resuming from DIR. --tokenizer names the tokenizer the shards were made
+-- with (checked against them); Hugging Face hub datasets and tokenizers
+-- (--dataset_config_name) are refused, naming what works instead.
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local llama = require 'models.llama'
@@ -33,16 +43,20 @@ local function model_names() return recipe.keys(llama.configs) end
 local DTYPES = { 'f32', 'bf16', 'f64' }
 local overrides, c, train_data
 local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
-  model = { 'Llama-2-7b', 'model config (models/llama.lua)', one_of = model_names },
+  model = { 'Llama-2-7b', 'model config (models/llama.lua)', one_of = model_names,
+            aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
   num_layers = { 0, 'override the number of layers (0: keep the config)', int = true, min = 0 },
   hidden_width = { 0, 'override the model width (0: keep)', int = true, min = 0, multiple_of = 'num_heads' },
   num_heads = { 0, 'override the attention heads (0: keep)', int = true, min = 0, multiple_of = 'num_kv_heads' },
-  num_kv_heads = { 0, 'override the key/value heads (0: same as heads)', int = true, min = 0 },
+  num_kv_heads = { 0, 'override the key/value heads (0: same as heads)', int = true, min = 0,
+                   aliases = { 'num_key_value_heads' } },
   ffn_dim = { 0, 'override the MLP width (0: keep, or 8/3 width rounded up to 32 when the width changes)',
-              int = true, min = 0 },
+              int = true, min = 0, aliases = { 'intermediate_size' } },
   vocab_size = { 0, 'override the vocabulary (0: keep)', int = true, min = 0 },
-  batch_size = { 4, 'sequences per step and rank (the global batch is this times the world size)', int = true, min = 1 },
-  seq_len = { 128, 'tokens per sequence', int = true, min = 1 },
+  batch_size = { 4, 'sequences per micro-batch and rank (the global batch is this times the world size and '
+                    .. '--grad_accum_steps)', int = true, min = 1, aliases = { 'train_batch_size' } },
+  val_batch_size = { 0, 'sequences per validation batch and rank (0: --batch_size)', int = true, min = 0 },
+  seq_len = { 128, 'tokens per sequence', int = true, min = 1, aliases = { 'max_context_width' } },
   max_steps = { 100, 'optimizer steps', int = true, min = 1 },
   lr = { 3e-4, 'peak learning rate', positive = true },
   min_lr = { 3e-5, 'final learning rate of the cosine decay', min = 0, at_most = 'lr' },
@@ -55,7 +69,21 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
   dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU: converted per op), f64', one_of = DTYPES },
   data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
   log_every = { 1, 'print a log line every N steps', int = true, min = 1 },
-  data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard); empty: synthetic', input = true },
+  data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard); empty: synthetic', input = true,
+           aliases = { dataset = function(text)
+             if require('lfs').attributes(text, 'mode') then return text end
+             return nil, ('%s: no such file or directory; --dataset takes token shards (a directory from '
+               .. 'tools/tokenize.lua, or one shard), not a Hugging Face dataset name'):format(text)
+           end } },
+  tokenizer = { '', "with --data: the tokenizer the shards were made with ('byte' or a SentencePiece .model), "
+                    .. 'checked against them', needs = 'data' },
+  dataset_config_name = { '', 'the seed\'s Hugging Face dataset config: not supported (refused when set)',
+                          check = function(v)
+    if v ~= '' then
+      return ("(%s): Hugging Face datasets are not supported; tokenize the text with tools/tokenize.lua and "
+        .. 'pass the shard directory as --dataset (or --data)'):format(v)
+    end
+  end },
   val_data = { '', 'validation shards (default: the val split of --data)', input = true },
   validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
@@ -65,7 +93,7 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
   memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-})))), arg, 'recipes/llama2_7b.lua', function(cfg)
+})))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
   -- The model config the options make: its own checks (heads dividing
   -- the width with the config's values, an even head size) name the
   -- options they come from.
@@ -85,8 +113,21 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
   if cfg.data ~= '' and not cfg.dry_run then
     local opened, data = pcall(tokens.open, cfg.data, { split = 'train', seq_len = cfg.seq_len,
                                                         batch_size = cfg.batch_size, seed = cfg.seed })
-    if not opened then error('--data: ' .. recipe.bare(data), 0) end
+    if not opened then error(('--%s: '):format(written.data or 'data') .. recipe.bare(data), 0) end
     train_data = data
+    -- --tokenizer (the seed's): what the shards say they were made with.
+    if cfg.tokenizer ~= '' then
+      local ok, tok = pcall(require('fsdp.data.tokenizer').load, cfg.tokenizer)
+      if not ok then
+        error(('--tokenizer %s: %s (expected \'byte\' or the path of a SentencePiece .model; Hugging Face '
+          .. 'tokenizer names are not supported)'):format(cfg.tokenizer, recipe.bare(tok)), 0)
+      end
+      if tok.vocab_size ~= data.vocab_size or tok.eos_id ~= data.eos_id then
+        error(('--tokenizer %s (vocab %d, eos %d) is not the tokenizer of --%s %s (%s: vocab %d, eos %d)'):format(
+          cfg.tokenizer, tok.vocab_size, tok.eos_id, written.data or 'data', cfg.data, tostring(data.tokenizer),
+          data.vocab_size, data.eos_id), 0)
+      end
+    end
     if cfg.vocab_size == 0 then
       overrides.vocab_size = train_data.vocab_size
     elseif cfg.vocab_size < train_data.vocab_size then
@@ -98,7 +139,7 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
   if not ok then
     error(recipe.explain(err, { dim = 'hidden_width', n_heads = 'num_heads', n_kv_heads = 'num_kv_heads',
                                 head_dim = 'hidden_width', n_layers = 'num_layers', ffn_dim = 'ffn_dim',
-                                vocab_size = 'vocab_size' }), 0)
+                                vocab_size = 'vocab_size' }, written), 0)
   end
   c = err
 end)
@@ -166,12 +207,13 @@ local sched = optim.lr_scheduler.WarmupCosine(opt, {
 -- data: `data` and `val_data` share one interface (next, batches, state,
 -- load_state); data:state() is the position a checkpoint stores.
 local data, val_data
+local val_batch = cfg.val_batch_size > 0 and cfg.val_batch_size or cfg.batch_size
 if train_data then
   data = train_data
   local val_path = cfg.val_data ~= '' and cfg.val_data or cfg.data
   local has_val = cfg.val_data ~= '' or #tokens.shard_paths(cfg.data, 'val') > 0
   if has_val and cfg.validation_freq > 0 then
-    val_data = tokens.open(val_path, { split = 'val', seq_len = cfg.seq_len, batch_size = cfg.batch_size,
+    val_data = tokens.open(val_path, { split = 'val', seq_len = cfg.seq_len, batch_size = val_batch,
                                        shuffle = false })
   end
   print(('data: %s, %d steps per epoch%s'):format(tostring(data), data:steps_per_epoch(),
@@ -180,6 +222,10 @@ else
   local opts = { seed = cfg.seed, noise = cfg.data_noise, batch_size = cfg.batch_size, seq_len = cfg.seq_len }
   data = synthetic_tokens.new(c.vocab_size, opts)
   val_data = data
+  if val_batch ~= cfg.batch_size then
+    opts.batch_size = val_batch
+    val_data = synthetic_tokens.new(c.vocab_size, opts)
+  end
   print(('data: synthetic Markov chain, entropy %.3f nats/token; uniform guessing: ln(%d) = %.3f'):format(
     data:entropy(), c.vocab_size, math.log(c.vocab_size)))
 end

@@ -29,6 +29,23 @@
 -- gets a "did you mean ...?" (fsdp.suggest). --validate_options stops
 -- after the checks (recipes/sweep.lua checks a whole grid that way before
 -- running any point).
+--
+-- [Note: option aliases]
+-- An entry may list other names for its option (`aliases`): the seed's
+-- PyTorch recipe calls --seq_len --max_context_width, and its sbatch lines
+-- run unchanged here. An alias is a list entry (a plain other name) or
+-- name = translation, where the translation maps the alias's values to the
+-- option's ({llama_v2 = 'Llama-2-7b'}: any other value is refused naming
+-- those it knows) or is a function(text) returning the option's value, or
+-- nil and why not, and optionally a table of other options the value
+-- implies ({checkpoint_dir = text} for --resume_from_checkpoint=DIR). A
+-- translation with a `true` key also makes the alias a flag (--bf16).
+-- `values` maps other spellings of an option's values under any of its
+-- names (full = 'FULL_SHARD'). Every check then runs on the translated
+-- value and names the option as the user wrote it: "--max_context_width
+-- must be >= 1". The same option given under two names, or an implied
+-- option given otherwise with another value, is refused. --help lists each
+-- option's aliases.
 local suggest = require 'fsdp.suggest'
 
 local M = {}
@@ -51,6 +68,10 @@ M.CONSTRAINTS = {
   multiple_of = 'the value is a multiple of the named option\'s',
   needs = 'when set, the named option (or each of a list) must be set too',
   check = 'function(value, cfg) returning nil, or what is wrong (a phrase after "--key ")',
+  aliases = 'other names of the option: a list of names, and name = {their value = ours} or '
+            .. 'function(text) -> value (or nil, why), {options it implies}',
+  values = 'other spellings of the values under any name: {theirs = ours}, or function(text) -> value, '
+           .. '{options it implies} (nil: parse the text as usual)',
 }
 
 local VALIDATE_FLAG = 'validate_options'
@@ -58,6 +79,7 @@ local VALIDATE_FLAG = 'validate_options'
 local function canonical(key) return (key:gsub('%-', '_')) end
 
 local function parse_value(key, text, default)
+  -- key: the option as the user wrote it
   local t = type(default)
   if t == 'number' then
     local n = tonumber(text)
@@ -118,6 +140,10 @@ local function describe(d)
     local list = type(d.needs) == 'table' and d.needs or { d.needs }
     parts[#parts + 1] = 'needs --' .. table.concat(list, ', --')
   end
+  if type(d.values) == 'table' then
+    local other = sorted_keys(d.values)
+    parts[#parts + 1] = 'also ' .. table.concat(other, ', ')
+  end
   if d.input then parts[#parts + 1] = 'must exist' end
   if d.output then parts[#parts + 1] = 'written' end
   if #parts == 0 then return '' end
@@ -130,10 +156,59 @@ function M.usage(spec, script)
   for _, k in ipairs(sorted_keys(spec)) do
     local d = spec[k]
     lines[#lines + 1] = ('  --%-28s %-14s %s%s'):format(k, tostring(d[1]), d[2] or '', describe(d))
+    for _, a in ipairs(M.alias_names(d)) do
+      local tr = d.aliases[a]
+      local how = ''
+      if type(tr) == 'table' then
+        local pairs_ = {}
+        for _, v in ipairs(sorted_keys(tr)) do pairs_[#pairs_ + 1] = ('%s -> %s'):format(v, show(tr[v])) end
+        how = ' (' .. table.concat(pairs_, ', ') .. ')'
+      elseif type(tr) == 'function' then
+        how = ' (translated)'
+      end
+      lines[#lines + 1] = ('      alias --%s%s'):format(a, how)
+    end
   end
   lines[#lines + 1] = ('  --%-28s %-14s %s'):format(VALIDATE_FLAG, 'false',
     'check the options (and the model config they make), print "options: ok" and exit')
   return table.concat(lines, '\n')
+end
+
+-- The aliases of an entry, sorted: list entries and translated names.
+function M.alias_names(d)
+  local names = {}
+  for k, v in pairs(d.aliases or {}) do names[#names + 1] = type(k) == 'number' and v or k end
+  table.sort(names)
+  return names
+end
+
+-- alias name -> {key =, translate = (nil, a table or a function)}.
+local function alias_map(spec)
+  local map = {}
+  for _, k in ipairs(sorted_keys(spec)) do
+    local d = spec[k]
+    if d.aliases ~= nil then
+      if type(d.aliases) ~= 'table' then error(('fsdp.recipe: spec entry %s: aliases must be a table'):format(k), 0) end
+      for a, tr in pairs(d.aliases) do
+        if type(a) == 'number' then a, tr = tr, nil end
+        if type(a) ~= 'string' or a:find('[^%w_]') then
+          error(('fsdp.recipe: spec entry %s: alias %s must be a name'):format(k, tostring(a)), 0)
+        end
+        if tr ~= nil and type(tr) ~= 'table' and type(tr) ~= 'function' then
+          error(('fsdp.recipe: spec entry %s: alias %s: the translation must be a table or a function'):format(k, a), 0)
+        end
+        if spec[a] or map[a] then
+          error(('fsdp.recipe: alias %s of %s is also %s'):format(a, k, spec[a] and 'an option' or
+            'an alias of ' .. map[a].key), 0)
+        end
+        map[a] = { key = k, translate = tr }
+      end
+    end
+    if d.values ~= nil and type(d.values) ~= 'table' and type(d.values) ~= 'function' then
+      error(('fsdp.recipe: spec entry %s: values must be a table {theirs = ours} or a function'):format(k), 0)
+    end
+  end
+  return map
 end
 
 -- A spec entry's constraint names are checked too: a misspelt constraint
@@ -156,23 +231,93 @@ local function check_spec(spec)
   end
 end
 
-local function unknown(spec, key, source)
+local function unknown(spec, key, source, aliases)
   local names = sorted_keys(spec)
+  for a in pairs(aliases or {}) do names[#names + 1] = a end
+  table.sort(names)
   local dash = source == 'cli' and '--' or ''
   local hint = suggest.hint(key, names, function(c) return dash .. c end)
   if hint ~= '' then error(('unknown option %s%s%s'):format(dash, key, hint), 0) end
   error(('unknown option %s%s (valid: %s)'):format(dash, key, table.concat(names, ', ')), 0)
 end
 
-local function apply(cfg, spec, key, value, source)
-  key = canonical(key)
-  local d = spec[key]
-  if not d then unknown(spec, key, source) end
-  if type(value) == 'string' and type(d[1]) ~= 'string' then value = parse_value(key, value, d[1]) end
+-- Translate a value given under `name` (an alias with translation tr, or
+-- the option itself: tr nil) to the option's; returns the value and the
+-- options it implies (or nil).
+local function translate(d, name, tr, value)
+  if type(value) ~= 'string' then return value end
+  if type(tr) == 'function' then
+    local v, implied = tr(value)
+    if v == nil then error(('--%s %s'):format(name, implied or ('cannot be ' .. show(value))), 0) end
+    return v, implied
+  elseif type(tr) == 'table' then
+    local v = tr[value]
+    if v == nil then v = tr[value:lower()] end
+    if v == nil then
+      local known = sorted_keys(tr)
+      error(('--%s must be one of %s; got %s%s'):format(name, table.concat(known, ', '), show(value),
+        suggest.hint(value, known)), 0)
+    end
+    return v
+  end
+  if type(d.values) == 'function' then
+    local v, implied = d.values(value)
+    if v ~= nil then return v, implied end
+  elseif d.values then
+    local v = d.values[value]
+    if v == nil then v = d.values[value:lower()] end
+    if v ~= nil then return v end
+  end
+  return value
+end
+
+-- Set an option from `key` as written (the option or an alias). st (per
+-- parse): names[key] = the name it was set under, implied = {{key, value,
+-- from}} for the options an alias's value implies.
+local function apply(cfg, spec, key, value, source, st)
+  local name = canonical(key)
+  local aliases = st and st.aliases or alias_map(spec)
+  local d = spec[name]
+  key = name
+  local tr
+  if not d and aliases[name] then
+    key, tr = aliases[name].key, aliases[name].translate
+    d = spec[key]
+  end
+  if not d then unknown(spec, name, source, aliases) end
+  if st then
+    local before = st.names[key]
+    if before and before ~= name then
+      error(('--%s and --%s are the same option (%s): give it once'):format(before, name, key), 0)
+    end
+    st.names[key] = name
+  end
+  local implied
+  value, implied = translate(d, name, tr, value)
+  if type(value) == 'string' and type(d[1]) ~= 'string' then value = parse_value(name, value, d[1]) end
   if type(d[1]) ~= type(value) and d[1] ~= nil then
-    error(('option %s expects a %s, got %s'):format(key, type(d[1]), type(value)), 0)
+    error(('option %s expects a %s, got %s'):format(name, type(d[1]), type(value)), 0)
   end
   cfg[key] = value
+  if st and implied then
+    for _, k in ipairs(sorted_keys(implied)) do st.implied[#st.implied + 1] = { k, implied[k], name } end
+  end
+end
+
+-- The options an alias's value implies, once everything else is set: one
+-- the user gave otherwise must agree.
+local function apply_implied(cfg, spec, st)
+  for _, imp in ipairs(st.implied) do
+    local key, value, from = imp[1], imp[2], imp[3]
+    if spec[key] == nil then error(('fsdp.recipe: --%s implies an unknown option %s'):format(from, key), 0) end
+    local given = st.names[key]
+    if given and given ~= from and cfg[key] ~= value then
+      error(('--%s=%s and --%s=%s disagree: give one of them'):format(from, tostring(value), given,
+        tostring(cfg[key])), 0)
+    end
+    cfg[key] = value
+    if not given then st.names[key] = from end
+  end
 end
 
 local function is_set(v) return v ~= nil and v ~= 0 and v ~= '' and v ~= false end
@@ -194,8 +339,13 @@ local function value_problem(d, v, cfg)
     if not found then
       local shown = {}
       for i, x in ipairs(l) do shown[i] = x == '' and "'' (none)" or tostring(x) end
+      local candidates = {}
+      for _, x in ipairs(l) do candidates[#candidates + 1] = x end
+      if type(d.values) == 'table' then
+        for _, x in ipairs(sorted_keys(d.values)) do candidates[#candidates + 1] = x end
+      end
       return ('must be one of %s; got %s%s'):format(table.concat(shown, ', '), show(v),
-        type(v) == 'string' and suggest.hint(v, l) or '')
+        type(v) == 'string' and suggest.hint(v, candidates) or '')
     end
   end
   if d.check then
@@ -204,7 +354,8 @@ local function value_problem(d, v, cfg)
   end
 end
 
-local function relation_problem(spec, cfg, key, d)
+local function relation_problem(spec, cfg, key, d, as)
+  as = as or function(k) return k end
   local v = cfg[key]
   for _, rel in ipairs({ 'less_than', 'at_most', 'multiple_of' }) do
     local other = d[rel]
@@ -214,14 +365,14 @@ local function relation_problem(spec, cfg, key, d)
                   or (rel == 'multiple_of' and v % w ~= 0)
       if bad then
         local words = rel == 'less_than' and 'less than' or rel == 'at_most' and 'at most' or 'a multiple of'
-        return ('(%s) must be %s --%s (%s)'):format(tostring(v), words, other, tostring(w))
+        return ('(%s) must be %s --%s (%s)'):format(tostring(v), words, as(other), tostring(w))
       end
     end
   end
   if d.needs and is_set(v) then
     local list = type(d.needs) == 'table' and d.needs or { d.needs }
     for _, other in ipairs(list) do
-      if spec[other] ~= nil and not is_set(cfg[other]) then return ('needs --%s'):format(other) end
+      if spec[other] ~= nil and not is_set(cfg[other]) then return ('needs --%s'):format(as(other)) end
     end
   end
 end
@@ -283,19 +434,23 @@ end
 -- Check a resolved config against its spec's constraints: each value, then
 -- the relations, then the paths (which create output directories), in
 -- the order of the keys. Raises the first problem as "--key ...".
-function M.validate(spec, cfg)
+-- names (optional): key -> the name the user gave it under (an alias),
+-- which the messages use.
+function M.validate(spec, cfg, names)
+  names = names or {}
+  local function as(k) return names[k] or k end
   local keys = sorted_keys(spec)
   for _, k in ipairs(keys) do
     local why = value_problem(spec[k], cfg[k], cfg)
-    if why then error(('--%s %s'):format(k, why), 0) end
+    if why then error(('--%s %s'):format(as(k), why), 0) end
   end
   for _, k in ipairs(keys) do
-    local why = relation_problem(spec, cfg, k, spec[k])
-    if why then error(('--%s %s'):format(k, why), 0) end
+    local why = relation_problem(spec, cfg, k, spec[k], as)
+    if why then error(('--%s %s'):format(as(k), why), 0) end
   end
   for _, k in ipairs(keys) do
-    local why = path_problem(k, spec[k], cfg[k])
-    if why then error(('--%s: %s'):format(k, why), 0) end
+    local why = path_problem(as(k), spec[k], cfg[k])
+    if why then error(('--%s: %s'):format(as(k), why), 0) end
   end
   return cfg
 end
@@ -323,11 +478,13 @@ end
 -- 'hidden_width'}), and the options whose fields the message names are
 -- appended: "llama config: dim 100 is not a multiple of n_heads 3 (from
 -- --hidden_width, --num_heads)".
-function M.explain(msg, names)
+-- written (optional): option -> the alias the user gave it under.
+function M.explain(msg, names, written)
   msg = bare(msg)
   local from, seen = {}, {}
   for _, field in ipairs(sorted_keys(names or {})) do
     local opt = names[field]
+    opt = written and written[opt] or opt
     if not seen[opt] and (' ' .. msg .. ' '):find('[^%w_]' .. field:gsub('%p', '%%%0') .. '[^%w_]') then
       seen[opt] = true
       from[#from + 1] = '--' .. opt
@@ -359,6 +516,7 @@ end
 -- result is true when --validate_options was given.
 function M.parse(spec, args, script, validate)
   check_spec(spec)
+  local st = { aliases = alias_map(spec), names = {}, implied = {} }
   local cfg, positional = {}, {}
   for k, d in pairs(spec) do cfg[k] = d[1] end
   args = args or {}
@@ -392,20 +550,27 @@ function M.parse(spec, args, script, validate)
       local key, value = a:match('^%-%-([%w_%-]+)=(.*)$')
       if not key then
         key = canonical(a:sub(3))
-        local d = spec[key]
-        if d and type(d[1]) ~= 'boolean' then
+        local d, flag = spec[key], nil
+        local alias = st.aliases[key]
+        if alias then
+          d = spec[alias.key]
+          -- an alias whose translation knows 'true' is a flag (--bf16)
+          flag = type(alias.translate) == 'table' and alias.translate['true'] ~= nil
+        end
+        if d and type(d[1]) ~= 'boolean' and not flag then
           error(('--%s expects a value (--%s=...)'):format(key, key), 0)
         end
         value = 'true'
       end
-      apply(cfg, spec, key, value, 'cli')
+      apply(cfg, spec, key, value, 'cli', st)
     else
       positional[#positional + 1] = a
     end
   end
-  M.validate(spec, cfg)
+  apply_implied(cfg, spec, st)
+  M.validate(spec, cfg, st.names)
   if validate then
-    local ok, err = pcall(validate, cfg)
+    local ok, err = pcall(validate, cfg, st.names)
     if not ok then error(bare(err), 0) end
   end
   return cfg, positional, only

@@ -41,6 +41,67 @@ describe('recipe options', function()
   end)
 end)
 
+describe('option aliases', function()
+  local S = {
+    seq_len = { 128, 'tokens', int = true, min = 1, aliases = { 'max_context_width', 'ctx' } },
+    model = { 'Llama-2-7b', 'model', one_of = { 'Llama-2-7b', 'tiny' }, aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
+    strategy = { 'FULL_SHARD', 'strategy', one_of = { 'FULL_SHARD', 'NO_SHARD' }, values = { full = 'FULL_SHARD' } },
+    precision = { '', 'compute dtype', one_of = { '', 'bf16' }, aliases = { bf16 = { ['true'] = 'bf16', ['false'] = '' } } },
+    dir = { '', 'checkpoints' },
+    resume = { false, 'resume', needs = 'dir', values = function(text)
+      if text == 'true' or text == 'false' then return nil end
+      return true, { dir = text }
+    end },
+    steps = { 10, 'steps', int = true, min = 1 },
+    warmup = { 2, 'warmup', int = true, min = 0, less_than = 'steps', aliases = { 'warmup_iters' } },
+  }
+  local function bad(args, text)
+    assert.error_matches(function() recipe.parse(S, args) end, text, nil, true)
+  end
+
+  it('set the option, translating values', function()
+    local cfg = recipe.parse(S, { '--max_context_width=64', '--model_type=llama_v2', '--strategy=full', '--bf16' })
+    assert.equals(64, cfg.seq_len)
+    assert.equals('Llama-2-7b', cfg.model)
+    assert.equals('FULL_SHARD', cfg.strategy)
+    assert.equals('bf16', cfg.precision)
+    assert.equals('', recipe.parse(S, { '--bf16=false' }).precision)
+    assert.equals('FULL_SHARD', recipe.parse(S, { '--strategy=FULL' }).strategy)
+    assert.equals(32, recipe.parse(S, { '--ctx=32' }).seq_len)
+  end)
+
+  it('may imply other options (--resume=DIR)', function()
+    local cfg = recipe.parse(S, { '--resume=./ck' })
+    assert.is_true(cfg.resume)
+    assert.equals('./ck', cfg.dir)
+    cfg = recipe.parse(S, { '--dir=./ck', '--resume=./ck' })
+    assert.is_true(cfg.resume)
+    assert.is_true(recipe.parse(S, { '--dir=x', '--resume' }).resume)
+    bad({ '--dir=./a', '--resume=./b' }, '--resume=./b and --dir=./a disagree: give one of them')
+  end)
+
+  it('are checked under the name the user wrote', function()
+    bad({ '--max_context_width=0' }, '--max_context_width must be >= 1, got 0')
+    bad({ '--max_context_width=abc' }, '--max_context_width expects a number, got "abc"')
+    bad({ '--steps=2', '--warmup_iters=5' }, '--warmup_iters (5) must be less than --steps (2)')
+    bad({ '--model_type=gpt2' }, "--model_type must be one of llama_v2; got 'gpt2'")
+    bad({ '--strategy=hybrid' }, "--strategy must be one of FULL_SHARD, NO_SHARD; got 'hybrid'")
+    bad({ '--seq_len=8', '--ctx=16' }, '--seq_len and --ctx are the same option (seq_len): give it once')
+    bad({ '--max_contxt_width=1' }, 'unknown option --max_contxt_width (did you mean --max_context_width?)')
+    bad({ '--model_type' }, '--model_type expects a value')
+  end)
+
+  it('are listed by --help, and a clash with an option is a spec error', function()
+    local usage = recipe.usage(S, 'x.lua')
+    assert.matches('alias --max_context_width\n', usage, 1, true)
+    assert.matches("alias --model_type (llama_v2 -> 'Llama-2-7b')", usage, 1, true)
+    assert.matches('also full', usage, 1, true)
+    assert.error_matches(function()
+      recipe.parse({ a = { 1, 'a', aliases = { 'b' } }, b = { 2, 'b' } }, {})
+    end, 'alias b of a is also an option', nil, true)
+  end)
+end)
+
 describe('option constraints', function()
   local files = require 'fsdp.files'
   local S = {

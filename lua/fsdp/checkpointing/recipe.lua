@@ -40,8 +40,14 @@ M.OPTIONS = {
                       int = true, min = 0, needs = 'checkpoint_dir' },
   keep_checkpoints = { 2, 'complete checkpoints to keep; older ones are deleted (their own files only) after a save (0: keep all)',
                        int = true, min = 0 },
-  resume_from_checkpoint = { false, 'continue from the newest intact checkpoint in --checkpoint_dir, if any (damaged ones are named and skipped)',
-                             needs = 'checkpoint_dir' },
+  resume_from_checkpoint = { false, 'continue from the newest intact checkpoint in --checkpoint_dir, if any (damaged ones are named and skipped); '
+                             .. '=DIR (the seed\'s form): the same with --checkpoint_dir=DIR',
+                             needs = 'checkpoint_dir', values = function(text)
+                               local word = text:lower()
+                               if word == 'true' or word == 'false' or word == '1' or word == '0' or word == 'yes'
+                                  or word == 'no' or text == '' then return nil end
+                               return true, { checkpoint_dir = text }
+                             end },
   save_full_state_dict = { '', 'at the end, write the whole model to this safetensors file (HF names, one unit at a time)',
                            output = 'file' },
 }

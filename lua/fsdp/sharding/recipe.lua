@@ -16,9 +16,17 @@ local M = {}
 -- recipe builds anything).
 local DTYPES = { '', 'bf16', 'f16', 'f32' }
 M.OPTIONS = {
+  -- The seed's lower-case names (and ours in lower case) are accepted too.
   sharding_strategy = { 'FULL_SHARD', 'FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2',
-                        one_of = require('fsdp.sharding.layout').strategies },
-  mixed_precision = { '', 'compute dtype of the sharded units (bf16, f16); empty: the parameter dtype', one_of = DTYPES },
+                        one_of = require('fsdp.sharding.layout').strategies,
+                        values = { full = 'FULL_SHARD', full_shard = 'FULL_SHARD', shard_grad_op = 'SHARD_GRAD_OP',
+                                   grad_op = 'SHARD_GRAD_OP', no_shard = 'NO_SHARD', hybrid = 'HYBRID_SHARD',
+                                   hybrid_shard = 'HYBRID_SHARD', hybrid_zero2 = 'HYBRID_SHARD_ZERO2',
+                                   hybrid_shard_zero2 = 'HYBRID_SHARD_ZERO2' } },
+  -- --bf16 (the seed's flag): bf16 mixed precision, parameters kept in
+  -- their dtype (FSDP's MixedPrecision(param_dtype=bfloat16, ...)).
+  mixed_precision = { '', 'compute dtype of the sharded units (bf16, f16); empty: the parameter dtype', one_of = DTYPES,
+                      aliases = { bf16 = { ['true'] = 'bf16', ['1'] = 'bf16', ['false'] = '', ['0'] = '' } } },
   reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype)', one_of = DTYPES },
   wrap = { 'transformer', 'wrap policy: transformer (one unit per block), size, none',
            one_of = { 'transformer', 'size', 'none' } },
@@ -29,6 +37,14 @@ M.OPTIONS = {
   activation_checkpointing = { false, 'recompute each block in backward instead of keeping activations' },
   offload_activations = { false, 'move what each block saves for backward to pinned host memory (cuda; a no-op on the cpu)' },
   plan = { false, 'print what each rank would hold, send and compute (fsdp.plan) for this config, and exit' },
+  plan_world = { 0, 'with --plan: the number of ranks to plan for (0: this job\'s)', int = true, min = 0 },
+  plan_nodes = { 0, 'with --plan: the number of nodes to plan for (0: this job\'s, or 1 with --plan_world; must divide it)',
+                 int = true, min = 0, check = function(v, cfg)
+                   local world = cfg.plan_world > 0 and cfg.plan_world or require('fsdp.dist').world_size()
+                   if v > 0 and world % v ~= 0 then
+                     return ('(%d) must divide the world planned for (%d ranks)'):format(v, world)
+                   end
+                 end },
   plan_device = { 'cpu', 'device profile for --plan (fsdp.devices: cpu, a100-80g, h100-80g, ...)',
                   one_of = function() return require('fsdp.devices').names() end },
   skip_fit_check = { false, 'train even when the planner says the config does not fit this machine\'s memory' },
@@ -101,7 +117,10 @@ end
 function M.plan_options(cfg, block_class, shape, script, device)
   local policy, mp = M.policy_and_precision(cfg, block_class, script or 'recipe')
   return {
-    world = fsdp.dist.world_size(), nodes = fsdp.dist.nodes(), strategy = cfg.sharding_strategy, policy = policy,
+    world = cfg.plan_world and cfg.plan_world > 0 and cfg.plan_world or fsdp.dist.world_size(),
+    nodes = cfg.plan_nodes and cfg.plan_nodes > 0 and cfg.plan_nodes
+            or cfg.plan_world and cfg.plan_world > 0 and 1 or fsdp.dist.nodes(),
+    strategy = cfg.sharding_strategy, policy = policy,
     mixed_precision = mp, checkpoint = cfg.activation_checkpointing, device = device,
     offload_activations = cfg.offload_activations or false,
     backward_prefetch = cfg.backward_prefetch ~= 'none' and cfg.backward_prefetch or false,
