@@ -197,6 +197,9 @@ run_tap "llama2_7b.lua on 2 ranks killed (kill -9) and restarted" -- tests/mpi/c
 for np in 2 4; do
   run_tap "non-finite guard of llama2_7b.lua, $np ranks" -- tests/mpi/nonfinite.sh $np
 done
+for np in 1 2; do
+  run_tap "the seed's TRAINING_ARGS line on llama2_7b.lua, $np rank(s)" -- tests/mpi/seed_args.sh $np
+done
 run_tap "damaged 2-rank checkpoints refused, resume falls back" -- tests/mpi/ckpt_integrity.sh
 for np in 2 4; do
   run_tap "no checkpoint from non-finite state, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_nonfinite.lua
