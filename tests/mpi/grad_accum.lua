@@ -110,6 +110,7 @@ for _, strategy in ipairs({ 'FULL_SHARD', 'SHARD_GRAD_OP', 'NO_SHARD' }) do
     T.test(('%s: %d micro-batch%s of %d rows = one batch of %d rows, gradients reduced once'):format(
       strategy, k, k == 1 and '' or 'es', B, k * B * W), function()
       local err, where, counts, N = run(strategy, k)
+      if R == 0 then print(('# %s, k = %d: largest relative parameter error %.3g (%s)'):format(strategy, k, err, where)) end
       T.truthy(err <= TOL, ('%s differs: relative error %.3g > %g'):format(tostring(where), err, TOL))
       local want, guard = expected(strategy, N, k)
       for s, c in ipairs(counts) do

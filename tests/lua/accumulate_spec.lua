@@ -1,0 +1,88 @@
+-- accumulate_spec.lua: gradient accumulation (fsdp.sharding.accumulate) in
+-- one process: k micro-batches give the gradients and the step of one
+-- batch k times as large, sharded (a world of one: nothing communicated)
+-- and plain; the mean loss is returned; bad k is refused. The multi-rank
+-- equivalence and the count of collectives per step are in
+-- tests/mpi/grad_accum.lua; the recipes' --grad_accum_steps with kill and
+-- resume in tests/mpi/seed_args.sh.
+local fsdp = require 'fsdp'
+local llama = require 'models.llama'
+local optim = require 'fsdp.optim'
+local accumulate = require 'fsdp.sharding.accumulate'
+
+local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64,
+              max_seq_len = 32 }
+local K, B = 4, 2
+local ids = fsdp.randint(0, 64, { K * B, 16 }, { seed = 1 })
+local tg = fsdp.randint(0, 64, { K * B, 16 }, { seed = 2 })
+
+local function model(sharded)
+  local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+  if sharded then return fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 3 }) end
+  m:init_weights({ seed = 3, device = 'cpu' })
+  return m
+end
+
+local function grads(m)
+  local out = {}
+  for _, np in ipairs(m:named_parameters()) do out[np[1]] = np[2].grad:clone() end
+  return out
+end
+
+-- The largest relative (norm-wise) difference between two sets of tensors.
+local function worst(a, b)
+  local w = 0
+  for name, x in pairs(b) do
+    local d = (a[name] - x):pow(2):sum():item() ^ 0.5 / math.max(x:pow(2):sum():item() ^ 0.5, 1e-30)
+    w = math.max(w, d)
+  end
+  return w
+end
+
+describe('gradient accumulation', function()
+  for _, sharded in ipairs({ true, false }) do
+    local what = sharded and 'a sharded model' or 'a plain model'
+    it(('gives %s the gradients and step of the %d-times batch (f32, 1e-5 relative)'):format(what, K), function()
+      local a, b = model(sharded), model(sharded)
+      local before = fsdp.dist.collective_counts()
+      local seen = {}
+      local mean = accumulate.forward_backward(a, K, function(i)
+        seen[#seen + 1] = i
+        return a:loss(ids:narrow(0, (i - 1) * B, B), tg:narrow(0, (i - 1) * B, B))
+      end)
+      assert.same({ 1, 2, 3, 4 }, seen)
+      -- a world of one: nothing is sent
+      assert.same(before, fsdp.dist.collective_counts())
+      local whole = b:loss(ids, tg)
+      whole:backward()
+      -- mean of equal micro-batches' mean losses = the whole batch's mean
+      assert.is_true(math.abs(mean - whole:item()) < 1e-5 * whole:item(), ('%g vs %g'):format(mean, whole:item()))
+      local err = worst(grads(a), grads(b))
+      assert.is_true(err < 1e-5, ('gradients differ by %.3g'):format(err))
+      local oa, ob = optim.AdamW(a:named_parameters(), { lr = 1e-2 }), optim.AdamW(b:named_parameters(), { lr = 1e-2 })
+      oa:step(); ob:step()
+      local pa, pb = {}, {}
+      for _, np in ipairs(a:named_parameters()) do pa[np[1]] = np[2] end
+      for _, np in ipairs(b:named_parameters()) do pb[np[1]] = np[2] end
+      err = worst(pa, pb)
+      assert.is_true(err < 1e-5, ('parameters differ by %.3g'):format(err))
+    end)
+  end
+
+  it('with k = 1 is one plain backward', function()
+    local a, b = model(true), model(true)
+    local mean = accumulate.forward_backward(a, 1, function() return a:loss(ids, tg) end)
+    local l = b:loss(ids, tg)
+    l:backward()
+    assert.equals(l:item(), mean)
+    assert.equals(0, worst(grads(a), grads(b)))
+  end)
+
+  it('refuses a k that is not a positive integer', function()
+    local m = model(false)
+    for _, k in ipairs({ 0, -1, 1.5 }) do
+      assert.error_matches(function() accumulate.forward_backward(m, k, function() end) end,
+        'k must be an integer >= 1, got ' .. tostring(k), nil, true)
+    end
+  end)
+end)
