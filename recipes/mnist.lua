@@ -12,10 +12,11 @@ local mnist = require 'fsdp.data.mnist'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
 local nonfinite = require 'fsdp.nonfinite'
+local accumulate = require 'fsdp.sharding.accumulate'
 local F = fsdp.F
 
 -- Each option carries its constraints, checked before anything is built.
-local cfg = recipe.config(nonfinite.options({
+local cfg = recipe.config(nonfinite.options(accumulate.options({
   data = { '', 'directory of the MNIST idx files (empty: synthetic digits)', input = 'dir' },
   epochs = { 3, 'training epochs', int = true, min = 1 },
   batch_size = { 64, 'training batch size', int = true, min = 1 },
@@ -28,7 +29,7 @@ local cfg = recipe.config(nonfinite.options({
   seed = { 1, 'initialisation and data seed', int = true, min = 0 },
   log_interval = { 20, 'batches between log lines', int = true, min = 1 },
   dry_run = { false, 'build on meta, print the model and its parameter count, exit' },
-}), arg, 'recipes/mnist.lua')
+})), arg, 'recipes/mnist.lua')
 
 if cfg.dry_run then
   local net = mnist_model.build({ device = 'meta' })
@@ -68,13 +69,19 @@ for epoch = 1, cfg.epochs do
   net:train()
   local t0 = clock.now()
   local nb = batches(train, cfg.batch_size)
-  for i = 0, nb - 1 do
-    local x, y = train:batch(i, cfg.batch_size)
-    local loss = F.nll_loss(net(x), y)
-    loss:backward()
+  -- An optimizer step per --grad_accum_steps batches (fewer at the end
+  -- of an epoch), gradients summed over them (fsdp.sharding.accumulate).
+  local k = cfg.grad_accum_steps
+  for first = 0, nb - 1, k do
+    local n = math.min(k, nb - first)
+    local loss = accumulate.forward_backward(net, n, function(j)
+      local x, y = train:batch(first + j - 1, cfg.batch_size)
+      return F.nll_loss(net(x), y)
+    end)
     step = step + 1
     local r = guard:step(step, loss)
-    if i % cfg.log_interval == 0 or i == nb - 1 or r.skipped then
+    local i = first + n - 1
+    if first % cfg.log_interval < k or i == nb - 1 or r.skipped then
       print(('Train Epoch: %d [%d/%d (%.0f%%)]\tLoss: %.6f%s'):format(epoch, i * cfg.batch_size,
         train:size(), 100 * i / nb, r.loss, r.skipped and ' (skipped: non-finite)' or ''))
     end

@@ -9,6 +9,7 @@ local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
 local accumulate = require 'fsdp.sharding.accumulate'
+local T = require 'fsdp.testing'
 
 local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64,
               max_seq_len = 32 }
@@ -83,6 +84,23 @@ describe('gradient accumulation', function()
     for _, k in ipairs({ 0, -1, 1.5 }) do
       assert.error_matches(function() accumulate.forward_backward(m, k, function() end) end,
         'k must be an integer >= 1, got ' .. tostring(k), nil, true)
+    end
+  end)
+
+  it('is --grad_accum_steps in every training recipe', function()
+    for _, case in ipairs({
+      { 'recipes/llama2_7b.lua', '--num_layers=1 --hidden_width=32 --num_heads=2 --vocab_size=64 --seq_len=16 '
+        .. '--batch_size=2 --max_steps=3 --warmup_steps=1 --grad_accum_steps=3', 'Batch 3 Loss: ' },
+      { 'recipes/t5_3b.lua', '--num_layers=1 --d_model=32 --d_ff=64 --d_kv=8 --num_heads=4 --vocab_size=16 '
+        .. '--max_steps=3 --warmup_steps=1 --batch_size=2 --grad_accum_steps=2 --eval_examples=2', 'Batch 3 Loss: ' },
+      { 'recipes/deepvit_8b.lua', '--depth=1 --dim=32 --heads=2 --mlp_dim=64 --image_size=32 --num_classes=4 '
+        .. '--max_steps=3 --batch_size=2 --grad_accum_steps=2', 'Batch 3 Loss: ' },
+      { 'recipes/mnist.lua', '--epochs=1 --train_size=128 --test_size=64 --max_batches=4 --batch_size=16 '
+        .. '--log_interval=1 --grad_accum_steps=2', 'Train Epoch: 1 [48/128' },
+    }) do
+      local out, rc = T.run_script(case[1], case[2])
+      assert.equals(0, rc, case[1] .. ':\n' .. out)
+      assert.matches(case[3], out, 1, true)
     end
   end)
 end)
