@@ -26,7 +26,9 @@
 --   (sequences per rank, 1), seq (tokens per sequence; the model's
 --   max_seq_len), device (a name in fsdp.devices or a profile; 'cpu'),
 --   backward_prefetch ('pre'), forward_prefetch (false), utilization (the
---   device's), rank (0: whose shard; the last rank holds the padding).
+--   device's), rank (0: whose shard; the last rank holds the padding),
+--   grad_accum (1: micro-batches per step; above 1 the unsharded
+--   accumulation buffers of fsdp.sharding.accumulate count at the peak).
 --
 -- Units are fsdp.shard's own (fsdp.sharding.plan_units, the same padding);
 -- the bytes of a step come from replaying it (fsdp.plan.sim) with the
@@ -52,6 +54,7 @@ local OPTIONS = {
   world = true, nodes = true, strategy = true, policy = true, mixed_precision = true, checkpoint = true,
   offload = true, offload_activations = true, optimizer = true, batch = true, seq = true, device = true,
   backward_prefetch = true, forward_prefetch = true, limit_all_gathers = true, utilization = true, rank = true,
+  grad_accum = true,
 }
 
 local function size_of(dtype) return tonumber(C.fl_dtype_size(core.dtype(dtype))) end
@@ -162,6 +165,7 @@ local function resolve(model, opts)
     fail('rank must be an integer in [0, %d), got %s', r.world, tostring(opts.rank))
   end
   r.batch = positive_int(opts, 'batch', 1)
+  r.grad_accum = positive_int(opts, 'grad_accum', 1)
   local first = model:parameters()[1]
   if not first then fail('the model has no parameters') end
   r.master = first.dtype
@@ -236,6 +240,15 @@ function M.plan(model, opts)
     mem.host = mem.params + mem.grads + mem.optimizer
   end
   mem.persistent = mem.params + mem.grads + mem.optimizer + mem.buffers - mem.host
+  -- [Note: gradient accumulation memory] (fsdp.sharding.accumulate): with
+  -- k > 1 micro-batches every unit keeps its whole packed gradient in the
+  -- reduce dtype between backwards, through the last micro-batch's
+  -- forward and backward, on top of the step's usual bytes.
+  mem.accumulation = 0
+  if r.grad_accum > 1 then
+    for _, u in ipairs(units) do mem.accumulation = mem.accumulation + u.padded * u.rs end
+  end
+  local accumulation_extra = mem.accumulation
 
   -- blocks in forward order, each with its units
   local unit_of = {}
@@ -260,7 +273,7 @@ function M.plan(model, opts)
   local offload_activations = r.offload_activations and r.device.name ~= 'cpu'
   local function replay(checkpoint)
     return sim.run(units, blocks, stem, head, {
-      persistent = mem.persistent, inputs = inputs, checkpoint = checkpoint and #blocks > 0,
+      persistent = mem.persistent + accumulation_extra, inputs = inputs, checkpoint = checkpoint and #blocks > 0,
       offload_activations = offload_activations,
       forward_prefetch = r.forward_prefetch, backward_prefetch = r.backward_prefetch,
       f32_reduce = r.device.f32_reduce,
@@ -276,7 +289,7 @@ function M.plan(model, opts)
   mem.peak = step.peak
   mem.peak_at = step.peak_at
   mem.peak_other = other.peak
-  mem.transient = step.peak - mem.persistent - step.gathered_peak - step.activations - inputs
+  mem.transient = step.peak - mem.persistent - accumulation_extra - step.gathered_peak - step.activations - inputs
   mem.residual = step.residual
   -- Pinned host memory the offloaded activations take at the end of
   -- forward; the same bytes cross the host link each way every step. Not

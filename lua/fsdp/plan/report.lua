@@ -66,6 +66,10 @@ function M.format(p)
   if m.host_activations > 0 then
     line('  activations in pinned host memory     %s  (not on the device)', gib(m.host_activations))
   end
+  if (m.accumulation or 0) > 0 then
+    line('  %-38s%s  (unsharded, %d micro-batches per step)', 'gradient accumulation buffers',
+      gib(m.accumulation), r.grad_accum)
+  end
   line('  inputs                                %s', gib(m.inputs))
   -- with offload, a block's activations copied back are transients too
   line('  backward transients                   %s%s', gib(math.max(0, m.transient)),

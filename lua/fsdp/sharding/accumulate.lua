@@ -26,11 +26,14 @@
 -- plus the hybrid strategies' all-reduce over replicas). As with PyTorch
 -- FSDP's no_sync, the price is memory: between micro-batches every rank
 -- holds the whole unsharded gradient of every unit in the reduce dtype
--- (the model's parameter count x its size, not 1/world of it), on top of
--- the sharded gradient. Under NO_SHARD a rank holds whole gradients anyway,
--- so it costs nothing there. Parameters are still gathered for every
--- micro-batch (forward, and backward under FULL_SHARD): accumulation saves
--- gradient communication, not parameter communication.
+-- (the model's parameter count x its size, not 1/world of it) through the
+-- last micro-batch's forward and backward, on top of the step's usual
+-- bytes (also under NO_SHARD, where it is one more whole gradient). The
+-- planner adds it (fsdp.plan's grad_accum; tests/mpi/plan_memory.lua
+-- measures it), so --plan and the recipes' fit check see it. Parameters
+-- are still gathered for every micro-batch (forward, and backward under
+-- FULL_SHARD): accumulation saves gradient communication, not parameter
+-- communication.
 local M = {}
 
 M.OPTIONS = {

@@ -125,6 +125,7 @@ function M.plan_options(cfg, block_class, shape, script, device)
     offload_activations = cfg.offload_activations or false,
     backward_prefetch = cfg.backward_prefetch ~= 'none' and cfg.backward_prefetch or false,
     forward_prefetch = cfg.forward_prefetch, batch = shape.batch, seq = shape.seq,
+    grad_accum = cfg.grad_accum_steps,
   }
 end
 
