@@ -236,6 +236,18 @@ end)
 describe('recipes/llama2_7b.lua', function()
   local function run(args) return T.run_script('recipes/llama2_7b.lua', args) end
 
+  it('plans for another world with --plan_world and --plan_nodes, with the accumulation buffers', function()
+    local out, rc = run('--plan --plan_world=16 --plan_nodes=2 --plan_device=h100-80g --sharding_strategy=hybrid '
+      .. '--bf16 --grad_accum_steps=4')
+    assert.equals(0, rc, out)
+    assert.matches('16 x h100-80g (2 nodes of 8), HYBRID_SHARD, params f32, compute bf16', out, 1, true)
+    -- 6,738,415,616 parameters unsharded in bf16: 12.551 GiB on every rank
+    assert.matches('gradient accumulation buffers%s+12%.551%s+%(unsharded, 4 micro%-batches per step%)', out)
+    out = run('--plan --plan_world=16 --plan_device=h100-80g')
+    assert.matches('16 x h100-80g, FULL_SHARD', out, 1, true) -- one node: nothing to say
+    assert.is_nil(out:find('accumulation', 1, true))
+  end)
+
   it('builds the full 7B on meta with --dry-run and prints its parameters', function()
     local out, rc = run('--dry-run')
     assert.equals(0, rc)
