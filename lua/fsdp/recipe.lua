@@ -530,7 +530,10 @@ function M.parse(spec, args, script, validate)
       if not ok or type(t) ~= 'table' then
         error(('--config %s: must return a table of options (%s)'):format(path, tostring(t)), 0)
       end
-      for _, k in ipairs(sorted_keys(t)) do apply(cfg, spec, k, t[k], 'file') end
+      -- Names tracked apart from the command line's (which overrides the
+      -- file under any name); implied options go with the rest.
+      local file_st = { aliases = st.aliases, names = {}, implied = st.implied }
+      for _, k in ipairs(sorted_keys(t)) do apply(cfg, spec, k, t[k], 'file', file_st) end
     end
   end
   local skip, only = false, false
