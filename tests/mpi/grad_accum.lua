@@ -6,6 +6,8 @@
 --
 --   mpirun -np 2 fsdp-lua tests/mpi/grad_accum.lua     (tests/mpi/run.sh)
 --   fsdp-lua tests/mpi/grad_accum.lua                  one rank: no collective at all
+--   FSDP_RANKS_PER_NODE=2 mpirun -np 4 fsdp-lua tests/mpi/grad_accum.lua
+--                                                      2 nodes of 2: HYBRID_SHARD too
 --
 -- Tolerance: 1e-5 relative, norm-wise per parameter, after K AdamW steps
 -- in f32. The two runs compute the same sums in different orders: the
@@ -102,10 +104,15 @@ local function expected(strategy, N, k)
   if W == 1 then return { all_gather = 0, reduce_scatter = 0, all_reduce = 0 }, 0 end
   if strategy == 'FULL_SHARD' then return { all_gather = k * (2 * N - 1), reduce_scatter = N, all_reduce = 0 }, 2 end
   if strategy == 'SHARD_GRAD_OP' then return { all_gather = k * N, reduce_scatter = N, all_reduce = 0 }, 2 end
+  -- hybrid: gathered and reduce-scattered within a node, then one
+  -- all-reduce per unit over the nodes' replicas
+  if strategy == 'HYBRID_SHARD' then return { all_gather = k * (2 * N - 1), reduce_scatter = N, all_reduce = N }, 2 end
   return { all_gather = 0, reduce_scatter = 0, all_reduce = N }, 2
 end
 
-for _, strategy in ipairs({ 'FULL_SHARD', 'SHARD_GRAD_OP', 'NO_SHARD' }) do
+local strategies = { 'FULL_SHARD', 'SHARD_GRAD_OP', 'NO_SHARD' }
+if dist.nodes() > 1 and W > dist.nodes() then strategies[#strategies + 1] = 'HYBRID_SHARD' end
+for _, strategy in ipairs(strategies) do
   for _, k in ipairs({ 1, MAXK }) do
     T.test(('%s: %d micro-batch%s of %d rows = one batch of %d rows, gradients reduced once'):format(
       strategy, k, k == 1 and '' or 'es', B, k * B * W), function()
