@@ -134,4 +134,21 @@ for _, strategy in ipairs(strategies) do
   end
 end
 
+-- The counter itself: each collective that moves data counts once, by
+-- kind; a group of one moves nothing.
+T.test('fsdp.dist.collective_counts counts each collective once, by kind', function()
+  local c0 = dist.collective_counts()
+  local t = fsdp.ones({ 4 })
+  dist.all_reduce(t)
+  dist.all_gather(t)
+  dist.reduce_scatter(fsdp.ones({ 2 * W }))
+  dist.broadcast(t, 0)
+  dist.all_reduce(t, { group = one })
+  local d = diff(c0, dist.collective_counts())
+  local n = W > 1 and 1 or 0
+  for _, kind in ipairs({ 'all_reduce', 'all_gather', 'reduce_scatter', 'broadcast' }) do
+    T.truthy(d[kind] == n, ('%s: counted %d, expected %d'):format(kind, d[kind], n))
+  end
+end)
+
 T.done()
