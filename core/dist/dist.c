@@ -351,6 +351,16 @@ static void leave_at_exit(void) {
     end_job(why);
 }
 
+uint64_t fl_dist_digest(const void *data, size_t n) {
+    const unsigned char *p = data;
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
 void fl_dist_note_exit(const char *how) {
     snprintf(fl_dist.exit_note, sizeof fl_dist.exit_note, "%s", how ? how : "");
 }

@@ -913,6 +913,9 @@ FL_API void fl_dist_finalize(void);
  * several ranks ends the job unless every rank leaves within seconds
  * ([Note: leaving the job] in core/dist/dist.c); the message names this. */
 FL_API void fl_dist_note_exit(const char *how);
+/* A 64-bit digest (FNV-1a) of n bytes: what ranks exchange to agree on
+ * their configuration before comparing it whole (fsdp.dist.agree). */
+FL_API uint64_t fl_dist_digest(const void *data, size_t n);
 
 /* Groups are reference counted: every function returning one returns a
  * new reference. Creating a group is collective over its parent: every
