@@ -11,11 +11,27 @@
 --            as not in any collective (the roll call)
 --   stop     rank 1 stops itself (SIGSTOP) at step 2: the others time out
 --            naming it as not answering
+--   kill     rank 1 kills itself (SIGKILL) at step 2: mpirun ends the job
+--            naming it (no exit hook runs; Open MPI notices the death)
 local fsdp = require 'fsdp'
 local dist = fsdp.dist
 local llama = require 'models.llama'
 local ffi = require 'ffi'
-ffi.cdef 'int raise(int sig); int getpid(void);'
+ffi.cdef [[
+int raise(int sig);
+typedef struct { long tv_sec, tv_nsec; } rank_exit_timespec;
+int clock_gettime(int clock, rank_exit_timespec *ts);
+]]
+
+-- "fault at <epoch seconds>": tests/mpi/run.sh measures from here to the
+-- end of the job, so a slow start on a loaded machine does not count.
+local function announce(what)
+  local ts = ffi.new('rank_exit_timespec')
+  ffi.C.clock_gettime(0, ts) -- CLOCK_REALTIME, as `date +%s.%N`
+  io.stdout:write(('fault at %.3f: rank %d %s\n'):format(tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9,
+    dist.rank(), what))
+  io.stdout:flush()
+end
 
 local mode, n = arg[1], tonumber(arg[2] or '0')
 if mode == 'all' then
@@ -30,8 +46,7 @@ fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer } })
 local step = 0
 m.model.layers[2]:register_forward_hook(function()
   if step ~= 2 or dist.rank() ~= 1 then return nil end
-  io.stdout:write(('rank 1 pid %d: %s at step 2\n'):format(ffi.C.getpid(), mode))
-  io.stdout:flush()
+  announce(mode .. ' at step 2')
   if mode == 'exit' then
     os.exit(n)
   elseif mode == 'spin' then
@@ -39,6 +54,8 @@ m.model.layers[2]:register_forward_hook(function()
     while true do x = x + 1 end
   elseif mode == 'stop' then
     ffi.C.raise(19) -- SIGSTOP
+  elseif mode == 'kill' then
+    ffi.C.raise(9) -- SIGKILL
   end
   return nil
 end)
