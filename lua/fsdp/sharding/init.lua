@@ -141,7 +141,10 @@ end
 -- different sizes (MPI_ERR_TRUNCATE) or wait for collectives the others
 -- never start.
 local function agree_structure(plan, fqn, strategy, opts, seed, device)
-  if dist.world_size() == 1 then return end
+  -- Over the group sharding runs on (its members call fsdp.shard), else
+  -- the world.
+  local group = opts.group
+  if dist.world_size() == 1 or (group and not group:is_member()) then return end
   local units = {}
   for i, spec in ipairs(plan) do
     local params = {}
@@ -157,7 +160,7 @@ local function agree_structure(plan, fqn, strategy, opts, seed, device)
     backward_prefetch = tostring(opts.backward_prefetch), forward_prefetch = opts.forward_prefetch and true or false,
     limit_all_gathers = opts.limit_all_gathers and true or false, cpu_offload = opts.cpu_offload and true or false,
     sync_module_states = opts.sync_module_states and true or false,
-  })
+  }, { group = group })
 end
 
 function M.shard(model, opts)
