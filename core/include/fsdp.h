@@ -905,8 +905,11 @@ FL_API int fl_dist_set_timeout(double seconds);
  * Returns without doing anything in a run without a launcher. */
 FL_API void fl_dist_abort_on_error(const char *message);
 /* Complete dropped works (bounded by the timeout), free the groups and
- * shut the backend down (MPI_Finalize). init registers it with atexit;
- * nothing distributed may be called after it. */
+ * shut the backend down (MPI_Finalize); nothing distributed may be called
+ * after it. The host calls it when its script finished. init registers an
+ * atexit hook for a process that exits before that (os.exit mid-run): in a
+ * job it ends the job unless every rank is leaving too ([Note: leaving
+ * the job] in core/dist/dist.c). */
 FL_API void fl_dist_finalize(void);
 /* For the host's os.exit: what ends the process if it exits before
  * fl_dist_finalize ("os.exit(0) at x.lua:12"). Exiting early in a job of
