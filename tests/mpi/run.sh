@@ -248,6 +248,18 @@ expect_failure "a collective rank 1 never joins times out and ends the job" 15 \
   "fsdp-lua: rank 0:|all_reduce on group world (rank 0 of 2, world rank 0): not complete after waiting 1 s" \
   FSDP_COLLECTIVE_TIMEOUT=1 -- mpirun -np 2 "$EXE" tests/mpi/collective_timeout.lua
 
+# A timed-out all-gather that a late rank joins afterwards: its pages stay
+# mapped (no signal inside MPI), and no collective starts again.
+out=$(bounded mpirun -np 2 "$EXE" tests/mpi/collective_timeout.lua late)
+rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && ! grep -qiE 'signal|segmentation' <<<"$out" &&
+   grep -qF "no collective can start on this rank after an earlier one timed out" <<<"$out"; then
+  ok "a timed-out all-gather joined late keeps its buffers; later collectives are refused"
+else
+  not_ok "a timed-out all-gather joined late: exit $rc"
+  comment "$out"
+fi
+
 # A rank that leaves or stalls (tests/mpi/rank_exit.lua): os.exit mid-step
 # ends the job within seconds naming the rank and where it left; every
 # rank leaving together is a clean exit with its status; a rank spinning
