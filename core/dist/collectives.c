@@ -30,6 +30,19 @@
  * hanging (MPI's own MPI_Wait cannot be bounded). Post-processing (averaging, rounding back
  * to bf16) runs in the thread that sees the completion, never in the
  * progress thread.
+ *
+ * [Note: a collective that never completes]
+ * A wait that times out leaves the request with MPI: a late rank may still
+ * send, and MPI then writes into the work's buffers. MPI cannot cancel a
+ * collective, so the work keeps its tensors (and staging buffers)
+ * referenced until the request completes, which may be never
+ * (fl_work_is_pending tells a caller that unmaps pages itself, the sharded
+ * unit, to keep them), and the runtime is marked broken: no collective
+ * starts again on this rank (its sequence on the group is lost), and
+ * leaving aborts the job instead of finalizing. The error that reports the
+ * timeout normally ends the job anyway (the host aborts on it); this is
+ * what keeps a script that catches it from crashing inside MPI (SIGSEGV in
+ * MPI_Test writing into decommitted pages, seen under load).
  */
 #include "dist.h"
 
@@ -47,7 +60,7 @@ struct fl_work {
     bool average;      /* divide the sum by the group size when done */
     bool completed, failed;
     fl_status status;  /* of a failed work */
-    char message[512];
+    char message[1024];
     fl_work *next;     /* in fl_dist.dropped */
 };
 
@@ -167,6 +180,31 @@ int fl_work_test(fl_work *w, bool *done) {
     return work_progress(w, done);
 }
 
+/* [Note: a collective that never completes] */
+static int work_time_out(fl_work *w) {
+    char report[640] = "", why[1000];
+    fl_roll_answer *a = w->dops ? NULL : fl_dist_roll_call(w->group, FL_ROLL_CALL_SECONDS);
+    if (a) fl_dist_roll_report(a, w->group->size, FL_ROLL_CALL_SECONDS, report, sizeof report);
+    free(a);
+    if (report[0])
+        snprintf(why, sizeof why,
+                 "not complete after waiting %g s (the collective timeout, "
+                 "FSDP_COLLECTIVE_TIMEOUT): %s",
+                 fl_dist.timeout, report);
+    else
+        snprintf(why, sizeof why,
+                 "not complete after waiting %g s (the collective timeout, "
+                 "FSDP_COLLECTIVE_TIMEOUT): a rank of the group has not started it, has "
+                 "failed, or started this group's collectives in another order",
+                 fl_dist.timeout);
+    int rc = work_fail(w, FL_ERR_DEVICE, why);
+    if (w->req && !fl_dist.broken) {
+        fl_dist.broken = true;
+        snprintf(fl_dist.broken_message, sizeof fl_dist.broken_message, "%.500s", w->message);
+    }
+    return rc;
+}
+
 int fl_work_wait(fl_work *w) {
     if (!w) return fl_fail(FL_ERR_ARG, "work wait: NULL work");
     if (w->dops && w->req && !w->failed) {
@@ -190,20 +228,14 @@ int fl_work_wait(fl_work *w) {
         int rc = work_progress(w, &done);
         if (rc != FL_OK || done) return rc;
         double waited = fl_dist_now() - start;
-        if (waited > fl_dist.timeout) {
-            char why[400];
-            snprintf(why, sizeof why,
-                     "not complete after waiting %g s (the collective timeout, "
-                     "FSDP_COLLECTIVE_TIMEOUT): a rank of the group has not started it, has "
-                     "failed, or started this group's collectives in another order",
-                     fl_dist.timeout);
-            return work_fail(w, FL_ERR_DEVICE, why);
-        }
+        if (waited > fl_dist.timeout) return work_time_out(w);
         fl_dist_pause(waited);
     }
 }
 
 bool fl_work_is_completed(const fl_work *w) { return w && w->completed; }
+
+bool fl_work_is_pending(const fl_work *w) { return w && !w->completed && w->req; }
 
 const char *fl_work_name(const fl_work *w) { return w ? w->name : "(null work)"; }
 
@@ -349,6 +381,15 @@ int64_t fl_dist_collective_count(const char *kind) {
 }
 
 static fl_work *launch(fl_work *w, const fl_coll *c) {
+    if (fl_dist.broken) {
+        char why[700];
+        snprintf(why, sizeof why, "no collective can start on this rank after an earlier one "
+                 "timed out (MPI may still complete that one): %s",
+                 fl_dist.broken_message);
+        fail_at(w->name, w->group, FL_ERR_STATE, why);
+        work_free(w);
+        return NULL;
+    }
     count_started(c);
     int rc = fl_dist.backend->start(w->group->comm, c, &w->req);
     if (rc != FL_OK) {

@@ -20,8 +20,29 @@
  * fl_dist_abort_on_error when a script ends with an uncaught error, which
  * prints the rank and the message and calls MPI_Abort, so mpirun kills the
  * job within seconds; (2) every wait polls with a deadline (the collective
- * timeout) and fails naming the collective and the group; (3) the
- * monitored barrier names the ranks that did not arrive.
+ * timeout) and fails naming the collective and the group, and which
+ * members are not in a collective or did not answer (the roll call of
+ * [Note: the watch channel]); (3) the monitored barrier names the ranks
+ * that did not arrive; (4) a rank leaving before its run finished ends
+ * the job ([Note: leaving the job]). A rank that dies without finalizing
+ * (a signal, SIGKILL, _exit) is mpirun's to notice: Open MPI 4.1 ends the
+ * job within a second or two when a process exits after MPI_Init without
+ * MPI_Finalize, whatever its exit status, or on a signal, naming the rank.
+ *
+ * [Note: leaving the job]
+ * os.exit() in a script (or exit() from C) runs the atexit handlers
+ * without the script finishing. Finalizing then is wrong: MPI_Finalize
+ * waits for every rank, and the others wait in a collective for this one,
+ * so the job hung until the collective timeout and blamed the collective.
+ * The host finalizes explicitly when its script (or REPL) finished, so the
+ * atexit hook runs only for such an early exit: it tells every rank it
+ * leaves (the watch channel), then waits up to LEAVE_PATIENCE seconds for
+ * all of them to leave as well, as they do when every rank ends with
+ * os.exit (tests/mpi/tap.lua after its last barrier). If they did, the
+ * runtime finalizes and the exit status stands; otherwise the rank prints
+ * why it left (the host notes "os.exit(N) at file:line",
+ * fl_dist_note_exit) and which ranks are still running, and aborts the
+ * job.
  */
 #include "dist.h"
 
@@ -40,6 +61,9 @@ fl_dist_state fl_dist;
 extern const fl_dist_backend fl_dist_self_backend;
 
 enum { DEFAULT_TIMEOUT_SECONDS = 600 };
+/* [Note: leaving the job]: how long a rank leaving early waits for the
+ * others to leave too (at most the collective timeout). */
+static const double LEAVE_PATIENCE = 3.0;
 
 /* ---- time and waiting ----------------------------------------------------- */
 
@@ -201,7 +225,145 @@ static int apply_ranks_per_node(fl_dist_topology *t) {
     return FL_OK;
 }
 
-static void finalize_at_exit(void) { fl_dist_finalize(); }
+static bool is_job(void) {
+    return fl_dist.backend && fl_dist.backend != &fl_dist_self_backend && fl_dist.topo.size > 1;
+}
+
+static void end_job(const char *why) {
+    fflush(stdout);
+    fprintf(stderr, "fsdp-lua: rank %d: %s; aborting the job (%d ranks)\n", fl_dist.topo.rank,
+            why, fl_dist.topo.size);
+    fflush(stderr);
+    fl_dist.backend->abort(1);
+}
+
+fl_roll_answer *fl_dist_roll_call(fl_group *g, double patience) {
+    if (!fl_dist.backend || !fl_dist.backend->roll_call || !g || !g->comm || g->size < 2)
+        return NULL;
+    fl_roll_answer *a = calloc((size_t)g->size, sizeof *a);
+    if (a && fl_dist.backend->roll_call(g->comm, patience, a) != FL_OK) {
+        free(a);
+        return NULL;
+    }
+    return a;
+}
+
+void fl_dist_roll_report(const fl_roll_answer *a, int n, double patience, char *buf,
+                         size_t size) {
+    size_t len = 0;
+    char silent[256] = "";
+    size_t slen = 0;
+    int n_silent = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (a[i].world_rank == fl_dist.topo.rank) continue;
+        if (!a[i].answered) {
+            if (slen < sizeof silent)
+                slen += (size_t)snprintf(silent + slen, sizeof silent - slen, "%s%d",
+                                         n_silent ? ", " : "", a[i].world_rank);
+            n_silent++;
+        } else if (a[i].in_flight == 0 && len < size) {
+            if (a[i].since_last < 0)
+                len += (size_t)snprintf(buf + len, size - len,
+                                        "%sworld rank %d has not started any collective",
+                                        len ? "; " : "", a[i].world_rank);
+            else
+                len += (size_t)snprintf(buf + len, size - len,
+                                        "%sworld rank %d is not in any collective (it started "
+                                        "its last one %.1f s ago)",
+                                        len ? "; " : "", a[i].world_rank, a[i].since_last);
+        }
+    }
+    if (n_silent && len < size)
+        snprintf(buf + len, size - len,
+                 "%sworld rank%s %s did not answer within %g s (stopped, dead, or stuck "
+                 "outside MPI)",
+                 len ? "; " : "", n_silent > 1 ? "s" : "", silent, patience);
+}
+
+/* "0, 2, 3" from the ranks not flagged in left; returns how many. */
+static int still_running(const bool *left, int size, char *names, size_t cap) {
+    size_t len = 0;
+    int running = 0;
+    names[0] = '\0';
+    for (int r = 0; r < size && len < cap; r++)
+        if (!left[r])
+            len += (size_t)snprintf(names + len, cap - len, "%s%d", running++ ? ", " : "", r);
+    return running;
+}
+
+/* [Note: leaving the job] */
+static void leave_at_exit(void) {
+    if (!fl_dist.backend || fl_dist.finalized) return;
+    if (!is_job() || !fl_dist.backend->leave || !fl_dist.initialized) {
+        fl_dist_finalize();
+        return;
+    }
+    char why[1024];
+    const char *how = fl_dist.exit_note[0] ? fl_dist.exit_note
+                                           : "exit() before the script finished";
+    if (fl_dist.broken) {
+        snprintf(why, sizeof why, "%s after a collective failed (%.480s)", how,
+                 fl_dist.broken_message);
+        end_job(why);
+    }
+    fl_dist.backend->leave(how);
+    int size = fl_dist.topo.size;
+    bool *left = calloc((size_t)size, sizeof *left);
+    if (!left) end_job("out of memory while leaving");
+    char names[256];
+    /* A rank waiting in a collective while this one has none in flight
+     * waits for this one: end the job now rather than after the patience. */
+    if (fl_dist.backend->peers_left(left) < size) {
+        fl_roll_answer *a = fl_dist_roll_call(fl_dist.world, FL_ROLL_CALL_SECONDS);
+        fl_dist.backend->peers_left(left);
+        bool mine = false, waited_for = false;
+        for (int r = 0; a && r < size; r++) {
+            if (a[r].world_rank == fl_dist.topo.rank) mine = a[r].in_flight > 0;
+            else if (!left[a[r].world_rank] && a[r].answered && a[r].in_flight > 0)
+                waited_for = true;
+        }
+        free(a);
+        if (waited_for && !mine) {
+            int running = still_running(left, size, names, sizeof names);
+            snprintf(why, sizeof why, "left the job before its run finished (%s) while world "
+                     "rank%s %s %s waiting in collectives",
+                     how, running > 1 ? "s" : "", names, running > 1 ? "are" : "is");
+            end_job(why);
+        }
+    }
+    double start = fl_dist_now();
+    double patience = LEAVE_PATIENCE < fl_dist.timeout ? LEAVE_PATIENCE : fl_dist.timeout;
+    for (;;) {
+        if (fl_dist.backend->peers_left(left) == size) {
+            free(left);
+            fl_dist_finalize();
+            return;
+        }
+        double waited = fl_dist_now() - start;
+        if (waited > patience) break;
+        fl_dist_pause(waited);
+    }
+    int running = still_running(left, size, names, sizeof names);
+    snprintf(why, sizeof why, "left the job before its run finished (%s) while world rank%s %s "
+             "%s still running", how, running > 1 ? "s" : "", names, running > 1 ? "are" : "is");
+    free(left);
+    end_job(why);
+}
+
+uint64_t fl_dist_digest(const void *data, size_t n) {
+    const unsigned char *p = data;
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+void fl_dist_note_exit(const char *how) {
+    snprintf(fl_dist.exit_note, sizeof fl_dist.exit_note, "%s", how ? how : "");
+}
 
 int fl_dist_init(void) {
     if (fl_dist.initialized) return FL_OK;
@@ -237,8 +399,9 @@ int fl_dist_init(void) {
             return status;
         }
         fl_dist.topo = topo;
-        /* From here MPI runs: finalize it at exit whatever happens next. */
-        atexit(finalize_at_exit);
+        /* From here MPI runs: finalize it at exit, or end the job when
+         * the process leaves early ([Note: leaving the job]). */
+        atexit(leave_at_exit);
     }
     fl_dist_topology topo = fl_dist.topo;
     if (apply_ranks_per_node(&topo)) return fl_last_status();
@@ -306,6 +469,12 @@ static int by_seq(const void *a, const void *b) {
 
 void fl_dist_finalize(void) {
     if (!fl_dist.backend || fl_dist.finalized) return;
+    /* MPI_Finalize with a collective that may never complete could wait
+     * for ever ([Note: a collective that never completes]). */
+    if (fl_dist.broken && is_job()) end_job(fl_dist.broken_message);
+    /* Ranks leaving early wait for the others to leave too. */
+    if (fl_dist.initialized && is_job() && fl_dist.backend->leave)
+        fl_dist.backend->leave("finished");
     if (fl_dist.initialized) {
         fl_dist_drain_dropped(fl_dist.timeout);
         fl_group_release(fl_dist.world);

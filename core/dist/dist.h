@@ -27,6 +27,14 @@ typedef struct fl_dist_state {
     } *retired;
     int n_retired, cap_retired;
     int device_comms_made; /* creation counter: the same on every rank */
+    /* A collective failed while the backend still held its request (a
+     * timeout): its buffers are kept for good and no collective may start
+     * again ([Note: a collective that never completes] in collectives.c). */
+    bool broken;
+    char broken_message[512];
+    /* What ends the process if it exits before fl_dist_finalize
+     * (fl_dist_note_exit): named when leaving ends the job. */
+    char exit_note[256];
 } fl_dist_state;
 
 extern fl_dist_state fl_dist;
@@ -105,6 +113,18 @@ double fl_dist_now(void);
  * while polled; other ranks sharing the core get it), then sleep briefly,
  * up to a millisecond, so waiting for a late rank does not burn a core. */
 void fl_dist_pause(double waited);
+
+/* [Note: the watch channel]: ask every member of g what it is doing.
+ * Returns g->size answers (free them), or NULL when the backend has no
+ * roll call (one rank) or it failed. */
+fl_roll_answer *fl_dist_roll_call(fl_group *g, double patience);
+/* One line naming the members of a roll call that are not in any
+ * collective or did not answer; "" when all are in collectives. */
+void fl_dist_roll_report(const fl_roll_answer *a, int n, double patience, char *buf,
+                         size_t size);
+/* The roll call's patience: members answer from their progress threads
+ * within milliseconds; a loaded machine may delay that a second or two. */
+#define FL_ROLL_CALL_SECONDS 3.0
 
 /* Complete what was dropped, without blocking (each call progresses). */
 void fl_dist_progress_dropped(void);

@@ -21,7 +21,7 @@
 
 #include "fsdp.h"
 
-enum { FL_DIST_BACKEND_ABI = 1 };
+enum { FL_DIST_BACKEND_ABI = 2 };
 
 /* The symbol libfsdp_mpi.so exports: returns its vtable. */
 #define FL_DIST_MPI_ENTRY "fl_dist_mpi_backend"
@@ -57,6 +57,15 @@ typedef struct fl_coll {
     int root;        /* broadcast: rank in the communicator */
 } fl_coll;
 
+/* A rank's answer to a roll call. */
+typedef struct fl_roll_answer {
+    bool answered;
+    int world_rank;
+    int in_flight;        /* collectives started and not complete */
+    double since_last;    /* seconds since it started its latest one; < 0: none yet */
+    double oldest;        /* age of its oldest collective in flight */
+} fl_roll_answer;
+
 typedef struct fl_dist_backend {
     int abi; /* FL_DIST_BACKEND_ABI */
     const char *name;
@@ -86,6 +95,16 @@ typedef struct fl_dist_backend {
     void (*abandon)(void *req);
     /* End every process of the job with this exit code. */
     void (*abort)(int code);
+    /* [Note: the watch channel] (core/dist/mpi/backend_mpi.c); NULL in a
+     * backend of one rank. roll_call asks every other member of comm what
+     * it is doing and fills answers[i] for group rank i (this rank's own
+     * entry says what it is doing), waiting at most `patience` seconds. */
+    int (*roll_call)(void *comm, double patience, fl_roll_answer *answers);
+    /* Tell every other rank that this one is leaving and why. */
+    void (*leave)(const char *why);
+    /* Progress the channel; left[r] = whether world rank r said it left
+     * (this rank included once it called leave). Returns how many did. */
+    int (*peers_left)(bool *left);
 } fl_dist_backend;
 
 typedef const fl_dist_backend *(*fl_dist_backend_entry)(void);

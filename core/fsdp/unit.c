@@ -42,6 +42,7 @@ struct fl_unit {
     int group_rank, group_size;
     fl_unit_state state;
     bool meta, aliased;
+    bool stranded; /* a timed-out all-gather may still write the gathered pages */
     fl_tensor *shard, *grad, *gathered;
     void *range;          /* the gathered buffer's reserved pages (not aliased, not meta) */
     int64_t range_bytes;  /* their size, a multiple of the page size */
@@ -129,6 +130,7 @@ static int pages_in(fl_unit *u) {
 }
 
 static void pages_out(fl_unit *u) {
+    if (u->stranded) return; /* kept mapped for good: see fl_unit_wait */
     fl_backend_of(u->cfg.device)->vm_decommit(fl_device_index(u->cfg.device), u->range,
                                               u->range_bytes);
     fl_memory_note_free(u->cfg.device, u->range_bytes);
@@ -318,6 +320,10 @@ int fl_unit_wait(fl_unit *u) {
         return unit_fail(u, FL_ERR_STATE, "wait before unshard (the unit is SHARDED)");
     if (u->state == FL_UNIT_UNSHARDED) return FL_OK;
     int rc = fl_work_wait(u->gather_work);
+    /* A timed-out all-gather may still be written into by MPI: its pages
+     * stay (leaked with the unit's range) rather than fault under it
+     * ([Note: a collective that never completes] in core/dist). */
+    if (fl_work_is_pending(u->gather_work)) u->stranded = true;
     fl_work_release(u->gather_work);
     u->gather_work = NULL;
     if (rc != FL_OK) {

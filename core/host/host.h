@@ -85,4 +85,9 @@ void host_preload_module(lua_State *L, const host_paths *paths,
  * multi-line input, errors do not stop it). Returns at end of input. */
 void host_fallback_repl(lua_State *L);
 
+/* exit.c: os.exit notes where the script left (for the distributed
+ * runtime's message); host_finish ends the runtime after a finished run. */
+void host_wrap_os_exit(lua_State *L);
+void host_finish(void);
+
 #endif /* FL_HOST_H */

@@ -269,6 +269,7 @@ static bool run_repl(lua_State *L) {
 static void open_libraries(lua_State *L) {
     lua_gc(L, LUA_GCSTOP, 0);  /* no collections while building the state */
     luaL_openlibs(L);
+    host_wrap_os_exit(L);
     lua_gc(L, LUA_GCRESTART, -1);
 }
 
@@ -316,6 +317,7 @@ static int run(int argc, char **argv, options opts) {
     int status = lua_cpcall(L, pmain, &ctx);
     host_report(L, status);
     lua_close(L);
+    host_finish();
     return status == LUA_OK && ctx.ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 

@@ -951,9 +951,20 @@ FL_API int fl_dist_set_timeout(double seconds);
  * Returns without doing anything in a run without a launcher. */
 FL_API void fl_dist_abort_on_error(const char *message);
 /* Complete dropped works (bounded by the timeout), free the groups and
- * shut the backend down (MPI_Finalize). init registers it with atexit;
- * nothing distributed may be called after it. */
+ * shut the backend down (MPI_Finalize); nothing distributed may be called
+ * after it. The host calls it when its script finished. init registers an
+ * atexit hook for a process that exits before that (os.exit mid-run): in a
+ * job it ends the job unless every rank is leaving too ([Note: leaving
+ * the job] in core/dist/dist.c). */
 FL_API void fl_dist_finalize(void);
+/* For the host's os.exit: what ends the process if it exits before
+ * fl_dist_finalize ("os.exit(0) at x.lua:12"). Exiting early in a job of
+ * several ranks ends the job unless every rank leaves within seconds
+ * ([Note: leaving the job] in core/dist/dist.c); the message names this. */
+FL_API void fl_dist_note_exit(const char *how);
+/* A 64-bit digest (FNV-1a) of n bytes: what ranks exchange to agree on
+ * their configuration before comparing it whole (fsdp.dist.agree). */
+FL_API uint64_t fl_dist_digest(const void *data, size_t n);
 
 /* Groups are reference counted: every function returning one returns a
  * new reference. Creating a group is collective over its parent: every
@@ -1023,6 +1034,11 @@ FL_API int fl_work_wait(fl_work *w);
 /* Progress the collective; *done says whether it has completed. */
 FL_API int fl_work_test(fl_work *w, bool *done);
 FL_API bool fl_work_is_completed(const fl_work *w);
+/* Whether the backend may still read or write the work's buffers: in
+ * flight, or failed (timed out) with its request still outstanding. Such
+ * buffers must stay mapped: the work keeps its tensors referenced, and a
+ * caller that unmaps pages itself must not unmap these. */
+FL_API bool fl_work_is_pending(const fl_work *w);
 /* The collective's name, e.g. "all_reduce". */
 FL_API const char *fl_work_name(const fl_work *w);
 /* How many collectives of a kind ("all_gather", "reduce_scatter",

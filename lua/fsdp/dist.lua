@@ -337,6 +337,107 @@ function M.all_gather_strings(s, opts)
   return out
 end
 
+-- Rank agreement: every rank of the group (opts.group, default the world)
+-- passes its `values` (a table of key -> string, number or boolean; nested
+-- tables become dotted keys) and all must be equal, or every rank raises
+-- the same error naming `what`, each differing key with each rank's value
+-- and the ranks. One all-gather of a 64-bit digest when they agree (the
+-- usual case); the whole text is gathered only on a mismatch. Recipes call
+-- it on their resolved options and fsdp.shard on the model's structure,
+-- before any collective whose sizes depend on them could truncate or hang.
+local function flatten(values, prefix, out)
+  for k, v in pairs(values) do
+    local key = prefix .. tostring(k)
+    if type(v) == 'table' and getmetatable(v) == nil then
+      flatten(v, key .. '.', out)
+    elseif type(v) == 'number' then
+      out[key] = ('%.17g'):format(v)
+    elseif type(v) == 'string' then
+      out[key] = v:gsub('\n', '\\n')
+    elseif type(v) == 'boolean' then
+      out[key] = tostring(v)
+    else
+      out[key] = '<' .. type(v) .. '>' -- functions, objects: their addresses differ by rank
+    end
+  end
+  return out
+end
+
+local function canonical(values)
+  local flat, keys, lines = flatten(values, '', {}), {}, {}
+  for k in pairs(flat) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for i, k in ipairs(keys) do lines[i] = k .. '\0' .. flat[k] end
+  return table.concat(lines, '\n'), flat
+end
+
+local function parse(text)
+  local t = {}
+  for line in (text .. '\n'):gmatch('([^\n]*)\n') do
+    local k, v = line:match('^([^%z]*)%z(.*)$')
+    if k then t[k] = v end
+  end
+  return t
+end
+
+-- "ranks 0, 1: 2; ranks 2, 3: 4" for one key's values by rank.
+local function by_value(vals, size, ranks)
+  local order, groups = {}, {}
+  for r = 1, size do
+    local v = vals[r] == nil and '(not set)' or vals[r] == '' and "''" or vals[r]
+    if #v > 60 then v = v:sub(1, 57) .. '...' end
+    if not groups[v] then groups[v] = {}; order[#order + 1] = v end
+    table.insert(groups[v], ranks[r])
+  end
+  local parts = {}
+  for _, v in ipairs(order) do
+    local g = groups[v]
+    parts[#parts + 1] = ('rank%s %s = %s'):format(#g > 1 and 's' or '', table.concat(g, ', '), v)
+  end
+  return table.concat(parts, '; ')
+end
+
+function M.agree(what, values, opts)
+  if type(what) ~= 'string' or type(values) ~= 'table' then
+    core.fail('agree: expects a description and a table of values')
+  end
+  opts = options(opts, 'agree')
+  local size = group_size(opts)
+  if size == 1 then return end
+  local text = canonical(values)
+  local digest = Tensor.wrap(C.fl_empty(1, ffi.new('int64_t[1]', 1), C.FL_I64, core.device('cpu')))
+  ffi.cast('uint64_t *', cptr(digest).data)[0] = C.fl_dist_digest(text, #text)
+  local all = M.all_gather(digest, { group = opts.group })
+  local d = ffi.cast('const uint64_t *', cptr(all).data)
+  local same = true
+  for r = 1, size - 1 do if d[r] ~= d[0] then same = false end end
+  if same then return end
+  local texts = M.all_gather_strings(text, { group = opts.group })
+  local ranks = opts.group and opts.group:ranks() or {}
+  if not opts.group then for r = 1, size do ranks[r] = r - 1 end end
+  local tables, keys, seen = {}, {}, {}
+  for r = 1, size do
+    tables[r] = parse(texts[r])
+    for k in pairs(tables[r]) do
+      if not seen[k] then seen[k] = true; keys[#keys + 1] = k end
+    end
+  end
+  table.sort(keys)
+  local diffs = {}
+  for _, k in ipairs(keys) do
+    local vals, differ = {}, false
+    for r = 1, size do
+      vals[r] = tables[r][k]
+      if vals[r] ~= vals[1] then differ = true end
+    end
+    if differ then diffs[#diffs + 1] = ('%s (%s)'):format(k, by_value(vals, size, ranks)) end
+  end
+  local shown = {}
+  for i = 1, math.min(#diffs, 6) do shown[i] = diffs[i] end
+  local more = #diffs > 6 and ('; and %d more'):format(#diffs - 6) or ''
+  core.fail(('the ranks disagree on %s: %s%s'):format(what, table.concat(shown, '; '), more))
+end
+
 -- A barrier that names the ranks that did not arrive within opts.timeout
 -- seconds (default: the collective timeout) instead of hanging.
 function M.monitored_barrier(opts)

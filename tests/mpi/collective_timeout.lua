@@ -13,6 +13,34 @@ local dist = fsdp.dist
 local ffi = require 'ffi'
 ffi.cdef 'int usleep(unsigned int usec);'
 
+-- With the argument `late`: rank 0's all-gather of a sharded unit times
+-- out and rank 0 catches the error; rank 1 joins that all-gather 2 s
+-- later, so MPI then writes into rank 0's gathered pages, which must still
+-- be mapped (they were decommitted under the pending request: SIGSEGV in
+-- MPI_Test). Rank 0 then finds further collectives refused and fails with
+-- that message; run.sh checks that no rank died of a signal.
+if arg[1] == 'late' then
+  local llama = require 'models.llama'
+  local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 4, ffn_dim = 64, vocab_size = 64,
+                max_seq_len = 32 }
+  local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+  fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer } })
+  local ids = fsdp.randint(0, 64, { 2, 16 }, { seed = 1 })
+  if dist.rank() == 0 then
+    dist.set_timeout(1)
+    local ok, err = pcall(m.loss, m, ids, ids)
+    assert(not ok and tostring(err):find('not complete after waiting 1 s', 1, true), tostring(err))
+    for _ = 1, 8 do ffi.C.usleep(500000) end -- rank 1's data lands meanwhile
+    dist.all_reduce(fsdp.ones(4)) -- refused: raises and ends the job
+  else
+    for _ = 1, 4 do ffi.C.usleep(500000) end
+    pcall(m.loss, m, ids, ids) -- joins the timed-out gather, then waits on the next
+    for _ = 1, 60 do ffi.C.usleep(500000) end
+  end
+  print('unreachable: the job should have ended')
+  return
+end
+
 if arg[1] == 'cuda' then
   -- every rank: the group's first cuda collective chooses NCCL
   dist.all_reduce(fsdp.ones(10, {device = 'cuda:0'}))

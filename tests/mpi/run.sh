@@ -32,7 +32,41 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 # A broken collective fails a test in seconds rather than at the default
 # ten minutes.
 export FSDP_COLLECTIVE_TIMEOUT=${FSDP_COLLECTIVE_TIMEOUT:-20}
-LIMIT=60 # seconds for any one mpirun
+LIMIT=60 # seconds for any one short command (see bounded for the cases)
+
+# bounded COMMAND...: COMMAND's output and status; stopped (status 124)
+# when it printed nothing for IDLE seconds, or after CAP seconds in all.
+# Progress decides, not a wall-clock guess: on a loaded machine a case that
+# keeps reporting tests takes as long as it needs, and a silent (hung) one
+# is stopped after IDLE s. SIGTERM first, SIGKILL 5 s later (mpirun can
+# ignore SIGTERM while a rank sits in MPI_Finalize).
+IDLE=60 CAP=900
+bounded() {
+  local log rc pid size=-1 grown quiet=0 ticks=0
+  log=$(mktemp "${TMPDIR:-/tmp}/fsdp-mpi-out.XXXXXX")
+  "$@" >"$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 0.1
+    ticks=$((ticks + 1))
+    grown=$(stat -c %s "$log" 2>/dev/null || echo 0)
+    if [ "$grown" != "$size" ]; then size=$grown quiet=0; else quiet=$((quiet + 1)); fi
+    if [ "$quiet" -ge $((IDLE * 10)) ] || [ "$ticks" -ge $((CAP * 10)) ]; then
+      kill -TERM "$pid" 2>/dev/null
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -KILL "$pid" 2>/dev/null
+      wait "$pid" 2>/dev/null
+      cat "$log"
+      rm -f "$log"
+      return 124
+    fi
+  done
+  wait "$pid"
+  rc=$?
+  cat "$log"
+  rm -f "$log"
+  return $rc
+}
 
 n=0 failed=0
 ok() { n=$((n + 1)); echo "ok $n - $*"; }
@@ -51,7 +85,7 @@ run_tap() {
   shift
   local out rc start line count=0
   start=$(now)
-  out=$(env "${envs[@]}" timeout -k 5 "$LIMIT" "$@" 2>&1)
+  out=$(bounded env "${envs[@]}" "$@")
   rc=$?
   while IFS= read -r line; do
     case "$line" in
@@ -76,11 +110,14 @@ expect_failure() {
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
-  local out rc start took missing=() needle
+  local out rc start took missing=() needle fault
   start=$(now)
-  out=$(env "${envs[@]}" timeout -k 5 "$LIMIT" "$@" 2>&1)
+  out=$(bounded env "${envs[@]}" "$@")
   rc=$?
-  took=$(elapsed "$start")
+  # A script that prints "fault at <epoch seconds>" is timed from its
+  # fault: a slow start on a loaded machine is not the fault's to answer.
+  fault=$(grep -m1 -oE '^fault at [0-9.]+' <<<"$out" | awk '{print $3}')
+  took=$(elapsed "${fault:-$start}")
   IFS='|' read -r -a list <<<"$needles"
   for needle in "${list[@]}"; do
     grep -qF -- "$needle" <<<"$out" || missing+=("$needle")
@@ -89,7 +126,7 @@ expect_failure() {
     not_ok "$label: exited 0, expected a failure"
     comment "$out"
   elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-    not_ok "$label: still running after $LIMIT s (hang)"
+    not_ok "$label: stopped after printing nothing for $IDLE s (hang)"
     comment "$out"
   elif awk -v t="$took" -v m="$max" 'BEGIN { exit !(t > m) }'; then
     not_ok "$label: took $took s, more than $max s"
@@ -231,6 +268,86 @@ expect_failure "rank 3 fails before the backend started, 4 ranks" 15 \
 expect_failure "a collective rank 1 never joins times out and ends the job" 15 \
   "fsdp-lua: rank 0:|all_reduce on group world (rank 0 of 2, world rank 0): not complete after waiting 1 s" \
   FSDP_COLLECTIVE_TIMEOUT=1 -- mpirun -np 2 "$EXE" tests/mpi/collective_timeout.lua
+
+# A timed-out all-gather that a late rank joins afterwards: its pages stay
+# mapped (no signal inside MPI), and no collective starts again.
+out=$(bounded mpirun -np 2 "$EXE" tests/mpi/collective_timeout.lua late)
+rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && ! grep -qiE 'signal|segmentation' <<<"$out" &&
+   grep -qF "no collective can start on this rank after an earlier one timed out" <<<"$out"; then
+  ok "a timed-out all-gather joined late keeps its buffers; later collectives are refused"
+else
+  not_ok "a timed-out all-gather joined late: exit $rc"
+  comment "$out"
+fi
+
+# A rank that leaves or stalls (tests/mpi/rank_exit.lua): os.exit mid-step
+# ends the job within seconds naming the rank and where it left; every
+# rank leaving together is a clean exit with its status; a rank spinning
+# or stopped is named by the others' roll call at the collective timeout.
+for np in 2 4; do
+  expect_failure "rank 1 calls os.exit(0) mid-step, $np ranks: the job ends naming it" 10 \
+    "fsdp-lua: rank 1: left the job before its run finished (os.exit(0) at tests/mpi/rank_exit.lua:" \
+    -- mpirun -np $np "$EXE" tests/mpi/rank_exit.lua exit 0
+done
+expect_failure "rank 1 calls os.exit(3) mid-step, 4 ranks" 10 \
+  "fsdp-lua: rank 1: left the job before its run finished (os.exit(3) at tests/mpi/rank_exit.lua:" \
+  -- mpirun -np 4 "$EXE" tests/mpi/rank_exit.lua exit 3
+for code in 0 3; do
+  out=$(bounded mpirun -np 4 "$EXE" tests/mpi/rank_exit.lua all $code)
+  rc=$?
+  if [ "$rc" -eq "$code" ] && ! grep -q 'aborting\|MPI_ABORT' <<<"$out"; then
+    ok "every rank calls os.exit($code) together, 4 ranks: exit $rc, nothing aborted"
+  else
+    not_ok "every rank calls os.exit($code) together: exit $rc"
+    comment "$out"
+  fi
+done
+expect_failure "rank 1 spins at step 2: named at the timeout as not in any collective" 15 \
+  "world rank 1 is not in any collective (it started its last one" \
+  FSDP_COLLECTIVE_TIMEOUT=2 -- mpirun -np 4 "$EXE" tests/mpi/rank_exit.lua spin
+expect_failure "rank 1 stops itself (SIGSTOP): named at the timeout as not answering" 15 \
+  "world rank 1 did not answer within 3 s (stopped, dead, or stuck outside MPI)" \
+  FSDP_COLLECTIVE_TIMEOUT=2 -- mpirun -np 4 "$EXE" tests/mpi/rank_exit.lua stop
+
+# Rank agreement (tests/mpi/rank_agreement.lua): configurations and model
+# structures are compared before the first collective that depends on them.
+for np in 2 4; do
+  run_tap "rank agreement, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/rank_agreement.lua
+done
+expect_failure "the last rank builds another model: fsdp.shard names the difference, 4 ranks" 10 \
+  "the ranks disagree on the sharded model (fsdp.shard): n_units (ranks 0, 1, 2 = 3; rank 3 = 4)" \
+  -- mpirun -np 4 "$EXE" tests/mpi/rank_agreement.lua shard
+AGREE=(recipes/llama2_7b.lua --hidden_width=64 --num_heads=4 --vocab_size=128 --max_steps=4
+       --seq_len=32 --validation_freq=0 --batch_size=2)
+expect_failure "per-rank recipe options differ: the job ends naming the keys, 4 ranks" 10 \
+  "the ranks disagree on recipes/llama2_7b.lua options: lr (ranks 0, 1 = 0.001; ranks 2, 3 = 0.002); num_layers (ranks 0, 1 = 2; ranks 2, 3 = 3); sharding_strategy (ranks 0, 1 = FULL_SHARD; ranks 2, 3 = SHARD_GRAD_OP)" \
+  -- mpirun -np 2 "$EXE" "${AGREE[@]}" --num_layers=2 --lr=0.001 \
+     : -np 2 "$EXE" "${AGREE[@]}" --num_layers=3 --lr=0.002 --sharding_strategy=SHARD_GRAD_OP
+
+# The same faults and a few ordinary cases on a loaded machine (CI runners
+# and this project's machines are shared): two busy processes beside
+# them, started here and always stopped. Bounds are timed from the fault.
+yes >/dev/null &
+busy1=$!
+yes >/dev/null &
+busy2=$!
+trap 'kill $busy1 $busy2 2>/dev/null' EXIT
+LOADED="two busy processes beside"
+run_tap "collectives, 4 ranks, $LOADED" -- mpirun -np 4 "$EXE" tests/mpi/collectives.lua
+run_tap "monitored barrier, 4 ranks, $LOADED" -- mpirun -np 4 "$EXE" tests/mpi/monitored_barrier.lua
+expect_failure "rank 1 calls os.exit(0) mid-step, 4 ranks, $LOADED" 10 \
+  "fsdp-lua: rank 1: left the job before its run finished (os.exit(0) at tests/mpi/rank_exit.lua:" \
+  -- mpirun -np 4 "$EXE" tests/mpi/rank_exit.lua exit 0
+expect_failure "rank 1 stops itself, 4 ranks, $LOADED" 15 \
+  "world rank 1 did not answer within 3 s" \
+  FSDP_COLLECTIVE_TIMEOUT=2 -- mpirun -np 4 "$EXE" tests/mpi/rank_exit.lua stop
+expect_failure "the last rank builds another model, 4 ranks, $LOADED" 10 \
+  "the ranks disagree on the sharded model (fsdp.shard): n_units" \
+  -- mpirun -np 4 "$EXE" tests/mpi/rank_agreement.lua shard
+kill $busy1 $busy2 2>/dev/null
+wait $busy1 $busy2 2>/dev/null
+trap - EXIT
 
 # fsdp-lua --nproc starts mpirun itself, with no Open MPI variables set.
 out=$(env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \

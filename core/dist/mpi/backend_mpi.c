@@ -22,6 +22,22 @@
  * one mutex. FSDP_PROGRESS_THREAD=0 turns the thread off (progress then
  * happens only in test and wait); so does an MPI that cannot provide
  * MPI_THREAD_SERIALIZED.
+ *
+ * [Note: the watch channel]
+ * A duplicate of the world communicator carries the runtime's own small
+ * messages, polled (MPI_Iprobe) by the progress thread every 20 ms even
+ * when nothing else is in flight, and by every test:
+ * - PING/PONG: a rank whose collective timed out asks the group's other
+ *   members what they are doing (roll_call); each answers from its
+ *   progress thread, which runs while the main thread computes or spins,
+ *   with its collectives in flight and when it last started one. A member
+ *   that does not answer is stopped (SIGSTOP), dead or stuck outside MPI
+ *   (or runs without the progress thread).
+ * - LEAVE: a rank leaving before its run finished (os.exit mid-run) tells
+ *   the others; the core's exit hook waits briefly for all to leave and
+ *   otherwise ends the job (core/dist/dist.c, [Note: leaving the job]).
+ * Each channel message is received whole (probe, then receive its size),
+ * so no receive ever stays posted into memory that could go away.
  */
 #include "dist_backend.h"
 
@@ -38,6 +54,8 @@
 
 typedef struct mpi_req {
     MPI_Request request;
+    bool collective;       /* counted in the roll call's answers */
+    double started;        /* when it started (monotonic seconds) */
     bool receive;          /* a point-to-point receive (cancellable) */
     bool done;             /* completed (or failed: error != 0) */
     int error;
@@ -55,7 +73,32 @@ static struct {
     bool we_initialized;  /* MPI_Init was ours, so MPI_Finalize is too */
     int thread_level;
     MPI_Comm *world;
+    double last_start;    /* when the latest one started; 0: never */
 } S = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+/* The watch channel ([Note: the watch channel]); callers hold S.lock. */
+enum { TAG_PING = 1, TAG_PONG = 2, TAG_LEAVE = 3, PONG_FIELDS = 4 };
+typedef struct watch_send {
+    MPI_Request request;
+    void *data;
+    struct watch_send *next;
+} watch_send;
+static struct {
+    bool open;
+    MPI_Comm comm;
+    int rank, size;
+    bool *left;         /* world ranks that said they leave */
+    double token;       /* of this rank's roll call in progress */
+    double *pongs;      /* size x PONG_FIELDS answers to it */
+    bool *answered;
+    watch_send *sends;  /* small sends still in flight */
+} W;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -101,12 +144,23 @@ static void poll_one(mpi_req *r) {
     }
 }
 
+static void watch_poll(void);
+
 static void *progress_main(void *arg) {
     struct timespec pause = {0, S.interval_us * 1000};
     pthread_mutex_lock(&S.lock);
     while (!S.stop) {
+        watch_poll();
         if (!S.active) {
-            pthread_cond_wait(&S.wake, &S.lock);
+            /* Idle: look at the watch channel 50 times a second. */
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 20000000;
+            if (until.tv_nsec >= 1000000000) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&S.wake, &S.lock, &until);
             continue;
         }
         for (mpi_req *r = S.active, *next; r; r = next) {
@@ -121,6 +175,8 @@ static void *progress_main(void *arg) {
     return NULL;
 }
 
+/* The progress thread's clock is CLOCK_REALTIME (the condition variable's
+ * default); MPI calls never depend on it. */
 static void start_progress_thread(void) {
     const char *env = getenv("FSDP_PROGRESS_THREAD");
     if (env && strcmp(env, "0") == 0) return;
@@ -130,6 +186,211 @@ static void start_progress_thread(void) {
     if (S.interval_us >= 1000000) S.interval_us = 999999;
     S.stop = false;
     S.thread_running = pthread_create(&S.thread, NULL, progress_main, NULL) == 0;
+}
+
+/* ---- the watch channel (callers hold S.lock) ------------------------------------ */
+
+static void watch_send_bytes(int dst, int tag, const void *data, int bytes) {
+    watch_send *w = calloc(1, sizeof *w);
+    void *copy = malloc(bytes > 0 ? (size_t)bytes : 1);
+    if (!w || !copy) {
+        free(w), free(copy);
+        return;
+    }
+    memcpy(copy, data, (size_t)bytes);
+    w->data = copy;
+    if (MPI_Isend(copy, bytes, MPI_BYTE, dst, tag, W.comm, &w->request) != MPI_SUCCESS) {
+        free(copy), free(w);
+        return;
+    }
+    w->next = W.sends;
+    W.sends = w;
+}
+
+static void own_answer(fl_roll_answer *a);
+
+/* A roll call's answer: the caller's token, then this rank's collectives
+ * in flight, seconds since it started its latest one (-1: none yet) and
+ * the age of the oldest one in flight. */
+static void answer_ping(int src, double token) {
+    fl_roll_answer a;
+    own_answer(&a);
+    double reply[PONG_FIELDS] = {token, a.in_flight, a.since_last, a.oldest};
+    watch_send_bytes(src, TAG_PONG, reply, sizeof reply);
+}
+
+static void watch_poll(void) {
+    if (!W.open) return;
+    for (;;) {
+        int flag = 0, bytes = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, W.comm, &flag, &st) != MPI_SUCCESS || !flag)
+            break;
+        MPI_Get_count(&st, MPI_BYTE, &bytes);
+        char *buf = malloc(bytes > 0 ? (size_t)bytes : 1);
+        if (!buf) break;
+        int src = st.MPI_SOURCE;
+        MPI_Recv(buf, bytes, MPI_BYTE, src, st.MPI_TAG, W.comm, MPI_STATUS_IGNORE);
+        double fields[PONG_FIELDS] = {0};
+        memcpy(fields, buf, (size_t)bytes < sizeof fields ? (size_t)bytes : sizeof fields);
+        if (st.MPI_TAG == TAG_PING) {
+            answer_ping(src, fields[0]);
+        } else if (st.MPI_TAG == TAG_PONG && fields[0] == W.token && W.answered) {
+            memcpy(&W.pongs[src * PONG_FIELDS], fields, sizeof fields);
+            W.answered[src] = true;
+        } else if (st.MPI_TAG == TAG_LEAVE) {
+            W.left[src] = true;
+        }
+        free(buf);
+    }
+    for (watch_send **link = &W.sends; *link;) {
+        watch_send *w = *link;
+        int done = 0;
+        if (MPI_Test(&w->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1;
+        if (done) {
+            *link = w->next;
+            free(w->data);
+            free(w);
+        } else {
+            link = &w->next;
+        }
+    }
+}
+
+static void watch_open(void) {
+    W.size = 0;
+    if (MPI_Comm_dup(*S.world, &W.comm) != MPI_SUCCESS) return;
+    MPI_Comm_rank(W.comm, &W.rank);
+    MPI_Comm_size(W.comm, &W.size);
+    W.left = calloc((size_t)W.size, sizeof *W.left);
+    W.pongs = calloc((size_t)W.size * PONG_FIELDS, sizeof *W.pongs);
+    W.answered = calloc((size_t)W.size, sizeof *W.answered);
+    if (!W.left || !W.pongs || !W.answered) {
+        free(W.left), free(W.pongs), free(W.answered);
+        MPI_Comm_free(&W.comm);
+        return;
+    }
+    W.open = true;
+}
+
+/* Sends still in flight to a rank that is gone never complete: they are
+ * given up (freed requests finish alone); their data stays allocated. */
+static void watch_close(void) {
+    if (!W.open) return;
+    watch_poll();
+    for (watch_send *w = W.sends, *next; w; w = next) {
+        next = w->next;
+        MPI_Request_free(&w->request);
+        free(w);
+    }
+    W.sends = NULL;
+    MPI_Comm_free(&W.comm);
+    W.open = false;
+}
+
+/* What this rank itself is doing, in a roll call's terms. */
+static void own_answer(fl_roll_answer *a) {
+    double now = now_seconds();
+    a->answered = true;
+    a->in_flight = 0;
+    a->oldest = 0;
+    for (mpi_req *r = S.active; r; r = r->next) {
+        if (!r->collective) continue;
+        a->in_flight++;
+        if (now - r->started > a->oldest) a->oldest = now - r->started;
+    }
+    a->since_last = S.last_start > 0 ? now - S.last_start : -1;
+}
+
+static int mpi_roll_call(void *comm_ptr, double patience, fl_roll_answer *answers) {
+    if (!W.open) return fl_set_error(FL_ERR_STATE, "roll call: the watch channel is not open");
+    int n = 0;
+    pthread_mutex_lock(&S.lock);
+    MPI_Comm comm = *(MPI_Comm *)comm_ptr;
+    MPI_Comm_size(comm, &n);
+    int *members = malloc(sizeof(int) * (size_t)n), *mine = malloc(sizeof(int) * (size_t)n);
+    MPI_Group group, world;
+    int rc = members && mine ? MPI_Comm_group(comm, &group) : MPI_ERR_NO_MEM;
+    if (rc == MPI_SUCCESS) {
+        MPI_Comm_group(W.comm, &world);
+        for (int i = 0; i < n; i++) mine[i] = i;
+        rc = MPI_Group_translate_ranks(group, n, mine, world, members);
+        MPI_Group_free(&group);
+        MPI_Group_free(&world);
+    }
+    if (rc != MPI_SUCCESS) {
+        pthread_mutex_unlock(&S.lock);
+        free(members), free(mine);
+        return mpi_fail(rc, "roll call");
+    }
+    W.token += 1;
+    memset(W.answered, 0, sizeof *W.answered * (size_t)W.size);
+    for (int i = 0; i < n; i++)
+        if (members[i] != W.rank && members[i] >= 0)
+            watch_send_bytes(members[i], TAG_PING, &W.token, sizeof W.token);
+    pthread_mutex_unlock(&S.lock);
+    /* The answers come from the members' progress threads: wait for all
+     * of them or for `patience` seconds. */
+    double start = now_seconds();
+    for (;;) {
+        pthread_mutex_lock(&S.lock);
+        watch_poll();
+        int missing = 0;
+        for (int i = 0; i < n; i++)
+            missing += members[i] != W.rank && members[i] >= 0 && !W.answered[members[i]];
+        pthread_mutex_unlock(&S.lock);
+        if (!missing || now_seconds() - start > patience) break;
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+    pthread_mutex_lock(&S.lock);
+    for (int i = 0; i < n; i++) {
+        fl_roll_answer *a = &answers[i];
+        memset(a, 0, sizeof *a);
+        a->world_rank = members[i];
+        if (members[i] == W.rank) {
+            own_answer(a);
+        } else if (members[i] >= 0 && W.answered[members[i]]) {
+            const double *p = &W.pongs[members[i] * PONG_FIELDS];
+            a->answered = true;
+            a->in_flight = (int)p[1];
+            a->since_last = p[2];
+            a->oldest = p[3];
+        }
+    }
+    pthread_mutex_unlock(&S.lock);
+    free(members), free(mine);
+    return FL_OK;
+}
+
+static void mpi_leave(const char *why) {
+    pthread_mutex_lock(&S.lock);
+    if (W.open && !W.left[W.rank]) {
+        int bytes = (int)strlen(why) + 1;
+        for (int r = 0; r < W.size; r++)
+            if (r != W.rank) watch_send_bytes(r, TAG_LEAVE, why, bytes);
+        W.left[W.rank] = true;
+    }
+    pthread_mutex_unlock(&S.lock);
+}
+
+static int mpi_peers_left(bool *left) {
+    int n = 0;
+    pthread_mutex_lock(&S.lock);
+    if (W.open) {
+        watch_poll();
+        /* Progress whatever this rank still has in flight. */
+        for (mpi_req *r = S.active, *next; r; r = next) {
+            next = r->next;
+            poll_one(r);
+        }
+        for (int r = 0; r < W.size; r++) {
+            left[r] = W.left[r];
+            n += W.left[r];
+        }
+    }
+    pthread_mutex_unlock(&S.lock);
+    return n;
 }
 
 /* ---- types ------------------------------------------------------------------------ */
@@ -218,6 +479,7 @@ static int mpi_backend_init(fl_dist_topology *t) {
     }
     free(leaders);
     if (local != MPI_COMM_NULL) MPI_Comm_free(&local);
+    if (rc == MPI_SUCCESS) watch_open();
     pthread_mutex_unlock(&S.lock);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, call);
     start_progress_thread();
@@ -234,6 +496,7 @@ static void mpi_backend_finalize(void) {
         S.thread_running = false;
     }
     pthread_mutex_lock(&S.lock);
+    watch_close();
     if (S.world) {
         MPI_Comm_free(S.world);
         free(S.world);
@@ -356,6 +619,8 @@ static int mpi_start(void *comm_ptr, const fl_coll *c, void **req) {
     if (!r) return fl_set_error(FL_ERR_OOM, "mpi backend: out of memory");
     int count = (int)c->count, rc;
     pthread_mutex_lock(&S.lock);
+    r->collective = true;
+    r->started = S.last_start = now_seconds();
     switch (c->kind) {
     case FL_COLL_ALL_GATHER:
         rc = MPI_Iallgather(c->send ? c->send : MPI_IN_PLACE, count, type, c->recv, count, type,
@@ -383,6 +648,7 @@ static int mpi_start(void *comm_ptr, const fl_coll *c, void **req) {
 static int mpi_test(void *req, bool *done) {
     mpi_req *r = req;
     pthread_mutex_lock(&S.lock);
+    if (!S.thread_running) watch_poll();
     poll_one(r);
     bool finished = r->done;
     int error = r->error;
@@ -451,6 +717,9 @@ static const fl_dist_backend mpi_backend = {
     .irecv = mpi_irecv,
     .abandon = mpi_abandon,
     .abort = mpi_abort,
+    .roll_call = mpi_roll_call,
+    .leave = mpi_leave,
+    .peers_left = mpi_peers_left,
 };
 
 EXPORT const fl_dist_backend *fl_dist_mpi_backend(void);

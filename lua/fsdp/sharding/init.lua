@@ -134,6 +134,35 @@ local function broadcast_params(spec_params, device)
 end
 
 -- Shard `model` in place (see the top of this file); returns it.
+-- Rank agreement on what every collective of sharding depends on (the
+-- units, their parameters' names, shapes and dtypes, the strategy and
+-- precision), before the first one: ranks that built different models
+-- (--num_layers differing per rank) would otherwise gather buffers of
+-- different sizes (MPI_ERR_TRUNCATE) or wait for collectives the others
+-- never start.
+local function agree_structure(plan, fqn, strategy, opts, seed, device)
+  -- Over the group sharding runs on (its members call fsdp.shard), else
+  -- the world.
+  local group = opts.group
+  if dist.world_size() == 1 or (group and not group:is_member()) then return end
+  local units = {}
+  for i, spec in ipairs(plan) do
+    local params = {}
+    for j, t in ipairs(spec.tensors) do
+      params[j] = ('%s %s %s'):format(fqn[t], t.dtype, table.concat(t.shape, 'x'))
+    end
+    units[i] = { name = spec.name, params = table.concat(params, ', '), overrides = spec.overrides }
+  end
+  local mp = opts.mixed_precision
+  dist.agree('the sharded model (fsdp.shard)', {
+    strategy = strategy, units = units, n_units = #plan, seed = seed, device = device:match('^cuda') and 'cuda' or device,
+    mixed_precision = type(mp) == 'table' and mp or tostring(mp),
+    backward_prefetch = tostring(opts.backward_prefetch), forward_prefetch = opts.forward_prefetch and true or false,
+    limit_all_gathers = opts.limit_all_gathers and true or false, cpu_offload = opts.cpu_offload and true or false,
+    sync_module_states = opts.sync_module_states and true or false,
+  }, { group = group })
+end
+
 function M.shard(model, opts)
   opts = opts or {}
   if not Module.is_module(model) then core.fail('fsdp.shard expects a module') end
@@ -171,6 +200,7 @@ function M.shard(model, opts)
   local base_mp = mixed_precision(opts.mixed_precision, master)
 
   local plan, fqn = plan_units(model, opts.policy, ignored)
+  agree_structure(plan, fqn, strategy, opts, seed, device)
   local slots = slots_of(model)
   local S = setmetatable({
     units = {}, inflight = {}, pending = {}, sync = true, iteration = 0,

@@ -82,6 +82,9 @@ end
 
 function M.apply(model, cfg, block_class, script)
   script = script or 'recipe'
+  -- Every rank must train with the same options: compared before the
+  -- model is sharded (its first collective), naming the keys that differ.
+  fsdp.dist.agree(script .. ' options', cfg)
   local bp = cfg.backward_prefetch
   local policy, mp = M.policy_and_precision(cfg, block_class, script)
   fsdp.shard(model, {
