@@ -246,7 +246,7 @@ done
 # The chaos test, short: random kills, resumes of resumed runs, 2 <-> 4
 # ranks, every number and checkpoint bit for bit (tests/chaos/chaos.sh long
 # is the long version, README: Checkpoints). It bounds its own attempts.
-LIMIT=240 run_tap "chaos: llama2_7b.lua killed at random, resumed on 2 and 4 ranks" -- tests/chaos/chaos.sh short
+run_tap "chaos: llama2_7b.lua killed at random, resumed on 2 and 4 ranks" -- tests/chaos/chaos.sh short
 
 expect_failure "a rank failing inside a sharded backward ends the job, 4 ranks" 15 \
   "fsdp-lua: rank 3: in backward of Failing|deliberate failure in backward|aborting the job (4 ranks)" \
