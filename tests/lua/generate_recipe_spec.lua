@@ -89,6 +89,30 @@ describe('recipes/generate.lua', function()
     same_rows(printed_ids(out), want, 'full state dict, no cache')
   end)
 
+  it('from a checkpoint saved by 2 ranks (each parameter read from both rank files)', function()
+    local _, has = T.sh('command -v mpirun')
+    if has ~= 0 then
+      pending('mpirun not found (openmpi-bin)')
+      return
+    end
+    local ckpt, full = dir .. '/ckpt2', dir .. '/full2.safetensors'
+    local host = require 'fsdp.host'
+    -- Open MPI as root with more ranks than cores (TOOLCHAIN.md; tests/mpi/run.sh)
+    local env = 'OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 '
+      .. 'OMPI_MCA_btl_vader_single_copy_mechanism=none'
+    local out, rc = T.sh(('%s timeout 180 mpirun -np 2 %s recipes/llama2_7b.lua --model=tiny --vocab_size=257 '
+      .. '--seq_len=16 --batch_size=2 --max_steps=2 --warmup_steps=1 --val_batches=1 --checkpoint_dir=%s '
+      .. '--checkpoint_freq=2 --save_full_state_dict=%s'):format(env, T.quote(host.exe), T.quote(ckpt), T.quote(full)))
+    assert(rc == 0, out)
+    local trained = llama.build('tiny', { vocab_size = 257 })
+    fsdp.load_safetensors_into(trained, full)
+    local want = generate.generate(trained, { { 10, 20, 30 }, { 7 } }, { max_new_tokens = 6 })
+    out, rc = run(('--init_from=%s --prompt_ids=%s --max_new_tokens=6 --print_ids'):format(T.quote(ckpt),
+      T.quote('10,20,30;7')))
+    assert(rc == 0, out)
+    same_rows(printed_ids(out), want, '2-rank checkpoint')
+  end)
+
   it('names the option at fault before loading anything', function()
     for _, case in ipairs({
       { ('--init_from=%s --prompt=hi'):format(T.quote(hf_dir)), '--prompt and --prompt_file need a tokenizer' },

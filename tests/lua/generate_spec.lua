@@ -138,6 +138,11 @@ describe('sampling options', function()
       any = any or differs(a[r], greedy[r])
     end
     assert(any, 'a repetition penalty of 5 changed no row')
+    -- padding is no token: a padded row is penalised as it is alone, even
+    -- when the pad id is the token it picks first
+    local padded = generate.generate(model, PROMPTS, { max_new_tokens = NEW, repetition_penalty = 5,
+                                                       pad_id = a[2][1] })
+    for r, p in ipairs(PROMPTS) do same(padded[r], generate.generate(model, { p }, o)[1], 'penalised alone ' .. r) end
     -- the penalty itself: a seen positive logit divided, a negative one multiplied
     local s = generate.sampler({ repetition_penalty = 2 }, 1, 4, 'cpu')
     s:observe(fsdp.tensor({ { 0, 1 } }, { dtype = 'i64' }))
