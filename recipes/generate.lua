@@ -291,13 +291,29 @@ local function decode(ids)
   return tok:decode(fsdp.tensor(ids, { dtype = 'i64' }))
 end
 
--- One prompt streams its text as it comes (the whole continuation is
--- decoded each step and the new part written, so multi-byte characters
--- and SentencePiece's spaces come out right); a batch prints each row at
--- the end.
+-- The text a continuation adds to its prompt: decode(prompt .. new) past
+-- decode(prompt). Never the new ids decoded alone: SentencePiece drops the
+-- space of a piece that starts a text ("Once upon" + "a time"). A last id
+-- that is the tokenizer's eos is not shown.
+local prompt_text = {}
+local function continuation(b, new)
+  local all = {}
+  for _, id in ipairs(prompts[b]) do all[#all + 1] = id end
+  for i, id in ipairs(new) do
+    if not (i == #new and id == tok.eos_id) then all[#all + 1] = id end
+  end
+  prompt_text[b] = prompt_text[b] or decode(prompts[b])
+  local base, text = prompt_text[b], decode(all)
+  if text:sub(1, #base) == base then return text:sub(#base + 1) end
+  return ' ' .. decode(new)
+end
+
+-- One prompt streams its text as it comes: each step the continuation is
+-- decoded whole and what is new written, so a character of several bytes
+-- or pieces appears once complete. A batch prints each row at the end.
 local streamed, shown = {}, ''
 local function on_token(_, tokens, done)
-  if #prompts ~= 1 or done[1] and streamed.stopped then return end
+  if #prompts ~= 1 or streamed.stopped then return end
   streamed[#streamed + 1] = tokens[1]
   if done[1] then streamed.stopped = true end
   if not tok then
@@ -305,11 +321,7 @@ local function on_token(_, tokens, done)
     io.stdout:flush()
     return
   end
-  local ids = {}
-  for i, id in ipairs(streamed) do
-    if not (done[1] and i == #streamed and tok and id == tok.eos_id) then ids[i] = id end
-  end
-  local text = decode(ids)
+  local text = continuation(1, streamed)
   if text:sub(1, #shown) == shown then
     io.stdout:write(text:sub(#shown + 1))
     io.stdout:flush()
@@ -334,8 +346,11 @@ local n = 0
 for i, row in ipairs(rows) do
   n = n + #row
   if #prompts > 1 then
-    local shown_prompt = tok and texts[i] or table.concat(prompts[i], ' ')
-    print(('[%d] %s%s%s'):format(i, shown_prompt, tok and '' or ' | ', decode(row)))
+    if tok then
+      print(('[%d] %s%s'):format(i, texts[i], continuation(i, row)))
+    else
+      print(('[%d] %s | %s'):format(i, table.concat(prompts[i], ' '), decode(row)))
+    end
   end
   if cfg.print_ids then print(('ids[%d]: %s'):format(i, table.concat(row, ','))) end
 end

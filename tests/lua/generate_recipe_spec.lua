@@ -65,6 +65,44 @@ describe('recipes/generate.lua', function()
     same_rows(printed_ids(again), want, 'the same seed again')
   end)
 
+  it("uses an HF directory's tokenizer.model: SentencePiece text streamed with its spaces", function()
+    local spm = require 'fsdp.data.sentencepiece'
+    if not spm.available() then
+      pending('spm_train not installed (Debian package sentencepiece; ./build.sh installs it)')
+      return
+    end
+    local words = { 'once', 'upon', 'a', 'time', 'there', 'was', 'little', 'cat', 'who', 'sat', 'on', 'the', 'mat' }
+    local lines = {}
+    for i = 1, 400 do
+      local l = {}
+      for j = 1, 10 do l[j] = words[(i * 7 + j * j * 3) % #words + 1] end
+      lines[i] = table.concat(l, ' ')
+    end
+    local corpus = dir .. '/corpus.txt'
+    local f = assert(io.open(corpus, 'w'))
+    f:write(table.concat(lines, '\n'), '\n')
+    f:close()
+    spm.train({ input = corpus, model_prefix = dir .. '/spm', vocab_size = 48 })
+    local tok = spm.load(dir .. '/spm.model')
+    local spm_dir = dir .. '/hf_spm'
+    local m = llama.build('tiny', { vocab_size = tok.vocab_size })
+    m:init_weights({ seed = 6 })
+    hf.save_pretrained(m, spm_dir)
+    os.execute(('cp %s %s'):format(T.quote(dir .. '/spm.model'), T.quote(spm_dir .. '/tokenizer.model')))
+    local prompt = 'once upon a time'
+    local out, rc = run(('--init_from=%s --prompt=%s --max_new_tokens=8 --print_ids --stop_ids=none')
+      :format(T.quote(spm_dir), T.quote(prompt)))
+    assert(rc == 0, out)
+    local ids = tok:encode({ prompt })[1]:tolist()
+    local want = generate.generate(m, { ids }, { max_new_tokens = 8 })[1]
+    same_rows(printed_ids(out), { want }, 'SentencePiece prompt')
+    local all = {}
+    for _, id in ipairs(ids) do all[#all + 1] = id end
+    for _, id in ipairs(want) do all[#all + 1] = id end
+    local text = tok:decode(fsdp.tensor(all, { dtype = 'i64' }))
+    assert(out:find('\n' .. text .. '\n', 1, true), ('the streamed line is not %q:\n%s'):format(text, out))
+  end)
+
   it('from a sharded checkpoint and a full state dict of a training run', function()
     local ckpt, full = dir .. '/ckpt', dir .. '/full.safetensors'
     local out, rc = T.run_script('recipes/llama2_7b.lua', ('--model=tiny --vocab_size=257 --seq_len=16 '
