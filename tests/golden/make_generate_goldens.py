@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """make_generate_goldens.py: Hugging Face's greedy generate() on the tiny
 golden Llamas of tests/golden/hf/ (llama2_tiny: multi-head, untied;
-llama3_tiny: grouped-query, tied, llama3 RoPE scaling), for
-tests/lua/hf_generate_spec.lua. Run once, commit the output:
+llama3_tiny: grouped-query, tied, llama3 RoPE scaling) and on a tiny
+random GPT-2 made here from a seed and saved by save_pretrained to
+tests/golden/hf_generate/gpt2_tiny/ (GPT2LMHeadModel: Conv1D weights, tied
+head), for tests/lua/hf_generate_spec.lua. Run once, commit the outputs:
 
     python tests/golden/make_generate_goldens.py     # writes tests/golden/hf_generate.json
 
@@ -20,10 +22,14 @@ import re
 
 import torch
 import transformers
-from transformers import LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = ["llama2_tiny", "llama3_tiny"]
+CASES = ["llama2_tiny", "llama3_tiny", "gpt2_tiny"]
+# GPT-2 with a wide init (0.5): at HF's 0.02 a random GPT-2 only repeats
+# its last token, which would not show wrong positions or masks.
+GPT2 = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, initializer_range=0.5,
+            embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
 PROMPTS = [[5, 17, 33, 3, 42, 7, 8, 60, 1], [11, 20], [63, 1, 2, 3, 9]]
 MAX_NEW = 12
 PENALTY = 1.5
@@ -41,8 +47,14 @@ def main():
     doc = {"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
            "prompts": PROMPTS, "max_new_tokens": MAX_NEW, "repetition_penalty": PENALTY, "pad_id": PAD,
            "models": {}}
+    torch.manual_seed(20261125)
+    gpt2_dir = os.path.join(HERE, "hf_generate", "gpt2_tiny")
+    GPT2LMHeadModel(GPT2Config(**GPT2)).save_pretrained(gpt2_dir)
     for case in CASES:
-        model = LlamaForCausalLM.from_pretrained(os.path.join(HERE, "hf", case), torch_dtype=torch.float32)
+        if case.startswith("gpt2"):
+            model = GPT2LMHeadModel.from_pretrained(gpt2_dir, torch_dtype=torch.float32)
+        else:
+            model = LlamaForCausalLM.from_pretrained(os.path.join(HERE, "hf", case), torch_dtype=torch.float32)
         model.eval()
         model.generation_config.eos_token_id = None
         with torch.no_grad():
