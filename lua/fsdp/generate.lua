@@ -315,6 +315,8 @@ function M.generate(model, prompts, opts)
     -- The mask of T queries at cache positions p0 ... p0+T-1 over keys 0 ... p0+T-1.
     local function mask(p0, T)
       local S = p0 + T
+      -- one query, the newest position: every earlier key is in its past
+      if T == 1 then return key_ok:narrow(3, 0, S) end
       local rows = fsdp.arange(T, { dtype = 'i64', device = dev }):view(T, 1) + p0
       local causal = F.le(col:narrow(1, 0, S), rows):view(1, 1, T, S)
       return F.where(causal, key_ok:narrow(3, 0, S), false)
