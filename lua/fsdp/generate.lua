@@ -323,30 +323,24 @@ function M.generate(model, prompts, opts)
     end
     local function at(p0, T) return positions:narrow(1, p0, T):contiguous() end
 
-    local V
-    local sampler
     local cache = o.use_cache and M.kv_cache(model, B, cap, place) or nil
     local seq = ids
     local logits = model(ids, { positions = at(0, L), mask = mask(0, L), cache = cache, rope_len = cap,
                                 last_only = true })
     if cache then cache:advance(L) end
+    local V = logits:size(2)
+    local sampler = M.sampler(o, B, V, dev)
+    sampler:observe(ids, key_ok:view(B, cap):narrow(1, 0, L))
+    local stopped = {}
     for step = 1, o.max_new_tokens do
-      if not sampler then
-        V = logits:size(2)
-        sampler = M.sampler(o, B, V, dev)
-        sampler:observe(ids, key_ok:view(B, cap):narrow(1, 0, L))
-      end
       local nxt = sampler:next(logits:view(B, V))
       steps = step
-      local list = nxt:view(B):tolist()
-      local done = {}
-      local done_list = sampler.done:view(B):tolist()
+      local list, done = nxt:view(B):tolist(), sampler.done:view(B):tolist()
       for b = 1, B do
-        done[b] = done_list[b] and true or false
-        -- a row's last kept token is the stop id that finished it
-        if #out[b] == 0 or not out[b].stopped then
+        -- a row keeps the stop id that finished it, then nothing
+        if not stopped[b] then
           out[b][#out[b] + 1] = list[b]
-          if done[b] then out[b].stopped = true end
+          stopped[b] = done[b]
         end
       end
       if o.on_token then o.on_token(step, list, done) end
@@ -365,7 +359,6 @@ function M.generate(model, prompts, opts)
   end)
   if was_training then model:train() end
   if not ok then error(err, 0) end
-  for b = 1, B do out[b].stopped = nil end
   return out, { steps = steps, prompt_len = L }
 end
 
