@@ -151,6 +151,10 @@ local function config_from_shapes(family, shapes, name, where)
     die(('%s: give --model (a %s config name) or --num_heads: the weights do not say how many attention heads '
       .. 'the model has'):format(where, family))
   end
+  local function shape(key)
+    if not shapes[key] then die(('%s has no %s, which a %s model has'):format(where, key, family)) end
+    return shapes[key]
+  end
   local layers = -1
   for n in pairs(shapes) do
     local i = tonumber(n:match('^model%.layers%.(%d+)%.') or n:match('^transformer%.h%.(%d+)%.'))
@@ -160,10 +164,10 @@ local function config_from_shapes(family, shapes, name, where)
   local heads = cfg.num_heads > 0 and cfg.num_heads or base.n_heads
   o.n_heads = heads
   if family == 'llama' then
-    local emb = shapes['model.embed_tokens.weight']
+    local emb = shape('model.embed_tokens.weight')
     o.vocab_size, o.dim = emb[1], emb[2]
-    o.ffn_dim = shapes['model.layers.0.mlp.gate_proj.weight'][1]
-    local q, k = shapes['model.layers.0.self_attn.q_proj.weight'][1], shapes['model.layers.0.self_attn.k_proj.weight'][1]
+    o.ffn_dim = shape('model.layers.0.mlp.gate_proj.weight')[1]
+    local q, k = shape('model.layers.0.self_attn.q_proj.weight')[1], shape('model.layers.0.self_attn.k_proj.weight')[1]
     if q % heads ~= 0 then
       die(('%s: q_proj has %d rows, not a multiple of %d heads (give --num_heads)'):format(where, q, heads))
     end
@@ -171,9 +175,9 @@ local function config_from_shapes(family, shapes, name, where)
     o.n_kv_heads = cfg.num_kv_heads > 0 and cfg.num_kv_heads or k / o.head_dim
     o.tied = shapes['lm_head.weight'] == nil
   else
-    local wte, wpe = shapes['transformer.wte.weight'], shapes['transformer.wpe.weight']
+    local wte, wpe = shape('transformer.wte.weight'), shape('transformer.wpe.weight')
     o.vocab_size, o.dim, o.max_seq_len = wte[1], wte[2], wpe[1]
-    o.ffn_dim = shapes['transformer.h.0.mlp.c_fc.weight'][1]
+    o.ffn_dim = shape('transformer.h.0.mlp.c_fc.weight')[1]
   end
   local ok, c = pcall(fam.config, name ~= '' and name or o, name ~= '' and o or nil)
   if not ok then die(('%s: %s'):format(where, recipe.bare(c))) end
@@ -224,9 +228,13 @@ elseif files.mode(cfg.init_from) == 'directory' then
   if not ok2 then die(recipe.bare(err)) end
   ckpt_dir = step_dir
 else
-  local f = fsdp.safetensors.open(cfg.init_from)
+  local opened, f = pcall(fsdp.safetensors.open, cfg.init_from)
+  if not opened then
+    die(('--init_from %s: not a Hugging Face directory (no config.json), a checkpoint directory or a safetensors '
+      .. 'file: %s'):format(cfg.init_from, recipe.bare(f)))
+  end
   local shapes = {}
-  for _, n in ipairs(f:names()) do shapes[n] = f:info(n).shape end -- header only: no tensor is read
+  for _, n in ipairs(f:names()) do shapes[n] = f:info(n).shape end -- the header only: no tensor is read
   f:close()
   family = family_of(shapes, cfg.init_from)
   model = FAMILIES[family].build(config_from_shapes(family, shapes, cfg.model, cfg.init_from), place)

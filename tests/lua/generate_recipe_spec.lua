@@ -160,6 +160,7 @@ describe('recipes/generate.lua', function()
       { ('--init_from=%s --prompt_ids=1 --top_p=1.5'):format(T.quote(hf_dir)), '--top_p must be <= 1' },
       { ('--init_from=%s --prompt_ids=1,999'):format(T.quote(hf_dir)), "outside the model's vocabulary (257)" },
       { '--init_from=/no/such/dir --prompt_ids=1', '/no/such/dir does not exist' },
+      { '--init_from=README.md --prompt_ids=1', 'not a Hugging Face directory (no config.json), a checkpoint' },
     }) do
       local out, rc = run(case[1])
       assert(rc ~= 0 and out:find(case[2], 1, true), ('%s: rc %d, output:\n%s'):format(case[1], rc, out))
