@@ -1,9 +1,10 @@
 -- generate_recipe_spec.lua: recipes/generate.lua end to end on a tiny
--- Llama: from a Hugging Face directory written by save_pretrained, from a
--- sharded checkpoint and a full state dict of a short llama2_7b.lua run;
--- the ids it prints are fsdp.generate's on the same weights, the streamed
--- text is the prompt and the decoded ids, and usage mistakes are one line
--- naming the option, before the model is loaded.
+-- Llama: from a Hugging Face directory written by save_pretrained (and its
+-- SentencePiece tokenizer.model), from a sharded checkpoint (1 and 2
+-- ranks) and a full state dict of a short llama2_7b.lua run; a GPT-2
+-- state dict. The ids it prints are fsdp.generate's on the same weights,
+-- the streamed text is the prompt and the decoded ids, and usage mistakes
+-- are one line naming the option, before the model is loaded.
 local fsdp = require 'fsdp'
 local T = require 'fsdp.testing'
 local llama = require 'models.llama'
@@ -149,6 +150,21 @@ describe('recipes/generate.lua', function()
       T.quote('10,20,30;7')))
     assert(rc == 0, out)
     same_rows(printed_ids(out), want, '2-rank checkpoint')
+  end)
+
+  it('from a GPT-2 state dict file (--model names its config)', function()
+    local g = require('models.gpt2').build('tiny', { init_std = 0.5 })
+    g:init_weights({ seed = 3 })
+    local sd = {}
+    for _, np in ipairs(g:named_parameters()) do sd[np[1]] = np[2] end
+    local path = dir .. '/gpt2.safetensors'
+    fsdp.save_safetensors(path, sd)
+    local want = generate.generate(g, { { 1, 2, 3 }, { 9 } }, { max_new_tokens = 6 })
+    local out, rc = run(('--init_from=%s --model=gpt2-tiny --prompt_ids=%s --max_new_tokens=6 --print_ids')
+      :format(T.quote(path), T.quote('1,2,3;9')))
+    assert(rc == 0, out)
+    assert.matches('model: gpt2 from', out)
+    same_rows(printed_ids(out), want, 'GPT-2 state dict')
   end)
 
   it('names the option at fault before loading anything', function()
