@@ -198,6 +198,10 @@ describe('sampling options', function()
     end
     local ok, err = pcall(generate.generate, model, { { 1 }, {} }, {})
     assert(not ok and tostring(err):find('prompt 2 is empty', 1, true), tostring(err))
+    -- a cache without a mask would let the prompt's queries see their future
+    local cache = generate.kv_cache(model, 1, 8, { dtype = 'f32', device = 'cpu' })
+    ok, err = pcall(model.forward, model, fsdp.tensor({ { 1, 2, 3 } }, { dtype = 'i64' }), { cache = cache })
+    assert(not ok and tostring(err):find('need a mask', 1, true), tostring(err))
     local g = gpt2.build('tiny')
     ok, err = pcall(generate.generate, g, { { 1, 2 } }, { max_new_tokens = 200 })
     assert(not ok and tostring(err):find("exceeds the model's 128 positions", 1, true), tostring(err))

@@ -178,6 +178,9 @@ function Attention:forward(x, opts)
   end
   local causal = self.causal
   if opts.kv_cache ~= nil then
+    if causal and T > 1 and opts.mask == nil then
+      core.fail(('Attention: %d queries with a kv_cache need a mask: with a cache the mask carries causality'):format(T))
+    end
     k, v = opts.kv_cache:update(k, v)
     causal = false
   end
