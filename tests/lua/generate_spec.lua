@@ -207,3 +207,29 @@ describe('sampling options', function()
     assert(not ok and tostring(err):find("exceeds the model's 128 positions", 1, true), tostring(err))
   end)
 end)
+
+describe('t5.generate through the shared sampler', function()
+  local t5 = require 'models.t5'
+  local m = t5.build('tiny', { dropout_rate = 0 })
+  m:init_weights({ seed = 4 })
+  m:eval()
+  local src = fsdp.tensor({ { 5, 9, 13, 2, 1 }, { 7, 8, 3, 1, 0 } }, { dtype = 'i64' })
+
+  it('top_k = 1 sampling is greedy; a seed reproduces a draw; eos ends a row', function()
+    local greedy = t5.generate(m, src, { max_new_tokens = 6, eos_token_id = 9999 })
+    local k1 = t5.generate(m, src, { max_new_tokens = 6, eos_token_id = 9999, do_sample = true, top_k = 1, seed = 5 })
+    assert.same(greedy:tolist(), k1:tolist())
+    local o = { max_new_tokens = 6, eos_token_id = 9999, do_sample = true, temperature = 2, seed = 8 }
+    assert.same(t5.generate(m, src, o):tolist(), t5.generate(m, src, o):tolist())
+    -- the first greedy token of row 1 as eos: row 1 stops there and is padded after
+    local eos = greedy:get(0, 1)
+    local stopped = t5.generate(m, src, { max_new_tokens = 6, eos_token_id = eos }):tolist()
+    assert.equals(eos, stopped[1][2])
+    for j = 3, #stopped[1] do assert.equals(0, stopped[1][j]) end
+  end)
+
+  it('refuses an unknown option by name', function()
+    local ok, err = pcall(t5.generate, m, src, { top_kk = 3 })
+    assert(not ok and tostring(err):find('unknown option top_kk', 1, true), tostring(err))
+  end)
+end)
