@@ -90,11 +90,14 @@ M.check_options = check_options
 
 -- The largest value t per row (x [B, V] f32) with count(x >= t) >= k: the
 -- k-th largest logit, ties included (HF's top-k keeps ties too). Bisection
--- keeps count(x >= lo) >= k > count(x >= hi); 64 halvings of the range
--- leave no other logit between lo and the k-th one, and the search stops
--- early once every row keeps exactly k.
+-- keeps count(x >= lo) >= k > count(x >= hi) from the smallest finite
+-- logit up; 64 halvings of that range leave no other logit between lo and
+-- the k-th one, and the search stops early once every row keeps exactly
+-- k. A row with fewer than k finite logits keeps them all.
 local function kth_largest(x, k)
-  local lo = F.min(x, -1, true)
+  -- the smallest finite logit: from -inf (a masked token) no number of
+  -- halvings would get near the others
+  local lo = F.clamp(F.min(F.where(F.gt(x, -math.huge), x, math.huge), -1, true), nil, 3e38)
   local hi = F.max(x, -1, true) + 1
   for i = 1, 64 do
     local mid = (lo + hi) * 0.5

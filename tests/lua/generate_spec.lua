@@ -122,6 +122,12 @@ describe('sampling options', function()
     local kept = F.gt(s:warped(x), -math.huge):to('i64'):tolist()
     same(kept[1], { 0, 1, 1, 1, 0, 0 }, 'top-3 of row 1')
     same(kept[2], { 1, 1, 1, 0, 0, 0 }, 'top-3 of row 2')
+    -- masked (-inf) logits: the search starts from the smallest finite one
+    local inf = -math.huge
+    local m = fsdp.tensor({ { 1, inf, 3, 2, inf, 0.5 }, { inf, 4, inf, inf, inf, inf } }, { dtype = 'f32' })
+    kept = F.gt(generate.sampler({ do_sample = true, top_k = 2 }, 2, 6, 'cpu'):warped(m), inf):to('i64'):tolist()
+    same(kept[1], { 0, 0, 1, 1, 0, 0 }, 'top-2 with masked logits')
+    same(kept[2], { 0, 1, 0, 0, 0, 0 }, 'top-2 of a row with one finite logit')
     local p = generate.sampler({ do_sample = true, top_p = 0.7 }, 1, 4, 'cpu')
     -- probabilities 0.5, 0.3, 0.15, 0.05: 0.5 + 0.3 is the smallest set holding 0.7
     local logits = F.log(fsdp.tensor({ { 0.15, 0.5, 0.05, 0.3 } }, { dtype = 'f32' }))
