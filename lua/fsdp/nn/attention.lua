@@ -31,7 +31,9 @@
 -- [B, KV, S, hd], which the queries then attend to. The causal flag is
 -- aligned top-left (query 0 sees key 0 only), which is wrong once queries
 -- start at cache position S - T, so with a cache causality is the mask's
--- job: the caller's mask must hide future and padded keys.
+-- job: the caller's mask must hide future and padded keys (several
+-- queries with a cache and no mask are refused). [Note: the KV cache] in
+-- lua/fsdp/generate.lua.
 --
 -- dropout is on the attention probabilities (HF's attn_pdrop /
 -- attention_dropout); out_dropout on the output projection (HF GPT-2's
