@@ -131,8 +131,9 @@ function Block:__init(c, opts)
     init = init, out_init = out_init, bias_init = zeros, device = place.device, dtype = place.dtype })
 end
 
-function Block:forward(x)
-  local h = x + self.attn(self.ln_1(x))
+-- mask and kv_cache as nn.Attention's (decoding: fsdp.generate).
+function Block:forward(x, mask, kv_cache)
+  local h = x + self.attn(self.ln_1(x), { mask = mask, kv_cache = kv_cache })
   return h + self.mlp(self.ln_2(h))
 end
 
@@ -163,15 +164,25 @@ function Model:positions(T, device)
   return p
 end
 
-function Model:forward(ids)
+-- ids i64 [B, T] -> hidden states [B, T, dim]. opts (decoding,
+-- fsdp.generate): positions i64 [B, T] (rows of the position table, each
+-- row's own: left-padded rows start later; the caller keeps them below
+-- n_positions), mask (bool, broadcast to [B, H, T, S]), cache (a
+-- fsdp.generate KV cache).
+function Model:forward(ids, opts)
   local c = self.config
   local T = ids:size(ids:dim() - 1)
-  if T > c.max_seq_len then
-    error(('gpt2: sequence length %d exceeds n_positions %d (the learned position table has %d rows)')
-      :format(T, c.max_seq_len, c.max_seq_len), 0)
+  local positions = opts and opts.positions
+  if positions == nil then
+    if T > c.max_seq_len then
+      error(('gpt2: sequence length %d exceeds n_positions %d (the learned position table has %d rows)')
+        :format(T, c.max_seq_len, c.max_seq_len), 0)
+    end
+    positions = self:positions(T, ids.device)
   end
-  local h = self.drop(self.wte(ids) + self.wpe(self:positions(T, ids.device)))
-  for _, block in ipairs(self.h:children()) do h = block(h) end
+  local h = self.drop(self.wte(ids) + self.wpe(positions))
+  local mask, cache = opts and opts.mask, opts and opts.cache
+  for i, block in ipairs(self.h:children()) do h = block(h, mask, cache and cache:layer(i)) end
   return self.ln_f(h)
 end
 
@@ -186,9 +197,19 @@ function LMHead:__init(c, opts)
   self.lm_head:register_parameter('weight', self.transformer.wte.weight)
 end
 
--- ids: i64 [B, T] -> logits [B, T, vocab].
-function LMHead:forward(ids)
-  return self.lm_head(self.transformer(ids))
+-- ids: i64 [B, T] -> logits [B, T, vocab]. opts: Model:forward's, and
+-- last_only (the last position's logits alone, [B, 1, vocab]).
+function LMHead:forward(ids, opts)
+  local h = self.transformer(ids, opts)
+  if opts and opts.last_only then h = h:narrow(1, h:size(1) - 1, 1) end
+  return self.lm_head(h)
+end
+
+-- What fsdp.generate's KV cache holds per layer, and the most positions
+-- the learned table embeds (prompt plus new tokens).
+function LMHead:kv_cache_spec()
+  local c = self.config
+  return { n_layers = c.n_layers, n_kv_heads = c.n_heads, head_dim = c.head_dim, max_positions = c.max_seq_len }
 end
 
 -- Mean cross-entropy of next-token predictions; targets i64 [B, T] (the

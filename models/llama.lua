@@ -143,9 +143,11 @@ function DecoderLayer:__init(c, opts)
                                                       dtype = opts.dtype })
 end
 
--- rope = {cos, sin} of [T, head_dim], shared by every layer.
-function DecoderLayer:forward(x, rope)
-  local h = x + self.self_attn(self.input_layernorm(x), { rope = rope })
+-- rope = {cos, sin} of [T, head_dim] (and positions when decoding),
+-- shared by every layer; mask and kv_cache as nn.Attention's (decoding:
+-- fsdp.generate).
+function DecoderLayer:forward(x, rope, mask, kv_cache)
+  local h = x + self.self_attn(self.input_layernorm(x), { rope = rope, mask = mask, kv_cache = kv_cache })
   return h + self.mlp(self.post_attention_layernorm(h))
 end
 
@@ -176,10 +178,22 @@ function Model:rope(T, like)
   return r
 end
 
-function Model:forward(ids)
+-- ids i64 [B, T] -> hidden states [B, T, dim]. opts (decoding, fsdp.generate):
+-- positions i64 [B, T] (each row's own RoPE positions: left-padded rows
+-- start later), rope_len (the tables' length, > every position), mask
+-- (bool, broadcast to [B, H, T, S]: padding and causality), cache (a
+-- fsdp.generate KV cache; its layer(i) is layer i's).
+function Model:forward(ids, opts)
   local h = self.embed_tokens(ids)
-  local rope = self:rope(ids:size(1), h)
-  for _, layer in ipairs(self.layers:children()) do h = layer(h, rope) end
+  local layers = self.layers:children()
+  if opts == nil then
+    local rope = self:rope(ids:size(1), h)
+    for _, layer in ipairs(layers) do h = layer(h, rope) end
+    return self.norm(h)
+  end
+  local tables = self:rope(opts.rope_len or ids:size(1), h)
+  local rope = { cos = tables.cos, sin = tables.sin, positions = opts.positions }
+  for i, layer in ipairs(layers) do h = layer(h, rope, opts.mask, opts.cache and opts.cache:layer(i)) end
   return self.norm(h)
 end
 
@@ -198,9 +212,21 @@ function CausalLM:__init(c, opts)
   end
 end
 
--- ids: i64 [B, T] -> logits [B, T, vocab].
-function CausalLM:forward(ids)
-  return self.lm_head(self.model(ids))
+-- ids: i64 [B, T] -> logits [B, T, vocab]. opts: Model:forward's, and
+-- last_only (logits of the last position alone, [B, 1, vocab]: decoding
+-- needs no others, and the head is the largest product).
+function CausalLM:forward(ids, opts)
+  local h = self.model(ids, opts)
+  if opts and opts.last_only then h = h:narrow(1, h:size(1) - 1, 1) end
+  return self.lm_head(h)
+end
+
+-- What fsdp.generate's KV cache holds per layer, and the positions the
+-- model can embed (RoPE has no table limit; the config's context length
+-- is advisory, as in HF).
+function CausalLM:kv_cache_spec()
+  local c = self.config
+  return { n_layers = c.n_layers, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim }
 end
 
 -- Mean cross-entropy of next-token predictions; targets i64 [B, T] (the

@@ -457,31 +457,36 @@ function M.shift_right(labels, c)
   return F.where(F.eq(shifted, -100), c.pad_token_id, shifted)
 end
 
--- Greedy decoding for inspection: the encoder once, then the decoder
--- re-run on the growing sequence (no cache) for max_new_tokens steps, or
--- until every row has produced eos; finished rows continue with pad.
--- opts: max_new_tokens (20), eos_token_id, attention_mask (padded
--- sources). Returns the decoder ids i64 [B, 1 + n], starting with the
--- start token.
+-- Decoding for inspection: the encoder once, then the decoder re-run on
+-- the growing sequence (no cache) for max_new_tokens steps, or until every
+-- row has produced eos; finished rows continue with pad. The next token is
+-- chosen by fsdp.generate's sampler, the one Llama and GPT-2 use: greedy by
+-- default, or do_sample with temperature, top_k, top_p, seed;
+-- repetition_penalty counts the decoder's tokens. opts: max_new_tokens
+-- (20), eos_token_id, attention_mask (padded sources), and the sampler's
+-- options. Returns the decoder ids i64 [B, 1 + n], starting with the start
+-- token.
 function M.generate(model, input_ids, opts)
   opts = opts or {}
   local c = model.config
-  local max_new = opts.max_new_tokens or 20
-  local eos = opts.eos_token_id or c.eos_token_id
   local mask = opts.attention_mask
+  local sopts = { max_new_tokens = opts.max_new_tokens or 20, stop_ids = { opts.eos_token_id or c.eos_token_id },
+                  pad_id = c.pad_token_id }
+  for k, v in pairs(opts) do
+    if k ~= 'eos_token_id' and k ~= 'attention_mask' and k ~= 'max_new_tokens' then sopts[k] = v end
+  end
+  local generate = require 'fsdp.generate'
+  sopts = generate.check_options(sopts)
   return fsdp.no_grad(function()
     local enc = model:encode(input_ids, mask)
     local B = input_ids:size(0)
     local ids = fsdp.full({ B, 1 }, c.decoder_start_token_id, { dtype = 'i64', device = input_ids.device })
-    local done = fsdp.zeros({ B, 1 }, { dtype = 'i64', device = input_ids.device })
-    for _ = 1, max_new do
+    local sampler = generate.sampler(sopts, B, c.vocab_size, input_ids.device)
+    for _ = 1, sopts.max_new_tokens do
       local logits = model:decode(enc, ids, { attention_mask = mask })
       local T = logits:size(1)
-      local nxt = F.argmax(logits:narrow(1, T - 1, 1), -1) -- [B, 1]
-      nxt = F.where(F.gt(done, 0), c.pad_token_id, nxt)
-      ids = F.cat({ ids, nxt }, 1)
-      done = done + F.eq(nxt, eos):to('i64')
-      if F.sum(F.gt(done, 0):to('i64')):item() == B then break end
+      ids = F.cat({ ids, sampler:next(logits:narrow(1, T - 1, 1):reshape(B, -1)) }, 1)
+      if sampler:all_done() then break end
     end
     return ids
   end)

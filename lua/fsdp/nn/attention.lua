@@ -5,7 +5,8 @@
 --                bias = false, out_bias = bias, causal = true, scale = 1/sqrt(head_dim),
 --                dropout = 0, out_dropout = 0, fused_qkv = false, names = {...},
 --                init = rule, out_init = init, bias_init = rule, device =, dtype =})
---   y = attn(x, {rope = {cos =, sin =, positions =}, bias = t, mask = t, context = t})
+--   y = attn(x, {rope = {cos =, sin =, positions =}, bias = t, mask = t, context = t,
+--               kv_cache = layer_cache})
 --
 -- Children, in the order PyTorch models register them: q_proj, k_proj,
 -- v_proj, o_proj (Hugging Face Llama names), or with fused_qkv one
@@ -23,6 +24,16 @@
 -- keys and values from another sequence [B, S, dim] (cross-attention; not
 -- with fused_qkv, which projects all three from x). causal hides key j
 -- from query i when j > i.
+--
+-- kv_cache (decoding, fsdp.generate): an object whose update(k, v) stores
+-- this call's keys and values [B, KV, T, hd] (after RoPE) in its
+-- preallocated buffers and returns views of everything cached so far
+-- [B, KV, S, hd], which the queries then attend to. The causal flag is
+-- aligned top-left (query 0 sees key 0 only), which is wrong once queries
+-- start at cache position S - T, so with a cache causality is the mask's
+-- job: the caller's mask must hide future and padded keys (several
+-- queries with a cache and no mask are refused). [Note: the KV cache] in
+-- lua/fsdp/generate.lua.
 --
 -- dropout is on the attention probabilities (HF's attn_pdrop /
 -- attention_dropout); out_dropout on the output projection (HF GPT-2's
@@ -167,12 +178,20 @@ function Attention:forward(x, opts)
     q = F.apply_rotary(q, rope.cos, rope.sin, ropts)
     k = F.apply_rotary(k, rope.cos, rope.sin, ropts)
   end
+  local causal = self.causal
+  if opts.kv_cache ~= nil then
+    if causal and T > 1 and opts.mask == nil then
+      core.fail(('Attention: %d queries with a kv_cache need a mask: with a cache the mask carries causality'):format(T))
+    end
+    k, v = opts.kv_cache:update(k, v)
+    causal = false
+  end
   local bias = score_bias(F, opts, q)
   local o
   if self.training and self.dropout > 0 then
-    o = attend_with_dropout(F, q, k, v, bias, self.causal, self.scale, self.dropout)
+    o = attend_with_dropout(F, q, k, v, bias, causal, self.scale, self.dropout)
   else
-    o = F.scaled_dot_product_attention(q, k, v, { causal = self.causal, bias = bias, scale = self.scale })
+    o = F.scaled_dot_product_attention(q, k, v, { causal = causal, bias = bias, scale = self.scale })
   end
   local y = self[self._names.o](o:transpose(1, 2):reshape(B, T, self.n_heads * self.head_dim))
   if self.training and self.out_dropout > 0 then y = F.dropout(y, self.out_dropout, true) end

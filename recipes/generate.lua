@@ -1,0 +1,367 @@
+-- recipes/generate.lua: text from a trained Llama or GPT-2, tokens printed
+-- as they come (fsdp.generate: KV cache, greedy or sampled).
+--
+--   fsdp-lua recipes/generate.lua --init_from=HF_DIR --prompt='Once upon a time'
+--   fsdp-lua recipes/generate.lua --init_from=ckpt --model=tiny --tokenizer=byte --prompt_file=prompts.txt
+--   fsdp-lua recipes/generate.lua --init_from=model.safetensors --num_heads=4 --prompt_ids='1,5,9;7,3'
+--
+-- --init_from is one of:
+--   * a Hugging Face directory (config.json + safetensors; models/hf.lua);
+--   * a sharded training checkpoint of ours (a directory of step-NNNNNN/
+--     saves, its newest complete one is read, or one step directory); every
+--     parameter is read from the saved ranks' slices straight into the
+--     model (fsdp.checkpointing.load), no rank file is loaded whole;
+--   * a full state dict file (.safetensors, HF names: --save_full_state_dict).
+-- For the last two the weights give the shapes (width, layers, vocabulary,
+-- MLP width, KV width); what they cannot tell (the number of heads, RoPE
+-- settings, norm eps) comes from --model's config (the checkpoint records
+-- the model name its recipe used) and --num_heads/--num_kv_heads.
+--
+-- Tokenizers: a SentencePiece model (--tokenizer=PATH.model, or the
+-- tokenizer.model of an HF directory: Llama 2), or 'byte' (the recipes'
+-- byte-level tokenizer). Hugging Face tokenizer.json byte-level BPE
+-- (GPT-2, Llama 3) is not implemented: give token ids with --prompt_ids
+-- ('1,5,9' one prompt; ';' between prompts) and the output is ids.
+local fsdp = require 'fsdp'
+local recipe = require 'fsdp.recipe'
+local generate = require 'fsdp.generate'
+local files = require 'fsdp.files'
+local clock = require 'fsdp.clock'
+local llama = require 'models.llama'
+local gpt2 = require 'models.gpt2'
+
+local FAMILIES = { llama = llama, gpt2 = gpt2 }
+
+-- --model names: Llama's and GPT-2's configs; GPT-2's 'tiny' is 'gpt2-tiny'.
+local function model_names()
+  local names = { '' }
+  for _, fam in ipairs({ { llama, '' }, { gpt2, 'gpt2-' } }) do
+    local sorted = {}
+    for k in pairs(fam[1].configs) do sorted[#sorted + 1] = (k == 'tiny' and fam[2] or '') .. k end
+    table.sort(sorted)
+    for _, k in ipairs(sorted) do names[#names + 1] = k end
+  end
+  return names
+end
+
+-- The family and config name of a --model value.
+local function resolve_model(name)
+  if name == 'gpt2-tiny' then return 'gpt2', 'tiny' end
+  if llama.configs[name] then return 'llama', name end
+  return 'gpt2', name
+end
+
+-- A list of integers from '1,5,9' (nil and what is wrong otherwise).
+local function int_list(text)
+  local out = {}
+  for item in (text .. ','):gmatch('([^,]*),') do
+    local s = item:match('^%s*(.-)%s*$')
+    local n = tonumber(s)
+    if not n or n ~= math.floor(n) or n < 0 then return nil, ('%q is not a token id'):format(s) end
+    out[#out + 1] = n
+  end
+  return out
+end
+
+local cfg = recipe.config({
+  init_from = { '', 'the weights: a Hugging Face directory, a sharded checkpoint directory, or a full state dict '
+                    .. '.safetensors file (empty: random weights of --model, to try the options)', input = true },
+  model = { '', 'model config name for what the weights do not tell (heads, RoPE); empty: the checkpoint\'s, '
+                .. 'or the HF config', one_of = model_names },
+  num_heads = { 0, 'attention heads (0: --model\'s)', int = true, min = 0 },
+  num_kv_heads = { 0, 'key/value heads of grouped-query attention (0: from the weights)', int = true, min = 0 },
+  prompt = { '', 'the prompt text (needs a tokenizer)' },
+  prompt_file = { '', 'a file of prompts, one per line, generated as one left-padded batch', input = 'file' },
+  prompt_ids = { '', "prompts as token ids: '1,5,9', several separated by ';' (no tokenizer needed)" },
+  tokenizer = { '', "'byte', a SentencePiece .model file, or empty: the HF directory's tokenizer.model "
+                    .. '(HF tokenizer.json BPE is not supported: use --prompt_ids)' },
+  max_new_tokens = { 64, 'tokens to generate per prompt at most', int = true, min = 1 },
+  do_sample = { false, 'sample (temperature, top_k, top_p) instead of greedy decoding' },
+  temperature = { 1.0, 'sampling temperature', positive = true },
+  top_k = { 0, 'sample from the k most likely tokens only (0: all)', int = true, min = 0 },
+  top_p = { 1.0, 'sample from the smallest set of tokens holding this probability (1: all)', positive = true,
+            max = 1 },
+  repetition_penalty = { 1.0, 'divide the logits of tokens already seen by this (HF\'s; 1: off)', positive = true },
+  stop_ids = { '', "ids that end a row, '2,13' (empty: the tokenizer's and the HF config's eos; 'none': no stop)" },
+  seed = { 0, 'sampling seed (the same seed gives the same text)', int = true, min = 0 },
+  dtype = { 'f32', 'weights and cache dtype', one_of = { 'f32', 'bf16' } },
+  device = { 'cpu', 'where the model runs', one_of = { 'cpu', 'cuda' } },
+  no_cache = { false, 'recompute the whole prefix at every step (no KV cache; for comparison)' },
+  print_ids = { false, 'also print the generated ids of each prompt' },
+}, arg, 'recipes/generate.lua', function(cfg)
+  local given = (cfg.prompt ~= '' and 1 or 0) + (cfg.prompt_file ~= '' and 1 or 0) + (cfg.prompt_ids ~= '' and 1 or 0)
+  if given ~= 1 then error('give exactly one of --prompt, --prompt_file, --prompt_ids', 0) end
+  if cfg.prompt_ids ~= '' then
+    for p in (cfg.prompt_ids .. ';'):gmatch('([^;]*);') do
+      local ids, why = int_list(p)
+      if not ids then error('--prompt_ids: ' .. why, 0) end
+    end
+  end
+  if cfg.stop_ids ~= '' and cfg.stop_ids ~= 'none' then
+    local ids, why = int_list(cfg.stop_ids)
+    if not ids then error('--stop_ids: ' .. why, 0) end
+  end
+  if cfg.tokenizer ~= '' and cfg.tokenizer ~= 'byte' and files.mode(cfg.tokenizer) ~= 'file' then
+    error(('--tokenizer %s: no such file (\'byte\' or a SentencePiece .model)'):format(cfg.tokenizer), 0)
+  end
+  if cfg.init_from == '' and cfg.model == '' then error('--init_from or --model (random weights) is needed', 0) end
+  local hf = cfg.init_from ~= '' and files.mode(files.join(cfg.init_from, 'config.json')) == 'file'
+  if hf and (cfg.model ~= '' or cfg.num_heads > 0 or cfg.num_kv_heads > 0) then
+    error(('--model, --num_heads and --num_kv_heads are for checkpoints and state dicts: %s/config.json '
+      .. 'gives the shapes'):format(cfg.init_from), 0)
+  end
+  if cfg.prompt_ids == '' and cfg.tokenizer == '' and not (hf and files.mode(files.join(cfg.init_from, 'tokenizer.model')) == 'file') then
+    local has_json = hf and files.mode(files.join(cfg.init_from, 'tokenizer.json')) == 'file'
+    error(('--prompt and --prompt_file need a tokenizer: --tokenizer=byte or a SentencePiece .model%s; '
+      .. 'or give token ids with --prompt_ids'):format(has_json
+        and (' (%s has a tokenizer.json, whose BPE this build does not implement)'):format(cfg.init_from) or ''), 0)
+  end
+end)
+
+local function die(msg)
+  io.stderr:write('fsdp-lua: ', msg, '\n')
+  os.exit(1)
+end
+
+-- loading ------------------------------------------------------------------------------------
+
+-- The family of a state dict by its names.
+local function family_of(names, where)
+  for name in pairs(names) do
+    if name:find('^model%.embed_tokens%.') then return 'llama' end
+    if name:find('^transformer%.wte%.') then return 'gpt2' end
+  end
+  die(('%s holds neither a Llama (model.embed_tokens.weight) nor a GPT-2 (transformer.wte.weight) model'):format(where))
+end
+
+-- A config from the weights' shapes (name -> shape) on top of the named
+-- one (the weights win); without a name, --num_heads is needed: nothing
+-- else says how the width splits into heads.
+local function config_from_shapes(family, shapes, name, where)
+  local fam = FAMILIES[family]
+  local base = {}
+  if name ~= '' then
+    local named_family
+    named_family, name = resolve_model(name)
+    if named_family ~= family then
+      die(('--model %s is a %s config, but %s holds a %s model'):format(name, named_family, where, family))
+    end
+    base = fam.configs[name]
+  elseif cfg.num_heads == 0 then
+    die(('%s: give --model (a %s config name) or --num_heads: the weights do not say how many attention heads '
+      .. 'the model has'):format(where, family))
+  end
+  local function shape(key)
+    if not shapes[key] then die(('%s has no %s, which a %s model has'):format(where, key, family)) end
+    return shapes[key]
+  end
+  local layers = -1
+  for n in pairs(shapes) do
+    local i = tonumber(n:match('^model%.layers%.(%d+)%.') or n:match('^transformer%.h%.(%d+)%.'))
+    if i and i > layers then layers = i end
+  end
+  local o = { n_layers = layers + 1 }
+  local heads = cfg.num_heads > 0 and cfg.num_heads or base.n_heads
+  o.n_heads = heads
+  if family == 'llama' then
+    local emb = shape('model.embed_tokens.weight')
+    o.vocab_size, o.dim = emb[1], emb[2]
+    o.ffn_dim = shape('model.layers.0.mlp.gate_proj.weight')[1]
+    local q, k = shape('model.layers.0.self_attn.q_proj.weight')[1], shape('model.layers.0.self_attn.k_proj.weight')[1]
+    if q % heads ~= 0 then
+      die(('%s: q_proj has %d rows, not a multiple of %d heads (give --num_heads)'):format(where, q, heads))
+    end
+    o.head_dim = q / heads
+    o.n_kv_heads = cfg.num_kv_heads > 0 and cfg.num_kv_heads or k / o.head_dim
+    o.tied = shapes['lm_head.weight'] == nil
+  else
+    local wte, wpe = shape('transformer.wte.weight'), shape('transformer.wpe.weight')
+    o.vocab_size, o.dim, o.max_seq_len = wte[1], wte[2], wpe[1]
+    o.ffn_dim = shape('transformer.h.0.mlp.c_fc.weight')[1]
+  end
+  local ok, c = pcall(fam.config, name ~= '' and name or o, name ~= '' and o or nil)
+  if not ok then die(('%s: %s'):format(where, recipe.bare(c))) end
+  return c
+end
+
+local place = { device = cfg.device, dtype = cfg.dtype }
+local hf_dir, hf_config
+local model, family
+local t0 = clock.now()
+local ckpt_dir = nil
+if cfg.init_from == '' then
+  local name
+  family, name = resolve_model(cfg.model)
+  local o = { device = cfg.device, dtype = cfg.dtype }
+  if cfg.num_heads > 0 then o.n_heads = cfg.num_heads end
+  if cfg.num_kv_heads > 0 then o.n_kv_heads = cfg.num_kv_heads end
+  local ok, m = pcall(FAMILIES[family].build, name, o)
+  if not ok then die(recipe.bare(m)) end
+  model = m
+  model:init_weights({ seed = cfg.seed })
+  print(('model: %s %s with random weights (seed %d)'):format(family, cfg.model, cfg.seed))
+elseif files.mode(cfg.init_from) == 'directory' and files.mode(files.join(cfg.init_from, 'config.json')) == 'file' then
+  hf_dir = cfg.init_from
+  hf_config = require('fsdp.json').decode(assert(files.read(files.join(hf_dir, 'config.json'))))
+  local ok, m = pcall(require('models.hf').from_pretrained, hf_dir, place)
+  if not ok then die(recipe.bare(m)) end
+  model = m
+  family = hf_config.model_type
+  if not FAMILIES[family] then die(('%s: a %s model; generation supports llama and gpt2'):format(hf_dir, tostring(family))) end
+elseif files.mode(cfg.init_from) == 'directory' then
+  local ckpt = require 'fsdp.checkpointing'
+  local ok, step_dir = pcall(ckpt.resolve, cfg.init_from)
+  if not ok then die(recipe.bare(step_dir)) end
+  local index, why = ckpt.check(step_dir)
+  if not index then die(why) end
+  local shapes = {}
+  for name, p in pairs(require('fsdp.checkpointing.parts').saved_params(index)) do shapes[name] = p.shape end
+  family = family_of(shapes, step_dir)
+  local name = cfg.model
+  if name == '' and type(index.extra) == 'table' and type(index.extra.model) == 'string'
+     and FAMILIES[family].configs[index.extra.model] then
+    name = index.extra.model
+  end
+  local c = config_from_shapes(family, shapes, name, step_dir)
+  model = FAMILIES[family].build(c, place)
+  local ok2, err = pcall(ckpt.load, step_dir, { model = model }, index)
+  if not ok2 then die(recipe.bare(err)) end
+  ckpt_dir = step_dir
+else
+  local opened, f = pcall(fsdp.safetensors.open, cfg.init_from)
+  if not opened then
+    die(('--init_from %s: not a Hugging Face directory (no config.json), a checkpoint directory or a safetensors '
+      .. 'file: %s'):format(cfg.init_from, recipe.bare(f)))
+  end
+  local shapes = {}
+  for _, n in ipairs(f:names()) do shapes[n] = f:info(n).shape end -- the header only: no tensor is read
+  f:close()
+  family = family_of(shapes, cfg.init_from)
+  model = FAMILIES[family].build(config_from_shapes(family, shapes, cfg.model, cfg.init_from), place)
+  local ok, err = pcall(fsdp.load_safetensors_into, model, cfg.init_from)
+  if not ok then die(recipe.bare(err)) end
+end
+model:eval()
+if cfg.init_from ~= '' then
+  print(('model: %s from %s (%s, %d parameters) in %.2f s'):format(family, ckpt_dir or cfg.init_from, cfg.dtype,
+    model:num_parameters(), clock.now() - t0))
+end
+
+-- tokenizer and prompts ----------------------------------------------------------------------
+
+local tok
+if cfg.tokenizer == 'byte' then
+  tok = require('fsdp.data.byte_tokenizer').new()
+elseif cfg.tokenizer ~= '' then
+  tok = require('fsdp.data.sentencepiece').load(cfg.tokenizer)
+elseif hf_dir and files.mode(files.join(hf_dir, 'tokenizer.model')) == 'file' then
+  tok = require('fsdp.data.sentencepiece').load(files.join(hf_dir, 'tokenizer.model'))
+end
+local prompts, texts = {}, {}
+if cfg.prompt_ids ~= '' then
+  for p in (cfg.prompt_ids .. ';'):gmatch('([^;]*);') do prompts[#prompts + 1] = int_list(p) end
+else
+  if cfg.prompt ~= '' then
+    texts = { cfg.prompt }
+  else
+    for line in io.lines(cfg.prompt_file) do if line:find('%S') then texts[#texts + 1] = line end end
+    if #texts == 0 then die(('--prompt_file %s holds no prompt (one per non-empty line)'):format(cfg.prompt_file)) end
+  end
+  for i, t in ipairs(tok:encode(texts)) do
+    if t:numel() == 0 then die(('prompt %d encodes to no tokens'):format(i)) end
+    prompts[i] = t:tolist()
+  end
+end
+local vocab = model.config.vocab_size
+for i, p in ipairs(prompts) do
+  for _, id in ipairs(p) do
+    if id >= vocab then die(('prompt %d: token id %d is outside the model\'s vocabulary (%d)'):format(i, id, vocab)) end
+  end
+end
+
+local stop = {}
+if cfg.stop_ids ~= 'none' then
+  if cfg.stop_ids ~= '' then
+    stop = int_list(cfg.stop_ids)
+  else
+    if tok and tok.eos_id and tok.eos_id < vocab then stop[#stop + 1] = tok.eos_id end
+    local eos = hf_config and hf_config.eos_token_id
+    if type(eos) == 'number' then stop[#stop + 1] = eos end
+    if type(eos) == 'table' then for _, e in ipairs(eos) do stop[#stop + 1] = e end end
+  end
+end
+
+-- generation ---------------------------------------------------------------------------------
+
+local function decode(ids)
+  if not tok then return table.concat(ids, ' ') end
+  if #ids == 0 then return '' end
+  return tok:decode(fsdp.tensor(ids, { dtype = 'i64' }))
+end
+
+-- The text a continuation adds to its prompt: decode(prompt .. new) past
+-- decode(prompt). Never the new ids decoded alone: SentencePiece drops the
+-- space of a piece that starts a text ("Once upon" + "a time"). A last id
+-- that is the tokenizer's eos is not shown.
+local prompt_text = {}
+local function continuation(b, new)
+  local all = {}
+  for _, id in ipairs(prompts[b]) do all[#all + 1] = id end
+  for i, id in ipairs(new) do
+    if not (i == #new and id == tok.eos_id) then all[#all + 1] = id end
+  end
+  prompt_text[b] = prompt_text[b] or decode(prompts[b])
+  local base, text = prompt_text[b], decode(all)
+  if text:sub(1, #base) == base then return text:sub(#base + 1) end
+  return ' ' .. decode(new)
+end
+
+-- One prompt streams its text as it comes: each step the continuation is
+-- decoded whole and what is new written, so a character of several bytes
+-- or pieces appears once complete. A batch prints each row at the end.
+local streamed, shown = {}, ''
+local function on_token(_, tokens, done)
+  if #prompts ~= 1 or streamed.stopped then return end
+  streamed[#streamed + 1] = tokens[1]
+  if done[1] then streamed.stopped = true end
+  if not tok then
+    io.stdout:write(' ', tokens[1])
+    io.stdout:flush()
+    return
+  end
+  local text = continuation(1, streamed)
+  if text:sub(1, #shown) == shown then
+    io.stdout:write(text:sub(#shown + 1))
+    io.stdout:flush()
+    shown = text
+  end
+end
+
+if #prompts == 1 then
+  io.stdout:write(tok and texts[1] or table.concat(prompts[1], ' ') .. ' |')
+  io.stdout:flush()
+end
+local t1 = clock.now()
+local ok, rows, info = pcall(generate.generate, model, prompts, {
+  max_new_tokens = cfg.max_new_tokens, do_sample = cfg.do_sample, temperature = cfg.temperature,
+  top_k = cfg.top_k, top_p = cfg.top_p, repetition_penalty = cfg.repetition_penalty, stop_ids = stop,
+  seed = cfg.seed, use_cache = not cfg.no_cache, on_token = on_token,
+})
+if not ok then die(recipe.bare(rows)) end
+local dt = clock.now() - t1
+if #prompts == 1 then io.stdout:write('\n') end
+local n = 0
+for i, row in ipairs(rows) do
+  n = n + #row
+  if #prompts > 1 then
+    if tok then
+      print(('[%d] %s%s'):format(i, texts[i], continuation(i, row)))
+    else
+      print(('[%d] %s | %s'):format(i, table.concat(prompts[i], ' '), decode(row)))
+    end
+  end
+  if cfg.print_ids then print(('ids[%d]: %s'):format(i, table.concat(row, ','))) end
+end
+print(('generated %d tokens for %d prompt%s in %.2f s (%.1f tokens/s, %s)'):format(n, #prompts,
+  #prompts == 1 and '' or 's', dt, n / dt, cfg.no_cache and 'no cache' or 'KV cache'))
+recipe.expose({ model = model, cfg = cfg, rows = rows, info = info })
