@@ -187,11 +187,13 @@ local function llama_rope(where, h)
   return theta, scaling
 end
 
-local function llama_from_hf(h, overrides, where)
+local function llama_from_hf(h, overrides, where, has_lm_head)
   check_keys(where, h, LLAMA)
   local c = copy_fields(h, LLAMA)
   c.rope_theta, c.rope_scaling = llama_rope(where, h)
-  c.tied = c.tied or false -- LlamaConfig's default
+  -- LlamaConfig's default is untied; a head the file holds stays untied
+  -- (transformers 5 unties it too).
+  c.tied = (c.tied or false) and not has_lm_head
   return llama.config(c, overrides)
 end
 
@@ -413,7 +415,8 @@ end
 -- Our config (models/llama.lua, t5.lua or gpt2.lua fields) of a Hugging
 -- Face config.json decoded to a table, and the family name. Every key is
 -- checked (see the Note at the top). opts.has_lm_head: whether the
--- checkpoint holds lm_head.weight (T5 under transformers 5 unties then).
+-- checkpoint holds lm_head.weight (a tied config then gets an untied
+-- head, as in transformers 5).
 function M.config_from_hf(h, overrides, opts)
   opts = opts or {}
   local where = opts.where or 'config'

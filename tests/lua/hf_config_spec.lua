@@ -114,6 +114,48 @@ describe('Hugging Face config.json keys', function()
   end)
 end)
 
+-- config.json of released checkpoints, as the hub serves them (older
+-- transformers wrote extra keys: n_ctx, output_past, task_specific_params).
+local HUB = {
+  ['gpt2'] = { 124439808, { activation_function = 'gelu_new', architectures = { 'GPT2LMHeadModel' }, attn_pdrop = 0.1,
+    bos_token_id = 50256, embd_pdrop = 0.1, eos_token_id = 50256, initializer_range = 0.02, layer_norm_epsilon = 1e-05,
+    model_type = 'gpt2', n_ctx = 1024, n_embd = 768, n_head = 12, n_layer = 12, n_positions = 1024,
+    resid_pdrop = 0.1, summary_activation = json.null, summary_first_dropout = 0.1, summary_proj_to_labels = true,
+    summary_type = 'cls_index', summary_use_proj = true,
+    task_specific_params = { ['text-generation'] = { do_sample = true, max_length = 50 } }, vocab_size = 50257 } },
+  ['t5-small'] = { 60506624, { architectures = { 'T5ForConditionalGeneration' }, d_ff = 2048, d_kv = 64, d_model = 512,
+    decoder_start_token_id = 0, dropout_rate = 0.1, eos_token_id = 1, initializer_factor = 1.0,
+    is_encoder_decoder = true, layer_norm_epsilon = 1e-06, model_type = 't5', n_positions = 512, num_heads = 8,
+    num_layers = 6, output_past = true, pad_token_id = 0, relative_attention_num_buckets = 32,
+    task_specific_params = { summarization = { prefix = 'summarize: ' } }, vocab_size = 32128 } },
+  ['google/t5-v1_1-xl'] = { 2849757184, { architectures = { 'T5ForConditionalGeneration' }, d_ff = 5120, d_kv = 64,
+    d_model = 2048, decoder_start_token_id = 0, dropout_rate = 0.1, eos_token_id = 1,
+    feed_forward_proj = 'gated-gelu', initializer_factor = 1.0, is_encoder_decoder = true,
+    layer_norm_epsilon = 1e-06, model_type = 't5', num_decoder_layers = 24, num_heads = 32, num_layers = 24,
+    output_past = true, pad_token_id = 0, relative_attention_num_buckets = 32, tie_word_embeddings = false,
+    vocab_size = 32128 } },
+  ['meta-llama/Llama-3.1-8B'] = { 8030261248, { architectures = { 'LlamaForCausalLM' }, attention_bias = false,
+    attention_dropout = 0.0, bos_token_id = 128000, eos_token_id = { 128001, 128008, 128009 }, hidden_act = 'silu',
+    hidden_size = 4096, initializer_range = 0.02, intermediate_size = 14336, max_position_embeddings = 131072,
+    mlp_bias = false, model_type = 'llama', num_attention_heads = 32, num_hidden_layers = 32,
+    num_key_value_heads = 8, pretraining_tp = 1, rms_norm_eps = 1e-05,
+    rope_scaling = { factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0,
+                     original_max_position_embeddings = 8192, rope_type = 'llama3' },
+    rope_theta = 500000.0, tie_word_embeddings = false, torch_dtype = 'bfloat16',
+    transformers_version = '4.43.0.dev0', use_cache = true, vocab_size = 128256 } },
+}
+
+describe('released checkpoints\' config.json', function()
+  for name, case in pairs(HUB) do
+    it(name .. ' builds with its exact parameter count', function()
+      -- The untied ones' files hold lm_head.weight.
+      local c, family = hf.config_from_hf(case[2], nil, { has_lm_head = case[2].tie_word_embeddings == false })
+      local build = ({ llama = llama.build, t5 = t5.build, gpt2 = gpt2.build })[family]
+      assert.equals(case[1], build(c, { device = 'meta' }):num_parameters())
+    end)
+  end
+end)
+
 describe('exported config.json', function()
   local function export(model)
     local out = os.tmpname()
