@@ -25,7 +25,9 @@
 -- A Hugging Face state dict therefore loads only through
 -- M.from_hf_state_dict, which transposes those four weights per block
 -- (and drops the causal-mask buffers old checkpoints carry); M.to_hf_state_dict
--- goes the other way.
+-- goes the other way. models/hf.lua's from_pretrained / save_pretrained
+-- use them for whole Hugging Face directories (config.json, one or many
+-- safetensors files).
 local fsdp = require 'fsdp'
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'

@@ -338,6 +338,10 @@ local function gpt2_to_hf(c)
     embd_pdrop = F(c.embd_pdrop), attn_pdrop = F(c.attn_pdrop), resid_pdrop = F(c.resid_pdrop),
     scale_attn_weights = true, scale_attn_by_inverse_layer_idx = false, reorder_and_upcast_attn = false,
     tie_word_embeddings = true,
+    -- GPT2Config's default token ids (50256, <|endoftext|>) are GPT-2's
+    -- tokenizer's; with another vocabulary they would point past it.
+    bos_token_id = c.vocab_size == 50257 and 50256 or json.null,
+    eos_token_id = c.vocab_size == 50257 and 50256 or json.null,
   }
 end
 
