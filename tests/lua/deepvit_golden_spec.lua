@@ -39,6 +39,13 @@ for case, layout in pairs({ deepvit_tiny = 'current', deepvit_tiny_2022 = '2022'
   end)
 end
 
+describe('DeepViT with patch LayerNorms (patch_norm)', function()
+  it('has 8,192 more parameters at 8B (MODELS.md: LayerNorm(3072) and LayerNorm(1024))', function()
+    assert.equals(8007494160, deepvit.build('8B', { device = 'meta' }):num_parameters())
+    assert.equals(8007494160 + 8192, deepvit.build('8B', { device = 'meta', patch_norm = true }):num_parameters())
+  end)
+end)
+
 describe('deepvit.from_vit_pytorch', function()
   it('names a file that is not a DeepViT state dict', function()
     assert.error_matches(function() deepvit.from_vit_pytorch(DIR .. 'gpt2_tiny') end,
