@@ -29,7 +29,10 @@ state_dict and a config.json of the constructor's arguments) and
 golden.safetensors: the inputs, logits and loss of the stock model in
 float32 (logits_f32, loss_f32), and logits of the model converted to
 float64 (logits_f64) where the library keeps no float32 islands (GPT-2,
-DeepViT). The specs (tests/lua/hf_*_spec.lua, deepvit_golden_spec.lua) need
+DeepViT). llama3_tiny_v5 and gpt2_tiny also hold HF's greedy generate of
+a batch of two prompts, the second left-padded (gen_input_ids,
+gen_attention_mask, pad 0; gen_greedy: prompts and 8 new tokens, no stop
+id), for generation specs. The specs (tests/lua/hf_*_spec.lua, deepvit_golden_spec.lua) need
 no Python. Run once in a virtual environment of its own, outside the repo:
 
     python3 -m venv /tmp/venv-hf && /tmp/venv-hf/bin/pip install transformers safetensors torch vit-pytorch
@@ -72,6 +75,20 @@ def finish(d, model, golden, meta, save=None):
     print(f"{os.path.basename(d)}: {sorted(os.listdir(d))}")
 
 
+def greedy(model, gen, V):
+    """HF's greedy generate on two prompts of 6 and 4 tokens, the shorter
+    left-padded with 0 under its attention mask; 8 new tokens, no stop id."""
+    ids = torch.randint(1, V, (2, 6), generator=gen)
+    mask = torch.ones(2, 6, dtype=torch.int64)
+    ids[1, :2] = 0
+    mask[1, :2] = 0
+    model.generation_config.eos_token_id = None
+    model.generation_config.bos_token_id = None
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    return {"gen_input_ids": ids, "gen_attention_mask": mask, "gen_greedy": out}
+
+
 def llama_v5(out):
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED)
@@ -84,9 +101,9 @@ def llama_v5(out):
     with torch.no_grad():
         stock = model(input_ids=ids, labels=hf_labels)
     labels = torch.cat([hf_labels[:, 1:], torch.full((B, 1), -100)], dim=1)  # ours: already shifted
-    finish(os.path.join(out, "llama3_tiny_v5"), model,
-           {"input_ids": ids, "labels": labels, "logits_f32": stock.logits, "loss_f32": stock.loss},
-           versions({"case": "llama3_tiny_v5"}))
+    golden = {"input_ids": ids, "labels": labels, "logits_f32": stock.logits, "loss_f32": stock.loss}
+    golden.update(greedy(model, gen, 64))
+    finish(os.path.join(out, "llama3_tiny_v5"), model, golden, versions({"case": "llama3_tiny_v5"}))
 
 
 def t5_v5(out, name, cfg, own_head=False):
@@ -135,10 +152,10 @@ def gpt2(out):
         wide = model.double()(input_ids=ids).logits
     model.float()
     labels = torch.cat([hf_labels[:, 1:], torch.full((B, 1), -100)], dim=1)
-    finish(os.path.join(out, "gpt2_tiny"), model,
-           {"input_ids": ids, "labels": labels, "logits_f32": stock.logits, "loss_f32": stock.loss,
-            "logits_f64": wide},
-           versions({"case": "gpt2_tiny"}))
+    golden = {"input_ids": ids, "labels": labels, "logits_f32": stock.logits, "loss_f32": stock.loss,
+              "logits_f64": wide}
+    golden.update(greedy(model, gen, 64))
+    finish(os.path.join(out, "gpt2_tiny"), model, golden, versions({"case": "gpt2_tiny"}))
 
 
 DEEPVIT = dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4, mlp_dim=48, dim_head=8,
