@@ -1,10 +1,13 @@
 -- models/deepvit.lua: DeepViT, the vision transformer with re-attention
 -- (Zhou et al. 2021, "DeepViT: Towards Deeper Vision Transformer"; layout of
--- vit-pytorch's deepvit.py, 2022, without patch LayerNorms).
+-- vit-pytorch's deepvit.py, 2022, without patch LayerNorms; patch_norm =
+-- true adds those of today's deepvit.py: LayerNorm(patch_dim) -> Linear ->
+-- LayerNorm(dim)).
 --
 --   local deepvit = require 'models.deepvit'
 --   local m = deepvit.build('8B', {device = 'meta'})  -- 8,007,494,160 parameters
 --   local logits = deepvit.build('tiny')(images)       -- images f32 [B, 3, H, W]
+--   local m2 = deepvit.from_vit_pytorch('dir')          -- vit-pytorch's state_dict, either layout
 --
 -- Re-attention, per block: dots = q k^T * dim_head^-0.5; softmax; dropout;
 -- mix the heads with a learnable theta [H, H] (attn'[b,g,i,j] = sum_h
@@ -40,7 +43,7 @@ M.configs = {
 
 -- Every field a config or an override may set (anything else is a typo).
 local FIELDS = common.set({ 'image_size', 'patch_size', 'dim', 'mlp_dim', 'dim_head', 'num_classes', 'channels',
-                            'dropout', 'emb_dropout', 'depth', 'heads' })
+                            'dropout', 'emb_dropout', 'depth', 'heads', 'patch_norm' })
 
 function M.config(name_or_config, overrides)
   local c = common.merge_config('deepvit', M.configs, BASE, nil, name_or_config, overrides, FIELDS)
@@ -123,7 +126,9 @@ M.DeepViT = DeepViT
 
 function DeepViT:__init(c, o)
   self.config = c
+  if c.patch_norm then self.patch_norm_in = nn.LayerNorm(c.patch_dim, o) end
   self.to_patch_embedding = nn.Linear(c.patch_dim, c.dim, o)
+  if c.patch_norm then self.patch_norm_out = nn.LayerNorm(c.dim, o) end
   self:register_parameter('pos_embedding', nn.Parameter({ 1, c.num_patches + 1, c.dim },
     { init = nn.init.normal(1), device = o.device, dtype = o.dtype }))
   self:register_parameter('cls_token', nn.Parameter({ 1, 1, c.dim },
@@ -148,7 +153,10 @@ function DeepViT:patches(img)
 end
 
 function DeepViT:forward(img)
-  local x = self.to_patch_embedding(self:patches(img))
+  local x = self:patches(img)
+  if self.patch_norm_in then x = self.patch_norm_in(x) end
+  x = self.to_patch_embedding(x)
+  if self.patch_norm_out then x = self.patch_norm_out(x) end
   local B = x:size(0)
   local cls = self.cls_token:expand(B, 1, self.config.dim)
   x = self.dropout(F.cat({ cls, x }, 1) + self.pos_embedding)
@@ -159,6 +167,134 @@ end
 function M.build(name_or_config, opts)
   local placement, overrides = common.split_build_opts(opts)
   return DeepViT(M.config(name_or_config, overrides), placement)
+end
+
+-- vit-pytorch checkpoints ----------------------------------------------------------------
+
+-- vit-pytorch's state_dict names -> ours, per layout. Today's deepvit.py:
+-- to_patch_embedding = (Rearrange, LayerNorm, Linear, LayerNorm), blocks
+-- [Attention, FeedForward] with their norms inside. 2022's: (Rearrange,
+-- Linear), blocks [Residual(PreNorm(Attention)), Residual(PreNorm(FeedForward))]
+-- (the norm in PreNorm, the module in .fn.fn).
+local LAYOUTS = {
+  current = {
+    ['^to_patch_embedding%.1%.'] = 'patch_norm_in.', ['^to_patch_embedding%.2%.'] = 'to_patch_embedding.',
+    ['^to_patch_embedding%.3%.'] = 'patch_norm_out.',
+    ['^transformer%.layers%.(%d+)%.0%.norm%.'] = 'layers.%1.attn.norm.',
+    ['^transformer%.layers%.(%d+)%.0%.to_qkv%.'] = 'layers.%1.attn.to_qkv.',
+    ['^transformer%.layers%.(%d+)%.0%.reattn_weights$'] = 'layers.%1.attn.reattn_weights',
+    ['^transformer%.layers%.(%d+)%.0%.reattn_norm%.1%.'] = 'layers.%1.attn.reattn_norm.',
+    ['^transformer%.layers%.(%d+)%.0%.to_out%.0%.'] = 'layers.%1.attn.to_out.',
+    ['^transformer%.layers%.(%d+)%.1%.net%.0%.'] = 'layers.%1.ff.norm.',
+    ['^transformer%.layers%.(%d+)%.1%.net%.1%.'] = 'layers.%1.ff.fc1.',
+    ['^transformer%.layers%.(%d+)%.1%.net%.4%.'] = 'layers.%1.ff.fc2.',
+  },
+  ['2022'] = {
+    ['^to_patch_embedding%.1%.'] = 'to_patch_embedding.',
+    ['^transformer%.layers%.(%d+)%.0%.fn%.norm%.'] = 'layers.%1.attn.norm.',
+    ['^transformer%.layers%.(%d+)%.0%.fn%.fn%.to_qkv%.'] = 'layers.%1.attn.to_qkv.',
+    ['^transformer%.layers%.(%d+)%.0%.fn%.fn%.reattn_weights$'] = 'layers.%1.attn.reattn_weights',
+    ['^transformer%.layers%.(%d+)%.0%.fn%.fn%.reattn_norm%.1%.'] = 'layers.%1.attn.reattn_norm.',
+    ['^transformer%.layers%.(%d+)%.0%.fn%.fn%.to_out%.0%.'] = 'layers.%1.attn.to_out.',
+    ['^transformer%.layers%.(%d+)%.1%.fn%.norm%.'] = 'layers.%1.ff.norm.',
+    ['^transformer%.layers%.(%d+)%.1%.fn%.fn%.net%.0%.'] = 'layers.%1.ff.fc1.',
+    ['^transformer%.layers%.(%d+)%.1%.fn%.fn%.net%.3%.'] = 'layers.%1.ff.fc2.',
+  },
+}
+local SHARED = { ['^pos_embedding$'] = 'pos_embedding', ['^cls_token$'] = 'cls_token',
+                 ['^mlp_head%.0%.'] = 'norm.', ['^mlp_head%.1%.'] = 'head.' }
+
+-- Our name of a vit-pytorch key in a layout ('current' or '2022'), or nil.
+function M.name_from_vit_pytorch(name, layout)
+  for _, rules in ipairs({ SHARED, LAYOUTS[layout] }) do
+    for pattern, repl in pairs(rules) do
+      if name:find(pattern) then return (name:gsub(pattern, repl)) end
+    end
+  end
+  return nil
+end
+
+-- The layout of a vit-pytorch DeepViT state dict (name -> tensor or a
+-- table with .shape): today's has a LayerNorm (1-D weight) at
+-- to_patch_embedding.1, 2022's its Linear.
+function M.vit_pytorch_layout(shapes, where)
+  local w = shapes['to_patch_embedding.1.weight']
+  if not w then
+    error(('deepvit: %s has no to_patch_embedding.1.weight: not a vit-pytorch DeepViT state dict'):format(where), 0)
+  end
+  return #w.shape == 1 and 'current' or '2022'
+end
+
+-- Build the DeepViT a vit-pytorch state dict describes and load it.
+-- `path`: a .safetensors file or a directory with model.safetensors
+-- (vit-pytorch saves no config: every size is read off the shapes, given
+-- the channels, opts.channels (3)). Other opts: device, dtype, dropout,
+-- emb_dropout (0: the values are not in the file).
+function M.from_vit_pytorch(path, opts)
+  opts = opts or {}
+  local st = require 'fsdp.safetensors_sharded'
+  local ck = st.open_checkpoint(path)
+  local info = {}
+  for _, name in ipairs(ck:names()) do info[name] = ck:info(name) end
+  local layout = M.vit_pytorch_layout(info, path)
+  local function shape(name)
+    local i = info[name]
+    if not i then error(('deepvit: %s (%s layout) has no %s'):format(path, layout, name), 0) end
+    return i.shape
+  end
+  local channels = opts.channels or 3
+  local patch_dim = shape(layout == 'current' and 'to_patch_embedding.2.weight' or 'to_patch_embedding.1.weight')[2]
+  local pos = shape('pos_embedding')
+  local heads = shape(layout == 'current' and 'transformer.layers.0.0.reattn_weights'
+    or 'transformer.layers.0.0.fn.fn.reattn_weights')[1]
+  local qkv = shape(layout == 'current' and 'transformer.layers.0.0.to_qkv.weight'
+    or 'transformer.layers.0.0.fn.fn.to_qkv.weight')[1]
+  local mlp = shape(layout == 'current' and 'transformer.layers.0.1.net.1.weight'
+    or 'transformer.layers.0.1.fn.fn.net.0.weight')[1]
+  local depth = 0
+  while info[layout == 'current' and ('transformer.layers.%d.0.to_qkv.weight'):format(depth)
+               or ('transformer.layers.%d.0.fn.fn.to_qkv.weight'):format(depth)] do
+    depth = depth + 1
+  end
+  local patch = math.floor(math.sqrt(patch_dim / channels) + 0.5)
+  local side = math.floor(math.sqrt(pos[2] - 1) + 0.5)
+  if patch * patch * channels ~= patch_dim or side * side ~= pos[2] - 1 then
+    error(('deepvit: %s: patch_dim %d and %d positions do not fit square %d-channel images (opts.channels)')
+      :format(path, patch_dim, pos[2], channels), 0)
+  end
+  local model = M.build({
+    image_size = side * patch, patch_size = patch, channels = channels, dim = pos[3], depth = depth, heads = heads,
+    dim_head = qkv / 3 / heads, mlp_dim = mlp, num_classes = shape('mlp_head.1.weight')[1],
+    dropout = opts.dropout or 0, emb_dropout = opts.emb_dropout or 0, patch_norm = layout == 'current',
+  }, { device = opts.device, dtype = opts.dtype })
+  local own, covered, unexpected = {}, {}, {}
+  for _, p in ipairs(model:named_parameters()) do own[p[1]] = p[2] end
+  for name, i in pairs(info) do
+    local ours = M.name_from_vit_pytorch(name, layout)
+    local dst = ours and own[ours]
+    if not dst then
+      unexpected[#unexpected + 1] = name
+    elseif table.concat(i.shape, ',') ~= table.concat(dst.shape, ',') then
+      error(('deepvit: %s: %s has shape [%s], the model [%s]'):format(path, name, table.concat(i.shape, ', '),
+        table.concat(dst.shape, ', ')), 0)
+    else
+      covered[ours] = true
+    end
+  end
+  local missing = {}
+  for name in pairs(own) do if not covered[name] then missing[#missing + 1] = name end end
+  if #missing > 0 or #unexpected > 0 then
+    table.sort(missing)
+    table.sort(unexpected)
+    error(('deepvit: %s (vit-pytorch %s layout) does not fit: missing %s; unexpected %s'):format(path, layout,
+      table.concat(missing, ', '), table.concat(unexpected, ', ')), 0)
+  end
+  for _, tensors in ck:each_file() do
+    local mine = {}
+    for name, t in pairs(tensors) do mine[M.name_from_vit_pytorch(name, layout)] = t end
+    model:load_state_dict(mine, { strict = false })
+  end
+  return model, layout
 end
 
 return M

@@ -25,7 +25,9 @@
 -- A Hugging Face state dict therefore loads only through
 -- M.from_hf_state_dict, which transposes those four weights per block
 -- (and drops the causal-mask buffers old checkpoints carry); M.to_hf_state_dict
--- goes the other way.
+-- goes the other way. models/hf.lua's from_pretrained / save_pretrained
+-- use them for whole Hugging Face directories (config.json, one or many
+-- safetensors files).
 local fsdp = require 'fsdp'
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
@@ -230,11 +232,24 @@ end
 -- The weights HF stores as Conv1D [in, out], by name suffix.
 local CONV1D = { 'attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight' }
 
-local function is_conv1d(name)
+function M.is_conv1d(name)
   for _, suffix in ipairs(CONV1D) do
     if name:sub(-#suffix) == suffix then return true end
   end
   return false
+end
+local is_conv1d = M.is_conv1d
+
+-- Our name of a Hugging Face GPT-2 checkpoint key, or nil for the keys
+-- that hold nothing of ours: the per-block causal-mask buffers (attn.bias,
+-- attn.masked_bias) and lm_head.weight, the tied embedding. Keys of the
+-- bare GPT2Model checkpoints the hub ships ('h.0.ln_1.weight') get the
+-- 'transformer.' prefix.
+function M.name_from_hf(name)
+  local key = name
+  if not (key:find('^transformer%.') or key:find('^lm_head%.')) then key = 'transformer.' .. key end
+  if key:find('%.attn%.bias$') or key:find('%.attn%.masked_bias$') or key == 'lm_head.weight' then return nil end
+  return key
 end
 
 -- A Hugging Face GPT-2 state dict (name -> tensor, e.g. from
@@ -247,12 +262,8 @@ end
 function M.from_hf_state_dict(state)
   local out = {}
   for name, t in pairs(state) do
-    local key = name
-    if not (key:find('^transformer%.') or key:find('^lm_head%.')) then key = 'transformer.' .. key end
-    local mask_buffer = key:find('%.attn%.bias$') or key:find('%.attn%.masked_bias$')
-    if not mask_buffer and key ~= 'lm_head.weight' then
-      out[key] = is_conv1d(key) and t:t():contiguous() or t
-    end
+    local key = M.name_from_hf(name)
+    if key then out[key] = is_conv1d(key) and t:t():contiguous() or t end
   end
   return out
 end

@@ -1,7 +1,9 @@
 -- models/hf.lua: Hugging Face model directories (config.json plus
 -- model.safetensors, or shards with model.safetensors.index.json) to and
--- from our Llama and T5 models. The weights already use HF's names; this
--- file translates the configs and moves the files.
+-- from our Llama, T5 and GPT-2 models, as transformers 4.x and 5.x write
+-- them. Llama and T5 weights already use HF's names; GPT-2's Conv1D
+-- weights are transposed on the way (models/gpt2.lua). This file
+-- translates the configs and moves the files.
 --
 --   local hf = require 'models.hf'
 --   local model = hf.from_pretrained('path/to/t5-small', {dtype = 'f32'})
@@ -11,57 +13,397 @@
 -- Loading streams the weights file by file into the built model
 -- (fsdp.safetensors.load_into); saving writes each tensor once (tied ones
 -- under their first name, as save_pretrained does) in the model's dtype.
+--
+-- [Note: config keys] Every key of a config.json is either translated
+-- (it sets a field of ours), checked (it must hold the one value our
+-- model implements: hidden_act 'silu', attention_bias false, ...), or on
+-- a family's list of keys that do not change the math (token ids,
+-- generation defaults, bookkeeping such as transformers_version). Any
+-- other key is an error naming it, as is a pair of keys that disagree
+-- (rope_theta vs rope_parameters.rope_theta): a silently ignored key
+-- would load a different model than transformers builds.
+--
+-- The two layouts differ in: RoPE (4.x: rope_theta, rope_scaling; 5.x:
+-- rope_parameters = {rope_type, rope_theta, factor, ...}); T5's head (4.x:
+-- tie_word_embeddings both ties lm_head and scales the decoder output by
+-- d_model^-0.5; 5.x writes tie_word_embeddings true always and
+-- scale_decoder_outputs for the scale, and keeps lm_head untied when the
+-- checkpoint holds its own lm_head.weight); dtype (4.x torch_dtype).
+-- Exports write both layouts' keys, consistently, so that either loads
+-- them, and floats as floats (fsdp.json.float): transformers 5 validates
+-- JSON types.
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
+local json = require 'fsdp.json'
+local st = require 'fsdp.safetensors_sharded'
+local suggest = require 'fsdp.suggest'
 local llama = require 'models.llama'
 local t5 = require 'models.t5'
+local gpt2 = require 'models.gpt2'
 local lfs = require 'lfs'
-
--- A private cjson instance (settings stay local). Configs hold short
--- decimals (1e-06, 0.02, 500000), which its 14 significant digits
--- write back exactly.
-local json = require('cjson').new()
 
 local M = {}
 
 local DTYPE_NAMES = { f32 = 'float32', f64 = 'float64', bf16 = 'bfloat16', f16 = 'float16' }
 
--- Llama: HF LlamaConfig <-> models/llama.lua's fields.
-local function llama_from_hf(h, overrides)
-  if h.hidden_act and h.hidden_act ~= 'silu' then
-    core.fail(("hf: Llama hidden_act '%s' is not supported (silu)"):format(h.hidden_act))
+local function set(list)
+  local s = {}
+  for _, k in ipairs(list) do s[k] = true end
+  return s
+end
+
+local function null(v) return v == nil or v == json.null end
+
+-- Keys any PretrainedConfig may carry that leave a model's forward as it
+-- is: bookkeeping, token ids (the tokenizer's business), generation
+-- defaults (generate's options), task heads we do not build.
+local COMMON_IGNORED = set({
+  'architectures', 'transformers_version', 'torch_dtype', 'dtype', '_name_or_path', 'use_cache', 'return_dict',
+  'output_attentions', 'output_hidden_states', 'torchscript', 'use_bfloat16', 'tf_legacy_loss',
+  '_attn_implementation_autoset', 'gradient_checkpointing', 'output_past',
+  'bos_token_id', 'eos_token_id', 'pad_token_id', 'sep_token_id', 'decoder_start_token_id',
+  'id2label', 'label2id', 'problem_type', 'finetuning_task', 'tokenizer_class', 'prefix', 'task_specific_params',
+  'max_length', 'min_length', 'do_sample', 'early_stopping', 'num_beams', 'num_beam_groups', 'diversity_penalty',
+  'temperature', 'top_k', 'top_p', 'typical_p', 'repetition_penalty', 'length_penalty', 'no_repeat_ngram_size',
+  'encoder_no_repeat_ngram_size', 'bad_words_ids', 'num_return_sequences', 'output_scores',
+  'return_dict_in_generate', 'forced_bos_token_id', 'forced_eos_token_id', 'remove_invalid_values',
+  'exponential_decay_length_penalty', 'suppress_tokens', 'begin_suppress_tokens', 'chunk_size_feed_forward',
+  'is_decoder', 'tie_encoder_decoder', 'cross_attention_hidden_size',
+})
+
+-- Keys whose one accepted value is what our models compute (absent or
+-- null is HF's default, the same value).
+local COMMON_REQUIRED = { add_cross_attention = false }
+
+local function fail(where, fmt, ...) core.fail(('hf: %s: ' .. fmt):format(where, ...)) end
+
+-- Check every key of h against a family's spec (see the Note at the top):
+-- spec.fields (HF key -> our field), spec.required (HF key -> value),
+-- spec.special (keys the family's function reads itself), spec.ignored.
+local function check_keys(where, h, spec)
+  local names = {}
+  for k in pairs(h) do names[#names + 1] = k end
+  table.sort(names)
+  for _, k in ipairs(names) do
+    local v = h[k]
+    local want = spec.required[k]
+    if want == nil then want = COMMON_REQUIRED[k] end
+    if want ~= nil then
+      if not null(v) and v ~= want then
+        fail(where, '%s is %s; only %s is supported', k, (json.encode(v):gsub('\n$', '')), tostring(want))
+      end
+    elseif spec.fields[k] then
+      if not null(v) and type(v) ~= 'number' and type(v) ~= 'boolean' then
+        fail(where, '%s must be a number, got %s', k, (json.encode(v):gsub('\n$', '')))
+      end
+    elseif not (spec.special[k] or spec.ignored[k] or COMMON_IGNORED[k] or k == 'model_type') then
+      local known = {}
+      for _, t in ipairs({ spec.fields, spec.required, spec.special }) do
+        for n in pairs(t) do known[#known + 1] = n end
+      end
+      fail(where, "unknown key '%s'%s: not a %s setting this loader knows, and keys it does not know may change "
+        .. 'the model', k, suggest.hint(k, known), spec.name)
+    end
   end
-  if h.attention_bias or h.mlp_bias then core.fail('hf: Llama with attention_bias or mlp_bias is not supported') end
-  local scaling = h.rope_scaling
-  if scaling == json.null then scaling = nil end
-  local c = {
-    dim = h.hidden_size, n_layers = h.num_hidden_layers, n_heads = h.num_attention_heads,
-    n_kv_heads = h.num_key_value_heads, ffn_dim = h.intermediate_size, vocab_size = h.vocab_size,
-    norm_eps = h.rms_norm_eps, rope_theta = h.rope_theta, rope_scaling = scaling,
-    tied = h.tie_word_embeddings or false, max_seq_len = h.max_position_embeddings,
-    init_std = h.initializer_range,
-  }
-  if type(h.head_dim) == 'number' then c.head_dim = h.head_dim end
+end
+
+-- The fields spec.fields names, copied into our config (null: unset).
+local function copy_fields(h, spec)
+  local c = {}
+  for k, ours in pairs(spec.fields) do
+    if not null(h[k]) then c[ours] = h[k] end
+  end
+  return c
+end
+
+-- Llama ----------------------------------------------------------------------------------
+
+local LLAMA = {
+  name = 'Llama',
+  fields = { hidden_size = 'dim', num_hidden_layers = 'n_layers', num_attention_heads = 'n_heads',
+             num_key_value_heads = 'n_kv_heads', intermediate_size = 'ffn_dim', vocab_size = 'vocab_size',
+             rms_norm_eps = 'norm_eps', max_position_embeddings = 'max_seq_len', initializer_range = 'init_std',
+             head_dim = 'head_dim', tie_word_embeddings = 'tied' },
+  required = { hidden_act = 'silu', attention_bias = false, mlp_bias = false, attention_dropout = 0 },
+  special = set({ 'rope_theta', 'rope_scaling', 'rope_parameters' }),
+  -- pretraining_tp > 1 splits the projections into slices summed in
+  -- turn: the same products in another order.
+  ignored = set({ 'pretraining_tp' }),
+}
+
+local LLAMA3_KEYS = { 'factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings' }
+
+-- rope_theta and rope_scaling (ours: llama3 or none) from either layout:
+-- 5.x rope_parameters (rope_theta inside), 4.x rope_theta + rope_scaling.
+local function llama_rope(where, h)
+  local params, legacy = h.rope_parameters, h.rope_scaling
+  if null(params) then params = nil end
+  if null(legacy) then legacy = nil end
+  for k, v in pairs({ rope_parameters = params, rope_scaling = legacy }) do
+    if type(v) ~= 'table' then fail(where, '%s must be an object, got %s', k, type(v)) end
+  end
+  if params and legacy then
+    for _, k in ipairs({ 'rope_type', 'type', unpack(LLAMA3_KEYS) }) do
+      if legacy[k] ~= nil and params[k] ~= legacy[k] then
+        fail(where, 'rope_scaling.%s (%s) and rope_parameters.%s (%s) disagree', k, tostring(legacy[k]), k,
+          tostring(params[k]))
+      end
+    end
+  end
+  local p = params or legacy or {}
+  local where_p = params and 'rope_parameters' or 'rope_scaling'
+  local theta = h.rope_theta
+  if null(theta) then theta = nil end
+  if theta ~= nil and p.rope_theta ~= nil and theta ~= p.rope_theta then
+    fail(where, 'rope_theta (%s) and %s.rope_theta (%s) disagree', tostring(theta), where_p, tostring(p.rope_theta))
+  end
+  theta = p.rope_theta or theta or 1e4 -- transformers' default_theta
+  if type(theta) ~= 'number' then fail(where, 'rope_theta must be a number, got %s', type(theta)) end
+  if p.rope_type ~= nil and p.type ~= nil and p.rope_type ~= p.type then
+    fail(where, '%s.rope_type (%s) and %s.type (%s) disagree', where_p, tostring(p.rope_type), where_p,
+      tostring(p.type))
+  end
+  local kind = p.rope_type or p.type or 'default'
+  local allowed = set({ 'rope_type', 'type', 'rope_theta' })
+  local scaling
+  if kind == 'llama3' then
+    scaling = { rope_type = 'llama3' }
+    for _, k in ipairs(LLAMA3_KEYS) do
+      allowed[k] = true
+      scaling[k] = p[k]
+      if k == 'original_max_position_embeddings' and scaling[k] == nil then
+        scaling[k] = h.max_position_embeddings -- transformers 5's default
+      end
+      if type(scaling[k]) ~= 'number' then
+        fail(where, "%s.%s must be a number for rope_type 'llama3', got %s", where_p, k, tostring(scaling[k]))
+      end
+    end
+  elseif kind ~= 'default' then
+    fail(where, "%s.rope_type '%s' is not supported (default, llama3)", where_p, tostring(kind))
+  end
+  for k in pairs(p) do
+    if not allowed[k] then fail(where, "unknown key '%s.%s' for rope_type '%s'", where_p, k, kind) end
+  end
+  return theta, scaling
+end
+
+local function llama_from_hf(h, overrides, where, has_lm_head)
+  check_keys(where, h, LLAMA)
+  local c = copy_fields(h, LLAMA)
+  c.rope_theta, c.rope_scaling = llama_rope(where, h)
+  -- LlamaConfig's default is untied; a head the file holds stays untied
+  -- (transformers 5 unties it too).
+  c.tied = (c.tied or false) and not has_lm_head
   return llama.config(c, overrides)
 end
 
 local function llama_to_hf(c)
+  local F = json.float
+  local scaling = json.null
+  local params = { rope_type = 'default', rope_theta = F(c.rope_theta) }
+  if c.rope_scaling then
+    scaling = { rope_type = 'llama3' }
+    for _, k in ipairs(LLAMA3_KEYS) do
+      local v = c.rope_scaling[k]
+      if k ~= 'original_max_position_embeddings' then v = F(v) end
+      scaling[k], params[k] = v, v
+    end
+    params.rope_type = 'llama3'
+  end
   return {
     architectures = { 'LlamaForCausalLM' }, model_type = 'llama', hidden_act = 'silu',
     hidden_size = c.dim, num_hidden_layers = c.n_layers, num_attention_heads = c.n_heads,
     num_key_value_heads = c.n_kv_heads, head_dim = c.head_dim, intermediate_size = c.ffn_dim,
-    vocab_size = c.vocab_size, rms_norm_eps = c.norm_eps, rope_theta = c.rope_theta,
-    rope_scaling = c.rope_scaling, tie_word_embeddings = c.tied, max_position_embeddings = c.max_seq_len,
-    initializer_range = c.init_std, attention_bias = false, mlp_bias = false,
+    vocab_size = c.vocab_size, rms_norm_eps = F(c.norm_eps), tie_word_embeddings = c.tied,
+    max_position_embeddings = c.max_seq_len, initializer_range = F(c.init_std), attention_bias = false,
+    mlp_bias = false, attention_dropout = F(0),
+    -- Both layouts: 4.x reads rope_theta/rope_scaling, 5.x rope_parameters.
+    rope_theta = F(c.rope_theta), rope_scaling = scaling, rope_parameters = params,
   }
 end
 
-local FAMILIES = {
-  llama = { build = function(c, place) return llama.CausalLM(c, place) end, from_hf = llama_from_hf,
-            to_hf = llama_to_hf, class = llama.CausalLM },
-  t5 = { build = function(c, place) return t5.Model(c, place) end, from_hf = t5.config_from_hf,
-         to_hf = t5.config_to_hf, class = t5.Model },
+-- T5 -------------------------------------------------------------------------------------
+
+local T5 = {
+  name = 'T5',
+  fields = { d_model = 'd_model', d_ff = 'd_ff', d_kv = 'd_kv', num_heads = 'num_heads', num_layers = 'num_layers',
+             num_decoder_layers = 'num_decoder_layers', vocab_size = 'vocab_size',
+             relative_attention_num_buckets = 'relative_attention_num_buckets',
+             relative_attention_max_distance = 'relative_attention_max_distance', layer_norm_epsilon = 'norm_eps',
+             dropout_rate = 'dropout', initializer_factor = 'init_factor',
+             decoder_start_token_id = 'decoder_start_token_id', pad_token_id = 'pad_token_id',
+             eos_token_id = 'eos_token_id' },
+  required = { is_encoder_decoder = true },
+  special = set({ 'feed_forward_proj', 'dense_act_fn', 'is_gated_act', 'tie_word_embeddings',
+                  'scale_decoder_outputs' }),
+  -- n_positions: old hub configs carry it; T5's positions are relative.
+  -- classifier_dropout: T5ForSequenceClassification's head only.
+  ignored = set({ 'n_positions', 'classifier_dropout' }),
 }
+
+-- feed_forward_proj -> (gated, dense_act_fn); the activations we implement.
+local T5_MLP = { relu = { false, 'relu' }, ['gated-gelu'] = { true, 'gelu_new' },
+                 ['gated-gelu_new'] = { true, 'gelu_new' } }
+
+-- has_lm_head: whether the checkpoint holds lm_head.weight (nil: unknown,
+-- taken as tie_word_embeddings says).
+local function t5_from_hf(h, overrides, where, has_lm_head)
+  check_keys(where, h, T5)
+  local c = copy_fields(h, T5)
+  local ff = null(h.feed_forward_proj) and 'relu' or h.feed_forward_proj
+  local mlp = T5_MLP[ff]
+  if not mlp then
+    fail(where, "feed_forward_proj '%s' is not supported (relu: v1.0, gated-gelu: v1.1)", tostring(ff))
+  end
+  c.gated = mlp[1]
+  if not null(h.is_gated_act) and h.is_gated_act ~= mlp[1] then
+    fail(where, "is_gated_act %s and feed_forward_proj '%s' disagree", tostring(h.is_gated_act), ff)
+  end
+  if not null(h.dense_act_fn) and h.dense_act_fn ~= mlp[2] then
+    fail(where, "dense_act_fn '%s' and feed_forward_proj '%s' disagree (it means %s)", tostring(h.dense_act_fn),
+      ff, mlp[2])
+  end
+  local tie = h.tie_word_embeddings
+  if null(tie) then tie = true end -- T5Config's default
+  local scale = h.scale_decoder_outputs
+  for k, v in pairs({ tie_word_embeddings = tie, scale_decoder_outputs = scale }) do
+    if not null(v) and type(v) ~= 'boolean' then fail(where, '%s must be true or false, got %s', k, tostring(v)) end
+  end
+  -- 4.x: the scale goes with the tie. 5.x: its own key.
+  if null(scale) then scale = tie end
+  c.scale_decoder_outputs = scale
+  -- Tied unless the checkpoint brings its own head (as transformers 5
+  -- unties a head whose weights are there).
+  c.tied = tie and not has_lm_head
+  return t5.config(c, overrides)
+end
+
+local function t5_to_hf(c)
+  local F = json.float
+  return {
+    architectures = { 'T5ForConditionalGeneration' }, model_type = 't5', is_encoder_decoder = true,
+    d_model = c.d_model, d_ff = c.d_ff, d_kv = c.d_kv, num_heads = c.num_heads, num_layers = c.num_layers,
+    num_decoder_layers = c.num_decoder_layers, vocab_size = c.vocab_size,
+    relative_attention_num_buckets = c.relative_attention_num_buckets,
+    relative_attention_max_distance = c.relative_attention_max_distance, layer_norm_epsilon = F(c.norm_eps),
+    dropout_rate = F(c.dropout), initializer_factor = F(c.init_factor),
+    feed_forward_proj = c.gated and 'gated-gelu' or 'relu', is_gated_act = c.gated,
+    dense_act_fn = c.gated and 'gelu_new' or 'relu',
+    -- 4.x reads the scale from the tie; 5.x reads scale_decoder_outputs
+    -- and unties the head the file holds.
+    tie_word_embeddings = c.tied, scale_decoder_outputs = c.scale_decoder_outputs,
+    decoder_start_token_id = c.decoder_start_token_id, pad_token_id = c.pad_token_id, eos_token_id = c.eos_token_id,
+  }
+end
+
+-- GPT-2 ----------------------------------------------------------------------------------
+
+local GPT2 = {
+  name = 'GPT-2',
+  fields = { n_embd = 'dim', n_layer = 'n_layers', n_head = 'n_heads', n_inner = 'ffn_dim', vocab_size = 'vocab_size',
+             n_positions = 'max_seq_len', layer_norm_epsilon = 'norm_eps', initializer_range = 'init_std',
+             embd_pdrop = 'embd_pdrop', attn_pdrop = 'attn_pdrop', resid_pdrop = 'resid_pdrop' },
+  required = { activation_function = 'gelu_new', scale_attn_weights = true, scale_attn_by_inverse_layer_idx = false,
+               tie_word_embeddings = true },
+  special = set({ 'n_ctx' }),
+  -- summary_*: GPT2DoubleHeadsModel's head. reorder_and_upcast_attn:
+  -- the same attention computed in f32 under autocast.
+  ignored = set({ 'summary_type', 'summary_use_proj', 'summary_activation', 'summary_proj_to_labels',
+                  'summary_first_dropout', 'reorder_and_upcast_attn' }),
+}
+
+local function gpt2_from_hf(h, overrides, where)
+  check_keys(where, h, GPT2)
+  local c = copy_fields(h, GPT2)
+  if not null(h.n_ctx) and not null(h.n_positions) and h.n_ctx ~= h.n_positions then
+    fail(where, 'n_ctx (%s) and n_positions (%s) disagree', tostring(h.n_ctx), tostring(h.n_positions))
+  end
+  if not null(h.n_ctx) and null(h.n_positions) then c.max_seq_len = h.n_ctx end
+  -- GPT2Config's defaults where the file leaves a field out (ours differ
+  -- for dropout and the sizes).
+  local defaults = { vocab_size = 50257, max_seq_len = 1024, dim = 768, n_layers = 12, n_heads = 12,
+                     embd_pdrop = 0.1, attn_pdrop = 0.1, resid_pdrop = 0.1 }
+  for k, v in pairs(defaults) do
+    if c[k] == nil then c[k] = v end
+  end
+  return gpt2.config(c, overrides)
+end
+
+local function gpt2_to_hf(c)
+  local F = json.float
+  return {
+    architectures = { 'GPT2LMHeadModel' }, model_type = 'gpt2', activation_function = 'gelu_new',
+    n_embd = c.dim, n_layer = c.n_layers, n_head = c.n_heads, n_inner = c.ffn_dim, vocab_size = c.vocab_size,
+    n_positions = c.max_seq_len, layer_norm_epsilon = F(c.norm_eps), initializer_range = F(c.init_std),
+    embd_pdrop = F(c.embd_pdrop), attn_pdrop = F(c.attn_pdrop), resid_pdrop = F(c.resid_pdrop),
+    scale_attn_weights = true, scale_attn_by_inverse_layer_idx = false, reorder_and_upcast_attn = false,
+    tie_word_embeddings = true,
+    -- GPT2Config's default token ids (50256, <|endoftext|>) are GPT-2's
+    -- tokenizer's; with another vocabulary they would point past it.
+    bos_token_id = c.vocab_size == 50257 and 50256 or json.null,
+    eos_token_id = c.vocab_size == 50257 and 50256 or json.null,
+  }
+end
+
+-- families --------------------------------------------------------------------------------
+
+-- GPT-2's checkpoint names and shapes differ from ours (Conv1D weights
+-- [in, out], bare GPT2Model keys): its weights go through
+-- gpt2.from_hf_state_dict, file by file.
+local function gpt2_load(model, dir, strict)
+  local ck = st.open_checkpoint(dir)
+  local own = {}
+  for _, p in ipairs(model:named_parameters()) do own[p[1]] = p[2] end
+  local seen, unexpected = {}, {}
+  for _, name in ipairs(ck:names()) do
+    local info = ck:info(name)
+    local mapped = gpt2.name_from_hf(name)
+    if mapped then
+      local dst = own[mapped]
+      if not dst then
+        unexpected[#unexpected + 1] = name
+      else
+        local shape = info.shape
+        if gpt2.is_conv1d(mapped) then shape = { shape[2], shape[1] } end
+        local want = rawget(dst, 'fsdp_shape') or dst.shape
+        if core.format_shape(shape) ~= core.format_shape(want) then
+          fail(dir, 'size mismatch for %s: %s has %s, the model %s (as HF stores it)', name, ck:file_of(name),
+            core.format_shape(info.shape), core.format_shape(gpt2.is_conv1d(mapped) and { want[2], want[1] } or want))
+        end
+        seen[mapped] = true
+      end
+    end
+  end
+  local missing = {}
+  for name in pairs(own) do
+    if not seen[name] then missing[#missing + 1] = name end
+  end
+  table.sort(missing)
+  if strict ~= false and (#missing > 0 or #unexpected > 0) then
+    local parts = {}
+    if #missing > 0 then parts[#parts + 1] = 'missing keys: ' .. table.concat(missing, ', ') end
+    if #unexpected > 0 then parts[#parts + 1] = 'unexpected keys: ' .. table.concat(unexpected, ', ') end
+    fail(dir, 'the checkpoint does not fit the GPT-2 model: %s', table.concat(parts, '; '))
+  end
+  for _, tensors in ck:each_file() do
+    model:load_state_dict(gpt2.from_hf_state_dict(tensors), { strict = false })
+  end
+end
+
+local FAMILIES = {
+  llama = { build = llama.CausalLM, from_hf = llama_from_hf, to_hf = llama_to_hf, class = llama.CausalLM },
+  t5 = { build = t5.Model, from_hf = t5_from_hf, to_hf = t5_to_hf, class = t5.Model },
+  gpt2 = { build = gpt2.LMHeadModel, from_hf = gpt2_from_hf, to_hf = gpt2_to_hf, class = gpt2.LMHeadModel,
+           load = gpt2_load, state = gpt2.to_hf_state_dict, drop = { ['lm_head.weight'] = true } },
+}
+
+local function family_of(model_type, where)
+  local family = FAMILIES[model_type]
+  if not family then
+    fail(where, "model_type '%s' is not supported (gpt2, llama, t5)", tostring(model_type))
+  end
+  return family
+end
 
 local function read_config(dir)
   local path = dir .. '/config.json'
@@ -69,21 +411,26 @@ local function read_config(dir)
   if not f then core.fail(('hf: cannot read %s: %s'):format(path, err)) end
   local text = f:read('*a')
   f:close()
-  local ok, h = pcall(json.decode, text)
-  if not ok or type(h) ~= 'table' then core.fail(('hf: %s is not valid JSON'):format(path)) end
-  local family = FAMILIES[h.model_type]
-  if not family then
-    core.fail(("hf: %s: model_type '%s' is not supported (llama, t5)"):format(path, tostring(h.model_type)))
-  end
-  return h, family
+  local h, why = json.decode(text)
+  if type(h) ~= 'table' then core.fail(('hf: %s is not a JSON object: %s'):format(path, why or 'not an object')) end
+  return h, family_of(h.model_type, path), path
 end
 
--- Our config (models/llama.lua or models/t5.lua fields) of a Hugging Face
--- config.json decoded to a table, and the family name.
-function M.config_from_hf(h, overrides)
-  local family = FAMILIES[h.model_type]
-  if not family then core.fail(("hf: model_type '%s' is not supported (llama, t5)"):format(tostring(h.model_type))) end
-  return family.from_hf(h, overrides), h.model_type
+-- Our config (models/llama.lua, t5.lua or gpt2.lua fields) of a Hugging
+-- Face config.json decoded to a table, and the family name. Every key is
+-- checked (see the Note at the top). opts.has_lm_head: whether the
+-- checkpoint holds lm_head.weight (a tied config then gets an untied
+-- head, as in transformers 5).
+function M.config_from_hf(h, overrides, opts)
+  opts = opts or {}
+  local where = opts.where or 'config'
+  local family = family_of(h.model_type, where)
+  return family.from_hf(h, overrides, where, opts.has_lm_head), h.model_type
+end
+
+-- The config.json table (before encoding) of our config of a family.
+function M.config_to_hf(c, family_name)
+  return family_of(family_name, 'config_to_hf').to_hf(c)
 end
 
 -- Build the model a Hugging Face directory describes and load its weights.
@@ -92,14 +439,19 @@ end
 function M.from_pretrained(dir, opts)
   opts = opts or {}
   if lfs.attributes(dir, 'mode') ~= 'directory' then core.fail(('hf: %s is not a directory'):format(dir)) end
-  local h, family = read_config(dir)
+  local h, family, path = read_config(dir)
   local overrides = {}
   for k, v in pairs(opts) do
     if k ~= 'device' and k ~= 'dtype' and k ~= 'strict' then overrides[k] = v end
   end
-  local model = family.build(family.from_hf(h, overrides),
+  local has_lm_head = st.open_checkpoint(dir).map['lm_head.weight'] ~= nil
+  local model = family.build(family.from_hf(h, overrides, path, has_lm_head),
     { device = opts.device or fsdp.get_default_device(), dtype = opts.dtype })
-  fsdp.safetensors.load_into(model, dir, { strict = opts.strict })
+  if family.load then
+    family.load(model, dir, opts.strict)
+  else
+    fsdp.safetensors.load_into(model, dir, { strict = opts.strict })
+  end
   return model
 end
 
@@ -112,18 +464,30 @@ function M.save_pretrained(model, dir, opts)
   for _, f in pairs(FAMILIES) do
     if model:is_instance_of(f.class) then family = f end
   end
-  if not family then core.fail(('hf: save_pretrained: %s is not a Llama or T5 model'):format(model:class_name())) end
-  local pairs_list, dtype = {}, nil
-  for _, p in ipairs(model:named_parameters()) do
-    pairs_list[#pairs_list + 1] = p
-    dtype = dtype or p[2].dtype
+  if not family then
+    core.fail(('hf: save_pretrained: %s is not a Llama, T5 or GPT-2 model'):format(model:class_name()))
   end
+  local pairs_list, dtype = {}, nil
+  if family.state then
+    local state = family.state(model)
+    local names = {}
+    for name in pairs(state) do
+      if not (family.drop and family.drop[name]) then names[#names + 1] = name end
+    end
+    table.sort(names)
+    for _, name in ipairs(names) do pairs_list[#pairs_list + 1] = { name, state[name] } end
+  else
+    for _, p in ipairs(model:named_parameters()) do pairs_list[#pairs_list + 1] = p end
+  end
+  dtype = pairs_list[1] and pairs_list[1][2].dtype
   local files = fsdp.save_safetensors_sharded(dir, pairs_list, { max_shard_size = opts.max_shard_size })
   local h = family.to_hf(model.config)
+  -- 5.x reads dtype, 4.x torch_dtype.
+  h.dtype = DTYPE_NAMES[dtype]
   h.torch_dtype = DTYPE_NAMES[dtype]
   local f, err = io.open(dir .. '/config.json', 'wb')
   if not f then core.fail(('hf: cannot write %s/config.json: %s'):format(dir, err)) end
-  f:write(json.encode(h), '\n')
+  f:write(json.encode(h))
   f:close()
   return files
 end

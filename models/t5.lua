@@ -42,7 +42,9 @@ local M = {}
 -- vocab_size, gated (v1.1's gated-GELU MLP), tied (tie_word_embeddings),
 -- relative_attention_num_buckets, relative_attention_max_distance,
 -- norm_eps (layer_norm_epsilon), dropout (dropout_rate), init_factor
--- (initializer_factor).
+-- (initializer_factor), scale_decoder_outputs (the decoder output times
+-- d_model^-0.5 before lm_head; default: tied, v1.0's pairing, which
+-- transformers 5 decouples: its v1.1 ties the head without the scale).
 M.configs = {
   ['t5-small'] = { d_model = 512, d_ff = 2048, d_kv = 64, num_heads = 8, num_layers = 6 },
   ['t5-base'] = { d_model = 768, d_ff = 3072, d_kv = 64, num_heads = 12, num_layers = 12 },
@@ -67,7 +69,7 @@ local DEFAULTS = { vocab_size = 32128, gated = false, tied = true, relative_atte
 local FIELDS = common.set({ 'd_model', 'd_ff', 'd_kv', 'num_heads', 'num_layers', 'num_decoder_layers', 'vocab_size',
                             'gated', 'tied', 'relative_attention_num_buckets', 'relative_attention_max_distance',
                             'norm_eps', 'dropout', 'init_factor', 'decoder_start_token_id', 'pad_token_id',
-                            'eos_token_id' })
+                            'eos_token_id', 'scale_decoder_outputs' })
 
 -- Override keys as Hugging Face's T5Config and the recipes spell them.
 local ALIASES = {
@@ -82,6 +84,7 @@ local ALIASES = {
 function M.config(name_or_config, overrides)
   local c = common.merge_config('t5', M.configs, DEFAULTS, ALIASES, name_or_config, overrides, FIELDS)
   c.num_decoder_layers = c.num_decoder_layers or c.num_layers
+  if c.scale_decoder_outputs == nil then c.scale_decoder_outputs = c.tied end
   common.check_fields('t5', c, nil, { 'dropout' })
   local function need(ok, msg) if not ok then error('t5 config: ' .. msg, 3) end end
   for _, k in ipairs({ 'd_model', 'd_ff', 'd_kv', 'num_heads', 'num_layers', 'num_decoder_layers', 'vocab_size',
@@ -414,13 +417,14 @@ end
 -- The decoder over decoder_input_ids i64 [B, T] attending to the encoder's
 -- output -> logits [B, T, vocab]. opts: attention_mask (the encoder's
 -- padding mask [B, S], for cross-attention), decoder_attention_mask [B, T]
--- (on top of the causal mask). With tied embeddings the output is scaled
--- by d_model^-0.5 first, as in Mesh TensorFlow.
+-- (on top of the causal mask). With scale_decoder_outputs (v1.0: tied
+-- embeddings) the output is scaled by d_model^-0.5 first, as in Mesh
+-- TensorFlow.
 function Model:decode(encoder_hidden, decoder_input_ids, opts)
   opts = opts or {}
   local h = self.decoder(self.shared(decoder_input_ids), {
     mask = opts.decoder_attention_mask, encoder_hidden = encoder_hidden, encoder_mask = opts.attention_mask })
-  if self.config.tied then h = h * (self.config.d_model ^ -0.5) end
+  if self.config.scale_decoder_outputs then h = h * (self.config.d_model ^ -0.5) end
   return self.lm_head(h)
 end
 
@@ -492,40 +496,11 @@ function M.generate(model, input_ids, opts)
   end)
 end
 
--- A config from a Hugging Face T5Config (config.json decoded to a table):
--- feed_forward_proj 'relu' is v1.0's MLP, 'gated-gelu' v1.1's; the other
--- fields keep HF's names (ALIASES). Other activations are an error.
-function M.config_from_hf(hf, overrides)
-  local c = {}
-  for _, k in ipairs({ 'd_model', 'd_ff', 'd_kv', 'num_heads', 'num_layers', 'num_decoder_layers', 'vocab_size',
-                       'relative_attention_num_buckets', 'relative_attention_max_distance', 'layer_norm_epsilon',
-                       'dropout_rate', 'initializer_factor', 'decoder_start_token_id', 'pad_token_id',
-                       'eos_token_id' }) do
-    if type(hf[k]) == 'number' then c[k] = hf[k] end
-  end
-  if hf.tie_word_embeddings ~= nil then c.tie_word_embeddings = hf.tie_word_embeddings end
-  local ff = hf.feed_forward_proj or 'relu'
-  if ff == 'gated-gelu' then
-    c.gated = true
-  elseif ff ~= 'relu' then
-    core.fail(("t5: feed_forward_proj '%s' is not supported (relu: v1.0, gated-gelu: v1.1)"):format(tostring(ff)))
-  end
-  return M.config(c, overrides)
-end
-
--- The Hugging Face T5Config of a config (for config.json next to saved weights).
-function M.config_to_hf(c)
-  return {
-    architectures = { 'T5ForConditionalGeneration' }, model_type = 't5', is_encoder_decoder = true,
-    d_model = c.d_model, d_ff = c.d_ff, d_kv = c.d_kv, num_heads = c.num_heads, num_layers = c.num_layers,
-    num_decoder_layers = c.num_decoder_layers, vocab_size = c.vocab_size,
-    relative_attention_num_buckets = c.relative_attention_num_buckets,
-    relative_attention_max_distance = c.relative_attention_max_distance, layer_norm_epsilon = c.norm_eps,
-    dropout_rate = c.dropout, initializer_factor = c.init_factor,
-    feed_forward_proj = c.gated and 'gated-gelu' or 'relu', tie_word_embeddings = c.tied,
-    decoder_start_token_id = c.decoder_start_token_id, pad_token_id = c.pad_token_id, eos_token_id = c.eos_token_id,
-  }
-end
+-- A config from a Hugging Face T5Config (config.json decoded to a
+-- table), and back: models/hf.lua translates every family's configs
+-- (required here lazily: it requires this file).
+function M.config_from_hf(hf, overrides) return require('models.hf').config_from_hf(hf, overrides) end
+function M.config_to_hf(c) return require('models.hf').config_to_hf(c, 't5') end
 
 -- Build a model: name_or_config as in M.config; opts: device ('cpu' or
 -- 'meta'), dtype, and config overrides (num_layers=, dropout=, ...).

@@ -6,8 +6,14 @@
 -- that read back as the same double. Objects are written with sorted keys and
 -- indented, so files diff well. Decoding is cjson's (strtod is exact).
 --
+-- Lua has one number type; readers with two (Python's json, and so
+-- transformers' config validation) see 1 as an int and 1.0 as a float.
+-- json.float(x) marks a value that must read back as a float: an integral
+-- one is written 1.0. json.null writes null (and is what decode gives for
+-- null).
+--
 --   local json = require 'fsdp.json'
---   local text = json.encode({lr = 0.1 + 0.2, shape = json.array({})})
+--   local text = json.encode({lr = 0.1 + 0.2, shape = json.array({}), eps = json.float(1)})
 --   local v = json.decode(text)
 local cjson = require 'cjson'
 
@@ -16,6 +22,16 @@ local M = {}
 -- Marks a table to be written as an array even when empty.
 M.array_mt = {}
 function M.array(t) return setmetatable(t or {}, M.array_mt) end
+
+-- Marks a number to be written as a float (1 -> 1.0).
+M.float_mt = {}
+function M.float(x)
+  if type(x) ~= 'number' then error(('json.float: expected a number, got %s'):format(type(x)), 2) end
+  return setmetatable({ value = x }, M.float_mt)
+end
+
+-- cjson's null (a light userdata): decode gives it for null, encode writes null.
+M.null = cjson.null
 
 local function is_array(t)
   if getmetatable(t) == M.array_mt then return true end
@@ -47,6 +63,13 @@ local function encode(v, indent, out, path)
     out[#out + 1] = number(v, path)
   elseif t == 'string' then
     out[#out + 1] = cjson.encode(v)
+  elseif v == M.null then
+    out[#out + 1] = 'null'
+  elseif t == 'table' and getmetatable(v) == M.float_mt then
+    local s = number(v.value, path)
+    -- An integer's digits alone read back as an int: add the fraction.
+    if not s:find('[.eE]') then s = s .. '.0' end
+    out[#out + 1] = s
   elseif t == 'table' then
     local inner = indent .. '  '
     if is_array(v) then

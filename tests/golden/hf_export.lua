@@ -1,5 +1,5 @@
 -- tests/golden/hf_export.lua: the fsdp-lua half of check_hf_export.py.
--- Builds tiny Llama and T5 models with our own initialisation, saves each
+-- Builds tiny Llama, T5 and GPT-2 models with our own initialisation, saves each
 -- as a Hugging Face directory (models/hf.lua: config.json and weights
 -- under HF names; once in one file, once sharded with an index), and
 -- writes the inputs and our float64 logits next to them, for the Python
@@ -10,6 +10,7 @@ local fsdp = require 'fsdp'
 local hf = require 'models.hf'
 local llama = require 'models.llama'
 local t5 = require 'models.t5'
+local gpt2 = require 'models.gpt2'
 
 local out = assert(arg[1], 'usage: fsdp-lua tests/golden/hf_export.lua OUT_DIR')
 
@@ -24,6 +25,15 @@ local cases = {
   { name = 't5_v1_1', build = function()
     return t5.build('tiny', { d_model = 16, d_ff = 24, d_kv = 8, num_heads = 2, num_decoder_layers = 3, gated = true,
                               tied = false, relative_attention_num_buckets = 8, relative_attention_max_distance = 10 })
+  end },
+  -- transformers 5's own v1.1: the head tied, the output not scaled
+  -- (4.x cannot express it: its tie implies the scale).
+  { name = 't5_v1_1_tied', build = function()
+    return t5.build('tiny', { d_model = 16, d_ff = 24, d_kv = 8, num_heads = 2, gated = true, tied = true,
+                              scale_decoder_outputs = false })
+  end },
+  { name = 'gpt2', build = function()
+    return gpt2.build('tiny', { dim = 32, n_heads = 4, vocab_size = 64, max_seq_len = 16 })
   end },
 }
 

@@ -14,7 +14,9 @@ our models and compare; they need no torch. Run once, commit the outputs:
     /usr/bin/python3 tests/golden/make_hf_goldens.py            # writes tests/golden/hf/
 
 (transformers 4.43 is the first with llama3 rope scaling; 4.47 and later
-need a newer torch than Debian 12's 1.13.)
+need a newer torch than Debian 12's 1.13.) The layouts transformers 5
+writes (rope_parameters, T5's scale_decoder_outputs), GPT-2 and DeepViT
+come from make_hf5_goldens.py, which reuses this file's configs.
 
 Per case, tests/golden/hf/<case>/ holds config.json and model.safetensors
 exactly as save_pretrained wrote them (float32 weights, HF names, tied

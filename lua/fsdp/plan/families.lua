@@ -98,7 +98,7 @@ function t5.head(c, ctx)
     { a = N * V * s, w = 0, f = N * V * s + N * F32 },                   -- d(logits)
     { a = nd, w = V * d * ctx.ps, f = N * V * s + nd, t = staging(ctx, N, d, V) }, -- lm_head
   }
-  if c.tied then steps[#steps + 1] = { a = nd, w = 0, f = nd } end        -- the scaling
+  if c.scale_decoder_outputs then steps[#steps + 1] = { a = nd, w = 0, f = nd } end -- the scaling
   -- the final norm; the encoder output's gradient starts here (the
   -- decoder's cross-attentions add into it)
   steps[#steps + 1] = { a = nd + nd, w = d * ctx.ps, f = 2 * nd + N * F32 }

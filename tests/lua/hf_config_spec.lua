@@ -1,0 +1,212 @@
+-- hf_config_spec.lua: models/hf.lua's reading of config.json keys (see its
+-- Note on config keys): both transformers layouts give the same config;
+-- an unknown key, a value we do not implement, or two keys that disagree
+-- is an error naming the key; exports write floats as floats and the keys
+-- of both layouts (what transformers 5's validation and 4.x read).
+local hf = require 'models.hf'
+local json = require 'fsdp.json'
+local llama = require 'models.llama'
+local t5 = require 'models.t5'
+local gpt2 = require 'models.gpt2'
+
+local DIR = 'tests/golden/hf/'
+
+local function read_json(path)
+  local f = assert(io.open(path, 'rb'))
+  local v = assert(json.decode(f:read('*a')))
+  f:close()
+  return v
+end
+
+local function copy(t)
+  local c = {}
+  for k, v in pairs(t) do c[k] = type(v) == 'table' and copy(v) or v end
+  return c
+end
+
+local function with(base, changes)
+  local h = copy(base)
+  for k, v in pairs(changes) do
+    if v == false and k:match('^%-') then h[k:sub(2)] = nil else h[k] = v end
+  end
+  return h
+end
+
+describe('Hugging Face config.json keys', function()
+  local l4 = read_json(DIR .. 'llama3_tiny/config.json')
+  local l5 = read_json(DIR .. 'llama3_tiny_v5/config.json')
+  local t5v5 = read_json(DIR .. 't5_v1_1_tiny_v5/config.json')
+  local g = read_json(DIR .. 'gpt2_tiny/config.json')
+
+  it('a transformers 4 and a transformers 5 Llama config give the same config', function()
+    assert.same(hf.config_from_hf(l4), hf.config_from_hf(l5))
+    -- 5.x without rope_parameters.original_max_position_embeddings: max_position_embeddings.
+    local h = copy(l5)
+    h.rope_parameters.original_max_position_embeddings = nil
+    assert.equals(64, hf.config_from_hf(h).rope_scaling.original_max_position_embeddings)
+    -- No rope settings at all: theta 10000, no scaling.
+    local bare = with(l4, { ['-rope_theta'] = false, rope_scaling = json.null })
+    local c = hf.config_from_hf(bare)
+    assert.equals(1e4, c.rope_theta)
+    assert.is_nil(c.rope_scaling)
+  end)
+
+  it('an unknown key is an error naming it', function()
+    assert.error_matches(function() hf.config_from_hf(with(l5, { sliding_window = 4096 })) end,
+      "unknown key 'sliding_window'")
+    assert.error_matches(function() hf.config_from_hf(with(t5v5, { relative_attention_buckets = 8 })) end,
+      "unknown key 'relative_attention_buckets' %(did you mean relative_attention_num_buckets%?%)")
+    assert.error_matches(function() hf.config_from_hf(with(g, { n_embed = 64 })) end, "unknown key 'n_embed'")
+    assert.error_matches(function()
+      local h = copy(l5)
+      h.rope_parameters.beta_fast = 32
+      hf.config_from_hf(h)
+    end, "unknown key 'rope_parameters.beta_fast' for rope_type 'llama3'")
+    assert.error_matches(function() hf.config_from_hf(with(l5, { model_type = 'mistral' })) end,
+      "model_type 'mistral' is not supported")
+  end)
+
+  it('a value our model does not compute is an error naming the key', function()
+    assert.error_matches(function() hf.config_from_hf(with(l5, { hidden_act = 'gelu' })) end,
+      'hidden_act is "gelu"; only silu is supported')
+    assert.error_matches(function() hf.config_from_hf(with(l5, { attention_bias = true })) end, 'attention_bias is true')
+    assert.error_matches(function() hf.config_from_hf(with(l5, { attention_dropout = 0.1 })) end,
+      'attention_dropout is 0.1')
+    assert.error_matches(function()
+      hf.config_from_hf(with(l4, { rope_scaling = { rope_type = 'yarn', factor = 4 } }))
+    end, "rope_scaling.rope_type 'yarn' is not supported")
+    assert.error_matches(function() hf.config_from_hf(with(t5v5, { feed_forward_proj = 'gated-silu' })) end,
+      "feed_forward_proj 'gated%-silu' is not supported")
+    assert.error_matches(function() hf.config_from_hf(with(g, { activation_function = 'relu' })) end,
+      'activation_function is "relu"')
+    assert.error_matches(function() hf.config_from_hf(with(g, { tie_word_embeddings = false })) end,
+      'tie_word_embeddings is false')
+    assert.error_matches(function() hf.config_from_hf(with(l5, { hidden_size = '32' })) end,
+      'hidden_size must be a number')
+  end)
+
+  it('keys that disagree are an error naming both', function()
+    assert.error_matches(function() hf.config_from_hf(with(l5, { rope_theta = 1e4 })) end,
+      'rope_theta %(10000%) and rope_parameters.rope_theta %(500000%) disagree')
+    assert.error_matches(function()
+      hf.config_from_hf(with(l5, { rope_scaling = { rope_type = 'llama3', factor = 8 } }))
+    end, 'rope_scaling.factor %(8%) and rope_parameters.factor %(32%) disagree')
+    assert.error_matches(function() hf.config_from_hf(with(t5v5, { dense_act_fn = 'relu' })) end,
+      "dense_act_fn 'relu' and feed_forward_proj 'gated%-gelu' disagree")
+    assert.error_matches(function() hf.config_from_hf(with(t5v5, { is_gated_act = false })) end,
+      "is_gated_act false and feed_forward_proj 'gated%-gelu' disagree")
+    assert.error_matches(function() hf.config_from_hf(with(g, { n_ctx = 1024 })) end,
+      'n_ctx %(1024%) and n_positions %(16%) disagree')
+  end)
+
+  it('T5: the 4.x tie decides the scale; 5.x scale_decoder_outputs decides it itself', function()
+    local v4 = read_json(DIR .. 't5_v1_1_tiny/config.json')
+    local c = hf.config_from_hf(v4, nil, { has_lm_head = true })
+    assert.is_false(c.tied)
+    assert.is_false(c.scale_decoder_outputs)
+    c = hf.config_from_hf(read_json(DIR .. 't5_v1_0_tiny/config.json'))
+    assert.is_true(c.tied)
+    assert.is_true(c.scale_decoder_outputs)
+    c = hf.config_from_hf(t5v5)
+    assert.is_true(c.tied)
+    assert.is_false(c.scale_decoder_outputs)
+    assert.is_false(hf.config_from_hf(t5v5, nil, { has_lm_head = true }).tied)
+  end)
+end)
+
+-- config.json of released checkpoints, as the hub serves them (older
+-- transformers wrote extra keys: n_ctx, output_past, task_specific_params).
+local HUB = {
+  ['gpt2'] = { 124439808, { activation_function = 'gelu_new', architectures = { 'GPT2LMHeadModel' }, attn_pdrop = 0.1,
+    bos_token_id = 50256, embd_pdrop = 0.1, eos_token_id = 50256, initializer_range = 0.02, layer_norm_epsilon = 1e-05,
+    model_type = 'gpt2', n_ctx = 1024, n_embd = 768, n_head = 12, n_layer = 12, n_positions = 1024,
+    resid_pdrop = 0.1, summary_activation = json.null, summary_first_dropout = 0.1, summary_proj_to_labels = true,
+    summary_type = 'cls_index', summary_use_proj = true,
+    task_specific_params = { ['text-generation'] = { do_sample = true, max_length = 50 } }, vocab_size = 50257 } },
+  ['t5-small'] = { 60506624, { architectures = { 'T5ForConditionalGeneration' }, d_ff = 2048, d_kv = 64, d_model = 512,
+    decoder_start_token_id = 0, dropout_rate = 0.1, eos_token_id = 1, initializer_factor = 1.0,
+    is_encoder_decoder = true, layer_norm_epsilon = 1e-06, model_type = 't5', n_positions = 512, num_heads = 8,
+    num_layers = 6, output_past = true, pad_token_id = 0, relative_attention_num_buckets = 32,
+    task_specific_params = { summarization = { prefix = 'summarize: ' } }, vocab_size = 32128 } },
+  ['google/t5-v1_1-xl'] = { 2849757184, { architectures = { 'T5ForConditionalGeneration' }, d_ff = 5120, d_kv = 64,
+    d_model = 2048, decoder_start_token_id = 0, dropout_rate = 0.1, eos_token_id = 1,
+    feed_forward_proj = 'gated-gelu', initializer_factor = 1.0, is_encoder_decoder = true,
+    layer_norm_epsilon = 1e-06, model_type = 't5', num_decoder_layers = 24, num_heads = 32, num_layers = 24,
+    output_past = true, pad_token_id = 0, relative_attention_num_buckets = 32, tie_word_embeddings = false,
+    vocab_size = 32128 } },
+  ['meta-llama/Llama-3.1-8B'] = { 8030261248, { architectures = { 'LlamaForCausalLM' }, attention_bias = false,
+    attention_dropout = 0.0, bos_token_id = 128000, eos_token_id = { 128001, 128008, 128009 }, hidden_act = 'silu',
+    hidden_size = 4096, initializer_range = 0.02, intermediate_size = 14336, max_position_embeddings = 131072,
+    mlp_bias = false, model_type = 'llama', num_attention_heads = 32, num_hidden_layers = 32,
+    num_key_value_heads = 8, pretraining_tp = 1, rms_norm_eps = 1e-05,
+    rope_scaling = { factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0,
+                     original_max_position_embeddings = 8192, rope_type = 'llama3' },
+    rope_theta = 500000.0, tie_word_embeddings = false, torch_dtype = 'bfloat16',
+    transformers_version = '4.43.0.dev0', use_cache = true, vocab_size = 128256 } },
+}
+
+describe('released checkpoints\' config.json', function()
+  for name, case in pairs(HUB) do
+    it(name .. ' builds with its exact parameter count', function()
+      -- The untied ones' files hold lm_head.weight.
+      local c, family = hf.config_from_hf(case[2], nil, { has_lm_head = case[2].tie_word_embeddings == false })
+      local build = ({ llama = llama.build, t5 = t5.build, gpt2 = gpt2.build })[family]
+      assert.equals(case[1], build(c, { device = 'meta' }):num_parameters())
+    end)
+  end
+end)
+
+describe('exported config.json', function()
+  local function export(model)
+    local out = os.tmpname()
+    os.remove(out)
+    hf.save_pretrained(model, out)
+    local f = assert(io.open(out .. '/config.json', 'rb'))
+    local text = f:read('*a')
+    f:close()
+    os.execute('rm -rf ' .. out)
+    return text, assert(json.decode(text))
+  end
+
+  it('writes float fields as floats even when integral (transformers 5 validates the types)', function()
+    local text = export(t5.build('tiny', { dropout = 0 }))
+    assert.matches('"initializer_factor": 1%.0[,\n]', text)
+    assert.matches('"dropout_rate": 0%.0[,\n]', text)
+    assert.matches('"layer_norm_epsilon": 1e%-06[,\n]', text)
+    assert.matches('"d_model": 32[,\n]', text) -- integers stay integers
+    text = export(llama.build('tiny', { rope_theta = 5e5 }))
+    assert.matches('"rope_theta": 500000%.0[,\n]', text)
+    assert.matches('"attention_dropout": 0%.0[,\n]', text)
+    text = export(gpt2.build('tiny', nil))
+    assert.matches('"resid_pdrop": 0%.0[,\n]', text)
+  end)
+
+  it('round-trips through our reader, with both layouts\' rope keys', function()
+    local m = llama.build('tiny', { rope_theta = 5e5, rope_scaling = {
+      rope_type = 'llama3', factor = 32, low_freq_factor = 1, high_freq_factor = 4, original_max_position_embeddings = 16 } })
+    local _, h = export(m)
+    assert.equals(5e5, h.rope_parameters.rope_theta)
+    assert.equals('llama3', h.rope_scaling.rope_type)
+    assert.same(m.config, hf.config_from_hf(h))
+    for _, b in ipairs({ t5.build('tiny', nil), gpt2.build('tiny', nil),
+                         t5.build('tiny', { gated = true, tied = false }) }) do
+      local _, hb = export(b)
+      assert.same(b.config, hf.config_from_hf(hb, nil, { has_lm_head = not b.config.tied }))
+    end
+  end)
+end)
+
+describe('fsdp.json.float', function()
+  it('writes integral floats with a fraction and reads them back as the same number', function()
+    local text = json.encode({ a = json.float(1), b = json.float(1e-6), c = json.float(5e5), d = 3, e = json.null })
+    assert.matches('"a": 1%.0,', text)
+    assert.matches('"b": 1e%-06,', text)
+    assert.matches('"c": 500000%.0,', text)
+    assert.matches('"d": 3,', text)
+    assert.matches('"e": null', text)
+    local v = json.decode(text)
+    assert.equals(1, v.a)
+    assert.equals(5e5, v.c)
+    assert.has_error(function() json.float('1') end, 'json.float: expected a number, got string')
+  end)
+end)
