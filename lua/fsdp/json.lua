@@ -40,8 +40,9 @@ local function is_array(t)
   return n > 0 and t[n] ~= nil and #t == n
 end
 
-local function number(x, path)
+local function number(x, path, style)
   if x ~= x or x == math.huge or x == -math.huge then
+    if style.nonfinite_null then return 'null' end
     error(('json.encode: %s is %s, which JSON cannot hold'):format(path, tostring(x)), 0)
   end
   if x == math.floor(x) and math.abs(x) < 2 ^ 53 then return ('%d'):format(x) end
@@ -53,34 +54,34 @@ local function number(x, path)
   return ('%.17g'):format(x)
 end
 
-local function encode(v, indent, out, path)
+local function encode(v, indent, out, path, style)
   local t = type(v)
   if t == 'nil' then
     out[#out + 1] = 'null'
   elseif t == 'boolean' then
     out[#out + 1] = tostring(v)
   elseif t == 'number' then
-    out[#out + 1] = number(v, path)
+    out[#out + 1] = number(v, path, style)
   elseif t == 'string' then
     out[#out + 1] = cjson.encode(v)
   elseif v == M.null then
     out[#out + 1] = 'null'
   elseif t == 'table' and getmetatable(v) == M.float_mt then
-    local s = number(v.value, path)
+    local s = number(v.value, path, style)
     -- An integer's digits alone read back as an int: add the fraction.
     if not s:find('[.eE]') then s = s .. '.0' end
     out[#out + 1] = s
   elseif t == 'table' then
-    local inner = indent .. '  '
+    local inner = style.compact and '' or indent .. '  '
     if is_array(v) then
       -- Arrays of scalars stay on one line (shapes, ranges).
       local flat = true
-      for _, x in ipairs(v) do if type(x) == 'table' then flat = false end end
+      for _, x in ipairs(v) do if type(x) == 'table' and not style.compact then flat = false end end
       out[#out + 1] = '['
       for i, x in ipairs(v) do
         if i > 1 then out[#out + 1] = flat and ', ' or ',' end
         if not flat then out[#out + 1] = '\n' .. inner end
-        encode(x, inner, out, path .. '[' .. i .. ']')
+        encode(x, inner, out, path .. '[' .. i .. ']', style)
       end
       out[#out + 1] = (flat or #v == 0) and ']' or '\n' .. indent .. ']'
     else
@@ -94,20 +95,35 @@ local function encode(v, indent, out, path)
       table.sort(keys)
       out[#out + 1] = '{'
       for i, k in ipairs(keys) do
-        out[#out + 1] = (i > 1 and ',\n' or '\n') .. inner .. cjson.encode(k) .. ': '
-        encode(v[k], inner, out, path .. '.' .. k)
+        if style.compact then
+          out[#out + 1] = (i > 1 and ', ' or '') .. cjson.encode(k) .. ': '
+        else
+          out[#out + 1] = (i > 1 and ',\n' or '\n') .. inner .. cjson.encode(k) .. ': '
+        end
+        encode(v[k], inner, out, path .. '.' .. k, style)
       end
-      out[#out + 1] = #keys == 0 and '}' or '\n' .. indent .. '}'
+      out[#out + 1] = (#keys == 0 or style.compact) and '}' or '\n' .. indent .. '}'
     end
   else
     error(('json.encode: %s is a %s, which JSON cannot hold'):format(path, t), 0)
   end
 end
 
+local INDENTED = {}
 function M.encode(v)
   local out = {}
-  encode(v, '', out, '$')
+  encode(v, '', out, '$', INDENTED)
   return table.concat(out) .. '\n'
+end
+
+-- v as one line (no newline at the end), numbers as exact as encode's and
+-- NaN or infinite ones written as null: the records of JSONL logs
+-- (fsdp.metrics), whose losses and norms must read back bit for bit.
+local LINE = { compact = true, nonfinite_null = true }
+function M.encode_line(v)
+  local out = {}
+  encode(v, '', out, '$', LINE)
+  return table.concat(out)
 end
 
 -- The value of `text`; nil and cjson's message when it is not JSON.

@@ -29,10 +29,7 @@ local ffi = require 'ffi'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local clock = require 'fsdp.clock'
-local cjson = require('cjson').new()
-
--- NaN or infinite losses are written as null, keeping every line valid JSON.
-cjson.encode_invalid_numbers('null')
+local json = require 'fsdp.json'
 pcall(ffi.cdef, 'int isatty(int fd);')
 
 local M = {}
@@ -160,7 +157,9 @@ end
 function Logger:_write(record)
   if not self.file then return end
   record.time = clock.now() - self.start
-  self.file:write(cjson.encode(record), '\n')
+  -- exact numbers (a resumed run's losses are compared bit for bit); NaN or
+  -- infinite ones as null, keeping every line valid JSON
+  self.file:write(json.encode_line(record), '\n')
   self.file:flush()
 end
 

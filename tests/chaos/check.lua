@@ -12,9 +12,8 @@
 --   fsdp-lua tests/chaos/check.lua metrics CHAIN.jsonl REF.jsonl MAX_STEPS
 --       every train and validation record of the chain, from every attempt
 --       (also those a later restart logged again), has exactly the
---       reference's loss, lr and grad norm for its step, as the metrics
---       file holds them (lua-cjson: 14 significant digits, every bit of an
---       f32 loss; the checkpoints above are compared byte for byte);
+--       reference's loss, lr and grad norm for its step, bit for bit (the
+--       metrics file writes numbers exactly: fsdp.json.encode_line);
 --       steps 1..MAX_STEPS were all logged.
 --
 -- Prints "ok ..." with counts, or one line per problem and exits 1.

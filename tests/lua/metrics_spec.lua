@@ -96,6 +96,20 @@ describe('fsdp.metrics.Logger', function()
     assert.near(math.exp(2.5), records[3].perplexity, 1e-9)
   end)
 
+  it('writes numbers that read back bit for bit (lua-cjson alone keeps 14 digits)', function()
+    local path = os.tmpname()
+    local lr, norm = 0.1 + 0.2, 1 / 3 -- need 17 significant digits
+    capture({ total_steps = 1, batch_size = 1, metrics_file = path, progress = false }, function(log)
+      log:step(1, { loss = 2.7182818284590451, lr = lr, dt = 0.1, grad_norm = norm })
+    end)
+    local r
+    for line in io.lines(path) do r = cjson.decode(line) end
+    os.remove(path)
+    assert.equals(2.7182818284590451, r.loss)
+    assert.equals(lr, r.lr)
+    assert.equals(norm, r.grad_norm)
+  end)
+
   it('names a metrics file it cannot open and a bad option', function()
     assert.error_matches(function() metrics.Logger({ metrics_file = '/nonexistent/dir/m.jsonl' }) end,
       'fsdp.metrics: cannot open metrics file /nonexistent/dir/m.jsonl')
