@@ -237,6 +237,10 @@ struct fl_node {
     int64_t i[8];
     void *extra;
     int64_t lua_id;            /* nodes whose backward runs in Lua; else 0 */
+    /* A backward without retain_graph ran this node and freed what it kept
+     * for backward (saved tensors, a Lua node's handler): running it again
+     * is refused (engine.c). */
+    bool spent;
     /* Saved tensors moved to host memory by activation offload: NULL, or
      * FL_NODE_MAX_SAVED entries, packed[k] set while saved[k] is NULL
      * (core/autograd/offload.c). */
