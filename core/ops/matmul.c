@@ -179,7 +179,8 @@ static bool rows_view(const fl_tensor *t, fl_tensor *v) {
     for (int d = nd - 2; d >= 0; d--) {
         int64_t size = t->shape[d];
         rows *= size;
-        if (size == 1 || !t->storage) continue; /* without values only shapes matter */
+        /* Without values (meta, or no elements at all) only shapes matter. */
+        if (size == 1 || !t->storage || t->numel == 0) continue;
         if (inner < 0) inner = t->stride[d];
         else if (t->stride[d] != expect) return false;
         expect = t->stride[d] * size;

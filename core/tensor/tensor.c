@@ -20,6 +20,10 @@
 /* ---- headers and references -------------------------------------------- */
 
 fl_tensor *fl_tensor_header(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device) {
+    /* Views, file tensors and shards all come through here: one check makes
+     * their strides and sizes safe (see [Note: shape arithmetic cannot
+     * overflow] in shape.c). */
+    if (fl_check_shape("tensor", ndim, shape, NULL)) return NULL;
     fl_tensor *t = calloc(1, sizeof *t);
     if (!t) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a tensor header");
     t->ndim = ndim;
