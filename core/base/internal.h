@@ -68,7 +68,18 @@ struct fl_storage {
      * unit's segment of its shard): set by fl_requires_grad_, never
      * cleared. Activation offload never moves such memory. */
     bool holds_params;
+    /* For storage that maps a file: its path (owned by release_ctx). Copies
+     * out of it are guarded against the file shrinking (fault.c). */
+    const char *file;
 };
+
+/* Reading mapped files that may shrink (core/base/fault.c). Register a
+ * mapping so a SIGBUS inside it ends the process with a message naming the
+ * file; fl_guarded_memcpy copies with a SIGBUS guard on this thread and
+ * returns -1 instead of faulting. */
+void fl_fault_register(const void *begin, size_t size, const char *path);
+void fl_fault_unregister(const void *begin);
+int fl_guarded_memcpy(void *dst, const void *src, size_t n);
 
 fl_storage *fl_storage_new(fl_device device, int64_t nbytes);
 void fl_storage_retain(fl_storage *s);

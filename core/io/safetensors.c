@@ -8,6 +8,11 @@
  * that data_offsets are ordered, inside the data section, and exactly the
  * tensor's byte size. Tensors are views of the mapping whose storage holds
  * a reference to the file, so the mapping lives as long as any of them.
+ * Copies out of the mapping are guarded against the file shrinking
+ * (core/base/fault.c). Names and metadata keys are found through hash
+ * indexes, so opening and reading a file of n entries is O(n log n) (the
+ * sort by offset), whatever n: headers of 200k tensors are real (token
+ * shards, per-expert weights) and hostile ones are cheap to write.
  *
  * Writing streams: the header is written first from declarations, then the
  * tensors in order, so no caller needs all tensors in memory at once. The
@@ -35,6 +40,60 @@ typedef struct entry {
     uint64_t begin, end; /* within the data section */
 } entry;
 
+/* ---- name indexes: open addressing on a string hash --------------------- */
+
+typedef struct name_slot {
+    const char *name; /* borrowed from the entry or metadata array; NULL: empty */
+    int value;
+} name_slot;
+
+typedef struct name_index {
+    name_slot *slots;
+    size_t cap; /* a power of two, at least twice the count */
+    size_t count;
+} name_index;
+
+static uint64_t hash_name(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+static int index_find(const name_index *x, const char *name) {
+    if (!x->cap || !name) return -1;
+    for (size_t i = hash_name(name) & (x->cap - 1);; i = (i + 1) & (x->cap - 1)) {
+        if (!x->slots[i].name) return -1;
+        if (strcmp(x->slots[i].name, name) == 0) return x->slots[i].value;
+    }
+}
+
+static void index_place(name_index *x, const char *name, int value) {
+    size_t i = hash_name(name) & (x->cap - 1);
+    while (x->slots[i].name) i = (i + 1) & (x->cap - 1);
+    x->slots[i] = (name_slot){name, value};
+    x->count++;
+}
+
+/* Add name -> value (name must not be present); FL_ERR_OOM on failure. */
+static int index_add(name_index *x, const char *name, int value) {
+    if (2 * (x->count + 1) > x->cap) {
+        name_index bigger = {NULL, x->cap ? 2 * x->cap : 64, 0};
+        bigger.slots = calloc(bigger.cap, sizeof *bigger.slots);
+        if (!bigger.slots) return FL_ERR_OOM;
+        for (size_t i = 0; i < x->cap; i++)
+            if (x->slots[i].name) index_place(&bigger, x->slots[i].name, x->slots[i].value);
+        free(x->slots);
+        *x = bigger;
+    }
+    index_place(x, name, value);
+    return FL_OK;
+}
+
+static void index_free(name_index *x) {
+    free(x->slots);
+    *x = (name_index){0};
+}
+
 struct fl_safetensors {
     int32_t refcount; /* the handle and every tensor taken from it */
     char *path;
@@ -46,6 +105,7 @@ struct fl_safetensors {
     int n;
     char **meta_keys, **meta_values;
     int n_meta;
+    name_index by_name, by_meta_key;
 };
 
 static const struct {
@@ -67,7 +127,12 @@ static const char *st_dtype_name(fl_dtype d) {
 
 static void release_file(fl_safetensors *f) {
     if (__atomic_sub_fetch(&f->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-    if (f->map) munmap(f->map, f->size);
+    if (f->map) {
+        fl_fault_unregister(f->map);
+        munmap(f->map, f->size);
+    }
+    index_free(&f->by_name);
+    index_free(&f->by_meta_key);
     for (int i = 0; i < f->n; i++) free(f->entries[i].name);
     for (int k = 0; k < f->n_meta; k++) {
         free(f->meta_keys[k]);
@@ -104,17 +169,22 @@ static int parse_entry(const fl_safetensors *f, const char *name, json_t *v, ent
         return fl_fail(FL_ERR_IO, "%s: tensor '%s': %zu dims, at most %d supported", path, name, nd,
                        FL_MAX_DIMS);
     e->ndim = (int)nd;
-    uint64_t bytes = fl_dtype_size(e->dtype);
     for (size_t d = 0; d < nd; d++) {
         json_t *x = json_array_get(sh, d);
         if (!json_is_integer(x) || json_integer_value(x) < 0)
             return fl_fail(FL_ERR_IO, "%s: tensor '%s': shape entry %zu is not a non-negative "
                                       "integer", path, name, d);
         e->shape[d] = json_integer_value(x);
-        if (e->shape[d] > 0 && bytes > UINT64_MAX / 2 / (uint64_t)e->shape[d])
-            return fl_fail(FL_ERR_IO, "%s: tensor '%s': shape is too large", path, name);
-        bytes *= (uint64_t)e->shape[d];
     }
+    /* The core's shape rule (strides and byte sizes fit 64 bits, also with
+     * a zero-size dim): what passes here is a valid tensor shape. */
+    int64_t numel;
+    if (fl_check_shape("safetensors", e->ndim, e->shape, &numel) != FL_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s: tensor '%s': %s", path, name, fl_last_error());
+        return fl_fail(FL_ERR_IO, "%s", msg);
+    }
+    uint64_t bytes = (uint64_t)numel * fl_dtype_size(e->dtype);
     json_t *b = json_array_get(off, 0), *en = json_array_get(off, 1);
     if (!json_is_integer(b) || !json_is_integer(en) || json_integer_value(b) < 0 ||
         json_integer_value(en) < json_integer_value(b))
@@ -183,6 +253,17 @@ static int parse_header(fl_safetensors *f, const char *text, size_t len) {
                 }
                 f->meta_keys[f->n_meta] = strdup(mk);
                 f->meta_values[f->n_meta] = strdup(json_string_value(mv));
+                if (!f->meta_keys[f->n_meta] || !f->meta_values[f->n_meta]) {
+                    free(f->meta_keys[f->n_meta]);
+                    free(f->meta_values[f->n_meta]);
+                    rc = fl_fail(FL_ERR_OOM, "%s: out of memory", f->path);
+                    goto done;
+                }
+                if (index_add(&f->by_meta_key, f->meta_keys[f->n_meta], f->n_meta) != FL_OK) {
+                    f->n_meta++;
+                    rc = fl_fail(FL_ERR_OOM, "%s: out of memory", f->path);
+                    goto done;
+                }
                 f->n_meta++;
             }
             continue;
@@ -204,6 +285,12 @@ static int parse_header(fl_safetensors *f, const char *text, size_t len) {
         }
         if (last < 0 || e->end > f->entries[last].end) last = i;
     }
+    /* Names are unique (JSON_REJECT_DUPLICATES): index them in data order. */
+    for (int i = 0; i < f->n; i++)
+        if (index_add(&f->by_name, f->entries[i].name, i) != FL_OK) {
+            rc = fl_fail(FL_ERR_OOM, "%s: out of memory for the name index", f->path);
+            goto done;
+        }
 done:
     json_decref(root);
     return rc;
@@ -234,6 +321,7 @@ fl_safetensors *fl_safetensors_open(const char *path) {
     }
     close(fd);
     fd = -1;
+    fl_fault_register(f->map, f->size, f->path);
     const unsigned char *p = f->map;
     uint64_t n = 0;
     for (int k = 7; k >= 0; k--) n = n << 8 | p[k]; /* little-endian on any host */
@@ -263,9 +351,7 @@ const char *fl_safetensors_name(const fl_safetensors *f, int i) {
 }
 
 int fl_safetensors_find(const fl_safetensors *f, const char *name) {
-    for (int i = 0; f && name && i < f->n; i++)
-        if (strcmp(f->entries[i].name, name) == 0) return i;
-    return -1;
+    return f ? index_find(&f->by_name, name) : -1;
 }
 
 static int check_index(const fl_safetensors *f, int i) {
@@ -301,7 +387,12 @@ fl_tensor *fl_safetensors_get(fl_safetensors *f, int i) {
         /* Misaligned data (a header not padded to 8): copy into memory of
          * our own rather than read it unaligned. */
         fl_tensor *t = fl_empty(e->ndim, e->shape, e->dtype, cpu);
-        if (t) memcpy(t->data, src, (size_t)(e->end - e->begin));
+        if (t && fl_guarded_memcpy(t->data, src, (size_t)(e->end - e->begin)) != 0) {
+            fl_tensor_release(t);
+            return FL_FAIL_NULL(FL_ERR_IO, "%s: the file shrank while it was mapped (truncated "
+                                           "or rewritten in place by another process?): "
+                                           "tensor '%s' cannot be read", f->path, e->name);
+        }
         return t;
     }
     fl_tensor *t = fl_tensor_header(e->ndim, e->shape, e->dtype, cpu);
@@ -318,15 +409,15 @@ fl_tensor *fl_safetensors_get(fl_safetensors *f, int i) {
     s->device = cpu;
     s->release = release_mapping;
     s->release_ctx = f;
+    s->file = f->path;
     t->storage = s;
     t->data = s->data;
     return t;
 }
 
 const char *fl_safetensors_metadata(const fl_safetensors *f, const char *key) {
-    for (int k = 0; f && key && k < f->n_meta; k++)
-        if (strcmp(f->meta_keys[k], key) == 0) return f->meta_values[k];
-    return NULL;
+    int k = f ? index_find(&f->by_meta_key, key) : -1;
+    return k >= 0 ? f->meta_values[k] : NULL;
 }
 
 int fl_safetensors_metadata_count(const fl_safetensors *f) { return f ? f->n_meta : 0; }
@@ -342,6 +433,7 @@ struct fl_safetensors_writer {
     FILE *file;
     entry *entries;
     int n, cap, next;  /* declared, capacity, next to write */
+    name_index by_name;
     json_t *meta;
     uint64_t data_size;
     bool header_written, finished, failed;
@@ -381,9 +473,13 @@ int fl_safetensors_writer_declare(fl_safetensors_writer *w, const char *name, fl
     if (!st_dtype_name(dtype))
         return fl_fail(FL_ERR_ARG, "%s: tensor '%s': invalid dtype %d", w->path, name, (int)dtype);
     if (fl_check_shape("safetensors declare", ndim, shape, &numel)) return fl_last_status();
-    for (int i = 0; i < w->n; i++)
-        if (strcmp(w->entries[i].name, name) == 0)
-            return fl_fail(FL_ERR_ARG, "%s: tensor '%s' declared twice", w->path, name);
+    if (index_find(&w->by_name, name) >= 0)
+        return fl_fail(FL_ERR_ARG, "%s: tensor '%s' declared twice", w->path, name);
+    uint64_t end; /* numel * 8 fits (fl_check_shape); the running total may not */
+    if (__builtin_add_overflow(w->data_size, (uint64_t)numel * fl_dtype_size(dtype), &end) ||
+        end > (uint64_t)INT64_MAX)
+        return fl_fail(FL_ERR_ARG, "%s: tensor '%s': the file's data would pass 2^63 bytes",
+                       w->path, name);
     if (w->n == w->cap) {
         int cap = w->cap ? 2 * w->cap : 64;
         entry *grown = realloc(w->entries, (size_t)cap * sizeof *grown);
@@ -394,11 +490,15 @@ int fl_safetensors_writer_declare(fl_safetensors_writer *w, const char *name, fl
     entry *e = &w->entries[w->n];
     memset(e, 0, sizeof *e);
     e->name = strdup(name);
+    if (!e->name || index_add(&w->by_name, e->name, w->n) != FL_OK) {
+        free(e->name);
+        return fl_fail(FL_ERR_OOM, "%s: out of memory", w->path);
+    }
     e->dtype = dtype;
     e->ndim = ndim;
     memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
     e->begin = w->data_size;
-    e->end = e->begin + (uint64_t)numel * fl_dtype_size(dtype);
+    e->end = end;
     w->data_size = e->end;
     w->n++;
     return FL_OK;
@@ -496,6 +596,7 @@ void fl_safetensors_writer_free(fl_safetensors_writer *w) {
     if (!w) return;
     if (w->file) fclose(w->file);
     if (!w->finished && w->header_written) unlink(w->tmp_path);
+    index_free(&w->by_name);
     for (int i = 0; i < w->n; i++) free(w->entries[i].name);
     free(w->entries);
     json_decref(w->meta);

@@ -402,6 +402,45 @@ static int copy_across_devices(fl_tensor *dst, const fl_tensor *src, bool non_bl
     return rc;
 }
 
+/* Copy out of a mapped file (src->storage->file): the bytes src spans are
+ * first copied, on this thread and under a SIGBUS guard (fault.c), into
+ * memory of our own, and the kernel (which may run on several threads)
+ * reads them there. A file truncated by another process since it was
+ * mapped is an error naming it, not a crash. */
+static int copy_from_file(fl_tensor *dst, const fl_tensor *view) {
+    int64_t esize = (int64_t)fl_dtype_size(view->dtype), span = 1;
+    for (int d = 0; d < view->ndim; d++) {
+        if (view->stride[d] < 0)
+            return fl_fail(FL_ERR_UNSUPPORTED, "copy_: negative strides from the mapped file %s",
+                           view->storage->file);
+        span += (view->shape[d] - 1) * view->stride[d];
+    }
+    size_t nbytes = (size_t)(span * esize);
+    const char *from = (const char *)view->data;
+    void *buf = malloc(nbytes);
+    if (!buf) return fl_fail(FL_ERR_OOM, "copy_: out of host memory for %zu bytes of %s", nbytes,
+                             view->storage->file);
+    if (fl_guarded_memcpy(buf, from, nbytes) != 0) {
+        free(buf);
+        return fl_fail(FL_ERR_IO, "%s: the file shrank while it was mapped (truncated or rewritten "
+                                  "in place by another process?): bytes %lld to %lld of its mapping "
+                                  "cannot be read",
+                       view->storage->file, (long long)(from - (const char *)view->storage->data),
+                       (long long)(from - (const char *)view->storage->data + (int64_t)nbytes));
+    }
+    fl_storage s = *view->storage;
+    s.data = buf;
+    s.nbytes = (int64_t)nbytes;
+    s.file = NULL;
+    fl_tensor own = *view;
+    own.storage = &s;
+    own.data = buf;
+    own.offset = 0;
+    int rc = fl_backend_of(dst->device)->copy(dst, &own);
+    free(buf);
+    return rc;
+}
+
 static int copy_impl(fl_tensor *dst, const fl_tensor *src, bool non_blocking) {
     if (fl_check_tensor("copy_", dst, false) || fl_check_tensor("copy_", src, false))
         return fl_last_status();
@@ -418,6 +457,7 @@ static int copy_impl(fl_tensor *dst, const fl_tensor *src, bool non_blocking) {
     view.numel = dst->numel;
     memcpy(view.shape, dst->shape, sizeof view.shape);
     memcpy(view.stride, stride, sizeof view.stride);
+    if (src->storage->file && view.numel > 0) return copy_from_file(dst, &view);
     return fl_backend_of(dst->device)->copy(dst, &view);
 }
 
