@@ -19,7 +19,8 @@ cd "$(dirname "$0")"
 PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
           libedit-dev libopenblas-dev openmpi-bin libopenmpi-dev lua-busted
           lua-cjson libjansson-dev libcmocka-dev tmux sentencepiece
-          lua-filesystem gnuplot-nox)
+          lua-filesystem gnuplot-nox
+          clang libomp-dev) # clang, libomp-dev: the fuzzers (tests/fuzz)
 
 log() { printf '[build.sh] %s\n' "$*" >&2; }
 
