@@ -20,6 +20,7 @@ PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
           libedit-dev libopenblas-dev openmpi-bin libopenmpi-dev lua-busted
           lua-cjson libjansson-dev libcmocka-dev tmux sentencepiece
           lua-filesystem gnuplot-nox
+          libyajl-dev # streaming JSON: safetensors headers of any size
           clang libomp-dev) # clang, libomp-dev: the fuzzers (tests/fuzz)
 
 log() { printf '[build.sh] %s\n' "$*" >&2; }
