@@ -330,5 +330,16 @@ const void *fl_no_kernel(const char *op, fl_device device);
 /* ---- FLOP accounting ----------------------------------------------------- */
 
 void fl_flops_add(int64_t n);
+/* a * b for FLOP counts, saturating at INT64_MAX instead of overflowing:
+ * the factors are sizes of valid shapes, but their products (m * n * k of
+ * a matmul on meta tensors of any size) are not bounded by any one shape. */
+static inline int64_t fl_flops_mul(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+static inline int64_t fl_flops_sum(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
 
 #endif /* FL_INTERNAL_H */

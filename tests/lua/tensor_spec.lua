@@ -250,3 +250,17 @@ describe('shapes whose sizes overflow 64 bits', function()
     assert.equal(0, ok:numel())
   end)
 end)
+
+describe('FLOP counts of huge shapes', function()
+  it('saturate instead of overflowing (meta tensors of any valid shape)', function()
+    local F = require 'fsdp.functional'
+    fsdp.reset_flops()
+    local a = fsdp.empty({ 2 ^ 30, 2 ^ 29 }, { device = 'meta' })
+    local b = fsdp.empty({ 2 ^ 29, 2 ^ 28 }, { device = 'meta' })
+    local c = F.matmul(a, b) -- 2 * 2^30 * 2^28 * 2^29 = 2^88 multiply-adds
+    assert.equal(2 ^ 28, c:size(1))
+    assert.is_true(fsdp.flops() >= 2 ^ 62)
+    F.matmul(a, b) -- the total saturates too
+    assert.is_true(fsdp.flops() >= 2 ^ 62)
+  end)
+end)
