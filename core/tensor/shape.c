@@ -39,14 +39,17 @@ int fl_wrap_dim(const char *op, const fl_tensor *t, int dim, int ndim_extra) {
 /* [Note: shape arithmetic cannot overflow]
  * Every tensor header goes through fl_check_shape, which bounds the product
  * of max(size, 1) over the dims (the largest contiguous stride times the
- * outer size) so that it times the largest element size (8 bytes) fits an
- * int64. Numel, contiguous strides and byte sizes derived from a valid shape
- * therefore never overflow, in any dtype, also when a zero-size dim makes
- * numel 0 ([0, 2^62, 2^62] is refused as PyTorch refuses it: its strides
- * overflow). Code that multiplies sizes of a checked shape needs no checks
- * of its own; code that multiplies anything else (user-given counts, file
- * offsets) uses __builtin_mul_overflow. */
-enum { MAX_ELEMENT_BYTES = 8 };
+ * outer size) so that it times the largest element size (8 bytes), with a
+ * factor 2 of headroom, fits an int64. Numel, contiguous strides and byte
+ * sizes derived from a valid shape therefore never overflow, in any dtype,
+ * also when a zero-size dim makes numel 0 ([0, 2^62, 2^62] is refused as
+ * PyTorch refuses it: its strides overflow). Code that multiplies sizes of
+ * a checked shape needs no checks of its own; code that multiplies anything
+ * else (user-given counts, file offsets, FLOP counts) uses
+ * __builtin_mul_overflow. */
+/* 8 bytes, the largest element, times 2 of headroom: a byte size stays
+ * below 2^62, so allocators may round it up without overflowing. */
+enum { MAX_ELEMENT_BYTES = 16 };
 
 int fl_check_shape(const char *op, int ndim, const int64_t *shape, int64_t *numel) {
     if (ndim < 0 || ndim > FL_MAX_DIMS)

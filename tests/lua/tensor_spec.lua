@@ -246,7 +246,7 @@ describe('shapes whose sizes overflow 64 bits', function()
     T.raises(function() fsdp.zeros({ 0 }):view({ 2 ^ 40, 2 ^ 40, 0 }) end, 'too large')
     T.raises(function() fsdp.zeros({ 0 }):reshape({ 0, huge, huge }) end, 'too large')
     -- the largest shapes that fit still work (on meta: nothing allocated)
-    local ok = fsdp.empty({ 0, 2 ^ 30, 2 ^ 29 }, { device = 'meta' })
+    local ok = fsdp.empty({ 0, 2 ^ 30, 2 ^ 28 }, { device = 'meta' })
     assert.equal(0, ok:numel())
   end)
 end)
@@ -255,9 +255,9 @@ describe('FLOP counts of huge shapes', function()
   it('saturate instead of overflowing (meta tensors of any valid shape)', function()
     local F = require 'fsdp.functional'
     fsdp.reset_flops()
-    local a = fsdp.empty({ 2 ^ 30, 2 ^ 29 }, { device = 'meta' })
+    local a = fsdp.empty({ 2 ^ 29, 2 ^ 29 }, { device = 'meta' })
     local b = fsdp.empty({ 2 ^ 29, 2 ^ 28 }, { device = 'meta' })
-    local c = F.matmul(a, b) -- 2 * 2^30 * 2^28 * 2^29 = 2^88 multiply-adds
+    local c = F.matmul(a, b) -- 2 * 2^29 * 2^28 * 2^29 = 2^87 multiply-adds
     assert.equal(2 ^ 28, c:size(1))
     assert.is_true(fsdp.flops() >= 2 ^ 62)
     F.matmul(a, b) -- the total saturates too
