@@ -77,10 +77,12 @@ int fl_check_shape(const char *op, int ndim, const int64_t *shape, int64_t *nume
 }
 
 void fl_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+    /* Callers may pass a shape not checked yet (view computes strides before
+     * the header refuses the shape): saturate rather than overflow there. */
     int64_t s = 1;
     for (int d = ndim - 1; d >= 0; d--) {
         stride[d] = s;
-        s *= shape[d] > 0 ? shape[d] : 1;
+        if (d > 0 && __builtin_mul_overflow(s, shape[d] > 0 ? shape[d] : 1, &s)) s = INT64_MAX;
     }
 }
 
