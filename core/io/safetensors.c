@@ -469,7 +469,7 @@ static int parse_header(fl_safetensors *f, const char *text, size_t len) {
     free(hp.meta_key);
     if (rc != FL_OK) return rc;
     /* Data order; overlapping tensors would alias each other's bytes. */
-    qsort(f->entries, (size_t)f->n, sizeof *f->entries, by_offset);
+    if (f->n > 1) qsort(f->entries, (size_t)f->n, sizeof *f->entries, by_offset); /* not NULL, 0 */
     int last = -1; /* the non-empty entry reaching furthest so far */
     for (int i = 0; i < f->n; i++) {
         const entry *e = &f->entries[i];
