@@ -4,12 +4,17 @@
 -- product with an empty inner dim zeros); where PyTorch refuses (a max over
 -- an empty dim), a clear Lua error. Never a signal: a crash here kills the
 -- spec run. The table of cases covers every name fsdp.functional exports,
--- so a new op without a zero-size case fails the first test.
+-- so a new op without a zero-size case fails the first test. The cases run
+-- on the CPU and, where one is available (a GPU, or the cudasim build, whose
+-- suite runs this spec), on cuda:0.
 local fsdp = require 'fsdp'
 local F = require 'fsdp.functional'
 local T = require 'fsdp.testing'
 
-local function x(shape) return fsdp.randn(shape, { seed = 1 }):requires_grad_() end
+local device = 'cpu' -- the device the cases run on (set by each describe below)
+
+local function x(shape) return fsdp.randn(shape, { seed = 1 }):to(device):requires_grad_() end
+local function ids(n) return fsdp.zeros({ n }, { dtype = 'i64' }):to(device) end
 
 local function shape_of(t)
   local s = {}
@@ -111,7 +116,7 @@ cases.layer_norm = function()
 end
 cases.cross_entropy = function()
   local logits = x({ 0, 5 })
-  local targets = fsdp.zeros({ 0 }, { dtype = 'i64' })
+  local targets = ids(0)
   local s = F.cross_entropy(logits, targets, { reduction = 'sum' })
   assert.equal(0, s:item())
   local none = F.cross_entropy(logits, targets, { reduction = 'none' })
@@ -120,15 +125,15 @@ cases.cross_entropy = function()
 end
 cases.nll_loss = function()
   local lp = F.log_softmax(x({ 0, 5 }), -1)
-  return F.nll_loss(lp, fsdp.zeros({ 0 }, { dtype = 'i64' }), { reduction = 'sum' })
+  return F.nll_loss(lp, ids(0), { reduction = 'sum' })
 end
 cases.rope_tables = function()
-  local cos, sin = F.rope_tables(0, 8)
+  local cos, sin = F.rope_tables(0, 8, { device = device })
   assert.equal(0, cos:size(0))
   return { cos, sin }
 end
 cases.apply_rotary = function()
-  local cos, sin = F.rope_tables(0, 8)
+  local cos, sin = F.rope_tables(0, 8, { device = device })
   return F.apply_rotary(x({ 1, 2, 0, 8 }), cos, sin)
 end
 cases.scaled_dot_product_attention = function()
@@ -152,7 +157,7 @@ end
 cases.linear = function()
   local e = F.linear(x({ 0, 4 }), x({ 3, 4 }), x({ 3 }))
   assert.same({ 0, 3 }, shape_of(e))
-  local b = fsdp.tensor({ 1, 2, 3 }):requires_grad_()
+  local b = fsdp.tensor({ 1, 2, 3 }):to(device):requires_grad_()
   local k0 = F.linear(x({ 2, 0 }), x({ 3, 0 }), b) -- no inputs: the bias alone
   assert.same({ { 1, 2, 3 }, { 1, 2, 3 } }, k0:tolist())
   local mid = F.linear(x({ 2, 0, 4 }), x({ 3, 4 }), x({ 3 })) -- an empty batch dim in the middle
@@ -160,7 +165,7 @@ cases.linear = function()
   return { e, k0, mid, F.linear(x({ 2, 5, 4 }), x({ 0, 4 })) }
 end
 cases.embedding = function()
-  local e = F.embedding(fsdp.zeros({ 0 }, { dtype = 'i64' }), x({ 10, 4 }))
+  local e = F.embedding(ids(0), x({ 10, 4 }))
   assert.same({ 0, 4 }, shape_of(e))
   return e
 end
@@ -182,26 +187,33 @@ end
 cases.split = function() return F.split(x({ 0, 4 }), 2, 1) end
 cases.chunk = function() return F.chunk(x({ 4, 0 }), 2, 0) end
 
-describe('ops on zero-size tensors', function()
-  it('every function of fsdp.functional has a case here', function()
-    local missing = {}
-    for name, v in pairs(F) do
-      if type(v) == 'function' and not cases[name] then missing[#missing + 1] = name end
-    end
-    table.sort(missing)
-    assert.same({}, missing)
-  end)
+local devices = { 'cpu' }
+if fsdp.cuda.is_available() then devices[2] = 'cuda:0' end
 
-  local names = {}
-  for name in pairs(cases) do names[#names + 1] = name end
-  table.sort(names)
-  for _, name in ipairs(names) do
-    it(name, function()
-      if refuses[name] then
-        T.raises(function() backprop(cases[name]()) end, refuses[name])
-      else
-        backprop(cases[name]())
+for _, dev in ipairs(devices) do
+  describe('ops on zero-size tensors on ' .. dev, function()
+    before_each(function() device = dev end)
+
+    it('every function of fsdp.functional has a case here', function()
+      local missing = {}
+      for name, v in pairs(F) do
+        if type(v) == 'function' and not cases[name] then missing[#missing + 1] = name end
       end
+      table.sort(missing)
+      assert.same({}, missing)
     end)
-  end
-end)
+
+    local names = {}
+    for name in pairs(cases) do names[#names + 1] = name end
+    table.sort(names)
+    for _, name in ipairs(names) do
+      it(name, function()
+        if refuses[name] then
+          T.raises(function() backprop(cases[name]()) end, refuses[name])
+        else
+          backprop(cases[name]())
+        end
+      end)
+    end
+  end)
+end
