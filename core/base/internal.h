@@ -68,9 +68,13 @@ struct fl_storage {
      * unit's segment of its shard): set by fl_requires_grad_, never
      * cleared. Activation offload never moves such memory. */
     bool holds_params;
-    /* For storage that maps a file: its path (owned by release_ctx). Copies
-     * out of it are guarded against the file shrinking (fault.c). */
+    /* For storage that maps a file: its path (owned by release_ctx), and
+     * check(release_ctx): FL_OK while the file still holds the mapped
+     * bytes, else an error naming it. Every op checks its inputs with it
+     * (fl_check_tensor), and copies out of the mapping are guarded besides
+     * (fault.c): see [Note: mapped files that shrink] in tensor.c. */
     const char *file;
+    int (*check)(void *ctx);
 };
 
 /* Reading mapped files that may shrink (core/base/fault.c). Register a

@@ -99,6 +99,7 @@ static void index_free(name_index *x) {
 struct fl_safetensors {
     int32_t refcount; /* the handle and every tensor taken from it */
     char *path;
+    int fd;           /* kept open to notice the file shrinking (file_check) */
     void *map;
     size_t size;
     const char *data; /* start of the data section */
@@ -133,6 +134,7 @@ static void release_file(fl_safetensors *f) {
         fl_fault_unregister(f->map);
         munmap(f->map, f->size);
     }
+    if (f->fd >= 0) close(f->fd);
     index_free(&f->by_name);
     index_free(&f->by_meta_key);
     for (int i = 0; i < f->n; i++) free(f->entries[i].name);
@@ -492,6 +494,7 @@ fl_safetensors *fl_safetensors_open(const char *path) {
     fl_safetensors *f = calloc(1, sizeof *f);
     if (!f) return FL_FAIL_NULL(FL_ERR_OOM, "safetensors: out of memory");
     f->refcount = 1;
+    f->fd = -1;
     f->path = strdup(path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
@@ -510,10 +513,14 @@ fl_safetensors *fl_safetensors_open(const char *path) {
         fl_fail(FL_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
         goto fail;
     }
-    close(fd);
+    f->fd = fd;
     fd = -1;
     fl_fault_register(f->map, f->size, f->path);
-    const unsigned char *p = f->map;
+    unsigned char p[8];
+    if (fl_guarded_memcpy(p, f->map, 8) != 0) {
+        fl_fail(FL_ERR_IO, "%s: the file shrank while it was being opened", path);
+        goto fail;
+    }
     uint64_t n = 0;
     for (int k = 7; k >= 0; k--) n = n << 8 | p[k]; /* little-endian on any host */
     if (n > MAX_HEADER || n > f->size - 8) {
@@ -523,7 +530,22 @@ fl_safetensors *fl_safetensors_open(const char *path) {
     }
     f->data = (const char *)f->map + 8 + n;
     f->data_size = f->size - 8 - n;
-    if (parse_header(f, (const char *)f->map + 8, (size_t)n) != FL_OK) goto fail;
+    /* The header is parsed from a copy: a file truncated meanwhile is an
+     * error here, not a fault inside the parser. */
+    char *header = malloc(n ? n : 1);
+    if (!header) {
+        fl_fail(FL_ERR_OOM, "%s: out of memory for a header of %llu bytes", path,
+                (unsigned long long)n);
+        goto fail;
+    }
+    if (fl_guarded_memcpy(header, (const char *)f->map + 8, n) != 0) {
+        free(header);
+        fl_fail(FL_ERR_IO, "%s: the file shrank while it was being opened", path);
+        goto fail;
+    }
+    int rc = parse_header(f, header, (size_t)n);
+    free(header);
+    if (rc != FL_OK) goto fail;
     return f;
 fail:
     if (fd >= 0) close(fd);
@@ -568,6 +590,20 @@ static void release_mapping(void *ctx, void *data, int64_t nbytes) {
     release_file(ctx);
 }
 
+/* storage->check of tensors in the mapping: whether the file still holds
+ * every byte that was mapped (see [Note: mapped files that shrink]). */
+static int file_check(void *ctx) {
+    const fl_safetensors *f = ctx;
+    struct stat st;
+    if (fstat(f->fd, &st) != 0)
+        return fl_fail(FL_ERR_IO, "%s: cannot stat the open file: %s", f->path, strerror(errno));
+    if ((uint64_t)st.st_size < (uint64_t)f->size)
+        return fl_fail(FL_ERR_IO, "%s: the file shrank while it was mapped (from %zu to %lld "
+                                  "bytes: truncated or rewritten in place by another process?)",
+                       f->path, f->size, (long long)st.st_size);
+    return FL_OK;
+}
+
 fl_tensor *fl_safetensors_get(fl_safetensors *f, int i) {
     if (check_index(f, i)) return NULL;
     const entry *e = &f->entries[i];
@@ -601,6 +637,7 @@ fl_tensor *fl_safetensors_get(fl_safetensors *f, int i) {
     s->release = release_mapping;
     s->release_ctx = f;
     s->file = f->path;
+    s->check = file_check;
     t->storage = s;
     t->data = s->data;
     return t;

@@ -78,8 +78,22 @@ int64_t fl_tensor_storage_bytes(const fl_tensor *t) {
 
 bool fl_tensor_has_storage(const fl_tensor *t) { return t && t->storage != NULL; }
 
+/* [Note: mapped files that shrink]
+ * A tensor may view a mapped file (safetensors) that another process then
+ * truncates; reading a page past the new end raises SIGBUS. Two defences:
+ * every op checks its inputs here, and storage with a check (the file's
+ * size against the mapping's, one fstat) refuses with a message naming the
+ * file; copies out of a mapping (copy_from_file below) also run under a
+ * SIGBUS guard, for a truncation between the check and the read. A fault
+ * that still happens inside a kernel ends the process with one line naming
+ * the file (core/base/fault.c). */
 int fl_check_tensor(const char *op, const fl_tensor *t, bool need_data) {
     if (!t) return fl_fail(FL_ERR_ARG, "%s: tensor is NULL (freed?)", op);
+    if (t->storage && t->storage->check && t->storage->check(t->storage->release_ctx) != FL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s: %s", op, fl_last_error());
+        return fl_set_error(fl_last_status(), msg);
+    }
     if (!need_data || t->storage) return FL_OK;
     char s[128], dev[32];
     fl_shape_str(t, s, sizeof s);
@@ -402,11 +416,11 @@ static int copy_across_devices(fl_tensor *dst, const fl_tensor *src, bool non_bl
     return rc;
 }
 
-/* Copy out of a mapped file (src->storage->file): the bytes src spans are
- * first copied, on this thread and under a SIGBUS guard (fault.c), into
- * memory of our own, and the kernel (which may run on several threads)
- * reads them there. A file truncated by another process since it was
- * mapped is an error naming it, not a crash. */
+/* Copy out of a mapped file (src->storage->file; see [Note: mapped files
+ * that shrink]): the bytes src spans are first copied, on this thread and
+ * under a SIGBUS guard (fault.c), into memory of our own, and the kernel
+ * (which may run on several threads) reads them there. A file truncated by
+ * another process since it was mapped is an error naming it, not a crash. */
 static int copy_from_file(fl_tensor *dst, const fl_tensor *view) {
     int64_t esize = (int64_t)fl_dtype_size(view->dtype), span = 1;
     for (int d = 0; d < view->ndim; d++) {
