@@ -98,7 +98,7 @@ fl_tensor *fl_conv2d(const fl_tensor *x, const fl_tensor *w, const fl_tensor *bi
     bool was = fl_set_grad_enabled(false);
     fl_tensor *xc = fl_contiguous(x), *wc = xc ? fl_contiguous(w) : NULL;
     int rc = wc ? FL_OK : (int)fl_last_status();
-    if (rc == FL_OK && !no_storage) {
+    if (rc == FL_OK && !no_storage && prod > 0) { /* an empty output needs no kernel */
         const fl_linear_kernels *k = fl_linear_kernels_of(op, x->device);
         fl_tensor xb, ob;
         as_batch(xc, &xb);
@@ -160,7 +160,12 @@ static int conv2d_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) 
     }
     for (int i = 0; i < 3; i++)
         if (fl_node_wants(node, i) && !t[i]) rc = fl_last_status();
-    if (rc == FL_OK && !no_storage) {
+    if (rc == FL_OK && !no_storage && prod == 0) {
+        /* No output element (an empty batch): every gradient is zero, as in
+         * PyTorch; cuDNN refuses to describe empty tensors. */
+        for (int i = 0; i < 3 && rc == FL_OK; i++)
+            if (t[i]) rc = fl_fill_(t[i], 0.0);
+    } else if (rc == FL_OK && !no_storage) {
         const fl_linear_kernels *k = fl_linear_kernels_of(op, g->device);
         fl_tensor gxv;
         if (t[0]) as_batch(t[0], &gxv);

@@ -170,9 +170,13 @@ cases.embedding = function()
   return e
 end
 cases.conv2d = function()
-  local y = F.conv2d(x({ 0, 1, 4, 4 }), x({ 2, 1, 3, 3 }), x({ 2 }))
+  local w, b = x({ 2, 1, 3, 3 }), x({ 2 })
+  local y = F.conv2d(x({ 0, 1, 4, 4 }), w, b)
   assert.same({ 0, 2, 2, 2 }, shape_of(y))
-  return y
+  y:sum():backward() -- an empty batch: zero gradients for the weight and bias
+  assert.equal(0, w.grad:abs():sum():item())
+  assert.equal(0, b.grad:abs():sum():item())
+  return {} -- backpropagated already
 end
 cases.max_pool2d = function()
   local y = F.max_pool2d(x({ 0, 1, 4, 4 }), 2)
