@@ -112,7 +112,9 @@ void fl_fault_unregister(const void *begin) {
 int fl_guarded_memcpy(void *dst, const void *src, size_t n) {
     pthread_once(&installed, install);
     sigjmp_buf env;
-    if (sigsetjmp(env, 1)) {
+    /* The mask is not saved (no system call per copy): the handler runs
+     * with SA_NODEFER, so jumping out of it leaves SIGBUS unblocked. */
+    if (sigsetjmp(env, 0)) {
         guard = NULL;
         return -1;
     }

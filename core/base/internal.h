@@ -70,7 +70,7 @@ struct fl_storage {
     bool holds_params;
     /* For storage that maps a file: its path (owned by release_ctx), and
      * check(release_ctx): FL_OK while the file still holds the mapped
-     * bytes, else an error naming it. Every op checks its inputs with it
+     * bytes (its last page reads), else an error naming it. Every op checks its inputs with it
      * (fl_check_tensor), and copies out of the mapping are guarded besides
      * (fault.c): see [Note: mapped files that shrink] in tensor.c. */
     const char *file;

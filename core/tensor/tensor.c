@@ -81,9 +81,9 @@ bool fl_tensor_has_storage(const fl_tensor *t) { return t && t->storage != NULL;
 /* [Note: mapped files that shrink]
  * A tensor may view a mapped file (safetensors) that another process then
  * truncates; reading a page past the new end raises SIGBUS. Two defences:
- * every op checks its inputs here, and storage with a check (the file's
- * size against the mapping's, one fstat) refuses with a message naming the
- * file; copies out of a mapping (copy_from_file below) also run under a
+ * every op checks its inputs here, and storage with a check (the
+ * mapping's last page still reads, probed under the SIGBUS guard) refuses
+ * with a message naming the file; copies out of a mapping (copy_from_file below) also run under a
  * SIGBUS guard, for a truncation between the check and the read. A fault
  * that still happens inside a kernel ends the process with one line naming
  * the file (core/base/fault.c). */
