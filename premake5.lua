@@ -190,7 +190,7 @@ project "fsdp"
   -- OpenBLAS (Debian's pthread build) for every matrix product.
   includedirs { pkg_config_dirs("--cflags-only-I", "openblas") }
   libdirs { pkg_config_dirs("--libs-only-L", "openblas") }
-  links { "openblas", "jansson", "xxhash", "m", "pthread", "dl" }
+  links { "openblas", "jansson", "yajl", "xxhash", "m", "pthread", "dl" }
   if NVCC then
     -- The asan configuration stays CPU-only: the CUDA runtime is not built
     -- for the sanitizers and the GPU code is not what they check here.

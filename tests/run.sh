@@ -9,6 +9,7 @@
 #   lua-asan the same specs through the sanitized build
 #   cudasim  the CUDA backend's kernels run on the CPU (tests/cudasim/run.sh)
 #   mpi      multi-rank scripts under mpirun, 2 and 4 ranks (tests/mpi/run.sh)
+#   fuzz     libFuzzer on the file readers, a short run (tests/fuzz/run.sh)
 # A suite that exits non-zero without reporting a failed test (a crash, a
 # sanitizer report) counts as one failure.
 #   tests/run.sh            all suites
@@ -83,6 +84,16 @@ if want mpi; then
     run_suite mpi tests/mpi/run.sh
   else
     echo "=== mpi: skipped (mpirun not found; ./build.sh installs openmpi-bin)"
+    skipped=$((skipped + 1))
+  fi
+fi
+
+# A short fuzzing run of the file readers (the long one: tests/fuzz/README.md).
+if want fuzz; then
+  if command -v clang >/dev/null; then
+    run_suite fuzz tests/fuzz/run.sh "${FUZZ_SECONDS:-12}"
+  else
+    echo "=== fuzz: skipped (clang not found; ./build.sh installs it)"
     skipped=$((skipped + 1))
   fi
 fi

@@ -7,8 +7,19 @@
  * among the ready ones (a max-heap on creation order: that is reverse
  * execution order, the order the sharding layer's prefetching expects).
  * Gradients reaching a leaf are accumulated into its .grad. A node's saved
- * tensors and buffers are freed as soon as it has run; saved tensors that
- * activation offload moved to host memory come back just before it runs.
+ * tensors and buffers are freed as soon as it has run (unless the caller
+ * asked to retain the graph, as PyTorch's retain_graph=True); saved tensors
+ * that activation offload moved to host memory come back just before it
+ * runs.
+ *
+ * [Note: spent nodes]
+ * A node whose saved state was freed is marked spent; a later backward
+ * that reaches it fails with PyTorch's message instead of handing the
+ * backward formula NULL saved tensors. The check is here, once, so every
+ * node type (C or Lua) is covered and no formula checks its own inputs.
+ * Nodes that keep no values for backward (add; views, whose saved meta
+ * tensor only carries a shape) are not marked: backpropagating through
+ * them twice is well defined, as in PyTorch.
  *
  * Nodes implemented in Lua pause the engine: fl_engine_step returns
  * FL_ENGINE_LUA_NODE with the node's output gradients, and the caller
@@ -57,6 +68,8 @@ struct fl_engine {
     node_map map;          /* node -> index in states */
     int pending;           /* state index of the Lua node awaiting provide, or -1 */
     bool failed;
+    bool retain_graph;     /* keep saved tensors: the graph can run again */
+    bool started;          /* fl_engine_step was called */
 };
 
 /* ---- heap ------------------------------------------------------------------ */
@@ -315,13 +328,28 @@ static int deliver(fl_engine *e, int s, fl_tensor **grads_in) {
         fl_tensor_release(st->buffers[k]);
         st->buffers[k] = NULL;
     }
-    /* Free what backward no longer needs, now rather than with the graph. */
+    if (e->retain_graph) return rc;
+    /* Free what backward no longer needs, now rather than with the graph
+     * (see [Note: spent nodes]). */
     for (int k = 0; k < node->n_saved; k++) {
-        fl_tensor_release(node->saved[k]);
+        fl_tensor *t = node->saved[k];
+        if (!t || !t->storage) continue; /* a shape carrier (meta): nothing to free */
+        fl_tensor_release(t);
         node->saved[k] = NULL;
+        node->spent = true;
     }
+    if (node->packed) node->spent = true;
     fl_node_drop_packed(node);
+    if (node->lua_id) node->spent = true;
     return rc;
+}
+
+int fl_engine_retain_graph(fl_engine *e, bool retain) {
+    if (!e) return fl_fail(FL_ERR_ARG, "backward: engine is NULL");
+    if (e->started)
+        return fl_fail(FL_ERR_STATE, "backward: retain_graph must be set before the first step");
+    e->retain_graph = retain;
+    return FL_OK;
 }
 
 int fl_engine_step(fl_engine *e, fl_engine_event *event) {
@@ -330,12 +358,21 @@ int fl_engine_step(fl_engine *e, fl_engine_event *event) {
     if (e->pending >= 0)
         return fl_fail(FL_ERR_STATE, "backward: the Lua node %s is waiting for its gradients",
                        e->states[e->pending].node->type->name);
+    e->started = true;
     bool was = fl_set_grad_enabled(false);
     int rc = FL_OK;
     while (e->heap_len > 0) {
         int s = heap_pop(e);
         node_state *st = &e->states[s];
         fl_node *node = st->node;
+        if (node->spent) {
+            rc = fl_fail(FL_ERR_STATE,
+                         "backward: trying to backward through the graph a second time: %s "
+                         "already ran and its saved tensors were freed; pass retain_graph=true "
+                         "to the first backward if you need to backward twice",
+                         node->type->name);
+            break;
+        }
         rc = complete_buffers(st);
         if (rc != FL_OK) break;
         if (node->lua_id) {

@@ -269,6 +269,12 @@ int fl_lua_nodes_released(int64_t *ids, int max) {
 
 static _Atomic int64_t flop_count;
 
-void fl_flops_add(int64_t n) { atomic_fetch_add(&flop_count, n); }
+/* Saturating: counts of huge meta models stop at INT64_MAX, never wrap. */
+void fl_flops_add(int64_t n) {
+    int64_t old = atomic_load(&flop_count), sum;
+    do {
+        sum = fl_flops_sum(old, n);
+    } while (!atomic_compare_exchange_weak(&flop_count, &old, sum));
+}
 int64_t fl_flops(void) { return atomic_load(&flop_count); }
 void fl_flops_reset(void) { atomic_store(&flop_count, 0); }

@@ -68,7 +68,22 @@ struct fl_storage {
      * unit's segment of its shard): set by fl_requires_grad_, never
      * cleared. Activation offload never moves such memory. */
     bool holds_params;
+    /* For storage that maps a file: its path (owned by release_ctx), and
+     * check(release_ctx): FL_OK while the file still holds the mapped
+     * bytes (its last page reads), else an error naming it. Every op checks its inputs with it
+     * (fl_check_tensor), and copies out of the mapping are guarded besides
+     * (fault.c): see [Note: mapped files that shrink] in tensor.c. */
+    const char *file;
+    int (*check)(void *ctx);
 };
+
+/* Reading mapped files that may shrink (core/base/fault.c). Register a
+ * mapping so a SIGBUS inside it ends the process with a message naming the
+ * file; fl_guarded_memcpy copies with a SIGBUS guard on this thread and
+ * returns -1 instead of faulting. */
+void fl_fault_register(const void *begin, size_t size, const char *path);
+void fl_fault_unregister(const void *begin);
+int fl_guarded_memcpy(void *dst, const void *src, size_t n);
 
 fl_storage *fl_storage_new(fl_device device, int64_t nbytes);
 void fl_storage_retain(fl_storage *s);
@@ -237,6 +252,10 @@ struct fl_node {
     int64_t i[8];
     void *extra;
     int64_t lua_id;            /* nodes whose backward runs in Lua; else 0 */
+    /* A backward without retain_graph ran this node and freed what it kept
+     * for backward (saved tensors, a Lua node's handler): running it again
+     * is refused (engine.c). */
+    bool spent;
     /* Saved tensors moved to host memory by activation offload: NULL, or
      * FL_NODE_MAX_SAVED entries, packed[k] set while saved[k] is NULL
      * (core/autograd/offload.c). */
@@ -315,5 +334,16 @@ const void *fl_no_kernel(const char *op, fl_device device);
 /* ---- FLOP accounting ----------------------------------------------------- */
 
 void fl_flops_add(int64_t n);
+/* a * b for FLOP counts, saturating at INT64_MAX instead of overflowing:
+ * the factors are sizes of valid shapes, but their products (m * n * k of
+ * a matmul on meta tensors of any size) are not bounded by any one shape. */
+static inline int64_t fl_flops_mul(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+static inline int64_t fl_flops_sum(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
 
 #endif /* FL_INTERNAL_H */

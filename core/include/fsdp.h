@@ -415,6 +415,11 @@ typedef struct fl_engine_event {
 
 FL_API fl_engine *fl_engine_start(int n, fl_tensor *const *roots,
                                   fl_tensor *const *grads);
+/* Keep the graph's saved tensors after it ran (PyTorch's retain_graph), so
+ * a later backward can run through it again; set before the first step.
+ * Without it, a second backward through a node that saved tensors fails
+ * with "trying to backward through the graph a second time". */
+FL_API int fl_engine_retain_graph(fl_engine *e, bool retain);
 /* Run C nodes until the graph is done or a Lua node is ready. */
 FL_API int fl_engine_step(fl_engine *e, fl_engine_event *event);
 /* Gradients for the inputs of the Lua node last returned (NULL entries for

@@ -42,7 +42,7 @@ static const char *OP = "scaled_dot_product_attention";
 
 static int64_t forward_flops(int64_t b, int64_t hq, int64_t tq, int64_t tk, int64_t d, int64_t dv,
                              bool causal) {
-    int64_t f = 2 * b * hq * tq * tk * (d + dv);
+    int64_t f = fl_flops_mul(fl_flops_mul(fl_flops_mul(2 * b, hq), fl_flops_mul(tq, tk)), d + dv);
     return causal ? f / 2 : f;
 }
 
@@ -257,7 +257,7 @@ static int attention_backward(fl_node *node, fl_tensor *const *go, fl_tensor **g
     const fl_tensor *all[7] = {q, k, v, bias, o, lse, g};
     bool no_storage = fl_fused_no_storage(7, all);
     fl_dtype r = fl_fused_compute_dtype(q->dtype);
-    fl_flops_add(forward_flops(B, Hq, Tq, Tk, D, Dv, causal) * 5 / 2);
+    fl_flops_add(fl_flops_mul(forward_flops(B, Hq, Tq, Tk, D, Dv, causal) / 2, 5));
 
     bool want_bias = bias && fl_node_wants(node, 3);
     int64_t b4[4] = {1, 1, 1, 1};

@@ -94,11 +94,11 @@ fl_tensor *fl_conv2d(const fl_tensor *x, const fl_tensor *w, const fl_tensor *bi
                          : fl_linear_output(3, shape4 + 1, x->dtype, x->device, no_storage);
     if (!out) return NULL;
     int64_t prod = N * O * Ho * Wo;
-    fl_flops_add(2 * prod * C * kh * kw + (bias ? prod : 0));
+    fl_flops_add(fl_flops_sum(fl_flops_mul(fl_flops_mul(2 * prod, C), fl_flops_mul(kh, kw)), bias ? prod : 0));
     bool was = fl_set_grad_enabled(false);
     fl_tensor *xc = fl_contiguous(x), *wc = xc ? fl_contiguous(w) : NULL;
     int rc = wc ? FL_OK : (int)fl_last_status();
-    if (rc == FL_OK && !no_storage) {
+    if (rc == FL_OK && !no_storage && prod > 0) { /* an empty output needs no kernel */
         const fl_linear_kernels *k = fl_linear_kernels_of(op, x->device);
         fl_tensor xb, ob;
         as_batch(xc, &xb);
@@ -148,11 +148,11 @@ static int conv2d_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) 
     int rc = FL_OK;
     if (fl_node_wants(node, 0)) {
         t[0] = fl_linear_output(x->ndim, x->shape, x->dtype, x->device, no_storage);
-        fl_flops_add(2 * prod * K);
+        fl_flops_add(fl_flops_mul(2 * prod, K));
     }
     if (fl_node_wants(node, 1)) {
         t[1] = fl_linear_output(4, w->shape, w->dtype, w->device, no_storage);
-        fl_flops_add(2 * prod * K);
+        fl_flops_add(fl_flops_mul(2 * prod, K));
     }
     if (fl_node_wants(node, 2)) {
         t[2] = fl_linear_output(1, &O, w->dtype, w->device, no_storage);
@@ -160,7 +160,12 @@ static int conv2d_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) 
     }
     for (int i = 0; i < 3; i++)
         if (fl_node_wants(node, i) && !t[i]) rc = fl_last_status();
-    if (rc == FL_OK && !no_storage) {
+    if (rc == FL_OK && !no_storage && prod == 0) {
+        /* No output element (an empty batch): every gradient is zero, as in
+         * PyTorch; cuDNN refuses to describe empty tensors. */
+        for (int i = 0; i < 3 && rc == FL_OK; i++)
+            if (t[i]) rc = fl_fill_(t[i], 0.0);
+    } else if (rc == FL_OK && !no_storage) {
         const fl_linear_kernels *k = fl_linear_kernels_of(op, g->device);
         fl_tensor gxv;
         if (t[0]) as_batch(t[0], &gxv);

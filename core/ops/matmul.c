@@ -144,8 +144,9 @@ fl_tensor *fl_linear_bmm(const char *op, const fl_tensor *a, const fl_tensor *b,
         if (!out) return NULL;
     }
     int64_t batch = 1;
-    for (int d = 0; d < nb; d++) batch *= shape[d];
-    fl_flops_add(2 * batch * m * n * k + (bias ? batch * m * n : 0));
+    for (int d = 0; d < nb; d++) batch = fl_flops_mul(batch, shape[d]);
+    int64_t outputs = fl_flops_mul(batch, fl_flops_mul(m, n));
+    fl_flops_add(fl_flops_sum(fl_flops_mul(fl_flops_mul(2, outputs), k), bias ? outputs : 0));
     if (no_storage || !out->storage) return out;
     const fl_linear_kernels *kern = fl_linear_kernels_of(op, out->device);
     fl_tensor va, vb, vo;
@@ -179,7 +180,8 @@ static bool rows_view(const fl_tensor *t, fl_tensor *v) {
     for (int d = nd - 2; d >= 0; d--) {
         int64_t size = t->shape[d];
         rows *= size;
-        if (size == 1 || !t->storage) continue; /* without values only shapes matter */
+        /* Without values (meta, or no elements at all) only shapes matter. */
+        if (size == 1 || !t->storage || t->numel == 0) continue;
         if (inner < 0) inner = t->stride[d];
         else if (t->stride[d] != expect) return false;
         expect = t->stride[d] * size;

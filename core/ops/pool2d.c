@@ -84,7 +84,7 @@ fl_tensor *fl_max_pool2d(const fl_tensor *x, int64_t kh, int64_t kw,
         fl_tensor_release(out);
         return NULL;
     }
-    fl_flops_add(out->numel * kh * kw);
+    fl_flops_add(fl_flops_mul(out->numel, fl_flops_mul(kh, kw)));
     int rc = FL_OK;
     if (!no_storage) {
         bool was = fl_set_grad_enabled(false);

@@ -36,12 +36,27 @@ int fl_wrap_dim(const char *op, const fl_tensor *t, int dim, int ndim_extra) {
     return wrapped;
 }
 
+/* [Note: shape arithmetic cannot overflow]
+ * Every tensor header goes through fl_check_shape, which bounds the product
+ * of max(size, 1) over the dims (the largest contiguous stride times the
+ * outer size) so that it times the largest element size (8 bytes), with a
+ * factor 2 of headroom, fits an int64. Numel, contiguous strides and byte
+ * sizes derived from a valid shape therefore never overflow, in any dtype,
+ * also when a zero-size dim makes numel 0 ([0, 2^62, 2^62] is refused as
+ * PyTorch refuses it: its strides overflow). Code that multiplies sizes of
+ * a checked shape needs no checks of its own; code that multiplies anything
+ * else (user-given counts, file offsets, FLOP counts) uses
+ * __builtin_mul_overflow. */
+/* 8 bytes, the largest element, times 2 of headroom: a byte size stays
+ * below 2^62, so allocators may round it up without overflowing. */
+enum { MAX_ELEMENT_BYTES = 16 };
+
 int fl_check_shape(const char *op, int ndim, const int64_t *shape, int64_t *numel) {
     if (ndim < 0 || ndim > FL_MAX_DIMS)
         return fl_fail(FL_ERR_ARG, "%s: %d dimensions requested, at most %d supported", op, ndim,
                        FL_MAX_DIMS);
     if (ndim > 0 && !shape) return fl_fail(FL_ERR_ARG, "%s: shape is NULL", op);
-    int64_t n = 1;
+    int64_t n = 1, span = MAX_ELEMENT_BYTES;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0) {
             char s[128];
@@ -49,22 +64,25 @@ int fl_check_shape(const char *op, int ndim, const int64_t *shape, int64_t *nume
             return fl_fail(FL_ERR_ARG, "%s: negative size %lld in dim %d of shape %s", op,
                            (long long)shape[d], d, s);
         }
-        if (shape[d] > 0 && n > INT64_MAX / shape[d]) {
+        if (__builtin_mul_overflow(span, shape[d] > 0 ? shape[d] : 1, &span)) {
             char s[128];
             fl_shape_format(ndim, shape, s, sizeof s);
-            return fl_fail(FL_ERR_ARG, "%s: shape %s has more than 2^63 elements", op, s);
+            return fl_fail(FL_ERR_ARG, "%s: shape %s is too large: its strides or byte size "
+                                       "overflow 64 bits", op, s);
         }
-        n *= shape[d];
+        n *= shape[d]; /* <= span: cannot overflow */
     }
     if (numel) *numel = n;
     return FL_OK;
 }
 
 void fl_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+    /* Callers may pass a shape not checked yet (view computes strides before
+     * the header refuses the shape): saturate rather than overflow there. */
     int64_t s = 1;
     for (int d = ndim - 1; d >= 0; d--) {
         stride[d] = s;
-        s *= shape[d] > 0 ? shape[d] : 1;
+        if (d > 0 && __builtin_mul_overflow(s, shape[d] > 0 ? shape[d] : 1, &s)) s = INT64_MAX;
     }
 }
 

@@ -20,6 +20,10 @@
 /* ---- headers and references -------------------------------------------- */
 
 fl_tensor *fl_tensor_header(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device) {
+    /* Views, file tensors and shards all come through here: one check makes
+     * their strides and sizes safe (see [Note: shape arithmetic cannot
+     * overflow] in shape.c). */
+    if (fl_check_shape("tensor", ndim, shape, NULL)) return NULL;
     fl_tensor *t = calloc(1, sizeof *t);
     if (!t) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a tensor header");
     t->ndim = ndim;
@@ -74,8 +78,22 @@ int64_t fl_tensor_storage_bytes(const fl_tensor *t) {
 
 bool fl_tensor_has_storage(const fl_tensor *t) { return t && t->storage != NULL; }
 
+/* [Note: mapped files that shrink]
+ * A tensor may view a mapped file (safetensors) that another process then
+ * truncates; reading a page past the new end raises SIGBUS. Two defences:
+ * every op checks its inputs here, and storage with a check (the
+ * mapping's last page still reads, probed under the SIGBUS guard) refuses
+ * with a message naming the file; copies out of a mapping (copy_from_file below) also run under a
+ * SIGBUS guard, for a truncation between the check and the read. A fault
+ * that still happens inside a kernel ends the process with one line naming
+ * the file (core/base/fault.c). */
 int fl_check_tensor(const char *op, const fl_tensor *t, bool need_data) {
     if (!t) return fl_fail(FL_ERR_ARG, "%s: tensor is NULL (freed?)", op);
+    if (t->storage && t->storage->check && t->storage->check(t->storage->release_ctx) != FL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s: %s", op, fl_last_error());
+        return fl_set_error(fl_last_status(), msg);
+    }
     if (!need_data || t->storage) return FL_OK;
     char s[128], dev[32];
     fl_shape_str(t, s, sizeof s);
@@ -398,6 +416,45 @@ static int copy_across_devices(fl_tensor *dst, const fl_tensor *src, bool non_bl
     return rc;
 }
 
+/* Copy out of a mapped file (src->storage->file; see [Note: mapped files
+ * that shrink]): the bytes src spans are first copied, on this thread and
+ * under a SIGBUS guard (fault.c), into memory of our own, and the kernel
+ * (which may run on several threads) reads them there. A file truncated by
+ * another process since it was mapped is an error naming it, not a crash. */
+static int copy_from_file(fl_tensor *dst, const fl_tensor *view) {
+    int64_t esize = (int64_t)fl_dtype_size(view->dtype), span = 1;
+    for (int d = 0; d < view->ndim; d++) {
+        if (view->stride[d] < 0)
+            return fl_fail(FL_ERR_UNSUPPORTED, "copy_: negative strides from the mapped file %s",
+                           view->storage->file);
+        span += (view->shape[d] - 1) * view->stride[d];
+    }
+    size_t nbytes = (size_t)(span * esize);
+    const char *from = (const char *)view->data;
+    void *buf = malloc(nbytes);
+    if (!buf) return fl_fail(FL_ERR_OOM, "copy_: out of host memory for %zu bytes of %s", nbytes,
+                             view->storage->file);
+    if (fl_guarded_memcpy(buf, from, nbytes) != 0) {
+        free(buf);
+        return fl_fail(FL_ERR_IO, "%s: the file shrank while it was mapped (truncated or rewritten "
+                                  "in place by another process?): bytes %lld to %lld of its mapping "
+                                  "cannot be read",
+                       view->storage->file, (long long)(from - (const char *)view->storage->data),
+                       (long long)(from - (const char *)view->storage->data + (int64_t)nbytes));
+    }
+    fl_storage s = *view->storage;
+    s.data = buf;
+    s.nbytes = (int64_t)nbytes;
+    s.file = NULL;
+    fl_tensor own = *view;
+    own.storage = &s;
+    own.data = buf;
+    own.offset = 0;
+    int rc = fl_backend_of(dst->device)->copy(dst, &own);
+    free(buf);
+    return rc;
+}
+
 static int copy_impl(fl_tensor *dst, const fl_tensor *src, bool non_blocking) {
     if (fl_check_tensor("copy_", dst, false) || fl_check_tensor("copy_", src, false))
         return fl_last_status();
@@ -414,6 +471,7 @@ static int copy_impl(fl_tensor *dst, const fl_tensor *src, bool non_blocking) {
     view.numel = dst->numel;
     memcpy(view.shape, dst->shape, sizeof view.shape);
     memcpy(view.stride, stride, sizeof view.stride);
+    if (src->storage->file && view.numel > 0) return copy_from_file(dst, &view);
     return fl_backend_of(dst->device)->copy(dst, &view);
 }
 

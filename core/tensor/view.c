@@ -95,8 +95,11 @@ static int infer_shape(const char *op, const fl_tensor *t, int ndim, const int64
             infer = d;
         } else if (req[d] < 0) {
             return fl_fail(FL_ERR_ARG, "%s: invalid size %lld in dim %d", op, (long long)req[d], d);
-        } else {
-            known *= req[d];
+        } else if (__builtin_mul_overflow(known, req[d], &known)) {
+            char b[128];
+            fl_shape_format(ndim, req, b, sizeof b);
+            return fl_fail(FL_ERR_ARG, "%s: shape %s is too large (its element count overflows "
+                                       "64 bits)", op, b);
         }
     }
     bool ok;

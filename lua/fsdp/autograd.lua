@@ -83,10 +83,12 @@ end
 
 local event = ffi.new('fl_engine_event')
 
-local function run_lua_node(engine, ev)
+local function run_lua_node(engine, ev, retain)
   local id = tonumber(ev.lua_id)
   local h = handlers[id]
-  handlers[id] = nil
+  -- The handler is the Lua node's saved state: kept for a later backward
+  -- only when the graph is retained (the engine refuses spent nodes).
+  if not retain then handlers[id] = nil end
   if not h then core.fail(('backward: no Lua handler for node %d'):format(id)) end
   local grads = {}
   for i = 0, ev.n_grads - 1 do
@@ -119,8 +121,9 @@ function M.queue_callback(fn)
   callbacks[#callbacks + 1] = fn
 end
 
-local function run_engine(tensors, grads)
+local function run_engine(tensors, grads, opts)
   if Tensor.is_tensor(tensors) then tensors, grads = { tensors }, { grads } end
+  local retain = opts and opts.retain_graph and true or false
   grads = grads or {}
   local n = #tensors
   local roots = ffi.new('fl_tensor*[?]', math.max(n, 1))
@@ -132,19 +135,28 @@ local function run_engine(tensors, grads)
   local engine = C.fl_engine_start(n, roots, gs)
   if engine == nil then core.raise() end
   engine = ffi.gc(engine, C.fl_engine_free)
+  core.check(C.fl_engine_retain_graph(engine, retain))
   while true do
     core.check(C.fl_engine_step(engine, event))
     if event.kind == C.FL_ENGINE_DONE then break end
-    run_lua_node(engine, event)
+    run_lua_node(engine, event, retain)
   end
   C.fl_engine_free(ffi.gc(engine, nil))
 end
 
 -- Backpropagate from tensors (one Tensor or an array) with optional output
--- gradients (same layout; nil means ones for a scalar).
-function M.backward(tensors, grads)
+-- gradients (same layout; nil means ones for a scalar). opts.retain_graph:
+-- keep the saved tensors so the graph can be backpropagated again; without
+-- it a second backward through the graph is an error (as in PyTorch).
+function M.backward(tensors, grads, opts)
+  if opts ~= nil and type(opts) ~= 'table' then
+    core.fail(('backward: options must be a table like {retain_graph = true}, got %s'):format(type(opts)))
+  end
+  for k in pairs(opts or {}) do
+    if k ~= 'retain_graph' then core.fail(('backward: unknown option %s (known: retain_graph)'):format(tostring(k))) end
+  end
   depth = depth + 1
-  local ok, err = pcall(run_engine, tensors, grads)
+  local ok, err = pcall(run_engine, tensors, grads, opts)
   depth = depth - 1
   if depth > 0 then
     if not ok then error(err, 0) end

@@ -214,8 +214,10 @@ function methods:is_leaf() return cptr(self).grad_fn == nil end
 function methods:detach() return wrap(C.fl_detach(cptr(self))) end
 
 -- Backpropagate from this tensor (a scalar, or give `grad` of its shape).
-function methods:backward(grad)
-  require('fsdp.autograd').backward(self, grad)
+-- opts.retain_graph keeps the graph's saved tensors so a second backward
+-- through it works (as PyTorch's retain_graph=True).
+function methods:backward(grad, opts)
+  require('fsdp.autograd').backward(self, grad, opts)
 end
 
 -- arithmetic: t + u, t - 2, 3 * t, t / u, -t, with broadcasting -----------------

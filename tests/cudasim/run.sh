@@ -8,7 +8,8 @@
 #      under mpirun with 2 and 4 ranks (tests/mpi/cuda_collectives.lua);
 #   3. the GPU benchmark's batch search on a small simulated device;
 #   4. the specs that test the CUDA backend on a GPU (every op against the
-#      CPU, the large-kernel specs, training), run by the cudasim build,
+#      CPU, the large-kernel specs, training, every op on zero-size
+#      tensors), run by the cudasim build,
 #      whose cuda:0 runs the backend's kernels on the CPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,5 +54,6 @@ fi
 
 "$bin/fsdp-lua" tests/busted.lua -o TAP tests/lua/backend_ops_spec.lua tests/lua/cuda_elem_spec.lua \
   tests/lua/cuda_linear_spec.lua tests/lua/cuda_fused_spec.lua tests/lua/cuda_training_spec.lua \
-  tests/lua/event_spec.lua tests/lua/cuda_host_spec.lua tests/lua/cuda_offload_spec.lua || rc=1
+  tests/lua/event_spec.lua tests/lua/cuda_host_spec.lua tests/lua/cuda_offload_spec.lua \
+  tests/lua/empty_ops_spec.lua || rc=1
 exit $rc

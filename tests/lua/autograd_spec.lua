@@ -118,6 +118,66 @@ describe('the engine', function()
   end)
 end)
 
+-- [Note: spent nodes] in core/autograd/engine.c: a second backward through
+-- a node whose saved tensors the first one freed is refused by the engine,
+-- for every node type; retain_graph keeps them.
+describe('backward twice', function()
+  local F = require 'fsdp.functional'
+  local ag = require 'fsdp.autograd'
+  -- One graph per kind of node that saves something, each ending in a
+  -- non-scalar output (so the node itself, not a sum, is the first reached).
+  local graphs = {
+    exp = function(x) return F.exp(x) end,
+    mul = function(x) return x * x end,
+    linear = function(x, w) return F.linear(x, w) end,
+    matmul = function(x, w) return F.matmul(x, w:transpose(0, 1)) end,
+    softmax = function(x) return F.softmax(x, -1) end,
+    rms_norm = function(x) return F.rms_norm(x, fsdp.ones({ 3 })) end,
+    checkpoint = function(x, w) return ag.checkpoint(function(a, b) return F.linear(a, b) end, x, w) end,
+  }
+  local names = {}
+  for name in pairs(graphs) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    it(name .. ': refused with a clear error, or twice the gradient with retain_graph', function()
+      local x = fsdp.randn({ 2, 3 }, { seed = 1, dtype = 'f64' }):requires_grad_()
+      local w = fsdp.randn({ 4, 3 }, { seed = 2, dtype = 'f64' }):requires_grad_()
+      local y = graphs[name](x, w)
+      local g = fsdp.ones(y.shape, { dtype = y.dtype })
+      y:backward(g)
+      T.raises(function() y:backward(g) end, 'trying to backward through the graph a second time')
+      T.raises(function() y:backward(g) end, 'pass retain_graph=true')
+      local once = x.grad:clone()
+      x.grad = nil
+      local y2 = graphs[name](x, w)
+      y2:backward(g, { retain_graph = true })
+      y2:backward(g, { retain_graph = true })
+      y2:backward(g) -- the last one may free
+      assert(T.max_abs_diff(x.grad, once * 3) < 1e-12)
+      T.raises(function() y2:backward(g) end, 'a second time')
+    end)
+  end
+
+  it('through nodes that keep only shapes is allowed (as in PyTorch)', function()
+    local x = fsdp.tensor({ 1, 2 }):requires_grad_()
+    local y = (x + 1):sum_to({})
+    y:backward()
+    y:backward()
+    assert.same({ 2, 2 }, x.grad:tolist())
+    x.grad = nil
+    local m = F.mean(F.sum(x:view({ 1, 2 }), 1) * 2)
+    m:backward()
+    m:backward()
+    assert.same({ 4, 4 }, x.grad:tolist())
+  end)
+
+  it('checks its options', function()
+    local y = fsdp.tensor({ 1 }):requires_grad_() * 2
+    T.raises(function() y:backward(nil, { retain = true }) end, 'unknown option retain')
+    T.raises(function() y:backward(nil, true) end, 'options must be a table')
+  end)
+end)
+
 describe('Lua nodes', function()
   it('run their backward in Lua and feed the graph', function()
     local autograd = fsdp.autograd

@@ -232,3 +232,35 @@ describe('memory', function()
     assert.equals(2^20, fsdp.empty({ 2^20 }):numel())
   end)
 end)
+
+-- [Note: shape arithmetic cannot overflow] in core/tensor/shape.c.
+describe('shapes whose sizes overflow 64 bits', function()
+  local T = require 'fsdp.testing'
+  it('are refused by every way of making a tensor, naming the shape', function()
+    local huge = 2 ^ 62
+    T.raises(function() fsdp.empty({ 0, huge, huge }) end, 'shape [0, 4611686018427387904, 4611686018427387904] is too large')
+    T.raises(function() fsdp.empty({ huge, 4 }) end, 'is too large')
+    T.raises(function() fsdp.empty({ 2 ^ 61 }, { dtype = 'f64' }) end, 'is too large')
+    T.raises(function() fsdp.empty({ 0, huge, huge }, { device = 'meta' }) end, 'is too large')
+    T.raises(function() fsdp.zeros({ 1, 1 }):expand({ 2 ^ 40, 2 ^ 40 }) end, 'is too large')
+    T.raises(function() fsdp.zeros({ 0 }):view({ 2 ^ 40, 2 ^ 40, 0 }) end, 'too large')
+    T.raises(function() fsdp.zeros({ 0 }):reshape({ 0, huge, huge }) end, 'too large')
+    -- the largest shapes that fit still work (on meta: nothing allocated)
+    local ok = fsdp.empty({ 0, 2 ^ 30, 2 ^ 28 }, { device = 'meta' })
+    assert.equal(0, ok:numel())
+  end)
+end)
+
+describe('FLOP counts of huge shapes', function()
+  it('saturate instead of overflowing (meta tensors of any valid shape)', function()
+    local F = require 'fsdp.functional'
+    fsdp.reset_flops()
+    local a = fsdp.empty({ 2 ^ 29, 2 ^ 29 }, { device = 'meta' })
+    local b = fsdp.empty({ 2 ^ 29, 2 ^ 28 }, { device = 'meta' })
+    local c = F.matmul(a, b) -- 2 * 2^29 * 2^28 * 2^29 = 2^87 multiply-adds
+    assert.equal(2 ^ 28, c:size(1))
+    assert.is_true(fsdp.flops() >= 2 ^ 62)
+    F.matmul(a, b) -- the total saturates too
+    assert.is_true(fsdp.flops() >= 2 ^ 62)
+  end)
+end)
