@@ -106,6 +106,15 @@ describe('a mapped file truncated by another process', function()
     f:close()
   end)
 
+  it('is refused by checksum verification naming the file (the hash runs on threads no guard covers)', function()
+    local path = dir .. '/shrinks_verified.safetensors'
+    st.save(path, { w = fsdp.randn({ 512, 512 }, { seed = 1 }) }, nil, { checksum = true })
+    local f = st.open(path)
+    assert(os.execute('truncate -s 4096 ' .. T.quote(path)) == 0)
+    T.raises(function() f:verify() end, path .. ': the file shrank while it was mapped')
+    f:close()
+  end)
+
   it('gives an error naming the shard when a token dataset reads it', function()
     local tokens = require 'fsdp.data.tokens'
     local path = dir .. '/train-00000.safetensors'
