@@ -96,7 +96,7 @@ local function encode(v, indent, out, path, style)
       out[#out + 1] = '{'
       for i, k in ipairs(keys) do
         if style.compact then
-          out[#out + 1] = (i > 1 and ', ' or '') .. cjson.encode(k) .. ': '
+          out[#out + 1] = (i > 1 and ',' or '') .. cjson.encode(k) .. ':'
         else
           out[#out + 1] = (i > 1 and ',\n' or '\n') .. inner .. cjson.encode(k) .. ': '
         end
