@@ -61,7 +61,7 @@ want lua && run_suite lua build/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
 if want lua-asan; then
   if [ -x build/asan/bin/fsdp-lua ]; then
     run_suite lua-asan env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-      LSAN_OPTIONS=suppressions="$PWD/tests/lsan.supp" build/asan/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
+      LSAN_OPTIONS=suppressions="$PWD/tests/lsan.supp":print_suppressions=0 build/asan/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
   else
     echo "=== lua-asan: skipped (build/asan/bin/fsdp-lua not built; ./build.sh test builds it)"
     skipped=$((skipped + 1))

@@ -470,7 +470,9 @@ function M.usage_error(msg)
     io.stderr:write(('fsdp-lua: %s\n'):format(line))
     io.stderr:flush()
   end
-  os.exit(2)
+  -- Closing the Lua state frees what was built before the refusal (the fit
+  -- check's meta model), so a refused run leaks nothing.
+  os.exit(2, true)
 end
 
 -- An error of a model config function (models/*.lua) in the words of the
