@@ -157,6 +157,9 @@ function M.open(path, opts)
   if not mode then fail('%s does not exist', path) end
   local src = { path = path }
   if mode == 'directory' and files.mode(files.join(path, 'config.json')) == 'file' then
+    -- The family first: another family's config refuses this one's overrides.
+    local h0 = json.decode(files.read(files.join(path, 'config.json')) or '')
+    if type(h0) == 'table' and MODULES[h0.model_type] then accepted(h0.model_type, opts, files.join(path, 'config.json')) end
     local ok, c, family, h = pcall(hf.read_config, path, opts.overrides)
     if not ok then fail('%s', bare(c)) end
     src.kind, src.family, src.config, src.hf, src.hf_dir = 'hf', family, c, h, path
