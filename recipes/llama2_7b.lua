@@ -246,8 +246,8 @@ local n_params = model:num_parameters()
 require('fsdp.sharding.fit').check(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len },
   'recipes/llama2_7b.lua', { layers = 'num_layers' })
 shard_recipe.apply(model, cfg, fam.block, 'recipes/llama2_7b.lua')
-print(('model: %s, %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s'):format(
-  fam.name, c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype))
+print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s, %s'):format(
+  c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype, fam.name))
 
 local opt = optim.AdamW(model:named_parameters(), {
   lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay,

@@ -71,7 +71,7 @@ TRAIN=(--init_from="$HF" --max_steps=30 --warmup_steps=3 --lr=3e-3 --seq_len=16 
        "${EXTRA[@]}")
 run mpirun -np 2 "$EXE" recipes/llama2_7b.lua "${TRAIN[@]}"
 check "--init_from an HF directory trains 30 steps on 2 ranks and exports" \
-  "sharding: FULL_SHARD over 2 ranks" "model: llama, 2 layers, width 32, 4 heads (2 kv), ffn 48, vocab 64" \
+  "sharding: FULL_SHARD over 2 ranks" "model: 2 layers, width 32, 4 heads (2 kv), ffn 48, vocab 64: 17568 parameters, f32, llama" \
   "init_from: loaded Hugging Face directory $HF (llama)" "Batch 30 Loss" \
   "checkpoint: saved $WORK/ckpt/step-000030" "export: wrote $WORK/export (Hugging Face llama)"
 first=$(grep -o 'Batch 1 Loss: [0-9.]*' <<<"$out" | grep -o '[0-9.]*$')
