@@ -134,6 +134,10 @@ local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.optio
     if not ok2 then error(recipe.bare(err2), 0) end
   end
   fam = decoders.families[family]
+  if family == 'gpt2' and cfg.num_kv_heads > 0 then
+    error(('--%s: GPT-2 has no grouped-query attention (every head has its keys and values)'):format(
+      written.num_kv_heads or 'num_kv_heads'), 0)
+  end
   overrides = {}
   if cfg.num_layers > 0 then overrides.n_layers = cfg.num_layers end
   if cfg.hidden_width > 0 then
