@@ -125,6 +125,7 @@ local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.optio
         cfg.model, family, src.where, src.family, written.model), 0)
     end
     family = src.family
+    if not written.model then cfg.model = '' end -- not the default's name: the weights' config is the model
     local given = {}
     for _, o in ipairs({ { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
                          { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' }, { 'vocab_size', 'vocab_size' } }) do
@@ -329,7 +330,7 @@ for step = start_step + 1, cfg.max_steps do
   if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then
     validate(step)
   end
-  ckpt_recipe.after_step(cfg, state, step, pretrained.extra(src and '' or cfg.model, fam.name, c, src))
+  ckpt_recipe.after_step(cfg, state, step, pretrained.extra(cfg.model, fam.name, c, src))
 end
 log:close()
 ckpt_recipe.finish(cfg, model)

@@ -137,6 +137,7 @@ function M.run(default_model, script, argv)
         overrides = { dropout = cfg.dropout }, model = written.model and cfg.model or '', t5_config = c })
       if not ok2 then error('--init_from ' .. recipe.bare(s), 0) end
       src = s
+      if not written.model then cfg.model = '' end -- not the default's name: the weights' config is the model
       local given = {}
       for _, k in ipairs({ 'num_layers', 'd_model', 'd_ff', 'd_kv', 'num_heads', 'vocab_size' }) do
         if cfg[k] > 0 then given[#given + 1] = { k, cfg[k], written[k] or k } end
@@ -208,7 +209,7 @@ function M.run(default_model, script, argv)
       print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f%s'):format(
         step, r.loss, cfg.batch_size * k / dt, r.lr, r.grad_norm, r.skipped and ', skipped (non-finite: no update)' or ''))
     end
-    ckpt_recipe.after_step(cfg, state, step, pretrained.extra(src and '' or cfg.model, 't5', c, src))
+    ckpt_recipe.after_step(cfg, state, step, pretrained.extra(cfg.model, 't5', c, src))
   end
   ckpt_recipe.finish(cfg, model)
   pretrained.export(cfg, model, src)

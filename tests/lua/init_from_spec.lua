@@ -114,6 +114,13 @@ describe('loaded into shards and exported', function()
     assert.equals(2, gen.eos_token_id)
   end)
 
+  it('a directory of several files (index.json) loads into shards as the single file does', function()
+    local g = fsdp.load_safetensors(GOLDEN .. 'llama3_tiny/golden.safetensors')
+    local model = sharded(GOLDEN .. 'llama3_tiny_sharded')
+    local d = fsdp.no_grad(function() return T.max_abs_diff(model(g.input_ids), g.logits_f32) end)
+    assert(d <= 1e-4, ('logits differ by %g'):format(d))
+  end)
+
   it('GPT-2: HF\'s Conv1D layout goes out of a sharded model as it came in', function()
     local model = sharded(GOLDEN .. 'gpt2_tiny')
     local out = tmp() .. '/export'
