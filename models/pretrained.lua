@@ -134,6 +134,23 @@ local function config_from_shapes(family, shapes, opts, where)
   return c
 end
 
+-- The config a state dict or checkpoint was given (from its record or
+-- the caller's options) against its shapes, on a model built on meta (no
+-- memory): a tensor whose shape differs is named with both shapes before
+-- anything is built for real.
+local function check_shapes(family, config, shapes, where)
+  local build = family == 't5' and module_of('t5').Model or module_of(family).build
+  local model = build(config, { device = 'meta' })
+  for _, np in ipairs(model:named_parameters()) do
+    local have = shapes[np[1]]
+    if have and table.concat(have, ',') ~= table.concat(np[2].shape, ',') then
+      fail('%s: %s is [%s] there, [%s] in the %s model configured (%s)', where, np[1], table.concat(have, ', '),
+        table.concat(np[2].shape, ', '), family, family == 't5' and 'give --model and the size options it was '
+          .. 'trained with' or 'give the --model or --num_heads it was trained with')
+    end
+  end
+end
+
 local function accepted(family, opts, where)
   local list = opts.families or { 'llama', 'gpt2', 't5' }
   for _, f in ipairs(list) do
@@ -200,6 +217,7 @@ function M.open(path, opts)
       for k, v in pairs(opts) do o[k] = v end
       if (o.model or '') == '' and type(extra.model) == 'string' then o.model = extra.model end
       src.config = config_from_shapes(src.family, shapes, o, step_dir)
+      check_shapes(src.family, src.config, shapes, step_dir)
     end
   else
     local ok, f = pcall(fsdp.safetensors.open, path)
@@ -214,6 +232,7 @@ function M.open(path, opts)
     src.family = family_of_names(shapes, path)
     accepted(src.family, opts, path)
     src.config = config_from_shapes(src.family, shapes, opts, path)
+    check_shapes(src.family, src.config, shapes, path)
   end
   accepted(src.family, opts, src.where)
   if src.kind == 'hf' then

@@ -162,6 +162,15 @@ describe('the recipes', function()
     end
   end)
 
+  it('refuse a T5 state dict whose shapes the options do not give, naming the tensor and both shapes', function()
+    local d = tmp()
+    fsdp.checkpointing.save_full_state_dict(d .. '/t5.safetensors', hf.from_pretrained(GOLDEN .. 't5_v1_1_tiny_v5'))
+    local out, rc = T.run_script('recipes/t5_3b.lua', ('--init_from=%s/t5.safetensors'):format(d))
+    assert(rc == 2, out)
+    assert(out:find('t5.safetensors: shared.weight is [64, 16] there, [32128, 1024] in the t5 model configured', 1, true),
+      out)
+  end)
+
   it('train GPT-2 (llama2_7b.lua) and T5 from an HF directory and export what they trained', function()
     local d = tmp()
     local out, rc = T.run_script('recipes/llama2_7b.lua', ('--init_from=%s --max_steps=2 --warmup_steps=1 '
