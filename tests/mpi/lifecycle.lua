@@ -8,7 +8,8 @@
 --   mpirun -np 2 fsdp-lua tests/mpi/lifecycle.lua export CHECKPOINT EXPORT HF_DIR
 --       EXPORT (--export_hf) loads back with our loader and gives the
 --       logits of the trained model (CHECKPOINT, the last step's save,
---       loaded into a sharded model); and training moved the weights away
+--       loaded into a sharded model); exporting that model again peaks at
+--       one gathered unit per rank; and training moved the weights away
 --       from HF_DIR's
 local fsdp = require 'fsdp'
 local hf = require 'models.hf'
@@ -60,6 +61,26 @@ elseif mode == 'export' then
     T.truthy(err <= 1e-6, ('max abs difference %g'):format(err))
   end)
   if T.rank == 0 and err then print(('# export vs trained logits: max abs difference %.3g'):format(err)) end
+  -- The export streams: rank 0 holds about one gathered unit at a time.
+  local dir = fsdp.dist.all_gather_strings(T.rank == 0 and os.tmpname() .. '.d' or '')[1]
+  fsdp.set_collect_budget(0) -- exact peaks: dead tensors collected before every allocation
+  collectgarbage()
+  fsdp.reset_memory_stats('cpu')
+  local base = fsdp.memory_stats('cpu').in_use
+  hf.save_pretrained(trained, dir)
+  local peak = fsdp.memory_stats('cpu').peak - base
+  local largest, total = 0, 0
+  for _, u in ipairs(fsdp.sharding.units(trained)) do
+    largest, total = math.max(largest, u.padded_numel * 4), total + u.numel * 4
+  end
+  T.test('--export_hf of the sharded model peaks at about one unit on each rank', function()
+    T.truthy(peak <= largest + 4096, ('peak +%d bytes, largest unit %d'):format(peak, largest))
+  end)
+  if T.rank == 0 then
+    print(('# export of the sharded model: peak +%d bytes on rank 0, largest unit %d bytes, model %d bytes'):format(
+      peak, largest, total))
+    os.execute('rm -rf ' .. dir)
+  end
   T.test('training moved the weights away from the starting directory\'s', function()
     local d = max_abs(logits(hf.from_pretrained(start), ids), want)
     T.truthy(d > 1e-3, ('logits differ by only %g'):format(d))
