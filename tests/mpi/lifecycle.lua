@@ -4,7 +4,8 @@
 --
 --   mpirun -np 2 fsdp-lua tests/mpi/lifecycle.lua golden HF_DIR GOLDEN
 --       HF_DIR (the golden's config.json + model.safetensors) loaded into
---       a sharded model gives the golden's HF logits (f32, max abs err <= 1e-4)
+--       a sharded model (holding at most one parameter beside its shards
+--       meanwhile) gives the golden's HF logits (f32, max abs err <= 1e-4)
 --   mpirun -np 2 fsdp-lua tests/mpi/lifecycle.lua export CHECKPOINT EXPORT HF_DIR
 --       EXPORT (--export_hf) loads back with our loader and gives the
 --       logits of the trained model (CHECKPOINT, the last step's save,
@@ -20,15 +21,24 @@ local F = fsdp.F
 
 local mode = arg[1]
 
--- The model of `path` (any --init_from), sharded as the Llama recipe shards it.
+-- The model of `path` (any --init_from), sharded as the Llama recipe
+-- shards it; and the peak of CPU memory while its weights were loaded
+-- (bytes over what the shards already held), and the largest parameter.
 local function sharded(path)
   local src = pretrained.open(path, { families = { 'llama', 'gpt2' } })
   local fam = decoders.families[src.family]
   local model = fam.module.build(src.config, { device = 'meta' })
+  local largest = 0
+  for _, np in ipairs(model:named_parameters()) do largest = math.max(largest, np[2]:numel() * 4) end
   fsdp.shard(model, { policy = fsdp.policy.transformer { fam.block }, seed = 7 })
+  fsdp.set_collect_budget(0) -- exact peaks: dead tensors collected before every allocation
+  collectgarbage()
+  fsdp.reset_memory_stats('cpu')
+  local base = fsdp.memory_stats('cpu').in_use
   pretrained.start({}, model, src, 0)
+  local peak = fsdp.memory_stats('cpu').peak - base
   model:eval()
-  return model
+  return model, peak, largest
 end
 
 local function logits(model, ids)
@@ -39,7 +49,11 @@ local function max_abs(a, b) return F.max(F.abs(a - b)):item() end
 
 if mode == 'golden' then
   local dir, golden = arg[2], fsdp.load_safetensors(arg[3])
-  local model = sharded(dir)
+  local model, peak, largest = sharded(dir)
+  T.test('loading into the shards holds at most one parameter beside them', function()
+    T.truthy(peak <= largest, ('peak +%d bytes, largest parameter %d'):format(peak, largest))
+  end)
+  if T.rank == 0 then print(('# load into shards: peak +%d bytes on rank 0, largest parameter %d'):format(peak, largest)) end
   local err
   T.test('the HF directory loaded into 2-rank shards gives the golden HF logits (f32, <= 1e-4)', function()
     local got = logits(model, golden.input_ids)
