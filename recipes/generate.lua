@@ -5,17 +5,18 @@
 --   fsdp-lua recipes/generate.lua --init_from=ckpt --model=tiny --tokenizer=byte --prompt_file=prompts.txt
 --   fsdp-lua recipes/generate.lua --init_from=model.safetensors --num_heads=4 --prompt_ids='1,5,9;7,3'
 --
--- --init_from is one of:
+-- --init_from is what it is in the training recipes (models/pretrained.lua):
 --   * a Hugging Face directory (config.json + safetensors; models/hf.lua);
 --   * a sharded training checkpoint of ours (a directory of step-NNNNNN/
 --     saves, its newest complete one is read, or one step directory); every
 --     parameter is read from the saved ranks' slices straight into the
---     model (fsdp.checkpointing.load), no rank file is loaded whole;
+--     model (fsdp.checkpointing.load), no rank file is loaded whole; the
+--     checkpoint records its model's config;
 --   * a full state dict file (.safetensors, HF names: --save_full_state_dict).
--- For the last two the weights give the shapes (width, layers, vocabulary,
--- MLP width, KV width); what they cannot tell (the number of heads, RoPE
--- settings, norm eps) comes from --model's config (the checkpoint records
--- the model name its recipe used) and --num_heads/--num_kv_heads.
+-- A state dict (or a checkpoint from before checkpoints recorded their
+-- config) gives only the shapes (width, layers, vocabulary, MLP width, KV
+-- width); what it cannot tell (the number of heads, RoPE settings, norm
+-- eps) comes from --model's config and --num_heads/--num_kv_heads.
 --
 -- Tokenizers: a SentencePiece model (--tokenizer=PATH.model, or the
 -- tokenizer.model of an HF directory: Llama 2), or 'byte' (the recipes'
