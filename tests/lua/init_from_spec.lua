@@ -162,6 +162,28 @@ describe('the recipes', function()
     end
   end)
 
+  it('export with the starting directory\'s tokenizer files and token ids, also from its checkpoint', function()
+    local src = hf_copy('llama3_tiny_v5')
+    local files = require 'fsdp.files'
+    files.write_atomic(src .. '/tokenizer.json', '{"model": {"type": "BPE"}}\n')
+    files.write_atomic(src .. '/tokenizer_config.json', '{"eos_token": "</s>"}\n')
+    files.write_atomic(src .. '/generation_config.json', '{"bos_token_id": 1, "eos_token_id": [2, 7]}\n')
+    local d = tmp()
+    local out, rc = T.run_script('recipes/llama2_7b.lua', ('--init_from=%s --max_steps=2 --warmup_steps=1 --seq_len=8 '
+      .. '--batch_size=2 --export_hf=%s/hf --checkpoint_dir=%s/ckpt --checkpoint_freq=2'):format(src, d, d))
+    assert(rc == 0, out)
+    out, rc = T.run_script('tools/export.lua', ('%s/ckpt %s/offline'):format(d, d))
+    assert(rc == 0, out)
+    for _, dir in ipairs({ d .. '/hf', d .. '/offline' }) do
+      for _, name in ipairs({ 'tokenizer.json', 'tokenizer_config.json' }) do
+        assert.equals(files.read(src .. '/' .. name), files.read(dir .. '/' .. name))
+      end
+      local gen = require('fsdp.json').decode(files.read(dir .. '/generation_config.json'))
+      assert.same({ 2, 7 }, gen.eos_token_id)
+      assert.equals(1, gen.bos_token_id)
+    end
+  end)
+
   it('refuse a T5 state dict whose shapes the options do not give, naming the tensor and both shapes', function()
     local d = tmp()
     fsdp.checkpointing.save_full_state_dict(d .. '/t5.safetensors', hf.from_pretrained(GOLDEN .. 't5_v1_1_tiny_v5'))
