@@ -262,6 +262,39 @@ function M.check_sizes(src, given)
   end
 end
 
+-- A recipe's --init_from, opened and checked against its other options
+-- (call it in the recipe's option checks, recipe.config's fourth
+-- argument; written: the names the options were given under). Returns
+-- the source, or nil without --init_from. opts: families and who (as
+-- open's), overrides and t5_config (as open's), sizes ({{config field,
+-- option}...}: a size option given must agree with the weights), and
+-- family_of_model (name -> the family a --model names: a --model given
+-- must be of the weights' family). A --model not given is cleared: the
+-- weights' config is the model, not the default's name.
+function M.from_options(cfg, written, opts)
+  if cfg.init_from == '' then return nil end
+  local given_model = written.model ~= nil
+  local ok, src = pcall(M.open, cfg.init_from, {
+    families = opts.families, who = opts.who, overrides = opts.overrides, t5_config = opts.t5_config,
+    model = given_model and cfg.model or '', num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
+  if not ok then fail('--init_from %s', bare(src)) end
+  if given_model and opts.family_of_model then
+    local family = opts.family_of_model(cfg.model)
+    if family ~= src.family then
+      fail('--%s=%s is a %s model, but --init_from %s holds a %s model (leave --%s out)', written.model, cfg.model,
+        tostring(family), src.where, src.family, written.model)
+    end
+  end
+  if not given_model then cfg.model = '' end
+  local given = {}
+  for _, o in ipairs(opts.sizes or {}) do
+    local v = cfg[o[2]]
+    if v and v ~= 0 then given[#given + 1] = { o[1], v, written[o[2]] or o[2] } end
+  end
+  M.check_sizes(src, given)
+  return src
+end
+
 -- Copy the weights of src (from open) into model, built from src.config,
 -- sharded or not. Collective for a checkpoint (its files are checked by all
 -- ranks together first). Raises naming the path and the tensor at fault.

@@ -114,26 +114,11 @@ local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.optio
   -- --init_from: the family and shapes are the weights' (a size option
   -- given too must agree), found from headers and JSON before anything is
   -- built.
-  if cfg.init_from ~= '' then
-    local ok, s = pcall(pretrained.open, cfg.init_from, {
-      families = { 'llama', 'gpt2' }, who = 'recipes/llama2_7b.lua',
-      model = written.model and cfg.model or '', num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
-    if not ok then error('--init_from ' .. recipe.bare(s), 0) end
-    src = s
-    if written.model and src.family ~= family then
-      error(('--%s=%s is a %s model, but --init_from %s holds a %s model (leave --%s out)'):format(written.model,
-        cfg.model, family, src.where, src.family, written.model), 0)
-    end
-    family = src.family
-    if not written.model then cfg.model = '' end -- not the default's name: the weights' config is the model
-    local given = {}
-    for _, o in ipairs({ { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
-                         { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' }, { 'vocab_size', 'vocab_size' } }) do
-      if cfg[o[2]] > 0 then given[#given + 1] = { o[1], cfg[o[2]], written[o[2]] or o[2] } end
-    end
-    local ok2, err2 = pcall(pretrained.check_sizes, src, given)
-    if not ok2 then error(recipe.bare(err2), 0) end
-  end
+  src = pretrained.from_options(cfg, written, {
+    families = { 'llama', 'gpt2' }, who = 'recipes/llama2_7b.lua', family_of_model = decoders.resolve,
+    sizes = { { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
+              { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' }, { 'vocab_size', 'vocab_size' } } })
+  if src then family = src.family end
   fam = decoders.families[family]
   if family == 'gpt2' and cfg.num_kv_heads > 0 then
     error(('--%s: GPT-2 has no grouped-query attention (every head has its keys and values)'):format(

@@ -132,21 +132,11 @@ function M.run(default_model, script, argv)
     end
     c = err
     -- --init_from: the weights' config (size options given too must agree).
-    if cfg.init_from ~= '' then
-      local ok2, s = pcall(pretrained.open, cfg.init_from, { families = { 't5' }, who = script,
-        overrides = { dropout = cfg.dropout }, model = written.model and cfg.model or '', t5_config = c })
-      if not ok2 then error('--init_from ' .. recipe.bare(s), 0) end
-      src = s
-      if not written.model then cfg.model = '' end -- not the default's name: the weights' config is the model
-      local given = {}
-      for _, k in ipairs({ 'num_layers', 'd_model', 'd_ff', 'd_kv', 'num_heads', 'vocab_size' }) do
-        if cfg[k] > 0 then given[#given + 1] = { k, cfg[k], written[k] or k } end
-      end
-      if cfg.num_layers > 0 then given[#given + 1] = { 'num_decoder_layers', cfg.num_layers, written.num_layers or 'num_layers' } end
-      local ok3, err3 = pcall(pretrained.check_sizes, src, given)
-      if not ok3 then error(recipe.bare(err3), 0) end
-      c = src.config
-    end
+    src = pretrained.from_options(cfg, written, {
+      families = { 't5' }, who = script, overrides = { dropout = cfg.dropout }, t5_config = c,
+      sizes = { { 'num_layers', 'num_layers' }, { 'num_decoder_layers', 'num_layers' }, { 'd_model', 'd_model' },
+                { 'd_ff', 'd_ff' }, { 'd_kv', 'd_kv' }, { 'num_heads', 'num_heads' }, { 'vocab_size', 'vocab_size' } } })
+    if src then c = src.config end
   end)
 
   if cfg.dry_run then
