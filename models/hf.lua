@@ -390,11 +390,25 @@ local function gpt2_load(model, dir, strict)
   end
 end
 
+-- GPT-2's Conv1D weights are stored [in, out] (models/gpt2.lua): the
+-- shape and the tensor as the file holds them.
+local function gpt2_hf_shape(name, shape)
+  if gpt2.is_conv1d(name) then return { shape[2], shape[1] } end
+  return shape
+end
+local function gpt2_hf_tensor(name, t)
+  if gpt2.is_conv1d(name) then return t:t():contiguous() end
+  return t
+end
+
+-- family.name: its model_type; hf_shape/hf_tensor (default: as ours) map a
+-- parameter to what the file holds under the same name.
 local FAMILIES = {
-  llama = { build = llama.CausalLM, from_hf = llama_from_hf, to_hf = llama_to_hf, class = llama.CausalLM },
-  t5 = { build = t5.Model, from_hf = t5_from_hf, to_hf = t5_to_hf, class = t5.Model },
-  gpt2 = { build = gpt2.LMHeadModel, from_hf = gpt2_from_hf, to_hf = gpt2_to_hf, class = gpt2.LMHeadModel,
-           load = gpt2_load, state = gpt2.to_hf_state_dict, drop = { ['lm_head.weight'] = true } },
+  llama = { name = 'llama', build = llama.CausalLM, from_hf = llama_from_hf, to_hf = llama_to_hf,
+            class = llama.CausalLM },
+  t5 = { name = 't5', build = t5.Model, from_hf = t5_from_hf, to_hf = t5_to_hf, class = t5.Model },
+  gpt2 = { name = 'gpt2', build = gpt2.LMHeadModel, from_hf = gpt2_from_hf, to_hf = gpt2_to_hf,
+           class = gpt2.LMHeadModel, load = gpt2_load, hf_shape = gpt2_hf_shape, hf_tensor = gpt2_hf_tensor },
 }
 
 local function family_of(model_type, where)
@@ -433,63 +447,190 @@ function M.config_to_hf(c, family_name)
   return family_of(family_name, 'config_to_hf').to_hf(c)
 end
 
--- Build the model a Hugging Face directory describes and load its weights.
--- opts: device, dtype (the weights are converted to it; default the
--- default dtype), strict (true), and config overrides (e.g. dropout = 0).
-function M.from_pretrained(dir, opts)
-  opts = opts or {}
+-- Our config of a Hugging Face directory (config.json read, every key
+-- checked; the weights' headers say whether it has its own lm_head), the
+-- family name, and the config.json table. Nothing is built or read
+-- beyond headers. overrides: config fields (e.g. dropout = 0).
+function M.read_config(dir, overrides)
   if lfs.attributes(dir, 'mode') ~= 'directory' then core.fail(('hf: %s is not a directory'):format(dir)) end
-  local h, family, path = read_config(dir)
-  local overrides = {}
-  for k, v in pairs(opts) do
-    if k ~= 'device' and k ~= 'dtype' and k ~= 'strict' then overrides[k] = v end
+  if lfs.attributes(dir .. '/config.json', 'mode') ~= 'file' then
+    core.fail(('hf: %s has no config.json (a Hugging Face model directory holds config.json and its '
+      .. 'safetensors files)'):format(dir))
   end
+  local h, family, path = read_config(dir)
   local has_lm_head = st.open_checkpoint(dir).map['lm_head.weight'] ~= nil
-  local model = family.build(family.from_hf(h, overrides, path, has_lm_head),
-    { device = opts.device or fsdp.get_default_device(), dtype = opts.dtype })
+  return family.from_hf(h, overrides or {}, path, has_lm_head), h.model_type, h
+end
+
+-- Load the weights of the Hugging Face directory `dir` into `model` (built
+-- from its config), one file at a time: into a sharded model's shards
+-- straight (each rank copies its slice of each tensor; no rank holds more
+-- than one file's tensors whole). opts.strict (default true).
+function M.load_weights(model, dir, opts)
+  opts = opts or {}
+  local family = M.family_of_model(model)
   if family.load then
     family.load(model, dir, opts.strict)
   else
     fsdp.safetensors.load_into(model, dir, { strict = opts.strict })
   end
+end
+
+-- Build the model a Hugging Face directory describes and load its weights.
+-- opts: device, dtype (the weights are converted to it; default the
+-- default dtype), strict (true), and config overrides (e.g. dropout = 0).
+function M.from_pretrained(dir, opts)
+  opts = opts or {}
+  local overrides = {}
+  for k, v in pairs(opts) do
+    if k ~= 'device' and k ~= 'dtype' and k ~= 'strict' then overrides[k] = v end
+  end
+  local c, name = M.read_config(dir, overrides)
+  local model = FAMILIES[name].build(c, { device = opts.device or fsdp.get_default_device(), dtype = opts.dtype })
+  M.load_weights(model, dir, opts)
   return model
 end
 
+-- The family entry of a model (an instance of a family's class).
+function M.family_of_model(model)
+  for _, f in pairs(FAMILIES) do
+    if model:is_instance_of(f.class) then return f end
+  end
+  core.fail(('hf: %s is not a Llama, T5 or GPT-2 model'):format(model:class_name()))
+end
+
+-- The token ids a Hugging Face directory gives generation: its
+-- generation_config.json's, else its config.json's (bos_token_id,
+-- eos_token_id, pad_token_id, decoder_start_token_id; absent ones nil).
+function M.token_ids(dir)
+  local out = {}
+  for _, name in ipairs({ 'config.json', 'generation_config.json' }) do
+    local text = require('fsdp.files').read(dir .. '/' .. name)
+    local h = text and json.decode(text)
+    if type(h) == 'table' then
+      for _, k in ipairs(M.TOKEN_ID_KEYS) do
+        if not null(h[k]) then out[k] = h[k] end
+      end
+    end
+  end
+  return out
+end
+
+M.TOKEN_ID_KEYS = { 'bos_token_id', 'eos_token_id', 'pad_token_id', 'decoder_start_token_id' }
+
+-- The tokenizer files a model directory may hold (transformers' and
+-- SentencePiece's), copied by save_pretrained's opts.tokenizer_from.
+M.TOKENIZER_FILES = { 'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'added_tokens.json',
+                      'tokenizer.model', 'spiece.model', 'vocab.json', 'merges.txt', 'chat_template.jinja' }
+
+-- The parameters in the order they are written: a sharded model's unit by
+-- unit (each gathered once), else named_parameters'. {name, shape, dtype}.
+local function write_order(model)
+  local S = rawget(model, '_fsdp')
+  local out = {}
+  if S then
+    for _, u in ipairs(S.units) do
+      for _, p in ipairs(u.params) do out[#out + 1] = { p.name, p.shape, u.master_dtype } end
+    end
+  else
+    for _, np in ipairs(model:named_parameters()) do out[#out + 1] = { np[1], np[2].shape, np[2].dtype } end
+  end
+  return out
+end
+
 -- Write model as a Hugging Face directory: config.json and the weights
--- (model.safetensors, or shards and an index past opts.max_shard_size).
--- opts.max_shard_size as fsdp.save_safetensors_sharded's (default '5GB').
+-- (model.safetensors, or shards and an index past opts.max_shard_size),
+-- each tensor once (tied ones under their first name, as transformers
+-- does), in the model's (master) dtype. A sharded model is collective:
+-- every rank calls it, the units are gathered one at a time
+-- (fsdp.sharding.each_full_unit) and rank 0 streams each into its file
+-- (fsdp.safetensors_sharded.stream_sharded), so no rank holds more than
+-- one unit whole. opts: max_shard_size (as fsdp.save_safetensors_sharded's,
+-- default '5GB'); token_ids ({bos_token_id =, eos_token_id =, ...}: put in
+-- config.json and generation_config.json, which is written when any is
+-- known); tokenizer_from (a directory whose tokenizer files are copied).
+-- Returns the weight files written (on rank 0; {} elsewhere).
 function M.save_pretrained(model, dir, opts)
   opts = opts or {}
-  local family
-  for _, f in pairs(FAMILIES) do
-    if model:is_instance_of(f.class) then family = f end
-  end
-  if not family then
-    core.fail(('hf: save_pretrained: %s is not a Llama, T5 or GPT-2 model'):format(model:class_name()))
-  end
-  local pairs_list, dtype = {}, nil
-  if family.state then
-    local state = family.state(model)
-    local names = {}
-    for name in pairs(state) do
-      if not (family.drop and family.drop[name]) then names[#names + 1] = name end
+  local family = M.family_of_model(model)
+  local dist = fsdp.dist
+  local sharded = rawget(model, '_fsdp') ~= nil
+  local writes = not sharded or dist.rank() == 0
+  local hf_shape = family.hf_shape or function(_, shape) return shape end
+  local hf_tensor = family.hf_tensor or function(_, t) return t end
+  local order = write_order(model)
+  local w, failed, written = nil, nil, {}
+  local function try(fn)
+    if writes and not failed then
+      local ok, err = pcall(fn)
+      if not ok then
+        failed = err
+        if w then w:abort() end
+      end
     end
-    table.sort(names)
-    for _, name in ipairs(names) do pairs_list[#pairs_list + 1] = { name, state[name] } end
-  else
-    for _, p in ipairs(model:named_parameters()) do pairs_list[#pairs_list + 1] = p end
   end
-  dtype = pairs_list[1] and pairs_list[1][2].dtype
-  local files = fsdp.save_safetensors_sharded(dir, pairs_list, { max_shard_size = opts.max_shard_size })
-  local h = family.to_hf(model.config)
-  -- 5.x reads dtype, 4.x torch_dtype.
-  h.dtype = DTYPE_NAMES[dtype]
-  h.torch_dtype = DTYPE_NAMES[dtype]
-  local f, err = io.open(dir .. '/config.json', 'wb')
-  if not f then core.fail(('hf: cannot write %s/config.json: %s'):format(dir, err)) end
-  f:write(json.encode(h))
-  f:close()
-  return files
+  local dtype = order[1] and order[1][3]
+  try(function()
+    local decls = {}
+    for i, e in ipairs(order) do decls[i] = { e[1], e[3], hf_shape(e[1], e[2]) } end
+    w = st.stream_sharded(dir, decls, { max_shard_size = opts.max_shard_size, checksum = true })
+  end)
+  local function put(name, t)
+    try(function()
+      local out = hf_tensor(name, t)
+      w:write(name, out)
+      if out ~= t then out:free() end
+    end)
+  end
+  if sharded then
+    -- Every rank takes part in every gather, even after rank 0 failed.
+    require('fsdp.sharding').each_full_unit(model, function(u, by)
+      for _, p in ipairs(u.params) do put(p.name, by[p]) end
+    end)
+  else
+    require('fsdp.autograd').no_grad(function()
+      for _, np in ipairs(model:named_parameters()) do put(np[1], np[2]) end
+    end)
+  end
+  try(function()
+    written = w:finish()
+    local files = require 'fsdp.files'
+    local h = family.to_hf(model.config)
+    -- 5.x reads dtype, 4.x torch_dtype.
+    h.dtype = DTYPE_NAMES[dtype]
+    h.torch_dtype = DTYPE_NAMES[dtype]
+    local ids = opts.token_ids or {}
+    local gen = {}
+    for _, k in ipairs(M.TOKEN_ID_KEYS) do
+      local v = ids[k]
+      if v == nil and not null(h[k]) then v = h[k] end -- T5's config carries its ids
+      if v ~= nil then h[k], gen[k] = v, v end
+    end
+    files.write_atomic(dir .. '/config.json', json.encode(h))
+    if next(gen) then
+      gen._from_model_config = true
+      files.write_atomic(dir .. '/generation_config.json', json.encode(gen))
+    end
+    if opts.tokenizer_from then
+      for _, name in ipairs(M.TOKENIZER_FILES) do
+        local src = opts.tokenizer_from .. '/' .. name
+        if files.mode(src) == 'file' then
+          local text = files.read(src)
+          if not text then core.fail(('hf: cannot read %s'):format(src)) end
+          files.write_atomic(dir .. '/' .. name, text)
+        end
+      end
+    end
+  end)
+  if sharded and dist.world_size() > 1 then
+    local flag = fsdp.tensor({ failed and 1 or 0 }, { dtype = 'i32' })
+    dist.broadcast(flag, 0)
+    if flag:item() ~= 0 and not failed then
+      core.fail(('hf: save_pretrained: rank 0 could not write %s (see its error)'):format(dir))
+    end
+  end
+  if failed then error(failed, 0) end
+  return written
 end
 
 return M

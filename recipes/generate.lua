@@ -5,17 +5,18 @@
 --   fsdp-lua recipes/generate.lua --init_from=ckpt --model=tiny --tokenizer=byte --prompt_file=prompts.txt
 --   fsdp-lua recipes/generate.lua --init_from=model.safetensors --num_heads=4 --prompt_ids='1,5,9;7,3'
 --
--- --init_from is one of:
+-- --init_from is what it is in the training recipes (models/pretrained.lua):
 --   * a Hugging Face directory (config.json + safetensors; models/hf.lua);
 --   * a sharded training checkpoint of ours (a directory of step-NNNNNN/
 --     saves, its newest complete one is read, or one step directory); every
 --     parameter is read from the saved ranks' slices straight into the
---     model (fsdp.checkpointing.load), no rank file is loaded whole;
+--     model (fsdp.checkpointing.load), no rank file is loaded whole; the
+--     checkpoint records its model's config;
 --   * a full state dict file (.safetensors, HF names: --save_full_state_dict).
--- For the last two the weights give the shapes (width, layers, vocabulary,
--- MLP width, KV width); what they cannot tell (the number of heads, RoPE
--- settings, norm eps) comes from --model's config (the checkpoint records
--- the model name its recipe used) and --num_heads/--num_kv_heads.
+-- A state dict (or a checkpoint from before checkpoints recorded their
+-- config) gives only the shapes (width, layers, vocabulary, MLP width, KV
+-- width); what it cannot tell (the number of heads, RoPE settings, norm
+-- eps) comes from --model's config and --num_heads/--num_kv_heads.
 --
 -- Tokenizers: a SentencePiece model (--tokenizer=PATH.model, or the
 -- tokenizer.model of an HF directory: Llama 2), or 'byte' (the recipes'
@@ -27,29 +28,8 @@ local recipe = require 'fsdp.recipe'
 local generate = require 'fsdp.generate'
 local files = require 'fsdp.files'
 local clock = require 'fsdp.clock'
-local llama = require 'models.llama'
-local gpt2 = require 'models.gpt2'
-
-local FAMILIES = { llama = llama, gpt2 = gpt2 }
-
--- --model names: Llama's and GPT-2's configs; GPT-2's 'tiny' is 'gpt2-tiny'.
-local function model_names()
-  local names = { '' }
-  for _, fam in ipairs({ { llama, '' }, { gpt2, 'gpt2-' } }) do
-    local sorted = {}
-    for k in pairs(fam[1].configs) do sorted[#sorted + 1] = (k == 'tiny' and fam[2] or '') .. k end
-    table.sort(sorted)
-    for _, k in ipairs(sorted) do names[#names + 1] = k end
-  end
-  return names
-end
-
--- The family and config name of a --model value.
-local function resolve_model(name)
-  if name == 'gpt2-tiny' then return 'gpt2', 'tiny' end
-  if llama.configs[name] then return 'llama', name end
-  return 'gpt2', name
-end
+local decoders = require 'models.decoders'
+local pretrained = require 'models.pretrained'
 
 -- A list of integers from '1,5,9' (nil and what is wrong otherwise).
 local function int_list(text)
@@ -67,7 +47,7 @@ local cfg = recipe.config({
   init_from = { '', 'the weights: a Hugging Face directory, a sharded checkpoint directory, or a full state dict '
                     .. '.safetensors file (empty: random weights of --model, to try the options)', input = true },
   model = { '', 'model config name for what the weights do not tell (heads, RoPE); empty: the checkpoint\'s, '
-                .. 'or the HF config', one_of = model_names },
+                .. 'or the HF config', one_of = function() return { '', unpack(decoders.names()) } end },
   num_heads = { 0, 'attention heads (0: --model\'s)', int = true, min = 0 },
   num_kv_heads = { 0, 'key/value heads of grouped-query attention (0: from the weights)', int = true, min = 0 },
   prompt = { '', 'the prompt text (needs a tokenizer)' },
@@ -124,126 +104,37 @@ local function die(msg)
 end
 
 -- loading ------------------------------------------------------------------------------------
-
--- The family of a state dict by its names.
-local function family_of(names, where)
-  for name in pairs(names) do
-    if name:find('^model%.embed_tokens%.') then return 'llama' end
-    if name:find('^transformer%.wte%.') then return 'gpt2' end
-  end
-  die(('%s holds neither a Llama (model.embed_tokens.weight) nor a GPT-2 (transformer.wte.weight) model'):format(where))
-end
-
--- A config from the weights' shapes (name -> shape) on top of the named
--- one (the weights win); without a name, --num_heads is needed: nothing
--- else says how the width splits into heads.
-local function config_from_shapes(family, shapes, name, where)
-  local fam = FAMILIES[family]
-  local base = {}
-  if name ~= '' then
-    local named_family
-    named_family, name = resolve_model(name)
-    if named_family ~= family then
-      die(('--model %s is a %s config, but %s holds a %s model'):format(name, named_family, where, family))
-    end
-    base = fam.configs[name]
-  elseif cfg.num_heads == 0 then
-    die(('%s: give --model (a %s config name) or --num_heads: the weights do not say how many attention heads '
-      .. 'the model has'):format(where, family))
-  end
-  local function shape(key)
-    if not shapes[key] then die(('%s has no %s, which a %s model has'):format(where, key, family)) end
-    return shapes[key]
-  end
-  local layers = -1
-  for n in pairs(shapes) do
-    local i = tonumber(n:match('^model%.layers%.(%d+)%.') or n:match('^transformer%.h%.(%d+)%.'))
-    if i and i > layers then layers = i end
-  end
-  local o = { n_layers = layers + 1 }
-  local heads = cfg.num_heads > 0 and cfg.num_heads or base.n_heads
-  o.n_heads = heads
-  if family == 'llama' then
-    local emb = shape('model.embed_tokens.weight')
-    o.vocab_size, o.dim = emb[1], emb[2]
-    o.ffn_dim = shape('model.layers.0.mlp.gate_proj.weight')[1]
-    local q, k = shape('model.layers.0.self_attn.q_proj.weight')[1], shape('model.layers.0.self_attn.k_proj.weight')[1]
-    if q % heads ~= 0 then
-      die(('%s: q_proj has %d rows, not a multiple of %d heads (give --num_heads)'):format(where, q, heads))
-    end
-    o.head_dim = q / heads
-    o.n_kv_heads = cfg.num_kv_heads > 0 and cfg.num_kv_heads or k / o.head_dim
-    o.tied = shapes['lm_head.weight'] == nil
-  else
-    local wte, wpe = shape('transformer.wte.weight'), shape('transformer.wpe.weight')
-    o.vocab_size, o.dim, o.max_seq_len = wte[1], wte[2], wpe[1]
-    o.ffn_dim = shape('transformer.h.0.mlp.c_fc.weight')[1]
-  end
-  local ok, c = pcall(fam.config, name ~= '' and name or o, name ~= '' and o or nil)
-  if not ok then die(('%s: %s'):format(where, recipe.bare(c))) end
-  return c
-end
+-- --init_from means what it means in the training recipes (models/pretrained.lua).
 
 local place = { device = cfg.device, dtype = cfg.dtype }
-local hf_dir, hf_config
+local hf_dir
 local model, family
 local t0 = clock.now()
-local ckpt_dir = nil
+local src
 if cfg.init_from == '' then
   local name
-  family, name = resolve_model(cfg.model)
+  family, name = decoders.resolve(cfg.model)
   local o = { device = cfg.device, dtype = cfg.dtype }
   if cfg.num_heads > 0 then o.n_heads = cfg.num_heads end
   if cfg.num_kv_heads > 0 then o.n_kv_heads = cfg.num_kv_heads end
-  local ok, m = pcall(FAMILIES[family].build, name, o)
+  local ok, m = pcall(decoders.families[family].module.build, name, o)
   if not ok then die(recipe.bare(m)) end
   model = m
   model:init_weights({ seed = cfg.seed })
   print(('model: %s %s with random weights (seed %d)'):format(family, cfg.model, cfg.seed))
-elseif files.mode(cfg.init_from) == 'directory' and files.mode(files.join(cfg.init_from, 'config.json')) == 'file' then
-  hf_dir = cfg.init_from
-  hf_config = require('fsdp.json').decode(assert(files.read(files.join(hf_dir, 'config.json'))))
-  local ok, m = pcall(require('models.hf').from_pretrained, hf_dir, place)
-  if not ok then die(recipe.bare(m)) end
-  model = m
-  family = hf_config.model_type
-  if not FAMILIES[family] then die(('%s: a %s model; generation supports llama and gpt2'):format(hf_dir, tostring(family))) end
-elseif files.mode(cfg.init_from) == 'directory' then
-  local ckpt = require 'fsdp.checkpointing'
-  local ok, step_dir = pcall(ckpt.resolve, cfg.init_from)
-  if not ok then die(recipe.bare(step_dir)) end
-  local index, why = ckpt.check(step_dir)
-  if not index then die(why) end
-  local shapes = {}
-  for name, p in pairs(require('fsdp.checkpointing.parts').saved_params(index)) do shapes[name] = p.shape end
-  family = family_of(shapes, step_dir)
-  local name = cfg.model
-  if name == '' and type(index.extra) == 'table' and type(index.extra.model) == 'string'
-     and FAMILIES[family].configs[index.extra.model] then
-    name = index.extra.model
-  end
-  local c = config_from_shapes(family, shapes, name, step_dir)
-  model = FAMILIES[family].build(c, place)
-  local ok2, err = pcall(ckpt.load, step_dir, { model = model }, index)
-  if not ok2 then die(recipe.bare(err)) end
-  ckpt_dir = step_dir
 else
-  local opened, f = pcall(fsdp.safetensors.open, cfg.init_from)
-  if not opened then
-    die(('--init_from %s: not a Hugging Face directory (no config.json), a checkpoint directory or a safetensors '
-      .. 'file: %s'):format(cfg.init_from, recipe.bare(f)))
-  end
-  local shapes = {}
-  for _, n in ipairs(f:names()) do shapes[n] = f:info(n).shape end -- the header only: no tensor is read
-  f:close()
-  family = family_of(shapes, cfg.init_from)
-  model = FAMILIES[family].build(config_from_shapes(family, shapes, cfg.model, cfg.init_from), place)
-  local ok, err = pcall(fsdp.load_safetensors_into, model, cfg.init_from)
-  if not ok then die(recipe.bare(err)) end
+  local ok, s = pcall(pretrained.open, cfg.init_from, { families = { 'llama', 'gpt2' }, who = 'generation',
+    model = cfg.model, num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
+  if not ok then die('--init_from ' .. recipe.bare(s)) end
+  src, family = s, s.family
+  if src.kind == 'hf' then hf_dir = src.hf_dir end
+  model = decoders.families[family].module.build(src.config, place)
+  local ok2, err = pcall(pretrained.load, model, src)
+  if not ok2 then die(recipe.bare(err)) end
 end
 model:eval()
 if cfg.init_from ~= '' then
-  print(('model: %s from %s (%s, %d parameters) in %.2f s'):format(family, ckpt_dir or cfg.init_from, cfg.dtype,
+  print(('model: %s from %s (%s, %d parameters) in %.2f s'):format(family, src.step_dir or cfg.init_from, cfg.dtype,
     model:num_parameters(), clock.now() - t0))
 end
 
@@ -285,7 +176,9 @@ if cfg.stop_ids ~= 'none' then
     stop = int_list(cfg.stop_ids)
   else
     if tok and tok.eos_id and tok.eos_id < vocab then stop[#stop + 1] = tok.eos_id end
-    local eos = hf_config and hf_config.eos_token_id
+    -- the HF directory's (generation_config.json, config.json), or what a
+    -- checkpoint recorded of the directory its run started from
+    local eos = src and src.token_ids and src.token_ids.eos_token_id
     if type(eos) == 'number' then stop[#stop + 1] = eos end
     if type(eos) == 'table' then for _, e in ipairs(eos) do stop[#stop + 1] = e end end
   end

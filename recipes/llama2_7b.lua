@@ -23,9 +23,19 @@
 -- resuming from DIR. --tokenizer names the tokenizer the shards were made
 -- with (checked against them); Hugging Face hub datasets and tokenizers
 -- (--dataset_config_name) are refused, naming what works instead.
+--
+-- GPT-2 trains here too: --model=gpt2 (gpt2-medium, ..., gpt2-tiny) or
+-- --init_from a GPT-2 directory picks the family (models/decoders.lua);
+-- the loop is the same. --init_from=PATH starts from a Hugging Face
+-- directory (its config.json sets the model; a size option that
+-- contradicts it is an error), a sharded checkpoint's weights or a full
+-- state dict, loaded straight into each rank's shards; --export_hf=DIR
+-- writes the trained model as a Hugging Face directory at the end
+-- (models/pretrained.lua).
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
-local llama = require 'models.llama'
+local decoders = require 'models.decoders'
+local pretrained = require 'models.pretrained'
 local optim = require 'fsdp.optim'
 local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local tokens = require 'fsdp.data.tokens'
@@ -39,11 +49,14 @@ local accumulate = require 'fsdp.sharding.accumulate'
 -- Each option carries its constraints (fsdp.recipe checks them, and the
 -- model config they make, before anything is built: a bad one is one line
 -- naming it, exit status 2).
-local function model_names() return recipe.keys(llama.configs) end
 local DTYPES = { 'f32', 'bf16', 'f64' }
 local overrides, c, train_data
-local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
-  model = { 'Llama-2-7b', 'model config (models/llama.lua)', one_of = model_names,
+-- fam: the model family (models/decoders.lua: module, block class); src:
+-- what --init_from holds (models/pretrained.lua), nil without it.
+local fam, src
+local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
+  model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, gpt2-medium, ..., gpt2-tiny in models/gpt2.lua); '
+                          .. 'with --init_from a directory, its config.json decides', one_of = decoders.names,
             aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
   num_layers = { 0, 'override the number of layers (0: keep the config)', int = true, min = 0 },
   hidden_width = { 0, 'override the model width (0: keep)', int = true, min = 0, multiple_of = 'num_heads' },
@@ -93,21 +106,35 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
   memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-})))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
+}))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
   -- The model config the options make: its own checks (heads dividing
   -- the width with the config's values, an even head size) name the
   -- options they come from.
+  local family, config_name = decoders.resolve(cfg.model)
+  -- --init_from: the family and shapes are the weights' (a size option
+  -- given too must agree), found from headers and JSON before anything is
+  -- built.
+  src = pretrained.from_options(cfg, written, {
+    families = { 'llama', 'gpt2' }, who = 'recipes/llama2_7b.lua', family_of_model = decoders.resolve,
+    sizes = { { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
+              { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' }, { 'vocab_size', 'vocab_size' } } })
+  if src then family = src.family end
+  fam = decoders.families[family]
+  if family == 'gpt2' and cfg.num_kv_heads > 0 then
+    error(('--%s: GPT-2 has no grouped-query attention (every head has its keys and values)'):format(
+      written.num_kv_heads or 'num_kv_heads'), 0)
+  end
   overrides = {}
   if cfg.num_layers > 0 then overrides.n_layers = cfg.num_layers end
   if cfg.hidden_width > 0 then
     overrides.dim = cfg.hidden_width
-    if cfg.ffn_dim == 0 then overrides.ffn_dim = math.ceil(cfg.hidden_width * 8 / 3 / 32) * 32 end
+    if cfg.ffn_dim == 0 and family == 'llama' then overrides.ffn_dim = math.ceil(cfg.hidden_width * 8 / 3 / 32) * 32 end
   end
   if cfg.num_heads > 0 then overrides.n_heads = cfg.num_heads end
   if cfg.num_kv_heads > 0 then overrides.n_kv_heads = cfg.num_kv_heads end
   if cfg.ffn_dim > 0 then overrides.ffn_dim = cfg.ffn_dim end
   if cfg.vocab_size > 0 then overrides.vocab_size = cfg.vocab_size end
-  if overrides.n_heads and not overrides.n_kv_heads then overrides.n_kv_heads = overrides.n_heads end
+  if family == 'llama' and overrides.n_heads and not overrides.n_kv_heads then overrides.n_kv_heads = overrides.n_heads end
   -- Token shards decide the vocabulary (a larger --vocab_size is allowed):
   -- opened here, so a directory without shards is a mistake in --data.
   if cfg.data ~= '' and not cfg.dry_run then
@@ -128,21 +155,36 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
           data.vocab_size, data.eos_id), 0)
       end
     end
-    if cfg.vocab_size == 0 then
+    if src then
+      if src.config.vocab_size < train_data.vocab_size then
+        error(('--init_from %s has a vocabulary of %d, smaller than the one of --%s %s (%d)'):format(src.where,
+          src.config.vocab_size, written.data or 'data', cfg.data, train_data.vocab_size), 0)
+      end
+    elseif cfg.vocab_size == 0 then
       overrides.vocab_size = train_data.vocab_size
     elseif cfg.vocab_size < train_data.vocab_size then
       error(('--vocab_size (%d) is smaller than the vocabulary of --data %s (%d)'):format(
         cfg.vocab_size, cfg.data, train_data.vocab_size), 0)
     end
   end
-  local ok, err = pcall(llama.config, cfg.model, overrides)
-  if not ok then
-    error(recipe.explain(err, { dim = 'hidden_width', n_heads = 'num_heads', n_kv_heads = 'num_kv_heads',
-                                head_dim = 'hidden_width', n_layers = 'num_layers', ffn_dim = 'ffn_dim',
-                                vocab_size = 'vocab_size' }, written), 0)
+  if src then
+    c = src.config
+  else
+    local ok, err = pcall(fam.module.config, config_name, overrides)
+    if not ok then
+      error(recipe.explain(err, { dim = 'hidden_width', n_heads = 'num_heads', n_kv_heads = 'num_kv_heads',
+                                  head_dim = 'hidden_width', n_layers = 'num_layers', ffn_dim = 'ffn_dim',
+                                  vocab_size = 'vocab_size' }, written), 0)
+    end
+    c = err
   end
-  c = err
+  -- GPT-2 learns one embedding per position: no sequence past its table.
+  if family == 'gpt2' and cfg.seq_len > c.max_seq_len then
+    error(('--%s (%d) is longer than the model\'s %d positions (n_positions)'):format(written.seq_len or 'seq_len',
+      cfg.seq_len, c.max_seq_len), 0)
+  end
 end)
+local model_module = fam.module
 
 print('config:\n' .. recipe.format(cfg))
 
@@ -162,14 +204,14 @@ local clock = require 'fsdp.clock'
 
 if cfg.dry_run then
   local t0 = clock.now()
-  local model = llama.CausalLM(c, { device = 'meta' })
+  local model = model_module.build(c, { device = 'meta' })
   print(model)
   local n = model:num_parameters()
   print(('parameters: %s'):format(commas(n)))
-  print(('closed form: %d'):format(llama.closed_form_parameters(c)))
+  print(('closed form: %d'):format(model_module.closed_form_parameters(c)))
   print(('fp32 weights %.1f GiB, bf16 %.1f GiB; AdamW state %.1f GiB (fp32)'):format(
     n * 4 / 2^30, n * 2 / 2^30, n * 8 / 2^30))
-  print(('training FLOPs per token at seq %d: %.3e'):format(cfg.seq_len, llama.flops_per_token(c, cfg.seq_len, n)))
+  print(('training FLOPs per token at seq %d: %.3e'):format(cfg.seq_len, model_module.flops_per_token(c, cfg.seq_len, n)))
   print(('built on meta in %.2f s; cpu memory in use: %d bytes'):format(clock.now() - t0,
     fsdp.memory_stats('cpu').in_use))
   recipe.expose({ model = model, config = c, cfg = cfg })
@@ -178,8 +220,8 @@ end
 
 -- --plan: what each rank would hold for this config (nothing allocated).
 if cfg.plan then
-  local model = llama.CausalLM(c, { device = 'meta', dtype = cfg.dtype })
-  shard_recipe.plan(model, cfg, llama.DecoderLayer, { batch = cfg.batch_size, seq = cfg.seq_len }, 'recipes/llama2_7b.lua')
+  local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
+  shard_recipe.plan(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len }, 'recipes/llama2_7b.lua')
   recipe.expose({ model = model, config = c, cfg = cfg })
   return
 end
@@ -188,14 +230,14 @@ end
 -- with the values of a one-process init (fsdp.nn.parameter). On one rank
 -- this is plain training (the one unit holds everything).
 local dist = fsdp.dist
-local model = llama.CausalLM(c, { device = 'meta', dtype = cfg.dtype })
+local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
 local n_params = model:num_parameters()
 -- Refused here, with the planner's numbers, when it cannot fit this machine.
-require('fsdp.sharding.fit').check(model, cfg, llama.DecoderLayer, { batch = cfg.batch_size, seq = cfg.seq_len },
+require('fsdp.sharding.fit').check(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len },
   'recipes/llama2_7b.lua', { layers = 'num_layers' })
-shard_recipe.apply(model, cfg, llama.DecoderLayer, 'recipes/llama2_7b.lua')
-print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s'):format(
-  c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype))
+shard_recipe.apply(model, cfg, fam.block, 'recipes/llama2_7b.lua')
+print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s, %s'):format(
+  c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype, fam.name))
 
 local opt = optim.AdamW(model:named_parameters(), {
   lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay,
@@ -234,7 +276,7 @@ end
 local step_batch = cfg.batch_size * cfg.grad_accum_steps
 local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = step_batch, tokens_per_sample = cfg.seq_len,
-  flops_per_sample = llama.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
+  flops_per_sample = model_module.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every,
 })
 local function validate(step)
@@ -251,8 +293,11 @@ end
 local state = { model = model, optimizer = opt, scheduler = sched, data = data }
 state.guard = nonfinite.guard(cfg, state, 'recipes/llama2_7b.lua')
 local start_step = ckpt_recipe.resume(cfg, state)
+-- --init_from: its weights into each rank's shards (a fresh optimizer,
+-- step 0), unless a checkpoint of this run was resumed just now.
+pretrained.start(cfg, model, src, start_step)
 
-local flops_per_step = llama.flops_per_token(c, cfg.seq_len, n_params) * step_batch * cfg.seq_len
+local flops_per_step = model_module.flops_per_token(c, cfg.seq_len, n_params) * step_batch * cfg.seq_len
 local step_times = {}
 for step = start_step + 1, cfg.max_steps do
   local t0 = clock.now()
@@ -270,10 +315,11 @@ for step = start_step + 1, cfg.max_steps do
   if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then
     validate(step)
   end
-  ckpt_recipe.after_step(cfg, state, step, { model = cfg.model })
+  ckpt_recipe.after_step(cfg, state, step, pretrained.extra(cfg.model, fam.name, c, src))
 end
 log:close()
 ckpt_recipe.finish(cfg, model)
+pretrained.export(cfg, model, src)
 
 -- For the REPL after `fsdp-lua -i recipes/llama2_7b.lua ...`, and for
 -- recipes/sweep.lua: one machine-readable line. The first step is warmup

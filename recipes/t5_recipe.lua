@@ -7,6 +7,11 @@
 -- The seed's T5 experiments wrap and checkpoint T5Block; here
 -- --activation_checkpointing recomputes each T5Block in backward and
 -- --optimizer=anyprecision uses AnyPrecisionAdamW (bf16 states).
+--
+-- --init_from starts from a Hugging Face T5 directory (its config.json sets
+-- the model; --dropout still applies), a sharded checkpoint's weights or a
+-- full state dict; --export_hf writes the trained model as a Hugging Face
+-- directory at the end (models/pretrained.lua).
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local shard_recipe = require 'fsdp.sharding.recipe'
@@ -14,6 +19,7 @@ local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local nonfinite = require 'fsdp.nonfinite'
 local accumulate = require 'fsdp.sharding.accumulate'
 local t5 = require 'models.t5'
+local pretrained = require 'models.pretrained'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
 local F = fsdp.F
@@ -85,8 +91,8 @@ function M.run(default_model, script, argv)
   -- Each option carries its constraints; they and the model config they
   -- make are checked before anything is built (a full-size model takes
   -- minutes): a bad one is one line naming it, exit status 2.
-  local c
-  local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
+  local c, src
+  local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
     model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny',
               one_of = function() return recipe.keys(t5.configs) end },
     num_layers = { 0, 'override encoder and decoder layers (0: keep)', int = true, min = 0 },
@@ -113,7 +119,7 @@ function M.run(default_model, script, argv)
     seed = { 0, 'initialisation and data seed', int = true, min = 0 },
     log_every = { 10, 'steps between log lines', int = true, min = 1 },
     dry_run = { false, 'build at full size on meta, print it, and exit' },
-  })))), argv, script, function(cfg)
+  }))))), argv, script, function(cfg, written)
     local overrides = { dropout = cfg.dropout }
     for _, k in ipairs({ 'num_layers', 'd_model', 'd_ff', 'd_kv', 'num_heads', 'vocab_size' }) do
       if cfg[k] > 0 then overrides[k] = cfg[k] end
@@ -125,6 +131,12 @@ function M.run(default_model, script, argv)
                                   d_ff = 'd_ff', d_kv = 'd_kv', num_heads = 'num_heads', vocab_size = 'vocab_size' }), 0)
     end
     c = err
+    -- --init_from: the weights' config (size options given too must agree).
+    src = pretrained.from_options(cfg, written, {
+      families = { 't5' }, who = script, overrides = { dropout = cfg.dropout }, t5_config = c,
+      sizes = { { 'num_layers', 'num_layers' }, { 'num_decoder_layers', 'num_layers' }, { 'd_model', 'd_model' },
+                { 'd_ff', 'd_ff' }, { 'd_kv', 'd_kv' }, { 'num_heads', 'num_heads' }, { 'vocab_size', 'vocab_size' } } })
+    if src then c = src.config end
   end)
 
   if cfg.dry_run then
@@ -169,6 +181,7 @@ function M.run(default_model, script, argv)
   local state = { model = model, optimizer = opt, scheduler = sched }
   state.guard = nonfinite.guard(cfg, state, script)  -- the step, and --on_nonfinite
   local start_step = ckpt_recipe.resume(cfg, state)
+  pretrained.start(cfg, model, src, start_step) -- --init_from's weights, unless a checkpoint was resumed
   for step = start_step + 1, cfg.max_steps do
     local t0 = clock.now()
     -- Rank r of W draws rows r*B.. of global batch b (the same examples
@@ -186,9 +199,10 @@ function M.run(default_model, script, argv)
       print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f%s'):format(
         step, r.loss, cfg.batch_size * k / dt, r.lr, r.grad_norm, r.skipped and ', skipped (non-finite: no update)' or ''))
     end
-    ckpt_recipe.after_step(cfg, state, step, { model = cfg.model })
+    ckpt_recipe.after_step(cfg, state, step, pretrained.extra(cfg.model, 't5', c, src))
   end
   ckpt_recipe.finish(cfg, model)
+  pretrained.export(cfg, model, src)
 
   -- Held-out examples (another random stream), greedy decoding.
   model:eval()

@@ -325,6 +325,46 @@ local function index_json(total, map)
   return table.concat(lines, '\n') .. '\n'
 end
 
+-- The files of a sharded save: entries {name, bytes} in their order,
+-- consecutive ones filling a file until the next would take it past max
+-- bytes (an entry larger than that gets a file of its own). Returns
+-- {file name, {entries}} per file: model.safetensors alone, else
+-- model-0000i-of-0000N.safetensors; and the total bytes.
+local function plan_files(entries, max)
+  local shards, size, total = {}, math.huge, 0
+  for _, e in ipairs(entries) do
+    if size + e[2] > max then
+      shards[#shards + 1] = {}
+      size = 0
+    end
+    table.insert(shards[#shards], e)
+    size, total = size + e[2], total + e[2]
+  end
+  if #shards == 0 then shards[1] = {} end
+  local out = {}
+  for i, shard in ipairs(shards) do
+    out[i] = { #shards == 1 and M.SINGLE_NAME or ('model-%05d-of-%05d.safetensors'):format(i, #shards), shard }
+  end
+  return out, total
+end
+
+-- After a save wrote `written` (file names) in dir: the index when there
+-- are several, then the leftovers of a previous save with another layout
+-- removed (other shard sets, whichever of the single file and the index
+-- this save did not write).
+local function publish(dir, written, total, map)
+  if #written > 1 then write_atomic(join(dir, M.INDEX_NAME), index_json(total, map)) end
+  local keep = {}
+  for _, n in ipairs(written) do keep[n] = true end
+  if #written > 1 then keep[M.INDEX_NAME] = true end
+  for _, name in ipairs(files.list(dir)) do
+    if not keep[name] and (name == M.SINGLE_NAME or name == M.INDEX_NAME
+        or name:match('^model%-%d%d%d%d%d%-of%-%d%d%d%d%d%.safetensors$')) then
+      os.remove(join(dir, name))
+    end
+  end
+end
+
 -- Save tensors (name -> Tensor, written in sorted name order, or an array
 -- of {name, tensor} pairs, in their order) into `dir` as Hugging Face does:
 -- consecutive tensors fill a file until the next would take it past
@@ -354,43 +394,127 @@ function M.save_sharded(dir, tensors, opts)
   else
     for _, name in ipairs(sorted(tensors)) do list[#list + 1] = { name, tensors[name] } end
   end
-  local shards, size, total = {}, math.huge, 0
-  for _, p in ipairs(list) do
+  local entries = {}
+  for i, p in ipairs(list) do
     if not Tensor.is_tensor(p[2]) then
       core.fail(('save_sharded: %s is a %s, not a Tensor'):format(p[1], type(p[2])))
     end
-    local bytes = p[2]:numel() * p[2]:element_size()
-    if size + bytes > max then
-      shards[#shards + 1] = {}
-      size = 0
-    end
-    table.insert(shards[#shards], p)
-    size, total = size + bytes, total + bytes
+    entries[i] = { p[1], p[2]:numel() * p[2]:element_size(), p[2] }
   end
-  if #shards == 0 then shards[1] = {} end
+  local plan, total = plan_files(entries, max)
   mkdir_p(dir)
   local metadata = opts.metadata or { format = 'pt' }
   local written, map = {}, {}
-  for i, shard in ipairs(shards) do
-    local name = #shards == 1 and M.SINGLE_NAME
-      or ('model-%05d-of-%05d.safetensors'):format(i, #shards)
-    st().save(join(dir, name), shard, metadata)
-    written[#written + 1] = name
-    for _, p in ipairs(shard) do map[p[1]] = name end
-  end
-  if #shards > 1 then write_atomic(join(dir, M.INDEX_NAME), index_json(total, map)) end
-  -- Leftovers of a previous save: other shard sets, and whichever of the
-  -- single file and the index this save did not write.
-  local keep = {}
-  for _, n in ipairs(written) do keep[n] = true end
-  if #shards > 1 then keep[M.INDEX_NAME] = true end
-  for _, name in ipairs(files.list(dir)) do
-    if not keep[name] and (name == M.SINGLE_NAME or name == M.INDEX_NAME
-        or name:match('^model%-%d%d%d%d%d%-of%-%d%d%d%d%d%.safetensors$')) then
-      os.remove(join(dir, name))
+  for _, f in ipairs(plan) do
+    local shard = {}
+    for _, e in ipairs(f[2]) do
+      shard[#shard + 1] = { e[1], e[3] }
+      map[e[1]] = f[1]
     end
+    st().save(join(dir, f[1]), shard, metadata)
+    written[#written + 1] = f[1]
   end
+  publish(dir, written, total, map)
   return written
+end
+
+-- A sharded save whose tensors come one at a time (a sharded model's
+-- units, gathered one after another), so they are never all in memory:
+--
+--   local w = st.stream_sharded(dir, {{name, dtype, shape}, ...}, opts)
+--   w:write(name, tensor)   -- in the declared order
+--   local names = w:finish()
+--
+-- The files are planned from the declarations as save_sharded plans them
+-- (opts as its, plus checksum); each is opened when its first tensor
+-- comes and published (atomically) after its last. abort() removes the
+-- file being written.
+local Stream = {}
+Stream.__index = Stream
+
+function M.stream_sharded(dir, decls, opts)
+  opts = opts or {}
+  if type(dir) ~= 'string' or dir == '' then core.fail('stream_sharded: dir must be a directory path') end
+  local max = M.parse_size(opts.max_shard_size or '5GB')
+  local entries = {}
+  for i, d in ipairs(decls) do
+    local n = 1
+    for _, s in ipairs(d[3]) do n = n * s end
+    entries[i] = { d[1], n * tonumber(core.C.fl_dtype_size(core.dtype(d[2]))), d }
+  end
+  local plan, total = plan_files(entries, max)
+  mkdir_p(dir)
+  local map = {}
+  for _, f in ipairs(plan) do
+    for _, e in ipairs(f[2]) do map[e[1]] = f[1] end
+  end
+  return setmetatable({ dir = dir, plan = plan, total = total, map = map, file = 0, pos = 0, written = {},
+                        metadata = opts.metadata or { format = 'pt' }, checksum = opts.checksum }, Stream)
+end
+
+local shape_buf = core.ffi.new('int64_t[?]', core.C.FL_MAX_DIMS)
+
+-- Open the next file and declare its tensors.
+function Stream:_open()
+  self.file, self.pos = self.file + 1, 0
+  local f = self.plan[self.file]
+  local C = core.C
+  local w = C.fl_safetensors_writer_new(join(self.dir, f[1]))
+  if w == nil then core.raise() end
+  self.w = w
+  for _, e in ipairs(f[2]) do
+    local d = e[3]
+    for i, s in ipairs(d[3]) do shape_buf[i - 1] = s end
+    core.check(C.fl_safetensors_writer_declare(w, d[1], core.dtype(d[2]), #d[3], shape_buf))
+  end
+  for k, v in pairs(self.metadata) do core.check(C.fl_safetensors_writer_metadata(w, tostring(k), tostring(v))) end
+  if self.checksum then core.check(C.fl_safetensors_writer_checksum(w)) end
+end
+
+function Stream:_close()
+  local C = core.C
+  local ok, err = pcall(core.check, C.fl_safetensors_writer_finish(self.w))
+  C.fl_safetensors_writer_free(self.w)
+  self.w = nil
+  if not ok then error(err, 0) end
+  self.written[#self.written + 1] = self.plan[self.file][1]
+end
+
+function Stream:write(name, t)
+  if not self.w then
+    if self.file >= #self.plan then core.fail(('stream_sharded: %s was not declared'):format(name)) end
+    self:_open()
+  end
+  local f = self.plan[self.file]
+  local want = f[2][self.pos + 1][1]
+  if name ~= want then
+    core.fail(('stream_sharded: %s written where %s was declared (tensors go in the declared order)')
+      :format(name, want))
+  end
+  core.check(core.C.fl_safetensors_writer_write(self.w, Tensor.cptr(t)))
+  self.pos = self.pos + 1
+  if self.pos == #f[2] then self:_close() end
+end
+
+-- After every declared tensor: the index and the leftovers of an earlier
+-- save (as save_sharded). Returns the file names written.
+function Stream:finish()
+  while self.file < #self.plan and #self.plan[self.file + 1][2] == 0 do -- an empty model: one empty file
+    self:_open()
+    self:_close()
+  end
+  if self.w or self.file < #self.plan then
+    core.fail(('stream_sharded: finish() before every declared tensor of %s was written'):format(self.dir))
+  end
+  publish(self.dir, self.written, self.total, self.map)
+  return self.written
+end
+
+function Stream:abort()
+  if self.w then
+    core.C.fl_safetensors_writer_free(self.w)
+    self.w = nil
+  end
 end
 
 return M

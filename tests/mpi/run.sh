@@ -239,6 +239,10 @@ done
 for np in 1 2; do
   run_tap "the seed's TRAINING_ARGS line on llama2_7b.lua, $np rank(s)" -- tests/mpi/seed_args.sh $np
 done
+# Issue 16's must-show: HF directory -> --init_from fine-tune on 2 ranks ->
+# generate -> --export_hf, logits checked at both ends (variants pass
+# their recipe options: tests/mpi/lifecycle.sh NAME ARGS...).
+run_tap "lifecycle: HF directory, full fine-tune on 2 ranks, generate, export" -- tests/mpi/lifecycle.sh full
 run_tap "damaged 2-rank checkpoints refused, resume falls back" -- tests/mpi/ckpt_integrity.sh
 for np in 2 4; do
   run_tap "no checkpoint from non-finite state, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_nonfinite.lua

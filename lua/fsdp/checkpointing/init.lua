@@ -350,7 +350,9 @@ end
 -- strategy and wrap may differ from the current ones (matched by
 -- parameter names and offsets). `index`: what check(path) returned, when
 -- the caller checked already. Returns {step=, extra=, dir=, world_size=,
--- strategy=}. The run continues the loaded checkpoint's (run_id()).
+-- strategy=}. The run continues the loaded checkpoint's (run_id()), unless
+-- objs.weights_only (a new run starting from its weights: --init_from),
+-- which also leaves this process's RNG state as it is.
 function M.load(path, objs, index)
   check_objs(objs, 'load')
   local step_dir = M.resolve(path)
@@ -360,7 +362,7 @@ function M.load(path, objs, index)
     if not index then core.fail(('checkpointing.load: refused: %s'):format(why)) end
   end
   load_sharded.load(step_dir, index, objs)
-  if index.run then M._run = index.run end
+  if index.run and not objs.weights_only then M._run = index.run end
   return { step = index.step, extra = index.extra, dir = step_dir, world_size = index.world_size,
            strategy = index.strategy }
 end

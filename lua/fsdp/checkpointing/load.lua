@@ -155,7 +155,8 @@ function M.load(step_dir, index, objs)
     end
     objs.data:load_state(mine.data)
   end
-  if type(mine.rng) == 'table' then random.set_state(mine.rng) end
+  -- weights_only (--init_from): a new run keeps its own random stream.
+  if type(mine.rng) == 'table' and not objs.weights_only then random.set_state(mine.rng) end
 end
 
 return M

@@ -9,6 +9,7 @@
 --                        keep_low_precision_grads = false},
 --     backward_prefetch = 'pre',               -- 'post', false
 --     forward_prefetch = true, limit_all_gathers = true,
+--     init = false,                            -- meta parameters left zero: every value will be loaded
 --   })
 --   fsdp.checkpoint(model, is_block)           -- shard-aware: after sharding
 --   local opt = optim.AdamW(model:named_parameters(), {...})  -- original names
@@ -51,7 +52,7 @@ M.check_strategy, M.mixed_precision, M.plan_units = check_strategy, mixed_precis
 local OPTIONS = {
   policy = true, strategy = true, mixed_precision = true, cpu_offload = true,
   backward_prefetch = true, forward_prefetch = true, limit_all_gathers = true,
-  sync_module_states = true, ignored = true, group = true, seed = true, device = true,
+  sync_module_states = true, ignored = true, group = true, seed = true, device = true, init = true,
 }
 
 -- the API ----------------------------------------------------------------------------------
@@ -242,7 +243,10 @@ function M.shard(model, opts)
     if opts.sync_module_states then
       for _, p in ipairs(params) do p.tensor = p.values; p.values = nil end
     end
-    u:init_shard(seed)
+    -- init = false (the caller loads every parameter next: --init_from):
+    -- meta parameters stay zero instead of drawing their init rules' values,
+    -- which would take longer than the load.
+    u:init_shard(seed, opts.init ~= false)
     for _, p in ipairs(params) do p.tensor = nil end -- the whole parameter is not kept
     u:bind_segments()
     S.units[#S.units + 1] = u

@@ -91,6 +91,7 @@ function M.apply(model, cfg, block_class, script)
     policy = policy, strategy = cfg.sharding_strategy, mixed_precision = mp,
     backward_prefetch = bp ~= 'none' and bp or false, forward_prefetch = cfg.forward_prefetch,
     limit_all_gathers = cfg.limit_all_gathers, seed = cfg.seed,
+    init = (cfg.init_from or '') == '', -- --init_from's weights are loaded next (models/pretrained.lua)
   })
   local offload = cfg.offload_activations or false
   if type(offload) ~= 'boolean' then

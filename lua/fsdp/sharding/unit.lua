@@ -109,13 +109,17 @@ end
 
 -- Fill this rank's shard: from the init rules (keyed by the parameter's
 -- name and element index, so the values are those of a one-rank init of
--- the whole model), or from the values the parameter already has.
-function Unit:init_shard(seed)
+-- the whole model), or from the values the parameter already has. With
+-- rules false, parameters without values (meta) are zeros: their values
+-- are loaded next.
+function Unit:init_shard(seed, rules)
   autograd.no_grad(function()
     for _, p in ipairs(self.params) do
       if p.len > 0 then
         local rule = rawget(p.tensor, 'init')
-        if p.tensor:is_meta() or p.tensor:is_fake() then
+        if (p.tensor:is_meta() or p.tensor:is_fake()) and rules == false then
+          p.segment:fill_(0)
+        elseif p.tensor:is_meta() or p.tensor:is_fake() then
           if rule == nil then
             core.fail(('fsdp.shard: parameter %s is on the meta device and has no init rule'):format(p.name))
           end

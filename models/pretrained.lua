@@ -1,0 +1,365 @@
+-- models/pretrained.lua: where a run's weights start and where they end
+-- up. --init_from starts from a Hugging Face directory, a sharded training
+-- checkpoint of ours or a full state dict file; --export_hf writes the
+-- trained model as a Hugging Face directory. Shared by the training
+-- recipes (recipes/llama2_7b.lua for Llama and GPT-2, recipes/t5_recipe.lua),
+-- recipes/generate.lua and tools/export.lua, so a path means the same
+-- everywhere.
+--
+--   local pretrained = require 'models.pretrained'
+--   local src = pretrained.open(path, {families = {'llama', 'gpt2'}, who = 'recipes/llama2_7b.lua'})
+--   -- src.family, src.config (ours), src.kind: 'hf' | 'checkpoint' | 'state_dict'
+--   local model = build(src.config, {device = 'meta'}); fsdp.shard(model, ...)
+--   pretrained.load(model, src)     -- collective for checkpoints: into each rank's shards
+--
+-- open() reads headers and JSON only, so every problem (no config.json, a
+-- family the recipe does not train, a config key this loader does not
+-- know) is found before a model is built; load() checks names and shapes
+-- against the model from the headers before the first copy, and copies
+-- each rank's slice of each tensor straight into its shards (an HF or
+-- state dict file mapped one at a time, a checkpoint's rank files read
+-- only where they hold this rank's elements), so no rank ever holds the
+-- whole model.
+--
+-- [Note: what a checkpoint says about its model] A checkpoint saved by a
+-- recipe records its model in the index's `extra` (extra() below: family,
+-- the whole config, the --init_from it started from and that source's
+-- token ids and tokenizer directory), so --init_from, generate.lua and
+-- tools/export.lua rebuild exactly the trained model from it, and an
+-- export carries the tokenizer of the model it was fine-tuned from.
+-- Checkpoints without that record and full state dicts tell only shapes:
+-- the config comes from them plus what they cannot tell (heads, RoPE), which
+-- the caller names (a --model config, --num_heads).
+local fsdp = require 'fsdp'
+local core = require 'fsdp.core'
+local files = require 'fsdp.files'
+local json = require 'fsdp.json'
+local hf = require 'models.hf'
+local decoders = require 'models.decoders'
+
+local M = {}
+
+-- The options of a training recipe that starts from weights and exports
+-- them (merged under the recipe's own by M.options).
+M.OPTIONS = {
+  init_from = { '', 'start from these weights: a Hugging Face directory (its config.json sets the model), a sharded '
+                    .. 'checkpoint (a checkpoint or step directory: weights only, a fresh optimizer, step 0) or a full '
+                    .. 'state dict .safetensors file', input = true },
+  export_hf = { '', 'at the end, write the trained model as a Hugging Face directory here (config.json, safetensors, '
+                    .. 'generation_config.json, the tokenizer files of --init_from)', output = 'dir' },
+  export_max_shard_size = { '5GB', 'with --export_hf: the largest weight file; more go in numbered files and an index',
+                            check = function(v)
+                              local ok, err = pcall(require('fsdp.safetensors_sharded').parse_size, v,
+                                'export_max_shard_size')
+                              if not ok then return (tostring(err):gsub('^.-export_max_shard_size ', '')) end
+                            end },
+}
+
+function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+
+local function fail(fmt, ...) error(fmt:format(...), 0) end
+
+-- A message without the "file:line: " and the "hf: " a raise put first.
+local function bare(msg) return (tostring(msg):gsub('^[^%s:]+:%d+: ', ''):gsub('^hf: ', '')) end
+
+-- The family of a state dict by its names (name -> shape).
+local function family_of_names(shapes, where)
+  for name in pairs(shapes) do
+    if name:find('^model%.embed_tokens%.') then return 'llama' end
+    if name:find('^transformer%.wte%.') then return 'gpt2' end
+    if name == 'shared.weight' or name:find('^encoder%.block%.') then return 't5' end
+  end
+  fail('%s holds neither a Llama (model.embed_tokens.weight), a GPT-2 (transformer.wte.weight) nor a T5 '
+    .. '(shared.weight) model', where)
+end
+
+local MODULES = { llama = 'models.llama', gpt2 = 'models.gpt2', t5 = 'models.t5' }
+local function module_of(family) return require(MODULES[family]) end
+
+-- A decoder's config from its weights' shapes (name -> shape): layers,
+-- width, vocabulary, MLP width, KV width; what shapes cannot tell (heads,
+-- RoPE, norm eps) from opts.model's config (a --model name) and
+-- opts.num_heads / opts.num_kv_heads.
+local function config_from_shapes(family, shapes, opts, where)
+  if family == 't5' then
+    local named = opts.model and opts.model ~= '' and module_of('t5').configs[opts.model]
+    if not named and not opts.t5_config then
+      fail('%s: a T5 state dict does not say the model\'s heads and sizes: give --model (a T5 config name) and '
+        .. 'the size options it was trained with', where)
+    end
+    return opts.t5_config or module_of('t5').config(opts.model, opts.overrides)
+  end
+  local fam = module_of(family)
+  local base, name = {}, opts.model or ''
+  if name ~= '' then
+    local named_family, config_name = decoders.resolve(name)
+    if named_family ~= family then
+      fail('--model %s is a %s config, but %s holds a %s model', name, tostring(named_family), where, family)
+    end
+    name = config_name
+    base = fam.configs[name]
+  elseif (opts.num_heads or 0) == 0 then
+    fail('%s: give --model (a %s config name) or --num_heads: the weights do not say how many attention heads '
+      .. 'the model has', where, family)
+  end
+  local function shape(key)
+    if not shapes[key] then fail('%s has no %s, which a %s model has', where, key, family) end
+    return shapes[key]
+  end
+  local layers = -1
+  for n in pairs(shapes) do
+    local i = tonumber(n:match('^model%.layers%.(%d+)%.') or n:match('^transformer%.h%.(%d+)%.'))
+    if i and i > layers then layers = i end
+  end
+  local o = { n_layers = layers + 1 }
+  local heads = (opts.num_heads or 0) > 0 and opts.num_heads or base.n_heads
+  o.n_heads = heads
+  if family == 'llama' then
+    local emb = shape('model.embed_tokens.weight')
+    o.vocab_size, o.dim = emb[1], emb[2]
+    o.ffn_dim = shape('model.layers.0.mlp.gate_proj.weight')[1]
+    local q, k = shape('model.layers.0.self_attn.q_proj.weight')[1], shape('model.layers.0.self_attn.k_proj.weight')[1]
+    if q % heads ~= 0 then fail('%s: q_proj has %d rows, not a multiple of %d heads (give --num_heads)', where, q, heads) end
+    o.head_dim = q / heads
+    o.n_kv_heads = (opts.num_kv_heads or 0) > 0 and opts.num_kv_heads or k / o.head_dim
+    o.tied = shapes['lm_head.weight'] == nil
+  else
+    local wte, wpe = shape('transformer.wte.weight'), shape('transformer.wpe.weight')
+    o.vocab_size, o.dim, o.max_seq_len = wte[1], wte[2], wpe[1]
+    o.ffn_dim = shape('transformer.h.0.mlp.c_fc.weight')[1]
+  end
+  for k, v in pairs(opts.overrides or {}) do o[k] = v end
+  local ok, c = pcall(fam.config, name ~= '' and name or o, name ~= '' and o or nil)
+  if not ok then fail('%s: %s', where, bare(c)) end
+  return c
+end
+
+-- The config a state dict or checkpoint was given (from its record or
+-- the caller's options) against its shapes, on a model built on meta (no
+-- memory): a tensor whose shape differs is named with both shapes before
+-- anything is built for real.
+local function check_shapes(family, config, shapes, where)
+  local build = family == 't5' and module_of('t5').Model or module_of(family).build
+  local model = build(config, { device = 'meta' })
+  for _, np in ipairs(model:named_parameters()) do
+    local have = shapes[np[1]]
+    if have and table.concat(have, ',') ~= table.concat(np[2].shape, ',') then
+      fail('%s: %s is [%s] there, [%s] in the %s model configured (%s)', where, np[1], table.concat(have, ', '),
+        table.concat(np[2].shape, ', '), family, family == 't5' and 'give --model and the size options it was '
+          .. 'trained with' or 'give the --model or --num_heads it was trained with')
+    end
+  end
+end
+
+local function accepted(family, opts, where)
+  local list = opts.families or { 'llama', 'gpt2', 't5' }
+  for _, f in ipairs(list) do
+    if f == family then return end
+  end
+  fail('%s holds a %s model; %s takes %s', where, family, opts.who or 'this recipe', table.concat(list, ' or '))
+end
+
+-- What `path` holds, from its headers and JSON (no tensor is read):
+-- {path, kind = 'hf' | 'checkpoint' | 'state_dict', family, config (ours,
+-- complete), where (what messages name: the config.json, the step
+-- directory or the file), hf_dir, hf (config.json), step_dir, index}.
+-- opts: families (the ones accepted; default all), who (the program, for
+-- messages), overrides (config fields every kind takes, e.g. dropout),
+-- and for sources that tell only shapes: model (a config name, '' none),
+-- num_heads, num_kv_heads, t5_config (the config to use for a T5 state
+-- dict). Raises one line naming the path and what is wrong.
+function M.open(path, opts)
+  opts = opts or {}
+  local mode = files.mode(path)
+  if not mode then fail('%s does not exist', path) end
+  local src = { path = path }
+  if mode == 'directory' and files.mode(files.join(path, 'config.json')) == 'file' then
+    -- The family first: another family's config refuses this one's overrides.
+    local h0 = json.decode(files.read(files.join(path, 'config.json')) or '')
+    if type(h0) == 'table' and MODULES[h0.model_type] then accepted(h0.model_type, opts, files.join(path, 'config.json')) end
+    local ok, c, family, h = pcall(hf.read_config, path, opts.overrides)
+    if not ok then fail('%s', bare(c)) end
+    src.kind, src.family, src.config, src.hf, src.hf_dir = 'hf', family, c, h, path
+    src.where = files.join(path, 'config.json')
+  elseif mode == 'directory' then
+    local ckpt = require 'fsdp.checkpointing'
+    local is_step = files.mode(files.join(path, ckpt.layout.INDEX)) == 'file'
+    local has_safetensors = false
+    for _, n in ipairs(files.list(path)) do
+      if n:match('%.safetensors$') then has_safetensors = true end
+    end
+    if not is_step and not ckpt.layout.latest(path) and #ckpt.layout.scan(path).incomplete == 0 then
+      fail('%s is neither a Hugging Face model directory (it has no config.json%s) nor a checkpoint directory '
+        .. '(no step-NNNNNN/ saves)', path, has_safetensors and ', only safetensors files' or '')
+    end
+    local ok, step_dir = pcall(ckpt.resolve, path)
+    if not ok then fail('%s', bare(step_dir):gsub('^checkpointing%.load: ', '')) end
+    local ok2, index = pcall(ckpt.layout.read_index, step_dir)
+    if not ok2 then fail('%s', bare(index)) end
+    src.kind, src.step_dir, src.index, src.where = 'checkpoint', step_dir, index, step_dir
+    local extra = type(index.extra) == 'table' and index.extra or {}
+    if type(extra.config) == 'table' and MODULES[extra.family] then
+      src.family = extra.family
+      accepted(src.family, opts, step_dir)
+      local ok3, c = pcall(module_of(src.family).config, extra.config, opts.overrides)
+      if not ok3 then fail('%s: the recorded model config: %s', step_dir, bare(c)) end
+      src.config = c
+      src.token_ids = type(extra.token_ids) == 'table' and extra.token_ids or nil
+      if type(extra.tokenizer_from) == 'string' and files.mode(extra.tokenizer_from) == 'directory' then
+        src.tokenizer_from = extra.tokenizer_from
+      end
+    else
+      local shapes = {}
+      for name, p in pairs(require('fsdp.checkpointing.parts').saved_params(index)) do shapes[name] = p.shape end
+      src.family = family_of_names(shapes, step_dir)
+      accepted(src.family, opts, step_dir)
+      local o = {}
+      for k, v in pairs(opts) do o[k] = v end
+      if (o.model or '') == '' and type(extra.model) == 'string' then o.model = extra.model end
+      src.config = config_from_shapes(src.family, shapes, o, step_dir)
+      check_shapes(src.family, src.config, shapes, step_dir)
+    end
+  else
+    local ok, f = pcall(fsdp.safetensors.open, path)
+    if not ok then
+      fail('%s: not a Hugging Face directory (no config.json), a checkpoint directory or a safetensors file: %s',
+        path, bare(f))
+    end
+    local shapes = {}
+    for _, n in ipairs(f:names()) do shapes[n] = f:info(n).shape end
+    f:close()
+    src.kind, src.where = 'state_dict', path
+    src.family = family_of_names(shapes, path)
+    accepted(src.family, opts, path)
+    src.config = config_from_shapes(src.family, shapes, opts, path)
+    check_shapes(src.family, src.config, shapes, path)
+  end
+  accepted(src.family, opts, src.where)
+  if src.kind == 'hf' then
+    src.token_ids = hf.token_ids(path)
+    src.tokenizer_from = path
+  end
+  return src
+end
+
+-- One line for the log: "Hugging Face directory X (llama)".
+function M.describe(src)
+  local kind = src.kind == 'hf' and 'Hugging Face directory' or src.kind == 'checkpoint' and 'checkpoint'
+               or 'full state dict'
+  return ('%s %s (%s)'):format(kind, src.kind == 'checkpoint' and src.step_dir or src.path, src.family)
+end
+
+-- The recipe's size options that contradict the source's config: given is
+-- a list of {field, value, option as written} for the options the user
+-- set; raises naming the first that differs and the source.
+function M.check_sizes(src, given)
+  for _, g in ipairs(given) do
+    local field, value, option = g[1], g[2], g[3]
+    if src.config[field] ~= value then
+      fail('--%s=%s contradicts --init_from %s, whose model has %s %s (leave --%s out: the weights decide it)',
+        option, tostring(value), src.where, field, tostring(src.config[field]), option)
+    end
+  end
+end
+
+-- A recipe's --init_from, opened and checked against its other options
+-- (call it in the recipe's option checks, recipe.config's fourth
+-- argument; written: the names the options were given under). Returns
+-- the source, or nil without --init_from. opts: families and who (as
+-- open's), overrides and t5_config (as open's), sizes ({{config field,
+-- option}...}: a size option given must agree with the weights), and
+-- family_of_model (name -> the family a --model names: a --model given
+-- must be of the weights' family). A --model not given is cleared: the
+-- weights' config is the model, not the default's name.
+function M.from_options(cfg, written, opts)
+  if cfg.init_from == '' then return nil end
+  local given_model = written.model ~= nil
+  local ok, src = pcall(M.open, cfg.init_from, {
+    families = opts.families, who = opts.who, overrides = opts.overrides, t5_config = opts.t5_config,
+    model = given_model and cfg.model or '', num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
+  if not ok then fail('--init_from %s', bare(src)) end
+  if given_model and opts.family_of_model then
+    local family = opts.family_of_model(cfg.model)
+    if family ~= src.family then
+      fail('--%s=%s is a %s model, but --init_from %s holds a %s model (leave --%s out)', written.model, cfg.model,
+        tostring(family), src.where, src.family, written.model)
+    end
+  end
+  if not given_model then cfg.model = '' end
+  local given = {}
+  for _, o in ipairs(opts.sizes or {}) do
+    local v = cfg[o[2]]
+    if v and v ~= 0 then given[#given + 1] = { o[1], v, written[o[2]] or o[2] } end
+  end
+  M.check_sizes(src, given)
+  return src
+end
+
+-- Copy the weights of src (from open) into model, built from src.config,
+-- sharded or not. Collective for a checkpoint (its files are checked by all
+-- ranks together first). Raises naming the path and the tensor at fault.
+function M.load(model, src)
+  local ok, err = pcall(function()
+    if src.kind == 'hf' then
+      hf.load_weights(model, src.path)
+    elseif src.kind == 'checkpoint' then
+      local ckpt = require 'fsdp.checkpointing'
+      local index, why = ckpt.check(src.step_dir)
+      if not index then core.fail(why) end
+      ckpt.load(src.step_dir, { model = model, weights_only = true }, index)
+    else
+      fsdp.load_safetensors_into(model, src.path)
+    end
+  end)
+  if not ok then fail('--init_from %s: %s', src.path, bare(err)) end
+end
+
+local function say(msg)
+  if fsdp.dist.rank() == 0 then
+    io.stdout:write(msg, '\n')
+    io.stdout:flush()
+  end
+end
+
+-- A training recipe's start, after its --resume_from_checkpoint (which
+-- returned start_step): src's weights into the (sharded) model, unless a
+-- checkpoint of the run was resumed: then the run goes on from there and
+-- the log says --init_from was not used.
+function M.start(cfg, model, src, start_step)
+  if not src then return end
+  if start_step > 0 then
+    say(('init_from: %s not loaded: resumed from the checkpoint in %s instead (--resume_from_checkpoint wins '
+      .. 'once a checkpoint exists)'):format(M.describe(src), cfg.checkpoint_dir))
+    return
+  end
+  local clock = require 'fsdp.clock'
+  local t0 = clock.now()
+  M.load(model, src)
+  say(('init_from: loaded %s in %.2f s (a fresh optimizer, step 0)'):format(M.describe(src), clock.now() - t0))
+end
+
+-- What a recipe records about its model in each checkpoint (see the Note
+-- at the top): family and config name, the whole config, and what an
+-- export needs from the --init_from source.
+function M.extra(model_name, family, config, src)
+  return { model = model_name, family = family, config = config, init_from = src and src.path or nil,
+           token_ids = src and src.token_ids or nil, tokenizer_from = src and src.tokenizer_from or nil }
+end
+
+-- --export_hf: the trained model (sharded or not; collective) as a Hugging
+-- Face directory, with the token ids and tokenizer files of src (the
+-- --init_from source, or nil). Returns the seconds it took.
+function M.export(cfg, model, src)
+  if (cfg.export_hf or '') == '' then return end
+  local t0 = require('fsdp.clock').now()
+  local ok, err = pcall(hf.save_pretrained, model, cfg.export_hf, {
+    max_shard_size = cfg.export_max_shard_size, token_ids = src and src.token_ids,
+    tokenizer_from = src and src.tokenizer_from,
+  })
+  if not ok then fail('--export_hf %s: %s', cfg.export_hf, bare(err)) end
+  local dt = require('fsdp.clock').now() - t0
+  say(('export: wrote %s (Hugging Face %s) in %.2f s'):format(cfg.export_hf, hf.family_of_model(model).name, dt))
+  return dt
+end
+
+return M
