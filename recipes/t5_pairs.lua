@@ -80,12 +80,11 @@ function M.open(cfg)
     return ds
   end
   local run = { tokenizer = tok }
-  -- Training: every pair of --data that is not in its val split.
-  local frac = cfg.val_data == '' and cfg.val_fraction or 0
-  run.train = need('data', open(cfg.data, { split = 'train', val_fraction = frac, batch_size = cfg.batch_size }))
   -- Validation: --val_data whole (each of its pairs is in the val split at
-  -- fraction 1), or the val split of --data. An empty one is refused: the
-  -- run would report no validation loss without saying why.
+  -- fraction 1), or the val split of --data. An empty one is refused
+  -- (first: it is what a small --data runs into): the run would report
+  -- no validation loss without saying why.
+  local frac = cfg.val_data == '' and cfg.val_fraction or 0
   local val_batch = cfg.val_batch_size > 0 and cfg.val_batch_size or cfg.batch_size
   local vopts = { split = 'val', batch_size = val_batch, shuffle = false, cap_batch = cfg.val_batch_size == 0 }
   if cfg.val_data ~= '' then
@@ -94,12 +93,15 @@ function M.open(cfg)
   else
     vopts.val_fraction = frac
     local ds, why = open(cfg.data, vopts)
-    if not ds and why:find('split is empty', 1, true) then
-      error(('--data %s: its val split is empty: --val_fraction=%g of its %d pairs holds out none; give '
-        .. '--val_data=FILE or a larger --val_fraction'):format(cfg.data, frac, run.train.n), 0)
+    local total = not ds and why:match('split is empty %((%d+) pairs in the file')
+    if total then
+      error(('--data %s: its val split is empty: --val_fraction=%g of its %s pairs holds out none; give '
+        .. '--val_data=FILE or a larger --val_fraction'):format(cfg.data, frac, total), 0)
     end
     run.val = need('data', ds, why)
   end
+  -- Training: every pair of --data that is not in its val split.
+  run.train = need('data', open(cfg.data, { split = 'train', val_fraction = frac, batch_size = cfg.batch_size }))
   return run
 end
 
