@@ -54,8 +54,12 @@ M.OPTIONS = {
 -- A recipe's own options plus these (its own win on a clash).
 function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
+-- Rank 0 speaks; flushed, so a log file being followed shows each validation as it comes.
 local function say(fmt, ...)
-  if fsdp.dist.rank() == 0 then print(fmt:format(...)) end
+  if fsdp.dist.rank() == 0 then
+    io.stdout:write(fmt:format(...), '\n')
+    io.stdout:flush()
+  end
 end
 
 -- Open the tokenizer and both splits from the options; nil without --data.
@@ -106,9 +110,11 @@ function M.open(cfg)
 end
 
 -- The model's vocabulary and EOS come from the tokenizer unless
--- --vocab_size was given (then check_model checks it holds the tokenizer's).
+-- --vocab_size was given (then check_model checks it holds the tokenizer's),
+-- or the model comes from --init_from (its config decides; check_model
+-- still checks the tokenizer fits it).
 function M.model_overrides(run, cfg, overrides)
-  if not run then return end
+  if not run or (cfg.init_from or '') ~= '' then return end
   if cfg.vocab_size == 0 then overrides.vocab_size = run.tokenizer.vocab_size end
   overrides.eos_token_id = run.tokenizer.eos_id
 end
@@ -116,7 +122,8 @@ end
 function M.check_model(run, c, cfg)
   if not run then return end
   if c.vocab_size < run.tokenizer.vocab_size then
-    error(('--vocab_size (%d) is smaller than the vocabulary of --tokenizer %s (%d)'):format(c.vocab_size,
+    local what = cfg.vocab_size > 0 and '--vocab_size' or "the model's vocabulary"
+    error(('%s (%d) is smaller than the vocabulary of --tokenizer %s (%d)'):format(what, c.vocab_size,
       cfg.tokenizer ~= '' and cfg.tokenizer or 'byte', run.tokenizer.vocab_size), 0)
   end
 end
