@@ -97,10 +97,8 @@ function M.open(cfg)
   else
     vopts.val_fraction = frac
     local ds, why = open(cfg.data, vopts)
-    local total = not ds and why:match('split is empty %((%d+) pairs in the file')
-    if total then
-      error(('--data %s: its val split is empty: --val_fraction=%g of its %s pairs holds out none; give '
-        .. '--val_data=FILE or a larger --val_fraction'):format(cfg.data, frac, total), 0)
+    if not ds and why:find('split is empty', 1, true) then
+      why = why .. '; give --val_data=FILE or a larger --val_fraction'
     end
     run.val = need('data', ds, why)
   end
@@ -132,10 +130,10 @@ end
 function M.describe(run, cfg)
   local val = run.val
   local used = val.sampler.steps_per_epoch * val.sampler.global_batch
-  say('data: %s, %d steps per epoch; validation on %s (%d pairs in batches of %d per rank%s) every %s',
+  say('data: %s, %d steps per epoch; validation on %s (%d pairs in batches of %d per rank%s) %s',
     tostring(run.train), run.train.sampler.steps_per_epoch, val.path, val.n, val.batch_size,
     used < val.n and (', the last %d left out'):format(val.n - used) or '',
-    cfg.validation_freq > 0 and (cfg.validation_freq .. ' steps and at the end') or 'run, at the end')
+    cfg.validation_freq > 0 and ('every %d steps and at the end'):format(cfg.validation_freq) or 'at the end')
 end
 
 -- The loss of a batch from the datasets (input_ids, labels, attention_mask).
