@@ -134,6 +134,15 @@ function M.describe(run, cfg)
     tostring(run.train), run.train.sampler.steps_per_epoch, val.path, val.n, val.batch_size,
     used < val.n and (', the last %d left out'):format(val.n - used) or '',
     cfg.validation_freq > 0 and ('every %d steps and at the end'):format(cfg.validation_freq) or 'at the end')
+  -- Truncation is allowed (long articles, short summaries) but said.
+  for _, ds in ipairs({ run.train, run.val }) do
+    local t = ds.truncated
+    if t.source > 0 or t.target > 0 then
+      say('data: %s (%s split): %d of %d sources longer than --source_len=%d and %d targets longer than '
+        .. '--target_len=%d are truncated', ds.path, ds.split, t.source, ds.n, cfg.source_len, t.target,
+        cfg.target_len)
+    end
+  end
 end
 
 -- The loss of a batch from the datasets (input_ids, labels, attention_mask).
@@ -161,7 +170,9 @@ function M.maybe_validate(model, run, cfg, step)
 end
 
 -- The text of ids (a Lua list) up to the first stop id (EOS, or -100 in
--- labels).
+-- labels), control characters written as \xNN: a byte-level model early
+-- in training emits any byte, escape sequences included, which a
+-- terminal would act on.
 local function text(tok, ids, stop)
   local n = 0
   for i, v in ipairs(ids) do
@@ -169,7 +180,8 @@ local function text(tok, ids, stop)
     n = i
   end
   if n == 0 then return '' end
-  return tok:decode(fsdp.tensor({ unpack(ids, 1, n) }, { dtype = 'i64' }))
+  local s = tok:decode(fsdp.tensor({ unpack(ids, 1, n) }, { dtype = 'i64' }))
+  return (s:gsub('%c', function(c) return ('\\x%02x'):format(c:byte()) end))
 end
 
 -- At the end: greedy outputs on the first --eval_examples validation pairs

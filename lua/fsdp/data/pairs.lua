@@ -31,18 +31,21 @@ local Dataset = {}
 Dataset.__index = Dataset
 
 -- [n, len] i64 of the id tensors, each truncated to len - 1, then EOS,
--- then `pad`; and the mask of the ids and EOS, [n, len] i64.
+-- then `pad`; the mask of the ids and EOS, [n, len] i64; and how many
+-- rows were truncated.
 local function pad_rows(ids, len, eos, pad)
   local out = fsdp.full({ #ids, len }, pad, { dtype = 'i64' })
   local mask = fsdp.zeros({ #ids, len }, { dtype = 'i64' })
+  local truncated = 0
   for i, t in ipairs(ids) do
+    if t:numel() > len - 1 then truncated = truncated + 1 end
     local n = math.min(t:numel(), len - 1)
     local row = out:select(0, i - 1)
     if n > 0 then row:narrow(0, 0, n):copy_(t:narrow(0, 0, n)) end
     row:set(eos, n)
     mask:select(0, i - 1):narrow(0, 0, n + 1):fill_(1)
   end
-  return out, mask
+  return out, mask, truncated
 end
 
 -- opts: tokenizer ('byte' or a SentencePiece model path, or a loaded
@@ -86,8 +89,12 @@ function M.open(path, opts)
   end
   local self = setmetatable({ path = path, split = split, tokenizer = tok, n = #sources }, Dataset)
   self.vocab_size, self.eos_id = tok.vocab_size, tok.eos_id
-  self.sources, self.source_mask = pad_rows(tok:encode(sources), opts.source_len, tok.eos_id, opts.pad_id or 0)
-  self.labels = pad_rows(tok:encode(targets), opts.target_len, tok.eos_id, -100)
+  -- truncated: how many sources and targets lost tokens to the lengths.
+  self.truncated = {}
+  self.sources, self.source_mask, self.truncated.source = pad_rows(tok:encode(sources), opts.source_len, tok.eos_id,
+                                                                   opts.pad_id or 0)
+  local _
+  self.labels, _, self.truncated.target = pad_rows(tok:encode(targets), opts.target_len, tok.eos_id, -100)
   self.seed = opts.seed or 0
   local rank, world = opts.rank, opts.world_size
   if rank == nil or world == nil then rank, world = rank or fsdp.dist.rank(), world or fsdp.dist.world_size() end
