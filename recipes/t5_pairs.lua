@@ -42,7 +42,7 @@ M.OPTIONS = {
   target_field = { 'target', 'with --data: the JSON field of the target text' },
   source_len = { 128, 'with --data: source tokens, EOS included (longer sources are truncated)', int = true,
                  min = 2 },
-  target_len = { 48, 'with --data: target tokens, EOS included (longer targets are truncated)', int = true,
+  target_len = { 64, 'with --data: target tokens, EOS included (longer targets are truncated)', int = true,
                  min = 2 },
   validation_freq = { 50, 'with --data: steps between validation losses (0: only after the last step)', int = true,
                       min = 0 },
@@ -126,13 +126,17 @@ function M.check_model(run, c, cfg)
   end
 end
 
--- One log line on the data.
+-- The data in the log: the splits, what a validation reads, and what
+-- was truncated.
 function M.describe(run, cfg)
   local val = run.val
-  local used = val.sampler.steps_per_epoch * val.sampler.global_batch
-  say('data: %s, %d steps per epoch; validation on %s (%d pairs in batches of %d per rank%s) %s',
-    tostring(run.train), run.train.sampler.steps_per_epoch, val.path, val.n, val.batch_size,
-    used < val.n and (', the last %d left out'):format(val.n - used) or '',
+  local batches = val.sampler.steps_per_epoch
+  if cfg.val_batches > 0 then batches = math.min(batches, cfg.val_batches) end
+  local where = cfg.val_data ~= '' and val.path
+    or ('the val split of %s (--val_fraction=%g)'):format(val.path, cfg.val_fraction)
+  say('data: %s, %d steps per epoch', tostring(run.train), run.train.sampler.steps_per_epoch)
+  say('validation: %s, %d pairs; %d batch%s of %d per rank (%d pairs) %s', where, val.n, batches,
+    batches == 1 and '' or 'es', val.batch_size, batches * val.sampler.global_batch,
     cfg.validation_freq > 0 and ('every %d steps and at the end'):format(cfg.validation_freq) or 'at the end')
   -- Truncation is allowed (long articles, short summaries) but said.
   for _, ds in ipairs({ run.train, run.val }) do

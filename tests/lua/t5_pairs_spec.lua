@@ -70,7 +70,9 @@ describe('recipes/t5_3b.lua --data (source/target pairs)', function()
     assert(rc == 0, out)
     ref = out
     assert.matches('data: TextPairs(' .. TRAIN .. ', train: 400 pairs', out, 1, true)
-    assert.matches('validation on ' .. VAL .. ' (48 pairs in batches of 12 per rank)', out, 1, true)
+    assert.matches('validation: ' .. VAL .. ', 48 pairs; 2 batches of 12 per rank (48 pairs) every 5 steps', out, 1,
+      true)
+    assert.is_nil(out:find('truncated', 1, true))
     local v = {}
     for step, loss in out:gmatch('Validation at batch (%d+): loss ([%d.]+)') do v[tonumber(step)] = tonumber(loss) end
     assert(v[5] and v[10] and v[15] and v[20], out)
