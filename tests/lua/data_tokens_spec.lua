@@ -67,6 +67,20 @@ describe('tools/tokenize.lua', function()
     assert.equals(bytes, train.num_tokens + val.num_tokens)
   end)
 
+  it('warns when --val_fraction puts no document in the val split (80 documents at the default 0.01)', function()
+    local small = dir .. '/small.txt'
+    corpus.write(small, { documents = 80, seed = 3 })
+    local out, rc = tokenize(('--input=%s --output=%s/small --tokenizer=byte'):format(small, dir))
+    assert.equals(0, rc, out)
+    assert.matches('val: 0 documents', out, 1, true)
+    assert.matches('warning: --val_fraction=0.01 of 80 documents puts none in the val split, so training on '
+      .. dir .. '/small validates on nothing; use --val_fraction=0.0125 or more', out, 1, true)
+    out, rc = tokenize(('--input=%s --output=%s/small2 --tokenizer=byte --val_fraction=0.0125'):format(small, dir))
+    assert.equals(0, rc, out)
+    assert.matches('val: 1 documents', out, 1, true)
+    assert.is_nil(out:find('warning', 1, true))
+  end)
+
   it('trains and applies a SentencePiece model on JSONL input', function()
     if not spm.available() then
       pending('spm_train not installed (Debian package sentencepiece; ./build.sh installs it)')
