@@ -19,7 +19,9 @@
 --   * A command whose comment starts with `fsdp-lua:` shows the error it
 --     gives: it must exit non-zero and print that comment's first line
 --     (`...` in it stands for any text).
---   * ```lua blocks run in `fsdp-lua` as a script. A block of REPL input
+--   * ```lua blocks run in `fsdp-lua` as a script, where reading a global
+--     that is not defined is an error (a snippet must define what it
+--     uses, or continue the block that does). A block of REPL input
 --     (`> ` lines, `>> ` continuing one; other lines are its output, not
 --     checked) runs input by input as the REPL does, expressions printed.
 --   * `<!-- readme-test: skip (why) -->` on the line before a block (blank
@@ -225,7 +227,7 @@ local function run_bash(script)
 end
 
 local clock = require 'fsdp.clock'
-local n, failed = 0, 0
+local n, failed, skipped = 0, 0, 0
 local started = clock.now()
 local function report(ok, name, detail, skip)
   n = n + 1
@@ -234,6 +236,7 @@ local function report(ok, name, detail, skip)
   name = name:gsub('\n', ' ')
   if #name > 110 then name = name:sub(1, 107) .. '...' end
   if skip then
+    skipped = skipped + 1
     print(('ok %d - %s # SKIP %s'):format(n, name, skip))
   elseif ok then
     print(('ok %d - %s (%.1f s)'):format(n, name, took))
@@ -305,13 +308,28 @@ end
 ]]):format(table.concat(inputs, ',\n'))
 end
 
-local function run_lua(b, code)
+-- A script snippet runs with globals that fail when read undefined: a
+-- snippet using a variable no earlier line (nor one it continues)
+-- defined is an error even where nil would go unnoticed.
+local STRICT = [[
+local chunk = assert(loadfile('.snippet.lua'))
+setfenv(chunk, setmetatable({}, {
+  __index = function(_, k)
+    local v = _G[k]
+    if v == nil then error(("README snippet reads the undefined variable '%s'"):format(tostring(k)), 2) end
+    return v
+  end }))
+chunk()
+]]
+
+local function run_lua(b, code, transcript)
   local name = ('README.md:%d lua%s'):format(b.line, b.continues and ' (continued)' or '')
   local first = b.text:match('^%s*([^\n]*)') or ''
   name = name .. ': ' .. first
   if b.skip then return report(true, name, nil, b.skip) end
   write_file(scratch .. '/.snippet.lua', code)
-  local rc, out = run_bash('fsdp-lua .snippet.lua')
+  write_file(scratch .. '/.strict.lua', STRICT)
+  local rc, out = run_bash(transcript and 'fsdp-lua .snippet.lua' or 'fsdp-lua .strict.lua')
   report(rc == 0, name, ('exit status %d, output:\n%s\n-- the script:\n%s'):format(rc, tail(out, 30), code))
 end
 
@@ -355,7 +373,7 @@ for _, b in ipairs(blocks) do
         code = previous_lua.code .. '\n-- README.md:' .. b.line .. '\n' .. code
       end
     end
-    if wanted then run_lua(b, code) end
+    if wanted then run_lua(b, code, transcript) end
     previous_lua = { code = code, text = (b.continues and previous_lua and previous_lua.text .. '\n' or '') .. b.text,
                      transcript = transcript }
   end
@@ -363,5 +381,5 @@ end
 
 os.execute('rm -rf ' .. sh_quote(scratch))
 print(('1..%d'):format(n))
-print(('%d passed, %d failed'):format(n - failed, failed))
+print(('%d passed, %d failed, %d skipped'):format(n - failed - skipped, failed, skipped))
 os.exit(failed == 0 and 0 or 1)
