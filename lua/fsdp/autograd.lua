@@ -125,6 +125,8 @@ local depth, callbacks = 0, {}
 -- Whether a backward is running (a checkpoint's recompute runs inside one).
 function M.in_backward() return depth > 0 end
 
+-- Run fn() once the running backward has finished (an error outside a
+-- backward).
 function M.queue_callback(fn)
   if depth == 0 then core.fail('queue_callback: no backward is running') end
   callbacks[#callbacks + 1] = fn
@@ -308,6 +310,9 @@ function M.checkpoint_with_params(params, fn, ...)
   return unpack(outputs, 1, outputs.n)
 end
 
+-- fsdp.autograd.checkpoint(fn, ...): fn(...) keeping only its inputs for
+-- backward, which runs fn again to get what it needs (activation
+-- checkpointing of a function; fsdp.checkpoint applies it to modules).
 function M.checkpoint(fn, ...)
   return M.checkpoint_with_params({}, fn, ...)
 end

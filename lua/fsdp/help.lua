@@ -230,18 +230,41 @@ local function module_file(modname)
   return package.searchpath and package.searchpath(modname, package.path) or nil
 end
 
+-- The public keys of table t holding value, sorted.
+local function keys_of(t, value)
+  local keys = {}
+  for k, v in pairs(t) do
+    if rawequal(v, value) and type(k) == 'string' and k:sub(1, 1) ~= '_' then keys[#keys + 1] = k end
+  end
+  table.sort(keys)
+  return keys
+end
+
 -- The public name of a value: 'fsdp.KEY' when the library holds it, else
--- 'MODULE.KEY' for a loaded fsdp or models module (sorted, so the same
--- value always gets the same name), with the module's name and the key.
+-- 'fsdp.SUB.KEY' for a table the library holds (fsdp.dist, fsdp.cuda),
+-- else 'MODULE.KEY' for a loaded fsdp or models module (sorted, so the
+-- same value always gets the same name), with the module's name (nil for
+-- a plain table) and the key.
 function M.name_of(value)
   local fsdp = package.loaded.fsdp
   if type(fsdp) == 'table' then
-    local keys = {}
-    for k, v in pairs(fsdp) do
-      if rawequal(v, value) and type(k) == 'string' and k:sub(1, 1) ~= '_' then keys[#keys + 1] = k end
-    end
-    table.sort(keys)
+    local keys = keys_of(fsdp, value)
     if keys[1] then return 'fsdp.' .. keys[1], 'fsdp', keys[1] end
+    local subs = {}
+    for k, v in pairs(fsdp) do
+      if type(k) == 'string' and k:sub(1, 1) ~= '_' and type(v) == 'table' then subs[#subs + 1] = k end
+    end
+    table.sort(subs)
+    for _, sub in ipairs(subs) do
+      keys = keys_of(fsdp[sub], value)
+      if keys[1] then
+        local modname
+        for name, mod in pairs(package.loaded) do
+          if rawequal(mod, fsdp[sub]) then modname = name end
+        end
+        return ('fsdp.%s.%s'):format(sub, keys[1]), modname, keys[1]
+      end
+    end
   end
   local mods = {}
   for modname, mod in pairs(package.loaded) do

@@ -321,7 +321,9 @@ M.cuda = {
   -- True in the cudasim test build (kernels run on the CPU, slowly).
   -- Tests shrink their sizes there.
   simulated = function() return C.fl_cuda_simulated() end,
+  -- The number of CUDA devices this process sees (0 without a GPU).
   device_count = function() return C.fl_cuda_device_count() end,
+  -- True when at least one CUDA device can be used.
   is_available = function() return C.fl_cuda_device_count() > 0 end,
   -- The name of device 0, or why there is none.
   status = function() return ffi.string(C.fl_cuda_status()) end,
@@ -373,6 +375,7 @@ function M.cuda.offload_stats()
   end
   return out
 end
+-- Set the counts of fsdp.cuda.offload_stats() back to 0.
 function M.cuda.reset_offload_stats() C.fl_offload_stats_reset() end
 
 -- dtypes ------------------------------------------------------------------------
