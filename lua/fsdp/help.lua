@@ -344,10 +344,10 @@ function M.info(value)
     def = lines[info.linedefined]
     doc = comment_above(lines, info.linedefined)
   end
-  if #doc == 0 and modname and key then
-    -- the line that gives it its public name
-    local mlines = source_lines(module_file(modname))
-    if mlines then
+  if #doc == 0 and key then
+    -- the line that gives it its public name, in the file that defines it
+    -- or in its module's
+    for _, mlines in ipairs({ lines or {}, modname and source_lines(module_file(modname)) or {} }) do
       local k = key:gsub('%p', '%%%0')
       for i, l in ipairs(mlines) do
         if l:match('^M%.' .. k .. '%s*=') or l:match('^function%s+M%.' .. k .. '%s*%(') then
@@ -355,6 +355,7 @@ function M.info(value)
           if #doc > 0 then break end
         end
       end
+      if #doc > 0 then break end
     end
   end
   -- the signature: a first doc line "name(args): ..." or "name(args)", else the parameters
@@ -372,6 +373,9 @@ function M.info(value)
   local signature
   local first = doc[1] or ''
   local call = first:match('^([%w_.:]+%b())')
+  -- (a signature of this function: `F.lt(a, b)` heading the comparisons'
+  -- shared comment is not F.eq's, `softmax(...)` starting a formula neither)
+  if call and key and call:match('([%w_]+)%b()$') ~= key then call = nil end
   if call then
     signature = call:gsub('^[%w_.:]-([%w_]+%b())$', '%1')
     signature = name:gsub('[%w_]+$', '') .. signature

@@ -9,8 +9,10 @@ local complete = require 'fsdp.complete'
 local capture_stdout = require('fsdp.testing').capture_stdout
 
 -- The submodules whose functions are public API as well (fsdp.sharding's
--- public parts are fsdp.shard & co; fsdp.F's ops are documented in README).
-local SUBMODULES = { 'dist', 'optim', 'checkpointing', 'autograd', 'cuda', 'devices', 'policy', 'safetensors' }
+-- public parts are fsdp.shard & co; fsdp.nn holds classes, whose help is
+-- their fields and methods).
+local SUBMODULES = { 'dist', 'optim', 'checkpointing', 'autograd', 'cuda', 'devices', 'policy', 'safetensors',
+                     'F' }
 
 -- Every public callable of a table (functions and callable tables), the
 -- lazily loaded ones (fsdp.plan) loaded, as {name =, value =}.
@@ -62,6 +64,7 @@ describe('help(fn)', function()
         problems[#problems + 1] = f.name .. ': help.info found nothing'
       else
         local text = table.concat(info.doc, '\n')
+        local described = info.signature .. '\n' .. text   -- options may be named in the signature
         -- the name help gives (one of the value's names: fsdp.no_grad for fsdp.autograd.no_grad)
         local shown = info.signature:match('^([%w_.]+)%(')
         local resolved = shown and shown:match('^fsdp%.') and fsdp
@@ -78,7 +81,7 @@ describe('help(fn)', function()
             :format(f.name, text:gsub('%s+$', ''):sub(-50), info.where)
         end
         for _, option in ipairs(info.options) do
-          if not text:match('%f[%w_]' .. option .. '%f[^%w_]') then
+          if not described:match('%f[%w_]' .. option .. '%f[^%w_]') then
             problems[#problems + 1] = ('%s: reads opts.%s, which its help does not name (%s)')
               :format(f.name, option, info.where)
           end
