@@ -34,7 +34,9 @@
 -- Commands that cannot run in CI are in SKIP below, each with its reason;
 -- long ones are shortened by SIZES below, only by appending options the
 -- README documents. Nothing else is special-cased: a new block is run.
-local README = arg[1] or 'README.md'
+-- The repository: the tree this fsdp-lua runs its library from.
+local root = require('fsdp.host').root
+local README = arg[1] or (root .. '/README.md')
 
 -- Commands not run, matched (Lua patterns) against the command's text.
 local SKIP = {
@@ -58,6 +60,8 @@ local SIZES = {
   -- the default 7B is refused by the fit check on any machine under 107 GiB:
   -- on any machine with this budget (a bigger one would start training 7B)
   { '^fsdp%-lua recipes/llama2_7b%.lua$', '--memory_limit_mb=23000' },
+  -- T5 fine-tuning on the example pairs (about a minute as written)
+  { '^fsdp%-lua recipes/t5_3b%.lua .*%-%-data=examples/', '--max_steps=10 --validation_freq=5 --eval_examples=4' },
 }
 
 -- Files the README's commands read as a reader's own (a corpus to
@@ -190,7 +194,6 @@ local function is_transcript(text) return text:match('^%s*> ') ~= nil end
 
 -- Running ----------------------------------------------------------------------
 
-local root = (os.getenv('PWD') or '.')
 local scratch = trim(io.popen('mktemp -d "${TMPDIR:-/tmp}/fsdp-readme.XXXXXX"'):read('*a'))
 assert(scratch ~= '', 'mktemp failed')
 do -- the repository's top-level entries, linked
