@@ -16,7 +16,9 @@
 -- function made by a factory, an anonymous forwarder), above the line
 -- that assigns it to its public name. A first line `name(args): ...`
 -- (`fsdp.plan(model, opts): ...`) is the signature; otherwise the
--- signature is made from the definition's parameters. A function that
+-- signature is made from the definition's parameters. An nn.Module class
+-- shows its constructor (__init without self) and the comment above its
+-- `Module:extend('Name')`, else its file's header. A function that
 -- takes an options table documents every option it reads, with its
 -- default, in that comment (`opts: dtype ('f32'), device (...)`), and the
 -- comment ends with a full sentence: tests/lua/help_spec.lua walks every
@@ -199,6 +201,18 @@ end
 
 -- Functions: where they are defined, their doc comment, their options --------
 
+-- The comment lines at the top of a file, its "fsdp.x.y:" prefix taken off.
+local function header_comment(lines)
+  local doc = {}
+  for _, l in ipairs(lines or {}) do
+    local text = l:match('^%-%-%s?(.*)$')
+    if not text then break end
+    doc[#doc + 1] = text
+  end
+  if doc[1] then doc[1] = doc[1]:gsub('^[%w_./]+:%s*', '') end
+  return doc
+end
+
 local source_cache = {}
 local function source_lines(path)
   if source_cache[path] == nil then
@@ -300,6 +314,11 @@ end
 -- fsdp._forwards resolves to.
 local function target_of(value)
   local f = value
+  if type(value) == 'table' and rawget(value, '__is_module_class') then
+    -- an nn.Module class: its constructor (a class without one builds with
+    -- no arguments: its forward says where it is defined)
+    return rawget(value, '__init') or rawget(value, 'forward')
+  end
   if type(value) == 'table' then
     local mt = getmetatable(value)
     f = type(mt) == 'table' and rawget(mt, '__call') or nil
@@ -358,18 +377,23 @@ function M.info(value)
       if #doc > 0 then break end
     end
   end
-  -- the signature: a first doc line "name(args): ..." or "name(args)", else the parameters
   -- a callable module: its header comment
   local modname_of_value = type(value) == 'table' and module_name(value)
-  if modname_of_value then
+  if modname_of_value then doc = header_comment(source_lines(module_file(modname_of_value))) end
+  -- an nn.Module class: the comment above its `Module:extend('Name')`, else
+  -- its file's header
+  local class = type(value) == 'table' and rawget(value, '__is_module_class') and rawget(value, '__name')
+  if class and lines then
     doc = {}
-    for _, l in ipairs(source_lines(module_file(modname_of_value)) or {}) do
-      local text = l:match('^%-%-%s?(.*)$')
-      if not text then break end
-      doc[#doc + 1] = text
+    for i, l in ipairs(lines) do
+      if l:find(("extend('%s')"):format(class), 1, true) or l:find(('extend("%s")'):format(class), 1, true) then
+        doc = comment_above(lines, i)
+        break
+      end
     end
-    if doc[1] then doc[1] = doc[1]:gsub('^[%w_.]+:%s*', '') end
+    if #doc == 0 then doc = header_comment(lines) end
   end
+  -- the signature: a first doc line "name(args): ..." or "name(args)", else the parameters
   local signature
   local first = doc[1] or ''
   local call = first:match('^([%w_.:]+%b())')
@@ -393,7 +417,9 @@ function M.info(value)
     end
   else
     local is_call = type(value) == 'table' and not rawequal(f, rawget(value, (name:match('([%w_]+)$'))))
-    signature = ('%s(%s)'):format(name, table.concat(params_of(f, is_call), ', '))
+    local params = params_of(f, class or is_call)     -- a class's __init(self, ...): self goes
+    if class and not rawget(value, '__init') then params = {} end
+    signature = ('%s(%s)'):format(name, table.concat(params, ', '))
   end
   -- the options it reads: `opts.key` in its body, for a parameter named opts/options
   local options, seen = {}, {}

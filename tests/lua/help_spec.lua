@@ -8,11 +8,10 @@ local help = require 'fsdp.help'
 local complete = require 'fsdp.complete'
 local capture_stdout = require('fsdp.testing').capture_stdout
 
--- The submodules whose functions are public API as well (fsdp.sharding's
--- public parts are fsdp.shard & co; fsdp.nn holds classes, whose help is
--- their fields and methods).
+-- The submodules whose functions (and nn's classes) are public API as well
+-- (fsdp.sharding's public parts are fsdp.shard & co).
 local SUBMODULES = { 'dist', 'optim', 'checkpointing', 'autograd', 'cuda', 'devices', 'policy', 'safetensors',
-                     'F' }
+                     'F', 'nn' }
 
 -- Every public callable of a table (functions and callable tables), the
 -- lazily loaded ones (fsdp.plan) loaded, as {name =, value =}.
@@ -122,6 +121,14 @@ describe('help(fn)', function()
     local info = help.info(fsdp.randn)
     assert.are.equal('fsdp.randn(shape, opts)', info.signature)
     assert.matches('N%(mean, std%^2%)', table.concat(info.doc, ' '))
+  end)
+
+  it('an nn class shows its constructor and the comment of its class', function()
+    local info = help.info(fsdp.nn.Linear)
+    assert.are.equal('fsdp.nn.Linear(in_features, out_features, opts)', info.signature)
+    assert.matches('y = x W%^T %+ b', table.concat(info.doc, ' '))
+    assert.are.equal('fsdp.nn.ReLU()', help.info(fsdp.nn.ReLU).signature)
+    assert.matches('max%(x, 0%)', help.info(fsdp.nn.ReLU).doc[1])
   end)
 
   it('a module shows its header comment before its fields', function()
