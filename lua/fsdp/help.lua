@@ -409,7 +409,7 @@ function M.info(value)
     local n = 0
     while doc[n + 1] and doc[n + 1]:match('^%S') do n = n + 1 end
     if n > 0 then
-      local text = table.concat(doc, ' ', 1, n):gsub('^%l', string.upper)
+      local text = table.concat(doc, ' ', 1, n)
       local flowed = {}
       for l in (wrap(text, '', 76) .. '\n'):gmatch('(.-)\n') do flowed[#flowed + 1] = l end
       for _ = 1, n do table.remove(doc, 1) end

@@ -114,7 +114,7 @@ describe('help(fn)', function()
       assert(options[o], 'fsdp.shard reads opts.' .. o)
     end
     assert.are.equal('fsdp.shard(model, opts)', info.signature)
-    assert.matches('^Turn `model`', info.doc[1])   -- the doc of fsdp.sharding.shard, not the forwarder's
+    assert.matches('^turn `model`', info.doc[1])   -- the doc of fsdp.sharding.shard, not the forwarder's
   end)
 
   it('a factory-made function takes the comment of the line that names it', function()
