@@ -34,39 +34,10 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export FSDP_COLLECTIVE_TIMEOUT=${FSDP_COLLECTIVE_TIMEOUT:-20}
 LIMIT=60 # seconds for any one short command (see bounded for the cases)
 
-# bounded COMMAND...: COMMAND's output and status; stopped (status 124)
-# when it printed nothing for IDLE seconds, or after CAP seconds in all.
-# Progress decides, not a wall-clock guess: on a loaded machine a case that
-# keeps reporting tests takes as long as it needs, and a silent (hung) one
-# is stopped after IDLE s. SIGTERM first, SIGKILL 5 s later (mpirun can
-# ignore SIGTERM while a rank sits in MPI_Finalize).
+# bounded COMMAND...: COMMAND's output and status, stopped when it printed
+# nothing for IDLE seconds or ran CAP seconds (tests/bounded.sh).
 IDLE=60 CAP=900
-bounded() {
-  local log rc pid size=-1 grown quiet=0 ticks=0
-  log=$(mktemp "${TMPDIR:-/tmp}/fsdp-mpi-out.XXXXXX")
-  "$@" >"$log" 2>&1 &
-  pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 0.1
-    ticks=$((ticks + 1))
-    grown=$(stat -c %s "$log" 2>/dev/null || echo 0)
-    if [ "$grown" != "$size" ]; then size=$grown quiet=0; else quiet=$((quiet + 1)); fi
-    if [ "$quiet" -ge $((IDLE * 10)) ] || [ "$ticks" -ge $((CAP * 10)) ]; then
-      kill -TERM "$pid" 2>/dev/null
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -KILL "$pid" 2>/dev/null
-      wait "$pid" 2>/dev/null
-      cat "$log"
-      rm -f "$log"
-      return 124
-    fi
-  done
-  wait "$pid"
-  rc=$?
-  cat "$log"
-  rm -f "$log"
-  return $rc
-}
+source tests/bounded.sh
 
 n=0 failed=0
 ok() { n=$((n + 1)); echo "ok $n - $*"; }

@@ -48,6 +48,9 @@ local META = layout.META
 local M = {}
 M.layout = layout
 
+-- ckpt.latest(dir): the newest complete step directory of dir and its
+-- step, or nil; third, the incomplete directories newer than it (a save
+-- that crashed), which were skipped.
 function M.latest(dir) return layout.latest(dir) end
 
 local function barrier() if dist.world_size() > 1 then dist.barrier() end end
@@ -76,6 +79,8 @@ local function new_run_id()
   return (bytes:gsub('.', function(c) return ('%02x'):format(c:byte()) end))
 end
 
+-- The id of the run this process saves for (made at its first save or
+-- taken from the checkpoint it loaded), or nil before either.
 function M.run_id() return M._run end
 
 -- objs.run when given, else this process's run (made by rank 0 at the
@@ -367,6 +372,7 @@ function M.load(path, objs, index)
            strategy = index.strategy }
 end
 
+-- The whole model to one file (fsdp.save_full_state_dict, which see).
 M.save_full_state_dict = function(...) return require('fsdp.checkpointing.full').save_full_state_dict(...) end
 
 return M

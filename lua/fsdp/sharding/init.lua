@@ -164,6 +164,28 @@ local function agree_structure(plan, fqn, strategy, opts, seed, device)
   }, { group = group })
 end
 
+-- fsdp.shard(model, opts): turn `model` (built on meta, or real) into fully
+-- sharded units in place; every rank of the group calls it. Each unit's
+-- parameters become one flat parameter of which this rank holds an equal
+-- slice; the model keeps its parameter names. opts:
+--   policy (default: the root is the only unit): function(module, name,
+--     unwrapped_numel) -> true or a table of per-unit overrides, e.g.
+--     fsdp.policy.transformer{llama.DecoderLayer} or fsdp.policy.size{};
+--   strategy ('FULL_SHARD'; 'SHARD_GRAD_OP', 'NO_SHARD', 'HYBRID_SHARD',
+--     'HYBRID_SHARD_ZERO2');
+--   mixed_precision (none: all in the model's dtype): 'bf16' or
+--     {param =, reduce =, buffer =, keep_low_precision_grads =};
+--   backward_prefetch ('pre'; 'post', false), forward_prefetch (false),
+--     limit_all_gathers (false);
+--   cpu_offload (false: true keeps master shards, gradients and optimizer
+--     state in host memory);
+--   sync_module_states (false: true takes rank 0's values instead of the
+--     init rules), seed (fsdp.initial_seed(): each rank materialises only
+--     its shards from it);
+--   ignored ({}: modules left replicated and not reduced), group (the
+--     world: the process group to shard over), device (the parameters'
+--     device, 'cpu' for a meta model; 'meta' plans without allocating).
+-- Returns the model.
 function M.shard(model, opts)
   opts = opts or {}
   if not Module.is_module(model) then core.fail('fsdp.shard expects a module') end
