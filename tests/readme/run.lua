@@ -61,7 +61,7 @@ local SIZES = {
   -- on any machine with this budget (a bigger one would start training 7B)
   { '^fsdp%-lua recipes/llama2_7b%.lua$', '--memory_limit_mb=23000' },
   -- T5 fine-tuning on the example pairs (about a minute as written)
-  { '^fsdp%-lua recipes/t5_3b%.lua .*%-%-data=examples/', '--max_steps=10 --validation_freq=5 --eval_examples=4' },
+  { '^fsdp%-lua recipes/t5_3b%.lua .*%-%-data=examples/', '--max_steps=10 --warmup_steps=2 --validation_freq=5 --eval_examples=4' },
 }
 
 -- Files the README's commands read as a reader's own (a corpus to
