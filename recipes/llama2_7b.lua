@@ -88,7 +88,7 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
   validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
   metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
-  peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)', min = 0 },
+  peak_tflops = require('fsdp.sharding.device').peak_tflops_option(),
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
   memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
@@ -188,6 +188,8 @@ end
 -- with the values of a one-process init (fsdp.nn.parameter). On one rank
 -- this is plain training (the one unit holds everything).
 local dist = fsdp.dist
+-- --device: the shards, every batch and the loss live there (cpu or cuda:N).
+local dev = shard_recipe.device(cfg)
 local model = llama.CausalLM(c, { device = 'meta', dtype = cfg.dtype })
 local n_params = model:num_parameters()
 -- Refused here, with the planner's numbers, when it cannot fit this machine.
@@ -235,10 +237,10 @@ local step_batch = cfg.batch_size * cfg.grad_accum_steps
 local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = step_batch, tokens_per_sample = cfg.seq_len,
   flops_per_sample = llama.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
-  peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every,
+  peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
 })
 local function validate(step)
-  local loss = metrics.evaluate(function(ids, targets) return model:loss(ids, targets) end,
+  local loss = metrics.evaluate(function(ids, targets) return model:loss(ids:to(dev), targets:to(dev)) end,
     val_data:batches(cfg.val_batches))
   log:validation(step, loss)
 end
@@ -261,7 +263,7 @@ for step = start_step + 1, cfg.max_steps do
   -- checkpoint after the step resumes at the next step's first.
   local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function()
     local ids, targets = data:next()
-    return model:loss(ids, targets)
+    return model:loss(ids:to(dev), targets:to(dev))
   end)
   local r = state.guard:step(step, loss)
   r.dt = clock.now() - t0
@@ -288,7 +290,7 @@ if cfg.summary and cfg.max_steps > start_step then
   print('SUMMARY ' .. require('cjson').encode({
     samples_per_s = step_batch * dist.world_size() * steps / seconds,
     tflops = flops_per_step * steps / seconds / 1e12,
-    peak_bytes = fsdp.memory_stats('cpu').peak,
+    peak_bytes = fsdp.memory_stats(dev).peak,
     step_seconds = seconds / steps, steps = steps, parameters = n_params,
   }))
 end

@@ -88,16 +88,25 @@ end
 -- Returns the plan, or nil when skipped (--skip_fit_check, no budget known).
 function M.check(model, cfg, block_class, shape, script, names, extra)
   if cfg.skip_fit_check then return nil end
-  local budget, source = M.budget(cfg)
-  if not budget then return nil end
   local shard_recipe = require 'fsdp.sharding.recipe'
-  local base = fsdp.devices.cpu
-  local device = {}
-  for k, v in pairs(base) do device[k] = v end
-  -- The step time is not asked for: a declared rate instead of measuring
-  -- this machine (which would allocate).
-  device.flops = { f32 = 20e9, bf16 = 20e9, f16 = 20e9 }
-  device.name, device.memory, device.reserved, device.measured = 'cpu', budget, 0, true
+  local device, budget, source
+  if cfg.device and cfg.device ~= 'cpu' and shard_recipe.device(cfg) ~= 'cpu' then
+    -- On a GPU its profile's memory (without what the runtime keeps); a
+    -- GPU without a profile (or cudasim) is not checked.
+    device = require('fsdp.sharding.device').profile(cfg)
+    if not device then return nil end
+    budget, source = device.memory - (device.reserved or 0), device.name .. ' memory less its reserve'
+  else
+    budget, source = M.budget(cfg)
+    if not budget then return nil end
+    local base = fsdp.devices.cpu
+    device = {}
+    for k, v in pairs(base) do device[k] = v end
+    -- The step time is not asked for: a declared rate instead of measuring
+    -- this machine (which would allocate).
+    device.flops = { f32 = 20e9, bf16 = 20e9, f16 = 20e9 }
+    device.name, device.memory, device.reserved, device.measured = 'cpu', budget, 0, true
+  end
   local opts = shard_recipe.plan_options(cfg, block_class, shape, script, device)
   for k, v in pairs(extra or {}) do opts[k] = v end
   local p = fsdp.plan(model, opts)
