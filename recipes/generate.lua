@@ -85,7 +85,7 @@ local cfg = recipe.config({
   stop_ids = { '', "ids that end a row, '2,13' (empty: the tokenizer's and the HF config's eos; 'none': no stop)" },
   seed = { 0, 'sampling seed (the same seed gives the same text)', int = true, min = 0 },
   dtype = { 'f32', 'weights and cache dtype', one_of = { 'f32', 'bf16' } },
-  device = { 'cpu', 'where the model runs', one_of = { 'cpu', 'cuda' } },
+  device = require('fsdp.sharding.device').OPTIONS.device,
   no_cache = { false, 'recompute the whole prefix at every step (no KV cache; for comparison)' },
   print_ids = { false, 'also print the generated ids of each prompt' },
 }, arg, 'recipes/generate.lua', function(cfg)
@@ -184,7 +184,9 @@ local function config_from_shapes(family, shapes, name, where)
   return c
 end
 
-local place = { device = cfg.device, dtype = cfg.dtype }
+-- --device (auto: cuda:<local rank> with a GPU, else cpu; fsdp.sharding.device).
+local dev = require('fsdp.sharding.device').resolve(cfg)
+local place = { device = dev, dtype = cfg.dtype }
 local hf_dir, hf_config
 local model, family
 local t0 = clock.now()
@@ -192,7 +194,7 @@ local ckpt_dir = nil
 if cfg.init_from == '' then
   local name
   family, name = resolve_model(cfg.model)
-  local o = { device = cfg.device, dtype = cfg.dtype }
+  local o = { device = dev, dtype = cfg.dtype }
   if cfg.num_heads > 0 then o.n_heads = cfg.num_heads end
   if cfg.num_kv_heads > 0 then o.n_kv_heads = cfg.num_kv_heads end
   local ok, m = pcall(FAMILIES[family].build, name, o)

@@ -16,7 +16,8 @@ local accumulate = require 'fsdp.sharding.accumulate'
 local F = fsdp.F
 
 -- Each option carries its constraints, checked before anything is built.
-local cfg = recipe.config(nonfinite.options(accumulate.options({
+local device = require 'fsdp.sharding.device'
+local cfg = recipe.config(device.options(nonfinite.options(accumulate.options({
   data = { '', 'directory of the MNIST idx files (empty: synthetic digits)', input = 'dir' },
   epochs = { 3, 'training epochs', int = true, min = 1 },
   batch_size = { 64, 'training batch size', int = true, min = 1 },
@@ -29,7 +30,7 @@ local cfg = recipe.config(nonfinite.options(accumulate.options({
   seed = { 1, 'initialisation and data seed', int = true, min = 0 },
   log_interval = { 20, 'batches between log lines', int = true, min = 1 },
   dry_run = { false, 'build on meta, print the model and its parameter count, exit' },
-})), arg, 'recipes/mnist.lua')
+}))), arg, 'recipes/mnist.lua')
 
 if cfg.dry_run then
   local net = mnist_model.build({ device = 'meta' })
@@ -50,7 +51,10 @@ print(('data: %d training and %d test images (%s)'):format(train:size(), test:si
   cfg.data ~= '' and cfg.data or 'synthetic'))
 
 fsdp.manual_seed(cfg.seed)
-local net = mnist_model.build()
+-- --device: the network, every batch and the loss live there (cpu or cuda:N).
+local dev = device.resolve(cfg)
+if dev ~= 'cpu' then print(('device: %s, %s'):format(dev, fsdp.cuda.status())) end
+local net = mnist_model.build({ device = dev })
 net:init_weights({ seed = cfg.seed })
 local opt = optim.Adadelta(net:named_parameters(), { lr = cfg.lr })
 local sched = optim.lr_scheduler.StepLR(opt, 1, cfg.gamma)
@@ -76,7 +80,7 @@ for epoch = 1, cfg.epochs do
     local n = math.min(k, nb - first)
     local loss = accumulate.forward_backward(net, n, function(j)
       local x, y = train:batch(first + j - 1, cfg.batch_size)
-      return F.nll_loss(net(x), y)
+      return F.nll_loss(net(x:to(dev)), y:to(dev))
     end)
     step = step + 1
     local r = guard:step(step, loss)
@@ -91,6 +95,7 @@ for epoch = 1, cfg.epochs do
   fsdp.no_grad(function()
     for i = 0, batches(test, cfg.test_batch_size) - 1 do
       local x, y = test:batch(i, cfg.test_batch_size)
+      x, y = x:to(dev), y:to(dev)
       local out = net(x)
       loss_sum = loss_sum + F.nll_loss(out, y, { reduction = 'sum' }):item()
       local _, pred = out:max(1)

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# tests/cudasim/recipes.sh: every training recipe with --device=cuda in the
+# cudasim build (its cuda:0 runs the backend's kernels on the CPU, NCCL is
+# simulated across processes), on 1 rank and on 2 ranks (mpirun, each rank
+# cuda:<local rank> of FSDP_CUDASIM_DEVICES=2), against the same binary
+# with --device=cpu: the same losses within the dtype's tolerance (f32,
+# --mixed_precision= given empty: 1e-5 relative). Also --device=cuda's GPU
+# default (bf16 mixed precision when not given) against the CPU in bf16,
+# and the device memory in the metrics JSONL. TAP lines numbered from
+# $1 + 1 on (default 1).
+# Small configs: cudasim is slow (about 30 s in all on an idle machine).
+#
+#   tests/cudasim/recipes.sh [FIRST_NUMBER]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+EXE=${FSDP_LUA:-build/cudasim/bin/fsdp-lua}
+n=${1:-0}
+rc=0
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-cudasim-recipes.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 FSDP_PROGRESS=0
+export FSDP_COLLECTIVE_TIMEOUT=${FSDP_COLLECTIVE_TIMEOUT:-30}
+
+# bounded COMMAND...: run it, stopped when it printed nothing for 120 s
+# (progress decides, not a wall-clock guess: every recipe logs each step).
+bounded() {
+  local log=$tmp/out.$RANDOM size=-1 now quiet=0
+  "$@" >"$log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 0.2
+    now=$(stat -c %s "$log")
+    if [ "$now" != "$size" ]; then size=$now quiet=0; else quiet=$((quiet + 1)); fi
+    if [ "$quiet" -ge 600 ]; then
+      kill -TERM "$pid" 2>/dev/null; sleep 2; kill -KILL "$pid" 2>/dev/null
+      wait "$pid" 2>/dev/null
+      cat "$log"; echo "(stopped: silent for 120 s)"
+      return 124
+    fi
+  done
+  wait "$pid"
+  local status=$?
+  cat "$log"
+  return $status
+}
+
+# run NP ARGS...: the recipe on NP ranks (rank 0's output only).
+run() {
+  local np=$1
+  shift
+  if [ "$np" = 1 ]; then
+    bounded "$EXE" "$@"
+  else
+    bounded env FSDP_CUDASIM_DEVICES="$np" mpirun -np "$np" --tag-output "$EXE" "$@" |
+      sed -n 's/^\[1,0\]<std\(out\|err\)>://p'
+    return "${PIPESTATUS[0]}"
+  fi
+}
+
+# The losses a run logged, one per line: from its metrics JSONL (full
+# precision), else from its log lines.
+losses() { # KIND OUTPUT_FILE [JSONL]
+  case $1 in
+    jsonl) grep '"type":"train"' "$3" | sed 's/.*"loss":\([-0-9.e+]*\).*/\1/' ;;
+    batch) sed -n 's/^\(\[rank 0\] \)\{0,1\}Batch [0-9]* Loss: \([-0-9.]*\),.*/\2/p' "$2" ;;
+    mnist) sed -n 's/^Train Epoch: .*Loss: \([-0-9.]*\).*/\1/p' "$2" ;;
+  esac
+}
+
+# compare NAME NP TOL KIND ARGS...: ARGS with --device=cpu and with
+# --device=cuda; one TAP line.
+compare() {
+  local name=$1 np=$2 tol=$3 kind=$4
+  shift 4
+  local cpu_out=$tmp/cpu.txt cuda_out=$tmp/cuda.txt
+  rm -f "$tmp"/*.jsonl
+  local extra_cpu=() extra_cuda=()
+  if [ "$kind" = jsonl ]; then extra_cpu=(--metrics_file="$tmp/cpu.jsonl"); extra_cuda=(--metrics_file="$tmp/cuda.jsonl"); fi
+  run "$np" "$@" --device=cpu "${extra_cpu[@]}" >"$cpu_out" 2>&1
+  local s1=$?
+  run "$np" "$@" --device=cuda "${extra_cuda[@]}" >"$cuda_out" 2>&1
+  local s2=$?
+  local want got
+  want=$(losses "$kind" "$cpu_out" "$tmp/cpu.jsonl" 2>/dev/null | tr '\n' ' ')
+  got=$(losses "$kind" "$cuda_out" "$tmp/cuda.jsonl" 2>/dev/null | tr '\n' ' ')
+  local verdict
+  verdict=$(awk -v a="$want" -v b="$got" -v tol="$tol" 'BEGIN {
+    na = split(a, x, " "); nb = split(b, y, " ")
+    if (na == 0 || na != nb) { print "counts " na " vs " nb; exit }
+    worst = 0
+    for (i = 1; i <= na; i++) {
+      d = x[i] - y[i]; if (d < 0) d = -d
+      r = d / (x[i] < 0 ? -x[i] : x[i])
+      if (r != r) { print "not a number at step " i; exit }
+      if (r > worst) worst = r
+    }
+    if (worst > tol) printf "max relative error %.3g > %g\n", worst, tol
+    else printf "ok %.2g\n", worst
+  }')
+  n=$((n + 1))
+  local on=$([ "$np" = 1 ] && echo "1 rank" || echo "$np ranks")
+  if [ $s1 -eq 0 ] && [ $s2 -eq 0 ] && [ "${verdict%% *}" = ok ] && grep -q 'cuda:[01]' "$cuda_out"; then
+    echo "ok $n - $name on $on: --device=cuda losses [${got% }] = --device=cpu's within $tol (max relative error ${verdict#ok })"
+  else
+    echo "not ok $n - $name on $on: --device=cuda [${got% }] vs --device=cpu [${want% }] (status $s1/$s2; ${verdict:-no losses})"
+    tail -n 15 "$cuda_out" | sed 's/^/#   cuda: /'
+    tail -n 5 "$cpu_out" | sed 's/^/#   cpu: /'
+    rc=1
+  fi
+}
+
+LLAMA=(recipes/llama2_7b.lua --num_layers=2 --hidden_width=64 --num_heads=4 --num_kv_heads=2 --vocab_size=128
+       --seq_len=16 --batch_size=2 --max_steps=4 --warmup_steps=1 --lr=1e-2 --validation_freq=0 --skip_fit_check)
+DEEPVIT=(recipes/deepvit_8b.lua --model=tiny --depth=2 --dim=32 --heads=2 --mlp_dim=64 --image_size=16
+         --patch_size=8 --num_classes=4 --batch_size=2 --max_steps=4 --dropout=0 --skip_fit_check)
+T5=(recipes/t5_3b.lua --model=tiny --num_layers=1 --d_model=32 --d_ff=64 --d_kv=8 --num_heads=4 --vocab_size=16
+    --batch_size=2 --max_len=4 --max_steps=3 --warmup_steps=1 --log_every=1 --eval_examples=2 --skip_fit_check)
+MNIST=(recipes/mnist.lua --epochs=1 --train_size=8 --test_size=2 --batch_size=4 --test_batch_size=2 --log_interval=1)
+
+for np in 1 2; do
+  compare "recipes/llama2_7b.lua (f32)" $np 1e-5 jsonl "${LLAMA[@]}" --mixed_precision=
+  compare "recipes/deepvit_8b.lua (f32)" $np 1e-5 jsonl "${DEEPVIT[@]}" --mixed_precision=
+  # T5 logs 4 decimals: equal to the last digit printed.
+  compare "recipes/t5_3b.lua (f32, losses as logged: 4 decimals)" $np 1e-4 batch "${T5[@]}" --mixed_precision=
+  # Not sharded: every rank trains the network alone (the same steps).
+  compare "recipes/mnist.lua (f32, losses as logged: 6 decimals)" $np 1e-5 mnist "${MNIST[@]}"
+done
+
+# The GPU default: --mixed_precision not given is bf16 on cuda, and the
+# step log and the JSONL report the caching allocator's bytes.
+n=$((n + 1))
+out=$(run 1 "${LLAMA[@]}" --device=cuda --metrics_file="$tmp/bf16.jsonl" 2>&1)
+status=$?
+bf16=$(losses jsonl /dev/null "$tmp/bf16.jsonl" | tr '\n' ' ')
+cpu=$(run 1 "${LLAMA[@]}" --device=cpu --mixed_precision=bf16 --metrics_file="$tmp/bf16cpu.jsonl" >/dev/null 2>&1;
+      losses jsonl /dev/null "$tmp/bf16cpu.jsonl" | tr '\n' ' ')
+close=$(awk -v a="$cpu" -v b="$bf16" 'BEGIN { na = split(a, x, " "); nb = split(b, y, " ")
+  if (na == 0 || na != nb) { print "no"; exit }
+  for (i = 1; i <= na; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > 2e-2 || d != d) { print "no"; exit } }
+  print "yes" }')
+if [ $status -eq 0 ] && grep -q 'compute bf16, reduce bf16' <<<"$out" && grep -q 'mixed_precision = bf16' <<<"$out" &&
+   grep -q 'cuda:0 memory: allocated [0-9.]* MiB, reserved [0-9.]* MiB, peak' <<<"$out" &&
+   grep -q '"memory_reserved_bytes":[1-9]' "$tmp/bf16.jsonl" && [ "$close" = yes ]; then
+  echo "ok $n - recipes/llama2_7b.lua --device=cuda defaults to bf16 mixed precision (losses [${bf16% }] = the CPU's in bf16 [${cpu% }] within 2e-2) and logs the device's allocated/reserved/peak bytes"
+else
+  echo "not ok $n - recipes/llama2_7b.lua --device=cuda GPU defaults (status $status, losses [$bf16] vs CPU bf16 [$cpu])"
+  tail -n 15 <<<"$out" | sed 's/^/#   /'
+  rc=1
+fi
+
+exit $rc
