@@ -6,11 +6,14 @@
 # with --device=cpu: the same losses within the dtype's tolerance (f32,
 # --mixed_precision= given empty: 1e-5 relative). Also --device=cuda's GPU
 # default (bf16 mixed precision when not given) against the CPU in bf16,
-# and the device memory in the metrics JSONL. TAP lines numbered from
+# and the device memory in the metrics JSONL; the refusals that need a
+# GPU to be seen (a device index past the last, more ranks than GPUs, --plan
+# on a GPU without a profile). TAP lines numbered from
 # $1 + 1 on (default 1).
 # Small configs: cudasim is slow (about 30 s in all on an idle machine).
 #
 #   tests/cudasim/recipes.sh [FIRST_NUMBER]
+#   NPS=1 tests/cudasim/recipes.sh      only the 1-rank comparisons
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 EXE=${FSDP_LUA:-build/cudasim/bin/fsdp-lua}
@@ -48,14 +51,15 @@ bounded() {
   return $status
 }
 
-# run NP ARGS...: the recipe on NP ranks (rank 0's output only).
+# run NP ARGS...: the recipe on NP ranks (rank 0's output only); each
+# rank's process has DEVICES simulated GPUs (default NP).
 run() {
   local np=$1
   shift
   if [ "$np" = 1 ]; then
     bounded "$EXE" "$@"
   else
-    bounded env FSDP_CUDASIM_DEVICES="$np" mpirun -np "$np" --tag-output "$EXE" "$@" |
+    bounded env FSDP_CUDASIM_DEVICES="${DEVICES:-$np}" mpirun -np "$np" --tag-output "$EXE" "$@" |
       sed -n 's/^\[1,0\]<std\(out\|err\)>://p'
     return "${PIPESTATUS[0]}"
   fi
@@ -121,7 +125,7 @@ T5=(recipes/t5_3b.lua --model=tiny --num_layers=1 --d_model=32 --d_ff=64 --d_kv=
     --batch_size=2 --max_len=4 --max_steps=3 --warmup_steps=1 --log_every=1 --eval_examples=2 --skip_fit_check)
 MNIST=(recipes/mnist.lua --epochs=1 --train_size=8 --test_size=2 --batch_size=4 --test_batch_size=2 --log_interval=1)
 
-for np in 1 2; do
+for np in ${NPS:-1 2}; do
   compare "recipes/llama2_7b.lua (f32)" $np 1e-5 jsonl "${LLAMA[@]}" --mixed_precision=
   compare "recipes/deepvit_8b.lua (f32)" $np 1e-5 jsonl "${DEEPVIT[@]}" --mixed_precision=
   # T5 logs 4 decimals: equal to the last digit printed.
@@ -151,5 +155,30 @@ else
   tail -n 15 <<<"$out" | sed 's/^/#   /'
   rc=1
 fi
+
+# refused COMMENT EXPECTED NP ARGS...: exit status 2 before anything is
+# built, rank 0 printing the one line.
+refused() {
+  local what=$1 want=$2 np=$3
+  shift 3
+  local out status
+  out=$(run "$np" "$@" 2>&1)
+  status=$?
+  n=$((n + 1))
+  if [ $status -ne 0 ] && grep -qF -- "$want" <<<"$out" && ! grep -q '^Batch' <<<"$out"; then
+    echo "ok $n - $what is refused: $want"
+  else
+    echo "not ok $n - $what is not refused with '$want' (status $status)"
+    tail -n 8 <<<"$out" | sed 's/^/#   /'
+    rc=1
+  fi
+}
+refused "--device=cuda:1 on a machine with one GPU" "fsdp-lua: --device (cuda:1) is not on this machine, which has 1 CUDA device (cuda:0)" \
+  1 "${LLAMA[@]}" --device=cuda:1 --validate_options
+DEVICES=1 refused "--device=auto with 2 ranks on a node with 1 GPU" \
+  "--device (auto) gives each rank the GPU of its local rank, but this node runs 2 ranks and has 1 GPU" \
+  2 "${LLAMA[@]}" --validate_options
+refused "--plan on a GPU without a profile" "--plan_device is needed with --plan on this GPU" \
+  1 "${LLAMA[@]}" --device=cuda --plan
 
 exit $rc

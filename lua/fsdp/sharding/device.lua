@@ -44,20 +44,28 @@ function M.check(text)
     local count = fsdp.cuda.device_count()
     if count == 0 then
       if text ~= 'auto' then
-        return ('%s: no CUDA device here (%s); use --device=cpu or --device=auto'):format(text, fsdp.cuda.status())
+        return ('(%s) asks for a GPU, but there is none here (%s); use --device=cpu or --device=auto'):format(text,
+          fsdp.cuda.status())
       end
     else
       if not index then
-        -- One GPU per rank of the node, as launchers and NCCL expect.
+        -- One GPU per rank of the node, as launchers and NCCL expect. Too
+        -- many ranks is refused by every rank of the node alike (the
+        -- node's rank count, not this rank's index, decides), so rank 0
+        -- says why.
         local ok, lr = pcall(fsdp.dist.local_rank)
-        if not ok then return ('%s: cannot tell this rank\'s local rank: %s'):format(text, tostring(lr)) end
-        if lr >= count then
-          return ('%s: local rank %d has no GPU of its own (this machine has %d); start at most %d ranks per '
-            .. 'node, or give --device=cuda:0 to let the ranks share one'):format(text, lr, count, count)
+        local ok2, ls = pcall(fsdp.dist.local_size)
+        if not (ok and ok2) then
+          return ('(%s): cannot tell this rank\'s local rank: %s'):format(text, tostring(ok and ls or lr))
+        end
+        if ls > count then
+          return ('(%s) gives each rank the GPU of its local rank, but this node runs %d ranks and has %d GPU%s; '
+            .. 'start at most %d ranks per node, or give --device=cuda:0 to let the ranks share one'):format(
+            text, ls, count, count == 1 and '' or 's', count)
         end
         index = lr
       elseif index >= count then
-        return ('%s: this machine has %d CUDA device%s (cuda:0%s)'):format(text, count, count == 1 and '' or 's',
+        return ('(%s) is not on this machine, which has %d CUDA device%s (cuda:0%s)'):format(text, count, count == 1 and '' or 's',
           count > 1 and ('..cuda:%d'):format(count - 1) or '')
       end
       dev = 'cuda:' .. index
@@ -107,8 +115,8 @@ function M.default_plan_device(cfg)
   local p = M.profile(cfg)
   if p then return p.name end
   if cfg.plan then
-    return nil, ('is needed with --plan on %s: fsdp.devices has no profile for %s (known: %s)'):format(
-      M.resolve(cfg), fsdp.cuda.status(), table.concat(fsdp.devices.names(), ', '))
+    return nil, ('is needed with --plan on this GPU (%s), which fsdp.devices has no profile for (known: %s)'):format(
+      fsdp.cuda.status(), table.concat(fsdp.devices.names(), ', '))
   end
 end
 
