@@ -10,7 +10,8 @@
 # GPU to be seen (a device index past the last, more ranks than GPUs, --plan
 # on a GPU without a profile). TAP lines numbered from
 # $1 + 1 on (default 1).
-# Small configs: cudasim is slow (about 30 s in all on an idle machine).
+# Also a checkpoint saved and resumed on cuda. Small configs: cudasim is
+# slow (about 40 s in all on an idle machine).
 #
 #   tests/cudasim/recipes.sh [FIRST_NUMBER]
 #   NPS=1 tests/cudasim/recipes.sh      only the 1-rank comparisons
@@ -118,9 +119,11 @@ compare() {
 }
 
 LLAMA=(recipes/llama2_7b.lua --num_layers=2 --hidden_width=64 --num_heads=4 --num_kv_heads=2 --vocab_size=128
-       --seq_len=16 --batch_size=2 --max_steps=4 --warmup_steps=1 --lr=1e-2 --validation_freq=0 --skip_fit_check)
+       --seq_len=16 --batch_size=2 --max_steps=4 --warmup_steps=1 --lr=1e-2 --validation_freq=2 --val_batches=1
+       --skip_fit_check)
 DEEPVIT=(recipes/deepvit_8b.lua --model=tiny --depth=2 --dim=32 --heads=2 --mlp_dim=64 --image_size=16
-         --patch_size=8 --num_classes=4 --batch_size=2 --max_steps=4 --dropout=0 --skip_fit_check)
+         --patch_size=8 --num_classes=4 --batch_size=2 --max_steps=4 --dropout=0 --validation_freq=2 --val_batches=1
+         --skip_fit_check)
 T5=(recipes/t5_3b.lua --model=tiny --num_layers=1 --d_model=32 --d_ff=64 --d_kv=8 --num_heads=4 --vocab_size=16
     --batch_size=2 --max_len=4 --max_steps=3 --warmup_steps=1 --log_every=1 --eval_examples=2 --skip_fit_check)
 MNIST=(recipes/mnist.lua --epochs=1 --train_size=8 --test_size=2 --batch_size=4 --test_batch_size=2 --log_interval=1)
@@ -130,7 +133,7 @@ for np in ${NPS:-1 2}; do
   compare "recipes/deepvit_8b.lua (f32)" $np 1e-5 jsonl "${DEEPVIT[@]}" --mixed_precision=
   # T5 logs 4 decimals: equal to the last digit printed.
   compare "recipes/t5_3b.lua (f32, losses as logged: 4 decimals)" $np 1e-4 batch "${T5[@]}" --mixed_precision=
-  # Not sharded: every rank trains the network alone (the same steps).
+  # Data parallel: each rank a slice of every batch (dropout's masks too).
   compare "recipes/mnist.lua (f32, losses as logged: 6 decimals)" $np 1e-5 mnist "${MNIST[@]}"
 done
 
@@ -153,6 +156,31 @@ if [ $status -eq 0 ] && grep -q 'compute bf16, reduce bf16' <<<"$out" && grep -q
 else
   echo "not ok $n - recipes/llama2_7b.lua --device=cuda GPU defaults (status $status, losses [$bf16] vs CPU bf16 [$cpu])"
   tail -n 15 <<<"$out" | sed 's/^/#   /'
+  rc=1
+fi
+
+# A checkpoint saved on cuda at step 2 and resumed on cuda: the
+# uninterrupted CPU run's losses (2 ranks, FULL_SHARD).
+n=$((n + 1))
+rm -rf "$tmp/ckpt" "$tmp"/*.jsonl
+run 2 "${LLAMA[@]}" --mixed_precision= --device=cpu --metrics_file="$tmp/whole.jsonl" >/dev/null 2>&1
+run 2 "${LLAMA[@]}" --mixed_precision= --device=cuda --checkpoint_dir="$tmp/ckpt" --checkpoint_freq=2 --max_steps=2 \
+  --metrics_file="$tmp/parts.jsonl" >"$tmp/first.txt" 2>&1
+s1=$?
+run 2 "${LLAMA[@]}" --mixed_precision= --device=cuda --checkpoint_dir="$tmp/ckpt" --checkpoint_freq=2 \
+  --resume_from_checkpoint --metrics_file="$tmp/parts.jsonl" >"$tmp/second.txt" 2>&1
+s2=$?
+want=$(losses jsonl /dev/null "$tmp/whole.jsonl" | tr '\n' ' ')
+got=$(losses jsonl /dev/null "$tmp/parts.jsonl" | tr '\n' ' ')
+same=$(awk -v a="$want" -v b="$got" 'BEGIN { na = split(a, x, " "); nb = split(b, y, " ")
+  if (na != 4 || na != nb) { print "no"; exit }
+  for (i = 1; i <= na; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > 1e-5 || d != d) { print "no"; exit } }
+  print "yes" }')
+if [ $s1 -eq 0 ] && [ $s2 -eq 0 ] && [ "$same" = yes ] && grep -q 'checkpoint: resumed from' "$tmp/second.txt"; then
+  echo "ok $n - recipes/llama2_7b.lua on 2 ranks: a checkpoint saved on cuda at step 2 and resumed on cuda gives the uninterrupted CPU run's losses [${got% }]"
+else
+  echo "not ok $n - recipes/llama2_7b.lua checkpoint on cuda and resume (status $s1/$s2): [$got] vs CPU [$want]"
+  tail -n 10 "$tmp/second.txt" | sed 's/^/#   /'
   rc=1
 fi
 
