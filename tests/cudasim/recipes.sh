@@ -10,7 +10,8 @@
 # GPU to be seen (a device index past the last, more ranks than GPUs, --plan
 # on a GPU without a profile). TAP lines numbered from
 # $1 + 1 on (default 1).
-# Also a checkpoint saved and resumed on cuda. Small configs: cudasim is
+# Also a checkpoint saved and resumed on cuda, and recipes/generate.lua
+# from it on cuda. Small configs: cudasim is
 # slow (about 40 s in all on an idle machine).
 #
 #   tests/cudasim/recipes.sh [FIRST_NUMBER]
@@ -181,6 +182,19 @@ if [ $s1 -eq 0 ] && [ $s2 -eq 0 ] && [ "$same" = yes ] && grep -q 'checkpoint: r
 else
   echo "not ok $n - recipes/llama2_7b.lua checkpoint on cuda and resume (status $s1/$s2): [$got] vs CPU [$want]"
   tail -n 10 "$tmp/second.txt" | sed 's/^/#   /'
+  rc=1
+fi
+
+# recipes/generate.lua from that checkpoint: the same greedy ids on cuda
+# as on the CPU.
+n=$((n + 1))
+GEN=(recipes/generate.lua --init_from="$tmp/ckpt" --prompt_ids='1,2,3;4,5' --max_new_tokens=6 --print_ids)
+on_cpu=$(run 1 "${GEN[@]}" --device=cpu 2>&1 | grep '^ids')
+on_cuda=$(run 1 "${GEN[@]}" --device=cuda 2>&1 | grep '^ids')
+if [ -n "$on_cpu" ] && [ "$on_cpu" = "$on_cuda" ]; then
+  echo "ok $n - recipes/generate.lua --device=cuda from the checkpoint: the CPU's greedy ids ($(echo $on_cuda))"
+else
+  echo "not ok $n - recipes/generate.lua --device=cuda [$(echo $on_cuda)] vs cpu [$(echo $on_cpu)]"
   rc=1
 fi
 
