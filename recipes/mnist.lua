@@ -67,7 +67,7 @@ say(('data: %d training and %d test images (%s)'):format(train:size(), test:size
 fsdp.manual_seed(cfg.seed)
 -- --device: the network, every batch and the loss live there (cpu or cuda:N).
 local dev = device.resolve(cfg)
-if dev ~= 'cpu' then say(('device: %s, %s'):format(dev, fsdp.cuda.status())) end
+if dev ~= 'cpu' then say('device: ' .. device.describe(cfg)) end
 -- Built on meta, then one sharded unit on the device: each rank
 -- initialises its shard with the values of net:init_weights{seed}.
 local net = mnist_model.build({ device = 'meta' })

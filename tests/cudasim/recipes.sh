@@ -7,8 +7,8 @@
 # --mixed_precision= given empty: 1e-5 relative). Also --device=cuda's GPU
 # default (bf16 mixed precision when not given) against the CPU in bf16,
 # and the device memory in the metrics JSONL; the refusals that need a
-# GPU to be seen (a device index past the last, more ranks than GPUs, --plan
-# on a GPU without a profile). TAP lines numbered from
+# GPU to be seen (a device index past the last, --plan on a GPU without a
+# profile); auto where each rank sees one GPU. TAP lines numbered from
 # $1 + 1 on (default 1).
 # Also a checkpoint saved and resumed on cuda, and recipes/generate.lua
 # from it on cuda. Small configs: cudasim is
@@ -77,6 +77,24 @@ losses() { # KIND OUTPUT_FILE [JSONL]
   esac
 }
 
+# agree "WANT..." "GOT..." TOL: "ok MAX_RELATIVE_ERROR" when the two lists
+# of losses have one length and agree within TOL (relative), else why not.
+agree() {
+  awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN {
+    na = split(a, x, " "); nb = split(b, y, " ")
+    if (na == 0 || na != nb) { print "counts " na " vs " nb; exit }
+    worst = 0
+    for (i = 1; i <= na; i++) {
+      d = x[i] - y[i]; if (d < 0) d = -d
+      r = d / (x[i] < 0 ? -x[i] : x[i])
+      if (r != r) { print "not a number at step " i; exit }
+      if (r > worst) worst = r
+    }
+    if (worst > tol) printf "max relative error %.3g > %g\n", worst, tol
+    else printf "ok %.2g\n", worst
+  }'
+}
+
 # compare NAME NP TOL KIND ARGS...: ARGS with --device=cpu and with
 # --device=cuda; one TAP line.
 compare() {
@@ -94,19 +112,8 @@ compare() {
   want=$(losses "$kind" "$cpu_out" "$tmp/cpu.jsonl" 2>/dev/null | tr '\n' ' ')
   got=$(losses "$kind" "$cuda_out" "$tmp/cuda.jsonl" 2>/dev/null | tr '\n' ' ')
   local verdict
-  verdict=$(awk -v a="$want" -v b="$got" -v tol="$tol" 'BEGIN {
-    na = split(a, x, " "); nb = split(b, y, " ")
-    if (na == 0 || na != nb) { print "counts " na " vs " nb; exit }
-    worst = 0
-    for (i = 1; i <= na; i++) {
-      d = x[i] - y[i]; if (d < 0) d = -d
-      r = d / (x[i] < 0 ? -x[i] : x[i])
-      if (r != r) { print "not a number at step " i; exit }
-      if (r > worst) worst = r
-    }
-    if (worst > tol) printf "max relative error %.3g > %g\n", worst, tol
-    else printf "ok %.2g\n", worst
-  }')
+  local verdict
+  verdict=$(agree "$want" "$got" "$tol")
   n=$((n + 1))
   local on=$([ "$np" = 1 ] && echo "1 rank" || echo "$np ranks")
   if [ $s1 -eq 0 ] && [ $s2 -eq 0 ] && [ "${verdict%% *}" = ok ] && grep -q 'cuda:[01]' "$cuda_out"; then
@@ -138,6 +145,26 @@ for np in ${NPS:-1 2}; do
   compare "recipes/mnist.lua (f32, losses as logged: 6 decimals)" $np 1e-5 mnist "${MNIST[@]}"
 done
 
+# --device=auto with 2 ranks on a node where each process sees one GPU
+# (a launcher binding one GPU per rank; in cudasim every process has its
+# own simulated cuda:0): both train on cuda:0, the CPU's losses.
+n=$((n + 1))
+rm -f "$tmp"/*.jsonl
+run 2 "${LLAMA[@]}" --mixed_precision= --device=cpu --metrics_file="$tmp/cpu.jsonl" >/dev/null 2>&1
+out=$(DEVICES=1 run 2 "${LLAMA[@]}" --mixed_precision= --metrics_file="$tmp/auto.jsonl" 2>&1)
+status=$?
+want=$(losses jsonl /dev/null "$tmp/cpu.jsonl" | tr '\n' ' ')
+got=$(losses jsonl /dev/null "$tmp/auto.jsonl" | tr '\n' ' ')
+verdict=$(agree "$want" "$got" 1e-5)
+if [ $status -eq 0 ] && [ "${verdict%% *}" = ok ] &&
+   grep -q 'device: cuda:0 (2 ranks on this node see 1 GPU each: cuda:<local rank mod 1>' <<<"$out"; then
+  echo "ok $n - --device=auto with 2 ranks seeing one GPU each: both on cuda:0, the CPU's losses within 1e-5 (${verdict#ok })"
+else
+  echo "not ok $n - --device=auto with 2 ranks seeing one GPU each (status $status): [$got] vs CPU [$want] ($verdict)"
+  tail -n 10 <<<"$out" | sed 's/^/#   /'
+  rc=1
+fi
+
 # The GPU default: --mixed_precision not given is bf16 on cuda, and the
 # step log and the JSONL report the caching allocator's bytes.
 n=$((n + 1))
@@ -146,13 +173,10 @@ status=$?
 bf16=$(losses jsonl /dev/null "$tmp/bf16.jsonl" | tr '\n' ' ')
 cpu=$(run 1 "${LLAMA[@]}" --device=cpu --mixed_precision=bf16 --metrics_file="$tmp/bf16cpu.jsonl" >/dev/null 2>&1;
       losses jsonl /dev/null "$tmp/bf16cpu.jsonl" | tr '\n' ' ')
-close=$(awk -v a="$cpu" -v b="$bf16" 'BEGIN { na = split(a, x, " "); nb = split(b, y, " ")
-  if (na == 0 || na != nb) { print "no"; exit }
-  for (i = 1; i <= na; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > 2e-2 || d != d) { print "no"; exit } }
-  print "yes" }')
+close=$(agree "$cpu" "$bf16" 2e-2)
 if [ $status -eq 0 ] && grep -q 'compute bf16, reduce bf16' <<<"$out" && grep -q 'mixed_precision = bf16' <<<"$out" &&
    grep -q 'cuda:0 memory: allocated [0-9.]* MiB, reserved [0-9.]* MiB, peak' <<<"$out" &&
-   grep -q '"memory_reserved_bytes":[1-9]' "$tmp/bf16.jsonl" && [ "$close" = yes ]; then
+   grep -q '"memory_reserved_bytes":[1-9]' "$tmp/bf16.jsonl" && [ "${close%% *}" = ok ]; then
   echo "ok $n - recipes/llama2_7b.lua --device=cuda defaults to bf16 mixed precision (losses [${bf16% }] = the CPU's in bf16 [${cpu% }] within 2e-2) and logs the device's allocated/reserved/peak bytes"
 else
   echo "not ok $n - recipes/llama2_7b.lua --device=cuda GPU defaults (status $status, losses [$bf16] vs CPU bf16 [$cpu])"
@@ -173,11 +197,8 @@ run 2 "${LLAMA[@]}" --mixed_precision= --device=cuda --checkpoint_dir="$tmp/ckpt
 s2=$?
 want=$(losses jsonl /dev/null "$tmp/whole.jsonl" | tr '\n' ' ')
 got=$(losses jsonl /dev/null "$tmp/parts.jsonl" | tr '\n' ' ')
-same=$(awk -v a="$want" -v b="$got" 'BEGIN { na = split(a, x, " "); nb = split(b, y, " ")
-  if (na != 4 || na != nb) { print "no"; exit }
-  for (i = 1; i <= na; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > 1e-5 || d != d) { print "no"; exit } }
-  print "yes" }')
-if [ $s1 -eq 0 ] && [ $s2 -eq 0 ] && [ "$same" = yes ] && grep -q 'checkpoint: resumed from' "$tmp/second.txt"; then
+same=$(agree "$want" "$got" 1e-5)
+if [ $s1 -eq 0 ] && [ $s2 -eq 0 ] && [ "${same%% *}" = ok ] && [ "$(wc -w <<<"$got")" = 4 ] && grep -q 'checkpoint: resumed from' "$tmp/second.txt"; then
   echo "ok $n - recipes/llama2_7b.lua on 2 ranks: a checkpoint saved on cuda at step 2 and resumed on cuda gives the uninterrupted CPU run's losses [${got% }]"
 else
   echo "not ok $n - recipes/llama2_7b.lua checkpoint on cuda and resume (status $s1/$s2): [$got] vs CPU [$want]"
@@ -217,9 +238,6 @@ refused() {
 }
 refused "--device=cuda:1 on a machine with one GPU" "fsdp-lua: --device (cuda:1) is not on this machine, which has 1 CUDA device (cuda:0)" \
   1 "${LLAMA[@]}" --device=cuda:1 --validate_options
-DEVICES=1 refused "--device=auto with 2 ranks on a node with 1 GPU" \
-  "--device (auto) gives each rank the GPU of its local rank, but this node runs 2 ranks and has 1 GPU" \
-  2 "${LLAMA[@]}" --validate_options
 refused "--plan on a GPU without a profile" "--plan_device is needed with --plan on this GPU" \
   1 "${LLAMA[@]}" --device=cuda --plan
 

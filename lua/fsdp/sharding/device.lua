@@ -6,8 +6,8 @@
 --   local dev = device.resolve(cfg)            -- 'cpu' or 'cuda:N'
 --   ids = ids:to(dev)
 --
--- --device=auto (the default) is cuda:<local rank> where this build sees
--- a GPU, else cpu; --device=cuda is the same but refuses a machine without
+-- --device=auto (the default) is cuda:<local rank> (modulo the GPUs this
+-- process sees) where this build sees a GPU, else cpu; --device=cuda is the same but refuses a machine without
 -- one; --device=cuda:N names the device; --device=cpu trains on the CPU.
 -- The value stays as written in the config (ranks on a node agree on
 -- 'auto' while each uses its own GPU); resolve() gives the device.
@@ -49,21 +49,15 @@ function M.check(text)
       end
     else
       if not index then
-        -- One GPU per rank of the node, as launchers and NCCL expect. Too
-        -- many ranks is refused by every rank of the node alike (the
-        -- node's rank count, not this rank's index, decides), so rank 0
-        -- says why.
+        -- The GPU of the local rank, modulo the GPUs this process sees
+        -- (torchrun/torchtitan's rule): one GPU per rank where all of a
+        -- node's GPUs are visible, and cuda:0 where the launcher binds one
+        -- GPU to each rank (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES
+        -- per rank). More ranks than GPUs share them (collectives then go
+        -- through host copies: [Note: collectives on device tensors]).
         local ok, lr = pcall(fsdp.dist.local_rank)
-        local ok2, ls = pcall(fsdp.dist.local_size)
-        if not (ok and ok2) then
-          return ('(%s): cannot tell this rank\'s local rank: %s'):format(text, tostring(ok and ls or lr))
-        end
-        if ls > count then
-          return ('(%s) gives each rank the GPU of its local rank, but this node runs %d ranks and has %d GPU%s; '
-            .. 'start at most %d ranks per node, or give --device=cuda:0 to let the ranks share one'):format(
-            text, ls, count, count == 1 and '' or 's', count)
-        end
-        index = lr
+        if not ok then return ('(%s): cannot tell this rank\'s local rank: %s'):format(text, tostring(lr)) end
+        index = lr % count
       elseif index >= count then
         return ('(%s) is not on this machine, which has %d CUDA device%s (cuda:0%s)'):format(text, count, count == 1 and '' or 's',
           count > 1 and ('..cuda:%d'):format(count - 1) or '')
@@ -80,6 +74,22 @@ M.OPTIONS = {
                      .. 'else cpu), cpu, cuda, cuda:N; on cuda, options not given take GPU defaults',
              check = function(v) return (M.check(v)) end },
 }
+
+-- How the ranks of this node use the GPUs, for the log: nil on the CPU.
+function M.describe(cfg)
+  local dev = M.resolve(cfg)
+  if dev == 'cpu' then return nil end
+  local count, ranks = fsdp.cuda.device_count(), fsdp.dist.local_size()
+  local how = ''
+  if not cfg.device:match(':') and ranks > 1 then
+    how = ranks <= count and ' (each rank the GPU of its local rank)'
+      or (' (%d ranks on this node see %d GPU%s each: cuda:<local rank mod %d>, shared unless the launcher binds '
+          .. 'one GPU to each rank)'):format(ranks, count, count == 1 and '' or 's', count)
+  end
+  local p = M.profile(cfg)
+  return ('%s%s, %s, %s'):format(dev, how, fsdp.cuda.status(),
+    p and ('profile ' .. p.name) or 'no fsdp.devices profile (give --peak_tflops for MFU)')
+end
 
 -- A recipe's own options plus --device.
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end

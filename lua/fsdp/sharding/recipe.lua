@@ -111,12 +111,8 @@ function M.apply(model, cfg, block_class, script)
   if offload then fsdp.offload_activations(model, is_block) end
   local units = fsdp.sharding.units(model)
   local W = fsdp.dist.world_size()
-  local dev = device.resolve(cfg)
-  if fsdp.dist.rank() == 0 and dev ~= 'cpu' then
-    local p = device.profile(cfg)
-    print(('device: %s%s, %s, %s'):format(dev, cfg.device:match(':') and '' or ' (each rank the GPU of its local rank)',
-      fsdp.cuda.status(), p and ('profile ' .. p.name) or 'no fsdp.devices profile (give --peak_tflops for MFU)'))
-  end
+  local where = device.describe(cfg)
+  if where and fsdp.dist.rank() == 0 then print('device: ' .. where) end
   if fsdp.dist.rank() == 0 then print(('sharding: %s over %d rank%s, %d units, compute %s, reduce %s%s%s'):format(cfg.sharding_strategy,
     W, W == 1 and '' or 's', #units, units[1].param_dtype, units[1].reduce_dtype,
     cfg.activation_checkpointing and ', checkpointed blocks' or '',
