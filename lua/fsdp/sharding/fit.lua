@@ -90,7 +90,7 @@ function M.check(model, cfg, block_class, shape, script, names, extra)
   if cfg.skip_fit_check then return nil end
   local shard_recipe = require 'fsdp.sharding.recipe'
   local device, budget, source
-  if cfg.device and cfg.device ~= 'cpu' and shard_recipe.device(cfg) ~= 'cpu' then
+  if cfg.device and shard_recipe.device(cfg) ~= 'cpu' then
     -- On a GPU its profile's memory (without what the runtime keeps); a
     -- GPU without a profile (or cudasim) is not checked.
     device = require('fsdp.sharding.device').profile(cfg)
