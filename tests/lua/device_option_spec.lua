@@ -4,7 +4,8 @@
 -- 2, one line naming --device and why), bad values are named; options whose
 -- default depends on others (fsdp.recipe's default_from) keep what the user
 -- gave, on the command line or in --config; the CUDA device names map to the
--- planner's profiles. The training on cuda itself is the cudasim suite's
+-- planner's profiles; the GPU defaults (on a stubbed GPU). The training on
+-- cuda itself is the cudasim suite's
 -- (tests/cudasim/recipes.sh).
 local fsdp = require 'fsdp'
 local T = require 'fsdp.testing'
@@ -134,6 +135,47 @@ describe('defaults that depend on other options (default_from)', function()
     ok, err = pcall(recipe.parse, spec, { '--device=refuse' }, 'x.lua')
     assert.is_false(ok)
     assert.equals('--refusing is needed here', err)
+  end)
+end)
+
+describe('the GPU defaults', function()
+  -- On a GPU (stubbed: this spec runs where there may be none) whose
+  -- profile fsdp.devices knows, and on one it does not.
+  local saved = {}
+  local function on_gpu(profile)
+    saved.is_cuda, saved.profile = device.is_cuda, device.profile
+    device.is_cuda = function() return true end
+    device.profile = function() return profile and fsdp.devices[profile] or nil end
+  end
+  after_each(function()
+    if saved.is_cuda then device.is_cuda, device.profile = saved.is_cuda, saved.profile end
+    saved = {}
+  end)
+
+  it('are bf16, the GPU\'s profile for --plan and its peak in the compute dtype for MFU', function()
+    on_gpu('h100-80g')
+    assert.equals('bf16', device.default_mixed_precision({}))
+    assert.equals('h100-80g', device.default_plan_device({ plan = true }))
+    assert.equals(989, device.default_peak_tflops({ mixed_precision = 'bf16', dtype = 'f32' }))
+    assert.equals(67, device.default_peak_tflops({ mixed_precision = '', dtype = 'f32' }))
+    assert.is_nil(device.default_peak_tflops({ mixed_precision = '', dtype = 'f64' }))
+  end)
+
+  it('on a GPU without a profile: no MFU, and --plan asks for --plan_device', function()
+    on_gpu(nil)
+    assert.is_nil(device.default_peak_tflops({ mixed_precision = 'bf16' }))
+    assert.is_nil(device.default_plan_device({ plan = false }))
+    local v, why = device.default_plan_device({ plan = true })
+    assert.is_nil(v)
+    assert.matches('is needed with --plan on this GPU', why, 1, true)
+  end)
+
+  it('are nothing on the CPU', function()
+    if GPU then return pending('this build sees a GPU') end
+    local cfg = { device = 'auto', mixed_precision = '', dtype = 'f32', plan = true }
+    assert.is_nil(device.default_mixed_precision(cfg))
+    assert.is_nil(device.default_plan_device(cfg))
+    assert.is_nil(device.default_peak_tflops(cfg))
   end)
 end)
 
