@@ -90,7 +90,7 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
   metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
   peak_tflops = require('fsdp.sharding.device').peak_tflops_option(),
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
-  memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit); also what '
+  memory_limit_mb = { 0, 'fail allocations on --device past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
 })))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
@@ -150,7 +150,9 @@ print('config:\n' .. recipe.format(cfg))
 -- dead ones before every allocation so uncollected garbage never counts.
 if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
 -- (--plan only plans for the limit: it allocates nothing to limit.)
-if cfg.memory_limit_mb > 0 and not cfg.plan then fsdp.set_memory_limit('cpu', cfg.memory_limit_mb * 2^20) end
+if cfg.memory_limit_mb > 0 and not cfg.plan then
+  fsdp.set_memory_limit(shard_recipe.device(cfg), cfg.memory_limit_mb * 2^20)
+end
 
 -- 6738415616 -> "6,738,415,616"
 local function commas(n)

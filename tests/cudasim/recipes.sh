@@ -8,7 +8,7 @@
 # default (bf16 mixed precision when not given) against the CPU in bf16,
 # and the device memory in the metrics JSONL; the refusals that need a
 # GPU to be seen (a device index past the last, --plan on a GPU without a
-# profile); auto where each rank sees one GPU. TAP lines numbered from
+# profile, --memory_limit_mb on the GPU); auto where each rank sees one GPU. TAP lines numbered from
 # $1 + 1 on (default 1).
 # Also a checkpoint saved and resumed on cuda, and recipes/generate.lua
 # from it on cuda. Small configs: cudasim is
@@ -238,6 +238,10 @@ refused() {
 }
 refused "--device=cuda:1 on a machine with one GPU" "fsdp-lua: --device (cuda:1) is not on this machine, which has 1 CUDA device (cuda:0)" \
   1 "${LLAMA[@]}" --device=cuda:1 --validate_options
+SMALL=(recipes/llama2_7b.lua --num_layers=2 --hidden_width=64 --num_heads=4 --vocab_size=128 --seq_len=16
+       --batch_size=2 --max_steps=2 --warmup_steps=1 --device=cuda --memory_limit_mb=1)
+refused "--memory_limit_mb=1 on cuda (the fit check)" "> 1.0 MiB available (--memory_limit_mb=1)" 1 "${SMALL[@]}"
+refused "--memory_limit_mb=1 on cuda past the fit check" "out of memory on cuda:0" 1 "${SMALL[@]}" --skip_fit_check
 refused "--plan on a GPU without a profile" "--plan_device is needed with --plan on this GPU" \
   1 "${LLAMA[@]}" --device=cuda --plan
 
