@@ -7,8 +7,9 @@
 --   ids = ids:to(dev)
 --
 -- --device=auto (the default) is cuda:<local rank> (modulo the GPUs this
--- process sees) where this build sees a GPU, else cpu; --device=cuda is the same but refuses a machine without
--- one; --device=cuda:N names the device; --device=cpu trains on the CPU.
+-- process sees) where this build sees a GPU, else cpu; --device=cuda is
+-- the same but refuses a machine without one; --device=cuda:N names the
+-- device; --device=cpu trains on the CPU.
 -- The value stays as written in the config (ranks on a node agree on
 -- 'auto' while each uses its own GPU); resolve() gives the device.
 --
