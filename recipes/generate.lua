@@ -65,7 +65,7 @@ local cfg = recipe.config({
   stop_ids = { '', "ids that end a row, '2,13' (empty: the tokenizer's and the HF config's eos; 'none': no stop)" },
   seed = { 0, 'sampling seed (the same seed gives the same text)', int = true, min = 0 },
   dtype = { 'f32', 'weights and cache dtype', one_of = { 'f32', 'bf16' } },
-  device = { 'cpu', 'where the model runs', one_of = { 'cpu', 'cuda' } },
+  device = require('fsdp.sharding.device').OPTIONS.device,
   no_cache = { false, 'recompute the whole prefix at every step (no KV cache; for comparison)' },
   print_ids = { false, 'also print the generated ids of each prompt' },
 }, arg, 'recipes/generate.lua', function(cfg)
@@ -106,7 +106,9 @@ end
 -- loading ------------------------------------------------------------------------------------
 -- --init_from means what it means in the training recipes (models/pretrained.lua).
 
-local place = { device = cfg.device, dtype = cfg.dtype }
+-- --device (auto: cuda:<local rank> with a GPU, else cpu; fsdp.sharding.device).
+local dev = require('fsdp.sharding.device').resolve(cfg)
+local place = { device = dev, dtype = cfg.dtype }
 local hf_dir
 local model, family
 local t0 = clock.now()
@@ -114,7 +116,7 @@ local src
 if cfg.init_from == '' then
   local name
   family, name = decoders.resolve(cfg.model)
-  local o = { device = cfg.device, dtype = cfg.dtype }
+  local o = { device = dev, dtype = cfg.dtype }
   if cfg.num_heads > 0 then o.n_heads = cfg.num_heads end
   if cfg.num_kv_heads > 0 then o.n_kv_heads = cfg.num_kv_heads end
   local ok, m = pcall(decoders.families[family].module.build, name, o)

@@ -101,9 +101,9 @@ local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.optio
   validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
   metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
-  peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)', min = 0 },
+  peak_tflops = require('fsdp.sharding.device').peak_tflops_option(),
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
-  memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit); also what '
+  memory_limit_mb = { 0, 'fail allocations on --device past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
 }))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
@@ -192,7 +192,9 @@ print('config:\n' .. recipe.format(cfg))
 -- dead ones before every allocation so uncollected garbage never counts.
 if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
 -- (--plan only plans for the limit: it allocates nothing to limit.)
-if cfg.memory_limit_mb > 0 and not cfg.plan then fsdp.set_memory_limit('cpu', cfg.memory_limit_mb * 2^20) end
+if cfg.memory_limit_mb > 0 and not cfg.plan then
+  fsdp.set_memory_limit(shard_recipe.device(cfg), cfg.memory_limit_mb * 2^20)
+end
 
 -- 6738415616 -> "6,738,415,616"
 local function commas(n)
@@ -230,6 +232,8 @@ end
 -- with the values of a one-process init (fsdp.nn.parameter). On one rank
 -- this is plain training (the one unit holds everything).
 local dist = fsdp.dist
+-- --device: the shards, every batch and the loss live there (cpu or cuda:N).
+local dev = shard_recipe.device(cfg)
 local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
 local n_params = model:num_parameters()
 -- Refused here, with the planner's numbers, when it cannot fit this machine.
@@ -277,10 +281,10 @@ local step_batch = cfg.batch_size * cfg.grad_accum_steps
 local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = step_batch, tokens_per_sample = cfg.seq_len,
   flops_per_sample = model_module.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
-  peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every,
+  peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
 })
 local function validate(step)
-  local loss = metrics.evaluate(function(ids, targets) return model:loss(ids, targets) end,
+  local loss = metrics.evaluate(function(ids, targets) return model:loss(ids:to(dev), targets:to(dev)) end,
     val_data:batches(cfg.val_batches))
   log:validation(step, loss)
 end
@@ -306,7 +310,7 @@ for step = start_step + 1, cfg.max_steps do
   -- checkpoint after the step resumes at the next step's first.
   local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function()
     local ids, targets = data:next()
-    return model:loss(ids, targets)
+    return model:loss(ids:to(dev), targets:to(dev))
   end)
   local r = state.guard:step(step, loss)
   r.dt = clock.now() - t0
@@ -334,7 +338,7 @@ if cfg.summary and cfg.max_steps > start_step then
   print('SUMMARY ' .. require('cjson').encode({
     samples_per_s = step_batch * dist.world_size() * steps / seconds,
     tflops = flops_per_step * steps / seconds / 1e12,
-    peak_bytes = fsdp.memory_stats('cpu').peak,
+    peak_bytes = fsdp.memory_stats(dev).peak,
     step_seconds = seconds / steps, steps = steps, parameters = n_params,
   }))
 end

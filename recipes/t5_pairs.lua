@@ -149,9 +149,11 @@ function M.describe(run, cfg)
   end
 end
 
--- The loss of a batch from the datasets (input_ids, labels, attention_mask).
-function M.loss(model, src, labels, mask)
-  return model:loss(src, labels, { attention_mask = mask })
+-- The loss of a batch from the datasets (input_ids, labels, attention_mask),
+-- moved to the device the recipe trains on (run.device: --device).
+function M.loss(model, run, src, labels, mask)
+  local dev = run.device or 'cpu'
+  return model:loss(src:to(dev), labels:to(dev), { attention_mask = mask:to(dev) })
 end
 
 -- Mean validation loss (over the batches and the ranks), in eval mode so
@@ -159,7 +161,7 @@ end
 -- then draws the uninterrupted run's); printed as the metrics log does.
 function M.validate(model, run, cfg, step)
   model:eval()
-  local loss = metrics.evaluate(function(src, labels, mask) return M.loss(model, src, labels, mask) end,
+  local loss = metrics.evaluate(function(src, labels, mask) return M.loss(model, run, src, labels, mask) end,
     run.val:batches(cfg.val_batches > 0 and cfg.val_batches or nil))
   model:train()
   say('Validation at batch %d: loss %.4f, perplexity %.3f', step, loss, math.exp(loss))
@@ -198,11 +200,13 @@ function M.report(model, run, cfg, step)
   local ids = {}
   for i = 1, n do ids[i] = i - 1 end
   local src, labels, mask = run.val:gather(ids)
+  local dev = run.device or 'cpu'
   model:eval()
   local right, got = fsdp.summon_full_params(model, function()
-    return exact_match(model, src, mask, labels, { eos_token_id = run.tokenizer.eos_id })
+    return exact_match(model, src:to(dev), mask:to(dev), labels:to(dev), { eos_token_id = run.tokenizer.eos_id })
   end)
   model:train()
+  got = got:to('cpu')
   local tok, eos = run.tokenizer, run.tokenizer.eos_id
   local S, L, G = src:tolist(), labels:tolist(), got:tolist()
   say('greedy outputs on validation sources (after step %d):', step)

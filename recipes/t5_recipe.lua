@@ -83,7 +83,7 @@ function M.exact_match(model, src, mask, labels, opts)
   local out = t5.generate(model, src, gen)
   local got = out:narrow(1, 1, out:size(1) - 1)
   if got:size(1) < n then
-    got = F.cat({ got, fsdp.zeros({ got:size(0), n - got:size(1) }, { dtype = 'i64' }) }, 1)
+    got = F.cat({ got, fsdp.zeros({ got:size(0), n - got:size(1) }, { dtype = 'i64', device = got.device }) }, 1)
   end
   local errors = F.sum((F.ne(got, labels):to('i64') * F.ne(labels, -100):to('i64')), 1)
   return F.sum(F.eq(errors, 0):to('i64')):item(), got
@@ -173,6 +173,9 @@ function M.run(default_model, script, argv)
   print('config:\n' .. recipe.format(cfg))
   -- On meta, then sharded (one unit per T5Block, the seed's wrap and
   -- checkpoint class): each rank initialises only its shards.
+  -- --device: the shards, every batch and the loss live there (cpu or cuda:N).
+  local dev = shard_recipe.device(cfg)
+  if pairs_run then pairs_run.device = dev end
   local model = t5.Model(c, { device = 'meta', dtype = cfg.dtype })
   local n_params = model:num_parameters()
   -- Refused here, with the planner's numbers, when it cannot fit this machine.
@@ -215,15 +218,22 @@ function M.run(default_model, script, argv)
     -- gradients reduced once at the last.
     local W, R, k = fsdp.dist.world_size(), fsdp.dist.rank(), cfg.grad_accum_steps
     local loss = accumulate.forward_backward(model, k, function(i)
-      if pairs_run then return t5_pairs.loss(model, pairs_run.train:next()) end
+      if pairs_run then return t5_pairs.loss(model, pairs_run, pairs_run.train:next()) end
       local src, mask, labels, dmask = task.batch(((step - 1) * k + i - 1) * W + R, cfg.batch_size)
-      return model:loss(src, labels, { attention_mask = mask, decoder_attention_mask = dmask })
+      return model:loss(src:to(dev), labels:to(dev), { attention_mask = mask:to(dev), decoder_attention_mask = dmask:to(dev) })
     end)
     local r = state.guard:step(step, loss)
     local dt = clock.now() - t0
     if step % cfg.log_every == 0 or step == cfg.max_steps or r.skipped then
-      print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f%s'):format(
-        step, r.loss, cfg.batch_size * k / dt, r.lr, r.grad_norm, r.skipped and ', skipped (non-finite: no update)' or ''))
+      -- On a GPU also the caching allocator's bytes (as fsdp.metrics logs them).
+      local mem = ''
+      if dev ~= 'cpu' then
+        local m = fsdp.memory_stats(dev)
+        mem = (', %s memory: allocated %.1f MiB, reserved %.1f MiB, peak %.1f MiB'):format(dev, m.in_use / 2^20,
+          m.reserved / 2^20, m.peak / 2^20)
+      end
+      print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f%s%s'):format(
+        step, r.loss, cfg.batch_size * k / dt, r.lr, r.grad_norm, mem, r.skipped and ', skipped (non-finite: no update)' or ''))
     end
     if pairs_run then t5_pairs.maybe_validate(model, pairs_run, cfg, step) end
     ckpt_recipe.after_step(cfg, state, step, pretrained.extra(cfg.model, 't5', c, src))
@@ -240,6 +250,7 @@ function M.run(default_model, script, argv)
   -- Held-out examples (another random stream), greedy decoding.
   model:eval()
   local src, mask, labels = task.batch(0, cfg.eval_examples, 1000)
+  src, mask, labels = src:to(dev), mask:to(dev), labels:to(dev)
   -- Generation calls encode/decode, not the sharded root's forward: it runs
   -- on the whole parameters, gathered once.
   local right, got = fsdp.summon_full_params(model, function() return M.exact_match(model, src, mask, labels) end)
