@@ -170,15 +170,17 @@ function M.measure_cpu()
   return p
 end
 
--- The profile of a CUDA device from what the runtime calls it
--- (fsdp.cuda.status(): "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)"), or nil
--- for a GPU none of the profiles describes (MFU and plans then need a
--- profile named by the user). A100s come in 40 and 80 GB: the memory
--- decides.
+-- Profile names by a substring of the CUDA device's name. A100s come in
+-- 40 and 80 GB: the memory decides.
 local CUDA_NAMES = {
   { 'H200', 'h200-141g' }, { 'H100', 'h100-80g' }, { 'L40S', 'l40s-48g' },
   { 'A100', function(gib) return gib and gib > 48 and 'a100-80g' or 'a100-40g' end },
 }
+
+-- The profile of a CUDA device from what the runtime calls it
+-- (fsdp.cuda.status(): "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)"), or nil
+-- for a GPU none of the profiles describes (MFU and plans then need a
+-- profile named by the user).
 function M.for_cuda(status)
   if type(status) ~= 'string' then return nil end
   local name = status:match('^(.-) %(sm_%d+') or status
