@@ -360,7 +360,7 @@ function M.save_peft(model, dir, opts)
       local targets = json.array({})
       for i, t in ipairs(cfg.targets) do targets[i] = t end
       local text = json.encode({
-        peft_type = 'LORA', task_type = task, r = cfg.rank, lora_alpha = json.float(cfg.alpha),
+        peft_type = 'LORA', task_type = task, r = cfg.rank, lora_alpha = cfg.alpha,
         lora_dropout = json.float(cfg.dropout), target_modules = targets, bias = 'none',
         fan_in_fan_out = info.fan_in_fan_out or false, use_rslora = cfg.rslora, use_dora = false,
         init_lora_weights = true, inference_mode = true, modules_to_save = json.null,
@@ -390,8 +390,14 @@ local function check_peft_config(h, path, model)
   for _, k in ipairs({ 'rank_pattern', 'alpha_pattern' }) do
     if type(h[k]) == 'table' and next(h[k]) ~= nil then refuse('%s is not empty (one rank and alpha for all layers)', k) end
   end
-  for _, k in ipairs({ 'modules_to_save', 'layers_to_transform', 'layers_pattern' }) do
-    if h[k] ~= nil and h[k] ~= require('fsdp.json').null then refuse('%s is set (not supported)', k) end
+  local null = require('fsdp.json').null
+  for _, k in ipairs({ 'modules_to_save', 'layers_to_transform', 'layers_pattern', 'exclude_modules',
+                       'target_parameters', 'layer_replication', 'trainable_token_indices',
+                       'alora_invocation_tokens' }) do
+    if h[k] ~= nil and h[k] ~= null then refuse('%s is set (not supported)', k) end
+  end
+  for _, k in ipairs({ 'lora_bias', 'use_qalora', 'use_bdlora' }) do
+    if h[k] == true then refuse('%s is true (not supported)', k) end
   end
   local want = (TASKS[model:class_name()] or {}).fan_in_fan_out or false
   if h.fan_in_fan_out ~= nil and h.fan_in_fan_out ~= want then

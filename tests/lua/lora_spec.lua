@@ -1,0 +1,284 @@
+-- lora_spec.lua: LoRA (fsdp.nn.LoRALinear, fsdp.lora): the layer's forward
+-- and backward against the same math in plain ops, PEFT's init, apply by
+-- names and its errors, merging, checkpoints that hold only the adapters
+-- (their size, and a resume that continues bit for bit), and the PEFT
+-- goldens both ways (tests/golden/make_lora_goldens.py): our adapter as
+-- peft reads it, and peft's adapter loaded here, logits compared. Sharded
+-- LoRA on 2 ranks: tests/mpi/lora.lua.
+local fsdp = require 'fsdp'
+local nn = fsdp.nn
+local lora = require 'fsdp.lora'
+local llama = require 'models.llama'
+local hf = require 'models.hf'
+local optim = require 'fsdp.optim'
+local ckpt = require 'fsdp.checkpointing'
+local files = require 'fsdp.files'
+local T = require 'fsdp.testing'
+local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
+local adapter = require 'tests.golden.lora_adapter'
+
+local GOLDEN = 'tests/golden/hf/llama3_tiny_v5_lora/'
+local BASE_GOLDEN = fsdp.load_safetensors('tests/golden/hf/llama3_tiny_v5/golden.safetensors')
+
+local root = os.tmpname()
+os.remove(root)
+files.mkdir_p(root)
+teardown(function() files.remove_tree(root) end)
+
+local function err_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok)
+  return tostring(err)
+end
+
+local function logits_of(m)
+  local _, logits = m:loss(BASE_GOLDEN.input_ids, BASE_GOLDEN.labels)
+  return logits
+end
+
+describe('nn.LoRALinear', function()
+  local function layer()
+    local lin = nn.Linear(6, 5):init_weights({ seed = 1 })
+    local l = nn.LoRALinear(lin, { rank = 2, alpha = 4, seed = 2, name = 'l' })
+    fsdp.autograd.no_grad(function() l.lora_B.weight:copy_(fsdp.randn({ 5, 2 }, { seed = 3 })) end)
+    return l
+  end
+
+  it('computes x W^T + b + x A^T B^T alpha/r, and gradients only for the adapter', function()
+    local l = layer()
+    local x = fsdp.randn({ 2, 3, 6 }, { seed = 4 })
+    x:requires_grad_(true)
+    local y = l(x)
+    -- the same with plain ops on copies
+    local W, b = l.weight:detach(), l.bias:detach()
+    local A, B = l.lora_A.weight:detach():clone(), l.lora_B.weight:detach():clone()
+    A:requires_grad_(true); B:requires_grad_(true)
+    local x2 = x:detach():clone()
+    x2:requires_grad_(true)
+    local want = x2:matmul(W:t()) + b + x2:matmul(A:t()):matmul(B:t()) * 2
+    assert.is_true(T.max_abs_diff(y, want) < 1e-5)
+    local g = fsdp.randn({ 2, 3, 5 }, { seed = 5 })
+    local ly, lw = (y * g):sum(), (want * g):sum()
+    ly:backward()
+    lw:backward()
+    assert.is_true(T.max_abs_diff(l.lora_A.weight.grad, A.grad) < 1e-5)
+    assert.is_true(T.max_abs_diff(l.lora_B.weight.grad, B.grad) < 1e-5)
+    assert.is_true(T.max_abs_diff(x.grad, x2.grad) < 1e-5)
+    assert.is_nil(l.weight.grad)
+    assert.is_false(l.weight.requires_grad)
+    assert.is_false(l.bias.requires_grad)
+  end)
+
+  it("inits as PEFT: A kaiming-uniform (bound 1/sqrt(in_features)), B zeros; a fresh adapter changes nothing", function()
+    local lin = nn.Linear(64, 32):init_weights({ seed = 1 })
+    local l = nn.LoRALinear(lin, { rank = 8, seed = 2 })
+    local A = l.lora_A.weight
+    assert.same({ 8, 64 }, A.shape)
+    assert.same({ 32, 8 }, l.lora_B.weight.shape)
+    assert.is_true(A:abs():max():item() <= 1 / 8)
+    assert.is_true(A:abs():max():item() > 0.1) -- spread over the bound
+    assert.equals(0, l.lora_B.weight:abs():max():item())
+    local x = fsdp.randn({ 3, 64 }, { seed = 3 })
+    assert.equals(0, T.max_abs_diff(l(x), lin(x)))
+  end)
+
+  it('refuses what is not a Linear and bad settings', function()
+    assert.matches('expects a Linear, got Embedding', err_of(nn.LoRALinear, nn.Embedding(4, 2), { rank = 2 }))
+    assert.matches('rank must be an integer >= 1', err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 0 }))
+    assert.matches('dropout must be in', err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 1, dropout = 1 }))
+  end)
+end)
+
+describe('fsdp.lora.apply', function()
+  local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64, max_seq_len = 32 }
+  local function meta() return llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' }) end
+
+  it("adapts the Linears a name ends with (PEFT's rule) and freezes the rest", function()
+    local m = meta()
+    local names = lora.apply(m, { rank = 4, alpha = 8, targets = 'q_proj,layers.1.mlp.down_proj' })
+    assert.same({ 'model.layers.0.self_attn.q_proj', 'model.layers.1.self_attn.q_proj', 'model.layers.1.mlp.down_proj' },
+      names)
+    local trainable = {}
+    for _, np in ipairs(lora.trainable(m)) do trainable[#trainable + 1] = np[1] end
+    assert.same({ 'model.layers.0.self_attn.q_proj.lora_A.weight', 'model.layers.0.self_attn.q_proj.lora_B.weight',
+                  'model.layers.1.self_attn.q_proj.lora_A.weight', 'model.layers.1.self_attn.q_proj.lora_B.weight',
+                  'model.layers.1.mlp.down_proj.lora_A.weight', 'model.layers.1.mlp.down_proj.lora_B.weight' }, trainable)
+    local n = lora.count(m)
+    assert.equals(2 * (4 * 32 + 32 * 4) + (4 * 64 + 32 * 4), n.trainable)
+    assert.equals(m:num_parameters(), n.total)
+    -- the base keeps its names (Hugging Face's)
+    local has = {}
+    for _, np in ipairs(m:named_parameters()) do has[np[1]] = true end
+    assert.is_true(has['model.layers.0.self_attn.q_proj.weight'])
+  end)
+
+  it('refuses a target that matches nothing or no Linear, naming it and the Linears there are', function()
+    local e = err_of(lora.apply, meta(), { rank = 2, targets = { 'q_proj', 'query' } })
+    assert.matches("target 'query' matches no module of the model %(its Linears: q_proj, k_proj, v_proj, o_proj, "
+      .. 'gate_proj, up_proj, down_proj, lm_head%)', e)
+    assert.matches("target 'mlp' matches model.layers.0.mlp, a LlamaMLP, not a Linear",
+      err_of(lora.apply, meta(), { rank = 2, targets = 'mlp' }))
+    assert.matches('targets must be a non%-empty list', err_of(lora.apply, meta(), { rank = 2, targets = '' }))
+    assert.matches("unknown option 'r'", err_of(lora.apply, meta(), { r = 2, targets = 'q_proj' }))
+    assert.matches('rank is required', err_of(lora.apply, meta(), { targets = 'q_proj' }))
+    local m = meta()
+    lora.apply(m, { rank = 2, targets = 'q_proj' })
+    assert.matches('has LoRA adapters already', err_of(lora.apply, m, { rank = 2, targets = 'v_proj' }))
+    local s = meta()
+    fsdp.shard(s, {})
+    assert.matches('apply LoRA before fsdp.shard', err_of(lora.apply, s, { rank = 2, targets = 'q_proj' }))
+    local live = meta():init_weights({ seed = 1, device = 'cpu' })
+    assert.matches('base_dtype needs the model on the meta device',
+      err_of(lora.apply, live, { rank = 2, targets = 'q_proj', base_dtype = 'bf16' }))
+  end)
+
+  it('keeps the frozen base in base_dtype, the adapters in the model dtype; sharded, the base has no gradient', function()
+    local m = meta()
+    lora.apply(m, { rank = 4, targets = 'q_proj', base_dtype = 'bf16' })
+    for _, np in ipairs(m:named_parameters()) do
+      assert.equals(np[1]:match('lora_') and 'f32' or 'bf16', np[2].dtype, np[1])
+    end
+    fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 3 })
+    local ids = fsdp.randint(0, 64, { 2, 8 }, { seed = 1 })
+    m:loss(ids, ids):backward()
+    local mem = fsdp.sharding.memory(m)
+    assert.equals(lora.count(m).trainable * 4, mem.grads)
+    local frozen_bytes = 0
+    for _, u in ipairs(fsdp.sharding.units(m)) do
+      if u.frozen then frozen_bytes = frozen_bytes + u:shard_bytes() end
+    end
+    assert.equals((lora.count(m).frozen) * 2, frozen_bytes) -- one rank holds all, in bf16
+  end)
+end)
+
+describe('merging', function()
+  it('merge folds B A alpha/r into the weights: same logits, plain Linears, the state dict of the base', function()
+    local m = adapter.build()
+    local want = logits_of(m)
+    local sd = lora.merged_state_dict(m)
+    lora.merge(m)
+    assert.equals(0, #lora.layers(m))
+    assert.is_true(T.max_abs_diff(logits_of(m), want) < 1e-5)
+    -- merged_state_dict (taken before) holds what merge made, under the
+    -- base model's names
+    local base = hf.from_pretrained(adapter.BASE, { dtype = 'f32' })
+    local merged = {}
+    for _, np in ipairs(m:named_parameters()) do merged[np[1]] = np[2] end
+    local names = 0
+    for _, np in ipairs(base:named_parameters()) do
+      names = names + 1
+      assert.is_not_nil(sd[np[1]], np[1])
+      assert.is_true(T.max_abs_diff(sd[np[1]], merged[np[1]]) < 1e-6, np[1])
+    end
+    for name in pairs(sd) do assert.is_nil(name:match('lora_'), name) end
+    assert.is_true(names > 0)
+    assert.matches('no LoRA layers', err_of(lora.merge, m))
+  end)
+end)
+
+describe('PEFT goldens', function()
+  it('our adapter, as peft loads it: our logits are peft\'s, and merged too (f32, 1e-5)', function()
+    local g = fsdp.load_safetensors(GOLDEN .. 'ours/golden.safetensors')
+    local m = adapter.build()
+    assert.is_true(T.max_abs_diff(logits_of(m), g.logits_peft) < 1e-5)
+    -- what save_peft writes is what peft read for the golden
+    local dir = root .. '/ours'
+    lora.save_peft(m, dir)
+    local got, want = fsdp.load_safetensors(dir .. '/adapter_model.safetensors'),
+                      fsdp.load_safetensors(GOLDEN .. 'ours/adapter_model.safetensors')
+    local n = 0
+    for name, t in pairs(want) do
+      assert.is_not_nil(got[name], name)
+      assert.equals(0, T.max_abs_diff(got[name], t), name)
+      n = n + 1
+    end
+    for name in pairs(got) do assert.is_not_nil(want[name], name) end
+    assert.equals(2 * 2 * #adapter.TARGETS, n)
+    assert.equals(files.read(GOLDEN .. 'ours/adapter_config.json'), files.read(dir .. '/adapter_config.json'))
+    lora.merge(m)
+    assert.is_true(T.max_abs_diff(logits_of(m), g.logits_merged) < 1e-5)
+  end)
+
+  it("peft's adapter loads here (load_peft applies its config): logits equal peft's (f32, 1e-5)", function()
+    local g = fsdp.load_safetensors(GOLDEN .. 'peft/golden.safetensors')
+    local m = hf.from_pretrained(adapter.BASE, { dtype = 'f32' })
+    lora.load_peft(m, GOLDEN .. 'peft')
+    m:eval() -- lora_dropout 0.1 in the config: peft's logits are in eval mode
+    assert.equals(4 * 2, #lora.layers(m))
+    assert.equals(0.1, lora.layers(m)[1][2].lora_dropout.p)
+    assert.is_true(T.max_abs_diff(logits_of(m), g.logits_peft) < 1e-5)
+  end)
+
+  it('refuses adapters it cannot honour, naming the file and the key', function()
+    local dir = root .. '/dora'
+    files.mkdir_p(dir)
+    local text = files.read(GOLDEN .. 'peft/adapter_config.json'):gsub('"use_dora": false', '"use_dora": true')
+    files.write_atomic(dir .. '/adapter_config.json', text)
+    assert.matches('adapter_config.json: use_dora is true', err_of(lora.load_peft,
+      hf.from_pretrained(adapter.BASE, { dtype = 'f32' }), dir))
+    -- the weights of another adapter: names that are not the model's
+    files.write_atomic(dir .. '/adapter_config.json', files.read(GOLDEN .. 'ours/adapter_config.json'))
+    local f = io.open(dir .. '/adapter_model.safetensors', 'wb')
+    f:write(files.read(GOLDEN .. 'peft/adapter_model.safetensors'))
+    f:close()
+    assert.matches('adapter_model.safetensors does not fit the model: missing model.layers.0.self_attn.q_proj.lora_A.weight',
+      err_of(lora.load_peft, hf.from_pretrained(adapter.BASE, { dtype = 'f32' }), dir))
+  end)
+end)
+
+describe('LoRA checkpoints', function()
+  local CFG = { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 4, ffn_dim = 128, vocab_size = 256, max_seq_len = 32 }
+  local function setup()
+    local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+    lora.apply(m, { rank = 2, alpha = 4, targets = 'q_proj,v_proj' })
+    fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 4 })
+    local opt = optim.AdamW(lora.trainable(m), { lr = 1e-2 })
+    local data = synthetic_tokens.new(CFG.vocab_size, { batch_size = 2, seq_len = 16, seed = 0 })
+    return { model = m, optimizer = opt, data = data }
+  end
+  local function step(s)
+    local ids, tg = s.data:next()
+    local loss = s.model:loss(ids, tg)
+    loss:backward()
+    s.optimizer:step()
+    s.optimizer:zero_grad()
+    return loss:item()
+  end
+
+  it('hold the adapters and their optimizer state only (small), and resume bit for bit', function()
+    local dir = root .. '/ckpt'
+    local a = setup()
+    for _ = 1, 2 do step(a) end
+    local path = ckpt.save(dir, { model = a.model, optimizer = a.optimizer, data = a.data, step = 2 })
+    local bytes = 0
+    for _, name in ipairs(files.list(path)) do bytes = bytes + files.size(files.join(path, name)) end
+    local n = lora.count(a.model)
+    -- parameters + AdamW's two moments in f32, plus headers and the index
+    assert.is_true(bytes >= 3 * 4 * n.trainable, bytes)
+    assert.is_true(bytes < 3 * 4 * n.trainable + 64 * 1024, ('%d bytes for %d trainable parameters'):format(bytes,
+      n.trainable))
+    assert.is_true(bytes < 4 * n.frozen / 10) -- a tenth of the base's bytes, here ~1/25
+    local index = require('fsdp.json').decode(files.read(path .. '/index.json'))
+    for _, part in ipairs(index.parts) do
+      for _, p in ipairs(part.params) do
+        assert.is_true(p.name:match('lora_') ~= nil or part.kind == 'buffer', p.name)
+      end
+    end
+    local want = {}
+    for i = 1, 2 do want[i] = step(a) end
+    local b = setup()
+    assert.equals(2, ckpt.load(dir, b).step)
+    for i = 1, 2 do assert.equals(want[i], step(b)) end
+    local pa, pb = fsdp.full_state_dict(a.model), fsdp.full_state_dict(b.model)
+    for name, t in pairs(pa) do assert.equals(0, T.max_abs_diff(t, pb[name]), name) end
+  end)
+
+  it('a full fine-tuning checkpoint does not load into a LoRA model (and says which parameters)', function()
+    local dir = root .. '/full'
+    local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+    fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 4 })
+    ckpt.save(dir, { model = m, step = 1 })
+    local e = err_of(ckpt.load, dir, { model = setup().model })
+    assert.matches('lacks parameters of the model: model.layers.0.self_attn.q_proj.lora_A.weight', e)
+  end)
+end)
