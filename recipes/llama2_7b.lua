@@ -35,14 +35,16 @@ local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local nonfinite = require 'fsdp.nonfinite'
 local accumulate = require 'fsdp.sharding.accumulate'
+local lora = require 'fsdp.lora'
 
 -- Each option carries its constraints (fsdp.recipe checks them, and the
 -- model config they make, before anything is built: a bad one is one line
 -- naming it, exit status 2).
 local function model_names() return recipe.keys(llama.configs) end
+local LORA_TARGETS = 'q_proj,v_proj' -- --lora_targets when not given (PEFT's default for Llama)
 local DTYPES = { 'f32', 'bf16', 'f64' }
 local overrides, c, train_data
-local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
+local cfg = recipe.config(lora.options(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua)', one_of = model_names,
             aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
   num_layers = { 0, 'override the number of layers (0: keep the config)', int = true, min = 0 },
@@ -93,7 +95,7 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
   memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-})))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
+}))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
   -- The model config the options make: its own checks (heads dividing
   -- the width with the config's values, an even head size) name the
   -- options they come from.
@@ -163,6 +165,7 @@ local clock = require 'fsdp.clock'
 if cfg.dry_run then
   local t0 = clock.now()
   local model = llama.CausalLM(c, { device = 'meta' })
+  lora.apply_options(model, cfg, LORA_TARGETS)
   print(model)
   local n = model:num_parameters()
   print(('parameters: %s'):format(commas(n)))
@@ -179,6 +182,7 @@ end
 -- --plan: what each rank would hold for this config (nothing allocated).
 if cfg.plan then
   local model = llama.CausalLM(c, { device = 'meta', dtype = cfg.dtype })
+  lora.apply_options(model, cfg, LORA_TARGETS)
   shard_recipe.plan(model, cfg, llama.DecoderLayer, { batch = cfg.batch_size, seq = cfg.seq_len }, 'recipes/llama2_7b.lua')
   recipe.expose({ model = model, config = c, cfg = cfg })
   return
@@ -190,6 +194,9 @@ end
 local dist = fsdp.dist
 local model = llama.CausalLM(c, { device = 'meta', dtype = cfg.dtype })
 local n_params = model:num_parameters()
+-- --lora_rank: adapters on the --lora_targets Linears, the rest frozen
+-- (fsdp.lora); before the fit check and sharding, which see the frozen base.
+lora.apply_options(model, cfg, LORA_TARGETS)
 -- Refused here, with the planner's numbers, when it cannot fit this machine.
 require('fsdp.sharding.fit').check(model, cfg, llama.DecoderLayer, { batch = cfg.batch_size, seq = cfg.seq_len },
   'recipes/llama2_7b.lua', { layers = 'num_layers' })
@@ -197,7 +204,7 @@ shard_recipe.apply(model, cfg, llama.DecoderLayer, 'recipes/llama2_7b.lua')
 print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s'):format(
   c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype))
 
-local opt = optim.AdamW(model:named_parameters(), {
+local opt = optim.AdamW(lora.trainable(model), {
   lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay,
   -- no decay for norm weights (and any 1-d parameter)
   groups = { { match = shard_recipe.no_decay, weight_decay = 0 } },

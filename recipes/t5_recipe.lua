@@ -16,6 +16,7 @@ local accumulate = require 'fsdp.sharding.accumulate'
 local t5 = require 'models.t5'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
+local lora = require 'fsdp.lora'
 local F = fsdp.F
 
 local M = {}
@@ -86,7 +87,7 @@ function M.run(default_model, script, argv)
   -- make are checked before anything is built (a full-size model takes
   -- minutes): a bad one is one line naming it, exit status 2.
   local c
-  local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
+  local cfg = recipe.config(lora.options(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
     model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny',
               one_of = function() return recipe.keys(t5.configs) end },
     num_layers = { 0, 'override encoder and decoder layers (0: keep)', int = true, min = 0 },
@@ -113,7 +114,7 @@ function M.run(default_model, script, argv)
     seed = { 0, 'initialisation and data seed', int = true, min = 0 },
     log_every = { 10, 'steps between log lines', int = true, min = 1 },
     dry_run = { false, 'build at full size on meta, print it, and exit' },
-  })))), argv, script, function(cfg)
+  }))))), argv, script, function(cfg)
     local overrides = { dropout = cfg.dropout }
     for _, k in ipairs({ 'num_layers', 'd_model', 'd_ff', 'd_kv', 'num_heads', 'vocab_size' }) do
       if cfg[k] > 0 then overrides[k] = cfg[k] end
@@ -146,6 +147,7 @@ function M.run(default_model, script, argv)
   -- checkpoint class): each rank initialises only its shards.
   local model = t5.Model(c, { device = 'meta', dtype = cfg.dtype })
   local n_params = model:num_parameters()
+  lora.apply_options(model, cfg, 'q,v') -- --lora_rank: adapters (PEFT's default T5 targets), the rest frozen
   -- Refused here, with the planner's numbers, when it cannot fit this machine.
   require('fsdp.sharding.fit').check(model, cfg, t5.Block, { batch = cfg.batch_size, seq = cfg.max_len + 1 }, script,
     { layers = 'num_layers' }, { optimizer = cfg.optimizer == 'anyprecision' and 'anyprecision_adamw' or 'adamw' })
@@ -155,7 +157,7 @@ function M.run(default_model, script, argv)
     c.gated and 'v1.1' or 'v1.0', n_params, cfg.dtype))
 
   local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
-  local opt = Opt(model:named_parameters(), { lr = cfg.lr, weight_decay = cfg.weight_decay,
+  local opt = Opt(lora.trainable(model), { lr = cfg.lr, weight_decay = cfg.weight_decay,
     groups = { { match = shard_recipe.no_decay, weight_decay = 0 } } })
   local sched = optim.lr_scheduler.WarmupCosine(opt, { warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps,
                                                        min_lr = cfg.lr / 10 })
