@@ -144,6 +144,7 @@ local cfg = recipe.config(lora.options(nonfinite.options(ckpt_recipe.options(sha
                                 vocab_size = 'vocab_size' }, written), 0)
   end
   c = err
+  lora.check_options(cfg, function() return llama.CausalLM(c, { device = 'meta' }) end, LORA_TARGETS)
 end)
 
 print('config:\n' .. recipe.format(cfg))

@@ -126,6 +126,7 @@ function M.run(default_model, script, argv)
                                   d_ff = 'd_ff', d_kv = 'd_kv', num_heads = 'num_heads', vocab_size = 'vocab_size' }), 0)
     end
     c = err
+    lora.check_options(cfg, function() return t5.Model(c, { device = 'meta' }) end, 'q,v')
   end)
 
   if cfg.dry_run then

@@ -501,21 +501,36 @@ M.OPTIONS = {
 -- A recipe's own options plus these (its own win on a clash).
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
 
--- The recipe's one line: with --lora_rank > 0, apply LoRA to `model` (on
--- meta, before sharding) with the options, `default_targets` when
--- --lora_targets is empty; a target the model lacks is a usage error
--- naming --lora_targets. Prints what trains. Returns the adapted names or nil.
-function M.apply_options(model, cfg, default_targets)
-  if (cfg.lora_rank or 0) == 0 then return nil end
+local function apply_cfg(model, cfg, default_targets)
   local targets = cfg.lora_targets ~= '' and cfg.lora_targets or default_targets
   local ok, names = pcall(M.apply, model, {
     rank = cfg.lora_rank, alpha = cfg.lora_alpha, dropout = cfg.lora_dropout, targets = targets,
     base_dtype = cfg.lora_base_dtype ~= '' and cfg.lora_base_dtype or nil, seed = cfg.seed,
   })
   if not ok then
-    require('fsdp.recipe').usage_error('--lora_targets ' .. tostring(targets) .. ': '
-      .. require('fsdp.recipe').bare(names):gsub('^lora: ', ''))
+    return nil, ('--lora_targets %s: %s'):format(targets, (require('fsdp.recipe').bare(names):gsub('^lora: ', '')))
   end
+  return names, targets
+end
+
+-- For a recipe's option checks (recipe.config's function): with
+-- --lora_rank > 0, whether the targets fit the model build() makes (on
+-- meta: cheap), so a wrong name is refused with the other bad options,
+-- before the run prints or builds anything. Raises the usage message.
+function M.check_options(cfg, build, default_targets)
+  if (cfg.lora_rank or 0) == 0 then return end
+  local names, err = apply_cfg(build(), cfg, default_targets)
+  if not names then error(err, 0) end
+end
+
+-- The recipe's one line: with --lora_rank > 0, apply LoRA to `model` (on
+-- meta, before sharding) with the options, `default_targets` when
+-- --lora_targets is empty; a target the model lacks is a usage error
+-- naming --lora_targets. Prints what trains. Returns the adapted names or nil.
+function M.apply_options(model, cfg, default_targets)
+  if (cfg.lora_rank or 0) == 0 then return nil end
+  local names, targets = apply_cfg(model, cfg, default_targets)
+  if not names then require('fsdp.recipe').usage_error(targets) end
   local n = M.count(model)
   print(('lora: rank %d, alpha %s on %d Linears (%s): %d trainable of %d parameters (%.2f%%)%s'):format(
     cfg.lora_rank, tostring(cfg.lora_alpha), #names, tostring(targets), n.trainable, n.total,

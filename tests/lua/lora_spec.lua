@@ -282,3 +282,44 @@ describe('LoRA checkpoints', function()
     assert.matches('lacks parameters of the model: model.layers.0.self_attn.q_proj.lora_A.weight', e)
   end)
 end)
+
+describe('the recipes with --lora_rank', function()
+  local host = require 'fsdp.host'
+  local function run(args)
+    local err = os.tmpname()
+    local p = assert(io.popen(('cd %s && timeout 120 %s %s 2>%s; echo "@rc=$?"'):format(T.quote(host.root),
+      T.quote(host.exe), args, T.quote(err))))
+    local out = p:read('*a')
+    p:close()
+    local stdout, rc = out:match('^(.-)@rc=(%d+)\n?$')
+    local stderr = files.read(err) or ''
+    os.remove(err)
+    return tonumber(rc), stdout, stderr
+  end
+  local TINY = 'recipes/llama2_7b.lua --num_layers=2 --hidden_width=64 --num_heads=4 --vocab_size=128 '
+    .. '--seq_len=16 --batch_size=2 --warmup_steps=0 --validation_freq=0 --lora_rank=2'
+
+  it('train the adapters only, checkpoint them (small) and resume', function()
+    local dir = root .. '/recipe_ckpt'
+    local rc, out, err = run(TINY .. ' --max_steps=2 --checkpoint_freq=2 --checkpoint_dir=' .. dir)
+    assert.equals(0, rc, err)
+    assert.matches('lora: rank 2, alpha 16 on 4 Linears %(q_proj,v_proj%): 1024 trainable of 124224 parameters', out)
+    local bytes = 0
+    local step = dir .. '/step-000002'
+    for _, name in ipairs(files.list(step)) do bytes = bytes + files.size(files.join(step, name)) end
+    assert.is_true(bytes < 3 * 4 * 1024 + 64 * 1024, bytes) -- adapters and their AdamW moments
+    rc, out, err = run(TINY .. ' --max_steps=3 --resume_from_checkpoint --checkpoint_dir=' .. dir)
+    assert.equals(0, rc, err)
+    assert.matches('Batch 3 ', out)
+  end)
+
+  it('refuse a target the model lacks before printing anything, naming --lora_targets', function()
+    local rc, out, err = run(TINY .. ' --lora_targets=q_proj,query')
+    assert.equals(2, rc)
+    assert.equals('', out)
+    assert.matches("^fsdp%-lua: %-%-lora_targets q_proj,query: target 'query' matches no module", err)
+    rc, out, err = run('recipes/t5_3b.lua --model=tiny --lora_dropout=0.1')
+    assert.equals(2, rc)
+    assert.matches('%-%-lora_dropout needs %-%-lora_rank', err)
+  end)
+end)
