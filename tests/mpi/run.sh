@@ -195,6 +195,10 @@ done
 # The planner's persistent and peak bytes against the allocator's, every
 # strategy in f32 and in bf16 with checkpointing; hybrid as 2 nodes of 2.
 run_tap "planned = measured memory, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua
+for i in 1 2 3; do
+  run_tap "planned = measured memory, LoRA case $i, 2 ranks" FSDP_TEST_PLAN_LORA=$i -- \
+    mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua
+done
 run_tap "planned = measured memory, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/plan_memory.lua
 # The Llama recipe, sharded: 2 ranks of batch 2 log the losses of 1 rank of
