@@ -131,4 +131,36 @@ for _, case in ipairs({ { 'FULL_SHARD' }, { 'SHARD_GRAD_OP' }, { 'NO_SHARD' }, {
   end)
 end
 
+-- Export from a sharded model: the adapters as PEFT files (rank 0 writes
+-- what every rank gathered) and the merged state dict equal those of the
+-- one-rank reference.
+T.test(('save_peft and merged_state_dict of a model sharded over %d ranks = one rank\'s'):format(W), function()
+  local r = run('FULL_SHARD', nil, TARGETS)
+  local ref = build({ group = one }, nil, TARGETS)
+  -- the reference trained the same way: take its values from r's model
+  -- through a full state dict, loaded into the one-rank model
+  ref:load_state_dict(fsdp.full_state_dict(r.model))
+  local dir = dist.all_gather_strings(R == 0 and os.tmpname() or '')[1] .. '.d'
+  lora.save_peft(r.model, dir)
+  local merged = lora.merged_state_dict(r.model, { rank0_only = true })
+  local want_merged = lora.merged_state_dict(ref)
+  if R == 0 then
+    local got = fsdp.load_safetensors(dir .. '/adapter_model.safetensors')
+    local n = 0
+    for name, t in pairs(lora.adapter_state_dict(ref)) do
+      local g = got['base_model.model.' .. name]
+      T.truthy(g ~= nil, name .. ' is not in the saved adapter')
+      T.eq(g, t, name, 0)
+      n = n + 1
+    end
+    T.truthy(n == 2 * 2 * CFG.n_layers, ('%d adapter tensors'):format(n))
+    for name, t in pairs(want_merged) do
+      T.truthy(merged[name] ~= nil, name .. ' missing from the merged state dict')
+      T.eq(merged[name], t, name, 0)
+    end
+    for name in pairs(merged) do T.truthy(not name:match('lora_'), name) end
+    require('fsdp.files').remove_tree(dir)
+  end
+end)
+
 T.done()
