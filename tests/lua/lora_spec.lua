@@ -151,6 +151,33 @@ describe('fsdp.lora.apply', function()
   end)
 end)
 
+describe('fsdp.plan of a LoRA model', function()
+  local CFG = { dim = 64, n_layers = 4, n_heads = 4, n_kv_heads = 4, ffn_dim = 128, vocab_size = 256, max_seq_len = 32 }
+  local function plan(with_lora, base_dtype)
+    local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+    if with_lora then lora.apply(m, { rank = 4, targets = 'q_proj,v_proj', base_dtype = base_dtype }) end
+    return fsdp.plan(m, { world = 4, batch = 2, seq = 32 }), m
+  end
+
+  it('counts no gradient, optimizer state or reduction for the frozen base; its shards in base_dtype', function()
+    local full = plan(false)
+    local p, m = plan(true)
+    local n = lora.count(m)
+    local function shard(numel) return math.ceil(numel / 4) end
+    -- every layer's adapters: 4 units of 2 x (4 x 64 + 64 x 4) elements, padded per unit
+    assert.equals(CFG.n_layers * shard(2 * (4 * 64 + 64 * 4)) * 4, p.memory.grads)
+    assert.equals(p.memory.grads * 2, p.memory.optimizer) -- AdamW: two f32 moments
+    assert.is_true(p.memory.params >= full.memory.params) -- the same parameters, one more padding per unit
+    assert.equals(CFG.n_layers, p.comm.reduce_scatter.calls)
+    assert.equals(full.comm.all_gather.calls + 2 * CFG.n_layers, p.comm.all_gather.calls) -- the partners
+    assert.is_true(p.flops.model < full.flops.model) -- no weight gradients for the base
+    assert.matches(('%d trainable, %d frozen in f32'):format(n.trainable, n.frozen):gsub(',', ''),
+      tostring(p):gsub(',', ''))
+    local half = plan(true, 'bf16')
+    assert.is_true(math.abs(half.memory.params - (p.memory.params - full.memory.params / 2)) < 4096)
+  end)
+end)
+
 describe('merging', function()
   it('merge folds B A alpha/r into the weights: same logits, plain Linears, the state dict of the base', function()
     local m = adapter.build()
@@ -173,6 +200,10 @@ describe('merging', function()
     for name in pairs(sd) do assert.is_nil(name:match('lora_'), name) end
     assert.is_true(names > 0)
     assert.matches('no LoRA layers', err_of(lora.merge, m))
+    -- the merged model exports as any Llama and loads back with its logits
+    local dir = root .. '/merged_hf'
+    hf.save_pretrained(m, dir)
+    assert.is_true(T.max_abs_diff(logits_of(hf.from_pretrained(dir, { dtype = 'f32' })), want) < 1e-5)
   end)
 end)
 
