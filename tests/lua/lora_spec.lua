@@ -253,6 +253,21 @@ describe('PEFT goldens', function()
     assert.is_true(T.max_abs_diff(logits_of(m), g.logits_peft) < 1e-5)
   end)
 
+  it("peft's adapter loads into a sharded model (applied on meta, the base loaded into the shards)", function()
+    local g = fsdp.load_safetensors(GOLDEN .. 'peft_llama/golden.safetensors')
+    local m = hf.from_pretrained(LLAMA_BASE, { device = 'meta' })
+    local cfg = require('fsdp.json').decode(files.read(GOLDEN .. 'peft_llama/adapter_config.json'))
+    lora.apply(m, { rank = cfg.r, alpha = cfg.lora_alpha, dropout = cfg.lora_dropout, targets = cfg.target_modules })
+    fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer } })
+    -- the base from the Hugging Face files: every name but the adapters'
+    local _, unexpected = fsdp.safetensors.load_into(m, LLAMA_BASE, { strict = false })
+    assert.same({}, unexpected)
+    lora.load_peft(m, GOLDEN .. 'peft_llama')
+    m:eval()
+    local logits = logits_of(m)
+    assert.is_true(T.max_abs_diff(logits, g.logits_peft) < 2e-6 * g.logits_peft:abs():max():item())
+  end)
+
   it('refuses adapters it cannot honour, naming the file and the key', function()
     local dir = root .. '/dora'
     files.mkdir_p(dir)
