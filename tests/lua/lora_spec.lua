@@ -154,6 +154,10 @@ describe('fsdp.lora.apply', function()
       if u.frozen then frozen_bytes = frozen_bytes + u:shard_bytes() end
     end
     assert.equals((lora.count(m).frozen) * 2, frozen_bytes) -- one rank holds all, in bf16
+    -- summoned whole (generation does), the bf16 base comes in the model's dtype
+    local a = fsdp.autograd.no_grad(function() return m(ids) end)
+    local b = fsdp.summon_full_params(m, function() return fsdp.autograd.no_grad(function() return m(ids) end) end)
+    assert.equals(0, T.max_abs_diff(a, b))
   end)
 end)
 

@@ -215,7 +215,7 @@ function M.shard(model, opts)
     backward_prefetch = bp, forward_prefetch = opts.forward_prefetch and true or false,
     limit_all_gathers = opts.limit_all_gathers and true or false,
     cpu_offload = opts.cpu_offload and true or false, strategy = strategy, model = model,
-    ignored = ignored, device = device,
+    ignored = ignored, device = device, master = master,
   }, State)
 
   for i, spec in ipairs(plan) do
@@ -365,7 +365,9 @@ end
 -- inside use them as they are (no gathering, no communication), so any
 -- method of the model works, not only its forward: generation calling
 -- encode/decode, say. With {writeback = true} changes made to them are
--- written back to the shards. Not inside forward or backward.
+-- written back to the shards (not to frozen parameters, which a base
+-- kept in another dtype gives as converted copies). Not inside forward
+-- or backward.
 function M.summon_full_params(model, fn, opts)
   local S = state_of(model, 'summon_full_params')
   opts = opts or {}
@@ -378,7 +380,11 @@ function M.summon_full_params(model, fn, opts)
       local by, full = u:gather_full()
       gathered[u] = full
       for _, p in ipairs(u.params) do
-        for _, slot in ipairs(p.slots) do slot[1][slot[2]] = by[p] end
+        -- A frozen base kept in its own dtype (bf16) is summoned in the
+        -- model's, as every other parameter is.
+        local v = by[p]
+        if u.frozen and v.dtype ~= S.master then v = v:to({ dtype = S.master }) end
+        for _, slot in ipairs(p.slots) do slot[1][slot[2]] = v end
       end
     end
   end)
@@ -387,7 +393,7 @@ function M.summon_full_params(model, fn, opts)
   S.summoned = false
   autograd.no_grad(function()
     for _, u in ipairs(S.units) do
-      if r[1] and opts.writeback then u:scatter_full(gathered[u]) end
+      if r[1] and opts.writeback and not u.frozen then u:scatter_full(gathered[u]) end
       u:bind_segments()
     end
   end)
