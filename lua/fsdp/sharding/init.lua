@@ -23,6 +23,9 @@
 -- reduce-scatters its gradient and frees it ('post' prefetches there). A
 -- callback queued for the end of backward waits for the last reductions.
 -- See [Note: what a parameter slot holds] in fsdp/sharding/unit.lua.
+-- Parameters that do not require grad (a LoRA base: fsdp.lora) get a
+-- flat parameter of their own per unit, with no gradient ([Note: frozen
+-- parameters] there).
 local core = require 'fsdp.core'
 local fsdp = require 'fsdp'
 local dist = require 'fsdp.dist'
