@@ -336,13 +336,24 @@ describe('LoRA checkpoints', function()
     for name, t in pairs(pa) do assert.equals(0, T.max_abs_diff(t, pb[name]), name) end
   end)
 
-  it('a full fine-tuning checkpoint does not load into a LoRA model (and says which parameters)', function()
+  it('load into adapters of the same settings only: no LoRA, another alpha or targets are refused, named', function()
     local dir = root .. '/full'
     local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
     fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 4 })
     ckpt.save(dir, { model = m, step = 1 })
-    local e = err_of(ckpt.load, dir, { model = setup().model })
-    assert.matches('lacks parameters of the model: model.layers.0.self_attn.q_proj.lora_A.weight', e)
+    assert.matches('was saved with no LoRA adapters; the model has LoRA rank 2, alpha 4 on q_proj,v_proj',
+      err_of(ckpt.load, dir, { model = setup().model }))
+    local a = setup()
+    ckpt.save(root .. '/lora', { model = a.model, step = 1 })
+    for _, other in ipairs({ { alpha = 8, targets = 'q_proj,v_proj' }, { alpha = 4, targets = 'q_proj' } }) do
+      local b = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+      lora.apply(b, { rank = 2, alpha = other.alpha, targets = other.targets })
+      fsdp.shard(b, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 4 })
+      assert.matches('was saved with LoRA rank 2, alpha 4 on q_proj,v_proj; the model has LoRA rank 2, alpha '
+        .. other.alpha, err_of(ckpt.load, root .. '/lora', { model = b }))
+    end
+    assert.matches('was saved with LoRA rank 2, alpha 4 on q_proj,v_proj; the model has no LoRA adapters',
+      err_of(ckpt.load, root .. '/lora', { model = m }))
   end)
 end)
 
