@@ -378,6 +378,8 @@ describe('the recipes with --lora_rank', function()
     local rc, out, err = run(TINY .. ' --max_steps=2 --checkpoint_freq=2 --checkpoint_dir=' .. dir)
     assert.equals(0, rc, err)
     assert.matches('lora: rank 2, alpha 16 on 4 Linears %(q_proj,v_proj%): 1024 trainable of 124224 parameters', out)
+    assert.matches('sharding: FULL_SHARD over 1 rank, 5 units %(3 frozen%), compute f32, reduce f32; rank 0 holds '
+      .. '0%.004 MiB of trainable shards, 0%.470 MiB frozen %(f32%)', out)
     local bytes = 0
     local step = dir .. '/step-000002'
     for _, name in ipairs(files.list(step)) do bytes = bytes + files.size(files.join(step, name)) end
