@@ -161,6 +161,36 @@ describe('fsdp.lora.apply', function()
   end)
 end)
 
+describe('sharded LoRA backward', function()
+  local CFG = { dim = 32, n_layers = 3, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64, max_seq_len = 32 }
+  it('frees a frozen unit once backward has passed it, not at the end of backward', function()
+    -- Only layer 0 adapted: layers 1 and 2 are all frozen; by the time
+    -- layer 0's gradient is reduced they are free again. (A bf16 base: a
+    -- one-rank unit of the model's dtype would be its shard, never freed.)
+    local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+    lora.apply(m, { rank = 2, targets = 'layers.0.self_attn.q_proj', base_dtype = 'bf16' })
+    fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 1 })
+    local S = fsdp.sharding.state_of(m, 'test')
+    local post, seen = S.post_backward, nil
+    S.post_backward = function(self, u, grads)
+      if u.name == 'model.layers.0' then
+        seen = {}
+        for _, v in ipairs(self.units) do seen[v.name .. (v.frozen and ' frozen' or '')] = v:state() end
+      end
+      return post(self, u, grads)
+    end
+    local ids = fsdp.randint(0, 64, { 2, 8 }, { seed = 1 })
+    m:loss(ids, ids):backward()
+    S.post_backward = nil
+    assert.equals('SHARDED', seen['model.layers.1 frozen'])
+    assert.equals('SHARDED', seen['model.layers.2 frozen'])
+    assert.equals('UNSHARDED', seen['model.layers.0 frozen']) -- freed with its partner, just after
+    for _, u in ipairs(fsdp.sharding.units(m)) do
+      if u.frozen then assert.equals('SHARDED', u:state(), u:label()) end
+    end
+  end)
+end)
+
 describe('fsdp.plan of a LoRA model', function()
   local CFG = { dim = 64, n_layers = 4, n_heads = 4, n_kv_heads = 4, ffn_dim = 128, vocab_size = 256, max_seq_len = 32 }
   local function plan(with_lora, base_dtype)
