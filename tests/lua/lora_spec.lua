@@ -88,6 +88,23 @@ describe('nn.LoRALinear', function()
     assert.equals(0, T.max_abs_diff(l(x), lin(x)))
   end)
 
+  it('drops the adapter\'s input in training only (the base path never)', function()
+    local lin = nn.Linear(16, 8):init_weights({ seed = 1 })
+    local l = nn.LoRALinear(lin, { rank = 4, dropout = 0.5, seed = 2 })
+    fsdp.autograd.no_grad(function() l.lora_B.weight:copy_(fsdp.randn({ 8, 4 }, { seed = 3 })) end)
+    local x = fsdp.randn({ 4, 16 }, { seed = 4 })
+    local train = l(x)
+    l:eval()
+    local eval = l(x)
+    local want = lin(x) + x:matmul(l.lora_A.weight:t()):matmul(l.lora_B.weight:t()) * l.scaling
+    assert.is_true(T.max_abs_diff(eval, want) < 1e-5)
+    assert.is_true(T.max_abs_diff(train, eval) > 1e-3)
+    -- with the adapter at zero, dropout changes nothing: the base is not dropped
+    fsdp.autograd.no_grad(function() l.lora_B.weight:fill_(0) end)
+    l:train()
+    assert.equals(0, T.max_abs_diff(l(x), lin(x)))
+  end)
+
   it('refuses what is not a Linear and bad settings', function()
     assert.matches('expects a Linear, got Embedding', err_of(nn.LoRALinear, nn.Embedding(4, 2), { rank = 2 }))
     assert.matches('rank must be an integer >= 1', err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 0 }))
