@@ -208,6 +208,41 @@ describe('sharded LoRA backward', function()
   end)
 end)
 
+describe('sharded LoRA on cuda:0', function()
+  if not fsdp.cuda.is_available() then
+    pending('no GPU here (' .. fsdp.cuda.status() .. '): LoRA on cuda was not run (tests/cudasim/run.sh runs it)')
+    return
+  end
+  local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64, max_seq_len = 32 }
+  local function losses(device, base_dtype, mp)
+    local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+    lora.apply(m, { rank = 4, alpha = 8, targets = 'q_proj,o_proj,down_proj', base_dtype = base_dtype })
+    fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 2, device = device,
+                    mixed_precision = mp })
+    local opt = optim.AdamW(lora.trainable(m), { lr = 1e-2 })
+    local ids = fsdp.randint(0, 64, { 2, 16 }, { seed = 10 }):to(device)
+    local out = {}
+    for step = 1, 4 do
+      local loss = m:loss(ids, ids)
+      loss:backward()
+      opt:step()
+      opt:zero_grad()
+      out[step] = loss:item()
+    end
+    return out
+  end
+  for _, case in ipairs({ { nil, nil, 1e-5 }, { 'bf16', nil, 1e-5 }, { 'bf16', 'bf16', 2e-2 } }) do
+    it(('trains as on the CPU: base %s, compute %s'):format(case[1] or 'f32', case[2] or 'f32'), function()
+      local want, got = losses('cpu', case[1], case[2]), losses('cuda:0', case[1], case[2])
+      assert.is_true(want[4] < want[1], 'the loss falls')
+      for i = 1, #want do
+        assert.is_true(math.abs(got[i] - want[i]) <= case[3] * math.abs(want[i]),
+          ('step %d: %.8g on cuda, %.8g on cpu'):format(i, got[i], want[i]))
+      end
+    end)
+  end
+end)
+
 describe('fsdp.plan of a LoRA model', function()
   local CFG = { dim = 64, n_layers = 4, n_heads = 4, n_kv_heads = 4, ffn_dim = 128, vocab_size = 256, max_seq_len = 32 }
   local function plan(with_lora, base_dtype)
