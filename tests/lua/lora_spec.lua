@@ -208,6 +208,35 @@ describe('sharded LoRA backward', function()
   end)
 end)
 
+describe('sharded LoRA with activation checkpointing', function()
+  local CFG = { dim = 32, n_layers = 3, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64, max_seq_len = 32 }
+  local function grads(ck, targets)
+    local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+    lora.apply(m, { rank = 4, targets = targets, base_dtype = 'bf16' })
+    fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 1 })
+    if ck then fsdp.checkpoint(m, function(x) return x:is_instance_of(llama.DecoderLayer) end) end
+    local ids = fsdp.randint(0, 64, { 2, 8 }, { seed = 1 })
+    m:loss(ids, ids):backward()
+    local out = {}
+    for _, np in ipairs(lora.trainable(m)) do out[np[1]] = np[2].grad:clone() end
+    for _, u in ipairs(fsdp.sharding.units(m)) do
+      if u.frozen then assert.equals('SHARDED', u:state(), u:label()) end
+    end
+    return out
+  end
+  it('gives the same adapter gradients, frozen-only layers too, and frees every frozen unit', function()
+    for _, targets in ipairs({ 'o_proj,down_proj', 'layers.0.self_attn.o_proj' }) do
+      local want, got = grads(false, targets), grads(true, targets)
+      local n = 0
+      for name, g in pairs(want) do
+        assert.equals(0, T.max_abs_diff(got[name], g), name)
+        n = n + 1
+      end
+      assert.is_true(n > 0)
+    end
+  end)
+end)
+
 describe('sharded LoRA on cuda:0', function()
   if not fsdp.cuda.is_available() then
     pending('no GPU here (' .. fsdp.cuda.status() .. '): LoRA on cuda was not run (tests/cudasim/run.sh runs it)')
