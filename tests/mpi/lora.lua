@@ -7,6 +7,8 @@
 --
 --   mpirun -np 2 fsdp-lua tests/mpi/lora.lua     (tests/mpi/run.sh)
 --   fsdp-lua tests/mpi/lora.lua                  one rank
+--   FSDP_RANKS_PER_NODE=2 mpirun -np 4 fsdp-lua tests/mpi/lora.lua
+--                                                2 nodes of 2: HYBRID_SHARD too
 --
 -- Tolerance: 1e-5 relative, norm-wise per parameter, after K AdamW steps
 -- in f32 (the two runs add the same products in other orders, as in
@@ -83,8 +85,10 @@ local function run(strategy, base_dtype, targets)
            opt = opt }
 end
 
-for _, case in ipairs({ { 'FULL_SHARD' }, { 'SHARD_GRAD_OP' }, { 'NO_SHARD' }, { 'FULL_SHARD', 'bf16' },
-                        { 'FULL_SHARD', nil, LAYER0 } }) do
+local cases = { { 'FULL_SHARD' }, { 'SHARD_GRAD_OP' }, { 'NO_SHARD' }, { 'FULL_SHARD', 'bf16' },
+                { 'FULL_SHARD', nil, LAYER0 } }
+if dist.nodes() > 1 and W > dist.nodes() then cases[#cases + 1] = { 'HYBRID_SHARD', 'bf16' } end
+for _, case in ipairs(cases) do
   local strategy, base_dtype, targets = case[1], case[2], case[3] or TARGETS
   local adapted = targets == LAYER0 and 1 or CFG.n_layers -- units with adapters
   T.test(('%s%s: LoRA of %s on %d ranks = one rank on all rows; the base frozen'):format(strategy,

@@ -188,6 +188,8 @@ run_tap "gradient accumulation, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_
   mpirun -np 4 "$EXE" tests/mpi/grad_accum.lua
 run_tap "LoRA: adapters sharded over a frozen base = one rank, 2 ranks" -- \
   mpirun -np 2 "$EXE" tests/mpi/lora.lua
+run_tap "LoRA, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
+  mpirun -np 4 "$EXE" tests/mpi/lora.lua
 for np in 2 4; do
   run_tap "sharding features, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_api.lua
   run_tap "sharded memory, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_memory.lua
