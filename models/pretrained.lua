@@ -53,6 +53,11 @@ M.OPTIONS = {
                                 'export_max_shard_size')
                               if not ok then return (tostring(err):gsub('^.-export_max_shard_size ', '')) end
                             end },
+  -- A LoRA run (--lora_rank, fsdp.lora) exports either form.
+  export_lora = { 'merged', 'with --lora_rank: what --export_hf writes: merged (the adapters folded into the base '
+                            .. 'weights: a plain Hugging Face model) or adapter (PEFT\'s adapter_config.json and '
+                            .. 'adapter_model.safetensors, to load on the --init_from base with peft)',
+                  one_of = { 'merged', 'adapter' } },
 }
 
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
@@ -286,6 +291,13 @@ function M.from_options(cfg, written, opts)
     end
   end
   if not given_model then cfg.model = '' end
+  -- A LoRA run freezes a base it loads whole; our training checkpoints of
+  -- a LoRA run hold adapters only, and a full one's weights load as the
+  -- export of it does.
+  if (cfg.lora_rank or 0) > 0 and src.kind == 'checkpoint' then
+    fail('--init_from %s is a training checkpoint; with --lora_rank start from a Hugging Face directory or a full '
+      .. 'state dict (tools/export.lua %s DIR writes one from the checkpoint)', cfg.init_from, cfg.init_from)
+  end
   local given = {}
   for _, o in ipairs(opts.sizes or {}) do
     local v = cfg[o[2]]
@@ -299,16 +311,19 @@ end
 -- sharded or not. Collective for a checkpoint (its files are checked by all
 -- ranks together first). Raises naming the path and the tensor at fault.
 function M.load(model, src)
+  -- New LoRA adapters are not in the pretrained weights: they keep their init.
+  local lora = require 'fsdp.lora'
+  local adapters = lora.config_of(model) and lora.is_adapter or nil
   local ok, err = pcall(function()
     if src.kind == 'hf' then
-      hf.load_weights(model, src.path)
+      hf.load_weights(model, src.path, { allow_missing = adapters })
     elseif src.kind == 'checkpoint' then
       local ckpt = require 'fsdp.checkpointing'
       local index, why = ckpt.check(src.step_dir)
       if not index then core.fail(why) end
       ckpt.load(src.step_dir, { model = model, weights_only = true }, index)
     else
-      fsdp.load_safetensors_into(model, src.path)
+      fsdp.load_safetensors_into(model, src.path, { allow_missing = adapters })
     end
   end)
   if not ok then fail('--init_from %s: %s', src.path, bare(err)) end
@@ -348,17 +363,33 @@ end
 
 -- --export_hf: the trained model (sharded or not; collective) as a Hugging
 -- Face directory, with the token ids and tokenizer files of src (the
--- --init_from source, or nil). Returns the seconds it took.
+-- --init_from source, or nil). A LoRA model writes, by --export_lora,
+-- the base with the adapters merged into it (gathered whole on rank 0:
+-- the merge needs a layer's base weight and adapters together) or PEFT's
+-- adapter files. Returns the seconds it took.
 function M.export(cfg, model, src)
   if (cfg.export_hf or '') == '' then return end
   local t0 = require('fsdp.clock').now()
-  local ok, err = pcall(hf.save_pretrained, model, cfg.export_hf, {
-    max_shard_size = cfg.export_max_shard_size, token_ids = src and src.token_ids,
-    tokenizer_from = src and src.tokenizer_from,
-  })
+  local lora = require 'fsdp.lora'
+  local what = 'Hugging Face ' .. hf.family_of_model(model).name
+  local ok, err
+  if lora.config_of(model) and cfg.export_lora == 'adapter' then
+    what = what .. ', PEFT adapter'
+    ok, err = pcall(lora.save_peft, model, cfg.export_hf, { base_model_name_or_path = src and src.path })
+  else
+    local state
+    if lora.config_of(model) then
+      what = what .. ', LoRA merged'
+      state = lora.merged_state_dict(model, { rank0_only = true })
+    end
+    ok, err = pcall(hf.save_pretrained, model, cfg.export_hf, {
+      max_shard_size = cfg.export_max_shard_size, token_ids = src and src.token_ids,
+      tokenizer_from = src and src.tokenizer_from, state = state,
+    })
+  end
   if not ok then fail('--export_hf %s: %s', cfg.export_hf, bare(err)) end
   local dt = require('fsdp.clock').now() - t0
-  say(('export: wrote %s (Hugging Face %s) in %.2f s'):format(cfg.export_hf, hf.family_of_model(model).name, dt))
+  say(('export: wrote %s (%s) in %.2f s'):format(cfg.export_hf, what, dt))
   return dt
 end
 

@@ -45,6 +45,7 @@ local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local nonfinite = require 'fsdp.nonfinite'
 local accumulate = require 'fsdp.sharding.accumulate'
+local lora = require 'fsdp.lora'
 
 -- Each option carries its constraints (fsdp.recipe checks them, and the
 -- model config they make, before anything is built: a bad one is one line
@@ -54,7 +55,10 @@ local overrides, c, train_data
 -- fam: the model family (models/decoders.lua: module, block class); src:
 -- what --init_from holds (models/pretrained.lua), nil without it.
 local fam, src
-local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
+-- --lora_targets when not given: PEFT's defaults for the family.
+local LORA_TARGETS = { llama = 'q_proj,v_proj', gpt2 = 'c_attn' }
+local cfg = recipe.config(lora.options(pretrained.options(nonfinite.options(ckpt_recipe.options(
+  shard_recipe.options(accumulate.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, gpt2-medium, ..., gpt2-tiny in models/gpt2.lua); '
                           .. 'with --init_from a directory, its config.json decides', one_of = decoders.names,
             aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
@@ -106,7 +110,7 @@ local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.optio
   memory_limit_mb = { 0, 'fail allocations on --device past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-}))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
+})))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
   -- The model config the options make: its own checks (heads dividing
   -- the width with the config's values, an even head size) name the
   -- options they come from.
@@ -183,6 +187,7 @@ local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.optio
     error(('--%s (%d) is longer than the model\'s %d positions (n_positions)'):format(written.seq_len or 'seq_len',
       cfg.seq_len, c.max_seq_len), 0)
   end
+  lora.check_options(cfg, function() return fam.module.build(c, { device = 'meta' }) end, LORA_TARGETS[fam.name])
 end)
 local model_module = fam.module
 
@@ -207,6 +212,7 @@ local clock = require 'fsdp.clock'
 if cfg.dry_run then
   local t0 = clock.now()
   local model = model_module.build(c, { device = 'meta' })
+  lora.apply_options(model, cfg, LORA_TARGETS[fam.name])
   print(model)
   local n = model:num_parameters()
   print(('parameters: %s'):format(commas(n)))
@@ -223,6 +229,7 @@ end
 -- --plan: what each rank would hold for this config (nothing allocated).
 if cfg.plan then
   local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
+  lora.apply_options(model, cfg, LORA_TARGETS[fam.name])
   shard_recipe.plan(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len }, 'recipes/llama2_7b.lua')
   recipe.expose({ model = model, config = c, cfg = cfg })
   return
@@ -236,6 +243,9 @@ local dist = fsdp.dist
 local dev = shard_recipe.device(cfg)
 local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
 local n_params = model:num_parameters()
+-- --lora_rank: adapters on the --lora_targets Linears, the rest frozen
+-- (fsdp.lora); before the fit check and sharding, which see the frozen base.
+lora.apply_options(model, cfg, LORA_TARGETS[fam.name])
 -- Refused here, with the planner's numbers, when it cannot fit this machine.
 require('fsdp.sharding.fit').check(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len },
   'recipes/llama2_7b.lua', { layers = 'num_layers' })
@@ -243,7 +253,7 @@ shard_recipe.apply(model, cfg, fam.block, 'recipes/llama2_7b.lua')
 print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s, %s'):format(
   c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype, fam.name))
 
-local opt = optim.AdamW(model:named_parameters(), {
+local opt = optim.AdamW(lora.trainable(model), {
   lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay,
   -- no decay for norm weights (and any 1-d parameter)
   groups = { { match = shard_recipe.no_decay, weight_decay = 0 } },

@@ -28,6 +28,7 @@ local pretrained = require 'models.pretrained'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
 local t5_pairs = require 'recipes.t5_pairs'
+local lora = require 'fsdp.lora'
 local F = fsdp.F
 
 local M = {}
@@ -101,7 +102,7 @@ function M.run(default_model, script, argv)
   -- make are checked before anything is built (a full-size model takes
   -- minutes): a bad one is one line naming it, exit status 2.
   local c, src, pairs_run
-  local cfg = recipe.config(t5_pairs.options(pretrained.options(nonfinite.options(ckpt_recipe.options(
+  local cfg = recipe.config(lora.options(t5_pairs.options(pretrained.options(nonfinite.options(ckpt_recipe.options(
     shard_recipe.options(accumulate.options({
     model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny',
               one_of = function() return recipe.keys(t5.configs) end },
@@ -130,7 +131,7 @@ function M.run(default_model, script, argv)
     seed = { 0, 'initialisation and data seed', int = true, min = 0 },
     log_every = { 10, 'steps between log lines', int = true, min = 1 },
     dry_run = { false, 'build at full size on meta, print it, and exit' },
-  })))))), argv, script, function(cfg, written)
+  }))))))), argv, script, function(cfg, written)
     -- --data: the pairs are read and tokenized here, so a bad file is a
     -- usage error; the vocabulary and EOS come from the tokenizer.
     if not cfg.dry_run then pairs_run = t5_pairs.open(cfg) end
@@ -154,6 +155,7 @@ function M.run(default_model, script, argv)
     if src then c = src.config end
     -- After --init_from: the tokenizer must fit the model the weights make.
     t5_pairs.check_model(pairs_run, c, cfg)
+    lora.check_options(cfg, function() return t5.Model(c, { device = 'meta' }) end, 'q,v')
   end)
 
   if cfg.dry_run then
@@ -178,6 +180,7 @@ function M.run(default_model, script, argv)
   if pairs_run then pairs_run.device = dev end
   local model = t5.Model(c, { device = 'meta', dtype = cfg.dtype })
   local n_params = model:num_parameters()
+  lora.apply_options(model, cfg, 'q,v') -- --lora_rank: adapters (PEFT's default T5 targets), the rest frozen
   -- Refused here, with the planner's numbers, when it cannot fit this machine.
   require('fsdp.sharding.fit').check(model, cfg, t5.Block,
     { batch = cfg.batch_size, seq = pairs_run and math.max(cfg.source_len, cfg.target_len) or cfg.max_len + 1 }, script,
@@ -188,7 +191,7 @@ function M.run(default_model, script, argv)
     c.gated and 'v1.1' or 'v1.0', n_params, cfg.dtype))
 
   local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
-  local opt = Opt(model:named_parameters(), { lr = cfg.lr, weight_decay = cfg.weight_decay,
+  local opt = Opt(lora.trainable(model), { lr = cfg.lr, weight_decay = cfg.weight_decay,
     groups = { { match = shard_recipe.no_decay, weight_decay = 0 } } })
   local sched = optim.lr_scheduler.WarmupCosine(opt, { warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps,
                                                        min_lr = cfg.lr / 10 })

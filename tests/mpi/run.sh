@@ -157,6 +157,10 @@ run_tap "gradient accumulation = the larger batch, gradients reduced once, 2 ran
   mpirun -np 2 "$EXE" tests/mpi/grad_accum.lua
 run_tap "gradient accumulation, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/grad_accum.lua
+run_tap "LoRA: adapters sharded over a frozen base = one rank, 2 ranks" -- \
+  mpirun -np 2 "$EXE" tests/mpi/lora.lua
+run_tap "LoRA, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
+  mpirun -np 4 "$EXE" tests/mpi/lora.lua
 for np in 2 4; do
   run_tap "sharding features, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_api.lua
   run_tap "sharded memory, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_memory.lua
@@ -164,6 +168,10 @@ done
 # The planner's persistent and peak bytes against the allocator's, every
 # strategy in f32 and in bf16 with checkpointing; hybrid as 2 nodes of 2.
 run_tap "planned = measured memory, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua
+for i in 1 2 3; do
+  run_tap "planned = measured memory, LoRA case $i, 2 ranks" FSDP_TEST_PLAN_LORA=$i -- \
+    mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua
+done
 run_tap "planned = measured memory, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/plan_memory.lua
 # The Llama recipe, sharded: 2 ranks of batch 2 log the losses of 1 rank of

@@ -241,6 +241,9 @@ function M.save(dir, objs)
       strategy = rawget(objs.model, '_fsdp') and rawget(objs.model, '_fsdp').strategy or 'unsharded',
       parts = {}, ranks = {}, extra = objs.extra,
       scheduler = objs.scheduler and objs.scheduler:state_dict() or nil,
+      -- The adapters' scaling is no parameter: kept so a resume with other
+      -- settings is refused (load.lua), not trained on silently changed.
+      lora = rawget(objs.model, '_lora') and layout.lora_settings(rawget(objs.model, '_lora')) or nil,
     }
     for i, part in ipairs(parts) do
       local entry = parts_of.describe(part)

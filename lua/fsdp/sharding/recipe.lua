@@ -89,6 +89,16 @@ function M.policy_and_precision(cfg, block_class, script)
   return policies[cfg.wrap], mp
 end
 
+-- What fsdp.shard draws from the init rules: everything, unless
+-- --init_from loads the values next (models/pretrained.lua); then
+-- nothing, or only the new LoRA adapters, which the pretrained weights
+-- do not have.
+function M.init_rule(cfg)
+  if (cfg.init_from or '') == '' then return true end
+  if (cfg.lora_rank or 0) > 0 then return require('fsdp.lora').is_adapter end
+  return false
+end
+
 function M.apply(model, cfg, block_class, script)
   script = script or 'recipe'
   -- Every rank must train with the same options: compared before the
@@ -100,7 +110,7 @@ function M.apply(model, cfg, block_class, script)
     policy = policy, strategy = cfg.sharding_strategy, mixed_precision = mp,
     backward_prefetch = bp ~= 'none' and bp or false, forward_prefetch = cfg.forward_prefetch,
     limit_all_gathers = cfg.limit_all_gathers, seed = cfg.seed, device = device.resolve(cfg),
-    init = (cfg.init_from or '') == '', -- --init_from's weights are loaded next (models/pretrained.lua)
+    init = M.init_rule(cfg),
   })
   local offload = cfg.offload_activations or false
   if type(offload) ~= 'boolean' then
@@ -114,10 +124,23 @@ function M.apply(model, cfg, block_class, script)
   local W = fsdp.dist.world_size()
   local where = device.describe(cfg)
   if where and fsdp.dist.rank() == 0 then print('device: ' .. where) end
-  if fsdp.dist.rank() == 0 then print(('sharding: %s over %d rank%s, %d units, compute %s, reduce %s%s%s'):format(cfg.sharding_strategy,
-    W, W == 1 and '' or 's', #units, units[1].param_dtype, units[1].reduce_dtype,
+  -- A frozen base (LoRA) has units of its own: their share of this rank's
+  -- shards is what it costs (no gradient or optimizer state comes with it).
+  local frozen, frozen_bytes, train_bytes, frozen_dtype = 0, 0, 0, nil
+  for _, u in ipairs(units) do
+    if u.frozen then
+      frozen, frozen_bytes, frozen_dtype = frozen + 1, frozen_bytes + u:shard_bytes(), u.master_dtype
+    else
+      train_bytes = train_bytes + u:shard_bytes()
+    end
+  end
+  if fsdp.dist.rank() == 0 then print(('sharding: %s over %d rank%s, %d units%s, compute %s, reduce %s%s%s%s'):format(
+    cfg.sharding_strategy, W, W == 1 and '' or 's', #units, frozen > 0 and (' (%d frozen)'):format(frozen) or '',
+    units[#units].param_dtype, units[#units].reduce_dtype,
     cfg.activation_checkpointing and ', checkpointed blocks' or '',
-    offload and ', activations offloaded to pinned host memory' or '')) end
+    offload and ', activations offloaded to pinned host memory' or '',
+    frozen > 0 and ('; rank 0 holds %.3f MiB of trainable shards, %.3f MiB frozen (%s)'):format(train_bytes / 2^20,
+      frozen_bytes / 2^20, frozen_dtype) or '')) end
   return model, units
 end
 
