@@ -5,7 +5,9 @@
 --                                                  (alpha / sqrt(rank) with rslora)
 --
 --   nn.LoRALinear(linear, {rank = 8, alpha = 16, dropout = 0, base_dtype =, rslora = false,
---                          dtype = (the adapter's; default the weight's)})
+--                          dtype = (the adapter's; default the weight's),
+--                          seed =, name = (a live base: the adapter's init values are keyed by
+--                                          (seed, name.lora_A.weight); default the global seed, '')})
 --
 -- The layer takes over the Linear's weight and bias as its own parameters
 -- (same names, so a model's state dict and Hugging Face names are
