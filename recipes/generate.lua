@@ -130,9 +130,12 @@ else
   if not ok then die('--init_from ' .. recipe.bare(s)) end
   src, family = s, s.family
   if src.kind == 'hf' then hf_dir = src.hf_dir end
-  model = decoders.families[family].module.build(src.config, place)
+  model = pretrained.build(src, place)
   local ok2, err = pcall(pretrained.load, model, src)
   if not ok2 then die(recipe.bare(err)) end
+  -- A LoRA run's checkpoint: its adapters folded into the base once, so
+  -- decoding runs plain Linears.
+  if require('fsdp.lora').config_of(model) then require('fsdp.lora').merge(model) end
 end
 model:eval()
 if cfg.init_from ~= '' then

@@ -222,6 +222,8 @@ done
 # generate -> --export_hf, logits checked at both ends (variants pass
 # their recipe options: tests/mpi/lifecycle.sh NAME ARGS...).
 run_tap "lifecycle: HF directory, full fine-tune on 2 ranks, generate, export" -- tests/mpi/lifecycle.sh full
+run_tap "lifecycle: HF directory, LoRA fine-tune on 2 ranks, generate, merged export" -- \
+  tests/mpi/lifecycle.sh lora --lora_rank=4 --lora_alpha=8
 run_tap "damaged 2-rank checkpoints refused, resume falls back" -- tests/mpi/ckpt_integrity.sh
 for np in 2 4; do
   run_tap "no checkpoint from non-finite state, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_nonfinite.lua
