@@ -93,7 +93,7 @@ end
 -- drops special tokens. Bytes that do not form UTF-8 (a character cut by
 -- the end of the ids) become U+FFFD, as `tokenizers` decodes them.
 function Tokenizer:decode(ids, opts)
-  if type(ids) == 'table' then
+  if not fsdp.is_tensor(ids) then
     if #ids == 0 then return '' end
     ids = fsdp.tensor(ids, { dtype = 'i32' })
   end

@@ -120,7 +120,7 @@ end
 -- The text of a 1-d integer tensor (or list) of ids; control pieces (<s>,
 -- </s>) give no text, as in SentencePiece.
 function Tokenizer:decode(ids)
-  if type(ids) == 'table' then
+  if not fsdp.is_tensor(ids) then
     if #ids == 0 then return '' end
     ids = fsdp.tensor(ids, { dtype = 'i32' })
   end
