@@ -3,6 +3,7 @@
 --
 --   fsdp-lua tools/tokenize.lua --input=corpus.txt --output=data/corpus --tokenizer=byte
 --   fsdp-lua tools/tokenize.lua --input=a.jsonl,b.jsonl --output=data/c --tokenizer=tok.model
+--   fsdp-lua tools/tokenize.lua --input=corpus.txt --output=data/c --tokenizer=llama3/tokenizer.json
 --   fsdp-lua tools/tokenize.lua --input=corpus.txt --output=data/c --train_spm=8000
 --
 -- Documents: a JSONL line's `text` field (--text_field), or in a text file
@@ -12,7 +13,8 @@
 -- validation when floor((k+1)f) > floor(kf)), form the val split. Shards
 -- are written once they hold --shard_tokens tokens:
 --   DIR/train-00000.safetensors ...  DIR/val-00000.safetensors ...
--- and a trained or given SentencePiece model is copied to DIR/tokenizer.model.
+-- and a trained or given SentencePiece model is copied to DIR/tokenizer.model,
+-- a given tokenizer.json (byte-level BPE) to DIR/tokenizer.json.
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local tokens = require 'fsdp.data.tokens'
@@ -23,7 +25,7 @@ local cjson = require 'cjson'
 local cfg = recipe.config({
   input = { '', 'text (.txt) or JSONL (.jsonl) files, comma-separated' },
   output = { '', 'directory for the shards (created)' },
-  tokenizer = { 'byte', "'byte' or the path of a SentencePiece .model" },
+  tokenizer = { 'byte', "'byte', a SentencePiece .model, a tokenizer.json, or an HF model directory holding one" },
   train_spm = { 0, 'train a SentencePiece model of this vocabulary size on the input first' },
   spm_model_type = { 'unigram', 'model type for --train_spm: unigram or bpe' },
   text_field = { 'text', 'the JSONL field holding the text' },
@@ -109,18 +111,36 @@ if cfg.train_spm > 0 then
   local f = assert(io.open(corpus, 'wb'))
   each_document(function(doc) f:write((doc:gsub('[\r\n]', ' ')), '\n') end)
   f:close()
-  model_path = spm.train({ input = corpus, model_prefix = cfg.output .. '/tokenizer', vocab_size = cfg.train_spm,
-                           model_type = cfg.spm_model_type })
+  local pieces
+  model_path, pieces = spm.train({ input = corpus, model_prefix = cfg.output .. '/tokenizer',
+    vocab_size = cfg.train_spm, model_type = cfg.spm_model_type, warn = false })
   os.remove(corpus)
+  if pieces < cfg.train_spm then
+    io.stderr:write(('warning: tools/tokenize.lua: --train_spm=%d, but %s supports only %d pieces: the model has %d '
+      .. '(ask for at most %d, or give more text)\n'):format(cfg.train_spm, cfg.input, pieces, pieces, pieces))
+  end
   os.remove(cfg.output .. '/tokenizer.vocab')
   print(('trained a SentencePiece %s model (asked for %d pieces): %s (%.1f s)'):format(cfg.spm_model_type,
     cfg.train_spm, model_path, clock.now() - t0))
-elseif model_path ~= 'byte' and model_path ~= cfg.output .. '/tokenizer.model' then
-  copy_file(model_path, cfg.output .. '/tokenizer.model')
+elseif model_path ~= 'byte' then
+  if require('fsdp.files').mode(model_path) == 'directory' then
+    model_path = tokenizer.find_in(model_path) or model_path -- load() below names a directory without one
+  end
 end
-local tok = tokenizer.load(model_path)
+local ok, tok = pcall(tokenizer.load, model_path)
+if not ok then die('%s', require('fsdp.recipe').bare(tok)) end
+if not tok.eos_id then
+  die('the tokenizer %s has no end-of-text token to separate documents (no eos_token in a tokenizer_config.json '
+    .. 'beside it, none of the usual names)', model_path)
+end
+local kind = tok.name:match('^(%a+)')
+if kind == 'sentencepiece' and model_path ~= cfg.output .. '/tokenizer.model' then
+  copy_file(model_path, cfg.output .. '/tokenizer.model')
+elseif kind == 'bpe' then
+  copy_file(model_path, cfg.output .. '/tokenizer.json')
+end
 local eos = fsdp.full({ 1 }, tok.eos_id, { dtype = 'i64' })
-local description = tok.name == 'byte' and 'byte' or 'sentencepiece'
+local description = kind
 
 -- A split's pending tokens and its shard counter.
 local splits = {}

@@ -51,10 +51,9 @@ end
 -- vocab_size, model_type ('unigram' or 'bpe'), character_coverage (1.0),
 -- seed. Ids: pad -1, unk 0, bos 1, eos 2 (SentencePiece's defaults).
 -- A corpus too small for vocab_size gives a smaller model (SentencePiece's
--- hard_vocab_limit=false): the returned second value is the number of
--- pieces it has, and opts.on_small(pieces) is called when that is fewer
--- than asked (the default raises an error saying so). Returns the model
--- path and its number of pieces.
+-- hard_vocab_limit=false): that is a warning on stderr naming the corpus and
+-- both numbers (opts.warn = false: the caller reports it), or an error with
+-- opts.strict. Returns the model path and its number of pieces.
 function M.train(opts)
   if not M.available() then
     fail('spm_train not found: install Debian\'s sentencepiece package (./build.sh does)')
@@ -74,12 +73,10 @@ function M.train(opts)
   local path = opts.model_prefix .. '.model'
   local pieces = M.load(path).vocab_size
   if pieces < opts.vocab_size then
-    if opts.on_small then
-      opts.on_small(pieces)
-    else
-      fail('the corpus %s supports only %d pieces, %d were asked: ask for at most %d or give more text', opts.input,
-        pieces, opts.vocab_size, pieces)
-    end
+    local msg = ('the corpus %s supports only %d pieces, %d were asked: the model has %d (ask for at most that, or '
+      .. 'give more text)'):format(opts.input, pieces, opts.vocab_size, pieces)
+    if opts.strict then fail('%s', msg) end
+    if opts.warn ~= false then io.stderr:write('warning: fsdp.data.sentencepiece: ', msg, '\n') end
   end
   return path, pieces
 end
