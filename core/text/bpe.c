@@ -209,8 +209,12 @@ struct fl_bpe {
     size_t cache_ids_len, cache_ids_cap;
     int32_t *out;         /* encode's result */
     size_t out_len, out_cap;
-    int32_t *sym, *rank;  /* a word's symbols and their pairs' ranks while merging */
-    size_t sym_cap;       /* of both */
+    /* a word while merging: symbols (id, neighbours; id -1: merged away) and
+     * the queue of candidate merges */
+    int32_t *sym, *prev, *next;
+    size_t sym_cap;
+    struct merge_entry *queue;
+    size_t queue_cap;
     char *scratch;        /* a piece with its prefix space; a word's alphabet form */
     size_t scratch_cap;
     char *text;           /* decode's result */
@@ -266,7 +270,9 @@ void fl_bpe_free(fl_bpe *t) {
     free(t->cache_ids);
     free(t->out);
     free(t->sym);
-    free(t->rank);
+    free(t->prev);
+    free(t->next);
+    free(t->queue);
     free(t->scratch);
     free(t->text);
     free(t->path);
@@ -667,6 +673,83 @@ static int32_t pair_lookup(const fl_bpe *t, int32_t l, int32_t r, int32_t *merge
     }
 }
 
+/* [Note: the order of merges]
+ * `tokenizers` merges a word with a priority queue of candidate pairs,
+ * lowest rank first and leftmost on equal ranks, skipping entries whose
+ * left symbol was merged away or whose pair no longer yields the entry's
+ * token (it checks the merged id only). The same queue here gives the same
+ * tokens in every case, and O(n log n) for a word of n bytes: a long run of
+ * letters (base64, a minified file) cannot stall the encoder as a rescan
+ * per merge (quadratic) would. */
+struct merge_entry {
+    int32_t rank, pos, merged;
+};
+
+static bool entry_before(const struct merge_entry *a, const struct merge_entry *b) {
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void queue_push(struct merge_entry *q, size_t *n, struct merge_entry e) {
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!entry_before(&e, &q[parent])) break;
+        q[i] = q[parent];
+        i = parent;
+    }
+    q[i] = e;
+}
+
+static struct merge_entry queue_pop(struct merge_entry *q, size_t *n) {
+    struct merge_entry top = q[0], last = q[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && entry_before(&q[c + 1], &q[c])) c++;
+        if (!entry_before(&q[c], &last)) break;
+        q[i] = q[c];
+        i = c;
+    }
+    if (*n > 0) q[i] = last;
+    return top;
+}
+
+/* Queue the merge of the symbols at pos and next[pos], if there is one. */
+static void queue_pair(fl_bpe *t, size_t *nq, int32_t pos) {
+    int32_t merged, r = t->next[pos];
+    if (r < 0) return;
+    int32_t rank = pair_lookup(t, t->sym[pos], t->sym[r], &merged);
+    if (rank != INT32_MAX) queue_push(t->queue, nq, (struct merge_entry){ rank, pos, merged });
+}
+
+/* Merge the k symbols of t->sym ([Note: the order of merges]) and append
+ * the result to t->out. */
+static int merge_word(fl_bpe *t, size_t k) {
+    size_t nq = 0;
+    for (size_t i = 0; i < k; i++) {
+        t->prev[i] = (int32_t)i - 1;
+        t->next[i] = i + 1 < k ? (int32_t)i + 1 : -1;
+    }
+    for (size_t i = 0; i + 1 < k; i++) queue_pair(t, &nq, (int32_t)i);
+    while (nq > 0) {
+        struct merge_entry top = queue_pop(t->queue, &nq);
+        int32_t pos = top.pos, r = t->next[pos], merged;
+        if (t->sym[pos] < 0 || r < 0) continue;
+        if (pair_lookup(t, t->sym[pos], t->sym[r], &merged) == INT32_MAX || merged != top.merged) continue;
+        t->sym[pos] = top.merged;
+        t->sym[r] = -1;
+        t->next[pos] = t->next[r];
+        if (t->next[r] >= 0) t->prev[t->next[r]] = pos;
+        if (t->prev[pos] >= 0) queue_pair(t, &nq, t->prev[pos]);
+        queue_pair(t, &nq, pos);
+    }
+    for (int32_t i = k ? 0 : -1; i >= 0; i = t->next[i]) {
+        if (emit(t, t->sym[i])) return -1;
+    }
+    return 0;
+}
+
 /* The BPE of one word (raw bytes), appended to t->out. */
 static int encode_word(fl_bpe *t, const char *w, size_t n) {
     if (n == 0) return 0;
@@ -696,11 +779,16 @@ static int encode_word(fl_bpe *t, const char *w, size_t n) {
         if (emit(t, whole)) return -1;
     } else {
         if (n > t->sym_cap) {
+            /* Each merge queues at most two pairs: 3n entries in all. */
             int32_t *sym = realloc(t->sym, n * sizeof *sym);
             if (sym) t->sym = sym;
-            int32_t *rank = realloc(t->rank, n * sizeof *rank);
-            if (rank) t->rank = rank;
-            if (!sym || !rank) return -1;
+            int32_t *prev = realloc(t->prev, n * sizeof *prev);
+            if (prev) t->prev = prev;
+            int32_t *next = realloc(t->next, n * sizeof *next);
+            if (next) t->next = next;
+            struct merge_entry *queue = realloc(t->queue, 3 * n * sizeof *queue);
+            if (queue) t->queue = queue;
+            if (!sym || !prev || !next || !queue) return -1;
             t->sym_cap = n;
         }
         /* The initial symbols: one per byte (the alphabet has them all in
@@ -716,27 +804,7 @@ static int encode_word(fl_bpe *t, const char *w, size_t n) {
             }
             if (id >= 0) t->sym[k++] = id;
         }
-        int32_t merged;
-        for (size_t i = 0; i + 1 < k; i++) t->rank[i] = pair_lookup(t, t->sym[i], t->sym[i + 1], &merged);
-        /* Merge the lowest-ranked pair (leftmost on ties) until none is left:
-         * the order of `tokenizers`' priority queue. */
-        while (k > 1) {
-            size_t best = 0;
-            for (size_t i = 1; i + 1 < k; i++) {
-                if (t->rank[i] < t->rank[best]) best = i;
-            }
-            if (t->rank[best] == INT32_MAX) break;
-            pair_lookup(t, t->sym[best], t->sym[best + 1], &merged);
-            t->sym[best] = merged;
-            memmove(t->sym + best + 1, t->sym + best + 2, (k - best - 2) * sizeof *t->sym);
-            if (k >= best + 3) memmove(t->rank + best + 1, t->rank + best + 2, (k - best - 3) * sizeof *t->rank);
-            k--;
-            if (best > 0) t->rank[best - 1] = pair_lookup(t, t->sym[best - 1], t->sym[best], &merged);
-            if (best + 1 < k) t->rank[best] = pair_lookup(t, t->sym[best], t->sym[best + 1], &merged);
-        }
-        if (grow((void **)&t->out, &t->out_cap, t->out_len + k, sizeof *t->out)) return -1;
-        memcpy(t->out + t->out_len, t->sym, k * sizeof *t->sym);
-        t->out_len += k;
+        if (merge_word(t, k)) return -1;
     }
     if (cacheable) {
         size_t count = t->out_len - start;

@@ -17,7 +17,7 @@ Needs the PyPI packages `tokenizers` and `sentencepiece`. Writes:
                       and a TemplateProcessing post-processor adding
                       <|begin_of_text|>; one vocabulary entry no merge builds
                       (only ignore_merges finds it)
-  spm.model           a SentencePiece unigram model (Llama 2's options:
+  spm.model           a SentencePiece BPE model (Llama 2's options:
                       byte fallback, digits split, identity normalization)
   goldens.json        the corpus and, per tokenizer, for every text: its ids
                       without and with the special tokens the post-processor
@@ -27,6 +27,7 @@ Needs the PyPI packages `tokenizers` and `sentencepiece`. Writes:
 """
 import json
 import os
+import random
 import sys
 
 import sentencepiece as spm
@@ -63,6 +64,8 @@ TEXTS = [
     "!!! ??? ... --- ___ *** ### @@@ $$$ %%%",
     "https://example.com/path?q=1&r=two#frag user@example.org",
     "Ünïcödé ÜPPER lower MiXeD 123abc abc123",
+    # one 1000-letter word (base64-like): many merges in one word
+    (lambda rng: "".join(rng.choice("etaoinshrdluETAOIN") for _ in range(1000)))(random.Random(5)),
 ]
 
 TRAIN_TEXT = """The Zen of training: shards are gathered, layers run, gradients are reduced and scattered.
@@ -146,7 +149,7 @@ def train_llama3(lines):
 def train_spm(lines):
     prefix = os.path.join(OUT, "spm")
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=prefix, vocab_size=600,
-                                   model_type="unigram", byte_fallback=True, split_digits=True,
+                                   model_type="bpe", byte_fallback=True, split_digits=True,
                                    character_coverage=1.0, normalization_rule_name="identity",
                                    minloglevel=2)
     os.remove(prefix + ".vocab")

@@ -3,8 +3,8 @@
 -- a Llama 3 style byte-level BPE (tokenizers) and a SentencePiece model
 -- (sentencepiece) and stored their ids and decoded texts for a corpus of
 -- hard cases (unicode, emoji, numbers, whitespace runs, special and added
--- tokens, a 300-byte word, a word only ignore_merges finds); encode and
--- decode must equal them exactly. Also: loading by directory, refusals that
+-- tokens, a 300-byte and a 1000-letter word, a word only ignore_merges
+-- finds); encode and decode must equal them exactly. Also: loading by directory, refusals that
 -- name the file and the field, and errors on bad ids.
 local cjson = require 'cjson'
 local tokenizer = require 'fsdp.data.tokenizer'
@@ -52,7 +52,7 @@ end
 describe('tokenizer.json byte-level BPE', function()
   it('equals tokenizers on a GPT-2 style file ("a b" merges, ByteLevel regex, added tokens)', function()
     local tok = tokenizer.load(DIR .. '/gpt2_style.json')
-    assert.equals(24, compare_hf(tok, goldens.gpt2_style))
+    assert.equals(25, compare_hf(tok, goldens.gpt2_style))
     assert.equals(tok:token_to_id('<|endoftext|>'), tok.eos_id)
     assert.is_true(tok:is_special(tok.eos_id))
     assert.is_false(tok:is_special(tok:token_to_id('[[custom]]')))
@@ -126,7 +126,7 @@ describe('tokenizer.json byte-level BPE', function()
 end)
 
 describe('SentencePiece through libsentencepiece', function()
-  it('equals sentencepiece on a Llama 2 style model (byte fallback, split digits)', function()
+  it('equals sentencepiece on a Llama 2 style model (BPE, byte fallback, split digits)', function()
     local tok = tokenizer.load(DIR .. '/spm.model')
     local ref = goldens.spm
     assert.equals(ref.vocab_size, tok.vocab_size)
