@@ -20,9 +20,9 @@
 -- Tokenizers (fsdp.data.tokenizer): the HF directory's own (its
 -- tokenizer.model: Llama 2's SentencePiece; else its tokenizer.json:
 -- GPT-2's and Llama 3's byte-level BPE), or --tokenizer=FILE|DIR, or 'byte'
--- (the recipes' byte-level tokenizer). Prompts get the special tokens the
--- tokenizer's post-processor adds (Llama 3's <|begin_of_text|>), as
--- transformers' tokenizers do; special tokens are not shown in the output.
+-- (the recipes' byte-level tokenizer). Prompts get the special tokens
+-- transformers' tokenizers add (Llama 2's <s>, Llama 3's <|begin_of_text|>);
+-- special tokens are not shown in the output.
 -- Without a tokenizer, give token ids with --prompt_ids ('1,5,9' one prompt;
 -- ';' between prompts) and the output is ids.
 local fsdp = require 'fsdp'

@@ -94,7 +94,8 @@ describe('recipes/generate.lua', function()
     local out, rc = run(('--init_from=%s --prompt=%s --max_new_tokens=8 --print_ids --stop_ids=none')
       :format(T.quote(spm_dir), T.quote(prompt)))
     assert(rc == 0, out)
-    local ids = tok:encode({ prompt })[1]:tolist()
+    local ids = tok:encode({ prompt }, { add_special = true })[1]:tolist()
+    assert.equals(tok.bos_id, ids[1]) -- <s> first, as transformers' LlamaTokenizer
     local want = generate.generate(m, { ids }, { max_new_tokens = 8 })[1]
     same_rows(printed_ids(out), { want }, 'SentencePiece prompt')
     local all = {}

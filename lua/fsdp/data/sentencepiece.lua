@@ -98,11 +98,26 @@ function M.load(path)
     eos_id = id(C.fl_spm_eos_id(t)), bos_id = id(C.fl_spm_bos_id(t)), unk_id = id(C.fl_spm_unk_id(t)),
     pad_id = id(C.fl_spm_pad_id(t)), name = 'sentencepiece:' .. path }, Tokenizer)
   if not self.eos_id then fail('%s has no </s> piece: train it with an eos id (the default)', path) end
+  -- What encode's add_special adds: <s> before (and </s> after) a text, as
+  -- transformers' LlamaTokenizer does by default; a tokenizer_config.json
+  -- beside the model may say otherwise (add_bos_token, add_eos_token).
+  self.add_bos, self.add_eos = self.bos_id ~= nil, false
+  local f = io.open((path:match('^(.*)/[^/]*$') or '.') .. '/tokenizer_config.json', 'rb')
+  if f then
+    local ok, cfg = pcall(require('cjson').decode, f:read('*a'))
+    f:close()
+    if ok and type(cfg) == 'table' then
+      if cfg.add_bos_token ~= nil then self.add_bos = cfg.add_bos_token == true and self.bos_id ~= nil end
+      if cfg.add_eos_token ~= nil then self.add_eos = cfg.add_eos_token == true end
+    end
+  end
   return self
 end
 
--- One i64 tensor of ids per document (no BOS/EOS: the caller places them).
-function Tokenizer:encode(docs)
+-- One i64 tensor of ids per document (no BOS/EOS: the caller places them);
+-- opts.add_special: with <s> (and </s>) as the model's HF tokenizer adds
+-- them (add_bos, add_eos).
+function Tokenizer:encode(docs, opts)
   local out, ids = {}, ffi.new('const int32_t *[1]')
   for i, d in ipairs(docs) do
     local n = C.fl_spm_encode(self._c, d, #d, ids)
@@ -110,6 +125,12 @@ function Tokenizer:encode(docs)
     out[i] = n == 0 and fsdp.empty({ 0 }, { dtype = 'i64' })
       or fsdp.Tensor.wrap(C.fl_from_host(1, ffi.new('int64_t[1]', n), C.FL_I64,
         C.fl_device_make(C.FL_DEVICE_CPU, 0), ids[0], C.FL_I32, n))
+    if opts and opts.add_special and (self.add_bos or self.add_eos) then
+      local parts = { out[i] }
+      if self.add_bos then table.insert(parts, 1, fsdp.full({ 1 }, self.bos_id, { dtype = 'i64' })) end
+      if self.add_eos then parts[#parts + 1] = fsdp.full({ 1 }, self.eos_id, { dtype = 'i64' }) end
+      out[i] = fsdp.cat(parts, 0)
+    end
   end
   return out
 end
