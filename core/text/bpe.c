@@ -579,11 +579,11 @@ fl_bpe *fl_bpe_load(const char *path) {
         uint64_t k = pair_key(a, b);
         size_t s = pair_hash(k) & (t->merges_cap - 1);
         while (t->merges[s].rank >= 0 && t->merges[s].key != k) s = (s + 1) & (t->merges_cap - 1);
-        if (t->merges[s].rank < 0) { /* the first occurrence of a pair ranks (as in `tokenizers`) */
-            t->merges[s].key = k;
-            t->merges[s].rank = (int32_t)i;
-            t->merges[s].merged = m;
-        }
+        /* A pair listed twice takes its last rank: `tokenizers` collects
+         * the list into a hash map. */
+        t->merges[s].key = k;
+        t->merges[s].rank = (int32_t)i;
+        t->merges[s].merged = m;
     }
     free(joined);
 
@@ -607,10 +607,8 @@ fl_bpe *fl_bpe_load(const char *path) {
             return LOAD_FAIL(FL_ERR_UNSUPPORTED, "tokenizer %s: added_tokens[%zu].single_word (%s) is not implemented",
                              path, i, a->content);
         }
-        if (json_is_true(json_object_get(val, "normalized")) && !a->special) {
-            /* Without a normalizer a normalized token matches the raw text
-             * the same way; nothing to do. */
-        }
+        /* "normalized" needs no care: without a normalizer a normalized
+         * token matches the raw text the same way. */
         if (set_token(t, a->id, a->content, a->len)) return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
         t->special[a->id] = a->special;
         t->added_first[(unsigned char)a->content[0]] = true;
