@@ -192,8 +192,9 @@ project "fsdp"
   libdirs { pkg_config_dirs("--libs-only-L", "openblas") }
   links { "openblas", "jansson", "yajl", "xxhash", "m", "pthread", "dl" }
   -- Tokenizers (core/text): PCRE2 for the pre-tokenizers' Unicode regexes,
+  -- utf8proc for the Unicode normalizers,
   -- libsentencepiece (C++, through core/text/spm.cc) for SentencePiece.
-  links { "pcre2-8", "sentencepiece", "stdc++" }
+  links { "pcre2-8", "utf8proc", "sentencepiece", "stdc++" }
   if not IS_PREMAKE4 then files { "core/**.cc" } end
   if NVCC then
     -- The asan configuration stays CPU-only: the CUDA runtime is not built

@@ -1,11 +1,14 @@
 /*
- * bpe.c: Hugging Face tokenizer.json byte-level BPE (GPT-2, Llama 3 and the
+ * bpe.c: Hugging Face tokenizer.json byte-level BPE (GPT-2, Llama 3, Qwen2 and the
  * models that copied them), encode and decode, with the results of the
  * `tokenizers` package (tests/golden/make_tokenizer_goldens.py).
  *
  * The pipeline of `tokenizers`, in the parts these files use:
- *   1. added tokens (special or not) are cut out of the raw text first,
- *      leftmost-longest, and map straight to their ids;
+ *   1. added tokens (special or not) are cut out of the text first,
+ *      leftmost-longest, and map straight to their ids: those marked
+ *      "normalized": false from the raw text, then the rest of it goes
+ *      through the normalizer (Unicode NFC/NFD/NFKC/NFKD, by Debian's
+ *      libutf8proc, or none) and the other added tokens are cut out of that;
  *   2. every other segment goes through the pre-tokenizer: Split steps (a
  *      regex; Digits is one too) cut it into pieces, the ByteLevel step
  *      (last) optionally prefixes a space and splits with GPT-2's regex;
@@ -41,6 +44,7 @@
 #include <string.h>
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <utf8proc.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -174,10 +178,11 @@ typedef struct {
 } pre_step;
 
 typedef struct {
-    char *content;
-    size_t len;
+    char *content;        /* as the file writes it (id -> token) */
+    char *pattern;        /* what matches: the content, normalized when the token is */
+    size_t len;           /* of pattern */
     int32_t id;
-    bool special, lstrip, rstrip;
+    bool special, lstrip, rstrip, normalized;
 } added_token;
 
 struct fl_bpe {
@@ -198,7 +203,8 @@ struct fl_bpe {
     pcre2_match_data *match;
     added_token *added;   /* longest first */
     int n_added;
-    bool added_first[256];
+    bool added_first[2][256]; /* first bytes of the raw-text (0) and normalized-text (1) tokens */
+    int normalize;        /* utf8proc_map options of the normalizer; 0: none */
     bool ignore_merges, fuse_unk, byte_fallback;
     int32_t unk_id;       /* -1: none (unknown symbols are dropped, as in `tokenizers`) */
     int32_t template_pre[MAX_TEMPLATE], template_post[MAX_TEMPLATE];
@@ -264,7 +270,10 @@ void fl_bpe_free(fl_bpe *t) {
     free(t->merges);
     for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re);
     pcre2_match_data_free(t->match);
-    for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+    for (int i = 0; i < t->n_added; i++) {
+        free(t->added[i].content);
+        free(t->added[i].pattern);
+    }
     free(t->added);
     str_map_free(&t->cache);
     free(t->cache_ids);
@@ -472,9 +481,24 @@ fl_bpe *fl_bpe_load(const char *path) {
     t->byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
 
     json_t *normalizer = json_object_get(root, "normalizer");
+    if (normalizer && strcmp(json_type_name(normalizer), "Sequence") == 0 &&
+        json_array_size(json_object_get(normalizer, "normalizers")) == 1) {
+        normalizer = json_array_get(json_object_get(normalizer, "normalizers"), 0);
+    }
     if (normalizer && !json_is_null(normalizer)) {
-        return LOAD_FAIL(FL_ERR_UNSUPPORTED, "tokenizer %s: normalizer %s is not implemented (byte-level BPE files "
-                         "have none)", path, json_type_name(normalizer));
+        static const struct { const char *name; int opts; } forms[] = {
+            { "NFC", UTF8PROC_STABLE | UTF8PROC_COMPOSE },
+            { "NFD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE },
+            { "NFKC", UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT },
+            { "NFKD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT },
+        };
+        for (size_t k = 0; k < sizeof forms / sizeof *forms; k++) {
+            if (strcmp(json_type_name(normalizer), forms[k].name) == 0) t->normalize = forms[k].opts;
+        }
+        if (!t->normalize) {
+            return LOAD_FAIL(FL_ERR_UNSUPPORTED, "tokenizer %s: normalizer %s is not implemented (NFC, NFD, NFKC and "
+                             "NFKD are)", path, json_type_name(normalizer));
+        }
     }
 
     /* Ids: the largest of the vocabulary and the added tokens. */
@@ -594,11 +618,12 @@ fl_bpe *fl_bpe_load(const char *path) {
     json_array_foreach(added, i, val) {
         added_token *a = &t->added[i];
         json_t *content = json_object_get(val, "content");
-        a->len = json_string_length(content);
-        if (a->len == 0) return LOAD_FAIL(FL_ERR_IO, "tokenizer %s: added_tokens[%zu].content is empty", path, i);
-        a->content = malloc(a->len + 1);
+        size_t content_len = json_string_length(content);
+        if (content_len == 0) return LOAD_FAIL(FL_ERR_IO, "tokenizer %s: added_tokens[%zu].content is empty", path, i);
+        a->content = malloc(content_len + 1);
         if (!a->content) return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
-        memcpy(a->content, json_string_value(content), a->len + 1);
+        memcpy(a->content, json_string_value(content), content_len + 1);
+        a->len = content_len;
         a->id = (int32_t)json_integer_value(json_object_get(val, "id"));
         a->special = json_is_true(json_object_get(val, "special"));
         a->lstrip = json_is_true(json_object_get(val, "lstrip"));
@@ -607,11 +632,28 @@ fl_bpe *fl_bpe_load(const char *path) {
             return LOAD_FAIL(FL_ERR_UNSUPPORTED, "tokenizer %s: added_tokens[%zu].single_word (%s) is not implemented",
                              path, i, a->content);
         }
-        /* "normalized" needs no care: without a normalizer a normalized
-         * token matches the raw text the same way. */
-        if (set_token(t, a->id, a->content, a->len)) return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
+        /* As `tokenizers`: normalized unless said otherwise, when not special. */
+        json_t *norm = json_object_get(val, "normalized");
+        a->normalized = norm ? json_is_true(norm) : !a->special;
+        if (set_token(t, a->id, a->content, content_len)) {
+            return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
+        }
+        if (a->normalized && t->normalize) {
+            utf8proc_uint8_t *n = NULL;
+            utf8proc_ssize_t nl = utf8proc_map((const utf8proc_uint8_t *)a->content, (utf8proc_ssize_t)a->len, &n,
+                                               (utf8proc_option_t)t->normalize);
+            if (nl <= 0) {
+                free(n);
+                return LOAD_FAIL(FL_ERR_IO, "tokenizer %s: added_tokens[%zu].content is not valid UTF-8", path, i);
+            }
+            a->pattern = (char *)n;
+            a->len = (size_t)nl;
+        } else {
+            a->pattern = strdup(a->content);
+            if (!a->pattern) return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
+        }
         t->special[a->id] = a->special;
-        t->added_first[(unsigned char)a->content[0]] = true;
+        t->added_first[a->normalized][(unsigned char)a->pattern[0]] = true;
     }
     qsort(t->added, (size_t)t->n_added, sizeof *t->added, cmp_added);
 
@@ -873,14 +915,56 @@ static int pre_tokenize(fl_bpe *t, int step, const char *s, size_t n) {
 
 static bool is_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
-/* The added token starting at text[i] (longest first), or NULL. */
-static const added_token *added_at(const fl_bpe *t, const char *text, size_t len, size_t i) {
-    if (!t->added_first[(unsigned char)text[i]]) return NULL;
+/* The added token of a pass (0: raw text, 1: normalized text) starting at
+ * text[i] (longest first), or NULL. */
+static const added_token *added_at(const fl_bpe *t, int pass, const char *text, size_t len, size_t i) {
+    if (!t->added_first[pass][(unsigned char)text[i]]) return NULL;
     for (int k = 0; k < t->n_added; k++) {
         const added_token *a = &t->added[k];
-        if (a->len <= len - i && memcmp(text + i, a->content, a->len) == 0) return a;
+        if (a->normalized == pass && a->len <= len - i && memcmp(text + i, a->pattern, a->len) == 0) return a;
     }
     return NULL;
+}
+
+static int split_added(fl_bpe *t, int pass, const char *text, size_t len);
+
+/* A stretch of raw text between added tokens: normalized, then its
+ * normalized added tokens cut out. Text that is not UTF-8 is left as it
+ * is (`tokenizers` never sees any: Python and Rust strings are UTF-8). */
+static int normalize_segment(fl_bpe *t, const char *text, size_t len) {
+    if (!t->normalize || len == 0) return split_added(t, 1, text, len);
+    utf8proc_uint8_t *n = NULL;
+    utf8proc_ssize_t nl = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len, &n,
+                                       (utf8proc_option_t)t->normalize);
+    if (nl == UTF8PROC_ERROR_NOMEM) return -1;
+    int rc = nl < 0 ? split_added(t, 1, text, len) : split_added(t, 1, (const char *)n, (size_t)nl);
+    free(n);
+    return rc;
+}
+
+/* Cut the added tokens of a pass out of text[0, len) (leftmost-longest;
+ * lstrip/rstrip take the whitespace next to a token into it) and pass what
+ * lies between them on: to the normalizer (pass 0) or the pre-tokenizer
+ * (pass 1). 0, -1 (out of memory) or 1 (the error is set). */
+static int split_added(fl_bpe *t, int pass, const char *text, size_t len) {
+    size_t seg = 0, i = 0;
+    for (;;) {
+        const added_token *a = NULL;
+        while (i < len && !(a = added_at(t, pass, text, len, i))) i++;
+        size_t end = i;
+        if (a && a->lstrip) {
+            while (end > seg && is_space((unsigned char)text[end - 1])) end--;
+        }
+        int rc = pass == 0 ? normalize_segment(t, text + seg, end - seg) : pre_tokenize(t, 0, text + seg, end - seg);
+        if (rc) return rc;
+        if (!a) return 0;
+        if (emit(t, a->id)) return -1;
+        i += a->len;
+        if (a->rstrip) {
+            while (i < len && is_space((unsigned char)text[i])) i++;
+        }
+        seg = i;
+    }
 }
 
 int64_t fl_bpe_encode(fl_bpe *t, const char *text, size_t len, bool add_special, const int32_t **ids) {
@@ -890,29 +974,7 @@ int64_t fl_bpe_encode(fl_bpe *t, const char *text, size_t len, bool add_special,
             if (emit(t, t->template_pre[k])) goto oom;
         }
     }
-    /* Segments between added tokens (leftmost-longest), lstrip/rstrip
-     * taking the whitespace next to a token into it. */
-    size_t seg = 0, i = 0;
-    while (i < len) {
-        const added_token *a = added_at(t, text, len, i);
-        if (!a) {
-            i++;
-            continue;
-        }
-        size_t end = i;
-        if (a->lstrip) {
-            while (end > seg && is_space((unsigned char)text[end - 1])) end--;
-        }
-        int rc = pre_tokenize(t, 0, text + seg, end - seg);
-        if (rc > 0) return -1;
-        if (rc < 0 || emit(t, a->id)) goto oom;
-        i += a->len;
-        if (a->rstrip) {
-            while (i < len && is_space((unsigned char)text[i])) i++;
-        }
-        seg = i;
-    }
-    int rc = pre_tokenize(t, 0, text + seg, len - seg);
+    int rc = split_added(t, 0, text, len);
     if (rc > 0) return -1;
     if (rc < 0) goto oom;
     if (add_special) {
@@ -1019,7 +1081,8 @@ int64_t fl_bpe_vocab_size(const fl_bpe *t) { return t->n_ids; }
 
 int64_t fl_bpe_token_to_id(const fl_bpe *t, const char *token, size_t len) {
     for (int k = 0; k < t->n_added; k++) {
-        if (t->added[k].len == len && memcmp(t->added[k].content, token, len) == 0) return t->added[k].id;
+        const added_token *a = &t->added[k];
+        if (t->token_len[a->id] == len && memcmp(a->content, token, len) == 0) return a->id;
     }
     return vocab_id(t, token, len);
 }

@@ -17,6 +17,10 @@ Needs the PyPI packages `tokenizers` and `sentencepiece`. Writes:
                       and a TemplateProcessing post-processor adding
                       <|begin_of_text|>; one vocabulary entry no merge builds
                       (only ignore_merges finds it)
+  qwen2_style.json    a byte-level BPE behind an NFC normalizer (Qwen2's
+                      layout: its split regex, single digits), special
+                      tokens matched on the raw text and an added token
+                      that is normalized (matched on the NFC text)
   spm.model           a SentencePiece BPE model (Llama 2's options:
                       byte fallback, digits split, identity normalization)
   goldens.json        the corpus and, per tokenizer, for every text: its ids
@@ -35,6 +39,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizers")
 
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -64,6 +70,10 @@ TEXTS = [
     "!!! ??? ... --- ___ *** ### @@@ $$$ %%%",
     "https://example.com/path?q=1&r=two#frag user@example.org",
     "Ünïcödé ÜPPER lower MiXeD 123abc abc123",
+    # composed and decomposed forms (NFC makes them equal), and the
+    # normalized added token written decomposed
+    "cafe\u0301 café A\u030angstro\u0308m Ångström \u1112\u1161\u11ab 한 ﬁ ² Ⅻ",
+    "<|im_start|>user\n[[cafe\u0301]] and [[café]]<|im_end|>",
     # one 1000-letter word (base64-like): many merges in one word
     (lambda rng: "".join(rng.choice("etaoinshrdluETAOIN") for _ in range(1000)))(random.Random(5)),
 ]
@@ -146,6 +156,24 @@ def train_llama3(lines):
     return Tokenizer.from_file(path)
 
 
+def train_qwen2(lines):
+    from tokenizers import AddedToken, normalizers
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=750, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(lines, trainer)
+    tok.add_tokens([AddedToken("[[café]]", normalized=True)])
+    path = os.path.join(OUT, "qwen2_style.json")
+    tok.save(path)
+    return Tokenizer.from_file(path)
+
+
 def train_spm(lines):
     prefix = os.path.join(OUT, "spm")
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=prefix, vocab_size=600,
@@ -181,18 +209,19 @@ def spm_results(sp):
 def main():
     os.makedirs(OUT, exist_ok=True)
     lines = corpus_lines()
-    gpt2, llama3, sp = train_gpt2(lines), train_llama3(lines), train_spm(lines)
+    gpt2, llama3, qwen2, sp = train_gpt2(lines), train_llama3(lines), train_qwen2(lines), train_spm(lines)
     goldens = {
         "texts": TEXTS,
         "gpt2_style": {"vocab_size": gpt2.get_vocab_size(with_added_tokens=True), "results": hf_results(gpt2)},
         "llama3_style": {"vocab_size": llama3.get_vocab_size(with_added_tokens=True),
                          "results": hf_results(llama3)},
+        "qwen2_style": {"vocab_size": qwen2.get_vocab_size(with_added_tokens=True), "results": hf_results(qwen2)},
         "spm": {"vocab_size": sp.get_piece_size(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id(),
                 "unk_id": sp.unk_id(), "results": spm_results(sp)},
     }
     with open(os.path.join(OUT, "goldens.json"), "w", encoding="utf-8") as f:
         json.dump(goldens, f, ensure_ascii=False, indent=None)
-    for name in ("gpt2_style.json", "llama3_style.json", "spm.model", "goldens.json"):
+    for name in ("gpt2_style.json", "llama3_style.json", "qwen2_style.json", "spm.model", "goldens.json"):
         print(f"{name}: {os.path.getsize(os.path.join(OUT, name))} bytes", file=sys.stderr)
 
 

@@ -1,10 +1,11 @@
 -- tokenizer_spec.lua: the in-process tokenizers against the reference
--- packages. tests/golden/make_tokenizer_goldens.py trained a GPT-2 style and
--- a Llama 3 style byte-level BPE (tokenizers) and a SentencePiece model
+-- packages. tests/golden/make_tokenizer_goldens.py trained GPT-2, Llama 3
+-- and Qwen2 style byte-level BPEs (tokenizers) and a SentencePiece model
 -- (sentencepiece) and stored their ids and decoded texts for a corpus of
 -- hard cases (unicode, emoji, numbers, whitespace runs, special and added
 -- tokens, a 300-byte and a 1000-letter word, a word only ignore_merges
--- finds); encode and decode must equal them exactly. Also: loading by directory, refusals that
+-- finds, composed and decomposed characters for a Qwen2 style file behind
+-- an NFC normalizer); encode and decode must equal them exactly. Also: loading by directory, refusals that
 -- name the file and the field, and errors on bad ids.
 local cjson = require 'cjson'
 local tokenizer = require 'fsdp.data.tokenizer'
@@ -52,7 +53,7 @@ end
 describe('tokenizer.json byte-level BPE', function()
   it('equals tokenizers on a GPT-2 style file ("a b" merges, ByteLevel regex, added tokens)', function()
     local tok = tokenizer.load(DIR .. '/gpt2_style.json')
-    assert.equals(25, compare_hf(tok, goldens.gpt2_style))
+    assert.equals(27, compare_hf(tok, goldens.gpt2_style))
     assert.equals(tok:token_to_id('<|endoftext|>'), tok.eos_id)
     assert.is_true(tok:is_special(tok.eos_id))
     assert.is_false(tok:is_special(tok:token_to_id('[[custom]]')))
@@ -65,6 +66,15 @@ describe('tokenizer.json byte-level BPE', function()
     assert.same({ tok:token_to_id('zzzq') }, tok:encode_list('zzzq'))
     assert.equals(tok:token_to_id('<|begin_of_text|>'), tok.bos_id)
     assert.equals(tok:token_to_id('<|end_of_text|>'), tok.eos_id)
+  end)
+
+  it('equals tokenizers behind an NFC normalizer (Qwen2 style), added tokens raw and normalized', function()
+    local tok = tokenizer.load(DIR .. '/qwen2_style.json')
+    compare_hf(tok, goldens.qwen2_style)
+    -- composed and decomposed spellings are one text after NFC
+    assert.same(tok:encode_list('caf\u{E9} \u{212B}'), tok:encode_list('cafe\u{301} A\u{30A}'))
+    local custom = tok:token_to_id('[[caf\u{E9}]]')
+    assert.same({ custom }, tok:encode_list('[[cafe\u{301}]]'))
   end)
 
   it('round-trips any valid text and keeps invalid bytes as tokens', function()
@@ -91,7 +101,7 @@ describe('tokenizer.json byte-level BPE', function()
     local cases = {
       { function(j) j.model.type = 'WordPiece' end, 'model.type WordPiece is not implemented' },
       { function(j) j.model.type = 'Unigram' end, 'model.type Unigram is not implemented' },
-      { function(j) j.normalizer = { type = 'NFC' } end, 'normalizer NFC is not implemented' },
+      { function(j) j.normalizer = { type = 'Lowercase' } end, 'normalizer Lowercase is not implemented' },
       { function(j) j.pre_tokenizer = { type = 'Metaspace', replacement = '_' } end, 'pre_tokenizer.type: not implemented' },
       { function(j) j.pre_tokenizer = { type = 'Split', pattern = { Regex = ' ' }, behavior = 'Removed' } end,
         'pre_tokenizer.Split.behavior' },

@@ -7,7 +7,7 @@
 --                           tokenizer.model (Llama 2: the tokenizer.json
 --                           beside it is the same SentencePiece model,
 --                           written in a form this build does not read),
---                           else its tokenizer.json (GPT-2, Llama 3)
+--                           else its tokenizer.json (GPT-2, Llama 3, Qwen2)
 -- A file of another name is recognised by its content ('{' starts JSON).
 -- All give vocab_size, eos_id (nil when the tokenizer has none), name,
 -- encode(docs) -> {i64 tensor per document} and decode(ids) -> text.
