@@ -1,7 +1,7 @@
 /*
- * bpe.c: Hugging Face tokenizer.json byte-level BPE (GPT-2, Llama 3, Qwen2 and the
- * models that copied them), encode and decode, with the results of the
- * `tokenizers` package (tests/golden/make_tokenizer_goldens.py).
+ * bpe.c: Hugging Face tokenizer.json byte-level BPE (GPT-2, Llama 3, Qwen2
+ * and the models that copied them), encode and decode, with the results of
+ * the `tokenizers` package (tests/golden/make_tokenizer_goldens.py).
  *
  * The pipeline of `tokenizers`, in the parts these files use:
  *   1. added tokens (special or not) are cut out of the text first,
@@ -29,8 +29,9 @@
  * of its own. Merge ranks live in a hash map keyed by the pair of ids, and
  * encoded words in a cache, so a common word costs one lookup.
  * Anything in a file this code does not implement (another model, a
- * normalizer, a pre-tokenizer or decoder it does not know, options with
- * other results) is refused at load naming the file and the field.
+ * normalizer, pre-tokenizer, post-processor or decoder it does not know,
+ * options with other results) is refused at load naming the file and the
+ * field.
  *
  * An fl_bpe is used by one thread at a time (its cache, match data and
  * output buffers are its own): give each worker thread its own.

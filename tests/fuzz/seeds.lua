@@ -8,7 +8,7 @@
 --                        (fsdp.checkpointing.save), and the rank files it
 --                        wrote also go to safetensors/
 --   OUTDIR/tokenizer/    the test tokenizer.json files (tests/golden/tokenizers:
---                        GPT-2 and Llama 3 style, made by the tokenizers package)
+--                        GPT-2, Llama 3 and Qwen2 style, made by the tokenizers package)
 -- Run by tests/fuzz/run.sh: build/bin/fsdp-lua tests/fuzz/seeds.lua OUTDIR.
 local fsdp = require 'fsdp'
 local st = require 'fsdp.safetensors'
@@ -76,6 +76,6 @@ print(('seeds written to %s'):format(out))
 
 -- tokenizer.json ----------------------------------------------------------------------
 
-for _, name in ipairs({ 'gpt2_style.json', 'llama3_style.json' }) do
+for _, name in ipairs({ 'gpt2_style.json', 'llama3_style.json', 'qwen2_style.json' }) do
   files.write_atomic(at('tokenizer', name), assert(files.read('tests/golden/tokenizers/' .. name)))
 end
