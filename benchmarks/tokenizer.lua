@@ -8,8 +8,10 @@
 -- CJK words and emoji mixed in, cut into --docs documents; so the words
 -- repeat as in real text (the BPE word cache matters) without any download.
 -- Default tokenizers: the shipped test files (tests/golden/tokenizers: a
--- GPT-2 style and a Llama 3 style tokenizer.json, a SentencePiece model)
--- and the byte tokenizer. One thread, one call per document.
+-- GPT-2, a Llama 3 and a Qwen2 (NFC) style tokenizer.json, a SentencePiece
+-- model) and the byte tokenizer. One thread, one call per document. Their
+-- vocabularies are small (600-800): a real one (50k-150k) gives about a
+-- third of the tokens per byte, so compare MB/s across vocabularies.
 local recipe = require 'fsdp.recipe'
 local clock = require 'fsdp.clock'
 local tokenizer = require 'fsdp.data.tokenizer'
@@ -18,6 +20,7 @@ local cfg = recipe.config({
   mb = { 4, 'megabytes of text' },
   docs = { 2000, 'documents the text is cut into' },
   tokenizer = { 'tests/golden/tokenizers/gpt2_style.json,tests/golden/tokenizers/llama3_style.json,'
+                .. 'tests/golden/tokenizers/qwen2_style.json,'
                 .. 'tests/golden/tokenizers/spm.model,byte', 'tokenizers to measure, comma-separated' },
   seed = { 1, 'seed of the generated text' },
 }, arg, 'benchmarks/tokenizer.lua')
