@@ -12,7 +12,17 @@ local tokenizer = require 'fsdp.data.tokenizer'
 local bpe = require 'fsdp.data.bpe'
 
 local DIR = 'tests/golden/tokenizers'
-local tmpdir = require('fsdp.testing').tmpdir
+local T = require 'fsdp.testing'
+
+-- Temporary directories, removed when the spec ends.
+local made = {}
+local function tmpdir()
+  made[#made + 1] = T.tmpdir()
+  return made[#made]
+end
+teardown(function()
+  for _, d in ipairs(made) do os.execute('rm -rf ' .. T.quote(d)) end
+end)
 
 local function read(path)
   local f = assert(io.open(path, 'rb'))
