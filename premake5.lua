@@ -194,7 +194,7 @@ project "fsdp"
   -- Tokenizers (core/text): PCRE2 for the pre-tokenizers' Unicode regexes,
   -- utf8proc for the Unicode normalizers,
   -- libsentencepiece (C++, through core/text/spm.cc) for SentencePiece.
-  links { "pcre2-8", "utf8proc", "sentencepiece", "stdc++" }
+  links { "pcre2-8", "utf8proc", "sentencepiece", "sentencepiece_train", "stdc++" }
   if not IS_PREMAKE4 then files { "core/**.cc" } end
   if NVCC then
     -- The asan configuration stays CPU-only: the CUDA runtime is not built

@@ -1218,6 +1218,10 @@ FL_API int64_t fl_spm_decode(fl_spm *t, const int32_t *ids, int64_t n, const cha
 FL_API int64_t fl_spm_piece_to_id(const fl_spm *t, const char *piece, size_t len);
 FL_API const char *fl_spm_id_to_piece(const fl_spm *t, int64_t id, size_t *len);
 FL_API bool fl_spm_is_control(const fl_spm *t, int64_t id);
+/* Train a model: n options of SentencePiece's trainer as key/value strings
+ * (input, model_prefix, vocab_size, model_type, random_seed, ...; what
+ * spm_train takes as --key=value). Writes <model_prefix>.model and .vocab. */
+FL_API int fl_spm_train(int n, const char *const *keys, const char *const *values);
 
 #ifndef FL_FFI_CDEF
 #ifdef __cplusplus

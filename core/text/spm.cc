@@ -1,7 +1,7 @@
 /*
- * spm.cc: SentencePiece models (Llama 2's tokenizer.model) encoded and
- * decoded in process through Debian's libsentencepiece, behind the C API of
- * fsdp.h (fl_spm_*). The library is C++ and has no C interface, so this one
+ * spm.cc: SentencePiece models (Llama 2's tokenizer.model) trained, encoded
+ * and decoded in process through Debian's libsentencepiece, behind the C API
+ * of fsdp.h (fl_spm_*). The library is C++ and has no C interface, so this one
  * file is compiled as C++ (mk/extra.mk); no exception crosses into C: the
  * library reports through util::Status, and allocations that throw are
  * caught here and turned into the core's error values.
@@ -12,10 +12,13 @@
 #include "fsdp.h"
 
 #include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 extern "C" int fl_fail(fl_status status, const char *fmt, ...);
@@ -118,4 +121,28 @@ extern "C" int64_t fl_spm_decode(fl_spm *t, const int32_t *ids, int64_t n, const
     }
     *text = t->text.c_str();
     return (int64_t)t->text.size();
+}
+
+extern "C" int fl_spm_train(int n, const char *const *keys, const char *const *values) {
+    try {
+        std::unordered_map<std::string, std::string> kwargs;
+        for (int i = 0; i < n; i++) {
+            /* spm_train's --random_seed is no trainer field: the library's
+             * global generator takes it. */
+            if (std::strcmp(keys[i], "random_seed") == 0) {
+                sentencepiece::SetRandomGeneratorSeed((unsigned)std::strtoul(values[i], nullptr, 10));
+                continue;
+            }
+            kwargs[keys[i]] = values[i];
+        }
+        auto st = sentencepiece::SentencePieceTrainer::Train(kwargs);
+        if (!st.ok()) {
+            auto input = kwargs.find("input");
+            return fl_fail(FL_ERR_ARG, "sentencepiece: training on %s failed: %s",
+                           input == kwargs.end() ? "(no input)" : input->second.c_str(), st.ToString().c_str());
+        }
+    } catch (const std::bad_alloc &) {
+        return fl_fail(FL_ERR_OOM, "sentencepiece: out of memory while training");
+    }
+    return FL_OK;
 }

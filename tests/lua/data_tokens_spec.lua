@@ -68,10 +68,6 @@ describe('tools/tokenize.lua', function()
   end)
 
   it('trains and applies a SentencePiece model on JSONL input', function()
-    if not spm.available() then
-      pending('spm_train not installed (Debian package sentencepiece; ./build.sh installs it)')
-      return
-    end
     local out, rc = tokenize(('--input=%s/corpus.jsonl --text_field=body --output=%s/spm --train_spm=160 '
       .. '--val_fraction=0.1'):format(dir, dir))
     assert.equals(0, rc, out)
@@ -108,10 +104,6 @@ describe('tools/tokenize.lua', function()
   end)
 
   it('warns when the corpus supports fewer SentencePiece pieces than --train_spm asks', function()
-    if not spm.available() then
-      pending('spm_train not installed (Debian package sentencepiece; ./build.sh installs it)')
-      return
-    end
     local small = dir .. '/small.txt'
     write(small, 'a tiny corpus\n\nof two documents\n')
     local out, rc = tokenize(('--input=%s --output=%s/small --train_spm=4000 --val_fraction=0'):format(small, dir))
@@ -286,7 +278,6 @@ describe('a small Llama trained on tokenizer shards', function()
 
   for _, case in ipairs({ { 'byte', 'byte' }, { 'SentencePiece', 'spm' } }) do
     it('lowers its validation loss (' .. case[1] .. ' tokens)', function()
-      if case[2] == 'spm' and not spm.available() then pending('sentencepiece not installed'); return end
       local out, rc = train(dir .. '/' .. case[2])
       assert.equals(0, rc, out)
       local v = val_losses(out)

@@ -1,7 +1,6 @@
 -- fsdp.data.sentencepiece: SentencePiece models (Llama 2's tokenizer.model):
--- encode and decode in process through Debian's libsentencepiece
--- (core/text/spm.cc); training through its spm_train tool (package
--- `sentencepiece`).
+-- training, encoding and decoding in process through Debian's
+-- libsentencepiece (core/text/spm.cc).
 --
 --   local spm = require 'fsdp.data.sentencepiece'
 --   spm.train({ input = 'corpus.txt', model_prefix = 'out/tok', vocab_size = 512 })
@@ -20,56 +19,42 @@ local M = {}
 
 local function fail(fmt, ...) core.fail('fsdp.data.sentencepiece: ' .. fmt:format(...)) end
 
-local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
--- Run a shell command; its stderr goes to a temporary log, returned with
--- the status so failures can quote the tool's own message.
-local function run(cmd)
-  local log = os.tmpname()
-  local rc = os.execute(cmd .. ' 2>' .. quote(log))
-  local f = io.open(log, 'rb')
-  local text = f and f:read('*a') or ''
-  if f then f:close() end
-  os.remove(log)
-  return rc == 0 or rc == true, text
-end
-
-local function tail(text, n)
-  local lines = {}
-  for line in text:gmatch('[^\n]+') do lines[#lines + 1] = line end
-  return table.concat(lines, '\n', math.max(1, #lines - (n or 5) + 1))
-end
-
--- Whether training is available (spm_train installed); encoding and
--- decoding always are (the library is linked into the core).
-function M.available()
-  return run('command -v spm_train >/dev/null')
-end
-
 -- Train a model: opts.input (a text file, one sentence or document per
 -- line), model_prefix (writes <prefix>.model and <prefix>.vocab),
 -- vocab_size, model_type ('unigram' or 'bpe'), character_coverage (1.0),
--- seed. Ids: pad -1, unk 0, bos 1, eos 2 (SentencePiece's defaults).
+-- seed, threads; opts.extra: more trainer options by name (SentencePiece's
+-- own, e.g. byte_fallback = true). Ids: pad -1, unk 0, bos 1, eos 2
+-- (SentencePiece's defaults). In process (libsentencepiece_train).
 -- A corpus too small for vocab_size gives a smaller model (SentencePiece's
 -- hard_vocab_limit=false): that is a warning on stderr naming the corpus and
 -- both numbers (opts.warn = false: the caller reports it), or an error with
 -- opts.strict. Returns the model path and its number of pieces.
 function M.train(opts)
-  if not M.available() then
-    fail('spm_train not found: install Debian\'s sentencepiece package (./build.sh does)')
-  end
   for _, k in ipairs({ 'input', 'model_prefix', 'vocab_size' }) do
     if opts[k] == nil then fail('train: option %s is required', k) end
   end
-  local cmd = table.concat({
-    'spm_train', '--input=' .. quote(opts.input), '--model_prefix=' .. quote(opts.model_prefix),
-    '--vocab_size=' .. math.floor(opts.vocab_size), '--model_type=' .. quote(opts.model_type or 'unigram'),
-    '--character_coverage=' .. (opts.character_coverage or 1.0),
-    '--hard_vocab_limit=false', '--num_threads=' .. (opts.threads or 1),
-    '--random_seed=' .. (opts.seed or 0), '>/dev/null',
-  }, ' ')
-  local ok, log = run(cmd)
-  if not ok then fail('spm_train on %s failed:\n%s', opts.input, tail(log)) end
+  local f = io.open(opts.input, 'rb')
+  if not f then fail('train: cannot open the corpus %s', opts.input) end
+  f:close()
+  local kw = {
+    input = opts.input, model_prefix = opts.model_prefix, vocab_size = math.floor(opts.vocab_size),
+    model_type = opts.model_type or 'unigram', character_coverage = opts.character_coverage or 1.0,
+    hard_vocab_limit = false, num_threads = opts.threads or 1, random_seed = opts.seed or 0,
+    minloglevel = 2, -- its progress log: errors come back as values
+  }
+  for k, v in pairs(opts.extra or {}) do kw[k] = v end
+  local names = {}
+  for k in pairs(kw) do names[#names + 1] = k end
+  table.sort(names)
+  local keys, values = ffi.new('const char *[?]', #names), ffi.new('const char *[?]', #names)
+  local keep = {}
+  for i, k in ipairs(names) do
+    local v = kw[k]
+    if type(v) == 'boolean' then v = v and 'true' or 'false' end
+    keep[#keep + 1], keep[#keep + 2] = k, tostring(v)
+    keys[i - 1], values[i - 1] = keep[#keep - 1], keep[#keep]
+  end
+  core.check(C.fl_spm_train(#names, keys, values))
   local path = opts.model_prefix .. '.model'
   local pieces = M.load(path).vocab_size
   if pieces < opts.vocab_size then
@@ -102,10 +87,10 @@ function M.load(path)
   -- transformers' LlamaTokenizer does by default; a tokenizer_config.json
   -- beside the model may say otherwise (add_bos_token, add_eos_token).
   self.add_bos, self.add_eos = self.bos_id ~= nil, false
-  local f = io.open((path:match('^(.*)/[^/]*$') or '.') .. '/tokenizer_config.json', 'rb')
-  if f then
-    local ok, cfg = pcall(require('cjson').decode, f:read('*a'))
-    f:close()
+  local cf = io.open((path:match('^(.*)/[^/]*$') or '.') .. '/tokenizer_config.json', 'rb')
+  if cf then
+    local ok, cfg = pcall(require('cjson').decode, cf:read('*a'))
+    cf:close()
     if ok and type(cfg) == 'table' then
       if cfg.add_bos_token ~= nil then self.add_bos = cfg.add_bos_token == true and self.bos_id ~= nil end
       if cfg.add_eos_token ~= nil then self.add_eos = cfg.add_eos_token == true end
