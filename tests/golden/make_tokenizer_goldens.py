@@ -171,6 +171,10 @@ def train_qwen2(lines):
     tok.add_tokens([AddedToken("[[café]]", normalized=True)])
     path = os.path.join(OUT, "qwen2_style.json")
     tok.save(path)
+    with open(path, encoding="utf-8") as f:
+        obj = json.load(f)
+    with open(path, "w", encoding="utf-8") as f:  # compact, as the others
+        json.dump(obj, f, ensure_ascii=False)
     return Tokenizer.from_file(path)
 
 
