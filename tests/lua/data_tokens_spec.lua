@@ -276,9 +276,11 @@ describe('a small Llama trained on tokenizer shards', function()
     return v
   end
 
-  for _, case in ipairs({ { 'byte', 'byte' }, { 'SentencePiece', 'spm' } }) do
+  -- the BPE run also names its tokenizer (--tokenizer, checked against the shards)
+  for _, case in ipairs({ { 'byte', 'byte' }, { 'SentencePiece', 'spm' },
+                          { 'byte-level BPE', 'bpe', '--tokenizer=' .. dir .. '/bpe/tokenizer.json' } }) do
     it('lowers its validation loss (' .. case[1] .. ' tokens)', function()
-      local out, rc = train(dir .. '/' .. case[2])
+      local out, rc = train(dir .. '/' .. case[2], case[3])
       assert.equals(0, rc, out)
       local v = val_losses(out)
       assert.equals(4, #v, out)
