@@ -1184,9 +1184,12 @@ FL_API int fl_unit_finish_reduce(fl_unit *u);
 /* A Hugging Face tokenizer.json byte-level BPE (GPT-2, Llama 3 style):
  * results identical to the `tokenizers` package (core/text/bpe.c says which
  * parts of the format it implements; load refuses the others naming the
- * file and the field). One thread at a time per object. */
+ * file and the field). One thread at a time per handle: fl_bpe_clone makes
+ * another handle on the same loaded model for another thread. */
 typedef struct fl_bpe fl_bpe;
 FL_API fl_bpe *fl_bpe_load(const char *path);
+FL_API fl_bpe *fl_bpe_clone(const fl_bpe *t);
+/* Frees a handle; the model goes with its last handle. */
 FL_API void fl_bpe_free(fl_bpe *t);
 /* Largest id + 1 (model vocabulary and added tokens). */
 FL_API int64_t fl_bpe_vocab_size(const fl_bpe *t);

@@ -34,7 +34,9 @@
  * field.
  *
  * An fl_bpe is used by one thread at a time (its cache, match data and
- * output buffers are its own): give each worker thread its own.
+ * output buffers are its own); fl_bpe_clone gives another thread a handle
+ * of its own on the same loaded model (read-only, shared, reference
+ * counted), without reading the file again.
  */
 #include "internal.h"
 
@@ -186,7 +188,10 @@ typedef struct {
     bool special, lstrip, rstrip, normalized;
 } added_token;
 
-struct fl_bpe {
+/* What a tokenizer.json says: read-only once loaded, shared by the handles
+ * fl_bpe_clone makes (one per thread), freed with the last of them. */
+typedef struct bpe_model {
+    int refs;             /* handles sharing it (atomic) */
     char *path;
     int64_t n_ids;        /* largest id + 1 (model vocabulary and added tokens) */
     char **token;         /* id -> token text as the file has it (NULL: no token) */
@@ -201,7 +206,6 @@ struct fl_bpe {
     char byte_char[256][3]; /* byte -> its alphabet symbol in UTF-8 (1-2 bytes, NUL-ended) */
     pre_step steps[MAX_STEPS];
     int n_steps;
-    pcre2_match_data *match;
     added_token *added;   /* longest first */
     int n_added;
     bool added_first[2][256]; /* first bytes of the raw-text (0) and normalized-text (1) tokens */
@@ -210,7 +214,12 @@ struct fl_bpe {
     int32_t unk_id;       /* -1: none (unknown symbols are dropped, as in `tokenizers`) */
     int32_t template_pre[MAX_TEMPLATE], template_post[MAX_TEMPLATE];
     int n_template_pre, n_template_post;
-    /* per-call state */
+} bpe_model;
+
+/* A handle: the shared model and this thread's working state. */
+struct fl_bpe {
+    bpe_model *m;
+    pcre2_match_data *match;
     str_map cache;        /* word bytes -> (offset in cache_ids, count) */
     int32_t *cache_ids;
     size_t cache_ids_len, cache_ids_cap;
@@ -222,7 +231,7 @@ struct fl_bpe {
     size_t sym_cap;
     struct merge_entry *queue;
     size_t queue_cap;
-    char *scratch;        /* a piece with its prefix space; a word's alphabet form */
+    char *scratch;        /* a word's alphabet form (ignore_merges) */
     size_t scratch_cap;
     char *text;           /* decode's result */
     size_t text_cap;
@@ -241,41 +250,48 @@ static int grow(void **buf, size_t *cap, size_t need, size_t elem) {
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves,
  * the others for code points 256, 257, ... in byte order. */
-static void init_byte_alphabet(fl_bpe *t) {
-    for (int c = 0; c < 324; c++) t->char_byte[c] = -1;
+static void init_byte_alphabet(bpe_model *m) {
+    for (int c = 0; c < 324; c++) m->char_byte[c] = -1;
     int next = 256;
     for (int b = 0; b < 256; b++) {
         bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
         int cp = printable ? b : next++;
-        t->char_byte[cp] = (int16_t)b;
+        m->char_byte[cp] = (int16_t)b;
         if (cp < 0x80) {
-            t->byte_char[b][0] = (char)cp;
-            t->byte_char[b][1] = 0;
+            m->byte_char[b][0] = (char)cp;
+            m->byte_char[b][1] = 0;
         } else {
-            t->byte_char[b][0] = (char)(0xC0 | (cp >> 6));
-            t->byte_char[b][1] = (char)(0x80 | (cp & 0x3F));
-            t->byte_char[b][2] = 0;
+            m->byte_char[b][0] = (char)(0xC0 | (cp >> 6));
+            m->byte_char[b][1] = (char)(0x80 | (cp & 0x3F));
+            m->byte_char[b][2] = 0;
         }
     }
 }
 
+static void model_release(bpe_model *m) {
+    if (!m || __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
+    if (m->token) {
+        for (int64_t i = 0; i < m->n_ids; i++) free(m->token[i]);
+    }
+    free(m->token);
+    free(m->token_len);
+    free(m->special);
+    str_map_free(&m->vocab);
+    free(m->merges);
+    for (int i = 0; i < m->n_steps; i++) pcre2_code_free(m->steps[i].re);
+    for (int i = 0; i < m->n_added; i++) {
+        free(m->added[i].content);
+        free(m->added[i].pattern);
+    }
+    free(m->added);
+    free(m->path);
+    free(m);
+}
+
 void fl_bpe_free(fl_bpe *t) {
     if (!t) return;
-    if (t->token) {
-        for (int64_t i = 0; i < t->n_ids; i++) free(t->token[i]);
-    }
-    free(t->token);
-    free(t->token_len);
-    free(t->special);
-    str_map_free(&t->vocab);
-    free(t->merges);
-    for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re);
+    model_release(t->m);
     pcre2_match_data_free(t->match);
-    for (int i = 0; i < t->n_added; i++) {
-        free(t->added[i].content);
-        free(t->added[i].pattern);
-    }
-    free(t->added);
     str_map_free(&t->cache);
     free(t->cache_ids);
     free(t->out);
@@ -285,12 +301,33 @@ void fl_bpe_free(fl_bpe *t) {
     free(t->queue);
     free(t->scratch);
     free(t->text);
-    free(t->path);
     free(t);
 }
 
+/* A new handle on a model (whose reference the caller gives it). */
+static fl_bpe *handle_new(bpe_model *m) {
+    fl_bpe *t = calloc(1, sizeof *t);
+    if (t) t->m = m;
+    if (!t || !(t->match = pcre2_match_data_create(1, NULL)) || str_map_init(&t->cache, 1024)) {
+        if (t) t->m = NULL;
+        fl_bpe_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+fl_bpe *fl_bpe_clone(const fl_bpe *t) {
+    __atomic_add_fetch(&t->m->refs, 1, __ATOMIC_ACQ_REL);
+    fl_bpe *c = handle_new(t->m);
+    if (!c) {
+        model_release(t->m);
+        return FL_FAIL_NULL(FL_ERR_OOM, "tokenizer %s: out of memory", t->m->path);
+    }
+    return c;
+}
+
 /* Load-time failure: the message names the file and the field at fault. */
-#define LOAD_FAIL(status, ...) (fl_fail((status), __VA_ARGS__), fl_bpe_free(t), json_decref(root), (fl_bpe *)NULL)
+#define LOAD_FAIL(status, ...) (fl_fail((status), __VA_ARGS__), model_release(m), json_decref(root), (fl_bpe *)NULL)
 
 static pcre2_code *compile_regex(const char *pattern, size_t len, bool literal, char *err, size_t err_len) {
     int code;
@@ -314,13 +351,13 @@ static const char *json_type_name(const json_t *j) {
 }
 
 /* One pre-tokenizer (not a Sequence) into t->steps; NULL or an error text. */
-static const char *add_pre_step(fl_bpe *t, json_t *p, char *err, size_t err_len) {
+static const char *add_pre_step(bpe_model *m, json_t *p, char *err, size_t err_len) {
     const char *type = json_type_name(p);
-    if (t->n_steps == MAX_STEPS) return "pre_tokenizer: more steps than this build supports";
-    if (t->n_steps > 0 && t->steps[t->n_steps - 1].kind == STEP_BYTE_LEVEL) {
+    if (m->n_steps == MAX_STEPS) return "pre_tokenizer: more steps than this build supports";
+    if (m->n_steps > 0 && m->steps[m->n_steps - 1].kind == STEP_BYTE_LEVEL) {
         return "pre_tokenizer: a step after ByteLevel (this build needs ByteLevel last)";
     }
-    pre_step *s = &t->steps[t->n_steps];
+    pre_step *s = &m->steps[m->n_steps];
     memset(s, 0, sizeof *s);
     if (strcmp(type, "ByteLevel") == 0) {
         s->kind = STEP_BYTE_LEVEL;
@@ -353,17 +390,17 @@ static const char *add_pre_step(fl_bpe *t, json_t *p, char *err, size_t err_len)
         snprintf(err, err_len, "%s", type);
         return "pre_tokenizer.type: not implemented (ByteLevel, Split, Digits and Sequence of them are)";
     }
-    t->n_steps++;
+    m->n_steps++;
     return NULL;
 }
 
-static int32_t vocab_id(const fl_bpe *t, const char *s, size_t len) {
-    const str_slot *e = str_map_get(&t->vocab, s, len);
+static int32_t vocab_id(const bpe_model *m, const char *s, size_t len) {
+    const str_slot *e = str_map_get(&m->vocab, s, len);
     return e ? e->a : -1;
 }
 
 /* The special tokens of TemplateProcessing's "single" around $A. */
-static const char *load_template(fl_bpe *t, json_t *pp) {
+static const char *load_template(bpe_model *m, json_t *pp) {
     json_t *single = json_object_get(pp, "single");
     if (!json_is_array(single)) return "post_processor.single: expected a list";
     json_t *specials = json_object_get(pp, "special_tokens");
@@ -384,10 +421,10 @@ static const char *load_template(fl_bpe *t, json_t *pp) {
         size_t k;
         json_t *id;
         json_array_foreach(ids, k, id) {
-            int *n = seen_a ? &t->n_template_post : &t->n_template_pre;
-            int32_t *dst = seen_a ? t->template_post : t->template_pre;
+            int *n = seen_a ? &m->n_template_post : &m->n_template_pre;
+            int32_t *dst = seen_a ? m->template_post : m->template_pre;
             if (*n == MAX_TEMPLATE) return "post_processor.single: too many special tokens";
-            if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= t->n_ids) {
+            if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= m->n_ids) {
                 return "post_processor.special_tokens: an id outside the vocabulary";
             }
             dst[(*n)++] = (int32_t)json_integer_value(id);
@@ -397,16 +434,16 @@ static const char *load_template(fl_bpe *t, json_t *pp) {
     return NULL;
 }
 
-static const char *load_post_processor(fl_bpe *t, json_t *pp) {
+static const char *load_post_processor(bpe_model *m, json_t *pp) {
     if (!pp || json_is_null(pp)) return NULL;
     const char *type = json_type_name(pp);
     if (strcmp(type, "ByteLevel") == 0) return NULL; /* offsets only */
-    if (strcmp(type, "TemplateProcessing") == 0) return load_template(t, pp);
+    if (strcmp(type, "TemplateProcessing") == 0) return load_template(m, pp);
     if (strcmp(type, "Sequence") == 0) {
         size_t i;
         json_t *p;
         json_array_foreach(json_object_get(pp, "processors"), i, p) {
-            const char *e = load_post_processor(t, p);
+            const char *e = load_post_processor(m, p);
             if (e) return e;
         }
         return NULL;
@@ -431,23 +468,24 @@ static int cmp_added(const void *a, const void *b) {
 }
 
 /* Place a token text at an id of the id -> text table. */
-static int set_token(fl_bpe *t, int64_t id, const char *s, size_t len) {
-    free(t->token[id]);
-    t->token[id] = malloc(len + 1);
-    if (!t->token[id]) return -1;
-    memcpy(t->token[id], s, len);
-    t->token[id][len] = 0;
-    t->token_len[id] = (uint32_t)len;
+static int set_token(bpe_model *m, int64_t id, const char *s, size_t len) {
+    free(m->token[id]);
+    m->token[id] = malloc(len + 1);
+    if (!m->token[id]) return -1;
+    memcpy(m->token[id], s, len);
+    m->token[id][len] = 0;
+    m->token_len[id] = (uint32_t)len;
     return 0;
 }
 
 fl_bpe *fl_bpe_load(const char *path) {
     json_t *root = NULL;
-    fl_bpe *t = calloc(1, sizeof *t);
-    if (!t) return FL_FAIL_NULL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
-    t->path = strdup(path);
-    t->unk_id = -1;
-    init_byte_alphabet(t);
+    bpe_model *m = calloc(1, sizeof *m);
+    if (!m) return FL_FAIL_NULL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
+    m->refs = 1;
+    m->path = strdup(path);
+    m->unk_id = -1;
+    init_byte_alphabet(m);
     json_error_t jerr;
     root = json_load_file(path, 0, &jerr);
     if (!root) {
@@ -477,9 +515,9 @@ fl_bpe *fl_bpe_load(const char *path) {
         return LOAD_FAIL(FL_ERR_UNSUPPORTED, "tokenizer %s: model.dropout (random merges while training) is not "
                          "implemented", path);
     }
-    t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
-    t->fuse_unk = json_is_true(json_object_get(model, "fuse_unk"));
-    t->byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
+    m->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
+    m->fuse_unk = json_is_true(json_object_get(model, "fuse_unk"));
+    m->byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
 
     json_t *normalizer = json_object_get(root, "normalizer");
     if (normalizer && strcmp(json_type_name(normalizer), "Sequence") == 0 &&
@@ -494,9 +532,9 @@ fl_bpe *fl_bpe_load(const char *path) {
             { "NFKD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT },
         };
         for (size_t k = 0; k < sizeof forms / sizeof *forms; k++) {
-            if (strcmp(json_type_name(normalizer), forms[k].name) == 0) t->normalize = forms[k].opts;
+            if (strcmp(json_type_name(normalizer), forms[k].name) == 0) m->normalize = forms[k].opts;
         }
-        if (!t->normalize) {
+        if (!m->normalize) {
             return LOAD_FAIL(FL_ERR_UNSUPPORTED, "tokenizer %s: normalizer %s is not implemented (NFC, NFD, NFKC and "
                              "NFKD are)", path, json_type_name(normalizer));
         }
@@ -524,42 +562,41 @@ fl_bpe *fl_bpe_load(const char *path) {
         if (json_integer_value(id) > max_id) max_id = json_integer_value(id);
     }
     if (max_id < 0) return LOAD_FAIL(FL_ERR_IO, "tokenizer %s: model.vocab is empty", path);
-    t->n_ids = max_id + 1;
-    t->token = calloc((size_t)t->n_ids, sizeof *t->token);
-    t->token_len = calloc((size_t)t->n_ids, sizeof *t->token_len);
-    t->special = calloc((size_t)t->n_ids, sizeof *t->special);
-    if (!t->token || !t->token_len || !t->special || str_map_init(&t->vocab, json_object_size(vocab)) ||
-        str_map_init(&t->cache, 1024)) {
+    m->n_ids = max_id + 1;
+    m->token = calloc((size_t)m->n_ids, sizeof *m->token);
+    m->token_len = calloc((size_t)m->n_ids, sizeof *m->token_len);
+    m->special = calloc((size_t)m->n_ids, sizeof *m->special);
+    if (!m->token || !m->token_len || !m->special || str_map_init(&m->vocab, json_object_size(vocab))) {
         return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
     }
     json_object_foreach(vocab, key, val) {
         size_t len = strlen(key);
-        if (str_map_put(&t->vocab, key, len, (int32_t)json_integer_value(val), 0) ||
-            set_token(t, json_integer_value(val), key, len)) {
+        if (str_map_put(&m->vocab, key, len, (int32_t)json_integer_value(val), 0) ||
+            set_token(m, json_integer_value(val), key, len)) {
             return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
         }
     }
     for (int b = 0; b < 256; b++) {
-        t->byte_id[b] = vocab_id(t, t->byte_char[b], strlen(t->byte_char[b]));
+        m->byte_id[b] = vocab_id(m, m->byte_char[b], strlen(m->byte_char[b]));
         char fb[8];
         snprintf(fb, sizeof fb, "<0x%02X>", b);
-        t->byte_fallback_id[b] = t->byte_fallback ? vocab_id(t, fb, strlen(fb)) : -1;
+        m->byte_fallback_id[b] = m->byte_fallback ? vocab_id(m, fb, strlen(fb)) : -1;
     }
     const char *unk = json_string_value(json_object_get(model, "unk_token"));
     if (unk) {
-        t->unk_id = vocab_id(t, unk, strlen(unk));
-        if (t->unk_id < 0) return LOAD_FAIL(FL_ERR_IO, "tokenizer %s: model.unk_token %s is not in model.vocab", path, unk);
+        m->unk_id = vocab_id(m, unk, strlen(unk));
+        if (m->unk_id < 0) return LOAD_FAIL(FL_ERR_IO, "tokenizer %s: model.unk_token %s is not in model.vocab", path, unk);
     }
 
     /* Merges: "a b" (older files) or ["a", "b"] (tokenizers >= 0.20). */
     size_t n_merges = json_array_size(merges);
-    t->merges_cap = 64;
-    while (t->merges_cap < n_merges * 2) t->merges_cap *= 2;
-    t->merges = malloc(t->merges_cap * sizeof *t->merges);
+    m->merges_cap = 64;
+    while (m->merges_cap < n_merges * 2) m->merges_cap *= 2;
+    m->merges = malloc(m->merges_cap * sizeof *m->merges);
     char *joined = NULL;
     size_t joined_cap = 0;
-    if (!t->merges) return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
-    for (size_t k = 0; k < t->merges_cap; k++) t->merges[k].rank = -1;
+    if (!m->merges) return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
+    for (size_t k = 0; k < m->merges_cap; k++) m->merges[k].rank = -1;
     json_array_foreach(merges, i, val) {
         const char *l, *r;
         size_t ll, rl;
@@ -590,34 +627,34 @@ fl_bpe *fl_bpe_load(const char *path) {
         }
         memcpy(joined, l, ll);
         memcpy(joined + ll, r, rl);
-        int32_t a = vocab_id(t, l, ll), b = vocab_id(t, r, rl);
-        int32_t m = vocab_id(t, joined, ll + rl);
-        if (a < 0 || b < 0 || m < 0) {
+        int32_t a = vocab_id(m, l, ll), b = vocab_id(m, r, rl);
+        int32_t merged = vocab_id(m, joined, ll + rl);
+        if (a < 0 || b < 0 || merged < 0) {
             joined[ll + rl] = 0;
             fl_fail(FL_ERR_IO, "tokenizer %s: model.merges[%zu] (%.*s + %.*s -> %s) uses a token not in model.vocab",
                     path, i, (int)ll, l, (int)rl, r, joined);
             free(joined);
-            fl_bpe_free(t);
+            model_release(m);
             json_decref(root);
             return NULL;
         }
         uint64_t k = pair_key(a, b);
-        size_t s = pair_hash(k) & (t->merges_cap - 1);
-        while (t->merges[s].rank >= 0 && t->merges[s].key != k) s = (s + 1) & (t->merges_cap - 1);
+        size_t s = pair_hash(k) & (m->merges_cap - 1);
+        while (m->merges[s].rank >= 0 && m->merges[s].key != k) s = (s + 1) & (m->merges_cap - 1);
         /* A pair listed twice takes its last rank: `tokenizers` collects
          * the list into a hash map. */
-        t->merges[s].key = k;
-        t->merges[s].rank = (int32_t)i;
-        t->merges[s].merged = m;
+        m->merges[s].key = k;
+        m->merges[s].rank = (int32_t)i;
+        m->merges[s].merged = merged;
     }
     free(joined);
 
     /* Added tokens: their text and flags; they may reuse vocabulary ids. */
-    t->n_added = (int)json_array_size(added);
-    t->added = calloc((size_t)t->n_added + 1, sizeof *t->added);
-    if (!t->added) return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
+    m->n_added = (int)json_array_size(added);
+    m->added = calloc((size_t)m->n_added + 1, sizeof *m->added);
+    if (!m->added) return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
     json_array_foreach(added, i, val) {
-        added_token *a = &t->added[i];
+        added_token *a = &m->added[i];
         json_t *content = json_object_get(val, "content");
         size_t content_len = json_string_length(content);
         if (content_len == 0) return LOAD_FAIL(FL_ERR_IO, "tokenizer %s: added_tokens[%zu].content is empty", path, i);
@@ -636,13 +673,13 @@ fl_bpe *fl_bpe_load(const char *path) {
         /* As `tokenizers`: normalized unless said otherwise, when not special. */
         json_t *norm = json_object_get(val, "normalized");
         a->normalized = norm ? json_is_true(norm) : !a->special;
-        if (set_token(t, a->id, a->content, content_len)) {
+        if (set_token(m, a->id, a->content, content_len)) {
             return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
         }
-        if (a->normalized && t->normalize) {
+        if (a->normalized && m->normalize) {
             utf8proc_uint8_t *n = NULL;
             utf8proc_ssize_t nl = utf8proc_map((const utf8proc_uint8_t *)a->content, (utf8proc_ssize_t)a->len, &n,
-                                               (utf8proc_option_t)t->normalize);
+                                               (utf8proc_option_t)m->normalize);
             if (nl <= 0) {
                 free(n);
                 return LOAD_FAIL(FL_ERR_IO, "tokenizer %s: added_tokens[%zu].content is not valid UTF-8", path, i);
@@ -653,10 +690,10 @@ fl_bpe *fl_bpe_load(const char *path) {
             a->pattern = strdup(a->content);
             if (!a->pattern) return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
         }
-        t->special[a->id] = a->special;
-        t->added_first[a->normalized][(unsigned char)a->pattern[0]] = true;
+        m->special[a->id] = a->special;
+        m->added_first[a->normalized][(unsigned char)a->pattern[0]] = true;
     }
-    qsort(t->added, (size_t)t->n_added, sizeof *t->added, cmp_added);
+    qsort(m->added, (size_t)m->n_added, sizeof *m->added, cmp_added);
 
     /* Pre-tokenizer: ByteLevel last, Split/Digits before it. */
     json_t *pre = json_object_get(root, "pre_tokenizer");
@@ -667,30 +704,33 @@ fl_bpe *fl_bpe_load(const char *path) {
     } else if (strcmp(json_type_name(pre), "Sequence") == 0) {
         json_t *p;
         json_array_foreach(json_object_get(pre, "pretokenizers"), i, p) {
-            if ((e = add_pre_step(t, p, err, sizeof err))) break;
+            if ((e = add_pre_step(m, p, err, sizeof err))) break;
         }
     } else {
-        e = add_pre_step(t, pre, err, sizeof err);
+        e = add_pre_step(m, pre, err, sizeof err);
     }
-    if (!e && (t->n_steps == 0 || t->steps[t->n_steps - 1].kind != STEP_BYTE_LEVEL)) {
+    if (!e && (m->n_steps == 0 || m->steps[m->n_steps - 1].kind != STEP_BYTE_LEVEL)) {
         e = "pre_tokenizer: no ByteLevel step (this build implements byte-level BPE only)";
     }
     if (e) return LOAD_FAIL(FL_ERR_UNSUPPORTED, "tokenizer %s: %s%s%s", path, e, err[0] ? ": " : "", err);
-    t->match = pcre2_match_data_create(1, NULL);
-    if (!t->match) return LOAD_FAIL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
     for (int b = 0; b < 256; b++) {
-        if (t->byte_id[b] < 0 && t->byte_fallback_id[b] < 0 && t->unk_id < 0) {
+        if (m->byte_id[b] < 0 && m->byte_fallback_id[b] < 0 && m->unk_id < 0) {
             return LOAD_FAIL(FL_ERR_UNSUPPORTED, "tokenizer %s: model.vocab lacks the byte-level symbol of byte 0x%02X "
                              "(not a byte-level BPE)", path, b);
         }
     }
-    if ((e = load_post_processor(t, json_object_get(root, "post_processor")))) {
+    if ((e = load_post_processor(m, json_object_get(root, "post_processor")))) {
         return LOAD_FAIL(FL_ERR_UNSUPPORTED, "tokenizer %s: %s", path, e);
     }
     if ((e = load_decoder(json_object_get(root, "decoder")))) {
         return LOAD_FAIL(FL_ERR_UNSUPPORTED, "tokenizer %s: %s", path, e);
     }
     json_decref(root);
+    fl_bpe *t = handle_new(m);
+    if (!t) {
+        model_release(m);
+        return FL_FAIL_NULL(FL_ERR_OOM, "tokenizer %s: out of memory", path);
+    }
     return t;
 }
 
@@ -702,10 +742,10 @@ static int emit(fl_bpe *t, int32_t id) {
     return 0;
 }
 
-static int32_t pair_lookup(const fl_bpe *t, int32_t l, int32_t r, int32_t *merged) {
+static int32_t pair_lookup(const bpe_model *m, int32_t l, int32_t r, int32_t *merged) {
     uint64_t k = pair_key(l, r);
-    for (size_t s = pair_hash(k) & (t->merges_cap - 1);; s = (s + 1) & (t->merges_cap - 1)) {
-        const pair_slot *p = &t->merges[s];
+    for (size_t s = pair_hash(k) & (m->merges_cap - 1);; s = (s + 1) & (m->merges_cap - 1)) {
+        const pair_slot *p = &m->merges[s];
         if (p->rank < 0) return INT32_MAX;
         if (p->key == k) {
             *merged = p->merged;
@@ -760,7 +800,7 @@ static struct merge_entry queue_pop(struct merge_entry *q, size_t *n) {
 static void queue_pair(fl_bpe *t, size_t *nq, int32_t pos) {
     int32_t merged, r = t->next[pos];
     if (r < 0) return;
-    int32_t rank = pair_lookup(t, t->sym[pos], t->sym[r], &merged);
+    int32_t rank = pair_lookup(t->m, t->sym[pos], t->sym[r], &merged);
     if (rank != INT32_MAX) queue_push(t->queue, nq, (struct merge_entry){ rank, pos, merged });
 }
 
@@ -777,7 +817,7 @@ static int merge_word(fl_bpe *t, size_t k) {
         struct merge_entry top = queue_pop(t->queue, &nq);
         int32_t pos = top.pos, r = t->next[pos], merged;
         if (t->sym[pos] < 0 || r < 0) continue;
-        if (pair_lookup(t, t->sym[pos], t->sym[r], &merged) == INT32_MAX || merged != top.merged) continue;
+        if (pair_lookup(t->m, t->sym[pos], t->sym[r], &merged) == INT32_MAX || merged != top.merged) continue;
         t->sym[pos] = top.merged;
         t->sym[r] = -1;
         t->next[pos] = t->next[r];
@@ -806,15 +846,15 @@ static int encode_word(fl_bpe *t, const char *w, size_t n) {
     }
     size_t start = t->out_len;
     int32_t whole = -1;
-    if (t->ignore_merges) {
+    if (t->m->ignore_merges) {
         if (grow((void **)&t->scratch, &t->scratch_cap, 2 * n, 1)) return -1;
-        size_t m = 0;
+        size_t len = 0;
         for (size_t i = 0; i < n; i++) {
-            const char *c = t->byte_char[(unsigned char)w[i]];
-            t->scratch[m++] = c[0];
-            if (c[1]) t->scratch[m++] = c[1];
+            const char *c = t->m->byte_char[(unsigned char)w[i]];
+            t->scratch[len++] = c[0];
+            if (c[1]) t->scratch[len++] = c[1];
         }
-        whole = vocab_id(t, t->scratch, m);
+        whole = vocab_id(t->m, t->scratch, len);
     }
     if (whole >= 0) {
         if (emit(t, whole)) return -1;
@@ -837,11 +877,11 @@ static int encode_word(fl_bpe *t, const char *w, size_t n) {
         size_t k = 0;
         for (size_t i = 0; i < n; i++) {
             unsigned char b = (unsigned char)w[i];
-            int32_t id = t->byte_id[b];
-            if (id < 0) id = t->byte_fallback_id[b];
+            int32_t id = t->m->byte_id[b];
+            if (id < 0) id = t->m->byte_fallback_id[b];
             if (id < 0) {
-                if (t->fuse_unk && k > 0 && t->sym[k - 1] == t->unk_id) continue;
-                id = t->unk_id;
+                if (t->m->fuse_unk && k > 0 && t->sym[k - 1] == t->m->unk_id) continue;
+                id = t->m->unk_id;
             }
             if (id >= 0) t->sym[k++] = id;
         }
@@ -861,67 +901,66 @@ static int encode_word(fl_bpe *t, const char *w, size_t n) {
     return 0;
 }
 
-/* Pieces of s[0, n) by step `step` and the ones after it, each piece's BPE
- * appended to t->out. 0, -1 (out of memory) or 1 (the error is set). */
-static int pre_tokenize(fl_bpe *t, int step, const char *s, size_t n) {
+/* One piece of the pre-tokenizer's step `step`: split further by the steps
+ * after it, or (after the last) encoded as a word. */
+static int pre_tokenize(fl_bpe *t, int step, const char *s, size_t n, bool prefixed);
+
+static int piece(fl_bpe *t, int step, const char *s, size_t n) {
     if (n == 0) return 0;
-    const pre_step *p = &t->steps[step];
-    if (p->kind == STEP_BYTE_LEVEL && p->add_prefix_space && s[0] != ' ') {
+    return step + 1 < t->m->n_steps ? pre_tokenize(t, step + 1, s, n, false) : encode_word(t, s, n);
+}
+
+/* Pieces of s[0, n) by step `step` and the ones after it, each piece's BPE
+ * appended to t->out (`prefixed`: ByteLevel's prefix space is in s
+ * already). 0, -1 (out of memory) or 1 (the error is set). */
+static int pre_tokenize(fl_bpe *t, int step, const char *s, size_t n, bool prefixed) {
+    if (n == 0) return 0;
+    const pre_step *p = &t->m->steps[step];
+    if (p->kind == STEP_BYTE_LEVEL && p->add_prefix_space && !prefixed && s[0] != ' ') {
         /* The piece with a space before it, in its own buffer: the regex
          * below must see the space. */
         char *buf = malloc(n + 1);
         if (!buf) return -1;
         buf[0] = ' ';
         memcpy(buf + 1, s, n);
-        pre_step saved = *p;
-        t->steps[step].add_prefix_space = false;
-        int rc = pre_tokenize(t, step, buf, n + 1);
-        t->steps[step] = saved;
+        int rc = pre_tokenize(t, step, buf, n + 1, true);
         free(buf);
         return rc;
     }
-    if (!p->re) return encode_word(t, s, n); /* ByteLevel without regex */
-    size_t pos = 0;
-    while (pos < n) {
-        int rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, pos, 0, t->match, NULL);
+    if (!p->re) return piece(t, step, s, n); /* ByteLevel without regex */
+    /* Isolated: every match is a piece, and so is every gap between them.
+     * An empty match is no piece; the search goes on a character later. */
+    size_t gap = 0, at = 0;
+    while (at < n) {
+        int rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, at, 0, t->match, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            fl_fail(FL_ERR_ARG, "tokenizer %s: pre-tokenizer regex failed: %s", t->path, (const char *)msg);
+            fl_fail(FL_ERR_ARG, "tokenizer %s: pre-tokenizer regex failed: %s", t->m->path, (const char *)msg);
             return 1;
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->match);
         size_t ms = ov[0], me = ov[1];
-        if (me == ms) { /* an empty match: step over one byte (no piece) */
-            pos = ms + 1;
+        if (me == ms) {
+            at = ms + 1;
+            while (at < n && ((unsigned char)s[at] & 0xC0) == 0x80) at++;
             continue;
         }
-        /* Isolated: the gap before the match and the match are pieces. */
-        if (p->kind == STEP_BYTE_LEVEL) {
-            if (ms > pos && encode_word(t, s + pos, ms - pos)) return -1;
-            if (encode_word(t, s + ms, me - ms)) return -1;
-        } else {
-            int rc2 = ms > pos ? pre_tokenize(t, step + 1, s + pos, ms - pos) : 0;
-            if (rc2 || (rc2 = pre_tokenize(t, step + 1, s + ms, me - ms))) return rc2;
-        }
-        pos = me;
+        if ((rc = piece(t, step, s + gap, ms - gap)) || (rc = piece(t, step, s + ms, me - ms))) return rc;
+        gap = at = me;
     }
-    if (pos < n) {
-        if (p->kind == STEP_BYTE_LEVEL) return encode_word(t, s + pos, n - pos);
-        return pre_tokenize(t, step + 1, s + pos, n - pos);
-    }
-    return 0;
+    return piece(t, step, s + gap, n - gap);
 }
 
 static bool is_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
 /* The added token of a pass (0: raw text, 1: normalized text) starting at
  * text[i] (longest first), or NULL. */
-static const added_token *added_at(const fl_bpe *t, int pass, const char *text, size_t len, size_t i) {
-    if (!t->added_first[pass][(unsigned char)text[i]]) return NULL;
-    for (int k = 0; k < t->n_added; k++) {
-        const added_token *a = &t->added[k];
+static const added_token *added_at(const bpe_model *m, int pass, const char *text, size_t len, size_t i) {
+    if (!m->added_first[pass][(unsigned char)text[i]]) return NULL;
+    for (int k = 0; k < m->n_added; k++) {
+        const added_token *a = &m->added[k];
         if (a->normalized == pass && a->len <= len - i && memcmp(text + i, a->pattern, a->len) == 0) return a;
     }
     return NULL;
@@ -933,10 +972,10 @@ static int split_added(fl_bpe *t, int pass, const char *text, size_t len);
  * normalized added tokens cut out. Text that is not UTF-8 is left as it
  * is (`tokenizers` never sees any: Python and Rust strings are UTF-8). */
 static int normalize_segment(fl_bpe *t, const char *text, size_t len) {
-    if (!t->normalize || len == 0) return split_added(t, 1, text, len);
+    if (!t->m->normalize || len == 0) return split_added(t, 1, text, len);
     utf8proc_uint8_t *n = NULL;
     utf8proc_ssize_t nl = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len, &n,
-                                       (utf8proc_option_t)t->normalize);
+                                       (utf8proc_option_t)t->m->normalize);
     if (nl == UTF8PROC_ERROR_NOMEM) return -1;
     int rc = nl < 0 ? split_added(t, 1, text, len) : split_added(t, 1, (const char *)n, (size_t)nl);
     free(n);
@@ -951,12 +990,13 @@ static int split_added(fl_bpe *t, int pass, const char *text, size_t len) {
     size_t seg = 0, i = 0;
     for (;;) {
         const added_token *a = NULL;
-        while (i < len && !(a = added_at(t, pass, text, len, i))) i++;
+        while (i < len && !(a = added_at(t->m, pass, text, len, i))) i++;
         size_t end = i;
         if (a && a->lstrip) {
             while (end > seg && is_space((unsigned char)text[end - 1])) end--;
         }
-        int rc = pass == 0 ? normalize_segment(t, text + seg, end - seg) : pre_tokenize(t, 0, text + seg, end - seg);
+        int rc = pass == 0 ? normalize_segment(t, text + seg, end - seg)
+                           : pre_tokenize(t, 0, text + seg, end - seg, false);
         if (rc) return rc;
         if (!a) return 0;
         if (emit(t, a->id)) return -1;
@@ -971,22 +1011,22 @@ static int split_added(fl_bpe *t, int pass, const char *text, size_t len) {
 int64_t fl_bpe_encode(fl_bpe *t, const char *text, size_t len, bool add_special, const int32_t **ids) {
     t->out_len = 0;
     if (add_special) {
-        for (int k = 0; k < t->n_template_pre; k++) {
-            if (emit(t, t->template_pre[k])) goto oom;
+        for (int k = 0; k < t->m->n_template_pre; k++) {
+            if (emit(t, t->m->template_pre[k])) goto oom;
         }
     }
     int rc = split_added(t, 0, text, len);
     if (rc > 0) return -1;
     if (rc < 0) goto oom;
     if (add_special) {
-        for (int k = 0; k < t->n_template_post; k++) {
-            if (emit(t, t->template_post[k])) goto oom;
+        for (int k = 0; k < t->m->n_template_post; k++) {
+            if (emit(t, t->m->template_post[k])) goto oom;
         }
     }
     *ids = t->out;
     return (int64_t)t->out_len;
 oom:
-    fl_fail(FL_ERR_OOM, "tokenizer %s: out of memory encoding %zu bytes", t->path, len);
+    fl_fail(FL_ERR_OOM, "tokenizer %s: out of memory encoding %zu bytes", t->m->path, len);
     return -1;
 }
 
@@ -1036,32 +1076,32 @@ static size_t lossy_utf8(const unsigned char *s, size_t n, char *out) {
 int64_t fl_bpe_decode(fl_bpe *t, const int32_t *ids, int64_t n, bool skip_special, const char **text) {
     size_t bytes = 0;
     for (int64_t k = 0; k < n; k++) {
-        if (ids[k] < 0 || ids[k] >= t->n_ids || !t->token[ids[k]]) {
+        if (ids[k] < 0 || ids[k] >= t->m->n_ids || !t->m->token[ids[k]]) {
             fl_fail(FL_ERR_ARG, "tokenizer %s: decode: id %d at position %lld is not in the vocabulary (%lld ids)",
-                    t->path, (int)ids[k], (long long)k, (long long)t->n_ids);
+                    t->m->path, (int)ids[k], (long long)k, (long long)t->m->n_ids);
             return -1;
         }
-        bytes += t->token_len[ids[k]];
+        bytes += t->m->token_len[ids[k]];
     }
     /* Raw bytes first (at most the tokens' length), then the lossy UTF-8
      * of them (at most 3 bytes per byte) after them in the same buffer. */
     if (grow((void **)&t->text, &t->text_cap, bytes * 4 + 1, 1)) {
-        fl_fail(FL_ERR_OOM, "tokenizer %s: out of memory decoding %lld ids", t->path, (long long)n);
+        fl_fail(FL_ERR_OOM, "tokenizer %s: out of memory decoding %lld ids", t->m->path, (long long)n);
         return -1;
     }
     unsigned char *raw = (unsigned char *)t->text + bytes * 3 + 1;
     size_t r = 0;
     for (int64_t k = 0; k < n; k++) {
-        if (skip_special && t->special[ids[k]]) continue;
-        const unsigned char *s = (const unsigned char *)t->token[ids[k]];
-        size_t len = t->token_len[ids[k]], start = r;
+        if (skip_special && t->m->special[ids[k]]) continue;
+        const unsigned char *s = (const unsigned char *)t->m->token[ids[k]];
+        size_t len = t->m->token_len[ids[k]], start = r;
         bool mapped = true;
         for (size_t i = 0; i < len && mapped;) {
             uint32_t cp;
             if (s[i] < 0x80) cp = s[i++];
             else if ((s[i] & 0xE0) == 0xC0 && i + 1 < len) cp = (uint32_t)(s[i] & 0x1F) << 6 | (s[i + 1] & 0x3F), i += 2;
             else cp = UINT32_MAX, i = len;
-            if (cp < 324 && t->char_byte[cp] >= 0) raw[r++] = (unsigned char)t->char_byte[cp];
+            if (cp < 324 && t->m->char_byte[cp] >= 0) raw[r++] = (unsigned char)t->m->char_byte[cp];
             else mapped = false;
         }
         if (!mapped) { /* a character outside the alphabet: the token's own text */
@@ -1078,24 +1118,24 @@ int64_t fl_bpe_decode(fl_bpe *t, const int32_t *ids, int64_t n, bool skip_specia
 
 /* ---- vocabulary queries ------------------------------------------------- */
 
-int64_t fl_bpe_vocab_size(const fl_bpe *t) { return t->n_ids; }
+int64_t fl_bpe_vocab_size(const fl_bpe *t) { return t->m->n_ids; }
 
 int64_t fl_bpe_token_to_id(const fl_bpe *t, const char *token, size_t len) {
-    for (int k = 0; k < t->n_added; k++) {
-        const added_token *a = &t->added[k];
-        if (t->token_len[a->id] == len && memcmp(a->content, token, len) == 0) return a->id;
+    for (int k = 0; k < t->m->n_added; k++) {
+        const added_token *a = &t->m->added[k];
+        if (t->m->token_len[a->id] == len && memcmp(a->content, token, len) == 0) return a->id;
     }
-    return vocab_id(t, token, len);
+    return vocab_id(t->m, token, len);
 }
 
 const char *fl_bpe_id_to_token(const fl_bpe *t, int64_t id, size_t *len) {
-    if (id < 0 || id >= t->n_ids || !t->token[id]) {
-        fl_fail(FL_ERR_ARG, "tokenizer %s: id %lld is not in the vocabulary (%lld ids)", t->path, (long long)id,
-                (long long)t->n_ids);
+    if (id < 0 || id >= t->m->n_ids || !t->m->token[id]) {
+        fl_fail(FL_ERR_ARG, "tokenizer %s: id %lld is not in the vocabulary (%lld ids)", t->m->path, (long long)id,
+                (long long)t->m->n_ids);
         return NULL;
     }
-    *len = t->token_len[id];
-    return t->token[id];
+    *len = t->m->token_len[id];
+    return t->m->token[id];
 }
 
-bool fl_bpe_is_special(const fl_bpe *t, int64_t id) { return id >= 0 && id < t->n_ids && t->special[id]; }
+bool fl_bpe_is_special(const fl_bpe *t, int64_t id) { return id >= 0 && id < t->m->n_ids && t->m->special[id]; }

@@ -3,8 +3,9 @@
  * the Lua goldens (tests/lua/tokenizer_spec.lua) do not pin down: decoding
  * bytes that are not UTF-8 gives U+FFFD once per maximal invalid subpart,
  * as Rust's String::from_utf8_lossy (what `tokenizers` returns); encoded
- * ids stay valid until the next call; and failures leave a message naming
- * the file. Reads the shipped test tokenizers from tests/golden/tokenizers
+ * ids stay valid until the next call; handles cloned for threads encode
+ * as the original, at the same time, and outlive it; and failures leave a
+ * message naming the file. Reads the shipped test tokenizers from tests/golden/tokenizers
  * (fsdp-ctest runs from the repository root).
  */
 #include <setjmp.h>
@@ -14,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,6 +94,64 @@ static void ids_and_errors(void **state) {
     fl_clear_error();
 }
 
+/* A thread's work: encode the texts with its own handle, compare. */
+static const char *const TEXTS[] = {
+    "Hello world, it's 12345 \xF0\x9F\x98\x80", "  leading  and trailing  ", "<|endoftext|> special",
+    "na\xC3\xAFve caf\xC3\xA9 \xE4\xB8\xAD\xE6\x96\x87", "a fairly long sentence that repeats words words words",
+};
+enum { N_TEXTS = sizeof TEXTS / sizeof *TEXTS, ROUNDS = 200 };
+
+typedef struct {
+    fl_bpe *handle;
+    int32_t *want[N_TEXTS];
+    int64_t want_n[N_TEXTS];
+    int mismatches;
+} worker;
+
+static void *encode_all(void *arg) {
+    worker *w = arg;
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int i = 0; i < N_TEXTS; i++) {
+            const int32_t *ids;
+            int64_t n = fl_bpe_encode(w->handle, TEXTS[i], strlen(TEXTS[i]), false, &ids);
+            if (n != w->want_n[i] || memcmp(ids, w->want[i], (size_t)n * sizeof *ids) != 0) w->mismatches++;
+        }
+    }
+    return NULL;
+}
+
+static void clones_share_the_model_across_threads(void **state) {
+    (void)state;
+    fl_bpe *t = fl_bpe_load(GPT2);
+    assert_non_null(t);
+    worker w[3];
+    memset(w, 0, sizeof w);
+    for (int i = 0; i < N_TEXTS; i++) {
+        const int32_t *ids;
+        int64_t n = fl_bpe_encode(t, TEXTS[i], strlen(TEXTS[i]), false, &ids);
+        assert_true(n > 0);
+        for (int k = 0; k < 3; k++) {
+            w[k].want[i] = malloc((size_t)n * sizeof *ids);
+            memcpy(w[k].want[i], ids, (size_t)n * sizeof *ids);
+            w[k].want_n[i] = n;
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        w[k].handle = fl_bpe_clone(t);
+        assert_non_null(w[k].handle);
+    }
+    fl_bpe_free(t); /* the clones keep the model */
+    pthread_t th[3];
+    for (int k = 0; k < 3; k++) assert_int_equal(0, pthread_create(&th[k], NULL, encode_all, &w[k]));
+    for (int k = 0; k < 3; k++) {
+        pthread_join(th[k], NULL);
+        assert_int_equal(0, w[k].mismatches);
+        assert_int_equal(701, fl_bpe_vocab_size(w[k].handle));
+        fl_bpe_free(w[k].handle);
+        for (int i = 0; i < N_TEXTS; i++) free(w[k].want[i]);
+    }
+}
+
 static void sentencepiece_in_process(void **state) {
     (void)state;
     fl_spm *t = fl_spm_load("tests/golden/tokenizers/spm.model");
@@ -115,6 +175,7 @@ int fl_test_text(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(decodes_invalid_utf8_as_rust_does),
         cmocka_unit_test(ids_and_errors),
+        cmocka_unit_test(clones_share_the_model_across_threads),
         cmocka_unit_test(sentencepiece_in_process),
     };
     return cmocka_run_group_tests_name("text", tests, NULL, NULL);
