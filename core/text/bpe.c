@@ -929,7 +929,9 @@ static int pre_tokenize(fl_bpe *t, int step, const char *s, size_t n, bool prefi
     }
     if (!p->re) return piece(t, step, s, n); /* ByteLevel without regex */
     /* Isolated: every match is a piece, and so is every gap between them.
-     * An empty match is no piece; the search goes on a character later. */
+     * An empty match is no piece but still ends the gap before it (so
+     * `tokenizers` splits "abc" by \d* into a, b, c); the search goes on a
+     * character later. */
     size_t gap = 0, at = 0;
     while (at < n) {
         int rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, at, 0, t->match, NULL);
@@ -943,6 +945,8 @@ static int pre_tokenize(fl_bpe *t, int step, const char *s, size_t n, bool prefi
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->match);
         size_t ms = ov[0], me = ov[1];
         if (me == ms) {
+            if ((rc = piece(t, step, s + gap, ms - gap))) return rc;
+            gap = ms;
             at = ms + 1;
             while (at < n && ((unsigned char)s[at] & 0xC0) == 0x80) at++;
             continue;

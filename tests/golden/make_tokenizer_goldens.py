@@ -27,7 +27,11 @@ Needs the PyPI packages `tokenizers` and `sentencepiece`. Writes:
                       without and with the special tokens the post-processor
                       adds, the decoded text with and without special tokens,
                       and the decoding of the first half of the ids (cut
-                      inside characters: U+FFFD as the reference does it)
+                      inside characters: U+FFFD as the reference does it);
+                      and the ids of variants of gpt2_style.json that the
+                      spec rebuilds from the JSON changes stored with them
+                      (quirks of `tokenizers`: a split regex with empty
+                      matches, merges listed twice)
 """
 import json
 import os
@@ -202,6 +206,31 @@ def hf_results(tok):
     return out
 
 
+def gpt2_variants(texts):
+    """Changes to gpt2_style.json (applied by the spec too) and their ids."""
+    with open(os.path.join(OUT, "gpt2_style.json"), encoding="utf-8") as f:
+        base = json.load(f)
+    variants = [
+        {"name": "split_empty_matches", "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "\\d*"}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": False}]}},
+        {"name": "merges_listed_twice", "repeat_first_merges": 40},
+    ]
+    path = os.path.join(OUT, "variant.tmp.json")
+    for v in variants:
+        obj = json.loads(json.dumps(base))
+        if "pre_tokenizer" in v:
+            obj["pre_tokenizer"] = v["pre_tokenizer"]
+        if "repeat_first_merges" in v:
+            obj["model"]["merges"] += obj["model"]["merges"][:v["repeat_first_merges"]]
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(obj, f, ensure_ascii=False)
+        tok = Tokenizer.from_file(path)
+        v["ids"] = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    os.remove(path)
+    return variants
+
+
 def spm_results(sp):
     out = []
     for text in TEXTS:
@@ -219,6 +248,7 @@ def main():
         "gpt2_style": {"vocab_size": gpt2.get_vocab_size(with_added_tokens=True), "results": hf_results(gpt2)},
         "llama3_style": {"vocab_size": llama3.get_vocab_size(with_added_tokens=True),
                          "results": hf_results(llama3)},
+        "gpt2_variants": gpt2_variants(TEXTS),
         "qwen2_style": {"vocab_size": qwen2.get_vocab_size(with_added_tokens=True), "results": hf_results(qwen2)},
         "spm": {"vocab_size": sp.get_piece_size(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id(),
                 "unk_id": sp.unk_id(), "results": spm_results(sp)},

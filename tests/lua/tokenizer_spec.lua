@@ -87,6 +87,21 @@ describe('tokenizer.json byte-level BPE', function()
     assert.same({ custom }, tok:encode_list('[[cafe\u{301}]]'))
   end)
 
+  it("follows tokenizers' quirks: a split regex's empty matches, merges listed twice (the last wins)", function()
+    local dir = tmpdir()
+    for _, v in ipairs(goldens.gpt2_variants) do
+      local j = cjson.decode(read(DIR .. '/gpt2_style.json'))
+      if v.pre_tokenizer then j.pre_tokenizer = v.pre_tokenizer end
+      for k = 1, v.repeat_first_merges or 0 do j.model.merges[#j.model.merges + 1] = j.model.merges[k] end
+      local path = dir .. '/' .. v.name .. '.json'
+      write(path, cjson.encode(j))
+      local tok = bpe.load(path)
+      for i, text in ipairs(goldens.texts) do
+        assert.same(v.ids[i], tok:encode_list(text), ('%s: text %d %q'):format(v.name, i, text:sub(1, 40)))
+      end
+    end
+  end)
+
   it('round-trips any valid text and keeps invalid bytes as tokens', function()
     local tok = bpe.load(DIR .. '/gpt2_style.json')
     local text = 'Grüße, 世界! 🙂\n\t  x' .. string.rep('ab', 500)
