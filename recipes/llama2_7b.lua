@@ -92,7 +92,8 @@ local cfg = recipe.config(lora.options(pretrained.options(nonfinite.options(ckpt
              return nil, ('%s: no such file or directory; --dataset takes token shards (a directory from '
                .. 'tools/tokenize.lua, or one shard), not a Hugging Face dataset name'):format(text)
            end } },
-  tokenizer = { '', "with --data: the tokenizer the shards were made with ('byte' or a SentencePiece .model), "
+  tokenizer = { '', "with --data: the tokenizer the shards were made with ('byte', a SentencePiece .model, a "
+                    .. "tokenizer.json or a local HF model directory), "
                     .. 'checked against them', needs = 'data' },
   dataset_config_name = { '', 'the seed\'s Hugging Face dataset config: not supported (refused when set)',
                           check = function(v)
@@ -150,12 +151,12 @@ local cfg = recipe.config(lora.options(pretrained.options(nonfinite.options(ckpt
     if cfg.tokenizer ~= '' then
       local ok, tok = pcall(require('fsdp.data.tokenizer').load, cfg.tokenizer)
       if not ok then
-        error(('--tokenizer %s: %s (expected \'byte\' or the path of a SentencePiece .model; Hugging Face '
-          .. 'tokenizer names are not supported)'):format(cfg.tokenizer, recipe.bare(tok)), 0)
+        error(('--tokenizer %s: %s (expected \'byte\', a SentencePiece .model, a tokenizer.json or a local HF '
+          .. 'model directory; Hugging Face hub names are not fetched)'):format(cfg.tokenizer, recipe.bare(tok)), 0)
       end
       if tok.vocab_size ~= data.vocab_size or tok.eos_id ~= data.eos_id then
-        error(('--tokenizer %s (vocab %d, eos %d) is not the tokenizer of --%s %s (%s: vocab %d, eos %d)'):format(
-          cfg.tokenizer, tok.vocab_size, tok.eos_id, written.data or 'data', cfg.data, tostring(data.tokenizer),
+        error(('--tokenizer %s (vocab %d, eos %s) is not the tokenizer of --%s %s (%s: vocab %d, eos %d)'):format(
+          cfg.tokenizer, tok.vocab_size, tostring(tok.eos_id), written.data or 'data', cfg.data, tostring(data.tokenizer),
           data.vocab_size, data.eos_id), 0)
       end
     end

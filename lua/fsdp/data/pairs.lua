@@ -48,8 +48,8 @@ local function pad_rows(ids, len, eos, pad)
   return out, mask, truncated
 end
 
--- opts: tokenizer ('byte' or a SentencePiece model path, or a loaded
--- tokenizer), source_field/target_field ('source'/'target'), source_len,
+-- opts: tokenizer ('byte', a tokenizer file or model directory as
+-- fsdp.data.tokenizer.load takes them, or a loaded tokenizer), source_field/target_field ('source'/'target'), source_len,
 -- target_len, split ('train' or 'val'), val_fraction (0), pad_id (0),
 -- batch_size, cap_batch (lower batch_size to what the split holds for
 -- the world size: floor(n / world_size), for validation splits smaller
