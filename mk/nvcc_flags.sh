@@ -1,5 +1,5 @@
 #!/bin/sh
-# nvcc_flags.sh: the nvcc options of the CUDA backend, shared by mk/extra.mk
+# nvcc_flags.sh: the nvcc options of the CUDA backend, shared by mk/cuda.mk
 # (premake4) and premake5.lua. Real code for sm_80 (A100) and sm_90
 # (H100/H200), plus compute_90 PTX so newer GPUs can JIT it. core/ops is on
 # the include path for the kernel tables (binary.h, elementwise.h, ...).

@@ -1,27 +1,14 @@
-# extra.mk: appended by premake5.lua to the core's generated makefile
-# (build/fsdp.make) under premake4, which has no custom build rules.
-#   1. fsdp_cdef.o: the FFI declarations generated from the public header.
-#   2. *.cu.o: the CUDA sources, compiled by nvcc when the build found it
-#      (FL_NVCC non-empty) and the configuration is release or debug.
-#   3. In the cudasim configuration, the same sources rewritten by
+# cuda.mk: appended by premake5.lua to the CUDA plugin's generated makefile
+# (build/fsdp_cuda.make, libfsdp_cuda.so) under premake4, which has no
+# custom build rules.
+#   1. *.cu.o: the CUDA sources, compiled by nvcc in the release and debug
+#      configurations.
+#   2. In the cudasim configuration, the same sources rewritten by
 #      tests/cudasim/rewrite.lua and compiled by the C++ compiler with
 #      tests/cudasim/cudasim.h, plus the simulated runtime and libraries.
 # Both are added to OBJECTS and made prerequisites of the library, so
 # `make -j` links only after they exist; -MMD -MP tracks the headers the
 # CUDA sources include.
-
-FL_CDEF_C := $(OBJDIR)/fsdp_cdef.c
-FL_CDEF_O := $(OBJDIR)/fsdp_cdef.o
-
-$(FL_CDEF_C): $(FL_ROOT)/core/include/fsdp.h $(FL_ROOT)/mk/gen_cdef.sh | $(OBJDIR)
-	@echo "generating FFI declarations"
-	$(SILENT) CC="$(CC)" sh $(FL_ROOT)/mk/gen_cdef.sh $< $@
-
-$(FL_CDEF_O): $(FL_CDEF_C)
-	$(SILENT) $(CC) $(CFLAGS) -o "$@" -c "$<"
-
-OBJECTS += $(FL_CDEF_O)
-$(TARGET): $(FL_CDEF_O)
 
 ifneq ($(FL_NVCC),)
 ifneq ($(filter release debug,$(config)),)
