@@ -241,7 +241,6 @@ project "fsdp_cuda"
   -- Refuse to link with a symbol left unresolved: the loader's dlopen
   -- would otherwise be the first to notice.
   linkoptions { "-Wl,--no-undefined", "-Wl,-rpath,'$$ORIGIN'" }
-  defines { "FL_HAVE_CUDA" }
   filter "configurations:release or debug"
     libdirs { CUDA_HOME .. "/lib64" }
     -- cuBLASLt for GEMMs, cuDNN for convolutions and fused attention;

@@ -50,6 +50,19 @@ describe('the CUDA backend as a plugin', function()
     assert.matches('zeros\tfalse\t.*cannot allocate on device cuda:0: this build has no CUDA backend', out)
   end)
 
+  it('is opened only when something asks for cuda', function()
+    -- the dynamic loader's trace names every library it opens
+    local bad = os.tmpname()
+    local trace = function(code)
+      return sh(('FSDP_CUDA_LIBRARY=%q LD_DEBUG=files timeout 20 %q -e %q'):format(bad, EXE, code))
+    end
+    local quiet = trace("local fsdp = require 'fsdp'; print(fsdp.build_info, fsdp.cuda.built())")
+    local asked = trace("local fsdp = require 'fsdp'; print(fsdp.cuda.device_count())")
+    os.remove(bad)
+    assert.is_nil(quiet:find(bad, 1, true), quiet)
+    assert.truthy(asked:find('file=' .. bad, 1, true), asked)
+  end)
+
   it('names the loader\'s reason when the plugin cannot be loaded', function()
     -- a file that is no shared object: what a plugin whose CUDA libraries
     -- are missing also gets, dlopen's message
