@@ -67,9 +67,6 @@ extern "C" {
 #endif
 void *fl_cuda_host_alloc(int64_t nbytes);  /* page-locked; NULL on failure */
 void fl_cuda_host_free(void *ptr);
-/* cudaMemcpyAsync on the compute stream of device `index`; 0 on success. */
-int fl_cuda_memcpy_async(int index, void *dst, const void *src, int64_t nbytes, int to_host);
-int fl_cuda_event_wait(void *event);       /* cudaEventSynchronize; 0 on success */
 const char *fl_cuda_host_problem(void);    /* text of the last failed call above */
 #ifdef __cplusplus
 }
@@ -82,15 +79,12 @@ const char *fl_cuda_host_problem(void);    /* text of the last failed call above
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* cuda_host.cu ([Note: the copy stream]): device `index`'s copy stream,
- * made on first use (non-blocking); 0 on success. */
-int fl_cuda_copy_stream(int index, uint64_t *stream);
 /* The non-blocking streams beside the compute stream, one of each kind per
  * device, made on first use: the copy stream and NCCL's communication
  * stream (cuda_nccl.cu). 0 on success. */
 enum { FL_CUDA_COPY_STREAM, FL_CUDA_COMM_STREAM, FL_CUDA_SIDE_STREAMS };
 int fl_cuda_side_stream(int index, int which, uint64_t *stream);
-/* cudaMemcpyAsync on `stream`; 0 on success. */
+/* cudaMemcpyAsync on `stream` (0: the compute stream); 0 on success. */
 int fl_cuda_memcpy_async_on(int index, uint64_t stream, void *dst, const void *src, int64_t nbytes,
                             int to_host);
 /* Later work on `waiter` runs after the work queued on `waited` so far. */
