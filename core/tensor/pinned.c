@@ -1,5 +1,6 @@
 /*
- * pinned.c: page-locked ("pinned") host memory for CPU tensors, and the
+ * pinned.c: page-locked ("pinned") host memory for CPU tensors (the storage;
+ * fl_empty_pinned and fl_pin_memory, in tensor.c, make tensors of it), and the
  * asynchronous host<->device copies it makes possible.
  *
  * A pinned tensor is an ordinary CPU tensor (device cpu, every CPU kernel
@@ -196,48 +197,3 @@ int fl_pinned_stats(int64_t *allocated, int64_t *reserved) {
 }
 
 int64_t fl_pinned_empty_cache(void) { return pool ? fl_pool_empty_cache(pool) : 0; }
-
-/* ---- pinned tensors ------------------------------------------------------------ */
-
-static fl_tensor *pinned_tensor(const char *op, int ndim, const int64_t *shape, fl_dtype dtype) {
-    int64_t numel;
-    if (fl_check_shape(op, ndim, shape, &numel)) return NULL;
-    if ((int)dtype < 0 || dtype >= FL_DTYPE_COUNT)
-        return FL_FAIL_NULL(FL_ERR_ARG, "%s: invalid dtype %d", op, (int)dtype);
-    fl_storage *s = fl_pinned_storage_new(op, numel * (int64_t)fl_dtype_size(dtype));
-    if (!s) return NULL;
-    fl_tensor *t = fl_tensor_header(ndim, shape, dtype, cpu_device());
-    if (!t) {
-        fl_storage_release(s);
-        return NULL;
-    }
-    t->storage = s;
-    t->data = s->data;
-    return t;
-}
-
-fl_tensor *fl_empty_pinned(int ndim, const int64_t *shape, fl_dtype dtype) {
-    return pinned_tensor("empty_pinned", ndim, shape, dtype);
-}
-
-fl_tensor *fl_pin_memory(const fl_tensor *t) {
-    if (fl_check_tensor("pin_memory", t, false)) return NULL;
-    if (fl_device_kind_of(t->device) != FL_DEVICE_CPU) {
-        char dev[32];
-        fl_device_format(t->device, dev, sizeof dev);
-        return FL_FAIL_NULL(FL_ERR_ARG, "pin_memory: only cpu tensors can be pinned, this one is "
-                                        "on %s", dev);
-    }
-    if (fl_check_tensor("pin_memory", t, true)) return NULL;
-    if (fl_is_pinned(t)) return fl_tensor_retain((fl_tensor *)t);
-    fl_tensor *p = pinned_tensor("pin_memory", t->ndim, t->shape, t->dtype);
-    if (!p) return NULL;
-    /* fl_copy_ records no node: pinning is about where bytes live; the
-     * result is a new leaf, as PyTorch's pin_memory of a leaf. */
-    int rc = fl_copy_(p, t);
-    if (rc != FL_OK) {
-        fl_tensor_release(p);
-        return NULL;
-    }
-    return p;
-}
