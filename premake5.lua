@@ -6,18 +6,24 @@
 --   build/lib/libfsdp.so   the core (every public symbol prefixed fl_)
 --   build/lib/libfsdp_mpi.so  the Open MPI backend, dlopen()ed by the core
 --                          only under a launcher (built when MPI is found)
+--   build/lib/libfsdp_cuda.so the CUDA backend (core/cuda, with cudart,
+--                          cuBLASLt, cuDNN; NCCL opened by it), dlopen()ed
+--                          by the core on the first use of a cuda device
+--                          (built when nvcc is found; not in asan)
 --   build/bin/fsdp-lua     the LuaJIT host (static LuaJIT, -rdynamic)
 --   build/bin/fsdp-ctest   the C test suite (cmocka)
 -- Configurations: release (default), debug, asan (AddressSanitizer and
 -- UndefinedBehaviorSanitizer; outputs under build/asan/), cudasim (the CUDA
 -- backend with its kernels run on the CPU by tests/cudasim, for testing
 -- the GPU code on machines without a GPU; outputs under build/cudasim/;
--- needs the CUDA headers; built through mk/extra.mk, so under premake4
+-- needs the CUDA headers; built through mk/cuda.mk, so under premake4
 -- only: the premake5 rules below cover release/debug).
 --
--- Two things premake4 cannot express are done by mk/extra.mk, appended to
--- the core's generated makefile: the FFI declarations generated from
--- core/include/fsdp.h, and the CUDA sources compiled by nvcc when present.
+-- Two things premake4 cannot express are done by make fragments appended to
+-- the generated makefiles: the FFI declarations generated from
+-- core/include/fsdp.h (mk/cdef.mk, the core's), and the CUDA sources
+-- compiled by nvcc, or for cudasim by the C++ compiler (mk/cuda.mk, the
+-- CUDA plugin's).
 
 local IS_PREMAKE4 = _PREMAKE_VERSION:sub(1, 1) == "4"
 
@@ -110,23 +116,42 @@ end
 check_unique_basenames { "core/**.c", "core/**.cu" }
 
 ---------------------------------------------------------------------------
--- Hook premake4's makefile generator to append mk/extra.mk to the core's
--- makefile (the mechanism TOOLCHAIN.md describes: make -j safe, with nvcc
--- header dependencies tracked through -MMD -MP).
+-- Hook premake4's makefile generator to append mk/cdef.mk to the core's
+-- makefile and mk/cuda.mk to the CUDA plugin's (the mechanism TOOLCHAIN.md
+-- describes: make -j safe, with nvcc header dependencies tracked through
+-- -MMD -MP).
 ---------------------------------------------------------------------------
 if IS_PREMAKE4 then
   local make_cpp = premake.make_cpp
   premake.make_cpp = function(prj)
+    if prj.name == "fsdp_cuda" then
+      -- The sanitizer build has no CUDA backend (the CUDA runtime is not
+      -- built for the sanitizers, and the GPU code is not what they check
+      -- here): its plugin is not built, and the core says so when a cuda
+      -- device is asked for.
+      _p('ifeq ($(config),asan)')
+      _p('all:')
+      _p('\t@:')
+      _p('clean:')
+      _p('\t@:')
+      _p('.PHONY: all clean')
+      _p('else')
+    end
     make_cpp(prj)
+    -- premake's makefiles run from build/ (all their paths are ../core/...),
+    -- so the root is the parent of the current directory; a moved
+    -- checkout still builds.
     if prj.name == "fsdp" then
       _p('')
-      -- premake's makefiles run from build/ (all their paths are ../core/...),
-      -- so the root is the parent of the current directory; a moved
-      -- checkout still builds.
+      _p('FL_ROOT := $(abspath ..)')
+      _p('include %s/mk/cdef.mk', ROOT)
+    elseif prj.name == "fsdp_cuda" then
+      _p('')
       _p('FL_ROOT := $(abspath ..)')
       _p('FL_NVCC := %s', NVCC or "")
       _p('FL_CUDA_HOME := %s', CUDA_HOME or "")
-      _p('include %s/mk/extra.mk', ROOT)
+      _p('include %s/mk/cuda.mk', ROOT)
+      _p('endif')
     end
   end
 end
@@ -177,13 +202,15 @@ local function outdirs(kind)
   filter {}
 end
 
--- The core: one shared library; only FL_API symbols are exported.
+-- The core: one shared library; only FL_API symbols (and the FL_PLUGIN_API
+-- ones backend plugins call) are exported.
 project "fsdp"
   kind "SharedLib"
   outdirs "lib"
   files { "core/**.c" }
-  -- The MPI backend is its own library (below): the core never links MPI.
-  excludes { "core/host/**.c", "core/dist/mpi/**.c" }
+  -- The MPI and CUDA backends are their own libraries (below): the core
+  -- links neither MPI nor any CUDA library.
+  excludes { "core/host/**.c", "core/dist/mpi/**.c", "core/cuda/**.c" }
   includedirs { "core/base", "core/ops" }
   buildoptions { "-fPIC", "-fvisibility=hidden", "-fopenmp" }
   linkoptions { "-fopenmp" }
@@ -196,40 +223,6 @@ project "fsdp"
   -- libsentencepiece (C++, through core/text/spm.cc) for SentencePiece.
   links { "pcre2-8", "utf8proc", "sentencepiece", "sentencepiece_train", "stdc++" }
   if not IS_PREMAKE4 then files { "core/**.cc" } end
-  if NVCC then
-    -- The asan configuration stays CPU-only: the CUDA runtime is not built
-    -- for the sanitizers and the GPU code is not what they check here.
-    filter "configurations:release or debug"
-    defines { "FL_HAVE_CUDA" }
-    includedirs { CUDA_HOME .. "/include" }
-    libdirs { CUDA_HOME .. "/lib64" }
-    -- cuBLASLt for GEMMs, cuDNN for convolutions and fused attention;
-    -- both come with the toolkit, and none needs a driver to load.
-    -- No libstdc++: the .cu files are built without exceptions and
-    -- thread-safe statics (mk/nvcc_flags.sh), all the C++ runtime their
-    -- launch stubs would otherwise need.
-    links { "cudart", "cublasLt", "cublas", "cudnn" }
-    linkoptions { "-Wl,-rpath," .. CUDA_HOME .. "/lib64" }
-    -- The simulation: the same backend against the CUDA headers, with the
-    -- runtime, cuBLASLt and cuDNN replaced by tests/cudasim (C++, so the
-    -- C++ runtime is linked here).
-    filter "configurations:cudasim"
-    defines { "FL_HAVE_CUDA", "FL_CUDASIM" }
-    includedirs { CUDA_HOME .. "/include" }
-    links { "stdc++" }
-    filter {}
-    if not IS_PREMAKE4 then
-      -- premake5 compiles .cu files and the generated declarations with
-      -- native custom build rules instead of mk/extra.mk.
-      files { "core/**.cu", "core/include/fsdp.h" }
-      filter "files:**.cu"
-        buildmessage "nvcc %{file.name}"
-        buildcommands { NVCC .. ' ' .. shell("sh mk/nvcc_flags.sh") ..
-          ' -c "%{file.abspath}" -o "%{cfg.objdir}/%{file.basename}.cu.o"' }
-        buildoutputs { "%{cfg.objdir}/%{file.basename}.cu.o" }
-      filter {}
-    end
-  end
   if not IS_PREMAKE4 then
     files { "core/include/fsdp.h" }
     filter "files:core/include/fsdp.h"
@@ -239,6 +232,49 @@ project "fsdp"
       compilebuildoutputs "On"
     filter {}
   end
+
+-- The cuda backend (core/cuda): a plugin the core dlopen()s on the first use
+-- of a cuda device, so a CPU run never loads the CUDA libraries and the
+-- binary starts where they are missing (core/tensor/backend.c).
+if NVCC then
+project "fsdp_cuda"
+  kind "SharedLib"
+  outdirs "lib"
+  files { "core/cuda/**.c" }
+  includedirs { "core/base", "core/ops", "core/dist", CUDA_HOME .. "/include" }
+  buildoptions { "-fPIC", "-fvisibility=hidden" }
+  -- Refuse to link with a symbol left unresolved: the loader's dlopen
+  -- would otherwise be the first to notice.
+  linkoptions { "-Wl,--no-undefined", "-Wl,-rpath,'$$ORIGIN'" }
+  filter "configurations:release or debug"
+    libdirs { CUDA_HOME .. "/lib64" }
+    -- cuBLASLt for GEMMs, cuDNN for convolutions and fused attention;
+    -- both come with the toolkit, and none needs a driver to load.
+    -- No libstdc++: the .cu files are built without exceptions and
+    -- thread-safe statics (mk/nvcc_flags.sh), all the C++ runtime their
+    -- launch stubs would otherwise need.
+    links { "fsdp", "cudart", "cublasLt", "cublas", "cudnn", "m", "pthread", "dl" }
+    linkoptions { "-Wl,-rpath," .. CUDA_HOME .. "/lib64" }
+  -- The simulation: the same backend against the CUDA headers, with the
+  -- runtime, cuBLASLt and cuDNN replaced by tests/cudasim (C++, so the
+  -- C++ runtime is linked here; OpenBLAS for the simulated cuBLAS).
+  filter "configurations:cudasim"
+    defines { "FL_CUDASIM" }
+    libdirs { pkg_config_dirs("--libs-only-L", "openblas") }
+    links { "fsdp", "stdc++", "openblas", "m", "pthread", "dl", "rt" }
+  filter {}
+  if not IS_PREMAKE4 then
+    -- premake5 compiles .cu files with native custom build rules instead
+    -- of mk/cuda.mk (release and debug; cudasim needs premake4).
+    files { "core/**.cu" }
+    filter "files:**.cu"
+      buildmessage "nvcc %{file.name}"
+      buildcommands { NVCC .. ' ' .. shell("sh mk/nvcc_flags.sh") ..
+        ' -c "%{file.abspath}" -o "%{cfg.objdir}/%{file.basename}.cu.o"' }
+      buildoutputs { "%{cfg.objdir}/%{file.basename}.cu.o" }
+    filter {}
+  end
+end
 
 -- The mpi backend of core/dist: a plugin the core dlopen()s only in a
 -- process a launcher started, so libfsdp.so never depends on libmpi.

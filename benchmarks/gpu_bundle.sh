@@ -8,6 +8,8 @@
 #
 #   bin/fsdp-lua    the executable (finds the project root as build/<x>/bin)
 #   lib/libfsdp.so  the core, debug info stripped (its RUNPATH, ../lib, finds it)
+#   lib/libfsdp_cuda.so  the CUDA backend's plugin beside it (opened on the
+#                   first use of a cuda device)
 #   sys/            every library ldd lists that is neither glibc's nor CUDA's
 #                   (OpenBLAS, jansson, libedit, libgfortran, libstdc++ ...)
 #   lua/cjson.so    Debian's lua-cjson, which fsdp's safetensors code loads
@@ -19,22 +21,24 @@ cd "$(dirname "$0")/.."
 
 bin=build/bin/fsdp-lua
 lib=build/lib/libfsdp.so
+plugin=build/lib/libfsdp_cuda.so
 out=build/gpu_bundle
-for f in "$bin" "$lib"; do
+for f in "$bin" "$lib" "$plugin"; do
   [ -f "$f" ] || { echo "gpu_bundle: $f is missing: run ./build.sh first" >&2; exit 1; }
 done
 command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] ||
-  echo "gpu_bundle: warning: no nvcc here, so $lib may lack the CUDA backend" >&2
+  echo "gpu_bundle: warning: no nvcc here, so $plugin may be stale" >&2
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/sys" "$out/lua"
 cp "$bin" "$out/bin/"
 strip --strip-debug -o "$out/lib/libfsdp.so" "$lib"
+strip --strip-debug -o "$out/lib/libfsdp_cuda.so" "$plugin"
 
 # Libraries the GPU machine cannot be assumed to have: skip the C library
 # family (the machine's own must be used) and CUDA's (found there).
 skip='^(libc|libm|libmvec|libdl|libpthread|librt|libgcc_s|ld-linux-x86-64|linux-vdso|libfsdp|libcudart|libcublas|libcublasLt|libcudnn|libnccl)\.so'
-ldd "$bin" "$lib" | awk '/=> \// {print $1, $3}' | sort -u | while read -r name path; do
+ldd "$bin" "$lib" "$plugin" | awk '/=> \// {print $1, $3}' | sort -u | while read -r name path; do
   if [[ ! "$name" =~ $skip ]]; then cp -L "$path" "$out/sys/$name"; fi
 done
 cjson=$(find /usr/lib/x86_64-linux-gnu/lua/5.1 /usr/local/lib/lua/5.1 -name cjson.so 2>/dev/null | head -1 || true)

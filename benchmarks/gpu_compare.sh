@@ -36,8 +36,11 @@ if [ -z "${FSDP_BIN:-}" ]; then
     FSDP_BIN=build/bin/fsdp-lua
   fi
 fi
-missing() { ldd "$FSDP_BIN" "$(dirname "$FSDP_BIN")/../lib/libfsdp.so" 2>/dev/null |
-              awk '/not found/ {print $1}' | sort -u; }
+# The CUDA libraries are the plugin's (libfsdp_cuda.so), not the core's:
+# look for what either lacks.
+missing() { ldd "$FSDP_BIN" "$(dirname "$FSDP_BIN")/../lib/libfsdp.so" \
+              "$(dirname "$FSDP_BIN")/../lib/libfsdp_cuda.so" 2>/dev/null |
+              awk '/not found/ {print $1}' | grep -v '^libfsdp' | sort -u; }
 if [ -n "$(missing)" ]; then
   roots=(/usr/local/cuda*/lib64 /usr/local/cuda*/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu)
   while IFS= read -r d; do roots+=("$d/nvidia"); done < <("$PYTHON" -c \

@@ -91,6 +91,8 @@ bool fl_needs_grad(int n, const fl_tensor *const *inputs) {
     return false;
 }
 
+static void release_last(fl_node *node);
+
 fl_node *fl_node_new(const fl_node_type *type, int n_inputs, const fl_tensor *const *inputs,
                      int n_outputs) {
     fl_node *node = calloc(1, sizeof *node);
@@ -104,6 +106,7 @@ fl_node *fl_node_new(const fl_node_type *type, int n_inputs, const fl_tensor *co
     }
     node->type = type;
     node->refcount = 1;
+    node->last_release = release_last;
     node->n_inputs = n_inputs;
     node->n_outputs = n_outputs;
     node->inputs = edges;
@@ -191,11 +194,8 @@ static void free_node(fl_node *node) {
     free(node);
 }
 
-void fl_node_release(fl_node *node) {
-    if (!node) return;
-    int32_t left = __atomic_sub_fetch(&node->refcount, 1, __ATOMIC_ACQ_REL);
-    FL_ASSERT(left >= 0);
-    if (left > 0) return;
+/* The last reference is gone (node->last_release). */
+static void release_last(fl_node *node) {
     if (pending_len == pending_cap) {
         int cap = pending_cap ? 2 * pending_cap : 64;
         fl_node **grown = realloc(pending, (size_t)cap * sizeof *grown);
@@ -208,6 +208,13 @@ void fl_node_release(fl_node *node) {
     releasing = true;
     while (pending_len > 0) free_node(pending[--pending_len]);
     releasing = false;
+}
+
+void fl_node_release(fl_node *node) {
+    if (!node) return;
+    int32_t left = __atomic_sub_fetch(&node->refcount, 1, __ATOMIC_ACQ_REL);
+    FL_ASSERT(left >= 0);
+    if (left == 0) release_last(node);
 }
 
 /* ---- nodes whose backward runs in Lua ----------------------------------- */

@@ -57,7 +57,7 @@
  *   it. A write to the saved storage queued after the save (one a plain
  *   run's backward would see too) may or may not reach the host copy.
  * - The device block the copy reads records the copy stream as a user
- *   (fl_cuda_pool_record_stream): the forward drops its references long
+ *   (the backend's record_stream): the forward drops its references long
  *   before the copy may have run, and the caching pool would otherwise
  *   hand the block to the next kernel on the compute stream at once. Once
  *   freed it is held back until an event recorded on the copy stream at
@@ -98,7 +98,7 @@
  *   the same entry (same stream: no event needed), the pinned block
  *   recording the copy stream as at save; the host copy is then released;
  * - records the copy stream on the device block
- *   (fl_cuda_pool_record_stream): an entry whose prefetch is never used
+ *   (the backend's record_stream): an entry whose prefetch is never used
  *   (a branch backward does not run, a graph freed without backward) frees
  *   its block while the copy may still be queued to write it;
  * - records an event (`ready`) on the copy stream after the copy. At the
@@ -113,10 +113,6 @@
  * without prefetch.
  */
 #include "internal.h"
-
-#ifdef FL_HAVE_CUDA
-#include "../cuda/cuda_backend.h"
-#endif
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -137,6 +133,7 @@ struct fl_packed {
     fl_tensor *host;        /* pinned: the span's elements; NULL once restored */
     fl_tensor *restored;    /* the device tensor, once the first user brought it back */
     fl_device device;
+    const fl_backend *backend;   /* device's: its streams and events */
     fl_dtype dtype;
     int32_t ndim;
     int64_t shape[FL_MAX_DIMS];
@@ -260,76 +257,77 @@ void fl_packed_release(fl_packed *p) {
     /* A prefetched block whose copy may still be queued: it recorded the
      * copy stream, so the pool holds it back until the copy ran. */
     fl_tensor_release(p->restored);
-#ifdef FL_HAVE_CUDA
-    if (p->done) fl_cuda_event_destroy(p->done);
-    if (p->ready) fl_cuda_event_destroy(p->ready);
-#endif
+    if (p->done) p->backend->event_destroy(p->done);
+    if (p->ready) p->backend->event_destroy(p->ready);
     free(p);
 }
 
 /* ---- the copies ([Note: offload streams]) ---------------------------------------- */
 
-#ifdef FL_HAVE_CUDA
 /* Queue the copy of src's span (nbytes) into p->host on the copy stream,
  * after the compute stream's work so far, and record p->done after it. */
 static int copy_to_host(fl_packed *p, const fl_tensor *src, int64_t nbytes) {
+    const fl_backend *be = p->backend;
     int index = fl_device_index(p->device);
+    char dev[32];
+    fl_device_format(p->device, dev, sizeof dev);
     uint64_t copy = 0;
-    if (fl_cuda_copy_stream(index, &copy) != 0 || fl_cuda_stream_wait_stream(index, copy, 0) != 0)
-        return fl_fail(FL_ERR_DEVICE, "offload: cannot order the copy stream of cuda:%d: %s",
-                       index, fl_cuda_host_problem());
+    if (be->side_stream(index, FL_STREAM_COPY, &copy) != FL_OK ||
+        be->stream_wait_stream(index, copy, 0) != FL_OK)
+        return fl_fail_prefix("offload: cannot order the copy stream of %s", dev);
     /* Before queueing: a block the pool does not know could not be held
      * back, so nothing is copied out of it. */
-    if (nbytes > 0 && !fl_cuda_pool_record_stream(index, src->storage->data, copy))
-        return fl_fail(FL_ERR_STATE, "offload: cuda:%d: the saved tensor's storage is not a block "
-                                     "of the device pool", index);
-    int rc = fl_pinned_copy_async_on(index, copy, p->host->data, src->data, nbytes, true,
+    if (nbytes > 0 && !be->record_stream(index, src->storage->data, copy))
+        return fl_fail(FL_ERR_STATE, "offload: %s: the saved tensor's storage is not a block "
+                                     "of the device pool", dev);
+    int rc = fl_pinned_copy_async_on(p->device, copy, p->host->data, src->data, nbytes, true,
                                      p->host->storage);
     if (rc != FL_OK) return rc;
-    p->done = fl_cuda_event_record(index, copy);
-    if (!p->done)
-        return fl_fail(FL_ERR_DEVICE, "offload: cannot record the copy's event on cuda:%d: %s",
-                       index, fl_cuda_last_problem());
+    p->done = be->event_record(index, copy);
+    if (!p->done) return fl_fail_prefix("offload: cannot record the copy's event on %s", dev);
     return FL_OK;
 }
 
 /* Queue the copy of p->host into dst on the compute stream, after the
  * copy to the host is done. */
 static int copy_back(fl_packed *p, void *dst, int64_t nbytes) {
-    int index = fl_device_index(p->device);
-    if (fl_cuda_stream_wait_event(index, 0, p->done) != 0)
-        return fl_fail(FL_ERR_DEVICE, "offload: cannot order cuda:%d after the copy to the host: "
-                                      "%s", index, fl_cuda_host_problem());
+    if (p->backend->stream_wait_event(fl_device_index(p->device), 0, p->done) != FL_OK) {
+        char dev[32];
+        fl_device_format(p->device, dev, sizeof dev);
+        return fl_fail_prefix("offload: cannot order %s after the copy to the host", dev);
+    }
     return fl_pinned_copy_async(p->device, dst, p->host->data, nbytes, false, p->host->storage);
 }
 /* Start q's copy back on the copy stream into a new device block
  * ([Note: offload prefetch]); q->restored and q->ready are set, the host
  * copy released. */
 static int prefetch(fl_packed *q) {
+    const fl_backend *be = q->backend;
     int index = fl_device_index(q->device);
+    char dev[32];
+    fl_device_format(q->device, dev, sizeof dev);
     uint64_t copy = 0;
-    if (fl_cuda_copy_stream(index, &copy) != 0 || fl_cuda_stream_wait_stream(index, copy, 0) != 0)
-        return fl_fail(FL_ERR_DEVICE, "offload: cannot order the copy stream of cuda:%d: %s",
-                       index, fl_cuda_host_problem());
+    if (be->side_stream(index, FL_STREAM_COPY, &copy) != FL_OK ||
+        be->stream_wait_stream(index, copy, 0) != FL_OK)
+        return fl_fail_prefix("offload: cannot order the copy stream of %s", dev);
     fl_tensor *flat = fl_empty(1, &q->span, q->dtype, q->device);
     if (!flat) return fl_last_status();
     int64_t nbytes = q->span * (int64_t)fl_dtype_size(q->dtype);
     int rc = FL_OK;
-    if (nbytes > 0 && !fl_cuda_pool_record_stream(index, flat->storage->data, copy))
-        rc = fl_fail(FL_ERR_STATE, "offload: cuda:%d: a new tensor's storage is not a block of "
-                                   "the device pool", index);
+    if (nbytes > 0 && !be->record_stream(index, flat->storage->data, copy))
+        rc = fl_fail(FL_ERR_STATE, "offload: %s: a new tensor's storage is not a block of "
+                                   "the device pool", dev);
     if (rc == FL_OK)
-        rc = fl_pinned_copy_async_on(index, copy, flat->data, q->host->data, nbytes, false,
+        rc = fl_pinned_copy_async_on(q->device, copy, flat->data, q->host->data, nbytes, false,
                                      q->host->storage);
-    if (rc == FL_OK && !(q->ready = fl_cuda_event_record(index, copy)))
-        rc = fl_fail(FL_ERR_DEVICE, "offload: cannot record the prefetch's event on cuda:%d: %s",
-                     index, fl_cuda_last_problem());
+    if (rc == FL_OK && !(q->ready = be->event_record(index, copy)))
+        rc = fl_fail_prefix("offload: cannot record the prefetch's event on %s", dev);
     fl_tensor *v = rc == FL_OK ? fl_tensor_view_of(flat, q->ndim, q->shape, q->stride, 0) : NULL;
     /* On failure the block goes back at once: it recorded the copy stream
      * before any copy was queued into it. */
     fl_tensor_release(flat);
     if (!v) {
-        if (q->ready) fl_cuda_event_destroy(q->ready);
+        if (q->ready) be->event_destroy(q->ready);
         q->ready = NULL;
         return rc == FL_OK ? (int)fl_last_status() : rc;
     }
@@ -345,33 +343,15 @@ static int prefetch(fl_packed *q) {
 /* Before the first use of a prefetched entry: the compute stream waits for
  * its copy back. */
 static int wait_prefetch(fl_packed *p) {
-    int index = fl_device_index(p->device);
-    if (fl_cuda_stream_wait_event(index, 0, p->ready) != 0)
-        return fl_fail(FL_ERR_DEVICE, "offload: cannot order cuda:%d after a prefetch: %s", index,
-                       fl_cuda_host_problem());
-    fl_cuda_event_destroy(p->ready);
+    if (p->backend->stream_wait_event(fl_device_index(p->device), 0, p->ready) != FL_OK) {
+        char dev[32];
+        fl_device_format(p->device, dev, sizeof dev);
+        return fl_fail_prefix("offload: cannot order %s after a prefetch", dev);
+    }
+    p->backend->event_destroy(p->ready);
     p->ready = NULL;
     return FL_OK;
 }
-#else
-/* Unreachable: without the backend no tensor is on a cuda device. */
-static int prefetch(fl_packed *q) {
-    (void)q;
-    return fl_fail(FL_ERR_DEVICE, "offload: %s", fl_cuda_status());
-}
-static int wait_prefetch(fl_packed *p) {
-    (void)p;
-    return fl_fail(FL_ERR_DEVICE, "offload: %s", fl_cuda_status());
-}
-static int copy_to_host(fl_packed *p, const fl_tensor *src, int64_t nbytes) {
-    (void)p, (void)src, (void)nbytes;
-    return fl_fail(FL_ERR_DEVICE, "offload: %s", fl_cuda_status());
-}
-static int copy_back(fl_packed *p, void *dst, int64_t nbytes) {
-    (void)p, (void)dst, (void)nbytes;
-    return fl_fail(FL_ERR_DEVICE, "offload: %s", fl_cuda_status());
-}
-#endif
 
 /* Elements of storage the view reaches, from its first to its last one
  * (strides are never negative here). */
@@ -389,6 +369,7 @@ static fl_packed *pack(const fl_tensor *t) {
     if (!p) return FL_FAIL_NULL(FL_ERR_OOM, "offload: out of host memory");
     p->refcount = 1;
     p->device = t->device;
+    p->backend = fl_backend_of(t->device);
     p->dtype = t->dtype;
     p->ndim = t->ndim;
     memcpy(p->shape, t->shape, sizeof p->shape);
@@ -398,7 +379,7 @@ static fl_packed *pack(const fl_tensor *t) {
     const fl_tensor *src = t;
     fl_tensor *dense = NULL;
     if (neg || span_of(t) > t->numel) {
-        dense = fl_clone(t);
+        dense = fl_tensor_clone(t);
         if (!dense) {
             free(p);
             return NULL;
@@ -577,10 +558,18 @@ static bool is_parameter(const fl_tensor *t) {
            (!t->grad_fn && (t->flags & FL_TENSOR_REQUIRES_GRAD));
 }
 
+/* Whether the device queues copies while the host goes on (its backend
+ * has streams): only then can saved tensors move without stalling. */
+static bool queues_copies(fl_device device) {
+    if (fl_device_kind_of(device) == FL_DEVICE_CPU) return false;
+    const fl_backend *be = fl_backend_of(device);
+    return be && be->memcpy_async && be->side_stream;
+}
+
 /* Whether t is offloaded; counts the ones kept. */
 static bool wanted(const fl_tensor *t) {
     if (depth == 0 || !t->storage || (t->flags & FL_TENSOR_FAKE) ||
-        fl_device_kind_of(t->device) != FL_DEVICE_CUDA)
+        !queues_copies(t->device))
         return false;
     if (is_parameter(t) || t->storage->id == 0) {
         st_kept_params++;

@@ -26,6 +26,20 @@ int fl_fail(fl_status status, const char *fmt, ...) {
     return status;
 }
 
+int fl_fail_prefix(const char *fmt, ...) {
+    char message[FL_ERROR_CAPACITY];
+    memcpy(message, last_message, sizeof message);
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(last_message, sizeof last_message, fmt, ap);
+    va_end(ap);
+    size_t used = n < 0 ? 0 : (size_t)n;
+    if (used < sizeof last_message)
+        snprintf(last_message + used, sizeof last_message - used, ": %s", message);
+    if (last_status == FL_OK) last_status = FL_ERR_DEVICE;
+    return last_status;
+}
+
 int fl_set_error(fl_status status, const char *message) {
     return fl_fail(status, "%s", message ? message : "(no message)");
 }

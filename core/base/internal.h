@@ -12,12 +12,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* Internal functions a backend plugin calls ([Note: the device interface]):
+ * exported from libfsdp.so, while every other internal symbol stays
+ * hidden. */
+#define FL_PLUGIN_API __attribute__((visibility("default")))
+
 /* ---- errors ------------------------------------------------------------ */
 
 /* Record an error for this thread and return `status` (so callers can write
  * `return fl_fail(FL_ERR_ARG, "narrow: ...", ...)`). */
-int fl_fail(fl_status status, const char *fmt, ...)
+FL_PLUGIN_API int fl_fail(fl_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Prefix the error recorded last with a formatted context and ": " (its
+ * status kept); returns that status. */
+FL_PLUGIN_API int fl_fail_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Same, for functions that return a pointer: records and returns NULL. */
 #define FL_FAIL_NULL(status, ...) (fl_fail((status), __VA_ARGS__), (void *)0)
@@ -27,7 +35,7 @@ int fl_fail(fl_status status, const char *fmt, ...)
     do {                                                                      \
         if (!(cond)) fl_abort(__FILE__, __LINE__, #cond);                     \
     } while (0)
-void fl_abort(const char *file, int line, const char *what)
+FL_PLUGIN_API void fl_abort(const char *file, int line, const char *what)
     __attribute__((noreturn));
 
 /* ---- files ------------------------------------------------------------- */
@@ -45,7 +53,7 @@ int fl_wrap_dim(const char *op, const fl_tensor *t, int dim, int ndim_extra);
 int fl_check_shape(const char *op, int ndim, const int64_t *shape,
                    int64_t *numel);
 /* "[3, 4]" of a tensor into a caller buffer (for messages). */
-const char *fl_shape_str(const fl_tensor *t, char *buf, size_t size);
+FL_PLUGIN_API const char *fl_shape_str(const fl_tensor *t, char *buf, size_t size);
 /* Row-major contiguous strides for shape. */
 void fl_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 
@@ -97,6 +105,11 @@ fl_tensor *fl_tensor_header(int ndim, const int64_t *shape, fl_dtype dtype,
 fl_tensor *fl_tensor_view_of(const fl_tensor *t, int ndim,
                              const int64_t *shape, const int64_t *stride,
                              int64_t offset);
+/* fl_clone, fl_contiguous and fl_to (non_blocking: fl_to_non_blocking)
+ * without autograd: core/tensor's copies, which core/ops/copy.c records. */
+fl_tensor *fl_tensor_clone(const fl_tensor *t);
+fl_tensor *fl_tensor_contiguous(const fl_tensor *t);
+fl_tensor *fl_tensor_to(const fl_tensor *t, fl_dtype dtype, fl_device device, bool non_blocking);
 /* Fail unless t is non-NULL and, if need_data, has host-usable storage. */
 int fl_check_tensor(const char *op, const fl_tensor *t, bool need_data);
 
@@ -108,10 +121,15 @@ bool fl_storage_is_pinned(const fl_storage *s);
  * `op` without a CUDA device or when out of memory. */
 fl_storage *fl_pinned_storage_new(const char *op, int64_t nbytes);
 /* Queue a copy of nbytes between pinned host memory (inside the storage
- * `pinned`) and memory of cuda `device` on its compute stream, and record
- * the use so the pinned block is not reused before the copy ran. */
+ * `pinned`) and memory of `device` on its compute stream, and record the
+ * use so the pinned block is not reused before the copy ran. */
 int fl_pinned_copy_async(fl_device device, void *dst, const void *src, int64_t nbytes,
                          bool to_host, fl_storage *pinned);
+/* The same with the copy queued on `stream` of the device, which must be
+ * its compute stream (0) or its copy stream (FL_STREAM_COPY); the pinned
+ * block records that stream as a user. FL_OK or the error set. */
+int fl_pinned_copy_async_on(fl_device device, uint64_t stream, void *dst, const void *src,
+                            int64_t nbytes, bool to_host, fl_storage *pinned);
 
 /* ---- allocators and memory statistics ---------------------------------- */
 
@@ -131,6 +149,25 @@ int64_t fl_cpu_empty_cache(void);
 
 /* ---- backends: one vtable per device kind ------------------------------ */
 
+/* [Note: the device interface]
+ * Everything the core does with a device goes through its fl_backend:
+ * memory and its cache, copies and fills, streams, events, asynchronous
+ * copies, pinned host memory, memory statistics, the kernel table of every
+ * op family and the device's collective library. No file outside a
+ * backend's folder (core/cpu, core/cuda) names a backend, so core/tensor,
+ * ops, autograd, optim and dist work unchanged on any device. The cpu
+ * backend is built in; the cuda backend is a plugin, libfsdp_cuda.so,
+ * opened by core/tensor/backend.c on the first use of a cuda device
+ * (docs/ARCHITECTURE.md, "Backends are plugins"). A plugin calls only
+ * FL_API functions and the internal ones marked FL_PLUGIN_API below, and
+ * FL_BACKEND_ABI changes whenever this struct or the kernel tables change,
+ * so a stale plugin is refused with a message instead of misbehaving. */
+enum { FL_BACKEND_ABI = 1 };
+
+/* The symbol a backend plugin (libfsdp_cuda.so) exports: returns its
+ * vtable. */
+#define FL_BACKEND_PLUGIN_ENTRY "fl_backend_plugin_entry"
+
 /* What a random fill generates: distribution, key and parameters. */
 typedef struct fl_random_spec {
     enum { FL_RANDOM_UNIFORM, FL_RANDOM_NORMAL, FL_RANDOM_INT } kind;
@@ -139,8 +176,30 @@ typedef struct fl_random_spec {
     int64_t ilow, ihigh;  /* randint */
 } fl_random_spec;
 
+/* The streams beside the compute stream (stream id 0, where every kernel
+ * runs), one of each kind per device, made on first use. */
+enum { FL_STREAM_COPY = 0, FL_STREAM_COMM = 1 };
+
+struct fl_binary_kernels;      /* core/ops/binary.h */
+struct fl_elementwise_kernels; /* core/ops/elementwise.h */
+struct fl_linear_kernels;      /* core/ops/linear.h */
+struct fl_fused_kernels;       /* core/ops/fused.h */
+struct fl_optim_kernels;       /* core/optim/optim_update.h */
+struct fl_device_comm_ops;     /* core/dist/dist.h */
+
 typedef struct fl_backend {
+    int abi; /* FL_BACKEND_ABI */
     const char *name;
+
+    /* ---- the devices -------------------------------------------------- */
+    /* How many devices of this kind are usable (0 without hardware or a
+     * driver), and the name of device 0 or why there is none. */
+    int (*device_count)(void);
+    const char *(*status)(void);
+    /* The kernels run on the CPU under a simulator (tests/cudasim). */
+    bool simulated;
+
+    /* ---- memory ------------------------------------------------------- */
     void *(*alloc)(int index, int64_t nbytes);
     void (*free)(int index, void *ptr, int64_t nbytes);
     /* dst and src on this device, same numel (src may broadcast: stride 0),
@@ -171,23 +230,80 @@ typedef struct fl_backend {
     int (*vm_commit)(int index, void *base, int64_t nbytes);
     void (*vm_decommit)(int index, void *base, int64_t nbytes);
     void (*vm_unreserve)(int index, void *base, int64_t nbytes);
+
+    /* ---- streams, events, asynchronous copies --------------------------
+     * NULL on a device whose work is done when its call returns (cpu).
+     * Stream ids are the backend's own values, 0 the compute stream. Each
+     * returns FL_OK (or non-NULL) or records an error naming the device. */
+    /* Wait for everything queued on the device. */
+    int (*synchronize)(int index);
+    /* The side stream of kind FL_STREAM_*. */
+    int (*side_stream)(int index, int which, uint64_t *stream);
+    /* Later work on `waiter` runs after the work queued on `waited`. */
+    int (*stream_wait_stream)(int index, uint64_t waiter, uint64_t waited);
+    /* Ordering events (no timing): recorded on a stream, polled, made a
+     * stream's dependency, destroyed. */
+    void *(*event_record)(int index, uint64_t stream);
+    bool (*event_done)(void *event);
+    int (*stream_wait_event)(int index, uint64_t stream, void *event);
+    void (*event_destroy)(void *event);
+    /* The allocation starting at `block` is also used by `stream`: once
+     * freed, it is not handed out again before the work queued there by
+     * then has run. false for a block the device's pool does not know. */
+    bool (*record_stream)(int index, void *block, uint64_t stream);
+    /* Queue a copy of nbytes between page-locked host memory (host_alloc)
+     * and the device on `stream`. */
+    int (*memcpy_async)(int index, uint64_t stream, void *dst, const void *src, int64_t nbytes,
+                        bool to_host);
+    /* Page-locked host memory the device can copy from and to without the
+     * host waiting (core/tensor/pinned.c caches it); NULL with an error. */
+    void *(*host_alloc)(int64_t nbytes);
+    void (*host_free)(void *ptr);
+    /* The public events (core/tensor/event.c), with timing if asked. */
+    void *(*user_event_new)(int index, bool timing);
+    void (*user_event_free)(void *event);
+    int (*user_event_record)(int index, void *event);
+    int (*user_event_query)(int index, void *event, bool *done);
+    int (*user_event_synchronize)(int index, void *event);
+    int (*user_event_elapsed)(int index, void *start, void *end, double *ms);
+
+    /* ---- kernels ------------------------------------------------------ */
+    /* One table per op family; the optimizers' NULL means the host loops
+     * of core/optim, which need memory the CPU addresses (cpu). */
+    const struct fl_binary_kernels *binary;
+    const struct fl_elementwise_kernels *elementwise;
+    const struct fl_linear_kernels *linear;
+    const struct fl_fused_kernels *fused;
+    const struct fl_optim_kernels *optim;
+    /* Which paths scaled_dot_product_attention took (fsdp.h:
+     * fl_attention_paths); NULL: it has one path only. */
+    void (*attention_paths)(int64_t counts[4]);
+
+    /* ---- collectives -------------------------------------------------- */
+    /* The library that moves this device's memory between ranks itself
+     * (NCCL), or NULL (none, not found at run time, or FSDP_NCCL=0). */
+    const struct fl_device_comm_ops *(*comm_ops)(void);
 } fl_backend;
 
-/* The backend of a device kind with storage, or NULL (meta, or cuda when the
- * build lacks it). */
-const fl_backend *fl_backend_of(fl_device device);
+/* A backend plugin's entry point (FL_BACKEND_PLUGIN_ENTRY). */
+typedef const fl_backend *(*fl_backend_entry)(void);
+
+/* The backend of a device kind with storage, opening its plugin on first
+ * use; NULL (meta; or a plugin that is not installed or cannot be loaded:
+ * fl_device_status says why) with no error recorded. */
+FL_PLUGIN_API const fl_backend *fl_backend_of(fl_device device);
+/* The backend of the first usable device of the accelerator kind (cuda)
+ * that offers pinned host memory, or NULL (none, or no device). */
+const fl_backend *fl_pinning_backend(void);
 
 extern const fl_backend fl_cpu_backend;
-#ifdef FL_HAVE_CUDA
-extern const fl_backend fl_cuda_backend;
-#endif
 
 /* ---- scalar element access used by kernels ------------------------------ */
 
-double fl_load_f64(const void *p, fl_dtype dtype);
-int64_t fl_load_i64(const void *p, fl_dtype dtype);
-void fl_store_f64(void *p, fl_dtype dtype, double v);
-void fl_store_i64(void *p, fl_dtype dtype, int64_t v);
+FL_PLUGIN_API double fl_load_f64(const void *p, fl_dtype dtype);
+FL_PLUGIN_API int64_t fl_load_i64(const void *p, fl_dtype dtype);
+FL_PLUGIN_API void fl_store_f64(void *p, fl_dtype dtype, double v);
+FL_PLUGIN_API void fl_store_i64(void *p, fl_dtype dtype, int64_t v);
 
 /* The value of element `index` of a random fill, as double: the generator is
  * evaluated at spec->first_index + index (rng.c documents the mapping). */
@@ -243,6 +359,11 @@ enum { FL_NODE_MAX_SAVED = 8 };
 struct fl_node {
     const fl_node_type *type;
     int32_t refcount;
+    /* What to do when the last reference goes (fl_node_new sets it: the
+     * autograd layer's freeing). A tensor drops its grad_fn through it, so
+     * core/tensor frees nodes without calling the layer above it, as it
+     * reaches backends through their vtables. */
+    void (*last_release)(fl_node *node);
     int32_t n_inputs, n_outputs, n_saved;
     uint64_t sequence;         /* creation order: backward runs newest first */
     fl_edge *inputs;           /* n_inputs */

@@ -9,12 +9,6 @@
 #define FL_STR2(x) #x
 #define FL_STR(x) FL_STR2(x)
 
-#ifdef FL_HAVE_CUDA
-#define FL_CUDA_INFO "cuda=built"
-#else
-#define FL_CUDA_INFO "cuda=off"
-#endif
-
 #ifdef _OPENMP
 #define FL_OMP_INFO "openmp=" FL_STR(_OPENMP)
 #else
@@ -30,5 +24,8 @@
 const char *fl_version(void) { return FL_VERSION_STRING; }
 
 const char *fl_build_info(void) {
-    return "gcc " __VERSION__ ", " FL_CUDA_INFO ", " FL_OMP_INFO FL_SAN_INFO;
+    /* What the compiler fixed; whether the CUDA backend's plugin is
+     * installed is a run-time fact (fl_backend_installed), which the host
+     * and fsdp.build_info add. */
+    return "gcc " __VERSION__ ", " FL_OMP_INFO FL_SAN_INFO;
 }

@@ -1,9 +1,14 @@
 /*
  * cpu_backend.c: the CPU device: aligned host allocation and the element
  * kernels of the tensor core (strided copy with dtype conversion, fill,
- * counter-based random numbers). Later ops add their own files in cpu/.
+ * counter-based random numbers), and its vtable with the kernel tables of
+ * the op families (defined in the other files of cpu/).
  */
 #include "cpu_iter.h"
+#include "binary.h"
+#include "elementwise.h"
+#include "fused.h"
+#include "linear.h"
 
 #include <string.h>
 #include <sys/mman.h>
@@ -209,8 +214,17 @@ static void cpu_vm_unreserve(int index, void *base, int64_t nbytes) {
     munmap(base, (size_t)nbytes);
 }
 
+static int cpu_device_count(void) { return 1; }
+static const char *cpu_status(void) { return "cpu"; }
+
+/* Work is done when its call returns: no streams or events (event.c and
+ * offload.c see NULL there), and the optimizers run core/optim's host
+ * loops (.optim NULL). */
 const fl_backend fl_cpu_backend = {
+    .abi = FL_BACKEND_ABI,
     .name = "cpu",
+    .device_count = cpu_device_count,
+    .status = cpu_status,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .copy = cpu_copy,
@@ -224,4 +238,8 @@ const fl_backend fl_cpu_backend = {
     .vm_commit = cpu_vm_commit,
     .vm_decommit = cpu_vm_decommit,
     .vm_unreserve = cpu_vm_unreserve,
+    .binary = &fl_cpu_binary_kernels,
+    .elementwise = &fl_cpu_elementwise_kernels,
+    .linear = &fl_cpu_linear_kernels,
+    .fused = &fl_cpu_fused_kernels,
 };

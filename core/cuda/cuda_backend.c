@@ -1,11 +1,13 @@
 /*
- * cuda_backend.c: the vtable of the cuda device (compiled only with the
- * CUDA backend). Memory comes from one caching pool per device
- * (core/tensor/device_pool.c over cudaMalloc and CUDA events); transfers go
- * to cuda_runtime.cu; the element kernels (strided copy with conversion,
- * fill, uniform and int random fills) to cuda_copy.cu.
+ * cuda_backend.c: the vtable of the cuda device and the entry point of the
+ * plugin it is built into (libfsdp_cuda.so, opened by
+ * core/tensor/backend.c: [Note: the device interface] in internal.h).
+ * Memory comes from one caching pool per device (core/tensor/device_pool.c
+ * over cudaMalloc and CUDA events); transfers go to cuda_runtime.cu; the
+ * element kernels (strided copy with conversion, fill, uniform and int
+ * random fills) to cuda_copy.cu; streams, events and pinned host memory to
+ * cuda_host.cu and cuda_event.cu, whose 0/-1 answers become errors here.
  */
-#ifdef FL_HAVE_CUDA
 #include "internal.h"
 #include "cuda_backend.h"
 #include "cuda_elem.h"
@@ -13,14 +15,9 @@
 
 #include <pthread.h>
 
-bool fl_cuda_built(void) { return true; }
-#ifdef FL_CUDASIM
-bool fl_cuda_simulated(void) { return true; }
-#else
-bool fl_cuda_simulated(void) { return false; }
-#endif
-int fl_cuda_device_count(void) { return fl_cuda_probe(); }
-const char *fl_cuda_status(void) { return fl_cuda_probe_status(); }
+_Static_assert((int)FL_STREAM_COPY == (int)FL_CUDA_COPY_STREAM &&
+                   (int)FL_STREAM_COMM == (int)FL_CUDA_COMM_STREAM,
+               "the side streams' kinds are the same numbers on both sides");
 
 /* ---- the caching pools ---------------------------------------------------- */
 
@@ -162,14 +159,66 @@ static int cuda_random(fl_tensor *t, const fl_random_spec *spec) {
     if (spec->kind != FL_RANDOM_NORMAL) return fl_cuda_random_kernel(t, spec);
     fl_tensor *host = fl_empty(t->ndim, t->shape, t->dtype, fl_device_make(FL_DEVICE_CPU, 0));
     if (!host) return fl_last_status();
-    int rc = fl_cpu_backend.random(host, spec);
+    int rc = fl_backend_of(host->device)->random(host, spec);
     if (rc == FL_OK) rc = fl_copy_(t, host);
     fl_tensor_release(host);
     return rc;
 }
 
-const fl_backend fl_cuda_backend = {
+/* ---- streams, events, pinned memory: the raw calls' failures as errors ---- */
+
+static int host_failed(int index, const char *what) {
+    return fl_fail(FL_ERR_DEVICE, "cuda:%d: %s: %s", index, what, fl_cuda_host_problem());
+}
+
+static int cuda_side_stream(int index, int which, uint64_t *stream) {
+    return fl_cuda_side_stream(index, which, stream) == 0 ? FL_OK
+                                                          : host_failed(index, "side stream");
+}
+
+static int cuda_stream_wait_stream(int index, uint64_t waiter, uint64_t waited) {
+    return fl_cuda_stream_wait_stream(index, waiter, waited) == 0
+               ? FL_OK
+               : host_failed(index, "ordering two streams");
+}
+
+static void *cuda_event_record(int index, uint64_t stream) {
+    void *ev = fl_cuda_event_record(index, stream);
+    if (!ev) fl_fail(FL_ERR_DEVICE, "cuda:%d: %s", index, fl_cuda_last_problem());
+    return ev;
+}
+
+static bool cuda_event_done(void *event) { return fl_cuda_event_done(event) != 0; }
+
+static int cuda_stream_wait_event(int index, uint64_t stream, void *event) {
+    return fl_cuda_stream_wait_event(index, stream, event) == 0
+               ? FL_OK
+               : host_failed(index, "waiting for an event");
+}
+
+static int cuda_memcpy_async(int index, uint64_t stream, void *dst, const void *src,
+                             int64_t nbytes, bool to_host) {
+    return fl_cuda_memcpy_async_on(index, stream, dst, src, nbytes, to_host) == 0
+               ? FL_OK
+               : host_failed(index, "asynchronous copy");
+}
+
+static void *cuda_host_alloc(int64_t nbytes) {
+    void *p = fl_cuda_host_alloc(nbytes);
+    if (!p) fl_fail(FL_ERR_OOM, "%s", fl_cuda_host_problem());
+    return p;
+}
+
+static const struct fl_device_comm_ops *cuda_comm_ops(void) { return fl_cuda_nccl_ops(); }
+
+static const fl_backend cuda_backend = {
+    .abi = FL_BACKEND_ABI,
     .name = "cuda",
+    .device_count = fl_cuda_probe,
+    .status = fl_cuda_probe_status,
+#ifdef FL_CUDASIM
+    .simulated = true,
+#endif
     .alloc = cuda_alloc,
     .free = cuda_free,
     .copy = cuda_copy,
@@ -184,5 +233,33 @@ const fl_backend fl_cuda_backend = {
     .vm_commit = fl_cuda_vm_commit,
     .vm_decommit = fl_cuda_vm_decommit,
     .vm_unreserve = fl_cuda_vm_unreserve,
+    .synchronize = fl_cuda_synchronize,
+    .side_stream = cuda_side_stream,
+    .stream_wait_stream = cuda_stream_wait_stream,
+    .event_record = cuda_event_record,
+    .event_done = cuda_event_done,
+    .stream_wait_event = cuda_stream_wait_event,
+    .event_destroy = fl_cuda_event_destroy,
+    .record_stream = fl_cuda_pool_record_stream,
+    .memcpy_async = cuda_memcpy_async,
+    .host_alloc = cuda_host_alloc,
+    .host_free = fl_cuda_host_free,
+    .user_event_new = fl_cuda_user_event_new,
+    .user_event_free = fl_cuda_user_event_free,
+    .user_event_record = fl_cuda_user_event_record,
+    .user_event_query = fl_cuda_user_event_query,
+    .user_event_synchronize = fl_cuda_user_event_synchronize,
+    .user_event_elapsed = fl_cuda_user_event_elapsed,
+    .binary = &fl_cuda_binary_kernels,
+    .elementwise = &fl_cuda_elementwise_kernels,
+    .linear = &fl_cuda_linear_kernels,
+    .fused = &fl_cuda_fused_kernels,
+    .optim = &fl_cuda_optim_kernels,
+    .attention_paths = fl_cuda_attention_paths,
+    .comm_ops = cuda_comm_ops,
 };
-#endif /* FL_HAVE_CUDA */
+
+/* The plugin's one export (FL_BACKEND_PLUGIN_ENTRY). It does nothing but
+ * hand out the table: the runtime is probed on the first question. */
+__attribute__((visibility("default"))) const fl_backend *fl_backend_plugin_entry(void);
+const fl_backend *fl_backend_plugin_entry(void) { return &cuda_backend; }

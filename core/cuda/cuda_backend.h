@@ -67,9 +67,6 @@ extern "C" {
 #endif
 void *fl_cuda_host_alloc(int64_t nbytes);  /* page-locked; NULL on failure */
 void fl_cuda_host_free(void *ptr);
-/* cudaMemcpyAsync on the compute stream of device `index`; 0 on success. */
-int fl_cuda_memcpy_async(int index, void *dst, const void *src, int64_t nbytes, int to_host);
-int fl_cuda_event_wait(void *event);       /* cudaEventSynchronize; 0 on success */
 const char *fl_cuda_host_problem(void);    /* text of the last failed call above */
 #ifdef __cplusplus
 }
@@ -82,15 +79,12 @@ const char *fl_cuda_host_problem(void);    /* text of the last failed call above
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* cuda_host.cu ([Note: the copy stream]): device `index`'s copy stream,
- * made on first use (non-blocking); 0 on success. */
-int fl_cuda_copy_stream(int index, uint64_t *stream);
 /* The non-blocking streams beside the compute stream, one of each kind per
  * device, made on first use: the copy stream and NCCL's communication
  * stream (cuda_nccl.cu). 0 on success. */
 enum { FL_CUDA_COPY_STREAM, FL_CUDA_COMM_STREAM, FL_CUDA_SIDE_STREAMS };
 int fl_cuda_side_stream(int index, int which, uint64_t *stream);
-/* cudaMemcpyAsync on `stream`; 0 on success. */
+/* cudaMemcpyAsync on `stream` (0: the compute stream); 0 on success. */
 int fl_cuda_memcpy_async_on(int index, uint64_t stream, void *dst, const void *src, int64_t nbytes,
                             int to_host);
 /* Later work on `waiter` runs after the work queued on `waited` so far. */
@@ -102,14 +96,26 @@ int fl_cuda_stream_wait_event(int index, uint64_t stream, void *event);
  * `stream`, so once freed it is not handed out again before the work
  * queued there by then has run. false for a block the pool does not know. */
 bool fl_cuda_pool_record_stream(int index, void *block, uint64_t stream);
-/* pinned.c: fl_pinned_copy_async with the copy queued on `stream` of
- * cuda:index, which must be its compute stream (0) or its copy stream; the
- * pinned block records that stream as a user. FL_OK or the error set. */
-int fl_pinned_copy_async_on(int index, uint64_t stream, void *dst, const void *src,
-                            int64_t nbytes, bool to_host, struct fl_storage *pinned);
 #ifdef __cplusplus
 }
 #endif
 /* ---- end of the copy stream ------------------------------------------------ */
+
+/* ---- what the vtable points at (cuda_backend.c) ------------------------------
+ * The kernel tables of the op families (one .cu file each), the
+ * optimizers', NCCL's collective library, and the attention path counts. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+extern const struct fl_binary_kernels fl_cuda_binary_kernels;           /* cuda_binary.cu */
+extern const struct fl_elementwise_kernels fl_cuda_elementwise_kernels; /* cuda_compare.cu */
+extern const struct fl_linear_kernels fl_cuda_linear_kernels;           /* cuda_linear.cu */
+extern const struct fl_fused_kernels fl_cuda_fused_kernels;             /* cuda_fused.cu */
+extern const struct fl_optim_kernels fl_cuda_optim_kernels;             /* cuda_optim.cu */
+const struct fl_device_comm_ops *fl_cuda_nccl_ops(void);                /* cuda_nccl.cu */
+void fl_cuda_attention_paths(int64_t counts[4]);                        /* cuda_sdpa.cu */
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* FL_CUDA_BACKEND_H */

@@ -46,17 +46,6 @@ extern "C" void fl_cuda_host_free(void *ptr) {
     host_ok(cudaFreeHost(ptr), "cudaFreeHost");
 }
 
-/* Queued on the stream every kernel runs on (fl_cu_stream(): the legacy
- * default stream), so the copy is ordered after the kernels that produced
- * its source and before those that will read its destination, with no
- * event: that order is what makes the device blocks safe to free and reuse
- * right after queueing. */
-extern "C" int fl_cuda_memcpy_async(int index, void *dst, const void *src, int64_t nbytes,
-                                    int to_host) {
-    return fl_cuda_memcpy_async_on(index, (uint64_t)(uintptr_t)fl_cu_stream(), dst, src, nbytes,
-                                   to_host);
-}
-
 /* [Note: the copy stream]
  * One non-blocking stream per device, made on first use (one of the side
  * streams of fl_cuda_side_stream, next to NCCL's), for copies that
@@ -92,10 +81,11 @@ extern "C" int fl_cuda_side_stream(int index, int which, uint64_t *stream) {
     return made ? 0 : -1;
 }
 
-extern "C" int fl_cuda_copy_stream(int index, uint64_t *stream) {
-    return fl_cuda_side_stream(index, FL_CUDA_COPY_STREAM, stream);
-}
-
+/* On stream 0, the one every kernel runs on (fl_cu_stream(): the legacy
+ * default stream), the copy is ordered after the kernels that produced its
+ * source and before those that will read its destination, with no event:
+ * that order is what makes the device blocks safe to free and reuse right
+ * after queueing. On the copy stream, the caller orders it with events. */
 extern "C" int fl_cuda_memcpy_async_on(int index, uint64_t stream, void *dst, const void *src,
                                        int64_t nbytes, int to_host) {
     if (!host_ok(cudaSetDevice(index), "cudaSetDevice")) return -1;
@@ -130,13 +120,6 @@ extern "C" int fl_cuda_stream_wait_event(int index, uint64_t stream, void *event
                    "cudaStreamWaitEvent")
                ? 0
                : -1;
-}
-
-/* Blocks until the event's work has run (freeing a pinned block that a
- * copy may still read, when the cache is emptied). */
-extern "C" int fl_cuda_event_wait(void *event) {
-    fl_cuda_nccl_settle_quietly(); /* a failure is kept for the next reporting call */
-    return host_ok(cudaEventSynchronize((cudaEvent_t)event), "cudaEventSynchronize") ? 0 : -1;
 }
 
 extern "C" const char *fl_cuda_host_problem(void) { return host_problem; }

@@ -13,6 +13,7 @@
 #include "cuda_linear.cuh"
 extern "C" {
 #include "gemm_operand.h"
+#include "cuda_elem.h"
 }
 
 #include <string.h>
@@ -40,7 +41,7 @@ static int prepare(const fl_tensor *t, fl_gemm_operand *op) {
     }
     op->owned = fl_empty(nd, d.shape, t->dtype, t->device);
     if (!op->owned) return fl_last_status();
-    int rc = fl_cuda_backend.copy(op->owned, &d); /* the device's strided copy */
+    int rc = fl_cuda_copy_kernel(op->owned, &d); /* the device's strided copy */
     if (rc != FL_OK) return rc;
     op->base = (const char *)op->owned->data;
     op->trans = false;

@@ -180,7 +180,7 @@ void abort_comm(communicator *c, const char *why) {
     snprintf(c->why, sizeof c->why, "%s", why);
     c->aborted = true;
     if (api.comm_abort) api.comm_abort(c->nc);
-    fprintf(stderr, "fsdp-lua: rank %d: %s; the NCCL communicator was aborted\n", fl_dist.topo.rank, why);
+    fprintf(stderr, "fsdp-lua: rank %d: %s; the NCCL communicator was aborted\n", fl_dist_rank(), why);
 }
 
 /* NCCL's asynchronous error of c as a failure (FL_OK when none). */
@@ -341,7 +341,7 @@ void comm_free(void *comm) {
     {
         fl_cu_lock l(&lock);
         if (settle_locked(false) != FL_OK)
-            fprintf(stderr, "fsdp-lua: rank %d: %s\n", fl_dist.topo.rank, fl_last_error());
+            fprintf(stderr, "fsdp-lua: rank %d: %s\n", fl_dist_rank(), fl_last_error());
         /* What remains of c (aborted) goes with it. */
         request **link = &inflight;
         while (*link) {

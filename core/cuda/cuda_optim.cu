@@ -127,8 +127,8 @@ __global__ void adadelta_kernel(operands o, fl_adadelta_ctx c, int64_t n) {
     }
 }
 
-int fl_cuda_optim_update(const char *op, fl_optim_kind kind, const void *ctx, int n,
-                         const fl_optim_operand *ops) {
+static int cuda_optim_update(const char *op, fl_optim_kind kind, const void *ctx, int n,
+                             const fl_optim_operand *ops) {
     const fl_tensor *param = ops[0].t;
     int64_t numel = param->numel;
     if (numel == 0) return FL_OK;
@@ -187,7 +187,7 @@ __global__ void sum_squares_kernel(double *part, const void *x, int dt, int64_t 
     }
 }
 
-int fl_cuda_grad_sq_norm(const fl_tensor *t, double *out) {
+static int cuda_grad_sq_norm(const fl_tensor *t, double *out) {
     const char *op = "grad_sq_norm";
     *out = 0;
     int64_t numel = t->numel, chunks = (numel + CHUNK - 1) / CHUNK;
@@ -236,7 +236,7 @@ __global__ void scale_kernel(void *x, int dt, double alpha, int64_t n) {
     }
 }
 
-int fl_cuda_grad_scale_(fl_tensor *t, double alpha) {
+static int cuda_grad_scale_(fl_tensor *t, double alpha) {
     const char *op = "grad_scale_";
     if (t->numel == 0) return FL_OK;
     int rc = fl_cu_use_device(op, t);
@@ -245,3 +245,9 @@ int fl_cuda_grad_scale_(fl_tensor *t, double alpha) {
                                                                           t->numel);
     return fl_cu_check(op);
 }
+
+extern "C" const fl_optim_kernels fl_cuda_optim_kernels = {
+    cuda_optim_update,
+    cuda_grad_sq_norm,
+    cuda_grad_scale_,
+};

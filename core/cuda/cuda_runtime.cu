@@ -1,7 +1,7 @@
 /*
  * cuda_runtime.cu: the CUDA runtime calls of the core: device discovery,
  * device memory, host<->device transfers and memset. Compiled by nvcc when
- * the build finds it (mk/extra.mk); the binary still starts on machines
+ * the build finds it (mk/cuda.mk, into libfsdp_cuda.so); the binary still starts on machines
  * without a GPU or a driver, where discovery reports zero devices.
  *
  * Only plain C entry points leave this file (declared in cuda_backend.h), so

@@ -90,7 +90,7 @@ enum : int64_t {
     UID_FIRST_VIRTUAL = 100,
 };
 
-/* ---- counts of the paths taken (fsdp.h: fl_cuda_attention_paths) -------- */
+/* ---- counts of the paths taken (fsdp.h: fl_attention_paths) -------- */
 
 int64_t path_counts[4];
 
@@ -866,6 +866,6 @@ void fl_cuda_attention_count(int path) {
     __atomic_fetch_add(&path_counts[path], 1, __ATOMIC_RELAXED);
 }
 
-extern "C" FL_API void fl_cuda_attention_paths(int64_t counts[4]) {
+extern "C" void fl_cuda_attention_paths(int64_t counts[4]) {
     for (int i = 0; i < 4; i++) counts[i] = __atomic_load_n(&path_counts[i], __ATOMIC_RELAXED);
 }

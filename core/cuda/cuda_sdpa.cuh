@@ -3,7 +3,7 @@
  * attention (cuda_sdpa.cu), for the fused kernel table (cuda_fused.cu), and
  * the per-path call counts that the flash-style kernels (cuda_attention.cu,
  * cuda_attention_backward.cu) add to, so tests can tell which path ran
- * (fl_cuda_attention_paths in fsdp.h).
+ * (fl_attention_paths in fsdp.h).
  */
 #ifndef FL_CUDA_SDPA_CUH
 #define FL_CUDA_SDPA_CUH
@@ -14,7 +14,7 @@
 int fl_cuda_attention_cudnn(const fl_attention_args *a, bool *done);
 int fl_cuda_attention_cudnn_backward(const fl_attention_args *a, bool *done);
 
-/* Indices of fl_cuda_attention_paths' counts. */
+/* Indices of fl_attention_paths' counts. */
 enum {
     FL_ATT_PATH_CUDNN_FORWARD = 0,
     FL_ATT_PATH_KERNEL_FORWARD = 1,

@@ -464,11 +464,8 @@ static fl_tensor *host_like(const fl_tensor *t) {
 }
 
 const fl_device_comm_ops *fl_device_comm_ops_of(fl_device device) {
-#ifdef FL_HAVE_CUDA
-    if (fl_device_kind_of(device) == FL_DEVICE_CUDA) return fl_cuda_nccl_ops();
-#endif
-    (void)device;
-    return NULL;
+    const fl_backend *be = fl_backend_of(device);
+    return be && be->comm_ops ? be->comm_ops() : NULL;
 }
 
 /* Every rank of g learns whether all of them have *flag set (an all-reduce

@@ -120,16 +120,6 @@ static const char *launcher_reason(char *buf, size_t size) {
     return NULL;
 }
 
-int fl_dist_launcher_rank(void) {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        int r = env_int(vars[i], -1);
-        if (r >= 0) return r;
-    }
-    if (env_int("SLURM_NTASKS", 1) > 1) return env_int("SLURM_PROCID", -1);
-    return -1;
-}
-
 const char *fl_dist_rank_str(char *buf, size_t size) {
     int r = fl_dist.initialized ? fl_dist.topo.rank : fl_dist_launcher_rank();
     if (r < 0) r = 0;

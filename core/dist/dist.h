@@ -85,9 +85,6 @@ typedef struct fl_device_comm_ops {
 /* The device library for a device kind, or NULL (none built, none found
  * at run time, or FSDP_NCCL=0). */
 const fl_device_comm_ops *fl_device_comm_ops_of(fl_device device);
-#ifdef FL_HAVE_CUDA
-const fl_device_comm_ops *fl_cuda_nccl_ops(void); /* core/cuda/cuda_nccl.cu */
-#endif
 
 /* [Note: destroying device communicators]
  * Destroying an NCCL communicator is collective over its ranks (NCCL
@@ -107,12 +104,12 @@ fl_group *fl_group_resolve(const char *op, fl_group *g);
 const char *fl_dist_rank_str(char *buf, size_t size);
 
 /* Monotonic seconds. */
-double fl_dist_now(void);
+FL_PLUGIN_API double fl_dist_now(void);
 /* Pause between polls of something that has not completed after `waited`
  * seconds: yield the core for the first second (transfers progress only
  * while polled; other ranks sharing the core get it), then sleep briefly,
  * up to a millisecond, so waiting for a late rank does not burn a core. */
-void fl_dist_pause(double waited);
+FL_PLUGIN_API void fl_dist_pause(double waited);
 
 /* [Note: the watch channel]: ask every member of g what it is doing.
  * Returns g->size answers (free them), or NULL when the backend has no

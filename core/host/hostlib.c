@@ -6,7 +6,7 @@
  *   exe          absolute path of this executable
  *   version      fl_version() of the core
  *   build_info   fl_build_info() of the core
- *   cuda_built   whether the core has the CUDA backend
+ *   cuda_built   whether the CUDA backend (its plugin) is installed
  *   interactive  true when the REPL will run in this process
  *   readline(prompt)   -> line; nil at end of input; nil, "interrupted"
  *                         after Ctrl-C at the prompt
@@ -134,7 +134,7 @@ static int open_host_module(lua_State *L) {
     lua_setfield(L, -2, "version");
     lua_pushstring(L, fl_build_info());
     lua_setfield(L, -2, "build_info");
-    lua_pushboolean(L, fl_cuda_built());
+    lua_pushboolean(L, fl_backend_installed(FL_DEVICE_CUDA));
     lua_setfield(L, -2, "cuda_built");
     return 1;
 }

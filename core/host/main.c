@@ -113,7 +113,8 @@ static void print_usage(FILE *out) {
 
 static void print_version(void) {
     printf("%s %s\n", HOST_PROGNAME, fl_version());
-    printf("%s; %s\n", fl_build_info(), LUAJIT_VERSION);
+    printf("%s, cuda=%s; %s\n", fl_build_info(),
+           fl_backend_installed(FL_DEVICE_CUDA) ? "plugin" : "off", LUAJIT_VERSION);
     fflush(stdout);
 }
 

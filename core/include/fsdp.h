@@ -3,7 +3,7 @@
  *
  * Every exported symbol starts with `fl_` (types, functions) or `FL_` (enum
  * constants). The Lua FFI declarations are generated from this file at build
- * time (preprocessed with -DFL_FFI_CDEF, see mk/extra.mk) and compiled into
+ * time (preprocessed with -DFL_FFI_CDEF, see mk/cdef.mk) and compiled into
  * the library, so `fl_ffi_cdef()` always describes the binary that is loaded.
  * Rules for this file that keep the generation working:
  *   - constants are enums, never #define (the preprocessor removes macros);
@@ -136,21 +136,27 @@ FL_API int fl_device_parse(const char *name, fl_device *out);
 /* Write the canonical name ("cpu", "meta", "cuda:0") into buf. */
 FL_API int fl_device_format(fl_device device, char *buf, size_t size);
 
-/* True when the core was compiled with the CUDA backend. */
-FL_API bool fl_cuda_built(void);
+/* The backend of a device kind: built in (cpu), or a plugin opened on the
+ * first use of the kind (cuda: libfsdp_cuda.so next to libfsdp.so, or
+ * FSDP_CUDA_LIBRARY). True when the kind's backend is installed: cpu
+ * always, cuda when its plugin file is there (checked without opening it,
+ * so asking is cheap). */
+FL_API bool fl_backend_installed(fl_device_kind kind);
 /* True in the cudasim test build, where the CUDA backend's kernels run on
  * the CPU (tests/cudasim): correct but slow, so tests use smaller sizes. */
-FL_API bool fl_cuda_simulated(void);
-/* Number of usable CUDA devices: 0 without a GPU, a driver or the backend. */
-FL_API int fl_cuda_device_count(void);
-/* Why fl_cuda_device_count() is 0, or the name of device 0 ("" if unknown). */
-FL_API const char *fl_cuda_status(void);
-/* Which path scaled_dot_product_attention took on cuda devices since the
- * process started: counts[0] forward calls through cuDNN's fused attention,
- * counts[1] forward calls through the flash-style kernels, counts[2] and
- * counts[3] the same for backward (core/cuda/cuda_sdpa.cu). Zeros without
- * the CUDA backend. */
-FL_API void fl_cuda_attention_paths(int64_t counts[4]);
+FL_API bool fl_backend_simulated(fl_device_kind kind);
+/* Number of usable devices of the kind: 1 for cpu; for cuda 0 without a
+ * GPU, a driver, or the backend's plugin (opened by this call). */
+FL_API int fl_device_count(fl_device_kind kind);
+/* Why fl_device_count(kind) is 0 (the plugin is missing or cannot be
+ * loaded, and why; no driver; no GPU), or the name of device 0. */
+FL_API const char *fl_device_status(fl_device_kind kind);
+/* Which path scaled_dot_product_attention took on devices of the kind
+ * since the process started: counts[0] forward calls through cuDNN's fused
+ * attention, counts[1] forward calls through the flash-style kernels,
+ * counts[2] and counts[3] the same for backward (core/cuda/cuda_sdpa.cu).
+ * Zeros for a kind with one path (cpu) or whose backend is not open. */
+FL_API void fl_attention_paths(fl_device_kind kind, int64_t counts[4]);
 
 typedef struct fl_memory_stats {
     int64_t in_use;      /* bytes allocated now */

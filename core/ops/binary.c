@@ -16,11 +16,8 @@
 static const char *op_names[] = {"add", "sub", "mul", "div"};
 
 const fl_binary_kernels *fl_binary_kernels_of(const char *op, fl_device device) {
-    if (fl_device_kind_of(device) == FL_DEVICE_CPU) return &fl_cpu_binary_kernels;
-#ifdef FL_HAVE_CUDA
-    if (fl_device_kind_of(device) == FL_DEVICE_CUDA) return &fl_cuda_binary_kernels;
-#endif
-    return fl_no_kernel(op, device);
+    const fl_backend *be = fl_backend_of(device);
+    return be && be->binary ? be->binary : fl_no_kernel(op, device);
 }
 
 /* ---- shapes and dtypes (broadcasting and promotion: op_common.c) ---------- */

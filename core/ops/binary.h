@@ -17,9 +17,6 @@ typedef struct fl_binary_kernels {
 } fl_binary_kernels;
 
 extern const fl_binary_kernels fl_cpu_binary_kernels;
-#ifdef FL_HAVE_CUDA
-extern const fl_binary_kernels fl_cuda_binary_kernels; /* core/cuda/cuda_binary.cu */
-#endif
 
 /* The table for a tensor's device, or NULL with an error naming the op. */
 const fl_binary_kernels *fl_binary_kernels_of(const char *op, fl_device device);

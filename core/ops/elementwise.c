@@ -5,9 +5,6 @@
 #include "elementwise.h"
 
 const fl_elementwise_kernels *fl_elementwise_kernels_of(const char *op, fl_device device) {
-    if (fl_device_kind_of(device) == FL_DEVICE_CPU) return &fl_cpu_elementwise_kernels;
-#ifdef FL_HAVE_CUDA
-    if (fl_device_kind_of(device) == FL_DEVICE_CUDA) return &fl_cuda_elementwise_kernels;
-#endif
-    return fl_no_kernel(op, device);
+    const fl_backend *be = fl_backend_of(device);
+    return be && be->elementwise ? be->elementwise : fl_no_kernel(op, device);
 }

@@ -62,9 +62,6 @@ typedef struct fl_elementwise_kernels {
 } fl_elementwise_kernels;
 
 extern const fl_elementwise_kernels fl_cpu_elementwise_kernels;
-#ifdef FL_HAVE_CUDA
-extern const fl_elementwise_kernels fl_cuda_elementwise_kernels; /* core/cuda/cuda_compare.cu */
-#endif
 
 /* The table for a device, or NULL with an error naming the op. */
 const fl_elementwise_kernels *fl_elementwise_kernels_of(const char *op, fl_device device);

@@ -101,10 +101,6 @@ typedef struct fl_fused_kernels {
 } fl_fused_kernels;
 
 extern const fl_fused_kernels fl_cpu_fused_kernels;
-#ifdef FL_HAVE_CUDA
-/* core/cuda/cuda_fused.cu: the same semantics on CUDA devices. */
-extern const fl_fused_kernels fl_cuda_fused_kernels;
-#endif
 
 /* The table for a device, or NULL with an error naming the op. */
 const fl_fused_kernels *fl_fused_kernels_of(const char *op, fl_device device);

@@ -7,11 +7,8 @@
 #include "fused.h"
 
 const fl_fused_kernels *fl_fused_kernels_of(const char *op, fl_device device) {
-    if (fl_device_kind_of(device) == FL_DEVICE_CPU) return &fl_cpu_fused_kernels;
-#ifdef FL_HAVE_CUDA
-    if (fl_device_kind_of(device) == FL_DEVICE_CUDA) return &fl_cuda_fused_kernels;
-#endif
-    return fl_no_kernel(op, device);
+    const fl_backend *be = fl_backend_of(device);
+    return be && be->fused ? be->fused : fl_no_kernel(op, device);
 }
 
 fl_dtype fl_fused_compute_dtype(fl_dtype dtype) {

@@ -23,13 +23,13 @@ typedef struct fl_gemm_operand {
  * of a row-major c x r matrix (unit row stride, ld = sc). A size-1 axis has
  * no meaningful stride, so a strided row vector is read as a column of a
  * transpose. */
-bool fl_gemm_layout(int64_t r, int64_t c, int64_t sr, int64_t sc, bool *trans, int64_t *ld);
+FL_PLUGIN_API bool fl_gemm_layout(int64_t r, int64_t c, int64_t sr, int64_t sc, bool *trans, int64_t *ld);
 
 /* When B is the same matrix for the whole batch and A's batch rows are
  * evenly spaced (a dense [..., m, k] input times a weight), the batch is
  * one GEMM of *rows (batch * m) rows with leading dimension *lda: far
  * faster than many small ones. */
-bool fl_gemm_fold_rows(const fl_gemm_operand *A, const fl_gemm_operand *B, const fl_tensor *out,
+FL_PLUGIN_API bool fl_gemm_fold_rows(const fl_gemm_operand *A, const fl_gemm_operand *B, const fl_tensor *out,
                        int64_t k, int64_t *rows, int64_t *lda);
 
 #endif /* FL_OPS_GEMM_OPERAND_H */

@@ -44,9 +44,6 @@ typedef struct fl_linear_kernels {
 } fl_linear_kernels;
 
 extern const fl_linear_kernels fl_cpu_linear_kernels;
-#ifdef FL_HAVE_CUDA
-extern const fl_linear_kernels fl_cuda_linear_kernels; /* core/cuda/cuda_linear.cu */
-#endif
 
 /* The table for a device, or NULL with an error naming the op. */
 const fl_linear_kernels *fl_linear_kernels_of(const char *op, fl_device device);

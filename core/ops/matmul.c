@@ -15,11 +15,8 @@
 #include <string.h>
 
 const fl_linear_kernels *fl_linear_kernels_of(const char *op, fl_device device) {
-    if (fl_device_kind_of(device) == FL_DEVICE_CPU) return &fl_cpu_linear_kernels;
-#ifdef FL_HAVE_CUDA
-    if (fl_device_kind_of(device) == FL_DEVICE_CUDA) return &fl_cuda_linear_kernels;
-#endif
-    return fl_no_kernel(op, device);
+    const fl_backend *be = fl_backend_of(device);
+    return be && be->linear ? be->linear : fl_no_kernel(op, device);
 }
 
 fl_tensor *fl_linear_output(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device,

@@ -31,19 +31,18 @@ static int check(const char *op, const fl_tensor *t) {
     return FL_OK;
 }
 
-/* Whether t's kernel is the GPU's (after fl_check_tensor); on a device
- * with neither kernel, an error. */
-static int on_cuda(const char *op, const fl_tensor *t, bool *cuda) {
-    *cuda = false;
+/* The device's kernels of this family (after fl_check_tensor): its
+ * backend's table, or NULL with *host set for the host loops below (cpu);
+ * on a device with neither, an error. */
+static int kernels_of(const char *op, const fl_tensor *t, const fl_optim_kernels **k) {
+    *k = NULL;
     if (fl_check_tensor(op, t, true)) return fl_last_status();
-    fl_device_kind k = fl_device_kind_of(t->device);
-    if (k == FL_DEVICE_CPU) return FL_OK;
-#ifdef FL_HAVE_CUDA
-    if (k == FL_DEVICE_CUDA) {
-        *cuda = true;
+    const fl_backend *be = fl_backend_of(t->device);
+    if (be && be->optim) {
+        *k = be->optim;
         return FL_OK;
     }
-#endif
+    if (fl_device_kind_of(t->device) == FL_DEVICE_CPU) return FL_OK;
     char dev[32];
     fl_device_format(t->device, dev, sizeof dev);
     return fl_fail(FL_ERR_UNSUPPORTED, "%s: no kernel for device %s in this build", op, dev);
@@ -72,11 +71,9 @@ int fl_grad_sq_norm(const fl_tensor *t, double *out) {
     const char *op = "grad_sq_norm";
     if (!out) return fl_fail(FL_ERR_ARG, "%s: out is NULL", op);
     *out = 0;
-    bool cuda;
-    if (check(op, t) || on_cuda(op, t, &cuda)) return fl_last_status();
-#ifdef FL_HAVE_CUDA
-    if (cuda) return fl_cuda_grad_sq_norm(t, out);
-#endif
+    const fl_optim_kernels *k;
+    if (check(op, t) || kernels_of(op, t, &k)) return fl_last_status();
+    if (k) return k->grad_sq_norm(t, out);
     int64_t numel = t->numel;
     int64_t chunks = (numel + CHUNK - 1) / CHUNK;
     if (chunks == 0) return FL_OK;
@@ -103,11 +100,9 @@ int fl_grad_scale_(fl_tensor *t, double alpha) {
     const char *op = "grad_scale_";
     if (check(op, t)) return fl_last_status();
     if (fl_device_kind_of(t->device) == FL_DEVICE_META || (t->flags & FL_TENSOR_FAKE)) return FL_OK;
-    bool cuda;
-    if (on_cuda(op, t, &cuda)) return fl_last_status();
-#ifdef FL_HAVE_CUDA
-    if (cuda) return fl_cuda_grad_scale_(t, alpha);
-#endif
+    const fl_optim_kernels *k;
+    if (kernels_of(op, t, &k)) return fl_last_status();
+    if (k) return k->grad_scale_(t, alpha);
     int64_t numel = t->numel;
     int64_t chunks = (numel + CHUNK - 1) / CHUNK;
     size_t esize = fl_dtype_size(t->dtype);

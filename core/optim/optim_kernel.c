@@ -88,22 +88,19 @@ int fl_optim_run(const char *op, int n, const fl_optim_operand *ops, fl_optim_lo
         metadata_only |= is_metadata_only(ops[k].t);
     }
     if (metadata_only) return FL_OK;
-    fl_device_kind dk = fl_device_kind_of(param->device);
-    if (dk != FL_DEVICE_CPU && dk != FL_DEVICE_CUDA) {
+    /* The device's kernel, or the host loops below on the cpu. */
+    const fl_backend *be = fl_backend_of(param->device);
+    const fl_optim_kernels *kernels = be ? be->optim : NULL;
+    if (!kernels && fl_device_kind_of(param->device) != FL_DEVICE_CPU) {
         char dev[32];
         fl_device_format(param->device, dev, sizeof dev);
-        return fl_fail(FL_ERR_UNSUPPORTED, "%s: no fused update for device %s", op, dev);
+        return fl_fail(FL_ERR_UNSUPPORTED, "%s: no fused update for device %s%s%s", op, dev,
+                       be ? "" : ": ", be ? "" : fl_device_status(fl_device_kind_of(param->device)));
     }
     for (int k = 0; k < n; k++)
         if (ops[k].t && fl_check_tensor(op, ops[k].t, true)) return fl_last_status();
     if (check_overlap(op, n, ops)) return fl_last_status();
-    if (dk == FL_DEVICE_CUDA) {
-#ifdef FL_HAVE_CUDA
-        return fl_cuda_optim_update(op, kind, ctx, n, ops);
-#else
-        return fl_fail(FL_ERR_UNSUPPORTED, "%s: this build has no CUDA backend", op);
-#endif
-    }
+    if (kernels) return kernels->update(op, kind, ctx, n, ops);
 
     fl_dtype dtypes[FL_OPTIM_MAX_OPERANDS] = {0};
     for (int k = 0; k < n; k++) dtypes[k] = ops[k].t ? ops[k].t->dtype : FL_F32;

@@ -1,7 +1,8 @@
 /*
  * optim_update.h: what the CPU loops of the fused optimizer updates
  * (the .c files of core/optim) and their CUDA kernels (core/cuda/cuda_optim.cu) share:
- * the operands, and each update's constants as its inner loop reads them.
+ * the operands, each update's constants as its inner loop reads them, and
+ * the table a device backend offers.
  * Both devices compute from the same f32 constants, made once per call on
  * the host, so a GPU update can repeat the CPU's operations exactly. Plain
  * C, included by nvcc too.
@@ -58,16 +59,18 @@ typedef struct fl_adadelta_ctx {
  * in order; the device kernel keeps the same order. */
 enum { FL_GRAD_NORM_CHUNK = 4096 };
 
-#ifdef FL_HAVE_CUDA
-/* The update of `kind` over all elements of checked, dense, non-overlapping
- * operands on one CUDA device: one kernel launch. ctx is the kind's struct
- * above. FL_OK or an error naming op. */
-int fl_cuda_optim_update(const char *op, fl_optim_kind kind, const void *ctx, int n,
-                         const fl_optim_operand *ops);
-/* grad_norm.c on a CUDA tensor (checked, dense, float): the sum of squares
- * with the CPU's chunks and order of additions, and the in-place scale. */
-int fl_cuda_grad_sq_norm(const fl_tensor *t, double *out);
-int fl_cuda_grad_scale_(fl_tensor *t, double alpha);
-#endif
+/* A device backend's kernels of the family (fl_backend.optim; the cpu runs
+ * the host loops of core/optim instead). update: the update of `kind` over
+ * all elements of checked, dense, non-overlapping operands on one device,
+ * one kernel launch; ctx is the kind's struct above. grad_sq_norm and
+ * grad_scale_: grad_norm.c on a device tensor (checked, dense, float), the
+ * sum of squares with the CPU's chunks and order of additions, and the
+ * in-place scale. FL_OK or an error naming op. */
+typedef struct fl_optim_kernels {
+    int (*update)(const char *op, fl_optim_kind kind, const void *ctx, int n,
+                  const fl_optim_operand *ops);
+    int (*grad_sq_norm)(const fl_tensor *t, double *out);
+    int (*grad_scale_)(fl_tensor *t, double alpha);
+} fl_optim_kernels;
 
 #endif /* FL_OPTIM_UPDATE_H */

@@ -1,6 +1,6 @@
 /*
- * device.c: device identifiers ("cpu", "meta", "cuda:1") and the table that
- * maps a device to its backend vtable, through which every kernel is reached.
+ * device.c: device identifiers ("cpu", "meta", "cuda:1"); which backend
+ * serves a device is backend.c's business.
  *
  * A device is one int (kind | index << 8) so it crosses the FFI as a plain
  * number that LuaJIT can compile calls with (structs by value it cannot).
@@ -64,25 +64,3 @@ int fl_device_format(fl_device device, char *buf, size_t size) {
         snprintf(buf, size, "%s", kn);
     return FL_OK;
 }
-
-const fl_backend *fl_backend_of(fl_device device) {
-    switch (fl_device_kind_of(device)) {
-    case FL_DEVICE_CPU: return &fl_cpu_backend;
-#ifdef FL_HAVE_CUDA
-    case FL_DEVICE_CUDA: return &fl_cuda_backend;
-#endif
-    default: return NULL;
-    }
-}
-
-#ifndef FL_HAVE_CUDA
-/* Without the CUDA backend there are no CUDA devices; the answers below let
- * callers ask without knowing how the core was built. */
-bool fl_cuda_built(void) { return false; }
-bool fl_cuda_simulated(void) { return false; }
-int fl_cuda_device_count(void) { return 0; }
-const char *fl_cuda_status(void) { return "this build has no CUDA backend (nvcc was not found)"; }
-void fl_cuda_attention_paths(int64_t counts[4]) {
-    for (int i = 0; i < 4; i++) counts[i] = 0;
-}
-#endif

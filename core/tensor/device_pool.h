@@ -15,6 +15,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Exported to backend plugins (internal.h says why; repeated here so the
+ * header stays self-contained). */
+#ifndef FL_PLUGIN_API
+#define FL_PLUGIN_API __attribute__((visibility("default")))
+#endif
+
 typedef struct fl_pool_device {
     void *ctx;
     /* Memory from the device, NULL when it refuses; and back. */
@@ -47,32 +53,32 @@ typedef struct fl_pool_stats {
 typedef struct fl_pool fl_pool;
 
 /* A pool over `device` (copied); `name` ("cuda:0") appears in messages. */
-fl_pool *fl_pool_create(const fl_pool_device *device, const char *name);
+FL_PLUGIN_API fl_pool *fl_pool_create(const fl_pool_device *device, const char *name);
 /* Return every segment to the device. Blocks still handed out are the
  * caller's leak: they are freed with their segments. */
-void fl_pool_destroy(fl_pool *pool);
+FL_PLUGIN_API void fl_pool_destroy(fl_pool *pool);
 
 /* A block of at least nbytes for work on `stream`, aligned to 512 bytes;
  * NULL when out of memory (fl_pool_oom_message then says why). */
-void *fl_pool_alloc(fl_pool *pool, int64_t nbytes, uint64_t stream);
+FL_PLUGIN_API void *fl_pool_alloc(fl_pool *pool, int64_t nbytes, uint64_t stream);
 /* Give a block back. Returns false for a pointer the pool did not hand out. */
-bool fl_pool_free(fl_pool *pool, void *ptr);
+FL_PLUGIN_API bool fl_pool_free(fl_pool *pool, void *ptr);
 /* The block at ptr is also used by work on `stream`: when freed, it is not
  * reused before that work has run. Returns false for an unknown pointer. */
-bool fl_pool_record_stream(fl_pool *pool, void *ptr, uint64_t stream);
+FL_PLUGIN_API bool fl_pool_record_stream(fl_pool *pool, void *ptr, uint64_t stream);
 
 /* Refuse to hold more than `bytes` of device memory (0: no limit), as if
  * the device were that small. */
-void fl_pool_set_limit(fl_pool *pool, int64_t bytes);
+FL_PLUGIN_API void fl_pool_set_limit(fl_pool *pool, int64_t bytes);
 /* Return the cached segments that are wholly free; returns the bytes. */
-int64_t fl_pool_empty_cache(fl_pool *pool);
+FL_PLUGIN_API int64_t fl_pool_empty_cache(fl_pool *pool);
 
-void fl_pool_stats_get(fl_pool *pool, fl_pool_stats *out);
+FL_PLUGIN_API void fl_pool_stats_get(fl_pool *pool, fl_pool_stats *out);
 /* Peaks back to the current values; retries and OOMs to 0. */
-void fl_pool_stats_reset(fl_pool *pool);
+FL_PLUGIN_API void fl_pool_stats_reset(fl_pool *pool);
 
 /* Why the last failed fl_pool_alloc failed: the request and what the pool
  * and device hold. Written into buf; returns buf. */
-const char *fl_pool_oom_message(fl_pool *pool, char *buf, size_t size);
+FL_PLUGIN_API const char *fl_pool_oom_message(fl_pool *pool, char *buf, size_t size);
 
 #endif /* FL_DEVICE_POOL_H */

@@ -12,20 +12,19 @@ static _Atomic uint64_t next_storage_id = 1;
 
 fl_storage *fl_storage_new(fl_device device, int64_t nbytes) {
     const fl_backend *be = fl_backend_of(device);
+    fl_device_kind kind = fl_device_kind_of(device);
     if (!be) {
         char dev[32];
         fl_device_format(device, dev, sizeof dev);
         return FL_FAIL_NULL(FL_ERR_DEVICE, "cannot allocate on device %s: %s", dev,
-                            fl_device_kind_of(device) == FL_DEVICE_CUDA
-                                ? fl_cuda_status()
-                                : "it holds no storage");
+                            kind == FL_DEVICE_META ? "it holds no storage"
+                                                   : fl_device_status(kind));
     }
-    if (fl_device_kind_of(device) == FL_DEVICE_CUDA &&
-        fl_device_index(device) >= fl_cuda_device_count()) {
+    if (fl_device_index(device) >= fl_device_count(kind)) {
         char dev[32];
         fl_device_format(device, dev, sizeof dev);
         return FL_FAIL_NULL(FL_ERR_DEVICE, "device %s is not available: %s", dev,
-                            fl_cuda_status());
+                            fl_device_status(kind));
     }
     fl_storage *s = calloc(1, sizeof *s);
     if (!s) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a storage header");

@@ -68,7 +68,12 @@ void fl_tensor_release(fl_tensor *t) {
     if (left > 0) return;
     fl_storage_release(t->storage);
     fl_tensor_release(t->grad);
-    fl_node_release(t->grad_fn);
+    fl_node *fn = t->grad_fn;
+    if (fn) {
+        int32_t refs = __atomic_sub_fetch(&fn->refcount, 1, __ATOMIC_ACQ_REL);
+        FL_ASSERT(refs >= 0);
+        if (refs == 0) fn->last_release(fn); /* autograd's freeing (node.c) */
+    }
     free(t);
 }
 
@@ -356,7 +361,7 @@ static int direct_transfer(fl_tensor *dst, const fl_tensor *src, bool non_blocki
         return -1;
     for (int d = 0; d < dst->ndim; d++)
         if (dst->shape[d] != src->shape[d]) return -1;
-    fl_tensor *dense = to_host ? fl_contiguous(src) : fl_tensor_retain(dst);
+    fl_tensor *dense = to_host ? fl_tensor_contiguous(src) : fl_tensor_retain(dst);
     if (!dense) return fl_last_status();
     int64_t nbytes = dense->numel * (int64_t)fl_dtype_size(dense->dtype);
     int index = fl_device_index(dense->device);
@@ -383,7 +388,7 @@ static int copy_across_devices(fl_tensor *dst, const fl_tensor *src, bool non_bl
     if (fl_device_kind_of(src->device) != FL_DEVICE_CPU) {
         /* device -> host: bring src's bytes over, then let the CPU kernel
          * convert and scatter into dst (which may itself be remote). */
-        fl_tensor *dense = fl_contiguous(src);
+        fl_tensor *dense = fl_tensor_contiguous(src);
         if (!dense) return fl_last_status();
         fl_tensor *host = fl_empty(dense->ndim, dense->shape, dense->dtype, cpu);
         rc = host ? FL_OK : fl_last_status();
@@ -481,31 +486,11 @@ int fl_copy_non_blocking_(fl_tensor *dst, const fl_tensor *src) {
     return copy_impl(dst, src, true);
 }
 
-/* ---- copies that create tensors ----------------------------------------- */
+/* ---- copies that create tensors ------------------------------------------
+ * Not differentiable here: core/ops/copy.c gives fl_clone, fl_contiguous,
+ * fl_to and fl_to_non_blocking their backward nodes. */
 
-/* clone and to are differentiable: the gradient goes back converted to the
- * input's dtype and device. */
-static int to_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
-    gi[0] = fl_to(go[0], (fl_dtype)node->i[0], (fl_device)node->i[1]);
-    return gi[0] ? FL_OK : (int)fl_last_status();
-}
-
-static const fl_node_type to_type = {.name = "ToBackward", .backward = to_backward};
-static const fl_node_type clone_type = {.name = "CloneBackward", .backward = to_backward};
-
-static fl_tensor *record_copy(fl_tensor *out, const fl_tensor *in, const fl_node_type *type) {
-    if (!out || out == in || !fl_needs_grad(1, &in)) return out;
-    fl_node *node;
-    if (fl_record(type, 1, &in, out, 0, NULL, &node) != FL_OK) {
-        fl_tensor_release(out);
-        return NULL;
-    }
-    node->i[0] = in->dtype;
-    node->i[1] = in->device;
-    return out;
-}
-
-fl_tensor *fl_clone(const fl_tensor *t) {
+fl_tensor *fl_tensor_clone(const fl_tensor *t) {
     if (fl_check_tensor("clone", t, false)) return NULL;
     fl_tensor *c = is_metadata_only(t) ? fl_fake(t->ndim, t->shape, t->dtype, t->device)
                                        : fl_empty(t->ndim, t->shape, t->dtype, t->device);
@@ -513,19 +498,16 @@ fl_tensor *fl_clone(const fl_tensor *t) {
         fl_tensor_release(c);
         return NULL;
     }
-    return record_copy(c, t, &clone_type);
+    return c;
 }
 
-fl_tensor *fl_contiguous(const fl_tensor *t) {
+fl_tensor *fl_tensor_contiguous(const fl_tensor *t) {
     if (fl_check_tensor("contiguous", t, false)) return NULL;
     if (fl_tensor_is_contiguous(t)) return fl_tensor_retain((fl_tensor *)t);
-    return fl_clone(t);
+    return fl_tensor_clone(t);
 }
 
-fl_tensor *fl_to(const fl_tensor *t, fl_dtype dtype, fl_device device) {
-    if (fl_check_tensor("to", t, false) || check_dtype("to", dtype) || check_device("to", device))
-        return NULL;
-    if (t->dtype == dtype && t->device == device) return fl_tensor_retain((fl_tensor *)t);
+static fl_tensor *to_blocking(const fl_tensor *t, fl_dtype dtype, fl_device device) {
     bool metadata = fl_device_kind_of(device) == FL_DEVICE_META || is_metadata_only(t);
     fl_tensor *r = metadata ? fl_fake(t->ndim, t->shape, dtype, device)
                             : fl_empty(t->ndim, t->shape, dtype, device);
@@ -533,26 +515,73 @@ fl_tensor *fl_to(const fl_tensor *t, fl_dtype dtype, fl_device device) {
         fl_tensor_release(r);
         return NULL;
     }
-    return record_copy(r, t, &to_type);
+    return r;
 }
 
-fl_tensor *fl_to_non_blocking(const fl_tensor *t, fl_dtype dtype, fl_device device) {
+fl_tensor *fl_tensor_to(const fl_tensor *t, fl_dtype dtype, fl_device device, bool non_blocking) {
     if (fl_check_tensor("to", t, false) || check_dtype("to", dtype) || check_device("to", device))
         return NULL;
     if (t->dtype == dtype && t->device == device) return fl_tensor_retain((fl_tensor *)t);
-    if (is_metadata_only(t) || fl_device_kind_of(device) == FL_DEVICE_META)
-        return fl_to(t, dtype, device);
+    if (!non_blocking || is_metadata_only(t) || fl_device_kind_of(device) == FL_DEVICE_META)
+        return to_blocking(t, dtype, device);
     /* Device to host lands in pinned memory, or the copy could not be
      * queued (PyTorch does the same). */
     bool pin = fl_device_kind_of(device) == FL_DEVICE_CPU &&
-               fl_device_kind_of(t->device) == FL_DEVICE_CUDA;
+               fl_device_kind_of(t->device) != FL_DEVICE_CPU &&
+               fl_backend_of(t->device)->memcpy_async != NULL;
     fl_tensor *r = pin ? fl_empty_pinned(t->ndim, t->shape, dtype)
                        : fl_empty(t->ndim, t->shape, dtype, device);
     if (r && copy_impl(r, t, true) != FL_OK) {
         fl_tensor_release(r);
         return NULL;
     }
-    return record_copy(r, t, &to_type);
+    return r;
+}
+
+/* ---- pinned tensors ---------------------------------------------------------
+ * Their storage comes from pinned.c, which calls nothing of this file. */
+
+static fl_tensor *pinned_tensor(const char *op, int ndim, const int64_t *shape, fl_dtype dtype) {
+    int64_t numel;
+    if (fl_check_shape(op, ndim, shape, &numel)) return NULL;
+    if ((int)dtype < 0 || dtype >= FL_DTYPE_COUNT)
+        return FL_FAIL_NULL(FL_ERR_ARG, "%s: invalid dtype %d", op, (int)dtype);
+    fl_storage *s = fl_pinned_storage_new(op, numel * (int64_t)fl_dtype_size(dtype));
+    if (!s) return NULL;
+    fl_tensor *t = fl_tensor_header(ndim, shape, dtype, fl_device_make(FL_DEVICE_CPU, 0));
+    if (!t) {
+        fl_storage_release(s);
+        return NULL;
+    }
+    t->storage = s;
+    t->data = s->data;
+    return t;
+}
+
+fl_tensor *fl_empty_pinned(int ndim, const int64_t *shape, fl_dtype dtype) {
+    return pinned_tensor("empty_pinned", ndim, shape, dtype);
+}
+
+fl_tensor *fl_pin_memory(const fl_tensor *t) {
+    if (fl_check_tensor("pin_memory", t, false)) return NULL;
+    if (fl_device_kind_of(t->device) != FL_DEVICE_CPU) {
+        char dev[32];
+        fl_device_format(t->device, dev, sizeof dev);
+        return FL_FAIL_NULL(FL_ERR_ARG, "pin_memory: only cpu tensors can be pinned, this one is "
+                                        "on %s", dev);
+    }
+    if (fl_check_tensor("pin_memory", t, true)) return NULL;
+    if (fl_is_pinned(t)) return fl_tensor_retain((fl_tensor *)t);
+    fl_tensor *p = pinned_tensor("pin_memory", t->ndim, t->shape, t->dtype);
+    if (!p) return NULL;
+    /* fl_copy_ records no node: pinning is about where bytes live; the
+     * result is a new leaf, as PyTorch's pin_memory of a leaf. */
+    int rc = fl_copy_(p, t);
+    if (rc != FL_OK) {
+        fl_tensor_release(p);
+        return NULL;
+    }
+    return p;
 }
 
 /* ---- element access ----------------------------------------------------- */

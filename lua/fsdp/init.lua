@@ -19,7 +19,9 @@ M.Tensor = Tensor
 M.is_tensor = Tensor.is_tensor
 M.C = C
 M.version = ffi.string(C.fl_version())
-M.build_info = ffi.string(C.fl_build_info())
+-- The compiler's facts, and whether the CUDA backend's plugin is installed.
+M.build_info = ffi.string(C.fl_build_info()) ..
+  (C.fl_backend_installed(C.FL_DEVICE_CUDA) and ', cuda=plugin' or ', cuda=off')
 
 M.manual_seed = random.manual_seed
 M.initial_seed = random.initial_seed
@@ -316,24 +318,26 @@ end
 -- cuda ------------------------------------------------------------------------
 
 M.cuda = {
-  -- True when the core was built with the CUDA backend.
-  built = function() return C.fl_cuda_built() end,
+  -- True when the CUDA backend is installed (its plugin, libfsdp_cuda.so,
+  -- is next to libfsdp.so); asking does not load it.
+  built = function() return C.fl_backend_installed(C.FL_DEVICE_CUDA) end,
   -- True in the cudasim test build (kernels run on the CPU, slowly).
   -- Tests shrink their sizes there.
-  simulated = function() return C.fl_cuda_simulated() end,
+  simulated = function() return C.fl_backend_simulated(C.FL_DEVICE_CUDA) end,
   -- The number of CUDA devices this process sees (0 without a GPU).
-  device_count = function() return C.fl_cuda_device_count() end,
+  device_count = function() return C.fl_device_count(C.FL_DEVICE_CUDA) end,
   -- True when at least one CUDA device can be used.
-  is_available = function() return C.fl_cuda_device_count() > 0 end,
-  -- The name of device 0, or why there is none.
-  status = function() return ffi.string(C.fl_cuda_status()) end,
+  is_available = function() return C.fl_device_count(C.FL_DEVICE_CUDA) > 0 end,
+  -- The name of device 0, or why there is none (no plugin, a CUDA library
+  -- missing, no driver, no GPU).
+  status = function() return ffi.string(C.fl_device_status(C.FL_DEVICE_CUDA)) end,
   -- How many scaled_dot_product_attention calls on cuda devices ran through
   -- cuDNN's fused attention and how many through the flash-style kernels,
   -- since the process started: { cudnn_forward, kernel_forward,
   -- cudnn_backward, kernel_backward }.
   attention_paths = function()
     local c = ffi.new('int64_t[4]')
-    C.fl_cuda_attention_paths(c)
+    C.fl_attention_paths(C.FL_DEVICE_CUDA, c)
     return { cudnn_forward = tonumber(c[0]), kernel_forward = tonumber(c[1]),
              cudnn_backward = tonumber(c[2]), kernel_backward = tonumber(c[3]) }
   end,

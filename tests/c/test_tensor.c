@@ -241,7 +241,7 @@ static void bad_arguments_are_errors(void **state) {
 
 static void cuda_without_gpu_is_a_clean_error(void **state) {
     (void)state;
-    if (fl_cuda_device_count() > 0) skip();
+    if (fl_device_count(FL_DEVICE_CUDA) > 0) skip();
     fl_device cuda;
     fl_device_parse("cuda:0", &cuda);
     assert_null(fl_zeros(SHAPE(2), FL_F32, cuda));

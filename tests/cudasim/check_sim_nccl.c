@@ -30,7 +30,7 @@
  *
  * One line per case; exit status non-zero on any failure.
  *
- * Built by mk/extra.mk with the simulated runtime (sim_runtime.cc.o and
+ * Built by mk/cuda.mk with the simulated runtime (sim_runtime.cc.o and
  * sim_fiber.cc.o from the cudasim object folder, linked with -lstdc++
  * -lpthread); run by tests/cudasim/run.sh.
  */

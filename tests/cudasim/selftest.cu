@@ -17,7 +17,7 @@
  * runs in a child process, because a fault is sticky for the process, as a
  * CUDA context's is.
  *
- * Built by mk/extra.mk in the cudasim configuration as
+ * Built by mk/cuda.mk in the cudasim configuration as
  * build/cudasim/bin/cudasim-selftest; run by tests/run.sh.
  */
 #include <pthread.h>

@@ -1,5 +1,7 @@
 /*
- * view.c: functions that return a new tensor header over the same storage:
+ * view.c: the differentiable views, functions that return a new tensor
+ * header over the same storage (fl_tensor_view_of, core/tensor) with a
+ * backward node when grad is needed (so they live in ops, above autograd):
  * view/reshape, narrow, slice, select, transpose, permute, expand, squeeze,
  * unsqueeze, flatten. All of them work on meta and fake tensors, since they
  * only compute geometry.

@@ -1,9 +1,9 @@
-# extra.mk: appended by premake5.lua to the core's generated makefile
-# (build/fsdp.make) under premake4, which has no custom build rules.
-#   1. fsdp_cdef.o: the FFI declarations generated from the public header.
-#   2. *.cu.o: the CUDA sources, compiled by nvcc when the build found it
-#      (FL_NVCC non-empty) and the configuration is release or debug.
-#   3. In the cudasim configuration, the same sources rewritten by
+# cuda.mk: appended by premake5.lua to the CUDA plugin's generated makefile
+# (build/fsdp_cuda.make, libfsdp_cuda.so) under premake4, which has no
+# custom build rules.
+#   1. *.cu.o: the CUDA sources, compiled by nvcc in the release and debug
+#      configurations.
+#   2. In the cudasim configuration, the same sources rewritten by
 #      tests/cudasim/rewrite.lua and compiled by the C++ compiler with
 #      tests/cudasim/cudasim.h, plus the simulated runtime and libraries.
 #   4. core/text/spm.cc: the SentencePiece shim, compiled as C++ (the
@@ -11,33 +11,6 @@
 # All are added to OBJECTS and made prerequisites of the library, so
 # `make -j` links only after they exist; -MMD -MP tracks the headers the
 # CUDA sources include.
-
-FL_CDEF_C := $(OBJDIR)/fsdp_cdef.c
-FL_CDEF_O := $(OBJDIR)/fsdp_cdef.o
-
-$(FL_CDEF_C): $(FL_ROOT)/core/include/fsdp.h $(FL_ROOT)/mk/gen_cdef.sh | $(OBJDIR)
-	@echo "generating FFI declarations"
-	$(SILENT) CC="$(CC)" sh $(FL_ROOT)/mk/gen_cdef.sh $< $@
-
-$(FL_CDEF_O): $(FL_CDEF_C)
-	$(SILENT) $(CC) $(CFLAGS) -o "$@" -c "$<"
-
-OBJECTS += $(FL_CDEF_O)
-$(TARGET): $(FL_CDEF_O)
-
-FL_SPM_O := $(OBJDIR)/spm.cxx.o
-FL_SPM_FLAGS := -std=c++17 -O2 -g -fPIC -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter \
-  -I$(FL_ROOT)/core/include
-ifeq ($(config),asan)
-FL_SPM_FLAGS += -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-endif
-
-$(FL_SPM_O): $(FL_ROOT)/core/text/spm.cc $(FL_ROOT)/core/include/fsdp.h | $(OBJDIR)
-	@echo "spm.cc"
-	$(SILENT) $(CXX) $(FL_SPM_FLAGS) -c "$<" -o "$@"
-
-OBJECTS += $(FL_SPM_O)
-$(TARGET): $(FL_SPM_O)
 
 ifneq ($(FL_NVCC),)
 ifneq ($(filter release debug,$(config)),)
@@ -73,7 +46,7 @@ FL_SIM_FLAGS := -O2 -g -fPIC -fvisibility=hidden -ffp-contract=off -Wall -Wno-un
   -I$(FL_ROOT)/core/include -I$(FL_ROOT)/core/base -I$(FL_ROOT)/core/ops -I$(FL_ROOT)/core/cuda \
   -I$(FL_ROOT)/core/dist \
   -I$(FL_SIM_DIR) \
-  -I$(FL_CUDA_HOME)/include -DFL_HAVE_CUDA -DFL_CUDASIM -D_GNU_SOURCE
+  -I$(FL_CUDA_HOME)/include -DFL_CUDASIM -D_GNU_SOURCE
 FL_SIM_CXXFLAGS := -std=c++17 -fno-exceptions $(FL_SIM_FLAGS)
 
 vpath %.cu $(sort $(dir $(FL_CU_SOURCES)))

@@ -1,0 +1,168 @@
+-- tools/layers.lua: the core's dependency graph from its object files, and
+-- the two rules docs/ARCHITECTURE.md ("Layers") states about it:
+--   1. core/tensor (with core/base) is the ground floor: its files call no
+--      function defined above it (ops, autograd, backends, dist, ...). A
+--      backend is reached only through its vtable, which is data, so the
+--      built-in cpu backend's table does not count as a call.
+--   2. No circle: no two files (and no two layers) call each other,
+--      directly or around a loop, other than within one layer's files.
+-- Reads `nm` of the release objects (build/obj/release/fsdp, and
+-- fsdp_cuda when the CUDA plugin is built), prints the circles and the
+-- calls that break rule 1, and exits non-zero if there are any.
+--
+--   luajit tools/layers.lua [OBJDIR...]      (or fsdp-lua tools/layers.lua)
+--   luajit tools/layers.lua --files          also list file-level circles
+--                                            within a layer
+local dirs, list_files = {}, false
+for _, a in ipairs(arg) do
+  if a == '--files' then list_files = true else dirs[#dirs + 1] = a end
+end
+if #dirs == 0 then dirs = { 'build/obj/release/fsdp', 'build/obj/release/fsdp_cuda' } end
+
+local function lines(cmd)
+  local f = assert(io.popen(cmd))
+  local out = {}
+  for l in f:lines() do out[#out + 1] = l end
+  f:close()
+  return out
+end
+
+-- Object basename -> source path (premake names objects by basename; the
+-- build refuses two sources with one basename).
+local source_of = {}
+for _, p in ipairs(lines("find core -name '*.c' -o -name '*.cu'")) do
+  local base = p:match('([^/]+)%.cu?$')
+  source_of[base] = p
+end
+
+local defined, kind_of, uses = {}, {}, {}
+local objects = 0
+for _, dir in ipairs(dirs) do
+  for _, obj in ipairs(lines(('ls %s/*.o 2>/dev/null'):format(dir))) do
+    local base = obj:match('([^/]+)%.o$'):gsub('%.cu$', ''):gsub('%.sim$', '')
+    local src = source_of[base]
+    if src then
+      objects = objects + 1
+      uses[src] = uses[src] or {}
+      for _, l in ipairs(lines('nm ' .. obj)) do
+        local t, name = l:match('^%x*%s+(%a)%s+(%S+)$')
+        if t == 'U' then
+          uses[src][name] = true
+        elseif t and t:match('[TDRB]') then
+          defined[name] = src
+          kind_of[name] = t
+        end
+      end
+    end
+  end
+end
+if objects == 0 then
+  io.stderr:write('layers.lua: no objects in ' .. table.concat(dirs, ', ') .. ' (build first)\n')
+  os.exit(2)
+end
+
+-- A layer is a folder of core/, but for autograd, whose recording of
+-- nodes (node.c, and offload.c that it saves through) sits below ops and
+-- whose engine (engine.c: it runs ops to sum gradients) above them.
+local own_layer = { ['core/autograd/engine.c'] = 'autograd-engine' }
+local function layer(src) return own_layer[src] or src:match('^core/([^/]+)/') end
+
+-- File graph: a -> b when a calls a function of b (data references, the
+-- vtables and kernel tables, are how layers reach upward on purpose).
+local edges, callers = {}, {}
+for src, names in pairs(uses) do
+  edges[src] = {}
+  for name in pairs(names) do
+    local d = defined[name]
+    if d and d ~= src and kind_of[name] == 'T' then
+      edges[src][d] = edges[src][d] or {}
+      table.insert(edges[src][d], name)
+    end
+  end
+end
+
+-- Strongly connected components (Tarjan) of a graph given as node -> set.
+local function sccs(nodes, succ)
+  local index, low, on, stack, out, n = {}, {}, {}, {}, {}, 0
+  local function visit(v)
+    n = n + 1; index[v] = n; low[v] = n
+    stack[#stack + 1] = v; on[v] = true
+    for w in pairs(succ(v)) do
+      if not index[w] then visit(w); low[v] = math.min(low[v], low[w])
+      elseif on[w] then low[v] = math.min(low[v], index[w]) end
+    end
+    if low[v] == index[v] then
+      local comp = {}
+      repeat
+        local w = table.remove(stack); on[w] = nil; comp[#comp + 1] = w
+      until w == v
+      if #comp > 1 then table.sort(comp); out[#out + 1] = comp end
+    end
+  end
+  table.sort(nodes)
+  for _, v in ipairs(nodes) do if not index[v] then visit(v) end end
+  return out
+end
+
+local bad = 0
+
+-- Rule 1.
+local ground = { base = true, tensor = true }
+for _, src in ipairs((function() local t = {} for s in pairs(edges) do t[#t + 1] = s end table.sort(t) return t end)()) do
+  if layer(src) == 'tensor' then
+    for d, names in pairs(edges[src]) do
+      if not ground[layer(d)] then
+        table.sort(names)
+        print(('tensor calls above it: %s -> %s (%s)'):format(src, d, table.concat(names, ', ')))
+        bad = bad + 1
+      end
+    end
+  end
+end
+
+-- Rule 2, between layers.
+local lnodes, lsucc = {}, {}
+for src, out in pairs(edges) do
+  local a = layer(src)
+  if not lsucc[a] then lsucc[a] = {}; lnodes[#lnodes + 1] = a end
+  for d in pairs(out) do
+    local b = layer(d)
+    if b ~= a then lsucc[a][b] = true end
+  end
+end
+for _, comp in ipairs(sccs(lnodes, function(v) return lsucc[v] or {} end)) do
+  print('circle between layers: ' .. table.concat(comp, ' <-> '))
+  for _, a in ipairs(comp) do
+    for src, out in pairs(edges) do
+      if layer(src) == a then
+        for d, names in pairs(out) do
+          local b = layer(d)
+          for _, c in ipairs(comp) do
+            if b == c and b ~= a then
+              table.sort(names)
+              print(('    %s -> %s (%s)'):format(src, d, table.concat(names, ', ')))
+            end
+          end
+        end
+      end
+    end
+  end
+  bad = bad + 1
+end
+
+-- Rule 2, between files of different layers.
+local fnodes = {}
+for src in pairs(edges) do fnodes[#fnodes + 1] = src end
+for _, comp in ipairs(sccs(fnodes, function(v) return edges[v] or {} end)) do
+  local layers = {}
+  for _, f in ipairs(comp) do layers[layer(f)] = true end
+  local n = 0
+  for _ in pairs(layers) do n = n + 1 end
+  if n > 1 or list_files then
+    print(('circle between files%s: %s'):format(n > 1 and '' or ' (one layer)', table.concat(comp, ' <-> ')))
+    if n > 1 then bad = bad + 1 end
+  end
+end
+
+print(('%d object files, %d problem(s)'):format(objects, bad))
+os.exit(bad == 0 and 0 or 1)
