@@ -191,6 +191,8 @@ project "fsdp"
   includedirs { pkg_config_dirs("--cflags-only-I", "openblas") }
   libdirs { pkg_config_dirs("--libs-only-L", "openblas") }
   links { "openblas", "jansson", "yajl", "xxhash", "m", "pthread", "dl" }
+  -- Corpus readers (core/data): gzip and zstd shards.
+  links { "z", "zstd" }
   if NVCC then
     -- The asan configuration stays CPU-only: the CUDA runtime is not built
     -- for the sanitizers and the GPU code is not what they check here.
