@@ -415,7 +415,7 @@ static int next_doc(fl_stream *s)
                                    (long long)s->skip, (long long)(d->n + 1));
                 }
                 s->st.consumed = s->skip;
-                s->skip = st->consumed;
+                s->skip = 0;
             }
             s->docs++;
             return 1;

@@ -87,7 +87,9 @@ M.Stream = Stream
 -- Open a stream. opts: tokenizer (required), seq_len, batch_size (per
 -- rank), split ('all', 'train' or 'val'), val_fraction (0.01), seed (0),
 -- shuffle (true), threads (2), text_field, max_doc_bytes, rank/world_size
--- (default: fsdp.dist's), once (one pass, for validation).
+-- (default: fsdp.dist's), once (one pass, for validation), read_all (every
+-- rank reads the whole split and batches() gives each its part: for
+-- validation, where every rank must see the same number of batches).
 function M.open(spec, opts)
   opts = opts or {}
   local tok = opts.tokenizer
@@ -103,6 +105,8 @@ function M.open(spec, opts)
   local dist = require 'fsdp.dist'
   local rank = opts.rank or dist.rank()
   local world = opts.world_size or dist.world_size()
+  local read_rank, read_world = rank, world
+  if opts.read_all then read_rank, read_world = 0, 1 end
   local o = ffi.new('fl_stream_opts')
   local keep = { spec = spec, field = opts.text_field or 'text' }
   o.path = keep.spec
@@ -114,7 +118,7 @@ function M.open(spec, opts)
   o.seed = opts.seed or 0
   o.shuffle = opts.shuffle ~= false
   o.once = opts.once and true or false
-  o.rank, o.world_size = rank, world
+  o.rank, o.world_size = read_rank, read_world
   o.threads = opts.threads or 2
   o.split = SPLITS[split]
   o.val_fraction = opts.val_fraction or (split == 'all' and 0 or 0.01)
@@ -125,6 +129,7 @@ function M.open(spec, opts)
     seq_len = T, batch_size = B, seed = tonumber(o.seed), rank = rank, world_size = world,
     vocab_size = tonumber(o.vocab_size), eos_id = tok.eos_id, tokenizer = tok.name or 'unknown',
     val_fraction = o.val_fraction, threads = o.threads, text_field = keep.field, once = o.once,
+    tokenizer_object = tok, read_all = opts.read_all and true or false,
     num_files = #M.files(spec), _st = ffi.new('fl_stream_state') }, Stream)
   return self
 end
@@ -166,8 +171,20 @@ function Stream:steps_per_epoch() return nil end
 -- part of each (rows rank * batch_size ...): every evaluation sees the
 -- same sequences. The stream is read from its start (its position is kept
 -- and restored). A split with fewer rows gives fewer batches; `count`
--- says how many there are (for the warning about a tiny split).
+-- says how many there are (for the warning about a tiny split). A `once`
+-- stream keeps the batches it read (validation reads the same ones again).
 function Stream:batches(n)
+  local out = self._batches
+  if not (out and out.n >= n) then out = self:_read_batches(n) end
+  if self.once then self._batches = out end
+  local i = 0
+  return function()
+    i = i + 1
+    if i <= n and out[i] then return split_rows(out[i], self.seq_len) end
+  end, math.min(n, #out)
+end
+
+function Stream:_read_batches(n)
   local saved = self:state()
   self:load_state(self:_start_state())
   local G = self.batch_size * self.world_size
@@ -177,12 +194,9 @@ function Stream:batches(n)
     if rows == nil or rows:size(0) < G then break end
     out[#out + 1] = rows:narrow(0, self.rank * self.batch_size, self.batch_size)
   end
+  out.n = n
   self:load_state(saved)
-  local i = 0
-  return function()
-    i = i + 1
-    if out[i] then return split_rows(out[i], self.seq_len) end
-  end, #out
+  return out
 end
 
 -- How many global batches (of batch_size x world_size rows) the split
