@@ -88,9 +88,9 @@ local cfg = recipe.config(corpus_recipe.options(pretrained.options(nonfinite.opt
   data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
   log_every = { 1, 'print a log line every N steps', int = true, min = 1 },
   data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard), or raw text streamed: a '
-                .. '.txt/.jsonl/.json(.gz/.zst) file, directory or glob; empty: synthetic', check = corpus_recipe.check_path,
+                .. '.txt/.jsonl/.json(.gz/.zst) file, directory or glob; empty: synthetic', input = 'glob',
            aliases = { dataset = function(text)
-             if not corpus_recipe.check_path(text) then return text end
+             if require('lfs').attributes(text, 'mode') or text:find('[%*%?%[]') then return text end
              return nil, ('%s: no such file or directory; --dataset takes token shards (a directory from '
                .. 'tools/tokenize.lua, or one shard) or corpus files, not a Hugging Face dataset name'):format(text)
            end } },
@@ -103,7 +103,7 @@ local cfg = recipe.config(corpus_recipe.options(pretrained.options(nonfinite.opt
         .. 'pass the shard directory as --dataset (or --data)'):format(v)
     end
   end },
-  val_data = { '', 'validation shards or raw text (default: the val split of --data)', check = corpus_recipe.check_path },
+  val_data = { '', 'validation shards or raw text (default: the val split of --data)', input = 'glob' },
   validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
   metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },

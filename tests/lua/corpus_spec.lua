@@ -267,4 +267,22 @@ describe('corpus streams', function()
       for _ = 1, 1000 do s:next() end
     end, dir .. '/c4-train.00001-of-00004.json.gz: truncated gzip stream')
   end)
+
+  it('in the recipe: an 80-document corpus warns that its validation split is empty', function()
+    gen.write(tmp .. '/small.jsonl', { documents = 80, jsonl = true })
+    local out, rc = testing.run_script('recipes/llama2_7b.lua', ('--data=%s/small.jsonl --num_layers=1 '
+      .. '--hidden_width=16 --num_heads=2 --seq_len=16 --batch_size=2 --max_steps=2 --warmup_steps=1 '
+      .. '--validation_freq=1'):format(tmp), 60)
+    assert.equal(0, rc, out)
+    assert.truthy(out:find(('warning: the validation split of --data %s/small.jsonl (--val_fraction 0.01 of each '
+      .. "file's documents) holds no whole validation batch (2 sequences of 16 tokens); training without "
+      .. 'validation'):format(tmp), 1, true), out)
+    assert.truthy(out:find('streamed, no validation split', 1, true), out)
+    out, rc = testing.run_script('recipes/llama2_7b.lua', ('--data=%s/small.jsonl --num_layers=1 '
+      .. '--hidden_width=16 --num_heads=2 --seq_len=16 --batch_size=2 --max_steps=2 --warmup_steps=1 '
+      .. '--validation_freq=1 --val_fraction=0.1 --val_batches=50'):format(tmp), 60)
+    assert.equal(0, rc, out)
+    assert.truthy(out:find('holds only %d+ of the 50 %-%-val_batches asked; validating on those'), out)
+    assert.truthy(out:find('Validation at batch 2', 1, true), out)
+  end)
 end)

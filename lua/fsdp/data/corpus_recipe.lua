@@ -24,17 +24,6 @@ local function say(fmt, ...)
   end
 end
 
--- A path --data may name: it exists, or it is a glob matching corpus files.
-function M.check_path(v)
-  if v == '' or lfs.attributes(v, 'mode') then return nil end
-  if v:find('[%*%?%[]') then
-    local ok, err = pcall(corpus.files, v)
-    if not ok then return bare(err) end
-    return nil
-  end
-  return ('%s does not exist'):format(v)
-end
-
 function M.options(spec)
   spec.text_field = { 'text', 'raw --data (.jsonl/.json lines): the field holding the text' }
   spec.max_doc_bytes = { 8388608, 'raw --data: the longest document accepted, in bytes (a longer one is an error '
@@ -50,7 +39,10 @@ end
 function M.is_raw(path)
   local mode = lfs.attributes(path, 'mode')
   if mode == 'file' then return not path:match('%.safetensors$') end
-  if mode == 'directory' then return #require('fsdp.data.tokens').shard_paths(path, 'train') == 0 end
+  if mode == 'directory' then
+    -- corpus files and no shards (an empty directory gets the shards' message)
+    return #require('fsdp.data.tokens').shard_paths(path, 'train') == 0 and (pcall(corpus.files, path))
+  end
   return true -- a glob
 end
 
