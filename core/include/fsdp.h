@@ -1226,7 +1226,14 @@ FL_API const char *fl_file_list_path(const fl_file_list *l, int64_t i);
  * valid until the instance's next call, and returns their number, or -1
  * with the core's error set. close frees an instance. A new tokenizer is
  * plugged in by giving these three functions (fl_byte_tokenizer_hook is
- * the one built in: a token per byte). */
+ * the one built in: a token per byte). They must be C functions, never
+ * LuaJIT callbacks (the workers are other threads); arg is read only by
+ * open, during fl_stream_open. A tokenizer object with a load function and
+ * "one thread at a time" encode adapts as, e.g.,
+ *   open(arg) = load((const char *)arg),
+ *   encode(self, text, len, ids) = its encode without special tokens,
+ *   close(self) = its free,
+ * and its Lua object's c_hook() returns the hook (fsdp.data.corpus). */
 typedef struct fl_tokenizer_hook {
     void *(*open)(void *arg);
     int64_t (*encode)(void *self, const char *text, size_t len, const int32_t **ids);
