@@ -18,5 +18,9 @@
  * 2 zstd. -1 for a name no reader knows. */
 int fl_reader_format(const char *path, bool *json, int *comp);
 const char *fl_reader_path(const fl_reader *r);
+/* Skip JSON lines whose document index want() refuses without parsing or
+ * checking them (the streaming loader: other ranks' documents, the other
+ * split's). Text paragraphs are still assembled; the caller filters them. */
+void fl_reader_filter(fl_reader *r, bool (*want)(void *arg, int64_t index), void *arg);
 
 #endif

@@ -60,6 +60,9 @@ struct fl_reader {
     char *doc;
     size_t doc_cap, doc_len;
     int64_t doc_offset, doc_line, doc_index, next_index;
+    /* documents the caller wants (fl_reader_filter), NULL: all */
+    bool (*want)(void *arg, int64_t index);
+    void *want_arg;
 };
 
 /* ---- names ------------------------------------------------------------- */
@@ -373,6 +376,11 @@ int fl_reader_next(fl_reader *r, const char **text, size_t *len)
             int64_t line = r->line;
             if (!next_line(r, &s, &n, &off, &st)) return st;
             if (blank(s, n)) continue;
+            /* a line the caller does not want is counted, not parsed */
+            if (r->want && !r->want(r->want_arg, r->next_index)) {
+                r->next_index++;
+                continue;
+            }
             /* yajl checks strings; the bytes outside them are checked here so
              * every invalid byte is reported with its offset, not as a parse error */
             size_t bad = utf8_bad((const unsigned char *)s, n);
@@ -419,6 +427,12 @@ int fl_reader_next(fl_reader *r, const char **text, size_t *len)
     *text = r->doc ? r->doc : "";
     *len = r->doc_len;
     return 1;
+}
+
+void fl_reader_filter(fl_reader *r, bool (*want)(void *arg, int64_t index), void *arg)
+{
+    r->want = want;
+    r->want_arg = arg;
 }
 
 void fl_reader_position(const fl_reader *r, fl_doc_position *p)

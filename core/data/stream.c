@@ -139,6 +139,8 @@ static bool wanted(const fl_stream *s, int64_t k)
     return s->by_file || k % s->o.world_size == s->o.rank;
 }
 
+static bool want_doc(void *arg, int64_t k) { return wanted(arg, k); }
+
 static void slot_fail(fl_stream *s, slot *sl)
 {
     pthread_mutex_lock(&s->mu);
@@ -153,6 +155,7 @@ static void read_file(fl_stream *s, void *tok, int64_t p, slot *sl)
     const char *path = fl_stream_file_path(s, p);
     fl_reader *r = fl_reader_open(path, &s->o.reader);
     if (!r) { slot_fail(s, sl); return; }
+    fl_reader_filter(r, want_doc, s);
     if (p == s->start.file && fl_reader_seek(r, &s->start.doc)) goto fail;
     for (;;) {
         const char *text;
