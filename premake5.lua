@@ -193,6 +193,11 @@ project "fsdp"
   links { "openblas", "jansson", "yajl", "xxhash", "m", "pthread", "dl" }
   -- Corpus readers (core/data): gzip and zstd shards.
   links { "z", "zstd" }
+  -- Tokenizers (core/text): PCRE2 for the pre-tokenizers' Unicode regexes,
+  -- utf8proc for the Unicode normalizers,
+  -- libsentencepiece (C++, through core/text/spm.cc) for SentencePiece.
+  links { "pcre2-8", "utf8proc", "sentencepiece", "sentencepiece_train", "stdc++" }
+  if not IS_PREMAKE4 then files { "core/**.cc" } end
   if NVCC then
     -- The asan configuration stays CPU-only: the CUDA runtime is not built
     -- for the sanitizers and the GPU code is not what they check here.

@@ -6,7 +6,9 @@
 #   3. In the cudasim configuration, the same sources rewritten by
 #      tests/cudasim/rewrite.lua and compiled by the C++ compiler with
 #      tests/cudasim/cudasim.h, plus the simulated runtime and libraries.
-# Both are added to OBJECTS and made prerequisites of the library, so
+#   4. core/text/spm.cc: the SentencePiece shim, compiled as C++ (the
+#      library has no C interface), sanitized in the asan configuration.
+# All are added to OBJECTS and made prerequisites of the library, so
 # `make -j` links only after they exist; -MMD -MP tracks the headers the
 # CUDA sources include.
 
@@ -22,6 +24,20 @@ $(FL_CDEF_O): $(FL_CDEF_C)
 
 OBJECTS += $(FL_CDEF_O)
 $(TARGET): $(FL_CDEF_O)
+
+FL_SPM_O := $(OBJDIR)/spm.cxx.o
+FL_SPM_FLAGS := -std=c++17 -O2 -g -fPIC -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter \
+  -I$(FL_ROOT)/core/include
+ifeq ($(config),asan)
+FL_SPM_FLAGS += -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+endif
+
+$(FL_SPM_O): $(FL_ROOT)/core/text/spm.cc $(FL_ROOT)/core/include/fsdp.h | $(OBJDIR)
+	@echo "spm.cc"
+	$(SILENT) $(CXX) $(FL_SPM_FLAGS) -c "$<" -o "$@"
+
+OBJECTS += $(FL_SPM_O)
+$(TARGET): $(FL_SPM_O)
 
 ifneq ($(FL_NVCC),)
 ifneq ($(filter release debug,$(config)),)

@@ -350,7 +350,7 @@ end
 -- GPT-2's checkpoint names and shapes differ from ours (Conv1D weights
 -- [in, out], bare GPT2Model keys): its weights go through
 -- gpt2.from_hf_state_dict, file by file.
-local function gpt2_load(model, dir, strict)
+local function gpt2_load(model, dir, strict, allow_missing)
   local ck = st.open_checkpoint(dir)
   local own = {}
   for _, p in ipairs(model:named_parameters()) do own[p[1]] = p[2] end
@@ -376,7 +376,7 @@ local function gpt2_load(model, dir, strict)
   end
   local missing = {}
   for name in pairs(own) do
-    if not seen[name] then missing[#missing + 1] = name end
+    if not seen[name] and not (allow_missing and allow_missing(name)) then missing[#missing + 1] = name end
   end
   table.sort(missing)
   if strict ~= false and (#missing > 0 or #unexpected > 0) then
@@ -465,14 +465,16 @@ end
 -- Load the weights of the Hugging Face directory `dir` into `model` (built
 -- from its config), one file at a time: into a sharded model's shards
 -- straight (each rank copies its slice of each tensor; no rank holds more
--- than one file's tensors whole). opts.strict (default true).
+-- than one file's tensors whole). opts.strict (default true),
+-- opts.allow_missing(name) (names the directory need not have: new LoRA
+-- adapters).
 function M.load_weights(model, dir, opts)
   opts = opts or {}
   local family = M.family_of_model(model)
   if family.load then
-    family.load(model, dir, opts.strict)
+    family.load(model, dir, opts.strict, opts.allow_missing)
   else
-    fsdp.safetensors.load_into(model, dir, { strict = opts.strict })
+    fsdp.safetensors.load_into(model, dir, { strict = opts.strict, allow_missing = opts.allow_missing })
   end
 end
 
@@ -548,7 +550,10 @@ end
 -- one unit whole. opts: max_shard_size (as fsdp.save_safetensors_sharded's,
 -- default '5GB'); token_ids ({bos_token_id =, eos_token_id =, ...}: put in
 -- config.json and generation_config.json, which is written when any is
--- known); tokenizer_from (a directory whose tokenizer files are copied).
+-- known); tokenizer_from (a directory whose tokenizer files are copied);
+-- state (tensors by name to write instead of the model's parameters, in
+-- their dtype: a LoRA model's merged_state_dict; a sharded model's rank 0
+-- holds them, the other ranks pass an empty table).
 -- Returns the weight files written (on rank 0; {} elsewhere).
 function M.save_pretrained(model, dir, opts)
   opts = opts or {}
@@ -559,6 +564,17 @@ function M.save_pretrained(model, dir, opts)
   local hf_shape = family.hf_shape or function(_, shape) return shape end
   local hf_tensor = family.hf_tensor or function(_, t) return t end
   local order = write_order(model)
+  local state = opts.state
+  if state then
+    -- The model's order and names, the state's tensors (names it lacks, a
+    -- LoRA model's adapters, are not written).
+    local kept = {}
+    for _, e in ipairs(order) do
+      local t = state[e[1]]
+      if t then kept[#kept + 1] = { e[1], t.shape, t.dtype } end
+    end
+    order = kept
+  end
   local w, failed, written = nil, nil, {}
   local function try(fn)
     if writes and not failed then
@@ -582,7 +598,9 @@ function M.save_pretrained(model, dir, opts)
       if out ~= t then out:free() end
     end)
   end
-  if sharded then
+  if state then
+    for _, e in ipairs(order) do put(e[1], state[e[1]]) end
+  elseif sharded then
     -- Every rank takes part in every gather, even after rank 0 failed.
     require('fsdp.sharding').each_full_unit(model, function(u, by)
       for _, p in ipairs(u.params) do put(p.name, by[p]) end

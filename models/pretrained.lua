@@ -53,6 +53,11 @@ M.OPTIONS = {
                                 'export_max_shard_size')
                               if not ok then return (tostring(err):gsub('^.-export_max_shard_size ', '')) end
                             end },
+  -- A LoRA run (--lora_rank, fsdp.lora) exports either form.
+  export_lora = { 'merged', 'with --lora_rank: what --export_hf writes: merged (the adapters folded into the base '
+                            .. 'weights: a plain Hugging Face model) or adapter (PEFT\'s adapter_config.json and '
+                            .. 'adapter_model.safetensors, to load on the --init_from base with peft)',
+                  one_of = { 'merged', 'adapter' } },
 }
 
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
@@ -208,6 +213,18 @@ function M.open(path, opts)
       if type(extra.tokenizer_from) == 'string' and files.mode(extra.tokenizer_from) == 'directory' then
         src.tokenizer_from = extra.tokenizer_from
       end
+      -- A LoRA run's checkpoint holds the adapters; its frozen base is the
+      -- --init_from it started from ([Note: what a LoRA checkpoint holds]).
+      if type(index.lora) == 'table' then
+        if type(extra.init_from) ~= 'string' or extra.init_from == '' then
+          fail('%s holds LoRA adapters of a run that did not start from --init_from: its base weights are in no '
+            .. 'file', step_dir)
+        end
+        local ok4, base = pcall(M.open, extra.init_from, { families = opts.families, who = opts.who,
+                                                           overrides = opts.overrides })
+        if not ok4 then fail('%s: the LoRA base it was trained on: %s', step_dir, bare(base)) end
+        src.lora, src.base = index.lora, base
+      end
     else
       local shapes = {}
       for name, p in pairs(require('fsdp.checkpointing.parts').saved_params(index)) do shapes[name] = p.shape end
@@ -286,6 +303,13 @@ function M.from_options(cfg, written, opts)
     end
   end
   if not given_model then cfg.model = '' end
+  -- A LoRA run freezes a base it loads whole; our training checkpoints of
+  -- a LoRA run hold adapters only, and a full one's weights load as the
+  -- export of it does.
+  if (cfg.lora_rank or 0) > 0 and src.kind == 'checkpoint' then
+    fail('--init_from %s is a training checkpoint; with --lora_rank start from a Hugging Face directory or a full '
+      .. 'state dict (tools/export.lua %s DIR writes one from the checkpoint)', cfg.init_from, cfg.init_from)
+  end
   local given = {}
   for _, o in ipairs(opts.sizes or {}) do
     local v = cfg[o[2]]
@@ -295,20 +319,45 @@ function M.from_options(cfg, written, opts)
   return src
 end
 
--- Copy the weights of src (from open) into model, built from src.config,
--- sharded or not. Collective for a checkpoint (its files are checked by all
+-- The model src holds, built from src.config with `place` ({device,
+-- dtype}; 'meta' to shard it next), with src's LoRA adapters applied
+-- when it is a LoRA run's checkpoint (no values yet: M.load).
+function M.build(src, place)
+  local model
+  if src.family == 't5' then
+    model = module_of('t5').Model(src.config, place)
+  else
+    model = decoders.families[src.family].module.build(src.config, place)
+  end
+  if src.lora then
+    require('fsdp.lora').apply(model, { rank = src.lora.rank, alpha = src.lora.alpha, rslora = src.lora.rslora,
+                                        targets = src.lora.targets })
+  end
+  return model
+end
+
+-- Copy the weights of src (from open) into model, built by M.build,
+-- sharded or not: a LoRA checkpoint's base from its --init_from, then its
+-- adapters. Collective for a checkpoint (its files are checked by all
 -- ranks together first). Raises naming the path and the tensor at fault.
 function M.load(model, src)
+  if src.lora then M.load(model, src.base) end
+  -- New LoRA adapters are not in the pretrained weights: they keep their init.
+  local lora = require 'fsdp.lora'
+  local adapters = lora.config_of(model) and lora.is_adapter or nil
   local ok, err = pcall(function()
     if src.kind == 'hf' then
-      hf.load_weights(model, src.path)
+      hf.load_weights(model, src.path, { allow_missing = adapters })
+    elseif src.kind == 'checkpoint' and adapters and not src.lora then
+      core.fail('a training checkpoint does not load under new LoRA adapters (tools/export.lua writes it as a '
+        .. 'Hugging Face directory, which does)')
     elseif src.kind == 'checkpoint' then
       local ckpt = require 'fsdp.checkpointing'
       local index, why = ckpt.check(src.step_dir)
       if not index then core.fail(why) end
       ckpt.load(src.step_dir, { model = model, weights_only = true }, index)
     else
-      fsdp.load_safetensors_into(model, src.path)
+      fsdp.load_safetensors_into(model, src.path, { allow_missing = adapters })
     end
   end)
   if not ok then fail('--init_from %s: %s', src.path, bare(err)) end
@@ -348,17 +397,33 @@ end
 
 -- --export_hf: the trained model (sharded or not; collective) as a Hugging
 -- Face directory, with the token ids and tokenizer files of src (the
--- --init_from source, or nil). Returns the seconds it took.
+-- --init_from source, or nil). A LoRA model writes, by --export_lora,
+-- the base with the adapters merged into it (gathered whole on rank 0:
+-- the merge needs a layer's base weight and adapters together) or PEFT's
+-- adapter files. Returns the seconds it took.
 function M.export(cfg, model, src)
   if (cfg.export_hf or '') == '' then return end
   local t0 = require('fsdp.clock').now()
-  local ok, err = pcall(hf.save_pretrained, model, cfg.export_hf, {
-    max_shard_size = cfg.export_max_shard_size, token_ids = src and src.token_ids,
-    tokenizer_from = src and src.tokenizer_from,
-  })
+  local lora = require 'fsdp.lora'
+  local what, how = 'Hugging Face ' .. hf.family_of_model(model).name, ''
+  local ok, err
+  if lora.config_of(model) and cfg.export_lora == 'adapter' then
+    what, how = 'PEFT', ' adapter files for ' .. (src and src.path or 'the base')
+    ok, err = pcall(lora.save_peft, model, cfg.export_hf, { base_model_name_or_path = src and src.path })
+  else
+    local state
+    if lora.config_of(model) then
+      how = ' with the LoRA adapters merged'
+      state = lora.merged_state_dict(model, { rank0_only = true })
+    end
+    ok, err = pcall(hf.save_pretrained, model, cfg.export_hf, {
+      max_shard_size = cfg.export_max_shard_size, token_ids = src and src.token_ids,
+      tokenizer_from = src and src.tokenizer_from, state = state,
+    })
+  end
   if not ok then fail('--export_hf %s: %s', cfg.export_hf, bare(err)) end
   local dt = require('fsdp.clock').now() - t0
-  say(('export: wrote %s (Hugging Face %s) in %.2f s'):format(cfg.export_hf, hf.family_of_model(model).name, dt))
+  say(('export: wrote %s (%s)%s in %.2f s'):format(cfg.export_hf, what, how, dt))
   return dt
 end
 

@@ -51,7 +51,7 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
   validation_freq = { 0, 'steps between validations (0: never); on the val_* files of --data', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
   metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
-  peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)', min = 0 },
+  peak_tflops = require('fsdp.sharding.device').peak_tflops_option(),
 })))), arg, 'recipes/deepvit_8b.lua', function(cfg)
   local overrides = {}
   for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes' }) do
@@ -84,6 +84,8 @@ end
 fsdp.manual_seed(cfg.seed)
 -- On meta, then sharded (one unit per DeepViTBlock, the seed's wrap and
 -- checkpoint class): each rank initialises only its shards.
+-- --device: the shards, every batch and the loss live there (cpu or cuda:N).
+local dev = shard_recipe.device(cfg)
 local model = deepvit.DeepViT(c, { device = 'meta' })
 local n_params = model:num_parameters()
 -- Refused here, with the planner's numbers, when it cannot fit this machine.
@@ -114,7 +116,7 @@ print(('data: %s; chance loss: ln(%d) = %.3f'):format(tostring(data), c.num_clas
 
 local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = cfg.batch_size * cfg.grad_accum_steps, flops_per_sample = deepvit.flops_per_image(c),
-  peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every,
+  peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
 })
 local state = { model = model, optimizer = opt, data = data }
 state.guard = nonfinite.guard(cfg, state, 'recipes/deepvit_8b.lua')  -- the step, and --on_nonfinite
@@ -124,14 +126,14 @@ for step = start_step + 1, cfg.max_steps do
   -- --grad_accum_steps micro-batches, gradients reduced once at the last.
   local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function()
     local x, y = data:next()
-    return F.cross_entropy(model(x), y)
+    return F.cross_entropy(model(x:to(dev)), y:to(dev))
   end)
   local r = state.guard:step(step, loss)
   r.dt = clock.now() - t0
   log:step(step, r)
   if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then
     model:eval()
-    log:validation(step, metrics.evaluate(function(vx, vy) return F.cross_entropy(model(vx), vy) end,
+    log:validation(step, metrics.evaluate(function(vx, vy) return F.cross_entropy(model(vx:to(dev)), vy:to(dev)) end,
       val_data:batches(cfg.val_batches)))
     model:train()
   end

@@ -18,15 +18,19 @@
 -- width); what it cannot tell (the number of heads, RoPE settings, norm
 -- eps) comes from --model's config and --num_heads/--num_kv_heads.
 --
--- Tokenizers: a SentencePiece model (--tokenizer=PATH.model, or the
--- tokenizer.model of an HF directory: Llama 2), or 'byte' (the recipes'
--- byte-level tokenizer). Hugging Face tokenizer.json byte-level BPE
--- (GPT-2, Llama 3) is not implemented: give token ids with --prompt_ids
--- ('1,5,9' one prompt; ';' between prompts) and the output is ids.
+-- Tokenizers (fsdp.data.tokenizer): the HF directory's own (its
+-- tokenizer.model: Llama 2's SentencePiece; else its tokenizer.json:
+-- GPT-2's and Llama 3's byte-level BPE), or --tokenizer=FILE|DIR, or 'byte'
+-- (the recipes' byte-level tokenizer). Prompts get the special tokens
+-- transformers' tokenizers add (Llama 2's <s>, Llama 3's <|begin_of_text|>);
+-- special tokens are not shown in the output.
+-- Without a tokenizer, give token ids with --prompt_ids ('1,5,9' one prompt;
+-- ';' between prompts) and the output is ids.
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local generate = require 'fsdp.generate'
 local files = require 'fsdp.files'
+local tokenizer = require 'fsdp.data.tokenizer'
 local clock = require 'fsdp.clock'
 local decoders = require 'models.decoders'
 local pretrained = require 'models.pretrained'
@@ -53,8 +57,8 @@ local cfg = recipe.config({
   prompt = { '', 'the prompt text (needs a tokenizer)' },
   prompt_file = { '', 'a file of prompts, one per line, generated as one left-padded batch', input = 'file' },
   prompt_ids = { '', "prompts as token ids: '1,5,9', several separated by ';' (no tokenizer needed)" },
-  tokenizer = { '', "'byte', a SentencePiece .model file, or empty: the HF directory's tokenizer.model "
-                    .. '(HF tokenizer.json BPE is not supported: use --prompt_ids)' },
+  tokenizer = { '', "'byte', a SentencePiece .model, a tokenizer.json, an HF directory holding one, or "
+                    .. "empty: the HF directory's (tokenizer.model, else tokenizer.json)" },
   max_new_tokens = { 64, 'tokens to generate per prompt at most', int = true, min = 1 },
   do_sample = { false, 'sample (temperature, top_k, top_p) instead of greedy decoding' },
   temperature = { 1.0, 'sampling temperature', positive = true },
@@ -65,7 +69,7 @@ local cfg = recipe.config({
   stop_ids = { '', "ids that end a row, '2,13' (empty: the tokenizer's and the HF config's eos; 'none': no stop)" },
   seed = { 0, 'sampling seed (the same seed gives the same text)', int = true, min = 0 },
   dtype = { 'f32', 'weights and cache dtype', one_of = { 'f32', 'bf16' } },
-  device = { 'cpu', 'where the model runs', one_of = { 'cpu', 'cuda' } },
+  device = require('fsdp.sharding.device').OPTIONS.device,
   no_cache = { false, 'recompute the whole prefix at every step (no KV cache; for comparison)' },
   print_ids = { false, 'also print the generated ids of each prompt' },
 }, arg, 'recipes/generate.lua', function(cfg)
@@ -81,8 +85,10 @@ local cfg = recipe.config({
     local ids, why = int_list(cfg.stop_ids)
     if not ids then error('--stop_ids: ' .. why, 0) end
   end
-  if cfg.tokenizer ~= '' and cfg.tokenizer ~= 'byte' and files.mode(cfg.tokenizer) ~= 'file' then
-    error(('--tokenizer %s: no such file (\'byte\' or a SentencePiece .model)'):format(cfg.tokenizer), 0)
+  if cfg.tokenizer ~= '' and cfg.tokenizer ~= 'byte' and files.mode(cfg.tokenizer) ~= 'file'
+    and files.mode(cfg.tokenizer) ~= 'directory' then
+    error(('--tokenizer %s: no such file (\'byte\', a SentencePiece .model, a tokenizer.json or an HF '
+      .. 'directory)'):format(cfg.tokenizer), 0)
   end
   if cfg.init_from == '' and cfg.model == '' then error('--init_from or --model (random weights) is needed', 0) end
   local hf = cfg.init_from ~= '' and files.mode(files.join(cfg.init_from, 'config.json')) == 'file'
@@ -90,11 +96,10 @@ local cfg = recipe.config({
     error(('--model, --num_heads and --num_kv_heads are for checkpoints and state dicts: %s/config.json '
       .. 'gives the shapes'):format(cfg.init_from), 0)
   end
-  if cfg.prompt_ids == '' and cfg.tokenizer == '' and not (hf and files.mode(files.join(cfg.init_from, 'tokenizer.model')) == 'file') then
-    local has_json = hf and files.mode(files.join(cfg.init_from, 'tokenizer.json')) == 'file'
-    error(('--prompt and --prompt_file need a tokenizer: --tokenizer=byte or a SentencePiece .model%s; '
-      .. 'or give token ids with --prompt_ids'):format(has_json
-        and (' (%s has a tokenizer.json, whose BPE this build does not implement)'):format(cfg.init_from) or ''), 0)
+  if cfg.prompt_ids == '' and cfg.tokenizer == '' and not (hf and tokenizer.find_in(cfg.init_from)) then
+    error(('--prompt and --prompt_file need a tokenizer: --tokenizer=byte, a SentencePiece .model or a '
+      .. 'tokenizer.json%s; or give token ids with --prompt_ids'):format(hf
+        and (' (%s has neither tokenizer.model nor tokenizer.json)'):format(cfg.init_from) or ''), 0)
   end
 end)
 
@@ -106,15 +111,39 @@ end
 -- loading ------------------------------------------------------------------------------------
 -- --init_from means what it means in the training recipes (models/pretrained.lua).
 
-local place = { device = cfg.device, dtype = cfg.dtype }
-local hf_dir
+-- The tokenizer first: a file it cannot read is refused before the model
+-- loads.
+-- With --prompt_ids the HF directory's tokenizer only turns the output into
+-- text: one this build cannot read leaves the output as ids.
+local tok
+do
+  local spec = cfg.tokenizer
+  if spec == '' and cfg.init_from ~= '' and files.mode(files.join(cfg.init_from, 'config.json')) == 'file'
+    and tokenizer.find_in(cfg.init_from) then
+    spec = cfg.init_from
+  end
+  if spec ~= '' then
+    local ok, t = pcall(tokenizer.load, spec)
+    if ok then
+      tok = t
+    elseif cfg.prompt_ids ~= '' and cfg.tokenizer == '' then
+      io.stderr:write(('fsdp-lua: warning: %s (the output stays ids)\n'):format(recipe.bare(t)))
+    else
+      die(recipe.bare(t))
+    end
+  end
+end
+
+-- --device (auto: cuda:<local rank> with a GPU, else cpu; fsdp.sharding.device).
+local dev = require('fsdp.sharding.device').resolve(cfg)
+local place = { device = dev, dtype = cfg.dtype }
 local model, family
 local t0 = clock.now()
 local src
 if cfg.init_from == '' then
   local name
   family, name = decoders.resolve(cfg.model)
-  local o = { device = cfg.device, dtype = cfg.dtype }
+  local o = { device = dev, dtype = cfg.dtype }
   if cfg.num_heads > 0 then o.n_heads = cfg.num_heads end
   if cfg.num_kv_heads > 0 then o.n_kv_heads = cfg.num_kv_heads end
   local ok, m = pcall(decoders.families[family].module.build, name, o)
@@ -127,10 +156,12 @@ else
     model = cfg.model, num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
   if not ok then die('--init_from ' .. recipe.bare(s)) end
   src, family = s, s.family
-  if src.kind == 'hf' then hf_dir = src.hf_dir end
-  model = decoders.families[family].module.build(src.config, place)
+  model = pretrained.build(src, place)
   local ok2, err = pcall(pretrained.load, model, src)
   if not ok2 then die(recipe.bare(err)) end
+  -- A LoRA run's checkpoint: its adapters folded into the base once, so
+  -- decoding runs plain Linears.
+  if require('fsdp.lora').config_of(model) then require('fsdp.lora').merge(model) end
 end
 model:eval()
 if cfg.init_from ~= '' then
@@ -140,14 +171,6 @@ end
 
 -- tokenizer and prompts ----------------------------------------------------------------------
 
-local tok
-if cfg.tokenizer == 'byte' then
-  tok = require('fsdp.data.byte_tokenizer').new()
-elseif cfg.tokenizer ~= '' then
-  tok = require('fsdp.data.sentencepiece').load(cfg.tokenizer)
-elseif hf_dir and files.mode(files.join(hf_dir, 'tokenizer.model')) == 'file' then
-  tok = require('fsdp.data.sentencepiece').load(files.join(hf_dir, 'tokenizer.model'))
-end
 local prompts, texts = {}, {}
 if cfg.prompt_ids ~= '' then
   for p in (cfg.prompt_ids .. ';'):gmatch('([^;]*);') do prompts[#prompts + 1] = int_list(p) end
@@ -158,7 +181,7 @@ else
     for line in io.lines(cfg.prompt_file) do if line:find('%S') then texts[#texts + 1] = line end end
     if #texts == 0 then die(('--prompt_file %s holds no prompt (one per non-empty line)'):format(cfg.prompt_file)) end
   end
-  for i, t in ipairs(tok:encode(texts)) do
+  for i, t in ipairs(tok:encode(texts, { add_special = true })) do
     if t:numel() == 0 then die(('prompt %d encodes to no tokens'):format(i)) end
     prompts[i] = t:tolist()
   end
@@ -189,7 +212,7 @@ end
 local function decode(ids)
   if not tok then return table.concat(ids, ' ') end
   if #ids == 0 then return '' end
-  return tok:decode(fsdp.tensor(ids, { dtype = 'i64' }))
+  return tok:decode(fsdp.tensor(ids, { dtype = 'i64' }), { skip_special = true })
 end
 
 -- The text a continuation adds to its prompt: decode(prompt .. new) past
@@ -222,7 +245,10 @@ local function on_token(_, tokens, done)
     io.stdout:flush()
     return
   end
+  -- A character cut by the last token decodes to U+FFFD for now: wait for
+  -- the rest of it.
   local text = continuation(1, streamed)
+  while text:sub(-3) == '\239\191\189' do text = text:sub(1, -4) end
   if text:sub(1, #shown) == shown then
     io.stdout:write(text:sub(#shown + 1))
     io.stdout:flush()

@@ -14,7 +14,8 @@
 -- shards written by tools/tokenize.lua (the vocabulary then comes from the
 -- data), validating on their val split every --validation_freq steps.
 -- --data=PATH_OR_GLOB of raw files (.txt, .jsonl, .json, .gz, .zst: C4's
--- shards as downloaded) streams them with --tokenizer (default byte),
+-- shards as downloaded) streams them with --tokenizer (default byte; a
+-- tokenizer.json, a SentencePiece .model or an HF directory),
 -- tokenized ahead in C threads, the position saved in every checkpoint
 -- (fsdp.data.corpus_recipe).
 --
@@ -50,6 +51,7 @@ local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local nonfinite = require 'fsdp.nonfinite'
 local accumulate = require 'fsdp.sharding.accumulate'
+local lora = require 'fsdp.lora'
 
 -- Each option carries its constraints (fsdp.recipe checks them, and the
 -- model config they make, before anything is built: a bad one is one line
@@ -59,7 +61,10 @@ local overrides, c, train_data
 -- fam: the model family (models/decoders.lua: module, block class); src:
 -- what --init_from holds (models/pretrained.lua), nil without it.
 local fam, src
-local cfg = recipe.config(corpus_recipe.options(pretrained.options(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
+-- --lora_targets when not given: PEFT's defaults for the family.
+local LORA_TARGETS = { llama = 'q_proj,v_proj', gpt2 = 'c_attn' }
+local cfg = recipe.config(corpus_recipe.options(lora.options(pretrained.options(nonfinite.options(ckpt_recipe.options(
+  shard_recipe.options(accumulate.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, gpt2-medium, ..., gpt2-tiny in models/gpt2.lua); '
                           .. 'with --init_from a directory, its config.json decides', one_of = decoders.names,
             aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
@@ -94,7 +99,8 @@ local cfg = recipe.config(corpus_recipe.options(pretrained.options(nonfinite.opt
              return nil, ('%s: no such file or directory; --dataset takes token shards (a directory from '
                .. 'tools/tokenize.lua, or one shard) or corpus files, not a Hugging Face dataset name'):format(text)
            end } },
-  tokenizer = { '', "with --data: the tokenizer the shards were made with ('byte' or a SentencePiece .model), "
+  tokenizer = { '', "with --data: the tokenizer the shards were made with ('byte', a SentencePiece .model, a "
+                    .. "tokenizer.json or a local HF model directory), "
                     .. 'checked against them; for raw text, the one it streams through (default byte)', needs = 'data' },
   dataset_config_name = { '', 'the seed\'s Hugging Face dataset config: not supported (refused when set)',
                           check = function(v)
@@ -107,12 +113,12 @@ local cfg = recipe.config(corpus_recipe.options(pretrained.options(nonfinite.opt
   validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
   metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
-  peak_tflops = { 0, 'peak TFLOPS of one device, for MFU (0: not reported)', min = 0 },
+  peak_tflops = require('fsdp.sharding.device').peak_tflops_option(),
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
-  memory_limit_mb = { 0, 'fail CPU allocations past this many MiB of live tensors (0: no limit); also what '
+  memory_limit_mb = { 0, 'fail allocations on --device past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-})))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
+}))))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
   -- The model config the options make: its own checks (heads dividing
   -- the width with the config's values, an even head size) name the
   -- options they come from.
@@ -154,12 +160,12 @@ local cfg = recipe.config(corpus_recipe.options(pretrained.options(nonfinite.opt
     if cfg.tokenizer ~= '' then
       local ok, tok = pcall(require('fsdp.data.tokenizer').load, cfg.tokenizer)
       if not ok then
-        error(('--tokenizer %s: %s (expected \'byte\' or the path of a SentencePiece .model; Hugging Face '
-          .. 'tokenizer names are not supported)'):format(cfg.tokenizer, recipe.bare(tok)), 0)
+        error(('--tokenizer %s: %s (expected \'byte\', a SentencePiece .model, a tokenizer.json or a local HF '
+          .. 'model directory; Hugging Face hub names are not fetched)'):format(cfg.tokenizer, recipe.bare(tok)), 0)
       end
       if tok.vocab_size ~= data.vocab_size or tok.eos_id ~= data.eos_id then
-        error(('--tokenizer %s (vocab %d, eos %d) is not the tokenizer of --%s %s (%s: vocab %d, eos %d)'):format(
-          cfg.tokenizer, tok.vocab_size, tok.eos_id, written.data or 'data', cfg.data, tostring(data.tokenizer),
+        error(('--tokenizer %s (vocab %d, eos %s) is not the tokenizer of --%s %s (%s: vocab %d, eos %d)'):format(
+          cfg.tokenizer, tok.vocab_size, tostring(tok.eos_id), written.data or 'data', cfg.data, tostring(data.tokenizer),
           data.vocab_size, data.eos_id), 0)
       end
     end
@@ -193,6 +199,7 @@ local cfg = recipe.config(corpus_recipe.options(pretrained.options(nonfinite.opt
     error(('--%s (%d) is longer than the model\'s %d positions (n_positions)'):format(written.seq_len or 'seq_len',
       cfg.seq_len, c.max_seq_len), 0)
   end
+  lora.check_options(cfg, function() return fam.module.build(c, { device = 'meta' }) end, LORA_TARGETS[fam.name])
 end)
 local model_module = fam.module
 
@@ -202,7 +209,9 @@ print('config:\n' .. recipe.format(cfg))
 -- dead ones before every allocation so uncollected garbage never counts.
 if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
 -- (--plan only plans for the limit: it allocates nothing to limit.)
-if cfg.memory_limit_mb > 0 and not cfg.plan then fsdp.set_memory_limit('cpu', cfg.memory_limit_mb * 2^20) end
+if cfg.memory_limit_mb > 0 and not cfg.plan then
+  fsdp.set_memory_limit(shard_recipe.device(cfg), cfg.memory_limit_mb * 2^20)
+end
 
 -- 6738415616 -> "6,738,415,616"
 local function commas(n)
@@ -215,6 +224,7 @@ local clock = require 'fsdp.clock'
 if cfg.dry_run then
   local t0 = clock.now()
   local model = model_module.build(c, { device = 'meta' })
+  lora.apply_options(model, cfg, LORA_TARGETS[fam.name])
   print(model)
   local n = model:num_parameters()
   print(('parameters: %s'):format(commas(n)))
@@ -231,6 +241,7 @@ end
 -- --plan: what each rank would hold for this config (nothing allocated).
 if cfg.plan then
   local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
+  lora.apply_options(model, cfg, LORA_TARGETS[fam.name])
   shard_recipe.plan(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len }, 'recipes/llama2_7b.lua')
   recipe.expose({ model = model, config = c, cfg = cfg })
   return
@@ -240,8 +251,13 @@ end
 -- with the values of a one-process init (fsdp.nn.parameter). On one rank
 -- this is plain training (the one unit holds everything).
 local dist = fsdp.dist
+-- --device: the shards, every batch and the loss live there (cpu or cuda:N).
+local dev = shard_recipe.device(cfg)
 local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
 local n_params = model:num_parameters()
+-- --lora_rank: adapters on the --lora_targets Linears, the rest frozen
+-- (fsdp.lora); before the fit check and sharding, which see the frozen base.
+lora.apply_options(model, cfg, LORA_TARGETS[fam.name])
 -- Refused here, with the planner's numbers, when it cannot fit this machine.
 require('fsdp.sharding.fit').check(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len },
   'recipes/llama2_7b.lua', { layers = 'num_layers' })
@@ -249,7 +265,7 @@ shard_recipe.apply(model, cfg, fam.block, 'recipes/llama2_7b.lua')
 print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s, %s'):format(
   c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype, fam.name))
 
-local opt = optim.AdamW(model:named_parameters(), {
+local opt = optim.AdamW(lora.trainable(model), {
   lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay,
   -- no decay for norm weights (and any 1-d parameter)
   groups = { { match = shard_recipe.no_decay, weight_decay = 0 } },
@@ -292,10 +308,10 @@ local step_batch = cfg.batch_size * cfg.grad_accum_steps
 local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = step_batch, tokens_per_sample = cfg.seq_len,
   flops_per_sample = model_module.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
-  peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every,
+  peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
 })
 local function validate(step)
-  local loss = metrics.evaluate(function(ids, targets) return model:loss(ids, targets) end,
+  local loss = metrics.evaluate(function(ids, targets) return model:loss(ids:to(dev), targets:to(dev)) end,
     val_data:batches(cfg.val_batches))
   log:validation(step, loss)
 end
@@ -321,7 +337,7 @@ for step = start_step + 1, cfg.max_steps do
   -- checkpoint after the step resumes at the next step's first.
   local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function()
     local ids, targets = data:next()
-    return model:loss(ids, targets)
+    return model:loss(ids:to(dev), targets:to(dev))
   end)
   local r = state.guard:step(step, loss)
   r.dt = clock.now() - t0
@@ -349,7 +365,7 @@ if cfg.summary and cfg.max_steps > start_step then
   print('SUMMARY ' .. require('cjson').encode({
     samples_per_s = step_batch * dist.world_size() * steps / seconds,
     tflops = flops_per_step * steps / seconds / 1e12,
-    peak_bytes = fsdp.memory_stats('cpu').peak,
+    peak_bytes = fsdp.memory_stats(dev).peak,
     step_seconds = seconds / steps, steps = steps, parameters = n_params,
   }))
 end

@@ -5,6 +5,13 @@
 --   fsdp-lua recipes/mnist.lua                        synthetic digits
 --   fsdp-lua recipes/mnist.lua --data=path/to/mnist   the idx files (train-*, t10k-*)
 --   fsdp-lua recipes/mnist.lua --dry-run              build on meta and print the model
+--   mpirun -np 2 fsdp-lua recipes/mnist.lua           data parallel: each rank a slice of every batch
+--
+-- As PyTorch's FSDP MNIST tutorial, the network is one sharded unit
+-- (fsdp.shard: on one rank plain training) and each rank computes the
+-- loss of its slice of every batch; the loss is scaled so that the
+-- averaged gradient is the whole batch's, so the losses do not depend on
+-- the number of ranks (dropout's masks aside).
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local mnist_model = require 'models.mnist'
@@ -16,10 +23,15 @@ local accumulate = require 'fsdp.sharding.accumulate'
 local F = fsdp.F
 
 -- Each option carries its constraints, checked before anything is built.
-local cfg = recipe.config(nonfinite.options(accumulate.options({
+local device = require 'fsdp.sharding.device'
+local cfg = recipe.config(device.options(nonfinite.options(accumulate.options({
   data = { '', 'directory of the MNIST idx files (empty: synthetic digits)', input = 'dir' },
   epochs = { 3, 'training epochs', int = true, min = 1 },
-  batch_size = { 64, 'training batch size', int = true, min = 1 },
+  batch_size = { 64, 'training batch size (of the whole job: each rank computes a slice)', int = true, min = 1,
+                 check = function(v)
+                   local w = fsdp.dist.world_size()
+                   if v < w then return ('(%d) must be at least the number of ranks (%d)'):format(v, w) end
+                 end },
   test_batch_size = { 1000, 'evaluation batch size', int = true, min = 1 },
   lr = { 1.0, 'Adadelta learning rate', positive = true },
   gamma = { 0.7, 'StepLR decay per epoch', positive = true },
@@ -29,7 +41,7 @@ local cfg = recipe.config(nonfinite.options(accumulate.options({
   seed = { 1, 'initialisation and data seed', int = true, min = 0 },
   log_interval = { 20, 'batches between log lines', int = true, min = 1 },
   dry_run = { false, 'build on meta, print the model and its parameter count, exit' },
-})), arg, 'recipes/mnist.lua')
+}))), arg, 'recipes/mnist.lua')
 
 if cfg.dry_run then
   local net = mnist_model.build({ device = 'meta' })
@@ -46,12 +58,20 @@ else
   train = mnist.synthetic(cfg.train_size, { seed = cfg.seed })
   test = mnist.synthetic(cfg.test_size, { seed = cfg.seed, offset = cfg.train_size })
 end
-print(('data: %d training and %d test images (%s)'):format(train:size(), test:size(),
+-- Under a launcher every rank runs this; rank 0 speaks.
+local W, R = fsdp.dist.world_size(), fsdp.dist.rank()
+local function say(...) if R == 0 then print(...) end end
+say(('data: %d training and %d test images (%s)'):format(train:size(), test:size(),
   cfg.data ~= '' and cfg.data or 'synthetic'))
 
 fsdp.manual_seed(cfg.seed)
-local net = mnist_model.build()
-net:init_weights({ seed = cfg.seed })
+-- --device: the network, every batch and the loss live there (cpu or cuda:N).
+local dev = device.resolve(cfg)
+if dev ~= 'cpu' then say('device: ' .. device.describe(cfg)) end
+-- Built on meta, then one sharded unit on the device: each rank
+-- initialises its shard with the values of net:init_weights{seed}.
+local net = mnist_model.build({ device = 'meta' })
+fsdp.shard(net, { seed = cfg.seed, device = dev })
 local opt = optim.Adadelta(net:named_parameters(), { lr = cfg.lr })
 local sched = optim.lr_scheduler.StepLR(opt, 1, cfg.gamma)
 -- The optimizer step and what a NaN or infinite loss or gradient does
@@ -76,13 +96,18 @@ for epoch = 1, cfg.epochs do
     local n = math.min(k, nb - first)
     local loss = accumulate.forward_backward(net, n, function(j)
       local x, y = train:batch(first + j - 1, cfg.batch_size)
-      return F.nll_loss(net(x), y)
+      -- This rank's rows of the batch; summed and scaled by W / rows so
+      -- that the gradient averaged over ranks is the batch mean's.
+      local rows = x:size(0)
+      local from, to = math.floor(R * rows / W), math.floor((R + 1) * rows / W)
+      x, y = x:narrow(0, from, to - from):to(dev), y:narrow(0, from, to - from):to(dev)
+      return F.nll_loss(net(x), y, { reduction = 'sum' }) * (W / rows)
     end)
     step = step + 1
     local r = guard:step(step, loss)
     local i = first + n - 1
     if first % cfg.log_interval < k or i == nb - 1 or r.skipped then
-      print(('Train Epoch: %d [%d/%d (%.0f%%)]\tLoss: %.6f%s'):format(epoch, i * cfg.batch_size,
+      say(('Train Epoch: %d [%d/%d (%.0f%%)]\tLoss: %.6f%s'):format(epoch, i * cfg.batch_size,
         train:size(), 100 * i / nb, r.loss, r.skipped and ' (skipped: non-finite)' or ''))
     end
   end
@@ -91,6 +116,7 @@ for epoch = 1, cfg.epochs do
   fsdp.no_grad(function()
     for i = 0, batches(test, cfg.test_batch_size) - 1 do
       local x, y = test:batch(i, cfg.test_batch_size)
+      x, y = x:to(dev), y:to(dev)
       local out = net(x)
       loss_sum = loss_sum + F.nll_loss(out, y, { reduction = 'sum' }):item()
       local _, pred = out:max(1)
@@ -98,7 +124,7 @@ for epoch = 1, cfg.epochs do
       total = total + y:size(0)
     end
   end)
-  print(('Test set: Average loss: %.4f, Accuracy: %d/%d (%.1f%%), epoch time %.1f s'):format(
+  say(('Test set: Average loss: %.4f, Accuracy: %d/%d (%.1f%%), epoch time %.1f s'):format(
     loss_sum / total, correct, total, 100 * correct / total, clock.now() - t0))
   sched:step()
 end

@@ -32,7 +32,7 @@ local cfg = recipe.config({
   args = { '--num_layers=2 --hidden_width=128 --num_heads=4 --vocab_size=512 --seq_len=128',
            'recipe options common to every point (the model)' },
   steps = { 3, 'measured steps per point (after one warmup step)', int = true, min = 1 },
-  memory_limit_mb = { 0, 'CPU memory limit of every point in MiB (0: none)', min = 0 },
+  memory_limit_mb = { 0, 'memory limit of every point in MiB, on the recipe\'s --device (0: none)', min = 0 },
   timeout = { 600, 'seconds a point may run before it is recorded as a timeout', positive = true },
   out = { 'sweep_out', 'directory for sweep.csv and sweep.png', output = 'dir' },
   chart = { true, 'draw sweep.png with gnuplot' },

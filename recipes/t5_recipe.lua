@@ -4,6 +4,11 @@
 -- copy, a padded sequence of random tokens, then eos), ending with greedy
 -- generation on held-out examples and their exact-match rate.
 --
+-- With --data=FILE.jsonl it fine-tunes on source/target text pairs
+-- instead (recipes/t5_pairs.lua): validation loss every --validation_freq
+-- steps, the data position in checkpoints, greedy outputs as text at the
+-- end.
+--
 -- The seed's T5 experiments wrap and checkpoint T5Block; here
 -- --activation_checkpointing recomputes each T5Block in backward and
 -- --optimizer=anyprecision uses AnyPrecisionAdamW (bf16 states).
@@ -22,6 +27,8 @@ local t5 = require 'models.t5'
 local pretrained = require 'models.pretrained'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
+local t5_pairs = require 'recipes.t5_pairs'
+local lora = require 'fsdp.lora'
 local F = fsdp.F
 
 local M = {}
@@ -68,13 +75,16 @@ end
 
 -- Greedy generation on a batch: per-row exact match of the generated
 -- tokens (start token dropped) against labels up to and including eos.
--- Returns the number of rows right, and the generated ids.
-function M.exact_match(model, src, mask, labels)
+-- Returns the number of rows right, and the generated ids. opts: more
+-- options of t5.generate (eos_token_id).
+function M.exact_match(model, src, mask, labels, opts)
   local n = labels:size(1)
-  local out = t5.generate(model, src, { attention_mask = mask, max_new_tokens = n })
+  local gen = { attention_mask = mask, max_new_tokens = n }
+  for k, v in pairs(opts or {}) do gen[k] = v end
+  local out = t5.generate(model, src, gen)
   local got = out:narrow(1, 1, out:size(1) - 1)
   if got:size(1) < n then
-    got = F.cat({ got, fsdp.zeros({ got:size(0), n - got:size(1) }, { dtype = 'i64' }) }, 1)
+    got = F.cat({ got, fsdp.zeros({ got:size(0), n - got:size(1) }, { dtype = 'i64', device = got.device }) }, 1)
   end
   local errors = F.sum((F.ne(got, labels):to('i64') * F.ne(labels, -100):to('i64')), 1)
   return F.sum(F.eq(errors, 0):to('i64')):item(), got
@@ -91,8 +101,9 @@ function M.run(default_model, script, argv)
   -- Each option carries its constraints; they and the model config they
   -- make are checked before anything is built (a full-size model takes
   -- minutes): a bad one is one line naming it, exit status 2.
-  local c, src
-  local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
+  local c, src, pairs_run
+  local cfg = recipe.config(lora.options(t5_pairs.options(pretrained.options(nonfinite.options(ckpt_recipe.options(
+    shard_recipe.options(accumulate.options({
     model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny',
               one_of = function() return recipe.keys(t5.configs) end },
     num_layers = { 0, 'override encoder and decoder layers (0: keep)', int = true, min = 0 },
@@ -104,23 +115,28 @@ function M.run(default_model, script, argv)
       if v == 1 or v == 2 then return 'must be 0 (keep) or >= 3: ids 0 and 1 are pad and eos, got ' .. v end
     end },
     batch_size = { 16, 'sequence pairs per step and rank', int = true, min = 1 },
-    min_len = { 2, 'shortest source (tokens before eos)', int = true, min = 1, at_most = 'max_len' },
-    max_len = { 8, 'longest source; shorter ones are padded and masked', int = true, min = 1 },
+    min_len = { 2, 'synthetic task: shortest source (tokens before eos)', int = true, min = 1, at_most = 'max_len' },
+    max_len = { 8, 'synthetic task: longest source; shorter ones are padded and masked', int = true, min = 1 },
     max_steps = { 200, 'optimizer steps', int = true, min = 1 },
     lr = { 3e-3, 'peak learning rate', positive = true },
     warmup_steps = { 20, 'linear warmup steps', int = true, min = 0, less_than = 'max_steps' },
     weight_decay = { 0.0, 'AdamW weight decay (not applied to norms)', min = 0 },
     grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
     optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)', one_of = { 'adamw', 'anyprecision' } },
-    task = { 'reverse', 'reverse or copy the source', one_of = { 'reverse', 'copy' } },
+    task = { 'reverse', 'synthetic task (without --data): reverse or copy the source', one_of = { 'reverse', 'copy' } },
     dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU), f64', one_of = { 'f32', 'bf16', 'f64' } },
     dropout = { 0.0, 'dropout rate (T5 pre-training used 0.1)', min = 0, below = 1 },
-    eval_examples = { 64, 'held-out examples for the final greedy generation', int = true, min = 1 },
+    eval_examples = { 64, 'held-out examples for the final greedy generation (with --data: the first of the '
+                          .. 'validation pairs)', int = true, min = 1 },
     seed = { 0, 'initialisation and data seed', int = true, min = 0 },
     log_every = { 10, 'steps between log lines', int = true, min = 1 },
     dry_run = { false, 'build at full size on meta, print it, and exit' },
-  }))))), argv, script, function(cfg, written)
+  }))))))), argv, script, function(cfg, written)
+    -- --data: the pairs are read and tokenized here, so a bad file is a
+    -- usage error; the vocabulary and EOS come from the tokenizer.
+    if not cfg.dry_run then pairs_run = t5_pairs.open(cfg) end
     local overrides = { dropout = cfg.dropout }
+    t5_pairs.model_overrides(pairs_run, cfg, overrides)
     for _, k in ipairs({ 'num_layers', 'd_model', 'd_ff', 'd_kv', 'num_heads', 'vocab_size' }) do
       if cfg[k] > 0 then overrides[k] = cfg[k] end
     end
@@ -137,6 +153,9 @@ function M.run(default_model, script, argv)
       sizes = { { 'num_layers', 'num_layers' }, { 'num_decoder_layers', 'num_layers' }, { 'd_model', 'd_model' },
                 { 'd_ff', 'd_ff' }, { 'd_kv', 'd_kv' }, { 'num_heads', 'num_heads' }, { 'vocab_size', 'vocab_size' } } })
     if src then c = src.config end
+    -- After --init_from: the tokenizer must fit the model the weights make.
+    t5_pairs.check_model(pairs_run, c, cfg)
+    lora.check_options(cfg, function() return t5.Model(c, { device = 'meta' }) end, 'q,v')
   end)
 
   if cfg.dry_run then
@@ -156,10 +175,15 @@ function M.run(default_model, script, argv)
   print('config:\n' .. recipe.format(cfg))
   -- On meta, then sharded (one unit per T5Block, the seed's wrap and
   -- checkpoint class): each rank initialises only its shards.
+  -- --device: the shards, every batch and the loss live there (cpu or cuda:N).
+  local dev = shard_recipe.device(cfg)
+  if pairs_run then pairs_run.device = dev end
   local model = t5.Model(c, { device = 'meta', dtype = cfg.dtype })
   local n_params = model:num_parameters()
+  lora.apply_options(model, cfg, 'q,v') -- --lora_rank: adapters (PEFT's default T5 targets), the rest frozen
   -- Refused here, with the planner's numbers, when it cannot fit this machine.
-  require('fsdp.sharding.fit').check(model, cfg, t5.Block, { batch = cfg.batch_size, seq = cfg.max_len + 1 }, script,
+  require('fsdp.sharding.fit').check(model, cfg, t5.Block,
+    { batch = cfg.batch_size, seq = pairs_run and math.max(cfg.source_len, cfg.target_len) or cfg.max_len + 1 }, script,
     { layers = 'num_layers' }, { optimizer = cfg.optimizer == 'anyprecision' and 'anyprecision_adamw' or 'adamw' })
   shard_recipe.apply(model, cfg, t5.Block, script)
   print(('model: %d + %d layers, d_model %d, d_ff %d, %d heads x %d, vocab %d, %s: %d parameters, %s'):format(
@@ -167,18 +191,25 @@ function M.run(default_model, script, argv)
     c.gated and 'v1.1' or 'v1.0', n_params, cfg.dtype))
 
   local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
-  local opt = Opt(model:named_parameters(), { lr = cfg.lr, weight_decay = cfg.weight_decay,
+  local opt = Opt(lora.trainable(model), { lr = cfg.lr, weight_decay = cfg.weight_decay,
     groups = { { match = shard_recipe.no_decay, weight_decay = 0 } } })
   local sched = optim.lr_scheduler.WarmupCosine(opt, { warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps,
                                                        min_lr = cfg.lr / 10 })
-  local task = M.reverse_task({ vocab_size = c.vocab_size, max_len = cfg.max_len, min_len = cfg.min_len,
-                                seed = cfg.seed, copy = cfg.task == 'copy' })
-  print(('task: ' .. cfg.task .. ' %d..%d random tokens of %d, then eos; chance loss ln(%d) = %.3f'):format(
-    cfg.min_len, cfg.max_len, c.vocab_size - 2, c.vocab_size, math.log(c.vocab_size)))
+  local task
+  if pairs_run then
+    t5_pairs.describe(pairs_run, cfg)
+  else
+    task = M.reverse_task({ vocab_size = c.vocab_size, max_len = cfg.max_len, min_len = cfg.min_len,
+                            seed = cfg.seed, copy = cfg.task == 'copy' })
+    print(('task: ' .. cfg.task .. ' %d..%d random tokens of %d, then eos; chance loss ln(%d) = %.3f'):format(
+      cfg.min_len, cfg.max_len, c.vocab_size - 2, c.vocab_size, math.log(c.vocab_size)))
+  end
 
-  -- The batches are a function of the step, so a checkpoint needs no data
-  -- position; the RNG (dropout) and the rest come back with it.
-  local state = { model = model, optimizer = opt, scheduler = sched }
+  -- The synthetic batches are a function of the step, so a checkpoint
+  -- needs no data position for them; the pairs' position (epoch, pairs
+  -- consumed) is saved with each checkpoint. The RNG (dropout) and the
+  -- rest come back with it.
+  local state = { model = model, optimizer = opt, scheduler = sched, data = pairs_run and pairs_run.train }
   state.guard = nonfinite.guard(cfg, state, script)  -- the step, and --on_nonfinite
   local start_step = ckpt_recipe.resume(cfg, state)
   pretrained.start(cfg, model, src, start_step) -- --init_from's weights, unless a checkpoint was resumed
@@ -190,23 +221,39 @@ function M.run(default_model, script, argv)
     -- gradients reduced once at the last.
     local W, R, k = fsdp.dist.world_size(), fsdp.dist.rank(), cfg.grad_accum_steps
     local loss = accumulate.forward_backward(model, k, function(i)
+      if pairs_run then return t5_pairs.loss(model, pairs_run, pairs_run.train:next()) end
       local src, mask, labels, dmask = task.batch(((step - 1) * k + i - 1) * W + R, cfg.batch_size)
-      return model:loss(src, labels, { attention_mask = mask, decoder_attention_mask = dmask })
+      return model:loss(src:to(dev), labels:to(dev), { attention_mask = mask:to(dev), decoder_attention_mask = dmask:to(dev) })
     end)
     local r = state.guard:step(step, loss)
     local dt = clock.now() - t0
     if step % cfg.log_every == 0 or step == cfg.max_steps or r.skipped then
-      print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f%s'):format(
-        step, r.loss, cfg.batch_size * k / dt, r.lr, r.grad_norm, r.skipped and ', skipped (non-finite: no update)' or ''))
+      -- On a GPU also the caching allocator's bytes (as fsdp.metrics logs them).
+      local mem = ''
+      if dev ~= 'cpu' then
+        local m = fsdp.memory_stats(dev)
+        mem = (', %s memory: allocated %.1f MiB, reserved %.1f MiB, peak %.1f MiB'):format(dev, m.in_use / 2^20,
+          m.reserved / 2^20, m.peak / 2^20)
+      end
+      print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f%s%s'):format(
+        step, r.loss, cfg.batch_size * k / dt, r.lr, r.grad_norm, mem, r.skipped and ', skipped (non-finite: no update)' or ''))
     end
+    if pairs_run then t5_pairs.maybe_validate(model, pairs_run, cfg, step) end
     ckpt_recipe.after_step(cfg, state, step, pretrained.extra(cfg.model, 't5', c, src))
   end
   ckpt_recipe.finish(cfg, model)
   pretrained.export(cfg, model, src)
 
+  if pairs_run then
+    -- A run resumed at its last step trained nothing: its validation loss still ends the log.
+    if start_step >= cfg.max_steps then t5_pairs.validate(model, pairs_run, cfg, cfg.max_steps) end
+    return t5_pairs.report(model, pairs_run, cfg, cfg.max_steps)
+  end
+
   -- Held-out examples (another random stream), greedy decoding.
   model:eval()
   local src, mask, labels = task.batch(0, cfg.eval_examples, 1000)
+  src, mask, labels = src:to(dev), mask:to(dev), labels:to(dev)
   -- Generation calls encode/decode, not the sharded root's forward: it runs
   -- on the whole parameters, gathered once.
   local right, got = fsdp.summon_full_params(model, function() return M.exact_match(model, src, mask, labels) end)

@@ -7,6 +7,7 @@
 #   c-asan   the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   lua      busted specs run inside fsdp-lua (tests/lua/*_spec.lua)
 #   lua-asan the same specs through the sanitized build
+#   readme   every command and Lua snippet of README.md (tests/readme/run.lua)
 #   cudasim  the CUDA backend's kernels run on the CPU (tests/cudasim/run.sh)
 #   mpi      multi-rank scripts under mpirun, 2 and 4 ranks (tests/mpi/run.sh)
 #   fuzz     libFuzzer on the file readers, a short run (tests/fuzz/run.sh)
@@ -56,6 +57,7 @@ if want c-asan; then
   fi
 fi
 want lua && run_suite lua build/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
+want readme && run_suite readme build/bin/fsdp-lua tests/readme/run.lua
 # The specs again through the sanitized core: memory errors in C reached
 # from Lua (autograd graphs, views) show up here.
 if want lua-asan; then

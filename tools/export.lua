@@ -18,7 +18,6 @@
 local recipe = require 'fsdp.recipe'
 local clock = require 'fsdp.clock'
 local hf = require 'models.hf'
-local decoders = require 'models.decoders'
 local pretrained = require 'models.pretrained'
 
 local cfg, positional = recipe.config({
@@ -50,13 +49,15 @@ local opened, src = pcall(pretrained.open, from, { who = 'tools/export.lua', mod
 if not opened then usage(recipe.bare(src)) end
 if src.kind == 'hf' then usage(('%s is a Hugging Face directory already'):format(from)) end
 
-local build = src.family == 't5' and require('models.t5').Model or decoders.families[src.family].module.build
-local model = build(src.config, { device = 'cpu' })
+local model = pretrained.build(src, { device = 'cpu' })
 local loaded, why = pcall(pretrained.load, model, src)
 if not loaded then
   io.stderr:write('fsdp-lua: tools/export.lua: ', recipe.bare(why), '\n')
   os.exit(1)
 end
+-- A LoRA run's checkpoint (adapters on its --init_from base): exported merged.
+local lora = require 'fsdp.lora'
+if lora.config_of(model) then lora.merge(model) end
 local written = hf.save_pretrained(model, out, {
   max_shard_size = cfg.max_shard_size, token_ids = src.token_ids,
   tokenizer_from = cfg.tokenizer_from ~= '' and cfg.tokenizer_from or src.tokenizer_from,

@@ -3,6 +3,7 @@
 --
 --   fsdp-lua tools/tokenize.lua --input=corpus.txt --output=data/corpus --tokenizer=byte
 --   fsdp-lua tools/tokenize.lua --input=a.jsonl,b.jsonl --output=data/c --tokenizer=tok.model
+--   fsdp-lua tools/tokenize.lua --input=corpus.txt --output=data/c --tokenizer=llama3/tokenizer.json
 --   fsdp-lua tools/tokenize.lua --input=corpus.txt --output=data/c --train_spm=8000
 --
 -- Documents: a JSONL line's `text` field (--text_field), or in a text file
@@ -12,7 +13,10 @@
 -- validation when floor((k+1)f) > floor(kf)), form the val split. Shards
 -- are written once they hold --shard_tokens tokens:
 --   DIR/train-00000.safetensors ...  DIR/val-00000.safetensors ...
--- and a trained or given SentencePiece model is copied to DIR/tokenizer.model.
+-- and a trained or given SentencePiece model is copied to DIR/tokenizer.model,
+-- a given tokenizer.json (byte-level BPE) to DIR/tokenizer.json (with the
+-- tokenizer_config.json beside it, which may name its eos). A given
+-- tokenizer is loaded before anything is written.
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local tokens = require 'fsdp.data.tokens'
@@ -23,7 +27,7 @@ local cjson = require 'cjson'
 local cfg = recipe.config({
   input = { '', 'text (.txt) or JSONL (.jsonl) files, comma-separated' },
   output = { '', 'directory for the shards (created)' },
-  tokenizer = { 'byte', "'byte' or the path of a SentencePiece .model" },
+  tokenizer = { 'byte', "'byte', a SentencePiece .model, a tokenizer.json, or an HF model directory holding one" },
   train_spm = { 0, 'train a SentencePiece model of this vocabulary size on the input first' },
   spm_model_type = { 'unigram', 'model type for --train_spm: unigram or bpe' },
   text_field = { 'text', 'the JSONL field holding the text' },
@@ -90,6 +94,23 @@ local function each_document(emit)
   end
 end
 
+-- The tokenizer, with the end-of-text id that separates documents; a given
+-- one is loaded before anything is written.
+local function load_tokenizer(path)
+  if path ~= 'byte' and require('fsdp.files').mode(path) == 'directory' then
+    path = tokenizer.find_in(path) or path -- load() names a directory without one
+  end
+  local ok, tok = pcall(tokenizer.load, path)
+  if not ok then die('%s', require('fsdp.recipe').bare(tok)) end
+  if not tok.eos_id then
+    die('the tokenizer %s has no end-of-text token to separate documents (no eos_token in a tokenizer_config.json '
+      .. 'beside it, none of the usual names)', path)
+  end
+  return tok, path
+end
+local tok, model_path
+if cfg.train_spm == 0 then tok, model_path = load_tokenizer(cfg.tokenizer) end
+
 require('fsdp.files').mkdir_p(cfg.output, 'tools/tokenize.lua')
 
 local function copy_file(from, to)
@@ -102,25 +123,38 @@ local function copy_file(from, to)
 end
 
 local t0 = clock.now()
-local model_path = cfg.tokenizer
 if cfg.train_spm > 0 then
   local spm = require 'fsdp.data.sentencepiece'
   local corpus = os.tmpname()
   local f = assert(io.open(corpus, 'wb'))
   each_document(function(doc) f:write((doc:gsub('[\r\n]', ' ')), '\n') end)
   f:close()
-  model_path = spm.train({ input = corpus, model_prefix = cfg.output .. '/tokenizer', vocab_size = cfg.train_spm,
-                           model_type = cfg.spm_model_type })
+  local pieces
+  local trained
+  trained, pieces = spm.train({ input = corpus, model_prefix = cfg.output .. '/tokenizer',
+    vocab_size = cfg.train_spm, model_type = cfg.spm_model_type, warn = false })
   os.remove(corpus)
+  if pieces < cfg.train_spm then
+    io.stderr:write(('warning: tools/tokenize.lua: --train_spm=%d, but %s supports only %d pieces: the model has %d '
+      .. '(ask for at most %d, or give more text)\n'):format(cfg.train_spm, cfg.input, pieces, pieces, pieces))
+  end
   os.remove(cfg.output .. '/tokenizer.vocab')
   print(('trained a SentencePiece %s model (asked for %d pieces): %s (%.1f s)'):format(cfg.spm_model_type,
-    cfg.train_spm, model_path, clock.now() - t0))
-elseif model_path ~= 'byte' and model_path ~= cfg.output .. '/tokenizer.model' then
-  copy_file(model_path, cfg.output .. '/tokenizer.model')
+    cfg.train_spm, trained, clock.now() - t0))
+  tok, model_path = load_tokenizer(trained)
 end
-local tok = tokenizer.load(model_path)
+-- The tokenizer beside the shards (with the tokenizer_config.json that
+-- named its eos, if any).
+local kind = tok.name:match('^(%a+)')
+if kind == 'sentencepiece' and model_path ~= cfg.output .. '/tokenizer.model' then
+  copy_file(model_path, cfg.output .. '/tokenizer.model')
+elseif kind == 'bpe' then
+  copy_file(model_path, cfg.output .. '/tokenizer.json')
+  local config = (model_path:match('^(.*)/[^/]*$') or '.') .. '/tokenizer_config.json'
+  if require('fsdp.files').mode(config) == 'file' then copy_file(config, cfg.output .. '/tokenizer_config.json') end
+end
 local eos = fsdp.full({ 1 }, tok.eos_id, { dtype = 'i64' })
-local description = tok.name == 'byte' and 'byte' or 'sentencepiece'
+local description = kind
 
 -- A split's pending tokens and its shard counter.
 local splits = {}
@@ -173,3 +207,10 @@ for _, name in ipairs({ 'train', 'val' }) do
 end
 print(('%d documents in %.2f s (%.0f tokens/s) -> %s'):format(doc_index, dt,
   (splits.train.tokens + splits.val.tokens) / dt, cfg.output))
+-- A small corpus at the default fraction holds out nothing (80 documents
+-- at 0.01): said here, not found later as a run without validation.
+if f > 0 and splits.val.total_docs == 0 then
+  io.stderr:write(('tools/tokenize.lua: warning: --val_fraction=%g of %d documents puts none in the val split, so '
+    .. 'training on %s validates on nothing; use --val_fraction=%g or more for at least one\n'):format(
+    f, doc_index, cfg.output, math.ceil(1 / doc_index * 1e4) / 1e4))
+end

@@ -1178,6 +1178,55 @@ FL_API bool fl_unit_reduce_pending(const fl_unit *u);
 FL_API int fl_unit_finish_reduce(fl_unit *u);
 
 /* ------------------------------------------------------------------------ */
+/* Tokenizers (core/text)                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* A Hugging Face tokenizer.json byte-level BPE (GPT-2, Llama 3 style):
+ * results identical to the `tokenizers` package (core/text/bpe.c says which
+ * parts of the format it implements; load refuses the others naming the
+ * file and the field). One thread at a time per handle: fl_bpe_clone makes
+ * another handle on the same loaded model for another thread. */
+typedef struct fl_bpe fl_bpe;
+FL_API fl_bpe *fl_bpe_load(const char *path);
+FL_API fl_bpe *fl_bpe_clone(const fl_bpe *t);
+/* Frees a handle; the model goes with its last handle. */
+FL_API void fl_bpe_free(fl_bpe *t);
+/* Largest id + 1 (model vocabulary and added tokens). */
+FL_API int64_t fl_bpe_vocab_size(const fl_bpe *t);
+/* Ids of len bytes of text, with the post-processor's special tokens when
+ * add_special; *ids points into t (valid until its next call). -1: error. */
+FL_API int64_t fl_bpe_encode(fl_bpe *t, const char *text, size_t len, bool add_special, const int32_t **ids);
+/* The text of n ids (without special tokens when skip_special), invalid
+ * UTF-8 replaced by U+FFFD; *text points into t, NUL-ended. -1: error. */
+FL_API int64_t fl_bpe_decode(fl_bpe *t, const int32_t *ids, int64_t n, bool skip_special, const char **text);
+/* The id of a token as the file writes it (added tokens too), -1 if none. */
+FL_API int64_t fl_bpe_token_to_id(const fl_bpe *t, const char *token, size_t len);
+FL_API const char *fl_bpe_id_to_token(const fl_bpe *t, int64_t id, size_t *len);
+FL_API bool fl_bpe_is_special(const fl_bpe *t, int64_t id);
+
+/* A SentencePiece model (tokenizer.model) through libsentencepiece, in
+ * process. One thread at a time per object. Ids of absent specials: -1. */
+typedef struct fl_spm fl_spm;
+FL_API fl_spm *fl_spm_load(const char *path);
+FL_API void fl_spm_free(fl_spm *t);
+FL_API int64_t fl_spm_vocab_size(const fl_spm *t);
+FL_API int64_t fl_spm_bos_id(const fl_spm *t);
+FL_API int64_t fl_spm_eos_id(const fl_spm *t);
+FL_API int64_t fl_spm_unk_id(const fl_spm *t);
+FL_API int64_t fl_spm_pad_id(const fl_spm *t);
+/* Same contracts as fl_bpe_encode/decode (no specials added; decode drops
+ * control pieces, as SentencePiece does). */
+FL_API int64_t fl_spm_encode(fl_spm *t, const char *text, size_t len, const int32_t **ids);
+FL_API int64_t fl_spm_decode(fl_spm *t, const int32_t *ids, int64_t n, const char **text);
+FL_API int64_t fl_spm_piece_to_id(const fl_spm *t, const char *piece, size_t len);
+FL_API const char *fl_spm_id_to_piece(const fl_spm *t, int64_t id, size_t *len);
+FL_API bool fl_spm_is_control(const fl_spm *t, int64_t id);
+/* Train a model: n options of SentencePiece's trainer as key/value strings
+ * (input, model_prefix, vocab_size, model_type, random_seed, ...; what
+ * spm_train takes as --key=value). Writes <model_prefix>.model and .vocab. */
+FL_API int fl_spm_train(int n, const char *const *keys, const char *const *values);
+
+/* ------------------------------------------------------------------------ */
 /* Corpus readers and the streaming token loader (core/data)                 */
 /* ------------------------------------------------------------------------ */
 
@@ -1241,6 +1290,11 @@ typedef struct fl_tokenizer_hook {
     void *arg;
 } fl_tokenizer_hook;
 FL_API fl_tokenizer_hook fl_byte_tokenizer_hook(void);
+/* The core's tokenizers as hooks (core/data/tokenizer_hooks.c): each
+ * worker gets a clone of t / loads the SentencePiece model at path (t and
+ * path must live until fl_stream_open returns). */
+FL_API fl_tokenizer_hook fl_bpe_hook(const fl_bpe *t);
+FL_API fl_tokenizer_hook fl_spm_hook(const char *path);
 
 /* Which documents a stream reads. A document of a file goes to validation
  * when floor((k+1) f) > floor(k f) for its index k in the file and

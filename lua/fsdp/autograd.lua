@@ -15,7 +15,11 @@ local M = {}
 
 -- grad mode ---------------------------------------------------------------------
 
+-- Whether ops record the autograd graph now (true unless inside
+-- fsdp.no_grad or after fsdp.set_grad_enabled(false)).
 function M.is_grad_enabled() return C.fl_grad_enabled() end
+-- fsdp.set_grad_enabled(on): turn recording of the autograd graph on or
+-- off; returns the previous setting.
 function M.set_grad_enabled(on) return C.fl_set_grad_enabled(on and true or false) end
 
 -- LuaJIT lacks table.pack: capture varargs with their count.
@@ -30,7 +34,12 @@ local function with_grad_mode(on, fn, ...)
   return unpack(res, 2, res.n)
 end
 
+-- fsdp.no_grad(fn, ...): fn(...) with the autograd graph not recorded
+-- (as torch.no_grad), the previous mode restored even on error; returns
+-- fn's results.
 function M.no_grad(fn, ...) return with_grad_mode(false, fn, ...) end
+-- fsdp.enable_grad(fn, ...): fn(...) with the autograd graph recorded, also
+-- inside fsdp.no_grad; returns fn's results.
 function M.enable_grad(fn, ...) return with_grad_mode(true, fn, ...) end
 
 -- Lua nodes ------------------------------------------------------------------------
@@ -116,6 +125,8 @@ local depth, callbacks = 0, {}
 -- Whether a backward is running (a checkpoint's recompute runs inside one).
 function M.in_backward() return depth > 0 end
 
+-- Run fn() once the running backward has finished (an error outside a
+-- backward).
 function M.queue_callback(fn)
   if depth == 0 then core.fail('queue_callback: no backward is running') end
   callbacks[#callbacks + 1] = fn
@@ -299,6 +310,9 @@ function M.checkpoint_with_params(params, fn, ...)
   return unpack(outputs, 1, outputs.n)
 end
 
+-- fsdp.autograd.checkpoint(fn, ...): fn(...) keeping only its inputs for
+-- backward, which runs fn again to get what it needs (activation
+-- checkpointing of a function; fsdp.checkpoint applies it to modules).
 function M.checkpoint(fn, ...)
   return M.checkpoint_with_params({}, fn, ...)
 end

@@ -55,10 +55,12 @@ local function wrap(m)
   m._checkpointed = true
 end
 
--- Checkpoint the modules of `model` for which check_fn(module, name) is
--- true, outermost first (a match inside a checkpointed module is left
--- alone: it is recomputed as part of its parent). opts.every = k keeps
--- only every k-th match (the 1st, k+1-th, ...). Returns the names wrapped.
+-- fsdp.checkpoint(model, check_fn, opts): activation checkpointing of the
+-- modules of `model` for which check_fn(module, name) is true, outermost
+-- first (a match inside a checkpointed module is left alone: it is
+-- recomputed as part of its parent). Their forward keeps only its inputs
+-- and runs again in backward. opts: every (1; k keeps only every k-th
+-- match: the 1st, k+1-th, ...). Returns the names wrapped.
 return function(model, check_fn, opts)
   opts = opts or {}
   local wrapped = {}

@@ -70,7 +70,7 @@ for name, p in pairs(PROFILES) do
   M[name] = p
 end
 
-local API = { add = true, get = true, names = true, check = true, measure_cpu = true }
+local API = { add = true, get = true, names = true, check = true, measure_cpu = true, for_cuda = true }
 
 -- Profile names, sorted.
 function M.names()
@@ -168,6 +168,30 @@ function M.measure_cpu()
   p.memory = (p.memory and p.memory > 0) and p.memory or meminfo_total() or 8 * GiB
   p.measured = true
   return p
+end
+
+-- Profile names by a substring of the CUDA device's name. A100s come in
+-- 40 and 80 GB: the memory decides.
+local CUDA_NAMES = {
+  { 'H200', 'h200-141g' }, { 'H100', 'h100-80g' }, { 'L40S', 'l40s-48g' },
+  { 'A100', function(gib) return gib and gib > 48 and 'a100-80g' or 'a100-40g' end },
+}
+
+-- The profile of a CUDA device from what the runtime calls it
+-- (fsdp.cuda.status(): "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)"), or nil
+-- for a GPU none of the profiles describes (MFU and plans then need a
+-- profile named by the user).
+function M.for_cuda(status)
+  if type(status) ~= 'string' then return nil end
+  local name = status:match('^(.-) %(sm_%d+') or status
+  local gib = tonumber(status:match('([%d.]+) GiB%)$'))
+  for _, entry in ipairs(CUDA_NAMES) do
+    if name:find(entry[1], 1, true) then
+      local profile = type(entry[2]) == 'function' and entry[2](gib) or entry[2]
+      return M.get(profile)
+    end
+  end
+  return nil
 end
 
 -- The profile for a name or a table (checked); errors list the known names.

@@ -37,6 +37,7 @@ function M.init()
   return M
 end
 
+-- Whether the process group is set up (dist.init, or any first use, did it).
 function M.is_initialized() return C.fl_dist_is_initialized() end
 
 -- 'self' or 'mpi'.
@@ -54,14 +55,20 @@ local function getter(fn)
   end
 end
 
+-- This process's rank in the world, 0 ... world_size() - 1.
 M.rank = getter(C.fl_dist_rank)
+-- The number of ranks in the job (1 outside a launcher).
 M.world_size = getter(C.fl_dist_world_size)
 -- This rank's index on its node and the node's rank count; the node's
 -- index and the node count (FSDP_RANKS_PER_NODE=n makes blocks of n
 -- consecutive ranks act as nodes).
 M.local_rank = getter(C.fl_dist_local_rank)
+-- The number of ranks on this rank's node.
 M.local_size = getter(C.fl_dist_local_size)
+-- This rank's node index, 0 ... nodes() - 1.
 M.node = getter(C.fl_dist_node)
+-- The number of nodes in the job (FSDP_RANKS_PER_NODE=n makes blocks of n
+-- ranks act as nodes).
 M.nodes = getter(C.fl_dist_nodes)
 
 -- The rank the launcher assigned (from its environment, nothing started),
@@ -73,6 +80,8 @@ end
 
 -- Seconds a wait may last before it fails.
 function M.timeout() return C.fl_dist_timeout() end
+-- dist.set_timeout(seconds): how long a wait may last before it fails
+-- naming the collective (default FSDP_COLLECTIVE_TIMEOUT, else 600 s).
 function M.set_timeout(seconds)
   if type(seconds) ~= 'number' then
     core.fail(('set_timeout: expected seconds as a number, got %s'):format(type(seconds)))
@@ -123,6 +132,7 @@ Group.__tostring = function(g)
 end
 
 local world_group
+-- The Group of every rank (what collectives use without a `group` option).
 function M.world()
   if not world_group then world_group = wrap_group(C.fl_group_world()) end
   return world_group
@@ -250,7 +260,10 @@ local function like(t, shape)
 end
 
 -- The concatenation of every group rank's t along dim 0 (a 0-d t gives a
--- 1-d result): world * t:size(0) rows.
+-- 1-d result): world * t:size(0) rows. opts (as every collective's):
+-- group (the world: a Group from dist.new_group), async (false: true
+-- returns a Work at once, whose :wait() gives the result), out (a new
+-- tensor: the tensor to write the result into).
 function M.all_gather(t, opts)
   opts = options(opts, 'all_gather')
   local out = opts.out
@@ -264,7 +277,8 @@ end
 
 -- Rank r gets the reduction (opts.op) over ranks of chunk r of t, where t
 -- splits into group-size chunks along dim 0 (or flat, when dim 0 does not
--- divide).
+-- divide). opts: op ('sum'; 'avg', 'max', 'min'), group, async, out as
+-- dist.all_gather's.
 function M.reduce_scatter(t, opts)
   opts = options(opts, 'reduce_scatter')
   local op = reduce_op(opts.op, 'reduce_scatter')
@@ -284,7 +298,8 @@ function M.reduce_scatter(t, opts)
   return finish(C.fl_reduce_scatter(group_of(opts), cptr(out), cptr(t), op), out, opts)
 end
 
--- t = the reduction of t over the group, in place; returns t.
+-- t = the reduction of t over the group, in place; returns t. opts: op
+-- ('sum'; 'avg', 'max', 'min'), group, async as dist.all_gather's.
 function M.all_reduce(t, opts)
   opts = options(opts, 'all_reduce')
   local op = reduce_op(opts.op, 'all_reduce')
@@ -310,6 +325,8 @@ function M.collective_counts()
   return r
 end
 
+-- Wait until every rank of the group (opts.group, the world by default)
+-- has arrived; opts.async as dist.all_gather's.
 function M.barrier(opts)
   opts = options(opts, 'barrier')
   return finish(C.fl_barrier(group_of(opts)), nil, opts)
@@ -397,6 +414,11 @@ local function by_value(vals, size, ranks)
   return table.concat(parts, '; ')
 end
 
+-- dist.agree(what, values, opts): check that every rank of the group
+-- (opts.group, default the world) passes equal `values` (a table of
+-- JSON-able values), collectively; otherwise every rank raises one error
+-- naming `what` and, per key, which ranks hold which value. Nothing to do
+-- on one rank.
 function M.agree(what, values, opts)
   if type(what) ~= 'string' or type(values) ~= 'table' then
     core.fail('agree: expects a description and a table of values')

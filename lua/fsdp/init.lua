@@ -41,6 +41,7 @@ M.save_safetensors_sharded = safetensors.save_sharded
 
 -- FLOPs counted by ops since the last reset (meta included).
 function M.flops() return tonumber(C.fl_flops()) end
+-- Set the FLOP counter of fsdp.flops() back to 0.
 function M.reset_flops() C.fl_flops_reset() end
 
 -- defaults ------------------------------------------------------------------
@@ -48,9 +49,16 @@ function M.reset_flops() C.fl_flops_reset() end
 local default_dtype = C.FL_F32
 local default_device = core.device('cpu')
 
+-- fsdp.set_default_dtype(dtype): the dtype factories use when their opts
+-- name none ('f32' at start; a name such as 'bf16' or an alias such as
+-- 'bfloat16').
 function M.set_default_dtype(d) default_dtype = core.dtype(d) end
+-- The default dtype's name ('f32' unless fsdp.set_default_dtype changed it).
 function M.get_default_dtype() return core.dtype_name(default_dtype) end
+-- fsdp.set_default_device(device): the device factories use when their
+-- opts name none ('cpu' at start; 'meta', 'cuda:N').
 function M.set_default_device(d) default_device = core.device(d) end
+-- The default device's name ('cpu' unless fsdp.set_default_device changed it).
 function M.get_default_device() return core.device_name(default_device) end
 
 -- The options table of a factory: the argument after the shape, if any.
@@ -91,8 +99,13 @@ local function pinned_empty(n, shape, dtype, device, opts)
   return Tensor.wrap(C.fl_empty_pinned(n, shape, dtype))
 end
 
--- An uninitialised tensor. {fake=true} gives a tensor that reports its
--- device but owns no storage (for planning at full size).
+-- fsdp.empty(shape, opts): an uninitialised tensor. The shape is a table
+-- ({2, 3}) or numbers (2, 3). opts (as every factory's): dtype (the
+-- default dtype, 'f32'), device (the default device, 'cpu'; 'meta',
+-- 'cuda:N'), fake (false; true: a tensor that reports its device but owns
+-- no storage, for planning at full size; also inside fsdp.fake),
+-- pin_memory (false; true: page-locked cpu memory, which needs a CUDA
+-- device).
 function M.empty(...)
   local n, shape, nextarg = core.shape_args(...)
   local opts = options(nextarg, ...)
@@ -101,6 +114,8 @@ function M.empty(...)
   return Tensor.wrap(make_empty(opts)(n, shape, dtype, device))
 end
 
+-- fsdp.zeros(shape, opts): a tensor of zeros. opts: dtype, device, fake,
+-- pin_memory, as fsdp.empty's.
 function M.zeros(...)
   local n, shape, nextarg = core.shape_args(...)
   local opts = options(nextarg, ...)
@@ -110,6 +125,8 @@ function M.zeros(...)
   return Tensor.wrap(C.fl_zeros(n, shape, dtype, device))
 end
 
+-- fsdp.ones(shape, opts): a tensor of ones. opts: dtype, device, fake,
+-- as fsdp.empty's.
 function M.ones(...)
   local n, shape, nextarg = core.shape_args(...)
   local opts = options(nextarg, ...)
@@ -118,7 +135,8 @@ function M.ones(...)
   return Tensor.wrap(C.fl_full(n, shape, 1, dtype, device))
 end
 
--- fsdp.full(shape, value, opts)
+-- fsdp.full(shape, value, opts): a tensor filled with value (a number, or
+-- a boolean as 1/0). opts: dtype, device, fake, as fsdp.empty's.
 function M.full(shape, value, opts)
   local n, arr = core.shape_args(shape)
   if type(value) == 'boolean' then value = value and 1 or 0 end
@@ -131,8 +149,10 @@ function M.full(shape, value, opts)
   return Tensor.wrap(C.fl_full(n, arr, value, dtype, device))
 end
 
--- fsdp.arange(end), arange(start, end), arange(start, end, step), each
--- optionally followed by options. Values start, start+step, ... below end.
+-- fsdp.arange(start, end, step, opts): the values start, start + step, ...
+-- below end, as arange(end) (from 0), arange(start, end) or arange(start,
+-- end, step) (step 1 when not given), each optionally followed by an
+-- options table: dtype, device, fake, as fsdp.empty's.
 function M.arange(...)
   local nums, opts = {}, {}
   for i = 1, select('#', ...) do
@@ -153,9 +173,11 @@ function M.arange(...)
   return Tensor.wrap(C.fl_arange(start, stop, step, dtype, device))
 end
 
--- Nested Lua tables (or one number/boolean) -> tensor. Lua numbers do not
+-- fsdp.tensor(data, opts): a tensor from nested Lua tables (or one number
+-- or boolean), {{1, 2}, {3, 4}} giving shape [2, 2]. Lua numbers do not
 -- say int or float, so the dtype is opts.dtype, else bool for booleans,
--- else the default dtype.
+-- else the default dtype. opts: dtype, device (the default device), fake,
+-- as fsdp.empty's.
 function M.tensor(data, opts)
   opts = opts or {}
   local shape, values = {}, {}
@@ -204,17 +226,26 @@ local function random_factory(fill)
   end
 end
 
--- Uniform in [0, 1), or [opts.low, opts.high).
+-- fsdp.rand(shape, opts): uniform values in [low, high). opts: low (0),
+-- high (1); seed (default: the global generator, fsdp.manual_seed),
+-- stream (0: another sequence for the same seed), offset (0: the index of
+-- the first element, so a part equals the same part of the whole: see
+-- fsdp.random); dtype, device, fake as fsdp.empty's.
 M.rand = random_factory(function(c, seed, stream, offset, o)
   return C.fl_uniform_(c, seed, stream, offset, o.low or 0, o.high or 1)
 end)
 
--- Standard normal, or N(opts.mean, opts.std^2).
+-- fsdp.randn(shape, opts): normal values, N(mean, std^2). opts: mean (0),
+-- std (1); seed (default: the global generator, fsdp.manual_seed),
+-- stream (0), offset (0), as fsdp.rand's; dtype, device, fake as
+-- fsdp.empty's.
 M.randn = random_factory(function(c, seed, stream, offset, o)
   return C.fl_normal_(c, seed, stream, offset, o.mean or 0, o.std or 1)
 end)
 
--- fsdp.randint(low, high, shape, opts): integers in [low, high), i64 by default.
+-- fsdp.randint(low, high, shape, opts): integers in [low, high). opts:
+-- dtype ('i64'), device (the default device), fake; seed, stream, offset
+-- as fsdp.rand's.
 function M.randint(low, high, shape, opts)
   opts = opts or {}
   if type(low) ~= 'number' or type(high) ~= 'number' then
@@ -233,8 +264,9 @@ end
 
 local stats_buf = ffi.new('fl_memory_stats')
 
--- {in_use=, peak=, allocations=, frees=, failures=, limit=} in bytes/counts
--- for a device (default: the default device).
+-- fsdp.memory_stats(device): {in_use=, peak=, allocations=, frees=,
+-- failures=, limit=, reserved=} in bytes and counts for a device
+-- (default: the default device).
 function M.memory_stats(device)
   core.check(C.fl_memory_stats_get(core.device(device or default_device), stats_buf))
   local s = stats_buf
@@ -245,9 +277,11 @@ function M.memory_stats(device)
   }
 end
 
--- Exact memory accounting: with 0, dead tensors are collected before every
--- allocation, so peak statistics count only live tensors (see [Note:
--- collecting tensors] in tensor.lua). Returns the previous budget.
+-- fsdp.set_collect_budget(bytes): tensor bytes allocated between two full
+-- garbage collections. Exact memory accounting: with 0, dead tensors are
+-- collected before every allocation, so peak statistics count only live
+-- tensors (see [Note: collecting tensors] in tensor.lua). Returns the
+-- previous budget.
 M.set_collect_budget = Tensor.set_collect_budget
 
 -- Give the allocator's cached free blocks back to the system; returns the
@@ -256,6 +290,8 @@ function M.empty_cache(device)
   return tonumber(C.fl_memory_empty_cache(core.device(device or default_device)))
 end
 
+-- Set the peak of fsdp.memory_stats(device) to what is in use now, and its
+-- counts to 0 (device: the default device when not given).
 function M.reset_memory_stats(device)
   core.check(C.fl_memory_stats_reset(core.device(device or default_device)))
 end
@@ -285,7 +321,9 @@ M.cuda = {
   -- True in the cudasim test build (kernels run on the CPU, slowly).
   -- Tests shrink their sizes there.
   simulated = function() return C.fl_cuda_simulated() end,
+  -- The number of CUDA devices this process sees (0 without a GPU).
   device_count = function() return C.fl_cuda_device_count() end,
+  -- True when at least one CUDA device can be used.
   is_available = function() return C.fl_cuda_device_count() > 0 end,
   -- The name of device 0, or why there is none.
   status = function() return ffi.string(C.fl_cuda_status()) end,
@@ -337,6 +375,7 @@ function M.cuda.offload_stats()
   end
   return out
 end
+-- Set the counts of fsdp.cuda.offload_stats() back to 0.
 function M.cuda.reset_offload_stats() C.fl_offload_stats_reset() end
 
 -- dtypes ------------------------------------------------------------------------
@@ -349,6 +388,7 @@ for d = 0, C.FL_DTYPE_COUNT - 1 do M.dtypes[#M.dtypes + 1] = core.dtype_name(d) 
 local lazy = { nn = 'fsdp.nn', optim = 'fsdp.optim', functional = 'fsdp.functional',
                F = 'fsdp.functional', dist = 'fsdp.dist', sharding = 'fsdp.sharding',
                policy = 'fsdp.sharding.policy', checkpointing = 'fsdp.checkpointing',
+               lora = 'fsdp.lora',
                -- fsdp.plan(model, opts): memory, communication and time per
                -- rank without allocating; fsdp.devices: its device profiles.
                plan = 'fsdp.plan', devices = 'fsdp.devices' }
@@ -382,15 +422,24 @@ M.fake = fake.run
 M.is_fake_mode = fake.active
 M.summary = require('fsdp.summary').summary
 
+-- Names that forward to a module loaded on first use: help() shows the
+-- target's doc comment (fsdp.help, [Note: help texts are doc comments]).
+M._forwards = setmetatable({}, { __mode = 'k' })
+local function forward(module, name)
+  local fn = function(...) return require(module)[name](...) end
+  M._forwards[fn] = function() return require(module)[name] end
+  return fn
+end
+
 -- Fully sharded data parallel (fsdp.sharding): shard a model, and what
 -- works across its shards.
 for _, name in ipairs({ 'shard', 'no_sync', 'grad_norm', 'clip_grad_norm', 'summon_full_params',
                         'full_state_dict' }) do
-  M[name] = function(...) return require('fsdp.sharding')[name](...) end
+  M[name] = forward('fsdp.sharding', name)
 end
-M.sharding_memory = function(...) return require('fsdp.sharding').memory(...) end
+M.sharding_memory = forward('fsdp.sharding', 'memory')
 -- Sharded checkpoints and the streamed full state dict (fsdp.checkpointing).
-M.save_full_state_dict = function(...) return require('fsdp.checkpointing').save_full_state_dict(...) end
+M.save_full_state_dict = forward('fsdp.checkpointing.full', 'save_full_state_dict')
 
 
 return M

@@ -14,7 +14,11 @@
 -- A step line reads
 --   Batch 10 Loss: 2.3026, Speed: 41.20 samples/sec, lr: 3.000e-04, tokens/s: 5274, TFLOPS: 0.0123,
 --   MFU: 1.23%, peak memory: 812.4 MiB, grad norm: 0.912
--- (one line; MFU only with a declared peak, grad norm only when given;
+-- (one line; on a cuda device the memory part reads "cuda:0 memory:
+-- allocated 512.0 MiB, reserved 640.0 MiB, peak 700.1 MiB", the caching
+-- allocator's, and the JSONL record has memory_allocated_bytes and
+-- memory_reserved_bytes beside peak_memory_bytes; MFU only with a
+-- declared peak, grad norm only when given;
 -- a step the non-finite guard skipped ends with "skipped (non-finite: no
 -- update)" and its JSONL record has skipped = true).
 -- Speed and tokens/s count the whole job (every rank's samples); TFLOPS
@@ -199,18 +203,27 @@ function Logger:step(step, s)
   local tps = sps * self.tokens_per_sample
   local tflops = dt > 0 and self.flops_per_sample * self.batch_size / dt / 1e12 or 0
   local mfu = self.peak_tflops > 0 and tflops / self.peak_tflops or nil
-  local peak = fsdp.memory_stats(self.device).peak
+  local mem = fsdp.memory_stats(self.device)
+  local peak = mem.peak
   self.last_step, self.last_loss = step, loss
   self:_write({ type = 'train', step = step, loss = loss, lr = s.lr, samples_per_sec = sps,
     tokens_per_sec = self.tokens_per_sample > 0 and tps or nil, tflops_per_rank = tflops, mfu = mfu,
-    peak_memory_bytes = peak, grad_norm = s.grad_norm, epoch = s.epoch, step_time = dt,
+    peak_memory_bytes = peak, memory_allocated_bytes = mem.in_use, memory_reserved_bytes = mem.reserved,
+    device = self.device, grad_norm = s.grad_norm, epoch = s.epoch, step_time = dt,
     skipped = s.skipped or nil })
   if step % self.log_every == 0 or step == self.total_steps or s.skipped then
     local parts = { ('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e'):format(step, loss, sps, s.lr or 0) }
     if self.tokens_per_sample > 0 then parts[#parts + 1] = ('tokens/s: %.0f'):format(tps) end
     if self.flops_per_sample > 0 then parts[#parts + 1] = ('TFLOPS: %.4g'):format(tflops) end
     if mfu then parts[#parts + 1] = ('MFU: %.2f%%'):format(mfu * 100) end
-    parts[#parts + 1] = ('peak memory: %.1f MiB'):format(peak / 2 ^ 20)
+    if self.device:match('^cuda') then
+      -- The caching allocator's view: tensors alive now, what it holds
+      -- from the device (cached blocks too), the high-water mark.
+      parts[#parts + 1] = ('%s memory: allocated %.1f MiB, reserved %.1f MiB, peak %.1f MiB'):format(self.device,
+        mem.in_use / 2 ^ 20, mem.reserved / 2 ^ 20, peak / 2 ^ 20)
+    else
+      parts[#parts + 1] = ('peak memory: %.1f MiB'):format(peak / 2 ^ 20)
+    end
     if s.grad_norm then parts[#parts + 1] = ('grad norm: %.3f'):format(s.grad_norm) end
     if s.skipped then parts[#parts + 1] = 'skipped (non-finite: no update)' end
     self:print(table.concat(parts, ', '))

@@ -21,6 +21,8 @@ local next_stream = 0
 -- that `{seed=s, stream=k}` and unseeded calls do not collide by accident.
 local GLOBAL_STREAM_BASE = 2^40
 
+-- fsdp.manual_seed(seed): seed the global generator (a non-negative
+-- integer) that random factories without a `seed` option draw from.
 function M.manual_seed(seed)
   assert(type(seed) == 'number' and seed >= 0 and seed == math.floor(seed),
          'manual_seed expects a non-negative integer')
@@ -28,6 +30,7 @@ function M.manual_seed(seed)
   next_stream = 0
 end
 
+-- The global generator's seed (0 unless fsdp.manual_seed set it).
 function M.initial_seed()
   return global_seed
 end

@@ -73,6 +73,8 @@ M.CONSTRAINTS = {
             .. 'function(text) -> value (or nil, why), {options it implies}',
   values = 'other spellings of the values under any name: {theirs = ours}, or function(text) -> value, '
            .. '{options it implies} (nil: parse the text as usual)',
+  default_from = 'function(cfg) -> the value to use when the option was not given (nil: the default), '
+                 .. 'or nil and what is wrong; run after the checks, in the order of the keys',
 }
 
 local VALIDATE_FLAG = 'validate_options'
@@ -456,6 +458,28 @@ function M.validate(spec, cfg, names)
   return cfg
 end
 
+-- [Note: defaults that depend on other options]
+-- An option the user did not give (on the command line or in --config)
+-- whose entry has default_from takes that function's value, computed from
+-- the checked config: on a GPU (--device) --mixed_precision defaults to
+-- bf16 ([Note: GPU defaults] in fsdp.sharding.device). They run in the
+-- order of the keys, so one may read an option sorting before it; the
+-- value is checked like a given one.
+local function apply_defaults_from(spec, cfg, names)
+  for _, k in ipairs(sorted_keys(spec)) do
+    local d = spec[k]
+    if d.default_from and not names[k] then
+      local v, why = d.default_from(cfg)
+      if why then error(('--%s %s'):format(k, why), 0) end
+      if v ~= nil then
+        cfg[k] = v
+        local problem = value_problem(d, v, cfg)
+        if problem then error(('--%s (default from the other options) %s'):format(k, problem), 0) end
+      end
+    end
+  end
+end
+
 -- A message without the "file:line: " an error() with a level puts first.
 local function bare(msg)
   return (tostring(msg):gsub('^[^\n:]+:%d+: ', ''))
@@ -521,6 +545,7 @@ function M.parse(spec, args, script, validate)
   check_spec(spec)
   local st = { aliases = alias_map(spec), names = {}, implied = {} }
   local cfg, positional = {}, {}
+  local from_file = {} -- options a --config file gave
   for k, d in pairs(spec) do cfg[k] = d[1] end
   args = args or {}
   -- A --config file first, so the command line overrides it.
@@ -537,6 +562,7 @@ function M.parse(spec, args, script, validate)
       -- file under any name); implied options go with the rest.
       local file_st = { aliases = st.aliases, names = {}, implied = st.implied }
       for _, k in ipairs(sorted_keys(t)) do apply(cfg, spec, k, t[k], 'file', file_st) end
+      for k in pairs(file_st.names) do from_file[k] = true end
     end
   end
   local skip, only = false, false
@@ -575,6 +601,10 @@ function M.parse(spec, args, script, validate)
   end
   apply_implied(cfg, spec, st)
   M.validate(spec, cfg, st.names)
+  local given = {}
+  for k in pairs(from_file) do given[k] = true end
+  for k in pairs(st.names) do given[k] = true end
+  apply_defaults_from(spec, cfg, given)
   if validate then
     local ok, err = pcall(validate, cfg, st.names)
     if not ok then error(bare(err), 0) end

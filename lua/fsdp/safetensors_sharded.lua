@@ -246,7 +246,9 @@ end
 -- its own name; T5's encoder.embed_tokens.weight is shared.weight). With
 -- strict (the default) a missing or unexpected name is an error; shapes
 -- must always match. Both are checked from the headers before anything is
--- copied. Returns the missing and unexpected names.
+-- copied. opts.allow_missing(name): names the file need not have (new
+-- LoRA adapters on a pretrained base). Returns the missing and unexpected
+-- names.
 function M.load_into(model, path, opts)
   opts = opts or {}
   local strict = opts.strict ~= false
@@ -271,7 +273,9 @@ function M.load_into(model, path, opts)
   end
   local missing = {}
   for _, key in ipairs(keys) do
-    if not covered[own[key]] then missing[#missing + 1] = key end
+    if not covered[own[key]] and not (opts.allow_missing and opts.allow_missing(key)) then
+      missing[#missing + 1] = key
+    end
   end
   if strict and (#missing > 0 or #unexpected > 0) then
     local parts = {}

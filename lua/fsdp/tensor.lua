@@ -85,6 +85,7 @@ local function cptr(t)
 end
 Tensor.cptr = cptr
 
+-- Whether x is a Tensor (freed ones included).
 function Tensor.is_tensor(x)
   return getmetatable(x) == Tensor
 end

@@ -14,5 +14,6 @@ int fl_test_memory(void);
 int fl_test_optim(void);
 int fl_test_device_pool(void);
 int fl_test_checksum(void);
+int fl_test_text(void);
 
 #endif /* FL_TESTS_H */

@@ -19,7 +19,7 @@ static const group groups[] = {
     {"dtype", fl_test_dtype},   {"rng", fl_test_rng},       {"tensor", fl_test_tensor},
     {"view", fl_test_view},     {"memory", fl_test_memory},
     {"optim", fl_test_optim},   {"device_pool", fl_test_device_pool},
-    {"checksum", fl_test_checksum},
+    {"checksum", fl_test_checksum}, {"text", fl_test_text},
 };
 
 int main(int argc, char **argv) {

@@ -7,7 +7,9 @@
 #   2. collectives on cuda tensors and data-parallel training on cuda:0
 #      under mpirun with 2 and 4 ranks (tests/mpi/cuda_collectives.lua);
 #   3. the GPU benchmark's batch search on a small simulated device;
-#   4. the specs that test the CUDA backend on a GPU (every op against the
+#   4. every training recipe with --device=cuda on 1 and 2 ranks against
+#      --device=cpu (tests/cudasim/recipes.sh);
+#   5. the specs that test the CUDA backend on a GPU (every op against the
 #      CPU, the large-kernel specs, training, every op on zero-size
 #      tensors), run by the cudasim build,
 #      whose cuda:0 runs the backend's kernels on the CPU.
@@ -52,8 +54,12 @@ else
   rc=1
 fi
 
+# Every training recipe on cuda (shards, batches, loss) on 1 and 2 ranks
+# gives the CPU's losses; the GPU defaults of --device=cuda.
+FSDP_LUA="$bin/fsdp-lua" tests/cudasim/recipes.sh "$n" || rc=1
+
 "$bin/fsdp-lua" tests/busted.lua -o TAP tests/lua/backend_ops_spec.lua tests/lua/cuda_elem_spec.lua \
   tests/lua/cuda_linear_spec.lua tests/lua/cuda_fused_spec.lua tests/lua/cuda_training_spec.lua \
   tests/lua/event_spec.lua tests/lua/cuda_host_spec.lua tests/lua/cuda_offload_spec.lua \
-  tests/lua/empty_ops_spec.lua || rc=1
+  tests/lua/empty_ops_spec.lua tests/lua/lora_spec.lua || rc=1
 exit $rc

@@ -12,6 +12,7 @@
 #   tokens       fuzz_lua, fsdp.data.tokens       token shards
 #   index        fuzz_lua, checkpointing.layout   a checkpoint's index.json
 #   corpus       fuzz_lua, fsdp.data.corpus       JSONL plain/gzip/zstd, text
+#   tokenizer    fuzz_lua, fsdp.data.bpe          the shipped test tokenizer.json files
 #
 # The corpora grow in build/fuzz/corpus/ across runs; inputs that crash are
 # written to build/fuzz/artifacts/ (reproduce: build/fuzz/fuzz_... FILE).
@@ -74,4 +75,5 @@ fuzz safetensors "$out/fuzz_safetensors" "$out/seeds/safetensors"
 fuzz tokens "$out/fuzz_lua" "$out/seeds/tokens" FUZZ_TARGET=tokens
 fuzz index "$out/fuzz_lua" "$out/seeds/index" FUZZ_TARGET=index
 fuzz corpus "$out/fuzz_lua" "$out/seeds/corpus" FUZZ_TARGET=corpus
+fuzz tokenizer "$out/fuzz_lua" "$out/seeds/tokenizer" FUZZ_TARGET=tokenizer
 exit $status

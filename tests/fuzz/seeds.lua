@@ -11,6 +11,8 @@
 --   OUTDIR/index/        the index.json of a small sharded checkpoint
 --                        (fsdp.checkpointing.save), and the rank files it
 --                        wrote also go to safetensors/
+--   OUTDIR/tokenizer/    the test tokenizer.json files (tests/golden/tokenizers:
+--                        GPT-2, Llama 3 and Qwen2 style, made by the tokenizers package)
 -- Run by tests/fuzz/run.sh: build/bin/fsdp-lua tests/fuzz/seeds.lua OUTDIR.
 local fsdp = require 'fsdp'
 local st = require 'fsdp.safetensors'
@@ -18,7 +20,7 @@ local tokens = require 'fsdp.data.tokens'
 local files = require 'fsdp.files'
 
 local out = assert(arg[1], 'usage: fsdp-lua tests/fuzz/seeds.lua OUTDIR')
-for _, sub in ipairs({ 'safetensors', 'tokens', 'index', 'corpus' }) do files.mkdir_p(files.join(out, sub)) end
+for _, sub in ipairs({ 'safetensors', 'tokens', 'index', 'tokenizer', 'corpus' }) do files.mkdir_p(files.join(out, sub)) end
 local function at(sub, name) return files.join(files.join(out, sub), name) end
 
 -- safetensors ------------------------------------------------------------------------
@@ -88,3 +90,9 @@ for _, name in ipairs(files.list(step_dir)) do
 end
 files.remove_tree(dir)
 print(('seeds written to %s'):format(out))
+
+-- tokenizer.json ----------------------------------------------------------------------
+
+for _, name in ipairs({ 'gpt2_style.json', 'llama3_style.json', 'qwen2_style.json' }) do
+  files.write_atomic(at('tokenizer', name), assert(files.read('tests/golden/tokenizers/' .. name)))
+end

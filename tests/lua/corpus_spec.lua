@@ -249,6 +249,21 @@ describe('corpus streams', function()
     raises(function() s:load_state(st) end, 'the saved position is for seed = 5, this stream has 0')
   end)
 
+  it('stream through the tokenizer.json BPE and the SentencePiece model: the ids of their encode', function()
+    local tokenizer = require 'fsdp.data.tokenizer'
+    for _, file in ipairs({ 'tests/golden/tokenizers/gpt2_style.json', 'tests/golden/tokenizers/spm.model' }) do
+      local tok = tokenizer.load(file)
+      local want = {}
+      for _, ids in ipairs(tok:encode(c4_docs)) do
+        for _, id in ipairs(ids:totable()) do want[#want + 1] = id end
+        want[#want + 1] = tok.eos_id
+      end
+      local got = all_tokens(stream(c4, { tokenizer = tok, once = true, shuffle = false, threads = 2 }))
+      assert.is_true(#got > 0.9 * #want and #got <= #want, file)
+      for i = 1, #got do assert(got[i] == want[i], file .. ': token ' .. i) end
+    end
+  end)
+
   it('refuse ids beyond the model vocabulary, naming the file and the line', function()
     write(tmp .. '/v.jsonl', '{"text": "abc"}\n{"text": "ab~"}\n')
     -- the byte ids of a tokenizer that claims a vocabulary of 100

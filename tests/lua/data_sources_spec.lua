@@ -124,6 +124,15 @@ describe('text pairs for T5', function()
     -- "say red" truncated to 5 bytes + EOS; "RED" + EOS + -100 padding
     assert.same({ 115, 97, 121, 32, 114, 256 }, src:tolist()[1])
     assert.same({ 82, 69, 68, 256, -100 }, lab:tolist()[1])
+    -- every source ("say " + a word) is cut; of the targets only GREEN (5 bytes, 7 times in 40)
+    assert.same({ source = 40, target = 7 }, ds.truncated)
+    -- the source mask covers the bytes and EOS, from the lengths
+    local wide = pairs_data.open(path, { source_field = 'src', target_field = 'tgt', source_len = 10, target_len = 6,
+      batch_size = 2, shuffle = false, rank = 0, world_size = 1 })
+    local wsrc, _, wmask = wide:next()
+    assert.same({ 115, 97, 121, 32, 114, 101, 100, 256, 0, 0 }, wsrc:tolist()[1])
+    assert.same({ 1, 1, 1, 1, 1, 1, 1, 1, 0, 0 }, wmask:tolist()[1])
+    assert.same({ source = 0, target = 0 }, wide.truncated)
     local val = pairs_data.open(path, { source_field = 'src', target_field = 'tgt', source_len = 6, target_len = 5,
       batch_size = 2, split = 'val', val_fraction = 0.25, rank = 0, world_size = 1 })
     assert.equals(10, val.n)

@@ -67,11 +67,21 @@ describe('tools/tokenize.lua', function()
     assert.equals(bytes, train.num_tokens + val.num_tokens)
   end)
 
+  it('warns when --val_fraction puts no document in the val split (80 documents at the default 0.01)', function()
+    local small = dir .. '/small.txt'
+    corpus.write(small, { documents = 80, seed = 3 })
+    local out, rc = tokenize(('--input=%s --output=%s/small --tokenizer=byte'):format(small, dir))
+    assert.equals(0, rc, out)
+    assert.matches('val: 0 documents', out, 1, true)
+    assert.matches('warning: --val_fraction=0.01 of 80 documents puts none in the val split, so training on '
+      .. dir .. '/small validates on nothing; use --val_fraction=0.0125 or more', out, 1, true)
+    out, rc = tokenize(('--input=%s --output=%s/small2 --tokenizer=byte --val_fraction=0.0125'):format(small, dir))
+    assert.equals(0, rc, out)
+    assert.matches('val: 1 documents', out, 1, true)
+    assert.is_nil(out:find('warning', 1, true))
+  end)
+
   it('trains and applies a SentencePiece model on JSONL input', function()
-    if not spm.available() then
-      pending('spm_train not installed (Debian package sentencepiece; ./build.sh installs it)')
-      return
-    end
     local out, rc = tokenize(('--input=%s/corpus.jsonl --text_field=body --output=%s/spm --train_spm=160 '
       .. '--val_fraction=0.1'):format(dir, dir))
     assert.equals(0, rc, out)
@@ -88,6 +98,34 @@ describe('tools/tokenize.lua', function()
     assert.same(ids:tolist(), stream:narrow(0, 0, ids:numel()):tolist())
     assert.equals(2, stream:get(ids:numel()))
     assert.equals(docs[1], tok:decode(stream:narrow(0, 0, ids:numel())))
+  end)
+
+  it('applies a tokenizer.json byte-level BPE and copies it beside the shards', function()
+    local json = 'tests/golden/tokenizers/gpt2_style.json'
+    local out, rc = tokenize(('--input=%s --output=%s/bpe --tokenizer=%s --val_fraction=0.1'):format(text, dir, json))
+    assert.equals(0, rc, out)
+    local tok = require('fsdp.data.tokenizer').load(dir .. '/bpe/tokenizer.json')
+    local train = tokens.open(dir .. '/bpe', { seq_len = 8, batch_size = 1 })
+    assert.equals(tok.vocab_size, train.vocab_size)
+    assert.equals(tok:token_to_id('<|endoftext|>'), train.eos_id)
+    assert.equals('bpe', train.tokenizer)
+    local ids = tok:encode({ docs[1] })[1]
+    local stream = fsdp.empty({ ids:numel() + 1 }, { dtype = 'i64' })
+    train:_copy(stream, 0, ids:numel() + 1)
+    assert.same(ids:tolist(), stream:narrow(0, 0, ids:numel()):tolist())
+    assert.equals(train.eos_id, stream:get(ids:numel()))
+    assert.equals(docs[1], tok:decode(stream:narrow(0, 0, ids:numel())))
+  end)
+
+  it('warns when the corpus supports fewer SentencePiece pieces than --train_spm asks', function()
+    local small = dir .. '/small.txt'
+    write(small, 'a tiny corpus\n\nof two documents\n')
+    local out, rc = tokenize(('--input=%s --output=%s/small --train_spm=4000 --val_fraction=0'):format(small, dir))
+    assert.equals(0, rc, out)
+    local pieces = spm.load(dir .. '/small/tokenizer.model').vocab_size
+    assert.is_true(pieces < 4000)
+    assert.matches(('warning: tools/tokenize.lua: --train_spm=4000, but %s supports only %d pieces'):format(small,
+      pieces), out, 1, true)
   end)
 
   it('names bad input', function()
@@ -252,10 +290,11 @@ describe('a small Llama trained on tokenizer shards', function()
     return v
   end
 
-  for _, case in ipairs({ { 'byte', 'byte' }, { 'SentencePiece', 'spm' } }) do
+  -- the BPE run also names its tokenizer (--tokenizer, checked against the shards)
+  for _, case in ipairs({ { 'byte', 'byte' }, { 'SentencePiece', 'spm' },
+                          { 'byte-level BPE', 'bpe', '--tokenizer=' .. dir .. '/bpe/tokenizer.json' } }) do
     it('lowers its validation loss (' .. case[1] .. ' tokens)', function()
-      if case[2] == 'spm' and not spm.available() then pending('sentencepiece not installed'); return end
-      local out, rc = train(dir .. '/' .. case[2])
+      local out, rc = train(dir .. '/' .. case[2], case[3])
       assert.equals(0, rc, out)
       local v = val_losses(out)
       assert.equals(4, #v, out)

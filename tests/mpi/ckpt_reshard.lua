@@ -28,6 +28,12 @@ local ckpt = require 'fsdp.checkpointing'
 local T = require 'tests.mpi.tap'
 
 local mode, work, strategy, wrap, from, to = arg[1], arg[2], arg[3], arg[4], arg[5] or 'a', arg[6]
+-- Without its arguments it would write into ./nil/ (it once did, and the
+-- files were committed): refused instead.
+if (mode ~= 'save' and mode ~= 'load') or not work or not strategy or not wrap then
+  io.stderr:write('usage: ckpt_reshard.lua save|load WORK STRATEGY WRAP [FROM [TO]]\n')
+  os.exit(2)
+end
 if mode == 'save' then to = to or 'a' end
 local R, W = T.rank, T.world
 local K, G, SEQ = 3, 4, 16

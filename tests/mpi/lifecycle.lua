@@ -27,7 +27,7 @@ local mode = arg[1]
 local function sharded(path)
   local src = pretrained.open(path, { families = { 'llama', 'gpt2' } })
   local fam = decoders.families[src.family]
-  local model = fam.module.build(src.config, { device = 'meta' })
+  local model = pretrained.build(src, { device = 'meta' }) -- a LoRA checkpoint: with its adapters
   local largest = 0
   for _, np in ipairs(model:named_parameters()) do largest = math.max(largest, np[2]:numel() * 4) end
   fsdp.shard(model, { policy = fsdp.policy.transformer { fam.block }, seed = 7 })
@@ -72,7 +72,11 @@ elseif mode == 'export' then
     local back = hf.from_pretrained(export)
     back:eval()
     err = max_abs(logits(back, ids), want)
-    T.truthy(err <= 1e-6, ('max abs difference %g'):format(err))
+    -- Full fine-tuning exports the trained weights bit for bit; a LoRA
+    -- export holds W + B A * scaling rounded once to f32, which the
+    -- trained model computes as two products: f32 rounding apart.
+    local tol = require('fsdp.lora').config_of(trained) and 1e-5 or 1e-6
+    T.truthy(err <= tol, ('max abs difference %g (tolerance %g)'):format(err, tol))
   end)
   if T.rank == 0 and err then print(('# export vs trained logits: max abs difference %.3g'):format(err)) end
   -- The export streams: rank 0 holds about one gathered unit at a time.

@@ -34,39 +34,10 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export FSDP_COLLECTIVE_TIMEOUT=${FSDP_COLLECTIVE_TIMEOUT:-20}
 LIMIT=60 # seconds for any one short command (see bounded for the cases)
 
-# bounded COMMAND...: COMMAND's output and status; stopped (status 124)
-# when it printed nothing for IDLE seconds, or after CAP seconds in all.
-# Progress decides, not a wall-clock guess: on a loaded machine a case that
-# keeps reporting tests takes as long as it needs, and a silent (hung) one
-# is stopped after IDLE s. SIGTERM first, SIGKILL 5 s later (mpirun can
-# ignore SIGTERM while a rank sits in MPI_Finalize).
+# bounded COMMAND...: COMMAND's output and status, stopped when it printed
+# nothing for IDLE seconds or ran CAP seconds (tests/bounded.sh).
 IDLE=60 CAP=900
-bounded() {
-  local log rc pid size=-1 grown quiet=0 ticks=0
-  log=$(mktemp "${TMPDIR:-/tmp}/fsdp-mpi-out.XXXXXX")
-  "$@" >"$log" 2>&1 &
-  pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 0.1
-    ticks=$((ticks + 1))
-    grown=$(stat -c %s "$log" 2>/dev/null || echo 0)
-    if [ "$grown" != "$size" ]; then size=$grown quiet=0; else quiet=$((quiet + 1)); fi
-    if [ "$quiet" -ge $((IDLE * 10)) ] || [ "$ticks" -ge $((CAP * 10)) ]; then
-      kill -TERM "$pid" 2>/dev/null
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -KILL "$pid" 2>/dev/null
-      wait "$pid" 2>/dev/null
-      cat "$log"
-      rm -f "$log"
-      return 124
-    fi
-  done
-  wait "$pid"
-  rc=$?
-  cat "$log"
-  rm -f "$log"
-  return $rc
-}
+source tests/bounded.sh
 
 n=0 failed=0
 ok() { n=$((n + 1)); echo "ok $n - $*"; }
@@ -186,6 +157,10 @@ run_tap "gradient accumulation = the larger batch, gradients reduced once, 2 ran
   mpirun -np 2 "$EXE" tests/mpi/grad_accum.lua
 run_tap "gradient accumulation, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/grad_accum.lua
+run_tap "LoRA: adapters sharded over a frozen base = one rank, 2 ranks" -- \
+  mpirun -np 2 "$EXE" tests/mpi/lora.lua
+run_tap "LoRA, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
+  mpirun -np 4 "$EXE" tests/mpi/lora.lua
 for np in 2 4; do
   run_tap "sharding features, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_api.lua
   run_tap "sharded memory, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_memory.lua
@@ -193,6 +168,10 @@ done
 # The planner's persistent and peak bytes against the allocator's, every
 # strategy in f32 and in bf16 with checkpointing; hybrid as 2 nodes of 2.
 run_tap "planned = measured memory, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua
+for i in 1 2 3; do
+  run_tap "planned = measured memory, LoRA case $i, 2 ranks" FSDP_TEST_PLAN_LORA=$i -- \
+    mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua
+done
 run_tap "planned = measured memory, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/plan_memory.lua
 # The Llama recipe, sharded: 2 ranks of batch 2 log the losses of 1 rank of
@@ -231,8 +210,11 @@ for np in 2 4; do
   run_tap "streamed full state dict, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_full_state_dict.lua
 done
 run_tap "llama2_7b.lua on 2 ranks killed (kill -9) and restarted" -- tests/mpi/ckpt_recipe.sh
-run_tap "llama2_7b.lua streaming .json.gz shards on 2 ranks, killed and resumed: identical losses" -- \
-  tests/mpi/stream_resume.sh
+# The same through each kind of tokenizer (about 20 s each).
+for tok in byte tests/golden/tokenizers/gpt2_style.json tests/golden/tokenizers/spm.model; do
+  run_tap "llama2_7b.lua streaming .json.gz shards on 2 ranks ($tok), killed and resumed: identical losses" -- \
+    tests/mpi/stream_resume.sh "$tok"
+done
 # The non-finite guard: --lr=1e6 and NaN gradient shards stop every rank
 # with one message naming the step and parameter, or are skipped.
 for np in 2 4; do
@@ -245,6 +227,8 @@ done
 # generate -> --export_hf, logits checked at both ends (variants pass
 # their recipe options: tests/mpi/lifecycle.sh NAME ARGS...).
 run_tap "lifecycle: HF directory, full fine-tune on 2 ranks, generate, export" -- tests/mpi/lifecycle.sh full
+run_tap "lifecycle: HF directory, LoRA fine-tune on 2 ranks, generate, merged export" -- \
+  tests/mpi/lifecycle.sh lora --lora_rank=4 --lora_alpha=8
 run_tap "damaged 2-rank checkpoints refused, resume falls back" -- tests/mpi/ckpt_integrity.sh
 for np in 2 4; do
   run_tap "no checkpoint from non-finite state, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_nonfinite.lua

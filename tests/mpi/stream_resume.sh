@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# tests/mpi/stream_resume.sh: recipes/llama2_7b.lua streaming a raw C4-like
-# corpus (generated: five .json.gz shards of {"text", "timestamp", "url"}
-# lines, so one rank owns three files and the other two) on 2 ranks, with
-# the byte tokenizer in 2 loader threads.
+# tests/mpi/stream_resume.sh [TOKENIZER]: recipes/llama2_7b.lua streaming a
+# raw C4-like corpus (generated: five .json.gz shards of {"text",
+# "timestamp", "url"} lines, so one rank owns three files and the other
+# two) on 2 ranks, tokenized by TOKENIZER (default byte; a tokenizer.json
+# or a SentencePiece .model) in 2 loader threads.
 #
 #   1. An uninterrupted run (the reference): 12 steps, validation on the
 #      held-out documents every 4 steps; the validation loss falls.
@@ -18,6 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 EXE=${FSDP_LUA:-build/bin/fsdp-lua}
+TOKENIZER=${1:-byte}
 MAX=12 FREQ=3 K=7 R=6
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-stream-resume.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -27,7 +29,7 @@ package.path = './?.lua;' .. package.path
 require('tests.data.corpus').write_c4(arg[1], { shards = 5, documents = 120 })
 LUA
 
-ARGS=(recipes/llama2_7b.lua "--data=$WORK/c4/en/c4-train.*-of-00005.json.gz" --tokenizer=byte
+ARGS=(recipes/llama2_7b.lua "--data=$WORK/c4/en/c4-train.*-of-00005.json.gz" "--tokenizer=$TOKENIZER"
       --loader_threads=2 --val_fraction=0.05 --num_layers=2 --hidden_width=48 --num_heads=4
       --batch_size=2 --seq_len=48 --max_steps=$MAX --warmup_steps=2 --lr=3e-3 --validation_freq=4
       --val_batches=2 --checkpoint_freq=$FREQ --resume_from_checkpoint)
@@ -61,7 +63,7 @@ LUA
 
 run ref
 if [ "$(records "$WORK/ref.jsonl" | wc -l)" -eq $MAX ] && grep -q 'streamed, validation on' "$WORK/ref.log"; then
-  ok "2 ranks stream the .json.gz shards: $MAX steps"
+  ok "2 ranks stream the .json.gz shards through $TOKENIZER: $MAX steps"
 else
   not_ok "the uninterrupted streaming run"
   comment "$(tail -20 "$WORK/ref.log")"

@@ -48,6 +48,9 @@ local META = layout.META
 local M = {}
 M.layout = layout
 
+-- ckpt.latest(dir): the newest complete step directory of dir and its
+-- step, or nil; third, the incomplete directories newer than it (a save
+-- that crashed), which were skipped.
 function M.latest(dir) return layout.latest(dir) end
 
 local function barrier() if dist.world_size() > 1 then dist.barrier() end end
@@ -76,6 +79,8 @@ local function new_run_id()
   return (bytes:gsub('.', function(c) return ('%02x'):format(c:byte()) end))
 end
 
+-- The id of the run this process saves for (made at its first save or
+-- taken from the checkpoint it loaded), or nil before either.
 function M.run_id() return M._run end
 
 -- objs.run when given, else this process's run (made by rank 0 at the
@@ -236,6 +241,9 @@ function M.save(dir, objs)
       strategy = rawget(objs.model, '_fsdp') and rawget(objs.model, '_fsdp').strategy or 'unsharded',
       parts = {}, ranks = {}, extra = objs.extra,
       scheduler = objs.scheduler and objs.scheduler:state_dict() or nil,
+      -- The adapters' scaling is no parameter: kept so a resume with other
+      -- settings is refused (load.lua), not trained on silently changed.
+      lora = rawget(objs.model, '_lora') and layout.lora_settings(rawget(objs.model, '_lora')) or nil,
     }
     for i, part in ipairs(parts) do
       local entry = parts_of.describe(part)
@@ -367,6 +375,7 @@ function M.load(path, objs, index)
            strategy = index.strategy }
 end
 
+-- The whole model to one file (fsdp.save_full_state_dict, which see).
 M.save_full_state_dict = function(...) return require('fsdp.checkpointing.full').save_full_state_dict(...) end
 
 return M

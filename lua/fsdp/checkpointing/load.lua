@@ -20,6 +20,7 @@ local autograd = require 'fsdp.autograd'
 local safetensors = require 'fsdp.safetensors'
 local files = require 'fsdp.files'
 local parts_of = require 'fsdp.checkpointing.parts'
+local layout = require 'fsdp.checkpointing.layout'
 
 local M = {}
 
@@ -126,6 +127,29 @@ local function rank_state(index)
   return index.ranks[r + 1]
 end
 
+-- A LoRA checkpoint loads into adapters with the same rank, alpha,
+-- rslora and targets: the scaling alpha/rank is no parameter, so another
+-- one would silently change what the loaded adapters compute.
+local function describe_lora(l)
+  if not l then return 'no LoRA adapters' end
+  return ('LoRA rank %s, alpha %s%s on %s'):format(tostring(l.rank), tostring(l.alpha), l.rslora and ' (rslora)' or '',
+    table.concat(l.targets or {}, ','))
+end
+
+local function check_lora(index, model)
+  local want = rawget(model, '_lora') and layout.lora_settings(rawget(model, '_lora')) or nil
+  local have = index.lora
+  local same = (want == nil) == (have == nil)
+  if same and want then
+    same = want.rank == have.rank and want.alpha == have.alpha and want.rslora == have.rslora
+      and table.concat(want.targets, ',') == table.concat(have.targets or {}, ',')
+  end
+  if not same then
+    core.fail(('checkpoint %s was saved with %s; the model has %s'):format(index.path, describe_lora(have),
+      describe_lora(want)))
+  end
+end
+
 function M.load(step_dir, index, objs)
   local opt = objs.optimizer
   if opt and not index.optimizer then
@@ -138,6 +162,7 @@ function M.load(step_dir, index, objs)
   if objs.scheduler and type(index.scheduler) ~= 'table' then
     core.fail(('checkpoint %s: the index holds no scheduler state'):format(index.path))
   end
+  check_lora(index, objs.model)
   local cache = file_cache(step_dir, index)
   local opt_state = {}
   local ok, err = pcall(autograd.no_grad, function() load_model(cache, index, objs, opt_state) end)

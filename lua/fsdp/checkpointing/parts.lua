@@ -58,17 +58,24 @@ local function unit_part(u)
 end
 
 -- The parts of `model`, in model order: its units (root last), then
--- unsharded parameters, then persistent buffers.
+-- unsharded parameters, then persistent buffers. Frozen parameters (that
+-- do not require grad: a LoRA base) are no part of a checkpoint: training
+-- does not change them, so a resumed run gets them where the first run
+-- did ([Note: what a LoRA checkpoint holds] in lua/fsdp/lora.lua), and a
+-- LoRA checkpoint is the size of its adapters.
 function M.of(model)
   local parts = {}
   local S = rawget(model, '_fsdp')
   if S then
-    for _, u in ipairs(S.units) do parts[#parts + 1] = unit_part(u) end
+    for _, u in ipairs(S.units) do
+      if not u.frozen then parts[#parts + 1] = unit_part(u) end
+    end
   end
   local is_param = {}
   for _, np in ipairs(model:named_parameters()) do
     is_param[np[2]] = true
-    if rawget(np[2], 'fsdp_unit') == nil then
+    local frozen = np[2]:is_floating_point() and not np[2].requires_grad
+    if rawget(np[2], 'fsdp_unit') == nil and not frozen then
       parts[#parts + 1] = whole_part('param', np[1], np[2], dist.rank() == 0)
     end
   end

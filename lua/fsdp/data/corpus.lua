@@ -97,6 +97,7 @@ function M.open(spec, opts)
     fail('open %s: opts.tokenizer must be a tokenizer with c_hook() (got %s)', tostring(spec),
       type(tok) == 'table' and tostring(tok.name or tok) or tostring(tok))
   end
+  if not tok.eos_id then fail('open %s: the tokenizer %s has no end-of-text token', tostring(spec), tostring(tok)) end
   local T, B = opts.seq_len, opts.batch_size
   if type(T) ~= 'number' or T < 1 then fail('open %s: seq_len must be >= 1', spec) end
   if type(B) ~= 'number' or B < 1 then fail('open %s: batch_size must be >= 1', spec) end

@@ -2,7 +2,8 @@
 -- the seed's --dataset) names token shards from tools/tokenize.lua or, new,
 -- the files people download: a .txt/.jsonl/.json(.gz/.zst) file, a
 -- directory or a glob, streamed by fsdp.data.corpus with the --tokenizer
--- (default byte) in --loader_threads worker threads. Validation reads
+-- (default byte; a tokenizer.json, a SentencePiece .model or an HF model
+-- directory) in --loader_threads worker threads. Validation reads
 -- --val_data, or the documents --val_fraction holds out of every file; an
 -- empty or tiny validation split is a warning, not silence.
 --
@@ -54,6 +55,9 @@ function M.tokenizer(cfg)
   if type(tok.c_hook) ~= 'function' then
     error(('--tokenizer %s: this tokenizer has no C hook for the streaming loader yet; tokenize the corpus '
       .. 'with tools/tokenize.lua and pass the shard directory as --data'):format(name), 0)
+  end
+  if not tok.eos_id then
+    error(('--tokenizer %s has no end-of-text token, which the stream places between documents'):format(name), 0)
   end
   return tok
 end

@@ -5,12 +5,15 @@
 --   local pairs_data = require 'fsdp.data.pairs'
 --   local ds = pairs_data.open('pairs.jsonl', { tokenizer = 'byte', source_len = 64, target_len = 32,
 --                                               batch_size = 8, source_field = 'source', target_field = 'target' })
---   local input_ids, labels = ds:next()     -- i64 [8, 64], i64 [8, 32]
---   local loss = t5_model:loss(input_ids, labels)
+--   local input_ids, labels, mask = ds:next()     -- i64 [8, 64], i64 [8, 32], i64 [8, 64]
+--   local loss = t5_model:loss(input_ids, labels, { attention_mask = mask })
 --
 -- Each side is truncated to leave room for the tokenizer's EOS, which ends
 -- it. Sources are padded with pad_id (0, T5's pad); labels with -100 (the
--- ignore index of the loss, which T5's shift_right turns into pad). The
+-- ignore index of the loss, which T5's shift_right turns into pad); the
+-- source's attention mask (1 up to its EOS, 0 after) comes with each
+-- batch, from the lengths rather than from the pad id, which a
+-- tokenizer may also use for a real token (SentencePiece's unk is 0). The
 -- val split is every k-th pair by the rule of tools/tokenize.lua (pair k
 -- is validation when floor((k+1)f) > floor(kf), f = val_fraction). The
 -- order, the ranks' parts and the state follow fsdp.data.sampler.
@@ -28,22 +31,30 @@ local Dataset = {}
 Dataset.__index = Dataset
 
 -- [n, len] i64 of the id tensors, each truncated to len - 1, then EOS,
--- then `pad`.
+-- then `pad`; the mask of the ids and EOS, [n, len] i64; and how many
+-- rows were truncated.
 local function pad_rows(ids, len, eos, pad)
   local out = fsdp.full({ #ids, len }, pad, { dtype = 'i64' })
+  local mask = fsdp.zeros({ #ids, len }, { dtype = 'i64' })
+  local truncated = 0
   for i, t in ipairs(ids) do
+    if t:numel() > len - 1 then truncated = truncated + 1 end
     local n = math.min(t:numel(), len - 1)
     local row = out:select(0, i - 1)
     if n > 0 then row:narrow(0, 0, n):copy_(t:narrow(0, 0, n)) end
     row:set(eos, n)
+    mask:select(0, i - 1):narrow(0, 0, n + 1):fill_(1)
   end
-  return out
+  return out, mask, truncated
 end
 
--- opts: tokenizer ('byte' or a SentencePiece model path, or a loaded
--- tokenizer), source_field/target_field ('source'/'target'), source_len,
+-- opts: tokenizer ('byte', a tokenizer file or model directory as
+-- fsdp.data.tokenizer.load takes them, or a loaded tokenizer), source_field/target_field ('source'/'target'), source_len,
 -- target_len, split ('train' or 'val'), val_fraction (0), pad_id (0),
--- batch_size, seed, shuffle, rank/world_size.
+-- batch_size, cap_batch (lower batch_size to what the split holds for
+-- the world size: floor(n / world_size), for validation splits smaller
+-- than a global batch), seed, shuffle, rank/world_size. An empty split is
+-- an error naming the file, the split and its fraction.
 function M.open(path, opts)
   local sf, tf = opts.source_field or 'source', opts.target_field or 'target'
   local f, err = io.open(path, 'rb')
@@ -69,28 +80,39 @@ function M.open(path, opts)
     end
   end
   f:close()
+  if #sources == 0 then
+    fail('%s: the %s split is empty (%d pairs in the file, val_fraction %g)', path, split, k, frac)
+  end
   local tok = type(opts.tokenizer) == 'table' and opts.tokenizer or tokenizer.load(opts.tokenizer)
   for _, key in ipairs({ 'source_len', 'target_len' }) do
     if type(opts[key]) ~= 'number' or opts[key] < 2 then fail('%s must be a number >= 2', key) end
   end
   local self = setmetatable({ path = path, split = split, tokenizer = tok, n = #sources }, Dataset)
   self.vocab_size, self.eos_id = tok.vocab_size, tok.eos_id
-  self.sources = pad_rows(tok:encode(sources), opts.source_len, tok.eos_id, opts.pad_id or 0)
-  self.labels = pad_rows(tok:encode(targets), opts.target_len, tok.eos_id, -100)
+  -- truncated: how many sources and targets lost tokens to the lengths.
+  self.truncated = {}
+  self.sources, self.source_mask, self.truncated.source = pad_rows(tok:encode(sources), opts.source_len, tok.eos_id,
+                                                                   opts.pad_id or 0)
+  local _
+  self.labels, _, self.truncated.target = pad_rows(tok:encode(targets), opts.target_len, tok.eos_id, -100)
   self.seed = opts.seed or 0
   local rank, world = opts.rank, opts.world_size
   if rank == nil or world == nil then rank, world = rank or fsdp.dist.rank(), world or fsdp.dist.world_size() end
-  self.sampler = Sampler.new({ n = self.n, batch_size = opts.batch_size, seed = self.seed, shuffle = opts.shuffle,
+  local batch = opts.batch_size
+  if opts.cap_batch and type(batch) == 'number' then batch = math.max(1, math.min(batch, math.floor(self.n / world))) end
+  self.batch_size = batch
+  self.sampler = Sampler.new({ n = self.n, batch_size = batch, seed = self.seed, shuffle = opts.shuffle,
     rank = rank, world_size = world, name = ('fsdp.data.pairs: %s (%s split, %d pairs)'):format(path, split, self.n) })
   return self
 end
 
+-- The pairs of 0-based ids idx: input_ids, labels, attention_mask.
 function Dataset:gather(idx)
-  local src, lab = {}, {}
+  local src, lab, mask = {}, {}, {}
   for b, i in ipairs(idx) do
-    src[b], lab[b] = self.sources:narrow(0, i, 1), self.labels:narrow(0, i, 1)
+    src[b], lab[b], mask[b] = self.sources:narrow(0, i, 1), self.labels:narrow(0, i, 1), self.source_mask:narrow(0, i, 1)
   end
-  return fsdp.cat(src, 0), fsdp.cat(lab, 0)
+  return fsdp.cat(src, 0), fsdp.cat(lab, 0), fsdp.cat(mask, 0)
 end
 
 function Dataset:next() return self:gather((self.sampler:next())) end

@@ -27,15 +27,25 @@ local function unary(op)
   return function(x) return wrap(C.fl_unary(op, cptr(x))) end
 end
 
+-- F.exp(x): e^x, elementwise.
 M.exp = unary(C.FL_EXP)
+-- F.log(x): the natural logarithm, elementwise.
 M.log = unary(C.FL_LOG)
+-- F.sqrt(x): the square root, elementwise.
 M.sqrt = unary(C.FL_SQRT)
+-- F.rsqrt(x): 1 / sqrt(x), elementwise.
 M.rsqrt = unary(C.FL_RSQRT)
+-- F.tanh(x): the hyperbolic tangent, elementwise.
 M.tanh = unary(C.FL_TANH)
+-- F.sigmoid(x): 1 / (1 + e^-x), elementwise.
 M.sigmoid = unary(C.FL_SIGMOID)
+-- F.abs(x): |x|, elementwise.
 M.abs = unary(C.FL_ABS)
+-- F.relu(x): max(x, 0), elementwise.
 M.relu = unary(C.FL_RELU)
+-- F.silu(x): x * sigmoid(x), elementwise (SiLU, swish).
 M.silu = unary(C.FL_SILU)
+-- F.square(x): x * x, elementwise.
 M.square = unary(C.FL_SQUARE)
 
 -- F.gelu(x) is the exact (erf) form; F.gelu(x, 'tanh') (or {approximate =
@@ -122,6 +132,8 @@ function M.sum(x, dims, keepdim)
   return wrap(C.fl_sum(cptr(x), n, arr, keepdim and true or false))
 end
 
+-- F.mean(x, dims, keepdim): the mean over dims (a dim, a list, or nil for
+-- all), keeping them as size 1 with keepdim.
 function M.mean(x, dims, keepdim)
   local n, arr = dims_arg('mean', dims)
   return wrap(C.fl_mean(cptr(x), n, arr, keepdim and true or false))
@@ -135,12 +147,16 @@ local function var_args(keepdim, correction)
   return keepdim and true or false, correction
 end
 
+-- F.var(x, dims, keepdim, correction): the variance over dims, with
+-- Bessel's correction 1 by default (see var_args above).
 function M.var(x, dims, keepdim, correction)
   local n, arr = dims_arg('var', dims)
   local k, c = var_args(keepdim, correction)
   return wrap(C.fl_var(cptr(x), n, arr, c, k))
 end
 
+-- F.std(x, dims, keepdim, correction): the standard deviation, the square
+-- root of F.var's result, with the same arguments.
 function M.std(x, dims, keepdim, correction)
   local n, arr = dims_arg('std', dims)
   local k, c = var_args(keepdim, correction)
@@ -172,6 +188,8 @@ function M.max(x, dim, keepdim)
   return v, i
 end
 
+-- F.min(x, dim, keepdim) -> values, indices (i64); F.min(x) -> the
+-- smallest element. As F.max: a NaN wins, ties give the first index.
 function M.min(x, dim, keepdim)
   local v, i = minmax(C.fl_min_dim, x, dim, keepdim)
   if dim == nil then return v end
@@ -184,6 +202,8 @@ function M.argmax(x, dim, keepdim)
   return i
 end
 
+-- F.argmin(x, dim, keepdim): the indices of F.min alone; without dim, the
+-- flat index.
 function M.argmin(x, dim, keepdim)
   local _, i = minmax(C.fl_min_dim, x, dim, keepdim)
   return i
@@ -204,7 +224,8 @@ local function scalar(v)
 end
 
 for name, ops in pairs(COMPARE) do
-  -- F.lt(a, b): a bool tensor; a or b may be a number.
+  -- The comparisons F.eq, F.ne, F.lt, F.le, F.gt, F.ge (a, b): a bool
+  -- tensor, elementwise with broadcasting; a or b may be a number.
   M[name] = function(a, b)
     b = scalar(b)
     a = scalar(a)

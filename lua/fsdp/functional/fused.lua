@@ -60,10 +60,14 @@ end
 
 -- softmax ------------------------------------------------------------------------
 
+-- F.softmax(x, dim): exp(x) / sum(exp(x)) along dim (-1 by default),
+-- computed stably (the maximum subtracted first).
 function M.softmax(x, dim)
   return wrap(C.fl_softmax(cptr(x), number('softmax', 'dim', dim, -1)))
 end
 
+-- F.log_softmax(x, dim): log(F.softmax(x, dim)) without the loss of
+-- precision of taking them apart.
 function M.log_softmax(x, dim)
   return wrap(C.fl_log_softmax(cptr(x), number('log_softmax', 'dim', dim, -1)))
 end

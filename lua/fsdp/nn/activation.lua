@@ -9,6 +9,7 @@ local repr = require 'fsdp.nn.repr'
 
 local M = {}
 
+-- nn.ReLU(): max(x, 0), elementwise (F.relu).
 local ReLU = Module:extend('ReLU')
 M.ReLU = ReLU
 
@@ -16,6 +17,8 @@ function ReLU:forward(x)
   return require('fsdp.functional').relu(x)
 end
 
+-- nn.GELU(opts): the GELU of F.gelu. opts: approximate ('none': the exact
+-- erf form; 'tanh': the tanh approximation, Hugging Face's gelu_new).
 local GELU = Module:extend('GELU')
 M.GELU = GELU
 
@@ -35,6 +38,7 @@ function GELU:extra_repr()
   return 'approximate=' .. repr.str(self.approximate)
 end
 
+-- nn.SiLU(): x * sigmoid(x), elementwise (F.silu).
 local SiLU = Module:extend('SiLU')
 M.SiLU = SiLU
 

@@ -1,7 +1,10 @@
 -- fsdp.nn.dropout: nn.Dropout, zeroing each element with probability p in
 -- training mode and scaling the rest by 1/(1-p); the identity in eval mode.
 --
---   nn.Dropout(p)          p = 0.5 by default, as PyTorch
+--   nn.Dropout(p)          p = 0.5 by default, as PyTorch.
+--
+-- The masks come from the global generator (fsdp.manual_seed), replayed
+-- when activation checkpointing runs a forward again.
 local core = require 'fsdp.core'
 local Module = require 'fsdp.nn.module'
 local repr = require 'fsdp.nn.repr'

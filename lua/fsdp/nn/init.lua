@@ -31,6 +31,7 @@ M.ModuleList = container.ModuleList
 M.ModuleDict = container.ModuleDict
 
 M.Linear = require 'fsdp.nn.linear'
+M.LoRALinear = require 'fsdp.nn.lora'
 M.Embedding = require 'fsdp.nn.embedding'
 M.RMSNorm = norm.RMSNorm
 M.LayerNorm = norm.LayerNorm

@@ -1,11 +1,13 @@
 -- fsdp.nn.norm: the normalisation layers over the last dimension.
 --
---   nn.RMSNorm(dim, {eps = 1e-6, elementwise_affine = true, device =, dtype =})
+--   nn.RMSNorm(dim, {eps = 1e-6, elementwise_affine = true, device =, dtype =, init =})
 --     y = x / sqrt(mean(x^2) + eps) * weight      (Llama, T5LayerNorm)
---   nn.LayerNorm(dim, {eps = 1e-5, elementwise_affine = true, bias = true, ...})
+--   nn.LayerNorm(dim, {eps = 1e-5, elementwise_affine = true, bias = true, device =,
+--                dtype =, init =, bias_init =})
 --     y = (x - mean) / sqrt(var + eps) * weight + bias
 --
--- Weights start at ones and biases at zeros, as in PyTorch. The reprs are
+-- Weights start at ones and biases at zeros, as in PyTorch (`init` and
+-- `bias_init` give other rules, e.g. nn.init.normal(0.02)). The reprs are
 -- PyTorch's: "RMSNorm((4096,), eps=1e-05, elementwise_affine=True)".
 local core = require 'fsdp.core'
 local Module = require 'fsdp.nn.module'

@@ -77,8 +77,9 @@ function M.scale_grads(params, coef)
 end
 
 -- Clip the gradients of params to a global L2 norm of at most max_norm;
--- returns the norm before clipping. opts.error_if_nonfinite raises when
--- the norm is NaN or infinite (otherwise such gradients are left alone).
+-- returns the norm before clipping. opts: error_if_nonfinite (false: true
+-- raises when the norm is NaN or infinite; otherwise such gradients are
+-- left alone), norm_type (2, the only one supported).
 function M.clip_grad_norm_(params, max_norm, opts)
   opts = opts or {}
   if type(max_norm) ~= 'number' or max_norm < 0 then

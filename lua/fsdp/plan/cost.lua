@@ -50,6 +50,9 @@ function M.fill(plan, est, cfg, ctx, block_params)
   local r, dev = plan.options, plan.options.device
   -- FLOPs of this rank's step
   local model_flops, block_fwd = est.flops(cfg, ctx, plan.n_params, block_params)
+  -- Frozen parameters (a LoRA base) get no weight gradient: the 6N
+  -- rule's 2N of it per token is not computed.
+  model_flops = model_flops - 2 * (plan.n_frozen or 0) * plan.tokens
   local hardware = model_flops + (r.checkpoint and block_fwd or 0)
   plan.flops = { model = model_flops, hardware = hardware, recompute = hardware - model_flops,
                  per_token = model_flops / math.max(plan.tokens, 1) }
@@ -63,10 +66,12 @@ function M.fill(plan, est, cfg, ctx, block_params)
       local gathers = (u.reshard and not u.root) and 2 or 1
       local buf = u.padded * u.ps
       add(comm, 'all_gather', gathers, gathers * buf, gathers * buf * (u.G - 1) / u.G, link)
-      local rbuf = u.padded * u.rs
-      add(comm, 'reduce_scatter', 1, rbuf, rbuf * (u.G - 1) / u.G, link)
+      if not u.frozen then -- (frozen units have no gradient to reduce)
+        local rbuf = u.padded * u.rs
+        add(comm, 'reduce_scatter', 1, rbuf, rbuf * (u.G - 1) / u.G, link)
+      end
     end
-    if u.replicas > 1 then
+    if u.replicas > 1 and not u.frozen then
       local R = u.replicas
       local rlink = (r.nodes > 1) and 'inter' or 'intra'
       local buf = u.shard * u.rs
@@ -84,7 +89,7 @@ function M.fill(plan, est, cfg, ctx, block_params)
   local peak_flops = dev.flops[r.mp.param] or dev.flops.f32
   local compute_s = hardware / (peak_flops * r.utilization)
   local m = plan.memory
-  local opt_s = (2 * (m.params + m.optimizer) + m.grads) / dev.mem_bw
+  local opt_s = (2 * ((m.params_trainable or m.params) + m.optimizer) + m.grads) / dev.mem_bw
   local overlap = r.backward_prefetch ~= false or r.forward_prefetch
   local moved = m.host_activations or 0
   local offload = { bytes = moved, to_host = 0, to_device = 0, exposed = 0, backlog = 0 }

@@ -108,7 +108,14 @@ local function policy_of(opts, est, cfg)
   fail("policy must be a function, 'transformer', 'size' or 'none', got %s", tostring(p))
 end
 
--- The units fsdp.shard would make, with this rank's numbers.
+-- Whether fsdp.shard puts t among a unit's frozen parameters ([Note:
+-- frozen parameters] in fsdp/sharding/unit.lua).
+local function is_frozen(t) return t:is_floating_point() and not t.requires_grad end
+
+-- The units fsdp.shard would make, with this rank's numbers: per wrapped
+-- module one for its trainable parameters and, before it, one for its
+-- frozen ones (gathered and freed with it, never reduced; its shard in
+-- the frozen parameters' dtype).
 local function plan_units(model, r)
   local specs = sharding.plan_units(model, r.policy, {})
   local units = {}
@@ -120,27 +127,80 @@ local function plan_units(model, r)
     local mp = ov.mixed_precision ~= nil and sharding.mixed_precision(ov.mixed_precision, r.master, where, WHO) or r.mp
     local shard_on = sharding.strategy_info[st].shard
     local G = shard_on == 'self' and 1 or shard_on == 'node' and r.ranks_per_node or r.world
-    local numel = 0
-    for _, t in ipairs(spec.tensors) do numel = numel + t:numel() end
-    local padded = math.ceil(numel / G) * G
-    local shard = padded / G
-    local ps = size_of(mp.param)
-    local aliased = G == 1 and mp.param == r.master
-    local gb = aliased and 0 or padded * ps
-    if r.device.page and gb > 0 then gb = math.ceil(gb / r.device.page) * r.device.page end
     local reshard = sharding.strategy_info[st].reshard
     if ov.reshard_after_forward ~= nil then reshard = ov.reshard_after_forward end
-    units[i] = {
-      name = spec.name, label = spec.name == '' and '<root>' or spec.name, module = spec.module,
-      tensors = spec.tensors, strategy = st, numel = numel, padded = padded, shard = shard, G = G,
-      replicas = r.world / G, aliased = aliased, gb = gb, ps = ps, rs = size_of(mp.reduce),
-      gs = size_of(mp.grad), reshard = reshard, root = i == #specs, param_dtype = mp.param,
-      reduce_dtype = mp.reduce,
-      -- real elements in this rank's shard (the last ranks hold the padding)
-      real = math.max(0, math.min(shard, numel - r.rank % G * shard)),
-    }
+    local trainable, frozen = {}, {}
+    for _, t in ipairs(spec.tensors) do
+      local list = is_frozen(t) and frozen or trainable
+      list[#list + 1] = t
+    end
+    local function unit(tensors, frozen_unit)
+      local numel = 0
+      for _, t in ipairs(tensors) do numel = numel + t:numel() end
+      local master = frozen_unit and tensors[1].dtype or r.master
+      local padded = math.ceil(numel / G) * G
+      local shard = padded / G
+      local ps = size_of(mp.param)
+      local aliased = G == 1 and mp.param == master
+      local gb = aliased and 0 or padded * ps
+      if r.device.page and gb > 0 then gb = math.ceil(gb / r.device.page) * r.device.page end
+      return {
+        name = spec.name, label = (spec.name == '' and '<root>' or spec.name) .. (frozen_unit and ' (frozen)' or ''),
+        module = spec.module, tensors = tensors, strategy = st, numel = numel, padded = padded, shard = shard,
+        G = G, replicas = r.world / G, aliased = aliased, gb = gb, ps = ps, rs = size_of(mp.reduce),
+        gs = size_of(mp.grad), reshard = reshard, root = i == #specs, param_dtype = mp.param,
+        reduce_dtype = mp.reduce, frozen = frozen_unit, master_dtype = master,
+        -- real elements in this rank's shard (the last ranks hold the padding)
+        real = math.max(0, math.min(shard, numel - r.rank % G * shard)),
+      }
+    end
+    local fu = #frozen > 0 and unit(frozen, true) or nil
+    local u = #trainable > 0 and unit(trainable, false) or fu
+    if fu and fu ~= u then
+      units[#units + 1] = fu
+      u.partner = fu
+    end
+    units[#units + 1] = u
   end
   return units
+end
+
+-- A block's backward steps when some of its parameters are frozen (a LoRA
+-- base): the frozen weights get no gradient, so no step allocates one
+-- (the weights' bytes of the family's profile), and the adapters' small
+-- gradients are counted from the block's first backward step (early: an
+-- upper bound). Each LoRALinear also saves its low-rank activation x A^T
+-- ([N, rank]) for B's gradient, and with dropout the dropped input ([N,
+-- in]) for A's.
+-- The stem and head profiles take the same treatment from the root's
+-- parameters (tensors) and modules (m: the modules outside the blocks).
+local function frozen_block(prof, tensors, modules, ctx)
+  local trainable, any_frozen = 0, false
+  for _, t in ipairs(tensors) do
+    if is_frozen(t) then any_frozen = true else trainable = trainable + t:numel() end
+  end
+  if not any_frozen then return prof end
+  local LoRALinear = require 'fsdp.nn.lora'
+  local extra = 0
+  for _, sub in ipairs(modules) do
+    if sub:is_instance_of(LoRALinear) then
+      extra = extra + ctx.N * sub.rank * ctx.s
+      if sub.lora_dropout.p > 0 then extra = extra + ctx.N * sub.in_features * ctx.s end
+    end
+  end
+  local out = {}
+  for k, v in pairs(prof) do out[k] = v end
+  out.saved = prof.saved + extra
+  out.steps = {}
+  for i, st in ipairs(prof.steps) do
+    local c = {}
+    for k, v in pairs(st) do c[k] = v end
+    c.w = i == 1 and trainable * ctx.ps or 0
+    -- the extra saved tensors go with the block's last step
+    if i == #prof.steps then c.f = c.f + extra end
+    out.steps[i] = c
+  end
+  return out
 end
 
 -- Resolve the options into one table (checked).
@@ -166,9 +226,13 @@ local function resolve(model, opts)
   end
   r.batch = positive_int(opts, 'batch', 1)
   r.grad_accum = positive_int(opts, 'grad_accum', 1)
-  local first = model:parameters()[1]
-  if not first then fail('the model has no parameters') end
-  r.master = first.dtype
+  local all = model:parameters()
+  if not all[1] then fail('the model has no parameters') end
+  local first = all[1]
+  for _, p in ipairs(all) do
+    if not is_frozen(p) then first = p; break end
+  end
+  r.master = first.dtype -- the trainable parameters' (frozen ones may differ)
   r.mp = sharding.mixed_precision(opts.mixed_precision, r.master, '', WHO)
   r.device = devices.get(opts.device or 'cpu', WHO .. ': device')
   r.utilization = opts.utilization or r.device.utilization or 0.5
@@ -224,11 +288,16 @@ function M.plan(model, opts)
 
   -- persistent bytes of this rank
   local mem = { params = 0, grads = 0, optimizer = 0, buffers = 0, largest_unit = 0 }
+  mem.params_trainable = 0
   for _, u in ipairs(units) do
-    mem.params = mem.params + u.shard * size_of(r.master)
-    mem.grads = mem.grads + u.shard * u.gs
-    mem.optimizer = mem.optimizer + u.real * r.opt_bytes
-    mem.largest_unit = math.max(mem.largest_unit, u.gb)
+    mem.params = mem.params + u.shard * size_of(u.master_dtype)
+    if not u.frozen then
+      mem.params_trainable = mem.params_trainable + u.shard * size_of(u.master_dtype)
+      mem.grads = mem.grads + u.shard * u.gs
+      mem.optimizer = mem.optimizer + u.real * r.opt_bytes
+    end
+    -- (a unit and its frozen partner are gathered together)
+    mem.largest_unit = math.max(mem.largest_unit, u.gb + (u.partner and u.partner.gb or 0))
   end
   for _, b in ipairs(model:buffers()) do
     local d = (r.mp.buffer and b:is_floating_point()) and r.mp.buffer or b.dtype
@@ -246,7 +315,9 @@ function M.plan(model, opts)
   -- forward and backward, on top of the step's usual bytes.
   mem.accumulation = 0
   if r.grad_accum > 1 then
-    for _, u in ipairs(units) do mem.accumulation = mem.accumulation + u.padded * u.rs end
+    for _, u in ipairs(units) do
+      if not u.frozen then mem.accumulation = mem.accumulation + u.padded * u.rs end
+    end
   end
   local accumulation_extra = mem.accumulation
 
@@ -262,13 +333,28 @@ function M.plan(model, opts)
         if u and not seen[u] then seen[u] = true; us[#us + 1] = u end
         block_params = block_params + t:numel()
       end
-      blocks[#blocks + 1] = { name = name, units = us, prof = est.block(cfg, m, ctx) }
+      blocks[#blocks + 1] = { name = name, units = us,
+                              prof = frozen_block(est.block(cfg, m, ctx), m:parameters(), m:modules(), ctx) }
       return
     end
     for _, nc in ipairs(m:named_children()) do add_blocks(nc[2], name == '' and nc[1] or name .. '.' .. nc[1]) end
   end
   add_blocks(model, '')
   local stem, head = est.stem(cfg, ctx), est.head(cfg, ctx)
+  -- The root's own parameters (those of no block) frozen: no gradients
+  -- for them in the head's and stem's steps (the adapters' go first).
+  local in_blocks = {}
+  for _, b in ipairs(blocks) do for _, u in ipairs(b.units) do in_blocks[u] = true end end
+  local root_tensors = {}
+  for _, u in ipairs(units) do
+    if not in_blocks[u] then for _, t in ipairs(u.tensors) do root_tensors[#root_tensors + 1] = t end end
+  end
+  head = frozen_block(head, root_tensors, {}, ctx)
+  local stem_frozen = frozen_block(stem, root_tensors, {}, ctx)
+  if stem_frozen ~= stem then -- (the adapters' gradients are the head's already)
+    for _, st in ipairs(stem_frozen.steps) do st.w = 0 end
+    stem = stem_frozen
+  end
   local inputs = est.inputs(cfg, ctx)
   local offload_activations = r.offload_activations and r.device.name ~= 'cpu'
   local function replay(checkpoint)
@@ -296,9 +382,14 @@ function M.plan(model, opts)
   -- part of mem.host (the cpu_offload state, subtracted from persistent).
   mem.host_activations = step.host
 
+  local n_frozen, frozen_dtype = 0, nil
+  for _, u in ipairs(units) do
+    if u.frozen then n_frozen, frozen_dtype = n_frozen + u.numel, frozen_dtype or u.master_dtype end
+  end
   local plan = setmetatable({ units = units, memory = mem, options = r, model_class = model:class_name(),
                               n_params = model:num_parameters(), estimator = est.name, blocks = #blocks,
-                              tokens = est.tokens(cfg, ctx) }, Plan)
+                              tokens = est.tokens(cfg, ctx), n_frozen = n_frozen, frozen_dtype = frozen_dtype },
+                            Plan)
   require('fsdp.plan.cost').fill(plan, est, cfg, ctx, block_params)
   local usable = r.device.memory - (r.device.reserved or 0)
   plan.usable = usable

@@ -46,7 +46,9 @@ function M.format(p)
   local L = {}
   local function line(fmt, ...) L[#L + 1] = fmt:format(...) end
   local mp = r.mp
-  line('plan: %s, %s parameters, %s', p.model_class, commas(p.n_params), unit_summary(p))
+  line('plan: %s, %s parameters%s, %s', p.model_class, commas(p.n_params),
+    (p.n_frozen or 0) > 0 and (' (%s trainable, %s frozen in %s)'):format(commas(p.n_params - p.n_frozen),
+      commas(p.n_frozen), p.frozen_dtype) or '', unit_summary(p))
   line('  %d x %s%s, %s, params %s, compute %s, reduce %s, %s', r.world, dev.name or 'device',
     r.nodes > 1 and (' (%d nodes of %d)'):format(r.nodes, r.ranks_per_node) or '', r.strategy,
     r.master, mp.param, mp.reduce, r.optimizer)
@@ -54,7 +56,8 @@ function M.format(p)
     (r.checkpoint and ', activation checkpointing' or '') .. (r.offload_activations and ', activation offload' or ''),
     r.offload and ', CPU offload' or '')
   line('per-rank memory                                %s', unit)
-  line('  %-38s%s', ('parameters (%s shards)'):format(r.master), gib(m.params))
+  line('  %-38s%s', ('parameters (%s shards)'):format(r.master .. ((p.n_frozen or 0) > 0 and p.frozen_dtype ~= r.master
+    and ', frozen ' .. p.frozen_dtype or '')), gib(m.params))
   line('  %-38s%s', ('gradients (%s shards)'):format(mp.grad), gib(m.grads))
   line('  %-38s%s', ('optimizer state (%s)'):format(r.optimizer), gib(m.optimizer))
   line('  buffers and caches                    %s', gib(m.buffers))

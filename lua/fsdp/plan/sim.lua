@@ -12,6 +12,8 @@
 --       when a unit's backward starts, 'post' after its reduction); a
 --       unit's packed gradient lives until the next unit's post-backward
 --       (one reduction in flight).
+--   frozen units (fsdp/sharding/unit.lua [Note: frozen parameters]): gathered
+--       and freed with their block like the others, never packed or reduced.
 --   core/fsdp/unit.c  pack: a flat gradient [padded] in the reduce dtype;
 --       the old sharded gradient is released first when zero_grad dropped
 --       it (the recipes' loop); reduce-scatter into a [shard] buffer when
@@ -157,6 +159,13 @@ function M.run(units, blocks, stem, head, opts)
     end
   end
   local function post_backward(u, where, prefetch)
+    if u.frozen then
+      -- no gradient: freed with its partner ([Note: frozen parameters])
+      if not u.aliased then free(u) end
+      live = live - (vgrads[u] or 0)
+      vgrads[u] = 0
+      return
+    end
     bump(u.padded * u.rs, where .. ', packing its gradient')
     if u.G > 1 then
       bump(u.shard * u.rs, where .. ', reduce-scatter')
@@ -201,7 +210,7 @@ function M.run(units, blocks, stem, head, opts)
   run_steps(stem.steps, root, 'backward of the stem (embeddings)')
   for i = #others, 1, -1 do post_backward(others[i], 'backward of ' .. others[i].label, {}) end
   post_backward(root, 'backward of the root unit', {})
-  finish(pending, 'the end of backward')
+  if pending then finish(pending, 'the end of backward') end
   return {
     peak = peak, peak_at = peak_at, gathered_peak = gathered_peak, activations = activations,
     saved_peak = saved_peak,

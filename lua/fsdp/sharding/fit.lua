@@ -13,7 +13,8 @@
 -- grows until the system kills the process. The budget is what this
 -- process may use: --memory_limit_mb when the recipe has it and it is set,
 -- else the machine's MemAvailable (/proc/meminfo) shared by this job's
--- ranks on the node. A refusal is one line with the planned peak, its
+-- ranks on the node; on a GPU (--device) the limit, else the detected
+-- GPU's memory (fsdp.devices). A refusal is one line with the planned peak, its
 -- parts, the budget, and what would make it fit; exit status 2.
 -- --skip_fit_check trains anyway (the plan is an estimate).
 local fsdp = require 'fsdp'
@@ -88,16 +89,28 @@ end
 -- Returns the plan, or nil when skipped (--skip_fit_check, no budget known).
 function M.check(model, cfg, block_class, shape, script, names, extra)
   if cfg.skip_fit_check then return nil end
-  local budget, source = M.budget(cfg)
-  if not budget then return nil end
   local shard_recipe = require 'fsdp.sharding.recipe'
+  local budget, source = M.budget(cfg)
   local base = fsdp.devices.cpu
+  if cfg.device and shard_recipe.device(cfg) ~= 'cpu' then
+    -- On a GPU: --memory_limit_mb, else its profile's memory less what
+    -- the runtime keeps; planned by a GPU profile's rules (no f32 copies
+    -- of bf16 GEMM operands, no page rounding). A GPU without a profile
+    -- (cudasim) and no limit is not checked.
+    local gpu = require('fsdp.sharding.device').profile(cfg)
+    if (cfg.memory_limit_mb or 0) == 0 then
+      if not gpu then return nil end
+      budget, source = gpu.memory - (gpu.reserved or 0), gpu.name .. ' memory less its reserve'
+    end
+    base = gpu or fsdp.devices['h100-80g']
+  end
+  if not budget then return nil end
   local device = {}
   for k, v in pairs(base) do device[k] = v end
   -- The step time is not asked for: a declared rate instead of measuring
   -- this machine (which would allocate).
   device.flops = { f32 = 20e9, bf16 = 20e9, f16 = 20e9 }
-  device.name, device.memory, device.reserved, device.measured = 'cpu', budget, 0, true
+  device.name, device.memory, device.reserved, device.measured = base.name, budget, 0, true
   local opts = shard_recipe.plan_options(cfg, block_class, shape, script, device)
   for k, v in pairs(extra or {}) do opts[k] = v end
   local p = fsdp.plan(model, opts)

@@ -12,7 +12,7 @@ local State = {}
 State.__index = State
 
 function State:start_unshard(u)
-  if u == nil or u:state() ~= 'SHARDED' then return end
+  if u == nil or not u:needs_unshard() then return end
   if self.limit_all_gathers then
     while #self.inflight >= 2 do table.remove(self.inflight, 1):wait() end
   end
@@ -82,7 +82,10 @@ end
 function State:pre_forward(u, ...)
   if self.summoned then return ... end -- whole parameters are bound already
   local grad = autograd.is_grad_enabled()
-  if u.is_root and grad then self.iteration = self.iteration + 1 end
+  if u.is_root and grad then
+    self.iteration = self.iteration + 1
+    for _, v in ipairs(self.units) do v.inputs_pending = 0 end
+  end
   if grad and self.recording_forward then self.fwd_order[#self.fwd_order + 1] = u end
   self:ensure_unsharded(u)
   if self.forward_prefetch and self.fwd_next then self:start_unshard(self.fwd_next[u]) end
@@ -90,21 +93,61 @@ function State:pre_forward(u, ...)
   -- Floating-point inputs take the unit's compute dtype (FSDP's
   -- cast_forward_inputs), so units of different precisions compose.
   local args = cast_inputs(autograd.pack(...), u.param_dtype)
+  if grad and u.frozen and not u.is_root then args = self:watch_inputs(u, args) end
   return unpack(args, 1, args.n)
+end
+
+-- [Note: frozen parameters] A unit with trainable parameters frees its
+-- frozen partner with itself at its post-backward: that node was created
+-- before every op of the unit's forward, and the engine runs ready nodes
+-- in decreasing creation order (core/autograd/engine.c), so when it runs,
+-- every op of the unit that backward reaches has run, those that only use
+-- the frozen weights included. A unit whose parameters are all frozen has
+-- no post-backward node; as FSDP2 does, a node on the forward's inputs
+-- that require grad, created before the unit's ops as well, tells when its
+-- backward is over (after every call of a forward, counted). Inputs that
+-- require no grad leave nothing of the unit to backpropagate.
+function State:watch_inputs(u, args)
+  local list, rebuild = output_tensors(args)
+  if #list == 0 then return args end
+  local outs = {}
+  for i, t in ipairs(list) do outs[i] = t:detach() end
+  u.inputs_pending = (u.inputs_pending or 0) + 1
+  autograd.attach('FSDPInputsBackward[' .. u:label() .. ']', list, outs, function(grads)
+    u.inputs_pending = u.inputs_pending - 1
+    if u.inputs_pending == 0 and u:state() == 'UNSHARDED' then
+      u:reshard()
+      u:bind_segments()
+    end
+    return grads
+  end)
+  return rebuild(outs)
+end
+
+-- Free u (and its frozen partner) and give the slots their segments back.
+local function rest(u)
+  u:reshard()
+  u:bind_segments()
+  if u.partner then
+    u.partner:reshard()
+    u.partner:bind_segments()
+  end
 end
 
 function State:post_forward(u, out)
   if self.summoned then return nil end
   if not autograd.is_grad_enabled() then
-    u:reshard()
-    u:bind_segments()
+    rest(u)
     return nil
   end
   if u.is_root and self.recording_forward then
     self.recording_forward = false
     self.fwd_next = next_map(self.fwd_order)
   end
-  if u.reshard_after_forward and not u.is_root then u:reshard() end
+  if u.reshard_after_forward and not u.is_root then
+    u:reshard()
+    if u.partner then u.partner:reshard() end
+  end
   local list, rebuild = output_tensors(out)
   if #list == 0 then return nil end
   local outs = {}
@@ -134,8 +177,7 @@ function State:post_backward(u, grads)
     for _, v in ipairs(self.pending) do v:finish_reduce() end
     self.pending = { u }
   end
-  u:reshard()
-  u:bind_segments()
+  rest(u)
   if self.backward_prefetch == 'post' and self.bwd_next then self:start_unshard(self.bwd_next[u]) end
 end
 
@@ -154,6 +196,7 @@ function State:finish_backward()
   for _, u in ipairs(self.units) do
     if u:state() ~= 'SHARDED' then u:reshard() end
     u:bind_segments()
+    u.inputs_pending = 0
   end
 end
 

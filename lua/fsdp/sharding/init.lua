@@ -10,6 +10,7 @@
 --     backward_prefetch = 'pre',               -- 'post', false
 --     forward_prefetch = true, limit_all_gathers = true,
 --     init = false,                            -- meta parameters left zero: every value will be loaded
+--                                              -- (or a predicate on the name: draw only those)
 --   })
 --   fsdp.checkpoint(model, is_block)           -- shard-aware: after sharding
 --   local opt = optim.AdamW(model:named_parameters(), {...})  -- original names
@@ -24,6 +25,9 @@
 -- reduce-scatters its gradient and frees it ('post' prefetches there). A
 -- callback queued for the end of backward waits for the last reductions.
 -- See [Note: what a parameter slot holds] in fsdp/sharding/unit.lua.
+-- Parameters that do not require grad (a LoRA base: fsdp.lora) get a
+-- flat parameter of their own per unit, with no gradient ([Note: frozen
+-- parameters] there).
 local core = require 'fsdp.core'
 local fsdp = require 'fsdp'
 local dist = require 'fsdp.dist'
@@ -150,7 +154,8 @@ local function agree_structure(plan, fqn, strategy, opts, seed, device)
   for i, spec in ipairs(plan) do
     local params = {}
     for j, t in ipairs(spec.tensors) do
-      params[j] = ('%s %s %s'):format(fqn[t], t.dtype, table.concat(t.shape, 'x'))
+      params[j] = ('%s %s %s%s'):format(fqn[t], t.dtype, table.concat(t.shape, 'x'),
+                                        t.requires_grad and '' or ' frozen')
     end
     units[i] = { name = spec.name, params = table.concat(params, ', '), overrides = spec.overrides }
   end
@@ -164,6 +169,28 @@ local function agree_structure(plan, fqn, strategy, opts, seed, device)
   }, { group = group })
 end
 
+-- fsdp.shard(model, opts): turn `model` (built on meta, or real) into fully
+-- sharded units in place; every rank of the group calls it. Each unit's
+-- parameters become one flat parameter of which this rank holds an equal
+-- slice; the model keeps its parameter names. opts:
+--   policy (default: the root is the only unit): function(module, name,
+--     unwrapped_numel) -> true or a table of per-unit overrides, e.g.
+--     fsdp.policy.transformer{llama.DecoderLayer} or fsdp.policy.size{};
+--   strategy ('FULL_SHARD'; 'SHARD_GRAD_OP', 'NO_SHARD', 'HYBRID_SHARD',
+--     'HYBRID_SHARD_ZERO2');
+--   mixed_precision (none: all in the model's dtype): 'bf16' or
+--     {param =, reduce =, buffer =, keep_low_precision_grads =};
+--   backward_prefetch ('pre'; 'post', false), forward_prefetch (false),
+--     limit_all_gathers (false);
+--   cpu_offload (false: true keeps master shards, gradients and optimizer
+--     state in host memory);
+--   sync_module_states (false: true takes rank 0's values instead of the
+--     init rules), seed (fsdp.initial_seed(): each rank materialises only
+--     its shards from it);
+--   ignored ({}: modules left replicated and not reduced), group (the
+--     world: the process group to shard over), device (the parameters'
+--     device, 'cpu' for a meta model; 'meta' plans without allocating).
+-- Returns the model.
 function M.shard(model, opts)
   opts = opts or {}
   if not Module.is_module(model) then core.fail('fsdp.shard expects a module') end
@@ -191,8 +218,14 @@ function M.shard(model, opts)
   local ignored = opts.ignored or {}
   local seed = opts.seed or fsdp.initial_seed()
 
-  local first = model:parameters()[1]
-  if not first then core.fail('fsdp.shard: the model has no parameters') end
+  local all = model:parameters()
+  if not all[1] then core.fail('fsdp.shard: the model has no parameters') end
+  -- The master dtype is the trainable parameters' (frozen ones may be kept
+  -- in another: [Note: frozen parameters] in fsdp/sharding/unit.lua).
+  local first = all[1]
+  for _, p in ipairs(all) do
+    if p.requires_grad then first = p; break end
+  end
   local master = first.dtype
   local device = opts.device or (first:is_meta() and 'cpu' or first.device)
   if device ~= 'cpu' and device ~= 'meta' and not device:match('^cuda') then
@@ -209,7 +242,7 @@ function M.shard(model, opts)
     backward_prefetch = bp, forward_prefetch = opts.forward_prefetch and true or false,
     limit_all_gathers = opts.limit_all_gathers and true or false,
     cpu_offload = opts.cpu_offload and true or false, strategy = strategy, model = model,
-    ignored = ignored, device = device,
+    ignored = ignored, device = device, master = master,
   }, State)
 
   for i, spec in ipairs(plan) do
@@ -219,36 +252,59 @@ function M.shard(model, opts)
     check_strategy(st, where)
     local mp = ov.mixed_precision ~= nil and mixed_precision(ov.mixed_precision, master, where) or base_mp
     local shard_group, replicate_group = strategy_groups(st, group)
-    local params = {}
+    -- Trainable and frozen parameters go to separate flat parameters.
+    local params, frozen, frozen_dtype = {}, {}, nil
     for _, t in ipairs(spec.tensors) do
-      if t.dtype ~= master then
-        core.fail(('fsdp.shard: parameter %s is %s but the model\'s parameters are %s: one master dtype per model')
-          :format(fqn[t], t.dtype, master))
+      local p = { name = fqn[t], tensor = t, slots = slots[t] }
+      if t.requires_grad or not t:is_floating_point() then
+        if t.dtype ~= master then
+          core.fail(('fsdp.shard: parameter %s is %s but the model\'s trainable parameters are %s: one master '
+            .. 'dtype per model (frozen parameters may differ)'):format(fqn[t], t.dtype, master))
+        end
+        params[#params + 1] = p
+      else
+        frozen_dtype = frozen_dtype or t.dtype
+        if t.dtype ~= frozen_dtype then
+          core.fail(('fsdp.shard: frozen parameter %s is %s but %s of the same unit is %s: one dtype per unit\'s '
+            .. 'frozen parameters'):format(fqn[t], t.dtype, frozen[1].name, frozen_dtype))
+        end
+        frozen[#frozen + 1] = p
       end
-      params[#params + 1] = { name = fqn[t], tensor = t, slots = slots[t] }
     end
-    if i < #plan then check_shared(spec, params) end
-    if opts.sync_module_states then broadcast_params(params, device) end
     local reshard = STRATEGIES[st].reshard
     if ov.reshard_after_forward ~= nil then reshard = ov.reshard_after_forward end
-    local u = Unit.new({
-      name = spec.name, module = spec.module, params = params, strategy = st,
-      shard_group = shard_group, replicate_group = replicate_group,
-      master_dtype = master, param_dtype = mp.param, reduce_dtype = mp.reduce, grad_dtype = mp.grad,
-      device = device, cpu_offload = opts.cpu_offload, is_root = i == #plan,
-      reshard_after_forward = reshard,
-    })
-    u.shard_size = shard_group and shard_group:size() or dist.world_size()
-    u.replicas = dist.world_size() / u.shard_size
-    if opts.sync_module_states then
-      for _, p in ipairs(params) do p.tensor = p.values; p.values = nil end
+    local function make(list, is_frozen)
+      if i < #plan then check_shared(spec, list) end
+      if opts.sync_module_states then broadcast_params(list, device) end
+      local u = Unit.new({
+        name = spec.name, module = spec.module, params = list, strategy = st,
+        shard_group = shard_group, replicate_group = replicate_group,
+        master_dtype = is_frozen and frozen_dtype or master, param_dtype = mp.param, reduce_dtype = mp.reduce,
+        grad_dtype = mp.grad, device = device, cpu_offload = opts.cpu_offload, is_root = i == #plan,
+        reshard_after_forward = reshard, frozen = is_frozen,
+      })
+      u.shard_size = shard_group and shard_group:size() or dist.world_size()
+      u.replicas = dist.world_size() / u.shard_size
+      if opts.sync_module_states then
+        for _, p in ipairs(list) do p.tensor = p.values; p.values = nil end
+      end
+      -- init = false (the caller loads every parameter next: --init_from):
+      -- meta parameters stay zero instead of drawing their init rules' values,
+      -- which would take longer than the load; a predicate on the name
+      -- draws only the parameters it names (the load brings the rest).
+      u:init_shard(seed, opts.init == nil and true or opts.init)
+      for _, p in ipairs(list) do p.tensor = nil end -- the whole parameter is not kept
+      u:bind_segments()
+      return u
     end
-    -- init = false (the caller loads every parameter next: --init_from):
-    -- meta parameters stay zero instead of drawing their init rules' values,
-    -- which would take longer than the load.
-    u:init_shard(seed, opts.init ~= false)
-    for _, p in ipairs(params) do p.tensor = nil end -- the whole parameter is not kept
-    u:bind_segments()
+    local fu = #frozen > 0 and make(frozen, true) or nil
+    local u = fu
+    if #params > 0 then
+      u = make(params, false)
+      u.partner = fu
+    end
+    -- The frozen unit before its partner, so the root stays last.
+    if fu and fu ~= u then S.units[#S.units + 1] = fu end
     S.units[#S.units + 1] = u
     spec.module:register_forward_pre_hook(function(_, ...) return S:pre_forward(u, ...) end, { prepend = true })
     spec.module:register_forward_hook(function(_, _, out) return S:post_forward(u, out) end,
@@ -340,7 +396,9 @@ end
 -- inside use them as they are (no gathering, no communication), so any
 -- method of the model works, not only its forward: generation calling
 -- encode/decode, say. With {writeback = true} changes made to them are
--- written back to the shards. Not inside forward or backward.
+-- written back to the shards (not to frozen parameters, which a base
+-- kept in another dtype gives as converted copies). Not inside forward
+-- or backward.
 function M.summon_full_params(model, fn, opts)
   local S = state_of(model, 'summon_full_params')
   opts = opts or {}
@@ -353,7 +411,11 @@ function M.summon_full_params(model, fn, opts)
       local by, full = u:gather_full()
       gathered[u] = full
       for _, p in ipairs(u.params) do
-        for _, slot in ipairs(p.slots) do slot[1][slot[2]] = by[p] end
+        -- A frozen base kept in its own dtype (bf16) is summoned in the
+        -- model's, as every other parameter is.
+        local v = by[p]
+        if u.frozen and v.dtype ~= S.master then v = v:to({ dtype = S.master }) end
+        for _, slot in ipairs(p.slots) do slot[1][slot[2]] = v end
       end
     end
   end)
@@ -362,7 +424,7 @@ function M.summon_full_params(model, fn, opts)
   S.summoned = false
   autograd.no_grad(function()
     for _, u in ipairs(S.units) do
-      if r[1] and opts.writeback then u:scatter_full(gathered[u]) end
+      if r[1] and opts.writeback and not u.frozen then u:scatter_full(gathered[u]) end
       u:bind_segments()
     end
   end)

@@ -9,6 +9,7 @@
 -- The seed's recipes wrap the transformer block class, checkpoint the same
 -- class and train in bf16 mixed precision; these options expose each choice.
 local fsdp = require 'fsdp'
+local device = require 'fsdp.sharding.device'
 
 local M = {}
 
@@ -25,7 +26,9 @@ M.OPTIONS = {
                                    hybrid_shard_zero2 = 'HYBRID_SHARD_ZERO2' } },
   -- --bf16 (the seed's flag): bf16 mixed precision, parameters kept in
   -- their dtype (FSDP's MixedPrecision(param_dtype=bfloat16, ...)).
-  mixed_precision = { '', 'compute dtype of the sharded units (bf16, f16); empty: the parameter dtype', one_of = DTYPES,
+  mixed_precision = { '', 'compute dtype of the sharded units (bf16, f16); empty: the parameter dtype (on cuda, '
+                          .. 'when not given: bf16)', one_of = DTYPES,
+                      default_from = function(cfg) return device.default_mixed_precision(cfg) end,
                       aliases = { bf16 = { ['true'] = 'bf16', ['1'] = 'bf16', ['false'] = '', ['0'] = '' } } },
   reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype)', one_of = DTYPES },
   wrap = { 'transformer', 'wrap policy: transformer (one unit per block), size, none',
@@ -45,13 +48,19 @@ M.OPTIONS = {
                      return ('(%d) must divide the world planned for (%d ranks)'):format(v, world)
                    end
                  end },
-  plan_device = { 'cpu', 'device profile for --plan (fsdp.devices: cpu, a100-80g, h100-80g, ...)',
-                  one_of = function() return require('fsdp.devices').names() end },
+  plan_device = { 'cpu', 'device profile for --plan (fsdp.devices: cpu, a100-80g, h100-80g, ...; on cuda, when '
+                        .. 'not given: the detected GPU\'s)',
+                  one_of = function() return require('fsdp.devices').names() end,
+                  default_from = function(cfg) return device.default_plan_device(cfg) end },
   skip_fit_check = { false, 'train even when the planner says the config does not fit this machine\'s memory' },
 }
 
--- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+-- A recipe's own options plus these and --device (fsdp.sharding.device;
+-- its own win on a clash).
+function M.options(own) return require('fsdp.recipe').merge(device.OPTIONS, M.OPTIONS, own) end
+
+-- The device the config trains on: 'cpu' or 'cuda:N'.
+M.device = device.resolve
 
 local function bad(script, fmt, ...)
   error(script .. ': ' .. fmt:format(...), 0)
@@ -80,6 +89,16 @@ function M.policy_and_precision(cfg, block_class, script)
   return policies[cfg.wrap], mp
 end
 
+-- What fsdp.shard draws from the init rules: everything, unless
+-- --init_from loads the values next (models/pretrained.lua); then
+-- nothing, or only the new LoRA adapters, which the pretrained weights
+-- do not have.
+function M.init_rule(cfg)
+  if (cfg.init_from or '') == '' then return true end
+  if (cfg.lora_rank or 0) > 0 then return require('fsdp.lora').is_adapter end
+  return false
+end
+
 function M.apply(model, cfg, block_class, script)
   script = script or 'recipe'
   -- Every rank must train with the same options: compared before the
@@ -90,8 +109,8 @@ function M.apply(model, cfg, block_class, script)
   fsdp.shard(model, {
     policy = policy, strategy = cfg.sharding_strategy, mixed_precision = mp,
     backward_prefetch = bp ~= 'none' and bp or false, forward_prefetch = cfg.forward_prefetch,
-    limit_all_gathers = cfg.limit_all_gathers, seed = cfg.seed,
-    init = (cfg.init_from or '') == '', -- --init_from's weights are loaded next (models/pretrained.lua)
+    limit_all_gathers = cfg.limit_all_gathers, seed = cfg.seed, device = device.resolve(cfg),
+    init = M.init_rule(cfg),
   })
   local offload = cfg.offload_activations or false
   if type(offload) ~= 'boolean' then
@@ -103,10 +122,25 @@ function M.apply(model, cfg, block_class, script)
   if offload then fsdp.offload_activations(model, is_block) end
   local units = fsdp.sharding.units(model)
   local W = fsdp.dist.world_size()
-  if fsdp.dist.rank() == 0 then print(('sharding: %s over %d rank%s, %d units, compute %s, reduce %s%s%s'):format(cfg.sharding_strategy,
-    W, W == 1 and '' or 's', #units, units[1].param_dtype, units[1].reduce_dtype,
+  local where = device.describe(cfg)
+  if where and fsdp.dist.rank() == 0 then print('device: ' .. where) end
+  -- A frozen base (LoRA) has units of its own: their share of this rank's
+  -- shards is what it costs (no gradient or optimizer state comes with it).
+  local frozen, frozen_bytes, train_bytes, frozen_dtype = 0, 0, 0, nil
+  for _, u in ipairs(units) do
+    if u.frozen then
+      frozen, frozen_bytes, frozen_dtype = frozen + 1, frozen_bytes + u:shard_bytes(), u.master_dtype
+    else
+      train_bytes = train_bytes + u:shard_bytes()
+    end
+  end
+  if fsdp.dist.rank() == 0 then print(('sharding: %s over %d rank%s, %d units%s, compute %s, reduce %s%s%s%s'):format(
+    cfg.sharding_strategy, W, W == 1 and '' or 's', #units, frozen > 0 and (' (%d frozen)'):format(frozen) or '',
+    units[#units].param_dtype, units[#units].reduce_dtype,
     cfg.activation_checkpointing and ', checkpointed blocks' or '',
-    offload and ', activations offloaded to pinned host memory' or '')) end
+    offload and ', activations offloaded to pinned host memory' or '',
+    frozen > 0 and ('; rank 0 holds %.3f MiB of trainable shards, %.3f MiB frozen (%s)'):format(train_bytes / 2^20,
+      frozen_bytes / 2^20, frozen_dtype) or '')) end
   return model, units
 end
 

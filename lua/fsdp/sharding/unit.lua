@@ -16,6 +16,19 @@
 -- in the param dtype, outputs of one Lua autograd node per forward call
 -- (FSDPPostBackward); that node runs once every view's gradient is
 -- complete, which is exactly when the unit's gradient can be reduced.
+--
+-- [Note: frozen parameters]
+-- Parameters that do not require grad (a LoRA base, fsdp.lora) never share
+-- a flat parameter with trainable ones: fsdp.shard gives each wrapped
+-- module a second, *frozen* unit for them (`frozen = true`; the trainable
+-- unit points at it as `partner`, the one the hooks drive). A frozen unit
+-- has no gradient, reduce-scatter or post-backward node, its segments do
+-- not require grad (so optimizers and checkpoints skip them), and its
+-- master dtype may be its own (a bf16 base under an f32 adapter): its
+-- shard is gathered in the unit's compute dtype. It is gathered with its
+-- partner and freed with it; a unit whose parameters are all frozen is
+-- freed after backward reached its inputs (the same Note in
+-- fsdp/sharding/hooks.lua says why both are safe).
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local autograd = require 'fsdp.autograd'
@@ -101,7 +114,7 @@ function Unit:make_segments()
       rawset(seg, 'fsdp_unit', self)
       rawset(seg, 'fsdp_shape', p.shape)
       rawset(seg, 'fsdp_offset', p.param_start) -- its first element in the whole parameter
-      if self.shard:is_floating_point() then seg:requires_grad_(true) end
+      if self.shard:is_floating_point() and not self.frozen then seg:requires_grad_(true) end
       p.segment = seg
     end
   end)
@@ -111,13 +124,16 @@ end
 -- name and element index, so the values are those of a one-rank init of
 -- the whole model), or from the values the parameter already has. With
 -- rules false, parameters without values (meta) are zeros: their values
--- are loaded next.
+-- are loaded next; rules may also be a predicate on the parameter's name
+-- (true: draw its rule), for a load that brings only some of them (a
+-- pretrained base under new LoRA adapters).
 function Unit:init_shard(seed, rules)
   autograd.no_grad(function()
     for _, p in ipairs(self.params) do
       if p.len > 0 then
         local rule = rawget(p.tensor, 'init')
-        if (p.tensor:is_meta() or p.tensor:is_fake()) and rules == false then
+        local draw = rules ~= false and (type(rules) ~= 'function' or rules(p.name))
+        if (p.tensor:is_meta() or p.tensor:is_fake()) and not draw then
           p.segment:fill_(0)
         elseif p.tensor:is_meta() or p.tensor:is_fake() then
           if rule == nil then
@@ -176,8 +192,27 @@ end
 
 -- gathering --------------------------------------------------------------------------
 
-function Unit:unshard() core.check(C.fl_unit_unshard(self.c)) end
-function Unit:wait() core.check(C.fl_unit_wait(self.c)) end
+-- A frozen partner is gathered along with its unit; it is freed on its
+-- own ([Note: frozen parameters]).
+function Unit:unshard()
+  core.check(C.fl_unit_unshard(self.c))
+  if self.partner then core.check(C.fl_unit_unshard(self.partner.c)) end
+end
+function Unit:wait()
+  core.check(C.fl_unit_wait(self.c))
+  local f = self.partner
+  if f then
+    -- (A unit of one rank in its own dtype is never resharded, its shard
+    -- being its whole parameter, while a bf16 partner is.)
+    if f:state() == 'SHARDED' then core.check(C.fl_unit_unshard(f.c)) end
+    core.check(C.fl_unit_wait(f.c))
+  end
+end
+
+-- Whether unshard() has anything to start (this unit or its partner).
+function Unit:needs_unshard()
+  return self:state() == 'SHARDED' or (self.partner ~= nil and self.partner:state() == 'SHARDED')
+end
 function Unit:reshard() core.check(C.fl_unit_reshard(self.c)) end
 
 -- Views of the gathered parameters, made outputs of a post-backward node
@@ -186,7 +221,7 @@ function Unit:reshard() core.check(C.fl_unit_reshard(self.c)) end
 function Unit:bind_views(on_grads)
   local views = {}
   for i = 1, #self.params do views[i] = Tensor.wrap(C.fl_unit_param_view(self.c, i - 1)) end
-  if autograd.is_grad_enabled() and self.shard:is_floating_point() then
+  if autograd.is_grad_enabled() and self.shard:is_floating_point() and not self.frozen then
     autograd.attach('FSDPPostBackward[' .. self:label() .. ']', { self.anchor }, views, function(grads)
       on_grads(self, grads)
       return {}
@@ -196,6 +231,7 @@ function Unit:bind_views(on_grads)
   for i, p in ipairs(self.params) do by[p] = views[i] end
   bind(self, function(p) return by[p] end)
   self.views = views
+  if self.partner then self.partner:bind_views() end
 end
 
 -- Pack this backward's gradients (plus what no_sync accumulated) and start

@@ -1,0 +1,388 @@
+-- tests/readme/run.lua: README.md runs as written. Every ```sh command and
+-- every ```lua snippet of README.md is run, in order, and reported as TAP
+-- (the `readme` suite of tests/run.sh):
+--
+--   build/bin/fsdp-lua tests/readme/run.lua [README.md]
+--   FSDP_README_ONLY=LINE,...  only the blocks holding these lines of README.md
+--                              (a continued snippet still gets what it continues)
+--
+-- [Note: README test conventions]
+-- What README.md may rely on, and what it must mark:
+--   * ```sh (or bash, shell) blocks are commands: one per line, `\` at a
+--     line's end continues it, `#` starts a comment. Each command runs in
+--     its own bash from a scratch directory that mirrors the repository
+--     (its top-level entries linked), so relative paths (recipes/...,
+--     tests/golden/...) work and outputs (data/, checkpoints/, /tmp/...)
+--     do not land in the tree. `fsdp-lua` is on PATH (README says so in
+--     its quick start); an `export ...` command stays in effect for every
+--     later command, as in the terminal of a reader going top-down.
+--   * A command whose comment starts with `fsdp-lua:` shows the error it
+--     gives: it must exit non-zero and print that comment's first line
+--     (`...` in it stands for any text).
+--   * ```lua blocks run in `fsdp-lua` as a script, where reading a global
+--     that is not defined is an error (a snippet must define what it
+--     uses, or continue the block that does). A block of REPL input
+--     (`> ` lines, `>> ` continuing one; other lines are its output, not
+--     checked) runs input by input as the REPL does, expressions printed.
+--   * `<!-- readme-test: skip (why) -->` on the line before a block (blank
+--     lines between allowed) skips the block, reported `ok N # SKIP why`;
+--     `<!-- readme-test: continues -->` runs a lua block after the lua
+--     block before it, in the same script (it continues its variables).
+--     Any other `readme-test:` comment is an error (a typo must not
+--     silently run or skip a block).
+--   * Blocks in any other language, or none, are text and are not run.
+-- Commands that cannot run in CI are in SKIP below, each with its reason;
+-- long ones are shortened by SIZES below, only by appending options the
+-- README documents. Nothing else is special-cased: a new block is run.
+-- The repository: the tree this fsdp-lua runs its library from.
+local root = require('fsdp.host').root
+local README = arg[1] or (root .. '/README.md')
+
+-- Commands not run, matched (Lua patterns) against the command's text.
+local SKIP = {
+  { '^%./build%.sh test', 'runs every suite, this one included (CI runs it)' },
+  { '^%./build%.sh', 'installs packages with apt-get and builds: done before the suite runs' },
+  { '^premake4 ', 'regenerates the build files the suite runs from (./build.sh did it)' },
+  { '^make %-C build', 'rebuilds the binary under test (./build.sh did it)' },
+  { '^sbatch ', 'needs a Slurm cluster' },
+  { '%-H node1:', 'needs two machines named node1 and node2' },
+  { 'tests/chaos/chaos%.sh', 'the chaos test (the mpi suite runs its short version)' },
+  { '^benchmarks/gpu_', 'needs the GPU machine' },
+}
+
+-- Commands shortened by appending options (the last value of an option
+-- given twice wins). Matched against the command's text.
+local SIZES = {
+  { 'llama2_7b%.lua .*%-%-max_steps=200', '--max_steps=8 --warmup_steps=2' },
+  -- a sweep starts one process per point: a smaller model per point
+  { '^fsdp%-lua recipes/sweep%.lua', "--steps=1 --args='--num_layers=1 --hidden_width=32 --num_heads=4 "
+    .. "--vocab_size=64 --seq_len=16'" },
+  -- the default 7B is refused by the fit check on any machine under 107 GiB:
+  -- on any machine with this budget (a bigger one would start training 7B)
+  { '^fsdp%-lua recipes/llama2_7b%.lua$', '--memory_limit_mb=23000' },
+  -- T5 fine-tuning on the example pairs (about a minute as written)
+  { '^fsdp%-lua recipes/t5_3b%.lua .*%-%-data=examples/', '--max_steps=10 --warmup_steps=2 --validation_freq=5 --eval_examples=4' },
+}
+
+-- Files the README's commands read as a reader's own (a corpus to
+-- tokenize), made in the scratch directory before anything runs.
+-- (tests.data.corpus's options: enough documents that the val split holds a batch).
+local INPUTS = {
+  ['corpus.txt'] = { documents = 2000, seed = 1 },
+  ['a.jsonl'] = { documents = 1000, seed = 2, jsonl = true },
+  ['b.jsonl'] = { documents = 1000, seed = 3, jsonl = true },
+  ['notes.jsonl'] = { documents = 100, seed = 4, jsonl = true, field = 'body' },
+}
+
+local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local function trim(s) return (s:gsub('^%s+', ''):gsub('%s+$', '')) end
+local function read_file(path)
+  local f = assert(io.open(path, 'rb'))
+  local s = f:read('*a')
+  f:close()
+  return s
+end
+local function write_file(path, text)
+  local f = assert(io.open(path, 'wb'))
+  f:write(text)
+  f:close()
+end
+
+-- Blocks ----------------------------------------------------------------------
+
+local SHELL = { sh = true, bash = true, shell = true }
+
+-- { line =, lang =, text =, skip = reason | nil, continues = bool }
+local function parse_blocks(text)
+  local lines = {}
+  for l in (text .. '\n'):gmatch('(.-)\r?\n') do lines[#lines + 1] = l end
+  local blocks, errors = {}, {}
+  local directive, directive_line
+  local i = 1
+  while i <= #lines do
+    local l = lines[i]
+    local indent, lang = l:match('^(%s*)```%s*([%w_+-]*)%s*$')
+    local comment = l:match('^%s*<!%-%-%s*readme%-test:(.-)%-%->%s*$')
+    if comment then
+      directive, directive_line = trim(comment), i
+    elseif indent then
+      local body, j = {}, i + 1
+      while j <= #lines and not lines[j]:match('^%s*```%s*$') do
+        body[#body + 1] = lines[j]:sub(1, #indent) == indent and lines[j]:sub(#indent + 1) or lines[j]
+        j = j + 1
+      end
+      local b = { line = i, last = j, lang = lang, text = table.concat(body, '\n') }
+      if directive then
+        local why = directive:match('^skip%s*%((.*)%)$')
+        if why and why ~= '' then b.skip = why
+        elseif directive == 'continues' then b.continues = true
+        else
+          errors[#errors + 1] = ('README line %d: unknown readme-test comment %q (skip (why) or continues)')
+            :format(directive_line, directive)
+        end
+        if b.continues and lang ~= 'lua' then
+          errors[#errors + 1] = ('README line %d: `continues` marks a lua block, this one is %q')
+            :format(directive_line, lang)
+        end
+      end
+      directive = nil
+      blocks[#blocks + 1] = b
+      i = j
+    elseif trim(l) ~= '' then
+      directive = nil  -- a directive belongs to the block right after it
+    end
+    i = i + 1
+  end
+  return blocks, errors
+end
+
+-- The text of a command line before its comment (a `#` outside quotes,
+-- after a blank or at the start), and the comment.
+local function split_comment(line)
+  local quote
+  for k = 1, #line do
+    local c = line:sub(k, k)
+    if quote then
+      if c == quote then quote = nil end
+    elseif c == "'" or c == '"' then quote = c
+    elseif c == '#' and (k == 1 or line:sub(k - 1, k - 1):match('%s')) then
+      return line:sub(1, k - 1), trim(line:sub(k + 1))
+    end
+  end
+  return line, nil
+end
+
+-- A shell block's commands: { line =, code = (without comments), comments = {...} }.
+-- Comment lines right after a command (indented or not) are its comments.
+local function parse_commands(block)
+  local cmds, cur = {}, nil
+  local continuing = false
+  local n = 0
+  for l in (block.text .. '\n'):gmatch('(.-)\n') do
+    n = n + 1
+    local code, comment = split_comment(l)
+    if continuing then
+      cur.code = cur.code .. '\n' .. code
+      if comment then cur.comments[#cur.comments + 1] = comment end
+      continuing = code:match('\\%s*$') ~= nil
+    elseif trim(code) == '' then
+      if comment and cur then cur.comments[#cur.comments + 1] = comment
+      elseif not comment then cur = nil end
+    else
+      cur = { line = block.line + n, code = code, comments = {} }
+      if comment then cur.comments[1] = comment end
+      cmds[#cmds + 1] = cur
+      continuing = code:match('\\%s*$') ~= nil
+    end
+  end
+  for _, c in ipairs(cmds) do c.code = trim(c.code) end
+  return cmds
+end
+
+-- The input of a REPL transcript, one string per input.
+local function repl_inputs(text)
+  local inputs = {}
+  for l in (text .. '\n'):gmatch('(.-)\n') do
+    local first = l:match('^> ?(.*)$')
+    local more = l:match('^>> ?(.*)$')
+    if more and #inputs > 0 then inputs[#inputs] = inputs[#inputs] .. '\n' .. more
+    elseif first and not more then inputs[#inputs + 1] = first end
+  end
+  return inputs
+end
+local function is_transcript(text) return text:match('^%s*> ') ~= nil end
+
+-- Running ----------------------------------------------------------------------
+
+local scratch = trim(io.popen('mktemp -d "${TMPDIR:-/tmp}/fsdp-readme.XXXXXX"'):read('*a'))
+assert(scratch ~= '', 'mktemp failed')
+do -- the repository's top-level entries, linked
+  local p = io.popen('ls -A ' .. sh_quote(root))
+  for name in p:lines() do
+    if name ~= '.git' then
+      os.execute(('ln -s %s %s'):format(sh_quote(root .. '/' .. name), sh_quote(scratch .. '/' .. name)))
+    end
+  end
+  p:close()
+  package.path = root .. '/?.lua;' .. package.path
+  local corpus = require 'tests.data.corpus'
+  for name, opts in pairs(INPUTS) do corpus.write(scratch .. '/' .. name, opts) end
+end
+
+local exports = {}   -- `export` commands seen so far, replayed before each command
+
+-- Run a bash script from the scratch directory; returns status, output.
+local function run_bash(script)
+  local file = scratch .. '/.case.sh'
+  write_file(file, table.concat({
+    'cd ' .. sh_quote(scratch),
+    -- containers forbid Open MPI's cross-process reads (TOOLCHAIN.md); not a reader's concern
+    'export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}',
+    'export PATH=' .. sh_quote(root .. '/build/bin') .. ':"$PATH"',
+    table.concat(exports, '\n'),
+    script, '' }, '\n'))
+  local out, rcfile = scratch .. '/.case.out', scratch .. '/.case.rc'
+  os.execute(('bash -c %s </dev/null >%s 2>&1'):format(sh_quote(
+    'source ' .. sh_quote(root .. '/tests/bounded.sh') .. '; IDLE=60 CAP=300; bounded bash '
+    .. sh_quote(file) .. '; echo $? >' .. sh_quote(rcfile)), sh_quote(out)))
+  local rc = tonumber(read_file(rcfile)) or -1
+  return rc, read_file(out)
+end
+
+local clock = require 'fsdp.clock'
+local n, failed, skipped = 0, 0, 0
+local started = clock.now()
+local function report(ok, name, detail, skip)
+  n = n + 1
+  local took = clock.now() - started
+  started = clock.now()
+  name = name:gsub('\n', ' ')
+  if #name > 110 then name = name:sub(1, 107) .. '...' end
+  if skip then
+    skipped = skipped + 1
+    print(('ok %d - %s # SKIP %s'):format(n, name, skip))
+  elseif ok then
+    print(('ok %d - %s (%.1f s)'):format(n, name, took))
+  else
+    failed = failed + 1
+    print(('not ok %d - %s (%.1f s)'):format(n, name, took))
+    for l in (detail .. '\n'):gmatch('(.-)\n') do print('#   ' .. l) end
+  end
+  io.stdout:flush()
+end
+
+local function tail(text, count)
+  local lines = {}
+  for l in (text .. '\n'):gmatch('(.-)\n') do lines[#lines + 1] = l end
+  return table.concat(lines, '\n', math.max(1, #lines - count + 1))
+end
+
+-- Does `out` contain the pieces of `expected` (split at `...`) in order?
+local function shows(out, expected)
+  local flat = out:gsub('%s+', ' ')
+  local pos = 1
+  for piece in (expected .. '...'):gmatch('(.-)%.%.%.') do
+    piece = trim(piece:gsub('%s+', ' '))
+    if piece ~= '' then
+      local s, e = flat:find(piece, pos, true)
+      if not s then return false end
+      pos = e + 1
+    end
+  end
+  return true
+end
+
+local function run_command(c)
+  local name = ('README.md:%d %s'):format(c.line, c.code)
+  for _, s in ipairs(SKIP) do
+    if c.code:match(s[1]) then return report(true, name, nil, s[2]) end
+  end
+  local code = c.code
+  for _, s in ipairs(SIZES) do
+    if code:match(s[1]) then code = code .. ' ' .. s[2]; name = name .. ' [+ ' .. s[2] .. ']' end
+  end
+  local expected
+  for _, comment in ipairs(c.comments) do expected = expected or comment:match('^(fsdp%-lua:.*)$') end
+  local rc, out = run_bash(code)
+  if code:match('^export ') then exports[#exports + 1] = code end
+  if expected then
+    local ok = rc ~= 0 and rc ~= 124 and shows(out, expected)
+    report(ok, name, ('expected a failure showing %q; exit status %d, output:\n%s')
+      :format(expected, rc, tail(out, 20)))
+  else
+    report(rc == 0, name, ('exit status %d%s, output:\n%s'):format(rc,
+      rc == 124 and ' (stopped: no output for 60 s)' or '', tail(out, 30)))
+  end
+end
+
+local function lua_script(code, transcript)
+  if not transcript then return code end
+  local inputs = {}
+  for _, input in ipairs(repl_inputs(code)) do inputs[#inputs + 1] = ('%q'):format(input) end
+  return ([[
+local repl = require 'fsdp.repl'
+repl.setup()
+for i, input in ipairs({%s}) do
+  if repl.eval(input) ~= true then
+    io.stderr:write('README REPL input ', i, ' failed: ', input, '\n')
+    os.exit(1)
+  end
+end
+]]):format(table.concat(inputs, ',\n'))
+end
+
+-- A script snippet runs with globals that fail when read undefined: a
+-- snippet using a variable no earlier line (nor one it continues)
+-- defined is an error even where nil would go unnoticed.
+local STRICT = [[
+local chunk = assert(loadfile('.snippet.lua'))
+setfenv(chunk, setmetatable({}, {
+  __index = function(_, k)
+    local v = _G[k]
+    if v == nil then error(("README snippet reads the undefined variable '%s'"):format(tostring(k)), 2) end
+    return v
+  end }))
+chunk()
+]]
+
+local function run_lua(b, code, transcript)
+  local name = ('README.md:%d lua%s'):format(b.line, b.continues and ' (continued)' or '')
+  local first = b.text:match('^%s*([^\n]*)') or ''
+  name = name .. ': ' .. first
+  if b.skip then return report(true, name, nil, b.skip) end
+  write_file(scratch .. '/.snippet.lua', code)
+  write_file(scratch .. '/.strict.lua', STRICT)
+  local rc, out = run_bash(transcript and 'fsdp-lua .snippet.lua' or 'fsdp-lua .strict.lua')
+  report(rc == 0, name, ('exit status %d, output:\n%s\n-- the script:\n%s'):format(rc, tail(out, 30), code))
+end
+
+-- Main -------------------------------------------------------------------------
+
+local blocks, errors = parse_blocks(read_file(README))
+local only
+if os.getenv('FSDP_README_ONLY') then
+  only = {}
+  for l in os.getenv('FSDP_README_ONLY'):gmatch('%d+') do only[#only + 1] = tonumber(l) end
+end
+local function wanted_block(b)
+  if not only then return true end
+  for _, l in ipairs(only) do if l >= b.line and l <= b.last then return true end end
+  return false
+end
+
+for _, e in ipairs(errors) do report(false, e, e) end
+local previous_lua   -- the code of the lua block before, for `continues`
+for _, b in ipairs(blocks) do
+  local wanted = wanted_block(b)
+  if SHELL[b.lang] then
+    for _, c in ipairs(parse_commands(b)) do
+      if wanted then
+        if b.skip then report(true, ('README.md:%d %s'):format(c.line, c.code), nil, b.skip)
+        else run_command(c) end
+      end
+    end
+  elseif b.lang == 'lua' then
+    local transcript = is_transcript(b.text)
+    local code = lua_script(b.text, transcript)
+    if b.continues then
+      if not previous_lua then
+        report(false, ('README.md:%d: continues, but no lua block comes before it'):format(b.line), '')
+      elseif previous_lua.transcript ~= transcript then
+        report(false, ('README.md:%d: continues a lua block of the other kind (script / REPL input)')
+          :format(b.line), '')
+      elseif transcript then
+        code = lua_script(previous_lua.text .. '\n' .. b.text, true)
+      else
+        code = previous_lua.code .. '\n-- README.md:' .. b.line .. '\n' .. code
+      end
+    end
+    if wanted then run_lua(b, code, transcript) end
+    previous_lua = { code = code, text = (b.continues and previous_lua and previous_lua.text .. '\n' or '') .. b.text,
+                     transcript = transcript }
+  end
+end
+
+os.execute('rm -rf ' .. sh_quote(scratch))
+print(('1..%d'):format(n))
+print(('%d passed, %d failed, %d skipped'):format(n - failed - skipped, failed, skipped))
+os.exit(failed == 0 and 0 or 1)
