@@ -147,7 +147,7 @@ local function describe(d)
     local other = sorted_keys(d.values)
     parts[#parts + 1] = 'also ' .. table.concat(other, ', ')
   end
-  if d.input then parts[#parts + 1] = 'must exist' end
+  if d.input then parts[#parts + 1] = d.input == 'glob' and 'must exist, or a glob' or 'must exist' end
   if d.output then parts[#parts + 1] = 'written' end
   if #parts == 0 then return '' end
   return ' [' .. table.concat(parts, '; ') .. ']'

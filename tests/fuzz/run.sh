@@ -28,7 +28,7 @@ if ! command -v clang >/dev/null || ! echo 'int LLVMFuzzerTestOneInput(const cha
   exit 0
 fi
 
-echo "1..5"
+echo "1..6"
 if make -f tests/fuzz/Makefile -j"${JOBS:-$(nproc)}" >"$out.build.log" 2>&1; then
   echo "ok 1 - build the harnesses"
 else
