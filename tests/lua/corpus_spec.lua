@@ -283,6 +283,23 @@ describe('corpus streams', function()
     end, dir .. '/c4-train.00001-of-00004.json.gz: truncated gzip stream')
   end)
 
+  it('feed tools/tokenize.lua: C4 .json.gz shards become token shards', function()
+    local files = corpus.files(c4)
+    local out, rc = testing.run_script('tools/tokenize.lua', ('--input=%s,%s --output=%s/tok --val_fraction=0'):format(
+      files[1], files[2], tmp), 60)
+    assert.equal(0, rc, out)
+    local ds = require('fsdp.data.tokens').open(tmp .. '/tok', { seq_len = 8, batch_size = 1 })
+    local n = 0
+    for i = 1, 80 do n = n + #c4_docs[i] + 1 end
+    assert.equal(n, ds.num_tokens)
+    write(tmp .. '/t.txt', 'a\n\nb\n')
+    assert.equal(0, os.execute(('gzip -f %s/t.txt'):format(tmp)))
+    out, rc = testing.run_script('tools/tokenize.lua', ('--input=%s/t.txt.gz --output=%s/tok2 --documents=line'):format(
+      tmp, tmp), 60)
+    assert.equal(1, rc)
+    assert.truthy(out:find('t.txt.gz: a compressed text file is read by paragraph (--documents=paragraph)', 1, true), out)
+  end)
+
   it('in the recipe: an 80-document corpus warns that its validation split is empty', function()
     gen.write(tmp .. '/small.jsonl', { documents = 80, jsonl = true })
     local out, rc = testing.run_script('recipes/llama2_7b.lua', ('--data=%s/small.jsonl --num_layers=1 '
