@@ -22,6 +22,7 @@ PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
           lua-filesystem gnuplot-nox
           libxxhash-dev # XXH3 checksums of checkpoint files
           libyajl-dev # streaming JSON: safetensors headers of any size
+          zlib1g-dev libzstd-dev # corpus readers: .gz and .zst shards (core/data)
           libpcre2-dev libutf8proc-dev libsentencepiece-dev # tokenizers (core/text)
           clang libomp-dev) # clang, libomp-dev: the fuzzers (tests/fuzz)
 

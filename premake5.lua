@@ -218,6 +218,8 @@ project "fsdp"
   includedirs { pkg_config_dirs("--cflags-only-I", "openblas") }
   libdirs { pkg_config_dirs("--libs-only-L", "openblas") }
   links { "openblas", "jansson", "yajl", "xxhash", "m", "pthread", "dl" }
+  -- Corpus readers (core/data): gzip and zstd shards.
+  links { "z", "zstd" }
   -- Tokenizers (core/text): PCRE2 for the pre-tokenizers' Unicode regexes,
   -- utf8proc for the Unicode normalizers,
   -- libsentencepiece (C++, through core/text/spm.cc) for SentencePiece.

@@ -13,6 +13,11 @@
 -- the data's entropy, far below ln(vocab_size). --data=DIR trains on token
 -- shards written by tools/tokenize.lua (the vocabulary then comes from the
 -- data), validating on their val split every --validation_freq steps.
+-- --data=PATH_OR_GLOB of raw files (.txt, .jsonl, .json, .gz, .zst: C4's
+-- shards as downloaded) streams them with --tokenizer (default byte; a
+-- tokenizer.json, a SentencePiece .model or an HF directory),
+-- tokenized ahead in C threads, the position saved in every checkpoint
+-- (fsdp.data.corpus_recipe).
 --
 -- The seed's options (its llama2_7b-training.sbatch TRAINING_ARGS) are
 -- aliases of these ([Note: option aliases] in fsdp.recipe; README has the
@@ -39,6 +44,7 @@ local pretrained = require 'models.pretrained'
 local optim = require 'fsdp.optim'
 local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local tokens = require 'fsdp.data.tokens'
+local corpus_recipe = require 'fsdp.data.corpus_recipe'
 local metrics = require 'fsdp.metrics'
 
 local shard_recipe = require 'fsdp.sharding.recipe'
@@ -57,7 +63,7 @@ local overrides, c, train_data
 local fam, src
 -- --lora_targets when not given: PEFT's defaults for the family.
 local LORA_TARGETS = { llama = 'q_proj,v_proj', gpt2 = 'c_attn' }
-local cfg = recipe.config(lora.options(pretrained.options(nonfinite.options(ckpt_recipe.options(
+local cfg = recipe.config(corpus_recipe.options(lora.options(pretrained.options(nonfinite.options(ckpt_recipe.options(
   shard_recipe.options(accumulate.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, gpt2-medium, ..., gpt2-tiny in models/gpt2.lua); '
                           .. 'with --init_from a directory, its config.json decides', one_of = decoders.names,
@@ -86,15 +92,16 @@ local cfg = recipe.config(lora.options(pretrained.options(nonfinite.options(ckpt
   dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU: converted per op), f64', one_of = DTYPES },
   data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
   log_every = { 1, 'print a log line every N steps', int = true, min = 1 },
-  data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard); empty: synthetic', input = true,
+  data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard), or raw text streamed: a '
+                .. '.txt/.jsonl/.json(.gz/.zst) file, directory or glob; empty: synthetic', input = 'glob',
            aliases = { dataset = function(text)
-             if require('lfs').attributes(text, 'mode') then return text end
+             if require('lfs').attributes(text, 'mode') or text:find('[%*%?%[]') then return text end
              return nil, ('%s: no such file or directory; --dataset takes token shards (a directory from '
-               .. 'tools/tokenize.lua, or one shard), not a Hugging Face dataset name'):format(text)
+               .. 'tools/tokenize.lua, or one shard) or corpus files, not a Hugging Face dataset name'):format(text)
            end } },
   tokenizer = { '', "with --data: the tokenizer the shards were made with ('byte', a SentencePiece .model, a "
                     .. "tokenizer.json or a local HF model directory), "
-                    .. 'checked against them', needs = 'data' },
+                    .. 'checked against them; for raw text, the one it streams through (default byte)', needs = 'data' },
   dataset_config_name = { '', 'the seed\'s Hugging Face dataset config: not supported (refused when set)',
                           check = function(v)
     if v ~= '' then
@@ -102,7 +109,7 @@ local cfg = recipe.config(lora.options(pretrained.options(nonfinite.options(ckpt
         .. 'pass the shard directory as --dataset (or --data)'):format(v)
     end
   end },
-  val_data = { '', 'validation shards (default: the val split of --data)', input = true },
+  val_data = { '', 'validation shards or raw text (default: the val split of --data)', input = 'glob' },
   validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
   metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
@@ -111,7 +118,7 @@ local cfg = recipe.config(lora.options(pretrained.options(nonfinite.options(ckpt
   memory_limit_mb = { 0, 'fail allocations on --device past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-})))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
+}))))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
   -- The model config the options make: its own checks (heads dividing
   -- the width with the config's values, an even head size) name the
   -- options they come from.
@@ -142,7 +149,9 @@ local cfg = recipe.config(lora.options(pretrained.options(nonfinite.options(ckpt
   if family == 'llama' and overrides.n_heads and not overrides.n_kv_heads then overrides.n_kv_heads = overrides.n_heads end
   -- Token shards decide the vocabulary (a larger --vocab_size is allowed):
   -- opened here, so a directory without shards is a mistake in --data.
-  if cfg.data ~= '' and not cfg.dry_run then
+  if cfg.data ~= '' and not cfg.dry_run and corpus_recipe.is_raw(cfg.data) then
+    train_data = corpus_recipe.open(cfg, written)
+  elseif cfg.data ~= '' and not cfg.dry_run then
     local opened, data = pcall(tokens.open, cfg.data, { split = 'train', seq_len = cfg.seq_len,
                                                         batch_size = cfg.batch_size, seed = cfg.seed })
     if not opened then error(('--%s: '):format(written.data or 'data') .. recipe.bare(data), 0) end
@@ -160,6 +169,8 @@ local cfg = recipe.config(lora.options(pretrained.options(nonfinite.options(ckpt
           data.vocab_size, data.eos_id), 0)
       end
     end
+  end
+  if train_data then
     if src then
       if src.config.vocab_size < train_data.vocab_size then
         error(('--init_from %s has a vocabulary of %d, smaller than the one of --%s %s (%d)'):format(src.where,
@@ -265,7 +276,12 @@ local sched = optim.lr_scheduler.WarmupCosine(opt, {
 -- load_state); data:state() is the position a checkpoint stores.
 local data, val_data
 local val_batch = cfg.val_batch_size > 0 and cfg.val_batch_size or cfg.batch_size
-if train_data then
+if train_data and getmetatable(train_data) == require('fsdp.data.corpus').Stream then
+  data = train_data
+  val_data = corpus_recipe.open_val(cfg, data, val_batch)
+  print(('data: %s streamed%s'):format(tostring(data),
+    val_data and (', validation on ' .. tostring(val_data)) or ', no validation split'))
+elseif train_data then
   data = train_data
   local val_path = cfg.val_data ~= '' and cfg.val_data or cfg.data
   local has_val = cfg.val_data ~= '' or #tokens.shard_paths(cfg.data, 'val') > 0

@@ -8,7 +8,10 @@
 --
 -- Documents: a JSONL line's `text` field (--text_field), or in a text file
 -- each paragraph (--documents=paragraph, blank-line separated), line, or
--- the whole file. Each document is followed by the tokenizer's EOS.
+-- the whole file. JSON lines and compressed inputs (.gz, .zst: C4's
+-- .json.gz shards as downloaded) go through the core's corpus readers
+-- (fsdp.data.corpus), which name the file, line and byte of a bad line; a
+-- compressed text file is read by paragraph. Each document is followed by the tokenizer's EOS.
 -- --val_fraction of the documents, spread evenly (document k goes to
 -- validation when floor((k+1)f) > floor(kf)), form the val split. Shards
 -- are written once they hold --shard_tokens tokens:
@@ -22,7 +25,7 @@ local recipe = require 'fsdp.recipe'
 local tokens = require 'fsdp.data.tokens'
 local tokenizer = require 'fsdp.data.tokenizer'
 local clock = require 'fsdp.clock'
-local cjson = require 'cjson'
+local corpus = require 'fsdp.data.corpus'
 
 local cfg = recipe.config({
   input = { '', 'text (.txt) or JSONL (.jsonl) files, comma-separated' },
@@ -59,20 +62,16 @@ end
 local function each_document(emit)
   for _, path in ipairs(inputs) do
     local f = io.open(path, 'rb')
-    if path:match('%.jsonl$') or path:match('%.json$') then
-      local n = 0
-      for line in f:lines() do
-        n = n + 1
-        if line:match('%S') then
-          local ok, obj = pcall(cjson.decode, line)
-          if not ok or type(obj) ~= 'table' then die('%s:%d: not a JSON object: %s', path, n, tostring(obj)) end
-          local text = obj[cfg.text_field]
-          if type(text) ~= 'string' then
-            die('%s:%d: no string field %q (set --text_field)', path, n, cfg.text_field)
-          end
+    if path:match('%.jsonl$') or path:match('%.json$') or path:match('%.gz$') or path:match('%.zst$') then
+      if path:match('%.txt%.[gz][zs]t?$') and cfg.documents ~= 'paragraph' then
+        die('%s: a compressed text file is read by paragraph (--documents=paragraph)', path)
+      end
+      local ok, err = pcall(function()
+        for text in corpus.documents(path, { text_field = cfg.text_field }) do
           if text ~= '' then emit(text) end
         end
-      end
+      end)
+      if not ok then die('%s', require('fsdp.recipe').bare(err)) end
     elseif cfg.documents == 'file' then
       local text = f:read('*a')
       if text:match('%S') then emit(text) end

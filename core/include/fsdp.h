@@ -1232,6 +1232,137 @@ FL_API bool fl_spm_is_control(const fl_spm *t, int64_t id);
  * spm_train takes as --key=value). Writes <model_prefix>.model and .vocab. */
 FL_API int fl_spm_train(int n, const char *const *keys, const char *const *values);
 
+/* ------------------------------------------------------------------------ */
+/* Corpus readers and the streaming token loader (core/data)                 */
+/* ------------------------------------------------------------------------ */
+
+/* A document reader over one file, streamed in constant memory. The name
+ * gives the format: .txt (a document per blank-line-separated paragraph),
+ * .jsonl/.json (a JSON object per line, the document its text_field), each
+ * optionally .gz (gzip) or .zst (zstd). Errors name the file and the line
+ * and byte offset (compressed byte offset for a corrupt or truncated
+ * stream); invalid UTF-8 and documents longer than max_doc_bytes are
+ * errors. core/data/reader.c has the details. One thread at a time. */
+typedef struct fl_reader fl_reader;
+typedef struct fl_reader_opts {
+    const char *text_field; /* JSON lines: the field of the text (NULL: "text") */
+    int64_t max_doc_bytes;  /* the longest document accepted (0: 8 MiB) */
+} fl_reader_opts;
+/* Where a document starts: uncompressed byte offset, index among the
+ * file's documents (0-based), line number (1-based). */
+typedef struct fl_doc_position {
+    int64_t offset, index, line;
+} fl_doc_position;
+FL_API fl_reader *fl_reader_open(const char *path, const fl_reader_opts *opts);
+FL_API void fl_reader_free(fl_reader *r);
+/* The next document: 1 with *text (NUL-ended, valid until the next call)
+ * and *len, 0 at the end of the file, -1 on error. */
+FL_API int fl_reader_next(fl_reader *r, const char **text, size_t *len);
+/* The position of the document fl_reader_next returned last. */
+FL_API void fl_reader_position(const fl_reader *r, fl_doc_position *p);
+/* Continue at a position fl_reader_position gave (a compressed file is
+ * decompressed again from its start up to the offset). */
+FL_API int fl_reader_seek(fl_reader *r, const fl_doc_position *p);
+
+/* The files of a corpus: a file, a directory (its .txt/.jsonl/.json files,
+ * also .gz/.zst, not recursive) or a glob pattern; sorted by name. Fails
+ * naming the path when nothing matches. */
+typedef struct fl_file_list fl_file_list;
+FL_API fl_file_list *fl_file_list_open(const char *spec);
+FL_API void fl_file_list_free(fl_file_list *l);
+FL_API int64_t fl_file_list_count(const fl_file_list *l);
+FL_API const char *fl_file_list_path(const fl_file_list *l, int64_t i);
+
+/* [Note: the tokenizer hook] How the streaming loader tokenizes: one
+ * instance per worker thread, made by open(arg) in the thread that opens
+ * the stream and used by one worker only (so a tokenizer that is "one
+ * thread at a time per object" needs nothing more). encode writes the ids
+ * of len bytes of text (no special tokens: the loader places eos) to *ids,
+ * valid until the instance's next call, and returns their number, or -1
+ * with the core's error set. close frees an instance. A new tokenizer is
+ * plugged in by giving these three functions (fl_byte_tokenizer_hook is
+ * the one built in: a token per byte). They must be C functions, never
+ * LuaJIT callbacks (the workers are other threads); arg is read only by
+ * open, during fl_stream_open. A tokenizer object with a load function and
+ * "one thread at a time" encode adapts as, e.g.,
+ *   open(arg) = load((const char *)arg),
+ *   encode(self, text, len, ids) = its encode without special tokens,
+ *   close(self) = its free,
+ * and its Lua object's c_hook() returns the hook (fsdp.data.corpus). */
+typedef struct fl_tokenizer_hook {
+    void *(*open)(void *arg);
+    int64_t (*encode)(void *self, const char *text, size_t len, const int32_t **ids);
+    void (*close)(void *self);
+    void *arg;
+} fl_tokenizer_hook;
+FL_API fl_tokenizer_hook fl_byte_tokenizer_hook(void);
+/* The core's tokenizers as hooks (core/data/tokenizer_hooks.c): each
+ * worker gets a clone of t / loads the SentencePiece model at path (t and
+ * path must live until fl_stream_open returns). */
+FL_API fl_tokenizer_hook fl_bpe_hook(const fl_bpe *t);
+FL_API fl_tokenizer_hook fl_spm_hook(const char *path);
+
+/* Which documents a stream reads. A document of a file goes to validation
+ * when floor((k+1) f) > floor(k f) for its index k in the file and
+ * f = val_fraction (tools/tokenize.lua's rule, spread evenly). */
+typedef enum fl_stream_split {
+    FL_SPLIT_ALL = 0,
+    FL_SPLIT_TRAIN = 1, /* the documents not held out */
+    FL_SPLIT_VAL = 2    /* the held-out documents */
+} fl_stream_split;
+
+typedef struct fl_stream_opts {
+    const char *path;          /* file, directory or glob (fl_file_list) */
+    fl_reader_opts reader;
+    fl_tokenizer_hook tokenizer;
+    int64_t eos_id;            /* placed after every document */
+    int64_t vocab_size;        /* an id outside [0, vocab_size) is an error */
+    int64_t seq_len;           /* a row is seq_len + 1 tokens */
+    uint64_t seed;             /* the file order of each epoch */
+    bool shuffle;              /* false: files in name order every epoch */
+    bool once;                 /* one pass (validation): next returns fewer rows at the end */
+    int32_t rank, world_size;  /* which part this stream reads */
+    int32_t threads;           /* worker threads (>= 1) */
+    int32_t split;             /* fl_stream_split */
+    double val_fraction;
+    int64_t ahead_tokens;      /* tokens a file may queue ahead (0: 1 Mi) */
+} fl_stream_opts;
+
+/* Where a stream is: `file` counts the rank's files across epochs (epoch =
+ * file / files_per_epoch), the document being consumed is at `doc` of that
+ * file with `consumed` of its tokens (its eos counted) already in rows, and
+ * `carry` is the token the next row starts with (rows overlap by one so no
+ * token is lost as a target), -1 when none. */
+typedef struct fl_stream_state {
+    int64_t file;
+    fl_doc_position doc;
+    int64_t consumed;
+    int64_t carry;
+} fl_stream_state;
+
+/* The loader: files read and tokenized ahead by worker threads, documents
+ * packed with eos between them into rows of seq_len + 1 tokens, the same
+ * rows for any number of threads. Ranks read disjoint parts: whole files
+ * (file i of an epoch's order to rank i mod world_size) when there are at
+ * least world_size files, else every world_size-th document of each file.
+ * core/data/stream.c has the details. */
+typedef struct fl_stream fl_stream;
+FL_API fl_stream *fl_stream_open(const fl_stream_opts *opts);
+FL_API void fl_stream_free(fl_stream *s);
+/* Fill up to rows rows of seq_len + 1 tokens into out (i64, row-major).
+ * Returns the rows filled: rows, fewer only at the end of a `once`
+ * stream; -1 on error (naming the file and the document's line). */
+FL_API int64_t fl_stream_next(fl_stream *s, int64_t rows, int64_t *out);
+FL_API void fl_stream_get_state(const fl_stream *s, fl_stream_state *st);
+/* Continue from a state get_state gave (stops and restarts the workers). */
+FL_API int fl_stream_set_state(fl_stream *s, const fl_stream_state *st);
+FL_API int64_t fl_stream_files_per_epoch(const fl_stream *s);
+/* The path of the rank's file at a position of fl_stream_state.file. */
+FL_API const char *fl_stream_file_path(const fl_stream *s, int64_t file);
+/* Documents and tokens (eos included) delivered into rows so far. */
+FL_API int64_t fl_stream_documents(const fl_stream *s);
+FL_API int64_t fl_stream_tokens(const fl_stream *s);
+
 #ifndef FL_FFI_CDEF
 #ifdef __cplusplus
 }

@@ -61,7 +61,8 @@ M.CONSTRAINTS = {
   positive = 'the value is > 0',
   below = 'the value is < this',
   one_of = 'the value is one of this list (or of what this function returns)',
-  input = "a path that must exist (true; 'file' or 'dir' to require that kind), unless empty",
+  input = "a path that must exist (true; 'file' or 'dir' to require that kind; 'glob': or a glob pattern, "
+          .. 'which its reader expands), unless empty',
   output = "'file': an output file whose directory is created and must be writable; 'dir': an output directory, the same",
   less_than = 'the value is < the named option\'s',
   at_most = 'the value is <= the named option\'s',
@@ -146,7 +147,7 @@ local function describe(d)
     local other = sorted_keys(d.values)
     parts[#parts + 1] = 'also ' .. table.concat(other, ', ')
   end
-  if d.input then parts[#parts + 1] = 'must exist' end
+  if d.input then parts[#parts + 1] = d.input == 'glob' and 'must exist, or a glob' or 'must exist' end
   if d.output then parts[#parts + 1] = 'written' end
   if #parts == 0 then return '' end
   return ' [' .. table.concat(parts, '; ') .. ']'
@@ -408,7 +409,7 @@ local function path_problem(key, d, v)
   if type(v) ~= 'string' or v == '' then return end
   if d.input then
     local m = mode(v)
-    if not m then return ('%s does not exist'):format(v) end
+    if not m and not (d.input == 'glob' and v:find('[%*%?%[]')) then return ('%s does not exist'):format(v) end
     if d.input == 'file' and m == 'directory' then return ('%s is a directory, not a file'):format(v) end
     if d.input == 'dir' and m ~= 'directory' then return ('%s is not a directory'):format(v) end
   end

@@ -7,6 +7,7 @@
 --   local corpus = require 'tests.data.corpus'
 --   corpus.write('/tmp/c.txt', { documents = 200, seed = 1 })          -- paragraphs
 --   corpus.write('/tmp/c.jsonl', { documents = 200, jsonl = true })    -- {"text": ...} lines
+--   corpus.write_c4('/tmp/c4/en', { shards = 4, documents = 50 })        -- C4-like .json.gz shards
 local M = {}
 
 local subjects = {
@@ -52,6 +53,32 @@ function M.write(path, opts)
   end
   f:close()
   return docs
+end
+
+-- A C4-like directory: opts.shards files c4-train.0000K-of-0000N.json.gz
+-- (compressed by the gzip command; opts.compress = 'zstd' writes .json.zst)
+-- of opts.documents {"text", "timestamp", "url"} lines each, as C4's
+-- en split is laid out. Returns the documents of every shard, in order.
+function M.write_c4(dir, opts)
+  opts = opts or {}
+  local n = opts.shards or 4
+  assert(os.execute(('mkdir -p %q'):format(dir)) == 0)
+  local all = {}
+  for k = 0, n - 1 do
+    local docs = M.documents({ documents = opts.documents or 50, seed = (opts.seed or 1) * 1000 + k })
+    local path = ('%s/c4-train.%05d-of-%05d.json'):format(dir, k, n)
+    local f = assert(io.open(path, 'wb'))
+    for i, d in ipairs(docs) do
+      f:write(('{"text":"%s","timestamp":"2019-04-%02dT12:00:00Z","url":"https://example.com/%d/%d"}\n'):format(
+        d, 1 + i % 28, k, i))
+      all[#all + 1] = d
+    end
+    f:close()
+    local cmd = opts.compress == 'zstd' and ('zstd -q --rm -f %q -o %q.zst'):format(path, path)
+      or ('gzip -f %q'):format(path)
+    assert(os.execute(cmd) == 0, cmd)
+  end
+  return all
 end
 
 return M

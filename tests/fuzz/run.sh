@@ -11,6 +11,7 @@
 #   safetensors  fuzz_safetensors (C reader)      every dtype, checkpoint rank files
 #   tokens       fuzz_lua, fsdp.data.tokens       token shards
 #   index        fuzz_lua, checkpointing.layout   a checkpoint's index.json
+#   corpus       fuzz_lua, fsdp.data.corpus       JSONL plain/gzip/zstd, text
 #   tokenizer    fuzz_lua, fsdp.data.bpe          the shipped test tokenizer.json files
 #
 # The corpora grow in build/fuzz/corpus/ across runs; inputs that crash are
@@ -27,7 +28,7 @@ if ! command -v clang >/dev/null || ! echo 'int LLVMFuzzerTestOneInput(const cha
   exit 0
 fi
 
-echo "1..5"
+echo "1..6"
 if make -f tests/fuzz/Makefile -j"${JOBS:-$(nproc)}" >"$out.build.log" 2>&1; then
   echo "ok 1 - build the harnesses"
 else
@@ -73,5 +74,6 @@ fuzz() { # fuzz NAME BINARY SEEDS [ENV...]
 fuzz safetensors "$out/fuzz_safetensors" "$out/seeds/safetensors"
 fuzz tokens "$out/fuzz_lua" "$out/seeds/tokens" FUZZ_TARGET=tokens
 fuzz index "$out/fuzz_lua" "$out/seeds/index" FUZZ_TARGET=index
+fuzz corpus "$out/fuzz_lua" "$out/seeds/corpus" FUZZ_TARGET=corpus
 fuzz tokenizer "$out/fuzz_lua" "$out/seeds/tokenizer" FUZZ_TARGET=tokenizer
 exit $status

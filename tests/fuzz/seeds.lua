@@ -4,6 +4,10 @@
 --                        tensors, a misaligned header (st.save, and one
 --                        assembled by hand)
 --   OUTDIR/tokens/       token shards (fsdp.data.tokens.write_shard)
+--   OUTDIR/corpus/       raw corpus files without their names' suffixes
+--                        (targets/corpus.lua picks the reader from the
+--                        first bytes): JSON lines plain, gzip and zstd,
+--                        text paragraphs
 --   OUTDIR/index/        the index.json of a small sharded checkpoint
 --                        (fsdp.checkpointing.save), and the rank files it
 --                        wrote also go to safetensors/
@@ -16,7 +20,7 @@ local tokens = require 'fsdp.data.tokens'
 local files = require 'fsdp.files'
 
 local out = assert(arg[1], 'usage: fsdp-lua tests/fuzz/seeds.lua OUTDIR')
-for _, sub in ipairs({ 'safetensors', 'tokens', 'index', 'tokenizer' }) do files.mkdir_p(files.join(out, sub)) end
+for _, sub in ipairs({ 'safetensors', 'tokens', 'index', 'tokenizer', 'corpus' }) do files.mkdir_p(files.join(out, sub)) end
 local function at(sub, name) return files.join(files.join(out, sub), name) end
 
 -- safetensors ------------------------------------------------------------------------
@@ -53,6 +57,19 @@ tokens.write_shard(at('tokens', 'u32.safetensors'), fsdp.arange(0, 40, { dtype =
   { vocab_size = 70000, eos_id = 0, documents = 1 })
 tokens.write_shard(at('tokens', 'short.safetensors'), fsdp.arange(0, 9, { dtype = 'i64' }),
   { vocab_size = 16, eos_id = 15 })
+
+-- raw corpus files --------------------------------------------------------------------
+
+local c4 = '{"text":"The cat chases a bird. \\u00e9t\\u00e9","timestamp":"2019-04-25T12:00:00Z","url":"https://x/1"}\n'
+  .. '{"text":"My brother reads\\nold books.","url":"https://x/2"}\n\n{"text":"caf\u{e9} \u{1F600}"}\n'
+local f = assert(io.open(at('corpus', 'c4'), 'wb'))
+f:write(c4)
+f:close()
+f = assert(io.open(at('corpus', 'paragraphs'), 'wb'))
+f:write('First paragraph,\nits second line.\n\n\nSecond one \u{e9}.\r\n\nthird\n')
+f:close()
+assert(os.execute(('gzip -c %q > %q && zstd -q -c %q > %q'):format(at('corpus', 'c4'), at('corpus', 'c4_gz'),
+  at('corpus', 'c4'), at('corpus', 'c4_zst'))) == 0)
 
 -- a sharded checkpoint's index ---------------------------------------------------------
 

@@ -81,6 +81,7 @@ local CASES = {
   { 'recipes/llama2_7b.lua --data=/nonexistent/corpus', '--data: /nonexistent/corpus does not exist' },
   { 'recipes/llama2_7b.lua --data=TMP', '--data: fsdp.data.tokens: TMP holds no train-NNNNN.safetensors shards' },
   { 'recipes/llama2_7b.lua --val_data=/nonexistent/val', '--val_data: /nonexistent/val does not exist' },
+  { 'recipes/llama2_7b.lua --data=/nonexistent/c4-*.json.gz', '--data: /nonexistent/c4-*.json.gz: no file matches the pattern' },
   { 'recipes/llama2_7b.lua --metrics_file=/proc/metrics.jsonl', '--metrics_file: cannot write in /proc' },
   -- the seed's options (aliases): checked under the name the user wrote
   { 'recipes/llama2_7b.lua --max_context_width=0', '--max_context_width must be >= 1, got 0' },

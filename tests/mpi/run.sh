@@ -210,6 +210,11 @@ for np in 2 4; do
   run_tap "streamed full state dict, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_full_state_dict.lua
 done
 run_tap "llama2_7b.lua on 2 ranks killed (kill -9) and restarted" -- tests/mpi/ckpt_recipe.sh
+# The same through each kind of tokenizer (about 20 s each).
+for tok in byte tests/golden/tokenizers/gpt2_style.json tests/golden/tokenizers/spm.model; do
+  run_tap "llama2_7b.lua streaming .json.gz shards on 2 ranks ($tok), killed and resumed: identical losses" -- \
+    tests/mpi/stream_resume.sh "$tok"
+done
 # The non-finite guard: --lr=1e6 and NaN gradient shards stop every rank
 # with one message naming the step and parameter, or are skipped.
 for np in 2 4; do

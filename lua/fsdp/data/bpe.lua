@@ -118,6 +118,10 @@ end
 
 function Tokenizer:is_special(id) return C.fl_bpe_is_special(self._c, id) end
 
+-- The hook the streaming loader's workers encode with (fsdp.data.corpus):
+-- each worker a clone of this handle (core/data/tokenizer_hooks.c).
+function Tokenizer:c_hook() return C.fl_bpe_hook(self._c) end
+
 function Tokenizer:__tostring()
   return ('BPE(%s, vocab %d, eos %s)'):format(self.path, self.vocab_size, tostring(self.eos_id))
 end

@@ -41,6 +41,11 @@ function ByteTokenizer:decode(ids)
   return ffi.string(b._c.data, b:numel())
 end
 
+-- The core's byte tokenizer for the streaming loader's worker threads
+-- (fsdp.data.corpus; [Note: the tokenizer hook] in core/include/fsdp.h):
+-- the same ids as encode.
+function ByteTokenizer:c_hook() return core.C.fl_byte_tokenizer_hook() end
+
 function ByteTokenizer:__tostring() return 'ByteTokenizer(vocab 257, eos 256)' end
 
 return ByteTokenizer

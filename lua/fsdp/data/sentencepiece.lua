@@ -141,6 +141,10 @@ function Tokenizer:id_to_piece(id)
   return ffi.string(s, len[0])
 end
 
+-- The hook the streaming loader's workers encode with (fsdp.data.corpus):
+-- each worker loads the model at self.path (core/data/tokenizer_hooks.c).
+function Tokenizer:c_hook() return C.fl_spm_hook(self.path) end
+
 function Tokenizer:__tostring()
   return ('SentencePiece(%s, vocab %d, eos %d)'):format(self.path, self.vocab_size, self.eos_id)
 end
