@@ -197,13 +197,24 @@ local function is_transcript(text) return text:match('^%s*> ') ~= nil end
 local scratch = trim(io.popen('mktemp -d "${TMPDIR:-/tmp}/fsdp-readme.XXXXXX"'):read('*a'))
 assert(scratch ~= '', 'mktemp failed')
 do -- the repository's top-level entries, linked
-  local p = io.popen('ls -A ' .. sh_quote(root))
-  for name in p:lines() do
-    if name ~= '.git' then
-      os.execute(('ln -s %s %s'):format(sh_quote(root .. '/' .. name), sh_quote(scratch .. '/' .. name)))
-    end
-  end
+  -- Only what git tracks (and build/, the binary under test): an output a
+  -- command writes (logs/, sweep_out/) then lands in the scratch directory,
+  -- never in a stray directory of the checkout that a later `git add -A`
+  -- would commit. Outside a git checkout, every entry.
+  local p = io.popen('git -C ' .. sh_quote(root) .. ' ls-tree --name-only HEAD 2>/dev/null')
+  local names = {}
+  for name in p:lines() do names[#names + 1] = name end
   p:close()
+  if #names == 0 then
+    p = io.popen('ls -A ' .. sh_quote(root))
+    for name in p:lines() do if name ~= '.git' then names[#names + 1] = name end end
+    p:close()
+  else
+    names[#names + 1] = 'build'
+  end
+  for _, name in ipairs(names) do
+    os.execute(('ln -s %s %s'):format(sh_quote(root .. '/' .. name), sh_quote(scratch .. '/' .. name)))
+  end
   package.path = root .. '/?.lua;' .. package.path
   local corpus = require 'tests.data.corpus'
   for name, opts in pairs(INPUTS) do corpus.write(scratch .. '/' .. name, opts) end
