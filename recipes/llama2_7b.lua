@@ -40,6 +40,7 @@ local optim = require 'fsdp.optim'
 local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local tokens = require 'fsdp.data.tokens'
 local metrics = require 'fsdp.metrics'
+local console = require 'fsdp.console'
 
 local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
@@ -54,7 +55,7 @@ local overrides, c, train_data
 -- fam: the model family (models/decoders.lua: module, block class); src:
 -- what --init_from holds (models/pretrained.lua), nil without it.
 local fam, src
-local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
+local cfg = recipe.config(metrics.options(pretrained.options(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, gpt2-medium, ..., gpt2-tiny in models/gpt2.lua); '
                           .. 'with --init_from a directory, its config.json decides', one_of = decoders.names,
             aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
@@ -81,7 +82,6 @@ local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.optio
   seed = { 0, 'initialisation and data seed', int = true, min = 0 },
   dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU: converted per op), f64', one_of = DTYPES },
   data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
-  log_every = { 1, 'print a log line every N steps', int = true, min = 1 },
   data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard); empty: synthetic', input = true,
            aliases = { dataset = function(text)
              if require('lfs').attributes(text, 'mode') then return text end
@@ -100,13 +100,12 @@ local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.optio
   val_data = { '', 'validation shards (default: the val split of --data)', input = true },
   validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
-  metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
   peak_tflops = require('fsdp.sharding.device').peak_tflops_option(),
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
   memory_limit_mb = { 0, 'fail allocations on --device past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-}))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
+})))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
   -- The model config the options make: its own checks (heads dividing
   -- the width with the config's values, an even head size) name the
   -- options they come from.
@@ -186,7 +185,8 @@ local cfg = recipe.config(pretrained.options(nonfinite.options(ckpt_recipe.optio
 end)
 local model_module = fam.module
 
-print('config:\n' .. recipe.format(cfg))
+-- rank 0 alone (fsdp.console: "[rank 0] " first with several ranks)
+console.print('config:\n' .. recipe.format(cfg))
 
 -- A limit, and the peak a summary reports, are about live tensors: collect
 -- dead ones before every allocation so uncollected garbage never counts.
@@ -240,7 +240,7 @@ local n_params = model:num_parameters()
 require('fsdp.sharding.fit').check(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len },
   'recipes/llama2_7b.lua', { layers = 'num_layers' })
 shard_recipe.apply(model, cfg, fam.block, 'recipes/llama2_7b.lua')
-print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s, %s'):format(
+console.print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s, %s'):format(
   c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype, fam.name))
 
 local opt = optim.AdamW(model:named_parameters(), {
@@ -262,7 +262,7 @@ if train_data then
     val_data = tokens.open(val_path, { split = 'val', seq_len = cfg.seq_len, batch_size = val_batch,
                                        shuffle = false })
   end
-  print(('data: %s, %d steps per epoch%s'):format(tostring(data), data:steps_per_epoch(),
+  console.print(('data: %s, %d steps per epoch%s'):format(tostring(data), data:steps_per_epoch(),
     val_data and (', validation on ' .. tostring(val_data)) or ', no validation split'))
 else
   local opts = { seed = cfg.seed, noise = cfg.data_noise, batch_size = cfg.batch_size, seq_len = cfg.seq_len }
@@ -272,7 +272,7 @@ else
     opts.batch_size = val_batch
     val_data = synthetic_tokens.new(c.vocab_size, opts)
   end
-  print(('data: synthetic Markov chain, entropy %.3f nats/token; uniform guessing: ln(%d) = %.3f'):format(
+  console.print(('data: synthetic Markov chain, entropy %.3f nats/token; uniform guessing: ln(%d) = %.3f'):format(
     data:entropy(), c.vocab_size, math.log(c.vocab_size)))
 end
 
@@ -282,6 +282,7 @@ local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = step_batch, tokens_per_sample = cfg.seq_len,
   flops_per_sample = model_module.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
+  tensorboard_dir = cfg.tensorboard_dir, config = cfg, plot = cfg.plot,
 })
 local function validate(step)
   local loss = metrics.evaluate(function(ids, targets) return model:loss(ids:to(dev), targets:to(dev)) end,
@@ -297,6 +298,8 @@ end
 local state = { model = model, optimizer = opt, scheduler = sched, data = data }
 state.guard = nonfinite.guard(cfg, state, 'recipes/llama2_7b.lua')
 local start_step = ckpt_recipe.resume(cfg, state)
+-- what a killed run logged past the resumed step goes (its steps come again)
+if cfg.resume_from_checkpoint then log:resume(start_step) end
 -- --init_from: its weights into each rank's shards (a fresh optimizer,
 -- step 0), unless a checkpoint of this run was resumed just now.
 pretrained.start(cfg, model, src, start_step)

@@ -109,7 +109,13 @@ M.OPTIONS = {
   tensorboard_dir = { '', 'write TensorBoard event files (scalars and the configuration) into this directory',
                       output = 'dir' },
   plot = { false, 'at the end, draw the --metrics_file curves (loss, validation loss, lr, tokens/s, memory) '
-                  .. 'into a PNG and an SVG beside it (tools/plot.lua; gnuplot)', needs = 'metrics_file' },
+                  .. 'into a PNG and an SVG beside it (tools/plot.lua; gnuplot)', needs = 'metrics_file',
+            check = function(v)
+              -- found missing at start, not after the whole run
+              if v and select(2, require('fsdp.sweep').capture('gnuplot --version')) ~= 0 then
+                return 'needs gnuplot, which is not installed (Debian: apt-get install gnuplot-nox)'
+              end
+            end },
   log_every = { 0, 'print a log line (averages since the previous one) every N steps; 0: every 10 on a terminal, '
                    .. 'under the progress bar, else every step', int = true, min = 0 },
 }
@@ -135,6 +141,7 @@ end
 -- tokens/s), flops_per_sample (training FLOPs; 0: no TFLOPS), peak_tflops
 -- (0: no MFU), metrics_file ('' or nil: none), tensorboard_dir ('' or
 -- nil: none), config (a recipe's cfg: the TensorBoard text summary),
+-- plot (true: close() draws the metrics file's curves, fsdp.plot),
 -- log_every (1; 0: M.TERMINAL_LOG_EVERY with a progress bar, else 1),
 -- device ('cpu', for peak memory), progress (nil: auto), out
 -- (io.stdout), rank/world_size (default fsdp.dist's).
@@ -165,6 +172,7 @@ function M.Logger(opts)
     if not f then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(opts.metrics_file, err)) end
     self.file, self.file_path = f, opts.metrics_file
   end
+  self.plot = opts.plot and self.file_path
   if self.leader and opts.tensorboard_dir and opts.tensorboard_dir ~= '' then
     self.tb_dir = opts.tensorboard_dir
     self.tb = require('fsdp.tensorboard').Writer(opts.tensorboard_dir)
@@ -383,6 +391,15 @@ function Logger:close()
   if self.tb then
     self.tb:close()
     self.tb = nil
+  end
+  if self.plot and self.file then
+    self.file:close()
+    self.file = nil
+    -- the run's results are saved already: a failed plot is said loudly
+    -- but does not stop what follows (checkpoints, export)
+    local ok, out = pcall(require('fsdp.plot').draw, { self.plot }, (self.plot:gsub('%.jsonl$', '')))
+    if ok then self:print('plot: wrote %s and %s', out.png, out.svg)
+    else io.stderr:write('fsdp-lua: --plot: ', tostring(out), '\n') end
   end
   if self.file then
     self.file:close()

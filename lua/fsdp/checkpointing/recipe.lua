@@ -55,12 +55,8 @@ M.OPTIONS = {
 -- A recipe's own options plus these (its own win on a clash).
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
 
-local function say(fmt, ...)
-  if dist.rank() == 0 then
-    io.stdout:write(fmt:format(...), '\n')
-    io.stdout:flush()
-  end
-end
+-- rank 0's line ("[rank 0] " first with several ranks; fsdp.console)
+local function say(fmt, ...) require('fsdp.console').print(fmt:format(...)) end
 
 local function check(cfg)
   if (cfg.checkpoint_freq > 0 or cfg.resume_from_checkpoint) and cfg.checkpoint_dir == '' then

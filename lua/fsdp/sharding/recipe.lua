@@ -113,11 +113,12 @@ function M.apply(model, cfg, block_class, script)
   local units = fsdp.sharding.units(model)
   local W = fsdp.dist.world_size()
   local where = device.describe(cfg)
-  if where and fsdp.dist.rank() == 0 then print('device: ' .. where) end
-  if fsdp.dist.rank() == 0 then print(('sharding: %s over %d rank%s, %d units, compute %s, reduce %s%s%s'):format(cfg.sharding_strategy,
+  local console = require 'fsdp.console'
+  if where then console.print('device: ' .. where) end
+  console.print(('sharding: %s over %d rank%s, %d units, compute %s, reduce %s%s%s'):format(cfg.sharding_strategy,
     W, W == 1 and '' or 's', #units, units[1].param_dtype, units[1].reduce_dtype,
     cfg.activation_checkpointing and ', checkpointed blocks' or '',
-    offload and ', activations offloaded to pinned host memory' or '')) end
+    offload and ', activations offloaded to pinned host memory' or ''))
   return model, units
 end
 
