@@ -54,13 +54,9 @@ M.OPTIONS = {
 -- A recipe's own options plus these (its own win on a clash).
 function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
--- Rank 0 speaks; flushed, so a log file being followed shows each validation as it comes.
-local function say(fmt, ...)
-  if fsdp.dist.rank() == 0 then
-    io.stdout:write(fmt:format(...), '\n')
-    io.stdout:flush()
-  end
-end
+-- Rank 0 speaks ("[rank 0] " first with several ranks: fsdp.console);
+-- flushed, so a log file being followed shows each validation as it comes.
+local function say(fmt, ...) require('fsdp.console').print(fmt:format(...)) end
 
 -- Open the tokenizer and both splits from the options; nil without --data.
 -- Raises a usage message naming the option at fault.

@@ -32,10 +32,9 @@ local F = fsdp.F
 
 local M = {}
 
--- Under a launcher every rank runs this; rank 0 speaks.
-local function print(...)
-  if fsdp.dist.rank() == 0 then _G.print(...) end
-end
+-- Under a launcher every rank runs this; rank 0 speaks, "[rank 0] " first
+-- with several ranks (fsdp.console).
+local function print(line) require('fsdp.console').print(line) end
 
 -- The task. batch(step, B) -> input_ids [B, L+1] (content ids 2..V-1 of
 -- a random length in [min_len, L], eos 1, pad 0), attention_mask, labels

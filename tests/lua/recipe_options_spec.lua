@@ -60,7 +60,7 @@ local CASES = {
   { 'recipes/llama2_7b.lua --min_lr=0.01', '--min_lr (0.01) must be at most --lr (0.0003)' },
   { 'recipes/llama2_7b.lua --beta2=1', '--beta2 must be < 1, got 1' },
   { 'recipes/llama2_7b.lua --seq_len=0', '--seq_len must be >= 1, got 0' },
-  { 'recipes/llama2_7b.lua --log_every=0', '--log_every must be >= 1, got 0' },
+  { 'recipes/llama2_7b.lua --log_every=-1', '--log_every must be >= 0, got -1' },
   { 'recipes/llama2_7b.lua --data_noise=2', '--data_noise must be <= 1, got 2' },
   { 'recipes/llama2_7b.lua --dry_run=maybe', '--dry_run expects true or false, got "maybe"' },
   { 'recipes/llama2_7b.lua --model=Llama-2-7', "got 'Llama-2-7' (did you mean Llama-2-7b?)" },
