@@ -202,6 +202,7 @@ for np in 2 4; do
   run_tap "streamed full state dict, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_full_state_dict.lua
 done
 run_tap "llama2_7b.lua on 2 ranks killed (kill -9) and restarted" -- tests/mpi/ckpt_recipe.sh
+run_tap "what a 2-rank run shows across a kill and a resume: log, JSONL, TensorBoard, plot" -- tests/mpi/observe.sh
 # The non-finite guard: --lr=1e6 and NaN gradient shards stop every rank
 # with one message naming the step and parameter, or are skipped.
 for np in 2 4; do
