@@ -160,6 +160,7 @@ function M.validate(model, run, cfg, step)
   local loss = metrics.evaluate(function(src, labels, mask) return M.loss(model, run, src, labels, mask) end,
     run.val:batches(cfg.val_batches > 0 and cfg.val_batches or nil))
   model:train()
+  if run.log then return run.log:validation(step, loss) end
   say('Validation at batch %d: loss %.4f, perplexity %.3f', step, loss, math.exp(loss))
   return loss
 end

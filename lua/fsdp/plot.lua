@@ -49,54 +49,69 @@ local function num(x, scale)
   return ('%.9g'):format(x / (scale or 1))
 end
 
--- The data file of one run (see the header); returns its text.
+-- The data file of one run (see the header); returns its text and which
+-- of its columns hold a number somewhere ({[2] = true, ..., val = true}):
+-- gnuplot refuses a plot whose every series is empty.
 function M.data_text(run)
-  local lines = { '# step loss lr tokens_per_sec peak_mib' }
+  local lines, has = { '# step loss lr tokens_per_sec peak_mib' }, {}
   for _, r in ipairs(run.train) do
-    lines[#lines + 1] = table.concat({ ('%d'):format(r.step), num(r.loss), num(r.lr), num(r.tokens_per_sec),
-                                       num(r.peak_memory_bytes, 2 ^ 20) }, ' ')
+    local row = { ('%d'):format(r.step), num(r.loss), num(r.lr), num(r.tokens_per_sec),
+                  num(r.peak_memory_bytes, 2 ^ 20) }
+    for col = 2, #row do has[col] = has[col] or row[col] ~= '?' end
+    lines[#lines + 1] = table.concat(row, ' ')
   end
   -- gnuplot wants a point in every index block: an undefined one for none
   lines[#lines + 1] = '\n\n# step val_loss'
   if #run.val == 0 then lines[#lines + 1] = '0 ?' end
-  for _, r in ipairs(run.val) do lines[#lines + 1] = ('%d %s'):format(r.step, num(r.loss)) end
-  return table.concat(lines, '\n') .. '\n'
+  for _, r in ipairs(run.val) do
+    lines[#lines + 1] = ('%d %s'):format(r.step, num(r.loss))
+    has.val = has.val or num(r.loss) ~= '?'
+  end
+  return table.concat(lines, '\n') .. '\n', has
 end
 
 local function name_of(path) return (path:match('([^/]+)$'):gsub('%.jsonl$', '')) end
 
 -- The gnuplot commands that draw the runs (data files `dats`, legend
--- names `names`) on the current terminal.
-local function panels(dats, names)
-  local function series(col, index, extra)
-    local parts = {}
+-- names `names`, columns present `has`) on the current terminal. A panel
+-- whose numbers no run logged (tokens/s of a recipe without tokens) says
+-- so instead of failing the plot.
+local function panels(dats, names, has)
+  local function series(col, parts)
     for i, dat in ipairs(dats) do
-      parts[#parts + 1] = ('%q index %d using 1:%d with lines lw 1.5 lc %d title %q%s'):format(dat, index, col, i,
-        names[i], extra or '')
+      if has[i][col] then
+        parts[#parts + 1] = ('%q index 0 using 1:%d with lines lw 1.5 lc %d title %q'):format(dat, col, i, names[i])
+      end
     end
-    return table.concat(parts, ', ')
+    return parts
   end
-  local function val_series()
-    local parts = {}
+  local function val_series(parts)
     for i, dat in ipairs(dats) do
-      parts[#parts + 1] = ('%q index 1 using 1:2 with linespoints pt 7 ps 0.6 dt 2 lc %d title %q'):format(dat, i,
-        names[i] .. ' (validation)')
+      if has[i].val then
+        parts[#parts + 1] = ('%q index 1 using 1:2 with linespoints pt 7 ps 0.6 dt 2 lc %d title %q'):format(dat, i,
+          names[i] .. ' (validation)')
+      end
     end
-    return table.concat(parts, ', ')
+    return parts
+  end
+  local function draw(parts)
+    if #parts > 0 then return 'plot ' .. table.concat(parts, ', ') end
+    return 'set xrange [0:1]\nset yrange [0:1]\nset label 1 "not logged" at graph 0.5, graph 0.5 center\n'
+      .. 'plot NaN notitle\nunset label 1\nset autoscale'
   end
   return {
     "set datafile missing '?'",
     'set multiplot layout 2,2',
     'set grid', 'set key top right', 'set xlabel "step"',
     'set title "loss"', 'set ylabel "loss"',
-    'plot ' .. series(2, 0) .. ', ' .. val_series(),
+    draw(val_series(series(2, {}))),
     'set title "learning rate"', 'set ylabel "lr"', 'set format y "%.1e"',
-    'plot ' .. series(3, 0),
+    draw(series(3, {})),
     'set format y "%g"',
     'set title "throughput"', 'set ylabel "tokens/s"',
-    'plot ' .. series(4, 0),
+    draw(series(4, {})),
     'set title "peak memory"', 'set ylabel "MiB"',
-    'plot ' .. series(5, 0),
+    draw(series(5, {})),
     'unset multiplot',
   }
 end
@@ -108,18 +123,20 @@ function M.draw(paths, base, opts)
   opts = opts or {}
   if #paths == 0 then fail('no metrics files given') end
   local width, height = opts.width or 1200, opts.height or 800
-  local dats, names = {}, {}
+  local dats, names, has = {}, {}, {}
   for i, path in ipairs(paths) do
     local run = M.read(path)
     dats[i] = ('%s.%d.dat'):format(base, i)
     names[i] = name_of(path)
     local f, err = io.open(dats[i], 'w')
     if not f then fail(('cannot write %s: %s'):format(dats[i], err)) end
-    f:write(M.data_text(run))
+    local text
+    text, has[i] = M.data_text(run)
+    f:write(text)
     f:close()
   end
   local out = { png = base .. '.png', svg = base .. '.svg', gp = base .. '.gp', dats = dats }
-  local body = table.concat(panels(dats, names), '\n')
+  local body = table.concat(panels(dats, names, has), '\n')
   local title = opts.title or table.concat(names, ', ')
   local script = table.concat({
     '# ' .. title .. ' (fsdp.plot)',

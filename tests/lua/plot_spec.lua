@@ -63,6 +63,20 @@ describe('fsdp.plot', function()
     files.remove_tree(dir)
   end)
 
+  it('draws a run that logged no tokens/s and no validation, saying so in those panels', function()
+    if not gnuplot then return pending('gnuplot not installed (Debian: gnuplot-nox; ./build.sh installs it)') end
+    local dir = T.tmpdir()
+    local f = assert(io.open(dir .. '/t5.jsonl', 'w'))
+    for s = 1, 3 do f:write(('{"type":"train","step":%d,"loss":%d,"lr":0.1,"peak_memory_bytes":1048576}\n'):format(s, 4 - s)) end
+    f:close()
+    local out = plot.draw({ dir .. '/t5.jsonl' }, dir .. '/t5', { width = 320, height = 240 })
+    assert.same({ 320, 240 }, { plot.png_size(out.png) })
+    local gp = files.read(out.gp)
+    assert.truthy(gp:find('"not logged"', 1, true), gp)
+    assert.falsy(gp:find('(validation)', 1, true), gp)
+    files.remove_tree(dir)
+  end)
+
   it('names a file that is not a metrics file, and a missing one', function()
     local dir = T.tmpdir()
     local f = assert(io.open(dir .. '/bad.jsonl', 'w'))
