@@ -41,6 +41,7 @@ local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local tokens = require 'fsdp.data.tokens'
 local metrics = require 'fsdp.metrics'
 local console = require 'fsdp.console'
+local profiler = require 'fsdp.profiler'
 
 local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
@@ -283,10 +284,11 @@ local log = metrics.Logger({
   flops_per_sample = model_module.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
   tensorboard_dir = cfg.tensorboard_dir, config = cfg, plot = cfg.plot,
+  profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model,
 })
 local function validate(step)
-  local loss = metrics.evaluate(function(ids, targets) return model:loss(ids:to(dev), targets:to(dev)) end,
-    val_data:batches(cfg.val_batches))
+  local loss = profiler.call('validation', 'eval', metrics.evaluate,
+    function(ids, targets) return model:loss(ids:to(dev), targets:to(dev)) end, val_data:batches(cfg.val_batches))
   log:validation(step, loss)
 end
 
@@ -307,15 +309,17 @@ pretrained.start(cfg, model, src, start_step)
 local flops_per_step = model_module.flops_per_token(c, cfg.seq_len, n_params) * step_batch * cfg.seq_len
 local step_times = {}
 for step = start_step + 1, cfg.max_steps do
+  log:begin_step(step) -- --profile_steps
   local t0 = clock.now()
   -- --grad_accum_steps micro-batches, gradients reduced once at the last
   -- (fsdp.sharding.accumulate); the data position advances by each, so a
   -- checkpoint after the step resumes at the next step's first.
   local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function()
-    local ids, targets = data:next()
+    local ids, targets = profiler.call('data', 'data', data.next, data)
     return model:loss(ids:to(dev), targets:to(dev))
   end)
-  local r = state.guard:step(step, loss)
+  -- gradient norm, clipping, the optimizer's update and the schedule
+  local r = profiler.call('optimizer', 'optim', state.guard.step, state.guard, step, loss)
   r.dt = clock.now() - t0
   step_times[step] = r.dt
   log:step(step, r)

@@ -116,6 +116,15 @@ M.OPTIONS = {
                 return 'needs gnuplot, which is not installed (Debian: apt-get install gnuplot-nox)'
               end
             end },
+  profile_steps = { '', 'A:B: record a trace of steps A to B (Chrome/Perfetto JSON, one file per rank in '
+                       .. '--profile_dir; tools/trace_summary.lua reads them)', check = function(v)
+    if v == '' then return nil end
+    local a, b = v:match('^(%d+):(%d+)$')
+    if not a or tonumber(a) < 1 or tonumber(b) < tonumber(a) then
+      return ('must be A:B with 1 <= A <= B (steps), got %s'):format(v)
+    end
+  end },
+  profile_dir = { 'profile', 'where --profile_steps writes trace-rank<r>.json' },
   log_every = { 0, 'print a log line (averages since the previous one) every N steps; 0: every 10 on a terminal, '
                    .. 'under the progress bar, else every step', int = true, min = 0 },
 }
@@ -142,6 +151,9 @@ end
 -- (0: no MFU), metrics_file ('' or nil: none), tensorboard_dir ('' or
 -- nil: none), config (a recipe's cfg: the TensorBoard text summary),
 -- plot (true: close() draws the metrics file's curves, fsdp.plot),
+-- profile_steps ('A:B': begin_step(A) starts a trace, fsdp.profiler, and
+-- the step after B or close() writes it to profile_dir/trace-rank<r>.json;
+-- model names the module spans),
 -- log_every (1; 0: M.TERMINAL_LOG_EVERY with a progress bar, else 1),
 -- device ('cpu', for peak memory), progress (nil: auto), out
 -- (io.stdout), rank/world_size (default fsdp.dist's).
@@ -173,6 +185,14 @@ function M.Logger(opts)
     self.file, self.file_path = f, opts.metrics_file
   end
   self.plot = opts.plot and self.file_path
+  if opts.profile_steps and opts.profile_steps ~= '' then
+    local a, b = opts.profile_steps:match('^(%d+):(%d+)$')
+    if not a then core.fail(('fsdp.metrics: profile_steps must be A:B, got %s'):format(opts.profile_steps)) end
+    self.profile = { first = tonumber(a), last = tonumber(b), model = opts.model,
+                     path = files.join(opts.profile_dir or 'profile', ('trace-rank%d.json'):format(self.rank)) }
+    -- found unwritable now, not after the steps before A
+    files.mkdir_p(opts.profile_dir or 'profile', '--profile_dir')
+  end
   if self.leader and opts.tensorboard_dir and opts.tensorboard_dir ~= '' then
     self.tb_dir = opts.tensorboard_dir
     self.tb = require('fsdp.tensorboard').Writer(opts.tensorboard_dir)
@@ -189,6 +209,33 @@ function M.Logger(opts)
     end
   end
   return self
+end
+
+-- Call at the start of every step: starts and ends the trace of
+-- --profile_steps, and marks the step in it (its span runs to the next
+-- step's start: validation and checkpoints included).
+function Logger:begin_step(step)
+  local p = self.profile
+  if not p then return end
+  local profiler = require 'fsdp.profiler'
+  if profiler.on then
+    profiler.span(('step %d'):format(p.step), 'step', p.step_t0)
+    if step > p.last then self:_end_profile() end
+  end
+  if step == p.first then
+    profiler.start({ model = p.model, device = self.device, rank = self.rank })
+  end
+  if profiler.on then p.step_t0, p.step = profiler.now(), step end
+end
+
+function Logger:_end_profile()
+  local profiler = require 'fsdp.profiler'
+  if not profiler.on then return end
+  local n = profiler.stop(self.profile.path)
+  local where = self.world_size > 1 and files.join(files.dirname(self.profile.path), 'trace-rank*.json')
+    or self.profile.path
+  self:print('profile: wrote %s (steps %d-%d, %d events%s)', where, self.profile.first, self.profile.last, n,
+    self.world_size > 1 and ' on rank 0' or '')
 end
 
 -- The configuration as a markdown table (TensorBoard's text tab).
@@ -380,8 +427,14 @@ function Logger:validation(step, loss)
   return loss
 end
 
--- End the bar's line and close the metrics and event files.
+-- End the bar's line and close the metrics and event files (and a trace
+-- still being recorded: --profile_steps past the last step).
 function Logger:close()
+  if self.profile and require('fsdp.profiler').on then
+    local profiler = require 'fsdp.profiler'
+    profiler.span(('step %d'):format(self.profile.step), 'step', self.profile.step_t0)
+    self:_end_profile()
+  end
   if self.bar_drawn then
     console.set_bar(nil)
     self.out:write('\r\27[K')

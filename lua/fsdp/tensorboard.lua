@@ -35,19 +35,13 @@ local C = core.C
 local M = {}
 
 ffi.cdef [[
-  struct fl_tb_timeval { long tv_sec; long tv_usec; };
-  int gettimeofday(struct fl_tb_timeval *tv, void *tz);
   int getpid(void);
   int truncate(const char *path, long length);
 ]]
 pcall(ffi.cdef, 'char *strerror(int errnum);')
 
-local tv = ffi.new('struct fl_tb_timeval')
--- Seconds since the epoch, microsecond resolution (TensorBoard's wall_time).
-local function wall_time()
-  ffi.C.gettimeofday(tv, nil)
-  return tonumber(tv.tv_sec) + tonumber(tv.tv_usec) * 1e-6
-end
+-- Seconds since the epoch (TensorBoard's wall_time).
+local wall_time = require('fsdp.clock').epoch
 
 -- protobuf encoding ----------------------------------------------------------
 

@@ -134,7 +134,7 @@ function M.after_step(cfg, objs, step, extra)
       extra = e
     end
     local t0 = clock.now()
-    local dir = ckpt.save(cfg.checkpoint_dir, {
+    local dir = require('fsdp.profiler').call('checkpoint save', 'ckpt', ckpt.save, cfg.checkpoint_dir, {
       model = objs.model, optimizer = objs.optimizer, scheduler = objs.scheduler, data = objs.data,
       step = step, keep = cfg.keep_checkpoints, extra = extra,
     })

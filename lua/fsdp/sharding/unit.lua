@@ -20,6 +20,7 @@ local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local autograd = require 'fsdp.autograd'
 local parameter = require 'fsdp.nn.parameter'
+local profiler = require 'fsdp.profiler'
 local ffi, C = core.ffi, core.C
 
 local Unit = {}
@@ -170,15 +171,35 @@ end
 -- The reduced gradient is in: bind it.
 function Unit:finish_reduce()
   if not C.fl_unit_reduce_pending(self.c) then return end
+  local t0 = profiler.on and profiler.now()
   core.check(C.fl_unit_finish_reduce(self.c))
+  if t0 then profiler.span('wait reduce-scatter ' .. self:label(), 'wait', t0) end
   self:bind_grads()
 end
 
 -- gathering --------------------------------------------------------------------------
 
-function Unit:unshard() core.check(C.fl_unit_unshard(self.c)) end
-function Unit:wait() core.check(C.fl_unit_wait(self.c)) end
-function Unit:reshard() core.check(C.fl_unit_reshard(self.c)) end
+-- With a trace being recorded (fsdp.profiler) each is a span: the
+-- all-gather's start, the wait for it (the communication compute did not
+-- hide), the free.
+function Unit:unshard()
+  if not profiler.on then return core.check(C.fl_unit_unshard(self.c)) end
+  local t0 = profiler.now()
+  core.check(C.fl_unit_unshard(self.c))
+  profiler.span('all-gather ' .. self:label(), 'comm', t0, { bytes = tonumber(C.fl_unit_gathered_bytes(self.c)) })
+end
+function Unit:wait()
+  if not profiler.on then return core.check(C.fl_unit_wait(self.c)) end
+  local t0 = profiler.now()
+  core.check(C.fl_unit_wait(self.c))
+  profiler.span('wait all-gather ' .. self:label(), 'wait', t0)
+end
+function Unit:reshard()
+  if not profiler.on then return core.check(C.fl_unit_reshard(self.c)) end
+  local t0 = profiler.now()
+  core.check(C.fl_unit_reshard(self.c))
+  profiler.span('reshard ' .. self:label(), 'comm', t0)
+end
 
 -- Views of the gathered parameters, made outputs of a post-backward node
 -- when gradients are recorded (on_grads(unit, grads) runs when they are
@@ -214,7 +235,11 @@ function Unit:reduce_grads(grads, sync)
   end
   self.accumulated = nil
   self:sync_zero_grad()
+  local t0 = profiler.on and profiler.now()
   core.check(C.fl_unit_reduce(self.c, Tensor.cptr(flat)))
+  if t0 then
+    profiler.span('reduce-scatter ' .. self:label(), 'comm', t0, { bytes = flat:numel() * flat:element_size() })
+  end
 end
 
 -- Whole parameters in the master dtype, gathered from every shard:
