@@ -22,6 +22,7 @@ local clock = require 'fsdp.clock'
 local images = require 'fsdp.data.images'
 local metrics = require 'fsdp.metrics'
 local console = require 'fsdp.console'
+local profiler = require 'fsdp.profiler'
 local F = fsdp.F
 
 -- Each option carries its constraints; they and the model config they
@@ -118,19 +119,21 @@ local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = cfg.batch_size * cfg.grad_accum_steps, flops_per_sample = deepvit.flops_per_image(c),
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
   tensorboard_dir = cfg.tensorboard_dir, config = cfg, plot = cfg.plot,
+  profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model,
 })
 local state = { model = model, optimizer = opt, data = data }
 state.guard = nonfinite.guard(cfg, state, 'recipes/deepvit_8b.lua')  -- the step, and --on_nonfinite
 local start_step = ckpt_recipe.resume(cfg, state)
 if cfg.resume_from_checkpoint then log:resume(start_step) end
 for step = start_step + 1, cfg.max_steps do
+  log:begin_step(step) -- --profile_steps
   local t0 = clock.now()
   -- --grad_accum_steps micro-batches, gradients reduced once at the last.
   local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function()
-    local x, y = data:next()
+    local x, y = profiler.call('data', 'data', data.next, data)
     return F.cross_entropy(model(x:to(dev)), y:to(dev))
   end)
-  local r = state.guard:step(step, loss)
+  local r = profiler.call('optimizer', 'optim', state.guard.step, state.guard, step, loss)
   r.dt = clock.now() - t0
   log:step(step, r)
   if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then

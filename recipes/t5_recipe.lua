@@ -211,12 +211,13 @@ function M.run(default_model, script, argv)
   -- The log (fsdp.metrics): step lines, --metrics_file, --tensorboard_dir, --plot.
   local log = metrics.Logger({ total_steps = cfg.max_steps, batch_size = cfg.batch_size * cfg.grad_accum_steps,
     metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev, tensorboard_dir = cfg.tensorboard_dir,
-    config = cfg, plot = cfg.plot })
+    config = cfg, plot = cfg.plot, profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model })
   if pairs_run then pairs_run.log = log end
   local start_step = ckpt_recipe.resume(cfg, state)
   if cfg.resume_from_checkpoint then log:resume(start_step) end
   pretrained.start(cfg, model, src, start_step) -- --init_from's weights, unless a checkpoint was resumed
   for step = start_step + 1, cfg.max_steps do
+    log:begin_step(step) -- --profile_steps
     local t0 = clock.now()
     -- Rank r of W draws rows r*B.. of global batch b (the same examples
     -- one rank with batch W*B would see); step s takes batches
@@ -228,7 +229,7 @@ function M.run(default_model, script, argv)
       local src, mask, labels, dmask = task.batch(((step - 1) * k + i - 1) * W + R, cfg.batch_size)
       return model:loss(src:to(dev), labels:to(dev), { attention_mask = mask:to(dev), decoder_attention_mask = dmask:to(dev) })
     end)
-    local r = state.guard:step(step, loss)
+    local r = require('fsdp.profiler').call('optimizer', 'optim', state.guard.step, state.guard, step, loss)
     r.dt = clock.now() - t0
     log:step(step, r)
     if pairs_run then t5_pairs.maybe_validate(model, pairs_run, cfg, step) end

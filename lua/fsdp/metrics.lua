@@ -117,11 +117,14 @@ M.OPTIONS = {
               end
             end },
   profile_steps = { '', 'A:B: record a trace of steps A to B (Chrome/Perfetto JSON, one file per rank in '
-                       .. '--profile_dir; tools/trace_summary.lua reads them)', check = function(v)
+                       .. '--profile_dir; tools/trace_summary.lua reads them)', check = function(v, cfg)
     if v == '' then return nil end
     local a, b = v:match('^(%d+):(%d+)$')
     if not a or tonumber(a) < 1 or tonumber(b) < tonumber(a) then
       return ('must be A:B with 1 <= A <= B (steps), got %s'):format(v)
+    end
+    if type(cfg.max_steps) == 'number' and tonumber(a) > cfg.max_steps then
+      return ('(%s) starts after the last step (--max_steps=%d): nothing would be traced'):format(v, cfg.max_steps)
     end
   end },
   profile_dir = { 'profile', 'where --profile_steps writes trace-rank<r>.json' },
@@ -222,7 +225,9 @@ function Logger:begin_step(step)
     profiler.span(('step %d'):format(p.step), 'step', p.step_t0)
     if step > p.last then self:_end_profile() end
   end
-  if step == p.first then
+  -- (a run resumed inside A:B traces the rest of it)
+  if step >= p.first and step <= p.last and not p.started then
+    p.started = true
     profiler.start({ model = p.model, device = self.device, rank = self.rank })
   end
   if profiler.on then p.step_t0, p.step = profiler.now(), step end
@@ -261,6 +266,10 @@ end
 -- JSONL records goes on from the last one kept. Rank 0 does the work;
 -- every rank may call it.
 function Logger:resume(step)
+  if self.profile and self.profile.last <= step then
+    self:print('profile: steps %d-%d were run before the resume at step %d: no trace this time', self.profile.first,
+      self.profile.last, step)
+  end
   if not self.leader then return end
   if self.file then
     self.file:close()

@@ -14,6 +14,10 @@
 #      by fsdp.tensorboard, CRCs checked) have every step of train/loss
 #      once, val/loss at 3, 6, 9, 12, the configuration as text.
 #   4. --plot drew a 1200x800 PNG and an SVG beside the JSONL file.
+#   5. --profile_steps=3:4 (traced by the killed run): one Chrome trace
+#      per rank, each on its rank's track, all-gathers and reduce-scatters
+#      with their bytes; tools/trace_summary.lua --merge puts both ranks in
+#      one trace and reports each rank's exposed communication.
 #
 # Prints "ok - ..." / "not ok - ..." lines (tests/mpi/run.sh's run_tap
 # numbers them). Needs the MPI environment run.sh exports.
@@ -27,7 +31,8 @@ trap 'rm -rf "$WORK"' EXIT
 ARGS=(recipes/llama2_7b.lua --num_layers=2 --hidden_width=32 --num_heads=4 --vocab_size=64
       --batch_size=2 --seq_len=16 --max_steps=12 --warmup_steps=2 --validation_freq=3 --val_batches=1
       --checkpoint_dir="$WORK/ckpt" --checkpoint_freq=3 --resume_from_checkpoint --log_every=4
-      --metrics_file="$WORK/m.jsonl" --tensorboard_dir="$WORK/tb" --plot)
+      --metrics_file="$WORK/m.jsonl" --tensorboard_dir="$WORK/tb" --plot
+      --profile_steps=3:4 --profile_dir="$WORK/profile")
 
 ok() { echo "ok - $*"; }
 not_ok() { echo "not ok - $*"; }
@@ -97,4 +102,28 @@ local w, h = plot.png_size(dir .. '/m.png')
 local svg = io.open(dir .. '/m.svg') and io.open(dir .. '/m.svg'):read('*a') or ''
 check('--plot drew m.png (1200x800) and m.svg', w == 1200 and h == 800 and svg:find('<svg', 1, true) ~= nil,
   ('%s x %s'):format(tostring(w), tostring(h)))
+LUA
+
+summary=$("$EXE" tools/trace_summary.lua "$WORK"/profile/trace-rank*.json --top=5 --merge="$WORK/profile/all.json" 2>&1)
+if [ $? -eq 0 ] && grep -q '^rank 0: 2 steps traced' <<<"$summary" && grep -q '^rank 1: 2 steps traced' <<<"$summary" &&
+   [ "$(grep -c 'exposed communication' <<<"$summary")" -eq 2 ]; then
+  ok "tools/trace_summary.lua reads both ranks' traces and merges them"
+else
+  not_ok "tools/trace_summary.lua reads both ranks' traces and merges them"
+  comment "$summary"
+fi
+"$EXE" - "$WORK/profile/all.json" <<'LUA'
+local cjson = require 'cjson'
+local f = assert(io.open(arg[1]))
+local t = cjson.decode(f:read('*a'))
+f:close()
+local tracks, gathered, reduced = {}, {}, {}
+for _, e in ipairs(t.traceEvents) do
+  local bytes = e.args and e.args.bytes or 0
+  if e.ph == 'M' and e.name == 'process_name' then tracks[e.pid] = e.args.name end
+  if e.ph == 'X' and e.name:match('^all%-gather ') and bytes > 0 then gathered[e.pid] = true end
+  if e.ph == 'X' and e.name:match('^reduce%-scatter ') and bytes > 0 then reduced[e.pid] = true end
+end
+local ok = tracks[0] == 'rank 0' and tracks[1] == 'rank 1' and gathered[0] and gathered[1] and reduced[0] and reduced[1]
+print((ok and 'ok' or 'not ok') .. ' - the merged trace: a track per rank, all-gathers and reduce-scatters with bytes on both')
 LUA
