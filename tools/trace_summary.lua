@@ -2,7 +2,8 @@
 -- per rank the time of the traced steps, the spans that took the most time
 -- of their own (children subtracted: a layer's forward without its
 -- sublayers'), and the exposed communication (time the host waited on
--- all-gathers and reduce-scatters, which compute did not hide).
+-- all-gathers and reduce-scatters, which compute did not hide), and the
+-- peak of the memory counter with the spans it happened in.
 --
 --   fsdp-lua tools/trace_summary.lua profile/trace-rank0.json
 --   fsdp-lua tools/trace_summary.lua profile/trace-rank*.json --top=20 --merge=profile/all.json
@@ -25,7 +26,7 @@ local function fail(msg)
 end
 
 local all = {}
-local by_rank, ranks = {}, {}
+local by_rank, ranks, peaks = {}, {}, {}
 for _, path in ipairs(paths) do
   local text, err = files.read(path)
   if not text then fail(('cannot read %s: %s'):format(path, err)) end
@@ -35,6 +36,10 @@ for _, path in ipairs(paths) do
   end
   for _, e in ipairs(t.traceEvents) do
     all[#all + 1] = e
+    if e.ph == 'C' and e.args and type(e.args.in_use_mib) == 'number' then
+      local p = peaks[e.pid]
+      if not p or e.args.in_use_mib > p.mib then peaks[e.pid] = { mib = e.args.in_use_mib, ts = e.ts, name = e.name } end
+    end
     if e.ph == 'X' then
       local list = by_rank[e.pid]
       if not list then list = {}; by_rank[e.pid] = list; ranks[#ranks + 1] = e.pid end
@@ -86,6 +91,20 @@ for _, rank in ipairs(ranks) do
   end
   print(('  exposed communication: %s ms waiting on collectives (%.1f%% of the steps); %s ms starting them and freeing'):format(
     ms(wait), step_time > 0 and wait / step_time * 100 or 0, ms(comm)))
+  -- the counter is sampled as each span ends: the peak's spans are the one
+  -- that ended there and those around it, outermost first
+  local p = peaks[rank]
+  if p then
+    local around = {}
+    for _, e in ipairs(list) do
+      if e.ts <= p.ts and p.ts <= e.ts + e.dur + 1 then around[#around + 1] = e end
+    end
+    table.sort(around, function(a, b) return a.dur > b.dur end)
+    local chain = {}
+    for _, e in ipairs(around) do chain[#chain + 1] = e.name end
+    print(('  peak %s in use: %.1f MiB, at the end of %s'):format(p.name:gsub('^memory ', ''), p.mib,
+      #chain > 0 and table.concat(chain, ' > ') or '(no span)'))
+  end
 end
 
 if cfg.merge ~= '' then

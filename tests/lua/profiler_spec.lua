@@ -53,6 +53,7 @@ describe('fsdp.profiler', function()
     assert.equals(0, rc, out)
     assert.matches('rank 0: 2 steps traced, [%d.]+ ms', out)
     assert.matches('exposed communication: [%d.]+ ms waiting on collectives', out)
+    assert.matches('peak cpu in use: [%d.]+ MiB, at the end of step [23] > ', out)
     files.remove_tree(dir)
   end)
 
