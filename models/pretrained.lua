@@ -363,12 +363,8 @@ function M.load(model, src)
   if not ok then fail('--init_from %s: %s', src.path, bare(err)) end
 end
 
-local function say(msg)
-  if fsdp.dist.rank() == 0 then
-    io.stdout:write(msg, '\n')
-    io.stdout:flush()
-  end
-end
+-- rank 0's line ("[rank 0] " first with several ranks; fsdp.console)
+local function say(msg) require('fsdp.console').print(msg) end
 
 -- A training recipe's start, after its --resume_from_checkpoint (which
 -- returned start_step): src's weights into the (sharded) model, unless a

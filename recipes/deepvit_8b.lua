@@ -21,13 +21,15 @@ local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
 local images = require 'fsdp.data.images'
 local metrics = require 'fsdp.metrics'
+local console = require 'fsdp.console'
+local profiler = require 'fsdp.profiler'
 local F = fsdp.F
 
 -- Each option carries its constraints; they and the model config they
 -- make are checked before anything is built: a bad one is one line naming
 -- it, exit status 2.
 local c
-local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
+local cfg = recipe.config(metrics.options(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
   model = { '8B', 'config: 60M, 1B, 3B, 8B, tiny', one_of = function() return recipe.keys(deepvit.configs) end },
   depth = { 0, 'override the number of blocks (0: keep)', int = true, min = 0 },
   dim = { 0, 'override the width (0: keep)', int = true, min = 0 },
@@ -44,15 +46,14 @@ local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(shard_recipe.opt
     if v ~= -1 and not (v >= 0 and v < 1) then return 'must be -1 (keep) or in [0, 1), got ' .. v end
   end },
   seed = { 0, 'initialisation and data seed', int = true, min = 0 },
-  log_every = { 5, 'steps between log lines', int = true, min = 1 },
+  log_every = { 5, 'steps between log lines (averages since the previous one)', int = true, min = 1 },
   dry_run = { false, 'build at full size on meta, print it, and exit' },
   data = { '', 'directory of raw images (train_images.u8, train_labels.txt; fsdp.data.images); empty: synthetic',
            input = 'dir' },
   validation_freq = { 0, 'steps between validations (0: never); on the val_* files of --data', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
-  metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
   peak_tflops = require('fsdp.sharding.device').peak_tflops_option(),
-})))), arg, 'recipes/deepvit_8b.lua', function(cfg)
+}))))), arg, 'recipes/deepvit_8b.lua', function(cfg)
   local overrides = {}
   for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes' }) do
     if cfg[k] > 0 then overrides[k] = cfg[k] end
@@ -92,7 +93,7 @@ local n_params = model:num_parameters()
 require('fsdp.sharding.fit').check(model, cfg, deepvit.Block, { batch = cfg.batch_size }, 'recipes/deepvit_8b.lua',
   { layers = 'depth' }, { optimizer = cfg.optimizer == 'anyprecision' and 'anyprecision_adamw' or 'adamw' })
 shard_recipe.apply(model, cfg, deepvit.Block, 'recipes/deepvit_8b.lua')
-print(('model: %d blocks, width %d, %d heads, image %d / patch %d, %d classes: %d parameters'):format(
+console.print(('model: %d blocks, width %d, %d heads, image %d / patch %d, %d classes: %d parameters'):format(
   c.depth, c.dim, c.heads, c.image_size, c.patch_size, c.num_classes, n_params))
 local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
 local opt = Opt(model:named_parameters(), { lr = cfg.lr, weight_decay = 0 })
@@ -112,23 +113,27 @@ else
   data = images.synthetic(image_opts)
   val_data = data
 end
-print(('data: %s; chance loss: ln(%d) = %.3f'):format(tostring(data), c.num_classes, math.log(c.num_classes)))
+console.print(('data: %s; chance loss: ln(%d) = %.3f'):format(tostring(data), c.num_classes, math.log(c.num_classes)))
 
 local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = cfg.batch_size * cfg.grad_accum_steps, flops_per_sample = deepvit.flops_per_image(c),
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
+  tensorboard_dir = cfg.tensorboard_dir, config = cfg, plot = cfg.plot,
+  profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model,
 })
 local state = { model = model, optimizer = opt, data = data }
 state.guard = nonfinite.guard(cfg, state, 'recipes/deepvit_8b.lua')  -- the step, and --on_nonfinite
 local start_step = ckpt_recipe.resume(cfg, state)
+if cfg.resume_from_checkpoint then log:resume(start_step) end
 for step = start_step + 1, cfg.max_steps do
+  log:begin_step(step) -- --profile_steps
   local t0 = clock.now()
   -- --grad_accum_steps micro-batches, gradients reduced once at the last.
   local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function()
-    local x, y = data:next()
+    local x, y = profiler.call('data', 'data', data.next, data)
     return F.cross_entropy(model(x:to(dev)), y:to(dev))
   end)
-  local r = state.guard:step(step, loss)
+  local r = profiler.call('optimizer', 'optim', state.guard.step, state.guard, step, loss)
   r.dt = clock.now() - t0
   log:step(step, r)
   if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then

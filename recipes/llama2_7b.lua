@@ -46,6 +46,8 @@ local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local tokens = require 'fsdp.data.tokens'
 local corpus_recipe = require 'fsdp.data.corpus_recipe'
 local metrics = require 'fsdp.metrics'
+local console = require 'fsdp.console'
+local profiler = require 'fsdp.profiler'
 
 local shard_recipe = require 'fsdp.sharding.recipe'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
@@ -63,8 +65,8 @@ local overrides, c, train_data
 local fam, src
 -- --lora_targets when not given: PEFT's defaults for the family.
 local LORA_TARGETS = { llama = 'q_proj,v_proj', gpt2 = 'c_attn' }
-local cfg = recipe.config(corpus_recipe.options(lora.options(pretrained.options(nonfinite.options(ckpt_recipe.options(
-  shard_recipe.options(accumulate.options({
+local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pretrained.options(nonfinite.options(
+  ckpt_recipe.options(shard_recipe.options(accumulate.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, gpt2-medium, ..., gpt2-tiny in models/gpt2.lua); '
                           .. 'with --init_from a directory, its config.json decides', one_of = decoders.names,
             aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
@@ -91,7 +93,6 @@ local cfg = recipe.config(corpus_recipe.options(lora.options(pretrained.options(
   seed = { 0, 'initialisation and data seed', int = true, min = 0 },
   dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU: converted per op), f64', one_of = DTYPES },
   data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
-  log_every = { 1, 'print a log line every N steps', int = true, min = 1 },
   data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard), or raw text streamed: a '
                 .. '.txt/.jsonl/.json(.gz/.zst) file, directory or glob; empty: synthetic', input = 'glob',
            aliases = { dataset = function(text)
@@ -112,13 +113,12 @@ local cfg = recipe.config(corpus_recipe.options(lora.options(pretrained.options(
   val_data = { '', 'validation shards or raw text (default: the val split of --data)', input = 'glob' },
   validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
-  metrics_file = { '', 'append every step\'s numbers to this JSONL file', output = 'file' },
   peak_tflops = require('fsdp.sharding.device').peak_tflops_option(),
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
   memory_limit_mb = { 0, 'fail allocations on --device past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-}))))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
+})))))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
   -- The model config the options make: its own checks (heads dividing
   -- the width with the config's values, an even head size) name the
   -- options they come from.
@@ -203,7 +203,8 @@ local cfg = recipe.config(corpus_recipe.options(lora.options(pretrained.options(
 end)
 local model_module = fam.module
 
-print('config:\n' .. recipe.format(cfg))
+-- rank 0 alone (fsdp.console: "[rank 0] " first with several ranks)
+console.print('config:\n' .. recipe.format(cfg))
 
 -- A limit, and the peak a summary reports, are about live tensors: collect
 -- dead ones before every allocation so uncollected garbage never counts.
@@ -262,7 +263,7 @@ lora.apply_options(model, cfg, LORA_TARGETS[fam.name])
 require('fsdp.sharding.fit').check(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len },
   'recipes/llama2_7b.lua', { layers = 'num_layers' })
 shard_recipe.apply(model, cfg, fam.block, 'recipes/llama2_7b.lua')
-print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s, %s'):format(
+console.print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s, %s'):format(
   c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype, fam.name))
 
 local opt = optim.AdamW(lora.trainable(model), {
@@ -289,7 +290,7 @@ elseif train_data then
     val_data = tokens.open(val_path, { split = 'val', seq_len = cfg.seq_len, batch_size = val_batch,
                                        shuffle = false })
   end
-  print(('data: %s, %d steps per epoch%s'):format(tostring(data), data:steps_per_epoch(),
+  console.print(('data: %s, %d steps per epoch%s'):format(tostring(data), data:steps_per_epoch(),
     val_data and (', validation on ' .. tostring(val_data)) or ', no validation split'))
 else
   local opts = { seed = cfg.seed, noise = cfg.data_noise, batch_size = cfg.batch_size, seq_len = cfg.seq_len }
@@ -299,7 +300,7 @@ else
     opts.batch_size = val_batch
     val_data = synthetic_tokens.new(c.vocab_size, opts)
   end
-  print(('data: synthetic Markov chain, entropy %.3f nats/token; uniform guessing: ln(%d) = %.3f'):format(
+  console.print(('data: synthetic Markov chain, entropy %.3f nats/token; uniform guessing: ln(%d) = %.3f'):format(
     data:entropy(), c.vocab_size, math.log(c.vocab_size)))
 end
 
@@ -309,10 +310,12 @@ local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = step_batch, tokens_per_sample = cfg.seq_len,
   flops_per_sample = model_module.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
+  tensorboard_dir = cfg.tensorboard_dir, config = cfg, plot = cfg.plot,
+  profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model,
 })
 local function validate(step)
-  local loss = metrics.evaluate(function(ids, targets) return model:loss(ids:to(dev), targets:to(dev)) end,
-    val_data:batches(cfg.val_batches))
+  local loss = profiler.call('validation', 'eval', metrics.evaluate,
+    function(ids, targets) return model:loss(ids:to(dev), targets:to(dev)) end, val_data:batches(cfg.val_batches))
   log:validation(step, loss)
 end
 
@@ -324,6 +327,8 @@ end
 local state = { model = model, optimizer = opt, scheduler = sched, data = data }
 state.guard = nonfinite.guard(cfg, state, 'recipes/llama2_7b.lua')
 local start_step = ckpt_recipe.resume(cfg, state)
+-- what a killed run logged past the resumed step goes (its steps come again)
+if cfg.resume_from_checkpoint then log:resume(start_step) end
 -- --init_from: its weights into each rank's shards (a fresh optimizer,
 -- step 0), unless a checkpoint of this run was resumed just now.
 pretrained.start(cfg, model, src, start_step)
@@ -331,15 +336,17 @@ pretrained.start(cfg, model, src, start_step)
 local flops_per_step = model_module.flops_per_token(c, cfg.seq_len, n_params) * step_batch * cfg.seq_len
 local step_times = {}
 for step = start_step + 1, cfg.max_steps do
+  log:begin_step(step) -- --profile_steps
   local t0 = clock.now()
   -- --grad_accum_steps micro-batches, gradients reduced once at the last
   -- (fsdp.sharding.accumulate); the data position advances by each, so a
   -- checkpoint after the step resumes at the next step's first.
   local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function()
-    local ids, targets = data:next()
+    local ids, targets = profiler.call('data', 'data', data.next, data)
     return model:loss(ids:to(dev), targets:to(dev))
   end)
-  local r = state.guard:step(step, loss)
+  -- gradient norm, clipping, the optimizer's update and the schedule
+  local r = profiler.call('optimizer', 'optim', state.guard.step, state.guard, step, loss)
   r.dt = clock.now() - t0
   step_times[step] = r.dt
   log:step(step, r)

@@ -58,9 +58,10 @@ else
   train = mnist.synthetic(cfg.train_size, { seed = cfg.seed })
   test = mnist.synthetic(cfg.test_size, { seed = cfg.seed, offset = cfg.train_size })
 end
--- Under a launcher every rank runs this; rank 0 speaks.
+-- Under a launcher every rank runs this; rank 0 speaks ("[rank 0] " first
+-- with several ranks: fsdp.console).
 local W, R = fsdp.dist.world_size(), fsdp.dist.rank()
-local function say(...) if R == 0 then print(...) end end
+local function say(line) require('fsdp.console').print(line) end
 say(('data: %d training and %d test images (%s)'):format(train:size(), test:size(),
   cfg.data ~= '' and cfg.data or 'synthetic'))
 

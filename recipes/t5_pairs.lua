@@ -54,13 +54,9 @@ M.OPTIONS = {
 -- A recipe's own options plus these (its own win on a clash).
 function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
--- Rank 0 speaks; flushed, so a log file being followed shows each validation as it comes.
-local function say(fmt, ...)
-  if fsdp.dist.rank() == 0 then
-    io.stdout:write(fmt:format(...), '\n')
-    io.stdout:flush()
-  end
-end
+-- Rank 0 speaks ("[rank 0] " first with several ranks: fsdp.console);
+-- flushed, so a log file being followed shows each validation as it comes.
+local function say(fmt, ...) require('fsdp.console').print(fmt:format(...)) end
 
 -- Open the tokenizer and both splits from the options; nil without --data.
 -- Raises a usage message naming the option at fault.
@@ -164,6 +160,7 @@ function M.validate(model, run, cfg, step)
   local loss = metrics.evaluate(function(src, labels, mask) return M.loss(model, run, src, labels, mask) end,
     run.val:batches(cfg.val_batches > 0 and cfg.val_batches or nil))
   model:train()
+  if run.log then return run.log:validation(step, loss) end
   say('Validation at batch %d: loss %.4f, perplexity %.3f', step, loss, math.exp(loss))
   return loss
 end

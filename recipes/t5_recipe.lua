@@ -29,14 +29,14 @@ local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
 local t5_pairs = require 'recipes.t5_pairs'
 local lora = require 'fsdp.lora'
+local metrics = require 'fsdp.metrics'
 local F = fsdp.F
 
 local M = {}
 
--- Under a launcher every rank runs this; rank 0 speaks.
-local function print(...)
-  if fsdp.dist.rank() == 0 then _G.print(...) end
-end
+-- Under a launcher every rank runs this; rank 0 speaks, "[rank 0] " first
+-- with several ranks (fsdp.console).
+local function print(line) require('fsdp.console').print(line) end
 
 -- The task. batch(step, B) -> input_ids [B, L+1] (content ids 2..V-1 of
 -- a random length in [min_len, L], eos 1, pad 0), attention_mask, labels
@@ -102,8 +102,8 @@ function M.run(default_model, script, argv)
   -- make are checked before anything is built (a full-size model takes
   -- minutes): a bad one is one line naming it, exit status 2.
   local c, src, pairs_run
-  local cfg = recipe.config(lora.options(t5_pairs.options(pretrained.options(nonfinite.options(ckpt_recipe.options(
-    shard_recipe.options(accumulate.options({
+  local cfg = recipe.config(metrics.options(lora.options(t5_pairs.options(pretrained.options(nonfinite.options(
+    ckpt_recipe.options(shard_recipe.options(accumulate.options({
     model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny',
               one_of = function() return recipe.keys(t5.configs) end },
     num_layers = { 0, 'override encoder and decoder layers (0: keep)', int = true, min = 0 },
@@ -129,9 +129,9 @@ function M.run(default_model, script, argv)
     eval_examples = { 64, 'held-out examples for the final greedy generation (with --data: the first of the '
                           .. 'validation pairs)', int = true, min = 1 },
     seed = { 0, 'initialisation and data seed', int = true, min = 0 },
-    log_every = { 10, 'steps between log lines', int = true, min = 1 },
+    log_every = { 10, 'steps between log lines (means since the previous one)', int = true, min = 1 },
     dry_run = { false, 'build at full size on meta, print it, and exit' },
-  }))))))), argv, script, function(cfg, written)
+  })))))))), argv, script, function(cfg, written)
     -- --data: the pairs are read and tokenized here, so a bad file is a
     -- usage error; the vocabulary and EOS come from the tokenizer.
     if not cfg.dry_run then pairs_run = t5_pairs.open(cfg) end
@@ -211,9 +211,16 @@ function M.run(default_model, script, argv)
   -- rest come back with it.
   local state = { model = model, optimizer = opt, scheduler = sched, data = pairs_run and pairs_run.train }
   state.guard = nonfinite.guard(cfg, state, script)  -- the step, and --on_nonfinite
+  -- The log (fsdp.metrics): step lines, --metrics_file, --tensorboard_dir, --plot.
+  local log = metrics.Logger({ total_steps = cfg.max_steps, batch_size = cfg.batch_size * cfg.grad_accum_steps,
+    metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev, tensorboard_dir = cfg.tensorboard_dir,
+    config = cfg, plot = cfg.plot, profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model })
+  if pairs_run then pairs_run.log = log end
   local start_step = ckpt_recipe.resume(cfg, state)
+  if cfg.resume_from_checkpoint then log:resume(start_step) end
   pretrained.start(cfg, model, src, start_step) -- --init_from's weights, unless a checkpoint was resumed
   for step = start_step + 1, cfg.max_steps do
+    log:begin_step(step) -- --profile_steps
     local t0 = clock.now()
     -- Rank r of W draws rows r*B.. of global batch b (the same examples
     -- one rank with batch W*B would see); step s takes batches
@@ -225,22 +232,13 @@ function M.run(default_model, script, argv)
       local src, mask, labels, dmask = task.batch(((step - 1) * k + i - 1) * W + R, cfg.batch_size)
       return model:loss(src:to(dev), labels:to(dev), { attention_mask = mask:to(dev), decoder_attention_mask = dmask:to(dev) })
     end)
-    local r = state.guard:step(step, loss)
-    local dt = clock.now() - t0
-    if step % cfg.log_every == 0 or step == cfg.max_steps or r.skipped then
-      -- On a GPU also the caching allocator's bytes (as fsdp.metrics logs them).
-      local mem = ''
-      if dev ~= 'cpu' then
-        local m = fsdp.memory_stats(dev)
-        mem = (', %s memory: allocated %.1f MiB, reserved %.1f MiB, peak %.1f MiB'):format(dev, m.in_use / 2^20,
-          m.reserved / 2^20, m.peak / 2^20)
-      end
-      print(('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e, grad norm: %.3f%s%s'):format(
-        step, r.loss, cfg.batch_size * k / dt, r.lr, r.grad_norm, mem, r.skipped and ', skipped (non-finite: no update)' or ''))
-    end
+    local r = require('fsdp.profiler').call('optimizer', 'optim', state.guard.step, state.guard, step, loss)
+    r.dt = clock.now() - t0
+    log:step(step, r)
     if pairs_run then t5_pairs.maybe_validate(model, pairs_run, cfg, step) end
     ckpt_recipe.after_step(cfg, state, step, pretrained.extra(cfg.model, 't5', c, src))
   end
+  log:close()
   ckpt_recipe.finish(cfg, model)
   pretrained.export(cfg, model, src)
 

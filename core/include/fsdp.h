@@ -819,6 +819,10 @@ FL_API uint64_t fl_checksum(const void *data, size_t n);
 FL_API int64_t fl_first_nonfinite(const void *data, int64_t n, fl_dtype dtype);
 /* The text form "xxh3-64:<16 hex>" into out[FL_CHECKSUM_TEXT]. */
 FL_API void fl_checksum_text(uint64_t v, char *out);
+/* CRC-32C (Castagnoli) of n bytes, continuing from crc (0 to start):
+ * fl_crc32c(0, "123456789", 9) is 0xE3069283 (core/io/crc32c.c). The
+ * checksum of TensorBoard event records, not of checkpoints. */
+FL_API uint32_t fl_crc32c(uint32_t crc, const void *data, size_t n);
 
 /* Safetensors with a checksum (core/io/safetensors.c). Before the first
  * write: store the checksum of all tensor data in the metadata

@@ -21,6 +21,18 @@
 -- declared peak, grad norm only when given;
 -- a step the non-finite guard skipped ends with "skipped (non-finite: no
 -- update)" and its JSONL record has skipped = true).
+-- A line reports the log interval: loss, speed, tokens/s, TFLOPS, MFU and
+-- grad norm are averages over the steps since the previous line (time-
+-- weighted for the rates), so they do not jump from step to step; the
+-- JSONL file keeps every step's own values. --log_every=0 (the default
+-- of the recipes that share metrics.options) is every 10 steps on a
+-- terminal, where the progress bar stays readable between the lines, and
+-- every step to a file, a pipe or under a launcher.
+-- --tensorboard_dir=DIR also writes the numbers as TensorBoard scalars
+-- (fsdp.tensorboard), and the run's configuration as a text summary.
+-- A resumed run (Logger:resume) drops what the killed run wrote past the
+-- resume step, from the JSONL file and the event files, so each step is
+-- there once, and the JSONL time goes on from the last kept record.
 -- Speed and tokens/s count the whole job (every rank's samples); TFLOPS
 -- and MFU are per rank: the rank's training FLOPs per second against the
 -- peak of one device (--peak_tflops, e.g. 989 for an H100 in bf16 dense).
@@ -34,6 +46,8 @@ local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local clock = require 'fsdp.clock'
 local json = require 'fsdp.json'
+local files = require 'fsdp.files'
+local console = require 'fsdp.console'
 pcall(ffi.cdef, 'int isatty(int fd);')
 
 local M = {}
@@ -86,6 +100,43 @@ function M.evaluate(loss_fn, batches)
   return total / count
 end
 
+-- The options every training recipe shares (fsdp.recipe specs):
+-- metrics.options(own) adds them to a recipe's own (its own win on a
+-- clash, e.g. another --log_every default).
+M.OPTIONS = {
+  metrics_file = { '', 'append every step\'s numbers to this JSONL file (a resumed run drops the lines past its '
+                       .. 'resume step)', output = 'file' },
+  tensorboard_dir = { '', 'write TensorBoard event files (scalars and the configuration) into this directory',
+                      output = 'dir' },
+  plot = { false, 'at the end, draw the --metrics_file curves (loss, validation loss, lr, tokens/s, memory) '
+                  .. 'into a PNG and an SVG beside it (tools/plot.lua; gnuplot)', needs = 'metrics_file',
+            check = function(v)
+              -- found missing at start, not after the whole run
+              if v and select(2, require('fsdp.sweep').capture('gnuplot --version')) ~= 0 then
+                return 'needs gnuplot, which is not installed (Debian: apt-get install gnuplot-nox)'
+              end
+            end },
+  profile_steps = { '', 'A:B: record a trace of steps A to B (Chrome/Perfetto JSON, one file per rank in '
+                       .. '--profile_dir; tools/trace_summary.lua reads them)', check = function(v, cfg)
+    if v == '' then return nil end
+    local a, b = v:match('^(%d+):(%d+)$')
+    if not a or tonumber(a) < 1 or tonumber(b) < tonumber(a) then
+      return ('must be A:B with 1 <= A <= B (steps), got %s'):format(v)
+    end
+    if type(cfg.max_steps) == 'number' and tonumber(a) > cfg.max_steps then
+      return ('(%s) starts after the last step (--max_steps=%d): nothing would be traced'):format(v, cfg.max_steps)
+    end
+  end },
+  profile_dir = { 'profile', 'where --profile_steps writes trace-rank<r>.json' },
+  log_every = { 0, 'print a log line (averages since the previous one) every N steps; 0: every 10 on a terminal, '
+                   .. 'under the progress bar, else every step', int = true, min = 0 },
+}
+
+function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+
+-- The steps between two printed lines of a terminal's log by default.
+M.TERMINAL_LOG_EVERY = 10
+
 local Logger = {}
 Logger.__index = Logger
 
@@ -100,9 +151,15 @@ end
 
 -- opts: total_steps, batch_size (per rank), tokens_per_sample (0: no
 -- tokens/s), flops_per_sample (training FLOPs; 0: no TFLOPS), peak_tflops
--- (0: no MFU), metrics_file ('' or nil: none), log_every (1), device
--- ('cpu', for peak memory), progress (nil: auto), out (io.stdout),
--- rank/world_size (default fsdp.dist's).
+-- (0: no MFU), metrics_file ('' or nil: none), tensorboard_dir ('' or
+-- nil: none), config (a recipe's cfg: the TensorBoard text summary),
+-- plot (true: close() draws the metrics file's curves, fsdp.plot),
+-- profile_steps ('A:B': begin_step(A) starts a trace, fsdp.profiler, and
+-- the step after B or close() writes it to profile_dir/trace-rank<r>.json;
+-- model names the module spans),
+-- log_every (1; 0: M.TERMINAL_LOG_EVERY with a progress bar, else 1),
+-- device ('cpu', for peak memory), progress (nil: auto), out
+-- (io.stdout), rank/world_size (default fsdp.dist's).
 function M.Logger(opts)
   opts = opts or {}
   local self = setmetatable({}, Logger)
@@ -114,18 +171,35 @@ function M.Logger(opts)
   self.tokens_per_sample = number_opt(opts, 'tokens_per_sample', 0)
   self.flops_per_sample = number_opt(opts, 'flops_per_sample', 0)
   self.peak_tflops = number_opt(opts, 'peak_tflops', 0)
-  self.log_every = math.max(1, number_opt(opts, 'log_every', 1))
   self.device = opts.device or 'cpu'
   self.out = opts.out or io.stdout
   self.prefix = self.world_size > 1 and ('[rank %d] '):format(self.rank) or ''
   self.leader = self.rank == 0
   if opts.progress == nil then self.progress = self.leader and stdout_is_terminal() and self.out == io.stdout
   else self.progress = opts.progress and self.leader end
-  self.start = clock.now()
+  local every = number_opt(opts, 'log_every', 1)
+  if every == 0 then every = self.progress and M.TERMINAL_LOG_EVERY or 1 end
+  self.log_every = math.max(1, every)
+  self.start, self.time_offset = clock.now(), 0
+  self:_reset_interval()
   if self.leader and opts.metrics_file and opts.metrics_file ~= '' then
     local f, err = io.open(opts.metrics_file, 'a')
     if not f then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(opts.metrics_file, err)) end
     self.file, self.file_path = f, opts.metrics_file
+  end
+  self.plot = opts.plot and self.file_path
+  if opts.profile_steps and opts.profile_steps ~= '' then
+    local a, b = opts.profile_steps:match('^(%d+):(%d+)$')
+    if not a then core.fail(('fsdp.metrics: profile_steps must be A:B, got %s'):format(opts.profile_steps)) end
+    self.profile = { first = tonumber(a), last = tonumber(b), model = opts.model,
+                     path = files.join(opts.profile_dir or 'profile', ('trace-rank%d.json'):format(self.rank)) }
+    -- found unwritable now, not after the steps before A
+    files.mkdir_p(opts.profile_dir or 'profile', '--profile_dir')
+  end
+  if self.leader and opts.tensorboard_dir and opts.tensorboard_dir ~= '' then
+    self.tb_dir = opts.tensorboard_dir
+    self.tb = require('fsdp.tensorboard').Writer(opts.tensorboard_dir)
+    if opts.config then self.tb:text('config', M.config_markdown(opts.config), 0) end
   end
   if M.debug_enabled() then
     -- every rank speaks, in rank order
@@ -138,6 +212,96 @@ function M.Logger(opts)
     end
   end
   return self
+end
+
+-- Call at the start of every step: starts and ends the trace of
+-- --profile_steps, and marks the step in it (its span runs to the next
+-- step's start: validation and checkpoints included).
+function Logger:begin_step(step)
+  local p = self.profile
+  if not p then return end
+  local profiler = require 'fsdp.profiler'
+  if profiler.on then
+    profiler.span(('step %d'):format(p.step), 'step', p.step_t0)
+    if step > p.last then self:_end_profile() end
+  end
+  -- (a run resumed inside A:B traces the rest of it)
+  if step >= p.first and step <= p.last and not p.started then
+    p.started = true
+    profiler.start({ model = p.model, device = self.device, rank = self.rank })
+  end
+  if profiler.on then p.step_t0, p.step = profiler.now(), step end
+end
+
+function Logger:_end_profile()
+  local profiler = require 'fsdp.profiler'
+  if not profiler.on then return end
+  local n = profiler.stop(self.profile.path)
+  local where = self.world_size > 1 and files.join(files.dirname(self.profile.path), 'trace-rank*.json')
+    or self.profile.path
+  self:print('profile: wrote %s (steps %d-%d, %d events%s)', where, self.profile.first, self.profile.last, n,
+    self.world_size > 1 and ' on rank 0' or '')
+end
+
+-- The configuration as a markdown table (TensorBoard's text tab).
+function M.config_markdown(cfg)
+  local keys = {}
+  for k in pairs(cfg) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local rows = { '| option | value |', '|---|---|' }
+  for _, k in ipairs(keys) do
+    rows[#rows + 1] = ('| %s | %s |'):format(k, (tostring(cfg[k]):gsub('|', '\\|')))
+  end
+  return table.concat(rows, '\n')
+end
+
+function Logger:_reset_interval()
+  self.acc = { steps = 0, loss = 0, losses = 0, dt = 0, grad_norm = 0, norms = 0 }
+end
+
+-- A resumed run continues at step `step` (the loop's next step is step +
+-- 1): records past it that a killed run wrote are dropped from the metrics
+-- file (the file replaced atomically; a torn last line goes too) and from
+-- the TensorBoard directory's earlier event files, and the time of the
+-- JSONL records goes on from the last one kept. Rank 0 does the work;
+-- every rank may call it.
+function Logger:resume(step)
+  if self.profile and self.profile.last <= step then
+    self:print('profile: steps %d-%d were run before the resume at step %d: no trace this time', self.profile.first,
+      self.profile.last, step)
+  end
+  if not self.leader then return end
+  if self.file then
+    self.file:close()
+    local text = files.read(self.file_path) or ''
+    local kept, dropped, last_time = {}, 0, 0
+    for line in text:gmatch('[^\n]+') do
+      local ok, r = pcall(json.decode, line)
+      if ok and type(r) == 'table' and type(r.step) == 'number' and r.step <= step then
+        kept[#kept + 1] = line
+        if type(r.time) == 'number' then last_time = math.max(last_time, r.time) end
+      else
+        dropped = dropped + 1
+      end
+    end
+    if dropped > 0 then
+      files.write_atomic(self.file_path, #kept > 0 and table.concat(kept, '\n') .. '\n' or '')
+    end
+    local f, err = io.open(self.file_path, 'a')
+    if not f then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(self.file_path, err)) end
+    self.file = f
+    self.time_offset, self.start = last_time, clock.now()
+    if dropped > 0 then
+      self:print('metrics: %s: dropped %d record%s past step %d (the resumed run writes them again)',
+        self.file_path, dropped, dropped == 1 and '' or 's', step)
+    end
+  end
+  if self.tb_dir then
+    local n = require('fsdp.tensorboard').truncate_after(self.tb_dir, step)
+    if n > 0 then
+      self:print('metrics: %s: dropped %d TensorBoard event%s past step %d', self.tb_dir, n, n == 1 and '' or 's', step)
+    end
+  end
 end
 
 -- Print a line (rank 0 only, prefixed when there are several ranks),
@@ -160,7 +324,7 @@ end
 
 function Logger:_write(record)
   if not self.file then return end
-  record.time = clock.now() - self.start
+  record.time = self.time_offset + clock.now() - self.start
   -- exact numbers (a resumed run's losses are compared bit for bit); NaN or
   -- infinite ones as null, keeping every line valid JSON
   self.file:write(json.encode_line(record), '\n')
@@ -181,6 +345,10 @@ function Logger:_draw_bar()
   local eta = step > 0 and total > step and elapsed / step * (total - step) or 0
   self.out:write(('\r[%s%s] %d/%d %3.0f%% loss %.4f elapsed %s eta %s'):format(('#'):rep(fill),
     ('.'):rep(width - fill), step, total, frac * 100, self.last_loss or 0, clock_text(elapsed), clock_text(eta)))
+  if not self.bar_drawn then
+    -- lines printed by others (fsdp.console) go above the bar too
+    console.set_bar({ clear = function() self.out:write('\r\27[K') end, draw = function() self:_draw_bar() end })
+  end
   self.bar_drawn = true
 end
 
@@ -199,10 +367,13 @@ function Logger:step(step, s)
   if not self.leader then return end
   local dt = s.dt or 0
   local samples = self.batch_size * self.world_size
-  local sps = dt > 0 and samples / dt or 0
-  local tps = sps * self.tokens_per_sample
-  local tflops = dt > 0 and self.flops_per_sample * self.batch_size / dt / 1e12 or 0
-  local mfu = self.peak_tflops > 0 and tflops / self.peak_tflops or nil
+  -- rates over `seconds` for `steps` steps
+  local function rates(steps, seconds)
+    local sps = seconds > 0 and samples * steps / seconds or 0
+    local tflops = seconds > 0 and self.flops_per_sample * self.batch_size * steps / seconds / 1e12 or 0
+    return sps, sps * self.tokens_per_sample, tflops, self.peak_tflops > 0 and tflops / self.peak_tflops or nil
+  end
+  local sps, tps, tflops, mfu = rates(1, dt)
   local mem = fsdp.memory_stats(self.device)
   local peak = mem.peak
   self.last_step, self.last_loss = step, loss
@@ -211,7 +382,28 @@ function Logger:step(step, s)
     peak_memory_bytes = peak, memory_allocated_bytes = mem.in_use, memory_reserved_bytes = mem.reserved,
     device = self.device, grad_norm = s.grad_norm, epoch = s.epoch, step_time = dt,
     skipped = s.skipped or nil })
+  if self.tb then
+    local MiB = 2 ^ 20
+    self.tb:scalars(step, {
+      { 'train/loss', loss }, { 'train/lr', s.lr }, { 'train/grad_norm', s.grad_norm },
+      { 'perf/samples_per_sec', sps }, { 'perf/tokens_per_sec', self.tokens_per_sample > 0 and tps or nil },
+      { 'perf/tflops_per_rank', self.flops_per_sample > 0 and tflops or nil }, { 'perf/mfu', mfu },
+      { 'perf/step_time', dt }, { 'memory/peak_mib', peak / MiB },
+      { 'memory/allocated_mib', mem.in_use / MiB },
+      { 'memory/reserved_mib', self.device:match('^cuda') and mem.reserved / MiB or nil },
+    })
+  end
+  -- the interval since the last line; a skipped step's loss (non-finite)
+  -- stays out of the mean
+  local acc = self.acc
+  acc.steps, acc.dt = acc.steps + 1, acc.dt + dt
+  if not s.skipped and loss == loss then acc.loss, acc.losses = acc.loss + loss, acc.losses + 1 end
+  if s.grad_norm then acc.grad_norm, acc.norms = acc.grad_norm + s.grad_norm, acc.norms + 1 end
   if step % self.log_every == 0 or step == self.total_steps or s.skipped then
+    if not s.skipped and acc.losses > 0 then loss = acc.loss / acc.losses end
+    sps, tps, tflops, mfu = rates(acc.steps, acc.dt)
+    local norm = s.grad_norm and acc.norms > 0 and acc.grad_norm / acc.norms or s.grad_norm
+    self:_reset_interval()
     local parts = { ('Batch %d Loss: %.4f, Speed: %.2f samples/sec, lr: %.3e'):format(step, loss, sps, s.lr or 0) }
     if self.tokens_per_sample > 0 then parts[#parts + 1] = ('tokens/s: %.0f'):format(tps) end
     if self.flops_per_sample > 0 then parts[#parts + 1] = ('TFLOPS: %.4g'):format(tflops) end
@@ -224,7 +416,7 @@ function Logger:step(step, s)
     else
       parts[#parts + 1] = ('peak memory: %.1f MiB'):format(peak / 2 ^ 20)
     end
-    if s.grad_norm then parts[#parts + 1] = ('grad norm: %.3f'):format(s.grad_norm) end
+    if norm then parts[#parts + 1] = ('grad norm: %.3f'):format(norm) end
     if s.skipped then parts[#parts + 1] = 'skipped (non-finite: no update)' end
     self:print(table.concat(parts, ', '))
   elseif self.progress then
@@ -239,16 +431,37 @@ function Logger:validation(step, loss)
   if not self.leader then return loss end
   local ppl = math.exp(loss)
   self:_write({ type = 'val', step = step, loss = loss, perplexity = ppl })
+  if self.tb then self.tb:scalars(step, { { 'val/loss', loss }, { 'val/perplexity', ppl } }) end
   self:print('Validation at batch %d: loss %.4f, perplexity %.3f', step, loss, ppl)
   return loss
 end
 
--- End the bar's line and close the metrics file.
+-- End the bar's line and close the metrics and event files (and a trace
+-- still being recorded: --profile_steps past the last step).
 function Logger:close()
+  if self.profile and require('fsdp.profiler').on then
+    local profiler = require 'fsdp.profiler'
+    profiler.span(('step %d'):format(self.profile.step), 'step', self.profile.step_t0)
+    self:_end_profile()
+  end
   if self.bar_drawn then
+    console.set_bar(nil)
     self.out:write('\r\27[K')
     self.out:flush()
     self.bar_drawn = false
+  end
+  if self.tb then
+    self.tb:close()
+    self.tb = nil
+  end
+  if self.plot and self.file then
+    self.file:close()
+    self.file = nil
+    -- the run's results are saved already: a failed plot is said loudly
+    -- but does not stop what follows (checkpoints, export)
+    local ok, out = pcall(require('fsdp.plot').draw, { self.plot }, (self.plot:gsub('%.jsonl$', '')))
+    if ok then self:print('plot: wrote %s and %s', out.png, out.svg)
+    else io.stderr:write('fsdp-lua: --plot: ', tostring(out), '\n') end
   end
   if self.file then
     self.file:close()

@@ -168,12 +168,7 @@ function M.Guard(opts)
   return setmetatable({
     model = opts.model, optimizer = opts.optimizer, scheduler = opts.scheduler, policy = policy,
     max_skips = max_skips, grad_clip = grad_clip, skips = 0, on_stop = opts.on_stop,
-    say = opts.say or function(line)
-      if dist.rank() == 0 then
-        io.stdout:write(line, '\n')
-        io.stdout:flush()
-      end
-    end,
+    say = opts.say or function(line) require('fsdp.console').print(line) end,
   }, Guard)
 end
 

@@ -100,6 +100,7 @@ local function capture(cmd)
   local body, rc = out:match('^(.-)@rc=(%d+)\n?$')
   return body or out, tonumber(rc) or -1
 end
+M.capture = capture
 
 -- The command line of one point: the recipe with the base arguments, the
 -- point's options, and the measuring options last so they win (then

@@ -95,10 +95,28 @@ static void finds_the_first_nonfinite(void **state) {
     free(f), free(g), free(h), free(b), free(i);
 }
 
+/* Known answers of CRC-32C: the check value of the catalogue of CRC
+ * parameters ("123456789"), RFC 3720's iSCSI vectors (32 zero bytes, 32
+ * bytes 0xff, 0..31), and continuing across a split equals one call. */
+static void crc32c_known_answers(void **state) {
+    (void)state;
+    assert_int_equal(0xE3069283u, fl_crc32c(0, "123456789", 9));
+    assert_int_equal(0, fl_crc32c(0, "", 0));
+    unsigned char buf[32];
+    memset(buf, 0, sizeof buf);
+    assert_int_equal(0x8A9136AAu, fl_crc32c(0, buf, sizeof buf));
+    memset(buf, 0xff, sizeof buf);
+    assert_int_equal(0x62A8AB43u, fl_crc32c(0, buf, sizeof buf));
+    for (int k = 0; k < 32; k++) buf[k] = (unsigned char)k;
+    assert_int_equal(0x46DD794Eu, fl_crc32c(0, buf, sizeof buf));
+    assert_int_equal(0x46DD794Eu, fl_crc32c(fl_crc32c(0, buf, 13), buf + 13, 19));
+}
+
 int fl_test_checksum(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(streamed_equals_one_shot),
         cmocka_unit_test(finds_the_first_nonfinite),
+        cmocka_unit_test(crc32c_known_answers),
     };
     return cmocka_run_group_tests_name("checksum", tests, NULL, NULL);
 }

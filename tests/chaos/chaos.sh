@@ -149,11 +149,14 @@ kill_session() {
 }
 rank_pids() { procs_where 1 "$1"; }
 
-# The last step the metrics file $1 logged past byte $2 (0: none yet).
+# The last step an attempt logged, from its own log $1 (0: none yet). Not
+# from the metrics file: a resume rewrites it without the records past the
+# resume step (fsdp.metrics), so byte offsets into it do not last. The
+# recipe logs every step when its output is not a terminal.
 progress() {
   local s
-  s=$(tail -c +"$(($2 + 1))" "$1" 2>/dev/null | grep -o '"step":[0-9]*' | tail -1)
-  echo "${s#*:}" | sed 's/^$/0/'
+  s=$(grep -o 'Batch [0-9]* Loss' "$1" 2>/dev/null | tail -1 | grep -o '[0-9]*')
+  echo "${s:-0}"
 }
 
 alive() { kill -0 "$JOB" 2>/dev/null; }
@@ -266,7 +269,7 @@ TOTAL_KILLS=0 TOTAL_SAVE_KILLS=0 TOTAL_RESUMES=0 TOTAL_RECORDS=0 TOTAL_CKPTS=0 M
 chain() {
   local plan name ref attempts=0 kills=0 progress_kills=0 early=0 save_kills=0 resumes=0 depth_max=0
   local ckpt_bad=0 done_=0 mode modes=(step save job rank early) r np stop envs trigger delay early_ms
-  local log off victim killed lo hi halt s t what torn new out t0
+  local log victim killed lo hi halt s t what torn new out t0
   # resume depth: 0 for a fresh start, else 1 + the depth of the attempt
   # that wrote the checkpoint resumed from (per attempt, per checkpoint)
   local -A adepth=() cdepth=()
@@ -320,11 +323,10 @@ chain() {
       early) rand 1 1500; early_ms=$R ;;
     esac
     log="$WORK/$name.log.$attempts"
-    off=$(stat -c %s "$WORK/$name.jsonl" 2>/dev/null || echo 0)
     launch "$name" "$np" "$log" "${envs[@]}"
     killed=0
     if [ "$trigger" -gt 0 ]; then
-      while alive && [ "$(progress "$WORK/$name.jsonl" "$off")" -lt "$trigger" ]; do sleep 0.01; done
+      while alive && [ "$(progress "$log")" -lt "$trigger" ]; do sleep 0.01; done
       sleep "$(printf '0.%03d' "$delay")"
       if alive; then
         if [ "$mode" = rank ]; then
@@ -342,7 +344,7 @@ chain() {
     elif [ "$early_ms" -gt 0 ]; then
       # at the drawn moment, or as soon as the first step is logged
       t=$(($(date +%s%N) / 1000000))
-      while alive && [ "$(progress "$WORK/$name.jsonl" "$off")" -eq 0 ] &&
+      while alive && [ "$(progress "$log")" -eq 0 ] &&
             [ $(($(date +%s%N) / 1000000 - t)) -lt "$early_ms" ]; do
         sleep 0.01
       done
@@ -374,7 +376,7 @@ chain() {
       if grep -q "checkpoint: resumed from $WORK/$name/$(printf 'step-%06d' "$r") (step $r," "$log"; then
         resumes=$((resumes + 1))
         adepth[$attempts]=$((${cdepth[$r]:-0} + 1))
-      elif [ -n "$(progress "$WORK/$name.jsonl" "$off" | grep -v '^0$')" ]; then
+      elif [ -n "$(progress "$log" | grep -v '^0$')" ]; then
         not_ok "$name attempt $attempts did not resume from step $r"
         comment "$(grep -E 'checkpoint' "$log" | head -10)"
       fi

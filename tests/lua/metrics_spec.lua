@@ -110,6 +110,82 @@ describe('fsdp.metrics.Logger', function()
     assert.equals(norm, r.grad_norm)
   end)
 
+  it('prints the interval\'s means: loss over its steps, speed over its time', function()
+    local text = capture({ total_steps = 4, batch_size = 2, tokens_per_sample = 10, log_every = 2, progress = false },
+      function(log)
+        log:step(1, { loss = 1, lr = 0.1, dt = 1, grad_norm = 1 })
+        log:step(2, { loss = 3, lr = 0.2, dt = 3, grad_norm = 2 })
+        log:step(3, { loss = 5, lr = 0.3, dt = 1 })
+        log:step(4, { loss = 0 / 0, lr = 0.4, dt = 1, skipped = true })
+      end)
+    -- steps 1-2: 4 samples in 4 s; step 3 and the skipped 4 (its NaN out of the mean): 4 samples in 2 s
+    assert.matches('Batch 2 Loss: 2%.0000, Speed: 1%.00 samples/sec, lr: 2%.000e%-01, tokens/s: 10, .*grad norm: 1%.500\n',
+      text)
+    assert.matches('Batch 4 Loss: nan, Speed: 2%.00 samples/sec', text)
+  end)
+
+  it('--log_every=0: every step to a file, every 10 under a progress bar', function()
+    local function lines(progress)
+      local text = capture({ total_steps = 25, batch_size = 1, log_every = 0, progress = progress }, function(log)
+        for s = 1, 25 do log:step(s, { loss = 1, lr = 0.1, dt = 1 }) end
+      end)
+      local steps = {}
+      for n in text:gmatch('Batch (%d+) ') do steps[#steps + 1] = tonumber(n) end
+      return steps
+    end
+    assert.equals(25, #lines(false))
+    assert.same({ 10, 20, 25 }, lines(true))
+  end)
+
+  it('resume(step) drops the records past step (and a torn line), the time going on', function()
+    local path = os.tmpname()
+    local f = assert(io.open(path, 'w'))
+    for s = 1, 5 do f:write(('{"type":"train","step":%d,"loss":1,"time":%d}\n'):format(s, s * 10)) end
+    f:write('{"type":"val","step":3,"loss":1,"time":31}\n{"type":"val","step":5,"loss":1,"time":51}\n{"type":"tra')
+    f:close()
+    local text = capture({ total_steps = 5, batch_size = 1, metrics_file = path, progress = false }, function(log)
+      log:resume(3)
+      log:step(4, { loss = 2, lr = 0.1, dt = 1 })
+    end)
+    assert.matches('metrics: ' .. path .. ': dropped 4 records past step 3', text, 1, true)
+    local got = {}
+    for line in io.lines(path) do
+      local r = cjson.decode(line)
+      got[#got + 1] = r.type .. r.step
+      if r.step == 4 then assert.is_true(r.time >= 31 and r.time < 41, tostring(r.time)) end
+    end
+    os.remove(path)
+    assert.same({ 'train1', 'train2', 'train3', 'val3', 'train4' }, got)
+  end)
+
+  it('--tensorboard_dir: the scalars of every step and validation, the configuration as text', function()
+    local tb = require 'fsdp.tensorboard'
+    local T = require 'fsdp.testing'
+    local dir = T.tmpdir()
+    capture({ total_steps = 2, batch_size = 2, tokens_per_sample = 8, tensorboard_dir = dir, progress = false,
+              config = { lr = 0.5, model = 'tiny' } }, function(log)
+      log:step(1, { loss = 3, lr = 0.5, dt = 0.5, grad_norm = 2 })
+      log:step(2, { loss = 2, lr = 0.25, dt = 0.5 })
+      log:validation(2, 1.5)
+    end)
+    local paths = tb.files(dir)
+    assert.equals(1, #paths)
+    local seen = {}
+    for _, e in ipairs(tb.read(paths[1])) do
+      for _, v in ipairs(e.values) do seen[('%s@%d'):format(v.tag, e.step)] = v.value or v.text end
+    end
+    assert.equals('| option | value |\n|---|---|\n| lr | 0.5 |\n| model | tiny |', seen['config@0'])
+    assert.equals(3, seen['train/loss@1'])
+    assert.equals(0.25, seen['train/lr@2'])
+    assert.equals(2, seen['train/grad_norm@1'])
+    assert.is_nil(seen['train/grad_norm@2'])
+    assert.equals(32, seen['perf/tokens_per_sec@1']) -- 2 samples of 8 tokens in 0.5 s
+    assert.equals(1.5, seen['val/loss@2'])
+    assert.near(math.exp(1.5), seen['val/perplexity@2'], 1e-5)
+    assert.is_number(seen['memory/peak_mib@2'])
+    require('fsdp.files').remove_tree(dir)
+  end)
+
   it('names a metrics file it cannot open and a bad option', function()
     assert.error_matches(function() metrics.Logger({ metrics_file = '/nonexistent/dir/m.jsonl' }) end,
       'fsdp.metrics: cannot open metrics file /nonexistent/dir/m.jsonl')

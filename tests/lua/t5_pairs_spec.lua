@@ -55,6 +55,7 @@ describe('recipes/t5_3b.lua --data (source/target pairs)', function()
   local function log_from(out, from)
     local lines, tail = {}, false
     for line in out:gmatch('[^\n]+') do
+      line = line:gsub('^%[rank 0%] ', '') -- rank 0's lines of a 2-rank run (fsdp.console)
       tail = tail or line:match('^greedy outputs') ~= nil
       local step = tonumber(line:match('^Batch (%d+) ') or line:match('^Validation at batch (%d+):'))
       if tail or (step and step >= from) then lines[#lines + 1] = (line:gsub('Speed: [%d.]+ samples/sec, ', '')) end

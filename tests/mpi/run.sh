@@ -215,6 +215,7 @@ for tok in byte tests/golden/tokenizers/gpt2_style.json tests/golden/tokenizers/
   run_tap "llama2_7b.lua streaming .json.gz shards on 2 ranks ($tok), killed and resumed: identical losses" -- \
     tests/mpi/stream_resume.sh "$tok"
 done
+run_tap "what a 2-rank run shows across a kill and a resume: log, JSONL, TensorBoard, plot" -- tests/mpi/observe.sh
 # The non-finite guard: --lr=1e6 and NaN gradient shards stop every rank
 # with one message naming the step and parameter, or are skipped.
 for np in 2 4; do

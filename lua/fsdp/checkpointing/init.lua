@@ -205,7 +205,8 @@ function M.save(dir, objs)
       local aside = ('%s.moved-aside-%d'):format(step_dir, os.time())
       local ok, err = os.rename(step_dir, aside)
       if not ok then core.fail(('checkpointing.save: %s is a %s and cannot be moved aside: %s'):format(step_dir, mode, err)) end
-      io.stderr:write(('checkpoint: %s was a %s, not a checkpoint: moved to %s\n'):format(step_dir, mode, aside))
+      io.stderr:write(('%scheckpoint: %s was a %s, not a checkpoint: moved to %s\n'):format(
+        require('fsdp.console').prefix(), step_dir, mode, aside))
     end
     files.mkdir_p(step_dir, 'checkpointing.save')
     files.fsync(dir)
@@ -271,7 +272,7 @@ function M.save(dir, objs)
     files.write_atomic(files.join(step_dir, layout.COMPLETE), ('step %d, %d ranks\n'):format(step, world))
     if objs.keep then
       for _, note in ipairs(select(2, layout.prune(dir, objs.keep, step))) do
-        io.stderr:write(('checkpoint: pruning %s\n'):format(note))
+        io.stderr:write(('%scheckpoint: pruning %s\n'):format(require('fsdp.console').prefix(), note))
       end
     end
   end

@@ -55,12 +55,8 @@ M.OPTIONS = {
 -- A recipe's own options plus these (its own win on a clash).
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
 
-local function say(fmt, ...)
-  if dist.rank() == 0 then
-    io.stdout:write(fmt:format(...), '\n')
-    io.stdout:flush()
-  end
-end
+-- rank 0's line ("[rank 0] " first with several ranks; fsdp.console)
+local function say(fmt, ...) require('fsdp.console').print(fmt:format(...)) end
 
 local function check(cfg)
   if (cfg.checkpoint_freq > 0 or cfg.resume_from_checkpoint) and cfg.checkpoint_dir == '' then
@@ -138,7 +134,7 @@ function M.after_step(cfg, objs, step, extra)
       extra = e
     end
     local t0 = clock.now()
-    local dir = ckpt.save(cfg.checkpoint_dir, {
+    local dir = require('fsdp.profiler').call('checkpoint save', 'ckpt', ckpt.save, cfg.checkpoint_dir, {
       model = objs.model, optimizer = objs.optimizer, scheduler = objs.scheduler, data = objs.data,
       step = step, keep = cfg.keep_checkpoints, extra = extra,
     })

@@ -24,6 +24,7 @@
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local repr = require 'fsdp.nn.repr'
+local profiler = require 'fsdp.profiler'
 local parameter = require 'fsdp.nn.parameter'
 
 local is_tensor = fsdp.is_tensor
@@ -118,11 +119,23 @@ local function run_hooked(self, ...)
   return unpack(out, 1, out.n)
 end
 
-local function call(self, ...)
+local function plain_call(self, ...)
   if #rawget(self, '_forward_pre_hooks') == 0 and #rawget(self, '_forward_hooks') == 0 then
     return finish(self, pcall(self.forward, self, ...))
   end
   return finish(self, pcall(run_hooked, self, ...))
+end
+
+local function forward_span(self, t0, ...)
+  profiler.span(profiler.module_name(self), 'forward', t0)
+  return ...
+end
+
+-- With a trace being recorded (fsdp.profiler) every call is a span named
+-- by the module's path; otherwise one field read more.
+local function call(self, ...)
+  if profiler.on then return forward_span(self, profiler.now(), plain_call(self, ...)) end
+  return plain_call(self, ...)
 end
 
 function Module:forward()

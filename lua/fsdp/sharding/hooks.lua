@@ -7,6 +7,7 @@
 -- and autograd nodes.
 local autograd = require 'fsdp.autograd'
 local Tensor = require 'fsdp.tensor'
+local profiler = require 'fsdp.profiler'
 
 local State = {}
 State.__index = State
@@ -160,6 +161,8 @@ function State:post_forward(u, out)
 end
 
 function State:pre_backward(u)
+  -- a unit's backward span (fsdp.profiler): from here to its post_backward
+  if profiler.on then u.backward_t0 = profiler.now() end
   if not self.callback_queued then
     self.callback_queued = true
     autograd.queue_callback(function() self:finish_backward() end)
@@ -179,6 +182,10 @@ function State:post_backward(u, grads)
   end
   rest(u)
   if self.backward_prefetch == 'post' and self.bwd_next then self:start_unshard(self.bwd_next[u]) end
+  if profiler.on and u.backward_t0 then
+    profiler.span('backward ' .. u:label(), 'backward', u.backward_t0)
+    u.backward_t0 = nil
+  end
 end
 
 function State:finish_backward()

@@ -123,7 +123,8 @@ function M.apply(model, cfg, block_class, script)
   local units = fsdp.sharding.units(model)
   local W = fsdp.dist.world_size()
   local where = device.describe(cfg)
-  if where and fsdp.dist.rank() == 0 then print('device: ' .. where) end
+  local console = require 'fsdp.console'
+  if where then console.print('device: ' .. where) end
   -- A frozen base (LoRA) has units of its own: their share of this rank's
   -- shards is what it costs (no gradient or optimizer state comes with it).
   local frozen, frozen_bytes, train_bytes, frozen_dtype = 0, 0, 0, nil
@@ -134,13 +135,13 @@ function M.apply(model, cfg, block_class, script)
       train_bytes = train_bytes + u:shard_bytes()
     end
   end
-  if fsdp.dist.rank() == 0 then print(('sharding: %s over %d rank%s, %d units%s, compute %s, reduce %s%s%s%s'):format(
+  console.print(('sharding: %s over %d rank%s, %d units%s, compute %s, reduce %s%s%s%s'):format(
     cfg.sharding_strategy, W, W == 1 and '' or 's', #units, frozen > 0 and (' (%d frozen)'):format(frozen) or '',
     units[#units].param_dtype, units[#units].reduce_dtype,
     cfg.activation_checkpointing and ', checkpointed blocks' or '',
     offload and ', activations offloaded to pinned host memory' or '',
     frozen > 0 and ('; rank 0 holds %.3f MiB of trainable shards, %.3f MiB frozen (%s)'):format(train_bytes / 2^20,
-      frozen_bytes / 2^20, frozen_dtype) or '')) end
+      frozen_bytes / 2^20, frozen_dtype) or ''))
   return model, units
 end
 

@@ -33,6 +33,7 @@ local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local autograd = require 'fsdp.autograd'
 local parameter = require 'fsdp.nn.parameter'
+local profiler = require 'fsdp.profiler'
 local ffi, C = core.ffi, core.C
 
 local Unit = {}
@@ -186,19 +187,23 @@ end
 -- The reduced gradient is in: bind it.
 function Unit:finish_reduce()
   if not C.fl_unit_reduce_pending(self.c) then return end
+  local t0 = profiler.on and profiler.now()
   core.check(C.fl_unit_finish_reduce(self.c))
+  if t0 then profiler.span('wait reduce-scatter ' .. self:label(), 'wait', t0) end
   self:bind_grads()
 end
 
 -- gathering --------------------------------------------------------------------------
 
 -- A frozen partner is gathered along with its unit; it is freed on its
--- own ([Note: frozen parameters]).
-function Unit:unshard()
+-- own ([Note: frozen parameters]). With a trace being recorded
+-- (fsdp.profiler) each is a span: the all-gather's start, the wait for
+-- it (the communication compute did not hide), the free.
+local function unshard(self)
   core.check(C.fl_unit_unshard(self.c))
   if self.partner then core.check(C.fl_unit_unshard(self.partner.c)) end
 end
-function Unit:wait()
+local function wait(self)
   core.check(C.fl_unit_wait(self.c))
   local f = self.partner
   if f then
@@ -208,12 +213,31 @@ function Unit:wait()
     core.check(C.fl_unit_wait(f.c))
   end
 end
+function Unit:unshard()
+  if not profiler.on then return unshard(self) end
+  local t0 = profiler.now()
+  unshard(self)
+  local bytes = tonumber(C.fl_unit_gathered_bytes(self.c))
+  if self.partner then bytes = bytes + tonumber(C.fl_unit_gathered_bytes(self.partner.c)) end
+  profiler.span('all-gather ' .. self:label(), 'comm', t0, { bytes = bytes })
+end
+function Unit:wait()
+  if not profiler.on then return wait(self) end
+  local t0 = profiler.now()
+  wait(self)
+  profiler.span('wait all-gather ' .. self:label(), 'wait', t0)
+end
 
 -- Whether unshard() has anything to start (this unit or its partner).
 function Unit:needs_unshard()
   return self:state() == 'SHARDED' or (self.partner ~= nil and self.partner:state() == 'SHARDED')
 end
-function Unit:reshard() core.check(C.fl_unit_reshard(self.c)) end
+function Unit:reshard()
+  if not profiler.on then return core.check(C.fl_unit_reshard(self.c)) end
+  local t0 = profiler.now()
+  core.check(C.fl_unit_reshard(self.c))
+  profiler.span('reshard ' .. self:label(), 'comm', t0)
+end
 
 -- Views of the gathered parameters, made outputs of a post-backward node
 -- when gradients are recorded (on_grads(unit, grads) runs when they are
@@ -250,7 +274,11 @@ function Unit:reduce_grads(grads, sync)
   end
   self.accumulated = nil
   self:sync_zero_grad()
+  local t0 = profiler.on and profiler.now()
   core.check(C.fl_unit_reduce(self.c, Tensor.cptr(flat)))
+  if t0 then
+    profiler.span('reduce-scatter ' .. self:label(), 'comm', t0, { bytes = flat:numel() * flat:element_size() })
+  end
 end
 
 -- Whole parameters in the master dtype, gathered from every shard:

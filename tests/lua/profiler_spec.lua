@@ -1,0 +1,71 @@
+-- profiler_spec.lua: --profile_steps on the Llama recipe (one rank, a tiny
+-- model): the trace is Chrome trace JSON (metadata naming the rank's
+-- track, complete events with numeric times on it, a memory counter),
+-- covers exactly the asked steps, with module forwards, unit backwards,
+-- the optimizer and data loading inside them; tools/trace_summary.lua
+-- reads it; fsdp.profiler.call is transparent on and off.
+local cjson = require 'cjson'
+local files = require 'fsdp.files'
+local profiler = require 'fsdp.profiler'
+local T = require 'fsdp.testing'
+
+local TINY = '--num_layers=2 --hidden_width=32 --num_heads=4 --vocab_size=64 --seq_len=8 --batch_size=2 '
+  .. '--warmup_steps=1 --validation_freq=0 '
+
+describe('fsdp.profiler', function()
+  it('--profile_steps=2:3 writes a Chrome trace of steps 2 and 3', function()
+    local dir = T.tmpdir()
+    local out, rc = T.run_script('recipes/llama2_7b.lua', TINY .. '--max_steps=4 --profile_steps=2:3 --profile_dir='
+      .. T.quote(dir .. '/p'), 120)
+    assert.equals(0, rc, out)
+    assert.matches('profile: wrote ' .. dir .. '/p/trace-rank0.json (steps 2-3, ', out, 1, true)
+    local trace = cjson.decode(files.read(dir .. '/p/trace-rank0.json'))
+    local steps, cats, track, counters = {}, {}, nil, 0
+    local lo, hi = math.huge, -math.huge
+    for _, e in ipairs(trace.traceEvents) do
+      if e.ph == 'M' and e.name == 'process_name' then track = e.args.name end
+      if e.ph == 'C' then
+        counters = counters + 1
+        assert.is_number(e.args.in_use_mib)
+      end
+      if e.ph == 'X' then
+        assert.is_number(e.ts)
+        assert.is_true(e.dur >= 0, e.name)
+        assert.same({ 0, 0 }, { e.pid, e.tid })
+        cats[e.cat] = true
+        if e.cat == 'step' then
+          steps[#steps + 1] = e.name
+          lo, hi = math.min(lo, e.ts), math.max(hi, e.ts + e.dur)
+        end
+      end
+    end
+    assert.equals('rank 0', track)
+    assert.same({ 'step 2', 'step 3' }, steps)
+    for _, c in ipairs({ 'forward', 'backward', 'optim', 'data' }) do assert.is_true(cats[c], c) end
+    assert.is_true(counters > 0)
+    for _, e in ipairs(trace.traceEvents) do
+      if e.ph == 'X' then assert.is_true(e.ts >= lo and e.ts + e.dur <= hi + 1, e.name) end
+    end
+    local names = {}
+    for _, e in ipairs(trace.traceEvents) do names[e.name] = true end
+    assert.is_true(names['model.layers.1.self_attn'] and names['backward model.layers.0'] and names.optimizer)
+    out, rc = T.run_script('tools/trace_summary.lua', T.quote(dir .. '/p/trace-rank0.json') .. ' --top=3', 60)
+    assert.equals(0, rc, out)
+    assert.matches('rank 0: 2 steps traced, [%d.]+ ms', out)
+    assert.matches('exposed communication: [%d.]+ ms waiting on collectives', out)
+    assert.matches('peak cpu in use: [%d.]+ MiB, at the end of step [23] > ', out)
+    files.remove_tree(dir)
+  end)
+
+  it('call returns fn\'s results, on and off; a span lands in the trace', function()
+    assert.same({ 1, 2 }, { profiler.call('x', 'data', function(a) return a, 2 end, 1) })
+    profiler.start({})
+    assert.same({ 3, nil, 5 }, { profiler.call('x', 'data', function() return 3, nil, 5 end) })
+    local path = os.tmpname()
+    assert.equals(3 + 2, profiler.stop(path)) -- metadata, the span and its memory counter
+    assert.is_false(profiler.on)
+    local t = cjson.decode(files.read(path))
+    os.remove(path)
+    assert.equals('x', t.traceEvents[4].name)
+  end)
+end)
