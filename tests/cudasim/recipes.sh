@@ -73,7 +73,7 @@ losses() { # KIND OUTPUT_FILE [JSONL]
   case $1 in
     jsonl) grep '"type":"train"' "$3" | sed 's/.*"loss":\([-0-9.e+]*\).*/\1/' ;;
     batch) sed -n 's/^\(\[rank 0\] \)\{0,1\}Batch [0-9]* Loss: \([-0-9.]*\),.*/\2/p' "$2" ;;
-    mnist) sed -n 's/^Train Epoch: .*Loss: \([-0-9.]*\).*/\1/p' "$2" ;;
+    mnist) sed -n 's/^\(\[rank 0\] \)\{0,1\}Train Epoch: .*Loss: \([-0-9.]*\).*/\2/p' "$2" ;;
   esac
 }
 
@@ -238,7 +238,8 @@ refused() {
   out=$(run "$np" "$@" 2>&1)
   status=$?
   n=$((n + 1))
-  if [ $status -ne 0 ] && grep -qF -- "$want" <<<"$out" && ! grep -q '^Batch' <<<"$out"; then
+  if [ $status -ne 0 ] && grep -qF -- "$want" <<<"$out" &&
+     ! grep -qE '^(\[rank [0-9]+\] )?Batch' <<<"$out"; then
     echo "ok $n - $what is refused: $want"
   else
     echo "not ok $n - $what is not refused with '$want' (status $status)"
