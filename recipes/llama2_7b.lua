@@ -173,10 +173,8 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
       val_note = ('no %s shards: validating on --val_fraction %g of the training files\' documents'):format(
         hub.known(hub_requested.name).val, cfg.val_fraction)
     end
-    if require('fsdp.dist').rank() == 0 then
-      print(('data: --dataset %s (config %s): %d training shards in %s, %s'):format(hub_requested.name, d.config,
-        d.ntrain, d.dir, val_note))
-    end
+    console.print(('data: --dataset %s (config %s): %d training shards in %s, %s'):format(hub_requested.name, d.config,
+      d.ntrain, d.dir, val_note))
   elseif cfg.dataset_config_name ~= '' then
     error(('--dataset_config_name (%s) names a config of a Hugging Face dataset given as --dataset (%s); --data '
       .. 'here is %s'):format(cfg.dataset_config_name, table.concat(hub.names(), ', '),
@@ -315,7 +313,7 @@ local val_batch = cfg.val_batch_size > 0 and cfg.val_batch_size or cfg.batch_siz
 if train_data and getmetatable(train_data) == require('fsdp.data.corpus').Stream then
   data = train_data
   val_data = corpus_recipe.open_val(cfg, data, val_batch)
-  print(('data: %s streamed%s'):format(tostring(data),
+  console.print(('data: %s streamed%s'):format(tostring(data),
     val_data and (', validation on ' .. tostring(val_data)) or ', no validation split'))
 elseif train_data then
   data = train_data
