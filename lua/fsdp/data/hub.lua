@@ -130,8 +130,11 @@ function M.hub_cache()
 end
 
 -- Does `spec` look like a hub model name (OWNER/NAME, not a local path)?
+-- A name ending like a tokenizer file (DIR/tokenizer.model, x/vocab.json)
+-- is a path that is missing, not a model.
 function M.is_model_name(spec)
   return type(spec) == 'string' and spec:match('^[%w][%w._-]*/[%w][%w._-]*$') ~= nil and files.mode(spec) == nil
+    and not spec:match('%.model$') and not spec:match('%.json$')
 end
 
 -- The snapshot directory of hub model `name` that holds a tokenizer file,
