@@ -74,6 +74,18 @@ describe('the seed\'s --dataset, --dataset_config_name and --tokenizer', functio
     has(out, '--dataset_config_name (en) names a config of a Hugging Face dataset given as --dataset')
   end)
 
+  it('give tools/tokenize.lua the cached tokenizer too; a missing DIR/tokenizer.model is a missing file', function()
+    gen.write(tmp .. '/c.txt', { documents = 20 })
+    local host = require 'fsdp.host'
+    local out, rc = T.sh(('%s timeout 120 %s tools/tokenize.lua --input=%s/c.txt --output=%s/tok '
+      .. '--tokenizer=tiny/gpt2-tok'):format(ENV, T.quote(host.exe), tmp, tmp))
+    assert.equal(0, rc, out)
+    has(out, 'tokenizer: ')
+    assert.equal(T.sh(('cat %s/tokenizer.json'):format(T.quote(snap))), T.sh(('cat %s/tok/tokenizer.json'):format(tmp)))
+    T.raises(function() tokenizer.load('Llama-2-7b-hf/tokenizer.model') end,
+      'Llama-2-7b-hf/tokenizer.model: no such file')
+  end)
+
   it('name a hub tokenizer missing from the cache and the command that gets it', function()
     local out, rc = recipe(ENV, SMALL .. ' --dataset=c4 --tokenizer=nobody/no-tok')
     assert.equal(2, rc, out)
