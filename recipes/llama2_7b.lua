@@ -26,8 +26,10 @@
 -- --batch_size, --model_type=llama_v2 the Llama 2 family (--model), --bf16
 -- bf16 mixed precision, --dataset=DIR --data, --resume_from_checkpoint=DIR
 -- resuming from DIR. --tokenizer names the tokenizer the shards were made
--- with (checked against them); Hugging Face hub datasets and tokenizers
--- (--dataset_config_name) are refused, naming what works instead.
+-- with (checked against them). --dataset=c4 --dataset_config_name=en read
+-- C4's shards from $FSDP_DATA/c4/en and --tokenizer=OWNER/NAME the local
+-- Hugging Face cache (fsdp.data.hub); other hub datasets are refused,
+-- naming the ones known.
 --
 -- GPT-2 trains here too: --model=gpt2 (gpt2-medium, ..., gpt2-tiny) or
 -- --init_from a GPT-2 directory picks the family (models/decoders.lua);
@@ -45,6 +47,7 @@ local optim = require 'fsdp.optim'
 local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local tokens = require 'fsdp.data.tokens'
 local corpus_recipe = require 'fsdp.data.corpus_recipe'
+local hub = require 'fsdp.data.hub'
 local metrics = require 'fsdp.metrics'
 local console = require 'fsdp.console'
 local profiler = require 'fsdp.profiler'
@@ -65,6 +68,23 @@ local overrides, c, train_data
 local fam, src
 -- --lora_targets when not given: PEFT's defaults for the family.
 local LORA_TARGETS = { llama = 'q_proj,v_proj', gpt2 = 'c_attn' }
+-- --dataset (the seed's): a path or glob is --data; a Hugging Face dataset
+-- this build knows (c4) stands for its local shards (fsdp.data.hub), the
+-- training glob of the default config until --dataset_config_name is seen
+-- in the config check.
+local hub_requested
+-- the name --data was given under (--data or --dataset), for messages
+local written_data = 'data'
+local function hub_dataset_alias(text)
+  if require('lfs').attributes(text, 'mode') or text:find('[%*%?%[]') then return text end
+  if not hub.known(text) then
+    return nil, ('%s: no such file or directory, nor a Hugging Face dataset this build knows (%s); --dataset takes '
+      .. 'token shards (a directory from tools/tokenize.lua, or one shard), corpus files or a known dataset name')
+      :format(text, table.concat(hub.names(), ', '))
+  end
+  hub_requested = { name = text, train = hub.train_glob(text) }
+  return hub_requested.train
+end
 local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pretrained.options(nonfinite.options(
   ckpt_recipe.options(shard_recipe.options(accumulate.options({
   model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, gpt2-medium, ..., gpt2-tiny in models/gpt2.lua); '
@@ -95,21 +115,13 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
   data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard), or raw text streamed: a '
                 .. '.txt/.jsonl/.json(.gz/.zst) file, directory or glob; empty: synthetic', input = 'glob',
-           aliases = { dataset = function(text)
-             if require('lfs').attributes(text, 'mode') or text:find('[%*%?%[]') then return text end
-             return nil, ('%s: no such file or directory; --dataset takes token shards (a directory from '
-               .. 'tools/tokenize.lua, or one shard) or corpus files, not a Hugging Face dataset name'):format(text)
-           end } },
+           aliases = { dataset = hub_dataset_alias } },
   tokenizer = { '', "with --data: the tokenizer the shards were made with ('byte', a SentencePiece .model, a "
-                    .. "tokenizer.json or a local HF model directory), "
-                    .. 'checked against them; for raw text, the one it streams through (default byte)', needs = 'data' },
-  dataset_config_name = { '', 'the seed\'s Hugging Face dataset config: not supported (refused when set)',
-                          check = function(v)
-    if v ~= '' then
-      return ("(%s): Hugging Face datasets are not supported; tokenize the text with tools/tokenize.lua and "
-        .. 'pass the shard directory as --dataset (or --data)'):format(v)
-    end
-  end },
+                    .. "tokenizer.json, a local HF model directory, or a hub name OWNER/NAME found in the local "
+                    .. 'Hugging Face cache), checked against them; for raw text, the one it streams through '
+                    .. '(default byte)', needs = 'data' },
+  dataset_config_name = { '', 'with --dataset=c4 (the seed\'s): the config, a directory of $FSDP_DATA/c4 (en, '
+                              .. 'realnewslike, ...; default en)' },
   val_data = { '', 'validation shards or raw text (default: the val split of --data)', input = 'glob' },
   validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
@@ -147,6 +159,27 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   if cfg.ffn_dim > 0 then overrides.ffn_dim = cfg.ffn_dim end
   if cfg.vocab_size > 0 then overrides.vocab_size = cfg.vocab_size end
   if family == 'llama' and overrides.n_heads and not overrides.n_kv_heads then overrides.n_kv_heads = overrides.n_heads end
+  written_data = written.data or 'data'
+  -- --dataset=c4 [--dataset_config_name=en]: its local shards, or an error
+  -- saying where they were looked for and how to get them.
+  if hub_requested and cfg.data == hub_requested.train then
+    local ok, d = pcall(hub.dataset, hub_requested.name, cfg.dataset_config_name)
+    if not ok then error(('--%s %s: %s'):format(written.data or 'dataset', hub_requested.name, d), 0) end
+    cfg.data = d.train
+    local val_note = ('%d validation shards'):format(d.nval)
+    if cfg.val_data == '' and d.val then
+      cfg.val_data = d.val
+    elseif cfg.val_data == '' then
+      val_note = ('no %s shards: validating on --val_fraction %g of the training files\' documents'):format(
+        hub.known(hub_requested.name).val, cfg.val_fraction)
+    end
+    console.print(('data: --dataset %s (config %s): %d training shards in %s, %s'):format(hub_requested.name, d.config,
+      d.ntrain, d.dir, val_note))
+  elseif cfg.dataset_config_name ~= '' then
+    error(('--dataset_config_name (%s) names a config of a Hugging Face dataset given as --dataset (%s); --data '
+      .. 'here is %s'):format(cfg.dataset_config_name, table.concat(hub.names(), ', '),
+      cfg.data ~= '' and cfg.data or 'not given'), 0)
+  end
   -- Token shards decide the vocabulary (a larger --vocab_size is allowed):
   -- opened here, so a directory without shards is a mistake in --data.
   if cfg.data ~= '' and not cfg.dry_run and corpus_recipe.is_raw(cfg.data) then
@@ -280,15 +313,34 @@ local val_batch = cfg.val_batch_size > 0 and cfg.val_batch_size or cfg.batch_siz
 if train_data and getmetatable(train_data) == require('fsdp.data.corpus').Stream then
   data = train_data
   val_data = corpus_recipe.open_val(cfg, data, val_batch)
-  print(('data: %s streamed%s'):format(tostring(data),
+  console.print(('data: %s streamed%s'):format(tostring(data),
     val_data and (', validation on ' .. tostring(val_data)) or ', no validation split'))
 elseif train_data then
   data = train_data
   local val_path = cfg.val_data ~= '' and cfg.val_data or cfg.data
   local has_val = cfg.val_data ~= '' or #tokens.shard_paths(cfg.data, 'val') > 0
   if has_val and cfg.validation_freq > 0 then
-    val_data = tokens.open(val_path, { split = 'val', seq_len = cfg.seq_len, batch_size = val_batch,
-                                       shuffle = false })
+    local ok, opened = pcall(tokens.open, val_path, { split = 'val', seq_len = cfg.seq_len, batch_size = val_batch,
+                                                      shuffle = false })
+    local where = cfg.val_data ~= '' and 'val_data' or written_data
+    if not ok and tostring(opened):find('fewer than one global batch', 1, true) then
+      -- as with raw text (fsdp.data.corpus_recipe): a warning, and no validation
+      console.print(('warning: --%s: %s; training without validation (give --val_data, or tokenize with a larger '
+        .. '--val_fraction)'):format(where, recipe.bare(opened)))
+    elseif not ok then
+      error(('--%s: %s'):format(where, recipe.bare(opened)), 0)
+    else
+      val_data = opened
+    end
+    -- a split smaller than --val_batches is said, not found later
+    if val_data and val_data:steps_per_epoch() < cfg.val_batches then
+      console.print(('warning: the val split of %s holds only %d of the %d --val_batches asked (%d tokens); '
+        .. 'validating on those'):format(val_path, val_data:steps_per_epoch(), cfg.val_batches, val_data.num_tokens))
+    end
+  elseif cfg.validation_freq > 0 then
+    console.print(('warning: --%s %s holds no val-NNNNN.safetensors shards (tools/tokenize.lua --val_fraction put '
+      .. 'no document there); training without validation (give --val_data, or tokenize with a larger '
+      .. '--val_fraction)'):format(written_data, cfg.data))
   end
   console.print(('data: %s, %d steps per epoch%s'):format(tostring(data), data:steps_per_epoch(),
     val_data and (', validation on ' .. tostring(val_data)) or ', no validation split'))

@@ -26,6 +26,7 @@ local tokens = require 'fsdp.data.tokens'
 local tokenizer = require 'fsdp.data.tokenizer'
 local clock = require 'fsdp.clock'
 local corpus = require 'fsdp.data.corpus'
+local utf8 = require 'fsdp.data.utf8'
 
 local cfg = recipe.config({
   input = { '', 'text (.txt) or JSONL (.jsonl) files, comma-separated' },
@@ -38,6 +39,8 @@ local cfg = recipe.config({
   val_fraction = { 0.01, 'fraction of documents for the val split' },
   shard_tokens = { 100000000, 'tokens per shard (a shard closes once it holds this many)' },
   chunk_docs = { 2000, 'documents tokenized per call' },
+  max_doc_bytes = { 8388608, 'the longest document accepted, in bytes (a longer one is an error naming its file and '
+                             .. 'line, as in the streaming readers)' },
 }, arg, 'tools/tokenize.lua')
 
 -- A mistake in the options or the input: the message names the culprit
@@ -67,20 +70,41 @@ local function each_document(emit)
         die('%s: a compressed text file is read by paragraph (--documents=paragraph)', path)
       end
       local ok, err = pcall(function()
-        for text in corpus.documents(path, { text_field = cfg.text_field }) do
+        for text in corpus.documents(path, { text_field = cfg.text_field, max_doc_bytes = cfg.max_doc_bytes }) do
           if text ~= '' then emit(text) end
         end
       end)
       if not ok then die('%s', require('fsdp.recipe').bare(err)) end
     elseif cfg.documents == 'file' then
       local text = f:read('*a')
+      local bad = utf8.first_invalid(text)
+      if bad then
+        local _, newlines = text:sub(1, bad - 1):gsub('\n', '')
+        die('%s: line %d: invalid UTF-8 at byte %d', path, newlines + 1, bad - 1)
+      end
+      if #text > cfg.max_doc_bytes then
+        die('%s: the file (--documents=file) is %d bytes, longer than --max_doc_bytes=%d', path, #text,
+          cfg.max_doc_bytes)
+      end
       if text:match('%S') then emit(text) end
     else
-      local para = {}
+      local para, n, offset, size, first = {}, 0, 0, 0, 1
+      local function too_long(what, line_no)
+        die('%s: %s %d is longer than --max_doc_bytes=%d bytes', path, what, line_no, cfg.max_doc_bytes)
+      end
       for line in f:lines() do
+        -- invalid UTF-8 is an error as in the core's readers: a tokenizer
+        -- would encode it without a word (BPE: U+FFFD; SentencePiece: unk)
+        n = n + 1
+        local bad = utf8.first_invalid(line)
+        if bad then die('%s: line %d: invalid UTF-8 at byte %d', path, n, offset + bad - 1) end
+        offset = offset + #line + 1
         if cfg.documents == 'line' then
+          if #line > cfg.max_doc_bytes then too_long('line', n) end
           if line:match('%S') then emit(line) end
         elseif line:match('%S') then
+          if #para == 0 then first, size = n, #line else size = size + 1 + #line end
+          if size > cfg.max_doc_bytes then too_long('the paragraph from line', first) end
           para[#para + 1] = line
         elseif #para > 0 then
           emit(table.concat(para, '\n'))
@@ -96,6 +120,12 @@ end
 -- The tokenizer, with the end-of-text id that separates documents; a given
 -- one is loaded before anything is written.
 local function load_tokenizer(path)
+  local hub = require 'fsdp.data.hub'
+  if hub.is_model_name(path) then -- the seed's OWNER/NAME: its snapshot in the local hub cache
+    local ok, dir = pcall(hub.tokenizer_dir, path)
+    if not ok then die('--tokenizer %s', dir) end
+    path = dir
+  end
   if path ~= 'byte' and require('fsdp.files').mode(path) == 'directory' then
     path = tokenizer.find_in(path) or path -- load() names a directory without one
   end
@@ -128,14 +158,19 @@ if cfg.train_spm > 0 then
   local f = assert(io.open(corpus, 'wb'))
   each_document(function(doc) f:write((doc:gsub('[\r\n]', ' ')), '\n') end)
   f:close()
-  local pieces
-  local trained
-  trained, pieces = spm.train({ input = corpus, model_prefix = cfg.output .. '/tokenizer',
+  local pieces, trained, lines
+  trained, pieces, lines = spm.train({ input = corpus, model_prefix = cfg.output .. '/tokenizer',
     vocab_size = cfg.train_spm, model_type = cfg.spm_model_type, warn = false })
   os.remove(corpus)
   if pieces < cfg.train_spm then
     io.stderr:write(('warning: tools/tokenize.lua: --train_spm=%d, but %s supports only %d pieces: the model has %d '
       .. '(ask for at most %d, or give more text)\n'):format(cfg.train_spm, cfg.input, pieces, pieces, pieces))
+  end
+  if lines.long > 0 then
+    io.stderr:write(('warning: tools/tokenize.lua: %d of the %d documents of %s are longer than %d bytes, which '
+      .. "SentencePiece's trainer skips: --train_spm learnt its pieces from the other %d (all are tokenized into "
+      .. 'the shards)\n'):format(lines.long, lines.lines, cfg.input, lines.max_sentence_length,
+      lines.lines - lines.long))
   end
   os.remove(cfg.output .. '/tokenizer.vocab')
   print(('trained a SentencePiece %s model (asked for %d pieces): %s (%.1f s)'):format(cfg.spm_model_type,

@@ -487,11 +487,19 @@ end
 M.bare = bare
 
 -- A usage mistake: one line on stderr (rank 0 of a launched job only, so N
--- ranks do not print it N times), exit status 2.
+-- ranks do not print it N times), exit status 2. Lines after the first
+-- that are indented by two spaces continue it (a command that fixes the
+-- mistake: fsdp.data.hub's download commands); anything else after the
+-- first line (a traceback) is dropped.
 function M.usage_error(msg)
   local rank = tonumber(require('fsdp.core').C.fl_dist_launcher_rank())
   if rank <= 0 then
-    local line = bare(msg):gsub('\n.*', '')
+    local text = bare(msg)
+    local line = text:match('^[^\n]*')
+    for more in text:sub(#line + 1):gmatch('\n([^\n]*)') do
+      if more:sub(1, 2) ~= '  ' then break end
+      line = line .. '\n' .. more
+    end
     io.stderr:write(('fsdp-lua: %s\n'):format(line))
     io.stderr:flush()
   end

@@ -8,6 +8,7 @@
 --   corpus.write('/tmp/c.txt', { documents = 200, seed = 1 })          -- paragraphs
 --   corpus.write('/tmp/c.jsonl', { documents = 200, jsonl = true })    -- {"text": ...} lines
 --   corpus.write_c4('/tmp/c4/en', { shards = 4, documents = 50 })        -- C4-like .json.gz shards
+--   corpus.write_c4('/tmp/c4/en', { shards = 1, split = 'validation' })  -- c4-validation.00000-of-00001.json.gz
 local M = {}
 
 local subjects = {
@@ -66,7 +67,7 @@ function M.write_c4(dir, opts)
   local all = {}
   for k = 0, n - 1 do
     local docs = M.documents({ documents = opts.documents or 50, seed = (opts.seed or 1) * 1000 + k })
-    local path = ('%s/c4-train.%05d-of-%05d.json'):format(dir, k, n)
+    local path = ('%s/c4-%s.%05d-of-%05d.json'):format(dir, opts.split or 'train', k, n)
     local f = assert(io.open(path, 'wb'))
     for i, d in ipairs(docs) do
       f:write(('{"text":"%s","timestamp":"2019-04-%02dT12:00:00Z","url":"https://example.com/%d/%d"}\n'):format(

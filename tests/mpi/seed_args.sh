@@ -5,11 +5,13 @@
 # exactly as the seed writes them: --model_type=llama_v2,
 # --sharding_strategy=full, --offload_activations=1, --bf16,
 # --resume_from_checkpoint=./checkpoints, --dataset as token shards written
-# here by tools/tokenize.lua with --tokenizer=byte. The seed's
-# --dataset_config_name names a Hugging Face dataset config, which the
-# recipes refuse (tests/lua/recipe_options_spec.lua), so the line here has
-# none. Then the same line with more steps resumes from the last
-# checkpoint, and --grad_accum_steps=2 trains on the same line.
+# here by tools/tokenize.lua with --tokenizer=byte. Then the same line with
+# more steps resumes from the last checkpoint, and --grad_accum_steps=2
+# trains on the same line. Last, the seed's data arguments as it writes
+# them, --dataset=c4 --dataset_config_name=en
+# --tokenizer=hf-internal-testing/llama-tokenizer, stream C4-like shards
+# generated under FSDP_DATA with the Llama-2-style SentencePiece model of
+# tests/golden placed in a Hugging Face cache (fsdp.data.hub).
 #
 # Prints "ok - ..." / "not ok - ..." lines (tests/mpi/run.sh's run_tap
 # numbers them). Needs the MPI environment run.sh exports.
@@ -107,3 +109,22 @@ else
   comment "killed run exit $killed; straight: $want; resumed: $got"
   comment "$out"
 fi
+
+# The seed's data arguments unchanged: C4-like shards in $FSDP_DATA/c4/en,
+# the tokenizer from a Hugging Face cache laid out as huggingface-cli
+# download leaves it.
+snap="$WORK/hf/hub/models--hf-internal-testing--llama-tokenizer/snapshots/0000"
+mkdir -p "$snap" "$WORK/hf/hub/models--hf-internal-testing--llama-tokenizer/refs"
+cp tests/golden/tokenizers/spm.model "$snap/tokenizer.model"
+printf 0000 >"$WORK/hf/hub/models--hf-internal-testing--llama-tokenizer/refs/main"
+"$EXE" -e "local c = require 'tests.data.corpus'
+  c.write_c4('$WORK/data/c4/en', { shards = 2, documents = 60 })
+  c.write_c4('$WORK/data/c4/en', { shards = 1, documents = 30, split = 'validation', seed = 5 })"
+DATA_ARGS=("${SEED_ARGS[@]/--dataset=corpus/--dataset=c4}")
+DATA_ARGS=("${DATA_ARGS[@]/--tokenizer=byte/--tokenizer=hf-internal-testing/llama-tokenizer}")
+rm -rf "$WORK/checkpoints"
+FSDP_DATA=$WORK/data HF_HUB_CACHE=$WORK/hf/hub run "${DATA_ARGS[@]}" --dataset_config_name=en --max_steps=6 \
+  --warmup_steps=2 --checkpoint_freq=0
+check "the seed's --dataset=c4 --dataset_config_name=en --tokenizer=hf-internal-testing/llama-tokenizer" \
+  "data: --dataset c4 (config en): 2 training shards in $WORK/data/c4/en, 1 validation shards" \
+  "vocab 600" "Validation at batch 6" "Batch 6 Loss"

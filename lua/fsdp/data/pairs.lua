@@ -22,6 +22,7 @@ local core = require 'fsdp.core'
 local cjson = require 'cjson'
 local Sampler = require 'fsdp.data.sampler'
 local tokenizer = require 'fsdp.data.tokenizer'
+local utf8 = require 'fsdp.data.utf8'
 
 local M = {}
 
@@ -71,6 +72,15 @@ function M.open(path, opts)
       if type(s) ~= 'string' or type(t) ~= 'string' then
         f:close()
         fail('%s:%d: needs string fields %q and %q', path, line, sf, tf)
+      end
+      -- cjson passes any bytes through; a tokenizer would encode invalid
+      -- UTF-8 without a word (BPE: U+FFFD, SentencePiece: unk)
+      for _, field in ipairs({ { sf, s }, { tf, t } }) do
+        local bad = utf8.first_invalid(field[2])
+        if bad then
+          f:close()
+          fail('%s:%d: field %q is not valid UTF-8 (its byte %d)', path, line, field[1], bad - 1)
+        end
       end
       local is_val = math.floor((k + 1) * frac) > math.floor(k * frac)
       if is_val == (split == 'val') then

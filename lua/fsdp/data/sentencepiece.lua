@@ -28,13 +28,22 @@ local function fail(fmt, ...) core.fail('fsdp.data.sentencepiece: ' .. fmt:forma
 -- A corpus too small for vocab_size gives a smaller model (SentencePiece's
 -- hard_vocab_limit=false): that is a warning on stderr naming the corpus and
 -- both numbers (opts.warn = false: the caller reports it), or an error with
--- opts.strict. Returns the model path and its number of pieces.
+-- opts.strict. Lines longer than max_sentence_length bytes (SentencePiece's
+-- option, 4192 by default) are skipped by its trainer, in a log line
+-- this build silences: counted here and warned about the same way.
+-- Returns the model path, its number of pieces, and {long =, lines =}.
 function M.train(opts)
   for _, k in ipairs({ 'input', 'model_prefix', 'vocab_size' }) do
     if opts[k] == nil then fail('train: option %s is required', k) end
   end
   local f = io.open(opts.input, 'rb')
   if not f then fail('train: cannot open the corpus %s', opts.input) end
+  local max_len = tonumber((opts.extra or {}).max_sentence_length) or 4192
+  local lines = { long = 0, lines = 0, max_sentence_length = max_len }
+  for line in f:lines() do
+    lines.lines = lines.lines + 1
+    if #line > max_len then lines.long = lines.long + 1 end
+  end
   f:close()
   local kw = {
     input = opts.input, model_prefix = opts.model_prefix, vocab_size = math.floor(opts.vocab_size),
@@ -63,7 +72,11 @@ function M.train(opts)
     if opts.strict then fail('%s', msg) end
     if opts.warn ~= false then io.stderr:write('warning: fsdp.data.sentencepiece: ', msg, '\n') end
   end
-  return path, pieces
+  if lines.long > 0 and opts.warn ~= false then
+    io.stderr:write(('warning: fsdp.data.sentencepiece: %d of the %d lines of %s are longer than max_sentence_length '
+      .. '(%d bytes): SentencePiece trains without them\n'):format(lines.long, lines.lines, opts.input, max_len))
+  end
+  return path, pieces, lines
 end
 
 local Tokenizer = {}

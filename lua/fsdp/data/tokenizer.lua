@@ -8,6 +8,10 @@
 --                           beside it is the same SentencePiece model,
 --                           written in a form this build does not read),
 --                           else its tokenizer.json (GPT-2, Llama 3, Qwen2)
+--   OWNER/NAME              a Hugging Face hub model name (the seed's
+--                           --tokenizer): its snapshot in the local hub
+--                           cache, as a directory (fsdp.data.hub); never
+--                           fetched, a missing one says how to get it
 -- A file of another name is recognised by its content ('{' starts JSON).
 -- All give vocab_size, eos_id (nil when the tokenizer has none), name,
 -- encode(docs) -> {i64 tensor per document} and decode(ids) -> text.
@@ -32,6 +36,12 @@ function M.load(spec)
   if type(spec) ~= 'string' then
     core.fail(('fsdp.data.tokenizer: expected \'byte\', a tokenizer file or a model directory, got %s'):format(
       type(spec)))
+  end
+  local hub = require 'fsdp.data.hub'
+  if hub.is_model_name(spec) then
+    local ok, dir = pcall(hub.tokenizer_dir, spec)
+    if not ok then core.fail('fsdp.data.tokenizer: ' .. dir) end
+    spec = dir
   end
   local path = spec
   local mode = files.mode(spec)

@@ -1,0 +1,165 @@
+-- fsdp.data.hub: the Hugging Face names the seed's sbatch passes
+-- (--dataset=c4 --dataset_config_name=en, --tokenizer=OWNER/NAME) resolved
+-- to files on this machine. Nothing is fetched: a name that is not there
+-- is an error saying where it was looked for and the command that gets it.
+--
+--   Datasets: $FSDP_DATA/<dataset>/<config>/ (FSDP_DATA defaults to
+--   ~/.cache/fsdp-lua/data), holding the shards as the hub names them:
+--     $FSDP_DATA/c4/en/c4-train.00000-of-01024.json.gz ...      (training)
+--     $FSDP_DATA/c4/en/c4-validation.00000-of-00008.json.gz ... (validation)
+--   Tokenizers: a Hugging Face hub cache snapshot,
+--     $HF_HUB_CACHE/models--OWNER--NAME/snapshots/<revision>/
+--   (HF_HUB_CACHE defaults to $HF_HOME/hub, HF_HOME to
+--   ~/.cache/huggingface), as `huggingface-cli download OWNER/NAME` leaves
+--   it; refs/main names the revision, else any snapshot holding a
+--   tokenizer file.
+--
+--   local hub = require 'fsdp.data.hub'
+--   local d = hub.dataset('c4', 'en')     -- {train = glob, val = glob or nil, dir =}; error when absent
+--   local dir = hub.tokenizer_dir('hf-internal-testing/llama-tokenizer')   -- or error
+local files = require 'fsdp.files'
+
+local M = {}
+
+local function home() return os.getenv('HOME') or '.' end
+
+-- Where datasets live: $FSDP_DATA, else ~/.cache/fsdp-lua/data.
+function M.data_root()
+  local v = os.getenv('FSDP_DATA')
+  if v and v ~= '' then return v end
+  return home() .. '/.cache/fsdp-lua/data'
+end
+
+-- The datasets this build knows by hub name: their directory under
+-- data_root, default config, the shard names of each split, and how to
+-- download them (text for the error message; never run here).
+M.DATASETS = {
+  c4 = {
+    hub = 'allenai/c4', default_config = 'en',
+    train = 'c4-train.*.json.gz', val = 'c4-validation.*.json.gz',
+    -- training and validation shards per config (allenai/c4's README)
+    shards = { en = { 1024, 8 }, ['en.noblocklist'] = { 1024, 8 }, ['en.noclean'] = { 7168, 64 },
+               realnewslike = { 512, 1 } },
+    -- The command: the first 8 training shards (en: ~2.6 GB) and the first
+    -- validation shard; more shards: widen the --include patterns.
+    download = function(self, dir, config)
+      local lines = {
+        ('  huggingface-cli download allenai/c4 --repo-type dataset --local-dir %s \\'):format(files.dirname(dir)),
+        ("      --include '%s/c4-train.0000[0-7]-of-*.json.gz' '%s/c4-validation.00000-of-*.json.gz'"):format(config,
+          config),
+      }
+      local n = self.shards[config]
+      if n then
+        local name = ('c4-train.00000-of-%05d.json.gz'):format(n[1])
+        lines[#lines + 1] = ('  or one shard at a time (%s: %d training shards, %d validation shards):'):format(config,
+          n[1], n[2])
+        lines[#lines + 1] = ('    curl -L --create-dirs -o %s/%s \\'):format(dir, name)
+        lines[#lines + 1] = ('        https://huggingface.co/datasets/allenai/c4/resolve/main/%s/%s'):format(config, name)
+      end
+      return table.concat(lines, '\n')
+    end,
+  },
+}
+M.DATASETS['allenai/c4'] = M.DATASETS.c4
+
+-- The dataset entry of a hub name, or nil.
+function M.known(name) return M.DATASETS[name] end
+
+-- The dataset names this build knows, sorted.
+function M.names()
+  local out = {}
+  for k in pairs(M.DATASETS) do out[#out + 1] = k end
+  table.sort(out)
+  return out
+end
+local function names_known() return table.concat(M.names(), ', ') end
+
+local function dataset_dir(name, config)
+  return files.join(files.join(M.data_root(), name:match('[^/]*$')), config)
+end
+
+-- The training glob of a known dataset in `config` (default: its own).
+function M.train_glob(name, config)
+  local d = M.DATASETS[name]
+  if config == nil or config == '' then config = d.default_config end
+  return files.join(dataset_dir(name, config), d.train)
+end
+
+-- The files of a glob (fsdp.data.corpus's listing), or an empty list.
+local function matches(glob)
+  local ok, list = pcall(require('fsdp.data.corpus').files, glob)
+  return ok and list or {}
+end
+
+-- The local files of dataset `name` (a hub name) in `config` (the entry's
+-- default when nil or ''): {train = glob, val = glob (nil when there are
+-- no validation shards), dir, config, ntrain, nval}. An unknown name or
+-- missing training shards is an error naming the directory looked in and
+-- how to get the files.
+function M.dataset(name, config)
+  local d = M.DATASETS[name]
+  if not d then
+    error(('%s is not a file, directory or glob, nor a Hugging Face dataset this build knows (%s: read from %s)')
+      :format(name, names_known(), M.data_root()), 0)
+  end
+  if config == nil or config == '' then config = d.default_config end
+  if config:find('[/%*%?%[]') or config == '..' then
+    error(('dataset config %q: expected a name like %s'):format(config, d.default_config), 0)
+  end
+  local dir = dataset_dir(name, config)
+  local train, val = files.join(dir, d.train), files.join(dir, d.val)
+  local ntrain = #matches(train)
+  if ntrain == 0 then
+    error(('%s (config %s) is not on this machine: no %s in %s (the layout is $FSDP_DATA/%s/%s/, FSDP_DATA=%s). '
+      .. 'Get the shards with:\n%s'):format(d.hub, config, d.train, dir, name:match('[^/]*$'), config, M.data_root(),
+      d:download(dir, config)), 0)
+  end
+  local nval = #matches(val)
+  return { train = train, val = nval > 0 and val or nil, dir = dir, config = config, ntrain = ntrain, nval = nval }
+end
+
+-- The Hugging Face hub cache: $HF_HUB_CACHE, $HF_HOME/hub, or
+-- ~/.cache/huggingface/hub.
+function M.hub_cache()
+  local v = os.getenv('HF_HUB_CACHE')
+  if v and v ~= '' then return v end
+  v = os.getenv('HF_HOME')
+  if v and v ~= '' then return v .. '/hub' end
+  v = os.getenv('XDG_CACHE_HOME')
+  return ((v and v ~= '') and v or home() .. '/.cache') .. '/huggingface/hub'
+end
+
+-- Does `spec` look like a hub model name (OWNER/NAME, not a local path)?
+-- A name ending like a tokenizer file (DIR/tokenizer.model, x/vocab.json)
+-- is a path that is missing, not a model.
+function M.is_model_name(spec)
+  return type(spec) == 'string' and spec:match('^[%w][%w._-]*/[%w][%w._-]*$') ~= nil and files.mode(spec) == nil
+    and not spec:match('%.model$') and not spec:match('%.json$')
+end
+
+-- The snapshot directory of hub model `name` that holds a tokenizer file,
+-- or an error naming where it looked and the download command.
+function M.tokenizer_dir(name)
+  local owner, repo = name:match('^([^/]+)/([^/]+)$')
+  local base = ('%s/models--%s--%s'):format(M.hub_cache(), owner or name, repo or '')
+  local function holds(dir)
+    return files.mode(dir .. '/tokenizer.model') == 'file' or files.mode(dir .. '/tokenizer.json') == 'file'
+  end
+  local ref = io.open(base .. '/refs/main', 'rb')
+  if ref then
+    local rev = (ref:read('*a') or ''):match('%S+')
+    ref:close()
+    if rev and holds(base .. '/snapshots/' .. rev) then return base .. '/snapshots/' .. rev end
+  end
+  if files.mode(base .. '/snapshots') == 'directory' then
+    for _, rev in ipairs(files.list(base .. '/snapshots')) do
+      if holds(base .. '/snapshots/' .. rev) then return base .. '/snapshots/' .. rev end
+    end
+  end
+  error(('%s is not a local file or directory, and the Hugging Face cache holds no tokenizer of it (looked in '
+    .. '%s/snapshots/; the cache is $HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub). Get it with:\n'
+    .. '  huggingface-cli download %s tokenizer.model tokenizer.json tokenizer_config.json\n'
+    .. '  (or pass the model directory or its tokenizer file)'):format(name, base, name), 0)
+end
+
+return M
