@@ -22,7 +22,8 @@ PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
           lua-filesystem gnuplot-nox
           libxxhash-dev # XXH3 checksums of checkpoint files
           libyajl-dev # streaming JSON: safetensors headers of any size
-          clang libomp-dev) # clang, libomp-dev: the fuzzers (tests/fuzz)
+          clang libomp-dev # clang, libomp-dev: the fuzzers (tests/fuzz)
+          slurm-wlm munge) # the cluster in a box (tests/cluster)
 
 log() { printf '[build.sh] %s\n' "$*" >&2; }
 
