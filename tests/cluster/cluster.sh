@@ -7,6 +7,7 @@
 #   tests/cluster/cluster.sh run DIR CMD...   run a Slurm command (sbatch,
 #                                             sinfo, squeue, scontrol) against it
 #   tests/cluster/cluster.sh node DIR NODE CMD...  run CMD inside a node
+#   tests/cluster/cluster.sh ns DIR NODE      the network namespace of NODE (or ctl)
 #   tests/cluster/cluster.sh down DIR         stop everything it started
 #
 # Needs root (network and UTS namespaces), slurm-wlm and munge. DIR holds
@@ -68,6 +69,8 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=pmix
 SchedulerType=sched/backfill
+# Schedule at once (a requeued job waits for the next pass otherwise).
+SchedulerParameters=bf_interval=1,sched_interval=1,sched_min_interval=100000
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 # Short timeouts: a node that stops answering is DOWN within seconds and
@@ -225,13 +228,14 @@ down() {
   [ -z "${pids// /}" ]
 }
 
-[ $# -ge 2 ] || die "usage: $0 up DIR [NODES] | run DIR CMD... | node DIR NODE CMD... | down DIR"
+[ $# -ge 2 ] || die "usage: $0 up DIR [NODES] | run DIR CMD... | node DIR NODE CMD... | ns DIR NODE | down DIR"
 cmd=$1 dir=$(realpath -m "$2")
 shift 2
 case "$cmd" in
   up) up "$dir" "$@" ;;
   run) run "$dir" "$@" ;;
   node) node "$dir" "$@" ;;
+  ns) echo "$(ns_prefix "$dir")-$1" ;;
   down) down "$dir" ;;
-  *) die "unknown command $cmd (up, run, node, down)" ;;
+  *) die "unknown command $cmd (up, run, node, ns, down)" ;;
 esac
