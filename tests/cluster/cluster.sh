@@ -50,6 +50,7 @@ conf() { # conf DIR NODES: slurm.conf and cgroup.conf
   cat >"$dir/slurm.conf" <<CONF
 # slurm.conf of the cluster in a box (tests/cluster/cluster.sh)
 ClusterName=fsdpbox
+MailProg=/bin/true
 SlurmctldHost=ctl($NET.1)
 SlurmUser=root
 SlurmdUser=root
@@ -166,24 +167,26 @@ up() {
       slurmd -D -N "n$i" -f "$SLURM_CONF" >"$dir/nodes/n$i/slurmd.pid"
   done
 
-  # Progress, not a guess: slurmctld answering first (however long a
-  # loaded machine takes to start it, as long as it lives), then the nodes
-  # registering; CLUSTER_UP_TIMEOUT bounds the second phase only.
-  local limit=${CLUSTER_UP_TIMEOUT:-60} since="" idle pidf
+  # Progress, not a guess: a daemon that exits fails at once, with the
+  # logs; otherwise slurmctld must answer and then every node register,
+  # each phase within CLUSTER_UP_TIMEOUT seconds (a loaded machine takes
+  # a few seconds for either; a minute means something is wrong).
+  local limit=${CLUSTER_UP_TIMEOUT:-60} since=$SECONDS answered="" idle=0 pidf
   while :; do
     for pidf in "$dir"/ctl/slurmctld.pid "$dir"/nodes/*/slurmd.pid; do
       alive "$pidf" || { logs "$dir"; die "${pidf%/*}: daemon $(basename "$pidf" .pid) exited"; }
     done
-    if [ -z "$since" ]; then
-      run "$dir" sinfo -h >/dev/null 2>&1 && since=$SECONDS
+    if [ -z "$answered" ]; then
+      run "$dir" sinfo -h >/dev/null 2>&1 && answered=1 since=$SECONDS
     else
       idle=$(run "$dir" sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l)
       [ "$idle" -eq "$nodes" ] && break
-      if ((SECONDS - since > limit)); then
-        run "$dir" sinfo -N >&2
-        logs "$dir" >&2
-        die "only $idle of $nodes nodes idle ${limit} s after slurmctld answered"
-      fi
+    fi
+    if ((SECONDS - since > limit)); then
+      run "$dir" sinfo -N >&2
+      logs "$dir" >&2
+      [ -z "$answered" ] && die "slurmctld did not answer within $limit s"
+      die "only $idle of $nodes nodes idle $limit s after slurmctld answered"
     fi
     sleep 0.2
   done
