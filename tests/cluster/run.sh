@@ -101,18 +101,21 @@ submit() {
 field() { box scontrol show job "$1" | grep -oE "(^| )$2=[^ ]*" | head -1 | cut -d= -f2; }
 
 # wait_job ID JOBDIR: until the job ends (a state other than pending,
-# running, completing, requeued). Progress bounds it: the job's state or
-# its files changing; 60 s without either is a hang.
+# running, completing, requeued). Progress bounds it: the job's state, the
+# nodes' states or the job's files changing; 120 s without any is a hang.
+# (A requeued job waits for Slurm to mark the silent node DOWN, which
+# takes SlurmdTimeout plus its ping and message timeouts: 20-40 s here.)
 wait_job() {
-  local id=$1 jobdir=$2 state last="" quiet=0
+  local id=$1 jobdir=$2 state last="" changed=$SECONDS
   while :; do
-    state="$(field "$id" JobState) $(field "$id" Restarts) $(cat "$jobdir"/logs/* 2>/dev/null | wc -c)"
+    state="$(field "$id" JobState) $(field "$id" Reason) $(field "$id" Restarts) $(cat "$jobdir"/logs/* 2>/dev/null | wc -c)"
+    state+=" $(box sinfo -h -N -o %N=%T | tr '\n' ' ')"
     case "${state%% *}" in
       PENDING | RUNNING | COMPLETING | CONFIGURING | REQUEUED | REQUEUE_FED | REQUEUE_HOLD | "") ;;
       *) echo "${state%% *}"; return 0 ;;
     esac
-    if [ "$state" != "$last" ]; then last=$state quiet=0; else quiet=$((quiet + 1)); fi
-    if [ "$quiet" -ge 120 ]; then echo "HUNG(${state%% *})"; return 1; fi
+    if [ "$state" != "$last" ]; then last=$state changed=$SECONDS; fi
+    if ((SECONDS - changed >= 120)); then echo "HUNG(${state%% *})"; return 1; fi
     sleep 0.5
   done
 }
@@ -217,6 +220,7 @@ if [ "$state" = COMPLETED ] && [ "$(field "$idb" Restarts)" -ge 1 ] && [ -n "$re
 else
   not_ok "requeue: state $state, restarts $(field "$idb" Restarts), nodes $(field "$idb" NodeList), resumed from ${resumed:-nothing}"
   comment "$outb"
+  comment "$(box scontrol show job "$idb"; box sinfo -N; tail -n 30 "$DIR/ctl/slurmctld.log")"
   comment "$(paste <(echo "$want") <(echo "$after"))"
 fi
 
