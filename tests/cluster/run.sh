@@ -179,16 +179,18 @@ while [ "$(newest || echo 0)" -lt "$CUT" ]; do
   fi
   sleep 0.02
 done
-victim=$(box scontrol show hostnames "$(field "$idb" NodeList)" | tail -1)
+nodes=$(box scontrol show hostnames "$(field "$idb" NodeList)")
+victim=$(tail -1 <<<"$nodes")
 cut_at=$(newest)
 box ip link set "v${victim#n}" down
 cut=$(now)
 # Every rank of the job, on both nodes, gone: progress is the count of
-# ranks falling; the bound is the collective timeout and its roll call
-# (3 s) with slack for a loaded machine.
+# ranks falling; the bound is the collective timeout, its roll call (3 s)
+# and the abort's grace (2 s, backend_mpi.c) with slack for a loaded
+# machine.
 ranks() {
   local node pids
-  for node in n1 "$victim"; do
+  for node in $nodes; do
     pids=$(ip netns pids "$("$BOX" ns "$DIR" "$node")" 2>/dev/null)
     [ -n "$pids" ] && ps -o args= -p "$(echo $pids | tr ' ' ,)" | awk '$1 ~ /fsdp-lua$/ && /llama2_7b/' | wc -l
   done | awk '{ s += $1 } END { print s + 0 }'
