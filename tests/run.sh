@@ -11,6 +11,8 @@
 #   cudasim  the CUDA backend's kernels run on the CPU (tests/cudasim/run.sh)
 #   mpi      multi-rank scripts under mpirun, 2 and 4 ranks (tests/mpi/run.sh)
 #   fuzz     libFuzzer on the file readers, a short run (tests/fuzz/run.sh)
+#   cluster  Slurm in a box: sbatch on 2 nodes, a node lost and the job
+#            requeued (tests/cluster/run.sh; skipped where it cannot run)
 # A suite that exits non-zero without reporting a failed test (a crash, a
 # sanitizer report) counts as one failure.
 #   tests/run.sh            all suites
@@ -99,6 +101,10 @@ if want fuzz; then
     skipped=$((skipped + 1))
   fi
 fi
+
+# The cluster in a box needs root and network namespaces; it says SKIP
+# (counted as skipped) where it has neither, or no Slurm.
+want cluster && run_suite cluster tests/cluster/run.sh
 
 if [ ${#failures[@]} -gt 0 ]; then
   echo

@@ -277,7 +277,7 @@ describe('recipes/llama2_7b.lua', function()
     local f = assert(io.open(require('fsdp.host').root .. '/recipes/llama2_7b.sbatch'))
     local text = f:read('*a')
     f:close()
-    local command = text:match('srun [^\n]*llama2_7b%.lua(.-)"%$@"')
+    local command = text:match('srun [^\n]*llama2_7b%.lua"?(.-)"%$@"')
     assert.is_not_nil(command, 'the srun line of the sbatch script')
     local opts = {}
     for opt in command:gmatch('%-%-[%w_]+') do opts[#opts + 1] = opt end

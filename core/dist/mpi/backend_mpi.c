@@ -44,6 +44,7 @@
 #include <errno.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -689,7 +690,24 @@ static void mpi_abandon(void *req) {
     free(r);
 }
 
+/* Seconds MPI_Abort may take before the rank ends on its own. */
+#define ABORT_GRACE_SECONDS 2
+
+static void *abort_watchdog(void *code) {
+    sleep(ABORT_GRACE_SECONDS);
+    _exit((int)(intptr_t)code);
+    return NULL;
+}
+
 static void mpi_abort(int code) {
+    /* MPI_Abort asks the launcher to end the job and waits for it. Under
+     * srun that is the node's slurmstepd, which waits for srun on the batch
+     * node: a node cut off from it (a failed link) would keep its ranks
+     * forever. The watchdog ends this rank after a grace period whatever
+     * MPI_Abort does (tests/cluster/run.sh cuts a node's link). */
+    pthread_t watchdog;
+    if (pthread_create(&watchdog, NULL, abort_watchdog, (void *)(intptr_t)code) == 0)
+        pthread_detach(watchdog);
     /* The progress thread may hold the lock inside MPI_Test; wait a little
      * for it, then abort regardless: ending the job matters more. */
     struct timespec until;

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# benchmarks/cluster_link.sh: training steps across a shaped link between
+# two nodes of the cluster in a box (tests/cluster/cluster.sh), against the
+# planner's communication model (issue 19 items 4-5, a first measurement).
+#
+#   benchmarks/cluster_link.sh [RATE]     default 1gbit
+#
+# Each node's eth0 gets a token bucket (`tc qdisc ... tbf rate RATE`, each
+# direction; no added delay: the kernels of these machines lack netem, so
+# latency is the veth's, tens of microseconds); ranks on different nodes
+# talk Open MPI's TCP transport across the bridge, ranks on one node
+# shared memory. For 2 nodes x 1 rank (FULL_SHARD, SHARD_GRAD_OP) and
+# 2 nodes x 2 ranks (FULL_SHARD, HYBRID_SHARD) it prints the fastest step
+# of steps 4-16 (on a shared machine the fastest step is the one least
+# disturbed; a median moved by hundreds of ms between runs here) with the
+# link unshaped and shaped, with prefetching
+# off (no backward or forward prefetch, no all-gather limit) and on
+# (backward PRE, forward prefetch), and the planner's inter-node bytes on
+# the wire and their time at RATE (fsdp.plan's model: wire bytes /
+# bandwidth, no latency). "exposed" = shaped - unshaped step time: the
+# communication the link added that compute did not hide.
+#
+# Needs root and Slurm like the cluster suite; takes a few minutes. Step
+# times on a shared 2-core machine are noisy: read them as sizes, not
+# digits.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+EXE=$ROOT/build/bin/fsdp-lua
+BOX=$ROOT/tests/cluster/cluster.sh
+RATE=${1:-1gbit}
+
+case "$RATE" in
+  *gbit) BW=$(awk -v r="${RATE%gbit}" 'BEGIN { print r * 1e9 / 8 }') ;;
+  *mbit) BW=$(awk -v r="${RATE%mbit}" 'BEGIN { print r * 1e6 / 8 }') ;;
+  *) echo "RATE must end in gbit or mbit (tc's units), not $RATE" >&2; exit 2 ;;
+esac
+command -v tc >/dev/null || { echo "tc not found (iproute2)" >&2; exit 1; }
+
+DIR=$(mktemp -d /var/tmp/fsdp-link.XXXXXX)
+trap '"$BOX" down "$DIR" >/dev/null 2>&1; rm -rf "$DIR"' EXIT
+trap 'exit 130' INT TERM
+"$BOX" up "$DIR" 2 || exit 1
+mkdir -p "$DIR/job"
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mpi_preconnect_mpi=1
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 FSDP_COLLECTIVE_TIMEOUT=120
+
+MODEL=(--data= --dtype=f32 --num_layers=4 --hidden_width=256 --num_heads=4 --vocab_size=512
+       --seq_len=64 --batch_size=2 --validation_freq=0 --peak_tflops=0 --warmup_steps=2)
+STEPS=16
+OFF=(--backward_prefetch=none --forward_prefetch=false --limit_all_gathers=false)
+ON=(--backward_prefetch=pre --forward_prefetch=true --limit_all_gathers=true)
+
+shape() { # shape on|off
+  local node
+  for node in n1 n2; do
+    "$BOX" node "$DIR" "$node" tc qdisc del dev eth0 root 2>/dev/null
+    # A burst of 128 KiB: above one GSO segment (64 KiB), far below a
+    # step's messages (MiBs), so the rate holds for each collective.
+    [ "$1" = on ] && "$BOX" node "$DIR" "$node" tc qdisc add dev eth0 root tbf rate "$RATE" burst 128kb latency 100ms
+  done
+  return 0
+}
+
+# step PER_NODE STRATEGY PREFETCH...: the fastest step (ms) of steps 4-16.
+step() {
+  local per=$1 strategy=$2; shift 2
+  local m=$DIR/job/m.jsonl
+  rm -f "$m"
+  (cd "$DIR/job" && timeout 300 "$BOX" run "$DIR" srun --mpi=pmix -N2 --ntasks-per-node="$per" \
+    "$EXE" "$ROOT/recipes/llama2_7b.lua" "${MODEL[@]}" --max_steps=$STEPS --sharding_strategy="$strategy" \
+    --metrics_file="$m" "$@" >"$DIR/job/out.log" 2>&1) || { echo "failed"; return; }
+  "$EXE" - "$m" <<'LUA'
+local cjson, t = require('cjson'), {}
+for line in io.lines(arg[1]) do
+  local r = cjson.decode(line)
+  if r.type == 'train' and r.step >= 4 then t[#t + 1] = r.step_time end
+end
+table.sort(t)
+print(('%.0f'):format(1000 * t[1]))
+LUA
+}
+
+# planned PER_NODE STRATEGY: inter-node wire MiB per step and its ms at
+# BW. The plan prices the wire bytes at the cpu profile's inter_bw; its
+# milliseconds scale to the shaped rate (the model is bytes / bandwidth).
+PLAN_BW=$("$EXE" -e "print(require('fsdp').devices.get('cpu').inter_bw)")
+planned() {
+  "$EXE" "$ROOT/recipes/llama2_7b.lua" "${MODEL[@]}" --sharding_strategy="$2" --plan \
+    --plan_world=$((2 * $1)) --plan_nodes=2 2>&1 |
+    awk -v bw="$BW" -v pbw="$PLAN_BW" '/on the wire \(inter-node\)/ { ms += $(NF - 1) }
+      END { printf "%.1f MiB %.0f ms\n", ms / 1000 * pbw / 2^20, ms * pbw / bw }'
+}
+
+printf '%-22s %-14s %-24s %9s %9s %9s\n' configuration prefetch "planned inter-node" unshaped shaped exposed
+for cfg in "1 FULL_SHARD" "1 SHARD_GRAD_OP" "2 FULL_SHARD" "2 HYBRID_SHARD"; do
+  set -- $cfg
+  per=$1 strategy=$2
+  plan=$(planned "$per" "$strategy")
+  for mode in off on; do
+    if [ "$mode" = off ]; then flags=("${OFF[@]}"); else flags=("${ON[@]}"); fi
+    shape off
+    base=$(step "$per" "$strategy" "${flags[@]}")
+    shape on
+    shaped=$(step "$per" "$strategy" "${flags[@]}")
+    shape off
+    printf '%-22s %-14s %-24s %7s ms %7s ms %7s ms\n' "2 nodes x $per $strategy" "$mode" "$plan" "$base" "$shaped" \
+      "$(awk -v a="$base" -v b="$shaped" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) print b - a; else print "?" }')"
+  done
+done
