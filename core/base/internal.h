@@ -249,7 +249,8 @@ typedef struct fl_backend {
     void (*event_destroy)(void *event);
     /* The allocation starting at `block` is also used by `stream`: once
      * freed, it is not handed out again before the work queued there by
-     * then has run. false for a block the device's pool does not know. */
+     * then has run. false, with the error set, for a block the device's
+     * pool does not know or without host memory to note the stream. */
     bool (*record_stream)(int index, void *block, uint64_t stream);
     /* Queue a copy of nbytes between page-locked host memory (host_alloc)
      * and the device on `stream`. */
