@@ -202,6 +202,9 @@ local function outdirs(kind)
   filter {}
 end
 
+-- Every library exports the fl_ API and nothing else (mk/exports.map).
+local EXPORTS_MAP = "-Wl,--version-script=" .. ROOT .. "/mk/exports.map"
+
 -- The core: one shared library; only FL_API symbols (and the FL_PLUGIN_API
 -- ones backend plugins call) are exported.
 project "fsdp"
@@ -213,7 +216,7 @@ project "fsdp"
   excludes { "core/host/**.c", "core/dist/mpi/**.c", "core/cuda/**.c" }
   includedirs { "core/base", "core/ops" }
   buildoptions { "-fPIC", "-fvisibility=hidden", "-fopenmp" }
-  linkoptions { "-fopenmp" }
+  linkoptions { "-fopenmp", EXPORTS_MAP }
   -- OpenBLAS (Debian's pthread build) for every matrix product.
   includedirs { pkg_config_dirs("--cflags-only-I", "openblas") }
   libdirs { pkg_config_dirs("--libs-only-L", "openblas") }
@@ -247,7 +250,7 @@ project "fsdp_cuda"
   buildoptions { "-fPIC", "-fvisibility=hidden" }
   -- Refuse to link with a symbol left unresolved: the loader's dlopen
   -- would otherwise be the first to notice.
-  linkoptions { "-Wl,--no-undefined", "-Wl,-rpath,'$$ORIGIN'" }
+  linkoptions { "-Wl,--no-undefined", "-Wl,-rpath,'$$ORIGIN'", EXPORTS_MAP }
   filter "configurations:release or debug"
     libdirs { CUDA_HOME .. "/lib64" }
     -- cuBLASLt for GEMMs, cuDNN for convolutions and fused attention;
@@ -289,7 +292,7 @@ project "fsdp_mpi"
   libdirs { MPI.libdirs }
   buildoptions { "-fPIC", "-fvisibility=hidden" }
   links { "fsdp", "mpi", "pthread" }
-  linkoptions { "-Wl,-rpath,'$$ORIGIN'" }
+  linkoptions { "-Wl,-rpath,'$$ORIGIN'", EXPORTS_MAP }
   for _, dir in ipairs(MPI.libdirs) do linkoptions { "-Wl,-rpath," .. dir } end
 end
 
