@@ -12,6 +12,7 @@
 --                          (built when nvcc is found; not in asan)
 --   build/bin/fsdp-lua     the LuaJIT host (static LuaJIT, -rdynamic)
 --   build/bin/fsdp-ctest   the C test suite (cmocka)
+--   build/bin/fsdp-embed   the embedding example (tests/embed)
 -- Configurations: release (default), debug, asan (AddressSanitizer and
 -- UndefinedBehaviorSanitizer; outputs under build/asan/), cudasim (the CUDA
 -- backend with its kernels run on the CPU by tests/cudasim, for testing
@@ -305,6 +306,17 @@ project "fsdp-lua"
   includedirs { "/usr/include/luajit-2.1" }
   links { "fsdp", ":libluajit-5.1.a", "edit", "m", "dl" }
   linkoptions { "-rdynamic", "-Wl,-rpath,'$$ORIGIN/../lib'" }
+
+-- The embedding example (tests/embed): a C program with its own LuaJIT
+-- state (Debian's shared libluajit) that trains through the Lua library
+-- and reads the loss back through the C API.
+project "fsdp-embed"
+  kind "ConsoleApp"
+  outdirs "bin"
+  files { "tests/embed/**.c" }
+  includedirs { "/usr/include/luajit-2.1" }
+  links { "fsdp", "luajit-5.1", "m", "dl" }
+  linkoptions { "-Wl,-rpath,'$$ORIGIN/../lib'" }
 
 -- The C test suite.
 project "fsdp-ctest"
