@@ -220,7 +220,7 @@ typedef struct fl_backend {
     const char *(*describe_oom)(int index, char *buf, size_t size);
     /* Address ranges whose memory comes and goes while the addresses stay
      * (a sharded unit's gathered buffer: [Note: the gathered buffer keeps
-     * its address] in core/fsdp/unit.c). vm_reserve: at least nbytes of
+     * its address] in core/include/fsdp.h). vm_reserve: at least nbytes of
      * addresses and no memory (*granted: the size, rounded up to the
      * device's granularity), NULL on failure; vm_commit: memory behind the
      * whole range (FL_OK, or an error naming the device); vm_decommit: the
