@@ -12,6 +12,7 @@
 --                          (built when nvcc is found; not in asan)
 --   build/bin/fsdp-lua     the LuaJIT host (static LuaJIT, -rdynamic)
 --   build/bin/fsdp-ctest   the C test suite (cmocka)
+--   build/bin/fsdp-embed   the embedding example (tests/embed)
 -- Configurations: release (default), debug, asan (AddressSanitizer and
 -- UndefinedBehaviorSanitizer; outputs under build/asan/), cudasim (the CUDA
 -- backend with its kernels run on the CPU by tests/cudasim, for testing
@@ -202,6 +203,9 @@ local function outdirs(kind)
   filter {}
 end
 
+-- Every library exports the fl_ API and nothing else (mk/exports.map).
+local EXPORTS_MAP = "-Wl,--version-script=" .. ROOT .. "/mk/exports.map"
+
 -- The core: one shared library; only FL_API symbols (and the FL_PLUGIN_API
 -- ones backend plugins call) are exported.
 project "fsdp"
@@ -213,7 +217,7 @@ project "fsdp"
   excludes { "core/host/**.c", "core/dist/mpi/**.c", "core/cuda/**.c" }
   includedirs { "core/base", "core/ops" }
   buildoptions { "-fPIC", "-fvisibility=hidden", "-fopenmp" }
-  linkoptions { "-fopenmp" }
+  linkoptions { "-fopenmp", EXPORTS_MAP }
   -- OpenBLAS (Debian's pthread build) for every matrix product.
   includedirs { pkg_config_dirs("--cflags-only-I", "openblas") }
   libdirs { pkg_config_dirs("--libs-only-L", "openblas") }
@@ -247,7 +251,7 @@ project "fsdp_cuda"
   buildoptions { "-fPIC", "-fvisibility=hidden" }
   -- Refuse to link with a symbol left unresolved: the loader's dlopen
   -- would otherwise be the first to notice.
-  linkoptions { "-Wl,--no-undefined", "-Wl,-rpath,'$$ORIGIN'" }
+  linkoptions { "-Wl,--no-undefined", "-Wl,-rpath,'$$ORIGIN'", EXPORTS_MAP }
   filter "configurations:release or debug"
     libdirs { CUDA_HOME .. "/lib64" }
     -- cuBLASLt for GEMMs, cuDNN for convolutions and fused attention;
@@ -289,7 +293,7 @@ project "fsdp_mpi"
   libdirs { MPI.libdirs }
   buildoptions { "-fPIC", "-fvisibility=hidden" }
   links { "fsdp", "mpi", "pthread" }
-  linkoptions { "-Wl,-rpath,'$$ORIGIN'" }
+  linkoptions { "-Wl,-rpath,'$$ORIGIN'", EXPORTS_MAP }
   for _, dir in ipairs(MPI.libdirs) do linkoptions { "-Wl,-rpath," .. dir } end
 end
 
@@ -302,6 +306,17 @@ project "fsdp-lua"
   includedirs { "/usr/include/luajit-2.1" }
   links { "fsdp", ":libluajit-5.1.a", "edit", "m", "dl" }
   linkoptions { "-rdynamic", "-Wl,-rpath,'$$ORIGIN/../lib'" }
+
+-- The embedding example (tests/embed): a C program with its own LuaJIT
+-- state (Debian's shared libluajit) that trains through the Lua library
+-- and reads the loss back through the C API.
+project "fsdp-embed"
+  kind "ConsoleApp"
+  outdirs "bin"
+  files { "tests/embed/**.c" }
+  includedirs { "/usr/include/luajit-2.1" }
+  links { "fsdp", "luajit-5.1", "m", "dl" }
+  linkoptions { "-Wl,-rpath,'$$ORIGIN/../lib'" }
 
 -- The C test suite.
 project "fsdp-ctest"

@@ -31,3 +31,6 @@ $(FL_SPM_O): $(FL_ROOT)/core/text/spm.cc $(FL_ROOT)/core/include/fsdp.h | $(OBJD
 
 OBJECTS += $(FL_SPM_O)
 $(TARGET): $(FL_SPM_O)
+
+# The version script is an input of the link (premake5.lua).
+$(TARGET): $(FL_ROOT)/mk/exports.map

@@ -8,6 +8,8 @@
 #   lua      busted specs run inside fsdp-lua (tests/lua/*_spec.lua)
 #   lua-asan the same specs through the sanitized build
 #   readme   every command and Lua snippet of README.md (tests/readme/run.lua)
+#   embed    a C program embedding the framework, and a stock luajit
+#            requiring it (tests/embed/run.sh)
 #   cudasim  the CUDA backend's kernels run on the CPU (tests/cudasim/run.sh)
 #   mpi      multi-rank scripts under mpirun, 2 and 4 ranks (tests/mpi/run.sh)
 #   fuzz     libFuzzer on the file readers, a short run (tests/fuzz/run.sh)
@@ -60,6 +62,7 @@ if want c-asan; then
 fi
 want lua && run_suite lua build/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
 want readme && run_suite readme build/bin/fsdp-lua tests/readme/run.lua
+want embed && run_suite embed tests/embed/run.sh
 # The specs again through the sanitized core: memory errors in C reached
 # from Lua (autograd graphs, views) show up here.
 if want lua-asan; then

@@ -278,8 +278,7 @@ static int copy_to_host(fl_packed *p, const fl_tensor *src, int64_t nbytes) {
     /* Before queueing: a block the pool does not know could not be held
      * back, so nothing is copied out of it. */
     if (nbytes > 0 && !be->record_stream(index, src->storage->data, copy))
-        return fl_fail(FL_ERR_STATE, "offload: %s: the saved tensor's storage is not a block "
-                                     "of the device pool", dev);
+        return fl_fail_prefix("offload: the saved tensor's storage on %s", dev);
     int rc = fl_pinned_copy_async_on(p->device, copy, p->host->data, src->data, nbytes, true,
                                      p->host->storage);
     if (rc != FL_OK) return rc;
@@ -315,8 +314,7 @@ static int prefetch(fl_packed *q) {
     int64_t nbytes = q->span * (int64_t)fl_dtype_size(q->dtype);
     int rc = FL_OK;
     if (nbytes > 0 && !be->record_stream(index, flat->storage->data, copy))
-        rc = fl_fail(FL_ERR_STATE, "offload: %s: a new tensor's storage is not a block of "
-                                   "the device pool", dev);
+        rc = fl_fail_prefix("offload: a new tensor's storage on %s", dev);
     if (rc == FL_OK)
         rc = fl_pinned_copy_async_on(q->device, copy, flat->data, q->host->data, nbytes, false,
                                      q->host->storage);

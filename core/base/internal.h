@@ -220,7 +220,7 @@ typedef struct fl_backend {
     const char *(*describe_oom)(int index, char *buf, size_t size);
     /* Address ranges whose memory comes and goes while the addresses stay
      * (a sharded unit's gathered buffer: [Note: the gathered buffer keeps
-     * its address] in core/fsdp/unit.c). vm_reserve: at least nbytes of
+     * its address] in core/include/fsdp.h). vm_reserve: at least nbytes of
      * addresses and no memory (*granted: the size, rounded up to the
      * device's granularity), NULL on failure; vm_commit: memory behind the
      * whole range (FL_OK, or an error naming the device); vm_decommit: the
@@ -249,7 +249,8 @@ typedef struct fl_backend {
     void (*event_destroy)(void *event);
     /* The allocation starting at `block` is also used by `stream`: once
      * freed, it is not handed out again before the work queued there by
-     * then has run. false for a block the device's pool does not know. */
+     * then has run. false, with the error set, for a block the device's
+     * pool does not know or without host memory to note the stream. */
     bool (*record_stream)(int index, void *block, uint64_t stream);
     /* Queue a copy of nbytes between page-locked host memory (host_alloc)
      * and the device on `stream`. */

@@ -727,7 +727,6 @@ FL_API fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_t
                                                   const fl_tensor *v, const fl_tensor *bias,
                                                   bool causal, double scale);
 
-/* ---- optim: fused optimizer updates and norms (core/optim/) ---- */
 /* ------------------------------------------------------------------------ */
 /* Files: safetensors                                                        */
 /* ------------------------------------------------------------------------ */
@@ -838,14 +837,17 @@ FL_API const char *fl_safetensors_writer_checksum_value(const fl_safetensors_wri
  * says which), else an error naming the file and both values. */
 FL_API int fl_safetensors_verify(const fl_safetensors *f, bool *checked);
 
+/* ---- optim: fused optimizer updates and norms (core/optim/) ---- */
 /* One fused update of one tensor per call (later: one flat shard per unit).
  * param, grad and the state tensors are contiguous, on one device, with the
  * same number of elements (shapes may differ: a flat shard's state is 1-d)
  * and no shared memory. Math is f32 whatever the storage; every stored value
  * is rounded once (nearest even). param: f32, bf16 or f16; grad: f32 or the
  * param's dtype; state: f32, bf16 or f16 (zeros before the first step).
- * Meta and fake operands are checked and left alone. CPU kernels (OpenMP);
- * other devices report FL_ERR_UNSUPPORTED. `step` counts the updates of
+ * Meta and fake operands are checked and left alone. Each device's backend
+ * runs its own kernels (its optim table: OpenMP on the cpu, the CUDA
+ * plugin's on cuda); a device whose backend has none reports
+ * FL_ERR_UNSUPPORTED. `step` counts the updates of
  * this tensor including the current one (1 on the first call). Nothing is
  * recorded for autograd. */
 
@@ -891,9 +893,10 @@ typedef struct fl_adadelta_options {
 FL_API int fl_adadelta_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *square_avg,
                              fl_tensor *acc_delta, const fl_adadelta_options *opts);
 
-/* Sum of the squares of all elements of a contiguous float tensor on the
- * cpu, accumulated in double in a fixed order (the result does not depend
- * on the thread count): the local part of clip-by-global-norm. */
+/* Sum of the squares of all elements of a contiguous float tensor on any
+ * device with optim kernels, accumulated in double in a fixed order (the
+ * result does not depend on the thread count): the local part of
+ * clip-by-global-norm. */
 FL_API int fl_grad_sq_norm(const fl_tensor *t, double *out);
 /* t *= alpha in place (contiguous float tensor; f32 arithmetic for the
  * 16-bit floats): the scaling of clip-by-norm. No-op on meta and fake. */

@@ -27,8 +27,17 @@
  * The free sets are arrays sorted by (stream, size, address): best fit is
  * a binary search. Handed-out blocks are found by address in an
  * open-addressing table. One mutex: communication threads allocate too.
+ *
+ * Freeing never allocates host memory, so it cannot fail halfway: every
+ * block set (small, large, pending) has room for every block that exists
+ * (reserve_block, called where a block is made), and the events a freed
+ * block waits on have their slots from record_stream. Running out of host
+ * memory for this bookkeeping can only make an allocation or a
+ * record_stream fail, which their callers report.
  */
 #include "device_pool.h"
+
+#include "internal.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -55,7 +64,7 @@ typedef struct block {
     struct block *prev, *next; /* neighbours in the segment, by address */
     uint64_t *uses;        /* other streams that used it (record_stream) */
     int n_uses, cap_uses;
-    void **events;         /* pending at free: one per other stream */
+    void **events;         /* pending at free: one per other stream (cap_uses slots) */
     int n_events;
 } block;
 
@@ -70,6 +79,7 @@ struct fl_pool {
     pthread_mutex_t lock;
     block_set free_small, free_large;
     block_set pending;     /* freed, waiting for their events */
+    int blocks;            /* blocks that exist: each set has room for all */
     block **table;         /* handed-out blocks by address; NULL = empty */
     int64_t table_cap, table_n;
     int64_t limit;
@@ -98,9 +108,11 @@ static int set_lower_bound(const block_set *s, uint64_t stream, int64_t size, co
     return lo;
 }
 
-static bool set_grow(block_set *s) {
-    if (s->n < s->cap) return true;
+/* Room for `need` blocks in s; false (s unchanged) without host memory. */
+static bool set_reserve(block_set *s, int need) {
+    if (need <= s->cap) return true;
     int cap = s->cap ? 2 * s->cap : 64;
+    while (cap < need) cap *= 2;
     block **v = realloc(s->v, (size_t)cap * sizeof *v);
     if (!v) return false;
     s->v = v;
@@ -108,18 +120,36 @@ static bool set_grow(block_set *s) {
     return true;
 }
 
-static bool set_insert(block_set *s, block *b) {
-    if (!set_grow(s)) return false;
+/* Count one more block, first making room for it in every set; false
+ * (nothing changed) without host memory. */
+static bool reserve_block(fl_pool *p) {
+    int need = p->blocks + 1;
+    if (!set_reserve(&p->free_small, need) || !set_reserve(&p->free_large, need) ||
+        !set_reserve(&p->pending, need))
+        return false;
+    p->blocks = need;
+    return true;
+}
+
+/* Free a block's bookkeeping (not its memory) and uncount it. */
+static void drop_block(fl_pool *p, block *b) {
+    free(b->uses);
+    free(b->events);
+    free(b);
+    p->blocks--;
+}
+
+static void set_insert(block_set *s, block *b) {
+    FL_ASSERT(s->n < s->cap); /* room for every block: reserve_block */
     int at = set_lower_bound(s, b->stream, b->size, b->ptr);
     memmove(s->v + at + 1, s->v + at, (size_t)(s->n - at) * sizeof *s->v);
     s->v[at] = b;
     s->n++;
-    return true;
 }
 
 static void set_remove(block_set *s, block *b) {
     int at = set_lower_bound(s, b->stream, b->size, b->ptr);
-    if (at >= s->n || s->v[at] != b) abort(); /* a block is in its set when free */
+    FL_ASSERT(at < s->n && s->v[at] == b); /* a free block is in its set */
     memmove(s->v + at, s->v + at + 1, (size_t)(s->n - at - 1) * sizeof *s->v);
     s->n--;
 }
@@ -234,8 +264,7 @@ static void release_block(fl_pool *p, block *b) {
         b->size += n->size;
         b->next = n->next;
         if (n->next) n->next->prev = b;
-        free(n->uses);
-        free(n);
+        drop_block(p, n);
     }
     block *q = b->prev;
     if (q && !q->in_use) {
@@ -243,11 +272,10 @@ static void release_block(fl_pool *p, block *b) {
         q->size += b->size;
         q->next = b->next;
         if (b->next) b->next->prev = q;
-        free(b->uses);
-        free(b);
+        drop_block(p, b);
         b = q;
     }
-    if (!set_insert(set, b)) abort(); /* out of host memory for bookkeeping */
+    set_insert(set, b);
 }
 
 /* Release the pending blocks whose events are all done. */
@@ -262,8 +290,6 @@ static void process_pending(fl_pool *p) {
             continue;
         }
         for (int e = 0; e < b->n_events; e++) p->dev.event_destroy(p->dev.ctx, b->events[e]);
-        free(b->events);
-        b->events = NULL;
         b->n_events = 0;
         p->pending.v[i] = p->pending.v[--p->pending.n];
         release_block(p, b);
@@ -286,8 +312,7 @@ static int64_t release_segments(fl_pool *p, block_set *set) {
         p->st.segments--;
         p->st.device_frees++;
         released += b->size;
-        free(b->uses);
-        free(b);
+        drop_block(p, b);
     }
     return released;
 }
@@ -314,7 +339,8 @@ static block *new_segment(fl_pool *p, int64_t size, uint64_t stream) {
         if (!mem) return NULL;
     }
     block *b = calloc(1, sizeof *b);
-    if (!b) {
+    if (!b || !reserve_block(p)) {
+        free(b);
         p->dev.free(p->dev.ctx, mem, seg);
         return NULL;
     }
@@ -364,14 +390,14 @@ void fl_pool_destroy(fl_pool *pool) {
     const block_set *sets[] = {&pool->free_small, &pool->free_large, &pool->pending};
     for (int s = 0; s < 3; s++)
         for (int i = 0; i < sets[s]->n; i++)
-            if (set_grow(&all)) all.v[all.n++] = sets[s]->v[i];
+            if (set_reserve(&all, all.n + 1)) all.v[all.n++] = sets[s]->v[i];
     for (int64_t i = 0; i < pool->table_cap; i++)
-        if (pool->table[i] && set_grow(&all)) all.v[all.n++] = pool->table[i];
+        if (pool->table[i] && set_reserve(&all, all.n + 1)) all.v[all.n++] = pool->table[i];
     /* Heads first (they sum their segments), then the rest. */
     block_set heads = {0}, rest = {0};
     for (int i = 0; i < all.n; i++) {
         block_set *into = all.v[i]->prev ? &rest : &heads;
-        if (set_grow(into)) into->v[into->n++] = all.v[i];
+        if (set_reserve(into, into->n + 1)) into->v[into->n++] = all.v[i];
     }
     destroy_blocks(pool, &heads);
     destroy_blocks(pool, &rest);
@@ -395,21 +421,30 @@ void *fl_pool_alloc(fl_pool *p, int64_t nbytes, uint64_t stream) {
     block_set *set = large ? &p->free_large : &p->free_small;
     block *b = NULL;
     int at = set_lower_bound(set, stream, size, NULL);
-    if (at < set->n && set->v[at]->stream == stream) {
-        b = set->v[at];
-        set_remove(set, b);
-    } else {
-        b = new_segment(p, size, stream);
-        if (!b) {
-            p->st.ooms++;
-            p->last_request = nbytes;
-            p->last_stream = stream;
-            pthread_mutex_unlock(&p->lock);
-            return NULL;
+    /* The table's room first, so that nothing fails once a block is taken
+     * (no host memory for it is out of memory too). */
+    if (table_grow(p)) {
+        if (at < set->n && set->v[at]->stream == stream) {
+            b = set->v[at];
+            set_remove(set, b);
+        } else {
+            b = new_segment(p, size, stream);
         }
     }
+    if (!b) {
+        p->st.ooms++;
+        p->last_request = nbytes;
+        p->last_stream = stream;
+        pthread_mutex_unlock(&p->lock);
+        return NULL;
+    }
     if (worth_splitting(b, size)) {
+        /* Without host memory for the rest the block is handed out whole. */
         block *rest = calloc(1, sizeof *rest);
+        if (rest && !reserve_block(p)) {
+            free(rest);
+            rest = NULL;
+        }
         if (rest) {
             rest->ptr = b->ptr + size;
             rest->size = b->size - size;
@@ -420,12 +455,13 @@ void *fl_pool_alloc(fl_pool *p, int64_t nbytes, uint64_t stream) {
             if (b->next) b->next->prev = rest;
             b->next = rest;
             b->size = size;
-            if (!set_insert(set, rest)) abort();
+            set_insert(set, rest);
         }
     }
     b->in_use = true;
     b->requested = nbytes;
-    if (!table_put(p, b)) abort();
+    bool put = table_put(p, b);
+    FL_ASSERT(put); /* its room was made above */
     p->st.allocated += b->size;
     p->st.requested += nbytes;
     p->st.active_blocks++;
@@ -444,11 +480,9 @@ bool fl_pool_free(fl_pool *p, void *ptr) {
     }
     table_remove_at(p, slot);
     if (b->n_uses > 0 && p->dev.record_event) {
-        b->events = calloc((size_t)b->n_uses, sizeof *b->events);
-        if (!b->events) abort();
         for (int i = 0; i < b->n_uses; i++)
             b->events[b->n_events++] = p->dev.record_event(p->dev.ctx, b->uses[i]);
-        if (!set_grow(&p->pending)) abort();
+        FL_ASSERT(p->pending.n < p->pending.cap); /* room for every block */
         p->pending.v[p->pending.n++] = b; /* unordered: only ever scanned */
     } else {
         release_block(p, b);
@@ -461,19 +495,27 @@ bool fl_pool_record_stream(fl_pool *p, void *ptr, uint64_t stream) {
     pthread_mutex_lock(&p->lock);
     block *b = table_find(p, ptr, NULL);
     bool ok = b != NULL;
+    if (!ok) fl_fail(FL_ERR_STATE, "device pool %s: %p is not a block it handed out", p->name, ptr);
     if (ok && stream != b->stream) {
         bool known = false;
         for (int i = 0; i < b->n_uses; i++) known |= b->uses[i] == stream;
-        if (!known) {
-            if (b->n_uses == b->cap_uses) {
-                int cap = b->cap_uses ? 2 * b->cap_uses : 2;
-                uint64_t *u = realloc(b->uses, (size_t)cap * sizeof *u);
-                if (!u) abort();
-                b->uses = u;
+        if (!known && b->n_uses == b->cap_uses) {
+            /* The event slots grow with the uses, so the free that records
+             * the events needs no memory. */
+            int cap = b->cap_uses ? 2 * b->cap_uses : 2;
+            uint64_t *u = realloc(b->uses, (size_t)cap * sizeof *u);
+            if (u) b->uses = u;
+            void **e = u ? realloc(b->events, (size_t)cap * sizeof *e) : NULL;
+            if (e) {
+                b->events = e;
                 b->cap_uses = cap;
+            } else {
+                ok = false;
+                fl_fail(FL_ERR_OOM, "device pool %s: no host memory to note a second stream's use of a block",
+                        p->name);
             }
-            b->uses[b->n_uses++] = stream;
         }
+        if (ok && !known) b->uses[b->n_uses++] = stream;
     }
     pthread_mutex_unlock(&p->lock);
     return ok;

@@ -64,7 +64,9 @@ FL_PLUGIN_API void *fl_pool_alloc(fl_pool *pool, int64_t nbytes, uint64_t stream
 /* Give a block back. Returns false for a pointer the pool did not hand out. */
 FL_PLUGIN_API bool fl_pool_free(fl_pool *pool, void *ptr);
 /* The block at ptr is also used by work on `stream`: when freed, it is not
- * reused before that work has run. Returns false for an unknown pointer. */
+ * reused before that work has run. Returns false, with the error set
+ * (fl_last_error), for an unknown pointer or without host memory to note
+ * the stream. */
 FL_PLUGIN_API bool fl_pool_record_stream(fl_pool *pool, void *ptr, uint64_t stream);
 
 /* Refuse to hold more than `bytes` of device memory (0: no limit), as if

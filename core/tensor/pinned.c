@@ -171,11 +171,13 @@ int fl_pinned_copy_async_on(fl_device device, uint64_t stream, void *dst, const 
         FL_ASSERT(stream == copy); /* else a stream the pool could not name */
         id = copy_id(index);
     }
+    /* Noted before queueing: a use the pool could not note (no host memory)
+     * would let the block be reused under the copy, so nothing is queued. */
+    if (!fl_pool_record_stream(pool, pinned->data, id))
+        return fl_fail_prefix("non-blocking copy on %s", dev);
     if (be->memcpy_async(index, stream, dst, src, nbytes, to_host) != FL_OK)
         return fl_fail_prefix("non-blocking copy %s %s (%lld bytes)", to_host ? "from" : "to", dev,
                               (long long)nbytes);
-    bool known = fl_pool_record_stream(pool, pinned->data, id);
-    FL_ASSERT(known);
     return FL_OK;
 }
 

@@ -5,19 +5,64 @@
 -- provides the small helpers every other module uses to call C: turning the
 -- core's thread-local error into a Lua error, and converting dtype and
 -- device names to the core's enums.
+--
+-- [Note: finding the core library] In fsdp-lua, and in a program that
+-- links libfsdp.so (tests/embed/embed.c), the core's symbols are already in
+-- the process and ffi.C reaches them. In any other LuaJIT (a stock
+-- `luajit`, a program that embeds LuaJIT without linking the core) the
+-- library is loaded with ffi.load, from the first of: package.cpath's
+-- templates for the name "fsdp" (LUA_CPATH="<root>/build/lib/lib?.so;;"),
+-- the build tree beside these sources (<root>/build/lib/libfsdp.so), and
+-- the dynamic linker's own search (LD_LIBRARY_PATH, ldconfig). It is
+-- loaded with global symbols, so the backend plugins it opens (found
+-- beside it) bind to this copy. README.md, "Embedding fsdp-lua".
 local ffi = require 'ffi'
 
 local M = {}
 
 ffi.cdef 'const char *fl_ffi_cdef(void);'
-local ok, err = pcall(function() return ffi.C.fl_ffi_cdef end)
-if not ok then
-  error('fsdp: the fsdp core library is not loaded in this process (run scripts with '
-        .. 'build/bin/fsdp-lua): ' .. tostring(err), 2)
-end
-ffi.cdef(ffi.string(ffi.C.fl_ffi_cdef()))
 
-local C = ffi.C
+-- This file's directory: <root>/lua/fsdp/.
+local LIB_DIR = debug.getinfo(1, 'S').source:match('^@(.*)core%.lua$')
+
+local function file_exists(path)
+  local f = io.open(path, 'rb')
+  if f then f:close() end
+  return f ~= nil
+end
+
+-- The namespace holding the core's symbols: ffi.C when the process has
+-- them, else the library loaded as the Note above says.
+local function bind_core()
+  if pcall(function() return ffi.C.fl_ffi_cdef end) then return ffi.C end
+  local tried = {}
+  local candidates = {}
+  local from_cpath = package.searchpath('fsdp', package.cpath)
+  if from_cpath then candidates[#candidates + 1] = from_cpath end
+  for template in package.cpath:gmatch('[^;]+') do
+    if template:find('lib?.so', 1, true) then tried[#tried + 1] = template:gsub('%?', 'fsdp') end
+  end
+  if LIB_DIR then
+    local tree = (LIB_DIR == '' and './' or LIB_DIR) .. '../../build/lib/libfsdp.so'
+    if file_exists(tree) then candidates[#candidates + 1] = tree end
+    tried[#tried + 1] = tree
+  end
+  candidates[#candidates + 1] = 'fsdp' -- the dynamic linker's search: libfsdp.so
+  tried[#tried + 1] = 'libfsdp.so on the dynamic linker\'s path'
+  local errors = {}
+  for _, path in ipairs(candidates) do
+    local ok, lib = pcall(ffi.load, path, true)
+    if ok and pcall(function() return lib.fl_ffi_cdef end) then return lib end
+    errors[#errors + 1] = tostring(lib)
+  end
+  error('fsdp: cannot load the core library libfsdp.so (tried ' .. table.concat(tried, ', ')
+        .. '; set LUA_CPATH="<root>/build/lib/lib?.so;;" or LD_LIBRARY_PATH): '
+        .. table.concat(errors, '; '), 3)
+end
+
+local C = bind_core()
+ffi.cdef(ffi.string(C.fl_ffi_cdef()))
+
 M.C = C
 M.ffi = ffi
 
@@ -27,8 +72,8 @@ function M.last_error()
 end
 
 -- Errors are attributed to the user's code: the first frame on the stack
--- outside this library (counting levels by hand breaks on tail calls).
-local LIB_DIR = debug.getinfo(1, 'S').source:match('^@(.*)core%.lua$')
+-- outside this library (LIB_DIR; counting levels by hand breaks on tail
+-- calls).
 
 local function user_level()
   -- getinfo level 1 is this function, 2 the helper raising the error; the

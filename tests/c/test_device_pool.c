@@ -206,6 +206,7 @@ static void reuse_waits_for_other_streams(void **state) {
     assert_ptr_equal(a, c); /* the event completed: a is free again */
     assert_int_equal(events_alive, 0);
     assert_false(fl_pool_record_stream(p, a + 4096 * 8, 3));
+    assert_non_null(strstr(fl_last_error(), "is not a block it handed out"));
     finish(p);
 }
 

@@ -66,9 +66,6 @@ local function bad(script, fmt, ...)
   error(script .. ': ' .. fmt:format(...), 0)
 end
 
--- Shard `model` (built on meta) as cfg says, units and checkpoints on
--- instances of block_class; each rank initialises its shards from the init
--- rules with cfg.seed. Returns the model and its units.
 -- The wrap policy and mixed precision a config asks for (checked).
 function M.policy_and_precision(cfg, block_class, script)
   local policies = {
@@ -99,6 +96,9 @@ function M.init_rule(cfg)
   return false
 end
 
+-- Shard `model` (built on meta) as cfg says, units and checkpoints on
+-- instances of block_class; each rank initialises its shards from the init
+-- rules with cfg.seed. Returns the model and its units.
 function M.apply(model, cfg, block_class, script)
   script = script or 'recipe'
   -- Every rank must train with the same options: compared before the
@@ -145,12 +145,6 @@ function M.apply(model, cfg, block_class, script)
   return model, units
 end
 
--- --plan: the plan of `model` (built on meta, not sharded) for this job's
--- world and the config's sharding options, batch and seq (what the
--- recipe feeds one rank). With cfg.memory_limit_mb the device is this
--- machine's CPU limited to it, and the plan also searches the largest
--- batch that fits. Prints the plan and one line `PLAN {json}` (batch,
--- peak_bytes, persistent_bytes, fits, max_batch) for recipes/sweep.lua.
 -- The fsdp.plan options of a config (its sharding options, this job's
 -- world, batch and seq from shape) on `device` (a name or profile).
 function M.plan_options(cfg, block_class, shape, script, device)
@@ -168,6 +162,12 @@ function M.plan_options(cfg, block_class, shape, script, device)
   }
 end
 
+-- --plan: the plan of `model` (built on meta, not sharded) for this job's
+-- world and the config's sharding options, batch and seq (what the
+-- recipe feeds one rank). With cfg.memory_limit_mb the device is this
+-- machine's CPU limited to it, and the plan also searches the largest
+-- batch that fits. Prints the plan and one line `PLAN {json}` (batch,
+-- peak_bytes, persistent_bytes, fits, max_batch) for recipes/sweep.lua.
 function M.plan(model, cfg, block_class, shape, script)
   script = script or 'recipe'
   local device = cfg.plan_device
