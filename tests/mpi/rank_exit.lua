@@ -21,17 +21,14 @@ local llama = require 'models.llama'
 local ffi = require 'ffi'
 ffi.cdef [[
 int raise(int sig);
-typedef struct { long tv_sec, tv_nsec; } rank_exit_timespec;
-int clock_gettime(int clock, rank_exit_timespec *ts);
 ]]
 
 -- "fault at <epoch seconds>": tests/mpi/run.sh measures from here to the
 -- end of the job, so a slow start on a loaded machine does not count.
 local function announce(what)
-  local ts = ffi.new('rank_exit_timespec')
-  ffi.C.clock_gettime(0, ts) -- CLOCK_REALTIME, as `date +%s.%N`
-  io.stdout:write(('fault at %.3f: rank %d %s\n'):format(tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9,
-    dist.rank(), what))
+  -- (fsdp.clock declares clock_gettime: a second declaration here with
+  -- another struct made every call fail.)
+  io.stdout:write(('fault at %.3f: rank %d %s\n'):format(require('fsdp.clock').epoch(), dist.rank(), what))
   io.stdout:flush()
 end
 
