@@ -43,6 +43,10 @@ FL_PLUGIN_API void fl_abort(const char *file, int line, const char *what)
 /* fsync the directory holding `path` (after a rename into it). */
 int fl_sync_parent_dir(const char *path);
 
+/* The integer in environment variable `name`, or fallback when it is unset,
+ * empty or not a whole int (base/launcher.c). */
+int fl_env_int(const char *name, int fallback);
+
 /* ---- shapes ------------------------------------------------------------ */
 
 /* Normalise a possibly negative dim against ndim (ndim_extra lets unsqueeze

@@ -8,7 +8,7 @@
 #include <errno.h>
 #include <limits.h>
 
-static int env_int(const char *name, int fallback) {
+int fl_env_int(const char *name, int fallback) {
     const char *v = getenv(name);
     if (!v || !*v) return fallback;
     char *end;
@@ -21,9 +21,9 @@ static int env_int(const char *name, int fallback) {
 int fl_dist_launcher_rank(void) {
     static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        int r = env_int(vars[i], -1);
+        int r = fl_env_int(vars[i], -1);
         if (r >= 0) return r;
     }
-    if (env_int("SLURM_NTASKS", 1) > 1) return env_int("SLURM_PROCID", -1);
+    if (fl_env_int("SLURM_NTASKS", 1) > 1) return fl_env_int("SLURM_PROCID", -1);
     return -1;
 }

@@ -91,16 +91,6 @@ void fl_dist_pause(double waited) {
 
 /* ---- the environment --------------------------------------------------------- */
 
-static int env_int(const char *name, int fallback) {
-    const char *v = getenv(name);
-    if (!v || !*v) return fallback;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || x < INT_MIN || x > INT_MAX) return fallback;
-    return (int)x;
-}
-
 /* Why a launcher started this process ("OMPI_COMM_WORLD_SIZE=4"), or NULL. */
 static const char *launcher_reason(char *buf, size_t size) {
     static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"};
@@ -113,8 +103,8 @@ static const char *launcher_reason(char *buf, size_t size) {
     }
     /* Inside an allocation SLURM_PROCID is set even for a single process;
      * only a multi-task step means the ranks expect each other. */
-    if (getenv("SLURM_PROCID") && env_int("SLURM_NTASKS", 1) > 1) {
-        snprintf(buf, size, "SLURM_NTASKS=%d set by srun", env_int("SLURM_NTASKS", 1));
+    if (getenv("SLURM_PROCID") && fl_env_int("SLURM_NTASKS", 1) > 1) {
+        snprintf(buf, size, "SLURM_NTASKS=%d set by srun", fl_env_int("SLURM_NTASKS", 1));
         return buf;
     }
     return NULL;
