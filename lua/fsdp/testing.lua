@@ -113,6 +113,22 @@ function M.run_script(script, args, seconds)
   return M.sh(('timeout %d %s %s %s'):format(seconds or 120, M.quote(host.exe), script, args or ''))
 end
 
+-- Run the executable under test with `args` (shell words) from the
+-- project root, bounded in time: exit status, stdout and stderr apart
+-- (for specs that check which stream a message went to).
+function M.run_exe(args, seconds)
+  local host, files = require 'fsdp.host', require 'fsdp.files'
+  local err = os.tmpname()
+  local p = assert(io.popen(('cd %s && timeout %d %s %s 2>%s; echo "@rc=$?"'):format(M.quote(host.root),
+    seconds or 120, M.quote(host.exe), args, M.quote(err))))
+  local out = p:read('*a')
+  p:close()
+  local stdout, rc = out:match('^(.-)@rc=(%d+)\n?$')
+  local stderr = files.read(err) or ''
+  os.remove(err)
+  return tonumber(rc), stdout, stderr
+end
+
 -- What fn prints to io.stdout (io.write and print through it), as a string.
 function M.capture_stdout(fn)
   local saved, chunks = io.stdout, {}

@@ -10,7 +10,6 @@
 local fsdp = require 'fsdp'
 local T = require 'fsdp.testing'
 local files = require 'fsdp.files'
-local host = require 'fsdp.host'
 local recipe = require 'fsdp.recipe'
 local device = require 'fsdp.sharding.device'
 
@@ -21,17 +20,7 @@ setup(function() tmp = T.tmpdir() end)
 teardown(function() if tmp then os.execute('rm -rf ' .. T.quote(tmp)) end end)
 
 -- `fsdp-lua <args>` from the project root: exit status, stdout, stderr.
-local function run(args)
-  local err = os.tmpname()
-  local p = assert(io.popen(('cd %s && timeout 120 %s %s 2>%s; echo "@rc=$?"'):format(T.quote(host.root),
-    T.quote(host.exe), args, T.quote(err))))
-  local out = p:read('*a')
-  p:close()
-  local stdout, rc = out:match('^(.-)@rc=(%d+)\n?$')
-  local stderr = files.read(err) or ''
-  os.remove(err)
-  return tonumber(rc), stdout, stderr
-end
+local run = T.run_exe
 
 local SMALL = '--num_layers=1 --hidden_width=32 --num_heads=2 --vocab_size=64 --seq_len=8 --batch_size=2 '
   .. '--max_steps=2 --warmup_steps=1 --validation_freq=0'

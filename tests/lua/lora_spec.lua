@@ -469,18 +469,7 @@ describe('LoRA checkpoints', function()
 end)
 
 describe('the recipes with --lora_rank', function()
-  local host = require 'fsdp.host'
-  local function run(args)
-    local err = os.tmpname()
-    local p = assert(io.popen(('cd %s && timeout 120 %s %s 2>%s; echo "@rc=$?"'):format(T.quote(host.root),
-      T.quote(host.exe), args, T.quote(err))))
-    local out = p:read('*a')
-    p:close()
-    local stdout, rc = out:match('^(.-)@rc=(%d+)\n?$')
-    local stderr = files.read(err) or ''
-    os.remove(err)
-    return tonumber(rc), stdout, stderr
-  end
+  local run = T.run_exe
   -- --device=cpu: in the cudasim build auto is cuda, whose default is bf16.
   local TINY = 'recipes/llama2_7b.lua --device=cpu --num_layers=2 --hidden_width=64 --num_heads=4 --vocab_size=128 '
     .. '--seq_len=16 --batch_size=2 --warmup_steps=0 --validation_freq=0 --lora_rank=2'
