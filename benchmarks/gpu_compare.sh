@@ -18,7 +18,8 @@
 # when benchmarks/gpu_bundle.sh made one (with its libraries), else
 # build/bin/fsdp-lua; CUDA libraries it cannot find are searched for under
 # /usr/local/cuda* and Python's nvidia-* packages. Set FSDP_BIN or PYTHON to
-# override.
+# override. GPU_COMPARE_TIMEOUT bounds each of the four runs (seconds,
+# default 600).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -30,8 +31,7 @@ PYTHON=${PYTHON:-python3}
 if [ -z "${FSDP_BIN:-}" ]; then
   if [ -x build/gpu_bundle/bin/fsdp-lua ]; then
     FSDP_BIN=build/gpu_bundle/bin/fsdp-lua
-    export LD_LIBRARY_PATH="$root/build/gpu_bundle/sys${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    export LUA_CPATH="$root/build/gpu_bundle/lua/?.so;;"
+    source build/gpu_bundle/env.sh # its libraries, Lua modules and the CUDA libraries found here
   else
     FSDP_BIN=build/bin/fsdp-lua
   fi
@@ -58,7 +58,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 run() {
   local name=$1; shift
   echo "gpu_compare: $name: $*" >&2
-  "$@" >"$out/$name.log" 2>&1
+  timeout -k 5 "${GPU_COMPARE_TIMEOUT:-600}" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   local line
   line=$(grep '^RESULT ' "$out/$name.log" | tail -1)

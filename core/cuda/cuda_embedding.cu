@@ -9,12 +9,18 @@
  * gives the CPU's error, naming the id and its position, instead of a
  * device fault.
  *
- * The backward adds with atomics: an f32 gradient in place, f64 in double,
- * bf16/f16 into an f32 scratch rounded once at the end (bf16 atomics would
- * round at every addition and lose the gradients of frequent tokens). The
- * order of the additions is not fixed, so unlike the CPU's sorted sum in
- * double the result may differ in the last bits from run to run.
- */
+ * The backward is the CPU's algorithm, so it gives the CPU's bits: the
+ * (id, position) pairs are sorted (a bitonic sort of 64-bit keys id << 32 |
+ * position, one small kernel per merge step: no library, deterministic,
+ * and the simulator runs it as it is), so the rows of one id are adjacent
+ * and in position order; one block per id then sums its rows column by
+ * column in double and stores the sum once, rounded as the CPU rounds.
+ * An earlier version added with atomics: the order of the additions
+ * changed from run to run, and a real H100 showed it (activation
+ * checkpointing and offload, which must reproduce the plain run's
+ * gradients bit for bit, differed in the embedding's by 1e-7), which the
+ * simulator, running blocks one after another, could not.
+  */
 #include "cuda_linear.cuh"
 
 #include <limits.h>
@@ -114,27 +120,56 @@ int fl_cuda_embedding(fl_tensor *out, const fl_tensor *ids, const fl_tensor *w) 
     return fl_cu_check(op);
 }
 
-/* acc[ids[i], j] += gy[i, j] for ids other than padding_idx; acc is f32
- * (dtype 0) or f64 (dtype 1). Ids outside [0, V) were refused by the
- * forward; they are skipped here rather than written out of bounds. */
-__global__ void scatter_rows_kernel(void *acc, int acc64, const void *gy, int gd, const void *ids,
-                                    int is64, int64_t n, int64_t D, int64_t V,
-                                    int64_t padding_idx) {
-    int64_t total = n * D;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
-         e += (int64_t)gridDim.x * blockDim.x) {
-        int64_t i = e / D, j = e - i * D;
-        int64_t id = id_at(ids, is64, i);
-        if (id == padding_idx || id < 0 || id >= V) continue;
-        if (acc64) atomicAdd((double *)acc + id * D + j, fl_cu_get_f64(gy, e, gd));
-        else atomicAdd((float *)acc + id * D + j, fl_cu_get_f32(gy, e, gd));
+/* keys[i] = id << 32 | i for the ids to sum, all ones (sorted last) for
+ * padding, out-of-range ids (refused by the forward; never written) and
+ * the power-of-two padding past n. */
+__global__ void make_keys_kernel(unsigned long long *keys, const void *ids, int is64, int64_t n,
+                                 int64_t n_pow2, int64_t V, int64_t padding_idx) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_pow2;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        unsigned long long key = ~0ull;
+        if (i < n) {
+            int64_t id = id_at(ids, is64, i);
+            if (id != padding_idx && id >= 0 && id < V)
+                key = ((unsigned long long)id << 32) | (unsigned long long)i;
+        }
+        keys[i] = key;
     }
 }
 
-__global__ void round_kernel(void *dst, int dd, const float *src, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        fl_cu_put_f32(dst, i, dd, src[i]);
+/* One compare-exchange step (size, stride) of a bitonic sort, ascending. */
+__global__ void bitonic_step_kernel(unsigned long long *keys, int64_t n_pow2, int64_t size,
+                                    int64_t stride) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_pow2;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t j = i ^ stride;
+        if (j <= i) continue;
+        bool up = (i & size) == 0;
+        unsigned long long a = keys[i], b = keys[j];
+        if ((a > b) == up) {
+            keys[i] = b;
+            keys[j] = a;
+        }
+    }
+}
+
+/* Block t owns sorted key t when it starts a run of one id: it sums the
+ * run's gradient rows in position order, in double, and stores the row of
+ * gw once (fl_cu_put_f64 rounds as the CPU's store). */
+__global__ void sum_runs_kernel(void *gw, int gwd, const void *gy, int gd,
+                                const unsigned long long *keys, int64_t n, int64_t D) {
+    for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
+        unsigned long long key = keys[t];
+        if (key == ~0ull) return; /* sorted last: nothing after it either */
+        int64_t id = (int64_t)(key >> 32);
+        if (t > 0 && (int64_t)(keys[t - 1] >> 32) == id) continue;
+        for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+            double acc = 0;
+            for (int64_t r = t; r < n && keys[r] != ~0ull && (int64_t)(keys[r] >> 32) == id; r++)
+                acc += fl_cu_get_f64(gy, (int64_t)(keys[r] & 0xffffffffull) * D + j, gd);
+            fl_cu_put_f64(gw, id * D + j, gwd, acc);
+        }
+    }
 }
 
 int fl_cuda_embedding_backward(fl_tensor *gw, const fl_tensor *ids, const fl_tensor *gy,
@@ -148,30 +183,29 @@ int fl_cuda_embedding_backward(fl_tensor *gw, const fl_tensor *ids, const fl_ten
     fl_dtype gd = gw->dtype;
     if (gd != FL_F32 && gd != FL_F64 && gd != FL_BF16 && gd != FL_F16)
         return fl_fail(FL_ERR_UNSUPPORTED, "%s on cuda: no kernel for dtype %s", op, fl_dtype_name(gd));
+    /* Positions and ids share one 64-bit key. */
+    if (n > (int64_t)UINT32_MAX || V > (int64_t)INT32_MAX)
+        return fl_fail(FL_ERR_UNSUPPORTED, "%s on cuda: %lld ids into %lld rows is beyond the "
+                       "sort's 32-bit positions and ids", op, (long long)n, (long long)V);
     int rc = fl_cu_use_device(op, gw);
     if (rc != FL_OK) return rc;
     cudaStream_t s = fl_cu_stream();
-    fl_tensor *scratch = NULL;
-    void *acc = gw->data;
-    if (gd == FL_BF16 || gd == FL_F16) {
-        scratch = fl_empty(2, gw->shape, FL_F32, gw->device);
-        if (!scratch) return fl_last_status();
-        cudaError_t e = cudaMemsetAsync(scratch->data, 0, (size_t)(V * D) * sizeof(float), s);
-        if (e != cudaSuccess) {
-            fl_tensor_release(scratch);
-            return fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(e));
-        }
-        acc = scratch->data;
-    }
-    scatter_rows_kernel<<<fl_cu_blocks(n * D, 256), 256, 0, s>>>(
-        acc, gd == FL_F64, gy->data, gy->dtype, ids->data, ids->dtype == FL_I64, n, D, V,
-        padding_idx);
+    int64_t n_pow2 = 1;
+    while (n_pow2 < n) n_pow2 <<= 1;
+    fl_tensor *keys = fl_empty(1, &n_pow2, FL_I64, gw->device);
+    if (!keys) return fl_last_status();
+    unsigned long long *k = (unsigned long long *)keys->data;
+    unsigned blocks = fl_cu_blocks(n_pow2, 256);
+    make_keys_kernel<<<blocks, 256, 0, s>>>(k, ids->data, ids->dtype == FL_I64, n, n_pow2, V,
+                                            padding_idx);
+    for (int64_t size = 2; size <= n_pow2; size <<= 1)
+        for (int64_t stride = size >> 1; stride > 0; stride >>= 1)
+            bitonic_step_kernel<<<blocks, 256, 0, s>>>(k, n_pow2, size, stride);
+    int threads = D >= 256 ? 256 : (int)((D + 31) / 32 * 32);
+    sum_runs_kernel<<<(unsigned)(n < 65536 ? n : 65536), threads, 0, s>>>(gw->data, gd, gy->data,
+                                                                          gy->dtype, k, n, D);
     rc = fl_cu_check(op);
-    if (rc == FL_OK && scratch) {
-        round_kernel<<<fl_cu_blocks(V * D, 256), 256, 0, s>>>(gw->data, gd,
-                                                              (const float *)scratch->data, V * D);
-        rc = fl_cu_check(op);
-    }
-    fl_tensor_release(scratch);
+    /* The pool is stream-ordered: the keys are reused only by later work. */
+    fl_tensor_release(keys);
     return rc;
 }

@@ -15,6 +15,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,12 +74,31 @@ static cudaDataType_t cuda_type(fl_dtype d) {
     }
 }
 
-/* The largest power of two (at most 256) dividing the address of every
- * matrix of a batch: what the heuristic must assume of the pointers. */
+/* The largest power of two (at most 16) dividing the address of every
+ * matrix of a batch: what the heuristic must assume of the pointers.
+ *
+ * [Note: the GEMM algorithm does not depend on where a buffer lies]
+ * Capped at 16 bytes, not cuBLASLt's 256: the heuristic's choice (and so
+ * the bits of the product: tile shapes and split-K change the order of the
+ * sums) then depends only on whether a pointer is 16-byte aligned, which
+ * every block of the caching pool is. With 256, the same product gave
+ * other bits on a real H100 when one operand was an offloaded activation
+ * restored at offset 0 of a fresh block rather than a view into a larger
+ * one (cuda_offload_spec's bit-for-bit cases); 16 bytes is what the
+ * tensor-core kernels' vector and TMA loads need. */
 static uint32_t alignment(const void *p, int64_t batch_stride, size_t es) {
-    uint64_t bits = (uint64_t)(uintptr_t)p | 256u;
+    uint64_t bits = (uint64_t)(uintptr_t)p | 16u;
     if (batch_stride) bits |= (uint64_t)batch_stride * es;
     return (uint32_t)(bits & (~bits + 1));
+}
+
+static bool gemm_debug(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        const char *e = getenv("FSDP_CUBLAS_DEBUG");
+        cached = e && strcmp(e, "1") == 0;
+    }
+    return cached == 1;
 }
 
 static bool allow_tf32(void) {
@@ -180,7 +200,19 @@ static int lt_gemm(const char *op, int dev, const fl_cu_gemm_args *g, void *ws, 
            "setting D's alignment");
     }
     st = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &result, &returned);
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0)) {
+    /* With the BIAS epilogue, cuBLASLt 13 on an H100 answered
+     * CUBLAS_STATUS_INVALID_VALUE (not NOT_SUPPORTED) for small linears
+     * (f32 [6, 8] x [8, 6] + bias, DeepViT's 32-wide patch embedding);
+     * the caller then computes the product without the epilogue and adds
+     * the bias itself, the same math. */
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0) ||
+        (st == CUBLAS_STATUS_INVALID_VALUE && g->bias)) {
+        if (gemm_debug())
+            fprintf(stderr, "fsdp-lua: %s: cuBLASLt has no algorithm for %s x %s -> %s, m %lld n %lld "
+                    "k %lld batch %d, ld %lld/%lld/%lld%s (status %d, %d returned)\n", op,
+                    fl_dtype_name(g->ab), fl_dtype_name(g->ab), fl_dtype_name(g->cd), (long long)g->m,
+                    (long long)g->n, (long long)g->k, (int)batch, (long long)g->lda, (long long)g->ldb,
+                    (long long)g->ldc, g->bias ? ", bias epilogue" : "", (int)st, returned);
         rc = FL_CU_NO_ALGORITHM;
         goto done;
     }

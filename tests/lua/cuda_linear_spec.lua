@@ -21,6 +21,7 @@ local M, K, N = SIM and 256 or 1024, SIM and 512 or 4096, SIM and 512 or 4096
 local function randn(shape, seed) return fsdp.randn(shape, { seed = seed }) end
 
 local normalised_error = require('fsdp.testing').normalised_error
+local max_abs_diff = require('fsdp.testing').max_abs_diff
 
 local function assert_close(got, want, tol, what)
   local e = normalised_error(got, want)
@@ -131,6 +132,31 @@ describe('cuda linear kernels', function()
       ;(F.embedding(ids, wc, 0) * gy):sum():backward()
       assert_close(wg.grad, wc.grad, dtype == 'f32' and 1e-6 or 1e-2, dtype .. ' embedding gradient')
       assert.same({ 0, 0, 0, 0, 0, 0 }, wg.grad:to('cpu'):to('f32'):select(0, 0):tolist())
+    end
+  end)
+
+  it('sums embedding gradients in the CPU order: the CPU bits, the same every run', function()
+    -- 20000 positions over 300 rows, row 7 at every third one: the order
+    -- of the additions decides the last bits, so atomics would show here
+    -- (on a GPU; the simulator runs blocks one after another).
+    local n, V, D = 20000, 300, 96
+    local ids = fsdp.randint(0, V, { n }, { seed = 40, dtype = 'i64' })
+    ids:view(-1, 4):select(1, 0):fill_(7)
+    ids:view(-1, 8):select(1, 3):fill_(-1 + V) -- the last row, often
+    for _, dtype in ipairs({ 'f32', 'bf16', 'f64' }) do
+      local w = randn({ V, D }, 41):to(dtype)
+      local gy = randn({ n, D }, 42):mul(1000):to(dtype) -- wide exponents: order matters
+      local wc = w:detach():requires_grad_()
+      ;(F.embedding(ids, wc, 5) * gy):sum():backward()
+      local grads = {}
+      for run = 1, 2 do
+        local wg = w:to(DEV):detach():requires_grad_()
+        ;(F.embedding(ids:to(DEV), wg, 5) * gy:to(DEV)):sum():backward()
+        grads[run] = wg.grad:to('cpu')
+      end
+      assert.equals(0, max_abs_diff(grads[1], wc.grad), dtype .. ': the CPU\'s bits')
+      assert.equals(0, max_abs_diff(grads[2], grads[1]), dtype .. ': the same bits on the second run')
+      assert.same(fsdp.zeros({ D }, { dtype = dtype }):tolist(), grads[1]:select(0, 5):tolist())
     end
   end)
 
