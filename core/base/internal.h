@@ -283,6 +283,10 @@ typedef struct fl_backend {
     /* Which paths scaled_dot_product_attention took (fsdp.h:
      * fl_attention_paths); NULL: it has one path only. */
     void (*attention_paths)(int64_t counts[4]);
+    /* The version of a library the backend loaded, as that library
+     * reports it (fsdp.h: fl_device_library_version); -1 for one it does
+     * not use. NULL: none to report. */
+    int64_t (*library_version)(const char *library);
 
     /* ---- collectives -------------------------------------------------- */
     /* The library that moves this device's memory between ranks itself

@@ -256,6 +256,7 @@ static const fl_backend cuda_backend = {
     .fused = &fl_cuda_fused_kernels,
     .optim = &fl_cuda_optim_kernels,
     .attention_paths = fl_cuda_attention_paths,
+    .library_version = fl_cuda_library_version,
     .comm_ops = cuda_comm_ops,
 };
 

@@ -114,6 +114,7 @@ extern const struct fl_fused_kernels fl_cuda_fused_kernels;             /* cuda_
 extern const struct fl_optim_kernels fl_cuda_optim_kernels;             /* cuda_optim.cu */
 const struct fl_device_comm_ops *fl_cuda_nccl_ops(void);                /* cuda_nccl.cu */
 void fl_cuda_attention_paths(int64_t counts[4]);                        /* cuda_sdpa.cu */
+int64_t fl_cuda_library_version(const char *library);                  /* cuda_sdpa.cu */
 #ifdef __cplusplus
 }
 #endif

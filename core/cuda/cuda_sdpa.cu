@@ -229,6 +229,15 @@ const char *layout_refusal(const fl_attention_args *a, bool backward, const sdpa
         for (int d = 0; d < 3; d++)
             if (k->bias_dim[d] > 1 && (k->bias_stride[d] * 2) % 16)
                 return "a bias row stride not a multiple of 16 bytes";
+        /* Seen on an H100 with cuDNN 9.19: a [B, 1, 1, Tk] bias with 4
+         * query heads per kv head gave a wrong dq (normalised error 1)
+         * while its forward and per-head biases ([1, H, Tq, Tk]) were
+         * right. Until a GPU session tells which broadcast is at fault,
+         * every backward with a bias broadcast along heads or queries goes
+         * to the kernels: slower there, never wrong. */
+        if (backward && ((k->bias_dim[1] == 1 && k->Hq > 1) || (k->bias_dim[2] == 1 && k->Tq > 1)))
+            return "a bias broadcast along heads or queries in the backward (cuDNN 9.19 gave a "
+                   "wrong dq for one on an H100)";
     }
     /* Version rules from cudnn-frontend's support checks, for the library
      * found at run time (the GPU machine's may be older than our headers). */
@@ -864,6 +873,12 @@ int fl_cuda_attention_cudnn_backward(const fl_attention_args *a, bool *done) {
 
 void fl_cuda_attention_count(int path) {
     __atomic_fetch_add(&path_counts[path], 1, __ATOMIC_RELAXED);
+}
+
+/* fsdp.h: fl_device_library_version. The cuDNN found at run time, which
+ * may be older than the headers we built with. */
+extern "C" int64_t fl_cuda_library_version(const char *library) {
+    return strcmp(library, "cudnn") == 0 ? (int64_t)cudnnGetVersion() : -1;
 }
 
 extern "C" void fl_cuda_attention_paths(int64_t counts[4]) {

@@ -157,6 +157,12 @@ FL_API const char *fl_device_status(fl_device_kind kind);
  * counts[2] and counts[3] the same for backward (core/cuda/cuda_sdpa.cu).
  * Zeros for a kind with one path (cpu) or whose backend is not open. */
 FL_API void fl_attention_paths(fl_device_kind kind, int64_t counts[4]);
+/* The version of a library the backend of the kind uses, as the library
+ * loaded at run time reports it: "cudnn" gives cudnnGetVersion() (91400
+ * for 9.14.0), which decides what cuDNN's attention takes
+ * (core/cuda/cuda_sdpa.cu). -1 for a library the backend does not use or
+ * a backend that cannot be opened. */
+FL_API int64_t fl_device_library_version(fl_device_kind kind, const char *library);
 
 typedef struct fl_memory_stats {
     int64_t in_use;      /* bytes allocated now */

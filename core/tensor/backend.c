@@ -153,6 +153,12 @@ const char *fl_device_status(fl_device_kind kind) {
     }
 }
 
+int64_t fl_device_library_version(fl_device_kind kind, const char *library) {
+    if (kind != FL_DEVICE_CUDA || !library) return -1;
+    const fl_backend *be = cuda();
+    return be && be->library_version ? be->library_version(library) : -1;
+}
+
 void fl_attention_paths(fl_device_kind kind, int64_t counts[4]) {
     for (int i = 0; i < 4; i++) counts[i] = 0;
     /* Only an open backend can have counted anything. */

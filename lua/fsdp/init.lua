@@ -331,6 +331,12 @@ M.cuda = {
   -- The name of device 0, or why there is none (no plugin, a CUDA library
   -- missing, no driver, no GPU).
   status = function() return ffi.string(C.fl_device_status(C.FL_DEVICE_CUDA)) end,
+  -- The version a library the CUDA backend loaded reports ('cudnn':
+  -- 91400 for 9.14.0), or nil when it is not used or there is no backend.
+  library_version = function(library)
+    local v = tonumber(C.fl_device_library_version(C.FL_DEVICE_CUDA, library))
+    return v >= 0 and v or nil
+  end,
   -- How many scaled_dot_product_attention calls on cuda devices ran through
   -- cuDNN's fused attention and how many through the flash-style kernels,
   -- since the process started: { cudnn_forward, kernel_forward,

@@ -78,6 +78,16 @@ function M.max_abs_diff(a, b)
   return fsdp.F.max(flat(d), 0):item()
 end
 
+-- Whether cuDNN's fused attention is offered a backward with Tk keys
+-- (core/cuda/cuda_sdpa.cu, layout_refusal): the cuDNN loaded at run time
+-- must be 9.16 or newer unless Tk is a multiple of 128 (older ones need a
+-- padding mask there). The GPU specs expect paths by this rule; an H100
+-- machine whose system cuDNN was older than its PyTorch's showed why.
+function M.cudnn_takes_backward(Tk)
+  local v = fsdp.cuda.library_version('cudnn') or 0
+  return v >= 91600 or Tk % 128 == 0
+end
+
 -- max |got - want| / max |want|, both taken to f64 on the CPU: the error
 -- measure of the backend comparisons, tolerant of where the largest values
 -- are. Shapes must agree.

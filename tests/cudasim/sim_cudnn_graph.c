@@ -97,7 +97,12 @@ static cudnnStatus_t fail(cudnnStatus_t st, const char *fmt, ...) {
     return st;
 }
 
-size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
+/* The headers' version, or FSDP_CUDASIM_CUDNN_VERSION's: the backend's
+ * version rules (cuda_sdpa.cu) for an older library are tested with it. */
+size_t cudnnGetVersion(void) {
+    const char *v = getenv("FSDP_CUDASIM_CUDNN_VERSION");
+    return v && *v ? (size_t)strtoull(v, NULL, 10) : CUDNN_VERSION;
+}
 
 /* The message of the last error of this thread, then cleared. */
 void cudnnGetLastErrorString(char *message, size_t max_size) {

@@ -79,11 +79,13 @@ EOF
     ldd --version | head -1
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     echo "not found by the bundle:"; ldd "$EXE" build/gpu_bundle/lib/*.so | grep 'not found' | sort -u
-    "$EXE" -e 'local f = require "fsdp"; print("fsdp-lua", f.version, f.build_info); print("cuda:", f.cuda.status())'
+    "$EXE" -e 'local f = require "fsdp"; print("fsdp-lua", f.version, f.build_info)
+      print("cuda:", f.cuda.status(), "cuDNN loaded:", f.cuda.library_version("cudnn"))'
     command -v mpirun
   } >"$out/info.log" 2>&1
   say "info: $(head -2 "$out/info.log" | tail -1)"
   grep -E '^(torch|fsdp-lua|cuda:|ldd)' "$out/info.log" | tee -a "$summary"
+  ldconfig -p | grep -E 'libcudnn.so.9 |libcublasLt.so.13 ' | tee -a "$summary"
 fi
 
 # --- recipes (defined here: the 2-rank runs go beside the specs) -----------
@@ -181,6 +183,22 @@ if want specs && fits specs 60; then
   done
   wait "$mpi_pid"
   say "specs: all: $(counts "$out/specs.log")"
+  # The attention specs again with the newest cuDNN on the machine first
+  # (PyTorch's wheel), where the system's is older: the other side of the
+  # version rule (tests/lua: fsdp.testing.cudnn_takes_backward).
+  newest=$(find $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+             -path '*cudnn*' -name 'libcudnn.so.9' 2>/dev/null | head -1)
+  if [ -n "$newest" ] && fits "specs: newest cuDNN" 40; then
+    LD_LIBRARY_PATH="$(dirname "$newest"):$LD_LIBRARY_PATH" FSDP_CUDNN_DEBUG=1 timeout -k 5 60 "$EXE" \
+      tests/busted.lua -o TAP tests/lua/cuda_fused_spec.lua tests/lua/backend_ops_spec.lua \
+      >"$out/specs_newest_cudnn.tmp" 2>&1
+    v=$(LD_LIBRARY_PATH="$(dirname "$newest"):$LD_LIBRARY_PATH" "$EXE" -e \
+          'print(require("fsdp").cuda.library_version("cudnn"))')
+    say "specs with $newest (cuDNN $v): $(counts "$out/specs_newest_cudnn.tmp")"
+    grep -h '^not ok' "$out/specs_newest_cudnn.tmp" | head -10 | tee -a "$summary"
+    { echo "### with $newest"; cat "$out/specs_newest_cudnn.tmp"; } >>"$out/specs.log"
+    rm -f "$out/specs_newest_cudnn.tmp"
+  fi
   say "mpi: $(counts "$out/mpi.log"); statuses: $(grep '^### status' "$out/mpi.log" | cut -d' ' -f3 | tr '\n' ' ')"
   grep -h 'not used for cuda tensors\|^not ok\|^# \[rank 0\]' "$out/mpi.log" | cut -c1-300 | sort | uniq -c |
     head -16 | tee -a "$summary"
