@@ -2,7 +2,7 @@
 # (build/fsdp_cuda.make, libfsdp_cuda.so) under premake4, which has no
 # custom build rules.
 #   1. *.cu.o: the CUDA sources, compiled by nvcc in the release and debug
-#      configurations.
+#      configurations, each with ptxas's resource report in *.cu.o.ptxas.
 #   2. In the cudasim configuration, the same sources rewritten by
 #      tests/cudasim/rewrite.lua and compiled by the C++ compiler with
 #      tests/cudasim/cudasim.h, plus the simulated runtime and libraries.
@@ -20,9 +20,14 @@ FL_NVCC_FLAGS := $(shell sh $(FL_ROOT)/mk/nvcc_flags.sh)
 
 vpath %.cu $(sort $(dir $(FL_CU_SOURCES)))
 
-$(OBJDIR)/%.cu.o: %.cu $(FL_ROOT)/mk/nvcc_flags.sh | $(OBJDIR)
+# ptxas's report of each kernel's registers, shared memory and spills
+# (--resource-usage) is kept beside the object as OBJECT.ptxas for
+# tools/kernel_resources.lua (the `kernels` suite); everything else nvcc
+# says still reaches the terminal.
+$(OBJDIR)/%.cu.o: %.cu $(FL_ROOT)/mk/nvcc_flags.sh $(FL_ROOT)/mk/cuda.mk | $(OBJDIR)
 	@echo "$(notdir $<) (nvcc)"
-	$(SILENT) $(FL_NVCC) $(FL_NVCC_FLAGS) -MMD -MP -c "$<" -o "$@"
+	$(SILENT) $(FL_NVCC) $(FL_NVCC_FLAGS) --resource-usage -MMD -MP -c "$<" -o "$@" 2>"$@.ptxas"; \
+	  status=$$?; grep -v -e '^ptxas info' -e 'bytes stack frame' "$@.ptxas" >&2; exit $$status
 
 OBJECTS += $(FL_CU_OBJECTS)
 $(TARGET): $(FL_CU_OBJECTS)

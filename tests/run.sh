@@ -11,6 +11,9 @@
 #   embed    a C program embedding the framework, and a stock luajit
 #            requiring it (tests/embed/run.sh)
 #   cudasim  the CUDA backend's kernels run on the CPU (tests/cudasim/run.sh)
+#   kernels  ptxas's report of the CUDA kernels built for sm_90: no register
+#            spills, static shared memory within the limit
+#            (tools/kernel_resources.lua --check; skipped without nvcc)
 #   mpi      multi-rank scripts under mpirun, 2 and 4 ranks (tests/mpi/run.sh)
 #   fuzz     libFuzzer on the file readers, a short run (tests/fuzz/run.sh)
 #   cluster  Slurm in a box: sbatch on 2 nodes, a node lost and the job
@@ -82,6 +85,15 @@ if want cudasim; then
     run_suite cudasim tests/cudasim/run.sh
   else
     echo "=== cudasim: skipped (build/cudasim not built; ./build.sh test builds it where the CUDA toolkit is)"
+    skipped=$((skipped + 1))
+  fi
+fi
+
+if want kernels; then
+  if [ -n "$(ls build/obj/release/fsdp_cuda/*.ptxas 2>/dev/null)" ]; then
+    run_suite kernels build/bin/fsdp-lua tools/kernel_resources.lua --check
+  else
+    echo "=== kernels: skipped (no ptxas reports: the CUDA plugin is built where nvcc is)"
     skipped=$((skipped + 1))
   fi
 fi
