@@ -58,11 +58,22 @@ struct fl_work {
     void *req;         /* the backend's request while in flight */
     const fl_device_comm_ops *dops; /* set when req is the device library's */
     bool average;      /* divide the sum by the group size when done */
+    int kind;          /* fl_coll_kind counted for it, or -1 (nothing moved) */
     bool completed, failed;
     fl_status status;  /* of a failed work */
     char message[1024];
     fl_work *next;     /* in fl_dist.dropped */
 };
+
+/* Collectives this process started that move data between ranks (a group
+ * of one, an empty tensor and the host copies of a device collective that
+ * has no device library are not counted twice), by kind: how many, the
+ * bytes of their buffers as handed to the backend, and the time the host
+ * spent blocked waiting for them (fl_dist_collective_stats). Tests count
+ * communication with them; the recipes log them per step. */
+static int64_t coll_started[FL_COLL_BARRIER + 1];
+static int64_t coll_bytes[FL_COLL_BARRIER + 1];
+static double coll_wait[FL_COLL_BARRIER + 1];
 
 /* ---- messages ------------------------------------------------------------- */
 
@@ -88,6 +99,7 @@ static fl_work *work_new(const char *name, fl_group *g) {
     if (!w) return FL_FAIL_NULL(FL_ERR_OOM, "%s: out of memory for the work handle", name);
     w->name = name;
     w->group = fl_group_retain(g);
+    w->kind = -1;
     return w;
 }
 
@@ -226,7 +238,10 @@ int fl_work_wait(fl_work *w) {
     for (;;) {
         bool done;
         int rc = work_progress(w, &done);
-        if (rc != FL_OK || done) return rc;
+        if (rc != FL_OK || done) {
+            if (w->kind >= 0) coll_wait[w->kind] += fl_dist_now() - start;
+            return rc;
+        }
         double waited = fl_dist_now() - start;
         if (waited > fl_dist.timeout) return work_time_out(w);
         fl_dist_pause(waited);
@@ -361,24 +376,44 @@ static fl_work *done_work(const char *name, fl_group *g) {
     return w;
 }
 
-/* Start c on g's communicator and return the work (w is consumed). */
-/* Collectives this process started that move data between ranks (a group
- * of one, an empty tensor and the host copies of a device collective that
- * has no device library are not counted twice), by kind: what tests count
- * to show how often a step communicates (fl_dist_collective_count). */
-static int64_t coll_started[FL_COLL_BARRIER + 1];
-
-static void count_started(const fl_coll *c) {
-    if ((int)c->kind >= 0 && (int)c->kind <= FL_COLL_BARRIER) coll_started[c->kind]++;
+/* Count c, started on a group of group_size ranks, for w. The buffer is
+ * the whole gathered output of an all_gather and the whole input of a
+ * reduce_scatter (count is one rank's part), the tensor of an all_reduce
+ * or broadcast; 16-bit reductions arrive here already staged in f32. */
+static void count_started(fl_work *w, const fl_coll *c, int group_size) {
+    if ((int)c->kind < 0 || (int)c->kind > FL_COLL_BARRIER) return;
+    int64_t elements = c->count;
+    if (c->kind == FL_COLL_ALL_GATHER || c->kind == FL_COLL_REDUCE_SCATTER) elements *= group_size;
+    coll_started[c->kind]++;
+    coll_bytes[c->kind] += c->kind == FL_COLL_BARRIER ? 0 : elements * (int64_t)fl_dtype_size(c->dtype);
+    w->kind = (int)c->kind;
 }
 
-int64_t fl_dist_collective_count(const char *kind) {
+static int coll_kind_of(const char *kind) {
     static const char *const names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
                                         "barrier"};
     for (int i = 0; i <= FL_COLL_BARRIER; i++)
-        if (kind && strcmp(kind, names[i]) == 0) return coll_started[i];
+        if (kind && strcmp(kind, names[i]) == 0) return i;
     return -1;
 }
+
+int64_t fl_dist_collective_count(const char *kind) {
+    int k = coll_kind_of(kind);
+    return k < 0 ? -1 : coll_started[k];
+}
+
+int fl_dist_collective_stats(const char *kind, int64_t *count, int64_t *bytes, double *wait_seconds) {
+    int k = coll_kind_of(kind);
+    if (k < 0)
+        return fl_fail(FL_ERR_ARG, "collective stats: unknown kind '%s' (all_gather, reduce_scatter, "
+                       "all_reduce, broadcast, barrier)", kind ? kind : "(null)");
+    if (count) *count = coll_started[k];
+    if (bytes) *bytes = coll_bytes[k];
+    if (wait_seconds) *wait_seconds = coll_wait[k];
+    return FL_OK;
+}
+
+/* Start c on g's communicator and return the work (w is consumed). */
 
 static fl_work *launch(fl_work *w, const fl_coll *c) {
     if (fl_dist.broken) {
@@ -390,7 +425,7 @@ static fl_work *launch(fl_work *w, const fl_coll *c) {
         work_free(w);
         return NULL;
     }
-    count_started(c);
+    count_started(w, c, w->group->size);
     int rc = fl_dist.backend->start(w->group->comm, c, &w->req);
     if (rc != FL_OK) {
         char why[400];
@@ -556,7 +591,7 @@ static fl_work *launch_device(const char *op, fl_group *g, const fl_coll *c, fl_
     const fl_device_comm_ops *ops = fl_device_comm_ops_of(g->comm_device);
     fl_work *w = work_new(op, g);
     if (!w) return NULL;
-    count_started(c);
+    count_started(w, c, g->size);
     w->keep[0] = fl_tensor_retain(keep0);
     w->keep[1] = keep1 ? fl_tensor_retain((fl_tensor *)keep1) : NULL;
     w->dops = ops;

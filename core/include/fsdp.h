@@ -1070,6 +1070,16 @@ FL_API const char *fl_work_name(const fl_work *w);
  * to move between ranks (groups of one and empty tensors do not count);
  * -1 for an unknown kind. Tests count communication with it. */
 FL_API int64_t fl_dist_collective_count(const char *kind);
+/* The same collectives of a kind with what they moved: how many, the bytes
+ * of their buffers as the backend got them (an all_gather's gathered
+ * output, a reduce_scatter's whole input, an all_reduce's or broadcast's
+ * tensor; 16-bit reductions through the host backend are staged in f32,
+ * so they count 4 bytes an element), and the seconds the host spent
+ * blocked in fl_work_wait for them (exposed communication: a collective
+ * that finished behind compute adds nothing; one on a device library adds
+ * nothing, the device waits). NULL outputs are skipped. */
+FL_API int fl_dist_collective_stats(const char *kind, int64_t *count, int64_t *bytes,
+                                    double *wait_seconds);
 /* Drop the handle (NULL is fine). An unfinished collective carries on with
  * its tensors referenced and completes during later calls or at finalize;
  * its outputs are defined only after a wait. */

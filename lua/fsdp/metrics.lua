@@ -41,6 +41,10 @@
 -- terminal as a progress bar (redrawn in place, log lines scrolling above
 -- it); to a file or pipe, or under a launcher, as plain lines.
 -- FSDP_PROGRESS=0/1 overrides the detection. FSDP_DEBUG=INFO prints every rank's distributed setup at start.
+-- With collectives (several ranks), a JSONL record also has what rank 0's
+-- step moved: comm (by kind: calls, bytes, wait_s), comm_bytes and
+-- comm_wait_s, the seconds it blocked waiting for them (exposed
+-- communication); TensorBoard gets comm/mib and comm/wait_s.
 local ffi = require 'ffi'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
@@ -181,6 +185,7 @@ function M.Logger(opts)
   if every == 0 then every = self.progress and M.TERMINAL_LOG_EVERY or 1 end
   self.log_every = math.max(1, every)
   self.start, self.time_offset = clock.now(), 0
+  self.comm_prev = dist.collective_stats()
   self:_reset_interval()
   if self.leader and opts.metrics_file and opts.metrics_file ~= '' then
     local f, err = io.open(opts.metrics_file, 'a')
@@ -359,7 +364,26 @@ end
 -- loss is averaged over ranks unless reduced); rank 0 prints every
 -- log_every steps, on the last and on a skipped one, and writes the
 -- metrics file.
+-- This rank's collectives since the previous step (fsdp.dist.collective_stats):
+-- by kind, and the bytes and exposed wait of all of them; nil when none
+-- moved data. (Logging's own mean-loss all_reduce falls in the next step.)
+function Logger:_comm_since_last()
+  local now, prev = fsdp.dist.collective_stats(), self.comm_prev
+  self.comm_prev = now
+  local per, bytes, wait = nil, 0, 0
+  for kind, c in pairs(now) do
+    local calls = c.calls - prev[kind].calls
+    if calls > 0 then
+      per = per or {}
+      per[kind] = { calls = calls, bytes = c.bytes - prev[kind].bytes, wait_s = c.wait_s - prev[kind].wait_s }
+      bytes, wait = bytes + per[kind].bytes, wait + per[kind].wait_s
+    end
+  end
+  if per then return per, bytes, wait end
+end
+
 function Logger:step(step, s)
+  local comm, comm_bytes, comm_wait = self:_comm_since_last()
   local loss = s.loss
   if self.world_size > 1 and not s.reduced then
     loss = fsdp.dist.all_reduce(fsdp.tensor({ loss }, { dtype = 'f64' }), { op = 'avg' }):item()
@@ -381,7 +405,7 @@ function Logger:step(step, s)
     tokens_per_sec = self.tokens_per_sample > 0 and tps or nil, tflops_per_rank = tflops, mfu = mfu,
     peak_memory_bytes = peak, memory_allocated_bytes = mem.in_use, memory_reserved_bytes = mem.reserved,
     device = self.device, grad_norm = s.grad_norm, epoch = s.epoch, step_time = dt,
-    skipped = s.skipped or nil })
+    skipped = s.skipped or nil, comm = comm, comm_bytes = comm_bytes, comm_wait_s = comm_wait })
   if self.tb then
     local MiB = 2 ^ 20
     self.tb:scalars(step, {
@@ -391,6 +415,7 @@ function Logger:step(step, s)
       { 'perf/step_time', dt }, { 'memory/peak_mib', peak / MiB },
       { 'memory/allocated_mib', mem.in_use / MiB },
       { 'memory/reserved_mib', self.device:match('^cuda') and mem.reserved / MiB or nil },
+      { 'comm/mib', comm_bytes and comm_bytes / MiB }, { 'comm/wait_s', comm_wait },
     })
   end
   -- the interval since the last line; a skipped step's loss (non-finite)

@@ -168,6 +168,11 @@ done
 # The planner's persistent and peak bytes against the allocator's, every
 # strategy in f32 and in bf16 with checkpointing; hybrid as 2 nodes of 2.
 run_tap "planned = measured memory, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua
+# The planner's collectives (calls and bytes of a step, per kind) against
+# what core/dist counted, every strategy in f32 and bf16; hybrid as 2 nodes of 2.
+run_tap "planned = measured collectives, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/plan_comm.lua
+run_tap "planned = measured collectives, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
+  mpirun -np 4 "$EXE" tests/mpi/plan_comm.lua
 for i in 1 2 3; do
   run_tap "planned = measured memory, LoRA case $i, 2 ranks" FSDP_TEST_PLAN_LORA=$i -- \
     mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua

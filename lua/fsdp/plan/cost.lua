@@ -8,7 +8,11 @@
 -- and again for backward; SHARD_GRAD_OP and NO_SHARD once; the root once),
 -- one reduce-scatter of its packed gradient in the reduce dtype, and an
 -- all-reduce of the reduced shard across replicas (NO_SHARD, hybrids).
--- A group of one rank sends nothing. "wire" counts what a rank sends with
+-- A group of one rank sends nothing. A 16-bit reduction through MPI moves
+-- the f32 copy the core stages (the device profile's f32_reduce). "bytes"
+-- are the buffers as the backend gets them, which is what
+-- fsdp.dist.collective_stats counts (tests/mpi/plan_comm.lua: equal to
+-- the byte). "wire" counts what a rank sends with
 -- ring algorithms: (G-1)/G of the buffer for all-gather and reduce-scatter,
 -- 2(R-1)/R for all-reduce; a group inside one node runs at the device's
 -- intra-node bandwidth, a group across nodes at its inter-node one.
@@ -60,6 +64,9 @@ function M.fill(plan, est, cfg, ctx, block_params)
   -- communication
   local comm = {}
   local spans_nodes = function(G) return G > r.ranks_per_node end
+  -- A reduction in bf16/f16 through a backend without 16-bit sums (the
+  -- profile's f32_reduce: MPI) moves the f32 copy the core stages.
+  local function reduced_size(u) return dev.f32_reduce and u.rs < 4 and 4 or u.rs end
   for _, u in ipairs(plan.units) do
     local link = spans_nodes(u.G) and 'inter' or 'intra'
     if u.G > 1 then
@@ -67,14 +74,14 @@ function M.fill(plan, est, cfg, ctx, block_params)
       local buf = u.padded * u.ps
       add(comm, 'all_gather', gathers, gathers * buf, gathers * buf * (u.G - 1) / u.G, link)
       if not u.frozen then -- (frozen units have no gradient to reduce)
-        local rbuf = u.padded * u.rs
+        local rbuf = u.padded * reduced_size(u)
         add(comm, 'reduce_scatter', 1, rbuf, rbuf * (u.G - 1) / u.G, link)
       end
     end
     if u.replicas > 1 and not u.frozen then
       local R = u.replicas
       local rlink = (r.nodes > 1) and 'inter' or 'intra'
-      local buf = u.shard * u.rs
+      local buf = u.shard * reduced_size(u)
       add(comm, 'all_reduce', 1, buf, buf * 2 * (R - 1) / R, rlink)
     end
   end
