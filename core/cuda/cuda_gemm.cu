@@ -92,22 +92,26 @@ static uint32_t alignment(const void *p, int64_t batch_stride, size_t es) {
     return (uint32_t)(bits & (~bits + 1));
 }
 
-static bool gemm_debug(void) {
-    static int cached = -1;
-    if (cached < 0) {
-        const char *e = getenv("FSDP_CUBLAS_DEBUG");
-        cached = e && strcmp(e, "1") == 0;
+
+/* Whether the environment variable name is "1", read once into *cached
+ * (-1: not read yet). */
+static bool env_is_one(const char *name, int *cached) {
+    if (*cached < 0) {
+        const char *e = getenv(name);
+        *cached = e && strcmp(e, "1") == 0;
     }
-    return cached == 1;
+    return *cached == 1;
 }
 
 static bool allow_tf32(void) {
     static int cached = -1;
-    if (cached < 0) {
-        const char *e = getenv("FSDP_ALLOW_TF32");
-        cached = e && strcmp(e, "1") == 0;
-    }
-    return cached == 1;
+    return env_is_one("FSDP_ALLOW_TF32", &cached);
+}
+
+/* FSDP_CUBLAS_DEBUG=1: a line for each product cuBLASLt has no algorithm for. */
+static bool gemm_debug(void) {
+    static int cached = -1;
+    return env_is_one("FSDP_CUBLAS_DEBUG", &cached);
 }
 
 /* One cuBLASLt call (see fl_cu_gemm). */
