@@ -15,10 +15,15 @@
 # disturbed; a median moved by hundreds of ms between runs here) with the
 # link unshaped and shaped, with prefetching
 # off (no backward or forward prefetch, no all-gather limit) and on
-# (backward PRE, forward prefetch), and the planner's inter-node bytes on
-# the wire and their time at RATE (fsdp.plan's model: wire bytes /
-# bandwidth, no latency). "exposed" = shaped - unshaped step time: the
-# communication the link added that compute did not hide.
+# (backward PRE, forward prefetch). Columns: the bytes of a step's
+# collectives planned (fsdp.plan) and measured (the metrics' comm_bytes,
+# counted by core/dist; they differ by the recipe's own few-byte
+# all-reduces of the loss and gradient norm), the communication time
+# planned at RATE (wire bytes / bandwidth, no latency) and measured as the
+# time rank 0 blocked waiting for collectives on the shaped link
+# (comm_wait_s: with prefetch off nearly all of it; with prefetch on what
+# compute did not hide), the step times, and "exposed" = shaped - unshaped
+# step time: the communication the link added that compute did not hide.
 #
 # Needs root and Slurm like the cluster suite; takes a few minutes. Step
 # times on a shared 2-core machine are noisy: read them as sizes, not
@@ -64,49 +69,63 @@ shape() { # shape on|off
   return 0
 }
 
-# step PER_NODE STRATEGY PREFETCH...: the fastest step (ms) of steps 4-16.
+# step PER_NODE STRATEGY PREFETCH...: rank 0's fastest step of steps 4-16
+# as "STEP_MS MIB WAIT_MS": its time, the bytes its collectives moved and
+# the time it blocked waiting for them (the metrics' comm, counted by
+# core/dist: fsdp.dist.collective_stats).
 step() {
   local per=$1 strategy=$2; shift 2
   local m=$DIR/job/m.jsonl
   rm -f "$m"
   (cd "$DIR/job" && timeout 300 "$BOX" run "$DIR" srun --mpi=pmix -N2 --ntasks-per-node="$per" \
     "$EXE" "$ROOT/recipes/llama2_7b.lua" "${MODEL[@]}" --max_steps=$STEPS --sharding_strategy="$strategy" \
-    --metrics_file="$m" "$@" >"$DIR/job/out.log" 2>&1) || { echo "failed"; return; }
+    --metrics_file="$m" "$@" >"$DIR/job/out.log" 2>&1) || { echo "failed - -"; return; }
   "$EXE" - "$m" <<'LUA'
-local cjson, t = require('cjson'), {}
+local cjson, best = require('cjson'), nil
 for line in io.lines(arg[1]) do
   local r = cjson.decode(line)
-  if r.type == 'train' and r.step >= 4 then t[#t + 1] = r.step_time end
+  if r.type == 'train' and r.step >= 4 and (not best or r.step_time < best.step_time) then best = r end
 end
-table.sort(t)
-print(('%.0f'):format(1000 * t[1]))
+print(('%.0f %.2f %.0f'):format(1000 * best.step_time, (best.comm_bytes or 0) / 2^20, 1000 * (best.comm_wait_s or 0)))
 LUA
 }
 
-# planned PER_NODE STRATEGY: inter-node wire MiB per step and its ms at
-# BW. The plan prices the wire bytes at the cpu profile's inter_bw; its
-# milliseconds scale to the shaped rate (the model is bytes / bandwidth).
-PLAN_BW=$("$EXE" -e "print(require('fsdp').devices.get('cpu').inter_bw)")
+# planned PER_NODE STRATEGY: "MIB MS": the bytes of a step's collectives
+# (fsdp.plan's comm, the PLAN line of --plan) and their time with the
+# inter-node wire at BW (the plan's model: wire bytes / bandwidth, no
+# latency; intra-node ones at the cpu profile's shared-memory rate).
 planned() {
   "$EXE" "$ROOT/recipes/llama2_7b.lua" "${MODEL[@]}" --sharding_strategy="$2" --plan \
-    --plan_world=$((2 * $1)) --plan_nodes=2 2>&1 |
-    awk -v bw="$BW" -v pbw="$PLAN_BW" '/on the wire \(inter-node\)/ { ms += $(NF - 1) }
-      END { printf "%.1f MiB %.0f ms\n", ms / 1000 * pbw / 2^20, ms * pbw / bw }'
+    --plan_world=$((2 * $1)) --plan_nodes=2 2>&1 | sed -n 's/^PLAN //p' |
+    "$EXE" - "$BW" <<'LUA'
+local cjson, fsdp = require('cjson'), require('fsdp')
+local p, bw = cjson.decode(io.read('*a')), tonumber(arg[1])
+local intra = fsdp.devices.get('cpu').intra_bw
+local bytes, s = 0, 0
+for _, c in pairs(p.comm) do
+  bytes = bytes + c.bytes
+  s = s + c.wire / (c.link == 'inter' and bw or intra)
+end
+print(('%.2f %.0f'):format(bytes / 2^20, 1000 * s))
+LUA
 }
 
-printf '%-22s %-14s %-24s %9s %9s %9s\n' configuration prefetch "planned inter-node" unshaped shaped exposed
+printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s\n' configuration prefetch "plan MiB" "meas MiB" \
+  "plan ms" "wait ms" "step" "shaped" "exposed"
+printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" "(shaped)" "(shaped)" "(ms)" "(ms)" "(ms)"
 for cfg in "1 FULL_SHARD" "1 SHARD_GRAD_OP" "2 FULL_SHARD" "2 HYBRID_SHARD"; do
   set -- $cfg
   per=$1 strategy=$2
-  plan=$(planned "$per" "$strategy")
+  read -r plan_mib plan_ms < <(planned "$per" "$strategy")
   for mode in off on; do
     if [ "$mode" = off ]; then flags=("${OFF[@]}"); else flags=("${ON[@]}"); fi
     shape off
-    base=$(step "$per" "$strategy" "${flags[@]}")
+    read -r base _ _ < <(step "$per" "$strategy" "${flags[@]}")
     shape on
-    shaped=$(step "$per" "$strategy" "${flags[@]}")
+    read -r shaped mib wait < <(step "$per" "$strategy" "${flags[@]}")
     shape off
-    printf '%-22s %-14s %-24s %7s ms %7s ms %7s ms\n' "2 nodes x $per $strategy" "$mode" "$plan" "$base" "$shaped" \
+    printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s\n' "2 nodes x $per $strategy" "$mode" "$plan_mib" "$mib" \
+      "$plan_ms" "$wait" "$base" "$shaped" \
       "$(awk -v a="$base" -v b="$shaped" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) print b - a; else print "?" }')"
   done
 done

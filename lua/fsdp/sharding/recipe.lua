@@ -167,7 +167,10 @@ end
 -- recipe feeds one rank). With cfg.memory_limit_mb the device is this
 -- machine's CPU limited to it, and the plan also searches the largest
 -- batch that fits. Prints the plan and one line `PLAN {json}` (batch,
--- peak_bytes, persistent_bytes, fits, max_batch) for recipes/sweep.lua.
+-- peak_bytes, persistent_bytes, fits, max_batch, step_seconds, and comm:
+-- per collective kind its calls, bytes, wire bytes, link and seconds, the
+-- numbers fsdp.dist.collective_stats measures) for recipes/sweep.lua and
+-- benchmarks/cluster_link.sh.
 function M.plan(model, cfg, block_class, shape, script)
   script = script or 'recipe'
   local device = cfg.plan_device
@@ -189,7 +192,7 @@ function M.plan(model, cfg, block_class, shape, script)
     end
     print('PLAN ' .. require('cjson').encode({
       batch = shape.batch, peak_bytes = p.memory.peak, persistent_bytes = p.memory.persistent, fits = p.fits,
-      max_batch = max_batch, step_seconds = p.time.step,
+      max_batch = max_batch, step_seconds = p.time.step, comm = p.comm,
     }))
   end
   return p
