@@ -5,6 +5,9 @@
 --
 --   fsdp-lua benchmarks/train_step.lua [--steps=5] [--warmup=2] [--only=gpt2|llama]
 --
+-- Ends with a line `RESULT {json}` per model (benchmarks/cpu_compare.sh
+-- puts them beside PyTorch's, benchmarks/torch_cpu.py).
+--
 -- Models (issue 3's benchmark): (a) GPT-2 124M (models/gpt2.lua's 'gpt2':
 -- 12 layers, width 768, 12 heads, MLP 3072, vocab 50257, learned
 -- positions, tied head; dropout 0), batch 4 x seq 64; (b) a small Llama
@@ -54,23 +57,28 @@ local function bench(name, family, c, B, T)
   local opt = optim.AdamW(model:named_parameters(), { lr = 1e-4 })
   local ids = fsdp.randint(0, c.vocab_size, { B, T }, { seed = 1 })
   local targets = fsdp.randint(0, c.vocab_size, { B, T }, { seed = 2 })
-  local times, op_flops = {}, 0
+  -- the step and its phases (CPU work is synchronous: each phase ends
+  -- when its call returns)
+  local times, fwd, bwd, upd, op_flops = {}, {}, {}, {}, 0
   for step = 1, cfg.warmup + cfg.steps do
     fsdp.reset_flops()
     local t0 = clock.now()
     local loss = model:loss(ids, targets)
+    local t1 = clock.now()
     loss:backward()
+    local t2 = clock.now()
     opt:step()
     opt:zero_grad()
-    local dt = clock.now() - t0
+    local t3 = clock.now()
     if step > cfg.warmup then
-      times[#times + 1] = dt
+      times[#times + 1], fwd[#fwd + 1], bwd[#bwd + 1], upd[#upd + 1] = t3 - t0, t1 - t0, t2 - t1, t3 - t2
       op_flops = fsdp.flops()
     end
   end
   local dt = median(times)
   local flops = family.flops_per_token(c, T, n) * B * T
-  return { name = name, params = n, ms = dt * 1e3, tokens = B * T / dt, gflops = flops / dt / 1e9,
+  return { name = name, params = n, batch = B, seq = T, ms = dt * 1e3, fwd_ms = median(fwd) * 1e3,
+           bwd_ms = median(bwd) * 1e3, opt_ms = median(upd) * 1e3, tokens = B * T / dt, gflops = flops / dt / 1e9,
            model_gflop = flops / 1e9, op_gflop = op_flops / 1e9, op_gflops = op_flops / dt / 1e9 }
 end
 
@@ -90,10 +98,18 @@ end
 -- Two FLOP counts: the model's 6N + 12LHT (what MFU uses; it counts the
 -- embedding as if it were a product) and what the ops executed (their own
 -- FLOP counters: products, attention, elementwise work).
-print(('%-34s %11s %8s %9s %9s %9s %9s %9s'):format('model', 'params', 'ms/step', 'tokens/s',
-  'model GF', 'GFLOP/s', 'exec GF/s', 'of sgemm'))
+print(('%-34s %11s %8s %8s %8s %6s %9s %9s %9s %9s %9s'):format('model', 'params', 'ms/step', 'forward',
+  'backward', 'optim', 'tokens/s', 'model GF', 'GFLOP/s', 'exec GF/s', 'of sgemm'))
 for _, r in ipairs(runs) do
-  print(('%-34s %11d %8.0f %9.0f %9.1f %9.1f %9.1f %8.0f%%'):format(r.name, r.params, r.ms, r.tokens,
-    r.model_gflop, r.gflops, r.op_gflops, 100 * r.gflops / peak))
+  print(('%-34s %11d %8.0f %8.0f %8.0f %6.0f %9.0f %9.1f %9.1f %9.1f %8.0f%%'):format(r.name, r.params, r.ms,
+    r.fwd_ms, r.bwd_ms, r.opt_ms, r.tokens, r.model_gflop, r.gflops, r.op_gflops, 100 * r.gflops / peak))
 end
 print('(of sgemm: model GFLOP/s over the sgemm rate above; exec GF/s: FLOPs the ops counted)')
+-- One machine-readable line per model, the keys of benchmarks/torch_cpu.py
+-- (benchmarks/cpu_compare.sh reads both).
+local cjson = require 'cjson'
+for _, r in ipairs(runs) do
+  print('RESULT ' .. cjson.encode({ impl = 'fsdp-lua', model = r.name, params = r.params, batch = r.batch,
+    seq = r.seq, ms = r.ms, fwd_ms = r.fwd_ms, bwd_ms = r.bwd_ms, opt_ms = r.opt_ms, tokens_per_s = r.tokens,
+    gflops = r.gflops, sgemm_gflops = peak }))
+end

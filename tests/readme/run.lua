@@ -49,6 +49,7 @@ local SKIP = {
   { 'tests/chaos/chaos%.sh', 'the chaos test (the mpi suite runs its short version)' },
   { '^benchmarks/gpu_', 'needs the GPU machine' },
   { '^tests/gpu/run%.sh', 'needs the GPU machine' },
+  { '^benchmarks/cpu_compare%.sh', 'installs PyTorch from PyPI and runs minutes of benchmarks' },
   -- its training column times the small-Llama CPU step (width 512, vocab
   -- 32000): ~45 s even at --mb=1 on CI's 2 cores
   { '^fsdp%-lua benchmarks/data_loader%.lua', 'a benchmark timing the small-Llama training step (run by hand)' },

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# benchmarks/cpu_compare.sh: fsdp-lua against PyTorch on this machine's CPU
+# (issue 21): GPT-2 124M (batch 4 x 64) and the small Llama (batch 4 x 256),
+# f32, a full training step each (forward, loss, backward, AdamW).
+#
+#   benchmarks/cpu_compare.sh [ROUNDS]          default 3
+#
+# Each round runs, one after the other, fsdp-lua (benchmarks/train_step.lua),
+# PyTorch eager and PyTorch with torch.compile (benchmarks/torch_cpu.py), so
+# whatever else loads the machine falls on all three alike; the table has
+# the medians over rounds of each round's median step, and fsdp-lua's
+# speed-up over the faster PyTorch. Both sides get the same threads
+# (OMP_NUM_THREADS, default the cores) and PyTorch its fastest CPU forms
+# (scaled_dot_product_attention, fused AdamW).
+#
+# PyTorch comes from PyPI into a virtual environment of its own
+# ($FSDP_TORCH_VENV, default /var/tmp/fsdp-torch-venv; made on first use,
+# a large download): it is never a dependency of the build or the tests.
+# Logs and RESULT lines: $OUT or build/cpu_compare.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}
+VENV=${FSDP_TORCH_VENV:-/var/tmp/fsdp-torch-venv}
+out=${OUT:-build/cpu_compare}
+EXE=${FSDP_LUA:-build/bin/fsdp-lua}
+mkdir -p "$out"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+
+[ -x "$EXE" ] || { echo "cpu_compare: $EXE is missing: run ./build.sh first" >&2; exit 1; }
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+  echo "cpu_compare: installing PyTorch from PyPI into $VENV (once)" >&2
+  python3 -m venv "$VENV" && "$VENV/bin/pip" install -q torch numpy ||
+    { echo "cpu_compare: could not install torch into $VENV (python3-venv, network to PyPI?)" >&2; exit 1; }
+fi
+PY=$VENV/bin/python
+
+: >"$out/results.jsonl"
+# run NAME COMMAND...: its log in $out/NAME.log, its RESULT lines appended.
+run() {
+  local name=$1; shift
+  echo "cpu_compare: $name: $*" >&2
+  "$@" >"$out/$name.log" 2>&1 || { echo "cpu_compare: $name failed; the end of its log:" >&2
+                                    tail -5 "$out/$name.log" >&2; return 1; }
+  sed -n 's/^RESULT //p' "$out/$name.log" >>"$out/results.jsonl"
+}
+status=0
+for r in $(seq 1 "$ROUNDS"); do
+  run "fsdp-lua.$r" "$EXE" benchmarks/train_step.lua || status=1
+  run "torch-eager.$r" "$PY" benchmarks/torch_cpu.py --mode=eager || status=1
+  run "torch-compile.$r" "$PY" benchmarks/torch_cpu.py --mode=compile || status=1
+done
+
+"$PY" - "$out/results.jsonl" "$ROUNDS" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+impls = ["fsdp-lua", "torch-eager", "torch-compile"]
+models = sorted({r["model"] for r in rows})
+print()
+sg = [r["sgemm_gflops"] for r in rows if r.get("sgemm_gflops")]
+print(f"{sys.argv[2]} rounds, medians; this machine's sgemm rate (fsdp-lua's measure): "
+      f"{statistics.median(sg):.0f} GFLOP/s" if sg else "")
+print(f"{'model':<28} {'implementation':<15} {'params':>12} {'ms/step':>8} {'forward':>8} {'backward':>8} "
+      f"{'optim':>6} {'tokens/s':>9} {'GFLOP/s':>8}")
+for m in models:
+    ms = {}
+    for impl in impls:
+        rs = [r for r in rows if r["model"] == m and r["impl"] == impl]
+        if not rs:
+            continue
+        ms[impl] = statistics.median(r["ms"] for r in rs)
+        gf = statistics.median(r["gflops"] for r in rs)
+        ph = [statistics.median(r[k] for r in rs) for k in ("fwd_ms", "bwd_ms", "opt_ms")]
+        print(f"{m:<28} {impl:<15} {rs[0]['params']:>12,} {ms[impl]:>8.0f} {ph[0]:>8.0f} {ph[1]:>8.0f} "
+              f"{ph[2]:>6.0f} {rs[0]['batch'] * rs[0]['seq'] * 1e3 / ms[impl]:>9.0f} {gf:>8.1f}")
+    torch_best = min((ms[i] for i in ("torch-eager", "torch-compile") if i in ms), default=None)
+    if "fsdp-lua" in ms and torch_best:
+        print(f"{'':<28} fsdp-lua is {torch_best / ms['fsdp-lua']:.2f}x the faster PyTorch (target >= 1.3)")
+EOF
+exit $status
