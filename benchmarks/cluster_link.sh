@@ -90,33 +90,49 @@ print(('%.0f %.2f %.0f'):format(1000 * best.step_time, (best.comm_bytes or 0) / 
 LUA
 }
 
-# planned PER_NODE STRATEGY: "MIB MS": the bytes of a step's collectives
-# (fsdp.plan's comm, the PLAN line of --plan) and their time with the
-# inter-node wire at BW (the plan's model: wire bytes / bandwidth, no
+# planned PER_NODE STRATEGY RATES: "MIB MS": the bytes of a step's
+# collectives (fsdp.plan's comm, the PLAN line of --plan) and their time
+# with the inter-node wire at RATES (bytes/s: a number for every kind, or
+# a JSON object per kind; the plan's model: wire bytes / bandwidth, no
 # latency; intra-node ones at the cpu profile's shared-memory rate).
 planned() {
-  "$EXE" "$ROOT/recipes/llama2_7b.lua" "${MODEL[@]}" --sharding_strategy="$2" --plan \
-    --plan_world=$((2 * $1)) --plan_nodes=2 2>&1 | sed -n 's/^PLAN //p' |
-    "$EXE" - "$BW" <<'LUA'
+  local plan
+  plan=$("$EXE" "$ROOT/recipes/llama2_7b.lua" "${MODEL[@]}" --sharding_strategy="$2" --plan \
+    --plan_world=$((2 * $1)) --plan_nodes=2 2>&1 | sed -n 's/^PLAN //p')
+  "$EXE" - "$3" "$plan" <<'LUA'
 local cjson, fsdp = require('cjson'), require('fsdp')
-local p, bw = cjson.decode(io.read('*a')), tonumber(arg[1])
+local rates, p = arg[1]:match('^{') and cjson.decode(arg[1]) or tonumber(arg[1]), cjson.decode(arg[2])
 local intra = fsdp.devices.get('cpu').intra_bw
 local bytes, s = 0, 0
-for _, c in pairs(p.comm) do
+for kind, c in pairs(p.comm) do
   bytes = bytes + c.bytes
+  local bw = type(rates) == 'table' and rates[kind] or rates
   s = s + c.wire / (c.link == 'inter' and bw or intra)
 end
 print(('%.2f %.0f'):format(bytes / 2^20, 1000 * s))
 LUA
 }
 
-printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s\n' configuration prefetch "plan MiB" "meas MiB" \
-  "plan ms" "wait ms" "step" "shaped" "exposed"
-printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" "(shaped)" "(shaped)" "(ms)" "(ms)" "(ms)"
+# The rates the shaped link really gives each kind of collective (wire
+# bytes per second, benchmarks/link_rate.lua, 2 nodes x 1 rank): the plan
+# is also priced at them ("plan ms @measured"), which separates a wrong
+# bandwidth figure from a wrong model.
+shape on
+MEASURED=$(cd "$DIR/job" && timeout 300 "$BOX" run "$DIR" srun --mpi=pmix -N2 --ntasks-per-node=1 \
+  "$EXE" "$ROOT/benchmarks/link_rate.lua" 2>&1 | tee "$DIR/job/rate.log" | sed -n 's/^RATES //p')
+shape off
+echo "link: $RATE nominal ($BW bytes/s on the wire); what the collectives got on it:"
+grep -E '^(all_gather|reduce_scatter|all_reduce) ' "$DIR/job/rate.log"
+
+printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s\n' configuration prefetch "plan MiB" "meas MiB" \
+  "plan ms" "plan ms" "wait ms" "step" "shaped" "exposed"
+printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" "@nominal" "@measured" "(shaped)" "(ms)" \
+  "(ms)" "(ms)"
 for cfg in "1 FULL_SHARD" "1 SHARD_GRAD_OP" "2 FULL_SHARD" "2 HYBRID_SHARD"; do
   set -- $cfg
   per=$1 strategy=$2
-  read -r plan_mib plan_ms < <(planned "$per" "$strategy")
+  read -r plan_mib plan_ms < <(planned "$per" "$strategy" "$BW")
+  read -r _ plan_ms_measured < <(planned "$per" "$strategy" "${MEASURED:-$BW}")
   for mode in off on; do
     if [ "$mode" = off ]; then flags=("${OFF[@]}"); else flags=("${ON[@]}"); fi
     shape off
@@ -124,8 +140,8 @@ for cfg in "1 FULL_SHARD" "1 SHARD_GRAD_OP" "2 FULL_SHARD" "2 HYBRID_SHARD"; do
     shape on
     read -r shaped mib wait < <(step "$per" "$strategy" "${flags[@]}")
     shape off
-    printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s\n' "2 nodes x $per $strategy" "$mode" "$plan_mib" "$mib" \
-      "$plan_ms" "$wait" "$base" "$shaped" \
+    printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s\n' "2 nodes x $per $strategy" "$mode" "$plan_mib" "$mib" \
+      "$plan_ms" "$plan_ms_measured" "$wait" "$base" "$shaped" \
       "$(awk -v a="$base" -v b="$shaped" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) print b - a; else print "?" }')"
   done
 done
