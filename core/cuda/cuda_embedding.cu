@@ -20,7 +20,7 @@
  * checkpointing and offload, which must reproduce the plain run's
  * gradients bit for bit, differed in the embedding's by 1e-7), which the
  * simulator, running blocks one after another, could not.
-  */
+ */
 #include "cuda_linear.cuh"
 
 #include <limits.h>

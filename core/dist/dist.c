@@ -64,6 +64,9 @@ enum { DEFAULT_TIMEOUT_SECONDS = 600 };
 /* [Note: leaving the job]: how long a rank leaving early waits for the
  * others to leave too (at most the collective timeout). */
 static const double LEAVE_PATIENCE = 3.0;
+/* ... and how long it lets ranks still in a collective finish it before
+ * taking them to be waiting for this one. */
+static const double WAITED_FOR_GRACE = 1.0;
 
 /* ---- time and waiting ----------------------------------------------------- */
 
@@ -293,8 +296,14 @@ static void leave_at_exit(void) {
     if (!left) end_job("out of memory while leaving");
     char names[256];
     /* A rank waiting in a collective while this one has none in flight
-     * waits for this one: end the job now rather than after the patience. */
-    if (fl_dist.backend->peers_left(left) < size) {
+     * waits for this one: end the job without the patience, after a short
+     * grace. The grace is for a collective this rank has just completed
+     * and the others have not yet seen complete (MPI completes it on each
+     * rank at its own pace): when every rank stops together after a last
+     * all-reduce (the non-finite guard), a loaded machine showed a rank
+     * ending the job for the others' in-flight count of that very one. */
+    double grace_start = fl_dist_now();
+    while (fl_dist.backend->peers_left(left) < size) {
         fl_roll_answer *a = fl_dist_roll_call(fl_dist.world, FL_ROLL_CALL_SECONDS);
         fl_dist.backend->peers_left(left);
         bool mine = false, waited_for = false;
@@ -304,13 +313,16 @@ static void leave_at_exit(void) {
                 waited_for = true;
         }
         free(a);
-        if (waited_for && !mine) {
+        if (!waited_for || mine) break;
+        double waited = fl_dist_now() - grace_start;
+        if (waited > WAITED_FOR_GRACE) {
             int running = still_running(left, size, names, sizeof names);
             snprintf(why, sizeof why, "left the job before its run finished (%s) while world "
                      "rank%s %s %s waiting in collectives",
                      how, running > 1 ? "s" : "", names, running > 1 ? "are" : "is");
             end_job(why);
         }
+        fl_dist_pause(waited);
     }
     double start = fl_dist_now();
     double patience = LEAVE_PATIENCE < fl_dist.timeout ? LEAVE_PATIENCE : fl_dist.timeout;
