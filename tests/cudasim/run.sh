@@ -13,7 +13,9 @@
 #      CPU, the large-kernel specs, training, every op on zero-size
 #      tensors), run by the cudasim build,
 #      whose cuda:0 runs the backend's kernels on the CPU; the linears with
-#      a bias again with the simulated cuBLASLt refusing the BIAS epilogue.
+#      a bias again with the simulated cuBLASLt refusing the BIAS epilogue;
+#   6. the GPU machine's archive (benchmarks/gpu_bundle.sh) run with the
+#      system's MPI and Lua modules hidden (tests/gpu/bundle_check.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bin=build/cudasim/bin
@@ -72,4 +74,7 @@ FSDP_CUDASIM_CUDNN_VERSION=91400 "$bin/fsdp-lua" tests/busted.lua -o TAP --filte
 # kernel must give the same results.
 FSDP_CUDASIM_LT_REFUSE_BIAS=1 "$bin/fsdp-lua" tests/busted.lua -o TAP --filter='bias' \
   --filter='values linear' tests/lua/cuda_linear_spec.lua tests/lua/backend_ops_spec.lua || rc=1
+# The archive a GPU session carries to the lent machine runs there without
+# Debian's packages: checked here with the system's MPI and Lua hidden.
+tests/gpu/bundle_check.sh 900 || rc=1
 exit $rc
