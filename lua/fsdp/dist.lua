@@ -319,9 +319,7 @@ end
 -- Tests take differences of two calls to count a step's communication.
 function M.collective_counts()
   local r = {}
-  for _, k in ipairs({ 'all_gather', 'reduce_scatter', 'all_reduce', 'broadcast', 'barrier' }) do
-    r[k] = tonumber(C.fl_dist_collective_count(k))
-  end
+  for k, s in pairs(M.collective_stats()) do r[k] = s.calls end
   return r
 end
 
