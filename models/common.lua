@@ -16,6 +16,17 @@ function M.causal_lm_loss(model, ids, targets)
   return F.cross_entropy(logits:view(-1, V), targets:view(-1), { ignore_index = -100 }), logits
 end
 
+-- A batch for fsdp.plan's trace of a causal language model: ids and
+-- targets i64 [batch, seq] on the meta device (seq: the config's
+-- max_seq_len when nil). Returns the arguments of model:loss, the tokens
+-- and the sequence length.
+function M.causal_lm_batch(model, batch, seq)
+  seq = seq or model.config.max_seq_len
+  local ids = fsdp.empty({ batch, seq }, { dtype = 'i64', device = 'meta' })
+  local targets = fsdp.empty({ batch, seq }, { dtype = 'i64', device = 'meta' })
+  return { n = 2, ids, targets }, batch * seq, seq
+end
+
 -- A model config: `name_or_config` is a key of `configs` or a table; the
 -- result layers `defaults`, then it, then `overrides`, renaming keys through
 -- `aliases` (other spellings of a field, e.g. Hugging Face's). An unknown

@@ -15,6 +15,7 @@
 -- Linear with bias. Patches are flattened (p1 p2 c) and embedded by a
 -- Linear; a class token and learned positions are added; the class token's
 -- output goes through LayerNorm and a Linear head.
+local fsdp = require 'fsdp'
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
 local common = require 'models.common'
@@ -162,6 +163,23 @@ function DeepViT:forward(img)
   x = self.dropout(F.cat({ cls, x }, 1) + self.pos_embedding)
   for _, block in ipairs(self.layers) do x = block(x) end
   return self.head(self.norm(x:select(1, 0)))
+end
+
+-- Mean cross-entropy of the classes of images [B, C, H, W] against
+-- labels i64 [B]. Returns loss, logits.
+function DeepViT:loss(images, labels)
+  local logits = self(images)
+  return F.cross_entropy(logits, labels), logits
+end
+
+-- fsdp.plan's example batch: images f32 [batch, C, H, W] and labels i64
+-- [batch] on meta (seq has no meaning here); the arguments of loss, the
+-- tokens (patches and the class token of every image) and 1.
+function DeepViT:example_batch(batch)
+  local c = self.config
+  local images = fsdp.empty({ batch, c.channels, c.image_size, c.image_size }, { dtype = 'f32', device = 'meta' })
+  local labels = fsdp.empty({ batch }, { dtype = 'i64', device = 'meta' })
+  return { n = 2, images, labels }, batch * (c.num_patches + 1), 1
 end
 
 function M.build(name_or_config, opts)

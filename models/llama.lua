@@ -235,6 +235,9 @@ function CausalLM:loss(ids, targets)
   return common.causal_lm_loss(self, ids, targets)
 end
 
+-- fsdp.plan's example batch (common.causal_lm_batch).
+function CausalLM:example_batch(batch, seq) return common.causal_lm_batch(self, batch, seq) end
+
 -- Build a model: name_or_config as in M.config; opts: device ('cpu' or
 -- 'meta'), dtype, and config overrides (num_layers=, dim=, ...).
 function M.build(name_or_config, opts)

@@ -449,6 +449,16 @@ function Model:loss(input_ids, labels, opts)
   return F.cross_entropy(logits:view(-1, V), labels:reshape(-1), { ignore_index = -100 }), logits
 end
 
+-- fsdp.plan's example batch: input ids and labels i64 [batch, seq] on
+-- meta (seq 512 when nil, both sides as long); the arguments of loss,
+-- the tokens (the encoder's) and seq.
+function Model:example_batch(batch, seq)
+  seq = seq or 512
+  local ids = fsdp.empty({ batch, seq }, { dtype = 'i64', device = 'meta' })
+  local labels = fsdp.empty({ batch, seq }, { dtype = 'i64', device = 'meta' })
+  return { n = 2, ids, labels }, batch * seq, seq
+end
+
 -- HF's _shift_right: labels [B, T] -> decoder inputs [B, T]: the start
 -- token, then labels[:, :-1], with -100 (ignored positions) replaced by
 -- the pad token so that they are valid ids.

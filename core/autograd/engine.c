@@ -126,10 +126,12 @@ static int accumulate(fl_tensor **slot, fl_tensor *g) {
  * storage, it is dense, covers its whole storage, and has the leaf's dtype
  * and device. (Most gradients are: a backward kernel's fresh output.) */
 static bool can_adopt(const fl_tensor *leaf, const fl_tensor *g) {
-    return g->refcount == 1 && g->storage && g->storage->refcount == 1 && g->grad_fn == NULL &&
-           g->offset == 0 && fl_tensor_is_contiguous(g) && g->dtype == leaf->dtype &&
-           g->device == leaf->device &&
-           g->numel * (int64_t)fl_dtype_size(g->dtype) == g->storage->nbytes;
+    /* (a meta gradient is adopted by the same rule, through the bytes it
+     * stands for: [Note: virtual storage]) */
+    const fl_storage *s = g->storage ? g->storage : g->virtual_storage;
+    return g->refcount == 1 && s && s->refcount == 1 && g->grad_fn == NULL && g->offset == 0 &&
+           fl_tensor_is_contiguous(g) && g->dtype == leaf->dtype && g->device == leaf->device &&
+           g->numel * (int64_t)fl_dtype_size(g->dtype) == s->nbytes;
 }
 
 /* leaf.grad += g. A new .grad is a private contiguous tensor: g itself when
@@ -333,7 +335,9 @@ static int deliver(fl_engine *e, int s, fl_tensor **grads_in) {
      * (see [Note: spent nodes]). */
     for (int k = 0; k < node->n_saved; k++) {
         fl_tensor *t = node->saved[k];
-        if (!t || !t->storage) continue; /* a shape carrier (meta): nothing to free */
+        /* (meta tensors too: their virtual storage counts the bytes a
+         * device would free here, [Note: virtual storage]) */
+        if (!t || (!t->storage && !t->virtual_storage)) continue;
         fl_tensor_release(t);
         node->saved[k] = NULL;
         node->spent = true;

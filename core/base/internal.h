@@ -98,6 +98,14 @@ void fl_fault_unregister(const void *begin);
 int fl_guarded_memcpy(void *dst, const void *src, size_t n);
 
 fl_storage *fl_storage_new(fl_device device, int64_t nbytes);
+/* Storage that holds nothing and counts nbytes in the meta device's memory
+ * statistics while it lives ([Note: virtual storage], storage.c). */
+fl_storage *fl_storage_virtual(int64_t nbytes);
+/* A meta tensor that only carries a shape and dtype for a backward (what
+ * an op saves of an input it needs no values of): it stands for no bytes,
+ * so it has no virtual storage and the engine keeps it ([Note: virtual
+ * storage]). */
+fl_tensor *fl_shape_carrier(int ndim, const int64_t *shape, fl_dtype dtype);
 void fl_storage_retain(fl_storage *s);
 void fl_storage_release(fl_storage *s);
 
@@ -143,6 +151,9 @@ int fl_pinned_copy_async_on(fl_device device, uint64_t stream, void *dst, const 
 int fl_memory_note_alloc(fl_device device, int64_t nbytes);
 void fl_memory_note_free(fl_device device, int64_t nbytes);
 void fl_memory_note_failure(fl_device device);
+/* Raise the device's peak as if nbytes more were in use for a moment
+ * (scratch that meta tensors stand for, fl_meta_set_f32_gemm). */
+void fl_memory_note_transient(fl_device device, int64_t nbytes);
 
 /* The CPU's caching allocator (core/cpu/cpu_alloc.c): 64-byte aligned
  * blocks; fl_cpu_free must get the size the block was allocated with. */

@@ -175,7 +175,9 @@ typedef struct fl_memory_stats {
                             included (>= in_use) */
 } fl_memory_stats;
 
-/* Statistics of the allocator of one device (meta: always zero). */
+/* Statistics of the allocator of one device. Meta: the bytes meta and
+ * fake tensors stand for (their virtual storage, a view sharing its
+ * base's), never allocated: how fsdp.plan traces a step. */
 FL_API int fl_memory_stats_get(fl_device device, fl_memory_stats *out);
 /* Reset peak to in_use and the counters to 0; in_use and limit stay. */
 FL_API int fl_memory_stats_reset(fl_device device);
@@ -187,6 +189,13 @@ FL_API int64_t fl_memory_allocated_total(void);
 /* Return the allocator's cached free blocks to the system; returns the
  * number of bytes released. */
 FL_API int64_t fl_memory_empty_cache(fl_device device);
+/* Whether products on meta count the scratch of a backend that computes
+ * 16-bit products in f32 (the CPU backend: OpenBLAS has no bf16 GEMM): the
+ * f32 copies of the operands and the result, live only during the
+ * product, raise the meta peak without staying in use. Off by default;
+ * fsdp.plan turns it on while it traces for such a device. Returns the
+ * previous setting. */
+FL_API bool fl_meta_set_f32_gemm(bool on);
 
 /* Events and synchronisation (core/tensor/event.c), as torch.cuda.Event:
  * an event recorded on a device marks the work queued there so far and is
@@ -228,7 +237,9 @@ typedef struct fl_node fl_node;
 
 /* A strided view of a storage. Read the fields freely; change them only
  * through the functions below. A meta tensor (device kind META) or a fake one
- * (FL_TENSOR_FAKE) has storage == NULL and data == NULL. */
+ * (FL_TENSOR_FAKE) has storage == NULL and data == NULL, and a `virtual`
+ * storage instead: the bytes it would hold, counted in the meta device's
+ * memory statistics ([Note: virtual storage] in core/tensor/storage.c). */
 typedef struct fl_tensor {
     fl_storage *storage;            /* owned reference, NULL without storage */
     void *data;                     /* address of element [0,...,0] or NULL */
@@ -245,6 +256,8 @@ typedef struct fl_tensor {
     struct fl_tensor *grad;         /* accumulated gradient of a leaf, or NULL */
     fl_node *grad_fn;               /* the op that produced it, or NULL (leaf) */
     int32_t output_index;           /* which output of grad_fn this is */
+    fl_storage *virtual_storage;    /* meta and fake tensors: owned reference to
+                                       the bytes they stand for, else NULL */
 } fl_tensor;
 
 /* Take or drop a reference. Dropping the last frees the tensor and, with its

@@ -78,8 +78,8 @@ fl_tensor *fl_binary(fl_binary_op op, const fl_tensor *a, const fl_tensor *b) {
     if (out && fl_needs_grad(2, ins)) {
         /* mul and div need the operands; add and sub only their shapes,
          * kept as storage-less meta tensors. */
-        fl_tensor *sa = fl_empty(a->ndim, a->shape, a->dtype, fl_device_make(FL_DEVICE_META, 0));
-        fl_tensor *sb = fl_empty(b->ndim, b->shape, b->dtype, fl_device_make(FL_DEVICE_META, 0));
+        fl_tensor *sa = fl_shape_carrier(a->ndim, a->shape, a->dtype);
+        fl_tensor *sb = fl_shape_carrier(b->ndim, b->shape, b->dtype);
         bool operands = op == FL_MUL || op == FL_DIV;
         const fl_tensor *saved[2] = {operands ? a : sa, operands ? b : sb};
         int rc = sa && sb ? fl_record(&binary_types[op], 2, ins, out, 2, saved, NULL)

@@ -103,9 +103,8 @@ fl_tensor *fl_where(const fl_tensor *cond, const fl_tensor *a, const fl_tensor *
     if (fl_needs_grad(2, data)) {
         /* Saved: the condition, and a's and b's shapes and dtypes (meta
          * tensors) to reduce and cast their gradients to. */
-        fl_device meta_dev = fl_device_make(FL_DEVICE_META, 0);
-        fl_tensor *la = fl_empty(a->ndim, a->shape, a->dtype, meta_dev);
-        fl_tensor *lb = fl_empty(b->ndim, b->shape, b->dtype, meta_dev);
+        fl_tensor *la = fl_shape_carrier(a->ndim, a->shape, a->dtype);
+        fl_tensor *lb = fl_shape_carrier(b->ndim, b->shape, b->dtype);
         const fl_tensor *saved[3] = {cond, la, lb};
         /* The node's inputs are (cond, a, b); cond never requires grad. */
         int rc = la && lb ? fl_record(&where_type, 3, ins, out, 3, saved, NULL)

@@ -62,7 +62,7 @@ fl_tensor *fl_embedding(const fl_tensor *ids, const fl_tensor *w, int64_t paddin
     const fl_tensor *ins[2] = {ids, w};
     if (rc == FL_OK && fl_needs_grad(2, ins)) {
         /* The weight's shape only (a meta tensor), never its values. */
-        fl_tensor *wshape = fl_empty(2, w->shape, w->dtype, fl_device_make(FL_DEVICE_META, 0));
+        fl_tensor *wshape = fl_shape_carrier(2, w->shape, w->dtype);
         const fl_tensor *saved[2] = {idc, wshape};
         fl_node *node = NULL;
         rc = wshape ? fl_record(&embedding_type, 2, ins, out, 2, saved, &node) : (int)fl_last_status();

@@ -12,6 +12,7 @@
  */
 #include "linear.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 const fl_linear_kernels *fl_linear_kernels_of(const char *op, fl_device device) {
@@ -104,6 +105,31 @@ static void batch_view(const fl_tensor *t, int nd, const int64_t *shape, fl_tens
     for (int d = 0; d < nd; d++) v->numel *= v->shape[d];
 }
 
+/* [Note: virtual storage] (core/tensor/storage.c): with f32 GEMMs on, a
+ * 16-bit product on meta raises the meta peak by what the CPU backend
+ * stages for it (cpu_matmul.c): the distinct elements of each operand
+ * (broadcast batch dims collapsed), the result and the bias, in f32. */
+static _Atomic bool meta_f32_gemm;
+
+bool fl_meta_set_f32_gemm(bool on) { return atomic_exchange(&meta_f32_gemm, on); }
+
+static int64_t distinct_elements(const fl_tensor *t) {
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        if (d >= t->ndim - 2 || t->stride[d] != 0) n *= t->shape[d];
+    return n;
+}
+
+static void note_meta_staging(const fl_tensor *a, const fl_tensor *b, const fl_tensor *bias,
+                              const fl_tensor *out) {
+    if (!atomic_load(&meta_f32_gemm) || fl_device_kind_of(out->device) != FL_DEVICE_META ||
+        fl_dtype_size(out->dtype) != 2)
+        return;
+    int64_t n = distinct_elements(a) + distinct_elements(b) + out->numel +
+                (bias ? out->shape[out->ndim - 1] : 0);
+    fl_memory_note_transient(out->device, n * 4);
+}
+
 fl_tensor *fl_linear_bmm(const char *op, const fl_tensor *a, const fl_tensor *b,
                          const fl_tensor *bias, fl_tensor *into) {
     FL_ASSERT(a->ndim >= 2 && b->ndim >= 2);
@@ -144,7 +170,10 @@ fl_tensor *fl_linear_bmm(const char *op, const fl_tensor *a, const fl_tensor *b,
     for (int d = 0; d < nb; d++) batch = fl_flops_mul(batch, shape[d]);
     int64_t outputs = fl_flops_mul(batch, fl_flops_mul(m, n));
     fl_flops_add(fl_flops_sum(fl_flops_mul(fl_flops_mul(2, outputs), k), bias ? outputs : 0));
-    if (no_storage || !out->storage) return out;
+    if (no_storage || !out->storage) {
+        note_meta_staging(a, b, bias, out);
+        return out;
+    }
     const fl_linear_kernels *kern = fl_linear_kernels_of(op, out->device);
     fl_tensor va, vb, vo;
     batch_view(a, nd, shape, &va);

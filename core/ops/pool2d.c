@@ -103,7 +103,7 @@ fl_tensor *fl_max_pool2d(const fl_tensor *x, int64_t kh, int64_t kw,
         fl_set_grad_enabled(was);
     }
     if (rc == FL_OK && fl_needs_grad(1, &x)) {
-        fl_tensor *xshape = fl_empty(nd, x->shape, x->dtype, fl_device_make(FL_DEVICE_META, 0));
+        fl_tensor *xshape = fl_shape_carrier(nd, x->shape, x->dtype);
         const fl_tensor *saved[2] = {idx, xshape};
         rc = xshape ? fl_record(&max_pool2d_type, 1, &x, out, 2, saved, NULL) : (int)fl_last_status();
         fl_tensor_release(xshape);

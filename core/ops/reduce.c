@@ -81,7 +81,7 @@ static fl_tensor *sum_impl(const char *op, bool mean, const fl_tensor *x, int nd
         }
     }
     if (fl_needs_grad(1, &x)) {
-        fl_tensor *like = fl_empty(x->ndim, x->shape, x->dtype, fl_device_make(FL_DEVICE_META, 0));
+        fl_tensor *like = fl_shape_carrier(x->ndim, x->shape, x->dtype);
         const fl_tensor *saved[1] = {like};
         fl_node *node = NULL;
         int rc = like ? fl_record(mean ? &mean_type : &sum_type, 1, &x, out, 1, saved, &node)
@@ -224,7 +224,7 @@ static int minmax_impl(bool is_max, const fl_tensor *x, int dim, bool keepdim, f
         if (rc != FL_OK) goto fail;
     }
     if (fl_needs_grad(1, &x)) {
-        fl_tensor *like = fl_empty(x->ndim, x->shape, x->dtype, fl_device_make(FL_DEVICE_META, 0));
+        fl_tensor *like = fl_shape_carrier(x->ndim, x->shape, x->dtype);
         const fl_tensor *saved[2] = {like, ix};
         fl_node *node = NULL;
         const fl_node_type *type = is_max ? &max_type : &min_type;

@@ -270,7 +270,7 @@ fl_tensor *fl_dropout(const fl_tensor *x, double p, uint64_t seed, uint64_t stre
     fl_tensor *out = dropout_apply(x, x, p, &key);
     if (out && fl_needs_grad(1, &x)) {
         /* Saved: x's shape only (a meta tensor), for a gradient of x's dtype. */
-        fl_tensor *shape = fl_empty(x->ndim, x->shape, x->dtype, fl_device_make(FL_DEVICE_META, 0));
+        fl_tensor *shape = fl_shape_carrier(x->ndim, x->shape, x->dtype);
         const fl_tensor *saved[1] = {shape};
         fl_node *node = NULL;
         int rc = shape ? fl_record(&dropout_type, 1, &x, out, 1, saved, &node)

@@ -21,7 +21,7 @@ static const fl_node_type view_types[];
 /* Record out = view(in) when grad is needed; releases out on failure. */
 static fl_tensor *recorded(fl_tensor *out, const fl_tensor *in, int kind, int n, const int64_t *params) {
     if (!out || !fl_needs_grad(1, &in)) return out;
-    fl_tensor *shape = fl_empty(in->ndim, in->shape, in->dtype, fl_device_make(FL_DEVICE_META, 0));
+    fl_tensor *shape = fl_shape_carrier(in->ndim, in->shape, in->dtype);
     fl_node *node = NULL;
     const fl_tensor *saved[1] = {shape};
     int rc = shape ? fl_record(&view_types[kind], 1, &in, out, 1, saved, &node) : (int)fl_last_status();

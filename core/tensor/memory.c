@@ -54,7 +54,10 @@ int fl_memory_note_alloc(fl_device device, int64_t nbytes) {
                        (long long)limit);
     }
     atomic_fetch_add(&c->allocations, 1);
-    atomic_fetch_add(&allocated_total, nbytes);
+    /* Meta bytes are never allocated: they must not pace the collector
+     * ([Note: collecting tensors], lua/fsdp/tensor.lua), or building a 70B
+     * model on meta would run thousands of collections. */
+    if (fl_device_kind_of(device) != FL_DEVICE_META) atomic_fetch_add(&allocated_total, nbytes);
     int64_t peak = atomic_load(&c->peak);
     while (now > peak && !atomic_compare_exchange_weak(&c->peak, &peak, now)) {
     }
@@ -66,6 +69,15 @@ void fl_memory_note_free(fl_device device, int64_t nbytes) {
     FL_ASSERT(c != NULL);
     atomic_fetch_sub(&c->in_use, nbytes);
     atomic_fetch_add(&c->frees, 1);
+}
+
+void fl_memory_note_transient(fl_device device, int64_t nbytes) {
+    memory_counters *c = counters_of(device);
+    FL_ASSERT(c != NULL && nbytes >= 0);
+    int64_t now = atomic_load(&c->in_use) + nbytes;
+    int64_t peak = atomic_load(&c->peak);
+    while (now > peak && !atomic_compare_exchange_weak(&c->peak, &peak, now)) {
+    }
 }
 
 void fl_memory_note_failure(fl_device device) {

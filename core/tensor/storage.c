@@ -58,6 +58,41 @@ fl_storage *fl_storage_new(fl_device device, int64_t nbytes) {
     return s;
 }
 
+/* [Note: virtual storage]
+ * A meta or fake tensor holds no memory, but it stands for some: the bytes
+ * a real run would allocate for it. Each one made by a creation function
+ * (an op's result, a factory) gets a virtual storage of that size, which
+ * its views share exactly as real views share real storage, and which is
+ * counted in the meta device's memory statistics from creation until the
+ * last tensor referring to it is released. So a training step run on meta
+ * tensors measures, through fl_memory_stats_get(meta), the bytes the same
+ * step would hold on a device, views, saved tensors and the autograd
+ * engine's early frees included: fsdp.plan's trace (lua/fsdp/plan/trace.lua)
+ * reads it. Virtual storage is t->virtual_storage, never t->storage, so
+ * everything that asks "does this tensor have values?" (t->storage) still
+ * says no. Scratch a backend takes inside a kernel has no tensor; the
+ * product's is imitated on request (fl_meta_set_f32_gemm, matmul.c). */
+static void virtual_release(void *ctx, void *data, int64_t nbytes) {
+    (void)ctx;
+    (void)data;
+    fl_memory_note_free(fl_device_make(FL_DEVICE_META, 0), nbytes);
+}
+
+fl_storage *fl_storage_virtual(int64_t nbytes) {
+    fl_storage *s = calloc(1, sizeof *s);
+    if (!s) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a storage header");
+    fl_device meta = fl_device_make(FL_DEVICE_META, 0);
+    if (fl_memory_note_alloc(meta, nbytes) != FL_OK) {
+        free(s);
+        return NULL;
+    }
+    s->nbytes = nbytes;
+    s->refcount = 1;
+    s->device = meta;
+    s->release = virtual_release;
+    return s;
+}
+
 void fl_storage_retain(fl_storage *s) {
     if (s) __atomic_fetch_add(&s->refcount, 1, __ATOMIC_RELAXED);
 }

@@ -53,6 +53,10 @@ fl_tensor *fl_tensor_view_of(const fl_tensor *t, int ndim, const int64_t *shape,
         v->storage = t->storage;
         v->data = (char *)t->storage->data + offset * (int64_t)fl_dtype_size(t->dtype);
     }
+    if (t->virtual_storage) {
+        fl_storage_retain(t->virtual_storage);
+        v->virtual_storage = t->virtual_storage;
+    }
     return v;
 }
 
@@ -67,6 +71,7 @@ void fl_tensor_release(fl_tensor *t) {
     FL_ASSERT(left >= 0);
     if (left > 0) return;
     fl_storage_release(t->storage);
+    fl_storage_release(t->virtual_storage);
     fl_tensor_release(t->grad);
     fl_node *fn = t->grad_fn;
     if (fn) {
@@ -170,11 +175,16 @@ static fl_tensor *create(const char *op, int ndim, const int64_t *shape, fl_dtyp
                             (long long)numel, fl_dtype_name(dtype));
     fl_tensor *t = fl_tensor_header(ndim, shape, dtype, device);
     if (!t) return NULL;
-    if (fake) {
+    if (fake || fl_device_kind_of(device) == FL_DEVICE_META) {
         if (fl_device_kind_of(device) != FL_DEVICE_META) t->flags |= FL_TENSOR_FAKE;
+        /* [Note: virtual storage] (storage.c) */
+        t->virtual_storage = fl_storage_virtual(numel * (int64_t)fl_dtype_size(dtype));
+        if (!t->virtual_storage) {
+            free(t);
+            return NULL;
+        }
         return t;
     }
-    if (fl_device_kind_of(device) == FL_DEVICE_META) return t;
     t->storage = fl_storage_new(device, numel * (int64_t)fl_dtype_size(dtype));
     if (!t->storage) {
         char msg[1024];
@@ -189,6 +199,10 @@ static fl_tensor *create(const char *op, int ndim, const int64_t *shape, fl_dtyp
 
 fl_tensor *fl_empty(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device) {
     return create("empty", ndim, shape, dtype, device, false);
+}
+
+fl_tensor *fl_shape_carrier(int ndim, const int64_t *shape, fl_dtype dtype) {
+    return fl_tensor_header(ndim, shape, dtype, fl_device_make(FL_DEVICE_META, 0));
 }
 
 fl_tensor *fl_fake(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device) {

@@ -129,9 +129,15 @@ describe('fsdp.plan memory', function()
 
   it('gives Llama-2-70B on 64 H100s in bf16 the numbers worked out by hand', function()
     local p = fsdp.plan(llama70(), with(H100, { checkpoint = true }))
+    -- FLOPs as the traced ops count them: PaLM's 6N + 12 L H hd T per token
+    -- counts the causal attention's masked half too (and the embedding's
+    -- 6 V D), so the count is a few percent below it.
     local per_token = llama.flops_per_token(llama.config('Llama-2-70b'), 4096, N70)
-    assert.are.equal(per_token * 4096, p.flops.model)
-    assert.is_true(p.flops.hardware > p.flops.model) -- the recomputed forward
+    local ratio = p.flops.model / (per_token * 4096)
+    assert.is_true(ratio > 0.95 and ratio < 1, tostring(ratio))
+    -- the recomputed forward: the blocks' forward, a third of their share
+    assert.is_true(p.flops.recompute > 80 * 2 * BLOCK70 * 4096, tostring(p.flops.recompute))
+    assert.is_true(p.flops.recompute < p.flops.model / 3)
     local ag, rs = p.comm.all_gather, p.comm.reduce_scatter
     assert.are.equal(2 * 80 + 1, ag.calls)
     assert.are.equal((2 * 80 * BLOCK70 + ROOT70) * 2, ag.bytes)
@@ -166,34 +172,34 @@ describe('fsdp.plan memory', function()
     assert.are.equal(0, fsdp.plan(m, { optimizer = 'none' }).memory.optimizer)
   end)
 
-  it('plans T5 and DeepViT at full size, and other models generically', function()
+  it('plans T5, DeepViT and GPT-2 by tracing them, nothing per family', function()
     local p = fsdp.plan(t5.build('t5-11b', { device = 'meta' }), { world = 32, mixed_precision = 'bf16',
       device = 'a100-80g', batch = 4, seq = 512, checkpoint = true })
-    assert.are.equal('T5', p.estimator)
-    assert.are.equal(48, p.blocks)
+    assert.are.equal(48, p.blocks) -- the encoder's 24 and the decoder's 24
     assert.is_true(p.memory.activations > 0 and p.flops.model > 0)
-    local v = fsdp.plan(deepvit.build('8B', { device = 'meta' }), { world = 16, device = 'a100-80g', batch = 8 })
-    assert.are.equal('DeepViT', v.estimator)
-    assert.are.equal(952, v.blocks)
+    assert.are.equal(0, p.memory.residual) -- the traced steps give back what they take
+    -- (DeepViT-8B's width and heads, 16 of its 952 layers: a trace of all
+    -- of them costs seconds of collections, benchmarks/plan_time.lua)
+    local v = fsdp.plan(deepvit.build('8B', { device = 'meta', depth = 16 }), { world = 16, device = 'a100-80g',
+                                                                              batch = 8 })
+    assert.are.equal(16, v.blocks)
+    assert.is_true(v.memory.activations > 0)
+    assert.are.equal(0, v.memory.residual)
     local g = fsdp.plan(require('models.gpt2').build('tiny', { device = 'meta' }), { batch = 2, seq = 16 })
-    assert.are.equal('generic', g.estimator)
     assert.is_true(g.blocks > 0 and g.memory.peak > g.memory.persistent)
+    assert.are.equal(2 * 16, g.tokens)
   end)
 
-  it('allocates nothing and takes well under a second for 70B', function()
+  -- (its time: benchmarks/plan_time.lua)
+  it('allocates nothing for 70B', function()
     local budget = fsdp.set_collect_budget(0)
     finally(function() fsdp.set_collect_budget(budget) end)
     local m = llama70()
     fsdp.plan(m, with(H100)) -- warm
     collectgarbage(); collectgarbage()
     local before = fsdp.memory_stats('cpu').in_use
-    local clock = require 'fsdp.clock'
-    local t0 = clock.now()
     fsdp.plan(m, with(H100))
-    local dt = clock.now() - t0
     assert.are.equal(before, fsdp.memory_stats('cpu').in_use)
-    -- The bound only where the build is not slowed down by sanitizers.
-    if not require('fsdp.host').build_info:find('asan', 1, true) then assert.is_true(dt < 1, ('%.3f s'):format(dt)) end
   end)
 end)
 
@@ -230,16 +236,17 @@ describe('fsdp.plan activation offload', function()
     assert.are.equal(2 * BLOCK, o.bytes)
     assert.near(538624 / 50e9, o.to_host, 1e-15)   -- 10.77 us each way at 50 GB/s
     assert.near(538624 / 50e9, o.to_device, 1e-15)
-    -- the forward: a third of the model's 121,356,288 FLOPs at 45% of
-    -- 989 TFLOP/s = 90.9 ns, far shorter than the copies
-    assert.are.equal(121356288, off.flops.model)
-    local forward_s = 121356288 / 3 / (989e12 * 0.45)
+    -- the forward: a third of the model's FLOPs (99,336,192 as traced) at
+    -- 45% of 989 TFLOP/s = 74.4 ns, far shorter than the copies
+    local F = off.flops.model
+    assert.are.equal(99336192, F)
+    local forward_s = F / 3 / (989e12 * 0.45)
     assert.near(538624 / 50e9 - forward_s + 538624 / 50e9, o.exposed, 1e-15)
     assert.near((538624 / 50e9 - forward_s) * 50e9, o.backlog, 1e-6)
     -- one rank: nothing to overlap with, the step is compute + copies + optimizer
     local t = off.time
     assert.near(t.compute + o.exposed + t.optimizer, t.step, 1e-15)
-    -- A slow device whose forward (121,356,288 / 3 / 1e10 = 4.05 ms)
+    -- A slow device whose forward (99,336,192 / 3 / 1e10 = 3.31 ms)
     -- outlasts the copies to the host (0.539 ms at 1 GB/s): only the
     -- copies back are exposed.
     fsdp.devices.add({ name = 'test-slow-host', memory = 2^30, flops = { bf16 = 1e10, f32 = 1e10 },
@@ -263,7 +270,7 @@ describe('fsdp.plan activation offload', function()
     assert.are.equal('backward of model.layers.1', both.memory.peak_at)
     assert.are.equal(ck.memory.peak - INPUT, both.memory.peak)
     assert.are.equal(ck.flops.recompute, both.flops.recompute)
-    assert.near(2 * (32768 / 50e9) - 121356288 / 3 / (989e12 * 0.45), both.time.offload.exposed, 1e-15)
+    assert.near(2 * (32768 / 50e9) - ck.flops.model / 3 / (989e12 * 0.45), both.time.offload.exposed, 1e-15)
   end)
 
   it('changes nothing on the cpu device, and is printed', function()
@@ -368,5 +375,31 @@ describe('fsdp.plan errors', function()
     local sharded = tiny()
     fsdp.shard(sharded, { device = 'meta' })
     assert.error_matches(function() fsdp.plan(sharded) end, 'already sharded')
+  end)
+
+  it('say what a model of one\'s own must give the trace', function()
+    local nn = require 'fsdp.nn'
+    local Bare = nn.Module:extend('TestBare')
+    function Bare:__init() self.fc = nn.Linear(4, 4, { device = 'meta' }) end
+    function Bare:forward(x) return self.fc(x) end
+    local batch = function(b) return { n = 1, fsdp.empty({ b, 4 }, { device = 'meta' }) }, b, 1 end
+    assert.error_matches(function() fsdp.plan(Bare()) end,
+      'fsdp.plan: TestBare has no example_batch%(batch, seq%) method: pass example_batch')
+    assert.error_matches(function() fsdp.plan(Bare(), { example_batch = batch }) end,
+      'fsdp.plan: TestBare has no loss method: pass loss = function%(model, ...%)')
+    local p = fsdp.plan(Bare(), { example_batch = batch, loss = function(m, x) return m(x):sum() end, batch = 3 })
+    assert.are.equal(0, p.blocks)
+    assert.are.equal(3, p.tokens)
+    -- blocks called out of the order they are declared in
+    local Rev = nn.Module:extend('TestReversed')
+    function Rev:__init()
+      self.layers = nn.ModuleList()
+      for _ = 1, 2 do self.layers:append(nn.Linear(4, 4, { device = 'meta' })) end
+    end
+    function Rev:forward(x) local l = self.layers:children(); return l[1](l[2](x)) end
+    function Rev:loss(x) return self(x):sum() end
+    function Rev:example_batch(b) return batch(b) end
+    assert.error_matches(function() fsdp.plan(Rev()) end, 'fsdp.plan: block 2 %(Linear%) ran before block 1')
+    assert.error_matches(function() fsdp.plan(Rev(), { blocks = 42 }) end, 'fsdp.plan: blocks must be a function')
   end)
 end)

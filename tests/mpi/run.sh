@@ -168,6 +168,9 @@ done
 # The planner's persistent and peak bytes against the allocator's, every
 # strategy in f32 and in bf16 with checkpointing; hybrid as 2 nodes of 2.
 run_tap "planned = measured memory, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua
+# A model defined only in the test file: planned by tracing its step.
+run_tap "planned = measured memory, a model the planner was never taught, 2 ranks" -- \
+  mpirun -np 2 "$EXE" tests/mpi/plan_any_model.lua
 # The planner's collectives (calls and bytes of a step, per kind) against
 # what core/dist counted, every strategy in f32 and bf16; hybrid as 2 nodes of 2.
 run_tap "planned = measured collectives, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/plan_comm.lua

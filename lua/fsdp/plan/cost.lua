@@ -50,14 +50,13 @@ local function add(comm, kind, calls, bytes, wire, link)
   if link == 'inter' then c.link = 'inter' end
 end
 
-function M.fill(plan, est, cfg, ctx, block_params)
+function M.fill(plan, flops)
   local r, dev = plan.options, plan.options.device
-  -- FLOPs of this rank's step
-  local model_flops, block_fwd = est.flops(cfg, ctx, plan.n_params, block_params)
-  -- Frozen parameters (a LoRA base) get no weight gradient: the 6N
-  -- rule's 2N of it per token is not computed.
-  model_flops = model_flops - 2 * (plan.n_frozen or 0) * plan.tokens
-  local hardware = model_flops + (r.checkpoint and block_fwd or 0)
+  -- FLOPs of this rank's step, as the traced ops count them (frozen
+  -- weights get no gradient, so theirs are not counted); a checkpointed
+  -- block's forward runs again in backward.
+  local model_flops = flops.total
+  local hardware = model_flops + (r.checkpoint and flops.blocks_forward or 0)
   plan.flops = { model = model_flops, hardware = hardware, recompute = hardware - model_flops,
                  per_token = model_flops / math.max(plan.tokens, 1) }
 

@@ -12,32 +12,38 @@
 -- Options (errors name the option at fault):
 --   world (default: this job's size), nodes (1; ranks per node = world /
 --   nodes), strategy (FULL_SHARD), policy (a function as fsdp.shard's, or
---   'transformer' / 'size' / 'none'; default: one unit per block of a
---   known model family, else fsdp.policy.size{}), mixed_precision (as
+--   'transformer' / 'size' / 'none'; default: one unit per block, else
+--   fsdp.policy.size{}), blocks (a predicate over modules: the repeated
+--   layers that are wrapped, checkpointed and offloaded one by one;
+--   default: the children of the model's ModuleLists), mixed_precision (as
 --   fsdp.shard's: 'bf16' or {param=, reduce=, buffer=,
---   keep_low_precision_grads=}), checkpoint (true: the family's blocks),
---   offload_activations (true: the family's blocks' saved activations go
---   to pinned host memory, fsdp.offload_activations; composes with
---   checkpoint, which leaves only the blocks' inputs to move), offload
---   (cpu_offload: shards, gradients and optimizer state live in host
---   memory), optimizer ('adamw', 'anyprecision_adamw', 'sgd',
---   'adadelta', 'none', or {name=, state_dtype=, momentum=,
---   use_kahan_summation=, momentum_dtype=, variance_dtype=}), batch
---   (sequences per rank, 1), seq (tokens per sequence; the model's
---   max_seq_len), device (a name in fsdp.devices or a profile; 'cpu'),
---   backward_prefetch ('pre'), forward_prefetch (false), utilization (the
---   device's), rank (0: whose shard; the last rank holds the padding),
---   grad_accum (1: micro-batches per step; above 1 the unsharded
---   accumulation buffers of fsdp.sharding.accumulate count at the peak).
+--   keep_low_precision_grads=}), checkpoint (true: the blocks),
+--   offload_activations (true: the blocks' saved activations go to pinned
+--   host memory, fsdp.offload_activations; composes with checkpoint, which
+--   leaves only the blocks' inputs to move), offload (cpu_offload: shards,
+--   gradients and optimizer state live in host memory), optimizer
+--   ('adamw', 'anyprecision_adamw', 'sgd', 'adadelta', 'none', or {name=,
+--   state_dtype=, momentum=, use_kahan_summation=, momentum_dtype=,
+--   variance_dtype=}), batch (sequences per rank, 1), seq (tokens per
+--   sequence; the model's default), device (a name in fsdp.devices or a
+--   profile; 'cpu'), backward_prefetch ('pre'), forward_prefetch (false),
+--   utilization (the device's), rank (0: whose shard; the last rank holds
+--   the padding), grad_accum (1: micro-batches per step; above 1 the
+--   unsharded accumulation buffers of fsdp.sharding.accumulate count at
+--   the peak), example_batch (function(batch, seq) -> the arguments of the
+--   loss as {n=, ...}, tokens, seq; default model:example_batch), loss
+--   (function(model, ...) -> the loss; default model:loss).
 --
--- Units are fsdp.shard's own (fsdp.sharding.plan_units, the same padding);
--- the bytes of a step come from replaying it (fsdp.plan.sim) with the
--- model family's activations (fsdp.plan.models). Printing is
--- fsdp.plan.report.
+-- Units are fsdp.shard's own (fsdp.sharding.plan_units, the same padding).
+-- What the model keeps and computes comes from tracing one training step
+-- of it on meta tensors (fsdp.plan.trace: any model with a loss and an
+-- example batch, nothing per family); the bytes of the sharded step from
+-- replaying that trace with the units gathered, reduced and freed around
+-- it (fsdp.plan.sim). Printing is fsdp.plan.report.
 local core = require 'fsdp.core'
 local sharding = require 'fsdp.sharding'
 local devices = require 'fsdp.devices'
-local models = require 'fsdp.plan.models'
+local trace = require 'fsdp.plan.trace'
 local sim = require 'fsdp.plan.sim'
 local C = core.C
 
@@ -54,7 +60,7 @@ local OPTIONS = {
   world = true, nodes = true, strategy = true, policy = true, mixed_precision = true, checkpoint = true,
   offload = true, offload_activations = true, optimizer = true, batch = true, seq = true, device = true,
   backward_prefetch = true, forward_prefetch = true, limit_all_gathers = true, utilization = true, rank = true,
-  grad_accum = true,
+  grad_accum = true, blocks = true, example_batch = true, loss = true,
 }
 
 local function size_of(dtype) return tonumber(C.fl_dtype_size(core.dtype(dtype))) end
@@ -94,14 +100,38 @@ local function optimizer_bytes(spec, master)
   return f(o, master)
 end
 
-local function policy_of(opts, est, cfg)
+-- The blocks in forward order: the modules matching opts.blocks, else
+-- the children of every ModuleList (the outermost: a list
+-- inside a block is the block's own business).
+local function find_blocks(model, pred)
+  if pred ~= nil and type(pred) ~= 'function' then
+    fail('blocks must be a function(module) -> boolean, got %s', type(pred))
+  end
+  local ModuleList = require('fsdp.nn').ModuleList
+  local blocks = {}
+  local function walk(m)
+    for _, ch in ipairs(m:children()) do
+      if pred then
+        if pred(ch) then blocks[#blocks + 1] = ch else walk(ch) end
+      elseif ch:is_instance_of(ModuleList) and #ch:children() >= 1 then
+        for _, b in ipairs(ch:children()) do blocks[#blocks + 1] = b end
+      else
+        walk(ch)
+      end
+    end
+  end
+  walk(model)
+  return blocks
+end
+
+local function policy_of(opts, block_set)
   local p = opts.policy
   if type(p) == 'function' then return p, 'custom' end
   if p == nil or p == 'transformer' then
-    if est.name ~= 'generic' or next(cfg.blocks or {}) then
-      return function(m) return est.is_block(m, cfg) end, 'one unit per block'
+    if next(block_set) then
+      return function(m) return block_set[m] == true end, 'one unit per block'
     end
-    if p == 'transformer' then fail("policy: 'transformer' needs a known model family or blocks") end
+    if p == 'transformer' then fail("policy: 'transformer' needs blocks (the model has none; pass blocks=)") end
   end
   if p == nil or p == 'size' then return sharding.policy.size {}, 'size >= 1e8 parameters' end
   if p == 'none' or p == false then return nil, 'one unit (the root)' end
@@ -163,44 +193,6 @@ local function plan_units(model, r)
     units[#units + 1] = u
   end
   return units
-end
-
--- A block's backward steps when some of its parameters are frozen (a LoRA
--- base): the frozen weights get no gradient, so no step allocates one
--- (the weights' bytes of the family's profile), and the adapters' small
--- gradients are counted from the block's first backward step (early: an
--- upper bound). Each LoRALinear also saves its low-rank activation x A^T
--- ([N, rank]) for B's gradient, and with dropout the dropped input ([N,
--- in]) for A's.
--- The stem and head profiles take the same treatment from the root's
--- parameters (tensors) and modules (m: the modules outside the blocks).
-local function frozen_block(prof, tensors, modules, ctx)
-  local trainable, any_frozen = 0, false
-  for _, t in ipairs(tensors) do
-    if is_frozen(t) then any_frozen = true else trainable = trainable + t:numel() end
-  end
-  if not any_frozen then return prof end
-  local LoRALinear = require 'fsdp.nn.lora'
-  local extra = 0
-  for _, sub in ipairs(modules) do
-    if sub:is_instance_of(LoRALinear) then
-      extra = extra + ctx.N * sub.rank * ctx.s
-      if sub.lora_dropout.p > 0 then extra = extra + ctx.N * sub.in_features * ctx.s end
-    end
-  end
-  local out = {}
-  for k, v in pairs(prof) do out[k] = v end
-  out.saved = prof.saved + extra
-  out.steps = {}
-  for i, st in ipairs(prof.steps) do
-    local c = {}
-    for k, v in pairs(st) do c[k] = v end
-    c.w = i == 1 and trainable * ctx.ps or 0
-    -- the extra saved tensors go with the block's last step
-    if i == #prof.steps then c.f = c.f + extra end
-    out.steps[i] = c
-  end
-  return out
 end
 
 -- Resolve the options into one table (checked).
@@ -274,17 +266,28 @@ function M.plan(model, opts)
   opts = opts or {}
   if type(opts) ~= 'table' then fail('expected an options table, got %s', type(opts)) end
   local r = resolve(model, opts)
-  local est, cfg = models.find(model)
-  r.policy, r.policy_name = policy_of(opts, est, cfg)
-  local seq = opts.seq or (est.dims(cfg) or {}).T or 1
-  if type(seq) ~= 'number' or seq < 1 or seq ~= math.floor(seq) then
+  local blocks_in_order = find_blocks(model, opts.blocks)
+  local block_set = {}
+  for _, b in ipairs(blocks_in_order) do block_set[b] = true end
+  r.policy, r.policy_name = policy_of(opts, block_set)
+  if opts.seq ~= nil and (type(opts.seq) ~= 'number' or opts.seq < 1 or opts.seq ~= math.floor(opts.seq)) then
     fail('seq must be a positive integer, got %s', tostring(opts.seq))
   end
-  r.seq = seq
+  local example_batch = opts.example_batch
+  if example_batch == nil and type(model.example_batch) == 'function' then
+    example_batch = function(b, t) return model:example_batch(b, t) end
+  end
+  if type(example_batch) ~= 'function' then
+    fail('%s has no example_batch(batch, seq) method: pass example_batch = function(batch, seq) '
+      .. 'returning the arguments of its loss ({n=, ...}) and the tokens', model:class_name())
+  end
+  local loss = opts.loss
+  if loss == nil and type(model.loss) == 'function' then loss = function(m, ...) return (m:loss(...)) end end
+  if type(loss) ~= 'function' then
+    fail('%s has no loss method: pass loss = function(model, ...) returning the loss', model:class_name())
+  end
   local units = plan_units(model, r)
   local root = units[#units]
-  local s, ps = size_of(root.param_dtype), root.ps
-  local ctx = { B = r.batch, T = seq, N = r.batch * seq, s = s, ps = ps, f32_gemm = r.device.f32_gemm }
 
   -- persistent bytes of this rank
   local mem = { params = 0, grads = 0, optimizer = 0, buffers = 0, largest_unit = 0 }
@@ -303,7 +306,6 @@ function M.plan(model, opts)
     local d = (r.mp.buffer and b:is_floating_point()) and r.mp.buffer or b.dtype
     mem.buffers = mem.buffers + b:numel() * size_of(d)
   end
-  mem.buffers = mem.buffers + est.caches(cfg, ctx)
   mem.host = 0
   if r.offload and r.device.name ~= 'cpu' then
     mem.host = mem.params + mem.grads + mem.optimizer
@@ -321,41 +323,40 @@ function M.plan(model, opts)
   end
   local accumulation_extra = mem.accumulation
 
-  -- blocks in forward order, each with its units
+  -- the model's step, traced on meta (fsdp.plan.trace)
   local unit_of = {}
   for _, u in ipairs(units) do for _, t in ipairs(u.tensors) do unit_of[t] = u end end
+  local in_block = {}
+  for _, b in ipairs(blocks_in_order) do for _, t in ipairs(b:parameters()) do in_block[t] = true end end
+  local root_params = {}
+  for _, t in ipairs(model:parameters()) do
+    if not in_block[t] then root_params[#root_params + 1] = t end
+  end
+  local tr = trace.run(model, {
+    blocks = blocks_in_order, batch = r.batch, seq = opts.seq, example_batch = example_batch, loss = loss,
+    param_dtype_of = function(t) local u = unit_of[t]; return u and u.param_dtype or r.mp.param end,
+    buffer_dtype = r.mp.buffer, input_dtype = root.param_dtype, root_params = root_params,
+    f32_gemm = r.device.f32_gemm,
+    example_batch_fn = opts.example_batch or model.example_batch, loss_fn = opts.loss or model.loss,
+  })
+  r.seq = tr.seq
+  mem.buffers = mem.buffers + tr.caches
+  mem.persistent = mem.persistent + tr.caches
+
+  -- blocks in forward order, each with its units
+  local name_of = {}
+  for _, nm in ipairs(model:named_modules()) do name_of[nm[2]] = nm[1] end
   local blocks, block_params = {}, 0
-  local function add_blocks(m, name)
-    if est.is_block(m, cfg) then
-      local us, seen = {}, {}
-      for _, t in ipairs(m:parameters()) do
-        local u = unit_of[t]
-        if u and not seen[u] then seen[u] = true; us[#us + 1] = u end
-        block_params = block_params + t:numel()
-      end
-      blocks[#blocks + 1] = { name = name, units = us,
-                              prof = frozen_block(est.block(cfg, m, ctx), m:parameters(), m:modules(), ctx) }
-      return
+  for i, m in ipairs(blocks_in_order) do
+    local us, seen = {}, {}
+    for _, t in ipairs(m:parameters()) do
+      local u = unit_of[t]
+      if u and not seen[u] then seen[u] = true; us[#us + 1] = u end
+      block_params = block_params + t:numel()
     end
-    for _, nc in ipairs(m:named_children()) do add_blocks(nc[2], name == '' and nc[1] or name .. '.' .. nc[1]) end
+    blocks[i] = { name = name_of[m] or ('block ' .. i), units = us, prof = tr.blocks[i] }
   end
-  add_blocks(model, '')
-  local stem, head = est.stem(cfg, ctx), est.head(cfg, ctx)
-  -- The root's own parameters (those of no block) frozen: no gradients
-  -- for them in the head's and stem's steps (the adapters' go first).
-  local in_blocks = {}
-  for _, b in ipairs(blocks) do for _, u in ipairs(b.units) do in_blocks[u] = true end end
-  local root_tensors = {}
-  for _, u in ipairs(units) do
-    if not in_blocks[u] then for _, t in ipairs(u.tensors) do root_tensors[#root_tensors + 1] = t end end
-  end
-  head = frozen_block(head, root_tensors, {}, ctx)
-  local stem_frozen = frozen_block(stem, root_tensors, {}, ctx)
-  if stem_frozen ~= stem then -- (the adapters' gradients are the head's already)
-    for _, st in ipairs(stem_frozen.steps) do st.w = 0 end
-    stem = stem_frozen
-  end
-  local inputs = est.inputs(cfg, ctx)
+  local stem, head, inputs = tr.stem, tr.head, tr.inputs
   local offload_activations = r.offload_activations and r.device.name ~= 'cpu'
   local function replay(checkpoint)
     return sim.run(units, blocks, stem, head, {
@@ -387,10 +388,10 @@ function M.plan(model, opts)
     if u.frozen then n_frozen, frozen_dtype = n_frozen + u.numel, frozen_dtype or u.master_dtype end
   end
   local plan = setmetatable({ units = units, memory = mem, options = r, model_class = model:class_name(),
-                              n_params = model:num_parameters(), estimator = est.name, blocks = #blocks,
-                              tokens = est.tokens(cfg, ctx), n_frozen = n_frozen, frozen_dtype = frozen_dtype },
+                              n_params = model:num_parameters(), blocks = #blocks, block_params = block_params,
+                              tokens = tr.tokens, n_frozen = n_frozen, frozen_dtype = frozen_dtype },
                             Plan)
-  require('fsdp.plan.cost').fill(plan, est, cfg, ctx, block_params)
+  require('fsdp.plan.cost').fill(plan, tr.flops)
   local usable = r.device.memory - (r.device.reserved or 0)
   plan.usable = usable
   plan.fits = mem.peak <= usable
@@ -399,30 +400,53 @@ function M.plan(model, opts)
 end
 
 -- The largest batch per rank whose plan fits (0 when even 1 does not),
--- doubling then bisecting over plans (no memory is allocated); opts as
--- M.plan's (batch ignored), opts.max_batch caps the search (65536).
--- Returns the batch and its plan.
+-- over plans (no memory is allocated; a plan's peak grows with the batch);
+-- opts as M.plan's (batch ignored), opts.max_batch caps the search
+-- (65536). Each plan traces the model, so the search is short: the peaks
+-- at batch 1 and 2 point at a batch (the line through them meets the
+-- usable memory), which is then checked and corrected by doubling steps
+-- away from it and bisection. Returns the batch and its plan.
 function M.max_batch(model, opts)
   opts = opts or {}
   local cap = opts.max_batch or 65536
   local o = {}
   for k, v in pairs(opts) do if k ~= 'max_batch' then o[k] = v end end
-  local function try(b) o.batch = b; return M.plan(model, o) end
+  local tried = {}
+  local function try(b)
+    if not tried[b] then o.batch = b; tried[b] = M.plan(model, o) end
+    return tried[b]
+  end
   local p1 = try(1)
-  if not p1.fits then return 0, p1 end
-  local lo, lo_plan, hi = 1, p1, nil
-  while not hi do
-    local b = math.min(lo * 2, cap)
-    if b == lo then return lo, lo_plan end
-    local p = try(b)
-    if p.fits then lo, lo_plan = b, p else hi = b end
+  if not p1.fits or cap == 1 then return p1.fits and 1 or 0, p1 end
+  local p2 = try(2)
+  if not p2.fits then return 1, p1 end
+  -- lo fits, hi does not (or is past the cap)
+  local lo, hi
+  local slope = p2.memory.peak - p1.memory.peak
+  local guess = slope > 0 and math.floor(2 + (p2.usable - p2.memory.peak) / slope) or cap
+  guess = math.max(2, math.min(cap, guess))
+  local step = 1
+  if try(guess).fits then
+    lo = guess
+    while not hi do
+      local b = math.min(lo + step, cap)
+      if b == lo then return lo, try(lo) end
+      if try(b).fits then lo = b else hi = b end
+      step = step * 2
+    end
+  else
+    hi = guess
+    while not lo do
+      local b = math.max(hi - step, 2)
+      if try(b).fits then lo = b else hi = b end
+      step = step * 2
+    end
   end
   while hi - lo > 1 do
     local mid = math.floor((lo + hi) / 2)
-    local p = try(mid)
-    if p.fits then lo, lo_plan = mid, p else hi = mid end
+    if try(mid).fits then lo = mid else hi = mid end
   end
-  return lo, lo_plan
+  return lo, try(lo)
 end
 
 function Plan.is_plan(x) return getmetatable(x) == Plan end

@@ -42,15 +42,17 @@
 --         checkpointing this is exact: the checkpoint node restores its
 --         input, then the recompute (never offloaded) runs.
 --       The stem and head are not offloaded (the planner offloads the
---       family's blocks, as checkpoint does).
--- The model's part (saved bytes, backward steps) comes from
--- fsdp.plan.models.
+--       blocks, as checkpoint does).
+-- The model's part (saved bytes, backward steps) comes from the trace of
+-- its step (fsdp.plan.trace).
 local M = {}
 
 -- units: the planner's units (root last) with gb (gathered bytes), G
 -- (shard group size), padded, shard, rs/gs/ps (reduce, grad, param dtype
 -- sizes), reshard (after forward), root; blocks: {{units = {...}, prof =
--- {saved=, input=, steps=, fwd_peak=}, name=}...} in forward order;
+-- {saved=, input=, fwd_extra=, fwd_ckpt_extra=, steps=, gap=}, name=}...}
+-- in forward order (gap: {saved=, fwd_extra=, steps=} of code between the
+-- block before and this one);
 -- head/stem: profiles; opts: persistent, inputs, checkpoint (bool),
 -- offload_activations (bool: the blocks' kept bytes live on the host),
 -- forward_prefetch, backward_prefetch ('pre', 'post', false), f32_reduce
@@ -123,6 +125,11 @@ function M.run(units, blocks, stem, head, opts)
   end
   for i, b in ipairs(blocks) do
     local where = 'forward of ' .. b.name
+    local gap = b.prof.gap -- code before the block that is no block's (fsdp.plan.trace)
+    if gap then
+      bump(gap.saved, 'forward before ' .. b.name); keep(gap.saved)
+      check(gap.fwd_extra, 'forward before ' .. b.name)
+    end
     for _, u in ipairs(b.units) do gather(u, where) end
     if opts.forward_prefetch then for _, u in ipairs(units_of(i + 1)) do gather(u, where) end end
     local kept = opts.checkpoint and b.prof.input or b.prof.saved
@@ -206,6 +213,7 @@ function M.run(units, blocks, stem, head, opts)
     for _, u in ipairs(b.units) do
       if first_fwd[u] == i and u ~= root then post_backward(u, where, units_of(i - 1)) end
     end
+    if b.prof.gap then run_steps(b.prof.gap.steps, root, 'backward before ' .. b.name) end
   end
   run_steps(stem.steps, root, 'backward of the stem (embeddings)')
   for i = #others, 1, -1 do post_backward(others[i], 'backward of ' .. others[i].label, {}) end
