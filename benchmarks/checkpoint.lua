@@ -21,7 +21,7 @@ local optim = require 'fsdp.optim'
 local recipe = require 'fsdp.recipe'
 local clock = require 'fsdp.clock'
 local ckpt = require 'fsdp.checkpointing'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 local lfs = require 'lfs'
 
 local cfg = recipe.config({

@@ -27,7 +27,7 @@ local core = require 'fsdp.core'
 local recipe = require 'fsdp.recipe'
 local clock = require 'fsdp.clock'
 local Tensor = require 'fsdp.tensor'
-local st = require 'fsdp.safetensors'
+local st = require 'fsdp.io.safetensors'
 local ffi, C = core.ffi, core.C
 
 -- libc, to drop a file's pages from the page cache for the cold reads.

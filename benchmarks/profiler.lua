@@ -13,7 +13,7 @@ local nn = require 'fsdp.nn'
 local optim = require 'fsdp.optim'
 local recipe = require 'fsdp.recipe'
 local clock = require 'fsdp.clock'
-local profiler = require 'fsdp.profiler'
+local profiler = require 'fsdp.observe.profiler'
 
 local cfg = recipe.config({
   steps = { 40, 'measured steps in all (half off, half on)', int = true, min = 2 },

@@ -8,7 +8,7 @@
 --
 -- The file holds one-element F32 tensors named layers.N.weight (and, with
 -- --metadata, as many __metadata__ keys). Seconds are wall time, best of 3.
-local st = require 'fsdp.safetensors'
+local st = require 'fsdp.io.safetensors'
 local clock = require 'fsdp.clock'
 
 local opts = { entries = 200000, metadata = false }

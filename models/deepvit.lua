@@ -250,7 +250,7 @@ end
 -- emb_dropout (0: the values are not in the file).
 function M.from_vit_pytorch(path, opts)
   opts = opts or {}
-  local st = require 'fsdp.safetensors_sharded'
+  local st = require 'fsdp.io.safetensors_sharded'
   local ck = st.open_checkpoint(path)
   local info = {}
   for _, name in ipairs(ck:names()) do info[name] = ck:info(name) end

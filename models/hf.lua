@@ -34,8 +34,8 @@
 -- JSON types.
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
-local json = require 'fsdp.json'
-local st = require 'fsdp.safetensors_sharded'
+local json = require 'fsdp.io.json'
+local st = require 'fsdp.io.safetensors_sharded'
 local suggest = require 'fsdp.suggest'
 local llama = require 'models.llama'
 local t5 = require 'models.t5'
@@ -507,7 +507,7 @@ end
 function M.token_ids(dir)
   local out = {}
   for _, name in ipairs({ 'config.json', 'generation_config.json' }) do
-    local text = require('fsdp.files').read(dir .. '/' .. name)
+    local text = require('fsdp.io.files').read(dir .. '/' .. name)
     local h = text and json.decode(text)
     if type(h) == 'table' then
       for _, k in ipairs(M.TOKEN_ID_KEYS) do
@@ -612,7 +612,7 @@ function M.save_pretrained(model, dir, opts)
   end
   try(function()
     written = w:finish()
-    local files = require 'fsdp.files'
+    local files = require 'fsdp.io.files'
     local h = family.to_hf(model.config)
     -- 5.x reads dtype, 4.x torch_dtype.
     h.dtype = DTYPE_NAMES[dtype]

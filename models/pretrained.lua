@@ -32,8 +32,8 @@
 -- the caller names (a --model config, --num_heads).
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
-local files = require 'fsdp.files'
-local json = require 'fsdp.json'
+local files = require 'fsdp.io.files'
+local json = require 'fsdp.io.json'
 local hf = require 'models.hf'
 local decoders = require 'models.decoders'
 
@@ -49,7 +49,7 @@ M.OPTIONS = {
                     .. 'generation_config.json, the tokenizer files of --init_from)', output = 'dir' },
   export_max_shard_size = { '5GB', 'with --export_hf: the largest weight file; more go in numbered files and an index',
                             check = function(v)
-                              local ok, err = pcall(require('fsdp.safetensors_sharded').parse_size, v,
+                              local ok, err = pcall(require('fsdp.io.safetensors_sharded').parse_size, v,
                                 'export_max_shard_size')
                               if not ok then return (tostring(err):gsub('^.-export_max_shard_size ', '')) end
                             end },
@@ -364,7 +364,7 @@ function M.load(model, src)
 end
 
 -- rank 0's line ("[rank 0] " first with several ranks; fsdp.console)
-local function say(msg) require('fsdp.console').print(msg) end
+local function say(msg) require('fsdp.observe.console').print(msg) end
 
 -- A training recipe's start, after its --resume_from_checkpoint (which
 -- returned start_step): src's weights into the (sharded) model, unless a

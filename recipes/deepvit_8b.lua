@@ -20,9 +20,9 @@ local deepvit = require 'models.deepvit'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
 local images = require 'fsdp.data.images'
-local metrics = require 'fsdp.metrics'
-local console = require 'fsdp.console'
-local profiler = require 'fsdp.profiler'
+local metrics = require 'fsdp.observe.metrics'
+local console = require 'fsdp.observe.console'
+local profiler = require 'fsdp.observe.profiler'
 local F = fsdp.F
 
 -- Each option carries its constraints; they and the model config they

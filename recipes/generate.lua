@@ -29,7 +29,7 @@
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local generate = require 'fsdp.generate'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 local tokenizer = require 'fsdp.data.tokenizer'
 local clock = require 'fsdp.clock'
 local decoders = require 'models.decoders'

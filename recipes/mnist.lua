@@ -61,7 +61,7 @@ end
 -- Under a launcher every rank runs this; rank 0 speaks ("[rank 0] " first
 -- with several ranks: fsdp.console).
 local W, R = fsdp.dist.world_size(), fsdp.dist.rank()
-local function say(line) require('fsdp.console').print(line) end
+local function say(line) require('fsdp.observe.console').print(line) end
 say(('data: %d training and %d test images (%s)'):format(train:size(), test:size(),
   cfg.data ~= '' and cfg.data or 'synthetic'))
 

@@ -22,7 +22,7 @@
 -- naming the option, exit status 2, before a model is built.
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
-local metrics = require 'fsdp.metrics'
+local metrics = require 'fsdp.observe.metrics'
 local pairs_data = require 'fsdp.data.pairs'
 local t5 = require 'models.t5'
 local F = fsdp.F
@@ -56,7 +56,7 @@ function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 -- Rank 0 speaks ("[rank 0] " first with several ranks: fsdp.console);
 -- flushed, so a log file being followed shows each validation as it comes.
-local function say(fmt, ...) require('fsdp.console').print(fmt:format(...)) end
+local function say(fmt, ...) require('fsdp.observe.console').print(fmt:format(...)) end
 
 -- Open the tokenizer and both splits from the options; nil without --data.
 -- Raises a usage message naming the option at fault.

@@ -23,7 +23,7 @@ local pretrained = require 'models.pretrained'
 local cfg, positional = recipe.config({
   max_shard_size = { '5GB', 'the largest weight file; more go in numbered files and an index',
                      check = function(v)
-                       local ok, err = pcall(require('fsdp.safetensors_sharded').parse_size, v)
+                       local ok, err = pcall(require('fsdp.io.safetensors_sharded').parse_size, v)
                        if not ok then return (tostring(err):gsub('^.-max_shard_size ', '')) end
                      end },
   model = { '', 'for checkpoints that do not record their config: a model config name for what the weights do not '

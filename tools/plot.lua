@@ -8,7 +8,7 @@
 -- gnuplot draws them (fsdp.plot); the script and the data it was given
 -- stay beside the images (<out>.gp, <out>.N.dat) to re-plot by hand.
 local recipe = require 'fsdp.recipe'
-local plot = require 'fsdp.plot'
+local plot = require 'fsdp.observe.plot'
 
 local cfg, paths = recipe.config({
   out = { '', 'the images\' path without extension (default: the first file\'s, without .jsonl)', output = 'file' },
@@ -20,7 +20,7 @@ local cfg, paths = recipe.config({
 
 if #paths == 0 then recipe.usage_error('tools/plot.lua: give one or more metrics JSONL files') end
 for _, p in ipairs(paths) do
-  if require('fsdp.files').mode(p) ~= 'file' then recipe.usage_error(('tools/plot.lua: %s: no such file'):format(p)) end
+  if require('fsdp.io.files').mode(p) ~= 'file' then recipe.usage_error(('tools/plot.lua: %s: no such file'):format(p)) end
 end
 local base = cfg.out ~= '' and cfg.out or paths[1]:gsub('%.jsonl$', '')
 local w, h = cfg.size:match('^(%d+)x(%d+)$')

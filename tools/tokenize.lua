@@ -126,7 +126,7 @@ local function load_tokenizer(path)
     if not ok then die('--tokenizer %s', dir) end
     path = dir
   end
-  if path ~= 'byte' and require('fsdp.files').mode(path) == 'directory' then
+  if path ~= 'byte' and require('fsdp.io.files').mode(path) == 'directory' then
     path = tokenizer.find_in(path) or path -- load() names a directory without one
   end
   local ok, tok = pcall(tokenizer.load, path)
@@ -140,7 +140,7 @@ end
 local tok, model_path
 if cfg.train_spm == 0 then tok, model_path = load_tokenizer(cfg.tokenizer) end
 
-require('fsdp.files').mkdir_p(cfg.output, 'tools/tokenize.lua')
+require('fsdp.io.files').mkdir_p(cfg.output, 'tools/tokenize.lua')
 
 local function copy_file(from, to)
   local src = assert(io.open(from, 'rb'))
@@ -185,7 +185,7 @@ if kind == 'sentencepiece' and model_path ~= cfg.output .. '/tokenizer.model' th
 elseif kind == 'bpe' then
   copy_file(model_path, cfg.output .. '/tokenizer.json')
   local config = (model_path:match('^(.*)/[^/]*$') or '.') .. '/tokenizer_config.json'
-  if require('fsdp.files').mode(config) == 'file' then copy_file(config, cfg.output .. '/tokenizer_config.json') end
+  if require('fsdp.io.files').mode(config) == 'file' then copy_file(config, cfg.output .. '/tokenizer_config.json') end
 end
 local eos = fsdp.full({ 1 }, tok.eos_id, { dtype = 'i64' })
 local description = kind

@@ -11,8 +11,8 @@
 -- --merge writes the ranks' events into one Chrome/Perfetto trace (one
 -- process track per rank).
 local recipe = require 'fsdp.recipe'
-local json = require 'fsdp.json'
-local files = require 'fsdp.files'
+local json = require 'fsdp.io.json'
+local files = require 'fsdp.io.files'
 
 local cfg, paths = recipe.config({
   top = { 15, 'spans to list, by their own time', int = true, min = 1 },

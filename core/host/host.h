@@ -6,7 +6,7 @@
  * Ctrl-C); paths.c finds the project root so `require` works from any
  * directory; lineedit.c reads lines (libedit on a terminal) and keeps the
  * history; hostlib.c exposes all of that to Lua as the module `fsdp.host`;
- * repl.c is the small built-in REPL used when lua/fsdp/repl.lua cannot load.
+ * repl.c is the small built-in REPL used when lua/fsdp/repl/init.lua cannot load.
  */
 #ifndef FL_HOST_H
 #define FL_HOST_H

@@ -242,7 +242,7 @@ static bool run_script(lua_State *L, int argc, char **argv, int script) {
     return run_file(L, name, argv + script + 1, argc - script - 1);
 }
 
-/* The REPL of lua/fsdp/repl.lua, or the built-in one if that cannot load. */
+/* The REPL of lua/fsdp/repl/init.lua, or the built-in one if that cannot load. */
 static bool run_repl(lua_State *L) {
     lua_getglobal(L, "require");
     lua_pushliteral(L, "fsdp.repl");

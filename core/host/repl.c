@@ -1,5 +1,5 @@
 /*
- * repl.c: the built-in REPL, used only when lua/fsdp/repl.lua cannot be
+ * repl.c: the built-in REPL, used only when lua/fsdp/repl/init.lua cannot be
  * loaded (no project root found, or a broken library), so that the
  * executable is still a working Lua prompt to find out what is wrong.
  *

@@ -1,6 +1,6 @@
 /*
  * crc32c.c: CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the
- * checksum of TensorBoard's event-file records (lua/fsdp/tensorboard.lua).
+ * checksum of TensorBoard's event-file records (lua/fsdp/observe/tensorboard.lua).
  *
  * Debian packages no C library for CRC-32C (zlib's crc32 is the other
  * polynomial), and the records it guards are a few hundred bytes per

@@ -33,7 +33,7 @@ M.enable_grad = autograd.enable_grad
 M.is_grad_enabled = autograd.is_grad_enabled
 M.set_grad_enabled = autograd.set_grad_enabled
 
-local safetensors = require 'fsdp.safetensors'
+local safetensors = require 'fsdp.io.safetensors'
 M.safetensors = safetensors
 M.load_safetensors = safetensors.load
 M.save_safetensors = safetensors.save
@@ -426,11 +426,11 @@ package.loaded['fsdp'] = M
 M.F = require 'fsdp.functional'
 M.functional = M.F
 M.cat = M.F.cat
-M.checkpoint = require 'fsdp.checkpoint'
-M.offload_activations = require 'fsdp.offload'
+M.checkpoint = require 'fsdp.activations.checkpoint'
+M.offload_activations = require 'fsdp.activations.offload'
 M.fake = fake.run
 M.is_fake_mode = fake.active
-M.summary = require('fsdp.summary').summary
+M.summary = require('fsdp.repl.summary').summary
 
 -- Names that forward to a module loaded on first use: help() shows the
 -- target's doc comment (fsdp.help, [Note: help texts are doc comments]).

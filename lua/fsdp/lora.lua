@@ -349,7 +349,7 @@ function M.save_peft(model, dir, opts)
   local err
   if dist.rank() == 0 then
     local ok, e = pcall(function()
-      local files = require 'fsdp.files'
+      local files = require 'fsdp.io.files'
       files.mkdir_p(dir, 'save_peft')
       local list = {}
       for name, t in pairs(sd) do
@@ -357,8 +357,8 @@ function M.save_peft(model, dir, opts)
         list[#list + 1] = { PREFIX .. name, t }
       end
       table.sort(list, function(a, b) return a[1] < b[1] end)
-      require('fsdp.safetensors').save(files.join(dir, 'adapter_model.safetensors'), list, { format = 'pt' })
-      local json = require 'fsdp.json'
+      require('fsdp.io.safetensors').save(files.join(dir, 'adapter_model.safetensors'), list, { format = 'pt' })
+      local json = require 'fsdp.io.json'
       local targets = json.array({})
       for i, t in ipairs(cfg.targets) do targets[i] = t end
       local text = json.encode({
@@ -392,7 +392,7 @@ local function check_peft_config(h, path, model)
   for _, k in ipairs({ 'rank_pattern', 'alpha_pattern' }) do
     if type(h[k]) == 'table' and next(h[k]) ~= nil then refuse('%s is not empty (one rank and alpha for all layers)', k) end
   end
-  local null = require('fsdp.json').null
+  local null = require('fsdp.io.json').null
   for _, k in ipairs({ 'modules_to_save', 'layers_to_transform', 'layers_pattern', 'exclude_modules',
                        'target_parameters', 'layer_replication', 'trainable_token_indices',
                        'alora_invocation_tokens' }) do
@@ -421,8 +421,8 @@ end
 -- sharded); not on the meta device. Returns the model.
 function M.load_peft(model, dir, opts)
   opts = opts or {}
-  local files = require 'fsdp.files'
-  local json = require 'fsdp.json'
+  local files = require 'fsdp.io.files'
+  local json = require 'fsdp.io.json'
   local cpath = files.join(dir, 'adapter_config.json')
   if files.mode(cpath) ~= 'file' then fail('load_peft: %s: no such file', cpath) end
   local ok, h = pcall(json.decode, files.read(cpath))
@@ -446,7 +446,7 @@ function M.load_peft(model, dir, opts)
   end
   local wpath = files.join(dir, 'adapter_model.safetensors')
   if files.mode(wpath) ~= 'file' then fail('load_peft: %s: no such file', wpath) end
-  local f = require('fsdp.safetensors').open(wpath)
+  local f = require('fsdp.io.safetensors').open(wpath)
   local state, unexpected = {}, {}
   for _, name in ipairs(f:names()) do
     -- PEFT writes lora_A.weight; older versions (and other tools) keep the

@@ -168,7 +168,7 @@ function M.Guard(opts)
   return setmetatable({
     model = opts.model, optimizer = opts.optimizer, scheduler = opts.scheduler, policy = policy,
     max_skips = max_skips, grad_clip = grad_clip, skips = 0, on_stop = opts.on_stop,
-    say = opts.say or function(line) require('fsdp.console').print(line) end,
+    say = opts.say or function(line) require('fsdp.observe.console').print(line) end,
   }, Guard)
 end
 

@@ -401,7 +401,7 @@ local function mode(path) return require('lfs').attributes(path, 'mode') end
 
 local function make_dir(key, dir)
   if mode(dir) == 'directory' then return end
-  local ok, err = pcall(require('fsdp.files').mkdir_p, dir, '--' .. key)
+  local ok, err = pcall(require('fsdp.io.files').mkdir_p, dir, '--' .. key)
   if not ok then error((tostring(err):gsub('^[^\n:]+:%d+: ', '')), 0) end
 end
 
@@ -420,7 +420,7 @@ local function path_problem(key, d, v)
     if not ok then return ('cannot write in %s: %s'):format(v, why) end
   elseif d.output == 'file' then
     if mode(v) == 'directory' then return ('%s is a directory, not a file'):format(v) end
-    local dir = require('fsdp.files').dirname(v)
+    local dir = require('fsdp.io.files').dirname(v)
     make_dir(key, dir)
     if mode(v) then
       -- An existing file: opened to append, so nothing in it changes.

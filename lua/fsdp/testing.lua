@@ -127,7 +127,7 @@ end
 -- project root, bounded in time: exit status, stdout and stderr apart
 -- (for specs that check which stream a message went to).
 function M.run_exe(args, seconds)
-  local host, files = require 'fsdp.host', require 'fsdp.files'
+  local host, files = require 'fsdp.host', require 'fsdp.io.files'
   local err = os.tmpname()
   local p = assert(io.popen(('cd %s && timeout %d %s %s 2>%s; echo "@rc=$?"'):format(M.quote(host.root),
     seconds or 120, M.quote(host.exe), args, M.quote(err))))

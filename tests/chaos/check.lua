@@ -20,9 +20,9 @@
 local ffi = require 'ffi'
 local cjson = require 'cjson'
 local Tensor = require 'fsdp.tensor'
-local safetensors = require 'fsdp.safetensors'
-local files = require 'fsdp.files'
-local json = require 'fsdp.json'
+local safetensors = require 'fsdp.io.safetensors'
+local files = require 'fsdp.io.files'
+local json = require 'fsdp.io.json'
 local layout = require('fsdp.checkpointing').layout
 
 local problems = {}

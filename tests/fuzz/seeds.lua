@@ -15,9 +15,9 @@
 --                        GPT-2, Llama 3 and Qwen2 style, made by the tokenizers package)
 -- Run by tests/fuzz/run.sh: build/bin/fsdp-lua tests/fuzz/seeds.lua OUTDIR.
 local fsdp = require 'fsdp'
-local st = require 'fsdp.safetensors'
+local st = require 'fsdp.io.safetensors'
 local tokens = require 'fsdp.data.tokens'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 
 local out = assert(arg[1], 'usage: fsdp-lua tests/fuzz/seeds.lua OUTDIR')
 for _, sub in ipairs({ 'safetensors', 'tokens', 'index', 'tokenizer', 'corpus' }) do files.mkdir_p(files.join(out, sub)) end

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """make_tfevents_goldens.py: what TensorBoard reads from the event files
-our writer (lua/fsdp/tensorboard.lua) produces, for
+our writer (lua/fsdp/observe/tensorboard.lua) produces, for
 tests/lua/tensorboard_spec.lua. Run once from the repository root after a
 build, with the tensorboard package installed, and commit the outputs:
 

@@ -14,8 +14,8 @@ local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
 local ckpt = require 'fsdp.checkpointing'
-local files = require 'fsdp.files'
-local json = require 'fsdp.json'
+local files = require 'fsdp.io.files'
+local json = require 'fsdp.io.json'
 local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local lfs = require 'lfs'
@@ -408,7 +408,7 @@ describe('checkpoint integrity, one rank', function()
     step(a)
     local path = root .. '/checked.safetensors'
     fsdp.save_full_state_dict(path, a.model)
-    local f = require('fsdp.safetensors').open(path)
+    local f = require('fsdp.io.safetensors').open(path)
     assert.matches('^xxh3%-64:%x+$', f:metadata().fsdp_checksum)
     assert.equals('pt', f:metadata().format)
     assert.is_true(f:verify())
@@ -425,7 +425,7 @@ describe('checkpoint integrity, one rank', function()
     -- copied in with the metadata of another file is dropped)
     local plain = root .. '/plain-nock.safetensors'
     fsdp.save_safetensors(plain, { w = fsdp.ones({ 3 }) }, { fsdp_checksum = 'xxh3-64:0123456789abcdef' })
-    local g = require('fsdp.safetensors').open(plain)
+    local g = require('fsdp.io.safetensors').open(plain)
     assert.is_nil(g:metadata().fsdp_checksum)
     assert.is_false(g:verify())
     g:close()

@@ -176,7 +176,7 @@ describe('offload_activations on cuda:0', function()
     -- h is saved (packed) by two checkpoints in one scope: one entry, two
     -- unpacks; sharing the restored tensor would add both recomputes'
     -- gradients into one .grad.
-    local autograd, offload = require 'fsdp.autograd', require 'fsdp.offload'
+    local autograd, offload = require 'fsdp.autograd', require 'fsdp.activations.offload'
     local function run(scoped)
       local x = fsdp.randn({ 4, 8 }, { seed = 1, device = DEV }):requires_grad_(true)
       local w = fsdp.randn({ 8, 8 }, { seed = 2, device = DEV }):requires_grad_(true)

@@ -9,7 +9,7 @@
 -- (tests/cudasim/recipes.sh).
 local fsdp = require 'fsdp'
 local T = require 'fsdp.testing'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 local recipe = require 'fsdp.recipe'
 local device = require 'fsdp.sharding.device'
 

@@ -4,8 +4,8 @@
 -- [Note: help texts are doc comments]); models' and recipes' descriptions
 -- in help() are whole sentences.
 local fsdp = require 'fsdp'
-local help = require 'fsdp.help'
-local complete = require 'fsdp.complete'
+local help = require 'fsdp.repl.help'
+local complete = require 'fsdp.repl.complete'
 local capture_stdout = require('fsdp.testing').capture_stdout
 
 -- The submodules whose functions (and nn's classes) are public API as well

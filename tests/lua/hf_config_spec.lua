@@ -4,7 +4,7 @@
 -- is an error naming the key; exports write floats as floats and the keys
 -- of both layouts (what transformers 5's validation and 4.x read).
 local hf = require 'models.hf'
-local json = require 'fsdp.json'
+local json = require 'fsdp.io.json'
 local llama = require 'models.llama'
 local t5 = require 'models.t5'
 local gpt2 = require 'models.gpt2'

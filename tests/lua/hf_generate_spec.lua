@@ -7,8 +7,8 @@
 -- holds HF's tokens for each prompt alone, for the prompts as one
 -- left-padded batch, and alone with a repetition penalty; ours, with the
 -- KV cache, must be the same ids.
-local json = require 'fsdp.json'
-local files = require 'fsdp.files'
+local json = require 'fsdp.io.json'
+local files = require 'fsdp.io.files'
 local host = require 'fsdp.host'
 local hf = require 'models.hf'
 local generate = require 'fsdp.generate'

@@ -9,7 +9,7 @@
 -- (the issue's bound is 1e-4).
 local fsdp = require 'fsdp'
 local hf = require 'models.hf'
-local json = require 'fsdp.json'
+local json = require 'fsdp.io.json'
 local T = require 'fsdp.testing'
 
 local DIR = 'tests/golden/hf/gpt2_tiny'

@@ -49,7 +49,7 @@ local function not_contains(haystack, needle)
     ('did not expect %q in:\n%s'):format(needle, haystack))
 end
 
-local read_file = require('fsdp.files').read
+local read_file = require('fsdp.io.files').read
 
 local function write_file(path, text)
   local f = assert(io.open(path, 'wb'))
@@ -81,7 +81,7 @@ describe('fsdp.host', function()
     assert.are.equal('/', EXE:sub(1, 1))
     assert.is_string(host.root)
     assert.are.equal('/', host.root:sub(1, 1))
-    assert.is_truthy(read_file(host.root .. '/lua/fsdp/repl.lua'))
+    assert.is_truthy(read_file(host.root .. '/lua/fsdp/repl/init.lua'))
     assert.is_string(host.version)
     assert.is_string(host.build_info)
     assert.is_boolean(host.cuda_built)

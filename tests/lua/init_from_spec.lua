@@ -110,7 +110,7 @@ describe('loaded into shards and exported', function()
     assert(#files > 1, 'one file')
     local back = hf.from_pretrained(out)
     params_equal(back, hf.from_pretrained(GOLDEN .. 'llama3_tiny_v5'), 'llama export')
-    local gen = require('fsdp.json').decode(require('fsdp.files').read(out .. '/generation_config.json'))
+    local gen = require('fsdp.io.json').decode(require('fsdp.io.files').read(out .. '/generation_config.json'))
     assert.equals(2, gen.eos_token_id)
   end)
 
@@ -164,7 +164,7 @@ describe('the recipes', function()
 
   it('export with the starting directory\'s tokenizer files and token ids, also from its checkpoint', function()
     local src = hf_copy('llama3_tiny_v5')
-    local files = require 'fsdp.files'
+    local files = require 'fsdp.io.files'
     files.write_atomic(src .. '/tokenizer.json', '{"model": {"type": "BPE"}}\n')
     files.write_atomic(src .. '/tokenizer_config.json', '{"eos_token": "</s>"}\n')
     files.write_atomic(src .. '/generation_config.json', '{"bos_token_id": 1, "eos_token_id": [2, 7]}\n')
@@ -178,7 +178,7 @@ describe('the recipes', function()
       for _, name in ipairs({ 'tokenizer.json', 'tokenizer_config.json' }) do
         assert.equals(files.read(src .. '/' .. name), files.read(dir .. '/' .. name))
       end
-      local gen = require('fsdp.json').decode(files.read(dir .. '/generation_config.json'))
+      local gen = require('fsdp.io.json').decode(files.read(dir .. '/generation_config.json'))
       assert.same({ 2, 7 }, gen.eos_token_id)
       assert.equals(1, gen.bos_token_id)
     end

@@ -12,7 +12,7 @@ local llama = require 'models.llama'
 local hf = require 'models.hf'
 local optim = require 'fsdp.optim'
 local ckpt = require 'fsdp.checkpointing'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 local T = require 'fsdp.testing'
 local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local adapter = require 'tests.golden.lora_adapter'
@@ -371,7 +371,7 @@ describe('PEFT goldens', function()
   it("peft's adapter loads into a sharded model (applied on meta, the base loaded into the shards)", function()
     local g = fsdp.load_safetensors(GOLDEN .. 'peft_llama/golden.safetensors')
     local m = hf.from_pretrained(LLAMA_BASE, { device = 'meta' })
-    local cfg = require('fsdp.json').decode(files.read(GOLDEN .. 'peft_llama/adapter_config.json'))
+    local cfg = require('fsdp.io.json').decode(files.read(GOLDEN .. 'peft_llama/adapter_config.json'))
     lora.apply(m, { rank = cfg.r, alpha = cfg.lora_alpha, dropout = cfg.lora_dropout, targets = cfg.target_modules })
     fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer } })
     -- the base from the Hugging Face files: every name but the adapters'
@@ -432,7 +432,7 @@ describe('LoRA checkpoints', function()
     assert.is_true(bytes < 3 * 4 * n.trainable + 64 * 1024, ('%d bytes for %d trainable parameters'):format(bytes,
       n.trainable))
     assert.is_true(bytes < 4 * n.frozen / 10) -- a tenth of the base's bytes, here ~1/25
-    local index = require('fsdp.json').decode(files.read(path .. '/index.json'))
+    local index = require('fsdp.io.json').decode(files.read(path .. '/index.json'))
     for _, part in ipairs(index.parts) do
       for _, p in ipairs(part.params) do
         assert.is_true(p.name:match('lora_') ~= nil or part.kind == 'buffer', p.name)

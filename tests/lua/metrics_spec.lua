@@ -4,7 +4,7 @@
 -- line parses; the distributed summary FSDP_DEBUG=INFO prints.
 local fsdp = require 'fsdp'
 local host = require 'fsdp.host'
-local metrics = require 'fsdp.metrics'
+local metrics = require 'fsdp.observe.metrics'
 local cjson = require 'cjson'
 
 local function capture(opts, fn)
@@ -159,7 +159,7 @@ describe('fsdp.metrics.Logger', function()
   end)
 
   it('--tensorboard_dir: the scalars of every step and validation, the configuration as text', function()
-    local tb = require 'fsdp.tensorboard'
+    local tb = require 'fsdp.observe.tensorboard'
     local T = require 'fsdp.testing'
     local dir = T.tmpdir()
     capture({ total_steps = 2, batch_size = 2, tokens_per_sample = 8, tensorboard_dir = dir, progress = false,
@@ -183,7 +183,7 @@ describe('fsdp.metrics.Logger', function()
     assert.equals(1.5, seen['val/loss@2'])
     assert.near(math.exp(1.5), seen['val/perplexity@2'], 1e-5)
     assert.is_number(seen['memory/peak_mib@2'])
-    require('fsdp.files').remove_tree(dir)
+    require('fsdp.io.files').remove_tree(dir)
   end)
 
   it('names a metrics file it cannot open and a bad option', function()

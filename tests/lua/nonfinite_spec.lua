@@ -11,7 +11,7 @@ local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
 local nonfinite = require 'fsdp.nonfinite'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 local T = require 'fsdp.testing'
 local F = fsdp.F
 

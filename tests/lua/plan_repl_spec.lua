@@ -16,7 +16,7 @@ local function sh(cmd)
   return body or out, tonumber(rc)
 end
 
-local read_file = require('fsdp.files').read
+local read_file = require('fsdp.io.files').read
 
 describe('the planner in the REPL', function()
   local have_tmux = select(2, sh('command -v tmux')) == 0

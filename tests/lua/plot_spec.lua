@@ -3,8 +3,8 @@
 -- SVG; the data gnuplot was given holds each run's curve (a step written
 -- twice counts with its last record, validation in its own block); a file
 -- that is not a metrics file is named.
-local files = require 'fsdp.files'
-local plot = require 'fsdp.plot'
+local files = require 'fsdp.io.files'
+local plot = require 'fsdp.observe.plot'
 local T = require 'fsdp.testing'
 
 local gnuplot = select(2, T.sh('command -v gnuplot')) == 0
@@ -24,7 +24,7 @@ local function write_run(path, a, n)
   f:close()
 end
 
-describe('fsdp.plot', function()
+describe('fsdp.observe.plot', function()
   it('draws two runs into a PNG of the asked size and an SVG, from the runs\' curves', function()
     if not gnuplot then return pending('gnuplot not installed (Debian: gnuplot-nox; ./build.sh installs it)') end
     local dir = T.tmpdir()

@@ -5,14 +5,14 @@
 -- the optimizer and data loading inside them; tools/trace_summary.lua
 -- reads it; fsdp.profiler.call is transparent on and off.
 local cjson = require 'cjson'
-local files = require 'fsdp.files'
-local profiler = require 'fsdp.profiler'
+local files = require 'fsdp.io.files'
+local profiler = require 'fsdp.observe.profiler'
 local T = require 'fsdp.testing'
 
 local TINY = '--num_layers=2 --hidden_width=32 --num_heads=4 --vocab_size=64 --seq_len=8 --batch_size=2 '
   .. '--warmup_steps=1 --validation_freq=0 '
 
-describe('fsdp.profiler', function()
+describe('fsdp.observe.profiler', function()
   it('--profile_steps=2:3 writes a Chrome trace of steps 2 and 3', function()
     local dir = T.tmpdir()
     local out, rc = T.run_script('recipes/llama2_7b.lua', TINY .. '--max_steps=4 --profile_steps=2:3 --profile_dir='

@@ -7,7 +7,7 @@
 -- mpirun starts.
 local T = require 'fsdp.testing'
 local clock = require 'fsdp.clock'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 local host = require 'fsdp.host'
 
 local tmp

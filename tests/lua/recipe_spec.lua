@@ -113,7 +113,7 @@ describe('option aliases', function()
 end)
 
 describe('option constraints', function()
-  local files = require 'fsdp.files'
+  local files = require 'fsdp.io.files'
   local S = {
     batch_size = { 4, 'batch', int = true, min = 1 },
     lr = { 1e-3, 'lr', positive = true },

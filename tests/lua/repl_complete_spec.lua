@@ -2,9 +2,9 @@
 -- candidates (fsdp.complete), the table printer (fsdp.pretty), help()
 -- (fsdp.help) and recipe.expose. The terminal itself is driven through
 -- tmux in host_spec.lua.
-local complete = require 'fsdp.complete'
-local pretty = require 'fsdp.pretty'
-local help = require 'fsdp.help'
+local complete = require 'fsdp.repl.complete'
+local pretty = require 'fsdp.repl.pretty'
+local help = require 'fsdp.repl.help'
 local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 
@@ -21,7 +21,7 @@ end
 
 local capture_stdout = require('fsdp.testing').capture_stdout
 
-describe('fsdp.complete', function()
+describe('fsdp.repl.complete', function()
   local env = setmetatable({
     fsdp = fsdp,
     model = llama.build('tiny', { device = 'meta' }),
@@ -99,7 +99,7 @@ describe('fsdp.complete', function()
   end)
 end)
 
-describe('fsdp.pretty', function()
+describe('fsdp.repl.pretty', function()
   it('prints plain tables in key order, nested and cut', function()
     assert.are.equal('{1, 2, 3, lr = 0.0003, name = "a\\nb", nested = {x = true}}',
       pretty.format({ 1, 2, 3, lr = 3e-4, name = 'a\nb', nested = { x = true } }))

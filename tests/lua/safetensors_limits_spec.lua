@@ -5,7 +5,7 @@
 -- error naming it instead of SIGBUS (core/base/fault.c), through the
 -- tensor API and the token-shard reader.
 local fsdp = require 'fsdp'
-local st = require 'fsdp.safetensors'
+local st = require 'fsdp.io.safetensors'
 local T = require 'fsdp.testing'
 
 local dir = T.tmpdir()

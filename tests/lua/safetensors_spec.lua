@@ -5,7 +5,7 @@
 -- which must all give clean errors (the lua-asan suite checks no
 -- out-of-bounds read happens on the way).
 local fsdp = require 'fsdp'
-local st = require 'fsdp.safetensors'
+local st = require 'fsdp.io.safetensors'
 
 local dir = os.tmpname()
 os.remove(dir)
@@ -17,7 +17,7 @@ local function write_file(path, bytes)
   f:close()
 end
 
-local function read_file(path) return assert(require('fsdp.files').read(path)) end
+local function read_file(path) return assert(require('fsdp.io.files').read(path)) end
 
 -- A file from a header string and data bytes, as the format defines it.
 local function assemble(header, data)
@@ -182,7 +182,7 @@ describe('multi-file checkpoints', function()
     os.remove(d)
     return d
   end
-  local files = require 'fsdp.files'
+  local files = require 'fsdp.io.files'
   local rm_rf, listing = files.remove_tree, files.list
   local function write(path, text)
     local f = assert(io.open(path, 'wb'))

@@ -20,7 +20,7 @@ end
 
 local capture_stdout = require('fsdp.testing').capture_stdout
 
-describe('fsdp.summary', function()
+describe('fsdp.repl.summary', function()
   it('totals equal num_parameters, tied weights counted once', function()
     local models = {
       llama.build('tiny', { device = 'meta' }),

@@ -8,7 +8,7 @@ local clock = require 'fsdp.clock'
 local T = require 'fsdp.testing'
 local quote = T.quote
 
-local read_file = require('fsdp.files').read
+local read_file = require('fsdp.io.files').read
 
 local tmp
 setup(function() tmp = T.tmpdir() end)

@@ -6,11 +6,11 @@
 -- a damaged record is named; a resume's truncation.
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 local host = require 'fsdp.host'
-local json = require 'fsdp.json'
+local json = require 'fsdp.io.json'
 local T = require 'fsdp.testing'
-local tb = require 'fsdp.tensorboard'
+local tb = require 'fsdp.observe.tensorboard'
 
 local GOLDEN = host.root .. '/tests/golden/tensorboard'
 
@@ -19,7 +19,7 @@ local function close(got, want)
   return math.abs(got - want) <= 1e-6 * math.abs(want)
 end
 
-describe('fsdp.tensorboard', function()
+describe('fsdp.observe.tensorboard', function()
   it('CRC-32C gives the catalogue check value', function()
     assert.equals(0xE3069283, core.C.fl_crc32c(0, '123456789', 9))
   end)

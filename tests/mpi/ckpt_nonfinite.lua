@@ -8,7 +8,7 @@
 local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local ckpt = require 'fsdp.checkpointing'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 local T = require 'tests.mpi.tap'
 
 local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64,

@@ -8,8 +8,8 @@
 --       (parameters and optimizer state): prints "same N tensors"
 -- Anything else exits 1 naming the file and tensor.
 local fsdp = require 'fsdp'
-local st = require 'fsdp.safetensors'
-local files = require 'fsdp.files'
+local st = require 'fsdp.io.safetensors'
+local files = require 'fsdp.io.files'
 local F = fsdp.F
 
 local function fail(fmt, ...)

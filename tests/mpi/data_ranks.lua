@@ -7,7 +7,7 @@ local fsdp = require 'fsdp'
 local dist = fsdp.dist
 local T = require 'tests.mpi.tap'
 local tokens = require 'fsdp.data.tokens'
-local metrics = require 'fsdp.metrics'
+local metrics = require 'fsdp.observe.metrics'
 local r, W = T.rank, T.world
 
 -- A directory every rank agrees on: rank 0 draws its name.

@@ -163,7 +163,7 @@ T.test(('save_peft and merged_state_dict of a model sharded over %d ranks = one 
       T.eq(merged[name], t, name, 0)
     end
     for name in pairs(merged) do T.truthy(not name:match('lora_'), name) end
-    require('fsdp.files').remove_tree(dir)
+    require('fsdp.io.files').remove_tree(dir)
   end
 end)
 

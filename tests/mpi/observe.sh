@@ -62,8 +62,8 @@ fi
 # The checks of the files, in Lua: prints "ok - ..." / "not ok - ..." lines.
 "$EXE" - "$WORK" "$out" <<'LUA'
 local cjson = require 'cjson'
-local tb = require 'fsdp.tensorboard'
-local plot = require 'fsdp.plot'
+local tb = require 'fsdp.observe.tensorboard'
+local plot = require 'fsdp.observe.plot'
 local dir, out = arg[1], arg[2]
 local function check(what, cond, detail)
   print((cond and 'ok - ' or 'not ok - ') .. what)

@@ -80,7 +80,7 @@ end
 
 -- The recipes' metrics carry the same numbers per step.
 T.test('a recipe step record has comm, comm_bytes and comm_wait_s', function()
-  local log = require('fsdp.metrics').Logger({ out = io.open('/dev/null', 'w'), progress = false })
+  local log = require('fsdp.observe.metrics').Logger({ out = io.open('/dev/null', 'w'), progress = false })
   local x = fsdp.ones({ 1000 })
   dist.all_reduce(x)
   local rec

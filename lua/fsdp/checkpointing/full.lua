@@ -62,7 +62,7 @@ function M.save_full_state_dict(path, model, opts)
           if e[2]:is_floating_point() then list[i] = { e[1], e[2]:to({ dtype = opts.dtype }) } end
         end
       end
-      require('fsdp.safetensors').save(path, list, opts.metadata or { format = 'pt' },
+      require('fsdp.io.safetensors').save(path, list, opts.metadata or { format = 'pt' },
         { checksum = opts.checksum ~= false, finite = opts.finite })
     end
     if dist.world_size() > 1 then dist.barrier() end

@@ -36,11 +36,11 @@ local Tensor = require 'fsdp.tensor'
 local dist = require 'fsdp.dist'
 local random = require 'fsdp.random'
 local autograd = require 'fsdp.autograd'
-local files = require 'fsdp.files'
-local json = require 'fsdp.json'
+local files = require 'fsdp.io.files'
+local json = require 'fsdp.io.json'
 local layout = require 'fsdp.checkpointing.layout'
 local parts_of = require 'fsdp.checkpointing.parts'
-local safetensors = require 'fsdp.safetensors'
+local safetensors = require 'fsdp.io.safetensors'
 local optim_state = require 'fsdp.checkpointing.optim_state'
 local C = core.C
 local META = layout.META
@@ -206,7 +206,7 @@ function M.save(dir, objs)
       local ok, err = os.rename(step_dir, aside)
       if not ok then core.fail(('checkpointing.save: %s is a %s and cannot be moved aside: %s'):format(step_dir, mode, err)) end
       io.stderr:write(('%scheckpoint: %s was a %s, not a checkpoint: moved to %s\n'):format(
-        require('fsdp.console').prefix(), step_dir, mode, aside))
+        require('fsdp.observe.console').prefix(), step_dir, mode, aside))
     end
     files.mkdir_p(step_dir, 'checkpointing.save')
     files.fsync(dir)
@@ -272,7 +272,7 @@ function M.save(dir, objs)
     files.write_atomic(files.join(step_dir, layout.COMPLETE), ('step %d, %d ranks\n'):format(step, world))
     if objs.keep then
       for _, note in ipairs(select(2, layout.prune(dir, objs.keep, step))) do
-        io.stderr:write(('%scheckpoint: pruning %s\n'):format(require('fsdp.console').prefix(), note))
+        io.stderr:write(('%scheckpoint: pruning %s\n'):format(require('fsdp.observe.console').prefix(), note))
       end
     end
   end

@@ -25,8 +25,8 @@
 -- symbolic link is never followed, recursed into or counted as a step
 -- directory, and a stray entry is left where it is.
 local core = require 'fsdp.core'
-local files = require 'fsdp.files'
-local json = require 'fsdp.json'
+local files = require 'fsdp.io.files'
+local json = require 'fsdp.io.json'
 
 local M = {}
 
@@ -229,7 +229,7 @@ end
 -- What a checkpoint records of a model's LoRA adapters (fsdp.lora): the
 -- settings that change what the saved adapters compute, not dropout.
 function M.lora_settings(cfg)
-  local json = require 'fsdp.json'
+  local json = require 'fsdp.io.json'
   local targets = json.array({})
   for i, t in ipairs(cfg.targets) do targets[i] = t end
   return { rank = cfg.rank, alpha = cfg.alpha, rslora = cfg.rslora and true or false, targets = targets }

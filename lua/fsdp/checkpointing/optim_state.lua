@@ -23,7 +23,7 @@
 --     keeps state it does not update.
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
-local json = require 'fsdp.json'
+local json = require 'fsdp.io.json'
 
 local M = {}
 

@@ -14,7 +14,7 @@
 -- shards that cover it.
 local core = require 'fsdp.core'
 local dist = require 'fsdp.dist'
-local json = require 'fsdp.json'
+local json = require 'fsdp.io.json'
 
 local M = {}
 

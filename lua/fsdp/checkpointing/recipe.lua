@@ -23,9 +23,9 @@
 -- would; mpirun then ends the job (tests/mpi/ckpt_recipe.sh).
 local dist = require 'fsdp.dist'
 local clock = require 'fsdp.clock'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 local ckpt = require 'fsdp.checkpointing'
-local json = require 'fsdp.json'
+local json = require 'fsdp.io.json'
 
 local M = {}
 
@@ -56,7 +56,7 @@ M.OPTIONS = {
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
 
 -- rank 0's line ("[rank 0] " first with several ranks; fsdp.console)
-local function say(fmt, ...) require('fsdp.console').print(fmt:format(...)) end
+local function say(fmt, ...) require('fsdp.observe.console').print(fmt:format(...)) end
 
 local function check(cfg)
   if (cfg.checkpoint_freq > 0 or cfg.resume_from_checkpoint) and cfg.checkpoint_dir == '' then
@@ -134,7 +134,7 @@ function M.after_step(cfg, objs, step, extra)
       extra = e
     end
     local t0 = clock.now()
-    local dir = require('fsdp.profiler').call('checkpoint save', 'ckpt', ckpt.save, cfg.checkpoint_dir, {
+    local dir = require('fsdp.observe.profiler').call('checkpoint save', 'ckpt', ckpt.save, cfg.checkpoint_dir, {
       model = objs.model, optimizer = objs.optimizer, scheduler = objs.scheduler, data = objs.data,
       step = step, keep = cfg.keep_checkpoints, extra = extra,
     })

@@ -17,7 +17,7 @@
 --   local hub = require 'fsdp.data.hub'
 --   local d = hub.dataset('c4', 'en')     -- {train = glob, val = glob or nil, dir =}; error when absent
 --   local dir = hub.tokenizer_dir('hf-internal-testing/llama-tokenizer')   -- or error
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 
 local M = {}
 

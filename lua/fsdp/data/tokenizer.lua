@@ -16,7 +16,7 @@
 -- All give vocab_size, eos_id (nil when the tokenizer has none), name,
 -- encode(docs) -> {i64 tensor per document} and decode(ids) -> text.
 local core = require 'fsdp.core'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 
 local M = {}
 

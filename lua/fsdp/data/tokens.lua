@@ -28,7 +28,7 @@
 -- follow fsdp.data.sampler's contract.
 local core = require 'fsdp.core'
 local fsdp = require 'fsdp'
-local safetensors = require 'fsdp.safetensors'
+local safetensors = require 'fsdp.io.safetensors'
 local Sampler = require 'fsdp.data.sampler'
 local lfs = require 'lfs'
 

@@ -24,7 +24,7 @@
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local repr = require 'fsdp.nn.repr'
-local profiler = require 'fsdp.profiler'
+local profiler = require 'fsdp.observe.profiler'
 local parameter = require 'fsdp.nn.parameter'
 
 local is_tensor = fsdp.is_tensor

@@ -7,7 +7,7 @@
 -- and autograd nodes.
 local autograd = require 'fsdp.autograd'
 local Tensor = require 'fsdp.tensor'
-local profiler = require 'fsdp.profiler'
+local profiler = require 'fsdp.observe.profiler'
 
 local State = {}
 State.__index = State

@@ -123,7 +123,7 @@ function M.apply(model, cfg, block_class, script)
   local units = fsdp.sharding.units(model)
   local W = fsdp.dist.world_size()
   local where = device.describe(cfg)
-  local console = require 'fsdp.console'
+  local console = require 'fsdp.observe.console'
   if where then console.print('device: ' .. where) end
   -- A frozen base (LoRA) has units of its own: their share of this rank's
   -- shards is what it costs (no gradient or optimizer state comes with it).

@@ -33,7 +33,7 @@ local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local autograd = require 'fsdp.autograd'
 local parameter = require 'fsdp.nn.parameter'
-local profiler = require 'fsdp.profiler'
+local profiler = require 'fsdp.observe.profiler'
 local ffi, C = core.ffi, core.C
 
 local Unit = {}

@@ -9,8 +9,8 @@
 -- non-ASCII text summary. tests/golden/make_tfevents_goldens.py reads them
 -- with the tensorboard package; tests/lua/tensorboard_spec.lua remakes
 -- them and compares.
-local tb = require 'fsdp.tensorboard'
-local files = require 'fsdp.files'
+local tb = require 'fsdp.observe.tensorboard'
+local files = require 'fsdp.io.files'
 local out = assert(arg[1], 'usage: fsdp-lua tests/golden/tensorboard/make.lua OUT_DIR')
 local t = 1700000000
 local function clock() t = t + 0.25; return t end

@@ -1,9 +1,9 @@
--- fsdp.metrics: the training log. One line per logged step in the seed's
+-- fsdp.observe.metrics: the training log. One line per logged step in the seed's
 -- format, extended with throughput, utilisation and memory; validation
 -- loss and perplexity; a JSONL file of the same numbers; a progress bar on
 -- a terminal.
 --
---   local metrics = require 'fsdp.metrics'
+--   local metrics = require 'fsdp.observe.metrics'
 --   local log = metrics.Logger({ total_steps = 100, batch_size = 4, tokens_per_sample = 2048,
 --                                flops_per_sample = 6 * N * 2048, peak_tflops = 989,
 --                                metrics_file = 'logs/run.jsonl' })
@@ -49,9 +49,9 @@ local ffi = require 'ffi'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local clock = require 'fsdp.clock'
-local json = require 'fsdp.json'
-local files = require 'fsdp.files'
-local console = require 'fsdp.console'
+local json = require 'fsdp.io.json'
+local files = require 'fsdp.io.files'
+local console = require 'fsdp.observe.console'
 pcall(ffi.cdef, 'int isatty(int fd);')
 
 local M = {}
@@ -203,7 +203,7 @@ function M.Logger(opts)
   end
   if self.leader and opts.tensorboard_dir and opts.tensorboard_dir ~= '' then
     self.tb_dir = opts.tensorboard_dir
-    self.tb = require('fsdp.tensorboard').Writer(opts.tensorboard_dir)
+    self.tb = require('fsdp.observe.tensorboard').Writer(opts.tensorboard_dir)
     if opts.config then self.tb:text('config', M.config_markdown(opts.config), 0) end
   end
   if M.debug_enabled() then
@@ -225,7 +225,7 @@ end
 function Logger:begin_step(step)
   local p = self.profile
   if not p then return end
-  local profiler = require 'fsdp.profiler'
+  local profiler = require 'fsdp.observe.profiler'
   if profiler.on then
     profiler.span(('step %d'):format(p.step), 'step', p.step_t0)
     if step > p.last then self:_end_profile() end
@@ -239,7 +239,7 @@ function Logger:begin_step(step)
 end
 
 function Logger:_end_profile()
-  local profiler = require 'fsdp.profiler'
+  local profiler = require 'fsdp.observe.profiler'
   if not profiler.on then return end
   local n = profiler.stop(self.profile.path)
   local where = self.world_size > 1 and files.join(files.dirname(self.profile.path), 'trace-rank*.json')
@@ -302,7 +302,7 @@ function Logger:resume(step)
     end
   end
   if self.tb_dir then
-    local n = require('fsdp.tensorboard').truncate_after(self.tb_dir, step)
+    local n = require('fsdp.observe.tensorboard').truncate_after(self.tb_dir, step)
     if n > 0 then
       self:print('metrics: %s: dropped %d TensorBoard event%s past step %d', self.tb_dir, n, n == 1 and '' or 's', step)
     end
@@ -464,8 +464,8 @@ end
 -- End the bar's line and close the metrics and event files (and a trace
 -- still being recorded: --profile_steps past the last step).
 function Logger:close()
-  if self.profile and require('fsdp.profiler').on then
-    local profiler = require 'fsdp.profiler'
+  if self.profile and require('fsdp.observe.profiler').on then
+    local profiler = require 'fsdp.observe.profiler'
     profiler.span(('step %d'):format(self.profile.step), 'step', self.profile.step_t0)
     self:_end_profile()
   end
@@ -484,7 +484,7 @@ function Logger:close()
     self.file = nil
     -- the run's results are saved already: a failed plot is said loudly
     -- but does not stop what follows (checkpoints, export)
-    local ok, out = pcall(require('fsdp.plot').draw, { self.plot }, (self.plot:gsub('%.jsonl$', '')))
+    local ok, out = pcall(require('fsdp.observe.plot').draw, { self.plot }, (self.plot:gsub('%.jsonl$', '')))
     if ok then self:print('plot: wrote %s and %s', out.png, out.svg)
     else io.stderr:write('fsdp-lua: --plot: ', tostring(out), '\n') end
   end

@@ -1,4 +1,4 @@
--- fsdp.pretty: the REPL's printed form of plain Lua tables.
+-- fsdp.repl.pretty: the REPL's printed form of plain Lua tables.
 --
 --   pretty.table({lr = 3e-4, betas = {0.9, 0.95}, name = 'adamw'})
 --   --> {betas = {0.9, 0.95}, lr = 0.0003, name = "adamw"}

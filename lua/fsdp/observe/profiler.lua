@@ -1,11 +1,11 @@
--- fsdp.profiler: a trace of what a rank does over a few steps, as Chrome
+-- fsdp.observe.profiler: a trace of what a rank does over a few steps, as Chrome
 -- trace JSON (chrome://tracing, https://ui.perfetto.dev): spans for each
 -- module's forward, each sharded unit's backward, all-gathers and their
 -- waits, reshards, reduce-scatters and their waits (with bytes), the
 -- optimizer, data loading, validation and checkpoint saves, every step;
 -- and a counter track of the device memory in use at each span's end.
 --
---   local profiler = require 'fsdp.profiler'
+--   local profiler = require 'fsdp.observe.profiler'
 --   profiler.start({ model = model, device = 'cpu', rank = 0 })
 --   ... steps ...
 --   profiler.stop('profile/trace-rank0.json')
@@ -23,8 +23,8 @@
 -- the time to queue the work (device-side timing is not recorded), a
 -- "wait" span is where the host blocked on a collective, which on the CPU
 -- is the communication not hidden behind compute.
-local json = require 'fsdp.json'
-local files = require 'fsdp.files'
+local json = require 'fsdp.io.json'
+local files = require 'fsdp.io.files'
 
 local M = { on = false }
 
@@ -84,7 +84,7 @@ function M.stop(path)
   if not M.on then return 0 end
   M.on = false
   local dir = files.dirname(path)
-  if dir ~= '' then files.mkdir_p(dir, 'fsdp.profiler') end
+  if dir ~= '' then files.mkdir_p(dir, 'fsdp.observe.profiler') end
   local parts = {}
   for i, e in ipairs(events) do parts[i] = json.encode(e) end
   local text = '{"displayTimeUnit":"ms","traceEvents":[\n' .. table.concat(parts, ',\n') .. '\n]}\n'

@@ -1,4 +1,4 @@
--- fsdp.checkpoint: activation checkpointing chosen by a predicate over
+-- fsdp.activations.checkpoint (fsdp.checkpoint): activation checkpointing chosen by a predicate over
 -- modules, the way policies are written in this project.
 --
 --   local llama = require 'models.llama'
@@ -11,7 +11,7 @@
 -- for activations then scales with the number of checkpointed blocks, not
 -- with everything inside them, for one extra forward of compute.
 local autograd = require 'fsdp.autograd'
-local select_modules = require 'fsdp.select_modules'
+local select_modules = require 'fsdp.activations.select_modules'
 
 -- The parameter slots of m's tree, read at each call (the sharding layer
 -- swaps parameters for views of gathered units): the distinct tensors, and
@@ -47,7 +47,7 @@ local function wrap(m)
     -- A module whose activations are offloaded (fsdp.offload_activations,
     -- applied before this): the checkpoint's kept inputs are what moves.
     if rawget(self, '_offloaded') and not autograd.in_backward() then
-      return require('fsdp.offload').scoped(autograd.checkpoint_with_params, params_of(self),
+      return require('fsdp.activations.offload').scoped(autograd.checkpoint_with_params, params_of(self),
                                              forward, self, ...)
     end
     return autograd.checkpoint_with_params(params_of(self), forward, self, ...)

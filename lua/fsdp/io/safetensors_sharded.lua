@@ -1,9 +1,9 @@
--- fsdp.safetensors_sharded: checkpoints in several safetensors files, the
+-- fsdp.io.safetensors_sharded: checkpoints in several safetensors files, the
 -- way Hugging Face ships large models: a directory of
 -- model-00001-of-0000N.safetensors files and model.safetensors.index.json,
 -- whose "weight_map" names the file holding each tensor.
 --
---   local st = require 'fsdp.safetensors'
+--   local st = require 'fsdp.io.safetensors'
 --   local ck = st.open_checkpoint('llama-dir')  -- a directory, an index, or one file
 --   ck:names(); ck:info(name); ck:get(name); ck:files()
 --   st.load_into(model, 'llama-dir')           -- file by file into the model
@@ -18,7 +18,7 @@
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local cjson = require 'cjson'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 
 local M = {}
 
@@ -27,7 +27,7 @@ M.SINGLE_NAME = 'model.safetensors'
 
 -- The single-file reader and writer (required when used: that module
 -- requires this one).
-local function st() return require 'fsdp.safetensors' end
+local function st() return require 'fsdp.io.safetensors' end
 
 local mode, join = files.mode, files.join
 

@@ -1,8 +1,8 @@
--- fsdp.tensorboard: TensorBoard event files, written by hand (no
+-- fsdp.observe.tensorboard: TensorBoard event files, written by hand (no
 -- TensorFlow, no protobuf library): scalars and text summaries that
 -- `tensorboard --logdir DIR` shows.
 --
---   local tb = require 'fsdp.tensorboard'
+--   local tb = require 'fsdp.observe.tensorboard'
 --   local w = tb.Writer('runs/a')                 -- a new events.out.tfevents.* file in runs/a
 --   w:text('config', 'lr = 3e-4 ...', 0)
 --   w:scalars(10, { { 'train/loss', 2.31 }, { 'train/lr', 3e-4 } })
@@ -29,7 +29,7 @@
 local ffi = require 'ffi'
 local bit = require 'bit'
 local core = require 'fsdp.core'
-local files = require 'fsdp.files'
+local files = require 'fsdp.io.files'
 local C = core.C
 
 local M = {}
@@ -122,7 +122,7 @@ end
 -- function giving the time of each event (tests).
 function M.Writer(dir, opts)
   opts = opts or {}
-  files.mkdir_p(dir, 'fsdp.tensorboard')
+  files.mkdir_p(dir, 'fsdp.observe.tensorboard')
   local now = opts.wall_time or wall_time
   local base = files.join(dir, ('events.out.tfevents.%010d.%s.%d'):format(math.floor(now()), hostname(),
     ffi.C.getpid()))

@@ -1,7 +1,7 @@
--- fsdp.safetensors: load and save safetensors files (the C reader maps the
+-- fsdp.io.safetensors: load and save safetensors files (the C reader maps the
 -- file and validates it; tensors are views of the mapping).
 --
---   local st = require 'fsdp.safetensors'
+--   local st = require 'fsdp.io.safetensors'
 --   local tensors, names, meta = st.load('model.safetensors')
 --   st.save('out.safetensors', {['w'] = w, ['b'] = b}, {format = 'pt'}, {checksum = true})
 --   local f = st.open(path); f:info(name); f:get(name); f:verify(); f:close()
@@ -141,7 +141,7 @@ function M.save(path, tensors, metadata, opts)
   if not ok then error(err, 0) end
 end
 
-local sharded = require 'fsdp.safetensors_sharded'
+local sharded = require 'fsdp.io.safetensors_sharded'
 M.open_checkpoint = sharded.open_checkpoint
 M.load_dir = sharded.load_dir
 M.load_into = sharded.load_into

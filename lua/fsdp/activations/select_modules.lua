@@ -1,4 +1,4 @@
--- fsdp.select_modules: the modules of a model that a predicate picks, for
+-- fsdp.activations.select_modules: the modules of a model that a predicate picks, for
 -- the wrappers that apply to whole subtrees (fsdp.checkpoint,
 -- fsdp.offload_activations).
 --

@@ -201,16 +201,16 @@ local set_up = false
 function M.setup()
   if set_up then return end
   set_up = true
-  local ok, complete = pcall(require, 'fsdp.complete')
+  local ok, complete = pcall(require, 'fsdp.repl.complete')
   if ok then
     host.set_completer(function(before, word) return complete.candidates(before, word) end)
   else
     warn('tab completion is off: ' .. tostring(complete))
   end
-  local pretty_ok, pretty = pcall(require, 'fsdp.pretty')
+  local pretty_ok, pretty = pcall(require, 'fsdp.repl.pretty')
   if pretty_ok then M.printers[#M.printers + 1] = pretty.format end
   if rawget(_G, 'help') == nil then
-    local help_ok, help = pcall(require, 'fsdp.help')
+    local help_ok, help = pcall(require, 'fsdp.repl.help')
     if help_ok then rawset(_G, 'help', help.help) end
   end
   if rawget(_G, 'fsdp') == nil then

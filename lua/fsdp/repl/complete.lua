@@ -1,4 +1,4 @@
--- fsdp.complete: Tab completion of Lua names for the REPL.
+-- fsdp.repl.complete: Tab completion of Lua names for the REPL.
 --
 --   complete.candidates('x = fsdp.ra', 'fsdp.ra')   -> {'fsdp.rand', 'fsdp.randint', 'fsdp.randn'}
 --   complete.candidates('model.layers.0.', 'model.layers.0.') -> {'model.layers.0.input_layernorm', ...}

@@ -1,8 +1,8 @@
--- fsdp.files: the file-system steps checkpoints are made of: atomic
+-- fsdp.io.files: the file-system steps checkpoints are made of: atomic
 -- publication of small files (core/io/atomic_file.c: temporary name, fsync,
 -- rename, fsync of the directory), directories, and removal.
 --
---   local files = require 'fsdp.files'
+--   local files = require 'fsdp.io.files'
 --   files.write_atomic('ckpt/step-000010/index.json', text)
 --   files.mkdir_p('ckpt/step-000010'); files.list('ckpt'); files.remove_tree(dir)
 local core = require 'fsdp.core'

@@ -1,10 +1,10 @@
--- fsdp.plot: the curves of one or more runs' metrics JSONL files
+-- fsdp.observe.plot: the curves of one or more runs' metrics JSONL files
 -- (fsdp.metrics) drawn by gnuplot, no server needed: training and
 -- validation loss, learning rate, tokens/s and peak memory against the
 -- step, each run a coloured line with its name in the legend. Used by
 -- tools/plot.lua and by the recipes' --plot.
 --
---   local plot = require 'fsdp.plot'
+--   local plot = require 'fsdp.observe.plot'
 --   local paths = plot.draw({ 'logs/a.jsonl', 'logs/b.jsonl' }, 'logs/a')  -- logs/a.png, logs/a.svg
 --
 -- Beside the images go <base>.gp (the gnuplot script, to re-plot by hand)
@@ -13,8 +13,8 @@
 -- lines and its validation steps (step loss) — what gnuplot was given.
 -- A step written more than once (an old file from before resumes dropped
 -- records) counts with its last record.
-local json = require 'fsdp.json'
-local files = require 'fsdp.files'
+local json = require 'fsdp.io.json'
+local files = require 'fsdp.io.files'
 local sweep = require 'fsdp.sweep'
 
 local M = {}

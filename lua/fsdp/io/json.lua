@@ -1,4 +1,4 @@
--- fsdp.json: JSON text that round-trips every number exactly, for files
+-- fsdp.io.json: JSON text that round-trips every number exactly, for files
 -- whose values must come back bit for bit (checkpoint indexes: learning
 -- rates, RNG positions). Debian's lua-cjson prints at most 14 significant
 -- digits, which loses doubles; here integers print as integers and other
@@ -12,7 +12,7 @@
 -- one is written 1.0. json.null writes null (and is what decode gives for
 -- null).
 --
---   local json = require 'fsdp.json'
+--   local json = require 'fsdp.io.json'
 --   local text = json.encode({lr = 0.1 + 0.2, shape = json.array({}), eps = json.float(1)})
 --   local v = json.decode(text)
 local cjson = require 'cjson'

@@ -1,4 +1,4 @@
--- fsdp.help: the REPL's help(): what there is to use, found rather than
+-- fsdp.repl.help: the REPL's help(): what there is to use, found rather than
 -- listed by hand, so it stays true as the library grows.
 --
 --   help()            the keys, the fsdp library, models/, recipes/ and the
@@ -28,7 +28,7 @@
 -- shows the target's comment.
 local M = {}
 
-local complete = require 'fsdp.complete'
+local complete = require 'fsdp.repl.complete'
 
 local function out(...) io.stdout:write(...) end
 

@@ -1,4 +1,4 @@
--- fsdp.summary: a table of a model's modules with their parameters, shapes,
+-- fsdp.repl.summary (fsdp.summary): a table of a model's modules with their parameters, shapes,
 -- dtypes and bytes, and the totals.
 --
 --   local s = fsdp.summary(model)               -- prints the table

@@ -1,4 +1,4 @@
--- fsdp.console: the lines a run prints, rank-aware. [Note: clean logs]
+-- fsdp.observe.console: the lines a run prints, rank-aware. [Note: clean logs]
 -- With several ranks every line a recipe prints starts with "[rank r] ":
 -- what concerns the whole job (configuration, model, data, checkpoints,
 -- the step log) comes from rank 0 alone (console.print), what is a rank's
@@ -7,7 +7,7 @@
 -- line, a checkpoint message too, is printed above it and the bar redrawn
 -- below.
 --
---   local console = require 'fsdp.console'
+--   local console = require 'fsdp.observe.console'
 --   console.print('config:\n' .. text)      -- rank 0; each line prefixed
 --   console.print_all('loaded %d shards', n) -- every rank, prefixed
 local dist = require 'fsdp.dist'

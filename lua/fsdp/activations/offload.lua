@@ -1,4 +1,4 @@
--- fsdp.offload_activations: activation offload to pinned host memory,
+-- fsdp.activations.offload (fsdp.offload_activations): activation offload to pinned host memory,
 -- chosen by a predicate over modules (the interface of fsdp.checkpoint).
 --
 --   local llama = require 'models.llama'
@@ -19,7 +19,7 @@
 -- else, and the recompute in backward runs without offload.
 local core = require 'fsdp.core'
 local autograd = require 'fsdp.autograd'
-local select_modules = require 'fsdp.select_modules'
+local select_modules = require 'fsdp.activations.select_modules'
 local C = core.C
 
 local M = {}
