@@ -1,7 +1,9 @@
 /*
  * dist.h: what the files of core/dist share inside the core: the state of
  * the distributed runtime (dist.c), the group and work structures (group.c,
- * collectives.c) and the waiting policy every blocking loop uses.
+ * work.c), the waiting policy every blocking loop uses, and what the files
+ * of the collectives share (collectives.c, work.c, device_path.c,
+ * monitored_barrier.c).
  */
 #ifndef FL_DIST_H
 #define FL_DIST_H
@@ -29,7 +31,7 @@ typedef struct fl_dist_state {
     int device_comms_made; /* creation counter: the same on every rank */
     /* A collective failed while the backend still held its request (a
      * timeout): its buffers are kept for good and no collective may start
-     * again ([Note: a collective that never completes] in collectives.c). */
+     * again ([Note: a collective that never completes] in work.c). */
     bool broken;
     char broken_message[512];
     /* What ends the process if it exits before fl_dist_finalize
@@ -127,5 +129,50 @@ void fl_dist_roll_report(const fl_roll_answer *a, int n, double patience, char *
 void fl_dist_progress_dropped(void);
 /* Wait for every dropped work, at most `seconds` in all. */
 void fl_dist_drain_dropped(double seconds);
+
+
+/* ---- shared by the files of the collectives (collectives.c, work.c,
+ * device_path.c, monitored_barrier.c) ---- */
+
+struct fl_work {
+    const char *name;  /* the collective */
+    fl_group *group;   /* reference */
+    fl_tensor *keep[2];/* the caller's tensors, referenced until completion */
+    fl_tensor *result; /* where the result goes (an output, or in place) */
+    fl_tensor *stage_in, *stage_out; /* f32 staging of 16-bit reductions */
+    fl_tensor *device_out, *host_out; /* a device result and its host stand-in */
+    void *req;         /* the backend's request while in flight */
+    const fl_device_comm_ops *dops; /* set when req is the device library's */
+    bool average;      /* divide the sum by the group size when done */
+    int kind;          /* fl_coll_kind counted for it, or -1 (nothing moved) */
+    bool completed, failed;
+    fl_status status;  /* of a failed work */
+    char message[1024];
+    fl_work *next;     /* in fl_dist.dropped */
+};
+
+/* "all_reduce on group world (rank 1 of 4, world rank 1)" into buf. */
+const char *fl_dist_where(char *buf, size_t size, const char *op, const fl_group *g);
+/* fl_fail with that prefix. */
+int fl_dist_fail_at(const char *op, const fl_group *g, fl_status status, const char *what);
+/* A work of the collective `name` on g (g referenced), or NULL. */
+fl_work *fl_work_new(const char *name, fl_group *g);
+void fl_work_free(fl_work *w);
+/* Test w once; post-process it when it completed (*done). */
+int fl_work_progress(fl_work *w, bool *done);
+/* Post-processing of a completed work. */
+int fl_work_finish(fl_work *w);
+/* Count c, started on a group of group_size ranks, for w. */
+void fl_dist_count_started(fl_work *w, const fl_coll *c, int group_size);
+/* Collectives on device tensors (device_path.c). */
+bool fl_dist_on_device(const fl_tensor *t);
+int fl_dist_check_same_device(const char *op, const fl_group *g, const fl_tensor *out,
+                              const fl_tensor *in);
+fl_tensor *fl_dist_host_copy(const fl_tensor *t);
+fl_tensor *fl_dist_host_like(const fl_tensor *t);
+int fl_dist_device_path(const char *op, fl_group *g, fl_device dev);
+fl_work *fl_dist_launch_device(const char *op, fl_group *g, const fl_coll *c, fl_tensor *keep0,
+                               const fl_tensor *keep1);
+fl_work *fl_dist_copy_back_when_done(fl_work *w, fl_tensor *dev, fl_tensor *host);
 
 #endif /* FL_DIST_H */

@@ -935,7 +935,7 @@ FL_API int fl_grad_scale_(fl_tensor *t, double alpha);
  * one. Every rank of a group starts the same collectives on it in the same
  * order. Tensors are contiguous, on one device; cuda tensors move through
  * NCCL when every rank of the group can use it, else through host copies
- * ([Note: collectives on device tensors] in core/dist/collectives.c);
+ * ([Note: collectives on device tensors] in core/dist/device_path.c);
  * meta and fake tensors are checked and left alone, so planning code runs
  * unchanged. bf16 and f16
  * reductions accumulate in f32. A wait gives up after the collective
@@ -1098,7 +1098,7 @@ FL_API int fl_dist_collective_stats(const char *kind, int64_t *count, int64_t *b
  * its outputs are defined only after a wait. */
 FL_API void fl_work_release(fl_work *w);
 
-/* ---- sharded units (core/fsdp/) ---- */
+/* ---- sharded units (core/sharding/) ---- */
 /* A unit is the FSDP flat parameter of one wrapped module (DESIGN.md,
  * decision 6): its parameters, in order, laid end to end in one flat
  * buffer padded to a multiple of the shard group's size, so every group

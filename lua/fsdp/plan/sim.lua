@@ -14,7 +14,7 @@
 --       (one reduction in flight).
 --   frozen units (fsdp/sharding/unit.lua [Note: frozen parameters]): gathered
 --       and freed with their block like the others, never packed or reduced.
---   core/fsdp/unit.c  pack: a flat gradient [padded] in the reduce dtype;
+--   core/sharding/unit.c  pack: a flat gradient [padded] in the reduce dtype;
 --       the old sharded gradient is released first when zero_grad dropped
 --       it (the recipes' loop); reduce-scatter into a [shard] buffer when
 --       the group has several ranks, else the packed gradient is the

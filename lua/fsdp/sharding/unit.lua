@@ -1,5 +1,5 @@
 -- fsdp.sharding.unit: one sharded unit as the training loop sees it: the C
--- flat parameter (core/fsdp/unit.c) plus what ties it to a module: the
+-- flat parameter (core/sharding/unit.c) plus what ties it to a module: the
 -- parameter slots it rebinds, the per-parameter shard segments the
 -- optimizer updates, and the autograd nodes that gather before backward
 -- and reduce after it.

@@ -1,0 +1,306 @@
+/*
+ * work.c: the work a collective returns: testing and waiting with a
+ * deadline, post-processing when it completes (averaging, rounding 16-bit
+ * results back from f32), failure, and the counts of the collectives this
+ * process started (fl_dist_collective_stats).
+ *
+ * [Note: progress and waiting]
+ * Collectives are non-blocking MPI (MPI_Iallgather...), so the rank
+ * computes while data moves. Open MPI moves non-blocking collectives only
+ * inside MPI calls; the MPI backend therefore runs a progress thread that
+ * tests outstanding requests every FSDP_PROGRESS_INTERVAL_US (default 100)
+ * microseconds while any exist (see core/dist/mpi/backend_mpi.c), and
+ * fl_work_test / fl_work_wait progress them too. A wait polls: it yields
+ * the core between polls for the first second (see fl_dist_pause), then
+ * sleeps briefly, and fails after the collective timeout instead of
+ * hanging (MPI's own MPI_Wait cannot be bounded). Post-processing (averaging, rounding back
+ * to bf16) runs in the thread that sees the completion, never in the
+ * progress thread.
+ *
+ * [Note: a collective that never completes]
+ * A wait that times out leaves the request with MPI: a late rank may still
+ * send, and MPI then writes into the work's buffers. MPI cannot cancel a
+ * collective, so the work keeps its tensors (and staging buffers)
+ * referenced until the request completes, which may be never
+ * (fl_work_is_pending tells a caller that unmaps pages itself, the sharded
+ * unit, to keep them), and the runtime is marked broken: no collective
+ * starts again on this rank (its sequence on the group is lost), and
+ * leaving aborts the job instead of finalizing. The error that reports the
+ * timeout normally ends the job anyway (the host aborts on it); this is
+ * what keeps a script that catches it from crashing inside MPI (SIGSEGV in
+ * MPI_Test writing into decommitted pages, seen under load).
+ *
+ */
+#include "dist.h"
+
+#include <string.h>
+
+/* Collectives this process started that move data between ranks (a group
+ * of one, an empty tensor and the host copies of a device collective that
+ * has no device library are not counted twice), by kind: how many, the
+ * bytes of their buffers as handed to the backend, and the time the host
+ * spent blocked waiting for them (fl_dist_collective_stats). Tests count
+ * communication with them; the recipes log them per step. */
+static int64_t coll_started[FL_COLL_BARRIER + 1];
+static int64_t coll_bytes[FL_COLL_BARRIER + 1];
+static double coll_wait[FL_COLL_BARRIER + 1];
+
+/* ---- works ----------------------------------------------------------------- */
+
+fl_work *fl_work_new(const char *name, fl_group *g) {
+    fl_work *w = calloc(1, sizeof *w);
+    if (!w) return FL_FAIL_NULL(FL_ERR_OOM, "%s: out of memory for the work handle", name);
+    w->name = name;
+    w->group = fl_group_retain(g);
+    w->kind = -1;
+    return w;
+}
+
+static void work_drop_tensors(fl_work *w) {
+    for (int i = 0; i < 2; i++) {
+        fl_tensor_release(w->keep[i]);
+        w->keep[i] = NULL;
+    }
+    fl_tensor_release(w->stage_in);
+    fl_tensor_release(w->stage_out);
+    fl_tensor_release(w->device_out);
+    fl_tensor_release(w->host_out);
+    w->stage_in = w->stage_out = w->device_out = w->host_out = NULL;
+    w->result = NULL;
+}
+
+void fl_work_free(fl_work *w) {
+    work_drop_tensors(w);
+    fl_group_release(w->group);
+    free(w);
+}
+
+static void divide(void *data, fl_dtype dtype, int64_t n, double by) {
+    if (dtype == FL_F64) {
+        double *x = data;
+#pragma omp parallel for if (n >= 65536)
+        for (int64_t i = 0; i < n; i++) x[i] /= by;
+    } else {
+        float *x = data;
+        float f = (float)by;
+#pragma omp parallel for if (n >= 65536)
+        for (int64_t i = 0; i < n; i++) x[i] /= f;
+    }
+}
+
+/* What follows the backend's completion: average, round back to 16 bits. */
+int fl_work_finish(fl_work *w) {
+    fl_tensor *r = w->stage_out ? w->stage_out : w->result;
+    if (w->average && r) divide(r->data, r->dtype, r->numel, (double)w->group->size);
+    if ((w->stage_out &&
+         fl_convert(w->result->data, w->result->dtype, r->data, r->dtype, r->numel) != FL_OK) ||
+        (w->device_out && fl_copy_(w->device_out, w->host_out) != FL_OK)) {
+        work_drop_tensors(w);
+        return fl_last_status();
+    }
+    work_drop_tensors(w);
+    w->completed = true;
+    return FL_OK;
+}
+
+static int work_fail(fl_work *w, fl_status status, const char *what) {
+    fl_dist_fail_at(w->name, w->group, status, what);
+    snprintf(w->message, sizeof w->message, "%s", fl_last_error());
+    w->status = status;
+    w->failed = true;
+    return status;
+}
+
+/* One step of progress: test the request, finish when it completed. */
+int fl_work_progress(fl_work *w, bool *done) {
+    *done = w->completed;
+    if (w->completed) return FL_OK;
+    if (w->failed) return fl_fail(w->status, "%s", w->message);
+    if (w->req) {
+        bool finished = false;
+        int rc = w->dops ? w->dops->test(w->req, &finished) : fl_dist.backend->test(w->req, &finished);
+        if (rc != FL_OK) {
+            w->req = NULL; /* the backend freed it */
+            char why[400];
+            snprintf(why, sizeof why, "%s", fl_last_error());
+            work_drop_tensors(w);
+            return work_fail(w, FL_ERR_DEVICE, why);
+        }
+        if (!finished) return FL_OK;
+        w->req = NULL;
+    }
+    int rc = fl_work_finish(w);
+    if (rc != FL_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", fl_last_error());
+        return work_fail(w, (fl_status)rc, why);
+    }
+    *done = true;
+    return FL_OK;
+}
+
+int fl_work_test(fl_work *w, bool *done) {
+    if (!w || !done) return fl_fail(FL_ERR_ARG, "work test: NULL argument");
+    fl_dist_progress_dropped();
+    return fl_work_progress(w, done);
+}
+
+/* [Note: a collective that never completes] */
+static int work_time_out(fl_work *w) {
+    char report[640] = "", why[1000];
+    fl_roll_answer *a = w->dops ? NULL : fl_dist_roll_call(w->group, FL_ROLL_CALL_SECONDS);
+    if (a) fl_dist_roll_report(a, w->group->size, FL_ROLL_CALL_SECONDS, report, sizeof report);
+    free(a);
+    if (report[0])
+        snprintf(why, sizeof why,
+                 "not complete after waiting %g s (the collective timeout, "
+                 "FSDP_COLLECTIVE_TIMEOUT): %s",
+                 fl_dist.timeout, report);
+    else
+        snprintf(why, sizeof why,
+                 "not complete after waiting %g s (the collective timeout, "
+                 "FSDP_COLLECTIVE_TIMEOUT): a rank of the group has not started it, has "
+                 "failed, or started this group's collectives in another order",
+                 fl_dist.timeout);
+    int rc = work_fail(w, FL_ERR_DEVICE, why);
+    if (w->req && !fl_dist.broken) {
+        fl_dist.broken = true;
+        snprintf(fl_dist.broken_message, sizeof fl_dist.broken_message, "%.500s", w->message);
+    }
+    return rc;
+}
+
+int fl_work_wait(fl_work *w) {
+    if (!w) return fl_fail(FL_ERR_ARG, "work wait: NULL work");
+    if (w->dops && w->req && !w->failed) {
+        /* The device library's work: the device waits for it, the host goes
+         * on ([Note: ordered collectives]); nothing is left to finish. */
+        void *req = w->req;
+        w->req = NULL;
+        if (w->dops->order(req) != FL_OK) {
+            /* The message names the collective that failed (this one or
+             * one waited for earlier): kept as it is. */
+            snprintf(w->message, sizeof w->message, "%s", fl_last_error());
+            w->status = fl_last_status();
+            w->failed = true;
+            work_drop_tensors(w);
+            return w->status;
+        }
+    }
+    double start = fl_dist_now();
+    for (;;) {
+        bool done;
+        int rc = fl_work_progress(w, &done);
+        if (rc != FL_OK || done) {
+            if (w->kind >= 0) coll_wait[w->kind] += fl_dist_now() - start;
+            return rc;
+        }
+        double waited = fl_dist_now() - start;
+        if (waited > fl_dist.timeout) return work_time_out(w);
+        fl_dist_pause(waited);
+    }
+}
+
+bool fl_work_is_completed(const fl_work *w) { return w && w->completed; }
+
+bool fl_work_is_pending(const fl_work *w) { return w && !w->completed && w->req; }
+
+const char *fl_work_name(const fl_work *w) { return w ? w->name : "(null work)"; }
+
+void fl_work_release(fl_work *w) {
+    if (!w) return;
+    if (w->completed || !w->req || fl_dist.finalized) {
+        fl_work_free(w);
+        return;
+    }
+    /* The backend still writes into its buffers: keep them until done. */
+    w->next = fl_dist.dropped;
+    fl_dist.dropped = w;
+}
+
+void fl_dist_progress_dropped(void) {
+    fl_work **link = &fl_dist.dropped;
+    while (*link) {
+        fl_work *w = *link;
+        bool gone = true;
+        if (w->req) {
+            bool done = false;
+            int rc = w->dops ? w->dops->test(w->req, &done) : fl_dist.backend->test(w->req, &done);
+            if (rc != FL_OK) {
+                w->req = NULL; /* failed: the backend freed it; nothing to finish */
+                w->failed = true;
+            } else if (done) {
+                w->req = NULL;
+            } else {
+                gone = false; /* still writing into the buffers it holds */
+            }
+        }
+        if (gone) {
+            /* Nobody can wait for it any more, but its outputs are still
+             * made right (averaged, rounded back), as the caller expects
+             * from a collective it did not cancel. */
+            if (!w->failed && !w->completed) fl_work_finish(w);
+            *link = w->next;
+            fl_work_free(w);
+        } else {
+            link = &w->next;
+        }
+    }
+}
+
+void fl_dist_drain_dropped(double seconds) {
+    double start = fl_dist_now();
+    while (fl_dist.dropped) {
+        fl_dist_progress_dropped();
+        double waited = fl_dist_now() - start;
+        if (!fl_dist.dropped) break;
+        if (waited > seconds) {
+            int n = 0;
+            for (fl_work *w = fl_dist.dropped; w; w = w->next) n++;
+            fprintf(stderr,
+                    "fsdp-lua: rank %d: %d collective(s) released before completion (first: "
+                    "%s on group %s) did not complete within %g s; shutting down anyway\n",
+                    fl_dist.topo.rank, n, fl_dist.dropped->name, fl_dist.dropped->group->name,
+                    seconds);
+            return;
+        }
+        fl_dist_pause(waited);
+    }
+}
+
+/* Count c, started on a group of group_size ranks, for w. The buffer is
+ * the whole gathered output of an all_gather and the whole input of a
+ * reduce_scatter (count is one rank's part), the tensor of an all_reduce
+ * or broadcast; 16-bit reductions arrive here already staged in f32. */
+void fl_dist_count_started(fl_work *w, const fl_coll *c, int group_size) {
+    if ((int)c->kind < 0 || (int)c->kind > FL_COLL_BARRIER) return;
+    int64_t elements = c->count;
+    if (c->kind == FL_COLL_ALL_GATHER || c->kind == FL_COLL_REDUCE_SCATTER) elements *= group_size;
+    coll_started[c->kind]++;
+    coll_bytes[c->kind] += c->kind == FL_COLL_BARRIER ? 0 : elements * (int64_t)fl_dtype_size(c->dtype);
+    w->kind = (int)c->kind;
+}
+
+static int coll_kind_of(const char *kind) {
+    static const char *const names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                                        "barrier"};
+    for (int i = 0; i <= FL_COLL_BARRIER; i++)
+        if (kind && strcmp(kind, names[i]) == 0) return i;
+    return -1;
+}
+
+int64_t fl_dist_collective_count(const char *kind) {
+    int k = coll_kind_of(kind);
+    return k < 0 ? -1 : coll_started[k];
+}
+
+int fl_dist_collective_stats(const char *kind, int64_t *count, int64_t *bytes, double *wait_seconds) {
+    int k = coll_kind_of(kind);
+    if (k < 0)
+        return fl_fail(FL_ERR_ARG, "collective stats: unknown kind '%s' (all_gather, reduce_scatter, "
+                       "all_reduce, broadcast, barrier)", kind ? kind : "(null)");
+    if (count) *count = coll_started[k];
+    if (bytes) *bytes = coll_bytes[k];
+    if (wait_seconds) *wait_seconds = coll_wait[k];
+    return FL_OK;
+}
