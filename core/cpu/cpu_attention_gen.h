@@ -1,7 +1,7 @@
 /*
  * cpu_attention_gen.h: the attention kernels for one compute type,
  * included by cpu_attention.c for f32 and f64. The includer defines R, RT,
- * FN(x), EXP(x) (as cpu_fused_gen.h) and GEMM (the BLAS product in R with
+ * FN(x), EXP(x) (as cpu_lanes_gen.h) and GEMM (the BLAS product in R with
  * fl_cpu_sgemm's arguments).
  *
  * The unit of work is a block of QBLOCK query rows of one (batch, head):

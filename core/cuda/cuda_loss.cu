@@ -1,6 +1,6 @@
 /*
  * cuda_loss.cu: cross-entropy and NLL loss on CUDA, forward and backward,
- * with the CPU's semantics (cpu_fused_gen.h): per-row loss
+ * with the CPU's semantics (cpu_loss_gen.h): per-row loss
  * lse - x[t] (label smoothing: (1 - ls) * that + ls * (lse - mean(x))),
  * rows whose target is ignore_index contribute 0 and are not counted, a
  * target out of range is an error naming the first such row.

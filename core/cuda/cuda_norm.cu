@@ -1,6 +1,6 @@
 /*
  * cuda_norm.cu: RMSNorm and LayerNorm on CUDA, forward and backward, with
- * the semantics of the CPU kernels (cpu_fused_gen.h): math in R (float for
+ * the semantics of the CPU kernels (cpu_norm_gen.h): math in R (float for
  * f32/f16/bf16, double for f64), statistics rstd/mean saved per row in R,
  * RMSNorm's output rounded through x's 16-bit dtype before the weight
  * multiply (Llama), outputs contiguous.

@@ -1,6 +1,6 @@
 /*
  * cuda_rotary.cu: rotary position embeddings on CUDA, with the CPU's
- * semantics (cpu_fused_gen.h): over x's last two dims [T, D],
+ * semantics (cpu_rotary_gen.h): over x's last two dims [T, D],
  *   y = x * cos + rotate_half(x) * sin,  rotate_half(x) = [-x2, x1],
  * and the inverse (the transposed map, the backward)
  *   dx = g * cos - rotate_half(g * sin).

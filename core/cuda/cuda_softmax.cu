@@ -1,6 +1,6 @@
 /*
  * cuda_softmax.cu: softmax and log-softmax along any dim on CUDA, forward
- * and backward, with the CPU's semantics (cpu_fused_gen.h): math in R
+ * and backward, with the CPU's semantics (cpu_softmax_gen.h): math in R
  * (float, double for f64), the max subtracted before exp, log-softmax as
  * (x - max) - log(sum) (not x - (max + log(sum)), which rounds the shift at
  * the scale of max).
