@@ -1,42 +1,14 @@
 /*
- * cpu_loss.c: the CPU kernels of cross-entropy and NLL losses, forward and backward (the op: core/ops/cross_entropy.c;
- * the CUDA kernels: core/cuda/cuda_loss.cu), instantiated from cpu_loss_gen.h for f32 math
- * (f32, f16, bf16 tensors) and f64 math (f64 tensors). Each entry picks the
- * instantiation from the dtype of the statistics or output tensor the op
- * created in the compute dtype; cpu_fused.c puts them in the kernel table.
+ * cpu_loss.c: the CPU kernels of cross-entropy and NLL losses, forward and
+ * backward (the op: core/ops/cross_entropy.c; on CUDA:
+ * core/cuda/cuda_loss.cu), instantiated from cpu_loss_gen.h for f32 math
+ * (f32, f16, bf16 tensors) and f64 math (f64 tensors) by
+ * cpu_fused_instances.h. Each entry picks the instantiation from the dtype
+ * of the statistics or output tensor the op created in the compute dtype;
+ * cpu_fused.c puts them in the kernel table.
  */
-/* The build's -O2 vectorises only loops without an epilogue and never
- * if-converts float selects (they could raise FP exceptions, which
- * nothing here reads): these loops are exp/max/sum over rows of arbitrary
- * length, so this file asks for both. */
-#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math")
-
-#include "cpu_fused.h"
-
-#include <omp.h>
-#include <stdlib.h>
-
-#define R float
-#define RT FL_F32
-#define FN(name) name##_f32
-#define EXP(x) fl_fast_expf(x)
-#include "cpu_lanes_gen.h"
-#include "cpu_loss_gen.h"
-#undef R
-#undef RT
-#undef FN
-#undef EXP
-
-#define R double
-#define RT FL_F64
-#define FN(name) name##_f64
-#define EXP(x) exp(x)
-#include "cpu_lanes_gen.h"
-#include "cpu_loss_gen.h"
-#undef R
-#undef RT
-#undef FN
-#undef EXP
+#define FL_CPU_KERNELS "cpu_loss_gen.h"
+#include "cpu_fused_instances.h"
 
 int fl_cpu_cross_entropy(fl_tensor *rows_out, fl_tensor *lse, const fl_tensor *logits,
                          const fl_tensor *targets, const fl_loss_params *p, double *total,
