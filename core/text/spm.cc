@@ -2,7 +2,7 @@
  * spm.cc: SentencePiece models (Llama 2's tokenizer.model) trained, encoded
  * and decoded in process through Debian's libsentencepiece, behind the C API
  * of fsdp.h (fl_spm_*). The library is C++ and has no C interface, so this one
- * file is compiled as C++ (mk/extra.mk); no exception crosses into C: the
+ * file is compiled as C++ (mk/cdef.mk); no exception crosses into C: the
  * library reports through util::Status, and allocations that throw are
  * caught here and turned into the core's error values.
  *
