@@ -175,9 +175,10 @@ int64_t fl_cpu_empty_cache(void);
  * opened by core/tensor/backend.c on the first use of a cuda device
  * (docs/ARCHITECTURE.md, "Backends are plugins"). A plugin calls only
  * FL_API functions and the internal ones marked FL_PLUGIN_API below, and
- * FL_BACKEND_ABI changes whenever this struct or the kernel tables change,
- * so a stale plugin is refused with a message instead of misbehaving. */
-enum { FL_BACKEND_ABI = 1 };
+ * FL_BACKEND_ABI changes whenever this struct, the kernel tables or the
+ * tensor struct they take change, so a stale plugin is refused with a
+ * message instead of misbehaving (2: fl_tensor gained virtual_storage). */
+enum { FL_BACKEND_ABI = 2 };
 
 /* The symbol a backend plugin (libfsdp_cuda.so) exports: returns its
  * vtable. */
