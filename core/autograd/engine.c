@@ -28,6 +28,73 @@
 #include "internal.h"
 
 #include <string.h>
+#include <time.h>
+
+/* ---- spans of backward nodes (fl_engine_record_spans) -------------------- */
+
+/* The engine runs on the thread that called backward; profilers record on
+ * that thread too, so the buffer is plain process state. */
+static fl_node_span *spans;
+static int span_cap, span_len;
+static int64_t spans_dropped;
+
+int fl_engine_record_spans(int capacity) {
+    if (capacity < 0)
+        return fl_fail(FL_ERR_ARG, "record spans: capacity %d is negative (0 stops)", capacity);
+    free(spans);
+    spans = NULL;
+    span_cap = span_len = 0;
+    spans_dropped = 0;
+    if (capacity == 0) return FL_OK;
+    spans = calloc((size_t)capacity, sizeof *spans);
+    if (!spans) return fl_fail(FL_ERR_OOM, "record spans: out of host memory for %d spans", capacity);
+    span_cap = capacity;
+    return FL_OK;
+}
+
+int fl_engine_take_spans(fl_node_span *out, int max, int64_t *dropped) {
+    int n = span_len < max ? span_len : max;
+    if (n > 0) {
+        memcpy(out, spans, (size_t)n * sizeof *spans);
+        memmove(spans, spans + n, (size_t)(span_len - n) * sizeof *spans);
+        span_len -= n;
+    }
+    if (dropped) *dropped = spans_dropped;
+    spans_dropped = 0;
+    return n;
+}
+
+static double wall_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static void record_span(const fl_node *node, double t0, int64_t flops0, fl_tensor *const *grads) {
+    if (span_len == span_cap) {
+        spans_dropped++;
+        return;
+    }
+    fl_node_span *sp = &spans[span_len++];
+    memset(sp, 0, sizeof *sp);
+    sp->name = node->type->name;
+    sp->start_us = t0;
+    sp->duration_us = wall_us() - t0;
+    sp->flops = fl_flops() - flops0;
+    sp->dtype = FL_F32;
+    bool first = true;
+    for (int i = 0; i < node->n_inputs; i++) {
+        const fl_tensor *g = grads[i];
+        if (!g) continue;
+        sp->bytes += g->numel * (int64_t)fl_dtype_size(g->dtype);
+        if (first) {
+            first = false;
+            sp->dtype = g->dtype;
+            sp->ndim = g->ndim;
+            memcpy(sp->shape, g->shape, (size_t)g->ndim * sizeof *g->shape);
+        }
+    }
+}
 
 typedef struct node_state {
     fl_node *node;
@@ -396,7 +463,10 @@ int fl_engine_step(fl_engine *e, fl_engine_event *event) {
          * first (one place for every op: backward formulas never see
          * offload). */
         rc = fl_node_unpack_saved(node);
+        double t0 = span_cap ? wall_us() : 0;
+        int64_t flops0 = span_cap ? fl_flops() : 0;
         if (rc == FL_OK) rc = node->type->backward(node, st->buffers, grads_in);
+        if (rc == FL_OK && span_cap) record_span(node, t0, flops0, grads_in);
         if (rc != FL_OK) {
             char msg[1024];
             snprintf(msg, sizeof msg, "backward of %s: %s", node->type->name, fl_last_error());

@@ -452,6 +452,30 @@ FL_API int fl_engine_step(fl_engine *e, fl_engine_event *event);
 FL_API int fl_engine_provide(fl_engine *e, int n, fl_tensor *const *grads);
 FL_API void fl_engine_free(fl_engine *e);
 
+/* Spans of the backward nodes the engine runs, for profilers
+ * (fsdp.observe.profiler): while recording, each C node's backward is timed
+ * on the wall clock (CLOCK_REALTIME in microseconds, the Lua profiler's
+ * clock) with its name, the FLOPs it counted, the bytes of the gradients
+ * it returned and the shape and dtype of the first. Spans are kept in a
+ * buffer of `capacity` entries; when it is full the newest are counted as
+ * dropped, not stored. Recording costs one branch per node when off. */
+typedef struct fl_node_span {
+    const char *name;     /* the node's type, e.g. "LinearBackward" (static) */
+    double start_us, duration_us;
+    int64_t flops;
+    int64_t bytes;        /* of the gradients it returned */
+    fl_dtype dtype;       /* of the first of them (or of nothing: FL_F32) */
+    int32_t ndim;
+    int64_t shape[FL_MAX_DIMS];
+} fl_node_span;
+/* Start recording into a buffer of capacity spans (> 0), or stop and free
+ * it (0). Spans not yet taken are dropped. */
+FL_API int fl_engine_record_spans(int capacity);
+/* Move up to max of the recorded spans, oldest first, into out; returns
+ * how many. *dropped (if not NULL) gets the spans lost to a full buffer
+ * since the last call. */
+FL_API int fl_engine_take_spans(fl_node_span *out, int max, int64_t *dropped);
+
 /* Activation offload (core/autograd/offload.c). While a scope is open on
  * this thread, tensors that ops save for backward and that live on a cuda
  * device are copied to pinned host memory (queued, non-blocking) and kept

@@ -3,8 +3,11 @@
 -- track, complete events with numeric times on it, a memory counter),
 -- covers exactly the asked steps, with module forwards, unit backwards,
 -- the optimizer and data loading inside them; tools/trace_summary.lua
--- reads it; fsdp.profiler.call is transparent on and off.
+-- reads it; forward and backward ops are spans with their FLOPs;
+-- fsdp.profiler.call is transparent on and off, and stopping leaves
+-- fsdp.functional and the engine as they were.
 local cjson = require 'cjson'
+local fsdp = require 'fsdp'
 local files = require 'fsdp.io.files'
 local profiler = require 'fsdp.observe.profiler'
 local T = require 'fsdp.testing'
@@ -49,12 +52,46 @@ describe('fsdp.observe.profiler', function()
     local names = {}
     for _, e in ipairs(trace.traceEvents) do names[e.name] = true end
     assert.is_true(names['model.layers.1.self_attn'] and names['backward model.layers.0'] and names.optimizer)
+    -- ops, forward (fsdp.functional) and backward (the engine's nodes), with
+    -- their FLOPs and what they made: 2 layers x 7 linears + the head, twice
+    local ops = {}
+    for _, e in ipairs(trace.traceEvents) do
+      if e.ph == 'X' and e.cat == 'op' then
+        ops[e.name] = (ops[e.name] or 0) + 1
+        assert.is_number(e.args.flops)
+        if e.name == 'F.linear' or e.name == 'LinearBackward' then
+          assert.is_true(e.args.flops > 0 and e.args.bytes > 0, e.name)
+          assert.matches('^%d+x', e.args.shape)
+          assert.equals('f32', e.args.dtype)
+        end
+      end
+    end
+    assert.equals(2 * 15, ops['F.linear'])
+    assert.equals(2 * 15, ops.LinearBackward)
+    assert.is_true(ops['F.scaled_dot_product_attention'] == 4 and ops.ScaledDotProductAttentionBackward == 4)
     out, rc = T.run_script('tools/trace_summary.lua', T.quote(dir .. '/p/trace-rank0.json') .. ' --top=3', 60)
     assert.equals(0, rc, out)
     assert.matches('rank 0: 2 steps traced, [%d.]+ ms', out)
     assert.matches('exposed communication: [%d.]+ ms waiting on collectives', out)
     assert.matches('peak cpu in use: [%d.]+ MiB, at the end of step [23] > ', out)
     files.remove_tree(dir)
+  end)
+
+  it('leaves fsdp.functional and the engine as they were when it stops', function()
+    local F = require 'fsdp.functional'
+    local linear = F.linear
+    profiler.start({})
+    assert.are_not.equal(linear, F.linear) -- timed while recording
+    local x = fsdp.randn({ 2, 3 }):requires_grad_()
+    F.linear(x, fsdp.randn({ 4, 3 })):sum():backward()
+    local path = os.tmpname()
+    profiler.stop(path)
+    os.remove(path)
+    assert.equals(linear, F.linear)
+    -- the engine records nothing once stopped
+    F.linear(x, fsdp.randn({ 4, 3 })):sum():backward()
+    local ffi = require 'ffi'
+    assert.equals(0, require('fsdp.core').C.fl_engine_take_spans(ffi.new('fl_node_span[1]'), 1, nil))
   end)
 
   it('call returns fn\'s results, on and off; a span lands in the trace', function()

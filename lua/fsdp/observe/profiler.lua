@@ -17,6 +17,14 @@
 -- ranks side by side). Time is the wall clock in microseconds, so the
 -- files of the ranks of one machine line up.
 --
+-- Ops are spans too (category "op", with FLOPs, the bytes, shape and dtype
+-- of what they made): in forward, every call of a fsdp.functional function
+-- while recording (the table's functions are wrapped from start to stop,
+-- so modules, which call them through it, are covered; tensor methods and
+-- arithmetic operators are not); in backward, each node the autograd
+-- engine runs, timed by the engine (fl_engine_record_spans). They nest
+-- inside the module and unit spans.
+--
 -- Instrumented code asks `profiler.on` (one field read) before anything
 -- else: with no trace being recorded a module call or a unit's
 -- collective costs nothing more. Spans are host time: on a GPU a span is
@@ -25,6 +33,12 @@
 -- is the communication not hidden behind compute.
 local json = require 'fsdp.io.json'
 local files = require 'fsdp.io.files'
+local ffi = require 'ffi'
+local C = require('fsdp.core').C
+
+-- Backward node spans the engine keeps between two takes (about 100 bytes
+-- each): a few steps of a large model's nodes.
+local NODE_SPANS = 65536
 
 local M = { on = false }
 
@@ -34,6 +48,44 @@ local epoch = require('fsdp.clock').epoch
 function M.now() return epoch() * 1e6 end
 
 local events, names, device, pid, memory_stats
+local wrapped -- fsdp.functional's own functions while they are wrapped
+
+-- The bytes, shape and dtype of an op's first tensor result.
+local function result_args(args, r)
+  if type(r) == 'table' and r._c ~= nil then
+    args.bytes = r:numel() * tonumber(C.fl_dtype_size(r._c.dtype))
+    args.shape = table.concat(r.shape, 'x')
+    args.dtype = r.dtype
+  end
+  return args
+end
+
+local function op_span(name, t0, f0, ...)
+  if M.on then
+    local t1 = M.now()
+    events[#events + 1] = { name = name, cat = 'op', ph = 'X', ts = t0, dur = t1 - t0, pid = pid, tid = 0,
+                            args = result_args({ flops = tonumber(C.fl_flops() - f0) }, (...)) }
+  end
+  return ...
+end
+
+local function wrap_functional()
+  local F = require 'fsdp.functional'
+  wrapped = {}
+  for k, f in pairs(F) do
+    if type(f) == 'function' then
+      wrapped[k] = f
+      local name = 'F.' .. k
+      F[k] = function(...) return op_span(name, M.now(), C.fl_flops(), f(...)) end
+    end
+  end
+end
+
+local function unwrap_functional()
+  local F = require 'fsdp.functional'
+  for k, f in pairs(wrapped or {}) do F[k] = f end
+  wrapped = nil
+end
 
 -- Start recording. opts: model (its modules' spans are named by their
 -- path in it), device (the memory counter's; 'cpu'), rank (the pid; 0).
@@ -48,7 +100,33 @@ function M.start(opts)
   events[1] = { name = 'process_name', ph = 'M', pid = pid, tid = 0, args = { name = ('rank %d'):format(pid) } }
   events[2] = { name = 'process_sort_index', ph = 'M', pid = pid, tid = 0, args = { sort_index = pid } }
   events[3] = { name = 'thread_name', ph = 'M', pid = pid, tid = 0, args = { name = 'host' } }
+  require('fsdp.core').check(C.fl_engine_record_spans(NODE_SPANS))
+  wrap_functional()
   M.on = true
+end
+
+-- The backward nodes the engine timed since the last take, as op spans;
+-- returns how many were lost to a full buffer.
+local function take_node_spans()
+  local buf = ffi.new('fl_node_span[?]', 1024)
+  local lost = ffi.new('int64_t[1]')
+  local dropped = 0
+  while true do
+    local n = C.fl_engine_take_spans(buf, 1024, lost)
+    dropped = dropped + tonumber(lost[0])
+    for i = 0, n - 1 do
+      local sp = buf[i]
+      local shape = {}
+      for d = 0, sp.ndim - 1 do shape[#shape + 1] = tostring(tonumber(sp.shape[d])) end
+      events[#events + 1] = {
+        name = ffi.string(sp.name), cat = 'op', ph = 'X', ts = sp.start_us, dur = sp.duration_us, pid = pid,
+        tid = 0, args = { flops = tonumber(sp.flops), bytes = tonumber(sp.bytes),
+                          shape = table.concat(shape, 'x'),
+                          dtype = ffi.string(C.fl_dtype_name(sp.dtype)) },
+      }
+    end
+    if n < 1024 then return dropped end
+  end
 end
 
 -- A complete span from t0 (M.now() when it began) to now. cat: the
@@ -83,6 +161,13 @@ end
 function M.stop(path)
   if not M.on then return 0 end
   M.on = false
+  unwrap_functional()
+  local dropped = take_node_spans()
+  C.fl_engine_record_spans(0)
+  if dropped > 0 then
+    events[#events + 1] = { name = 'dropped backward op spans', ph = 'M', pid = pid, tid = 0,
+                            args = { count = dropped, capacity = NODE_SPANS } }
+  end
   local dir = files.dirname(path)
   if dir ~= '' then files.mkdir_p(dir, 'fsdp.observe.profiler') end
   local parts = {}
