@@ -82,6 +82,7 @@ static void record_span(const fl_node *node, double t0, int64_t flops0, fl_tenso
     sp->duration_us = wall_us() - t0;
     sp->flops = fl_flops() - flops0;
     sp->dtype = FL_F32;
+    sp->device = fl_device_make(FL_DEVICE_CPU, 0);
     bool first = true;
     for (int i = 0; i < node->n_inputs; i++) {
         const fl_tensor *g = grads[i];
@@ -92,8 +93,11 @@ static void record_span(const fl_node *node, double t0, int64_t flops0, fl_tenso
             sp->dtype = g->dtype;
             sp->ndim = g->ndim;
             memcpy(sp->shape, g->shape, (size_t)g->ndim * sizeof *g->shape);
+            sp->device = g->device;
         }
     }
+    fl_memory_stats st;
+    if (fl_memory_stats_get(sp->device, &st) == FL_OK) sp->in_use = st.in_use;
 }
 
 typedef struct node_state {

@@ -456,7 +456,9 @@ FL_API void fl_engine_free(fl_engine *e);
  * (fsdp.observe.profiler): while recording, each C node's backward is timed
  * on the wall clock (CLOCK_REALTIME in microseconds, the Lua profiler's
  * clock) with its name, the FLOPs it counted, the bytes of the gradients
- * it returned and the shape and dtype of the first. Spans are kept in a
+ * it returned, the shape and dtype of the first, and the memory in use on
+ * its device when the node ended (a memory timeline at op granularity,
+ * where the allocator's peak can be placed). Spans are kept in a
  * buffer of `capacity` entries; when it is full the newest are counted as
  * dropped, not stored. Recording costs one branch per node when off. */
 typedef struct fl_node_span {
@@ -467,6 +469,8 @@ typedef struct fl_node_span {
     fl_dtype dtype;       /* of the first of them (or of nothing: FL_F32) */
     int32_t ndim;
     int64_t shape[FL_MAX_DIMS];
+    fl_device device;     /* of the first gradient (cpu when none) */
+    int64_t in_use;       /* bytes in use on that device when the node ended */
 } fl_node_span;
 /* Start recording into a buffer of capacity spans (> 0), or stop and free
  * it (0). Spans not yet taken are dropped. */

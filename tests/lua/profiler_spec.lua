@@ -3,7 +3,8 @@
 -- track, complete events with numeric times on it, a memory counter),
 -- covers exactly the asked steps, with module forwards, unit backwards,
 -- the optimizer and data loading inside them; tools/trace_summary.lua
--- reads it; forward and backward ops are spans with their FLOPs;
+-- reads it; forward and backward ops are spans with their FLOPs, each a
+-- sample of the memory counter;
 -- fsdp.profiler.call is transparent on and off, and stopping leaves
 -- fsdp.functional and the engine as they were.
 local cjson = require 'cjson'
@@ -69,6 +70,10 @@ describe('fsdp.observe.profiler', function()
     assert.equals(2 * 15, ops['F.linear'])
     assert.equals(2 * 15, ops.LinearBackward)
     assert.is_true(ops['F.scaled_dot_product_attention'] == 4 and ops.ScaledDotProductAttentionBackward == 4)
+    -- every op samples the memory counter as it ends: a timeline at op grain
+    local n_ops = 0
+    for _, n in pairs(ops) do n_ops = n_ops + n end
+    assert.is_true(counters >= n_ops, ('%d memory samples for %d ops'):format(counters, n_ops))
     out, rc = T.run_script('tools/trace_summary.lua', T.quote(dir .. '/p/trace-rank0.json') .. ' --top=3', 60)
     assert.equals(0, rc, out)
     assert.matches('rank 0: 2 steps traced, [%d.]+ ms', out)

@@ -23,7 +23,8 @@
 -- so modules, which call them through it, are covered; tensor methods and
 -- arithmetic operators are not); in backward, each node the autograd
 -- engine runs, timed by the engine (fl_engine_record_spans). They nest
--- inside the module and unit spans.
+-- inside the module and unit spans, and each adds a sample to the memory
+-- counter, so the peak falls at an op (tools/trace_summary.lua names it).
 --
 -- Instrumented code asks `profiler.on` (one field read) before anything
 -- else: with no trace being recorded a module call or a unit's
@@ -60,11 +61,18 @@ local function result_args(args, r)
   return args
 end
 
+-- The memory counter's sample at t (the device's bytes in use).
+local function counter(t, dev, in_use)
+  events[#events + 1] = { name = 'memory ' .. dev, ph = 'C', ts = t, pid = pid, tid = 0,
+                          args = { in_use_mib = in_use / 2 ^ 20 } }
+end
+
 local function op_span(name, t0, f0, ...)
   if M.on then
     local t1 = M.now()
     events[#events + 1] = { name = name, cat = 'op', ph = 'X', ts = t0, dur = t1 - t0, pid = pid, tid = 0,
                             args = result_args({ flops = tonumber(C.fl_flops() - f0) }, (...)) }
+    counter(t1, device, memory_stats(device).in_use)
   end
   return ...
 end
@@ -124,6 +132,7 @@ local function take_node_spans()
                           shape = table.concat(shape, 'x'),
                           dtype = ffi.string(C.fl_dtype_name(sp.dtype)) },
       }
+      counter(sp.start_us + sp.duration_us, require('fsdp.core').device_name(sp.device), tonumber(sp.in_use))
     end
     if n < 1024 then return dropped end
   end
@@ -135,9 +144,7 @@ function M.span(name, cat, t0, args)
   if not M.on then return end
   local t1 = M.now()
   events[#events + 1] = { name = name, cat = cat, ph = 'X', ts = t0, dur = t1 - t0, pid = pid, tid = 0, args = args }
-  local m = memory_stats(device)
-  events[#events + 1] = { name = 'memory ' .. device, ph = 'C', ts = t1, pid = pid, tid = 0,
-                          args = { in_use_mib = m.in_use / 2 ^ 20 } }
+  counter(t1, device, memory_stats(device).in_use)
 end
 
 -- The name of a module in the model given to start (its class otherwise).
