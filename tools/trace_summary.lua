@@ -3,7 +3,8 @@
 -- of their own (children subtracted: a layer's forward without its
 -- sublayers'), and the exposed communication (time the host waited on
 -- all-gathers and reduce-scatters, which compute did not hide), and the
--- peak of the memory counter with the spans it happened in.
+-- peak of the memory counter with the spans it happened in and what held
+-- it (persistent, gathered units, activations and transients).
 --
 --   fsdp-lua tools/trace_summary.lua profile/trace-rank0.json
 --   fsdp-lua tools/trace_summary.lua profile/trace-rank*.json --top=20 --merge=profile/all.json
@@ -26,7 +27,7 @@ local function fail(msg)
 end
 
 local all = {}
-local by_rank, ranks, peaks = {}, {}, {}
+local by_rank, ranks, peaks, owners = {}, {}, {}, {}
 for _, path in ipairs(paths) do
   local text, err = files.read(path)
   if not text then fail(('cannot read %s: %s'):format(path, err)) end
@@ -39,6 +40,11 @@ for _, path in ipairs(paths) do
     if e.ph == 'C' and e.args and type(e.args.in_use_mib) == 'number' then
       local p = peaks[e.pid]
       if not p or e.args.in_use_mib > p.mib then peaks[e.pid] = { mib = e.args.in_use_mib, ts = e.ts, name = e.name } end
+    end
+    -- the same sample split by owner (profiler.lua, [Note: memory by owner])
+    if e.ph == 'C' and e.args and type(e.args.persistent) == 'number' then
+      owners[e.pid] = owners[e.pid] or {}
+      owners[e.pid][e.ts] = e.args
     end
     if e.ph == 'X' then
       local list = by_rank[e.pid]
@@ -102,7 +108,13 @@ for _, rank in ipairs(ranks) do
     table.sort(around, function(a, b) return a.dur > b.dur end)
     local chain = {}
     for _, e in ipairs(around) do chain[#chain + 1] = e.name end
-    print(('  peak %s in use: %.1f MiB, at the end of %s'):format(p.name:gsub('^memory ', ''), p.mib,
+    local split = ''
+    local o = owners[rank] and owners[rank][p.ts]
+    if o then
+      split = (' (persistent %.1f, gathered units %.1f, activations and transients %.1f)'):format(
+        o.persistent, o['gathered units'], o['activations and transients'])
+    end
+    print(('  peak %s in use: %.1f MiB%s, at the end of %s'):format(p.name:gsub('^memory ', ''), p.mib, split,
       #chain > 0 and table.concat(chain, ' > ') or '(no span)'))
   end
 end

@@ -28,7 +28,7 @@ describe('fsdp.observe.profiler', function()
     local lo, hi = math.huge, -math.huge
     for _, e in ipairs(trace.traceEvents) do
       if e.ph == 'M' and e.name == 'process_name' then track = e.args.name end
-      if e.ph == 'C' then
+      if e.ph == 'C' and e.name == 'memory cpu' then
         counters = counters + 1
         assert.is_number(e.args.in_use_mib)
       end
@@ -74,11 +74,25 @@ describe('fsdp.observe.profiler', function()
     local n_ops = 0
     for _, n in pairs(ops) do n_ops = n_ops + n end
     assert.is_true(counters >= n_ops, ('%d memory samples for %d ops'):format(counters, n_ops))
+    -- each sample split by owner, as fsdp.plan names them, summing to it
+    local in_use_at, split = {}, 0
+    for _, e in ipairs(trace.traceEvents) do
+      if e.ph == 'C' and e.args.in_use_mib then in_use_at[e.ts] = e.args.in_use_mib end
+    end
+    for _, e in ipairs(trace.traceEvents) do
+      if e.ph == 'C' and e.name == 'memory cpu by owner' then
+        split = split + 1
+        local sum = e.args.persistent + e.args['gathered units'] + e.args['activations and transients']
+        assert.is_true(math.abs(sum - in_use_at[e.ts]) < 1e-9 or e.args['activations and transients'] == 0)
+      end
+    end
+    assert.equals(counters, split)
     out, rc = T.run_script('tools/trace_summary.lua', T.quote(dir .. '/p/trace-rank0.json') .. ' --top=3', 60)
     assert.equals(0, rc, out)
     assert.matches('rank 0: 2 steps traced, [%d.]+ ms', out)
     assert.matches('exposed communication: [%d.]+ ms waiting on collectives', out)
-    assert.matches('peak cpu in use: [%d.]+ MiB, at the end of step [23] > ', out)
+    assert.matches('peak cpu in use: [%d.]+ MiB %(persistent [%d.]+, gathered units [%d.]+, activations and '
+      .. 'transients [%d.]+%), at the end of step [23] > ', out)
     files.remove_tree(dir)
   end)
 
@@ -104,7 +118,7 @@ describe('fsdp.observe.profiler', function()
     profiler.start({})
     assert.same({ 3, nil, 5 }, { profiler.call('x', 'data', function() return 3, nil, 5 end) })
     local path = os.tmpname()
-    assert.equals(3 + 2, profiler.stop(path)) -- metadata, the span and its memory counter
+    assert.equals(3 + 3, profiler.stop(path)) -- metadata, the span, its memory samples (in use, by owner)
     assert.is_false(profiler.on)
     local t = cjson.decode(files.read(path))
     os.remove(path)

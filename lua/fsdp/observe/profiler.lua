@@ -61,10 +61,53 @@ local function result_args(args, r)
   return args
 end
 
--- The memory counter's sample at t (the device's bytes in use).
-local function counter(t, dev, in_use)
+-- [Note: memory by owner] Beside the bytes in use, each sample on the
+-- profiled device splits them the way fsdp.plan's report does: what was
+-- in use when recording started, between steps (persistent: shards,
+-- gradients, optimizer state, buffers), the sharded units gathered now
+-- (gathered units), and the rest, made by the step (activations and
+-- transients), on a second counter track, 'memory <device> by owner'.
+local units -- the sharded model's units, or nil
+local persistent = 0
+
+local function gathered_now()
+  local n = 0
+  for _, u in ipairs(units or {}) do
+    if u:state() ~= 'SHARDED' then n = n + u.gathered_bytes end
+  end
+  return n
+end
+
+-- Gathered bytes over time, sampled where Lua samples memory: units are
+-- gathered and freed only in Lua (the sharding hooks), so a backward node
+-- the engine timed takes the value of the last sample before its end.
+local series_t, series_g = {}, {}
+local function gathered_at(t)
+  local lo, hi = 1, #series_t -- the last sample at or before t
+  if hi == 0 or series_t[1] > t then return 0 end
+  while lo < hi do
+    local mid = math.floor((lo + hi + 1) / 2)
+    if series_t[mid] <= t then lo = mid else hi = mid - 1 end
+  end
+  return series_g[lo]
+end
+
+-- The memory counter's samples at t (the device's bytes in use); live:
+-- sampled now, in Lua (else a backward node's, taken afterwards).
+local function counter(t, dev, in_use, live)
   events[#events + 1] = { name = 'memory ' .. dev, ph = 'C', ts = t, pid = pid, tid = 0,
                           args = { in_use_mib = in_use / 2 ^ 20 } }
+  if dev ~= device then return end
+  local g
+  if live then
+    g = gathered_now()
+    series_t[#series_t + 1], series_g[#series_g + 1] = t, g
+  else
+    g = gathered_at(t)
+  end
+  events[#events + 1] = { name = 'memory ' .. dev .. ' by owner', ph = 'C', ts = t, pid = pid, tid = 0,
+                          args = { persistent = persistent / 2 ^ 20, ['gathered units'] = g / 2 ^ 20,
+                                   ['activations and transients'] = math.max(0, in_use - persistent - g) / 2 ^ 20 } }
 end
 
 local function op_span(name, t0, f0, ...)
@@ -72,7 +115,7 @@ local function op_span(name, t0, f0, ...)
     local t1 = M.now()
     events[#events + 1] = { name = name, cat = 'op', ph = 'X', ts = t0, dur = t1 - t0, pid = pid, tid = 0,
                             args = result_args({ flops = tonumber(C.fl_flops() - f0) }, (...)) }
-    counter(t1, device, memory_stats(device).in_use)
+    counter(t1, device, memory_stats(device).in_use, true)
   end
   return ...
 end
@@ -105,6 +148,9 @@ function M.start(opts)
   end
   device, pid = opts.device or 'cpu', opts.rank or 0
   memory_stats = require('fsdp').memory_stats
+  units = opts.model and rawget(opts.model, '_fsdp') and require('fsdp.sharding').units(opts.model) or nil
+  persistent = memory_stats(device).in_use
+  series_t, series_g = {}, {}
   events[1] = { name = 'process_name', ph = 'M', pid = pid, tid = 0, args = { name = ('rank %d'):format(pid) } }
   events[2] = { name = 'process_sort_index', ph = 'M', pid = pid, tid = 0, args = { sort_index = pid } }
   events[3] = { name = 'thread_name', ph = 'M', pid = pid, tid = 0, args = { name = 'host' } }
@@ -144,7 +190,7 @@ function M.span(name, cat, t0, args)
   if not M.on then return end
   local t1 = M.now()
   events[#events + 1] = { name = name, cat = cat, ph = 'X', ts = t0, dur = t1 - t0, pid = pid, tid = 0, args = args }
-  counter(t1, device, memory_stats(device).in_use)
+  counter(t1, device, memory_stats(device).in_use, true)
 end
 
 -- The name of a module in the model given to start (its class otherwise).
@@ -182,7 +228,7 @@ function M.stop(path)
   local text = '{"displayTimeUnit":"ms","traceEvents":[\n' .. table.concat(parts, ',\n') .. '\n]}\n'
   files.write_atomic(path, text)
   local n = #events
-  events, names = nil, nil
+  events, names, units = nil, nil, nil
   return n
 end
 
