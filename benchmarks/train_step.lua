@@ -3,7 +3,13 @@
 -- in the same run. Prints numbers; asserts nothing (machines are noisy:
 -- compare the ratios).
 --
---   fsdp-lua benchmarks/train_step.lua [--steps=5] [--warmup=2] [--only=gpt2|llama]
+--   fsdp-lua benchmarks/train_step.lua [--steps=5] [--warmup=2] [--only=gpt2|llama] [--ops=12]
+--
+-- Then, per model, one more step traced by fsdp.observe.profiler: the ops
+-- that took the most time of their own (forward: fsdp.functional calls,
+-- backward: autograd nodes), with their GFLOP/s against the sgemm rate
+-- (the floor a product could reach), and the step split into products
+-- (linear, matmul, attention) and everything else (--ops=0: none).
 --
 -- Ends with a line `RESULT {json}` per model (benchmarks/cpu_compare.sh
 -- puts them beside PyTorch's, benchmarks/torch_cpu.py).
@@ -27,6 +33,7 @@ local cfg = recipe.config({
   steps = { 5, 'measured steps per model' },
   warmup = { 2, 'unmeasured steps first' },
   only = { '', 'run one model: gpt2 or llama' },
+  ops = { 12, 'ops listed from one traced step per model (0: no trace)', int = true, min = 0 },
 }, arg, 'benchmarks/train_step.lua')
 
 -- Best-of rate of an f32 [m, k] @ [k, n] product, in GFLOP/s.
@@ -77,9 +84,71 @@ local function bench(name, family, c, B, T)
   end
   local dt = median(times)
   local flops = family.flops_per_token(c, T, n) * B * T
+  local ops
+  if cfg.ops > 0 then
+    -- one more step, traced: the op spans with their own time
+    local profiler = require 'fsdp.observe.profiler'
+    local path = os.tmpname()
+    profiler.start({})
+    local t0 = clock.now()
+    local loss = model:loss(ids, targets)
+    loss:backward()
+    opt:step()
+    opt:zero_grad()
+    local traced = clock.now() - t0
+    profiler.stop(path)
+    local f = assert(io.open(path))
+    local events = require('cjson').decode(f:read('*a')).traceEvents
+    f:close()
+    os.remove(path)
+    ops = { traced_ms = traced * 1e3, by_name = {} }
+    local spans = {}
+    for _, e in ipairs(events) do if e.ph == 'X' and e.cat == 'op' then spans[#spans + 1] = e end end
+    table.sort(spans, function(a, b) return a.ts < b.ts or (a.ts == b.ts and a.dur > b.dur) end)
+    -- own time: a span's duration less its direct children's (F calls nest)
+    local own, stack = {}, {}
+    for i, e in ipairs(spans) do
+      while #stack > 0 and spans[stack[#stack]].ts + spans[stack[#stack]].dur <= e.ts do stack[#stack] = nil end
+      own[i] = e.dur
+      if #stack > 0 then own[stack[#stack]] = own[stack[#stack]] - e.dur end
+      stack[#stack + 1] = i
+    end
+    for i, e in ipairs(spans) do
+      local g = ops.by_name[e.name] or { name = e.name, n = 0, us = 0, flops = 0 }
+      ops.by_name[e.name] = g
+      g.n, g.us, g.flops = g.n + 1, g.us + own[i], g.flops + (e.args.flops or 0)
+    end
+  end
   return { name = name, params = n, batch = B, seq = T, ms = dt * 1e3, fwd_ms = median(fwd) * 1e3,
            bwd_ms = median(bwd) * 1e3, opt_ms = median(upd) * 1e3, tokens = B * T / dt, gflops = flops / dt / 1e9,
-           model_gflop = flops / 1e9, op_gflop = op_flops / 1e9, op_gflops = op_flops / dt / 1e9 }
+           model_gflop = flops / 1e9, op_gflop = op_flops / 1e9, op_gflops = op_flops / dt / 1e9, ops = ops }
+end
+
+-- Products: the ops whose time the GEMM floor bounds.
+local function is_product(name)
+  local l = name:lower()
+  return l:find('linear') or l:find('matmul') or l:find('attention') or l:find('embedding') ~= nil
+end
+
+local function print_ops(r, peak)
+  local list = {}
+  for _, g in pairs(r.ops.by_name) do list[#list + 1] = g end
+  table.sort(list, function(a, b) return a.us > b.us end)
+  local prod, rest = 0, 0
+  for _, g in ipairs(list) do
+    if is_product(g.name) then prod = prod + g.us else rest = rest + g.us end
+  end
+  local step_us = r.ops.traced_ms * 1e3
+  print(('%s: one traced step %.0f ms: products %.0f ms (%.0f%%), other ops %.0f ms (%.0f%%), outside ops %.0f ms')
+    :format(r.name, r.ops.traced_ms, prod / 1e3, 100 * prod / step_us, rest / 1e3, 100 * rest / step_us,
+            (step_us - prod - rest) / 1e3))
+  print(('  %-36s %6s %9s %7s %9s %9s'):format('op (own time)', 'calls', 'ms', 'share', 'GFLOP/s', 'of sgemm'))
+  for i = 1, math.min(cfg.ops, #list) do
+    local g = list[i]
+    local rate = g.us > 0 and g.flops / (g.us * 1e-6) / 1e9 or 0
+    print(('  %-36s %6d %9.1f %6.1f%% %9.1f %8.0f%%'):format(g.name, g.n, g.us / 1e3, 100 * g.us / step_us, rate,
+      100 * rate / peak))
+  end
 end
 
 print(('fsdp-lua %s; %s; OMP_NUM_THREADS=%s'):format(fsdp.version, fsdp.build_info,
@@ -105,6 +174,7 @@ for _, r in ipairs(runs) do
     r.fwd_ms, r.bwd_ms, r.opt_ms, r.tokens, r.model_gflop, r.gflops, r.op_gflops, 100 * r.gflops / peak))
 end
 print('(of sgemm: model GFLOP/s over the sgemm rate above; exec GF/s: FLOPs the ops counted)')
+for _, r in ipairs(runs) do if r.ops then print_ops(r, peak) end end
 -- One machine-readable line per model, the keys of benchmarks/torch_cpu.py
 -- (benchmarks/cpu_compare.sh reads both).
 local cjson = require 'cjson'
