@@ -17,10 +17,7 @@ for _, a in ipairs(arg or {}) do
   if v then runs = tonumber(v) else error('plan_time.lua: unknown argument ' .. a .. ' (known: --runs=N)', 0) end
 end
 
-local function median(xs)
-  table.sort(xs)
-  return xs[math.floor((#xs + 1) / 2)]
-end
+local median = require('benchmarks.stats').median
 
 local function time(fn)
   local xs = {}

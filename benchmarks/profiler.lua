@@ -23,11 +23,7 @@ local cfg = recipe.config({
   seq = { 64, 'tokens per sequence', int = true, min = 1 },
 }, arg, 'benchmarks/profiler.lua')
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
+local median = require('benchmarks.stats').median
 
 local c = llama.config(cfg.model)
 local model = llama.build(c, { device = 'meta' })

@@ -37,11 +37,7 @@ local function config(T)
                                 ffn_dim = math.floor(1376 * cfg.width / 512), vocab_size = 32000, max_seq_len = T })
 end
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
+local median = require('benchmarks.stats').median
 
 local function mib(b) return b / 2^20 end
 

@@ -50,11 +50,7 @@ local function sgemm_rate(m, n, k, reps)
   return 2 * m * n * k / best / 1e9
 end
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
+local median = require('benchmarks.stats').median
 
 -- family: the model's module (build, flops_per_token); c its config.
 local function bench(name, family, c, B, T)

@@ -37,6 +37,13 @@ static const char *device_str(fl_device device, char *buf, size_t size) {
     return buf;
 }
 
+/* peak = max(peak, now), against other threads raising it too. */
+static void raise_peak(memory_counters *c, int64_t now) {
+    int64_t peak = atomic_load(&c->peak);
+    while (now > peak && !atomic_compare_exchange_weak(&c->peak, &peak, now)) {
+    }
+}
+
 int fl_memory_note_alloc(fl_device device, int64_t nbytes) {
     memory_counters *c = counters_of(device);
     FL_ASSERT(c != NULL && nbytes >= 0);
@@ -58,9 +65,7 @@ int fl_memory_note_alloc(fl_device device, int64_t nbytes) {
      * ([Note: collecting tensors], lua/fsdp/tensor.lua), or building a 70B
      * model on meta would run thousands of collections. */
     if (fl_device_kind_of(device) != FL_DEVICE_META) atomic_fetch_add(&allocated_total, nbytes);
-    int64_t peak = atomic_load(&c->peak);
-    while (now > peak && !atomic_compare_exchange_weak(&c->peak, &peak, now)) {
-    }
+    raise_peak(c, now);
     return FL_OK;
 }
 
@@ -74,10 +79,7 @@ void fl_memory_note_free(fl_device device, int64_t nbytes) {
 void fl_memory_note_transient(fl_device device, int64_t nbytes) {
     memory_counters *c = counters_of(device);
     FL_ASSERT(c != NULL && nbytes >= 0);
-    int64_t now = atomic_load(&c->in_use) + nbytes;
-    int64_t peak = atomic_load(&c->peak);
-    while (now > peak && !atomic_compare_exchange_weak(&c->peak, &peak, now)) {
-    }
+    raise_peak(c, atomic_load(&c->in_use) + nbytes);
 }
 
 void fl_memory_note_failure(fl_device device) {

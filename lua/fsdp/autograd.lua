@@ -319,4 +319,55 @@ end
 
 M.pack = pack
 
+-- The tensors among packed values ({n=, ...}: a forward's arguments or
+-- results, each a tensor or a plain table of them) that require grad, and
+-- a function that puts replacements for them back into a copy.
+function M.grad_tensors(packed)
+  local list, places = {}, {}
+  for i = 1, packed.n do
+    local v = packed[i]
+    if Tensor.is_tensor(v) then
+      if v.requires_grad then list[#list + 1] = v; places[#places + 1] = { i } end
+    elseif type(v) == 'table' and getmetatable(v) == nil then
+      for k, t in pairs(v) do
+        if Tensor.is_tensor(t) and t.requires_grad then list[#list + 1] = t; places[#places + 1] = { i, k } end
+      end
+    end
+  end
+  return list, function(new)
+    local r = { n = packed.n }
+    for i = 1, packed.n do r[i] = packed[i] end
+    for j, place in ipairs(places) do
+      local i, k = place[1], place[2]
+      if k == nil then
+        r[i] = new[j]
+      else
+        if r[i] == packed[i] then
+          local copy = {}
+          for kk, vv in pairs(packed[i]) do copy[kk] = vv end
+          r[i] = copy
+        end
+        r[i][k] = new[j]
+      end
+    end
+    return r
+  end
+end
+
+-- A Lua node between the tensors of `packed` that require grad (as
+-- grad_tensors finds them) and detached copies of them: backward(grads),
+-- which returns the gradients to pass on, runs when theirs arrives (how
+-- fsdp.shard's hooks and fsdp.plan's trace see a module's backward begin
+-- and end). The closure must not hold the tensors, or their bytes stay
+-- alive until then. Returns the packed values with the copies, and
+-- whether a node was attached (false: nothing requires grad).
+function M.on_gradient(name, packed, backward)
+  local list, rebuild = M.grad_tensors(packed)
+  if #list == 0 then return packed, false end
+  local outs = {}
+  for i, t in ipairs(list) do outs[i] = t:detach() end
+  M.attach(name, list, outs, backward)
+  return rebuild(outs), true
+end
+
 return M

@@ -124,36 +124,6 @@ local function cast_model(model, param_dtype_of, buffer_dtype)
   end
 end
 
--- The tensors among a forward's arguments or results (packed: {n=, ...})
--- that require grad, and a copy of them with replacements put in.
-local function grad_tensors(packed)
-  local list, at = {}, {}
-  for i = 1, packed.n do
-    local v = packed[i]
-    if Tensor.is_tensor(v) and v.requires_grad then list[#list + 1] = v; at[#at + 1] = i end
-  end
-  return list, function(new)
-    local r = { n = packed.n }
-    for i = 1, packed.n do r[i] = packed[i] end
-    for j, i in ipairs(at) do r[i] = new[j] end
-    return r
-  end
-end
-
--- A Lua node between the tensors of `packed` that require grad and their
--- detached copies: fn(grads) runs when their gradient arrives (the hooks
--- fsdp.shard attaches the same way). Returns the packed values to use.
-local function on_gradient(name, packed, fn)
-  local list, rebuild = grad_tensors(packed)
-  if #list == 0 then return packed, false end
-  local outs = {}
-  for i, t in ipairs(list) do outs[i] = t:detach() end
-  -- (the closure must not hold `list`: that would keep its bytes alive
-  -- until the gradient comes, which fsdp.shard's own nodes do not)
-  autograd.attach(name, list, outs, function(grads) fn(grads); return grads end)
-  return rebuild(outs), true
-end
-
 -- A segment's measurement: bytes in use at its start (after collection),
 -- and at its end its net change, its peak above the start and the
 -- gradient bytes it added to `params`.
@@ -176,7 +146,7 @@ local function as_step(b)
   return { a = b.high - b.w, w = b.w, f = b.high - b.net, t = 0 }
 end
 
-local function pack(...) return { n = select('#', ...), ... } end
+local pack = autograd.pack
 
 -- What a model caches across steps (RoPE tables) is made by its first
 -- forward of a kind; a later trace of the same model finds it made and
@@ -270,7 +240,7 @@ local function trace(model, o)
       if measured[i] then start_segment('block' .. i, params_of[i]) end
       if grad_pass then
         local ids = {}
-        for j, t in ipairs((grad_tensors(args))) do
+        for j, t in ipairs((autograd.grad_tensors(args))) do
           local id = id_of[t] or (#users + 1)
           id_of[t], ids[j] = id, id
           users[id], last_user[id] = (users[id] or 0) + 1, i
@@ -279,7 +249,7 @@ local function trace(model, o)
       end
       if grad_pass and measured[i] then
         local ids = inputs_of[i]
-        args = on_gradient('TraceBlockInputs[' .. i .. ']', args, function(grads)
+        args = autograd.on_gradient('TraceBlockInputs[' .. i .. ']', args, function(grads)
           local n = 0
           for j, id in ipairs(ids) do
             local g = grads[j]
@@ -288,6 +258,7 @@ local function trace(model, o)
           shared_bytes[i] = n
           -- this block's backward is over: the gap before it (or the stem) starts
           bwd_boundary(i == 1 and 'stem' or 'gap' .. i, o.root_params)
+          return grads
         end)
       end
       return unpack(args, 1, args.n)
@@ -299,8 +270,9 @@ local function trace(model, o)
       if last then start_segment('head', nil)
       elseif measured[i + 1] then start_segment('gap' .. (i + 1), nil) end
       if grad_pass and (measured[i] or last or measured[i + 1]) then
-        local new, attached = on_gradient('TraceBlockOutputs[' .. i .. ']', out, function()
+        local new, attached = autograd.on_gradient('TraceBlockOutputs[' .. i .. ']', out, function(grads)
           bwd_boundary(measured[i] and 'block' .. i or nil, measured[i] and params_of[i] or nil)
+          return grads
         end)
         if attached then return new end
       end
@@ -323,15 +295,9 @@ local function trace(model, o)
     collect()
     inputs_bytes, tokens = in_use() - before, n_tokens or o.batch * (seq or o.seq or 1)
     result.seq = seq or o.seq or 1
-    local function cast(a)
-      local c = { n = a.n }
-      for i = 1, a.n do
-        local v = a[i]
-        c[i] = (Tensor.is_tensor(v) and v:is_floating_point() and v.dtype ~= o.input_dtype)
-          and v:to({ dtype = o.input_dtype }) or v
-      end
-      return c
-    end
+    -- (the root unit's cast of floating inputs; on a copy: args serves both passes)
+    local cast_inputs = require('fsdp.sharding.hooks').cast_inputs
+    local function cast(a) return cast_inputs(autograd.pack(unpack(a, 1, a.n)), o.input_dtype) end
 
     -- 1. without grad: what checkpointed blocks keep (their output) and
     -- their forward's high mark; caches the model makes once (RoPE tables)

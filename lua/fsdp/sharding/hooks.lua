@@ -35,6 +35,8 @@ local function next_map(order)
   return nxt
 end
 
+-- Floating-point tensors of packed args in dtype, in place (the root's
+-- cast is also what fsdp.plan's trace does to the example batch).
 local function cast_inputs(args, dtype)
   for i = 1, args.n do
     local a = args[i]
@@ -43,41 +45,6 @@ local function cast_inputs(args, dtype)
     end
   end
   return args
-end
-
--- The tensors among a forward's outputs (packed: {n=, ...}; each a tensor
--- or a plain table of them) that require grad, and a function that puts
--- replacements for them back into a copy of the outputs.
-local function output_tensors(out)
-  local list, places = {}, {}
-  for i = 1, out.n do
-    local v = out[i]
-    if Tensor.is_tensor(v) then
-      if v.requires_grad then list[#list + 1] = v; places[#places + 1] = { i } end
-    elseif type(v) == 'table' and getmetatable(v) == nil then
-      for k, t in pairs(v) do
-        if Tensor.is_tensor(t) and t.requires_grad then list[#list + 1] = t; places[#places + 1] = { i, k } end
-      end
-    end
-  end
-  return list, function(new)
-    local r = { n = out.n }
-    for i = 1, out.n do r[i] = out[i] end
-    for j, place in ipairs(places) do
-      local i, k = place[1], place[2]
-      if k == nil then
-        r[i] = new[j]
-      else
-        if r[i] == out[i] then
-          local copy = {}
-          for kk, vv in pairs(out[i]) do copy[kk] = vv end
-          r[i] = copy
-        end
-        r[i][k] = new[j]
-      end
-    end
-    return r
-  end
 end
 
 function State:pre_forward(u, ...)
@@ -109,12 +76,7 @@ end
 -- backward is over (after every call of a forward, counted). Inputs that
 -- require no grad leave nothing of the unit to backpropagate.
 function State:watch_inputs(u, args)
-  local list, rebuild = output_tensors(args)
-  if #list == 0 then return args end
-  local outs = {}
-  for i, t in ipairs(list) do outs[i] = t:detach() end
-  u.inputs_pending = (u.inputs_pending or 0) + 1
-  autograd.attach('FSDPInputsBackward[' .. u:label() .. ']', list, outs, function(grads)
+  local new, attached = autograd.on_gradient('FSDPInputsBackward[' .. u:label() .. ']', args, function(grads)
     u.inputs_pending = u.inputs_pending - 1
     if u.inputs_pending == 0 and u:state() == 'UNSHARDED' then
       u:reshard()
@@ -122,7 +84,8 @@ function State:watch_inputs(u, args)
     end
     return grads
   end)
-  return rebuild(outs)
+  if attached then u.inputs_pending = (u.inputs_pending or 0) + 1 end
+  return new
 end
 
 -- Free u (and its frozen partner) and give the slots their segments back.
@@ -149,15 +112,11 @@ function State:post_forward(u, out)
     u:reshard()
     if u.partner then u.partner:reshard() end
   end
-  local list, rebuild = output_tensors(out)
-  if #list == 0 then return nil end
-  local outs = {}
-  for i, t in ipairs(list) do outs[i] = t:detach() end
-  autograd.attach('FSDPPreBackward[' .. u:label() .. ']', list, outs, function(grads)
+  local new, attached = autograd.on_gradient('FSDPPreBackward[' .. u:label() .. ']', out, function(grads)
     self:pre_backward(u)
     return grads
   end)
-  return rebuild(outs)
+  return attached and new or nil
 end
 
 function State:pre_backward(u)
@@ -206,5 +165,7 @@ function State:finish_backward()
     u.inputs_pending = 0
   end
 end
+
+State.cast_inputs = cast_inputs
 
 return State
