@@ -21,7 +21,7 @@
 
 #include "fsdp.h"
 
-enum { FL_DIST_BACKEND_ABI = 2 };
+enum { FL_DIST_BACKEND_ABI = 3 };
 
 /* The symbol libfsdp_mpi.so exports: returns its vtable. */
 #define FL_DIST_MPI_ENTRY "fl_dist_mpi_backend"
@@ -105,6 +105,11 @@ typedef struct fl_dist_backend {
     /* Progress the channel; left[r] = whether world rank r said it left
      * (this rank included once it called leave). Returns how many did. */
     int (*peers_left)(bool *left);
+    /* Seconds during which at least one collective of `kind` (an
+     * fl_coll_kind; -1: of any kind) was in flight, from its start until
+     * the backend saw it complete: the time the link was busy with them,
+     * overlapped or not. NULL: collectives complete as they start. */
+    double (*busy_seconds)(int kind);
 } fl_dist_backend;
 
 typedef const fl_dist_backend *(*fl_dist_backend_entry)(void);

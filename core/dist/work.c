@@ -294,13 +294,23 @@ int64_t fl_dist_collective_count(const char *kind) {
     return k < 0 ? -1 : coll_started[k];
 }
 
-int fl_dist_collective_stats(const char *kind, int64_t *count, int64_t *bytes, double *wait_seconds) {
-    int k = coll_kind_of(kind);
-    if (k < 0)
+int fl_dist_collective_stats(const char *kind, int64_t *count, int64_t *bytes, double *wait_seconds,
+                             double *busy_seconds) {
+    bool any = kind && strcmp(kind, "any") == 0;
+    int k = any ? -1 : coll_kind_of(kind);
+    if (k < 0 && !any)
         return fl_fail(FL_ERR_ARG, "collective stats: unknown kind '%s' (all_gather, reduce_scatter, "
-                       "all_reduce, broadcast, barrier)", kind ? kind : "(null)");
-    if (count) *count = coll_started[k];
-    if (bytes) *bytes = coll_bytes[k];
-    if (wait_seconds) *wait_seconds = coll_wait[k];
+                       "all_reduce, broadcast, barrier, any)", kind ? kind : "(null)");
+    int first = any ? 0 : k, last = any ? FL_COLL_BARRIER : k;
+    int64_t n = 0, b = 0;
+    double waited = 0;
+    for (int i = first; i <= last; i++) n += coll_started[i], b += coll_bytes[i], waited += coll_wait[i];
+    if (count) *count = n;
+    if (bytes) *bytes = b;
+    if (wait_seconds) *wait_seconds = waited;
+    if (busy_seconds) {
+        const fl_dist_backend *be = fl_dist.initialized ? fl_dist.backend : NULL;
+        *busy_seconds = be && be->busy_seconds ? be->busy_seconds(k) : 0;
+    }
     return FL_OK;
 }

@@ -1118,9 +1118,13 @@ FL_API int64_t fl_dist_collective_count(const char *kind);
  * so they count 4 bytes an element), and the seconds the host spent
  * blocked in fl_work_wait for them (exposed communication: a collective
  * that finished behind compute adds nothing; one on a device library adds
- * nothing, the device waits). NULL outputs are skipped. */
+ * nothing, the device waits), and the seconds during which at least one
+ * of them was in flight on the host backend (the link's busy time,
+ * overlapped or not; 0 for a backend whose collectives complete at once).
+ * kind "any" gives busy seconds of all kinds together (count, bytes and
+ * wait summed). NULL outputs are skipped. */
 FL_API int fl_dist_collective_stats(const char *kind, int64_t *count, int64_t *bytes,
-                                    double *wait_seconds);
+                                    double *wait_seconds, double *busy_seconds);
 /* Drop the handle (NULL is fine). An unfinished collective carries on with
  * its tensors referenced and completes during later calls or at finalize;
  * its outputs are defined only after a wait. */

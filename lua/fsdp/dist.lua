@@ -324,20 +324,25 @@ function M.collective_counts()
 end
 
 local stats_out = ffi.new('int64_t[2]')
-local stats_wait = ffi.new('double[1]')
+local stats_seconds = ffi.new('double[2]')
 
 -- What this process's collectives moved since it started, by kind:
--- { all_gather = { calls =, bytes =, wait_s = }, ... }. bytes are the
--- buffers as the backend got them (an all_gather's gathered output, a
--- reduce_scatter's whole input; 16-bit reductions through MPI count as
--- f32, their staging), wait_s the seconds the host spent blocked waiting
--- for them: communication that compute did not hide (fl_dist_collective_stats).
+-- { all_gather = { calls =, bytes =, wait_s =, busy_s = }, ..., any = {...} }.
+-- bytes are the buffers as the backend got them (an all_gather's gathered
+-- output, a reduce_scatter's whole input; 16-bit reductions through MPI
+-- count as f32, their staging); wait_s the seconds the host spent blocked
+-- waiting for them: communication that compute did not hide; busy_s the
+-- seconds during which at least one was in flight on the host backend:
+-- the link's time, hidden or not (core/dist/mpi/backend_mpi.c, [Note: busy
+-- time]). `any` sums the kinds, its busy_s counting overlapping
+-- collectives of different kinds once (fl_dist_collective_stats).
 -- Differences of two calls give one step's.
 function M.collective_stats()
   local r = {}
-  for _, k in ipairs({ 'all_gather', 'reduce_scatter', 'all_reduce', 'broadcast', 'barrier' }) do
-    core.check(C.fl_dist_collective_stats(k, stats_out, stats_out + 1, stats_wait))
-    r[k] = { calls = tonumber(stats_out[0]), bytes = tonumber(stats_out[1]), wait_s = stats_wait[0] }
+  for _, k in ipairs({ 'all_gather', 'reduce_scatter', 'all_reduce', 'broadcast', 'barrier', 'any' }) do
+    core.check(C.fl_dist_collective_stats(k, stats_out, stats_out + 1, stats_seconds, stats_seconds + 1))
+    r[k] = { calls = tonumber(stats_out[0]), bytes = tonumber(stats_out[1]), wait_s = stats_seconds[0],
+             busy_s = stats_seconds[1] }
   end
   return r
 end

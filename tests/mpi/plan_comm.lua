@@ -43,7 +43,7 @@ local function measure(strategy, mp)
   local step = {}
   for kind, a in pairs(after) do
     step[kind] = { calls = a.calls - before[kind].calls, bytes = a.bytes - before[kind].bytes,
-                   wait_s = a.wait_s - before[kind].wait_s }
+                   wait_s = a.wait_s - before[kind].wait_s, busy_s = a.busy_s - before[kind].busy_s }
   end
   return step
 end
@@ -74,9 +74,32 @@ for _, case in ipairs(cases) do
         ('rank %d %s: %d calls of %d bytes measured, %d calls of %d bytes planned'):format(
           R, kind, got.calls, got.bytes, p.calls, p.bytes))
       T.truthy(got.wait_s >= 0, kind .. ': a negative wait')
+      T.truthy(got.calls == 0 or got.busy_s > 0, kind .. ': collectives ran but no busy time')
     end
   end)
 end
+
+T.test('busy time: the seconds collectives were in flight, hidden or not', function()
+  local before = dist.collective_stats()
+  local big = fsdp.ones({ 2^22 })
+  local w = dist.all_reduce(big, { async = true })
+  local m = fsdp.randn({ 256, 256 }, { seed = R })
+  for _ = 1, 20 do m = m:matmul(m):div(256) end -- compute while it moves
+  w:wait()
+  dist.all_gather(fsdp.ones({ 2^20 }))
+  local after = dist.collective_stats()
+  local function d(kind, field) return after[kind][field] - before[kind][field] end
+  local ar, ag, any = d('all_reduce', 'busy_s'), d('all_gather', 'busy_s'), d('any', 'busy_s')
+  T.truthy(ar > 0 and ag > 0, ('busy all_reduce %g s, all_gather %g s'):format(ar, ag))
+  -- any counts time with several kinds in flight once
+  T.truthy(any >= math.max(ar, ag) - 1e-6 and any <= ar + ag + 1e-6,
+    ('busy any %g s against all_reduce %g + all_gather %g'):format(any, ar, ag))
+  -- what the host waited is part of the time the collective was in flight
+  -- (give the progress thread's polling interval and post-processing 5 ms)
+  T.truthy(d('all_reduce', 'wait_s') <= ar + 0.005,
+    ('waited %g s for an all_reduce in flight %g s'):format(d('all_reduce', 'wait_s'), ar))
+  T.truthy(d('any', 'calls') == d('all_reduce', 'calls') + d('all_gather', 'calls'), 'any sums the calls')
+end)
 
 -- The recipes' metrics carry the same numbers per step.
 T.test('a recipe step record has comm, comm_bytes and comm_wait_s', function()
@@ -92,6 +115,8 @@ T.test('a recipe step record has comm, comm_bytes and comm_wait_s', function()
       ('all_reduce: %s calls, %s bytes (1 call of 4000 expected)'):format(
         tostring(rec.comm.all_reduce.calls), tostring(rec.comm.all_reduce.bytes)))
     T.truthy(rec.comm_bytes == 4000 and rec.comm_wait_s >= 0, 'comm_bytes ' .. tostring(rec.comm_bytes))
+    T.truthy(rec.comm_busy_s and rec.comm_busy_s > 0, 'comm_busy_s ' .. tostring(rec.comm_busy_s))
+    T.truthy(rec.comm.any == nil, 'the kinds, not their sum, in comm')
   end
 end)
 

@@ -136,6 +136,14 @@ fi
 for np in 2 4; do
   run_tap "collectives, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/collectives.lua
 done
+# The plugin's ring collectives (core/dist/mpi/ring.c): on every buffer
+# (FSDP_RING_MIN_BYTES=0, so blocks of one element and odd rank counts
+# too) and with the default threshold, which leaves small ones to MPI.
+for np in 2 3 4; do
+  run_tap "ring collectives, $np ranks, every buffer" FSDP_RING_MIN_BYTES=0 -- \
+    mpirun -np $np "$EXE" tests/mpi/ring.lua
+done
+run_tap "ring collectives, 4 ranks, default threshold" -- mpirun -np 4 "$EXE" tests/mpi/ring.lua
 run_tap "groups, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/groups.lua
 run_tap "groups, 2 ranks as 2 nodes of 1" FSDP_RANKS_PER_NODE=1 -- \

@@ -40,6 +40,7 @@
  * so no receive ever stays posted into memory that could go away.
  */
 #include "dist_backend.h"
+#include "ring.h"
 
 #include <errno.h>
 #include <mpi.h>
@@ -53,9 +54,19 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+/* A communicator as the core holds it: the MPI handle first (so a
+ * pointer to it is a pointer to the handle) and the sequence that tags its
+ * ring collectives ([Note: ring collectives] in ring.c). */
+typedef struct mpi_comm {
+    MPI_Comm comm;
+    unsigned ring_sequence;
+} mpi_comm;
+
 typedef struct mpi_req {
     MPI_Request request;
+    mpi_ring *ring;        /* a ring collective instead of one MPI request */
     bool collective;       /* counted in the roll call's answers */
+    int kind;              /* a collective's fl_coll_kind */
     double started;        /* when it started (monotonic seconds) */
     bool receive;          /* a point-to-point receive (cancellable) */
     bool done;             /* completed (or failed: error != 0) */
@@ -73,8 +84,13 @@ static struct {
     mpi_req *active;      /* requests not yet seen complete */
     bool we_initialized;  /* MPI_Init was ours, so MPI_Finalize is too */
     int thread_level;
-    MPI_Comm *world;
+    mpi_comm *world;
     double last_start;    /* when the latest one started; 0: never */
+    long ring_min_bytes;  /* smallest buffer a ring runs; < 0: rings off */
+    /* Busy time per collective kind and of any kind (the last slot): how
+     * many are in flight, since when, and the seconds accumulated. */
+    int in_flight[FL_COLL_BARRIER + 2];
+    double busy_since[FL_COLL_BARRIER + 2], busy_total[FL_COLL_BARRIER + 2];
 } S = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
 /* The watch channel ([Note: the watch channel]); callers hold S.lock. */
@@ -115,7 +131,21 @@ static int mpi_fail(int code, const char *call) {
 
 /* ---- the active list (callers hold S.lock) ---------------------------------- */
 
+/* A collective starts or is seen complete: the busy clocks of its kind
+ * and of any kind ([Note: busy time], below). */
+static void busy_change(const mpi_req *r, int by) {
+    if (!r->collective) return;
+    int slots[2] = {r->kind, FL_COLL_BARRIER + 1};
+    double now = now_seconds();
+    for (int i = 0; i < 2; i++) {
+        int k = slots[i];
+        if (by > 0 && S.in_flight[k]++ == 0) S.busy_since[k] = now;
+        if (by < 0 && --S.in_flight[k] == 0) S.busy_total[k] += now - S.busy_since[k];
+    }
+}
+
 static void track(mpi_req *r) {
+    busy_change(r, +1);
     r->prev = NULL;
     r->next = S.active;
     if (S.active) S.active->prev = r;
@@ -124,6 +154,7 @@ static void track(mpi_req *r) {
 }
 
 static void untrack(mpi_req *r) {
+    busy_change(r, -1);
     if (r->prev) r->prev->next = r->next;
     else if (S.active == r) S.active = r->next;
     if (r->next) r->next->prev = r->prev;
@@ -134,7 +165,18 @@ static void untrack(mpi_req *r) {
 static void poll_one(mpi_req *r) {
     if (r->done) return;
     int flag = 0;
-    int rc = MPI_Test(&r->request, &flag, MPI_STATUS_IGNORE);
+    int rc;
+    if (r->ring) {
+        bool done = false;
+        rc = mpi_ring_progress(r->ring, &done);
+        flag = done;
+        if (done || rc != MPI_SUCCESS) {
+            mpi_ring_free(r->ring);
+            r->ring = NULL;
+        }
+    } else {
+        rc = MPI_Test(&r->request, &flag, MPI_STATUS_IGNORE);
+    }
     if (rc != MPI_SUCCESS) {
         r->error = rc;
         flag = 1;
@@ -260,7 +302,7 @@ static void watch_poll(void) {
 
 static void watch_open(void) {
     W.size = 0;
-    if (MPI_Comm_dup(*S.world, &W.comm) != MPI_SUCCESS) return;
+    if (MPI_Comm_dup(S.world->comm, &W.comm) != MPI_SUCCESS) return;
     MPI_Comm_rank(W.comm, &W.rank);
     MPI_Comm_size(W.comm, &W.size);
     W.left = calloc((size_t)W.size, sizeof *W.left);
@@ -424,6 +466,19 @@ static MPI_Op mpi_op(fl_reduce_op op) {
 
 /* ---- init and finalize ------------------------------------------------------------- */
 
+/* Ring collectives' messages take tags above the monitored barrier's
+ * (1 ... 30000, core/dist/monitored_barrier.c) and at most 32767, the
+ * least MPI_TAG_UB the standard allows. */
+enum { RING_TAG_FIRST = 30720, RING_TAGS = 2048 };
+
+/* [Note: ring collectives] (ring.c): FSDP_MPI_RING=0 turns them off,
+ * FSDP_RING_MIN_BYTES sets the smallest buffer they run (default 64 KiB). */
+static void ring_settings(void) {
+    const char *on = getenv("FSDP_MPI_RING"), *min = getenv("FSDP_RING_MIN_BYTES");
+    S.ring_min_bytes = min && atol(min) >= 0 ? atol(min) : 64 * 1024;
+    if (on && strcmp(on, "0") == 0) S.ring_min_bytes = -1;
+}
+
 static int mpi_backend_init(fl_dist_topology *t) {
     int initialized = 0;
     MPI_Initialized(&initialized);
@@ -446,14 +501,15 @@ static int mpi_backend_init(fl_dist_topology *t) {
         pthread_mutex_unlock(&S.lock);
         return fl_set_error(FL_ERR_OOM, "mpi backend: out of memory");
     }
-    rc = MPI_Comm_dup(MPI_COMM_WORLD, S.world);
+    S.world->ring_sequence = 0;
+    rc = MPI_Comm_dup(MPI_COMM_WORLD, &S.world->comm);
     MPI_Comm local = MPI_COMM_NULL;
     int *leaders = NULL;
     if (rc == MPI_SUCCESS) {
-        MPI_Comm_rank(*S.world, &t->rank);
-        MPI_Comm_size(*S.world, &t->size);
+        MPI_Comm_rank(S.world->comm, &t->rank);
+        MPI_Comm_size(S.world->comm, &t->size);
         call = "MPI_Comm_split_type";
-        rc = MPI_Comm_split_type(*S.world, MPI_COMM_TYPE_SHARED, t->rank, MPI_INFO_NULL, &local);
+        rc = MPI_Comm_split_type(S.world->comm, MPI_COMM_TYPE_SHARED, t->rank, MPI_INFO_NULL, &local);
     }
     /* Nodes: the ranks sharing memory with this one. Each node is named by
      * its lowest world rank; the node index counts the lower-named nodes. */
@@ -467,7 +523,7 @@ static int mpi_backend_init(fl_dist_topology *t) {
     if (rc == MPI_SUCCESS) {
         leaders = malloc(sizeof(int) * (size_t)t->size);
         call = "MPI_Allgather";
-        rc = leaders ? MPI_Allgather(&leader, 1, MPI_INT, leaders, 1, MPI_INT, *S.world)
+        rc = leaders ? MPI_Allgather(&leader, 1, MPI_INT, leaders, 1, MPI_INT, S.world->comm)
                      : MPI_ERR_NO_MEM;
     }
     if (rc == MPI_SUCCESS) {
@@ -483,6 +539,7 @@ static int mpi_backend_init(fl_dist_topology *t) {
     if (rc == MPI_SUCCESS) watch_open();
     pthread_mutex_unlock(&S.lock);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, call);
+    ring_settings();
     start_progress_thread();
     return FL_OK;
 }
@@ -499,7 +556,7 @@ static void mpi_backend_finalize(void) {
     pthread_mutex_lock(&S.lock);
     watch_close();
     if (S.world) {
-        MPI_Comm_free(S.world);
+        MPI_Comm_free(&S.world->comm);
         free(S.world);
         S.world = NULL;
     }
@@ -521,14 +578,15 @@ static int mpi_split(void *comm, int color, int key, void **out) {
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_split");
     *out = NULL;
     if (result == MPI_COMM_NULL) return FL_OK;
-    MPI_Comm *box = malloc(sizeof *box);
+    mpi_comm *box = malloc(sizeof *box);
     if (!box) {
         pthread_mutex_lock(&S.lock);
         MPI_Comm_free(&result);
         pthread_mutex_unlock(&S.lock);
         return fl_set_error(FL_ERR_OOM, "mpi backend: out of memory");
     }
-    *box = result;
+    box->comm = result;
+    box->ring_sequence = 0;
     *out = box;
     return FL_OK;
 }
@@ -609,8 +667,12 @@ static int started(mpi_req *r, int rc, void **req) {
 static int mpi_start(void *comm_ptr, const fl_coll *c, void **req) {
     static const char *const calls[] = {"MPI_Iallgather", "MPI_Ireduce_scatter_block",
                                         "MPI_Iallreduce", "MPI_Ibcast", "MPI_Ibarrier"};
+    static const char *const ring_calls[] = {"ring all_gather (MPI_Isend/MPI_Irecv)",
+                                             "ring reduce_scatter (MPI_Isend/MPI_Irecv)",
+                                             "ring all_reduce (MPI_Isend/MPI_Irecv)"};
     *req = NULL;
-    MPI_Comm comm = *(MPI_Comm *)comm_ptr;
+    mpi_comm *box = comm_ptr;
+    MPI_Comm comm = box->comm;
     MPI_Datatype type = mpi_type(c->dtype);
     if (type == MPI_DATATYPE_NULL && c->kind != FL_COLL_BARRIER)
         return fl_set_error(FL_ERR_UNSUPPORTED, "mpi backend: no MPI type for this dtype");
@@ -621,7 +683,21 @@ static int mpi_start(void *comm_ptr, const fl_coll *c, void **req) {
     int count = (int)c->count, rc;
     pthread_mutex_lock(&S.lock);
     r->collective = true;
+    r->kind = (int)c->kind;
     r->started = S.last_start = now_seconds();
+    int size = 1, elem = 0;
+    if (S.ring_min_bytes >= 0 && c->kind <= FL_COLL_ALL_REDUCE) {
+        MPI_Comm_size(comm, &size);
+        MPI_Type_size(type, &elem);
+    }
+    if (S.ring_min_bytes >= 0 && mpi_ring_takes(c, size, elem, S.ring_min_bytes)) {
+        int rank = 0;
+        MPI_Comm_rank(comm, &rank);
+        int tag = RING_TAG_FIRST + (int)(box->ring_sequence++ % RING_TAGS);
+        r->what = ring_calls[c->kind];
+        rc = mpi_ring_start(comm, rank, size, tag, c, type, mpi_op(c->op), &r->ring);
+        return started(r, rc, req);
+    }
     switch (c->kind) {
     case FL_COLL_ALL_GATHER:
         rc = MPI_Iallgather(c->send ? c->send : MPI_IN_PLACE, count, type, c->recv, count, type,
@@ -680,7 +756,10 @@ static int mpi_irecv(void *comm, int src, int tag, void *buf, int nbytes, void *
 static void mpi_abandon(void *req) {
     mpi_req *r = req;
     pthread_mutex_lock(&S.lock);
-    if (!r->done) {
+    if (!r->done && r->ring) {
+        mpi_ring_free(r->ring);
+        untrack(r);
+    } else if (!r->done) {
         if (r->receive) MPI_Cancel(&r->request);
         /* Freeing an active request lets the operation finish on its own. */
         MPI_Request_free(&r->request);
@@ -718,6 +797,21 @@ static void mpi_abort(int code) {
     _exit(code);
 }
 
+/* [Note: busy time]
+ * The seconds during which collectives of a kind were in flight, from the
+ * start call until the progress thread (or a test) saw them complete:
+ * what fsdp.plan.cost's communication time predicts (the link's time,
+ * whether compute hid it or not), unlike the core's wait time, which is
+ * only what compute did not hide. Completion is seen within the progress
+ * thread's interval (100 us); without the thread, only when tested. */
+static double mpi_busy_seconds(int kind) {
+    int k = kind < 0 || kind > FL_COLL_BARRIER ? FL_COLL_BARRIER + 1 : kind;
+    pthread_mutex_lock(&S.lock);
+    double s = S.busy_total[k] + (S.in_flight[k] > 0 ? now_seconds() - S.busy_since[k] : 0);
+    pthread_mutex_unlock(&S.lock);
+    return s;
+}
+
 static const fl_dist_backend mpi_backend = {
     .abi = FL_DIST_BACKEND_ABI,
     .name = "mpi",
@@ -738,6 +832,7 @@ static const fl_dist_backend mpi_backend = {
     .roll_call = mpi_roll_call,
     .leave = mpi_leave,
     .peers_left = mpi_peers_left,
+    .busy_seconds = mpi_busy_seconds,
 };
 
 EXPORT const fl_dist_backend *fl_dist_mpi_backend(void);

@@ -42,9 +42,11 @@
 -- it); to a file or pipe, or under a launcher, as plain lines.
 -- FSDP_PROGRESS=0/1 overrides the detection. FSDP_DEBUG=INFO prints every rank's distributed setup at start.
 -- With collectives (several ranks), a JSONL record also has what rank 0's
--- step moved: comm (by kind: calls, bytes, wait_s), comm_bytes and
+-- step moved: comm (by kind: calls, bytes, wait_s, busy_s), comm_bytes,
 -- comm_wait_s, the seconds it blocked waiting for them (exposed
--- communication); TensorBoard gets comm/mib and comm/wait_s.
+-- communication), and comm_busy_s, the seconds some collective was in
+-- flight (the link's time, hidden or not); TensorBoard gets comm/mib,
+-- comm/wait_s and comm/busy_s.
 local ffi = require 'ffi'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
@@ -365,7 +367,8 @@ end
 -- log_every steps, on the last and on a skipped one, and writes the
 -- metrics file.
 -- This rank's collectives since the previous step (fsdp.dist.collective_stats):
--- by kind, and the bytes and exposed wait of all of them; nil when none
+-- by kind, and the bytes, exposed wait and busy time of all of them (busy:
+-- some collective in flight, overlapping ones counted once); nil when none
 -- moved data. (Logging's own mean-loss all_reduce falls in the next step.)
 function Logger:_comm_since_last()
   local now, prev = fsdp.dist.collective_stats(), self.comm_prev
@@ -373,17 +376,18 @@ function Logger:_comm_since_last()
   local per, bytes, wait = nil, 0, 0
   for kind, c in pairs(now) do
     local calls = c.calls - prev[kind].calls
-    if calls > 0 then
+    if calls > 0 and kind ~= 'any' then
       per = per or {}
-      per[kind] = { calls = calls, bytes = c.bytes - prev[kind].bytes, wait_s = c.wait_s - prev[kind].wait_s }
+      per[kind] = { calls = calls, bytes = c.bytes - prev[kind].bytes, wait_s = c.wait_s - prev[kind].wait_s,
+                    busy_s = c.busy_s - prev[kind].busy_s }
       bytes, wait = bytes + per[kind].bytes, wait + per[kind].wait_s
     end
   end
-  if per then return per, bytes, wait end
+  if per then return per, bytes, wait, now.any.busy_s - prev.any.busy_s end
 end
 
 function Logger:step(step, s)
-  local comm, comm_bytes, comm_wait = self:_comm_since_last()
+  local comm, comm_bytes, comm_wait, comm_busy = self:_comm_since_last()
   local loss = s.loss
   if self.world_size > 1 and not s.reduced then
     loss = fsdp.dist.all_reduce(fsdp.tensor({ loss }, { dtype = 'f64' }), { op = 'avg' }):item()
@@ -405,7 +409,8 @@ function Logger:step(step, s)
     tokens_per_sec = self.tokens_per_sample > 0 and tps or nil, tflops_per_rank = tflops, mfu = mfu,
     peak_memory_bytes = peak, memory_allocated_bytes = mem.in_use, memory_reserved_bytes = mem.reserved,
     device = self.device, grad_norm = s.grad_norm, epoch = s.epoch, step_time = dt,
-    skipped = s.skipped or nil, comm = comm, comm_bytes = comm_bytes, comm_wait_s = comm_wait })
+    skipped = s.skipped or nil, comm = comm, comm_bytes = comm_bytes, comm_wait_s = comm_wait,
+    comm_busy_s = comm_busy })
   if self.tb then
     local MiB = 2 ^ 20
     self.tb:scalars(step, {
@@ -415,7 +420,7 @@ function Logger:step(step, s)
       { 'perf/step_time', dt }, { 'memory/peak_mib', peak / MiB },
       { 'memory/allocated_mib', mem.in_use / MiB },
       { 'memory/reserved_mib', self.device:match('^cuda') and mem.reserved / MiB or nil },
-      { 'comm/mib', comm_bytes and comm_bytes / MiB }, { 'comm/wait_s', comm_wait },
+      { 'comm/mib', comm_bytes and comm_bytes / MiB }, { 'comm/wait_s', comm_wait }, { 'comm/busy_s', comm_busy },
     })
   end
   -- the interval since the last line; a skipped step's loss (non-finite)
