@@ -4,6 +4,8 @@
 # planner's communication model (issue 19 items 4-5, a first measurement).
 #
 #   benchmarks/cluster_link.sh [RATE]     default 1gbit
+#   CLUSTER_LINK_CONFIGS="2 HYBRID_SHARD;1 FULL_SHARD" benchmarks/cluster_link.sh
+#                                         only these (ranks per node, strategy)
 #
 # Each node's eth0 gets a token bucket (`tc qdisc ... tbf rate RATE`, each
 # direction; no added delay: the kernels of these machines lack netem, so
@@ -18,12 +20,16 @@
 # (backward PRE, forward prefetch). Columns: the bytes of a step's
 # collectives planned (fsdp.plan) and measured (the metrics' comm_bytes,
 # counted by core/dist; they differ by the recipe's own few-byte
-# all-reduces of the loss and gradient norm), the communication time
-# planned at RATE (wire bytes / bandwidth, no latency) and measured as the
-# time rank 0 blocked waiting for collectives on the shaped link
-# (comm_wait_s: with prefetch off nearly all of it; with prefetch on what
-# compute did not hide), the step times, and "exposed" = shaped - unshaped
-# step time: the communication the link added that compute did not hide.
+# all-reduces of the loss and gradient norm); the communication time
+# planned (fsdp.plan.cost: ring wire bytes / bandwidth, the node's link
+# shared by the rings crossing it at once, no latency) with the link at
+# RATE and with a device profile of the link as measured (the all-gather
+# rate benchmarks/link_rate.lua gets on it, written as a JSON profile for
+# --plan_device), against the measured time some collective was in
+# flight on rank 0 (the metrics' comm_busy_s: the link's time, hidden or
+# not); the time rank 0 blocked waiting for them (comm_wait_s); the step
+# times, and "exposed" = shaped - unshaped step time: the communication
+# the link added that compute did not hide.
 #
 # Needs root and Slurm like the cluster suite; takes a few minutes. Step
 # times on a shared 2-core machine are noisy: read them as sizes, not
@@ -70,78 +76,106 @@ shape() { # shape on|off
 }
 
 # step PER_NODE STRATEGY PREFETCH...: rank 0's fastest step of steps 4-16
-# as "STEP_MS MIB WAIT_MS": its time, the bytes its collectives moved and
-# the time it blocked waiting for them (the metrics' comm, counted by
-# core/dist: fsdp.dist.collective_stats).
+# as "STEP_MS MIB WAIT_MS BUSY_MS": its time, the bytes its collectives
+# moved, the time it blocked waiting for them and the time some were in
+# flight (the metrics' comm, counted by core/dist:
+# fsdp.dist.collective_stats).
 step() {
   local per=$1 strategy=$2; shift 2
   local m=$DIR/job/m.jsonl
   rm -f "$m"
   (cd "$DIR/job" && timeout 300 "$BOX" run "$DIR" srun --mpi=pmix -N2 --ntasks-per-node="$per" \
     "$EXE" "$ROOT/recipes/llama2_7b.lua" "${MODEL[@]}" --max_steps=$STEPS --sharding_strategy="$strategy" \
-    --metrics_file="$m" "$@" >"$DIR/job/out.log" 2>&1) || { echo "failed - -"; return; }
+    --metrics_file="$m" "$@" >"$DIR/job/out.log" 2>&1) || { echo "failed - - -"; return; }
   "$EXE" - "$m" <<'LUA'
 local cjson, best = require('cjson'), nil
 for line in io.lines(arg[1]) do
   local r = cjson.decode(line)
   if r.type == 'train' and r.step >= 4 and (not best or r.step_time < best.step_time) then best = r end
 end
-print(('%.0f %.2f %.0f'):format(1000 * best.step_time, (best.comm_bytes or 0) / 2^20, 1000 * (best.comm_wait_s or 0)))
+local kinds = {}
+for _, k in ipairs({ 'all_gather', 'reduce_scatter', 'all_reduce' }) do
+  kinds[#kinds + 1] = ('%s=%.0f'):format(k, 1000 * ((best.comm or {})[k] or { busy_s = 0 }).busy_s)
+end
+print(('%.0f %.2f %.0f %.0f %s'):format(1000 * best.step_time, (best.comm_bytes or 0) / 2^20,
+  1000 * (best.comm_wait_s or 0), 1000 * (best.comm_busy_s or 0), table.concat(kinds, ',')))
 LUA
 }
 
-# planned PER_NODE STRATEGY RATES: "MIB MS": the bytes of a step's
-# collectives (fsdp.plan's comm, the PLAN line of --plan) and their time
-# with the inter-node wire at RATES (bytes/s: a number for every kind, or
-# a JSON object per kind; the plan's model: wire bytes / bandwidth, no
-# latency; intra-node ones at the cpu profile's shared-memory rate).
+# profile FILE INTER INTRA: a device profile (fsdp.devices.load) of CPU
+# nodes joined by this link: the cpu profile with the inter-node bandwidth
+# INTER (one link per node, shared by its ranks) and INTRA between the
+# ranks of a node (empty: the cpu profile's).
+profile() {
+  printf '{"base": "cpu", "name": "cluster in a box, %s", "inter_bw": %s, "node_inter_bw": %s%s}\n' \
+    "$RATE" "$2" "$2" "${3:+, \"intra_bw\": $3}" >"$1"
+}
+
+# planned PER_NODE STRATEGY PROFILE: "MIB MS KIND=MS,...": the bytes of a
+# step's collectives (fsdp.plan's comm, the PLAN line of --plan) and their
+# time on the device PROFILE (a JSON file), in all and per kind.
 planned() {
   local plan
   plan=$("$EXE" "$ROOT/recipes/llama2_7b.lua" "${MODEL[@]}" --sharding_strategy="$2" --plan \
-    --plan_world=$((2 * $1)) --plan_nodes=2 2>&1 | sed -n 's/^PLAN //p')
-  "$EXE" - "$3" "$plan" <<'LUA'
-local cjson, fsdp = require('cjson'), require('fsdp')
-local rates, p = arg[1]:match('^{') and cjson.decode(arg[1]) or tonumber(arg[1]), cjson.decode(arg[2])
-local intra = fsdp.devices.get('cpu').intra_bw
-local bytes, s = 0, 0
-for kind, c in pairs(p.comm) do
-  bytes = bytes + c.bytes
-  local bw = type(rates) == 'table' and rates[kind] or rates
-  s = s + c.wire / (c.link == 'inter' and bw or intra)
+    --plan_world=$((2 * $1)) --plan_nodes=2 --plan_device="$3" 2>&1 | sed -n 's/^PLAN //p')
+  "$EXE" - "$plan" <<'LUA'
+local p = require('cjson').decode(arg[1])
+local bytes, s, kinds = 0, 0, {}
+for _, c in pairs(p.comm) do bytes, s = bytes + c.bytes, s + c.seconds end
+for _, k in ipairs({ 'all_gather', 'reduce_scatter', 'all_reduce' }) do
+  kinds[#kinds + 1] = ('%s=%.0f'):format(k, 1000 * (p.comm[k] or { seconds = 0 }).seconds)
 end
-print(('%.2f %.0f'):format(bytes / 2^20, 1000 * s))
+print(('%.2f %.0f %s'):format(bytes / 2^20, 1000 * s, table.concat(kinds, ',')))
 LUA
 }
 
-# The rates the shaped link really gives each kind of collective (wire
-# bytes per second, benchmarks/link_rate.lua, 2 nodes x 1 rank): the plan
-# is also priced at them ("plan ms @measured"), which separates a wrong
-# bandwidth figure from a wrong model.
+# The rate the shaped link really gives a ring all-gather (wire bytes per
+# second, benchmarks/link_rate.lua, 2 nodes x 1 rank): the link as MPI's
+# TCP transport sees it, headers and protocol taken off; and the rate
+# between the 2 ranks of a node while the other node's do the same (2
+# nodes x 2 ranks: 4 ranks sharing this machine's cores), which the
+# "@link" profile takes for intra_bw.
+rates() { # rates RANKS_PER_NODE LOG
+  (cd "$DIR/job" && timeout 300 "$BOX" run "$DIR" srun --mpi=pmix -N2 --ntasks-per-node="$1" \
+    "$EXE" "$ROOT/benchmarks/link_rate.lua" 2>&1 | tee "$2" | sed -n 's/^RATES //p')
+}
 shape on
-MEASURED=$(cd "$DIR/job" && timeout 300 "$BOX" run "$DIR" srun --mpi=pmix -N2 --ntasks-per-node=1 \
-  "$EXE" "$ROOT/benchmarks/link_rate.lua" 2>&1 | tee "$DIR/job/rate.log" | sed -n 's/^RATES //p')
+MEASURED=$(rates 1 "$DIR/job/rate.log")
+MEASURED_2=$(rates 2 "$DIR/job/rate2.log")
 shape off
 echo "link: $RATE nominal ($BW bytes/s on the wire); what the collectives got on it:"
-grep -E '^(all_gather|reduce_scatter|all_reduce) ' "$DIR/job/rate.log"
+grep -E '^(all_gather|reduce_scatter|all_reduce) ' "$DIR/job/rate.log" "$DIR/job/rate2.log" | grep -v across
+field() { echo "print(require('cjson').decode(arg[1])$2)" | "$EXE" - "$1"; }
+LINK_BW=$BW INTRA_BW=
+[ -n "$MEASURED" ] && LINK_BW=$(field "$MEASURED" .all_gather)
+[ -n "$MEASURED_2" ] && INTRA_BW=$(field "$MEASURED_2" .intra.all_gather)
+profile "$DIR/nominal.json" "$BW"
+profile "$DIR/link.json" "$LINK_BW" "$INTRA_BW"
 
-printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s\n' configuration prefetch "plan MiB" "meas MiB" \
-  "plan ms" "plan ms" "wait ms" "step" "shaped" "exposed"
-printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" "@nominal" "@measured" "(shaped)" "(ms)" \
-  "(ms)" "(ms)"
-for cfg in "1 FULL_SHARD" "1 SHARD_GRAD_OP" "2 FULL_SHARD" "2 HYBRID_SHARD"; do
+printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' configuration prefetch "plan MiB" "meas MiB" \
+  "plan ms" "plan ms" "busy ms" "wait ms" "step" "shaped" "exposed"
+printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" "@nominal" "@link" "(shaped)" "(shaped)" \
+  "(ms)" "(ms)" "(ms)"
+details=()
+IFS=';' read -ra CONFIGS <<<"${CLUSTER_LINK_CONFIGS:-1 FULL_SHARD;1 SHARD_GRAD_OP;2 FULL_SHARD;2 HYBRID_SHARD}"
+for cfg in "${CONFIGS[@]}"; do
   set -- $cfg
   per=$1 strategy=$2
-  read -r plan_mib plan_ms < <(planned "$per" "$strategy" "$BW")
-  read -r _ plan_ms_measured < <(planned "$per" "$strategy" "${MEASURED:-$BW}")
+  read -r plan_mib plan_ms plan_kinds < <(planned "$per" "$strategy" "$DIR/nominal.json")
+  read -r _ plan_ms_link _ < <(planned "$per" "$strategy" "$DIR/link.json")
+  details+=("2 nodes x $per $strategy planned @nominal: $plan_kinds")
   for mode in off on; do
     if [ "$mode" = off ]; then flags=("${OFF[@]}"); else flags=("${ON[@]}"); fi
     shape off
-    read -r base _ _ < <(step "$per" "$strategy" "${flags[@]}")
+    read -r base _ _ _ < <(step "$per" "$strategy" "${flags[@]}")
     shape on
-    read -r shaped mib wait < <(step "$per" "$strategy" "${flags[@]}")
+    read -r shaped mib wait busy kinds < <(step "$per" "$strategy" "${flags[@]}")
+    details+=("2 nodes x $per $strategy prefetch $mode, busy: $kinds")
     shape off
-    printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s\n' "2 nodes x $per $strategy" "$mode" "$plan_mib" "$mib" \
-      "$plan_ms" "$plan_ms_measured" "$wait" "$base" "$shaped" \
+    printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' "2 nodes x $per $strategy" "$mode" "$plan_mib" "$mib" \
+      "$plan_ms" "$plan_ms_link" "$busy" "$wait" "$base" "$shaped" \
       "$(awk -v a="$base" -v b="$shaped" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) print b - a; else print "?" }')"
   done
 done
+echo "time per kind of collective (ms; measured: rank 0's busy time of that kind in the fastest shaped step):"
+printf '  %s\n' "${details[@]}"

@@ -5,7 +5,9 @@
 -- bandwidth: a ring's (G-1)/G of the buffer, 2(G-1)/G for all_reduce).
 -- benchmarks/cluster_link.sh runs it on the shaped link so the plan's
 -- communication time can be set against the measured rates as well as
--- against the nominal one. Ends with one line `RATES {json}`.
+-- against the nominal one. With several nodes of several ranks it also
+-- measures each node's ranks among themselves, every node at once
+-- (`intra` in the result). Ends with one line `RATES {json}`.
 --
 --   mpirun -np 2 fsdp-lua benchmarks/link_rate.lua [--mib=16] [--rounds=5]
 local fsdp = require 'fsdp'
@@ -18,33 +20,45 @@ local cfg = recipe.config({
   rounds = { 5, 'timed rounds of each collective (after one untimed)' },
 }, arg, 'benchmarks/link_rate.lua')
 
-local W = dist.world_size()
-local n = math.floor(cfg.mib * 2^20 / 4 / W) * W
-local shard = fsdp.ones({ n / W })
-local full = fsdp.ones({ n })
-local function timed(fn)
-  fn()
-  dist.barrier()
-  local best = math.huge
-  for _ = 1, cfg.rounds do
-    local t0 = clock.now()
+-- Each kind on `group` (nil: the world), as wire bytes per second of one
+-- rank, the best of cfg.rounds.
+local function rates_on(group, label)
+  local G = group and group:size() or dist.world_size()
+  local n = math.floor(cfg.mib * 2^20 / 4 / G) * G
+  local shard = fsdp.ones({ n / G })
+  local full = fsdp.ones({ n })
+  local function timed(fn)
     fn()
-    best = math.min(best, clock.now() - t0)
+    dist.barrier()
+    local best = math.huge
+    for _ = 1, cfg.rounds do
+      local t0 = clock.now()
+      fn()
+      best = math.min(best, clock.now() - t0)
+    end
+    return best
   end
-  return best
+  local wire = n * 4 * (G - 1) / G
+  local seconds = {
+    all_gather = timed(function() dist.all_gather(shard, { group = group }) end),
+    reduce_scatter = timed(function() dist.reduce_scatter(full, { group = group }) end),
+    all_reduce = timed(function() dist.all_reduce(full, { group = group }) end),
+  }
+  local rates = {}
+  for kind, s in pairs(seconds) do
+    rates[kind] = (kind == 'all_reduce' and 2 or 1) * wire / s
+    if dist.rank() == 0 then
+      print(('%-14s %7.1f ms for %.1f MiB on %d ranks (%s): %7.1f MB/s on the wire'):format(kind, 1e3 * s,
+        n * 4 / 2^20, G, label, rates[kind] / 1e6))
+    end
+  end
+  return rates
 end
-local wire = n * 4 * (W - 1) / W
-local seconds = {
-  all_gather = timed(function() dist.all_gather(shard) end),
-  reduce_scatter = timed(function() dist.reduce_scatter(full) end),
-  all_reduce = timed(function() dist.all_reduce(full) end),
-}
-local rates = {}
-for kind, s in pairs(seconds) do
-  rates[kind] = (kind == 'all_reduce' and 2 or 1) * wire / s
-  if dist.rank() == 0 then
-    print(('%-14s %7.1f ms for %.1f MiB on %d ranks: %7.1f MB/s on the wire'):format(kind, 1e3 * s, n * 4 / 2^20,
-      W, rates[kind] / 1e6))
-  end
+
+-- With several ranks per node: the world first, then every node's ranks
+-- among themselves at once (as hybrid sharding's shard groups run).
+local rates = rates_on(nil, dist.nodes() > 1 and 'across nodes' or 'one node')
+if dist.nodes() > 1 and dist.local_size() > 1 then
+  rates.intra = rates_on(dist.split(dist.node(), { name = 'node' }), 'within each node, all nodes at once')
 end
 if dist.rank() == 0 then print('RATES ' .. require('cjson').encode(rates)) end

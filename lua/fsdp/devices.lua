@@ -6,6 +6,7 @@
 --                    mem_bw = 1e12, intra_bw = 32e9, inter_bw = 12.5e9}
 --   fsdp.devices['my-gpu'] = {...}                   -- the same, checked when first used
 --   fsdp.plan(model, {device = 'my-gpu', ...})       -- or device = {a profile table}
+--   fsdp.devices.load('mycluster.json')              -- a profile in a file (or device = that path)
 --
 -- Fields (bytes, bytes/s, FLOP/s):
 --   memory        what the device has in total (nvidia-smi's figure for GPUs)
@@ -19,6 +20,10 @@
 --   intra_bw      per-rank bandwidth to ranks of the same node, one way
 --                 (NVLink for the GPUs below)
 --   inter_bw      per-rank bandwidth to other nodes, one way (the NIC per GPU)
+--   node_inter_bw the node's whole bandwidth to other nodes, one way, which
+--                 ranks whose collectives cross nodes at once share
+--                 (fsdp.plan.cost); nil: inter_bw x ranks per node (a NIC
+--                 per rank, as the GPUs below)
 --   host_bw       device <-> pinned host memory, one way, as copies reach it
 --                 (activation offload's traffic); nil: the planner refuses
 --                 offload_activations on that device. The GPUs below: PCIe
@@ -62,7 +67,7 @@ local PROFILES = {
   -- declared guess (MPI over 2 cores), the memory and f32 rate are filled
   -- in from this machine on first use.
   cpu = { memory = 0, reserved = 0, flops = {}, utilization = 0.8, mem_bw = 10e9, intra_bw = 5e9,
-          inter_bw = 1.25e9, ranks_per_node = 1, page = 4096, f32_gemm = true, f32_reduce = true,
+          inter_bw = 1.25e9, node_inter_bw = 1.25e9, ranks_per_node = 1, page = 4096, f32_gemm = true, f32_reduce = true,
           measured = false },
 }
 for name, p in pairs(PROFILES) do
@@ -70,7 +75,8 @@ for name, p in pairs(PROFILES) do
   M[name] = p
 end
 
-local API = { add = true, get = true, names = true, check = true, measure_cpu = true, for_cuda = true }
+local API = { add = true, get = true, names = true, check = true, measure_cpu = true, for_cuda = true,
+              load = true }
 
 -- Profile names, sorted.
 function M.names()
@@ -109,6 +115,7 @@ function M.check(p, where)
     core.fail(('%s: device profile %s: utilization must be in (0, 1], got %s'):format(where, tostring(p.name), tostring(u)))
   end
   if p.host_bw ~= nil then positive(p, 'host_bw', where) end
+  if p.node_inter_bw ~= nil then positive(p, 'node_inter_bw', where) end
   if p.reserved ~= nil and (type(p.reserved) ~= 'number' or p.reserved < 0) then
     core.fail(('%s: device profile %s: reserved must be a number >= 0'):format(where, tostring(p.name)))
   end
@@ -194,10 +201,51 @@ function M.for_cuda(status)
   return nil
 end
 
--- The profile for a name or a table (checked); errors list the known names.
+-- A profile from a JSON file: an object with a profile's fields, and
+-- optionally "base", a known profile whose fields the others override,
+-- e.g. {"base": "cpu", "inter_bw": 1.19e8, "node_inter_bw": 1.19e8} for
+-- CPU nodes joined by 1 Gbit/s Ethernet (benchmarks/cluster_link.sh
+-- writes one). Named after the file unless it says "name"; checked.
+function M.load(path, where)
+  where = where or 'fsdp.devices.load'
+  local f, why = io.open(path)
+  if not f then core.fail(('%s: cannot read device profile: %s'):format(where, why)) end
+  local text = f:read('*a')
+  f:close()
+  local ok, fields = pcall(require('cjson').decode, text)
+  if not ok or type(fields) ~= 'table' then
+    core.fail(('%s: device profile %s is not a JSON object%s'):format(where, path,
+      ok and '' or ' (' .. tostring(fields):gsub('^.-: ', '') .. ')'))
+  end
+  local p = {}
+  if fields.base ~= nil then
+    local base = M.get(fields.base, ('%s: %s: base'):format(where, path))
+    for k, v in pairs(base) do
+      if type(v) == 'table' then -- (flops: a copy, so the file's own leave the base alone)
+        local copy = {}
+        for kk, vv in pairs(v) do copy[kk] = vv end
+        v = copy
+      end
+      p[k] = v
+    end
+  end
+  for k, v in pairs(fields) do
+    if k == 'flops' and type(v) == 'table' and p.flops then
+      for kk, vv in pairs(v) do p.flops[kk] = vv end
+    elseif k ~= 'base' then
+      p[k] = v
+    end
+  end
+  p.name = fields.name or path:match('([^/]+)%.json$') or path
+  return M.check(p, ('%s: %s'):format(where, path))
+end
+
+-- The profile for a name, a table or a JSON file's path (checked); errors
+-- list the known names.
 function M.get(device, where)
   where = where or 'fsdp.devices'
   if type(device) == 'table' then return M.check(device, where) end
+  if type(device) == 'string' and not M[device] and device:match('%.json$') then return M.load(device, where) end
   local p = type(device) == 'string' and not API[device] and M[device] or nil
   if type(p) ~= 'table' then
     core.fail(("%s: unknown device '%s' (known: %s; add one with fsdp.devices.add{...})"):format(

@@ -98,6 +98,27 @@ describe('fsdp.plan memory', function()
     assert.are.equal(8, hybrid.units[1].replicas)
   end)
 
+  it('shares a node\'s link among the rings that cross it at once', function()
+    -- CPU nodes with one 1 Gbit/s link each, 2 ranks per node
+    local box = { name = 'box', memory = 2^34, flops = { f32 = 1e11 }, mem_bw = 1e10, intra_bw = 1e10,
+                  inter_bw = 1.25e8, node_inter_bw = 1.25e8 }
+    local o = { world = 4, nodes = 2, device = box }
+    -- FULL_SHARD: one ring over the 4 ranks leaves each node once
+    local full = fsdp.plan(tiny(), with(o, { strategy = 'FULL_SHARD' })).comm.all_gather
+    assert.are.equal('inter', full.link)
+    assert.is_true(math.abs(full.seconds - full.wire / 1.25e8) < 1e-9)
+    -- HYBRID_SHARD: a replica ring per local rank, both crossing at once
+    local hybrid = fsdp.plan(tiny(), with(o, { strategy = 'HYBRID_SHARD' })).comm
+    assert.are.equal('intra', hybrid.all_gather.link)
+    assert.is_true(math.abs(hybrid.all_gather.seconds - hybrid.all_gather.wire / 1e10) < 1e-12)
+    local ar = hybrid.all_reduce
+    assert.is_true(math.abs(ar.seconds - ar.wire / (1.25e8 / 2)) < 1e-9, tostring(ar.seconds))
+    -- a NIC per rank (node_inter_bw unset: inter_bw x ranks per node)
+    box.node_inter_bw = nil
+    ar = fsdp.plan(tiny(), with(o, { strategy = 'HYBRID_SHARD', device = box })).comm.all_reduce
+    assert.is_true(math.abs(ar.seconds - ar.wire / 1.25e8) < 1e-9)
+  end)
+
   it('gathers units in the param dtype: bf16 halves them', function()
     local m = llama70()
     local f32 = fsdp.plan(m, with(H100, { mixed_precision = false }))
@@ -145,6 +166,8 @@ describe('fsdp.plan memory', function()
     assert.are.equal(N70 * 2, rs.bytes)
     assert.are.equal('inter', ag.link)                 -- 64 ranks span 8 nodes
     assert.is_nil(p.comm.all_reduce)
+    -- rings at the NIC's rate: a NIC per GPU, so nothing is shared
+    assert.is_true(math.abs(ag.seconds - ag.wire / 50e9) < 1e-12 * ag.seconds)
     assert.is_true(p.fits)
     assert.is_true(p.memory.peak > p.memory.persistent + p.memory.activations)
     assert.is_true(p.time.step >= p.time.compute and p.time.step >= p.time.comm)
@@ -321,6 +344,30 @@ describe('fsdp.devices', function()
     assert.is_true(fsdp.plan(tiny(), { device = 'test-assigned' }).fits)
     assert.error_matches(function() fsdp.devices.add({ name = 'bad', memory = 1, flops = { f32 = 1 } }) end,
       'device profile bad: mem_bw must be a positive number')
+  end)
+
+  it('reads a profile from a JSON file, over a base profile', function()
+    local path = os.tmpname() .. '.json'
+    local f = assert(io.open(path, 'w'))
+    f:write('{"base": "cpu", "name": "box", "inter_bw": 1.19e8, "node_inter_bw": 1.19e8, "flops": {"f32": 1e11}}')
+    f:close()
+    local p = fsdp.devices.get(path)
+    assert.are.equal('box', p.name)
+    assert.are.equal(1.19e8, p.inter_bw)
+    assert.are.equal(1e11, p.flops.f32)
+    assert.are.equal(fsdp.devices.cpu.intra_bw, p.intra_bw)    -- from the base
+    assert.are_not.equal(1e11, fsdp.devices.cpu.flops.f32)     -- the base is left alone
+    assert.are.equal('box', fsdp.plan(tiny(), { device = path }).options.device.name)
+    f = assert(io.open(path, 'w'))
+    f:write('{"base": "cpu", "inter_bw": "fast"}')
+    f:close()
+    assert.error_matches(function() fsdp.devices.get(path) end, 'inter_bw must be a positive number')
+    f = assert(io.open(path, 'w'))
+    f:write('[1, 2')
+    f:close()
+    assert.error_matches(function() fsdp.devices.get(path) end, 'is not a JSON object')
+    os.remove(path)
+    assert.error_matches(function() fsdp.devices.get(path) end, 'cannot read device profile')
   end)
 
   it('measures this machine as the cpu profile', function()

@@ -14,8 +14,17 @@
 -- fsdp.dist.collective_stats counts (tests/mpi/plan_comm.lua: equal to
 -- the byte). "wire" counts what a rank sends with
 -- ring algorithms: (G-1)/G of the buffer for all-gather and reduce-scatter,
--- 2(R-1)/R for all-reduce; a group inside one node runs at the device's
--- intra-node bandwidth, a group across nodes at its inter-node one.
+-- 2(R-1)/R for all-reduce, which is what the MPI plugin's rings move
+-- ([Note: ring collectives], core/dist/mpi/ring.c) and NCCL's. A group
+-- inside one node runs at the device's intra-node bandwidth. A group
+-- across nodes runs at its inter-node one, shared: a ring laid out node by
+-- node leaves each node once, so a node carries one flow per group of
+-- that kind that has members on it, all in flight at once (every rank
+-- reduces its shard at the same point of backward). One group spanning
+-- the nodes (FULL_SHARD's world) is one flow; HYBRID_SHARD's replica
+-- groups, one rank per node each, are ranks_per_node flows. Each flow gets
+-- inter_bw or its share of the node's link (node_inter_bw / flows), the
+-- smaller: a NIC per GPU (DGX) is not shared, a CPU node's one link is.
 --
 -- Time: compute = hardware FLOPs / (peak FLOP/s of the compute dtype x
 -- utilization); communication = wire bytes / bandwidth; the optimizer
@@ -40,14 +49,23 @@
 -- of forward, host_bw x the excess.
 local M = {}
 
-local function add(comm, kind, calls, bytes, wire, link)
+local function add(comm, kind, calls, bytes, wire, link, bw)
   local c = comm[kind]
   if not c then
     c = { calls = 0, bytes = 0, wire = 0, seconds = 0, link = link }
     comm[kind] = c
   end
   c.calls, c.bytes, c.wire = c.calls + calls, c.bytes + bytes, c.wire + wire
+  c.seconds = c.seconds + wire / bw
   if link == 'inter' then c.link = 'inter' end
+end
+
+-- The bandwidth one rank's ring gets: `link` 'intra' or 'inter'; `flows`
+-- the rings of a node that cross to other nodes at once (see the top).
+local function ring_bw(dev, r, link, flows)
+  if link == 'intra' then return dev.intra_bw end
+  local node = dev.node_inter_bw or dev.inter_bw * r.ranks_per_node
+  return math.min(dev.inter_bw, node / flows)
 end
 
 function M.fill(plan, flops)
@@ -69,26 +87,30 @@ function M.fill(plan, flops)
   for _, u in ipairs(plan.units) do
     local link = spans_nodes(u.G) and 'inter' or 'intra'
     if u.G > 1 then
+      -- shard groups are runs of consecutive ranks: one spanning nodes
+      -- holds all of each node's ranks, so a node carries one of them
+      local bw = ring_bw(dev, r, link, 1)
       local gathers = (u.reshard and not u.root) and 2 or 1
       local buf = u.padded * u.ps
-      add(comm, 'all_gather', gathers, gathers * buf, gathers * buf * (u.G - 1) / u.G, link)
+      add(comm, 'all_gather', gathers, gathers * buf, gathers * buf * (u.G - 1) / u.G, link, bw)
       if not u.frozen then -- (frozen units have no gradient to reduce)
         local rbuf = u.padded * reduced_size(u)
-        add(comm, 'reduce_scatter', 1, rbuf, rbuf * (u.G - 1) / u.G, link)
+        add(comm, 'reduce_scatter', 1, rbuf, rbuf * (u.G - 1) / u.G, link, bw)
       end
     end
     if u.replicas > 1 and not u.frozen then
       local R = u.replicas
       local rlink = (r.nodes > 1) and 'inter' or 'intra'
+      -- replica groups take every G-th rank: a node holds
+      -- ranks_per_node / G members of each (at least one), so
+      -- ranks_per_node / that many of them cross its link at once
+      local flows = r.ranks_per_node / math.max(1, math.floor(r.ranks_per_node / u.G))
       local buf = u.shard * reduced_size(u)
-      add(comm, 'all_reduce', 1, buf, buf * 2 * (R - 1) / R, rlink)
+      add(comm, 'all_reduce', 1, buf, buf * 2 * (R - 1) / R, rlink, ring_bw(dev, r, rlink, flows))
     end
   end
   local comm_s = 0
-  for _, c in pairs(comm) do
-    c.seconds = c.wire / (c.link == 'inter' and dev.inter_bw or dev.intra_bw)
-    comm_s = comm_s + c.seconds
-  end
+  for _, c in pairs(comm) do comm_s = comm_s + c.seconds end
   plan.comm = comm
 
   -- time

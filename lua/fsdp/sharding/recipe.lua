@@ -48,9 +48,19 @@ M.OPTIONS = {
                      return ('(%d) must divide the world planned for (%d ranks)'):format(v, world)
                    end
                  end },
-  plan_device = { 'cpu', 'device profile for --plan (fsdp.devices: cpu, a100-80g, h100-80g, ...; on cuda, when '
-                        .. 'not given: the detected GPU\'s)',
-                  one_of = function() return require('fsdp.devices').names() end,
+  plan_device = { 'cpu', 'device profile for --plan (fsdp.devices: cpu, a100-80g, h100-80g, ...; or a JSON file '
+                        .. 'describing one, see fsdp.devices.load; on cuda, when not given: the detected GPU\'s)',
+                  check = function(v)
+                    local devices = require 'fsdp.devices'
+                    if v:match('%.json$') then
+                      local ok, why = pcall(devices.load, v, 'profile')
+                      return not ok and tostring(why):gsub('^.-profile: ', '') or nil
+                    end
+                    local names = devices.names()
+                    for _, name in ipairs(names) do if name == v then return nil end end
+                    return ("must be one of %s, or a device profile's .json file; got '%s'%s"):format(
+                      table.concat(names, ', '), v, require('fsdp.suggest').hint(v, names))
+                  end,
                   default_from = function(cfg) return device.default_plan_device(cfg) end },
   skip_fit_check = { false, 'train even when the planner says the config does not fit this machine\'s memory' },
 }
