@@ -4,7 +4,9 @@
 -- sublayers'), and the exposed communication (time the host waited on
 -- all-gathers and reduce-scatters, which compute did not hide), and the
 -- peak of the memory counter with the spans it happened in and what held
--- it (persistent, gathered units, activations and transients).
+-- it (persistent, gathered units, activations and transients); on a GPU
+-- also the ops that took the most device time (the trace's device track,
+-- fsdp.observe.profiler's [Note: device time]).
 --
 --   fsdp-lua tools/trace_summary.lua profile/trace-rank0.json
 --   fsdp-lua tools/trace_summary.lua profile/trace-rank*.json --top=20 --merge=profile/all.json
@@ -27,7 +29,7 @@ local function fail(msg)
 end
 
 local all = {}
-local by_rank, ranks, peaks, owners = {}, {}, {}, {}
+local by_rank, ranks, peaks, owners, device_ops = {}, {}, {}, {}, {}
 for _, path in ipairs(paths) do
   local text, err = files.read(path)
   if not text then fail(('cannot read %s: %s'):format(path, err)) end
@@ -46,7 +48,10 @@ for _, path in ipairs(paths) do
       owners[e.pid] = owners[e.pid] or {}
       owners[e.pid][e.ts] = e.args
     end
-    if e.ph == 'X' then
+    if e.ph == 'X' and e.cat == 'device' then
+      device_ops[e.pid] = device_ops[e.pid] or {}
+      table.insert(device_ops[e.pid], e)
+    elseif e.ph == 'X' then
       local list = by_rank[e.pid]
       if not list then list = {}; by_rank[e.pid] = list; ranks[#ranks + 1] = e.pid end
       list[#list + 1] = e
@@ -97,6 +102,21 @@ for _, rank in ipairs(ranks) do
   end
   print(('  exposed communication: %s ms waiting on collectives (%.1f%% of the steps); %s ms starting them and freeing'):format(
     ms(wait), step_time > 0 and wait / step_time * 100 or 0, ms(comm)))
+  if device_ops[rank] then
+    local by_name, total = {}, 0
+    for _, e in ipairs(device_ops[rank]) do
+      local g = by_name[e.name] or { name = e.name, dur = 0, n = 0 }
+      by_name[e.name] = g
+      g.dur, g.n, total = g.dur + e.dur, g.n + 1, total + e.dur
+    end
+    local top = {}
+    for _, g in pairs(by_name) do top[#top + 1] = g end
+    table.sort(top, function(a, b) return a.dur > b.dur end)
+    print(('  device time of the ops: %s ms in %d ops'):format(ms(total), #device_ops[rank]))
+    for i = 1, math.min(cfg.top, #top) do
+      print(('  %-10s %10s %10s %6d  %s'):format('device', ms(top[i].dur), '', top[i].n, top[i].name))
+    end
+  end
   -- the counter is sampled as each span ends: the peak's spans are the one
   -- that ended there and those around it, outermost first
   local p = peaks[rank]

@@ -38,9 +38,16 @@ static fl_node_span *spans;
 static int span_cap, span_len;
 static int64_t spans_dropped;
 
+static void span_events_free(fl_node_span *sp) {
+    fl_event_free(sp->device_start);
+    fl_event_free(sp->device_end);
+    sp->device_start = sp->device_end = NULL;
+}
+
 int fl_engine_record_spans(int capacity) {
     if (capacity < 0)
         return fl_fail(FL_ERR_ARG, "record spans: capacity %d is negative (0 stops)", capacity);
+    for (int i = 0; i < span_len; i++) span_events_free(&spans[i]);
     free(spans);
     spans = NULL;
     span_cap = span_len = 0;
@@ -70,13 +77,36 @@ static double wall_us(void) {
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
-static void record_span(const fl_node *node, double t0, int64_t flops0, fl_tensor *const *grads) {
+/* A timing event recorded now on the device of the node's incoming
+ * gradient, when that device queues work (cuda); NULL otherwise or when
+ * the event cannot be made (the span then has host time only). */
+static fl_event *device_mark(fl_tensor *const *incoming, int n) {
+    for (int i = 0; i < n; i++) {
+        if (!incoming[i]) continue;
+        if (fl_device_kind_of(incoming[i]->device) != FL_DEVICE_CUDA) return NULL;
+        fl_event *e = fl_event_new(incoming[i]->device, true);
+        if (e && fl_event_record(e) != FL_OK) {
+            fl_event_free(e);
+            e = NULL;
+        }
+        if (!e) fl_clear_error();
+        return e;
+    }
+    return NULL;
+}
+
+static void record_span(const fl_node *node, double t0, int64_t flops0, fl_tensor *const *grads,
+                        fl_event *device_start) {
     if (span_len == span_cap) {
         spans_dropped++;
+        fl_event_free(device_start);
         return;
     }
     fl_node_span *sp = &spans[span_len++];
     memset(sp, 0, sizeof *sp);
+    sp->device_start = device_start;
+    sp->device_end = device_start ? device_mark(grads, node->n_inputs) : NULL;
+    if (!sp->device_end) span_events_free(sp);
     sp->name = node->type->name;
     sp->start_us = t0;
     sp->duration_us = wall_us() - t0;
@@ -469,8 +499,10 @@ int fl_engine_step(fl_engine *e, fl_engine_event *event) {
         rc = fl_node_unpack_saved(node);
         double t0 = span_cap ? wall_us() : 0;
         int64_t flops0 = span_cap ? fl_flops() : 0;
+        fl_event *device_start = span_cap && rc == FL_OK ? device_mark(st->buffers, node->n_outputs) : NULL;
         if (rc == FL_OK) rc = node->type->backward(node, st->buffers, grads_in);
-        if (rc == FL_OK && span_cap) record_span(node, t0, flops0, grads_in);
+        if (rc == FL_OK && span_cap) record_span(node, t0, flops0, grads_in, device_start);
+        else fl_event_free(device_start);
         if (rc != FL_OK) {
             char msg[1024];
             snprintf(msg, sizeof msg, "backward of %s: %s", node->type->name, fl_last_error());

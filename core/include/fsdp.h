@@ -471,9 +471,14 @@ typedef struct fl_node_span {
     int64_t shape[FL_MAX_DIMS];
     fl_device device;     /* of the first gradient (cpu when none) */
     int64_t in_use;       /* bytes in use on that device when the node ended */
+    /* A node whose incoming gradient lives on a device with a queue (cuda):
+     * timing events recorded there before and after its backward, for its
+     * time on the device (fl_event_elapsed_ms once done); the taker frees
+     * them (fl_event_free). NULL on the CPU. */
+    fl_event *device_start, *device_end;
 } fl_node_span;
 /* Start recording into a buffer of capacity spans (> 0), or stop and free
- * it (0). Spans not yet taken are dropped. */
+ * it (0). Spans not yet taken are dropped (their events freed). */
 FL_API int fl_engine_record_spans(int capacity);
 /* Move up to max of the recorded spans, oldest first, into out; returns
  * how many. *dropped (if not NULL) gets the spans lost to a full buffer

@@ -13,7 +13,7 @@ local files = require 'fsdp.io.files'
 local profiler = require 'fsdp.observe.profiler'
 local T = require 'fsdp.testing'
 
-local TINY = '--num_layers=2 --hidden_width=32 --num_heads=4 --vocab_size=64 --seq_len=8 --batch_size=2 '
+local TINY = '--device=cpu --num_layers=2 --hidden_width=32 --num_heads=4 --vocab_size=64 --seq_len=8 --batch_size=2 '
   .. '--warmup_steps=1 --validation_freq=0 '
 
 describe('fsdp.observe.profiler', function()
@@ -35,7 +35,8 @@ describe('fsdp.observe.profiler', function()
       if e.ph == 'X' then
         assert.is_number(e.ts)
         assert.is_true(e.dur >= 0, e.name)
-        assert.same({ 0, 0 }, { e.pid, e.tid })
+        -- the host's track; ops' device time on a second one (cuda)
+        assert.same({ 0, e.cat == 'device' and 1 or 0 }, { e.pid, e.tid })
         cats[e.cat] = true
         if e.cat == 'step' then
           steps[#steps + 1] = e.name
@@ -70,6 +71,11 @@ describe('fsdp.observe.profiler', function()
     assert.equals(2 * 15, ops['F.linear'])
     assert.equals(2 * 15, ops.LinearBackward)
     assert.is_true(ops['F.scaled_dot_product_attention'] == 4 and ops.ScaledDotProductAttentionBackward == 4)
+    -- tensor methods and operators outside fsdp.functional: the residual
+    -- adds (2 per layer), the heads' transposes; nothing for size or numel
+    assert.equals(2 * 2 * 2, ops['Tensor.__add'])
+    assert.is_true((ops['Tensor.transpose'] or 0) > 0)
+    assert.is_nil(ops['Tensor.size'] or ops['Tensor.numel'] or ops['Tensor.item'])
     -- every op samples the memory counter as it ends: a timeline at op grain
     local n_ops = 0
     for _, n in pairs(ops) do n_ops = n_ops + n end
@@ -99,18 +105,59 @@ describe('fsdp.observe.profiler', function()
   it('leaves fsdp.functional and the engine as they were when it stops', function()
     local F = require 'fsdp.functional'
     local linear = F.linear
+    local Tensor = getmetatable(fsdp.ones({}))
+    local matmul, add = Tensor.methods.matmul, Tensor.__add
     profiler.start({})
     assert.are_not.equal(linear, F.linear) -- timed while recording
+    assert.are_not.equal(matmul, Tensor.methods.matmul)
+    assert.are_not.equal(add, Tensor.__add)
     local x = fsdp.randn({ 2, 3 }):requires_grad_()
     F.linear(x, fsdp.randn({ 4, 3 })):sum():backward()
     local path = os.tmpname()
     profiler.stop(path)
     os.remove(path)
     assert.equals(linear, F.linear)
+    assert.equals(matmul, Tensor.methods.matmul)
+    assert.equals(add, Tensor.__add)
     -- the engine records nothing once stopped
     F.linear(x, fsdp.randn({ 4, 3 })):sum():backward()
     local ffi = require 'ffi'
     assert.equals(0, require('fsdp.core').C.fl_engine_take_spans(ffi.new('fl_node_span[1]'), 1, nil))
+  end)
+
+  it('times ops on the device too, on a track of its own (cuda)', function()
+    if not fsdp.cuda.is_available() then
+      pending('no GPU here (' .. fsdp.cuda.status() .. '): device time of ops was not recorded')
+      return
+    end
+    local F = require 'fsdp.functional'
+    profiler.start({ device = 'cuda:0' })
+    local t0 = profiler.now()
+    local x = fsdp.randn({ 16, 32 }, { device = 'cuda:0' }):requires_grad_()
+    local w = fsdp.randn({ 24, 32 }, { device = 'cuda:0' }):requires_grad_()
+    F.gelu(F.linear(x, w)):sum():backward()
+    local path = os.tmpname()
+    profiler.stop(path)
+    local t1 = profiler.now()
+    local trace = cjson.decode(files.read(path))
+    os.remove(path)
+    local host, device, track = {}, {}, nil
+    for _, e in ipairs(trace.traceEvents) do
+      if e.ph == 'M' and e.name == 'thread_name' and e.tid == 1 then track = e.args.name end
+      if e.ph == 'X' and e.cat == 'op' then host[e.name] = (host[e.name] or 0) + 1 end
+      if e.ph == 'X' and e.cat == 'device' then
+        device[e.name] = (device[e.name] or 0) + 1
+        assert.equals(1, e.tid)
+        assert.is_true(e.dur >= 0, e.name)
+        -- on the host's clock, within the recording (1 ms for the reference's lag)
+        assert.is_true(e.ts >= t0 - 1000 and e.ts + e.dur <= t1 + 1000, e.name)
+      end
+    end
+    assert.equals('cuda:0 (device time)', track)
+    -- forward ops through the wrapper, backward nodes through the engine
+    for _, name in ipairs({ 'F.linear', 'F.gelu', 'LinearBackward', 'GeluBackward' }) do
+      assert.is_true(host[name] == 1 and device[name] == 1, name)
+    end
   end)
 
   it('call returns fn\'s results, on and off; a span lands in the trace', function()

@@ -19,19 +19,31 @@
 --
 -- Ops are spans too (category "op", with FLOPs, the bytes, shape and dtype
 -- of what they made): in forward, every call of a fsdp.functional function
--- while recording (the table's functions are wrapped from start to stop,
--- so modules, which call them through it, are covered; tensor methods and
--- arithmetic operators are not); in backward, each node the autograd
--- engine runs, timed by the engine (fl_engine_record_spans). They nest
+-- ("F.linear"), a tensor method that computes ("Tensor.matmul", not
+-- size or numel) or an arithmetic operator ("Tensor.__add") while
+-- recording (those tables' functions are wrapped from start to stop, so
+-- code that calls them through the tables, as modules do, is covered;
+-- an op made of others holds their spans); in backward, each node the
+-- autograd engine runs, timed by the engine (fl_engine_record_spans). They nest
 -- inside the module and unit spans, and each adds a sample to the memory
 -- counter, so the peak falls at an op (tools/trace_summary.lua names it).
 --
 -- Instrumented code asks `profiler.on` (one field read) before anything
 -- else: with no trace being recorded a module call or a unit's
--- collective costs nothing more. Spans are host time: on a GPU a span is
--- the time to queue the work (device-side timing is not recorded), a
--- "wait" span is where the host blocked on a collective, which on the CPU
--- is the communication not hidden behind compute.
+-- collective costs nothing more. Spans on the host track are host time:
+-- on a GPU a span is the time to queue the work, a "wait" span is where
+-- the host blocked on a collective, which on the CPU is the communication
+-- not hidden behind compute.
+--
+-- [Note: device time] On a device with a queue (cuda), each op also gets
+-- a span on a second track, '<device> (device time)': timing events
+-- recorded on the device before and after it (by the functional wrapper
+-- in forward, by the engine around each backward node), read when the
+-- trace stops. Its start is the host time of a reference event recorded
+-- when recording began plus the device's time from that event, so the
+-- device track lines up with the host's (to the reference's own queueing
+-- delay, nothing when the queue was empty). tools/trace_summary.lua
+-- lists the ops by device time when the trace has them.
 local json = require 'fsdp.io.json'
 local files = require 'fsdp.io.files'
 local ffi = require 'ffi'
@@ -49,7 +61,48 @@ local epoch = require('fsdp.clock').epoch
 function M.now() return epoch() * 1e6 end
 
 local events, names, device, pid, memory_stats
-local wrapped -- fsdp.functional's own functions while they are wrapped
+local wrapped -- the op tables' own functions while they are wrapped
+
+-- Device time ([Note: device time]): the reference event and its host
+-- time, and the ops' event pairs waiting to be read at stop.
+local timed -- { ref =, ref_us =, pending = {{name, start, stop, args}...} } on cuda, else nil
+
+-- A timing event recorded now on the profiled device (nil on the CPU).
+local function device_mark()
+  if not timed then return nil end
+  local e = C.fl_event_new(timed.dev, true)
+  if e ~= nil and C.fl_event_record(e) == 0 then return e end
+  if e ~= nil then C.fl_event_free(e) end
+  C.fl_clear_error()
+  return nil
+end
+
+local ms_out = ffi.new('double[1]')
+local function elapsed_us(a, b)
+  if C.fl_event_elapsed_ms(a, b, ms_out) ~= 0 then
+    C.fl_clear_error()
+    return nil
+  end
+  return ms_out[0] * 1e3
+end
+
+-- The device spans of the pending event pairs (freeing the events).
+local function read_device_spans()
+  if not timed then return end
+  C.fl_device_synchronize(timed.dev)
+  local track = 1
+  for _, p in ipairs(timed.pending) do
+    local from, dur = elapsed_us(timed.ref, p[2]), elapsed_us(p[2], p[3])
+    if from and dur then
+      events[#events + 1] = { name = p[1], cat = 'device', ph = 'X', ts = timed.ref_us + from, dur = dur,
+                              pid = pid, tid = track, args = p[4] }
+    end
+    C.fl_event_free(p[2])
+    C.fl_event_free(p[3])
+  end
+  C.fl_event_free(timed.ref)
+  timed = nil
+end
 
 -- The bytes, shape and dtype of an op's first tensor result.
 local function result_args(args, r)
@@ -110,31 +163,66 @@ local function counter(t, dev, in_use, live)
                                    ['activations and transients'] = math.max(0, in_use - persistent - g) / 2 ^ 20 } }
 end
 
-local function op_span(name, t0, f0, ...)
+local function op_span(name, t0, f0, e0, ...)
   if M.on then
     local t1 = M.now()
+    local args = result_args({ flops = tonumber(C.fl_flops() - f0) }, (...))
     events[#events + 1] = { name = name, cat = 'op', ph = 'X', ts = t0, dur = t1 - t0, pid = pid, tid = 0,
-                            args = result_args({ flops = tonumber(C.fl_flops() - f0) }, (...)) }
+                            args = args }
     counter(t1, device, memory_stats(device).in_use, true)
+    local e1 = e0 and device_mark()
+    if e1 then
+      timed.pending[#timed.pending + 1] = { name, e0, e1, args }
+    elseif e0 then
+      C.fl_event_free(e0)
+    end
   end
   return ...
 end
 
-local function wrap_functional()
-  local F = require 'fsdp.functional'
+-- Tensor methods that compute nothing: not ops.
+local NOT_OPS = {
+  backward = true, dim = true, element_size = true, free = true, get = true, has_storage = true, item = true,
+  nelement = true, numel = true, size = true, storage_bytes = true, storage_offset = true, stride = true,
+  tolist = true, totable = true, requires_grad_ = true, set = true,
+}
+local OPERATORS = { '__add', '__sub', '__mul', '__div', '__pow', '__unm' }
+
+-- The tables whose functions are ops, and how their spans are named.
+local function op_tables()
+  local Tensor = getmetatable(require('fsdp').ones({}))
+  local methods, operators = {}, {}
+  for k, f in pairs(Tensor.methods) do
+    if type(f) == 'function' and not NOT_OPS[k] and not k:match('^is_') then methods[k] = true end
+  end
+  for _, k in ipairs(OPERATORS) do operators[k] = true end
+  return { { require 'fsdp.functional', 'F.' }, { Tensor.methods, 'Tensor.', methods },
+           { Tensor, 'Tensor.', operators } }
+end
+
+local function wrap_ops()
   wrapped = {}
-  for k, f in pairs(F) do
-    if type(f) == 'function' then
-      wrapped[k] = f
-      local name = 'F.' .. k
-      F[k] = function(...) return op_span(name, M.now(), C.fl_flops(), f(...)) end
+  for _, entry in ipairs(op_tables()) do
+    local tbl, prefix, only = entry[1], entry[2], entry[3]
+    local originals = {}
+    for k, f in pairs(tbl) do
+      if type(f) == 'function' and (not only or only[k]) then
+        originals[k] = f
+        local name = prefix .. k
+        tbl[k] = function(...)
+          local t0, f0, e0 = M.now(), C.fl_flops(), device_mark()
+          return op_span(name, t0, f0, e0, f(...))
+        end
+      end
     end
+    wrapped[#wrapped + 1] = { tbl, originals }
   end
 end
 
-local function unwrap_functional()
-  local F = require 'fsdp.functional'
-  for k, f in pairs(wrapped or {}) do F[k] = f end
+local function unwrap_ops()
+  for _, w in ipairs(wrapped or {}) do
+    for k, f in pairs(w[2]) do w[1][k] = f end
+  end
   wrapped = nil
 end
 
@@ -154,8 +242,17 @@ function M.start(opts)
   events[1] = { name = 'process_name', ph = 'M', pid = pid, tid = 0, args = { name = ('rank %d'):format(pid) } }
   events[2] = { name = 'process_sort_index', ph = 'M', pid = pid, tid = 0, args = { sort_index = pid } }
   events[3] = { name = 'thread_name', ph = 'M', pid = pid, tid = 0, args = { name = 'host' } }
-  require('fsdp.core').check(C.fl_engine_record_spans(NODE_SPANS))
-  wrap_functional()
+  local core = require 'fsdp.core'
+  local dev = core.device(device)
+  if C.fl_device_kind_of(dev) == C.FL_DEVICE_CUDA then
+    timed = { dev = dev, pending = {} }
+    timed.ref = device_mark()
+    timed.ref_us = M.now()
+    if not timed.ref then timed = nil end
+    events[4] = { name = 'thread_name', ph = 'M', pid = pid, tid = 1, args = { name = device .. ' (device time)' } }
+  end
+  core.check(C.fl_engine_record_spans(NODE_SPANS))
+  wrap_ops()
   M.on = true
 end
 
@@ -172,12 +269,20 @@ local function take_node_spans()
       local sp = buf[i]
       local shape = {}
       for d = 0, sp.ndim - 1 do shape[#shape + 1] = tostring(tonumber(sp.shape[d])) end
+      local args = { flops = tonumber(sp.flops), bytes = tonumber(sp.bytes), shape = table.concat(shape, 'x'),
+                     dtype = ffi.string(C.fl_dtype_name(sp.dtype)) }
       events[#events + 1] = {
         name = ffi.string(sp.name), cat = 'op', ph = 'X', ts = sp.start_us, dur = sp.duration_us, pid = pid,
-        tid = 0, args = { flops = tonumber(sp.flops), bytes = tonumber(sp.bytes),
-                          shape = table.concat(shape, 'x'),
-                          dtype = ffi.string(C.fl_dtype_name(sp.dtype)) },
+        tid = 0, args = args,
       }
+      if sp.device_start ~= nil then
+        if timed then
+          timed.pending[#timed.pending + 1] = { ffi.string(sp.name), sp.device_start, sp.device_end, args }
+        else
+          C.fl_event_free(sp.device_start)
+          C.fl_event_free(sp.device_end)
+        end
+      end
       counter(sp.start_us + sp.duration_us, require('fsdp.core').device_name(sp.device), tonumber(sp.in_use))
     end
     if n < 1024 then return dropped end
@@ -214,9 +319,10 @@ end
 function M.stop(path)
   if not M.on then return 0 end
   M.on = false
-  unwrap_functional()
+  unwrap_ops()
   local dropped = take_node_spans()
   C.fl_engine_record_spans(0)
+  read_device_spans()
   if dropped > 0 then
     events[#events + 1] = { name = 'dropped backward op spans', ph = 'M', pid = pid, tid = 0,
                             args = { count = dropped, capacity = NODE_SPANS } }
