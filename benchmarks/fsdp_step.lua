@@ -10,7 +10,10 @@
 -- (analytic: 2 gathers (FULL_SHARD) or 1 per unit, one reduce-scatter).
 -- "one rank" is the same global batch on a single rank without any
 -- communication: the ideal a sharded step approaches when communication is
--- hidden and compute splits perfectly.
+-- hidden and compute splits perfectly. "comm ms" is the time rank 0's
+-- collectives were in flight in that step (fsdp.dist.collective_stats'
+-- busy time), "exposed ms" the time it blocked waiting for them (what
+-- compute did not hide), also as a share of the step.
 local fsdp = require 'fsdp'
 local dist = fsdp.dist
 local llama = require 'models.llama'
@@ -39,17 +42,22 @@ local function run(opts, rows, first)
   fsdp.shard(m, opts)
   local opt = optim.AdamW(m:named_parameters(), { lr = 1e-4 })
   local x = ids:narrow(0, first, rows)
-  local best = math.huge
+  local best, comm, exposed = math.huge, 0, 0
   for s = 0, cfg.steps do
     dist.barrier()
+    local before = dist.collective_stats().any
     local t0 = clock.now()
     local loss = m:loss(x, x)
     loss:backward()
     opt:step(); opt:zero_grad()
+    local t = clock.now() - t0
+    local after = dist.collective_stats().any
     dist.barrier()
-    if s > 0 then best = math.min(best, clock.now() - t0) end
+    if s > 0 and t < best then
+      best, comm, exposed = t, after.busy_s - before.busy_s, after.wait_s - before.wait_s
+    end
   end
-  return best * 1e3, m
+  return best * 1e3, m, comm * 1e3, exposed * 1e3
 end
 
 local function say(...) if R == 0 then print(string.format(...)) end end
@@ -59,8 +67,8 @@ local base, m = run({ group = one }, G, 0)
 local n = m:num_parameters()
 say('Llama %d layers width %d: %.2fM parameters, global batch %d x %d, %d ranks',
   cfg.layers, cfg.dim, n / 1e6, G, cfg.seq, W)
-say('%-22s %-8s %10s %14s', 'strategy', 'prefetch', 'ms/step', 'vs one rank')
-say('%-22s %-8s %10.1f %14s', 'one rank (no comm)', '-', base, '1.00')
+say('%-22s %-8s %10s %12s %10s %12s', 'strategy', 'prefetch', 'ms/step', 'vs one rank', 'comm ms', 'exposed ms')
+say('%-22s %-8s %10.1f %12s %10s %12s', 'one rank (no comm)', '-', base, '1.00', '-', '-')
 local modes = {
   { 'none', { backward_prefetch = false } },
   { 'pre', { backward_prefetch = 'pre' } },
@@ -71,8 +79,9 @@ for _, strategy in ipairs({ 'FULL_SHARD', 'SHARD_GRAD_OP', 'NO_SHARD' }) do
   for _, mode in ipairs(modes) do
     local opts = { strategy = strategy }
     for k, v in pairs(mode[2]) do opts[k] = v end
-    local ms = run(opts, cfg.batch, R * cfg.batch)
-    say('%-22s %-8s %10.1f %14.2f', strategy, mode[1], ms, ms / base)
+    local ms, _, comm, exposed = run(opts, cfg.batch, R * cfg.batch)
+    say('%-22s %-8s %10.1f %12.2f %10.1f %7.1f (%2.0f%%)', strategy, mode[1], ms, ms / base, comm, exposed,
+      100 * exposed / ms)
   end
 end
 local gathers = 2 * n * 4 * (W - 1) / W

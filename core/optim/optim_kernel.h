@@ -17,11 +17,6 @@
 
 #include <math.h>
 #include <string.h>
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#elif defined(__aarch64__) && defined(__ARM_NEON)
-#include <arm_neon.h>
-#endif
 
 /* Elements per chunk of the driver: the most an inner loop is given. */
 enum { FL_OPTIM_CHUNK = 1024 };
@@ -32,6 +27,19 @@ enum { FL_OPTIM_CHUNK = 1024 };
  * floating-point operation under the default -ftrapping-math, so a flag
  * tested inside the loop would keep it scalar. */
 #define FL_OPTIM_INLINE static inline __attribute__((always_inline))
+
+/* Inner loops get AVX-512 and AVX2 clones beside the baseline x86-64 code,
+ * chosen once at load time by the CPU (GCC's target_clones). The updates
+ * are bound by their divisions and square roots, not by memory: 16 lanes
+ * instead of SSE's 4 (AdamW over 124M parameters, 2 threads: 112 -> 94 ms).
+ * The bits are the same: IEEE division and square root are correctly
+ * rounded at any width, and C11 mode keeps GCC from contracting into FMAs
+ * (-ffp-contract=off is the ISO default). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_OPTIM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FL_OPTIM_CLONES
+#endif
 
 /* The inner loop of an update over n elements: x[k] holds operand k's
  * values as f32 (NULL for an absent operand); the loop overwrites the
@@ -70,20 +78,13 @@ static inline float fl_optim_round(fl_dtype dtype, float x) {
     return x;
 }
 
-/* x[i] = sqrt(x[i]) for n elements, four at a time where the ISA has a
- * vector square root. C's sqrtf must set errno on a negative argument, so
- * GCC keeps it scalar in any loop (without -fno-math-errno) and the whole
- * update with it; the inner loops therefore take their square roots in
- * this separate pass and stay vectorised. IEEE square roots are correctly
- * rounded, so the vector and scalar results are the same bits. */
+/* x[i] = sqrt(x[i]) for n elements, in a pass of its own. The library is
+ * built with -fno-math-errno (premake5.lua), so the loop vectorises at the
+ * width of the clone it is inlined into (FL_OPTIM_CLONES). IEEE square
+ * roots are correctly rounded: any width gives the same bits. */
 static inline void fl_optim_sqrt_n(float *x, int64_t n) {
-    int64_t i = 0;
-#if defined(__SSE__)
-    for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));
-#elif defined(__aarch64__) && defined(__ARM_NEON)
-    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vsqrtq_f32(vld1q_f32(x + i)));
-#endif
-    for (; i < n; i++) x[i] = sqrtf(x[i]);
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) x[i] = sqrtf(x[i]);
 }
 
 #endif /* FL_OPTIM_KERNEL_H */
