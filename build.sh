@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
-          libedit-dev libopenblas-dev openmpi-bin libopenmpi-dev lua-busted
+          libedit-dev libopenblas-dev libopenblas0-openmp openmpi-bin libopenmpi-dev lua-busted
           lua-cjson libjansson-dev libcmocka-dev tmux
           lua-filesystem gnuplot-nox
           libxxhash-dev # XXH3 checksums of checkpoint files

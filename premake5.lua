@@ -96,6 +96,25 @@ local function find_mpi()
 end
 
 local MPI = find_mpi()
+
+-- OpenBLAS: Debian's OpenMP build (libopenblas0-openmp) where installed.
+-- The default pthread build keeps its threads spinning on sched_yield
+-- after each product, taking the cores from the OpenMP kernels between
+-- products (9% of a GPT-2 step in perf); the OpenMP build shares
+-- libgomp's threads with them and runs serially inside their parallel
+-- regions: GPT-2 and the small Llama steps 4-5% faster, AdamW between
+-- products 1.5x (benchmarks/train_step.lua). Linked by its directory and
+-- soname with an rpath there, since the plain libopenblas.so.0 is
+-- whichever build update-alternatives chose.
+local function find_openblas()
+  local multiarch = shell("gcc -print-multiarch"):gsub("%s+", "")
+  local dir = "/usr/lib/" .. multiarch .. "/openblas-openmp"
+  if multiarch ~= "" and os.isfile(dir .. "/libopenblas.so.0") then
+    return { libdirs = { dir }, link = ":libopenblas.so.0", rpath = { "-Wl,-rpath," .. dir } }
+  end
+  return { libdirs = pkg_config_dirs("--libs-only-L", "openblas"), link = "openblas", rpath = {} }
+end
+local OPENBLAS = find_openblas()
 local NVCC = find_nvcc()
 local CUDA_HOME = NVCC and path.getdirectory(path.getdirectory(NVCC)) or nil
 local ROOT = os.getcwd()
@@ -220,10 +239,12 @@ project "fsdp"
   -- it GCC keeps every loop with a sqrtf scalar (the optimizers' updates).
   buildoptions { "-fPIC", "-fvisibility=hidden", "-fopenmp", "-fno-math-errno" }
   linkoptions { "-fopenmp", EXPORTS_MAP }
-  -- OpenBLAS (Debian's pthread build) for every matrix product.
+  -- OpenBLAS for every matrix product: Debian's OpenMP build where it is
+  -- installed (see OPENBLAS above), else whichever pkg-config names.
   includedirs { pkg_config_dirs("--cflags-only-I", "openblas") }
-  libdirs { pkg_config_dirs("--libs-only-L", "openblas") }
-  links { "openblas", "jansson", "yajl", "xxhash", "m", "pthread", "dl" }
+  libdirs { OPENBLAS.libdirs }
+  links { OPENBLAS.link, "jansson", "yajl", "xxhash", "m", "pthread", "dl" }
+  linkoptions { OPENBLAS.rpath }
   -- Corpus readers (core/data): gzip and zstd shards.
   links { "z", "zstd" }
   -- Tokenizers (core/text): PCRE2 for the pre-tokenizers' Unicode regexes,
@@ -268,8 +289,9 @@ project "fsdp_cuda"
   -- C++ runtime is linked here; OpenBLAS for the simulated cuBLAS).
   filter "configurations:cudasim"
     defines { "FL_CUDASIM" }
-    libdirs { pkg_config_dirs("--libs-only-L", "openblas") }
-    links { "fsdp", "stdc++", "openblas", "m", "pthread", "dl", "rt" }
+    libdirs { OPENBLAS.libdirs }
+    links { "fsdp", "stdc++", OPENBLAS.link, "m", "pthread", "dl", "rt" }
+    linkoptions { OPENBLAS.rpath }
   filter {}
   if not IS_PREMAKE4 then
     -- premake5 compiles .cu files with native custom build rules instead

@@ -33,18 +33,23 @@ static bool parallel_items(int64_t items, int64_t work) {
     return items > 1 && work >= (1 << 20) && omp_get_max_threads() > 1;
 }
 
-/* Hold OpenBLAS to one thread; returns the count to restore. The empty
- * product first makes fl_cpu_sgemm run its one-time thread setup here
- * rather than inside the parallel region, where it would undo this. */
+/* Hold OpenBLAS to one thread; returns the count to restore (-1: nothing
+ * to restore). The empty product first makes fl_cpu_sgemm run its
+ * one-time thread setup here rather than inside the parallel region,
+ * where it would undo this. OpenBLAS's OpenMP build (the one the build
+ * links where installed, premake5.lua) already runs serially inside a
+ * parallel region, and its openblas_set_num_threads would set OpenMP's
+ * own thread count: that region would get one thread. */
 static int blas_serial_begin(void) {
     fl_cpu_sgemm(false, false, 0, 0, 0, 1.0f, NULL, 1, NULL, 1, 0.0f, NULL, 1);
+    if (openblas_get_parallel() == 2) return -1;
     int n = openblas_get_num_threads();
     openblas_set_num_threads(1);
     return n;
 }
 
 static void blas_serial_end(int n) {
-    openblas_set_num_threads(n);
+    if (n >= 0) openblas_set_num_threads(n);
 }
 
 /* f64 products for the f64 instantiation, with fl_cpu_sgemm's argument
