@@ -144,7 +144,8 @@ MEASURED=$(rates 1 "$DIR/job/rate.log")
 MEASURED_2=$(rates 2 "$DIR/job/rate2.log")
 shape off
 echo "link: $RATE nominal ($BW bytes/s on the wire); what the collectives got on it:"
-grep -E '^(all_gather|reduce_scatter|all_reduce) ' "$DIR/job/rate.log" "$DIR/job/rate2.log" | grep -v across
+grep -hE '^(all_gather|reduce_scatter|all_reduce) ' "$DIR/job/rate.log"
+grep -hE '^(all_gather|reduce_scatter|all_reduce) .*within' "$DIR/job/rate2.log"
 field() { echo "print(require('cjson').decode(arg[1])$2)" | "$EXE" - "$1"; }
 LINK_BW=$BW INTRA_BW=
 [ -n "$MEASURED" ] && LINK_BW=$(field "$MEASURED" .all_gather)
