@@ -5,8 +5,8 @@
  * process started (fl_dist_collective_stats).
  *
  * [Note: progress and waiting]
- * Collectives are non-blocking MPI (MPI_Iallgather...), so the rank
- * computes while data moves. Open MPI moves non-blocking collectives only
+ * Collectives are non-blocking MPI (MPI_Iallgather..., or the plugin's
+ * rings of MPI_Isend/MPI_Irecv), so the rank computes while data moves. Open MPI moves non-blocking collectives only
  * inside MPI calls; the MPI backend therefore runs a progress thread that
  * tests outstanding requests every FSDP_PROGRESS_INTERVAL_US (default 100)
  * microseconds while any exist (see core/dist/mpi/backend_mpi.c), and

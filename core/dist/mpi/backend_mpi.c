@@ -6,8 +6,10 @@
  *
  * It moves contiguous host buffers with MPI's non-blocking collectives
  * (MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Iallreduce, MPI_Ibcast,
- * MPI_Ibarrier) on duplicates of the world's communicator, so nothing the
- * user's own MPI code does can match our messages. Errors return codes
+ * MPI_Ibarrier), or for large all-gathers, reduce-scatters and all-reduces
+ * with rings of its own ([Note: ring collectives] in ring.c), on
+ * duplicates of the world's communicator, so nothing the user's own MPI
+ * code does can match our messages. Errors return codes
  * (MPI_ERRORS_RETURN) and become messages through fl_set_error, with
  * MPI's own description of the error.
  *
