@@ -104,18 +104,21 @@ field() { box scontrol show job "$1" | grep -oE "(^| )$2=[^ ]*" | head -1 | cut 
 # running, completing, requeued). Progress bounds it: the job's state, the
 # nodes' states or the job's files changing; 120 s without any is a hang.
 # (A requeued job waits for Slurm to mark the silent node DOWN, which
-# takes SlurmdTimeout plus its ping and message timeouts: 20-40 s here.)
+# takes SlurmdTimeout plus its ping and message timeouts: 20-40 s here,
+# and then for its BeginTime: Slurm may hold a requeued job back for a
+# while, Reason=BeginTime, which is a wait with an end, not a hang.)
 wait_job() {
-  local id=$1 jobdir=$2 state last="" changed=$SECONDS
+  local id=$1 jobdir=$2 state reason last="" changed=$SECONDS
   while :; do
-    state="$(field "$id" JobState) $(field "$id" Reason) $(field "$id" Restarts) $(cat "$jobdir"/logs/* 2>/dev/null | wc -c)"
+    reason=$(field "$id" Reason)
+    state="$(field "$id" JobState) $reason $(field "$id" Restarts) $(cat "$jobdir"/logs/* 2>/dev/null | wc -c)"
     state+=" $(box sinfo -h -N -o %N=%T | tr '\n' ' ')"
     case "${state%% *}" in
       PENDING | RUNNING | COMPLETING | CONFIGURING | REQUEUED | REQUEUE_FED | REQUEUE_HOLD | "") ;;
       *) echo "${state%% *}"; return 0 ;;
     esac
-    if [ "$state" != "$last" ]; then last=$state changed=$SECONDS; fi
-    if ((SECONDS - changed >= 120)); then echo "HUNG(${state%% *})"; return 1; fi
+    if [ "$state" != "$last" ] || [ "$reason" = BeginTime ]; then last=$state changed=$SECONDS; fi
+    if ((SECONDS - changed >= 120)); then echo "HUNG(${state// /,})"; return 1; fi
     sleep 0.5
   done
 }
