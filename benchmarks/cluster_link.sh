@@ -27,7 +27,11 @@
 # rate benchmarks/link_rate.lua gets on it, written as a JSON profile for
 # --plan_device), against the measured time some collective was in
 # flight on rank 0 (the metrics' comm_busy_s: the link's time, hidden or
-# not); the time rank 0 blocked waiting for them (comm_wait_s); the step
+# not), and that time counted from each collective's last member's start
+# ("joined", comm_joined_s: without the waits for late members, whose sum
+# is "skew"; on this machine 4 ranks share 2 cores, so members of a
+# collective start it milliseconds apart); the time rank 0 blocked
+# waiting for them (comm_wait_s); the step
 # times, and "exposed" = shaped - unshaped step time: the communication
 # the link added that compute did not hide.
 #
@@ -76,17 +80,19 @@ shape() { # shape on|off
 }
 
 # step PER_NODE STRATEGY PREFETCH...: rank 0's fastest step of steps 4-16
-# as "STEP_MS MIB WAIT_MS BUSY_MS": its time, the bytes its collectives
-# moved, the time it blocked waiting for them and the time some were in
-# flight (the metrics' comm, counted by core/dist:
-# fsdp.dist.collective_stats).
+# as "STEP_MS MIB WAIT_MS BUSY_MS JOINED_MS SKEW_MS KIND=BUSY/JOINED,...":
+# its time, the bytes its collectives moved, the time it blocked waiting
+# for them, the time some were in flight (the metrics' comm, counted by
+# core/dist: fsdp.dist.collective_stats), that time counted from each
+# collective's last member's start (--comm_joined: fsdp.observe.joined)
+# and the waits for late members summed.
 step() {
   local per=$1 strategy=$2; shift 2
   local m=$DIR/job/m.jsonl
   rm -f "$m"
   (cd "$DIR/job" && timeout 300 "$BOX" run "$DIR" srun --mpi=pmix -N2 --ntasks-per-node="$per" \
     "$EXE" "$ROOT/recipes/llama2_7b.lua" "${MODEL[@]}" --max_steps=$STEPS --sharding_strategy="$strategy" \
-    --metrics_file="$m" "$@" >"$DIR/job/out.log" 2>&1) || { echo "failed - - -"; return; }
+    --metrics_file="$m" --comm_joined=true "$@" >"$DIR/job/out.log" 2>&1) || { echo "failed - - - - - -"; return; }
   "$EXE" - "$m" <<'LUA'
 local cjson, best = require('cjson'), nil
 for line in io.lines(arg[1]) do
@@ -95,10 +101,12 @@ for line in io.lines(arg[1]) do
 end
 local kinds = {}
 for _, k in ipairs({ 'all_gather', 'reduce_scatter', 'all_reduce' }) do
-  kinds[#kinds + 1] = ('%s=%.0f'):format(k, 1000 * ((best.comm or {})[k] or { busy_s = 0 }).busy_s)
+  local c = (best.comm or {})[k] or { busy_s = 0, joined_s = 0 }
+  kinds[#kinds + 1] = ('%s=%.0f/%.0f'):format(k, 1000 * c.busy_s, 1000 * (c.joined_s or 0))
 end
-print(('%.0f %.2f %.0f %.0f %s'):format(1000 * best.step_time, (best.comm_bytes or 0) / 2^20,
-  1000 * (best.comm_wait_s or 0), 1000 * (best.comm_busy_s or 0), table.concat(kinds, ',')))
+print(('%.0f %.2f %.0f %.0f %.0f %.0f %s'):format(1000 * best.step_time, (best.comm_bytes or 0) / 2^20,
+  1000 * (best.comm_wait_s or 0), 1000 * (best.comm_busy_s or 0), 1000 * (best.comm_joined_s or 0),
+  1000 * (best.comm_skew_s or 0), table.concat(kinds, ',')))
 LUA
 }
 
@@ -153,10 +161,10 @@ LINK_BW=$BW INTRA_BW=
 profile "$DIR/nominal.json" "$BW"
 profile "$DIR/link.json" "$LINK_BW" "$INTRA_BW"
 
-printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' configuration prefetch "plan MiB" "meas MiB" \
-  "plan ms" "plan ms" "busy ms" "wait ms" "step" "shaped" "exposed"
-printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" "@nominal" "@link" "(shaped)" "(shaped)" \
-  "(ms)" "(ms)" "(ms)"
+printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' configuration prefetch "plan MiB" "meas MiB" \
+  "plan ms" "plan ms" "busy ms" "joined ms" "skew ms" "wait ms" "step" "shaped" "exposed"
+printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" "@nominal" "@link" "(shaped)" "(shaped)" \
+  "(shaped)" "(shaped)" "(ms)" "(ms)" "(ms)"
 details=()
 IFS=';' read -ra CONFIGS <<<"${CLUSTER_LINK_CONFIGS:-1 FULL_SHARD;1 SHARD_GRAD_OP;2 FULL_SHARD;2 HYBRID_SHARD}"
 for cfg in "${CONFIGS[@]}"; do
@@ -168,15 +176,15 @@ for cfg in "${CONFIGS[@]}"; do
   for mode in off on; do
     if [ "$mode" = off ]; then flags=("${OFF[@]}"); else flags=("${ON[@]}"); fi
     shape off
-    read -r base _ _ _ < <(step "$per" "$strategy" "${flags[@]}")
+    read -r base _ < <(step "$per" "$strategy" "${flags[@]}")
     shape on
-    read -r shaped mib wait busy kinds < <(step "$per" "$strategy" "${flags[@]}")
-    details+=("2 nodes x $per $strategy prefetch $mode, busy: $kinds")
+    read -r shaped mib wait busy joined skew kinds < <(step "$per" "$strategy" "${flags[@]}")
+    details+=("2 nodes x $per $strategy prefetch $mode, busy/joined: $kinds")
     shape off
-    printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' "2 nodes x $per $strategy" "$mode" "$plan_mib" "$mib" \
-      "$plan_ms" "$plan_ms_link" "$busy" "$wait" "$base" "$shaped" \
+    printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' "2 nodes x $per $strategy" "$mode" "$plan_mib" \
+      "$mib" "$plan_ms" "$plan_ms_link" "$busy" "$joined" "$skew" "$wait" "$base" "$shaped" \
       "$(awk -v a="$base" -v b="$shaped" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) print b - a; else print "?" }')"
   done
 done
-echo "time per kind of collective (ms; measured: rank 0's busy time of that kind in the fastest shaped step):"
+echo "time per kind of collective (ms; measured: rank 0's busy and joined time of that kind in the fastest shaped step):"
 printf '  %s\n' "${details[@]}"

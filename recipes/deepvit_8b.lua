@@ -119,7 +119,7 @@ local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = cfg.batch_size * cfg.grad_accum_steps, flops_per_sample = deepvit.flops_per_image(c),
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
   tensorboard_dir = cfg.tensorboard_dir, config = cfg, plot = cfg.plot,
-  profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model,
+  profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model, comm_joined = cfg.comm_joined,
 })
 local state = { model = model, optimizer = opt, data = data }
 state.guard = nonfinite.guard(cfg, state, 'recipes/deepvit_8b.lua')  -- the step, and --on_nonfinite

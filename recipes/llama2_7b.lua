@@ -363,7 +363,7 @@ local log = metrics.Logger({
   flops_per_sample = model_module.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
   tensorboard_dir = cfg.tensorboard_dir, config = cfg, plot = cfg.plot,
-  profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model,
+  profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model, comm_joined = cfg.comm_joined,
 })
 local function validate(step)
   local loss = profiler.call('validation', 'eval', metrics.evaluate,

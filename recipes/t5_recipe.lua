@@ -214,7 +214,8 @@ function M.run(default_model, script, argv)
   -- The log (fsdp.metrics): step lines, --metrics_file, --tensorboard_dir, --plot.
   local log = metrics.Logger({ total_steps = cfg.max_steps, batch_size = cfg.batch_size * cfg.grad_accum_steps,
     metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev, tensorboard_dir = cfg.tensorboard_dir,
-    config = cfg, plot = cfg.plot, profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model })
+    config = cfg, plot = cfg.plot, profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model,
+    comm_joined = cfg.comm_joined })
   if pairs_run then pairs_run.log = log end
   local start_step = ckpt_recipe.resume(cfg, state)
   if cfg.resume_from_checkpoint then log:resume(start_step) end

@@ -21,7 +21,7 @@
 
 #include "fsdp.h"
 
-enum { FL_DIST_BACKEND_ABI = 3 };
+enum { FL_DIST_BACKEND_ABI = 4 };
 
 /* The symbol libfsdp_mpi.so exports: returns its vtable. */
 #define FL_DIST_MPI_ENTRY "fl_dist_mpi_backend"
@@ -32,14 +32,6 @@ typedef struct fl_dist_topology {
     int local_rank, local_size; /* on this node */
     int node, nodes;
 } fl_dist_topology;
-
-typedef enum fl_coll_kind {
-    FL_COLL_ALL_GATHER = 0,
-    FL_COLL_REDUCE_SCATTER = 1,
-    FL_COLL_ALL_REDUCE = 2,
-    FL_COLL_BROADCAST = 3,
-    FL_COLL_BARRIER = 4
-} fl_coll_kind;
 
 /* One collective over contiguous host buffers. count is per rank for
  * all_gather (each rank's contribution) and reduce_scatter (each rank's
@@ -110,6 +102,11 @@ typedef struct fl_dist_backend {
      * the backend saw it complete: the time the link was busy with them,
      * overlapped or not. NULL: collectives complete as they start. */
     double (*busy_seconds)(int kind);
+    /* Move up to max of the oldest completed collectives' records
+     * ([Note: joined time], core/dist/mpi/backend_mpi.c) into out; returns
+     * how many; *lost = records dropped unread since the previous call.
+     * NULL: the backend keeps none. */
+    int (*collective_log)(fl_coll_record *out, int max, int64_t *lost);
 } fl_dist_backend;
 
 typedef const fl_dist_backend *(*fl_dist_backend_entry)(void);

@@ -1130,6 +1130,36 @@ FL_API int64_t fl_dist_collective_count(const char *kind);
  * wait summed). NULL outputs are skipped. */
 FL_API int fl_dist_collective_stats(const char *kind, int64_t *count, int64_t *bytes,
                                     double *wait_seconds, double *busy_seconds);
+/* The kinds of collective, in the order fl_coll_record.kind numbers them. */
+typedef enum fl_coll_kind {
+    FL_COLL_ALL_GATHER = 0,
+    FL_COLL_REDUCE_SCATTER = 1,
+    FL_COLL_ALL_REDUCE = 2,
+    FL_COLL_BROADCAST = 3,
+    FL_COLL_BARRIER = 4
+} fl_coll_kind;
+/* One completed collective as the host backend saw it, for measuring
+ * communication from the moment the last member joined ([Note: joined
+ * time] in core/dist/mpi/backend_mpi.c). comm and sequence name the same
+ * collective on every member of its group: comm the communicator (a number
+ * derived from how it was split, equal on its members), sequence its
+ * collectives counted from 0. start and end are seconds on world rank 0's
+ * monotonic clock (other nodes' clocks are shifted by an offset measured
+ * at start): when this rank started it, and when the backend saw it
+ * complete here. */
+typedef struct fl_coll_record {
+    uint32_t comm;
+    uint32_t kind; /* fl_coll_kind */
+    int64_t sequence;
+    double start, end;
+} fl_coll_record;
+/* Move up to max of the oldest records of completed collectives into out,
+ * oldest first; returns how many (0 with a backend that keeps none, e.g.
+ * one process), or -1 with max < 0. The backend keeps the newest
+ * FL_COLL_LOG_CAPACITY; *lost (optional) = how many older ones it dropped
+ * since the previous call. */
+enum { FL_COLL_LOG_CAPACITY = 8192 };
+FL_API int fl_dist_collective_log(fl_coll_record *out, int max, int64_t *lost);
 /* Drop the handle (NULL is fine). An unfinished collective carries on with
  * its tensors referenced and completes during later calls or at finalize;
  * its outputs are defined only after a wait. */

@@ -347,6 +347,33 @@ function M.collective_stats()
   return r
 end
 
+local KIND_NAMES = { [0] = 'all_gather', 'reduce_scatter', 'all_reduce', 'broadcast', 'barrier' }
+local log_buf = ffi.new('fl_coll_record[256]')
+local log_lost = ffi.new('int64_t[1]')
+
+-- The collectives this process saw complete since the previous call, as
+-- the host backend logged them (core/dist/mpi/backend_mpi.c, [Note:
+-- joined time]), oldest first: { comm =, sequence =, kind = 'all_gather',
+-- start =, finish = } (comm and sequence name one collective alike on all
+-- its members; start and finish are seconds on world rank 0's monotonic
+-- clock), and how many older records the backend dropped unread (it keeps
+-- the newest FL_COLL_LOG_CAPACITY). Empty on one process.
+-- fsdp.observe.joined turns the logs of all ranks into communication time.
+function M.collective_log()
+  local out, lost = {}, 0
+  repeat
+    local n = C.fl_dist_collective_log(log_buf, 256, log_lost)
+    if n < 0 then core.raise() end
+    lost = lost + tonumber(log_lost[0])
+    for i = 0, n - 1 do
+      local r = log_buf[i]
+      out[#out + 1] = { comm = tonumber(r.comm), sequence = tonumber(r.sequence), kind = KIND_NAMES[tonumber(r.kind)],
+                        start = r.start, finish = r['end'] }
+    end
+  until n < 256
+  return out, lost
+end
+
 -- Wait until every rank of the group (opts.group, the world by default)
 -- has arrived; opts.async as dist.all_gather's.
 function M.barrier(opts)

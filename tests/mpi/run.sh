@@ -144,6 +144,11 @@ for np in 2 3 4; do
     mpirun -np $np "$EXE" tests/mpi/ring.lua
 done
 run_tap "ring collectives, 4 ranks, default threshold" -- mpirun -np 4 "$EXE" tests/mpi/ring.lua
+# The plugin's log of completed collectives and the time from each one's
+# last member (fsdp.observe.joined).
+for np in 2 4; do
+  run_tap "collective log and joined time, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/joined.lua
+done
 run_tap "groups, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/groups.lua
 run_tap "groups, 2 ranks as 2 nodes of 1" FSDP_RANKS_PER_NODE=1 -- \

@@ -62,6 +62,9 @@
 typedef struct mpi_comm {
     MPI_Comm comm;
     unsigned ring_sequence;
+    uint32_t key;        /* names it alike on its members ([Note: joined time]) */
+    uint32_t splits;     /* splits of it so far: every member counts each */
+    int64_t collectives; /* started on it so far */
 } mpi_comm;
 
 typedef struct mpi_req {
@@ -70,6 +73,8 @@ typedef struct mpi_req {
     bool collective;       /* counted in the roll call's answers */
     int kind;              /* a collective's fl_coll_kind */
     double started;        /* when it started (monotonic seconds) */
+    uint32_t comm_key;     /* its communicator's key and its sequence there */
+    int64_t sequence;
     bool receive;          /* a point-to-point receive (cancellable) */
     bool done;             /* completed (or failed: error != 0) */
     int error;
@@ -93,6 +98,14 @@ static struct {
      * many are in flight, since when, and the seconds accumulated. */
     int in_flight[FL_COLL_BARRIER + 2];
     double busy_since[FL_COLL_BARRIER + 2], busy_total[FL_COLL_BARRIER + 2];
+    /* Completed collectives not yet read ([Note: joined time]): a ring of
+     * FL_COLL_LOG_CAPACITY records from log_head, log_count of them, and
+     * how many were overwritten unread; this node's clock's offset from
+     * world rank 0's. */
+    fl_coll_record log[FL_COLL_LOG_CAPACITY];
+    int log_head, log_count;
+    int64_t log_lost;
+    double clock_offset;
 } S = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
 /* The watch channel ([Note: the watch channel]); callers hold S.lock. */
@@ -135,10 +148,9 @@ static int mpi_fail(int code, const char *call) {
 
 /* A collective starts or is seen complete: the busy clocks of its kind
  * and of any kind ([Note: busy time], below). */
-static void busy_change(const mpi_req *r, int by) {
+static void busy_change(const mpi_req *r, int by, double now) {
     if (!r->collective) return;
     int slots[2] = {r->kind, FL_COLL_BARRIER + 1};
-    double now = now_seconds();
     for (int i = 0; i < 2; i++) {
         int k = slots[i];
         if (by > 0 && S.in_flight[k]++ == 0) S.busy_since[k] = now;
@@ -147,7 +159,7 @@ static void busy_change(const mpi_req *r, int by) {
 }
 
 static void track(mpi_req *r) {
-    busy_change(r, +1);
+    busy_change(r, +1, r->started);
     r->prev = NULL;
     r->next = S.active;
     if (S.active) S.active->prev = r;
@@ -155,12 +167,29 @@ static void track(mpi_req *r) {
     pthread_cond_signal(&S.wake);
 }
 
-static void untrack(mpi_req *r) {
-    busy_change(r, -1);
+/* `now`: when it was seen complete (or given up). */
+static void untrack(mpi_req *r, double now) {
+    busy_change(r, -1, now);
     if (r->prev) r->prev->next = r->next;
     else if (S.active == r) S.active = r->next;
     if (r->next) r->next->prev = r->prev;
     r->prev = r->next = NULL;
+}
+
+/* Keep the record of a collective seen complete now; a full log drops
+ * its oldest. */
+static void log_completed(const mpi_req *r, double now) {
+    int slot = (S.log_head + S.log_count) % FL_COLL_LOG_CAPACITY;
+    if (S.log_count == FL_COLL_LOG_CAPACITY) {
+        S.log_head = (S.log_head + 1) % FL_COLL_LOG_CAPACITY;
+        S.log_lost++;
+    } else {
+        S.log_count++;
+    }
+    S.log[slot] = (fl_coll_record){.comm = r->comm_key, .kind = (uint32_t)r->kind,
+                                   .sequence = r->sequence,
+                                   .start = r->started + S.clock_offset,
+                                   .end = now + S.clock_offset};
 }
 
 /* Test one request; marks it done (and untracks it) when it completed. */
@@ -184,8 +213,10 @@ static void poll_one(mpi_req *r) {
         flag = 1;
     }
     if (flag) {
+        double now = now_seconds();
         r->done = true;
-        untrack(r);
+        untrack(r, now);
+        if (r->collective && !r->error) log_completed(r, now);
     }
 }
 
@@ -481,6 +512,43 @@ static void ring_settings(void) {
     if (on && strcmp(on, "0") == 0) S.ring_min_bytes = -1;
 }
 
+/* This node's clock's offset from world rank 0's ([Note: joined time]),
+ * into S.clock_offset: each node's leader (its lowest world rank;
+ * leaders[r] names rank r's) pings rank 0, which answers each ping with
+ * its clock; the round trip that was fastest gives the estimate. Runs at
+ * start, before any other traffic on the world communicator. */
+enum { TAG_CLOCK = 7, CLOCK_ROUNDS = 16 };
+static int measure_clock_offset(const fl_dist_topology *t, const int *leaders, MPI_Comm local) {
+    MPI_Comm world = S.world->comm;
+    int rc = MPI_SUCCESS;
+    double offset = 0, best = 1e30;
+    char ping = 0;
+    if (t->rank == 0) {
+        for (int r = 1; r < t->size; r++) {
+            if (leaders[r] != r) continue;
+            for (int i = 0; i < CLOCK_ROUNDS && rc == MPI_SUCCESS; i++) {
+                rc = MPI_Recv(&ping, 1, MPI_CHAR, r, TAG_CLOCK, world, MPI_STATUS_IGNORE);
+                double now = now_seconds();
+                if (rc == MPI_SUCCESS) rc = MPI_Send(&now, 1, MPI_DOUBLE, r, TAG_CLOCK, world);
+            }
+        }
+    } else if (leaders[t->rank] == t->rank) {
+        for (int i = 0; i < CLOCK_ROUNDS && rc == MPI_SUCCESS; i++) {
+            double theirs = 0, sent = now_seconds();
+            rc = MPI_Send(&ping, 1, MPI_CHAR, 0, TAG_CLOCK, world);
+            if (rc == MPI_SUCCESS) rc = MPI_Recv(&theirs, 1, MPI_DOUBLE, 0, TAG_CLOCK, world, MPI_STATUS_IGNORE);
+            double back = now_seconds();
+            if (rc == MPI_SUCCESS && back - sent < best) {
+                best = back - sent;
+                offset = theirs - (sent + back) / 2;
+            }
+        }
+    }
+    if (rc == MPI_SUCCESS) rc = MPI_Bcast(&offset, 1, MPI_DOUBLE, 0, local);
+    S.clock_offset = rc == MPI_SUCCESS ? offset : 0;
+    return rc;
+}
+
 static int mpi_backend_init(fl_dist_topology *t) {
     int initialized = 0;
     MPI_Initialized(&initialized);
@@ -503,7 +571,7 @@ static int mpi_backend_init(fl_dist_topology *t) {
         pthread_mutex_unlock(&S.lock);
         return fl_set_error(FL_ERR_OOM, "mpi backend: out of memory");
     }
-    S.world->ring_sequence = 0;
+    *S.world = (mpi_comm){.key = 1};
     rc = MPI_Comm_dup(MPI_COMM_WORLD, &S.world->comm);
     MPI_Comm local = MPI_COMM_NULL;
     int *leaders = NULL;
@@ -535,6 +603,10 @@ static int mpi_backend_init(fl_dist_topology *t) {
             t->nodes++;
             if (r < leader) t->node++;
         }
+    }
+    if (rc == MPI_SUCCESS && t->nodes > 1) {
+        call = "clock offset (MPI_Send/MPI_Recv/MPI_Bcast)";
+        rc = measure_clock_offset(t, leaders, local);
     }
     free(leaders);
     if (local != MPI_COMM_NULL) MPI_Comm_free(&local);
@@ -572,10 +644,25 @@ static void mpi_backend_finalize(void) {
 
 static void *mpi_world(void) { return S.world; }
 
+/* The key of the communicator a split of one keyed `parent` gave the
+ * members of `color`: the same on all of them, since each counts the
+ * parent's splits alike (splitting is collective over the parent). */
+static uint32_t child_key(uint32_t parent, uint32_t split_index, int color) {
+    uint64_t h = ((uint64_t)parent << 32 | split_index) ^ (uint64_t)(uint32_t)color * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDull;
+    h ^= h >> 33;
+    h *= 0xC4CEB9FE1A85EC53ull;
+    h ^= h >> 33;
+    return (uint32_t)h ? (uint32_t)h : 2; /* 0 is nobody's; the world is 1 */
+}
+
 static int mpi_split(void *comm, int color, int key, void **out) {
     MPI_Comm result = MPI_COMM_NULL;
     pthread_mutex_lock(&S.lock);
-    int rc = MPI_Comm_split(*(MPI_Comm *)comm, color < 0 ? MPI_UNDEFINED : color, key, &result);
+    mpi_comm *parent = comm;
+    int rc = MPI_Comm_split(parent->comm, color < 0 ? MPI_UNDEFINED : color, key, &result);
+    uint32_t split_index = parent->splits++;
     pthread_mutex_unlock(&S.lock);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_split");
     *out = NULL;
@@ -587,8 +674,7 @@ static int mpi_split(void *comm, int color, int key, void **out) {
         pthread_mutex_unlock(&S.lock);
         return fl_set_error(FL_ERR_OOM, "mpi backend: out of memory");
     }
-    box->comm = result;
-    box->ring_sequence = 0;
+    *box = (mpi_comm){.comm = result, .key = child_key(parent->key, split_index, color)};
     *out = box;
     return FL_OK;
 }
@@ -687,6 +773,8 @@ static int mpi_start(void *comm_ptr, const fl_coll *c, void **req) {
     r->collective = true;
     r->kind = (int)c->kind;
     r->started = S.last_start = now_seconds();
+    r->comm_key = box->key;
+    r->sequence = box->collectives++;
     int size = 1, elem = 0;
     if (S.ring_min_bytes >= 0 && c->kind <= FL_COLL_ALL_REDUCE) {
         MPI_Comm_size(comm, &size);
@@ -760,12 +848,12 @@ static void mpi_abandon(void *req) {
     pthread_mutex_lock(&S.lock);
     if (!r->done && r->ring) {
         mpi_ring_free(r->ring);
-        untrack(r);
+        untrack(r, now_seconds());
     } else if (!r->done) {
         if (r->receive) MPI_Cancel(&r->request);
         /* Freeing an active request lets the operation finish on its own. */
         MPI_Request_free(&r->request);
-        untrack(r);
+        untrack(r, now_seconds());
     }
     pthread_mutex_unlock(&S.lock);
     free(r);
@@ -814,6 +902,38 @@ static double mpi_busy_seconds(int kind) {
     return s;
 }
 
+/* [Note: joined time]
+ * A collective cannot move anything before its last member starts it, so
+ * the time from that start to its completion is what the link (and the
+ * planner's model of it, fsdp.plan.cost) accounts for; the busy time
+ * above also holds the wait for late members. On a machine whose cores
+ * are shared by more ranks than it has, members start the same collective
+ * milliseconds apart, and busy time then exceeds the link's by tens of
+ * percent (issue 19's HYBRID_SHARD measurements).
+ *
+ * So the plugin logs each completed collective: its communicator's key
+ * (equal on all members: the world is 1, a split's key mixes its parent's,
+ * the parent's split count and the color), its sequence on that
+ * communicator (members start collectives in the same order), when it
+ * started here and when it was seen complete here. fsdp.dist.joined_time
+ * gathers the logs of all ranks and takes, for each collective, the
+ * latest start among its members. Times are on world rank 0's monotonic
+ * clock: ranks of a node share one clock; each other node's leader
+ * measures its offset from rank 0 at start (the reply time against the
+ * midpoint of the fastest of CLOCK_ROUNDS round trips, so the error is
+ * under half that round trip) and tells its node. */
+static int mpi_collective_log(fl_coll_record *out, int max, int64_t *lost) {
+    pthread_mutex_lock(&S.lock);
+    int n = max < S.log_count ? max : S.log_count;
+    for (int i = 0; i < n; i++) out[i] = S.log[(S.log_head + i) % FL_COLL_LOG_CAPACITY];
+    S.log_head = (S.log_head + n) % FL_COLL_LOG_CAPACITY;
+    S.log_count -= n;
+    *lost = S.log_lost;
+    S.log_lost = 0;
+    pthread_mutex_unlock(&S.lock);
+    return n;
+}
+
 static const fl_dist_backend mpi_backend = {
     .abi = FL_DIST_BACKEND_ABI,
     .name = "mpi",
@@ -835,6 +955,7 @@ static const fl_dist_backend mpi_backend = {
     .leave = mpi_leave,
     .peers_left = mpi_peers_left,
     .busy_seconds = mpi_busy_seconds,
+    .collective_log = mpi_collective_log,
 };
 
 EXPORT const fl_dist_backend *fl_dist_mpi_backend(void);

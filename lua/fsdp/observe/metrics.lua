@@ -46,7 +46,10 @@
 -- comm_wait_s, the seconds it blocked waiting for them (exposed
 -- communication), and comm_busy_s, the seconds some collective was in
 -- flight (the link's time, hidden or not); TensorBoard gets comm/mib,
--- comm/wait_s and comm/busy_s.
+-- comm/wait_s and comm/busy_s. With --comm_joined also comm_joined_s
+-- (and joined_s by kind; comm/joined_s): the busy time counted from each
+-- collective's last member's start, without waiting for late peers
+-- (fsdp.observe.joined), and comm_skew_s, the waits for them summed.
 local ffi = require 'ffi'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
@@ -134,6 +137,8 @@ M.OPTIONS = {
     end
   end },
   profile_dir = { 'profile', 'where --profile_steps writes trace-rank<r>.json' },
+  comm_joined = { false, 'also measure each step\'s communication from the moment each collective\'s last member '
+                         .. 'joined it (comm_joined_s, comm_skew_s in the metrics; two small all-gathers a step)' },
   log_every = { 0, 'print a log line (averages since the previous one) every N steps; 0: every 10 on a terminal, '
                    .. 'under the progress bar, else every step', int = true, min = 0 },
 }
@@ -163,6 +168,8 @@ end
 -- profile_steps ('A:B': begin_step(A) starts a trace, fsdp.profiler, and
 -- the step after B or close() writes it to profile_dir/trace-rank<r>.json;
 -- model names the module spans),
+-- comm_joined (true: every rank's step also gathers the ranks'
+-- collective logs, fsdp.observe.joined, for comm_joined_s),
 -- log_every (1; 0: M.TERMINAL_LOG_EVERY with a progress bar, else 1),
 -- device ('cpu', for peak memory), progress (nil: auto), out
 -- (io.stdout), rank/world_size (default fsdp.dist's).
@@ -188,6 +195,10 @@ function M.Logger(opts)
   self.log_every = math.max(1, every)
   self.start, self.time_offset = clock.now(), 0
   self.comm_prev = dist.collective_stats()
+  if opts.comm_joined and self.world_size > 1 then
+    dist.collective_log() -- what came before the first step is no step's
+    self.joined_pending = {}
+  end
   self:_reset_interval()
   if self.leader and opts.metrics_file and opts.metrics_file ~= '' then
     local f, err = io.open(opts.metrics_file, 'a')
@@ -386,8 +397,24 @@ function Logger:_comm_since_last()
   if per then return per, bytes, wait, now.any.busy_s - prev.any.busy_s end
 end
 
+-- With comm_joined: the step's time from each collective's last member
+-- on (fsdp.observe.joined; collective over the world), into comm.
+function Logger:_comm_joined(comm)
+  local log = self.joined_pending
+  for _, rec in ipairs(fsdp.dist.collective_log()) do log[#log + 1] = rec end
+  local t
+  t, self.joined_pending = require('fsdp.observe.joined').seconds(log)
+  for kind, c in pairs(comm or {}) do c.joined_s = t[kind] end
+  return t.any, t.skew
+end
+
 function Logger:step(step, s)
   local comm, comm_bytes, comm_wait, comm_busy = self:_comm_since_last()
+  local comm_joined, comm_skew
+  if self.joined_pending then
+    comm_joined, comm_skew = self:_comm_joined(comm)
+    self.comm_prev = fsdp.dist.collective_stats() -- its gathers are no step's
+  end
   local loss = s.loss
   if self.world_size > 1 and not s.reduced then
     loss = fsdp.dist.all_reduce(fsdp.tensor({ loss }, { dtype = 'f64' }), { op = 'avg' }):item()
@@ -410,7 +437,7 @@ function Logger:step(step, s)
     peak_memory_bytes = peak, memory_allocated_bytes = mem.in_use, memory_reserved_bytes = mem.reserved,
     device = self.device, grad_norm = s.grad_norm, epoch = s.epoch, step_time = dt,
     skipped = s.skipped or nil, comm = comm, comm_bytes = comm_bytes, comm_wait_s = comm_wait,
-    comm_busy_s = comm_busy })
+    comm_busy_s = comm_busy, comm_joined_s = comm_joined, comm_skew_s = comm_skew })
   if self.tb then
     local MiB = 2 ^ 20
     self.tb:scalars(step, {
@@ -421,6 +448,7 @@ function Logger:step(step, s)
       { 'memory/allocated_mib', mem.in_use / MiB },
       { 'memory/reserved_mib', self.device:match('^cuda') and mem.reserved / MiB or nil },
       { 'comm/mib', comm_bytes and comm_bytes / MiB }, { 'comm/wait_s', comm_wait }, { 'comm/busy_s', comm_busy },
+      { 'comm/joined_s', comm_joined },
     })
   end
   -- the interval since the last line; a skipped step's loss (non-finite)
