@@ -55,10 +55,43 @@ local function rates_on(group, label)
   return rates
 end
 
+-- The node's all_gather while each replica group (the same local rank on
+-- every node) all-reduces a buffer 4x as large across the link, as hybrid
+-- sharding's prefetched all-gathers overlap its gradient all-reduces: the
+-- best of cfg.rounds, in wire bytes per second, or nil when the
+-- all-reduce finished first (then the overlap was not measured).
+local function intra_while_across(node)
+  local _, replica = dist.hybrid_groups()
+  local G = node:size()
+  local n = math.floor(cfg.mib * 2^20 / 4 / G) * G
+  local shard, big = fsdp.ones({ n / G }), fsdp.ones({ 4 * n })
+  local best, overlapped = math.huge, true
+  for round = 0, cfg.rounds do
+    dist.barrier()
+    local across = dist.all_reduce(big, { group = replica, async = true })
+    local t0 = clock.now()
+    dist.all_gather(shard, { group = node })
+    local s = clock.now() - t0
+    overlapped = overlapped and not across:test()
+    across:wait()
+    if round > 0 then best = math.min(best, s) end
+  end
+  local rate = n * 4 * (G - 1) / G / best
+  if dist.rank() == 0 then
+    print(('%-14s %7.1f ms for %.1f MiB on %d ranks (%s): %7.1f MB/s on the wire%s'):format('all_gather', 1e3 * best,
+      n * 4 / 2^20, G, 'within each node, while the replica all_reduce crosses the link', rate / 1e6,
+      overlapped and '' or ' (the all_reduce ended first in some round)'))
+  end
+  return rate
+end
+
 -- With several ranks per node: the world first, then every node's ranks
--- among themselves at once (as hybrid sharding's shard groups run).
+-- among themselves at once (as hybrid sharding's shard groups run), then
+-- with the link busy as well.
 local rates = rates_on(nil, dist.nodes() > 1 and 'across nodes' or 'one node')
 if dist.nodes() > 1 and dist.local_size() > 1 then
-  rates.intra = rates_on(dist.split(dist.node(), { name = 'node' }), 'within each node, all nodes at once')
+  local node = dist.split(dist.node(), { name = 'node' })
+  rates.intra = rates_on(node, 'within each node, all nodes at once')
+  rates.intra.all_gather_while_across = intra_while_across(node)
 end
 if dist.rank() == 0 then print('RATES ' .. require('cjson').encode(rates)) end
