@@ -142,6 +142,20 @@ describe('fsdp.dist on one rank', function()
     dist.set_timeout(before)
   end)
 
+  it('one process keeps no collective log; joined time is zero; the C call checks its room', function()
+    dist.all_reduce(fsdp.ones({ 4 }))
+    local log, lost = dist.collective_log()
+    assert.are.same({}, log)
+    assert.are.equal(0, lost)
+    local t, rest = require('fsdp.observe.joined').seconds(log)
+    assert.are.equal(0, t.any)
+    assert.are.equal(0, t.skew)
+    assert.are.same({}, rest)
+    local C = require('fsdp.core').C
+    assert.are.equal(-1, C.fl_dist_collective_log(nil, -1, nil))
+    contains(require('fsdp.core').ffi.string(C.fl_last_error()), 'collective log: room for -1 records')
+  end)
+
   it('agree has nobody to disagree with; its digest is 64-bit FNV-1a', function()
     dist.agree('options', { lr = 1e-3, nested = { a = true } })
     local C = require('fsdp.core').C
