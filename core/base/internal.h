@@ -371,6 +371,14 @@ typedef struct fl_node_type {
      * Write a new reference into grads_in[i] for each input i whose edge is
      * not FL_EDGE_NONE (leave the others NULL). Runs with grad mode off. */
     int (*backward)(fl_node *node, fl_tensor *const *grads_out, fl_tensor **grads_in);
+    /* Optional, for backwards whose gradient touches a small part of their
+     * input (embedding: the rows of the ids; narrow: a slice): add the
+     * gradient of input `input` into `into`, a tensor the engine owns and
+     * may write (the input's shape; [Note: gradients added where they
+     * land] in engine.c), instead of making a new dense one. Sets *done, or
+     * leaves it false to decline (then backward runs). Grad mode is off. */
+    int (*backward_into)(fl_node *node, fl_tensor *const *grads_out, int input, fl_tensor *into,
+                         bool *done);
     /* Optional: free node->extra. */
     void (*release)(fl_node *node);
 } fl_node_type;

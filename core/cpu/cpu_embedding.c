@@ -5,8 +5,9 @@
  * The backward must not race when an id repeats (it always does: common
  * tokens). Instead of atomics the (id, position) pairs are sorted, so all
  * rows for one id are adjacent; each (id, column block) is then summed by
- * one thread in position order and written once. Deterministic, and the
- * sum is accumulated in double before the one rounding to the weight's
+ * one thread in position order, starting from the gradient's row (zeros,
+ * or a tied weight's other gradient), and written once. Deterministic, and
+ * the sum is accumulated in double before the one rounding to the weight's
  * dtype (bf16 gradients of frequent tokens keep their precision).
  */
 #include "cpu_iter.h"
@@ -92,12 +93,13 @@ int fl_cpu_embedding_backward(fl_tensor *gw, const fl_tensor *ids, const fl_tens
         int64_t g = item / nblocks, c0 = (item % nblocks) * BLOCK;
         int64_t len = D - c0 < BLOCK ? D - c0 : BLOCK;
         double acc[BLOCK], tmp[BLOCK];
-        for (int64_t j = 0; j < len; j++) acc[j] = 0;
+        char *row = wb + (e[starts[g]].id * D + c0) * (int64_t)ws;
+        fl_cpu_load(acc, FL_F64, row, gw->dtype, 1, len);
         for (int64_t r = starts[g]; r < starts[g + 1]; r++) {
             fl_cpu_load(tmp, FL_F64, gb + (e[r].pos * D + c0) * (int64_t)es, dt, 1, len);
             for (int64_t j = 0; j < len; j++) acc[j] += tmp[j];
         }
-        fl_cpu_store(wb + (e[starts[g]].id * D + c0) * (int64_t)ws, gw->dtype, 1, acc, FL_F64, len);
+        fl_cpu_store(row, gw->dtype, 1, acc, FL_F64, len);
     }
     free(e);
     free(starts);

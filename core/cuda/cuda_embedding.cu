@@ -154,8 +154,9 @@ __global__ void bitonic_step_kernel(unsigned long long *keys, int64_t n_pow2, in
 }
 
 /* Block t owns sorted key t when it starts a run of one id: it sums the
- * run's gradient rows in position order, in double, and stores the row of
- * gw once (fl_cu_put_f64 rounds as the CPU's store). */
+ * run's gradient rows in position order onto gw's row (zeros, or a tied
+ * weight's other gradient), in double, and stores the row of gw once
+ * (fl_cu_put_f64 rounds as the CPU's store). */
 __global__ void sum_runs_kernel(void *gw, int gwd, const void *gy, int gd,
                                 const unsigned long long *keys, int64_t n, int64_t D) {
     for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
@@ -164,7 +165,7 @@ __global__ void sum_runs_kernel(void *gw, int gwd, const void *gy, int gd,
         int64_t id = (int64_t)(key >> 32);
         if (t > 0 && (int64_t)(keys[t - 1] >> 32) == id) continue;
         for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-            double acc = 0;
+            double acc = fl_cu_get_f64(gw, id * D + j, gwd);
             for (int64_t r = t; r < n && keys[r] != ~0ull && (int64_t)(keys[r] >> 32) == id; r++)
                 acc += fl_cu_get_f64(gy, (int64_t)(keys[r] & 0xffffffffull) * D + j, gd);
             fl_cu_put_f64(gw, id * D + j, gwd, acc);

@@ -1,6 +1,8 @@
 /*
  * embedding.c: rows of a weight table picked by integer ids, and the
- * backward that adds the output gradient's rows into the table's gradient.
+ * backward that adds the output gradient's rows into the table's gradient:
+ * a new one of zeros, or, when the table already has a gradient waiting (a
+ * tied weight), that one in place (backward_into).
  *
  * FLOPs: the forward is a gather and counts none; the backward counts one
  * addition per gradient element it adds (numel(ids) * D).
@@ -112,5 +114,39 @@ static int embedding_backward(fl_node *node, fl_tensor *const *go, fl_tensor **g
     return FL_OK;
 }
 
+/* The rows added straight into the table's gradient already waiting (a
+ * tied weight: the head's product delivered it first), instead of into a
+ * [V, D] table of zeros summed with it ([Note: gradients added where they
+ * land], engine.c). */
+static int embedding_backward_into(fl_node *node, fl_tensor *const *go, int input,
+                                   fl_tensor *into, bool *done) {
+    const char *op = "embedding backward";
+    const fl_tensor *ids = node->saved[0], *wshape = node->saved[1];
+    FL_ASSERT(input == 1);
+    if (into->dtype != wshape->dtype || into->device != go[0]->device) return FL_OK;
+    bool no_storage = !go[0]->storage || !ids->storage;
+    if (no_storage != !into->storage) return FL_OK;
+    int64_t D = wshape->shape[1];
+    fl_flops_add(ids->numel * D);
+    *done = true;
+    if (no_storage) return FL_OK;
+    fl_tensor *g = fl_contiguous(go[0]);
+    const fl_linear_kernels *k = g ? fl_linear_kernels_of(op, into->device) : NULL;
+    int rc;
+    if (k) {
+        fl_tensor g2 = *g;
+        g2.ndim = 2;
+        g2.shape[0] = ids->numel;
+        g2.shape[1] = D;
+        fl_contiguous_strides(2, g2.shape, g2.stride);
+        rc = k->embedding_backward(into, ids, &g2, node->i[0]);
+    } else {
+        rc = fl_last_status();
+    }
+    fl_tensor_release(g);
+    return rc;
+}
+
 static const fl_node_type embedding_type = {.name = "EmbeddingBackward",
-                                            .backward = embedding_backward};
+                                            .backward = embedding_backward,
+                                            .backward_into = embedding_backward_into};

@@ -23,8 +23,8 @@ typedef struct fl_linear_kernels {
      * i32); out is [numel(ids), D] contiguous. Fails, writing nothing, when
      * an id is outside [0, V). */
     int (*embedding)(fl_tensor *out, const fl_tensor *ids, const fl_tensor *w);
-    /* gw (zeros on entry, [V, D] contiguous) += rows of gy [numel(ids), D]
-     * at ids, skipping padding_idx (-1: none). */
+    /* gw ([V, D] contiguous: zeros, or a gradient to add to) += rows of gy
+     * [numel(ids), D] at ids, skipping padding_idx (-1: none). */
     int (*embedding_backward)(fl_tensor *gw, const fl_tensor *ids, const fl_tensor *gy,
                               int64_t padding_idx);
     /* out [N, O, Ho, Wo] contiguous = conv2d(x [N, C, H, W], w [O, C, kh,

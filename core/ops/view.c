@@ -73,13 +73,37 @@ static int part_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
     return FL_OK;
 }
 
+/* The same into a gradient already waiting for the input (the other parts
+ * of a tensor split by narrowing, as attention's fused qkv: each part's
+ * backward would otherwise make a zero-filled whole to be summed; [Note:
+ * gradients added where they land], engine.c). */
+static int part_backward_into(fl_node *node, fl_tensor *const *go, int input, fl_tensor *into,
+                              bool *done) {
+    (void)input;
+    if (into->dtype != go[0]->dtype || into->device != go[0]->device ||
+        !go[0]->storage != !into->storage)
+        return FL_OK;
+    int kind = (int)(node->type - view_types);
+    int dim = (int)node->i[0];
+    fl_tensor *part = kind == VIEW_NARROW ? fl_narrow(into, dim, node->i[1], node->i[2])
+                      : kind == VIEW_SLICE ? fl_slice(into, dim, node->i[1], node->i[2], node->i[3])
+                                           : fl_select(into, dim, node->i[1]);
+    int rc = part ? fl_add_scaled_(part, go[0], 1.0) : (int)fl_last_status();
+    fl_tensor_release(part);
+    *done = rc == FL_OK;
+    return rc;
+}
+
 static const fl_node_type view_types[] = {
     [VIEW_RESHAPE] = {.name = "ViewBackward", .backward = reshape_backward},
     [VIEW_PERMUTE] = {.name = "PermuteBackward", .backward = permute_backward},
     [VIEW_EXPAND] = {.name = "ExpandBackward", .backward = expand_backward},
-    [VIEW_NARROW] = {.name = "NarrowBackward", .backward = part_backward},
-    [VIEW_SLICE] = {.name = "SliceBackward", .backward = part_backward},
-    [VIEW_SELECT] = {.name = "SelectBackward", .backward = part_backward},
+    [VIEW_NARROW] = {.name = "NarrowBackward", .backward = part_backward,
+                     .backward_into = part_backward_into},
+    [VIEW_SLICE] = {.name = "SliceBackward", .backward = part_backward,
+                    .backward_into = part_backward_into},
+    [VIEW_SELECT] = {.name = "SelectBackward", .backward = part_backward,
+                     .backward_into = part_backward_into},
 };
 
 /* Resolve a requested shape with at most one -1 against numel. */

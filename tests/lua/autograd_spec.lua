@@ -121,6 +121,54 @@ end)
 -- [Note: spent nodes] in core/autograd/engine.c: a second backward through
 -- a node whose saved tensors the first one freed is refused by the engine,
 -- for every node type; retain_graph keeps them.
+describe('gradients added where they land', function()
+  -- Narrow, slice and select add their part into a gradient already
+  -- waiting for their input instead of summing a zero-filled whole with it
+  -- (engine.c, [Note: gradients added where they land]).
+  it('a tensor split into parts gets every part\'s gradient (a fused qkv)', function()
+    assert(T.gradcheck(function(t)
+      local x = t * 2
+      local q, k, v = x:narrow(1, 0, 3), x:narrow(1, 3, 3), x:narrow(1, 6, 3)
+      return q * k + v
+    end, { f64({ 2, 9 }, 4) }))
+    -- overlapping parts, strided and selected ones, and parts of a leaf
+    assert(T.gradcheck(function(t)
+      local x = t * 2
+      return x:narrow(1, 0, 5) * x:narrow(1, 4, 5) + x:slice(1, 0, 9, 2) + x:select(1, 8):unsqueeze(1)
+    end, { f64({ 2, 9 }, 5) }))
+    assert(T.gradcheck(function(t) return t:narrow(0, 0, 2) * t:narrow(0, 1, 2) + t:select(0, 2) end,
+      { f64({ 3, 4 }, 6) }))
+    local w = fsdp.tensor({ 1, 2, 3, 4 }):requires_grad_()
+    local x = w * 1
+    local parts = { x:narrow(0, 0, 2), x:narrow(0, 2, 2) }
+    ;(parts[1] * 10 + parts[2] * 100):sum_to({}):backward()
+    assert.same({ 10, 10, 100, 100 }, w.grad:tolist())
+  end)
+
+  it('adds into .grad across backward calls', function()
+    local w = fsdp.tensor({ 1, 2, 3, 4 }):requires_grad_()
+    w:narrow(0, 1, 2):sum_to({}):backward()
+    w:narrow(0, 2, 2):sum_to({}):backward()
+    w:select(0, 3):backward()
+    assert.same({ 0, 1, 2, 2 }, w.grad:tolist())
+  end)
+
+  it('leaves a waiting gradient that something else holds untouched', function()
+    local w = fsdp.tensor({ 1, 2, 3, 4 }):requires_grad_()
+    local x = w * 1
+    local part = x:narrow(0, 1, 2) -- its node is older: it runs after the Lua node
+    local out = x:detach()
+    local kept
+    fsdp.autograd.attach('Keep', { x }, { out }, function(grads)
+      kept = grads[1] * 1
+      return { kept }
+    end)
+    ;((out * 10):sum_to({}) + (part * 100):sum_to({})):backward()
+    assert.same({ 10, 10, 10, 10 }, kept:tolist())
+    assert.same({ 10, 110, 110, 10 }, w.grad:tolist())
+  end)
+end)
+
 describe('backward twice', function()
   local F = require 'fsdp.functional'
   local ag = require 'fsdp.autograd'

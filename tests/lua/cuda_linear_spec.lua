@@ -2,7 +2,8 @@
 -- fused optimizer updates where backend_ops_spec's small cases do not
 -- reach: GEMMs large enough for cuBLASLt's tiled and split-K kernels,
 -- transposed, strided and broadcast operands, f64, the bias epilogue and
--- the row sums of its gradient, embedding's id check and padding, pooling
+-- the row sums of its gradient, embedding's id check, padding and rows
+-- added into a tied head's gradient, pooling
 -- and convolution geometry, and N optimizer steps on cuda:0 against the
 -- same steps on the CPU (which the kernels repeat operation for
 -- operation). Pending without a GPU.
@@ -132,6 +133,22 @@ describe('cuda linear kernels', function()
       ;(F.embedding(ids, wc, 0) * gy):sum():backward()
       assert_close(wg.grad, wc.grad, dtype == 'f32' and 1e-6 or 1e-2, dtype .. ' embedding gradient')
       assert.same({ 0, 0, 0, 0, 0, 0 }, wg.grad:to('cpu'):to('f32'):select(0, 0):tolist())
+    end
+  end)
+
+  it('adds embedding rows into a gradient already waiting (a tied head): the CPU bits', function()
+    -- the head's product delivers the tied table's gradient first; the
+    -- embedding's rows go into it in place (engine.c, [Note: gradients
+    -- added where they land]), with the CPU's order and rounding
+    local ids = fsdp.tensor({ { 3, 3, 0, 7 }, { 3, 0, 9, 3 } }, { dtype = 'i64' })
+    for _, dtype in ipairs({ 'f32', 'bf16' }) do
+      local w = randn({ 10, 6 }, 24):to(dtype)
+      local gy = randn({ 2, 4, 10 }, 25):to(dtype)
+      local wc = w:detach():requires_grad_()
+      ;(F.linear(F.embedding(ids, wc), wc) * gy):sum():backward()
+      local wg = w:to(DEV):detach():requires_grad_()
+      ;(F.linear(F.embedding(ids:to(DEV), wg), wg) * gy:to(DEV)):sum():backward()
+      assert_close(wg.grad, wc.grad, dtype == 'f32' and 1e-6 or 1e-2, dtype .. ' tied gradient')
     end
   end)
 

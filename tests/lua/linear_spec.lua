@@ -377,6 +377,52 @@ describe('embedding', function()
     assert.equals(0, wb.grad:get(2, 0))
   end)
 
+  it('adds its rows into a gradient already waiting: a tied weight gets the sum of both uses', function()
+    -- GPT-2's tied head: the product's gradient reaches the table first,
+    -- the embedding's rows are then added into it (engine.c, [Note:
+    -- gradients added where they land])
+    local ids = fsdp.tensor({ { 0, 2, 2 }, { 4, 2, 0 } }, { dtype = 'i64' })
+    local r = fsdp.randn({ 2, 3, 5 }, { seed = 7, dtype = 'f64' })
+    local function loss(we, wl) return (F.linear(F.embedding(ids, we), wl) * r):sum_to({}) end
+    local wt = f64({ 5, 3 }, 6)
+    loss(wt, wt):backward()
+    local a, b = wt:detach():clone():requires_grad_(), wt:detach():clone():requires_grad_()
+    loss(a, b):backward()
+    assert.is_true(T.max_abs_diff(wt.grad, a.grad + b.grad) < 1e-12)
+    assert(T.gradcheck(function(t) return F.linear(F.embedding(ids, t), t) end, { f64({ 5, 3 }, 8) }))
+    -- a second backward adds its rows into .grad
+    local ww = w:clone():requires_grad_()
+    local one = fsdp.tensor({ 1, 3, 1 }, { dtype = 'i64' })
+    local g = fsdp.tensor({ { 1, 2 }, { 3, 4 }, { 5, 6 } })
+    F.embedding(one, ww):backward(g)
+    F.embedding(one, ww):backward(g)
+    assert.same({ { 0, 0 }, { 12, 16 }, { 0, 0 }, { 6, 8 } }, ww.grad:tolist())
+    -- added to the waiting bf16 row in double, then rounded once: 256 + 1000
+    -- ones is 1256 (adding them in bf16 would stall at 256)
+    local wb = fsdp.zeros(3, 600, { dtype = 'bf16' }):requires_grad_()
+    wb.grad = fsdp.full({ 3, 600 }, 256, { dtype = 'bf16' })
+    F.embedding(fsdp.ones(1000, { dtype = 'i64' }), wb):backward(fsdp.ones(1000, 600, { dtype = 'bf16' }))
+    assert.equals(1256, wb.grad:get(1, 599))
+    assert.equals(256, wb.grad:get(2, 0))
+  end)
+
+  it('makes no table of zeros when the tied weight\'s gradient is already there', function()
+    local V, D = 4096, 64
+    local wt = fsdp.randn({ V, D }, { seed = 1 }):requires_grad_()
+    local ids = fsdp.randint(0, V, { 2, 8 }, { seed = 2 })
+    local budget = fsdp.set_collect_budget(0)
+    finally(function() fsdp.set_collect_budget(budget) end)
+    local y = F.linear(F.embedding(ids, wt), wt):sum_to({})
+    collectgarbage()
+    local base = fsdp.memory_stats('cpu').in_use
+    fsdp.reset_memory_stats('cpu')
+    y:backward()
+    local table_bytes = V * D * 4
+    -- the head's [V, D] gradient (kept as .grad) and [16, V]-sized
+    -- temporaries; a second [V, D] table would double it
+    assert.is_true(fsdp.memory_stats('cpu').peak - base < 1.5 * table_bytes)
+  end)
+
   it('runs on meta tensors: shapes, no FLOPs forward, N*D backward, no memory', function()
     local ids = fsdp.empty({ 4, 64 }, { device = 'meta', dtype = 'i64' })
     local wm = meta({ 50257, 768 }):requires_grad_()
