@@ -79,6 +79,28 @@ fl_tensor *fl_embedding(const fl_tensor *ids, const fl_tensor *w, int64_t paddin
     return out;
 }
 
+/* Add the output gradient's rows into the table gradient gw at the rows
+ * of the saved ids (the device's embedding_backward kernel). */
+static int add_rows(const char *op, fl_node *node, fl_tensor *go, fl_tensor *gw) {
+    const fl_tensor *ids = node->saved[0];
+    int64_t D = gw->shape[1];
+    fl_tensor *g = fl_contiguous(go);
+    const fl_linear_kernels *k = g ? fl_linear_kernels_of(op, gw->device) : NULL;
+    int rc;
+    if (k) {
+        fl_tensor g2 = *g;
+        g2.ndim = 2;
+        g2.shape[0] = ids->numel;
+        g2.shape[1] = D;
+        fl_contiguous_strides(2, g2.shape, g2.stride);
+        rc = k->embedding_backward(gw, ids, &g2, node->i[0]);
+    } else {
+        rc = fl_last_status();
+    }
+    fl_tensor_release(g);
+    return rc;
+}
+
 static int embedding_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
     const char *op = "embedding backward";
     const fl_tensor *ids = node->saved[0], *wshape = node->saved[1];
@@ -91,21 +113,7 @@ static int embedding_backward(fl_node *node, fl_tensor *const *go, fl_tensor **g
     if (!gw) return fl_last_status();
     fl_flops_add(ids->numel * D);
     int rc = FL_OK;
-    if (!no_storage) {
-        fl_tensor *g = fl_contiguous(go[0]);
-        const fl_linear_kernels *k = g ? fl_linear_kernels_of(op, dev) : NULL;
-        if (k) {
-            fl_tensor g2 = *g;
-            g2.ndim = 2;
-            g2.shape[0] = ids->numel;
-            g2.shape[1] = D;
-            fl_contiguous_strides(2, g2.shape, g2.stride);
-            rc = k->embedding_backward(gw, ids, &g2, node->i[0]);
-        } else {
-            rc = fl_last_status();
-        }
-        fl_tensor_release(g);
-    }
+    if (!no_storage) rc = add_rows(op, node, go[0], gw);
     if (rc != FL_OK) {
         fl_tensor_release(gw);
         return rc;
@@ -130,21 +138,7 @@ static int embedding_backward_into(fl_node *node, fl_tensor *const *go, int inpu
     fl_flops_add(ids->numel * D);
     *done = true;
     if (no_storage) return FL_OK;
-    fl_tensor *g = fl_contiguous(go[0]);
-    const fl_linear_kernels *k = g ? fl_linear_kernels_of(op, into->device) : NULL;
-    int rc;
-    if (k) {
-        fl_tensor g2 = *g;
-        g2.ndim = 2;
-        g2.shape[0] = ids->numel;
-        g2.shape[1] = D;
-        fl_contiguous_strides(2, g2.shape, g2.stride);
-        rc = k->embedding_backward(into, ids, &g2, node->i[0]);
-    } else {
-        rc = fl_last_status();
-    }
-    fl_tensor_release(g);
-    return rc;
+    return add_rows(op, node, go[0], into);
 }
 
 static const fl_node_type embedding_type = {.name = "EmbeddingBackward",
