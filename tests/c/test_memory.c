@@ -1,8 +1,12 @@
 /*
- * test_memory.c: the allocator statistics (in use, peak, counts, reset)
- * and the memory limit that turns an allocation into a clean OOM error.
+ * test_memory.c: the allocator statistics (in use, peak, counts, reset),
+ * the memory limit that turns an allocation into a clean OOM error, and
+ * the CPU allocator's huge-page blocks.
  */
 #include "test_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "fl_tests.h"
 
@@ -102,12 +106,60 @@ static void meta_f32_gemm_staging(void **state) {
     fl_tensor_release(w);
 }
 
+/* The VmFlags of the mapping holding p (from /proc/self/smaps) into
+ * flags; false when it cannot be read. */
+static bool mapping_flags(const void *p, char *flags, size_t cap) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return false;
+    char line[512];
+    bool inside = false, found = false;
+    uintptr_t a = (uintptr_t)p;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            inside = a >= lo && a < hi;
+        } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+            snprintf(flags, cap, "%s", line + 8);
+            found = true;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* cpu_alloc.c: blocks of 2 MiB and more start on a 2 MiB boundary and are
+ * advised as huge pages (VmFlags "hg"; FSDP_CPU_HUGE_PAGES=0: neither is
+ * promised); smaller ones keep malloc's placement at 64-byte alignment. */
+static void large_cpu_blocks_get_huge_pages(void **state) {
+    (void)state;
+    fl_tensor *small = fl_empty(SHAPE(1000), FL_F32, CPU);
+    assert_int_equal((uintptr_t)small->data % 64, 0);
+    fl_tensor_release(small);
+    const char *env = getenv("FSDP_CPU_HUGE_PAGES");
+    if (env && strcmp(env, "0") == 0) skip();
+    fl_tensor *big = fl_empty(SHAPE(3, 1 << 20), FL_F32, CPU); /* 12 MiB */
+    assert_non_null(big);
+    assert_int_equal((uintptr_t)big->data % (2u << 20), 0);
+    char flags[512];
+    FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char mode[128] = "";
+    if (thp) {
+        if (!fgets(mode, sizeof mode, thp)) mode[0] = 0;
+        fclose(thp);
+    }
+    /* (a kernel without THP refuses the advice: nothing to see) */
+    if (strstr(mode, "[never]") == NULL && mode[0] && mapping_flags(big->data, flags, sizeof flags))
+        assert_non_null(strstr(flags, " hg"));
+    fl_tensor_release(big);
+}
+
 int fl_test_memory(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(statistics_follow_allocations),
         cmocka_unit_test(limit_gives_oom_error),
         cmocka_unit_test(meta_counts_virtual_bytes),
         cmocka_unit_test(meta_f32_gemm_staging),
+        cmocka_unit_test(large_cpu_blocks_get_huge_pages),
     };
     return cmocka_run_group_tests_name("memory", tests, NULL, NULL);
 }
