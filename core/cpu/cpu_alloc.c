@@ -83,9 +83,12 @@ static void read_huge_pages(void) { huge_pages = huge_pages_wanted(); }
 static void *sys_alloc(size_t size) {
     pthread_once(&huge_once, read_huge_pages);
     if (size < HUGE_PAGE || !huge_pages) return aligned_alloc(ALIGNMENT, size);
-    void *p = aligned_alloc(HUGE_PAGE, size);
+    /* posix_memalign, not aligned_alloc: C11 wants the size a multiple of
+     * the alignment, which these sizes (cache bins) are not. */
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_PAGE, size) != 0) return NULL;
     /* (advice only: where the kernel refuses, the block keeps small pages) */
-    if (p) (void)madvise(p, size, MADV_HUGEPAGE);
+    (void)madvise(p, size, MADV_HUGEPAGE);
     return p;
 }
 
