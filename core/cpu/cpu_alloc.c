@@ -69,15 +69,13 @@ static size_t default_cap(void) {
 
 enum { HUGE_PAGE = 2 * 1024 * 1024 };
 
-static bool huge_pages_wanted(void) {
-    const char *env = getenv("FSDP_CPU_HUGE_PAGES");
-    return !(env && strcmp(env, "0") == 0);
-}
-
 static pthread_once_t huge_once = PTHREAD_ONCE_INIT;
 static bool huge_pages;
 
-static void read_huge_pages(void) { huge_pages = huge_pages_wanted(); }
+static void read_huge_pages(void) {
+    const char *env = getenv("FSDP_CPU_HUGE_PAGES");
+    huge_pages = !(env && strcmp(env, "0") == 0);
+}
 
 /* A block from the system; huge pages for large ones (see the top). */
 static void *sys_alloc(size_t size) {

@@ -20,19 +20,13 @@
 -- log: seconds returns, second, what was logged meanwhile without them
 -- (pass it on, with the next log appended, to the next call).
 local fsdp = require 'fsdp'
-local core = require 'fsdp.core'
-local Tensor = require 'fsdp.tensor'
-local ffi, C = core.ffi, core.C
+local ffi = require('fsdp.core').ffi
 
 local M = {}
 
-local KINDS = { all_gather = 0, reduce_scatter = 1, all_reduce = 2, broadcast = 3, barrier = 4 }
-local FIELDS = 5 -- comm, kind, sequence, start, finish
+local KINDS = { 'all_gather', 'reduce_scatter', 'all_reduce', 'broadcast', 'barrier' }
+local FIELDS = 3 -- what other ranks need of a record: comm, sequence, start
 local WORLD = 1  -- the world communicator's key
-
-local function cpu_tensor(dtype, n)
-  return Tensor.wrap(C.fl_empty(1, ffi.new('int64_t[1]', n), dtype, core.device('cpu')))
-end
 
 -- Seconds covered by intervals {a, b} (a <= b), overlaps counted once.
 local function union_seconds(intervals)
@@ -51,27 +45,21 @@ local function union_seconds(intervals)
 end
 
 -- The latest start of each collective among all ranks' records, by
--- "comm:sequence", from the world's gathered logs.
+-- "comm:sequence": the logs packed as doubles and gathered over the world
+-- (fsdp.dist.all_gather_strings: the lengths, then the bytes).
 local function latest_starts(log)
-  local dist = fsdp.dist
-  local counts = dist.all_gather(cpu_tensor(C.FL_I64, 1):fill_(#log))
-  local longest = 1
-  for r = 0, dist.world_size() - 1 do longest = math.max(longest, counts:get(r)) end
-  local mine = cpu_tensor(C.FL_F64, longest * FIELDS):fill_(0)
-  local p = ffi.cast('double *', Tensor.cptr(mine).data)
+  local mine = ffi.new('double[?]', math.max(#log, 1) * FIELDS)
   for i, rec in ipairs(log) do
-    local kind = KINDS[rec.kind]
-    if not kind then core.fail(('joined.seconds: record %d has unknown kind %s'):format(i, tostring(rec.kind))) end
-    local row = p + (i - 1) * FIELDS
-    row[0], row[1], row[2], row[3], row[4] = rec.comm, kind, rec.sequence, rec.start, rec.finish
+    local row = mine + (i - 1) * FIELDS
+    row[0], row[1], row[2] = rec.comm, rec.sequence, rec.start
   end
-  local all = dist.all_gather(mine)
-  local q, latest = ffi.cast('const double *', Tensor.cptr(all).data), {}
-  for r = 0, dist.world_size() - 1 do
-    for i = 0, counts:get(r) - 1 do
-      local row = q + (r * longest + i) * FIELDS
-      local key = ('%d:%d'):format(row[0], row[2])
-      if not latest[key] or row[3] > latest[key] then latest[key] = row[3] end
+  local latest = {}
+  for _, packed in ipairs(fsdp.dist.all_gather_strings(ffi.string(mine, #log * FIELDS * 8))) do
+    local q = ffi.cast('const double *', packed)
+    for i = 0, #packed / (FIELDS * 8) - 1 do
+      local row = q + i * FIELDS
+      local key = ('%d:%d'):format(row[0], row[1])
+      if not latest[key] or row[2] > latest[key] then latest[key] = row[2] end
     end
   end
   return latest
@@ -80,7 +68,7 @@ end
 function M.seconds(log)
   local dist = fsdp.dist
   local result = { any = 0, skew = 0 }
-  for kind in pairs(KINDS) do result[kind] = 0 end
+  for _, kind in ipairs(KINDS) do result[kind] = 0 end
   if dist.world_size() == 1 then return result, {} end
   local latest = latest_starts(log)
   local per_kind, all = {}, {}
