@@ -21,7 +21,7 @@ local targets = fsdp.randint(0, 128, { 4, 96 }, { seed = 2 })
 local function step(m)
   local budget = fsdp.set_collect_budget(0)
   finally(function() fsdp.set_collect_budget(budget) end)
-  collectgarbage()
+  fsdp.collect()
   local base = fsdp.memory_stats('cpu').in_use
   fsdp.reset_memory_stats('cpu')
   local loss = m:loss(ids, targets)

@@ -219,7 +219,7 @@ describe('fsdp.plan memory', function()
     finally(function() fsdp.set_collect_budget(budget) end)
     local m = llama70()
     fsdp.plan(m, with(H100)) -- warm
-    collectgarbage(); collectgarbage()
+    fsdp.collect()
     local before = fsdp.memory_stats('cpu').in_use
     fsdp.plan(m, with(H100))
     assert.are.equal(before, fsdp.memory_stats('cpu').in_use)

@@ -307,6 +307,47 @@ describe('fsdp.shard on one rank', function()
     assert.equals(r.params + r.grads + r.optimizer + r.buffers, r.persistent)
   end)
 
+  -- [Note: traces pin closures] (fsdp.collect in lua/fsdp/init.lua). In a
+  -- fresh process, where the first model's closures are the ones the JIT
+  -- specializes on: after two plain collections the dropped model may still
+  -- hold memory; after fsdp.collect() it holds none.
+  it('gives back all of a dropped model with fsdp.collect()', function()
+    local script = [[
+      local fsdp = require 'fsdp'
+      local llama = require 'models.llama'
+      fsdp.set_collect_budget(0)
+      fsdp.collect()
+      local base = fsdp.memory_stats('cpu').in_use
+      for _ = 1, 2 do
+        local c = llama.config('tiny', { dim = 32, n_layers = 3, n_heads = 4, n_kv_heads = 2, ffn_dim = 64,
+                                         vocab_size = 64, max_seq_len = 32 })
+        local m = llama.CausalLM(c, { device = 'meta' })
+        fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 1 })
+        local opt = require('fsdp.optim').AdamW(m:parameters(), { lr = 1e-3 })
+        for step = 1, 3 do
+          local ids = fsdp.randint(0, 64, { 2, 16 }, { seed = step })
+          m:loss(ids, ids):backward()
+          opt:step(); opt:zero_grad()
+        end
+      end
+      collectgarbage(); collectgarbage()
+      local plain = fsdp.memory_stats('cpu').in_use - base
+      fsdp.collect()
+      print(('RESULT %d %d'):format(plain, fsdp.memory_stats('cpu').in_use - base))
+    ]]
+    local path = os.tmpname()
+    local f = assert(io.open(path, 'w'))
+    f:write(script)
+    f:close()
+    local p = assert(io.popen(("timeout 60 '%s' '%s' 2>&1"):format(require('fsdp.host').exe, path)))
+    local out = p:read('*a')
+    p:close()
+    os.remove(path)
+    local plain, collected = out:match('RESULT (%d+) (%d+)')
+    assert.is_not_nil(plain, out)
+    assert.equals(0, tonumber(collected), 'bytes still in use after fsdp.collect(): ' .. out)
+  end)
+
   it('plans Llama-2-70B on the meta device without allocating', function()
     local budget = fsdp.set_collect_budget(0)
     finally(function() fsdp.set_collect_budget(budget) end)

@@ -23,7 +23,7 @@ local tg = fsdp.randint(0, CFG.vocab_size, { B, SEQ }, { seed = 2 })
 local is_block = function(m) return m:is_instance_of(llama.DecoderLayer) end
 
 local function in_use()
-  collectgarbage(); collectgarbage()
+  fsdp.collect() -- [Note: traces pin closures]
   return fsdp.memory_stats('cpu').in_use
 end
 

@@ -32,7 +32,7 @@ local function sharded(path)
   for _, np in ipairs(model:named_parameters()) do largest = math.max(largest, np[2]:numel() * 4) end
   fsdp.shard(model, { policy = fsdp.policy.transformer { fam.block }, seed = 7 })
   fsdp.set_collect_budget(0) -- exact peaks: dead tensors collected before every allocation
-  collectgarbage()
+  fsdp.collect()
   fsdp.reset_memory_stats('cpu')
   local base = fsdp.memory_stats('cpu').in_use
   pretrained.start({}, model, src, 0)
@@ -82,7 +82,7 @@ elseif mode == 'export' then
   -- The export streams: rank 0 holds about one gathered unit at a time.
   local dir = fsdp.dist.all_gather_strings(T.rank == 0 and os.tmpname() .. '.d' or '')[1]
   fsdp.set_collect_budget(0) -- exact peaks: dead tensors collected before every allocation
-  collectgarbage()
+  fsdp.collect()
   fsdp.reset_memory_stats('cpu')
   local base = fsdp.memory_stats('cpu').in_use
   hf.save_pretrained(trained, dir)

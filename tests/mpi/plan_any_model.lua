@@ -49,7 +49,7 @@ function Net:example_batch(batch, seq)
 end
 
 local function in_use()
-  collectgarbage(); collectgarbage()
+  fsdp.collect() -- [Note: traces pin closures]
   return fsdp.memory_stats('cpu').in_use
 end
 

@@ -179,7 +179,8 @@ for np in 2 4; do
   run_tap "sharded memory, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/fsdp_memory.lua
 done
 # The planner's persistent and peak bytes against the allocator's, every
-# strategy in f32 and in bf16 with checkpointing; hybrid as 2 nodes of 2.
+# strategy in f32 and in bf16 with checkpointing, gradient accumulation and
+# LoRA; hybrid as 2 nodes of 2.
 run_tap "planned = measured memory, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua
 # A model defined only in the test file: planned by tracing its step.
 run_tap "planned = measured memory, a model the planner was never taught, 2 ranks" -- \
@@ -189,10 +190,6 @@ run_tap "planned = measured memory, a model the planner was never taught, 2 rank
 run_tap "planned = measured collectives, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/plan_comm.lua
 run_tap "planned = measured collectives, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/plan_comm.lua
-for i in 1 2 3; do
-  run_tap "planned = measured memory, LoRA case $i, 2 ranks" FSDP_TEST_PLAN_LORA=$i -- \
-    mpirun -np 2 "$EXE" tests/mpi/plan_memory.lua
-done
 run_tap "planned = measured memory, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/plan_memory.lua
 # The Llama recipe, sharded: 2 ranks of batch 2 log the losses of 1 rank of
