@@ -98,6 +98,11 @@ void fl_fault_unregister(const void *begin);
 int fl_guarded_memcpy(void *dst, const void *src, size_t n);
 
 fl_storage *fl_storage_new(fl_device device, int64_t nbytes);
+/* A function fl_storage_new calls after each allocation it makes (NULL:
+ * none): how the distributed layer above progresses collectives between
+ * kernels ([Note: progress from compute], core/dist/dist.c) without this
+ * layer knowing of it. */
+void fl_set_allocation_hook(void (*hook)(void));
 /* Storage that holds nothing and counts nbytes in the meta device's memory
  * statistics while it lives ([Note: virtual storage], storage.c). */
 fl_storage *fl_storage_virtual(int64_t nbytes);

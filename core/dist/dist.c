@@ -43,6 +43,23 @@
  * why it left (the host notes "os.exit(N) at file:line",
  * fl_dist_note_exit) and which ranks are still running, and aborts the
  * job.
+ *
+ * [Note: progress from compute]
+ * Open MPI moves a non-blocking collective only inside MPI calls, and the
+ * progress thread makes them every FSDP_PROGRESS_INTERVAL_US while the
+ * rank computes ([Note: progress and waiting], work.c). When ranks' compute
+ * threads fill every core, as they do when a node runs one rank per core
+ * (and on this project's 2-core machine with 4 ranks), that thread waits
+ * for a core at each wake-up, and a prefetched all-gather that should
+ * hide behind a layer's compute finishes late (HYBRID_SHARD's node
+ * all-gathers took 46-55 ms with prefetch against 16-21 waited for
+ * outright, benchmarks/cluster_link.sh). So the thread that computes
+ * progresses them too: every storage allocation (every op's output; the
+ * tensor layer calls a hook this file sets, fl_set_allocation_hook) makes
+ * one pass over the requests in flight, at most every POKE_GAP_US, on the
+ * thread that started the runtime (MPI may allow no other), and never
+ * waits for the progress thread's lock. FSDP_PROGRESS_FROM_COMPUTE=0
+ * turns it off.
  */
 #include "dist.h"
 
@@ -50,6 +67,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
@@ -57,6 +75,28 @@
 #include <unistd.h>
 
 fl_dist_state fl_dist;
+
+/* [Note: progress from compute] */
+enum { POKE_GAP_US = 50 };
+static pthread_t poke_thread;
+
+static void poke_between_kernels(void) {
+    static double last;
+    if (!pthread_equal(pthread_self(), poke_thread)) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    if (now - last < 1e-6 * POKE_GAP_US) return;
+    last = now;
+    fl_dist.backend->poke();
+}
+
+static void start_pokes(void) {
+    const char *env = getenv("FSDP_PROGRESS_FROM_COMPUTE");
+    if (!fl_dist.backend->poke || (env && strcmp(env, "0") == 0)) return;
+    poke_thread = pthread_self();
+    fl_set_allocation_hook(poke_between_kernels);
+}
 
 extern const fl_dist_backend fl_dist_self_backend;
 
@@ -402,6 +442,7 @@ int fl_dist_init(void) {
     fl_dist.world = fl_group_wrap(fl_dist.backend->world(), "world");
     if (!fl_dist.world) return fl_last_status();
     fl_dist.initialized = true;
+    start_pokes();
     return FL_OK;
 }
 
@@ -465,6 +506,7 @@ void fl_dist_finalize(void) {
      * for ever ([Note: a collective that never completes]). */
     if (fl_dist.broken && is_job()) end_job(fl_dist.broken_message);
     /* Ranks leaving early wait for the others to leave too. */
+    fl_set_allocation_hook(NULL);
     if (fl_dist.initialized && is_job() && fl_dist.backend->leave)
         fl_dist.backend->leave("finished");
     if (fl_dist.initialized) {

@@ -21,7 +21,7 @@
 
 #include "fsdp.h"
 
-enum { FL_DIST_BACKEND_ABI = 4 };
+enum { FL_DIST_BACKEND_ABI = 5 };
 
 /* The symbol libfsdp_mpi.so exports: returns its vtable. */
 #define FL_DIST_MPI_ENTRY "fl_dist_mpi_backend"
@@ -107,6 +107,10 @@ typedef struct fl_dist_backend {
      * how many; *lost = records dropped unread since the previous call.
      * NULL: the backend keeps none. */
     int (*collective_log)(fl_coll_record *out, int max, int64_t *lost);
+    /* Progress the collectives in flight once, unless another thread is
+     * progressing them right now (never blocks): [Note: progress from
+     * compute], core/dist/dist.c. NULL: nothing ever needs it. */
+    void (*poke)(void);
 } fl_dist_backend;
 
 typedef const fl_dist_backend *(*fl_dist_backend_entry)(void);

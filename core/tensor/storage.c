@@ -8,7 +8,12 @@
  */
 #include "internal.h"
 
+#include <stdatomic.h>
+
 static _Atomic uint64_t next_storage_id = 1;
+static void (*_Atomic allocation_hook)(void);
+
+void fl_set_allocation_hook(void (*hook)(void)) { atomic_store(&allocation_hook, hook); }
 
 fl_storage *fl_storage_new(fl_device device, int64_t nbytes) {
     const fl_backend *be = fl_backend_of(device);
@@ -55,6 +60,8 @@ fl_storage *fl_storage_new(fl_device device, int64_t nbytes) {
     s->refcount = 1;
     s->device = device;
     s->id = next_storage_id++;
+    void (*hook)(void) = atomic_load(&allocation_hook);
+    if (hook) hook();
     return s;
 }
 

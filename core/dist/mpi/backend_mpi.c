@@ -222,6 +222,18 @@ static void poll_one(mpi_req *r) {
 
 static void watch_poll(void);
 
+/* One pass over the requests in flight, from a thread that computes
+ * ([Note: progress from compute], core/dist/dist.c). A try-lock: when the
+ * progress thread (or a wait) holds the lock it is progressing them. */
+static void mpi_poke(void) {
+    if (pthread_mutex_trylock(&S.lock) != 0) return;
+    for (mpi_req *r = S.active, *next; r; r = next) {
+        next = r->next;
+        poll_one(r);
+    }
+    pthread_mutex_unlock(&S.lock);
+}
+
 static void *progress_main(void *arg) {
     struct timespec pause = {0, S.interval_us * 1000};
     pthread_mutex_lock(&S.lock);
@@ -956,6 +968,7 @@ static const fl_dist_backend mpi_backend = {
     .peers_left = mpi_peers_left,
     .busy_seconds = mpi_busy_seconds,
     .collective_log = mpi_collective_log,
+    .poke = mpi_poke,
 };
 
 EXPORT const fl_dist_backend *fl_dist_mpi_backend(void);
