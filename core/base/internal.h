@@ -177,8 +177,9 @@ int64_t fl_cpu_empty_cache(void);
  * FL_API functions and the internal ones marked FL_PLUGIN_API below, and
  * FL_BACKEND_ABI changes whenever this struct, the kernel tables or the
  * tensor struct they take change, so a stale plugin is refused with a
- * message instead of misbehaving (2: fl_tensor gained virtual_storage). */
-enum { FL_BACKEND_ABI = 2 };
+ * message instead of misbehaving (2: fl_tensor gained virtual_storage;
+ * 3: fl_linear_kernels gained matmul_scratch). */
+enum { FL_BACKEND_ABI = 3 };
 
 /* The symbol a backend plugin (libfsdp_cuda.so) exports: returns its
  * vtable. */
@@ -460,6 +461,18 @@ fl_tensor *fl_reduce_grad_to(const fl_tensor *grad, const fl_tensor *input);
 void fl_cpu_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                   int64_t ldc);
+/* Whether oneDNN takes the product C = op(A) @ op(B) + beta * C with
+ * operands of `dtype` (only bf16 is ever taken) and an f32 C, laid out as
+ * for fl_cpu_sgemm ([Note: two GEMM libraries], core/cpu/cpu_onednn.c). A
+ * pure function of its arguments and the library chosen: the CPU matmul
+ * and its meta model ask it alike. */
+bool fl_cpu_onednn_takes(fl_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                         int64_t lda, int64_t ldb, int64_t ldc, double beta);
+/* Run on oneDNN a product that fl_cpu_onednn_takes accepted (a and b in
+ * `dtype`, c in f32); FL_OK, or an error naming the product. */
+int fl_cpu_onednn_gemm(fl_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                       const void *a, int64_t lda, const void *b, int64_t ldb, double beta, float *c,
+                       int64_t ldc);
 
 /* ---- what every op shares (core/ops/op_common.c) --------------------------- */
 

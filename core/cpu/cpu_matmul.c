@@ -3,13 +3,19 @@
  * backward (batched, broadcast, with an optional bias), the row sums of the
  * bias gradient, and the CPU kernel table of the linear family.
  *
- * Every product is one BLAS GEMM call per matrix (f32: fl_cpu_sgemm, f64:
- * dgemm). Operands are read in place whenever one axis of the matrix has
- * unit stride, the other axis then being BLAS's leading dimension (with the
- * transposition flag for a transposed view); only other strides are copied.
- * bf16/f16 operands are converted to f32 once per call (Debian's OpenBLAS
- * has no bf16 GEMM), multiplied with f32 accumulation, and the result is
- * rounded once to the output dtype.
+ * Every product is one GEMM call per matrix (f32: fl_cpu_sgemm, f64:
+ * dgemm, large bf16: oneDNN). Operands are read in place whenever one axis
+ * of the matrix has unit stride, the other axis then being the library's
+ * leading dimension (with the transposition flag for a transposed view);
+ * only other strides are copied. 16-bit products accumulate in f32 into an
+ * f32 buffer that is rounded once to the output dtype. Large bf16 products
+ * that oneDNN takes ([Note: two GEMM libraries], cpu_onednn.c) read their
+ * operands as bf16; the rest (f16, small ones, oneDNN absent or switched
+ * off) are converted to f32 once per call for OpenBLAS, which has no bf16
+ * GEMM in Debian's build. The choice is made from dtypes, shapes and
+ * strides before anything is copied, and matmul_scratch reports what each
+ * way stages, for the planner's meta model ([Note: virtual storage],
+ * core/ops/matmul.c).
  */
 #include "cpu_iter.h"
 #include "cpu_linear.h"
@@ -44,10 +50,17 @@ void fl_cpu_gemm_ct(fl_dtype ct, bool trans_a, bool trans_b, int64_t m, int64_t 
 
 /* ---- operands ---------------------------------------------------------------- */
 
-/* Make t (a batch of matrices, stride 0 on broadcast batch dims) readable by
- * BLAS in dtype ct: in place when possible; else its distinct elements (the
- * broadcast dims collapsed, never expanded) are converted or compacted. */
-static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
+/* How an operand reaches the library: read in place; its whole memory span
+ * converted to the compute dtype, strides kept; or its distinct elements
+ * (broadcast batch dims collapsed, never expanded) compacted row-major. */
+typedef enum { IN_PLACE, CONVERT_SPAN, COMPACT } operand_way;
+
+/* The way t (a batch of matrices, stride 0 on broadcast batch dims) is
+ * made readable in dtype ct, with the layout the library then sees in op
+ * (trans, ld, bstride; not base or owned) and the elements of the copy in
+ * *elems. From shapes, strides and dtypes only: the meta model asks too. */
+static operand_way operand_plan(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op,
+                                int64_t *elems, fl_tensor *distinct) {
     int nd = t->ndim, nb = nd - 2;
     int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
     memset(op, 0, sizeof *op);
@@ -58,11 +71,10 @@ static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
         if (i < nb && t->stride[i] == 0) d.shape[i] = 1;
         d.numel *= d.shape[i];
     }
-    if (in_place && t->dtype == ct) {
-        op->base = t->data;
-        for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i];
-        return FL_OK;
-    }
+    if (distinct) *distinct = d;
+    for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i];
+    *elems = 0;
+    if (in_place && t->dtype == ct) return IN_PLACE;
     if (in_place) {
         /* Convert the whole memory span the view covers, keeping its
          * strides, when it is not much larger than the elements themselves
@@ -70,24 +82,87 @@ static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
         int64_t span = 1;
         for (int i = 0; i < nd; i++) span += (d.shape[i] - 1) * d.stride[i];
         if (span <= 2 * d.numel + 4096) {
-            op->owned = fl_empty(1, &span, ct, t->device);
-            if (!op->owned) return fl_last_status();
-            int rc = fl_convert(op->owned->data, ct, t->data, t->dtype, span);
-            if (rc != FL_OK) return rc;
-            op->base = op->owned->data;
-            for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i];
-            return FL_OK;
+            *elems = span;
+            return CONVERT_SPAN;
         }
     }
-    op->owned = fl_empty(nd, d.shape, ct, t->device);
+    int64_t cstride[FL_MAX_DIMS];
+    fl_contiguous_strides(nd, d.shape, cstride);
+    op->trans = false;
+    op->ld = max1(c);
+    for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i] == 0 ? 0 : cstride[i];
+    *elems = d.numel;
+    return COMPACT;
+}
+
+/* Make t readable by the library in dtype ct as operand_plan says: in
+ * place, or a converted or compacted copy (op->owned). */
+static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
+    int64_t elems;
+    fl_tensor d;
+    operand_way way = operand_plan(t, ct, op, &elems, &d);
+    if (way == IN_PLACE) {
+        op->base = t->data;
+        return FL_OK;
+    }
+    if (way == CONVERT_SPAN) {
+        op->owned = fl_empty(1, &elems, ct, t->device);
+        if (!op->owned) return fl_last_status();
+        int rc = fl_convert(op->owned->data, ct, t->data, t->dtype, elems);
+        if (rc != FL_OK) return rc;
+        op->base = op->owned->data;
+        return FL_OK;
+    }
+    op->owned = fl_empty(t->ndim, d.shape, ct, t->device);
     if (!op->owned) return fl_last_status();
     int rc = fl_cpu_backend.copy(op->owned, &d);
     if (rc != FL_OK) return rc;
     op->base = op->owned->data;
-    op->trans = false;
-    op->ld = max1(c);
-    for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i] == 0 ? 0 : op->owned->stride[i];
     return FL_OK;
+}
+
+/* Whether oneDNN takes the product out = a @ b (+ bias rows, beta 1) with
+ * a and b read as bf16: asked with the layouts prepare will give them
+ * (compacted operands row-major), folded into one product when
+ * fl_gemm_fold_rows folds them. A whole batch shares one answer: its
+ * products share dtype, sizes and layout. */
+static bool onednn_takes(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
+                         bool bias) {
+    if (a->dtype != FL_BF16 || b->dtype != FL_BF16 || out->dtype == FL_F64 || out->numel == 0)
+        return false;
+    int nd = out->ndim;
+    int64_t m = out->shape[nd - 2], n = out->shape[nd - 1], k = a->shape[nd - 1], elems;
+    if (k == 0) return false;
+    fl_gemm_operand A, B;
+    operand_plan(a, FL_BF16, &A, &elems, NULL);
+    operand_plan(b, FL_BF16, &B, &elems, NULL);
+    int64_t rows, lda;
+    double beta = bias ? 1 : 0;
+    if (fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda))
+        return fl_cpu_onednn_takes(FL_BF16, false, B.trans, rows, n, k, lda, B.ld, n, beta);
+    return fl_cpu_onednn_takes(FL_BF16, A.trans, B.trans, m, n, k, A.ld, B.ld, n, beta);
+}
+
+/* Bytes cpu_matmul allocates for a while beyond out: the f32 result of a
+ * 16-bit product, the bias in the compute dtype, the operands' copies
+ * (bf16 copies of strided operands on oneDNN, f32 conversions otherwise).
+ * The meta model of the planner counts them ([Note: virtual storage]). */
+static int64_t cpu_matmul_scratch(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
+                                  const fl_tensor *bias) {
+    if (out->numel == 0) return 0;
+    int nd = out->ndim;
+    int64_t n = out->shape[nd - 1], k = a->shape[nd - 1];
+    fl_dtype ct = out->dtype == FL_F64 ? FL_F64 : FL_F32;
+    fl_dtype ot = onednn_takes(out, a, b, bias != NULL) ? FL_BF16 : ct;
+    int64_t bytes = 0, ea = 0, eb = 0;
+    if (out->dtype != ct) bytes += out->numel * (int64_t)fl_dtype_size(ct);
+    if (bias) bytes += n * (int64_t)fl_dtype_size(ct);
+    if (k > 0) {
+        fl_gemm_operand A, B;
+        operand_plan(a, ot, &A, &ea, NULL);
+        operand_plan(b, ot, &B, &eb, NULL);
+    }
+    return bytes + (ea + eb) * (int64_t)fl_dtype_size(ot);
 }
 
 /* ---- the product ---------------------------------------------------------------- */
@@ -126,14 +201,25 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
         memset(c, 0, (size_t)out->numel * cs);
     }
     if (k > 0) {
-        if ((rc = prepare(a, ct, &A)) != FL_OK || (rc = prepare(b, ct, &B)) != FL_OK) goto done;
+        /* Operands in their own bf16 when oneDNN takes the product; else in
+         * the compute dtype. */
+        bool dnn = onednn_takes(out, a, b, bias != NULL);
+        fl_dtype ot = dnn ? FL_BF16 : ct;
+        size_t os = fl_dtype_size(ot);
+        if ((rc = prepare(a, ot, &A)) != FL_OK || (rc = prepare(b, ot, &B)) != FL_OK) goto done;
         int64_t rows, lda;
         if (fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda)) {
-            fl_cpu_gemm_ct(ct, false, B.trans, rows, n, k, A.base, lda, B.base, B.ld, beta, c, n);
+            if (dnn)
+                rc = fl_cpu_onednn_gemm(FL_BF16, false, B.trans, rows, n, k, A.base, lda, B.base,
+                                        B.ld, beta, (float *)c, n);
+            else
+                fl_cpu_gemm_ct(ct, false, B.trans, rows, n, k, A.base, lda, B.base, B.ld, beta, c,
+                               n);
         } else {
             /* Small products (attention heads) go one per thread; large
-             * ones one after another, each threaded by OpenBLAS. */
-            bool spread = nbatch > 1 && m * n * k <= FL_CPU_SMALL_GEMM;
+             * ones one after another, each threaded by its library (the
+             * products oneDNN takes are all large: cpu_onednn.c). */
+            bool spread = !dnn && nbatch > 1 && m * n * k <= FL_CPU_SMALL_GEMM;
 #pragma omp parallel for schedule(static) if (spread)
             for (int64_t i = 0; i < nbatch; i++) {
                 int64_t oa = 0, ob = 0, rem = i;
@@ -143,11 +229,17 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
                     oa += idx * A.bstride[d];
                     ob += idx * B.bstride[d];
                 }
-                fl_cpu_gemm_ct(ct, A.trans, B.trans, m, n, k, A.base + oa * (int64_t)cs, A.ld,
-                               B.base + ob * (int64_t)cs, B.ld, beta, c + i * m * n * (int64_t)cs,
-                               n);
+                const char *pa = A.base + oa * (int64_t)os, *pb = B.base + ob * (int64_t)os;
+                char *pc = c + i * m * n * (int64_t)cs;
+                if (!dnn) {
+                    fl_cpu_gemm_ct(ct, A.trans, B.trans, m, n, k, pa, A.ld, pb, B.ld, beta, pc, n);
+                } else if (rc == FL_OK) { /* serial: spread is off */
+                    rc = fl_cpu_onednn_gemm(FL_BF16, A.trans, B.trans, m, n, k, pa, A.ld, pb, B.ld,
+                                            beta, (float *)pc, n);
+                }
             }
         }
+        if (rc != FL_OK) goto done;
     }
     if (cbuf) rc = fl_convert(out->data, out->dtype, cbuf->data, ct, out->numel);
 done:
@@ -209,6 +301,7 @@ static int cpu_sum_rows(fl_tensor *out, const fl_tensor *in) {
 
 const fl_linear_kernels fl_cpu_linear_kernels = {
     .matmul = cpu_matmul,
+    .matmul_scratch = cpu_matmul_scratch,
     .sum_rows = cpu_sum_rows,
     .embedding = fl_cpu_embedding,
     .embedding_backward = fl_cpu_embedding_backward,
