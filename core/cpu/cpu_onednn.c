@@ -63,7 +63,7 @@ _Static_assert(FL_CPU_SMALL_GEMM < SMALL_PRODUCT, "a product in a parallel regio
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static bool chosen, use_onednn;
-static char why_not[160] = "not tried yet";
+static char why_not[256] = "not tried yet";
 
 #ifdef HAVE_ONEDNN_HEADER
 #define ONEDNN_FUNCTIONS(X)                                                                        \
@@ -102,7 +102,8 @@ static int cache_used, cache_next;
 static bool open_onednn(void) {
     void *lib = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-        snprintf(why_not, sizeof why_not, "libdnnl.so.2 not found");
+        const char *err = dlerror();
+        snprintf(why_not, sizeof why_not, "%s", err ? err : "libdnnl.so.2 cannot be opened");
         return false;
     }
 #define RESOLVE(f)                                                                                 \
@@ -307,7 +308,7 @@ int fl_cpu_gemm_use(const char *library) {
 }
 
 const char *fl_cpu_gemm_library(void) {
-    static char text[256];
+    static char text[320];
     pthread_mutex_lock(&lock);
     choose();
 #ifdef HAVE_ONEDNN_HEADER
