@@ -7,15 +7,16 @@
  * dgemm, large bf16: oneDNN). Operands are read in place whenever one axis
  * of the matrix has unit stride, the other axis then being the library's
  * leading dimension (with the transposition flag for a transposed view);
- * only other strides are copied. 16-bit products accumulate in f32 into an
- * f32 buffer that is rounded once to the output dtype. Large bf16 products
- * that oneDNN takes ([Note: two GEMM libraries], cpu_onednn.c) read their
- * operands as bf16; the rest (f16, small ones, oneDNN absent or switched
- * off) are converted to f32 once per call for OpenBLAS, which has no bf16
- * GEMM in Debian's build. The choice is made from dtypes, shapes and
- * strides before anything is copied, and matmul_scratch reports what each
- * way stages, for the planner's meta model ([Note: virtual storage],
- * core/ops/matmul.c).
+ * only other strides are copied. Large bf16 products that oneDNN takes
+ * ([Note: two GEMM libraries], cpu_onednn.c) read their operands as bf16
+ * and write out directly, the bias added in f32 before oneDNN's single
+ * rounding. The rest of the 16-bit products (f16, small ones, oneDNN
+ * absent or switched off) are converted to f32 once per call for
+ * OpenBLAS, which has no bf16 GEMM in Debian's build, accumulate into an
+ * f32 buffer and are rounded once to the output dtype. The choice is made
+ * from dtypes, shapes and strides before anything is copied, and
+ * matmul_scratch reports what each way stages, for the planner's meta
+ * model ([Note: virtual storage], core/ops/matmul.c).
  */
 #include "cpu_iter.h"
 #include "cpu_linear.h"
@@ -121,41 +122,50 @@ static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
     return FL_OK;
 }
 
-/* Whether oneDNN takes the product out = a @ b (+ bias rows, beta 1) with
- * a and b read as bf16: asked with the layouts prepare will give them
- * (compacted operands row-major), folded into one product when
- * fl_gemm_fold_rows folds them. A whole batch shares one answer: its
- * products share dtype, sizes and layout. */
-static bool onednn_takes(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
-                         bool bias) {
-    if (a->dtype != FL_BF16 || b->dtype != FL_BF16 || out->dtype == FL_F64 || out->numel == 0)
+/* Whether oneDNN takes the product out = a @ b (+ bias) with a and b read
+ * as bf16, written straight into out; *p is the product it is asked
+ * about, with the layouts prepare will give the operands (compacted ones
+ * row-major), folded into one product when fl_gemm_fold_rows folds them.
+ * A whole batch shares one answer: its products share dtypes, sizes and
+ * layout (only the base pointers differ). */
+static bool onednn_plan(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b, bool bias,
+                        fl_onednn_product *p) {
+    memset(p, 0, sizeof *p);
+    if (a->dtype != FL_BF16 || b->dtype != FL_BF16 || out->numel == 0 ||
+        (out->dtype != FL_BF16 && out->dtype != FL_F32))
         return false;
     int nd = out->ndim;
-    int64_t m = out->shape[nd - 2], n = out->shape[nd - 1], k = a->shape[nd - 1], elems;
+    int64_t k = a->shape[nd - 1], elems, rows, lda;
     if (k == 0) return false;
     fl_gemm_operand A, B;
     operand_plan(a, FL_BF16, &A, &elems, NULL);
     operand_plan(b, FL_BF16, &B, &elems, NULL);
-    int64_t rows, lda;
-    double beta = bias ? 1 : 0;
-    if (fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda))
-        return fl_cpu_onednn_takes(FL_BF16, false, B.trans, rows, n, k, lda, B.ld, n, beta);
-    return fl_cpu_onednn_takes(FL_BF16, A.trans, B.trans, m, n, k, A.ld, B.ld, n, beta);
+    p->dtype = FL_BF16, p->c_dtype = out->dtype, p->bias = bias;
+    p->n = out->shape[nd - 1], p->k = k, p->ldb = B.ld, p->ldc = p->n, p->trans_b = B.trans;
+    if (fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda)) {
+        p->m = rows, p->lda = lda, p->trans_a = false;
+    } else {
+        p->m = out->shape[nd - 2], p->lda = A.ld, p->trans_a = A.trans;
+    }
+    return fl_cpu_onednn_takes(p);
 }
 
-/* Bytes cpu_matmul allocates for a while beyond out: the f32 result of a
- * 16-bit product, the bias in the compute dtype, the operands' copies
- * (bf16 copies of strided operands on oneDNN, f32 conversions otherwise).
- * The meta model of the planner counts them ([Note: virtual storage]). */
+/* Bytes cpu_matmul allocates for a while beyond out, as it would for these
+ * views: on oneDNN the f32 bias and bf16 copies of strided operands; else
+ * the f32 result of a 16-bit product, the bias and the operands' f32
+ * conversions. The planner's meta model counts them ([Note: virtual
+ * storage], core/ops/matmul.c). */
 static int64_t cpu_matmul_scratch(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
                                   const fl_tensor *bias) {
     if (out->numel == 0) return 0;
     int nd = out->ndim;
     int64_t n = out->shape[nd - 1], k = a->shape[nd - 1];
     fl_dtype ct = out->dtype == FL_F64 ? FL_F64 : FL_F32;
-    fl_dtype ot = onednn_takes(out, a, b, bias != NULL) ? FL_BF16 : ct;
+    fl_onednn_product p;
+    bool dnn = onednn_plan(out, a, b, bias != NULL, &p);
+    fl_dtype ot = dnn ? FL_BF16 : ct;
     int64_t bytes = 0, ea = 0, eb = 0;
-    if (out->dtype != ct) bytes += out->numel * (int64_t)fl_dtype_size(ct);
+    if (!dnn && out->dtype != ct) bytes += out->numel * (int64_t)fl_dtype_size(ct);
     if (bias) bytes += n * (int64_t)fl_dtype_size(ct);
     if (k > 0) {
         fl_gemm_operand A, B;
@@ -166,6 +176,29 @@ static int64_t cpu_matmul_scratch(const fl_tensor *out, const fl_tensor *a, cons
 }
 
 /* ---- the product ---------------------------------------------------------------- */
+
+/* The batch's products one after another on oneDNN, into out itself
+ * (bf16 or f32), the bias added in f32 before oneDNN's one rounding. */
+static int matmul_onednn(fl_tensor *out, const fl_onednn_product *p, const fl_gemm_operand *A,
+                         const fl_gemm_operand *B, const float *bias, bool folded) {
+    int nb = out->ndim - 2;
+    int64_t m = out->shape[nb], n = out->shape[nb + 1];
+    int64_t nbatch = folded ? 1 : out->numel / (m * n), os = 2;
+    size_t cs = fl_dtype_size(out->dtype);
+    for (int64_t i = 0; i < nbatch; i++) {
+        int64_t oa = 0, ob = 0, rem = i;
+        for (int d = nb - 1; d >= 0 && !folded; d--) {
+            int64_t idx = rem % out->shape[d];
+            rem /= out->shape[d];
+            oa += idx * A->bstride[d];
+            ob += idx * B->bstride[d];
+        }
+        int rc = fl_cpu_onednn_gemm(p, A->base + oa * os, B->base + ob * os, bias,
+                                    (char *)out->data + i * m * n * (int64_t)cs);
+        if (rc != FL_OK) return rc;
+    }
+    return FL_OK;
+}
 
 static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
                       const fl_tensor *bias) {
@@ -179,17 +212,34 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
     fl_tensor *cbuf = NULL, *bias_ct = NULL;
     char *c = out->data;
     int rc = FL_OK;
+    /* Decided before anything is copied: on oneDNN the operands are read
+     * as bf16 and the result written straight into out. */
+    fl_onednn_product dp;
+    bool dnn = onednn_plan(out, a, b, bias != NULL, &dp);
+    if (bias) {
+        bias_ct = fl_empty(1, &n, ct, out->device);
+        rc = bias_ct ? fl_cpu_backend.copy(bias_ct, bias) : (int)fl_last_status();
+        if (rc != FL_OK) goto done;
+    }
+    if (dnn) {
+        if ((rc = prepare(a, FL_BF16, &A)) != FL_OK || (rc = prepare(b, FL_BF16, &B)) != FL_OK)
+            goto done;
+        int64_t rows, lda;
+        bool folded = fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda);
+        rc = matmul_onednn(out, &dp, &A, &B, bias_ct ? bias_ct->data : NULL, folded);
+        goto done;
+    }
     if (out->dtype != ct) {
         cbuf = fl_empty(1, &out->numel, ct, out->device);
-        if (!cbuf) return fl_last_status();
+        if (!cbuf) {
+            rc = fl_last_status();
+            goto done;
+        }
         c = cbuf->data;
     }
     /* The bias goes into C first and the GEMM adds to it (beta = 1). */
     double beta = 0;
     if (bias) {
-        bias_ct = fl_empty(1, &n, ct, out->device);
-        rc = bias_ct ? fl_cpu_backend.copy(bias_ct, bias) : (int)fl_last_status();
-        if (rc != FL_OK) goto done;
         const char *row = bias_ct->data;
         /* Serial on purpose: libgomp's idle workers spin for a while after
          * a parallel region, and OpenBLAS's own threads, starting right
@@ -201,25 +251,14 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
         memset(c, 0, (size_t)out->numel * cs);
     }
     if (k > 0) {
-        /* Operands in their own bf16 when oneDNN takes the product; else in
-         * the compute dtype. */
-        bool dnn = onednn_takes(out, a, b, bias != NULL);
-        fl_dtype ot = dnn ? FL_BF16 : ct;
-        size_t os = fl_dtype_size(ot);
-        if ((rc = prepare(a, ot, &A)) != FL_OK || (rc = prepare(b, ot, &B)) != FL_OK) goto done;
+        if ((rc = prepare(a, ct, &A)) != FL_OK || (rc = prepare(b, ct, &B)) != FL_OK) goto done;
         int64_t rows, lda;
         if (fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda)) {
-            if (dnn)
-                rc = fl_cpu_onednn_gemm(FL_BF16, false, B.trans, rows, n, k, A.base, lda, B.base,
-                                        B.ld, beta, (float *)c, n);
-            else
-                fl_cpu_gemm_ct(ct, false, B.trans, rows, n, k, A.base, lda, B.base, B.ld, beta, c,
-                               n);
+            fl_cpu_gemm_ct(ct, false, B.trans, rows, n, k, A.base, lda, B.base, B.ld, beta, c, n);
         } else {
             /* Small products (attention heads) go one per thread; large
-             * ones one after another, each threaded by its library (the
-             * products oneDNN takes are all large: cpu_onednn.c). */
-            bool spread = !dnn && nbatch > 1 && m * n * k <= FL_CPU_SMALL_GEMM;
+             * ones one after another, each threaded by OpenBLAS. */
+            bool spread = nbatch > 1 && m * n * k <= FL_CPU_SMALL_GEMM;
 #pragma omp parallel for schedule(static) if (spread)
             for (int64_t i = 0; i < nbatch; i++) {
                 int64_t oa = 0, ob = 0, rem = i;
@@ -229,17 +268,11 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
                     oa += idx * A.bstride[d];
                     ob += idx * B.bstride[d];
                 }
-                const char *pa = A.base + oa * (int64_t)os, *pb = B.base + ob * (int64_t)os;
-                char *pc = c + i * m * n * (int64_t)cs;
-                if (!dnn) {
-                    fl_cpu_gemm_ct(ct, A.trans, B.trans, m, n, k, pa, A.ld, pb, B.ld, beta, pc, n);
-                } else if (rc == FL_OK) { /* serial: spread is off */
-                    rc = fl_cpu_onednn_gemm(FL_BF16, A.trans, B.trans, m, n, k, pa, A.ld, pb, B.ld,
-                                            beta, (float *)pc, n);
-                }
+                fl_cpu_gemm_ct(ct, A.trans, B.trans, m, n, k, A.base + oa * (int64_t)cs, A.ld,
+                               B.base + ob * (int64_t)cs, B.ld, beta, c + i * m * n * (int64_t)cs,
+                               n);
             }
         }
-        if (rc != FL_OK) goto done;
     }
     if (cbuf) rc = fl_convert(out->data, out->dtype, cbuf->data, ct, out->numel);
 done:

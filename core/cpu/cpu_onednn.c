@@ -6,39 +6,45 @@
  * exported), so without oneDNN a bf16 product is converted to f32 and run
  * by sgemm at f32 speed. oneDNN multiplies bf16 operands as they are, with
  * f32 accumulation, and on CPUs with AMX (Sapphire Rapids:
- * brg:avx512_core_amx_bf16) does so about eight times faster: GPT-2 124M's
- * linear shapes at 256 tokens (forward, dx, dW) run at ~1650 GFLOP/s
- * against ~200 (benchmarks/gemm.lua --dtype=bf16 prints both libraries).
+ * brg:avx512_core_amx_bf16) does so several times faster: GPT-2 124M's
+ * linear shapes at 256 tokens (forward, dx, dW) ran at ~1450-1650 GFLOP/s
+ * against ~220-280 on 2 cores (benchmarks/gemm.lua --dtype=bf16 prints
+ * both libraries).
  *
  * [Note: two GEMM libraries]
- * - Only bf16 products (bf16 operands, f32 result) come here. f32 stays
- *   on OpenBLAS (cpu_gemm.c): measured, oneDNN's f32 was ~1.5% faster on a
- *   whole GPT-2 step and slower for untransposed (NN) products, not worth
- *   a second path. f16 stays on the f32 conversion too: oneDNN 2.6 has no
- *   f16 matmul on the CPU (primitive creation fails).
+ * - Only bf16 products (bf16 operands, f32 accumulation) come here. f32
+ *   stays on OpenBLAS (cpu_gemm.c): measured, oneDNN's f32 was ~1.5%
+ *   faster on a whole GPT-2 step and slower for untransposed (NN)
+ *   products, not worth a second path. f16 stays on the f32 conversion
+ *   too: oneDNN 2.6 has no f16 matmul on the CPU (primitive creation
+ *   fails).
  * - oneDNN is opened at the first question (dlopen of libdnnl.so.2), never
  *   linked: the binary starts where it is absent (the GPU machine carries
  *   no Debian packages) and keeps the conversion path then.
  *   FSDP_CPU_GEMM=openblas, or fl_cpu_gemm_use("openblas"), does the same
  *   by choice.
  * - Whether a product is taken (fl_cpu_onednn_takes) depends only on the
- *   dtype, the layout (transposes, leading dimensions), the sizes, beta
- *   and the library chosen, never on data or threads, so the planner's
- *   meta model asks the same question (cpu_matmul.c's matmul_scratch,
- *   [Note: virtual storage] in core/ops/matmul.c) and agrees with the run.
- *   Small products (under SMALL_PRODUCT multiply-adds) stay on the
- *   conversion path: a primitive lookup costs more than them. They include
- *   every product cpu_matmul.c runs inside an OpenMP parallel region (the
- *   asserted FL_CPU_SMALL_GEMM bound), so no taken product runs on
- *   threads the caller already owns.
- * - A primitive is built for one (dtype, transposes, sizes, strides, beta):
- *   building costs tens of microseconds, so the last CACHE_SIZE are kept,
- *   refusals included. A primitive whose implementation is a reference
- *   kernel ("ref:...", slow loops) is refused: those products keep the
- *   conversion path and OpenBLAS.
- * - Both paths accumulate in f32 into an f32 buffer that cpu_matmul.c
- *   rounds once to the output dtype; their sums differ only in order, so
- *   results agree to bf16 rounding (tests/lua/gemm_library_spec.lua).
+ *   dtypes, the layout (transposes, leading dimensions), the sizes, the
+ *   bias's presence and the library chosen, never on data or threads, so
+ *   the planner's meta model asks the same question (cpu_matmul.c's
+ *   matmul_scratch, [Note: virtual storage] in core/ops/matmul.c) and
+ *   agrees with the run. Small products (under SMALL_PRODUCT
+ *   multiply-adds) stay on the conversion path: a primitive lookup costs
+ *   more than they gain. They include every product cpu_matmul.c runs
+ *   inside an OpenMP parallel region (the asserted FL_CPU_SMALL_GEMM
+ *   bound), so no taken product runs on threads the caller already owns.
+ * - A primitive is built for one fl_onednn_product (dtypes, transposes,
+ *   sizes, strides, bias or not): building costs tens of microseconds, so
+ *   the last CACHE_SIZE are kept, refusals included. A primitive whose
+ *   implementation is a reference kernel ("ref:...", plain loops) is
+ *   refused: those products keep the conversion path and OpenBLAS.
+ * - Both paths accumulate in f32, add the bias in f32 and round once to
+ *   the output dtype: the conversion path in cpu_matmul.c's f32 buffer,
+ *   oneDNN in its accumulators, writing bf16 (or f32) straight into the
+ *   output (measured: a separate f32 buffer and rounding pass made a
+ *   GPT-2-sized product 2-3 times slower). Their sums differ only in
+ *   order, so results agree to bf16 rounding
+ *   (tests/lua/gemm_library_spec.lua).
  */
 #include "internal.h"
 #include "cpu_linear.h"
@@ -69,8 +75,6 @@ static char why_not[256] = "not tried yet";
 #define ONEDNN_FUNCTIONS(X)                                                                        \
     X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_memory_desc_init_by_strides)               \
     X(dnnl_memory_create) X(dnnl_memory_destroy) X(dnnl_matmul_desc_init)                         \
-    X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy) X(dnnl_post_ops_create)          \
-    X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum) X(dnnl_primitive_attr_set_post_ops)      \
     X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) X(dnnl_primitive_desc_query)     \
     X(dnnl_primitive_create) X(dnnl_primitive_destroy) X(dnnl_primitive_execute) X(dnnl_version)
 
@@ -81,17 +85,10 @@ ONEDNN_FUNCTIONS(DECLARE)
 static dnnl_engine_t engine;
 static char version[32];
 
-typedef struct product_key {
-    fl_dtype dtype;
-    bool trans_a, trans_b;
-    int64_t m, n, k, lda, ldb, ldc;
-    float beta;
-} product_key;
-
 typedef struct cached_product {
-    product_key key;
+    fl_onednn_product key; /* zeroed padding included: keys are compared bytewise */
     dnnl_primitive_t primitive; /* NULL: refused (oneDNN failed, or a reference kernel) */
-    dnnl_memory_desc_t a, b, c;
+    dnnl_memory_desc_t a, b, c, bias;
 } cached_product;
 
 static cached_product cache[CACHE_SIZE];
@@ -133,25 +130,25 @@ static bool describe(dnnl_memory_desc_t *d, dnnl_data_type_t dt, int64_t rows, i
 
 /* Build the primitive for key into e; e->primitive stays NULL when oneDNN
  * refuses the product or would run it with a reference kernel. */
-static void build(cached_product *e, const product_key *key) {
+static void build(cached_product *e, const fl_onednn_product *key) {
     e->key = *key;
     e->primitive = NULL;
+    dnnl_dims_t bias_dims = {1, key->n}, bias_strides = {key->n, 1};
     if (!describe(&e->a, dnnl_bf16, key->m, key->k, key->lda, key->trans_a) ||
         !describe(&e->b, dnnl_bf16, key->k, key->n, key->ldb, key->trans_b) ||
-        !describe(&e->c, dnnl_f32, key->m, key->n, key->ldc, false))
+        !describe(&e->c, key->c_dtype == FL_BF16 ? dnnl_bf16 : dnnl_f32, key->m, key->n, key->ldc,
+                  false) ||
+        p_dnnl_memory_desc_init_by_strides(&e->bias, 2, bias_dims, dnnl_f32, bias_strides) !=
+            dnnl_success)
         return;
+    /* The bias joins the f32 accumulators before the one rounding to C's
+     * dtype, as the conversion path adds it in f32. */
     dnnl_matmul_desc_t op;
-    if (p_dnnl_matmul_desc_init(&op, &e->a, &e->b, NULL, &e->c) != dnnl_success) return;
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t post = NULL;
+    if (p_dnnl_matmul_desc_init(&op, &e->a, &e->b, key->bias ? &e->bias : NULL, &e->c) !=
+        dnnl_success)
+        return;
     dnnl_primitive_desc_t pd = NULL;
-    bool ok = p_dnnl_primitive_attr_create(&attr) == dnnl_success;
-    /* beta != 0: C's old contents (the bias rows) are added, in f32. */
-    if (ok && key->beta != 0.0f)
-        ok = p_dnnl_post_ops_create(&post) == dnnl_success &&
-             p_dnnl_post_ops_append_sum(post, key->beta) == dnnl_success &&
-             p_dnnl_primitive_attr_set_post_ops(attr, post) == dnnl_success;
-    if (ok) ok = p_dnnl_primitive_desc_create(&pd, &op, attr, engine, NULL) == dnnl_success;
+    bool ok = p_dnnl_primitive_desc_create(&pd, &op, NULL, engine, NULL) == dnnl_success;
     /* A reference implementation is plain loops, far slower than the
      * conversion path's sgemm: refuse it (odd strides can lead there). */
     const char *impl = NULL;
@@ -160,14 +157,12 @@ static void build(cached_product *e, const product_key *key) {
              impl && strncmp(impl, "ref", 3) != 0;
     if (ok) ok = p_dnnl_primitive_create(&e->primitive, pd) == dnnl_success;
     if (pd) p_dnnl_primitive_desc_destroy(pd);
-    if (post) p_dnnl_post_ops_destroy(post);
-    if (attr) p_dnnl_primitive_attr_destroy(attr);
     if (!ok) e->primitive = NULL;
 }
 
 /* The cached entry for key, built on a miss (replacing the oldest).
  * Callers hold the lock. */
-static cached_product *lookup(const product_key *key) {
+static cached_product *lookup(const fl_onednn_product *key) {
     for (int i = 0; i < cache_used; i++)
         if (memcmp(&cache[i].key, key, sizeof *key) == 0) return &cache[i];
     cached_product *e;
@@ -186,26 +181,31 @@ static cached_product *lookup(const product_key *key) {
  * running at once. */
 static __thread dnnl_stream_t stream;
 
-static bool run(cached_product *e, const void *a, const void *b, float *c) {
+static bool run(cached_product *e, const void *a, const void *b, const float *bias, void *c) {
     if (!stream && p_dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) {
         stream = NULL;
         return false;
     }
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL;
     bool ok = p_dnnl_memory_create(&ma, &e->a, engine, (void *)a) == dnnl_success &&
               p_dnnl_memory_create(&mb, &e->b, engine, (void *)b) == dnnl_success &&
-              p_dnnl_memory_create(&mc, &e->c, engine, c) == dnnl_success;
+              p_dnnl_memory_create(&mc, &e->c, engine, c) == dnnl_success &&
+              (!e->key.bias ||
+               p_dnnl_memory_create(&mbias, &e->bias, engine, (void *)bias) == dnnl_success);
     if (ok) {
-        dnnl_exec_arg_t args[3] = {
-            {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-        ok = p_dnnl_primitive_execute(e->primitive, stream, 3, args) == dnnl_success;
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
+                                   {DNNL_ARG_WEIGHTS, mb},
+                                   {DNNL_ARG_DST, mc},
+                                   {DNNL_ARG_BIAS, mbias}};
+        ok = p_dnnl_primitive_execute(e->primitive, stream, e->key.bias ? 4 : 3, args) ==
+             dnnl_success;
     }
     if (ma) p_dnnl_memory_destroy(ma);
     if (mb) p_dnnl_memory_destroy(mb);
     if (mc) p_dnnl_memory_destroy(mc);
+    if (mbias) p_dnnl_memory_destroy(mbias);
     return ok;
 }
-
 #endif /* HAVE_ONEDNN_HEADER */
 
 /* Decide once (callers hold the lock): FSDP_CPU_GEMM, then whether
@@ -228,57 +228,53 @@ static void choose(void) {
 #ifdef HAVE_ONEDNN_HEADER
 /* The entry for a product, or NULL when it is not taken. Callers hold the
  * lock. */
-static cached_product *entry_for(fl_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                                 int64_t k, int64_t lda, int64_t ldb, int64_t ldc, double beta) {
-    if (dtype != FL_BF16 || m == 0 || n == 0 || k == 0 || m * n * k < SMALL_PRODUCT) return NULL;
+static cached_product *entry_for(const fl_onednn_product *p) {
+    if (p->dtype != FL_BF16 || (p->c_dtype != FL_F32 && p->c_dtype != FL_BF16) || p->m == 0 ||
+        p->n == 0 || p->k == 0 || p->m * p->n * p->k < SMALL_PRODUCT)
+        return NULL;
     choose();
     if (!use_onednn) return NULL;
-    product_key key;
+    fl_onednn_product key;
     memset(&key, 0, sizeof key); /* the padding too: keys are compared bytewise */
-    key.dtype = dtype;
-    key.trans_a = trans_a, key.trans_b = trans_b;
-    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
-    key.beta = (float)beta;
+    key.dtype = p->dtype, key.c_dtype = p->c_dtype;
+    key.trans_a = p->trans_a, key.trans_b = p->trans_b, key.bias = p->bias;
+    key.m = p->m, key.n = p->n, key.k = p->k, key.lda = p->lda, key.ldb = p->ldb, key.ldc = p->ldc;
     cached_product *e = lookup(&key);
     return e->primitive ? e : NULL;
 }
 #endif
 
-bool fl_cpu_onednn_takes(fl_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                         int64_t lda, int64_t ldb, int64_t ldc, double beta) {
+bool fl_cpu_onednn_takes(const fl_onednn_product *p) {
 #ifdef HAVE_ONEDNN_HEADER
-    if (dtype != FL_BF16 || m * n * k < SMALL_PRODUCT) return false; /* without the lock */
+    if (p->dtype != FL_BF16 || p->m * p->n * p->k < SMALL_PRODUCT) return false; /* unlocked */
     pthread_mutex_lock(&lock);
-    bool taken = entry_for(dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc, beta) != NULL;
+    bool taken = entry_for(p) != NULL;
     pthread_mutex_unlock(&lock);
     return taken;
 #else
-    (void)dtype, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)lda, (void)ldb;
-    (void)ldc, (void)beta;
+    (void)p;
     return false;
 #endif
 }
 
-int fl_cpu_onednn_gemm(fl_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                       const void *a, int64_t lda, const void *b, int64_t ldb, double beta, float *c,
-                       int64_t ldc) {
+int fl_cpu_onednn_gemm(const fl_onednn_product *p, const void *a, const void *b, const float *bias,
+                       void *c) {
 #ifdef HAVE_ONEDNN_HEADER
     pthread_mutex_lock(&lock);
     /* The entry is used under the lock: another thread's miss may replace it. */
-    cached_product *e = entry_for(dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc, beta);
-    bool done = e && run(e, a, b, c);
+    cached_product *e = entry_for(p);
+    bool done = e && run(e, a, b, bias, c);
     pthread_mutex_unlock(&lock);
     if (done) return FL_OK;
     return fl_fail(FL_ERR_UNSUPPORTED,
                    e ? "matmul: oneDNN failed to run a %lldx%lldx%lld bf16 product"
                      : "matmul: oneDNN does not take this %lldx%lldx%lld product (the caller should "
                        "have asked fl_cpu_onednn_takes)",
-                   (long long)m, (long long)n, (long long)k);
+                   (long long)p->m, (long long)p->n, (long long)p->k);
 #else
-    (void)dtype, (void)trans_a, (void)trans_b, (void)a, (void)lda, (void)b, (void)ldb, (void)beta;
-    (void)c, (void)ldc;
+    (void)a, (void)b, (void)bias, (void)c;
     return fl_fail(FL_ERR_UNSUPPORTED, "matmul: built without oneDNN (%lldx%lldx%lld product)",
-                   (long long)m, (long long)n, (long long)k);
+                   (long long)p->m, (long long)p->n, (long long)p->k);
 #endif
 }
 

@@ -203,8 +203,8 @@ FL_API const char *fl_cpu_gemm_library(void);
 FL_API int fl_cpu_gemm_use(const char *library);
 /* Whether products on meta count the scratch of a backend that computes
  * 16-bit products in f32 (the CPU backend): what its matmul stages for
- * the same views (the f32 result and bias; f32 copies of the operands
- * when OpenBLAS runs the product, none or bf16 copies of strided ones when
+ * the same views (the f32 result, bias and operand copies when OpenBLAS
+ * runs the product; the f32 bias and bf16 copies of strided operands when
  * oneDNN takes it) raises the meta peak without staying in use. Off by
  * default; fsdp.plan turns it on while it traces for such a device.
  * Returns the previous setting. */

@@ -108,9 +108,9 @@ static void batch_view(const fl_tensor *t, int nd, const int64_t *shape, fl_tens
 /* [Note: virtual storage] (core/tensor/storage.c): with f32 GEMMs on, a
  * 16-bit product on meta raises the meta peak by what the CPU backend
  * stages for it, as that backend's matmul_scratch reports from the same
- * views its matmul would get (core/cpu/cpu_matmul.c): the f32 result and
- * bias, plus f32 conversions of the operands when OpenBLAS runs the
- * product, or only bf16 copies of strided operands when oneDNN takes it
+ * views its matmul would get (core/cpu/cpu_matmul.c): the f32 result,
+ * bias and operand conversions when OpenBLAS runs the product; only the
+ * f32 bias and bf16 copies of strided operands when oneDNN takes it
  * ([Note: two GEMM libraries], core/cpu/cpu_onednn.c). Both sides decide
  * from dtypes, shapes, strides and the library chosen, never from data,
  * so the plan and the run agree. */
