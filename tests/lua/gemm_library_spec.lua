@@ -8,8 +8,8 @@
 -- size from which oneDNN takes them): NN, NT and TN layouts, batched and
 -- broadcast batches, a strided operand compacted in bf16, a bias, and a
 -- linear forward and backward with gradients accumulated over two
--- backwards. f32 and f16 products must come out bit for bit as before
--- (they are never routed). Where oneDNN is missing the comparisons are
+-- backwards; the planner's meta model follows the library. f32 and f16
+-- products must come out bit for bit as before (they are never routed). Where oneDNN is missing the comparisons are
 -- reported as skipped, with the reason.
 local fsdp = require 'fsdp'
 local T = require 'fsdp.testing'
@@ -121,6 +121,29 @@ describe('CPU GEMM libraries', function()
       assert.equals('bf16', got[name].dtype, name)
       assert_bf16_close(got[name], want[name], 'linear backward: ' .. name, name ~= 'y' and 2^-8 or nil)
     end
+  end)
+
+  it('are what the planner counts: a meta product on oneDNN stages only the f32 bias', function()
+    -- The meta device imitating the CPU (fsdp.plan does this while it
+    -- traces) raises its peak by what the CPU's matmul would stage;
+    -- tests/mpi/plan_memory.lua checks whole plans against runs.
+    local C = require('fsdp.core').C
+    local function staged(library)
+      fsdp.cpu_gemm_use(library)
+      local was = C.fl_meta_set_f32_gemm(true)
+      local x = fsdp.empty({ M, K }, { device = 'meta', dtype = 'bf16' })
+      local w = fsdp.empty({ N, K }, { device = 'meta', dtype = 'bf16' })
+      local bias = fsdp.empty({ N }, { device = 'meta', dtype = 'bf16' })
+      fsdp.reset_memory_stats('meta')
+      local ok, err = pcall(F.linear, x, w, bias)
+      C.fl_meta_set_f32_gemm(was)
+      assert(ok, err)
+      local s = fsdp.memory_stats('meta')
+      return s.peak - s.in_use
+    end
+    -- OpenBLAS: f32 copies of x and w, the f32 result and bias.
+    assert.equals((M * K + N * K + M * N + N) * 4, staged('openblas'))
+    assert.equals(N * 4, staged('onednn'))
   end)
 
   it('leave f32 and f16 products on OpenBLAS, bit for bit', function()
