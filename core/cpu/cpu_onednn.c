@@ -54,7 +54,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if __has_include(<oneapi/dnnl/dnnl.h>)
+/* Not in the sanitized build (asan): after oneDNN has run on several
+ * OpenMP threads, LeakSanitizer's exit check crashes ("Tracer caught
+ * signal 11", libdnnl.so.2's thread-local storage of a dlopened library;
+ * with use_tls=0 it reports a 32-byte allocation of libdnnl instead), so
+ * every sanitized process that ran a large bf16 product would fail. That
+ * build keeps the conversion path, and says so (fl_cpu_gemm_library). */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED_BUILD 1
+#elif __has_include(<oneapi/dnnl/dnnl.h>)
 #include <oneapi/dnnl/dnnl.h>
 #define HAVE_ONEDNN_HEADER 1
 #endif
@@ -66,6 +74,12 @@
 /* cpu_matmul.c runs a batch's products in a parallel region only when each
  * has at most FL_CPU_SMALL_GEMM multiply-adds: none of those is taken. */
 _Static_assert(FL_CPU_SMALL_GEMM < SMALL_PRODUCT, "a product in a parallel region could be taken");
+
+#ifdef SANITIZED_BUILD
+#define NO_ONEDNN "not in the sanitized build (LeakSanitizer fails at exit after oneDNN ran)"
+#else
+#define NO_ONEDNN "built without oneDNN's header (libdnnl-dev)"
+#endif
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static bool chosen, use_onednn;
@@ -214,14 +228,17 @@ static void choose(void) {
     if (chosen) return;
     chosen = true;
     const char *env = getenv("FSDP_CPU_GEMM");
-    if (env && strcmp(env, "openblas") == 0) {
-        snprintf(why_not, sizeof why_not, "FSDP_CPU_GEMM=openblas");
+    if (env && *env && strcmp(env, "onednn") != 0) {
+        /* A misspelt value keeps the safe path, and the library text
+         * (fsdp.cpu_gemm_library()) says why. */
+        snprintf(why_not, sizeof why_not, "FSDP_CPU_GEMM=%.64s%s", env,
+                 strcmp(env, "openblas") == 0 ? "" : " (known: onednn, openblas)");
         return;
     }
 #ifdef HAVE_ONEDNN_HEADER
     use_onednn = open_onednn();
 #else
-    snprintf(why_not, sizeof why_not, "built without oneDNN's header (libdnnl-dev)");
+    snprintf(why_not, sizeof why_not, "%s", NO_ONEDNN);
 #endif
 }
 
@@ -295,8 +312,7 @@ int fl_cpu_gemm_use(const char *library) {
         if (!use_onednn)
             rc = fl_fail(FL_ERR_UNSUPPORTED, "cpu_gemm_use: oneDNN is not available: %s", why_not);
 #else
-        rc = fl_fail(FL_ERR_UNSUPPORTED, "cpu_gemm_use: oneDNN is not available: built without "
-                                         "oneDNN's header (libdnnl-dev)");
+        rc = fl_fail(FL_ERR_UNSUPPORTED, "cpu_gemm_use: oneDNN is not available: %s", NO_ONEDNN);
 #endif
     }
     pthread_mutex_unlock(&lock);

@@ -197,9 +197,10 @@ FL_API int64_t fl_memory_empty_cache(fl_device device);
  * stays valid until the next call. */
 FL_API const char *fl_cpu_gemm_library(void);
 /* Run the large bf16 products on "onednn" (fails when it cannot be
- * opened) or convert them to f32 for "openblas" like the rest;
- * FSDP_CPU_GEMM=openblas chooses the latter at start. Benchmarks and tests
- * compare the two in one process. */
+ * opened, and in the sanitized build) or convert them to f32 for
+ * "openblas" like the rest; FSDP_CPU_GEMM=openblas chooses the latter at
+ * start (any value but "onednn" does, the library text says why).
+ * Benchmarks and tests compare the two in one process. */
 FL_API int fl_cpu_gemm_use(const char *library);
 /* Whether products on meta count the scratch of a backend that computes
  * 16-bit products in f32 (the CPU backend): what its matmul stages for
