@@ -7,8 +7,8 @@
  * by sgemm at f32 speed. oneDNN multiplies bf16 operands as they are, with
  * f32 accumulation, and on CPUs with AMX (Sapphire Rapids:
  * brg:avx512_core_amx_bf16) does so several times faster: GPT-2 124M's
- * linear shapes at 256 tokens (forward, dx, dW) ran at ~1450-1650 GFLOP/s
- * against ~220-280 on 2 cores (benchmarks/gemm.lua --dtype=bf16 prints
+ * linear shapes at 256 tokens (forward, dx, dW) ran at ~1350-1570 GFLOP/s
+ * against ~200-270 on 2 cores (benchmarks/gemm.lua --dtype=bf16 prints
  * both libraries).
  *
  * [Note: two GEMM libraries]
