@@ -24,6 +24,7 @@ PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
           libyajl-dev # streaming JSON: safetensors headers of any size
           zlib1g-dev libzstd-dev # corpus readers: .gz and .zst shards (core/data)
           libpcre2-dev libutf8proc-dev libsentencepiece-dev # tokenizers (core/text)
+          libdnnl-dev # oneDNN: bf16 products on the CPU (core/cpu/cpu_onednn.c opens it)
           clang libomp-dev # clang, libomp-dev: the fuzzers (tests/fuzz)
           slurm-wlm munge) # the cluster in a box (tests/cluster)
 

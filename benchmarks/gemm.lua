@@ -10,6 +10,10 @@
 --    head. Each is compared with raw sgemm doing the same three products
 --    (y = x W^T, dx = dy W, dW = dy^T x), so the ratio is the framework's
 --    overhead: output allocation, bias, row sums, gradient accumulation.
+-- 3. With --dtype=bf16 and oneDNN installed, section 2 twice: once with
+--    the bf16 products converted to f32 for OpenBLAS, once on oneDNN
+--    ([Note: two GEMM libraries], core/cpu/cpu_onednn.c); f32 products
+--    are OpenBLAS's either way.
 -- Timings are the best of N repetitions (after a warm-up), in GFLOP/s
 -- counting 2*m*n*k per product.
 local fsdp = require 'fsdp'
@@ -82,43 +86,52 @@ for _, s in ipairs({ { 1024, 1024, 1024 }, { 256, 3072, 768 } }) do
   print(('  %5d x %5d x %5d  %8.1f GFLOP/s'):format(m, n, k, g))
 end
 
-print()
-print(('F.linear forward + backward (%s), x [256, in], vs raw sgemm of the same 3 products'):format(opts.dtype))
-print(('  %-22s %10s %10s %10s %8s %8s'):format('weight [out, in]', 'fwd GF/s', 'f+b GF/s', 'sgemm 3x', 'ratio', 'vs peak'))
-local rows = 4 * 64
-local shapes = {
-  { 'c_attn', 2304, 768, true },
-  { 'attn.c_proj', 768, 768, true },
-  { 'mlp.c_fc', 3072, 768, true },
-  { 'mlp.c_proj', 768, 3072, true },
-  { 'lm_head', 50257, 768, false },
-}
-local total_flops, total_t, total_raw = 0, 0, 0
-for _, s in ipairs(shapes) do
-  local name, out, inf, has_bias = s[1], s[2], s[3], s[4]
-  local dt = opts.dtype
-  local x = fsdp.randn({ rows, inf }, { seed = 3, dtype = dt }):requires_grad_()
-  local w = fsdp.randn({ out, inf }, { seed = 4, std = 0.02, dtype = dt }):requires_grad_()
-  local b = has_bias and fsdp.zeros(out, { dtype = dt }):requires_grad_() or nil
-  local gy = fsdp.randn({ rows, out }, { seed = 5, dtype = dt })
-  local prod = 2 * rows * out * inf
-  local t_fwd = best(function() fsdp.no_grad(F.linear, x, w, b) end)
-  local t_fb = best(function()
-    x.grad, w.grad = nil, nil
-    if b then b.grad = nil end
-    F.linear(x, w, b):backward(gy)
-  end)
-  local raw = { sgemm_fn(rows, out, inf, false, true), sgemm_fn(rows, inf, out, false, false),
-                sgemm_fn(out, inf, rows, true, false) }
-  local t_raw = best(function() raw[1](); raw[2](); raw[3]() end)
-  local g_fb = gflops(3 * prod, t_fb)
-  print(('  %-11s %5d x %5d %10.1f %10.1f %10.1f %7.0f%% %7.0f%%'):format(name, out, inf,
-    gflops(prod, t_fwd), g_fb, gflops(3 * prod, t_raw), 100 * t_raw / t_fb, 100 * g_fb / sgemm_peak))
-  total_flops, total_t, total_raw = total_flops + 3 * prod, total_t + t_fb, total_raw + t_raw
-  x, w, b, gy, raw = nil, nil, nil, nil, nil
-  collectgarbage()
+-- The libraries to compare: both for 16-bit products when oneDNN opens.
+local initial = fsdp.cpu_gemm_library()
+local libraries = { false }
+if opts.dtype ~= 'f32' and pcall(fsdp.cpu_gemm_use, 'onednn') then libraries = { 'openblas', 'onednn' } end
+for _, library in ipairs(libraries) do
+  if library then fsdp.cpu_gemm_use(library) end
+  print()
+  print(('F.linear forward + backward (%s), x [256, in], vs raw sgemm of the same 3 products'):format(opts.dtype))
+  print('  products on: ' .. fsdp.cpu_gemm_library())
+  print(('  %-22s %10s %10s %10s %8s %8s'):format('weight [out, in]', 'fwd GF/s', 'f+b GF/s', 'sgemm 3x', 'ratio', 'vs peak'))
+  local rows = 4 * 64
+  local shapes = {
+    { 'c_attn', 2304, 768, true },
+    { 'attn.c_proj', 768, 768, true },
+    { 'mlp.c_fc', 3072, 768, true },
+    { 'mlp.c_proj', 768, 3072, true },
+    { 'lm_head', 50257, 768, false },
+  }
+  local total_flops, total_t, total_raw = 0, 0, 0
+  for _, s in ipairs(shapes) do
+    local name, out, inf, has_bias = s[1], s[2], s[3], s[4]
+    local dt = opts.dtype
+    local x = fsdp.randn({ rows, inf }, { seed = 3, dtype = dt }):requires_grad_()
+    local w = fsdp.randn({ out, inf }, { seed = 4, std = 0.02, dtype = dt }):requires_grad_()
+    local b = has_bias and fsdp.zeros(out, { dtype = dt }):requires_grad_() or nil
+    local gy = fsdp.randn({ rows, out }, { seed = 5, dtype = dt })
+    local prod = 2 * rows * out * inf
+    local t_fwd = best(function() fsdp.no_grad(F.linear, x, w, b) end)
+    local t_fb = best(function()
+      x.grad, w.grad = nil, nil
+      if b then b.grad = nil end
+      F.linear(x, w, b):backward(gy)
+    end)
+    local raw = { sgemm_fn(rows, out, inf, false, true), sgemm_fn(rows, inf, out, false, false),
+                  sgemm_fn(out, inf, rows, true, false) }
+    local t_raw = best(function() raw[1](); raw[2](); raw[3]() end)
+    local g_fb = gflops(3 * prod, t_fb)
+    print(('  %-11s %5d x %5d %10.1f %10.1f %10.1f %7.0f%% %7.0f%%'):format(name, out, inf,
+      gflops(prod, t_fwd), g_fb, gflops(3 * prod, t_raw), 100 * t_raw / t_fb, 100 * g_fb / sgemm_peak))
+    total_flops, total_t, total_raw = total_flops + 3 * prod, total_t + t_fb, total_raw + t_raw
+    x, w, b, gy, raw = nil, nil, nil, nil, nil
+    collectgarbage()
+  end
+  print(('  %-23s %10s %10.1f %10.1f %7.0f%% %7.0f%%'):format('all five', '', gflops(total_flops, total_t),
+    gflops(total_flops, total_raw), 100 * total_raw / total_t, 100 * gflops(total_flops, total_t) / sgemm_peak))
 end
-print(('  %-23s %10s %10.1f %10.1f %7.0f%% %7.0f%%'):format('all five', '', gflops(total_flops, total_t),
-  gflops(total_flops, total_raw), 100 * total_raw / total_t, 100 * gflops(total_flops, total_t) / sgemm_peak))
+fsdp.cpu_gemm_use(initial:match('^oneDNN') and 'onednn' or 'openblas')
 print()
 print('ratio = raw sgemm time / F.linear time for the same products; vs peak = against the best raw sgemm above')

@@ -111,7 +111,7 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   beta2 = { 0.95, 'AdamW beta2', min = 0, below = 1 },
   grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
   seed = { 0, 'initialisation and data seed', int = true, min = 0 },
-  dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU: converted per op), f64', one_of = DTYPES },
+  dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (CPU: large products on oneDNN where installed), f64', one_of = DTYPES },
   data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
   data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard), or raw text streamed: a '
                 .. '.txt/.jsonl/.json(.gz/.zst) file, directory or glob; empty: synthetic', input = 'glob',

@@ -182,8 +182,9 @@ int64_t fl_cpu_empty_cache(void);
  * FL_API functions and the internal ones marked FL_PLUGIN_API below, and
  * FL_BACKEND_ABI changes whenever this struct, the kernel tables or the
  * tensor struct they take change, so a stale plugin is refused with a
- * message instead of misbehaving (2: fl_tensor gained virtual_storage). */
-enum { FL_BACKEND_ABI = 2 };
+ * message instead of misbehaving (2: fl_tensor gained virtual_storage;
+ * 3: fl_linear_kernels gained matmul_scratch). */
+enum { FL_BACKEND_ABI = 3 };
 
 /* The symbol a backend plugin (libfsdp_cuda.so) exports: returns its
  * vtable. */
@@ -465,6 +466,24 @@ fl_tensor *fl_reduce_grad_to(const fl_tensor *grad, const fl_tensor *input);
 void fl_cpu_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                   int64_t ldc);
+/* One product for oneDNN: C [m, n] (row stride ldc, in c_dtype: f32 or
+ * bf16) = op(A) @ op(B), plus bias [n] (f32) on every row when `bias`;
+ * A and B in `dtype` (only bf16 is ever taken), laid out as for
+ * fl_cpu_sgemm. Accumulation is f32 and the bias joins it before the one
+ * rounding to c_dtype. Zero unused fields: it is also a cache key. */
+typedef struct fl_onednn_product {
+    fl_dtype dtype, c_dtype;
+    bool trans_a, trans_b, bias;
+    int64_t m, n, k, lda, ldb, ldc;
+} fl_onednn_product;
+/* Whether oneDNN takes the product ([Note: two GEMM libraries],
+ * core/cpu/cpu_onednn.c). A pure function of *p and the library chosen:
+ * the CPU matmul and its meta model ask it alike. */
+bool fl_cpu_onednn_takes(const fl_onednn_product *p);
+/* Run on oneDNN a product that fl_cpu_onednn_takes accepted (bias NULL
+ * unless p->bias); FL_OK, or an error naming the product. */
+int fl_cpu_onednn_gemm(const fl_onednn_product *p, const void *a, const void *b, const float *bias,
+                       void *c);
 
 /* ---- what every op shares (core/ops/op_common.c) --------------------------- */
 

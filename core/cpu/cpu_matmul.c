@@ -3,13 +3,20 @@
  * backward (batched, broadcast, with an optional bias), the row sums of the
  * bias gradient, and the CPU kernel table of the linear family.
  *
- * Every product is one BLAS GEMM call per matrix (f32: fl_cpu_sgemm, f64:
- * dgemm). Operands are read in place whenever one axis of the matrix has
- * unit stride, the other axis then being BLAS's leading dimension (with the
- * transposition flag for a transposed view); only other strides are copied.
- * bf16/f16 operands are converted to f32 once per call (Debian's OpenBLAS
- * has no bf16 GEMM), multiplied with f32 accumulation, and the result is
- * rounded once to the output dtype.
+ * Every product is one GEMM call per matrix (f32: fl_cpu_sgemm, f64:
+ * dgemm, large bf16: oneDNN). Operands are read in place whenever one axis
+ * of the matrix has unit stride, the other axis then being the library's
+ * leading dimension (with the transposition flag for a transposed view);
+ * only other strides are copied. Large bf16 products that oneDNN takes
+ * ([Note: two GEMM libraries], cpu_onednn.c) read their operands as bf16
+ * and write out directly, the bias added in f32 before oneDNN's single
+ * rounding. The rest of the 16-bit products (f16, small ones, oneDNN
+ * absent or switched off) are converted to f32 once per call for
+ * OpenBLAS, which has no bf16 GEMM in Debian's build, accumulate into an
+ * f32 buffer and are rounded once to the output dtype. The choice is made
+ * from dtypes, shapes and strides before anything is copied, and
+ * matmul_scratch reports what each way stages, for the planner's meta
+ * model ([Note: virtual storage], core/ops/matmul.c).
  */
 #include "cpu_iter.h"
 #include "cpu_linear.h"
@@ -44,10 +51,17 @@ void fl_cpu_gemm_ct(fl_dtype ct, bool trans_a, bool trans_b, int64_t m, int64_t 
 
 /* ---- operands ---------------------------------------------------------------- */
 
-/* Make t (a batch of matrices, stride 0 on broadcast batch dims) readable by
- * BLAS in dtype ct: in place when possible; else its distinct elements (the
- * broadcast dims collapsed, never expanded) are converted or compacted. */
-static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
+/* How an operand reaches the library: read in place; its whole memory span
+ * converted to the compute dtype, strides kept; or its distinct elements
+ * (broadcast batch dims collapsed, never expanded) compacted row-major. */
+typedef enum { IN_PLACE, CONVERT_SPAN, COMPACT } operand_way;
+
+/* The way t (a batch of matrices, stride 0 on broadcast batch dims) is
+ * made readable in dtype ct, with the layout the library then sees in op
+ * (trans, ld, bstride; not base or owned) and the elements of the copy in
+ * *elems. From shapes, strides and dtypes only: the meta model asks too. */
+static operand_way operand_plan(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op,
+                                int64_t *elems, fl_tensor *distinct) {
     int nd = t->ndim, nb = nd - 2;
     int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
     memset(op, 0, sizeof *op);
@@ -58,11 +72,10 @@ static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
         if (i < nb && t->stride[i] == 0) d.shape[i] = 1;
         d.numel *= d.shape[i];
     }
-    if (in_place && t->dtype == ct) {
-        op->base = t->data;
-        for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i];
-        return FL_OK;
-    }
+    if (distinct) *distinct = d;
+    for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i];
+    *elems = 0;
+    if (in_place && t->dtype == ct) return IN_PLACE;
     if (in_place) {
         /* Convert the whole memory span the view covers, keeping its
          * strides, when it is not much larger than the elements themselves
@@ -70,27 +83,122 @@ static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
         int64_t span = 1;
         for (int i = 0; i < nd; i++) span += (d.shape[i] - 1) * d.stride[i];
         if (span <= 2 * d.numel + 4096) {
-            op->owned = fl_empty(1, &span, ct, t->device);
-            if (!op->owned) return fl_last_status();
-            int rc = fl_convert(op->owned->data, ct, t->data, t->dtype, span);
-            if (rc != FL_OK) return rc;
-            op->base = op->owned->data;
-            for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i];
-            return FL_OK;
+            *elems = span;
+            return CONVERT_SPAN;
         }
     }
-    op->owned = fl_empty(nd, d.shape, ct, t->device);
+    int64_t cstride[FL_MAX_DIMS];
+    fl_contiguous_strides(nd, d.shape, cstride);
+    op->trans = false;
+    op->ld = max1(c);
+    for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i] == 0 ? 0 : cstride[i];
+    *elems = d.numel;
+    return COMPACT;
+}
+
+/* Make t readable by the library in dtype ct as operand_plan says: in
+ * place, or a converted or compacted copy (op->owned). */
+static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
+    int64_t elems;
+    fl_tensor d;
+    operand_way way = operand_plan(t, ct, op, &elems, &d);
+    if (way == IN_PLACE) {
+        op->base = t->data;
+        return FL_OK;
+    }
+    if (way == CONVERT_SPAN) {
+        op->owned = fl_empty(1, &elems, ct, t->device);
+        if (!op->owned) return fl_last_status();
+        int rc = fl_convert(op->owned->data, ct, t->data, t->dtype, elems);
+        if (rc != FL_OK) return rc;
+        op->base = op->owned->data;
+        return FL_OK;
+    }
+    op->owned = fl_empty(t->ndim, d.shape, ct, t->device);
     if (!op->owned) return fl_last_status();
     int rc = fl_cpu_backend.copy(op->owned, &d);
     if (rc != FL_OK) return rc;
     op->base = op->owned->data;
-    op->trans = false;
-    op->ld = max1(c);
-    for (int i = 0; i < nb; i++) op->bstride[i] = t->stride[i] == 0 ? 0 : op->owned->stride[i];
     return FL_OK;
 }
 
+/* Whether oneDNN takes the product out = a @ b (+ bias) with a and b read
+ * as bf16, written straight into out; *p is the product it is asked
+ * about, with the layouts prepare will give the operands (compacted ones
+ * row-major), folded into one product when fl_gemm_fold_rows folds them.
+ * A whole batch shares one answer: its products share dtypes, sizes and
+ * layout (only the base pointers differ). */
+static bool onednn_plan(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b, bool bias,
+                        fl_onednn_product *p) {
+    memset(p, 0, sizeof *p);
+    if (a->dtype != FL_BF16 || b->dtype != FL_BF16 || out->numel == 0 ||
+        (out->dtype != FL_BF16 && out->dtype != FL_F32))
+        return false;
+    int nd = out->ndim;
+    int64_t k = a->shape[nd - 1], elems, rows, lda;
+    if (k == 0) return false;
+    fl_gemm_operand A, B;
+    operand_plan(a, FL_BF16, &A, &elems, NULL);
+    operand_plan(b, FL_BF16, &B, &elems, NULL);
+    p->dtype = FL_BF16, p->c_dtype = out->dtype, p->bias = bias;
+    p->n = out->shape[nd - 1], p->k = k, p->ldb = B.ld, p->ldc = p->n, p->trans_b = B.trans;
+    if (fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda)) {
+        p->m = rows, p->lda = lda, p->trans_a = false;
+    } else {
+        p->m = out->shape[nd - 2], p->lda = A.ld, p->trans_a = A.trans;
+    }
+    return fl_cpu_onednn_takes(p);
+}
+
+/* Bytes cpu_matmul allocates for a while beyond out, as it would for these
+ * views: on oneDNN the f32 bias and bf16 copies of strided operands; else
+ * the f32 result of a 16-bit product, the bias and the operands' f32
+ * conversions. The planner's meta model counts them ([Note: virtual
+ * storage], core/ops/matmul.c). */
+static int64_t cpu_matmul_scratch(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
+                                  const fl_tensor *bias) {
+    if (out->numel == 0) return 0;
+    int nd = out->ndim;
+    int64_t n = out->shape[nd - 1], k = a->shape[nd - 1];
+    fl_dtype ct = out->dtype == FL_F64 ? FL_F64 : FL_F32;
+    fl_onednn_product p;
+    bool dnn = onednn_plan(out, a, b, bias != NULL, &p);
+    fl_dtype ot = dnn ? FL_BF16 : ct;
+    int64_t bytes = 0, ea = 0, eb = 0;
+    if (!dnn && out->dtype != ct) bytes += out->numel * (int64_t)fl_dtype_size(ct);
+    if (bias) bytes += n * (int64_t)fl_dtype_size(ct);
+    if (k > 0) {
+        fl_gemm_operand A, B;
+        operand_plan(a, ot, &A, &ea, NULL);
+        operand_plan(b, ot, &B, &eb, NULL);
+    }
+    return bytes + (ea + eb) * (int64_t)fl_dtype_size(ot);
+}
+
 /* ---- the product ---------------------------------------------------------------- */
+
+/* The batch's products one after another on oneDNN, into out itself
+ * (bf16 or f32), the bias added in f32 before oneDNN's one rounding. */
+static int matmul_onednn(fl_tensor *out, const fl_onednn_product *p, const fl_gemm_operand *A,
+                         const fl_gemm_operand *B, const float *bias, bool folded) {
+    int nb = out->ndim - 2;
+    int64_t m = out->shape[nb], n = out->shape[nb + 1];
+    int64_t nbatch = folded ? 1 : out->numel / (m * n), os = 2;
+    size_t cs = fl_dtype_size(out->dtype);
+    for (int64_t i = 0; i < nbatch; i++) {
+        int64_t oa = 0, ob = 0, rem = i;
+        for (int d = nb - 1; d >= 0 && !folded; d--) {
+            int64_t idx = rem % out->shape[d];
+            rem /= out->shape[d];
+            oa += idx * A->bstride[d];
+            ob += idx * B->bstride[d];
+        }
+        int rc = fl_cpu_onednn_gemm(p, A->base + oa * os, B->base + ob * os, bias,
+                                    (char *)out->data + i * m * n * (int64_t)cs);
+        if (rc != FL_OK) return rc;
+    }
+    return FL_OK;
+}
 
 static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
                       const fl_tensor *bias) {
@@ -104,17 +212,34 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
     fl_tensor *cbuf = NULL, *bias_ct = NULL;
     char *c = out->data;
     int rc = FL_OK;
+    /* Decided before anything is copied: on oneDNN the operands are read
+     * as bf16 and the result written straight into out. */
+    fl_onednn_product dp;
+    bool dnn = onednn_plan(out, a, b, bias != NULL, &dp);
+    if (bias) {
+        bias_ct = fl_empty(1, &n, ct, out->device);
+        rc = bias_ct ? fl_cpu_backend.copy(bias_ct, bias) : (int)fl_last_status();
+        if (rc != FL_OK) goto done;
+    }
+    if (dnn) {
+        if ((rc = prepare(a, FL_BF16, &A)) != FL_OK || (rc = prepare(b, FL_BF16, &B)) != FL_OK)
+            goto done;
+        int64_t rows, lda;
+        bool folded = fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda);
+        rc = matmul_onednn(out, &dp, &A, &B, bias_ct ? bias_ct->data : NULL, folded);
+        goto done;
+    }
     if (out->dtype != ct) {
         cbuf = fl_empty(1, &out->numel, ct, out->device);
-        if (!cbuf) return fl_last_status();
+        if (!cbuf) {
+            rc = fl_last_status();
+            goto done;
+        }
         c = cbuf->data;
     }
     /* The bias goes into C first and the GEMM adds to it (beta = 1). */
     double beta = 0;
     if (bias) {
-        bias_ct = fl_empty(1, &n, ct, out->device);
-        rc = bias_ct ? fl_cpu_backend.copy(bias_ct, bias) : (int)fl_last_status();
-        if (rc != FL_OK) goto done;
         const char *row = bias_ct->data;
         /* Serial on purpose: libgomp's idle workers spin for a while after
          * a parallel region, and OpenBLAS's own threads, starting right
@@ -209,6 +334,7 @@ static int cpu_sum_rows(fl_tensor *out, const fl_tensor *in) {
 
 const fl_linear_kernels fl_cpu_linear_kernels = {
     .matmul = cpu_matmul,
+    .matmul_scratch = cpu_matmul_scratch,
     .sum_rows = cpu_sum_rows,
     .embedding = fl_cpu_embedding,
     .embedding_backward = fl_cpu_embedding_backward,

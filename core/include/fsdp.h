@@ -189,12 +189,26 @@ FL_API int64_t fl_memory_allocated_total(void);
 /* Return the allocator's cached free blocks to the system; returns the
  * number of bytes released. */
 FL_API int64_t fl_memory_empty_cache(fl_device device);
+/* The libraries that run the CPU backend's matrix products, in words:
+ * "oneDNN 2.6.3 (bf16 products of ... multiply-adds and more), OpenBLAS
+ * (the rest)" or "OpenBLAS (oneDNN: why not)". Large bf16 products go to
+ * oneDNN where it is installed; f32, f16, f64 and small products stay on
+ * OpenBLAS ([Note: two GEMM libraries], core/cpu/cpu_onednn.c). The text
+ * stays valid until the next call. */
+FL_API const char *fl_cpu_gemm_library(void);
+/* Run the large bf16 products on "onednn" (fails when it cannot be
+ * opened, and in the sanitized build) or convert them to f32 for
+ * "openblas" like the rest; FSDP_CPU_GEMM=openblas chooses the latter at
+ * start (any value but "onednn" does, the library text says why).
+ * Benchmarks and tests compare the two in one process. */
+FL_API int fl_cpu_gemm_use(const char *library);
 /* Whether products on meta count the scratch of a backend that computes
- * 16-bit products in f32 (the CPU backend: OpenBLAS has no bf16 GEMM): the
- * f32 copies of the operands and the result, live only during the
- * product, raise the meta peak without staying in use. Off by default;
- * fsdp.plan turns it on while it traces for such a device. Returns the
- * previous setting. */
+ * 16-bit products in f32 (the CPU backend): what its matmul stages for
+ * the same views (the f32 result, bias and operand copies when OpenBLAS
+ * runs the product; the f32 bias and bf16 copies of strided operands when
+ * oneDNN takes it) raises the meta peak without staying in use. Off by
+ * default; fsdp.plan turns it on while it traces for such a device.
+ * Returns the previous setting. */
 FL_API bool fl_meta_set_f32_gemm(bool on);
 
 /* Events and synchronisation (core/tensor/event.c), as torch.cuda.Event:

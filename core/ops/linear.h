@@ -16,6 +16,12 @@ typedef struct fl_linear_kernels {
      * strides otherwise; out is contiguous. a, b and out share one float
      * dtype; bias is 1-d of any float dtype. */
     int (*matmul)(fl_tensor *out, const fl_tensor *a, const fl_tensor *b, const fl_tensor *bias);
+    /* Bytes matmul would allocate for a while beyond out for the same
+     * views (staging copies, a wider result), from shapes, strides and
+     * dtypes only: what a meta product imitating this device counts
+     * ([Note: virtual storage], core/ops/matmul.c). NULL: none. */
+    int64_t (*matmul_scratch)(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
+                              const fl_tensor *bias);
     /* out[n] = sum over the rows of in [rows, n] (any strides): the bias
      * gradient. out is contiguous, in's dtype. */
     int (*sum_rows)(fl_tensor *out, const fl_tensor *in);

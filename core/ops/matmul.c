@@ -107,27 +107,27 @@ static void batch_view(const fl_tensor *t, int nd, const int64_t *shape, fl_tens
 
 /* [Note: virtual storage] (core/tensor/storage.c): with f32 GEMMs on, a
  * 16-bit product on meta raises the meta peak by what the CPU backend
- * stages for it (cpu_matmul.c): the distinct elements of each operand
- * (broadcast batch dims collapsed), the result and the bias, in f32. */
+ * stages for it, as that backend's matmul_scratch reports from the same
+ * views its matmul would get (core/cpu/cpu_matmul.c): the f32 result,
+ * bias and operand conversions when OpenBLAS runs the product; only the
+ * f32 bias and bf16 copies of strided operands when oneDNN takes it
+ * ([Note: two GEMM libraries], core/cpu/cpu_onednn.c). Both sides decide
+ * from dtypes, shapes, strides and the library chosen, never from data,
+ * so the plan and the run agree. */
 static _Atomic bool meta_f32_gemm;
 
 bool fl_meta_set_f32_gemm(bool on) { return atomic_exchange(&meta_f32_gemm, on); }
 
-static int64_t distinct_elements(const fl_tensor *t) {
-    int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++)
-        if (d >= t->ndim - 2 || t->stride[d] != 0) n *= t->shape[d];
-    return n;
-}
-
-static void note_meta_staging(const fl_tensor *a, const fl_tensor *b, const fl_tensor *bias,
-                              const fl_tensor *out) {
-    if (!atomic_load(&meta_f32_gemm) || fl_device_kind_of(out->device) != FL_DEVICE_META ||
-        fl_dtype_size(out->dtype) != 2)
+static void note_meta_staging(const fl_tensor *va, const fl_tensor *vb, const fl_tensor *vbias,
+                              const fl_tensor *vo) {
+    if (!atomic_load(&meta_f32_gemm) || fl_device_kind_of(vo->device) != FL_DEVICE_META ||
+        fl_dtype_size(vo->dtype) != 2)
         return;
-    int64_t n = distinct_elements(a) + distinct_elements(b) + out->numel +
-                (bias ? out->shape[out->ndim - 1] : 0);
-    fl_memory_note_transient(out->device, n * 4);
+    /* The device a meta trace with f32 GEMMs imitates (fsdp.plan: device
+     * 'cpu'), reached through its kernel table like any other. */
+    const fl_backend *be = fl_backend_of(fl_device_make(FL_DEVICE_CPU, 0));
+    if (!be || !be->linear || !be->linear->matmul_scratch) return;
+    fl_memory_note_transient(vo->device, be->linear->matmul_scratch(vo, va, vb, vbias));
 }
 
 fl_tensor *fl_linear_bmm(const char *op, const fl_tensor *a, const fl_tensor *b,
@@ -170,23 +170,23 @@ fl_tensor *fl_linear_bmm(const char *op, const fl_tensor *a, const fl_tensor *b,
     for (int d = 0; d < nb; d++) batch = fl_flops_mul(batch, shape[d]);
     int64_t outputs = fl_flops_mul(batch, fl_flops_mul(m, n));
     fl_flops_add(fl_flops_sum(fl_flops_mul(fl_flops_mul(2, outputs), k), bias ? outputs : 0));
-    if (no_storage || !out->storage) {
-        note_meta_staging(a, b, bias, out);
-        return out;
-    }
-    const fl_linear_kernels *kern = fl_linear_kernels_of(op, out->device);
     fl_tensor va, vb, vo;
     batch_view(a, nd, shape, &va);
     batch_view(b, nd, shape, &vb);
     /* `into` may have another shape with the same elements (x-shaped
      * gradients of linear): the kernel sees it as [batch..., m, n]. */
-    FL_ASSERT(fl_tensor_is_contiguous(out) && out->numel == batch * m * n);
     plain_view(out, &vo);
     vo.ndim = nd;
     memcpy(vo.shape, shape, sizeof shape);
     fl_contiguous_strides(nd, vo.shape, vo.stride);
     fl_tensor vbias;
     if (bias) plain_view(bias, &vbias);
+    if (no_storage || !out->storage) {
+        note_meta_staging(&va, &vb, bias ? &vbias : NULL, &vo);
+        return out;
+    }
+    FL_ASSERT(fl_tensor_is_contiguous(out) && out->numel == batch * m * n);
+    const fl_linear_kernels *kern = fl_linear_kernels_of(op, out->device);
     int rc = FL_ERR_UNSUPPORTED;
     if (kern) WITHOUT_GRAD(rc, kern->matmul(&vo, &va, &vb, bias ? &vbias : NULL));
     if (rc != FL_OK) {

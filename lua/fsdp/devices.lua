@@ -33,8 +33,10 @@
 --   ranks_per_node  the usual node (8 GPUs); fsdp.plan's `nodes` overrides
 --   page          allocation granularity of gathered units (the CPU backend
 --                 maps them in whole pages); nil: exact bytes
---   f32_gemm      products in bf16/f16 run in f32 on copies of their
---                 operands (the CPU backend): the planner counts the copies
+--   f32_gemm      products in bf16/f16 stage f32 copies (the CPU backend:
+--                 OpenBLAS runs them on f32 copies of their operands; what
+--                 oneDNN takes stages less): the planner counts what the
+--                 backend says it stages
 --   f32_reduce    bf16/f16 reductions are staged in f32 (MPI; NCCL is not)
 --
 -- The GPU figures are the vendors' datasheet numbers (dense, no sparsity;

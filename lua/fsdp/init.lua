@@ -311,6 +311,21 @@ function M.empty_cache(device)
   return tonumber(C.fl_memory_empty_cache(core.device(device or default_device)))
 end
 
+-- The libraries behind the CPU backend's matrix products, in words:
+-- "oneDNN 2.6.3 (bf16 products of ... multiply-adds and more), OpenBLAS
+-- (the rest)", or "OpenBLAS (oneDNN: why not)" ([Note: two GEMM
+-- libraries], core/cpu/cpu_onednn.c).
+function M.cpu_gemm_library()
+  return ffi.string(C.fl_cpu_gemm_library())
+end
+
+-- Run large bf16 products on 'onednn' (an error when it is not available)
+-- or convert them to f32 for 'openblas' like every other product; the
+-- environment's FSDP_CPU_GEMM=openblas does the latter at start.
+function M.cpu_gemm_use(library)
+  core.check(C.fl_cpu_gemm_use(library))
+end
+
 -- Set the peak of fsdp.memory_stats(device) to what is in use now, and its
 -- counts to 0 (device: the default device when not given).
 function M.reset_memory_stats(device)

@@ -421,7 +421,10 @@ end
 local traces = setmetatable({}, { __mode = 'k' })
 
 local function key_of(model, o)
-  local parts = { o.batch, tostring(o.seq), tostring(o.buffer_dtype), o.input_dtype, tostring(o.f32_gemm),
+  -- With f32 GEMMs the staging depends on the CPU's GEMM library too
+  -- (fsdp.cpu_gemm_use may switch it between plans).
+  local gemm = o.f32_gemm and ffi.string(C.fl_cpu_gemm_library()) or ''
+  local parts = { o.batch, tostring(o.seq), tostring(o.buffer_dtype), o.input_dtype, tostring(o.f32_gemm), gemm,
                   tostring(o.example_batch_fn), tostring(o.loss_fn) }
   for _, b in ipairs(o.blocks) do parts[#parts + 1] = tostring(b) end
   for _, p in ipairs(model:parameters()) do

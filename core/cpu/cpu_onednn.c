@@ -1,0 +1,336 @@
+/*
+ * cpu_onednn.c: the CPU backend's bf16 matrix products through oneDNN's
+ * matmul primitive.
+ *
+ * Debian's OpenBLAS has no bf16 GEMM (cblas_sbgemm is declared, not
+ * exported), so without oneDNN a bf16 product is converted to f32 and run
+ * by sgemm at f32 speed. oneDNN multiplies bf16 operands as they are, with
+ * f32 accumulation, and on CPUs with AMX (Sapphire Rapids:
+ * brg:avx512_core_amx_bf16) does so several times faster: GPT-2 124M's
+ * linear shapes at 256 tokens (forward, dx, dW) ran at ~1350-1570 GFLOP/s
+ * against ~200-270 on 2 cores (benchmarks/gemm.lua --dtype=bf16 prints
+ * both libraries).
+ *
+ * [Note: two GEMM libraries]
+ * - Only bf16 products (bf16 operands, f32 accumulation) come here. f32
+ *   stays on OpenBLAS (cpu_gemm.c): measured, oneDNN's f32 was ~1.5%
+ *   faster on a whole GPT-2 step and slower for untransposed (NN)
+ *   products, not worth a second path. f16 stays on the f32 conversion
+ *   too: oneDNN 2.6 has no f16 matmul on the CPU (primitive creation
+ *   fails).
+ * - oneDNN is opened at the first question (dlopen of libdnnl.so.2), never
+ *   linked: the binary starts where it is absent (the GPU machine carries
+ *   no Debian packages) and keeps the conversion path then.
+ *   FSDP_CPU_GEMM=openblas, or fl_cpu_gemm_use("openblas"), does the same
+ *   by choice.
+ * - Whether a product is taken (fl_cpu_onednn_takes) depends only on the
+ *   dtypes, the layout (transposes, leading dimensions), the sizes, the
+ *   bias's presence and the library chosen, never on data or threads, so
+ *   the planner's meta model asks the same question (cpu_matmul.c's
+ *   matmul_scratch, [Note: virtual storage] in core/ops/matmul.c) and
+ *   agrees with the run. Small products (under SMALL_PRODUCT
+ *   multiply-adds) stay on the conversion path: a primitive lookup costs
+ *   more than they gain. They include every product cpu_matmul.c runs
+ *   inside an OpenMP parallel region (the asserted FL_CPU_SMALL_GEMM
+ *   bound), so no taken product runs on threads the caller already owns.
+ * - A primitive is built for one fl_onednn_product (dtypes, transposes,
+ *   sizes, strides, bias or not): building costs tens of microseconds, so
+ *   the last CACHE_SIZE are kept, refusals included. A primitive whose
+ *   implementation is a reference kernel ("ref:...", plain loops) is
+ *   refused: those products keep the conversion path and OpenBLAS.
+ * - Both paths accumulate in f32, add the bias in f32 and round once to
+ *   the output dtype: the conversion path in cpu_matmul.c's f32 buffer,
+ *   oneDNN in its accumulators, writing bf16 (or f32) straight into the
+ *   output (measured: a separate f32 buffer and rounding pass made a
+ *   GPT-2-sized product 2-3 times slower). Their sums differ only in
+ *   order, so results agree to bf16 rounding
+ *   (tests/lua/gemm_library_spec.lua).
+ */
+#include "internal.h"
+#include "cpu_linear.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Not in the sanitized build (asan): after oneDNN has run on several
+ * OpenMP threads, LeakSanitizer's exit check crashes ("Tracer caught
+ * signal 11", libdnnl.so.2's thread-local storage of a dlopened library;
+ * with use_tls=0 it reports a 32-byte allocation of libdnnl instead), so
+ * every sanitized process that ran a large bf16 product would fail. That
+ * build keeps the conversion path, and says so (fl_cpu_gemm_library). */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED_BUILD 1
+#elif __has_include(<oneapi/dnnl/dnnl.h>)
+#include <oneapi/dnnl/dnnl.h>
+#define HAVE_ONEDNN_HEADER 1
+#endif
+
+/* Below this many multiply-adds (m * n * k) a product stays on OpenBLAS. */
+#define SMALL_PRODUCT (1 << 20)
+#define CACHE_SIZE 64
+
+/* cpu_matmul.c runs a batch's products in a parallel region only when each
+ * has at most FL_CPU_SMALL_GEMM multiply-adds: none of those is taken. */
+_Static_assert(FL_CPU_SMALL_GEMM < SMALL_PRODUCT, "a product in a parallel region could be taken");
+
+#ifdef SANITIZED_BUILD
+#define NO_ONEDNN "not in the sanitized build (LeakSanitizer fails at exit after oneDNN ran)"
+#else
+#define NO_ONEDNN "built without oneDNN's header (libdnnl-dev)"
+#endif
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static bool chosen, use_onednn;
+static char why_not[256] = "not tried yet";
+
+#ifdef HAVE_ONEDNN_HEADER
+#define ONEDNN_FUNCTIONS(X)                                                                        \
+    X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_memory_desc_init_by_strides)               \
+    X(dnnl_memory_create) X(dnnl_memory_destroy) X(dnnl_matmul_desc_init)                         \
+    X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) X(dnnl_primitive_desc_query)     \
+    X(dnnl_primitive_create) X(dnnl_primitive_destroy) X(dnnl_primitive_execute) X(dnnl_version)
+
+#define DECLARE(f) static __typeof__(f) *p_##f;
+ONEDNN_FUNCTIONS(DECLARE)
+#undef DECLARE
+
+static dnnl_engine_t engine;
+static char version[32];
+
+typedef struct cached_product {
+    fl_onednn_product key; /* zeroed padding included: keys are compared bytewise */
+    dnnl_primitive_t primitive; /* NULL: refused (oneDNN failed, or a reference kernel) */
+    dnnl_memory_desc_t a, b, c, bias;
+} cached_product;
+
+static cached_product cache[CACHE_SIZE];
+static int cache_used, cache_next;
+
+/* Open libdnnl and make its CPU engine; false (with why_not) when either
+ * fails. Callers hold the lock. */
+static bool open_onednn(void) {
+    void *lib = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *err = dlerror();
+        snprintf(why_not, sizeof why_not, "%s", err ? err : "libdnnl.so.2 cannot be opened");
+        return false;
+    }
+#define RESOLVE(f)                                                                                 \
+    if (!(p_##f = (__typeof__(f) *)dlsym(lib, #f))) {                                              \
+        snprintf(why_not, sizeof why_not, "libdnnl.so.2 lacks %s", #f);                           \
+        return false;                                                                              \
+    }
+    ONEDNN_FUNCTIONS(RESOLVE)
+#undef RESOLVE
+    if (p_dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
+        engine = NULL;
+        snprintf(why_not, sizeof why_not, "oneDNN could not create its CPU engine");
+        return false;
+    }
+    const dnnl_version_t *v = p_dnnl_version();
+    snprintf(version, sizeof version, "%d.%d.%d", v->major, v->minor, v->patch);
+    return true;
+}
+
+/* The row-major operand [rows, cols] of a product as stored with row
+ * stride ld, or transposed (stored [cols, rows]). */
+static bool describe(dnnl_memory_desc_t *d, dnnl_data_type_t dt, int64_t rows, int64_t cols,
+                     int64_t ld, bool trans) {
+    dnnl_dims_t dims = {rows, cols}, strides = {trans ? 1 : ld, trans ? ld : 1};
+    return p_dnnl_memory_desc_init_by_strides(d, 2, dims, dt, strides) == dnnl_success;
+}
+
+/* Build the primitive for key into e; e->primitive stays NULL when oneDNN
+ * refuses the product or would run it with a reference kernel. */
+static void build(cached_product *e, const fl_onednn_product *key) {
+    e->key = *key;
+    e->primitive = NULL;
+    dnnl_dims_t bias_dims = {1, key->n}, bias_strides = {key->n, 1};
+    if (!describe(&e->a, dnnl_bf16, key->m, key->k, key->lda, key->trans_a) ||
+        !describe(&e->b, dnnl_bf16, key->k, key->n, key->ldb, key->trans_b) ||
+        !describe(&e->c, key->c_dtype == FL_BF16 ? dnnl_bf16 : dnnl_f32, key->m, key->n, key->ldc,
+                  false) ||
+        p_dnnl_memory_desc_init_by_strides(&e->bias, 2, bias_dims, dnnl_f32, bias_strides) !=
+            dnnl_success)
+        return;
+    /* The bias joins the f32 accumulators before the one rounding to C's
+     * dtype, as the conversion path adds it in f32. */
+    dnnl_matmul_desc_t op;
+    if (p_dnnl_matmul_desc_init(&op, &e->a, &e->b, key->bias ? &e->bias : NULL, &e->c) !=
+        dnnl_success)
+        return;
+    dnnl_primitive_desc_t pd = NULL;
+    bool ok = p_dnnl_primitive_desc_create(&pd, &op, NULL, engine, NULL) == dnnl_success;
+    /* A reference implementation is plain loops, far slower than the
+     * conversion path's sgemm: refuse it (odd strides can lead there). */
+    const char *impl = NULL;
+    if (ok)
+        ok = p_dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+             impl && strncmp(impl, "ref", 3) != 0;
+    if (ok) ok = p_dnnl_primitive_create(&e->primitive, pd) == dnnl_success;
+    if (pd) p_dnnl_primitive_desc_destroy(pd);
+    if (!ok) e->primitive = NULL;
+}
+
+/* The cached entry for key, built on a miss (replacing the oldest).
+ * Callers hold the lock. */
+static cached_product *lookup(const fl_onednn_product *key) {
+    for (int i = 0; i < cache_used; i++)
+        if (memcmp(&cache[i].key, key, sizeof *key) == 0) return &cache[i];
+    cached_product *e;
+    if (cache_used < CACHE_SIZE) {
+        e = &cache[cache_used++];
+    } else {
+        e = &cache[cache_next];
+        cache_next = (cache_next + 1) % CACHE_SIZE;
+        if (e->primitive) p_dnnl_primitive_destroy(e->primitive);
+    }
+    build(e, key);
+    return e;
+}
+
+/* One stream per thread: a oneDNN stream is not to be shared by threads
+ * running at once. */
+static __thread dnnl_stream_t stream;
+
+static bool run(cached_product *e, const void *a, const void *b, const float *bias, void *c) {
+    if (!stream && p_dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) {
+        stream = NULL;
+        return false;
+    }
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL;
+    bool ok = p_dnnl_memory_create(&ma, &e->a, engine, (void *)a) == dnnl_success &&
+              p_dnnl_memory_create(&mb, &e->b, engine, (void *)b) == dnnl_success &&
+              p_dnnl_memory_create(&mc, &e->c, engine, c) == dnnl_success &&
+              (!e->key.bias ||
+               p_dnnl_memory_create(&mbias, &e->bias, engine, (void *)bias) == dnnl_success);
+    if (ok) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
+                                   {DNNL_ARG_WEIGHTS, mb},
+                                   {DNNL_ARG_DST, mc},
+                                   {DNNL_ARG_BIAS, mbias}};
+        ok = p_dnnl_primitive_execute(e->primitive, stream, e->key.bias ? 4 : 3, args) ==
+             dnnl_success;
+    }
+    if (ma) p_dnnl_memory_destroy(ma);
+    if (mb) p_dnnl_memory_destroy(mb);
+    if (mc) p_dnnl_memory_destroy(mc);
+    if (mbias) p_dnnl_memory_destroy(mbias);
+    return ok;
+}
+#endif /* HAVE_ONEDNN_HEADER */
+
+/* Decide once (callers hold the lock): FSDP_CPU_GEMM, then whether
+ * oneDNN opens. */
+static void choose(void) {
+    if (chosen) return;
+    chosen = true;
+    const char *env = getenv("FSDP_CPU_GEMM");
+    if (env && *env && strcmp(env, "onednn") != 0) {
+        /* A misspelt value keeps the safe path, and the library text
+         * (fsdp.cpu_gemm_library()) says why. */
+        snprintf(why_not, sizeof why_not, "FSDP_CPU_GEMM=%.64s%s", env,
+                 strcmp(env, "openblas") == 0 ? "" : " (known: onednn, openblas)");
+        return;
+    }
+#ifdef HAVE_ONEDNN_HEADER
+    use_onednn = open_onednn();
+#else
+    snprintf(why_not, sizeof why_not, "%s", NO_ONEDNN);
+#endif
+}
+
+#ifdef HAVE_ONEDNN_HEADER
+/* The entry for a product, or NULL when it is not taken. Callers hold the
+ * lock. */
+static cached_product *entry_for(const fl_onednn_product *p) {
+    if (p->dtype != FL_BF16 || (p->c_dtype != FL_F32 && p->c_dtype != FL_BF16) || p->m == 0 ||
+        p->n == 0 || p->k == 0 || p->m * p->n * p->k < SMALL_PRODUCT)
+        return NULL;
+    choose();
+    if (!use_onednn) return NULL;
+    fl_onednn_product key;
+    memset(&key, 0, sizeof key); /* the padding too: keys are compared bytewise */
+    key.dtype = p->dtype, key.c_dtype = p->c_dtype;
+    key.trans_a = p->trans_a, key.trans_b = p->trans_b, key.bias = p->bias;
+    key.m = p->m, key.n = p->n, key.k = p->k, key.lda = p->lda, key.ldb = p->ldb, key.ldc = p->ldc;
+    cached_product *e = lookup(&key);
+    return e->primitive ? e : NULL;
+}
+#endif
+
+bool fl_cpu_onednn_takes(const fl_onednn_product *p) {
+#ifdef HAVE_ONEDNN_HEADER
+    if (p->dtype != FL_BF16 || p->m * p->n * p->k < SMALL_PRODUCT) return false; /* unlocked */
+    pthread_mutex_lock(&lock);
+    bool taken = entry_for(p) != NULL;
+    pthread_mutex_unlock(&lock);
+    return taken;
+#else
+    (void)p;
+    return false;
+#endif
+}
+
+int fl_cpu_onednn_gemm(const fl_onednn_product *p, const void *a, const void *b, const float *bias,
+                       void *c) {
+#ifdef HAVE_ONEDNN_HEADER
+    pthread_mutex_lock(&lock);
+    /* The entry is used under the lock: another thread's miss may replace it. */
+    cached_product *e = entry_for(p);
+    bool done = e && run(e, a, b, bias, c);
+    pthread_mutex_unlock(&lock);
+    if (done) return FL_OK;
+    return fl_fail(FL_ERR_UNSUPPORTED,
+                   e ? "matmul: oneDNN failed to run a %lldx%lldx%lld bf16 product"
+                     : "matmul: oneDNN does not take this %lldx%lldx%lld product (the caller should "
+                       "have asked fl_cpu_onednn_takes)",
+                   (long long)p->m, (long long)p->n, (long long)p->k);
+#else
+    (void)a, (void)b, (void)bias, (void)c;
+    return fl_fail(FL_ERR_UNSUPPORTED, "matmul: built without oneDNN (%lldx%lldx%lld product)",
+                   (long long)p->m, (long long)p->n, (long long)p->k);
+#endif
+}
+
+int fl_cpu_gemm_use(const char *library) {
+    if (!library || (strcmp(library, "onednn") != 0 && strcmp(library, "openblas") != 0))
+        return fl_fail(FL_ERR_ARG, "cpu_gemm_use: unknown library '%s' (known: onednn, openblas)",
+                       library ? library : "(null)");
+    pthread_mutex_lock(&lock);
+    int rc = FL_OK;
+    if (strcmp(library, "openblas") == 0) {
+        chosen = true;
+        use_onednn = false;
+        snprintf(why_not, sizeof why_not, "switched off by cpu_gemm_use('openblas')");
+    } else {
+#ifdef HAVE_ONEDNN_HEADER
+        chosen = true;
+        use_onednn = engine || open_onednn();
+        if (!use_onednn)
+            rc = fl_fail(FL_ERR_UNSUPPORTED, "cpu_gemm_use: oneDNN is not available: %s", why_not);
+#else
+        rc = fl_fail(FL_ERR_UNSUPPORTED, "cpu_gemm_use: oneDNN is not available: %s", NO_ONEDNN);
+#endif
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+const char *fl_cpu_gemm_library(void) {
+    static char text[320];
+    pthread_mutex_lock(&lock);
+    choose();
+#ifdef HAVE_ONEDNN_HEADER
+    if (use_onednn)
+        snprintf(text, sizeof text,
+                 "oneDNN %s (bf16 products of %d multiply-adds and more), OpenBLAS (the rest)",
+                 version, SMALL_PRODUCT);
+    else
+#endif
+        snprintf(text, sizeof text, "OpenBLAS (oneDNN: %s)", why_not);
+    pthread_mutex_unlock(&lock);
+    return text;
+}

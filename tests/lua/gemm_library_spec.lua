@@ -1,0 +1,157 @@
+-- gemm_library_spec.lua: the CPU backend's two GEMM libraries ([Note: two
+-- GEMM libraries], core/cpu/cpu_onednn.c). Large bf16 products run on
+-- oneDNN where it is installed, everything else on OpenBLAS; the same
+-- products are run here on both in one process (fsdp.cpu_gemm_use) and
+-- must agree within bf16 rounding of the output: both accumulate in f32
+-- into an f32 buffer rounded once, so only the order of the sums differs.
+-- Every bf16 product below has at least 2^20 multiply-adds per matrix (the
+-- size from which oneDNN takes them): NN, NT and TN layouts, batched and
+-- broadcast batches, a strided operand compacted in bf16, a bias, and a
+-- linear forward and backward with gradients accumulated over two
+-- backwards; the planner's meta model follows the library. f32 and f16
+-- products must come out bit for bit as before (they are never routed). Where oneDNN is missing the comparisons are
+-- reported as skipped, with the reason.
+local fsdp = require 'fsdp'
+local T = require 'fsdp.testing'
+local F = require 'fsdp.functional.linear'
+
+local function randn(shape, seed, dtype)
+  return fsdp.randn(shape, { seed = seed, std = 0.5 }):to(dtype or 'bf16')
+end
+
+-- Run fn() with the products on `library`; returns its results.
+local function on(library, fn)
+  fsdp.cpu_gemm_use(library)
+  return fn()
+end
+
+-- got and want (16-bit results of the same product on the two libraries)
+-- agree within one bf16 step of each element, plus a sliver of the largest
+-- value for elements that cancel to near zero (their f32 sums may differ
+-- in the last bits before rounding). slack (default 2^-12) is that sliver;
+-- a gradient accumulated over two backwards is rounded twice, its terms
+-- each once, so a cancelling sum may lose a step of its terms: 2^-8.
+local function assert_bf16_close(got, want, what, slack)
+  assert.same(want.shape, got.shape, what)
+  local g, w = got:to('f64'), want:to('f64')
+  local scale = fsdp.F.max(fsdp.F.abs(w):view(-1), 0):item()
+  local excess = fsdp.F.abs(g - w) - fsdp.F.abs(w) * 2^-7
+  local worst = fsdp.F.max(excess:view(-1), 0):item()
+  assert.is_true(worst <= scale * (slack or 2^-12),
+    ('%s: differs by %.3g beyond bf16 rounding (largest value %.3g)'):format(what, worst, scale))
+end
+
+local initial = fsdp.cpu_gemm_library()
+local available, why = pcall(fsdp.cpu_gemm_use, 'onednn')
+-- Back to what the process started with (FSDP_CPU_GEMM may have chosen).
+local function restore()
+  fsdp.cpu_gemm_use(initial:match('^oneDNN') and 'onednn' or 'openblas')
+end
+restore()
+
+describe('CPU GEMM libraries', function()
+  it('reject an unknown library by name', function()
+    T.raises(function() fsdp.cpu_gemm_use('mkl') end, "unknown library 'mkl' (known: onednn, openblas)")
+  end)
+
+  it('say which library runs the products', function()
+    fsdp.cpu_gemm_use('openblas')
+    assert.truthy(fsdp.cpu_gemm_library():match('^OpenBLAS %(oneDNN: .+%)$'))
+    restore()
+  end)
+
+  if not available then
+    pending('oneDNN is not available here, the bf16 comparisons were skipped: ' ..
+            tostring(why):gsub('^.-:%d+: ', ''))
+    return
+  end
+  after_each(restore)
+
+  it('names oneDNN and its version when it runs the bf16 products', function()
+    fsdp.cpu_gemm_use('onednn')
+    assert.truthy(fsdp.cpu_gemm_library():match('^oneDNN %d+%.%d+%.%d+ %(bf16 products'))
+  end)
+
+  local M, K, N = 128, 256, 64 -- 2^21 multiply-adds per matrix
+  local cases = {
+    { 'NN', function() return randn({ M, K }, 1), randn({ K, N }, 2) end },
+    { 'NT', function() return randn({ M, K }, 1), randn({ N, K }, 2):t() end },
+    { 'TN', function() return randn({ K, M }, 1):t(), randn({ K, N }, 2) end },
+    { 'TT', function() return randn({ K, M }, 1):t(), randn({ N, K }, 2):t() end },
+    { 'batched', function() return randn({ 3, M, K }, 1), randn({ 3, K, N }, 2) end },
+    { 'a batch times one matrix (folded rows)', function() return randn({ 3, M, K }, 1), randn({ K, N }, 2) end },
+    { 'one matrix times a batch (broadcast a)', function() return randn({ M, K }, 1), randn({ 2, 3, K, N }, 2) end },
+    { 'broadcast batch dims on both sides', function()
+      return randn({ 2, 1, M, K }, 1), randn({ 1, 3, K, N }, 2) end },
+    { 'a strided operand (compacted in bf16)', function()
+      return randn({ M, 2 * K }, 1):slice(1, 0, nil, 2), randn({ K, N }, 2) end },
+  }
+  for _, case in ipairs(cases) do
+    it('agree on bf16 matmul: ' .. case[1], function()
+      local a, b = case[2]()
+      local want = on('openblas', function() return F.matmul(a, b) end)
+      local got = on('onednn', function() return F.matmul(a, b) end)
+      assert.equals('bf16', got.dtype)
+      assert_bf16_close(got, want, case[1])
+    end)
+  end
+
+  it('agree on a bf16 linear with a bias', function()
+    local x, w, bias = randn({ 2, 64, K }, 1), randn({ 2 * N, K }, 2), randn({ 2 * N }, 3)
+    local want = on('openblas', function() return F.linear(x, w, bias) end)
+    local got = on('onednn', function() return F.linear(x, w, bias) end)
+    assert_bf16_close(got, want, 'linear with bias')
+  end)
+
+  it('agree on a bf16 linear forward and backward, gradients accumulated twice', function()
+    local function grads(library)
+      fsdp.cpu_gemm_use(library)
+      local x = randn({ 4, 64, K }, 1):requires_grad_()
+      local w = randn({ 2 * K, K }, 2):requires_grad_()
+      local bias = randn({ 2 * K }, 3):requires_grad_()
+      local y
+      for step = 1, 2 do
+        y = F.linear(x, w, bias)
+        y:backward(randn({ 4, 64, 2 * K }, 10 + step))
+      end
+      return { y = y, x = x.grad, w = w.grad, b = bias.grad }
+    end
+    local want, got = grads('openblas'), grads('onednn')
+    for _, name in ipairs({ 'y', 'x', 'w', 'b' }) do
+      assert.equals('bf16', got[name].dtype, name)
+      assert_bf16_close(got[name], want[name], 'linear backward: ' .. name, name ~= 'y' and 2^-8 or nil)
+    end
+  end)
+
+  it('are what the planner counts: a meta product on oneDNN stages only the f32 bias', function()
+    -- The meta device imitating the CPU (fsdp.plan does this while it
+    -- traces) raises its peak by what the CPU's matmul would stage;
+    -- tests/mpi/plan_memory.lua checks whole plans against runs.
+    local C = require('fsdp.core').C
+    local function staged(library)
+      fsdp.cpu_gemm_use(library)
+      local was = C.fl_meta_set_f32_gemm(true)
+      local x = fsdp.empty({ M, K }, { device = 'meta', dtype = 'bf16' })
+      local w = fsdp.empty({ N, K }, { device = 'meta', dtype = 'bf16' })
+      local bias = fsdp.empty({ N }, { device = 'meta', dtype = 'bf16' })
+      fsdp.reset_memory_stats('meta')
+      local ok, err = pcall(F.linear, x, w, bias)
+      C.fl_meta_set_f32_gemm(was)
+      assert(ok, err)
+      local s = fsdp.memory_stats('meta')
+      return s.peak - s.in_use
+    end
+    -- OpenBLAS: f32 copies of x and w, the f32 result and bias.
+    assert.equals((M * K + N * K + M * N + N) * 4, staged('openblas'))
+    assert.equals(N * 4, staged('onednn'))
+  end)
+
+  it('leave f32 and f16 products on OpenBLAS, bit for bit', function()
+    for _, dtype in ipairs({ 'f32', 'f16' }) do
+      local a, b = randn({ M, K }, 1, dtype), randn({ N, K }, 2, dtype):t()
+      local want = on('openblas', function() return F.matmul(a, b) end)
+      local got = on('onednn', function() return F.matmul(a, b) end)
+      assert.equals(0, T.max_abs_diff(got, want), dtype)
+    end
+  end)
+end)
