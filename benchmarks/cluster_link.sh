@@ -92,7 +92,10 @@ step() {
   rm -f "$m"
   (cd "$DIR/job" && timeout 300 "$BOX" run "$DIR" srun --mpi=pmix -N2 --ntasks-per-node="$per" \
     "$EXE" "$ROOT/recipes/llama2_7b.lua" "${MODEL[@]}" --max_steps=$STEPS --sharding_strategy="$strategy" \
-    --metrics_file="$m" --comm_joined=true "$@" >"$DIR/job/out.log" 2>&1) || { echo "failed - - - - - -"; return; }
+    --metrics_file="$m" --comm_joined=true "$@" >"$DIR/job/out.log" 2>&1) || {
+    # Why, on stderr: the table keeps its columns.
+    { echo "a step run failed ($per per node, $strategy $*):"; tail -5 "$DIR/job/out.log"; } >&2
+    echo "failed - - - - - -"; return; }
   "$EXE" - "$m" <<'LUA'
 local cjson, best = require('cjson'), nil
 for line in io.lines(arg[1]) do
