@@ -177,6 +177,20 @@ static int64_t cpu_matmul_scratch(const fl_tensor *out, const fl_tensor *a, cons
 
 /* ---- the product ---------------------------------------------------------------- */
 
+/* Element offsets into A and B of the i-th matrix of out's batch (batch
+ * dims row-major; broadcast ones have stride 0). */
+static void batch_offsets(const fl_tensor *out, const fl_gemm_operand *A, const fl_gemm_operand *B,
+                          int64_t i, int64_t *oa, int64_t *ob) {
+    int64_t rem = i;
+    *oa = *ob = 0;
+    for (int d = out->ndim - 3; d >= 0; d--) {
+        int64_t idx = rem % out->shape[d];
+        rem /= out->shape[d];
+        *oa += idx * A->bstride[d];
+        *ob += idx * B->bstride[d];
+    }
+}
+
 /* The batch's products one after another on oneDNN, into out itself
  * (bf16 or f32), the bias added in f32 before oneDNN's one rounding. */
 static int matmul_onednn(fl_tensor *out, const fl_onednn_product *p, const fl_gemm_operand *A,
@@ -186,13 +200,8 @@ static int matmul_onednn(fl_tensor *out, const fl_onednn_product *p, const fl_ge
     int64_t nbatch = folded ? 1 : out->numel / (m * n), os = 2;
     size_t cs = fl_dtype_size(out->dtype);
     for (int64_t i = 0; i < nbatch; i++) {
-        int64_t oa = 0, ob = 0, rem = i;
-        for (int d = nb - 1; d >= 0 && !folded; d--) {
-            int64_t idx = rem % out->shape[d];
-            rem /= out->shape[d];
-            oa += idx * A->bstride[d];
-            ob += idx * B->bstride[d];
-        }
+        int64_t oa, ob; /* folded: one product, offsets 0 */
+        batch_offsets(out, A, B, i, &oa, &ob);
         int rc = fl_cpu_onednn_gemm(p, A->base + oa * os, B->base + ob * os, bias,
                                     (char *)out->data + i * m * n * (int64_t)cs);
         if (rc != FL_OK) return rc;
@@ -261,13 +270,8 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
             bool spread = nbatch > 1 && m * n * k <= FL_CPU_SMALL_GEMM;
 #pragma omp parallel for schedule(static) if (spread)
             for (int64_t i = 0; i < nbatch; i++) {
-                int64_t oa = 0, ob = 0, rem = i;
-                for (int d = nb - 1; d >= 0; d--) {
-                    int64_t idx = rem % out->shape[d];
-                    rem /= out->shape[d];
-                    oa += idx * A.bstride[d];
-                    ob += idx * B.bstride[d];
-                }
+                int64_t oa, ob;
+                batch_offsets(out, &A, &B, i, &oa, &ob);
                 fl_cpu_gemm_ct(ct, A.trans, B.trans, m, n, k, A.base + oa * (int64_t)cs, A.ld,
                                B.base + ob * (int64_t)cs, B.ld, beta, c + i * m * n * (int64_t)cs,
                                n);

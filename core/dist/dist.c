@@ -83,9 +83,7 @@ static pthread_t poke_thread;
 static void poke_between_kernels(void) {
     static double last;
     if (!pthread_equal(pthread_self(), poke_thread)) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    double now = fl_dist_now();
     if (now - last < 1e-6 * POKE_GAP_US) return;
     last = now;
     fl_dist.backend->poke();
