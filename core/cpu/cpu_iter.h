@@ -12,15 +12,8 @@
 
 enum { FL_CPU_ITER_MAX = 4 };
 
-/* Hot inner loops get AVX-512 and AVX2+FMA clones beside the baseline
- * x86-64 code, chosen once at load time by the CPU (GCC's target_clones):
- * 16- or 8-wide math, and libmvec's vector functions of that width, where
- * the baseline has SSE2's 4. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FL_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FL_CPU_CLONES
-#endif
+/* Hot inner loops: FL_VECTOR_CLONES (base/internal.h). */
+#define FL_CPU_CLONES FL_VECTOR_CLONES
 
 typedef struct fl_cpu_iter {
     int ntensors;

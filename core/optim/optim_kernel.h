@@ -28,18 +28,13 @@ enum { FL_OPTIM_CHUNK = 1024 };
  * tested inside the loop would keep it scalar. */
 #define FL_OPTIM_INLINE static inline __attribute__((always_inline))
 
-/* Inner loops get AVX-512 and AVX2 clones beside the baseline x86-64 code,
- * chosen once at load time by the CPU (GCC's target_clones). The updates
+/* Inner loops get AVX-512 and AVX2 clones (FL_VECTOR_CLONES). The updates
  * are bound by their divisions and square roots, not by memory: 16 lanes
  * instead of SSE's 4 (AdamW over 124M parameters, 2 threads: 112 -> 94 ms).
  * The bits are the same: IEEE division and square root are correctly
  * rounded at any width, and C11 mode keeps GCC from contracting into FMAs
  * (-ffp-contract=off is the ISO default). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FL_OPTIM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FL_OPTIM_CLONES
-#endif
+#define FL_OPTIM_CLONES FL_VECTOR_CLONES
 
 /* The inner loop of an update over n elements: x[k] holds operand k's
  * values as f32 (NULL for an absent operand); the loop overwrites the

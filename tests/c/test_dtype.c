@@ -430,6 +430,42 @@ static void test_convert_every_pair(void **state) {
     }
 }
 
+/* The same values in a buffer long enough for the bulk loops' threads
+ * (one span per thread, of an uneven length): every pair with f32 on one
+ * side (the vectorised fast paths) converts every element as the
+ * reference does, at every position of a span. */
+static void test_convert_long_buffers(void **state) {
+    (void)state;
+    static const double values[] = {0.0, -0.0, 1.0, -2.5, 0.1, 3.75, 65504.0, 70000.0, 1e-30,
+                                    1e300, NAN, -NAN, INFINITY, -INFINITY, 16777217.0, 3e9,
+                                    1.0 + 0x1p-8 + 0x1p-30, 1.0 + 0x1p-9, 1.0 + 3 * 0x1p-9};
+    enum { NV = sizeof values / sizeof values[0], N = 3 * 65536 + 77 };
+    unsigned char *src = malloc((size_t)N * 8), *dst = malloc((size_t)N * 8);
+    assert_non_null(src);
+    assert_non_null(dst);
+    for (int si = 0; si < FL_DTYPE_COUNT; si++) {
+        fl_dtype st = all_dtypes[si];
+        size_t ss = fl_dtype_size(st);
+        for (int i = 0; i < N; i++) store_f64(src + (size_t)i * ss, st, values[(i * 7) % NV]);
+        for (int di = 0; di < FL_DTYPE_COUNT; di++) {
+            fl_dtype dt = all_dtypes[di];
+            if (st == dt || (st != FL_F32 && dt != FL_F32)) continue;
+            size_t ds = fl_dtype_size(dt);
+            memset(dst, 0xa5, (size_t)N * 8);
+            assert_int_equal(fl_convert(dst, dt, src, st, N), FL_OK);
+            for (int i = 0; i < N; i++) {
+                double v = load_f64(src + (size_t)i * ss, st);
+                double got = load_f64(dst + (size_t)i * ds, dt), want = ref_convert(v, dt);
+                if (!same_float(got, want))
+                    fail_msg("convert %s -> %s, element %d of %d: %a gave %a, want %a",
+                             fl_dtype_name(st), fl_dtype_name(dt), i, N, v, got, want);
+            }
+        }
+    }
+    free(src);
+    free(dst);
+}
+
 static void test_convert_float_to_int(void **state) {
     /* Truncation toward zero and saturation, through the generic path. */
     assert_int_equal(convert_i(FL_I8, FL_F32, 0), 0);
@@ -692,6 +728,7 @@ int fl_test_dtype(void) {
         cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_f32_to_16_against_reference),
         cmocka_unit_test(test_convert_every_pair),
+        cmocka_unit_test(test_convert_long_buffers),
         cmocka_unit_test(test_convert_float_to_int),
         cmocka_unit_test(test_convert_int_to_int),
         cmocka_unit_test(test_convert_bool),
