@@ -315,12 +315,19 @@ static int cpu_sum_rows(fl_tensor *out, const fl_tensor *in) {
             int64_t r0 = rows * p / parts, r1 = rows * (p + 1) / parts;
             int64_t c0 = blk * BLOCK, len = n - c0 < BLOCK ? n - c0 : BLOCK;
             double acc[BLOCK], tmp[BLOCK];
+            float tmpf[BLOCK];
             for (int64_t j = 0; j < len; j++) acc[j] = 0;
             for (int64_t r = r0; r < r1; r++) {
                 const char *src = base + (r * sr + c0 * sc) * (int64_t)es;
                 if (sc == 1 && in->dtype == FL_F32) { /* the common case, without a call */
                     const float *f = (const float *)src;
                     for (int64_t j = 0; j < len; j++) acc[j] += f[j];
+                } else if (es < 4) {
+                    /* bf16 and f16 through f32 (exact, and a vector
+                     * conversion: through f64 they took a call per
+                     * element, most of a small bf16 linear's backward) */
+                    fl_cpu_load(tmpf, FL_F32, src, in->dtype, sc, len);
+                    for (int64_t j = 0; j < len; j++) acc[j] += tmpf[j];
                 } else {
                     fl_cpu_load(tmp, FL_F64, src, in->dtype, sc, len);
                     for (int64_t j = 0; j < len; j++) acc[j] += tmp[j];

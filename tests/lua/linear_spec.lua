@@ -291,6 +291,26 @@ describe('linear', function()
       assert.is_true(T.max_abs_diff(gw, fw) < 0.2)
       assert.same(fb:tolist(), gb:tolist()) -- 8 ones per column: exact
     end)
+    it('sums bf16 and f16 bias gradients in double and rounds once (contiguous and strided)', function()
+      for _, dt in ipairs({ 'bf16', 'f16' }) do
+        for _, strided in ipairs({ false, true }) do
+          local g = strided and fsdp.randn({ 24, 700 }, { seed = 11 }):to(dt):transpose(0, 1)
+                             or fsdp.randn({ 700, 24 }, { seed = 11 }):to(dt)
+          local xx = fsdp.randn({ 700, 8 }, { seed = 12 }):to(dt)
+          local ww = fsdp.randn({ 24, 8 }, { seed = 13 }):to(dt)
+          local bb = fsdp.zeros(24, { dtype = dt }):requires_grad_()
+          F.linear(xx, ww, bb):backward(g)
+          -- the reference: every (exact) element summed in double, one rounding
+          local rows, sums = g:tolist(), {}
+          for j = 1, 24 do
+            local acc = 0
+            for i = 1, 700 do acc = acc + rows[i][j] end
+            sums[j] = acc
+          end
+          assert.same(fsdp.tensor(sums, { dtype = 'f64' }):to(dt):tolist(), bb.grad:tolist())
+        end
+      end
+    end)
     it('names its node', function()
       assert.equals('LinearBackward', F.linear(x, w:clone():requires_grad_()).grad_fn)
     end)
