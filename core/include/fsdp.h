@@ -1195,8 +1195,9 @@ FL_API void fl_work_release(fl_work *w);
  * therefore one reserved range of virtual addresses (the backend's
  * vm_reserve): resharding releases the memory behind it and keeps the
  * addresses, unsharding puts memory back at the same addresses. On the CPU
- * the pages go back to the system (madvise) and are protected, so a stray
- * read faults loudly instead of seeing zeros; on CUDA the range is
+ * the pages go back to the system lazily (madvise MADV_FREE: [Note: lazily
+ * freed gathered pages] in core/cpu/cpu_backend.c) and are protected, so a
+ * stray read faults loudly instead of seeing stale values; on CUDA the range is
  * cuMemAddressReserve'd and physical memory is cuMemCreate'd and mapped at
  * unshard, unmapped and released at reshard (the driver's virtual memory
  * management, reached through the runtime so the core never links
