@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # benchmarks/cpu_compare.sh: fsdp-lua against PyTorch on this machine's CPU
 # (issue 21): GPT-2 124M (batch 4 x 64) and the small Llama (batch 4 x 256),
-# f32, a full training step each (forward, loss, backward, AdamW).
+# a full training step each (forward, loss, backward, AdamW), in f32 and in
+# bf16 mixed precision (f32 weights and AdamW, bf16 compute: fsdp-lua's
+# mixed_precision='bf16' against PyTorch's CPU autocast).
 #
-#   benchmarks/cpu_compare.sh [ROUNDS]          default 3
+#   benchmarks/cpu_compare.sh [ROUNDS] [PRECISIONS]   default 3 "f32 bf16"
 #
 # Each round runs, one after the other, fsdp-lua (benchmarks/train_step.lua),
 # PyTorch eager and PyTorch with torch.compile (benchmarks/torch_cpu.py), so
@@ -20,6 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
+PRECISIONS=${2:-f32 bf16}
 VENV=${FSDP_TORCH_VENV:-/var/tmp/fsdp-torch-venv}
 out=${OUT:-build/cpu_compare}
 EXE=${FSDP_LUA:-build/bin/fsdp-lua}
@@ -45,35 +48,39 @@ run() {
 }
 status=0
 for r in $(seq 1 "$ROUNDS"); do
-  run "fsdp-lua.$r" "$EXE" benchmarks/train_step.lua || status=1
-  run "torch-eager.$r" "$PY" benchmarks/torch_cpu.py --mode=eager || status=1
-  run "torch-compile.$r" "$PY" benchmarks/torch_cpu.py --mode=compile || status=1
+  for p in $PRECISIONS; do
+    run "fsdp-lua.$p.$r" "$EXE" benchmarks/train_step.lua --precision="$p" || status=1
+    run "torch-eager.$p.$r" "$PY" benchmarks/torch_cpu.py --mode=eager --precision="$p" || status=1
+    run "torch-compile.$p.$r" "$PY" benchmarks/torch_cpu.py --mode=compile --precision="$p" || status=1
+  done
 done
 
 "$PY" - "$out/results.jsonl" "$ROUNDS" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 impls = ["fsdp-lua", "torch-eager", "torch-compile"]
-models = sorted({r["model"] for r in rows})
+order = {"f32": 0, "bf16": 1}
+cases = sorted({(r.get("precision", "f32"), r["model"]) for r in rows}, key=lambda c: (order.get(c[0], 9), c[1]))
 print()
 sg = [r["sgemm_gflops"] for r in rows if r.get("sgemm_gflops")]
 print(f"{sys.argv[2]} rounds, medians; this machine's sgemm rate (fsdp-lua's measure): "
       f"{statistics.median(sg):.0f} GFLOP/s" if sg else "")
-print(f"{'model':<28} {'implementation':<15} {'params':>12} {'ms/step':>8} {'forward':>8} {'backward':>8} "
-      f"{'optim':>6} {'tokens/s':>9} {'GFLOP/s':>8}")
-for m in models:
+print(f"{'model':<28} {'precision':<9} {'implementation':<15} {'params':>12} {'ms/step':>8} {'forward':>8} "
+      f"{'backward':>8} {'optim':>6} {'tokens/s':>9} {'GFLOP/s':>8}")
+for prec, m in cases:
     ms = {}
     for impl in impls:
-        rs = [r for r in rows if r["model"] == m and r["impl"] == impl]
+        rs = [r for r in rows if r["model"] == m and r["impl"] == impl and r.get("precision", "f32") == prec]
         if not rs:
             continue
         ms[impl] = statistics.median(r["ms"] for r in rs)
         gf = statistics.median(r["gflops"] for r in rs)
         ph = [statistics.median(r[k] for r in rs) for k in ("fwd_ms", "bwd_ms", "opt_ms")]
-        print(f"{m:<28} {impl:<15} {rs[0]['params']:>12,} {ms[impl]:>8.0f} {ph[0]:>8.0f} {ph[1]:>8.0f} "
+        print(f"{m:<28} {prec:<9} {impl:<15} {rs[0]['params']:>12,} {ms[impl]:>8.0f} {ph[0]:>8.0f} {ph[1]:>8.0f} "
               f"{ph[2]:>6.0f} {rs[0]['batch'] * rs[0]['seq'] * 1e3 / ms[impl]:>9.0f} {gf:>8.1f}")
     torch_best = min((ms[i] for i in ("torch-eager", "torch-compile") if i in ms), default=None)
     if "fsdp-lua" in ms and torch_best:
-        print(f"{'':<28} fsdp-lua is {torch_best / ms['fsdp-lua']:.2f}x the faster PyTorch (target >= 1.3)")
+        print(f"{'':<28} {prec:<9} fsdp-lua is {torch_best / ms['fsdp-lua']:.2f}x the faster PyTorch "
+              f"(target >= 1.3)")
 EOF
 exit $status

@@ -11,7 +11,14 @@ F.scaled_dot_product_attention, AdamW with fused=True (its fastest CPU
 form), eager or torch.compile. One line `RESULT {json}` per model, with
 the keys benchmarks/cpu_compare.sh reads (ms is the median step).
 
-  python3 benchmarks/torch_cpu.py [--mode=eager|compile] [--only=gpt2|llama] [--steps=5] [--warmup=2]
+  python3 benchmarks/torch_cpu.py [--mode=eager|compile] [--precision=f32|bf16] [--only=gpt2|llama]
+                                  [--steps=5] [--warmup=2]
+
+--precision=bf16 is PyTorch's CPU mixed precision: f32 weights and
+optimizer, the forward and loss under torch.autocast('cpu', bfloat16)
+(products in bf16 on oneDNN, AMX where the CPU has it; norms, softmax
+and the loss in f32), the backward outside it, as PyTorch's AMP recipes
+do; fsdp-lua's counterpart is benchmarks/train_step.lua --precision=bf16.
 
 Threads: torch.set_num_threads(OMP_NUM_THREADS or the cores), as
 fsdp-lua uses OpenMP and OpenBLAS threads.
@@ -85,7 +92,13 @@ def bench(name, model, vocab, B, T, flops_per_token, args):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (B, T), generator=g)
     targets = torch.randint(0, vocab, (B, T), generator=g)
-    loss_fn = torch.compile(model.loss) if args.mode == "compile" else model.loss
+    loss_fn = model.loss
+    if args.precision == "bf16":
+        def loss_fn(ids, targets):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return model.loss(ids, targets)
+    if args.mode == "compile":
+        loss_fn = torch.compile(loss_fn)
 
     def step():  # the step's phases: forward (with the loss), backward, optimizer
         t0 = time.perf_counter()
@@ -111,25 +124,27 @@ def bench(name, model, vocab, B, T, flops_per_token, args):
     dt = statistics.median(times)
     fwd, bwd, upd = (statistics.median(p[i] for p in phases) * 1e3 for i in range(3))
     flops = flops_per_token(n_params) * B * T
-    r = dict(impl="torch-" + args.mode, model=name, params=n_params, batch=B, seq=T, ms=dt * 1e3,
+    r = dict(impl="torch-" + args.mode, model=name, precision=args.precision, params=n_params, batch=B, seq=T,
+             ms=dt * 1e3,
              fwd_ms=fwd, bwd_ms=bwd, opt_ms=upd,
              tokens_per_s=B * T / dt, gflops=flops / dt / 1e9, first_step_s=first,
              threads=torch.get_num_threads(), torch=torch.__version__)
     print(f"{name}: {n_params:,} parameters, {dt * 1e3:.0f} ms/step, {B * T / dt:.0f} tokens/s, "
-          f"{flops / dt / 1e9:.1f} GFLOP/s ({args.mode}; first step {first:.1f} s)")
+          f"{flops / dt / 1e9:.1f} GFLOP/s ({args.mode}, {args.precision}; first step {first:.1f} s)")
     print("RESULT " + json.dumps(r), flush=True)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="eager", choices=["eager", "compile"])
+    ap.add_argument("--precision", default="f32", choices=["f32", "bf16"])
     ap.add_argument("--only", default="", choices=["", "gpt2", "llama"])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count()))
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.mode}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.mode}, {args.precision}")
     if args.only in ("", "gpt2"):
         c = GPT2_CONFIG
         L, D, T = c["n_layers"], c["dim"], 64

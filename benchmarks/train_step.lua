@@ -34,6 +34,9 @@ local cfg = recipe.config({
   warmup = { 2, 'unmeasured steps first' },
   only = { '', 'run one model: gpt2 or llama' },
   ops = { 12, 'ops listed from one traced step per model (0: no trace)', int = true, min = 0 },
+  precision = { 'f32', 'f32, or bf16: f32 master weights, bf16 compute (fsdp.shard on this one process with '
+                       .. "mixed_precision='bf16', as PyTorch's CPU autocast keeps f32 weights)",
+                one_of = { 'f32', 'bf16' } },
 }, arg, 'benchmarks/train_step.lua')
 
 -- Best-of rate of an f32 [m, k] @ [k, n] product, in GFLOP/s.
@@ -52,10 +55,20 @@ end
 
 local median = require('benchmarks.stats').median
 
--- family: the model's module (build, flops_per_token); c its config.
-local function bench(name, family, c, B, T)
-  local model = family.build(c)
-  model:init_weights({ seed = 0 })
+-- family: the model's module (build, flops_per_token); c its config;
+-- layer the class of its blocks (bf16: one unit per block, as a recipe
+-- wraps it, so each block's bf16 copy of its weights lives only while it
+-- runs).
+local function bench(name, family, c, B, T, layer)
+  local model
+  if cfg.precision == 'f32' then
+    model = family.build(c)
+    model:init_weights({ seed = 0 })
+  else
+    model = family.build(c, { device = 'meta' })
+    fsdp.shard(model, { strategy = 'NO_SHARD', mixed_precision = cfg.precision, seed = 0,
+                        policy = fsdp.policy.transformer { layer } })
+  end
   local n = model:num_parameters()
   local opt = optim.AdamW(model:named_parameters(), { lr = 1e-4 })
   local ids = fsdp.randint(0, c.vocab_size, { B, T }, { seed = 1 })
@@ -154,10 +167,11 @@ print(('sgemm (best of 1024^3 and 256x3072x768): %.1f GFLOP/s'):format(peak))
 
 local runs = {}
 if cfg.only == '' or cfg.only == 'gpt2' then
-  runs[#runs + 1] = bench('GPT-2 124M, batch 4 x 64', gpt2, gpt2.config('gpt2'), 4, 64)
+  runs[#runs + 1] = bench('GPT-2 124M, batch 4 x 64', gpt2, gpt2.config('gpt2'), 4, 64, gpt2.Block)
 end
 if cfg.only == '' or cfg.only == 'llama' then
-  runs[#runs + 1] = bench('small Llama, batch 4 x 256', llama, llama.config('small'), 4, 256)
+  runs[#runs + 1] = bench('small Llama, batch 4 x 256', llama, llama.config('small'), 4, 256,
+    llama.DecoderLayer)
 end
 
 -- Two FLOP counts: the model's 6N + 12LHT (what MFU uses; it counts the
@@ -176,6 +190,6 @@ for _, r in ipairs(runs) do if r.ops then print_ops(r, peak) end end
 local cjson = require 'cjson'
 for _, r in ipairs(runs) do
   print('RESULT ' .. cjson.encode({ impl = 'fsdp-lua', model = r.name, params = r.params, batch = r.batch,
-    seq = r.seq, ms = r.ms, fwd_ms = r.fwd_ms, bwd_ms = r.bwd_ms, opt_ms = r.opt_ms, tokens_per_s = r.tokens,
+    seq = r.seq, precision = cfg.precision, ms = r.ms, fwd_ms = r.fwd_ms, bwd_ms = r.bwd_ms, opt_ms = r.opt_ms, tokens_per_s = r.tokens,
     gflops = r.gflops, sgemm_gflops = peak }))
 end
