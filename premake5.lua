@@ -348,5 +348,6 @@ project "fsdp-ctest"
   outdirs "bin"
   files { "tests/c/**.c" }
   includedirs { "core/base" }
-  links { "fsdp", "cmocka", "m" }
+  -- gomp: test_dtype.c runs the bulk conversions on 1, 2 and 3 threads
+  links { "fsdp", "cmocka", "gomp", "m" }
   linkoptions { "-Wl,-rpath,'$$ORIGIN/../lib'" }

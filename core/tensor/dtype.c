@@ -371,10 +371,12 @@ static inline int64_t i64_from_f32(float x) {
 }
 
 /* This thread's share [*lo, *lo + *len) of n elements in an OpenMP
- * region: equal spans, whole cache lines of 64 elements where n allows. */
+ * region: consecutive spans of ceil(n / threads) rounded up to 64 elements
+ * (whole cache lines), so threads x span >= n; the last ones may be
+ * short or empty. */
 static void thread_span(int64_t n, int64_t *lo, int64_t *len) {
     int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    int64_t per = (n / threads + 63) / 64 * 64;
+    int64_t per = ((n + threads - 1) / threads + 63) / 64 * 64;
     int64_t start = t * per < n ? t * per : n;
     *lo = start;
     *len = (start + per < n ? start + per : n) - start;

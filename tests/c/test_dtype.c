@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -430,16 +431,12 @@ static void test_convert_every_pair(void **state) {
     }
 }
 
-/* The same values in a buffer long enough for the bulk loops' threads
- * (one span per thread, of an uneven length): every pair with f32 on one
- * side (the vectorised fast paths) converts every element as the
- * reference does, at every position of a span. */
-static void test_convert_long_buffers(void **state) {
-    (void)state;
+/* Every pair with f32 on one side over one long buffer (see below). */
+static void convert_long_buffer(void) {
     static const double values[] = {0.0, -0.0, 1.0, -2.5, 0.1, 3.75, 65504.0, 70000.0, 1e-30,
                                     1e300, NAN, -NAN, INFINITY, -INFINITY, 16777217.0, 3e9,
                                     1.0 + 0x1p-8 + 0x1p-30, 1.0 + 0x1p-9, 1.0 + 3 * 0x1p-9};
-    enum { NV = sizeof values / sizeof values[0], N = 3 * 65536 + 77 };
+    enum { NV = sizeof values / sizeof values[0], N = 3 * 65536 + 2 };
     unsigned char *src = malloc((size_t)N * 8), *dst = malloc((size_t)N * 8);
     assert_non_null(src);
     assert_non_null(dst);
@@ -464,6 +461,21 @@ static void test_convert_long_buffers(void **state) {
     }
     free(src);
     free(dst);
+}
+
+/* The same values in a buffer long enough for the bulk loops' threads
+ * (one span per thread; 1, 2 and 3 threads, and a length 2 past a
+ * multiple of 3 x 64): every pair with f32 on one side (the vectorised
+ * fast paths) converts every element as the reference does, at every
+ * position of every span. */
+static void test_convert_long_buffers(void **state) {
+    (void)state;
+    int threads_before = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        convert_long_buffer();
+    }
+    omp_set_num_threads(threads_before);
 }
 
 static void test_convert_float_to_int(void **state) {
