@@ -13,8 +13,10 @@
 # talk Open MPI's TCP transport across the bridge, ranks on one node
 # shared memory. For 2 nodes x 1 rank (FULL_SHARD, SHARD_GRAD_OP) and
 # 2 nodes x 2 ranks (FULL_SHARD, HYBRID_SHARD) it prints the fastest step
-# of steps 4-16 (on a shared machine the fastest step is the one least
-# disturbed; a median moved by hundreds of ms between runs here) with the
+# of steps 4-16 over $CLUSTER_LINK_REPEATS runs (default 3; on a shared
+# machine the fastest step is the one least disturbed: a median moved by
+# hundreds of ms between runs here, and one run's fastest step by up to
+# 40% between runs when 4 ranks share 2 cores) with the
 # link unshaped and shaped, with prefetching
 # off (no backward or forward prefetch, no all-gather limit) and on
 # (backward PRE, forward prefetch). Columns: the bytes of a step's
@@ -24,8 +26,10 @@
 # planned (fsdp.plan.cost: ring wire bytes / bandwidth, the node's link
 # shared by the rings crossing it at once, no latency) with the link at
 # RATE and with a device profile of the link as measured (the all-gather
-# rate benchmarks/link_rate.lua gets on it, written as a JSON profile for
-# --plan_device), against the measured time some collective was in
+# rate benchmarks/link_rate.lua gets on it, measured again before each
+# configuration's runs, so the plan sees the link and the machine as they
+# are then: between measurements minutes apart the rate moved 86-114 MB/s;
+# written as a JSON profile for --plan_device), against the measured time some collective was in
 # flight on rank 0 (the metrics' comm_busy_s: the link's time, hidden or
 # not), and that time counted from each collective's last member's start
 # ("joined", comm_joined_s: without the waits for late members, whose sum
@@ -65,6 +69,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 FSDP_COLLECTIVE_TIMEOUT=120
 MODEL=(--data= --dtype=f32 --num_layers=4 --hidden_width=256 --num_heads=4 --vocab_size=512
        --seq_len=64 --batch_size=2 --validation_freq=0 --peak_tflops=0 --warmup_steps=2)
 STEPS=16
+REPEATS=${CLUSTER_LINK_REPEATS:-3}
 OFF=(--backward_prefetch=none --forward_prefetch=false --limit_all_gathers=false)
 ON=(--backward_prefetch=pre --forward_prefetch=true --limit_all_gathers=true)
 
@@ -79,14 +84,14 @@ shape() { # shape on|off
   return 0
 }
 
-# step PER_NODE STRATEGY PREFETCH...: rank 0's fastest step of steps 4-16
+# step_once PER_NODE STRATEGY PREFETCH...: rank 0's fastest step of steps 4-16
 # as "STEP_MS MIB WAIT_MS BUSY_MS JOINED_MS SKEW_MS KIND=BUSY/JOINED,...":
 # its time, the bytes its collectives moved, the time it blocked waiting
 # for them, the time some were in flight (the metrics' comm, counted by
 # core/dist: fsdp.dist.collective_stats), that time counted from each
 # collective's last member's start (--comm_joined: fsdp.observe.joined)
 # and the waits for late members summed.
-step() {
+step_once() {
   local per=$1 strategy=$2; shift 2
   local m=$DIR/job/m.jsonl
   rm -f "$m"
@@ -111,6 +116,18 @@ print(('%.0f %.2f %.0f %.0f %.0f %.0f %s'):format(1000 * best.step_time, (best.c
   1000 * (best.comm_wait_s or 0), 1000 * (best.comm_busy_s or 0), 1000 * (best.comm_joined_s or 0),
   1000 * (best.comm_skew_s or 0), table.concat(kinds, ',')))
 LUA
+}
+
+# step PER_NODE STRATEGY PREFETCH...: step_once's line of the fastest of
+# REPEATS runs ("failed ..." only when every run failed).
+step() {
+  local best="" line r
+  for r in $(seq 1 "$REPEATS"); do
+    line=$(step_once "$@")
+    case "$line" in failed*) continue ;; esac
+    if [ -z "$best" ] || [ "${line%% *}" -lt "${best%% *}" ]; then best=$line; fi
+  done
+  echo "${best:-failed - - - - - -}"
 }
 
 # profile FILE INTER INTRA: a device profile (fsdp.devices.load) of CPU
@@ -150,29 +167,38 @@ rates() { # rates RANKS_PER_NODE LOG
   (cd "$DIR/job" && timeout 300 "$BOX" run "$DIR" srun --mpi=pmix -N2 --ntasks-per-node="$1" \
     "$EXE" "$ROOT/benchmarks/link_rate.lua" 2>&1 | tee "$2" | sed -n 's/^RATES //p')
 }
-shape on
-MEASURED=$(rates 1 "$DIR/job/rate.log")
-MEASURED_2=$(rates 2 "$DIR/job/rate2.log")
-shape off
-echo "link: $RATE nominal ($BW bytes/s on the wire); what the collectives got on it:"
-grep -hE '^(all_gather|reduce_scatter|all_reduce) ' "$DIR/job/rate.log"
-grep -hE '^(all_gather|reduce_scatter|all_reduce) .*within' "$DIR/job/rate2.log"
 field() { echo "print(require('cjson').decode(arg[1])$2)" | "$EXE" - "$1"; }
-LINK_BW=$BW INTRA_BW=
-[ -n "$MEASURED" ] && LINK_BW=$(field "$MEASURED" .all_gather)
-[ -n "$MEASURED_2" ] && INTRA_BW=$(field "$MEASURED_2" .intra.all_gather)
+# measure_link PER_NODE: $DIR/link.json, the profile of the shaped link as
+# the collectives get it now (its all-gather rate across nodes, and with 2
+# ranks per node the rate within a node while the link is busy), and the
+# rates on stdout, one line per kind.
+measure_link() {
+  local measured measured_2="" link_bw=$BW intra_bw=""
+  shape on
+  measured=$(rates 1 "$DIR/job/rate.log")
+  [ "$1" -gt 1 ] && measured_2=$(rates 2 "$DIR/job/rate2.log")
+  shape off
+  grep -hE '^(all_gather|reduce_scatter|all_reduce) ' "$DIR/job/rate.log"
+  [ "$1" -gt 1 ] && grep -hE '^(all_gather|reduce_scatter|all_reduce) .*within' "$DIR/job/rate2.log"
+  [ -n "$measured" ] && link_bw=$(field "$measured" .all_gather)
+  [ -n "$measured_2" ] && intra_bw=$(field "$measured_2" .intra.all_gather)
+  profile "$DIR/link.json" "$link_bw" "$intra_bw"
+}
 profile "$DIR/nominal.json" "$BW"
-profile "$DIR/link.json" "$LINK_BW" "$INTRA_BW"
+echo "link: $RATE nominal ($BW bytes/s on the wire); $REPEATS runs per row; what the collectives got on it,"
+echo "measured before each configuration:"
 
 printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' configuration prefetch "plan MiB" "meas MiB" \
   "plan ms" "plan ms" "busy ms" "joined ms" "skew ms" "wait ms" "step" "shaped" "exposed"
 printf '%-24s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" "@nominal" "@link" "(shaped)" "(shaped)" \
   "(shaped)" "(shaped)" "(ms)" "(ms)" "(ms)"
-details=()
+details=() rates_seen=()
 IFS=';' read -ra CONFIGS <<<"${CLUSTER_LINK_CONFIGS:-1 FULL_SHARD;1 SHARD_GRAD_OP;2 FULL_SHARD;2 HYBRID_SHARD}"
 for cfg in "${CONFIGS[@]}"; do
   set -- $cfg
   per=$1 strategy=$2
+  rates_seen+=("2 nodes x $per $strategy:")
+  while IFS= read -r line; do rates_seen+=("  $line"); done < <(measure_link "$per")
   read -r plan_mib plan_ms plan_kinds < <(planned "$per" "$strategy" "$DIR/nominal.json")
   read -r _ plan_ms_link _ < <(planned "$per" "$strategy" "$DIR/link.json")
   details+=("2 nodes x $per $strategy planned @nominal: $plan_kinds")
@@ -191,3 +217,5 @@ for cfg in "${CONFIGS[@]}"; do
 done
 echo "time per kind of collective (ms; measured: rank 0's busy and joined time of that kind in the fastest shaped step):"
 printf '  %s\n' "${details[@]}"
+echo "the link as measured before each configuration (the @link profile):"
+printf '  %s\n' "${rates_seen[@]}"
