@@ -65,6 +65,14 @@ mkdir -p "$DIR/job"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mpi_preconnect_mpi=1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 FSDP_COLLECTIVE_TIMEOUT=120
+# Fixed TCP socket buffers (4 MiB, this machine's net.core.wmem_max) instead
+# of the kernel's autotuning: with autotuning a 16 MiB ring all-reduce
+# across the shaped link took 250-280 ms in 2 jobs of 3 (its two directions
+# taking turns, as if serialised) and 140 in the third; with fixed buffers
+# 141-145 ms in 3 of 3 (reduce-scatter 71-73 against 71-108). A deeper or
+# shallower shaper queue (tbf latency 5 ms) did not change it.
+export OMPI_MCA_btl_tcp_sndbuf=${OMPI_MCA_btl_tcp_sndbuf:-4194304}
+export OMPI_MCA_btl_tcp_rcvbuf=${OMPI_MCA_btl_tcp_rcvbuf:-4194304}
 
 MODEL=(--data= --dtype=f32 --num_layers=4 --hidden_width=256 --num_heads=4 --vocab_size=512
        --seq_len=64 --batch_size=2 --validation_freq=0 --peak_tflops=0 --warmup_steps=2)
