@@ -214,6 +214,40 @@ describe('fsdp.shard on one rank', function()
     assert.is_true(l[3] < l[1])
   end)
 
+  it('gives a parameter unused in forward a zero gradient, other gradients exact', function()
+    local nn = require 'fsdp.nn'
+    local Two = nn.Module:extend('TwoLinears')
+    function Two:__init(opts)
+      self.used = nn.Linear(128, 128, opts)
+      self.unused = nn.Linear(128, 128, opts)
+    end
+    function Two:forward(x) return self.used(x) end
+    local x = fsdp.randn({ 4, 128 }, { seed = 2 })
+    local g = fsdp.randn({ 4, 128 }, { seed = 3 })
+    local plain = Two({ device = 'meta' })
+    plain:init_weights({ seed = 1, device = 'cpu' })
+    plain(x):backward(g)
+    local flat = 2 * (128 * 128 + 128)
+    for _, mp in ipairs({ false, 'bf16' }) do
+      local dt = mp or 'f32'
+      local m = fsdp.shard(Two({ device = 'meta' }), { seed = 1, mixed_precision = mp or nil })
+      local y = m(x:to(dt))
+      -- a block of the flat gradient's size, full of garbage, waiting in
+      -- the allocator's cache for the backward to take
+      fsdp.full({ flat }, 7, { dtype = dt }):free()
+      y:backward(g:to(dt))
+      assert.same(fsdp.zeros(128 * 128):tolist(), m.unused.weight.grad:view(-1):tolist())
+      assert.same(fsdp.zeros(128):tolist(), m.unused.bias.grad:tolist())
+      -- f32: the same products, exact; bf16: inputs and result rounded to
+      -- bf16 (a few units of 2^-8 of the largest gradient)
+      local want = plain.used.weight.grad
+      local tol = mp and 0.02 * want:abs():max():item() or 0
+      local got = m.used.weight.grad:view(128, 128)
+      local diff = require('fsdp.testing').max_abs_diff(got, plain.used.weight.grad)
+      assert.is_true(diff <= tol, ('%s: %g'):format(dt, diff))
+    end
+  end)
+
   it('keeps low-precision gradients when asked', function()
     local m = sharded({ mixed_precision = { param = 'bf16', keep_low_precision_grads = true } })
     local l = train(m, 3)
@@ -390,6 +424,28 @@ describe('fsdp.shard on one rank', function()
     assert.error_matches(function() fsdp.shard(m) end, 'already sharded')
     assert.error_matches(function() fsdp.clip_grad_norm(plain_model(), 1) end, 'not sharded')
     assert.error_matches(function() fsdp.shard(42) end, 'expects a module')
+  end)
+
+  it('packs gradients into one flat buffer, zeros where a parameter has none', function()
+    local C = core.C
+    local names = ffi.new('const char*[2]', { 'a', 'b' })
+    local ndims = ffi.new('int[2]', { 1, 1 })
+    local dims = ffi.new('int64_t[2]', { 20000, 20000 })
+    local cfg = ffi.new('fl_unit_config')
+    for _, f in ipairs({ 'master_dtype', 'param_dtype', 'reduce_dtype', 'grad_dtype' }) do
+      cfg[f] = core.dtype('f32')
+    end
+    cfg.device = core.device('cpu')
+    local u = ffi.gc(C.fl_unit_new('pack', 2, names, ndims, dims, cfg), C.fl_unit_free)
+    -- a block of the flat buffer's size full of garbage, cached for the pack
+    fsdp.full({ 40000 }, 7):free()
+    local b = fsdp.full({ 20000 }, 3)
+    local grads = ffi.new('fl_tensor*[2]') -- a: none (NULL), b: threes
+    grads[1] = Tensor.cptr(b)
+    local flat = Tensor.wrap(C.fl_unit_pack_grads(u, 2, grads, nil))
+    assert.equals(0, flat:narrow(0, 0, 20000):abs():max():item())
+    assert.equals(3, flat:narrow(0, 20000, 20000):min():item())
+    assert.equals(3, flat:narrow(0, 20000, 20000):max():item())
   end)
 
   it('has a C unit with explicit states', function()
