@@ -394,6 +394,15 @@ int fl_unit_scatter_master(fl_unit *u, const fl_tensor *full) {
 
 /* ---- gradients ------------------------------------------------------------------ */
 
+/* Zeros into elements [start, start + len) of a flat buffer. */
+static int zero_range(fl_tensor *flat_buf, int64_t start, int64_t len) {
+    if (len <= 0) return FL_OK;
+    fl_tensor *part = slice1(flat_buf, start, len);
+    int rc = part ? fl_fill_(part, 0.0) : (int)fl_last_status();
+    fl_tensor_release(part);
+    return rc;
+}
+
 fl_tensor *fl_unit_pack_grads(fl_unit *u, int n, fl_tensor *const *grads,
                               const fl_tensor *extra) {
     if (n != u->n) {
@@ -408,22 +417,14 @@ fl_tensor *fl_unit_pack_grads(fl_unit *u, int n, fl_tensor *const *grads,
      * from offset 0; the padding is [numel, padded). */
     fl_tensor *out = fl_empty(1, &u->padded, u->cfg.reduce_dtype, u->cfg.device);
     if (!out || u->meta) return out;
-    if (u->padded > u->numel) {
-        fl_tensor *pad = slice1(out, u->numel, u->padded - u->numel);
-        int rc = pad ? fl_fill_(pad, 0.0) : (int)fl_last_status();
-        fl_tensor_release(pad);
-        if (rc != FL_OK) {
-            fl_tensor_release(out);
-            return NULL;
-        }
+    if (zero_range(out, u->numel, u->padded - u->numel) != FL_OK) {
+        fl_tensor_release(out);
+        return NULL;
     }
     for (int i = 0; i < n; i++) {
         const unit_param *p = &u->params[i];
         if (!grads[i]) {
-            fl_tensor *none = slice1(out, p->offset, p->numel);
-            int rc = none ? fl_fill_(none, 0.0) : (int)fl_last_status();
-            fl_tensor_release(none);
-            if (rc != FL_OK) {
+            if (zero_range(out, p->offset, p->numel) != FL_OK) {
                 fl_tensor_release(out);
                 return NULL;
             }
