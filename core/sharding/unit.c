@@ -470,7 +470,8 @@ int fl_unit_reduce(fl_unit *u, fl_tensor *flat_grad) {
         u->reduce_out = fl_tensor_retain(flat_grad);
         return FL_OK;
     }
-    u->reduce_out = flat(u->cfg.reduce_dtype, u->cfg.device, u->shard_numel);
+    /* (not zeroed: the reduce-scatter writes all of it) */
+    u->reduce_out = fl_empty(1, &u->shard_numel, u->cfg.reduce_dtype, u->cfg.device);
     if (!u->reduce_out) goto fail;
     if (u->meta) return FL_OK;
     u->reduce_work = fl_reduce_scatter(u->cfg.shard_group, u->reduce_out, flat_grad, FL_REDUCE_AVG);
