@@ -69,8 +69,9 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 FSDP_COLLECTIVE_TIMEOUT=120
 # of the kernel's autotuning: with autotuning a 16 MiB ring all-reduce
 # across the shaped link took 250-280 ms in 2 jobs of 3 (its two directions
 # taking turns, as if serialised) and 140 in the third; with fixed buffers
-# 141-145 ms in 3 of 3 (reduce-scatter 71-73 against 71-108). A deeper or
-# shallower shaper queue (tbf latency 5 ms) did not change it.
+# 141-148 ms in 5 jobs of 6 and 212 in the sixth (reduce-scatter 71-73
+# against 71-108). A shallower shaper queue (tbf latency 5 ms) did not
+# change it.
 export OMPI_MCA_btl_tcp_sndbuf=${OMPI_MCA_btl_tcp_sndbuf:-4194304}
 export OMPI_MCA_btl_tcp_rcvbuf=${OMPI_MCA_btl_tcp_rcvbuf:-4194304}
 
