@@ -4,6 +4,10 @@
 -- compare the ratios).
 --
 --   fsdp-lua benchmarks/train_step.lua [--steps=5] [--warmup=2] [--only=gpt2|llama] [--ops=12]
+--                                      [--precision=f32|bf16]
+--
+-- --precision=bf16 trains in bf16 mixed precision (f32 master weights and
+-- AdamW, bf16 compute), the counterpart of torch_cpu.py --precision=bf16.
 --
 -- Then, per model, one more step traced by fsdp.observe.profiler: the ops
 -- that took the most time of their own (forward: fsdp.functional calls,
