@@ -25,7 +25,7 @@
  * baseline x86-64 code, chosen once at load time by the CPU (GCC's
  * target_clones): 8-wide exp instead of 4-wide SSE2. Measured on
  * attention forward+backward at B=4, H=8, T=256, D=64: 1.2x. Not the
- * AVX-512 clone of FL_CPU_CLONES: it made attention's forward only 8%
+ * AVX-512 clone of FL_VECTOR_CLONES: it made attention's forward only 8%
  * faster, and a sharded tiny Llama then drifted from the same model on
  * one rank by 1.3e-5 after a few AdamW steps instead of 1.6e-6
  * (tests/mpi/fsdp_equivalence.lua): some result then depends on how the

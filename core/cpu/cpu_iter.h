@@ -12,9 +12,6 @@
 
 enum { FL_CPU_ITER_MAX = 4 };
 
-/* Hot inner loops: FL_VECTOR_CLONES (base/internal.h). */
-#define FL_CPU_CLONES FL_VECTOR_CLONES
-
 typedef struct fl_cpu_iter {
     int ntensors;
     int ndim;                                     /* after coalescing, >= 1 */

@@ -114,7 +114,7 @@ static fl_dtype compute_dtype(fl_dtype d) {
     default: FL_ASSERT(!"unary op");                                                        \
     }
 
-FL_CPU_CLONES
+FL_VECTOR_CLONES
 static void forward_f32(int op, float *restrict o, const float *restrict x, int64_t n, double p0,
                         double p1) {
     UNARY_FORWARD(float, expf, logf, sqrtf, tanhf, erff, powf)
@@ -300,7 +300,7 @@ int fl_cpu_unary(int op, fl_tensor *out, const fl_tensor *x, double p0, double p
     default: FL_ASSERT(!"unary backward op");                                               \
     }
 
-FL_CPU_CLONES
+FL_VECTOR_CLONES
 static void backward_f32(int op, float *restrict gx, const float *restrict gy,
                          const float *restrict s, int64_t n, double p0, double p1) {
     UNARY_BACKWARD(float, expf, sqrtf, tanhf, erff, powf)
@@ -369,7 +369,7 @@ int fl_cpu_unary_backward(int op, fl_tensor *gx, const fl_tensor *gy, const fl_t
 #define SILU_MUL(T, EXP)                                                                     \
     _Pragma("omp simd") for (int64_t i = 0; i < n; i++) o[i] = a[i] / ((T)1 + EXP(-a[i])) * b[i];
 
-FL_CPU_CLONES
+FL_VECTOR_CLONES
 static void silu_mul_f32(float *restrict o, const float *restrict a, const float *restrict b,
                          int64_t n) {
     SILU_MUL(float, expf)
@@ -446,7 +446,7 @@ int fl_cpu_silu_mul(fl_tensor *out, const fl_tensor *gate, const fl_tensor *up) 
             gb[i] = g[i] * a[i] / ((T)1 + EXP(-a[i]));                                      \
     }
 
-FL_CPU_CLONES
+FL_VECTOR_CLONES
 static void silu_mul_bw_f32(float *restrict ga, float *restrict gb, const float *restrict g,
                             const float *restrict a, const float *restrict b, int64_t n) {
     SILU_MUL_BACKWARD(float, expf)

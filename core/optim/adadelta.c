@@ -40,7 +40,7 @@ FL_OPTIM_INLINE void adadelta_elems(const fl_adadelta_ctx *c, int64_t n, float *
     }
 }
 
-FL_OPTIM_CLONES
+FL_VECTOR_CLONES
 static void adadelta_loop(const void *vctx, int64_t n, float *const *x, const fl_dtype *dtypes) {
     (void)dtypes;
     const fl_adadelta_ctx *c = vctx;

@@ -43,7 +43,7 @@ FL_OPTIM_INLINE void adamw_elems(const fl_adamw_ctx *c, int64_t n, float *restri
     }
 }
 
-FL_OPTIM_CLONES
+FL_VECTOR_CLONES
 static void adamw_loop(const void *vctx, int64_t n, float *const *x, const fl_dtype *dtypes) {
     (void)dtypes;
     const fl_adamw_ctx *c = vctx;

@@ -27,7 +27,7 @@
 
 #include <math.h>
 
-FL_OPTIM_CLONES
+FL_VECTOR_CLONES
 static void anyprecision_loop(const void *vctx, int64_t n, float *const *x,
                               const fl_dtype *dtypes) {
     const fl_anyprecision_ctx *c = vctx;

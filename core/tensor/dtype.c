@@ -22,7 +22,6 @@
 
 #include <limits.h>
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 
 /* Above this many elements the bulk loops run on all OpenMP threads; below
@@ -369,26 +368,15 @@ static inline int64_t i64_from_f32(float x) {
     return x != x ? 0 : x >= 0x1p63f ? INT64_MAX : x <= -0x1p63f ? INT64_MIN : (int64_t)x;
 }
 
-/* This thread's share [*lo, *lo + *len) of n elements in an OpenMP
- * region: consecutive spans of ceil(n / threads) rounded up to 64 elements
- * (whole cache lines), so threads x span >= n; the last ones may be
- * short or empty. */
-static void thread_span(int64_t n, int64_t *lo, int64_t *len) {
-    int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    int64_t per = ((n + threads - 1) / threads + 63) / 64 * 64;
-    int64_t start = t * per < n ? t * per : n;
-    *lo = start;
-    *len = (start + per < n ? start + per : n) - start;
-}
-
 /* One contiguous loop per fast pair, vectorised for the machine
  * (FL_VECTOR_CLONES: AVX-512 narrows 32-bit lanes to 16 in one
  * instruction, which SSE2 emulates with shuffles; f32 -> bf16 ran at a
  * third of the memory's rate on the baseline code). Large n is cut into
- * one span per thread: the clone is called from the parallel region, as
- * GCC does not clone an outlined OpenMP body. Small n (kernels convert
- * 512-element chunks) stays on the calling thread: entering even a
- * serial `omp parallel` region costs about a microsecond. */
+ * chunks of FL_PARALLEL_MIN shared among the threads, as copy_bytes does
+ * below; the clone is called per chunk, as GCC does not clone an outlined
+ * OpenMP body. Small n (kernels convert 512-element chunks) stays on the
+ * calling thread: entering even a serial `omp parallel` region costs
+ * about a microsecond. */
 #define DEFINE_CONVERT(NAME, DST_T, SRC_T, ELEMENT)                            \
     FL_VECTOR_CLONES                                                           \
     static void NAME##_span(DST_T *restrict d, const SRC_T *restrict s,        \
@@ -403,11 +391,12 @@ static void thread_span(int64_t n, int64_t *lo, int64_t *len) {
             NAME##_span(d, s, n);                                              \
             return;                                                            \
         }                                                                      \
-        _Pragma("omp parallel")                                                \
-        {                                                                      \
-            int64_t lo, len;                                                   \
-            thread_span(n, &lo, &len);                                         \
-            NAME##_span(d + lo, s + lo, len);                                  \
+        int64_t chunks = (n + FL_PARALLEL_MIN - 1) / FL_PARALLEL_MIN;          \
+        _Pragma("omp parallel for schedule(static)")                           \
+        for (int64_t c = 0; c < chunks; c++) {                                 \
+            int64_t lo = c * FL_PARALLEL_MIN;                                  \
+            NAME##_span(d + lo, s + lo,                                        \
+                        n - lo < FL_PARALLEL_MIN ? n - lo : FL_PARALLEL_MIN);  \
         }                                                                      \
     }
 

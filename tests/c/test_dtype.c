@@ -464,10 +464,10 @@ static void convert_long_buffer(void) {
 }
 
 /* The same values in a buffer long enough for the bulk loops' threads
- * (one span per thread; 1, 2 and 3 threads, and a length 2 past a
- * multiple of 3 x 64): every pair with f32 on one side (the vectorised
- * fast paths) converts every element as the reference does, at every
- * position of every span. */
+ * (chunks shared among 1, 2 and 3 threads, the last one 2 elements long):
+ * every pair with f32 on one side (the vectorised fast paths) converts
+ * every element as the reference does, at every position of every
+ * chunk. */
 static void test_convert_long_buffers(void **state) {
     (void)state;
     int threads_before = omp_get_max_threads();
