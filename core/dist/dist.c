@@ -296,10 +296,20 @@ void fl_dist_roll_report(const fl_roll_answer *a, int n, double patience, char *
         }
     }
     if (n_silent && len < size)
-        snprintf(buf + len, size - len,
-                 "%sworld rank%s %s did not answer within %g s (stopped, dead, or stuck "
-                 "outside MPI)",
-                 len ? "; " : "", n_silent > 1 ? "s" : "", silent, patience);
+        len += (size_t)snprintf(buf + len, size - len,
+                                "%sworld rank%s %s did not answer within %g s (stopped, dead, "
+                                "or stuck outside MPI)",
+                                len ? "; " : "", n_silent > 1 ? "s" : "", silent, patience);
+    /* Nobody idle or silent: say where the others wait, since one of them
+     * waits for a rank outside this group (or all for each other). */
+    bool waiting_only = len == 0;
+    for (int i = 0; waiting_only && i < n && len < size; i++)
+        if (a[i].world_rank != fl_dist.topo.rank && a[i].answered && a[i].in_flight > 0)
+            len += (size_t)snprintf(buf + len, size - len,
+                                    "%sworld rank %d waits in a collective (its oldest started "
+                                    "%.1f s ago, %d in flight)",
+                                    len ? "; " : "", a[i].world_rank, a[i].oldest,
+                                    a[i].in_flight);
 }
 
 /* "0, 2, 3" from the ranks not flagged in left; returns how many. */

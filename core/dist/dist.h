@@ -118,7 +118,8 @@ FL_PLUGIN_API void fl_dist_pause(double waited);
  * roll call (one rank) or it failed. */
 fl_roll_answer *fl_dist_roll_call(fl_group *g, double patience);
 /* One line naming the members of a roll call that are not in any
- * collective or did not answer; "" when all are in collectives. */
+ * collective or did not answer; when there are none, where the others
+ * wait. */
 void fl_dist_roll_report(const fl_roll_answer *a, int n, double patience, char *buf,
                          size_t size);
 /* The roll call's patience: members answer from their progress threads

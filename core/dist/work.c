@@ -30,6 +30,24 @@
  * what keeps a script that catches it from crashing inside MPI (SIGSEGV in
  * MPI_Test writing into decommitted pages, seen under load).
  *
+ * [Note: the rank that knows]
+ * A wait times out because some member is not in the collective. When a
+ * roll call finds every other member answering from inside collectives of
+ * their own, the one at fault is further away: under HYBRID_SHARD, rank 1
+ * waits in its node's all-gather for rank 0, which waits in the
+ * replicas' all-reduce for a rank on a node whose link was cut. If rank 1
+ * ended the job then, its message could only say that rank 0 is busy, and
+ * the abort would kill rank 0 before its own timeout named the lost
+ * ranks (the cluster test saw exactly that, now and then, depending on
+ * which rank's wait started first). So the wait goes on, still
+ * progressing, until the member whose collective started last has
+ * reached its own timeout, made its roll call and ended the job (with the
+ * abort's grace); it prints a line saying so. Only if the job is still
+ * there then does this rank fail, naming where the others wait. A slow
+ * collective may complete meanwhile, and the wait then succeeds. The
+ * extra wait is bounded by the timeout plus the roll call and the abort,
+ * so a job whose ranks each wait for another (collectives started in
+ * different orders) still ends.
  */
 #include "dist.h"
 
@@ -145,23 +163,73 @@ int fl_work_test(fl_work *w, bool *done) {
     return fl_work_progress(w, done);
 }
 
+/* Seconds the launcher may take to end the job once a rank aborts it
+ * (the MPI backend gives MPI_Abort 2 s), with a second of slack. */
+#define FL_ABORT_SECONDS 3.0
+
+/* [Note: the rank that knows]: when every other member of the group
+ * answered the roll call from inside collectives of its own, the seconds
+ * until the one whose oldest collective started last reaches its own
+ * timeout, makes its roll call and ends the job (*who, *age: that member
+ * and the age of its collective). 0 when a member is idle or silent: this
+ * rank's own report names it. */
+static double their_diagnosis_in(const fl_roll_answer *a, int n, int *who, double *age) {
+    double latest = -1;
+    for (int i = 0; i < n; i++) {
+        if (a[i].world_rank == fl_dist.topo.rank) continue;
+        if (!a[i].answered || a[i].in_flight == 0) return 0;
+        double left = fl_dist.timeout - a[i].oldest;
+        if (left < 0) left = 0; /* its wait is over: it is in its roll call */
+        if (left > latest) {
+            latest = left;
+            *who = a[i].world_rank;
+            *age = a[i].oldest;
+        }
+    }
+    return latest < 0 ? 0 : latest + FL_ROLL_CALL_SECONDS + FL_ABORT_SECONDS;
+}
+
 /* [Note: a collective that never completes] */
 static int work_time_out(fl_work *w) {
-    char report[640] = "", why[1000];
+    char report[640] = "", why[1000], more[160] = "";
     fl_roll_answer *a = w->dops ? NULL : fl_dist_roll_call(w->group, FL_ROLL_CALL_SECONDS);
+    int who = -1;
+    double age = 0, extra = a ? their_diagnosis_in(a, w->group->size, &who, &age) : 0;
+    if (extra > 0) {
+        free(a);
+        char where[160];
+        fprintf(stderr,
+                "fsdp-lua: rank %d: %s: not complete after %g s, and world rank %d waits in a "
+                "collective of its own (for %.1f s): waiting %.0f s more for the rank at fault "
+                "to be named\n",
+                fl_dist.topo.rank, fl_dist_where(where, sizeof where, w->name, w->group),
+                fl_dist.timeout, who, age, extra);
+        fflush(stderr);
+        double start = fl_dist_now();
+        for (;;) {
+            bool done;
+            int rc = fl_work_progress(w, &done);
+            if (rc != FL_OK || done) return rc;
+            double waited = fl_dist_now() - start;
+            if (waited > extra) break;
+            fl_dist_pause(fl_dist.timeout + waited);
+        }
+        snprintf(more, sizeof more, " and %.0f s more for world rank %d", extra, who);
+        a = fl_dist_roll_call(w->group, FL_ROLL_CALL_SECONDS);
+    }
     if (a) fl_dist_roll_report(a, w->group->size, FL_ROLL_CALL_SECONDS, report, sizeof report);
     free(a);
     if (report[0])
         snprintf(why, sizeof why,
                  "not complete after waiting %g s (the collective timeout, "
-                 "FSDP_COLLECTIVE_TIMEOUT): %s",
-                 fl_dist.timeout, report);
+                 "FSDP_COLLECTIVE_TIMEOUT)%s: %s",
+                 fl_dist.timeout, more, report);
     else
         snprintf(why, sizeof why,
                  "not complete after waiting %g s (the collective timeout, "
-                 "FSDP_COLLECTIVE_TIMEOUT): a rank of the group has not started it, has "
+                 "FSDP_COLLECTIVE_TIMEOUT)%s: a rank of the group has not started it, has "
                  "failed, or started this group's collectives in another order",
-                 fl_dist.timeout);
+                 fl_dist.timeout, more);
     int rc = work_fail(w, FL_ERR_DEVICE, why);
     if (w->req && !fl_dist.broken) {
         fl_dist.broken = true;
@@ -196,7 +264,11 @@ int fl_work_wait(fl_work *w) {
             return rc;
         }
         double waited = fl_dist_now() - start;
-        if (waited > fl_dist.timeout) return work_time_out(w);
+        if (waited > fl_dist.timeout) {
+            rc = work_time_out(w);
+            if (w->kind >= 0) coll_wait[w->kind] += fl_dist_now() - start;
+            return rc;
+        }
         fl_dist_pause(waited);
     }
 }

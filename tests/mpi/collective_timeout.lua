@@ -3,6 +3,8 @@
 -- with a message naming the collective and the group, and the failure ends
 -- the job: no rank hangs.
 --
+-- With the argument `chain`: see below.
+--
 -- With the argument `cuda` (cudasim and GPU builds) the collective moves a
 -- cuda tensor through NCCL and rank 0 waits the way training does: the
 -- wait only orders the device after the collective, and the host blocks
@@ -36,6 +38,30 @@ if arg[1] == 'late' then
     for _ = 1, 4 do ffi.C.usleep(500000) end
     pcall(m.loss, m, ids, ids) -- joins the timed-out gather, then waits on the next
     for _ = 1, 60 do ffi.C.usleep(500000) end
+  end
+  print('unreachable: the job should have ended')
+  return
+end
+
+-- With the argument `chain` (3 ranks): rank 1 waits in an all-reduce with
+-- rank 0, which waits in one with rank 2, which has stopped (SIGSTOP).
+-- Rank 1 times out first, but rank 0 answers its roll call from inside a
+-- collective, so rank 1 does not end the job with what it sees: it waits
+-- for rank 0's own timeout, whose message names rank 2 ([Note: the rank
+-- that knows] in core/dist/work.c).
+if arg[1] == 'chain' then
+  assert(dist.world_size() == 3, 'chain: run on 3 ranks')
+  local g01, g02 = dist.new_group { 0, 1 }, dist.new_group { 0, 2 }
+  dist.barrier()
+  if dist.rank() == 2 then
+    ffi.cdef 'int raise(int sig);'
+    ffi.C.raise(19) -- SIGSTOP
+    for _ = 1, 60 do ffi.C.usleep(500000) end -- continued by the abort: wait for its kill
+  elseif dist.rank() == 1 then
+    dist.all_reduce(fsdp.ones(4), { group = g01 })
+  else
+    ffi.C.usleep(500000)
+    dist.all_reduce(fsdp.ones(4), { group = g02 })
   end
   print('unreachable: the job should have ended')
   return

@@ -285,6 +285,10 @@ expect_failure "a collective rank 1 never joins times out and ends the job" 15 \
   "fsdp-lua: rank 0:|all_reduce on group world (rank 0 of 2, world rank 0): not complete after waiting 1 s" \
   FSDP_COLLECTIVE_TIMEOUT=1 -- mpirun -np 2 "$EXE" tests/mpi/collective_timeout.lua
 
+expect_failure "a rank waiting for one that waits for a stopped rank leaves the naming to it" 20 \
+  "fsdp-lua: rank 1: all_reduce on group|world rank 0 waits in a collective of its own|all_reduce on group group[0, 2] (rank 0 of 2, world rank 0): not complete after waiting 2 s|world rank 2 did not answer within 3 s" \
+  FSDP_COLLECTIVE_TIMEOUT=2 -- mpirun -np 3 "$EXE" tests/mpi/collective_timeout.lua chain
+
 # A timed-out all-gather that a late rank joins afterwards: its pages stay
 # mapped (no signal inside MPI), and no collective starts again.
 out=$(bounded mpirun -np 2 "$EXE" tests/mpi/collective_timeout.lua late)
