@@ -177,6 +177,10 @@ void fl_memory_note_transient(fl_device device, int64_t nbytes);
 void *fl_cpu_alloc(int64_t nbytes);
 void fl_cpu_free(void *ptr, int64_t nbytes);
 int64_t fl_cpu_reserved_bytes(void);
+/* Whether large host blocks and reserved ranges ask for transparent huge
+ * pages (FSDP_CPU_HUGE_PAGES, default 1; cpu_alloc.c). */
+bool fl_cpu_huge_pages(void);
+enum { FL_CPU_HUGE_PAGE = 2 * 1024 * 1024 };
 int64_t fl_cpu_empty_cache(void);
 
 /* ---- backends: one vtable per device kind ------------------------------ */

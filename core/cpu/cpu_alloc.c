@@ -67,7 +67,6 @@ static size_t default_cap(void) {
     return pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 4 : (size_t)1 << 30;
 }
 
-enum { HUGE_PAGE = 2 * 1024 * 1024 };
 
 static pthread_once_t huge_once = PTHREAD_ONCE_INIT;
 static bool huge_pages;
@@ -77,14 +76,18 @@ static void read_huge_pages(void) {
     huge_pages = !(env && strcmp(env, "0") == 0);
 }
 
+bool fl_cpu_huge_pages(void) {
+    pthread_once(&huge_once, read_huge_pages);
+    return huge_pages;
+}
+
 /* A block from the system; huge pages for large ones (see the top). */
 static void *sys_alloc(size_t size) {
-    pthread_once(&huge_once, read_huge_pages);
-    if (size < HUGE_PAGE || !huge_pages) return aligned_alloc(ALIGNMENT, size);
+    if (size < FL_CPU_HUGE_PAGE || !fl_cpu_huge_pages()) return aligned_alloc(ALIGNMENT, size);
     /* posix_memalign, not aligned_alloc: C11 wants the size a multiple of
      * the alignment, which these sizes (cache bins) are not. */
     void *p = NULL;
-    if (posix_memalign(&p, HUGE_PAGE, size) != 0) return NULL;
+    if (posix_memalign(&p, FL_CPU_HUGE_PAGE, size) != 0) return NULL;
     /* (advice only: where the kernel refuses, the block keeps small pages) */
     (void)madvise(p, size, MADV_HUGEPAGE);
     return p;

@@ -182,15 +182,34 @@ static int64_t cpu_empty_cache(int index) {
 
 /* ---- reserved ranges: pages that come and go ----------------------------------- */
 
+/* A range of at least a huge page is aligned to one and asks for huge
+ * pages, as the caching allocator's large blocks do (cpu_alloc.c): a unit's
+ * gathered buffer is then a few 2 MiB pages rather than thousands of 4 KiB
+ * ones, and giving them back and writing them again at every reshard and
+ * unshard ([Note: lazily freed gathered pages]) touches one page-table
+ * entry per 2 MiB. Measured on a bf16 small Llama step on one rank: each
+ * unshard's cast into 6.4 MB of gathered pages took 1.8 ms on 4 KiB pages
+ * and 1.0 with the pages never given back; most of the difference was
+ * MADV_FREE and the writes after it, page by page. */
 static void *cpu_vm_reserve(int index, int64_t nbytes, int64_t *granted) {
     (void)index;
     int64_t page = sysconf(_SC_PAGESIZE);
-    *granted = nbytes > 0 ? (nbytes + page - 1) / page * page : page;
-    void *p = mmap(NULL, (size_t)*granted, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    bool huge = nbytes >= FL_CPU_HUGE_PAGE && fl_cpu_huge_pages();
+    int64_t unit = huge ? FL_CPU_HUGE_PAGE : page;
+    *granted = nbytes > 0 ? (nbytes + unit - 1) / unit * unit : page;
+    /* Over-reserve by one huge page, then trim to an aligned range. */
+    size_t span = (size_t)*granted + (huge ? FL_CPU_HUGE_PAGE : 0);
+    char *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return FL_FAIL_NULL(FL_ERR_OOM, "cpu: cannot reserve %lld bytes of address space",
                                              (long long)*granted);
-    return p;
+    if (!huge) return p;
+    char *base = (char *)(((uintptr_t)p + FL_CPU_HUGE_PAGE - 1) & ~(uintptr_t)(FL_CPU_HUGE_PAGE - 1));
+    if (base > p) munmap(p, (size_t)(base - p));
+    char *end = base + *granted;
+    if (p + span > end) munmap(end, (size_t)(p + span - end));
+    /* (advice only: where the kernel refuses, the range keeps small pages) */
+    (void)madvise(base, (size_t)*granted, MADV_HUGEPAGE);
+    return base;
 }
 
 static int cpu_vm_commit(int index, void *base, int64_t nbytes) {
@@ -214,7 +233,8 @@ static int cpu_vm_commit(int index, void *base, int64_t nbytes) {
  * /proc/PID/smaps) until taken; FSDP_CPU_LAZY_FREE=0 returns them at once,
  * as kernels before 4.5 (no MADV_FREE) do anyway. Either way the pages are
  * then protected, so a stray use of a resharded unit faults loudly instead
- * of reading stale values or zeros. */
+ * of reading stale values or zeros. Both are cheap only on huge pages
+ * (cpu_vm_reserve). */
 static _Atomic int lazy_free = -1;
 
 static void cpu_vm_decommit(int index, void *base, int64_t nbytes) {

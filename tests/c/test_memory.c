@@ -1,7 +1,7 @@
 /*
  * test_memory.c: the allocator statistics (in use, peak, counts, reset),
  * the memory limit that turns an allocation into a clean OOM error, and
- * the CPU allocator's huge-page blocks.
+ * the CPU allocator's huge-page blocks and huge-page gathered ranges.
  */
 #include "test_util.h"
 
@@ -153,6 +153,46 @@ static void large_cpu_blocks_get_huge_pages(void **state) {
     fl_tensor_release(big);
 }
 
+/* cpu_backend.c: a unit's gathered buffer of 2 MiB and more lies in a
+ * range aligned to 2 MiB and advised as huge pages, and what an unshard
+ * writes after a reshard gave the pages back lazily is what it reads. */
+static void gathered_ranges_get_huge_pages(void **state) {
+    (void)state;
+    const char *env = getenv("FSDP_CPU_HUGE_PAGES");
+    if (env && strcmp(env, "0") == 0) skip();
+    const char *names[] = {"w"};
+    int ndims[] = {1};
+    int64_t dims[] = {3 << 20}; /* 6 MiB gathered in bf16 */
+    fl_unit_config cfg = {.master_dtype = FL_F32, .param_dtype = FL_BF16,
+                          .reduce_dtype = FL_F32, .grad_dtype = FL_F32, .device = CPU};
+    fl_unit *u = fl_unit_new("layer", 1, names, ndims, dims, &cfg);
+    assert_non_null(u);
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(fl_fill_(fl_unit_shard(u), round ? -2.5 : 1.5), FL_OK);
+        assert_int_equal(fl_unit_unshard(u), FL_OK);
+        assert_int_equal(fl_unit_wait(u), FL_OK);
+        fl_tensor *w = fl_unit_param_view(u, 0);
+        assert_non_null(w);
+        assert_int_equal((uintptr_t)w->data % (2u << 20), 0);
+        const uint16_t *bits = w->data;
+        uint16_t want = fl_f32_to_bf16(round ? -2.5f : 1.5f);
+        for (int64_t i = 0; i < dims[0]; i += 4099) assert_int_equal(bits[i], want);
+        assert_int_equal(bits[dims[0] - 1], want);
+        char flags[512];
+        FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+        char mode[128] = "";
+        if (thp) {
+            if (!fgets(mode, sizeof mode, thp)) mode[0] = 0;
+            fclose(thp);
+        }
+        if (strstr(mode, "[never]") == NULL && mode[0] && mapping_flags(w->data, flags, sizeof flags))
+            assert_non_null(strstr(flags, " hg"));
+        fl_tensor_release(w);
+        assert_int_equal(fl_unit_reshard(u), FL_OK);
+    }
+    fl_unit_free(u);
+}
+
 int fl_test_memory(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(statistics_follow_allocations),
@@ -160,6 +200,7 @@ int fl_test_memory(void) {
         cmocka_unit_test(meta_counts_virtual_bytes),
         cmocka_unit_test(meta_f32_gemm_staging),
         cmocka_unit_test(large_cpu_blocks_get_huge_pages),
+        cmocka_unit_test(gathered_ranges_get_huge_pages),
     };
     return cmocka_run_group_tests_name("memory", tests, NULL, NULL);
 }
