@@ -1286,7 +1286,8 @@ FL_API fl_tensor *fl_unit_gather_master(fl_unit *u, fl_dtype dtype);
 /* Write elements of a whole flat parameter `full` (numel elements) that
  * fall in this rank's shard into the master shard (summon's writeback). */
 FL_API int fl_unit_scatter_master(fl_unit *u, const fl_tensor *full);
-/* A flat [padded numel] tensor in the reduce dtype holding grads[i] (shaped
+/* A flat [padded numel] tensor in the reduce dtype (the grad dtype for a
+ * unit that communicates nothing: one rank, no replicas) holding grads[i] (shaped
  * like parameter i; NULL: zeros) at each parameter's offset, plus `extra`
  * (a flat tensor of padded numel, any float dtype) when not NULL. */
 FL_API fl_tensor *fl_unit_pack_grads(fl_unit *u, int n, fl_tensor *const *grads,

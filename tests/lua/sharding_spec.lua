@@ -448,6 +448,33 @@ describe('fsdp.shard on one rank', function()
     assert.equals(3, flat:narrow(0, 20000, 20000):max():item())
   end)
 
+  it('packs a unit that communicates nothing straight into the grad dtype, which becomes its gradient', function()
+    -- [Note: a gradient nobody else reduces] (core/sharding/unit.c): one
+    -- process, bf16 reduction, f32 gradients
+    local C = core.C
+    local names = ffi.new('const char*[1]', { 'w' })
+    local ndims = ffi.new('int[1]', { 1 })
+    local dims = ffi.new('int64_t[1]', { 1000 })
+    local cfg = ffi.new('fl_unit_config')
+    cfg.master_dtype, cfg.param_dtype = core.dtype('f32'), core.dtype('bf16')
+    cfg.reduce_dtype, cfg.grad_dtype = core.dtype('bf16'), core.dtype('f32')
+    cfg.device = core.device('cpu')
+    local u = ffi.gc(C.fl_unit_new('alone', 1, names, ndims, dims, cfg), C.fl_unit_free)
+    local g = fsdp.randn({ 1000 }, { seed = 3 }):to('bf16')
+    local grads = ffi.new('fl_tensor*[1]')
+    grads[0] = Tensor.cptr(g)
+    local flat = Tensor.wrap(C.fl_unit_pack_grads(u, 1, grads, nil))
+    assert.equals('f32', flat.dtype)
+    assert.equals(0, (flat:narrow(0, 0, 1000) - g:to('f32')):abs():max():item())
+    assert.equals(0, C.fl_unit_reduce(u, Tensor.cptr(flat)))
+    assert.equals(0, C.fl_unit_finish_reduce(u))
+    local grad = Tensor.wrap(C.fl_unit_grad(u))
+    assert.equals('f32', grad.dtype)
+    assert.equals(0, (grad:narrow(0, 0, 1000) - g:to('f32')):abs():max():item())
+    -- a flat gradient in the reduce dtype is not what this unit packs
+    assert.equals(C.FL_ERR_ARG, tonumber(C.fl_unit_reduce(u, Tensor.cptr(flat:to('bf16')))))
+  end)
+
   it('has a C unit with explicit states', function()
     local C = core.C
     local names = ffi.new('const char*[1]', { 'w' })
