@@ -67,7 +67,6 @@ static size_t default_cap(void) {
     return pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 4 : (size_t)1 << 30;
 }
 
-
 static pthread_once_t huge_once = PTHREAD_ONCE_INIT;
 static bool huge_pages;
 

@@ -302,8 +302,8 @@ void fl_dist_roll_report(const fl_roll_answer *a, int n, double patience, char *
                                 len ? "; " : "", n_silent > 1 ? "s" : "", silent, patience);
     /* Nobody idle or silent: say where the others wait, since one of them
      * waits for a rank outside this group (or all for each other). */
-    bool waiting_only = len == 0;
-    for (int i = 0; waiting_only && i < n && len < size; i++)
+    if (len > 0) return;
+    for (int i = 0; i < n && len < size; i++)
         if (a[i].world_rank != fl_dist.topo.rank && a[i].answered && a[i].in_flight > 0)
             len += (size_t)snprintf(buf + len, size - len,
                                     "%sworld rank %d waits in a collective (its oldest started "
