@@ -167,8 +167,9 @@ static void gathered_ranges_get_huge_pages(void **state) {
                           .reduce_dtype = FL_F32, .grad_dtype = FL_F32, .device = CPU};
     fl_unit *u = fl_unit_new("layer", 1, names, ndims, dims, &cfg);
     assert_non_null(u);
+    fl_tensor *shard = fl_unit_shard(u);
     for (int round = 0; round < 2; round++) {
-        assert_int_equal(fl_fill_(fl_unit_shard(u), round ? -2.5 : 1.5), FL_OK);
+        assert_int_equal(fl_fill_(shard, round ? -2.5 : 1.5), FL_OK);
         assert_int_equal(fl_unit_unshard(u), FL_OK);
         assert_int_equal(fl_unit_wait(u), FL_OK);
         fl_tensor *w = fl_unit_param_view(u, 0);
@@ -190,6 +191,7 @@ static void gathered_ranges_get_huge_pages(void **state) {
         fl_tensor_release(w);
         assert_int_equal(fl_unit_reshard(u), FL_OK);
     }
+    fl_tensor_release(shard);
     fl_unit_free(u);
 }
 
