@@ -127,6 +127,20 @@ static bool mapping_flags(const void *p, char *flags, size_t cap) {
     return found;
 }
 
+/* The mapping holding p is advised as huge pages (VmFlags "hg"), where
+ * the kernel has transparent huge pages at all (one without refuses the
+ * advice: nothing to see). */
+static void assert_advised_huge(const void *p) {
+    FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char mode[128] = "", flags[512];
+    if (thp) {
+        if (!fgets(mode, sizeof mode, thp)) mode[0] = 0;
+        fclose(thp);
+    }
+    if (strstr(mode, "[never]") == NULL && mode[0] && mapping_flags(p, flags, sizeof flags))
+        assert_non_null(strstr(flags, " hg"));
+}
+
 /* cpu_alloc.c: blocks of 2 MiB and more start on a 2 MiB boundary and are
  * advised as huge pages (VmFlags "hg"; FSDP_CPU_HUGE_PAGES=0: neither is
  * promised); smaller ones keep malloc's placement at 64-byte alignment. */
@@ -140,16 +154,7 @@ static void large_cpu_blocks_get_huge_pages(void **state) {
     fl_tensor *big = fl_empty(SHAPE(3, 1 << 20), FL_F32, CPU); /* 12 MiB */
     assert_non_null(big);
     assert_int_equal((uintptr_t)big->data % (2u << 20), 0);
-    char flags[512];
-    FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    char mode[128] = "";
-    if (thp) {
-        if (!fgets(mode, sizeof mode, thp)) mode[0] = 0;
-        fclose(thp);
-    }
-    /* (a kernel without THP refuses the advice: nothing to see) */
-    if (strstr(mode, "[never]") == NULL && mode[0] && mapping_flags(big->data, flags, sizeof flags))
-        assert_non_null(strstr(flags, " hg"));
+    assert_advised_huge(big->data);
     fl_tensor_release(big);
 }
 
@@ -179,15 +184,7 @@ static void gathered_ranges_get_huge_pages(void **state) {
         uint16_t want = fl_f32_to_bf16(round ? -2.5f : 1.5f);
         for (int64_t i = 0; i < dims[0]; i += 4099) assert_int_equal(bits[i], want);
         assert_int_equal(bits[dims[0] - 1], want);
-        char flags[512];
-        FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-        char mode[128] = "";
-        if (thp) {
-            if (!fgets(mode, sizeof mode, thp)) mode[0] = 0;
-            fclose(thp);
-        }
-        if (strstr(mode, "[never]") == NULL && mode[0] && mapping_flags(w->data, flags, sizeof flags))
-            assert_non_null(strstr(flags, " hg"));
+        assert_advised_huge(w->data);
         fl_tensor_release(w);
         assert_int_equal(fl_unit_reshard(u), FL_OK);
     }
