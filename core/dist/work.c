@@ -163,6 +163,21 @@ int fl_work_test(fl_work *w, bool *done) {
     return fl_work_progress(w, done);
 }
 
+/* Progress w, pausing between polls, until it completes or fails (true,
+ * with its status in *rc) or `seconds` pass (false). `before`: seconds it
+ * was waited for already (the pauses lengthen with the wait). */
+static bool progress_within(fl_work *w, double seconds, double before, int *rc) {
+    double start = fl_dist_now();
+    for (;;) {
+        bool done;
+        *rc = fl_work_progress(w, &done);
+        if (*rc != FL_OK || done) return true;
+        double waited = fl_dist_now() - start;
+        if (waited > seconds) return false;
+        fl_dist_pause(before + waited);
+    }
+}
+
 /* Seconds the launcher may take to end the job once a rank aborts it
  * (the MPI backend gives MPI_Abort 2 s), with a second of slack. */
 #define FL_ABORT_SECONDS 3.0
@@ -205,15 +220,8 @@ static int work_time_out(fl_work *w) {
                 fl_dist.topo.rank, fl_dist_where(where, sizeof where, w->name, w->group),
                 fl_dist.timeout, who, age, extra);
         fflush(stderr);
-        double start = fl_dist_now();
-        for (;;) {
-            bool done;
-            int rc = fl_work_progress(w, &done);
-            if (rc != FL_OK || done) return rc;
-            double waited = fl_dist_now() - start;
-            if (waited > extra) break;
-            fl_dist_pause(fl_dist.timeout + waited);
-        }
+        int rc;
+        if (progress_within(w, extra, fl_dist.timeout, &rc)) return rc;
         snprintf(more, sizeof more, " and %.0f s more for world rank %d", extra, who);
         a = fl_dist_roll_call(w->group, FL_ROLL_CALL_SECONDS);
     }
@@ -256,21 +264,10 @@ int fl_work_wait(fl_work *w) {
         }
     }
     double start = fl_dist_now();
-    for (;;) {
-        bool done;
-        int rc = fl_work_progress(w, &done);
-        if (rc != FL_OK || done) {
-            if (w->kind >= 0) coll_wait[w->kind] += fl_dist_now() - start;
-            return rc;
-        }
-        double waited = fl_dist_now() - start;
-        if (waited > fl_dist.timeout) {
-            rc = work_time_out(w);
-            if (w->kind >= 0) coll_wait[w->kind] += fl_dist_now() - start;
-            return rc;
-        }
-        fl_dist_pause(waited);
-    }
+    int rc;
+    if (!progress_within(w, fl_dist.timeout, 0, &rc)) rc = work_time_out(w);
+    if (w->kind >= 0) coll_wait[w->kind] += fl_dist_now() - start;
+    return rc;
 }
 
 bool fl_work_is_completed(const fl_work *w) { return w && w->completed; }

@@ -29,9 +29,9 @@ enum { FL_OPTIM_CHUNK = 1024 };
 #define FL_OPTIM_INLINE static inline __attribute__((always_inline))
 
 /* Inner loops get AVX-512 and AVX2 clones (FL_VECTOR_CLONES on each
- * update's loop function). The updates
- * are bound by their divisions and square roots, not by memory: 16 lanes
- * instead of SSE's 4 (AdamW over 124M parameters, 2 threads: 112 -> 94 ms).
+ * update's loop function). The updates are bound by their divisions and
+ * square roots, not by memory: 16 lanes instead of SSE's 4 (AdamW over
+ * 124M parameters, 2 threads: 112 -> 94 ms).
  * The bits are the same: IEEE division and square root are correctly
  * rounded at any width, and C11 mode keeps GCC from contracting into FMAs
  * (-ffp-contract=off is the ISO default). */
