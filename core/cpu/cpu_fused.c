@@ -2,7 +2,8 @@
  * cpu_fused.c: the CPU kernel table of the fused family. The kernels live
  * one op per file, as in core/ops and core/cuda: cpu_norm.c (RMSNorm,
  * LayerNorm), cpu_softmax.c, cpu_loss.c (cross-entropy, NLL),
- * cpu_rotary.c, cpu_attention.c.
+ * cpu_rotary.c, cpu_attention.c (bf16 on AMX tiles: cpu_amx.c,
+ * cpu_attention_amx.c).
  */
 #include "cpu_fused.h"
 
@@ -20,4 +21,6 @@ const fl_fused_kernels fl_cpu_fused_kernels = {
     .rotary = fl_cpu_rotary,
     .attention = fl_cpu_attention,
     .attention_backward = fl_cpu_attention_backward,
+    .attention_native = fl_cpu_attention_native,
+    .attention_native_backward = fl_cpu_attention_native_backward,
 };

@@ -97,5 +97,9 @@ static inline int64_t fl_fused_lane_stride(const fl_tensor *t, int dim) {
 /* The attention kernels (cpu_attention.c), entries of the family's table. */
 int fl_cpu_attention(const fl_attention_args *a);
 int fl_cpu_attention_backward(const fl_attention_args *a);
+/* bf16 attention on AMX tiles where the CPU has them (cpu_amx.c): the
+ * table's attention_native entries. */
+int fl_cpu_attention_native(const fl_attention_args *a, bool *done);
+int fl_cpu_attention_native_backward(const fl_attention_args *a, bool *done);
 
 #endif /* FL_CPU_FUSED_MATH_H */

@@ -202,6 +202,15 @@ FL_API const char *fl_cpu_gemm_library(void);
  * start (any value but "onednn" does, the library text says why).
  * Benchmarks and tests compare the two in one process. */
 FL_API int fl_cpu_gemm_use(const char *library);
+/* The kernels of the CPU backend's attention, in words: "AMX bf16 tiles
+ * (bf16 q, k, v with head dims multiples of 32 and no bias), f32 blocks
+ * (the rest)" or "f32 blocks (AMX: why not)" ([Note: attention on AMX
+ * tiles], core/cpu/cpu_amx.c). Valid until the next call. */
+FL_API const char *fl_cpu_attention_kernel(void);
+/* Run bf16 attention on "amx" tiles (fails where the CPU or the kernel
+ * does not offer them) or on "f32" copies like the rest;
+ * FSDP_CPU_ATTENTION=f32 chooses the latter at start. */
+FL_API int fl_cpu_attention_use(const char *kernel);
 /* Whether products on meta count the scratch of a backend that computes
  * 16-bit products in f32 (the CPU backend): what its matmul stages for
  * the same views (the f32 result, bias and operand copies when OpenBLAS

@@ -326,6 +326,20 @@ function M.cpu_gemm_use(library)
   core.check(C.fl_cpu_gemm_use(library))
 end
 
+-- The kernels behind the CPU backend's attention, in words: "AMX bf16
+-- tiles (...), f32 blocks (the rest)" or "f32 blocks (AMX: why not)"
+-- ([Note: attention on AMX tiles], core/cpu/cpu_amx.c).
+function M.cpu_attention_kernel()
+  return ffi.string(C.fl_cpu_attention_kernel())
+end
+
+-- Run bf16 attention on 'amx' tiles (an error where they are not
+-- available) or on f32 copies ('f32'); the environment's
+-- FSDP_CPU_ATTENTION=f32 does the latter at start.
+function M.cpu_attention_use(kernel)
+  core.check(C.fl_cpu_attention_use(kernel))
+end
+
 -- Set the peak of fsdp.memory_stats(device) to what is in use now, and its
 -- counts to 0 (device: the default device when not given).
 function M.reset_memory_stats(device)
