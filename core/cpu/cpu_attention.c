@@ -66,11 +66,13 @@ static void dgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, d
 }
 
 #define R float
+#define FL_ROWS_F32
 #define RT FL_F32
 #define FN(name) name##_f32
 #define EXP(x) fl_fast_expf(x)
 #define GEMM fl_cpu_sgemm
 #include "cpu_attention_gen.h"
+#undef FL_ROWS_F32
 #undef R
 #undef RT
 #undef FN

@@ -27,7 +27,8 @@
 
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
 
-#include <immintrin.h>
+#include "cpu_avx512.h"
+
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -164,15 +165,6 @@ static void copy_rows(bf16 *dst, const bf16 *X, int64_t ld, int64_t m, int64_t M
 
 /* ---- 16 lanes at a time ------------------------------------------------------------ */
 
-static inline __m512 load_bf16(const bf16 *p) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-
-static inline void store_bf16(bf16 *p, __m512 x) {
-    _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh(x));
-}
-
 /* Rows x0 and x1 (16 f32 each) rounded to bf16 and interleaved: the 32
  * values of pair-packed columns n ... n+15 (pack_pairs' layout). */
 static inline void store_pairs(bf16 *p, __m512 x0, __m512 x1) {
@@ -180,32 +172,6 @@ static inline void store_pairs(bf16 *p, __m512 x0, __m512 x1) {
                                          23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512i both = (__m512i)_mm512_cvtne2ps_pbh(x1, x0); /* x0 low, x1 high */
     _mm512_storeu_si512(p, _mm512_permutexvar_epi16(idx, both));
-}
-
-/* e^x, fl_fast_expf's method (cpu_fused_math.h) 16 lanes wide: 0 below
- * -87.34 and for -inf. */
-static inline __m512 exp16(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.3365478515625f);
-    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_scalef_ps((__mmask16)~under, p, n);
-}
-
-/* The lanes j ... j+15 below n. */
-static inline __mmask16 below(int64_t j, int64_t n) {
-    int64_t left = n - j;
-    return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
 }
 
 /* ---- blocks -------------------------------------------------------------------------- */
@@ -236,13 +202,13 @@ static void forward_softmax(const fl_attention_args *a, const float *S, bf16 *P,
         int64_t n = visible(a, i0 + r, nk);
         __m512 mx = _mm512_set1_ps(-INFINITY);
         for (int64_t j = 0; j < n; j += 16)
-            mx = _mm512_mask_max_ps(mx, below(j, n), mx, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
+            mx = _mm512_mask_max_ps(mx, fl_lanes_below(j, n), mx, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
         __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < np; j += 16) {
-            __m512 e = _mm512_maskz_mov_ps(below(j, n),
-                                           exp16(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), scale, shift)));
+            __m512 e = _mm512_maskz_mov_ps(fl_lanes_below(j, n),
+                                           fl_exp16(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), scale, shift)));
             sum = _mm512_add_ps(sum, e);
-            store_bf16(p + j, e);
+            fl_store_bf16x16(p + j, e);
         }
         float total = _mm512_reduce_add_ps(sum);
         lse[r] = _mm512_cvtss_f32(shift) + logf(total);
@@ -314,7 +280,7 @@ int fl_amx_attention(const fl_attention_args *a) {
                 bf16 *o = (bf16 *)row_of(a->out, b, h, i0 + r);
                 __m512 inv = _mm512_set1_ps(inv_sum[r]);
                 for (int64_t d = 0; d < Dv; d += 16)
-                    store_bf16(o + d, _mm512_mul_ps(_mm512_loadu_ps(O + r * Dv + d), inv));
+                    fl_store_bf16x16(o + d, _mm512_mul_ps(_mm512_loadu_ps(O + r * Dv + d), inv));
                 lse[r] = L[r];
             }
         }
@@ -336,7 +302,7 @@ static void store_transposed(const fl_tensor *t, int64_t b, int64_t h, const flo
     for (int64_t j = 0; j < rows; j++) {
         bf16 *dst = (bf16 *)row_of(t, b, h, j);
         for (int64_t c = 0; c < cols; c += 16)
-            store_bf16(dst + c, _mm512_mul_ps(_mm512_i32gather_ps(at, X + c * ld + j, 4), sc));
+            fl_store_bf16x16(dst + c, _mm512_mul_ps(_mm512_i32gather_ps(at, X + c * ld + j, 4), sc));
     }
 }
 
@@ -358,12 +324,12 @@ static void backward_softmax(const fl_attention_args *a, float *S, float *dP, bf
                     p[t] = ds[t] = zero;
                     continue;
                 }
-                __mmask16 keep = below(j, visible(a, i0 + i, nk));
+                __mmask16 keep = fl_lanes_below(j, visible(a, i0 + i, nk));
                 __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s[t] + j), scale, _mm512_set1_ps(lse[i]));
-                p[t] = _mm512_maskz_mov_ps(keep, exp16(x));
+                p[t] = _mm512_maskz_mov_ps(keep, fl_exp16(x));
                 ds[t] = _mm512_mul_ps(p[t], _mm512_sub_ps(_mm512_loadu_ps(g[t] + j),
                                                           _mm512_set1_ps(rowdot[i])));
-                store_bf16(dSb + i * np + j, ds[t]);
+                fl_store_bf16x16(dSb + i * np + j, ds[t]);
             }
             store_pairs(Pp + r * np + 2 * j, p[0], p[1]);
             store_pairs(dSp + r * np + 2 * j, ds[0], ds[1]);
@@ -420,7 +386,7 @@ int fl_amx_attention_backward(const fl_attention_args *a) {
                         const bf16 *orow = row_of(o, b, h, i0 + r), *grow = dO + r * dout->stride[2];
                         __m512 acc = _mm512_setzero_ps();
                         for (int64_t d = 0; d < Dv; d += 16)
-                            acc = _mm512_fmadd_ps(load_bf16(orow + d), load_bf16(grow + d), acc);
+                            acc = _mm512_fmadd_ps(fl_load_bf16x16(orow + d), fl_load_bf16x16(grow + d), acc);
                         rowdot[r] = _mm512_reduce_add_ps(acc);
                         L[r] = lse[r];
                     }
@@ -433,7 +399,7 @@ int fl_amx_attention_backward(const fl_attention_args *a) {
                     for (int64_t r = 0; r < m; r++) {
                         bf16 *dq = (bf16 *)row_of(a->dq, b, h, i0 + r);
                         for (int64_t d = 0; d < D; d += 16)
-                            store_bf16(dq + d, _mm512_mul_ps(_mm512_loadu_ps(dQ + r * D + d),
+                            fl_store_bf16x16(dq + d, _mm512_mul_ps(_mm512_loadu_ps(dQ + r * D + d),
                                                              _mm512_set1_ps(scale)));
                     }
                 }

@@ -18,11 +18,13 @@
 #include <stdlib.h>
 
 #define R float
+#define FL_ROWS_F32
 #define RT FL_F32
 #define FN(name) name##_f32
 #define EXP(x) fl_fast_expf(x)
 #include "cpu_lanes_gen.h"
 #include FL_CPU_KERNELS
+#undef FL_ROWS_F32
 #undef R
 #undef RT
 #undef FN

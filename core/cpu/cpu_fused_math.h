@@ -37,6 +37,23 @@
 #define FL_FUSED_CLONES
 #endif
 
+/* The f32 row loops by hand for AVX-512 (cpu_rows_avx512.c), called by
+ * cpu_fused_rows.h's where fl_cpu_avx512() says the CPU has it. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_ROWS_AVX512_BUILD 1
+static inline bool fl_cpu_avx512(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+float fl_avx512_row_max(const float *x, int64_t n);
+float fl_avx512_row_exp(float *dst, const float *x, int64_t n, float shift);
+void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift, float a, float b,
+                              const float *c);
+#else
+#define FL_ROWS_AVX512_BUILD 0
+static inline bool fl_cpu_avx512(void) { return false; }
+#endif
+
 /* Below this many elements an op runs on the calling thread. */
 enum { FL_FUSED_PARALLEL_MIN = 1 << 15 };
 

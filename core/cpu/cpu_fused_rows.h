@@ -9,6 +9,9 @@
  * them once per row, so the dispatch costs nothing, while the loops around
  * OpenMP regions could not be cloned (GCC outlines those before cloning).
  * Not every includer uses every loop, hence `unused`.
+ *
+ * The f32 instantiation (FL_ROWS_F32 defined by the includer) hands each
+ * loop to its AVX-512 version (cpu_rows_avx512.c) where the CPU has it.
  */
 
 #ifndef FL_FUSED_ROW
@@ -18,6 +21,9 @@
 /* max over x[0, n) (-inf for n == 0). A nan may be skipped here; it
  * still reaches the result through exp(nan - max). */
 FL_FUSED_ROW static R FN(row_max)(const R *x, int64_t n) {
+#ifdef FL_ROWS_F32
+    if (fl_cpu_avx512()) return fl_avx512_row_max(x, n);
+#endif
     R m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
@@ -27,6 +33,9 @@ FL_FUSED_ROW static R FN(row_max)(const R *x, int64_t n) {
 /* sum of exp(x[i] - shift); the terms are also stored to dst (which may
  * be x) unless dst is NULL. */
 FL_FUSED_ROW static R FN(row_exp)(R *dst, const R *x, int64_t n, R shift) {
+#ifdef FL_ROWS_F32
+    if (fl_cpu_avx512()) return fl_avx512_row_exp(dst, x, n, shift);
+#endif
     R sum = 0;
     if (dst) {
 #pragma omp simd reduction(+ : sum)
@@ -45,6 +54,9 @@ FL_FUSED_ROW static R FN(row_exp)(R *dst, const R *x, int64_t n, R shift) {
 /* dst[i] = a * exp(x[i] - shift) + b, plus c[i] when c is not NULL. */
 FL_FUSED_ROW static void FN(row_exp_affine)(R *dst, const R *x, int64_t n, R shift, R a, R b,
                                                const R *c) {
+#ifdef FL_ROWS_F32
+    if (fl_cpu_avx512()) return fl_avx512_row_exp_affine(dst, x, n, shift, a, b, c);
+#endif
     if (c) {
 #pragma omp simd
         for (int64_t i = 0; i < n; i++) dst[i] = a * EXP(x[i] - shift) + b + c[i];

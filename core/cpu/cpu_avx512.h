@@ -1,0 +1,51 @@
+/*
+ * cpu_avx512.h: 16-lane helpers for the kernels built for AVX-512
+ * (cpu_rows_avx512.c, cpu_attention_amx.c): e^x and bf16 loads and
+ * stores. Include only from a file compiled for AVX-512 (its own
+ * `#pragma GCC target`), whose functions run only where the CPU has it.
+ */
+#ifndef FL_CPU_AVX512_H
+#define FL_CPU_AVX512_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+/* e^x, fl_fast_expf's method (cpu_fused_math.h) 16 lanes wide: x >= 88
+ * gives e^88, x below -87.34 (and -inf) gives 0, nan stays nan (the
+ * clamps take their constant first: max and min return their second
+ * operand when one is nan). */
+static inline __m512 fl_exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.3365478515625f);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(lo, x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_scalef_ps((__mmask16)~under, p, n);
+}
+
+/* The lanes j ... j+15 below n. */
+static inline __mmask16 fl_lanes_below(int64_t j, int64_t n) {
+    int64_t left = n - j;
+    return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+}
+
+/* 16 bf16 (raw bits) as f32, and back rounded to nearest even. */
+static inline __m512 fl_load_bf16x16(const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+static inline void fl_store_bf16x16(uint16_t *p, __m512 x) {
+    _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh(x));
+}
+
+#endif /* FL_CPU_AVX512_H */
