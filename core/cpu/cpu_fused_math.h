@@ -49,6 +49,11 @@ float fl_avx512_row_max(const float *x, int64_t n);
 float fl_avx512_row_exp(float *dst, const float *x, int64_t n, float shift);
 void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift, float a, float b,
                               const float *c);
+/* Rotary embedding without positions on f32/bf16 x (dense last dim, D a
+ * multiple of 32) and f32/bf16 tables (dense rows), out dense in x's
+ * dtype: cpu_rotary.c's common case, bit for bit its generic kernel. */
+void fl_avx512_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
+                      const fl_tensor *sin, bool inverse);
 #else
 #define FL_ROWS_AVX512_BUILD 0
 static inline bool fl_cpu_avx512(void) { return false; }

@@ -548,6 +548,36 @@ describe('apply_rotary', function()
     assert_close(flat(F.apply_rotary(x, cos, sin)), flat(yb:float()), 0.03)
   end)
 
+  -- Without positions, head dims that are multiples of 32 take a path
+  -- without per-row calls (cpu_rotary.c, AVX-512 where the CPU has it);
+  -- positions 0 ... T-1 take the per-row kernel: the two must agree bit for
+  -- bit, subnormals and rounding ties of bf16 included.
+  it('gives the per-row results on its whole-row path (head dims 64 and 128, f32 and bf16)', function()
+    for _, d in ipairs { 64, 128 } do
+      for _, dt in ipairs { 'f32', 'bf16' } do
+        for _, tdt in ipairs { 'f32', 'bf16' } do
+          local c, s = F.rope_tables(40, d, { dtype = tdt })
+          local xt = randn({ 2, 37, 3, d }, 53):to(dt):transpose(1, 2)
+          assert_close(rotary_ref(flat(xt:float()), d, 37, inv_freq(1e4, d)),
+                       flat(F.apply_rotary(xt, c, s):float()), dt == 'f32' and tdt == 'f32' and 1e-5 or 0.03)
+          xt:select(2, 0):narrow(2, 0, 4):copy_(fsdp.tensor({ 1e-40, -3e-39, 1 + 2^-8, 3e38 }):to(dt):view(1, 1, 4))
+          xt:select(2, 5):copy_(xt:select(2, 6) * 1e-39) -- a row of subnormals
+          local p = fsdp.arange(37, { dtype = 'i64' })
+          local what = ('D %d, %s input, %s tables'):format(d, dt, tdt)
+          assert.same(flat(F.apply_rotary(xt, c, s, { positions = p }):float()),
+                      flat(F.apply_rotary(xt, c, s):float()), what)
+          local xg = xt:detach():requires_grad_()
+          local g = randn({ 2, 3, 37, d }, 54):to(dt)
+          F.apply_rotary(xg, c, s):backward(g)
+          local dense = xg.grad
+          xg.grad = nil
+          F.apply_rotary(xg, c, s, { positions = p }):backward(g)
+          assert.same(flat(xg.grad:float()), flat(dense:float()), what .. ', gradient')
+        end
+      end
+    end
+  end)
+
   it('has the inverse rotation as its gradient', function()
     local xd = f64({ 2, 2, 3, 4 }, 52)
     local c, s = F.rope_tables(8, 4, { dtype = 'f64' })
