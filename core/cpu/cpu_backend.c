@@ -73,10 +73,38 @@ static void copy_chunk(void *vctx, char *const *ptrs, const int64_t *inner, int6
     }
 }
 
+/* A batch of transposed matrices into dense rows: the last two dims (after
+ * the iterator merged what it could) have dst's elements along the last
+ * and src's along the one before. Such a copy goes block by block
+ * (fl_cpu_transpose); element by element, every element would cost a cache
+ * line. Returns whether it took the copy. */
+static bool copy_transposed(const fl_cpu_iter *it, fl_dtype dtype) {
+    int L = it->ndim - 1, P = it->ndim - 2;
+    size_t es = fl_dtype_size(dtype);
+    if (it->ndim < 2 || it->stride[0][L] != 1 || it->stride[1][P] != 1 || it->numel < 4096 ||
+        (es != 2 && es != 4 && es != 8))
+        return false;
+    int64_t rows = it->shape[P], cols = it->shape[L], batch = it->numel / (rows * cols);
+    int64_t ldd = it->stride[0][P], lds = it->stride[1][L];
+#pragma omp parallel for schedule(static) if (batch > 1 && it->numel >= (1 << 16))
+    for (int64_t b = 0; b < batch; b++) {
+        int64_t od = 0, os = 0, rest = b;
+        for (int d = P - 1; d >= 0; d--) {
+            od += rest % it->shape[d] * it->stride[0][d];
+            os += rest % it->shape[d] * it->stride[1][d];
+            rest /= it->shape[d];
+        }
+        fl_cpu_transpose(it->base[0] + od * (int64_t)es, ldd, it->base[1] + os * (int64_t)es, lds,
+                         rows, cols, es);
+    }
+    return true;
+}
+
 static int cpu_copy(fl_tensor *dst, const fl_tensor *src) {
     const fl_tensor *ts[2] = {dst, src};
     fl_cpu_iter it;
     fl_cpu_iter_init(&it, 2, ts);
+    if (dst->dtype == src->dtype && copy_transposed(&it, dst->dtype)) return FL_OK;
     copy_ctx c = {dst->dtype, src->dtype};
     fl_cpu_iter_run(&it, copy_chunk, &c);
     return FL_OK;

@@ -48,5 +48,9 @@ void fl_cpu_store(char *dst, fl_dtype dst_dtype, int64_t stride, const void *src
 /* Move n elements of `size` bytes between strided and dense memory. */
 void fl_cpu_gather(void *dst, const char *src, int64_t stride, int64_t n, size_t size);
 void fl_cpu_scatter(char *dst, int64_t stride, const void *src, int64_t n, size_t size);
+/* dst [rows, cols] (row stride ldd) = the transposed matrix at src: element
+ * (r, c) from src[c * lds + r]; elements of es bytes (cpu_transpose.c). */
+void fl_cpu_transpose(void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows,
+                      int64_t cols, size_t es);
 
 #endif /* FL_CPU_ITER_H */
