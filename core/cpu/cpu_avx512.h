@@ -44,18 +44,26 @@ static inline __m512 fl_load_bf16x16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
 }
 
-/* Rounded as fl_convert rounds (dtype.c's bf16_from_f32: ties to even,
- * subnormals kept, a nan quieted with its top bits), with AVX-512F only;
- * fl_store_bf16x16 below is one instruction of AVX512-BF16, which flushes
- * subnormals to zero. */
-static inline void fl_store_bf16x16_exact(uint16_t *p, __m512 x) {
+/* x rounded to bf16 as fl_convert rounds (dtype.c's bf16_from_f32: ties
+ * to even, subnormals kept, a nan quieted with its top bits), as the bits
+ * of the bf16 in each lane's low half; AVX-512F only. (fl_store_bf16x16
+ * below is one instruction of AVX512-BF16, which flushes subnormals.) */
+static inline __m512i fl_bf16_bits16(__m512 x) {
     __m512i b = _mm512_castps_si512(x), top = _mm512_srli_epi32(b, 16);
     __m512i odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
     __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
                                             _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_or_epi32(r, nan, top, _mm512_set1_epi32(0x40));
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+    return _mm512_mask_or_epi32(r, nan, top, _mm512_set1_epi32(0x40));
+}
+
+static inline void fl_store_bf16x16_exact(uint16_t *p, __m512 x) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(fl_bf16_bits16(x)));
+}
+
+/* x through bf16 and back: the value a bf16 tensor would hold. */
+static inline __m512 fl_round_bf16x16(__m512 x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(fl_bf16_bits16(x), 16));
 }
 
 static inline void fl_store_bf16x16(uint16_t *p, __m512 x) {

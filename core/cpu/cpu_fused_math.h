@@ -54,6 +54,15 @@ void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift
  * dtype: cpu_rotary.c's common case, bit for bit its generic kernel. */
 void fl_avx512_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
                       const fl_tensor *sin, bool inverse);
+/* One RMSNorm row of n (a multiple of 16) f32/bf16 elements, the
+ * arithmetic of cpu_norm_gen.h's (only its double sums may add in another
+ * order); w f32 or NULL. Forward returns 1/rms; backward adds the row's
+ * terms of dw to dw_sum (n doubles) unless NULL, and skips dx if NULL. */
+float fl_avx512_rms_norm_row(void *y, bool ybf, const void *x, bool xbf, const float *w,
+                             int64_t n, double eps, bool round16);
+void fl_avx512_rms_norm_backward_row(void *dx, bool dxbf, const void *x, bool xbf, const void *g,
+                                     bool gbf, const float *w, float inv, int64_t n,
+                                     double *dw_sum);
 #else
 #define FL_ROWS_AVX512_BUILD 0
 static inline bool fl_cpu_avx512(void) { return false; }

@@ -6,6 +6,20 @@
 
 /* ---- RMSNorm ----------------------------------------------------------------- */
 
+#ifdef FL_ROWS_F32
+/* Whether the rows go to the AVX-512 row functions (cpu_rows_avx512.c):
+ * f32/bf16 tensors dense along rows of a multiple of 16; out (y or dx) and
+ * g may be NULL. */
+static bool FN(rms_wide)(const fl_tensor *x, const fl_tensor *out, const fl_tensor *g, int64_t n) {
+    const fl_tensor *ts[3] = {x, out, g};
+    for (int i = 0; i < 3; i++)
+        if (ts[i] && ((ts[i]->dtype != FL_F32 && ts[i]->dtype != FL_BF16) ||
+                      ts[i]->stride[ts[i]->ndim - 1] != 1))
+            return false;
+    return n % 16 == 0 && fl_cpu_avx512();
+}
+#endif
+
 static int FN(rms_norm)(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, const fl_tensor *w,
                         double eps) {
     int dim = x->ndim - 1;
@@ -16,6 +30,9 @@ static int FN(rms_norm)(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, con
     bool round16 = x->dtype == FL_BF16 || x->dtype == FL_F16;
     R *rs = rstd->data;
     bool oom = w && !wr;
+#ifdef FL_ROWS_F32
+    bool wide = FN(rms_wide)(x, out, NULL, n);
+#endif
 #pragma omp parallel if (rows * n >= FL_FUSED_PARALLEL_MIN)
     {
         R *buf = malloc((size_t)(2 * n + 1) * sizeof(R) + (size_t)n * 2);
@@ -23,6 +40,14 @@ static int FN(rms_norm)(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, con
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             if (!buf || oom) continue;
+#ifdef FL_ROWS_F32
+            if (wide) {
+                rs[r] = fl_avx512_rms_norm_row((char *)out->data + r * n * (int64_t)fl_dtype_size(out->dtype),
+                                               out->dtype == FL_BF16, fl_fused_lane(x, dim, r),
+                                               x->dtype == FL_BF16, wr, n, eps, round16);
+                continue;
+            }
+#endif
             const R *xr = FN(lane_in)(fl_fused_lane(x, dim, r), x->dtype, xs, n, buf);
             char *op = (char *)out->data + r * n * (int64_t)fl_dtype_size(out->dtype);
             R *yr = FN(lane_dst)(op, out->dtype, 1, buf + n);
@@ -56,6 +81,9 @@ static int FN(rms_norm_backward)(fl_tensor *dx, fl_tensor *dw, const fl_tensor *
     int nthreads = omp_get_max_threads();
     double *parts = dw ? calloc((size_t)nthreads * (size_t)(n ? n : 1), sizeof(double)) : NULL;
     bool oom = (w && !wr) || (dw && !parts);
+#ifdef FL_ROWS_F32
+    bool wide = FN(rms_wide)(x, dx, g, n);
+#endif
 #pragma omp parallel if (rows * n >= FL_FUSED_PARALLEL_MIN)
     {
         R *buf = malloc((size_t)(3 * n + 1) * sizeof(R));
@@ -64,6 +92,15 @@ static int FN(rms_norm_backward)(fl_tensor *dx, fl_tensor *dw, const fl_tensor *
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             if (!buf || oom) continue;
+#ifdef FL_ROWS_F32
+            if (wide) {
+                fl_avx512_rms_norm_backward_row(
+                    dx ? (char *)dx->data + r * n * (int64_t)fl_dtype_size(dx->dtype) : NULL,
+                    dx && dx->dtype == FL_BF16, fl_fused_lane(x, dim, r), x->dtype == FL_BF16,
+                    fl_fused_lane(g, dim, r), g->dtype == FL_BF16, wr, rs[r], n, mine);
+                continue;
+            }
+#endif
             const R *xr = FN(lane_in)(fl_fused_lane(x, dim, r), x->dtype, x->stride[dim], n, buf);
             const R *gr =
                 FN(lane_in)(fl_fused_lane(g, dim, r), g->dtype, g->stride[dim], n, buf + n);

@@ -58,8 +58,7 @@ void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift
     }
 }
 
-/* ---- rotary ---------------------------------------------------------------------- */
-
+/* f32 or bf16 (rounded as fl_convert rounds), 16 at a time. */
 static inline __m512 load16(const void *p, bool bf16) {
     return bf16 ? fl_load_bf16x16(p) : _mm512_loadu_ps(p);
 }
@@ -68,6 +67,73 @@ static inline void store16(void *p, bool bf16, __m512 x) {
     if (bf16) fl_store_bf16x16_exact(p, x);
     else _mm512_storeu_ps(p, x);
 }
+
+/* ---- RMSNorm ---------------------------------------------------------------------- */
+
+/* acc + a * b over 16 lanes, in double (8 lanes wide, as two halves):
+ * the products of f32 values are exact there, as in cpu_norm_gen.h. */
+static inline __m512d dot_pd(__m512d acc, __m512 a, __m512 b) {
+    acc = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(a)),
+                          _mm512_cvtps_pd(_mm512_castps512_ps256(b)), acc);
+    __m256 ah = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    __m256 bh = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(b), 1));
+    return _mm512_fmadd_pd(_mm512_cvtps_pd(ah), _mm512_cvtps_pd(bh), acc);
+}
+
+float fl_avx512_rms_norm_row(void *y, bool ybf, const void *x, bool xbf, const float *w,
+                             int64_t n, double eps, bool round16) {
+    int64_t xe = xbf ? 2 : 4, ye = ybf ? 2 : 4;
+    const char *xp = x;
+    __m512d acc = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512 v = load16(xp + i * xe, xbf);
+        acc = dot_pd(acc, v, v);
+    }
+    float inv = (float)(1.0 / sqrt(_mm512_reduce_add_pd(acc) / (double)n + eps));
+    __m512 vi = _mm512_set1_ps(inv);
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512 v = _mm512_mul_ps(load16(xp + i * xe, xbf), vi);
+        if (round16) v = fl_round_bf16x16(v);
+        if (w) v = _mm512_mul_ps(v, _mm512_loadu_ps(w + i));
+        store16((char *)y + i * ye, ybf, v);
+    }
+    return inv;
+}
+
+void fl_avx512_rms_norm_backward_row(void *dx, bool dxbf, const void *x, bool xbf, const void *g,
+                                     bool gbf, const float *w, float inv, int64_t n,
+                                     double *dw_sum) {
+    int64_t xe = xbf ? 2 : 4, ge = gbf ? 2 : 4, de = dxbf ? 2 : 4;
+    const char *xp = x, *gp = g;
+    __m512 vi = _mm512_set1_ps(inv);
+    if (dx) {
+        /* dx = inv * (dn - x * c), dn = g * w, c = mean(dn * x) * inv^2 */
+        __m512d acc = _mm512_setzero_pd();
+        for (int64_t i = 0; i < n; i += 16) {
+            __m512 dn = load16(gp + i * ge, gbf);
+            if (w) dn = _mm512_mul_ps(dn, _mm512_loadu_ps(w + i));
+            acc = dot_pd(acc, dn, load16(xp + i * xe, xbf));
+        }
+        float c = (float)(_mm512_reduce_add_pd(acc) / (double)n) * inv * inv;
+        __m512 vc = _mm512_set1_ps(c);
+        for (int64_t i = 0; i < n; i += 16) {
+            __m512 dn = load16(gp + i * ge, gbf);
+            if (w) dn = _mm512_mul_ps(dn, _mm512_loadu_ps(w + i));
+            __m512 v = _mm512_mul_ps(vi, _mm512_sub_ps(dn, _mm512_mul_ps(load16(xp + i * xe, xbf), vc)));
+            store16((char *)dx + i * de, dxbf, v);
+        }
+    }
+    if (dw_sum)
+        for (int64_t i = 0; i < n; i += 16) {
+            __m512 t = _mm512_mul_ps(_mm512_mul_ps(load16(gp + i * ge, gbf), load16(xp + i * xe, xbf)), vi);
+            double *d = dw_sum + i;
+            _mm512_storeu_pd(d, _mm512_add_pd(_mm512_loadu_pd(d), _mm512_cvtps_pd(_mm512_castps512_ps256(t))));
+            __m256 th = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));
+            _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), _mm512_cvtps_pd(th)));
+        }
+}
+
+/* ---- rotary ---------------------------------------------------------------------- */
 
 /* Rows [t0, t1) of one [T, D] plane: x rows xs elements apart, y dense,
  * table row t at c + t * cs (and s). The arithmetic of cpu_rotary_gen.h,

@@ -125,6 +125,37 @@ describe('rms_norm', function()
     assert.same(flat(F.rms_norm(xt:contiguous(), w)), flat(F.rms_norm(xt, w)))
   end)
 
+  -- Rows of a multiple of 16, dense, f32 or bf16, go to whole-row AVX-512
+  -- functions where the CPU has them (cpu_rows_avx512.c); a strided input
+  -- takes the per-row kernel. Same arithmetic, so the same bits (the row
+  -- sums in double may add in another order: that changes no result here).
+  it('gives the per-row results on its whole-row path (f32 and bf16, with and without weight)', function()
+    for _, n in ipairs { 64, 512 } do
+      for _, dt in ipairs { 'f32', 'bf16' } do
+        for _, weighted in ipairs { true, false } do
+          local what = ('n %d, %s, weight %s'):format(n, dt, tostring(weighted))
+          local base = randn({ n, 37 }, 6):to(dt)
+          local dense, strided = base:t():contiguous(), base:t()
+          local wn = weighted and randn({ n }, 7):to(dt):requires_grad_() or nil
+          local g = randn({ 37, n }, 8):to(dt)
+          local function run(x)
+            local xg = x:detach():requires_grad_()
+            if wn then wn.grad = nil end
+            local y = F.rms_norm(xg, wn, 1e-5)
+            y:backward(g)
+            return y:float(), xg.grad:float(), wn and wn.grad:float()
+          end
+          local y1, dx1, dw1 = run(dense)
+          local y2, dx2, dw2 = run(strided)
+          assert.same(flat(y2), flat(y1), what)
+          assert.same(flat(dx2), flat(dx1), what .. ', dx')
+          if wn then assert.same(flat(dw2), flat(dw1), what .. ', dw') end
+          assert_close(rms_ref(flat(dense:float()), wn and flat(wn:float()), 1e-5, n), flat(y1), dt == 'f32' and 1e-5 or 0.05)
+        end
+      end
+    end
+  end)
+
   it('has gradients for input and weight', function()
     local xd, wd = f64({ 3, 5 }, 4), f64({ 5 }, 5)
     assert_gradcheck(function(a, b) return F.rms_norm(a, b, 1e-5) end, { xd, wd })
