@@ -91,7 +91,8 @@ static void print_usage(FILE *out) {
         "  OMP_NUM_THREADS       threads of the OpenMP CPU kernels\n"
         "  OPENBLAS_NUM_THREADS  threads of OpenBLAS matrix products\n"
         "  OMP_WAIT_POLICY       passive unless set (idle OpenMP threads would\n"
-        "                        spin on the cores OpenBLAS needs)\n"
+        "                        spin on the cores OpenBLAS needs); then\n"
+        "  GOMP_SPINCOUNT        5000 unless set: a short spin before sleeping\n"
         "  LUA_PATH, LUA_CPATH   module search paths, as in LuaJIT; the\n"
         "                        project's lua/ and root come first\n"
         "  FSDP_BACKEND          mpi, self or auto (default: mpi when a launcher\n"
@@ -460,14 +461,25 @@ static int launch_ranks(int argc, char **argv, const options *opts) {
 }
 
 /* [Note: OpenMP wait policy]
- * OpenMP's idle workers spin after each parallel region by default, on the
- * very cores OpenBLAS's threads need for the matrix product that usually
- * follows: a training step ran 2x slower that way. libgomp reads
- * OMP_WAIT_POLICY when it is loaded, before main, so the host sets
- * "passive" and executes itself again once; a policy the user set is kept. */
+ * OpenMP's idle workers spin after each parallel region by default (about
+ * 3 ms: libgomp's 300000 pauses), on the very cores the next kernel, a
+ * pthread OpenBLAS or another rank needs: a training step ran 2x slower
+ * that way. Sleeping at once (OMP_WAIT_POLICY=passive) costs a futex wake
+ * per region instead, and a step has thousands of regions, each a few
+ * tens of microseconds after the last: the bf16 small Llama step
+ * (benchmarks/train_step.lua) took 390 ms passive and 353-360 ms with
+ * workers spinning 2000-5000 pauses (20-50 us here) before they sleep,
+ * with the sgemm rate unchanged (fully active spinning halved it). So the
+ * host sets OMP_WAIT_POLICY=passive and GOMP_SPINCOUNT=5000 (libgomp's
+ * spin before sleeping, which its passive policy would set to 0), and
+ * executes itself again once, as libgomp reads both when it is loaded,
+ * before main. A policy or spin count the user set is kept. With more
+ * OpenMP threads than cores (ranks sharing them) the passive policy still
+ * never spins: libgomp's spin for that case stays 0 under it. */
 static void prefer_passive_openmp(char **argv) {
     if (getenv("OMP_WAIT_POLICY")) return;
     if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    if (!getenv("GOMP_SPINCOUNT") && setenv("GOMP_SPINCOUNT", "5000", 1) != 0) return;
     execv("/proc/self/exe", argv);
     /* Exec failed: carry on with the default policy. */
 }
