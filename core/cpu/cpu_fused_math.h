@@ -49,6 +49,14 @@ float fl_avx512_row_max(const float *x, int64_t n);
 float fl_avx512_row_exp(float *dst, const float *x, int64_t n, float shift);
 void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift, float a, float b,
                               const float *c);
+/* The same on a dense row of bf16 (bits), results as on the row converted
+ * to f32 first; the exp-sum only sums, and the exp-affine one stores
+ * bf16 (rounded as fl_convert rounds) after subtracting `minus` from
+ * element `at` (cross-entropy's target; at < 0: none). */
+float fl_avx512_row_max_bf16(const uint16_t *x, int64_t n);
+float fl_avx512_row_exp_sum_bf16(const uint16_t *x, int64_t n, float shift);
+void fl_avx512_row_exp_affine_bf16(uint16_t *dst, const uint16_t *x, int64_t n, float shift,
+                                   float a, float b, int64_t at, float minus);
 /* Rotary embedding without positions on f32/bf16 x (dense last dim, D a
  * multiple of 32) and f32/bf16 tables (dense rows), out dense in x's
  * dtype: cpu_rotary.c's common case, bit for bit its generic kernel. */

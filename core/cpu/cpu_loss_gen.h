@@ -20,6 +20,9 @@ static int FN(cross_entropy)(fl_tensor *rows_out, fl_tensor *lse, const fl_tenso
     double tot = 0;
     int64_t cnt = 0, bad_row = -1, bad_value = 0;
     bool oom = false;
+#ifdef FL_ROWS_F32
+    bool bf16_rows = logits->dtype == FL_BF16 && xs == 1 && fl_cpu_avx512();
+#endif
 #pragma omp parallel if (rows * C >= FL_FUSED_PARALLEL_MIN) reduction(+ : tot, cnt)
     {
         R *buf = malloc((size_t)(C ? C : 1) * sizeof(R));
@@ -38,6 +41,18 @@ static int FN(cross_entropy)(fl_tensor *rows_out, fl_tensor *lse, const fl_tenso
                 }
                 continue;
             }
+#ifdef FL_ROWS_F32
+            if (t != p->ignore_index && bf16_rows && smooth == 0) {
+                /* (cpu_rows_avx512.c: as on the row converted to f32) */
+                const uint16_t *xb = (const uint16_t *)fl_fused_lane(logits, dim, r);
+                R mx = fl_avx512_row_max_bf16(xb, C);
+                R l = mx + (R)log((double)fl_avx512_row_exp_sum_bf16(xb, C, mx));
+                loss = l - fl_load_f64((const char *)(xb + t), FL_BF16);
+                ls[r] = l;
+                tot += loss;
+                cnt++;
+            } else
+#endif
             if (t != p->ignore_index && buf && !oom) {
                 const R *xr = FN(lane_in)(fl_fused_lane(logits, dim, r), logits->dtype, xs, C, buf);
                 R mx = FN(row_max)(xr, C);
@@ -79,6 +94,10 @@ static int FN(cross_entropy_backward)(fl_tensor *dlogits, const fl_tensor *g_row
     R smooth = (R)p->label_smoothing, off = C ? smooth / (R)C : 0;
     size_t des = fl_dtype_size(dlogits->dtype);
     bool oom = false;
+#ifdef FL_ROWS_F32
+    bool bf16_rows = logits->dtype == FL_BF16 && dlogits->dtype == FL_BF16 && xs == 1 &&
+                     fl_cpu_avx512();
+#endif
 #pragma omp parallel if (rows * C >= FL_FUSED_PARALLEL_MIN)
     {
         R *buf = malloc((size_t)(2 * (C ? C : 1)) * sizeof(R));
@@ -89,8 +108,16 @@ static int FN(cross_entropy_backward)(fl_tensor *dlogits, const fl_tensor *g_row
             int64_t t = fl_load_i64((const char *)targets->data + r * (int64_t)fl_dtype_size(targets->dtype),
                                     targets->dtype);
             char *dp = (char *)dlogits->data + r * C * (int64_t)des;
-            R *dr = FN(lane_dst)(dp, dlogits->dtype, 1, buf + C);
             R gs = gr ? gr[r] : (R)g_scalar;
+#ifdef FL_ROWS_F32
+            if (bf16_rows && t != p->ignore_index && t >= 0 && t < C) {
+                fl_avx512_row_exp_affine_bf16((uint16_t *)dp,
+                                              (const uint16_t *)fl_fused_lane(logits, dim, r), C,
+                                              ls[r], gs, -gs * off, t, gs * (1 - smooth));
+                continue;
+            }
+#endif
+            R *dr = FN(lane_dst)(dp, dlogits->dtype, 1, buf + C);
             if (t == p->ignore_index || t < 0 || t >= C) {
                 for (int64_t i = 0; i < C; i++) dr[i] = 0;
             } else {

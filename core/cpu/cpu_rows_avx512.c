@@ -58,6 +58,45 @@ void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift
     }
 }
 
+/* The same three loops on a row of bf16 values (cross-entropy's logits):
+ * each lane converted exactly to f32, then the f32 loops' arithmetic, so
+ * results are those of converting the row first. */
+static inline __m512 load_bf16_masked(const uint16_t *p, __mmask16 k) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+float fl_avx512_row_max_bf16(const uint16_t *x, int64_t n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = fl_lanes_below(i, n);
+        m = _mm512_mask_max_ps(m, k, m, load_bf16_masked(x + i, k));
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+float fl_avx512_row_exp_sum_bf16(const uint16_t *x, int64_t n, float shift) {
+    __m512 sum = _mm512_setzero_ps(), s = _mm512_set1_ps(shift);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = fl_lanes_below(i, n);
+        __m512 e = _mm512_maskz_mov_ps(k, fl_exp16(_mm512_sub_ps(load_bf16_masked(x + i, k), s)));
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+void fl_avx512_row_exp_affine_bf16(uint16_t *dst, const uint16_t *x, int64_t n, float shift,
+                                   float a, float b, int64_t at, float minus) {
+    __m512 s = _mm512_set1_ps(shift), va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = fl_lanes_below(i, n);
+        __m512 y = _mm512_fmadd_ps(va, fl_exp16(_mm512_sub_ps(load_bf16_masked(x + i, k), s)), vb);
+        if (at >= i && at < i + 16)
+            y = _mm512_mask_sub_ps(y, (__mmask16)(1u << (at - i)), y, _mm512_set1_ps(minus));
+        _mm256_mask_storeu_epi16(dst + i, k, _mm512_cvtepi32_epi16(fl_bf16_bits16(y)));
+    }
+}
+
 /* f32 or bf16 (rounded as fl_convert rounds), 16 at a time. */
 static inline __m512 load16(const void *p, bool bf16) {
     return bf16 ? fl_load_bf16x16(p) : _mm512_loadu_ps(p);
