@@ -15,6 +15,7 @@
 #define FL_CPU_FUSED_MATH_H
 
 #include "cpu_iter.h"
+#include "cpu_rows_avx512.h"
 #include "fused.h"
 
 #include <math.h>
@@ -37,44 +38,6 @@
 #define FL_FUSED_CLONES
 #endif
 
-/* The f32 row loops by hand for AVX-512 (cpu_rows_avx512.c), called by
- * cpu_fused_rows.h's where fl_cpu_avx512() says the CPU has it. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FL_ROWS_AVX512_BUILD 1
-static inline bool fl_cpu_avx512(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-}
-float fl_avx512_row_max(const float *x, int64_t n);
-float fl_avx512_row_exp(float *dst, const float *x, int64_t n, float shift);
-void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift, float a, float b,
-                              const float *c);
-/* The same on a dense row of bf16 (bits), results as on the row converted
- * to f32 first; the exp-sum only sums, and the exp-affine one stores
- * bf16 (rounded as fl_convert rounds) after subtracting `minus` from
- * element `at` (cross-entropy's target; at < 0: none). */
-float fl_avx512_row_max_bf16(const uint16_t *x, int64_t n);
-float fl_avx512_row_exp_sum_bf16(const uint16_t *x, int64_t n, float shift);
-void fl_avx512_row_exp_affine_bf16(uint16_t *dst, const uint16_t *x, int64_t n, float shift,
-                                   float a, float b, int64_t at, float minus);
-/* Rotary embedding without positions on f32/bf16 x (dense last dim, D a
- * multiple of 32) and f32/bf16 tables (dense rows), out dense in x's
- * dtype: cpu_rotary.c's common case, bit for bit its generic kernel. */
-void fl_avx512_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
-                      const fl_tensor *sin, bool inverse);
-/* One RMSNorm row of n (a multiple of 16) f32/bf16 elements, the
- * arithmetic of cpu_norm_gen.h's (only its double sums may add in another
- * order); w f32 or NULL. Forward returns 1/rms; backward adds the row's
- * terms of dw to dw_sum (n doubles) unless NULL, and skips dx if NULL. */
-float fl_avx512_rms_norm_row(void *y, bool ybf, const void *x, bool xbf, const float *w,
-                             int64_t n, double eps, bool round16);
-void fl_avx512_rms_norm_backward_row(void *dx, bool dxbf, const void *x, bool xbf, const void *g,
-                                     bool gbf, const float *w, float inv, int64_t n,
-                                     double *dw_sum);
-#else
-#define FL_ROWS_AVX512_BUILD 0
-static inline bool fl_cpu_avx512(void) { return false; }
-#endif
 
 /* Below this many elements an op runs on the calling thread. */
 enum { FL_FUSED_PARALLEL_MIN = 1 << 15 };

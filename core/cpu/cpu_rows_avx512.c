@@ -1,7 +1,10 @@
 /*
- * cpu_rows_avx512.c: the f32 row loops of cpu_fused_rows.h (max,
- * exp-and-sum, exp-affine) written for AVX-512, which those loops call
- * where the CPU has it (fl_cpu_avx512, cpu_fused_math.h).
+ * cpu_rows_avx512.c: kernels written for AVX-512, which their generic
+ * versions call where the CPU has it (fl_cpu_avx512, cpu_rows_avx512.h):
+ * the f32 row loops of cpu_fused_rows.h (max, exp-and-sum, exp-affine)
+ * and the same on bf16 rows (cross-entropy), RoPE, RMSNorm rows, and
+ * silu(gate) * up. Each keeps its generic version's arithmetic and
+ * rounding, so results are the same bits (the specs compare them).
  *
  * Why by hand rather than GCC's AVX-512 clone of the same C: that clone
  * was kept out after a sharded tiny Llama drifted further from one rank
@@ -170,6 +173,45 @@ void fl_avx512_rms_norm_backward_row(void *dx, bool dxbf, const void *x, bool xb
             __m256 th = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));
             _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), _mm512_cvtps_pd(th)));
         }
+}
+
+/* ---- silu(gate) * up on bf16 ------------------------------------------------------ */
+
+/* glibc's 16-lane expf (libmvec), the one cpu_unary.c's AVX-512 clones call:
+ * the same bits as theirs. */
+__m512 _ZGVeN16v_expf(__m512 x);
+
+static inline __m512 load_bf16_n(const uint16_t *p, __mmask16 k) { return load_bf16_masked(p, k); }
+
+static inline void store_bf16_n(uint16_t *p, __mmask16 k, __m512 x) {
+    _mm256_mask_storeu_epi16(p, k, _mm512_cvtepi32_epi16(fl_bf16_bits16(x)));
+}
+
+void fl_avx512_silu_mul_bf16(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = fl_lanes_below(i, n);
+        __m512 x = load_bf16_n(a + i, k), y = load_bf16_n(b + i, k);
+        __m512 e = _ZGVeN16v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        store_bf16_n(o + i, k, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), y));
+    }
+}
+
+void fl_avx512_silu_mul_backward_bf16(uint16_t *ga, uint16_t *gb, const uint16_t *g,
+                                      const uint16_t *a, const uint16_t *b, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = fl_lanes_below(i, n);
+        __m512 x = load_bf16_n(a + i, k), gy = load_bf16_n(g + i, k);
+        __m512 e = _ZGVeN16v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, e));
+        if (ga) {
+            __m512 y = load_bf16_n(b + i, k);
+            __m512 t = _mm512_add_ps(one, _mm512_mul_ps(x, _mm512_sub_ps(one, sg)));
+            store_bf16_n(ga + i, k, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(gy, y), sg), t));
+        }
+        if (gb) store_bf16_n(gb + i, k, _mm512_mul_ps(_mm512_mul_ps(gy, x), sg));
+    }
 }
 
 /* ---- rotary ---------------------------------------------------------------------- */

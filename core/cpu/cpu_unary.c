@@ -19,6 +19,7 @@
  */
 #include "cpu_elementwise.h"
 #include "cpu_iter.h"
+#include "cpu_rows_avx512.h"
 
 #include <math.h>
 #include <string.h>
@@ -407,6 +408,14 @@ static void silu_mul_chunk(void *vctx, char *const *ptrs, const int64_t *inner, 
         silu_mul_compute(c->compute, ptrs[0], ptrs[1], ptrs[2], count);
         return;
     }
+#if FL_ROWS_AVX512_BUILD
+    if (c->dtype == FL_BF16 && inner[0] == 1 && inner[1] == 1 && inner[2] == 1 &&
+        fl_cpu_avx512()) {
+        fl_avx512_silu_mul_bf16((uint16_t *)ptrs[0], (const uint16_t *)ptrs[1],
+                                (const uint16_t *)ptrs[2], count);
+        return;
+    }
+#endif
     _Alignas(8) char a[FL_CPU_SCRATCH * 8], b[FL_CPU_SCRATCH * 8], o[FL_CPU_SCRATCH * 8];
     int64_t sz = (int64_t)fl_dtype_size(c->dtype);
     for (int64_t i = 0; i < count; i += FL_CPU_SCRATCH) {
@@ -482,6 +491,10 @@ int fl_cpu_silu_mul_backward(fl_tensor *g_gate, fl_tensor *g_up, const fl_tensor
     const char *pg = gy->data, *pa = gate->data, *pb = up->data;
     char *pga = g_gate ? g_gate->data : NULL, *pgb = g_up ? g_up->data : NULL;
     bool direct = dt == compute && gdt == compute;
+#if FL_ROWS_AVX512_BUILD
+    /* bf16 read and written as such (cpu_rows_avx512.c), same bits */
+    bool bf16_wide = dt == FL_BF16 && gdt == FL_BF16 && fl_cpu_avx512();
+#endif
     int64_t chunks = (n + FLAT_CHUNK - 1) / FLAT_CHUNK;
 #pragma omp parallel for schedule(static) if (n >= FLAT_PARALLEL_MIN)
     for (int64_t c = 0; c < chunks; c++) {
@@ -492,6 +505,12 @@ int fl_cpu_silu_mul_backward(fl_tensor *g_gate, fl_tensor *g_up, const fl_tensor
             int64_t m = start + len - i < FL_CPU_SCRATCH ? start + len - i : FL_CPU_SCRATCH;
             const void *xg = pg + i * gsz, *xa = pa + i * sz, *xb = pb + i * sz;
             void *ya = pga ? pga + i * sz : NULL, *yb = pgb ? pgb + i * sz : NULL;
+#if FL_ROWS_AVX512_BUILD
+            if (bf16_wide) {
+                fl_avx512_silu_mul_backward_bf16(ya, yb, xg, xa, xb, m);
+                continue;
+            }
+#endif
             if (!direct) {
                 fl_cpu_load(g, compute, xg, gdt, 1, m);
                 fl_cpu_load(a, compute, xa, dt, 1, m);

@@ -1,0 +1,55 @@
+/*
+ * cpu_rows_avx512.h: the hand-written AVX-512 kernels of
+ * cpu_rows_avx512.c (fused row loops, RoPE, RMSNorm, silu * up, bf16
+ * rows of cross-entropy) and fl_cpu_avx512(), the run-time check every
+ * caller makes first: the binary runs on any x86-64.
+ */
+#ifndef FL_CPU_ROWS_AVX512_H
+#define FL_CPU_ROWS_AVX512_H
+
+#include "internal.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_ROWS_AVX512_BUILD 1
+static inline bool fl_cpu_avx512(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+float fl_avx512_row_max(const float *x, int64_t n);
+float fl_avx512_row_exp(float *dst, const float *x, int64_t n, float shift);
+void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift, float a, float b,
+                              const float *c);
+/* The same on a dense row of bf16 (bits), results as on the row converted
+ * to f32 first; the exp-sum only sums, and the exp-affine one stores
+ * bf16 (rounded as fl_convert rounds) after subtracting `minus` from
+ * element `at` (cross-entropy's target; at < 0: none). */
+float fl_avx512_row_max_bf16(const uint16_t *x, int64_t n);
+float fl_avx512_row_exp_sum_bf16(const uint16_t *x, int64_t n, float shift);
+void fl_avx512_row_exp_affine_bf16(uint16_t *dst, const uint16_t *x, int64_t n, float shift,
+                                   float a, float b, int64_t at, float minus);
+/* silu(a) * b and its gradients on dense bf16 (bits), the arithmetic of
+ * cpu_unary.c's vector path with glibc's vector expf: its bits. ga or gb
+ * may be NULL. */
+void fl_avx512_silu_mul_bf16(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n);
+void fl_avx512_silu_mul_backward_bf16(uint16_t *ga, uint16_t *gb, const uint16_t *g,
+                                      const uint16_t *a, const uint16_t *b, int64_t n);
+/* Rotary embedding without positions on f32/bf16 x (dense last dim, D a
+ * multiple of 32) and f32/bf16 tables (dense rows), out dense in x's
+ * dtype: cpu_rotary.c's common case, bit for bit its generic kernel. */
+void fl_avx512_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
+                      const fl_tensor *sin, bool inverse);
+/* One RMSNorm row of n (a multiple of 16) f32/bf16 elements, the
+ * arithmetic of cpu_norm_gen.h's (only its double sums may add in another
+ * order); w f32 or NULL. Forward returns 1/rms; backward adds the row's
+ * terms of dw to dw_sum (n doubles) unless NULL, and skips dx if NULL. */
+float fl_avx512_rms_norm_row(void *y, bool ybf, const void *x, bool xbf, const float *w,
+                             int64_t n, double eps, bool round16);
+void fl_avx512_rms_norm_backward_row(void *dx, bool dxbf, const void *x, bool xbf, const void *g,
+                                     bool gbf, const float *w, float inv, int64_t n,
+                                     double *dw_sum);
+#else
+#define FL_ROWS_AVX512_BUILD 0
+static inline bool fl_cpu_avx512(void) { return false; }
+#endif
+
+#endif /* FL_CPU_ROWS_AVX512_H */
