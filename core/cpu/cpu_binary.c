@@ -7,6 +7,7 @@
  * The common all-f32 dense case skips the conversion buffers.
  */
 #include "cpu_iter.h"
+#include "cpu_rows_avx512.h"
 #include "binary.h"
 
 #include <string.h>
@@ -72,6 +73,15 @@ static void binary_chunk(void *vctx, char *const *ptrs, const int64_t *inner, in
         compute(c->op, c->alpha, c->compute, ptrs[0], ptrs[1], ptrs[2], count);
         return;
     }
+#if FL_ROWS_AVX512_BUILD
+    /* bf16 read and written as such (cpu_rows_avx512.c), same bits */
+    if (c->out_dtype == FL_BF16 && c->a_dtype == FL_BF16 && c->b_dtype == FL_BF16 &&
+        inner[0] == 1 && inner[1] == 1 && inner[2] == 1 && fl_cpu_avx512()) {
+        fl_avx512_binary_bf16(c->op, c->alpha, (uint16_t *)ptrs[0], (const uint16_t *)ptrs[1],
+                              (const uint16_t *)ptrs[2], count);
+        return;
+    }
+#endif
     _Alignas(8) char x[FL_CPU_SCRATCH * 8], y[FL_CPU_SCRATCH * 8], o[FL_CPU_SCRATCH * 8];
     size_t so = fl_dtype_size(c->out_dtype), sa = fl_dtype_size(c->a_dtype),
            sb = fl_dtype_size(c->b_dtype);

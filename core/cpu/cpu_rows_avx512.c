@@ -18,6 +18,7 @@
  * clone's 8.
  */
 #include "cpu_fused_math.h"
+#include "binary.h"
 
 #if FL_ROWS_AVX512_BUILD
 
@@ -211,6 +212,25 @@ void fl_avx512_silu_mul_backward_bf16(uint16_t *ga, uint16_t *gb, const uint16_t
             store_bf16_n(ga + i, k, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(gy, y), sg), t));
         }
         if (gb) store_bf16_n(gb + i, k, _mm512_mul_ps(_mm512_mul_ps(gy, x), sg));
+    }
+}
+
+/* ---- binary arithmetic on bf16 ----------------------------------------------------- */
+
+void fl_avx512_binary_bf16(int op, double alpha, uint16_t *o, const uint16_t *x,
+                           const uint16_t *y, int64_t n) {
+    __m512 al = _mm512_set1_ps((float)alpha);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = fl_lanes_below(i, n);
+        __m512 a = load_bf16_masked(x + i, k), b = load_bf16_masked(y + i, k), r;
+        switch (op) {
+        case FL_ADD: r = _mm512_add_ps(a, b); break;
+        case FL_SUB: r = _mm512_sub_ps(a, b); break;
+        case FL_MUL: r = _mm512_mul_ps(a, b); break;
+        case FL_DIV: r = _mm512_div_ps(a, b); break;
+        default: r = _mm512_add_ps(a, _mm512_mul_ps(al, b)); break; /* FL_AXPY */
+        }
+        store_bf16_n(o + i, k, r);
     }
 }
 

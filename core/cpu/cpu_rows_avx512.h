@@ -33,6 +33,11 @@ void fl_avx512_row_exp_affine_bf16(uint16_t *dst, const uint16_t *x, int64_t n, 
 void fl_avx512_silu_mul_bf16(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n);
 void fl_avx512_silu_mul_backward_bf16(uint16_t *ga, uint16_t *gb, const uint16_t *g,
                                       const uint16_t *a, const uint16_t *b, int64_t n);
+/* out = x op y on dense bf16 (bits), in f32 and rounded once as
+ * fl_convert rounds: cpu_binary.c's results. op: FL_ADD, FL_SUB, FL_MUL,
+ * FL_DIV or FL_AXPY (x + alpha y). */
+void fl_avx512_binary_bf16(int op, double alpha, uint16_t *o, const uint16_t *x,
+                           const uint16_t *y, int64_t n);
 /* Rotary embedding without positions on f32/bf16 x (dense last dim, D a
  * multiple of 32) and f32/bf16 tables (dense rows), out dense in x's
  * dtype: cpu_rotary.c's common case, bit for bit its generic kernel. */

@@ -37,6 +37,27 @@ describe('binary ops', function()
     assert.equals(3, bf:get(99999))
   end)
 
+  -- bf16 is computed in f32 and rounded once, whether through f32 chunks
+  -- or read and written as bf16 (AVX-512, cpu_rows_avx512.c): the f32
+  -- results of the same values, rounded, bit for bit. A million elements,
+  -- so that a difference of an f32 ulp would show after rounding.
+  it('give bf16 the f32 results rounded once', function()
+    local T = require 'fsdp.testing'
+    local n = 1000003
+    local x = (fsdp.randn({ n }, { seed = 21 }) * 3):to('bf16')
+    local y = (fsdp.randn({ n }, { seed = 22 }) * 0.5 + 3):to('bf16') -- no zeros: x / y
+    local xf, yf = x:float(), y:float()
+    for _, op in ipairs { 'add', 'sub', 'mul', 'div' } do
+      local f = ({ add = function(p, q) return p + q end, sub = function(p, q) return p - q end,
+                   mul = function(p, q) return p * q end, div = function(p, q) return p / q end })[op]
+      assert.equals(0, T.max_abs_diff(f(xf, yf):bfloat16(), f(x, y)), op)
+    end
+    local acc, accf = x:clone(), xf:clone()
+    acc:add_scaled_(y, 0.37)
+    accf:add_scaled_(yf, 0.37)
+    assert.equals(0, T.max_abs_diff(accf:bfloat16(), acc), 'add_scaled_')
+  end)
+
   it('have in-place forms that broadcast into the left operand', function()
     local t = fsdp.zeros(2, 3)
     t:add_(b):mul_(2):sub_(1):div_(fsdp.tensor({ 1, 1, 0.5 }))
