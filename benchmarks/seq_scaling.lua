@@ -6,12 +6,14 @@
 -- activations) beside fsdp.plan's prediction of the same step, and what
 -- each token more costs at the peak between one length and the next
 -- (constant when activations grow linearly with T: flash-style attention
--- keeps no [T, T] matrix). Batch 1, f32, one process, the model sharded
--- (world 1) as the recipes shard it, dead tensors collected before every
--- allocation (exact accounting; the steps are a little slower for it).
--- Prints a table; asserts nothing.
+-- keeps no [T, T] matrix). Batch 1, f32 (--precision=bf16: bf16 mixed
+-- precision, whose attention runs on AMX tiles where the CPU has them),
+-- one process, the model sharded (world 1) as the recipes shard it, dead
+-- tensors collected before every allocation (exact accounting; the steps
+-- are a little slower for it). Prints a table; asserts nothing.
 --
 --   fsdp-lua benchmarks/seq_scaling.lua [--seqs=256,512,1024,2048,4096] [--steps=2] [--width=512]
+--                                       [--precision=f32|bf16]
 local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
@@ -22,7 +24,10 @@ local cfg = recipe.config({
   seqs = { '256,512,1024,2048,4096', 'sequence lengths, comma-separated' },
   steps = { 2, 'measured steps per length (after one unmeasured)', int = true, min = 1 },
   width = { 512, 'model width (heads of 64)', int = true, min = 64 },
+  precision = { 'f32', "f32, or bf16: f32 master weights, bf16 compute (mixed_precision='bf16')",
+                one_of = { 'f32', 'bf16' } },
 }, arg, 'benchmarks/seq_scaling.lua')
+local mp = cfg.precision == 'bf16' and 'bf16' or nil
 
 local seqs = {}
 for s in cfg.seqs:gmatch('[^,]+') do
@@ -41,8 +46,8 @@ local median = require('benchmarks.stats').median
 
 local function mib(b) return b / 2^20 end
 
-print(('small Llama, width %d, 8 layers, vocab 32000, batch 1, f32, %d thread(s)'):format(cfg.width,
-  tonumber(os.getenv('OMP_NUM_THREADS') or '0') or 0))
+print(('small Llama, width %d, 8 layers, vocab 32000, batch 1, %s, %d thread(s)'):format(cfg.width,
+  cfg.precision, tonumber(os.getenv('OMP_NUM_THREADS') or '0') or 0))
 print(('%6s %9s %9s %9s %11s %11s %10s %14s'):format('seq', 'step s', 'tok/s', 'GFLOP/s', 'peak MiB',
   'plan MiB', 'plan/meas', 'KiB/token more'))
 local last_T, last_peak
@@ -57,7 +62,7 @@ for _, T in ipairs(seqs) do
   -- predicts
   local m = llama.CausalLM(c, { device = 'meta' })
   local n = m:num_parameters()
-  fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 1 })
+  fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 1, mixed_precision = mp })
   local opt = optim.AdamW(m:parameters(), { lr = 1e-4 })
   local times, peak = {}, 0
   for step = 0, cfg.steps do
@@ -79,7 +84,8 @@ for _, T in ipairs(seqs) do
   end
   local s = median(times)
   local per_token = 6 * n + 12 * c.n_layers * c.n_heads * c.head_dim * T
-  local p = fsdp.plan(llama.CausalLM(c, { device = 'meta' }), { world = 1, batch = 1, seq = T, device = 'cpu' })
+  local p = fsdp.plan(llama.CausalLM(c, { device = 'meta' }), { world = 1, batch = 1, seq = T, device = 'cpu',
+                                                                mixed_precision = mp })
   local more = last_T and ('%14.1f'):format((peak - last_peak) / (T - last_T) / 1024) or ('%14s'):format('-')
   print(('%6d %9.3f %9.0f %9.1f %11.1f %11.1f %10.3f %s'):format(T, s, T / s, per_token * T / s / 1e9,
     mib(peak), mib(p.memory.peak), p.memory.peak / peak, more))
