@@ -66,7 +66,9 @@ static void dgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, d
 }
 
 #define R float
+#if FL_ROWS_AVX512_BUILD /* (cpu_rows_avx512.h) */
 #define FL_ROWS_F32
+#endif
 #define RT FL_F32
 #define FN(name) name##_f32
 #define EXP(x) fl_fast_expf(x)

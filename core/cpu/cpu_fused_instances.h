@@ -18,7 +18,9 @@
 #include <stdlib.h>
 
 #define R float
+#if FL_ROWS_AVX512_BUILD /* (cpu_rows_avx512.h) */
 #define FL_ROWS_F32
+#endif
 #define RT FL_F32
 #define FN(name) name##_f32
 #define EXP(x) fl_fast_expf(x)

@@ -10,8 +10,9 @@
  * OpenMP regions could not be cloned (GCC outlines those before cloning).
  * Not every includer uses every loop, hence `unused`.
  *
- * The f32 instantiation (FL_ROWS_F32 defined by the includer) hands each
- * loop to its AVX-512 version (cpu_rows_avx512.c) where the CPU has it.
+ * The f32 instantiation (FL_ROWS_F32 defined by the includer where
+ * cpu_rows_avx512.c is built) hands each loop to its AVX-512 version
+ * where the CPU has it.
  */
 
 #ifndef FL_FUSED_ROW
@@ -55,7 +56,10 @@ FL_FUSED_ROW static R FN(row_exp)(R *dst, const R *x, int64_t n, R shift) {
 FL_FUSED_ROW static void FN(row_exp_affine)(R *dst, const R *x, int64_t n, R shift, R a, R b,
                                                const R *c) {
 #ifdef FL_ROWS_F32
-    if (fl_cpu_avx512()) return fl_avx512_row_exp_affine(dst, x, n, shift, a, b, c);
+    if (fl_cpu_avx512()) {
+        fl_avx512_row_exp_affine(dst, x, n, shift, a, b, c);
+        return;
+    }
 #endif
     if (c) {
 #pragma omp simd

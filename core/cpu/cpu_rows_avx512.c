@@ -70,6 +70,10 @@ static inline __m512 load_bf16_masked(const uint16_t *p, __mmask16 k) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
 }
 
+static inline void store_bf16_masked(uint16_t *p, __mmask16 k, __m512 x) {
+    _mm256_mask_storeu_epi16(p, k, _mm512_cvtepi32_epi16(fl_bf16_bits16(x)));
+}
+
 float fl_avx512_row_max_bf16(const uint16_t *x, int64_t n) {
     __m512 m = _mm512_set1_ps(-INFINITY);
     for (int64_t i = 0; i < n; i += 16) {
@@ -97,7 +101,7 @@ void fl_avx512_row_exp_affine_bf16(uint16_t *dst, const uint16_t *x, int64_t n, 
         __m512 y = _mm512_fmadd_ps(va, fl_exp16(_mm512_sub_ps(load_bf16_masked(x + i, k), s)), vb);
         if (at >= i && at < i + 16)
             y = _mm512_mask_sub_ps(y, (__mmask16)(1u << (at - i)), y, _mm512_set1_ps(minus));
-        _mm256_mask_storeu_epi16(dst + i, k, _mm512_cvtepi32_epi16(fl_bf16_bits16(y)));
+        store_bf16_masked(dst + i, k, y);
     }
 }
 
@@ -178,23 +182,18 @@ void fl_avx512_rms_norm_backward_row(void *dx, bool dxbf, const void *x, bool xb
 
 /* ---- silu(gate) * up on bf16 ------------------------------------------------------ */
 
-/* glibc's 16-lane expf (libmvec), the one cpu_unary.c's AVX-512 clones call:
- * the same bits as theirs. */
+/* glibc's 16-lane expf (libmvec), the one cpu_unary.c's AVX-512 clones call
+ * in the release build: the same bits as theirs there. (The sanitized
+ * build's -O1 leaves those loops scalar, with scalar expf.) */
 __m512 _ZGVeN16v_expf(__m512 x);
-
-static inline __m512 load_bf16_n(const uint16_t *p, __mmask16 k) { return load_bf16_masked(p, k); }
-
-static inline void store_bf16_n(uint16_t *p, __mmask16 k, __m512 x) {
-    _mm256_mask_storeu_epi16(p, k, _mm512_cvtepi32_epi16(fl_bf16_bits16(x)));
-}
 
 void fl_avx512_silu_mul_bf16(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n) {
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 k = fl_lanes_below(i, n);
-        __m512 x = load_bf16_n(a + i, k), y = load_bf16_n(b + i, k);
+        __m512 x = load_bf16_masked(a + i, k), y = load_bf16_masked(b + i, k);
         __m512 e = _ZGVeN16v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        store_bf16_n(o + i, k, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), y));
+        store_bf16_masked(o + i, k, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), y));
     }
 }
 
@@ -203,15 +202,15 @@ void fl_avx512_silu_mul_backward_bf16(uint16_t *ga, uint16_t *gb, const uint16_t
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 k = fl_lanes_below(i, n);
-        __m512 x = load_bf16_n(a + i, k), gy = load_bf16_n(g + i, k);
+        __m512 x = load_bf16_masked(a + i, k), gy = load_bf16_masked(g + i, k);
         __m512 e = _ZGVeN16v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x));
         __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, e));
         if (ga) {
-            __m512 y = load_bf16_n(b + i, k);
+            __m512 y = load_bf16_masked(b + i, k);
             __m512 t = _mm512_add_ps(one, _mm512_mul_ps(x, _mm512_sub_ps(one, sg)));
-            store_bf16_n(ga + i, k, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(gy, y), sg), t));
+            store_bf16_masked(ga + i, k, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(gy, y), sg), t));
         }
-        if (gb) store_bf16_n(gb + i, k, _mm512_mul_ps(_mm512_mul_ps(gy, x), sg));
+        if (gb) store_bf16_masked(gb + i, k, _mm512_mul_ps(_mm512_mul_ps(gy, x), sg));
     }
 }
 
@@ -230,7 +229,7 @@ void fl_avx512_binary_bf16(int op, double alpha, uint16_t *o, const uint16_t *x,
         case FL_DIV: r = _mm512_div_ps(a, b); break;
         default: r = _mm512_add_ps(a, _mm512_mul_ps(al, b)); break; /* FL_AXPY */
         }
-        store_bf16_n(o + i, k, r);
+        store_bf16_masked(o + i, k, r);
     }
 }
 

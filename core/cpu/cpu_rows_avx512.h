@@ -28,8 +28,8 @@ float fl_avx512_row_exp_sum_bf16(const uint16_t *x, int64_t n, float shift);
 void fl_avx512_row_exp_affine_bf16(uint16_t *dst, const uint16_t *x, int64_t n, float shift,
                                    float a, float b, int64_t at, float minus);
 /* silu(a) * b and its gradients on dense bf16 (bits), the arithmetic of
- * cpu_unary.c's vector path with glibc's vector expf: its bits. ga or gb
- * may be NULL. */
+ * cpu_unary.c's vector path with glibc's vector expf: its bits in the
+ * release build. ga or gb may be NULL. */
 void fl_avx512_silu_mul_bf16(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n);
 void fl_avx512_silu_mul_backward_bf16(uint16_t *ga, uint16_t *gb, const uint16_t *g,
                                       const uint16_t *a, const uint16_t *b, int64_t n);

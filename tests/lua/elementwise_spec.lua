@@ -281,9 +281,19 @@ describe('silu_mul', function()
   -- the f32 computation on the same values, rounded, bit for bit.
   it('gives bf16 the f32 results rounded once, forward and backward', function()
     -- a million elements: enough that a difference of an f32 ulp shows
-    -- after rounding to bf16 (compared in the core, not in Lua tables)
+    -- after rounding to bf16 (compared in the core, not in Lua tables).
+    -- Both paths call glibc's vector expf in the release build; the
+    -- sanitized build (-O1) does not vectorise the f32 path, whose scalar
+    -- expf may differ in the last bit: there one bf16 step is allowed.
+    local exact = not fsdp.build_info:find('asan', 1, true)
     local function same(want, got, what)
-      assert.equals(0, T.max_abs_diff(want, got), what)
+      if exact then
+        assert.equals(0, T.max_abs_diff(want, got), what)
+      else
+        local w, g = want:to('f64'), got:to('f64')
+        local excess = ((w - g):abs() - w:abs() * 2^-8):max():item()
+        assert.is_true(excess <= 0, what)
+      end
     end
     for _, n in ipairs { 1000, 1000003 } do
       local a = (fsdp.randn({ n }, { seed = 11 }) * 4):to('bf16')
