@@ -56,7 +56,8 @@ static bool grant_amx(void) {
     bool avx512 = (b >> 16 & 1) && (b >> 17 & 1) && (b >> 30 & 1) && (b >> 31 & 1);
     bool tiles = (d >> 22 & 1) && (d >> 24 & 1);
     if (!avx512 || !tiles) {
-        snprintf(why_not, sizeof why_not, "the CPU has no %s", avx512 ? "AMX-BF16 tiles" : "AVX-512");
+        snprintf(why_not, sizeof why_not, "the CPU has no %s",
+                 avx512 ? "AMX-BF16 tiles" : "AVX-512");
         return false;
     }
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) {

@@ -98,8 +98,10 @@ static void product(int64_t M, int64_t N, int64_t K, const bf16 *A, int64_t lda,
     for (int64_t m = 0; m < M; m += 16)
         for (int64_t n = m < M2 ? N2 : 0; n < N; n += 16) {
             float *c = C + m * ldc + n;
-            if (acc) _tile_loadd(0, c, sc);
-            else _tile_zero(0);
+            if (acc)
+                _tile_loadd(0, c, sc);
+            else
+                _tile_zero(0);
             for (int64_t k = 0; k < K; k += 32) {
                 _tile_loadd(4, A + m * lda + k, sa);
                 _tile_loadd(6, B + k * nb + 2 * n, sb);
@@ -115,8 +117,8 @@ static void product(int64_t M, int64_t N, int64_t K, const bf16 *A, int64_t lda,
  * operand for a product summing over X's rows. dst [K/2][N][2], rows at
  * and past `rows` zero up to K. */
 static void pack_pairs(bf16 *dst, const bf16 *X, int64_t ld, int64_t rows, int64_t K, int64_t N) {
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
+                                        8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (int64_t i = 0; i < K / 2; i++) {
         const bf16 *x0 = 2 * i < rows ? X + 2 * i * ld : NULL;
@@ -158,8 +160,10 @@ static void copy_rows(bf16 *dst, const bf16 *X, int64_t ld, int64_t m, int64_t M
     for (int64_t r = 0; r < M; r++)
         for (int64_t c = 0; c < cols; c++) {
             bf16 x = r < m ? X[r * ld + c] : 0;
-            if (transposed) dst[c * M + r] = x;
-            else dst[r * cols + c] = x;
+            if (transposed)
+                dst[c * M + r] = x;
+            else
+                dst[r * cols + c] = x;
         }
 }
 
@@ -168,8 +172,8 @@ static void copy_rows(bf16 *dst, const bf16 *X, int64_t ld, int64_t m, int64_t M
 /* Rows x0 and x1 (16 f32 each) rounded to bf16 and interleaved: the 32
  * values of pair-packed columns n ... n+15 (pack_pairs' layout). */
 static inline void store_pairs(bf16 *p, __m512 x0, __m512 x1) {
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512i both = (__m512i)_mm512_cvtne2ps_pbh(x1, x0); /* x0 low, x1 high */
     _mm512_storeu_si512(p, _mm512_permutexvar_epi16(idx, both));
 }
@@ -202,11 +206,13 @@ static void forward_softmax(const fl_attention_args *a, const float *S, bf16 *P,
         int64_t n = visible(a, i0 + r, nk);
         __m512 mx = _mm512_set1_ps(-INFINITY);
         for (int64_t j = 0; j < n; j += 16)
-            mx = _mm512_mask_max_ps(mx, fl_lanes_below(j, n), mx, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
+            mx = _mm512_mask_max_ps(mx, fl_lanes_below(j, n), mx,
+                                    _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
         __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < np; j += 16) {
-            __m512 e = _mm512_maskz_mov_ps(fl_lanes_below(j, n),
-                                           fl_exp16(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), scale, shift)));
+            __m512 e = _mm512_maskz_mov_ps(
+                fl_lanes_below(j, n),
+                fl_exp16(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), scale, shift)));
             sum = _mm512_add_ps(sum, e);
             fl_store_bf16x16(p + j, e);
         }
@@ -302,7 +308,8 @@ static void store_transposed(const fl_tensor *t, int64_t b, int64_t h, const flo
     for (int64_t j = 0; j < rows; j++) {
         bf16 *dst = (bf16 *)row_of(t, b, h, j);
         for (int64_t c = 0; c < cols; c += 16)
-            fl_store_bf16x16(dst + c, _mm512_mul_ps(_mm512_i32gather_ps(at, X + c * ld + j, 4), sc));
+            fl_store_bf16x16(dst + c,
+                             _mm512_mul_ps(_mm512_i32gather_ps(at, X + c * ld + j, 4), sc));
     }
 }
 
@@ -325,10 +332,11 @@ static void backward_softmax(const fl_attention_args *a, float *S, float *dP, bf
                     continue;
                 }
                 __mmask16 keep = fl_lanes_below(j, visible(a, i0 + i, nk));
-                __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s[t] + j), scale, _mm512_set1_ps(lse[i]));
+                __m512 x =
+                    _mm512_fmsub_ps(_mm512_loadu_ps(s[t] + j), scale, _mm512_set1_ps(lse[i]));
                 p[t] = _mm512_maskz_mov_ps(keep, fl_exp16(x));
-                ds[t] = _mm512_mul_ps(p[t], _mm512_sub_ps(_mm512_loadu_ps(g[t] + j),
-                                                          _mm512_set1_ps(rowdot[i])));
+                ds[t] = _mm512_mul_ps(
+                    p[t], _mm512_sub_ps(_mm512_loadu_ps(g[t] + j), _mm512_set1_ps(rowdot[i])));
                 fl_store_bf16x16(dSb + i * np + j, ds[t]);
             }
             store_pairs(Pp + r * np + 2 * j, p[0], p[1]);
@@ -383,10 +391,12 @@ int fl_amx_attention_backward(const fl_attention_args *a) {
                     copy_rows(dOT, dO, dout->stride[2], m, m_pad, Dv, true);
                     const float *lse = (const float *)a->lse->data + (b * Hq + h) * Tq + i0;
                     for (int64_t r = 0; r < m; r++) {
-                        const bf16 *orow = row_of(o, b, h, i0 + r), *grow = dO + r * dout->stride[2];
+                        const bf16 *orow = row_of(o, b, h, i0 + r),
+                                   *grow = dO + r * dout->stride[2];
                         __m512 acc = _mm512_setzero_ps();
                         for (int64_t d = 0; d < Dv; d += 16)
-                            acc = _mm512_fmadd_ps(fl_load_bf16x16(orow + d), fl_load_bf16x16(grow + d), acc);
+                            acc = _mm512_fmadd_ps(fl_load_bf16x16(orow + d),
+                                                  fl_load_bf16x16(grow + d), acc);
                         rowdot[r] = _mm512_reduce_add_ps(acc);
                         L[r] = lse[r];
                     }
@@ -400,7 +410,7 @@ int fl_amx_attention_backward(const fl_attention_args *a) {
                         bf16 *dq = (bf16 *)row_of(a->dq, b, h, i0 + r);
                         for (int64_t d = 0; d < D; d += 16)
                             fl_store_bf16x16(dq + d, _mm512_mul_ps(_mm512_loadu_ps(dQ + r * D + d),
-                                                             _mm512_set1_ps(scale)));
+                                                                   _mm512_set1_ps(scale)));
                     }
                 }
             store_transposed(a->dk, b, hk, dKt, Tp, Tk, D, scale);

@@ -57,7 +57,8 @@ static inline __m512 fl_load_bf16x16(const uint16_t *p) {
 static inline __m512i fl_bf16_bits16(__m512 x) {
     __m512i b = _mm512_castps_si512(x), top = _mm512_srli_epi32(b, 16);
     __m512i odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
     __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
                                             _mm512_set1_epi32(0x7f800000));
     return _mm512_mask_or_epi32(r, nan, top, _mm512_set1_epi32(0x40));

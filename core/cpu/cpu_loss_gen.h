@@ -95,8 +95,8 @@ static int FN(cross_entropy_backward)(fl_tensor *dlogits, const fl_tensor *g_row
     size_t des = fl_dtype_size(dlogits->dtype);
     bool oom = false;
 #ifdef FL_ROWS_F32
-    bool bf16_rows = logits->dtype == FL_BF16 && dlogits->dtype == FL_BF16 && xs == 1 &&
-                     fl_cpu_avx512();
+    bool bf16_rows =
+        logits->dtype == FL_BF16 && dlogits->dtype == FL_BF16 && xs == 1 && fl_cpu_avx512();
 #endif
 #pragma omp parallel if (rows * C >= FL_FUSED_PARALLEL_MIN)
     {

@@ -42,8 +42,8 @@ static int FN(rms_norm)(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, con
             if (!buf || oom) continue;
 #ifdef FL_ROWS_F32
             if (wide) {
-                rs[r] = fl_avx512_rms_norm_row((char *)out->data + r * n * (int64_t)fl_dtype_size(out->dtype),
-                                               out->dtype == FL_BF16, fl_fused_lane(x, dim, r),
+                char *yp = (char *)out->data + r * n * (int64_t)fl_dtype_size(out->dtype);
+                rs[r] = fl_avx512_rms_norm_row(yp, out->dtype == FL_BF16, fl_fused_lane(x, dim, r),
                                                x->dtype == FL_BF16, wr, n, eps, round16);
                 continue;
             }

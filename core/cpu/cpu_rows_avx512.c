@@ -17,8 +17,8 @@
  * of softmax, cross-entropy and attention about twice as fast as the AVX2
  * clone's 8.
  */
-#include "cpu_fused_math.h"
 #include "binary.h"
+#include "cpu_fused_math.h"
 
 #if FL_ROWS_AVX512_BUILD
 
@@ -43,7 +43,8 @@ float fl_avx512_row_exp(float *dst, const float *x, int64_t n, float shift) {
     __m512 sum = _mm512_setzero_ps(), s = _mm512_set1_ps(shift);
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 k = fl_lanes_below(i, n);
-        __m512 e = _mm512_maskz_mov_ps(k, fl_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), s)));
+        __m512 e =
+            _mm512_maskz_mov_ps(k, fl_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), s)));
         if (dst) _mm512_mask_storeu_ps(dst + i, k, e);
         sum = _mm512_add_ps(sum, e);
     }
@@ -111,8 +112,10 @@ static inline __m512 load16(const void *p, bool bf16) {
 }
 
 static inline void store16(void *p, bool bf16, __m512 x) {
-    if (bf16) fl_store_bf16x16_exact(p, x);
-    else _mm512_storeu_ps(p, x);
+    if (bf16)
+        fl_store_bf16x16_exact(p, x);
+    else
+        _mm512_storeu_ps(p, x);
 }
 
 /* ---- RMSNorm ---------------------------------------------------------------------- */
@@ -127,8 +130,8 @@ static inline __m512d dot_pd(__m512d acc, __m512 a, __m512 b) {
     return _mm512_fmadd_pd(_mm512_cvtps_pd(ah), _mm512_cvtps_pd(bh), acc);
 }
 
-float fl_avx512_rms_norm_row(void *y, bool ybf, const void *x, bool xbf, const float *w,
-                             int64_t n, double eps, bool round16) {
+float fl_avx512_rms_norm_row(void *y, bool ybf, const void *x, bool xbf, const float *w, int64_t n,
+                             double eps, bool round16) {
     int64_t xe = xbf ? 2 : 4, ye = ybf ? 2 : 4;
     const char *xp = x;
     __m512d acc = _mm512_setzero_pd();
@@ -166,15 +169,18 @@ void fl_avx512_rms_norm_backward_row(void *dx, bool dxbf, const void *x, bool xb
         for (int64_t i = 0; i < n; i += 16) {
             __m512 dn = load16(gp + i * ge, gbf);
             if (w) dn = _mm512_mul_ps(dn, _mm512_loadu_ps(w + i));
-            __m512 v = _mm512_mul_ps(vi, _mm512_sub_ps(dn, _mm512_mul_ps(load16(xp + i * xe, xbf), vc)));
+            __m512 v =
+                _mm512_mul_ps(vi, _mm512_sub_ps(dn, _mm512_mul_ps(load16(xp + i * xe, xbf), vc)));
             store16((char *)dx + i * de, dxbf, v);
         }
     }
     if (dw_sum)
         for (int64_t i = 0; i < n; i += 16) {
-            __m512 t = _mm512_mul_ps(_mm512_mul_ps(load16(gp + i * ge, gbf), load16(xp + i * xe, xbf)), vi);
+            __m512 t = _mm512_mul_ps(
+                _mm512_mul_ps(load16(gp + i * ge, gbf), load16(xp + i * xe, xbf)), vi);
             double *d = dw_sum + i;
-            _mm512_storeu_pd(d, _mm512_add_pd(_mm512_loadu_pd(d), _mm512_cvtps_pd(_mm512_castps512_ps256(t))));
+            _mm512_storeu_pd(
+                d, _mm512_add_pd(_mm512_loadu_pd(d), _mm512_cvtps_pd(_mm512_castps512_ps256(t))));
             __m256 th = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));
             _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), _mm512_cvtps_pd(th)));
         }
@@ -216,8 +222,8 @@ void fl_avx512_silu_mul_backward_bf16(uint16_t *ga, uint16_t *gb, const uint16_t
 
 /* ---- binary arithmetic on bf16 ----------------------------------------------------- */
 
-void fl_avx512_binary_bf16(int op, double alpha, uint16_t *o, const uint16_t *x,
-                           const uint16_t *y, int64_t n) {
+void fl_avx512_binary_bf16(int op, double alpha, uint16_t *o, const uint16_t *x, const uint16_t *y,
+                           int64_t n) {
     __m512 al = _mm512_set1_ps((float)alpha);
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 k = fl_lanes_below(i, n);

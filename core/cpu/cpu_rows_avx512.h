@@ -36,8 +36,8 @@ void fl_avx512_silu_mul_backward_bf16(uint16_t *ga, uint16_t *gb, const uint16_t
 /* out = x op y on dense bf16 (bits), in f32 and rounded once as
  * fl_convert rounds: cpu_binary.c's results. op: FL_ADD, FL_SUB, FL_MUL,
  * FL_DIV or FL_AXPY (x + alpha y). */
-void fl_avx512_binary_bf16(int op, double alpha, uint16_t *o, const uint16_t *x,
-                           const uint16_t *y, int64_t n);
+void fl_avx512_binary_bf16(int op, double alpha, uint16_t *o, const uint16_t *x, const uint16_t *y,
+                           int64_t n);
 /* Rotary embedding without positions on f32/bf16 x (dense last dim, D a
  * multiple of 32) and f32/bf16 tables (dense rows), out dense in x's
  * dtype: cpu_rotary.c's common case, bit for bit its generic kernel. */
@@ -47,8 +47,8 @@ void fl_avx512_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
  * arithmetic of cpu_norm_gen.h's (only its double sums may add in another
  * order); w f32 or NULL. Forward returns 1/rms; backward adds the row's
  * terms of dw to dw_sum (n doubles) unless NULL, and skips dx if NULL. */
-float fl_avx512_rms_norm_row(void *y, bool ybf, const void *x, bool xbf, const float *w,
-                             int64_t n, double eps, bool round16);
+float fl_avx512_rms_norm_row(void *y, bool ybf, const void *x, bool xbf, const float *w, int64_t n,
+                             double eps, bool round16);
 void fl_avx512_rms_norm_backward_row(void *dx, bool dxbf, const void *x, bool xbf, const void *g,
                                      bool gbf, const float *w, float inv, int64_t n,
                                      double *dw_sum);

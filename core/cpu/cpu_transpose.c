@@ -24,7 +24,7 @@
 /* dst rows r (16 of them, ldd apart) = src column r: src rows c (16,
  * lds apart) hold block column c. 16-bit elements. */
 __attribute__((target("avx2"))) static void block16_avx2(uint16_t *dst, int64_t ldd,
-                                                          const uint16_t *src, int64_t lds) {
+                                                         const uint16_t *src, int64_t lds) {
     __m256i a[16], b[16];
     for (int i = 0; i < 16; i++) a[i] = _mm256_loadu_si256((const __m256i *)(src + i * lds));
     /* Interleaves of 16, 32 and 64 bits work within 128-bit lanes: after
@@ -47,7 +47,8 @@ __attribute__((target("avx2"))) static void block16_avx2(uint16_t *dst, int64_t 
             b[8 * h + 2 * j + 1] = _mm256_unpackhi_epi64(a[8 * h + j], a[8 * h + 4 + j]);
         }
     for (int j = 0; j < 8; j++) {
-        _mm256_storeu_si256((__m256i *)(dst + j * ldd), _mm256_permute2x128_si256(b[j], b[8 + j], 0x20));
+        _mm256_storeu_si256((__m256i *)(dst + j * ldd),
+                            _mm256_permute2x128_si256(b[j], b[8 + j], 0x20));
         _mm256_storeu_si256((__m256i *)(dst + (j + 8) * ldd),
                             _mm256_permute2x128_si256(b[j], b[8 + j], 0x31));
     }
@@ -56,8 +57,8 @@ __attribute__((target("avx2"))) static void block16_avx2(uint16_t *dst, int64_t 
 #endif
 
 /* The same for any element size, on a block of r x c (edges). */
-static void block_scalar(char *dst, int64_t ldd, const char *src, int64_t lds, int64_t r,
-                         int64_t c, size_t es) {
+static void block_scalar(char *dst, int64_t ldd, const char *src, int64_t lds, int64_t r, int64_t c,
+                         size_t es) {
     for (int64_t i = 0; i < r; i++)
         for (int64_t j = 0; j < c; j++)
             memcpy(dst + (i * ldd + j) * (int64_t)es, src + (j * lds + i) * (int64_t)es, es);
@@ -84,7 +85,8 @@ void fl_cpu_transpose(void *dst, int64_t ldd, const void *src, int64_t lds, int6
              * them): ask for the band's lines of the rows two steps on. */
             if (c0 + 3 * B <= cols)
                 for (int64_t i = 2 * B; i < 3 * B; i++) {
-                    const char *p = (const char *)src + ((c0 + i) * lds + band * BAND) * (int64_t)es;
+                    const char *p =
+                        (const char *)src + ((c0 + i) * lds + band * BAND) * (int64_t)es;
                     __builtin_prefetch(p);
                     __builtin_prefetch(p + 64);
                 }

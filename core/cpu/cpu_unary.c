@@ -409,8 +409,7 @@ static void silu_mul_chunk(void *vctx, char *const *ptrs, const int64_t *inner, 
         return;
     }
 #if FL_ROWS_AVX512_BUILD
-    if (c->dtype == FL_BF16 && inner[0] == 1 && inner[1] == 1 && inner[2] == 1 &&
-        fl_cpu_avx512()) {
+    if (c->dtype == FL_BF16 && inner[0] == 1 && inner[1] == 1 && inner[2] == 1 && fl_cpu_avx512()) {
         fl_avx512_silu_mul_bf16((uint16_t *)ptrs[0], (const uint16_t *)ptrs[1],
                                 (const uint16_t *)ptrs[2], count);
         return;
