@@ -284,7 +284,9 @@ describe('silu_mul', function()
     -- after rounding to bf16 (compared in the core, not in Lua tables).
     -- Both paths call glibc's vector expf in the release build; the
     -- sanitized build (-O1) does not vectorise the f32 path, whose scalar
-    -- expf may differ in the last bit: there one bf16 step is allowed.
+    -- expf may differ in the last bit: there one bf16 step is allowed,
+    -- plus 2^-14 of the largest value where the gate's gradient cancels to
+    -- near 0 (6 of a million elements differed there, by 2^-11 of 11.5).
     local exact = not fsdp.build_info:find('asan', 1, true)
     local function same(want, got, what)
       if exact then
@@ -292,7 +294,7 @@ describe('silu_mul', function()
       else
         local w, g = want:to('f64'), got:to('f64')
         local excess = ((w - g):abs() - w:abs() * 2^-8):max():item()
-        assert.is_true(excess <= 0, what)
+        assert.is_true(excess <= w:abs():max():item() * 2^-14, what)
       end
     end
     for _, n in ipairs { 1000, 1000003 } do
