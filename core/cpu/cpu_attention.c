@@ -26,13 +26,6 @@
 /* Query rows per block: the score block is QBLOCK x Tk. */
 enum { QBLOCK = 64 };
 
-/* Spread items over threads only when there are several and the whole
- * job is worth a parallel region (work: multiply-adds of the products);
- * the small attentions of tests and gradient checks stay on one thread. */
-static bool parallel_items(int64_t items, int64_t work) {
-    return items > 1 && work >= (1 << 20) && omp_get_max_threads() > 1;
-}
-
 /* Hold OpenBLAS to one thread; returns the count to restore (-1: nothing
  * to restore). The empty product first makes fl_cpu_sgemm run its
  * one-time thread setup here rather than inside the parallel region,

@@ -239,19 +239,15 @@ static void scratch_put(scratch *s) {
     if (s->base) fl_cpu_free(s->base, s->bytes);
 }
 
-static bool parallel_items(int64_t items, int64_t work) {
-    return items > 1 && work >= (1 << 20) && omp_get_max_threads() > 1;
-}
-
 int fl_amx_attention(const fl_attention_args *a) {
     const fl_tensor *q = a->q, *k = a->k, *v = a->v;
     int64_t B = q->shape[0], Hq = q->shape[1], Tq = q->shape[2], D = q->shape[3];
     int64_t Hkv = k->shape[1], Tk = k->shape[2], Dv = v->shape[3], group = Hq / Hkv;
     int64_t nqb = (Tq + QBLOCK - 1) / QBLOCK, items = B * Hq * nqb, Tp = round_up(Tk, 32);
-    /* K^T and V packed, the Q block, S (f32), P, lse and 1/rowsum. */
+    /* K^T and V packed, the Q block, S (f32), P, O (f32), 1/rowsum. */
     int64_t bytes = 2 * Tp * (D + Dv) + 2 * QBLOCK * D + 4 * QBLOCK * Tp + 2 * QBLOCK * Tp +
-                    4 * QBLOCK * Dv + 8 * QBLOCK;
-    bool par = parallel_items(items, B * Hq * Tq * Tk * (D + Dv));
+                    4 * QBLOCK * Dv + 4 * QBLOCK;
+    bool par = fl_attention_parallel(items, B * Hq * Tq * Tk * (D + Dv));
     bool oom = false;
     /* Items in order (batch, head, block) and a static split: a thread's
      * items share their kv head, so K and V are packed once per head. */
@@ -262,7 +258,7 @@ int fl_amx_attention(const fl_attention_args *a) {
         bf16 *Kt = s.base, *Vp = Kt + Tp * D, *Qb = Vp + Tp * Dv;
         float *S = (float *)(Qb + QBLOCK * D);
         bf16 *P = (bf16 *)(S + QBLOCK * Tp);
-        float *O = (float *)(P + QBLOCK * Tp), *L = O + QBLOCK * Dv, *inv_sum = L + QBLOCK;
+        float *O = (float *)(P + QBLOCK * Tp), *inv_sum = O + QBLOCK * Dv;
         int64_t packed = -1;
         if (s.base) tiles_begin();
 #pragma omp for schedule(static)
@@ -279,15 +275,14 @@ int fl_amx_attention(const fl_attention_args *a) {
             int64_t np = round_up(nk, 32);
             copy_rows(Qb, row_of(q, b, h, i0), q->stride[2], m, m_pad, D, false);
             product(m_pad, np, D, Qb, D, Kt, Tp, S, np, false);
-            forward_softmax(a, S, P, m, m_pad, np, nk, i0, L, inv_sum);
-            product(m_pad, Dv, np, P, np, Vp, Dv, O, Dv, false);
             float *lse = (float *)a->lse->data + (b * Hq + h) * Tq + i0;
+            forward_softmax(a, S, P, m, m_pad, np, nk, i0, lse, inv_sum);
+            product(m_pad, Dv, np, P, np, Vp, Dv, O, Dv, false);
             for (int64_t r = 0; r < m; r++) {
                 bf16 *o = (bf16 *)row_of(a->out, b, h, i0 + r);
                 __m512 inv = _mm512_set1_ps(inv_sum[r]);
                 for (int64_t d = 0; d < Dv; d += 16)
                     fl_store_bf16x16(o + d, _mm512_mul_ps(_mm512_loadu_ps(O + r * Dv + d), inv));
-                lse[r] = L[r];
             }
         }
         if (s.base) _tile_release();
@@ -353,10 +348,10 @@ int fl_amx_attention_backward(const fl_attention_args *a) {
     int64_t Hkv = k->shape[1], Tk = k->shape[2], Dv = v->shape[3], group = Hq / Hkv;
     int64_t nqb = (Tq + QBLOCK - 1) / QBLOCK, items = B * Hkv, Tp = round_up(Tk, 32);
     /* K^T, V^T and K packed; dK^T, dV^T (f32); Q, Q^T, dO, dO^T blocks;
-     * S, dP (f32); P and dS pair-packed, dS rows; dQ (f32); lse, rowdot. */
+     * S, dP (f32); P and dS pair-packed, dS rows; dQ (f32); rowdot. */
     int64_t bytes = 2 * Tp * (2 * D + Dv) + 4 * Tp * (D + Dv) + 4 * QBLOCK * (D + Dv) +
-                    8 * QBLOCK * Tp + 6 * QBLOCK * Tp + 4 * QBLOCK * D + 8 * QBLOCK;
-    bool par = parallel_items(items, B * Hq * Tq * Tk * (2 * D + 3 * Dv));
+                    8 * QBLOCK * Tp + 6 * QBLOCK * Tp + 4 * QBLOCK * D + 4 * QBLOCK;
+    bool par = fl_attention_parallel(items, B * Hq * Tq * Tk * (2 * D + 3 * Dv));
     bool oom = false;
     float scale = (float)a->scale;
 #pragma omp parallel if (par)
@@ -369,7 +364,7 @@ int fl_amx_attention_backward(const fl_attention_args *a) {
         bf16 *dOT = dOb + QBLOCK * Dv;
         float *S = (float *)(dOT + QBLOCK * Dv), *dP = S + QBLOCK * Tp;
         bf16 *Pp = (bf16 *)(dP + QBLOCK * Tp), *dSp = Pp + QBLOCK * Tp, *dSb = dSp + QBLOCK * Tp;
-        float *dQ = (float *)(dSb + QBLOCK * Tp), *L = dQ + QBLOCK * D, *rowdot = L + QBLOCK;
+        float *dQ = (float *)(dSb + QBLOCK * Tp), *rowdot = dQ + QBLOCK * D;
         if (s.base) tiles_begin();
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
@@ -398,11 +393,10 @@ int fl_amx_attention_backward(const fl_attention_args *a) {
                             acc = _mm512_fmadd_ps(fl_load_bf16x16(orow + d),
                                                   fl_load_bf16x16(grow + d), acc);
                         rowdot[r] = _mm512_reduce_add_ps(acc);
-                        L[r] = lse[r];
                     }
                     product(m_pad, np, D, Qb, D, Kt, Tp, S, np, false);
                     product(m_pad, np, Dv, dOb, Dv, Vt, Tp, dP, np, false);
-                    backward_softmax(a, S, dP, Pp, dSp, dSb, L, rowdot, m, m_pad, np, nk, i0);
+                    backward_softmax(a, S, dP, Pp, dSp, dSb, lse, rowdot, m, m_pad, np, nk, i0);
                     product(Dv, np, m_pad, dOT, m_pad, Pp, np, dVt, Tp, true);
                     product(D, np, m_pad, QT, m_pad, dSp, np, dKt, Tp, true);
                     product(m_pad, D, np, dSb, np, Kp, D, dQ, D, false);

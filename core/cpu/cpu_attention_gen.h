@@ -60,7 +60,7 @@ static int FN(attention)(const fl_attention_args *a) {
     int64_t Hkv = k->shape[1], Tk = k->shape[2], Dv = v->shape[3], group = Hq / Hkv;
     int64_t nqb = (Tq + QBLOCK - 1) / QBLOCK, items = B * Hq * nqb;
     R scale = (R)a->scale;
-    bool par = parallel_items(items, B * Hq * Tq * Tk * (D + Dv));
+    bool par = fl_attention_parallel(items, B * Hq * Tq * Tk * (D + Dv));
     int blas_threads = par ? blas_serial_begin() : 0;
     bool oom = false;
 #pragma omp parallel if (par)
@@ -143,7 +143,7 @@ static int FN(attention_backward)(const fl_attention_args *a) {
             return fl_fail(FL_ERR_OOM, "scaled_dot_product_attention backward: out of host "
                                        "memory for bias gradients");
     }
-    bool par = parallel_items(items, B * Hq * Tq * Tk * (2 * D + 3 * Dv));
+    bool par = fl_attention_parallel(items, B * Hq * Tq * Tk * (2 * D + 3 * Dv));
     int blas_threads = par ? blas_serial_begin() : 0;
     bool oom = false;
     int64_t block = QBLOCK * (Tk ? Tk : 1);

@@ -19,6 +19,7 @@
 #include "fused.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -29,9 +30,11 @@
  * AVX-512 clone of FL_VECTOR_CLONES: it made attention's forward only 8%
  * faster, and a sharded tiny Llama then drifted from the same model on
  * one rank by 1.3e-5 after a few AdamW steps instead of 1.6e-6
- * (tests/mpi/fsdp_equivalence.lua): some result then depends on how the
- * batch is split, which the rows' kernels should not let happen (not
- * found yet). */
+ * (tests/mpi/fsdp_equivalence.lua). Probably not a dependence on the
+ * split but the exp's rounding: an AVX-512 exp in another order of
+ * operations moved tests/mpi/fsdp_api.lua's drift from 3.9e-6 to 1.1e-5,
+ * and in fl_fast_expf's order to 5.1e-6 (cpu_avx512.h's fl_exp16, which
+ * the AVX-512 row loops of cpu_rows_avx512.c use instead of this clone). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FL_FUSED_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
@@ -99,6 +102,15 @@ static inline int64_t fl_fused_lane_stride(const fl_tensor *t, int dim) {
 /* The attention kernels (cpu_attention.c), entries of the family's table. */
 int fl_cpu_attention(const fl_attention_args *a);
 int fl_cpu_attention_backward(const fl_attention_args *a);
+
+/* Whether an attention kernel spreads its work items over threads: only
+ * when there are several and the whole job is worth a parallel region
+ * (work: multiply-adds of the products); the small attentions of tests and
+ * gradient checks stay on one thread. Shared by the f32 kernels and the
+ * AMX ones. */
+static inline bool fl_attention_parallel(int64_t items, int64_t work) {
+    return items > 1 && work >= (1 << 20) && omp_get_max_threads() > 1;
+}
 /* bf16 attention on AMX tiles where the CPU has them (cpu_amx.c): the
  * table's attention_native entries. */
 int fl_cpu_attention_native(const fl_attention_args *a, bool *done);
