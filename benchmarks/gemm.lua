@@ -10,10 +10,10 @@
 --    head. Each is compared with raw sgemm doing the same three products
 --    (y = x W^T, dx = dy W, dW = dy^T x), so the ratio is the framework's
 --    overhead: output allocation, bias, row sums, gradient accumulation.
--- 3. With --dtype=bf16 and oneDNN installed, section 2 twice: once with
---    the bf16 products converted to f32 for OpenBLAS, once on oneDNN
---    ([Note: two GEMM libraries], core/cpu/cpu_onednn.c); f32 products
---    are OpenBLAS's either way.
+-- 3. With oneDNN installed, section 2 twice: once with every product on
+--    OpenBLAS (bf16 ones converted to f32), once with oneDNN taking what
+--    it takes ([Note: two GEMM libraries], core/cpu/cpu_onednn.c): every
+--    large bf16 product, and in f32 the forward's x W^T.
 -- Timings are the best of N repetitions (after a warm-up), in GFLOP/s
 -- counting 2*m*n*k per product.
 local fsdp = require 'fsdp'
@@ -86,10 +86,10 @@ for _, s in ipairs({ { 1024, 1024, 1024 }, { 256, 3072, 768 } }) do
   print(('  %5d x %5d x %5d  %8.1f GFLOP/s'):format(m, n, k, g))
 end
 
--- The libraries to compare: both for 16-bit products when oneDNN opens.
+-- The libraries to compare: both when oneDNN opens.
 local initial = fsdp.cpu_gemm_library()
 local libraries = { false }
-if opts.dtype ~= 'f32' and pcall(fsdp.cpu_gemm_use, 'onednn') then libraries = { 'openblas', 'onednn' } end
+if pcall(fsdp.cpu_gemm_use, 'onednn') then libraries = { 'openblas', 'onednn' } end
 for _, library in ipairs(libraries) do
   if library then fsdp.cpu_gemm_use(library) end
   print()

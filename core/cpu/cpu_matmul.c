@@ -4,19 +4,20 @@
  * bias gradient, and the CPU kernel table of the linear family.
  *
  * Every product is one GEMM call per matrix (f32: fl_cpu_sgemm, f64:
- * dgemm, large bf16: oneDNN). Operands are read in place whenever one axis
- * of the matrix has unit stride, the other axis then being the library's
- * leading dimension (with the transposition flag for a transposed view);
- * only other strides are copied. Large bf16 products that oneDNN takes
- * ([Note: two GEMM libraries], cpu_onednn.c) read their operands as bf16
- * and write out directly, the bias added in f32 before oneDNN's single
- * rounding. The rest of the 16-bit products (f16, small ones, oneDNN
- * absent or switched off) are converted to f32 once per call for
- * OpenBLAS, which has no bf16 GEMM in Debian's build, accumulate into an
- * f32 buffer and are rounded once to the output dtype. The choice is made
- * from dtypes, shapes and strides before anything is copied, and
- * matmul_scratch reports what each way stages, for the planner's meta
- * model ([Note: virtual storage], core/ops/matmul.c).
+ * dgemm, large bf16 and large f32 x W^T: oneDNN). Operands are read in
+ * place whenever one axis of the matrix has unit stride, the other axis
+ * then being the library's leading dimension (with the transposition flag
+ * for a transposed view); only other strides are copied. Large products
+ * that oneDNN takes ([Note: two GEMM libraries], cpu_onednn.c) read their
+ * operands in their own dtype (bf16 or f32) and write out directly, the
+ * bias added in f32 before oneDNN's single rounding. The rest of the
+ * 16-bit products (f16, small ones, oneDNN absent or switched off) are
+ * converted to f32 once per call for OpenBLAS, which has no bf16 GEMM in
+ * Debian's build, accumulate into an f32 buffer and are rounded once to
+ * the output dtype. The choice is made from dtypes, shapes and strides
+ * before anything is copied, and matmul_scratch reports what each way
+ * stages, for the planner's meta model ([Note: virtual storage],
+ * core/ops/matmul.c).
  */
 #include "cpu_iter.h"
 #include "cpu_linear.h"
@@ -123,7 +124,7 @@ static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
 }
 
 /* Whether oneDNN takes the product out = a @ b (+ bias) with a and b read
- * as bf16, written straight into out; *p is the product it is asked
+ * in their dtype (both bf16 or both f32), written straight into out; *p is the product it is asked
  * about, with the layouts prepare will give the operands (compacted ones
  * row-major), folded into one product when fl_gemm_fold_rows folds them.
  * A whole batch shares one answer: its products share dtypes, sizes and
@@ -131,16 +132,17 @@ static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
 static bool onednn_plan(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b, bool bias,
                         fl_onednn_product *p) {
     memset(p, 0, sizeof *p);
-    if (a->dtype != FL_BF16 || b->dtype != FL_BF16 || out->numel == 0 ||
+    fl_dtype dt = a->dtype;
+    if ((dt != FL_BF16 && dt != FL_F32) || b->dtype != dt || out->numel == 0 ||
         (out->dtype != FL_BF16 && out->dtype != FL_F32))
         return false;
     int nd = out->ndim;
     int64_t k = a->shape[nd - 1], elems, rows, lda;
     if (k == 0) return false;
     fl_gemm_operand A, B;
-    operand_plan(a, FL_BF16, &A, &elems, NULL);
-    operand_plan(b, FL_BF16, &B, &elems, NULL);
-    p->dtype = FL_BF16, p->c_dtype = out->dtype, p->bias = bias;
+    operand_plan(a, dt, &A, &elems, NULL);
+    operand_plan(b, dt, &B, &elems, NULL);
+    p->dtype = dt, p->c_dtype = out->dtype, p->bias = bias;
     p->n = out->shape[nd - 1], p->k = k, p->ldb = B.ld, p->ldc = p->n, p->trans_b = B.trans;
     if (fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda)) {
         p->m = rows, p->lda = lda, p->trans_a = false;
@@ -151,7 +153,7 @@ static bool onednn_plan(const fl_tensor *out, const fl_tensor *a, const fl_tenso
 }
 
 /* Bytes cpu_matmul allocates for a while beyond out, as it would for these
- * views: on oneDNN the f32 bias and bf16 copies of strided operands; else
+ * views: on oneDNN the f32 bias and copies of strided operands; else
  * the f32 result of a 16-bit product, the bias and the operands' f32
  * conversions. The planner's meta model counts them ([Note: virtual
  * storage], core/ops/matmul.c). */
@@ -163,7 +165,7 @@ static int64_t cpu_matmul_scratch(const fl_tensor *out, const fl_tensor *a, cons
     fl_dtype ct = out->dtype == FL_F64 ? FL_F64 : FL_F32;
     fl_onednn_product p;
     bool dnn = onednn_plan(out, a, b, bias != NULL, &p);
-    fl_dtype ot = dnn ? FL_BF16 : ct;
+    fl_dtype ot = dnn ? p.dtype : ct;
     int64_t bytes = 0, ea = 0, eb = 0;
     if (!dnn && out->dtype != ct) bytes += out->numel * (int64_t)fl_dtype_size(ct);
     if (bias) bytes += n * (int64_t)fl_dtype_size(ct);
@@ -197,7 +199,7 @@ static int matmul_onednn(fl_tensor *out, const fl_onednn_product *p, const fl_ge
                          const fl_gemm_operand *B, const float *bias, bool folded) {
     int nb = out->ndim - 2;
     int64_t m = out->shape[nb], n = out->shape[nb + 1];
-    int64_t nbatch = folded ? 1 : out->numel / (m * n), os = 2;
+    int64_t nbatch = folded ? 1 : out->numel / (m * n), os = fl_dtype_size(p->dtype);
     size_t cs = fl_dtype_size(out->dtype);
     for (int64_t i = 0; i < nbatch; i++) {
         int64_t oa, ob; /* folded: one product, offsets 0 */
@@ -231,7 +233,7 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
         if (rc != FL_OK) goto done;
     }
     if (dnn) {
-        if ((rc = prepare(a, FL_BF16, &A)) != FL_OK || (rc = prepare(b, FL_BF16, &B)) != FL_OK)
+        if ((rc = prepare(a, dp.dtype, &A)) != FL_OK || (rc = prepare(b, dp.dtype, &B)) != FL_OK)
             goto done;
         int64_t rows, lda;
         bool folded = fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda);

@@ -1,6 +1,6 @@
 /*
- * cpu_onednn.c: the CPU backend's bf16 matrix products through oneDNN's
- * matmul primitive.
+ * cpu_onednn.c: the CPU backend's bf16 matrix products, and f32 ones in the
+ * linear forward's layout, through oneDNN's matmul primitive.
  *
  * Debian's OpenBLAS has no bf16 GEMM (cblas_sbgemm is declared, not
  * exported), so without oneDNN a bf16 product is converted to f32 and run
@@ -12,11 +12,17 @@
  * both libraries).
  *
  * [Note: two GEMM libraries]
- * - Only bf16 products (bf16 operands, f32 accumulation) come here. f32
- *   stays on OpenBLAS (cpu_gemm.c): measured, oneDNN's f32 was ~1.5%
- *   faster on a whole GPT-2 step and slower for untransposed (NN)
- *   products, not worth a second path. f16 stays on the f32 conversion
- *   too: oneDNN 2.6 has no f16 matmul on the CPU (primitive creation
+ * - bf16 products (bf16 operands, f32 accumulation) come here, and f32
+ *   products laid out as x W^T (A as stored, B transposed: F.linear's
+ *   forward). On the latter oneDNN's brgemm kernels ran 15-25% faster
+ *   than OpenBLAS 0.3.21's sgemm (GPT-2's five linear shapes at 256
+ *   tokens: 326-372 against 245-323 GFLOP/s on 2 threads, `gemm.lua`'s
+ *   fwd column, both libraries in one run), and a GPT-2 f32 step's
+ *   forward went from 271-285 to 227-236 ms. In the other layouts (NN:
+ *   the input gradient; TN: the weight gradient) oneDNN was no faster,
+ *   and for some shapes much slower (dx = dy W at 256 x 768 x 3072: 120
+ *   against 296), so f32 NN, TN and TT stay on OpenBLAS (cpu_gemm.c), as
+ *   does f16: oneDNN 2.6 has no f16 matmul on the CPU (primitive creation
  *   fails).
  * - oneDNN is opened at the first question (dlopen of libdnnl.so.2), never
  *   linked: the binary starts where it is absent (the GPU machine carries
@@ -43,8 +49,8 @@
  *   oneDNN in its accumulators, writing bf16 (or f32) straight into the
  *   output (measured: a separate f32 buffer and rounding pass made a
  *   GPT-2-sized product 2-3 times slower). Their sums differ only in
- *   order, so results agree to bf16 rounding
- *   (tests/lua/gemm_library_spec.lua).
+ *   order, so results agree to bf16 rounding, and f32 ones to f32
+ *   rounding of the sums (tests/lua/gemm_library_spec.lua).
  */
 #include "internal.h"
 #include "cpu_linear.h"
@@ -148,8 +154,9 @@ static void build(cached_product *e, const fl_onednn_product *key) {
     e->key = *key;
     e->primitive = NULL;
     dnnl_dims_t bias_dims = {1, key->n}, bias_strides = {key->n, 1};
-    if (!describe(&e->a, dnnl_bf16, key->m, key->k, key->lda, key->trans_a) ||
-        !describe(&e->b, dnnl_bf16, key->k, key->n, key->ldb, key->trans_b) ||
+    dnnl_data_type_t dt = key->dtype == FL_BF16 ? dnnl_bf16 : dnnl_f32;
+    if (!describe(&e->a, dt, key->m, key->k, key->lda, key->trans_a) ||
+        !describe(&e->b, dt, key->k, key->n, key->ldb, key->trans_b) ||
         !describe(&e->c, key->c_dtype == FL_BF16 ? dnnl_bf16 : dnnl_f32, key->m, key->n, key->ldc,
                   false) ||
         p_dnnl_memory_desc_init_by_strides(&e->bias, 2, bias_dims, dnnl_f32, bias_strides) !=
@@ -242,12 +249,19 @@ static void choose(void) {
 #endif
 }
 
+/* Whether oneDNN runs products of p's dtypes and layout at all, before
+ * sizes and the library chosen: every bf16 product, and f32 ones in the
+ * linear forward's layout only (A as stored, B transposed: x W^T). */
+static bool routed(const fl_onednn_product *p) {
+    if (p->dtype == FL_BF16) return p->c_dtype == FL_F32 || p->c_dtype == FL_BF16;
+    return p->dtype == FL_F32 && p->c_dtype == FL_F32 && !p->trans_a && p->trans_b;
+}
+
 #ifdef HAVE_ONEDNN_HEADER
 /* The entry for a product, or NULL when it is not taken. Callers hold the
  * lock. */
 static cached_product *entry_for(const fl_onednn_product *p) {
-    if (p->dtype != FL_BF16 || (p->c_dtype != FL_F32 && p->c_dtype != FL_BF16) || p->m == 0 ||
-        p->n == 0 || p->k == 0 || p->m * p->n * p->k < SMALL_PRODUCT)
+    if (!routed(p) || p->m == 0 || p->n == 0 || p->k == 0 || p->m * p->n * p->k < SMALL_PRODUCT)
         return NULL;
     choose();
     if (!use_onednn) return NULL;
@@ -263,7 +277,7 @@ static cached_product *entry_for(const fl_onednn_product *p) {
 
 bool fl_cpu_onednn_takes(const fl_onednn_product *p) {
 #ifdef HAVE_ONEDNN_HEADER
-    if (p->dtype != FL_BF16 || p->m * p->n * p->k < SMALL_PRODUCT) return false; /* unlocked */
+    if (!routed(p) || p->m * p->n * p->k < SMALL_PRODUCT) return false; /* unlocked */
     pthread_mutex_lock(&lock);
     bool taken = entry_for(p) != NULL;
     pthread_mutex_unlock(&lock);
@@ -284,10 +298,10 @@ int fl_cpu_onednn_gemm(const fl_onednn_product *p, const void *a, const void *b,
     pthread_mutex_unlock(&lock);
     if (done) return FL_OK;
     return fl_fail(FL_ERR_UNSUPPORTED,
-                   e ? "matmul: oneDNN failed to run a %lldx%lldx%lld bf16 product"
-                     : "matmul: oneDNN does not take this %lldx%lldx%lld product (the caller should "
-                       "have asked fl_cpu_onednn_takes)",
-                   (long long)p->m, (long long)p->n, (long long)p->k);
+                   e ? "matmul: oneDNN failed to run a %lldx%lldx%lld %s product"
+                     : "matmul: oneDNN does not take this %lldx%lldx%lld %s product (the caller "
+                       "should have asked fl_cpu_onednn_takes)",
+                   (long long)p->m, (long long)p->n, (long long)p->k, fl_dtype_name(p->dtype));
 #else
     (void)a, (void)b, (void)bias, (void)c;
     return fl_fail(FL_ERR_UNSUPPORTED, "matmul: built without oneDNN (%lldx%lldx%lld product)",
@@ -326,7 +340,8 @@ const char *fl_cpu_gemm_library(void) {
 #ifdef HAVE_ONEDNN_HEADER
     if (use_onednn)
         snprintf(text, sizeof text,
-                 "oneDNN %s (bf16 products of %d multiply-adds and more), OpenBLAS (the rest)",
+                 "oneDNN %s (bf16 products, and f32 ones as x W^T, of %d multiply-adds and "
+                 "more), OpenBLAS (the rest)",
                  version, SMALL_PRODUCT);
     else
 #endif
