@@ -15,6 +15,12 @@
 # (OMP_NUM_THREADS, default the cores) and PyTorch its fastest CPU forms
 # (scaled_dot_product_attention, fused AdamW).
 #
+# The f32 rows end with the ceiling: benchmarks/fma_peak.c (compiled here
+# with the system's cc) measures the machine's f32 multiply-add peak
+# before and after the rounds, and each f32 model's FLOPs at that peak are
+# the step no implementation can beat; the table says what fraction of it
+# a step 1.3x the faster PyTorch would need.
+#
 # PyTorch comes from PyPI into a virtual environment of its own
 # ($FSDP_TORCH_VENV, default /var/tmp/fsdp-torch-venv; made on first use,
 # a large download): it is never a dependency of the build or the tests.
@@ -46,7 +52,16 @@ run() {
                                     tail -5 "$out/$name.log" >&2; return 1; }
   sed -n 's/^RESULT //p' "$out/$name.log" >>"$out/results.jsonl"
 }
+# fma_peak: the machine's f32 multiply-add rate, appended to fma_peak.jsonl.
+: >"$out/fma_peak.jsonl"
+fma=$out/fma_peak
+if grep -qw avx512f /proc/cpuinfo; then vflag=-mavx512f; else vflag=-mfma; fi
+cc -O2 -fopenmp "$vflag" benchmarks/fma_peak.c -o "$fma" 2>"$out/fma_peak.build.log" ||
+  { echo "cpu_compare: could not build benchmarks/fma_peak.c (no ceiling line): see $out/fma_peak.build.log" >&2; fma=; }
+fma_peak() { [ -n "$fma" ] && "$fma" | sed -n 's/^RESULT //p' >>"$out/fma_peak.jsonl"; }
+
 status=0
+fma_peak
 for r in $(seq 1 "$ROUNDS"); do
   for p in $PRECISIONS; do
     run "fsdp-lua.$p.$r" "$EXE" benchmarks/train_step.lua --precision="$p" || status=1
@@ -65,6 +80,10 @@ print()
 sg = [r["sgemm_gflops"] for r in rows if r.get("sgemm_gflops")]
 print(f"{sys.argv[2]} rounds, medians; this machine's sgemm rate (fsdp-lua's measure): "
       f"{statistics.median(sg):.0f} GFLOP/s" if sg else "")
+peaks = [json.loads(l)["fma_peak_gflops"] for l in open(sys.argv[3]) if l.strip()]
+peak = max(peaks) if peaks else None
+if peak:
+    print(f"f32 multiply-add peak (benchmarks/fma_peak.c, best before and after the rounds): {peak:.0f} GFLOP/s")
 print(f"{'model':<28} {'precision':<9} {'implementation':<15} {'params':>12} {'ms/step':>8} {'forward':>8} "
       f"{'backward':>8} {'optim':>6} {'tokens/s':>9} {'GFLOP/s':>8}")
 for prec, m in cases:
@@ -82,5 +101,13 @@ for prec, m in cases:
     if "fsdp-lua" in ms and torch_best:
         print(f"{'':<28} {prec:<9} fsdp-lua is {torch_best / ms['fsdp-lua']:.2f}x the faster PyTorch "
               f"(target >= 1.3)")
+        ours = [r for r in rows if r["model"] == m and r["impl"] == "fsdp-lua" and r.get("precision", "f32") == prec]
+        if prec == "f32" and peak and ours:
+            # The model's FLOPs (fsdp-lua's count, as its GFLOP/s column) at the peak.
+            gflop = statistics.median(r["gflops"] * r["ms"] / 1e3 for r in ours)
+            floor = gflop / peak * 1e3
+            print(f"{'':<28} {prec:<9} ceiling: {gflop:.1f} GFLOP at the peak take {floor:.0f} ms, at most "
+                  f"{torch_best / floor:.2f}x the faster PyTorch; fsdp-lua runs at {floor / ms['fsdp-lua']:.0%} "
+                  f"of the peak, and 1.3x would need {1.3 * floor / torch_best:.0%}")
 EOF
 exit $status

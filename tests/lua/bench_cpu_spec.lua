@@ -1,0 +1,50 @@
+-- bench_cpu_spec.lua: benchmarks/fma_peak.c, the f32 multiply-add peak that
+-- benchmarks/cpu_compare.sh prints as the ceiling of the f32 comparison.
+-- It is built here as cpu_compare.sh builds it (the system's cc, 256-bit
+-- FMA always, 512-bit where the CPU has AVX-512) and must print its RESULT
+-- line with the threads it ran on and the vector width it was built for.
+local cjson = require 'cjson'
+
+local function cpu_has(flag)
+  local f = io.open('/proc/cpuinfo')
+  if not f then return false end
+  local text = f:read('*a')
+  f:close()
+  return text:match('%f[%w]' .. flag .. '%f[%W]') ~= nil
+end
+
+local function sh(cmd)
+  local p = io.popen(cmd .. ' 2>&1')
+  local out = p:read('*a')
+  local ok, _, rc = p:close()
+  return out, (ok == true or ok == 0) and 0 or (rc or 1)
+end
+
+local dir = os.tmpname()
+os.remove(dir)
+
+describe('benchmarks/fma_peak.c', function()
+  setup(function() assert(os.execute('mkdir -p ' .. dir)) end)
+  teardown(function() os.execute('rm -rf ' .. dir) end)
+
+  local variants = { { '-mfma', 256, 'fma' }, { '-mavx512f', 512, 'avx512f' } }
+  for _, v in ipairs(variants) do
+    local flag, bits, cpu_flag = v[1], v[2], v[3]
+    if not cpu_has(cpu_flag) then
+      pending(('%s: this CPU has no %s, not built'):format(flag, cpu_flag))
+    else
+      it(('builds with %s and reports a %d-bit rate on 2 threads'):format(flag, bits), function()
+        local exe = dir .. '/fma_peak' .. bits
+        local out, rc = sh(('cc -O2 -fopenmp %s benchmarks/fma_peak.c -o %s'):format(flag, exe))
+        assert.equals(0, rc, out)
+        out, rc = sh('OMP_NUM_THREADS=2 ' .. exe)
+        assert.equals(0, rc, out)
+        local r = cjson.decode((assert(out:match('RESULT (%b{})'), out)))
+        assert.equals(2, r.threads)
+        assert.equals(bits, r.vector_bits)
+        assert.is_true(r.fma_peak_gflops > 0, out)
+        assert.truthy(out:match(('f32 multiply%%-add peak: [%%d.]+ GFLOP/s %%(2 threads, %d%%-bit'):format(bits)), out)
+      end)
+    end
+  end
+end)
