@@ -70,7 +70,9 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-"$PY" - "$out/results.jsonl" "$ROUNDS" <<'EOF'
+fma_peak
+
+"$PY" - "$out/results.jsonl" "$ROUNDS" "$out/fma_peak.jsonl" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 impls = ["fsdp-lua", "torch-eager", "torch-compile"]
