@@ -11,7 +11,8 @@
 # PyTorch eager and PyTorch with torch.compile (benchmarks/torch_cpu.py), so
 # whatever else loads the machine falls on all three alike; the table has
 # the medians over rounds of each round's median step, and fsdp-lua's
-# speed-up over the faster PyTorch. Both sides get the same threads
+# speed-up over the faster PyTorch: the ratio of those medians, and each
+# round's own ratio with their median. Both sides get the same threads
 # (OMP_NUM_THREADS, default the cores) and PyTorch its fastest CPU forms
 # (scaled_dot_product_attention, fused AdamW).
 #
@@ -44,13 +45,14 @@ fi
 PY=$VENV/bin/python
 
 : >"$out/results.jsonl"
-# run NAME COMMAND...: its log in $out/NAME.log, its RESULT lines appended.
+# run NAME COMMAND...: its log in $out/NAME.log, its RESULT lines appended
+# with the round ($r) they belong to.
 run() {
   local name=$1; shift
   echo "cpu_compare: $name: $*" >&2
   "$@" >"$out/$name.log" 2>&1 || { echo "cpu_compare: $name failed; the end of its log:" >&2
                                     tail -5 "$out/$name.log" >&2; return 1; }
-  sed -n 's/^RESULT //p' "$out/$name.log" >>"$out/results.jsonl"
+  sed -n "s/^RESULT {/{\"round\": $r, /p" "$out/$name.log" >>"$out/results.jsonl"
 }
 # fma_peak: the machine's f32 multiply-add rate, appended to fma_peak.jsonl.
 : >"$out/fma_peak.jsonl"
@@ -101,8 +103,17 @@ for prec, m in cases:
               f"{ph[2]:>6.0f} {rs[0]['batch'] * rs[0]['seq'] * 1e3 / ms[impl]:>9.0f} {gf:>8.1f}")
     torch_best = min((ms[i] for i in ("torch-eager", "torch-compile") if i in ms), default=None)
     if "fsdp-lua" in ms and torch_best:
+        # Each round's ratio too: the rounds interleave the three, so a
+        # machine that slows down between rounds moves a round's three alike.
+        per_round = []
+        for rnd in sorted({r.get("round") for r in rows}):
+            got = {i: [r["ms"] for r in rows if r["model"] == m and r["impl"] == i and r.get("round") == rnd
+                       and r.get("precision", "f32") == prec] for i in impls}
+            if got["fsdp-lua"] and (got["torch-eager"] or got["torch-compile"]):
+                per_round.append(min(got["torch-eager"] + got["torch-compile"]) / got["fsdp-lua"][0])
         print(f"{'':<28} {prec:<9} fsdp-lua is {torch_best / ms['fsdp-lua']:.2f}x the faster PyTorch "
-              f"(target >= 1.3)")
+              f"(ratio of the medians; rounds: {', '.join(f'{x:.2f}' for x in per_round)}, median "
+              f"{statistics.median(per_round):.2f}; target >= 1.3)")
         ours = [r for r in rows if r["model"] == m and r["impl"] == "fsdp-lua" and r.get("precision", "f32") == prec]
         if prec == "f32" and peak and ours:
             # The model's FLOPs (fsdp-lua's count, as its GFLOP/s column) at the peak.
