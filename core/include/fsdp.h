@@ -190,15 +190,16 @@ FL_API int64_t fl_memory_allocated_total(void);
  * number of bytes released. */
 FL_API int64_t fl_memory_empty_cache(fl_device device);
 /* The libraries that run the CPU backend's matrix products, in words:
- * "oneDNN 2.6.3 (bf16 products of ... multiply-adds and more), OpenBLAS
- * (the rest)" or "OpenBLAS (oneDNN: why not)". Large bf16 products go to
- * oneDNN where it is installed; f32, f16, f64 and small products stay on
- * OpenBLAS ([Note: two GEMM libraries], core/cpu/cpu_onednn.c). The text
- * stays valid until the next call. */
+ * "oneDNN 2.6.3 (bf16 products, and f32 ones as x W^T, of ...
+ * multiply-adds and more), OpenBLAS (the rest)" or "OpenBLAS (oneDNN: why
+ * not)". Large bf16 products and large f32 ones laid out as x W^T go to
+ * oneDNN where it is installed; other f32, f16, f64 and small products
+ * stay on OpenBLAS ([Note: two GEMM libraries], core/cpu/cpu_onednn.c).
+ * The text stays valid until the next call. */
 FL_API const char *fl_cpu_gemm_library(void);
-/* Run the large bf16 products on "onednn" (fails when it cannot be
- * opened, and in the sanitized build) or convert them to f32 for
- * "openblas" like the rest; FSDP_CPU_GEMM=openblas chooses the latter at
+/* Run the large products oneDNN takes on "onednn" (fails when it cannot
+ * be opened, and in the sanitized build), or everything on "openblas"
+ * (bf16 converted to f32); FSDP_CPU_GEMM=openblas chooses the latter at
  * start (any value but "onednn" does, the library text says why).
  * Benchmarks and tests compare the two in one process. */
 FL_API int fl_cpu_gemm_use(const char *library);

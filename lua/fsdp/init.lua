@@ -312,15 +312,15 @@ function M.empty_cache(device)
 end
 
 -- The libraries behind the CPU backend's matrix products, in words:
--- "oneDNN 2.6.3 (bf16 products of ... multiply-adds and more), OpenBLAS
--- (the rest)", or "OpenBLAS (oneDNN: why not)" ([Note: two GEMM
--- libraries], core/cpu/cpu_onednn.c).
+-- "oneDNN 2.6.3 (bf16 products, and f32 ones as x W^T, of ...
+-- multiply-adds and more), OpenBLAS (the rest)", or "OpenBLAS (oneDNN:
+-- why not)" ([Note: two GEMM libraries], core/cpu/cpu_onednn.c).
 function M.cpu_gemm_library()
   return ffi.string(C.fl_cpu_gemm_library())
 end
 
--- Run large bf16 products on 'onednn' (an error when it is not available)
--- or convert them to f32 for 'openblas' like every other product; the
+-- Run the large products oneDNN takes (bf16, and f32 x W^T) on 'onednn'
+-- (an error when it is not available), or everything on 'openblas'; the
 -- environment's FSDP_CPU_GEMM=openblas does the latter at start.
 function M.cpu_gemm_use(library)
   core.check(C.fl_cpu_gemm_use(library))
