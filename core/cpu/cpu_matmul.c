@@ -124,9 +124,10 @@ static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
 }
 
 /* Whether oneDNN takes the product out = a @ b (+ bias) with a and b read
- * in their dtype (both bf16 or both f32), written straight into out; *p is the product it is asked
- * about, with the layouts prepare will give the operands (compacted ones
- * row-major), folded into one product when fl_gemm_fold_rows folds them.
+ * in their dtype (both bf16 or both f32), written straight into out; *p
+ * is the product it is asked about, with the layouts prepare will give the
+ * operands (compacted ones row-major), folded into one product when
+ * fl_gemm_fold_rows folds them.
  * A whole batch shares one answer: its products share dtypes, sizes and
  * layout (only the base pointers differ). */
 static bool onednn_plan(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b, bool bias,
