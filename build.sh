@@ -10,7 +10,10 @@
 #   ./build.sh test     ... then run every test suite (tests/run.sh)
 #
 # Environment: JOBS (parallel make jobs, default: number of cores),
-# FSDP_NO_CUDA=1 (build without the CUDA backend even if nvcc is found).
+# FSDP_NO_CUDA=1 (build without the CUDA backend even if nvcc is found),
+# FSDP_WITH_MKL=1 (also install Intel MKL, Debian's libmkl-rt, enabling
+# the non-free archive area for it: f32 gradient products run on it,
+# core/cpu/cpu_mkl.c; without it they stay on OpenBLAS).
 # `test` also builds the cudasim configuration (the CUDA backend with its
 # kernels run on the CPU, tests/cudasim) where the CUDA toolkit is present.
 set -euo pipefail
@@ -43,6 +46,27 @@ install_deps() {
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# FSDP_WITH_MKL=1: libmkl-rt from Debian's non-free area (MKL's licence is
+# not free software, so only on request). The area is added in a file of
+# its own when apt does not know the package yet.
+install_mkl() {
+  [ "${FSDP_WITH_MKL:-0}" = 1 ] || return 0
+  dpkg-query -W -f='${Status}' libmkl-rt 2>/dev/null | grep -q 'ok installed' && return 0
+  local sudo=()
+  [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+  if ! apt-cache policy libmkl-rt 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+    local suite
+    suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    [ -n "$suite" ] || { log "FSDP_WITH_MKL: cannot tell the Debian release; install libmkl-rt yourself"; return 1; }
+    log "FSDP_WITH_MKL: adding Debian's non-free area for $suite (/etc/apt/sources.list.d/fsdp-lua-non-free.sources)"
+    printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: non-free\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+      "$suite" | "${sudo[@]}" tee /etc/apt/sources.list.d/fsdp-lua-non-free.sources >/dev/null
+    "${sudo[@]}" apt-get update -qq
+  fi
+  log "installing: libmkl-rt (FSDP_WITH_MKL=1)"
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends libmkl-rt >/dev/null
+}
+
 generate() {
   local opts=()
   [ "${FSDP_NO_CUDA:-0}" = 1 ] && opts+=(--no-cuda)
@@ -65,10 +89,12 @@ build() { # build CONFIG...
 case "${1:-build}" in
   build)
     install_deps
+    install_mkl
     build release
     ;;
   run)
     install_deps
+    install_mkl
     build release
     shift
     # Llama 2's architecture at a size two cores train in about ten seconds:
@@ -79,6 +105,7 @@ case "${1:-build}" in
     ;;
   test)
     install_deps
+    install_mkl
     configs=(release asan)
     if [ "${FSDP_NO_CUDA:-0}" != 1 ] && { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; }; then
       configs+=(cudasim)

@@ -10,10 +10,11 @@
 --    head. Each is compared with raw sgemm doing the same three products
 --    (y = x W^T, dx = dy W, dW = dy^T x), so the ratio is the framework's
 --    overhead: output allocation, bias, row sums, gradient accumulation.
--- 3. With oneDNN installed, section 2 twice: once with every product on
---    OpenBLAS (bf16 ones converted to f32), once with oneDNN taking what
---    it takes ([Note: two GEMM libraries], core/cpu/cpu_onednn.c): every
---    large bf16 product, and in f32 the forward's x W^T.
+-- 3. Section 2 once with every product on OpenBLAS (bf16 ones converted
+--    to f32), then again for oneDNN and MKL where they are installed
+--    (each taking what it takes, [Note: GEMM libraries],
+--    core/cpu/cpu_gemm.c: oneDNN every large bf16 product and the f32
+--    forward's x W^T, MKL the other large f32 products), and with both.
 -- Timings are the best of N repetitions (after a warm-up), in GFLOP/s
 -- counting 2*m*n*k per product.
 local fsdp = require 'fsdp'
@@ -86,10 +87,14 @@ for _, s in ipairs({ { 1024, 1024, 1024 }, { 256, 3072, 768 } }) do
   print(('  %5d x %5d x %5d  %8.1f GFLOP/s'):format(m, n, k, g))
 end
 
--- The libraries to compare: both when oneDNN opens.
-local initial = fsdp.cpu_gemm_library()
-local libraries = { false }
-if pcall(fsdp.cpu_gemm_use, 'onednn') then libraries = { 'openblas', 'onednn' } end
+-- The libraries to compare: OpenBLAS alone, then each other one that
+-- opens (with OpenBLAS for what it does not take), then all together.
+local initial = fsdp.cpu_gemm_use('openblas')
+local libraries = { 'openblas' }
+for _, library in ipairs({ 'onednn', 'mkl' }) do
+  if pcall(fsdp.cpu_gemm_use, library) then libraries[#libraries + 1] = library end
+end
+if #libraries > 2 then libraries[#libraries + 1] = 'auto' end
 for _, library in ipairs(libraries) do
   if library then fsdp.cpu_gemm_use(library) end
   print()
@@ -132,6 +137,6 @@ for _, library in ipairs(libraries) do
   print(('  %-23s %10s %10.1f %10.1f %7.0f%% %7.0f%%'):format('all five', '', gflops(total_flops, total_t),
     gflops(total_flops, total_raw), 100 * total_raw / total_t, 100 * gflops(total_flops, total_t) / sgemm_peak))
 end
-fsdp.cpu_gemm_use(initial:match('^oneDNN') and 'onednn' or 'openblas')
+fsdp.cpu_gemm_use(initial)
 print()
 print('ratio = raw sgemm time / F.linear time for the same products; vs peak = against the best raw sgemm above')

@@ -8,7 +8,7 @@
  * place whenever one axis of the matrix has unit stride, the other axis
  * then being the library's leading dimension (with the transposition flag
  * for a transposed view); only other strides are copied. Large products
- * that oneDNN takes ([Note: two GEMM libraries], cpu_onednn.c) read their
+ * that oneDNN takes ([Note: GEMM libraries], cpu_gemm.c) read their
  * operands in their own dtype (bf16 or f32) and write out directly, the
  * bias added in f32 before oneDNN's single rounding. The rest of the
  * 16-bit products (f16, small ones, oneDNN absent or switched off) are

@@ -11,34 +11,24 @@
  * against ~200-270 on 2 cores (benchmarks/gemm.lua --dtype=bf16 prints
  * both libraries).
  *
- * [Note: two GEMM libraries]
- * - bf16 products (bf16 operands, f32 accumulation) come here, and f32
- *   products laid out as x W^T (A as stored, B transposed: F.linear's
- *   forward). On the latter oneDNN's brgemm kernels ran 15-25% faster
- *   than OpenBLAS 0.3.21's sgemm (GPT-2's five linear shapes at 256
- *   tokens: 326-372 against 245-323 GFLOP/s on 2 threads, `gemm.lua`'s
- *   fwd column, both libraries in one run), and a GPT-2 f32 step's
- *   forward went from 271-285 to 227-236 ms. In the other layouts (NN:
- *   the input gradient; TN: the weight gradient) oneDNN was no faster,
- *   and for some shapes much slower (dx = dy W at 256 x 768 x 3072: 120
- *   against 296), so f32 NN, TN and TT stay on OpenBLAS (cpu_gemm.c), as
- *   does f16: oneDNN 2.6 has no f16 matmul on the CPU (primitive creation
- *   fails).
- * - oneDNN is opened at the first question (dlopen of libdnnl.so.2), never
- *   linked: the binary starts where it is absent (the GPU machine carries
- *   no Debian packages) and keeps the conversion path then.
- *   FSDP_CPU_GEMM=openblas, or fl_cpu_gemm_use("openblas"), does the same
- *   by choice.
- * - Whether a product is taken (fl_cpu_onednn_takes) depends only on the
- *   dtypes, the layout (transposes, leading dimensions), the sizes, the
- *   bias's presence and the library chosen, never on data or threads, so
- *   the planner's meta model asks the same question (cpu_matmul.c's
- *   matmul_scratch, [Note: virtual storage] in core/ops/matmul.c) and
- *   agrees with the run. Small products (under SMALL_PRODUCT
- *   multiply-adds) stay on the conversion path: a primitive lookup costs
- *   more than they gain. They include every product cpu_matmul.c runs
- *   inside an OpenMP parallel region (the asserted FL_CPU_SMALL_GEMM
- *   bound), so no taken product runs on threads the caller already owns.
+ * What comes here ([Note: GEMM libraries], cpu_gemm.c, has the whole
+ * division of work):
+ * - bf16 products (bf16 operands, f32 accumulation), and f32 products laid
+ *   out as x W^T (A as stored, B transposed: F.linear's forward). On the
+ *   latter oneDNN's brgemm kernels ran 15-25% faster than OpenBLAS
+ *   0.3.21's sgemm (GPT-2's five linear shapes at 256 tokens: 326-372
+ *   against 245-323 GFLOP/s on 2 threads, `gemm.lua`'s fwd column, both
+ *   libraries in one run), and a GPT-2 f32 step's forward went from
+ *   271-285 to 227-236 ms. In the other layouts (NN: the input gradient;
+ *   TN: the weight gradient) oneDNN was no faster, and for some shapes
+ *   much slower (dx = dy W at 256 x 768 x 3072: 120 against 296), so
+ *   those stay with fl_cpu_sgemm (MKL or OpenBLAS), as does f16: oneDNN
+ *   2.6 has no f16 matmul on the CPU (primitive creation fails).
+ * - Small products (under FL_CPU_LARGE_PRODUCT multiply-adds) stay on the
+ *   conversion path: a primitive lookup costs more than they gain. They
+ *   include every product cpu_matmul.c runs inside an OpenMP parallel
+ *   region (the asserted FL_CPU_SMALL_GEMM bound), so no taken product
+ *   runs on threads the caller already owns.
  * - A primitive is built for one fl_onednn_product (dtypes, transposes,
  *   sizes, strides, bias or not): building costs tens of microseconds, so
  *   the last CACHE_SIZE are kept, refusals included. A primitive whose
@@ -73,13 +63,12 @@
 #define HAVE_ONEDNN_HEADER 1
 #endif
 
-/* Below this many multiply-adds (m * n * k) a product stays on OpenBLAS. */
-#define SMALL_PRODUCT (1 << 20)
 #define CACHE_SIZE 64
 
 /* cpu_matmul.c runs a batch's products in a parallel region only when each
  * has at most FL_CPU_SMALL_GEMM multiply-adds: none of those is taken. */
-_Static_assert(FL_CPU_SMALL_GEMM < SMALL_PRODUCT, "a product in a parallel region could be taken");
+_Static_assert((int)FL_CPU_SMALL_GEMM < (int)FL_CPU_LARGE_PRODUCT,
+               "a product in a parallel region could be taken");
 
 #ifdef SANITIZED_BUILD
 #define NO_ONEDNN "not in the sanitized build (LeakSanitizer fails at exit after oneDNN ran)"
@@ -88,7 +77,7 @@ _Static_assert(FL_CPU_SMALL_GEMM < SMALL_PRODUCT, "a product in a parallel regio
 #endif
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static bool chosen, use_onednn;
+static bool tried, open_ok;
 static char why_not[256] = "not tried yet";
 
 #ifdef HAVE_ONEDNN_HEADER
@@ -229,24 +218,31 @@ static bool run(cached_product *e, const void *a, const void *b, const float *bi
 }
 #endif /* HAVE_ONEDNN_HEADER */
 
-/* Decide once (callers hold the lock): FSDP_CPU_GEMM, then whether
- * oneDNN opens. */
-static void choose(void) {
-    if (chosen) return;
-    chosen = true;
-    const char *env = getenv("FSDP_CPU_GEMM");
-    if (env && *env && strcmp(env, "onednn") != 0) {
-        /* A misspelt value keeps the safe path, and the library text
-         * (fsdp.cpu_gemm_library()) says why. */
-        snprintf(why_not, sizeof why_not, "FSDP_CPU_GEMM=%.64s%s", env,
-                 strcmp(env, "openblas") == 0 ? "" : " (known: onednn, openblas)");
-        return;
-    }
+/* Open oneDNN once (callers hold the lock); false, with why_not, when it
+ * cannot be. */
+static bool opened(void) {
+    if (!tried) {
+        tried = true;
 #ifdef HAVE_ONEDNN_HEADER
-    use_onednn = open_onednn();
+        open_ok = open_onednn();
 #else
-    snprintf(why_not, sizeof why_not, "%s", NO_ONEDNN);
+        snprintf(why_not, sizeof why_not, "%s", NO_ONEDNN);
 #endif
+    }
+    return open_ok;
+}
+
+bool fl_cpu_onednn_available(const char **version_out, const char **why) {
+    pthread_mutex_lock(&lock);
+    bool ok = opened();
+    pthread_mutex_unlock(&lock);
+#ifdef HAVE_ONEDNN_HEADER
+    if (version_out) *version_out = version;
+#else
+    if (version_out) *version_out = "";
+#endif
+    if (why) *why = why_not;
+    return ok;
 }
 
 /* Whether oneDNN runs products of p's dtypes and layout at all, before
@@ -261,10 +257,10 @@ static bool routed(const fl_onednn_product *p) {
 /* The entry for a product, or NULL when it is not taken. Callers hold the
  * lock. */
 static cached_product *entry_for(const fl_onednn_product *p) {
-    if (!routed(p) || p->m == 0 || p->n == 0 || p->k == 0 || p->m * p->n * p->k < SMALL_PRODUCT)
+    if (!routed(p) || p->m == 0 || p->n == 0 || p->k == 0 ||
+        p->m * p->n * p->k < FL_CPU_LARGE_PRODUCT)
         return NULL;
-    choose();
-    if (!use_onednn) return NULL;
+    if (!fl_cpu_gemm_allows(FL_GEMM_ONEDNN) || !opened()) return NULL;
     fl_onednn_product key;
     memset(&key, 0, sizeof key); /* the padding too: keys are compared bytewise */
     key.dtype = p->dtype, key.c_dtype = p->c_dtype;
@@ -277,7 +273,7 @@ static cached_product *entry_for(const fl_onednn_product *p) {
 
 bool fl_cpu_onednn_takes(const fl_onednn_product *p) {
 #ifdef HAVE_ONEDNN_HEADER
-    if (!routed(p) || p->m * p->n * p->k < SMALL_PRODUCT) return false; /* unlocked */
+    if (!routed(p) || p->m * p->n * p->k < FL_CPU_LARGE_PRODUCT) return false; /* unlocked */
     pthread_mutex_lock(&lock);
     bool taken = entry_for(p) != NULL;
     pthread_mutex_unlock(&lock);
@@ -307,45 +303,4 @@ int fl_cpu_onednn_gemm(const fl_onednn_product *p, const void *a, const void *b,
     return fl_fail(FL_ERR_UNSUPPORTED, "matmul: built without oneDNN (%lldx%lldx%lld product)",
                    (long long)p->m, (long long)p->n, (long long)p->k);
 #endif
-}
-
-int fl_cpu_gemm_use(const char *library) {
-    if (!library || (strcmp(library, "onednn") != 0 && strcmp(library, "openblas") != 0))
-        return fl_fail(FL_ERR_ARG, "cpu_gemm_use: unknown library '%s' (known: onednn, openblas)",
-                       library ? library : "(null)");
-    pthread_mutex_lock(&lock);
-    int rc = FL_OK;
-    if (strcmp(library, "openblas") == 0) {
-        chosen = true;
-        use_onednn = false;
-        snprintf(why_not, sizeof why_not, "switched off by cpu_gemm_use('openblas')");
-    } else {
-#ifdef HAVE_ONEDNN_HEADER
-        chosen = true;
-        use_onednn = engine || open_onednn();
-        if (!use_onednn)
-            rc = fl_fail(FL_ERR_UNSUPPORTED, "cpu_gemm_use: oneDNN is not available: %s", why_not);
-#else
-        rc = fl_fail(FL_ERR_UNSUPPORTED, "cpu_gemm_use: oneDNN is not available: %s", NO_ONEDNN);
-#endif
-    }
-    pthread_mutex_unlock(&lock);
-    return rc;
-}
-
-const char *fl_cpu_gemm_library(void) {
-    static char text[320];
-    pthread_mutex_lock(&lock);
-    choose();
-#ifdef HAVE_ONEDNN_HEADER
-    if (use_onednn)
-        snprintf(text, sizeof text,
-                 "oneDNN %s (bf16 products, and f32 ones as x W^T, of %d multiply-adds and "
-                 "more), OpenBLAS (the rest)",
-                 version, SMALL_PRODUCT);
-    else
-#endif
-        snprintf(text, sizeof text, "OpenBLAS (oneDNN: %s)", why_not);
-    pthread_mutex_unlock(&lock);
-    return text;
 }

@@ -191,18 +191,21 @@ FL_API int64_t fl_memory_allocated_total(void);
 FL_API int64_t fl_memory_empty_cache(fl_device device);
 /* The libraries that run the CPU backend's matrix products, in words:
  * "oneDNN 2.6.3 (bf16 products, and f32 ones as x W^T, of ...
- * multiply-adds and more), OpenBLAS (the rest)" or "OpenBLAS (oneDNN: why
- * not)". Large bf16 products and large f32 ones laid out as x W^T go to
- * oneDNN where it is installed; other f32, f16, f64 and small products
- * stay on OpenBLAS ([Note: two GEMM libraries], core/cpu/cpu_onednn.c).
- * The text stays valid until the next call. */
+ * multiply-adds and more), MKL 2020.0.4 (the other f32 products with B
+ * untransposed, ...), OpenBLAS (the rest)", with the reason for each one
+ * not used ("OpenBLAS (the rest; MKL: libmkl_rt.so not found ...)")
+ * ([Note: GEMM libraries], core/cpu/cpu_gemm.c). The text stays valid
+ * until the next call. */
 FL_API const char *fl_cpu_gemm_library(void);
-/* Run the large products oneDNN takes on "onednn" (fails when it cannot
- * be opened, and in the sanitized build), or everything on "openblas"
- * (bf16 converted to f32); FSDP_CPU_GEMM=openblas chooses the latter at
- * start (any value but "onednn" does, the library text says why).
- * Benchmarks and tests compare the two in one process. */
+/* Choose the libraries: "auto" (oneDNN and MKL where installed, for what
+ * each takes; the default), "openblas" (OpenBLAS only, bf16 products
+ * converted to f32), "onednn" or "mkl" (that one and OpenBLAS; fails when
+ * it cannot be opened, and in the sanitized build). FSDP_CPU_GEMM chooses
+ * at start (an unknown value chooses "openblas", and the library text
+ * says why). Benchmarks and tests compare them in one process. */
 FL_API int fl_cpu_gemm_use(const char *library);
+/* The name of the current choice ("auto", "openblas", "onednn", "mkl"). */
+FL_API const char *fl_cpu_gemm_chosen(void);
 /* The kernels of the CPU backend's attention, in words: "AMX bf16 tiles
  * (bf16 q, k, v with head dims multiples of 32 and no bias), f32 blocks
  * (the rest)" or "f32 blocks (AMX: why not)" ([Note: attention on AMX

@@ -111,7 +111,7 @@ static void batch_view(const fl_tensor *t, int nd, const int64_t *shape, fl_tens
  * views its matmul would get (core/cpu/cpu_matmul.c): the f32 result,
  * bias and operand conversions when OpenBLAS runs the product; only the
  * f32 bias and bf16 copies of strided operands when oneDNN takes it
- * ([Note: two GEMM libraries], core/cpu/cpu_onednn.c). Both sides decide
+ * ([Note: GEMM libraries], core/cpu/cpu_gemm.c). Both sides decide
  * from dtypes, shapes, strides and the library chosen, never from data,
  * so the plan and the run agree. */
 static _Atomic bool meta_f32_gemm;

@@ -312,18 +312,22 @@ function M.empty_cache(device)
 end
 
 -- The libraries behind the CPU backend's matrix products, in words:
--- "oneDNN 2.6.3 (bf16 products, and f32 ones as x W^T, of ...
--- multiply-adds and more), OpenBLAS (the rest)", or "OpenBLAS (oneDNN:
--- why not)" ([Note: two GEMM libraries], core/cpu/cpu_onednn.c).
+-- "oneDNN 2.6.3 (bf16 products, and f32 ones as x W^T, ...), MKL ...
+-- (the other f32 products with B untransposed, ...), OpenBLAS (the
+-- rest)", with the reason for any not used ([Note: GEMM libraries],
+-- core/cpu/cpu_gemm.c).
 function M.cpu_gemm_library()
   return ffi.string(C.fl_cpu_gemm_library())
 end
 
--- Run the large products oneDNN takes (bf16, and f32 x W^T) on 'onednn'
--- (an error when it is not available), or everything on 'openblas'; the
--- environment's FSDP_CPU_GEMM=openblas does the latter at start.
+-- Choose them: 'auto' (oneDNN and MKL where installed; the default),
+-- 'openblas' (OpenBLAS only), 'onednn' or 'mkl' (that one and OpenBLAS;
+-- an error when it is not available). FSDP_CPU_GEMM chooses at start.
+-- Returns the choice it replaced, to restore it with.
 function M.cpu_gemm_use(library)
+  local previous = ffi.string(C.fl_cpu_gemm_chosen())
   core.check(C.fl_cpu_gemm_use(library))
+  return previous
 end
 
 -- The kernels behind the CPU backend's attention, in words: "AMX bf16

@@ -1,18 +1,19 @@
--- gemm_library_spec.lua: the CPU backend's two GEMM libraries ([Note: two
--- GEMM libraries], core/cpu/cpu_onednn.c). Large bf16 products run on
--- oneDNN where it is installed, everything else on OpenBLAS; the same
--- products are run here on both in one process (fsdp.cpu_gemm_use) and
--- must agree within bf16 rounding of the output: both accumulate in f32
--- into an f32 buffer rounded once, so only the order of the sums differs.
--- Every bf16 product below has at least 2^20 multiply-adds per matrix (the
--- size from which oneDNN takes them): NN, NT and TN layouts, batched and
+-- gemm_library_spec.lua: the CPU backend's GEMM libraries ([Note: GEMM
+-- libraries], core/cpu/cpu_gemm.c). Large bf16 products, and large f32
+-- ones laid out as x W^T, run on oneDNN where it is installed; the other
+-- large f32 products with B as stored (NN, TN) on MKL where it is
+-- installed; everything else on OpenBLAS. The same products are run here
+-- on each library and on OpenBLAS alone in one process
+-- (fsdp.cpu_gemm_use) and must agree within rounding of the output: all
+-- accumulate in f32, so only the order of the sums differs. Every bf16
+-- product below has at least 2^20 multiply-adds per matrix (the size from
+-- which oneDNN and MKL take them): NN, NT and TN layouts, batched and
 -- broadcast batches, a strided operand compacted in bf16, a bias, and a
 -- linear forward and backward with gradients accumulated over two
--- backwards; the planner's meta model follows the library. Large f32
--- products laid out as x W^T (F.linear's forward) run on oneDNN too and
--- must agree within f32 rounding; other f32 layouts and f16 products must
--- come out bit for bit as before (they are never routed). Where oneDNN is
--- missing the comparisons are reported as skipped, with the reason.
+-- backwards; the planner's meta model follows the library. What a library
+-- does not take must come out bit for bit as on OpenBLAS. Where oneDNN or
+-- MKL is missing (MKL is Debian's non-free libmkl-rt, which CI does not
+-- install) its comparisons are reported as skipped, with the reason.
 local fsdp = require 'fsdp'
 local T = require 'fsdp.testing'
 local F = require 'fsdp.functional.linear'
@@ -43,35 +44,60 @@ local function assert_bf16_close(got, want, what, slack)
     ('%s: differs by %.3g beyond bf16 rounding (largest value %.3g)'):format(what, worst, scale))
 end
 
-local initial = fsdp.cpu_gemm_library()
-local available, why = pcall(fsdp.cpu_gemm_use, 'onednn')
--- Back to what the process started with (FSDP_CPU_GEMM may have chosen).
-local function restore()
-  fsdp.cpu_gemm_use(initial:match('^oneDNN') and 'onednn' or 'openblas')
-end
+-- What the process started with (FSDP_CPU_GEMM may have chosen), to go
+-- back to after each test.
+local initial = fsdp.cpu_gemm_use('openblas')
+fsdp.cpu_gemm_use(initial)
+local function restore() fsdp.cpu_gemm_use(initial) end
+local dnn_available, dnn_why = pcall(fsdp.cpu_gemm_use, 'onednn')
+local mkl_available, mkl_why = pcall(fsdp.cpu_gemm_use, 'mkl')
 restore()
+local function reason(err) return tostring(err):gsub('^.-:%d+: ', '') end
+
+-- f32 results of the same sums in another order: within a few f32 steps
+-- of the largest value (256 or 512 terms of about 0.25). Returns the
+-- largest difference.
+local function assert_f32_close(got, want, what)
+  assert.same(want.shape, got.shape, what)
+  local scale = fsdp.F.max(fsdp.F.abs(want:to('f64')):view(-1), 0):item()
+  local diff = T.max_abs_diff(got, want)
+  assert.is_true(diff <= scale * 2^-18,
+    ('%s: differs by %.3g (largest value %.3g)'):format(what, diff, scale))
+  return diff
+end
 
 describe('CPU GEMM libraries', function()
+  after_each(restore)
+
   it('reject an unknown library by name', function()
-    T.raises(function() fsdp.cpu_gemm_use('mkl') end, "unknown library 'mkl' (known: onednn, openblas)")
+    T.raises(function() fsdp.cpu_gemm_use('blis') end,
+      "unknown library 'blis' (known: auto, openblas, onednn, mkl)")
   end)
 
-  it('say which library runs the products', function()
+  it('say which library runs the products, and why the others do not', function()
     fsdp.cpu_gemm_use('openblas')
-    assert.truthy(fsdp.cpu_gemm_library():match('^OpenBLAS %(oneDNN: .+%)$'))
-    restore()
+    assert.equals("OpenBLAS (the rest; oneDNN: not chosen ('openblas'); MKL: not chosen ('openblas'))",
+      fsdp.cpu_gemm_library())
+    assert.equals('openblas', fsdp.cpu_gemm_use('auto'))
+    local text = fsdp.cpu_gemm_library()
+    assert.truthy(text:match('OpenBLAS %(the rest'), text)
+    assert.equals(dnn_available, text:match('^oneDNN ') ~= nil, text)
+    assert.equals(mkl_available, text:match('MKL %d+%.%d+%.%d+ %(the other f32 products') ~= nil, text)
   end)
+end)
 
-  if not available then
-    pending('oneDNN is not available here, the bf16 comparisons were skipped: ' ..
-            tostring(why):gsub('^.-:%d+: ', ''))
+describe('oneDNN', function()
+  if not dnn_available then
+    pending('oneDNN is not available here, its comparisons were skipped: ' .. reason(dnn_why))
     return
   end
   after_each(restore)
 
   it('names oneDNN and its version when it runs the bf16 products', function()
     fsdp.cpu_gemm_use('onednn')
-    assert.truthy(fsdp.cpu_gemm_library():match('^oneDNN %d+%.%d+%.%d+ %(bf16 products, and f32 ones as x W%^T'))
+    local text = fsdp.cpu_gemm_library()
+    assert.truthy(text:match('^oneDNN %d+%.%d+%.%d+ %(bf16 products, and f32 ones as x W%^T'), text)
+    assert.truthy(text:match("MKL: not chosen %('onednn'%)%)$"), text)
   end)
 
   local M, K, N = 128, 256, 64 -- 2^21 multiply-adds per matrix
@@ -148,17 +174,6 @@ describe('CPU GEMM libraries', function()
     assert.equals(N * 4, staged('onednn'))
   end)
 
-  -- f32 results of the same sums in another order: within a few f32
-  -- steps of the largest value (256 or 512 terms of about 0.25).
-  local function assert_f32_close(got, want, what)
-    assert.same(want.shape, got.shape, what)
-    local scale = fsdp.F.max(fsdp.F.abs(want:to('f64')):view(-1), 0):item()
-    local diff = T.max_abs_diff(got, want)
-    assert.is_true(diff <= scale * 2^-18,
-      ('%s: differs by %.3g (largest value %.3g)'):format(what, diff, scale))
-    return diff
-  end
-
   it('agree on f32 x W^T products (oneDNN) within f32 rounding, and differ in bits', function()
     -- 512 terms: oneDNN splits them in blocks where OpenBLAS sums them in
     -- one run (at 256 both sum in the same order, bit for bit).
@@ -205,4 +220,72 @@ describe('CPU GEMM libraries', function()
     end
   end)
 
+end)
+
+describe('MKL', function()
+  if not mkl_available then
+    pending('MKL is not available here, its comparisons were skipped: ' .. reason(mkl_why))
+    return
+  end
+  after_each(restore)
+  local M, L, N = 128, 1024, 64 -- 1024 terms: MKL's order shows there (8 * 2^20 multiply-adds)
+  local function f32(shape, seed) return randn(shape, seed, 'f32') end
+
+  it('names MKL and its version when it runs the f32 products', function()
+    fsdp.cpu_gemm_use('mkl')
+    local text = fsdp.cpu_gemm_library()
+    assert.truthy(text:match('^MKL %d+%.%d+%.%d+ %(the other f32 products with B untransposed'), text)
+    assert.truthy(text:match("oneDNN: not chosen %('mkl'%)%)$"), text)
+  end)
+
+  for _, case in ipairs({
+    { 'NN', function() return f32({ M, L }, 1), f32({ L, N }, 2) end },
+    { 'TN', function() return f32({ L, M }, 1):t(), f32({ L, N }, 2) end },
+    { 'a batch times one matrix (folded rows)', function() return f32({ 3, M, L }, 1), f32({ L, N }, 2) end },
+  }) do
+    it('agree on f32 ' .. case[1] .. ' products within f32 rounding, and differ in bits', function()
+      local a, b = case[2]()
+      local want = on('openblas', function() return F.matmul(a, b) end)
+      local got = on('mkl', function() return F.matmul(a, b) end)
+      assert.is_true(assert_f32_close(got, want, case[1]) > 0, case[1] .. ': bit for bit, so MKL did not run')
+    end)
+  end
+
+  it('leave B transposed, small products and bf16 ones to the others, bit for bit', function()
+    local cases = {
+      { 'f32 NT', f32({ M, L }, 1), f32({ N, L }, 2):t() },
+      { 'f32 TT', f32({ L, M }, 1):t(), f32({ N, L }, 2):t() },
+      { 'f32 NN of 2^18 multiply-adds', f32({ 64, 64 }, 1), f32({ 64, 64 }, 2) },
+      { 'bf16 NN', randn({ M, L }, 1), randn({ L, N }, 2) },
+    }
+    for _, case in ipairs(cases) do
+      local want = on('openblas', function() return F.matmul(case[2], case[3]) end)
+      local got = on('mkl', function() return F.matmul(case[2], case[3]) end)
+      assert.equals(0, T.max_abs_diff(got, want), case[1])
+    end
+  end)
+
+  it('run an f32 linear: the gradients on MKL, and with auto the forward on oneDNN', function()
+    local function run(library)
+      fsdp.cpu_gemm_use(library)
+      local x = f32({ 4, 64, 256 }, 1):requires_grad_()
+      local w = f32({ L, 256 }, 2):requires_grad_()
+      local bias = f32({ L }, 3):requires_grad_()
+      local y = F.linear(x, w, bias)
+      y:backward(f32({ 4, 64, L }, 11))
+      return { y = y, x = x.grad, w = w.grad, b = bias.grad }
+    end
+    local want, got = run('openblas'), run('mkl')
+    -- The forward's x W^T stays on OpenBLAS under 'mkl'.
+    assert.equals(0, T.max_abs_diff(got.y, want.y), 'forward')
+    assert_f32_close(got.x, want.x, 'dx = dy W (NN)')
+    assert_f32_close(got.w, want.w, 'dW = dy^T x (TN)')
+    assert.equals(0, T.max_abs_diff(got.b, want.b), 'bias gradient (row sums)')
+    if dnn_available then
+      local auto, dnn = run('auto'), run('onednn')
+      assert.equals(0, T.max_abs_diff(auto.y, dnn.y), 'auto: forward as on oneDNN')
+      assert.equals(0, T.max_abs_diff(auto.x, got.x), 'auto: dx as on MKL')
+      assert.equals(0, T.max_abs_diff(auto.w, got.w), 'auto: dW as on MKL')
+    end
+  end)
 end)
