@@ -74,13 +74,18 @@ static atomic_bool env_choice;
 static char env_note[128];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
+/* The library called `name`, or -1. */
+static int library_named(const char *name) {
+    for (int i = 0; name && i < (int)(sizeof names / sizeof names[0]); i++)
+        if (strcmp(name, names[i]) == 0) return i;
+    return -1;
+}
+
 static void read_env(void) {
     const char *env = getenv("FSDP_CPU_GEMM");
     int c = FL_GEMM_AUTO;
     if (env && *env) {
-        c = -1;
-        for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
-            if (strcmp(env, names[i]) == 0) c = i;
+        c = library_named(env);
         if (c < 0) {
             /* A misspelt value keeps the safe path, and the library text
              * (fsdp.cpu_gemm_library()) says why. */
@@ -103,9 +108,7 @@ bool fl_cpu_gemm_allows(fl_gemm_library lib) {
 }
 
 int fl_cpu_gemm_use(const char *library) {
-    int c = -1;
-    for (int i = 0; library && i < (int)(sizeof names / sizeof names[0]); i++)
-        if (strcmp(library, names[i]) == 0) c = i;
+    int c = library_named(library);
     if (c < 0)
         return fl_fail(FL_ERR_ARG, "cpu_gemm_use: unknown library '%s' (known: " KNOWN ")",
                        library ? library : "(null)");
