@@ -1,14 +1,15 @@
--- attention_amx_spec.lua: bf16 attention on AMX tiles ([Note: attention on
--- AMX tiles], core/cpu/cpu_amx.c) against the f32 kernels on the same bf16
--- inputs, in one process (fsdp.cpu_attention_use). Outputs and the three
--- gradients must agree within bf16 rounding: the tiles round the
--- probabilities (and dS) to bf16 before their products, as FlashAttention
--- does, the f32 kernels do not. Shapes cover causal and full attention,
--- grouped-query heads, query and key lengths that are not multiples of a
--- tile, head dims 32, 64 and 128 with Dv != D, strided q, k, v (the
--- models' transposed views) and single rows. Calls the tiles decline (a
--- bias, f16, a head dim not a multiple of 32) must come out bit for bit as
--- on the f32 kernels. Where the CPU has no AMX the comparisons are
+-- attention_bf16_spec.lua: bf16 attention on AMX tiles and on AVX512-BF16
+-- dot products ([Note: bf16 attention kernels],
+-- core/cpu/cpu_attention_native.c) against the f32 kernels on the same
+-- bf16 inputs, in one process (fsdp.cpu_attention_use). Outputs and the
+-- three gradients must agree within bf16 rounding: the bf16 kernels round
+-- the probabilities (and dS) to bf16 before their products, as
+-- FlashAttention does, the f32 kernels do not. Shapes cover causal and
+-- full attention, grouped-query heads, query and key lengths that are not
+-- multiples of a tile, head dims 32, 64 and 128 with Dv != D, strided q,
+-- k, v (the models' transposed views) and single rows. Calls the bf16
+-- kernels decline (a bias, f16, a head dim not a multiple of 32) must come
+-- out bit for bit as on the f32 kernels. Each kernel the CPU lacks is
 -- reported as skipped, with the reason.
 local fsdp = require 'fsdp'
 local T = require 'fsdp.testing'
@@ -20,12 +21,14 @@ void omp_set_num_threads(int n);
 int omp_get_max_threads(void);
 ]]
 
-local initial = fsdp.cpu_attention_kernel()
-local available, why = pcall(fsdp.cpu_attention_use, 'amx')
-local function restore()
-  fsdp.cpu_attention_use(initial:match('^AMX') and 'amx' or 'f32')
+-- Each bf16 kernel, and whether this CPU runs it (or why not).
+local KERNELS = { { 'amx', 'AMX bf16 tiles' }, { 'avx512_bf16', 'AVX512-BF16 dot products' } }
+for _, k in ipairs(KERNELS) do
+  k.available, k.why = pcall(fsdp.cpu_attention_use, k[1])
 end
-restore()
+fsdp.cpu_attention_use('auto')
+local initial = fsdp.cpu_attention_kernel()
+local function restore() fsdp.cpu_attention_use('auto') end
 
 -- o, dq, dk, dv of attention on `kernel`, as f64.
 local function run(kernel, q, k, v, g, opts)
@@ -57,25 +60,49 @@ end
 
 describe('CPU attention kernels', function()
   it('reject an unknown kernel by name', function()
-    T.raises(function() fsdp.cpu_attention_use('flash') end, "unknown kernel 'flash' (known: amx, f32)")
+    T.raises(function() fsdp.cpu_attention_use('flash') end,
+      "unknown kernel 'flash' (known: auto, amx, avx512_bf16, f32)")
   end)
 
-  it('say which kernel runs', function()
+  it('say which kernel runs, and why not the better ones', function()
     fsdp.cpu_attention_use('f32')
-    assert.truthy(fsdp.cpu_attention_kernel():match('^f32 blocks %(AMX: .+%)$'))
+    local text = fsdp.cpu_attention_kernel()
     restore()
+    assert.truthy(text:match("^f32 blocks %(cpu_attention_use%('f32'%); AMX: .+; AVX512%-BF16: .+%)$"), text)
   end)
 
-  if not available then
-    pending('AMX is not available here, the bf16 comparisons were skipped: ' ..
-            tostring(why):gsub('^.-:%d+: ', ''))
+  it('take the best kernel the CPU offers by default', function()
+    local want = KERNELS[1].available and 'AMX bf16 tiles' or KERNELS[2].available and 'AVX512-BF16 dot products' or 'f32 blocks'
+    assert.equal(want, initial:sub(1, #want))
+    assert.equal(initial, fsdp.cpu_attention_kernel())
+  end)
+
+  it('refuse a kernel the CPU lacks, naming what is missing', function()
+    for _, k in ipairs(KERNELS) do
+      if not k.available then
+        assert.truthy(tostring(k.why):match("'" .. k[1] .. "' is not available: the CPU has no") or
+                      tostring(k.why):match("'" .. k[1] .. "' is not available: the kernel refused"), k.why)
+      end
+    end
+    assert.equal(initial, fsdp.cpu_attention_kernel())
+  end)
+end)
+
+for _, kernel in ipairs(KERNELS) do
+describe('bf16 attention on ' .. kernel[2], function()
+  if not kernel.available then
+    pending(kernel[1] .. ' is not available here, its comparisons were skipped: ' ..
+            tostring(kernel.why):gsub('^.-:%d+: ', ''))
     return
   end
+  local name = kernel[1]
   after_each(restore)
 
-  it('names the tiles when they run', function()
-    fsdp.cpu_attention_use('amx')
-    assert.truthy(fsdp.cpu_attention_kernel():match('^AMX bf16 tiles'))
+  it('names the kernel when it runs', function()
+    fsdp.cpu_attention_use(name)
+    local text = fsdp.cpu_attention_kernel()
+    restore()
+    assert.equal(kernel[2], text:sub(1, #kernel[2]))
   end)
 
   -- B, Hq, Hkv, Tq, Tk, D, Dv, causal
@@ -94,7 +121,7 @@ describe('CPU attention kernels', function()
        :format(B, Hq, Tq, D, B, Hkv, Tk, D, Dv, tostring(causal)), function()
       local q, k, v, g = inputs(B, Hq, Hkv, Tq, Tk, D, Dv)
       local want = run('f32', q, k, v, g, { causal = causal })
-      local got = run('amx', q, k, v, g, { causal = causal })
+      local got = run(name, q, k, v, g, { causal = causal })
       for i, name in ipairs(NAMES) do assert_close(got[i], want[i], name) end
     end)
   end
@@ -104,23 +131,23 @@ describe('CPU attention kernels', function()
     local q, k, v, g = bthd(1, 4), bthd(2, 2), bthd(3, 2), bthd(4, 4):contiguous()
     assert.is_false(q:is_contiguous())
     local want = run('f32', q, k, v, g, { causal = true })
-    local got = run('amx', q, k, v, g, { causal = true })
+    local got = run(name, q, k, v, g, { causal = true })
     for i, name in ipairs(NAMES) do assert_close(got[i], want[i], name) end
   end)
 
-  it('run on the tiles (results not bit for bit the f32 kernels)', function()
+  it('run on it (results not bit for bit the f32 kernels)', function()
     local q, k, v, g = inputs(1, 2, 2, 64, 64, 64, 64)
     local want = run('f32', q, k, v, g, { causal = true })
-    local got = run('amx', q, k, v, g, { causal = true })
+    local got = run(name, q, k, v, g, { causal = true })
     assert.is_true((got[1] - want[1]):abs():max():item() > 0)
   end)
 
   it('give the same results on one thread and on several', function()
     local q, k, v, g = inputs(2, 4, 2, 96, 96, 64, 64)
-    local many = run('amx', q, k, v, g, { causal = true })
+    local many = run(name, q, k, v, g, { causal = true })
     local threads = ffi.C.omp_get_max_threads()
     ffi.C.omp_set_num_threads(1)
-    local ok, one = pcall(run, 'amx', q, k, v, g, { causal = true })
+    local ok, one = pcall(run, name, q, k, v, g, { causal = true })
     ffi.C.omp_set_num_threads(threads)
     assert(ok, one)
     for i, name in ipairs(NAMES) do
@@ -128,7 +155,7 @@ describe('CPU attention kernels', function()
     end
   end)
 
-  -- What the tiles decline runs the f32 kernels, bit for bit.
+  -- What the bf16 kernels decline runs the f32 kernels, bit for bit.
   local declined = {
     { 'a bias', function()
       local q, k, v, g = inputs(1, 2, 2, 40, 40, 64, 64)
@@ -147,10 +174,11 @@ describe('CPU attention kernels', function()
     it('leave ' .. d[1] .. ' to the f32 kernels', function()
       local q, k, v, g, opts = d[2]()
       local want = run('f32', q, k, v, g, opts)
-      local got = run('amx', q, k, v, g, opts)
+      local got = run(name, q, k, v, g, opts)
       for i, name in ipairs(NAMES) do
         assert.equal(0, (got[i] - want[i]):abs():max():item(), name)
       end
     end)
   end
 end)
+end

@@ -1,16 +1,18 @@
 /*
- * cpu_attention_amx.c: bf16 scaled dot-product attention on AMX tiles,
- * forward and backward ([Note: attention on AMX tiles], cpu_amx.c, which
- * decides when these run; cpu_attention_gen.h has the same algorithm in
- * f32 through BLAS).
+ * cpu_attention_bf16.c: bf16 scaled dot-product attention, forward and
+ * backward, on AMX tiles or on AVX512-BF16 dot products ([Note: bf16
+ * attention kernels], cpu_attention_native.c, which decides when these
+ * run and on which; cpu_attention_gen.h has the same algorithm in f32
+ * through BLAS).
  *
  * The unit of work is a block of QBLOCK query rows of one (batch, head)
  * against the keys it sees (with causal masking, those up to its last
- * row). Products run on AMX tiles: A operands are bf16 rows as stored, B
- * operands are packed in the tiles' pair-interleaved layout ([K/2][N][2],
- * see pack_pairs), sums are f32. Sizes are padded with zeros to whole
- * tiles (16 rows; 32 along the summed dim); padded rows and columns are
- * never written out.
+ * row). A operands are bf16 rows as stored, B operands are packed pair-
+ * interleaved ([K/2][N][2], see pack_pairs): the layout both AMX's
+ * tdpbf16ps and AVX512-BF16's vdpbf16ps multiply, each f32 sum taking
+ * the two products of a pair. Sums are f32. Sizes are padded with zeros
+ * to whole tiles (16 rows; 32 along the summed dim); padded rows and
+ * columns are never written out. Only `product` differs between the two.
  *   forward   S = Q K^T; P = exp(scale S - rowmax), masked; O = P V / rowsum
  *   backward  P = exp(scale S - lse); dV^T += dO^T P; dP = dO V^T;
  *             dS = P (dP - rowsum(dO O)); dQ = scale dS K; dK^T += scale Q^T dS
@@ -19,9 +21,10 @@
  * each) and writes them out once at the end.
  *
  * Built for AMX-BF16 and AVX-512 (the pragma below): only ever entered
- * through cpu_amx.c, after it checked the CPU.
+ * through cpu_attention_native.c, after it checked the CPU (AVX512-BF16
+ * always; AMX and the tile permission when `tiles`).
  */
-#include "cpu_amx.h"
+#include "cpu_attention_bf16.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
 
@@ -61,7 +64,7 @@ static void tiles_begin(void) {
  * rows with stride lda; B packed [K/2][nb][2] (its first N columns are
  * used). M, N multiples of 16, K of 32. Tiles: 0-3 sums (a 32 x 32 block),
  * 4-5 A, 6-7 B; a last 16-row or 16-column strip one tile at a time. */
-static void product(int64_t M, int64_t N, int64_t K, const bf16 *A, int64_t lda, const bf16 *B,
+static void product_tiles(int64_t M, int64_t N, int64_t K, const bf16 *A, int64_t lda, const bf16 *B,
                     int64_t nb, float *C, int64_t ldc, bool acc) {
     size_t sa = (size_t)lda * 2, sb = (size_t)nb * 4, sc = (size_t)ldc * 4;
     int64_t M2 = M / 32 * 32, N2 = N / 32 * 32;
@@ -109,6 +112,60 @@ static void product(int64_t M, int64_t N, int64_t K, const bf16 *A, int64_t lda,
             }
             _tile_stored(0, c, sc);
         }
+}
+
+/* R rows by 16 V columns of C = A B (or +=), as product_tiles, on
+ * AVX512-BF16: per pair of A's columns, a broadcast of the pair times V
+ * vectors of 16 packed pairs of B, each vdpbf16ps adding both products to
+ * 16 f32 sums. R V sums stay in registers over the whole K. */
+static inline __attribute__((always_inline)) void dots_block(int R, int V, int64_t K,
+                                                            const bf16 *A, int64_t lda,
+                                                            const bf16 *B, int64_t nb, float *C,
+                                                            int64_t ldc, bool acc) {
+    __m512 c[8][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < V; v++)
+            c[r][v] = acc ? _mm512_loadu_ps(C + r * ldc + 16 * v) : _mm512_setzero_ps();
+    for (int64_t i = 0; i < K / 2; i++) {
+        __m512bh b[2];
+#pragma GCC unroll 2
+        for (int v = 0; v < V; v++) b[v] = (__m512bh)_mm512_loadu_si512(B + 2 * (i * nb + 16 * v));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            uint32_t pair;
+            memcpy(&pair, A + r * lda + 2 * i, sizeof pair);
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)pair);
+#pragma GCC unroll 2
+            for (int v = 0; v < V; v++) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < V; v++) _mm512_storeu_ps(C + r * ldc + 16 * v, c[r][v]);
+}
+
+/* product_tiles' contract on AVX512-BF16: blocks of 8 rows by 32 columns
+ * (16 sums in registers), a last 16-column strip 8 by 16. */
+static void product_dots(int64_t M, int64_t N, int64_t K, const bf16 *A, int64_t lda,
+                         const bf16 *B, int64_t nb, float *C, int64_t ldc, bool acc) {
+    int64_t N2 = N / 32 * 32;
+    for (int64_t m = 0; m < M; m += 8) {
+        for (int64_t n = 0; n < N2; n += 32)
+            dots_block(8, 2, K, A + m * lda, lda, B + 2 * n, nb, C + m * ldc + n, ldc, acc);
+        if (N2 < N) dots_block(8, 1, K, A + m * lda, lda, B + 2 * N2, nb, C + m * ldc + N2, ldc, acc);
+    }
+}
+
+/* The products of one call: on the tiles or on dot products. */
+static void product(bool tiles, int64_t M, int64_t N, int64_t K, const bf16 *A, int64_t lda,
+                    const bf16 *B, int64_t nb, float *C, int64_t ldc, bool acc) {
+    if (tiles)
+        product_tiles(M, N, K, A, lda, B, nb, C, ldc, acc);
+    else
+        product_dots(M, N, K, A, lda, B, nb, C, ldc, acc);
 }
 
 /* ---- packing: B operands and transposes ------------------------------------------ */
@@ -239,7 +296,7 @@ static void scratch_put(scratch *s) {
     if (s->base) fl_cpu_free(s->base, s->bytes);
 }
 
-int fl_amx_attention(const fl_attention_args *a) {
+int fl_bf16_attention(const fl_attention_args *a, bool tiles) {
     const fl_tensor *q = a->q, *k = a->k, *v = a->v;
     int64_t B = q->shape[0], Hq = q->shape[1], Tq = q->shape[2], D = q->shape[3];
     int64_t Hkv = k->shape[1], Tk = k->shape[2], Dv = v->shape[3], group = Hq / Hkv;
@@ -260,7 +317,7 @@ int fl_amx_attention(const fl_attention_args *a) {
         bf16 *P = (bf16 *)(S + QBLOCK * Tp);
         float *O = (float *)(P + QBLOCK * Tp), *inv_sum = O + QBLOCK * Dv;
         int64_t packed = -1;
-        if (s.base) tiles_begin();
+        if (s.base && tiles) tiles_begin();
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++) {
             if (!s.base || oom) continue;
@@ -274,10 +331,10 @@ int fl_amx_attention(const fl_attention_args *a) {
             int64_t m_pad = round_up(m, 32), nk = a->causal && i0 + m < Tk ? i0 + m : Tk;
             int64_t np = round_up(nk, 32);
             copy_rows(Qb, row_of(q, b, h, i0), q->stride[2], m, m_pad, D, false);
-            product(m_pad, np, D, Qb, D, Kt, Tp, S, np, false);
+            product(tiles, m_pad, np, D, Qb, D, Kt, Tp, S, np, false);
             float *lse = (float *)a->lse->data + (b * Hq + h) * Tq + i0;
             forward_softmax(a, S, P, m, m_pad, np, nk, i0, lse, inv_sum);
-            product(m_pad, Dv, np, P, np, Vp, Dv, O, Dv, false);
+            product(tiles, m_pad, Dv, np, P, np, Vp, Dv, O, Dv, false);
             for (int64_t r = 0; r < m; r++) {
                 bf16 *o = (bf16 *)row_of(a->out, b, h, i0 + r);
                 __m512 inv = _mm512_set1_ps(inv_sum[r]);
@@ -285,7 +342,7 @@ int fl_amx_attention(const fl_attention_args *a) {
                     fl_store_bf16x16(o + d, _mm512_mul_ps(_mm512_loadu_ps(O + r * Dv + d), inv));
             }
         }
-        if (s.base) _tile_release();
+        if (s.base && tiles) _tile_release();
         scratch_put(&s);
     }
     return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention: out of host memory for "
@@ -342,7 +399,7 @@ static void backward_softmax(const fl_attention_args *a, float *S, float *dP, bf
     }
 }
 
-int fl_amx_attention_backward(const fl_attention_args *a) {
+int fl_bf16_attention_backward(const fl_attention_args *a, bool tiles) {
     const fl_tensor *q = a->q, *k = a->k, *v = a->v, *o = a->o, *dout = a->dout;
     int64_t B = q->shape[0], Hq = q->shape[1], Tq = q->shape[2], D = q->shape[3];
     int64_t Hkv = k->shape[1], Tk = k->shape[2], Dv = v->shape[3], group = Hq / Hkv;
@@ -365,7 +422,7 @@ int fl_amx_attention_backward(const fl_attention_args *a) {
         float *S = (float *)(dOT + QBLOCK * Dv), *dP = S + QBLOCK * Tp;
         bf16 *Pp = (bf16 *)(dP + QBLOCK * Tp), *dSp = Pp + QBLOCK * Tp, *dSb = dSp + QBLOCK * Tp;
         float *dQ = (float *)(dSb + QBLOCK * Tp), *rowdot = dQ + QBLOCK * D;
-        if (s.base) tiles_begin();
+        if (s.base && tiles) tiles_begin();
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             if (!s.base || oom) continue;
@@ -394,12 +451,12 @@ int fl_amx_attention_backward(const fl_attention_args *a) {
                                                   fl_load_bf16x16(grow + d), acc);
                         rowdot[r] = _mm512_reduce_add_ps(acc);
                     }
-                    product(m_pad, np, D, Qb, D, Kt, Tp, S, np, false);
-                    product(m_pad, np, Dv, dOb, Dv, Vt, Tp, dP, np, false);
+                    product(tiles, m_pad, np, D, Qb, D, Kt, Tp, S, np, false);
+                    product(tiles, m_pad, np, Dv, dOb, Dv, Vt, Tp, dP, np, false);
                     backward_softmax(a, S, dP, Pp, dSp, dSb, lse, rowdot, m, m_pad, np, nk, i0);
-                    product(Dv, np, m_pad, dOT, m_pad, Pp, np, dVt, Tp, true);
-                    product(D, np, m_pad, QT, m_pad, dSp, np, dKt, Tp, true);
-                    product(m_pad, D, np, dSb, np, Kp, D, dQ, D, false);
+                    product(tiles, Dv, np, m_pad, dOT, m_pad, Pp, np, dVt, Tp, true);
+                    product(tiles, D, np, m_pad, QT, m_pad, dSp, np, dKt, Tp, true);
+                    product(tiles, m_pad, D, np, dSb, np, Kp, D, dQ, D, false);
                     for (int64_t r = 0; r < m; r++) {
                         bf16 *dq = (bf16 *)row_of(a->dq, b, h, i0 + r);
                         for (int64_t d = 0; d < D; d += 16)
@@ -410,7 +467,7 @@ int fl_amx_attention_backward(const fl_attention_args *a) {
             store_transposed(a->dk, b, hk, dKt, Tp, Tk, D, scale);
             store_transposed(a->dv, b, hk, dVt, Tp, Tk, Dv, 1);
         }
-        if (s.base) _tile_release();
+        if (s.base && tiles) _tile_release();
         scratch_put(&s);
     }
     return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention backward: out of host memory "
@@ -420,11 +477,11 @@ int fl_amx_attention_backward(const fl_attention_args *a) {
 
 #else /* not x86-64 Linux with GCC: cpu_amx.c never takes a call */
 
-int fl_amx_attention(const fl_attention_args *a) {
+int fl_bf16_attention(const fl_attention_args *a, bool tiles) {
     (void)a;
     return fl_fail(FL_ERR_UNSUPPORTED, "scaled_dot_product_attention: built without AMX");
 }
-int fl_amx_attention_backward(const fl_attention_args *a) {
+int fl_bf16_attention_backward(const fl_attention_args *a, bool tiles) {
     (void)a;
     return fl_fail(FL_ERR_UNSUPPORTED, "scaled_dot_product_attention: built without AMX");
 }
