@@ -500,6 +500,12 @@ bool fl_cpu_gemm_allows(fl_gemm_library lib);
  * *version, or false with *why (either may be NULL). */
 bool fl_cpu_onednn_available(const char **version, const char **why);
 bool fl_cpu_mkl_available(const char **version, const char **why);
+/* Whether OpenBLAS runs kernels for narrower vectors than the CPU has (its
+ * Haswell or Zen kernels on a CPU with AVX-512, as OPENBLAS_CORETYPE can
+ * force), and the name of its kernels ([Note: GEMM libraries]). */
+bool fl_cpu_openblas_narrow(const char **core);
+/* Whether oneDNN opened and runs AVX-512 kernels (avx512_core or later). */
+bool fl_cpu_onednn_wide(void);
 /* fl_cpu_sgemm on MKL when it takes the product (B as stored, at least
  * FL_CPU_LARGE_PRODUCT multiply-adds, outside a parallel region, allowed
  * and installed): true when it ran it, false when the caller should. */

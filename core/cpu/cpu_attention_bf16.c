@@ -475,15 +475,15 @@ int fl_bf16_attention_backward(const fl_attention_args *a, bool tiles) {
                : FL_OK;
 }
 
-#else /* not x86-64 Linux with GCC: cpu_amx.c never takes a call */
+#else /* not x86-64 Linux with GCC: cpu_attention_native.c never takes a call */
 
 int fl_bf16_attention(const fl_attention_args *a, bool tiles) {
-    (void)a;
-    return fl_fail(FL_ERR_UNSUPPORTED, "scaled_dot_product_attention: built without AMX");
+    (void)a, (void)tiles;
+    return fl_fail(FL_ERR_UNSUPPORTED, "scaled_dot_product_attention: built without AVX-512");
 }
 int fl_bf16_attention_backward(const fl_attention_args *a, bool tiles) {
-    (void)a;
-    return fl_fail(FL_ERR_UNSUPPORTED, "scaled_dot_product_attention: built without AMX");
+    (void)a, (void)tiles;
+    return fl_fail(FL_ERR_UNSUPPORTED, "scaled_dot_product_attention: built without AVX-512");
 }
 
 #endif

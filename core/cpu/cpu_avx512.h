@@ -1,6 +1,6 @@
 /*
  * cpu_avx512.h: 16-lane helpers for the kernels built for AVX-512
- * (cpu_rows_avx512.c, cpu_attention_amx.c): e^x and bf16 loads and
+ * (cpu_rows_avx512.c, cpu_attention_bf16.c): e^x and bf16 loads and
  * stores. Include only from a file compiled for AVX-512 (its own
  * `#pragma GCC target`), whose functions run only where the CPU has it.
  */

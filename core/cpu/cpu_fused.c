@@ -2,8 +2,8 @@
  * cpu_fused.c: the CPU kernel table of the fused family. The kernels live
  * one op per file, as in core/ops and core/cuda: cpu_norm.c (RMSNorm,
  * LayerNorm), cpu_softmax.c, cpu_loss.c (cross-entropy, NLL),
- * cpu_rotary.c, cpu_attention.c (bf16 on AMX tiles: cpu_amx.c,
- * cpu_attention_amx.c).
+ * cpu_rotary.c, cpu_attention.c (bf16 on AMX tiles or AVX512-BF16:
+ * cpu_attention_native.c, cpu_attention_bf16.c).
  */
 #include "cpu_fused.h"
 

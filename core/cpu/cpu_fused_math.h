@@ -107,12 +107,12 @@ int fl_cpu_attention_backward(const fl_attention_args *a);
  * when there are several and the whole job is worth a parallel region
  * (work: multiply-adds of the products); the small attentions of tests and
  * gradient checks stay on one thread. Shared by the f32 kernels and the
- * AMX ones. */
+ * bf16 ones. */
 static inline bool fl_attention_parallel(int64_t items, int64_t work) {
     return items > 1 && work >= (1 << 20) && omp_get_max_threads() > 1;
 }
-/* bf16 attention on AMX tiles where the CPU has them (cpu_amx.c): the
- * table's attention_native entries. */
+/* bf16 attention on AMX tiles or AVX512-BF16 dot products where the CPU
+ * has them (cpu_attention_native.c): the table's attention_native entries. */
 int fl_cpu_attention_native(const fl_attention_args *a, bool *done);
 int fl_cpu_attention_native_backward(const fl_attention_args *a, bool *done);
 

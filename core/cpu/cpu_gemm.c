@@ -6,10 +6,16 @@
  *
  * [Note: GEMM libraries]
  * Three libraries run the CPU's matrix products, each where it was
- * measured fastest on this project's machine (Sapphire Rapids, 2 cores):
+ * measured fastest on this project's machines (2 cores of Intel Sapphire
+ * Rapids, and of AMD Zen 5):
  * - oneDNN (cpu_onednn.c, asked by cpu_matmul.c before it converts
- *   anything): every large bf16 product (AMX tiles), and large f32 ones
- *   laid out as x W^T (F.linear's forward).
+ *   anything): every large bf16 product (AMX tiles or AVX512-BF16), and
+ *   large f32 ones laid out as x W^T (F.linear's forward). Also every
+ *   other large f32 product where OpenBLAS's kernels are narrower than
+ *   the CPU (fl_cpu_openblas_narrow: OpenBLAS picks its kernels when it
+ *   loads, and OPENBLAS_CORETYPE=Haswell, as set on the Zen 5 machines,
+ *   gives it 256-bit ones; oneDNN's AVX-512 ones then ran GPT-2's
+ *   gradient products at 400-440 GFLOP/s against 225).
  * - MKL (cpu_mkl.c, asked here): the other large f32 products with B as
  *   stored (NN, TN: the gradients' products).
  * - OpenBLAS: the rest (small products, products inside a parallel
@@ -22,7 +28,8 @@
  * fl_cpu_gemm_use later) is 'auto' (each where installed), 'openblas'
  * (OpenBLAS only), or 'onednn' / 'mkl' (that one and OpenBLAS, for
  * comparisons). Whether a product is taken depends only on dtypes,
- * layout, sizes and that choice, never on data or threads, so the
+ * layout, sizes, that choice and the process's fixed facts (OpenBLAS's
+ * kernels, oneDNN's ISA), never on data or threads, so the
  * planner's meta model asks the same rule (cpu_matmul.c's matmul_scratch)
  * and agrees with the run. The libraries sum in different orders: results
  * agree to rounding (tests/lua/gemm_library_spec.lua compares each with
@@ -34,6 +41,7 @@
  * ops run one after another.
  */
 #include "internal.h"
+#include "cpu_rows_avx512.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -42,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
 
@@ -60,6 +69,29 @@ void fl_cpu_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, alpha, a,
                 (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+/* ---- OpenBLAS's kernels ---------------------------------------------------------- */
+
+static pthread_once_t core_once = PTHREAD_ONCE_INIT;
+static bool core_narrow;
+static char core_name[32];
+
+/* OpenBLAS's kernel sets for AVX-512 (its DYNAMIC_ARCH names); any other
+ * on a CPU with AVX-512 uses half its vector width. */
+static void read_core(void) {
+    static const char *const wide[] = {"skylakex", "cooperlake", "sapphirerapids"};
+    const char *name = openblas_get_corename();
+    snprintf(core_name, sizeof core_name, "%s", name ? name : "unknown");
+    core_narrow = fl_cpu_avx512();
+    for (size_t i = 0; core_narrow && i < sizeof wide / sizeof wide[0]; i++)
+        if (strcasecmp(core_name, wide[i]) == 0) core_narrow = false;
+}
+
+bool fl_cpu_openblas_narrow(const char **core) {
+    pthread_once(&core_once, read_core);
+    if (core) *core = core_name;
+    return core_narrow;
 }
 
 /* ---- the choice -------------------------------------------------------------------- */
@@ -136,17 +168,22 @@ const char *fl_cpu_gemm_library(void) {
     if (env_note[0] && atomic_load(&env_choice)) snprintf(off, sizeof off, "%s", env_note);
     else snprintf(off, sizeof off, "not chosen ('%s')", names[c]);
     int len = 0;
+    const char *core;
+    bool narrow = fl_cpu_openblas_narrow(&core);
     if (dnn)
         len += snprintf(text + len, sizeof text - len,
-                        "oneDNN %s (bf16 products, and f32 ones as x W^T, of %d multiply-adds and "
+                        "oneDNN %s (bf16 products, and f32 ones %s, of %d multiply-adds and "
                         "more), ",
-                        dnn_version, FL_CPU_LARGE_PRODUCT);
+                        dnn_version,
+                        narrow && fl_cpu_onednn_wide() ? "in every layout" : "as x W^T",
+                        FL_CPU_LARGE_PRODUCT);
     if (mkl)
         len += snprintf(text + len, sizeof text - len,
                         "MKL %s (the other f32 products with B untransposed, of %d multiply-adds "
                         "and more), ",
                         mkl_version, FL_CPU_LARGE_PRODUCT);
-    len += snprintf(text + len, sizeof text - len, "OpenBLAS (the rest");
+    len += snprintf(text + len, sizeof text - len, "OpenBLAS %s (the rest%s", core,
+                    narrow ? "; its kernels are narrower than this CPU's AVX-512" : "");
     if (!dnn)
         len += snprintf(text + len, sizeof text - len, "; oneDNN: %s",
                         fl_cpu_gemm_allows(FL_GEMM_ONEDNN) ? dnn_why : off);

@@ -77,7 +77,7 @@ _Static_assert((int)FL_CPU_SMALL_GEMM < (int)FL_CPU_LARGE_PRODUCT,
 #endif
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static bool tried, open_ok;
+static bool tried, open_ok, wide;
 static char why_not[256] = "not tried yet";
 
 #ifdef HAVE_ONEDNN_HEADER
@@ -85,7 +85,8 @@ static char why_not[256] = "not tried yet";
     X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_memory_desc_init_by_strides)               \
     X(dnnl_memory_create) X(dnnl_memory_destroy) X(dnnl_matmul_desc_init)                         \
     X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) X(dnnl_primitive_desc_query)     \
-    X(dnnl_primitive_create) X(dnnl_primitive_destroy) X(dnnl_primitive_execute) X(dnnl_version)
+    X(dnnl_primitive_create) X(dnnl_primitive_destroy) X(dnnl_primitive_execute) X(dnnl_version)   \
+    X(dnnl_get_effective_cpu_isa)
 
 #define DECLARE(f) static __typeof__(f) *p_##f;
 ONEDNN_FUNCTIONS(DECLARE)
@@ -124,6 +125,8 @@ static bool open_onednn(void) {
         snprintf(why_not, sizeof why_not, "oneDNN could not create its CPU engine");
         return false;
     }
+    dnnl_cpu_isa_t isa = p_dnnl_get_effective_cpu_isa();
+    wide = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
     const dnnl_version_t *v = p_dnnl_version();
     snprintf(version, sizeof version, "%d.%d.%d", v->major, v->minor, v->patch);
     return true;
@@ -245,12 +248,22 @@ bool fl_cpu_onednn_available(const char **version_out, const char **why) {
     return ok;
 }
 
+bool fl_cpu_onednn_wide(void) {
+    pthread_mutex_lock(&lock);
+    bool ok = opened() && wide;
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
+
 /* Whether oneDNN runs products of p's dtypes and layout at all, before
  * sizes and the library chosen: every bf16 product, and f32 ones in the
- * linear forward's layout only (A as stored, B transposed: x W^T). */
+ * linear forward's layout (A as stored, B transposed: x W^T), or in any
+ * layout where OpenBLAS's kernels are narrower than the CPU (entry_for
+ * then also asks that oneDNN's are not). */
 static bool routed(const fl_onednn_product *p) {
     if (p->dtype == FL_BF16) return p->c_dtype == FL_F32 || p->c_dtype == FL_BF16;
-    return p->dtype == FL_F32 && p->c_dtype == FL_F32 && !p->trans_a && p->trans_b;
+    if (p->dtype != FL_F32 || p->c_dtype != FL_F32) return false;
+    return (!p->trans_a && p->trans_b) || fl_cpu_openblas_narrow(NULL);
 }
 
 #ifdef HAVE_ONEDNN_HEADER
@@ -261,6 +274,7 @@ static cached_product *entry_for(const fl_onednn_product *p) {
         p->m * p->n * p->k < FL_CPU_LARGE_PRODUCT)
         return NULL;
     if (!fl_cpu_gemm_allows(FL_GEMM_ONEDNN) || !opened()) return NULL;
+    if (p->dtype == FL_F32 && !(!p->trans_a && p->trans_b) && !wide) return NULL;
     fl_onednn_product key;
     memset(&key, 0, sizeof key); /* the padding too: keys are compared bytewise */
     key.dtype = p->dtype, key.c_dtype = p->c_dtype;

@@ -208,12 +208,14 @@ FL_API int fl_cpu_gemm_use(const char *library);
 FL_API const char *fl_cpu_gemm_chosen(void);
 /* The kernels of the CPU backend's attention, in words: "AMX bf16 tiles
  * (bf16 q, k, v with head dims multiples of 32 and no bias), f32 blocks
- * (the rest)" or "f32 blocks (AMX: why not)" ([Note: attention on AMX
- * tiles], core/cpu/cpu_amx.c). Valid until the next call. */
+ * (the rest)", "AVX512-BF16 dot products (...), f32 blocks (the rest; AMX:
+ * why not)" or "f32 blocks (why not the others)" ([Note: bf16 attention
+ * kernels], core/cpu/cpu_attention_native.c). Valid until the next call. */
 FL_API const char *fl_cpu_attention_kernel(void);
-/* Run bf16 attention on "amx" tiles (fails where the CPU or the kernel
- * does not offer them) or on "f32" copies like the rest;
- * FSDP_CPU_ATTENTION=f32 chooses the latter at start. */
+/* Run bf16 attention on "amx" tiles or "avx512_bf16" dot products (each
+ * fails where the CPU or the kernel does not offer it), on "f32" copies
+ * like the rest, or on the best available ("auto", the default);
+ * FSDP_CPU_ATTENTION chooses at start. */
 FL_API int fl_cpu_attention_use(const char *kernel);
 /* Whether products on meta count the scratch of a backend that computes
  * 16-bit products in f32 (the CPU backend): what its matmul stages for

@@ -331,15 +331,18 @@ function M.cpu_gemm_use(library)
 end
 
 -- The kernels behind the CPU backend's attention, in words: "AMX bf16
--- tiles (...), f32 blocks (the rest)" or "f32 blocks (AMX: why not)"
--- ([Note: attention on AMX tiles], core/cpu/cpu_amx.c).
+-- tiles (...), f32 blocks (the rest)", "AVX512-BF16 dot products (...),
+-- f32 blocks (the rest; AMX: why not)" or "f32 blocks (why not the
+-- others)" ([Note: bf16 attention kernels],
+-- core/cpu/cpu_attention_native.c).
 function M.cpu_attention_kernel()
   return ffi.string(C.fl_cpu_attention_kernel())
 end
 
--- Run bf16 attention on 'amx' tiles (an error where they are not
--- available) or on f32 copies ('f32'); the environment's
--- FSDP_CPU_ATTENTION=f32 does the latter at start.
+-- Run bf16 attention on 'amx' tiles or 'avx512_bf16' dot products (an
+-- error where the CPU lacks them), on f32 copies ('f32'), or on the best
+-- available ('auto', the default); the environment's FSDP_CPU_ATTENTION
+-- chooses at start.
 function M.cpu_attention_use(kernel)
   core.check(C.fl_cpu_attention_use(kernel))
 end
