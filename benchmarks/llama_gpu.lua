@@ -12,7 +12,8 @@
 --   fsdp-lua benchmarks/llama_gpu.lua --device=cpu --model=tiny --seq=64 --batch=2 --steps=2
 --
 -- MFU is the model's training FLOPs per token (llama.flops_per_token: 6N +
--- 12 L H hd T, PaLM appendix B; N counts a tied embedding once) times
+-- 12 L H hd T, PaLM appendix B; N counts a tied embedding once, an untied
+-- input embedding not at all: it is a lookup) times
 -- tokens/s over --peak_tflops (989: H100 SXM bf16 dense). The clock is
 -- read after `loss:item()`: its device-to-host copy waits for every kernel
 -- queued before it (all run on the legacy default stream), so each timed

@@ -168,8 +168,10 @@ def is_oom(e):
 
 
 def flops_per_token(c, seq, n_params):
-    """6N + 12 L H hd T (PaLM appendix B), as llama.flops_per_token."""
-    return 6 * n_params + 12 * c["n_layers"] * c["dim"] * seq
+    """6N + 12 L H hd T (PaLM appendix B), N without an untied input
+    embedding (a lookup), as llama.flops_per_token."""
+    n = n_params - (0 if c["tied"] else c["vocab_size"] * c["dim"])
+    return 6 * n + 12 * c["n_layers"] * c["dim"] * seq
 
 
 def main():

@@ -96,10 +96,14 @@ function M.closed_form_parameters(c)
   return c.n_layers * per_layer + c.dim + (c.tied and 1 or 2) * c.vocab_size * c.dim
 end
 
--- Training FLOPs per token (PaLM appendix B): 6N + 12 L H hd T.
+-- Training FLOPs per token (PaLM appendix B): 6N + 12 L H hd T, where N
+-- counts the weights that multiply: an untied input embedding is a lookup
+-- and is left out (28% of the small Llama's parameters), a tied one counts
+-- once, as the head.
 function M.flops_per_token(c, seq_len, n_params)
   n_params = n_params or M.closed_form_parameters(c)
-  return 6 * n_params + 12 * c.n_layers * c.n_heads * c.head_dim * seq_len
+  local n = n_params - (c.tied and 0 or c.vocab_size * c.dim)
+  return 6 * n + 12 * c.n_layers * c.n_heads * c.head_dim * seq_len
 end
 
 -- layers ---------------------------------------------------------------------------------

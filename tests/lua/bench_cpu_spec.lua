@@ -1,8 +1,11 @@
--- bench_cpu_spec.lua: benchmarks/fma_peak.c, the f32 multiply-add peak that
--- benchmarks/cpu_compare.sh prints as the ceiling of the f32 comparison.
--- It is built here as cpu_compare.sh builds it (the system's cc, 256-bit
--- FMA always, 512-bit where the CPU has AVX-512) and must print its RESULT
--- line with the threads it ran on and the vector width it was built for.
+-- bench_cpu_spec.lua: benchmarks/fma_peak.c, the f32 multiply-add peak (and
+-- the AVX512-BF16 dot-product peak) that benchmarks/cpu_compare.sh prints
+-- as the ceilings of the comparison. It is built here as cpu_compare.sh
+-- builds it (the system's cc, 256-bit FMA always, 512-bit where the CPU has
+-- AVX-512, with the bf16 dot products where it has AVX512-BF16) and must
+-- print its RESULT line with the threads it ran on and the vector width it
+-- was built for, and the bf16 rate only when built for it: each step adds
+-- two products per lane, so it is above the f32 rate.
 local cjson = require 'cjson'
 
 local function cpu_has(flag)
@@ -27,14 +30,16 @@ describe('benchmarks/fma_peak.c', function()
   setup(function() assert(os.execute('mkdir -p ' .. dir)) end)
   teardown(function() os.execute('rm -rf ' .. dir) end)
 
-  local variants = { { '-mfma', 256, 'fma' }, { '-mavx512f', 512, 'avx512f' } }
+  local variants = { { '-mfma', 256, 'fma' }, { '-mavx512f', 512, 'avx512f' },
+                    { '-mavx512f -mavx512bf16', 512, 'avx512_bf16' } }
   for _, v in ipairs(variants) do
     local flag, bits, cpu_flag = v[1], v[2], v[3]
+    local bf16 = cpu_flag == 'avx512_bf16'
     if not cpu_has(cpu_flag) then
       pending(('%s: this CPU has no %s, not built'):format(flag, cpu_flag))
     else
       it(('builds with %s and reports a %d-bit rate on 2 threads'):format(flag, bits), function()
-        local exe = dir .. '/fma_peak' .. bits
+        local exe = dir .. '/fma_peak' .. bits .. (bf16 and '_bf16' or '')
         local out, rc = sh(('cc -O2 -fopenmp %s benchmarks/fma_peak.c -o %s'):format(flag, exe))
         assert.equals(0, rc, out)
         out, rc = sh('OMP_NUM_THREADS=2 ' .. exe)
@@ -44,6 +49,12 @@ describe('benchmarks/fma_peak.c', function()
         assert.equals(bits, r.vector_bits)
         assert.is_true(r.fma_peak_gflops > 0, out)
         assert.truthy(out:match(('f32 multiply%%-add peak: [%%d.]+ GFLOP/s %%(2 threads, %d%%-bit'):format(bits)), out)
+        if bf16 then
+          assert.is_true(r.bf16_dot_peak_gflops > r.fma_peak_gflops, out)
+          assert.truthy(out:match('bf16 dot%-product peak %(vdpbf16ps%): [%d.]+ GFLOP/s'), out)
+        else
+          assert.is_nil(r.bf16_dot_peak_gflops, out)
+        end
       end)
     end
   end

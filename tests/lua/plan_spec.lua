@@ -151,8 +151,8 @@ describe('fsdp.plan memory', function()
   it('gives Llama-2-70B on 64 H100s in bf16 the numbers worked out by hand', function()
     local p = fsdp.plan(llama70(), with(H100, { checkpoint = true }))
     -- FLOPs as the traced ops count them: PaLM's 6N + 12 L H hd T per token
-    -- counts the causal attention's masked half too (and the embedding's
-    -- 6 V D), so the count is a few percent below it.
+    -- counts the causal attention's masked half too, so the count is a few
+    -- percent below it.
     local per_token = llama.flops_per_token(llama.config('Llama-2-70b'), 4096, N70)
     local ratio = p.flops.model / (per_token * 4096)
     assert.is_true(ratio > 0.95 and ratio < 1, tostring(ratio))
