@@ -122,13 +122,12 @@ static void choose(void) {
 }
 
 int fl_cpu_attention_use(const char *name) {
-    int k = name && strcmp(name, "auto") != 0 ? kernel_named(name) : -2;
+    int k = !name ? -1 : strcmp(name, "auto") == 0 ? -2 : kernel_named(name);
     if (k == -1)
         return fl_fail(FL_ERR_ARG, "cpu_attention_use: unknown kernel '%s' (known: " KNOWN ")",
                        name ? name : "(null)");
     pthread_mutex_lock(&lock);
-    chosen = true;
-    probe();
+    choose(); /* a refusal below keeps the choice made at start */
     int rc = FL_OK;
     if (k == -2) {
         use = best();

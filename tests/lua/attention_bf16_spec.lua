@@ -86,6 +86,22 @@ describe('CPU attention kernels', function()
     end
     assert.equal(initial, fsdp.cpu_attention_kernel())
   end)
+
+  it('keep the choice made at start when the first request is refused', function()
+    -- In a fresh process, so that the refusals are its first calls: a
+    -- kernel the CPU lacks, a missing name, an unknown one. The kernel in
+    -- use must stay the default one (the text before its first '(').
+    local calls = { "pcall(f.cpu_attention_use, nil)", "pcall(f.cpu_attention_use, 'flash')" }
+    for _, k in ipairs(KERNELS) do
+      if not k.available then table.insert(calls, 1, ("pcall(f.cpu_attention_use, '%s')"):format(k[1])) end
+    end
+    local code = "local f = require 'fsdp'; " .. table.concat(calls, '; ') .. "; io.write(f.cpu_attention_kernel())"
+    local p = assert(io.popen(('%q -e %q 2>&1'):format(require('fsdp.host').exe, code)))
+    local out = p:read('*a')
+    p:close()
+    assert.equal(initial:match('^[^(]*'), out:match('^[^(]*'), out)
+    T.raises(function() fsdp.cpu_attention_use(nil) end, "unknown kernel '(null)'")
+  end)
 end)
 
 for _, kernel in ipairs(KERNELS) do
