@@ -23,7 +23,12 @@
  *   TN: the weight gradient) oneDNN was no faster, and for some shapes
  *   much slower (dx = dy W at 256 x 768 x 3072: 120 against 296), so
  *   those stay with fl_cpu_sgemm (MKL or OpenBLAS), as does f16: oneDNN
- *   2.6 has no f16 matmul on the CPU (primitive creation fails).
+ *   2.6 has no f16 matmul on the CPU (primitive creation fails). Except
+ *   where OpenBLAS's kernels are narrower than the CPU and oneDNN's are
+ *   AVX-512 (fl_cpu_openblas_narrow; on the Zen 5 machines, whose
+ *   OPENBLAS_CORETYPE=Haswell halves OpenBLAS's vectors): there oneDNN
+ *   takes every large f32 product (GPT-2's gradient products 400-440
+ *   GFLOP/s against 225).
  * - Small products (under FL_CPU_LARGE_PRODUCT multiply-adds) stay on the
  *   conversion path: a primitive lookup costs more than they gain. They
  *   include every product cpu_matmul.c runs inside an OpenMP parallel
