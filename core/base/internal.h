@@ -520,16 +520,21 @@ bool fl_cpu_mkl_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 typedef struct fl_onednn_product {
     fl_dtype dtype, c_dtype;
     bool trans_a, trans_b, bias;
+    bool accumulate; /* C += the product (cpu_onednn.c's pieces of a long sum) */
     int64_t m, n, k, lda, ldb, ldc;
 } fl_onednn_product;
 /* Whether oneDNN takes the product ([Note: GEMM libraries],
  * core/cpu/cpu_gemm.c). A pure function of *p and the library chosen:
  * the CPU matmul and its meta model ask it alike. */
 bool fl_cpu_onednn_takes(const fl_onednn_product *p);
+/* The f32 scratch bytes fl_cpu_onednn_gemm needs for p: an [m, n]
+ * accumulator when it sums a long K in pieces into a bf16 C, else 0. */
+int64_t fl_cpu_onednn_scratch(const fl_onednn_product *p);
 /* Run on oneDNN a product that fl_cpu_onednn_takes accepted (bias NULL
- * unless p->bias); FL_OK, or an error naming the product. */
+ * unless p->bias; scratch f32 of fl_cpu_onednn_scratch(p) bytes, or NULL
+ * when that is 0); FL_OK, or an error naming the product. */
 int fl_cpu_onednn_gemm(const fl_onednn_product *p, const void *a, const void *b, const float *bias,
-                       void *c);
+                       void *c, float *scratch);
 
 /* ---- what every op shares (core/ops/op_common.c) --------------------------- */
 

@@ -154,7 +154,8 @@ static bool onednn_plan(const fl_tensor *out, const fl_tensor *a, const fl_tenso
 }
 
 /* Bytes cpu_matmul allocates for a while beyond out, as it would for these
- * views: on oneDNN the f32 bias and copies of strided operands; else
+ * views: on oneDNN the f32 bias, copies of strided operands and a long
+ * sum's f32 accumulator (fl_cpu_onednn_scratch); else
  * the f32 result of a 16-bit product, the bias and the operands' f32
  * conversions. The planner's meta model counts them ([Note: virtual
  * storage], core/ops/matmul.c). */
@@ -167,7 +168,7 @@ static int64_t cpu_matmul_scratch(const fl_tensor *out, const fl_tensor *a, cons
     fl_onednn_product p;
     bool dnn = onednn_plan(out, a, b, bias != NULL, &p);
     fl_dtype ot = dnn ? p.dtype : ct;
-    int64_t bytes = 0, ea = 0, eb = 0;
+    int64_t bytes = dnn ? fl_cpu_onednn_scratch(&p) : 0, ea = 0, eb = 0;
     if (!dnn && out->dtype != ct) bytes += out->numel * (int64_t)fl_dtype_size(ct);
     if (bias) bytes += n * (int64_t)fl_dtype_size(ct);
     if (k > 0) {
@@ -202,14 +203,21 @@ static int matmul_onednn(fl_tensor *out, const fl_onednn_product *p, const fl_ge
     int64_t m = out->shape[nb], n = out->shape[nb + 1];
     int64_t nbatch = folded ? 1 : out->numel / (m * n), os = fl_dtype_size(p->dtype);
     size_t cs = fl_dtype_size(out->dtype);
-    for (int64_t i = 0; i < nbatch; i++) {
+    /* A long sum in pieces wants an f32 accumulator ([Note: long sums in
+     * pieces], cpu_onednn.c), one for the whole batch. */
+    int64_t scratch_elems = fl_cpu_onednn_scratch(p) / (int64_t)sizeof(float);
+    fl_tensor *scratch = scratch_elems ? fl_empty(1, &scratch_elems, FL_F32, out->device) : NULL;
+    if (scratch_elems && !scratch) return fl_last_status();
+    int rc = FL_OK;
+    for (int64_t i = 0; i < nbatch && rc == FL_OK; i++) {
         int64_t oa, ob; /* folded: one product, offsets 0 */
         batch_offsets(out, A, B, i, &oa, &ob);
-        int rc = fl_cpu_onednn_gemm(p, A->base + oa * os, B->base + ob * os, bias,
-                                    (char *)out->data + i * m * n * (int64_t)cs);
-        if (rc != FL_OK) return rc;
+        rc = fl_cpu_onednn_gemm(p, A->base + oa * os, B->base + ob * os, bias,
+                                (char *)out->data + i * m * n * (int64_t)cs,
+                                scratch ? scratch->data : NULL);
     }
-    return FL_OK;
+    fl_tensor_release(scratch);
+    return rc;
 }
 
 static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,

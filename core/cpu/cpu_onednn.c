@@ -91,7 +91,9 @@ static char why_not[256] = "not tried yet";
     X(dnnl_memory_create) X(dnnl_memory_destroy) X(dnnl_matmul_desc_init)                         \
     X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) X(dnnl_primitive_desc_query)     \
     X(dnnl_primitive_create) X(dnnl_primitive_destroy) X(dnnl_primitive_execute) X(dnnl_version)   \
-    X(dnnl_get_effective_cpu_isa)
+    X(dnnl_get_effective_cpu_isa) X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)     \
+    X(dnnl_post_ops_create) X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum)                  \
+    X(dnnl_primitive_attr_set_post_ops)
 
 #define DECLARE(f) static __typeof__(f) *p_##f;
 ONEDNN_FUNCTIONS(DECLARE)
@@ -165,8 +167,22 @@ static void build(cached_product *e, const fl_onednn_product *key) {
     if (p_dnnl_matmul_desc_init(&op, &e->a, &e->b, key->bias ? &e->bias : NULL, &e->c) !=
         dnnl_success)
         return;
+    /* A piece of a long sum adds to what C holds (a sum post-op). */
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t post = NULL;
+    if (key->accumulate &&
+        (p_dnnl_primitive_attr_create(&attr) != dnnl_success ||
+         p_dnnl_post_ops_create(&post) != dnnl_success ||
+         p_dnnl_post_ops_append_sum(post, 1.0f) != dnnl_success ||
+         p_dnnl_primitive_attr_set_post_ops(attr, post) != dnnl_success)) {
+        if (post) p_dnnl_post_ops_destroy(post);
+        if (attr) p_dnnl_primitive_attr_destroy(attr);
+        return;
+    }
     dnnl_primitive_desc_t pd = NULL;
-    bool ok = p_dnnl_primitive_desc_create(&pd, &op, NULL, engine, NULL) == dnnl_success;
+    bool ok = p_dnnl_primitive_desc_create(&pd, &op, attr, engine, NULL) == dnnl_success;
+    if (post) p_dnnl_post_ops_destroy(post);
+    if (attr) p_dnnl_primitive_attr_destroy(attr);
     /* A reference implementation is plain loops, far slower than the
      * conversion path's sgemm: refuse it (odd strides can lead there). */
     const char *impl = NULL;
@@ -284,6 +300,7 @@ static cached_product *entry_for(const fl_onednn_product *p) {
     memset(&key, 0, sizeof key); /* the padding too: keys are compared bytewise */
     key.dtype = p->dtype, key.c_dtype = p->c_dtype;
     key.trans_a = p->trans_a, key.trans_b = p->trans_b, key.bias = p->bias;
+    key.accumulate = p->accumulate;
     key.m = p->m, key.n = p->n, key.k = p->k, key.lda = p->lda, key.ldb = p->ldb, key.ldc = p->ldc;
     cached_product *e = lookup(&key);
     return e->primitive ? e : NULL;
@@ -303,13 +320,65 @@ bool fl_cpu_onednn_takes(const fl_onednn_product *p) {
 #endif
 }
 
+/* [Note: long sums in pieces]
+ * A product summing far more terms than it has rows or columns (the
+ * input gradient of a large vocabulary's head: 1024 x 512 summing over
+ * 32000 logits) makes oneDNN stream all of B (32 MB in bf16) from memory
+ * once per block of A's rows: 46 ms, 720 GFLOP/s on the Zen 5 machine.
+ * Summed in pieces of PIECE terms, each piece's B stays in cache for all
+ * the rows, and the pieces add up in an f32 accumulator (oneDNN's sum
+ * post-op): 37 ms, 900 GFLOP/s. A bf16 C is rounded once from that
+ * accumulator, so the results are those of one product summed in another
+ * order. With 256 rows (GPT-2's head) B is streamed a few times only and
+ * pieces gained nothing, hence the bound on rows. */
+enum { PIECE = 4096 };
+
+static bool in_pieces(const fl_onednn_product *p) {
+    int64_t side = p->m > p->n ? p->m : p->n;
+    return p->k >= 4 * PIECE && p->m >= 512 && p->k >= 8 * side;
+}
+
+int64_t fl_cpu_onednn_scratch(const fl_onednn_product *p) {
+    return in_pieces(p) && p->c_dtype != FL_F32 ? p->m * p->n * (int64_t)sizeof(float) : 0;
+}
+
+#ifdef HAVE_ONEDNN_HEADER
+/* p's product in pieces of PIECE terms into acc (f32, row stride ldc),
+ * the bias with the first. Callers hold the lock. */
+static bool run_pieces(const fl_onednn_product *p, const char *a, const char *b, const float *bias,
+                       float *acc, int64_t ldc) {
+    size_t es = fl_dtype_size(p->dtype);
+    for (int64_t k0 = 0; k0 < p->k; k0 += PIECE) {
+        fl_onednn_product q = *p;
+        q.k = p->k - k0 < PIECE ? p->k - k0 : PIECE;
+        q.c_dtype = FL_F32, q.ldc = ldc, q.bias = p->bias && k0 == 0, q.accumulate = k0 > 0;
+        int64_t ao = p->trans_a ? k0 * p->lda : k0, bo = p->trans_b ? k0 : k0 * p->ldb;
+        cached_product *e = entry_for(&q);
+        if (!e || !run(e, a + ao * (int64_t)es, b + bo * (int64_t)es, q.bias ? bias : NULL, acc))
+            return false;
+    }
+    return true;
+}
+#endif
+
 int fl_cpu_onednn_gemm(const fl_onednn_product *p, const void *a, const void *b, const float *bias,
-                       void *c) {
+                       void *c, float *scratch) {
 #ifdef HAVE_ONEDNN_HEADER
     pthread_mutex_lock(&lock);
     /* The entry is used under the lock: another thread's miss may replace it. */
     cached_product *e = entry_for(p);
-    bool done = e && run(e, a, b, bias, c);
+    bool done = false;
+    if (e && in_pieces(p)) {
+        bool direct = p->c_dtype == FL_F32;
+        FL_ASSERT(direct || scratch);
+        done = run_pieces(p, a, b, bias, direct ? c : scratch, direct ? p->ldc : p->n);
+        for (int64_t i = 0; done && !direct && i < p->m; i++)
+            done = fl_convert((char *)c + i * p->ldc * (int64_t)fl_dtype_size(p->c_dtype),
+                              p->c_dtype, scratch + i * p->n, FL_F32, p->n) == FL_OK;
+    }
+    /* Whole, also where a piece's primitive was refused (C is overwritten;
+     * the pieces' lookups may have replaced e in the cache: look again). */
+    if (e && !done && (e = entry_for(p)) != NULL) done = run(e, a, b, bias, c);
     pthread_mutex_unlock(&lock);
     if (done) return FL_OK;
     return fl_fail(FL_ERR_UNSUPPORTED,
@@ -318,7 +387,7 @@ int fl_cpu_onednn_gemm(const fl_onednn_product *p, const void *a, const void *b,
                        "should have asked fl_cpu_onednn_takes)",
                    (long long)p->m, (long long)p->n, (long long)p->k, fl_dtype_name(p->dtype));
 #else
-    (void)a, (void)b, (void)bias, (void)c;
+    (void)a, (void)b, (void)bias, (void)c, (void)scratch;
     return fl_fail(FL_ERR_UNSUPPORTED, "matmul: built without oneDNN (%lldx%lldx%lld product)",
                    (long long)p->m, (long long)p->n, (long long)p->k);
 #endif

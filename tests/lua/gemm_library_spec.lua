@@ -196,6 +196,35 @@ describe('oneDNN', function()
     assert.equals(N * 4, staged('onednn'))
   end)
 
+  -- [Note: long sums in pieces]: 16384 terms over 512 rows are summed in
+  -- pieces of 4096 into an f32 accumulator (bf16 C rounded once from it).
+  it('agree on a long sum in pieces (bf16, and f32 with a bias), and stage its f32 accumulator', function()
+    local LM, LK, LN = 512, 16384, 64
+    local a, b = randn({ LM, LK }, 1), randn({ LK, LN }, 2)
+    local want = on('openblas', function() return F.matmul(a, b) end)
+    local got = on('onednn', function() return F.matmul(a, b) end)
+    assert.equals('bf16', got.dtype)
+    assert_bf16_close(got, want, 'bf16 NN of 16384 terms')
+    local x, w, bias = randn({ LM, LK }, 3, 'f32'), randn({ LN, LK }, 4, 'f32'), randn({ LN }, 5, 'f32')
+    local want32 = on('openblas', function() return F.linear(x, w, bias) end)
+    local got32 = on('onednn', function() return F.linear(x, w, bias) end)
+    local scale = fsdp.F.max(fsdp.F.abs(want32:to('f64')):view(-1), 0):item()
+    local diff = T.max_abs_diff(got32, want32)
+    assert.is_true(diff > 0 and diff <= scale * 2^-14, ('f32 linear of 16384 terms: differs by %.3g (largest %.3g)'):format(diff, scale))
+    -- The meta model counts the accumulator ([M, N] f32) besides the bias.
+    local C = require('fsdp.core').C
+    fsdp.cpu_gemm_use('onednn')
+    local was = C.fl_meta_set_f32_gemm(true)
+    local ma = fsdp.empty({ LM, LK }, { device = 'meta', dtype = 'bf16' })
+    local mb = fsdp.empty({ LK, LN }, { device = 'meta', dtype = 'bf16' })
+    fsdp.reset_memory_stats('meta')
+    local ok, err = pcall(F.matmul, ma, mb)
+    C.fl_meta_set_f32_gemm(was)
+    assert(ok, err)
+    local s = fsdp.memory_stats('meta')
+    assert.equals(LM * LN * 4, s.peak - s.in_use)
+  end)
+
   it('agree on f32 x W^T products (oneDNN) within f32 rounding, and differ in bits', function()
     -- 512 terms: oneDNN splits them in blocks where OpenBLAS sums them in
     -- one run (at 256 both sum in the same order, bit for bit).
