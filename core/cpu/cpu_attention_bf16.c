@@ -64,8 +64,8 @@ static void tiles_begin(void) {
  * rows with stride lda; B packed [K/2][nb][2] (its first N columns are
  * used). M, N multiples of 16, K of 32. Tiles: 0-3 sums (a 32 x 32 block),
  * 4-5 A, 6-7 B; a last 16-row or 16-column strip one tile at a time. */
-static void product_tiles(int64_t M, int64_t N, int64_t K, const bf16 *A, int64_t lda, const bf16 *B,
-                    int64_t nb, float *C, int64_t ldc, bool acc) {
+static void product_tiles(int64_t M, int64_t N, int64_t K, const bf16 *A, int64_t lda,
+                          const bf16 *B, int64_t nb, float *C, int64_t ldc, bool acc) {
     size_t sa = (size_t)lda * 2, sb = (size_t)nb * 4, sc = (size_t)ldc * 4;
     int64_t M2 = M / 32 * 32, N2 = N / 32 * 32;
     for (int64_t m = 0; m < M2; m += 32)
@@ -118,10 +118,9 @@ static void product_tiles(int64_t M, int64_t N, int64_t K, const bf16 *A, int64_
  * AVX512-BF16: per pair of A's columns, a broadcast of the pair times V
  * vectors of 16 packed pairs of B, each vdpbf16ps adding both products to
  * 16 f32 sums. R V sums stay in registers over the whole K. */
-static inline __attribute__((always_inline)) void dots_block(int R, int V, int64_t K,
-                                                            const bf16 *A, int64_t lda,
-                                                            const bf16 *B, int64_t nb, float *C,
-                                                            int64_t ldc, bool acc) {
+static inline __attribute__((always_inline)) void dots_block(int R, int V, int64_t K, const bf16 *A,
+                                                             int64_t lda, const bf16 *B, int64_t nb,
+                                                             float *C, int64_t ldc, bool acc) {
     __m512 c[8][2];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
@@ -149,13 +148,14 @@ static inline __attribute__((always_inline)) void dots_block(int R, int V, int64
 
 /* product_tiles' contract on AVX512-BF16: blocks of 8 rows by 32 columns
  * (16 sums in registers), a last 16-column strip 8 by 16. */
-static void product_dots(int64_t M, int64_t N, int64_t K, const bf16 *A, int64_t lda,
-                         const bf16 *B, int64_t nb, float *C, int64_t ldc, bool acc) {
+static void product_dots(int64_t M, int64_t N, int64_t K, const bf16 *A, int64_t lda, const bf16 *B,
+                         int64_t nb, float *C, int64_t ldc, bool acc) {
     int64_t N2 = N / 32 * 32;
     for (int64_t m = 0; m < M; m += 8) {
         for (int64_t n = 0; n < N2; n += 32)
             dots_block(8, 2, K, A + m * lda, lda, B + 2 * n, nb, C + m * ldc + n, ldc, acc);
-        if (N2 < N) dots_block(8, 1, K, A + m * lda, lda, B + 2 * N2, nb, C + m * ldc + N2, ldc, acc);
+        if (N2 < N)
+            dots_block(8, 1, K, A + m * lda, lda, B + 2 * N2, nb, C + m * ldc + N2, ldc, acc);
     }
 }
 

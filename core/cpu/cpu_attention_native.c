@@ -93,7 +93,9 @@ static kernel best(void) { return has_tiles ? KERNEL_TILES : has_dots ? KERNEL_D
 
 /* Why `k` cannot run here, or NULL when it can. */
 static const char *missing(kernel k) {
-    return k == KERNEL_TILES && !has_tiles ? no_tiles : k == KERNEL_DOTS && !has_dots ? no_dots : NULL;
+    return k == KERNEL_TILES && !has_tiles ? no_tiles
+           : k == KERNEL_DOTS && !has_dots ? no_dots
+                                           : NULL;
 }
 
 static int kernel_named(const char *name) {

@@ -170,13 +170,12 @@ const char *fl_cpu_gemm_library(void) {
     int len = 0;
     const char *core;
     bool narrow = fl_cpu_openblas_narrow(&core);
+    const char *f32_layouts = narrow && fl_cpu_onednn_wide() ? "in every layout" : "as x W^T";
     if (dnn)
         len += snprintf(text + len, sizeof text - len,
                         "oneDNN %s (bf16 products, and f32 ones %s, of %d multiply-adds and "
                         "more), ",
-                        dnn_version,
-                        narrow && fl_cpu_onednn_wide() ? "in every layout" : "as x W^T",
-                        FL_CPU_LARGE_PRODUCT);
+                        dnn_version, f32_layouts, FL_CPU_LARGE_PRODUCT);
     if (mkl)
         len += snprintf(text + len, sizeof text - len,
                         "MKL %s (the other f32 products with B untransposed, of %d multiply-adds "
