@@ -33,6 +33,7 @@
  *   those and on the choice, never on data.
  */
 #include "cpu_attention_bf16.h"
+#include "cpu_rows_avx512.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -63,15 +64,15 @@ enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
 #endif
 
 /* What the CPU offers (callers hold the lock): AVX512-BF16 with
- * AVX512F/BW/VL/DQ for the dot products; AMX-BF16 and AMX-TILE besides,
- * with the process's tile permission, for the tiles. */
+ * AVX512F/BW/VL/DQ (fl_cpu_avx512, as the row kernels ask) for the dot
+ * products; AMX-BF16 and AMX-TILE besides, with the process's tile
+ * permission, for the tiles. */
 static void probe(void) {
     if (probed) return;
     probed = true;
 #ifdef HAVE_BF16_BUILD
     unsigned a, b, c, d;
-    bool avx512 = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 16 & 1) && (b >> 17 & 1) &&
-                  (b >> 30 & 1) && (b >> 31 & 1);
+    bool avx512 = fl_cpu_avx512() && __get_cpuid_count(7, 0, &a, &b, &c, &d);
     bool amx = avx512 && (d >> 22 & 1) && (d >> 24 & 1);
     has_dots = avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
     if (!has_dots)
