@@ -26,7 +26,8 @@
 -- dropped only when the collector runs. The measured runs this predicts
 -- (tests/mpi/plan_memory.lua) collect before every tensor is wrapped
 -- (fsdp.set_collect_budget(0)). The trace collects at every boundary of
--- the segments it measures, so what they keep is exact, and before every
+-- the segments it measures (until a cycle frees nothing), so what they
+-- keep is exact, and before every
 -- wrap inside the measured blocks' forward (with and without grad) and
 -- the head's, where Lua temporaries would otherwise raise the high mark
 -- (the next op's output allocated while the last one's dead input still
@@ -56,9 +57,20 @@ local function peak()
   return tonumber(stats.peak)
 end
 local function reset_peak() C.fl_memory_stats_reset(META) end
--- (two cycles, as tests/mpi/plan_memory.lua measures: a finalizer that
--- runs in the first may drop the last reference to another tensor)
-local function collect() collectgarbage('collect'); collectgarbage('collect') end
+-- Cycles until one frees nothing: a finalizer that runs in one cycle may
+-- drop the last reference to another object, whose own finalizer (a
+-- tensor's, say) runs only in the next, and chains of them can be any
+-- length (garbage left by whatever ran before the plan). Two cycles, a
+-- fixed count, once left a tensor to be freed inside a measured segment,
+-- which then read as negative bytes.
+local function collect()
+  local bytes, kb = in_use(), collectgarbage('count')
+  repeat
+    local bytes0, kb0 = bytes, kb
+    collectgarbage('collect')
+    bytes, kb = in_use(), collectgarbage('count')
+  until bytes == bytes0 and kb >= kb0
+end
 local function size_of(dtype) return tonumber(C.fl_dtype_size(core.dtype(dtype))) end
 
 -- At a segment's start: collect now, and with per_wrap before every
