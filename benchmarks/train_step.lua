@@ -1,7 +1,9 @@
 -- benchmarks/train_step.lua: speed of a full training step (forward, loss,
 -- backward, AdamW) on CPU, against this machine's own sgemm rate measured
--- in the same run. Prints numbers; asserts nothing (machines are noisy:
--- compare the ratios).
+-- in the same run, and against the step's GEMM floor: its products at the
+-- GEMM rate of its precision plus AdamW's pass at the memory's rate, both
+-- measured in the same run. Prints numbers; asserts nothing (machines are
+-- noisy: compare the ratios).
 --
 --   fsdp-lua benchmarks/train_step.lua [--steps=5] [--warmup=2] [--only=gpt2|llama] [--ops=12]
 --                                      [--precision=f32|bf16]
@@ -43,10 +45,10 @@ local cfg = recipe.config({
                 one_of = { 'f32', 'bf16' } },
 }, arg, 'benchmarks/train_step.lua')
 
--- Best-of rate of an f32 [m, k] @ [k, n] product, in GFLOP/s.
-local function sgemm_rate(m, n, k, reps)
-  local a = fsdp.randn({ m, k }, { seed = 1 })
-  local b = fsdp.randn({ k, n }, { seed = 2 })
+-- Best-of rate of an [m, k] @ [k, n] product (f32, or dtype), in GFLOP/s.
+local function gemm_rate(m, n, k, reps, dtype)
+  local a = fsdp.randn({ m, k }, { seed = 1 }):to(dtype or 'f32')
+  local b = fsdp.randn({ k, n }, { seed = 2 }):to(dtype or 'f32')
   local best = math.huge
   for _ = 1, reps do
     local t0 = clock.now()
@@ -55,6 +57,23 @@ local function sgemm_rate(m, n, k, reps)
     c:free()
   end
   return 2 * m * n * k / best / 1e9
+end
+
+-- Best-of rate of the memory, in GB/s: an in-place add over 2 x 128 MiB
+-- (reads both, writes one back: AdamW's pattern, which updates its
+-- tensors in place, so no write allocates a line it does not read).
+local function memory_rate(reps)
+  local n = 32 * 2 ^ 20
+  local a, b = fsdp.ones({ n }), fsdp.ones({ n })
+  local best = math.huge
+  for _ = 1, reps do
+    local t0 = clock.now()
+    a:add_(b)
+    best = math.min(best, clock.now() - t0)
+  end
+  a:free()
+  b:free()
+  return 12 * n / best / 1e9
 end
 
 local median = require('benchmarks.stats').median
@@ -166,8 +185,21 @@ end
 
 print(('fsdp-lua %s; %s; OMP_NUM_THREADS=%s'):format(fsdp.version, fsdp.build_info,
   os.getenv('OMP_NUM_THREADS') or 'unset'))
-local peak = math.max(sgemm_rate(1024, 1024, 1024, 5), sgemm_rate(256, 3072, 768, 10))
+local peak = math.max(gemm_rate(1024, 1024, 1024, 5), gemm_rate(256, 3072, 768, 10))
 print(('sgemm (best of 1024^3 and 256x3072x768): %.1f GFLOP/s'):format(peak))
+-- [The GEMM floor] (issue 21): the step's products at this machine's GEMM
+-- rate in the step's precision plus AdamW's pass at the memory's rate,
+-- both measured here: 28 bytes per parameter (reads the f32 weight,
+-- gradient and both moments, writes back the weight and moments). The
+-- model's FLOPs (6N + 12LHT per token, below) stand for the products'.
+local product_rate = cfg.precision == 'f32' and peak
+  or math.max(gemm_rate(1024, 1024, 1024, 5, cfg.precision), gemm_rate(256, 3072, 768, 10, cfg.precision))
+local memory = memory_rate(5)
+if cfg.precision ~= 'f32' then
+  print(('%s products (the same shapes): %.1f GFLOP/s'):format(cfg.precision, product_rate))
+end
+print(('memory (in-place add over 2 x 128 MiB): %.1f GB/s'):format(memory))
+local ADAMW_BYTES = 28
 
 local runs = {}
 if cfg.only == '' or cfg.only == 'gpt2' then
@@ -188,6 +220,14 @@ for _, r in ipairs(runs) do
     r.fwd_ms, r.bwd_ms, r.opt_ms, r.tokens, r.model_gflop, r.gflops, r.op_gflops, 100 * r.gflops / peak))
 end
 print('(of sgemm: model GFLOP/s over the sgemm rate above; exec GF/s: FLOPs the ops counted)')
+for _, r in ipairs(runs) do
+  local products_ms = r.model_gflop / product_rate * 1e3
+  local adamw_ms = ADAMW_BYTES * r.params / (memory * 1e9) * 1e3
+  r.floor_ms = products_ms + adamw_ms
+  print(('%s: GEMM floor %.0f ms (%.1f GFLOP at %.0f GFLOP/s: %.0f ms; AdamW, %d B x %d parameters at %.1f GB/s: '
+         .. '%.0f ms); the step runs at %.0f%% of it'):format(r.name, r.floor_ms, r.model_gflop, product_rate,
+    products_ms, ADAMW_BYTES, r.params, memory, adamw_ms, 100 * r.floor_ms / r.ms))
+end
 for _, r in ipairs(runs) do if r.ops then print_ops(r, peak) end end
 -- One machine-readable line per model, the keys of benchmarks/torch_cpu.py
 -- (benchmarks/cpu_compare.sh reads both).
@@ -195,5 +235,5 @@ local cjson = require 'cjson'
 for _, r in ipairs(runs) do
   print('RESULT ' .. cjson.encode({ impl = 'fsdp-lua', model = r.name, params = r.params, batch = r.batch,
     seq = r.seq, precision = cfg.precision, ms = r.ms, fwd_ms = r.fwd_ms, bwd_ms = r.bwd_ms, opt_ms = r.opt_ms, tokens_per_s = r.tokens,
-    gflops = r.gflops, sgemm_gflops = peak }))
+    gflops = r.gflops, sgemm_gflops = peak, floor_ms = r.floor_ms }))
 end

@@ -329,13 +329,16 @@ bool fl_cpu_onednn_takes(const fl_onednn_product *p) {
  * the rows, and the pieces add up in an f32 accumulator (oneDNN's sum
  * post-op): 37 ms, 900 GFLOP/s. A bf16 C is rounded once from that
  * accumulator, so the results are those of one product summed in another
- * order. With 256 rows (GPT-2's head) B is streamed a few times only and
- * pieces gained nothing, hence the bound on rows. */
+ * order. How many rows it takes to pay depends on the type (measured
+ * there, n = 768, k = 50257): in f32 pieces paid from 128 rows (29.5 ->
+ * 20.6 ms; GPT-2's head with 256 rows, 51 -> 41 ms), in bf16 they gained
+ * nothing below 512 rows (256: 23.7 ms either way; 1024: 102 -> 87). */
 enum { PIECE = 4096 };
 
 static bool in_pieces(const fl_onednn_product *p) {
     int64_t side = p->m > p->n ? p->m : p->n;
-    return p->k >= 4 * PIECE && p->m >= 512 && p->k >= 8 * side;
+    int64_t rows = p->dtype == FL_F32 ? 128 : 512;
+    return p->k >= 4 * PIECE && p->m >= rows && p->k >= 8 * side;
 }
 
 int64_t fl_cpu_onednn_scratch(const fl_onednn_product *p) {
