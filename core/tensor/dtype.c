@@ -368,6 +368,12 @@ static inline int64_t i64_from_f32(float x) {
     return x != x ? 0 : x >= 0x1p63f ? INT64_MAX : x <= -0x1p63f ? INT64_MIN : (int64_t)x;
 }
 
+/* 16-bit floats widen exactly; double narrows to them in one rounding
+ * (f32_round_odd). Kernels that sum in double (embedding's backward) load
+ * and store bf16 rows through these. */
+static inline double f64_from_bf16(uint16_t x) { return f32_from_bf16(x); }
+static inline double f64_from_f16(uint16_t x) { return f32_from_f16(x); }
+
 /* One contiguous loop per fast pair, vectorised for the machine
  * (FL_VECTOR_CLONES: AVX-512 narrows 32-bit lanes to 16 in one
  * instruction, which SSE2 emulates with shuffles; f32 -> bf16 ran at a
@@ -410,6 +416,10 @@ DEFINE_CONVERT(convert_f32_to_i32, int32_t, float, i32_from_f32)
 DEFINE_CONVERT(convert_i32_to_f32, float, int32_t, f32_from_i32)
 DEFINE_CONVERT(convert_f32_to_i64, int64_t, float, i64_from_f32)
 DEFINE_CONVERT(convert_i64_to_f32, float, int64_t, f32_from_i64)
+DEFINE_CONVERT(convert_bf16_to_f64, double, uint16_t, f64_from_bf16)
+DEFINE_CONVERT(convert_f64_to_bf16, uint16_t, double, bf16_from_f64)
+DEFINE_CONVERT(convert_f16_to_f64, double, uint16_t, f64_from_f16)
+DEFINE_CONVERT(convert_f64_to_f16, uint16_t, double, f16_from_f64)
 
 static const struct {
     fl_dtype dst, src;
@@ -420,6 +430,8 @@ static const struct {
     {FL_F64, FL_F32, convert_f32_to_f64},   {FL_F32, FL_F64, convert_f64_to_f32},
     {FL_I32, FL_F32, convert_f32_to_i32},   {FL_F32, FL_I32, convert_i32_to_f32},
     {FL_I64, FL_F32, convert_f32_to_i64},   {FL_F32, FL_I64, convert_i64_to_f32},
+    {FL_F64, FL_BF16, convert_bf16_to_f64}, {FL_BF16, FL_F64, convert_f64_to_bf16},
+    {FL_F64, FL_F16, convert_f16_to_f64},   {FL_F16, FL_F64, convert_f64_to_f16},
 };
 
 /* Same dtype: a byte copy, split into chunks so large copies use every

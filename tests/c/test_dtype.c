@@ -431,7 +431,8 @@ static void test_convert_every_pair(void **state) {
     }
 }
 
-/* Every pair with f32 on one side over one long buffer (see below). */
+/* Every fast pair (f32 on one side, or f64 and a 16-bit float) over one
+ * long buffer (see below). */
 static void convert_long_buffer(void) {
     static const double values[] = {0.0, -0.0, 1.0, -2.5, 0.1, 3.75, 65504.0, 70000.0, 1e-30,
                                     1e300, NAN, -NAN, INFINITY, -INFINITY, 16777217.0, 3e9,
@@ -446,7 +447,9 @@ static void convert_long_buffer(void) {
         for (int i = 0; i < N; i++) store_f64(src + (size_t)i * ss, st, values[(i * 7) % NV]);
         for (int di = 0; di < FL_DTYPE_COUNT; di++) {
             fl_dtype dt = all_dtypes[di];
-            if (st == dt || (st != FL_F32 && dt != FL_F32)) continue;
+            bool wide_16 = (st == FL_F64 && (dt == FL_BF16 || dt == FL_F16)) ||
+                           (dt == FL_F64 && (st == FL_BF16 || st == FL_F16));
+            if (st == dt || (st != FL_F32 && dt != FL_F32 && !wide_16)) continue;
             size_t ds = fl_dtype_size(dt);
             memset(dst, 0xa5, (size_t)N * 8);
             assert_int_equal(fl_convert(dst, dt, src, st, N), FL_OK);
@@ -465,7 +468,8 @@ static void convert_long_buffer(void) {
 
 /* The same values in a buffer long enough for the bulk loops' threads
  * (chunks shared among 1, 2 and 3 threads, the last one 2 elements long):
- * every pair with f32 on one side (the vectorised fast paths) converts
+ * every pair with f32 on one side, and f64 with bf16 or f16 (the
+ * vectorised fast paths), converts
  * every element as the reference does, at every position of every
  * chunk. */
 static void test_convert_long_buffers(void **state) {
