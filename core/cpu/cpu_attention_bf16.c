@@ -211,17 +211,22 @@ static void pack_transposed(bf16 *dst, const bf16 *X, int64_t ld, int64_t rows, 
 }
 
 /* Rows [0, m) of X (row stride ld) into dst [M, cols] (dense), zero rows
- * up to M; with transposed, into dst [cols, M] instead. */
+ * up to M; with transposed, into dst [cols, M] instead, a column of X per
+ * row of dst, so the writes run along dst (the reads stay in the m rows'
+ * cache lines). */
 static void copy_rows(bf16 *dst, const bf16 *X, int64_t ld, int64_t m, int64_t M, int64_t cols,
                       bool transposed) {
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t c = 0; c < cols; c++) {
-            bf16 x = r < m ? X[r * ld + c] : 0;
-            if (transposed)
-                dst[c * M + r] = x;
-            else
-                dst[r * cols + c] = x;
-        }
+    if (!transposed) {
+        for (int64_t r = 0; r < m; r++)
+            memcpy(dst + r * cols, X + r * ld, (size_t)cols * sizeof *dst);
+        memset(dst + m * cols, 0, (size_t)((M - m) * cols) * sizeof *dst);
+        return;
+    }
+    for (int64_t c = 0; c < cols; c++) {
+        bf16 *d = dst + c * M;
+        for (int64_t r = 0; r < m; r++) d[r] = X[r * ld + c];
+        memset(d + m, 0, (size_t)(M - m) * sizeof *d);
+    }
 }
 
 /* ---- 16 lanes at a time ------------------------------------------------------------ */

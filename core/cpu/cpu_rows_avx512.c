@@ -32,10 +32,29 @@
 #include <math.h>
 #include <omp.h>
 
+/* [Note: masked loads stall the prefetcher]
+ * Every loop here takes its tail with a mask, but only its tail: on the
+ * Zen 5 machine, rows read with masked loads throughout did not stream
+ * (the hardware prefetcher did not follow them), and a bf16
+ * cross-entropy over 1024 x 32000 logits took 6.9 ms forward and 9.0
+ * backward; with plain loads and stores for the full vectors, 4.0 and
+ * 4.8, as fast as with software prefetches added. The masked forms
+ * below are taken only where lanes are missing. */
+static inline __m512 load_f32(const float *p, __mmask16 k, __m512 missing) {
+    return k == 0xffff ? _mm512_loadu_ps(p) : _mm512_mask_loadu_ps(missing, k, p);
+}
+
+static inline void store_f32(float *p, __mmask16 k, __m512 x) {
+    if (k == 0xffff)
+        _mm512_storeu_ps(p, x);
+    else
+        _mm512_mask_storeu_ps(p, k, x);
+}
+
 float fl_avx512_row_max(const float *x, int64_t n) {
     __m512 m = _mm512_set1_ps(-INFINITY);
     for (int64_t i = 0; i < n; i += 16)
-        m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, fl_lanes_below(i, n), x + i));
+        m = _mm512_max_ps(m, load_f32(x + i, fl_lanes_below(i, n), m));
     return _mm512_reduce_max_ps(m);
 }
 
@@ -43,9 +62,8 @@ float fl_avx512_row_exp(float *dst, const float *x, int64_t n, float shift) {
     __m512 sum = _mm512_setzero_ps(), s = _mm512_set1_ps(shift);
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 k = fl_lanes_below(i, n);
-        __m512 e =
-            _mm512_maskz_mov_ps(k, fl_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), s)));
-        if (dst) _mm512_mask_storeu_ps(dst + i, k, e);
+        __m512 e = _mm512_maskz_mov_ps(k, fl_exp16(_mm512_sub_ps(load_f32(x + i, k, s), s)));
+        if (dst) store_f32(dst + i, k, e);
         sum = _mm512_add_ps(sum, e);
     }
     return _mm512_reduce_add_ps(sum);
@@ -56,10 +74,10 @@ void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift
     __m512 s = _mm512_set1_ps(shift), va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 k = fl_lanes_below(i, n);
-        __m512 e = fl_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), s));
+        __m512 e = fl_exp16(_mm512_sub_ps(load_f32(x + i, k, s), s));
         __m512 y = _mm512_fmadd_ps(va, e, vb);
-        if (c) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(k, c + i));
-        _mm512_mask_storeu_ps(dst + i, k, y);
+        if (c) y = _mm512_add_ps(y, load_f32(c + i, k, _mm512_setzero_ps()));
+        store_f32(dst + i, k, y);
     }
 }
 
@@ -67,12 +85,17 @@ void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift
  * each lane converted exactly to f32, then the f32 loops' arithmetic, so
  * results are those of converting the row first. */
 static inline __m512 load_bf16_masked(const uint16_t *p, __mmask16 k) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    __m256i h =
+        k == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(k, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 static inline void store_bf16_masked(uint16_t *p, __mmask16 k, __m512 x) {
-    _mm256_mask_storeu_epi16(p, k, _mm512_cvtepi32_epi16(fl_bf16_bits16(x)));
+    __m256i h = _mm512_cvtepi32_epi16(fl_bf16_bits16(x));
+    if (k == 0xffff)
+        _mm256_storeu_si256((__m256i *)p, h);
+    else
+        _mm256_mask_storeu_epi16(p, k, h);
 }
 
 float fl_avx512_row_max_bf16(const uint16_t *x, int64_t n) {
