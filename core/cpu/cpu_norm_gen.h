@@ -4,13 +4,11 @@
  * cpu_norm.c for float and double.
  */
 
-/* ---- RMSNorm ----------------------------------------------------------------- */
-
 #ifdef FL_ROWS_F32
-/* Whether the rows go to the AVX-512 row functions (cpu_rows_avx512.c):
- * f32/bf16 tensors dense along rows of a multiple of 16; out (y or dx) and
- * g may be NULL. */
-static bool FN(rms_wide)(const fl_tensor *x, const fl_tensor *out, const fl_tensor *g, int64_t n) {
+/* Whether the rows (RMSNorm's, LayerNorm's) go to the AVX-512 row
+ * functions (cpu_rows_avx512.c): f32/bf16 tensors dense along rows of a
+ * multiple of 16; out (y or dx) and g may be NULL. */
+static bool FN(rows_wide)(const fl_tensor *x, const fl_tensor *out, const fl_tensor *g, int64_t n) {
     const fl_tensor *ts[3] = {x, out, g};
     for (int i = 0; i < 3; i++)
         if (ts[i] && ((ts[i]->dtype != FL_F32 && ts[i]->dtype != FL_BF16) ||
@@ -19,6 +17,8 @@ static bool FN(rms_wide)(const fl_tensor *x, const fl_tensor *out, const fl_tens
     return n % 16 == 0 && fl_cpu_avx512();
 }
 #endif
+
+/* ---- RMSNorm ----------------------------------------------------------------- */
 
 static int FN(rms_norm)(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, const fl_tensor *w,
                         double eps) {
@@ -31,7 +31,7 @@ static int FN(rms_norm)(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, con
     R *rs = rstd->data;
     bool oom = w && !wr;
 #ifdef FL_ROWS_F32
-    bool wide = FN(rms_wide)(x, out, NULL, n);
+    bool wide = FN(rows_wide)(x, out, NULL, n);
 #endif
 #pragma omp parallel if (rows * n >= FL_FUSED_PARALLEL_MIN)
     {
@@ -82,7 +82,7 @@ static int FN(rms_norm_backward)(fl_tensor *dx, fl_tensor *dw, const fl_tensor *
     double *parts = dw ? calloc((size_t)nthreads * (size_t)(n ? n : 1), sizeof(double)) : NULL;
     bool oom = (w && !wr) || (dw && !parts);
 #ifdef FL_ROWS_F32
-    bool wide = FN(rms_wide)(x, dx, g, n);
+    bool wide = FN(rows_wide)(x, dx, g, n);
 #endif
 #pragma omp parallel if (rows * n >= FL_FUSED_PARALLEL_MIN)
     {
@@ -142,6 +142,9 @@ static int FN(layer_norm)(fl_tensor *out, fl_tensor *mean, fl_tensor *rstd, cons
     R *wr = FN(param)(w, n), *br = FN(param)(b, n);
     R *mu = mean->data, *rs = rstd->data;
     bool oom = (w && !wr) || (b && !br);
+#ifdef FL_ROWS_F32
+    bool wide = FN(rows_wide)(x, out, NULL, n);
+#endif
 #pragma omp parallel if (rows * n >= FL_FUSED_PARALLEL_MIN)
     {
         R *buf = malloc((size_t)(2 * n + 1) * sizeof(R));
@@ -149,6 +152,15 @@ static int FN(layer_norm)(fl_tensor *out, fl_tensor *mean, fl_tensor *rstd, cons
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             if (!buf || oom) continue;
+#ifdef FL_ROWS_F32
+            if (wide) {
+                char *yp = (char *)out->data + r * n * (int64_t)fl_dtype_size(out->dtype);
+                rs[r] = fl_avx512_layer_norm_row(yp, out->dtype == FL_BF16,
+                                                 fl_fused_lane(x, dim, r), x->dtype == FL_BF16, wr,
+                                                 br, n, eps, &mu[r]);
+                continue;
+            }
+#endif
             const R *xr = FN(lane_in)(fl_fused_lane(x, dim, r), x->dtype, x->stride[dim], n, buf);
             char *op = (char *)out->data + r * n * (int64_t)fl_dtype_size(out->dtype);
             R *yr = FN(lane_dst)(op, out->dtype, 1, buf + n);
@@ -189,6 +201,9 @@ static int FN(layer_norm_backward)(fl_tensor *dx, fl_tensor *dw, fl_tensor *db,
     double *pw = dw ? calloc(per, sizeof(double)) : NULL;
     double *pb = db ? calloc(per, sizeof(double)) : NULL;
     bool oom = (w && !wr) || (dw && !pw) || (db && !pb);
+#ifdef FL_ROWS_F32
+    bool wide = FN(rows_wide)(x, dx, g, n);
+#endif
 #pragma omp parallel if (rows * n >= FL_FUSED_PARALLEL_MIN)
     {
         R *buf = malloc((size_t)(4 * n + 1) * sizeof(R));
@@ -197,6 +212,16 @@ static int FN(layer_norm_backward)(fl_tensor *dx, fl_tensor *dw, fl_tensor *db,
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             if (!buf || oom) continue;
+#ifdef FL_ROWS_F32
+            if (wide) {
+                fl_avx512_layer_norm_backward_row(
+                    dx ? (char *)dx->data + r * n * (int64_t)fl_dtype_size(dx->dtype) : NULL,
+                    dx && dx->dtype == FL_BF16, fl_fused_lane(x, dim, r), x->dtype == FL_BF16,
+                    fl_fused_lane(g, dim, r), g->dtype == FL_BF16, wr, mu[r], rs[r], n,
+                    pw ? pw + me * n : NULL, pb ? pb + me * n : NULL);
+                continue;
+            }
+#endif
             const R *xr = FN(lane_in)(fl_fused_lane(x, dim, r), x->dtype, x->stride[dim], n, buf);
             const R *gr =
                 FN(lane_in)(fl_fused_lane(g, dim, r), g->dtype, g->stride[dim], n, buf + n);

@@ -2,8 +2,8 @@
  * cpu_rows_avx512.c: kernels written for AVX-512, which their generic
  * versions call where the CPU has it (fl_cpu_avx512, cpu_rows_avx512.h):
  * the f32 row loops of cpu_fused_rows.h (max, exp-and-sum, exp-affine)
- * and the same on bf16 rows (cross-entropy), RoPE, RMSNorm rows, and
- * silu(gate) * up. Each keeps its generic version's arithmetic and
+ * and the same on bf16 rows (cross-entropy), RoPE, RMSNorm and LayerNorm
+ * rows, and silu(gate) * up. Each keeps its generic version's arithmetic and
  * rounding, so results are the same bits (the specs compare them).
  *
  * Why by hand rather than GCC's AVX-512 clone of the same C: that clone
@@ -153,6 +153,14 @@ static inline __m512d dot_pd(__m512d acc, __m512 a, __m512 b) {
     return _mm512_fmadd_pd(_mm512_cvtps_pd(ah), _mm512_cvtps_pd(bh), acc);
 }
 
+/* d[0..15] += the 16 lanes of a, widened to double. */
+static inline void add_to_pd(double *d, __m512 a) {
+    __m256 ah = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    _mm512_storeu_pd(d,
+                     _mm512_add_pd(_mm512_loadu_pd(d), _mm512_cvtps_pd(_mm512_castps512_ps256(a))));
+    _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), _mm512_cvtps_pd(ah)));
+}
+
 float fl_avx512_rms_norm_row(void *y, bool ybf, const void *x, bool xbf, const float *w, int64_t n,
                              double eps, bool round16) {
     int64_t xe = xbf ? 2 : 4, ye = ybf ? 2 : 4;
@@ -198,15 +206,85 @@ void fl_avx512_rms_norm_backward_row(void *dx, bool dxbf, const void *x, bool xb
         }
     }
     if (dw_sum)
+        for (int64_t i = 0; i < n; i += 16)
+            add_to_pd(dw_sum + i,
+                      _mm512_mul_ps(
+                          _mm512_mul_ps(load16(gp + i * ge, gbf), load16(xp + i * xe, xbf)), vi));
+}
+
+/* ---- LayerNorm ------------------------------------------------------------------- */
+
+/* acc + the 16 lanes of a, in double. */
+static inline __m512d sum_pd(__m512d acc, __m512 a) {
+    acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(a)));
+    __m256 ah = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    return _mm512_add_pd(acc, _mm512_cvtps_pd(ah));
+}
+
+/* acc + (a - m)^2 over a's 16 lanes, in double (cpu_norm_gen.h's centred
+ * variance). */
+static inline __m512d centred_pd(__m512d acc, __m512 a, __m512d m) {
+    __m256 ah = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    __m512d d0 = _mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(a)), m);
+    __m512d d1 = _mm512_sub_pd(_mm512_cvtps_pd(ah), m);
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(d0, d0));
+    return _mm512_add_pd(acc, _mm512_mul_pd(d1, d1));
+}
+
+float fl_avx512_layer_norm_row(void *y, bool ybf, const void *x, bool xbf, const float *w,
+                               const float *b, int64_t n, double eps, float *mean) {
+    int64_t xe = xbf ? 2 : 4, ye = ybf ? 2 : 4;
+    const char *xp = x;
+    __m512d acc = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += 16) acc = sum_pd(acc, load16(xp + i * xe, xbf));
+    double m = _mm512_reduce_add_pd(acc) / (double)n;
+    __m512d vm = _mm512_set1_pd(m);
+    acc = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += 16) acc = centred_pd(acc, load16(xp + i * xe, xbf), vm);
+    float inv = (float)(1.0 / sqrt(_mm512_reduce_add_pd(acc) / (double)n + eps));
+    *mean = (float)m;
+    __m512 vi = _mm512_set1_ps(inv), mr = _mm512_set1_ps((float)m);
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_sub_ps(load16(xp + i * xe, xbf), mr), vi);
+        if (w) v = _mm512_mul_ps(v, _mm512_loadu_ps(w + i));
+        if (b) v = _mm512_add_ps(v, _mm512_loadu_ps(b + i));
+        store16((char *)y + i * ye, ybf, v);
+    }
+    return inv;
+}
+
+void fl_avx512_layer_norm_backward_row(void *dx, bool dxbf, const void *x, bool xbf, const void *g,
+                                       bool gbf, const float *w, float mean, float inv, int64_t n,
+                                       double *dw_sum, double *db_sum) {
+    int64_t xe = xbf ? 2 : 4, ge = gbf ? 2 : 4, de = dxbf ? 2 : 4;
+    const char *xp = x, *gp = g;
+    __m512 vi = _mm512_set1_ps(inv), vm = _mm512_set1_ps(mean);
+#define XHAT(i) _mm512_mul_ps(_mm512_sub_ps(load16(xp + (i)*xe, xbf), vm), vi)
+    if (dx) {
+        /* dx = inv * (dxhat - c1 - xhat * c2), dxhat = g * w, c1 = mean(dxhat),
+         * c2 = mean(dxhat * xhat) */
+        __m512d s1 = _mm512_setzero_pd(), s2 = _mm512_setzero_pd();
         for (int64_t i = 0; i < n; i += 16) {
-            __m512 t = _mm512_mul_ps(
-                _mm512_mul_ps(load16(gp + i * ge, gbf), load16(xp + i * xe, xbf)), vi);
-            double *d = dw_sum + i;
-            _mm512_storeu_pd(
-                d, _mm512_add_pd(_mm512_loadu_pd(d), _mm512_cvtps_pd(_mm512_castps512_ps256(t))));
-            __m256 th = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));
-            _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), _mm512_cvtps_pd(th)));
+            __m512 dn = load16(gp + i * ge, gbf);
+            if (w) dn = _mm512_mul_ps(dn, _mm512_loadu_ps(w + i));
+            s1 = sum_pd(s1, dn);
+            s2 = dot_pd(s2, dn, XHAT(i));
         }
+        __m512 c1 = _mm512_set1_ps((float)(_mm512_reduce_add_pd(s1) / (double)n));
+        __m512 c2 = _mm512_set1_ps((float)(_mm512_reduce_add_pd(s2) / (double)n));
+        for (int64_t i = 0; i < n; i += 16) {
+            __m512 dn = load16(gp + i * ge, gbf);
+            if (w) dn = _mm512_mul_ps(dn, _mm512_loadu_ps(w + i));
+            __m512 t = _mm512_sub_ps(_mm512_sub_ps(dn, c1), _mm512_mul_ps(XHAT(i), c2));
+            store16((char *)dx + i * de, dxbf, _mm512_mul_ps(vi, t));
+        }
+    }
+    for (int64_t i = 0; (dw_sum || db_sum) && i < n; i += 16) {
+        __m512 gv = load16(gp + i * ge, gbf);
+        if (dw_sum) add_to_pd(dw_sum + i, _mm512_mul_ps(gv, XHAT(i)));
+        if (db_sum) add_to_pd(db_sum + i, gv);
+    }
+#undef XHAT
 }
 
 /* ---- silu(gate) * up on bf16 ------------------------------------------------------ */

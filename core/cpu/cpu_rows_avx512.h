@@ -52,6 +52,14 @@ float fl_avx512_rms_norm_row(void *y, bool ybf, const void *x, bool xbf, const f
 void fl_avx512_rms_norm_backward_row(void *dx, bool dxbf, const void *x, bool xbf, const void *g,
                                      bool gbf, const float *w, float inv, int64_t n,
                                      double *dw_sum);
+/* One LayerNorm row, the same way: w and b f32 or NULL; forward returns
+ * 1/std and stores the mean in *mean; backward adds the row's terms of dw
+ * and db to dw_sum and db_sum unless NULL, and skips dx if NULL. */
+float fl_avx512_layer_norm_row(void *y, bool ybf, const void *x, bool xbf, const float *w,
+                               const float *b, int64_t n, double eps, float *mean);
+void fl_avx512_layer_norm_backward_row(void *dx, bool dxbf, const void *x, bool xbf, const void *g,
+                                       bool gbf, const float *w, float mean, float inv, int64_t n,
+                                       double *dw_sum, double *db_sum);
 #else
 #define FL_ROWS_AVX512_BUILD 0
 static inline bool fl_cpu_avx512(void) { return false; }

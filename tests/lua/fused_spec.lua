@@ -225,6 +225,41 @@ describe('layer_norm', function()
     assert.same(flat(F.layer_norm(x, w, b)), flat(F.layer_norm(xt, w, b)))
   end)
 
+  -- As RMSNorm's: dense rows of a multiple of 16 (f32 or bf16) take the
+  -- whole-row AVX-512 functions where the CPU has them, strided ones the
+  -- per-row kernel; the same bits, gradients of x, weight and bias too.
+  it('gives the per-row results on its whole-row path (f32 and bf16, with and without weight and bias)', function()
+    for _, n in ipairs { 64, 768 } do
+      for _, dt in ipairs { 'f32', 'bf16' } do
+        for _, affine in ipairs { true, false } do
+          local what = ('n %d, %s, affine %s'):format(n, dt, tostring(affine))
+          local base = (randn({ n, 37 }, 16) + 3):to(dt) -- a mean away from 0
+          local dense, strided = base:t():contiguous(), base:t()
+          local wn = affine and randn({ n }, 17):to(dt):requires_grad_() or nil
+          local bn = affine and randn({ n }, 18):to(dt):requires_grad_() or nil
+          local g = randn({ 37, n }, 19):to(dt)
+          local function run(xin)
+            local xg = xin:detach():requires_grad_()
+            if wn then wn.grad, bn.grad = nil, nil end
+            local y = F.layer_norm(xg, wn, bn, 1e-5)
+            y:backward(g)
+            return y:float(), xg.grad:float(), wn and wn.grad:float(), bn and bn.grad:float()
+          end
+          local y1, dx1, dw1, db1 = run(dense)
+          local y2, dx2, dw2, db2 = run(strided)
+          assert.same(flat(y2), flat(y1), what)
+          assert.same(flat(dx2), flat(dx1), what .. ', dx')
+          if wn then
+            assert.same(flat(dw2), flat(dw1), what .. ', dw')
+            assert.same(flat(db2), flat(db1), what .. ', db')
+          end
+          assert_close(ln_ref(flat(dense:float()), wn and flat(wn:float()), bn and flat(bn:float()), 1e-5, n), flat(y1),
+            dt == 'f32' and 1e-4 or 0.1)
+        end
+      end
+    end
+  end)
+
   it('has gradients for input, weight and bias', function()
     local xd, wd, bd = f64({ 4, 5 }, 13), f64({ 5 }, 14), f64({ 5 }, 15)
     assert_gradcheck(function(a, c, d) return F.layer_norm(a, c, d) end, { xd, wd, bd })
