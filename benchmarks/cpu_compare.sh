@@ -132,7 +132,10 @@ for prec, m in cases:
         if floors:
             # The issue's GEMM floor: products at the GEMM rate, AdamW at the
             # memory's rate, both measured in that round (train_step.lua).
+            # (issue 21's target is for f32; in bf16 the floor leaves out
+            # what mixed precision adds: the casts of weights and gradients)
+            target = "target >= 85%" if prec == "f32" else "no target: mixed precision's casts are not in it"
             print(f"{'':<28} {prec:<9} GEMM floor: fsdp-lua runs at {statistics.median(floors):.0%} of it "
-                  f"(median of the rounds' {', '.join(f'{x:.0%}' for x in floors)}; target >= 85%)")
+                  f"(median of the rounds' {', '.join(f'{x:.0%}' for x in floors)}; {target})")
 EOF
 exit $status
