@@ -7,7 +7,8 @@
 -- each token more costs at the peak between one length and the next
 -- (constant when activations grow linearly with T: flash-style attention
 -- keeps no [T, T] matrix). Batch 1, f32 (--precision=bf16: bf16 mixed
--- precision, whose attention runs on AMX tiles where the CPU has them),
+-- precision, whose attention runs on the bf16 kernels where the CPU has
+-- AMX tiles or AVX512-BF16),
 -- one process, the model sharded (world 1) as the recipes shard it, dead
 -- tensors collected before every allocation (exact accounting; the steps
 -- are a little slower for it). Prints a table; asserts nothing.
