@@ -223,7 +223,7 @@ print('(of sgemm: model GFLOP/s over the sgemm rate above; exec GF/s: FLOPs the 
 for _, r in ipairs(runs) do
   local products_ms = r.model_gflop / product_rate * 1e3
   local adamw_ms = ADAMW_BYTES * r.params / (memory * 1e9) * 1e3
-  r.floor_ms = products_ms + adamw_ms
+  r.floor_ms, r.floor_products_ms, r.floor_adamw_ms = products_ms + adamw_ms, products_ms, adamw_ms
   print(('%s: GEMM floor %.0f ms (%.1f GFLOP at %.0f GFLOP/s: %.0f ms; AdamW, %d B x %d parameters at %.1f GB/s: '
          .. '%.0f ms); the step runs at %.0f%% of it'):format(r.name, r.floor_ms, r.model_gflop, product_rate,
     products_ms, ADAMW_BYTES, r.params, memory, adamw_ms, 100 * r.floor_ms / r.ms))
@@ -235,5 +235,7 @@ local cjson = require 'cjson'
 for _, r in ipairs(runs) do
   print('RESULT ' .. cjson.encode({ impl = 'fsdp-lua', model = r.name, params = r.params, batch = r.batch,
     seq = r.seq, precision = cfg.precision, ms = r.ms, fwd_ms = r.fwd_ms, bwd_ms = r.bwd_ms, opt_ms = r.opt_ms, tokens_per_s = r.tokens,
-    gflops = r.gflops, sgemm_gflops = peak, floor_ms = r.floor_ms }))
+    gflops = r.gflops, sgemm_gflops = peak, product_gflops = product_rate, memory_gbs = memory,
+    model_gflop = r.model_gflop, floor_ms = r.floor_ms, floor_products_ms = r.floor_products_ms,
+    floor_adamw_ms = r.floor_adamw_ms }))
 end

@@ -1,4 +1,5 @@
--- bench_cpu_spec.lua: benchmarks/fma_peak.c, the f32 multiply-add peak (and
+-- bench_cpu_spec.lua: the CPU benchmarks cpu_compare.sh runs on our side.
+-- benchmarks/fma_peak.c, the f32 multiply-add peak (and
 -- the AVX512-BF16 dot-product peak) that benchmarks/cpu_compare.sh prints
 -- as the ceilings of the comparison. It is built here as cpu_compare.sh
 -- builds it (the system's cc, 256-bit FMA always, 512-bit where the CPU has
@@ -58,4 +59,36 @@ describe('benchmarks/fma_peak.c', function()
       end)
     end
   end
+end)
+
+-- benchmarks/train_step.lua, the fsdp-lua side of cpu_compare.sh: one
+-- step of the small Llama, its ops traced, must end with the GEMM floor
+-- (the issue's: the model's FLOPs at the GEMM rate measured in the run,
+-- plus AdamW's 28 bytes per parameter at the memory's rate) and the RESULT
+-- line cpu_compare.sh reads, floor_ms included.
+describe('benchmarks/train_step.lua', function()
+  local fsdp = require 'fsdp'
+  if fsdp.build_info:find('asan', 1, true) then
+    pending('a step of the 58M-parameter Llama takes minutes in the sanitized build (the lua suite runs it)')
+    return
+  end
+  it('prints the step, its ops, the GEMM floor and a RESULT line with floor_ms', function()
+    local out, rc = sh('OMP_NUM_THREADS=2 build/bin/fsdp-lua benchmarks/train_step.lua --only=llama --steps=1 '
+      .. '--warmup=0 --ops=3')
+    assert.equals(0, rc, out)
+    local r = cjson.decode((assert(out:match('RESULT (%b{})'), out)))
+    assert.equals('fsdp-lua', r.impl)
+    assert.equals(58073600, r.params)
+    assert.is_true(r.ms > 0 and r.sgemm_gflops > 0, out)
+    -- the floor: products at the rate, AdamW at the memory's rate (the
+    -- RESULT's unrounded numbers; the printed line rounds them)
+    local function near(a, b) return math.abs(a - b) <= 1e-9 * math.max(1, math.abs(b)) end
+    assert.is_true(r.product_gflops > 0 and r.memory_gbs > 0, out)
+    assert.is_true(near(r.floor_products_ms, r.model_gflop / r.product_gflops * 1e3), out)
+    assert.is_true(near(r.floor_adamw_ms, 28 * r.params / (r.memory_gbs * 1e9) * 1e3), out)
+    assert.is_true(near(r.floor_ms, r.floor_products_ms + r.floor_adamw_ms), out)
+    assert.truthy(out:match('GEMM floor %d+ ms %([%d.]+ GFLOP at %d+ GFLOP/s: %d+ ms; AdamW, 28 B x 58073600 '
+      .. 'parameters at [%d.]+ GB/s: %d+ ms%); the step runs at %d+%% of it'), out)
+    assert.truthy(out:match('one traced step [%d.]+ ms: products'), out)
+  end)
 end)
