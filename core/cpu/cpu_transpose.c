@@ -12,7 +12,8 @@
  * transposed in registers (2-byte elements: AVX2 interleaves of 16, 32
  * and 64 bits and a lane swap, where the CPU has AVX2; otherwise, and for
  * 4- and 8-byte elements, element by element within the block, which
- * keeps both sides in cache), 16 destination rows stored.
+ * keeps both sides in cache), 16 destination rows stored. On the Zen 5
+ * machine, 3072 x 768: bf16 0.22-0.26 ms, f32 0.8, f64 1.9.
  */
 #include "cpu_iter.h"
 
@@ -56,9 +57,26 @@ __attribute__((target("avx2"))) static void block16_avx2(uint16_t *dst, int64_t 
 #define HAVE_BLOCK16_AVX2 1
 #endif
 
-/* The same for any element size, on a block of r x c (edges). */
+/* The same for any element size, on a block of r x c (edges), one
+ * element at a time. Typed for the common sizes: a memcpy of a size only
+ * known at run time is a call per element (an f32 3072 x 768 transpose
+ * took 2.5 ms with it). */
+#define BLOCK_TYPED(T)                                                                             \
+    do {                                                                                           \
+        T *d = (T *)(void *)dst;                                                                   \
+        const T *s = (const T *)(const void *)src;                                                 \
+        for (int64_t i = 0; i < r; i++)                                                            \
+            for (int64_t j = 0; j < c; j++) d[i * ldd + j] = s[j * lds + i];                       \
+    } while (0)
+
 static void block_scalar(char *dst, int64_t ldd, const char *src, int64_t lds, int64_t r, int64_t c,
                          size_t es) {
+    switch (es) {
+    case 2: BLOCK_TYPED(uint16_t); return;
+    case 4: BLOCK_TYPED(uint32_t); return;
+    case 8: BLOCK_TYPED(uint64_t); return;
+    default: break;
+    }
     for (int64_t i = 0; i < r; i++)
         for (int64_t j = 0; j < c; j++)
             memcpy(dst + (i * ldd + j) * (int64_t)es, src + (j * lds + i) * (int64_t)es, es);
