@@ -192,22 +192,36 @@ print(('sgemm (best of 1024^3 and 256x3072x768): %.1f GFLOP/s'):format(peak))
 -- both measured here: 28 bytes per parameter (reads the f32 weight,
 -- gradient and both moments, writes back the weight and moments). The
 -- model's FLOPs (6N + 12LHT per token, below) stand for the products'.
-local product_rate = cfg.precision == 'f32' and peak
-  or math.max(gemm_rate(1024, 1024, 1024, 5, cfg.precision), gemm_rate(256, 3072, 768, 10, cfg.precision))
-local memory = memory_rate(5)
-if cfg.precision ~= 'f32' then
-  print(('%s products (the same shapes): %.1f GFLOP/s'):format(cfg.precision, product_rate))
+-- Each model's rates are the means of those measured just before and
+-- just after its steps: this machine's speed moves by a tenth within a
+-- run, and rates measured once at the start set a later model's steps
+-- against another moment's machine.
+local function product_rate_now(sgemm)
+  if sgemm and cfg.precision == 'f32' then return sgemm end
+  local dtype = cfg.precision
+  return math.max(gemm_rate(1024, 1024, 1024, 5, dtype), gemm_rate(256, 3072, 768, 10, dtype))
 end
-print(('memory (in-place add over 2 x 128 MiB): %.1f GB/s'):format(memory))
+local rates = { product = product_rate_now(peak), memory = memory_rate(5) }
+if cfg.precision ~= 'f32' then
+  print(('%s products (the same shapes): %.1f GFLOP/s'):format(cfg.precision, rates.product))
+end
+print(('memory (in-place add over 2 x 128 MiB): %.1f GB/s'):format(rates.memory))
 local ADAMW_BYTES = 28
 
 local runs = {}
+local function run(...)
+  local before = rates
+  local r = bench(...)
+  rates = { product = product_rate_now(), memory = memory_rate(5) }
+  r.product_rate = (before.product + rates.product) / 2
+  r.memory_rate = (before.memory + rates.memory) / 2
+  runs[#runs + 1] = r
+end
 if cfg.only == '' or cfg.only == 'gpt2' then
-  runs[#runs + 1] = bench('GPT-2 124M, batch 4 x 64', gpt2, gpt2.config('gpt2'), 4, 64, gpt2.Block)
+  run('GPT-2 124M, batch 4 x 64', gpt2, gpt2.config('gpt2'), 4, 64, gpt2.Block)
 end
 if cfg.only == '' or cfg.only == 'llama' then
-  runs[#runs + 1] = bench('small Llama, batch 4 x 256', llama, llama.config('small'), 4, 256,
-    llama.DecoderLayer)
+  run('small Llama, batch 4 x 256', llama, llama.config('small'), 4, 256, llama.DecoderLayer)
 end
 
 -- Two FLOP counts: the model's 6N + 12LHT (what MFU uses; it counts the
@@ -221,12 +235,12 @@ for _, r in ipairs(runs) do
 end
 print('(of sgemm: model GFLOP/s over the sgemm rate above; exec GF/s: FLOPs the ops counted)')
 for _, r in ipairs(runs) do
-  local products_ms = r.model_gflop / product_rate * 1e3
-  local adamw_ms = ADAMW_BYTES * r.params / (memory * 1e9) * 1e3
+  local products_ms = r.model_gflop / r.product_rate * 1e3
+  local adamw_ms = ADAMW_BYTES * r.params / (r.memory_rate * 1e9) * 1e3
   r.floor_ms, r.floor_products_ms, r.floor_adamw_ms = products_ms + adamw_ms, products_ms, adamw_ms
   print(('%s: GEMM floor %.0f ms (%.1f GFLOP at %.0f GFLOP/s: %.0f ms; AdamW, %d B x %d parameters at %.1f GB/s: '
-         .. '%.0f ms); the step runs at %.0f%% of it'):format(r.name, r.floor_ms, r.model_gflop, product_rate,
-    products_ms, ADAMW_BYTES, r.params, memory, adamw_ms, 100 * r.floor_ms / r.ms))
+         .. '%.0f ms); the step runs at %.0f%% of it'):format(r.name, r.floor_ms, r.model_gflop, r.product_rate,
+    products_ms, ADAMW_BYTES, r.params, r.memory_rate, adamw_ms, 100 * r.floor_ms / r.ms))
 end
 for _, r in ipairs(runs) do if r.ops then print_ops(r, peak) end end
 -- One machine-readable line per model, the keys of benchmarks/torch_cpu.py
@@ -235,7 +249,7 @@ local cjson = require 'cjson'
 for _, r in ipairs(runs) do
   print('RESULT ' .. cjson.encode({ impl = 'fsdp-lua', model = r.name, params = r.params, batch = r.batch,
     seq = r.seq, precision = cfg.precision, ms = r.ms, fwd_ms = r.fwd_ms, bwd_ms = r.bwd_ms, opt_ms = r.opt_ms, tokens_per_s = r.tokens,
-    gflops = r.gflops, sgemm_gflops = peak, product_gflops = product_rate, memory_gbs = memory,
+    gflops = r.gflops, sgemm_gflops = peak, product_gflops = r.product_rate, memory_gbs = r.memory_rate,
     model_gflop = r.model_gflop, floor_ms = r.floor_ms, floor_products_ms = r.floor_products_ms,
     floor_adamw_ms = r.floor_adamw_ms }))
 end
