@@ -85,7 +85,8 @@ struct fl_storage {
     void (*release)(void *ctx, void *data, int64_t nbytes);
     void *release_ctx;
     /* Unique for the life of the process (never reused like an address):
-     * allocator storage gets one in fl_storage_new, other storage 0.
+     * allocator and virtual storage get one (fl_storage_new,
+     * fl_storage_virtual), other storage 0.
      * Activation offload keys its deduplication by it. */
     uint64_t id;
     /* Viewed by a leaf that requires grad (a parameter, or a sharded

@@ -225,6 +225,12 @@ FL_API int fl_cpu_attention_use(const char *kernel);
  * default; fsdp.plan turns it on while it traces for such a device.
  * Returns the previous setting. */
 FL_API bool fl_meta_set_f32_gemm(bool on);
+/* Bracket a trace on meta tensors (fsdp.plan's): between the two, a meta
+ * tensor made before the begin and freed inside stays counted in the meta
+ * device's bytes in use until the end ([Note: frees from before a trace],
+ * storage.c). Nests; the outermost end lets the held bytes go. */
+FL_API void fl_meta_trace_begin(void);
+FL_API void fl_meta_trace_end(void);
 
 /* Events and synchronisation (core/tensor/event.c), as torch.cuda.Event:
  * an event recorded on a device marks the work queued there so far and is

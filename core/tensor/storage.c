@@ -59,7 +59,7 @@ fl_storage *fl_storage_new(fl_device device, int64_t nbytes) {
     s->nbytes = nbytes;
     s->refcount = 1;
     s->device = device;
-    s->id = next_storage_id++;
+    s->id = atomic_fetch_add(&next_storage_id, 1);
     void (*hook)(void) = atomic_load(&allocation_hook);
     if (hook) hook();
     return s;
@@ -79,9 +79,43 @@ fl_storage *fl_storage_new(fl_device device, int64_t nbytes) {
  * everything that asks "does this tensor have values?" (t->storage) still
  * says no. Scratch a backend takes inside a kernel has no tensor; the
  * product's is imitated on request (fl_meta_set_f32_gemm, matmul.c). */
+/* [Note: frees from before a trace]
+ * fsdp.plan's trace reads the meta device's bytes in use at the bounds of
+ * the segments it measures. A meta tensor made before the trace began and
+ * dropped while it runs (garbage whose finalizer the trace's collections
+ * happen to reach, behind a chain of other finalizers) is no part of the
+ * step, yet its free would lower the bytes in use inside a segment: the
+ * segment would read as holding negative bytes. So between
+ * fl_meta_trace_begin and fl_meta_trace_end, frees of virtual storages
+ * made before the begin are held as "ghost" bytes, still counted in use,
+ * and let go together at the end, where they move nothing the trace reads.
+ * Storage ids rise with time, so "made before" is "id below the fence". */
+static _Atomic uint64_t trace_fence;      /* first id made inside the trace; 0: none */
+static _Atomic int64_t trace_ghost_bytes; /* frees from before it, held back */
+static _Atomic int trace_depth;
+
+void fl_meta_trace_begin(void) {
+    if (atomic_fetch_add(&trace_depth, 1) == 0)
+        atomic_store(&trace_fence, atomic_load(&next_storage_id));
+}
+
+void fl_meta_trace_end(void) {
+    int depth = atomic_fetch_sub(&trace_depth, 1);
+    FL_ASSERT(depth > 0);
+    if (depth > 1) return;
+    atomic_store(&trace_fence, 0);
+    int64_t ghost = atomic_exchange(&trace_ghost_bytes, 0);
+    if (ghost > 0) fl_memory_note_free(fl_device_make(FL_DEVICE_META, 0), ghost);
+}
+
 static void virtual_release(void *ctx, void *data, int64_t nbytes) {
-    (void)ctx;
     (void)data;
+    const fl_storage *s = ctx;
+    uint64_t fence = atomic_load(&trace_fence);
+    if (fence != 0 && s->id < fence) {
+        atomic_fetch_add(&trace_ghost_bytes, nbytes);
+        return;
+    }
     fl_memory_note_free(fl_device_make(FL_DEVICE_META, 0), nbytes);
 }
 
@@ -96,7 +130,9 @@ fl_storage *fl_storage_virtual(int64_t nbytes) {
     s->nbytes = nbytes;
     s->refcount = 1;
     s->device = meta;
+    s->id = atomic_fetch_add(&next_storage_id, 1);
     s->release = virtual_release;
+    s->release_ctx = s; /* freed only after release returns */
     return s;
 }
 

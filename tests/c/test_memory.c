@@ -80,6 +80,37 @@ static void meta_counts_virtual_bytes(void **state) {
     fl_tensor_release(m);
 }
 
+/* [Note: frees from before a trace]: inside fl_meta_trace_begin/end a
+ * meta tensor made before the begin keeps its bytes in use when freed
+ * (they go at the outermost end); one made inside frees as usual. */
+static void meta_trace_holds_earlier_frees(void **state) {
+    (void)state;
+    fl_memory_stats s;
+    fl_memory_stats_get(META, &s);
+    int64_t base = s.in_use;
+    fl_tensor *before = fl_empty(SHAPE(1000), FL_F32, META);
+    fl_meta_trace_begin();
+    fl_meta_trace_begin(); /* nested: only the outer end lets go */
+    fl_tensor *inside = fl_empty(SHAPE(10), FL_F32, META);
+    fl_tensor_release(before);
+    fl_memory_stats_get(META, &s);
+    assert_int_equal(s.in_use - base, 4000 + 40);
+    fl_tensor_release(inside);
+    fl_memory_stats_get(META, &s);
+    assert_int_equal(s.in_use - base, 4000);
+    fl_meta_trace_end();
+    fl_memory_stats_get(META, &s);
+    assert_int_equal(s.in_use - base, 4000);
+    fl_meta_trace_end();
+    fl_memory_stats_get(META, &s);
+    assert_int_equal(s.in_use, base);
+    /* after the end, frees count at once again */
+    before = fl_empty(SHAPE(7), FL_F32, META);
+    fl_tensor_release(before);
+    fl_memory_stats_get(META, &s);
+    assert_int_equal(s.in_use, base);
+}
+
 /* fl_meta_set_f32_gemm: a bf16 product on meta raises the peak by the f32
  * copies the CPU backend stages (operands, result), leaving in_use alone. */
 static void meta_f32_gemm_staging(void **state) {
@@ -168,8 +199,11 @@ static void gathered_ranges_get_huge_pages(void **state) {
     const char *names[] = {"w"};
     int ndims[] = {1};
     int64_t dims[] = {3 << 20}; /* 6 MiB gathered in bf16 */
-    fl_unit_config cfg = {.master_dtype = FL_F32, .param_dtype = FL_BF16,
-                          .reduce_dtype = FL_F32, .grad_dtype = FL_F32, .device = CPU};
+    fl_unit_config cfg = {.master_dtype = FL_F32,
+                          .param_dtype = FL_BF16,
+                          .reduce_dtype = FL_F32,
+                          .grad_dtype = FL_F32,
+                          .device = CPU};
     fl_unit *u = fl_unit_new("layer", 1, names, ndims, dims, &cfg);
     assert_non_null(u);
     fl_tensor *shard = fl_unit_shard(u);
@@ -197,6 +231,7 @@ int fl_test_memory(void) {
         cmocka_unit_test(statistics_follow_allocations),
         cmocka_unit_test(limit_gives_oom_error),
         cmocka_unit_test(meta_counts_virtual_bytes),
+        cmocka_unit_test(meta_trace_holds_earlier_frees),
         cmocka_unit_test(meta_f32_gemm_staging),
         cmocka_unit_test(large_cpu_blocks_get_huge_pages),
         cmocka_unit_test(gathered_ranges_get_huge_pages),

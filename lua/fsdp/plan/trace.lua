@@ -60,9 +60,9 @@ local function reset_peak() C.fl_memory_stats_reset(META) end
 -- Cycles until one frees nothing: a finalizer that runs in one cycle may
 -- drop the last reference to another object, whose own finalizer (a
 -- tensor's, say) runs only in the next, and chains of them can be any
--- length (garbage left by whatever ran before the plan). Two cycles, a
--- fixed count, once left a tensor to be freed inside a measured segment,
--- which then read as negative bytes.
+-- length. Garbage left by whatever ran before the plan cannot move the
+-- bytes read here at all ([Note: frees from before a trace], storage.c:
+-- run brackets the trace); this loop is for the trace's own temporaries.
 local function collect()
   local bytes, kb = in_use(), collectgarbage('count')
   repeat
@@ -416,7 +416,9 @@ local function run(model, o)
   o = setmetatable({ root_params = root }, { __index = o })
   local was = C.fl_meta_set_f32_gemm(o.f32_gemm and true or false)
   local budget = Tensor.set_collect_budget(math.huge)
+  C.fl_meta_trace_begin()
   local ok, r = pcall(trace, model, o)
+  C.fl_meta_trace_end()
   Tensor.set_collect_budget(budget)
   C.fl_meta_set_f32_gemm(was)
   restore()
