@@ -86,14 +86,18 @@ static bool tried, open_ok, wide;
 static char why_not[256] = "not tried yet";
 
 #ifdef HAVE_ONEDNN_HEADER
+/* clang-format off */
 #define ONEDNN_FUNCTIONS(X)                                                                        \
     X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_memory_desc_init_by_strides)               \
     X(dnnl_memory_create) X(dnnl_memory_destroy) X(dnnl_matmul_desc_init)                         \
-    X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) X(dnnl_primitive_desc_query)     \
+    X(dnnl_primitive_desc_destroy) X(dnnl_primitive_desc_query)                                   \
     X(dnnl_primitive_create) X(dnnl_primitive_destroy) X(dnnl_primitive_execute) X(dnnl_version)   \
     X(dnnl_get_effective_cpu_isa) X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)     \
     X(dnnl_post_ops_create) X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum)                  \
-    X(dnnl_primitive_attr_set_post_ops)
+    X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_iterator_create)                    \
+    X(dnnl_primitive_desc_iterator_next) X(dnnl_primitive_desc_iterator_fetch)                    \
+    X(dnnl_primitive_desc_iterator_destroy)
+/* clang-format on */
 
 #define DECLARE(f) static __typeof__(f) *p_##f;
 ONEDNN_FUNCTIONS(DECLARE)
@@ -103,7 +107,7 @@ static dnnl_engine_t engine;
 static char version[32];
 
 typedef struct cached_product {
-    fl_onednn_product key; /* zeroed padding included: keys are compared bytewise */
+    fl_onednn_product key;      /* zeroed padding included: keys are compared bytewise */
     dnnl_primitive_t primitive; /* NULL: refused (oneDNN failed, or a reference kernel) */
     dnnl_memory_desc_t a, b, c, bias;
 } cached_product;
@@ -122,7 +126,7 @@ static bool open_onednn(void) {
     }
 #define RESOLVE(f)                                                                                 \
     if (!(p_##f = (__typeof__(f) *)dlsym(lib, #f))) {                                              \
-        snprintf(why_not, sizeof why_not, "libdnnl.so.2 lacks %s", #f);                           \
+        snprintf(why_not, sizeof why_not, "libdnnl.so.2 lacks %s", #f);                            \
         return false;                                                                              \
     }
     ONEDNN_FUNCTIONS(RESOLVE)
@@ -145,6 +149,63 @@ static bool describe(dnnl_memory_desc_t *d, dnnl_data_type_t dt, int64_t rows, i
                      int64_t ld, bool trans) {
     dnnl_dims_t dims = {rows, cols}, strides = {trans ? 1 : ld, trans ? ld : 1};
     return p_dnnl_memory_desc_init_by_strides(d, 2, dims, dt, strides) == dnnl_success;
+}
+
+/* [Note: oneDNN's two matmul kernels]
+ * oneDNN 2.6 offers a matmul in two implementations, listed best first
+ * by its own ranking: brgemm ("brg:avx512_core...") and its older packed
+ * GEMM ("gemm:jit"). On the Zen 5 machine brgemm loses in two places,
+ * measured one primitive against the other on the same buffers, in
+ * alternation, 10 rounds each, 2 threads (GFLOP/s, brgemm -> gemm:jit):
+ * - f32 products with B as stored (NN: the input gradient dx = dy W) of
+ *   few rows against a B beyond the L2 (4 MB and more): GPT-2's at 256
+ *   tokens, 256x768x3072 364-382 -> 466-495, 256x3072x768 384-407 ->
+ *   433-449, 256x768x2304 410-423 -> 471-492. With B of 768x768 or 1024
+ *   rows (the small Llama) neither wins (0.98-1.0).
+ * - weight gradients (TN: dW = dy^T x) of a vocabulary head over few
+ *   tokens (m >= 32 n, k <= 256): GPT-2's 50257x768x256 in f32 415 ->
+ *   468, in bf16 633-642 -> 700. With 1024 tokens (the small Llama's
+ *   head) neither wins, and for the blocks' weight gradients brgemm is
+ *   ahead in bf16 (768x3072x256 950 against 872) and either way in f32.
+ * Elsewhere brgemm, oneDNN's first choice, stays. The choice is a fixed
+ * rule of dtype, layout and sizes, never a timing: a product runs the
+ * same kernel, and sums in the same order, in every run. */
+static bool prefers_gemm(const fl_onednn_product *key) {
+    if (key->trans_b) return false;
+    if (!key->trans_a)
+        return key->dtype == FL_F32 && key->m <= 256 && key->n * key->k >= ((int64_t)1 << 20);
+    return key->m >= 32 * key->n && key->k <= 256;
+}
+
+/* The implementation to build for key from op and attr: the first that is
+ * not a reference kernel ("ref:...", plain loops, far slower than the
+ * conversion path's sgemm: odd strides can lead there), or "gemm:jit"
+ * where prefers_gemm and oneDNN offers it. NULL when none. */
+static dnnl_primitive_desc_t choose(const fl_onednn_product *key, const dnnl_matmul_desc_t *op,
+                                    const_dnnl_primitive_attr_t attr) {
+    dnnl_primitive_desc_iterator_t it = NULL;
+    if (p_dnnl_primitive_desc_iterator_create(&it, op, attr, engine, NULL) != dnnl_success)
+        return NULL;
+    dnnl_primitive_desc_t chosen = NULL;
+    bool want_gemm = prefers_gemm(key);
+    do {
+        dnnl_primitive_desc_t pd = p_dnnl_primitive_desc_iterator_fetch(it); /* ours to destroy */
+        if (!pd) break;
+        const char *impl = NULL;
+        bool usable =
+            p_dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+            impl && strncmp(impl, "ref", 3) != 0;
+        bool gemm = usable && strncmp(impl, "gemm:jit", 8) == 0;
+        if (usable && (!chosen || (want_gemm && gemm))) {
+            if (chosen) p_dnnl_primitive_desc_destroy(chosen);
+            chosen = pd;
+            if (!want_gemm || gemm) break;
+        } else {
+            p_dnnl_primitive_desc_destroy(pd);
+        }
+    } while (p_dnnl_primitive_desc_iterator_next(it) == dnnl_success);
+    p_dnnl_primitive_desc_iterator_destroy(it);
+    return chosen;
 }
 
 /* Build the primitive for key into e; e->primitive stays NULL when oneDNN
@@ -170,28 +231,19 @@ static void build(cached_product *e, const fl_onednn_product *key) {
     /* A piece of a long sum adds to what C holds (a sum post-op). */
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t post = NULL;
-    if (key->accumulate &&
-        (p_dnnl_primitive_attr_create(&attr) != dnnl_success ||
-         p_dnnl_post_ops_create(&post) != dnnl_success ||
-         p_dnnl_post_ops_append_sum(post, 1.0f) != dnnl_success ||
-         p_dnnl_primitive_attr_set_post_ops(attr, post) != dnnl_success)) {
+    if (key->accumulate && (p_dnnl_primitive_attr_create(&attr) != dnnl_success ||
+                            p_dnnl_post_ops_create(&post) != dnnl_success ||
+                            p_dnnl_post_ops_append_sum(post, 1.0f) != dnnl_success ||
+                            p_dnnl_primitive_attr_set_post_ops(attr, post) != dnnl_success)) {
         if (post) p_dnnl_post_ops_destroy(post);
         if (attr) p_dnnl_primitive_attr_destroy(attr);
         return;
     }
-    dnnl_primitive_desc_t pd = NULL;
-    bool ok = p_dnnl_primitive_desc_create(&pd, &op, attr, engine, NULL) == dnnl_success;
+    dnnl_primitive_desc_t pd = choose(key, &op, attr);
     if (post) p_dnnl_post_ops_destroy(post);
     if (attr) p_dnnl_primitive_attr_destroy(attr);
-    /* A reference implementation is plain loops, far slower than the
-     * conversion path's sgemm: refuse it (odd strides can lead there). */
-    const char *impl = NULL;
-    if (ok)
-        ok = p_dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
-             impl && strncmp(impl, "ref", 3) != 0;
-    if (ok) ok = p_dnnl_primitive_create(&e->primitive, pd) == dnnl_success;
+    if (pd && p_dnnl_primitive_create(&e->primitive, pd) != dnnl_success) e->primitive = NULL;
     if (pd) p_dnnl_primitive_desc_destroy(pd);
-    if (!ok) e->primitive = NULL;
 }
 
 /* The cached entry for key, built on a miss (replacing the oldest).
@@ -216,7 +268,8 @@ static cached_product *lookup(const fl_onednn_product *key) {
 static __thread dnnl_stream_t stream;
 
 static bool run(cached_product *e, const void *a, const void *b, const float *bias, void *c) {
-    if (!stream && p_dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) {
+    if (!stream &&
+        p_dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) {
         stream = NULL;
         return false;
     }
@@ -227,10 +280,8 @@ static bool run(cached_product *e, const void *a, const void *b, const float *bi
               (!e->key.bias ||
                p_dnnl_memory_create(&mbias, &e->bias, engine, (void *)bias) == dnnl_success);
     if (ok) {
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
-                                   {DNNL_ARG_WEIGHTS, mb},
-                                   {DNNL_ARG_DST, mc},
-                                   {DNNL_ARG_BIAS, mbias}};
+        dnnl_exec_arg_t args[4] = {
+            {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_BIAS, mbias}};
         ok = p_dnnl_primitive_execute(e->primitive, stream, e->key.bias ? 4 : 3, args) ==
              dnnl_success;
     }

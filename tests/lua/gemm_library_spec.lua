@@ -225,6 +225,41 @@ describe('oneDNN', function()
     assert.equals(LM * LN * 4, s.peak - s.in_use)
   end)
 
+  -- [Note: oneDNN's two matmul kernels] (core/cpu/cpu_onednn.c): a
+  -- vocabulary head's weight gradient over few tokens, and (where OpenBLAS
+  -- is narrow, so oneDNN takes f32 NN products) an f32 input gradient of
+  -- few rows against a B of 4 MB and more, run on oneDNN's packed GEMM;
+  -- the others on brgemm. Which kernel ran is read from oneDNN's own log
+  -- (ONEDNN_VERBOSE, in a child process: it is read when oneDNN loads).
+  local head_tn = { 'bf16 TN of a head', function(d) return randn({ 256, 4096 }, 1, d):t(), randn({ 256, 64 }, 2, d) end }
+  local few_rows = { 'f32 NN of few rows', function(d) return randn({ 64, 1024 }, 1, d), randn({ 1024, 1024 }, 2, d) end }
+  it('run the products their rule gives to oneDNN\'s packed GEMM there, and agree', function()
+    local chosen = { { head_tn, 'bf16', 'gemm:jit' },
+                     { { 'bf16 TN of blocks', function(d) return randn({ 256, 768 }, 1, d):t(), randn({ 256, 768 }, 2, d) end },
+                       'bf16', 'brg:' } }
+    if narrow then
+      chosen[#chosen + 1] = { head_tn, 'f32', 'gemm:jit' }
+      chosen[#chosen + 1] = { few_rows, 'f32', 'gemm:jit' }
+    end
+    for _, c in ipairs(chosen) do
+      local case, dtype, kernel = c[1], c[2], c[3]
+      local a, b = case[2](dtype)
+      local want = on('openblas', function() return F.matmul(a, b) end)
+      local got = on('onednn', function() return F.matmul(a, b) end)
+      if dtype == 'bf16' then assert_bf16_close(got, want, case[1]) else assert_f32_close(got, want, case[1]) end
+      local code = ("local f = require 'fsdp'; f.cpu_gemm_use('onednn'); "
+        .. "local a = f.randn({%s}, { dtype = '%s' }); local b = f.randn({%s}, { dtype = '%s' }); "
+        .. "f.F.matmul(%s, b)"):format(table.concat(a:is_contiguous() and a.shape or { a.shape[2], a.shape[1] }, ', '),
+          dtype, table.concat(b.shape, ', '), dtype, a:is_contiguous() and 'a' or 'a:t()')
+      local p = assert(io.popen(('ONEDNN_VERBOSE=1 %q -e %q 2>&1'):format(require('fsdp.host').exe, code)))
+      local out = p:read('*a')
+      p:close()
+      local ran = out:match('onednn_verbose,exec,cpu,matmul,([^,]+),')
+      assert.is_truthy(ran, case[1] .. ' ' .. dtype .. ': no oneDNN product in\n' .. out)
+      assert.equals(kernel, ran:sub(1, #kernel), case[1] .. ' ' .. dtype)
+    end
+  end)
+
   it('agree on f32 x W^T products (oneDNN) within f32 rounding, and differ in bits', function()
     -- 512 terms: oneDNN splits them in blocks where OpenBLAS sums them in
     -- one run (at 256 both sum in the same order, bit for bit).
