@@ -18,6 +18,7 @@
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math")
 
 #include "cpu_fused_math.h"
+#include "cpu_rows_avx512.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -45,11 +46,26 @@ static void blas_serial_end(int n) {
     if (n >= 0) openblas_set_num_threads(n);
 }
 
-/* f64 products for the f64 instantiation, with fl_cpu_sgemm's argument
- * convention (row-major, leading dims of A and B as stored). */
-static void dgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-                  const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
-                  double *c, int64_t ldc) {
+/* The block products, with fl_cpu_sgemm's argument convention
+ * (row-major, leading dims of A and B as stored) after `pack`, scratch of
+ * k * n elements for a transposed B. f32: on AVX-512 where the CPU has it
+ * ([Note: attention's f32 block products], cpu_block_gemm.c) when the
+ * blocks are spread over threads (or there is one), else BLAS;
+ * f64: OpenBLAS's dgemm. */
+static void sgemm(float *pack, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                  float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                  float *c, int64_t ldc) {
+    /* (with the blocks on one thread, BLAS keeps its threads: see the top) */
+    bool one_thread = omp_in_parallel() || omp_get_max_threads() == 1;
+    if (!one_thread ||
+        !fl_cpu_block_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pack))
+        fl_cpu_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static void dgemm(double *pack, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                  double alpha, const double *a, int64_t lda, const double *b, int64_t ldb,
+                  double beta, double *c, int64_t ldc) {
+    (void)pack;
     FL_ASSERT(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX && lda <= INT32_MAX &&
               ldb <= INT32_MAX && ldc <= INT32_MAX);
     if (m == 0 || n == 0) return;
@@ -65,7 +81,7 @@ static void dgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, d
 #define RT FL_F32
 #define FN(name) name##_f32
 #define EXP(x) fl_fast_expf(x)
-#define GEMM fl_cpu_sgemm
+#define GEMM sgemm
 #include "cpu_attention_gen.h"
 #undef FL_ROWS_F32
 #undef R

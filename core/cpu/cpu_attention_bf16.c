@@ -195,35 +195,6 @@ static void pack_pairs(bf16 *dst, const bf16 *X, int64_t ld, int64_t rows, int64
     }
 }
 
-/* A 16 x 16 block of 32-bit lanes transposed in registers: r[i] holds
- * row i, and afterwards column i (pairs, then quads, then 128-bit lanes
- * swapped). The transposes below move 32-bit units: a pair of bf16
- * values, or one f32. On AMD's Zen 5 a gather (one f32 per lane) or an
- * element loop took about a fifth of the backward's time. */
-static inline void transpose16(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_i32x4(u[i], u[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(u[i], u[i + 4], 0xdd);
-        t[i + 8] = _mm512_shuffle_i32x4(u[i + 8], u[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_i32x4(u[i + 8], u[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
-    }
-}
-
 /* X^T as a B operand, X [rows, K] (row stride ld): the product sums over
  * X's columns, so pair i of column n is X[n][2i], X[n][2i+1], which are
  * adjacent in X: a transpose of 32-bit pairs, [N][K/2] -> [K/2][N].
@@ -237,7 +208,7 @@ static void pack_transposed(bf16 *dst, const bf16 *X, int64_t ld, int64_t rows, 
             for (int j = 0; j < 16; j++)
                 r[j] = n0 + j < rows ? _mm512_loadu_si512(X + (n0 + j) * ld + 2 * i0)
                                      : _mm512_setzero_si512();
-            transpose16(r);
+            fl_transpose16(r);
             for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + ((i0 + j) * N + n0) * 2, r[j]);
         }
 }
@@ -267,7 +238,7 @@ static void copy_rows(bf16 *dst, const bf16 *X, int64_t ld, int64_t m, int64_t M
                                        : _mm512_setzero_si512();
                 r[i] = _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
             }
-            transpose16(r);
+            fl_transpose16(r);
             for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + (c0 + i) * M + r0, r[i]);
         }
 }
@@ -410,7 +381,7 @@ static void store_transposed(const fl_tensor *t, int64_t b, int64_t h, const flo
         for (int64_t c0 = 0; c0 < cols; c0 += 16) {
             __m512i r[16];
             for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(X + (c0 + i) * ld + j0);
-            transpose16(r);
+            fl_transpose16(r);
             for (int i = 0; i < 16; i++)
                 fl_store_bf16x16((bf16 *)row_of(t, b, h, j0 + i) + c0,
                                  _mm512_mul_ps(_mm512_castsi512_ps(r[i]), sc));

@@ -1,8 +1,8 @@
 /*
  * cpu_attention_gen.h: the attention kernels for one compute type,
  * included by cpu_attention.c for f32 and f64. The includer defines R, RT,
- * FN(x), EXP(x) (as cpu_lanes_gen.h) and GEMM (the BLAS product in R with
- * fl_cpu_sgemm's arguments).
+ * FN(x), EXP(x) (as cpu_lanes_gen.h) and GEMM (the block product in R:
+ * scratch for packing a transposed B, then fl_cpu_sgemm's arguments).
  *
  * The unit of work is a block of QBLOCK query rows of one (batch, head):
  *   forward   S = scale * Q K^T + bias, masked; P = exp(S - rowmax);
@@ -65,7 +65,7 @@ static int FN(attention)(const fl_attention_args *a) {
     bool oom = false;
 #pragma omp parallel if (par)
     {
-        R *S = malloc((size_t)(QBLOCK * (Tk ? Tk : 1) + QBLOCK) * sizeof(R));
+        R *S = malloc((size_t)(QBLOCK * (Tk ? Tk : 1) + QBLOCK + Tk * D) * sizeof(R));
         if (!S) oom = true;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
@@ -74,7 +74,7 @@ static int FN(attention)(const fl_attention_args *a) {
             int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK;
             int64_t nk = a->causal ? (Tk < i0 + m ? Tk : i0 + m) : Tk;
             R *O = FN(row_of)(a->out, b, h, i0), *L = FN(row_of)(a->lse, b, h, i0);
-            R *inv_sum = S + QBLOCK * (Tk ? Tk : 1);
+            R *inv_sum = S + QBLOCK * (Tk ? Tk : 1), *pack = inv_sum + QBLOCK;
             if (nk == 0) {
                 for (int64_t r = 0; r < m; r++) {
                     L[r] = -INFINITY;
@@ -84,9 +84,9 @@ static int FN(attention)(const fl_attention_args *a) {
             }
             const R *Q = FN(row_of)(q, b, h, i0), *K = FN(row_of)(k, b, hk, 0);
             const R *V = FN(row_of)(v, b, hk, 0);
-            GEMM(false, true, m, nk, D, scale, Q, q->stride[2], K, k->stride[2], 0, S, nk);
+            GEMM(pack, false, true, m, nk, D, scale, Q, q->stride[2], K, k->stride[2], 0, S, nk);
             FN(probabilities)(a, S, m, nk, b, h, i0, L, inv_sum, NULL);
-            GEMM(false, false, m, Dv, nk, 1, S, nk, V, v->stride[2], 0, O, Dv);
+            GEMM(pack, false, false, m, Dv, nk, 1, S, nk, V, v->stride[2], 0, O, Dv);
             for (int64_t r = 0; r < m; r++)
                 for (int64_t d = 0; d < Dv; d++) O[r * Dv + d] *= inv_sum[r];
         }
@@ -149,7 +149,8 @@ static int FN(attention_backward)(const fl_attention_args *a) {
     int64_t block = QBLOCK * (Tk ? Tk : 1);
 #pragma omp parallel if (par)
     {
-        R *P = malloc((size_t)(2 * block + QBLOCK) * sizeof(R));
+        int64_t widest = D > Dv ? D : Dv;
+        R *P = malloc((size_t)(2 * block + QBLOCK + Tk * widest) * sizeof(R));
         if (!P) oom = true;
         R *dbias_dst = !db ? NULL
                      : private_db ? db_parts + (int64_t)omp_get_thread_num() * db->numel
@@ -157,7 +158,7 @@ static int FN(attention_backward)(const fl_attention_args *a) {
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             if (!P || oom) continue;
-            R *dP = P + block, *rowdot = P + 2 * block;
+            R *dP = P + block, *rowdot = P + 2 * block, *pack = rowdot + QBLOCK;
             int64_t hk = it % Hkv, b0 = whole_batch ? 0 : it / Hkv, b1 = whole_batch ? B : b0 + 1;
             for (int64_t b = b0; b < b1; b++) {
                 const R *K = FN(row_of)(k, b, hk, 0), *V = FN(row_of)(v, b, hk, 0);
@@ -177,11 +178,11 @@ static int FN(attention_backward)(const fl_attention_args *a) {
                         const R *O = FN(row_of)(o, b, h, i0);
                         const R *L = FN(row_of)(a->lse, b, h, i0);
                         int64_t ldq = q->stride[2], ldo = dout->stride[2];
-                        GEMM(false, true, m, nk, D, scale, Q, ldq, K, k->stride[2], 0, P, nk);
+                        GEMM(pack, false, true, m, nk, D, scale, Q, ldq, K, k->stride[2], 0, P, nk);
                         FN(probabilities)(a, P, m, nk, b, h, i0, NULL, NULL, L);
-                        if (dV) GEMM(true, false, nk, Dv, m, 1, P, nk, dO, ldo, 1, dV, Dv);
+                        if (dV) GEMM(pack, true, false, nk, Dv, m, 1, P, nk, dO, ldo, 1, dV, Dv);
                         if (!dQ && !dK && !dbias_dst) continue;
-                        GEMM(false, true, m, nk, Dv, 1, dO, ldo, V, v->stride[2], 0, dP, nk);
+                        GEMM(pack, false, true, m, nk, Dv, 1, dO, ldo, V, v->stride[2], 0, dP, nk);
                         for (int64_t r = 0; r < m; r++) {
                             double s = 0;
 #pragma omp simd reduction(+ : s)
@@ -193,8 +194,8 @@ static int FN(attention_backward)(const fl_attention_args *a) {
                             for (int64_t j = 0; j < nk; j++)
                                 dP[r * nk + j] = P[r * nk + j] * (dP[r * nk + j] - rowdot[r]);
                         if (dbias_dst) FN(add_dbias)(dbias_dst, db, dP, m, nk, b, h, i0);
-                        if (dQ) GEMM(false, false, m, D, nk, scale, dP, nk, K, k->stride[2], 0, dQ, D);
-                        if (dK) GEMM(true, false, nk, D, m, scale, dP, nk, Q, ldq, 1, dK, D);
+                        if (dQ) GEMM(pack, false, false, m, D, nk, scale, dP, nk, K, k->stride[2], 0, dQ, D);
+                        if (dK) GEMM(pack, true, false, nk, D, m, scale, dP, nk, Q, ldq, 1, dK, D);
                     }
                 }
             }

@@ -1,7 +1,7 @@
 /*
  * cpu_avx512.h: 16-lane helpers for the kernels built for AVX-512
- * (cpu_rows_avx512.c, cpu_attention_bf16.c): e^x and bf16 loads and
- * stores. Include only from a file compiled for AVX-512 (its own
+ * (cpu_rows_avx512.c, cpu_attention_bf16.c, cpu_block_gemm.c): e^x, bf16
+ * loads and stores, a 16 x 16 transpose. Include only from a file compiled for AVX-512 (its own
  * `#pragma GCC target`), whose functions run only where the CPU has it.
  */
 #ifndef FL_CPU_AVX512_H
@@ -36,6 +36,35 @@ static inline __m512 fl_exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
     return _mm512_maskz_scalef_ps((__mmask16)~under, p, n);
+}
+
+/* A 16 x 16 block of 32-bit lanes transposed in registers: r[i] holds
+ * row i, and afterwards column i (pairs, then quads, then 128-bit lanes
+ * swapped). Transposes move 32-bit units with it: a pair of bf16
+ * values (cpu_attention_bf16.c), or one f32 (cpu_block_gemm.c). On AMD's Zen 5 a gather (one f32 per lane) or an
+ * element loop took about a fifth of the backward's time. */
+static inline void fl_transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(u[i], u[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(u[i], u[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_i32x4(u[i + 8], u[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(u[i + 8], u[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
 }
 
 /* The lanes j ... j+15 below n. */

@@ -1,8 +1,9 @@
 /*
  * cpu_rows_avx512.h: the hand-written AVX-512 kernels of
  * cpu_rows_avx512.c (fused row loops, RoPE, RMSNorm, silu * up, bf16
- * rows of cross-entropy) and fl_cpu_avx512(), the run-time check every
- * caller makes first: the binary runs on any x86-64.
+ * rows of cross-entropy), attention's f32 block products
+ * (cpu_block_gemm.c) and fl_cpu_avx512(), the run-time check every caller
+ * makes first: the binary runs on any x86-64.
  */
 #ifndef FL_CPU_ROWS_AVX512_H
 #define FL_CPU_ROWS_AVX512_H
@@ -64,5 +65,14 @@ void fl_avx512_layer_norm_backward_row(void *dx, bool dxbf, const void *x, bool 
 #define FL_ROWS_AVX512_BUILD 0
 static inline bool fl_cpu_avx512(void) { return false; }
 #endif
+
+/* C = alpha op(A) op(B) + beta C in f32 on one thread, fl_cpu_sgemm's
+ * arguments, for attention's block products (cpu_block_gemm.c, [Note:
+ * attention's f32 block products]); pack holds k * n floats when
+ * trans_b. False, with nothing done, where the CPU lacks AVX-512: the
+ * caller runs BLAS. */
+bool fl_cpu_block_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                        float *c, int64_t ldc, float *pack);
 
 #endif /* FL_CPU_ROWS_AVX512_H */

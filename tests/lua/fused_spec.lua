@@ -969,4 +969,36 @@ describe('parallel kernels agree with the single-threaded ones', function()
     attention_case({ B = 4, Hq = 4, Hkv = 4, Tq = 64, Tk = 64, D = 8, Dv = 8 }, { 1, 4, 64, 64 })
     attention_case({ B = 4, Hq = 4, Hkv = 2, Tq = 64, Tk = 64, D = 8, Dv = 8 }, { 4, 1, 64, 64 })
   end)
+
+  -- [Note: attention's f32 block products] (core/cpu/cpu_block_gemm.c):
+  -- attentions large enough to spread over threads run their f32 products
+  -- on AVX-512 where the CPU has it, in 6-row by 64-column blocks with
+  -- masked edges. Sizes that leave every kind of edge (head dims not a
+  -- multiple of 16, more than 64 keys, a last query block of 2 rows,
+  -- Tq ~= Tk) against the same attention in f64, whose products are
+  -- OpenBLAS's dgemm: forward and every gradient.
+  it('for f32 attention at awkward sizes, against f64', function()
+    for _, c in ipairs({
+      { B = 2, Hq = 2, Hkv = 1, Tq = 130, Tk = 130, D = 17, Dv = 33, causal = true },
+      { B = 1, Hq = 4, Hkv = 2, Tq = 66, Tk = 97, D = 65, Dv = 7, causal = false },
+      { B = 3, Hq = 2, Hkv = 2, Tq = 70, Tk = 70, D = 64, Dv = 64, causal = true },
+    }) do
+      local q, k, v = qkv(c, 120)
+      local g = randn({ c.B, c.Hq, c.Tq, c.Dv }, 123)
+      local function run(dtype)
+        local function leaf(t) return t:to(dtype):clone():requires_grad_() end
+        local qq, kk, vv = leaf(q), leaf(k), leaf(v)
+        local y = F.scaled_dot_product_attention(qq, kk, vv, { causal = c.causal })
+        y:backward(g:to(dtype))
+        return { y, qq.grad, kk.grad, vv.grad }
+      end
+      local got, want = run('f32'), run('f64')
+      for i, name in ipairs({ 'out', 'dq', 'dk', 'dv' }) do
+        local scale = fsdp.F.max(fsdp.F.abs(want[i]):view(-1), 0):item()
+        local diff = T.max_abs_diff(got[i]:to('f64'), want[i])
+        assert(diff <= 2e-5 * scale, ('%s at D=%d, Dv=%d, Tq=%d, Tk=%d: differs by %g (largest %g)')
+          :format(name, c.D, c.Dv, c.Tq, c.Tk, diff, scale))
+      end
+    end
+  end)
 end)
