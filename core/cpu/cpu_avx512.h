@@ -43,7 +43,7 @@ static inline __m512 fl_exp16(__m512 x) {
  * swapped). Transposes move 32-bit units with it: a pair of bf16
  * values (cpu_attention_bf16.c), or one f32 (cpu_block_gemm.c). On AMD's Zen 5 a gather (one f32 per lane) or an
  * element loop took about a fifth of the backward's time. */
-static inline void fl_transpose16(__m512i r[16]) {
+static inline __attribute__((always_inline)) void fl_transpose16(__m512i r[16]) {
     __m512i t[16], u[16];
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
