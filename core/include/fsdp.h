@@ -1288,8 +1288,10 @@ FL_API int fl_unit_param_shard_range(const fl_unit *u, int i, int64_t *param_sta
 FL_API fl_tensor *fl_unit_shard(fl_unit *u);
 /* The sharded gradient (new reference), or NULL before the first reduce. */
 FL_API fl_tensor *fl_unit_grad(fl_unit *u);
-/* Drop the sharded gradient: the next reduce starts it afresh. */
-FL_API void fl_unit_zero_grad(fl_unit *u);
+/* Drop the sharded gradient: the next reduce starts it afresh. True when
+ * its memory went with it (no other reference held it, views included);
+ * false when something still holds it, or there was none. */
+FL_API bool fl_unit_zero_grad(fl_unit *u);
 /* Start gathering (SHARDED -> UNSHARDING); nothing to do when UNSHARDED. */
 FL_API int fl_unit_unshard(fl_unit *u);
 /* Finish gathering (UNSHARDING -> UNSHARDED); fine when UNSHARDED. */

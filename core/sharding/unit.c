@@ -280,9 +280,13 @@ int fl_unit_param_shard_range(const fl_unit *u, int i, int64_t *param_start,
 fl_tensor *fl_unit_shard(fl_unit *u) { return fl_tensor_retain(u->shard); }
 fl_tensor *fl_unit_grad(fl_unit *u) { return fl_tensor_retain(u->grad); }
 
-void fl_unit_zero_grad(fl_unit *u) {
-    fl_tensor_release(u->grad);
+bool fl_unit_zero_grad(fl_unit *u) {
+    fl_tensor *g = u->grad;
+    /* the last reference to the header, and the header the last to the storage */
+    bool last = g && g->refcount == 1 && (!g->storage || g->storage->refcount == 1);
+    fl_tensor_release(g);
     u->grad = NULL;
+    return last;
 }
 
 int64_t fl_unit_gathered_bytes(const fl_unit *u) {

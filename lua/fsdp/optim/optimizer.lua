@@ -266,6 +266,10 @@ function Optimizer:step_run(g, run)
   local grad = u.grad:narrow(0, run.start, run.len)
   self.state[key] = run.state
   local ok, err = pcall(self.update, self, g, key, p, grad)
+  -- (views of the unit's buffers, freed now: left to the collector they
+  -- would pin a gradient the next zero_grad drops)
+  p:free()
+  grad:free()
   run.state, self.state[key] = self.state[key], nil
   if not ok then error(err, 0) end
   run.fresh = false

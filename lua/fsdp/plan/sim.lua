@@ -173,6 +173,9 @@ function M.run(units, blocks, stem, head, opts)
       vgrads[u] = 0
       return
     end
+    -- The previous step's gradient, dropped by zero_grad, goes before the
+    -- new one is packed (Unit:sync_zero_grad, lua/fsdp/sharding/unit.lua).
+    live = live - u.shard * u.gs
     bump(u.padded * u.rs, where .. ', packing its gradient')
     if u.G > 1 then
       bump(u.shard * u.rs, where .. ', reduce-scatter')
@@ -180,10 +183,6 @@ function M.run(units, blocks, stem, head, opts)
       if opts.f32_reduce and u.rs < 4 then bump((u.padded + u.shard) * 4, where .. ', reduce-scatter') end
     end
     if pending then finish(pending, where) end
-    -- The previous step's gradient: dropped by zero_grad, its storage goes
-    -- with the Lua handle the unit held, at the next collection (when the
-    -- pending unit's gradient is bound).
-    live = live - u.shard * u.gs
     pending = u
     if not u.aliased then free(u) end
     live = live - (vgrads[u] or 0)

@@ -133,6 +133,13 @@ end
 
 function State:post_backward(u, grads)
   u:reduce_grads(grads, self.sync)
+  -- Packed (copied) now: their handles are this node's alone, and left to
+  -- the collector they would keep the unit's parameter gradients through
+  -- the C nodes that run next (the stem's embedding backward), over what
+  -- fsdp.plan counts.
+  for i = 1, #u.params do
+    if grads[i] ~= nil then grads[i]:free() end
+  end
   if self.sync then
     -- At most one reduction in flight besides this one: it overlaps the
     -- next unit's backward, and packed gradients do not pile up.

@@ -176,11 +176,19 @@ end
 
 -- The segments' gradients were dropped (optimizer:zero_grad(),
 -- model:zero_grad()): the next reduce starts the sharded gradient afresh.
+-- Its memory goes now, before the new gradient is packed, as fsdp.plan
+-- assumes: the views zero_grad dropped are garbage until the collector
+-- runs, and while they pin the old gradient the unit's packing holds it
+-- twice (the small Llama's root unit in bf16: 125 MiB over the plan's
+-- peak). So when they still hold it, one full collection frees them; the
+-- first unit to drop in a step frees every unit's (all went garbage at
+-- once), so the others find their gradient released at once.
 function Unit:sync_zero_grad()
   local seg = self.params[1] and self.params[1].segment
   if self.grad ~= nil and seg ~= nil and seg.grad == nil then
-    C.fl_unit_zero_grad(self.c)
+    self.grad:free()
     self.grad = nil
+    if not C.fl_unit_zero_grad(self.c) then collectgarbage('collect') end
   end
 end
 
@@ -261,6 +269,11 @@ end
 -- Pack this backward's gradients (plus what no_sync accumulated) and start
 -- reducing them, or with sync == false only accumulate them unsharded.
 function Unit:reduce_grads(grads, sync)
+  -- A gradient the user dropped (zero_grad) goes before the reduced one is
+  -- packed (held until the reduce, it and the packed buffer were both
+  -- alive: the small Llama's root unit in bf16 held 125 MiB more than
+  -- fsdp.plan's peak); no_sync's backwards leave it to the last.
+  if sync then self:sync_zero_grad() end
   local n = #self.params
   local arr = ffi.new('fl_tensor*[?]', math.max(n, 1))
   for i = 1, n do arr[i - 1] = grads[i] and Tensor.cptr(grads[i]) or nil end
@@ -273,7 +286,6 @@ function Unit:reduce_grads(grads, sync)
     return
   end
   self.accumulated = nil
-  self:sync_zero_grad()
   local t0 = profiler.on and profiler.now()
   core.check(C.fl_unit_reduce(self.c, Tensor.cptr(flat)))
   if t0 then
