@@ -35,8 +35,8 @@
 static inline __attribute__((always_inline)) void
 block(int R, int V, bool tail, __mmask16 last, int64_t K, const float *A, int64_t ar, int64_t ak,
       const float *B, int64_t ldb, float *C, int64_t ldc, float alpha, float beta) {
-    __m512 c[8][4];
-#pragma GCC unroll 8
+    __m512 c[6][4];
+#pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < V; v++) c[r][v] = _mm512_setzero_ps();
@@ -47,7 +47,7 @@ block(int R, int V, bool tail, __mmask16 last, int64_t K, const float *A, int64_
         for (int v = 0; v < V; v++)
             bv[v] = tail && v == V - 1 ? _mm512_maskz_loadu_ps(last, b + 16 * v)
                                        : _mm512_loadu_ps(b + 16 * v);
-#pragma GCC unroll 8
+#pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             __m512 a = _mm512_set1_ps(A[r * ar + k * ak]);
 #pragma GCC unroll 4
@@ -55,7 +55,7 @@ block(int R, int V, bool tail, __mmask16 last, int64_t K, const float *A, int64_
         }
     }
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 8
+#pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < V; v++) {

@@ -283,7 +283,8 @@ fl_tensor *fl_unit_grad(fl_unit *u) { return fl_tensor_retain(u->grad); }
 bool fl_unit_zero_grad(fl_unit *u) {
     fl_tensor *g = u->grad;
     /* the last reference to the header, and the header the last to the storage */
-    bool last = g && g->refcount == 1 && (!g->storage || g->storage->refcount == 1);
+    bool last = g && __atomic_load_n(&g->refcount, __ATOMIC_ACQUIRE) == 1 &&
+                (!g->storage || __atomic_load_n(&g->storage->refcount, __ATOMIC_ACQUIRE) == 1);
     fl_tensor_release(g);
     u->grad = NULL;
     return last;

@@ -76,9 +76,13 @@ describe('training on cuda:0', function()
     assert_losses(got, want, 1e-5, 'f32')
     -- Adam divides by the root of the second moment, so where a gradient
     -- element is near zero the summation order's rounding moves the step
-    -- visibly: parameters agree to 1e-3 of their largest value after six
-    -- steps, losses to 1e-5.
-    assert_params(gpu_model, cpu_model, 1e-3, 'f32')
+    -- visibly: parameters agree to 2e-3 of their largest value after six
+    -- steps, losses to 1e-5. (When the CPU's attention backward began to
+    -- sum its block products in another order, AVX-512 instead of
+    -- OpenBLAS, its first-step gradients moved by 3e-7 relative, and the
+    -- worst parameter here, the first MLP's down_proj, from under 1e-3
+    -- to 1.07e-3.)
+    assert_params(gpu_model, cpu_model, 2e-3, 'f32')
   end)
 
   it('matches the CPU to bf16 precision in bf16', function()

@@ -131,7 +131,9 @@ function Optimizer.new(cls, params, opts)
 end
 
 -- Subclass hooks: validate a group (return a message or nil), prepare
--- per-optimizer scratch, update one parameter.
+-- per-optimizer scratch, update one parameter: update(g, name, p, grad),
+-- where p and grad may be views of a sharded unit's buffers that are
+-- freed when it returns (keep a clone, not them).
 function Optimizer:check_group() return nil end
 function Optimizer:setup() end
 function Optimizer:update()
