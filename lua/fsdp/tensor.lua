@@ -37,14 +37,35 @@ local gc_mark, gc_budget = 0, min_budget
 local stats_buf = ffi.new('fl_memory_stats')
 local cpu = C.fl_device_make(C.FL_DEVICE_CPU, 0)
 
+-- While held (Tensor.hold_collector), Lua's own incremental collector
+-- stays stopped: a full collection restarts it, so each one here stops it
+-- again.
+local held = false
+local function full_collection()
+  collectgarbage('collect')
+  if held then collectgarbage('stop') end
+end
+
 local function pace_collector()
   local total = tonumber(C.fl_memory_allocated_total())
   if total - gc_mark < gc_budget then return end
-  collectgarbage('collect')
+  full_collection()
   C.fl_memory_stats_get(cpu, stats_buf)
   gc_mark = tonumber(C.fl_memory_allocated_total())
   -- A budget of 0 stays 0: every allocation collects (exact accounting).
   gc_budget = min_budget <= 0 and 0 or math.min(MAX_BUDGET, math.max(min_budget, tonumber(stats_buf.in_use) / 4))
+end
+
+-- Stop (true) or restart (false) Lua's automatic collector: only the
+-- budget's collections and explicit ones run while it is held, so when
+-- tensors die is decided by the program, not by how much Lua allocated
+-- (fsdp.plan's trace, [Note: exact collection while tracing]). Returns
+-- the previous setting.
+function Tensor.hold_collector(on)
+  local was = held
+  held = on and true or false
+  collectgarbage(held and 'stop' or 'restart')
+  return was
 end
 
 -- Set the smallest collection budget in bytes (0: collect before every
@@ -64,7 +85,7 @@ local function wrap(ptr)
   if ptr == nil then
     if C.fl_last_status() == C.FL_ERR_OOM then
       local msg = core.last_error()
-      collectgarbage('collect')
+      full_collection()
       gc_mark = tonumber(C.fl_memory_allocated_total())
       core.fail(msg)
     end

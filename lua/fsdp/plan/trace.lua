@@ -23,7 +23,11 @@
 --
 -- [Note: exact collection while tracing]
 -- A tensor's bytes go when its last reference does, and a Lua handle is
--- dropped only when the collector runs. The measured runs this predicts
+-- dropped only when the collector runs. Lua's automatic collector is
+-- held for the whole trace (Tensor.hold_collector): running in steps as
+-- the Lua heap grows, it freed the trace's own dead tensors at moments
+-- that depended on what the process had allocated before, so a plan's
+-- activations moved by a few KiB from one call to the next. The measured runs this predicts
 -- (tests/mpi/plan_memory.lua) collect before every tensor is wrapped
 -- (fsdp.set_collect_budget(0)). The trace collects at every boundary of
 -- the segments it measures (until a cycle frees nothing), so what they
@@ -68,6 +72,7 @@ local function collect()
   repeat
     local bytes0, kb0 = bytes, kb
     collectgarbage('collect')
+    collectgarbage('stop') -- (a full collection restarts the automatic one)
     bytes, kb = in_use(), collectgarbage('count')
   until bytes == bytes0 and kb >= kb0
 end
@@ -416,9 +421,11 @@ local function run(model, o)
   o = setmetatable({ root_params = root }, { __index = o })
   local was = C.fl_meta_set_f32_gemm(o.f32_gemm and true or false)
   local budget = Tensor.set_collect_budget(math.huge)
+  local held = Tensor.hold_collector(true)
   C.fl_meta_trace_begin()
   local ok, r = pcall(trace, model, o)
   C.fl_meta_trace_end()
+  Tensor.hold_collector(held)
   Tensor.set_collect_budget(budget)
   C.fl_meta_set_f32_gemm(was)
   restore()
