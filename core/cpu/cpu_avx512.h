@@ -1,8 +1,9 @@
 /*
  * cpu_avx512.h: 16-lane helpers for the kernels built for AVX-512
  * (cpu_rows_avx512.c, cpu_attention_bf16.c, cpu_block_gemm.c): e^x, bf16
- * loads and stores, a 16 x 16 transpose. Include only from a file compiled for AVX-512 (its own
- * `#pragma GCC target`), whose functions run only where the CPU has it.
+ * loads and stores, a 16 x 16 transpose. Include only from a file
+ * compiled for AVX-512 (its own `#pragma GCC target`), whose functions
+ * run only where the CPU has it.
  */
 #ifndef FL_CPU_AVX512_H
 #define FL_CPU_AVX512_H
@@ -41,8 +42,10 @@ static inline __m512 fl_exp16(__m512 x) {
 /* A 16 x 16 block of 32-bit lanes transposed in registers: r[i] holds
  * row i, and afterwards column i (pairs, then quads, then 128-bit lanes
  * swapped). Transposes move 32-bit units with it: a pair of bf16
- * values (cpu_attention_bf16.c), or one f32 (cpu_block_gemm.c). On AMD's Zen 5 a gather (one f32 per lane) or an
- * element loop took about a fifth of the backward's time. */
+ * values (cpu_attention_bf16.c), or one f32 (cpu_block_gemm.c). On AMD's
+ * Zen 5 a gather (one f32 per lane) or an element loop took about a fifth
+ * of bf16 attention's backward time. Always inlined: as a call its 16
+ * registers went through memory. */
 static inline __attribute__((always_inline)) void fl_transpose16(__m512i r[16]) {
     __m512i t[16], u[16];
     for (int i = 0; i < 16; i += 2) {

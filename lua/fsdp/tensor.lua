@@ -45,6 +45,7 @@ local function full_collection()
   collectgarbage('collect')
   if held then collectgarbage('stop') end
 end
+Tensor.full_collection = full_collection
 
 local function pace_collector()
   local total = tonumber(C.fl_memory_allocated_total())

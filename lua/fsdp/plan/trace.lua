@@ -27,11 +27,11 @@
 -- held for the whole trace (Tensor.hold_collector): running in steps as
 -- the Lua heap grows, it freed the trace's own dead tensors at moments
 -- that depended on what the process had allocated before, so a plan's
--- activations moved by a few KiB from one call to the next. The measured runs this predicts
--- (tests/mpi/plan_memory.lua) collect before every tensor is wrapped
--- (fsdp.set_collect_budget(0)). The trace collects at every boundary of
--- the segments it measures (until a cycle frees nothing), so what they
--- keep is exact, and before every
+-- activations moved by a few KiB from one call to the next. The measured
+-- runs this predicts (tests/mpi/plan_memory.lua) collect before every
+-- tensor is wrapped (fsdp.set_collect_budget(0)). The trace collects at
+-- every boundary of the segments it measures (until a cycle frees
+-- nothing), so what they keep is exact, and before every
 -- wrap inside the measured blocks' forward (with and without grad) and
 -- the head's, where Lua temporaries would otherwise raise the high mark
 -- (the next op's output allocated while the last one's dead input still
@@ -71,8 +71,7 @@ local function collect()
   local bytes, kb = in_use(), collectgarbage('count')
   repeat
     local bytes0, kb0 = bytes, kb
-    collectgarbage('collect')
-    collectgarbage('stop') -- (a full collection restarts the automatic one)
+    Tensor.full_collection() -- (keeps the automatic collector held)
     bytes, kb = in_use(), collectgarbage('count')
   until bytes == bytes0 and kb >= kb0
 end

@@ -188,7 +188,7 @@ function Unit:sync_zero_grad()
   if self.grad ~= nil and seg ~= nil and seg.grad == nil then
     self.grad:free()
     self.grad = nil
-    if not C.fl_unit_zero_grad(self.c) then collectgarbage('collect') end
+    if not C.fl_unit_zero_grad(self.c) then Tensor.full_collection() end
   end
 end
 
