@@ -40,13 +40,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define HAVE_BF16_BUILD 1
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 /* The kernels, in the order `auto` prefers them last to first. */
 typedef enum { KERNEL_F32, KERNEL_DOTS, KERNEL_TILES } kernel;
 static const char *const kernel_names[] = {"f32", "avx512_bf16", "amx"};
@@ -55,35 +48,23 @@ static const char *const kernel_names[] = {"f32", "avx512_bf16", "amx"};
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static bool probed, has_dots, has_tiles, chosen;
 static kernel use;
-/* Why the CPU lacks each (set by probe), and what the choice was when it
- * was not `auto` ("FSDP_CPU_ATTENTION=f32", "cpu_attention_use('f32')"). */
-static char no_dots[96], no_tiles[96], choice[160];
+/* Why each is not in force (set by probe), and what the choice was when
+ * it was not `auto` ("FSDP_CPU_ATTENTION=f32", "cpu_attention_use('f32')"). */
+static char no_dots[160], no_tiles[160], choice[160];
 
-#ifdef HAVE_BF16_BUILD
-enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
-#endif
-
-/* What the CPU offers (callers hold the lock): AVX512-BF16 with
- * AVX512F/BW/VL/DQ (fl_cpu_avx512, as the row kernels ask) for the dot
- * products; AMX-BF16 and AMX-TILE besides, with the process's tile
- * permission, for the tiles. */
+/* What the level in force offers ([Note: CPU ISA levels], cpu_isa.c, which
+ * also asks the kernel for the AMX tile state): avx512_bf16 for the dot
+ * products, amx for the tiles. Callers hold the lock. */
 static void probe(void) {
     if (probed) return;
     probed = true;
-#ifdef HAVE_BF16_BUILD
-    unsigned a, b, c, d;
-    bool avx512 = fl_cpu_avx512() && __get_cpuid_count(7, 0, &a, &b, &c, &d);
-    bool amx = avx512 && (d >> 22 & 1) && (d >> 24 & 1);
-    has_dots = avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
-    if (!has_dots)
-        snprintf(no_dots, sizeof no_dots, "the CPU has no %s", avx512 ? "AVX512-BF16" : "AVX-512");
-    if (!has_dots || !amx)
-        snprintf(no_tiles, sizeof no_tiles, "the CPU has no %s",
-                 has_dots ? "AMX-BF16 tiles" : "AVX512-BF16");
-    else if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0)
-        snprintf(no_tiles, sizeof no_tiles, "the kernel refused the AMX tile state (arch_prctl)");
-    else
-        has_tiles = true;
+#if FL_ROWS_AVX512_BUILD && defined(__linux__)
+    const char *why = fl_cpu_isa_why_not(FL_CPU_ISA_AVX512_BF16);
+    has_dots = !why;
+    if (why) snprintf(no_dots, sizeof no_dots, "%s", why);
+    why = fl_cpu_isa_why_not(FL_CPU_ISA_AMX);
+    has_tiles = !why;
+    if (why) snprintf(no_tiles, sizeof no_tiles, "%s", why);
 #else
     snprintf(no_dots, sizeof no_dots, "not built for x86-64 Linux with GCC");
     snprintf(no_tiles, sizeof no_tiles, "not built for x86-64 Linux with GCC");

@@ -171,10 +171,15 @@ const char *fl_cpu_gemm_library(void) {
     const char *core;
     bool narrow = fl_cpu_openblas_narrow(&core);
     const char *f32_layouts = narrow && fl_cpu_onednn_wide() ? "in every layout" : "as x W^T";
-    if (dnn)
+    if (dnn && fl_cpu_isa_level() >= FL_CPU_ISA_AVX512)
         len += snprintf(text + len, sizeof text - len,
                         "oneDNN %s (bf16 products, and f32 ones %s, of %d multiply-adds and "
                         "more), ",
+                        dnn_version, f32_layouts, FL_CPU_LARGE_PRODUCT);
+    else if (dnn) /* oneDNN's bf16 kernels need AVX-512: bf16 is converted */
+        len += snprintf(text + len, sizeof text - len,
+                        "oneDNN %s (f32 products %s, of %d multiply-adds and more; bf16 ones "
+                        "converted to f32 below the avx512 level), ",
                         dnn_version, f32_layouts, FL_CPU_LARGE_PRODUCT);
     if (mkl)
         len += snprintf(text + len, sizeof text - len,

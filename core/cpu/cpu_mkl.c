@@ -25,6 +25,7 @@
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Not in the sanitized build, as oneDNN (cpu_onednn.c): a dlopened
@@ -50,6 +51,14 @@ static void open_mkl(void) {
 #ifdef SANITIZED_BUILD
     snprintf(why_not, sizeof why_not, "not in the sanitized build");
 #else
+    /* Within the level in force ([Note: CPU ISA levels], cpu_isa.c): MKL
+     * reads its cap when it first computes, after the dlopen below. A cap
+     * the user set stays. f32 products need nothing above AVX-512. */
+    fl_cpu_isa level = fl_cpu_isa_level();
+    if (level < fl_cpu_isa_cpu() && level < FL_CPU_ISA_AVX512_BF16 &&
+        !getenv("MKL_ENABLE_INSTRUCTIONS"))
+        setenv("MKL_ENABLE_INSTRUCTIONS",
+               level >= FL_CPU_ISA_AVX512 ? "AVX512" : level >= FL_CPU_ISA_AVX2 ? "AVX2" : "SSE4_2", 1);
     /* Debian's libmkl-rt ships the unversioned name; oneAPI's MKL the
      * versioned ones. */
     const char *names[] = {"libmkl_rt.so.2", "libmkl_rt.so.1", "libmkl_rt.so"};

@@ -96,7 +96,7 @@ static char why_not[256] = "not tried yet";
     X(dnnl_post_ops_create) X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum)                  \
     X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_iterator_create)                    \
     X(dnnl_primitive_desc_iterator_next) X(dnnl_primitive_desc_iterator_fetch)                    \
-    X(dnnl_primitive_desc_iterator_destroy)
+    X(dnnl_primitive_desc_iterator_destroy) X(dnnl_set_max_cpu_isa)
 /* clang-format on */
 
 #define DECLARE(f) static __typeof__(f) *p_##f;
@@ -131,6 +131,19 @@ static bool open_onednn(void) {
     }
     ONEDNN_FUNCTIONS(RESOLVE)
 #undef RESOLVE
+    /* Within the level in force ([Note: CPU ISA levels], cpu_isa.c), set
+     * before anything asks oneDNN for its ISA. Below its own best oneDNN
+     * builds reference kernels for what it cannot run there (bf16 below
+     * avx512), and those are refused: the conversion path takes them. */
+    static const dnnl_cpu_isa_t caps[] = {dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2,
+                                          dnnl_cpu_isa_avx512_core, dnnl_cpu_isa_avx512_core_bf16,
+                                          dnnl_cpu_isa_avx512_core_amx};
+    fl_cpu_isa level = fl_cpu_isa_level();
+    if (level < fl_cpu_isa_cpu() && p_dnnl_set_max_cpu_isa(caps[level]) != dnnl_success) {
+        snprintf(why_not, sizeof why_not, "oneDNN refused the cap at %s (dnnl_set_max_cpu_isa)",
+                 fl_cpu_isa_name(level));
+        return false;
+    }
     if (p_dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
         engine = NULL;
         snprintf(why_not, sizeof why_not, "oneDNN could not create its CPU engine");
@@ -331,9 +344,14 @@ bool fl_cpu_onednn_wide(void) {
  * sizes and the library chosen: every bf16 product, and f32 ones in the
  * linear forward's layout (A as stored, B transposed: x W^T), or in any
  * layout where OpenBLAS's kernels are narrower than the CPU (entry_for
- * then also asks that oneDNN's are not). */
+ * then also asks that oneDNN's are not). bf16 products only from the
+ * avx512 level ([Note: CPU ISA levels]). */
 static bool routed(const fl_onednn_product *p) {
-    if (p->dtype == FL_BF16) return p->c_dtype == FL_F32 || p->c_dtype == FL_BF16;
+    /* Below avx512 oneDNN has only reference kernels for bf16 (never
+     * taken): those products stay on the conversion path. */
+    if (p->dtype == FL_BF16)
+        return (p->c_dtype == FL_F32 || p->c_dtype == FL_BF16) &&
+               fl_cpu_isa_level() >= FL_CPU_ISA_AVX512;
     if (p->dtype != FL_F32 || p->c_dtype != FL_F32) return false;
     return (!p->trans_a && p->trans_b) || fl_cpu_openblas_narrow(NULL);
 }

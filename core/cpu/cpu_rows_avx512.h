@@ -3,7 +3,8 @@
  * cpu_rows_avx512.c (fused row loops, RoPE, RMSNorm, silu * up, bf16
  * rows of cross-entropy), attention's f32 block products
  * (cpu_block_gemm.c) and fl_cpu_avx512(), the run-time check every caller
- * makes first: the binary runs on any x86-64.
+ * makes first (the level in force, cpu_isa.c): the binary runs on any
+ * x86-64.
  */
 #ifndef FL_CPU_ROWS_AVX512_H
 #define FL_CPU_ROWS_AVX512_H
@@ -12,10 +13,9 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FL_ROWS_AVX512_BUILD 1
-static inline bool fl_cpu_avx512(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-}
+/* Whether the AVX-512 kernels may run: the level in force ([Note: CPU ISA
+ * levels], cpu_isa.c) is avx512 or higher. */
+static inline bool fl_cpu_avx512(void) { return fl_cpu_isa_level() >= FL_CPU_ISA_AVX512; }
 float fl_avx512_row_max(const float *x, int64_t n);
 float fl_avx512_row_exp(float *dst, const float *x, int64_t n, float shift);
 void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift, float a, float b,

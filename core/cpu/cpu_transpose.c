@@ -86,7 +86,7 @@ void fl_cpu_transpose(void *dst, int64_t ldd, const void *src, int64_t lds, int6
                       int64_t cols, size_t es) {
     enum { B = 16 };
 #ifdef HAVE_BLOCK16_AVX2
-    bool avx2 = es == 2 && __builtin_cpu_supports("avx2");
+    bool avx2 = es == 2 && fl_cpu_isa_level() >= FL_CPU_ISA_AVX2;
 #else
     bool avx2 = false;
 #endif

@@ -93,6 +93,9 @@ static void print_usage(FILE *out) {
         "  OMP_WAIT_POLICY       passive unless set (idle OpenMP threads would\n"
         "                        spin on the cores OpenBLAS needs); then\n"
         "  GOMP_SPINCOUNT        5000 unless set: a short spin before sleeping\n"
+        "  FSDP_CPU_ISA          auto (the CPU's), avx2, avx512, avx512_bf16 or\n"
+        "                        amx: the highest instructions the CPU kernels and\n"
+        "                        libraries use (--version prints the level)\n"
         "  LUA_PATH, LUA_CPATH   module search paths, as in LuaJIT; the\n"
         "                        project's lua/ and root come first\n"
         "  FSDP_BACKEND          mpi, self or auto (default: mpi when a launcher\n"
@@ -116,6 +119,7 @@ static void print_version(void) {
     printf("%s %s\n", HOST_PROGNAME, fl_version());
     printf("%s, cuda=%s; %s\n", fl_build_info(),
            fl_backend_installed(FL_DEVICE_CUDA) ? "plugin" : "off", LUAJIT_VERSION);
+    printf("cpu: %s\n", fl_cpu_isa_text());
     fflush(stdout);
 }
 
@@ -475,17 +479,26 @@ static int launch_ranks(int argc, char **argv, const options *opts) {
  * executes itself again once, as libgomp reads both when it is loaded,
  * before main. A policy or spin count the user set is kept. With more
  * OpenMP threads than cores (ranks sharing them) the passive policy still
- * never spins: libgomp's spin for that case stays 0 under it. */
-static void prefer_passive_openmp(char **argv) {
-    if (getenv("OMP_WAIT_POLICY")) return;
-    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
-    if (!getenv("GOMP_SPINCOUNT") && setenv("GOMP_SPINCOUNT", "5000", 1) != 0) return;
-    execv("/proc/self/exe", argv);
-    /* Exec failed: carry on with the default policy. */
+ * never spins: libgomp's spin for that case stays 0 under it.
+ * The same execution also caps OpenBLAS at the CPU level in force
+ * ([Note: CPU ISA levels], core/cpu/cpu_isa.c): OpenBLAS picks its kernels
+ * when it is loaded, so FSDP_CPU_ISA=avx2 on a CPU with AVX-512 sets
+ * OPENBLAS_CORETYPE=Haswell (unless the user set one) before it. */
+static void prepare_environment(char **argv) {
+    bool again = false;
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0) {
+        again = true;
+        if (!getenv("GOMP_SPINCOUNT")) setenv("GOMP_SPINCOUNT", "5000", 1);
+    }
+    const char *core = fl_cpu_isa_openblas_coretype();
+    if (core && !getenv("OPENBLAS_CORETYPE") && setenv("OPENBLAS_CORETYPE", core, 1) == 0)
+        again = true;
+    if (again) execv("/proc/self/exe", argv);
+    /* Exec failed: carry on with the default policy and kernels. */
 }
 
 int main(int argc, char **argv) {
-    prefer_passive_openmp(argv);
+    prepare_environment(argv);
     options opts = parse_args(argc, argv);
     if (opts.bad != NULL) {
         fprintf(stderr, "%s: '%s' %s\n", HOST_PROGNAME, opts.bad, opts.why);
@@ -496,6 +509,10 @@ int main(int argc, char **argv) {
     if (opts.help) {
         print_usage(stdout);
         return EXIT_SUCCESS;
+    }
+    if (fl_cpu_isa_check() != FL_OK) {
+        fprintf(stderr, "%s: %s\n", HOST_PROGNAME, fl_last_error());
+        return EXIT_USAGE;
     }
     if (opts.nproc > 0) {
         bool from_env;

@@ -217,6 +217,37 @@ FL_API const char *fl_cpu_attention_kernel(void);
  * like the rest, or on the best available ("auto", the default);
  * FSDP_CPU_ATTENTION chooses at start. */
 FL_API int fl_cpu_attention_use(const char *kernel);
+
+/* The CPU backend's instruction-set levels, lowest first ([Note: CPU ISA
+ * levels], core/cpu/cpu_isa.c): every kernel choice that depends on the
+ * CPU (our kernels, oneDNN's, MKL's, OpenBLAS's) stays within the level
+ * in force, the CPU's or the lower one FSDP_CPU_ISA names. */
+typedef enum fl_cpu_isa {
+    FL_CPU_ISA_BASELINE,    /* x86-64 without AVX2 + FMA, or not x86-64 */
+    FL_CPU_ISA_AVX2,        /* AVX2 + FMA */
+    FL_CPU_ISA_AVX512,      /* AVX-512 F, BW, DQ, VL */
+    FL_CPU_ISA_AVX512_BF16, /* ... and AVX512-BF16 dot products */
+    FL_CPU_ISA_AMX          /* ... and AMX-BF16 tiles the kernel grants */
+} fl_cpu_isa;
+/* The level in force, and the CPU's own (decided once per process). */
+FL_API fl_cpu_isa fl_cpu_isa_level(void);
+FL_API fl_cpu_isa fl_cpu_isa_cpu(void);
+/* "baseline", "avx2", "avx512", "avx512_bf16", "amx" (FSDP_CPU_ISA's
+ * spellings; "unknown" out of range). */
+FL_API const char *fl_cpu_isa_name(fl_cpu_isa isa);
+/* FL_OK, or FL_ERR_ARG when FSDP_CPU_ISA names no level or one the CPU
+ * cannot run (the CPU's level then stands). */
+FL_API int fl_cpu_isa_check(void);
+/* Why `isa` is not in force ("FSDP_CPU_ISA=avx2 caps it", "the CPU has no
+ * AVX512-BF16"), or NULL when it is. Valid until the thread's next call. */
+FL_API const char *fl_cpu_isa_why_not(fl_cpu_isa isa);
+/* The level for logs: "avx2 (FSDP_CPU_ISA; the CPU offers avx512_bf16),
+ * AMD EPYC". Valid until the thread's next call. */
+FL_API const char *fl_cpu_isa_text(void);
+/* The OPENBLAS_CORETYPE that keeps OpenBLAS within the level when its
+ * kernels (chosen when it loaded) are above it, or NULL. OpenBLAS reads
+ * it only when loaded: the host sets it and executes itself again. */
+FL_API const char *fl_cpu_isa_openblas_coretype(void);
 /* Whether products on meta count the scratch of a backend that computes
  * 16-bit products in f32 (the CPU backend): what its matmul stages for
  * the same views (the f32 result, bias and operand copies when OpenBLAS

@@ -15,6 +15,11 @@ local ffi, C = core.ffi, core.C
 
 local M = {}
 
+-- An FSDP_CPU_ISA naming no level, or one the CPU lacks, stops here, in a
+-- program embedding the framework as in the host ([Note: CPU ISA levels],
+-- core/cpu/cpu_isa.c).
+core.check(C.fl_cpu_isa_check())
+
 M.Tensor = Tensor
 M.is_tensor = Tensor.is_tensor
 M.C = C
@@ -318,6 +323,18 @@ end
 -- core/cpu/cpu_gemm.c).
 function M.cpu_gemm_library()
   return ffi.string(C.fl_cpu_gemm_library())
+end
+
+-- The CPU backend's instruction-set level ([Note: CPU ISA levels],
+-- core/cpu/cpu_isa.c): { level = 'avx2', cpu = 'avx512_bf16', text =
+-- 'avx2 (capped by FSDP_CPU_ISA; the CPU offers avx512_bf16), AMD EPYC' }.
+-- level is what every CPU kernel and library runs within; cpu is what the
+-- CPU offers; levels are ordered as M.cpu_isa_levels lists them.
+M.cpu_isa_levels = { 'baseline', 'avx2', 'avx512', 'avx512_bf16', 'amx' }
+function M.cpu_isa()
+  return { level = ffi.string(C.fl_cpu_isa_name(C.fl_cpu_isa_level())),
+           cpu = ffi.string(C.fl_cpu_isa_name(C.fl_cpu_isa_cpu())),
+           text = ffi.string(C.fl_cpu_isa_text()) }
 end
 
 -- Choose them: 'auto' (oneDNN and MKL where installed; the default),
