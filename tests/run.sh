@@ -15,6 +15,9 @@
 #            spills, static shared memory within the limit
 #            (tools/kernel_resources.lua --check; skipped without nvcc)
 #   mpi      multi-rank scripts under mpirun, 2 and 4 ranks (tests/mpi/run.sh)
+#   isa      the CPU kernels' specs and the f32 training comparisons again
+#            at every instruction-set level below this CPU's own, from avx2
+#            (FSDP_CPU_ISA; tests/isa/run.sh)
 #   fuzz     libFuzzer on the file readers, a short run (tests/fuzz/run.sh)
 #   cluster  Slurm in a box: sbatch on 2 nodes, a node lost and the job
 #            requeued (tests/cluster/run.sh; skipped where it cannot run)
@@ -106,6 +109,10 @@ if want mpi; then
     skipped=$((skipped + 1))
   fi
 fi
+
+# The fallbacks: what the other suites ran at this CPU's level, again at
+# each level below it (an AVX-512 machine proves the AVX2 paths).
+want isa && run_suite isa tests/isa/run.sh
 
 # A short fuzzing run of the file readers (the long one: tests/fuzz/README.md).
 if want fuzz; then

@@ -285,3 +285,4 @@ void fl_flops_add(int64_t n) {
 }
 int64_t fl_flops(void) { return atomic_load(&flop_count); }
 void fl_flops_reset(void) { atomic_store(&flop_count, 0); }
+int64_t fl_flops_exchange(int64_t count) { return atomic_exchange(&flop_count, count); }

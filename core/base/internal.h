@@ -559,7 +559,7 @@ const void *fl_no_kernel(const char *op, fl_device device);
 
 /* ---- FLOP accounting ----------------------------------------------------- */
 
-void fl_flops_add(int64_t n);
+/* (fl_flops_add is public: fsdp.h.) */
 /* a * b for FLOP counts, saturating at INT64_MAX instead of overflowing:
  * the factors are sizes of valid shapes, but their products (m * n * k of
  * a matmul on meta tensors of any size) are not bounded by any one shape. */

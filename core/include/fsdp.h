@@ -605,9 +605,16 @@ FL_API int fl_lua_node_attach(int64_t lua_id, const char *name, int n_inputs,
  * written (at most max). */
 FL_API int fl_lua_nodes_released(int64_t *ids, int max);
 
-/* FLOPs counted by ops since the last reset (on every device, meta too). */
+/* FLOPs counted by ops since the last reset (on every device, meta too).
+ * The count saturates at INT64_MAX (huge meta models) and stays there. */
 FL_API int64_t fl_flops(void);
 FL_API void fl_flops_reset(void);
+/* Set the count, returning the one it replaces: a measurement (fsdp.plan's
+ * trace) counts from zero, so a count saturated by earlier work cannot
+ * hide its FLOPs, and adds its own back (fl_flops_add) when done. */
+FL_API int64_t fl_flops_exchange(int64_t count);
+/* Add n to the count, saturating. */
+FL_API void fl_flops_add(int64_t n);
 
 /* ------------------------------------------------------------------------ */
 /* Ops                                                                       */

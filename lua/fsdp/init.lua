@@ -325,12 +325,14 @@ function M.cpu_gemm_library()
   return ffi.string(C.fl_cpu_gemm_library())
 end
 
+-- The CPU's instruction-set levels, lowest first (fsdp.cpu_isa's names).
+M.cpu_isa_levels = { 'baseline', 'avx2', 'avx512', 'avx512_bf16', 'amx' }
+
 -- The CPU backend's instruction-set level ([Note: CPU ISA levels],
 -- core/cpu/cpu_isa.c): { level = 'avx2', cpu = 'avx512_bf16', text =
 -- 'avx2 (capped by FSDP_CPU_ISA; the CPU offers avx512_bf16), AMD EPYC' }.
--- level is what every CPU kernel and library runs within; cpu is what the
--- CPU offers; levels are ordered as M.cpu_isa_levels lists them.
-M.cpu_isa_levels = { 'baseline', 'avx2', 'avx512', 'avx512_bf16', 'amx' }
+-- level is what every CPU kernel and library runs within (FSDP_CPU_ISA
+-- caps it for the process); cpu is what the CPU offers.
 function M.cpu_isa()
   return { level = ffi.string(C.fl_cpu_isa_name(C.fl_cpu_isa_level())),
            cpu = ffi.string(C.fl_cpu_isa_name(C.fl_cpu_isa_cpu())),

@@ -120,14 +120,15 @@ describe('fsdp.host', function()
 end)
 
 describe('command line', function()
-  it('--version prints the version, build and LuaJIT', function()
+  it('--version prints the version, build, LuaJIT and the CPU level', function()
     for _, flag in ipairs { '--version', '-v' } do
       local out, rc = sh(fl(flag))
       assert.are.equal(0, rc, out)
-      local first, second = out:match('^([^\n]*)\n([^\n]*)\n$')
+      local first, second, third = out:match('^([^\n]*)\n([^\n]*)\n([^\n]*)\n$')
       assert.are.equal('fsdp-lua ' .. host.version, first)
       contains(second, host.build_info)
       contains(second, 'LuaJIT')
+      assert.are.equal('cpu: ' .. require('fsdp').cpu_isa().text, third)
     end
   end)
 

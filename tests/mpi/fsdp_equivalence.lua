@@ -9,8 +9,10 @@
 -- every rank (a group of one: no communication) with the same mixed
 -- precision, so each rank compares against it without sending anything.
 --
--- Tolerances. f32: 1e-5 relative (the issue's bound); what differs is only
--- the order of additions (per-rank batch sums, then an average over ranks).
+-- Tolerances. f32: 1e-5 relative norm-wise (the issue's bound) beyond the
+-- few elements AdamW may flip ([Note: comparing parameters after AdamW],
+-- tests/mpi/tap.lua); what differs is only the order of additions
+-- (per-rank batch sums, then an average over ranks).
 -- bf16: gradients are computed in bf16 (8 significant bits, eps 2^-8 =
 -- 3.9e-3); the one-rank run sums a weight gradient over all G rows before
 -- rounding to bf16, a rank over its G/N rows, then the ranks' parts are
@@ -114,12 +116,20 @@ local function check(precision, got_losses, got_params)
   -- gradient is a near-cancelling sum gets an update m / (sqrt(v) + eps)
   -- that magnifies the last bits of that sum, so a few elements move by
   -- ~1e-4 of a step while the tensor as a whole agrees to ~1e-7.)
+  -- f32: beyond the few elements AdamW's normalisation may flip ([Note:
+  -- comparing parameters after AdamW], tests/mpi/tap.lua).
   local n, worst = 0, 0
   for name, want in pairs(ref.params) do
     local got = got_params[name]
     T.truthy(got ~= nil, 'missing ' .. name)
     local w = want:double()
-    local err = (got:double() - w):pow(2):sum():item() ^ 0.5 / math.max(w:pow(2):sum():item() ^ 0.5, 1e-12)
+    local err, why
+    if precision == 'f32' then
+      err, why = T.params_error(got, want, LR, K)
+    else
+      err = (got:double() - w):pow(2):sum():item() ^ 0.5 / math.max(w:pow(2):sum():item() ^ 0.5, 1e-12)
+    end
+    T.truthy(not why, name .. ': ' .. tostring(why))
     worst = math.max(worst, err)
     local tol = precision == 'f32' and 1e-5 or 2e-2
     T.truthy(err <= tol, ('%s differs: relative error %.3g (bound %g)'):format(name, err, tol))
@@ -195,7 +205,8 @@ T.test('no_sync accumulation matches the larger batch (FULL_SHARD f32)', functio
   end
   local got, want = fsdp.full_state_dict(m), fsdp.full_state_dict(ref)
   for name, w in pairs(want) do
-    local err = (got[name] - w):pow(2):sum():item() ^ 0.5 / w:pow(2):sum():item() ^ 0.5
+    local err, why = T.params_error(got[name], w, LR, K)
+    T.truthy(not why, name .. ': ' .. tostring(why))
     T.truthy(err <= 1e-5, ('%s differs: relative error %.3g'):format(name, err))
   end
 end)

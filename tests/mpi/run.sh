@@ -9,6 +9,8 @@
 #   FSDP_LUA=path tests/mpi/run.sh   another build of the executable
 #   FSDP_LUA=build/cudasim/bin/fsdp-lua tests/mpi/run.sh cuda
 #                               only the cuda collectives (tests/cudasim/run.sh)
+#   FSDP_CPU_ISA=avx2 tests/mpi/run.sh isa
+#                               only the f32 training comparisons (tests/isa)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -128,6 +130,19 @@ if [ "${1:-}" = cuda ]; then
   expect_failure "a cuda collective rank 1 never joins fails on rank 0 and ends the job" 20 \
     "fsdp-lua: rank 0:|all_reduce on group world (rank 0 of 2, world rank 0)" \
     FSDP_COLLECTIVE_TIMEOUT=1 -- mpirun -np 2 "$EXE" tests/mpi/collective_timeout.lua cuda
+  echo "1..$n"
+  [ "$failed" -eq 0 ]
+  exit
+fi
+
+# The short training comparisons the isa suite runs again at each CPU
+# level below the machine's own (tests/isa/run.sh; FSDP_CPU_ISA is set by
+# it): sharded f32 training and gradient accumulation against one rank.
+if [ "${1:-}" = isa ]; then
+  run_tap "sharded training = one rank, f32, 2 ranks, ISA ${FSDP_CPU_ISA:-auto}" -- \
+    mpirun -np 2 "$EXE" tests/mpi/fsdp_equivalence.lua f32
+  run_tap "gradient accumulation = the larger batch, 2 ranks, ISA ${FSDP_CPU_ISA:-auto}" -- \
+    mpirun -np 2 "$EXE" tests/mpi/grad_accum.lua
   echo "1..$n"
   [ "$failed" -eq 0 ]
   exit

@@ -58,6 +58,50 @@ end
 
 function T.truthy(v, what) if not v then fail(what or 'expected a true value') end end
 
+-- [Note: comparing parameters after AdamW]
+-- Two f32 trainings that differ only in the order of their additions
+-- (sharded against one rank, micro-batches against one batch) get
+-- gradients that agree to f32 rounding of their sums: with n terms each,
+-- n 2^-24 relative to the terms, ~4e-6 for the 64 tokens of these tests.
+-- AdamW passes that on to the parameters as it is, lr times a relative
+-- change per step (norm-wise 1e-5 after K steps is a bound with room),
+-- with one exception: its update m / (sqrt(v) + eps) is the gradient's
+-- sign times ~lr whatever the gradient's size, so an element whose
+-- gradient cancels to within its rounding error can move the other way,
+-- by up to ~2 lr per step (seen: 1 element of 2048 in a Zen 3 CPU's
+-- AVX2 order, 1.6e-5 off where the rest agreed to 1e-7). Such elements
+-- are rare (a gradient within ~1e-6 of zero relative to its terms), so
+-- params_error sets aside up to 0.1% of a tensor's elements (at least
+-- one), each bounded by 2 lr per step and 4 steps' worth in all, and
+-- bounds the rest norm-wise. A sharding bug (a missing unit, a stale
+-- gathered buffer, a wrong shard) moves most elements, and is caught.
+--
+-- The relative norm-wise error of got against want (f64 tensors of one
+-- parameter) beyond the elements AdamW may flip (see the Note), or an
+-- error message when the flipped ones are too many or too far.
+function T.params_error(got, want, lr, steps)
+  local F = fsdp.F
+  local g, w = got:double():contiguous():view(-1), want:double():contiguous():view(-1)
+  local n = w.shape[1]
+  local norm = math.max(w:pow(2):sum():item() ^ 0.5, 1e-12)
+  local d = (g - w):abs()
+  -- An element alone beyond 1e-6 of the tensor's norm is a candidate flip.
+  local far = d:gt(norm * 1e-6):double()
+  local flips = far:sum():item()
+  local limit = math.max(1, math.floor(n / 1000))
+  if flips > limit then
+    return math.huge, ('%d of %d elements differ by more than 1e-6 of the norm (at most %d may flip)'):format(
+      flips, n, limit)
+  end
+  local worst = flips > 0 and F.max(d, 0):item() or 0
+  if worst > 2 * lr * steps then
+    return math.huge, ('an element differs by %.3g, more than AdamW moves it in %d steps of lr %g'):format(
+      worst, steps, lr)
+  end
+  local rest = (d * (1 - far)):pow(2):sum():item() ^ 0.5 / norm
+  return rest
+end
+
 -- fn must raise an error whose message contains every string given.
 function T.raises(fn, ...)
   local ok, err = pcall(fn)

@@ -299,6 +299,9 @@ local function trace(model, o)
   local inputs_bytes, caches, tokens
   local flops = { total = 0, blocks_forward = 0 }
   local result = {}
+  -- FLOPs from zero: a count saturated by earlier work (huge meta
+  -- models) would read as no FLOPs at all; the outer count gets ours back.
+  local outer_flops = C.fl_flops_exchange(0)
   local ok, err = pcall(function()
     -- the batch
     collect()
@@ -403,6 +406,7 @@ local function trace(model, o)
     for i = 1, #blocks do flops.blocks_forward = flops.blocks_forward + result[i].flops_forward end
     flops.forward = tonumber(f1 - f0)
   end)
+  C.fl_flops_add(C.fl_flops_exchange(outer_flops))
   for _, h in ipairs(handles) do h:remove() end
   if not ok then error(err, 0) end
   return {
