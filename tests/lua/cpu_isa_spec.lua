@@ -94,6 +94,25 @@ describe('the CPU ISA level', function()
     assert.is_truthy(out:find('\ncpu: ' .. isa.level, 1, true), out)
   end)
 
+  it("is in a recipe's first lines and in every record of its metrics", function()
+    local dir = T.tmpdir()
+    local out, rc = T.run_script('recipes/llama2_7b.lua', ('--num_layers=1 --hidden_width=64 --num_heads=2 '
+      .. '--vocab_size=128 --seq_len=16 --batch_size=2 --max_steps=2 --warmup_steps=0 --log_every=1 '
+      .. '--metrics_file=%s/m.jsonl'):format(dir), 60)
+    assert.equals(0, rc, out)
+    assert.is_truthy(out:find('\ndevice: cpu, ISA ' .. isa.text .. '\n', 1, true), out)
+    local records = 0
+    for line in io.lines(dir .. '/m.jsonl') do
+      if line:find('"type":"train"', 1, true) then
+        records = records + 1
+        assert.is_truthy(line:find('"cpu_isa":"' .. isa.level .. '"', 1, true), line)
+      end
+    end
+    assert.equals(2, records)
+    os.remove(dir .. '/m.jsonl')
+    os.remove(dir)
+  end)
+
   it('refuses a level the CPU lacks, and no level, in one line with exit status 2', function()
     local exe = T.quote(require('fsdp.host').exe)
     local out, rc = T.sh('FSDP_CPU_ISA=avx1024 ' .. exe .. " -e 'print(1)'")

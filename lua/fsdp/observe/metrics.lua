@@ -185,6 +185,8 @@ function M.Logger(opts)
   self.flops_per_sample = number_opt(opts, 'flops_per_sample', 0)
   self.peak_tflops = number_opt(opts, 'peak_tflops', 0)
   self.device = opts.device or 'cpu'
+  -- Each record of a CPU run names the ISA level its kernels ran at.
+  self.cpu_isa = self.device == 'cpu' and fsdp.cpu_isa().level or nil
   self.out = opts.out or io.stdout
   self.prefix = self.world_size > 1 and ('[rank %d] '):format(self.rank) or ''
   self.leader = self.rank == 0
@@ -435,7 +437,7 @@ function Logger:step(step, s)
   self:_write({ type = 'train', step = step, loss = loss, lr = s.lr, samples_per_sec = sps,
     tokens_per_sec = self.tokens_per_sample > 0 and tps or nil, tflops_per_rank = tflops, mfu = mfu,
     peak_memory_bytes = peak, memory_allocated_bytes = mem.in_use, memory_reserved_bytes = mem.reserved,
-    device = self.device, grad_norm = s.grad_norm, epoch = s.epoch, step_time = dt,
+    device = self.device, cpu_isa = self.cpu_isa, grad_norm = s.grad_norm, epoch = s.epoch, step_time = dt,
     skipped = s.skipped or nil, comm = comm, comm_bytes = comm_bytes, comm_wait_s = comm_wait,
     comm_busy_s = comm_busy, comm_joined_s = comm_joined, comm_skew_s = comm_skew })
   if self.tb then

@@ -76,10 +76,13 @@ M.OPTIONS = {
              check = function(v) return (M.check(v)) end },
 }
 
--- How the ranks of this node use the GPUs, for the log: nil on the CPU.
+-- How the ranks of this node use the device, for the log: on the CPU, its
+-- instruction-set level.
 function M.describe(cfg)
   local dev = M.resolve(cfg)
-  if dev == 'cpu' then return nil end
+  -- The CPU's instruction-set level: what a run's speed and its last bits
+  -- depend on ([Note: CPU ISA levels], core/cpu/cpu_isa.c).
+  if dev == 'cpu' then return 'cpu, ISA ' .. fsdp.cpu_isa().text end
   local count, ranks = fsdp.cuda.device_count(), fsdp.dist.local_size()
   local how = ''
   if not cfg.device:match(':') and ranks > 1 then
