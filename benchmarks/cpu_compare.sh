@@ -24,6 +24,12 @@
 # with the AVX512-BF16 dot-product peak where the CPU has that and no AMX
 # tiles (AMX's peak, far above it, is not measured).
 #
+# FSDP_CPU_ISA (avx2, avx512, ...; [Note: CPU ISA levels] in
+# core/cpu/cpu_isa.c) caps both sides alike: fsdp-lua by itself, PyTorch
+# through ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA and
+# MKL_ENABLE_INSTRUCTIONS, and the peak is measured with that level's
+# vectors; the table's header names the level and the CPU.
+#
 # PyTorch comes from PyPI into a virtual environment of its own
 # ($FSDP_TORCH_VENV, default /var/tmp/fsdp-torch-venv; made on first use,
 # a large download): it is never a dependency of the build or the tests.
@@ -57,10 +63,24 @@ run() {
   sed -n "s/^RESULT {/{\"round\": $r, /p" "$out/$name.log" >>"$out/results.jsonl"
 }
 # fma_peak: the machine's f32 multiply-add rate, appended to fma_peak.jsonl.
+# The level in force (FSDP_CPU_ISA, or the CPU's own) for both sides.
+level=$("$EXE" -e "io.write(require('fsdp').cpu_isa().level)") || exit 1
+isa_text=$("$EXE" -e "io.write(require('fsdp').cpu_isa().text)")
+case $level in
+  avx2) export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ;;
+  avx512) export ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE MKL_ENABLE_INSTRUCTIONS=AVX512 ;;
+  avx512_bf16) export ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 ;;
+esac
+echo "cpu_compare: CPU level $isa_text" >&2
+
 : >"$out/fma_peak.jsonl"
 fma=$out/fma_peak
-if grep -qw avx512f /proc/cpuinfo; then vflag=-mavx512f; else vflag=-mfma; fi
-grep -qw avx512_bf16 /proc/cpuinfo && ! grep -qw amx_bf16 /proc/cpuinfo && vflag="$vflag -mavx512bf16"
+case $level in
+  avx2|baseline) vflag=-mfma ;;
+  avx512) vflag=-mavx512f ;;
+  avx512_bf16) vflag="-mavx512f -mavx512bf16" ;;
+  *) vflag=-mavx512f ;; # amx: its tiles' peak, far above, is not measured
+esac
 cc -O2 -fopenmp $vflag benchmarks/fma_peak.c -o "$fma" 2>"$out/fma_peak.build.log" ||
   { echo "cpu_compare: could not build benchmarks/fma_peak.c (no ceiling line): see $out/fma_peak.build.log" >&2; fma=; }
 fma_peak() { [ -n "$fma" ] && "$fma" | sed -n 's/^RESULT //p' >>"$out/fma_peak.jsonl"; }
@@ -77,9 +97,10 @@ done
 
 fma_peak
 
-"$PY" - "$out/results.jsonl" "$ROUNDS" "$out/fma_peak.jsonl" <<'EOF'
+"$PY" - "$out/results.jsonl" "$ROUNDS" "$out/fma_peak.jsonl" "$isa_text" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(f"CPU level: {sys.argv[4]}")
 impls = ["fsdp-lua", "torch-eager", "torch-compile"]
 order = {"f32": 0, "bf16": 1}
 cases = sorted({(r.get("precision", "f32"), r["model"]) for r in rows}, key=lambda c: (order.get(c[0], 9), c[1]))
