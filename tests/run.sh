@@ -16,7 +16,7 @@
 #            (tools/kernel_resources.lua --check; skipped without nvcc)
 #   mpi      multi-rank scripts under mpirun, 2 and 4 ranks (tests/mpi/run.sh)
 #   isa      the CPU kernels' specs and the f32 training comparisons again
-#            at every instruction-set level below this CPU's own, from avx2
+#            at avx2 and avx512 where this CPU has more
 #            (FSDP_CPU_ISA; tests/isa/run.sh)
 #   fuzz     libFuzzer on the file readers, a short run (tests/fuzz/run.sh)
 #   cluster  Slurm in a box: sbatch on 2 nodes, a node lost and the job
@@ -111,7 +111,7 @@ if want mpi; then
 fi
 
 # The fallbacks: what the other suites ran at this CPU's level, again at
-# each level below it (an AVX-512 machine proves the AVX2 paths).
+# avx2 and avx512 below it (an AVX-512 machine proves the AVX2 paths).
 want isa && run_suite isa tests/isa/run.sh
 
 # A short fuzzing run of the file readers (the long one: tests/fuzz/README.md).
