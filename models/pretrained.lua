@@ -164,6 +164,84 @@ local function accepted(family, opts, where)
   fail('%s holds a %s model; %s takes %s', where, family, opts.who or 'this recipe', table.concat(list, ' or '))
 end
 
+-- [Note: the fingerprint of a LoRA base]
+-- A LoRA checkpoint holds the adapters only; its frozen base is the
+-- --init_from the run started from, named by path. Files at a path can be
+-- replaced, and adapters on another base are silently wrong: so the
+-- checkpoint also records the base's fingerprint, and every later load
+-- (resume, generate, export, --init_from) compares it with what the path
+-- holds now, refusing a difference by naming both. The fingerprint is an
+-- XXH3-64 over: an HF directory's config.json; for each weight file (in
+-- name order) its name, size, header (every tensor's name, dtype, shape
+-- and offsets) and SAMPLES evenly spaced blocks of its data, the last
+-- one included; for one of our checkpoints, its index, which holds each
+-- file's checksum of all its data. The sampled blocks catch another
+-- model of the same shapes (every block of its weights differs) while
+-- reading ~4 MB per file, not the whole base at every start; an edit of a
+-- few bytes between samples is not what it guards against.
+local SAMPLES, SAMPLE_BYTES = 64, 64 * 1024
+
+local ffi = require 'ffi'
+local function xxh3(bytes) return core.C.fl_checksum(bytes, #bytes) end
+local function hex(v)
+  local out = ffi.new('char[?]', core.C.FL_CHECKSUM_TEXT)
+  core.C.fl_checksum_text(v, out)
+  return ffi.string(out)
+end
+
+-- The parts of one safetensors file that its fingerprint covers.
+local function weight_file_parts(path, parts)
+  local f = assert(io.open(path, 'rb'))
+  local size = f:seek('end')
+  f:seek('set', 0)
+  local prefix = f:read(8) or ''
+  local n = 0
+  for i = 8, 1, -1 do n = n * 256 + (prefix:byte(i) or 0) end
+  if #prefix < 8 or n > size - 8 then
+    f:close()
+    fail('%s: not a safetensors file (its header length %d does not fit in %d bytes)', path, n, size)
+  end
+  parts[#parts + 1] = ('%s %d %s'):format(path:match('[^/]*$'), size, hex(xxh3(f:read(n))))
+  local data, len = 8 + n, size - 8 - n
+  local step = math.max(SAMPLE_BYTES, math.floor(len / SAMPLES))
+  for at = 0, len - 1, step do
+    f:seek('set', data + math.min(at, math.max(len - SAMPLE_BYTES, 0)))
+    parts[#parts + 1] = hex(xxh3(f:read(SAMPLE_BYTES) or ''))
+  end
+  f:close()
+end
+
+-- src's fingerprint (see the Note): "xxh3-64:<16 hex>", computed once.
+function M.fingerprint(src)
+  if src.fingerprint then return src.fingerprint end
+  local parts = {}
+  if src.kind == 'checkpoint' then
+    parts[1] = files.read(files.join(src.step_dir, require('fsdp.checkpointing').layout.INDEX)) or ''
+  else
+    local weights = { src.path }
+    if src.kind == 'hf' then
+      parts[1] = files.read(files.join(src.path, 'config.json')) or ''
+      weights = require('fsdp.io.safetensors_sharded').open_checkpoint(src.path)._files
+      table.sort(weights)
+    end
+    for _, path in ipairs(weights) do weight_file_parts(path, parts) end
+  end
+  src.fingerprint = hex(xxh3(table.concat(parts, '\n')))
+  return src.fingerprint
+end
+
+-- Refuse `src` as the base of adapters trained on a base whose
+-- fingerprint was `recorded` (nil: a checkpoint from before fingerprints,
+-- taken as it is). what: the checkpoint, for the message.
+local function check_base(src, recorded, what)
+  if recorded == nil then return end
+  local now = M.fingerprint(src)
+  if now ~= recorded then
+    fail('%s holds LoRA adapters trained on a base with fingerprint %s, but %s now has %s: the files there have '
+      .. 'changed (give --init_from the base the adapters were trained on)', what, recorded, M.describe(src), now)
+  end
+end
+
 -- What `path` holds, from its headers and JSON (no tensor is read):
 -- {path, kind = 'hf' | 'checkpoint' | 'state_dict', family, config (ours,
 -- complete), where (what messages name: the config.json, the step
@@ -223,6 +301,7 @@ function M.open(path, opts)
         local ok4, base = pcall(M.open, extra.init_from, { families = opts.families, who = opts.who,
                                                            overrides = opts.overrides })
         if not ok4 then fail('%s: the LoRA base it was trained on: %s', step_dir, bare(base)) end
+        check_base(base, extra.init_from_fingerprint, step_dir)
         src.lora, src.base = index.lora, base
       end
     else
@@ -370,8 +449,21 @@ local function say(msg) require('fsdp.observe.console').print(msg) end
 -- returned start_step): src's weights into the (sharded) model, unless a
 -- checkpoint of the run was resumed: then the run goes on from there and
 -- the log says --init_from was not used.
-function M.start(cfg, model, src, start_step)
+function M.start(cfg, model, src, start_step, resumed)
   if not src then return end
+  -- A LoRA run's checkpoint holds only the adapters: its frozen base comes
+  -- from --init_from again, which must be the base they were trained on.
+  local is_lora = require('fsdp.lora').config_of(model) ~= nil
+  if start_step > 0 and is_lora then
+    local extra = resumed and type(resumed.extra) == 'table' and resumed.extra or {}
+    check_base(src, extra.init_from_fingerprint, ('the checkpoint of step %d in %s'):format(start_step,
+      cfg.checkpoint_dir))
+    local t0 = require('fsdp.clock').now()
+    M.load(model, src)
+    say(('init_from: loaded the LoRA base %s in %.2f s under the adapters resumed from step %d'):format(
+      M.describe(src), require('fsdp.clock').now() - t0, start_step))
+    return
+  end
   if start_step > 0 then
     say(('init_from: %s not loaded: resumed from the checkpoint in %s instead (--resume_from_checkpoint wins '
       .. 'once a checkpoint exists)'):format(M.describe(src), cfg.checkpoint_dir))
@@ -388,6 +480,7 @@ end
 -- export needs from the --init_from source.
 function M.extra(model_name, family, config, src)
   return { model = model_name, family = family, config = config, init_from = src and src.path or nil,
+           init_from_fingerprint = src and M.fingerprint(src) or nil,
            token_ids = src and src.token_ids or nil, tokenizer_from = src and src.tokenizer_from or nil }
 end
 

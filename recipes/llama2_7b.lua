@@ -378,12 +378,12 @@ end
 -- infinite loss or gradient does: --on_nonfinite) is fsdp.nonfinite's.
 local state = { model = model, optimizer = opt, scheduler = sched, data = data }
 state.guard = nonfinite.guard(cfg, state, 'recipes/llama2_7b.lua')
-local start_step = ckpt_recipe.resume(cfg, state)
+local start_step, resumed = ckpt_recipe.resume(cfg, state)
 -- what a killed run logged past the resumed step goes (its steps come again)
 if cfg.resume_from_checkpoint then log:resume(start_step) end
 -- --init_from: its weights into each rank's shards (a fresh optimizer,
 -- step 0), unless a checkpoint of this run was resumed just now.
-pretrained.start(cfg, model, src, start_step)
+pretrained.start(cfg, model, src, start_step, resumed)
 
 local flops_per_step = model_module.flops_per_token(c, cfg.seq_len, n_params) * step_batch * cfg.seq_len
 local step_times = {}

@@ -217,9 +217,9 @@ function M.run(default_model, script, argv)
     config = cfg, plot = cfg.plot, profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model,
     comm_joined = cfg.comm_joined })
   if pairs_run then pairs_run.log = log end
-  local start_step = ckpt_recipe.resume(cfg, state)
+  local start_step, resumed = ckpt_recipe.resume(cfg, state)
   if cfg.resume_from_checkpoint then log:resume(start_step) end
-  pretrained.start(cfg, model, src, start_step) -- --init_from's weights, unless a checkpoint was resumed
+  pretrained.start(cfg, model, src, start_step, resumed) -- --init_from's weights, unless a checkpoint was resumed
   for step = start_step + 1, cfg.max_steps do
     log:begin_step(step) -- --profile_steps
     local t0 = clock.now()

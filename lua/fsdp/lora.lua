@@ -24,7 +24,10 @@
 -- (fsdp.checkpointing) therefore holds the trainable parameters and their
 -- optimizer state and no frozen parameter; resuming rebuilds the base the
 -- way the run first did (the recipe's --init_from, or the init rules and
--- --seed) and loads the adapters over it.
+-- --seed) and loads the adapters over it. The checkpoint records the
+-- base's fingerprint, and resuming, generating and exporting refuse a
+-- base that no longer matches it ([Note: the fingerprint of a LoRA base],
+-- models/pretrained.lua).
 local core = require 'fsdp.core'
 local fsdp = require 'fsdp'
 local Module = require 'fsdp.nn.module'

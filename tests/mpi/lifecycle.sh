@@ -13,7 +13,8 @@
 #      trained model's logits, and so does tools/export.lua's export of the
 #      checkpoint;
 #   5. the same command with --resume_from_checkpoint resumes the run's
-#      checkpoint instead of loading --init_from again, and says so.
+#      checkpoint instead of loading --init_from again, and says so (a LoRA
+#      run loads its base from --init_from under the resumed adapters).
 #
 # RECIPE ARGS go to the training runs (step 2 and 5): `lifecycle.sh full`
 # is full fine-tuning; a variant adds its own options (a LoRA run:
@@ -109,7 +110,12 @@ run "$EXE" tests/mpi/lifecycle.lua export "$WORK/ckpt" "$WORK/offline" "$HF"
 tap "tools/export.lua's export loads back"
 
 # 5. Restarted with --resume_from_checkpoint: the checkpoint wins, said in the log.
+# A LoRA checkpoint holds the adapters only: its base is loaded again.
 run mpirun -np 2 "$EXE" recipes/llama2_7b.lua "${TRAIN[@]/--max_steps=30/--max_steps=31}" --resume_from_checkpoint
+if [ "$NAME" = lora ]; then
+  init_line="init_from: loaded the LoRA base Hugging Face directory $HF (llama)"
+else
+  init_line="init_from: Hugging Face directory $HF (llama) not loaded"
+fi
 check "--init_from with --resume_from_checkpoint resumes the run's checkpoint" \
-  "checkpoint: resumed from $WORK/ckpt/step-000030" "init_from: Hugging Face directory $HF (llama) not loaded" \
-  "Batch 31 Loss"
+  "checkpoint: resumed from $WORK/ckpt/step-000030" "$init_line" "Batch 31 Loss"

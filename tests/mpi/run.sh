@@ -270,6 +270,12 @@ done
 run_tap "lifecycle: HF directory, full fine-tune on 2 ranks, generate, export" -- tests/mpi/lifecycle.sh full
 run_tap "lifecycle: HF directory, LoRA fine-tune on 2 ranks, generate, merged export" -- \
   tests/mpi/lifecycle.sh lora --lora_rank=4 --lora_alpha=8
+# A LoRA run killed and resumed trains on its reloaded base exactly as the
+# uninterrupted run; a base replaced under its path is refused by name.
+for family in llama t5; do
+  run_tap "LoRA: killed and resumed on 2 ranks = uninterrupted; a replaced base refused ($family)" -- \
+    tests/mpi/lora_resume.sh "$family"
+done
 run_tap "damaged 2-rank checkpoints refused, resume falls back" -- tests/mpi/ckpt_integrity.sh
 for np in 2 4; do
   run_tap "no checkpoint from non-finite state, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_nonfinite.lua

@@ -64,7 +64,8 @@ local function check(cfg)
   end
 end
 
--- The step to continue after: the resumed checkpoint's, or 0. The newest
+-- The step to continue after: the resumed checkpoint's, or 0, and what its
+-- load said (ckpt.load's info: step, extra, ...) when one was. The newest
 -- complete checkpoint that passes ckpt.check is loaded; a refused one
 -- (damaged, swapped or stale file) is named with the reason and the next
 -- older one tried, every rank taking the same branch. When checkpoints
@@ -96,7 +97,7 @@ function M.resume(cfg, objs)
       end
       say('checkpoint: resumed from %s (step %d, saved on %d rank%s, %s) in %.2f s', dir, info.step,
         info.world_size, info.world_size == 1 and '' or 's', info.strategy, clock.now() - t0)
-      return info.step
+      return info.step, info
     end
     -- why names the file; the directory is said once
     local plain = dir:gsub('%p', '%%%0')
