@@ -140,7 +140,7 @@ local results = sweep.run(opts)
 print('')
 print(sweep.table(axes, results))
 
-os.execute('mkdir -p ' .. sweep.shell_quote(cfg.out))
+require('fsdp.io.files').mkdir_p(cfg.out, '--out')
 local csv = cfg.out .. '/sweep.csv'
 sweep.write_csv(csv, axes, results)
 print(('\nwrote %s'):format(csv))

@@ -121,7 +121,7 @@ M.OPTIONS = {
                   .. 'into a PNG and an SVG beside it (tools/plot.lua; gnuplot)', needs = 'metrics_file',
             check = function(v)
               -- found missing at start, not after the whole run
-              if v and select(2, require('fsdp.sweep').capture('gnuplot --version')) ~= 0 then
+              if v and select(2, require('fsdp.quote').capture({ 'gnuplot', '--version' })) ~= 0 then
                 return 'needs gnuplot, which is not installed (Debian: apt-get install gnuplot-nox)'
               end
             end },
