@@ -4,8 +4,13 @@
 -- a script is run with a name holding `touch X`, $(touch X), quotes and a
 -- semicolon, from a fresh directory (where a command that ran would leave
 -- its marker): nothing runs, and the plot, chart or message is still made
--- from the real name. The sites: fsdp.observe.plot (tools/plot.lua, the
--- recipes' --plot), fsdp.sweep (points, the chart, --out).
+-- from the real name. The sites (grep os.execute, io.popen, gnuplot):
+-- fsdp.observe.plot (tools/plot.lua, the recipes' --plot), fsdp.sweep
+-- (points, the chart, --out), fsdp.data.hub's printed download commands,
+-- tools/kernel_resources.lua, tools/layers.lua; the REPL's help lists
+-- files with lfs, the host name comes from gethostname, kill_self calls
+-- kill(2), and the benchmarks run word lists: none of those has a shell
+-- string left.
 local files = require 'fsdp.io.files'
 local quote = require 'fsdp.quote'
 local sweep = require 'fsdp.sweep'
@@ -215,6 +220,46 @@ print('SUMMARY {"samples_per_s": 2, "tflops": 0, "peak_bytes": 1048576}')
     assert.is_true(ok, why)
     assert.equals('\137PNG', files.read(dir .. '/x\n`touch BQ`.png'):sub(1, 4))
     no_markers(dir)
+    files.remove_tree(dir)
+  end)
+
+  it('fsdp.data.hub: the download commands it prints quote the names', function()
+    local dir = T.tmpdir()
+    local name = "o/`touch BQ`$(touch DS);touch SC;'"
+    local ok, err = pcall(require('fsdp.data.hub').tokenizer_dir, name)
+    assert.is_false(ok)
+    local cmd = err:match('\n  (huggingface%-cli download [^\n]+)')
+    assert.is_string(cmd, err)
+    -- the printed line, run with a stand-in for huggingface-cli, passes the name as one word
+    local out, rc = sh_in(dir, "huggingface_cli() { printf '%s\\n' \"$@\"; }; " .. cmd:gsub('^huggingface%-cli',
+      'huggingface_cli'))
+    assert.equals(0, rc, out)
+    assert.equals(table.concat({ 'download', name, 'tokenizer.model', 'tokenizer.json', 'tokenizer_config.json' },
+      '\n') .. '\n', out)
+    no_markers(dir, out)
+    files.remove_tree(dir)
+  end)
+
+  it('tools/kernel_resources.lua and tools/layers.lua take a directory holding commands as a name', function()
+    local dir = T.tmpdir()
+    local odd = dir .. '/' .. HOSTILE
+    assert(lfs.mkdir(odd))
+    -- a ptxas report of one kernel: read from the odd directory, its name demangled by c++filt
+    local f = assert(io.open(odd .. '/k.o.ptxas', 'w'))
+    f:write("ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90'\n",
+            'ptxas info    : Function properties for _Z3fooPf\n',
+            '    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n',
+            'ptxas info    : Used 10 registers, 0 bytes smem, 0 bytes cmem[0]\n')
+    f:close()
+    local out, rc = exe_in(dir, 'tools/kernel_resources.lua', '--dir=' .. T.quote(odd))
+    assert.equals(0, rc, out)
+    assert.matches('foo(float*)', out, 1, true)
+    no_markers(dir, out)
+    out, rc = sh_in(dir, ('cd %s && luajit tools/layers.lua %s'):format(T.quote(host.root), T.quote(odd)))
+    assert.equals(2, rc, out)
+    assert.matches('no objects in ' .. odd, out, 1, true)
+    no_markers(dir, out)
+    no_markers(lfs.currentdir(), out)
     files.remove_tree(dir)
   end)
 end)

@@ -58,6 +58,7 @@ local json = require 'fsdp.io.json'
 local files = require 'fsdp.io.files'
 local console = require 'fsdp.observe.console'
 pcall(ffi.cdef, 'int isatty(int fd);')
+pcall(ffi.cdef, 'int gethostname(char *name, size_t len);')
 
 local M = {}
 
@@ -70,12 +71,13 @@ local function stdout_is_terminal()
   return ffi.C.isatty(1) == 1
 end
 
-local function hostname()
-  local p = io.popen('hostname 2>/dev/null')
-  local name = p and p:read('*l')
-  if p then p:close() end
-  return name or '?'
+-- This machine's name (gethostname: no shell), '?' when it has none.
+function M.hostname()
+  local buf = ffi.new('char[256]')
+  if ffi.C.gethostname(buf, 255) ~= 0 or buf[0] == 0 then return '?' end
+  return ffi.string(buf)
 end
+local hostname = M.hostname
 
 -- The distributed setup of this rank, one line (FSDP_DEBUG=INFO prints it).
 function M.dist_info()

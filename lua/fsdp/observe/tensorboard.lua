@@ -110,10 +110,8 @@ local Writer = {}
 Writer.__index = Writer
 
 local function hostname()
-  local p = io.popen('hostname 2>/dev/null')
-  local name = p and p:read('*l')
-  if p then p:close() end
-  return (name or 'localhost'):gsub('[^%w%.%-_]', '_')
+  local name = require('fsdp.observe.metrics').hostname()
+  return (name == '?' and 'localhost' or name):gsub('[^%w%.%-_]', '_')
 end
 
 -- A new event file in dir (created with its parents), named as
