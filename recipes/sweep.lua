@@ -54,9 +54,9 @@ for a in cfg.args:gmatch('%S+') do base_args[#base_args + 1] = a end
 -- Paths are relative to the project root when not found from here.
 local host = require 'fsdp.host'
 local function exists(path)
-  local f = io.open(path)
-  if f then f:close() end
-  return f ~= nil
+  local ok, is = pcall(require('fsdp.io.files').is_file, path)
+  if not ok then fail('--recipe: ' .. is) end -- a FIFO, a device
+  return is
 end
 local recipe_path = cfg.recipe
 if not exists(recipe_path) and host.root and exists(host.root .. '/' .. recipe_path) then

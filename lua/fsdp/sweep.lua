@@ -175,9 +175,9 @@ function M.failed(result) return result.status == 'error' or result.status == 't
 -- (seconds per point), exe, on_result(i, n, result) after each point.
 function M.run(opts)
   if type(opts.recipe) ~= 'string' then fail('run: opts.recipe must be the path of a recipe') end
-  local f = io.open(opts.recipe)
-  if not f then fail(('recipe %s not found'):format(opts.recipe)) end
-  f:close()
+  local ok, is = pcall(require('fsdp.io.files').is_file, opts.recipe)
+  if not ok then fail(is) end
+  if not is then fail(('recipe %s not found'):format(opts.recipe)) end
   local points = M.points(opts.axes)
   local results = {}
   for i, point in ipairs(points) do
@@ -313,7 +313,7 @@ M.csv_field = csv_field
 -- One row per point: the axes, status, samples_per_s, tflops, peak_bytes,
 -- peak_mib, message.
 function M.write_csv(path, axes, results)
-  local f, err = io.open(path, 'w')
+  local f, err = require('fsdp.io.files').open_output(path)
   if not f then fail(('cannot write %s: %s'):format(path, err)) end
   local header = {}
   for _, a in ipairs(axes) do header[#header + 1] = csv_field(a.name) end
@@ -349,7 +349,11 @@ function M.write_chart(png, axes, results, opts)
   local quotable, why = pcall(quote.gnuplot, base)
   if not quotable then return nil, why end
   local q = quote.gnuplot
-  local f, err = io.open(dat, 'w')
+  local files = require 'fsdp.io.files'
+  -- what gnuplot writes is checked too: a FIFO there would block it
+  local writable, why2 = files.check_output(png)
+  if not writable then return nil, why2 end
+  local f, err = files.open_output(dat)
   if not f then return nil, ('cannot write %s: %s'):format(dat, err) end
   f:write('# index label samples_per_s peak_mib status\n')
   for i, r in ipairs(results) do
@@ -388,7 +392,7 @@ function M.write_chart(png, axes, results, opts)
     ("plot %s using 1:4:xtic(2) with boxes lc rgb '#c06000' notitle, %s"):format(q(dat), labels),
     'unset multiplot',
   }
-  f, err = io.open(gp, 'w')
+  f, err = files.open_output(gp)
   if not f then return nil, ('cannot write %s: %s'):format(gp, err) end
   f:write(table.concat(script, '\n'), '\n')
   f:close()

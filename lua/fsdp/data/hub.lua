@@ -148,12 +148,11 @@ function M.tokenizer_dir(name)
   local owner, repo = name:match('^([^/]+)/([^/]+)$')
   local base = ('%s/models--%s--%s'):format(M.hub_cache(), owner or name, repo or '')
   local function holds(dir)
-    return files.mode(dir .. '/tokenizer.model') == 'file' or files.mode(dir .. '/tokenizer.json') == 'file'
+    return files.is_file(dir .. '/tokenizer.model') or files.is_file(dir .. '/tokenizer.json')
   end
-  local ref = io.open(base .. '/refs/main', 'rb')
-  if ref then
-    local rev = (ref:read('*a') or ''):match('%S+')
-    ref:close()
+  local ref = base .. '/refs/main'
+  if files.is_file(ref) then
+    local rev = (files.read(ref, 4096, 'a hub ref') or ''):match('%S+')
     if rev and holds(base .. '/snapshots/' .. rev) then return base .. '/snapshots/' .. rev end
   end
   if files.mode(base .. '/snapshots') == 'directory' then

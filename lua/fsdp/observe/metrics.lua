@@ -203,7 +203,7 @@ function M.Logger(opts)
   end
   self:_reset_interval()
   if self.leader and opts.metrics_file and opts.metrics_file ~= '' then
-    local f, err = io.open(opts.metrics_file, 'a')
+    local f, err = files.open_output(opts.metrics_file, 'a') -- (a FIFO would block: refused)
     if not f then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(opts.metrics_file, err)) end
     self.file, self.file_path = f, opts.metrics_file
   end
@@ -293,7 +293,7 @@ function Logger:resume(step)
   if not self.leader then return end
   if self.file then
     self.file:close()
-    local text = files.read(self.file_path) or ''
+    local text = files.read(self.file_path, files.LIMITS.log[1], 'a metrics file') or ''
     local kept, dropped, last_time = {}, 0, 0
     for line in text:gmatch('[^\n]+') do
       local ok, r = pcall(json.decode, line)
@@ -307,7 +307,7 @@ function Logger:resume(step)
     if dropped > 0 then
       files.write_atomic(self.file_path, #kept > 0 and table.concat(kept, '\n') .. '\n' or '')
     end
-    local f, err = io.open(self.file_path, 'a')
+    local f, err = files.open_output(self.file_path, 'a')
     if not f then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(self.file_path, err)) end
     self.file = f
     self.time_offset, self.start = last_time, clock.now()

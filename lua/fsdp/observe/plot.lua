@@ -25,8 +25,8 @@ local function fail(msg) error('fsdp.plot: ' .. msg, 0) end
 
 -- The records of a metrics file: { train = {records by step order}, val = {...} }.
 function M.read(path)
-  local text, err = files.read(path)
-  if not text then fail(('cannot read %s: %s'):format(path, err)) end
+  local text, err = files.read(path, files.LIMITS.log[1], 'a metrics file')
+  if not text then fail(err) end
   local by = { train = {}, val = {} }
   local n = 0
   for line in text:gmatch('[^\n]+') do
@@ -134,7 +134,7 @@ function M.draw(paths, base, opts)
     local run = M.read(path)
     dats[i] = ('%s.%d.dat'):format(base, i)
     names[i] = name_of(path)
-    local f, err = io.open(dats[i], 'w')
+    local f, err = files.open_output(dats[i])
     if not f then fail(('cannot write %s: %s'):format(dats[i], err)) end
     local text
     text, has[i] = M.data_text(run)
@@ -142,6 +142,11 @@ function M.draw(paths, base, opts)
     f:close()
   end
   local out = { png = base .. '.png', svg = base .. '.svg', gp = base .. '.gp', dats = dats }
+  -- gnuplot writes the images: a FIFO there would block it
+  for _, image in ipairs({ out.png, out.svg }) do
+    local writable, why = files.check_output(image)
+    if not writable then fail(why) end
+  end
   local body = table.concat(panels(dats, names, has), '\n')
   local title = opts.title or table.concat(names, ', ')
   local script = table.concat({
@@ -154,7 +159,7 @@ function M.draw(paths, base, opts)
     body,
     'set output',
   }, '\n') .. '\n'
-  local f, err = io.open(out.gp, 'w')
+  local f, err = files.open_output(out.gp)
   if not f then fail(('cannot write %s: %s'):format(out.gp, err)) end
   f:write(script)
   f:close()
