@@ -101,6 +101,6 @@ if R == 0 then
   row('sharded save (params + AdamW state)', ckpt_bytes, r.save)
   row('sharded load (into a fresh model)', ckpt_bytes, r.load)
   row('full state dict save (streamed)', full_bytes, r.full)
-  if cfg.dir == '' then os.execute('rm -rf ' .. dir) end
+  if cfg.dir == '' then require('fsdp.io.files').remove_tree(dir) end
 end
 dist.barrier()

@@ -33,7 +33,12 @@ local tok = require('fsdp.data.tokenizer').load(cfg.tokenizer)
 if type(tok.c_hook) ~= 'function' then error(('--tokenizer %s has no C hook for the loader'):format(cfg.tokenizer), 0) end
 
 local dir = require('fsdp.testing').tmpdir()
-local function sh(cmd) assert(os.execute(cmd) == 0, cmd) end
+local quote = require 'fsdp.quote'
+-- Run a list of words (fsdp.quote: no path reaches the shell unquoted).
+local function sh(words)
+  local out, rc = quote.capture(words)
+  assert(rc == 0, quote.command(words) .. ': ' .. out)
+end
 
 -- The corpus: --mb of text split into --files shards per format.
 local docs = gen.documents({ documents = 1000, seed = 7 })
@@ -55,8 +60,10 @@ for k = 1, cfg.files do
   text_bytes = text_bytes + n
   txt:close()
   jsonl:close()
-  sh(('cp %s/part-%d.jsonl %s/part-%d.json && gzip -6 -f %s/part-%d.json'):format(dir, k, dir, k, dir, k))
-  sh(('zstd -q -3 -f %s/part-%d.jsonl -o %s/part-%d.jsonl.zst'):format(dir, k, dir, k))
+  local part = ('%s/part-%d'):format(dir, k)
+  sh({ 'cp', part .. '.jsonl', part .. '.json' })
+  sh({ 'gzip', '-6', '-f', part .. '.json' })
+  sh({ 'zstd', '-q', '-3', '-f', part .. '.jsonl', '-o', part .. '.jsonl.zst' })
 end
 
 local T, ROWS = 256, 64
@@ -115,4 +122,4 @@ for _, f in ipairs({ { 'txt', '*.txt' }, { 'jsonl', '*.jsonl' }, { 'json.gz', '*
     print(('%-12s %8d %14.0f %10.2f %12.0f'):format(f[1], threads, rate, dt, rate / consume))
   end
 end
-sh(('rm -rf %s'):format(dir))
+require('fsdp.io.files').remove_tree(dir)

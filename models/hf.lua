@@ -41,6 +41,7 @@ local llama = require 'models.llama'
 local t5 = require 'models.t5'
 local gpt2 = require 'models.gpt2'
 local lfs = require 'lfs'
+local files = require 'fsdp.io.files'
 
 local M = {}
 
@@ -421,10 +422,8 @@ end
 
 local function read_config(dir)
   local path = dir .. '/config.json'
-  local f, err = io.open(path, 'rb')
-  if not f then core.fail(('hf: cannot read %s: %s'):format(path, err)) end
-  local text = f:read('*a')
-  f:close()
+  local text, err = files.read(path, files.LIMITS.text[1], 'a JSON config')
+  if not text then core.fail('hf: ' .. err) end
   local h, why = json.decode(text)
   if type(h) ~= 'table' then core.fail(('hf: %s is not a JSON object: %s'):format(path, why or 'not an object')) end
   return h, family_of(h.model_type, path), path
@@ -453,7 +452,7 @@ end
 -- beyond headers. overrides: config fields (e.g. dropout = 0).
 function M.read_config(dir, overrides)
   if lfs.attributes(dir, 'mode') ~= 'directory' then core.fail(('hf: %s is not a directory'):format(dir)) end
-  if lfs.attributes(dir .. '/config.json', 'mode') ~= 'file' then
+  if not files.is_file(dir .. '/config.json') then
     core.fail(('hf: %s has no config.json (a Hugging Face model directory holds config.json and its '
       .. 'safetensors files)'):format(dir))
   end
@@ -524,6 +523,8 @@ M.TOKEN_ID_KEYS = { 'bos_token_id', 'eos_token_id', 'pad_token_id', 'decoder_sta
 -- SentencePiece's), copied by save_pretrained's opts.tokenizer_from.
 M.TOKENIZER_FILES = { 'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'added_tokens.json',
                       'tokenizer.model', 'spiece.model', 'vocab.json', 'merges.txt', 'chat_template.jinja' }
+-- The most read of one of them (the core reads a tokenizer.json up to the same).
+local TOKENIZER_FILE_LIMIT = 256 * 2^20
 
 -- The parameters in the order they are written: a sharded model's unit by
 -- unit (each gathered once), else named_parameters'. {name, shape, dtype}.
@@ -612,7 +613,6 @@ function M.save_pretrained(model, dir, opts)
   end
   try(function()
     written = w:finish()
-    local files = require 'fsdp.io.files'
     local h = family.to_hf(model.config)
     -- 5.x reads dtype, 4.x torch_dtype.
     h.dtype = DTYPE_NAMES[dtype]
@@ -632,9 +632,9 @@ function M.save_pretrained(model, dir, opts)
     if opts.tokenizer_from then
       for _, name in ipairs(M.TOKENIZER_FILES) do
         local src = opts.tokenizer_from .. '/' .. name
-        if files.mode(src) == 'file' then
-          local text = files.read(src)
-          if not text then core.fail(('hf: cannot read %s'):format(src)) end
+        if files.is_file(src) then
+          local text, err = files.read(src, TOKENIZER_FILE_LIMIT, 'a tokenizer file')
+          if not text then core.fail('hf: ' .. err) end
           files.write_atomic(dir .. '/' .. name, text)
         end
       end

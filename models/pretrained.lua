@@ -256,9 +256,17 @@ function M.open(path, opts)
   local mode = files.mode(path)
   if not mode then fail('%s does not exist', path) end
   local src = { path = path }
-  if mode == 'directory' and files.mode(files.join(path, 'config.json')) == 'file' then
+  local config_json = mode == 'directory' and files.join(path, 'config.json')
+  local is_hf = false
+  if config_json then
+    -- a FIFO or a device named config.json is refused, not taken for absent
+    local ok, is = pcall(files.is_file, config_json)
+    if not ok then fail('%s', is) end
+    is_hf = is
+  end
+  if is_hf then
     -- The family first: another family's config refuses this one's overrides.
-    local h0 = json.decode(files.read(files.join(path, 'config.json')) or '')
+    local h0 = json.decode(files.read(config_json) or '')
     if type(h0) == 'table' and MODULES[h0.model_type] then accepted(h0.model_type, opts, files.join(path, 'config.json')) end
     local ok, c, family, h = pcall(hf.read_config, path, opts.overrides)
     if not ok then fail('%s', bare(c)) end

@@ -47,6 +47,15 @@ local function int_list(text)
   return out
 end
 
+-- Whether `path` is a Hugging Face directory (a config.json in it); a
+-- config.json that is a FIFO or a device is refused naming it.
+local function hf_dir(path)
+  if path == '' or files.mode(path) ~= 'directory' then return false end
+  local ok, is = pcall(files.is_file, files.join(path, 'config.json'))
+  if not ok then error('--init_from: ' .. is, 0) end
+  return is
+end
+
 local cfg = recipe.config({
   init_from = { '', 'the weights: a Hugging Face directory, a sharded checkpoint directory, or a full state dict '
                     .. '.safetensors file (empty: random weights of --model, to try the options)', input = true },
@@ -55,7 +64,8 @@ local cfg = recipe.config({
   num_heads = { 0, 'attention heads (0: --model\'s)', int = true, min = 0 },
   num_kv_heads = { 0, 'key/value heads of grouped-query attention (0: from the weights)', int = true, min = 0 },
   prompt = { '', 'the prompt text (needs a tokenizer)' },
-  prompt_file = { '', 'a file of prompts, one per line, generated as one left-padded batch', input = 'file' },
+  prompt_file = { '', 'a file of prompts, one per line, generated as one left-padded batch (-: standard input; '
+                      .. 'at most 16 MiB)', input = 'file', stdin = true },
   prompt_ids = { '', "prompts as token ids: '1,5,9', several separated by ';' (no tokenizer needed)" },
   tokenizer = { '', "'byte', a SentencePiece .model, a tokenizer.json, an HF directory holding one, or "
                     .. "empty: the HF directory's (tokenizer.model, else tokenizer.json)" },
@@ -85,13 +95,16 @@ local cfg = recipe.config({
     local ids, why = int_list(cfg.stop_ids)
     if not ids then error('--stop_ids: ' .. why, 0) end
   end
-  if cfg.tokenizer ~= '' and cfg.tokenizer ~= 'byte' and files.mode(cfg.tokenizer) ~= 'file'
-    and files.mode(cfg.tokenizer) ~= 'directory' then
-    error(('--tokenizer %s: no such file (\'byte\', a SentencePiece .model, a tokenizer.json or an HF '
-      .. 'directory)'):format(cfg.tokenizer), 0)
+  if cfg.tokenizer ~= '' and cfg.tokenizer ~= 'byte' and files.mode(cfg.tokenizer) ~= 'directory' then
+    local ok, is = pcall(files.is_file, cfg.tokenizer)
+    if not ok then error('--tokenizer: ' .. is, 0) end
+    if not is then
+      error(('--tokenizer %s: no such file (\'byte\', a SentencePiece .model, a tokenizer.json or an HF '
+        .. 'directory)'):format(cfg.tokenizer), 0)
+    end
   end
   if cfg.init_from == '' and cfg.model == '' then error('--init_from or --model (random weights) is needed', 0) end
-  local hf = cfg.init_from ~= '' and files.mode(files.join(cfg.init_from, 'config.json')) == 'file'
+  local hf = hf_dir(cfg.init_from)
   if hf and (cfg.model ~= '' or cfg.num_heads > 0 or cfg.num_kv_heads > 0) then
     error(('--model, --num_heads and --num_kv_heads are for checkpoints and state dicts: %s/config.json '
       .. 'gives the shapes'):format(cfg.init_from), 0)
@@ -102,6 +115,9 @@ local cfg = recipe.config({
         and (' (%s has neither tokenizer.model nor tokenizer.json)'):format(cfg.init_from) or ''), 0)
   end
 end)
+
+-- The most a --prompt_file may hold: a batch of prompts, not a corpus.
+local PROMPT_FILE_LIMIT = 16 * 2^20
 
 local function die(msg)
   io.stderr:write('fsdp-lua: ', msg, '\n')
@@ -118,7 +134,7 @@ end
 local tok
 do
   local spec = cfg.tokenizer
-  if spec == '' and cfg.init_from ~= '' and files.mode(files.join(cfg.init_from, 'config.json')) == 'file'
+  if spec == '' and hf_dir(cfg.init_from)
     and tokenizer.find_in(cfg.init_from) then
     spec = cfg.init_from
   end
@@ -178,7 +194,19 @@ else
   if cfg.prompt ~= '' then
     texts = { cfg.prompt }
   else
-    for line in io.lines(cfg.prompt_file) do if line:find('%S') then texts[#texts + 1] = line end end
+    -- Read whole and bounded: a regular file (checked with the options),
+    -- or standard input when asked for with '-'.
+    local text, why
+    if cfg.prompt_file == '-' then
+      text = io.stdin:read(PROMPT_FILE_LIMIT + 1) or ''
+      if #text > PROMPT_FILE_LIMIT then
+        why = ('standard input holds more than %d MiB, the limit for a prompt file'):format(PROMPT_FILE_LIMIT / 2^20)
+      end
+    else
+      text, why = files.read(cfg.prompt_file, PROMPT_FILE_LIMIT, 'a prompt file')
+    end
+    if why then die('--prompt_file: ' .. why) end
+    for line in text:gmatch('[^\n]+') do if line:find('%S') then texts[#texts + 1] = line end end
     if #texts == 0 then die(('--prompt_file %s holds no prompt (one per non-empty line)'):format(cfg.prompt_file)) end
   end
   for i, t in ipairs(tok:encode(texts, { add_special = true })) do

@@ -182,7 +182,13 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   end
   -- Token shards decide the vocabulary (a larger --vocab_size is allowed):
   -- opened here, so a directory without shards is a mistake in --data.
-  if cfg.data ~= '' and not cfg.dry_run and corpus_recipe.is_raw(cfg.data) then
+  local raw = false
+  if cfg.data ~= '' and not cfg.dry_run then
+    local ok, is = pcall(corpus_recipe.is_raw, cfg.data) -- (a FIFO among the files: refused)
+    if not ok then error(('--%s: '):format(written.data or 'data') .. recipe.bare(is), 0) end
+    raw = is
+  end
+  if raw then
     train_data = corpus_recipe.open(cfg, written)
   elseif cfg.data ~= '' and not cfg.dry_run then
     local opened, data = pcall(tokens.open, cfg.data, { split = 'train', seq_len = cfg.seq_len,

@@ -54,9 +54,9 @@ for a in cfg.args:gmatch('%S+') do base_args[#base_args + 1] = a end
 -- Paths are relative to the project root when not found from here.
 local host = require 'fsdp.host'
 local function exists(path)
-  local f = io.open(path)
-  if f then f:close() end
-  return f ~= nil
+  local ok, is = pcall(require('fsdp.io.files').is_file, path)
+  if not ok then fail('--recipe: ' .. is) end -- a FIFO, a device
+  return is
 end
 local recipe_path = cfg.recipe
 if not exists(recipe_path) and host.root and exists(host.root .. '/' .. recipe_path) then
@@ -140,7 +140,7 @@ local results = sweep.run(opts)
 print('')
 print(sweep.table(axes, results))
 
-os.execute('mkdir -p ' .. sweep.shell_quote(cfg.out))
+require('fsdp.io.files').mkdir_p(cfg.out, '--out')
 local csv = cfg.out .. '/sweep.csv'
 sweep.write_csv(csv, axes, results)
 print(('\nwrote %s'):format(csv))

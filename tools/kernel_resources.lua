@@ -17,6 +17,7 @@
 -- time, so CI sees them (docs/ARCHITECTURE.md, "Kernel resources").
 -- Kernels allowed to spill are listed in ALLOWED with the reason.
 local recipe = require 'fsdp.recipe'
+local quote = require 'fsdp.quote'
 
 local cfg = recipe.config({
   arch = { 'sm_90', 'the architecture to report (the build makes sm_80 and sm_90)' },
@@ -39,7 +40,7 @@ local function demangle(names)
   local f = assert(io.open(tmp, 'w'))
   f:write(table.concat(names, '\n'), '\n')
   f:close()
-  local p = assert(io.popen('c++filt < ' .. tmp))
+  local p = assert(io.popen(quote.command({ 'c++filt' }) .. ' < ' .. quote.shell(tmp)))
   local out = {}
   for line in p:lines() do out[#out + 1] = line end
   p:close()
@@ -76,10 +77,14 @@ local function parse(path)
 end
 
 local function ls(dir)
-  local p = assert(io.popen('ls ' .. dir .. '/*.ptxas 2>/dev/null'))
+  local lfs = require 'lfs'
   local files = {}
-  for f in p:lines() do files[#files + 1] = f end
-  p:close()
+  if lfs.attributes(dir, 'mode') ~= 'directory' then return files end
+  for name in lfs.dir(dir) do
+    if name:match('%.ptxas$') and lfs.attributes(dir .. '/' .. name, 'mode') == 'file' then
+      files[#files + 1] = dir .. '/' .. name
+    end
+  end
   table.sort(files)
   return files
 end

@@ -13,14 +13,19 @@
 --   luajit tools/layers.lua [OBJDIR...]      (or fsdp-lua tools/layers.lua)
 --   luajit tools/layers.lua --files          also list file-level circles
 --                                            within a layer
+package.path = './lua/?.lua;' .. package.path -- fsdp.quote needs nothing else
+local quote = require 'fsdp.quote'
+
 local dirs, list_files = {}, false
 for _, a in ipairs(arg) do
   if a == '--files' then list_files = true else dirs[#dirs + 1] = a end
 end
 if #dirs == 0 then dirs = { 'build/obj/release/fsdp', 'build/obj/release/fsdp_cuda' } end
 
-local function lines(cmd)
-  local f = assert(io.popen(cmd))
+-- The lines a command (a list of words) prints; its errors are dropped
+-- (a missing object directory lists nothing).
+local function lines(words)
+  local f = assert(io.popen(quote.command(words) .. ' 2>/dev/null'))
   local out = {}
   for l in f:lines() do out[#out + 1] = l end
   f:close()
@@ -30,7 +35,7 @@ end
 -- Object basename -> source path (premake names objects by basename; the
 -- build refuses two sources with one basename).
 local source_of = {}
-for _, p in ipairs(lines("find core -name '*.c' -o -name '*.cu'")) do
+for _, p in ipairs(lines({ 'find', 'core', '-name', '*.c', '-o', '-name', '*.cu' })) do
   local base = p:match('([^/]+)%.cu?$')
   source_of[base] = p
 end
@@ -38,13 +43,16 @@ end
 local defined, kind_of, uses = {}, {}, {}
 local objects = 0
 for _, dir in ipairs(dirs) do
-  for _, obj in ipairs(lines(('ls %s/*.o 2>/dev/null'):format(dir))) do
+  -- (./ keeps a directory named -x from reading as an option of find)
+  local objs = lines({ 'find', dir:match('^%-') and './' .. dir or dir, '-maxdepth', '1', '-name', '*.o' })
+  table.sort(objs)
+  for _, obj in ipairs(objs) do
     local base = obj:match('([^/]+)%.o$'):gsub('%.cu$', ''):gsub('%.sim$', '')
     local src = source_of[base]
     if src then
       objects = objects + 1
       uses[src] = uses[src] or {}
-      for _, l in ipairs(lines('nm ' .. obj)) do
+      for _, l in ipairs(lines({ 'nm', obj })) do
         local t, name = l:match('^%x*%s+(%a)%s+(%S+)$')
         if t == 'U' then
           uses[src][name] = true

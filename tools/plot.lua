@@ -20,7 +20,10 @@ local cfg, paths = recipe.config({
 
 if #paths == 0 then recipe.usage_error('tools/plot.lua: give one or more metrics JSONL files') end
 for _, p in ipairs(paths) do
-  if require('fsdp.io.files').mode(p) ~= 'file' then recipe.usage_error(('tools/plot.lua: %s: no such file'):format(p)) end
+  local files = require 'fsdp.io.files'
+  if files.mode(p) == nil then recipe.usage_error(('tools/plot.lua: %s: no such file'):format(p)) end
+  local ok, why = files.check_input(p) -- a FIFO would block the read
+  if not ok then recipe.usage_error('tools/plot.lua: ' .. why) end
 end
 local base = cfg.out ~= '' and cfg.out or paths[1]:gsub('%.jsonl$', '')
 local w, h = cfg.size:match('^(%d+)x(%d+)$')

@@ -55,9 +55,11 @@ if ({ paragraph = true, line = true, file = true })[cfg.documents] == nil then
 end
 local inputs = {}
 for p in cfg.input:gmatch('[^,]+') do
-  local f = io.open(p, 'rb')
-  if not f then die('cannot open input %s', p) end
-  f:close()
+  local files = require 'fsdp.io.files'
+  if not files.mode(p) then die('cannot open input %s', p) end
+  -- a FIFO would block the read, a device never end
+  local ok, why = files.check_input(p)
+  if not ok then die('input %s', why) end
   inputs[#inputs + 1] = p
 end
 
@@ -76,15 +78,15 @@ local function each_document(emit)
       end)
       if not ok then die('%s', require('fsdp.recipe').bare(err)) end
     elseif cfg.documents == 'file' then
-      local text = f:read('*a')
+      local text = f:read(cfg.max_doc_bytes + 1) or '' -- no more than a document may hold
+      if #text > cfg.max_doc_bytes then
+        die('%s: the file (--documents=file) is %d bytes, longer than --max_doc_bytes=%d', path,
+          require('fsdp.io.files').size(path), cfg.max_doc_bytes)
+      end
       local bad = utf8.first_invalid(text)
       if bad then
         local _, newlines = text:sub(1, bad - 1):gsub('\n', '')
         die('%s: line %d: invalid UTF-8 at byte %d', path, newlines + 1, bad - 1)
-      end
-      if #text > cfg.max_doc_bytes then
-        die('%s: the file (--documents=file) is %d bytes, longer than --max_doc_bytes=%d', path, #text,
-          cfg.max_doc_bytes)
       end
       if text:match('%S') then emit(text) end
     else
@@ -143,11 +145,11 @@ if cfg.train_spm == 0 then tok, model_path = load_tokenizer(cfg.tokenizer) end
 require('fsdp.io.files').mkdir_p(cfg.output, 'tools/tokenize.lua')
 
 local function copy_file(from, to)
-  local src = assert(io.open(from, 'rb'))
+  local text, why = require('fsdp.io.files').read(from, 256 * 2^20, 'a tokenizer file')
+  if not text then die('%s', why) end
   local dst = io.open(to, 'wb')
   if not dst then die('cannot write %s', to) end
-  dst:write(src:read('*a'))
-  src:close()
+  dst:write(text)
   dst:close()
 end
 

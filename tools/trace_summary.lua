@@ -31,8 +31,8 @@ end
 local all = {}
 local by_rank, ranks, peaks, owners, device_ops = {}, {}, {}, {}, {}
 for _, path in ipairs(paths) do
-  local text, err = files.read(path)
-  if not text then fail(('cannot read %s: %s'):format(path, err)) end
+  local text, err = files.read(path, files.LIMITS.log[1], 'a trace')
+  if not text then fail(err) end
   local ok, t = pcall(json.decode, text)
   if not ok or type(t) ~= 'table' or type(t.traceEvents) ~= 'table' then
     fail(('%s is not a Chrome trace (a JSON object with traceEvents)'):format(path))

@@ -55,6 +55,13 @@ FL_PLUGIN_API void fl_abort(const char *file, int line, const char *what)
 /* fsync the directory holding `path` (after a rename into it). */
 int fl_sync_parent_dir(const char *path);
 
+/* Open an input for reading: a descriptor of a regular file (its stat in
+ * *st when st is not NULL), or -1 with an error naming the path and what it
+ * is instead (a FIFO, a device, a directory), without ever blocking
+ * (io/input_file.c: [Note: inputs are regular files]). */
+struct stat;
+int fl_open_regular(const char *path, struct stat *st);
+
 /* The integer in environment variable `name`, or fallback when it is unset,
  * empty or not a whole int (base/launcher.c). */
 int fl_env_int(const char *name, int fallback);

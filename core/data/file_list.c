@@ -3,6 +3,8 @@
  * directory's files that a reader knows (fl_reader_format; not recursive,
  * so a directory can also hold a tokenizer or notes), or a glob(3) pattern.
  * Always sorted by name, so every rank and every run sees the same order.
+ * Every file listed is a regular file: a FIFO, a device or a directory with
+ * a corpus name is an error naming it.
  */
 #include "data.h"
 
@@ -31,6 +33,13 @@ static int add(fl_file_list *l, const char *dir, const char *name)
     if (!s) return fl_fail(FL_ERR_OOM, "corpus file list: out of memory");
     if (dir) snprintf(s, n, "%s/%s", dir, name);
     else snprintf(s, n, "%s", name);
+    /* Refused here, when the run starts, rather than by a reader thread
+     * that would wait on a FIFO for good once training reached it
+     * ([Note: inputs are regular files]). */
+    if (fl_file_check_regular(s) != FL_OK) {
+        free(s);
+        return -1;
+    }
     l->paths[l->n++] = s;
     return 0;
 }

@@ -26,6 +26,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 #include <yajl/yajl_tree.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -185,8 +186,14 @@ fl_reader *fl_reader_open(const char *path, const fl_reader_opts *opts)
                             "optionally .gz or .zst)", path);
     int64_t max_doc = opts && opts->max_doc_bytes > 0 ? opts->max_doc_bytes : FL_READER_MAX_DOC_DEFAULT;
     const char *field = opts && opts->text_field && opts->text_field[0] ? opts->text_field : "text";
-    FILE *f = fopen(path, "rb");
-    if (!f) return FL_FAIL_NULL(FL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd = fl_open_regular(path, NULL); /* a FIFO in a corpus would block a worker for good */
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int err = errno;
+        close(fd);
+        return FL_FAIL_NULL(FL_ERR_IO, "%s: cannot open: %s", path, strerror(err));
+    }
     fl_reader *r = calloc(1, sizeof *r);
     if (!r) { fclose(f); return FL_FAIL_NULL(FL_ERR_OOM, "%s: out of memory", path); }
     r->f = f;

@@ -912,6 +912,19 @@ FL_API int fl_file_write_atomic(const char *path, const void *data, size_t len);
  * in a directory, so the change survives a crash). */
 FL_API int fl_fsync_path(const char *path);
 
+/* Inputs are regular files (core/io/input_file.c: [Note: inputs are
+ * regular files]): a FIFO would block its reader, a device never ends.
+ * FL_OK when `path` is a regular file (links followed), else FL_ERR_IO
+ * naming it and what it is ("x is a FIFO, not a regular file") or why it
+ * cannot be opened. Nothing is opened. */
+FL_API int fl_file_check_regular(const char *path);
+/* The whole of a regular file, never more than max_bytes: a new buffer
+ * with a NUL after the *len bytes (free it with fl_file_buffer_free), or
+ * NULL with an error naming the file: not a regular file, unreadable, or
+ * "x is larger than 16 MiB, the limit for <what>". */
+FL_API char *fl_file_read_all(const char *path, size_t max_bytes, const char *what, size_t *len);
+FL_API void fl_file_buffer_free(char *buf);
+
 /* ------------------------------------------------------------------------ */
 /* Files: integrity (core/io/checksum.c)                                    */
 /* ------------------------------------------------------------------------ */

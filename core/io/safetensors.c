@@ -493,12 +493,9 @@ fl_safetensors *fl_safetensors_open(const char *path) {
     if (!f) return FL_FAIL_NULL(FL_ERR_OOM, "safetensors: out of memory");
     f->refcount = 1;
     f->path = strdup(path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        fl_fail(FL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        goto fail;
-    }
+    int fd = fl_open_regular(path, &st); /* a FIFO or a device is refused, never waited on */
+    if (fd < 0) goto fail;
     f->size = (size_t)st.st_size;
     if (f->size < 8) {
         fl_fail(FL_ERR_IO, "%s: %zu bytes is too short for a safetensors file", path, f->size);

@@ -327,6 +327,8 @@ fl_bpe *fl_bpe_clone(const fl_bpe *t) {
 }
 
 /* Load-time failure: the message names the file and the field at fault. */
+enum { MAX_TOKENIZER_JSON = 256 << 20 };
+
 #define LOAD_FAIL(status, ...) (fl_fail((status), __VA_ARGS__), model_release(m), json_decref(root), (fl_bpe *)NULL)
 
 static pcre2_code *compile_regex(const char *pattern, size_t len, bool literal, char *err, size_t err_len) {
@@ -486,8 +488,19 @@ fl_bpe *fl_bpe_load(const char *path) {
     m->path = strdup(path);
     m->unk_id = -1;
     init_byte_alphabet(m);
+    /* Read by the core's input reader, not json_load_file: a FIFO or a
+     * device must be refused, not waited on or read without end. The
+     * largest files shipped are tens of MiB. */
+    size_t text_len;
+    char *text = fl_file_read_all(path, MAX_TOKENIZER_JSON, "a tokenizer.json", &text_len);
+    if (!text) {
+        fl_fail_prefix("tokenizer");
+        model_release(m);
+        return NULL;
+    }
     json_error_t jerr;
-    root = json_load_file(path, 0, &jerr);
+    root = json_loadb(text, text_len, 0, &jerr);
+    fl_file_buffer_free(text);
     if (!root) {
         return LOAD_FAIL(FL_ERR_IO, "tokenizer %s: not readable JSON (line %d: %s)", path, jerr.line, jerr.text);
     }

@@ -22,6 +22,10 @@
 #include <vector>
 
 extern "C" int fl_fail(fl_status status, const char *fmt, ...);
+extern "C" int fl_fail_prefix(const char *fmt, ...);
+
+/* The largest model file read: SentencePiece models are a few MiB. */
+static const size_t MAX_SPM_MODEL = 256u << 20;
 
 struct fl_spm {
     sentencepiece::SentencePieceProcessor proc;
@@ -39,7 +43,25 @@ extern "C" fl_spm *fl_spm_load(const char *path) {
     }
     try {
         t->path = path;
-        auto st = t->proc.Load(path);
+        /* Read by the core's input reader, not the library's own open: a
+         * FIFO or a device is refused instead of waited on or read without
+         * end ([Note: inputs are regular files] in core/io/input_file.c). */
+        size_t len;
+        char *bytes = fl_file_read_all(path, MAX_SPM_MODEL, "a SentencePiece model", &len);
+        if (!bytes) {
+            fl_fail_prefix("sentencepiece");
+            delete t;
+            return nullptr;
+        }
+        std::string serialized;
+        try {
+            serialized.assign(bytes, len);
+        } catch (...) {
+            fl_file_buffer_free(bytes);
+            throw;
+        }
+        fl_file_buffer_free(bytes);
+        auto st = t->proc.LoadFromSerializedProto(serialized);
         if (!st.ok()) {
             fl_fail(FL_ERR_IO, "sentencepiece %s: not a SentencePiece model (%s)", path, st.ToString().c_str());
             delete t;

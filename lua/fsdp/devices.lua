@@ -210,10 +210,8 @@ end
 -- writes one). Named after the file unless it says "name"; checked.
 function M.load(path, where)
   where = where or 'fsdp.devices.load'
-  local f, why = io.open(path)
-  if not f then core.fail(('%s: cannot read device profile: %s'):format(where, why)) end
-  local text = f:read('*a')
-  f:close()
+  local text, why = require('fsdp.io.files').read(path, nil, 'a device profile')
+  if not text then core.fail(('%s: cannot read device profile: %s'):format(where, why)) end
   local ok, fields = pcall(require('cjson').decode, text)
   if not ok or type(fields) ~= 'table' then
     core.fail(('%s: device profile %s is not a JSON object%s'):format(where, path,

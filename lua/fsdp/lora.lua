@@ -426,9 +426,17 @@ function M.load_peft(model, dir, opts)
   opts = opts or {}
   local files = require 'fsdp.io.files'
   local json = require 'fsdp.io.json'
+  -- A regular file or none: a FIFO or a device is refused naming it.
+  local function regular(path)
+    local ok, is = pcall(files.is_file, path)
+    if not ok then fail('load_peft: %s', is) end
+    if not is then fail('load_peft: %s: no such file', path) end
+  end
   local cpath = files.join(dir, 'adapter_config.json')
-  if files.mode(cpath) ~= 'file' then fail('load_peft: %s: no such file', cpath) end
-  local ok, h = pcall(json.decode, files.read(cpath))
+  regular(cpath)
+  local text, err = files.read(cpath, files.LIMITS.text[1], 'a JSON config')
+  if not text then fail('load_peft: %s', err) end
+  local ok, h = pcall(json.decode, text)
   if not ok then fail('load_peft: %s: %s', cpath, tostring(h)) end
   check_peft_config(h, cpath, model)
   local targets = {}
@@ -448,7 +456,7 @@ function M.load_peft(model, dir, opts)
     M.apply(model, want)
   end
   local wpath = files.join(dir, 'adapter_model.safetensors')
-  if files.mode(wpath) ~= 'file' then fail('load_peft: %s: no such file', wpath) end
+  regular(wpath)
   local f = require('fsdp.io.safetensors').open(wpath)
   local state, unexpected = {}, {}
   for _, name in ipairs(f:names()) do

@@ -62,7 +62,8 @@ M.CONSTRAINTS = {
   below = 'the value is < this',
   one_of = 'the value is one of this list (or of what this function returns)',
   input = "a path that must exist (true; 'file' or 'dir' to require that kind; 'glob': or a glob pattern, "
-          .. 'which its reader expands), unless empty',
+          .. 'which its reader expands), unless empty; a file must be a regular file (no FIFO, no device)',
+  stdin = "with input = 'file': '-' means standard input",
   output = "'file': an output file whose directory is created and must be writable; 'dir': an output directory, the same",
   less_than = 'the value is < the named option\'s',
   at_most = 'the value is <= the named option\'s',
@@ -407,11 +408,21 @@ end
 
 local function path_problem(key, d, v)
   if type(v) ~= 'string' or v == '' then return end
+  local files = require 'fsdp.io.files'
   if d.input then
+    if v == '-' and d.stdin then return end
     local m = mode(v)
     if not m and not (d.input == 'glob' and v:find('[%*%?%[]')) then return ('%s does not exist'):format(v) end
     if d.input == 'file' and m == 'directory' then return ('%s is a directory, not a file'):format(v) end
     if d.input == 'dir' and m ~= 'directory' then return ('%s is not a directory'):format(v) end
+    -- a FIFO would block its reader, a device never ends ([Note: inputs
+    -- are regular files]); a directory is what input = true or 'glob' may be
+    if m and m ~= 'directory' then
+      local ok, why = files.check_input(v)
+      if not ok then
+        return why .. (d.stdin and (' (for standard input give --%s=-)'):format(key) or '')
+      end
+    end
   end
   if d.output == 'dir' then
     if mode(v) and mode(v) ~= 'directory' then return ('%s exists and is not a directory'):format(v) end
@@ -420,7 +431,10 @@ local function path_problem(key, d, v)
     if not ok then return ('cannot write in %s: %s'):format(v, why) end
   elseif d.output == 'file' then
     if mode(v) == 'directory' then return ('%s is a directory, not a file'):format(v) end
-    local dir = require('fsdp.io.files').dirname(v)
+    -- a FIFO would block the writer until a reader came
+    local writable, why = files.check_output(v)
+    if not writable then return why end
+    local dir = files.dirname(v)
     make_dir(key, dir)
     if mode(v) then
       -- An existing file: opened to append, so nothing in it changes.
@@ -560,7 +574,12 @@ function M.parse(spec, args, script, validate)
   for i, a in ipairs(args) do
     local path = a:match('^%-%-config=(.+)$') or (a == '--config' and args[i + 1])
     if path then
-      local chunk, err = loadfile(path)
+      -- read like every input: a regular file, up to a bound
+      -- (fsdp.io.files: [Note: inputs are regular files])
+      local files = require 'fsdp.io.files'
+      local text, why = files.read(path, files.LIMITS.text[1], 'a --config file')
+      if not text then error(('--config: %s'):format(why), 0) end
+      local chunk, err = loadstring(text, '@' .. path)
       if not chunk then error(('--config %s: %s'):format(path, err), 0) end
       local ok, t = pcall(chunk)
       if not ok or type(t) ~= 'table' then

@@ -19,14 +19,11 @@
 -- or 'error' (with the message), and the sweep goes on. Before any point
 -- runs, M.validate checks every point's options (recipes/sweep.lua refuses
 -- a grid with a bad point), and a sweep with a failed point exits non-zero.
+local quote = require 'fsdp.quote'
+
 local M = {}
 
 local function fail(msg) error('fsdp.sweep: ' .. msg, 0) end
-
-local function shell_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-M.shell_quote = shell_quote
 
 local function trim(s) return (s:gsub('^%s+', ''):gsub('%s+$', '')) end
 
@@ -92,44 +89,37 @@ function M.classify(output, rc)
   return { status = 'error', message = ('exit %d: %s'):format(rc, message) }
 end
 
--- Run a command line; returns its output (stdout and stderr) and status.
-local function capture(cmd)
-  local p = assert(io.popen('(' .. cmd .. ') 2>&1; echo "@rc=$?"'))
-  local out = p:read('*a')
-  p:close()
-  local body, rc = out:match('^(.-)@rc=(%d+)\n?$')
-  return body or out, tonumber(rc) or -1
-end
-M.capture = capture
-
--- The command line of one point: the recipe with the base arguments, the
--- point's options, and the measuring options last so they win (then
--- `extra`, e.g. '--plan').
-function M.command(opts, point, axes, extra)
+-- The words of one point's command: the recipe with the base arguments,
+-- the point's options, and the measuring options last so they win (then
+-- `extra`, e.g. '--plan'). fsdp.quote.capture runs them; M.command is
+-- the line as the shell gets it.
+function M.words(opts, point, axes, extra)
   local host = require 'fsdp.host'
-  local parts = { 'timeout', '-k', '5', tostring(opts.timeout or 600), shell_quote(opts.exe or host.exe),
-                  shell_quote(opts.recipe) }
-  for _, a in ipairs(opts.args or {}) do parts[#parts + 1] = shell_quote(a) end
-  for _, axis in ipairs(axes) do
-    parts[#parts + 1] = shell_quote(('--%s=%s'):format(axis.name, point[axis.name]))
-  end
+  local words = { 'timeout', '-k', '5', tostring(opts.timeout or 600), opts.exe or host.exe, opts.recipe }
+  for _, a in ipairs(opts.args or {}) do words[#words + 1] = a end
+  for _, axis in ipairs(axes) do words[#words + 1] = ('--%s=%s'):format(axis.name, point[axis.name]) end
   local steps = (opts.steps or 3) + 1  -- one warmup step, left out of the rates
   -- --skip_fit_check: a point measures what really happens, out of
   -- memory included, rather than the planner's prediction.
-  parts[#parts + 1] = ('--max_steps=%d --warmup_steps=0 --log_every=%d --summary --skip_fit_check'):format(steps, steps)
-  if (opts.memory_limit_mb or 0) > 0 then
-    parts[#parts + 1] = ('--memory_limit_mb=%s'):format(opts.memory_limit_mb)
+  for _, w in ipairs({ ('--max_steps=%d'):format(steps), '--warmup_steps=0', ('--log_every=%d'):format(steps),
+                       '--summary', '--skip_fit_check' }) do
+    words[#words + 1] = w
   end
-  if extra then parts[#parts + 1] = extra end
-  return table.concat(parts, ' ')
+  if (opts.memory_limit_mb or 0) > 0 then words[#words + 1] = ('--memory_limit_mb=%s'):format(opts.memory_limit_mb) end
+  if extra then words[#words + 1] = extra end
+  return words
 end
+
+function M.command(opts, point, axes, extra) return quote.command(M.words(opts, point, axes, extra)) end
+
+local function capture(words) return quote.capture(words) end
 
 -- The planner's answer for a point: the recipe run with --plan (nothing
 -- is trained or allocated) prints `PLAN {json}`; with a memory limit that
 -- has max_batch, the largest batch it predicts fits. Returns the decoded
 -- table, or nil and why (a recipe without --plan, say).
 function M.plan_point(opts, point, axes)
-  local output, rc = capture(M.command(opts, point, axes, '--plan'))
+  local output, rc = capture(M.words(opts, point, axes, '--plan'))
   local line = output:match('\nPLAN (%b{})') or output:match('^PLAN (%b{})')
   if rc ~= 0 or not line then
     local why = output:match('fsdp%-lua: ([^\n]*)') or ('exit %d, no PLAN line'):format(rc)
@@ -143,10 +133,9 @@ end
 -- Run one point in a fresh process; the result has the point, status and
 -- the measurements (or a message).
 function M.run_point(opts, point, axes)
-  local cmd = M.command(opts, point, axes)
-  local output, rc = capture(cmd)
+  local output, rc = capture(M.words(opts, point, axes))
   local result = M.classify(output, rc)
-  result.point, result.command = point, cmd
+  result.point, result.command = point, M.command(opts, point, axes)
   return result
 end
 
@@ -159,7 +148,7 @@ end
 function M.validate(opts, points, axes)
   local problems, by_message = {}, {}
   for i, point in ipairs(points) do
-    local output, rc = capture(M.command(opts, point, axes, '--validate_options'))
+    local output, rc = capture(M.words(opts, point, axes, '--validate_options'))
     if rc ~= 0 or not output:find('options: ok', 1, true) then
       local message = output:match('fsdp%-lua: ([^\n]*)') or trim(output):match('([^\n]*)$') or ''
       if rc == 124 or rc == 137 then message = 'checking its options ran past the time limit' end
@@ -186,9 +175,9 @@ function M.failed(result) return result.status == 'error' or result.status == 't
 -- (seconds per point), exe, on_result(i, n, result) after each point.
 function M.run(opts)
   if type(opts.recipe) ~= 'string' then fail('run: opts.recipe must be the path of a recipe') end
-  local f = io.open(opts.recipe)
-  if not f then fail(('recipe %s not found'):format(opts.recipe)) end
-  f:close()
+  local ok, is = pcall(require('fsdp.io.files').is_file, opts.recipe)
+  if not ok then fail(is) end
+  if not is then fail(('recipe %s not found'):format(opts.recipe)) end
   local points = M.points(opts.axes)
   local results = {}
   for i, point in ipairs(points) do
@@ -324,7 +313,7 @@ M.csv_field = csv_field
 -- One row per point: the axes, status, samples_per_s, tflops, peak_bytes,
 -- peak_mib, message.
 function M.write_csv(path, axes, results)
-  local f, err = io.open(path, 'w')
+  local f, err = require('fsdp.io.files').open_output(path)
   if not f then fail(('cannot write %s: %s'):format(path, err)) end
   local header = {}
   for _, a in ipairs(axes) do header[#header + 1] = csv_field(a.name) end
@@ -349,17 +338,28 @@ end
 -- A PNG with two bar charts over the points, throughput (samples/s) and
 -- peak memory (MiB), drawn by gnuplot; failed points show their status in
 -- place of a bar, and opts.limit_mb (a memory limit) is a line. Writes
--- <base>.dat and <base>.gp (to re-plot by hand) next to the image. Returns
+-- <base>.dat and <base>.gp (to re-plot by hand) next to the image. Paths,
+-- the title and the axis names are written by fsdp.quote.gnuplot, so
+-- neither a file name nor a recipe's arguments run anything. Returns
 -- true, or nil and why.
 function M.write_chart(png, axes, results, opts)
   opts = opts or {}
   local base = png:gsub('%.png$', '')
   local dat, gp = base .. '.dat', base .. '.gp'
-  local f, err = io.open(dat, 'w')
+  local quotable, why = pcall(quote.gnuplot, base)
+  if not quotable then return nil, why end
+  local q = quote.gnuplot
+  local files = require 'fsdp.io.files'
+  -- what gnuplot writes is checked too: a FIFO there would block it
+  local writable, why2 = files.check_output(png)
+  if not writable then return nil, why2 end
+  local f, err = files.open_output(dat)
   if not f then return nil, ('cannot write %s: %s'):format(dat, err) end
   f:write('# index label samples_per_s peak_mib status\n')
   for i, r in ipairs(results) do
-    local label = M.short_label(r.point, axes):gsub('"', "'")
+    -- a data file's "strings" are never expanded; a quote or a line break
+    -- would only end the field or the row early
+    local label = M.short_label(r.point, axes):gsub('["%c]', "'")
     f:write(('%d "%s" %s %s "%s"\n'):format(i, label, num(r.samples_per_s, '%.6g'):gsub('^$', '0'),
       mib(r.peak_bytes):gsub('^$', '0'), r.status == 'ok' and '' or r.status:upper()))
   end
@@ -369,33 +369,34 @@ function M.write_chart(png, axes, results, opts)
   local top = opts.limit_mb or 0
   for _, r in ipairs(results) do top = math.max(top, (r.peak_bytes or 0) / 2^20) end
   local limit = (opts.limit_mb or 0) > 0 and
-    ('set arrow from graph 0, first %g to graph 1, first %g nohead dashtype 2 lc rgb "red"\n' ..
-     'set label "limit %g MiB" at graph 0.01, first %g offset 0,0.6 textcolor rgb "red"')
+    ("set arrow from graph 0, first %g to graph 1, first %g nohead dashtype 2 lc rgb 'red'\n" ..
+     "set label 'limit %g MiB' at graph 0.01, first %g offset 0,0.6 textcolor rgb 'red'")
       :format(opts.limit_mb, opts.limit_mb, opts.limit_mb, opts.limit_mb) or ''
+  local labels = "'' using 1:(0):5 with labels offset 0,1 textcolor rgb 'red' notitle"
   local script = {
-    ("set terminal pngcairo size 1000,800 font ',9' noenhanced"),
-    ('set output %q'):format(png),
-    'set multiplot layout 2,1 title ' .. ('%q'):format(opts.title or 'sweep'),
+    "set terminal pngcairo size 1000,800 font ',9' noenhanced",
+    'set output ' .. q(png),
+    'set multiplot layout 2,1 title ' .. quote.gnuplot(opts.title or 'sweep'),
     'set style fill solid 0.6 border -1',
     'set boxwidth 0.6',
     'set grid ytics',
     'set xtics rotate by 20 right',
     'set yrange [0:*]',
     ('set xrange [0.3:%f]'):format(#results + 0.7),
-    'set ylabel "samples/s"',
-    ('plot %q using 1:3:xtic(2) with boxes notitle, "" using 1:(0):5 with labels offset 0,1 textcolor rgb "red" notitle'):format(dat),
-    ('set xlabel %q'):format(table.concat(names, ' / ')),
-    'set ylabel "peak memory (MiB)"',
+    "set ylabel 'samples/s'",
+    ('plot %s using 1:3:xtic(2) with boxes notitle, %s'):format(q(dat), labels),
+    'set xlabel ' .. quote.gnuplot(table.concat(names, ' / ')),
+    "set ylabel 'peak memory (MiB)'",
     ('set yrange [0:%g]'):format(top > 0 and top * 1.15 or 1),
     limit,
-    ('plot %q using 1:4:xtic(2) with boxes lc rgb "#c06000" notitle, "" using 1:(0):5 with labels offset 0,1 textcolor rgb "red" notitle'):format(dat),
+    ("plot %s using 1:4:xtic(2) with boxes lc rgb '#c06000' notitle, %s"):format(q(dat), labels),
     'unset multiplot',
   }
-  f, err = io.open(gp, 'w')
+  f, err = files.open_output(gp)
   if not f then return nil, ('cannot write %s: %s'):format(gp, err) end
   f:write(table.concat(script, '\n'), '\n')
   f:close()
-  local out, rc = capture('gnuplot ' .. shell_quote(gp))
+  local out, rc = capture({ 'gnuplot', gp })
   if rc == 127 then return nil, 'gnuplot is not installed (Debian: apt-get install gnuplot-nox)' end
   if rc ~= 0 then return nil, ('gnuplot failed (exit %d): %s'):format(rc, trim(out)) end
   return true

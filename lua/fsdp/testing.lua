@@ -103,8 +103,8 @@ function M.normalised_error(got, want)
   return diff / math.max(scale, 1e-30)
 end
 
--- Shell quoting for one argument.
-function M.quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+-- Shell quoting for one argument (fsdp.quote.shell).
+M.quote = require('fsdp.quote').shell
 
 -- Run a shell command from the project root; returns its output (stdout
 -- and stderr together) and exit status.

@@ -170,7 +170,7 @@ end
 function M.read_index(step_dir)
   local path = files.join(step_dir, M.INDEX)
   if files.lmode(path) == 'link' then bad(path, 'is a symbolic link, not the index a save wrote') end
-  local text, err = files.read(path)
+  local text, err = files.read(path, files.LIMITS.log[1], 'a checkpoint index')
   if not text then core.fail(('checkpoint index %s cannot be read: %s'):format(path, tostring(err))) end
   local doc, jerr = json.decode(text)
   if doc == nil then bad(path, 'not valid JSON (%s)', jerr) end

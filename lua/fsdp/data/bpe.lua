@@ -37,10 +37,14 @@ end
 -- or {content = ...}; nil when the file or the key is missing.
 local function config_tokens(path)
   local dir = path:match('^(.*)/[^/]*$') or '.'
-  local f = io.open(dir .. '/tokenizer_config.json', 'rb')
-  if not f then return {} end
-  local ok, cfg = pcall(require('cjson').decode, f:read('*a'))
-  f:close()
+  local files = require 'fsdp.io.files'
+  local cpath = dir .. '/tokenizer_config.json'
+  local ok0, is = pcall(files.is_file, cpath)
+  if not ok0 then core.fail('fsdp.data.bpe: ' .. is) end
+  if not is then return {} end
+  local text, err = files.read(cpath, files.LIMITS.text[1], 'a JSON config')
+  if not text then core.fail('fsdp.data.bpe: ' .. err) end
+  local ok, cfg = pcall(require('cjson').decode, text)
   if not ok or type(cfg) ~= 'table' then
     core.fail(('fsdp.data.bpe: %s/tokenizer_config.json is not valid JSON'):format(dir))
   end

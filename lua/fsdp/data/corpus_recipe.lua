@@ -42,7 +42,12 @@ function M.is_raw(path)
   if mode == 'file' then return not path:match('%.safetensors$') end
   if mode == 'directory' then
     -- corpus files and no shards (an empty directory gets the shards' message)
-    return #require('fsdp.data.tokens').shard_paths(path, 'train') == 0 and (pcall(corpus.files, path))
+    if #require('fsdp.data.tokens').shard_paths(path, 'train') > 0 then return false end
+    local ok, err = pcall(corpus.files, path)
+    -- a FIFO or a device with a corpus name is that error, not "no shards"
+    -- (fl_file_check_regular's words)
+    if not ok and tostring(err):find(', not a regular file', 1, true) then error(bare(err), 0) end
+    return ok
   end
   return true -- a glob
 end

@@ -18,6 +18,7 @@
 --   local d = hub.dataset('c4', 'en')     -- {train = glob, val = glob or nil, dir =}; error when absent
 --   local dir = hub.tokenizer_dir('hf-internal-testing/llama-tokenizer')   -- or error
 local files = require 'fsdp.io.files'
+local quote = require 'fsdp.quote'
 
 local M = {}
 
@@ -32,7 +33,9 @@ end
 
 -- The datasets this build knows by hub name: their directory under
 -- data_root, default config, the shard names of each split, and how to
--- download them (text for the error message; never run here).
+-- download them (text for the error message; never run here, but
+-- copied into a shell: every word from a path or a name is quoted by
+-- fsdp.quote).
 M.DATASETS = {
   c4 = {
     hub = 'allenai/c4', default_config = 'en',
@@ -44,17 +47,19 @@ M.DATASETS = {
     -- validation shard; more shards: widen the --include patterns.
     download = function(self, dir, config)
       local lines = {
-        ('  huggingface-cli download allenai/c4 --repo-type dataset --local-dir %s \\'):format(files.dirname(dir)),
-        ("      --include '%s/c4-train.0000[0-7]-of-*.json.gz' '%s/c4-validation.00000-of-*.json.gz'"):format(config,
-          config),
+        ('  huggingface-cli download allenai/c4 --repo-type dataset --local-dir %s \\'):format(
+          quote.shell(files.dirname(dir))),
+        ('      --include %s %s'):format(quote.shell(config .. '/c4-train.0000[0-7]-of-*.json.gz'),
+          quote.shell(config .. '/c4-validation.00000-of-*.json.gz')),
       }
       local n = self.shards[config]
       if n then
         local name = ('c4-train.00000-of-%05d.json.gz'):format(n[1])
         lines[#lines + 1] = ('  or one shard at a time (%s: %d training shards, %d validation shards):'):format(config,
           n[1], n[2])
-        lines[#lines + 1] = ('    curl -L --create-dirs -o %s/%s \\'):format(dir, name)
-        lines[#lines + 1] = ('        https://huggingface.co/datasets/allenai/c4/resolve/main/%s/%s'):format(config, name)
+        lines[#lines + 1] = ('    curl -L --create-dirs -o %s \\'):format(quote.shell(dir .. '/' .. name))
+        lines[#lines + 1] = ('        %s'):format(quote.shell(
+          ('https://huggingface.co/datasets/allenai/c4/resolve/main/%s/%s'):format(config, name)))
       end
       return table.concat(lines, '\n')
     end,
@@ -143,12 +148,11 @@ function M.tokenizer_dir(name)
   local owner, repo = name:match('^([^/]+)/([^/]+)$')
   local base = ('%s/models--%s--%s'):format(M.hub_cache(), owner or name, repo or '')
   local function holds(dir)
-    return files.mode(dir .. '/tokenizer.model') == 'file' or files.mode(dir .. '/tokenizer.json') == 'file'
+    return files.is_file(dir .. '/tokenizer.model') or files.is_file(dir .. '/tokenizer.json')
   end
-  local ref = io.open(base .. '/refs/main', 'rb')
-  if ref then
-    local rev = (ref:read('*a') or ''):match('%S+')
-    ref:close()
+  local ref = base .. '/refs/main'
+  if files.is_file(ref) then
+    local rev = (files.read(ref, 4096, 'a hub ref') or ''):match('%S+')
     if rev and holds(base .. '/snapshots/' .. rev) then return base .. '/snapshots/' .. rev end
   end
   if files.mode(base .. '/snapshots') == 'directory' then
@@ -159,7 +163,7 @@ function M.tokenizer_dir(name)
   error(('%s is not a local file or directory, and the Hugging Face cache holds no tokenizer of it (looked in '
     .. '%s/snapshots/; the cache is $HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub). Get it with:\n'
     .. '  huggingface-cli download %s tokenizer.model tokenizer.json tokenizer_config.json\n'
-    .. '  (or pass the model directory or its tokenizer file)'):format(name, base, name), 0)
+    .. '  (or pass the model directory or its tokenizer file)'):format(name, base, quote.shell(name)), 0)
 end
 
 return M

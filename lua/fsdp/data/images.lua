@@ -96,10 +96,9 @@ local Raw = {}
 Raw.__index = Raw
 
 local function read_all(path)
-  local f, err = io.open(path, 'rb')
-  if not f then fail('cannot open %s: %s', path, err) end
-  local s = f:read('*a')
-  f:close()
+  local files = require 'fsdp.io.files'
+  local s, err = files.read(path, files.LIMITS.data[1], 'a raw image file')
+  if not s then fail('%s', err) end
   return s
 end
 

@@ -36,10 +36,9 @@ local function big_endian_u32(s, pos)
 end
 
 local function read_file(path)
-  local f, err = io.open(path, 'rb')
-  if not f then error(('mnist: cannot open %s: %s'):format(path, err), 3) end
-  local s = f:read('*a')
-  f:close()
+  local files = require 'fsdp.io.files'
+  local s, err = files.read(path, files.LIMITS.data[1], 'an MNIST idx file')
+  if not s then error('mnist: ' .. err, 3) end
   return s
 end
 

@@ -58,8 +58,8 @@ end
 -- an error naming the file, the split and its fraction.
 function M.open(path, opts)
   local sf, tf = opts.source_field or 'source', opts.target_field or 'target'
-  local f, err = io.open(path, 'rb')
-  if not f then fail('cannot open %s: %s', path, err) end
+  local f, err = require('fsdp.io.files').open_input(path)
+  if not f then fail('cannot read pairs: %s', err) end
   local split, frac = opts.split or 'train', opts.val_fraction or 0
   if split ~= 'train' and split ~= 'val' then fail("split must be 'train' or 'val', got %s", tostring(split)) end
   local sources, targets, k, line = {}, {}, 0, 0

@@ -36,8 +36,8 @@ function M.train(opts)
   for _, k in ipairs({ 'input', 'model_prefix', 'vocab_size' }) do
     if opts[k] == nil then fail('train: option %s is required', k) end
   end
-  local f = io.open(opts.input, 'rb')
-  if not f then fail('train: cannot open the corpus %s', opts.input) end
+  local f, why = require('fsdp.io.files').open_input(opts.input)
+  if not f then fail('train: cannot read the corpus: %s', why) end
   local max_len = tonumber((opts.extra or {}).max_sentence_length) or 4192
   local lines = { long = 0, lines = 0, max_sentence_length = max_len }
   for line in f:lines() do
@@ -85,9 +85,9 @@ M.Tokenizer = Tokenizer
 
 -- Load a model; a missing file or another format raises an error naming it.
 function M.load(path)
-  local f = io.open(path, 'rb')
-  if not f then fail('cannot open model %s', path) end
-  f:close()
+  local files = require 'fsdp.io.files'
+  local ok, why = files.check_input(path)
+  if not ok then fail('cannot open the model: %s', why) end
   local t = C.fl_spm_load(path)
   if t == nil then core.raise() end
   t = ffi.gc(t, C.fl_spm_free)
@@ -100,10 +100,13 @@ function M.load(path)
   -- transformers' LlamaTokenizer does by default; a tokenizer_config.json
   -- beside the model may say otherwise (add_bos_token, add_eos_token).
   self.add_bos, self.add_eos = self.bos_id ~= nil, false
-  local cf = io.open((path:match('^(.*)/[^/]*$') or '.') .. '/tokenizer_config.json', 'rb')
-  if cf then
-    local ok, cfg = pcall(require('cjson').decode, cf:read('*a'))
-    cf:close()
+  local cpath = (path:match('^(.*)/[^/]*$') or '.') .. '/tokenizer_config.json'
+  local is_ok, is = pcall(files.is_file, cpath)
+  if not is_ok then fail('%s', is) end
+  if is then
+    local text, err = files.read(cpath, files.LIMITS.text[1], 'a JSON config')
+    if not text then fail('%s', err) end
+    local ok, cfg = pcall(require('cjson').decode, text)
     if ok and type(cfg) == 'table' then
       if cfg.add_bos_token ~= nil then self.add_bos = cfg.add_bos_token == true and self.bos_id ~= nil end
       if cfg.add_eos_token ~= nil then self.add_eos = cfg.add_eos_token == true end

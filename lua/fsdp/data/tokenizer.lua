@@ -24,7 +24,7 @@ local M = {}
 function M.find_in(dir)
   for _, name in ipairs({ 'tokenizer.model', 'tokenizer.json' }) do
     local p = files.join(dir, name)
-    if files.mode(p) == 'file' then return p end
+    if files.is_file(p) then return p end
   end
   return nil
 end
@@ -50,13 +50,17 @@ function M.load(spec)
     if not path then
       core.fail(('fsdp.data.tokenizer: %s holds no tokenizer.model or tokenizer.json'):format(spec))
     end
-  elseif mode ~= 'file' then
+  elseif mode == nil then
     core.fail(('fsdp.data.tokenizer: %s: no such file (\'byte\', a .model or tokenizer.json file, or an HF '
       .. 'model directory)'):format(spec))
+  else
+    local ok, why = files.check_input(spec)
+    if not ok then core.fail('fsdp.data.tokenizer: ' .. why) end
   end
   if path:match('%.json$') then return require('fsdp.data.bpe').load(path) end
   if path:match('%.model$') then return require('fsdp.data.sentencepiece').load(path) end
-  local f = assert(io.open(path, 'rb'))
+  local f, why = files.open_input(path)
+  if not f then core.fail('fsdp.data.tokenizer: ' .. why) end
   local head = f:read(64) or ''
   f:close()
   if head:match('^%s*{') then return require('fsdp.data.bpe').load(path) end

@@ -1,12 +1,14 @@
 -- fsdp.io.files: the file-system steps checkpoints are made of: atomic
 -- publication of small files (core/io/atomic_file.c: temporary name, fsync,
--- rename, fsync of the directory), directories, and removal.
+-- rename, fsync of the directory), directories, and removal; and how every
+-- file a user names is read (regular files only, reads bounded).
 --
 --   local files = require 'fsdp.io.files'
 --   files.write_atomic('ckpt/step-000010/index.json', text)
 --   files.mkdir_p('ckpt/step-000010'); files.list('ckpt'); files.remove_tree(dir)
 local core = require 'fsdp.core'
 local lfs = require 'lfs'
+local ffi = require 'ffi'
 local C = core.C
 
 local M = {}
@@ -34,13 +36,76 @@ end
 -- fsync a file or directory (after entries were created or removed).
 function M.fsync(path) core.check(C.fl_fsync_path(path)) end
 
--- The whole file as a string; nil and a message when it cannot be read.
-function M.read(path)
-  local f, err = io.open(path, 'rb')
-  if not f then return nil, err end
-  local text = f:read('*a')
-  f:close()
+-- [Note: inputs are regular files] (core/io/input_file.c): a FIFO opened
+-- for reading waits for a writer, a device never ends, so a file a user
+-- names is read only when it is a regular file, and a whole-file read
+-- stops at a bound. Readers here go through M.read (the whole file, read
+-- by the core: the check and the read are of one descriptor) or
+-- M.open_input (checked, then a Lua file for reading line by line);
+-- writers through M.check_output.
+local MiB = 2 ^ 20
+-- What a whole-file read may hold, by kind of file; the error names the
+-- kind ("x is larger than 64 MiB, the limit for a JSON file").
+M.LIMITS = {
+  text = { 64 * MiB, 'a text file' },          -- JSON configs and indexes, small text files
+  log = { 1024 * MiB, 'a log file' },          -- metrics JSONL, event files, traces
+  data = { 2047 * MiB, 'a data file' },        -- whole data files: the most a Lua string holds
+}
+
+-- The whole file as a string: nil and a message naming the file when it
+-- cannot be read, is not a regular file (a FIFO, a device, a directory) or
+-- holds more than `limit` bytes (default M.LIMITS.text); `what` names the
+-- kind of file in that message.
+function M.read(path, limit, what)
+  if not limit then limit, what = M.LIMITS.text[1], what or M.LIMITS.text[2] end
+  local len = ffi.new('size_t[1]')
+  local buf = C.fl_file_read_all(path, limit, what, len)
+  if buf == nil then return nil, core.last_error() end
+  local text = ffi.string(buf, len[0])
+  C.fl_file_buffer_free(buf)
   return text
+end
+
+-- true when `path` is a regular file; else nil and why, naming it.
+function M.check_input(path)
+  if C.fl_file_check_regular(path) ~= 0 then return nil, core.last_error() end
+  return true
+end
+
+-- A Lua file open for reading `path` (mode 'rb' unless given), which must
+-- be a regular file; nil and why (naming the file) else.
+function M.open_input(path, mode)
+  local ok, why = M.check_input(path)
+  if not ok then return nil, why end
+  local f, err = io.open(path, mode or 'rb')
+  if not f then return nil, err end
+  return f
+end
+
+-- Whether a regular file is at `path` (links followed): true, or false
+-- when nothing is. Anything else there where a file is looked for (a FIFO,
+-- a device, a directory) raises naming it, rather than reading as absent.
+function M.is_file(path)
+  local m = M.mode(path)
+  if m == 'file' then return true end
+  if m == nil then return false end
+  local _, why = M.check_input(path)
+  error(why, 0)
+end
+
+-- true when `path` may be written: absent, or a regular file (a FIFO
+-- would block the writer until a reader came); else nil and why.
+function M.check_output(path)
+  if M.mode(path) == nil then return true end
+  return M.check_input(path)
+end
+
+-- A Lua file open for writing `path` (mode 'w' unless given), which must
+-- not be a FIFO, a device or a directory; nil and why else.
+function M.open_output(path, mode)
+  local ok, why = M.check_output(path)
+  if not ok then return nil, why end
+  return io.open(path, mode or 'w')
 end
 
 -- Create dir and its missing parents; what prefix: names the caller in

@@ -53,10 +53,8 @@ Checkpoint.__index = Checkpoint
 -- whose "weight_map" maps names to plain file names in the index's
 -- directory (no paths: a checkpoint never points outside itself).
 local function read_index(path)
-  local f, err = io.open(path, 'rb')
-  if not f then core.fail(('safetensors: cannot read index %s: %s'):format(path, err)) end
-  local text = f:read('*a')
-  f:close()
+  local text, err = files.read(path, files.LIMITS.text[1], 'a safetensors index')
+  if not text then core.fail('safetensors: cannot read the index: ' .. err) end
   local ok, doc = pcall(cjson.decode, text)
   if not ok then
     core.fail(('safetensors: index %s is not valid JSON (%s)'):format(path, tostring(doc):gsub('^.-: ', '')))
@@ -98,6 +96,14 @@ local function map_files(paths)
   return map, meta
 end
 
+-- A regular file at p (true), nothing (false), or a FIFO, a device or a
+-- directory where a file belongs: refused naming it, never read.
+local function is_file(p)
+  local ok, is = pcall(files.is_file, p)
+  if not ok then core.fail('safetensors: ' .. is) end
+  return is
+end
+
 -- Open a checkpoint: `path` is one .safetensors file, an index JSON file,
 -- or a directory holding model.safetensors, model.safetensors.index.json,
 -- or (neither) some *.safetensors files, taken together. Every file is
@@ -109,9 +115,9 @@ function M.open_checkpoint(path)
   if m == nil then core.fail(('safetensors: %s: no such file or directory'):format(path)) end
   local map, meta, index
   if m == 'directory' then
-    if mode(join(path, M.SINGLE_NAME)) == 'file' then
+    if is_file(join(path, M.SINGLE_NAME)) then
       map, meta = map_files({ join(path, M.SINGLE_NAME) })
-    elseif mode(join(path, M.INDEX_NAME)) == 'file' then
+    elseif is_file(join(path, M.INDEX_NAME)) then
       index = join(path, M.INDEX_NAME)
     else
       local found = {}
@@ -138,7 +144,7 @@ function M.open_checkpoint(path)
       table.insert(by_file[file], name)
     end
     for _, file in ipairs(sorted(by_file)) do
-      if mode(file) ~= 'file' then
+      if not is_file(file) then
         core.fail(('safetensors: index %s assigns %d tensors (%s, ...) to %s, which does not exist')
           :format(index, #by_file[file], by_file[file][1], file))
       end

@@ -58,6 +58,7 @@ local json = require 'fsdp.io.json'
 local files = require 'fsdp.io.files'
 local console = require 'fsdp.observe.console'
 pcall(ffi.cdef, 'int isatty(int fd);')
+pcall(ffi.cdef, 'int gethostname(char *name, size_t len);')
 
 local M = {}
 
@@ -70,12 +71,13 @@ local function stdout_is_terminal()
   return ffi.C.isatty(1) == 1
 end
 
-local function hostname()
-  local p = io.popen('hostname 2>/dev/null')
-  local name = p and p:read('*l')
-  if p then p:close() end
-  return name or '?'
+-- This machine's name (gethostname: no shell), '?' when it has none.
+function M.hostname()
+  local buf = ffi.new('char[256]')
+  if ffi.C.gethostname(buf, 255) ~= 0 or buf[0] == 0 then return '?' end
+  return ffi.string(buf)
 end
+local hostname = M.hostname
 
 -- The distributed setup of this rank, one line (FSDP_DEBUG=INFO prints it).
 function M.dist_info()
@@ -121,7 +123,7 @@ M.OPTIONS = {
                   .. 'into a PNG and an SVG beside it (tools/plot.lua; gnuplot)', needs = 'metrics_file',
             check = function(v)
               -- found missing at start, not after the whole run
-              if v and select(2, require('fsdp.sweep').capture('gnuplot --version')) ~= 0 then
+              if v and select(2, require('fsdp.quote').capture({ 'gnuplot', '--version' })) ~= 0 then
                 return 'needs gnuplot, which is not installed (Debian: apt-get install gnuplot-nox)'
               end
             end },
@@ -203,7 +205,7 @@ function M.Logger(opts)
   end
   self:_reset_interval()
   if self.leader and opts.metrics_file and opts.metrics_file ~= '' then
-    local f, err = io.open(opts.metrics_file, 'a')
+    local f, err = files.open_output(opts.metrics_file, 'a') -- (a FIFO would block: refused)
     if not f then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(opts.metrics_file, err)) end
     self.file, self.file_path = f, opts.metrics_file
   end
@@ -293,7 +295,7 @@ function Logger:resume(step)
   if not self.leader then return end
   if self.file then
     self.file:close()
-    local text = files.read(self.file_path) or ''
+    local text = files.read(self.file_path, files.LIMITS.log[1], 'a metrics file') or ''
     local kept, dropped, last_time = {}, 0, 0
     for line in text:gmatch('[^\n]+') do
       local ok, r = pcall(json.decode, line)
@@ -307,7 +309,7 @@ function Logger:resume(step)
     if dropped > 0 then
       files.write_atomic(self.file_path, #kept > 0 and table.concat(kept, '\n') .. '\n' or '')
     end
-    local f, err = io.open(self.file_path, 'a')
+    local f, err = files.open_output(self.file_path, 'a')
     if not f then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(self.file_path, err)) end
     self.file = f
     self.time_offset, self.start = last_time, clock.now()

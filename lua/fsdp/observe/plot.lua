@@ -12,10 +12,12 @@
 -- tokens_per_sec peak_mib; '?' where a record lacks one), then two blank
 -- lines and its validation steps (step loss) — what gnuplot was given.
 -- A step written more than once (an old file from before resumes dropped
--- records) counts with its last record.
+-- records) counts with its last record. Every path and name in the script
+-- is written by fsdp.quote.gnuplot ([Note: quoting for sh and gnuplot]),
+-- so a file name runs nothing.
 local json = require 'fsdp.io.json'
 local files = require 'fsdp.io.files'
-local sweep = require 'fsdp.sweep'
+local quote = require 'fsdp.quote'
 
 local M = {}
 
@@ -23,8 +25,8 @@ local function fail(msg) error('fsdp.plot: ' .. msg, 0) end
 
 -- The records of a metrics file: { train = {records by step order}, val = {...} }.
 function M.read(path)
-  local text, err = files.read(path)
-  if not text then fail(('cannot read %s: %s'):format(path, err)) end
+  local text, err = files.read(path, files.LIMITS.log[1], 'a metrics file')
+  if not text then fail(err) end
   local by = { train = {}, val = {} }
   local n = 0
   for line in text:gmatch('[^\n]+') do
@@ -80,7 +82,8 @@ local function panels(dats, names, has)
   local function series(col, parts)
     for i, dat in ipairs(dats) do
       if has[i][col] then
-        parts[#parts + 1] = ('%q index 0 using 1:%d with lines lw 1.5 lc %d title %q'):format(dat, col, i, names[i])
+        parts[#parts + 1] = ('%s index 0 using 1:%d with lines lw 1.5 lc %d title %s'):format(quote.gnuplot(dat), col,
+          i, quote.gnuplot(names[i]))
       end
     end
     return parts
@@ -88,29 +91,29 @@ local function panels(dats, names, has)
   local function val_series(parts)
     for i, dat in ipairs(dats) do
       if has[i].val then
-        parts[#parts + 1] = ('%q index 1 using 1:2 with linespoints pt 7 ps 0.6 dt 2 lc %d title %q'):format(dat, i,
-          names[i] .. ' (validation)')
+        parts[#parts + 1] = ('%s index 1 using 1:2 with linespoints pt 7 ps 0.6 dt 2 lc %d title %s'):format(
+          quote.gnuplot(dat), i, quote.gnuplot(names[i] .. ' (validation)'))
       end
     end
     return parts
   end
   local function draw(parts)
     if #parts > 0 then return 'plot ' .. table.concat(parts, ', ') end
-    return 'set xrange [0:1]\nset yrange [0:1]\nset label 1 "not logged" at graph 0.5, graph 0.5 center\n'
+    return "set xrange [0:1]\nset yrange [0:1]\nset label 1 'not logged' at graph 0.5, graph 0.5 center\n"
       .. 'plot NaN notitle\nunset label 1\nset autoscale'
   end
   return {
     "set datafile missing '?'",
     'set multiplot layout 2,2',
-    'set grid', 'set key top right', 'set xlabel "step"',
-    'set title "loss"', 'set ylabel "loss"',
+    "set grid", "set key top right", "set xlabel 'step'",
+    "set title 'loss'", "set ylabel 'loss'",
     draw(val_series(series(2, {}))),
-    'set title "learning rate"', 'set ylabel "lr"', 'set format y "%.1e"',
+    "set title 'learning rate'", "set ylabel 'lr'", "set format y '%.1e'",
     draw(series(3, {})),
-    'set format y "%g"',
-    'set title "throughput"', 'set ylabel "tokens/s"',
+    "set format y '%g'",
+    "set title 'throughput'", "set ylabel 'tokens/s'",
     draw(series(4, {})),
-    'set title "peak memory"', 'set ylabel "MiB"',
+    "set title 'peak memory'", "set ylabel 'MiB'",
     draw(series(5, {})),
     'unset multiplot',
   }
@@ -123,12 +126,15 @@ function M.draw(paths, base, opts)
   opts = opts or {}
   if #paths == 0 then fail('no metrics files given') end
   local width, height = opts.width or 1200, opts.height or 800
+  -- a name no gnuplot string holds (a NUL) is refused before anything is written
+  local ok, why = pcall(quote.gnuplot, base)
+  if not ok then fail(('cannot plot into %s: %s'):format(quote.shown(base), why)) end
   local dats, names, has = {}, {}, {}
   for i, path in ipairs(paths) do
     local run = M.read(path)
     dats[i] = ('%s.%d.dat'):format(base, i)
     names[i] = name_of(path)
-    local f, err = io.open(dats[i], 'w')
+    local f, err = files.open_output(dats[i])
     if not f then fail(('cannot write %s: %s'):format(dats[i], err)) end
     local text
     text, has[i] = M.data_text(run)
@@ -136,23 +142,28 @@ function M.draw(paths, base, opts)
     f:close()
   end
   local out = { png = base .. '.png', svg = base .. '.svg', gp = base .. '.gp', dats = dats }
+  -- gnuplot writes the images: a FIFO there would block it
+  for _, image in ipairs({ out.png, out.svg }) do
+    local writable, why = files.check_output(image)
+    if not writable then fail(why) end
+  end
   local body = table.concat(panels(dats, names, has), '\n')
   local title = opts.title or table.concat(names, ', ')
   local script = table.concat({
-    '# ' .. title .. ' (fsdp.plot)',
+    '# ' .. quote.gnuplot(title) .. ' (fsdp.plot)',
     ("set terminal pngcairo size %d,%d font ',9' noenhanced"):format(width, height),
-    ('set output %q'):format(out.png),
+    'set output ' .. quote.gnuplot(out.png),
     body,
     ("set terminal svg size %d,%d font 'sans,9' noenhanced"):format(width, height),
-    ('set output %q'):format(out.svg),
+    'set output ' .. quote.gnuplot(out.svg),
     body,
     'set output',
   }, '\n') .. '\n'
-  local f, err = io.open(out.gp, 'w')
+  local f, err = files.open_output(out.gp)
   if not f then fail(('cannot write %s: %s'):format(out.gp, err)) end
   f:write(script)
   f:close()
-  local text, rc = sweep.capture('gnuplot ' .. sweep.shell_quote(out.gp))
+  local text, rc = quote.capture({ 'gnuplot', out.gp })
   if rc == 127 then fail('gnuplot is not installed (Debian: apt-get install gnuplot-nox)') end
   if rc ~= 0 then fail(('gnuplot failed on %s (exit %d): %s'):format(out.gp, rc, text)) end
   return out

@@ -110,10 +110,8 @@ local Writer = {}
 Writer.__index = Writer
 
 local function hostname()
-  local p = io.popen('hostname 2>/dev/null')
-  local name = p and p:read('*l')
-  if p then p:close() end
-  return (name or 'localhost'):gsub('[^%w%.%-_]', '_')
+  local name = require('fsdp.observe.metrics').hostname()
+  return (name == '?' and 'localhost' or name):gsub('[^%w%.%-_]', '_')
 end
 
 -- A new event file in dir (created with its parents), named as
@@ -128,7 +126,7 @@ function M.Writer(dir, opts)
     ffi.C.getpid()))
   local path, n = base, 0
   while files.mode(path) do n = n + 1; path = base .. '.' .. n end
-  local f, err = io.open(path, 'wb')
+  local f, err = files.open_output(path, 'wb')
   if not f then core.fail(('fsdp.tensorboard: cannot create %s: %s'):format(path, err)) end
   local self = setmetatable({ file = f, path = path, now = now }, Writer)
   self:_put(event(0, bytes_field(3, 'brain.Event:2'), now()))
@@ -201,7 +199,7 @@ local function as_float(b) ffi.copy(scratch.b, b, 4); return scratch.f end
 -- where its record starts}, checking every CRC. Fails naming the file and
 -- offset of a damaged record.
 function M.read(path)
-  local s, err = files.read(path)
+  local s, err = files.read(path, files.LIMITS.log[1], 'an event file')
   if not s then core.fail(('fsdp.tensorboard: cannot read %s: %s'):format(path, err)) end
   local events, i = {}, 1
   local function bad(why) core.fail(('fsdp.tensorboard: %s: record at byte %d: %s'):format(path, i - 1, why)) end

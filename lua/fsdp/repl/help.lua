@@ -89,15 +89,19 @@ function M.file_summary(path) return M.first_sentence(header_paragraph(path)) en
 -- The .lua files of a directory, each with the first sentence of its
 -- header comment ("-- models/llama.lua: the Llama 2 / ..." -> "the Llama 2 / ...").
 local function described_files(dir)
-  local files = {}
-  local p = io.popen('ls ' .. ("'" .. dir:gsub("'", "'\\''") .. "'") .. ' 2>/dev/null')
-  if not p then return files end
-  for name in p:lines() do
-    if name:match('%.lua$') then
-      files[#files + 1] = { name = name:gsub('%.lua$', ''), text = M.file_summary(dir .. '/' .. name) }
+  local files, lfs = {}, require 'lfs'
+  if lfs.attributes(dir, 'mode') ~= 'directory' then return files end
+  local names = {}
+  for name in lfs.dir(dir) do
+    -- (a FIFO or a device named .lua would block the header's read)
+    if name:match('^[^.].*%.lua$') and lfs.attributes(dir .. '/' .. name, 'mode') == 'file' then
+      names[#names + 1] = name
     end
   end
-  p:close()
+  table.sort(names)
+  for _, name in ipairs(names) do
+    files[#files + 1] = { name = name:gsub('%.lua$', ''), text = M.file_summary(dir .. '/' .. name) }
+  end
   return files
 end
 
