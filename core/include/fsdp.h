@@ -874,6 +874,25 @@ FL_API int fl_file_write_atomic(const char *path, const void *data, size_t len);
  * in a directory, so the change survives a crash). */
 FL_API int fl_fsync_path(const char *path);
 
+/* An advisory lock on a file (flock; core/io/lock_file.c) that one process
+ * at a time holds, released by the kernel when the holder dies however it
+ * dies. The file (created if missing, never removed) holds the holder's
+ * line: "host H, pid P, since T, <note>". Returns a handle >= 0, or one of
+ * the codes below with the error set. `holder` receives the file's line as
+ * it was found: the holder's when FL_LOCK_HELD; when locked, the line of a
+ * previous holder that did not release it (it died), "" otherwise. The
+ * same file locked again by this process returns the same handle with one
+ * more reference. */
+typedef enum fl_lock_result {
+    FL_LOCK_FAILED = -1,      /* the file cannot be opened or written */
+    FL_LOCK_HELD = -2,        /* another process holds the lock */
+    FL_LOCK_UNSUPPORTED = -3  /* the file system refuses locks (ENOLCK, ...) */
+} fl_lock_result;
+
+FL_API int fl_file_lock(const char *path, const char *note, char *holder, size_t holder_size);
+/* Drop one reference; the last one empties the file and releases it. */
+FL_API int fl_file_unlock(int handle);
+
 /* ------------------------------------------------------------------------ */
 /* Files: integrity (core/io/checksum.c)                                    */
 /* ------------------------------------------------------------------------ */
