@@ -192,10 +192,11 @@ describe('sharded checkpoints, one rank', function()
     local a = setup()
     files.mkdir_p(dir .. '/step-000000') -- a torn save from an earlier run
     for s = 1, 5 do ckpt.save(dir, { model = a.model, step = s, keep = 2 }) end
-    assert.same({ 'step-000004', 'step-000005' }, files.list(dir))
+    -- (LOCK: the directory's owner, fsdp.checkpointing.lock; pruning leaves it)
+    assert.same({ 'LOCK', 'step-000004', 'step-000005' }, files.list(dir))
     -- saving a step again replaces its directory
     ckpt.save(dir, { model = a.model, step = 5, keep = 2 })
-    assert.same({ 'step-000004', 'step-000005' }, files.list(dir))
+    assert.same({ 'LOCK', 'step-000004', 'step-000005' }, files.list(dir))
   end)
 
   it('names the file and the problem for a damaged or missing index or rank file', function()
@@ -362,7 +363,7 @@ describe('checkpoint integrity, one rank', function()
     ok, err = pcall(ckpt.save, dir, { model = a.model, optimizer = a.optimizer, step = 3, keep = 1 })
     assert.is_false(ok)
     assert.matches("step 3 not saved .*tensor 'unit:.*' is not finite %(element %d+ is NaN or infinite%)", err)
-    assert.same({ 'step-000001', 'step-000002', 'step-000003' }, files.list(dir))
+    assert.same({ 'LOCK', 'step-000001', 'step-000002', 'step-000003' }, files.list(dir))
   end)
 
   it('pruning never follows a link, leaves stray entries, and later saves succeed', function()

@@ -256,6 +256,9 @@ run_tap "lifecycle: HF directory, full fine-tune on 2 ranks, generate, export" -
 run_tap "lifecycle: HF directory, LoRA fine-tune on 2 ranks, generate, merged export" -- \
   tests/mpi/lifecycle.sh lora --lora_rank=4 --lora_alpha=8
 run_tap "damaged 2-rank checkpoints refused, resume falls back" -- tests/mpi/ckpt_integrity.sh
+# One job per checkpoint directory: a second job refused naming the first,
+# kill -9 and a requeue taken over (issue 38).
+run_tap "two jobs on one checkpoint directory: the second refused, the first intact" -- tests/mpi/ckpt_lock.sh
 for np in 2 4; do
   run_tap "no checkpoint from non-finite state, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_nonfinite.lua
 done

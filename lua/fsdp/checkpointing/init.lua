@@ -182,13 +182,18 @@ end
 -- keep (delete complete checkpoints beyond the newest `keep`; 0/nil: keep
 -- all), run (the run id; default: the resumed checkpoint's, or a fresh
 -- one). Fails on every rank, writing no COMPLETE, when any rank fails,
--- e.g. on a NaN in its shard. Returns the step directory.
+-- e.g. on a NaN in its shard, and when another job holds the directory
+-- (fsdp.checkpointing.lock, taken at the first save). Returns the step
+-- directory.
 function M.save(dir, objs)
   check_objs(objs, 'save')
   local step = objs.step
   if type(step) ~= 'number' or step < 0 or step ~= math.floor(step) then
     core.fail(('checkpointing.save: step must be an integer >= 0, got %s'):format(tostring(step)))
   end
+  -- The directory is this job's before anything in it changes ([Note: one
+  -- job per checkpoint directory]); once per directory, then a table look-up.
+  require('fsdp.checkpointing.lock').acquire(dir)
   local rank, world = dist.rank(), dist.world_size()
   local run = run_of(objs)
   local step_dir = layout.step_dir(dir, step)
