@@ -435,3 +435,35 @@ describe('checkpoint integrity, one rank', function()
     assert.matches("tensor 'w' is not finite %(element 1 is NaN or infinite%)", err)
   end)
 end)
+
+describe('a recipe whose save cannot be written', function()
+  it('stops with one line naming the step, why and the newest checkpoint, exit 1; that checkpoint intact', function()
+    -- A file size limit (SIGXFSZ ignored) cuts a rank file part way, as a
+    -- disk filling up would: a first run without it saves step 1; the same
+    -- command resumed under a limit a little below one rank file's size
+    -- cannot write step 2's.
+    local dir = fresh_dir()
+    local sweep = require 'fsdp.sweep'
+    local q = sweep.shell_quote
+    local cmd = function(steps, blocks)
+      return ("sh -c %s"):format(q(("trap '' XFSZ; ulimit -f %s; exec %s recipes/llama2_7b.lua --num_layers=1 "
+        .. '--hidden_width=32 --num_heads=4 --vocab_size=64 --batch_size=2 --seq_len=16 --warmup_steps=0 '
+        .. '--validation_freq=0 --checkpoint_dir=%s --checkpoint_freq=1 --keep_checkpoints=0 --resume_from_checkpoint '
+        .. '--max_steps=%d'):format(blocks, q(require('fsdp.host').exe), q(dir), steps)))
+    end
+    local out, rc = sweep.capture(cmd(1, 'unlimited'))
+    assert.equal(0, rc, out)
+    local rank_file = dir .. '/step-000001/rank-00000-of-00001.safetensors'
+    local blocks = math.floor(files.size(rank_file) / 512) - 1 -- a few hundred bytes short of one rank file
+    out, rc = sweep.capture(cmd(2, blocks))
+    assert.equal(1, rc, out)
+    local _, lines = out:gsub('fsdp%-lua: ', '')
+    assert.equal(1, lines, out)
+    assert.truthy(out:find(('fsdp-lua: checkpoint: step 2 not saved (rank 0 failed): %s/step-000002/'):format(dir), 1,
+      true), out)
+    assert.truthy(out:find(('File too large; the newest checkpoint is %s/step-000001\n'):format(dir), 1, true), out)
+    assert.is_nil(out:find('traceback', 1, true))
+    assert.is_false(ckpt.layout.is_complete(dir .. '/step-000002'))
+    assert.truthy(ckpt.check(dir .. '/step-000001'))
+  end)
+end)

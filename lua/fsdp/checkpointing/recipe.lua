@@ -173,6 +173,26 @@ local function dir_bytes(dir)
   return n
 end
 
+-- A save that failed (every rank alike: checkpointing.save agrees on it),
+-- a full disk say: one line on rank 0 naming the step, why and the newest
+-- checkpoint, which the failure left as it was (a failed save writes no
+-- COMPLETE and prunes nothing); every rank exits 1, as on an error, after
+-- rank 0 has written.
+local function save_failed(cfg, err)
+  if dist.rank() == 0 then
+    local msg = tostring(err):gsub('^[^%s:]+:%d+: ', ''):gsub('^checkpointing%.save: ', 'checkpoint: ')
+    local latest = ckpt.latest(cfg.checkpoint_dir)
+    msg = msg .. (latest and ('; the newest checkpoint is %s'):format(latest)
+      or ('; %s holds no complete checkpoint'):format(cfg.checkpoint_dir))
+    io.stdout:flush()
+    io.stderr:write('fsdp-lua: ', msg, '\n')
+    io.stderr:flush()
+  end
+  io.stdout:flush()
+  if dist.world_size() > 1 then dist.barrier() end
+  os.exit(1, true)
+end
+
 -- Save when step is a multiple of --checkpoint_freq or the last step; then
 -- the kill hook. objs: as resume's (objs.guard, a fsdp.nonfinite guard:
 -- the parameters are checked finite first and its skip count is saved
@@ -191,10 +211,12 @@ function M.after_step(cfg, objs, step, extra)
       extra = e
     end
     local t0 = clock.now()
-    local dir = require('fsdp.observe.profiler').call('checkpoint save', 'ckpt', ckpt.save, cfg.checkpoint_dir, {
-      model = objs.model, optimizer = objs.optimizer, scheduler = objs.scheduler, data = objs.data,
-      step = step, keep = cfg.keep_checkpoints, extra = extra,
-    })
+    local ok, dir = pcall(require('fsdp.observe.profiler').call, 'checkpoint save', 'ckpt', ckpt.save,
+      cfg.checkpoint_dir, {
+        model = objs.model, optimizer = objs.optimizer, scheduler = objs.scheduler, data = objs.data,
+        step = step, keep = cfg.keep_checkpoints, extra = extra,
+      })
+    if not ok then save_failed(cfg, dir) end
     local dt = clock.now() - t0
     if dist.rank() == 0 then
       local mb = dir_bytes(dir) / 2^20
