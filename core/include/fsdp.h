@@ -874,6 +874,19 @@ FL_API int fl_file_write_atomic(const char *path, const void *data, size_t len);
  * in a directory, so the change survives a crash). */
 FL_API int fl_fsync_path(const char *path);
 
+/* Files that grow by whole records (core/io/append_file.c): the metrics
+ * JSONL, TensorBoard event files. Each append is written straight to the
+ * file (no stdio buffer that fails later, unseen); a failed or short write
+ * is an error naming the file, the bytes written and why, and what part of
+ * the record reached the file is cut off again, so the file always ends
+ * with a whole record. create_new: fail if the file exists (O_EXCL). */
+typedef struct fl_append_file fl_append_file;
+
+FL_API fl_append_file *fl_append_open(const char *path, bool create_new);
+FL_API int fl_append_write(fl_append_file *f, const void *data, size_t len);
+/* Close (checked: late write errors surface here) and free. */
+FL_API int fl_append_close(fl_append_file *f);
+
 /* An advisory lock on a file (flock; core/io/lock_file.c) that one process
  * at a time holds, released by the kernel when the holder dies however it
  * dies. The file (created if missing, never removed) holds the holder's
