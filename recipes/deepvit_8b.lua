@@ -82,6 +82,8 @@ if cfg.dry_run then
   return
 end
 
+-- --checkpoint_dir is this job's alone from here on (fsdp.checkpointing.recipe.lock).
+ckpt_recipe.lock(cfg)
 fsdp.manual_seed(cfg.seed)
 -- On meta, then sharded (one unit per DeepViTBlock, the seed's wrap and
 -- checkpoint class): each rank initialises only its shards.

@@ -287,6 +287,10 @@ if cfg.plan then
   return
 end
 
+-- --checkpoint_dir is this job's alone from here on; a second job on it
+-- stops now, naming this one (fsdp.checkpointing.recipe.lock).
+ckpt_recipe.lock(cfg)
+
 -- Built on meta, then sharded: each rank materialises only its shards,
 -- with the values of a one-process init (fsdp.nn.parameter). On one rank
 -- this is plain training (the one unit holds everything).

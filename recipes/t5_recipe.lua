@@ -173,6 +173,8 @@ function M.run(default_model, script, argv)
   end
 
   print('config:\n' .. recipe.format(cfg))
+  -- --checkpoint_dir is this job's alone from here on (fsdp.checkpointing.recipe.lock).
+  ckpt_recipe.lock(cfg)
   -- On meta, then sharded (one unit per T5Block, the seed's wrap and
   -- checkpoint class): each rank initialises only its shards.
   -- --device: the shards, every batch and the loss live there (cpu or cuda:N).

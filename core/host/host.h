@@ -78,6 +78,9 @@ void host_set_completer(host_completer fn, void *data);
  * will run; the strings are copied. */
 void host_preload_module(lua_State *L, const host_paths *paths,
                          bool interactive);
+/* The status set by fsdp.host.set_exit_status (0 unless set): what the
+ * process exits with when everything ran without an error. */
+int host_exit_status(void);
 
 /* ---- repl.c: the built-in fallback REPL --------------------------------- */
 

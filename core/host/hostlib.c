@@ -16,6 +16,12 @@
  *   set_completer(fn)  Tab in the terminal line editor calls
  *                      fn(line_before_cursor, word) -> {replacement, ...}
  *                      (nil: no completion); errors in fn complete nothing
+ *   set_exit_status(n) the status the process exits with when its script
+ *                      (and REPL) end without an error (default 0): a run
+ *                      that finished but lost some of its output says so
+ *                      by its status ([Note: failed output writes] in
+ *                      lua/fsdp/observe/outputs.lua); an error still exits 1
+ *   exit_status()      -> that status
  *
  * It is built in C and needs nothing from lua/, so the REPL works even when
  * the Lua library cannot load.
@@ -107,6 +113,22 @@ static int host_history_file_lua(lua_State *L) {
     return 1;
 }
 
+static int exit_status;
+
+int host_exit_status(void) { return exit_status; }
+
+static int host_set_exit_status_lua(lua_State *L) {
+    int n = luaL_checkint(L, 1);
+    luaL_argcheck(L, n >= 0 && n <= 255, 1, "an exit status is 0 to 255");
+    exit_status = n;
+    return 0;
+}
+
+static int host_exit_status_lua(lua_State *L) {
+    lua_pushinteger(L, exit_status);
+    return 1;
+}
+
 static int host_isatty(lua_State *L) {
     lua_pushboolean(L, isatty(luaL_checkint(L, 1)));
     return 1;
@@ -120,6 +142,8 @@ static int open_host_module(lua_State *L) {
         {"history_file", host_history_file_lua},
         {"isatty", host_isatty},
         {"set_completer", host_set_completer_lua},
+        {"set_exit_status", host_set_exit_status_lua},
+        {"exit_status", host_exit_status_lua},
         {NULL, NULL},
     };
     lua_newtable(L);

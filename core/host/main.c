@@ -8,7 +8,8 @@
  * the script with the `arg` table and `...`, then the REPL with -i; with no
  * script and no -e it is a REPL on a terminal and runs standard input
  * otherwise. An error anywhere prints "fsdp-lua: <message>" and a traceback
- * and exits 1; a bad command line exits 2.
+ * and exits 1; a bad command line exits 2; a run that ended without an
+ * error exits with what fsdp.host.set_exit_status asked (0 by default).
  *
  * Before any user code runs, package.path gets the project root (see
  * paths.c) and package.preload gets `fsdp.host` (hostlib.c).
@@ -324,7 +325,7 @@ static int run(int argc, char **argv, options opts) {
     host_report(L, status);
     lua_close(L);
     host_finish();
-    return status == LUA_OK && ctx.ok ? EXIT_SUCCESS : EXIT_FAILURE;
+    return status == LUA_OK && ctx.ok ? host_exit_status() : EXIT_FAILURE;
 }
 
 /* Cores this process may run on, counting hyperthreads of one core once:

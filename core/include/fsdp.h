@@ -924,6 +924,37 @@ FL_API int fl_file_check_regular(const char *path);
  * "x is larger than 16 MiB, the limit for <what>". */
 FL_API char *fl_file_read_all(const char *path, size_t max_bytes, const char *what, size_t *len);
 FL_API void fl_file_buffer_free(char *buf);
+/* Files that grow by whole records (core/io/append_file.c): the metrics
+ * JSONL, TensorBoard event files. Each append is written straight to the
+ * file (no stdio buffer that fails later, unseen); a failed or short write
+ * is an error naming the file, the bytes written and why, and what part of
+ * the record reached the file is cut off again, so the file always ends
+ * with a whole record. create_new: fail if the file exists (O_EXCL). */
+typedef struct fl_append_file fl_append_file;
+
+FL_API fl_append_file *fl_append_open(const char *path, bool create_new);
+FL_API int fl_append_write(fl_append_file *f, const void *data, size_t len);
+/* Close (checked: late write errors surface here) and free. */
+FL_API int fl_append_close(fl_append_file *f);
+
+/* An advisory lock on a file (flock; core/io/lock_file.c) that one process
+ * at a time holds, released by the kernel when the holder dies however it
+ * dies. The file (created if missing, never removed) holds the holder's
+ * line: "host H, pid P, since T, <note>". Returns a handle >= 0, or one of
+ * the codes below with the error set. `holder` receives the file's line as
+ * it was found: the holder's when FL_LOCK_HELD; when locked, the line of a
+ * previous holder that did not release it (it died), "" otherwise. The
+ * same file locked again by this process returns the same handle with one
+ * more reference. */
+typedef enum fl_lock_result {
+    FL_LOCK_FAILED = -1,      /* the file cannot be opened or written */
+    FL_LOCK_HELD = -2,        /* another process holds the lock */
+    FL_LOCK_UNSUPPORTED = -3  /* the file system refuses locks (ENOLCK, ...) */
+} fl_lock_result;
+
+FL_API int fl_file_lock(const char *path, const char *note, char *holder, size_t holder_size);
+/* Drop one reference; the last one empties the file and releases it. */
+FL_API int fl_file_unlock(int handle);
 
 /* ------------------------------------------------------------------------ */
 /* Files: integrity (core/io/checksum.c)                                    */

@@ -448,6 +448,12 @@ local function path_problem(key, d, v)
   end
 end
 
+-- What is wrong with `v` as an output ('file' or 'dir', as the `output`
+-- constraint), creating its directory as that constraint does; nil when
+-- fine. For an option that is an output only when another is set (a
+-- check function: --profile_dir with --profile_steps).
+function M.output_problem(key, kind, v) return path_problem(key, { output = kind }, v) end
+
 -- Check a resolved config against its spec's constraints: each value, then
 -- the relations, then the paths (which create output directories), in
 -- the order of the keys. Raises the first problem as "--key ...".

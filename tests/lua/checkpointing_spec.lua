@@ -192,10 +192,11 @@ describe('sharded checkpoints, one rank', function()
     local a = setup()
     files.mkdir_p(dir .. '/step-000000') -- a torn save from an earlier run
     for s = 1, 5 do ckpt.save(dir, { model = a.model, step = s, keep = 2 }) end
-    assert.same({ 'step-000004', 'step-000005' }, files.list(dir))
+    -- (LOCK: the directory's owner, fsdp.checkpointing.lock; pruning leaves it)
+    assert.same({ 'LOCK', 'step-000004', 'step-000005' }, files.list(dir))
     -- saving a step again replaces its directory
     ckpt.save(dir, { model = a.model, step = 5, keep = 2 })
-    assert.same({ 'step-000004', 'step-000005' }, files.list(dir))
+    assert.same({ 'LOCK', 'step-000004', 'step-000005' }, files.list(dir))
   end)
 
   it('names the file and the problem for a damaged or missing index or rank file', function()
@@ -362,7 +363,7 @@ describe('checkpoint integrity, one rank', function()
     ok, err = pcall(ckpt.save, dir, { model = a.model, optimizer = a.optimizer, step = 3, keep = 1 })
     assert.is_false(ok)
     assert.matches("step 3 not saved .*tensor 'unit:.*' is not finite %(element %d+ is NaN or infinite%)", err)
-    assert.same({ 'step-000001', 'step-000002', 'step-000003' }, files.list(dir))
+    assert.same({ 'LOCK', 'step-000001', 'step-000002', 'step-000003' }, files.list(dir))
   end)
 
   it('pruning never follows a link, leaves stray entries, and later saves succeed', function()
@@ -432,5 +433,37 @@ describe('checkpoint integrity, one rank', function()
     ok, err = pcall(fsdp.save_safetensors, plain, { w = fsdp.tensor({ 1, 0 / 0 }) }, nil, { finite = true })
     assert.is_false(ok)
     assert.matches("tensor 'w' is not finite %(element 1 is NaN or infinite%)", err)
+  end)
+end)
+
+describe('a recipe whose save cannot be written', function()
+  it('stops with one line naming the step, why and the newest checkpoint, exit 1; that checkpoint intact', function()
+    -- A file size limit (SIGXFSZ ignored) cuts a rank file part way, as a
+    -- disk filling up would: a first run without it saves step 1; the same
+    -- command resumed under a limit a little below one rank file's size
+    -- cannot write step 2's.
+    local dir = fresh_dir()
+    local sweep = require 'fsdp.sweep'
+    local q = sweep.shell_quote
+    local cmd = function(steps, blocks)
+      return ("sh -c %s"):format(q(("trap '' XFSZ; ulimit -f %s; exec %s recipes/llama2_7b.lua --num_layers=1 "
+        .. '--hidden_width=32 --num_heads=4 --vocab_size=64 --batch_size=2 --seq_len=16 --warmup_steps=0 '
+        .. '--validation_freq=0 --checkpoint_dir=%s --checkpoint_freq=1 --keep_checkpoints=0 --resume_from_checkpoint '
+        .. '--max_steps=%d'):format(blocks, q(require('fsdp.host').exe), q(dir), steps)))
+    end
+    local out, rc = sweep.capture(cmd(1, 'unlimited'))
+    assert.equal(0, rc, out)
+    local rank_file = dir .. '/step-000001/rank-00000-of-00001.safetensors'
+    local blocks = math.floor(files.size(rank_file) / 512) - 1 -- a few hundred bytes short of one rank file
+    out, rc = sweep.capture(cmd(2, blocks))
+    assert.equal(1, rc, out)
+    local _, lines = out:gsub('fsdp%-lua: ', '')
+    assert.equal(1, lines, out)
+    assert.truthy(out:find(('fsdp-lua: checkpoint: step 2 not saved (rank 0 failed): %s/step-000002/'):format(dir), 1,
+      true), out)
+    assert.truthy(out:find(('File too large; the newest checkpoint is %s/step-000001\n'):format(dir), 1, true), out)
+    assert.is_nil(out:find('traceback', 1, true))
+    assert.is_false(ckpt.layout.is_complete(dir .. '/step-000002'))
+    assert.truthy(ckpt.check(dir .. '/step-000001'))
   end)
 end)

@@ -277,6 +277,13 @@ for family in llama t5; do
     tests/mpi/lora_resume.sh "$family"
 done
 run_tap "damaged 2-rank checkpoints refused, resume falls back" -- tests/mpi/ckpt_integrity.sh
+# One job per checkpoint directory: a second job refused naming the first,
+# kill -9 and a requeue taken over (issue 38).
+run_tap "two jobs on one checkpoint directory: the second refused, the first intact" -- tests/mpi/ckpt_lock.sh
+# Failed output writes: /dev/full, and a tmpfs filling under 2 ranks (root)
+# with checkpoints elsewhere and on it (issue 38).
+run_tap "output writes on a full disk: one line, training goes on, exit 5; checkpoints intact" -- \
+  tests/mpi/output_errors.sh
 for np in 2 4; do
   run_tap "no checkpoint from non-finite state, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_nonfinite.lua
 done

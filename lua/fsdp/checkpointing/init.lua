@@ -53,7 +53,6 @@ M.layout = layout
 -- that crashed), which were skipped.
 function M.latest(dir) return layout.latest(dir) end
 
-local function barrier() if dist.world_size() > 1 then dist.barrier() end end
 
 -- An error message without the "file:line: " a raise put in front: it is
 -- passed on to other ranks and raised again with the caller's position.
@@ -182,17 +181,35 @@ end
 -- keep (delete complete checkpoints beyond the newest `keep`; 0/nil: keep
 -- all), run (the run id; default: the resumed checkpoint's, or a fresh
 -- one). Fails on every rank, writing no COMPLETE, when any rank fails,
--- e.g. on a NaN in its shard. Returns the step directory.
+-- e.g. on a NaN in its shard, and when another job holds the directory
+-- (fsdp.checkpointing.lock, taken at the first save). Returns the step
+-- directory.
 function M.save(dir, objs)
   check_objs(objs, 'save')
   local step = objs.step
   if type(step) ~= 'number' or step < 0 or step ~= math.floor(step) then
     core.fail(('checkpointing.save: step must be an integer >= 0, got %s'):format(tostring(step)))
   end
+  -- The directory is this job's before anything in it changes ([Note: one
+  -- job per checkpoint directory]); once per directory, then a table look-up.
+  require('fsdp.checkpointing.lock').acquire(dir)
   local rank, world = dist.rank(), dist.world_size()
   local run = run_of(objs)
   local step_dir = layout.step_dir(dir, step)
-  if rank == 0 then
+  -- Rank 0's parts (the step directory here, the index and COMPLETE
+  -- below) can fail alone, on a full disk say: each is followed by an
+  -- agreement instead of a barrier, so every rank fails the save alike
+  -- rather than wait in a collective rank 0 never reaches.
+  local function on_rank0(fn)
+    local err
+    if rank == 0 then
+      local ok, e = pcall(fn)
+      if not ok then err = bare(e) end
+    end
+    err = agree(err)
+    if err then core.fail(('checkpointing.save: step %d not saved (rank 0 failed): %s'):format(step, err)) end
+  end
+  on_rank0(function()
     files.mkdir_p(dir, 'checkpointing.save')
     local mode = files.lmode(step_dir)
     if mode == 'directory' then
@@ -210,8 +227,7 @@ function M.save(dir, objs)
     end
     files.mkdir_p(step_dir, 'checkpointing.save')
     files.fsync(dir)
-  end
-  barrier()
+  end)
   local parts = parts_of.of(objs.model)
   local file = layout.rank_file(rank, world)
   local ok, written, scalars, checksum = pcall(autograd.no_grad, function()
@@ -236,7 +252,7 @@ function M.save(dir, objs)
   local reports = {}
   for r = 0, world - 1 do reports[r] = descs[r].optim end
   local optim_scalars = optim_state.merge(reports, world, step_dir)
-  if rank == 0 then
+  on_rank0(function()
     local index = {
       format = layout.FORMAT, version = layout.VERSION, step = step, world_size = world, run = run,
       strategy = rawget(objs.model, '_fsdp') and rawget(objs.model, '_fsdp').strategy or 'unsharded',
@@ -275,8 +291,7 @@ function M.save(dir, objs)
         io.stderr:write(('%scheckpoint: pruning %s\n'):format(require('fsdp.observe.console').prefix(), note))
       end
     end
-  end
-  barrier()
+  end)
   return step_dir
 end
 

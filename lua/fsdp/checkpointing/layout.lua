@@ -2,6 +2,8 @@
 -- the questions asked of a checkpoint directory (which steps are complete,
 -- which is newest, which to delete), apart from what the files hold.
 --
+--   <dir>/LOCK                                         the owning job's line
+--                                                      (fsdp.checkpointing.lock)
 --   <dir>/step-000120/rank-00000-of-00004.safetensors   one per rank
 --                     ...
 --                     index.json                         written by rank 0

@@ -5,6 +5,7 @@
 --   local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({...})), arg, script)
 --   local objs = {model = m, optimizer = opt, scheduler = sched, data = data}
 --   objs.guard = nonfinite.guard(cfg, objs, script)      -- optional (fsdp.nonfinite)
+--   ckpt_recipe.lock(cfg)                                -- before building: --checkpoint_dir is this job's
 --   local start = ckpt_recipe.resume(cfg, objs)          -- 0, or the step resumed from
 --   for step = start + 1, cfg.max_steps do
 --     ... one step ...
@@ -18,6 +19,13 @@
 -- there is one (falling back past damaged ones, saying why), and starts
 -- fresh otherwise.
 --
+-- A checkpoint directory belongs to one job ([Note: one job per
+-- checkpoint directory] in fsdp.checkpointing.lock): lock() takes it right
+-- after the options, so a second job on the same directory stops in a
+-- second, one line naming the first, with exit status EXIT_LOCKED and
+-- nothing of the first's touched. resume() and after_step() take it too
+-- (once), for a script that does not call lock() itself.
+--
 -- Test hook: FSDP_TEST_KILL_AT_STEP=N kills rank 0 with SIGKILL right after
 -- step N (and after the checkpoint of step N, if one is due), as a crash
 -- would; mpirun then ends the job (tests/mpi/ckpt_recipe.sh).
@@ -26,8 +34,15 @@ local clock = require 'fsdp.clock'
 local files = require 'fsdp.io.files'
 local ckpt = require 'fsdp.checkpointing'
 local json = require 'fsdp.io.json'
+local dir_lock = require 'fsdp.checkpointing.lock'
 
 local M = {}
+
+-- The exit status of a job refused a checkpoint directory (another job
+-- holds it, or it cannot be locked): distinct from an error's 1, a usage
+-- mistake's 2 and a non-finite stop's 3, so a requeue script can tell that
+-- running again would be refused again.
+M.EXIT_LOCKED = 4
 
 -- Each entry carries its constraints (fsdp.recipe checks them before a
 -- recipe builds anything): the output paths are created and probed for
@@ -64,6 +79,46 @@ local function check(cfg)
   end
 end
 
+local locked = setmetatable({}, { __mode = 'k' }) -- the configs lock() has settled
+
+-- Take --checkpoint_dir for this job (collective: every rank calls it,
+-- with or without --checkpoint_dir, before anything is built). Refused:
+-- one line on rank 0 naming the holder (or why it cannot be locked), and
+-- every rank exits with EXIT_LOCKED after it was written. Taking over the
+-- lock of a job that died, or running unprotected on a file system without
+-- locks, is said on rank 0. Once per config; later calls do nothing.
+function M.lock(cfg)
+  if locked[cfg] then return end
+  locked[cfg] = true
+  local ok, info = pcall(dir_lock.acquire, cfg.checkpoint_dir)
+  if not ok then
+    local msg = tostring(info):gsub('^[^%s:]+:%d+: ', '')
+    local plain = cfg.checkpoint_dir:gsub('%p', '%%%0')
+    msg = msg:gsub('^checkpoint directory ' .. plain .. ' ', '--checkpoint_dir ' .. cfg.checkpoint_dir .. ' ')
+    if msg:sub(1, 2) ~= '--' then msg = '--checkpoint_dir: ' .. msg end
+    if msg:find('is in use by another job', 1, true) then
+      msg = msg .. '; this job stops without touching it: wait for that job to end, or give this one another '
+        .. '--checkpoint_dir'
+    end
+    if dist.rank() == 0 then
+      io.stdout:flush()
+      io.stderr:write('fsdp-lua: ', msg, '\n')
+      io.stderr:flush()
+    end
+    io.stdout:flush()
+    -- No rank exits before rank 0 has written: the launcher ends the job
+    -- at the first rank that exits non-zero.
+    if dist.world_size() > 1 then dist.barrier() end
+    os.exit(M.EXIT_LOCKED, true)
+  end
+  if info and info.taken_over then
+    say('checkpoint: took over %s from a job that ended without releasing it (%s)', info.path, info.taken_over)
+  elseif info and info.unlocked then
+    say('checkpoint: warning: %s cannot be locked (%s): the file system has no locks, so another job using %s '
+      .. 'would not be stopped', info.path, info.unlocked, cfg.checkpoint_dir)
+  end
+end
+
 -- The step to continue after: the resumed checkpoint's, or 0, and what its
 -- load said (ckpt.load's info: step, extra, ...) when one was. The newest
 -- complete checkpoint that passes ckpt.check is loaded; a refused one
@@ -72,6 +127,7 @@ end
 -- exist but none is intact the run stops rather than start over.
 function M.resume(cfg, objs)
   check(cfg)
+  M.lock(cfg)
   if not cfg.resume_from_checkpoint then return 0 end
   -- Rank 0's view of the directory, so every rank walks the same list.
   local s = ckpt.layout.scan(cfg.checkpoint_dir)
@@ -118,6 +174,26 @@ local function dir_bytes(dir)
   return n
 end
 
+-- A save that failed (every rank alike: checkpointing.save agrees on it),
+-- a full disk say: one line on rank 0 naming the step, why and the newest
+-- checkpoint, which the failure left as it was (a failed save writes no
+-- COMPLETE and prunes nothing); every rank exits 1, as on an error, after
+-- rank 0 has written.
+local function save_failed(cfg, err)
+  if dist.rank() == 0 then
+    local msg = tostring(err):gsub('^[^%s:]+:%d+: ', ''):gsub('^checkpointing%.save: ', 'checkpoint: ')
+    local latest = ckpt.latest(cfg.checkpoint_dir)
+    msg = msg .. (latest and ('; the newest checkpoint is %s'):format(latest)
+      or ('; %s holds no complete checkpoint'):format(cfg.checkpoint_dir))
+    io.stdout:flush()
+    io.stderr:write('fsdp-lua: ', msg, '\n')
+    io.stderr:flush()
+  end
+  io.stdout:flush()
+  if dist.world_size() > 1 then dist.barrier() end
+  os.exit(1, true)
+end
+
 -- Save when step is a multiple of --checkpoint_freq or the last step; then
 -- the kill hook. objs: as resume's (objs.guard, a fsdp.nonfinite guard:
 -- the parameters are checked finite first and its skip count is saved
@@ -127,6 +203,7 @@ end
 -- because of them.
 function M.after_step(cfg, objs, step, extra)
   if cfg.checkpoint_freq > 0 and (step % cfg.checkpoint_freq == 0 or step == cfg.max_steps) then
+    M.lock(cfg)
     if objs.guard then
       objs.guard:check_parameters(step) -- ends the run rather than save non-finite parameters
       local e = {}
@@ -135,10 +212,12 @@ function M.after_step(cfg, objs, step, extra)
       extra = e
     end
     local t0 = clock.now()
-    local dir = require('fsdp.observe.profiler').call('checkpoint save', 'ckpt', ckpt.save, cfg.checkpoint_dir, {
-      model = objs.model, optimizer = objs.optimizer, scheduler = objs.scheduler, data = objs.data,
-      step = step, keep = cfg.keep_checkpoints, extra = extra,
-    })
+    local ok, dir = pcall(require('fsdp.observe.profiler').call, 'checkpoint save', 'ckpt', ckpt.save,
+      cfg.checkpoint_dir, {
+        model = objs.model, optimizer = objs.optimizer, scheduler = objs.scheduler, data = objs.data,
+        step = step, keep = cfg.keep_checkpoints, extra = extra,
+      })
+    if not ok then save_failed(cfg, dir) end
     local dt = clock.now() - t0
     if dist.rank() == 0 then
       local mb = dir_bytes(dir) / 2^20

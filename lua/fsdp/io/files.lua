@@ -6,10 +6,10 @@
 --   local files = require 'fsdp.io.files'
 --   files.write_atomic('ckpt/step-000010/index.json', text)
 --   files.mkdir_p('ckpt/step-000010'); files.list('ckpt'); files.remove_tree(dir)
+--   local a = files.appender('m.jsonl'); a:write(line); a:close()   -- checked appends
 local core = require 'fsdp.core'
 local lfs = require 'lfs'
-local ffi = require 'ffi'
-local C = core.C
+local ffi, C = core.ffi, core.C
 
 local M = {}
 
@@ -35,6 +35,32 @@ end
 
 -- fsync a file or directory (after entries were created or removed).
 function M.fsync(path) core.check(C.fl_fsync_path(path)) end
+
+-- A file that grows by whole records (core/io/append_file.c): a:write(text)
+-- appends all of text or raises naming the file, the bytes written and why,
+-- with any part that reached the file cut off again; a:close() raises when
+-- the close reports a late write error. create_new: refuse an existing
+-- file. Collected unclosed, it is closed quietly.
+local Appender = {}
+Appender.__index = Appender
+
+function M.appender(path, create_new)
+  local h = C.fl_append_open(path, create_new and true or false)
+  if h == nil then core.raise() end
+  return setmetatable({ h = ffi.gc(h, C.fl_append_close), path = path }, Appender)
+end
+
+function Appender:write(text)
+  if not self.h then core.fail(('%s: written after it was closed'):format(self.path)) end
+  core.check(C.fl_append_write(self.h, text, #text))
+end
+
+function Appender:close()
+  local h = self.h
+  if not h then return end
+  self.h = nil
+  core.check(C.fl_append_close(ffi.gc(h, nil)))
+end
 
 -- [Note: inputs are regular files] (core/io/input_file.c): a FIFO opened
 -- for reading waits for a writer, a device never ends, so a file a user

@@ -50,6 +50,11 @@
 -- (and joined_s by kind; comm/joined_s): the busy time counted from each
 -- collective's last member's start, without waiting for late peers
 -- (fsdp.observe.joined), and comm_skew_s, the waits for them summed.
+-- Every write to the metrics file, the event files, a trace or a plot is
+-- checked; a failure is one line at once, ends that output, and makes the
+-- run exit with status 5 at the end, or stop after the step with
+-- --on_output_error=stop ([Note: failed output writes] in
+-- fsdp.observe.outputs).
 local ffi = require 'ffi'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
@@ -57,6 +62,7 @@ local clock = require 'fsdp.clock'
 local json = require 'fsdp.io.json'
 local files = require 'fsdp.io.files'
 local console = require 'fsdp.observe.console'
+local outputs = require 'fsdp.observe.outputs'
 pcall(ffi.cdef, 'int isatty(int fd);')
 pcall(ffi.cdef, 'int gethostname(char *name, size_t len);')
 
@@ -138,11 +144,18 @@ M.OPTIONS = {
       return ('(%s) starts after the last step (--max_steps=%d): nothing would be traced'):format(v, cfg.max_steps)
     end
   end },
-  profile_dir = { 'profile', 'where --profile_steps writes trace-rank<r>.json' },
+  profile_dir = { 'profile', 'where --profile_steps writes trace-rank<r>.json',
+                  check = function(v, cfg)
+                    -- created and probed at start when there will be traces
+                    if (cfg.profile_steps or '') == '' then return nil end
+                    local why = require('fsdp.recipe').output_problem('profile_dir', 'dir', v)
+                    return why and (': ' .. why)
+                  end },
   comm_joined = { false, 'also measure each step\'s communication from the moment each collective\'s last member '
                          .. 'joined it (comm_joined_s, comm_skew_s in the metrics; two small all-gathers a step)' },
   log_every = { 0, 'print a log line (averages since the previous one) every N steps; 0: every 10 on a terminal, '
                    .. 'under the progress bar, else every step', int = true, min = 0 },
+  on_output_error = outputs.OPTION,
 }
 
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
@@ -174,7 +187,10 @@ end
 -- collective logs, fsdp.observe.joined, for comm_joined_s),
 -- log_every (1; 0: M.TERMINAL_LOG_EVERY with a progress bar, else 1),
 -- device ('cpu', for peak memory), progress (nil: auto), out
--- (io.stdout), rank/world_size (default fsdp.dist's).
+-- (io.stdout), rank/world_size (default fsdp.dist's), on_output_error
+-- ('continue' or 'stop'; default: config's, else 'continue') and
+-- checkpoint_dir (default: config's), for failed writes
+-- (fsdp.observe.outputs), err (io.stderr, where their lines go).
 function M.Logger(opts)
   opts = opts or {}
   local self = setmetatable({}, Logger)
@@ -198,6 +214,10 @@ function M.Logger(opts)
   if every == 0 then every = self.progress and M.TERMINAL_LOG_EVERY or 1 end
   self.log_every = math.max(1, every)
   self.start, self.time_offset = clock.now(), 0
+  local config = opts.config or {}
+  self.outputs = outputs.Outputs({ policy = opts.on_output_error or config.on_output_error,
+    checkpoint_dir = opts.checkpoint_dir or config.checkpoint_dir, rank = self.rank, world_size = self.world_size,
+    err = opts.err })
   self.comm_prev = dist.collective_stats()
   if opts.comm_joined and self.world_size > 1 then
     dist.collective_log() -- what came before the first step is no step's
@@ -205,8 +225,10 @@ function M.Logger(opts)
   end
   self:_reset_interval()
   if self.leader and opts.metrics_file and opts.metrics_file ~= '' then
-    local f, err = files.open_output(opts.metrics_file, 'a') -- (a FIFO would block: refused)
-    if not f then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(opts.metrics_file, err)) end
+    local usable, why = files.check_output(opts.metrics_file) -- (a FIFO would block: refused)
+    if not usable then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(opts.metrics_file, why)) end
+    local ok, f = pcall(files.appender, opts.metrics_file)
+    if not ok then core.fail(('fsdp.metrics: cannot open metrics file %s'):format(tostring(f):gsub('^[^%s:]+:%d+: ', ''))) end
     self.file, self.file_path = f, opts.metrics_file
   end
   self.plot = opts.plot and self.file_path
@@ -220,8 +242,10 @@ function M.Logger(opts)
   end
   if self.leader and opts.tensorboard_dir and opts.tensorboard_dir ~= '' then
     self.tb_dir = opts.tensorboard_dir
-    self.tb = require('fsdp.observe.tensorboard').Writer(opts.tensorboard_dir)
-    if opts.config then self.tb:text('config', M.config_markdown(opts.config), 0) end
+    self:_tb(0, function()
+      self.tb = require('fsdp.observe.tensorboard').Writer(opts.tensorboard_dir)
+      if opts.config then self.tb:text('config', M.config_markdown(opts.config), 0) end
+    end)
   end
   if M.debug_enabled() then
     -- every rank speaks, in rank order
@@ -258,7 +282,10 @@ end
 function Logger:_end_profile()
   local profiler = require 'fsdp.observe.profiler'
   if not profiler.on then return end
-  local n = profiler.stop(self.profile.path)
+  local n
+  if not self.outputs:write('profile_dir', self.profile.path, nil, function() n = profiler.stop(self.profile.path) end) then
+    return
+  end
   local where = self.world_size > 1 and files.join(files.dirname(self.profile.path), 'trace-rank*.json')
     or self.profile.path
   self:print('profile: wrote %s (steps %d-%d, %d events%s)', where, self.profile.first, self.profile.last, n,
@@ -294,35 +321,57 @@ function Logger:resume(step)
   end
   if not self.leader then return end
   if self.file then
-    self.file:close()
-    local text = files.read(self.file_path, files.LIMITS.log[1], 'a metrics file') or ''
-    local kept, dropped, last_time = {}, 0, 0
-    for line in text:gmatch('[^\n]+') do
-      local ok, r = pcall(json.decode, line)
-      if ok and type(r) == 'table' and type(r.step) == 'number' and r.step <= step then
-        kept[#kept + 1] = line
-        if type(r.time) == 'number' then last_time = math.max(last_time, r.time) end
-      else
-        dropped = dropped + 1
-      end
-    end
-    if dropped > 0 then
-      files.write_atomic(self.file_path, #kept > 0 and table.concat(kept, '\n') .. '\n' or '')
-    end
-    local f, err = files.open_output(self.file_path, 'a')
-    if not f then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(self.file_path, err)) end
-    self.file = f
-    self.time_offset, self.start = last_time, clock.now()
-    if dropped > 0 then
-      self:print('metrics: %s: dropped %d record%s past step %d (the resumed run writes them again)',
-        self.file_path, dropped, dropped == 1 and '' or 's', step)
-    end
+    self.outputs:write('metrics_file', self.file_path, step, function() self:_resume_metrics(step) end)
+    if not self.outputs:ok('metrics_file') then self:_drop_file() end
   end
-  if self.tb_dir then
-    local n = require('fsdp.observe.tensorboard').truncate_after(self.tb_dir, step)
+  if self.tb_dir and self.tb then
+    local n = 0
+    self:_tb(step, function() n = require('fsdp.observe.tensorboard').truncate_after(self.tb_dir, step) end)
     if n > 0 then
       self:print('metrics: %s: dropped %d TensorBoard event%s past step %d', self.tb_dir, n, n == 1 and '' or 's', step)
     end
+  end
+end
+
+-- Logger:resume's part for the metrics file (raises on a failed write).
+function Logger:_resume_metrics(step)
+  self.file:close()
+  self.file = nil
+  local text = files.read(self.file_path, files.LIMITS.log[1], 'a metrics file') or ''
+  local kept, dropped, last_time = {}, 0, 0
+  for line in text:gmatch('[^\n]+') do
+    local ok, r = pcall(json.decode, line)
+    if ok and type(r) == 'table' and type(r.step) == 'number' and r.step <= step then
+      kept[#kept + 1] = line
+      if type(r.time) == 'number' then last_time = math.max(last_time, r.time) end
+    else
+      dropped = dropped + 1
+    end
+  end
+  if dropped > 0 then
+    files.write_atomic(self.file_path, #kept > 0 and table.concat(kept, '\n') .. '\n' or '')
+  end
+  self.file = files.appender(self.file_path)
+  self.time_offset, self.start = last_time, clock.now()
+  if dropped > 0 then
+    self:print('metrics: %s: dropped %d record%s past step %d (the resumed run writes them again)',
+      self.file_path, dropped, dropped == 1 and '' or 's', step)
+  end
+end
+
+-- No more writes to the metrics file (one failed): closed, its own close
+-- error (the same disk) left unsaid.
+function Logger:_drop_file()
+  if self.file then pcall(self.file.close, self.file) end
+  self.file = nil
+end
+
+-- fn() writes the TensorBoard files (at `step`); after a failure no more
+-- events are written (the file ends with its last whole record).
+function Logger:_tb(step, fn)
+  if not self.outputs:write('tensorboard_dir', self.tb_dir, step, fn) then
+    if self.tb then pcall(self.tb.close, self.tb) end
+    self.tb = nil
   end
 end
 
@@ -348,9 +397,12 @@ function Logger:_write(record)
   if not self.file then return end
   record.time = self.time_offset + clock.now() - self.start
   -- exact numbers (a resumed run's losses are compared bit for bit); NaN or
-  -- infinite ones as null, keeping every line valid JSON
-  self.file:write(json.encode_line(record), '\n')
-  self.file:flush()
+  -- infinite ones as null, keeping every line valid JSON; one record, one
+  -- checked write, so the file never ends inside a record
+  local line = json.encode_line(record) .. '\n'
+  if not self.outputs:write('metrics_file', self.file_path, record.step, self.file.write, self.file, line) then
+    self:_drop_file()
+  end
 end
 
 local function clock_text(s)
@@ -423,7 +475,10 @@ function Logger:step(step, s)
   if self.world_size > 1 and not s.reduced then
     loss = fsdp.dist.all_reduce(fsdp.tensor({ loss }, { dtype = 'f64' }), { op = 'avg' }):item()
   end
-  if not self.leader then return end
+  if not self.leader then
+    self.outputs:check_stop(step)
+    return
+  end
   local dt = s.dt or 0
   local samples = self.batch_size * self.world_size
   -- rates over `seconds` for `steps` steps
@@ -444,7 +499,7 @@ function Logger:step(step, s)
     comm_busy_s = comm_busy, comm_joined_s = comm_joined, comm_skew_s = comm_skew })
   if self.tb then
     local MiB = 2 ^ 20
-    self.tb:scalars(step, {
+    self:_tb(step, function() self.tb:scalars(step, {
       { 'train/loss', loss }, { 'train/lr', s.lr }, { 'train/grad_norm', s.grad_norm },
       { 'perf/samples_per_sec', sps }, { 'perf/tokens_per_sec', self.tokens_per_sample > 0 and tps or nil },
       { 'perf/tflops_per_rank', self.flops_per_sample > 0 and tflops or nil }, { 'perf/mfu', mfu },
@@ -453,7 +508,7 @@ function Logger:step(step, s)
       { 'memory/reserved_mib', self.device:match('^cuda') and mem.reserved / MiB or nil },
       { 'comm/mib', comm_bytes and comm_bytes / MiB }, { 'comm/wait_s', comm_wait }, { 'comm/busy_s', comm_busy },
       { 'comm/joined_s', comm_joined },
-    })
+    }) end)
   end
   -- the interval since the last line; a skipped step's loss (non-finite)
   -- stays out of the mean
@@ -485,6 +540,7 @@ function Logger:step(step, s)
     self:_draw_bar()
     self.out:flush()
   end
+  self.outputs:check_stop(step)
 end
 
 -- Record a validation loss (already averaged over ranks, e.g. by
@@ -493,13 +549,16 @@ function Logger:validation(step, loss)
   if not self.leader then return loss end
   local ppl = math.exp(loss)
   self:_write({ type = 'val', step = step, loss = loss, perplexity = ppl })
-  if self.tb then self.tb:scalars(step, { { 'val/loss', loss }, { 'val/perplexity', ppl } }) end
+  if self.tb then self:_tb(step, function() self.tb:scalars(step, { { 'val/loss', loss }, { 'val/perplexity', ppl } }) end) end
   self:print('Validation at batch %d: loss %.4f, perplexity %.3f', step, loss, ppl)
   return loss
 end
 
 -- End the bar's line and close the metrics and event files (and a trace
--- still being recorded: --profile_steps past the last step).
+-- still being recorded: --profile_steps past the last step), then, on
+-- every rank together, report the outputs any rank lost (one line on rank
+-- 0; the process will exit with status 5: fsdp.observe.outputs). Returns
+-- that list (empty when nothing was lost).
 function Logger:close()
   if self.profile and require('fsdp.observe.profiler').on then
     local profiler = require 'fsdp.observe.profiler'
@@ -513,22 +572,29 @@ function Logger:close()
     self.bar_drawn = false
   end
   if self.tb then
-    self.tb:close()
+    local tb = self.tb
     self.tb = nil
-  end
-  if self.plot and self.file then
-    self.file:close()
-    self.file = nil
-    -- the run's results are saved already: a failed plot is said loudly
-    -- but does not stop what follows (checkpoints, export)
-    local ok, out = pcall(require('fsdp.observe.plot').draw, { self.plot }, (self.plot:gsub('%.jsonl$', '')))
-    if ok then self:print('plot: wrote %s and %s', out.png, out.svg)
-    else io.stderr:write('fsdp-lua: --plot: ', tostring(out), '\n') end
+    self.outputs:write('tensorboard_dir', self.tb_dir, nil, tb.close, tb)
   end
   if self.file then
-    self.file:close()
+    local f = self.file
     self.file = nil
+    self.outputs:write('metrics_file', self.file_path, nil, f.close, f)
   end
+  -- The curves of a metrics file that lost records would mislead: none.
+  if self.plot and self.outputs:ok('metrics_file') then
+    -- the run's results are saved already: a failed plot is said at once
+    -- and in the exit status, but does not stop what follows (checkpoints,
+    -- export)
+    local base = self.plot:gsub('%.jsonl$', '')
+    local out
+    if self.outputs:write('plot', base .. '.png', nil, function()
+      out = require('fsdp.observe.plot').draw({ self.plot }, base)
+    end) then
+      self:print('plot: wrote %s and %s', out.png, out.svg)
+    end
+  end
+  return self.outputs:close()
 end
 
 return M

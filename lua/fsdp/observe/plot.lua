@@ -23,6 +23,13 @@ local M = {}
 
 local function fail(msg) error('fsdp.plot: ' .. msg, 0) end
 
+-- A file the plot is made of, whole or not at all, checked (a failed
+-- write names the file and why).
+local function write(path, text)
+  local ok, err = pcall(files.write_atomic, path, text)
+  if not ok then fail(tostring(err):gsub('^[^%s:]+:%d+: ', '')) end
+end
+
 -- The records of a metrics file: { train = {records by step order}, val = {...} }.
 function M.read(path)
   local text, err = files.read(path, files.LIMITS.log[1], 'a metrics file')
@@ -134,12 +141,9 @@ function M.draw(paths, base, opts)
     local run = M.read(path)
     dats[i] = ('%s.%d.dat'):format(base, i)
     names[i] = name_of(path)
-    local f, err = files.open_output(dats[i])
-    if not f then fail(('cannot write %s: %s'):format(dats[i], err)) end
     local text
     text, has[i] = M.data_text(run)
-    f:write(text)
-    f:close()
+    write(dats[i], text)
   end
   local out = { png = base .. '.png', svg = base .. '.svg', gp = base .. '.gp', dats = dats }
   -- gnuplot writes the images: a FIFO there would block it
@@ -159,13 +163,24 @@ function M.draw(paths, base, opts)
     body,
     'set output',
   }, '\n') .. '\n'
-  local f, err = files.open_output(out.gp)
-  if not f then fail(('cannot write %s: %s'):format(out.gp, err)) end
-  f:write(script)
-  f:close()
+  write(out.gp, script)
   local text, rc = quote.capture({ 'gnuplot', out.gp })
   if rc == 127 then fail('gnuplot is not installed (Debian: apt-get install gnuplot-nox)') end
   if rc ~= 0 then fail(('gnuplot failed on %s (exit %d): %s'):format(out.gp, rc, text)) end
+  -- gnuplot exits 0 without a word when it cannot write an image (on a
+  -- full disk it left 4 KiB of the PNG and an empty SVG): an image that is
+  -- not there whole, up to its last chunk or closing tag, is a failure.
+  -- A torn image is removed, not left to pass for the plot.
+  local png, svg = files.read(out.png) or '', files.read(out.svg) or ''
+  if M.png_size(out.png) == nil or png:sub(-8, -5) ~= 'IEND' then
+    os.remove(out.png)
+    os.remove(out.svg)
+    fail(('gnuplot did not write %s whole (%d bytes of it)'):format(out.png, #png))
+  end
+  if not svg:find('</svg>%s*$') then
+    os.remove(out.svg)
+    fail(('gnuplot did not write %s whole (%d bytes of it)'):format(out.svg, #svg))
+  end
   return out
 end
 

@@ -314,8 +314,9 @@ function M._after(name, cat, t0, ...)
   return ...
 end
 
--- Stop and write the trace to path (its directory created). Returns the
--- number of events written.
+-- Stop and write the trace to path (its directory created), whole or not
+-- at all (fsdp.io.files.write_atomic: a failed write raises naming the
+-- file and leaves no part of it). Returns the number of events written.
 function M.stop(path)
   if not M.on then return 0 end
   M.on = false
@@ -327,14 +328,15 @@ function M.stop(path)
     events[#events + 1] = { name = 'dropped backward op spans', ph = 'M', pid = pid, tid = 0,
                             args = { count = dropped, capacity = NODE_SPANS } }
   end
-  local dir = files.dirname(path)
-  if dir ~= '' then files.mkdir_p(dir, 'fsdp.observe.profiler') end
   local parts = {}
   for i, e in ipairs(events) do parts[i] = json.encode(e) end
   local text = '{"displayTimeUnit":"ms","traceEvents":[\n' .. table.concat(parts, ',\n') .. '\n]}\n'
-  files.write_atomic(path, text)
   local n = #events
+  -- stopped whatever the write does next
   events, names, units = nil, nil, nil
+  local dir = files.dirname(path)
+  if dir ~= '' then files.mkdir_p(dir, 'fsdp.observe.profiler') end
+  files.write_atomic(path, text)
   return n
 end
 

@@ -126,17 +126,20 @@ function M.Writer(dir, opts)
     ffi.C.getpid()))
   local path, n = base, 0
   while files.mode(path) do n = n + 1; path = base .. '.' .. n end
-  local f, err = files.open_output(path, 'wb')
-  if not f then core.fail(('fsdp.tensorboard: cannot create %s: %s'):format(path, err)) end
+  local ok, f = pcall(files.appender, path, true)
+  if not ok then core.fail(('fsdp.tensorboard: cannot create %s'):format(tostring(f):gsub('^[^%s:]+:%d+: ', ''))) end
   local self = setmetatable({ file = f, path = path, now = now }, Writer)
   self:_put(event(0, bytes_field(3, 'brain.Event:2'), now()))
   return self
 end
 
+-- One record, one checked write (fsdp.io.files.appender): a failure raises
+-- naming the file, and the file still ends with a whole record, which
+-- TensorBoard and read() need.
 function Writer:_put(data)
-  local ok, err = self.file:write(M.record(data))
-  if not ok then core.fail(('fsdp.tensorboard: cannot write %s: %s'):format(self.path, err)) end
-  self.file:flush()
+  if not self.file then core.fail(('fsdp.tensorboard: %s: written after close'):format(self.path)) end
+  local ok, err = pcall(self.file.write, self.file, M.record(data))
+  if not ok then core.fail('fsdp.tensorboard: ' .. tostring(err):gsub('^[^%s:]+:%d+: ', '')) end
 end
 
 -- One event at `step` holding scalars: values is a list of {tag, number}
@@ -155,8 +158,13 @@ function Writer:text(tag, text, step)
   self:_put(event(step or 0, bytes_field(5, text_value(tag, text)), self.now()))
 end
 
+-- Close the file; raises when the close reports a late write error.
 function Writer:close()
-  if self.file then self.file:close(); self.file = nil end
+  local f = self.file
+  if not f then return end
+  self.file = nil
+  local ok, err = pcall(f.close, f)
+  if not ok then core.fail('fsdp.tensorboard: ' .. tostring(err):gsub('^[^%s:]+:%d+: ', '')) end
 end
 
 -- reading ----------------------------------------------------------------------
