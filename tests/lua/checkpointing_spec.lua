@@ -443,19 +443,19 @@ describe('a recipe whose save cannot be written', function()
     -- command resumed under a limit a little below one rank file's size
     -- cannot write step 2's.
     local dir = fresh_dir()
-    local sweep = require 'fsdp.sweep'
-    local q = sweep.shell_quote
+    local run_shell = require('fsdp.testing').sh -- a shell command line: output and status
+    local q = require('fsdp.quote').shell
     local cmd = function(steps, blocks)
       return ("sh -c %s"):format(q(("trap '' XFSZ; ulimit -f %s; exec %s recipes/llama2_7b.lua --num_layers=1 "
         .. '--hidden_width=32 --num_heads=4 --vocab_size=64 --batch_size=2 --seq_len=16 --warmup_steps=0 '
         .. '--validation_freq=0 --checkpoint_dir=%s --checkpoint_freq=1 --keep_checkpoints=0 --resume_from_checkpoint '
         .. '--max_steps=%d'):format(blocks, q(require('fsdp.host').exe), q(dir), steps)))
     end
-    local out, rc = sweep.capture(cmd(1, 'unlimited'))
+    local out, rc = run_shell(cmd(1, 'unlimited'))
     assert.equal(0, rc, out)
     local rank_file = dir .. '/step-000001/rank-00000-of-00001.safetensors'
     local blocks = math.floor(files.size(rank_file) / 512) - 1 -- a few hundred bytes short of one rank file
-    out, rc = sweep.capture(cmd(2, blocks))
+    out, rc = run_shell(cmd(2, blocks))
     assert.equal(1, rc, out)
     local _, lines = out:gsub('fsdp%-lua: ', '')
     assert.equal(1, lines, out)

@@ -12,11 +12,11 @@ local files = require 'fsdp.io.files'
 local lock = require 'fsdp.checkpointing.lock'
 local ckpt = require 'fsdp.checkpointing'
 local llama = require 'models.llama'
-local sweep = require 'fsdp.sweep'
+local run_shell = require('fsdp.testing').sh -- a shell command line: output and status
 local C = core.C
 
 local exe = require('fsdp.host').exe
-local q = sweep.shell_quote
+local q = require('fsdp.quote').shell
 
 local root = os.tmpname()
 os.remove(root)
@@ -38,7 +38,7 @@ end
 
 -- Run Lua code in a child fsdp-lua; its output and exit status.
 local function child(code)
-  return sweep.capture(('%s -e %s'):format(q(exe), q(code)))
+  return run_shell(('%s -e %s'):format(q(exe), q(code)))
 end
 
 local function lock_text(dir) return files.read(files.join(dir, lock.FILE)) or '' end
@@ -89,7 +89,7 @@ describe('checkpoint directory lock', function()
     local dir = fresh_dir()
     -- (the status echoed from inside the command, so that the shell says
     -- "Killed" into the output rather than onto the test's terminal)
-    local out = sweep.capture(('%s -e %s; echo "status $?"'):format(q(exe), q(('require("fsdp.checkpointing.lock")'
+    local out = run_shell(('%s -e %s; echo "status $?"'):format(q(exe), q(('require("fsdp.checkpointing.lock")'
       .. '.acquire(%q) require("fsdp.checkpointing").kill_self("holding the lock")'):format(dir))))
     assert.truthy(out:find('status 137', 1, true), out)
     local pid = lock_text(dir):match('pid (%d+),')

@@ -12,11 +12,11 @@ local fsdp = require 'fsdp'
 local files = require 'fsdp.io.files'
 local metrics = require 'fsdp.observe.metrics'
 local tb = require 'fsdp.observe.tensorboard'
-local sweep = require 'fsdp.sweep'
+local run_shell = require('fsdp.testing').sh -- a shell command line: output and status
 local host = require 'fsdp.host'
 local cjson = require 'cjson'
 
-local exe, q = host.exe, sweep.shell_quote
+local exe, q = host.exe, require('fsdp.quote').shell
 
 local root = os.tmpname()
 os.remove(root)
@@ -26,7 +26,7 @@ teardown(function() files.remove_tree(root) end)
 -- Lua code in a child fsdp-lua whose files may not grow past `blocks` x
 -- 512 bytes (dash's ulimit -f unit); its output and exit status.
 local function limited(blocks, code)
-  return sweep.capture(("sh -c %s"):format(q(("trap '' XFSZ; ulimit -f %d; exec %s -e %s"):format(blocks, q(exe),
+  return run_shell(("sh -c %s"):format(q(("trap '' XFSZ; ulimit -f %d; exec %s -e %s"):format(blocks, q(exe),
     q(code)))))
 end
 
@@ -133,7 +133,7 @@ describe('a Logger whose output fails', function()
   end)
 
   it('--on_output_error=stop ends the run after the step whose write failed, exit 5', function()
-    local out, rc = sweep.capture(('%s -e %s'):format(q(exe), q([[
+    local out, rc = run_shell(('%s -e %s'):format(q(exe), q([[
       local metrics = require 'fsdp.observe.metrics'
       local log = metrics.Logger({ total_steps = 5, batch_size = 1, metrics_file = '/dev/full', progress = false,
                                    on_output_error = 'stop', out = io.open('/dev/null', 'w') })
@@ -170,7 +170,7 @@ describe('a Logger whose output fails', function()
   end)
 
   it('--plot: an image gnuplot could not write whole is a failure, not a plot', function()
-    if select(2, sweep.capture('gnuplot --version')) ~= 0 then
+    if select(2, run_shell('gnuplot --version')) ~= 0 then
       pending('gnuplot is not installed')
       return
     end

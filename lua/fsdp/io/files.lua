@@ -119,10 +119,13 @@ function M.is_file(path)
   error(why, 0)
 end
 
--- true when `path` may be written: absent, or a regular file (a FIFO
--- would block the writer until a reader came); else nil and why.
+-- true when `path` may be written: absent, a regular file, or a character
+-- device the user named on purpose (/dev/null, /dev/stdout, /dev/full);
+-- a FIFO would block the writer until a reader came, and a directory, a
+-- socket or a block device is no file to write: nil and why.
 function M.check_output(path)
-  if M.mode(path) == nil then return true end
+  local m = M.mode(path)
+  if m == nil or m == 'char device' then return true end
   return M.check_input(path)
 end
 
