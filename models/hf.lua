@@ -36,6 +36,7 @@ local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local json = require 'fsdp.io.json'
 local st = require 'fsdp.io.safetensors_sharded'
+local publish = require 'fsdp.io.publish'
 local suggest = require 'fsdp.suggest'
 local llama = require 'models.llama'
 local t5 = require 'models.t5'
@@ -451,7 +452,12 @@ end
 -- family name, and the config.json table. Nothing is built or read
 -- beyond headers. overrides: config fields (e.g. dropout = 0).
 function M.read_config(dir, overrides)
-  if lfs.attributes(dir, 'mode') ~= 'directory' then core.fail(('hf: %s is not a directory'):format(dir)) end
+  if lfs.attributes(dir, 'mode') ~= 'directory' then
+    core.fail(('hf: %s is not a directory%s'):format(dir, publish.missing_hint(dir)))
+  end
+  -- Our unfinished or mixed export, before "no config.json" (which a
+  -- half-written one may also lack).
+  publish.check(dir)
   if not files.is_file(dir .. '/config.json') then
     core.fail(('hf: %s has no config.json (a Hugging Face model directory holds config.json and its '
       .. 'safetensors files)'):format(dir))
@@ -555,6 +561,10 @@ end
 -- state (tensors by name to write instead of the model's parameters, in
 -- their dtype: a LoRA model's merged_state_dict; a sharded model's rank 0
 -- holds them, the other ranks pass an empty table).
+-- dir is replaced as a whole, never written in place: it must be missing,
+-- empty or an earlier export of ours, and a crash leaves the old
+-- directory or the whole new one ([Note: exports are published whole] in
+-- fsdp.io.publish).
 -- Returns the weight files written (on rank 0; {} elsewhere).
 function M.save_pretrained(model, dir, opts)
   opts = opts or {}
@@ -576,21 +586,25 @@ function M.save_pretrained(model, dir, opts)
     end
     order = kept
   end
-  local w, failed, written = nil, nil, {}
+  -- Rank 0 builds the directory beside dir and swaps it in whole at the
+  -- end ([Note: exports are published whole] in fsdp.io.publish).
+  local w, stage, failed, written = nil, nil, nil, {}
   local function try(fn)
     if writes and not failed then
       local ok, err = pcall(fn)
       if not ok then
         failed = err
         if w then w:abort() end
+        if stage then stage:abort() end
       end
     end
   end
   local dtype = order[1] and order[1][3]
   try(function()
+    stage = publish.begin(dir, { what = 'save_pretrained' })
     local decls = {}
     for i, e in ipairs(order) do decls[i] = { e[1], e[3], hf_shape(e[1], e[2]) } end
-    w = st.stream_sharded(dir, decls, { max_shard_size = opts.max_shard_size, checksum = true })
+    w = st.stream_sharded(stage.dir, decls, { max_shard_size = opts.max_shard_size, checksum = true, id = stage.id })
   end)
   local function put(name, t)
     try(function()
@@ -624,10 +638,10 @@ function M.save_pretrained(model, dir, opts)
       if v == nil and not null(h[k]) then v = h[k] end -- T5's config carries its ids
       if v ~= nil then h[k], gen[k] = v, v end
     end
-    files.write_atomic(dir .. '/config.json', json.encode(h))
+    files.write_atomic(stage.dir .. '/config.json', json.encode(h))
     if next(gen) then
       gen._from_model_config = true
-      files.write_atomic(dir .. '/generation_config.json', json.encode(gen))
+      files.write_atomic(stage.dir .. '/generation_config.json', json.encode(gen))
     end
     if opts.tokenizer_from then
       for _, name in ipairs(M.TOKENIZER_FILES) do
@@ -635,10 +649,11 @@ function M.save_pretrained(model, dir, opts)
         if files.is_file(src) then
           local text, err = files.read(src, TOKENIZER_FILE_LIMIT, 'a tokenizer file')
           if not text then core.fail('hf: ' .. err) end
-          files.write_atomic(dir .. '/' .. name, text)
+          files.write_atomic(stage.dir .. '/' .. name, text)
         end
       end
     end
+    stage:commit()
   end)
   if sharded and dist.world_size() > 1 then
     local flag = fsdp.tensor({ failed and 1 or 0 }, { dtype = 'i32' })

@@ -254,8 +254,12 @@ end
 function M.open(path, opts)
   opts = opts or {}
   local mode = files.mode(path)
-  if not mode then fail('%s does not exist', path) end
+  local publish = require 'fsdp.io.publish'
+  if not mode then fail('%s does not exist%s', path, publish.missing_hint(path)) end
   local src = { path = path }
+  -- Our unfinished or mixed export is refused as such, whatever it holds.
+  local checked, why = pcall(publish.check, path)
+  if not checked then fail('%s', bare(why)) end
   local config_json = mode == 'directory' and files.join(path, 'config.json')
   local is_hf = false
   if config_json then
@@ -366,17 +370,8 @@ function M.check_sizes(src, given)
   end
 end
 
--- A recipe's --init_from, opened and checked against its other options
--- (call it in the recipe's option checks, recipe.config's fourth
--- argument; written: the names the options were given under). Returns
--- the source, or nil without --init_from. opts: families and who (as
--- open's), overrides and t5_config (as open's), sizes ({{config field,
--- option}...}: a size option given must agree with the weights), and
--- family_of_model (name -> the family a --model names: a --model given
--- must be of the weights' family). A --model not given is cleared: the
--- weights' config is the model, not the default's name.
-function M.from_options(cfg, written, opts)
-  if cfg.init_from == '' then return nil end
+-- --init_from opened and checked against the other options (from_options).
+local function open_option(cfg, written, opts)
   local given_model = written.model ~= nil
   local ok, src = pcall(M.open, cfg.init_from, {
     families = opts.families, who = opts.who, overrides = opts.overrides, t5_config = opts.t5_config,
@@ -404,6 +399,68 @@ function M.from_options(cfg, written, opts)
   end
   M.check_sizes(src, given)
   return src
+end
+
+-- A recipe's --init_from, opened and checked against its other options
+-- (call it in the recipe's option checks, recipe.config's fourth
+-- argument; written: the names the options were given under). Returns
+-- the source, or nil without --init_from. opts: families and who (as
+-- open's), overrides and t5_config (as open's), sizes ({{config field,
+-- option}...}: a size option given must agree with the weights), and
+-- family_of_model (name -> the family a --model names: a --model given
+-- must be of the weights' family). A --model not given is cleared: the
+-- weights' config is the model, not the default's name. --export_hf is
+-- checked here too (export_problem), so a run never trains for hours to
+-- find at the end that its export would overwrite --init_from or cannot
+-- replace the directory.
+function M.from_options(cfg, written, opts)
+  local src = cfg.init_from ~= '' and open_option(cfg, written, opts) or nil
+  if (cfg.export_hf or '') ~= '' then
+    local why = M.export_problem(cfg.export_hf, src, '--' .. (written.export_hf or 'export_hf'), {
+      { '--' .. (written.init_from or 'init_from'), src and src.path, 'the weights this run starts from' },
+      { '--checkpoint_dir', cfg.checkpoint_dir, "the run's checkpoints" } })
+    if why then fail('%s', why) end
+  end
+  return src
+end
+
+-- Why an export to dir (the option or argument `what` names it) must be
+-- refused, or nil: it is, or holds, a directory the model comes from
+-- (src's path, the Hugging Face directory a checkpoint's run started from,
+-- a LoRA base, the tokenizer directory; and `other`: {name, path, what it
+-- holds} each), which an export there would destroy; or it is not a
+-- directory an export may replace (fsdp.io.publish: an export replaces
+-- its directory whole).
+function M.export_problem(dir, src, what, other)
+  local publish = require 'fsdp.io.publish'
+  local kept = {}
+  local function add(name, path, holds)
+    if type(path) == 'string' and path ~= '' then kept[#kept + 1] = { name, path, holds } end
+  end
+  for _, o in ipairs(other or {}) do add(o[1] .. ' ' .. tostring(o[2]), o[2], o[3]) end
+  if src then
+    local starts = 'the weights this model starts from'
+    local extra = src.index and type(src.index.extra) == 'table' and src.index.extra or {}
+    add(('%s, the Hugging Face directory that %s was trained from'):format(tostring(extra.init_from), src.path),
+      extra.init_from, starts)
+    if src.base then add(('%s, the LoRA base of %s'):format(src.base.path, src.path), src.base.path, starts) end
+    add(('%s, the tokenizer directory of %s'):format(tostring(src.tokenizer_from), src.path), src.tokenizer_from,
+      'the tokenizer files the export copies')
+  end
+  local real = files.realpath((dir:gsub('(.)/+$', '%1'))) or dir
+  for _, k in ipairs(kept) do
+    local p = files.realpath(k[2])
+    if p and p == real then
+      return ('%s %s is %s: an export there would overwrite %s; give another directory'):format(what, dir, k[1],
+        k[3])
+    elseif p and p:sub(1, #real + 1) == real .. '/' then
+      return ('%s %s holds %s: an export replaces its directory whole and would delete %s; give another directory')
+        :format(what, dir, k[1], k[3])
+    end
+  end
+  local why = publish.problem(dir)
+  if why then return ('%s: %s'):format(what, why) end
+  return nil
 end
 
 -- The model src holds, built from src.config with `place` ({device,

@@ -14,7 +14,10 @@
 -- checkpoints and state dicts tell only shapes: give --model or
 -- --num_heads for the rest. The model is rebuilt whole in this process
 -- (each parameter read from the saved ranks' slices), so the machine needs
--- its size in memory once.
+-- its size in memory once. DIR is built beside it and swapped in whole,
+-- so it must be missing, empty or an earlier export; a kill leaves the
+-- old export or the new one ([Note: exports are published whole] in
+-- lua/fsdp/io/publish.lua).
 local recipe = require 'fsdp.recipe'
 local clock = require 'fsdp.clock'
 local hf = require 'models.hf'
@@ -48,6 +51,12 @@ local opened, src = pcall(pretrained.open, from, { who = 'tools/export.lua', mod
                                                    num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
 if not opened then usage(recipe.bare(src)) end
 if src.kind == 'hf' then usage(('%s is a Hugging Face directory already'):format(from)) end
+-- DIR is replaced whole (fsdp.io.publish): never over what the model
+-- comes from, only over a missing, empty or earlier export directory.
+local why = pretrained.export_problem(out, src, 'DIR', {
+  { 'CHECKPOINT', from, 'the checkpoint being exported' },
+  { '--tokenizer_from', cfg.tokenizer_from, 'the tokenizer files the export copies' } })
+if why then usage(why) end
 
 local model = pretrained.build(src, { device = 'cpu' })
 local loaded, why = pcall(pretrained.load, model, src)
@@ -58,9 +67,13 @@ end
 -- A LoRA run's checkpoint (adapters on its --init_from base): exported merged.
 local lora = require 'fsdp.lora'
 if lora.config_of(model) then lora.merge(model) end
-local written = hf.save_pretrained(model, out, {
+local saved, written = pcall(hf.save_pretrained, model, out, {
   max_shard_size = cfg.max_shard_size, token_ids = src.token_ids,
   tokenizer_from = cfg.tokenizer_from ~= '' and cfg.tokenizer_from or src.tokenizer_from,
 })
+if not saved then
+  io.stderr:write('fsdp-lua: tools/export.lua: ', recipe.bare(written), '\n')
+  os.exit(1)
+end
 print(('export: %s, %d parameters -> %s (%d weight file%s, config.json) in %.2f s'):format(pretrained.describe(src),
   model:num_parameters(), out, #written, #written == 1 and '' or 's', clock.now() - t0))

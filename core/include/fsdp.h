@@ -911,6 +911,15 @@ FL_API int fl_file_write_atomic(const char *path, const void *data, size_t len);
 /* fsync a file or directory by path (after creating or removing entries
  * in a directory, so the change survives a crash). */
 FL_API int fl_fsync_path(const char *path);
+/* rename(2), then fsync the directories involved, so the rename survives
+ * a crash. */
+FL_API int fl_rename_durable(const char *from, const char *to);
+/* Swap two existing paths in one atomic step (Linux renameat2 with
+ * RENAME_EXCHANGE; both must be on one file system), then fsync their
+ * directories: at no moment is either missing. FL_ERR_UNSUPPORTED where
+ * the kernel or the file system cannot (callers rename twice instead).
+ * lua/fsdp/io/publish.lua swaps a new export with the old one this way. */
+FL_API int fl_path_exchange(const char *a, const char *b);
 
 /* Inputs are regular files (core/io/input_file.c: [Note: inputs are
  * regular files]): a FIFO would block its reader, a device never ends.

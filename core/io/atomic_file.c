@@ -8,6 +8,11 @@
  * the whole new one. Checkpoints (lua/fsdp/checkpointing/) rely on this for
  * index.json and the COMPLETE marker; the safetensors writer uses the same
  * steps for its files.
+ *
+ * A directory of several files (an export) is published the same way one
+ * level up (lua/fsdp/io/publish.lua): built under a temporary sibling name,
+ * then swapped with the old directory in one step (fl_path_exchange) or
+ * renamed into place (fl_rename_durable), the parent fsynced after.
  */
 #include "internal.h"
 
@@ -15,7 +20,12 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#ifndef RENAME_EXCHANGE
+#define RENAME_EXCHANGE (1 << 1) /* linux/fs.h; glibc before 2.28 lacks it */
+#endif
 
 /* fsync a file or a directory by path. Some file systems refuse fsync on a
  * directory (EINVAL): there is nothing more to do on those. */
@@ -92,4 +102,42 @@ int fl_file_write_atomic(const char *path, const void *data, size_t len) {
     }
     free(tmp);
     return fl_sync_parent_dir(path);
+}
+
+/* Both directories of a rename made durable: the destination's, and the
+ * source's when it is another one. */
+static int sync_both(const char *from, const char *to) {
+    int rc = fl_sync_parent_dir(to);
+    if (rc != FL_OK) return rc;
+    const char *a = strrchr(from, '/'), *b = strrchr(to, '/');
+    size_t la = a ? (size_t)(a - from) : 0, lb = b ? (size_t)(b - to) : 0;
+    if (la == lb && strncmp(from, to, la) == 0) return FL_OK;
+    return fl_sync_parent_dir(from);
+}
+
+int fl_rename_durable(const char *from, const char *to) {
+    if (!from || !to) return fl_fail(FL_ERR_ARG, "rename: path is NULL");
+    if (rename(from, to) != 0)
+        return fl_fail(FL_ERR_IO, "cannot rename %s to %s: %s", from, to, strerror(errno));
+    return sync_both(from, to);
+}
+
+/* renameat2(RENAME_EXCHANGE) through syscall(): the call is Linux's (3.15),
+ * and a libc may lack the wrapper. A file system that cannot exchange
+ * (EINVAL: NFS, older overlayfs) or a kernel without the call (ENOSYS)
+ * is FL_ERR_UNSUPPORTED, so the caller can take its two-rename path. */
+int fl_path_exchange(const char *a, const char *b) {
+    if (!a || !b) return fl_fail(FL_ERR_ARG, "exchange: path is NULL");
+#ifdef SYS_renameat2
+    long rc = syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b, (unsigned)RENAME_EXCHANGE);
+    int err = errno;
+#else
+    long rc = -1;
+    int err = ENOSYS;
+#endif
+    if (rc != 0) {
+        fl_status st = (err == EINVAL || err == ENOSYS || err == EOPNOTSUPP) ? FL_ERR_UNSUPPORTED : FL_ERR_IO;
+        return fl_fail(st, "cannot exchange %s and %s: %s", a, b, strerror(err));
+    }
+    return sync_both(a, b);
 }

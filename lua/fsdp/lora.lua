@@ -351,16 +351,21 @@ function M.save_peft(model, dir, opts)
   local sd = M.adapter_state_dict(model, { rank0_only = true })
   local err
   if dist.rank() == 0 then
+    -- Built beside dir and swapped in whole ([Note: exports are published
+    -- whole] in fsdp.io.publish).
+    local publish = require 'fsdp.io.publish'
+    local stage
     local ok, e = pcall(function()
       local files = require 'fsdp.io.files'
-      files.mkdir_p(dir, 'save_peft')
+      stage = publish.begin(dir, { what = 'save_peft' })
       local list = {}
       for name, t in pairs(sd) do
         if opts.dtype and t.dtype ~= opts.dtype then t = t:to({ dtype = opts.dtype }) end
         list[#list + 1] = { PREFIX .. name, t }
       end
       table.sort(list, function(a, b) return a[1] < b[1] end)
-      require('fsdp.io.safetensors').save(files.join(dir, 'adapter_model.safetensors'), list, { format = 'pt' })
+      require('fsdp.io.safetensors').save(files.join(stage.dir, 'adapter_model.safetensors'), list,
+        { format = 'pt', [publish.ID_KEY] = stage.id })
       local json = require 'fsdp.io.json'
       local targets = json.array({})
       for i, t in ipairs(cfg.targets) do targets[i] = t end
@@ -372,9 +377,13 @@ function M.save_peft(model, dir, opts)
         layers_to_transform = json.null, layers_pattern = json.null, rank_pattern = {}, alpha_pattern = {},
         base_model_name_or_path = opts.base_model_name_or_path or json.null, revision = json.null,
       })
-      files.write_atomic(files.join(dir, 'adapter_config.json'), text)
+      files.write_atomic(files.join(stage.dir, 'adapter_config.json'), text)
+      stage:commit()
     end)
-    if not ok then err = e end
+    if not ok then
+      err = e
+      if stage then stage:abort() end
+    end
   end
   if dist.world_size() > 1 then
     for r, e in ipairs(dist.all_gather_strings(err and tostring(err) or '')) do

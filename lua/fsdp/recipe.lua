@@ -412,7 +412,9 @@ local function path_problem(key, d, v)
   if d.input then
     if v == '-' and d.stdin then return end
     local m = mode(v)
-    if not m and not (d.input == 'glob' and v:find('[%*%?%[]')) then return ('%s does not exist'):format(v) end
+    if not m and not (d.input == 'glob' and v:find('[%*%?%[]')) then
+      return ('%s does not exist%s'):format(v, require('fsdp.io.publish').missing_hint(v))
+    end
     if d.input == 'file' and m == 'directory' then return ('%s is a directory, not a file'):format(v) end
     if d.input == 'dir' and m ~= 'directory' then return ('%s is not a directory'):format(v) end
     -- a FIFO would block its reader, a device never ends ([Note: inputs

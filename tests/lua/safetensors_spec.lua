@@ -201,20 +201,24 @@ describe('multi-file checkpoints', function()
     local files = fsdp.save_safetensors_sharded(d, tensors(), { max_shard_size = 1000 })
     assert.same({ 'model-00001-of-00003.safetensors', 'model-00002-of-00003.safetensors',
                   'model-00003-of-00003.safetensors' }, files)
-    assert.same({ 'model-00001-of-00003.safetensors', 'model-00002-of-00003.safetensors',
+    -- The directory is published whole: its manifest lists the files and
+    -- the id they all carry (fsdp.io.publish).
+    assert.same({ 'fsdp_export.json', 'model-00001-of-00003.safetensors', 'model-00002-of-00003.safetensors',
                   'model-00003-of-00003.safetensors', 'model.safetensors.index.json' }, listing(d))
     local index = require('cjson').decode(io.open(d .. '/model.safetensors.index.json'):read('*a'))
     assert.equals(2000, index.metadata.total_size)
     assert.equals('model-00001-of-00003.safetensors', index.weight_map.b)
     assert.equals('model-00002-of-00003.safetensors', index.weight_map.c)
     assert.equals('model-00003-of-00003.safetensors', index.weight_map.e)
-    assert.same({ format = 'pt' }, select(3, fsdp.load_safetensors(d .. '/' .. files[1])))
+    local id = require('cjson').decode(io.open(d .. '/fsdp_export.json'):read('*a')).id
+    assert.same({ format = 'pt', fsdp_export_id = id }, select(3, fsdp.load_safetensors(d .. '/' .. files[1])))
+    assert.equals(id, index.metadata.fsdp_export_id)
     local back, names = fsdp.load_safetensors_dir(d)
     assert.same({ 'a', 'b', 'c', 'd', 'e' }, names)
     for name, t in pairs(tensors()) do assert.equals(0, T.max_abs_diff(t, back[name])) end
     -- Saved again in one file: model.safetensors, and the old shards go.
     assert.same({ 'model.safetensors' }, fsdp.save_safetensors_sharded(d, tensors(), { max_shard_size = '1MB' }))
-    assert.same({ 'model.safetensors' }, listing(d))
+    assert.same({ 'fsdp_export.json', 'model.safetensors' }, listing(d))
     rm_rf(d)
   end)
 
@@ -253,6 +257,10 @@ describe('multi-file checkpoints', function()
     before_each(function()
       d = tmpdir()
       fsdp.save_safetensors_sharded(d, tensors(), { max_shard_size = 1000 })
+      -- As transformers writes it: without our manifest, whose own checks
+      -- (fsdp.io.publish, tests/lua/export_publish_spec.lua) would speak
+      -- first about the files changed below.
+      os.remove(d .. '/fsdp_export.json')
     end)
     after_each(function() rm_rf(d) end)
 

@@ -1,7 +1,9 @@
--- fsdp.io.files: the file-system steps checkpoints are made of: atomic
--- publication of small files (core/io/atomic_file.c: temporary name, fsync,
--- rename, fsync of the directory), directories, and removal; and how every
--- file a user names is read (regular files only, reads bounded).
+-- fsdp.io.files: the file-system steps checkpoints and exports are made
+-- of: atomic publication of small files (core/io/atomic_file.c: temporary
+-- name, fsync, rename, fsync of the directory), durable renames and
+-- exchanges (whole directories: fsdp.io.publish), directories, and
+-- removal; and how every file a user names is read (regular files only,
+-- reads bounded).
 --
 --   local files = require 'fsdp.io.files'
 --   files.write_atomic('ckpt/step-000010/index.json', text)
@@ -35,6 +37,30 @@ end
 
 -- fsync a file or directory (after entries were created or removed).
 function M.fsync(path) core.check(C.fl_fsync_path(path)) end
+
+-- rename(2) made durable (the directories fsynced after).
+function M.rename(from, to) core.check(C.fl_rename_durable(from, to)) end
+
+-- Swap two paths on one file system in one atomic step (durable): true,
+-- or false and the reason where the file system or kernel cannot
+-- (core/io/atomic_file.c); other failures raise.
+function M.exchange(a, b)
+  local status = C.fl_path_exchange(a, b)
+  if status == C.FL_ERR_UNSUPPORTED then return false, core.last_error() end
+  core.check(status)
+  return true
+end
+
+pcall(core.ffi.cdef, 'char *realpath(const char *path, char *resolved);')
+local path_buf = core.ffi.new('char[?]', 4097)
+
+-- The absolute path without links, '.' or '..' (realpath(3)) of an
+-- existing path; nil when it cannot be resolved.
+function M.realpath(path)
+  local p = core.ffi.C.realpath(path, path_buf)
+  if p == nil then return nil end
+  return core.ffi.string(p)
+end
 
 -- A file that grows by whole records (core/io/append_file.c): a:write(text)
 -- appends all of text or raises naming the file, the bytes written and why,

@@ -19,6 +19,7 @@ local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local cjson = require 'cjson'
 local files = require 'fsdp.io.files'
+local publish = require 'fsdp.io.publish'
 
 local M = {}
 
@@ -112,7 +113,12 @@ end
 function M.open_checkpoint(path)
   if type(path) ~= 'string' then core.fail('safetensors: a checkpoint path must be a string') end
   local m = mode(path)
-  if m == nil then core.fail(('safetensors: %s: no such file or directory'):format(path)) end
+  if m == nil then
+    core.fail(('safetensors: %s: no such file or directory%s'):format(path, publish.missing_hint(path)))
+  end
+  -- An export of ours that is unfinished or mixes two exports is refused
+  -- before any file is read ([Note: exports are published whole]).
+  if m == 'directory' then publish.check(path) elseif path:match('%.json$') then publish.check(dirname(path)) end
   local map, meta, index
   if m == 'directory' then
     if is_file(join(path, M.SINGLE_NAME)) then
@@ -323,9 +329,16 @@ local function mkdir_p(dir) files.mkdir_p(dir, 'safetensors') end
 -- Text published atomically (temporary file, fsync, rename: fsdp.files).
 local write_atomic = files.write_atomic
 
--- HF's index layout: total size in metadata, weight_map sorted by name.
-local function index_json(total, map)
-  local lines = { '{', '  "metadata": {', ('    "total_size": %d'):format(total), '  },', '  "weight_map": {' }
+-- HF's index layout: total size in metadata (and the export id of the
+-- files beside it, when given), weight_map sorted by name.
+local function index_json(total, map, id)
+  local lines = { '{', '  "metadata": {', ('    "total_size": %d'):format(total) }
+  if id then
+    lines[#lines] = lines[#lines] .. ','
+    lines[#lines + 1] = ('    %s: %s'):format(cjson.encode(publish.ID_KEY), cjson.encode(id))
+  end
+  lines[#lines + 1] = '  },'
+  lines[#lines + 1] = '  "weight_map": {'
   local names = sorted(map)
   for i, name in ipairs(names) do
     lines[#lines + 1] = ('    %s: %s%s'):format(cjson.encode(name), cjson.encode(map[name]), i < #names and ',' or '')
@@ -359,20 +372,18 @@ local function plan_files(entries, max)
 end
 
 -- After a save wrote `written` (file names) in dir: the index when there
--- are several, then the leftovers of a previous save with another layout
--- removed (other shard sets, whichever of the single file and the index
--- this save did not write).
-local function publish(dir, written, total, map)
-  if #written > 1 then write_atomic(join(dir, M.INDEX_NAME), index_json(total, map)) end
-  local keep = {}
-  for _, n in ipairs(written) do keep[n] = true end
-  if #written > 1 then keep[M.INDEX_NAME] = true end
-  for _, name in ipairs(files.list(dir)) do
-    if not keep[name] and (name == M.SINGLE_NAME or name == M.INDEX_NAME
-        or name:match('^model%-%d%d%d%d%d%-of%-%d%d%d%d%d%.safetensors$')) then
-      os.remove(join(dir, name))
-    end
-  end
+-- are several. dir is a publication's fresh directory (fsdp.io.publish),
+-- so no file of an earlier save is there to mix with these.
+local function finish_files(dir, written, total, map, id)
+  if #written > 1 then write_atomic(join(dir, M.INDEX_NAME), index_json(total, map, id)) end
+end
+
+-- opts.metadata (default {format = 'pt'}) with the export id added.
+local function with_id(metadata, id)
+  local out = {}
+  for k, v in pairs(metadata or { format = 'pt' }) do out[k] = v end
+  out[publish.ID_KEY] = id
+  return out
 end
 
 -- Save tensors (name -> Tensor, written in sorted name order, or an array
@@ -383,8 +394,10 @@ end
 -- model.safetensors.index.json, a single one is model.safetensors.
 -- opts: max_shard_size (bytes or '5GB'; default '5GB'), metadata (string
 -- map for every file; default {format = 'pt'}, which transformers
--- requires). Files of an earlier save with another layout are removed,
--- after the new ones are in place. Returns the file names written.
+-- requires). The directory is replaced as a whole ([Note: exports are
+-- published whole] in fsdp.io.publish): it must be missing, empty or an
+-- earlier save of ours, and a crash leaves it as it was or complete.
+-- Returns the file names written.
 function M.save_sharded(dir, tensors, opts)
   opts = opts or {}
   if type(dir) ~= 'string' or dir == '' then core.fail('save_sharded: dir must be a directory path') end
@@ -412,19 +425,26 @@ function M.save_sharded(dir, tensors, opts)
     entries[i] = { p[1], p[2]:numel() * p[2]:element_size(), p[2] }
   end
   local plan, total = plan_files(entries, max)
-  mkdir_p(dir)
-  local metadata = opts.metadata or { format = 'pt' }
+  local stage = publish.begin(dir, { what = 'save_sharded' })
+  local metadata = with_id(opts.metadata, stage.id)
   local written, map = {}, {}
-  for _, f in ipairs(plan) do
-    local shard = {}
-    for _, e in ipairs(f[2]) do
-      shard[#shard + 1] = { e[1], e[3] }
-      map[e[1]] = f[1]
+  local ok, err = pcall(function()
+    for _, f in ipairs(plan) do
+      local shard = {}
+      for _, e in ipairs(f[2]) do
+        shard[#shard + 1] = { e[1], e[3] }
+        map[e[1]] = f[1]
+      end
+      st().save(join(stage.dir, f[1]), shard, metadata)
+      written[#written + 1] = f[1]
     end
-    st().save(join(dir, f[1]), shard, metadata)
-    written[#written + 1] = f[1]
+    finish_files(stage.dir, written, total, map, stage.id)
+    stage:commit()
+  end)
+  if not ok then
+    stage:abort()
+    error(err, 0)
   end
-  publish(dir, written, total, map)
   return written
 end
 
@@ -438,7 +458,9 @@ end
 -- The files are planned from the declarations as save_sharded plans them
 -- (opts as its, plus checksum); each is opened when its first tensor
 -- comes and published (atomically) after its last. abort() removes the
--- file being written.
+-- file being written. dir is the fresh directory of a publication
+-- (fsdp.io.publish: stage.dir, which the caller commits after finish) and
+-- opts.id its stage.id, which every file and the index carry.
 local Stream = {}
 Stream.__index = Stream
 
@@ -459,7 +481,8 @@ function M.stream_sharded(dir, decls, opts)
     for _, e in ipairs(f[2]) do map[e[1]] = f[1] end
   end
   return setmetatable({ dir = dir, plan = plan, total = total, map = map, file = 0, pos = 0, written = {},
-                        metadata = opts.metadata or { format = 'pt' }, checksum = opts.checksum }, Stream)
+                        metadata = opts.id and with_id(opts.metadata, opts.id) or opts.metadata or { format = 'pt' },
+                        id = opts.id, checksum = opts.checksum }, Stream)
 end
 
 local shape_buf = core.ffi.new('int64_t[?]', core.C.FL_MAX_DIMS)
@@ -506,8 +529,8 @@ function Stream:write(name, t)
   if self.pos == #f[2] then self:_close() end
 end
 
--- After every declared tensor: the index and the leftovers of an earlier
--- save (as save_sharded). Returns the file names written.
+-- After every declared tensor: the index (as save_sharded). Returns the
+-- file names written.
 function Stream:finish()
   while self.file < #self.plan and #self.plan[self.file + 1][2] == 0 do -- an empty model: one empty file
     self:_open()
@@ -516,7 +539,7 @@ function Stream:finish()
   if self.w or self.file < #self.plan then
     core.fail(('stream_sharded: finish() before every declared tensor of %s was written'):format(self.dir))
   end
-  publish(self.dir, self.written, self.total, self.map)
+  finish_files(self.dir, self.written, self.total, self.map, self.id)
   return self.written
 end
 
