@@ -12,7 +12,9 @@
 #
 # Needs root (network and UTS namespaces), slurm-wlm and munge. DIR holds
 # the configuration, every daemon's log and pid file, and each node's spool
-# and /tmp; it must not be under /tmp (a node's /tmp is its own).
+# and /tmp; it must not be under /tmp (a node's /tmp is its own), nor must
+# a job's directory. The checkout holding this script may lie anywhere,
+# /tmp included: each node sees it at its own path.
 #
 # What runs where:
 #   - munged, with its own key and socket in DIR, in the host's namespaces
@@ -21,7 +23,8 @@
 #     slurmctld under hostname "ctl"; the Slurm commands run here too.
 #   - per node nI: a network namespace with 10.213.0.1I on a veth pair
 #     whose other end is on ctl's bridge, and a UTS and mount namespace
-#     (hostname nI, /tmp bound to DIR/nodes/nI/tmp), running slurmd.
+#     (hostname nI, /tmp bound to DIR/nodes/nI/tmp, a checkout under /tmp
+#     bound back into it), running slurmd.
 #     Open MPI names nodes by hostname, so ranks on different "nodes" are
 #     different nodes to it and talk over TCP across the bridge; PMIx
 #     (srun --mpi=pmix) keeps per-step files in /tmp, which two slurmd
@@ -97,16 +100,37 @@ CONF
   printf 'CgroupPlugin=autodetect\nIgnoreSystemd=yes\n' >"$dir/cgroup.conf"
 }
 
+# The fsdp-lua checkout this script belongs to: jobs run its
+# build/bin/fsdp-lua and recipes (FSDP_HOME). A checkout under /tmp would
+# be hidden by a node's own /tmp, so it is bound into that /tmp at its own
+# path (SHARE); anywhere else the nodes see it as the host does.
+CHECKOUT=$(realpath "$(dirname "$0")/../..")
+SHARE=""
+case "$CHECKOUT" in /tmp/*) SHARE=$CHECKOUT ;; esac
+
+# A node's setup, run by sh inside its new namespaces: the hostname, then
+# with TMP the checkout (SHARE) bound onto TMP's copy of its path and TMP,
+# that bind included (rbind), bound on /tmp. The mounts are the node's
+# alone (--propagation private): the host sees an empty directory in TMP,
+# so removing the box's directory never reaches into the checkout.
+NODE_SETUP='host=$1 tmp=$2 share=$3; shift 3
+hostname "$host" || exit 1
+if [ -n "$tmp" ]; then
+  if [ -n "$share" ]; then
+    mkdir -p "$tmp/${share#/tmp/}" && mount --rbind "$share" "$tmp/${share#/tmp/}" || exit 1
+  fi
+  mount --rbind "$tmp" /tmp || exit 1
+fi
+exec "$@"'
+
 # start LOG NETNS HOSTNAME TMP CMD...: CMD in the background inside NETNS,
 # in its own UTS namespace named HOSTNAME and, with TMP, its own mount
-# namespace with TMP bound on /tmp. Prints CMD's pid (ip netns exec,
-# unshare and sh all exec into it).
+# namespace with TMP on /tmp (NODE_SETUP). Prints CMD's pid (ip netns
+# exec, unshare and sh all exec into it).
 start() {
   local log=$1 netns=$2 host=$3 tmp=$4; shift 4
-  local bind=""
-  [ -n "$tmp" ] && bind="mount --bind '$tmp' /tmp &&"
   setsid nsenter --net="/run/netns/$netns" unshare --uts --mount --propagation private \
-    sh -c "hostname '$host' && $bind exec \"\$@\"" sh "$@" </dev/null >>"$log" 2>&1 &
+    sh -c "$NODE_SETUP" sh "$host" "$tmp" "$SHARE" "$@" </dev/null >>"$log" 2>&1 &
   echo $!
 }
 

@@ -15,7 +15,8 @@
 #      two nodes, and it resumes from the newest complete checkpoint and
 #      logs the uninterrupted job's losses exactly for every later step;
 #   4. teardown leaves no daemon, namespace or mount behind.
-# The box is torn down on every exit (trap), also when a step fails.
+# The box is torn down on every exit, also when a step fails or the suite
+# is killed (a trap, and a keeper process for what a trap cannot catch).
 #
 #   tests/cluster/run.sh                 the suite
 #   KEEP=1 tests/cluster/run.sh          leave the box's directory (logs)
@@ -58,6 +59,17 @@ teardown() {
 }
 trap teardown EXIT
 trap 'exit 130' INT TERM
+# The trap is not enough: SIGKILL skips it, and so did a SIGTERM that came
+# while this shell waited in a command substitution (wait_job): bash died
+# at once with the box up in 3 of 5 tries. So a keeper, deaf to those
+# signals and to the suite's pipes, tears the box down once this shell is
+# gone, however it went (after the trap's teardown it finds nothing).
+keeper() {
+  trap '' INT TERM HUP
+  while kill -0 "$1" 2>/dev/null; do sleep 1; done
+  teardown
+}
+keeper $$ </dev/null >/dev/null 2>&1 &
 
 # What every rank needs: Open MPI as root (TOOLCHAIN), one thread per rank
 # (4 ranks share 2 cores), the executable's checkout, and a collective
@@ -110,6 +122,8 @@ field() { box scontrol show job "$1" | grep -oE "(^| )$2=[^ ]*" | head -1 | cut 
 wait_job() {
   local id=$1 jobdir=$2 state reason last="" changed=$SECONDS
   while :; do
+    # The box torn down under it (the suite was killed): nothing to wait for.
+    [ -d "$DIR" ] || { echo GONE; return 1; }
     reason=$(field "$id" Reason)
     state="$(field "$id" JobState) $reason $(field "$id" Restarts) $(cat "$jobdir"/logs/* 2>/dev/null | wc -c)"
     state+=" $(box sinfo -h -N -o %N=%T | tr '\n' ' ')"

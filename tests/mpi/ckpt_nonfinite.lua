@@ -16,8 +16,12 @@ local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64,
 local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
 fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 3 })
 
-local dir = os.getenv('TMPDIR') or '/tmp'
-dir = dir .. '/fsdp-ckpt-nonfinite-' .. fsdp.dist.all_gather_strings(tostring(os.time()) .. '-' .. tostring(math.random(1e9)))[1]
+-- A directory of this run's own, named by rank 0 after a unique file
+-- (os.tmpname): the time and math.random named it before, but LuaJIT's
+-- unseeded math.random draws the same number in every process, so two runs
+-- in the same second shared one.
+local stem = fsdp.dist.all_gather_strings(T.rank == 0 and os.tmpname() or '')[1]
+local dir = stem .. '.d'
 local last = T.world - 1
 
 T.test('a finite save succeeds', function()
@@ -38,5 +42,5 @@ T.test('NaN in the last rank\'s shard fails the save on every rank, naming step,
 end)
 
 fsdp.dist.barrier()
-if T.rank == 0 then files.remove_tree(dir) end
+if T.rank == 0 then files.remove_tree(dir); os.remove(stem) end
 T.done()

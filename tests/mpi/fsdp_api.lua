@@ -95,8 +95,11 @@ T.test('summon_full_params with writeback; full_state_dict on rank 0 only', func
 end)
 
 T.test('a Hugging Face checkpoint loads straight into shards', function()
-  local dir = os.getenv('FSDP_TEST_TMP') or '/tmp'
-  local path = ('%s/fsdp_api_%d.safetensors'):format(dir, tonumber(os.getenv('OMPI_COMM_WORLD_SIZE') or W))
+  -- A file of this run's own, named by rank 0 (os.tmpname makes it): two
+  -- runs at once shared the fixed name this had, each removing it under
+  -- the other.
+  local stem = dist.all_gather_strings(R == 0 and os.tmpname() or '')[1]
+  local path = stem .. '.safetensors'
   local whole = meta()
   whole:init_weights({ seed = 21, device = 'cpu' })
   if R == 0 then
@@ -112,7 +115,7 @@ T.test('a Hugging Face checkpoint loads straight into shards', function()
   local full = fsdp.full_state_dict(m)
   for _, np in ipairs(whole:named_parameters()) do T.eq(full[np[1]], np[2], np[1]) end
   dist.barrier()
-  if R == 0 then os.remove(path) end
+  if R == 0 then os.remove(path); os.remove(stem) end
 end)
 
 T.done()

@@ -397,16 +397,23 @@ kill $busy1 $busy2 2>/dev/null
 wait $busy1 $busy2 2>/dev/null
 trap - EXIT
 
-# fsdp-lua --nproc starts mpirun itself, with no Open MPI variables set.
+# fsdp-lua --nproc starts mpirun itself, with no Open MPI variables set:
+# with more ranks than cores it must allow oversubscription itself. One
+# rank past the CPUs (nproc, which counts hyperthreads, so past the cores
+# too; it would answer OMP_NUM_THREADS=1 from above), at least 4: 4 alone
+# is no more than a developer's 16 cores.
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+np=$((cpus + 1))
+[ "$np" -ge 4 ] || np=4
 out=$(env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
   -u OMPI_MCA_rmaps_base_oversubscribe -u OMPI_MCA_btl_vader_single_copy_mechanism \
-  timeout -k 5 "$LIMIT" "$EXE" --nproc 4 tests/mpi/nproc.lua first 'second arg' 2>&1)
+  timeout -k 5 "$LIMIT" "$EXE" --nproc $np tests/mpi/nproc.lua first 'second arg' 2>&1)
 rc=$?
-lines=$(grep -c 'backend=mpi size=4 sum=4 args=first,second arg' <<<"$out")
-if [ "$rc" -eq 0 ] && [ "$lines" -eq 4 ]; then
-  ok "fsdp-lua --nproc 4 (more ranks than cores) forwards the arguments to every rank"
+lines=$(grep -c "backend=mpi size=$np sum=$np args=first,second arg" <<<"$out")
+if [ "$rc" -eq 0 ] && [ "$lines" -eq $np ]; then
+  ok "fsdp-lua --nproc $np (more ranks than the $cpus CPUs) forwards the arguments to every rank"
 else
-  not_ok "fsdp-lua --nproc 4: exit $rc, $lines of 4 ranks reported"
+  not_ok "fsdp-lua --nproc $np: exit $rc, $lines of $np ranks reported"
   comment "$out"
 fi
 expect_failure "fsdp-lua --nproc 2 propagates a failing rank's exit status" 15 \

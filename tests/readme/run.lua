@@ -31,6 +31,10 @@
 --     Any other `readme-test:` comment is an error (a typo must not
 --     silently run or skip a block).
 --   * Blocks in any other language, or none, are text and are not run.
+--   * Paths under /tmp/ and /var/tmp/ (--checkpoint_dir=/tmp/ft/ckpt,
+--     '/tmp/adapter') are the run's own: they run as the same paths
+--     under the scratch directory (reported as written), so two runs at
+--     once, or what an earlier run left in /tmp/ft, never meet.
 -- Commands that cannot run in CI are in SKIP below, each with its reason;
 -- long ones are shortened by SIZES below, only by appending options the
 -- README documents. Nothing else is special-cased: a new block is run.
@@ -225,6 +229,18 @@ do -- the repository's top-level entries, linked
   for name, opts in pairs(INPUTS) do corpus.write(scratch .. '/' .. name, opts) end
 end
 
+-- The text of a command or snippet with its /tmp/ and /var/tmp/ paths
+-- moved under the scratch directory: a path's start (not inside another
+-- path or word), one pass, so the scratch path itself is never moved again.
+os.execute(('mkdir -p %s %s'):format(sh_quote(scratch .. '/tmp'), sh_quote(scratch .. '/var/tmp')))
+local function own_tmp(text)
+  return (('\n' .. text):gsub('([^%w%._~$/-])(/[%w/]*)', function(before, path)
+    for _, shared in ipairs({ '/tmp/', '/var/tmp/' }) do
+      if path:sub(1, #shared) == shared then return before .. scratch .. path end
+    end
+  end):sub(2))
+end
+
 local exports = {}   -- `export` commands seen so far, replayed before each command
 
 -- Run a bash script from the scratch directory; returns status, output.
@@ -299,6 +315,7 @@ local function run_command(c)
   end
   local expected
   for _, comment in ipairs(c.comments) do expected = expected or comment:match('^(fsdp%-lua:.*)$') end
+  code = own_tmp(code)
   local rc, out = run_bash(code)
   if code:match('^export ') then exports[#exports + 1] = code end
   if expected then
@@ -346,7 +363,7 @@ local function run_lua(b, code, transcript)
   local first = b.text:match('^%s*([^\n]*)') or ''
   name = name .. ': ' .. first
   if b.skip then return report(true, name, nil, b.skip) end
-  write_file(scratch .. '/.snippet.lua', code)
+  write_file(scratch .. '/.snippet.lua', own_tmp(code))
   write_file(scratch .. '/.strict.lua', STRICT)
   local rc, out = run_bash(transcript and 'fsdp-lua .snippet.lua' or 'fsdp-lua .strict.lua')
   report(rc == 0, name, ('exit status %d, output:\n%s\n-- the script:\n%s'):format(rc, tail(out, 30), code))
