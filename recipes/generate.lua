@@ -28,6 +28,7 @@
 -- ';' between prompts) and the output is ids.
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
+local validate = require 'fsdp.validate'
 local generate = require 'fsdp.generate'
 local files = require 'fsdp.io.files'
 local tokenizer = require 'fsdp.data.tokenizer'
@@ -41,7 +42,8 @@ local function int_list(text)
   for item in (text .. ','):gmatch('([^,]*),') do
     local s = item:match('^%s*(.-)%s*$')
     local n = tonumber(s)
-    if not n or n ~= math.floor(n) or n < 0 then return nil, ('%q is not a token id'):format(s) end
+    -- (fsdp.validate: '1e999' reads as infinity, an integer to math.floor)
+    if validate.problem(n, validate.INDEX) then return nil, ('%q is not a token id'):format(s) end
     out[#out + 1] = n
   end
   return out

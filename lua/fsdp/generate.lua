@@ -45,6 +45,7 @@ local F = require 'fsdp.functional'
 
 local M = {}
 
+local validate = require 'fsdp.validate'
 local function fail(fmt, ...) core.fail('generate: ' .. fmt:format(...)) end
 
 -- options ----------------------------------------------------------------------------------
@@ -62,24 +63,24 @@ local function check_options(opts)
     o[k] = v
   end
   local function int(k, min)
-    local v = o[k]
-    if type(v) ~= 'number' or v ~= math.floor(v) or v < min then
-      fail('%s must be an integer >= %d, got %s', k, min, tostring(v))
+    if validate.problem(o[k], { int = true, min = min }) then
+      fail('%s must be an integer >= %d, got %s', k, min, validate.show(o[k]))
+  -- (fsdp.validate decides: NaN and infinity pass none of these)
     end
   end
   int('max_new_tokens', 1); int('top_k', 0); int('pad_id', 0); int('seed', 0)
-  if type(o.temperature) ~= 'number' or o.temperature <= 0 then
-    fail('temperature must be > 0, got %s (greedy decoding: do_sample = false)', tostring(o.temperature))
+  if validate.problem(o.temperature, validate.POSITIVE) then
+    fail('temperature must be > 0, got %s (greedy decoding: do_sample = false)', validate.show(o.temperature))
   end
-  if type(o.top_p) ~= 'number' or o.top_p <= 0 or o.top_p > 1 then
-    fail('top_p must be in (0, 1], got %s', tostring(o.top_p))
+  if validate.problem(o.top_p, { positive = true, max = 1 }) then
+    fail('top_p must be in (0, 1], got %s', validate.show(o.top_p))
   end
-  if type(o.repetition_penalty) ~= 'number' or o.repetition_penalty <= 0 then
-    fail('repetition_penalty must be > 0, got %s', tostring(o.repetition_penalty))
+  if validate.problem(o.repetition_penalty, validate.POSITIVE) then
+    fail('repetition_penalty must be > 0, got %s', validate.show(o.repetition_penalty))
   end
   if type(o.stop_ids) ~= 'table' then fail('stop_ids must be a list of ids, got %s', type(o.stop_ids)) end
   for _, id in ipairs(o.stop_ids) do
-    if type(id) ~= 'number' or id ~= math.floor(id) or id < 0 then fail('stop id %s is not a token id', tostring(id)) end
+    if validate.problem(id, validate.INDEX) then fail('stop id %s is not a token id', validate.show(id)) end
   end
   if o.on_token ~= nil and type(o.on_token) ~= 'function' then fail('on_token must be a function') end
   return o

@@ -49,6 +49,7 @@
 -- bad element and the collective still names it); tests/mpi/nonfinite.sh.
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local dist = require 'fsdp.dist'
 local Module = require 'fsdp.nn.module'
 local clip = require 'fsdp.optim.clip'
@@ -155,11 +156,11 @@ function M.Guard(opts)
     core.fail(("fsdp.nonfinite: --on_nonfinite must be stop or skip_step, got '%s'"):format(tostring(policy)))
   end
   local max_skips = opts.max_skips or 10
-  if type(max_skips) ~= 'number' or max_skips < 0 or max_skips ~= math.floor(max_skips) then
+  if validate.problem(max_skips, validate.INDEX) then
     core.fail(('fsdp.nonfinite: --max_nonfinite_skips must be an integer >= 0, got %s'):format(tostring(max_skips)))
   end
   local grad_clip = opts.grad_clip or 0
-  if type(grad_clip) ~= 'number' or not (grad_clip >= 0) then
+  if validate.problem(grad_clip, validate.NONNEGATIVE) then
     core.fail(('fsdp.nonfinite: --grad_clip must be a number >= 0, got %s'):format(tostring(grad_clip)))
   end
   if not (Module.is_module(opts.model) and opts.optimizer) then

@@ -47,6 +47,7 @@
 -- option given otherwise with another value, is refused. --help lists each
 -- option's aliases.
 local suggest = require 'fsdp.suggest'
+local checks = require 'fsdp.validate'
 
 local M = {}
 
@@ -328,12 +329,9 @@ local function is_set(v) return v ~= nil and v ~= 0 and v ~= '' and v ~= false e
 -- What is wrong with one value alone, or nil.
 local function value_problem(d, v, cfg)
   if type(v) == 'number' then
-    if v ~= v or v == math.huge or v == -math.huge then return 'must be a finite number, got ' .. tostring(v) end
-    if d.int and v ~= math.floor(v) then return 'must be an integer, got ' .. tostring(v) end
-    if d.positive and v <= 0 then return 'must be > 0, got ' .. tostring(v) end
-    if d.min and v < d.min then return ('must be >= %s, got %s'):format(tostring(d.min), tostring(v)) end
-    if d.max and v > d.max then return ('must be <= %s, got %s'):format(tostring(d.max), tostring(v)) end
-    if d.below and v >= d.below then return ('must be < %s, got %s'):format(tostring(d.below), tostring(v)) end
+    -- fsdp.validate: NaN and infinity fail every bound, integers stop at 2^53
+    local why = checks.problem(v, d)
+    if why then return why end
   end
   local l = list_of(d)
   if l then

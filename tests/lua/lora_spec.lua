@@ -107,8 +107,14 @@ describe('nn.LoRALinear', function()
 
   it('refuses what is not a Linear and bad settings', function()
     assert.matches('expects a Linear, got Embedding', err_of(nn.LoRALinear, nn.Embedding(4, 2), { rank = 2 }))
-    assert.matches('rank must be an integer >= 1', err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 0 }))
-    assert.matches('dropout must be in', err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 1, dropout = 1 }))
+    assert.matches('LoRALinear: rank must be >= 1, got 0', err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 0 }), 1, true)
+    assert.matches('LoRALinear: dropout must be < 1, got 1',
+      err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 1, dropout = 1 }), 1, true)
+    -- issue 38: NaN passes `alpha <= 0`, and every output was NaN
+    assert.matches('LoRALinear: alpha must be a finite number, got nan',
+      err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 1, alpha = 0 / 0 }), 1, true)
+    assert.matches('LoRALinear: rank must be a finite number, got inf',
+      err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = math.huge }), 1, true)
   end)
 end)
 

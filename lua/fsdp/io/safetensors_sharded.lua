@@ -16,6 +16,7 @@
 -- names and shapes against the model), so a broken checkpoint never leaves
 -- a model half loaded.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Tensor = require 'fsdp.tensor'
 local cjson = require 'cjson'
 local files = require 'fsdp.io.files'
@@ -305,7 +306,7 @@ function M.parse_size(v, what)
     local scale = num and (unit == '' and 1 or UNITS[unit])
     if scale and tonumber(num) then n = tonumber(num) * scale end
   end
-  if not n or n <= 0 or n ~= n then
+  if not n or validate.problem(n, validate.POSITIVE) then
     core.fail(('safetensors: %s must be a positive size in bytes or a string such as "5GB" or "500MiB", got %s')
       :format(what, tostring(v)))
   end
