@@ -16,10 +16,10 @@ teardown(function() if tmp then os.execute('rm -rf ' .. T.quote(tmp)) end end)
 
 -- Run `fsdp-lua <args>` from the project root with stdout and stderr
 -- apart: exit status, stdout, stderr, seconds.
-local function run(args, env)
+local function run(args, env, seconds)
   local err = os.tmpname()
-  local cmd = ('cd %s && %s timeout 120 %s %s 2>%s; echo "@rc=$?"'):format(T.quote(host.root), env or '',
-    T.quote(host.exe), args, T.quote(err))
+  local cmd = ('cd %s && %s timeout %d %s %s 2>%s; echo "@rc=$?"'):format(T.quote(host.root), env or '',
+    seconds or 120, T.quote(host.exe), args, T.quote(err))
   local t0 = clock.now()
   local p = assert(io.popen(cmd))
   local out = p:read('*a')
@@ -194,6 +194,80 @@ describe('the fit check', function()
     assert.matches('out of memory', stderr, 1, true)
     assert.matches('sharding:', stdout, 1, true)
   end)
+end)
+
+-- issue 38 ("Trust, round two"): sizes that are integers but absurd,
+-- values that are not finite, and config.json mistakes found late. Each
+-- is one line naming the HF key and the file (or the option), a non-zero
+-- exit, and quick: a regression that builds instead meets a short timeout.
+describe('absurd sizes, non-finite values and config.json mistakes', function()
+  local GOLDEN = 'tests/golden/hf/'
+  local dirs = {}
+  -- A copy of a golden directory whose config.json has `from` replaced by `to`.
+  local function hf_dir(name, golden, from, to, from2, to2)
+    local d = tmp .. '/' .. name
+    files.mkdir_p(d)
+    local text = files.read(GOLDEN .. golden .. '/config.json')
+    for _, r in ipairs({ { from, to }, { from2, to2 } }) do
+      if r[1] then
+        local n
+        text, n = text:gsub(r[1]:gsub('%p', '%%%0'), (r[2]:gsub('%%', '%%%%')))
+        assert(n == 1, ('%s: %s not in %s'):format(name, r[1], golden))
+      end
+    end
+    files.write_atomic(d .. '/config.json', text)
+    assert(os.execute(('cp %s %s/'):format(T.quote(GOLDEN .. golden .. '/model.safetensors'), T.quote(d))) == 0)
+    dirs[name] = d
+    return d
+  end
+  setup(function()
+    hf_dir('layers', 'llama2_tiny', '"num_hidden_layers": 2', '"num_hidden_layers": 1e12')
+    hf_dir('infinity', 'llama2_tiny', '"num_hidden_layers": 2', '"num_hidden_layers": Infinity')
+    hf_dir('huge', 'llama2_tiny', '"num_hidden_layers": 2', '"num_hidden_layers": 2e308')
+    hf_dir('nan_eps', 'llama2_tiny', '"rms_norm_eps": 1e-05', '"rms_norm_eps": NaN')
+    hf_dir('odd', 'llama2_tiny', '"head_dim": 8,', '', '"hidden_size": 32', '"hidden_size": 30')
+    hf_dir('missing', 'llama2_tiny', '"num_hidden_layers": 2,', '')
+    hf_dir('nested', 'llama2_tiny', '"rope_scaling": null', '"rope_scaling": {"rope_type": "llama3", "factor": '
+      .. '{"a": 1}, "low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 16}')
+    hf_dir('ffn', 'llama2_tiny', '"intermediate_size": 48', '"intermediate_size": 40')
+    hf_dir('t5_layers', 't5_v1_0_tiny', '"num_layers": 2', '"num_layers": 1e12')
+    hf_dir('gpt2_layers', 'gpt2_tiny', '"n_layer": 2', '"n_layer": 1e12')
+    -- a NaN in one weight of an otherwise good directory
+    local d = hf_dir('nan_weight', 'llama2_tiny', '"use_cache": true', '"use_cache": true')
+    local fsdp = require 'fsdp'
+    local sd = {}
+    -- (cloned: the loaded tensors map the file read-only)
+    for name, t in pairs(fsdp.load_safetensors(GOLDEN .. 'llama2_tiny/model.safetensors')) do sd[name] = t:clone() end
+    sd['model.layers.1.mlp.up_proj.weight']:view(-1):narrow(0, 5, 1):fill_(0 / 0)
+    fsdp.save_safetensors(d .. '/model.safetensors', sd)
+  end)
+
+  local LLAMA = GOLDEN .. 'llama2_tiny'
+  -- {arguments (DIR:name is that directory), the one line, exit status (2)}
+  local CASES38 = {
+    -- (C) the user's key and file, before anything is built
+    { 'recipes/llama2_7b.lua --init_from=DIR:odd',
+      '--init_from DIR:odd/config.json: hidden_size 30 is not a multiple of num_attention_heads 4' },
+    { 'recipes/llama2_7b.lua --init_from=DIR:missing', '--init_from DIR:missing/config.json: num_hidden_layers is missing' },
+    { 'recipes/llama2_7b.lua --init_from=DIR:ffn --seq_len=16', '--init_from DIR:ffn/config.json: size mismatch for '
+      .. 'model.layers.0.mlp.down_proj.weight: DIR:ffn/model.safetensors has [32, 48], the model this config.json '
+      .. 'describes [32, 40]' },
+    { 'recipes/llama2_7b.lua --init_from=DIR:nested',
+      '--init_from DIR:nested/config.json: rope_scaling.factor must be a number, got {"a": 1}' },
+  }
+  for _, case in ipairs(CASES38) do
+    it(case[1], function()
+      local function sub(text) return (text:gsub('DIR:([%w_]+)', function(n) return dirs[n] end)) end
+      local rc, stdout, stderr, dt = run(sub(case[1]), nil, 30)
+      assert.are.equal(case[3] or 2, rc, stdout .. stderr)
+      assert.matches('^fsdp%-lua: [^\n]+\n$', stderr)
+      assert.matches(sub(case[2]), stderr, 1, true)
+      assert.is_nil(stderr:find('table: 0x', 1, true))
+      assert.is_nil(stderr:find('%.lua:%d+:'), stderr)
+      assert.are.equal('', stdout)
+      assert.is_true(dt < 10, ('%.2f s'):format(dt))
+    end)
+  end
 end)
 
 describe('output paths', function()
