@@ -101,6 +101,30 @@ function M.check_fields(family, c, ints, rates, reals)
   end
 end
 
+-- What sets the size of each family's model, for the bound recipes and
+-- tools hold a config to before building (fsdp.sharding.fit.bound):
+-- the fields that build blocks, and the fields that make the parameter
+-- count (shown in that order when a size is refused).
+M.SIZES = {
+  llama = { module = 'models.llama', blocks = { 'n_layers' },
+            fields = { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size' } },
+  gpt2 = { module = 'models.gpt2', blocks = { 'n_layers' },
+           fields = { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size', 'max_seq_len' } },
+  t5 = { module = 'models.t5', blocks = { 'num_layers', 'num_decoder_layers' },
+         fields = { 'num_layers', 'num_decoder_layers', 'd_model', 'num_heads', 'd_kv', 'd_ff', 'vocab_size' } },
+  deepvit = { module = 'models.deepvit', blocks = { 'depth' },
+              fields = { 'depth', 'dim', 'heads', 'dim_head', 'mlp_dim', 'num_classes' } },
+}
+
+-- The parameters (closed form) and blocks of a family's checked config,
+-- and its size fields (M.SIZES). Nothing is built.
+function M.size_of(family, c)
+  local s = M.SIZES[family]
+  local blocks = 0
+  for _, f in ipairs(s.blocks) do blocks = blocks + c[f] end
+  return require(s.module).closed_form_parameters(c), blocks, s.fields
+end
+
 -- A set of field names from a list.
 function M.set(list)
   local s = {}

@@ -510,6 +510,15 @@ function M.config_from_hf(h, overrides, opts)
   return family.from_hf(h, overrides, where, opts.has_lm_head), h.model_type
 end
 
+-- The config.json key of one of our config fields in a family
+-- (hidden_size for Llama's dim), or nil.
+function M.key_of(family_name, field)
+  local spec = ({ llama = LLAMA, t5 = T5, gpt2 = GPT2 })[family_name]
+  for k, ours in pairs(spec and spec.fields or {}) do
+    if ours == field then return k end
+  end
+end
+
 -- The config.json table (before encoding) of our config of a family.
 function M.config_to_hf(c, family_name)
   return family_of(family_name, 'config_to_hf').to_hf(c)

@@ -239,11 +239,13 @@ function CausalLM:forward(ids, opts)
 end
 
 -- What fsdp.generate's KV cache holds per layer, and the positions the
--- model can embed (RoPE has no table limit; the config's context length
--- is advisory, as in HF).
+-- model was trained to: RoPE has no table to run out of, so generation
+-- may go past them when asked ([Note: positions past the model's limit]
+-- in models/decoders.lua).
 function CausalLM:kv_cache_spec()
   local c = self.config
-  return { n_layers = c.n_layers, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim }
+  return { n_layers = c.n_layers, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim, max_positions = c.max_seq_len,
+           extrapolates = true }
 end
 
 -- Mean cross-entropy of next-token predictions; targets i64 [B, T] (the

@@ -259,6 +259,38 @@ function M.open(path, opts)
   return src
 end
 
+-- [Note: sizes are bounded before building] in fsdp.sharding.fit: a
+-- config's sizes held to what this machine can hold, from the config
+-- alone, naming what set them: the config.json and its keys for an HF
+-- directory, the checkpoint's recorded config, or the options (opts.options:
+-- field -> option, as written in opts.written; opts.model: the --model
+-- value; opts.source: what names src, default '--init_from'). opts.weights,
+-- dtype, shards, extra, fix, rows: as fit.bound's. Raises one line.
+function M.bound(cfg, family, c, src, opts)
+  opts = opts or {}
+  local fit = require 'fsdp.sharding.fit'
+  local params, blocks, fields = require('models.common').size_of(family, c)
+  local where, name_of
+  local source = opts.source or '--init_from'
+  if src and src.kind == 'hf' then
+    where, name_of = source .. ' ' .. src.where, function(f) return hf.key_of(family, f) or f end
+  elseif src then
+    where = ('%s %s (its model config)'):format(source, src.where)
+  else
+    local written = opts.written or {}
+    where = opts.model and ('--model ' .. opts.model) or 'the model'
+    -- an option given as --name, the others by the option's name alone
+    name_of = function(f)
+      local o = (opts.options or {})[f]
+      if o and written[o] then return '--' .. written[o] end
+      return o or f
+    end
+  end
+  fit.bound(cfg, { params = params, blocks = blocks, dtype = opts.dtype, shards = opts.shards, extra = opts.extra,
+                   weights = opts.weights, fix = opts.fix, rows = opts.rows,
+                   what = where .. ': ' .. fit.sizes_text(c, fields, name_of) })
+end
+
 -- One line for the log: "Hugging Face directory X (llama)".
 function M.describe(src)
   local kind = src.kind == 'hf' and 'Hugging Face directory' or src.kind == 'checkpoint' and 'checkpoint'

@@ -48,6 +48,11 @@ local opened, src = pcall(pretrained.open, from, { who = 'tools/export.lua', mod
                                                    num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
 if not opened then usage(recipe.bare(src)) end
 if src.kind == 'hf' then usage(('%s is a Hugging Face directory already'):format(from)) end
+-- The model is built whole here: its sizes against this machine first
+-- ([Note: sizes are bounded before building] in fsdp.sharding.fit).
+local bounded, too_big = pcall(pretrained.bound, {}, src.family, src.config, src, { source = 'CHECKPOINT',
+  dtype = require('fsdp').get_default_dtype() })
+if not bounded then usage(recipe.bare(too_big)) end
 
 local model = pretrained.build(src, { device = 'cpu' })
 local loaded, why = pcall(pretrained.load, model, src)

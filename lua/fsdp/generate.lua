@@ -9,6 +9,9 @@
 --     on_token = function(step, tokens, done) ... end })   -- tokens: {row -> id} this step
 --   -- rows[b]: the new ids of prompt b (ending with its stop id, if one came)
 --
+-- kv_cache_spec() may give max_positions (no prompt plus new tokens past
+-- it) and extrapolates (past it only with allow_past_max_positions: Llama's
+-- RoPE; GPT-2's position table has no row past it).
 -- The model is one with kv_cache_spec() and forward(ids, opts) taking
 -- positions, mask, cache, rope_len and last_only (models/llama.lua,
 -- models/gpt2.lua). Prompts of different lengths are left-padded to one
@@ -42,10 +45,10 @@
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local F = require 'fsdp.functional'
+local validate = require 'fsdp.validate'
 
 local M = {}
 
-local validate = require 'fsdp.validate'
 local function fail(fmt, ...) core.fail('generate: ' .. fmt:format(...)) end
 
 -- options ----------------------------------------------------------------------------------
@@ -53,7 +56,8 @@ local function fail(fmt, ...) core.fail('generate: ' .. fmt:format(...)) end
 -- Every option, its default and what it must be (checked before anything
 -- runs; recipes/generate.lua declares the same constraints).
 M.DEFAULTS = { max_new_tokens = 32, do_sample = false, temperature = 1, top_k = 0, top_p = 1,
-               repetition_penalty = 1, stop_ids = {}, pad_id = 0, seed = 0, use_cache = true }
+               repetition_penalty = 1, stop_ids = {}, pad_id = 0, seed = 0, use_cache = true,
+               allow_past_max_positions = false }
 
 local function check_options(opts)
   local o = {}
@@ -62,10 +66,10 @@ local function check_options(opts)
     if M.DEFAULTS[k] == nil and k ~= 'on_token' then fail('unknown option %s', tostring(k)) end
     o[k] = v
   end
+  -- (fsdp.validate decides: NaN and infinity pass none of these)
   local function int(k, min)
     if validate.problem(o[k], { int = true, min = min }) then
       fail('%s must be an integer >= %d, got %s', k, min, validate.show(o[k]))
-  -- (fsdp.validate decides: NaN and infinity pass none of these)
     end
   end
   int('max_new_tokens', 1); int('top_k', 0); int('pad_id', 0); int('seed', 0)
@@ -297,9 +301,11 @@ function M.generate(model, prompts, opts)
   local B, L = ids:size(0), ids:size(1)
   local cap = L + o.max_new_tokens
   local spec = model:kv_cache_spec()
-  if spec.max_positions and cap > spec.max_positions then
-    fail('the longest prompt (%d tokens) plus max_new_tokens (%d) exceeds the model\'s %d positions',
-      L, o.max_new_tokens, spec.max_positions)
+  -- ([Note: positions past the model's limit] in models/decoders.lua)
+  if spec.max_positions and cap > spec.max_positions and not (spec.extrapolates and o.allow_past_max_positions) then
+    fail('the longest prompt (%d tokens) plus max_new_tokens (%d) exceeds the model\'s %d positions%s',
+      L, o.max_new_tokens, spec.max_positions,
+      spec.extrapolates and ' (allow_past_max_positions = true runs past them: RoPE extrapolates)' or '')
   end
   local was_training = model.training
   if was_training then model:eval() end

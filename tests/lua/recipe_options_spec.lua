@@ -163,18 +163,30 @@ end)
 
 describe('the fit check', function()
   it('refuses the default 7B recipe with the planner\'s numbers before allocating', function()
-    -- With this machine's MemAvailable when it is below the ~107 GiB the
-    -- plan needs (a CI machine); otherwise with a 16 GiB limit.
-    local avail = require('fsdp.sharding.fit').mem_available()
-    local args = 'recipes/llama2_7b.lua'
-    if not avail or avail > 100 * 2^30 then args = args .. ' --memory_limit_mb=16384' end
-    local rc, stdout, stderr, dt = run(args)
+    -- A budget that holds the weights (25.1 GiB), not the step (the cheap
+    -- bound below refuses less).
+    local rc, stdout, stderr, dt = run('recipes/llama2_7b.lua --memory_limit_mb=40960')
     assert.are.equal(2, rc, stdout .. stderr)
     assert.matches('^fsdp%-lua: recipes/llama2_7b.lua: does not fit: planned peak 105.8 GiB per rank %(parameters '
-      .. '25.1 GiB, gradients 25.1 GiB, optimizer 50.2 GiB, activations [%d.]+ GiB%) > [%d.]+ GiB available %(', stderr)
+      .. '25.1 GiB, gradients 25.1 GiB, optimizer 50.2 GiB, activations [%d.]+ GiB%) > 40.0 GiB available %(', stderr)
     assert.matches('try %-%-dtype=bf16 .* fewer layers %(%-%-num_layers%); or %-%-skip_fit_check\n$', stderr)
     assert.is_nil(stdout:find('sharding:', 1, true), stdout)
     print(('# 7B refused by the fit check in %.2f s'):format(dt))
+  end)
+
+  -- issue 38: [Note: sizes are bounded before building] in fsdp.sharding.fit
+  it('refuses weights past the budget from the config alone, before printing or building anything', function()
+    local rc, stdout, stderr, dt = run('recipes/llama2_7b.lua --memory_limit_mb=16384')
+    assert.are.equal(2, rc, stdout .. stderr)
+    assert.are.equal('fsdp-lua: --model Llama-2-7b: num_layers 32, hidden_width 4096, num_heads 32, ffn_dim 11008, '
+      .. 'vocab_size 32000: 6.74e+09 parameters, 25.1 GiB of f32 weights: more than the 16.0 GiB available '
+      .. '(--memory_limit_mb=16384); try --dtype=bf16 (half the bytes), fewer layers (--num_layers) or more ranks\n',
+      stderr)
+    assert.are.equal('', stdout)
+    assert.is_true(dt < 10, ('%.2f s'):format(dt))
+    -- --skip_fit_check goes past the weights too (the planner's check is skipped as well)
+    rc, stdout, stderr = run('recipes/llama2_7b.lua --memory_limit_mb=16384 --skip_fit_check --validate_options')
+    assert.are.equal(0, rc, stderr)
   end)
 
   it('suggests a smaller batch and checkpointing when activations are the peak; --skip_fit_check goes on', function()
@@ -245,6 +257,43 @@ describe('absurd sizes, non-finite values and config.json mistakes', function()
   local LLAMA = GOLDEN .. 'llama2_tiny'
   -- {arguments (DIR:name is that directory), the one line, exit status (2)}
   local CASES38 = {
+    -- (A) sizes bounded before building, for every family and path
+    { 'recipes/llama2_7b.lua --init_from=DIR:layers', '--init_from DIR:layers/config.json: num_hidden_layers 1e+12, '
+      .. 'hidden_size 32, num_attention_heads 4, intermediate_size 48, vocab_size 64: 1e+12 blocks to build, 14.6 PiB '
+      .. 'of host memory at 16 KiB each on meta, more than the ' },
+    { 'recipes/generate.lua --init_from=DIR:layers --prompt_ids=1', '--init_from DIR:layers/config.json: '
+      .. 'num_hidden_layers 1e+12, ' },
+    { 'recipes/llama2_7b.lua --init_from=DIR:infinity',
+      '--init_from DIR:infinity/config.json: num_hidden_layers must be a finite number, got inf' },
+    { 'recipes/generate.lua --init_from=DIR:huge --prompt_ids=1',
+      '--init_from DIR:huge/config.json: num_hidden_layers must be a finite number, got inf' },
+    { 'recipes/t5_3b.lua --init_from=DIR:t5_layers', '--init_from DIR:t5_layers/config.json: num_layers 1e+12, '
+      .. 'num_decoder_layers 2, d_model 16, ' },
+    { 'recipes/generate.lua --init_from=DIR:gpt2_layers --prompt_ids=1',
+      '--init_from DIR:gpt2_layers/config.json: n_layer 1e+12, n_embd ' },
+    { 'recipes/llama2_7b.lua --model=tiny --num_layers=1e12 --dry_run',
+      '--model tiny: --num_layers 1e+12, hidden_width 64, num_heads 4, ffn_dim 176, vocab_size 256: 1e+12 blocks to build' },
+    { 'recipes/t5_3b.lua --model=tiny --num_layers=1e12', '--model tiny: --num_layers 1e+12, d_model ' },
+    { 'recipes/llama2_7b.lua --model=tiny --batch_size=1e12', '--batch_size 1000000000000 x --seq_len 128: 1.28e+14 '
+      .. 'tokens per micro-batch, past the 2^31 rows a matrix product takes' },
+    { 'recipes/deepvit_8b.lua --model=tiny --depth=1e12', '--model tiny: --depth 1e+12, dim 64, ' },
+    { 'recipes/generate.lua --model=tiny --prompt_ids=1,2 --max_new_tokens=1e9 --allow_past_max_positions',
+      '--model tiny: n_layers 2, dim 64, num_heads 4, ffn_dim 176, vocab_size 256: 125248 parameters, 0.5 MiB of f32 '
+      .. 'weights + 476.8 GiB of KV cache (1 prompt x 1000000002 positions): more than the ' },
+    { 'recipes/quickstart.lua --dim=1000000 --ranks=1', '--dim 1000000: the 1000000 x 1000000 f32 weight and a shard '
+      .. 'take 14.6 TiB, more than the ' },
+    -- positions past the model's limit, for every family that has one
+    { 'recipes/generate.lua --init_from=' .. LLAMA .. ' --prompt_ids=1,2,3 --max_new_tokens=62',
+      "the longest prompt (3 tokens, --prompt_ids) plus --max_new_tokens (62) is longer than the model's 64 positions "
+      .. '(max_position_embeddings of ' .. LLAMA .. '/config.json); give --allow_past_max_positions to run past them' },
+    { 'recipes/generate.lua --model=tiny --prompt_ids=1 --max_new_tokens=600',
+      "is longer than the model's 512 positions (max_position_embeddings of --model tiny)" },
+    { 'recipes/generate.lua --init_from=' .. GOLDEN .. 'gpt2_tiny --prompt_ids=1,2 --max_new_tokens=15 '
+      .. '--allow_past_max_positions', "plus --max_new_tokens (15) is longer than the model's 16 positions "
+      .. '(n_positions of ' .. GOLDEN .. 'gpt2_tiny/config.json)' },
+    { 'recipes/llama2_7b.lua --init_from=' .. LLAMA, "--seq_len (128) is longer than the model's 64 positions "
+      .. '(max_position_embeddings of ' .. LLAMA .. '/config.json); give --allow_past_max_positions' },
+    { 'recipes/llama2_7b.lua --model=tiny --seq_len=1024', "--seq_len (1024) is longer than the model's 512 positions" },
     -- (C) the user's key and file, before anything is built
     { 'recipes/llama2_7b.lua --init_from=DIR:odd',
       '--init_from DIR:odd/config.json: hidden_size 30 is not a multiple of num_attention_heads 4' },
@@ -268,12 +317,20 @@ describe('absurd sizes, non-finite values and config.json mistakes', function()
       assert.is_true(dt < 10, ('%.2f s'):format(dt))
     end)
   end
+
+  it('--allow_past_max_positions lets a Llama run past its positions (GPT-2 never: its table ends)', function()
+    local rc, stdout, stderr = run('recipes/generate.lua --init_from=' .. LLAMA .. ' --prompt_ids=1,2,3 '
+      .. '--max_new_tokens=62 --allow_past_max_positions --stop_ids=none', nil, 60)
+    assert.are.equal(0, rc, stderr)
+    assert.matches('generated 62 tokens for 1 prompt', stdout, 1, true)
+  end)
 end)
 
 describe('output paths', function()
   it('are created and probed at start', function()
     local ckpt, full, metrics = tmp .. '/a/ckpt', tmp .. '/b/c/model.safetensors', tmp .. '/d/m.jsonl'
-    local rc, stdout, stderr = run(('recipes/llama2_7b.lua --checkpoint_dir=%s --save_full_state_dict=%s '
+    -- (a tiny model: --validate_options holds the sizes to this machine too)
+    local rc, stdout, stderr = run(('recipes/llama2_7b.lua --model=tiny --checkpoint_dir=%s --save_full_state_dict=%s '
       .. '--metrics_file=%s --validate_options'):format(ckpt, full, metrics))
     assert.are.equal(0, rc, stdout .. stderr)
     assert.are.equal('options: ok\n', stdout)
