@@ -710,7 +710,9 @@ function M.save_pretrained(model, dir, opts)
   try(function()
     local decls = {}
     for i, e in ipairs(order) do decls[i] = { e[1], e[3], hf_shape(e[1], e[2]) } end
-    w = st.stream_sharded(dir, decls, { max_shard_size = opts.max_shard_size, checksum = true })
+    -- finite: an export never writes a NaN or infinity (the writer scans
+    -- each tensor and names the first that holds one)
+    w = st.stream_sharded(dir, decls, { max_shard_size = opts.max_shard_size, checksum = true, finite = true })
   end)
   local function put(name, t)
     try(function()

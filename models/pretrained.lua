@@ -36,6 +36,7 @@ local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
 local hf = require 'models.hf'
 local decoders = require 'models.decoders'
+local st = require 'fsdp.io.safetensors_sharded'
 
 local M = {}
 
@@ -393,6 +394,19 @@ function M.load(model, src)
     end
   end)
   if not ok then fail('--init_from %s: %s', src.path, bare(err)) end
+  -- Weights that are not finite would make every logit NaN (generation
+  -- exits 0 with garbage) or be exported as they are: the values loaded
+  -- are checked, one C pass over this rank's part (collective when
+  -- sharded over several ranks).
+  local name = require('fsdp.nonfinite').first_nonfinite(model, true)
+  if name then
+    local file = src.where
+    if src.kind == 'hf' then
+      local ok2, f = pcall(function() return st.open_checkpoint(src.path):file_of(name) end)
+      if ok2 and f then file = f end
+    end
+    fail('--init_from %s: %s holds NaN or infinite values (%s)', src.path, name, file)
+  end
 end
 
 -- rank 0's line ("[rank 0] " first with several ranks; fsdp.console)

@@ -220,6 +220,7 @@ if cfg.init_from == '' then
   print(('model: %s %s with random weights (seed %d)'):format(family, cfg.model, cfg.seed))
 else
   model = pretrained.build(src, place)
+  -- (the values are checked finite as they load: pretrained.load)
   local ok2, err = pcall(pretrained.load, model, src)
   if not ok2 then die(recipe.bare(err)) end
   -- A LoRA run's checkpoint: its adapters folded into the base once, so

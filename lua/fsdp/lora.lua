@@ -26,6 +26,7 @@
 -- way the run first did (the recipe's --init_from, or the init rules and
 -- --seed) and loads the adapters over it.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local fsdp = require 'fsdp'
 local Module = require 'fsdp.nn.module'
 local Linear = require 'fsdp.nn.linear'
@@ -357,7 +358,8 @@ function M.save_peft(model, dir, opts)
         list[#list + 1] = { PREFIX .. name, t }
       end
       table.sort(list, function(a, b) return a[1] < b[1] end)
-      require('fsdp.io.safetensors').save(files.join(dir, 'adapter_model.safetensors'), list, { format = 'pt' })
+      require('fsdp.io.safetensors').save(files.join(dir, 'adapter_model.safetensors'), list, { format = 'pt' },
+        { finite = true })
       local json = require 'fsdp.io.json'
       local targets = json.array({})
       for i, t in ipairs(cfg.targets) do targets[i] = t end
@@ -405,12 +407,22 @@ local function check_peft_config(h, path, model)
   if h.fan_in_fan_out ~= nil and h.fan_in_fan_out ~= want then
     refuse('fan_in_fan_out is %s, but a %s wants %s', tostring(h.fan_in_fan_out), model:class_name(), tostring(want))
   end
-  if type(h.r) ~= 'number' then refuse('r is missing') end
+  -- Numbers as PEFT reads them, NaN and infinity refused (fsdp.validate):
+  -- a NaN lora_alpha scales every update to NaN.
+  for k, rule in pairs({ r = validate.COUNT, lora_alpha = validate.POSITIVE, lora_dropout = validate.PROBABILITY }) do
+    if k == 'r' or (h[k] ~= nil and h[k] ~= null) then
+      local why = validate.problem(h[k], rule)
+      if why then refuse('%s %s', k, why) end
+    end
+  end
   local targets = h.target_modules
   if type(targets) == 'string' then
     refuse("target_modules is the regular expression '%s'; give the module names as a list", targets)
   end
   if type(targets) ~= 'table' or #targets == 0 then refuse('target_modules is missing or empty') end
+  for _, t in ipairs(targets) do
+    if type(t) ~= 'string' then refuse('target_modules holds %s, not a module name', validate.show(t)) end
+  end
 end
 
 -- Load a PEFT adapter directory (adapter_config.json +
@@ -427,12 +439,33 @@ function M.load_peft(model, dir, opts)
   if files.mode(cpath) ~= 'file' then fail('load_peft: %s: no such file', cpath) end
   local ok, h = pcall(json.decode, files.read(cpath))
   if not ok then fail('load_peft: %s: %s', cpath, tostring(h)) end
+  if type(h) ~= 'table' then fail('load_peft: %s: not a JSON object', cpath) end
   check_peft_config(h, cpath, model)
   local targets = {}
   for i, t in ipairs(h.target_modules) do targets[i] = t end
   table.sort(targets) -- PEFT writes a set: its order means nothing
-  local want = { rank = h.r, alpha = h.lora_alpha or 8, dropout = h.lora_dropout or 0, targets = targets,
-                 rslora = h.use_rslora == true }
+  local null = json.null
+  local want = { rank = h.r, alpha = (h.lora_alpha ~= nil and h.lora_alpha ~= null) and h.lora_alpha or 8,
+                 dropout = (h.lora_dropout ~= nil and h.lora_dropout ~= null) and h.lora_dropout or 0,
+                 targets = targets, rslora = h.use_rslora == true }
+  -- The rank against the adapters' shapes in the file's header, before
+  -- anything is made: lora_A is [r, in], lora_B [out, r].
+  local wpath = files.join(dir, 'adapter_model.safetensors')
+  if files.mode(wpath) ~= 'file' then fail('load_peft: %s: no such file', wpath) end
+  do
+    local f = require('fsdp.io.safetensors').open(wpath)
+    for _, name in ipairs(f:names()) do
+      local which = name:match('%.(lora_[AB])%.[^.]*%.?weight$')
+      local shape = f:info(name).shape
+      local got = which == 'lora_A' and shape[1] or which == 'lora_B' and shape[2] or nil
+      if got and got ~= h.r then
+        f:close()
+        fail('load_peft: %s: r is %s, but %s in %s is [%s] (its rank %d)', cpath, validate.show(h.r), name, wpath,
+          table.concat(shape, ', '), got)
+      end
+    end
+    f:close()
+  end
   local have = rawget(model, '_lora')
   if have then
     local same = have.rank == want.rank and have.alpha == want.alpha and have.rslora == want.rslora
@@ -444,16 +477,18 @@ function M.load_peft(model, dir, opts)
   else
     M.apply(model, want)
   end
-  local wpath = files.join(dir, 'adapter_model.safetensors')
-  if files.mode(wpath) ~= 'file' then fail('load_peft: %s: no such file', wpath) end
   local f = require('fsdp.io.safetensors').open(wpath)
-  local state, unexpected = {}, {}
+  local state, unexpected, file_name = {}, {}, {}
   for _, name in ipairs(f:names()) do
     -- PEFT writes lora_A.weight; older versions (and other tools) keep the
     -- adapter name: lora_A.default.weight.
     local ours = name:sub(1, #PREFIX) == PREFIX and name:sub(#PREFIX + 1) or nil
     if ours then ours = ours:gsub('%.(lora_[AB])%.[^.]+%.weight$', '.%1.weight') end
-    if ours and is_adapter(ours) then state[ours] = f:get(name) else unexpected[#unexpected + 1] = name end
+    if ours and is_adapter(ours) then
+      state[ours], file_name[ours] = f:get(name), name
+    else
+      unexpected[#unexpected + 1] = name
+    end
   end
   local missing = {}
   for _, np in ipairs(model:named_parameters()) do
@@ -475,6 +510,17 @@ function M.load_peft(model, dir, opts)
   end
   local ok2, err = pcall(function()
     f:verify()
+    -- Values that are not finite would make every logit NaN: refused,
+    -- naming the tensor (a C scan of each mapped tensor).
+    local names = {}
+    for name in pairs(state) do names[#names + 1] = name end
+    table.sort(names)
+    for _, name in ipairs(names) do
+      local at = require('fsdp.nonfinite').first_nonfinite_element(state[name])
+      if at then
+        fail('load_peft: %s: %s holds a NaN or infinite value (element %d)', wpath, file_name[name], at)
+      end
+    end
     local params = {}
     for _, np in ipairs(model:named_parameters()) do params[np[1]] = np[2] end
     for name, t in pairs(state) do

@@ -106,6 +106,24 @@ local function sum_squares(t)
   return sq[0]
 end
 
+-- The index (from 0) of the first NaN or infinite element of tensor t, or
+-- nil when it has none: the C scan of the data on the CPU
+-- (fl_first_nonfinite, what the checkpoint writer runs), elsewhere a C
+-- sum of squares (then -1: there is one, its place unknown). Integer
+-- tensors and tensors without storage have none.
+function M.first_nonfinite_element(t)
+  if t == nil or t:numel() == 0 or not t:has_storage() or not t:is_floating_point() then return nil end
+  if t.device == 'cpu' then
+    if not t:is_contiguous() then t = t:contiguous() end
+    local c = Tensor.cptr(t)
+    local i = tonumber(core.C.fl_first_nonfinite(c.data, c.numel, c.dtype))
+    return i >= 0 and i or nil
+  end
+  local s = sum_squares(t)
+  if s and not finite(s) then return -1 end
+  return nil
+end
+
 -- The first parameter of model (named_parameters order) whose gradient
 -- (of_values: whose value) holds a NaN or infinite element on any rank:
 -- name, unit label (sharded) or nil when none does (the loss alone was

@@ -3,6 +3,7 @@
 -- an unknown key, a value we do not implement, or two keys that disagree
 -- is an error naming the key; exports write floats as floats and the keys
 -- of both layouts (what transformers 5's validation and 4.x read).
+local fsdp = require 'fsdp'
 local hf = require 'models.hf'
 local json = require 'fsdp.io.json'
 local llama = require 'models.llama'
@@ -231,6 +232,9 @@ describe('exported config.json', function()
   local function export(model)
     local out = os.tmpname()
     os.remove(out)
+    -- (values: an export refuses to write what is not finite, and a
+    -- model built on the CPU holds whatever its memory held)
+    model:init_weights({ seed = 0 })
     hf.save_pretrained(model, out)
     local f = assert(io.open(out .. '/config.json', 'rb'))
     local text = f:read('*a')
@@ -250,6 +254,22 @@ describe('exported config.json', function()
     assert.matches('"attention_dropout": 0%.0[,\n]', text)
     text = export(gpt2.build('tiny', nil))
     assert.matches('"resid_pdrop": 0%.0[,\n]', text)
+  end)
+
+  -- issue 38: an export never writes a NaN or infinity (the writer scans
+  -- each tensor), and nothing of the refused export is left
+  it('refuses a parameter that is not finite, naming it', function()
+    local m = llama.build('tiny', nil)
+    m:init_weights({ seed = 0 })
+    fsdp.no_grad(function() m.model.norm.weight:narrow(0, 3, 1):fill_(0 / 0) end)
+    local out = os.tmpname()
+    os.remove(out)
+    local ok, err = pcall(hf.save_pretrained, m, out)
+    assert.is_false(ok)
+    assert.matches("model.safetensors: tensor 'model.norm.weight' is not finite (element 3 is NaN or infinite): "
+      .. 'refusing to write it', tostring(err), 1, true)
+    assert.is_nil(require('fsdp.io.files').mode(out .. '/model.safetensors'))
+    os.execute('rm -rf ' .. out)
   end)
 
   it('round-trips through our reader, with both layouts\' rope keys', function()

@@ -396,13 +396,73 @@ describe('PEFT goldens', function()
     files.write_atomic(dir .. '/adapter_config.json', text)
     assert.matches('adapter_config.json: use_dora is true', err_of(lora.load_peft,
       hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' }), dir))
-    -- the weights of another adapter: names that are not the model's
-    files.write_atomic(dir .. '/adapter_config.json', files.read(GOLDEN .. 'llama/adapter_config.json'))
+    -- the weights of another adapter: a rank its shapes do not have, found
+    -- from the header before anything is applied
+    local other = files.read(GOLDEN .. 'llama/adapter_config.json')
+    files.write_atomic(dir .. '/adapter_config.json', other)
     local f = io.open(dir .. '/adapter_model.safetensors', 'wb')
     f:write(files.read(GOLDEN .. 'peft_llama/adapter_model.safetensors'))
     f:close()
+    assert.matches('adapter_config.json: r is 4, but base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight in '
+      .. dir .. '/adapter_model.safetensors is [8, 32] (its rank 8)',
+      err_of(lora.load_peft, hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' }), dir), 1, true)
+    -- ... or, of the same rank, names that are not the model's
+    files.write_atomic(dir .. '/adapter_config.json', (other:gsub('"r": 4', '"r": 8')))
     assert.matches('adapter_model.safetensors does not fit the model: missing model.layers.0.self_attn.q_proj.lora_A.weight',
       err_of(lora.load_peft, hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' }), dir))
+  end)
+
+  -- issue 38: NaN passed `> 0` checks; every logit was NaN and the run exited 0
+  it('refuses non-finite numbers in adapter_config.json and non-finite adapter weights, naming the key or tensor',
+    function()
+    local base = files.read(GOLDEN .. 'peft_llama/adapter_config.json')
+    local weights = files.read(GOLDEN .. 'peft_llama/adapter_model.safetensors')
+    local function adapter(name, config, data)
+      local dir = root .. '/' .. name
+      files.mkdir_p(dir)
+      files.write_atomic(dir .. '/adapter_config.json', config)
+      local w = io.open(dir .. '/adapter_model.safetensors', 'wb')
+      w:write(data or weights)
+      w:close()
+      return dir
+    end
+    for _, case in ipairs({
+      { '"lora_alpha": 16', '"lora_alpha": NaN', 'lora_alpha must be a finite number, got nan' },
+      { '"lora_alpha": 16', '"lora_alpha": Infinity', 'lora_alpha must be a finite number, got inf' },
+      { '"lora_alpha": 16', '"lora_alpha": -16', 'lora_alpha must be > 0, got -16' },
+      { '"r": 8', '"r": 1e300', 'r must be an integer of at most 2^53' },
+      { '"r": 8', '"r": 2.5', 'r must be an integer, got 2.5' },
+      { '"lora_dropout": 0.1', '"lora_dropout": NaN', 'lora_dropout must be a finite number, got nan' },
+      { '"r": 8', '"r": {"q_proj": 8}', 'r must be a number, got {"q_proj": 8}' },
+    }) do
+      assert(base:find(case[1], 1, true), case[1])
+      local dir = adapter('bad_number', (base:gsub(case[1]:gsub('%p', '%%%0'), case[2])))
+      local m = hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' })
+      local err = err_of(lora.load_peft, m, dir)
+      assert.matches(dir .. '/adapter_config.json: ' .. case[3], err, 1, true)
+      assert.is_nil(lora.config_of(m), 'applied before the refusal')
+    end
+    -- a NaN in the adapter's weights: named with the element, before it loads
+    local st_file = require 'fsdp.io.safetensors'
+    local f = st_file.open(GOLDEN .. 'peft_llama/adapter_model.safetensors')
+    local tensors, names = {}, f:names()
+    for _, name in ipairs(names) do tensors[#tensors + 1] = { name, f:get(name):clone() } end
+    f:close()
+    local poisoned = names[2]
+    for _, e in ipairs(tensors) do
+      if e[1] == poisoned then e[2]:view(-1):narrow(0, 3, 1):fill_(0 / 0) end
+    end
+    local dir = adapter('nan_weights', base)
+    st_file.save(dir .. '/adapter_model.safetensors', tensors, { format = 'pt' })
+    local err = err_of(lora.load_peft, hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' }), dir)
+    assert.matches(dir .. '/adapter_model.safetensors: ' .. poisoned .. ' holds a NaN or infinite value (element 3)',
+      err, 1, true)
+    -- and save_peft never writes one
+    local m = hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' })
+    lora.apply(m, { rank = 2, targets = 'q_proj' })
+    fsdp.no_grad(function() m.model.layers[1].self_attn.q_proj.lora_B.weight:fill_(math.huge) end)
+    err = err_of(lora.save_peft, m, root .. '/nan_export')
+    assert.matches("tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight' is not finite", err, 1, true)
   end)
 end)
 

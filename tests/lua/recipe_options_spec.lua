@@ -294,6 +294,13 @@ describe('absurd sizes, non-finite values and config.json mistakes', function()
     { 'recipes/llama2_7b.lua --init_from=' .. LLAMA, "--seq_len (128) is longer than the model's 64 positions "
       .. '(max_position_embeddings of ' .. LLAMA .. '/config.json); give --allow_past_max_positions' },
     { 'recipes/llama2_7b.lua --model=tiny --seq_len=1024', "--seq_len (1024) is longer than the model's 512 positions" },
+    -- (B) finite means finite
+    { 'recipes/generate.lua --init_from=DIR:nan_eps --prompt_ids=1',
+      '--init_from DIR:nan_eps/config.json: rms_norm_eps must be a finite number, got nan' },
+    { 'recipes/generate.lua --init_from=DIR:nan_weight --prompt_ids=1 --max_new_tokens=2', '--init_from DIR:nan_weight: '
+      .. 'model.layers.1.mlp.up_proj.weight holds NaN or infinite values (DIR:nan_weight/model.safetensors)', 1 },
+    { 'recipes/generate.lua --model=tiny --prompt_ids=1 --temperature=nan', '--temperature must be a finite number, got nan' },
+    { 'recipes/generate.lua --model=tiny --prompt_ids=1,1e999', '--prompt_ids: "1e999" is not a token id' },
     -- (C) the user's key and file, before anything is built
     { 'recipes/llama2_7b.lua --init_from=DIR:odd',
       '--init_from DIR:odd/config.json: hidden_size 30 is not a multiple of num_attention_heads 4' },

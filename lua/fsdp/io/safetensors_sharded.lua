@@ -431,7 +431,8 @@ end
 --   local names = w:finish()
 --
 -- The files are planned from the declarations as save_sharded plans them
--- (opts as its, plus checksum); each is opened when its first tensor
+-- (opts as its, plus checksum, and finite: refuse a NaN or infinity,
+-- naming the tensor); each is opened when its first tensor
 -- comes and published (atomically) after its last. abort() removes the
 -- file being written.
 local Stream = {}
@@ -454,7 +455,8 @@ function M.stream_sharded(dir, decls, opts)
     for _, e in ipairs(f[2]) do map[e[1]] = f[1] end
   end
   return setmetatable({ dir = dir, plan = plan, total = total, map = map, file = 0, pos = 0, written = {},
-                        metadata = opts.metadata or { format = 'pt' }, checksum = opts.checksum }, Stream)
+                        metadata = opts.metadata or { format = 'pt' }, checksum = opts.checksum,
+                        finite = opts.finite }, Stream)
 end
 
 local shape_buf = core.ffi.new('int64_t[?]', core.C.FL_MAX_DIMS)
@@ -474,6 +476,7 @@ function Stream:_open()
   end
   for k, v in pairs(self.metadata) do core.check(C.fl_safetensors_writer_metadata(w, tostring(k), tostring(v))) end
   if self.checksum then core.check(C.fl_safetensors_writer_checksum(w)) end
+  if self.finite then core.check(C.fl_safetensors_writer_finite(w, true)) end
 end
 
 function Stream:_close()
