@@ -58,7 +58,7 @@ M.OPTIONS = {
   export_lora = { 'merged', 'with --lora_rank: what --export_hf writes: merged (the adapters folded into the base '
                             .. 'weights: a plain Hugging Face model) or adapter (PEFT\'s adapter_config.json and '
                             .. 'adapter_model.safetensors, to load on the --init_from base with peft)',
-                  one_of = { 'merged', 'adapter' } },
+                  one_of = { 'merged', 'adapter' }, needs = { 'lora_rank', 'export_hf' } },
 }
 
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end

@@ -61,7 +61,9 @@ local lora = require 'fsdp.lora'
 -- Each option carries its constraints (fsdp.recipe checks them, and the
 -- model config they make, before anything is built: a bad one is one line
 -- naming it, exit status 2).
-local DTYPES = { 'f32', 'bf16', 'f64' }
+-- (no f64: the optimizers update f32, bf16 and f16 parameters, so an f64
+-- run would be refused by AdamW after the build)
+local DTYPES = { 'f32', 'bf16' }
 local overrides, c, train_data
 -- fam: the model family (models/decoders.lua: module, block class); src:
 -- what --init_from holds (models/pretrained.lua), nil without it.
@@ -111,7 +113,7 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   beta2 = { 0.95, 'AdamW beta2', min = 0, below = 1 },
   grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
   seed = { 0, 'initialisation and data seed', int = true, min = 0 },
-  dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (CPU: large products on oneDNN where installed), f64', one_of = DTYPES },
+  dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (CPU: large products on oneDNN where installed)', one_of = DTYPES },
   data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
   data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard), or raw text streamed: a '
                 .. '.txt/.jsonl/.json(.gz/.zst) file, directory or glob; empty: synthetic', input = 'glob',

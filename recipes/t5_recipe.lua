@@ -124,7 +124,8 @@ function M.run(default_model, script, argv)
     grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
     optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)', one_of = { 'adamw', 'anyprecision' } },
     task = { 'reverse', 'synthetic task (without --data): reverse or copy the source', one_of = { 'reverse', 'copy' } },
-    dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU), f64', one_of = { 'f32', 'bf16', 'f64' } },
+    -- (no f64: AdamW and AnyPrecisionAdamW update f32, bf16 and f16 parameters)
+    dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU)', one_of = { 'f32', 'bf16' } },
     dropout = { 0.0, 'dropout rate (T5 pre-training used 0.1)', min = 0, below = 1 },
     eval_examples = { 64, 'held-out examples for the final greedy generation (with --data: the first of the '
                           .. 'validation pairs)', int = true, min = 1 },

@@ -538,7 +538,7 @@ end
 -- The recipes' options (--lora_rank=0 is full fine-tuning).
 M.OPTIONS = {
   lora_rank = { 0, 'LoRA: rank of the adapters (0: no LoRA, every parameter trains)', int = true, min = 0 },
-  lora_alpha = { 16, 'LoRA: alpha; the update B A is scaled by alpha/rank', positive = true },
+  lora_alpha = { 16, 'LoRA: alpha; the update B A is scaled by alpha/rank', positive = true, needs = 'lora_rank' },
   lora_dropout = { 0, 'LoRA: dropout probability on the adapters\' input', min = 0, below = 1, needs = 'lora_rank' },
   lora_targets = { '', 'LoRA: comma-separated module names to adapt (a name matches the Linears whose path ends '
                        .. 'with it; empty: the recipe\'s default)', needs = 'lora_rank' },

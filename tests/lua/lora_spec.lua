@@ -565,4 +565,20 @@ describe('the recipes with --lora_rank', function()
     assert.equals(2, rc)
     assert.matches('%-%-lora_dropout needs %-%-lora_rank', err)
   end)
+
+  -- issue 38: LoRA options given without LoRA (or without an export) were
+  -- ignored without a word
+  it('refuse LoRA and export options that would be ignored, naming them', function()
+    for _, case in ipairs({
+      { '--export_lora=adapter', '--export_lora needs --lora_rank' },
+      { '--export_lora=merged', '--export_lora needs --lora_rank' },
+      { '--export_lora=adapter --lora_rank=2', '--export_lora needs --export_hf' },
+      { '--lora_alpha=8', '--lora_alpha needs --lora_rank' },
+    }) do
+      local rc, out, err = run('recipes/llama2_7b.lua --model=tiny ' .. case[1])
+      assert.equals(2, rc, err)
+      assert.equals('', out)
+      assert.equals('fsdp-lua: ' .. case[2] .. '\n', err)
+    end
+  end)
 end)
