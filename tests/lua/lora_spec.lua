@@ -566,6 +566,16 @@ describe('the recipes with --lora_rank', function()
     assert.matches('%-%-lora_dropout needs %-%-lora_rank', err)
   end)
 
+  -- issue 38: the fit check refused lm_head with the planner's "block 1
+  -- did not run forward and backward once": with only the head adapted no
+  -- gradient reaches a block, and none needs one
+  it('adapt lm_head alone: the plan has frozen blocks no gradient reaches, and it trains', function()
+    local rc, out, err = run(TINY .. ' --max_steps=2 --lora_targets=lm_head')
+    assert.equals(0, rc, err)
+    assert.matches('lora: rank 2, alpha 16 on 1 Linears %(lm_head%)', out)
+    assert.matches('Batch 2 ', out)
+  end)
+
   -- issue 38: LoRA options given without LoRA (or without an export) were
   -- ignored without a word
   it('refuse LoRA and export options that would be ignored, naming them', function()
