@@ -4,6 +4,7 @@
 local fsdp = require 'fsdp'
 local F = require 'fsdp.functional'
 local suggest = require 'fsdp.suggest'
+local validate = require 'fsdp.validate'
 
 local M = {}
 
@@ -72,22 +73,56 @@ function M.merge_config(family, configs, defaults, aliases, name_or_config, over
   return c
 end
 
--- Check a merged config's shape fields: each of `ints` a positive integer,
--- each of `rates` in [0, 1). Errors name the family and the field, raised
--- at the caller of the family's M.config.
-function M.check_fields(family, c, ints, rates)
-  for _, k in ipairs(ints or {}) do
+-- Check a merged config's fields with fsdp.validate's rules (NaN and
+-- infinity fail all of them): each of `ints` a positive integer, each of
+-- `rates` in [0, 1) when set, and each field of `reals` (field -> rule)
+-- when set. Errors name the family and the field, raised at the caller of
+-- the family's M.config; a caller that read the config from a file names
+-- the file's keys instead (models/hf.lua).
+function M.check_fields(family, c, ints, rates, reals)
+  local function check(k, rule, words)
     local v = c[k]
-    if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
-      error(('%s config: %s must be a positive integer, got %s'):format(family, k, tostring(v)), 3)
+    local why = validate.problem(v, rule)
+    -- (a count past 2^53 says so; other failures in the rule's words)
+    if why and words and not (rule.int and validate.finite(v) and v >= 1 and v == math.floor(v)) then
+      why = ('must be %s, got %s'):format(words, validate.show(v))
     end
+    if why then error(('%s config: %s %s'):format(family, k, why), 4) end
   end
+  for _, k in ipairs(ints or {}) do check(k, validate.COUNT, 'a positive integer') end
   for _, k in ipairs(rates or {}) do
-    local v = c[k]
-    if v ~= nil and (type(v) ~= 'number' or not (v >= 0 and v < 1)) then
-      error(('%s config: %s must be in [0, 1), got %s'):format(family, k, tostring(v)), 3)
-    end
+    if c[k] ~= nil then check(k, validate.PROBABILITY, 'in [0, 1)') end
   end
+  local names = {}
+  for k in pairs(reals or {}) do names[#names + 1] = k end
+  table.sort(names)
+  for _, k in ipairs(names) do
+    if c[k] ~= nil then check(k, reals[k]) end
+  end
+end
+
+-- What sets the size of each family's model, for the bound recipes and
+-- tools hold a config to before building (fsdp.sharding.fit.bound):
+-- the fields that build blocks, and the fields that make the parameter
+-- count (shown in that order when a size is refused).
+M.SIZES = {
+  llama = { module = 'models.llama', blocks = { 'n_layers' },
+            fields = { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size' } },
+  gpt2 = { module = 'models.gpt2', blocks = { 'n_layers' },
+           fields = { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size', 'max_seq_len' } },
+  t5 = { module = 'models.t5', blocks = { 'num_layers', 'num_decoder_layers' },
+         fields = { 'num_layers', 'num_decoder_layers', 'd_model', 'num_heads', 'd_kv', 'd_ff', 'vocab_size' } },
+  deepvit = { module = 'models.deepvit', blocks = { 'depth' },
+              fields = { 'depth', 'dim', 'heads', 'dim_head', 'mlp_dim', 'num_classes' } },
+}
+
+-- The parameters (closed form) and blocks of a family's checked config,
+-- and its size fields (M.SIZES). Nothing is built.
+function M.size_of(family, c)
+  local s = M.SIZES[family]
+  local blocks = 0
+  for _, f in ipairs(s.blocks) do blocks = blocks + c[f] end
+  return require(s.module).closed_form_parameters(c), blocks, s.fields
 end
 
 -- A set of field names from a list.

@@ -21,6 +21,34 @@ M.families = {
   gpt2 = { name = 'gpt2', module = gpt2, block = gpt2.Block, prefix = 'gpt2-' },
 }
 
+-- [Note: positions past the model's limit] GPT-2 learns one embedding
+-- per position: nothing runs past n_positions. Llama's RoPE has no table
+-- to run out of, but a model is trained to max_position_embeddings and
+-- past it quality falls off (transformers warns and goes on); a run past
+-- it is refused unless it says so, rather than going on without a word.
+M.OPTIONS = {
+  allow_past_max_positions = { false, 'Llama: train or generate past the model\'s max_position_embeddings '
+                                      .. '(RoPE extrapolates; quality degrades). GPT-2 cannot (one embedding per '
+                                      .. 'position)' },
+}
+
+-- nil, or why `n` positions (what: '--seq_len (128)') do not fit the
+-- decoder config c of `family` (src: models/pretrained's source, or nil
+-- for a --model config named model), in one line.
+function M.positions_problem(family, c, n, what, src, model, allowed)
+  if n <= c.max_seq_len or (family == 'llama' and allowed) then return nil end
+  local key = family == 'gpt2' and 'n_positions' or 'max_position_embeddings'
+  local from
+  if src and src.kind == 'hf' then from = ('%s of %s'):format(key, src.where)
+  elseif src then from = ('max_seq_len of the model config %s records'):format(src.where)
+  else from = ('%s of --model %s'):format(key, model or '?') end
+  if family == 'gpt2' then
+    return ("%s is longer than the model's %d positions (%s)"):format(what, c.max_seq_len, from)
+  end
+  return ("%s is longer than the model's %d positions (%s); give --allow_past_max_positions to run past "
+    .. 'them (RoPE extrapolates; quality degrades)'):format(what, c.max_seq_len, from)
+end
+
 -- The --model name of a family's config name.
 local function shown(family, name)
   if family == 'gpt2' and llama.configs[name] then return 'gpt2-' .. name end

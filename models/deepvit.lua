@@ -58,6 +58,19 @@ function M.config(name_or_config, overrides)
   return c
 end
 
+-- Parameters in closed form (a check on the build, and what the recipes
+-- bound before building): per block the attention's norm, to_qkv, theta
+-- [H, H], the head-axis norm and to_out with its bias, the MLP's norm and
+-- two Linears with biases; the patch Linear, positions, class token,
+-- final norm and head (and the patch norms of the current layout).
+function M.closed_form_parameters(c)
+  local d, inner, H, m = c.dim, c.heads * c.dim_head, c.heads, c.mlp_dim
+  local block = 2 * d + 3 * d * inner + H * H + 2 * H + inner * d + d + 2 * d + d * m + m + m * d + d
+  local rest = c.patch_dim * d + d + (c.num_patches + 1) * d + d + 2 * d + d * c.num_classes + c.num_classes
+  if c.patch_norm then rest = rest + 2 * c.patch_dim + 2 * d end
+  return c.depth * block + rest
+end
+
 -- Training FLOPs per image (MODELS.md): n tokens, L blocks.
 function M.flops_per_image(c)
   local n, L, d, inner = c.num_patches + 1, c.depth, c.dim, c.heads * c.dim_head

@@ -32,6 +32,7 @@ local fsdp = require 'fsdp'
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
 local common = require 'models.common'
+local validate = require 'fsdp.validate'
 
 local M = {}
 
@@ -70,7 +71,8 @@ function M.config(name_or_config, overrides)
   local c = common.merge_config('gpt2', M.configs, DEFAULTS, ALIASES, name_or_config, overrides, FIELDS)
   c.ffn_dim = c.ffn_dim or 4 * c.dim
   common.check_fields('gpt2', c, { 'dim', 'n_layers', 'n_heads', 'ffn_dim', 'vocab_size', 'max_seq_len' },
-    { 'dropout', 'embd_pdrop', 'attn_pdrop', 'resid_pdrop' })
+    { 'dropout', 'embd_pdrop', 'attn_pdrop', 'resid_pdrop' },
+    { norm_eps = validate.NONNEGATIVE, init_std = validate.NONNEGATIVE })
   c.head_dim = c.dim / c.n_heads
   c.embd_pdrop = c.embd_pdrop or c.dropout
   c.attn_pdrop = c.attn_pdrop or c.dropout

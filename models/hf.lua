@@ -38,6 +38,7 @@ local json = require 'fsdp.io.json'
 local st = require 'fsdp.io.safetensors_sharded'
 local publish = require 'fsdp.io.publish'
 local suggest = require 'fsdp.suggest'
+local validate = require 'fsdp.validate'
 local llama = require 'models.llama'
 local t5 = require 'models.t5'
 local gpt2 = require 'models.gpt2'
@@ -79,9 +80,18 @@ local COMMON_REQUIRED = { add_cross_attention = false }
 
 local function fail(where, fmt, ...) core.fail(('hf: %s: ' .. fmt):format(where, ...)) end
 
+local show = validate.show
+-- a name as messages quote it ('gelu'), anything else as the file holds it
+local function quote(v) return type(v) == 'string' and "'" .. v .. "'" or show(v) end
+
 -- Check every key of h against a family's spec (see the Note at the top):
--- spec.fields (HF key -> our field), spec.required (HF key -> value),
--- spec.special (keys the family's function reads itself), spec.ignored.
+-- spec.fields (HF key -> our field), spec.rules (HF key -> a
+-- fsdp.validate rule, or 'boolean'), spec.sizes (keys that must be
+-- there: LlamaConfig's defaults for them are 7B's, never what a file that
+-- leaves them out holds), spec.required (HF key -> value), spec.special
+-- (keys the family's function reads itself), spec.ignored. A value is
+-- named by its key: "num_hidden_layers must be an integer of at most
+-- 2^53 ..., got 1e+300", never by the field it becomes.
 local function check_keys(where, h, spec)
   local names = {}
   for k in pairs(h) do names[#names + 1] = k end
@@ -92,11 +102,15 @@ local function check_keys(where, h, spec)
     if want == nil then want = COMMON_REQUIRED[k] end
     if want ~= nil then
       if not null(v) and v ~= want then
-        fail(where, '%s is %s; only %s is supported', k, (json.encode(v):gsub('\n$', '')), tostring(want))
+        fail(where, '%s is %s; only %s is supported', k, show(v), tostring(want))
       end
     elseif spec.fields[k] then
-      if not null(v) and type(v) ~= 'number' and type(v) ~= 'boolean' then
-        fail(where, '%s must be a number, got %s', k, (json.encode(v):gsub('\n$', '')))
+      local rule = spec.rules[k]
+      if not null(v) and rule == 'boolean' then
+        if type(v) ~= 'boolean' then fail(where, '%s must be true or false, got %s', k, show(v)) end
+      elseif not null(v) then
+        local why = validate.problem(v, rule)
+        if why then fail(where, '%s %s', k, why) end
       end
     elseif not (spec.special[k] or spec.ignored[k] or COMMON_IGNORED[k] or k == 'model_type') then
       local known = {}
@@ -107,15 +121,41 @@ local function check_keys(where, h, spec)
         .. 'the model', k, suggest.hint(k, known), spec.name)
     end
   end
+  for _, k in ipairs(spec.sizes or {}) do
+    if null(h[k]) then
+      fail(where, '%s is missing (a %s config.json gives its sizes: %s)', k, spec.name, table.concat(spec.sizes, ', '))
+    end
+  end
 end
 
--- The fields spec.fields names, copied into our config (null: unset).
+-- The fields spec.fields names, copied into our config (null: unset);
+-- spec.defaults (HF key -> value) where the file leaves a key out: the
+-- HF config class's default, which is what transformers builds.
 local function copy_fields(h, spec)
   local c = {}
   for k, ours in pairs(spec.fields) do
-    if not null(h[k]) then c[ours] = h[k] end
+    if not null(h[k]) then
+      c[ours] = h[k]
+    elseif spec.defaults and spec.defaults[k] ~= nil then
+      c[ours] = spec.defaults[k]
+    end
   end
   return c
+end
+
+-- A family's config function on what the file gave; a relation it refuses
+-- ("dim 30 is not a multiple of n_heads 4") is said in the file's keys
+-- ("hidden_size 30 is not a multiple of num_attention_heads 4").
+local function family_config(where, spec, fn, c, overrides)
+  local ok, r = pcall(fn, c, overrides)
+  if ok then return r end
+  local msg = tostring(r):gsub('^[^\n:]+:%d+: ', ''):gsub('^%w+ config: ', '')
+  local hf_of = {}
+  for k, ours in pairs(spec.fields) do hf_of[ours] = k end
+  msg = (' ' .. msg .. ' '):gsub('([^%w_%.])([%a_][%w_]*)', function(pre, word)
+    return pre .. (hf_of[word] or word)
+  end)
+  fail(where, '%s', msg:sub(2, -2))
 end
 
 -- Llama ----------------------------------------------------------------------------------
@@ -126,6 +166,13 @@ local LLAMA = {
              num_key_value_heads = 'n_kv_heads', intermediate_size = 'ffn_dim', vocab_size = 'vocab_size',
              rms_norm_eps = 'norm_eps', max_position_embeddings = 'max_seq_len', initializer_range = 'init_std',
              head_dim = 'head_dim', tie_word_embeddings = 'tied' },
+  rules = { hidden_size = validate.COUNT, num_hidden_layers = validate.COUNT, num_attention_heads = validate.COUNT,
+            num_key_value_heads = validate.COUNT, intermediate_size = validate.COUNT, vocab_size = validate.COUNT,
+            rms_norm_eps = validate.NONNEGATIVE, max_position_embeddings = validate.COUNT,
+            initializer_range = validate.NONNEGATIVE, head_dim = validate.COUNT, tie_word_embeddings = 'boolean' },
+  sizes = { 'hidden_size', 'num_hidden_layers', 'num_attention_heads', 'intermediate_size', 'vocab_size' },
+  -- LlamaConfig's defaults (ours differ: norm eps 1e-5, 4096 positions).
+  defaults = { rms_norm_eps = 1e-6, max_position_embeddings = 2048, initializer_range = 0.02 },
   required = { hidden_act = 'silu', attention_bias = false, mlp_bias = false, attention_dropout = 0 },
   special = set({ 'rope_theta', 'rope_scaling', 'rope_parameters' }),
   -- pretraining_tp > 1 splits the projections into slices summed in
@@ -142,13 +189,15 @@ local function llama_rope(where, h)
   if null(params) then params = nil end
   if null(legacy) then legacy = nil end
   for k, v in pairs({ rope_parameters = params, rope_scaling = legacy }) do
-    if type(v) ~= 'table' then fail(where, '%s must be an object, got %s', k, type(v)) end
+    if type(v) ~= 'table' or (next(v) ~= nil and #v > 0) then
+      fail(where, '%s must be an object, got %s', k, show(v))
+    end
   end
   if params and legacy then
     for _, k in ipairs({ 'rope_type', 'type', unpack(LLAMA3_KEYS) }) do
       if legacy[k] ~= nil and params[k] ~= legacy[k] then
-        fail(where, 'rope_scaling.%s (%s) and rope_parameters.%s (%s) disagree', k, tostring(legacy[k]), k,
-          tostring(params[k]))
+        fail(where, 'rope_scaling.%s (%s) and rope_parameters.%s (%s) disagree', k, show(legacy[k]), k,
+          show(params[k]))
       end
     end
   end
@@ -157,13 +206,14 @@ local function llama_rope(where, h)
   local theta = h.rope_theta
   if null(theta) then theta = nil end
   if theta ~= nil and p.rope_theta ~= nil and theta ~= p.rope_theta then
-    fail(where, 'rope_theta (%s) and %s.rope_theta (%s) disagree', tostring(theta), where_p, tostring(p.rope_theta))
+    fail(where, 'rope_theta (%s) and %s.rope_theta (%s) disagree', show(theta), where_p, show(p.rope_theta))
   end
+  local theta_key = p.rope_theta ~= nil and where_p .. '.rope_theta' or 'rope_theta'
   theta = p.rope_theta or theta or 1e4 -- transformers' default_theta
-  if type(theta) ~= 'number' then fail(where, 'rope_theta must be a number, got %s', type(theta)) end
+  local why = validate.problem(theta, validate.POSITIVE)
+  if why then fail(where, '%s %s', theta_key, why) end
   if p.rope_type ~= nil and p.type ~= nil and p.rope_type ~= p.type then
-    fail(where, '%s.rope_type (%s) and %s.type (%s) disagree', where_p, tostring(p.rope_type), where_p,
-      tostring(p.type))
+    fail(where, '%s.rope_type (%s) and %s.type (%s) disagree', where_p, show(p.rope_type), where_p, show(p.type))
   end
   local kind = p.rope_type or p.type or 'default'
   local allowed = set({ 'rope_type', 'type', 'rope_theta' })
@@ -173,18 +223,21 @@ local function llama_rope(where, h)
     for _, k in ipairs(LLAMA3_KEYS) do
       allowed[k] = true
       scaling[k] = p[k]
+      local key = where_p .. '.' .. k
       if k == 'original_max_position_embeddings' and scaling[k] == nil then
         scaling[k] = h.max_position_embeddings -- transformers 5's default
+        key = 'max_position_embeddings'
       end
-      if type(scaling[k]) ~= 'number' then
-        fail(where, "%s.%s must be a number for rope_type 'llama3', got %s", where_p, k, tostring(scaling[k]))
-      end
+      if scaling[k] == nil then fail(where, "%s is missing (rope_type 'llama3' needs it)", key) end
+      local bad = validate.problem(scaling[k], k == 'original_max_position_embeddings' and validate.COUNT
+        or validate.POSITIVE)
+      if bad then fail(where, "%s %s", key, bad) end
     end
   elseif kind ~= 'default' then
-    fail(where, "%s.rope_type '%s' is not supported (default, llama3)", where_p, tostring(kind))
+    fail(where, "%s.rope_type %s is not supported (default, llama3)", where_p, quote(kind))
   end
   for k in pairs(p) do
-    if not allowed[k] then fail(where, "unknown key '%s.%s' for rope_type '%s'", where_p, k, kind) end
+    if not allowed[k] then fail(where, "unknown key '%s.%s' for rope_type '%s'", where_p, tostring(k), kind) end
   end
   return theta, scaling
 end
@@ -196,7 +249,7 @@ local function llama_from_hf(h, overrides, where, has_lm_head)
   -- LlamaConfig's default is untied; a head the file holds stays untied
   -- (transformers 5 unties it too).
   c.tied = (c.tied or false) and not has_lm_head
-  return llama.config(c, overrides)
+  return family_config(where, LLAMA, llama.config, c, overrides)
 end
 
 local function llama_to_hf(c)
@@ -235,6 +288,13 @@ local T5 = {
              dropout_rate = 'dropout', initializer_factor = 'init_factor',
              decoder_start_token_id = 'decoder_start_token_id', pad_token_id = 'pad_token_id',
              eos_token_id = 'eos_token_id' },
+  rules = { d_model = validate.COUNT, d_ff = validate.COUNT, d_kv = validate.COUNT, num_heads = validate.COUNT,
+            num_layers = validate.COUNT, num_decoder_layers = validate.COUNT, vocab_size = validate.COUNT,
+            relative_attention_num_buckets = validate.COUNT, relative_attention_max_distance = validate.COUNT,
+            layer_norm_epsilon = validate.NONNEGATIVE, dropout_rate = validate.PROBABILITY,
+            initializer_factor = validate.NONNEGATIVE, decoder_start_token_id = validate.INDEX,
+            pad_token_id = validate.INDEX, eos_token_id = validate.INDEX },
+  sizes = { 'd_model', 'd_ff', 'd_kv', 'num_heads', 'num_layers' },
   required = { is_encoder_decoder = true },
   special = set({ 'feed_forward_proj', 'dense_act_fn', 'is_gated_act', 'tie_word_embeddings',
                   'scale_decoder_outputs' }),
@@ -255,21 +315,21 @@ local function t5_from_hf(h, overrides, where, has_lm_head)
   local ff = null(h.feed_forward_proj) and 'relu' or h.feed_forward_proj
   local mlp = T5_MLP[ff]
   if not mlp then
-    fail(where, "feed_forward_proj '%s' is not supported (relu: v1.0, gated-gelu: v1.1)", tostring(ff))
+    fail(where, "feed_forward_proj %s is not supported (relu: v1.0, gated-gelu: v1.1)", quote(ff))
   end
   c.gated = mlp[1]
   if not null(h.is_gated_act) and h.is_gated_act ~= mlp[1] then
-    fail(where, "is_gated_act %s and feed_forward_proj '%s' disagree", tostring(h.is_gated_act), ff)
+    fail(where, "is_gated_act %s and feed_forward_proj '%s' disagree", show(h.is_gated_act), ff)
   end
   if not null(h.dense_act_fn) and h.dense_act_fn ~= mlp[2] then
-    fail(where, "dense_act_fn '%s' and feed_forward_proj '%s' disagree (it means %s)", tostring(h.dense_act_fn),
-      ff, mlp[2])
+    fail(where, "dense_act_fn %s and feed_forward_proj '%s' disagree (it means %s)", quote(h.dense_act_fn), ff,
+      mlp[2])
   end
   local tie = h.tie_word_embeddings
   if null(tie) then tie = true end -- T5Config's default
   local scale = h.scale_decoder_outputs
   for k, v in pairs({ tie_word_embeddings = tie, scale_decoder_outputs = scale }) do
-    if not null(v) and type(v) ~= 'boolean' then fail(where, '%s must be true or false, got %s', k, tostring(v)) end
+    if not null(v) and type(v) ~= 'boolean' then fail(where, '%s must be true or false, got %s', k, show(v)) end
   end
   -- 4.x: the scale goes with the tie. 5.x: its own key.
   if null(scale) then scale = tie end
@@ -277,7 +337,7 @@ local function t5_from_hf(h, overrides, where, has_lm_head)
   -- Tied unless the checkpoint brings its own head (as transformers 5
   -- unties a head whose weights are there).
   c.tied = tie and not has_lm_head
-  return t5.config(c, overrides)
+  return family_config(where, T5, t5.config, c, overrides)
 end
 
 local function t5_to_hf(c)
@@ -305,6 +365,10 @@ local GPT2 = {
   fields = { n_embd = 'dim', n_layer = 'n_layers', n_head = 'n_heads', n_inner = 'ffn_dim', vocab_size = 'vocab_size',
              n_positions = 'max_seq_len', layer_norm_epsilon = 'norm_eps', initializer_range = 'init_std',
              embd_pdrop = 'embd_pdrop', attn_pdrop = 'attn_pdrop', resid_pdrop = 'resid_pdrop' },
+  rules = { n_embd = validate.COUNT, n_layer = validate.COUNT, n_head = validate.COUNT, n_inner = validate.COUNT,
+            vocab_size = validate.COUNT, n_positions = validate.COUNT, layer_norm_epsilon = validate.NONNEGATIVE,
+            initializer_range = validate.NONNEGATIVE, embd_pdrop = validate.PROBABILITY,
+            attn_pdrop = validate.PROBABILITY, resid_pdrop = validate.PROBABILITY },
   required = { activation_function = 'gelu_new', scale_attn_weights = true, scale_attn_by_inverse_layer_idx = false,
                tie_word_embeddings = true },
   special = set({ 'n_ctx' }),
@@ -317,8 +381,12 @@ local GPT2 = {
 local function gpt2_from_hf(h, overrides, where)
   check_keys(where, h, GPT2)
   local c = copy_fields(h, GPT2)
+  if not null(h.n_ctx) then
+    local why = validate.problem(h.n_ctx, validate.COUNT)
+    if why then fail(where, 'n_ctx %s', why) end
+  end
   if not null(h.n_ctx) and not null(h.n_positions) and h.n_ctx ~= h.n_positions then
-    fail(where, 'n_ctx (%s) and n_positions (%s) disagree', tostring(h.n_ctx), tostring(h.n_positions))
+    fail(where, 'n_ctx (%s) and n_positions (%s) disagree', show(h.n_ctx), show(h.n_positions))
   end
   if not null(h.n_ctx) and null(h.n_positions) then c.max_seq_len = h.n_ctx end
   -- GPT2Config's defaults where the file leaves a field out (ours differ
@@ -328,7 +396,7 @@ local function gpt2_from_hf(h, overrides, where)
   for k, v in pairs(defaults) do
     if c[k] == nil then c[k] = v end
   end
-  return gpt2.config(c, overrides)
+  return family_config(where, GPT2, gpt2.config, c, overrides)
 end
 
 local function gpt2_to_hf(c)
@@ -416,7 +484,7 @@ local FAMILIES = {
 local function family_of(model_type, where)
   local family = FAMILIES[model_type]
   if not family then
-    fail(where, "model_type '%s' is not supported (gpt2, llama, t5)", tostring(model_type))
+    fail(where, "model_type %s is not supported (gpt2, llama, t5)", quote(model_type))
   end
   return family
 end
@@ -442,15 +510,66 @@ function M.config_from_hf(h, overrides, opts)
   return family.from_hf(h, overrides, where, opts.has_lm_head), h.model_type
 end
 
+-- The config.json key of one of our config fields in a family
+-- (hidden_size for Llama's dim), or nil.
+function M.key_of(family_name, field)
+  local spec = ({ llama = LLAMA, t5 = T5, gpt2 = GPT2 })[family_name]
+  for k, ours in pairs(spec and spec.fields or {}) do
+    if ours == field then return k end
+  end
+end
+
 -- The config.json table (before encoding) of our config of a family.
 function M.config_to_hf(c, family_name)
   return family_of(family_name, 'config_to_hf').to_hf(c)
 end
 
+-- The weights' shapes in the headers of dir against the model config c
+-- makes, before that model is built: a config.json value the weights do
+-- not have (intermediate_size 40 for weights of 48) is refused naming the
+-- tensor, its file and both shapes, instead of after the build. The
+-- model is built on meta with one block (every block's tensors have the
+-- shapes of the first's), so this costs nothing whatever the sizes say;
+-- sizes past what a shape can hold are left to the size bound.
+local BLOCK_PREFIX = { llama = { '^(model%.layers%.)%d+%.' }, gpt2 = { '^(transformer%.h%.)%d+%.' },
+                       t5 = { '^(encoder%.block%.)%d+%.', '^(decoder%.block%.)%d+%.' } }
+local function check_shapes(dir, c, family_name, where)
+  local family = FAMILIES[family_name]
+  local one = {}
+  for k, v in pairs(c) do one[k] = v end
+  if family_name == 't5' then one.num_layers, one.num_decoder_layers = 1, 1 else one.n_layers = 1 end
+  local ok, model = pcall(family.build, one, { device = 'meta' })
+  if not ok then return end
+  local want = {}
+  for _, np in ipairs(model:named_parameters()) do want[np[1]] = np[2].shape end
+  local hf_shape = family.hf_shape or function(_, shape) return shape end
+  for _, file in ipairs(st.open_checkpoint(dir):files()) do
+    local f = require('fsdp.io.safetensors').open(file)
+    local names = f:names()
+    table.sort(names)
+    for _, name in ipairs(names) do
+      local ours = family_name == 'gpt2' and gpt2.name_from_hf(name) or name
+      local first = ours
+      for _, pattern in ipairs(ours and BLOCK_PREFIX[family_name] or {}) do first = first:gsub(pattern, '%10.') end
+      local shape = ours and (want[ours] or want[first])
+      if shape then
+        local have, expect = f:info(name).shape, hf_shape(ours, shape)
+        if core.format_shape(have) ~= core.format_shape(expect) then
+          f:close()
+          fail(where, 'size mismatch for %s: %s has %s, the model this config.json describes %s', name, file,
+            core.format_shape(have), core.format_shape(expect))
+        end
+      end
+    end
+    f:close()
+  end
+end
+
 -- Our config of a Hugging Face directory (config.json read, every key
--- checked; the weights' headers say whether it has its own lm_head), the
--- family name, and the config.json table. Nothing is built or read
--- beyond headers. overrides: config fields (e.g. dropout = 0).
+-- checked; the weights' headers say whether it has its own lm_head, and
+-- have the shapes the config makes), the family name, and the config.json
+-- table. Nothing is built (but one block on meta) or read beyond
+-- headers. overrides: config fields (e.g. dropout = 0).
 function M.read_config(dir, overrides)
   if lfs.attributes(dir, 'mode') ~= 'directory' then
     core.fail(('hf: %s is not a directory%s'):format(dir, publish.missing_hint(dir)))
@@ -464,7 +583,9 @@ function M.read_config(dir, overrides)
   end
   local h, family, path = read_config(dir)
   local has_lm_head = st.open_checkpoint(dir).map['lm_head.weight'] ~= nil
-  return family.from_hf(h, overrides or {}, path, has_lm_head), h.model_type, h
+  local c = family.from_hf(h, overrides or {}, path, has_lm_head)
+  check_shapes(dir, c, h.model_type, path)
+  return c, h.model_type, h
 end
 
 -- Load the weights of the Hugging Face directory `dir` into `model` (built
@@ -604,7 +725,10 @@ function M.save_pretrained(model, dir, opts)
     stage = publish.begin(dir, { what = 'save_pretrained' })
     local decls = {}
     for i, e in ipairs(order) do decls[i] = { e[1], e[3], hf_shape(e[1], e[2]) } end
-    w = st.stream_sharded(stage.dir, decls, { max_shard_size = opts.max_shard_size, checksum = true, id = stage.id })
+    -- finite: an export never writes a NaN or infinity (the writer scans
+    -- each tensor and names the first that holds one)
+    w = st.stream_sharded(stage.dir, decls, { max_shard_size = opts.max_shard_size, checksum = true, id = stage.id,
+                                              finite = true })
   end)
   local function put(name, t)
     try(function()

@@ -18,6 +18,7 @@ local fsdp = require 'fsdp'
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
 local common = require 'models.common'
+local validate = require 'fsdp.validate'
 
 local M = {}
 
@@ -80,9 +81,21 @@ local FIELDS = common.set({ 'dim', 'n_layers', 'n_heads', 'n_kv_heads', 'head_di
 function M.config(name_or_config, overrides)
   local c = common.merge_config('llama', M.configs, DEFAULTS, ALIASES, name_or_config, overrides, FIELDS)
   c.n_kv_heads = c.n_kv_heads or c.n_heads
-  common.check_fields('llama', c, { 'dim', 'n_layers', 'n_heads', 'n_kv_heads', 'ffn_dim', 'vocab_size', 'max_seq_len' })
-  c.head_dim = c.head_dim or c.dim / c.n_heads
+  common.check_fields('llama', c, { 'dim', 'n_layers', 'n_heads', 'n_kv_heads', 'ffn_dim', 'vocab_size', 'max_seq_len' },
+    nil, { head_dim = validate.COUNT, norm_eps = validate.NONNEGATIVE, rope_theta = validate.POSITIVE,
+           init_std = validate.NONNEGATIVE })
   local function need(ok, msg) if not ok then error('llama config: ' .. msg, 3) end end
+  if c.rope_scaling ~= nil then
+    local s = c.rope_scaling
+    need(type(s) == 'table', 'rope_scaling must be a table, got ' .. validate.show(s))
+    -- (absent ones take F.rope_tables' defaults)
+    for _, k in ipairs({ 'factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings' }) do
+      local why = s[k] ~= nil and validate.problem(s[k], k == 'original_max_position_embeddings' and validate.COUNT
+        or validate.POSITIVE)
+      need(not why, ('rope_scaling.%s %s'):format(k, why))
+    end
+  end
+  c.head_dim = c.head_dim or c.dim / c.n_heads
   need(c.head_dim == math.floor(c.head_dim), ('dim %d is not a multiple of n_heads %d'):format(c.dim, c.n_heads))
   need(c.head_dim % 2 == 0, ('head_dim %d must be even for rotary embeddings'):format(c.head_dim))
   need(c.n_heads % c.n_kv_heads == 0, ('n_heads %d is not a multiple of n_kv_heads %d'):format(c.n_heads, c.n_kv_heads))
@@ -226,11 +239,13 @@ function CausalLM:forward(ids, opts)
 end
 
 -- What fsdp.generate's KV cache holds per layer, and the positions the
--- model can embed (RoPE has no table limit; the config's context length
--- is advisory, as in HF).
+-- model was trained to: RoPE has no table to run out of, so generation
+-- may go past them when asked ([Note: positions past the model's limit]
+-- in models/decoders.lua).
 function CausalLM:kv_cache_spec()
   local c = self.config
-  return { n_layers = c.n_layers, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim }
+  return { n_layers = c.n_layers, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim, max_positions = c.max_seq_len,
+           extrapolates = true }
 end
 
 -- Mean cross-entropy of next-token predictions; targets i64 [B, T] (the

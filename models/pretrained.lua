@@ -36,6 +36,7 @@ local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
 local hf = require 'models.hf'
 local decoders = require 'models.decoders'
+local st = require 'fsdp.io.safetensors_sharded'
 
 local M = {}
 
@@ -57,7 +58,7 @@ M.OPTIONS = {
   export_lora = { 'merged', 'with --lora_rank: what --export_hf writes: merged (the adapters folded into the base '
                             .. 'weights: a plain Hugging Face model) or adapter (PEFT\'s adapter_config.json and '
                             .. 'adapter_model.safetensors, to load on the --init_from base with peft)',
-                  one_of = { 'merged', 'adapter' } },
+                  one_of = { 'merged', 'adapter' }, needs = { 'lora_rank', 'export_hf' } },
 }
 
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
@@ -350,6 +351,38 @@ function M.open(path, opts)
   return src
 end
 
+-- [Note: sizes are bounded before building] in fsdp.sharding.fit: a
+-- config's sizes held to what this machine can hold, from the config
+-- alone, naming what set them: the config.json and its keys for an HF
+-- directory, the checkpoint's recorded config, or the options (opts.options:
+-- field -> option, as written in opts.written; opts.model: the --model
+-- value; opts.source: what names src, default '--init_from'). opts.weights,
+-- dtype, shards, extra, fix, rows: as fit.bound's. Raises one line.
+function M.bound(cfg, family, c, src, opts)
+  opts = opts or {}
+  local fit = require 'fsdp.sharding.fit'
+  local params, blocks, fields = require('models.common').size_of(family, c)
+  local where, name_of
+  local source = opts.source or '--init_from'
+  if src and src.kind == 'hf' then
+    where, name_of = source .. ' ' .. src.where, function(f) return hf.key_of(family, f) or f end
+  elseif src then
+    where = ('%s %s (its model config)'):format(source, src.where)
+  else
+    local written = opts.written or {}
+    where = opts.model and ('--model ' .. opts.model) or 'the model'
+    -- an option given as --name, the others by the option's name alone
+    name_of = function(f)
+      local o = (opts.options or {})[f]
+      if o and written[o] then return '--' .. written[o] end
+      return o or f
+    end
+  end
+  fit.bound(cfg, { params = params, blocks = blocks, dtype = opts.dtype, shards = opts.shards, extra = opts.extra,
+                   weights = opts.weights, fix = opts.fix, rows = opts.rows,
+                   what = where .. ': ' .. fit.sizes_text(c, fields, name_of) })
+end
+
 -- One line for the log: "Hugging Face directory X (llama)".
 function M.describe(src)
   local kind = src.kind == 'hf' and 'Hugging Face directory' or src.kind == 'checkpoint' and 'checkpoint'
@@ -505,6 +538,19 @@ function M.load(model, src)
     end
   end)
   if not ok then fail('--init_from %s: %s', src.path, bare(err)) end
+  -- Weights that are not finite would make every logit NaN (generation
+  -- exits 0 with garbage) or be exported as they are: the values loaded
+  -- are checked, one C pass over this rank's part (collective when
+  -- sharded over several ranks).
+  local name = require('fsdp.nonfinite').first_nonfinite(model, true)
+  if name then
+    local file = src.where
+    if src.kind == 'hf' then
+      local ok2, f = pcall(function() return st.open_checkpoint(src.path):file_of(name) end)
+      if ok2 and f then file = f end
+    end
+    fail('--init_from %s: %s holds NaN or infinite values (%s)', src.path, name, file)
+  end
 end
 
 -- rank 0's line ("[rank 0] " first with several ranks; fsdp.console)

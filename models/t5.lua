@@ -33,6 +33,7 @@ local core = require 'fsdp.core'
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
 local common = require 'models.common'
+local validate = require 'fsdp.validate'
 
 local M = {}
 
@@ -85,14 +86,12 @@ function M.config(name_or_config, overrides)
   local c = common.merge_config('t5', M.configs, DEFAULTS, ALIASES, name_or_config, overrides, FIELDS)
   c.num_decoder_layers = c.num_decoder_layers or c.num_layers
   if c.scale_decoder_outputs == nil then c.scale_decoder_outputs = c.tied end
-  common.check_fields('t5', c, nil, { 'dropout' })
+  common.check_fields('t5', c, { 'd_model', 'd_ff', 'd_kv', 'num_heads', 'num_layers', 'num_decoder_layers',
+                                 'vocab_size', 'relative_attention_num_buckets', 'relative_attention_max_distance' },
+    { 'dropout' }, { norm_eps = validate.NONNEGATIVE, init_factor = validate.NONNEGATIVE,
+                     decoder_start_token_id = validate.INDEX, pad_token_id = validate.INDEX,
+                     eos_token_id = validate.INDEX })
   local function need(ok, msg) if not ok then error('t5 config: ' .. msg, 3) end end
-  for _, k in ipairs({ 'd_model', 'd_ff', 'd_kv', 'num_heads', 'num_layers', 'num_decoder_layers', 'vocab_size',
-                       'relative_attention_num_buckets' }) do
-    local v = c[k]
-    need(type(v) == 'number' and v >= 1 and v == math.floor(v), ('%s must be a positive integer, got %s')
-      :format(k, tostring(v)))
-  end
   need(c.relative_attention_num_buckets % 4 == 0, ('relative_attention_num_buckets %d must be a multiple of 4 '
     .. '(two directions, each half exact and half log-spaced)'):format(c.relative_attention_num_buckets))
   return c

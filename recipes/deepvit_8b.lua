@@ -53,21 +53,27 @@ local cfg = recipe.config(metrics.options(nonfinite.options(ckpt_recipe.options(
   validation_freq = { 0, 'steps between validations (0: never); on the val_* files of --data', int = true, min = 0 },
   val_batches = { 4, 'batches per validation', int = true, min = 1 },
   peak_tflops = require('fsdp.sharding.device').peak_tflops_option(),
-}))))), arg, 'recipes/deepvit_8b.lua', function(cfg)
+}))))), arg, 'recipes/deepvit_8b.lua', function(cfg, written)
   local overrides = {}
   for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes' }) do
     if cfg[k] > 0 then overrides[k] = cfg[k] end
   end
   if cfg.dropout >= 0 then overrides.dropout, overrides.emb_dropout = cfg.dropout, cfg.dropout end
   local ok, err = pcall(deepvit.config, cfg.model, overrides)
-  if not ok then
-    local names = {}
-    for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes', 'dropout' }) do
-      names[k] = k
-    end
-    error(recipe.explain(err, names), 0)
+  local names = {}
+  for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes', 'dropout' }) do
+    names[k] = k
   end
+  if not ok then error(recipe.explain(err, names), 0) end
   c = err
+  -- The sizes against this machine before anything is built, even on
+  -- meta ([Note: sizes are bounded before building] in fsdp.sharding.fit).
+  require('models.pretrained').bound(cfg, 'deepvit', c, nil, {
+    model = cfg.model, options = names, written = written, weights = not (cfg.dry_run or cfg.plan),
+    rows = not cfg.dry_run and { cfg.batch_size * (c.num_patches + 1), ('--batch_size %d x %d tokens an image')
+      :format(cfg.batch_size, c.num_patches + 1) } or nil,
+    shards = cfg.sharding_strategy == 'NO_SHARD' and 1 or fsdp.dist.world_size(),
+    fix = 'fewer blocks (--depth) or more ranks' })
 end)
 
 if cfg.dry_run then

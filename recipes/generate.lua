@@ -28,6 +28,7 @@
 -- ';' between prompts) and the output is ids.
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
+local validate = require 'fsdp.validate'
 local generate = require 'fsdp.generate'
 local files = require 'fsdp.io.files'
 local tokenizer = require 'fsdp.data.tokenizer'
@@ -41,7 +42,8 @@ local function int_list(text)
   for item in (text .. ','):gmatch('([^,]*),') do
     local s = item:match('^%s*(.-)%s*$')
     local n = tonumber(s)
-    if not n or n ~= math.floor(n) or n < 0 then return nil, ('%q is not a token id'):format(s) end
+    -- (fsdp.validate: '1e999' reads as infinity, an integer to math.floor)
+    if validate.problem(n, validate.INDEX) then return nil, ('%q is not a token id'):format(s) end
     out[#out + 1] = n
   end
   return out
@@ -55,6 +57,11 @@ local function hf_dir(path)
   if not ok then error('--init_from: ' .. is, 0) end
   return is
 end
+-- What the weights are (models/pretrained.lua's source, nil for random
+-- weights of --model), their family and config: read from headers and
+-- JSON in the option checks, so a bad config.json is a usage error before
+-- anything is built.
+local src, family, config, config_name
 
 local cfg = recipe.config({
   init_from = { '', 'the weights: a Hugging Face directory, a sharded checkpoint directory, or a full state dict '
@@ -79,6 +86,7 @@ local cfg = recipe.config({
   stop_ids = { '', "ids that end a row, '2,13' (empty: the tokenizer's and the HF config's eos; 'none': no stop)" },
   seed = { 0, 'sampling seed (the same seed gives the same text)', int = true, min = 0 },
   dtype = { 'f32', 'weights and cache dtype', one_of = { 'f32', 'bf16' } },
+  allow_past_max_positions = decoders.OPTIONS.allow_past_max_positions,
   device = require('fsdp.sharding.device').OPTIONS.device,
   no_cache = { false, 'recompute the whole prefix at every step (no KV cache; for comparison)' },
   print_ids = { false, 'also print the generated ids of each prompt' },
@@ -114,6 +122,20 @@ local cfg = recipe.config({
       .. 'tokenizer.json%s; or give token ids with --prompt_ids'):format(hf
         and (' (%s has neither tokenizer.model nor tokenizer.json)'):format(cfg.init_from) or ''), 0)
   end
+  if cfg.init_from == '' then
+    family, config_name = decoders.resolve(cfg.model)
+    local o = {}
+    if cfg.num_heads > 0 then o.n_heads = cfg.num_heads end
+    if cfg.num_kv_heads > 0 then o.n_kv_heads = cfg.num_kv_heads end
+    local ok, c = pcall(decoders.families[family].module.config, config_name, o)
+    if not ok then error(recipe.explain(c, { n_heads = 'num_heads', n_kv_heads = 'num_kv_heads' }), 0) end
+    config = c
+  else
+    local ok, s = pcall(pretrained.open, cfg.init_from, { families = { 'llama', 'gpt2' }, who = 'generation',
+      model = cfg.model, num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
+    if not ok then error('--init_from ' .. recipe.bare(s), 0) end
+    src, family, config = s, s.family, s.config
+  end
 end)
 
 -- The most a --prompt_file may hold: a batch of prompts, not a corpus.
@@ -124,11 +146,9 @@ local function die(msg)
   os.exit(1)
 end
 
--- loading ------------------------------------------------------------------------------------
--- --init_from means what it means in the training recipes (models/pretrained.lua).
-
 -- The tokenizer first: a file it cannot read is refused before the model
--- loads.
+-- loads (--init_from means what it means in the training recipes:
+-- models/pretrained.lua, opened in the option checks above).
 -- With --prompt_ids the HF directory's tokenizer only turns the output into
 -- text: one this build cannot read leaves the output as ids.
 local tok
@@ -148,41 +168,6 @@ do
       die(recipe.bare(t))
     end
   end
-end
-
--- --device (auto: cuda:<local rank> with a GPU, else cpu; fsdp.sharding.device).
-local dev = require('fsdp.sharding.device').resolve(cfg)
-local place = { device = dev, dtype = cfg.dtype }
-local model, family
-local t0 = clock.now()
-local src
-if cfg.init_from == '' then
-  local name
-  family, name = decoders.resolve(cfg.model)
-  local o = { device = dev, dtype = cfg.dtype }
-  if cfg.num_heads > 0 then o.n_heads = cfg.num_heads end
-  if cfg.num_kv_heads > 0 then o.n_kv_heads = cfg.num_kv_heads end
-  local ok, m = pcall(decoders.families[family].module.build, name, o)
-  if not ok then die(recipe.bare(m)) end
-  model = m
-  model:init_weights({ seed = cfg.seed })
-  print(('model: %s %s with random weights (seed %d)'):format(family, cfg.model, cfg.seed))
-else
-  local ok, s = pcall(pretrained.open, cfg.init_from, { families = { 'llama', 'gpt2' }, who = 'generation',
-    model = cfg.model, num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
-  if not ok then die('--init_from ' .. recipe.bare(s)) end
-  src, family = s, s.family
-  model = pretrained.build(src, place)
-  local ok2, err = pcall(pretrained.load, model, src)
-  if not ok2 then die(recipe.bare(err)) end
-  -- A LoRA run's checkpoint: its adapters folded into the base once, so
-  -- decoding runs plain Linears.
-  if require('fsdp.lora').config_of(model) then require('fsdp.lora').merge(model) end
-end
-model:eval()
-if cfg.init_from ~= '' then
-  print(('model: %s from %s (%s, %d parameters) in %.2f s'):format(family, src.step_dir or cfg.init_from, cfg.dtype,
-    model:num_parameters(), clock.now() - t0))
 end
 
 -- tokenizer and prompts ----------------------------------------------------------------------
@@ -214,11 +199,65 @@ else
     prompts[i] = t:tolist()
   end
 end
-local vocab = model.config.vocab_size
+local vocab = config.vocab_size
+local longest = 0
 for i, p in ipairs(prompts) do
+  longest = math.max(longest, #p)
   for _, id in ipairs(p) do
     if id >= vocab then die(('prompt %d: token id %d is outside the model\'s vocabulary (%d)'):format(i, id, vocab)) end
   end
+end
+
+-- Before anything is built: the weights and the KV cache within this
+-- machine ([Note: sizes are bounded before building] in fsdp.sharding.fit),
+-- the prompt and the new tokens within the model's positions ([Note:
+-- positions past the model's limit] in models/decoders.lua).
+local dev = require('fsdp.sharding.device').resolve(cfg)
+local place = { device = dev, dtype = cfg.dtype }
+do
+  local source = cfg.prompt_ids ~= '' and '--prompt_ids' or cfg.prompt ~= '' and '--prompt' or '--prompt_file'
+  local extra = {}
+  if not cfg.no_cache then
+    local kv_heads = config.n_kv_heads or config.n_heads
+    local bytes = 2 * config.n_layers * #prompts * (longest + cfg.max_new_tokens) * kv_heads * config.head_dim
+      * (cfg.dtype == 'bf16' and 2 or 4)
+    extra[1] = { bytes, ('KV cache (%d prompt%s x %d positions)'):format(#prompts, #prompts == 1 and '' or 's',
+      longest + cfg.max_new_tokens) }
+  end
+  local ok, err = pcall(pretrained.bound, cfg, family, config, src, {
+    model = cfg.model ~= '' and cfg.model or nil, options = { n_heads = 'num_heads', n_kv_heads = 'num_kv_heads' },
+    dtype = cfg.dtype, extra = extra,
+    fix = 'a smaller --max_new_tokens, fewer prompts' .. (cfg.dtype == 'f32' and ' or --dtype=bf16' or '') })
+  if not ok then recipe.usage_error(err) end
+  local too_long = decoders.positions_problem(family, config, longest + cfg.max_new_tokens,
+    ('the longest prompt (%d tokens, %s) plus --max_new_tokens (%d)'):format(longest, source, cfg.max_new_tokens),
+    src, cfg.model, cfg.allow_past_max_positions)
+  if too_long then recipe.usage_error(too_long) end
+end
+
+-- loading ----------------------------------------------------------------------------------
+
+local model
+local t0 = clock.now()
+if cfg.init_from == '' then
+  local ok, m = pcall(decoders.families[family].module.build, config, place)
+  if not ok then die(recipe.bare(m)) end
+  model = m
+  model:init_weights({ seed = cfg.seed })
+  print(('model: %s %s with random weights (seed %d)'):format(family, cfg.model, cfg.seed))
+else
+  model = pretrained.build(src, place)
+  -- (the values are checked finite as they load: pretrained.load)
+  local ok2, err = pcall(pretrained.load, model, src)
+  if not ok2 then die(recipe.bare(err)) end
+  -- A LoRA run's checkpoint: its adapters folded into the base once, so
+  -- decoding runs plain Linears.
+  if require('fsdp.lora').config_of(model) then require('fsdp.lora').merge(model) end
+end
+model:eval()
+if cfg.init_from ~= '' then
+  print(('model: %s from %s (%s, %d parameters) in %.2f s'):format(family, src.step_dir or cfg.init_from, cfg.dtype,
+    model:num_parameters(), clock.now() - t0))
 end
 
 local stop = {}
@@ -293,6 +332,7 @@ local ok, rows, info = pcall(generate.generate, model, prompts, {
   max_new_tokens = cfg.max_new_tokens, do_sample = cfg.do_sample, temperature = cfg.temperature,
   top_k = cfg.top_k, top_p = cfg.top_p, repetition_penalty = cfg.repetition_penalty, stop_ids = stop,
   seed = cfg.seed, use_cache = not cfg.no_cache, on_token = on_token,
+  allow_past_max_positions = cfg.allow_past_max_positions,
 })
 if not ok then die(recipe.bare(rows)) end
 local dt = clock.now() - t1

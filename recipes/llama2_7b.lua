@@ -61,7 +61,9 @@ local lora = require 'fsdp.lora'
 -- Each option carries its constraints (fsdp.recipe checks them, and the
 -- model config they make, before anything is built: a bad one is one line
 -- naming it, exit status 2).
-local DTYPES = { 'f32', 'bf16', 'f64' }
+-- (no f64: the optimizers update f32, bf16 and f16 parameters, so an f64
+-- run would be refused by AdamW after the build)
+local DTYPES = { 'f32', 'bf16' }
 local overrides, c, train_data
 -- fam: the model family (models/decoders.lua: module, block class); src:
 -- what --init_from holds (models/pretrained.lua), nil without it.
@@ -111,7 +113,7 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   beta2 = { 0.95, 'AdamW beta2', min = 0, below = 1 },
   grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
   seed = { 0, 'initialisation and data seed', int = true, min = 0 },
-  dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (CPU: large products on oneDNN where installed), f64', one_of = DTYPES },
+  dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (CPU: large products on oneDNN where installed)', one_of = DTYPES },
   data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
   data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard), or raw text streamed: a '
                 .. '.txt/.jsonl/.json(.gz/.zst) file, directory or glob; empty: synthetic', input = 'glob',
@@ -130,6 +132,7 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   memory_limit_mb = { 0, 'fail allocations on --device past this many MiB of live tensors (0: no limit); also what '
                          .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
+  allow_past_max_positions = decoders.OPTIONS.allow_past_max_positions,
 })))))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
   -- The model config the options make: its own checks (heads dividing
   -- the width with the config's values, an even head size) name the
@@ -222,22 +225,30 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
         cfg.vocab_size, cfg.data, train_data.vocab_size), 0)
     end
   end
+  local options = { dim = 'hidden_width', n_heads = 'num_heads', n_kv_heads = 'num_kv_heads', head_dim = 'hidden_width',
+                    n_layers = 'num_layers', ffn_dim = 'ffn_dim', vocab_size = 'vocab_size' }
   if src then
     c = src.config
   else
     local ok, err = pcall(fam.module.config, config_name, overrides)
-    if not ok then
-      error(recipe.explain(err, { dim = 'hidden_width', n_heads = 'num_heads', n_kv_heads = 'num_kv_heads',
-                                  head_dim = 'hidden_width', n_layers = 'num_layers', ffn_dim = 'ffn_dim',
-                                  vocab_size = 'vocab_size' }, written), 0)
-    end
+    if not ok then error(recipe.explain(err, options, written), 0) end
     c = err
   end
-  -- GPT-2 learns one embedding per position: no sequence past its table.
-  if family == 'gpt2' and cfg.seq_len > c.max_seq_len then
-    error(('--%s (%d) is longer than the model\'s %d positions (n_positions)'):format(written.seq_len or 'seq_len',
-      cfg.seq_len, c.max_seq_len), 0)
-  end
+  -- The sizes against this machine before anything is built, even on meta
+  -- ([Note: sizes are bounded before building] in fsdp.sharding.fit).
+  pretrained.bound(cfg, family, c, src, {
+    model = cfg.model, options = options, written = written, dtype = cfg.dtype,
+    weights = not (cfg.dry_run or cfg.plan), shards = cfg.sharding_strategy == 'NO_SHARD' and 1 or fsdp.dist.world_size(),
+    rows = not cfg.dry_run and { cfg.batch_size * cfg.seq_len, ('--%s %d x --%s %d'):format(
+      written.batch_size or 'batch_size', cfg.batch_size, written.seq_len or 'seq_len', cfg.seq_len) } or nil,
+    fix = (cfg.dtype == 'f32' and '--dtype=bf16 (half the bytes), ' or '')
+      .. (src and 'a smaller model' or ('fewer layers (--%s)'):format(written.num_layers or 'num_layers'))
+      .. ' or more ranks' })
+  -- No sequence past the model's positions (GPT-2: never; Llama: when
+  -- asked; [Note: positions past the model's limit] in models/decoders.lua).
+  local too_long = decoders.positions_problem(family, c, cfg.seq_len, ('--%s (%d)'):format(written.seq_len or 'seq_len',
+    cfg.seq_len), src, cfg.model, cfg.allow_past_max_positions)
+  if too_long then error(too_long, 0) end
   lora.check_options(cfg, function() return fam.module.build(c, { device = 'meta' }) end, LORA_TARGETS[fam.name])
 end)
 local model_module = fam.module

@@ -16,7 +16,17 @@ local opts = require('fsdp.recipe').config({
   ranks = { 4, 'shards the weight is initialised as', int = true, min = 1 },
   dim = { 1024, 'rows and columns of the weight', int = true, min = 1, multiple_of = 'ranks' },
   seed = { 0, 'initialisation seed', int = true, min = 0 },
-}, arg, 'recipes/quickstart.lua')
+}, arg, 'recipes/quickstart.lua', function(o)
+  -- The weight, a shard and their comparison in f32 must fit this
+  -- machine ([Note: sizes are bounded before building] in fsdp.sharding.fit).
+  local fit = require 'fsdp.sharding.fit'
+  local budget, source = fit.budget({})
+  local need = 4 * o.dim * o.dim * (1 + 3 / o.ranks)
+  if budget and need > budget then
+    error(('--dim %d: the %d x %d f32 weight and a shard take %s, more than the %s available (%s)'):format(o.dim,
+      o.dim, o.dim, fit.bytes_text(need), fit.bytes_text(budget), source), 0)
+  end
+end)
 
 print(('fsdp-lua %s (%s)'):format(fsdp.version, fsdp.build_info))
 

@@ -124,7 +124,8 @@ function M.run(default_model, script, argv)
     grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
     optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)', one_of = { 'adamw', 'anyprecision' } },
     task = { 'reverse', 'synthetic task (without --data): reverse or copy the source', one_of = { 'reverse', 'copy' } },
-    dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU), f64', one_of = { 'f32', 'bf16', 'f64' } },
+    -- (no f64: AdamW and AnyPrecisionAdamW update f32, bf16 and f16 parameters)
+    dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (slow on CPU)', one_of = { 'f32', 'bf16' } },
     dropout = { 0.0, 'dropout rate (T5 pre-training used 0.1)', min = 0, below = 1 },
     eval_examples = { 64, 'held-out examples for the final greedy generation (with --data: the first of the '
                           .. 'validation pairs)', int = true, min = 1 },
@@ -142,10 +143,9 @@ function M.run(default_model, script, argv)
     end
     if overrides.num_layers then overrides.num_decoder_layers = overrides.num_layers end
     local ok, err = pcall(t5.config, cfg.model, overrides)
-    if not ok then
-      error(recipe.explain(err, { num_layers = 'num_layers', num_decoder_layers = 'num_layers', d_model = 'd_model',
-                                  d_ff = 'd_ff', d_kv = 'd_kv', num_heads = 'num_heads', vocab_size = 'vocab_size' }), 0)
-    end
+    local options = { num_layers = 'num_layers', num_decoder_layers = 'num_layers', d_model = 'd_model', d_ff = 'd_ff',
+                      d_kv = 'd_kv', num_heads = 'num_heads', vocab_size = 'vocab_size' }
+    if not ok then error(recipe.explain(err, options), 0) end
     c = err
     -- --init_from: the weights' config (size options given too must agree).
     src = pretrained.from_options(cfg, written, {
@@ -153,6 +153,16 @@ function M.run(default_model, script, argv)
       sizes = { { 'num_layers', 'num_layers' }, { 'num_decoder_layers', 'num_layers' }, { 'd_model', 'd_model' },
                 { 'd_ff', 'd_ff' }, { 'd_kv', 'd_kv' }, { 'num_heads', 'num_heads' }, { 'vocab_size', 'vocab_size' } } })
     if src then c = src.config end
+    -- The sizes against this machine before anything is built, even on
+    -- meta ([Note: sizes are bounded before building] in fsdp.sharding.fit).
+    pretrained.bound(cfg, 't5', c, src, {
+      model = cfg.model, options = options, written = written, dtype = cfg.dtype, weights = not (cfg.dry_run or cfg.plan),
+      rows = not cfg.dry_run and { cfg.batch_size * (pairs_run and math.max(cfg.source_len, cfg.target_len)
+        or cfg.max_len + 1), '--batch_size ' .. cfg.batch_size .. ' x ' .. (pairs_run and 'the longest pair'
+        or '(--max_len + 1)') } or nil,
+      shards = cfg.sharding_strategy == 'NO_SHARD' and 1 or fsdp.dist.world_size(),
+      fix = (cfg.dtype == 'f32' and '--dtype=bf16 (half the bytes), ' or '')
+        .. (src and 'a smaller model' or 'fewer layers (--num_layers)') .. ' or more ranks' })
     -- After --init_from: the tokenizer must fit the model the weights make.
     t5_pairs.check_model(pairs_run, c, cfg)
     lora.check_options(cfg, function() return t5.Model(c, { device = 'meta' }) end, 'q,v')

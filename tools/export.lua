@@ -57,6 +57,11 @@ local why = pretrained.export_problem(out, src, 'DIR', {
   { 'CHECKPOINT', from, 'the checkpoint being exported' },
   { '--tokenizer_from', cfg.tokenizer_from, 'the tokenizer files the export copies' } })
 if why then usage(why) end
+-- The model is built whole here: its sizes against this machine first
+-- ([Note: sizes are bounded before building] in fsdp.sharding.fit).
+local bounded, too_big = pcall(pretrained.bound, {}, src.family, src.config, src, { source = 'CHECKPOINT',
+  dtype = require('fsdp').get_default_dtype() })
+if not bounded then usage(recipe.bare(too_big)) end
 
 local model = pretrained.build(src, { device = 'cpu' })
 local loaded, why = pcall(pretrained.load, model, src)

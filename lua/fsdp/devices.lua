@@ -44,6 +44,7 @@
 -- 'cpu' is this machine: its memory from /proc/meminfo and its f32 rate
 -- measured once (a few small GEMMs, ~10 ms) the first time it is asked for.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 
 local M = {}
 
@@ -92,9 +93,9 @@ end
 
 local function positive(p, key, where)
   local v = p[key]
-  if type(v) ~= 'number' or v <= 0 or v ~= v then
+  if validate.problem(v, validate.POSITIVE) then
     core.fail(('%s: device profile %s: %s must be a positive number, got %s'):format(
-      where, tostring(p.name), key, tostring(v)))
+      where, tostring(p.name), key, validate.show(v)))
   end
 end
 
@@ -108,17 +109,19 @@ function M.check(p, where)
       :format(where, tostring(p.name)))
   end
   for k, v in pairs(p.flops) do
-    if type(v) ~= 'number' or v <= 0 then
-      core.fail(('%s: device profile %s: flops.%s must be a positive number'):format(where, tostring(p.name), tostring(k)))
+    if validate.problem(v, validate.POSITIVE) then
+      core.fail(('%s: device profile %s: flops.%s must be a positive number, got %s'):format(where, tostring(p.name),
+        tostring(k), validate.show(v)))
     end
   end
   local u = p.utilization or 0.5
-  if type(u) ~= 'number' or u <= 0 or u > 1 then
-    core.fail(('%s: device profile %s: utilization must be in (0, 1], got %s'):format(where, tostring(p.name), tostring(u)))
+  if validate.problem(u, { positive = true, max = 1 }) then
+    core.fail(('%s: device profile %s: utilization must be in (0, 1], got %s'):format(where, tostring(p.name),
+      validate.show(u)))
   end
   if p.host_bw ~= nil then positive(p, 'host_bw', where) end
   if p.node_inter_bw ~= nil then positive(p, 'node_inter_bw', where) end
-  if p.reserved ~= nil and (type(p.reserved) ~= 'number' or p.reserved < 0) then
+  if p.reserved ~= nil and validate.problem(p.reserved, validate.NONNEGATIVE) then
     core.fail(('%s: device profile %s: reserved must be a number >= 0'):format(where, tostring(p.name)))
   end
   return p

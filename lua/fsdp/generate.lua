@@ -9,6 +9,9 @@
 --     on_token = function(step, tokens, done) ... end })   -- tokens: {row -> id} this step
 --   -- rows[b]: the new ids of prompt b (ending with its stop id, if one came)
 --
+-- kv_cache_spec() may give max_positions (no prompt plus new tokens past
+-- it) and extrapolates (past it only with allow_past_max_positions: Llama's
+-- RoPE; GPT-2's position table has no row past it).
 -- The model is one with kv_cache_spec() and forward(ids, opts) taking
 -- positions, mask, cache, rope_len and last_only (models/llama.lua,
 -- models/gpt2.lua). Prompts of different lengths are left-padded to one
@@ -42,6 +45,7 @@
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local F = require 'fsdp.functional'
+local validate = require 'fsdp.validate'
 
 local M = {}
 
@@ -52,7 +56,8 @@ local function fail(fmt, ...) core.fail('generate: ' .. fmt:format(...)) end
 -- Every option, its default and what it must be (checked before anything
 -- runs; recipes/generate.lua declares the same constraints).
 M.DEFAULTS = { max_new_tokens = 32, do_sample = false, temperature = 1, top_k = 0, top_p = 1,
-               repetition_penalty = 1, stop_ids = {}, pad_id = 0, seed = 0, use_cache = true }
+               repetition_penalty = 1, stop_ids = {}, pad_id = 0, seed = 0, use_cache = true,
+               allow_past_max_positions = false }
 
 local function check_options(opts)
   local o = {}
@@ -61,25 +66,25 @@ local function check_options(opts)
     if M.DEFAULTS[k] == nil and k ~= 'on_token' then fail('unknown option %s', tostring(k)) end
     o[k] = v
   end
+  -- (fsdp.validate decides: NaN and infinity pass none of these)
   local function int(k, min)
-    local v = o[k]
-    if type(v) ~= 'number' or v ~= math.floor(v) or v < min then
-      fail('%s must be an integer >= %d, got %s', k, min, tostring(v))
+    if validate.problem(o[k], { int = true, min = min }) then
+      fail('%s must be an integer >= %d, got %s', k, min, validate.show(o[k]))
     end
   end
   int('max_new_tokens', 1); int('top_k', 0); int('pad_id', 0); int('seed', 0)
-  if type(o.temperature) ~= 'number' or o.temperature <= 0 then
-    fail('temperature must be > 0, got %s (greedy decoding: do_sample = false)', tostring(o.temperature))
+  if validate.problem(o.temperature, validate.POSITIVE) then
+    fail('temperature must be > 0, got %s (greedy decoding: do_sample = false)', validate.show(o.temperature))
   end
-  if type(o.top_p) ~= 'number' or o.top_p <= 0 or o.top_p > 1 then
-    fail('top_p must be in (0, 1], got %s', tostring(o.top_p))
+  if validate.problem(o.top_p, { positive = true, max = 1 }) then
+    fail('top_p must be in (0, 1], got %s', validate.show(o.top_p))
   end
-  if type(o.repetition_penalty) ~= 'number' or o.repetition_penalty <= 0 then
-    fail('repetition_penalty must be > 0, got %s', tostring(o.repetition_penalty))
+  if validate.problem(o.repetition_penalty, validate.POSITIVE) then
+    fail('repetition_penalty must be > 0, got %s', validate.show(o.repetition_penalty))
   end
   if type(o.stop_ids) ~= 'table' then fail('stop_ids must be a list of ids, got %s', type(o.stop_ids)) end
   for _, id in ipairs(o.stop_ids) do
-    if type(id) ~= 'number' or id ~= math.floor(id) or id < 0 then fail('stop id %s is not a token id', tostring(id)) end
+    if validate.problem(id, validate.INDEX) then fail('stop id %s is not a token id', validate.show(id)) end
   end
   if o.on_token ~= nil and type(o.on_token) ~= 'function' then fail('on_token must be a function') end
   return o
@@ -296,9 +301,11 @@ function M.generate(model, prompts, opts)
   local B, L = ids:size(0), ids:size(1)
   local cap = L + o.max_new_tokens
   local spec = model:kv_cache_spec()
-  if spec.max_positions and cap > spec.max_positions then
-    fail('the longest prompt (%d tokens) plus max_new_tokens (%d) exceeds the model\'s %d positions',
-      L, o.max_new_tokens, spec.max_positions)
+  -- ([Note: positions past the model's limit] in models/decoders.lua)
+  if spec.max_positions and cap > spec.max_positions and not (spec.extrapolates and o.allow_past_max_positions) then
+    fail('the longest prompt (%d tokens) plus max_new_tokens (%d) exceeds the model\'s %d positions%s',
+      L, o.max_new_tokens, spec.max_positions,
+      spec.extrapolates and ' (allow_past_max_positions = true runs past them: RoPE extrapolates)' or '')
   end
   local was_training = model.training
   if was_training then model:eval() end

@@ -29,6 +29,7 @@
 -- base that no longer matches it ([Note: the fingerprint of a LoRA base],
 -- models/pretrained.lua).
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local fsdp = require 'fsdp'
 local Module = require 'fsdp.nn.module'
 local Linear = require 'fsdp.nn.linear'
@@ -365,7 +366,7 @@ function M.save_peft(model, dir, opts)
       end
       table.sort(list, function(a, b) return a[1] < b[1] end)
       require('fsdp.io.safetensors').save(files.join(stage.dir, 'adapter_model.safetensors'), list,
-        { format = 'pt', [publish.ID_KEY] = stage.id })
+        { format = 'pt', [publish.ID_KEY] = stage.id }, { finite = true })
       local json = require 'fsdp.io.json'
       local targets = json.array({})
       for i, t in ipairs(cfg.targets) do targets[i] = t end
@@ -417,12 +418,22 @@ local function check_peft_config(h, path, model)
   if h.fan_in_fan_out ~= nil and h.fan_in_fan_out ~= want then
     refuse('fan_in_fan_out is %s, but a %s wants %s', tostring(h.fan_in_fan_out), model:class_name(), tostring(want))
   end
-  if type(h.r) ~= 'number' then refuse('r is missing') end
+  -- Numbers as PEFT reads them, NaN and infinity refused (fsdp.validate):
+  -- a NaN lora_alpha scales every update to NaN.
+  for k, rule in pairs({ r = validate.COUNT, lora_alpha = validate.POSITIVE, lora_dropout = validate.PROBABILITY }) do
+    if k == 'r' or (h[k] ~= nil and h[k] ~= null) then
+      local why = validate.problem(h[k], rule)
+      if why then refuse('%s %s', k, why) end
+    end
+  end
   local targets = h.target_modules
   if type(targets) == 'string' then
     refuse("target_modules is the regular expression '%s'; give the module names as a list", targets)
   end
   if type(targets) ~= 'table' or #targets == 0 then refuse('target_modules is missing or empty') end
+  for _, t in ipairs(targets) do
+    if type(t) ~= 'string' then refuse('target_modules holds %s, not a module name', validate.show(t)) end
+  end
 end
 
 -- Load a PEFT adapter directory (adapter_config.json +
@@ -447,12 +458,33 @@ function M.load_peft(model, dir, opts)
   if not text then fail('load_peft: %s', err) end
   local ok, h = pcall(json.decode, text)
   if not ok then fail('load_peft: %s: %s', cpath, tostring(h)) end
+  if type(h) ~= 'table' then fail('load_peft: %s: not a JSON object', cpath) end
   check_peft_config(h, cpath, model)
   local targets = {}
   for i, t in ipairs(h.target_modules) do targets[i] = t end
   table.sort(targets) -- PEFT writes a set: its order means nothing
-  local want = { rank = h.r, alpha = h.lora_alpha or 8, dropout = h.lora_dropout or 0, targets = targets,
-                 rslora = h.use_rslora == true }
+  local null = json.null
+  local want = { rank = h.r, alpha = (h.lora_alpha ~= nil and h.lora_alpha ~= null) and h.lora_alpha or 8,
+                 dropout = (h.lora_dropout ~= nil and h.lora_dropout ~= null) and h.lora_dropout or 0,
+                 targets = targets, rslora = h.use_rslora == true }
+  -- The rank against the adapters' shapes in the file's header, before
+  -- anything is made: lora_A is [r, in], lora_B [out, r].
+  local wpath = files.join(dir, 'adapter_model.safetensors')
+  regular(wpath)
+  do
+    local f = require('fsdp.io.safetensors').open(wpath)
+    for _, name in ipairs(f:names()) do
+      local which = name:match('%.(lora_[AB])%.[^.]*%.?weight$')
+      local shape = f:info(name).shape
+      local got = which == 'lora_A' and shape[1] or which == 'lora_B' and shape[2] or nil
+      if got and got ~= h.r then
+        f:close()
+        fail('load_peft: %s: r is %s, but %s in %s is [%s] (its rank %d)', cpath, validate.show(h.r), name, wpath,
+          table.concat(shape, ', '), got)
+      end
+    end
+    f:close()
+  end
   local have = rawget(model, '_lora')
   if have then
     local same = have.rank == want.rank and have.alpha == want.alpha and have.rslora == want.rslora
@@ -464,16 +496,18 @@ function M.load_peft(model, dir, opts)
   else
     M.apply(model, want)
   end
-  local wpath = files.join(dir, 'adapter_model.safetensors')
-  regular(wpath)
   local f = require('fsdp.io.safetensors').open(wpath)
-  local state, unexpected = {}, {}
+  local state, unexpected, file_name = {}, {}, {}
   for _, name in ipairs(f:names()) do
     -- PEFT writes lora_A.weight; older versions (and other tools) keep the
     -- adapter name: lora_A.default.weight.
     local ours = name:sub(1, #PREFIX) == PREFIX and name:sub(#PREFIX + 1) or nil
     if ours then ours = ours:gsub('%.(lora_[AB])%.[^.]+%.weight$', '.%1.weight') end
-    if ours and is_adapter(ours) then state[ours] = f:get(name) else unexpected[#unexpected + 1] = name end
+    if ours and is_adapter(ours) then
+      state[ours], file_name[ours] = f:get(name), name
+    else
+      unexpected[#unexpected + 1] = name
+    end
   end
   local missing = {}
   for _, np in ipairs(model:named_parameters()) do
@@ -495,6 +529,17 @@ function M.load_peft(model, dir, opts)
   end
   local ok2, err = pcall(function()
     f:verify()
+    -- Values that are not finite would make every logit NaN: refused,
+    -- naming the tensor (a C scan of each mapped tensor).
+    local names = {}
+    for name in pairs(state) do names[#names + 1] = name end
+    table.sort(names)
+    for _, name in ipairs(names) do
+      local at = require('fsdp.nonfinite').first_nonfinite_element(state[name])
+      if at then
+        fail('load_peft: %s: %s holds a NaN or infinite value (element %d)', wpath, file_name[name], at)
+      end
+    end
     local params = {}
     for _, np in ipairs(model:named_parameters()) do params[np[1]] = np[2] end
     for name, t in pairs(state) do
@@ -512,7 +557,7 @@ end
 -- The recipes' options (--lora_rank=0 is full fine-tuning).
 M.OPTIONS = {
   lora_rank = { 0, 'LoRA: rank of the adapters (0: no LoRA, every parameter trains)', int = true, min = 0 },
-  lora_alpha = { 16, 'LoRA: alpha; the update B A is scaled by alpha/rank', positive = true },
+  lora_alpha = { 16, 'LoRA: alpha; the update B A is scaled by alpha/rank', positive = true, needs = 'lora_rank' },
   lora_dropout = { 0, 'LoRA: dropout probability on the adapters\' input', min = 0, below = 1, needs = 'lora_rank' },
   lora_targets = { '', 'LoRA: comma-separated module names to adapt (a name matches the Linears whose path ends '
                        .. 'with it; empty: the recipe\'s default)', needs = 'lora_rank' },

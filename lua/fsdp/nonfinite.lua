@@ -49,6 +49,7 @@
 -- bad element and the collective still names it); tests/mpi/nonfinite.sh.
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local dist = require 'fsdp.dist'
 local Module = require 'fsdp.nn.module'
 local clip = require 'fsdp.optim.clip'
@@ -105,6 +106,24 @@ local function sum_squares(t)
   return sq[0]
 end
 
+-- The index (from 0) of the first NaN or infinite element of tensor t, or
+-- nil when it has none: the C scan of the data on the CPU
+-- (fl_first_nonfinite, what the checkpoint writer runs), elsewhere a C
+-- sum of squares (then -1: there is one, its place unknown). Integer
+-- tensors and tensors without storage have none.
+function M.first_nonfinite_element(t)
+  if t == nil or t:numel() == 0 or not t:has_storage() or not t:is_floating_point() then return nil end
+  if t.device == 'cpu' then
+    if not t:is_contiguous() then t = t:contiguous() end
+    local c = Tensor.cptr(t)
+    local i = tonumber(core.C.fl_first_nonfinite(c.data, c.numel, c.dtype))
+    return i >= 0 and i or nil
+  end
+  local s = sum_squares(t)
+  if s and not finite(s) then return -1 end
+  return nil
+end
+
 -- The first parameter of model (named_parameters order) whose gradient
 -- (of_values: whose value) holds a NaN or infinite element on any rank:
 -- name, unit label (sharded) or nil when none does (the loss alone was
@@ -155,11 +174,11 @@ function M.Guard(opts)
     core.fail(("fsdp.nonfinite: --on_nonfinite must be stop or skip_step, got '%s'"):format(tostring(policy)))
   end
   local max_skips = opts.max_skips or 10
-  if type(max_skips) ~= 'number' or max_skips < 0 or max_skips ~= math.floor(max_skips) then
+  if validate.problem(max_skips, validate.INDEX) then
     core.fail(('fsdp.nonfinite: --max_nonfinite_skips must be an integer >= 0, got %s'):format(tostring(max_skips)))
   end
   local grad_clip = opts.grad_clip or 0
-  if type(grad_clip) ~= 'number' or not (grad_clip >= 0) then
+  if validate.problem(grad_clip, validate.NONNEGATIVE) then
     core.fail(('fsdp.nonfinite: --grad_clip must be a number >= 0, got %s'):format(tostring(grad_clip)))
   end
   if not (Module.is_module(opts.model) and opts.optimizer) then

@@ -11,6 +11,7 @@
 -- successive unseeded calls differ and a script is reproducible run to run.
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 
 local M = {}
 
@@ -24,8 +25,7 @@ local GLOBAL_STREAM_BASE = 2^40
 -- fsdp.manual_seed(seed): seed the global generator (a non-negative
 -- integer) that random factories without a `seed` option draw from.
 function M.manual_seed(seed)
-  assert(type(seed) == 'number' and seed >= 0 and seed == math.floor(seed),
-         'manual_seed expects a non-negative integer')
+  assert(not validate.problem(seed, validate.INDEX), 'manual_seed expects a non-negative integer')
   global_seed = seed
   next_stream = 0
 end
@@ -47,8 +47,8 @@ end
 
 local function uint64(x, name)
   if type(x) == 'cdata' then return ffi.cast('uint64_t', x) end
-  if type(x) ~= 'number' or x < 0 or x ~= math.floor(x) then
-    core.fail(('random option %s must be a non-negative integer, got %s'):format(name, tostring(x)))
+  if validate.problem(x, validate.INDEX) then
+    core.fail(('random option %s must be a non-negative integer, got %s'):format(name, validate.show(x)))
   end
   return x
 end

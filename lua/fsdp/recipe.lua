@@ -47,6 +47,7 @@
 -- option given otherwise with another value, is refused. --help lists each
 -- option's aliases.
 local suggest = require 'fsdp.suggest'
+local checks = require 'fsdp.validate'
 
 local M = {}
 
@@ -68,7 +69,7 @@ M.CONSTRAINTS = {
   less_than = 'the value is < the named option\'s',
   at_most = 'the value is <= the named option\'s',
   multiple_of = 'the value is a multiple of the named option\'s',
-  needs = 'when set, the named option (or each of a list) must be set too',
+  needs = 'when set (given, or other than a default that is on), the named option (or each of a list) must be set too',
   check = 'function(value, cfg) returning nil, or what is wrong (a phrase after "--key ")',
   aliases = 'other names of the option: a list of names, and name = {their value = ours} or '
             .. 'function(text) -> value (or nil, why), {options it implies}',
@@ -329,12 +330,9 @@ local function is_set(v) return v ~= nil and v ~= 0 and v ~= '' and v ~= false e
 -- What is wrong with one value alone, or nil.
 local function value_problem(d, v, cfg)
   if type(v) == 'number' then
-    if v ~= v or v == math.huge or v == -math.huge then return 'must be a finite number, got ' .. tostring(v) end
-    if d.int and v ~= math.floor(v) then return 'must be an integer, got ' .. tostring(v) end
-    if d.positive and v <= 0 then return 'must be > 0, got ' .. tostring(v) end
-    if d.min and v < d.min then return ('must be >= %s, got %s'):format(tostring(d.min), tostring(v)) end
-    if d.max and v > d.max then return ('must be <= %s, got %s'):format(tostring(d.max), tostring(v)) end
-    if d.below and v >= d.below then return ('must be < %s, got %s'):format(tostring(d.below), tostring(v)) end
+    -- fsdp.validate: NaN and infinity fail every bound, integers stop at 2^53
+    local why = checks.problem(v, d)
+    if why then return why end
   end
   local l = list_of(d)
   if l then
@@ -358,7 +356,7 @@ local function value_problem(d, v, cfg)
   end
 end
 
-local function relation_problem(spec, cfg, key, d, as)
+local function relation_problem(spec, cfg, key, d, as, given)
   as = as or function(k) return k end
   local v = cfg[key]
   for _, rel in ipairs({ 'less_than', 'at_most', 'multiple_of' }) do
@@ -373,7 +371,9 @@ local function relation_problem(spec, cfg, key, d, as)
       end
     end
   end
-  if d.needs and is_set(v) then
+  -- A default that is on (--export_lora=merged) needs nothing until the
+  -- user gives it or another value: then it would be ignored silently.
+  if d.needs and is_set(v) and ((given and given[key]) or v ~= d[1]) then
     local list = type(d.needs) == 'table' and d.needs or { d.needs }
     for _, other in ipairs(list) do
       if spec[other] ~= nil and not is_set(cfg[other]) then return ('needs --%s'):format(as(other)) end
@@ -460,9 +460,11 @@ function M.output_problem(key, kind, v) return path_problem(key, { output = kind
 -- the relations, then the paths (which create output directories), in
 -- the order of the keys. Raises the first problem as "--key ...".
 -- names (optional): key -> the name the user gave it under (an alias),
--- which the messages use.
-function M.validate(spec, cfg, names)
+-- which the messages use. given (optional, default names): the set of
+-- keys the user gave (on the command line or in --config).
+function M.validate(spec, cfg, names, given)
   names = names or {}
+  given = given or names
   local function as(k) return names[k] or k end
   local keys = sorted_keys(spec)
   for _, k in ipairs(keys) do
@@ -470,7 +472,7 @@ function M.validate(spec, cfg, names)
     if why then error(('--%s %s'):format(as(k), why), 0) end
   end
   for _, k in ipairs(keys) do
-    local why = relation_problem(spec, cfg, k, spec[k], as)
+    local why = relation_problem(spec, cfg, k, spec[k], as, given)
     if why then error(('--%s %s'):format(as(k), why), 0) end
   end
   for _, k in ipairs(keys) do
@@ -635,10 +637,10 @@ function M.parse(spec, args, script, validate)
     end
   end
   apply_implied(cfg, spec, st)
-  M.validate(spec, cfg, st.names)
   local given = {}
   for k in pairs(from_file) do given[k] = true end
   for k in pairs(st.names) do given[k] = true end
+  M.validate(spec, cfg, st.names, given)
   apply_defaults_from(spec, cfg, given)
   if validate then
     local ok, err = pcall(validate, cfg, st.names)

@@ -3,6 +3,7 @@
 -- an unknown key, a value we do not implement, or two keys that disagree
 -- is an error naming the key; exports write floats as floats and the keys
 -- of both layouts (what transformers 5's validation and 4.x read).
+local fsdp = require 'fsdp'
 local hf = require 'models.hf'
 local json = require 'fsdp.io.json'
 local llama = require 'models.llama'
@@ -99,6 +100,77 @@ describe('Hugging Face config.json keys', function()
       'n_ctx %(1024%) and n_positions %(16%) disagree')
   end)
 
+  -- issue 38: values are checked under their own key, NaN and infinity
+  -- included, before anything is built, and never as our field names
+  it('a value that is not a finite number in range is an error naming the key', function()
+    local function err(h)
+      local ok, e = pcall(hf.config_from_hf, h, nil, { where = 'X/config.json' })
+      assert.is_false(ok, 'accepted')
+      e = tostring(e)
+      assert.is_nil(e:find('table: 0x', 1, true), e)
+      assert.is_nil(e:find('models/llama.lua', 1, true), e)
+      return e
+    end
+    for _, case in ipairs({
+      { l5, { num_hidden_layers = 1 / 0 }, 'X/config.json: num_hidden_layers must be a finite number, got inf' },
+      { l5, { num_hidden_layers = 1e300 }, 'num_hidden_layers must be an integer of at most 2^53' },
+      { l5, { num_hidden_layers = 2.5 }, 'num_hidden_layers must be an integer, got 2.5' },
+      { l5, { num_attention_heads = 0 }, 'num_attention_heads must be >= 1, got 0' },
+      { l5, { rms_norm_eps = 0 / 0 }, 'rms_norm_eps must be a finite number, got nan' },
+      { l5, { initializer_range = -1 }, 'initializer_range must be >= 0, got -1' },
+      { l4, { rope_theta = 0 / 0, rope_scaling = json.null }, 'rope_theta must be a finite number, got nan' },
+      { l4, { rope_theta = -1, rope_scaling = json.null }, 'rope_theta must be > 0, got -1' },
+      { l5, { tie_word_embeddings = 'yes' }, 'tie_word_embeddings must be true or false, got "yes"' },
+      { t5v5, { dropout_rate = 1 }, 'dropout_rate must be < 1, got 1' },
+      { t5v5, { num_layers = -1 / 0 }, 'num_layers must be a finite number, got -inf' },
+      { g, { n_layer = 1 / 0 }, 'n_layer must be a finite number, got inf' },
+      { g, { attn_pdrop = 0 / 0 }, 'attn_pdrop must be a finite number, got nan' },
+    }) do
+      assert.matches(case[3], err(with(case[1], case[2])), 1, true)
+    end
+    local h = copy(l5)
+    h.rope_parameters.factor = 0 / 0
+    assert.matches('rope_parameters.factor must be a finite number, got nan', err(h), 1, true)
+    h = copy(l5)
+    h.rope_parameters.factor = { a = 1 }
+    assert.matches('rope_parameters.factor must be a number, got {"a": 1}', err(h), 1, true)
+    h = copy(l5)
+    h.rope_parameters = { 1, 2 }
+    assert.matches('rope_parameters must be an object, got [1, 2]', err(h), 1, true)
+  end)
+
+  it('a relation the model needs is said in the keys of the file', function()
+    local function err(h)
+      local ok, e = pcall(hf.config_from_hf, h, nil, { where = 'X/config.json' })
+      assert.is_false(ok, 'accepted')
+      return tostring(e)
+    end
+    local e = err(with(l5, { hidden_size = 30, ['-head_dim'] = false }))
+    assert.matches('X/config.json: hidden_size 30 is not a multiple of num_attention_heads 4', e, 1, true)
+    assert.matches('num_attention_heads 4 is not a multiple of num_key_value_heads 3',
+      err(with(l5, { num_key_value_heads = 3 })), 1, true)
+    assert.matches('n_embd 30 is not a multiple of n_head 4', err(with(g, { n_embd = 30 })), 1, true)
+  end)
+
+  it('a size key left out is named (LlamaConfig would build 7B sizes); other keys take HF\'s defaults', function()
+    local function err(h)
+      local ok, e = pcall(hf.config_from_hf, h, nil, { where = 'X/config.json' })
+      assert.is_false(ok, 'accepted')
+      return tostring(e)
+    end
+    assert.matches('X/config.json: num_hidden_layers is missing (a Llama config.json gives its sizes:',
+      err(with(l5, { ['-num_hidden_layers'] = false })), 1, true)
+    assert.matches('X/config.json: num_hidden_layers is missing',
+      err(with(l5, { num_hidden_layers = json.null })), 1, true)
+    assert.matches('X/config.json: d_model is missing', err(with(t5v5, { ['-d_model'] = false })), 1, true)
+    -- LlamaConfig's defaults, not ours (norm eps 1e-5, 4096 positions)
+    local c = hf.config_from_hf(with(l4, { ['-rms_norm_eps'] = false, ['-max_position_embeddings'] = false,
+                                           ['-initializer_range'] = false, rope_scaling = json.null }))
+    assert.equals(1e-6, c.norm_eps)
+    assert.equals(2048, c.max_seq_len)
+    assert.equals(0.02, c.init_std)
+  end)
+
   it('T5: the 4.x tie decides the scale; 5.x scale_decoder_outputs decides it itself', function()
     local v4 = read_json(DIR .. 't5_v1_1_tiny/config.json')
     local c = hf.config_from_hf(v4, nil, { has_lm_head = true })
@@ -160,6 +232,9 @@ describe('exported config.json', function()
   local function export(model)
     local out = os.tmpname()
     os.remove(out)
+    -- (values: an export refuses to write what is not finite, and a
+    -- model built on the CPU holds whatever its memory held)
+    model:init_weights({ seed = 0 })
     hf.save_pretrained(model, out)
     local f = assert(io.open(out .. '/config.json', 'rb'))
     local text = f:read('*a')
@@ -179,6 +254,22 @@ describe('exported config.json', function()
     assert.matches('"attention_dropout": 0%.0[,\n]', text)
     text = export(gpt2.build('tiny', nil))
     assert.matches('"resid_pdrop": 0%.0[,\n]', text)
+  end)
+
+  -- issue 38: an export never writes a NaN or infinity (the writer scans
+  -- each tensor), and nothing of the refused export is left
+  it('refuses a parameter that is not finite, naming it', function()
+    local m = llama.build('tiny', nil)
+    m:init_weights({ seed = 0 })
+    fsdp.no_grad(function() m.model.norm.weight:narrow(0, 3, 1):fill_(0 / 0) end)
+    local out = os.tmpname()
+    os.remove(out)
+    local ok, err = pcall(hf.save_pretrained, m, out)
+    assert.is_false(ok)
+    assert.matches("model.safetensors: tensor 'model.norm.weight' is not finite (element 3 is NaN or infinite): "
+      .. 'refusing to write it', tostring(err), 1, true)
+    assert.is_nil(require('fsdp.io.files').mode(out .. '/model.safetensors'))
+    os.execute('rm -rf ' .. out)
   end)
 
   it('round-trips through our reader, with both layouts\' rope keys', function()

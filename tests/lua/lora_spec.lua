@@ -107,8 +107,14 @@ describe('nn.LoRALinear', function()
 
   it('refuses what is not a Linear and bad settings', function()
     assert.matches('expects a Linear, got Embedding', err_of(nn.LoRALinear, nn.Embedding(4, 2), { rank = 2 }))
-    assert.matches('rank must be an integer >= 1', err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 0 }))
-    assert.matches('dropout must be in', err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 1, dropout = 1 }))
+    assert.matches('LoRALinear: rank must be >= 1, got 0', err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 0 }), 1, true)
+    assert.matches('LoRALinear: dropout must be < 1, got 1',
+      err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 1, dropout = 1 }), 1, true)
+    -- issue 38: NaN passes `alpha <= 0`, and every output was NaN
+    assert.matches('LoRALinear: alpha must be a finite number, got nan',
+      err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = 1, alpha = 0 / 0 }), 1, true)
+    assert.matches('LoRALinear: rank must be a finite number, got inf',
+      err_of(nn.LoRALinear, nn.Linear(4, 2), { rank = math.huge }), 1, true)
   end)
 end)
 
@@ -390,13 +396,73 @@ describe('PEFT goldens', function()
     files.write_atomic(dir .. '/adapter_config.json', text)
     assert.matches('adapter_config.json: use_dora is true', err_of(lora.load_peft,
       hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' }), dir))
-    -- the weights of another adapter: names that are not the model's
-    files.write_atomic(dir .. '/adapter_config.json', files.read(GOLDEN .. 'llama/adapter_config.json'))
+    -- the weights of another adapter: a rank its shapes do not have, found
+    -- from the header before anything is applied
+    local other = files.read(GOLDEN .. 'llama/adapter_config.json')
+    files.write_atomic(dir .. '/adapter_config.json', other)
     local f = io.open(dir .. '/adapter_model.safetensors', 'wb')
     f:write(files.read(GOLDEN .. 'peft_llama/adapter_model.safetensors'))
     f:close()
+    assert.matches('adapter_config.json: r is 4, but base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight in '
+      .. dir .. '/adapter_model.safetensors is [8, 32] (its rank 8)',
+      err_of(lora.load_peft, hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' }), dir), 1, true)
+    -- ... or, of the same rank, names that are not the model's
+    files.write_atomic(dir .. '/adapter_config.json', (other:gsub('"r": 4', '"r": 8')))
     assert.matches('adapter_model.safetensors does not fit the model: missing model.layers.0.self_attn.q_proj.lora_A.weight',
       err_of(lora.load_peft, hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' }), dir))
+  end)
+
+  -- issue 38: NaN passed `> 0` checks; every logit was NaN and the run exited 0
+  it('refuses non-finite numbers in adapter_config.json and non-finite adapter weights, naming the key or tensor',
+    function()
+    local base = files.read(GOLDEN .. 'peft_llama/adapter_config.json')
+    local weights = files.read(GOLDEN .. 'peft_llama/adapter_model.safetensors')
+    local function adapter(name, config, data)
+      local dir = root .. '/' .. name
+      files.mkdir_p(dir)
+      files.write_atomic(dir .. '/adapter_config.json', config)
+      local w = io.open(dir .. '/adapter_model.safetensors', 'wb')
+      w:write(data or weights)
+      w:close()
+      return dir
+    end
+    for _, case in ipairs({
+      { '"lora_alpha": 16', '"lora_alpha": NaN', 'lora_alpha must be a finite number, got nan' },
+      { '"lora_alpha": 16', '"lora_alpha": Infinity', 'lora_alpha must be a finite number, got inf' },
+      { '"lora_alpha": 16', '"lora_alpha": -16', 'lora_alpha must be > 0, got -16' },
+      { '"r": 8', '"r": 1e300', 'r must be an integer of at most 2^53' },
+      { '"r": 8', '"r": 2.5', 'r must be an integer, got 2.5' },
+      { '"lora_dropout": 0.1', '"lora_dropout": NaN', 'lora_dropout must be a finite number, got nan' },
+      { '"r": 8', '"r": {"q_proj": 8}', 'r must be a number, got {"q_proj": 8}' },
+    }) do
+      assert(base:find(case[1], 1, true), case[1])
+      local dir = adapter('bad_number', (base:gsub(case[1]:gsub('%p', '%%%0'), case[2])))
+      local m = hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' })
+      local err = err_of(lora.load_peft, m, dir)
+      assert.matches(dir .. '/adapter_config.json: ' .. case[3], err, 1, true)
+      assert.is_nil(lora.config_of(m), 'applied before the refusal')
+    end
+    -- a NaN in the adapter's weights: named with the element, before it loads
+    local st_file = require 'fsdp.io.safetensors'
+    local f = st_file.open(GOLDEN .. 'peft_llama/adapter_model.safetensors')
+    local tensors, names = {}, f:names()
+    for _, name in ipairs(names) do tensors[#tensors + 1] = { name, f:get(name):clone() } end
+    f:close()
+    local poisoned = names[2]
+    for _, e in ipairs(tensors) do
+      if e[1] == poisoned then e[2]:view(-1):narrow(0, 3, 1):fill_(0 / 0) end
+    end
+    local dir = adapter('nan_weights', base)
+    st_file.save(dir .. '/adapter_model.safetensors', tensors, { format = 'pt' })
+    local err = err_of(lora.load_peft, hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' }), dir)
+    assert.matches(dir .. '/adapter_model.safetensors: ' .. poisoned .. ' holds a NaN or infinite value (element 3)',
+      err, 1, true)
+    -- and save_peft never writes one
+    local m = hf.from_pretrained(LLAMA_BASE, { dtype = 'f32' })
+    lora.apply(m, { rank = 2, targets = 'q_proj' })
+    fsdp.no_grad(function() m.model.layers[1].self_attn.q_proj.lora_B.weight:fill_(math.huge) end)
+    err = err_of(lora.save_peft, m, root .. '/nan_export')
+    assert.matches("tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight' is not finite", err, 1, true)
   end)
 end)
 
@@ -498,5 +564,31 @@ describe('the recipes with --lora_rank', function()
     rc, out, err = run('recipes/t5_3b.lua --model=tiny --lora_dropout=0.1')
     assert.equals(2, rc)
     assert.matches('%-%-lora_dropout needs %-%-lora_rank', err)
+  end)
+
+  -- issue 38: the fit check refused lm_head with the planner's "block 1
+  -- did not run forward and backward once": with only the head adapted no
+  -- gradient reaches a block, and none needs one
+  it('adapt lm_head alone: the plan has frozen blocks no gradient reaches, and it trains', function()
+    local rc, out, err = run(TINY .. ' --max_steps=2 --lora_targets=lm_head')
+    assert.equals(0, rc, err)
+    assert.matches('lora: rank 2, alpha 16 on 1 Linears %(lm_head%)', out)
+    assert.matches('Batch 2 ', out)
+  end)
+
+  -- issue 38: LoRA options given without LoRA (or without an export) were
+  -- ignored without a word
+  it('refuse LoRA and export options that would be ignored, naming them', function()
+    for _, case in ipairs({
+      { '--export_lora=adapter', '--export_lora needs --lora_rank' },
+      { '--export_lora=merged', '--export_lora needs --lora_rank' },
+      { '--export_lora=adapter --lora_rank=2', '--export_lora needs --export_hf' },
+      { '--lora_alpha=8', '--lora_alpha needs --lora_rank' },
+    }) do
+      local rc, out, err = run('recipes/llama2_7b.lua --model=tiny ' .. case[1])
+      assert.equals(2, rc, err)
+      assert.equals('', out)
+      assert.equals('fsdp-lua: ' .. case[2] .. '\n', err)
+    end
   end)
 end)

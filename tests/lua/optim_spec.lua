@@ -155,7 +155,12 @@ describe('AdamW', function()
     assert_mentions(error_of(optim.AdamW, { param({ 1 }) }, { betas = { 0.9, 1 } }),
       'AdamW: betas must be {beta1, beta2} with each in [0, 1)')
     assert_mentions(error_of(optim.AdamW, { param({ 1 }) }, { groups = { { match = function() end, lr = -1 } } }),
-      'AdamW: groups[1]: lr must be a number >= 0')
+      'AdamW: groups[1]: lr must be >= 0, got -1')
+    -- NaN passes a comparison; fsdp.validate refuses it (issue 38)
+    assert_mentions(error_of(optim.AdamW, { param({ 1 }) }, { lr = 0 / 0 }), 'AdamW: lr must be a finite number, got nan')
+    assert_mentions(error_of(optim.SGD, { param({ 1 }) }, { lr = 0.1, momentum = math.huge }),
+      'SGD: momentum must be a finite number, got inf')
+    assert_mentions(error_of(optim.Adadelta, { param({ 1 }) }, { eps = 0 / 0 }), 'Adadelta: eps must be a finite number, got nan')
     local p = param({ 1 })
     assert_mentions(error_of(optim.AdamW, { { 'x', p }, { 'y', p } }), 'parameter y is the same tensor as x')
     local d = nn.Parameter(fsdp.tensor({ 1, 2 }, { dtype = 'f64' }))

@@ -18,6 +18,7 @@
 -- saved inputs are what moves: the checkpointed forward saves nothing
 -- else, and the recompute in backward runs without offload.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local autograd = require 'fsdp.autograd'
 local select_modules = require 'fsdp.activations.select_modules'
 local C = core.C
@@ -62,8 +63,8 @@ local function check_args(model, check_fn, opts)
     end
   end
   local every = opts.every or 1
-  if type(every) ~= 'number' or every < 1 or every % 1 ~= 0 then
-    core.fail(('offload_activations: every must be a positive integer, got %s'):format(tostring(every)))
+  if validate.problem(every, validate.COUNT) then
+    core.fail(('offload_activations: every must be a positive integer, got %s'):format(validate.show(every)))
   end
   return every
 end

@@ -31,6 +31,7 @@
 -- parameters and optimizer state holding NaN or infinity, so no checkpoint
 -- is ever written from a diverged run.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local fsdp = require 'fsdp'
 local Tensor = require 'fsdp.tensor'
 local dist = require 'fsdp.dist'
@@ -187,8 +188,8 @@ end
 function M.save(dir, objs)
   check_objs(objs, 'save')
   local step = objs.step
-  if type(step) ~= 'number' or step < 0 or step ~= math.floor(step) then
-    core.fail(('checkpointing.save: step must be an integer >= 0, got %s'):format(tostring(step)))
+  if validate.problem(step, validate.INDEX) then
+    core.fail(('checkpointing.save: step must be an integer >= 0, got %s'):format(validate.show(step)))
   end
   -- The directory is this job's before anything in it changes ([Note: one
   -- job per checkpoint directory]); once per directory, then a table look-up.

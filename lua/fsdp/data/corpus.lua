@@ -22,6 +22,7 @@
 -- worker threads call ([Note: the tokenizer hook] in core/include/fsdp.h).
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local fsdp = require 'fsdp'
 local C = core.C
 
@@ -99,8 +100,8 @@ function M.open(spec, opts)
   end
   if not tok.eos_id then fail('open %s: the tokenizer %s has no end-of-text token', tostring(spec), tostring(tok)) end
   local T, B = opts.seq_len, opts.batch_size
-  if type(T) ~= 'number' or T < 1 then fail('open %s: seq_len must be >= 1', spec) end
-  if type(B) ~= 'number' or B < 1 then fail('open %s: batch_size must be >= 1', spec) end
+  if validate.problem(T, validate.COUNT) then fail('open %s: seq_len must be an integer >= 1', spec) end
+  if validate.problem(B, validate.COUNT) then fail('open %s: batch_size must be an integer >= 1', spec) end
   local split = opts.split or 'all'
   if not SPLITS[split] then fail('open %s: split must be all, train or val, got %s', spec, tostring(split)) end
   local dist = require 'fsdp.dist'

@@ -21,6 +21,7 @@
 local ffi = require 'ffi'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Sampler = require 'fsdp.data.sampler'
 
 local M = {}
@@ -109,7 +110,7 @@ function M.open(dir, opts)
   local split = opts.split or 'train'
   local self = setmetatable({ dir = dir, split = split }, Raw)
   self.channels, self.image_size = opts.channels or 3, opts.image_size
-  if type(self.image_size) ~= 'number' or self.image_size < 1 then fail('open: image_size is required') end
+  if validate.problem(self.image_size, validate.COUNT) then fail('open: image_size is required (an integer >= 1)') end
   local ipath = ('%s/%s_images.u8'):format(dir, split)
   local lpath = ('%s/%s_labels.txt'):format(dir, split)
   local bytes = read_all(ipath)
@@ -127,7 +128,7 @@ function M.open(dir, opts)
     if text:match('%S') then
       line = line + 1
       local v = tonumber(text)
-      if not v or v ~= math.floor(v) or v < 0 or (opts.num_classes and v >= opts.num_classes) then
+      if validate.problem(v, { int = true, min = 0, below = opts.num_classes }) then
         fail('%s:%d: %q is not a class id%s', lpath, line, text,
           opts.num_classes and (' in [0, %d)'):format(opts.num_classes) or '')
       end

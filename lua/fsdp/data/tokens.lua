@@ -27,6 +27,7 @@
 -- Which sequences a rank reads at each step, the shuffling and the epochs
 -- follow fsdp.data.sampler's contract.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local fsdp = require 'fsdp'
 local safetensors = require 'fsdp.io.safetensors'
 local Sampler = require 'fsdp.data.sampler'
@@ -91,7 +92,7 @@ local function open_shard(path)
       table.concat(info.shape, ', '))
   end
   local vocab, eos = tonumber(meta.vocab_size), tonumber(meta.eos_id)
-  if not vocab or vocab < 1 or not eos or eos < 0 or eos >= vocab then
+  if validate.problem(vocab, validate.COUNT) or validate.problem(eos, { int = true, min = 0, below = vocab }) then
     fail('%s: bad metadata vocab_size=%s eos_id=%s', path, tostring(meta.vocab_size), tostring(meta.eos_id))
   end
   return { path = path, tokens = f:get('tokens'), n = info.shape[1], dtype = info.dtype,
@@ -127,7 +128,7 @@ function M.open(path, opts)
   self.vocab_size, self.eos_id, self.tokenizer = s1.vocab_size, s1.eos_id, s1.tokenizer
   self.num_tokens = total
   self.seq_len = opts.seq_len
-  if type(self.seq_len) ~= 'number' or self.seq_len < 1 then fail('open: seq_len must be >= 1') end
+  if validate.problem(self.seq_len, validate.COUNT) then fail('open: seq_len must be an integer >= 1') end
   self.num_sequences = math.max(0, math.floor((total - 1) / self.seq_len))
   self.batch_size = opts.batch_size
   self.seed = opts.seed or 0

@@ -10,6 +10,7 @@
 -- windows run in C (core/ops/matmul.c, conv2d.c, ...); split and chunk are
 -- views made by narrow, so they cost nothing and have autograd already.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Tensor = require 'fsdp.tensor'
 local ffi, C = core.ffi, core.C
 local wrap, cptr = Tensor.wrap, Tensor.cptr
@@ -142,8 +143,8 @@ function M.split(t, sizes, dim)
   local total = t:size(dim)
   local parts = {}
   if type(sizes) == 'number' then
-    if sizes <= 0 or sizes ~= math.floor(sizes) then
-      core.fail(('split: split size must be a positive integer, got %s'):format(tostring(sizes)))
+    if validate.problem(sizes, validate.COUNT) then
+      core.fail(('split: split size must be a positive integer, got %s'):format(validate.show(sizes)))
     end
     if total == 0 then return { t:narrow(dim, 0, 0) } end
     for start = 0, total - 1, sizes do
@@ -157,8 +158,8 @@ function M.split(t, sizes, dim)
   local sum = 0
   for i = 1, #sizes do
     local s = sizes[i]
-    if type(s) ~= 'number' or s < 0 or s ~= math.floor(s) then
-      core.fail(('split: size %d is %s, expected a non-negative integer'):format(i - 1, tostring(s)))
+    if validate.problem(s, validate.INDEX) then
+      core.fail(('split: size %d is %s, expected a non-negative integer'):format(i - 1, validate.show(s)))
     end
     sum = sum + s
   end
@@ -177,8 +178,8 @@ end
 -- chunk(t, n, dim): at most n views of equal size ceil(size / n) along dim
 -- (the last may be smaller, and there may be fewer than n, as in PyTorch).
 function M.chunk(t, n, dim)
-  if type(n) ~= 'number' or n < 1 or n ~= math.floor(n) then
-    core.fail(('chunk: number of chunks must be a positive integer, got %s'):format(tostring(n)))
+  if validate.problem(n, validate.COUNT) then
+    core.fail(('chunk: number of chunks must be a positive integer, got %s'):format(validate.show(n)))
   end
   dim = wrap_dim('chunk', t, dim or 0)
   local total = t:size(dim)

@@ -16,6 +16,7 @@
 -- names and shapes against the model), so a broken checkpoint never leaves
 -- a model half loaded.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Tensor = require 'fsdp.tensor'
 local cjson = require 'cjson'
 local files = require 'fsdp.io.files'
@@ -317,7 +318,7 @@ function M.parse_size(v, what)
     local scale = num and (unit == '' and 1 or UNITS[unit])
     if scale and tonumber(num) then n = tonumber(num) * scale end
   end
-  if not n or n <= 0 or n ~= n then
+  if not n or validate.problem(n, validate.POSITIVE) then
     core.fail(('safetensors: %s must be a positive size in bytes or a string such as "5GB" or "500MiB", got %s')
       :format(what, tostring(v)))
   end
@@ -456,7 +457,8 @@ end
 --   local names = w:finish()
 --
 -- The files are planned from the declarations as save_sharded plans them
--- (opts as its, plus checksum); each is opened when its first tensor
+-- (opts as its, plus checksum, and finite: refuse a NaN or infinity,
+-- naming the tensor); each is opened when its first tensor
 -- comes and published (atomically) after its last. abort() removes the
 -- file being written. dir is the fresh directory of a publication
 -- (fsdp.io.publish: stage.dir, which the caller commits after finish) and
@@ -482,7 +484,7 @@ function M.stream_sharded(dir, decls, opts)
   end
   return setmetatable({ dir = dir, plan = plan, total = total, map = map, file = 0, pos = 0, written = {},
                         metadata = opts.id and with_id(opts.metadata, opts.id) or opts.metadata or { format = 'pt' },
-                        id = opts.id, checksum = opts.checksum }, Stream)
+                        id = opts.id, checksum = opts.checksum, finite = opts.finite }, Stream)
 end
 
 local shape_buf = core.ffi.new('int64_t[?]', core.C.FL_MAX_DIMS)
@@ -502,6 +504,7 @@ function Stream:_open()
   end
   for k, v in pairs(self.metadata) do core.check(C.fl_safetensors_writer_metadata(w, tostring(k), tostring(v))) end
   if self.checksum then core.check(C.fl_safetensors_writer_checksum(w)) end
+  if self.finite then core.check(C.fl_safetensors_writer_finite(w, true)) end
 end
 
 function Stream:_close()

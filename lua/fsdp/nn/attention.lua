@@ -48,22 +48,23 @@
 -- scales it by 1/sqrt(2 n_layers)), bias_init for every bias.
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local Linear = require 'fsdp.nn.linear'
 
 local Attention = Module:extend('Attention')
 
 local function positive_int(what, v)
-  if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
-    core.fail(('Attention: %s must be a positive integer, got %s'):format(what, tostring(v)))
+  if validate.problem(v, validate.COUNT) then
+    core.fail(('Attention: %s must be a positive integer, got %s'):format(what, validate.show(v)))
   end
   return v
 end
 
 local function probability(what, v)
   v = v or 0
-  if type(v) ~= 'number' or v < 0 or v > 1 then
-    core.fail(('Attention: %s must be a probability in [0, 1], got %s'):format(what, tostring(v)))
+  if validate.problem(v, { min = 0, max = 1 }) then
+    core.fail(('Attention: %s must be a probability in [0, 1], got %s'):format(what, validate.show(v)))
   end
   return v
 end

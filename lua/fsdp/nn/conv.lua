@@ -9,6 +9,7 @@
 -- [out, in, kh, kw]; default init U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with
 -- fan_in = in * kh * kw for weight and bias, as PyTorch.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local parameter = require 'fsdp.nn.parameter'
 local repr = require 'fsdp.nn.repr'
@@ -32,8 +33,8 @@ end
 function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
   opts = opts or {}
   for _, v in ipairs({ in_channels, out_channels }) do
-    if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
-      core.fail(('Conv2d: channels must be positive integers, got %s'):format(tostring(v)))
+    if validate.problem(v, validate.COUNT) then
+      core.fail(('Conv2d: channels must be positive integers, got %s'):format(validate.show(v)))
     end
   end
   self.in_channels, self.out_channels = in_channels, out_channels

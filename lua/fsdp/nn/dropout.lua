@@ -6,6 +6,7 @@
 -- The masks come from the global generator (fsdp.manual_seed), replayed
 -- when activation checkpointing runs a forward again.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local repr = require 'fsdp.nn.repr'
 
@@ -13,8 +14,8 @@ local Dropout = Module:extend('Dropout')
 
 function Dropout:__init(p)
   p = p or 0.5
-  if type(p) ~= 'number' or p < 0 or p > 1 then
-    core.fail(('Dropout: p must be a probability in [0, 1], got %s'):format(tostring(p)))
+  if validate.problem(p, { min = 0, max = 1 }) then
+    core.fail(('Dropout: p must be a probability in [0, 1], got %s'):format(validate.show(p)))
   end
   self.p = p
 end

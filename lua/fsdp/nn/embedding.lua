@@ -5,6 +5,7 @@
 --
 -- Default init N(0, 1), as PyTorch.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local parameter = require 'fsdp.nn.parameter'
 
@@ -13,8 +14,8 @@ local Embedding = Module:extend('Embedding')
 function Embedding:__init(num_embeddings, embedding_dim, opts)
   opts = opts or {}
   for _, v in ipairs({ num_embeddings, embedding_dim }) do
-    if type(v) ~= 'number' or v < 0 or v ~= math.floor(v) then
-      core.fail(('Embedding: sizes must be non-negative integers, got %s'):format(tostring(v)))
+    if validate.problem(v, validate.INDEX) then
+      core.fail(('Embedding: sizes must be non-negative integers, got %s'):format(validate.show(v)))
     end
   end
   self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim

@@ -7,6 +7,7 @@
 -- PyTorch: both U(-1/sqrt(in_features), 1/sqrt(in_features)). Models set
 -- their own rules through `init` (e.g. nn.init.normal(0.02)).
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local parameter = require 'fsdp.nn.parameter'
 local repr = require 'fsdp.nn.repr'
@@ -14,8 +15,8 @@ local repr = require 'fsdp.nn.repr'
 local Linear = Module:extend('Linear')
 
 local function check_size(what, v)
-  if type(v) ~= 'number' or v < 0 or v ~= math.floor(v) then
-    core.fail(('Linear: %s must be a non-negative integer, got %s'):format(what, tostring(v)))
+  if validate.problem(v, validate.INDEX) then
+    core.fail(('Linear: %s must be a non-negative integer, got %s'):format(what, validate.show(v)))
   end
 end
 

@@ -24,6 +24,7 @@
 -- fsdp/sharding/unit.lua). fsdp.lora applies it to a model by names.
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local Linear = require 'fsdp.nn.linear'
 local Dropout = require 'fsdp.nn.dropout'
@@ -57,18 +58,16 @@ function LoRALinear:__init(linear, opts)
     core.fail(('LoRALinear: expects a Linear, got %s'):format(
       Module.is_module(linear) and linear:class_name() or type(linear)))
   end
+  -- (fsdp.validate: a NaN alpha passes `alpha <= 0` and makes every output NaN)
   local r = opts.rank or 8
-  if type(r) ~= 'number' or r < 1 or r ~= math.floor(r) then
-    core.fail(('LoRALinear: rank must be an integer >= 1, got %s'):format(tostring(r)))
-  end
+  local why = validate.problem(r, validate.COUNT)
+  if why then core.fail('LoRALinear: rank ' .. why) end
   local alpha = opts.alpha or r
-  if type(alpha) ~= 'number' or alpha <= 0 then
-    core.fail(('LoRALinear: alpha must be a number > 0, got %s'):format(tostring(alpha)))
-  end
+  why = validate.problem(alpha, validate.POSITIVE)
+  if why then core.fail('LoRALinear: alpha ' .. why) end
   local p = opts.dropout or 0
-  if type(p) ~= 'number' or p < 0 or p >= 1 then
-    core.fail(('LoRALinear: dropout must be in [0, 1), got %s'):format(tostring(p)))
-  end
+  why = validate.problem(p, validate.PROBABILITY)
+  if why then core.fail('LoRALinear: dropout ' .. why) end
   local w = linear.weight
   self.in_features, self.out_features = linear.in_features, linear.out_features
   self.rank, self.alpha, self.rslora = r, alpha, opts.rslora and true or false

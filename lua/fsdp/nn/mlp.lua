@@ -21,6 +21,7 @@
 -- for every bias. The activation is not a child module, so printed trees
 -- hold only the projections.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local Linear = require 'fsdp.nn.linear'
 
@@ -48,13 +49,13 @@ end
 
 local function check(cls, dim, hidden, opts)
   for _, v in ipairs({ { 'dim', dim }, { 'hidden', hidden } }) do
-    if type(v[2]) ~= 'number' or v[2] < 1 or v[2] ~= math.floor(v[2]) then
-      core.fail(('%s: %s must be a positive integer, got %s'):format(cls, v[1], tostring(v[2])))
+    if validate.problem(v[2], validate.COUNT) then
+      core.fail(('%s: %s must be a positive integer, got %s'):format(cls, v[1], validate.show(v[2])))
     end
   end
   local p = opts.dropout or 0
-  if type(p) ~= 'number' or p < 0 or p > 1 then
-    core.fail(('%s: dropout must be a probability in [0, 1], got %s'):format(cls, tostring(p)))
+  if validate.problem(p, { min = 0, max = 1 }) then
+    core.fail(('%s: dropout must be a probability in [0, 1], got %s'):format(cls, validate.show(p)))
   end
   return p
 end

@@ -10,6 +10,7 @@
 -- `bias_init` give other rules, e.g. nn.init.normal(0.02)). The reprs are
 -- PyTorch's: "RMSNorm((4096,), eps=1e-05, elementwise_affine=True)".
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local parameter = require 'fsdp.nn.parameter'
 local repr = require 'fsdp.nn.repr'
@@ -25,8 +26,8 @@ local function normalized_dim(cls, dim)
     end
     dim = dim[1]
   end
-  if type(dim) ~= 'number' or dim < 1 or dim ~= math.floor(dim) then
-    core.fail(('%s: dim must be a positive integer, got %s'):format(cls, tostring(dim)))
+  if validate.problem(dim, validate.COUNT) then
+    core.fail(('%s: dim must be a positive integer, got %s'):format(cls, validate.show(dim)))
   end
   return dim
 end

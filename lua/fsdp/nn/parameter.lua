@@ -30,6 +30,7 @@ local ffi = require 'ffi'
 local bit = require 'bit'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 
 local M = {}
 
@@ -83,17 +84,18 @@ function M.check_rule(rule)
     return ('unknown init rule kind %s (known: normal, uniform, zeros, ones, constant, kaiming_uniform)')
       :format(tostring(rule.kind))
   end
-  if rule.kind == 'normal' and not (type(rule.std) == 'number' and rule.std >= 0) then
+  -- (fsdp.validate: an infinite std or bound draws infinite values)
+  if rule.kind == 'normal' and validate.problem(rule.std, validate.NONNEGATIVE) then
     return 'normal rule needs std >= 0'
   end
-  if rule.kind == 'uniform' and not (type(rule.low) == 'number' and type(rule.high) == 'number' and rule.low <= rule.high) then
-    return 'uniform rule needs numbers low <= high'
+  if rule.kind == 'uniform' and (validate.problem(rule.low) or validate.problem(rule.high) or not (rule.low <= rule.high)) then
+    return 'uniform rule needs finite numbers low <= high'
   end
-  if rule.kind == 'kaiming_uniform' and not (type(rule.fan_in) == 'number' and rule.fan_in > 0) then
+  if rule.kind == 'kaiming_uniform' and validate.problem(rule.fan_in, validate.POSITIVE) then
     return 'kaiming_uniform rule needs fan_in > 0'
   end
-  if rule.kind == 'constant' and type(rule.value) ~= 'number' then
-    return 'constant rule needs a number value'
+  if rule.kind == 'constant' and validate.problem(rule.value) then
+    return 'constant rule needs a finite number value'
   end
   return nil
 end

@@ -2,14 +2,15 @@
 -- of [N, C, H, W] inputs, stride defaulting to the kernel size (PyTorch's
 -- default; no padding, dilation 1).
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 
 local MaxPool2d = Module:extend('MaxPool2d')
 
 function MaxPool2d:__init(kernel_size, stride)
   for _, v in ipairs({ kernel_size, stride or kernel_size }) do
-    if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
-      core.fail(('MaxPool2d: kernel_size and stride must be positive integers, got %s'):format(tostring(v)))
+    if validate.problem(v, validate.COUNT) then
+      core.fail(('MaxPool2d: kernel_size and stride must be positive integers, got %s'):format(validate.show(v)))
     end
   end
   self.kernel_size = kernel_size

@@ -12,6 +12,7 @@
 -- MNIST tutorial trains with Adadelta(lr = 1.0) and StepLR(gamma = 0.7).
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Tensor = require 'fsdp.tensor'
 local Optimizer = require 'fsdp.optim.optimizer'
 
@@ -23,10 +24,12 @@ local Adadelta = Optimizer:extend('Adadelta', {
 })
 
 function Adadelta:check_group(g)
-  if type(g.lr) ~= 'number' or g.lr < 0 then return ('lr must be a number >= 0, got %s'):format(tostring(g.lr)) end
-  if type(g.rho) ~= 'number' or g.rho < 0 or g.rho > 1 then return 'rho must be in [0, 1]' end
-  if type(g.eps) ~= 'number' or g.eps < 0 then return 'eps must be >= 0' end
-  if type(g.weight_decay) ~= 'number' or g.weight_decay < 0 then return 'weight_decay must be >= 0' end
+  -- (fsdp.validate: NaN and infinity pass none of these)
+  for _, k in ipairs({ 'lr', 'eps', 'weight_decay' }) do
+    local why = validate.problem(g[k], validate.NONNEGATIVE)
+    if why then return k .. ' ' .. why end
+  end
+  if validate.problem(g.rho, { min = 0, max = 1 }) then return 'rho must be in [0, 1]' end
   return nil
 end
 

@@ -10,6 +10,7 @@
 -- param's, as PyTorch), groups (see fsdp.optim.optimizer).
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Tensor = require 'fsdp.tensor'
 local Optimizer = require 'fsdp.optim.optimizer'
 
@@ -21,17 +22,19 @@ local AdamW = Optimizer:extend('AdamW', {
 })
 
 -- Checks shared with AnyPrecisionAdamW.
+-- (fsdp.validate: a NaN lr or eps would pass a comparison and make every
+-- parameter NaN at the first step)
 function AdamW:check_group(g)
-  if type(g.lr) ~= 'number' or g.lr < 0 then return ('lr must be a number >= 0, got %s'):format(tostring(g.lr)) end
+  local why = validate.problem(g.lr, validate.NONNEGATIVE)
+  if why then return 'lr ' .. why end
   local b = g.betas
-  if type(b) ~= 'table' or type(b[1]) ~= 'number' or type(b[2]) ~= 'number'
-      or b[1] < 0 or b[1] >= 1 or b[2] < 0 or b[2] >= 1 then
+  if type(b) ~= 'table' or validate.problem(b[1], validate.PROBABILITY) or validate.problem(b[2], validate.PROBABILITY) then
     return 'betas must be {beta1, beta2} with each in [0, 1)'
   end
-  if type(g.eps) ~= 'number' or g.eps < 0 then return ('eps must be >= 0, got %s'):format(tostring(g.eps)) end
-  if type(g.weight_decay) ~= 'number' or g.weight_decay < 0 then
-    return ('weight_decay must be >= 0, got %s'):format(tostring(g.weight_decay))
-  end
+  why = validate.problem(g.eps, validate.NONNEGATIVE)
+  if why then return 'eps ' .. why end
+  why = validate.problem(g.weight_decay, validate.NONNEGATIVE)
+  if why then return 'weight_decay ' .. why end
   return nil
 end
 

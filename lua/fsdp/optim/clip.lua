@@ -11,6 +11,7 @@
 -- uses grad_sq_norm and scale_grads directly for that.
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local fsdp = require 'fsdp'
 local Tensor = require 'fsdp.tensor'
 local Module = require 'fsdp.nn.module'
@@ -82,9 +83,8 @@ end
 -- left alone), norm_type (2, the only one supported).
 function M.clip_grad_norm_(params, max_norm, opts)
   opts = opts or {}
-  if type(max_norm) ~= 'number' or max_norm < 0 then
-    core.fail(('clip_grad_norm_: max_norm must be a number >= 0, got %s'):format(tostring(max_norm)))
-  end
+  local why = validate.problem(max_norm, validate.NONNEGATIVE)
+  if why then core.fail('clip_grad_norm_: max_norm ' .. why) end
   if opts.norm_type ~= nil and opts.norm_type ~= 2 then
     core.fail(('clip_grad_norm_: only norm_type 2 is supported, got %s'):format(tostring(opts.norm_type)))
   end

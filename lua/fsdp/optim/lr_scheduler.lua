@@ -12,6 +12,7 @@
 -- returns the lrs in effect; lr_at(t) the lrs of step t, without side
 -- effects.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 
 local M = {}
 
@@ -101,11 +102,10 @@ function WarmupDecay.new(cls, optimizer, opts)
   if not DECAYS[self.decay] then
     core.fail(("WarmupDecay: decay must be 'cosine', 'linear' or 'constant', got %s"):format(tostring(self.decay)))
   end
-  if type(self.warmup_steps) ~= 'number' or self.warmup_steps < 0 then
-    core.fail('WarmupDecay: warmup_steps must be >= 0')
-  end
+  local why = validate.problem(self.warmup_steps, validate.NONNEGATIVE)
+  if why then core.fail('WarmupDecay: warmup_steps ' .. why) end
   if self.decay ~= 'constant' then
-    if type(self.total_steps) ~= 'number' or self.total_steps <= self.warmup_steps then
+    if validate.problem(self.total_steps) or not (self.total_steps > self.warmup_steps) then
       core.fail(('WarmupDecay: %s decay needs total_steps > warmup_steps (%d), got %s')
         :format(self.decay, self.warmup_steps, tostring(self.total_steps)))
     end
@@ -151,8 +151,8 @@ M.StepLR = StepLR
 function StepLR.new(cls, optimizer, step_size, gamma)
   local self = setmetatable({}, cls)
   if type(step_size) == 'table' then step_size, gamma = step_size.step_size, step_size.gamma end
-  if type(step_size) ~= 'number' or step_size < 1 or step_size ~= math.floor(step_size) then
-    core.fail(('StepLR: step_size must be a positive integer, got %s'):format(tostring(step_size)))
+  if validate.problem(step_size, validate.COUNT) then
+    core.fail(('StepLR: step_size must be a positive integer, got %s'):format(validate.show(step_size)))
   end
   self.step_size, self.gamma = step_size, gamma or 0.1
   return Scheduler.attach(self, optimizer)

@@ -10,6 +10,7 @@
 -- nesterov (false), groups. The momentum buffer has the param's dtype.
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local Tensor = require 'fsdp.tensor'
 local Optimizer = require 'fsdp.optim.optimizer'
 
@@ -21,10 +22,12 @@ local SGD = Optimizer:extend('SGD', {
 })
 
 function SGD:check_group(g)
-  if type(g.lr) ~= 'number' or g.lr < 0 then return ('lr must be a number >= 0, got %s'):format(tostring(g.lr)) end
-  if type(g.momentum) ~= 'number' or g.momentum < 0 then return 'momentum must be >= 0' end
-  if type(g.dampening) ~= 'number' or g.dampening < 0 or g.dampening > 1 then return 'dampening must be in [0, 1]' end
-  if type(g.weight_decay) ~= 'number' or g.weight_decay < 0 then return 'weight_decay must be >= 0' end
+  -- (fsdp.validate: NaN and infinity pass none of these)
+  for _, k in ipairs({ 'lr', 'momentum', 'weight_decay' }) do
+    local why = validate.problem(g[k], validate.NONNEGATIVE)
+    if why then return k .. ' ' .. why end
+  end
+  if validate.problem(g.dampening, { min = 0, max = 1 }) then return 'dampening must be in [0, 1]' end
   if g.nesterov and (g.momentum <= 0 or g.dampening ~= 0) then
     return 'nesterov momentum requires momentum > 0 and zero dampening'
   end

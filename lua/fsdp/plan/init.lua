@@ -41,6 +41,7 @@
 -- replaying that trace with the units gathered, reduced and freed around
 -- it (fsdp.plan.sim). Printing is fsdp.plan.report.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local sharding = require 'fsdp.sharding'
 local devices = require 'fsdp.devices'
 local trace = require 'fsdp.plan.trace'
@@ -68,8 +69,8 @@ local function size_of(dtype) return tonumber(C.fl_dtype_size(core.dtype(dtype))
 local function positive_int(opts, key, default)
   local v = opts[key]
   if v == nil then return default end
-  if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
-    fail('%s must be a positive integer, got %s', key, tostring(v))
+  if validate.problem(v, validate.COUNT) then
+    fail('%s must be a positive integer, got %s', key, validate.show(v))
   end
   return v
 end
@@ -213,8 +214,8 @@ local function resolve(model, opts)
   r.strategy = opts.strategy or 'FULL_SHARD'
   sharding.check_strategy(r.strategy, '', WHO)
   r.rank = opts.rank or 0
-  if type(r.rank) ~= 'number' or r.rank < 0 or r.rank >= r.world or r.rank ~= math.floor(r.rank) then
-    fail('rank must be an integer in [0, %d), got %s', r.world, tostring(opts.rank))
+  if validate.problem(r.rank, { int = true, min = 0, below = r.world }) then
+    fail('rank must be an integer in [0, %d), got %s', r.world, validate.show(opts.rank))
   end
   r.batch = positive_int(opts, 'batch', 1)
   r.grad_accum = positive_int(opts, 'grad_accum', 1)
@@ -228,8 +229,8 @@ local function resolve(model, opts)
   r.mp = sharding.mixed_precision(opts.mixed_precision, r.master, '', WHO)
   r.device = devices.get(opts.device or 'cpu', WHO .. ': device')
   r.utilization = opts.utilization or r.device.utilization or 0.5
-  if type(r.utilization) ~= 'number' or r.utilization <= 0 or r.utilization > 1 then
-    fail('utilization must be in (0, 1], got %s', tostring(opts.utilization))
+  if validate.problem(r.utilization, { positive = true, max = 1 }) then
+    fail('utilization must be in (0, 1], got %s', validate.show(opts.utilization))
   end
   local bp = opts.backward_prefetch
   if bp == nil then bp = 'pre' end
@@ -270,8 +271,8 @@ function M.plan(model, opts)
   local block_set = {}
   for _, b in ipairs(blocks_in_order) do block_set[b] = true end
   r.policy, r.policy_name = policy_of(opts, block_set)
-  if opts.seq ~= nil and (type(opts.seq) ~= 'number' or opts.seq < 1 or opts.seq ~= math.floor(opts.seq)) then
-    fail('seq must be a positive integer, got %s', tostring(opts.seq))
+  if opts.seq ~= nil and validate.problem(opts.seq, validate.COUNT) then
+    fail('seq must be a positive integer, got %s', validate.show(opts.seq))
   end
   local example_batch = opts.example_batch
   if example_batch == nil and type(model.example_batch) == 'function' then

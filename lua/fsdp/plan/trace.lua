@@ -228,6 +228,7 @@ local function trace(model, o)
   local users, last_user = {}, {} -- input number -> blocks reading it, the last one
   local inputs_of = {} -- block index -> the numbers of its inputs that require grad
   local shared_bytes = {}
+  local no_backward = {} -- block index -> true when no gradient flows through it
   local bseg, bseg_name
   local function bwd_boundary(next_name, params)
     if bseg then
@@ -281,6 +282,11 @@ local function trace(model, o)
     end)
     handles[#handles + 1] = b:register_forward_hook(function(_, _, out)
       if seg then end_segment() end
+      -- [Note: frozen blocks no gradient reaches] A block whose outputs
+      -- do not require grad (LoRA on lm_head alone: every block frozen,
+      -- and nothing before it trains) has no backward: the engine stops
+      -- above it, and so does the step the sharding hooks run.
+      if grad_pass then no_backward[i] = #(autograd.grad_tensors(out)) == 0 end
       local last = i == #blocks
       -- what follows is measured when the next block is (its gap) or is the head
       if last then start_segment('head', nil)
@@ -370,6 +376,7 @@ local function trace(model, o)
       local p = prof_of_kind[rep]
       if not p then
         local f, g, b = forward['block' .. rep], nograd['block' .. rep], bwd['block' .. rep]
+        if f and g and not b and no_backward[rep] then b = { net = 0, high = 0, w = 0, flops = 0 } end
         if not (f and g and b) then
           core.fail(('fsdp.plan: block %d (%s) did not run forward and backward once in the traced step'):format(
             rep, blocks[rep]:class_name()))

@@ -22,6 +22,7 @@
 -- Options: depth (nil: every module; 0: the model alone), fold (false: a
 -- row for every layer), print (false: only return the data).
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local C = core.C
 
 local M = {}
@@ -77,8 +78,8 @@ local function check_args(model, opts)
     end
   end
   local depth = opts.depth
-  if depth ~= nil and (type(depth) ~= 'number' or depth < 0 or depth ~= math.floor(depth)) then
-    core.fail(('fsdp.summary: depth must be a non-negative integer, got %s'):format(tostring(depth)))
+  if depth ~= nil and validate.problem(depth, validate.INDEX) then
+    core.fail(('fsdp.summary: depth must be a non-negative integer, got %s'):format(validate.show(depth)))
   end
   return opts
 end

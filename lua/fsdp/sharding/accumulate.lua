@@ -35,6 +35,7 @@
 -- FULL_SHARD): accumulation saves gradient communication, not parameter
 -- communication.
 local M = {}
+local validate = require 'fsdp.validate'
 
 M.OPTIONS = {
   grad_accum_steps = { 1, 'micro-batches per optimizer step (gradients summed locally, reduced once at the '
@@ -52,8 +53,8 @@ local function sharded(model) return rawget(model, '_fsdp') ~= nil end
 -- unsharded one has nothing to communicate). Returns the mean loss.
 function M.forward_backward(model, k, micro)
   k = k or 1
-  if type(k) ~= 'number' or k < 1 or k ~= math.floor(k) then
-    error(('fsdp.sharding.accumulate: k must be an integer >= 1, got %s'):format(tostring(k)), 2)
+  if validate.problem(k, validate.COUNT) then
+    error(('fsdp.sharding.accumulate: k must be an integer >= 1, got %s'):format(validate.show(k)), 2)
   end
   local sum = 0
   local function one(i)

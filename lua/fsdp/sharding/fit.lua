@@ -52,6 +52,118 @@ function M.budget(cfg)
   return avail / local_ranks, ('MemAvailable of this machine / %d ranks on it'):format(local_ranks)
 end
 
+-- The budget of one rank on the device a config runs on: --memory_limit_mb,
+-- else this machine's (M.budget) on the CPU, or on a GPU its profile's
+-- memory less what the runtime keeps; with the profile the planner uses.
+-- nil when nothing says (a GPU without a profile and no limit: cudasim).
+function M.device_budget(cfg)
+  local budget, source = M.budget(cfg)
+  local base = fsdp.devices.cpu
+  if cfg.device and require('fsdp.sharding.device').resolve(cfg) ~= 'cpu' then
+    -- On a GPU: --memory_limit_mb, else its profile's memory less what
+    -- the runtime keeps; planned by a GPU profile's rules (no f32 copies
+    -- of bf16 GEMM operands, no page rounding). A GPU without a profile
+    -- (cudasim) and no limit is not checked.
+    local gpu = require('fsdp.sharding.device').profile(cfg)
+    if (cfg.memory_limit_mb or 0) == 0 then
+      if not gpu then return nil end
+      budget, source = gpu.memory - (gpu.reserved or 0), gpu.name .. ' memory less its reserve'
+    end
+    base = gpu or fsdp.devices['h100-80g']
+  end
+  return budget, source, base
+end
+
+-- [Note: sizes are bounded before building]
+-- A size is an integer long before it is a size this machine can hold: a
+-- config.json with num_hidden_layers 1e12 (or Infinity) passes every
+-- integer check, and building it on meta, or planning it, runs for hours
+-- while memory grows. So before anything is built the sizes are held to
+-- what the machine can hold, from the config alone (closed forms, no
+-- module made):
+--   * the blocks built on meta cost host memory (their modules, the Lua
+--     and C objects of their parameters: a Llama layer takes 16 KiB):
+--     checked always, --dry_run and --plan included (they build it too);
+--   * a step's tokens are the rows of its products, which take fewer
+--     than 2^31 (core/ops/matmul.c): checked whenever a step is run or
+--     planned (the planner's trace would stop at that limit);
+--   * a run that allocates holds its weights at least (each rank its
+--     shard of them: the planner, run after the meta build, adds
+--     gradients, optimizer state and activations), and generation also
+--     its KV cache: checked against this rank's budget unless the run
+--     says --skip_fit_check.
+-- Both are lower bounds of what the run needs, so nothing the planner
+-- would accept is refused; what they refuse could never have run.
+M.HOST_BYTES_PER_BLOCK = 16 * 1024
+
+local function count(n)
+  if n < 1e6 then return ('%d'):format(n) end
+  return ('%.3g'):format(n)
+end
+
+local function bytes_text(b)
+  if b >= 2^50 then return ('%.3g PiB'):format(b / 2^50) end
+  if b >= 2^40 then return ('%.1f TiB'):format(b / 2^40) end
+  return size(b)
+end
+M.bytes_text = bytes_text
+
+-- The cheap bound (see the Note above); raises one line (a usage error
+-- when called from a recipe's option checks) naming what set the sizes.
+-- b: params (the closed form's count), blocks (built on meta), dtype (of
+-- the weights), what (the sizes as the user gave them: "--init_from
+-- X/config.json: num_hidden_layers 1e+12, hidden_size 32"), shards (ranks
+-- sharing the weights: 1 unless sharded), weights (false: build on meta
+-- only, --dry_run and --plan), extra ({bytes, 'KV cache ...'}: more that
+-- the run holds beside the weights), fix (what would make it fit, a
+-- phrase), rows ({tokens per micro-batch, 'what makes them'}: a run or
+-- plan of a step). cfg: the recipe's (memory_limit_mb, device,
+-- skip_fit_check).
+function M.bound(cfg, b)
+  if b.rows and b.rows[1] >= 2^31 then
+    error(('%s: %s tokens per micro-batch, past the 2^31 rows a matrix product takes'):format(b.rows[2],
+      count(b.rows[1])), 0)
+  end
+  local host, host_source = M.budget(cfg)
+  local blocks = b.blocks or 0
+  if host and blocks * M.HOST_BYTES_PER_BLOCK > host then
+    error(('%s: %s blocks to build, %s of host memory at %d KiB each on meta, more than the %s available (%s)')
+      :format(b.what, count(blocks), bytes_text(blocks * M.HOST_BYTES_PER_BLOCK), M.HOST_BYTES_PER_BLOCK / 1024,
+        bytes_text(host), host_source), 0)
+  end
+  if b.weights == false or cfg.skip_fit_check then return end
+  local budget, source = M.device_budget(cfg)
+  if not budget then return end
+  local core = require 'fsdp.core'
+  local per_param = tonumber(core.C.fl_dtype_size(core.dtype(b.dtype or 'f32')))
+  local weights = b.params * per_param / (b.shards or 1)
+  local need, parts = weights, {}
+  parts[1] = ('%s of %s weights%s'):format(bytes_text(weights), b.dtype or 'f32',
+    (b.shards or 1) > 1 and (' per rank (1/%d)'):format(b.shards) or '')
+  for _, e in ipairs(b.extra or {}) do
+    need = need + e[1]
+    parts[#parts + 1] = ('%s of %s'):format(bytes_text(e[1]), e[2])
+  end
+  if need > budget then
+    error(('%s: %s parameters, %s: more than the %s available (%s)%s'):format(b.what, count(b.params),
+      table.concat(parts, ' + '), bytes_text(budget), source, b.fix and ('; try ' .. b.fix) or ''), 0)
+  end
+end
+
+-- The size fields of a config `c` as "name value, ..." (fields: our names
+-- in order; name_of(field): the name the user knows it by, the HF key or
+-- the option).
+function M.sizes_text(c, fields, name_of)
+  local out, seen = {}, {}
+  for _, f in ipairs(fields) do
+    local name = name_of and name_of(f) or f
+    -- (two fields one option sets: T5's encoder and decoder layers)
+    if c[f] ~= nil and seen[name] ~= c[f] then out[#out + 1] = ('%s %s'):format(name, count(c[f])) end
+    seen[name] = c[f]
+  end
+  return table.concat(out, ', ')
+end
+
 -- What would make a plan fit, in the recipe's option names (names.layers:
 -- the option that sets the number of blocks; names.dtype, default 'dtype').
 local function suggestions(p, cfg, names, world, largest_batch)
@@ -90,20 +202,7 @@ end
 function M.check(model, cfg, block_class, shape, script, names, extra)
   if cfg.skip_fit_check then return nil end
   local shard_recipe = require 'fsdp.sharding.recipe'
-  local budget, source = M.budget(cfg)
-  local base = fsdp.devices.cpu
-  if cfg.device and shard_recipe.device(cfg) ~= 'cpu' then
-    -- On a GPU: --memory_limit_mb, else its profile's memory less what
-    -- the runtime keeps; planned by a GPU profile's rules (no f32 copies
-    -- of bf16 GEMM operands, no page rounding). A GPU without a profile
-    -- (cudasim) and no limit is not checked.
-    local gpu = require('fsdp.sharding.device').profile(cfg)
-    if (cfg.memory_limit_mb or 0) == 0 then
-      if not gpu then return nil end
-      budget, source = gpu.memory - (gpu.reserved or 0), gpu.name .. ' memory less its reserve'
-    end
-    base = gpu or fsdp.devices['h100-80g']
-  end
+  local budget, source, base = M.device_budget(cfg)
   if not budget then return nil end
   local device = {}
   for k, v in pairs(base) do device[k] = v end

@@ -29,6 +29,7 @@
 -- flat parameter of their own per unit, with no gradient ([Note: frozen
 -- parameters] there).
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local fsdp = require 'fsdp'
 local dist = require 'fsdp.dist'
 local autograd = require 'fsdp.autograd'
@@ -372,9 +373,8 @@ end
 -- from).
 function M.clip_grad_norm(model, max_norm)
   state_of(model, 'clip_grad_norm')
-  if type(max_norm) ~= 'number' or max_norm < 0 then
-    core.fail(('clip_grad_norm: max_norm must be a number >= 0, got %s'):format(tostring(max_norm)))
-  end
+  local why = validate.problem(max_norm, validate.NONNEGATIVE)
+  if why then core.fail('clip_grad_norm: max_norm ' .. why) end
   local total = M.grad_norm(model)
   local coef = max_norm / (total + 1e-6)
   if coef < 1 and total == total and total ~= math.huge then M.scale_grads(model, coef) end

@@ -16,6 +16,7 @@
 -- once), as FSDP's auto-wrap policies see it. The root always becomes a
 -- unit holding whatever no other unit claimed.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 
 local M = {}
 
@@ -39,9 +40,8 @@ end
 function M.size(opts)
   opts = opts or {}
   local min = opts.min_params or 1e8
-  if type(min) ~= 'number' or min < 0 then
-    core.fail(('policy.size: min_params must be a number >= 0, got %s'):format(tostring(min)))
-  end
+  local why = validate.problem(min, validate.NONNEGATIVE)
+  if why then core.fail('policy.size: min_params ' .. why) end
   return function(m, _, unwrapped) return not m.is_holder and unwrapped >= min end
 end
 
