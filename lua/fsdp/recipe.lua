@@ -389,7 +389,7 @@ local function writable_dir(dir)
   probe_count = probe_count + 1
   -- Unique per rank of a job (each rank checks the same paths at once).
   local rank = tonumber(require('fsdp.core').C.fl_dist_launcher_rank())
-  local probe = ('%s/.fsdp-lua-write-probe-%d-%d-%d-%s'):format(dir, rank, os.time(), probe_count,
+  local probe = ('%s/%s%d-%d-%d-%s'):format(dir, require('fsdp.io.files').WRITE_PROBE, rank, os.time(), probe_count,
     tostring({}):match('0x(%x+)') or '0')
   local f, err = io.open(probe, 'w')
   if not f then return nil, (err:gsub('^[^:]*: ', '')) end

@@ -302,6 +302,18 @@ describe('--export_hf and tools/export.lua', function()
     assert.same({ 'notes.txt' }, files.list(d .. '/mine'))
   end)
 
+  it('over an export or an empty directory holding a write probe a killed process left is not refused', function()
+    -- (the option check creates and removes .fsdp-lua-write-probe-*: a kill
+    -- in between left one, and re-exporting was refused as a user's file)
+    for _, dir in ipairs({ d .. '/hf', d .. '/probe_only' }) do
+      files.mkdir_p(dir)
+      write(dir .. '/' .. files.WRITE_PROBE .. '0-1-1-abc', '')
+      local out, rc = T.run_script('tools/export.lua', ('%s %s'):format(d .. '/ckpt', dir))
+      assert(rc == 0, out)
+      for _, name in ipairs(files.list(dir)) do assert.is_false(files.is_write_probe(name), name) end
+    end
+  end)
+
   teardown(function() files.remove_tree(d) end)
 end)
 

@@ -35,6 +35,12 @@ function M.write_atomic(path, text)
   core.check(C.fl_file_write_atomic(path, text, #text))
 end
 
+-- The name a writability probe starts with (fsdp.recipe creates one in an
+-- output directory and removes it at once): one left by a process killed
+-- in between is ours, not the user's, wherever it is found.
+M.WRITE_PROBE = '.fsdp-lua-write-probe-'
+function M.is_write_probe(name) return name:sub(1, #M.WRITE_PROBE) == M.WRITE_PROBE end
+
 -- fsync a file or directory (after entries were created or removed).
 function M.fsync(path) core.check(C.fl_fsync_path(path)) end
 

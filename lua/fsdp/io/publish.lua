@@ -148,7 +148,7 @@ local function foreign_entries(dir, m)
   for _, n in ipairs(m.files) do listed[n] = true end
   local out = {}
   for _, n in ipairs(files.list(dir)) do
-    if not listed[n] then out[#out + 1] = n end
+    if not listed[n] and not files.is_write_probe(n) then out[#out + 1] = n end
   end
   return out
 end
@@ -159,7 +159,11 @@ local function replace_problem(real, name)
   local mode = files.lmode(real)
   if mode == nil then return nil end
   if mode ~= 'directory' then return ('%s exists and is not a directory'):format(name) end
-  local entries = files.list(real)
+  -- (a write probe left by a killed process of ours is no user file)
+  local entries = {}
+  for _, n in ipairs(files.list(real)) do
+    if not files.is_write_probe(n) then entries[#entries + 1] = n end
+  end
   if #entries == 0 then return nil end
   local ok, m = pcall(read_manifest, real)
   if not ok then return (tostring(m):gsub('^[^%s:]+:%d+: ', '')) end
@@ -221,7 +225,8 @@ local function ours(dir)
 end
 
 -- The leftovers of publications to parent/base whose process is gone
--- (this host), when they are ours: {path, kind = 'partial' | 'old'}.
+-- (this host), when they are ours: {path, kind = 'partial' | 'old' |
+-- 'probe'} (a probe: the empty directory M.problem makes and removes).
 local function stale(parent, base)
   local prefix, out = '.' .. base .. '.', {}
   for _, n in ipairs(files.list(parent)) do
@@ -229,8 +234,9 @@ local function stale(parent, base)
       local kind, host, p = n:sub(#prefix + 1):match('^(%a+)%-(.+)%-(%d+)$')
       p = tonumber(p)
       local path = files.join(parent, n)
-      if (kind == 'partial' or kind == 'old') and host == HOST and p and (p == pid() or not alive(p))
-          and files.lmode(path) == 'directory' and ours(path) then
+      local dead = host == HOST and p and (p == pid() or not alive(p)) and files.lmode(path) == 'directory'
+      if dead and ((kind == 'partial' or kind == 'old') and ours(path)
+                   or kind == 'probe' and #files.list(path) == 0) then
         out[#out + 1] = { path = path, kind = kind }
       end
     end
@@ -250,7 +256,8 @@ local function recover(real, parent, base)
     end
   end
   for _, s in ipairs(left) do
-    if not s.restored then discard(s.path) end
+    if s.kind == 'probe' then lfs.rmdir(s.path)
+    elseif not s.restored then discard(s.path) end
   end
 end
 
@@ -277,12 +284,14 @@ end
 -- Why dir cannot receive a publication, or nil: checked with the options,
 -- before any work, and again by begin() and before the swap.
 function M.problem(dir)
-  local ok, real, parent = pcall(target, dir)
+  local ok, real, parent, base = pcall(target, dir)
   if not ok then return (tostring(real):gsub('^[^%s:]+:%d+: ', '')) end
   local why = replace_problem(real, dir)
   if why then return why end
   -- The new directory is made beside it: the parent must take entries.
-  local probe = files.join(parent, ('.fsdp-lua-probe-%s-%d-%s'):format(HOST, pid(), new_id()))
+  -- (Named as a sibling of the target, so one a killed process left is
+  -- found and removed with the other leftovers.)
+  local probe = sibling(parent, base, 'probe')
   local made, err = lfs.mkdir(probe)
   if not made then
     return ('cannot create entries in %s (an export is built beside %s and renamed into place): %s'):format(parent,
