@@ -232,17 +232,72 @@ describe('loading', function()
     end
   end)
 
+  -- The start time of process p as /proc/P/stat gives it (field 22; the
+  -- fields counted from the last ')', since the command may hold some).
+  local ffi = require 'ffi'
+  pcall(ffi.cdef, 'int getppid(void); int getpid(void);')
+  local function start_of(p)
+    local f = assert(io.open(('/proc/%s/stat'):format(p), 'rb'))
+    local rest = f:read('*a'):match('^.*%)%s+(.*)$')
+    f:close()
+    local fields = {}
+    for w in rest:gmatch('%S+') do fields[#fields + 1] = w end
+    return fields[20] -- field 22: the 20th after the command
+  end
+
+  -- An export's sibling `.out.KIND-HOST-PID[-START]` in p, for a manifest
+  -- of stage (nil: an empty directory, as a probe).
+  local function leftover(p, stage, kind, name_tail)
+    local host_ = stage.dir:match('%.out%.partial%-([^/]-)%-%d+%-%d+$')
+    local path = ('%s/.out.%s-%s-%s'):format(p, kind, host_, name_tail)
+    if kind == 'probe' then files.mkdir_p(path)
+    else assert(os.execute(('cp -a %s %s'):format(q(kind == 'old' and p .. '/out' or stage.dir), q(path))) == 0) end
+    return path:match('[^/]+$')
+  end
+
   it('leaves a sibling that is not ours, or of a process that runs', function()
     local p = T.tmpdir()
     hf.save_pretrained(A, p .. '/out')
-    -- Ours of a live process (pid 1), and one of another host.
+    -- Ours of a live process: our parent at its start time, and pid 1 in
+    -- the older name without one (judged by the pid alone, as before);
+    -- and one of another host.
     local stage = publish.begin(p .. '/out')
-    local live = stage.dir:gsub('%-%d+$', '-1')
-    assert(os.rename(stage.dir, live))
+    local ppid = ffi.C.getppid()
+    local kept = { '.out.partial-elsewhere-7' }
+    for _, kind in ipairs({ 'partial', 'old', 'probe' }) do
+      kept[#kept + 1] = leftover(p, stage, kind, ('%d-%s'):format(ppid, start_of(ppid)))
+      kept[#kept + 1] = leftover(p, stage, kind, '1')
+    end
+    stage:abort()
     files.mkdir_p(p .. '/.out.partial-elsewhere-7')
     write(p .. '/.out.partial-elsewhere-7/notes.txt', 'mine')
     hf.save_pretrained(B, p .. '/out')
-    assert.same({ '.out.partial-elsewhere-7', live:match('[^/]+$'), 'out' }, files.list(p))
+    kept[#kept + 1] = 'out'
+    table.sort(kept)
+    assert.same(kept, files.list(p))
+    files.remove_tree(p)
+  end)
+
+  it('removes the leftovers of a killed export whose pid a process that started later now has', function()
+    -- (pid_max is 32768 on many machines: on a busy one a killed export's
+    -- pid was taken by another process within seconds, and its leftovers
+    -- were kept as those of a running export.)
+    local p = T.tmpdir()
+    hf.save_pretrained(A, p .. '/out')
+    local stage = publish.begin(p .. '/out')
+    -- Named after this process: pid and start time.
+    assert.equals(('-%d-%s'):format(ffi.C.getpid(), start_of('self')), stage.dir:match('%-%d+%-%d+$'))
+    assert.equals(start_of('self'), manifest(stage.dir).writer.start)
+    -- Our parent runs, but started at another time than the one named: the
+    -- export that named them is gone.
+    local ppid = ffi.C.getppid()
+    local other = ('%d-%s'):format(ppid, tostring(tonumber(start_of(ppid)) + 1))
+    for _, kind in ipairs({ 'partial', 'old', 'probe' }) do leftover(p, stage, kind, other) end
+    stage:abort()
+    assert.equals(4, #files.list(p))
+    hf.save_pretrained(B, p .. '/out')
+    assert.same({ 'out' }, files.list(p))
+    assert.is_true(same(hf.from_pretrained(p .. '/out'), B))
     files.remove_tree(p)
   end)
 

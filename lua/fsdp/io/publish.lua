@@ -14,7 +14,7 @@
 --
 -- [Note: exports are published whole]
 -- A directory NAME the project writes as a whole is built in a sibling
--- `.NAME.partial-HOST-PID` (the same file system, so it can be renamed),
+-- `.NAME.partial-HOST-PID-START` (the same file system, so it can be renamed),
 -- which holds MANIFEST (fsdp_export.json, state "writing") from its first
 -- moment. Each file is published atomically and fsynced as it is written
 -- (core/io/atomic_file.c); the manifest is rewritten last as "complete",
@@ -23,7 +23,7 @@
 -- RENAME_EXCHANGE: NAME is the old directory or the new one, never
 -- missing), or renamed onto a missing NAME, and the old one is marked
 -- "discarded" and removed. Where the file system cannot exchange, NAME is
--- renamed aside to `.NAME.old-HOST-PID` first: a crash between the two
+-- renamed aside to `.NAME.old-HOST-PID-START` first: a crash between the two
 -- renames leaves NAME missing and the old export whole beside it, which
 -- loaders name (moved_aside).
 --   Loaders (fsdp.io.safetensors_sharded's open_checkpoint, models/hf.lua,
@@ -42,6 +42,18 @@
 -- in it meanwhile. The next publication to NAME puts back an old one
 -- moved aside when NAME is missing, then removes the leftover siblings of
 -- processes that are gone (same host; others are left alone).
+--   Siblings are named after the process that made them: HOST (the host
+-- name, '-' and other signs made '_'), PID, and START, the process's start
+-- time (field 22 of /proc/PID/stat: clock ticks since boot). A pid alone
+-- does not say a process is gone: pids are reused (pid_max is 32768 on
+-- many machines), and a killed export's pid taken by an unrelated process
+-- kept its leftovers forever. So a sibling is of a running process only
+-- when a process PID exists, is not a zombie, and started at START. The
+-- kinds: `partial` (the new export being written), `old` (the previous
+-- one moved aside) and `probe` (the empty directory problem() creates and
+-- removes at once to see that the parent takes entries). Without /proc
+-- (START unknown) siblings are named `.NAME.KIND-HOST-PID` and judged by
+-- the pid alone, as are siblings of that form an earlier version left.
 local core = require 'fsdp.core'
 local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
@@ -70,6 +82,38 @@ local HOST = hostname()
 
 local function pid() return tonumber(ffi.C.getpid()) end
 
+-- /proc/P/stat of process p (a pid or 'self'): its state (field 3) and
+-- start time (field 22, clock ticks since boot, as digits), or nil where
+-- it cannot be read (no such process, no /proc).
+local function proc_stat(p)
+  local f = io.open(('/proc/%s/stat'):format(p), 'rb')
+  if not f then return nil end
+  local text = f:read('*a')
+  f:close()
+  -- Field 2, the command in parentheses, may hold spaces and ')': the
+  -- fields are counted from the last ')'.
+  local rest = text and text:match('^.*%)%s+(.*)$')
+  if not rest then return nil end
+  local state, start, i = nil, nil, 2
+  for field in rest:gmatch('%S+') do
+    i = i + 1
+    if i == 3 then state = field end
+    if i == 22 then start = field:match('^%d+$') break end
+  end
+  if not start then return nil end
+  return state, start
+end
+
+-- This process's start time (nil without /proc), read again after a fork.
+local own = {}
+local function own_start()
+  local p = pid()
+  if own.pid ~= p then
+    own.pid, own.start = p, select(2, proc_stat(p))
+  end
+  return own.start
+end
+
 -- Test hooks (tests/chaos/export_kill.lua): FSDP_TEST_KILL_IN_PUBLISH=POINT
 -- kills this process with SIGKILL at POINT of a commit: complete (the
 -- manifest is complete, nothing swapped yet), aside (the two-rename path:
@@ -82,10 +126,28 @@ local function test_point(name)
   if KILL_AT == name then ffi.C.kill(pid(), 9) end
 end
 
--- Whether process p runs on this host (EPERM: it does, as another user).
-local function alive(p)
+-- Whether the process that named a sibling, p started at `start` (nil:
+-- not recorded), still runs on this host. A process p that started at
+-- another time has only reused the pid; a zombie runs no more.
+local function alive(p, start)
+  if start then
+    local state, now = proc_stat(p)
+    if now then return now == start and state ~= 'Z' and state ~= 'X' end
+    -- Not readable: gone, or /proc is missing or hides the processes of
+    -- other users; kill() answers for the pid alone.
+  end
   if ffi.C.kill(p, 0) == 0 then return true end
-  return ffi.errno() == 1
+  return ffi.errno() == 1 -- EPERM: it runs, as another user
+end
+
+-- The parts of `KIND-HOST-PID-START` or `KIND-HOST-PID` (the older form,
+-- and the form without /proc): kind, host, pid (a number), start (digits,
+-- or nil). nil when s is neither.
+local function parse_tag(s)
+  local kind, host, p, start = s:match('^(%a+)%-([%w%._]+)%-(%d+)%-(%d+)$')
+  if not kind then kind, host, p = s:match('^(%a+)%-([%w%._]+)%-(%d+)$') end
+  if not kind then return nil end
+  return kind, host, tonumber(p), start
 end
 
 -- 16 hex digits from the kernel's random source.
@@ -137,8 +199,10 @@ local function target(dir)
   return real, files.dirname(real), base
 end
 
-local function sibling(parent, base, kind, host, p)
-  return files.join(parent, ('.%s.%s-%s-%d'):format(base, kind, host or HOST, p or pid()))
+-- Our sibling of parent/base of `kind` (see the Note for the name).
+local function sibling(parent, base, kind)
+  local start = own_start()
+  return files.join(parent, ('.%s.%s-%s-%d%s'):format(base, kind, HOST, pid(), start and '-' .. start or ''))
 end
 
 -- The entries of dir that a publication did not write (the manifest and
@@ -231,10 +295,9 @@ local function stale(parent, base)
   local prefix, out = '.' .. base .. '.', {}
   for _, n in ipairs(files.list(parent)) do
     if n:sub(1, #prefix) == prefix then
-      local kind, host, p = n:sub(#prefix + 1):match('^(%a+)%-(.+)%-(%d+)$')
-      p = tonumber(p)
+      local kind, host, p, start = parse_tag(n:sub(#prefix + 1))
       local path = files.join(parent, n)
-      local dead = host == HOST and p and (p == pid() or not alive(p)) and files.lmode(path) == 'directory'
+      local dead = host == HOST and p and (p == pid() or not alive(p, start)) and files.lmode(path) == 'directory'
       if dead and ((kind == 'partial' or kind == 'old') and ours(path)
                    or kind == 'probe' and #files.list(path) == 0) then
         out[#out + 1] = { path = path, kind = kind }
@@ -262,7 +325,7 @@ local function recover(real, parent, base)
 end
 
 -- Where an interrupted publication left the previous directory of path
--- (`.NAME.old-HOST-PID` beside it), or nil: loaders add it to "does not
+-- (`.NAME.old-HOST-PID-START` beside it), or nil: loaders add it to "does not
 -- exist".
 function M.moved_aside(path)
   local ok, real, parent, base = pcall(target, path)
@@ -328,7 +391,7 @@ function M.begin(dir, opts)
   local self = setmetatable({ dir = staging, target = real, name = dir, parent = parent, base = base, id = new_id(),
                               what = opts.what }, Stage)
   local wrote, werr = pcall(write_manifest, staging, { state = 'writing', id = self.id,
-                                                       writer = { host = HOST, pid = pid() } })
+                                                       writer = { host = HOST, pid = pid(), start = own_start() } })
   if not wrote then
     lfs.rmdir(staging)
     error(werr, 0)
@@ -367,7 +430,8 @@ function Stage:commit()
       end
     end
   end
-  write_manifest(self.dir, { state = 'complete', id = self.id, writer = { host = HOST, pid = pid() },
+  write_manifest(self.dir, { state = 'complete', id = self.id,
+                             writer = { host = HOST, pid = pid(), start = own_start() },
                              files = json.array(list), tagged = json.array(tagged) })
   test_point('complete')
   local old
@@ -425,7 +489,9 @@ function M.check(dir)
   -- A sibling of ours is never taken for an export, even a whole one (the
   -- new one not yet swapped in, the old one not yet removed).
   local path = dir:gsub('/+$', '')
-  local base, kind = (path:match('[^/]+$') or ''):match('^%.(.+)%.(%a+)%-[%w%._]+%-%d+$')
+  local last = path:match('[^/]+$') or ''
+  local base, kind = last:match('^%.(.+)%.(%a+)%-[%w%._]+%-%d+%-%d+$')
+  if not base then base, kind = last:match('^%.(.+)%.(%a+)%-[%w%._]+%-%d+$') end
   local name = base and files.join(files.dirname(path), base)
   if kind == 'old' then
     fail('%s is the previous export of %s, moved aside by an interrupted export: `mv %s %s` restores it (the next '
