@@ -13,6 +13,7 @@
 #   index        fuzz_lua, checkpointing.layout   a checkpoint's index.json
 #   corpus       fuzz_lua, fsdp.data.corpus       JSONL plain/gzip/zstd, text
 #   tokenizer    fuzz_lua, fsdp.data.bpe          the shipped test tokenizer.json files
+#   config       fuzz_lua, models.hf + fsdp.lora  the goldens' config.json and adapter_config.json
 #
 # The corpora grow in build/fuzz/corpus/ across runs; inputs that crash are
 # written to build/fuzz/artifacts/ (reproduce: build/fuzz/fuzz_... FILE).
@@ -28,7 +29,7 @@ if ! command -v clang >/dev/null || ! echo 'int LLVMFuzzerTestOneInput(const cha
   exit 0
 fi
 
-echo "1..6"
+echo "1..7"
 if make -f tests/fuzz/Makefile -j"${JOBS:-$(nproc)}" >"$out.build.log" 2>&1; then
   echo "ok 1 - build the harnesses"
 else
@@ -76,4 +77,5 @@ fuzz tokens "$out/fuzz_lua" "$out/seeds/tokens" FUZZ_TARGET=tokens
 fuzz index "$out/fuzz_lua" "$out/seeds/index" FUZZ_TARGET=index
 fuzz corpus "$out/fuzz_lua" "$out/seeds/corpus" FUZZ_TARGET=corpus
 fuzz tokenizer "$out/fuzz_lua" "$out/seeds/tokenizer" FUZZ_TARGET=tokenizer
+fuzz config "$out/fuzz_lua" "$out/seeds/config" FUZZ_TARGET=config
 exit $status

@@ -13,6 +13,8 @@
 --                        wrote also go to safetensors/
 --   OUTDIR/tokenizer/    the test tokenizer.json files (tests/golden/tokenizers:
 --                        GPT-2, Llama 3 and Qwen2 style, made by the tokenizers package)
+--   OUTDIR/config/       the stored goldens' config.json (Llama 2 and 3, GPT-2,
+--                        T5; transformers 4 and 5) and adapter_config.json files
 -- Run by tests/fuzz/run.sh: build/bin/fsdp-lua tests/fuzz/seeds.lua OUTDIR.
 local fsdp = require 'fsdp'
 local st = require 'fsdp.io.safetensors'
@@ -20,7 +22,7 @@ local tokens = require 'fsdp.data.tokens'
 local files = require 'fsdp.io.files'
 
 local out = assert(arg[1], 'usage: fsdp-lua tests/fuzz/seeds.lua OUTDIR')
-for _, sub in ipairs({ 'safetensors', 'tokens', 'index', 'tokenizer', 'corpus' }) do files.mkdir_p(files.join(out, sub)) end
+for _, sub in ipairs({ 'safetensors', 'tokens', 'index', 'tokenizer', 'corpus', 'config' }) do files.mkdir_p(files.join(out, sub)) end
 local function at(sub, name) return files.join(files.join(out, sub), name) end
 
 -- safetensors ------------------------------------------------------------------------
@@ -95,4 +97,14 @@ print(('seeds written to %s'):format(out))
 
 for _, name in ipairs({ 'gpt2_style.json', 'llama3_style.json', 'qwen2_style.json' }) do
   files.write_atomic(at('tokenizer', name), assert(files.read('tests/golden/tokenizers/' .. name)))
+end
+
+-- config.json and adapter_config.json ---------------------------------------------------
+
+for _, d in ipairs({ 'llama2_tiny', 'llama3_tiny', 'llama3_tiny_v5', 'gpt2_tiny', 't5_v1_1_tiny', 't5_v1_1_tiny_v5' }) do
+  files.write_atomic(at('config', d .. '.json'), assert(files.read('tests/golden/hf/' .. d .. '/config.json')))
+end
+for _, d in ipairs({ 'llama', 'peft_llama', 'gpt2', 't5' }) do
+  files.write_atomic(at('config', 'adapter_' .. d .. '.json'),
+    assert(files.read('tests/golden/hf/lora/' .. d .. '/adapter_config.json')))
 end
