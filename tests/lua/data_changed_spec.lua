@@ -319,3 +319,82 @@ describe('the corpus reader', function()
     assert.equal(first, ffi.string(t[0], len[0]))
   end)
 end)
+
+describe('token shards and text pairs', function()
+  local tokens = require 'fsdp.data.tokens'
+  local pairs_data = require 'fsdp.data.pairs'
+
+  it('record their files: a shard removed or rewritten (same size) is refused, continue goes on', function()
+    local dir = tmp .. '/shards'
+    sh('mkdir -p ' .. dir)
+    local function shard(k, first)
+      local ids = {}
+      for i = 1, 400 do ids[i] = i % 50 end
+      ids[1] = first or k
+      local t = fsdp.tensor(ids, { dtype = 'i64' })
+      tokens.write_shard(('%s/train-%05d.safetensors'):format(dir, k), t, { vocab_size = 64, eos_id = 63 })
+    end
+    for k = 0, 2 do shard(k) end
+    local function open(opts)
+      local o = { seq_len = 8, batch_size = 2, rank = 0, world_size = 1 }
+      for k, v in pairs(opts or {}) do o[k] = v end
+      return tokens.open(dir, o)
+    end
+    local ds = open()
+    for _ = 1, 3 do ds:next() end
+    local st = ds:state()
+    assert.equal(3, #st.shards)
+    local want = table.concat(ds:next():view({ -1 }):totable(), ',')
+    local r = open()
+    r:load_state(st)
+    assert.equal(want, table.concat(r:next():view({ -1 }):totable(), ','))
+    shard(1, 9) -- same size, another first token
+    raises(function() open():load_state(st) end, dir .. '/train-00001.safetensors: its content changed since the '
+      .. 'data position was saved (fingerprint xxh3-64:')
+    r = open({ data_changed = 'continue' })
+    local out = testing.capture_stdout(function() r:load_state(st) end)
+    assert.truthy(out:find('train-00001.safetensors: its content changed', 1, true), out)
+    assert.truthy(out:find('going on with it as it is', 1, true), out)
+    shard(1) -- as it was
+    open():load_state(st)
+    os.remove(dir .. '/train-00002.safetensors')
+    raises(function() open():load_state(st) end, dir .. '/train-00002.safetensors: removed since the data position '
+      .. 'was saved (3 files then, 2 now); resume refused')
+    r = open({ data_changed = 'continue' }) -- fewer sequences: the position is kept within the epoch
+    out = testing.capture_stdout(function() r:load_state(st) end)
+    assert.truthy(out:find('train-00002.safetensors: removed since', 1, true), out)
+    r:next()
+    -- rank 1's position holds the digest only
+    local st1 = open({ rank = 1, world_size = 2 }):state()
+    assert.is_nil(st1.shards)
+    shard(2)
+    raises(function() open({ rank = 1, world_size = 2 }):load_state(st1) end, dir .. ': its shards changed since '
+      .. 'the data position was saved (2 then, 3 now')
+  end)
+
+  it('record the pairs file: another file under the name is refused, continue goes on', function()
+    local file = tmp .. '/pairs.jsonl'
+    local lines = {}
+    for i = 1, 40 do lines[i] = ('{"source": "question %02d", "target": "answer %02d"}'):format(i, i) end
+    write(file, table.concat(lines, '\n') .. '\n')
+    local function open(opts)
+      local o = { tokenizer = 'byte', source_len = 16, target_len = 8, batch_size = 4, rank = 0, world_size = 1 }
+      for k, v in pairs(opts or {}) do o[k] = v end
+      return pairs_data.open(file, o)
+    end
+    local ds = open()
+    ds:next()
+    local st = ds:state()
+    local r = open()
+    r:load_state(st)
+    write(file, ((table.concat(lines, '\n') .. '\n'):gsub('answer 07', 'answer 70')))
+    raises(function() open():load_state(st) end, file .. ': its content changed since the data position was saved')
+    write(file, table.concat(lines, '\n', 1, 30) .. '\n')
+    raises(function() open():load_state(st) end, file .. ': now ')
+    r = open({ data_changed = 'continue' })
+    local out = testing.capture_stdout(function() r:load_state(st) end)
+    assert.truthy(out:find('(truncated or rewritten); going on with it as it is', 1, true), out)
+    r:next()
+  end)
+end)
+

@@ -48,32 +48,44 @@ function M.u64(text)
   return ffi.cast('uint64_t', tonumber(hi, 16)) * 4294967296ULL + ffi.cast('uint64_t', tonumber(lo, 16))
 end
 
--- A listing as saved: an array of {name, size}; nil when it is not one.
+-- A listing as saved: an array of {name, size[, fingerprint]}; nil when
+-- it is not one.
 local function valid_listing(files)
   if type(files) ~= 'table' then return nil end
   for i = 1, #files do
     local e = files[i]
-    if type(e) ~= 'table' or type(e[1]) ~= 'string' or type(e[2]) ~= 'number' then return nil end
+    if type(e) ~= 'table' or type(e[1]) ~= 'string' or type(e[2]) ~= 'number'
+       or (e[3] ~= nil and type(e[3]) ~= 'string') then
+      return nil
+    end
   end
   return files
 end
 M.valid_listing = valid_listing
 
--- The changes between a saved listing ({{name, size}, ...}) and the files
--- now (names and sizes, arrays in the same order as saved: by name), each
--- {file =, what =, refuse =}: removed and added files and smaller ones
--- refuse; a larger one is taken as appended to (a log that grows) and is
--- only said.
-function M.listing(saved, names, sizes)
+-- The changes between a saved listing ({{name, size[, fingerprint]}, ...})
+-- and the files now (names, sizes and optionally fingerprints: arrays in
+-- one order), each {file =, what =, refuse =}: removed and added files,
+-- smaller ones and another fingerprint refuse; a larger file is taken as
+-- appended to (a log that grows) and only said when `appendable`, else
+-- refused too (a token shard cannot grow: it was replaced).
+function M.listing(saved, names, sizes, prints, appendable)
   local out = {}
-  local now = {}
-  for i, name in ipairs(names) do now[name] = sizes[i] end
+  local now, print_now = {}, {}
+  for i, name in ipairs(names) do now[name], print_now[name] = sizes[i], prints and prints[i] end
   local was = {}
   for _, e in ipairs(saved) do
     local name, size = e[1], e[2]
     was[name] = true
     local cur = now[name]
-    if cur == nil then
+    if cur ~= nil and cur > size and not appendable then
+      out[#out + 1] = { file = name, refuse = true,
+        what = ('now %d bytes, %d when the data position was saved (replaced)'):format(cur, size) }
+    elseif cur ~= nil and cur == size and e[3] and print_now[name] and e[3] ~= print_now[name] then
+      out[#out + 1] = { file = name, refuse = true,
+        what = ('its content changed since the data position was saved (fingerprint %s then, %s now; same size)')
+          :format(e[3], print_now[name]) }
+    elseif cur == nil then
       out[#out + 1] = { file = name, refuse = true,
         what = ('removed since the data position was saved (%d files then, %d now)'):format(#saved, #names) }
     elseif cur < size then

@@ -356,7 +356,7 @@ function Stream:load_state(s)
   end
   local found = {}
   if s.files then
-    found = changes.listing(s.files, self._names, self._sizes)
+    found = changes.listing(s.files, self._names, self._sizes, nil, true)
   elseif s.num_files ~= self.num_files or s.names_digest ~= self._names_digest then
     found[1] = { file = self.path, refuse = true, what = ('its files changed since the data position was saved '
       .. '(%d then, %d now: added, removed or renamed; rank 0\'s position names them)'):format(s.num_files,
