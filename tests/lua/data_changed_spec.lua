@@ -398,3 +398,42 @@ describe('token shards and text pairs', function()
   end)
 end)
 
+describe('the llama recipe on a raw corpus', function()
+  it('stops a resume on changed data in one line with exit 1; --data_changed=continue goes on', function()
+    local dir = fresh()
+    local ck = tmp .. '/ck'
+    local args = ('recipes/llama2_7b.lua --data=%s --num_layers=1 --hidden_width=16 --num_heads=2 --seq_len=32 '
+      .. '--batch_size=4 --warmup_steps=1 --validation_freq=0 --checkpoint_dir=%s --checkpoint_freq=2 --log_every=1')
+      :format(dir, ck)
+    local rc, out, err = testing.run_exe(args .. ' --max_steps=2', 60)
+    assert.equal(0, rc, out .. err)
+    local at = require('fsdp.checkpointing.layout').read_index(ck .. '/step-000002').ranks[1].data
+    assert.truthy(at.offset > 50, at.offset)
+    -- a byte of the file being read, before the position
+    local file = at.file_name
+    local text = read(file)
+    write(file, text:sub(1, 20) .. (text:sub(21, 21) == 'x' and 'y' or 'x') .. text:sub(22))
+    rc, out, err = testing.run_exe(args .. ' --max_steps=4 --resume_from_checkpoint', 60)
+    assert.equal(1, rc, out .. err)
+    assert.equal(('fsdp-lua: %s: the %d bytes before the saved position (line %d) are not the ones read then: the '
+      .. 'file changed in place since the position was saved; resume refused (--data_changed=continue goes on with '
+      .. 'the data as it is)\n'):format(file, at.offset, at.line), err)
+    assert.falsy(out:find('checkpoint: resumed', 1, true), out)
+    rc, out, err = testing.run_exe(args .. ' --max_steps=4 --resume_from_checkpoint --data_changed=continue', 60)
+    assert.equal(0, rc, out .. err)
+    assert.truthy(out:find(('data: %s: the %d bytes before the saved position'):format(file, at.offset), 1, true), out)
+    assert.truthy(out:find('going on with it as it is (--data_changed=continue)', 1, true), out)
+    assert.truthy(out:find('Batch 4 ', 1, true), out)
+    -- a file the run has not read yet, removed
+    local other
+    for k = 1, 3 do
+      local f = ('%s/part-%d.jsonl'):format(dir, k)
+      if f ~= file then other = f end
+    end
+    os.remove(other)
+    rc, out, err = testing.run_exe(args .. ' --max_steps=6 --resume_from_checkpoint', 60)
+    assert.equal(1, rc, out .. err)
+    assert.equal(('fsdp-lua: %s: removed since the data position was saved (3 files then, 2 now); resume refused '
+      .. '(--data_changed=continue goes on with the data as it is)\n'):format(other), err)
+  end)
+end)
