@@ -256,6 +256,11 @@ describe('a corpus position', function()
     damaged('offset', -1, 'the saved position has offset = -1, not an integer from 0 (a damaged position)')
     damaged('line', 0.5, 'the saved position has line = 0.5, not an integer from 1')
     damaged('consumed', 2 ^ 60, 'the saved position has consumed = ')
+    damaged('file_name', nil, 'the saved position names no file (file_name = nil: a damaged position)')
+    -- saved values reach a message on one line
+    damaged('split', 'tr\nain', 'the saved position is for split = "tr\\nain", this stream has all')
+    raises(function() stream(dir):load_state('{"kind":\n') end, 'load_state expects a state from a corpus stream, got '
+      .. '"{\\"kind\\":\\n"')
   end)
 end)
 

@@ -240,7 +240,7 @@ describe('token datasets', function()
     local other = tokens.open(d, { seq_len = 5, batch_size = 3, seed = 9, rank = 0, world_size = 1 })
     assert.error_matches(function() other:load_state(saved) end, 'saved position is for 20 sequences of 4 tokens')
     assert.error_matches(function() fresh:load_state({ kind = 'synthetic', step = 1 }) end,
-      'expects a state from a token dataset, got kind synthetic')
+      'expects a state from a token dataset, got a table of kind synthetic')
   end)
 
   it('validate on the same batches every time, in order', function()

@@ -84,7 +84,7 @@ function M.listing(saved, names, sizes, prints, appendable)
     elseif cur ~= nil and cur == size and e[3] and print_now[name] and e[3] ~= print_now[name] then
       out[#out + 1] = { file = name, refuse = true,
         what = ('its content changed since the data position was saved (fingerprint %s then, %s now; same size)')
-          :format(e[3], print_now[name]) }
+          :format(M.describe(e[3]), print_now[name]) }
     elseif cur == nil then
       out[#out + 1] = { file = name, refuse = true,
         what = ('removed since the data position was saved (%d files then, %d now)'):format(#saved, #names) }
@@ -106,6 +106,22 @@ function M.listing(saved, names, sizes, prints, appendable)
   return out
 end
 
+-- A file name for a message: as it is, or quoted when it holds a control
+-- character (a name from a damaged position must not break the line).
+function M.name(file)
+  file = tostring(file)
+  if file:find('%c') then return ('%q'):format(file):gsub('\\\n', '\\n') end
+  return file
+end
+
+-- A saved value for a message, on one line: a string as M.name gives it
+-- (at most 60 bytes of it), a table by its kind.
+function M.describe(v)
+  if type(v) == 'string' then return M.name(#v > 60 and v:sub(1, 60) .. '...' or v) end
+  if type(v) == 'table' then return 'a table of kind ' .. M.name(v.kind) end
+  return tostring(v)
+end
+
 -- Under 'stop', raise the first refusing change found (one line naming
 -- its file, and how many more there are); nothing else.
 function M.refuse(policy, found)
@@ -117,8 +133,8 @@ function M.refuse(policy, found)
     local c = refusing[1]
     local more = #refusing > 1 and (' (and %d more changed file%s)'):format(#refusing - 1, #refusing > 2 and 's' or '')
       or ''
-    error(('%s: %s%s; resume refused (--data_changed=continue goes on with the data as it is)'):format(c.file,
-      c.what, more), 0)
+    error(('%s: %s%s; resume refused (--data_changed=continue goes on with the data as it is)'):format(
+      M.name(c.file), c.what, more), 0)
   end
 end
 
@@ -129,7 +145,7 @@ function M.apply(policy, found)
   M.refuse(policy, found)
   local console = require 'fsdp.observe.console'
   for _, c in ipairs(found) do
-    console.print_all(('data: %s: %s%s'):format(c.file, c.what,
+    console.print_all(('data: %s: %s%s'):format(M.name(c.file), c.what,
       c.refuse and '; going on with it as it is (--data_changed=continue)' or ''))
   end
 end

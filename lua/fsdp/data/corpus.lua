@@ -318,28 +318,31 @@ end
 -- position as the data allows. Returns nothing.
 function Stream:load_state(s)
   if type(s) ~= 'table' or s.kind ~= 'stream' then
-    fail('%s: load_state expects a state from a corpus stream, got %s', self.path,
-      type(s) == 'table' and ('kind ' .. tostring(s.kind)) or tostring(s))
+    fail('%s: load_state expects a state from a corpus stream, got %s', self.path, changes.describe(s))
   end
   for _, k in ipairs({ 'split', 'seed', 'seq_len', 'rank', 'world_size', 'tokenizer', 'vocab_size' }) do
     if s[k] ~= self[k] then
       fail('%s: the saved position is for %s = %s, this stream has %s (resume with the same data options, '
-        .. 'tokenizer and number of ranks)', self.path, k, tostring(s[k]), tostring(self[k]))
+        .. 'tokenizer and number of ranks)', self.path, k, changes.describe(s[k]), tostring(self[k]))
     end
   end
   for _, k in ipairs({ 'file', 'offset', 'index', 'line', 'consumed', 'carry' }) do
     local lo = (k == 'line' and 1) or (k == 'carry' and -1) or 0
     if not whole(s[k], lo) then
       fail('%s: the saved position has %s = %s, not an integer from %d (a damaged position)', self.path, k,
-        tostring(s[k]), lo)
+        changes.describe(s[k]), lo)
     end
+  end
+  if type(s.file_name) ~= 'string' then
+    fail('%s: the saved position names no file (file_name = %s: a damaged position)', self.path,
+      changes.describe(s.file_name))
   end
   local fingerprinted = s.names_digest ~= nil or s.before ~= nil
   if fingerprinted and (type(s.names_digest) ~= 'string' or not whole(s.num_files, 1) or not changes.u64(s.before)
       or not changes.u64(s.through) or (s.files ~= nil and not changes.valid_listing(s.files))) then
     fail('%s: the saved position\'s fingerprint is damaged (num_files %s, names_digest %s, before %s, through %s, '
-      .. 'files %s)', self.path, tostring(s.num_files), tostring(s.names_digest), tostring(s.before),
-      tostring(s.through), type(s.files))
+      .. 'files %s)', self.path, changes.describe(s.num_files), changes.describe(s.names_digest),
+      changes.describe(s.before), changes.describe(s.through), type(s.files))
   end
   if not fingerprinted then
     -- a position saved before fingerprints: nothing to compare
@@ -348,7 +351,7 @@ function Stream:load_state(s)
     local name = self:file_name(s.file)
     if name ~= s.file_name then
       fail('%s: the saved position is in %s, but this corpus has %s there (files added, removed or renamed?)',
-        self.path, tostring(s.file_name), tostring(name))
+        self.path, changes.name(s.file_name), tostring(name))
     end
     local ok, err = self:_seek(s, false)
     if not ok then core.fail(err) end
@@ -364,7 +367,7 @@ function Stream:load_state(s)
   end
   local name = self:file_name(s.file)
   if name ~= s.file_name and #found == 0 then
-    found[1] = { file = tostring(s.file_name), refuse = true, what = ('no longer at place %d of the file order '
+    found[1] = { file = s.file_name, refuse = true, what = ('no longer at place %d of the file order '
       .. '(%s is there now)'):format(s.file, tostring(name)) }
   end
   -- under stop a changed listing is refused before any file is read

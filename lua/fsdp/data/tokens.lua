@@ -232,8 +232,7 @@ end
 
 function Dataset:load_state(s)
   if type(s) ~= 'table' or s.kind ~= 'tokens' then
-    fail('%s: load_state expects a state from a token dataset, got %s', self.path,
-      type(s) == 'table' and ('kind ' .. tostring(s.kind)) or tostring(s))
+    fail('%s: load_state expects a state from a token dataset, got %s', self.path, changes.describe(s))
   end
   local found = {}
   if s.shards_digest == nil then
@@ -248,7 +247,7 @@ function Dataset:load_state(s)
     if #found == 0 then
       found[1] = { file = self.path, refuse = true, what = ('its shards changed since the data position was saved '
         .. '(%s then, %d now: added, removed or rewritten; rank 0\'s position names them)'):format(
-        tostring(s.num_shards), #self._paths) }
+        changes.describe(s.num_shards), #self._paths) }
     end
   end
   changes.refuse(self.data_changed, found)
@@ -256,8 +255,8 @@ function Dataset:load_state(s)
     and s.seed == self.seed and type(s.position) == 'number'
   if (s.seq_len ~= self.seq_len or s.num_sequences ~= self.num_sequences or s.seed ~= self.seed) and not resized then
     fail('%s: the saved position is for %s sequences of %s tokens with seed %s; this dataset has %d of %d '
-      .. 'with seed %d (different data or options)', self.path, tostring(s.num_sequences), tostring(s.seq_len),
-      tostring(s.seed), self.num_sequences, self.seq_len, self.seed)
+      .. 'with seed %d (different data or options)', self.path, changes.describe(s.num_sequences),
+      changes.describe(s.seq_len), changes.describe(s.seed), self.num_sequences, self.seq_len, self.seed)
   end
   changes.apply(self.data_changed, found)
   if resized then
