@@ -13,6 +13,8 @@
 #   index        fuzz_lua, checkpointing.layout   a checkpoint's index.json
 #   corpus       fuzz_lua, fsdp.data.corpus       JSONL plain/gzip/zstd, text
 #   tokenizer    fuzz_lua, fsdp.data.bpe          the shipped test tokenizer.json files
+#   position     fuzz_lua, load_state of a corpus  saved data positions (JSON)
+#                stream and a token dataset
 #
 # The corpora grow in build/fuzz/corpus/ across runs; inputs that crash are
 # written to build/fuzz/artifacts/ (reproduce: build/fuzz/fuzz_... FILE).
@@ -28,7 +30,7 @@ if ! command -v clang >/dev/null || ! echo 'int LLVMFuzzerTestOneInput(const cha
   exit 0
 fi
 
-echo "1..6"
+echo "1..7"
 if make -f tests/fuzz/Makefile -j"${JOBS:-$(nproc)}" >"$out.build.log" 2>&1; then
   echo "ok 1 - build the harnesses"
 else
@@ -40,7 +42,7 @@ fi
 rm -rf "$out/seeds" "$out/work"
 mkdir -p "$out/artifacts" "$out/work"
 trap 'rm -rf "$out/work"' EXIT
-if ! build/bin/fsdp-lua tests/fuzz/seeds.lua "$out/seeds" >/dev/null; then
+if ! FUZZ_WORKDIR="$PWD/$out/work" build/bin/fsdp-lua tests/fuzz/seeds.lua "$out/seeds" >/dev/null; then
   echo "not ok 2 - seed corpora (tests/fuzz/seeds.lua failed)"
   exit 1
 fi
@@ -76,4 +78,5 @@ fuzz tokens "$out/fuzz_lua" "$out/seeds/tokens" FUZZ_TARGET=tokens
 fuzz index "$out/fuzz_lua" "$out/seeds/index" FUZZ_TARGET=index
 fuzz corpus "$out/fuzz_lua" "$out/seeds/corpus" FUZZ_TARGET=corpus
 fuzz tokenizer "$out/fuzz_lua" "$out/seeds/tokenizer" FUZZ_TARGET=tokenizer
+fuzz position "$out/fuzz_lua" "$out/seeds/position" FUZZ_TARGET=position
 exit $status

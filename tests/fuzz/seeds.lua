@@ -13,6 +13,10 @@
 --                        wrote also go to safetensors/
 --   OUTDIR/tokenizer/    the test tokenizer.json files (tests/golden/tokenizers:
 --                        GPT-2, Llama 3 and Qwen2 style, made by the tokenizers package)
+--   OUTDIR/position/     saved data positions (JSON, as a checkpoint's index
+--                        holds them) of a stream over the data of
+--                        tests/fuzz/position_data.lua, written here under
+--                        $FUZZ_WORKDIR/position as the target writes it
 -- Run by tests/fuzz/run.sh: build/bin/fsdp-lua tests/fuzz/seeds.lua OUTDIR.
 local fsdp = require 'fsdp'
 local st = require 'fsdp.io.safetensors'
@@ -20,7 +24,7 @@ local tokens = require 'fsdp.data.tokens'
 local files = require 'fsdp.io.files'
 
 local out = assert(arg[1], 'usage: fsdp-lua tests/fuzz/seeds.lua OUTDIR')
-for _, sub in ipairs({ 'safetensors', 'tokens', 'index', 'tokenizer', 'corpus' }) do files.mkdir_p(files.join(out, sub)) end
+for _, sub in ipairs({ 'safetensors', 'tokens', 'index', 'tokenizer', 'corpus', 'position' }) do files.mkdir_p(files.join(out, sub)) end
 local function at(sub, name) return files.join(files.join(out, sub), name) end
 
 -- safetensors ------------------------------------------------------------------------
@@ -96,3 +100,31 @@ print(('seeds written to %s'):format(out))
 for _, name in ipairs({ 'gpt2_style.json', 'llama3_style.json', 'qwen2_style.json' }) do
   files.write_atomic(at('tokenizer', name), assert(files.read('tests/golden/tokenizers/' .. name)))
 end
+
+-- saved data positions -------------------------------------------------------------------
+
+local position_data = dofile('tests/fuzz/position_data.lua')
+local pdir = (os.getenv('FUZZ_WORKDIR') or '/tmp') .. '/position'
+position_data.write(pdir)
+local json = require 'fsdp.io.json'
+local byte = require('fsdp.data.byte_tokenizer').new()
+local corpus = require 'fsdp.data.corpus'
+local function position(name, st, prefix)
+  files.write_atomic(at('position', name), (prefix or '') .. json.encode(st))
+end
+local s = corpus.open(pdir .. '/corpus', position_data.stream_opts(byte, 'stop'))
+s:rows(3)
+local early = s:state()
+position('early.json', early)
+position('early_continue.json', early, ' ')
+s:rows(30)
+position('in_gzip.json', s:state())
+local rank1 = s:state()
+rank1.files = nil
+position('no_list.json', rank1)
+local old = s:state()
+old.before, old.through, old.files, old.num_files, old.names_digest = nil, nil, nil, nil, nil
+position('old.json', old)
+local ds = tokens.open(pdir .. '/shards', position_data.token_opts('stop'))
+ds:next()
+position('tokens.json', ds:state())
