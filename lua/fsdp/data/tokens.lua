@@ -29,14 +29,16 @@
 --
 -- The position records the shards it stands on ([Note: the fingerprint of
 -- a data position] in fsdp.data.corpus): each shard's name, size and an
--- XXH3-64 of its first and last SAMPLE bytes (header, first and last
--- tokens), read once at open; rank 0's position holds the list, every
--- rank's its digest. Every step reads anywhere in every shard, so there is
+-- XXH3-64 of the first and last SAMPLE bytes of its tokens (through the
+-- mapping, once at open; not the header, whose metadata a writer may
+-- order otherwise for the same tokens); rank 0's position holds the
+-- list, every rank's its digest. Every step reads anywhere in every shard, so there is
 -- no prefix to check byte for byte: a shard added, removed, replaced
 -- (another size: a shard never grows) or rewritten with other first or
 -- last tokens is seen; an edit inside a shard keeping its size is not
 -- (that would mean reading every shard at every resume). load_state then
 -- refuses, or with data_changed = 'continue' says it and goes on.
+local ffi = require 'ffi'
 local core = require 'fsdp.core'
 local fsdp = require 'fsdp'
 local safetensors = require 'fsdp.io.safetensors'
@@ -113,17 +115,15 @@ local function open_shard(path)
            tokenizer = meta.tokenizer }
 end
 
--- A shard's size and fingerprint (see the top): its first and last SAMPLE bytes.
-local function shard_print(path)
-  local f = io.open(path, 'rb')
-  if not f then fail('%s: cannot read it to fingerprint it', path) end
-  local size = f:seek('end')
-  f:seek('set', 0)
-  local head = f:read(SAMPLE) or ''
-  f:seek('set', math.max(size - SAMPLE, 0))
-  local tail = f:read(SAMPLE) or ''
-  f:close()
-  return size, changes.hash(head .. tail)
+-- A shard's size and fingerprint (see the top): the first and last
+-- SAMPLE bytes of its mapped tokens.
+local function shard_print(s)
+  local n = s.n * (s.dtype == 'u16' and 2 or 4)
+  local k = math.min(SAMPLE, n)
+  local base = ffi.cast('const char *', s.tokens._c.data)
+  local C = core.C
+  return lfs.attributes(s.path, 'size'),
+    changes.hash(changes.hex(C.fl_checksum(base, k)) .. changes.hex(C.fl_checksum(base + (n - k), k)))
 end
 
 local Dataset = {}
@@ -147,7 +147,7 @@ function M.open(path, opts)
   local lines = {}
   for i, p in ipairs(paths) do
     local s = open_shard(p)
-    self._sizes[i], self._prints[i] = shard_print(p)
+    self._sizes[i], self._prints[i] = shard_print(s)
     lines[i] = ('%s %d %s'):format(p, self._sizes[i], self._prints[i])
     local first = self.shards[1]
     if first and (s.dtype ~= first.dtype or s.vocab_size ~= first.vocab_size or s.eos_id ~= first.eos_id) then
