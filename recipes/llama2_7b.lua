@@ -195,7 +195,8 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
     train_data = corpus_recipe.open(cfg, written)
   elseif cfg.data ~= '' and not cfg.dry_run then
     local opened, data = pcall(tokens.open, cfg.data, { split = 'train', seq_len = cfg.seq_len,
-                                                        batch_size = cfg.batch_size, seed = cfg.seed })
+                                                        batch_size = cfg.batch_size, seed = cfg.seed,
+                                                        data_changed = cfg.data_changed })
     if not opened then error(('--%s: '):format(written.data or 'data') .. recipe.bare(data), 0) end
     train_data = data
     -- --tokenizer (the seed's): what the shards say they were made with.

@@ -49,6 +49,7 @@ M.OPTIONS = {
   val_batches = { 0, 'with --data: batches per validation (0: the whole validation split)', int = true, min = 0 },
   val_batch_size = { 0, 'with --data: pairs per validation batch and rank (0: --batch_size; fewer when the '
                         .. 'validation split is smaller)', int = true, min = 0 },
+  data_changed = require('fsdp.data.changes').OPTION,
 }
 
 -- A recipe's own options plus these (its own win on a clash).
@@ -99,7 +100,8 @@ function M.open(cfg)
     run.val = need('data', ds, why)
   end
   -- Training: every pair of --data that is not in its val split.
-  run.train = need('data', open(cfg.data, { split = 'train', val_fraction = frac, batch_size = cfg.batch_size }))
+  run.train = need('data', open(cfg.data, { split = 'train', val_fraction = frac, batch_size = cfg.batch_size,
+                                            data_changed = cfg.data_changed }))
   return run
 end
 

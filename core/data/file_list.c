@@ -5,6 +5,8 @@
  * Always sorted by name, so every rank and every run sees the same order.
  * Every file listed is a regular file: a FIFO, a device or a directory with
  * a corpus name is an error naming it.
+ * Each file's size is taken when it is listed: a stream's position records
+ * the list as the run saw it (lua/fsdp/data/corpus.lua).
  */
 #include "data.h"
 
@@ -16,6 +18,7 @@
 
 struct fl_file_list {
     char **paths;
+    int64_t *sizes;
     int64_t n, cap;
 };
 
@@ -26,6 +29,9 @@ static int add(fl_file_list *l, const char *dir, const char *name)
         char **p = realloc(l->paths, (size_t)cap * sizeof *p);
         if (!p) return fl_fail(FL_ERR_OOM, "corpus file list: out of memory");
         l->paths = p;
+        int64_t *z = realloc(l->sizes, (size_t)cap * sizeof *z);
+        if (!z) return fl_fail(FL_ERR_OOM, "corpus file list: out of memory");
+        l->sizes = z;
         l->cap = cap;
     }
     size_t n = (dir ? strlen(dir) + 1 : 0) + strlen(name) + 1;
@@ -40,11 +46,38 @@ static int add(fl_file_list *l, const char *dir, const char *name)
         free(s);
         return -1;
     }
+    struct stat st;
+    if (stat(s, &st) != 0) {
+        fl_fail(FL_ERR_IO, "%s: cannot stat: %s", s, strerror(errno));
+        free(s);
+        return -1;
+    }
+    l->sizes[l->n] = (int64_t)st.st_size;
     l->paths[l->n++] = s;
     return 0;
 }
 
-static int cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+/* Sorted by name, each size moving with its path. */
+typedef struct entry {
+    char *path;
+    int64_t size;
+} entry;
+
+static int cmp(const void *a, const void *b) { return strcmp(((const entry *)a)->path, ((const entry *)b)->path); }
+
+static int sort_list(fl_file_list *l)
+{
+    entry *e = malloc((size_t)l->n * sizeof *e);
+    if (!e) return fl_fail(FL_ERR_OOM, "corpus file list: out of memory");
+    for (int64_t i = 0; i < l->n; i++) e[i] = (entry){ l->paths[i], l->sizes[i] };
+    qsort(e, (size_t)l->n, sizeof *e, cmp);
+    for (int64_t i = 0; i < l->n; i++) {
+        l->paths[i] = e[i].path;
+        l->sizes[i] = e[i].size;
+    }
+    free(e);
+    return 0;
+}
 
 fl_file_list *fl_file_list_open(const char *spec)
 {
@@ -105,7 +138,7 @@ fl_file_list *fl_file_list_open(const char *spec)
         fl_fail(FL_ERR_IO, "%s: no such file or directory", spec);
         goto fail;
     }
-    qsort(l->paths, (size_t)l->n, sizeof *l->paths, cmp);
+    if (sort_list(l)) goto fail;
     return l;
 fail:
     fl_file_list_free(l);
@@ -117,6 +150,7 @@ void fl_file_list_free(fl_file_list *l)
     if (!l) return;
     for (int64_t i = 0; i < l->n; i++) free(l->paths[i]);
     free(l->paths);
+    free(l->sizes);
     free(l);
 }
 
@@ -125,4 +159,9 @@ int64_t fl_file_list_count(const fl_file_list *l) { return l->n; }
 const char *fl_file_list_path(const fl_file_list *l, int64_t i)
 {
     return i >= 0 && i < l->n ? l->paths[i] : NULL;
+}
+
+int64_t fl_file_list_size(const fl_file_list *l, int64_t i)
+{
+    return i >= 0 && i < l->n ? l->sizes[i] : -1;
 }

@@ -16,6 +16,14 @@
  * is how a resumed run continues inside a file (a compressed file is
  * decompressed again up to the offset: gzip and zstd cannot seek).
  *
+ * A position also carries the fingerprint of what was read to reach it:
+ * XXH3-64 of the bytes before the document and of those through the
+ * document's last line ([Note: the fingerprint of a data position] in
+ * lua/fsdp/data/corpus.lua). The reader hashes every byte it takes from
+ * its window as it goes, so a position costs one digest, and a checked
+ * seek refuses a file whose bytes up to the position are not the ones
+ * read then, naming the file.
+ *
  * Every problem is an error naming the file and where: a corrupt or
  * truncated compressed stream (the compressed byte offset), a JSON line that
  * does not parse, is not an object, lacks the field or holds no string there
@@ -27,6 +35,7 @@
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 #include <yajl/yajl_tree.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -64,6 +73,18 @@ struct fl_reader {
     /* documents the caller wants (fl_reader_filter), NULL: all */
     bool (*want)(void *arg, int64_t index);
     void *want_arg;
+    /* the fingerprint: bytes [0, base + hpos) are hashed; the line before
+     * pos had its newline (at pos - 1) replaced by the NUL a caller reads */
+    XXH3_state_t *hash;
+    size_t hpos;
+    bool nl_cut;
+    uint64_t doc_before, doc_through;
+    /* after a checked seek: the document there must hash to this */
+    bool expect;
+    uint64_t expect_through;
+    int64_t expect_line;
+    /* fl_reader_again: the next call gives the last document once more */
+    bool again;
 };
 
 /* ---- names ------------------------------------------------------------- */
@@ -171,6 +192,10 @@ static int source_rewind(fl_reader *r)
     r->len = r->pos = 0;
     r->base = 0;
     r->eof = false;
+    r->hpos = 0;
+    r->nl_cut = false;
+    r->expect = r->again = false;
+    XXH3_64bits_reset(r->hash);
     return 0;
 }
 
@@ -206,7 +231,9 @@ fl_reader *fl_reader_open(const char *path, const fl_reader_opts *opts)
     r->buf = malloc(r->cap);
     r->in = comp != COMP_NONE ? malloc(READ_CHUNK) : NULL;
     r->line = 1;
-    if (!r->path || !r->field || !r->buf || (comp != COMP_NONE && !r->in)) {
+    r->hash = XXH3_createState();
+    if (r->hash) XXH3_64bits_reset(r->hash);
+    if (!r->path || !r->field || !r->buf || !r->hash || (comp != COMP_NONE && !r->in)) {
         fl_reader_free(r);
         return FL_FAIL_NULL(FL_ERR_OOM, "%s: out of memory for a %lld-byte window", path, (long long)r->cap);
     }
@@ -237,6 +264,7 @@ void fl_reader_free(fl_reader *r)
     free(r->doc);
     free(r->path);
     free(r->field);
+    XXH3_freeState(r->hash);
     free(r);
 }
 
@@ -244,11 +272,26 @@ const char *fl_reader_path(const fl_reader *r) { return r->path; }
 
 /* ---- lines -------------------------------------------------------------- */
 
+/* Hash the bytes of the lines taken since the last call (the window from
+ * hpos to pos), with the newline a NUL replaced put back. Lines are hashed
+ * when the next one is asked for, not when taken, so the hash at the start
+ * of a document is that of the bytes before it without a digest per line. */
+static void hash_taken(fl_reader *r)
+{
+    if (r->pos > r->hpos) {
+        if (r->nl_cut) r->buf[r->pos - 1] = '\n';
+        XXH3_64bits_update(r->hash, r->buf + r->hpos, r->pos - r->hpos);
+    }
+    r->hpos = r->pos;
+    r->nl_cut = false;
+}
+
 /* The next line as [*s, *s + *n) without its newline (NUL written after it,
  * valid until the next call); *off its uncompressed offset. 0 at the end. */
 static int next_line(fl_reader *r, char **s, size_t *n, int64_t *off, int *status)
 {
     *status = 0;
+    hash_taken(r);
     size_t scan = r->pos;
     for (;;) {
         char *nl = memchr(r->buf + scan, '\n', r->len - scan);
@@ -261,6 +304,7 @@ static int next_line(fl_reader *r, char **s, size_t *n, int64_t *off, int *statu
             if (*n > (size_t)r->max_doc) goto too_long;
             r->buf[end] = '\0';
             r->pos = nl ? end + 1 : r->len;
+            r->nl_cut = nl != NULL;
             r->line++;
             return 1;
         }
@@ -271,7 +315,7 @@ static int next_line(fl_reader *r, char **s, size_t *n, int64_t *off, int *statu
             memmove(r->buf, r->buf + r->pos, r->len - r->pos);
             r->base += (int64_t)r->pos;
             r->len -= r->pos;
-            r->pos = 0;
+            r->pos = r->hpos = 0; /* everything before pos was hashed on entry */
         }
         scan = r->len;
         size_t room = r->cap - 1 - r->len, got = 0;
@@ -371,7 +415,7 @@ static int json_doc(fl_reader *r, const char *s, int64_t off, int64_t line)
     return rc;
 }
 
-int fl_reader_next(fl_reader *r, const char **text, size_t *len)
+static int read_doc(fl_reader *r, const char **text, size_t *len)
 {
     char *s;
     size_t n;
@@ -397,6 +441,7 @@ int fl_reader_next(fl_reader *r, const char **text, size_t *len)
             if (json_doc(r, s, off, line)) return -1;
             r->doc_offset = off;
             r->doc_line = line;
+            r->doc_before = XXH3_64bits_digest(r->hash); /* the lines before this one */
             break;
         }
     } else {
@@ -420,6 +465,7 @@ int fl_reader_next(fl_reader *r, const char **text, size_t *len)
                 started = true;
                 r->doc_offset = off;
                 r->doc_line = line;
+                r->doc_before = XXH3_64bits_digest(r->hash);
             } else if (doc_append(r, "\n", 1)) {
                 return -1;
             }
@@ -430,11 +476,48 @@ int fl_reader_next(fl_reader *r, const char **text, size_t *len)
             if (doc_append(r, s, n)) return -1;
         }
     }
+    hash_taken(r); /* the document's lines (and a paragraph's closing blank line) */
+    r->doc_through = XXH3_64bits_digest(r->hash);
     r->doc_index = r->next_index++;
     *text = r->doc ? r->doc : "";
     *len = r->doc_len;
     return 1;
 }
+
+int fl_reader_next(fl_reader *r, const char **text, size_t *len)
+{
+    if (r->again) {
+        r->again = false;
+        *text = r->doc ? r->doc : "";
+        *len = r->doc_len;
+        return 1;
+    }
+    int rc = read_doc(r, text, len);
+    if (!r->expect) return rc;
+    /* The first document after a checked seek: the one the position was at.
+     * The bytes before it were checked by the seek; a failure to read it now
+     * means it changed, which is what the message must say (not blame a
+     * line that is valid as written). */
+    r->expect = false;
+    if (rc < 0) {
+        char msg[768];
+        snprintf(msg, sizeof msg, "%s", fl_last_error());
+        return FL_FAIL_M1(FL_ERR_IO, "%s: the document at the saved position (line %lld) is not the one read "
+                          "then: the file changed since the position was saved (reading it now: %s)", r->path,
+                          (long long)r->expect_line, msg);
+    }
+    if (rc == 0)
+        return FL_FAIL_M1(FL_ERR_IO, "%s: the file now ends before the document at the saved position (line %lld): "
+                          "it was truncated or changed since the position was saved", r->path,
+                          (long long)r->expect_line);
+    if (r->doc_through != r->expect_through)
+        return FL_FAIL_M1(FL_ERR_IO, "%s: the document at the saved position (line %lld, byte %lld) is not the one "
+                          "read then: the file changed in place since the position was saved", r->path,
+                          (long long)r->doc_line, (long long)r->doc_offset);
+    return 1;
+}
+
+void fl_reader_again(fl_reader *r) { r->again = true; }
 
 void fl_reader_filter(fl_reader *r, bool (*want)(void *arg, int64_t index), void *arg)
 {
@@ -447,34 +530,72 @@ void fl_reader_position(const fl_reader *r, fl_doc_position *p)
     p->offset = r->doc_offset;
     p->index = r->doc_index;
     p->line = r->doc_line;
+    p->before = r->doc_before;
+    p->through = r->doc_through;
 }
 
-int fl_reader_seek(fl_reader *r, const fl_doc_position *p)
+int fl_reader_seek(fl_reader *r, const fl_doc_position *p, bool check)
 {
     if (p->offset < 0 || p->index < 0 || p->line < 1)
         return fl_fail(FL_ERR_ARG, "%s: seek to a bad position (byte %lld, document %lld, line %lld)", r->path,
                        (long long)p->offset, (long long)p->index, (long long)p->line);
     if (source_rewind(r)) return -1;
-    if (r->comp == COMP_NONE) {
-        if (fseek(r->f, p->offset, SEEK_SET) != 0)
-            return fl_fail(FL_ERR_IO, "%s: cannot seek to byte %lld: %s", r->path, (long long)p->offset,
-                           strerror(errno));
-        r->base = p->offset;
-    } else {
-        /* decompress and drop the bytes before the offset */
-        int64_t left = p->offset;
-        while (left > 0) {
-            size_t got = 0, want = left < (int64_t)(r->cap - 1) ? (size_t)left : r->cap - 1;
-            if (source_read(r, r->buf, want, &got)) return -1;
-            if (got == 0)
-                return fl_fail(FL_ERR_IO, "%s: cannot continue at byte %lld: the file holds only %lld bytes "
-                               "(changed since the position was saved?)", r->path, (long long)p->offset,
-                               (long long)(p->offset - left));
-            left -= (int64_t)got;
+    /* Read (decompress) and hash the bytes before the offset, also of a
+     * plain file that could seek: the hash must cover them for the
+     * positions of the documents after this one, and a check needs them. */
+    int64_t left = p->offset;
+    char last = '\n';
+    bool broken = false;
+    while (left > 0) {
+        size_t got = 0, want = left < (int64_t)(r->cap - 1) ? (size_t)left : r->cap - 1;
+        if (source_read(r, r->buf, want, &got)) {
+            broken = true; /* a compressed stream cut or damaged before the offset */
+            break;
         }
-        r->base = p->offset;
+        if (got == 0) break;
+        XXH3_64bits_update(r->hash, r->buf, got);
+        last = r->buf[got - 1];
+        left -= (int64_t)got;
     }
+    r->base = p->offset - left;
     r->line = p->line;
     r->next_index = p->index;
+    if (check) {
+        if (broken) {
+            char msg[768];
+            snprintf(msg, sizeof msg, "%s", fl_last_error());
+            return fl_fail(FL_ERR_IO, "%s: cannot be read up to the saved position (byte %lld, line %lld): it changed "
+                           "since the position was saved (%s)", r->path, (long long)p->offset, (long long)p->line,
+                           msg);
+        }
+        if (left > 0)
+            return fl_fail(FL_ERR_IO, "%s: the file now holds %lld bytes%s, the saved position is at byte %lld (line "
+                           "%lld): it was truncated or replaced since the position was saved", r->path,
+                           (long long)(p->offset - left), r->comp != COMP_NONE ? " decompressed" : "",
+                           (long long)p->offset, (long long)p->line);
+        if (XXH3_64bits_digest(r->hash) != p->before)
+            return fl_fail(FL_ERR_IO, "%s: the %lld bytes before the saved position (line %lld) are not the ones "
+                           "read then: the file changed in place since the position was saved", r->path,
+                           (long long)p->offset, (long long)p->line);
+        r->expect = true;
+        r->expect_through = p->through;
+        r->expect_line = p->line;
+        return 0;
+    }
+    /* Unchecked (the data changed and the caller goes on, or an old
+     * position): a file that ends (or breaks off) before the offset is read
+     * to its end; an offset inside a line continues at the next line, never
+     * half a line. */
+    if (left > 0 || broken) {
+        r->eof = true;
+        return 0;
+    }
+    if (last != '\n') {
+        char *s;
+        size_t n;
+        int64_t off;
+        int st;
+        if (!next_line(r, &s, &n, &off, &st) && st) return -1;
+    }
     return 0;
 }

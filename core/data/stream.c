@@ -31,7 +31,11 @@
  * consumed, how many of its tokens are already in rows, and the carry;
  * set_state seeks that file to that document (fl_reader_seek), skips the
  * consumed tokens (tokenizers are deterministic) and restores the carry, so
- * a resumed run continues with exactly the next row.
+ * a resumed run continues with exactly the next row. A checked set_state
+ * reads the file up to the position and the document there in the
+ * caller's thread, so changed data is refused before training goes on (and
+ * before the caller loads anything more), and hands that reader, already
+ * there, to the worker that takes the position: the prefix is read once.
  */
 #include "data.h"
 
@@ -77,6 +81,8 @@ struct fl_stream {
     int64_t cur_file;  /* the position the consumer reads */
     bool stop;
     fl_stream_state start; /* where the workers begin (set_state) */
+    fl_reader *ready;      /* a checked set_state's reader, at start's document */
+    bool lenient;          /* set_state without check: go on past what changed */
     /* the consumer */
     doc_item *cur;
     fl_stream_state st;
@@ -153,10 +159,16 @@ static void slot_fail(fl_stream *s, slot *sl)
 static void read_file(fl_stream *s, void *tok, int64_t p, slot *sl)
 {
     const char *path = fl_stream_file_path(s, p);
-    fl_reader *r = fl_reader_open(path, &s->o.reader);
-    if (!r) { slot_fail(s, sl); return; }
-    fl_reader_filter(r, want_doc, s);
-    if (p == s->start.file && fl_reader_seek(r, &s->start.doc)) goto fail;
+    fl_reader *r = NULL;
+    if (p == s->start.file && s->ready) { /* only the worker claiming p gets here */
+        r = s->ready;
+        s->ready = NULL;
+    } else {
+        r = fl_reader_open(path, &s->o.reader);
+        if (!r) { slot_fail(s, sl); return; }
+        fl_reader_filter(r, want_doc, s);
+        if (p == s->start.file && fl_reader_seek(r, &s->start.doc, false)) goto fail;
+    }
     for (;;) {
         const char *text;
         size_t len;
@@ -281,6 +293,8 @@ static void clear_slots(fl_stream *s)
     }
     free(s->cur);
     s->cur = NULL;
+    fl_reader_free(s->ready);
+    s->ready = NULL;
 }
 
 /* ---- open / free ------------------------------------------------------- */
@@ -335,9 +349,9 @@ fl_stream *fl_stream_open(const fl_stream_opts *o)
             return FL_FAIL_NULL(FL_ERR_ARG, "%s: cannot make the tokenizer: %s", o->path, msg);
         }
     }
-    fl_stream_state zero = { 0, { 0, 0, 1 }, 0, -1 };
+    fl_stream_state zero = { 0, { 0, 0, 1, 0, 0 }, 0, -1 };
     clear_slots(s);
-    fl_stream_set_state(s, &zero);
+    fl_stream_set_state(s, &zero, false);
     return s;
 }
 
@@ -364,7 +378,28 @@ void fl_stream_free(fl_stream *s)
 
 void fl_stream_get_state(const fl_stream *s, fl_stream_state *st) { *st = s->st; }
 
-int fl_stream_set_state(fl_stream *s, const fl_stream_state *st)
+/* Open the file of st and read it up to st's document and that document,
+ * checked against st's fingerprint: the reader, ready to give that document
+ * again, or NULL with the error naming the file. */
+static fl_reader *checked_reader(fl_stream *s, const fl_stream_state *st)
+{
+    const char *path = fl_stream_file_path(s, st->file);
+    fl_reader *r = fl_reader_open(path, &s->o.reader);
+    if (!r) return NULL;
+    fl_reader_filter(r, want_doc, s);
+    const char *text;
+    size_t len;
+    if (fl_reader_seek(r, &st->doc, true) || fl_reader_next(r, &text, &len) != 1) {
+        fl_reader_free(r);
+        return NULL;
+    }
+    fl_reader_again(r);
+    return r;
+}
+
+const fl_file_list *fl_stream_files(const fl_stream *s) { return s->files; }
+
+int fl_stream_set_state(fl_stream *s, const fl_stream_state *st, bool check)
 {
     if (st->file < 0 || st->doc.offset < 0 || st->doc.index < 0 || st->doc.line < 1 || st->consumed < 0 ||
         st->carry < -1 || st->carry >= s->o.vocab_size)
@@ -372,8 +407,12 @@ int fl_stream_set_state(fl_stream *s, const fl_stream_state *st)
                        "%lld consumed, carry %lld)", s->path, (long long)st->file, (long long)st->doc.offset,
                        (long long)st->doc.index, (long long)st->doc.line, (long long)st->consumed,
                        (long long)st->carry);
+    fl_reader *ready = NULL;
+    if (check && !(ready = checked_reader(s, st))) return -1;
     stop_workers(s);
     clear_slots(s);
+    s->ready = ready;
+    s->lenient = !check;
     s->start = *st;
     s->st = *st;
     s->next_file = s->cur_file = st->file;
@@ -411,6 +450,7 @@ static int next_doc(fl_stream *s)
             s->st.doc = d->pos;
             s->st.consumed = 0;
             if (s->skip) {
+                if (s->skip > d->n + 1 && s->lenient) s->skip = d->n + 1; /* going on past a change */
                 if (s->skip > d->n + 1) {
                     return FL_FAIL_M1(FL_ERR_IO, "%s: line %lld: the saved position had consumed %lld tokens of "
                                    "this document, which now has %lld (the file or the tokenizer changed)",

@@ -1482,9 +1482,14 @@ typedef struct fl_reader_opts {
     int64_t max_doc_bytes;  /* the longest document accepted (0: 8 MiB) */
 } fl_reader_opts;
 /* Where a document starts: uncompressed byte offset, index among the
- * file's documents (0-based), line number (1-based). */
+ * file's documents (0-based), line number (1-based); and the fingerprint of
+ * what was read to get there: XXH3-64 of the file's (decompressed) bytes
+ * before the document, and of them with the document's own lines (and a
+ * paragraph's closing blank line) after them ([Note: the fingerprint of a
+ * data position] in lua/fsdp/data/corpus.lua). */
 typedef struct fl_doc_position {
     int64_t offset, index, line;
+    uint64_t before, through;
 } fl_doc_position;
 FL_API fl_reader *fl_reader_open(const char *path, const fl_reader_opts *opts);
 FL_API void fl_reader_free(fl_reader *r);
@@ -1493,9 +1498,17 @@ FL_API void fl_reader_free(fl_reader *r);
 FL_API int fl_reader_next(fl_reader *r, const char **text, size_t *len);
 /* The position of the document fl_reader_next returned last. */
 FL_API void fl_reader_position(const fl_reader *r, fl_doc_position *p);
-/* Continue at a position fl_reader_position gave (a compressed file is
- * decompressed again from its start up to the offset). */
-FL_API int fl_reader_seek(fl_reader *r, const fl_doc_position *p);
+/* Continue at a position fl_reader_position gave: the bytes before it are
+ * read (decompressed) and hashed again. With check, a file whose bytes up
+ * to the position, or the document there (at the next fl_reader_next),
+ * are not the ones fingerprinted is an error naming it; without, the
+ * reader goes on as near the position as the file now allows (at its end
+ * when it ends before the offset, at the next line when the offset falls
+ * inside one). */
+FL_API int fl_reader_seek(fl_reader *r, const fl_doc_position *p, bool check);
+/* The next fl_reader_next gives the last document again (a document read
+ * to check a position, then handed on). */
+FL_API void fl_reader_again(fl_reader *r);
 
 /* The files of a corpus: a file, a directory (its .txt/.jsonl/.json files,
  * also .gz/.zst, not recursive) or a glob pattern; sorted by name. Fails
@@ -1505,6 +1518,8 @@ FL_API fl_file_list *fl_file_list_open(const char *spec);
 FL_API void fl_file_list_free(fl_file_list *l);
 FL_API int64_t fl_file_list_count(const fl_file_list *l);
 FL_API const char *fl_file_list_path(const fl_file_list *l, int64_t i);
+/* The file's size in bytes (as stored: compressed) when it was listed. */
+FL_API int64_t fl_file_list_size(const fl_file_list *l, int64_t i);
 
 /* [Note: the tokenizer hook] How the streaming loader tokenizes: one
  * instance per worker thread, made by open(arg) in the thread that opens
@@ -1587,11 +1602,19 @@ FL_API void fl_stream_free(fl_stream *s);
  * stream; -1 on error (naming the file and the document's line). */
 FL_API int64_t fl_stream_next(fl_stream *s, int64_t rows, int64_t *out);
 FL_API void fl_stream_get_state(const fl_stream *s, fl_stream_state *st);
-/* Continue from a state get_state gave (stops and restarts the workers). */
-FL_API int fl_stream_set_state(fl_stream *s, const fl_stream_state *st);
+/* Continue from a state get_state gave (stops and restarts the workers).
+ * With check, the file of the state is read up to its document and that
+ * document too before anything changes, and a file that is not as the
+ * state's fingerprint says is an error naming it (the stream is left as it
+ * was); without, the stream goes on as near the state as the data allows
+ * (fl_reader_seek). */
+FL_API int fl_stream_set_state(fl_stream *s, const fl_stream_state *st, bool check);
 FL_API int64_t fl_stream_files_per_epoch(const fl_stream *s);
 /* The path of the rank's file at a position of fl_stream_state.file. */
 FL_API const char *fl_stream_file_path(const fl_stream *s, int64_t file);
+/* The corpus's files as the stream listed them when it opened (names and
+ * sizes then). */
+FL_API const fl_file_list *fl_stream_files(const fl_stream *s);
 /* Documents and tokens (eos included) delivered into rows so far. */
 FL_API int64_t fl_stream_documents(const fl_stream *s);
 FL_API int64_t fl_stream_tokens(const fl_stream *s);

@@ -53,7 +53,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     const char *root = getenv("FUZZ_ROOT") ? getenv("FUZZ_ROOT") : ".";
     const char *target = getenv("FUZZ_TARGET");
     if (!target) {
-        fprintf(stderr, "fuzz_lua: set FUZZ_TARGET to a script of tests/fuzz/targets/ (tokens, index, tokenizer, corpus)\n");
+        fprintf(stderr, "fuzz_lua: set FUZZ_TARGET to a script of tests/fuzz/targets/ (tokens, index, tokenizer, corpus, position)\n");
         exit(2);
     }
     L = luaL_newstate();

@@ -13,6 +13,8 @@
 #   index        fuzz_lua, checkpointing.layout   a checkpoint's index.json
 #   corpus       fuzz_lua, fsdp.data.corpus       JSONL plain/gzip/zstd, text
 #   tokenizer    fuzz_lua, fsdp.data.bpe          the shipped test tokenizer.json files
+#   position     fuzz_lua, load_state of a corpus  saved data positions (JSON)
+#                stream and a token dataset
 #   config       fuzz_lua, models.hf + fsdp.lora  the goldens' config.json and adapter_config.json
 #
 # The corpora grow in build/fuzz/corpus/ across runs; inputs that crash are
@@ -29,7 +31,7 @@ if ! command -v clang >/dev/null || ! echo 'int LLVMFuzzerTestOneInput(const cha
   exit 0
 fi
 
-echo "1..7"
+echo "1..8"
 if make -f tests/fuzz/Makefile -j"${JOBS:-$(nproc)}" >"$out.build.log" 2>&1; then
   echo "ok 1 - build the harnesses"
 else
@@ -41,7 +43,7 @@ fi
 rm -rf "$out/seeds" "$out/work"
 mkdir -p "$out/artifacts" "$out/work"
 trap 'rm -rf "$out/work"' EXIT
-if ! build/bin/fsdp-lua tests/fuzz/seeds.lua "$out/seeds" >/dev/null; then
+if ! FUZZ_WORKDIR="$PWD/$out/work" build/bin/fsdp-lua tests/fuzz/seeds.lua "$out/seeds" >/dev/null; then
   echo "not ok 2 - seed corpora (tests/fuzz/seeds.lua failed)"
   exit 1
 fi
@@ -77,5 +79,6 @@ fuzz tokens "$out/fuzz_lua" "$out/seeds/tokens" FUZZ_TARGET=tokens
 fuzz index "$out/fuzz_lua" "$out/seeds/index" FUZZ_TARGET=index
 fuzz corpus "$out/fuzz_lua" "$out/seeds/corpus" FUZZ_TARGET=corpus
 fuzz tokenizer "$out/fuzz_lua" "$out/seeds/tokenizer" FUZZ_TARGET=tokenizer
+fuzz position "$out/fuzz_lua" "$out/seeds/position" FUZZ_TARGET=position
 fuzz config "$out/fuzz_lua" "$out/seeds/config" FUZZ_TARGET=config
 exit $status

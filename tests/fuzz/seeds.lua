@@ -13,6 +13,10 @@
 --                        wrote also go to safetensors/
 --   OUTDIR/tokenizer/    the test tokenizer.json files (tests/golden/tokenizers:
 --                        GPT-2, Llama 3 and Qwen2 style, made by the tokenizers package)
+--   OUTDIR/position/     saved data positions (JSON, as a checkpoint's index
+--                        holds them) of a stream over the data of
+--                        tests/fuzz/position_data.lua, written here under
+--                        $FUZZ_WORKDIR/position as the target writes it
 --   OUTDIR/config/       the stored goldens' config.json (Llama 2 and 3, GPT-2,
 --                        T5; transformers 4 and 5) and adapter_config.json files
 -- Run by tests/fuzz/run.sh: build/bin/fsdp-lua tests/fuzz/seeds.lua OUTDIR.
@@ -22,7 +26,7 @@ local tokens = require 'fsdp.data.tokens'
 local files = require 'fsdp.io.files'
 
 local out = assert(arg[1], 'usage: fsdp-lua tests/fuzz/seeds.lua OUTDIR')
-for _, sub in ipairs({ 'safetensors', 'tokens', 'index', 'tokenizer', 'corpus', 'config' }) do files.mkdir_p(files.join(out, sub)) end
+for _, sub in ipairs({ 'safetensors', 'tokens', 'index', 'tokenizer', 'corpus', 'position', 'config' }) do files.mkdir_p(files.join(out, sub)) end
 local function at(sub, name) return files.join(files.join(out, sub), name) end
 
 -- safetensors ------------------------------------------------------------------------
@@ -108,3 +112,30 @@ for _, d in ipairs({ 'llama', 'peft_llama', 'gpt2', 't5' }) do
   files.write_atomic(at('config', 'adapter_' .. d .. '.json'),
     assert(files.read('tests/golden/hf/lora/' .. d .. '/adapter_config.json')))
 end
+-- saved data positions -------------------------------------------------------------------
+
+local position_data = dofile('tests/fuzz/position_data.lua')
+local pdir = (os.getenv('FUZZ_WORKDIR') or '/tmp') .. '/position'
+position_data.write(pdir)
+local json = require 'fsdp.io.json'
+local byte = require('fsdp.data.byte_tokenizer').new()
+local corpus = require 'fsdp.data.corpus'
+local function position(name, st, prefix)
+  files.write_atomic(at('position', name), (prefix or '') .. json.encode(st))
+end
+local s = corpus.open(pdir .. '/corpus', position_data.stream_opts(byte, 'stop'))
+s:rows(3)
+local early = s:state()
+position('early.json', early)
+position('early_continue.json', early, ' ')
+s:rows(30)
+position('in_gzip.json', s:state())
+local rank1 = s:state()
+rank1.files = nil
+position('no_list.json', rank1)
+local old = s:state()
+old.before, old.through, old.files, old.num_files, old.names_digest = nil, nil, nil, nil, nil
+position('old.json', old)
+local ds = tokens.open(pdir .. '/shards', position_data.token_opts('stop'))
+ds:next()
+position('tokens.json', ds:state())

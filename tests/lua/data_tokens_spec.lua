@@ -219,8 +219,17 @@ describe('token datasets', function()
     local ds = tokens.open(d, opts)
     for _ = 1, 5 do ds:next() end
     local saved = ds:state()
-    -- the state is a plain table of numbers and strings (checkpoints store it)
-    for k, v in pairs(saved) do assert.is_true(type(v) == 'number' or type(v) == 'string', k) end
+    -- the state is a plain table of numbers and strings (checkpoints store
+    -- it), and on rank 0 the list of shards it stands on: {path, size, fingerprint}
+    for k, v in pairs(saved) do
+      if k == 'shards' then
+        assert.same({ { d .. '/train-00000.safetensors', require('lfs').attributes(d .. '/train-00000.safetensors', 'size'),
+                        saved.shards[1][3] } }, v)
+        assert.truthy(v[1][3]:match('^xxh3%-64:%x+$'))
+      else
+        assert.is_true(type(v) == 'number' or type(v) == 'string', k)
+      end
+    end
     local want = {}
     for k = 1, 8 do want[k] = ds:next():tolist() end -- 6 steps per epoch: crosses into epoch 2
     local fresh = tokens.open(d, opts)
@@ -231,7 +240,7 @@ describe('token datasets', function()
     local other = tokens.open(d, { seq_len = 5, batch_size = 3, seed = 9, rank = 0, world_size = 1 })
     assert.error_matches(function() other:load_state(saved) end, 'saved position is for 20 sequences of 4 tokens')
     assert.error_matches(function() fresh:load_state({ kind = 'synthetic', step = 1 }) end,
-      'expects a state from a token dataset, got kind synthetic')
+      'expects a state from a token dataset, got a table of kind synthetic')
   end)
 
   it('validate on the same batches every time, in order', function()

@@ -12,6 +12,11 @@
 #      from the checkpoint of step 6, whose data state is each rank's file,
 #      document and consumed tokens, and logs exactly the reference's loss,
 #      lr and gradient norm for steps 7..12.
+#   3. A shard removed, the same command again: both ranks refuse the
+#      resume ([Note: the fingerprint of a data position]) and the job
+#      ends at once, exit 1, with one line from rank 0 naming the shard
+#      (rank 1's position holds no list; the ranks agree on rank 0's
+#      message); with --data_changed=continue it says so and goes on.
 #
 # Prints "ok - ..." / "not ok - ..." lines (tests/mpi/run.sh's run_tap).
 # Needs the MPI environment run.sh exports.
@@ -38,9 +43,10 @@ ok() { echo "ok - $*"; }
 not_ok() { echo "not ok - $*"; }
 comment() { sed 's/^/#   /' <<<"$1"; }
 
+EXTRA=() # more options for run
 run() {
   local name=$1; shift
-  env "$@" timeout -k 5 120 mpirun -np 2 "$EXE" "${ARGS[@]}" --checkpoint_dir="$WORK/$name" \
+  env "$@" timeout -k 5 120 mpirun -np 2 "$EXE" "${ARGS[@]}" "${EXTRA[@]}" --checkpoint_dir="$WORK/$name" \
     --metrics_file="$WORK/$name.jsonl" >>"$WORK/$name.log" 2>&1
 }
 
@@ -100,4 +106,28 @@ if [ -n "$want" ] && [ "$want" = "$got" ]; then
 else
   not_ok "steps after the resume differ from the uninterrupted run"
   comment "$(diff <(echo "$want") <(echo "$got"))"
+fi
+
+rm "$WORK/c4/en/c4-train.00004-of-00005.json.gz"
+: >"$WORK/kill.log"
+start=$(date +%s)
+run kill
+rc=$?
+lines=$(grep '^fsdp-lua' "$WORK/kill.log")
+want="fsdp-lua: $WORK/c4/en/c4-train.00004-of-00005.json.gz: removed since the data position was saved (5 files then, 4 now); resume refused (--data_changed=continue goes on with the data as it is)"
+if [ $rc -eq 1 ] && [ "$lines" = "$want" ] && [ $(($(date +%s) - start)) -lt 60 ]; then
+  ok "a shard removed since the checkpoint: the resume stops in one line naming it (exit 1)"
+else
+  not_ok "resume with a shard removed: exit $rc"
+  comment "$(tail -20 "$WORK/kill.log")"
+fi
+: >"$WORK/kill.log"
+EXTRA=(--data_changed=continue)
+run kill
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^\[rank 0\] data: $WORK/c4/en/c4-train.00004-of-00005.json.gz: removed since the data position was saved (5 files then, 4 now); going on with it as it is" "$WORK/kill.log"; then
+  ok "with --data_changed=continue the same resume says so and goes on"
+else
+  not_ok "--data_changed=continue: exit $rc"
+  comment "$(tail -20 "$WORK/kill.log")"
 fi

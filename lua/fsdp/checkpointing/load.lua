@@ -150,6 +150,36 @@ local function check_lora(index, model)
   end
 end
 
+-- A refusal every rank raised alike (M.is_refusal): the caller may end the
+-- job with one line, as no rank goes on alone.
+local Refusal = { __tostring = function(self) return self.message end }
+function M.is_refusal(e) return getmetatable(e) == Refusal end
+
+-- The data position goes back first: a source whose files changed since
+-- the save refuses it ([Note: the fingerprint of a data position] in
+-- lua/fsdp/data/corpus.lua), and that must come before any tensor is
+-- read. The ranks agree on the outcome (the first rank's error, in rank
+-- order, is raised on every rank: rank 0's position names the files of a
+-- changed listing), so the job ends with one message and no rank goes on
+-- alone into a collective.
+local function load_data(index, data, mine)
+  local err
+  if type(mine.data) ~= 'table' then
+    err = ('checkpoint %s: the index holds no data position'):format(index.path)
+  else
+    local ok, e = pcall(data.load_state, data, mine.data)
+    if not ok then err = (tostring(e):gsub('^[^%s:]+:%d+: ', '')) end
+  end
+  if dist.world_size() > 1 then
+    local first
+    for _, e in ipairs(dist.all_gather_strings(err or '')) do
+      if e ~= '' then first = e; break end
+    end
+    err = first
+  end
+  if err then error(setmetatable({ message = err }, Refusal), 0) end
+end
+
 function M.load(step_dir, index, objs)
   local opt = objs.optimizer
   if opt and not index.optimizer then
@@ -163,6 +193,8 @@ function M.load(step_dir, index, objs)
     core.fail(('checkpoint %s: the index holds no scheduler state'):format(index.path))
   end
   check_lora(index, objs.model)
+  local mine = rank_state(index)
+  if objs.data then load_data(index, objs.data, mine) end
   local cache = file_cache(step_dir, index)
   local opt_state = {}
   local ok, err = pcall(autograd.no_grad, function() load_model(cache, index, objs, opt_state) end)
@@ -173,13 +205,6 @@ function M.load(step_dir, index, objs)
     if not ok2 then core.fail(('checkpoint %s: %s'):format(index.path, tostring(err2))) end
   end
   if objs.scheduler then objs.scheduler:load_state_dict(index.scheduler) end
-  local mine = rank_state(index)
-  if objs.data then
-    if type(mine.data) ~= 'table' then
-      core.fail(('checkpoint %s: the index holds no data position'):format(index.path))
-    end
-    objs.data:load_state(mine.data)
-  end
   -- weights_only (--init_from): a new run keeps its own random stream.
   if type(mine.rng) == 'table' and not objs.weights_only then random.set_state(mine.rng) end
 end

@@ -145,7 +145,19 @@ function M.resume(cfg, objs)
     local index, why = ckpt.check(dir)
     if index then
       if #refused > 0 then say('checkpoint: falling back to %s, the newest intact checkpoint', dir) end
-      local info = ckpt.load(dir, objs, index)
+      local ok, info = pcall(ckpt.load, dir, objs, index)
+      -- A refusal all ranks share (the data changed since the save: fsdp.data.changes)
+      -- ends the job with one line from rank 0, before any tensor is read.
+      if not ok and require('fsdp.checkpointing.load').is_refusal(info) then
+        if dist.rank() == 0 then
+          io.stdout:flush()
+          io.stderr:write(('fsdp-lua: %s\n'):format(tostring(info)))
+          io.stderr:flush()
+        end
+        if dist.world_size() > 1 then dist.barrier() end
+        os.exit(1, true)
+      end
+      if not ok then error(info, 0) end
       -- The non-finite guard's count of skipped steps goes on from where the
       -- checkpoint's run left it (fsdp.nonfinite).
       if objs.guard and type(info.extra) == 'table' and type(info.extra.nonfinite_skips) == 'number' then

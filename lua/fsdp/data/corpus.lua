@@ -20,10 +20,51 @@
 -- opts.tokenizer is a tokenizer object (fsdp.data.tokenizer) with
 -- vocab_size, eos_id and c_hook(), which returns the fl_tokenizer_hook its
 -- worker threads call ([Note: the tokenizer hook] in core/include/fsdp.h).
+--
+-- [Note: the fingerprint of a data position]
+-- A saved position is only worth what the files still are: a file cut
+-- below it, edited where it was read, or a file added or removed (which
+-- changes every epoch's order and which rank reads what) would make a
+-- resumed run read something else, silently, or fail blaming a line that
+-- is valid as written. So the position carries the fingerprint of what it
+-- stands on, and load_state compares it with the files now:
+--   * the file being read: XXH3-64 of its bytes before the document at the
+--     position (`before`) and through that document's last line
+--     (`through`). The reader hashes every byte as it takes it from its
+--     window (core/data/reader.c), so a position costs a digest, not a
+--     pass over the data, however long the run; checking it at resume
+--     reads that file up to the position once, in the thread that resumes
+--     (a compressed file had to be decompressed that far anyway), and that
+--     reader is the one the stream goes on with. Of a .gz or .zst file the
+--     decompressed bytes are hashed: the offset is counted in them, and a
+--     document boundary falls inside a compressed block, where no prefix
+--     of the compressed bytes ends.
+--   * every file of the corpus: its name and size as stored (compressed)
+--     when the stream opened (fl_file_list: one stat each), so a file not
+--     being read is seen too: cut, replaced by a smaller one, compressed
+--     again smaller (the same text, but nothing short of reading it all
+--     tells that), added or removed. Rank 0's position holds the list
+--     ({name, size} each: one copy per checkpoint, however many ranks);
+--     every rank's holds the count and a digest of the names, so any rank
+--     sees a file added, removed or renamed, and rank 0 names it. A file
+--     smaller than it was is refused; a larger one is taken as appended to
+--     (a log that grows is a real corpus): the position is checked byte for
+--     byte up to where it is, and what was appended is read when the
+--     stream gets there.
+-- What is not seen: a file edited in place, keeping its size, anywhere but
+-- in the file being read up to the position (already read files, files
+-- not read yet): seeing that would mean reading them all again at every
+-- resume. A position saved before fingerprints is resumed as it is, said.
+-- What a difference does is the source's data_changed (--data_changed):
+-- stop (the default) refuses in one line naming the file, continue says
+-- each change and goes on as near the position as the data allows
+-- (fsdp.data.changes). Token shards (fsdp.data.tokens) and text pairs
+-- (fsdp.data.pairs) record their files the same way.
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local fsdp = require 'fsdp'
+local changes = require 'fsdp.data.changes'
 local C = core.C
 
 local M = {}
@@ -90,7 +131,9 @@ M.Stream = Stream
 -- shuffle (true), threads (2), text_field, max_doc_bytes, rank/world_size
 -- (default: fsdp.dist's), once (one pass, for validation), read_all (every
 -- rank reads the whole split and batches() gives each its part: for
--- validation, where every rank must see the same number of batches).
+-- validation, where every rank must see the same number of batches),
+-- data_changed ('stop' or 'continue': what load_state does with a position
+-- whose files changed; see the Note).
 function M.open(spec, opts)
   opts = opts or {}
   local tok = opts.tokenizer
@@ -125,14 +168,23 @@ function M.open(spec, opts)
   o.split = SPLITS[split]
   o.val_fraction = opts.val_fraction or (split == 'all' and 0 or 0.01)
   o.ahead_tokens = opts.ahead_tokens or 0
+  local data_changed = changes.policy(opts.data_changed, 'fsdp.data.corpus: open ' .. tostring(spec))
   local s = C.fl_stream_open(o)
   if s == nil then core.raise() end
+  -- the files as listed at open, with their sizes (the Note)
+  local list = C.fl_stream_files(s)
+  local names, sizes = {}, {}
+  for i = 0, tonumber(C.fl_file_list_count(list)) - 1 do
+    names[#names + 1] = ffi.string(C.fl_file_list_path(list, i))
+    sizes[#sizes + 1] = tonumber(C.fl_file_list_size(list, i))
+  end
   local self = setmetatable({ _s = ffi.gc(s, C.fl_stream_free), _keep = keep, path = spec, split = split,
     seq_len = T, batch_size = B, seed = tonumber(o.seed), rank = rank, world_size = world,
     vocab_size = tonumber(o.vocab_size), eos_id = tok.eos_id, tokenizer = tok.name or 'unknown',
     val_fraction = o.val_fraction, threads = o.threads, text_field = keep.field, once = o.once,
-    tokenizer_object = tok, read_all = opts.read_all and true or false,
-    num_files = #M.files(spec), _st = ffi.new('fl_stream_state') }, Stream)
+    tokenizer_object = tok, read_all = opts.read_all and true or false, data_changed = data_changed,
+    num_files = #names, _names = names, _sizes = sizes, _names_digest = changes.hash(table.concat(names, '\n')),
+    _st = ffi.new('fl_stream_state') }, Stream)
   return self
 end
 
@@ -188,7 +240,7 @@ end
 
 function Stream:_read_batches(n)
   local saved = self:state()
-  self:load_state(self:_start_state())
+  assert(self:_seek(self:_start_state(), false))
   local G = self.batch_size * self.world_size
   local out = {}
   for _ = 1, n do
@@ -197,7 +249,7 @@ function Stream:_read_batches(n)
     out[#out + 1] = rows:narrow(0, self.rank * self.batch_size, self.batch_size)
   end
   out.n = n
-  self:load_state(saved)
+  assert(self:_seek(saved, false))
   return out
 end
 
@@ -220,7 +272,8 @@ function Stream:file_name(file)
   return p ~= nil and ffi.string(p) or nil
 end
 
--- The position, a plain table (stored in checkpoints: each rank its own).
+-- The position, a plain table (stored in checkpoints: each rank its own),
+-- with the fingerprint of the data it stands on (the Note).
 function Stream:state()
   local st = self._st
   C.fl_stream_get_state(self._s, st)
@@ -230,29 +283,115 @@ function Stream:state()
   s.consumed, s.carry = tonumber(st.consumed), tonumber(st.carry)
   s.file_name = self:file_name(st.file)
   s.epoch = math.floor(s.file / tonumber(C.fl_stream_files_per_epoch(self._s)))
+  s.before, s.through = changes.hex(st.doc.before), changes.hex(st.doc.through)
+  s.num_files, s.names_digest = self.num_files, self._names_digest
+  if self.rank == 0 then
+    if not self._listing then
+      local l = {}
+      for i, name in ipairs(self._names) do l[i] = { name, self._sizes[i] } end
+      self._listing = l
+    end
+    s.files = self._listing
+  end
   return s
 end
 
+-- A number a position may hold: an integer from lo up to 2^53.
+local function whole(v, lo)
+  return type(v) == 'number' and v == math.floor(v) and v >= lo and v <= 2 ^ 53
+end
+
+-- Move the stream to position s (checked: the fingerprint must hold);
+-- false and the core's message when the check fails.
+function Stream:_seek(s, check)
+  local st = ffi.new('fl_stream_state')
+  st.file, st.doc.offset, st.doc.index, st.doc.line = s.file, s.offset, s.index, s.line
+  st.consumed, st.carry = s.consumed, s.carry
+  if check then st.doc.before, st.doc.through = changes.u64(s.before), changes.u64(s.through) end
+  if C.fl_stream_set_state(self._s, st, check) ~= 0 then return false, core.last_error() end
+  return true
+end
+
+-- Continue from a position state() gave. The data is compared with the
+-- fingerprint the position carries (the Note): with data_changed = 'stop'
+-- a change is an error naming the file, before the stream moves; with
+-- 'continue' each change is said and the stream goes on as near the
+-- position as the data allows. Returns nothing.
 function Stream:load_state(s)
   if type(s) ~= 'table' or s.kind ~= 'stream' then
-    fail('%s: load_state expects a state from a corpus stream, got %s', self.path,
-      type(s) == 'table' and ('kind ' .. tostring(s.kind)) or tostring(s))
+    fail('%s: load_state expects a state from a corpus stream, got %s', self.path, changes.describe(s))
   end
   for _, k in ipairs({ 'split', 'seed', 'seq_len', 'rank', 'world_size', 'tokenizer', 'vocab_size' }) do
     if s[k] ~= self[k] then
       fail('%s: the saved position is for %s = %s, this stream has %s (resume with the same data options, '
-        .. 'tokenizer and number of ranks)', self.path, k, tostring(s[k]), tostring(self[k]))
+        .. 'tokenizer and number of ranks)', self.path, k, changes.describe(s[k]), tostring(self[k]))
     end
   end
-  local name = self:file_name(s.file)
-  if name ~= s.file_name then
-    fail('%s: the saved position is in %s, but this corpus has %s there (files added, removed or renamed?)',
-      self.path, tostring(s.file_name), tostring(name))
+  for _, k in ipairs({ 'file', 'offset', 'index', 'line', 'consumed', 'carry' }) do
+    local lo = (k == 'line' and 1) or (k == 'carry' and -1) or 0
+    if not whole(s[k], lo) then
+      fail('%s: the saved position has %s = %s, not an integer from %d (a damaged position)', self.path, k,
+        changes.describe(s[k]), lo)
+    end
   end
-  local st = ffi.new('fl_stream_state')
-  st.file, st.doc.offset, st.doc.index, st.doc.line = s.file, s.offset, s.index, s.line
-  st.consumed, st.carry = s.consumed, s.carry
-  core.check(C.fl_stream_set_state(self._s, st))
+  if type(s.file_name) ~= 'string' then
+    fail('%s: the saved position names no file (file_name = %s: a damaged position)', self.path,
+      changes.describe(s.file_name))
+  end
+  local fingerprinted = s.names_digest ~= nil or s.before ~= nil
+  if fingerprinted and (type(s.names_digest) ~= 'string' or not whole(s.num_files, 1) or not changes.u64(s.before)
+      or not changes.u64(s.through) or (s.files ~= nil and not changes.valid_listing(s.files))) then
+    fail('%s: the saved position\'s fingerprint is damaged (num_files %s, names_digest %s, before %s, through %s, '
+      .. 'files %s)', self.path, changes.describe(s.num_files), changes.describe(s.names_digest),
+      changes.describe(s.before), changes.describe(s.through), type(s.files))
+  end
+  if not fingerprinted then
+    -- a position saved before fingerprints: nothing to compare
+    require('fsdp.observe.console').print_all(('data: %s: the saved position has no fingerprint (saved by an '
+      .. 'older fsdp-lua): resuming without checking the files'):format(self.path))
+    local name = self:file_name(s.file)
+    if name ~= s.file_name then
+      fail('%s: the saved position is in %s, but this corpus has %s there (files added, removed or renamed?)',
+        self.path, changes.name(s.file_name), tostring(name))
+    end
+    local ok, err = self:_seek(s, false)
+    if not ok then core.fail(err) end
+    return
+  end
+  local found = {}
+  if s.files then
+    found = changes.listing(s.files, self._names, self._sizes, nil, true)
+  elseif s.num_files ~= self.num_files or s.names_digest ~= self._names_digest then
+    found[1] = { file = self.path, refuse = true, what = ('its files changed since the data position was saved '
+      .. '(%d then, %d now: added, removed or renamed; rank 0\'s position names them)'):format(s.num_files,
+      self.num_files) }
+  end
+  local name = self:file_name(s.file)
+  if name ~= s.file_name and #found == 0 then
+    found[1] = { file = s.file_name, refuse = true, what = ('no longer at place %d of the file order '
+      .. '(%s is there now)'):format(s.file, tostring(name)) }
+  end
+  -- under stop a changed listing is refused before any file is read
+  changes.refuse(self.data_changed, found)
+  local here = s
+  if name ~= s.file_name then
+    -- the order moved: the file the position is in is elsewhere now (or
+    -- gone); going on, the file now at this place is read from its start
+    here = { file = s.file, offset = 0, index = 0, line = 1, consumed = 0, carry = s.carry }
+  else
+    local ok, err = self:_seek(s, true)
+    if ok then
+      changes.apply(self.data_changed, found)
+      return
+    end
+    local plain = tostring(name):gsub('%p', '%%%0')
+    local what = err:match('^' .. plain .. ': (.*)$')
+    if not what then core.fail(err) end -- not about the data (out of memory, a bad position)
+    found[#found + 1] = { file = name, refuse = true, what = what }
+  end
+  changes.apply(self.data_changed, found)
+  local ok, err = self:_seek(here, false)
+  if not ok then core.fail(err) end
 end
 
 function Stream:__tostring()

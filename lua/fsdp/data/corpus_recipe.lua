@@ -5,13 +5,18 @@
 -- (default byte; a tokenizer.json, a SentencePiece .model or an HF model
 -- directory) in --loader_threads worker threads. Validation reads
 -- --val_data, or the documents --val_fraction holds out of every file; an
--- empty or tiny validation split is a warning, not silence.
+-- empty or tiny validation split is a warning, not silence. A resume whose
+-- data files changed since the checkpoint stops naming the file, or with
+-- --data_changed=continue says what changed and goes on ([Note: the
+-- fingerprint of a data position] in fsdp.data.corpus); the option serves
+-- token shards too.
 --
 --   local corpus_recipe = require 'fsdp.data.corpus_recipe'
 --   local spec = corpus_recipe.options({...})          -- adds the raw-corpus options
 --   if corpus_recipe.is_raw(cfg.data) then train = corpus_recipe.open(cfg, written) end
 --   local val = corpus_recipe.open_val(cfg, train, val_batch_size)   -- nil: no validation (warned)
 local corpus = require 'fsdp.data.corpus'
+local changes = require 'fsdp.data.changes'
 local lfs = require 'lfs'
 
 local M = {}
@@ -33,6 +38,7 @@ function M.options(spec)
                           min = 1, max = 64 }
   spec.val_fraction = { 0.01, 'raw --data without --val_data: the fraction of each file\'s documents held out for '
                               .. 'validation', min = 0, below = 1 }
+  spec.data_changed = changes.OPTION
   return spec
 end
 
@@ -78,6 +84,7 @@ function M.open(cfg, written)
   local o = stream_opts(cfg, tok)
   o.split = cfg.val_data ~= '' and 'all' or 'train'
   o.val_fraction = cfg.val_fraction
+  o.data_changed = cfg.data_changed
   local ok, s = pcall(corpus.open, cfg.data, o)
   if not ok then error(('--%s: %s'):format(written and written.data or 'data', bare(s)), 0) end
   return s

@@ -16,13 +16,18 @@
 -- tokenizer may also use for a real token (SentencePiece's unk is 0). The
 -- val split is every k-th pair by the rule of tools/tokenize.lua (pair k
 -- is validation when floor((k+1)f) > floor(kf), f = val_fraction). The
--- order, the ranks' parts and the state follow fsdp.data.sampler.
+-- order, the ranks' parts and the state follow fsdp.data.sampler. The
+-- file is read whole at open, so the position records its size and the
+-- XXH3-64 of all of it, and load_state refuses a file that changed since
+-- (or says it and goes on, with data_changed = 'continue'; [Note: the
+-- fingerprint of a data position] in fsdp.data.corpus).
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local cjson = require 'cjson'
 local Sampler = require 'fsdp.data.sampler'
 local tokenizer = require 'fsdp.data.tokenizer'
 local utf8 = require 'fsdp.data.utf8'
+local changes = require 'fsdp.data.changes'
 
 local M = {}
 
@@ -54,23 +59,26 @@ end
 -- target_len, split ('train' or 'val'), val_fraction (0), pad_id (0),
 -- batch_size, cap_batch (lower batch_size to what the split holds for
 -- the world size: floor(n / world_size), for validation splits smaller
--- than a global batch), seed, shuffle, rank/world_size. An empty split is
--- an error naming the file, the split and its fraction.
+-- than a global batch), seed, shuffle, rank/world_size, data_changed
+-- ('stop' or 'continue': what load_state does when the file changed). An
+-- empty split is an error naming the file, the split and its fraction.
 function M.open(path, opts)
   local sf, tf = opts.source_field or 'source', opts.target_field or 'target'
-  local f, err = require('fsdp.io.files').open_input(path)
-  if not f then fail('cannot read pairs: %s', err) end
+  -- (a regular file, read whole within a bound: its fingerprint is of all of it)
+  local files = require 'fsdp.io.files'
+  local content, err = files.read(path, files.LIMITS.data[1], 'a pairs file')
+  if not content then fail('cannot read pairs: %s', err) end
   local split, frac = opts.split or 'train', opts.val_fraction or 0
   if split ~= 'train' and split ~= 'val' then fail("split must be 'train' or 'val', got %s", tostring(split)) end
+  local data_changed = changes.policy(opts.data_changed, 'fsdp.data.pairs: open ' .. path)
   local sources, targets, k, line = {}, {}, 0, 0
-  for text in f:lines() do
+  for text in content:gmatch('([^\n]*)\n?') do
     line = line + 1
     if text:match('%S') then
       local ok, obj = pcall(cjson.decode, text)
-      if not ok or type(obj) ~= 'table' then f:close(); fail('%s:%d: not a JSON object', path, line) end
+      if not ok or type(obj) ~= 'table' then fail('%s:%d: not a JSON object', path, line) end
       local s, t = obj[sf], obj[tf]
       if type(s) ~= 'string' or type(t) ~= 'string' then
-        f:close()
         fail('%s:%d: needs string fields %q and %q', path, line, sf, tf)
       end
       -- cjson passes any bytes through; a tokenizer would encode invalid
@@ -78,7 +86,6 @@ function M.open(path, opts)
       for _, field in ipairs({ { sf, s }, { tf, t } }) do
         local bad = utf8.first_invalid(field[2])
         if bad then
-          f:close()
           fail('%s:%d: field %q is not valid UTF-8 (its byte %d)', path, line, field[1], bad - 1)
         end
       end
@@ -89,7 +96,6 @@ function M.open(path, opts)
       k = k + 1
     end
   end
-  f:close()
   if #sources == 0 then
     fail('%s: the %s split is empty (%d pairs in the file, val_fraction %g)', path, split, k, frac)
   end
@@ -97,7 +103,8 @@ function M.open(path, opts)
   for _, key in ipairs({ 'source_len', 'target_len' }) do
     if type(opts[key]) ~= 'number' or opts[key] < 2 then fail('%s must be a number >= 2', key) end
   end
-  local self = setmetatable({ path = path, split = split, tokenizer = tok, n = #sources }, Dataset)
+  local self = setmetatable({ path = path, split = split, tokenizer = tok, n = #sources, data_changed = data_changed,
+    size = #content, fingerprint = changes.hash(content) }, Dataset)
   self.vocab_size, self.eos_id = tok.vocab_size, tok.eos_id
   -- truncated: how many sources and targets lost tokens to the lengths.
   self.truncated = {}
@@ -131,12 +138,32 @@ function Dataset:batches(n) return self.sampler:gather_batches(self, n) end
 
 function Dataset:state()
   local s = self.sampler:state()
-  return { kind = 'pairs', epoch = s.epoch, position = s.position, seed = self.seed, n = self.n }
+  return { kind = 'pairs', epoch = s.epoch, position = s.position, seed = self.seed, n = self.n,
+           files = { { self.path, self.size, self.fingerprint } } }
 end
 
 function Dataset:load_state(s)
-  if type(s) ~= 'table' or s.kind ~= 'pairs' or s.n ~= self.n or s.seed ~= self.seed then
+  if type(s) ~= 'table' or s.kind ~= 'pairs' or s.seed ~= self.seed then
     fail('%s: the saved position is not for these %d pairs with seed %d', self.path, self.n, self.seed)
+  end
+  local found = {}
+  if s.files == nil then
+    require('fsdp.observe.console').print_all(('data: %s: the saved position has no fingerprint (saved by an '
+      .. 'older fsdp-lua): resuming without checking the file'):format(self.path))
+  elseif not changes.valid_listing(s.files) then
+    fail('%s: the saved position\'s fingerprint is damaged', self.path)
+  else
+    found = changes.listing(s.files, { self.path }, { self.size }, { self.fingerprint }, false)
+  end
+  changes.refuse(self.data_changed, found)
+  if s.n ~= self.n and #found == 0 then
+    fail('%s: the saved position is not for these %d pairs with seed %d', self.path, self.n, self.seed)
+  end
+  changes.apply(self.data_changed, found)
+  if s.n ~= self.n and type(s.position) == 'number' then
+    -- going on over other pairs: the same epoch, at most its new length in
+    local gb = self.sampler.global_batch
+    s = { epoch = s.epoch, position = math.min(s.position - s.position % gb, self.sampler.steps_per_epoch * gb) }
   end
   self.sampler:load_state(s)
 end

@@ -161,6 +161,12 @@ function Sampler:load_state(s)
   if type(s) ~= 'table' or type(s.epoch) ~= 'number' or type(s.position) ~= 'number' then
     core.fail(('%s: load_state expects {epoch =, position =}, got %s'):format(self.name, tostring(s)))
   end
+  for _, k in ipairs({ 'epoch', 'position' }) do
+    local v = s[k]
+    if v ~= math.floor(v) or v < 0 or v > 2 ^ 53 then
+      core.fail(('%s: saved %s %s is not an integer from 0 (a damaged position)'):format(self.name, k, tostring(v)))
+    end
+  end
   if s.position % self.global_batch ~= 0 or s.position > self.steps_per_epoch * self.global_batch then
     core.fail(('%s: saved position %d is not a step boundary for a global batch of %d (batch_size %d x %d ranks)')
       :format(self.name, s.position, self.global_batch, self.batch_size, self.world_size))

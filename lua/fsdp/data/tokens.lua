@@ -26,12 +26,28 @@
 -- may span documents (the EOS between them tells the model) and shards.
 -- Which sequences a rank reads at each step, the shuffling and the epochs
 -- follow fsdp.data.sampler's contract.
+--
+-- The position records the shards it stands on ([Note: the fingerprint of
+-- a data position] in fsdp.data.corpus): each shard's name, size and an
+-- XXH3-64 of the first and last SAMPLE bytes of its tokens (through the
+-- mapping, once at open; not the header, whose metadata a writer may
+-- order otherwise for the same tokens); rank 0's position holds the
+-- list, every rank's its digest. Every step reads anywhere in every shard, so there is
+-- no prefix to check byte for byte: a shard added, removed, replaced
+-- (another size: a shard never grows) or rewritten with other first or
+-- last tokens is seen; an edit inside a shard keeping its size is not
+-- (that would mean reading every shard at every resume). load_state then
+-- refuses, or with data_changed = 'continue' says it and goes on.
+local ffi = require 'ffi'
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local fsdp = require 'fsdp'
 local safetensors = require 'fsdp.io.safetensors'
 local Sampler = require 'fsdp.data.sampler'
+local changes = require 'fsdp.data.changes'
 local lfs = require 'lfs'
+
+local SAMPLE = 64 * 1024
 
 local M = {}
 M.FORMAT, M.VERSION = 'fsdp-tokens', '1'
@@ -100,22 +116,40 @@ local function open_shard(path)
            tokenizer = meta.tokenizer }
 end
 
+-- A shard's size and fingerprint (see the top): the first and last
+-- SAMPLE bytes of its mapped tokens.
+local function shard_print(s)
+  local n = s.n * (s.dtype == 'u16' and 2 or 4)
+  local k = math.min(SAMPLE, n)
+  local base = ffi.cast('const char *', s.tokens._c.data)
+  local C = core.C
+  return lfs.attributes(s.path, 'size'),
+    changes.hash(changes.hex(C.fl_checksum(base, k)) .. changes.hex(C.fl_checksum(base + (n - k), k)))
+end
+
 local Dataset = {}
 Dataset.__index = Dataset
 M.Dataset = Dataset
 
 -- Open a split. opts: split ('train'), seq_len, batch_size (per rank),
--- seed (0), shuffle (true), rank/world_size (default: fsdp.dist's).
+-- seed (0), shuffle (true), rank/world_size (default: fsdp.dist's),
+-- data_changed ('stop' or 'continue': what load_state does with a position
+-- whose shards changed).
 function M.open(path, opts)
   opts = opts or {}
   local split = opts.split or 'train'
   if type(path) ~= 'string' or path == '' then fail('open: expected a path, got %s', tostring(path)) end
   local paths = M.shard_paths(path, split)
   if #paths == 0 then fail('%s holds no %s-NNNNN.safetensors shards', path, split) end
-  local self = setmetatable({ path = path, split = split, shards = {}, starts = {} }, Dataset)
+  local self = setmetatable({ path = path, split = split, shards = {}, starts = {},
+    data_changed = changes.policy(opts.data_changed, 'fsdp.data.tokens: open ' .. path),
+    _sizes = {}, _prints = {} }, Dataset)
   local total = 0
+  local lines = {}
   for i, p in ipairs(paths) do
     local s = open_shard(p)
+    self._sizes[i], self._prints[i] = shard_print(s)
+    lines[i] = ('%s %d %s'):format(p, self._sizes[i], self._prints[i])
     local first = self.shards[1]
     if first and (s.dtype ~= first.dtype or s.vocab_size ~= first.vocab_size or s.eos_id ~= first.eos_id) then
       fail('%s (%s, vocab %d, eos %d) does not match %s (%s, vocab %d, eos %d)', p, s.dtype, s.vocab_size,
@@ -124,6 +158,7 @@ function M.open(path, opts)
     self.shards[i], self.starts[i] = s, total
     total = total + s.n
   end
+  self._paths, self._digest = paths, changes.hash(table.concat(lines, '\n'))
   local s1 = self.shards[1]
   self.vocab_size, self.eos_id, self.tokenizer = s1.vocab_size, s1.eos_id, s1.tokenizer
   self.num_tokens = total
@@ -178,22 +213,58 @@ function Dataset:steps_per_epoch() return self.sampler.steps_per_epoch end
 -- the batches the split holds.
 function Dataset:batches(n) return self.sampler:gather_batches(self, n) end
 
--- The data position, a plain table (stored in checkpoints).
+-- The data position, a plain table (stored in checkpoints), with the
+-- shards' fingerprint (see the top).
 function Dataset:state()
   local s = self.sampler:state()
-  return { kind = 'tokens', epoch = s.epoch, position = s.position, seed = self.seed,
-           seq_len = self.seq_len, num_sequences = self.num_sequences }
+  local st = { kind = 'tokens', epoch = s.epoch, position = s.position, seed = self.seed,
+               seq_len = self.seq_len, num_sequences = self.num_sequences, num_shards = #self._paths,
+               shards_digest = self._digest }
+  if self.sampler.rank == 0 then
+    if not self._listing then
+      local l = {}
+      for i, p in ipairs(self._paths) do l[i] = { p, self._sizes[i], self._prints[i] } end
+      self._listing = l
+    end
+    st.shards = self._listing
+  end
+  return st
 end
 
 function Dataset:load_state(s)
   if type(s) ~= 'table' or s.kind ~= 'tokens' then
-    fail('%s: load_state expects a state from a token dataset, got %s', self.path,
-      type(s) == 'table' and ('kind ' .. tostring(s.kind)) or tostring(s))
+    fail('%s: load_state expects a state from a token dataset, got %s', self.path, changes.describe(s))
   end
-  if s.seq_len ~= self.seq_len or s.num_sequences ~= self.num_sequences or s.seed ~= self.seed then
+  local found = {}
+  if s.shards_digest == nil then
+    require('fsdp.observe.console').print_all(('data: %s: the saved position has no fingerprint (saved by an '
+      .. 'older fsdp-lua): resuming without checking the shards'):format(self.path))
+  elseif s.shards ~= nil and not changes.valid_listing(s.shards) then
+    fail('%s: the saved position\'s list of shards is damaged', self.path)
+  elseif s.shards_digest ~= self._digest then
+    if s.shards then
+      found = changes.listing(s.shards, self._paths, self._sizes, self._prints, false)
+    end
+    if #found == 0 then
+      found[1] = { file = self.path, refuse = true, what = ('its shards changed since the data position was saved '
+        .. '(%s then, %d now: added, removed or rewritten; rank 0\'s position names them)'):format(
+        changes.describe(s.num_shards), #self._paths) }
+    end
+  end
+  changes.refuse(self.data_changed, found)
+  local resized = s.num_sequences ~= self.num_sequences and #found > 0 and s.seq_len == self.seq_len
+    and s.seed == self.seed and type(s.position) == 'number'
+  if (s.seq_len ~= self.seq_len or s.num_sequences ~= self.num_sequences or s.seed ~= self.seed) and not resized then
     fail('%s: the saved position is for %s sequences of %s tokens with seed %s; this dataset has %d of %d '
-      .. 'with seed %d (different data or options)', self.path, tostring(s.num_sequences), tostring(s.seq_len),
-      tostring(s.seed), self.num_sequences, self.seq_len, self.seed)
+      .. 'with seed %d (different data or options)', self.path, changes.describe(s.num_sequences),
+      changes.describe(s.seq_len), changes.describe(s.seed), self.num_sequences, self.seq_len, self.seed)
+  end
+  changes.apply(self.data_changed, found)
+  if resized then
+    -- going on over other data: the same epoch, at most its new length in
+    local gb = self.sampler.global_batch
+    local last = self.sampler.steps_per_epoch * gb
+    s = { epoch = s.epoch, position = math.min(s.position - s.position % gb, last) }
   end
   self.sampler:load_state(s)
 end
