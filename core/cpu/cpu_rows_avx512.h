@@ -69,8 +69,8 @@ static inline bool fl_cpu_avx512(void) { return false; }
 /* C = alpha op(A) op(B) + beta C in f32 on one thread, fl_cpu_sgemm's
  * arguments, for attention's block products (cpu_block_gemm.c, [Note:
  * attention's f32 block products]); pack holds k * n floats when
- * trans_b. False, with nothing done, where the CPU lacks AVX-512: the
- * caller runs BLAS. */
+ * trans_b. AVX-512 from the avx512 level, AVX2 + FMA at avx2; false, with
+ * nothing done, below avx2: the caller runs BLAS. */
 bool fl_cpu_block_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                         float *c, int64_t ldc, float *pack);
