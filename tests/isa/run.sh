@@ -19,7 +19,7 @@ if [ ! -x "$EXE" ]; then
   exit 1
 fi
 
-SPECS=(gemm_library attention_bf16 fused linear elementwise binary backend_ops tensor autograd
+SPECS=(gemm_library attention_bf16 fused cpu_rows linear elementwise binary backend_ops tensor autograd
        nn_layers llama gpt2 t5 deepvit_golden hf_llama hf_gpt2 hf_t5 hf_generate lora optim accumulate)
 LEVELS=(avx2 avx512 avx512_bf16 amx)
 
