@@ -3,7 +3,9 @@
  * versions call where the CPU has it (fl_cpu_avx512, cpu_rows_avx512.h):
  * the f32 row loops of cpu_fused_rows.h (max, exp-and-sum, exp-affine)
  * and the same on bf16 rows (cross-entropy), RoPE, RMSNorm and LayerNorm
- * rows, and silu(gate) * up. Each keeps its generic version's arithmetic and
+ * rows, and silu(gate) * up. The row loops are written once over the
+ * vector width (cpu_rows_gen.h) and built here twice, 16 lanes and 8
+ * (AVX2 + FMA, for the avx2 level: fl_cpu_row_loops). Each keeps its generic version's arithmetic and
  * rounding, so results are the same bits (the specs compare them).
  *
  * Why by hand rather than GCC's AVX-512 clone of the same C: that clone
@@ -42,6 +44,7 @@
  * 4.8, as fast as with software prefetches added. The masked forms
  * below (and the row loops' parts, cpu_rows_gen.h) are taken only where
  * lanes are missing. */
+
 /* ---- the row loops at avx2: 8 lanes (cpu_rows_gen.h) ---------------------------- */
 
 #pragma GCC push_options
