@@ -1,6 +1,8 @@
 /*
  * cpu_block_gemm.c: the f32 products of attention's blocks
- * (cpu_attention_gen.h) on AVX-512 FMA, one thread each.
+ * (cpu_attention_gen.h) on AVX-512 or AVX2 FMA, one thread each: one
+ * kernel written over the vector width (cpu_block_gemm_gen.h), built
+ * twice.
  *
  * [Note: attention's f32 block products]
  * Attention multiplies a 64-row block of queries against one head's keys:
@@ -17,129 +19,84 @@
  * stored (a transposed B is first packed into rows by 16 x 16 register
  * transposes). Sums are f32 in k order; results agree with BLAS's to f32
  * rounding (tests/lua/fused_spec.lua's attention references, and
- * backend_ops_spec against the other backends). Elsewhere, and for f64,
- * BLAS runs them as before.
+ * backend_ops_spec against the other backends).
+ * At the avx2 level (AVX2 + FMA, e.g. AMD Zen 3) the same kernel runs 8
+ * lanes wide: 6 rows by 16 columns, 12 of the 16 ymm registers holding
+ * sums (the shape of BLIS's Haswell kernel), a transposed B packed by
+ * 8 x 8 transposes. There single-threaded OpenBLAS calls ran the small
+ * Llama's f32 attention at 40-60% of the sgemm rate. Below avx2, and for
+ * f64, BLAS runs them.
  */
 #include "cpu_rows_avx512.h"
 
 #if FL_ROWS_AVX512_BUILD
 
+/* Outside both target regions: included first inside one, the intrinsics
+ * would take that region's target and refuse to inline into the other. */
+#include <immintrin.h>
+
+/* ---- AVX-512: 16 lanes, slabs of 4 vectors (64 columns) ---- */
+#pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
-
 #include "cpu_avx512.h"
+#define W 16
+#define NV 4
+#define VEC __m512
+#define VECI __m512i
+#define MASK __mmask16
+#define MASK_OF(left) fl_lanes_below(0, left)
+#define ZERO() _mm512_setzero_ps()
+#define SET1(x) _mm512_set1_ps(x)
+#define LOAD(p) _mm512_loadu_ps(p)
+#define LOADM(m, p) _mm512_maskz_loadu_ps(m, p)
+#define STORE(p, x) _mm512_storeu_ps(p, x)
+#define STOREM(p, m, x) _mm512_mask_storeu_ps(p, m, x)
+#define FMADD(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define MUL(a, b) _mm512_mul_ps(a, b)
+#define STOREI(p, x) _mm512_storeu_si512(p, x)
+#define TRANSPOSE_LOAD(r, x, ld)                                                                   \
+    do {                                                                                           \
+        for (int i_ = 0; i_ < 16; i_++) r[i_] = _mm512_loadu_si512((x) + i_ * (ld));               \
+        fl_transpose16(r);                                                                         \
+    } while (0)
+#define FN(name) name##_avx512
+#include "cpu_block_gemm_gen.h"
+#pragma GCC pop_options
 
-/* R rows by V vectors of 16 columns of C = alpha A B + beta C, the last
- * vector masked by `last` when `tail`. A(r, k) is A[r * ar + k * ak]; B's
- * row k (the columns of this block) starts at B + k * ldb. R V sums stay
- * in registers over all of K. */
-static inline __attribute__((always_inline)) void
-block(int R, int V, bool tail, __mmask16 last, int64_t K, const float *A, int64_t ar, int64_t ak,
-      const float *B, int64_t ldb, float *C, int64_t ldc, float alpha, float beta) {
-    __m512 c[6][4];
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < V; v++) c[r][v] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        const float *b = B + k * ldb;
-        __m512 bv[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < V; v++)
-            bv[v] = tail && v == V - 1 ? _mm512_maskz_loadu_ps(last, b + 16 * v)
-                                       : _mm512_loadu_ps(b + 16 * v);
-#pragma GCC unroll 6
-        for (int r = 0; r < R; r++) {
-            __m512 a = _mm512_set1_ps(A[r * ar + k * ak]);
-#pragma GCC unroll 4
-            for (int v = 0; v < V; v++) c[r][v] = _mm512_fmadd_ps(a, bv[v], c[r][v]);
-        }
-    }
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < V; v++) {
-            float *p = C + r * ldc + 16 * v;
-            bool masked = tail && v == V - 1;
-            __m512 x = _mm512_mul_ps(va, c[r][v]);
-            if (beta != 0)
-                x = _mm512_fmadd_ps(
-                    vb, masked ? _mm512_maskz_loadu_ps(last, p) : _mm512_loadu_ps(p), x);
-            if (masked)
-                _mm512_mask_storeu_ps(p, last, x);
-            else
-                _mm512_storeu_ps(p, x);
-        }
-}
-
-/* R rows of a slab of at most 64 columns: four vectors, or what is left
- * (the last vector masked). */
-static inline __attribute__((always_inline)) void rows(int R, int64_t N, int64_t K, const float *A,
-                                                       int64_t ar, int64_t ak, const float *B,
-                                                       int64_t ldb, float *C, int64_t ldc,
-                                                       float alpha, float beta) {
-    __mmask16 last = fl_lanes_below(0, N - (N - 1) / 16 * 16);
-    switch ((N + 15) / 16) {
-    case 4:
-        if (last == 0xffff)
-            block(R, 4, false, last, K, A, ar, ak, B, ldb, C, ldc, alpha, beta);
-        else
-            block(R, 4, true, last, K, A, ar, ak, B, ldb, C, ldc, alpha, beta);
-        break;
-    case 3: block(R, 3, true, last, K, A, ar, ak, B, ldb, C, ldc, alpha, beta); break;
-    case 2: block(R, 2, true, last, K, A, ar, ak, B, ldb, C, ldc, alpha, beta); break;
-    case 1: block(R, 1, true, last, K, A, ar, ak, B, ldb, C, ldc, alpha, beta); break;
-    default: break;
-    }
-}
-
-/* Rows [0, m) of one slab, 6 at a time then the rest. */
-static void slab(int64_t m, int64_t N, int64_t K, const float *A, int64_t ar, int64_t ak,
-                 const float *B, int64_t ldb, float *C, int64_t ldc, float alpha, float beta) {
-    int64_t r = 0;
-    for (; r + 6 <= m; r += 6)
-        rows(6, N, K, A + r * ar, ar, ak, B, ldb, C + r * ldc, ldc, alpha, beta);
-    const float *ap = A + r * ar;
-    float *cp = C + r * ldc;
-    switch (m - r) {
-    case 5: rows(5, N, K, ap, ar, ak, B, ldb, cp, ldc, alpha, beta); break;
-    case 4: rows(4, N, K, ap, ar, ak, B, ldb, cp, ldc, alpha, beta); break;
-    case 3: rows(3, N, K, ap, ar, ak, B, ldb, cp, ldc, alpha, beta); break;
-    case 2: rows(2, N, K, ap, ar, ak, B, ldb, cp, ldc, alpha, beta); break;
-    case 1: rows(1, N, K, ap, ar, ak, B, ldb, cp, ldc, alpha, beta); break;
-    default: break;
-    }
-}
-
-/* X [n, k] (row stride ld) transposed into dst [k, n] (dense): 16 x 16
- * blocks through registers, the edges element by element. */
-static void pack_transposed(float *dst, const float *X, int64_t ld, int64_t n, int64_t k) {
-    int64_t n16 = n / 16 * 16, k16 = k / 16 * 16;
-    for (int64_t i0 = 0; i0 < n16; i0 += 16)
-        for (int64_t j0 = 0; j0 < k16; j0 += 16) {
-            __m512i r[16];
-            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(X + (i0 + i) * ld + j0);
-            fl_transpose16(r);
-            for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + (j0 + j) * n + i0, r[j]);
-        }
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t j = i < n16 ? k16 : 0; j < k; j++) dst[j * n + i] = X[i * ld + j];
-}
+/* ---- AVX2: 8 lanes, slabs of 2 vectors (16 columns) ---- */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#include "cpu_avx2.h"
+#define W 8
+#define NV 2
+#define VEC __m256
+#define VECI __m256
+#define MASK __m256i
+#define MASK_OF(left) fl_lanes_below8(left)
+#define ZERO() _mm256_setzero_ps()
+#define SET1(x) _mm256_set1_ps(x)
+#define LOAD(p) _mm256_loadu_ps(p)
+#define LOADM(m, p) _mm256_maskload_ps(p, m)
+#define STORE(p, x) _mm256_storeu_ps(p, x)
+#define STOREM(p, m, x) _mm256_maskstore_ps(p, m, x)
+#define FMADD(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define MUL(a, b) _mm256_mul_ps(a, b)
+#define STOREI(p, x) _mm256_storeu_ps(p, x)
+#define TRANSPOSE_LOAD(r, x, ld) fl_load_transposed8(r, x, ld)
+#define FN(name) name##_avx2
+#include "cpu_block_gemm_gen.h"
+#pragma GCC pop_options
 
 bool fl_cpu_block_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                         float *c, int64_t ldc, float *pack) {
-    if (!fl_cpu_avx512()) return false;
+    fl_cpu_isa isa = fl_cpu_isa_level();
+    if (isa < FL_CPU_ISA_AVX2) return false;
     if (m == 0 || n == 0) return true;
-    if (trans_b) { /* B [n, k] as stored: its rows become B's columns */
-        pack_transposed(pack, b, ldb, n, k);
-        b = pack, ldb = n;
-    }
-    int64_t ar = trans_a ? 1 : lda, ak = trans_a ? lda : 1;
-    /* Slab by slab of 64 columns, so that the slab's rows of B (k x 64)
-     * stay in L1 while every block of rows passes over them. */
-    for (int64_t n0 = 0; n0 < n; n0 += 64)
-        slab(m, n - n0 < 64 ? n - n0 : 64, k, a, ar, ak, b + n0, ldb, c + n0, ldc, alpha, beta);
+    if (isa >= FL_CPU_ISA_AVX512)
+        block_sgemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pack);
+    else
+        block_sgemm_avx2(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pack);
     return true;
 }
 

@@ -11,8 +11,9 @@
  * Not every includer uses every loop, hence `unused`.
  *
  * The f32 instantiation (FL_ROWS_F32 defined by the includer where
- * cpu_rows_avx512.c is built) hands each loop to its AVX-512 version
- * where the CPU has it.
+ * cpu_rows_avx512.c is built) hands each loop to its hand-written
+ * version at the level in force (fl_cpu_row_loops: AVX-512, or AVX2 +
+ * FMA at avx2), so the AVX2 clone runs only where those are not built.
  */
 
 #ifndef FL_FUSED_ROW
@@ -23,7 +24,8 @@
  * still reaches the result through exp(nan - max). */
 FL_FUSED_ROW static R FN(row_max)(const R *x, int64_t n) {
 #ifdef FL_ROWS_F32
-    if (fl_cpu_avx512()) return fl_avx512_row_max(x, n);
+    const fl_row_loops *loops = fl_cpu_row_loops();
+    if (loops) return loops->max(x, n);
 #endif
     R m = -INFINITY;
 #pragma omp simd reduction(max : m)
@@ -35,7 +37,8 @@ FL_FUSED_ROW static R FN(row_max)(const R *x, int64_t n) {
  * be x) unless dst is NULL. */
 FL_FUSED_ROW static R FN(row_exp)(R *dst, const R *x, int64_t n, R shift) {
 #ifdef FL_ROWS_F32
-    if (fl_cpu_avx512()) return fl_avx512_row_exp(dst, x, n, shift);
+    const fl_row_loops *loops = fl_cpu_row_loops();
+    if (loops) return loops->exp(dst, x, n, shift);
 #endif
     R sum = 0;
     if (dst) {
@@ -56,8 +59,9 @@ FL_FUSED_ROW static R FN(row_exp)(R *dst, const R *x, int64_t n, R shift) {
 FL_FUSED_ROW static void FN(row_exp_affine)(R *dst, const R *x, int64_t n, R shift, R a, R b,
                                                const R *c) {
 #ifdef FL_ROWS_F32
-    if (fl_cpu_avx512()) {
-        fl_avx512_row_exp_affine(dst, x, n, shift, a, b, c);
+    const fl_row_loops *loops = fl_cpu_row_loops();
+    if (loops) {
+        loops->exp_affine(dst, x, n, shift, a, b, c);
         return;
     }
 #endif

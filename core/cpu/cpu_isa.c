@@ -12,10 +12,11 @@
  * no level, is an error (fl_cpu_isa_check, which the host and
  * `require 'fsdp'` raise at start) and leaves the CPU's level.
  * What follows the level:
- * - our kernels: the AVX-512 row loops, attention's f32 block products
- *   and every other fl_cpu_avx512() caller (avx512 and up); bf16
- *   attention on dot products (avx512_bf16) or tiles (amx,
- *   cpu_attention_native.c); the AVX2 16x16 transposes (avx2);
+ * - our kernels: the AVX-512 row loops and every other fl_cpu_avx512()
+ *   caller (avx512 and up); bf16 attention on dot products (avx512_bf16)
+ *   or tiles (amx, cpu_attention_native.c); attention's f32 block
+ *   products (16 lanes from avx512, 8 at avx2, cpu_block_gemm.c); the
+ *   AVX2 16x16 transposes (avx2);
  * - oneDNN: capped with dnnl_set_max_cpu_isa before its engine exists
  *   (cpu_onednn.c), so it refuses what it cannot run at the level (bf16
  *   products below avx512 come back as reference kernels, which we never

@@ -21,7 +21,8 @@ static int FN(cross_entropy)(fl_tensor *rows_out, fl_tensor *lse, const fl_tenso
     int64_t cnt = 0, bad_row = -1, bad_value = 0;
     bool oom = false;
 #ifdef FL_ROWS_F32
-    bool bf16_rows = logits->dtype == FL_BF16 && xs == 1 && fl_cpu_avx512();
+    const fl_row_loops *loops = fl_cpu_row_loops();
+    bool bf16_rows = logits->dtype == FL_BF16 && xs == 1 && loops;
 #endif
 #pragma omp parallel if (rows * C >= FL_FUSED_PARALLEL_MIN) reduction(+ : tot, cnt)
     {
@@ -45,8 +46,8 @@ static int FN(cross_entropy)(fl_tensor *rows_out, fl_tensor *lse, const fl_tenso
             if (t != p->ignore_index && bf16_rows && smooth == 0) {
                 /* (cpu_rows_avx512.c: as on the row converted to f32) */
                 const uint16_t *xb = (const uint16_t *)fl_fused_lane(logits, dim, r);
-                R mx = fl_avx512_row_max_bf16(xb, C);
-                R l = mx + (R)log((double)fl_avx512_row_exp_sum_bf16(xb, C, mx));
+                R mx = loops->max_bf16(xb, C);
+                R l = mx + (R)log((double)loops->exp_sum_bf16(xb, C, mx));
                 loss = l - fl_load_f64((const char *)(xb + t), FL_BF16);
                 ls[r] = l;
                 tot += loss;
@@ -95,8 +96,8 @@ static int FN(cross_entropy_backward)(fl_tensor *dlogits, const fl_tensor *g_row
     size_t des = fl_dtype_size(dlogits->dtype);
     bool oom = false;
 #ifdef FL_ROWS_F32
-    bool bf16_rows =
-        logits->dtype == FL_BF16 && dlogits->dtype == FL_BF16 && xs == 1 && fl_cpu_avx512();
+    const fl_row_loops *loops = fl_cpu_row_loops();
+    bool bf16_rows = logits->dtype == FL_BF16 && dlogits->dtype == FL_BF16 && xs == 1 && loops;
 #endif
 #pragma omp parallel if (rows * C >= FL_FUSED_PARALLEL_MIN)
     {
@@ -111,9 +112,9 @@ static int FN(cross_entropy_backward)(fl_tensor *dlogits, const fl_tensor *g_row
             R gs = gr ? gr[r] : (R)g_scalar;
 #ifdef FL_ROWS_F32
             if (bf16_rows && t != p->ignore_index && t >= 0 && t < C) {
-                fl_avx512_row_exp_affine_bf16((uint16_t *)dp,
-                                              (const uint16_t *)fl_fused_lane(logits, dim, r), C,
-                                              ls[r], gs, -gs * off, t, gs * (1 - smooth));
+                loops->exp_affine_bf16((uint16_t *)dp,
+                                       (const uint16_t *)fl_fused_lane(logits, dim, r), C, ls[r],
+                                       gs, -gs * off, t, gs * (1 - smooth));
                 continue;
             }
 #endif

@@ -3,7 +3,9 @@
  * versions call where the CPU has it (fl_cpu_avx512, cpu_rows_avx512.h):
  * the f32 row loops of cpu_fused_rows.h (max, exp-and-sum, exp-affine)
  * and the same on bf16 rows (cross-entropy), RoPE, RMSNorm and LayerNorm
- * rows, and silu(gate) * up. Each keeps its generic version's arithmetic and
+ * rows, and silu(gate) * up. The row loops are written once over the
+ * vector width (cpu_rows_gen.h) and built here twice, 16 lanes and 8
+ * (AVX2 + FMA, for the avx2 level: fl_cpu_row_loops). Each keeps its generic version's arithmetic and
  * rounding, so results are the same bits (the specs compare them).
  *
  * Why by hand rather than GCC's AVX-512 clone of the same C: that clone
@@ -22,68 +24,92 @@
 
 #if FL_ROWS_AVX512_BUILD
 
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
 /* Products and sums rounded one by one, as in the baseline C they stand
  * in for (GCC would fuse a multiply and an add of intrinsics into one). */
 #pragma GCC optimize("fp-contract=off")
 
-#include "cpu_avx512.h"
-
+/* Outside the target regions: included first inside one, the intrinsics
+ * would take that region's target and refuse to inline into the other. */
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <string.h>
 
 /* [Note: masked loads stall the prefetcher]
- * Every loop here takes its tail with a mask, but only its tail: on the
+ * Every loop here takes its tail in part (a mask), but only its tail: on the
  * Zen 5 machine, rows read with masked loads throughout did not stream
  * (the hardware prefetcher did not follow them), and a bf16
  * cross-entropy over 1024 x 32000 logits took 6.9 ms forward and 9.0
  * backward; with plain loads and stores for the full vectors, 4.0 and
  * 4.8, as fast as with software prefetches added. The masked forms
- * below are taken only where lanes are missing. */
-static inline __m512 load_f32(const float *p, __mmask16 k, __m512 missing) {
-    return k == 0xffff ? _mm512_loadu_ps(p) : _mm512_mask_loadu_ps(missing, k, p);
+ * below (and the row loops' parts, cpu_rows_gen.h) are taken only where
+ * lanes are missing. */
+
+/* ---- the row loops at avx2: 8 lanes (cpu_rows_gen.h) ---------------------------- */
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#include "cpu_avx2.h"
+
+/* The tail of a row (left < 8 elements): AVX2 masks 32-bit lanes only,
+ * so bf16 tails go through a small buffer. */
+static inline __m256 avx2_load_part(const float *p, int64_t left, __m256 missing) {
+    __m256i k = fl_lanes_below8(left);
+    return _mm256_blendv_ps(missing, _mm256_maskload_ps(p, k), _mm256_castsi256_ps(k));
 }
 
-static inline void store_f32(float *p, __mmask16 k, __m512 x) {
-    if (k == 0xffff)
-        _mm512_storeu_ps(p, x);
-    else
-        _mm512_mask_storeu_ps(p, k, x);
+static inline __m256 avx2_load_bf16_part(const uint16_t *p, int64_t left) {
+    uint16_t t[8] = {0};
+    memcpy(t, p, (size_t)left * sizeof *t);
+    return fl_load_bf16x8(t);
 }
 
-float fl_avx512_row_max(const float *x, int64_t n) {
-    __m512 m = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < n; i += 16)
-        m = _mm512_max_ps(m, load_f32(x + i, fl_lanes_below(i, n), m));
-    return _mm512_reduce_max_ps(m);
+static inline void avx2_store_bf16_part(uint16_t *p, int64_t left, __m256 x) {
+    uint16_t t[8];
+    fl_store_bf16x8_exact(t, x);
+    memcpy(p, t, (size_t)left * sizeof *t);
 }
 
-float fl_avx512_row_exp(float *dst, const float *x, int64_t n, float shift) {
-    __m512 sum = _mm512_setzero_ps(), s = _mm512_set1_ps(shift);
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 k = fl_lanes_below(i, n);
-        __m512 e = _mm512_maskz_mov_ps(k, fl_exp16(_mm512_sub_ps(load_f32(x + i, k, s), s)));
-        if (dst) store_f32(dst + i, k, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    return _mm512_reduce_add_ps(sum);
+static inline __m256 avx2_sub_lane(__m256 y, int64_t lane, __m256 v) {
+    __m256i at = _mm256_cmpeq_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                    _mm256_set1_epi32((int)lane));
+    return _mm256_blendv_ps(y, _mm256_sub_ps(y, v), _mm256_castsi256_ps(at));
 }
 
-void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift, float a, float b,
-                              const float *c) {
-    __m512 s = _mm512_set1_ps(shift), va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 k = fl_lanes_below(i, n);
-        __m512 e = fl_exp16(_mm512_sub_ps(load_f32(x + i, k, s), s));
-        __m512 y = _mm512_fmadd_ps(va, e, vb);
-        if (c) y = _mm512_add_ps(y, load_f32(c + i, k, _mm512_setzero_ps()));
-        store_f32(dst + i, k, y);
-    }
-}
+#define W 8
+#define VEC __m256
+#define FN(name) fl_avx2_##name
+#define LOAD(p) _mm256_loadu_ps(p)
+#define STORE(p, x) _mm256_storeu_ps(p, x)
+#define LOAD_PART(p, left, missing) avx2_load_part(p, left, missing)
+#define STORE_PART(p, left, x) _mm256_maskstore_ps(p, fl_lanes_below8(left), x)
+#define KEEP(left, x) _mm256_and_ps(x, _mm256_castsi256_ps(fl_lanes_below8(left)))
+#define KEEP_OR(left, x, other)                                                                    \
+    _mm256_blendv_ps(other, x, _mm256_castsi256_ps(fl_lanes_below8(left)))
+#define LOAD_BF16(p) fl_load_bf16x8(p)
+#define LOAD_BF16_PART(p, left) avx2_load_bf16_part(p, left)
+#define STORE_BF16(p, x) fl_store_bf16x8_exact(p, x)
+#define STORE_BF16_PART(p, left, x) avx2_store_bf16_part(p, left, x)
+#define SUB_LANE(y, lane, v) avx2_sub_lane(y, lane, v)
+#define SET1(x) _mm256_set1_ps(x)
+#define ADD(a, b) _mm256_add_ps(a, b)
+#define SUB(a, b) _mm256_sub_ps(a, b)
+#define MAX(a, b) _mm256_max_ps(a, b)
+#define FMADD(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define EXP(x) fl_exp8(x)
+#define REDUCE_ADD(x) fl_reduce_add8(x)
+#define REDUCE_MAX(x) fl_reduce_max8(x)
+#include "cpu_rows_gen.h"
+#pragma GCC pop_options
 
-/* The same three loops on a row of bf16 values (cross-entropy's logits):
- * each lane converted exactly to f32, then the f32 loops' arithmetic, so
- * results are those of converting the row first. */
+/* ---- AVX-512: the row loops 16 lanes wide, and the rest of the file ---------------- */
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+
+#include "cpu_avx512.h"
+
+/* 16 bf16 (raw bits) as f32, the lanes outside k 0; and stored, rounded
+ * as fl_convert rounds, the lanes outside k left alone. */
 static inline __m512 load_bf16_masked(const uint16_t *p, __mmask16 k) {
     __m256i h =
         k == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(k, p);
@@ -98,35 +124,43 @@ static inline void store_bf16_masked(uint16_t *p, __mmask16 k, __m512 x) {
         _mm256_mask_storeu_epi16(p, k, h);
 }
 
-float fl_avx512_row_max_bf16(const uint16_t *x, int64_t n) {
-    __m512 m = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 k = fl_lanes_below(i, n);
-        m = _mm512_mask_max_ps(m, k, m, load_bf16_masked(x + i, k));
-    }
-    return _mm512_reduce_max_ps(m);
-}
+#define W 16
+#define VEC __m512
+#define FN(name) fl_avx512_##name
+#define LOAD(p) _mm512_loadu_ps(p)
+#define STORE(p, x) _mm512_storeu_ps(p, x)
+#define LOAD_PART(p, left, missing) _mm512_mask_loadu_ps(missing, fl_lanes_below(0, left), p)
+#define STORE_PART(p, left, x) _mm512_mask_storeu_ps(p, fl_lanes_below(0, left), x)
+#define KEEP(left, x) _mm512_maskz_mov_ps(fl_lanes_below(0, left), x)
+#define KEEP_OR(left, x, other) _mm512_mask_mov_ps(other, fl_lanes_below(0, left), x)
+#define LOAD_BF16(p) load_bf16_masked(p, 0xffff)
+#define LOAD_BF16_PART(p, left) load_bf16_masked(p, fl_lanes_below(0, left))
+#define STORE_BF16(p, x) store_bf16_masked(p, 0xffff, x)
+#define STORE_BF16_PART(p, left, x) store_bf16_masked(p, fl_lanes_below(0, left), x)
+#define SUB_LANE(y, lane, v) _mm512_mask_sub_ps(y, (__mmask16)(1u << (lane)), y, v)
+#define SET1(x) _mm512_set1_ps(x)
+#define ADD(a, b) _mm512_add_ps(a, b)
+#define SUB(a, b) _mm512_sub_ps(a, b)
+#define MAX(a, b) _mm512_max_ps(a, b)
+#define FMADD(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define EXP(x) fl_exp16(x)
+#define REDUCE_ADD(x) _mm512_reduce_add_ps(x)
+#define REDUCE_MAX(x) _mm512_reduce_max_ps(x)
+#include "cpu_rows_gen.h"
 
-float fl_avx512_row_exp_sum_bf16(const uint16_t *x, int64_t n, float shift) {
-    __m512 sum = _mm512_setzero_ps(), s = _mm512_set1_ps(shift);
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 k = fl_lanes_below(i, n);
-        __m512 e = _mm512_maskz_mov_ps(k, fl_exp16(_mm512_sub_ps(load_bf16_masked(x + i, k), s)));
-        sum = _mm512_add_ps(sum, e);
-    }
-    return _mm512_reduce_add_ps(sum);
-}
+/* The row loops at the level in force. */
+static const fl_row_loops avx512_loops = {
+    fl_avx512_row_max,      fl_avx512_row_exp,        fl_avx512_row_exp_affine,
+    fl_avx512_row_max_bf16, fl_avx512_row_exp_sum_bf16, fl_avx512_row_exp_affine_bf16,
+};
+static const fl_row_loops avx2_loops = {
+    fl_avx2_row_max,      fl_avx2_row_exp,        fl_avx2_row_exp_affine,
+    fl_avx2_row_max_bf16, fl_avx2_row_exp_sum_bf16, fl_avx2_row_exp_affine_bf16,
+};
 
-void fl_avx512_row_exp_affine_bf16(uint16_t *dst, const uint16_t *x, int64_t n, float shift,
-                                   float a, float b, int64_t at, float minus) {
-    __m512 s = _mm512_set1_ps(shift), va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 k = fl_lanes_below(i, n);
-        __m512 y = _mm512_fmadd_ps(va, fl_exp16(_mm512_sub_ps(load_bf16_masked(x + i, k), s)), vb);
-        if (at >= i && at < i + 16)
-            y = _mm512_mask_sub_ps(y, (__mmask16)(1u << (at - i)), y, _mm512_set1_ps(minus));
-        store_bf16_masked(dst + i, k, y);
-    }
+const fl_row_loops *fl_cpu_row_loops(void) {
+    fl_cpu_isa isa = fl_cpu_isa_level();
+    return isa >= FL_CPU_ISA_AVX512 ? &avx512_loops : isa >= FL_CPU_ISA_AVX2 ? &avx2_loops : NULL;
 }
 
 /* f32 or bf16 (rounded as fl_convert rounds), 16 at a time. */

@@ -1,7 +1,7 @@
 /*
  * cpu_rows_avx512.h: the hand-written AVX-512 kernels of
- * cpu_rows_avx512.c (fused row loops, RoPE, RMSNorm, silu * up, bf16
- * rows of cross-entropy), attention's f32 block products
+ * cpu_rows_avx512.c (fused row loops, also 8 lanes wide for the avx2
+ * level; RoPE, RMSNorm, silu * up, bf16 rows of cross-entropy), attention's f32 block products
  * (cpu_block_gemm.c) and fl_cpu_avx512(), the run-time check every caller
  * makes first (the level in force, cpu_isa.c): the binary runs on any
  * x86-64.
@@ -16,18 +16,25 @@
 /* Whether the AVX-512 kernels may run: the level in force ([Note: CPU ISA
  * levels], cpu_isa.c) is avx512 or higher. */
 static inline bool fl_cpu_avx512(void) { return fl_cpu_isa_level() >= FL_CPU_ISA_AVX512; }
-float fl_avx512_row_max(const float *x, int64_t n);
-float fl_avx512_row_exp(float *dst, const float *x, int64_t n, float shift);
-void fl_avx512_row_exp_affine(float *dst, const float *x, int64_t n, float shift, float a, float b,
-                              const float *c);
-/* The same on a dense row of bf16 (bits), results as on the row converted
- * to f32 first; the exp-sum only sums, and the exp-affine one stores
- * bf16 (rounded as fl_convert rounds) after subtracting `minus` from
- * element `at` (cross-entropy's target; at < 0: none). */
-float fl_avx512_row_max_bf16(const uint16_t *x, int64_t n);
-float fl_avx512_row_exp_sum_bf16(const uint16_t *x, int64_t n, float shift);
-void fl_avx512_row_exp_affine_bf16(uint16_t *dst, const uint16_t *x, int64_t n, float shift,
-                                   float a, float b, int64_t at, float minus);
+/* The row loops of cpu_fused_rows.h (max, exp-and-sum, exp-affine) on
+ * dense f32 rows, and on dense rows of bf16 (bits; cross-entropy's
+ * logits), results as on the row converted to f32 first: the exp-sum
+ * only sums, and the exp-affine one stores bf16 (rounded as fl_convert
+ * rounds) after subtracting `minus` from element `at` (cross-entropy's
+ * target; at < 0: none). Written once over the vector width
+ * (cpu_rows_gen.h): 16 lanes from the avx512 level, 8 at avx2. */
+typedef struct fl_row_loops {
+    float (*max)(const float *x, int64_t n);
+    float (*exp)(float *dst, const float *x, int64_t n, float shift);
+    void (*exp_affine)(float *dst, const float *x, int64_t n, float shift, float a, float b,
+                       const float *c);
+    float (*max_bf16)(const uint16_t *x, int64_t n);
+    float (*exp_sum_bf16)(const uint16_t *x, int64_t n, float shift);
+    void (*exp_affine_bf16)(uint16_t *dst, const uint16_t *x, int64_t n, float shift, float a,
+                            float b, int64_t at, float minus);
+} fl_row_loops;
+/* Those of the level in force, or NULL below avx2 (the C loops run). */
+const fl_row_loops *fl_cpu_row_loops(void);
 /* silu(a) * b and its gradients on dense bf16 (bits), the arithmetic of
  * cpu_unary.c's vector path with glibc's vector expf: its bits in the
  * release build. ga or gb may be NULL. */
@@ -64,13 +71,15 @@ void fl_avx512_layer_norm_backward_row(void *dx, bool dxbf, const void *x, bool 
 #else
 #define FL_ROWS_AVX512_BUILD 0
 static inline bool fl_cpu_avx512(void) { return false; }
+typedef struct fl_row_loops fl_row_loops;
+static inline const fl_row_loops *fl_cpu_row_loops(void) { return NULL; }
 #endif
 
 /* C = alpha op(A) op(B) + beta C in f32 on one thread, fl_cpu_sgemm's
  * arguments, for attention's block products (cpu_block_gemm.c, [Note:
  * attention's f32 block products]); pack holds k * n floats when
- * trans_b. False, with nothing done, where the CPU lacks AVX-512: the
- * caller runs BLAS. */
+ * trans_b. AVX-512 from the avx512 level, AVX2 + FMA at avx2; false, with
+ * nothing done, below avx2: the caller runs BLAS. */
 bool fl_cpu_block_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                         float *c, int64_t ldc, float *pack);
