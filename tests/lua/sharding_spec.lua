@@ -142,6 +142,20 @@ describe('fsdp.shard on one rank', function()
     assert.equals(1024, q:numel())
   end)
 
+  it('says why an op failed on a unit that was not gathered: forward() called past the module call', function()
+    local m = llama.CausalLM(llama.config('tiny', { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 48,
+      vocab_size = 64 }), { device = 'meta' })
+    fsdp.shard(m, { policy = fsdp.policy.transformer { llama.DecoderLayer }, seed = 1 })
+    local ids = fsdp.randint(0, 64, { 2, 8 }, { seed = 1 })
+    local ok, err = pcall(function() return m:forward(ids) end)
+    assert.is_false(ok)
+    assert.matches("in model%.embed_tokens: .*embedding: weight must be 2%-d .*got shape %[2048%] %(its parameter "
+      .. "weight %[64, 32%] is not gathered: it holds this rank's 1%-d shard of sharded unit <root>, which is "
+      .. "gathered when a module is called, as model%(x%) or self%.block%(x%); calling forward%(%) directly "
+      .. "%(self:forward%(x%)%) skips that%)$", tostring(err))
+    assert.equals(64, m(ids).shape[3]) -- called as a module it runs
+  end)
+
   it('prints its units like FSDP', function()
     local s = tostring(sharded({ strategy = 'SHARD_GRAD_OP' }))
     assert.truthy(s:find('^FullyShardedDataParallel%(SHARD_GRAD_OP, 3 params'))

@@ -75,11 +75,22 @@ function Module:path()
   return table.concat(parts, '.')
 end
 
+-- Functions (module, message) -> text or nil that add to the error of a
+-- failed module call what a higher layer knows about its cause (fsdp.shard
+-- adds one: a parameter of a unit that was not gathered). Each text found
+-- is appended in parentheses.
+Module.error_hints = {}
+
 local function prefixed(self, err)
   if type(err) ~= 'string' or err == last_prefixed then return err end
   local path = self:path()
   if path == '' then path = class_name(self) end
-  last_prefixed = ('in %s: %s'):format(path, err)
+  local hints = {}
+  for _, hint in ipairs(Module.error_hints) do
+    local text = hint(self, err)
+    if text then hints[#hints + 1] = ' (' .. text .. ')' end
+  end
+  last_prefixed = ('in %s: %s%s'):format(path, err, table.concat(hints))
   return last_prefixed
 end
 

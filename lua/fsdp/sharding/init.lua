@@ -43,6 +43,24 @@ local State = require 'fsdp.sharding.hooks'
 local ffi, C = core.ffi, core.C
 
 local M = {}
+
+-- A module whose call failed while a parameter of its own is at rest (this
+-- rank's 1-d segment, [Note: what a parameter slot holds] in unit.lua):
+-- its unit was not gathered, which happens when forward() is called
+-- directly (self:forward(x)), past the hooks a module call runs. The
+-- op's own error ("linear: weight must be 2-d, got shape [960]") says
+-- what failed; this says why.
+table.insert(Module.error_hints, function(m)
+  for name, t in pairs(rawget(m, '_parameters') or {}) do
+    local unit = type(t) == 'table' and rawget(t, 'fsdp_unit')
+    local shape = unit and rawget(t, 'fsdp_shape')
+    if unit and shape then
+      return ("its parameter %s [%s] is not gathered: it holds this rank's 1-d shard of sharded unit %s, which is "
+        .. 'gathered when a module is called, as model(x) or self.block(x); calling forward() directly '
+        .. '(self:forward(x)) skips that'):format(name, table.concat(shape, ', '), unit:label())
+    end
+  end
+end)
 M.policy = require 'fsdp.sharding.policy'
 
 -- What fsdp.shard decides up front lives in layout.lua (shared with the
