@@ -415,18 +415,39 @@ static int json_doc(fl_reader *r, const char *s, int64_t off, int64_t line)
     return rc;
 }
 
+/* Blank lines between documents are skipped, but not without end: a run of
+ * them longer than the document limit (a compressed file of nothing but
+ * newlines expands to gigabytes) is refused as a document would be, so the
+ * reader never reads on for minutes without a document or a word. */
+static int blank_run(fl_reader *r, int64_t *run, int64_t *from_line, int64_t *from_off, int64_t line,
+                     int64_t off, size_t n)
+{
+    if (*run == 0) *from_line = line, *from_off = off;
+    *run += (int64_t)n + 1;
+    if (*run <= r->max_doc) return 0;
+    return FL_FAIL_M1(FL_ERR_IO, "%s: more than %lld bytes of blank lines from line %lld (byte %lld) without a "
+                   "document, past the reader's limit of %lld bytes (max_doc_bytes; --max_doc_bytes in the recipes)",
+                   r->path, (long long)r->max_doc, (long long)*from_line, (long long)*from_off,
+                   (long long)r->max_doc);
+}
+
 static int read_doc(fl_reader *r, const char **text, size_t *len)
 {
     char *s;
     size_t n;
     int64_t off;
     int st;
+    int64_t run = 0, run_line = 0, run_off = 0;
     r->doc_len = 0;
     if (r->json) {
         for (;;) {
             int64_t line = r->line;
             if (!next_line(r, &s, &n, &off, &st)) return st;
-            if (blank(s, n)) continue;
+            if (blank(s, n)) {
+                if (blank_run(r, &run, &run_line, &run_off, line, off, n)) return -1;
+                continue;
+            }
+            run = 0;
             /* a line the caller does not want is counted, not parsed */
             if (r->want && !r->want(r->want_arg, r->next_index)) {
                 r->next_index++;
@@ -455,6 +476,7 @@ static int read_doc(fl_reader *r, const char **text, size_t *len)
             }
             if (blank(s, n)) {
                 if (started) break;
+                if (blank_run(r, &run, &run_line, &run_off, line, off, n)) return -1;
                 continue;
             }
             size_t bad = utf8_bad((const unsigned char *)s, n);

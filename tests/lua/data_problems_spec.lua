@@ -97,6 +97,26 @@ describe('no silent data problems', function()
     has(out, ('data: %s/p.jsonl (train split): 1 of 2 sources longer than --source_len=8'):format(tmp))
   end)
 
+  it('a compressed file of nothing but blank lines (a gzip bomb): refused at the document limit, not read for minutes', function()
+    -- 64 MiB of newlines in ~64 KiB of gzip, then a document nobody reaches
+    local p = assert(io.popen(('gzip -c > %s'):format(T.quote(tmp .. '/blank.jsonl.gz')), 'w'))
+    local mib = string.rep('\n', 2 ^ 20)
+    for _ = 1, 64 do p:write(mib) end
+    p:write('{"text": "late"}\n')
+    p:close()
+    local t0 = require('fsdp.clock').now()
+    local out, rc = llama(('--data=%s/blank.jsonl.gz --max_doc_bytes=1048576'):format(tmp))
+    assert.is_not.equal(0, rc, out)
+    has(out, ('%s/blank.jsonl.gz: more than 1048576 bytes of blank lines from line 1 (byte 0) without a document, '
+      .. "past the reader's limit of 1048576 bytes"):format(tmp))
+    assert.is_true(require('fsdp.clock').now() - t0 < 60, 'refused late')
+    -- plain text paragraphs alike
+    write(tmp .. '/blank.txt', string.rep('\n', 3000) .. 'late\n')
+    out, rc = llama(('--data=%s/blank.txt --max_doc_bytes=1000'):format(tmp))
+    assert.is_not.equal(0, rc, out)
+    has(out, ('%s/blank.txt: more than 1000 bytes of blank lines from line 1 (byte 0)'):format(tmp))
+  end)
+
   it('invalid UTF-8', function()
     write(tmp .. '/bad.txt', 'fine text\n\ncaf\xC3\xA9 ok\nbad \xC3( here\n')
     local out, rc = tokenize(('--input=%s/bad.txt --output=%s/u1'):format(tmp, tmp))
