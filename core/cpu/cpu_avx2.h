@@ -34,8 +34,9 @@ static inline __attribute__((always_inline)) void fl_load_transposed8(__m256 r[8
     __m256 t[8];
     for (int i = 0; i < 4; i++)
         for (int h = 0; h < 2; h++) /* h: columns 4h ... 4h + 3 */
-            t[4 * h + i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(x + i * ld + 4 * h)),
-                                                _mm_loadu_ps(x + (i + 4) * ld + 4 * h), 1);
+            t[4 * h + i] =
+                _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(x + i * ld + 4 * h)),
+                                     _mm_loadu_ps(x + (i + 4) * ld + 4 * h), 1);
     /* t[4h + i]: row i's columns 4h..4h+3 (low) and row i + 4's (high) */
     for (int h = 0; h < 2; h++) {
         __m256 *q = t + 4 * h;

@@ -5,9 +5,10 @@
  * and VECI (a vector of floats, and the type the transpose takes), MASK
  * and MASK_OF(left) (the first `left` lanes), ZERO, SET1, LOAD, LOADM
  * (masked, missing lanes 0), STORE, STOREM, FMADD, MUL, STOREI,
- * TRANSPOSE_LOAD (W rows of W lanes, ld apart, loaded transposed) and FN (the names' suffix), inside
- * a `#pragma GCC target` region for that width; all are undefined at the
- * end, so the file is included once per width.
+ * TRANSPOSE_LOAD (W rows of W lanes, ld apart, loaded transposed) and FN
+ * (the names' suffix), inside a `#pragma GCC target` region for that
+ * width; all are undefined at the end, so the file is included once per
+ * width.
  */
 
 /* R rows by V vectors of W columns of C = alpha A B + beta C, the last

@@ -3,10 +3,13 @@
  * versions call where the CPU has it (fl_cpu_avx512, cpu_rows_avx512.h):
  * the f32 row loops of cpu_fused_rows.h (max, exp-and-sum, exp-affine)
  * and the same on bf16 rows (cross-entropy), RoPE, RMSNorm and LayerNorm
- * rows, and silu(gate) * up. The row loops are written once over the
- * vector width (cpu_rows_gen.h) and built here twice, 16 lanes and 8
- * (AVX2 + FMA, for the avx2 level: fl_cpu_row_loops). Each keeps its generic version's arithmetic and
- * rounding, so results are the same bits (the specs compare them).
+ * rows, and silu(gate) * up. Each keeps its generic version's arithmetic
+ * and rounding, so results are the same bits (the specs compare them).
+ * The row loops are written once over the vector width (cpu_rows_gen.h)
+ * and built here twice, 16 lanes and 8 (AVX2 + FMA, for the avx2 level:
+ * fl_cpu_row_loops); the 8-lane ones compute the AVX2 clone's exp bit
+ * for bit but sum in their own lanes (cpu_rows_spec checks them against
+ * f64).
  *
  * Why by hand rather than GCC's AVX-512 clone of the same C: that clone
  * was kept out after a sharded tiny Llama drifted further from one rank
