@@ -39,21 +39,24 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-enum { MAX_HELD = 16 };
-
+/* The locks this process holds: as many as it has file descriptors for
+ * (a long-lived process, a test runner or a sweep, saves into many
+ * directories; the table grows, and open() says when descriptors run
+ * out). */
 static struct held {
     int fd;
     int refs;
     dev_t dev;
     ino_t ino;
-} held[MAX_HELD];
-static int n_held;
+} *held;
+static int n_held, cap_held;
 
 static struct held *held_by_fd(int fd) {
     for (int i = 0; i < n_held; i++)
@@ -106,9 +109,14 @@ int fl_file_lock(const char *path, const char *note, char *holder, size_t holder
             }
         }
     }
-    if (n_held == MAX_HELD) {
-        fl_fail(FL_ERR_STATE, "%s: this process holds %d file locks already", path, MAX_HELD);
-        return FL_LOCK_FAILED;
+    if (n_held == cap_held) {
+        int cap = cap_held ? 2 * cap_held : 16;
+        struct held *grown = realloc(held, (size_t)cap * sizeof *held);
+        if (!grown) {
+            fl_fail(FL_ERR_OOM, "%s: no memory for the table of %d file locks", path, cap);
+            return FL_LOCK_FAILED;
+        }
+        held = grown, cap_held = cap;
     }
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {

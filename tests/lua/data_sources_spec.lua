@@ -89,7 +89,7 @@ describe('image sources', function()
   it('name broken raw files', function()
     local d = tmpdir()
     assert.error_matches(function() images.open(d, { channels = 1, image_size = 2, batch_size = 1 }) end,
-      'fsdp.data.images: cannot open .*train_images.u8')
+      'fsdp.data.images: .*train_images.u8: cannot open')
     write(d .. '/train_images.u8', ('x'):rep(10))
     assert.error_matches(function() images.open(d, { channels = 1, image_size = 2, batch_size = 1 }) end,
       'train_images.u8: 10 bytes is not a whole number of 1x2x2 images %(4 bytes each%)')
