@@ -143,7 +143,7 @@ local PROMPT_FILE_LIMIT = 16 * 2^20
 
 local function die(msg)
   io.stderr:write('fsdp-lua: ', msg, '\n')
-  os.exit(1)
+  os.exit(1, true) -- (the state closed: what Lua holds is freed, as a sanitizer checks)
 end
 
 -- The tokenizer first: a file it cannot read is refused before the model

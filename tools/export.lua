@@ -67,7 +67,7 @@ local model = pretrained.build(src, { device = 'cpu' })
 local loaded, why = pcall(pretrained.load, model, src)
 if not loaded then
   io.stderr:write('fsdp-lua: tools/export.lua: ', recipe.bare(why), '\n')
-  os.exit(1)
+  os.exit(1, true) -- (the state closed: the model's tensors are freed, as a sanitizer checks)
 end
 -- A LoRA run's checkpoint (adapters on its --init_from base): exported merged.
 local lora = require 'fsdp.lora'
@@ -78,7 +78,7 @@ local saved, written = pcall(hf.save_pretrained, model, out, {
 })
 if not saved then
   io.stderr:write('fsdp-lua: tools/export.lua: ', recipe.bare(written), '\n')
-  os.exit(1)
+  os.exit(1, true)
 end
 print(('export: %s, %d parameters -> %s (%d weight file%s, config.json) in %.2f s'):format(pretrained.describe(src),
   model:num_parameters(), out, #written, #written == 1 and '' or 's', clock.now() - t0))
