@@ -512,6 +512,9 @@ bool fl_cpu_mkl_available(const char **version, const char **why);
  * Haswell or Zen kernels on a CPU with AVX-512, as OPENBLAS_CORETYPE can
  * force), and the name of its kernels ([Note: GEMM libraries]). */
 bool fl_cpu_openblas_narrow(const char **core);
+/* Whether OpenBLAS runs one of its AVX-512 kernel sets (chosen when it
+ * loaded: fl_cpu_isa_openblas_coretype caps it below the avx512 level). */
+bool fl_cpu_openblas_wide(void);
 /* Whether oneDNN opened and runs AVX-512 kernels (avx512_core or later). */
 bool fl_cpu_onednn_wide(void);
 /* fl_cpu_sgemm on MKL when it takes the product (B as stored, at least

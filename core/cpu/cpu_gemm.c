@@ -74,24 +74,29 @@ void fl_cpu_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 /* ---- OpenBLAS's kernels ---------------------------------------------------------- */
 
 static pthread_once_t core_once = PTHREAD_ONCE_INIT;
-static bool core_narrow;
+static bool core_wide;
 static char core_name[32];
 
-/* OpenBLAS's kernel sets for AVX-512 (its DYNAMIC_ARCH names); any other
- * on a CPU with AVX-512 uses half its vector width. */
+/* Whether OpenBLAS loaded one of its kernel sets for AVX-512 (its
+ * DYNAMIC_ARCH names); any other on a CPU with AVX-512 uses half its
+ * vector width. */
 static void read_core(void) {
     static const char *const wide[] = {"skylakex", "cooperlake", "sapphirerapids"};
     const char *name = openblas_get_corename();
     snprintf(core_name, sizeof core_name, "%s", name ? name : "unknown");
-    core_narrow = fl_cpu_avx512();
-    for (size_t i = 0; core_narrow && i < sizeof wide / sizeof wide[0]; i++)
-        if (strcasecmp(core_name, wide[i]) == 0) core_narrow = false;
+    for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++)
+        if (strcasecmp(core_name, wide[i]) == 0) core_wide = true;
+}
+
+bool fl_cpu_openblas_wide(void) {
+    pthread_once(&core_once, read_core);
+    return core_wide;
 }
 
 bool fl_cpu_openblas_narrow(const char **core) {
     pthread_once(&core_once, read_core);
     if (core) *core = core_name;
-    return core_narrow;
+    return fl_cpu_avx512() && !core_wide;
 }
 
 /* ---- the choice -------------------------------------------------------------------- */

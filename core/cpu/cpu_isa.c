@@ -38,7 +38,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_X86 1
@@ -191,10 +190,5 @@ const char *fl_cpu_isa_openblas_coretype(void) {
      * level on such a CPU, its Haswell kernels (AVX2 + FMA) keep within
      * the cap. Where OpenBLAS already runs narrower kernels, nothing. */
     if (level >= FL_CPU_ISA_AVX512 || cpu_level < FL_CPU_ISA_AVX512) return NULL;
-    const char *core = NULL;
-    fl_cpu_openblas_narrow(&core);
-    static const char *const wide[] = {"skylakex", "cooperlake", "sapphirerapids"};
-    for (size_t i = 0; core && i < sizeof wide / sizeof wide[0]; i++)
-        if (strcasecmp(core, wide[i]) == 0) return "Haswell";
-    return NULL;
+    return fl_cpu_openblas_wide() ? "Haswell" : NULL;
 }

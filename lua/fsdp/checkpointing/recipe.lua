@@ -79,6 +79,20 @@ local function check(cfg)
   end
 end
 
+-- Stop every rank with `status` after rank 0 wrote msg as the one line
+-- (a collective: the launcher ends the job at the first rank that exits
+-- non-zero, so no rank exits before rank 0 has written).
+local function stop_all(msg, status)
+  if dist.rank() == 0 then
+    io.stdout:flush()
+    io.stderr:write('fsdp-lua: ', msg, '\n')
+    io.stderr:flush()
+  end
+  io.stdout:flush()
+  if dist.world_size() > 1 then dist.barrier() end
+  os.exit(status, true)
+end
+
 local locked = setmetatable({}, { __mode = 'k' }) -- the configs lock() has settled
 
 -- Take --checkpoint_dir for this job (collective: every rank calls it,
@@ -100,16 +114,7 @@ function M.lock(cfg)
       msg = msg .. '; this job stops without touching it: wait for that job to end, or give this one another '
         .. '--checkpoint_dir'
     end
-    if dist.rank() == 0 then
-      io.stdout:flush()
-      io.stderr:write('fsdp-lua: ', msg, '\n')
-      io.stderr:flush()
-    end
-    io.stdout:flush()
-    -- No rank exits before rank 0 has written: the launcher ends the job
-    -- at the first rank that exits non-zero.
-    if dist.world_size() > 1 then dist.barrier() end
-    os.exit(M.EXIT_LOCKED, true)
+    stop_all(msg, M.EXIT_LOCKED)
   end
   if info and info.taken_over then
     say('checkpoint: took over %s from a job that ended without releasing it (%s)', info.path, info.taken_over)
@@ -192,18 +197,11 @@ end
 -- COMPLETE and prunes nothing); every rank exits 1, as on an error, after
 -- rank 0 has written.
 local function save_failed(cfg, err)
-  if dist.rank() == 0 then
-    local msg = tostring(err):gsub('^[^%s:]+:%d+: ', ''):gsub('^checkpointing%.save: ', 'checkpoint: ')
-    local latest = ckpt.latest(cfg.checkpoint_dir)
-    msg = msg .. (latest and ('; the newest checkpoint is %s'):format(latest)
-      or ('; %s holds no complete checkpoint'):format(cfg.checkpoint_dir))
-    io.stdout:flush()
-    io.stderr:write('fsdp-lua: ', msg, '\n')
-    io.stderr:flush()
-  end
-  io.stdout:flush()
-  if dist.world_size() > 1 then dist.barrier() end
-  os.exit(1, true)
+  local msg = tostring(err):gsub('^[^%s:]+:%d+: ', ''):gsub('^checkpointing%.save: ', 'checkpoint: ')
+  local latest = ckpt.latest(cfg.checkpoint_dir)
+  msg = msg .. (latest and ('; the newest checkpoint is %s'):format(latest)
+    or ('; %s holds no complete checkpoint'):format(cfg.checkpoint_dir))
+  stop_all(msg, 1)
 end
 
 -- Save when step is a multiple of --checkpoint_freq or the last step; then
