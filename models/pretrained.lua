@@ -45,7 +45,9 @@ local M = {}
 M.OPTIONS = {
   init_from = { '', 'start from these weights: a Hugging Face directory (its config.json sets the model), a sharded '
                     .. 'checkpoint (a checkpoint or step directory: weights only, a fresh optimizer, step 0) or a full '
-                    .. 'state dict .safetensors file', input = true },
+                    .. 'state dict .safetensors file; OWNER/NAME[@REVISION] that is no local path: its snapshot in the '
+                    .. 'Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub)', input = true,
+                hub = true },
   export_hf = { '', 'at the end, write the trained model as a Hugging Face directory here (config.json, safetensors, '
                     .. 'generation_config.json, the tokenizer files of --init_from)', output = 'dir' },
   export_max_shard_size = { '5GB', 'with --export_hf: the largest weight file; more go in numbered files and an index',
@@ -255,6 +257,16 @@ end
 function M.open(path, opts)
   opts = opts or {}
   local mode = files.mode(path)
+  -- OWNER/NAME[@REVISION] that is not a local path: the Hugging Face
+  -- cache's snapshot ([Note: the hub cache] in fsdp.data.hub); a local
+  -- directory of that name wins.
+  local hub = require 'fsdp.data.hub'
+  local hub_name
+  if not mode and hub.is_model_name(path) then
+    local ok, dir = pcall(hub.model_dir, path)
+    if not ok then fail('%s', bare(dir)) end
+    hub_name, path, mode = path, dir, files.mode(dir)
+  end
   local publish = require 'fsdp.io.publish'
   if not mode then fail('%s does not exist%s', path, publish.missing_hint(path)) end
   local src = { path = path }
@@ -344,6 +356,7 @@ function M.open(path, opts)
     check_shapes(src.family, src.config, shapes, path)
   end
   accepted(src.family, opts, src.where)
+  src.hub_name = hub_name
   if src.kind == 'hf' then
     src.token_ids = hf.token_ids(path)
     src.tokenizer_from = path
