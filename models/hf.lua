@@ -573,6 +573,20 @@ function M.token_ids(dir)
   return out
 end
 
+-- The dtype a Hugging Face directory's config.json says its weights are
+-- in (5.x dtype, else 4.x torch_dtype): 'f32', 'bf16', 'f16', or nil when
+-- it names none we read (or two that disagree).
+function M.source_dtype(dir)
+  local text = require('fsdp.io.files').read(dir .. '/config.json')
+  local h = text and json.decode(text)
+  if type(h) ~= 'table' then return nil end
+  local ours = {}
+  for k, v in pairs(DTYPE_NAMES) do ours[v] = k end
+  local a, b = ours[h.dtype], ours[h.torch_dtype]
+  if a and b and a ~= b then return nil end
+  return a or b
+end
+
 M.TOKEN_ID_KEYS = { 'bos_token_id', 'eos_token_id', 'pad_token_id', 'decoder_start_token_id' }
 
 -- The tokenizer files a model directory may hold (transformers' and
@@ -610,7 +624,9 @@ end
 -- known); tokenizer_from (a directory whose tokenizer files are copied);
 -- state (tensors by name to write instead of the model's parameters, in
 -- their dtype: a LoRA model's merged_state_dict; a sharded model's rank 0
--- holds them, the other ranks pass an empty table).
+-- holds them, the other ranks pass an empty table); dtype ('f32', 'bf16',
+-- 'f16': every tensor converted to it as it is written; default each
+-- tensor's own).
 -- dir is replaced as a whole, never written in place: it must be missing,
 -- empty or an earlier export of ours, and a crash leaves the old
 -- directory or the whole new one ([Note: exports are published whole] in
@@ -649,11 +665,19 @@ function M.save_pretrained(model, dir, opts)
       end
     end
   end
-  local dtype = order[1] and order[1][3]
+  -- [Note: export dtype] opts.dtype converts every tensor as it is
+  -- written; without it each keeps its own dtype (the model's: the
+  -- master dtype of a sharded one). config.json's dtype (5.x) and
+  -- torch_dtype (4.x) name what was written.
+  local dtype = opts.dtype and core.dtype_name(core.dtype(opts.dtype)) or order[1] and order[1][3]
+  if opts.dtype and not DTYPE_NAMES[dtype] then
+    core.fail(('hf: save_pretrained: dtype %s is not one a Hugging Face directory holds (f32, bf16, f16)')
+      :format(tostring(opts.dtype)))
+  end
   try(function()
     stage = publish.begin(dir, { what = 'save_pretrained' })
     local decls = {}
-    for i, e in ipairs(order) do decls[i] = { e[1], e[3], hf_shape(e[1], e[2]) } end
+    for i, e in ipairs(order) do decls[i] = { e[1], opts.dtype and dtype or e[3], hf_shape(e[1], e[2]) } end
     -- finite: an export never writes a NaN or infinity (the writer scans
     -- each tensor and names the first that holds one)
     w = st.stream_sharded(stage.dir, decls, { max_shard_size = opts.max_shard_size, checksum = true, id = stage.id,
@@ -662,6 +686,11 @@ function M.save_pretrained(model, dir, opts)
   local function put(name, t)
     try(function()
       local out = hf_tensor(name, t)
+      if opts.dtype and out.dtype ~= dtype then
+        local cast = out:to(dtype)
+        if out ~= t then out:free() end
+        out = cast
+      end
       w:write(name, out)
       if out ~= t then out:free() end
     end)

@@ -56,6 +56,11 @@ M.OPTIONS = {
                                 'export_max_shard_size')
                               if not ok then return (tostring(err):gsub('^.-export_max_shard_size ', '')) end
                             end },
+  -- [Note: export dtype] in models/hf.lua; auto: M.export_dtype.
+  export_dtype = { 'auto', 'with --export_hf: the dtype of the weights written: auto (the dtype the --init_from '
+                           .. "Hugging Face directory's config.json names, also through a checkpoint of a run that "
+                           .. 'started from one; else the trained parameters\' dtype, f32 in mixed precision), f32 or '
+                           .. 'bf16', one_of = { 'auto', 'f32', 'bf16' } },
   -- A LoRA run (--lora_rank, fsdp.lora) exports either form.
   export_lora = { 'merged', 'with --lora_rank: what --export_hf writes: merged (the adapters folded into the base '
                             .. 'weights: a plain Hugging Face model) or adapter (PEFT\'s adapter_config.json and '
@@ -604,8 +609,30 @@ end
 -- export needs from the --init_from source.
 function M.extra(model_name, family, config, src)
   return { model = model_name, family = family, config = config, init_from = src and src.path or nil,
+           init_from_dtype = src and M.source_dtype(src) or nil,
            init_from_fingerprint = src and M.fingerprint(src) or nil,
            token_ids = src and src.token_ids or nil, tokenizer_from = src and src.tokenizer_from or nil }
+end
+
+-- The dtype src's weights came in: an HF directory's config.json dtype
+-- (torch_dtype), or what a checkpoint recorded of the HF directory its run
+-- started from (M.extra); nil when unknown.
+function M.source_dtype(src)
+  if src.kind == 'hf' then return hf.source_dtype(src.path) end
+  local extra = src.index and type(src.index.extra) == 'table' and src.index.extra or {}
+  local d = extra.init_from_dtype
+  if d == 'f32' or d == 'bf16' or d == 'f16' then return d end
+  if src.base then return M.source_dtype(src.base) end
+  return nil
+end
+
+-- The dtype an export writes for --export_dtype `choice` ('auto', 'f32',
+-- 'bf16'; [Note: export dtype] in models/hf.lua): auto is src's
+-- (M.source_dtype), else nil (each parameter's own dtype: the trained
+-- master weights).
+function M.export_dtype(choice, src)
+  if choice == nil or choice == '' or choice == 'auto' then return src and M.source_dtype(src) or nil end
+  return choice
 end
 
 -- --export_hf: the trained model (sharded or not; collective) as a Hugging
@@ -629,9 +656,11 @@ function M.export(cfg, model, src)
       how = ' with the LoRA adapters merged'
       state = lora.merged_state_dict(model, { rank0_only = true })
     end
+    local dtype = M.export_dtype(cfg.export_dtype, src)
+    if dtype then how = how .. ' in ' .. dtype end
     ok, err = pcall(hf.save_pretrained, model, cfg.export_hf, {
       max_shard_size = cfg.export_max_shard_size, token_ids = src and src.token_ids,
-      tokenizer_from = src and src.tokenizer_from, state = state,
+      tokenizer_from = src and src.tokenizer_from, state = state, dtype = dtype,
     })
   end
   if not ok then fail('--export_hf %s: %s', cfg.export_hf, bare(err)) end

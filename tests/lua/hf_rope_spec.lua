@@ -117,8 +117,8 @@ describe('RoPE tables of every rope type against transformers', function()
     assert.matches('rope_parameters.long_factor entry 2 must be a finite number, got nan',
       err({ rope_parameters = lr }), 1, true)
     assert.matches('rope_scaling.factor (2) and rope_parameters.factor (4) disagree',
-      err({ rope_parameters = yarn, rope_scaling = { rope_type = 'yarn', factor = 2, original_max_position_embeddings = 8 } }),
-      1, true)
+      err({ rope_parameters = yarn,
+            rope_scaling = { rope_type = 'yarn', factor = 2, original_max_position_embeddings = 8 } }), 1, true)
     assert.matches('rope_scaling.rope_type ("linear") and rope_parameters.rope_type ("yarn") disagree',
       err({ rope_parameters = yarn, rope_scaling = { type = 'linear', factor = 4 } }), 1, true)
     assert.matches('partial_rotary_factor (0.5) and rope_parameters.partial_rotary_factor (0.25) disagree',
@@ -142,8 +142,8 @@ describe('RoPE tables of every rope type against transformers', function()
   end)
 
   it('builds tables on meta and refuses bad options in C with one line', function()
-    local cos = F.rope_tables(8, 16, { scaling = { rope_type = 'yarn', factor = 4, original_max_position_embeddings = 8 },
-                                      device = 'meta' })
+    local yarn = { rope_type = 'yarn', factor = 4, original_max_position_embeddings = 8 }
+    local cos = F.rope_tables(8, 16, { scaling = yarn, device = 'meta' })
     assert.same({ 8, 16 }, cos.shape)
     assert.error_matches(function()
       F.rope_tables(8, 16, { scaling = { rope_type = 'longrope', short_factor = { 1 }, long_factor = { 1 },

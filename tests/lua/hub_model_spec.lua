@@ -85,8 +85,8 @@ describe('--init_from=OWNER/NAME in the Hugging Face cache', function()
 
   it('lets a local directory of that name win', function()
     env({ HF_HUB_CACHE = cache })
-    assert(os.execute(('mkdir -p %s/tiny && cp -r %s %s/tiny/llama'):format(T.quote(tmp), T.quote(GOLDEN .. 'llama3_tiny'),
-      T.quote(tmp))) == 0)
+    assert(os.execute(('mkdir -p %s/tiny && cp -r %s %s/tiny/llama'):format(T.quote(tmp),
+      T.quote(GOLDEN .. 'llama3_tiny'), T.quote(tmp))) == 0)
     local here = lfs.currentdir()
     assert(lfs.chdir(tmp))
     local ok, src = pcall(pretrained.open, 'tiny/llama')
