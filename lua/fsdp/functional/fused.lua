@@ -106,6 +106,10 @@ end
 
 -- rotary embeddings ----------------------------------------------------------------
 
+-- transformers' rope types (fl_rope_scaling)
+local ROPE_TYPES = { default = 'FL_ROPE_DEFAULT', llama3 = 'FL_ROPE_LLAMA3', linear = 'FL_ROPE_LINEAR',
+                     dynamic = 'FL_ROPE_DYNAMIC', yarn = 'FL_ROPE_YARN', longrope = 'FL_ROPE_LONGROPE' }
+
 -- cos, sin tables [seq_len, head_dim] built as transformers builds them.
 -- opts: theta (1e4), scaling (nil, or a table with type or rope_type one
 -- of 'default', 'llama3', 'linear', 'dynamic', 'yarn', 'longrope' and
@@ -119,9 +123,6 @@ end
 -- frequencies serve, default seq_len), dtype and device (the defaults of
 -- fsdp). With partial_rotary_factor f the tables are [seq_len,
 -- floor(head_dim * f)] (the rotary part of the head, as transformers).
-local ROPE_TYPES = { default = 'FL_ROPE_DEFAULT', llama3 = 'FL_ROPE_LLAMA3', linear = 'FL_ROPE_LINEAR',
-                     dynamic = 'FL_ROPE_DYNAMIC', yarn = 'FL_ROPE_YARN', longrope = 'FL_ROPE_LONGROPE' }
-
 function M.rope_tables(seq_len, head_dim, opts)
   local name = 'rope_tables'
   opts = options(name, opts)
