@@ -40,6 +40,7 @@ local publish = require 'fsdp.io.publish'
 local suggest = require 'fsdp.suggest'
 local validate = require 'fsdp.validate'
 local llama = require 'models.llama'
+local hf_rope = require 'models.hf_rope'
 local t5 = require 'models.t5'
 local gpt2 = require 'models.gpt2'
 local lfs = require 'lfs'
@@ -174,78 +175,16 @@ local LLAMA = {
   -- LlamaConfig's defaults (ours differ: norm eps 1e-5, 4096 positions).
   defaults = { rms_norm_eps = 1e-6, max_position_embeddings = 2048, initializer_range = 0.02 },
   required = { hidden_act = 'silu', attention_bias = false, mlp_bias = false, attention_dropout = 0 },
-  special = set({ 'rope_theta', 'rope_scaling', 'rope_parameters' }),
+  special = set(hf_rope.KEYS),
   -- pretraining_tp > 1 splits the projections into slices summed in
   -- turn: the same products in another order.
   ignored = set({ 'pretraining_tp' }),
 }
 
-local LLAMA3_KEYS = { 'factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings' }
-
--- rope_theta and rope_scaling (ours: llama3 or none) from either layout:
--- 5.x rope_parameters (rope_theta inside), 4.x rope_theta + rope_scaling.
-local function llama_rope(where, h)
-  local params, legacy = h.rope_parameters, h.rope_scaling
-  if null(params) then params = nil end
-  if null(legacy) then legacy = nil end
-  for k, v in pairs({ rope_parameters = params, rope_scaling = legacy }) do
-    if type(v) ~= 'table' or (next(v) ~= nil and #v > 0) then
-      fail(where, '%s must be an object, got %s', k, show(v))
-    end
-  end
-  if params and legacy then
-    for _, k in ipairs({ 'rope_type', 'type', unpack(LLAMA3_KEYS) }) do
-      if legacy[k] ~= nil and params[k] ~= legacy[k] then
-        fail(where, 'rope_scaling.%s (%s) and rope_parameters.%s (%s) disagree', k, show(legacy[k]), k,
-          show(params[k]))
-      end
-    end
-  end
-  local p = params or legacy or {}
-  local where_p = params and 'rope_parameters' or 'rope_scaling'
-  local theta = h.rope_theta
-  if null(theta) then theta = nil end
-  if theta ~= nil and p.rope_theta ~= nil and theta ~= p.rope_theta then
-    fail(where, 'rope_theta (%s) and %s.rope_theta (%s) disagree', show(theta), where_p, show(p.rope_theta))
-  end
-  local theta_key = p.rope_theta ~= nil and where_p .. '.rope_theta' or 'rope_theta'
-  theta = p.rope_theta or theta or 1e4 -- transformers' default_theta
-  local why = validate.problem(theta, validate.POSITIVE)
-  if why then fail(where, '%s %s', theta_key, why) end
-  if p.rope_type ~= nil and p.type ~= nil and p.rope_type ~= p.type then
-    fail(where, '%s.rope_type (%s) and %s.type (%s) disagree', where_p, show(p.rope_type), where_p, show(p.type))
-  end
-  local kind = p.rope_type or p.type or 'default'
-  local allowed = set({ 'rope_type', 'type', 'rope_theta' })
-  local scaling
-  if kind == 'llama3' then
-    scaling = { rope_type = 'llama3' }
-    for _, k in ipairs(LLAMA3_KEYS) do
-      allowed[k] = true
-      scaling[k] = p[k]
-      local key = where_p .. '.' .. k
-      if k == 'original_max_position_embeddings' and scaling[k] == nil then
-        scaling[k] = h.max_position_embeddings -- transformers 5's default
-        key = 'max_position_embeddings'
-      end
-      if scaling[k] == nil then fail(where, "%s is missing (rope_type 'llama3' needs it)", key) end
-      local bad = validate.problem(scaling[k], k == 'original_max_position_embeddings' and validate.COUNT
-        or validate.POSITIVE)
-      if bad then fail(where, "%s %s", key, bad) end
-    end
-  elseif kind ~= 'default' then
-    fail(where, "%s.rope_type %s is not supported (default, llama3)", where_p, quote(kind))
-  end
-  for k in pairs(p) do
-    if not allowed[k] then fail(where, "unknown key '%s.%s' for rope_type '%s'", where_p, tostring(k), kind) end
-  end
-  return theta, scaling
-end
-
 local function llama_from_hf(h, overrides, where, has_lm_head)
   check_keys(where, h, LLAMA)
   local c = copy_fields(h, LLAMA)
-  c.rope_theta, c.rope_scaling = llama_rope(where, h)
+  c.rope_theta, c.rope_scaling = hf_rope.from_hf(where, h, fail)
   -- LlamaConfig's default is untied; a head the file holds stays untied
   -- (transformers 5 unties it too).
   c.tied = (c.tied or false) and not has_lm_head
@@ -254,27 +193,17 @@ end
 
 local function llama_to_hf(c)
   local F = json.float
-  local scaling = json.null
-  local params = { rope_type = 'default', rope_theta = F(c.rope_theta) }
-  if c.rope_scaling then
-    scaling = { rope_type = 'llama3' }
-    for _, k in ipairs(LLAMA3_KEYS) do
-      local v = c.rope_scaling[k]
-      if k ~= 'original_max_position_embeddings' then v = F(v) end
-      scaling[k], params[k] = v, v
-    end
-    params.rope_type = 'llama3'
-  end
-  return {
+  local h = {
     architectures = { 'LlamaForCausalLM' }, model_type = 'llama', hidden_act = 'silu',
     hidden_size = c.dim, num_hidden_layers = c.n_layers, num_attention_heads = c.n_heads,
     num_key_value_heads = c.n_kv_heads, head_dim = c.head_dim, intermediate_size = c.ffn_dim,
     vocab_size = c.vocab_size, rms_norm_eps = F(c.norm_eps), tie_word_embeddings = c.tied,
     max_position_embeddings = c.max_seq_len, initializer_range = F(c.init_std), attention_bias = false,
     mlp_bias = false, attention_dropout = F(0),
-    -- Both layouts: 4.x reads rope_theta/rope_scaling, 5.x rope_parameters.
-    rope_theta = F(c.rope_theta), rope_scaling = scaling, rope_parameters = params,
   }
+  -- Both layouts: 4.x reads rope_theta/rope_scaling, 5.x rope_parameters.
+  for k, v in pairs(hf_rope.to_hf(c.rope_theta, c.rope_scaling)) do h[k] = v end
+  return h
 end
 
 -- T5 -------------------------------------------------------------------------------------
@@ -644,6 +573,20 @@ function M.token_ids(dir)
   return out
 end
 
+-- The dtype a Hugging Face directory's config.json says its weights are
+-- in (5.x dtype, else 4.x torch_dtype): 'f32', 'bf16', 'f16', or nil when
+-- it names none we read (or two that disagree).
+function M.source_dtype(dir)
+  local text = require('fsdp.io.files').read(dir .. '/config.json')
+  local h = text and json.decode(text)
+  if type(h) ~= 'table' then return nil end
+  local ours = {}
+  for k, v in pairs(DTYPE_NAMES) do ours[v] = k end
+  local a, b = ours[h.dtype], ours[h.torch_dtype]
+  if a and b and a ~= b then return nil end
+  return a or b
+end
+
 M.TOKEN_ID_KEYS = { 'bos_token_id', 'eos_token_id', 'pad_token_id', 'decoder_start_token_id' }
 
 -- The tokenizer files a model directory may hold (transformers' and
@@ -681,7 +624,9 @@ end
 -- known); tokenizer_from (a directory whose tokenizer files are copied);
 -- state (tensors by name to write instead of the model's parameters, in
 -- their dtype: a LoRA model's merged_state_dict; a sharded model's rank 0
--- holds them, the other ranks pass an empty table).
+-- holds them, the other ranks pass an empty table); dtype ('f32', 'bf16',
+-- 'f16': every tensor converted to it as it is written; default each
+-- tensor's own).
 -- dir is replaced as a whole, never written in place: it must be missing,
 -- empty or an earlier export of ours, and a crash leaves the old
 -- directory or the whole new one ([Note: exports are published whole] in
@@ -720,11 +665,19 @@ function M.save_pretrained(model, dir, opts)
       end
     end
   end
-  local dtype = order[1] and order[1][3]
+  -- [Note: export dtype] opts.dtype converts every tensor as it is
+  -- written; without it each keeps its own dtype (the model's: the
+  -- master dtype of a sharded one). config.json's dtype (5.x) and
+  -- torch_dtype (4.x) name what was written.
+  local dtype = opts.dtype and core.dtype_name(core.dtype(opts.dtype)) or order[1] and order[1][3]
+  if opts.dtype and not DTYPE_NAMES[dtype] then
+    core.fail(('hf: save_pretrained: dtype %s is not one a Hugging Face directory holds (f32, bf16, f16)')
+      :format(tostring(opts.dtype)))
+  end
   try(function()
     stage = publish.begin(dir, { what = 'save_pretrained' })
     local decls = {}
-    for i, e in ipairs(order) do decls[i] = { e[1], e[3], hf_shape(e[1], e[2]) } end
+    for i, e in ipairs(order) do decls[i] = { e[1], opts.dtype and dtype or e[3], hf_shape(e[1], e[2]) } end
     -- finite: an export never writes a NaN or infinity (the writer scans
     -- each tensor and names the first that holds one)
     w = st.stream_sharded(stage.dir, decls, { max_shard_size = opts.max_shard_size, checksum = true, id = stage.id,
@@ -733,6 +686,11 @@ function M.save_pretrained(model, dir, opts)
   local function put(name, t)
     try(function()
       local out = hf_tensor(name, t)
+      if opts.dtype and out.dtype ~= dtype then
+        local cast = out:to(dtype)
+        if out ~= t then out:free() end
+        out = cast
+      end
       w:write(name, out)
       if out ~= t then out:free() end
     end)

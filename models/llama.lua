@@ -11,8 +11,8 @@
 --   local loss = small:loss(ids, targets)
 --
 -- The math (MODELS.md): RMSNorm in fp32 cast back before the weight,
--- rotate-half RoPE (theta, optional llama3 frequency scaling), grouped-query
--- attention with a causal mask, SwiGLU MLP down(silu(gate(x)) * up(x)), no
+-- rotate-half RoPE (theta, transformers' rope scalings: models/hf_rope.lua),
+-- grouped-query attention with a causal mask, SwiGLU MLP down(silu(gate(x)) * up(x)), no
 -- biases, untied lm_head except where the config ties it to the embedding.
 local fsdp = require 'fsdp'
 local nn = require 'fsdp.nn'
@@ -86,14 +86,13 @@ function M.config(name_or_config, overrides)
            init_std = validate.NONNEGATIVE })
   local function need(ok, msg) if not ok then error('llama config: ' .. msg, 3) end end
   if c.rope_scaling ~= nil then
-    local s = c.rope_scaling
-    need(type(s) == 'table', 'rope_scaling must be a table, got ' .. validate.show(s))
-    -- (absent ones take F.rope_tables' defaults)
-    for _, k in ipairs({ 'factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings' }) do
-      local why = s[k] ~= nil and validate.problem(s[k], k == 'original_max_position_embeddings' and validate.COUNT
-        or validate.POSITIVE)
-      need(not why, ('rope_scaling.%s %s'):format(k, why))
-    end
+    -- transformers' rope types and their keys (models/hf_rope.lua); Llama
+    -- rotates whole heads (its apply_rotary_pos_emb has no partial path).
+    local why = require('models.hf_rope').check_scaling(c.rope_scaling)
+    need(not why, 'rope_scaling ' .. (why or ''):gsub('^%.', ''))
+    local prf = c.rope_scaling.partial_rotary_factor
+    need(prf == nil or prf == 1, ('rope_scaling.partial_rotary_factor %s: Llama rotates the whole head (1 only)')
+      :format(validate.show(prf)))
   end
   c.head_dim = c.head_dim or c.dim / c.n_heads
   need(c.head_dim == math.floor(c.head_dim), ('dim %d is not a multiple of n_heads %d'):format(c.dim, c.n_heads))
@@ -187,7 +186,9 @@ function Model:rope(T, like)
   local r = self._rope_cache[key]
   if not r then
     local c = self.config
+    -- (dynamic and longrope: frequencies for a forward of T positions)
     local cos, sin = F.rope_tables(T, c.head_dim, { theta = c.rope_theta, scaling = c.rope_scaling,
+                                                    max_position_embeddings = c.max_seq_len,
                                                     dtype = like.dtype, device = like.device })
     r = { cos = cos, sin = sin }
     self._rope_cache[key] = r

@@ -45,7 +45,9 @@ local M = {}
 M.OPTIONS = {
   init_from = { '', 'start from these weights: a Hugging Face directory (its config.json sets the model), a sharded '
                     .. 'checkpoint (a checkpoint or step directory: weights only, a fresh optimizer, step 0) or a full '
-                    .. 'state dict .safetensors file', input = true },
+                    .. 'state dict .safetensors file; OWNER/NAME[@REVISION] that is no local path: its snapshot in the '
+                    .. 'Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub)', input = true,
+                hub = true },
   export_hf = { '', 'at the end, write the trained model as a Hugging Face directory here (config.json, safetensors, '
                     .. 'generation_config.json, the tokenizer files of --init_from)', output = 'dir' },
   export_max_shard_size = { '5GB', 'with --export_hf: the largest weight file; more go in numbered files and an index',
@@ -54,6 +56,11 @@ M.OPTIONS = {
                                 'export_max_shard_size')
                               if not ok then return (tostring(err):gsub('^.-export_max_shard_size ', '')) end
                             end },
+  -- [Note: export dtype] in models/hf.lua; auto: M.export_dtype.
+  export_dtype = { 'auto', 'with --export_hf: the dtype of the weights written: auto (the dtype the --init_from '
+                           .. "Hugging Face directory's config.json names, also through a checkpoint of a run that "
+                           .. 'started from one; else the trained parameters\' dtype, f32 in mixed precision), f32 or '
+                           .. 'bf16', one_of = { 'auto', 'f32', 'bf16' } },
   -- A LoRA run (--lora_rank, fsdp.lora) exports either form.
   export_lora = { 'merged', 'with --lora_rank: what --export_hf writes: merged (the adapters folded into the base '
                             .. 'weights: a plain Hugging Face model) or adapter (PEFT\'s adapter_config.json and '
@@ -255,6 +262,16 @@ end
 function M.open(path, opts)
   opts = opts or {}
   local mode = files.mode(path)
+  -- OWNER/NAME[@REVISION] that is not a local path: the Hugging Face
+  -- cache's snapshot ([Note: the hub cache] in fsdp.data.hub); a local
+  -- directory of that name wins.
+  local hub = require 'fsdp.data.hub'
+  local hub_name
+  if not mode and hub.is_model_name(path) then
+    local ok, dir = pcall(hub.model_dir, path)
+    if not ok then fail('%s', bare(dir)) end
+    hub_name, path, mode = path, dir, files.mode(dir)
+  end
   local publish = require 'fsdp.io.publish'
   if not mode then fail('%s does not exist%s', path, publish.missing_hint(path)) end
   local src = { path = path }
@@ -344,6 +361,7 @@ function M.open(path, opts)
     check_shapes(src.family, src.config, shapes, path)
   end
   accepted(src.family, opts, src.where)
+  src.hub_name = hub_name
   if src.kind == 'hf' then
     src.token_ids = hf.token_ids(path)
     src.tokenizer_from = path
@@ -591,8 +609,30 @@ end
 -- export needs from the --init_from source.
 function M.extra(model_name, family, config, src)
   return { model = model_name, family = family, config = config, init_from = src and src.path or nil,
+           init_from_dtype = src and M.source_dtype(src) or nil,
            init_from_fingerprint = src and M.fingerprint(src) or nil,
            token_ids = src and src.token_ids or nil, tokenizer_from = src and src.tokenizer_from or nil }
+end
+
+-- The dtype src's weights came in: an HF directory's config.json dtype
+-- (torch_dtype), or what a checkpoint recorded of the HF directory its run
+-- started from (M.extra); nil when unknown.
+function M.source_dtype(src)
+  if src.kind == 'hf' then return hf.source_dtype(src.path) end
+  local extra = src.index and type(src.index.extra) == 'table' and src.index.extra or {}
+  local d = extra.init_from_dtype
+  if d == 'f32' or d == 'bf16' or d == 'f16' then return d end
+  if src.base then return M.source_dtype(src.base) end
+  return nil
+end
+
+-- The dtype an export writes for --export_dtype `choice` ('auto', 'f32',
+-- 'bf16'; [Note: export dtype] in models/hf.lua): auto is src's
+-- (M.source_dtype), else nil (each parameter's own dtype: the trained
+-- master weights).
+function M.export_dtype(choice, src)
+  if choice == nil or choice == '' or choice == 'auto' then return src and M.source_dtype(src) or nil end
+  return choice
 end
 
 -- --export_hf: the trained model (sharded or not; collective) as a Hugging
@@ -616,9 +656,11 @@ function M.export(cfg, model, src)
       how = ' with the LoRA adapters merged'
       state = lora.merged_state_dict(model, { rank0_only = true })
     end
+    local dtype = M.export_dtype(cfg.export_dtype, src)
+    if dtype then how = how .. ' in ' .. dtype end
     ok, err = pcall(hf.save_pretrained, model, cfg.export_hf, {
       max_shard_size = cfg.export_max_shard_size, token_ids = src and src.token_ids,
-      tokenizer_from = src and src.tokenizer_from, state = state,
+      tokenizer_from = src and src.tokenizer_from, state = state, dtype = dtype,
     })
   end
   if not ok then fail('--export_hf %s: %s', cfg.export_hf, bare(err)) end

@@ -2,7 +2,7 @@
 -- ranks) as a Hugging Face model directory, offline, in one process.
 --
 --   fsdp-lua tools/export.lua CHECKPOINT DIR
---   fsdp-lua tools/export.lua ckpt/step-000300 out/llama --max_shard_size=2GB
+--   fsdp-lua tools/export.lua ckpt/step-000300 out/llama --max_shard_size=2GB --export_dtype=bf16
 --
 -- CHECKPOINT is what --init_from takes (models/pretrained.lua): a checkpoint
 -- directory (its newest complete step), one step directory, or a full
@@ -34,6 +34,9 @@ local cfg, positional = recipe.config({
   num_heads = { 0, 'for checkpoints that do not record their config: attention heads', int = true, min = 0 },
   num_kv_heads = { 0, 'for checkpoints that do not record their config: key/value heads (0: from the weights)',
                    int = true, min = 0 },
+  export_dtype = { 'auto', "the dtype of the weights written: auto (what the checkpoint's run started from, as its "
+                           .. "Hugging Face directory's config.json named it; else the saved parameters' dtype), f32 "
+                           .. 'or bf16', one_of = { 'auto', 'f32', 'bf16' } },
   tokenizer_from = { '', 'copy the tokenizer files of this directory (default: the Hugging Face directory the run '
                          .. 'started from, when the checkpoint records one)', input = 'dir' },
 }, arg, 'tools/export.lua')
@@ -74,6 +77,7 @@ local lora = require 'fsdp.lora'
 if lora.config_of(model) then lora.merge(model) end
 local saved, written = pcall(hf.save_pretrained, model, out, {
   max_shard_size = cfg.max_shard_size, token_ids = src.token_ids,
+  dtype = pretrained.export_dtype(cfg.export_dtype, src),
   tokenizer_from = cfg.tokenizer_from ~= '' and cfg.tokenizer_from or src.tokenizer_from,
 })
 if not saved then

@@ -800,8 +800,10 @@ typedef enum fl_loss_reduction {
  * LAST dim), targets [...] i64 or i32 class indices; targets equal to
  * ignore_index (PyTorch: -100) contribute nothing; any other target
  * outside [0, C) is an error naming it. label_smoothing in [0, 1]. The
- * result is 0-d for mean/sum, the targets' shape for none, in the logits'
- * dtype. Saves only the per-row logsumexp for backward. */
+ * result is 0-d for mean/sum, the targets' shape for none, in the compute
+ * dtype (f32 for bf16/f16 logits, as transformers' upcast; no f32 copy of
+ * the logits is made); the gradient to the logits is in their dtype.
+ * Saves only the per-row logsumexp for backward. */
 FL_API fl_tensor *fl_cross_entropy(const fl_tensor *logits, const fl_tensor *targets,
                                    int64_t ignore_index, fl_loss_reduction reduction,
                                    double label_smoothing);
@@ -812,23 +814,45 @@ FL_API fl_tensor *fl_nll_loss(const fl_tensor *log_probs, const fl_tensor *targe
                               int64_t ignore_index, fl_loss_reduction reduction);
 
 /* Rotary position embeddings, Hugging Face's convention (rotate_half over
- * the two halves of the head dim). */
+ * the two halves of the head dim). The scalings are transformers' rope
+ * types (modeling_rope_utils.py), computed as it computes them. */
 typedef enum fl_rope_scaling {
-    FL_ROPE_DEFAULT = 0, /* inv_freq = 1 / theta^(2i/D) */
-    FL_ROPE_LLAMA3 = 1   /* Llama 3.1's frequency scaling (transformers' "llama3") */
+    FL_ROPE_DEFAULT = 0,  /* inv_freq = 1 / theta^(2i/D) */
+    FL_ROPE_LLAMA3 = 1,   /* Llama 3.1's frequency scaling (transformers' "llama3") */
+    FL_ROPE_LINEAR = 2,   /* inv_freq / factor */
+    FL_ROPE_DYNAMIC = 3,  /* dynamic NTK: theta grows with context_len past max_position_embeddings */
+    FL_ROPE_YARN = 4,     /* YaRN: a ramp between interpolated and extrapolated frequencies */
+    FL_ROPE_LONGROPE = 5  /* LongRoPE: per-frequency factors, short or long by context_len */
 } fl_rope_scaling;
 typedef struct fl_rope_options {
     double theta;             /* base: 1e4 (Llama 2), 5e5 (Llama 3) */
     int32_t scaling;          /* fl_rope_scaling */
-    double factor;            /* llama3: 8 (3.1), 32 (3.2) */
+    double factor;            /* llama3: 8 (3.1), 32 (3.2); linear, dynamic, yarn, longrope
+                                 (yarn, longrope: 0 = max_position_embeddings / original) */
     double low_freq_factor;   /* llama3: 1 */
     double high_freq_factor;  /* llama3: 4 */
-    double original_max_position_embeddings; /* llama3: 8192 */
+    double original_max_position_embeddings; /* llama3: 8192; yarn, longrope */
+    /* (fields below: zero means transformers' default) */
+    double max_position_embeddings; /* dynamic; yarn and longrope when factor is 0 */
+    double context_len;       /* dynamic, longrope: the sequence length the frequencies serve (the
+                                 forward's largest position + 1); 0 = the table's seq_len */
+    double attention_factor;  /* yarn, longrope: multiplies cos and sin; 0 = derived from factor */
+    double beta_fast;         /* yarn: 32 */
+    double beta_slow;         /* yarn: 1 */
+    double mscale;            /* yarn: with mscale_all_dim, derives attention_factor */
+    double mscale_all_dim;
+    int32_t no_truncate;      /* yarn: 1 = transformers' truncate: false (no floor/ceil) */
+    int64_t n_factors;        /* longrope: entries of short_factor and long_factor (head_dim / 2) */
+    const double *short_factor; /* longrope: used while context_len <= original_max_position_embeddings */
+    const double *long_factor;  /* longrope: used past it */
 } fl_rope_options;
 /* cos and sin tables [seq_len, head_dim] for positions 0 ... seq_len-1,
- * built as transformers builds them (f32 arithmetic, cat(freqs, freqs)),
- * then converted to dtype on device (meta: shapes only). opts NULL means
- * theta 1e4 without scaling. New references in *cos and *sin. */
+ * built as transformers builds them (f32 arithmetic, cat(freqs, freqs),
+ * times the attention factor of yarn and longrope), then converted to
+ * dtype on device (meta: shapes only). opts NULL means theta 1e4 without
+ * scaling. Partial rotary (partial_rotary_factor) is the caller's: pass
+ * the rotary dim int(head_dim * factor) as head_dim. New references in
+ * *cos and *sin. */
 FL_API int fl_rope_tables(int64_t seq_len, int64_t head_dim, const fl_rope_options *opts,
                           fl_dtype dtype, fl_device device, fl_tensor **cos, fl_tensor **sin);
 /* x * cos + rotate_half(x) * sin for x [..., T, D] (e.g. [B, H, T, D]).

@@ -18,6 +18,17 @@
  * against the uniform distribution: (1 - ls) * nll + ls * (lse - mean(x)).
  * A target outside [0, C) that is not ignore_index is an error naming it.
  *
+ * [Note: losses in f32] The cross-entropy is returned in the compute dtype,
+ * f32 for bf16 and f16 logits (f64 for f64), as transformers computes it
+ * (it upcasts the logits before the loss): a bf16 loss moves in steps of
+ * 1/32 near 5, so every logged and validation loss would be rounded. No
+ * f32 copy of the logits is made: the kernels read the bf16 logits and
+ * accumulate in f32 (the per-row logsumexp, the total in f64); the
+ * gradient to the logits stays in the logits' dtype, reading the f32
+ * incoming gradient. f32 and f64 runs are unchanged bit for bit.
+ * fl_nll_loss keeps its input's dtype (PyTorch's; its input is already
+ * log-probabilities the caller computed in the dtype it chose).
+ *
  * FLOPs: cross_entropy 4 per logit forward (max, subtract, exp, sum) and
  * 4 backward (subtract, exp, scale, subtract); nll_loss 1 per row each way.
  */
@@ -116,10 +127,10 @@ fl_tensor *fl_cross_entropy(const fl_tensor *logits, const fl_tensor *targets,
     const fl_tensor *both[2] = {logits, targets};
     bool no_storage = fl_fused_no_storage(2, both);
     int64_t rows = targets->numel;
-    fl_tensor *out = fl_fused_output(ndim, shape, logits->dtype, logits->device, no_storage);
-    fl_tensor *lse = out ? fl_fused_output(1, &rows, fl_fused_compute_dtype(logits->dtype),
-                                           logits->device, no_storage)
-                         : NULL;
+    /* [Note: losses in f32] the loss is in the compute dtype (f32 for bf16/f16 logits). */
+    fl_dtype loss_dtype = fl_fused_compute_dtype(logits->dtype);
+    fl_tensor *out = fl_fused_output(ndim, shape, loss_dtype, logits->device, no_storage);
+    fl_tensor *lse = out ? fl_fused_output(1, &rows, loss_dtype, logits->device, no_storage) : NULL;
     fl_tensor *tg = lse ? dense_targets(targets) : NULL;
     if (!tg) {
         fl_tensor_release(out);

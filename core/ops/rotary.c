@@ -1,7 +1,8 @@
 /*
  * rotary.c: rotary position embeddings in Hugging Face's convention: the
- * cos/sin tables (with Llama 3's frequency scaling) and their application
- * to queries and keys, forward and backward.
+ * cos/sin tables (with transformers' rope types: default, llama3, linear,
+ * dynamic NTK, yarn, longrope) and their application to queries and keys,
+ * forward and backward.
  *
  * Tables: inv_freq[i] = 1 / theta^(2i / D) for i < D/2, computed the way
  * transformers' _compute_default_rope_parameters and
@@ -12,8 +13,16 @@
  * but for the last-ulp differences of the f32 libm functions (cos, sin and
  * pow are evaluated in f64 and rounded). Then freqs[t, i] = t * inv_freq[i]
  * in f32, emb = cat(freqs, freqs) (HF builds from the two halves, not from
- * interleaved pairs), cos = cos(emb), sin = sin(emb), converted to the
- * requested dtype.
+ * interleaved pairs), cos = cos(emb) * a, sin = sin(emb) * a, converted to
+ * the requested dtype; a is the attention factor (yarn, longrope; else 1).
+ * The other types follow transformers' functions the same way (linear:
+ * inv_freq / factor; yarn: the f32 ramp between 1/pos and 1/(factor*pos)
+ * over correction dims computed in f64; longrope: 1/(ext[i] * pos) with
+ * f32 factors); dynamic NTK's longer-context base is f32 arithmetic
+ * because transformers' update computes it from a tensor length. The
+ * length-dependent types (dynamic, longrope) take the length from
+ * opts->context_len, else the table's length: a table serves one forward
+ * of that many positions, as transformers recomputes per forward.
  *
  * Application: y = x * cos + rotate_half(x) * sin with rotate_half(x) =
  * cat(-x[D/2:], x[:D/2]), one pass over x, f32 math (f64 for f64), result
@@ -31,16 +40,21 @@
 
 /* ---- tables ------------------------------------------------------------------ */
 
-/* inv_freq as transformers computes it, in f32 (see the file comment). */
-static void inverse_frequencies(int64_t half, int64_t dim, const fl_rope_options *o,
-                                float *inv) {
-    const float base = (float)o->theta;
-    for (int64_t i = 0; i < half; i++) {
-        float e = (float)(2 * i) / (float)dim;
-        float p = (float)pow((double)base, (double)e);
-        inv[i] = 1.0f / p;
-    }
-    if (o->scaling != FL_ROPE_LLAMA3) return;
+/* theta^(2i / D) in f32 as torch computes base ** (arange(0, D, 2).float() / D):
+ * the exponent divided in f32, the power rounded from f64 (torch's f32 pow
+ * is within an ulp of it). */
+static float power(float base, int64_t i, int64_t dim) {
+    float e = (float)(2 * i) / (float)dim;
+    return (float)pow((double)base, (double)e);
+}
+
+static void default_frequencies(int64_t half, int64_t dim, float base, float *inv) {
+    for (int64_t i = 0; i < half; i++) inv[i] = 1.0f / power(base, i, dim);
+}
+
+/* Llama 3.1: long wavelengths (low frequencies) are divided by the factor,
+ * short ones kept, the band between interpolated smoothly. */
+static void llama3_frequencies(int64_t half, const fl_rope_options *o, float *inv) {
     const float factor = (float)o->factor;
     const float low = (float)o->low_freq_factor;
     const float old_len = (float)o->original_max_position_embeddings;
@@ -50,8 +64,6 @@ static void inverse_frequencies(int64_t half, int64_t dim, const fl_rope_options
     const float band = (float)(o->high_freq_factor - o->low_freq_factor);
     for (int64_t i = 0; i < half; i++) {
         float wavelen = (1.0f / inv[i]) * two_pi;
-        /* Long wavelengths (low frequencies) are divided by the factor,
-         * short ones kept, the band between interpolated smoothly. */
         float scaled = wavelen > low_wavelen ? inv[i] / factor : inv[i];
         float smooth = ((1.0f / wavelen) * old_len - low) / band;
         float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
@@ -60,25 +72,182 @@ static void inverse_frequencies(int64_t half, int64_t dim, const fl_rope_options
     }
 }
 
-static int check_rope_options(const fl_rope_options *o) {
+/* Dynamic NTK past max_position_embeddings: transformers' update runs on a
+ * tensor sequence length, so the new base is f32 arithmetic:
+ * theta * ((factor * L / max) - (factor - 1)) ^ (D / (D - 2)). Within
+ * max_position_embeddings the frequencies are the default ones. */
+static void dynamic_frequencies(int64_t half, int64_t dim, const fl_rope_options *o, double len,
+                                float *inv) {
+    float base = (float)o->theta;
+    if (len > o->max_position_embeddings) {
+        float grown = (float)len * (float)o->factor / (float)o->max_position_embeddings -
+                      (float)(o->factor - 1);
+        float p = (float)pow((double)grown, (double)dim / (double)(dim - 2));
+        base = base * p;
+    }
+    default_frequencies(half, dim, base, inv);
+}
+
+static double yarn_mscale(double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
+/* The correction dim of YaRN (f64, as transformers' Python floats). */
+static double correction_dim(double rotations, int64_t dim, double base, double orig) {
+    return ((double)dim * log(orig / (rotations * 2 * M_PI))) / (2 * log(base));
+}
+
+/* YaRN: extrapolated frequencies for the high ones, interpolated (divided
+ * by the factor) for the low, a linear ramp between the correction dims. */
+static void yarn_frequencies(int64_t half, int64_t dim, const fl_rope_options *o, double factor,
+                             float *inv) {
+    const double base = o->theta, orig = o->original_max_position_embeddings;
+    double fast = o->beta_fast ? o->beta_fast : 32, slow = o->beta_slow ? o->beta_slow : 1;
+    double lo = correction_dim(fast, dim, base, orig), hi = correction_dim(slow, dim, base, orig);
+    if (!o->no_truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
+    lo = lo > 0 ? lo : 0;
+    hi = hi < (double)(dim - 1) ? hi : (double)(dim - 1);
+    if (lo == hi) hi += 0.001; /* (transformers' guard against a zero-width ramp) */
+    const float flo = (float)lo, width = (float)(hi - lo), ffactor = (float)factor;
+    for (int64_t i = 0; i < half; i++) {
+        float pos = power((float)base, i, dim);
+        float extrapolated = 1.0f / pos, interpolated = 1.0f / (ffactor * pos);
+        float ramp = ((float)i - flo) / width;
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        float keep = 1.0f - ramp; /* the share of the extrapolated frequency */
+        float a = interpolated * (1.0f - keep), b = extrapolated * keep;
+        inv[i] = a + b;
+    }
+}
+
+/* LongRoPE: 1 / (ext[i] * theta^(2i/D)) with the short factors up to the
+ * original length, the long ones past it. */
+static void longrope_frequencies(int64_t half, int64_t dim, const fl_rope_options *o, double len,
+                                 float *inv) {
+    const double *ext = len > o->original_max_position_embeddings ? o->long_factor : o->short_factor;
+    for (int64_t i = 0; i < half; i++)
+        inv[i] = 1.0f / ((float)ext[i] * power((float)o->theta, i, dim));
+}
+
+/* The factor of yarn and longrope: given, else max / original positions. */
+static double scale_factor(const fl_rope_options *o) {
+    return o->factor ? o->factor : o->max_position_embeddings / o->original_max_position_embeddings;
+}
+
+/* inv_freq as transformers computes it, in f32 (see the file comment), and
+ * the factor that multiplies cos and sin. */
+static void inverse_frequencies(int64_t half, int64_t dim, const fl_rope_options *o, double len,
+                                float *inv, double *attention) {
+    *attention = 1.0;
+    switch (o->scaling) {
+    case FL_ROPE_LLAMA3:
+        default_frequencies(half, dim, (float)o->theta, inv);
+        llama3_frequencies(half, o, inv);
+        return;
+    case FL_ROPE_LINEAR:
+        default_frequencies(half, dim, (float)o->theta, inv);
+        for (int64_t i = 0; i < half; i++) inv[i] = inv[i] / (float)o->factor;
+        return;
+    case FL_ROPE_DYNAMIC: dynamic_frequencies(half, dim, o, len, inv); return;
+    case FL_ROPE_YARN: {
+        double factor = scale_factor(o);
+        yarn_frequencies(half, dim, o, factor, inv);
+        if (o->attention_factor) *attention = o->attention_factor;
+        else if (o->mscale && o->mscale_all_dim)
+            *attention = yarn_mscale(factor, o->mscale) / yarn_mscale(factor, o->mscale_all_dim);
+        else *attention = yarn_mscale(factor, 1);
+        return;
+    }
+    case FL_ROPE_LONGROPE: {
+        double factor = scale_factor(o);
+        longrope_frequencies(half, dim, o, len, inv);
+        if (o->attention_factor) *attention = o->attention_factor;
+        else if (factor > 1)
+            *attention = sqrt(1 + log(factor) / log(o->original_max_position_embeddings));
+        return;
+    }
+    default: default_frequencies(half, dim, (float)o->theta, inv); return;
+    }
+}
+
+/* A finite number > 0 (or, where zero means a default, >= 0). */
+static bool positive(double v) { return v > 0 && isfinite(v); }
+static bool unset_or_positive(double v) { return v == 0 || positive(v); }
+
+static int check_rope_options(const fl_rope_options *o, int64_t head_dim) {
     const char *op = "rope_tables";
-    if (!(o->theta > 0) || !isfinite(o->theta))
+    static const char *names[] = {"default", "llama3", "linear", "dynamic", "yarn", "longrope"};
+    if (!positive(o->theta))
         return fl_fail(FL_ERR_ARG, "%s: theta must be a finite number > 0, got %g", op, o->theta);
-    if (o->scaling == FL_ROPE_DEFAULT) return FL_OK;
-    if (o->scaling != FL_ROPE_LLAMA3)
-        return fl_fail(FL_ERR_ARG, "%s: unknown scaling %d (default 0, llama3 1)", op,
-                       (int)o->scaling);
-    if (!(o->factor > 0) || !(o->low_freq_factor > 0) || !(o->high_freq_factor > 0) ||
-        !(o->original_max_position_embeddings > 0))
-        return fl_fail(FL_ERR_ARG, "%s: llama3 scaling needs factor (%g), low_freq_factor (%g), "
-                                   "high_freq_factor (%g) and original_max_position_embeddings "
-                                   "(%g) all > 0",
-                       op, o->factor, o->low_freq_factor, o->high_freq_factor,
-                       o->original_max_position_embeddings);
-    if (o->high_freq_factor == o->low_freq_factor)
-        return fl_fail(FL_ERR_ARG, "%s: llama3 scaling needs high_freq_factor != low_freq_factor "
-                                   "(both %g)",
-                       op, o->low_freq_factor);
+    if (o->scaling < FL_ROPE_DEFAULT || o->scaling > FL_ROPE_LONGROPE)
+        return fl_fail(FL_ERR_ARG, "%s: unknown scaling %d (default 0, llama3 1, linear 2, dynamic 3, "
+                                   "yarn 4, longrope 5)",
+                       op, (int)o->scaling);
+    const char *kind = names[o->scaling];
+    if (!(o->context_len >= 0) || !isfinite(o->context_len))
+        return fl_fail(FL_ERR_ARG, "%s: context_len must be >= 0, got %g", op, o->context_len);
+    switch (o->scaling) {
+    case FL_ROPE_DEFAULT: return FL_OK;
+    case FL_ROPE_LLAMA3:
+        if (!positive(o->factor) || !positive(o->low_freq_factor) || !positive(o->high_freq_factor) ||
+            !positive(o->original_max_position_embeddings))
+            return fl_fail(FL_ERR_ARG, "%s: llama3 scaling needs factor (%g), low_freq_factor (%g), "
+                                       "high_freq_factor (%g) and original_max_position_embeddings "
+                                       "(%g) all > 0",
+                           op, o->factor, o->low_freq_factor, o->high_freq_factor,
+                           o->original_max_position_embeddings);
+        if (o->high_freq_factor == o->low_freq_factor)
+            return fl_fail(FL_ERR_ARG, "%s: llama3 scaling needs high_freq_factor != low_freq_factor "
+                                       "(both %g)",
+                           op, o->low_freq_factor);
+        return FL_OK;
+    case FL_ROPE_LINEAR:
+        if (!positive(o->factor))
+            return fl_fail(FL_ERR_ARG, "%s: linear scaling needs factor > 0, got %g", op, o->factor);
+        return FL_OK;
+    case FL_ROPE_DYNAMIC:
+        if (!positive(o->factor) || !positive(o->max_position_embeddings))
+            return fl_fail(FL_ERR_ARG, "%s: dynamic scaling needs factor (%g) and "
+                                       "max_position_embeddings (%g) > 0",
+                           op, o->factor, o->max_position_embeddings);
+        if (head_dim <= 2)
+            return fl_fail(FL_ERR_ARG, "%s: dynamic scaling needs head_dim > 2, got %lld", op,
+                           (long long)head_dim);
+        return FL_OK;
+    default: break;
+    }
+    /* yarn, longrope */
+    if (!positive(o->original_max_position_embeddings) || !unset_or_positive(o->factor) ||
+        !unset_or_positive(o->attention_factor))
+        return fl_fail(FL_ERR_ARG, "%s: %s scaling needs original_max_position_embeddings (%g) > 0, "
+                                   "factor (%g) and attention_factor (%g) >= 0 (0: derived)",
+                       op, kind, o->original_max_position_embeddings, o->factor, o->attention_factor);
+    if (!o->factor && !positive(o->max_position_embeddings))
+        return fl_fail(FL_ERR_ARG, "%s: %s scaling without a factor needs max_position_embeddings > 0 "
+                                   "(the factor is max_position_embeddings / "
+                                   "original_max_position_embeddings), got %g",
+                       op, kind, o->max_position_embeddings);
+    if (o->scaling == FL_ROPE_YARN) {
+        if (!isfinite(o->beta_fast) || !isfinite(o->beta_slow) || !isfinite(o->mscale) ||
+            !isfinite(o->mscale_all_dim))
+            return fl_fail(FL_ERR_ARG, "%s: yarn's beta_fast, beta_slow, mscale and mscale_all_dim "
+                                       "must be finite",
+                           op);
+        return FL_OK;
+    }
+    if (o->n_factors != head_dim / 2 || !o->short_factor || !o->long_factor)
+        return fl_fail(FL_ERR_ARG, "%s: longrope scaling needs short_factor and long_factor of "
+                                   "head_dim / 2 = %lld entries each, got %lld",
+                       op, (long long)(head_dim / 2), (long long)o->n_factors);
+    for (int64_t i = 0; i < o->n_factors; i++) {
+        if (!positive(o->short_factor[i]) || !positive(o->long_factor[i]))
+            return fl_fail(FL_ERR_ARG, "%s: longrope factors must be finite numbers > 0, entry %lld "
+                                       "is %g (short) and %g (long)",
+                           op, (long long)i, o->short_factor[i], o->long_factor[i]);
+    }
     return FL_OK;
 }
 
@@ -97,7 +266,7 @@ int fl_rope_tables(int64_t seq_len, int64_t head_dim, const fl_rope_options *opt
     if (!fl_dtype_is_float(dtype))
         return fl_fail(FL_ERR_ARG, "%s: dtype must be a floating point type, got %s", op,
                        fl_dtype_name(dtype));
-    if (check_rope_options(o)) return fl_last_status();
+    if (check_rope_options(o, head_dim)) return fl_last_status();
     int64_t shape[2] = {seq_len, head_dim};
     int64_t n;
     if (fl_check_shape(op, 2, shape, &n)) return fl_last_status();
@@ -117,12 +286,16 @@ int fl_rope_tables(int64_t seq_len, int64_t head_dim, const fl_rope_options *opt
             return fl_fail(FL_ERR_OOM, "%s: out of host memory for [%lld, %lld] tables", op,
                            (long long)seq_len, (long long)head_dim);
         }
-        inverse_frequencies(half, head_dim, o, inv);
+        double attention;
+        double len = o->context_len > 0 ? o->context_len : (double)seq_len;
+        inverse_frequencies(half, head_dim, o, len, inv, &attention);
+        const float scale = (float)attention;
 #pragma omp parallel for schedule(static) if (n >= (1 << 16))
         for (int64_t t = 0; t < seq_len; t++) {
             for (int64_t i = 0; i < half; i++) {
                 float f = (float)t * inv[i];
-                float cv = (float)cos((double)f), sv = (float)sin((double)f);
+                /* (times 1 leaves the default tables' bits alone) */
+                float cv = (float)cos((double)f) * scale, sv = (float)sin((double)f) * scale;
                 c[t * head_dim + i] = c[t * head_dim + half + i] = cv;
                 s[t * head_dim + i] = s[t * head_dim + half + i] = sv;
             }

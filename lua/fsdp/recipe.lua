@@ -65,6 +65,8 @@ M.CONSTRAINTS = {
   input = "a path that must exist (true; 'file' or 'dir' to require that kind; 'glob': or a glob pattern, "
           .. 'which its reader expands), unless empty; a file must be a regular file (no FIFO, no device)',
   stdin = "with input = 'file': '-' means standard input",
+  hub = 'with input: a Hugging Face hub name OWNER/NAME[@REVISION] that is not a local path is looked up in the hub '
+        .. "cache instead (fsdp.data.hub's model_dir: a snapshot holding a config.json)",
   output = "'file': an output file whose directory is created and must be writable; 'dir': an output directory, the same",
   less_than = 'the value is < the named option\'s',
   at_most = 'the value is <= the named option\'s',
@@ -149,7 +151,10 @@ local function describe(d)
     local other = sorted_keys(d.values)
     parts[#parts + 1] = 'also ' .. table.concat(other, ', ')
   end
-  if d.input then parts[#parts + 1] = d.input == 'glob' and 'must exist, or a glob' or 'must exist' end
+  if d.input then
+    parts[#parts + 1] = d.input == 'glob' and 'must exist, or a glob' or d.hub and 'must exist, or be in the Hugging '
+      .. 'Face cache' or 'must exist'
+  end
   if d.output then parts[#parts + 1] = 'written' end
   if #parts == 0 then return '' end
   return ' [' .. table.concat(parts, '; ') .. ']'
@@ -412,6 +417,11 @@ local function path_problem(key, d, v)
   if d.input then
     if v == '-' and d.stdin then return end
     local m = mode(v)
+    if not m and d.hub and require('fsdp.data.hub').is_model_name(v) then
+      local ok, dir = pcall(require('fsdp.data.hub').model_dir, v)
+      if not ok then return tostring(dir) end
+      v, m = dir, mode(dir)
+    end
     if not m and not (d.input == 'glob' and v:find('[%*%?%[]')) then
       return ('%s does not exist%s'):format(v, require('fsdp.io.publish').missing_hint(v))
     end

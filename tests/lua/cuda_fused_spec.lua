@@ -258,6 +258,28 @@ describe('the fused CUDA kernels', function()
       { randn({ 6, 11 }, 52) }, 'f64 cross_entropy')
   end)
 
+  -- [Note: losses in f32] in core/ops/cross_entropy.c: on the GPU too,
+  -- bf16 logits give an f32 loss (the f64 loss of the bf16 values to a few
+  -- f32 ulps) and a bf16 gradient.
+  it('cross_entropy of bf16 logits is an f32 loss with a bf16 gradient', function()
+    local logits = (randn({ 64, 3000 }, 55) * 3):bfloat16()
+    local t = fsdp.randint(0, 3000, { 64 }, { seed = 56 })
+    t:narrow(0, 3, 2):fill_(-100)
+    for _, red in ipairs { 'mean', 'sum', 'none' } do
+      local x = logits:to('cuda:0'):requires_grad_()
+      local loss = F.cross_entropy(x, t:to('cuda:0'), { reduction = red })
+      assert.equals('f32', loss.dtype)
+      local ref = F.cross_entropy(logits:double(), t, { reduction = red })
+      local got, want = loss:cpu():double():contiguous():view(-1):tolist(), ref:contiguous():view(-1):tolist()
+      for i = 1, #want do
+        assert.is_true(math.abs(got[i] - want[i]) <= 4e-7 * math.max(1, math.abs(want[i])),
+          ('%s %d: %.9g vs f64 %.9g'):format(red, i, got[i], want[i]))
+      end
+      loss:sum():backward()
+      assert.equals('bf16', x.grad.dtype)
+    end
+  end)
+
   it('nll_loss, and the out-of-range target errors name the same row as the CPU', function()
     local lp, t = F.log_softmax(randn({ 9, 13 }, 53), -1), fsdp.randint(0, 13, { 9 }, { seed = 54 })
     compare(function(a, tg) return F.nll_loss(a, tg, { reduction = 'none' }) end, { lp, t }, 'f32', 'f32', 'nll_loss')

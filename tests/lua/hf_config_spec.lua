@@ -74,8 +74,8 @@ describe('Hugging Face config.json keys', function()
     assert.error_matches(function() hf.config_from_hf(with(l5, { attention_dropout = 0.1 })) end,
       'attention_dropout is 0.1')
     assert.error_matches(function()
-      hf.config_from_hf(with(l4, { rope_scaling = { rope_type = 'yarn', factor = 4 } }))
-    end, "rope_scaling.rope_type 'yarn' is not supported")
+      hf.config_from_hf(with(l4, { rope_scaling = { rope_type = 'su', factor = 4 } }))
+    end, 'rope_scaling.rope_type "su" is not supported %(default, linear, dynamic, yarn, longrope, llama3%)')
     assert.error_matches(function() hf.config_from_hf(with(t5v5, { feed_forward_proj = 'gated-silu' })) end,
       "feed_forward_proj 'gated%-silu' is not supported")
     assert.error_matches(function() hf.config_from_hf(with(g, { activation_function = 'relu' })) end,

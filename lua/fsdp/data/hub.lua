@@ -17,6 +17,7 @@
 --   local hub = require 'fsdp.data.hub'
 --   local d = hub.dataset('c4', 'en')     -- {train = glob, val = glob or nil, dir =}; error when absent
 --   local dir = hub.tokenizer_dir('hf-internal-testing/llama-tokenizer')   -- or error
+--   local dir = hub.model_dir('HuggingFaceTB/SmolLM2-135M@main')   -- --init_from's, or error
 local files = require 'fsdp.io.files'
 local quote = require 'fsdp.quote'
 
@@ -134,36 +135,80 @@ function M.hub_cache()
   return ((v and v ~= '') and v or home() .. '/.cache') .. '/huggingface/hub'
 end
 
--- Does `spec` look like a hub model name (OWNER/NAME, not a local path)?
--- A name ending like a tokenizer file (DIR/tokenizer.model, x/vocab.json)
--- is a path that is missing, not a model.
+-- Does `spec` look like a hub model name (OWNER/NAME or
+-- OWNER/NAME@REVISION, not a local path)? A name ending like a tokenizer
+-- file (DIR/tokenizer.model, x/vocab.json) is a path that is missing, not
+-- a model.
 function M.is_model_name(spec)
-  return type(spec) == 'string' and spec:match('^[%w][%w._-]*/[%w][%w._-]*$') ~= nil and files.mode(spec) == nil
-    and not spec:match('%.model$') and not spec:match('%.json$')
+  if type(spec) ~= 'string' or files.mode(spec) ~= nil then return false end
+  local repo = spec:match('^([^@]*)@[%w._/-]+$') or spec
+  return repo:match('^[%w][%w._-]*/[%w][%w._-]*$') ~= nil and not repo:match('%.model$')
+    and not repo:match('%.json$')
+end
+
+-- [Note: the hub cache] huggingface_hub's layout, which transformers,
+-- `hf download` and `huggingface-cli download` share:
+--   <cache>/models--OWNER--NAME/refs/<branch or tag>   (a file: the commit hash)
+--   <cache>/models--OWNER--NAME/snapshots/<hash>/...   (the files, symlinks into ../../blobs/)
+-- <cache> is $HF_HUB_CACHE, else $HF_HOME/hub, else
+-- ${XDG_CACHE_HOME:-~/.cache}/huggingface/hub. A revision (name@REV) is a
+-- branch or tag (refs/REV) or a commit hash (snapshots/REV); without one,
+-- refs/main. Nothing here downloads: a missing snapshot is an error with
+-- the command that fetches it.
+
+-- The snapshot directory of hub repo `spec` (OWNER/NAME[@REVISION]) for
+-- which holds(dir) is true, or nil; and the repo's cache directory, the
+-- repo name and the revision asked for (nil: the default). Without a
+-- revision and without refs/main, any snapshot that holds() (a cache
+-- filled by a download of a commit).
+function M.snapshot(spec, holds)
+  local name, rev = spec:match('^([^@]*)@(.+)$')
+  name = name or spec
+  local owner, repo = name:match('^([^/]+)/([^/]+)$')
+  local base = ('%s/models--%s--%s'):format(M.hub_cache(), owner or name, repo or '')
+  if rev and (rev:find('%.%.') or rev:find('^/')) then return nil, base, name, rev end
+  local function at(hash)
+    local dir = hash and base .. '/snapshots/' .. hash
+    if dir and not hash:find('/') and holds(dir) then return dir end
+  end
+  local ref = base .. '/refs/' .. (rev or 'main')
+  if files.is_file(ref) then
+    local dir = at((files.read(ref, 4096, 'a hub ref') or ''):match('%S+'))
+    if dir then return dir, base, name, rev end
+  end
+  if rev then return at(rev), base, name, rev end
+  if files.mode(base .. '/snapshots') == 'directory' then
+    for _, hash in ipairs(files.list(base .. '/snapshots')) do
+      if at(hash) then return at(hash), base, name end
+    end
+  end
+  return nil, base, name
+end
+
+-- The snapshot directory of hub model `spec` (OWNER/NAME[@REVISION]):
+-- one that holds a config.json; else an error of one line naming where
+-- it looked and the download command.
+function M.model_dir(spec)
+  local dir, base, name, rev = M.snapshot(spec, function(d) return files.is_file(d .. '/config.json') end)
+  if dir then return dir end
+  local how = quote.shell(name) .. (rev and ' --revision ' .. quote.shell(rev) or '')
+  error(('%s is not a local directory, and the Hugging Face cache holds no snapshot of it with a config.json '
+    .. '(looked in %s/%s; the cache is $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub): get it '
+    .. 'with `hf download %s` (or `huggingface-cli download %s`)'):format(spec, base,
+    rev and ('refs/%s and snapshots/%s'):format(rev, rev) or 'refs/main and snapshots/', how, how), 0)
 end
 
 -- The snapshot directory of hub model `name` that holds a tokenizer file,
 -- or an error naming where it looked and the download command.
 function M.tokenizer_dir(name)
-  local owner, repo = name:match('^([^/]+)/([^/]+)$')
-  local base = ('%s/models--%s--%s'):format(M.hub_cache(), owner or name, repo or '')
-  local function holds(dir)
-    return files.is_file(dir .. '/tokenizer.model') or files.is_file(dir .. '/tokenizer.json')
-  end
-  local ref = base .. '/refs/main'
-  if files.is_file(ref) then
-    local rev = (files.read(ref, 4096, 'a hub ref') or ''):match('%S+')
-    if rev and holds(base .. '/snapshots/' .. rev) then return base .. '/snapshots/' .. rev end
-  end
-  if files.mode(base .. '/snapshots') == 'directory' then
-    for _, rev in ipairs(files.list(base .. '/snapshots')) do
-      if holds(base .. '/snapshots/' .. rev) then return base .. '/snapshots/' .. rev end
-    end
-  end
+  local dir, base, repo = M.snapshot(name, function(d)
+    return files.is_file(d .. '/tokenizer.model') or files.is_file(d .. '/tokenizer.json')
+  end)
+  if dir then return dir end
   error(('%s is not a local file or directory, and the Hugging Face cache holds no tokenizer of it (looked in '
     .. '%s/snapshots/; the cache is $HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub). Get it with:\n'
     .. '  huggingface-cli download %s tokenizer.model tokenizer.json tokenizer_config.json\n'
-    .. '  (or pass the model directory or its tokenizer file)'):format(name, base, quote.shell(name)), 0)
+    .. '  (or pass the model directory or its tokenizer file)'):format(name, base, quote.shell(repo)), 0)
 end
 
 return M

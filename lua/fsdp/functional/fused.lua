@@ -106,38 +106,83 @@ end
 
 -- rotary embeddings ----------------------------------------------------------------
 
+-- transformers' rope types (fl_rope_scaling)
+local ROPE_TYPES = { default = 'FL_ROPE_DEFAULT', llama3 = 'FL_ROPE_LLAMA3', linear = 'FL_ROPE_LINEAR',
+                     dynamic = 'FL_ROPE_DYNAMIC', yarn = 'FL_ROPE_YARN', longrope = 'FL_ROPE_LONGROPE' }
+
 -- cos, sin tables [seq_len, head_dim] built as transformers builds them.
--- opts: theta (1e4), scaling (nil, or {type = 'llama3', factor = 8,
--- low_freq_factor = 1, high_freq_factor = 4,
--- original_max_position_embeddings = 8192}; missing fields take these
--- Llama 3.1 values), dtype and device (the defaults of fsdp).
+-- opts: theta (1e4), scaling (nil, or a table with type or rope_type one
+-- of 'default', 'llama3', 'linear', 'dynamic', 'yarn', 'longrope' and
+-- that type's fields as transformers' rope_parameters name them: factor,
+-- low_freq_factor, high_freq_factor, original_max_position_embeddings,
+-- attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim,
+-- truncate, short_factor, long_factor, partial_rotary_factor; llama3's
+-- missing fields take Llama 3.1's values), max_position_embeddings (the
+-- model's: dynamic scales past it; yarn and longrope derive a missing
+-- factor from it), context_len (dynamic and longrope: the length the
+-- frequencies serve, default seq_len), dtype and device (the defaults of
+-- fsdp). With partial_rotary_factor f the tables are [seq_len,
+-- floor(head_dim * f)] (the rotary part of the head, as transformers).
 function M.rope_tables(seq_len, head_dim, opts)
   local name = 'rope_tables'
   opts = options(name, opts)
   local o = ffi.new('fl_rope_options')
   o.theta = number(name, 'theta', opts.theta, 1e4)
   o.scaling = C.FL_ROPE_DEFAULT
+  o.max_position_embeddings = number(name, 'max_position_embeddings', opts.max_position_embeddings, 0)
+  o.context_len = number(name, 'context_len', opts.context_len, 0)
+  head_dim = number(name, 'head_dim', head_dim)
   local s = opts.scaling
+  local keep -- the factor arrays, alive until the call returns
   if s ~= nil then
     if type(s) ~= 'table' then core.fail(('%s: scaling must be a table, got %s'):format(name, type(s))) end
-    local kind = s.type or s.rope_type
-    if kind ~= 'llama3' then
-      core.fail(("%s: scaling type must be 'llama3', got %s"):format(name, tostring(kind)))
+    local kind = s.rope_type or s.type or 'default'
+    if not ROPE_TYPES[kind] then
+      core.fail(("%s: scaling type must be one of default, llama3, linear, dynamic, yarn, longrope, got %s")
+        :format(name, tostring(kind)))
     end
-    o.scaling = C.FL_ROPE_LLAMA3
-    o.factor = number(name, 'scaling.factor', s.factor, 8)
-    o.low_freq_factor = number(name, 'scaling.low_freq_factor', s.low_freq_factor, 1)
-    o.high_freq_factor = number(name, 'scaling.high_freq_factor', s.high_freq_factor, 4)
-    o.original_max_position_embeddings = number(name, 'scaling.original_max_position_embeddings',
-                                                s.original_max_position_embeddings, 8192)
+    o.scaling = C[ROPE_TYPES[kind]]
+    local prf = number(name, 'scaling.partial_rotary_factor', s.partial_rotary_factor, 1)
+    if not (prf > 0 and prf <= 1) then
+      core.fail(('%s: scaling.partial_rotary_factor must be in (0, 1], got %s'):format(name, tostring(prf)))
+    end
+    head_dim = math.floor(head_dim * prf)
+    local function field(k, default) return number(name, 'scaling.' .. k, s[k], default) end
+    if kind == 'llama3' then
+      o.factor = field('factor', 8)
+      o.low_freq_factor = field('low_freq_factor', 1)
+      o.high_freq_factor = field('high_freq_factor', 4)
+      o.original_max_position_embeddings = field('original_max_position_embeddings', 8192)
+    elseif kind ~= 'default' then
+      o.factor = field('factor', 0)
+      o.original_max_position_embeddings = field('original_max_position_embeddings', 0)
+      o.attention_factor = field('attention_factor', 0)
+      o.beta_fast = field('beta_fast', 0)
+      o.beta_slow = field('beta_slow', 0)
+      o.mscale = field('mscale', 0)
+      o.mscale_all_dim = field('mscale_all_dim', 0)
+      o.no_truncate = s.truncate == false and 1 or 0
+      if kind == 'longrope' then
+        local short, long = s.short_factor, s.long_factor
+        if type(short) ~= 'table' or type(long) ~= 'table' or #short ~= #long then
+          core.fail(('%s: longrope scaling needs short_factor and long_factor lists of equal length'):format(name))
+        end
+        keep = ffi.new('double[?]', 2 * #short + 1)
+        for i = 1, #short do
+          keep[i - 1] = number(name, 'scaling.short_factor[' .. i .. ']', short[i])
+          keep[#short + i - 1] = number(name, 'scaling.long_factor[' .. i .. ']', long[i])
+        end
+        o.n_factors, o.short_factor, o.long_factor = #short, keep, keep + #short
+      end
+    end
   end
   -- Required lazily: fsdp itself loads the functional modules.
   local fsdp = require 'fsdp'
   local dtype = core.dtype(opts.dtype or fsdp.get_default_dtype())
   local device = core.device(opts.device or fsdp.get_default_device())
   local out = ffi.new('fl_tensor*[2]')
-  core.check(C.fl_rope_tables(number(name, 'seq_len', seq_len), number(name, 'head_dim', head_dim),
-                              o, dtype, device, out, out + 1))
+  core.check(C.fl_rope_tables(number(name, 'seq_len', seq_len), head_dim, o, dtype, device, out, out + 1))
+  local _ = keep
   return wrap(out[0]), wrap(out[1])
 end
 
