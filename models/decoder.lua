@@ -174,14 +174,17 @@ local function flops_per_token(decl, c, seq_len, n_params)
 end
 
 -- Attention options a layer needs that nn.Attention does not keep (the
--- window and softcap of h-attn's nn.Attention) are refused where the
--- model would compute with them: building on meta computes nothing.
-local function check_attention(decl, attn, want, device)
-  if device == 'meta' then return end
-  for k, v in pairs(want) do
-    if attn[k] ~= v then
-      error(('%s: this nn.Attention has no %s option (%s = %s was asked for): attention with a sliding window '
-        .. 'or a softcap is not available in this build'):format(decl.name, k, k, tostring(v)), 4)
+-- window and softcap of h-attn's nn.Attention): the message refusing to
+-- run it, or nil. Raised where the model would compute with them
+-- (DecoderLayer:forward off meta): a model built on meta and materialised
+-- later (the recipes' sharding) is caught too; planning on meta computes
+-- nothing and goes on.
+local function missing_attention(decl, attn, want)
+  for _, k in ipairs({ 'window', 'softcap' }) do
+    local v = want[k]
+    if v ~= nil and attn[k] ~= v then
+      return ('%s: this nn.Attention has no %s option (%s = %s was asked for): attention with a sliding window '
+        .. 'or a softcap is not available in this build'):format(decl.name, k, k, tostring(v))
     end
   end
 end
@@ -223,13 +226,13 @@ function M.define(decl)
     local want = { window = window_of(decl, c, i), softcap = c.attn_softcap }
     for k, v in pairs(want) do o[k] = v end
     local a = Attention(c.dim, c.n_heads, o)
-    check_attention(decl, a, want, opts.device)
+    a._missing = missing_attention(decl, a, want)
     if decl.qk_norm then
       local n = decl.qk_norm == 'head' and c.head_dim
       a.q_norm = norm(n or c.n_heads * c.head_dim, c, opts)
       a.k_norm = norm(n or c.n_kv_heads * c.head_dim, c, opts)
     end
-    a.window = want.window -- the layer's window, for the decoding mask (Model:forward)
+    a.layer_window = want.window -- for the decoding mask (Model:forward)
     return a
   end
 
@@ -261,6 +264,8 @@ function M.define(decl)
   -- rope = {cos, sin} of [T, head_dim] (and positions when decoding);
   -- mask and kv_cache as nn.Attention's (decoding: fsdp.generate).
   function DecoderLayer:forward(x, rope, mask, kv_cache)
+    local missing = self.self_attn._missing
+    if missing and x.device ~= 'meta' then error(missing, 0) end
     local a = { rope = rope, mask = mask, kv_cache = kv_cache }
     if placement == 'pre' then
       local h = x + self.self_attn(self.input_layernorm(x), a)
@@ -336,7 +341,7 @@ function M.define(decl)
     local lcl = local_rope and self:rope(len, h, true)
     local masks = {}
     for i, layer in ipairs(layers) do
-      local W = layer.self_attn.window
+      local W = layer.self_attn.layer_window
       local t = (lcl and W) and lcl or global
       if opts == nil then
         h = layer(h, t)
@@ -398,6 +403,15 @@ function M.define(decl)
   function CausalLM:example_batch(batch, seq) return common.causal_lm_batch(self, batch, seq) end
 
   fam.config = config_function(decl)
+  -- Why config c cannot run on this build's nn.Attention (a window or a
+  -- softcap it does not keep), in one line, or nil: for the recipes'
+  -- checks before anything is built.
+  function fam.attention_problem(c)
+    local want = { softcap = c.attn_softcap }
+    for i = 0, c.n_layers - 1 do want.window = want.window or window_of(decl, c, i) end
+    local ok, a = pcall(nn.Attention, 8, 2, { window = want.window, softcap = want.softcap, device = 'meta' })
+    return missing_attention(decl, ok and a or {}, want)
+  end
   function fam.closed_form_parameters(c) return closed_form_parameters(decl, c) end
   function fam.flops_per_token(c, seq_len, n_params) return flops_per_token(decl, c, seq_len, n_params) end
   -- Build a model: name_or_config as in config; opts: device ('cpu' or

@@ -309,6 +309,10 @@ local function decoder_from_hf(fam)
   end
 end
 
+-- Fields config classes type as float (query_pre_attn_scalar is an int:
+-- transformers 5 refuses 24.0 there).
+local FLOAT_FIELDS = set({ 'attn_softcap', 'final_softcap' })
+
 local function decoder_to_hf(fam)
   return function(c)
     local F = json.float
@@ -319,12 +323,17 @@ local function decoder_to_hf(fam)
       num_key_value_heads = c.n_kv_heads, head_dim = c.head_dim, intermediate_size = c.ffn_dim,
       vocab_size = c.vocab_size, rms_norm_eps = F(c.norm_eps), tie_word_embeddings = c.tied,
       max_position_embeddings = c.max_seq_len, initializer_range = F(c.init_std),
+      -- no pad id unless the export knows one (save_pretrained's token_ids):
+      -- the class defaults (Phi-3's 32000, Gemma's 0) may lie outside a
+      -- small vocabulary, and a padding_idx freezes that embedding row in
+      -- transformers' training, which ours does not
+      pad_token_id = json.null,
     }
     for k, v in pairs(d.required or {}) do h[k] = type(v) == 'number' and F(v) or v end
     for k, ours in pairs(d.fields or {}) do
       local v = c[ours]
       if v == nil then h[k] = json.null
-      elseif type(v) == 'number' and require('models.decoder').FIELD_RULES[ours] ~= validate.COUNT then h[k] = F(v)
+      elseif FLOAT_FIELDS[ours] then h[k] = F(v)
       else h[k] = v end
     end
     local rope = rope_to_hf(c.rope_theta, c.rope_scaling)
