@@ -39,7 +39,7 @@
 --
 -- Attention options (window, softcap) go to nn.Attention only when set,
 -- so families without them run on any nn.Attention; one that needs them
--- is refused unless nn.Attention keeps them (check_attention).
+-- is refused unless nn.Attention keeps them (missing_attention).
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
 local common = require 'models.common'
@@ -104,7 +104,8 @@ local function config_function(decl)
     c.head_dim = c.head_dim or c.dim / c.n_heads
     need(c.head_dim == math.floor(c.head_dim), ('dim %d is not a multiple of n_heads %d'):format(c.dim, c.n_heads))
     need(c.head_dim % 2 == 0, ('head_dim %d must be even for rotary embeddings'):format(c.head_dim))
-    need(c.n_heads % c.n_kv_heads == 0, ('n_heads %d is not a multiple of n_kv_heads %d'):format(c.n_heads, c.n_kv_heads))
+    need(c.n_heads % c.n_kv_heads == 0,
+      ('n_heads %d is not a multiple of n_kv_heads %d'):format(c.n_heads, c.n_kv_heads))
     for _, k in ipairs({ 'tied', 'norm_topk_prob' }) do
       need(c[k] == nil or type(c[k]) == 'boolean', ('%s must be true or false, got %s'):format(k, validate.show(c[k])))
     end

@@ -628,7 +628,8 @@ local function check_shapes(dir, c, family_name, where)
     for _, name in ipairs(names) do
       local ours = family_name == 'gpt2' and gpt2.name_from_hf(name) or name
       local first = ours
-      for _, pattern in ipairs(ours and (BLOCK_PREFIX[family_name] or BLOCK_PREFIX.decoder) or {}) do first = first:gsub(pattern, '%10.') end
+      local patterns = ours and (BLOCK_PREFIX[family_name] or BLOCK_PREFIX.decoder) or {}
+      for _, pattern in ipairs(patterns) do first = first:gsub(pattern, '%10.') end
       local shape = ours and (want[ours] or want[first])
       if shape then
         local have, expect = f:info(name).shape, hf_shape(ours, shape)
