@@ -115,6 +115,12 @@ M.SIZES = {
   deepvit = { module = 'models.deepvit', blocks = { 'depth' },
               fields = { 'depth', 'dim', 'heads', 'dim_head', 'mlp_dim', 'num_classes' } },
 }
+-- The declared decoder families (models/families/) size like Llama; their
+-- closed forms follow their declarations (models/decoder.lua).
+for _, name in ipairs({ 'qwen2', 'qwen3', 'mistral', 'gemma2', 'gemma3_text', 'phi3', 'olmo2' }) do
+  M.SIZES[name] = { module = 'models.families.' .. name, blocks = { 'n_layers' },
+                    fields = { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size' } }
+end
 
 -- The parameters (closed form) and blocks of a family's checked config,
 -- and its size fields (M.SIZES). Nothing is built.

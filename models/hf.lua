@@ -39,7 +39,7 @@ local st = require 'fsdp.io.safetensors_sharded'
 local publish = require 'fsdp.io.publish'
 local suggest = require 'fsdp.suggest'
 local validate = require 'fsdp.validate'
-local llama = require 'models.llama'
+local decoders = require 'models.decoders'
 local hf_rope = require 'models.hf_rope'
 local t5 = require 'models.t5'
 local gpt2 = require 'models.gpt2'
@@ -159,51 +159,113 @@ local function family_config(where, spec, fn, c, overrides)
   fail(where, '%s', msg:sub(2, -2))
 end
 
--- Llama ----------------------------------------------------------------------------------
+-- Decoder families (models/families/*) -----------------------------------------------------
 
-local LLAMA = {
-  name = 'Llama',
-  fields = { hidden_size = 'dim', num_hidden_layers = 'n_layers', num_attention_heads = 'n_heads',
-             num_key_value_heads = 'n_kv_heads', intermediate_size = 'ffn_dim', vocab_size = 'vocab_size',
-             rms_norm_eps = 'norm_eps', max_position_embeddings = 'max_seq_len', initializer_range = 'init_std',
-             head_dim = 'head_dim', tie_word_embeddings = 'tied' },
-  rules = { hidden_size = validate.COUNT, num_hidden_layers = validate.COUNT, num_attention_heads = validate.COUNT,
-            num_key_value_heads = validate.COUNT, intermediate_size = validate.COUNT, vocab_size = validate.COUNT,
-            rms_norm_eps = validate.NONNEGATIVE, max_position_embeddings = validate.COUNT,
-            initializer_range = validate.NONNEGATIVE, head_dim = validate.COUNT, tie_word_embeddings = 'boolean' },
-  sizes = { 'hidden_size', 'num_hidden_layers', 'num_attention_heads', 'intermediate_size', 'vocab_size' },
-  -- LlamaConfig's defaults (ours differ: norm eps 1e-5, 4096 positions).
-  defaults = { rms_norm_eps = 1e-6, max_position_embeddings = 2048, initializer_range = 0.02 },
-  required = { hidden_act = 'silu', attention_bias = false, mlp_bias = false, attention_dropout = 0 },
-  special = set(hf_rope.KEYS),
-  -- pretraining_tp > 1 splits the projections into slices summed in
-  -- turn: the same products in another order.
-  ignored = set({ 'pretraining_tp' }),
-}
+-- The config.json keys every decoder family shares (LlamaConfig's names);
+-- a declaration's `hf` adds its own ([Note: a family declaration] in
+-- models/decoder.lua): fields, required, ignored, defaults, special keys
+-- and from_hf/to_hf hooks for what is not a one-to-one key.
+local DECODER_FIELDS = {
+  hidden_size = 'dim', num_hidden_layers = 'n_layers', num_attention_heads = 'n_heads',
+  num_key_value_heads = 'n_kv_heads', intermediate_size = 'ffn_dim', vocab_size = 'vocab_size',
+  rms_norm_eps = 'norm_eps', max_position_embeddings = 'max_seq_len', initializer_range = 'init_std',
+  head_dim = 'head_dim', tie_word_embeddings = 'tied' }
+local DECODER_RULES = {
+  hidden_size = validate.COUNT, num_hidden_layers = validate.COUNT, num_attention_heads = validate.COUNT,
+  num_key_value_heads = validate.COUNT, intermediate_size = validate.COUNT, vocab_size = validate.COUNT,
+  rms_norm_eps = validate.NONNEGATIVE, max_position_embeddings = validate.COUNT,
+  initializer_range = validate.NONNEGATIVE, head_dim = validate.COUNT, tie_word_embeddings = 'boolean' }
+-- (their config classes' defaults for these are 7B's, never what a file that leaves them out holds)
+local DECODER_SIZES = { 'hidden_size', 'num_hidden_layers', 'num_attention_heads', 'intermediate_size', 'vocab_size' }
+-- [Note: one RoPE translator] Every family reads and writes its RoPE
+-- keys through models/hf_rope.lua (both config layouts, every rope type
+-- transformers has): from_hf(where, h, fail) -> theta, scaling;
+-- to_hf(theta, scaling) -> {rope_theta =, rope_scaling =, rope_parameters =}.
+local ROPE_KEYS = hf_rope.KEYS
+local function rope_from_hf(where, h) return hf_rope.from_hf(where, h, fail) end
+local function rope_to_hf(theta, scaling) return hf_rope.to_hf(theta, scaling) end
 
-local function llama_from_hf(h, overrides, where, has_lm_head)
-  check_keys(where, h, LLAMA)
-  local c = copy_fields(h, LLAMA)
-  c.rope_theta, c.rope_scaling = hf_rope.from_hf(where, h, fail)
-  -- LlamaConfig's default is untied; a head the file holds stays untied
-  -- (transformers 5 unties it too).
-  c.tied = (c.tied or false) and not has_lm_head
-  return family_config(where, LLAMA, llama.config, c, overrides)
+-- check_keys' spec of a family's declaration (made once).
+local SPECS = {}
+local function decoder_spec(fam)
+  if SPECS[fam] then return SPECS[fam] end
+  local d = fam.decl.hf
+  local spec = { name = d.name, fields = {}, rules = {}, sizes = DECODER_SIZES, defaults = d.defaults or {},
+                 required = d.required or {}, special = set(ROPE_KEYS), ignored = set(d.ignored or {}) }
+  for k, v in pairs(DECODER_FIELDS) do spec.fields[k] = v end
+  for k, v in pairs(DECODER_RULES) do spec.rules[k] = v end
+  local decoder = require 'models.decoder'
+  for k, ours in pairs(d.fields or {}) do
+    spec.fields[k] = ours
+    spec.rules[k] = decoder.FIELD_RULES[ours]
+  end
+  for k in pairs(d.special or {}) do spec.special[k] = true end
+  SPECS[fam] = spec
+  return spec
 end
 
-local function llama_to_hf(c)
-  local F = json.float
-  local h = {
-    architectures = { 'LlamaForCausalLM' }, model_type = 'llama', hidden_act = 'silu',
-    hidden_size = c.dim, num_hidden_layers = c.n_layers, num_attention_heads = c.n_heads,
-    num_key_value_heads = c.n_kv_heads, head_dim = c.head_dim, intermediate_size = c.ffn_dim,
-    vocab_size = c.vocab_size, rms_norm_eps = F(c.norm_eps), tie_word_embeddings = c.tied,
-    max_position_embeddings = c.max_seq_len, initializer_range = F(c.init_std), attention_bias = false,
-    mlp_bias = false, attention_dropout = F(0),
-  }
-  -- Both layouts: 4.x reads rope_theta/rope_scaling, 5.x rope_parameters.
-  for k, v in pairs(hf_rope.to_hf(c.rope_theta, c.rope_scaling)) do h[k] = v end
-  return h
+-- The layer_types list of a config (for export).
+local function layer_types_of(fam, c)
+  local decoder = require 'models.decoder'
+  local out = json.array({})
+  for i = 1, c.n_layers do
+    out[i] = decoder.window_of(fam.decl, c, i - 1) and 'sliding_attention' or 'full_attention'
+  end
+  return out
+end
+
+local function decoder_from_hf(fam)
+  return function(h, overrides, where, has_lm_head)
+    local spec = decoder_spec(fam)
+    check_keys(where, h, spec)
+    local c = copy_fields(h, spec)
+    local d = fam.decl.hf
+    local ctx = { where = where, fail = function(fmt, ...) fail(where, fmt, ...) end,
+                  rope = function(hh) return rope_from_hf(where, hh) end }
+    if not d.own_rope then c.rope_theta, c.rope_scaling = rope_from_hf(where, h) end
+    if d.from_hf then d.from_hf(h, c, ctx) end
+    -- The class's default is untied (Gemma's tied); a head the file holds
+    -- stays untied (transformers 5 unties it too).
+    c.tied = (c.tied or false) and not has_lm_head
+    return family_config(where, spec, fam.config, c, overrides)
+  end
+end
+
+-- Fields config classes type as float (query_pre_attn_scalar is an int:
+-- transformers 5 refuses 24.0 there).
+local FLOAT_FIELDS = set({ 'attn_softcap', 'final_softcap' })
+
+local function decoder_to_hf(fam)
+  return function(c)
+    local F = json.float
+    local d = fam.decl.hf
+    local h = {
+      architectures = { d.architecture }, model_type = d.model_type,
+      hidden_size = c.dim, num_hidden_layers = c.n_layers, num_attention_heads = c.n_heads,
+      num_key_value_heads = c.n_kv_heads, head_dim = c.head_dim, intermediate_size = c.ffn_dim,
+      vocab_size = c.vocab_size, rms_norm_eps = F(c.norm_eps), tie_word_embeddings = c.tied,
+      max_position_embeddings = c.max_seq_len, initializer_range = F(c.init_std),
+      -- no pad id unless the export knows one (save_pretrained's token_ids):
+      -- the class defaults (Phi-3's 32000, Gemma's 0) may lie outside a
+      -- small vocabulary, and a padding_idx freezes that embedding row in
+      -- transformers' training, which ours does not
+      pad_token_id = json.null,
+    }
+    for k, v in pairs(d.required or {}) do h[k] = type(v) == 'number' and F(v) or v end
+    for k, ours in pairs(d.fields or {}) do
+      local v = c[ours]
+      if v == nil then h[k] = json.null
+      elseif FLOAT_FIELDS[ours] then h[k] = F(v)
+      else h[k] = v end
+    end
+    local rope = rope_to_hf(c.rope_theta, c.rope_scaling)
+    h.rope_theta, h.rope_scaling, h.rope_parameters = rope.rope_theta, rope.rope_scaling, rope.rope_parameters
+    if d.to_hf then
+      d.to_hf(c, h, { float = F, null = json.null, rope_to_hf = rope_to_hf,
+                      layer_types = function(cc) return layer_types_of(fam, cc) end })
+    end
+    return h
+  end
 end
 
 -- T5 -------------------------------------------------------------------------------------
@@ -403,17 +465,24 @@ end
 -- family.name: its model_type; hf_shape/hf_tensor (default: as ours) map a
 -- parameter to what the file holds under the same name.
 local FAMILIES = {
-  llama = { name = 'llama', build = llama.CausalLM, from_hf = llama_from_hf, to_hf = llama_to_hf,
-            class = llama.CausalLM },
   t5 = { name = 't5', build = t5.Model, from_hf = t5_from_hf, to_hf = t5_to_hf, class = t5.Model },
   gpt2 = { name = 'gpt2', build = gpt2.LMHeadModel, from_hf = gpt2_from_hf, to_hf = gpt2_to_hf,
            class = gpt2.LMHeadModel, load = gpt2_load, hf_shape = gpt2_hf_shape, hf_tensor = gpt2_hf_tensor },
 }
+-- Every decoder family of models/families/ (Llama among them), by its model_type.
+for _, name in ipairs(decoders.DECLARED) do
+  local fam = decoders.families[name].module
+  FAMILIES[name] = { name = name, build = fam.CausalLM, from_hf = decoder_from_hf(fam), to_hf = decoder_to_hf(fam),
+                     class = fam.CausalLM, decoder = fam }
+end
+local SUPPORTED = {}
+for name in pairs(FAMILIES) do SUPPORTED[#SUPPORTED + 1] = name end
+table.sort(SUPPORTED)
 
 local function family_of(model_type, where)
   local family = FAMILIES[model_type]
   if not family then
-    fail(where, "model_type %s is not supported (gpt2, llama, t5)", quote(model_type))
+    fail(where, "model_type %s is not supported (%s)", quote(model_type), table.concat(SUPPORTED, ', '))
   end
   return family
 end
@@ -442,7 +511,8 @@ end
 -- The config.json key of one of our config fields in a family
 -- (hidden_size for Llama's dim), or nil.
 function M.key_of(family_name, field)
-  local spec = ({ llama = LLAMA, t5 = T5, gpt2 = GPT2 })[family_name]
+  local f = FAMILIES[family_name]
+  local spec = ({ t5 = T5, gpt2 = GPT2 })[family_name] or (f and f.decoder and decoder_spec(f.decoder))
   for k, ours in pairs(spec and spec.fields or {}) do
     if ours == field then return k end
   end
@@ -460,13 +530,14 @@ end
 -- model is built on meta with one block (every block's tensors have the
 -- shapes of the first's), so this costs nothing whatever the sizes say;
 -- sizes past what a shape can hold are left to the size bound.
-local BLOCK_PREFIX = { llama = { '^(model%.layers%.)%d+%.' }, gpt2 = { '^(transformer%.h%.)%d+%.' },
+local BLOCK_PREFIX = { decoder = { '^(model%.layers%.)%d+%.' }, gpt2 = { '^(transformer%.h%.)%d+%.' },
                        t5 = { '^(encoder%.block%.)%d+%.', '^(decoder%.block%.)%d+%.' } }
 local function check_shapes(dir, c, family_name, where)
   local family = FAMILIES[family_name]
   local one = {}
   for k, v in pairs(c) do one[k] = v end
   if family_name == 't5' then one.num_layers, one.num_decoder_layers = 1, 1 else one.n_layers = 1 end
+  if one.layer_types then one.layer_types = { one.layer_types[1] } end
   local ok, model = pcall(family.build, one, { device = 'meta' })
   if not ok then return end
   local want = {}
@@ -479,7 +550,8 @@ local function check_shapes(dir, c, family_name, where)
     for _, name in ipairs(names) do
       local ours = family_name == 'gpt2' and gpt2.name_from_hf(name) or name
       local first = ours
-      for _, pattern in ipairs(ours and BLOCK_PREFIX[family_name] or {}) do first = first:gsub(pattern, '%10.') end
+      local patterns = ours and (BLOCK_PREFIX[family_name] or BLOCK_PREFIX.decoder) or {}
+      for _, pattern in ipairs(patterns) do first = first:gsub(pattern, '%10.') end
       local shape = ours and (want[ours] or want[first])
       if shape then
         local have, expect = f:info(name).shape, hf_shape(ours, shape)
@@ -553,7 +625,8 @@ function M.family_of_model(model)
   for _, f in pairs(FAMILIES) do
     if model:is_instance_of(f.class) then return f end
   end
-  core.fail(('hf: %s is not a Llama, T5 or GPT-2 model'):format(model:class_name()))
+  core.fail(('hf: %s is not a model of a family this loader knows (%s)'):format(model:class_name(),
+    table.concat(SUPPORTED, ', ')))
 end
 
 -- The token ids a Hugging Face directory gives generation: its

@@ -86,7 +86,8 @@ local function family_of_names(shapes, where)
     .. '(shared.weight) model', where)
 end
 
-local MODULES = { llama = 'models.llama', gpt2 = 'models.gpt2', t5 = 'models.t5' }
+local MODULES = { gpt2 = 'models.gpt2', t5 = 'models.t5' }
+for _, name in ipairs(decoders.DECLARED) do MODULES[name] = 'models.families.' .. name end
 local function module_of(family) return require(MODULES[family]) end
 
 -- A decoder's config from its weights' shapes (name -> shape): layers,
@@ -166,6 +167,8 @@ end
 
 local function accepted(family, opts, where)
   local list = opts.families or { 'llama', 'gpt2', 't5' }
+  -- 'decoders': every decoder family (models/decoders.lua)
+  if list == 'decoders' then list = decoders.ORDER end
   for _, f in ipairs(list) do
     if f == family then return end
   end

@@ -131,7 +131,7 @@ local cfg = recipe.config({
     if not ok then error(recipe.explain(c, { n_heads = 'num_heads', n_kv_heads = 'num_kv_heads' }), 0) end
     config = c
   else
-    local ok, s = pcall(pretrained.open, cfg.init_from, { families = { 'llama', 'gpt2' }, who = 'generation',
+    local ok, s = pcall(pretrained.open, cfg.init_from, { families = decoders.ORDER, who = 'generation',
       model = cfg.model, num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
     if not ok then error('--init_from ' .. recipe.bare(s), 0) end
     src, family, config = s, s.family, s.config
@@ -233,6 +233,8 @@ do
     ('the longest prompt (%d tokens, %s) plus --max_new_tokens (%d)'):format(longest, source, cfg.max_new_tokens),
     src, cfg.model, cfg.allow_past_max_positions)
   if too_long then recipe.usage_error(too_long) end
+  local unsupported = decoders.attention_problem(family, config)
+  if unsupported then recipe.usage_error(unsupported) end
 end
 
 -- loading ----------------------------------------------------------------------------------

@@ -68,8 +68,6 @@ local overrides, c, train_data
 -- fam: the model family (models/decoders.lua: module, block class); src:
 -- what --init_from holds (models/pretrained.lua), nil without it.
 local fam, src
--- --lora_targets when not given: PEFT's defaults for the family.
-local LORA_TARGETS = { llama = 'q_proj,v_proj', gpt2 = 'c_attn' }
 -- --dataset (the seed's): a path or glob is --data; a Hugging Face dataset
 -- this build knows (c4) stands for its local shards (fsdp.data.hub), the
 -- training glob of the default config until --dataset_config_name is seen
@@ -89,7 +87,9 @@ local function hub_dataset_alias(text)
 end
 local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pretrained.options(nonfinite.options(
   ckpt_recipe.options(shard_recipe.options(accumulate.options({
-  model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, gpt2-medium, ..., gpt2-tiny in models/gpt2.lua); '
+  model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, ..., gpt2-tiny in models/gpt2.lua; Qwen2.5-0.5B, '
+                          .. 'Qwen3-8B, Mistral-7B-v0.3, Gemma-2-2B, Gemma-3-1B, Phi-3-mini-4k, OLMo-2-1124-7B, '
+                          .. 'qwen3-tiny, ... in models/families/); '
                           .. 'with --init_from a directory, its config.json decides', one_of = decoders.names,
             aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
   num_layers = { 0, 'override the number of layers (0: keep the config)', int = true, min = 0 },
@@ -142,7 +142,7 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   -- given too must agree), found from headers and JSON before anything is
   -- built.
   src = pretrained.from_options(cfg, written, {
-    families = { 'llama', 'gpt2' }, who = 'recipes/llama2_7b.lua', family_of_model = decoders.resolve,
+    families = decoders.ORDER, who = 'recipes/llama2_7b.lua', family_of_model = decoders.resolve,
     sizes = { { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
               { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' }, { 'vocab_size', 'vocab_size' } } })
   if src then family = src.family end
@@ -155,13 +155,13 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   if cfg.num_layers > 0 then overrides.n_layers = cfg.num_layers end
   if cfg.hidden_width > 0 then
     overrides.dim = cfg.hidden_width
-    if cfg.ffn_dim == 0 and family == 'llama' then overrides.ffn_dim = math.ceil(cfg.hidden_width * 8 / 3 / 32) * 32 end
+    if cfg.ffn_dim == 0 and family ~= 'gpt2' then overrides.ffn_dim = math.ceil(cfg.hidden_width * 8 / 3 / 32) * 32 end
   end
   if cfg.num_heads > 0 then overrides.n_heads = cfg.num_heads end
   if cfg.num_kv_heads > 0 then overrides.n_kv_heads = cfg.num_kv_heads end
   if cfg.ffn_dim > 0 then overrides.ffn_dim = cfg.ffn_dim end
   if cfg.vocab_size > 0 then overrides.vocab_size = cfg.vocab_size end
-  if family == 'llama' and overrides.n_heads and not overrides.n_kv_heads then overrides.n_kv_heads = overrides.n_heads end
+  if family ~= 'gpt2' and overrides.n_heads and not overrides.n_kv_heads then overrides.n_kv_heads = overrides.n_heads end
   written_data = written.data or 'data'
   -- --dataset=c4 [--dataset_config_name=en]: its local shards, or an error
   -- saying where they were looked for and how to get them.
@@ -250,7 +250,9 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   local too_long = decoders.positions_problem(family, c, cfg.seq_len, ('--%s (%d)'):format(written.seq_len or 'seq_len',
     cfg.seq_len), src, cfg.model, cfg.allow_past_max_positions)
   if too_long then error(too_long, 0) end
-  lora.check_options(cfg, function() return fam.module.build(c, { device = 'meta' }) end, LORA_TARGETS[fam.name])
+  local unsupported = decoders.attention_problem(family, c)
+  if unsupported then error(unsupported, 0) end
+  lora.check_options(cfg, function() return fam.module.build(c, { device = 'meta' }) end, fam.lora_targets)
 end)
 local model_module = fam.module
 
@@ -276,7 +278,7 @@ local clock = require 'fsdp.clock'
 if cfg.dry_run then
   local t0 = clock.now()
   local model = model_module.build(c, { device = 'meta' })
-  lora.apply_options(model, cfg, LORA_TARGETS[fam.name])
+  lora.apply_options(model, cfg, fam.lora_targets)
   print(model)
   local n = model:num_parameters()
   print(('parameters: %s'):format(commas(n)))
@@ -293,7 +295,7 @@ end
 -- --plan: what each rank would hold for this config (nothing allocated).
 if cfg.plan then
   local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
-  lora.apply_options(model, cfg, LORA_TARGETS[fam.name])
+  lora.apply_options(model, cfg, fam.lora_targets)
   shard_recipe.plan(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len }, 'recipes/llama2_7b.lua')
   recipe.expose({ model = model, config = c, cfg = cfg })
   return
@@ -313,7 +315,7 @@ local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
 local n_params = model:num_parameters()
 -- --lora_rank: adapters on the --lora_targets Linears, the rest frozen
 -- (fsdp.lora); before the fit check and sharding, which see the frozen base.
-lora.apply_options(model, cfg, LORA_TARGETS[fam.name])
+lora.apply_options(model, cfg, fam.lora_targets)
 -- Refused here, with the planner's numbers, when it cannot fit this machine.
 require('fsdp.sharding.fit').check(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len },
   'recipes/llama2_7b.lua', { layers = 'num_layers' })

@@ -331,6 +331,10 @@ local TASKS = {
   GPT2LMHeadModel = { task = 'CAUSAL_LM', fan_in_fan_out = true },
   T5ForConditionalGeneration = { task = 'SEQ_2_SEQ_LM' },
 }
+-- Every causal LM class of the decoder families (models/families/).
+for _, cls in ipairs({ 'Qwen2', 'Qwen3', 'Mistral', 'Gemma2', 'Gemma3', 'Phi3', 'Olmo2', 'Mixtral', 'Qwen3Moe' }) do
+  TASKS[cls .. 'ForCausalLM'] = { task = 'CAUSAL_LM' }
+end
 local PREFIX = 'base_model.model.'
 
 -- Write `dir`/adapter_config.json and `dir`/adapter_model.safetensors as

@@ -1,0 +1,428 @@
+-- models/decoder.lua: the decoder-only transformer every family of
+-- models/families/ declares (Llama, Qwen 2/3, Mistral, Gemma 2/3, Phi-3,
+-- OLMo 2), with Hugging Face parameter names, so a family is a short
+-- table of choices over these shared parts, not a copy of a model file.
+--
+--   local decoder = require 'models.decoder'
+--   local qwen2 = decoder.define(require 'models.families.qwen2_decl')   -- (families/qwen2.lua does this)
+--   local model = qwen2.build('Qwen2.5-0.5B', {device = 'meta'})
+--
+-- [Note: a family declaration] (see models/families/llama.lua for one):
+--   name        family name: messages ("qwen2 config: ..."), --model, the fit check
+--   class       class-name prefix: <class>DecoderLayer, <class>ForCausalLM, ... as in transformers
+--   norm        'rms' | 'rms_wide' | 'rms_offset' ([Note: RMSNorm variants] in models/decoder_parts.lua)
+--   norm_class  false: the norms print as nn.RMSNorm (Llama's trees as they always were)
+--   norms       'pre' (x + f(norm(x))), 'sandwich' (x + post(f(pre(x))), Gemma),
+--               'post' (x + norm(f(x)), OLMo 2)
+--   qkv_bias    biases on q/k/v (not o): Qwen 2
+--   qk_norm     nil | 'head' (over each head's hd, Qwen 3, Gemma 3) | 'flat' (over the
+--               whole projection, OLMo 2); the norm kind is `norm`'s
+--   activation  'silu' | 'gelu_tanh' of the gated MLP
+--   embed_scale the embeddings times sqrt(dim), rounded to their dtype (Gemma)
+--   fused       qkv_proj and gate_up_proj instead of q/k/v_proj and gate/up_proj (Phi-3)
+--   mlp         'dense' | 'moe' (nn.MoE with n_experts, top_k, moe_ffn_dim, norm_topk_prob)
+--   sliding     nil (no window) | 'all' (sliding_window on every layer: Mistral, Phi-3) |
+--               'layer_types' (per layer: layer_types, else sliding_pattern: Gemma, Qwen)
+--   rope        'default' | 'local_global' (sliding layers use rope_local_theta: Gemma 3)
+--   fields      extra config fields -> fsdp.validate rule (sliding_window, attn_softcap, ...)
+--   defaults    config defaults over the shared ones; configs: named configs (real sizes, tiny)
+--   lora_targets PEFT's default target_modules for the family
+--   hf          its config.json key map (models/hf.lua reads it)
+-- Config fields every family has: dim, n_layers, n_heads, n_kv_heads,
+-- head_dim (dim / n_heads unless given), ffn_dim, vocab_size, tied,
+-- rope_theta, rope_scaling, norm_eps, max_seq_len, init_std. The optional
+-- ones a declaration may allow: sliding_window, sliding_pattern (period p:
+-- layer i is global iff (i+1) % p == 0), layer_types (a list of
+-- 'sliding_attention' / 'full_attention'), attn_softcap, final_softcap,
+-- query_scale (HF's query_pre_attn_scalar: scores scaled by its ^-0.5),
+-- rope_local_theta, and the MoE ones.
+--
+-- Attention options (window, softcap) go to nn.Attention only when set,
+-- so families without them run on any nn.Attention; one that needs them
+-- is refused unless nn.Attention keeps them (missing_attention).
+local nn = require 'fsdp.nn'
+local F = require 'fsdp.functional'
+local common = require 'models.common'
+local validate = require 'fsdp.validate'
+local parts = require 'models.decoder_parts'
+
+local M = {}
+
+-- Override keys as the recipes spell them.
+local ALIASES = { num_layers = 'n_layers', hidden_width = 'dim', num_heads = 'n_heads',
+                  num_kv_heads = 'n_kv_heads', vocab = 'vocab_size', ffn = 'ffn_dim' }
+
+local DEFAULTS = { n_kv_heads = nil, tied = false, rope_theta = 1e4, rope_scaling = nil,
+                   norm_eps = 1e-5, max_seq_len = 4096, init_std = 0.02 }
+
+local BASE_FIELDS = { 'dim', 'n_layers', 'n_heads', 'n_kv_heads', 'head_dim', 'ffn_dim', 'vocab_size', 'tied',
+                      'rope_theta', 'rope_scaling', 'norm_eps', 'max_seq_len', 'init_std' }
+
+-- The rules of the optional fields (a declaration lists the ones it has).
+M.FIELD_RULES = {
+  sliding_window = validate.COUNT, sliding_pattern = validate.COUNT, attn_softcap = validate.POSITIVE,
+  final_softcap = validate.POSITIVE, query_scale = validate.POSITIVE, rope_local_theta = validate.POSITIVE,
+  layer_types = 'layer_types', n_experts = validate.COUNT, top_k = validate.COUNT, moe_ffn_dim = validate.COUNT,
+  norm_topk_prob = 'boolean',
+}
+
+local LAYER_TYPES = { sliding_attention = true, full_attention = true }
+
+-- A family's config: name_or_config a key of decl.configs or a table,
+-- overrides applied (recipe spellings too), shapes checked together.
+-- (Errors are raised at the caller of the returned function, as
+-- models/common.lua's helpers expect.)
+local function config_function(decl)
+  return function(name_or_config, overrides)
+    local fields, defaults = {}, {}
+    for _, k in ipairs(BASE_FIELDS) do fields[k] = true end
+    for k in pairs(decl.fields or {}) do fields[k] = true end
+    for k, v in pairs(DEFAULTS) do defaults[k] = v end
+    for k, v in pairs(decl.defaults or {}) do defaults[k] = v end
+    local who = decl.name
+    local c = common.merge_config(who, decl.configs, defaults, ALIASES, name_or_config, overrides, fields)
+    c.n_kv_heads = c.n_kv_heads or c.n_heads
+    local reals = { head_dim = validate.COUNT, norm_eps = validate.NONNEGATIVE, rope_theta = validate.POSITIVE,
+                    init_std = validate.NONNEGATIVE }
+    for k in pairs(decl.fields or {}) do
+      local rule = M.FIELD_RULES[k]
+      if type(rule) == 'table' then reals[k] = rule end
+    end
+    common.check_fields(who, c, { 'dim', 'n_layers', 'n_heads', 'n_kv_heads', 'ffn_dim', 'vocab_size', 'max_seq_len' },
+      nil, reals)
+    local function need(ok, msg) if not ok then error(who .. ' config: ' .. msg, 3) end end
+    if c.rope_scaling ~= nil then
+      -- transformers' rope types and their keys (models/hf_rope.lua); the
+      -- decoder rotates whole heads (apply_rotary_pos_emb has no partial path).
+      local why = require('models.hf_rope').check_scaling(c.rope_scaling)
+      need(not why, 'rope_scaling ' .. (why or ''):gsub('^%.', ''))
+      local prf = c.rope_scaling.partial_rotary_factor
+      need(prf == nil or prf == 1, ('rope_scaling.partial_rotary_factor %s: the decoder rotates the whole head '
+        .. '(1 only)'):format(validate.show(prf)))
+    end
+    c.head_dim = c.head_dim or c.dim / c.n_heads
+    need(c.head_dim == math.floor(c.head_dim), ('dim %d is not a multiple of n_heads %d'):format(c.dim, c.n_heads))
+    need(c.head_dim % 2 == 0, ('head_dim %d must be even for rotary embeddings'):format(c.head_dim))
+    need(c.n_heads % c.n_kv_heads == 0,
+      ('n_heads %d is not a multiple of n_kv_heads %d'):format(c.n_heads, c.n_kv_heads))
+    for _, k in ipairs({ 'tied', 'norm_topk_prob' }) do
+      need(c[k] == nil or type(c[k]) == 'boolean', ('%s must be true or false, got %s'):format(k, validate.show(c[k])))
+    end
+    if c.layer_types ~= nil then
+      need(type(c.layer_types) == 'table' and #c.layer_types == c.n_layers,
+        ('layer_types must list one type per layer (%d), got %s'):format(c.n_layers, validate.show(c.layer_types)))
+      for i, t in ipairs(c.layer_types) do
+        need(LAYER_TYPES[t], ("layer_types[%d] is %s; only 'sliding_attention' and 'full_attention' are supported")
+          :format(i, validate.show(t)))
+      end
+    end
+    if decl.mlp == 'moe' then
+      for _, k in ipairs({ 'n_experts', 'top_k', 'moe_ffn_dim' }) do need(c[k] ~= nil, k .. ' is missing') end
+      need(c.top_k <= c.n_experts, ('top_k %d is more than n_experts %d'):format(c.top_k, c.n_experts))
+    end
+    return c
+  end
+end
+
+-- The window of layer i (0-based) of config c of a family, or nil.
+local function window_of(decl, c, i)
+  if not decl.sliding or not c.sliding_window then return nil end
+  if decl.sliding == 'all' then return c.sliding_window end
+  local kind
+  if c.layer_types then
+    kind = c.layer_types[i + 1]
+  elseif c.sliding_pattern then
+    kind = (i + 1) % c.sliding_pattern == 0 and 'full_attention' or 'sliding_attention'
+  else
+    kind = 'sliding_attention'
+  end
+  return kind == 'sliding_attention' and c.sliding_window or nil
+end
+M.window_of = window_of
+
+-- Parameters from the closed form (a check on the build; the fit check's count).
+local function closed_form_parameters(decl, c)
+  local q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+  local attn = 2 * c.dim * q + 2 * c.dim * kv
+  if decl.qkv_bias then attn = attn + q + 2 * kv end
+  if decl.qk_norm == 'head' then attn = attn + 2 * c.head_dim
+  elseif decl.qk_norm == 'flat' then attn = attn + q + kv end
+  local mlp
+  if decl.mlp == 'moe' then
+    mlp = c.n_experts * (3 * c.dim * c.moe_ffn_dim + c.dim)
+  else
+    mlp = 3 * c.dim * c.ffn_dim
+  end
+  local norms = (decl.norms == 'sandwich' and 4 or 2) * c.dim
+  return c.n_layers * (attn + mlp + norms) + c.dim + (c.tied and 1 or 2) * c.vocab_size * c.dim
+end
+
+-- Training FLOPs per token (PaLM appendix B): 6N + 12 L H hd T, where N
+-- counts the weights that multiply (an untied input embedding is a
+-- lookup; a mixture of experts counts top_k experts, the active ones) and
+-- a sliding layer attends to at most its window.
+local function flops_per_token(decl, c, seq_len, n_params)
+  n_params = n_params or closed_form_parameters(decl, c)
+  local n = n_params - (c.tied and 0 or c.vocab_size * c.dim)
+  if decl.mlp == 'moe' then n = n - c.n_layers * (c.n_experts - c.top_k) * 3 * c.dim * c.moe_ffn_dim end
+  local attn = 0
+  for i = 0, c.n_layers - 1 do
+    local w = window_of(decl, c, i)
+    attn = attn + 12 * c.n_heads * c.head_dim * (w and math.min(w, seq_len) or seq_len)
+  end
+  return 6 * n + attn
+end
+
+-- Attention options a layer needs that nn.Attention does not keep (the
+-- window and softcap of h-attn's nn.Attention): the message refusing to
+-- run it, or nil. Raised where the model would compute with them
+-- (DecoderLayer:forward off meta): a model built on meta and materialised
+-- later (the recipes' sharding) is caught too; planning on meta computes
+-- nothing and goes on.
+local function missing_attention(decl, attn, want)
+  for _, k in ipairs({ 'window', 'softcap' }) do
+    local v = want[k]
+    if v ~= nil and attn[k] ~= v then
+      return ('%s: this nn.Attention has no %s option (%s = %s was asked for): attention with a sliding window '
+        .. 'or a softcap is not available in this build'):format(decl.name, k, k, tostring(v))
+    end
+  end
+end
+
+-- The classes and functions of a family from its declaration (see the
+-- Note at the top). Returns the family module: name, decl, configs,
+-- config, build, closed_form_parameters, flops_per_token, lora_targets,
+-- and the classes Attention, MLP, DecoderLayer, Model, CausalLM.
+function M.define(decl)
+  local P = decl.class
+  local fam = { name = decl.name, decl = decl, configs = decl.configs, lora_targets = decl.lora_targets }
+
+  local Attention = nn.Attention:extend(P .. 'Attention')
+  if decl.qk_norm then Attention.project = parts.qk_norm_project(decl.qk_norm) end
+  fam.Attention = Attention
+  local MLP
+  if decl.mlp == 'moe' then
+    MLP = nn.MoE and nn.MoE:extend(P .. 'SparseMoeBlock') -- (nn.MoE: h-moe's; checked at build)
+  elseif decl.fused then
+    MLP = parts.FusedGatedMLP:extend(P .. 'MLP')
+  else
+    MLP = nn.GatedMLP:extend(P .. 'MLP')
+  end
+  fam.MLP = MLP
+  local Norm = parts.NORMS[decl.norm or 'rms']
+  if decl.norm_class ~= false then Norm = Norm:extend(P .. 'RMSNorm') end
+  fam.Norm = Norm
+
+  local function norm(dim, c, opts)
+    return Norm(dim, { eps = c.norm_eps, device = opts.device, dtype = opts.dtype })
+  end
+
+  local function attention(c, opts, i)
+    local o = { n_kv_heads = c.n_kv_heads, head_dim = c.head_dim, bias = false, causal = true,
+                init = nn.init.normal(c.init_std), device = opts.device, dtype = opts.dtype }
+    if decl.qkv_bias then o.bias, o.out_bias, o.bias_init = true, false, nn.init.zeros() end
+    if decl.fused then o.fused_qkv = true end
+    if c.query_scale then o.scale = c.query_scale ^ -0.5 end
+    local want = { window = window_of(decl, c, i), softcap = c.attn_softcap }
+    for k, v in pairs(want) do o[k] = v end
+    local a = Attention(c.dim, c.n_heads, o)
+    a._missing = missing_attention(decl, a, want)
+    if decl.qk_norm then
+      local n = decl.qk_norm == 'head' and c.head_dim
+      a.q_norm = norm(n or c.n_heads * c.head_dim, c, opts)
+      a.k_norm = norm(n or c.n_kv_heads * c.head_dim, c, opts)
+    end
+    a.layer_window = want.window -- for the decoding mask (Model:forward)
+    return a
+  end
+
+  local function mlp(c, opts)
+    if decl.mlp == 'moe' then
+      if not MLP then error(decl.name .. ': a mixture-of-experts MLP needs nn.MoE, which this build lacks', 4) end
+      return MLP(c.dim, c.moe_ffn_dim, c.n_experts, c.top_k, { norm_topk_prob = c.norm_topk_prob,
+        activation = decl.activation or 'silu', init = nn.init.normal(c.init_std), device = opts.device,
+        dtype = opts.dtype })
+    end
+    return MLP(c.dim, c.ffn_dim, { activation = decl.activation or 'silu', bias = false,
+                                   init = nn.init.normal(c.init_std), device = opts.device, dtype = opts.dtype })
+  end
+
+  -- The transformer layer: the class wrap and checkpoint policies name.
+  local DecoderLayer = nn.Module:extend(P .. 'DecoderLayer')
+  fam.DecoderLayer = DecoderLayer
+  local placement = decl.norms or 'pre'
+
+  function DecoderLayer:__init(c, opts, i)
+    self.self_attn = attention(c, opts, i or 0)
+    self.mlp = mlp(c, opts)
+    if placement ~= 'post' then self.input_layernorm = norm(c.dim, c, opts) end
+    self.post_attention_layernorm = norm(c.dim, c, opts)
+    if placement == 'sandwich' then self.pre_feedforward_layernorm = norm(c.dim, c, opts) end
+    if placement ~= 'pre' then self.post_feedforward_layernorm = norm(c.dim, c, opts) end
+  end
+
+  -- rope = {cos, sin} of [T, head_dim] (and positions when decoding);
+  -- mask and kv_cache as nn.Attention's (decoding: fsdp.generate).
+  function DecoderLayer:forward(x, rope, mask, kv_cache)
+    local missing = self.self_attn._missing
+    if missing and x.device ~= 'meta' then error(missing, 0) end
+    local a = { rope = rope, mask = mask, kv_cache = kv_cache }
+    if placement == 'pre' then
+      local h = x + self.self_attn(self.input_layernorm(x), a)
+      return h + self.mlp(self.post_attention_layernorm(h))
+    elseif placement == 'sandwich' then
+      local h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), a))
+      return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+    end
+    local h = x + self.post_attention_layernorm(self.self_attn(x, a))
+    return h + self.post_feedforward_layernorm(self.mlp(h))
+  end
+
+  local Model = nn.Module:extend(P .. 'Model')
+  fam.Model = Model
+
+  function Model:__init(c, opts)
+    self.config = c
+    self.embed_tokens = nn.Embedding(c.vocab_size, c.dim, { device = opts.device, dtype = opts.dtype })
+    self.embed_tokens.weight.init = nn.init.normal(c.init_std)
+    self.layers = nn.ModuleList()
+    for i = 1, c.n_layers do self.layers:append(DecoderLayer(c, opts, i - 1)) end
+    self.norm = norm(c.dim, c, opts)
+    self._rope_cache = {}
+  end
+
+  -- cos/sin tables for a sequence length and a layer's theta (sliding
+  -- layers of a 'local_global' family use rope_local_theta, unscaled),
+  -- computed once per (length, theta, dtype, device) in f32 and cast like
+  -- Hugging Face does.
+  function Model:rope(T, like, is_local)
+    local c = self.config
+    local theta, scaling = c.rope_theta, c.rope_scaling
+    if is_local then theta, scaling = c.rope_local_theta, nil end
+    local key = T .. '/' .. like.dtype .. '/' .. like.device .. (is_local and '/local' or '')
+    local r = self._rope_cache[key]
+    if not r then
+      -- (dynamic and longrope: frequencies for a forward of T positions)
+      local cos, sin = F.rope_tables(T, c.head_dim, { theta = theta, scaling = scaling,
+                                                      max_position_embeddings = c.max_seq_len,
+                                                      dtype = like.dtype, device = like.device })
+      r = { cos = cos, sin = sin }
+      self._rope_cache[key] = r
+    end
+    return r
+  end
+
+  local local_rope = decl.rope == 'local_global'
+
+  -- The decoding mask of a layer with window W: the caller's mask (keys
+  -- not padding and not in the future, [B, 1, T, S], queries at cache
+  -- positions S-T ... S-1) and key j > query position - W, as
+  -- transformers' sliding mask in cache positions.
+  local function window_mask(mask, T, W)
+    local S = mask:size(mask:dim() - 1)
+    local dev = mask.device
+    local rows = require('fsdp').arange(T, { dtype = 'i64', device = dev }):view(T, 1) + (S - T - W)
+    local cols = require('fsdp').arange(S, { dtype = 'i64', device = dev }):view(1, S)
+    return F.where(F.gt(cols, rows):view(1, 1, T, S), mask, false)
+  end
+
+  -- ids i64 [B, T] -> hidden states [B, T, dim]. opts (decoding,
+  -- fsdp.generate): positions i64 [B, T], rope_len, mask (bool, broadcast
+  -- to [B, H, T, S]), cache (its layer(i) is layer i's).
+  function Model:forward(ids, opts)
+    local h = self.embed_tokens(ids)
+    if decl.embed_scale then
+      -- sqrt(dim) as an f32 tensor cast to the embeddings' dtype, as HF does
+      local s = require('fsdp').tensor({ math.sqrt(self.config.dim) }, { dtype = 'f32' })
+      h = h * s:to(h.dtype):item()
+    end
+    local layers = self.layers:children()
+    local T = ids:size(1)
+    local len = opts and opts.rope_len or T
+    local global = self:rope(len, h)
+    local lcl = local_rope and self:rope(len, h, true)
+    local masks = {}
+    for i, layer in ipairs(layers) do
+      local W = layer.self_attn.layer_window
+      local t = (lcl and W) and lcl or global
+      if opts == nil then
+        h = layer(h, t)
+      else
+        local mask = opts.mask
+        if mask ~= nil and W then
+          masks[W] = masks[W] or window_mask(mask, T, W)
+          mask = masks[W]
+        end
+        h = layer(h, { cos = t.cos, sin = t.sin, positions = opts.positions }, mask, opts.cache and opts.cache:layer(i))
+      end
+    end
+    return self.norm(h)
+  end
+
+  local CausalLM = nn.Module:extend(P .. 'ForCausalLM')
+  fam.CausalLM = CausalLM
+
+  function CausalLM:__init(c, opts)
+    self.config = c
+    self.model = Model(c, opts)
+    if c.tied then
+      -- One tensor under two modules: counted once, named model.embed_tokens.weight.
+      self.lm_head = nn.Linear(c.dim, c.vocab_size, { bias = false, device = 'meta' })
+      self.lm_head:register_parameter('weight', self.model.embed_tokens.weight)
+    else
+      self.lm_head = nn.Linear(c.dim, c.vocab_size, { bias = false, device = opts.device, dtype = opts.dtype })
+      self.lm_head.weight.init = nn.init.normal(c.init_std)
+    end
+  end
+
+  -- ids: i64 [B, T] -> logits [B, T, vocab] (final_softcap: tanh(z/c)*c).
+  -- opts: Model:forward's, and last_only (the last position's alone).
+  function CausalLM:forward(ids, opts)
+    local h = self.model(ids, opts)
+    if opts and opts.last_only then h = h:narrow(1, h:size(1) - 1, 1) end
+    local logits = self.lm_head(h)
+    local cap = self.config.final_softcap
+    if cap then logits = F.tanh(logits / cap) * cap end
+    return logits
+  end
+
+  -- What fsdp.generate's KV cache holds per layer; RoPE extrapolates
+  -- ([Note: positions past the model's limit] in models/decoders.lua).
+  -- windows: each layer's sliding window or false.
+  function CausalLM:kv_cache_spec()
+    local c = self.config
+    local windows = {}
+    for i = 1, c.n_layers do windows[i] = window_of(decl, c, i - 1) or false end
+    return { n_layers = c.n_layers, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim, max_positions = c.max_seq_len,
+             extrapolates = true, windows = windows }
+  end
+
+  -- Mean cross-entropy of next-token predictions; targets i64 [B, T] (the
+  -- ids shifted by one; -100 entries are ignored). Returns loss, logits.
+  function CausalLM:loss(ids, targets) return common.causal_lm_loss(self, ids, targets) end
+
+  -- fsdp.plan's example batch (common.causal_lm_batch).
+  function CausalLM:example_batch(batch, seq) return common.causal_lm_batch(self, batch, seq) end
+
+  fam.config = config_function(decl)
+  -- Why config c cannot run on this build's nn.Attention (a window or a
+  -- softcap it does not keep), in one line, or nil: for the recipes'
+  -- checks before anything is built.
+  function fam.attention_problem(c)
+    local want = { softcap = c.attn_softcap }
+    for i = 0, c.n_layers - 1 do want.window = want.window or window_of(decl, c, i) end
+    local ok, a = pcall(nn.Attention, 8, 2, { window = want.window, softcap = want.softcap, device = 'meta' })
+    return missing_attention(decl, ok and a or {}, want)
+  end
+  function fam.closed_form_parameters(c) return closed_form_parameters(decl, c) end
+  function fam.flops_per_token(c, seq_len, n_params) return flops_per_token(decl, c, seq_len, n_params) end
+  -- Build a model: name_or_config as in config; opts: device ('cpu' or
+  -- 'meta'), dtype, and config overrides (num_layers=, dim=, ...).
+  function fam.build(name_or_config, opts)
+    local placement_, overrides = common.split_build_opts(opts)
+    return CausalLM(fam.config(name_or_config, overrides), placement_)
+  end
+  return fam
+end
+
+return M
