@@ -222,3 +222,73 @@ describe('attention with a sliding window and softcap on CUDA', function()
     check(CASES[2], 'bf16', 'cuda:0')
   end)
 end)
+
+describe('nn.Attention with a window and softcap', function()
+  local nn = fsdp.nn
+
+  local function layer(o)
+    local a = nn.Attention(32, 4, { n_kv_heads = 2, window = o.window, softcap = o.softcap, dropout = o.dropout })
+    for i, p in ipairs(a:parameters()) do p:copy_(fsdp.randn(p.shape, { seed = 10 + i }) * 0.3) end
+    return a
+  end
+
+  local function x_of(T) return fsdp.randn({ 2, T, 32 }, { seed = 7 }) end
+
+  -- The layer's output from its own projections through the fused op.
+  local function by_hand(a, x, o)
+    local q, k, v = a:project(x)
+    local y = F.scaled_dot_product_attention(q, k, v, o)
+    return a.o_proj(y:transpose(1, 2):reshape(x:size(0), x:size(1), 32))
+  end
+
+  it('stores window and softcap and passes them to the kernel', function()
+    local a = layer({ window = 3, softcap = 2 })
+    assert.equals(3, a.window)
+    assert.equals(2, a.softcap)
+    local x = x_of(12)
+    local want = by_hand(a, x, { causal = true, window = 3, softcap = 2, scale = a.scale })
+    assert.equals(0, (a(x) - want):abs():max():item())
+    local plain = by_hand(a, x, { causal = true, scale = a.scale })
+    assert.is_true((a(x) - plain):abs():max():item() > 1e-3)
+  end)
+
+  it('honours them on the dropout path that materialises the scores', function()
+    local a = layer({ window = 3, softcap = 2, dropout = 1e-12 })
+    a:train()
+    local x = x_of(12)
+    local want = by_hand(a, x, { causal = true, window = 3, softcap = 2, scale = a.scale })
+    local err = (a(x) - want):abs():max():item()
+    assert(err < 1e-5, ('the dropout path differs from the fused kernel by %g'):format(err))
+  end)
+
+  it('keeps the window when decoding with a kv cache (the mask carries it)', function()
+    local a = layer({ window = 3, softcap = 2 })
+    local x = x_of(9)
+    local full = a(x)
+    -- a cache as fsdp.generate's: keys and values appended, all returned
+    local cache = { length = 0 }
+    function cache:update(k, v)
+      self.k = self.k and F.cat({ self.k, k }, 2) or k
+      self.v = self.v and F.cat({ self.v, v }, 2) or v
+      return self.k, self.v
+    end
+    -- a prompt of 5 (its causal mask given), then one token at a time
+    local mask = visible(5, 5, true)
+    local got = { a(x:narrow(1, 0, 5), { kv_cache = cache, mask = mask }) }
+    for t = 5, 8 do got[#got + 1] = a(x:narrow(1, t, 1), { kv_cache = cache }) end
+    local err = (F.cat(got, 1) - full):abs():max():item()
+    assert(err < 1e-5, ('cached decoding differs from the full sequence by %g'):format(err))
+  end)
+
+  it('refuses a window without causal and a bad window or softcap', function()
+    local function err(o)
+      local ok, e = pcall(nn.Attention, 32, 4, o)
+      assert.is_false(ok)
+      return tostring(e)
+    end
+    assert.truthy(err({ window = 4, causal = false }):find('Attention: window 4 needs causal attention', 1, true))
+    assert.truthy(err({ window = 1.5 }):find('Attention: window must be 0 (none) or a positive integer', 1, true))
+    assert.truthy(err({ softcap = -2 }):find('Attention: softcap must be 0 (none) or a positive number', 1, true))
+    assert.truthy(err({ softcap = 0 / 0 }):find('Attention: softcap must be', 1, true))
+  end)
+end)
