@@ -8,7 +8,8 @@
  * The unit of work is a block of QBLOCK query rows of one (batch, head)
  * against the keys it sees: with causal masking those up to its last row,
  * with a window from its first row's window start rounded down to 32 (a
- * whole pair-packed tile; the rows' masks hide the extra keys). A operands are bf16 rows as stored, B operands are packed pair-
+ * whole pair-packed tile; the rows' masks hide the extra keys). A
+ * operands are bf16 rows as stored, B operands are packed pair-
  * interleaved ([K/2][N][2], see pack_pairs): the layout both AMX's
  * tdpbf16ps and AVX512-BF16's vdpbf16ps multiply, each f32 sum taking
  * the two products of a pair. Sums are f32. Sizes are padded with zeros

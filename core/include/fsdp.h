@@ -154,7 +154,8 @@ FL_API const char *fl_device_status(fl_device_kind kind);
 /* Which path scaled_dot_product_attention took on devices of the kind
  * since the process started: counts[0] forward calls through cuDNN's fused
  * attention, counts[1] forward calls through the flash-style kernels,
- * counts[2] and counts[3] the same for backward (core/cuda/cuda_sdpa.cu).
+ * counts[2] and counts[3] the same for backward (core/cuda/cuda_sdpa.cu;
+ * calls with a sliding window or a softcap always take the kernels).
  * Zeros for a kind with one path (cpu) or whose backend is not open. */
 FL_API void fl_attention_paths(fl_device_kind kind, int64_t counts[4]);
 /* The version of a library the backend of the kind uses, as the library
