@@ -307,11 +307,12 @@ static inline __m512 scores16(__m512 s, __m512 scale, float cap, __m512 *th) {
     return _mm512_mul_ps(*th, _mm512_set1_ps(cap));
 }
 
-/* Forward rows of a block (keys j0 ... j1 - 1): S [.., np] f32 in, P
+/* Forward rows of a block (keys j0 ... j1 - 1): S [.., np] f32 in (capped
+ * in place with a softcap), P
  * [m_pad, np] bf16 out (zero outside each row's keys and in the padding
  * rows); per row the logsumexp and 1/rowsum (-inf and 0 for a row that
  * sees no key). */
-static void forward_softmax(const fl_attention_args *a, const float *S, bf16 *P, int64_t m,
+static void forward_softmax(const fl_attention_args *a, float *S, bf16 *P, int64_t m,
                             int64_t m_pad, int64_t np, int64_t j0, int64_t j1, int64_t i0,
                             float *lse, float *inv_sum) {
     __m512 scale = _mm512_set1_ps((float)a->scale), th;
@@ -325,16 +326,21 @@ static void forward_softmax(const fl_attention_args *a, const float *S, bf16 *P,
             if (r < m) lse[r] = -INFINITY, inv_sum[r] = 0;
             continue;
         }
-        const float *s = S + r * np;
+        float *s = S + r * np;
         __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int64_t j = lo / 16 * 16; j < hi; j += 16)
-            mx = _mm512_mask_max_ps(mx, lanes_in(j, lo, hi), mx,
-                                    scores16(_mm512_loadu_ps(s + j), scale, cap, &th));
+        for (int64_t j = lo / 16 * 16; j < hi; j += 16) {
+            __m512 x = scores16(_mm512_loadu_ps(s + j), scale, cap, &th);
+            /* capped: kept in S (scratch) for the pass below, which then
+             * neither scales nor caps again (lanes outside [lo, hi) stay
+             * raw and masked) */
+            if (cap > 0) _mm512_storeu_ps(s + j, x);
+            mx = _mm512_mask_max_ps(mx, lanes_in(j, lo, hi), mx, x);
+        }
         __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < np; j += 16) {
-            __m512 e = _mm512_maskz_mov_ps(
-                lanes_in(j, lo, hi),
-                fl_exp16(_mm512_sub_ps(scores16(_mm512_loadu_ps(s + j), scale, cap, &th), shift)));
+            __m512 x = cap > 0 ? _mm512_sub_ps(_mm512_loadu_ps(s + j), shift)
+                               : _mm512_fmsub_ps(_mm512_loadu_ps(s + j), scale, shift);
+            __m512 e = _mm512_maskz_mov_ps(lanes_in(j, lo, hi), fl_exp16(x));
             sum = _mm512_add_ps(sum, e);
             fl_store_bf16x16(p + j, e);
         }

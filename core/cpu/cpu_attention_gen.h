@@ -24,11 +24,24 @@ static inline R *FN(row_of)(const fl_tensor *t, int64_t b, int64_t h, int64_t i)
     return (R *)t->data + b * t->stride[0] + h * t->stride[1] + i * t->stride[2];
 }
 
-/* tanh(x) from one exponential (vectorises; absolute error about that of
- * EXP near 1, which softcap scales to softcap * 1e-7 in f32). */
-static inline R FN(tanh_of)(R x) {
-    R e = EXP(-2 * (x < 0 ? -x : x)), t = (1 - e) / (1 + e);
-    return x < 0 ? -t : t;
+/* The softcap over one row of scores, in place: s = cap * tanh(s / cap),
+ * the tanh also to t when t is not NULL. tanh(x) = 1 - 2 / (1 + e^2x):
+ * one exponential, no branch, so the loop vectorises (EXP saturates: +-1
+ * at the ends); its absolute error is EXP's near 1, about 1e-7 in f32
+ * (times cap in the score). */
+FL_FUSED_CLONES __attribute__((unused)) static void FN(row_softcap)(R *s, R *t, int64_t n, R cap) {
+    R two_inv = 2 / cap;
+    if (t) {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) {
+            R th = 1 - 2 / (1 + EXP(s[j] * two_inv));
+            s[j] = cap * th;
+            t[j] = th;
+        }
+    } else {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) s[j] = cap * (1 - 2 / (1 + EXP(s[j] * two_inv)));
+    }
 }
 
 /* The keys [*j0, *j1) the rows [i0, i0 + m) of a block can see. */
@@ -49,18 +62,11 @@ static void FN(probabilities)(const fl_attention_args *a, R *S, R *T, int64_t m,
                               int64_t j0, int64_t b, int64_t h, int64_t i0, R *lse, R *inv_sum,
                               const R *saved_lse) {
     const fl_tensor *bias = a->bias;
-    R cap = (R)a->softcap, inv_cap = cap > 0 ? 1 / cap : 0;
+    R cap = (R)a->softcap;
     for (int64_t r = 0; r < m; r++) {
         R *s = S + r * nk;
         int64_t i = i0 + r;
-        if (cap > 0) {
-            R *t = T ? T + r * nk : NULL;
-            for (int64_t j = 0; j < nk; j++) {
-                R th = FN(tanh_of)(s[j] * inv_cap);
-                s[j] = cap * th;
-                if (t) t[j] = th;
-            }
-        }
+        if (cap > 0) FN(row_softcap)(s, T ? T + r * nk : NULL, nk, cap);
         if (bias) {
             int64_t bs = bias->stride[3];
             const R *br = FN(row_of)(bias, b, h, i) + j0 * bs;
