@@ -6,8 +6,10 @@
  * through BLAS).
  *
  * The unit of work is a block of QBLOCK query rows of one (batch, head)
- * against the keys it sees (with causal masking, those up to its last
- * row). A operands are bf16 rows as stored, B operands are packed pair-
+ * against the keys it sees: with causal masking those up to its last row,
+ * with a window from its first row's window start rounded down to 32 (a
+ * whole pair-packed tile; the rows' masks hide the extra keys). A
+ * operands are bf16 rows as stored, B operands are packed pair-
  * interleaved ([K/2][N][2], see pack_pairs): the layout both AMX's
  * tdpbf16ps and AVX512-BF16's vdpbf16ps multiply, each f32 sum taking
  * the two products of a pair. Sums are f32. Sizes are padded with zeros
@@ -260,35 +262,85 @@ static inline const bf16 *row_of(const fl_tensor *t, int64_t b, int64_t h, int64
     return (const bf16 *)t->data + b * t->stride[0] + h * t->stride[1] + i * t->stride[2];
 }
 
-/* How many keys query i sees, of the nk of its block. */
-static inline int64_t visible(const fl_attention_args *a, int64_t i, int64_t nk) {
-    return a->causal && i + 1 < nk ? i + 1 : nk;
+/* The keys a block of rows [i0, i0 + m) multiplies: [*j0, *j1), j0 a
+ * multiple of 32 (the window's start rounded down), j1 the last row's
+ * diagonal (causal) or Tk. */
+static inline void block_keys(const fl_attention_args *a, int64_t i0, int64_t m, int64_t Tk,
+                              int64_t *j0, int64_t *j1) {
+    int64_t lo = a->window > 0 ? i0 - a->window + 1 : 0;
+    lo = lo < 0 ? 0 : lo > Tk ? Tk : lo;
+    *j0 = lo / 32 * 32;
+    *j1 = a->causal && i0 + m < Tk ? i0 + m : Tk;
+    if (*j1 < *j0) *j1 = *j0;
 }
 
-/* Forward rows of a block: S [.., np] f32 in, P [m_pad, np] bf16 out
- * (zero past each row's keys and in the padding rows); per row the
- * logsumexp and 1/rowsum. */
-static void forward_softmax(const fl_attention_args *a, const float *S, bf16 *P, int64_t m,
-                            int64_t m_pad, int64_t np, int64_t nk, int64_t i0, float *lse,
-                            float *inv_sum) {
-    __m512 scale = _mm512_set1_ps((float)a->scale);
+/* The keys query i sees, as [*lo, *hi) relative to the block's first key
+ * j0 (its last key j1): empty when hi <= lo. */
+static inline void row_keys(const fl_attention_args *a, int64_t i, int64_t j0, int64_t j1,
+                            int64_t *lo, int64_t *hi) {
+    int64_t h = a->causal && i + 1 < j1 ? i + 1 : j1, l = a->window > 0 ? i - a->window + 1 : 0;
+    *lo = (l > j0 ? l : j0) - j0;
+    *hi = h - j0;
+}
+
+/* Lanes j ... j + 15 inside [lo, hi). */
+static inline __mmask16 lanes_in(int64_t j, int64_t lo, int64_t hi) {
+    return (__mmask16)(fl_lanes_below(j, hi) & ~fl_lanes_below(j, lo));
+}
+
+/* tanh of 16 lanes from one exponential: (1 - e) / (1 + e), e = exp(-2|x|),
+ * the sign put back. */
+static inline __m512 tanh16(__m512 x) {
+    __m512 ax = _mm512_abs_ps(x);
+    __m512 e = fl_exp16(_mm512_mul_ps(ax, _mm512_set1_ps(-2.0f)));
+    __m512 one = _mm512_set1_ps(1.0f);
+    __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    return _mm512_or_ps(t, _mm512_and_ps(x, _mm512_set1_ps(-0.0f)));
+}
+
+/* scale * s, then softcap * tanh(. / softcap) when capped; *th gets the
+ * tanh (for the backward's 1 - tanh^2). */
+static inline __m512 scores16(__m512 s, __m512 scale, float cap, __m512 *th) {
+    __m512 x = _mm512_mul_ps(s, scale);
+    if (cap <= 0) return x;
+    *th = tanh16(_mm512_mul_ps(x, _mm512_set1_ps(1 / cap)));
+    return _mm512_mul_ps(*th, _mm512_set1_ps(cap));
+}
+
+/* Forward rows of a block (keys j0 ... j1 - 1): S [.., np] f32 in (capped
+ * in place with a softcap), P
+ * [m_pad, np] bf16 out (zero outside each row's keys and in the padding
+ * rows); per row the logsumexp and 1/rowsum (-inf and 0 for a row that
+ * sees no key). */
+static void forward_softmax(const fl_attention_args *a, float *S, bf16 *P, int64_t m,
+                            int64_t m_pad, int64_t np, int64_t j0, int64_t j1, int64_t i0,
+                            float *lse, float *inv_sum) {
+    __m512 scale = _mm512_set1_ps((float)a->scale), th;
+    float cap = (float)a->softcap;
     for (int64_t r = 0; r < m_pad; r++) {
         bf16 *p = P + r * np;
-        if (r >= m) {
+        int64_t lo = 0, hi = 0;
+        if (r < m) row_keys(a, i0 + r, j0, j1, &lo, &hi);
+        if (hi <= lo) {
             memset(p, 0, (size_t)np * sizeof *p);
+            if (r < m) lse[r] = -INFINITY, inv_sum[r] = 0;
             continue;
         }
-        const float *s = S + r * np;
-        int64_t n = visible(a, i0 + r, nk);
+        float *s = S + r * np;
         __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int64_t j = 0; j < n; j += 16)
-            mx = _mm512_mask_max_ps(mx, fl_lanes_below(j, n), mx,
-                                    _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
+        for (int64_t j = lo / 16 * 16; j < hi; j += 16) {
+            __m512 x = scores16(_mm512_loadu_ps(s + j), scale, cap, &th);
+            /* capped: kept in S (scratch) for the pass below, which then
+             * neither scales nor caps again (lanes outside [lo, hi) stay
+             * raw and masked) */
+            if (cap > 0) _mm512_storeu_ps(s + j, x);
+            mx = _mm512_mask_max_ps(mx, lanes_in(j, lo, hi), mx, x);
+        }
         __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < np; j += 16) {
-            __m512 e = _mm512_maskz_mov_ps(
-                fl_lanes_below(j, n),
-                fl_exp16(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), scale, shift)));
+            __m512 x = cap > 0 ? _mm512_sub_ps(_mm512_loadu_ps(s + j), shift)
+                               : _mm512_fmsub_ps(_mm512_loadu_ps(s + j), scale, shift);
+            __m512 e = _mm512_maskz_mov_ps(lanes_in(j, lo, hi), fl_exp16(x));
             sum = _mm512_add_ps(sum, e);
             fl_store_bf16x16(p + j, e);
         }
@@ -346,14 +398,22 @@ int fl_bf16_attention(const fl_attention_args *a, bool tiles) {
                 pack_pairs(Vp, row_of(v, b, hk, 0), v->stride[2], Tk, Tp, Dv);
                 packed = b * Hkv + hk;
             }
-            int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK;
-            int64_t m_pad = round_up(m, 32), nk = a->causal && i0 + m < Tk ? i0 + m : Tk;
-            int64_t np = round_up(nk, 32);
-            copy_rows(Qb, row_of(q, b, h, i0), q->stride[2], m, m_pad, D, false);
-            product(tiles, m_pad, np, D, Qb, D, Kt, Tp, S, np, false);
+            int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK, j0, j1;
+            block_keys(a, i0, m, Tk, &j0, &j1);
+            int64_t m_pad = round_up(m, 32), np = round_up(j1 - j0, 32);
             float *lse = (float *)a->lse->data + (b * Hq + h) * Tq + i0;
-            forward_softmax(a, S, P, m, m_pad, np, nk, i0, lse, inv_sum);
-            product(tiles, m_pad, Dv, np, P, np, Vp, Dv, O, Dv, false);
+            if (np == 0) { /* no row of the block sees a key */
+                for (int64_t r = 0; r < m; r++) {
+                    lse[r] = -INFINITY;
+                    memset((bf16 *)row_of(a->out, b, h, i0 + r), 0, (size_t)Dv * sizeof(bf16));
+                }
+                continue;
+            }
+            copy_rows(Qb, row_of(q, b, h, i0), q->stride[2], m, m_pad, D, false);
+            /* (packed K^T: column j0 at 2 j0; packed V: key pair j0 / 2 at j0 Dv) */
+            product(tiles, m_pad, np, D, Qb, D, Kt + 2 * j0, Tp, S, np, false);
+            forward_softmax(a, S, P, m, m_pad, np, j0, j1, i0, lse, inv_sum);
+            product(tiles, m_pad, Dv, np, P, np, Vp + j0 * Dv, Dv, O, Dv, false);
             for (int64_t r = 0; r < m; r++) {
                 bf16 *o = (bf16 *)row_of(a->out, b, h, i0 + r);
                 __m512 inv = _mm512_set1_ps(inv_sum[r]);
@@ -394,14 +454,17 @@ static void store_transposed(const fl_tensor *t, int64_t b, int64_t h, const flo
     }
 }
 
-/* Backward rows of a block, in place: S [m_pad, np] (scores) becomes P,
- * and dP [m_pad, np] becomes dS; P and dS also go out pair-packed over the
- * block's rows (Pp, dSp: the B operands of dV^T and dK^T) and dS as bf16
- * rows (dSb: the A operand of dQ). Padding rows are zero. */
+/* Backward rows of a block (keys j0 ... j1 - 1), in place: S [m_pad, np]
+ * (scores) becomes P, and dP [m_pad, np] becomes dS (through the softcap:
+ * times 1 - tanh^2); P and dS also go out pair-packed over the block's
+ * rows (Pp, dSp: the B operands of dV^T and dK^T) and dS as bf16 rows
+ * (dSb: the A operand of dQ). Padding rows are zero. */
 static void backward_softmax(const fl_attention_args *a, float *S, float *dP, bf16 *Pp, bf16 *dSp,
                              bf16 *dSb, const float *lse, const float *rowdot, int64_t m,
-                             int64_t m_pad, int64_t np, int64_t nk, int64_t i0) {
+                             int64_t m_pad, int64_t np, int64_t j0, int64_t j1, int64_t i0) {
     __m512 scale = _mm512_set1_ps((float)a->scale), zero = _mm512_setzero_ps();
+    __m512 one = _mm512_set1_ps(1.0f), th = zero;
+    float cap = (float)a->softcap;
     for (int64_t r = 0; r < m_pad; r += 2) {
         float *s[2] = {S + r * np, S + (r + 1) * np}, *g[2] = {dP + r * np, dP + (r + 1) * np};
         for (int64_t j = 0; j < np; j += 16) {
@@ -412,12 +475,15 @@ static void backward_softmax(const fl_attention_args *a, float *S, float *dP, bf
                     p[t] = ds[t] = zero;
                     continue;
                 }
-                __mmask16 keep = fl_lanes_below(j, visible(a, i0 + i, nk));
-                __m512 x =
-                    _mm512_fmsub_ps(_mm512_loadu_ps(s[t] + j), scale, _mm512_set1_ps(lse[i]));
+                int64_t lo, hi;
+                row_keys(a, i0 + i, j0, j1, &lo, &hi);
+                __mmask16 keep = lanes_in(j, lo, hi);
+                __m512 x = _mm512_sub_ps(scores16(_mm512_loadu_ps(s[t] + j), scale, cap, &th),
+                                         _mm512_set1_ps(lse[i]));
                 p[t] = _mm512_maskz_mov_ps(keep, fl_exp16(x));
                 ds[t] = _mm512_mul_ps(
                     p[t], _mm512_sub_ps(_mm512_loadu_ps(g[t] + j), _mm512_set1_ps(rowdot[i])));
+                if (cap > 0) ds[t] = _mm512_mul_ps(ds[t], _mm512_fnmadd_ps(th, th, one));
                 fl_store_bf16x16(dSb + i * np + j, ds[t]);
             }
             store_pairs(Pp + r * np + 2 * j, p[0], p[1]);
@@ -462,9 +528,14 @@ int fl_bf16_attention_backward(const fl_attention_args *a, bool tiles) {
             memset(dKt, 0, (size_t)(D + Dv) * (size_t)Tp * sizeof *dKt);
             for (int64_t h = hk * group; h < (hk + 1) * group; h++)
                 for (int64_t qb = 0; qb < nqb; qb++) {
-                    int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK;
-                    int64_t m_pad = round_up(m, 32), nk = a->causal && i0 + m < Tk ? i0 + m : Tk;
-                    int64_t np = round_up(nk, 32);
+                    int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK, j0, j1;
+                    block_keys(a, i0, m, Tk, &j0, &j1);
+                    int64_t m_pad = round_up(m, 32), np = round_up(j1 - j0, 32);
+                    if (np == 0) { /* no row sees a key: dq zero, nothing to dk, dv */
+                        for (int64_t r = 0; r < m; r++)
+                            memset((bf16 *)row_of(a->dq, b, h, i0 + r), 0, (size_t)D * sizeof(bf16));
+                        continue;
+                    }
                     const bf16 *Q = row_of(q, b, h, i0), *dO = row_of(dout, b, h, i0);
                     copy_rows(Qb, Q, q->stride[2], m, m_pad, D, false);
                     copy_rows(QT, Q, q->stride[2], m, m_pad, D, true);
@@ -480,12 +551,14 @@ int fl_bf16_attention_backward(const fl_attention_args *a, bool tiles) {
                                                   fl_load_bf16x16(grow + d), acc);
                         rowdot[r] = _mm512_reduce_add_ps(acc);
                     }
-                    product(tiles, m_pad, np, D, Qb, D, Kt, Tp, S, np, false);
-                    product(tiles, m_pad, np, Dv, dOb, Dv, Vt, Tp, dP, np, false);
-                    backward_softmax(a, S, dP, Pp, dSp, dSb, lse, rowdot, m, m_pad, np, nk, i0);
-                    product(tiles, Dv, np, m_pad, dOT, m_pad, Pp, np, dVt, Tp, true);
-                    product(tiles, D, np, m_pad, QT, m_pad, dSp, np, dKt, Tp, true);
-                    product(tiles, m_pad, D, np, dSb, np, Kp, D, dQ, D, false);
+                    /* (K^T, V^T packed: column j0 at 2 j0; K pair-packed: key pair
+                     * j0 / 2 at j0 D; dK^T, dV^T: column j0) */
+                    product(tiles, m_pad, np, D, Qb, D, Kt + 2 * j0, Tp, S, np, false);
+                    product(tiles, m_pad, np, Dv, dOb, Dv, Vt + 2 * j0, Tp, dP, np, false);
+                    backward_softmax(a, S, dP, Pp, dSp, dSb, lse, rowdot, m, m_pad, np, j0, j1, i0);
+                    product(tiles, Dv, np, m_pad, dOT, m_pad, Pp, np, dVt + j0, Tp, true);
+                    product(tiles, D, np, m_pad, QT, m_pad, dSp, np, dKt + j0, Tp, true);
+                    product(tiles, m_pad, D, np, dSb, np, Kp + j0 * D, D, dQ, D, false);
                     for (int64_t r = 0; r < m; r++) {
                         bf16 *dq = (bf16 *)row_of(a->dq, b, h, i0 + r);
                         for (int64_t d = 0; d < D; d += 16)

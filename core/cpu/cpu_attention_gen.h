@@ -5,13 +5,16 @@
  * scratch for packing a transposed B, then fl_cpu_sgemm's arguments).
  *
  * The unit of work is a block of QBLOCK query rows of one (batch, head):
- *   forward   S = scale * Q K^T + bias, masked; P = exp(S - rowmax);
+ *   forward   S = softcap(scale * Q K^T) + bias, masked; P = exp(S - rowmax);
  *             O = (P V) / rowsum; lse = rowmax + log(rowsum)
  *   backward  P = exp(S - lse) recomputed; dV += P^T dO; dP = dO V^T;
- *             dS = P * (dP - rowsum(dO * O)); dQ = scale * dS K;
- *             dK += scale * dS^T Q; dbias += dS
- * With causal masking a block only multiplies the keys its last row can
- * see, so the GEMMs shrink to about half.
+ *             dS = P * (dP - rowsum(dO * O)); dbias += dS;
+ *             dS *= 1 - tanh^2 (softcap); dQ = scale * dS K;
+ *             dK += scale * dS^T Q
+ * A block only multiplies the keys its rows can see ([Note: attention
+ * window and softcap], core/ops/attention.c): from the first row's window
+ * start (0 without a window) to the last row's diagonal (causal) or Tk, so
+ * causal GEMMs shrink to about half and windowed ones to the window.
  */
 
 #include "cpu_fused_rows.h"
@@ -21,25 +24,62 @@ static inline R *FN(row_of)(const fl_tensor *t, int64_t b, int64_t h, int64_t i)
     return (R *)t->data + b * t->stride[0] + h * t->stride[1] + i * t->stride[2];
 }
 
-/* S rows of one block: bias, causal mask, then exp(S - shift) in place.
- * shift is each row's max (forward: also returns lse and 1/rowsum) or the
- * saved lse (backward). A fully masked row becomes zeros. */
-static void FN(probabilities)(const fl_attention_args *a, R *S, int64_t m, int64_t nk, int64_t b,
-                              int64_t h, int64_t i0, R *lse, R *inv_sum, const R *saved_lse) {
+/* The softcap over one row of scores, in place: s = cap * tanh(s / cap),
+ * the tanh also to t when t is not NULL. tanh(x) = 1 - 2 / (1 + e^2x):
+ * one exponential, no branch, so the loop vectorises (EXP saturates: +-1
+ * at the ends); its absolute error is EXP's near 1, about 1e-7 in f32
+ * (times cap in the score). */
+FL_FUSED_CLONES __attribute__((unused)) static void FN(row_softcap)(R *s, R *t, int64_t n, R cap) {
+    R two_inv = 2 / cap;
+    if (t) {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) {
+            R th = 1 - 2 / (1 + EXP(s[j] * two_inv));
+            s[j] = cap * th;
+            t[j] = th;
+        }
+    } else {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) s[j] = cap * (1 - 2 / (1 + EXP(s[j] * two_inv)));
+    }
+}
+
+/* The keys [*j0, *j1) the rows [i0, i0 + m) of a block can see. */
+static inline void FN(key_range)(const fl_attention_args *a, int64_t i0, int64_t m, int64_t Tk,
+                                 int64_t *j0, int64_t *j1) {
+    int64_t lo = a->window > 0 ? i0 - a->window + 1 : 0;
+    *j0 = lo > 0 ? (lo < Tk ? lo : Tk) : 0;
+    *j1 = a->causal && i0 + m < Tk ? i0 + m : Tk;
+    if (*j1 < *j0) *j1 = *j0;
+}
+
+/* S rows of one block (keys j0 ... j0 + nk - 1): softcap (keeping the
+ * tanh in T for the backward when T is given), bias, causal and window
+ * masks, then exp(S - shift) in place. shift is each row's max (forward:
+ * also returns lse and 1/rowsum) or the saved lse (backward). A fully
+ * masked row becomes zeros. */
+static void FN(probabilities)(const fl_attention_args *a, R *S, R *T, int64_t m, int64_t nk,
+                              int64_t j0, int64_t b, int64_t h, int64_t i0, R *lse, R *inv_sum,
+                              const R *saved_lse) {
     const fl_tensor *bias = a->bias;
+    R cap = (R)a->softcap;
     for (int64_t r = 0; r < m; r++) {
         R *s = S + r * nk;
         int64_t i = i0 + r;
+        if (cap > 0) FN(row_softcap)(s, T ? T + r * nk : NULL, nk, cap);
         if (bias) {
-            const R *br = FN(row_of)(bias, b, h, i);
             int64_t bs = bias->stride[3];
+            const R *br = FN(row_of)(bias, b, h, i) + j0 * bs;
             if (bs == 1)
                 for (int64_t j = 0; j < nk; j++) s[j] += br[j];
             else
                 for (int64_t j = 0; j < nk; j++) s[j] += br[j * bs];
         }
+        /* keys j0 + j with j0 + j > i (causal) or j0 + j <= i - window */
         if (a->causal)
-            for (int64_t j = i + 1; j < nk; j++) s[j] = -INFINITY;
+            for (int64_t j = i + 1 - j0 > 0 ? i + 1 - j0 : 0; j < nk; j++) s[j] = -INFINITY;
+        if (a->window > 0)
+            for (int64_t j = 0, e = i - a->window + 1 - j0; j < nk && j < e; j++) s[j] = -INFINITY;
         R shift = saved_lse ? saved_lse[r] : FN(row_max)(s, nk);
         if (shift == -INFINITY) {
             /* Every key masked: no probability mass, zero output. */
@@ -71,8 +111,9 @@ static int FN(attention)(const fl_attention_args *a) {
         for (int64_t it = 0; it < items; it++) {
             if (!S || oom) continue;
             int64_t qb = it % nqb, h = (it / nqb) % Hq, b = it / (nqb * Hq), hk = h / group;
-            int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK;
-            int64_t nk = a->causal ? (Tk < i0 + m ? Tk : i0 + m) : Tk;
+            int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK, j0, j1;
+            FN(key_range)(a, i0, m, Tk, &j0, &j1);
+            int64_t nk = j1 - j0;
             R *O = FN(row_of)(a->out, b, h, i0), *L = FN(row_of)(a->lse, b, h, i0);
             R *inv_sum = S + QBLOCK * (Tk ? Tk : 1), *pack = inv_sum + QBLOCK;
             if (nk == 0) {
@@ -82,10 +123,10 @@ static int FN(attention)(const fl_attention_args *a) {
                 }
                 continue;
             }
-            const R *Q = FN(row_of)(q, b, h, i0), *K = FN(row_of)(k, b, hk, 0);
-            const R *V = FN(row_of)(v, b, hk, 0);
+            const R *Q = FN(row_of)(q, b, h, i0), *K = FN(row_of)(k, b, hk, j0);
+            const R *V = FN(row_of)(v, b, hk, j0);
             GEMM(pack, false, true, m, nk, D, scale, Q, q->stride[2], K, k->stride[2], 0, S, nk);
-            FN(probabilities)(a, S, m, nk, b, h, i0, L, inv_sum, NULL);
+            FN(probabilities)(a, S, NULL, m, nk, j0, b, h, i0, L, inv_sum, NULL);
             GEMM(pack, false, false, m, Dv, nk, 1, S, nk, V, v->stride[2], 0, O, Dv);
             for (int64_t r = 0; r < m; r++)
                 for (int64_t d = 0; d < Dv; d++) O[r * Dv + d] *= inv_sum[r];
@@ -102,7 +143,7 @@ static int FN(attention)(const fl_attention_args *a) {
  * where it broadcast): rows summed over broadcast batch/heads/queries by
  * the caller's work split, keys summed here when the bias had one. */
 static void FN(add_dbias)(R *dst, const fl_tensor *dbias, const R *dS, int64_t m, int64_t nk,
-                          int64_t b, int64_t h, int64_t i0) {
+                          int64_t j0, int64_t b, int64_t h, int64_t i0) {
     const int64_t *s = dbias->shape;
     for (int64_t r = 0; r < m; r++) {
         int64_t i = i0 + r;
@@ -115,7 +156,7 @@ static void FN(add_dbias)(R *dst, const fl_tensor *dbias, const R *dS, int64_t m
             for (int64_t j = 0; j < nk; j++) sum += d[j];
             row[0] += (R)sum;
         } else {
-            for (int64_t j = 0; j < nk; j++) row[j] += d[j];
+            for (int64_t j = 0; j < nk; j++) row[j0 + j] += d[j];
         }
     }
 }
@@ -150,7 +191,9 @@ static int FN(attention_backward)(const fl_attention_args *a) {
 #pragma omp parallel if (par)
     {
         int64_t widest = D > Dv ? D : Dv;
-        R *P = malloc((size_t)(2 * block + QBLOCK + Tk * widest) * sizeof(R));
+        /* P, dP, (softcap: the tanh of each score), rowdot, pack */
+        int64_t blocks = a->softcap > 0 ? 3 : 2;
+        R *P = malloc((size_t)(blocks * block + QBLOCK + Tk * widest) * sizeof(R));
         if (!P) oom = true;
         R *dbias_dst = !db ? NULL
                      : private_db ? db_parts + (int64_t)omp_get_thread_num() * db->numel
@@ -158,16 +201,18 @@ static int FN(attention_backward)(const fl_attention_args *a) {
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             if (!P || oom) continue;
-            R *dP = P + block, *rowdot = P + 2 * block, *pack = rowdot + QBLOCK;
+            R *dP = P + block, *Th = a->softcap > 0 ? P + 2 * block : NULL;
+            R *rowdot = P + blocks * block, *pack = rowdot + QBLOCK;
             int64_t hk = it % Hkv, b0 = whole_batch ? 0 : it / Hkv, b1 = whole_batch ? B : b0 + 1;
             for (int64_t b = b0; b < b1; b++) {
-                const R *K = FN(row_of)(k, b, hk, 0), *V = FN(row_of)(v, b, hk, 0);
-                R *dK = a->dk ? FN(row_of)(a->dk, b, hk, 0) : NULL;
-                R *dV = a->dv ? FN(row_of)(a->dv, b, hk, 0) : NULL;
                 for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
                     for (int64_t qb = 0; qb < nqb; qb++) {
-                        int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK;
-                        int64_t nk = a->causal ? (Tk < i0 + m ? Tk : i0 + m) : Tk;
+                        int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK, j0, j1;
+                        FN(key_range)(a, i0, m, Tk, &j0, &j1);
+                        int64_t nk = j1 - j0;
+                        const R *K = FN(row_of)(k, b, hk, j0), *V = FN(row_of)(v, b, hk, j0);
+                        R *dK = a->dk ? FN(row_of)(a->dk, b, hk, j0) : NULL;
+                        R *dV = a->dv ? FN(row_of)(a->dv, b, hk, j0) : NULL;
                         R *dQ = a->dq ? FN(row_of)(a->dq, b, h, i0) : NULL;
                         if (nk == 0) {
                             if (dQ)
@@ -179,7 +224,7 @@ static int FN(attention_backward)(const fl_attention_args *a) {
                         const R *L = FN(row_of)(a->lse, b, h, i0);
                         int64_t ldq = q->stride[2], ldo = dout->stride[2];
                         GEMM(pack, false, true, m, nk, D, scale, Q, ldq, K, k->stride[2], 0, P, nk);
-                        FN(probabilities)(a, P, m, nk, b, h, i0, NULL, NULL, L);
+                        FN(probabilities)(a, P, Th, m, nk, j0, b, h, i0, NULL, NULL, L);
                         if (dV) GEMM(pack, true, false, nk, Dv, m, 1, P, nk, dO, ldo, 1, dV, Dv);
                         if (!dQ && !dK && !dbias_dst) continue;
                         GEMM(pack, false, true, m, nk, Dv, 1, dO, ldo, V, v->stride[2], 0, dP, nk);
@@ -193,7 +238,9 @@ static int FN(attention_backward)(const fl_attention_args *a) {
                         for (int64_t r = 0; r < m; r++)
                             for (int64_t j = 0; j < nk; j++)
                                 dP[r * nk + j] = P[r * nk + j] * (dP[r * nk + j] - rowdot[r]);
-                        if (dbias_dst) FN(add_dbias)(dbias_dst, db, dP, m, nk, b, h, i0);
+                        if (dbias_dst) FN(add_dbias)(dbias_dst, db, dP, m, nk, j0, b, h, i0);
+                        if (Th) /* through the cap: d softcap*tanh(x/softcap) / dx */
+                            for (int64_t x = 0; x < m * nk; x++) dP[x] *= 1 - Th[x] * Th[x];
                         if (dQ) GEMM(pack, false, false, m, D, nk, scale, dP, nk, K, k->stride[2], 0, dQ, D);
                         if (dK) GEMM(pack, true, false, nk, D, m, scale, dP, nk, Q, ldq, 1, dK, D);
                     }

@@ -47,6 +47,8 @@ template <typename T> struct fl_att_params {
     int D, Dv;
     bool causal;
     T scale;
+    int64_t window; /* 0: none ([Note: attention window and softcap], core/ops/attention.c) */
+    T softcap;      /* 0: none */
 };
 
 template <typename T> static inline fl_att_view<T> fl_att_view_of(const fl_tensor *t) {
@@ -85,6 +87,8 @@ template <typename T> static fl_att_params<T> fl_att_params_of(const fl_attentio
     p.group = p.Hq / p.Hkv;
     p.causal = a->causal;
     p.scale = (T)a->scale;
+    p.window = a->window;
+    p.softcap = (T)a->softcap;
     p.drow = NULL;
     const int64_t scores[4] = {p.B, p.Hq, p.Tq, p.Tk};
     p.dbias_exact = a->dbias != NULL;
@@ -140,6 +144,31 @@ static inline int fl_att_check_dtypes(const char *op, const fl_attention_args *a
               : fl_fail(FL_ERR_UNSUPPORTED, "%s on cuda: the kernel takes q, k, v, bias in one "
                                             "compute dtype (f32 or f64), got q in %s",
                         op, fl_dtype_name(t));
+}
+
+/* Whether query i is kept from key j by the causal and window masks. */
+template <typename T>
+__device__ __forceinline__ bool fl_att_hidden(const fl_att_params<T> &p, int64_t i, int64_t j) {
+    return (p.causal && j > i) || (p.window > 0 && j <= i - p.window);
+}
+
+/* The score before the bias: scale * q.k, softcapped when asked; *th gets
+ * the tanh (1 - th^2 is the cap's derivative; 0 without a cap). */
+template <typename T> __device__ __forceinline__ T fl_att_score(const fl_att_params<T> &p, T dot, T *th) {
+    T sv = dot * p.scale;
+    *th = 0;
+    if (p.softcap > 0) {
+        *th = fl_cu_tanh(sv / p.softcap);
+        sv = p.softcap * *th;
+    }
+    return sv;
+}
+
+/* The first key tile (a multiple of FL_ATT_KTILE) any of the rows from i0
+ * on can see: 0 without a window. */
+template <typename T> __device__ __forceinline__ int64_t fl_att_first_key(const fl_att_params<T> &p, int64_t i0) {
+    int64_t lo = p.window > 0 ? i0 - p.window + 1 : 0;
+    return lo > 0 ? lo / FL_ATT_KTILE * FL_ATT_KTILE : 0;
 }
 
 /* Dynamic shared memory, aligned for double. */

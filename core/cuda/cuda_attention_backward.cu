@@ -5,7 +5,9 @@
  * tile by tile from the saved logsumexp, P = exp(S - lse), never stored. With
  * Drow = rowsum(dO * O) and dS = P * (dO V^T - Drow):
  *   dV = P^T dO,  dK = scale * dS^T Q,  dQ = scale * dS K,  dbias = dS
- * (summed over the dims the bias broadcast along).
+ * (summed over the dims the bias broadcast along); with a softcap, dS is
+ * multiplied by 1 - tanh^2 after dbias and before dQ and dK ([Note:
+ * attention window and softcap], core/ops/attention.c).
  *
  * Three kernels, none with atomics on dq/dk/dv (deterministic results):
  *   1. Drow, one warp per query row.
@@ -87,7 +89,7 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) dq_kernel(fl_att_params<T> p) 
         for (int c = 0; c < NC; c++) acc[rr][c] = 0;
     }
     int64_t kend = p.causal ? min(p.Tk, i0 + FL_ATT_TILE) : p.Tk;
-    for (int64_t k0 = 0; k0 < kend; k0 += FL_ATT_KTILE) {
+    for (int64_t k0 = fl_att_first_key(p, i0); k0 < kend; k0 += FL_ATT_KTILE) {
         __syncthreads();
         for (int x = tid; x < FL_ATT_KTILE * D; x += FL_ATT_THREADS) {
             int jj = x / D, d = x % D;
@@ -108,15 +110,16 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) dq_kernel(fl_att_params<T> p) 
         #pragma unroll
         for (int rr = 0; rr < FL_ATT_ROWS; rr++) {
             const int64_t i = i0 + warp * FL_ATT_ROWS + rr;
-            bool masked = i >= p.Tq || j >= p.Tk || (p.causal && j > i) || L[rr] == (T)-INFINITY;
-            T pr = 0;
+            bool masked = i >= p.Tq || j >= p.Tk || fl_att_hidden(p, i, j) || L[rr] == (T)-INFINITY;
+            T pr = 0, th = 0;
             if (!masked) {
-                T sv = s[rr] * p.scale;
+                T sv = fl_att_score(p, s[rr], &th);
                 if (p.bias.p) sv += p.bias.row(b, h, i)[j * p.bias.s3];
                 pr = fl_cu_exp(sv - L[rr]);
             }
             T ds = pr * (dp[rr] - Dr[rr]);
             if (p.dbias && i < p.Tq) add_dbias(p, b, h, i, j, ds);
+            ds *= 1 - th * th;
             if (!p.dq.p) continue;
             for (int jj = 0; jj < FL_ATT_KTILE; jj++) {
                 T dsj = __shfl_sync(0xffffffffu, ds, jj);
@@ -172,9 +175,12 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) dkdv_kernel(fl_att_params<T> p
     /* Causal: query i sees key j only when j <= i, so no query before k0
      * sees any key of this block. */
     const int64_t qstart = p.causal ? k0 / FL_ATT_KTILE * FL_ATT_KTILE : 0;
+    /* Window: query i sees key j only when i < j + window, so no query at
+     * or past the block's last key + window sees any of its keys. */
+    const int64_t qend = p.window > 0 ? min(p.Tq, k0 + FL_ATT_TILE - 1 + p.window) : p.Tq;
     const T *kw = Ks + warp * FL_ATT_ROWS * D, *vw = Vs + warp * FL_ATT_ROWS * Dv;
     for (int64_t h = hk * p.group; h < (hk + 1) * p.group; h++) {
-        for (int64_t i0 = qstart; i0 < p.Tq; i0 += FL_ATT_KTILE) {
+        for (int64_t i0 = qstart; i0 < qend; i0 += FL_ATT_KTILE) {
             __syncthreads();
             for (int x = tid; x < FL_ATT_KTILE * D; x += FL_ATT_THREADS) {
                 int ii = x / D, d = x % D;
@@ -201,14 +207,14 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) dkdv_kernel(fl_att_params<T> p
             #pragma unroll
             for (int kk = 0; kk < FL_ATT_ROWS; kk++) {
                 const int64_t j = k0 + warp * FL_ATT_ROWS + kk;
-                bool masked = i >= p.Tq || j >= p.Tk || (p.causal && j > i) || Li == (T)-INFINITY;
-                T pr = 0;
+                bool masked = i >= p.Tq || j >= p.Tk || fl_att_hidden(p, i, j) || Li == (T)-INFINITY;
+                T pr = 0, th = 0;
                 if (!masked) {
-                    T sv = s[kk] * p.scale;
+                    T sv = fl_att_score(p, s[kk], &th);
                     if (p.bias.p) sv += p.bias.row(b, h, i)[j * p.bias.s3];
                     pr = fl_cu_exp(sv - Li);
                 }
-                T ds = pr * (dp[kk] - Di);
+                T ds = pr * (dp[kk] - Di) * (1 - th * th);
                 for (int ii = 0; ii < FL_ATT_KTILE; ii++) {
                     T pi = __shfl_sync(0xffffffffu, pr, ii);
                     T dsi = __shfl_sync(0xffffffffu, ds, ii);

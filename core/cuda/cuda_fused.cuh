@@ -67,6 +67,8 @@ __device__ __forceinline__ double fl_cu_round_to(double v, int dt) {
 
 __device__ __forceinline__ float fl_cu_exp(float x) { return expf(x); }
 __device__ __forceinline__ double fl_cu_exp(double x) { return exp(x); }
+__device__ __forceinline__ float fl_cu_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double fl_cu_tanh(double x) { return tanh(x); }
 
 /* ---- lanes ------------------------------------------------------------------ */
 

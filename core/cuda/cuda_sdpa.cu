@@ -22,7 +22,8 @@
  * are multiples of 8, the last dim dense, 16-byte aligned pointers and row
  * strides, the bias not broadcast along keys, no dbias (the frontend routes
  * dbias to another engine variant; T5's trained bias keeps the kernels), no
- * empty dims, and the frontend's version rules for the cuDNN found at run
+ * empty dims, no sliding window and no softcap (the graphs spell out
+ * neither), and the frontend's version rules for the cuDNN found at run
  * time (9.0 or later; not 9.10.0/9.10.1 forward; backward before 9.16 only
  * with Tk a multiple of 128; no single causal query up to 9.9; dQ's f32
  * accumulator zeroed before 9.6). Anything else, and any configuration cuDNN
@@ -262,6 +263,12 @@ const char *call_refusal(const fl_attention_args *a, bool backward, const sdpa_k
         lse->stride[2] != 1)
         return "lse not a dense f32 [B, Hq, Tq]";
     if (backward && a->dbias) return "dbias is computed by the kernels";
+    /* ([Note: attention window and softcap], core/ops/attention.c) cuDNN
+     * could express both as pointwise nodes, but no GPU session has yet
+     * checked such a graph against the kernels: until one does, they take
+     * the kernels, which compute them exactly. */
+    if (a->window > 0) return "a sliding window (computed by the flash-style kernels)";
+    if (a->softcap > 0) return "a logit softcap (computed by the flash-style kernels)";
     return NULL;
 }
 

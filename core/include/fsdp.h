@@ -154,7 +154,8 @@ FL_API const char *fl_device_status(fl_device_kind kind);
 /* Which path scaled_dot_product_attention took on devices of the kind
  * since the process started: counts[0] forward calls through cuDNN's fused
  * attention, counts[1] forward calls through the flash-style kernels,
- * counts[2] and counts[3] the same for backward (core/cuda/cuda_sdpa.cu).
+ * counts[2] and counts[3] the same for backward (core/cuda/cuda_sdpa.cu;
+ * calls with a sliding window or a softcap always take the kernels).
  * Zeros for a kind with one path (cpu) or whose backend is not open. */
 FL_API void fl_attention_paths(fl_device_kind kind, int64_t counts[4]);
 /* The version of a library the backend of the kind uses, as the library
@@ -862,16 +863,34 @@ FL_API int fl_rope_tables(int64_t seq_len, int64_t head_dim, const fl_rope_optio
 FL_API fl_tensor *fl_apply_rotary(const fl_tensor *x, const fl_tensor *cos, const fl_tensor *sin,
                                   const fl_tensor *positions);
 
-/* softmax(scale * q @ k^T + bias, causal mask) @ v, flash-attention style
- * (query blocks; saves only q, k, v, the output and the per-row
+/* How fl_attention masks and scales the scores. causal: key j is hidden
+ * from query i when j > i (PyTorch's is_causal, aligned top-left). scale
+ * multiplies q k^T (PyTorch's default is 1/sqrt(D); T5 uses 1; Gemma 2
+ * query_pre_attn_scalar^-0.5). window > 0, only with causal: query i sees
+ * keys i - window < j <= i, the last `window` tokens including itself
+ * (Mistral's and Gemma's sliding window; 0 = none). softcap > 0: scores
+ * become softcap * tanh(scores / softcap) before the bias and the masks
+ * (Gemma 2's attention logit softcapping; 0 = none). Neither materialises
+ * a [Tq, Tk] mask. */
+typedef struct fl_attention_options {
+    bool causal;
+    double scale;
+    int64_t window;
+    double softcap;
+} fl_attention_options;
+
+/* softmax(softcap(scale * q @ k^T) + bias, masks) @ v, flash-attention
+ * style (query blocks; saves only q, k, v, the output and the per-row
  * logsumexp). q [B, Hq, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] ->
  * [B, Hq, Tq, Dv]; Hq a multiple of Hkv (grouped-query attention: head h
  * reads kv head h / (Hq / Hkv)). bias: NULL or additive, broadcastable to
  * [B, Hq, Tq, Tk] (T5's relative position bias, or 0/-inf masks), and it
- * gets a gradient when it requires one. causal: key j is hidden from query
- * i when j > i (PyTorch's is_causal, aligned top-left). scale: PyTorch's
- * default is 1/sqrt(D); T5 uses 1. A query row with every key masked
- * gives zeros. */
+ * gets a gradient when it requires one. opts: fl_attention_options (NULL
+ * is not accepted: scale has no default here). A query row with every key
+ * masked gives zeros. */
+FL_API fl_tensor *fl_attention(const fl_tensor *q, const fl_tensor *k, const fl_tensor *v,
+                               const fl_tensor *bias, const fl_attention_options *opts);
+/* fl_attention with {causal, scale} and no window or softcap. */
 FL_API fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *k,
                                                   const fl_tensor *v, const fl_tensor *bias,
                                                   bool causal, double scale);

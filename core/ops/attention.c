@@ -28,9 +28,28 @@
  * that dtype, and whatever it declines runs the kernels on f32 copies.
  *
  * FLOPs (the FlashAttention/PyTorch convention: matrix products only):
- * forward 2*B*Hq*Tq*Tk*(D + Dv), halved when causal; backward 2.5 times
- * the forward (five products to the forward's two: S recomputed, dV, dP,
- * dQ, dK).
+ * forward 2*B*Hq*Tq*Tk*(D + Dv), halved when causal; with a sliding window
+ * that hides keys (window < Tq) the exact count of visible (query, key)
+ * pairs instead of Tq*Tk; backward 2.5 times the forward (five products to
+ * the forward's two: S recomputed, dV, dP, dQ, dK).
+ *
+ * [Note: attention window and softcap]
+ * fl_attention_options (fsdp.h) adds two things to every kernel (CPU f32
+ * and f64 blocks, CPU bf16 tiles and dot products, CUDA's flash-style
+ * kernels), in transformers' order:
+ *   s = scale * q.k;  s = softcap * tanh(s / softcap) when softcap > 0;
+ *   s += bias;  key j masked for query i when j > i (causal) or
+ *   j <= i - window (window > 0): the last `window` keys, itself included.
+ * Backward: dS (the gradient at the capped score, which is also dbias) is
+ * multiplied by 1 - tanh^2 (recomputed from the scores) before dQ and dK.
+ * The window is a band below the causal diagonal, aligned top-left like
+ * the causal flag, so it is refused without causal: for decoding with a
+ * cache (queries at positions past 0) the caller's mask carries causality
+ * and the window (lua/fsdp/nn/attention.lua). No kernel builds a [Tq, Tk]
+ * mask: each block of query rows multiplies only the keys its rows can see
+ * (from the first row's window start to the last row's diagonal), so a
+ * window makes the work O(Tq * window). cuDNN's graphs (cuda_sdpa.cu) are
+ * not given either option: such calls take the flash-style kernels.
  */
 #include "fused.h"
 
@@ -40,8 +59,23 @@ static const fl_node_type attention_type;
 
 static const char *OP = "scaled_dot_product_attention";
 
+/* (query, key) pairs a causal window leaves visible: query i sees
+ * keys max(0, i - window + 1) ... min(i, tk - 1). */
+static int64_t window_pairs(int64_t tq, int64_t tk, int64_t window) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < tq; i++) {
+        int64_t lo = i - window + 1 > 0 ? i - window + 1 : 0, hi = i < tk - 1 ? i : tk - 1;
+        if (hi >= lo) n += hi - lo + 1;
+    }
+    return n;
+}
+
 static int64_t forward_flops(int64_t b, int64_t hq, int64_t tq, int64_t tk, int64_t d, int64_t dv,
-                             bool causal) {
+                             bool causal, int64_t window) {
+    /* A window no shorter than the queries hides nothing the causal mask
+     * does not: the causal convention (half) holds. */
+    if (causal && window > 0 && window < tq)
+        return fl_flops_mul(fl_flops_mul(2 * b, hq), fl_flops_mul(window_pairs(tq, tk, window), d + dv));
     int64_t f = fl_flops_mul(fl_flops_mul(fl_flops_mul(2 * b, hq), fl_flops_mul(tq, tk)), d + dv);
     return causal ? f / 2 : f;
 }
@@ -147,11 +181,35 @@ static bool native_wanted(int (*entry)(const fl_attention_args *, bool *), const
            (!bias || bias->dtype == q->dtype);
 }
 
+static int check_options(const fl_attention_options *o) {
+    if (!o) return fl_fail(FL_ERR_ARG, "%s: options must be given (causal, scale, window, softcap)", OP);
+    if (!isfinite(o->scale)) return fl_fail(FL_ERR_ARG, "%s: scale must be finite, got %g", OP, o->scale);
+    if (o->window < 0)
+        return fl_fail(FL_ERR_ARG, "%s: window must be 0 (none) or positive, got %lld", OP,
+                       (long long)o->window);
+    if (o->window > 0 && !o->causal)
+        return fl_fail(FL_ERR_ARG, "%s: window %lld needs causal attention (the window is a band "
+                                   "below the causal diagonal; with a kv cache put it in the mask)",
+                       OP, (long long)o->window);
+    if (!(isfinite(o->softcap) && o->softcap >= 0))
+        return fl_fail(FL_ERR_ARG, "%s: softcap must be 0 (none) or positive and finite, got %g",
+                       OP, o->softcap);
+    return FL_OK;
+}
+
 fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *k,
                                            const fl_tensor *v, const fl_tensor *bias, bool causal,
                                            double scale) {
-    if (check_qkv(q, k, v)) return NULL;
-    if (!isfinite(scale)) return FL_FAIL_NULL(FL_ERR_ARG, "%s: scale must be finite, got %g", OP, scale);
+    fl_attention_options o = {.causal = causal, .scale = scale, .window = 0, .softcap = 0};
+    return fl_attention(q, k, v, bias, &o);
+}
+
+fl_tensor *fl_attention(const fl_tensor *q, const fl_tensor *k, const fl_tensor *v,
+                        const fl_tensor *bias, const fl_attention_options *opts) {
+    if (check_qkv(q, k, v) || check_options(opts)) return NULL;
+    bool causal = opts->causal;
+    double scale = opts->scale, softcap = opts->softcap;
+    int64_t window = opts->window;
     int64_t B = q->shape[0], Hq = q->shape[1], Tq = q->shape[2], D = q->shape[3];
     int64_t Tk = k->shape[2], Dv = v->shape[3];
     int64_t scores[4] = {B, Hq, Tq, Tk};
@@ -167,7 +225,7 @@ fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *
         fl_tensor_release(out);
         return NULL;
     }
-    fl_flops_add(forward_flops(B, Hq, Tq, Tk, D, Dv, causal));
+    fl_flops_add(forward_flops(B, Hq, Tq, Tk, D, Dv, causal, window));
     if (!no_storage) {
         const fl_fused_kernels *kern = fl_fused_kernels_of(OP, q->device);
         prepared p = {0};
@@ -178,7 +236,8 @@ fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *
             fl_tensor b4;
             if (bias) bias_view(bias, scores, &b4);
             fl_attention_args a = {.q = q, .k = k, .v = v, .bias = bias ? &b4 : NULL,
-                                   .causal = causal, .scale = scale, .out = out, .lse = lse};
+                                   .causal = causal, .scale = scale, .window = window,
+                                   .softcap = softcap, .out = out, .lse = lse};
             rc = kern->attention_native(&a, &done);
         }
         if (!rc && !done) rc = prepare(&p, q, k, v, bias, scores);
@@ -188,7 +247,8 @@ fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *
         }
         if (!rc && !done) {
             fl_attention_args a = {.q = p.q, .k = p.k, .v = p.v, .bias = bias ? &p.bias4 : NULL,
-                                   .causal = causal, .scale = scale, .out = out_c, .lse = lse};
+                                   .causal = causal, .scale = scale, .window = window,
+                                   .softcap = softcap, .out = out_c, .lse = lse};
             rc = kern->attention(&a);
         }
         if (!rc && !done && out_c != out) rc = fl_copy_(out, out_c);
@@ -206,7 +266,9 @@ fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *
         out = fl_fused_record(&attention_type, 4, ins, out, 6, saved, &node);
         if (out) {
             node->f[0] = scale;
+            node->f[1] = softcap;
             node->i[0] = causal;
+            node->i[1] = window;
         }
     }
     fl_tensor_release(lse);
@@ -232,7 +294,8 @@ static int backward_native(const fl_fused_kernels *kern, fl_node *node, const fl
         if (bias) bias_view(bias, scores, &b4);
         fl_attention_args a = {.q = q, .k = node->saved[1], .v = node->saved[2],
                                .bias = bias ? &b4 : NULL, .causal = node->i[0] != 0,
-                               .scale = node->f[0], .lse = (fl_tensor *)node->saved[5],
+                               .scale = node->f[0], .window = node->i[1], .softcap = node->f[1],
+                               .lse = (fl_tensor *)node->saved[5],
                                .dout = gc, .o = oc, .dq = d[0], .dk = d[1], .dv = d[2]};
         rc = kern->attention_native_backward(&a, done);
     }
@@ -249,15 +312,16 @@ static int attention_backward(fl_node *node, fl_tensor *const *go, fl_tensor **g
     const fl_tensor *q = node->saved[0], *k = node->saved[1], *v = node->saved[2];
     const fl_tensor *bias = node->saved[3], *o = node->saved[4], *lse = node->saved[5];
     const fl_tensor *g = go[0];
-    double scale = node->f[0];
+    double scale = node->f[0], softcap = node->f[1];
     bool causal = node->i[0] != 0;
+    int64_t window = node->i[1];
     int64_t B = q->shape[0], Hq = q->shape[1], Tq = q->shape[2], D = q->shape[3];
     int64_t Tk = k->shape[2], Dv = v->shape[3];
     int64_t scores[4] = {B, Hq, Tq, Tk};
     const fl_tensor *all[7] = {q, k, v, bias, o, lse, g};
     bool no_storage = fl_fused_no_storage(7, all);
     fl_dtype r = fl_fused_compute_dtype(q->dtype);
-    fl_flops_add(fl_flops_mul(forward_flops(B, Hq, Tq, Tk, D, Dv, causal) / 2, 5));
+    fl_flops_add(fl_flops_mul(forward_flops(B, Hq, Tq, Tk, D, Dv, causal, window) / 2, 5));
 
     bool want_bias = bias && fl_node_wants(node, 3);
     int64_t b4[4] = {1, 1, 1, 1};
@@ -292,7 +356,8 @@ static int attention_backward(fl_node *node, fl_tensor *const *go, fl_tensor **g
         }
         if (!rc) {
             fl_attention_args a = {.q = p.q, .k = p.k, .v = p.v, .bias = bias ? &p.bias4 : NULL,
-                                   .causal = causal, .scale = scale, .lse = (fl_tensor *)lse,
+                                   .causal = causal, .scale = scale, .window = window,
+                                   .softcap = softcap, .lse = (fl_tensor *)lse,
                                    .dout = gc, .o = oc, .dq = grads[0], .dk = grads[1],
                                    .dv = grads[2], .dbias = grads[3]};
             rc = kern->attention_backward(&a);

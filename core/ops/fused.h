@@ -35,11 +35,16 @@ typedef struct fl_loss_params {
  * broadcasts. out, lse, dq, dk, dv are contiguous in the compute dtype;
  * dk and dv start zeroed. dbias is NULL or a zeroed contiguous tensor of
  * the bias's shape seen as 4-d (size 1 where it broadcasts): the kernel
- * sums dS over the broadcast dims into it. */
+ * sums dS over the broadcast dims into it. window > 0 (only with causal)
+ * also hides key j from query i when j <= i - window; softcap > 0 maps the
+ * scaled scores s to softcap * tanh(s / softcap) before the bias and the
+ * masks ([Note: attention window and softcap], core/ops/attention.c). */
 typedef struct fl_attention_args {
     const fl_tensor *q, *k, *v, *bias;
     bool causal;
     double scale;
+    int64_t window;  /* 0: none */
+    double softcap;  /* 0: none */
     fl_tensor *out; /* [B, Hq, Tq, Dv] */
     fl_tensor *lse; /* [B, Hq, Tq]: logsumexp of each row of scores */
     /* backward only */

@@ -29,7 +29,12 @@
 -- reallocated per token. Grouped-query models cache their KV heads only.
 -- Because queries no longer start at key 0, the causal mask comes from
 -- here (query at cache position p sees keys <= p that are not padding),
--- not from the attention's top-left causal flag.
+-- not from the attention's top-left causal flag. A sliding window is a
+-- layer's own (Gemma 2 alternates windowed and global layers), so this
+-- mask stays the model's and each windowed nn.Attention adds its band
+-- (keys > p - window) to it from the same positions: a call's queries are
+-- the newest cache positions. Positions are the cache's, padding included,
+-- as transformers counts them for its sliding-window masks.
 --
 -- Token choice (M.sampler, HF's order): the repetition penalty on the raw
 -- logits (a seen token's logit divided by the penalty when positive,

@@ -198,7 +198,11 @@ end
 -- softmax(scale * q k^T + bias) v with q [B, Hq, Tq, D], k [B, Hkv, Tk, D],
 -- v [B, Hkv, Tk, Dv] (Hq a multiple of Hkv: grouped-query attention).
 -- opts: causal (false), bias (additive, broadcastable to [B, Hq, Tq, Tk];
--- attn_mask is accepted as its PyTorch name), scale (1/sqrt(D); T5 passes 1).
+-- attn_mask is accepted as its PyTorch name), scale (1/sqrt(D); T5 passes 1),
+-- window (0: none; with causal, query i sees keys i - window < j <= i:
+-- Mistral's and Gemma's sliding window), softcap (0: none; scores become
+-- softcap * tanh(scores / softcap) before the bias and masks: Gemma 2).
+-- No [Tq, Tk] mask is built for either (fsdp.h: fl_attention).
 function M.scaled_dot_product_attention(q, k, v, opts)
   local name = 'scaled_dot_product_attention'
   opts = options(name, opts)
@@ -210,9 +214,14 @@ function M.scaled_dot_product_attention(q, k, v, opts)
     local d = qc.ndim > 0 and tonumber(qc.shape[qc.ndim - 1]) or 1
     scale = 1 / math.sqrt(d)
   end
-  return wrap(C.fl_scaled_dot_product_attention(qc, cptr(k), cptr(v), maybe(bias),
-                                                opts.causal and true or false,
-                                                number(name, 'scale', scale)))
+  local window = number(name, 'window', opts.window, 0)
+  if window < 0 or window % 1 ~= 0 then
+    core.fail(('%s: window must be 0 (none) or a positive integer, got %s'):format(name, tostring(window)))
+  end
+  local o = ffi.new('fl_attention_options', {
+    causal = opts.causal and true or false, scale = number(name, 'scale', scale),
+    window = window, softcap = number(name, 'softcap', opts.softcap, 0) })
+  return wrap(C.fl_attention(qc, cptr(k), cptr(v), maybe(bias), o))
 end
 
 -- Tensor methods ----------------------------------------------------------------------

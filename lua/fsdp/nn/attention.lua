@@ -3,6 +3,7 @@
 --
 --   nn.Attention(dim, n_heads, {n_kv_heads = n_heads, head_dim = dim / n_heads,
 --                bias = false, out_bias = bias, causal = true, scale = 1/sqrt(head_dim),
+--                window = 0, softcap = 0,
 --                dropout = 0, out_dropout = 0, fused_qkv = false, names = {...},
 --                init = rule, out_init = init, bias_init = rule, device =, dtype =})
 --   y = attn(x, {rope = {cos =, sin =, positions =}, bias = t, mask = t, context = t,
@@ -23,7 +24,12 @@
 -- where a query may attend (PyTorch's boolean attn_mask); context gives
 -- keys and values from another sequence [B, S, dim] (cross-attention; not
 -- with fused_qkv, which projects all three from x). causal hides key j
--- from query i when j > i.
+-- from query i when j > i. window (0: none; needs causal) also hides key
+-- j when j <= i - window: each query sees the last `window` tokens, itself
+-- included (Mistral's sliding window; Gemma 2 alternates windowed and
+-- global layers, so each Attention has its own). softcap (0: none) maps the
+-- scaled scores to softcap * tanh(scores / softcap) before bias and masks
+-- (Gemma 2). Both go to the fused kernel, which builds no [T, S] mask.
 --
 -- kv_cache (decoding, fsdp.generate): an object whose update(k, v) stores
 -- this call's keys and values [B, KV, T, hd] (after RoPE) in its
@@ -32,8 +38,11 @@
 -- aligned top-left (query 0 sees key 0 only), which is wrong once queries
 -- start at cache position S - T, so with a cache causality is the mask's
 -- job: the caller's mask must hide future and padded keys (several
--- queries with a cache and no mask are refused). [Note: the KV cache] in
--- lua/fsdp/generate.lua.
+-- queries with a cache and no mask are refused). The window is this
+-- layer's own: with a cache it is added to the mask here, from the cache's
+-- invariant that this call's T queries sit at cache positions S - T ... S
+-- - 1 of the S keys update returns (a [T, S] bool band, small when
+-- decoding one token). [Note: the KV cache] in lua/fsdp/generate.lua.
 --
 -- dropout is on the attention probabilities (HF's attn_pdrop /
 -- attention_dropout); out_dropout on the output projection (HF GPT-2's
@@ -88,6 +97,18 @@ function Attention:__init(dim, n_heads, opts)
   self.dim, self.n_heads, self.n_kv_heads, self.head_dim = dim, n_heads, n_kv, hd
   self.causal = opts.causal ~= false
   self.scale = opts.scale or 1 / math.sqrt(hd)
+  self.window = opts.window or 0
+  if validate.problem(self.window, { min = 0, int = true }) then
+    core.fail(('Attention: window must be 0 (none) or a positive integer, got %s'):format(validate.show(opts.window)))
+  end
+  if self.window > 0 and not self.causal then
+    core.fail(('Attention: window %d needs causal attention (a sliding window is a band below the causal diagonal)')
+      :format(self.window))
+  end
+  self.softcap = opts.softcap or 0
+  if validate.problem(self.softcap, { min = 0 }) then
+    core.fail(('Attention: softcap must be 0 (none) or a positive number, got %s'):format(validate.show(opts.softcap)))
+  end
   self.dropout = probability('dropout', opts.dropout)
   self.out_dropout = probability('out_dropout', opts.out_dropout)
   self.fused_qkv = opts.fused_qkv and true or false
@@ -141,17 +162,20 @@ end
 -- The scores materialised, for dropout on the probabilities: grouped heads
 -- are matched by broadcasting k and v over a group axis ([B, KV, rep, ...]),
 -- never by copying them.
-local function attend_with_dropout(F, q, k, v, bias, causal, scale, p)
+-- Softcap, bias, causal and window masks in the fused kernel's order.
+local function attend_with_dropout(F, q, k, v, bias, o, p)
   local B, H, T, hd = q:size(0), q:size(1), q:size(2), q:size(3)
   local KV, S, Dv = k:size(1), k:size(2), v:size(3)
   local rep = H / KV
-  local scores = F.matmul(q:reshape(B, KV, rep, T, hd), k:unsqueeze(2):transpose(3, 4)) * scale
+  local scores = F.matmul(q:reshape(B, KV, rep, T, hd), k:unsqueeze(2):transpose(3, 4)) * o.scale
   scores = scores:view(B, H, T, S)
+  if o.softcap > 0 then scores = F.tanh(scores / o.softcap) * o.softcap end
   if bias ~= nil then scores = scores + bias end
-  if causal then
+  if o.causal then
     local rows = fsdp.arange(T, { dtype = 'i64', device = q.device }):view(T, 1)
     local cols = fsdp.arange(S, { dtype = 'i64', device = q.device }):view(1, S)
     scores = F.masked_fill(scores, F.gt(cols, rows), -math.huge)
+    if o.window > 0 then scores = F.masked_fill(scores, F.le(cols, rows - o.window), -math.huge) end
   end
   local probs = F.dropout(F.softmax(scores, -1), p, true)
   return F.matmul(probs:view(B, KV, rep, T, S), v:unsqueeze(2)):view(B, H, T, Dv)
@@ -179,20 +203,29 @@ function Attention:forward(x, opts)
     q = F.apply_rotary(q, rope.cos, rope.sin, ropts)
     k = F.apply_rotary(k, rope.cos, rope.sin, ropts)
   end
-  local causal = self.causal
+  local causal, window, mask = self.causal, self.window, opts.mask
   if opts.kv_cache ~= nil then
-    if causal and T > 1 and opts.mask == nil then
+    if causal and T > 1 and mask == nil then
       core.fail(('Attention: %d queries with a kv_cache need a mask: with a cache the mask carries causality'):format(T))
     end
     k, v = opts.kv_cache:update(k, v)
     causal = false
+    if window > 0 then
+      -- queries at cache positions S - T ... S - 1 see keys j > position - window
+      local S = k:size(2)
+      local rows = fsdp.arange(T, { dtype = 'i64', device = q.device }):view(T, 1) + (S - T - window)
+      local band = F.gt(fsdp.arange(S, { dtype = 'i64', device = q.device }):view(1, S), rows)
+      mask = mask == nil and band or F.where(band, mask, false)
+      window = 0
+    end
   end
-  local bias = score_bias(F, opts, q)
+  local bias = score_bias(F, { bias = opts.bias, mask = mask }, q)
+  local ao = { causal = causal, bias = bias, scale = self.scale, window = window, softcap = self.softcap }
   local o
   if self.training and self.dropout > 0 then
-    o = attend_with_dropout(F, q, k, v, bias, causal, self.scale, self.dropout)
+    o = attend_with_dropout(F, q, k, v, bias, ao, self.dropout)
   else
-    o = F.scaled_dot_product_attention(q, k, v, { causal = causal, bias = bias, scale = self.scale })
+    o = F.scaled_dot_product_attention(q, k, v, ao)
   end
   local y = self[self._names.o](o:transpose(1, 2):reshape(B, T, self.n_heads * self.head_dim))
   if self.training and self.out_dropout > 0 then y = F.dropout(y, self.out_dropout, true) end
