@@ -325,3 +325,58 @@ describe('moe on cuda:0 against the CPU', function()
     end
   end
 end)
+
+describe('models.moe_keys', function()
+  local moe_keys = require 'models.moe_keys'
+
+  it('maps Mixtral and Qwen3-MoE disk names to the fused ones and back', function()
+    local mx, qw = moe_keys.layout('mixtral'), moe_keys.layout('qwen3_moe')
+    local f, e, p = moe_keys.fused_of(mx, 'model.layers.3.block_sparse_moe.experts.5.w1.weight')
+    assert.same({ 'model.layers.3.mlp.experts.gate_up_proj', 5, 'gate' }, { f, e, p })
+    assert.same({ 'model.layers.3.mlp.experts.gate_up_proj', 7, 'up' },
+      { moe_keys.fused_of(mx, 'model.layers.3.block_sparse_moe.experts.7.w3.weight') })
+    assert.same({ 'model.layers.0.mlp.experts.down_proj', 0, 'down' },
+      { moe_keys.fused_of(mx, 'model.layers.0.block_sparse_moe.experts.0.w2.weight') })
+    assert.equals('model.layers.3.mlp.gate.weight', moe_keys.fused_of(mx, 'model.layers.3.block_sparse_moe.gate.weight'))
+    assert.is_nil(moe_keys.fused_of(mx, 'model.layers.3.self_attn.q_proj.weight'))
+    assert.same({ 'model.layers.1.mlp.experts.gate_up_proj', 12, 'up' },
+      { moe_keys.fused_of(qw, 'model.layers.1.mlp.experts.12.up_proj.weight') })
+    assert.is_nil(moe_keys.fused_of(qw, 'model.layers.1.mlp.gate.weight'))
+    local d = moe_keys.disk_of(mx, 'model.layers.2.mlp.experts.gate_up_proj', 2)
+    assert.same({ 'model.layers.2.block_sparse_moe.experts.0.w1.weight', 'model.layers.2.block_sparse_moe.experts.0.w3.weight',
+                  'model.layers.2.block_sparse_moe.experts.1.w1.weight', 'model.layers.2.block_sparse_moe.experts.1.w3.weight' },
+      { d[1].name, d[2].name, d[3].name, d[4].name })
+    assert.equals('model.layers.2.block_sparse_moe.gate.weight', moe_keys.disk_of(mx, 'model.layers.2.mlp.gate.weight', 8)[1].name)
+    assert.equals('model.layers.2.mlp.experts.3.down_proj.weight',
+      moe_keys.disk_of(qw, 'model.layers.2.mlp.experts.down_proj', 4)[4].name)
+    T.raises(function() moe_keys.layout('llama') end, "no per-expert key layout for model_type 'llama'")
+  end)
+
+  it('fuses per-expert tensors as transformers does and splits them back', function()
+    local g = fsdp.load_safetensors('tests/golden/moe/mixtral.safetensors')
+    local L = moe_keys.layout('mixtral')
+    local fused = { ['model.layers.0.mlp.gate.weight'] = g['gate.weight'],
+                    ['model.layers.0.mlp.experts.gate_up_proj'] = g['experts.gate_up_proj'],
+                    ['model.layers.0.mlp.experts.down_proj'] = g['experts.down_proj'],
+                    ['model.norm.weight'] = fsdp.ones({ 16 }) }
+    local disk = moe_keys.split(L, fused)
+    local n = 0
+    for _ in pairs(disk) do n = n + 1 end
+    assert.equals(2 + 8 * 3, n)
+    -- w1 = the gate rows, w3 = the up rows, w2 = down, as transformers' conversion concatenates.
+    local w1 = disk['model.layers.0.block_sparse_moe.experts.6.w1.weight']
+    local w3 = disk['model.layers.0.block_sparse_moe.experts.6.w3.weight']
+    assert.same({ 24, 16 }, w1.shape)
+    assert.equals(0, T.max_abs_diff(w1, g['experts.gate_up_proj']:select(0, 6):narrow(0, 0, 24)))
+    assert.equals(0, T.max_abs_diff(w3, g['experts.gate_up_proj']:select(0, 6):narrow(0, 24, 24)))
+    local contiguous = {}
+    for k, v in pairs(disk) do contiguous[k] = v:contiguous() end
+    local back = moe_keys.fuse(L, contiguous)
+    for k, v in pairs(fused) do assert.equals(0, T.max_abs_diff(back[k], v), k) end
+    contiguous['model.layers.0.block_sparse_moe.experts.3.w3.weight'] = nil
+    T.raises(function() moe_keys.fuse(L, contiguous) end,
+      'expert 3 has no up tensor (model.layers.0.block_sparse_moe.experts.3.w3.weight)')
+    T.raises(function() moe_keys.copy_expert(back['model.layers.0.mlp.experts.down_proj'], 0, 'down', w1:contiguous()) end,
+      'expert 0 down of shape [24, 16] does not fit [16, 24]')
+  end)
+end)
