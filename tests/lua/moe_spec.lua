@@ -380,3 +380,39 @@ describe('models.moe_keys', function()
       'expert 0 down of shape [24, 16] does not fit [16, 24]')
   end)
 end)
+
+describe('nn.MoE inside sharded units', function()
+  for _, mp in ipairs({ 'none', 'bf16' }) do
+    it('trains as its own FSDP unit (mixed precision ' .. mp .. ')', function()
+      local Net = nn.Module:extend('MoENet')
+      function Net:__init()
+        self.norm = nn.RMSNorm(32)
+        self.layers = nn.ModuleList({ nn.MoE(32, 16, 8, 2, { norm_topk_prob = true }), nn.MoE(32, 16, 8, 2) })
+      end
+      function Net:forward(x)
+        local logits = {}
+        for i = 1, 2 do
+          local y, l = self.layers[i](x)
+          x, logits[i] = x + y, l
+        end
+        return self.norm(x), logits
+      end
+      local m = Net():init_weights({ seed = 5 })
+      fsdp.shard(m, { policy = fsdp.policy.transformer { nn.MoE }, seed = 3,
+                      mixed_precision = mp ~= 'none' and mp or nil })
+      local opt = require('fsdp.optim').AdamW(m:named_parameters(), { lr = 1e-2 })
+      local x = fsdp.randn({ 2, 6, 32 }, { seed = 1 })
+      local losses = {}
+      for step = 1, 4 do
+        local y, logits = m(x)
+        assert.equals(mp == 'none' and 'f32' or mp, logits[1].dtype)
+        local loss = (y:float() ^ 2):mean() + F.load_balancing_loss(logits, 8, 2) * 0.02
+        loss:backward()
+        opt:step()
+        opt:zero_grad()
+        losses[step] = loss:item()
+      end
+      assert.is_true(losses[4] < losses[1], ('losses %g .. %g'):format(losses[1], losses[4]))
+    end)
+  end
+end)
