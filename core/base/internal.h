@@ -207,8 +207,9 @@ int64_t fl_cpu_empty_cache(void);
  * FL_BACKEND_ABI changes whenever this struct, the kernel tables or the
  * tensor struct they take change, so a stale plugin is refused with a
  * message instead of misbehaving (2: fl_tensor gained virtual_storage;
- * 3: fl_linear_kernels gained matmul_scratch). */
-enum { FL_BACKEND_ABI = 3 };
+ * 3: fl_linear_kernels gained matmul_scratch; 4: fl_elementwise_kernels
+ * gained moe_route and moe_route_backward). */
+enum { FL_BACKEND_ABI = 4 };
 
 /* The symbol a backend plugin (libfsdp_cuda.so) exports: returns its
  * vtable. */

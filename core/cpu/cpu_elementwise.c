@@ -1,6 +1,7 @@
 /*
  * cpu_elementwise.c: the CPU kernel table of the elementwise family (the
- * kernels themselves live in cpu_unary.c, cpu_reduce.c, cpu_compare.c).
+ * kernels themselves live in cpu_unary.c, cpu_reduce.c, cpu_compare.c,
+ * cpu_moe.c).
  */
 #include "cpu_elementwise.h"
 
@@ -15,4 +16,6 @@ const fl_elementwise_kernels fl_cpu_elementwise_kernels = {
     .scatter_dim = fl_cpu_scatter_dim,
     .compare = fl_cpu_compare,
     .where = fl_cpu_where,
+    .moe_route = fl_cpu_moe_route,
+    .moe_route_backward = fl_cpu_moe_route_backward,
 };

@@ -26,4 +26,8 @@ int fl_cpu_scatter_dim(fl_tensor *out, const fl_tensor *src, const fl_tensor *in
 int fl_cpu_compare(int op, fl_tensor *out, const fl_tensor *a, const fl_tensor *b);
 int fl_cpu_where(fl_tensor *out, const fl_tensor *cond, const fl_tensor *a, const fl_tensor *b);
 
+int fl_cpu_moe_route(fl_tensor *weights, fl_tensor *ids, const fl_tensor *logits, bool normalize);
+int fl_cpu_moe_route_backward(fl_tensor *dlogits, const fl_tensor *dweights,
+                              const fl_tensor *logits, const fl_tensor *ids, bool normalize);
+
 #endif /* FL_CPU_ELEMENTWISE_H */

@@ -102,5 +102,5 @@ int fl_cuda_where(fl_tensor *out, const fl_tensor *cond, const fl_tensor *a, con
 const fl_elementwise_kernels fl_cuda_elementwise_kernels = {
     fl_cuda_unary,   fl_cuda_unary_backward, fl_cuda_silu_mul, fl_cuda_silu_mul_backward,
     fl_cuda_dropout, fl_cuda_sum,            fl_cuda_minmax,   fl_cuda_scatter_dim,
-    fl_cuda_compare, fl_cuda_where,
+    fl_cuda_compare, fl_cuda_where,  fl_cuda_moe_route, fl_cuda_moe_route_backward,
 };

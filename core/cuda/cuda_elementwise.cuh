@@ -28,4 +28,9 @@ int fl_cuda_scatter_dim(fl_tensor *out, const fl_tensor *src, const fl_tensor *i
 int fl_cuda_compare(int op, fl_tensor *out, const fl_tensor *a, const fl_tensor *b);
 int fl_cuda_where(fl_tensor *out, const fl_tensor *cond, const fl_tensor *a, const fl_tensor *b);
 
+/* cuda_moe.cu */
+int fl_cuda_moe_route(fl_tensor *weights, fl_tensor *ids, const fl_tensor *logits, bool normalize);
+int fl_cuda_moe_route_backward(fl_tensor *dlogits, const fl_tensor *dweights,
+                               const fl_tensor *logits, const fl_tensor *ids, bool normalize);
+
 #endif /* FL_CUDA_ELEMENTWISE_CUH */

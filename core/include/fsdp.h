@@ -680,6 +680,24 @@ FL_API fl_tensor *fl_clamp(const fl_tensor *x, double lo, double hi, bool has_lo
  * float dtype. */
 FL_API fl_tensor *fl_silu_mul(const fl_tensor *gate, const fl_tensor *up);
 
+/* Mixture of experts as transformers 5's Mixtral and Qwen3-MoE blocks
+ * compute it (core/ops/moe.c). fl_moe_route: logits [N, E] -> the top_k
+ * experts of softmax(logits) (computed in f32; f64 for f64) per row,
+ * descending, ties to the lower expert: *weights [N, top_k] (f32, f64 for
+ * f64 logits; renormalised to sum 1 when `normalize`), differentiable in
+ * the logits, and *ids [N, top_k] i64. fl_moe_experts: x [..., h] (N
+ * tokens), weights [N, k] (any float dtype), ids [N, k] (i64/i32 in
+ * [0, E)), gate_up_proj [E, 2ff, h] (gate rows first), down_proj [E, h, ff]
+ * in x's dtype -> y (x's shape and dtype), y[n] = sum_j weights[n, j] *
+ * down_e(silu(gate_e x[n]) * up_e x[n]) with e = ids[n, j]; the tokens are
+ * sorted by expert and each expert's rows go through one product per
+ * projection. Differentiable in x, weights, gate_up_proj and down_proj. */
+FL_API int fl_moe_route(const fl_tensor *logits, int64_t top_k, bool normalize,
+                        fl_tensor **weights, fl_tensor **ids);
+FL_API fl_tensor *fl_moe_experts(const fl_tensor *x, const fl_tensor *weights,
+                                 const fl_tensor *ids, const fl_tensor *gate_up_proj,
+                                 const fl_tensor *down_proj);
+
 /* Inverted dropout with a counter-based mask: element i (row-major) is kept
  * iff u_i >= p, where u_i is the value fl_uniform_(t, seed, stream, offset,
  * 0, 1) would give element i, and kept elements are scaled by 1/(1 - p).

@@ -1,7 +1,8 @@
 /*
  * elementwise.h: the kernel table of the elementwise family: unary math and
  * activations (and their fused backward), silu(a) * b, dropout,
- * reductions (sum/mean, max/min with indices), comparisons and where. One
+ * reductions (sum/mean, max/min with indices), comparisons, where, and the
+ * top-k routing of a mixture of experts (core/ops/moe.c). One
  * table per device kind; the op files (unary.c, reduce.c, compare.c) do
  * the validation, shapes, FLOPs and autograd, and reach kernels only
  * through fl_elementwise_kernels_of.
@@ -59,6 +60,17 @@ typedef struct fl_elementwise_kernels {
     int (*compare)(int op, fl_tensor *out, const fl_tensor *a, const fl_tensor *b);
     /* out = cond ? a : b; cond, a, b are views with out's shape. */
     int (*where)(fl_tensor *out, const fl_tensor *cond, const fl_tensor *a, const fl_tensor *b);
+    /* Mixture-of-experts routing, row by row of logits [N, E] (contiguous,
+     * any float dtype): p = softmax(logits) in the compute dtype (f64 for
+     * f64, else f32), the k = ids->shape[1] largest p in descending order
+     * (ties: the lower expert first), weights [N, k] (compute dtype) = those
+     * p, divided by their sum when `normalize`; ids [N, k] i64. Outputs
+     * contiguous. */
+    int (*moe_route)(fl_tensor *weights, fl_tensor *ids, const fl_tensor *logits, bool normalize);
+    /* Its backward: dlogits [N, E] (logits' dtype) from dweights [N, k]
+     * (compute dtype), p recomputed from logits; all contiguous. */
+    int (*moe_route_backward)(fl_tensor *dlogits, const fl_tensor *dweights,
+                              const fl_tensor *logits, const fl_tensor *ids, bool normalize);
 } fl_elementwise_kernels;
 
 extern const fl_elementwise_kernels fl_cpu_elementwise_kernels;

@@ -12,6 +12,7 @@ local families = {
   'fsdp.functional.elementwise', -- activations, unary math, reductions, dropout
   'fsdp.functional.linear',      -- matmul, linear, embedding, conv2d, pooling, cat/split
   'fsdp.functional.fused',       -- norms, softmax, cross-entropy, rotary, attention
+  'fsdp.functional.moe',         -- mixture of experts: routing, grouped experts, aux loss
 }
 
 for _, name in ipairs(families) do

@@ -188,6 +188,28 @@ cases.cat = function()
   assert.same({ 2, 4 }, shape_of(y))
   return y
 end
+cases.moe_route = function()
+  local w, i = F.moe_route(x({ 0, 8 }), 2, { normalize = true })
+  assert.same({ 0, 2 }, shape_of(w))
+  assert.same({ 0, 2 }, shape_of(i))
+  return w
+end
+cases.moe_experts = function()
+  local k0 = fsdp.zeros({ 0, 2 }, { dtype = 'i64' }):to(device)
+  local none = F.moe_experts(x({ 0, 4 }), x({ 0, 2 }), k0, x({ 3, 10, 4 }), x({ 3, 4, 5 }))
+  assert.same({ 0, 4 }, shape_of(none))
+  -- Experts of width 0: every token gets zeros, the weights zero gradients.
+  local i2 = fsdp.zeros({ 2, 1 }, { dtype = 'i64' }):to(device)
+  local narrow = F.moe_experts(x({ 2, 4 }), x({ 2, 1 }), i2, x({ 3, 0, 4 }), x({ 3, 4, 0 }))
+  assert.same({ { 0, 0, 0, 0 }, { 0, 0, 0, 0 } }, narrow:tolist())
+  return { none, narrow }
+end
+cases.load_balancing_loss = function()
+  -- No rows at all: 0 / 0, NaN, as transformers' load_balancing_loss_func.
+  local l = F.load_balancing_loss({ x({ 0, 8 }) }, 8, 2)
+  assert.is_true(l:item() ~= l:item())
+  return l
+end
 cases.split = function() return F.split(x({ 0, 4 }), 2, 1) end
 cases.chunk = function() return F.chunk(x({ 4, 0 }), 2, 0) end
 

@@ -46,6 +46,10 @@ M.SiLU = activation.SiLU
 M.Attention = require 'fsdp.nn.attention'
 M.GatedMLP = mlp.GatedMLP
 M.MLP = mlp.MLP
+-- A sparse mixture of experts (Mixtral, Qwen3-MoE) and its fused experts.
+local moe = require 'fsdp.nn.moe'
+M.MoE = moe.MoE
+M.MoEExperts = moe.MoEExperts
 
 M.utils = require 'fsdp.nn.utils'
 
