@@ -37,9 +37,9 @@
 -- query_scale (HF's query_pre_attn_scalar: scores scaled by its ^-0.5),
 -- rope_local_theta, and the MoE ones.
 --
--- Attention options (window, softcap) go to nn.Attention only when set,
--- so families without them run on any nn.Attention; one that needs them
--- is refused unless nn.Attention keeps them (missing_attention).
+-- A layer's window and softcap are nn.Attention's options (the fused
+-- kernel applies them, and with a KV cache nn.Attention adds its window
+-- to the decoding mask), set only where the family has them.
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
 local common = require 'models.common'
@@ -173,22 +173,6 @@ local function flops_per_token(decl, c, seq_len, n_params)
   return 6 * n + attn
 end
 
--- Attention options a layer needs that nn.Attention does not keep (the
--- window and softcap of h-attn's nn.Attention): the message refusing to
--- run it, or nil. Raised where the model would compute with them
--- (DecoderLayer:forward off meta): a model built on meta and materialised
--- later (the recipes' sharding) is caught too; planning on meta computes
--- nothing and goes on.
-local function missing_attention(decl, attn, want)
-  for _, k in ipairs({ 'window', 'softcap' }) do
-    local v = want[k]
-    if v ~= nil and attn[k] ~= v then
-      return ('%s: this nn.Attention has no %s option (%s = %s was asked for): attention with a sliding window '
-        .. 'or a softcap is not available in this build'):format(decl.name, k, k, tostring(v))
-    end
-  end
-end
-
 -- The classes and functions of a family from its declaration (see the
 -- Note at the top). Returns the family module: name, decl, configs,
 -- config, build, closed_form_parameters, flops_per_token, lora_targets,
@@ -223,16 +207,14 @@ function M.define(decl)
     if decl.qkv_bias then o.bias, o.out_bias, o.bias_init = true, false, nn.init.zeros() end
     if decl.fused then o.fused_qkv = true end
     if c.query_scale then o.scale = c.query_scale ^ -0.5 end
-    local want = { window = window_of(decl, c, i), softcap = c.attn_softcap }
-    for k, v in pairs(want) do o[k] = v end
+    o.window, o.softcap = window_of(decl, c, i), c.attn_softcap
     local a = Attention(c.dim, c.n_heads, o)
-    a._missing = missing_attention(decl, a, want)
     if decl.qk_norm then
       local n = decl.qk_norm == 'head' and c.head_dim
       a.q_norm = norm(n or c.n_heads * c.head_dim, c, opts)
       a.k_norm = norm(n or c.n_kv_heads * c.head_dim, c, opts)
     end
-    a.layer_window = want.window -- for the decoding mask (Model:forward)
+    a.layer_local = o.window ~= nil -- a sliding layer (Gemma 3: the local RoPE table)
     return a
   end
 
@@ -264,8 +246,6 @@ function M.define(decl)
   -- rope = {cos, sin} of [T, head_dim] (and positions when decoding);
   -- mask and kv_cache as nn.Attention's (decoding: fsdp.generate).
   function DecoderLayer:forward(x, rope, mask, kv_cache)
-    local missing = self.self_attn._missing
-    if missing and x.device ~= 'meta' then error(missing, 0) end
     local a = { rope = rope, mask = mask, kv_cache = kv_cache }
     if placement == 'pre' then
       local h = x + self.self_attn(self.input_layernorm(x), a)
@@ -314,18 +294,6 @@ function M.define(decl)
 
   local local_rope = decl.rope == 'local_global'
 
-  -- The decoding mask of a layer with window W: the caller's mask (keys
-  -- not padding and not in the future, [B, 1, T, S], queries at cache
-  -- positions S-T ... S-1) and key j > query position - W, as
-  -- transformers' sliding mask in cache positions.
-  local function window_mask(mask, T, W)
-    local S = mask:size(mask:dim() - 1)
-    local dev = mask.device
-    local rows = require('fsdp').arange(T, { dtype = 'i64', device = dev }):view(T, 1) + (S - T - W)
-    local cols = require('fsdp').arange(S, { dtype = 'i64', device = dev }):view(1, S)
-    return F.where(F.gt(cols, rows):view(1, 1, T, S), mask, false)
-  end
-
   -- ids i64 [B, T] -> hidden states [B, T, dim]. opts (decoding,
   -- fsdp.generate): positions i64 [B, T], rope_len, mask (bool, broadcast
   -- to [B, H, T, S]), cache (its layer(i) is layer i's).
@@ -341,19 +309,13 @@ function M.define(decl)
     local len = opts and opts.rope_len or T
     local global = self:rope(len, h)
     local lcl = local_rope and self:rope(len, h, true)
-    local masks = {}
     for i, layer in ipairs(layers) do
-      local W = layer.self_attn.layer_window
-      local t = (lcl and W) and lcl or global
+      local t = (lcl and layer.self_attn.layer_local) and lcl or global
       if opts == nil then
         h = layer(h, t)
       else
-        local mask = opts.mask
-        if mask ~= nil and W then
-          masks[W] = masks[W] or window_mask(mask, T, W)
-          mask = masks[W]
-        end
-        h = layer(h, { cos = t.cos, sin = t.sin, positions = opts.positions }, mask, opts.cache and opts.cache:layer(i))
+        h = layer(h, { cos = t.cos, sin = t.sin, positions = opts.positions }, opts.mask,
+          opts.cache and opts.cache:layer(i))
       end
     end
     return self.norm(h)
@@ -405,15 +367,6 @@ function M.define(decl)
   function CausalLM:example_batch(batch, seq) return common.causal_lm_batch(self, batch, seq) end
 
   fam.config = config_function(decl)
-  -- Why config c cannot run on this build's nn.Attention (a window or a
-  -- softcap it does not keep), in one line, or nil: for the recipes'
-  -- checks before anything is built.
-  function fam.attention_problem(c)
-    local want = { softcap = c.attn_softcap }
-    for i = 0, c.n_layers - 1 do want.window = want.window or window_of(decl, c, i) end
-    local ok, a = pcall(nn.Attention, 8, 2, { window = want.window, softcap = want.softcap, device = 'meta' })
-    return missing_attention(decl, ok and a or {}, want)
-  end
   function fam.closed_form_parameters(c) return closed_form_parameters(decl, c) end
   function fam.flops_per_token(c, seq_len, n_params) return flops_per_token(decl, c, seq_len, n_params) end
   -- Build a model: name_or_config as in config; opts: device ('cpu' or

@@ -62,13 +62,6 @@ function M.positions_problem(family, c, n, what, src, model, allowed)
     .. 'them (RoPE extrapolates; quality degrades)'):format(what, c.max_seq_len, from)
 end
 
--- nil, or why config c of `family` cannot run here (models/decoder.lua's
--- attention_problem: a window or softcap nn.Attention lacks), one line.
-function M.attention_problem(family, c)
-  local f = M.families[family]
-  return f and f.declared and f.module.attention_problem(c) or nil
-end
-
 -- The --model name of a family's config name.
 local function shown(family, name)
   if family ~= 'llama' and llama.configs[name] then return M.families[family].prefix .. name end

@@ -233,8 +233,6 @@ do
     ('the longest prompt (%d tokens, %s) plus --max_new_tokens (%d)'):format(longest, source, cfg.max_new_tokens),
     src, cfg.model, cfg.allow_past_max_positions)
   if too_long then recipe.usage_error(too_long) end
-  local unsupported = decoders.attention_problem(family, config)
-  if unsupported then recipe.usage_error(unsupported) end
 end
 
 -- loading ----------------------------------------------------------------------------------

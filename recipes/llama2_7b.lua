@@ -250,8 +250,6 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   local too_long = decoders.positions_problem(family, c, cfg.seq_len, ('--%s (%d)'):format(written.seq_len or 'seq_len',
     cfg.seq_len), src, cfg.model, cfg.allow_past_max_positions)
   if too_long then error(too_long, 0) end
-  local unsupported = decoders.attention_problem(family, c)
-  if unsupported then error(unsupported, 0) end
   lora.check_options(cfg, function() return fam.module.build(c, { device = 'meta' }) end, fam.lora_targets)
 end)
 local model_module = fam.module

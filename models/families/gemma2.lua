@@ -4,8 +4,7 @@
 -- attention scores softcapped (tanh(s/c)*c) and scaled by
 -- query_pre_attn_scalar^-0.5, the logits softcapped, and even layers
 -- sliding (window 4096), odd ones global; head_dim 256 (n_heads * 256 may
--- differ from dim); tied. Window and softcap need nn.Attention's options
--- (models/decoder.lua, missing_attention).
+-- differ from dim); tied. Window and softcap are nn.Attention's options.
 local decoder = require 'models.decoder'
 local shared = require 'models.families.shared'
 

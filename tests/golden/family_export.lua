@@ -10,7 +10,6 @@ local fsdp = require 'fsdp'
 local hf = require 'models.hf'
 local lora = require 'fsdp.lora'
 local decoders = require 'models.decoders'
-local restore = require('tests.helpers.attention_stopgap').install()
 
 local out = assert(arg[1], 'usage: family_export.lua OUT')
 for _, family in ipairs({ 'qwen2', 'qwen3', 'olmo2', 'phi3', 'mistral', 'gemma2', 'gemma3_text' }) do
@@ -29,4 +28,3 @@ for _, family in ipairs({ 'qwen2', 'qwen3', 'olmo2', 'phi3', 'mistral', 'gemma2'
   fsdp.save_safetensors(out .. '/' .. family .. '_peft_ours.safetensors', { logits = m(g.input_ids) })
   print(family .. ': written')
 end
-if restore then restore() end

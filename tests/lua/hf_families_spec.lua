@@ -10,21 +10,18 @@
 -- export loaded back equal.
 --
 -- The windowed families (mistral, phi3, gemma2, gemma3_text: window 4 <
--- the 9 tokens) and gemma2's softcaps need nn.Attention's window/softcap
--- (h-attn). Until those land, tests/helpers/attention_stopgap.lua stands
--- in for them here (dense mask, explicit scores), so the numbers are
--- checked either way; `native` in the test names says which ran.
+-- the 9 tokens and the 14 generated positions) and gemma2's softcaps run
+-- through nn.Attention's window and softcap options (the fused kernel,
+-- and the decoding mask with a KV cache).
 local fsdp = require 'fsdp'
 local hf = require 'models.hf'
 local generate = require 'fsdp.generate'
 local optim = require 'fsdp.optim'
 local T = require 'fsdp.testing'
-local stopgap = require 'tests.helpers.attention_stopgap'
 local F = fsdp.F
 
 local DIR = 'tests/golden/hf/'
 local FAMILIES = { 'qwen2', 'qwen3', 'olmo2', 'phi3', 'mistral', 'gemma2', 'gemma3_text' }
-local how = stopgap.native() and 'native attention options' or 'the test stopgap for window/softcap'
 
 local function named(model)
   local set = {}
@@ -40,13 +37,10 @@ local function rel(a, b)
   return d / scale
 end
 
-local restore
-setup(function() restore = stopgap.install() end)
-teardown(function() if restore then restore() end end)
 
 for _, family in ipairs(FAMILIES) do
   local case = family .. '_tiny'
-  describe('Hugging Face ' .. case .. ' (' .. how .. ')', function()
+  describe('Hugging Face ' .. case, function()
     local g = fsdp.load_safetensors(DIR .. case .. '/golden.safetensors')
 
     it('reads config.json as the family ' .. family, function()
