@@ -115,17 +115,27 @@ M.SIZES = {
   deepvit = { module = 'models.deepvit', blocks = { 'depth' },
               fields = { 'depth', 'dim', 'heads', 'dim_head', 'mlp_dim', 'num_classes' } },
 }
--- The declared decoder families (models/families/) size like Llama; their
--- closed forms follow their declarations (models/decoder.lua).
-for _, name in ipairs({ 'qwen2', 'qwen3', 'mistral', 'gemma2', 'gemma3_text', 'phi3', 'olmo2' }) do
-  M.SIZES[name] = { module = 'models.families.' .. name, blocks = { 'n_layers' },
-                    fields = { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size' } }
+-- The declared decoder families (models/families/) size like Llama, a
+-- mixture of experts by its experts too; their closed forms follow their
+-- declarations (models/decoder.lua). Looked up when first asked:
+-- models.decoders, which lists them, requires this file.
+local function sizes_of(family)
+  local s = M.SIZES[family]
+  if s then return s end
+  local f = require('models.decoders').families[family]
+  if not (f and f.declared) then return nil end
+  s = { module = 'models.families.' .. family, blocks = { 'n_layers' },
+        fields = { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size' } }
+  if f.module.decl.mlp == 'moe' then s.fields = { 'n_layers', 'dim', 'n_heads', 'n_experts', 'moe_ffn_dim',
+                                                   'vocab_size' } end
+  M.SIZES[family] = s
+  return s
 end
 
 -- The parameters (closed form) and blocks of a family's checked config,
 -- and its size fields (M.SIZES). Nothing is built.
 function M.size_of(family, c)
-  local s = M.SIZES[family]
+  local s = sizes_of(family)
   local blocks = 0
   for _, f in ipairs(s.blocks) do blocks = blocks + c[f] end
   return require(s.module).closed_form_parameters(c), blocks, s.fields

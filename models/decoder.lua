@@ -20,7 +20,11 @@
 --   activation  'silu' | 'gelu_tanh' of the gated MLP
 --   embed_scale the embeddings times sqrt(dim), rounded to their dtype (Gemma)
 --   fused       qkv_proj and gate_up_proj instead of q/k/v_proj and gate/up_proj (Phi-3)
---   mlp         'dense' | 'moe' (nn.MoE with n_experts, top_k, moe_ffn_dim, norm_topk_prob)
+--   mlp         'dense' | 'moe' (nn.MoE with n_experts, top_k, moe_ffn_dim, norm_topk_prob;
+--               router_aux_loss_coef times the load-balancing loss joins the loss when
+--               output_router_logits, as transformers adds it)
+--   moe_keys    the per-expert names checkpoints store ('mixtral' | 'qwen3_moe': models/moe_keys.lua),
+--               read into and written from the fused experts ([Note: checkpoint pieces])
 --   sliding     nil (no window) | 'all' (sliding_window on every layer: Mistral, Phi-3) |
 --               'layer_types' (per layer: layer_types, else sliding_pattern: Gemma, Qwen)
 --   rope        'default' | 'local_global' (sliding layers use rope_local_theta: Gemma 3)
@@ -63,7 +67,7 @@ M.FIELD_RULES = {
   sliding_window = validate.COUNT, sliding_pattern = validate.COUNT, attn_softcap = validate.POSITIVE,
   final_softcap = validate.POSITIVE, query_scale = validate.POSITIVE, rope_local_theta = validate.POSITIVE,
   layer_types = 'layer_types', n_experts = validate.COUNT, top_k = validate.COUNT, moe_ffn_dim = validate.COUNT,
-  norm_topk_prob = 'boolean',
+  norm_topk_prob = 'boolean', router_aux_loss_coef = validate.NONNEGATIVE, output_router_logits = 'boolean',
 }
 
 local LAYER_TYPES = { sliding_attention = true, full_attention = true }
@@ -105,7 +109,7 @@ local function config_function(decl)
     need(c.head_dim % 2 == 0, ('head_dim %d must be even for rotary embeddings'):format(c.head_dim))
     need(c.n_heads % c.n_kv_heads == 0,
       ('n_heads %d is not a multiple of n_kv_heads %d'):format(c.n_heads, c.n_kv_heads))
-    for _, k in ipairs({ 'tied', 'norm_topk_prob' }) do
+    for _, k in ipairs({ 'tied', 'norm_topk_prob', 'output_router_logits' }) do
       need(c[k] == nil or type(c[k]) == 'boolean', ('%s must be true or false, got %s'):format(k, validate.show(c[k])))
     end
     if c.layer_types ~= nil then
@@ -155,6 +159,15 @@ local function closed_form_parameters(decl, c)
   end
   local norms = (decl.norms == 'sandwich' and 4 or 2) * c.dim
   return c.n_layers * (attn + mlp + norms) + c.dim + (c.tied and 1 or 2) * c.vocab_size * c.dim
+end
+
+-- The parameters a token passes through: all but the experts the router
+-- did not pick (total - (E - top_k) experts' weights per layer; the
+-- embeddings and head included, as MODELS_FAMILIES.md counts "active").
+local function active_parameters(decl, c)
+  local total = closed_form_parameters(decl, c)
+  if decl.mlp ~= 'moe' then return total end
+  return total - c.n_layers * (c.n_experts - c.top_k) * 3 * c.dim * c.moe_ffn_dim
 end
 
 -- Training FLOPs per token (PaLM appendix B): 6N + 12 L H hd T, where N
@@ -244,18 +257,28 @@ function M.define(decl)
   end
 
   -- rope = {cos, sin} of [T, head_dim] (and positions when decoding);
-  -- mask and kv_cache as nn.Attention's (decoding: fsdp.generate).
+  -- mask and kv_cache as nn.Attention's (decoding: fsdp.generate). A
+  -- mixture of experts returns its router logits [B*T, E] second: an
+  -- output of the layer, so that activation checkpointing and the sharded
+  -- units' hooks carry their gradient (the load-balancing loss) like the
+  -- hidden states'.
   function DecoderLayer:forward(x, rope, mask, kv_cache)
     local a = { rope = rope, mask = mask, kv_cache = kv_cache }
+    local h, m, logits
     if placement == 'pre' then
-      local h = x + self.self_attn(self.input_layernorm(x), a)
-      return h + self.mlp(self.post_attention_layernorm(h))
+      h = x + self.self_attn(self.input_layernorm(x), a)
+      m, logits = self.mlp(self.post_attention_layernorm(h))
     elseif placement == 'sandwich' then
-      local h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), a))
-      return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+      h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), a))
+      m, logits = self.mlp(self.pre_feedforward_layernorm(h))
+      m = self.post_feedforward_layernorm(m)
+    else
+      h = x + self.post_attention_layernorm(self.self_attn(x, a))
+      m, logits = self.mlp(h)
+      m = self.post_feedforward_layernorm(m)
     end
-    local h = x + self.post_attention_layernorm(self.self_attn(x, a))
-    return h + self.post_feedforward_layernorm(self.mlp(h))
+    if logits ~= nil then return h + m, logits end
+    return h + m
   end
 
   local Model = nn.Module:extend(P .. 'Model')
@@ -294,7 +317,8 @@ function M.define(decl)
 
   local local_rope = decl.rope == 'local_global'
 
-  -- ids i64 [B, T] -> hidden states [B, T, dim]. opts (decoding,
+  -- ids i64 [B, T] -> hidden states [B, T, dim], and with a mixture of
+  -- experts the list of every layer's router logits. opts (decoding,
   -- fsdp.generate): positions i64 [B, T], rope_len, mask (bool, broadcast
   -- to [B, H, T, S]), cache (its layer(i) is layer i's).
   function Model:forward(ids, opts)
@@ -309,15 +333,19 @@ function M.define(decl)
     local len = opts and opts.rope_len or T
     local global = self:rope(len, h)
     local lcl = local_rope and self:rope(len, h, true)
+    local router = decl.mlp == 'moe' and {} or nil
     for i, layer in ipairs(layers) do
       local t = (lcl and layer.self_attn.layer_local) and lcl or global
+      local logits
       if opts == nil then
-        h = layer(h, t)
+        h, logits = layer(h, t)
       else
-        h = layer(h, { cos = t.cos, sin = t.sin, positions = opts.positions }, opts.mask,
+        h, logits = layer(h, { cos = t.cos, sin = t.sin, positions = opts.positions }, opts.mask,
           opts.cache and opts.cache:layer(i))
       end
+      if router then router[#router + 1] = logits end
     end
+    if router then return self.norm(h), router end
     return self.norm(h)
   end
 
@@ -339,8 +367,10 @@ function M.define(decl)
 
   -- ids: i64 [B, T] -> logits [B, T, vocab] (final_softcap: tanh(z/c)*c).
   -- opts: Model:forward's, and last_only (the last position's alone).
+  -- A mixture of experts keeps the forward's router logits for loss().
   function CausalLM:forward(ids, opts)
-    local h = self.model(ids, opts)
+    local h, router = self.model(ids, opts)
+    if router then rawset(self, '_router_logits', router) end
     if opts and opts.last_only then h = h:narrow(1, h:size(1) - 1, 1) end
     local logits = self.lm_head(h)
     local cap = self.config.final_softcap
@@ -361,13 +391,30 @@ function M.define(decl)
 
   -- Mean cross-entropy of next-token predictions; targets i64 [B, T] (the
   -- ids shifted by one; -100 entries are ignored). Returns loss, logits.
-  function CausalLM:loss(ids, targets) return common.causal_lm_loss(self, ids, targets) end
+  -- A mixture of experts whose config outputs router logits adds
+  -- router_aux_loss_coef times the load-balancing loss of all its layers'
+  -- logits (transformers' load_balancing_loss_func, with no attention mask,
+  -- as its training forward of ids alone computes it).
+  function CausalLM:loss(ids, targets)
+    local loss, logits = common.causal_lm_loss(self, ids, targets)
+    local router = rawget(self, '_router_logits')
+    rawset(self, '_router_logits', nil)
+    local c = self.config
+    if router and c.output_router_logits then
+      local aux = F.load_balancing_loss(router, c.n_experts, c.top_k)
+      loss = loss + aux:to(loss.dtype) * (c.router_aux_loss_coef or 0)
+    end
+    return loss, logits
+  end
+
+  if decl.moe_keys then parts.checkpoint_pieces(CausalLM, decl.moe_keys) end
 
   -- fsdp.plan's example batch (common.causal_lm_batch).
   function CausalLM:example_batch(batch, seq) return common.causal_lm_batch(self, batch, seq) end
 
   fam.config = config_function(decl)
   function fam.closed_form_parameters(c) return closed_form_parameters(decl, c) end
+  function fam.active_parameters(c) return active_parameters(decl, c) end
   function fam.flops_per_token(c, seq_len, n_params) return flops_per_token(decl, c, seq_len, n_params) end
   -- Build a model: name_or_config as in config; opts: device ('cpu' or
   -- 'meta'), dtype, and config overrides (num_layers=, dim=, ...).

@@ -2,7 +2,8 @@
 -- decoder family from, where nn's blocks do not already say it: the
 -- RMSNorm variants of MODELS_FAMILIES.md (where the weight meets the
 -- normalised x, in which precision), q/k norms inside the attention
--- projection, and the fused gate/up MLP (Phi-3).
+-- projection, the fused gate/up MLP (Phi-3), and the per-expert pieces
+-- of a mixture of experts' checkpoints.
 --
 -- [Note: RMSNorm variants] All three normalise x in f32; they differ in
 -- what the weight does and where the cast back to x's dtype happens:
@@ -93,6 +94,58 @@ function FusedGatedMLP:forward(x)
   local gu = self.gate_up_proj(x)
   local d, ff = gu:dim() - 1, self.hidden
   return self.down_proj(F().silu_mul(gu:narrow(d, 0, ff), gu:narrow(d, ff, ff)))
+end
+
+-- [Note: checkpoint pieces] A mixture-of-experts checkpoint on the hub
+-- stores one tensor per expert and projection (Mixtral's
+-- block_sparse_moe.experts.E.w1/w3/w2, Qwen3-MoE's
+-- mlp.experts.E.gate_proj/up_proj/down_proj), where the model holds
+-- transformers 5's fused experts.gate_up_proj [E, 2ff, h] and down_proj
+-- [E, h, ff]. Each such tensor is one contiguous run of its fused
+-- parameter's elements (gate of expert e at e*2ff*h, up after it, down at
+-- e*h*ff), so a model describes them as pieces: checkpoint_piece(name) ->
+-- the parameter's name, the run's first element and the piece's shape
+-- (nil: not a piece), and checkpoint_pieces(param name) -> the list of
+-- {name, offset, shape} that make it up (nil: stored whole). The file
+-- loader (fsdp.io.safetensors_sharded.load_into) copies a piece into
+-- whatever part of that run a rank's shard holds, and save_pretrained
+-- writes the pieces in the disk names, so transformers 4.x (which knows
+-- only those) and 5.x load the export. A renamed tensor (Mixtral's
+-- router, block_sparse_moe.gate) is a piece of one run: the whole.
+function M.checkpoint_pieces(CausalLM, layout)
+  local moe_keys = require 'models.moe_keys'
+  local L = moe_keys.layout(layout)
+  -- offset and shape of expert e's part in the fused parameter of config c
+  local function place(c, e, part)
+    local ff, h = c.moe_ffn_dim, c.dim
+    if part == 'down' then return e * h * ff, { h, ff } end
+    return e * 2 * ff * h + (part == 'up' and ff * h or 0), { ff, h }
+  end
+  function CausalLM:checkpoint_piece(name)
+    local fused, e, part = moe_keys.fused_of(L, name)
+    if not fused then return nil end
+    local c = self.config
+    if not e then return fused, 0, { c.n_experts, c.dim } end -- the router under its disk name
+    if e >= c.n_experts then return nil end
+    local offset, shape = place(c, e, part)
+    return fused, offset, shape
+  end
+  function CausalLM:checkpoint_pieces(name)
+    local c = self.config
+    local disk = moe_keys.disk_of(L, name, c.n_experts)
+    if not disk then return nil end
+    local out = {}
+    for i, d in ipairs(disk) do
+      if d.expert then
+        local offset, shape = place(c, d.expert, d.part)
+        out[i] = { name = d.name, offset = offset, shape = shape }
+      else
+        if d.name == name then return nil end -- stored under its own name
+        out[i] = { name = d.name, offset = 0, shape = { c.n_experts, c.dim } }
+      end
+    end
+    return out
+  end
 end
 
 return M

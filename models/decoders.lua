@@ -16,7 +16,8 @@ local M = {}
 
 -- The declared families (models/families/<name>.lua), Llama first: the
 -- order of names() and of messages.
-M.DECLARED = { 'llama', 'qwen2', 'qwen3', 'mistral', 'gemma2', 'gemma3_text', 'phi3', 'olmo2' }
+M.DECLARED = { 'llama', 'qwen2', 'qwen3', 'mistral', 'gemma2', 'gemma3_text', 'phi3', 'olmo2', 'mixtral',
+               'qwen3_moe' }
 
 -- module: the model file (config, build, flops_per_token,
 -- closed_form_parameters, configs); block: the class the recipes wrap

@@ -233,7 +233,7 @@ end
 
 -- Fields config classes type as float (query_pre_attn_scalar is an int:
 -- transformers 5 refuses 24.0 there).
-local FLOAT_FIELDS = set({ 'attn_softcap', 'final_softcap' })
+local FLOAT_FIELDS = set({ 'attn_softcap', 'final_softcap', 'router_aux_loss_coef' })
 
 local function decoder_to_hf(fam)
   return function(c)
@@ -750,7 +750,12 @@ function M.save_pretrained(model, dir, opts)
   try(function()
     stage = publish.begin(dir, { what = 'save_pretrained' })
     local decls = {}
-    for i, e in ipairs(order) do decls[i] = { e[1], opts.dtype and dtype or e[3], hf_shape(e[1], e[2]) } end
+    for _, e in ipairs(order) do
+      local pieces = model.checkpoint_pieces and model:checkpoint_pieces(e[1])
+      for _, p in ipairs(pieces or { { name = e[1], shape = hf_shape(e[1], e[2]) } }) do
+        decls[#decls + 1] = { p.name, opts.dtype and dtype or e[3], p.shape }
+      end
+    end
     -- finite: an export never writes a NaN or infinity (the writer scans
     -- each tensor and names the first that holds one)
     w = st.stream_sharded(stage.dir, decls, { max_shard_size = opts.max_shard_size, checksum = true, id = stage.id,
@@ -764,7 +769,19 @@ function M.save_pretrained(model, dir, opts)
         if out ~= t then out:free() end
         out = cast
       end
-      w:write(name, out)
+      -- a parameter checkpoints store in pieces is written as them, in
+      -- their disk names ([Note: checkpoint pieces] in models/decoder_parts.lua)
+      local pieces = model.checkpoint_pieces and model:checkpoint_pieces(name)
+      if pieces then
+        local flat = out:reshape(-1)
+        for _, p in ipairs(pieces) do
+          local n = 1
+          for _, d in ipairs(p.shape) do n = n * d end
+          w:write(p.name, flat:narrow(0, p.offset, n):view(p.shape))
+        end
+      else
+        w:write(name, out)
+      end
       if out ~= t then out:free() end
     end)
   end

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging
 
-FAMILIES = ["qwen2", "qwen3", "olmo2", "phi3", "mistral", "gemma2", "gemma3_text"]
+FAMILIES = ["qwen2", "qwen3", "olmo2", "phi3", "mistral", "gemma2", "gemma3_text", "mixtral", "qwen3_moe"]
 TOLERANCE = 1e-4
 
 

@@ -12,7 +12,8 @@ local lora = require 'fsdp.lora'
 local decoders = require 'models.decoders'
 
 local out = assert(arg[1], 'usage: family_export.lua OUT')
-for _, family in ipairs({ 'qwen2', 'qwen3', 'olmo2', 'phi3', 'mistral', 'gemma2', 'gemma3_text' }) do
+for _, family in ipairs({ 'qwen2', 'qwen3', 'olmo2', 'phi3', 'mistral', 'gemma2', 'gemma3_text', 'mixtral',
+                         'qwen3_moe' }) do
   local dir = 'tests/golden/hf/' .. family .. '_tiny'
   local g = fsdp.load_safetensors(dir .. '/golden.safetensors')
   local m = hf.from_pretrained(dir, { dtype = 'f32' })

@@ -25,7 +25,7 @@ zeroes that row's gradient (Gemma's class default is 0), which ours does
 not do; generation still pads with 0 under the attention mask.
 tests/lua/hf_families_spec.lua compares ours in float32. Run once, commit:
 
-    /var/tmp/fsdp-torch-venv/bin/python tests/golden/make_family_goldens.py [OUT]   # OUT: tests/golden/hf
+    /var/tmp/fsdp-torch-venv/bin/python tests/golden/make_family_goldens.py [OUT [FAMILY ...]]   # OUT: tests/golden/hf
 """
 import os
 import shutil
@@ -51,7 +51,44 @@ FAMILIES = {
                    attn_logit_softcapping=2.0, final_logit_softcapping=3.0, num_hidden_layers=3),
     "gemma3_text": dict(head_dim=16, rope_theta=1e6, rope_local_base_freq=1e4, sliding_window=4,
                         sliding_window_pattern=3, query_pre_attn_scalar=24, num_hidden_layers=3),
+    # mixtures of experts: the load-balancing loss on (output_router_logits) with a coefficient
+    # large enough to move the gradients; the files in the hub's per-expert names (see moe_disk_names)
+    "mixtral": dict(rope_theta=1e6, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,
+                    router_aux_loss_coef=0.05),
+    "qwen3_moe": dict(head_dim=16, rope_theta=1e6, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=12,
+                      norm_topk_prob=True, output_router_logits=True, router_aux_loss_coef=0.05),
 }
+
+# The names checkpoints on the hub store experts under (one tensor per expert
+# and projection), from transformers 5's fused gate_up_proj [E, 2ff, h]
+# (gate rows first) and down_proj [E, h, ff]: Mixtral's
+# block_sparse_moe.experts.E.w1 (gate) / w3 (up) / w2 (down) and router
+# block_sparse_moe.gate, Qwen3-MoE's mlp.experts.E.gate_proj / up_proj / down_proj.
+MOE_DISK = {"mixtral": ("block_sparse_moe", {"gate": "w1", "up": "w3", "down": "w2"}),
+            "qwen3_moe": ("mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})}
+
+
+def moe_disk_names(directory, family):
+    from safetensors.torch import load_file
+    block, part = MOE_DISK[family]
+    path = os.path.join(directory, "model.safetensors")
+    fused = load_file(path)
+    out = {}
+    for name, t in fused.items():
+        pre, sep, what = name.partition("mlp.experts.")
+        if sep and what == "gate_up_proj":
+            ff = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{pre}{block}.experts.{e}.{part['gate']}.weight"] = t[e, :ff].clone()
+                out[f"{pre}{block}.experts.{e}.{part['up']}.weight"] = t[e, ff:].clone()
+        elif sep and what == "down_proj":
+            for e in range(t.shape[0]):
+                out[f"{pre}{block}.experts.{e}.{part['down']}.weight"] = t[e].clone()
+        elif name.endswith("mlp.gate.weight"):
+            out[name.replace("mlp.gate.weight", block + ".gate.weight")] = t
+        else:
+            out[name] = t
+    save_file(out, path, metadata={"format": "pt"})
 
 
 def perturb(model, gen):
@@ -66,6 +103,9 @@ def greedy(model, gen, V):
     mask = torch.ones(2, 6, dtype=torch.int64)
     ids[1, :2] = 0
     mask[1, :2] = 0
+    # (transformers' generate cannot compute the load-balancing loss under
+    # its padding mask, and decoding needs no loss)
+    model.config.output_router_logits = False
     model.generation_config.eos_token_id = None
     model.generation_config.bos_token_id = None
     with torch.no_grad():
@@ -99,6 +139,8 @@ def case(out, family, extra):
     g = os.path.join(d, "generation_config.json")
     if os.path.exists(g):
         os.remove(g)
+    if family in MOE_DISK:
+        moe_disk_names(d, family)
     saved = {n: p.detach().clone() for n, p in named.items()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
     opt.step()
@@ -117,8 +159,10 @@ def case(out, family, extra):
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/golden/hf"
+    only = sys.argv[2:]
     for family, extra in FAMILIES.items():
-        case(out, family, extra)
+        if not only or family in only:
+            case(out, family, extra)
 
 
 if __name__ == "__main__":

@@ -16,11 +16,13 @@ local COUNTS = {
   { 'Gemma-2-9B', 'gemma2', 9241705984 }, { 'Gemma-3-1B', 'gemma3_text', 999885952 },
   { 'Phi-3-mini-4k', 'phi3', 3821079552 }, { 'SmolLM2-1.7B', 'llama', 1711376384 },
   { 'OLMo-2-1124-7B', 'olmo2', 7298617344 },
+  { 'Mixtral-8x7B-v0.1', 'mixtral', 46702792704, 12879925248 },
+  { 'Qwen3-30B-A3B', 'qwen3_moe', 30532122624, 3353032704 },
 }
 
 describe('decoder families at their real sizes', function()
   for _, row in ipairs(COUNTS) do
-    local name, family, want = row[1], row[2], row[3]
+    local name, family, want, active = row[1], row[2], row[3], row[4]
     it(name .. ' has exactly ' .. want .. ' parameters on meta, and fsdp.plan traces it on 8 x H100', function()
       local f, cname = decoders.resolve(name)
       assert.equals(family, f)
@@ -29,6 +31,8 @@ describe('decoder families at their real sizes', function()
       assert.equals(want, m:num_parameters())
       assert.equals(want, mod.closed_form_parameters(m.config))
       assert.equals(want, (common.size_of(family, m.config)))
+      -- a mixture of experts: the active parameters (top_k of its experts) too
+      assert.equals(active or want, mod.active_parameters(m.config))
       local t0 = clock.now()
       local p = fsdp.plan(m, { world = 8, device = 'h100-80g', mixed_precision = 'bf16', batch = 1, seq = 2048 })
       assert.is_true(p.memory.peak > 0 and p.time.step > 0)

@@ -21,7 +21,7 @@ local T = require 'fsdp.testing'
 local F = fsdp.F
 
 local DIR = 'tests/golden/hf/'
-local FAMILIES = { 'qwen2', 'qwen3', 'olmo2', 'phi3', 'mistral', 'gemma2', 'gemma3_text' }
+local FAMILIES = { 'qwen2', 'qwen3', 'olmo2', 'phi3', 'mistral', 'gemma2', 'gemma3_text', 'mixtral', 'qwen3_moe' }
 
 local function named(model)
   local set = {}

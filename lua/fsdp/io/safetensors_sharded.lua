@@ -260,22 +260,44 @@ end
 -- strict (the default) a missing or unexpected name is an error; shapes
 -- must always match. Both are checked from the headers before anything is
 -- copied. opts.allow_missing(name): names the file need not have (new
--- LoRA adapters on a pretrained base). Returns the missing and unexpected
--- names.
+-- LoRA adapters on a pretrained base). A model that stores a parameter
+-- in pieces (checkpoint_piece: [Note: checkpoint pieces] in
+-- models/decoder_parts.lua) has them copied into place. Returns the
+-- missing and unexpected names.
 function M.load_into(model, path, opts)
   opts = opts or {}
   local strict = opts.strict ~= false
   local ck = M.open_checkpoint(path)
   local own, keys = model:state_dict()
   local aliases = model.state_dict_aliases or {}
+  -- Tensors stored in pieces ([Note: checkpoint pieces] in
+  -- models/decoder_parts.lua): name -> {dst, offset}; a parameter is
+  -- covered when its pieces add up to all of its elements.
+  local piece_of = model.checkpoint_piece
+  local pieces, piece_elems = {}, {}
   local covered, unexpected = {}, {}
   for _, name in ipairs(ck:names()) do
     local key = own[name] and name or aliases[name]
     local dst = key and own[key]
-    if dst == nil then
+    local shape = ck:info(name).shape
+    if dst == nil and piece_of then
+      local pkey, offset, pshape = piece_of(model, name)
+      local pdst = pkey and own[pkey]
+      if pdst ~= nil then
+        if core.format_shape(shape) ~= core.format_shape(pshape) then
+          core.fail(('load_into: size mismatch for %s: %s has %s, the model %s (its part of %s)')
+            :format(name, ck:file_of(name), core.format_shape(shape), core.format_shape(pshape), pkey))
+        end
+        pieces[name] = { pdst, offset }
+        local n = 1
+        for _, d in ipairs(shape) do n = n * d end
+        piece_elems[pdst] = (piece_elems[pdst] or 0) + n
+      end
+    end
+    if pieces[name] then -- (counted above)
+    elseif dst == nil then
       unexpected[#unexpected + 1] = name
     else
-      local shape = ck:info(name).shape
       local want = rawget(dst, 'fsdp_shape') or dst.shape -- a sharded model's whole shape
       if core.format_shape(shape) ~= core.format_shape(want) then
         core.fail(('load_into: size mismatch for %s: %s has %s, the model %s')
@@ -283,6 +305,11 @@ function M.load_into(model, path, opts)
       end
       covered[dst] = true
     end
+  end
+  for dst, n in pairs(piece_elems) do
+    local whole = 1
+    for _, d in ipairs(rawget(dst, 'fsdp_shape') or dst.shape) do whole = whole * d end
+    if n == whole then covered[dst] = true end
   end
   local missing = {}
   for _, key in ipairs(keys) do
@@ -298,8 +325,25 @@ function M.load_into(model, path, opts)
   end
   for _, tensors in ck:each_file() do
     model:load_state_dict(tensors, { strict = false })
+    for name, t in pairs(tensors) do
+      local p = pieces[name]
+      if p then M.copy_piece(p[1], t, p[2]) end
+    end
   end
   return missing, unexpected
+end
+
+-- Copy src into elements [offset, offset + src:numel()) of the parameter
+-- whose tensor (or, sharded, whose shard segment: elements fsdp_offset ...
+-- of the whole) is dst: only the part dst holds.
+function M.copy_piece(dst, src, offset)
+  local n = src:numel()
+  local seg = rawget(dst, 'fsdp_offset') or 0
+  local lo, hi = math.max(offset, seg), math.min(offset + n, seg + dst:numel())
+  if lo >= hi then return end
+  require('fsdp.autograd').no_grad(function()
+    dst:view(-1):narrow(0, lo - seg, hi - lo):copy_(src:reshape(-1):narrow(0, lo - offset, hi - lo))
+  end)
 end
 
 -- writing -------------------------------------------------------------------------------
