@@ -276,6 +276,12 @@ for family in llama t5; do
   run_tap "LoRA: killed and resumed on 2 ranks = uninterrupted; a replaced base refused ($family)" -- \
     tests/mpi/lora_resume.sh "$family"
 done
+# Issue 39: each decoder family's tiny HF directory (transformers' goldens)
+# fine-tuned on 2 ranks, FULL_SHARD: full (killed and resumed once = the
+# uninterrupted run) and LoRA (merged export generating), losses falling.
+for family in qwen2 qwen3 olmo2 phi3 mistral gemma2 gemma3_text mixtral qwen3_moe; do
+  run_tap "family fine-tune on 2 ranks: full, resumed, LoRA ($family)" -- tests/mpi/families_finetune.sh "$family"
+done
 run_tap "damaged 2-rank checkpoints refused, resume falls back" -- tests/mpi/ckpt_integrity.sh
 # One job per checkpoint directory: a second job refused naming the first,
 # kill -9 and a requeue taken over (issue 38).
