@@ -1,5 +1,5 @@
 -- cpu_isa_spec.lua: the CPU backend's instruction-set level ([Note: CPU
--- ISA levels], core/cpu/cpu_isa.c), from the outside. The level the core
+-- ISA levels], core/base/cpu_isa.c), from the outside. The level the core
 -- detects is checked against /proc/cpuinfo's flags read here; every level
 -- this CPU offers runs a tiny Llama's forward and backward in a child
 -- process (FSDP_CPU_ISA fixes the level per process), whose f32 loss and
