@@ -21,7 +21,7 @@
  *   products (16 lanes from avx512, 8 at avx2, cpu_block_gemm.c); the
  *   AVX2 16x16 transposes (avx2); the plain C loops compiled for each
  *   level ([Note: ISA clones]: conversions, optimizer updates, unary
- *   math, the fused row loops' clones);
+ *   math, the fused row loops' generic versions);
  * - oneDNN: capped with dnnl_set_max_cpu_isa before its engine exists
  *   (cpu_onednn.c), so it refuses what it cannot run at the level (bf16
  *   products below avx512 come back as reference kernels, which we never
@@ -30,7 +30,8 @@
  *   the user set it;
  * - OpenBLAS picks its kernels when it is loaded, before main: below
  *   avx512 on a CPU with AVX-512 the host sets OPENBLAS_CORETYPE=Haswell
- *   and executes itself again (fl_cpu_isa_openblas_coretype, host/main.c).
+ *   and executes itself again (fl_cpu_isa_openblas_coretype, cpu_gemm.c;
+ *   host/main.c).
  *   A program embedding the library sets it itself; the text says so.
  * The level is fixed for the process: oneDNN's cap and OpenBLAS's kernels
  * cannot change once chosen. Tests run each level as its own process
@@ -132,7 +133,7 @@ static int level_named(const char *name) {
  * run: arch=x86-64-v4 from avx512, v3 from avx2, where the CPU has all
  * of that arch level (v3 also has F16C, BMI2, MOVBE...). */
 static fl_cpu_isa clone_level_at(fl_cpu_isa lv) {
-#ifdef HAVE_X86
+#ifdef FL_ISA_HAVE_VARIANTS
     __builtin_cpu_init();
     if (lv >= FL_CPU_ISA_AVX512 && __builtin_cpu_supports("x86-64-v4")) return FL_CPU_ISA_AVX512;
     if (lv >= FL_CPU_ISA_AVX2 && __builtin_cpu_supports("x86-64-v3")) return FL_CPU_ISA_AVX2;

@@ -17,7 +17,10 @@
  * AVX512), NAME_avx2 (arch=x86-64-v3) and NAME_baseline (the build's own
  * flags), each with the body inlined into it, and NAME, which calls the
  * one for the level in force. The arch names are the ones the clones
- * had, so each variant is the code its clone was, bit for bit.
+ * had, and a variant is opaque to its callers as a clone was
+ * (FL_ISA_VARIANT), so each is vectorised as its clone was and computes
+ * the same bits (checked against the clones' disassembly when they were
+ * replaced: the same instructions but for registers and scheduling).
  * The variant run: the level in force, no wider than WIDEST (the fused
  * row loops stop at AVX2: cpu_fused_math.h says why) nor than the x86-64
  * level the CPU offers in full (x86-64-v3 also has F16C, BMI2, MOVBE,
@@ -61,12 +64,17 @@ static inline int fl_isa_family_variant(fl_isa_family *f) {
  * about at its call sites (no inlining, no constants or alignments
  * carried in), as the target_clones clones were: inlined into a caller,
  * a loop could be peeled or split otherwise and sum in another order. */
+#if defined(__GNUC__) && !defined(__clang__)
 #define FL_ISA_VARIANT static __attribute__((noipa))
+#else
+#define FL_ISA_VARIANT static __attribute__((noinline))
+#endif
 /* NAME_body for a NAME that is a macro call (FN(row_max) -> row_max_f32_body). */
 #define FL_ISA_BODY_NAME(NAME) FL_ISA_PASTE_(NAME, _body)
 #define FL_ISA_PASTE_(A, B) A##B
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_ISA_HAVE_VARIANTS 1
 #define FL_ISA_TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
 #define FL_ISA_TARGET_AVX2 __attribute__((target("arch=x86-64-v3")))
 #define FL_ISA_WIDEST_AVX512 FL_CPU_ISA_AVX512
