@@ -25,7 +25,7 @@
 # tiles (AMX's peak, far above it, is not measured).
 #
 # FSDP_CPU_ISA (avx2, avx512, ...; [Note: CPU ISA levels] in
-# core/cpu/cpu_isa.c) caps both sides alike: fsdp-lua by itself, PyTorch
+# core/base/cpu_isa.c) caps both sides alike: fsdp-lua by itself, PyTorch
 # through ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA and
 # MKL_ENABLE_INSTRUCTIONS, and the peak is measured with that level's
 # vectors; the table's header names the level and the CPU.

@@ -17,18 +17,6 @@
  * hidden. */
 #define FL_PLUGIN_API __attribute__((visibility("default")))
 
-/* Hot inner loops get AVX-512 and AVX2 clones beside the baseline x86-64
- * code, chosen once at load time by the CPU (GCC's target_clones): 16- or
- * 8-wide vectors, and libmvec's functions of that width, where the
- * baseline has SSE2's 4. Put it on a function holding a plain loop, not on
- * one with an OpenMP region (the outlined region is not cloned): the
- * callers split the work among threads and call the clone per span. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FL_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FL_VECTOR_CLONES
-#endif
-
 /* ---- errors ------------------------------------------------------------ */
 
 /* Record an error for this thread and return `status` (so callers can write

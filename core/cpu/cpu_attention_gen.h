@@ -29,7 +29,7 @@ static inline R *FN(row_of)(const fl_tensor *t, int64_t b, int64_t h, int64_t i)
  * one exponential, no branch, so the loop vectorises (EXP saturates: +-1
  * at the ends); its absolute error is EXP's near 1, about 1e-7 in f32
  * (times cap in the score). */
-FL_FUSED_CLONES __attribute__((unused)) static void FN(row_softcap)(R *s, R *t, int64_t n, R cap) {
+FL_ISA_BODY void FL_ISA_BODY_NAME(FN(row_softcap))(R *s, R *t, int64_t n, R cap) {
     R two_inv = 2 / cap;
     if (t) {
 #pragma omp simd
@@ -43,6 +43,7 @@ FL_FUSED_CLONES __attribute__((unused)) static void FN(row_softcap)(R *s, R *t, 
         for (int64_t j = 0; j < n; j++) s[j] = cap * (1 - 2 / (1 + EXP(s[j] * two_inv)));
     }
 }
+FL_ISA_CLONES_VOID(AVX2, FN(row_softcap), (R *s, R *t, int64_t n, R cap), (s, t, n, cap))
 
 /* The keys [*j0, *j1) the rows [i0, i0 + m) of a block can see. */
 static inline void FN(key_range)(const fl_attention_args *a, int64_t i0, int64_t m, int64_t Tk,

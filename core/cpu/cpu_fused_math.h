@@ -14,6 +14,7 @@
 #ifndef FL_CPU_FUSED_MATH_H
 #define FL_CPU_FUSED_MATH_H
 
+#include "cpu_isa_dispatch.h"
 #include "cpu_iter.h"
 #include "cpu_rows_avx512.h"
 #include "fused.h"
@@ -23,24 +24,19 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Hot row loops (cpu_fused_rows.h) get an AVX2+FMA clone next to the
- * baseline x86-64 code, chosen once at load time by the CPU (GCC's
- * target_clones): 8-wide exp instead of 4-wide SSE2. Measured on
- * attention forward+backward at B=4, H=8, T=256, D=64: 1.2x. Not the
- * AVX-512 clone of FL_VECTOR_CLONES: it made attention's forward only 8%
- * faster, and a sharded tiny Llama then drifted from the same model on
+/* Hot row loops (cpu_fused_rows.h) get an AVX2+FMA variant next to the
+ * baseline x86-64 code, run from the avx2 level ([Note: ISA clones],
+ * FL_ISA_CLONES with AVX2 the widest): 8-wide exp instead of 4-wide
+ * SSE2. Measured on attention forward+backward at B=4, H=8, T=256, D=64:
+ * 1.2x. No AVX-512 variant as the other families have: as a GCC clone it
+ * made attention's forward only 8% faster, and a sharded tiny Llama then
+ * drifted from the same model on
  * one rank by 1.3e-5 after a few AdamW steps instead of 1.6e-6
  * (tests/mpi/fsdp_equivalence.lua). Probably not a dependence on the
  * split but the exp's rounding: an AVX-512 exp in another order of
  * operations moved tests/mpi/fsdp_api.lua's drift from 3.9e-6 to 1.1e-5,
  * and in fl_fast_expf's order to 5.1e-6 (cpu_avx512.h's fl_exp16, which
- * the AVX-512 row loops of cpu_rows_avx512.c use instead of this clone). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FL_FUSED_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define FL_FUSED_CLONES
-#endif
-
+ * the AVX-512 row loops of cpu_rows_avx512.c use instead of this variant). */
 
 /* Below this many elements an op runs on the calling thread. */
 enum { FL_FUSED_PARALLEL_MIN = 1 << 15 };

@@ -93,6 +93,15 @@ bool fl_cpu_openblas_wide(void) {
     return core_wide;
 }
 
+const char *fl_cpu_isa_openblas_coretype(void) {
+    /* OpenBLAS's AVX-512 kernels run only on CPUs with AVX-512: below that
+     * level on such a CPU, its Haswell kernels (AVX2 + FMA) keep within
+     * the cap ([Note: CPU ISA levels]). Where OpenBLAS already runs
+     * narrower kernels, nothing. */
+    if (fl_cpu_isa_level() >= FL_CPU_ISA_AVX512 || fl_cpu_isa_cpu() < FL_CPU_ISA_AVX512) return NULL;
+    return fl_cpu_openblas_wide() ? "Haswell" : NULL;
+}
+
 bool fl_cpu_openblas_narrow(const char **core) {
     pthread_once(&core_once, read_core);
     if (core) *core = core_name;

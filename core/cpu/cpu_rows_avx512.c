@@ -13,7 +13,7 @@
  *
  * Why by hand rather than GCC's AVX-512 clone of the same C: that clone
  * was kept out after a sharded tiny Llama drifted further from one rank
- * with it (see FL_FUSED_CLONES; the cause was not found, and GCC reports
+ * with it (see cpu_fused_math.h; the cause was not found, and GCC reports
  * no alignment peeling for these loops). These loops fix their order of
  * summation themselves: they start at the row's first element whatever its
  * address and take the tail with a mask, so a row's result depends on its

@@ -18,6 +18,7 @@
  * libmvec as needed. Other platforms get the scalar calls.
  */
 #include "cpu_elementwise.h"
+#include "cpu_isa_dispatch.h"
 #include "cpu_iter.h"
 #include "cpu_rows_avx512.h"
 
@@ -115,11 +116,14 @@ static fl_dtype compute_dtype(fl_dtype d) {
     default: FL_ASSERT(!"unary op");                                                        \
     }
 
-FL_VECTOR_CLONES
-static void forward_f32(int op, float *restrict o, const float *restrict x, int64_t n, double p0,
-                        double p1) {
+FL_ISA_BODY void forward_f32_body(int op, float *restrict o, const float *restrict x, int64_t n,
+                                  double p0, double p1) {
     UNARY_FORWARD(float, expf, logf, sqrtf, tanhf, erff, powf)
 }
+FL_ISA_CLONES_VOID(AVX512, forward_f32,
+                   (int op, float *restrict o, const float *restrict x, int64_t n, double p0,
+                    double p1),
+                   (op, o, x, n, p0, p1))
 
 static void forward_f64(int op, double *restrict o, const double *restrict x, int64_t n,
                         double p0, double p1) {
@@ -301,11 +305,14 @@ int fl_cpu_unary(int op, fl_tensor *out, const fl_tensor *x, double p0, double p
     default: FL_ASSERT(!"unary backward op");                                               \
     }
 
-FL_VECTOR_CLONES
-static void backward_f32(int op, float *restrict gx, const float *restrict gy,
-                         const float *restrict s, int64_t n, double p0, double p1) {
+FL_ISA_BODY void backward_f32_body(int op, float *restrict gx, const float *restrict gy,
+                                   const float *restrict s, int64_t n, double p0, double p1) {
     UNARY_BACKWARD(float, expf, sqrtf, tanhf, erff, powf)
 }
+FL_ISA_CLONES_VOID(AVX512, backward_f32,
+                   (int op, float *restrict gx, const float *restrict gy, const float *restrict s,
+                    int64_t n, double p0, double p1),
+                   (op, gx, gy, s, n, p0, p1))
 
 static void backward_f64(int op, double *restrict gx, const double *restrict gy,
                          const double *restrict s, int64_t n, double p0, double p1) {
@@ -370,11 +377,13 @@ int fl_cpu_unary_backward(int op, fl_tensor *gx, const fl_tensor *gy, const fl_t
 #define SILU_MUL(T, EXP)                                                                     \
     _Pragma("omp simd") for (int64_t i = 0; i < n; i++) o[i] = a[i] / ((T)1 + EXP(-a[i])) * b[i];
 
-FL_VECTOR_CLONES
-static void silu_mul_f32(float *restrict o, const float *restrict a, const float *restrict b,
-                         int64_t n) {
+FL_ISA_BODY void silu_mul_f32_body(float *restrict o, const float *restrict a,
+                                   const float *restrict b, int64_t n) {
     SILU_MUL(float, expf)
 }
+FL_ISA_CLONES_VOID(AVX512, silu_mul_f32,
+                   (float *restrict o, const float *restrict a, const float *restrict b, int64_t n),
+                   (o, a, b, n))
 
 static void silu_mul_f64(double *restrict o, const double *restrict a, const double *restrict b,
                          int64_t n) {
@@ -454,11 +463,15 @@ int fl_cpu_silu_mul(fl_tensor *out, const fl_tensor *gate, const fl_tensor *up) 
             gb[i] = g[i] * a[i] / ((T)1 + EXP(-a[i]));                                      \
     }
 
-FL_VECTOR_CLONES
-static void silu_mul_bw_f32(float *restrict ga, float *restrict gb, const float *restrict g,
-                            const float *restrict a, const float *restrict b, int64_t n) {
+FL_ISA_BODY void silu_mul_bw_f32_body(float *restrict ga, float *restrict gb,
+                                      const float *restrict g, const float *restrict a,
+                                      const float *restrict b, int64_t n) {
     SILU_MUL_BACKWARD(float, expf)
 }
+FL_ISA_CLONES_VOID(AVX512, silu_mul_bw_f32,
+                   (float *restrict ga, float *restrict gb, const float *restrict g,
+                    const float *restrict a, const float *restrict b, int64_t n),
+                   (ga, gb, g, a, b, n))
 
 static void silu_mul_bw_f64(double *restrict ga, double *restrict gb, const double *restrict g,
                             const double *restrict a, const double *restrict b, int64_t n) {

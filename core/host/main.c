@@ -482,7 +482,7 @@ static int launch_ranks(int argc, char **argv, const options *opts) {
  * OpenMP threads than cores (ranks sharing them) the passive policy still
  * never spins: libgomp's spin for that case stays 0 under it.
  * The same execution also caps OpenBLAS at the CPU level in force
- * ([Note: CPU ISA levels], core/cpu/cpu_isa.c): OpenBLAS picks its kernels
+ * ([Note: CPU ISA levels], core/base/cpu_isa.c): OpenBLAS picks its kernels
  * when it is loaded, so FSDP_CPU_ISA=avx2 on a CPU with AVX-512 sets
  * OPENBLAS_CORETYPE=Haswell (unless the user set one) before it. */
 static void prepare_environment(char **argv) {

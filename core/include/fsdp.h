@@ -220,7 +220,7 @@ FL_API const char *fl_cpu_attention_kernel(void);
 FL_API int fl_cpu_attention_use(const char *kernel);
 
 /* The CPU backend's instruction-set levels, lowest first ([Note: CPU ISA
- * levels], core/cpu/cpu_isa.c): every kernel choice that depends on the
+ * levels], core/base/cpu_isa.c): every kernel choice that depends on the
  * CPU (our kernels, oneDNN's, MKL's, OpenBLAS's) stays within the level
  * in force, the CPU's or the lower one FSDP_CPU_ISA names. */
 typedef enum fl_cpu_isa {
@@ -245,6 +245,14 @@ FL_API const char *fl_cpu_isa_why_not(fl_cpu_isa isa);
 /* The level for logs: "avx2 (FSDP_CPU_ISA; the CPU offers avx512_bf16),
  * AMD EPYC". Valid until the thread's next call. */
 FL_API const char *fl_cpu_isa_text(void);
+/* The loops compiled once per level and run at the one in force ([Note:
+ * ISA clones], core/base/cpu_isa_dispatch.h): how many families the
+ * library has, and family i's "file.c: function", with the widest level
+ * it has a variant for in *widest and, in *ran, the level of the variant
+ * it runs in this process (-1 until its first call). NULL when i is out
+ * of range. The name is valid until the thread's next call. */
+FL_API int fl_cpu_isa_clone_count(void);
+FL_API const char *fl_cpu_isa_clone(int i, int *widest, int *ran);
 /* The OPENBLAS_CORETYPE that keeps OpenBLAS within the level when its
  * kernels (chosen when it loaded) are above it, or NULL. OpenBLAS reads
  * it only when loaded: the host sets it and executes itself again. */

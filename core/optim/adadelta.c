@@ -40,8 +40,8 @@ FL_OPTIM_INLINE void adadelta_elems(const fl_adadelta_ctx *c, int64_t n, float *
     }
 }
 
-FL_VECTOR_CLONES
-static void adadelta_loop(const void *vctx, int64_t n, float *const *x, const fl_dtype *dtypes) {
+FL_ISA_BODY void adadelta_loop_body(const void *vctx, int64_t n, float *const *x,
+                                    const fl_dtype *dtypes) {
     (void)dtypes;
     const fl_adadelta_ctx *c = vctx;
     if (c->weight_decay != 0)
@@ -49,6 +49,9 @@ static void adadelta_loop(const void *vctx, int64_t n, float *const *x, const fl
     else
         adadelta_elems(c, n, x[0], x[1], x[2], x[3], false);
 }
+FL_ISA_CLONES_VOID(AVX512, adadelta_loop,
+                   (const void *vctx, int64_t n, float *const *x, const fl_dtype *dtypes),
+                   (vctx, n, x, dtypes))
 
 int fl_adadelta_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *square_avg,
                       fl_tensor *acc_delta, const fl_adadelta_options *o) {

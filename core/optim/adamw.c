@@ -43,8 +43,8 @@ FL_OPTIM_INLINE void adamw_elems(const fl_adamw_ctx *c, int64_t n, float *restri
     }
 }
 
-FL_VECTOR_CLONES
-static void adamw_loop(const void *vctx, int64_t n, float *const *x, const fl_dtype *dtypes) {
+FL_ISA_BODY void adamw_loop_body(const void *vctx, int64_t n, float *const *x,
+                                 const fl_dtype *dtypes) {
     (void)dtypes;
     const fl_adamw_ctx *c = vctx;
     if (c->weight1 < 0.5f)
@@ -52,6 +52,9 @@ static void adamw_loop(const void *vctx, int64_t n, float *const *x, const fl_dt
     else
         adamw_elems(c, n, x[0], x[1], x[2], x[3], true);
 }
+FL_ISA_CLONES_VOID(AVX512, adamw_loop,
+                   (const void *vctx, int64_t n, float *const *x, const fl_dtype *dtypes),
+                   (vctx, n, x, dtypes))
 
 int fl_adamw_check_options(const char *op, const fl_adamw_options *o) {
     if (!o) return fl_fail(FL_ERR_ARG, "%s: options are NULL", op);

@@ -27,9 +27,8 @@
 
 #include <math.h>
 
-FL_VECTOR_CLONES
-static void anyprecision_loop(const void *vctx, int64_t n, float *const *x,
-                              const fl_dtype *dtypes) {
+FL_ISA_BODY void anyprecision_loop_body(const void *vctx, int64_t n, float *const *x,
+                                        const fl_dtype *dtypes) {
     const fl_anyprecision_ctx *c = vctx;
     float *restrict p = x[0];
     const float *restrict g = x[1];
@@ -56,6 +55,9 @@ static void anyprecision_loop(const void *vctx, int64_t n, float *const *x,
         }
     }
 }
+FL_ISA_CLONES_VOID(AVX512, anyprecision_loop,
+                   (const void *vctx, int64_t n, float *const *x, const fl_dtype *dtypes),
+                   (vctx, n, x, dtypes))
 
 int fl_anyprecision_adamw_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *exp_avg,
                                 fl_tensor *exp_avg_sq, fl_tensor *compensation,

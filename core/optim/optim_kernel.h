@@ -13,6 +13,7 @@
 #ifndef FL_OPTIM_KERNEL_H
 #define FL_OPTIM_KERNEL_H
 
+#include "cpu_isa_dispatch.h"
 #include "optim_update.h"
 
 #include <math.h>
@@ -28,10 +29,11 @@ enum { FL_OPTIM_CHUNK = 1024 };
  * tested inside the loop would keep it scalar. */
 #define FL_OPTIM_INLINE static inline __attribute__((always_inline))
 
-/* Inner loops get AVX-512 and AVX2 clones (FL_VECTOR_CLONES on each
- * update's loop function). The updates are bound by their divisions and
- * square roots, not by memory: 16 lanes instead of SSE's 4 (AdamW over
- * 124M parameters, 2 threads: 112 -> 94 ms).
+/* Inner loops are built for AVX-512 and AVX2 besides the baseline and
+ * run at the level in force (FL_ISA_CLONES on each update's loop
+ * function, [Note: ISA clones]). The updates are bound by their divisions
+ * and square roots, not by memory: 16 lanes instead of SSE's 4 (AdamW
+ * over 124M parameters, 2 threads: 112 -> 94 ms).
  * The bits are the same: IEEE division and square root are correctly
  * rounded at any width, and C11 mode keeps GCC from contracting into FMAs
  * (-ffp-contract=off is the ISO default). */
@@ -75,7 +77,7 @@ static inline float fl_optim_round(fl_dtype dtype, float x) {
 
 /* x[i] = sqrt(x[i]) for n elements, in a pass of its own. The library is
  * built with -fno-math-errno (premake5.lua), so the loop vectorises at the
- * width of the clone it is inlined into (FL_VECTOR_CLONES). IEEE square
+ * width of the variant it is inlined into (FL_ISA_CLONES). IEEE square
  * roots are correctly rounded: any width gives the same bits. */
 static inline void fl_optim_sqrt_n(float *x, int64_t n) {
 #pragma omp simd

@@ -19,6 +19,7 @@
  * conversion produces.
  */
 #include "internal.h"
+#include "cpu_isa_dispatch.h"
 
 #include <limits.h>
 #include <math.h>
@@ -374,22 +375,24 @@ static inline int64_t i64_from_f32(float x) {
 static inline double f64_from_bf16(uint16_t x) { return f32_from_bf16(x); }
 static inline double f64_from_f16(uint16_t x) { return f32_from_f16(x); }
 
-/* One contiguous loop per fast pair, vectorised for the machine
- * (FL_VECTOR_CLONES: AVX-512 narrows 32-bit lanes to 16 in one
- * instruction, which SSE2 emulates with shuffles; f32 -> bf16 ran at a
- * third of the memory's rate on the baseline code). Large n is cut into
- * chunks of FL_PARALLEL_MIN shared among the threads, as copy_bytes does
- * below; the clone is called per chunk, as GCC does not clone an outlined
+/* One contiguous loop per fast pair, compiled for each ISA level and run
+ * at the one in force ([Note: ISA clones]: AVX-512 narrows 32-bit lanes
+ * to 16 in one instruction, which SSE2 emulates with shuffles; f32 ->
+ * bf16 ran at a third of the memory's rate on the baseline code). Large n
+ * is cut into chunks of FL_PARALLEL_MIN shared among the threads, as
+ * copy_bytes does below; the variant is called per chunk, outside the
  * OpenMP body. Small n (kernels convert 512-element chunks) stays on the
  * calling thread: entering even a serial `omp parallel` region costs
  * about a microsecond. */
 #define DEFINE_CONVERT(NAME, DST_T, SRC_T, ELEMENT)                            \
-    FL_VECTOR_CLONES                                                           \
-    static void NAME##_span(DST_T *restrict d, const SRC_T *restrict s,        \
-                            int64_t n) {                                       \
+    FL_ISA_BODY void NAME##_span_body(DST_T *restrict d,                       \
+                                      const SRC_T *restrict s, int64_t n) {    \
         _Pragma("omp simd")                                                    \
         for (int64_t i = 0; i < n; i++) d[i] = ELEMENT(s[i]);                  \
     }                                                                          \
+    FL_ISA_CLONES_VOID(AVX512, NAME##_span,                                    \
+                       (DST_T *restrict d, const SRC_T *restrict s, int64_t n), \
+                       (d, s, n))                                              \
     static void NAME(void *dst, const void *src, int64_t n) {                  \
         DST_T *d = dst;                                                        \
         const SRC_T *s = src;                                                  \

@@ -17,7 +17,7 @@ local M = {}
 
 -- An FSDP_CPU_ISA naming no level, or one the CPU lacks, stops here, in a
 -- program embedding the framework as in the host ([Note: CPU ISA levels],
--- core/cpu/cpu_isa.c).
+-- core/base/cpu_isa.c).
 core.check(C.fl_cpu_isa_check())
 
 M.Tensor = Tensor
@@ -329,7 +329,7 @@ end
 M.cpu_isa_levels = { 'baseline', 'avx2', 'avx512', 'avx512_bf16', 'amx' }
 
 -- The CPU backend's instruction-set level ([Note: CPU ISA levels],
--- core/cpu/cpu_isa.c): { level = 'avx2', cpu = 'avx512_bf16', text =
+-- core/base/cpu_isa.c): { level = 'avx2', cpu = 'avx512_bf16', text =
 -- 'avx2 (capped by FSDP_CPU_ISA; the CPU offers avx512_bf16), AMD EPYC' }.
 -- level is what every CPU kernel and library runs within (FSDP_CPU_ISA
 -- caps it for the process); cpu is what the CPU offers.
@@ -337,6 +337,21 @@ function M.cpu_isa()
   return { level = ffi.string(C.fl_cpu_isa_name(C.fl_cpu_isa_level())),
            cpu = ffi.string(C.fl_cpu_isa_name(C.fl_cpu_isa_cpu())),
            text = ffi.string(C.fl_cpu_isa_text()) }
+end
+
+-- The loops compiled once per level and run at the one in force ([Note:
+-- ISA clones], core/base/cpu_isa_dispatch.h), one entry per family:
+-- { name = 'dtype.c: convert_f32_to_bf16_span', widest = 'avx512',
+-- ran = 'avx2' } (ran is nil until the family's first call in this
+-- process).
+function M.cpu_isa_clones()
+  local out, widest, ran = {}, ffi.new('int[1]'), ffi.new('int[1]')
+  for i = 0, C.fl_cpu_isa_clone_count() - 1 do
+    local name = ffi.string(C.fl_cpu_isa_clone(i, widest, ran))
+    out[#out + 1] = { name = name, widest = M.cpu_isa_levels[widest[0] + 1],
+                      ran = ran[0] >= 0 and M.cpu_isa_levels[ran[0] + 1] or nil }
+  end
+  return out
 end
 
 -- Choose them: 'auto' (oneDNN and MKL where installed; the default),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/isa/run.sh: the `isa` suite of tests/run.sh, as TAP. The CPU
 # backend chooses kernels by the instruction-set level in force ([Note: CPU
-# ISA levels], core/cpu/cpu_isa.c), so the other suites prove only this
+# ISA levels], core/base/cpu_isa.c), so the other suites prove only this
 # machine's own level. Here the specs of the CPU kernels and libraries
 # (GEMMs, attention, rows and fused ops, layers, the Hugging Face and
 # PyTorch goldens) and the short f32 training comparisons of tests/mpi

@@ -1,11 +1,16 @@
 -- cpu_isa_spec.lua: the CPU backend's instruction-set level ([Note: CPU
--- ISA levels], core/cpu/cpu_isa.c), from the outside. The level the core
+-- ISA levels], core/base/cpu_isa.c), from the outside. The level the core
 -- detects is checked against /proc/cpuinfo's flags read here; every level
 -- this CPU offers runs a tiny Llama's forward and backward in a child
 -- process (FSDP_CPU_ISA fixes the level per process), whose f32 loss and
 -- gradient norm must agree with the f64 run to f32 rounding and whose
 -- kernels (OpenBLAS's, oneDNN's, attention's) must stay within the level;
 -- a level the CPU lacks, or no level, is one line and exit status 2.
+-- The loops compiled once per level ([Note: ISA clones], core/base/
+-- cpu_isa_dispatch.h) are run at every level in a child that calls each
+-- family, which must report the variant of that level, and whose exact
+-- results (conversions, optimizer updates) must be the same bits at every
+-- level.
 local fsdp = require 'fsdp'
 local T = require 'fsdp.testing'
 
@@ -72,6 +77,89 @@ end
 
 local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
 
+-- The widest variant of [Note: ISA clones] the CPU can run, from its
+-- flags: arch=x86-64-v4 needs all of v3 and AVX-512 F, BW, CD, DQ, VL;
+-- v3 needs AVX2, FMA, BMI1/2, F16C, LZCNT (abm) and MOVBE.
+local function clone_cap_from_flags()
+  local f = io.open('/proc/cpuinfo')
+  local info = f and f:read('*a') or ''
+  if f then f:close() end
+  local flags = {}
+  for flag in (info:match('\nflags%s*:([^\n]*)') or ''):gmatch('%S+') do flags[flag] = true end
+  local function all(list)
+    for _, x in ipairs(list) do if not flags[x] then return false end end
+    return true
+  end
+  if not all({ 'avx2', 'fma', 'bmi1', 'bmi2', 'f16c', 'abm', 'movbe' }) then return 'baseline' end
+  if not all({ 'avx512f', 'avx512bw', 'avx512cd', 'avx512dq', 'avx512vl' }) then return 'avx2' end
+  return 'avx512'
+end
+
+-- Calls every family of [Note: ISA clones] (each fast dtype pair of
+-- fl_convert, the three updates, unary math and silu * up forward and
+-- backward, the row loops of softmax, cross-entropy and attention in f32
+-- and f64), prints the f64 digests of the exact results (conversions and
+-- IEEE-rounded updates are the same bits at any vector width), then one
+-- line per family: name, widest, ran.
+local clones_probe = [[
+local fsdp = require 'fsdp'
+local F, nn, optim = fsdp.F, require 'fsdp.nn', require 'fsdp.optim'
+local digests = {}
+local function digest(t)
+  local w = fsdp.randn(t.shape, { seed = #digests, dtype = 'f64' })
+  digests[#digests + 1] = ('%.17g'):format(F.sum(t:to('f64') * w):item())
+end
+-- More than one parallel chunk (2^16), and a tail the vectors do not fill.
+local x = fsdp.randn({ 100003 }, { seed = 3 }) * 300
+for _, d in ipairs({ 'bf16', 'f16', 'f64', 'i32', 'i64' }) do
+  local y = x:to(d)
+  digest(y)
+  digest(y:to('f32'))
+end
+for _, d in ipairs({ 'bf16', 'f16' }) do digest(x:to('f64'):to(d):to('f64')) end
+for _, make in ipairs({
+  function(p) return optim.AdamW({ { 'p', p } }, { lr = 0.01, weight_decay = 0.1 }) end,
+  function(p) return optim.AnyPrecisionAdamW({ { 'p', p } }, { lr = 0.01, momentum_dtype = 'f32',
+                                                                variance_dtype = 'f32' }) end,
+  function(p) return optim.Adadelta({ { 'p', p } }, { weight_decay = 0.01 }) end }) do
+  local p = nn.Parameter(fsdp.randn({ 5003 }, { seed = 4 }))
+  local opt = make(p)
+  for s = 1, 3 do
+    p.grad = fsdp.randn({ 5003 }, { seed = 10 + s })
+    opt:step()
+  end
+  digest(p)
+end
+for _, dt in ipairs({ 'f32', 'f64' }) do
+  local a = fsdp.randn({ 4, 37 }, { seed = 5, dtype = dt }):requires_grad_(true)
+  local b = fsdp.randn({ 4, 37 }, { seed = 6, dtype = dt }):requires_grad_(true)
+  local q = fsdp.randn({ 1, 2, 9, 16 }, { seed = 8, dtype = dt }):requires_grad_(true)
+  local loss = F.sum(F.gelu(a) * F.silu_mul(a, b)) + F.sum(F.softmax(a) * b) + F.sum(F.log_softmax(b) * a)
+    + F.cross_entropy(a, fsdp.randint(0, 37, { 4 }, { seed = 7 }))
+    + F.sum(F.scaled_dot_product_attention(q, q, q, { causal = true }))
+  loss:backward()
+end
+print(table.concat(digests, ' '))
+for _, c in ipairs(fsdp.cpu_isa_clones()) do print(c.name, c.widest, c.ran or 'none') end
+]]
+local function run_clones_probe(level)
+  local dir = T.tmpdir()
+  local script = dir .. '/clones.lua'
+  local f = assert(io.open(script, 'w'))
+  f:write(clones_probe)
+  f:close()
+  local out, rc = T.sh(('FSDP_CPU_ISA=%s timeout 120 %s %s'):format(level, T.quote(require('fsdp.host').exe),
+                                                                   T.quote(script)))
+  os.remove(script)
+  os.remove(dir)
+  assert.equals(0, rc, out)
+  local digests, families = out:match('^([^\n]*)\n'), {}
+  for name, widest, ran in out:gmatch('\n([^\t\n]+)\t(%S+)\t(%S+)') do
+    families[#families + 1] = { name = name, widest = widest, ran = ran }
+  end
+  return digests, families
+end
+
 describe('the CPU ISA level', function()
   local isa = fsdp.cpu_isa()
   local env = os.getenv('FSDP_CPU_ISA')
@@ -124,6 +212,28 @@ describe('the CPU ISA level', function()
       assert.equals(2, rc, out)
       assert.is_truthy(out:match('^fsdp%-lua: FSDP_CPU_ISA=' .. above .. ': this CPU cannot run it %(.+; its level is '
         .. isa.cpu .. '%)\n$'), out)
+    end
+  end)
+
+  describe('the loops compiled per level ([Note: ISA clones])', function()
+    local cap = clone_cap_from_flags()
+    local digests
+    for i = rank.avx2, rank[isa.cpu] or 0 do
+      local level = fsdp.cpu_isa_levels[i]
+      it(level .. ': every family runs the variant of the level, with the same exact results', function()
+        local got, families = run_clones_probe(level)
+        -- conversions, dtype.c; three updates, core/optim; four in
+        -- cpu_unary.c; the row loops of cpu_softmax.c, cpu_loss.c and
+        -- cpu_attention.c in f32 and f64
+        assert.is_true(#families >= 14 + 3 + 4 + 3 * 4, ('%d families'):format(#families))
+        for _, f in ipairs(families) do
+          local want = math.min(rank[f.widest], i, rank[cap])
+          assert.equals(f.name .. ' at ' .. level .. ': ' .. fsdp.cpu_isa_levels[want],
+                        f.name .. ' at ' .. level .. ': ' .. f.ran)
+        end
+        digests = digests or got
+        assert.equals(digests, got)
+      end)
     end
   end)
 

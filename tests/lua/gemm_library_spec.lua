@@ -57,7 +57,7 @@ restore()
 local function reason(err) return tostring(err):gsub('^.-:%d+: ', '') end
 
 -- OpenBLAS's kernels, and whether they are narrower than the vectors of
--- the CPU level in force ([Note: CPU ISA levels], core/cpu/cpu_isa.c;
+-- the CPU level in force ([Note: CPU ISA levels], core/base/cpu_isa.c;
 -- tests/lua/cpu_isa_spec.lua checks the level against /proc/cpuinfo):
 -- the core's name read here from OpenBLAS itself.
 local ffi = require 'ffi'

@@ -81,7 +81,7 @@ M.OPTIONS = {
 function M.describe(cfg)
   local dev = M.resolve(cfg)
   -- The CPU's instruction-set level: what a run's speed and its last bits
-  -- depend on ([Note: CPU ISA levels], core/cpu/cpu_isa.c).
+  -- depend on ([Note: CPU ISA levels], core/base/cpu_isa.c).
   if dev == 'cpu' then return 'cpu, ISA ' .. fsdp.cpu_isa().text end
   local count, ranks = fsdp.cuda.device_count(), fsdp.dist.local_size()
   local how = ''

@@ -1,7 +1,10 @@
 /*
  * cpu_isa.c: the instruction-set level the CPU backend runs at: what the
  * CPU offers, capped by FSDP_CPU_ISA, decided once per process. Every
- * kernel choice that depends on the CPU asks here.
+ * kernel choice that depends on the CPU asks here. In core/base, not
+ * core/cpu, because the loops built for several levels ([Note: ISA
+ * clones], cpu_isa_dispatch.h) include core/tensor's dtype conversions,
+ * and the tensor layer calls nothing above it.
  *
  * [Note: CPU ISA levels]
  * One ordered scale, lowest first: baseline (x86-64 without AVX2: plain C
@@ -16,7 +19,9 @@
  *   caller (avx512 and up); bf16 attention on dot products (avx512_bf16)
  *   or tiles (amx, cpu_attention_native.c); attention's f32 block
  *   products (16 lanes from avx512, 8 at avx2, cpu_block_gemm.c); the
- *   AVX2 16x16 transposes (avx2);
+ *   AVX2 16x16 transposes (avx2); the plain C loops compiled for each
+ *   level ([Note: ISA clones]: conversions, optimizer updates, unary
+ *   math, the fused row loops' generic versions);
  * - oneDNN: capped with dnnl_set_max_cpu_isa before its engine exists
  *   (cpu_onednn.c), so it refuses what it cannot run at the level (bf16
  *   products below avx512 come back as reference kernels, which we never
@@ -25,14 +30,15 @@
  *   the user set it;
  * - OpenBLAS picks its kernels when it is loaded, before main: below
  *   avx512 on a CPU with AVX-512 the host sets OPENBLAS_CORETYPE=Haswell
- *   and executes itself again (fl_cpu_isa_openblas_coretype, host/main.c).
+ *   and executes itself again (fl_cpu_isa_openblas_coretype, cpu_gemm.c;
+ *   host/main.c).
  *   A program embedding the library sets it itself; the text says so.
  * The level is fixed for the process: oneDNN's cap and OpenBLAS's kernels
  * cannot change once chosen. Tests run each level as its own process
  * (tests/run.sh's isa suite).
  */
 #include "internal.h"
-#include "cpu_rows_avx512.h"
+#include "cpu_isa_dispatch.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -54,6 +60,9 @@ static const char *const level_names[] = {"baseline", "avx2", "avx512", "avx512_
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static fl_cpu_isa cpu_level, level;
+/* The widest variant of [Note: ISA clones] to run: the level in force, no
+ * wider than the x86-64 level (v3, v4) the CPU offers in full. */
+static fl_cpu_isa clone_level;
 /* Why the CPU lacks the level above its own ("the CPU has no AVX-512"),
  * the error FSDP_CPU_ISA made (empty when none), the CPU's model name. */
 static char cpu_lacks[96], env_error[224], model[96];
@@ -120,7 +129,21 @@ static int level_named(const char *name) {
     return -1;
 }
 
-static void decide(void) {
+/* The level of the x86-64 variants ([Note: ISA clones]) that `lv` may
+ * run: arch=x86-64-v4 from avx512, v3 from avx2, where the CPU has all
+ * of that arch level (v3 also has F16C, BMI2, MOVBE...). */
+static fl_cpu_isa clone_level_at(fl_cpu_isa lv) {
+#ifdef FL_ISA_HAVE_VARIANTS
+    __builtin_cpu_init();
+    if (lv >= FL_CPU_ISA_AVX512 && __builtin_cpu_supports("x86-64-v4")) return FL_CPU_ISA_AVX512;
+    if (lv >= FL_CPU_ISA_AVX2 && __builtin_cpu_supports("x86-64-v3")) return FL_CPU_ISA_AVX2;
+#else
+    (void)lv;
+#endif
+    return FL_CPU_ISA_BASELINE;
+}
+
+static void decide_level(void) {
     read_model();
     const char *env = getenv("FSDP_CPU_ISA");
     bool capped = env && *env && strcmp(env, "auto") != 0;
@@ -138,6 +161,11 @@ static void decide(void) {
                  level_names[cpu_level]);
     else
         level = (fl_cpu_isa)want;
+}
+
+static void decide(void) {
+    decide_level();
+    clone_level = clone_level_at(level);
 }
 
 fl_cpu_isa fl_cpu_isa_level(void) {
@@ -184,11 +212,29 @@ const char *fl_cpu_isa_text(void) {
     return text;
 }
 
-const char *fl_cpu_isa_openblas_coretype(void) {
+int fl_isa_family_choose(fl_isa_family *f) {
     pthread_once(&once, decide);
-    /* OpenBLAS's AVX-512 kernels run only on CPUs with AVX-512: below that
-     * level on such a CPU, its Haswell kernels (AVX2 + FMA) keep within
-     * the cap. Where OpenBLAS already runs narrower kernels, nothing. */
-    if (level >= FL_CPU_ISA_AVX512 || cpu_level < FL_CPU_ISA_AVX512) return NULL;
-    return fl_cpu_openblas_wide() ? "Haswell" : NULL;
+    int v = (int)clone_level < f->widest ? (int)clone_level : f->widest;
+    __atomic_store_n(&f->chosen, v, __ATOMIC_RELAXED);
+    return v;
+}
+
+/* The families' records, gathered by the linker from every object
+ * ([Note: ISA clones]). Weak: a build without families has no section. */
+extern fl_isa_family *const __start_fl_isa_families[] __attribute__((weak, visibility("hidden")));
+extern fl_isa_family *const __stop_fl_isa_families[] __attribute__((weak, visibility("hidden")));
+
+int fl_cpu_isa_clone_count(void) {
+    return (int)(__stop_fl_isa_families - __start_fl_isa_families);
+}
+
+const char *fl_cpu_isa_clone(int i, int *widest, int *ran) {
+    if (i < 0 || i >= fl_cpu_isa_clone_count()) return NULL;
+    const fl_isa_family *f = __start_fl_isa_families[i];
+    static __thread char name[160];
+    const char *file = strrchr(f->file, '/');
+    snprintf(name, sizeof name, "%s: %s", file ? file + 1 : f->file, f->name);
+    if (widest) *widest = f->widest;
+    if (ran) *ran = __atomic_load_n(&f->chosen, __ATOMIC_RELAXED);
+    return name;
 }
