@@ -6,7 +6,8 @@
 --
 --   local chat = require 'fsdp.data.chat'
 --   local it, stats = chat.records('data/*.jsonl.gz', { fields = 'messages:dialog', train_on = 'assistant' })
---   for conv in it do ... end         -- conv: see below; stats.skipped with bad_records = 'skip'
+--   for conv, pos in it do ... end    -- conv: see below; pos {path, line, index}
+--   print(stats.records, stats.skipped, stats.first)      -- bad_records = 'skip': the count and the first
 --   local conv = chat.normalise(record, opts, 'where')   -- one decoded record
 --
 -- A conversation is
@@ -15,7 +16,7 @@
 --     train = { [i] = true, ... },   -- the messages whose tokens are trained
 --     plain = true | nil,            -- prompt/completion strings: no template (below)
 --     tools = list | nil,            -- the record's `tools`, for the template
---     format = 'messages' | 'sharegpt' | 'alpaca' | 'prompt_completion', where = 'file:line' }
+--     format = 'messages' | 'sharegpt' | 'alpaca' | 'prompt_completion', where = 'FILE: line N' }
 -- The shapes, told apart by their fields:
 --   messages           {"messages": [{"role", "content"}, ...]}: roles system, user, assistant,
 --                      tool; content a string, null (an assistant turn with tool_calls), or a list
@@ -266,7 +267,8 @@ local function normalise(rec, f, train_on)
 end
 
 -- One decoded record (a Lua table as cjson gives it) to a conversation;
--- where names it in errors ('file:line'). opts: fields, train_on.
+-- where names it in errors ('FILE: line N', the reader's form). opts:
+-- fields, train_on.
 function M.normalise(rec, opts, where)
   opts = opts or {}
   local f = opts._fields or M.fields(opts.fields)
@@ -312,14 +314,15 @@ function M.records(spec, opts)
         k = k + 1
         if k > #paths then return nil end
         r = ffi.gc(C.fl_reader_open(paths[k], ro), C.fl_reader_free)
-        if r == nil then core.raise() end
+        if r == nil then error('fsdp.data.chat: ' .. core.last_error(), 0) end
       end
       local rc = C.fl_reader_next(r, text, len)
-      if rc < 0 then core.raise() end
+      -- the reader's message names the file, line and byte
+      if rc < 0 then error('fsdp.data.chat: ' .. core.last_error(), 0) end
       if rc == 1 then
         C.fl_reader_position(r, pos)
         local line = tonumber(pos.line)
-        local where = ('%s:%d'):format(paths[k], line)
+        local where = ('%s: line %d'):format(paths[k], line)
         -- the reader parsed the line as an object already; cjson reads the fields
         local ok, rec = pcall(cjson.decode, ffi.string(text[0], len[0]))
         if not ok then error(('fsdp.data.chat: %s: the record is not JSON cjson reads: %s'):format(where, rec), 0) end
