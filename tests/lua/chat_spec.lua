@@ -197,6 +197,15 @@ describe('chat records', function()
     testing.raises(function() chat.records(p, { train_on = 'answers' }) end, 'train_on must be assistant or all')
   end)
 
+  it('has recipe options whose defaults read records', function()
+    local recipe = require 'fsdp.recipe'
+    local cfg = recipe.config(chat.OPTIONS, { '--train_on=all', '--chat_fields=messages:dialog' }, 'chat_spec')
+    local o = chat.record_opts(cfg)
+    assert.same({ fields = 'messages:dialog', train_on = 'all', bad_records = 'stop', max_record_bytes = 8388608 }, o)
+    local p = write(tmp .. '/opts.jsonl', { { dialog = { { role = 'user', content = 'a' } } } })
+    assert.same({ true }, all(p, o)[1].train)
+  end)
+
   it('refuses a line longer than max_record_bytes, naming it', function()
     local p = write(tmp .. '/long.jsonl', { { messages = { { role = 'user', content = ('x'):rep(200) },
       { role = 'assistant', content = 'b' } } } })

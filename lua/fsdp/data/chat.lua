@@ -284,6 +284,23 @@ end
 
 local POLICIES = { stop = true, skip = true }
 
+-- The recipe options of chat data (fsdp.recipe specs), and the opts of
+-- records() and fsdp.data.chat_tokens.encode from a parsed config.
+M.OPTIONS = {
+  chat_fields = { '', 'chat data: field names other than the standard ones, canonical:name pairs (e.g. '
+                      .. 'messages:dialog,role:speaker,content:text)' },
+  train_on = { 'assistant', 'chat data: the tokens trained: the assistant messages\' (prompt/completion: the '
+                            .. 'completion\'s) or all', one_of = { 'assistant', 'all' } },
+  bad_records = { 'stop', 'chat data: a bad record stops the run naming its file and line, or is skipped and '
+                          .. 'counted', one_of = { 'stop', 'skip' } },
+  max_record_bytes = { 8388608, 'chat data: the longest record (JSON line) accepted, in bytes', int = true, min = 1 },
+}
+
+function M.record_opts(cfg)
+  return { fields = cfg.chat_fields, train_on = cfg.train_on, bad_records = cfg.bad_records,
+           max_record_bytes = cfg.max_record_bytes }
+end
+
 -- Iterate the conversations of a path (file, directory or glob of .jsonl/
 -- .json, optionally .gz/.zst: fsdp.data.corpus.files). opts: fields,
 -- train_on, bad_records ('stop' | 'skip'), max_record_bytes (8 MiB: a
