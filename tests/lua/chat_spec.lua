@@ -185,6 +185,18 @@ describe('chat records', function()
     end)
   end
 
+  it('says how to convert a .json file that holds one JSON array', function()
+    local p = tmp .. '/alpaca_data.json'
+    local f = assert(io.open(p, 'wb'))
+    f:write('[\n  {"instruction": "a", "input": "", "output": "b"}\n]\n')
+    f:close()
+    local ok, err = pcall(all, p)
+    assert.is_false(ok)
+    assert.matches(p .. ': line 1 (byte 0) is not', tostring(err), 1, true)
+    assert.matches("the file is one JSON array; records are read one JSON object per line: convert it with jq -c '.[]'",
+      tostring(err), 1, true)
+  end)
+
   it('with bad_records = skip counts what it skips and keeps the first message', function()
     local good = { messages = { { role = 'user', content = 'a' }, { role = 'assistant', content = 'b' } } }
     local p = write(tmp .. '/skip.jsonl', { good, { messages = {} }, good, { text = 'x' }, good })

@@ -334,8 +334,21 @@ function M.records(spec, opts)
         if r == nil then error('fsdp.data.chat: ' .. core.last_error(), 0) end
       end
       local rc = C.fl_reader_next(r, text, len)
-      -- the reader's message names the file, line and byte
-      if rc < 0 then error('fsdp.data.chat: ' .. core.last_error(), 0) end
+      -- the reader's message names the file, line and byte; a .json file
+      -- holding one JSON array (Alpaca's alpaca_data.json) says so
+      if rc < 0 then
+        local msg = core.last_error()
+        if msg:find(': line 1 (byte 0) is not ', 1, true) and paths[k]:match('%.json$') then
+          local f = io.open(paths[k], 'rb')
+          local head = f and f:read(64) or ''
+          if f then f:close() end
+          if head:match('^%s*%[') then
+            msg = msg .. (' (the file is one JSON array; records are read one JSON object per line: convert it '
+              .. 'with jq -c \'.[]\' %s > records.jsonl)'):format(paths[k])
+          end
+        end
+        error('fsdp.data.chat: ' .. msg, 0)
+      end
       if rc == 1 then
         C.fl_reader_position(r, pos)
         local line = tonumber(pos.line)
