@@ -414,11 +414,13 @@ for step = start_step + 1, cfg.max_steps do
   local t0 = clock.now()
   -- --grad_accum_steps micro-batches, gradients reduced once at the last
   -- (fsdp.sharding.accumulate); the data position advances by each, so a
-  -- checkpoint after the step resumes at the next step's first.
-  local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function()
-    local ids, targets = profiler.call('data', 'data', data.next, data)
-    return model:loss(ids:to(dev), targets:to(dev))
-  end)
+  -- checkpoint after the step resumes at the next step's first. The loss
+  -- is the mean over the step's target tokens on all ranks, as one
+  -- process's ([Note: the loss of a step over its tokens]): the same bits
+  -- as a mean of means when every micro-batch holds as many.
+  local loss = accumulate.token_mean(model, cfg.grad_accum_steps, function()
+    return profiler.call('data', 'data', data.next, data)
+  end, function(ids, targets) return model:loss(ids:to(dev), targets:to(dev)) end)
   -- gradient norm, clipping, the optimizer's update and the schedule
   local r = profiler.call('optimizer', 'optim', state.guard.step, state.guard, step, loss)
   r.dt = clock.now() - t0

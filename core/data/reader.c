@@ -7,7 +7,9 @@
  *   .txt              a document per paragraph (lines up to a blank line),
  *                     as tools/tokenize.lua's default --documents=paragraph;
  *   .jsonl / .json    a JSON object per line, the document its text_field
- *                     (C4's shards are JSON lines named .json.gz);
+ *                     (C4's shards are JSON lines named .json.gz), or with
+ *                     whole_record the line itself, checked to be an object
+ *                     (chat records: the caller reads their fields);
  *   + .gz / .zst      compressed with gzip (zlib, several members allowed)
  *                     or zstd (libzstd, several frames allowed).
  * A document's position is the uncompressed byte offset of its first line,
@@ -47,6 +49,7 @@ typedef enum { COMP_NONE, COMP_GZIP, COMP_ZSTD } compression;
 struct fl_reader {
     char *path;
     char *field;
+    bool whole; /* fl_reader_opts.whole_record */
     int64_t max_doc;
     bool json;
     compression comp;
@@ -223,6 +226,7 @@ fl_reader *fl_reader_open(const char *path, const fl_reader_opts *opts)
     if (!r) { fclose(f); return FL_FAIL_NULL(FL_ERR_OOM, "%s: out of memory", path); }
     r->f = f;
     r->json = json;
+    r->whole = opts && opts->whole_record;
     r->comp = (compression)comp;
     r->max_doc = max_doc;
     r->path = strdup(path);
@@ -393,9 +397,15 @@ static int json_doc(fl_reader *r, const char *s, int64_t off, int64_t line)
                        (long long)off, err[0] ? err : "parse error");
     }
     int rc = 0;
-    if (!YAJL_IS_OBJECT(v)) {
+    if (!YAJL_IS_OBJECT(v) && r->whole) {
+        rc = fl_fail(FL_ERR_IO, "%s: line %lld (byte %lld) is not a JSON object (each line must be one record)",
+                     r->path, (long long)line, (long long)off);
+    } else if (!YAJL_IS_OBJECT(v)) {
         rc = fl_fail(FL_ERR_IO, "%s: line %lld (byte %lld) is not a JSON object (each line must be an object "
                      "with a \"%s\" field)", r->path, (long long)line, (long long)off, r->field);
+    } else if (r->whole) {
+        r->doc_len = 0;
+        rc = doc_append(r, s, strlen(s));
     } else {
         yajl_val t = NULL;
         for (size_t i = 0; i < v->u.object.len; i++)

@@ -1549,6 +1549,9 @@ typedef struct fl_reader fl_reader;
 typedef struct fl_reader_opts {
     const char *text_field; /* JSON lines: the field of the text (NULL: "text") */
     int64_t max_doc_bytes;  /* the longest document accepted (0: 8 MiB) */
+    bool whole_record;      /* JSON lines: the document is the whole line, checked to be a JSON
+                             * object, for a caller that reads several fields (chat records,
+                             * lua/fsdp/data/chat.lua); text_field is unused */
 } fl_reader_opts;
 /* Where a document starts: uncompressed byte offset, index among the
  * file's documents (0-based), line number (1-based); and the fingerprint of

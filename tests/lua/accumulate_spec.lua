@@ -87,6 +87,48 @@ describe('gradient accumulation', function()
     assert.equals(0, worst(grads(a), grads(b)))
   end)
 
+  -- token_mean ([Note: the loss of a step over its tokens]); the multi-rank
+  -- cases are tests/mpi/token_mean.lua
+  for _, sharded in ipairs({ true, false }) do
+    it(('token_mean gives %s the loss and gradients of the whole batch with masked targets of unequal counts'):format(
+      sharded and 'a sharded model' or 'a plain model'), function()
+      local masked = tg:clone()
+      -- micro-batch i keeps (i * 5) % 16 targets of each row: 5, 10, 15, 0
+      for i = 1, K do
+        local keep = (i * 5) % 20
+        masked:narrow(0, (i - 1) * B, B):narrow(1, keep, 16 - keep):fill_(-100)
+      end
+      local a, b = model(sharded), model(sharded)
+      local loss, n = accumulate.token_mean(a, K, function(i)
+        return ids:narrow(0, (i - 1) * B, B), masked:narrow(0, (i - 1) * B, B)
+      end, function(x, y) return a:loss(x, y) end)
+      assert.equals((5 + 10 + 15) * B, n)
+      local whole = b:loss(ids, masked)
+      whole:backward()
+      assert.is_true(math.abs(loss - whole:item()) < 1e-6 * whole:item(), ('%.9g vs %.9g'):format(loss, whole:item()))
+      local err = worst(grads(a), grads(b))
+      assert.is_true(err < 1e-5, ('gradients differ by %.3g'):format(err))
+      -- the mean of the micro-batch means is another number: the test can fail
+      local c = model(sharded)
+      local mean = accumulate.forward_backward(c, K - 1, function(i)
+        return c:loss(ids:narrow(0, (i - 1) * B, B), masked:narrow(0, (i - 1) * B, B))
+      end)
+      assert.is_true(math.abs(mean - whole:item()) > 1e-3, ('%.9g vs %.9g'):format(mean, whole:item()))
+    end)
+  end
+
+  it('token_mean with unmasked targets gives forward_backward\'s bits', function()
+    local a, b = model(true), model(true)
+    local m1 = accumulate.forward_backward(a, K, function(i)
+      return a:loss(ids:narrow(0, (i - 1) * B, B), tg:narrow(0, (i - 1) * B, B))
+    end)
+    local m2 = accumulate.token_mean(b, K, function(i)
+      return ids:narrow(0, (i - 1) * B, B), tg:narrow(0, (i - 1) * B, B)
+    end, function(x, y) return b:loss(x, y) end)
+    assert.equals(m1, m2)
+    assert.equals(0, worst(grads(a), grads(b)))
+  end)
+
   it('refuses a k that is not a positive integer', function()
     local m = model(false)
     for _, k in ipairs({ 0, -1, 1.5 }) do

@@ -143,6 +143,8 @@ if [ "${1:-}" = isa ]; then
     mpirun -np 2 "$EXE" tests/mpi/fsdp_equivalence.lua f32
   run_tap "gradient accumulation = the larger batch, 2 ranks, ISA ${FSDP_CPU_ISA:-auto}" -- \
     mpirun -np 2 "$EXE" tests/mpi/grad_accum.lua
+  run_tap "token-mean loss = one process, 2 ranks, ISA ${FSDP_CPU_ISA:-auto}" -- \
+    mpirun -np 2 "$EXE" tests/mpi/token_mean.lua
   echo "1..$n"
   [ "$failed" -eq 0 ]
   exit
@@ -192,6 +194,12 @@ run_tap "gradient accumulation = the larger batch, gradients reduced once, 2 ran
   mpirun -np 2 "$EXE" tests/mpi/grad_accum.lua
 run_tap "gradient accumulation, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/grad_accum.lua
+# The loss over the step's target tokens (masked labels, unequal counts
+# per micro-batch and rank) = one process on the whole batch.
+run_tap "token-mean loss = one process, 1 rank" -- "$EXE" tests/mpi/token_mean.lua
+run_tap "token-mean loss = one process, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/token_mean.lua
+run_tap "token-mean loss, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
+  mpirun -np 4 "$EXE" tests/mpi/token_mean.lua
 run_tap "LoRA: adapters sharded over a frozen base = one rank, 2 ranks" -- \
   mpirun -np 2 "$EXE" tests/mpi/lora.lua
 run_tap "LoRA, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \

@@ -12,6 +12,10 @@
 --     local r = state.guard:step(step, loss)       -- once per optimizer step
 --   end
 --
+--   -- the loss averaged over the step's target tokens (labels -100 left out), as one process would:
+--   local loss, tokens = accumulate.token_mean(model, cfg.grad_accum_steps, function(i) return data:next() end,
+--     function(ids, targets) return model:loss(ids, targets) end)
+--
 -- Micro-batch i's loss is scaled by 1/k before its backward, so the summed
 -- gradient is the gradient of the mean loss over the k micro-batches: with
 -- equal micro-batches and a mean-reduced loss, that of one batch k times
@@ -34,8 +38,54 @@
 -- are still gathered for every micro-batch (forward, and backward under
 -- FULL_SHARD): accumulation saves gradient communication, not parameter
 -- communication.
+--
+-- [Note: the loss of a step over its tokens]
+-- forward_backward weights micro-batches, and ranks (the gradient
+-- reduction averages over them), equally: right when every micro-batch
+-- holds as many target tokens, wrong when they differ, which is the rule
+-- with supervised fine-tuning data (only the answers' tokens are trained:
+-- one micro-batch may hold 30 of them, the next 900). token_mean makes
+-- the step's loss the one a single process computes on the whole batch:
+--   L = (sum over every micro-batch of every rank of its tokens' losses) / N
+-- with N the target tokens (targets other than -100) of the step across
+-- the data-parallel ranks. Before any forward it takes the step's k
+-- micro-batches, counts this rank's tokens n_i (a C count over the
+-- targets) and sums them over the ranks (one all-reduce of one number per
+-- step; none on one rank), so N is known and exact before the first
+-- backward. Micro-batch i's loss (the model's mean over its n_i tokens)
+-- is scaled by w_i = n_i * D / N before its backward, D the ranks the
+-- gradient reduction averages over (fsdp.shard's group: the world by
+-- default; 1 for an unsharded model, which every rank trains alone): the
+-- reduction's average divides by D again, so the step's gradient is
+-- sum_{r,i} (n_i D / N) grad(mean_i) / D = grad(L). The loss returned is
+-- this rank's D * sum_i n_i mean_i / N, which the non-finite guard's
+-- average over the ranks turns into L, the value logged. A micro-batch
+-- with no target token still runs its forward and backward (the ranks'
+-- collectives must match) with w_i = 0: its gradient is exactly 0 (the
+-- loss kernels write 0 for ignored rows) and its NaN mean is left out of
+-- the sum. A step with N = 0 is an error on every rank, before any
+-- forward: nothing in it would train.
+-- With equal counts (pretraining: no -100) w_i = n D / (n D k) is 1/k,
+-- the same double forward_backward multiplies by, and the returned loss
+-- D * (n sum_i mean_i) / (n D k) rounds to the same double as
+-- sum_i mean_i / k (the products and sums of f32 values by counts below
+-- 2^29 are exact in f64): the same bits as forward_backward, plus one
+-- all-reduce of a count.
+-- transformers' Trainer (and TRL's SFTTrainer, which inherits its loss)
+-- normalises the same way since 4.46: num_items_in_batch counts the
+-- step's labels other than -100 over its accumulated micro-batches (after
+-- the shift, labels[..., 1:], in 5.x), summed over the processes when
+-- average_tokens_across_devices (the default), each micro-batch's loss is
+-- a sum divided by it and multiplied by the number of processes because
+-- DDP averages gradients. What differs: transformers sums each micro-
+-- batch's token losses in the model's loss (reduction sum); here the
+-- model's mean is scaled by n_i D / N, equal within f32 rounding, chosen
+-- so that pretraining keeps its bits. A mixture of experts' router loss,
+-- added to the mean, is weighted by the micro-batch's share of the tokens
+-- (transformers adds it to each micro-batch's normalised loss).
 local M = {}
 local validate = require 'fsdp.validate'
+local IGNORE = -100
 
 M.OPTIONS = {
   grad_accum_steps = { 1, 'micro-batches per optimizer step (gradients summed locally, reduced once at the '
@@ -68,6 +118,68 @@ function M.forward_backward(model, k, micro)
   end
   one(k)
   return sum / k
+end
+
+-- The ranks a sharded model's gradients are averaged over (its group, the
+-- world by default), or 1 for a model every rank trains alone.
+local function data_parallel(model)
+  local S = rawget(model, '_fsdp')
+  if not S then return 1, nil end
+  local dist = require 'fsdp.dist'
+  return S.group and S.group:size() or dist.world_size(), S.group
+end
+
+-- The target tokens of a targets tensor (entries other than -100).
+function M.count_tokens(targets)
+  return require('fsdp').F.ne(targets, IGNORE):to('i64'):sum():item()
+end
+
+-- Forward and backward of a step's k micro-batches with the loss averaged
+-- over the step's target tokens on every rank ([Note: the loss of a step
+-- over its tokens]). batch(i) gives micro-batch i's ids, targets (-100:
+-- not trained); all k are taken first. loss_of(ids, targets) returns the
+-- model's mean loss over the micro-batch's target tokens (model:loss).
+-- Returns this rank's part of the loss (what guard:step takes: its
+-- average over the ranks is the step's loss) and N, the step's target
+-- tokens across the ranks.
+function M.token_mean(model, k, batch, loss_of)
+  k = k or 1
+  if validate.problem(k, validate.COUNT) then
+    error(('fsdp.sharding.accumulate: k must be an integer >= 1, got %s'):format(validate.show(k)), 2)
+  end
+  local batches, counts, local_n = {}, {}, 0
+  for i = 1, k do
+    local ids, targets = batch(i)
+    batches[i] = { ids, targets }
+    counts[i] = M.count_tokens(targets)
+    local_n = local_n + counts[i]
+  end
+  local D, group = data_parallel(model)
+  local N = local_n
+  if D > 1 then
+    local fsdp = require 'fsdp'
+    local t = require('fsdp.dist').all_reduce(fsdp.tensor({ local_n }, { dtype = 'f64' }), { op = 'sum',
+      group = group })
+    N = t:get(0)
+  end
+  if N == 0 then
+    error(('fsdp.sharding.accumulate: the step\'s %d micro-batch%s on %d rank%s hold no target token (every '
+      .. 'target is -100): nothing to train on (are all answers cut off by the sequence length?)'):format(k,
+      k == 1 and '' or 'es', D, D == 1 and '' or 's'), 2)
+  end
+  local sum = 0
+  local function one(i)
+    local loss = loss_of(batches[i][1], batches[i][2])
+    local w = counts[i] * D / N
+    if counts[i] > 0 then sum = sum + loss:item() * counts[i] end
+    if w ~= 1 then loss = loss * w end
+    loss:backward()
+  end
+  for i = 1, k - 1 do
+    if sharded(model) then model:no_sync(function() one(i) end) else one(i) end
+  end
+  one(k)
+  return sum * D / N, N
 end
 
 return M

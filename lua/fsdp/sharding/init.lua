@@ -261,7 +261,7 @@ function M.shard(model, opts)
     backward_prefetch = bp, forward_prefetch = opts.forward_prefetch and true or false,
     limit_all_gathers = opts.limit_all_gathers and true or false,
     cpu_offload = opts.cpu_offload and true or false, strategy = strategy, model = model,
-    ignored = ignored, device = device, master = master,
+    ignored = ignored, device = device, master = master, group = group, -- group: the data-parallel ranks (nil: all)
   }, State)
 
   for i, spec in ipairs(plan) do
