@@ -107,3 +107,133 @@ describe('chat templates against transformers', function()
     assert.is_true(n >= 400)
   end)
 end)
+
+describe('Jinja semantics against jinja2', function()
+  it('renders every snippet as transformers\' environment does', function()
+    local diffs = {}
+    for i = 1, G.snippets.n do
+      local c = G.snippets[i].map
+      local ok, text = pcall(function()
+        return template.compile(c.source, { name = 'snippet' .. i }):render_vars(G.snippet_vars)
+      end)
+      if c.error then
+        if ok then diffs[#diffs + 1] = ('snippet %d: expected an error (%s)'):format(i, c.error) end
+      elseif not ok then
+        diffs[#diffs + 1] = ('snippet %d raised %s'):format(i, tostring(text))
+      elseif text ~= c.text then
+        diffs[#diffs + 1] = ('snippet %d: got %q want %q'):format(i, text, c.text)
+      end
+    end
+    print(('jinja snippets: %d, %d differences'):format(G.snippets.n, #diffs))
+    for _, d in ipairs(diffs) do print('  ' .. d) end
+    assert.are.equal(0, #diffs)
+  end)
+end)
+
+describe('refusals', function()
+  local function err_of(f)
+    local ok, e = pcall(f)
+    assert.is_false(ok)
+    return tostring(e)
+  end
+  local function compile_err(src) return err_of(function() template.compile(src, { name = 'mine' }) end) end
+
+  it('names template and line for tags outside the subset', function()
+    local e = compile_err('line one\n{% if x %}\n{% include "other.jinja" %}\n{% endif %}')
+    assert.truthy(e:find("chat template 'mine' line 3:", 1, true), e)
+    assert.truthy(e:find("'include'", 1, true), e)
+    e = compile_err('a\nb\n{% frobnicate %}')
+    assert.truthy(e:find("chat template 'mine' line 3: Encountered unknown tag 'frobnicate'", 1, true), e)
+    e = compile_err('{% raw %}x{% endraw %}')
+    assert.truthy(e:find("line 1:", 1, true) and e:find("raw", 1, true), e)
+  end)
+
+  it('names template and line for unknown filters and tests, at compile time', function()
+    local e = compile_err('x\n\n{{ messages | shuffle }}')
+    assert.truthy(e:find("chat template 'mine' line 3: No filter named 'shuffle'", 1, true), e)
+    e = compile_err('{% if x is prime %}{% endif %}')
+    assert.truthy(e:find("line 1: No test named 'prime'", 1, true), e)
+  end)
+
+  it('names template and line for bad syntax', function()
+    local e = compile_err('ok\n{% if x %}\nno end')
+    assert.truthy(e:find("chat template 'mine' line 3: unexpected end of template, "
+      .. "expected 'elif' or 'else' or 'endif'", 1, true), e)
+    e = compile_err('{{ (1 + 2 }}')
+    assert.truthy(e:find("chat template 'mine' line 1:", 1, true), e)
+    e = compile_err('\n{{ x + }}')
+    assert.truthy(e:find("line 2:", 1, true), e)
+    e = compile_err('{% for x in y %}{% endif %}')
+    assert.truthy(e:find("line 1:", 1, true), e)
+    e = compile_err('{% break %}')
+    assert.truthy(e:find("'break' outside of a loop", 1, true), e)
+  end)
+
+  it('surfaces raise_exception\'s message naming the template and line', function()
+    local tpl = template.load(DATA .. '/gemma-2-it')
+    local sys_first = { { role = 'system', content = 's' }, { role = 'user', content = 'u' } }
+    local e = err_of(function() tpl:render(sys_first) end)
+    assert.truthy(e:find("chat template 'gemma-2-it/tokenizer_config.json' raised an exception (line 1): "
+      .. 'System role not supported', 1, true), e)
+    local t2 = template.compile('a\n\n{{ raise_exception("bad " ~ messages | length) }}', { name = 'r' })
+    e = err_of(function() t2:render({ { role = 'user', content = 'u' } }) end)
+    assert.truthy(e:find("chat template 'r' raised an exception (line 3): bad 1", 1, true), e)
+  end)
+
+  it('names the line of runtime errors', function()
+    local t = template.compile('x\n{{ messages[0].content + 1 }}', { name = 'rt' })
+    local e = err_of(function() t:render({ { role = 'user', content = 'u' } }) end)
+    assert.truthy(e:find("chat template 'rt' line 2: can only concatenate str", 1, true), e)
+    t = template.compile('{{ missing.attr }}', { name = 'rt' })
+    e = err_of(function() t:render({ { role = 'user', content = 'u' } }) end)
+    assert.truthy(e:find("'missing' is undefined", 1, true), e)
+    t = template.compile('{% set x = [] %}{{ x.append(1) }}', { name = 'sb' })
+    e = err_of(function() t:render({ { role = 'user', content = 'u' } }) end)
+    assert.truthy(e:find("unsafe", 1, true), e)
+  end)
+
+  it('refuses generation spans for templates without markers, and unstable prefixes', function()
+    local tpl = template.load(DATA .. '/qwen2.5-instruct')
+    assert.is_false(tpl.has_generation)
+    local e = err_of(function() tpl:render_spans({ { role = 'user', content = 'u' } }) end)
+    assert.truthy(e:find('assistant_spans_by_prefix', 1, true), e)
+    local q3 = template.load(DATA .. '/qwen3')
+    e = err_of(function()
+      q3:assistant_spans_by_prefix({ { role = 'user', content = 'a' }, { role = 'assistant', content = 'b' },
+        { role = 'user', content = 'c' }, { role = 'assistant', content = 'd' } })
+    end)
+    assert.truthy(e:find('not prefix-stable at message 2', 1, true), e)
+  end)
+end)
+
+describe('loading', function()
+  it('reads chat_template.jinja, inline strings, named lists and AddedToken objects', function()
+    local l32 = template.load(DATA .. '/llama-3.2-instruct')
+    assert.are.equal('<|begin_of_text|>', l32.special_tokens.bos_token)
+    local l31 = template.load(DATA .. '/llama-3.1-instruct')
+    assert.are.equal('<|eot_id|>', l31.special_tokens.eos_token)
+    local q = template.load(DATA .. '/qwen2.5-instruct')
+    assert.is_nil(q.special_tokens.bos_token)
+    local lf = template.load(DATA .. '/list-form')
+    local msgs = { { role = 'user', content = 'hi' } }
+    assert.truthy(lf:render(msgs):find('SmolLM', 1, true))
+    -- as transformers: any tools (even an empty list) pick "tool_use"
+    assert.truthy(lf:render(msgs, { tools = {} }):find('Qwen', 1, true))
+    local tools = template.json_decode('[{"type": "function", "function": {"name": "f"}}]')
+    assert.truthy(lf:render(msgs, { tools = tools }):find('<tools>', 1, true))
+    assert.truthy(template.load(DATA .. '/list-form', { name = 'tool_use' }):render(msgs):find('Qwen', 1, true))
+    local ok, e = pcall(template.load, DATA .. '/list-form', { name = 'nope' })
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("no template named 'nope'", 1, true))
+    ok, e = pcall(template.load, DATA)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find('no chat_template', 1, true), tostring(e))
+  end)
+
+  it('overrides special tokens per call', function()
+    local t = template.load(DATA .. '/phi-3-mini-instruct')
+    local msgs = { { role = 'user', content = 'u' }, { role = 'assistant', content = 'a' } }
+    local out = t:render(msgs, { eos_token = '<E>' })
+    assert.are.equal('<|user|>\nu<|end|>\n<|assistant|>\na<|end|>\n<E>', out)
+  end)
+end)

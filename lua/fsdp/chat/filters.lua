@@ -395,7 +395,8 @@ end
 F.string = function(_, v) return str(v) end
 F.safe = function(_, v) return v end
 F.escape = function(_, v)
-  return (str(v):gsub('[&<>\'"]', { ['&'] = '&amp;', ['<'] = '&lt;', ['>'] = '&gt;', ["'"] = '&#39;', ['"'] = '&#34;' }))
+  local map = { ['&'] = '&amp;', ['<'] = '&lt;', ['>'] = '&gt;', ["'"] = '&#39;', ['"'] = '&#34;' }
+  return (str(v):gsub('[&<>\'"]', map))
 end
 F.e = F.escape
 

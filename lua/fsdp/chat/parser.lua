@@ -196,7 +196,9 @@ function Parser:call_args()
   while not self:is('op', ')') do
     if #args + #kwargs > 0 then self:expect('op', ',') end
     if self:is('op', ')') then break end
-    if self:is('op', '*') or self:is('op', '**') then fail(self:peek(), '*args / **kwargs in calls are outside the supported subset') end
+    if self:is('op', '*') or self:is('op', '**') then
+      fail(self:peek(), '*args / **kwargs in calls are outside the supported subset')
+    end
     if self:is('name') and self:is('op', '=', 1) then
       local name = self:next().v; self:next()
       kwargs[#kwargs + 1] = { name, self:expression() }
@@ -238,8 +240,11 @@ function Parser:postfix(e)
       local part, is_slice = self:subscript_part()
       if self:is('op', ',') then fail(self:peek(), 'tuple subscripts are outside the supported subset') end
       self:expect('op', ']')
-      if is_slice then e = { k = 'slice', obj = e, start = part.start, stop = part.stop, step = part.step, line = tok.line }
-      else e = { k = 'getitem', obj = e, key = part, line = tok.line } end
+      if is_slice then
+        e = { k = 'slice', obj = e, start = part.start, stop = part.stop, step = part.step, line = tok.line }
+      else
+        e = { k = 'getitem', obj = e, key = part, line = tok.line }
+      end
     elseif tok and tok.t == 'op' and tok.v == '(' then
       local args, kwargs = self:call_args()
       e = { k = 'call', fn = e, args = args, kwargs = kwargs, line = tok.line }

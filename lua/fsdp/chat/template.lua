@@ -205,8 +205,8 @@ local function globals(opts)
     table.sort(names)
     for _, k in ipairs(names) do
       if k:sub(1, 1) == '_' then
-        eval.rt_error(interp, ("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'.")
-          :format(k))
+        eval.rt_error(interp, ("Chat templates cannot store underscore-prefixed attributes on a namespace, "
+          .. "but got '%s'."):format(k))
       end
       values.dict_set(ns, k, kwargs[k])
     end
@@ -232,7 +232,9 @@ local function globals(opts)
     if c == 0 then eval.rt_error(interp, 'range() arg 3 must not be zero') end
     local out = { n = 0 }
     for i = a, b - (c > 0 and 1 or -1), c do out.n = out.n + 1; out[out.n] = i end
-    if out.n > 100000 then eval.rt_error(interp, 'Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).') end
+    if out.n > 100000 then
+      eval.rt_error(interp, 'Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).')
+    end
     return values.list(out)
   end, 'range')
   return g
@@ -264,10 +266,10 @@ local function context(self, messages, opts)
   return ctx
 end
 
-local function run(self, messages, opts)
+local function run(self, messages, opts, ctx)
   opts = opts or {}
   local tpl = self:pick(opts)
-  local ctx = context(tpl, messages, opts)
+  ctx = ctx or context(tpl, messages, opts)
   local ok, text, spans = pcall(eval.run, tpl.tree, globals(opts), ctx)
   if not ok then
     local e = text
@@ -289,6 +291,19 @@ end
 function Template:render(messages, opts)
   local text = run(self, messages, opts)
   return text
+end
+
+-- The template rendered with exactly the variables `vars` (a table of
+-- name -> value, or a values.dict), none of render()'s: for tests and for
+-- templates that are not chat templates. Returns text and generation spans.
+function Template:render_vars(vars, opts)
+  local ctx = {}
+  if kind(vars) == 'dict' then
+    for _, k in ipairs(vars.keys) do ctx[k] = vars.map[k] end
+  else
+    for k, v in pairs(vars or {}) do ctx[k] = values.from_lua(v) end
+  end
+  return run(self, nil, opts, ctx)
 end
 
 -- The rendered conversation and the spans of its {% generation %} blocks
