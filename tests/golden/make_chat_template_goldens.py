@@ -183,14 +183,16 @@ def prefix_spans(tok, messages, tools, gen, kwargs, full):
 SNIPPETS = [
     "{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.first }}{{ loop.last }}"
     "{{ loop.length }}{{ loop.previtem }}{{ loop.nextitem }};{% endfor %}",
-    "{% for x in xs if x > 1 %}{{ x }}{{ loop.length }}{% else %}none{% endfor %}{% for x in [] %}a{% else %}b{% endfor %}",
+ "
+    "   "{% for x in xs if x > 1 %}{{ x }}{{ loop.length }}{% else %}none{% endfor %}{% for x in [] %}a{% else %}b{% endfor %}",
     "{% for x in xs %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}{{ x }}{% endfor %}",
     "{% set c = 0 %}{% for x in xs %}{% set c = c + x %}{{ c }}{% endfor %}{{ c }}",
     "{% set ns = namespace(c=0, s='') %}{% for x in xs %}{% set ns.c = ns.c + x %}{% endfor %}{{ ns.c }}",
     "{{ 7 / 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 1.5 * 2 }} {{ 0.1 + 0.2 }} {{ 1e-5 }} "
     "{{ 3 - 5 }} {{ 10 / 4 * 2 }} {{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }}",
     "{{ xs }} {{ d }} {{ none }} {{ true }} {{ f }} {{ s ~ 1 ~ none }} {{ d.items() | list }}",
-    "{{ s[::-1] }}|{{ s[1:4] }}|{{ s[-2:] }}|{{ xs[1:] }}|{{ xs[::-1] }}|{{ xs[-1] }}|{{ s | length }}|{{ u[1:3] }}|{{ u | length }}",
+    "{{ s[::-1] }}|{{ s[1:4] }}|{{ s[-2:] }}|{{ xs[1:] }}|{{ xs[::-1] }}|"
+    "{{ xs[-1] }}|{{ s | length }}|{{ u[1:3] }}|{{ u | length }}",
     "{{ s.upper() }}|{{ s.title() }}|{{ '  a b  '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ 'a,b,,c'.split(',') }}|"
     "{{ ' a  b '.split() }}|{{ s.startswith('he') }}|{{ s.endswith(('x', 'lo')) }}|{{ s.replace('l', 'L') }}|"
     "{{ s.find('l') }}|{{ '-'.join(['a', 'b']) }}|{{ s.capitalize() }}|{{ 'a\nb'.splitlines() }}|{{ s.count('l') }}",
@@ -203,13 +205,15 @@ SNIPPETS = [
     "{{ msgs | rejectattr('role', 'eq', 'user') | list | length }}|{{ xs | select('odd') | list }}|"
     "{{ xs | reject('even') | list }}|{{ ['a', 'b'] | map('upper') | list }}|{{ d | items | list }}|"
     "{{ msgs | selectattr('extra') | list | length }}|{{ msgs | selectattr('extra', 'defined') | list | length }}",
-    "{{ x is defined }}{{ missing is undefined }}{{ none is none }}{{ s is string }}{{ d is mapping }}{{ xs is sequence }}"
+    "{{ x is defined }}{{ missing is undefined }}{{ none is none }}"
+    "{{ s is string }}{{ d is mapping }}{{ xs is sequence }}"
     "{{ xs is iterable }}{{ 1 is number }}{{ 1.5 is float }}{{ 1 is integer }}{{ true is true }}{{ false is false }}"
     "{{ true is boolean }}{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}{{ 2 is in xs }}{{ 'a' is lower }}"
     "{{ s is not none }}{{ not s is none }}{{ 1 is eq 1 }}{{ 1 is sameas 1 }}",
     "{{ 'l' in s }}{{ 2 in xs }}{{ 'k' in d }}{{ 'z' not in d }}{{ 1 == 1.0 }}{{ xs == [1, 2, 3, 4] }}"
     "{{ 1 < 2 < 3 }}{{ 'a' < 'b' }}{{ [1, 2] < [1, 3] }}{{ missing == missing }}{{ none == missing }}",
-    "{{ 'a' if x else 'b' }}{{ 'c' if missing }}|{{ x and 'y' }}|{{ '' or 'z' }}|{{ not [] }}|{{ [] or {} or 0 or 'w' }}",
+    "{{ 'a' if x else 'b' }}{{ 'c' if missing }}|{{ x and 'y' }}|"
+    "{{ '' or 'z' }}|{{ not [] }}|{{ [] or {} or 0 or 'w' }}",
     "{{ d | tojson }}|{{ d | tojson(indent=2) }}|{{ u | tojson }}|{{ {'a': [1, 2.0, none, true]} | tojson }}|"
     "{{ d | tojson(sort_keys=true) }}|{{ 'q\"\\\n\t' | tojson }}|{{ xs | tojson(separators=(',', ':')) }}",
     "{% macro m(a, b='B', c=none) %}[{{ a }}{{ b }}{{ c }}{{ outer }}]{% endmacro %}{% set outer = 'O' %}"
@@ -219,8 +223,10 @@ SNIPPETS = [
     "{%- for m in msgs -%}\n  {{- m.role -}}\n  {%- if not loop.last %}, {% endif -%}\n{%- endfor %}\n"
     "  {% if true %}\n    kept\n  {% endif %}\n{# comment #}\nend {{ '{{' }} {%+ if true %}x{% endif +%}\n",
     "{{ d.get('k') }}{{ d.get('nope') }}{{ d.get('nope', 'dv') }}{{ d['k'] }}{{ d.k }}{{ d.keys() | list }}"
-    "{{ d.values() | list }}{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{{ msgs[0].role }}{{ msgs[5] is defined }}",
-    "{{ range(3) | list }}{{ range(1, 7, 2) | list }}{{ dict(a=1) }}{{ xs | batch(3) | list }}{{ 'x' * 3 }}{{ xs + [5] }}",
+    "{{ d.values() | list }}{% for k, v in d.items() %}{{ k }}"
+    "={{ v }};{% endfor %}{{ msgs[0].role }}{{ msgs[5] is defined }}",
+    "{{ range(3) | list }}{{ range(1, 7, 2) | list }}{{ dict(a=1) }}"
+    "{{ xs | batch(3) | list }}{{ 'x' * 3 }}{{ xs + [5] }}",
 ]
 VARS = {"xs": [1, 2, 3, 4], "s": "hello", "u": "héllo 中", "d": {"k": "v", "n": 1, "f": 0.5},
         "msgs": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "extra": 1},
