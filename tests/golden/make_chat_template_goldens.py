@@ -183,8 +183,8 @@ def prefix_spans(tok, messages, tools, gen, kwargs, full):
 SNIPPETS = [
     "{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.first }}{{ loop.last }}"
     "{{ loop.length }}{{ loop.previtem }}{{ loop.nextitem }};{% endfor %}",
- "
-    "   "{% for x in xs if x > 1 %}{{ x }}{{ loop.length }}{% else %}none{% endfor %}{% for x in [] %}a{% else %}b{% endfor %}",
+    "{% for x in xs if x > 1 %}{{ x }}{{ loop.length }}{% else %}none{% endfor %}"
+    "{% for x in [] %}a{% else %}b{% endfor %}",
     "{% for x in xs %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}{{ x }}{% endfor %}",
     "{% set c = 0 %}{% for x in xs %}{% set c = c + x %}{{ c }}{% endfor %}{{ c }}",
     "{% set ns = namespace(c=0, s='') %}{% for x in xs %}{% set ns.c = ns.c + x %}{% endfor %}{{ ns.c }}",
