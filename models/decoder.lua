@@ -381,13 +381,8 @@ function M.define(decl)
   -- What fsdp.generate's KV cache holds per layer; RoPE extrapolates
   -- ([Note: positions past the model's limit] in models/decoders.lua).
   -- windows: each layer's sliding window or false.
-  function CausalLM:kv_cache_spec()
-    local c = self.config
-    local windows = {}
-    for i = 1, c.n_layers do windows[i] = window_of(decl, c, i - 1) or false end
-    return { n_layers = c.n_layers, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim, max_positions = c.max_seq_len,
-             extrapolates = true, windows = windows }
-  end
+  -- (fam.kv_cache_spec(c): the same from a config, before a model is built)
+  function CausalLM:kv_cache_spec() return fam.kv_cache_spec(self.config) end
 
   -- Mean cross-entropy of next-token predictions; targets i64 [B, T] (the
   -- ids shifted by one; -100 entries are ignored). Returns loss, logits.
@@ -413,6 +408,14 @@ function M.define(decl)
   function CausalLM:example_batch(batch, seq) return common.causal_lm_batch(self, batch, seq) end
 
   fam.config = config_function(decl)
+  -- windows: each layer's sliding window or false (fsdp.generate keeps a
+  -- sliding layer's cache as a ring of its window: [Note: the KV cache]).
+  function fam.kv_cache_spec(c)
+    local windows = {}
+    for i = 1, c.n_layers do windows[i] = window_of(decl, c, i - 1) or false end
+    return { n_layers = c.n_layers, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim, max_positions = c.max_seq_len,
+             extrapolates = true, windows = windows }
+  end
   function fam.closed_form_parameters(c) return closed_form_parameters(decl, c) end
   function fam.active_parameters(c) return active_parameters(decl, c) end
   function fam.flops_per_token(c, seq_len, n_params) return flops_per_token(decl, c, seq_len, n_params) end

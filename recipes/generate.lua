@@ -218,11 +218,24 @@ do
   local source = cfg.prompt_ids ~= '' and '--prompt_ids' or cfg.prompt ~= '' and '--prompt' or '--prompt_file'
   local extra = {}
   if not cfg.no_cache then
-    local kv_heads = config.n_kv_heads or config.n_heads
-    local bytes = 2 * config.n_layers * #prompts * (longest + cfg.max_new_tokens) * kv_heads * config.head_dim
-      * (cfg.dtype == 'bf16' and 2 or 4)
-    extra[1] = { bytes, ('KV cache (%d prompt%s x %d positions)'):format(#prompts, #prompts == 1 and '' or 's',
-      longest + cfg.max_new_tokens) }
+    -- (a sliding layer's cache holds its window only: [Note: the KV cache];
+    -- the windows are listed per layer, so an absurd layer count, which
+    -- the bound refuses anyway, is planned as all global)
+    local mod = decoders.families[family].module
+    local spec = { n_layers = config.n_layers, n_kv_heads = config.n_kv_heads or config.n_heads,
+                   head_dim = config.head_dim }
+    if mod.kv_cache_spec and config.n_layers <= 1e5 then spec = mod.kv_cache_spec(config) end
+    local positions = longest + cfg.max_new_tokens
+    local bytes = generate.cache_bytes(spec, #prompts, positions, cfg.dtype)
+    local fewer = 0
+    if spec.windows then
+      for _, p in ipairs(generate.cache_positions(spec, positions)) do
+        if p < positions then fewer = fewer + 1 end
+      end
+    end
+    extra[1] = { bytes, ('KV cache (%d prompt%s x %d positions%s)'):format(#prompts, #prompts == 1 and '' or 's',
+      positions, fewer > 0 and (', %d sliding layer%s bounded by the window'):format(fewer, fewer == 1 and '' or 's')
+      or '') }
   end
   local ok, err = pcall(pretrained.bound, cfg, family, config, src, {
     model = cfg.model ~= '' and cfg.model or nil, options = { n_heads = 'num_heads', n_kv_heads = 'num_kv_heads' },

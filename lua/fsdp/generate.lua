@@ -10,8 +10,10 @@
 --   -- rows[b]: the new ids of prompt b (ending with its stop id, if one came)
 --
 -- kv_cache_spec() may give max_positions (no prompt plus new tokens past
--- it) and extrapolates (past it only with allow_past_max_positions: Llama's
--- RoPE; GPT-2's position table has no row past it).
+-- it), extrapolates (past it only with allow_past_max_positions: Llama's
+-- RoPE; GPT-2's position table has no row past it) and windows (each
+-- layer's sliding window or false: a sliding layer's cache is a ring of
+-- its window).
 -- The model is one with kv_cache_spec() and forward(ids, opts) taking
 -- positions, mask, cache, rope_len and last_only (models/llama.lua,
 -- models/gpt2.lua). Prompts of different lengths are left-padded to one
@@ -21,20 +23,42 @@
 -- ones it gets alone (up to the rounding of batched products).
 --
 -- [Note: the KV cache]
--- One K and one V buffer per layer, [B, KV heads, prompt + max_new_tokens,
--- head_dim] in the model's dtype, allocated once before the prompt runs.
--- Attention (nn.Attention, opts.kv_cache) writes each call's keys and
--- values (after RoPE) into the next free positions with copy_ and attends
--- to a narrowed view of everything so far: nothing is copied or
--- reallocated per token. Grouped-query models cache their KV heads only.
--- Because queries no longer start at key 0, the causal mask comes from
--- here (query at cache position p sees keys <= p that are not padding),
--- not from the attention's top-left causal flag. A sliding window is a
--- layer's own (Gemma 2 alternates windowed and global layers), so this
--- mask stays the model's and each windowed nn.Attention adds its band
--- (keys > p - window) to it from the same positions: a call's queries are
--- the newest cache positions. Positions are the cache's, padding included,
--- as transformers counts them for its sliding-window masks.
+-- One K and one V buffer per layer, [B, KV heads, positions, head_dim] in
+-- the model's dtype, allocated once before the prompt runs. Attention
+-- (nn.Attention, opts.kv_cache) hands each call's keys and values (after
+-- RoPE) to its layer's update and attends to what that returns: nothing
+-- is reallocated per token. Grouped-query models cache their KV heads
+-- only. Because queries no longer start at key 0, the causal mask comes
+-- from here (query at cache position p sees keys <= p that are not
+-- padding), not from the attention's top-left causal flag. Positions are
+-- the cache's, padding included, as transformers counts them for its
+-- sliding-window masks.
+--
+-- A global layer's buffer holds every position (prompt + max_new_tokens):
+-- update copies the new keys into the next free positions and returns a
+-- narrowed view of everything so far, in position order, which the
+-- model's mask (built here) describes. A windowed nn.Attention adds its
+-- band (keys > p - window) to that mask from the same positions.
+--
+-- A sliding layer (kv_cache_spec().windows[i] = W, and W < the positions
+-- generated) keeps a ring of W positions: position p lives in slot p % W.
+-- A query at p sees keys p - W + 1 ... p, so one decoded token (written
+-- first, over position p - W) attends to the whole ring; the ring is in
+-- slot order, not position order (RoPE was applied before caching, so the
+-- order changes nothing but the mask). Such a layer's update therefore
+-- returns a third value, the mask for its own keys ([B, 1, T, S], padding,
+-- causality and the band together), which replaces the model's. Its
+-- ingredients are kept beside the ring, once per window size: the
+-- position and the not-padding flag of every slot (Cache.key_ok, the
+-- padding of each row, is the source). A chunk of T > 1 queries at p0
+-- needs the W - 1 keys before it as well as its own, W - 1 + T in all: it
+-- attends to the ring's old slots followed by the chunk (one cat, the only
+-- copy; generate's prompt starts at p0 = 0, where there are no old slots),
+-- and then its last min(T, W) positions go into the ring. The cache of a
+-- layer thus costs min(W, positions) instead of all positions (Gemma 3
+-- with 512 and 32k positions: five of six layers 64x smaller); use_cache =
+-- 'full' keeps every position in every layer (the reference the rings are
+-- tested against), and M.cache_bytes is what the recipe plans with.
 --
 -- Token choice (M.sampler, HF's order): the repetition penalty on the raw
 -- logits (a seen token's logit divided by the penalty when positive,
@@ -78,6 +102,9 @@ local function check_options(opts)
     end
   end
   int('max_new_tokens', 1); int('top_k', 0); int('pad_id', 0); int('seed', 0)
+  if o.use_cache ~= true and o.use_cache ~= false and o.use_cache ~= 'full' then
+    fail("use_cache must be true, false or 'full', got %s", validate.show(o.use_cache))
+  end
   if validate.problem(o.temperature, validate.POSITIVE) then
     fail('temperature must be > 0, got %s (greedy decoding: do_sample = false)', validate.show(o.temperature))
   end
@@ -230,29 +257,154 @@ function LayerCache:update(k, v)
   return self.k:narrow(2, 0, pos + T), self.v:narrow(2, 0, pos + T)
 end
 
+-- Copy m entries of src (along dim, from src_at on) into the ring buf of
+-- W slots from slot s0 on, wrapping past the last slot once.
+local function ring_write(buf, dim, src, src_at, s0, m, W)
+  local first = math.min(m, W - s0)
+  buf:narrow(dim, s0, first):copy_(src:narrow(dim, src_at, first))
+  if first < m then buf:narrow(dim, 0, m - first):copy_(src:narrow(dim, src_at + first, m - first)) end
+end
+
+local RingCache = {}
+RingCache.__index = RingCache
+
+-- A sliding layer's hook (see the Note): returns this call's keys, values
+-- and the mask for them.
+function RingCache:update(k, v)
+  local c, W = self.cache, self.window
+  local p0, T = c.length, k:size(2)
+  if p0 + T > c.capacity then
+    fail('KV cache overflow: %d cached + %d new positions > capacity %d', p0, T, c.capacity)
+  end
+  local mask = c:ring_mask(W, p0, T)
+  if T == 1 then
+    -- over position p0 - W: the ring is then exactly the query's window
+    self.k:narrow(2, p0 % W, 1):copy_(k)
+    self.v:narrow(2, p0 % W, 1):copy_(v)
+    local n = math.min(p0 + 1, W)
+    return self.k:narrow(2, 0, n), self.v:narrow(2, 0, n), mask
+  end
+  local n_old = math.min(p0, W)
+  local keys, values = k, v
+  if n_old > 0 then
+    keys = F.cat({ self.k:narrow(2, 0, n_old), k }, 2)
+    values = F.cat({ self.v:narrow(2, 0, n_old), v }, 2)
+  end
+  local m = math.min(T, W)
+  ring_write(self.k, 2, k, T - m, (p0 + T - m) % W, m, W)
+  ring_write(self.v, 2, v, T - m, (p0 + T - m) % W, m, W)
+  return keys, values, mask
+end
+
 local Cache = {}
 Cache.__index = Cache
 
+-- The positions layer i of a cache for `capacity` positions holds: its
+-- window where that is smaller (a ring), else all of them.
+local function layer_positions(spec, i, capacity)
+  local w = spec.windows and spec.windows[i]
+  if w and w < capacity then return w end
+  return capacity
+end
+
+-- The positions each layer's cache holds ({n_layers} list) and the bytes
+-- of all its K and V buffers, for B rows of `capacity` positions in dtype
+-- ('f32', 'bf16', ...); spec: a model's kv_cache_spec() (windows: each
+-- layer's sliding window or false). What the recipe plans with.
+function M.cache_positions(spec, capacity)
+  local out = {}
+  for i = 1, spec.n_layers do out[i] = layer_positions(spec, i, capacity) end
+  return out
+end
+
+function M.cache_bytes(spec, B, capacity, dtype)
+  local size = tonumber(core.C.fl_dtype_size(core.dtype(dtype)))
+  local n = spec.n_layers * capacity -- (no windows: no walk over the layers)
+  if spec.windows then
+    n = 0
+    for _, p in ipairs(M.cache_positions(spec, capacity)) do n = n + p end
+  end
+  return 2 * B * spec.n_kv_heads * spec.head_dim * n * size
+end
+
 -- A cache for `model` (its kv_cache_spec()) of B rows and `capacity`
--- positions, in dtype on device. See [Note: the KV cache].
+-- positions, in opts.dtype on opts.device. opts.key_ok: bool [B,
+-- capacity], false at padding (default: none); opts.full: every layer
+-- holds every position (no rings). See [Note: the KV cache].
 function M.kv_cache(model, B, capacity, opts)
   local spec = model:kv_cache_spec()
-  local c = setmetatable({ length = 0, capacity = capacity, layers = {} }, Cache)
+  local c = setmetatable({ length = 0, capacity = capacity, layers = {}, rings = {}, B = B }, Cache)
   local place = { dtype = opts.dtype, device = opts.device }
+  c.key_ok = opts.key_ok or fsdp.ones({ B, capacity }, { dtype = 'bool', device = opts.device })
+  c.col = fsdp.arange(capacity, { dtype = 'i64', device = opts.device })
   for i = 1, spec.n_layers do
-    c.layers[i] = setmetatable({
-      cache = c, capacity = capacity,
-      k = fsdp.empty({ B, spec.n_kv_heads, capacity, spec.head_dim }, place),
-      v = fsdp.empty({ B, spec.n_kv_heads, capacity, spec.head_dim }, place),
-    }, LayerCache)
+    local n = opts.full and capacity or layer_positions(spec, i, capacity)
+    local layer = { cache = c, capacity = capacity,
+                    k = fsdp.empty({ B, spec.n_kv_heads, n, spec.head_dim }, place),
+                    v = fsdp.empty({ B, spec.n_kv_heads, n, spec.head_dim }, place) }
+    if n < capacity then
+      layer.window = n
+      if not c.rings[n] then
+        c.rings[n] = { ok = fsdp.empty({ B, n }, { dtype = 'bool', device = opts.device }),
+                       pos = fsdp.empty({ n }, { dtype = 'i64', device = opts.device }) }
+      end
+      c.layers[i] = setmetatable(layer, RingCache)
+    else
+      c.layers[i] = setmetatable(layer, LayerCache)
+    end
   end
   return c
 end
 
 function Cache:layer(i) return self.layers[i] end
 
+-- The mask of T queries at p0 ... p0 + T - 1 over the keys a ring of W
+-- returns for them (RingCache:update), computed by the first of the
+-- layers sharing W in a forward; the ring's slot positions and flags then
+-- move on to include this call's positions.
+function Cache:ring_mask(W, p0, T)
+  local r = self.rings[W]
+  if r.memo then return r.memo end
+  local B, mask = self.B, nil
+  if T == 1 then
+    local s = p0 % W
+    r.ok:narrow(1, s, 1):copy_(self.key_ok:narrow(1, p0, 1))
+    r.pos:narrow(0, s, 1):copy_(self.col:narrow(0, p0, 1))
+    local n = math.min(p0 + 1, W)
+    mask = r.ok:narrow(1, 0, n):view(B, 1, 1, n)
+  else
+    local n_old = math.min(p0, W)
+    local kpos, ok = self.col:narrow(0, p0, T), self.key_ok:narrow(1, p0, T)
+    if n_old > 0 then
+      kpos = F.cat({ r.pos:narrow(0, 0, n_old), kpos }, 0)
+      ok = F.cat({ r.ok:narrow(1, 0, n_old), ok }, 1)
+    end
+    local S = n_old + T
+    local q = self.col:narrow(0, p0, T):view(T, 1)
+    kpos = kpos:view(1, S)
+    -- causal (key <= query) and within the window (key > query - W)
+    local band = F.where(F.le(kpos, q), F.gt(kpos, q - W), false):view(1, 1, T, S)
+    mask = F.where(band, ok:view(B, 1, 1, S), false)
+    local m = math.min(T, W)
+    ring_write(r.ok, 1, self.key_ok, p0 + T - m, (p0 + T - m) % W, m, W)
+    ring_write(r.pos, 0, self.col, p0 + T - m, (p0 + T - m) % W, m, W)
+  end
+  r.memo = mask
+  return mask
+end
+
+-- The bytes of every layer's K and V buffers.
+function Cache:bytes()
+  local n = 0
+  for _, l in ipairs(self.layers) do n = n + (l.k:numel() + l.v:numel()) * l.k:element_size() end
+  return n
+end
+
 -- After a forward: its T positions are now cached.
-function Cache:advance(T) self.length = self.length + T end
+function Cache:advance(T)
+  self.length = self.length + T
+  for _, r in pairs(self.rings) do r.memo = nil end
+end
 
 -- decoding ---------------------------------------------------------------------------------
 
@@ -294,7 +446,9 @@ end
 -- with the step's ids ({row -> id}, pad_id for finished rows) and whether
 -- each row is done ({row -> bool}), and use_cache = false to recompute the
 -- whole prefix at every step instead (the reference the cache is tested
--- against, and the benchmark's baseline). Returns a list per prompt of its
+-- against, and the benchmark's baseline), or 'full' to keep every position
+-- in every layer's cache, sliding layers' too (the reference their rings
+-- are tested against). Returns a list per prompt of its
 -- new ids (up to and including its stop id), and {steps =, prompt_len =}.
 function M.generate(model, prompts, opts)
   local o = check_options(opts)
@@ -338,7 +492,8 @@ function M.generate(model, prompts, opts)
     end
     local function at(p0, T) return positions:narrow(1, p0, T):contiguous() end
 
-    local cache = o.use_cache and M.kv_cache(model, B, cap, place) or nil
+    local cache = o.use_cache and M.kv_cache(model, B, cap, { dtype = place.dtype, device = dev,
+      key_ok = key_ok:view(B, cap), full = o.use_cache == 'full' }) or nil
     local seq = ids
     local logits = model(ids, { positions = at(0, L), mask = mask(0, L), cache = cache, rope_len = cap,
                                 last_only = true })

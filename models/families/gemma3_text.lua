@@ -32,9 +32,17 @@ local function rope_from_hf(h, c, ctx)
                rope_scaling = h.rope_scaling, max_position_embeddings = h.max_position_embeddings }
     lcl = { rope_theta = null(h.rope_local_base_freq) and 1e4 or h.rope_local_base_freq }
   end
-  c.rope_theta, c.rope_scaling = ctx.rope(global)
+  -- (the translator names keys rope_parameters.KEY: in the 5.x layout
+  -- they are a sub-table's, rope_parameters.full_attention.KEY)
+  local function rope(t, sub)
+    local ok, a, b = pcall(ctx.rope, t)
+    if ok then return a, b end
+    if global.rope_parameters == p or type(a) ~= 'string' then error(a, 0) end
+    error((a:gsub('rope_parameters', 'rope_parameters.' .. sub)), 0)
+  end
+  c.rope_theta, c.rope_scaling = rope(global, 'full_attention')
   local scaling
-  c.rope_local_theta, scaling = ctx.rope(lcl)
+  c.rope_local_theta, scaling = rope(lcl, 'sliding_attention')
   if scaling then ctx.fail('the sliding layers\' RoPE must be unscaled (rope_type default)') end
 end
 

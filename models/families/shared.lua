@@ -23,13 +23,29 @@ local function has_sliding(types)
   return false
 end
 
--- layer_types as the file gives it (a list), or nil.
-local function layer_types(h, ctx)
+local LAYER_TYPES = set({ 'sliding_attention', 'full_attention' })
+
+-- layer_types as the file gives it (a list of one known type per layer:
+-- transformers' validate_layer_type refuses other lists even where no
+-- window is on, as Qwen's use_sliding_window false), or nil.
+local function layer_types(h, c, ctx)
   local t = h.layer_types
   if null(t) then return nil end
   if type(t) ~= 'table' then ctx.fail('layer_types must be a list, got %s', validate.show(t)) end
-  local copy = {}
+  local copy, n = {}, 0
   for i, v in ipairs(t) do copy[i] = v end
+  for _ in pairs(t) do n = n + 1 end
+  if n ~= #copy then ctx.fail('layer_types must be a list, got %s', validate.show(t)) end
+  if type(c.n_layers) == 'number' and #copy ~= c.n_layers then
+    ctx.fail('layer_types lists %d types for num_hidden_layers %s: %s', #copy, validate.show(c.n_layers),
+      validate.show(t))
+  end
+  for i, v in ipairs(copy) do
+    if not LAYER_TYPES[v] then
+      ctx.fail("layer_types[%d] is %s; only 'sliding_attention' and 'full_attention' are supported", i - 1,
+        validate.show(v))
+    end
+  end
   return copy
 end
 
@@ -53,7 +69,7 @@ function M.qwen_window_from_hf(h, c, ctx)
   if not null(mwl) and validate.problem(mwl, validate.INDEX) then
     ctx.fail('max_window_layers %s', validate.problem(mwl, validate.INDEX))
   end
-  local types, W = layer_types(h, ctx), window(h, ctx)
+  local types, W = layer_types(h, c, ctx), window(h, ctx)
   if not (use and W) then
     if has_sliding(types) then
       ctx.fail("layer_types has 'sliding_attention' layers, but %s", use and 'sliding_window is null'
@@ -83,7 +99,7 @@ end
 M.GEMMA_WINDOW_KEYS = set({ 'sliding_window', 'layer_types', 'sliding_window_pattern', '_sliding_window_pattern' })
 
 function M.gemma_window_from_hf(h, c, ctx, period)
-  local types, W = layer_types(h, ctx), window(h, ctx)
+  local types, W = layer_types(h, c, ctx), window(h, ctx)
   local p = h.sliding_window_pattern
   if null(p) then p = h._sliding_window_pattern end
   if not null(p) then

@@ -15,7 +15,17 @@ model.safetensors, generation_config.json removed) with golden.safetensors:
 - adamw.<name>: every parameter after one torch.optim.AdamW step on those
   gradients (lr 1e-2, betas (0.9, 0.999), eps 1e-8, weight_decay 0.1);
 - gen_input_ids [2, 6] (row 1 left-padded with 0 under gen_attention_mask),
-  gen_greedy: HF's greedy generate, 8 new tokens, no stop id.
+  gen_greedy: HF's greedy generate, 8 new tokens, no stop id;
+- logits_bf16: the logits of input_ids from the same model cast whole to
+  bfloat16 (model.to(torch.bfloat16), as from_pretrained(torch_dtype=
+  bfloat16) of these files gives), stored in bfloat16: the bf16 spec
+  measures how far transformers' own bf16 is from logits_f32 and holds ours
+  to that distance;
+- h0_bf16: what the bf16 model's first layer receives (the embeddings, and
+  Gemma's sqrt(h) scale rounded to bf16), norm_x_bf16 a random bf16
+  [2, 9, 32] and norm_y_bf16 the bf16 model's final norm of it: the
+  family's RMSNorm cast order ([Note: RMSNorm variants] in
+  models/decoder_parts.lua), which the logits' accumulated rounding hides.
 
 The windowed families (mistral, phi3, gemma2, gemma3_text) get a window of
 4 (< the 9 training tokens and the 14 generated positions), so the window
@@ -23,7 +33,8 @@ changes their numbers; gemma2's softcaps are small (2 and 3) so they bite.
 pad_token_id is None: with one, transformers' nn.Embedding(padding_idx)
 zeroes that row's gradient (Gemma's class default is 0), which ours does
 not do; generation still pads with 0 under the attention mask.
-tests/lua/hf_families_spec.lua compares ours in float32. Run once, commit:
+tests/lua/hf_families_spec.lua compares ours in float32 and bfloat16. Run
+once, commit (FAMILY ...: remake only those; the others' files stay):
 
     /var/tmp/fsdp-torch-venv/bin/python tests/golden/make_family_goldens.py [OUT [FAMILY ...]]   # OUT: tests/golden/hf
 """
@@ -151,6 +162,20 @@ def case(out, family, extra):
             p.copy_(saved[n])
     model.eval()
     golden.update(greedy(model, gen, V))
+    model.to(torch.bfloat16)
+    if family in MOE_DISK:
+        # (torch's grouped_mm wants 16-byte strides: qwen3_moe's 12-wide experts in bf16 are not; the loop
+        # over experts is transformers' eager path, the same products)
+        model.set_experts_implementation("eager")
+    seen = {}
+    hook = model.model.layers[0].register_forward_pre_hook(lambda mod, args: seen.setdefault("h0", args[0].detach()))
+    with torch.no_grad():
+        golden["logits_bf16"] = model(input_ids=ids).logits.detach()
+        hook.remove()
+        golden["h0_bf16"] = seen["h0"]
+        x = (2 * torch.randn(B, T, cfg["hidden_size"], generator=gen)).to(torch.bfloat16)
+        golden["norm_x_bf16"] = x
+        golden["norm_y_bf16"] = model.model.norm(x).detach()
     meta = dict(transformers=transformers.__version__, torch=torch.__version__, case=family + "_tiny",
                 made_by="tests/golden/make_family_goldens.py")
     save_file({k: v.contiguous() for k, v in golden.items()}, os.path.join(d, "golden.safetensors"), metadata=meta)

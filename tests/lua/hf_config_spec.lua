@@ -9,6 +9,8 @@ local json = require 'fsdp.io.json'
 local llama = require 'models.llama'
 local t5 = require 'models.t5'
 local gpt2 = require 'models.gpt2'
+local T = require 'fsdp.testing'
+local lfs = require 'lfs'
 
 local DIR = 'tests/golden/hf/'
 
@@ -64,7 +66,8 @@ describe('Hugging Face config.json keys', function()
       hf.config_from_hf(h)
     end, "unknown key 'rope_parameters.beta_fast' for rope_type 'llama3'")
     assert.error_matches(function() hf.config_from_hf(with(l5, { model_type = 'falcon' })) end,
-      "model_type 'falcon' is not supported %(gemma2, gemma3_text, gpt2, llama, mistral, olmo2, phi3, qwen2, qwen3, t5%)")
+      "model_type 'falcon' is not supported %(gemma2, gemma3_text, gpt2, llama, mistral, mixtral, olmo2, phi3, "
+      .. "qwen2, qwen3, qwen3_moe, t5%)")
   end)
 
   it('a value our model does not compute is an error naming the key', function()
@@ -299,5 +302,103 @@ describe('fsdp.json.float', function()
     assert.equals(1, v.a)
     assert.equals(5e5, v.c)
     assert.has_error(function() json.float('1') end, 'json.float: expected a number, got string')
+  end)
+end)
+
+-- The decoder families' own keys (issue 39): each value the model does
+-- not compute, each pair of keys that disagree, each list of the wrong
+-- shape is one error naming the key, from the tiny directories'
+-- config.json (tests/golden/hf/<family>_tiny) with one change.
+describe('decoder families\' config.json keys', function()
+  local FAMILIES = { 'qwen2', 'qwen3', 'olmo2', 'phi3', 'mistral', 'gemma2', 'gemma3_text', 'mixtral', 'qwen3_moe' }
+  local base = {}
+  for _, f in ipairs(FAMILIES) do base[f] = read_json(DIR .. f .. '_tiny/config.json') end
+  local function refused(family, changes, text)
+    local ok, err = pcall(hf.config_from_hf, with(base[family], changes))
+    assert(not ok, family .. ': accepted')
+    err = tostring(err)
+    assert(err:find(text, 1, true), family .. ': ' .. err)
+    assert.is_nil(err:find('\n', 1, true))
+  end
+  local GEMMA3_ROPE = { rope_type = 'default', rope_theta = 1e4 }
+  local GEMMA3_GLOBAL = { rope_type = 'default', rope_theta = 1e6 }
+
+  it('every family\'s tiny config.json reads as it is', function()
+    for _, f in ipairs(FAMILIES) do assert.is_table(hf.config_from_hf(base[f])) end
+  end)
+
+  it('refuses what the model does not compute, naming the key', function()
+    refused('phi3', { partial_rotary_factor = 0.5 }, 'partial_rotary_factor is 0.5; only 1 is supported')
+    refused('phi3', { rope_parameters = { rope_type = 'default', rope_theta = 1e4, partial_rotary_factor = 0.75 } },
+      'rope_parameters.partial_rotary_factor is 0.75; only 1.0 is supported')
+    refused('mixtral', { router_jitter_noise = 0.1 }, 'router_jitter_noise is 0.1; only 0 is supported')
+    refused('qwen3_moe', { mlp_only_layers = { 0 } },
+      'mlp_only_layers is [0]; only [] (every layer a mixture of experts) is supported')
+    refused('qwen3_moe', { decoder_sparse_step = 2 }, 'decoder_sparse_step')
+    refused('gemma3_text', { rope_parameters = { full_attention = GEMMA3_GLOBAL, sliding_attention = GEMMA3_ROPE,
+      chunked_attention = GEMMA3_ROPE } }, "unknown key 'rope_parameters.chunked_attention'")
+    refused('gemma3_text', { rope_parameters = { full_attention = GEMMA3_GLOBAL, sliding_attention = {
+      rope_type = 'default', rope_theta = 1e4, beta = 1 } } }, "unknown key 'rope_parameters.sliding_attention.beta'")
+    refused('gemma3_text', { rope_parameters = { full_attention = 5, sliding_attention = GEMMA3_ROPE } },
+      'rope_parameters.full_attention must be an object, got 5')
+    refused('gemma3_text', { rope_parameters = { full_attention = GEMMA3_GLOBAL, sliding_attention = {
+      rope_type = 'linear', factor = 2, rope_theta = 1e4 } } }, "the sliding layers' RoPE must be unscaled")
+  end)
+
+  it('refuses keys that disagree, naming both', function()
+    refused('qwen3_moe', { num_experts = 8, num_local_experts = 4 },
+      'num_experts (8) and num_local_experts (4) disagree')
+    for _, f in ipairs({ 'qwen2', 'qwen3' }) do
+      refused(f, { use_sliding_window = false, sliding_window = 4, layer_types = { 'sliding_attention',
+        'full_attention' } }, "layer_types has 'sliding_attention' layers, but use_sliding_window is false")
+      refused(f, { use_sliding_window = true, sliding_window = json.null, layer_types = { 'sliding_attention',
+        'full_attention' } }, "layer_types has 'sliding_attention' layers, but sliding_window is null")
+    end
+    refused('gemma2', { sliding_window = json.null }, 'sliding_window is null, but the config has sliding layers')
+  end)
+
+  it('refuses a layer_types of the wrong length or kind, with or without a window', function()
+    for _, f in ipairs({ 'qwen2', 'qwen3', 'gemma2', 'gemma3_text' }) do
+      local n = base[f].num_hidden_layers
+      refused(f, { layer_types = { 'full_attention' } },
+        ('layer_types lists 1 types for num_hidden_layers %d: ["full_attention"]'):format(n))
+      local long = {}
+      for i = 1, n + 1 do long[i] = 'full_attention' end
+      refused(f, { layer_types = long }, ('layer_types lists %d types for num_hidden_layers %d'):format(n + 1, n))
+      local odd = {}
+      for i = 1, n do odd[i] = 'full_attention' end
+      odd[2] = 'chunked_attention'
+      refused(f, { layer_types = odd }, 'layer_types[1] is "chunked_attention"; only \'sliding_attention\' and '
+        .. '\'full_attention\' are supported')
+      refused(f, { layer_types = { a = 1 } }, 'layer_types must be a list, got {"a": 1}')
+    end
+    -- families without per-layer types do not take the key
+    for _, f in ipairs({ 'olmo2', 'phi3', 'mistral', 'mixtral', 'qwen3_moe' }) do
+      refused(f, { layer_types = { 'full_attention', 'full_attention' } }, "unknown key 'layer_types'")
+    end
+  end)
+
+  it('refuses an unknown key in every family, naming the family', function()
+    local NAMES = { qwen2 = 'Qwen2', qwen3 = 'Qwen3', olmo2 = 'OLMo2', phi3 = 'Phi3', mistral = 'Mistral',
+                    gemma2 = 'Gemma2', gemma3_text = 'Gemma3', mixtral = 'Mixtral', qwen3_moe = 'Qwen3Moe' }
+    for _, f in ipairs(FAMILIES) do
+      refused(f, { attn_chunk_size = 4 }, ("unknown key 'attn_chunk_size': not a %s setting"):format(NAMES[f]))
+    end
+    refused('mixtral', { num_experts = 4 }, "unknown key 'num_experts' (did you mean num_experts_per_tok?)")
+  end)
+
+  it('through the recipe: exit 2 and one line naming the key, before anything is built', function()
+    local dir = T.tmpdir() .. '/mixtral'
+    assert(lfs.mkdir(dir))
+    local f = assert(io.open(dir .. '/config.json', 'wb'))
+    f:write(json.encode(with(base.mixtral, { router_jitter_noise = 0.1 })))
+    f:close()
+    -- (the weights must exist before config.json is read: a symbolic link to the golden's)
+    assert(os.execute(('ln -s %s %s'):format(T.quote(lfs.currentdir() .. '/' .. DIR .. 'mixtral_tiny/model.safetensors'),
+      T.quote(dir .. '/model.safetensors'))))
+    local rc, stdout, stderr = T.run_exe('recipes/generate.lua --init_from=' .. T.quote(dir) .. ' --prompt_ids=1', 60)
+    assert.equals(2, rc, stdout .. stderr)
+    assert.matches('^fsdp%-lua: [^\n]+\n$', stderr)
+    assert.truthy(stderr:find('router_jitter_noise is 0.1; only 0 is supported', 1, true), stderr)
   end)
 end)

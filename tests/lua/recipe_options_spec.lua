@@ -283,6 +283,10 @@ describe('absurd sizes, non-finite values and config.json mistakes', function()
     { 'recipes/generate.lua --model=tiny --prompt_ids=1,2 --max_new_tokens=1e9 --allow_past_max_positions',
       '--model tiny: n_layers 2, dim 64, num_heads 4, ffn_dim 176, vocab_size 256: 125248 parameters, 0.5 MiB of f32 '
       .. 'weights + 476.8 GiB of KV cache (1 prompt x 1000000002 positions): more than the ' },
+    -- (a sliding layer's cache is a ring of its window: Gemma 2's one global layer of two is the cache)
+    { 'recipes/generate.lua --model=gemma2-tiny --prompt_ids=1,2 --max_new_tokens=1e9 --allow_past_max_positions',
+      'f32 weights + 238.4 GiB of KV cache (1 prompt x 1000000002 positions, 1 sliding layer bounded by the window): '
+      .. 'more than the ' },
     { 'recipes/quickstart.lua --dim=1000000 --ranks=1', '--dim 1000000: the 1000000 x 1000000 f32 weight and a shard '
       .. 'take 14.6 TiB, more than the ' },
     -- positions past the model's limit, for every family that has one

@@ -42,7 +42,11 @@
 -- layer's own: with a cache it is added to the mask here, from the cache's
 -- invariant that this call's T queries sit at cache positions S - T ... S
 -- - 1 of the S keys update returns (a [T, S] bool band, small when
--- decoding one token). [Note: the KV cache] in lua/fsdp/generate.lua.
+-- decoding one token). A cache may instead return a third value, the
+-- mask for the keys it returns, which then replaces opts.mask and the
+-- band: a sliding layer's ring of its last `window` positions returns
+-- them in ring order, not position order. [Note: the KV cache] in
+-- lua/fsdp/generate.lua.
 --
 -- dropout is on the attention probabilities (HF's attn_pdrop /
 -- attention_dropout); out_dropout on the output projection (HF GPT-2's
@@ -208,9 +212,14 @@ function Attention:forward(x, opts)
     if causal and T > 1 and mask == nil then
       core.fail(('Attention: %d queries with a kv_cache need a mask: with a cache the mask carries causality'):format(T))
     end
-    k, v = opts.kv_cache:update(k, v)
+    local own
+    k, v, own = opts.kv_cache:update(k, v)
     causal = false
-    if window > 0 then
+    if own ~= nil then
+      -- a sliding layer's ring: its keys are in slot order, and its mask
+      -- (padding, causality, window) is for that order
+      mask, window = own, 0
+    elseif window > 0 then
       -- queries at cache positions S - T ... S - 1 see keys j > position - window
       local S = k:size(2)
       local rows = fsdp.arange(T, { dtype = 'i64', device = q.device }):view(T, 1) + (S - T - window)
