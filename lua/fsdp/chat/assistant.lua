@@ -140,7 +140,7 @@ function Assistant:reply(model, messages, opts)
     end
     if done[1] then so_far.done = true end
   end
-  local rows = generate.generate(model, { self:prompt_ids(messages, opts.render) }, g)
+  local rows = generate.generate(model, { (self:prompt_ids(messages, opts.render)) }, g)
   local text = self:text(rows[1])
   if opts.on_text and #text > #shown and text:sub(1, #shown) == shown then opts.on_text(text:sub(#shown + 1)) end
   return text, rows[1]
