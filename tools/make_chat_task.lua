@@ -1,5 +1,5 @@
 -- tools/make_chat_task.lua: the data and the tiny models of the SFT
--- learning task (README "Supervised fine-tuning"; tests/sft_task.sh runs
+-- learning task (README "Supervised fine-tuning"; tools/sft_task.sh runs
 -- it end to end). Deterministic for a --seed.
 --
 --   fsdp-lua tools/make_chat_task.lua --out=DIR [--seed=0 --train=3000 --test=200]
