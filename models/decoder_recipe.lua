@@ -25,7 +25,8 @@ local M = {}
 -- The model's options: a config name and its size overrides (0 keeps the
 -- config's), all checked against --init_from's weights when given.
 M.MODEL_OPTIONS = {
-  model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, ..., gpt2-tiny in models/gpt2.lua; Qwen2.5-0.5B, '
+  model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, ..., gpt2-tiny in models/gpt2.lua; '
+                          .. 'Qwen2.5-0.5B, '
                           .. 'Qwen3-8B, Mistral-7B-v0.3, Gemma-2-2B, Gemma-3-1B, Phi-3-mini-4k, OLMo-2-1124-7B, '
                           .. 'qwen3-tiny, ... in models/families/); '
                           .. 'with --init_from a directory, its config.json decides', one_of = decoders.names,

@@ -38,7 +38,8 @@ end)
 
 local SYSTEM = 'Answer with a number.'
 local TOKENIZER = 'tests/golden/tokenizers/qwen2_style.json'
-local TEMPLATES = { qwen2 = 'tests/data/chat_templates/qwen2.5-instruct', llama = 'tests/data/chat_templates/smollm2-instruct' }
+local TEMPLATES = { qwen2 = 'tests/data/chat_templates/qwen2.5-instruct',
+                   llama = 'tests/data/chat_templates/smollm2-instruct' }
 
 -- A counter-based stream of integers in [0, n).
 local draws, at, block = {}, 0, 0
@@ -68,7 +69,9 @@ end
 -- cjson writes keys in any order; role before content reads better.
 local function line(msgs)
   local parts = {}
-  for i, m in ipairs(msgs) do parts[i] = ('{"role":%s,"content":%s}'):format(cjson.encode(m.role), cjson.encode(m.content)) end
+  for i, m in ipairs(msgs) do
+    parts[i] = ('{"role":%s,"content":%s}'):format(cjson.encode(m.role), cjson.encode(m.content))
+  end
   return '{"messages":[' .. table.concat(parts, ',') .. ']}'
 end
 

@@ -13,16 +13,19 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-sft.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 comment() { sed 's/^/#   /' <<<"$1" | tail -n 40; }
 
-out=$(timeout -k 5 60 "$EXE" tools/make_chat_task.lua --out="$WORK/task" --train=200 --test=16 --width=32 --layers=2 2>&1) ||
+out=$(timeout -k 5 60 "$EXE" tools/make_chat_task.lua --out="$WORK/task" --train=200 --test=16 --width=32 \
+  --layers=2 2>&1) ||
   { echo "not ok - tools/make_chat_task.lua"; comment "$out"; exit 1; }
-out=$(timeout -k 5 240 mpirun -np 2 "$EXE" recipes/sft.lua --init_from="$WORK/task/qwen2" --data="$WORK/task/train.jsonl" \
+out=$(timeout -k 5 240 mpirun -np 2 "$EXE" recipes/sft.lua --init_from="$WORK/task/qwen2" \
+  --data="$WORK/task/train.jsonl" \
   --val_data="$WORK/task/test.jsonl" --seq_len=160 --lora_rank=8 --lora_alpha=16 --lr=1e-2 --max_steps=30 \
   --batch_size=4 --validation_freq=10 --num_samples=1 --sample_max_new_tokens=4 --sharding_strategy=FULL_SHARD \
   --export_hf="$WORK/out" 2>&1)
 rc=$?
 first=$(grep -oE 'Validation at batch 10: loss [0-9.]+' <<<"$out" | awk '{print $NF}')
 last=$(grep -oE 'Validation at batch 30: loss [0-9.]+' <<<"$out" | awk '{print $NF}')
-if [ "$rc" -eq 0 ] && [ -n "$first" ] && [ -n "$last" ] && awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'; then
+if [ "$rc" -eq 0 ] && [ -n "$first" ] && [ -n "$last" ] &&
+   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'; then
   echo "ok - sft.lua LoRA on 2 ranks: held-out answer loss $first -> $last"
 else
   echo "not ok - sft.lua LoRA on 2 ranks: exit $rc, answer loss ${first:-?} -> ${last:-?}"; comment "$out"

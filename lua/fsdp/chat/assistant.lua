@@ -58,7 +58,9 @@ function M.open(src, opts)
   local ok, tok = pcall(tokenizer.load, tok_spec)
   if not ok then fail('--tokenizer %s: %s', tok_spec, require('fsdp.recipe').bare(tok)) end
   local tpl_spec = (opts.chat_template or '') ~= '' and opts.chat_template or dir
-  if not tpl_spec then fail('%s has no chat template: give --chat_template (a model directory or a .jinja file)', where) end
+  if not tpl_spec then
+    fail('%s has no chat template: give --chat_template (a model directory or a .jinja file)', where)
+  end
   local ok2, tpl = pcall(load_template, tpl_spec)
   if not ok2 then fail('%s (give --chat_template: a model directory or a .jinja file)', tostring(tpl)) end
   local stop, seen = {}, {}
@@ -79,7 +81,9 @@ end
 -- (a prompt/completion record's prompt) is the text alone, with the
 -- tokenizer's own special tokens, as fsdp.data.chat_tokens trains it.
 function Assistant:prompt_ids(messages, render)
-  if messages.plain then return self.tok:encode({ messages.text }, { add_special = true })[1]:tolist(), messages.text end
+  if messages.plain then
+    return self.tok:encode({ messages.text }, { add_special = true })[1]:tolist(), messages.text
+  end
   local o = { add_generation_prompt = true }
   for k, v in pairs(render or {}) do o[k] = v end
   local text = self.tpl:render(messages, o)
