@@ -41,9 +41,8 @@
 -- (models/pretrained.lua).
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
-local decoders = require 'models.decoders'
 local pretrained = require 'models.pretrained'
-local optim = require 'fsdp.optim'
+local decoder_recipe = require 'models.decoder_recipe'
 local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local tokens = require 'fsdp.data.tokens'
 local corpus_recipe = require 'fsdp.data.corpus_recipe'
@@ -60,14 +59,9 @@ local lora = require 'fsdp.lora'
 
 -- Each option carries its constraints (fsdp.recipe checks them, and the
 -- model config they make, before anything is built: a bad one is one line
--- naming it, exit status 2).
--- (no f64: the optimizers update f32, bf16 and f16 parameters, so an f64
--- run would be refused by AdamW after the build)
-local DTYPES = { 'f32', 'bf16' }
-local overrides, c, train_data
--- fam: the model family (models/decoders.lua: module, block class); src:
--- what --init_from holds (models/pretrained.lua), nil without it.
-local fam, src
+-- naming it, exit status 2). The model, optimizer and loop options are the
+-- decoder recipes' (models/decoder_recipe.lua).
+local R, c, train_data, fam, src
 -- --dataset (the seed's): a path or glob is --data; a Hugging Face dataset
 -- this build knows (c4) stands for its local shards (fsdp.data.hub), the
 -- training glob of the default config until --dataset_config_name is seen
@@ -85,35 +79,8 @@ local function hub_dataset_alias(text)
   hub_requested = { name = text, train = hub.train_glob(text) }
   return hub_requested.train
 end
-local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pretrained.options(nonfinite.options(
-  ckpt_recipe.options(shard_recipe.options(accumulate.options({
-  model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, ..., gpt2-tiny in models/gpt2.lua; Qwen2.5-0.5B, '
-                          .. 'Qwen3-8B, Mistral-7B-v0.3, Gemma-2-2B, Gemma-3-1B, Phi-3-mini-4k, OLMo-2-1124-7B, '
-                          .. 'qwen3-tiny, ... in models/families/); '
-                          .. 'with --init_from a directory, its config.json decides', one_of = decoders.names,
-            aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
-  num_layers = { 0, 'override the number of layers (0: keep the config)', int = true, min = 0 },
-  hidden_width = { 0, 'override the model width (0: keep)', int = true, min = 0, multiple_of = 'num_heads' },
-  num_heads = { 0, 'override the attention heads (0: keep)', int = true, min = 0, multiple_of = 'num_kv_heads' },
-  num_kv_heads = { 0, 'override the key/value heads (0: same as heads)', int = true, min = 0,
-                   aliases = { 'num_key_value_heads' } },
-  ffn_dim = { 0, 'override the MLP width (0: keep, or 8/3 width rounded up to 32 when the width changes)',
-              int = true, min = 0, aliases = { 'intermediate_size' } },
-  vocab_size = { 0, 'override the vocabulary (0: keep)', int = true, min = 0 },
-  batch_size = { 4, 'sequences per micro-batch and rank (the global batch is this times the world size and '
-                    .. '--grad_accum_steps)', int = true, min = 1, aliases = { 'train_batch_size' } },
-  val_batch_size = { 0, 'sequences per validation batch and rank (0: --batch_size)', int = true, min = 0 },
+local cfg = recipe.config(decoder_recipe.options(corpus_recipe.options({
   seq_len = { 128, 'tokens per sequence', int = true, min = 1, aliases = { 'max_context_width' } },
-  max_steps = { 100, 'optimizer steps', int = true, min = 1 },
-  lr = { 3e-4, 'peak learning rate', positive = true },
-  min_lr = { 3e-5, 'final learning rate of the cosine decay', min = 0, at_most = 'lr' },
-  warmup_steps = { 10, 'linear warmup steps', int = true, min = 0, less_than = 'max_steps' },
-  weight_decay = { 0.1, 'AdamW weight decay (not applied to norms)', min = 0 },
-  beta1 = { 0.9, 'AdamW beta1', min = 0, below = 1 },
-  beta2 = { 0.95, 'AdamW beta2', min = 0, below = 1 },
-  grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
-  seed = { 0, 'initialisation and data seed', int = true, min = 0 },
-  dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (CPU: large products on oneDNN where installed)', one_of = DTYPES },
   data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
   data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard), or raw text streamed: a '
                 .. '.txt/.jsonl/.json(.gz/.zst) file, directory or glob; empty: synthetic', input = 'glob',
@@ -125,43 +92,15 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
   dataset_config_name = { '', 'with --dataset=c4 (the seed\'s): the config, a directory of $FSDP_DATA/c4 (en, '
                               .. 'realnewslike, ...; default en)' },
   val_data = { '', 'validation shards or raw text (default: the val split of --data)', input = 'glob' },
-  validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
-  val_batches = { 4, 'batches per validation', int = true, min = 1 },
-  peak_tflops = require('fsdp.sharding.device').peak_tflops_option(),
   dry_run = { false, 'build at full size on the meta device, print it, and exit' },
-  memory_limit_mb = { 0, 'fail allocations on --device past this many MiB of live tensors (0: no limit); also what '
-                         .. 'the fit check plans for', min = 0 },
   summary = { false, 'end with a line SUMMARY {json}: samples/s, TFLOPS, peak memory (recipes/sweep.lua)' },
-  allow_past_max_positions = decoders.OPTIONS.allow_past_max_positions,
-})))))))), arg, 'recipes/llama2_7b.lua', function(cfg, written)
-  -- The model config the options make: its own checks (heads dividing
-  -- the width with the config's values, an even head size) name the
-  -- options they come from.
-  local family, config_name = decoders.resolve(cfg.model)
-  -- --init_from: the family and shapes are the weights' (a size option
-  -- given too must agree), found from headers and JSON before anything is
-  -- built.
-  src = pretrained.from_options(cfg, written, {
-    families = decoders.ORDER, who = 'recipes/llama2_7b.lua', family_of_model = decoders.resolve,
-    sizes = { { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
-              { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' }, { 'vocab_size', 'vocab_size' } } })
-  if src then family = src.family end
-  fam = decoders.families[family]
-  if family == 'gpt2' and cfg.num_kv_heads > 0 then
-    error(('--%s: GPT-2 has no grouped-query attention (every head has its keys and values)'):format(
-      written.num_kv_heads or 'num_kv_heads'), 0)
-  end
-  overrides = {}
-  if cfg.num_layers > 0 then overrides.n_layers = cfg.num_layers end
-  if cfg.hidden_width > 0 then
-    overrides.dim = cfg.hidden_width
-    if cfg.ffn_dim == 0 and family ~= 'gpt2' then overrides.ffn_dim = math.ceil(cfg.hidden_width * 8 / 3 / 32) * 32 end
-  end
-  if cfg.num_heads > 0 then overrides.n_heads = cfg.num_heads end
-  if cfg.num_kv_heads > 0 then overrides.n_kv_heads = cfg.num_kv_heads end
-  if cfg.ffn_dim > 0 then overrides.ffn_dim = cfg.ffn_dim end
-  if cfg.vocab_size > 0 then overrides.vocab_size = cfg.vocab_size end
-  if family ~= 'gpt2' and overrides.n_heads and not overrides.n_kv_heads then overrides.n_kv_heads = overrides.n_heads end
+})), arg, 'recipes/llama2_7b.lua', function(cfg, written)
+  -- The family, --init_from (the family and shapes are the weights': a
+  -- size option given too must agree, found from headers and JSON before
+  -- anything is built) and the size overrides.
+  R = decoder_recipe.resolve(cfg, written, 'recipes/llama2_7b.lua')
+  src, fam = R.src, R.fam
+  local overrides = R.overrides
   written_data = written.data or 'data'
   -- --dataset=c4 [--dataset_config_name=en]: its local shards, or an error
   -- saying where they were looked for and how to get them.
@@ -226,44 +165,21 @@ local cfg = recipe.config(metrics.options(corpus_recipe.options(lora.options(pre
         cfg.vocab_size, cfg.data, train_data.vocab_size), 0)
     end
   end
-  local options = { dim = 'hidden_width', n_heads = 'num_heads', n_kv_heads = 'num_kv_heads', head_dim = 'hidden_width',
-                    n_layers = 'num_layers', ffn_dim = 'ffn_dim', vocab_size = 'vocab_size' }
-  if src then
-    c = src.config
-  else
-    local ok, err = pcall(fam.module.config, config_name, overrides)
-    if not ok then error(recipe.explain(err, options, written), 0) end
-    c = err
-  end
-  -- The sizes against this machine before anything is built, even on meta
-  -- ([Note: sizes are bounded before building] in fsdp.sharding.fit).
-  pretrained.bound(cfg, family, c, src, {
-    model = cfg.model, options = options, written = written, dtype = cfg.dtype,
-    weights = not (cfg.dry_run or cfg.plan), shards = cfg.sharding_strategy == 'NO_SHARD' and 1 or fsdp.dist.world_size(),
+  -- The model config, bounded against this machine before anything is
+  -- built (even on meta), within the model's positions, LoRA targets found.
+  c = decoder_recipe.check(R, cfg, written, {
+    weights = not (cfg.dry_run or cfg.plan), seq = cfg.seq_len,
+    seq_what = ('--%s (%d)'):format(written.seq_len or 'seq_len', cfg.seq_len),
     rows = not cfg.dry_run and { cfg.batch_size * cfg.seq_len, ('--%s %d x --%s %d'):format(
-      written.batch_size or 'batch_size', cfg.batch_size, written.seq_len or 'seq_len', cfg.seq_len) } or nil,
-    fix = (cfg.dtype == 'f32' and '--dtype=bf16 (half the bytes), ' or '')
-      .. (src and 'a smaller model' or ('fewer layers (--%s)'):format(written.num_layers or 'num_layers'))
-      .. ' or more ranks' })
-  -- No sequence past the model's positions (GPT-2: never; Llama: when
-  -- asked; [Note: positions past the model's limit] in models/decoders.lua).
-  local too_long = decoders.positions_problem(family, c, cfg.seq_len, ('--%s (%d)'):format(written.seq_len or 'seq_len',
-    cfg.seq_len), src, cfg.model, cfg.allow_past_max_positions)
-  if too_long then error(too_long, 0) end
-  lora.check_options(cfg, function() return fam.module.build(c, { device = 'meta' }) end, fam.lora_targets)
+      written.batch_size or 'batch_size', cfg.batch_size, written.seq_len or 'seq_len', cfg.seq_len) } or nil })
 end)
 local model_module = fam.module
 
 -- rank 0 alone (fsdp.console: "[rank 0] " first with several ranks)
 console.print('config:\n' .. recipe.format(cfg))
 
--- A limit, and the peak a summary reports, are about live tensors: collect
--- dead ones before every allocation so uncollected garbage never counts.
-if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
--- (--plan only plans for the limit: it allocates nothing to limit.)
-if cfg.memory_limit_mb > 0 and not cfg.plan then
-  fsdp.set_memory_limit(shard_recipe.device(cfg), cfg.memory_limit_mb * 2^20)
-end
+-- --memory_limit_mb (and --summary's peak): live tensors only
+decoder_recipe.memory_limit(cfg)
 
 -- 6738415616 -> "6,738,415,616"
 local function commas(n)
@@ -309,25 +225,12 @@ ckpt_recipe.lock(cfg)
 local dist = fsdp.dist
 -- --device: the shards, every batch and the loss live there (cpu or cuda:N).
 local dev = shard_recipe.device(cfg)
-local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
-local n_params = model:num_parameters()
--- --lora_rank: adapters on the --lora_targets Linears, the rest frozen
--- (fsdp.lora); before the fit check and sharding, which see the frozen base.
-lora.apply_options(model, cfg, fam.lora_targets)
--- Refused here, with the planner's numbers, when it cannot fit this machine.
-require('fsdp.sharding.fit').check(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len },
-  'recipes/llama2_7b.lua', { layers = 'num_layers' })
-shard_recipe.apply(model, cfg, fam.block, 'recipes/llama2_7b.lua')
-console.print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d parameters, %s, %s'):format(
-  c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size, n_params, cfg.dtype, fam.name))
-
-local opt = optim.AdamW(lora.trainable(model), {
-  lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay,
-  -- no decay for norm weights (and any 1-d parameter)
-  groups = { { match = shard_recipe.no_decay, weight_decay = 0 } },
-})
-local sched = optim.lr_scheduler.WarmupCosine(opt, {
-  warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps, min_lr = cfg.min_lr })
+-- (--lora_rank: adapters on the --lora_targets Linears, the rest frozen;
+-- refused here, with the planner's numbers, when it cannot fit this
+-- machine.)
+local model, n_params = decoder_recipe.build(R, cfg, 'recipes/llama2_7b.lua', { batch = cfg.batch_size,
+                                                                               seq = cfg.seq_len })
+local opt, sched = decoder_recipe.optimizer(model, cfg)
 -- data: `data` and `val_data` share one interface (next, batches, state,
 -- load_state); data:state() is the position a checkpoint stores.
 local data, val_data

@@ -276,6 +276,7 @@ done
 # generate -> --export_hf, logits checked at both ends (variants pass
 # their recipe options: tests/mpi/lifecycle.sh NAME ARGS...).
 run_tap "lifecycle: HF directory, full fine-tune on 2 ranks, generate, export" -- tests/mpi/lifecycle.sh full
+run_tap "sft.lua: LoRA on 2 ranks on chat data, answer loss falls; chat.lua on the export" -- tests/mpi/sft.sh
 run_tap "lifecycle: HF directory, LoRA fine-tune on 2 ranks, generate, merged export" -- \
   tests/mpi/lifecycle.sh lora --lora_rank=4 --lora_alpha=8
 # A LoRA run killed and resumed trains on its reloaded base exactly as the

@@ -238,7 +238,13 @@ function M.encode(conv, tpl, tok, opts)
     labels = ids:clone()
   else
     local spans
-    text, spans = tpl:render_spans(conv.messages, render_opts(conv, opts, false))
+    -- (fsdp.chat.template's render_spans refuses a template without
+    -- {% generation %} markers: its spans are found by prefixes below)
+    if tpl.has_generation == false then
+      text = tpl:render(conv.messages, render_opts(conv, opts, false))
+    else
+      text, spans = tpl:render_spans(conv.messages, render_opts(conv, opts, false))
+    end
     if type(text) ~= 'string' then fail(where, 'the renderer gave %s, not the rendered text', type(text)) end
     local n = 0
     for _, m in ipairs(conv.messages) do if m.role == 'assistant' then n = n + 1 end end

@@ -1,0 +1,189 @@
+-- models/decoder_recipe.lua: what the decoder training recipes share
+-- (recipes/llama2_7b.lua on token data, recipes/sft.lua on conversations):
+-- the model and optimizer options, the model config they make (from
+-- --model and the size overrides, or from --init_from's weights), its
+-- checks against this machine before anything is built, the sharded build
+-- with LoRA, and AdamW with warmup and cosine decay.
+--
+--   local dr = require 'models.decoder_recipe'
+--   local cfg = recipe.config(dr.options({...own...}), arg, script, function(cfg, written)
+--     R = dr.resolve(cfg, written, script)      -- family, --init_from source, size overrides
+--     ... (R.overrides.vocab_size from the data, say) ...
+--     dr.check(R, cfg, written, {rows = ..., dry_run = ..., plan = ...})   -- R.config; bounds, positions, LoRA
+--   end)
+--   local model, n_params = dr.build(R, cfg, script, {batch =, seq =})   -- sharded, LoRA applied
+--   local opt, sched = dr.optimizer(model, cfg)
+local fsdp = require 'fsdp'
+local recipe = require 'fsdp.recipe'
+local decoders = require 'models.decoders'
+local pretrained = require 'models.pretrained'
+local lora = require 'fsdp.lora'
+local optim = require 'fsdp.optim'
+
+local M = {}
+
+-- The model's options: a config name and its size overrides (0 keeps the
+-- config's), all checked against --init_from's weights when given.
+M.MODEL_OPTIONS = {
+  model = { 'Llama-2-7b', 'model config (models/llama.lua; GPT-2: gpt2, ..., gpt2-tiny in models/gpt2.lua; '
+                          .. 'Qwen2.5-0.5B, '
+                          .. 'Qwen3-8B, Mistral-7B-v0.3, Gemma-2-2B, Gemma-3-1B, Phi-3-mini-4k, OLMo-2-1124-7B, '
+                          .. 'qwen3-tiny, ... in models/families/); '
+                          .. 'with --init_from a directory, its config.json decides', one_of = decoders.names,
+            aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
+  num_layers = { 0, 'override the number of layers (0: keep the config)', int = true, min = 0 },
+  hidden_width = { 0, 'override the model width (0: keep)', int = true, min = 0, multiple_of = 'num_heads' },
+  num_heads = { 0, 'override the attention heads (0: keep)', int = true, min = 0, multiple_of = 'num_kv_heads' },
+  num_kv_heads = { 0, 'override the key/value heads (0: same as heads)', int = true, min = 0,
+                   aliases = { 'num_key_value_heads' } },
+  ffn_dim = { 0, 'override the MLP width (0: keep, or 8/3 width rounded up to 32 when the width changes)',
+              int = true, min = 0, aliases = { 'intermediate_size' } },
+  vocab_size = { 0, 'override the vocabulary (0: keep)', int = true, min = 0 },
+  allow_past_max_positions = decoders.OPTIONS.allow_past_max_positions,
+}
+
+-- (no f64: the optimizers update f32, bf16 and f16 parameters, so an f64
+-- run would be refused by AdamW after the build)
+M.DTYPES = { 'f32', 'bf16' }
+
+-- The optimizer, schedule and loop options.
+M.TRAIN_OPTIONS = {
+  batch_size = { 4, 'sequences per micro-batch and rank (the global batch is this times the world size and '
+                    .. '--grad_accum_steps)', int = true, min = 1, aliases = { 'train_batch_size' } },
+  val_batch_size = { 0, 'sequences per validation batch and rank (0: --batch_size)', int = true, min = 0 },
+  max_steps = { 100, 'optimizer steps', int = true, min = 1 },
+  lr = { 3e-4, 'peak learning rate', positive = true },
+  min_lr = { 3e-5, 'final learning rate of the cosine decay', min = 0, at_most = 'lr' },
+  warmup_steps = { 10, 'linear warmup steps', int = true, min = 0, less_than = 'max_steps' },
+  weight_decay = { 0.1, 'AdamW weight decay (not applied to norms)', min = 0 },
+  beta1 = { 0.9, 'AdamW beta1', min = 0, below = 1 },
+  beta2 = { 0.95, 'AdamW beta2', min = 0, below = 1 },
+  grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
+  seed = { 0, 'initialisation and data seed', int = true, min = 0 },
+  dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (CPU: large products on oneDNN where installed)',
+            one_of = M.DTYPES },
+  validation_freq = { 50, 'steps between validations (0: never)', int = true, min = 0 },
+  val_batches = { 4, 'batches per validation', int = true, min = 1 },
+  peak_tflops = require('fsdp.sharding.device').peak_tflops_option(),
+  memory_limit_mb = { 0, 'fail allocations on --device past this many MiB of live tensors (0: no limit); also what '
+                         .. 'the fit check plans for', min = 0 },
+}
+
+-- Every shared option set (sharding, checkpoints, non-finite guard,
+-- --init_from/export, LoRA, metrics, accumulation) plus these and `own`
+-- (own wins on a clash).
+function M.options(own)
+  return require('fsdp.observe.metrics').options(lora.options(pretrained.options(require('fsdp.nonfinite').options(
+    require('fsdp.checkpointing.recipe').options(require('fsdp.sharding.recipe').options(
+    require('fsdp.sharding.accumulate').options(recipe.merge(M.MODEL_OPTIONS, M.TRAIN_OPTIONS, own))))))))
+end
+
+local SIZE_OPTIONS = { { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
+                       { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' }, { 'vocab_size', 'vocab_size' } }
+M.CONFIG_NAMES = { dim = 'hidden_width', n_heads = 'num_heads', n_kv_heads = 'num_kv_heads', head_dim = 'hidden_width',
+                   n_layers = 'num_layers', ffn_dim = 'ffn_dim', vocab_size = 'vocab_size' }
+
+-- In a recipe's option checks: the family (--model's, or --init_from's),
+-- the --init_from source (nil without one; --export_hf checked against
+-- it) and the size overrides. Returns R = {family, config_name, fam, src,
+-- overrides}; raises the usage message.
+function M.resolve(cfg, written, who)
+  local family, config_name = decoders.resolve(cfg.model)
+  local src = pretrained.from_options(cfg, written, {
+    families = decoders.ORDER, who = who, family_of_model = decoders.resolve, sizes = SIZE_OPTIONS })
+  if src then family = src.family end
+  if family == 'gpt2' and cfg.num_kv_heads > 0 then
+    error(('--%s: GPT-2 has no grouped-query attention (every head has its keys and values)'):format(
+      written.num_kv_heads or 'num_kv_heads'), 0)
+  end
+  local o = {}
+  if cfg.num_layers > 0 then o.n_layers = cfg.num_layers end
+  if cfg.hidden_width > 0 then
+    o.dim = cfg.hidden_width
+    if cfg.ffn_dim == 0 and family ~= 'gpt2' then o.ffn_dim = math.ceil(cfg.hidden_width * 8 / 3 / 32) * 32 end
+  end
+  if cfg.num_heads > 0 then o.n_heads = cfg.num_heads end
+  if cfg.num_kv_heads > 0 then o.n_kv_heads = cfg.num_kv_heads end
+  if cfg.ffn_dim > 0 then o.ffn_dim = cfg.ffn_dim end
+  if cfg.vocab_size > 0 then o.vocab_size = cfg.vocab_size end
+  if family ~= 'gpt2' and o.n_heads and not o.n_kv_heads then o.n_kv_heads = o.n_heads end
+  return { family = family, config_name = config_name, fam = decoders.families[family], src = src, overrides = o }
+end
+
+-- The model config (R.config: --init_from's, or --model's with the
+-- overrides), then before anything is built: the sizes against this
+-- machine ([Note: sizes are bounded before building] in fsdp.sharding.fit),
+-- no sequence past the model's positions ([Note: positions past the
+-- model's limit] in models/decoders.lua) and the LoRA targets. opts: seq
+-- (the longest sequence) and seq_what (how to name it), rows ({count,
+-- text}: the tokens of a micro-batch, or nil), weights (whether weights
+-- will be allocated: false for --dry_run and --plan). Raises the usage
+-- message.
+function M.check(R, cfg, written, opts)
+  local c
+  if R.src then
+    c = R.src.config
+  else
+    local ok, err = pcall(R.fam.module.config, R.config_name, R.overrides)
+    if not ok then error(recipe.explain(err, M.CONFIG_NAMES, written), 0) end
+    c = err
+  end
+  R.config = c
+  pretrained.bound(cfg, R.family, c, R.src, {
+    model = cfg.model, options = M.CONFIG_NAMES, written = written, dtype = cfg.dtype,
+    weights = opts.weights ~= false,
+    shards = cfg.sharding_strategy == 'NO_SHARD' and 1 or fsdp.dist.world_size(),
+    rows = opts.rows,
+    fix = (cfg.dtype == 'f32' and '--dtype=bf16 (half the bytes), ' or '')
+      .. (R.src and 'a smaller model' or ('fewer layers (--%s)'):format(written.num_layers or 'num_layers'))
+      .. ' or more ranks' })
+  local too_long = decoders.positions_problem(R.family, c, opts.seq, opts.seq_what, R.src, cfg.model,
+    cfg.allow_past_max_positions)
+  if too_long then error(too_long, 0) end
+  lora.check_options(cfg, function() return R.fam.module.build(c, { device = 'meta' }) end, R.fam.lora_targets)
+  return c
+end
+
+-- The model of R built on meta, LoRA applied (--lora_rank), checked to
+-- fit (the planner's numbers), sharded as cfg says, each rank's shards
+-- initialised (--init_from's values come later: pretrained.start).
+-- shape: {batch =, seq =} of a micro-batch. Returns the model and its
+-- parameter count before LoRA.
+function M.build(R, cfg, who, shape)
+  local c = R.config
+  local model = R.fam.module.build(c, { device = 'meta', dtype = cfg.dtype })
+  local n_params = model:num_parameters()
+  -- before the fit check and sharding, which see the frozen base
+  lora.apply_options(model, cfg, R.fam.lora_targets)
+  require('fsdp.sharding.fit').check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers' })
+  require('fsdp.sharding.recipe').apply(model, cfg, R.fam.block, who)
+  require('fsdp.observe.console').print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d '
+    .. 'parameters, %s, %s'):format(c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size,
+    n_params, cfg.dtype, R.fam.name))
+  return model, n_params
+end
+
+-- AdamW on the trainable parameters (no decay for norms and other 1-d
+-- parameters) and linear warmup then cosine decay to --min_lr.
+function M.optimizer(model, cfg)
+  local opt = optim.AdamW(lora.trainable(model), {
+    lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay,
+    groups = { { match = require('fsdp.sharding.recipe').no_decay, weight_decay = 0 } },
+  })
+  local sched = optim.lr_scheduler.WarmupCosine(opt, {
+    warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps, min_lr = cfg.min_lr })
+  return opt, sched
+end
+
+-- --memory_limit_mb and --summary: a limit, and the peak a summary
+-- reports, are about live tensors: dead ones are collected before every
+-- allocation so uncollected garbage never counts. (--plan only plans for
+-- the limit: it allocates nothing to limit.)
+function M.memory_limit(cfg)
+  if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
+  if cfg.memory_limit_mb > 0 and not cfg.plan then
+    fsdp.set_memory_limit(require('fsdp.sharding.recipe').device(cfg), cfg.memory_limit_mb * 2^20)
+  end
+end
+
+return M
