@@ -80,12 +80,16 @@ end
 function M.new(source, opts)
   opts = opts or {}
   local T, B = opts.seq_len, opts.batch_size
-  if validate.problem(T, { min = 1, int = true }) then fail('seq_len must be a positive integer, got %s', validate.show(T)) end
+  if validate.problem(T, { min = 1, int = true }) then
+    fail('seq_len must be a positive integer, got %s', validate.show(T))
+  end
   if validate.problem(B, { min = 1, int = true }) then
     fail('batch_size must be a positive integer, got %s', validate.show(B))
   end
   local strategy, overflow = opts.strategy or 'ffd', opts.overflow or 'truncate'
-  if not STRATEGIES[strategy] then fail("strategy must be 'ffd', 'greedy' or 'pad', got %s", validate.show(strategy)) end
+  if not STRATEGIES[strategy] then
+    fail("strategy must be 'ffd', 'greedy' or 'pad', got %s", validate.show(strategy))
+  end
   if not OVERFLOWS[overflow] then
     fail("overflow must be 'truncate', 'split' or 'error', got %s", validate.show(overflow))
   end
@@ -120,7 +124,9 @@ function Packer:pull()
   local c = self.counts
   c.examples = c.examples + 1
   local n = c.examples
-  if type(ex) ~= 'table' or fsdp.is_tensor(ex) then fail('example %d must be a table {ids =, labels =}, got %s', n, type(ex)) end
+  if type(ex) ~= 'table' or fsdp.is_tensor(ex) then
+    fail('example %d must be a table {ids =, labels =}, got %s', n, type(ex))
+  end
   local ids = ids_tensor(ex.ids, 'ids', n)
   local L = ids:numel()
   local labels = ex.labels ~= nil and ids_tensor(ex.labels, 'labels', n) or ids

@@ -213,7 +213,9 @@ function Attention:forward(x, opts)
   local causal, window, mask = self.causal, self.window, opts.mask
   local segments = opts.segments
   if segments ~= nil then
-    if opts.kv_cache ~= nil then core.fail('Attention: segments (packed sequences) are for training, not with a kv_cache') end
+    if opts.kv_cache ~= nil then
+      core.fail('Attention: segments (packed sequences) are for training, not with a kv_cache')
+    end
     if not causal then core.fail('Attention: segments (packed sequences) need causal attention') end
     if self.training and self.dropout > 0 then
       core.fail(('Attention: segments (packed sequences) with attention dropout %g: the dropout path materialises '
