@@ -15,8 +15,13 @@
 --             example (dynamic padding, as Hugging Face's collator does)
 --   packed    first-fit decreasing into rows of seq tokens, positions and
 --             segments per example
--- Tokens/s counts real tokens only (the packer's `tokens`). Ends with a
--- line `RESULT {json}`.
+-- Tokens/s counts real tokens only (the packer's `tokens`).
+--
+-- First (--attention_seq > 0), the attention op alone: forward and backward
+-- of [batch, 8 heads, attention_seq, 64] in f32 and bf16, plain causal
+-- against packed (documents of the same length distribution), best of 3:
+-- the kernels skip other documents' keys, so the time should follow the
+-- counted FLOPs. Ends with a line `RESULT {json}`.
 local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
@@ -33,9 +38,52 @@ local cfg = recipe.config({
   max_len = { 256, 'longest example', int = true, min = 1 },
   steps = { 3, 'measured steps per way and round', int = true, min = 1 },
   rounds = { 3, 'rounds (each runs every way once)', int = true, min = 1 },
+  attention_seq = { 2048, 'row length of the attention-alone measurement (0: skip it)', int = true, min = 0 },
   precision = { 'f32', "f32, or bf16 (f32 master weights, bf16 compute, as benchmarks/train_step.lua)",
                 one_of = { 'f32', 'bf16' } },
 }, arg, 'benchmarks/packing.lua')
+
+-- The attention op alone: seconds (best of 3) and counted FLOPs of a
+-- forward and backward, with segments or plain causal.
+local function attention_alone(dtype, segments)
+  local B, T = cfg.batch, cfg.attention_seq
+  local x = fsdp.randn({ B, 8, T, 64 }, { seed = 5 }):to(dtype)
+  local best, flops = math.huge, 0
+  for _ = 1, 3 do
+    local q, k, v = x:clone():requires_grad_(), x:clone():requires_grad_(), x:clone():requires_grad_()
+    fsdp.reset_flops()
+    local t0 = clock.now()
+    local y = fsdp.F.scaled_dot_product_attention(q, k, v, { causal = true, segments = segments })
+    y:backward(y)
+    best, flops = math.min(best, clock.now() - t0), fsdp.flops()
+  end
+  return best, flops
+end
+
+local result = {}
+if cfg.attention_seq > 0 then
+  -- documents of the benchmark's lengths, filling each row (the last one cut)
+  local rows, k = {}, 0
+  for r = 1, cfg.batch do
+    local row, doc = {}, 0
+    while #row < cfg.attention_seq do
+      k = k + 1
+      local n = cfg.min_len + (k * 7919) % (cfg.max_len - cfg.min_len + 1)
+      for _ = 1, math.min(n, cfg.attention_seq - #row) do row[#row + 1] = doc end
+      doc = doc + 1
+    end
+    rows[r] = row
+  end
+  local segments = fsdp.tensor(rows, { dtype = 'i64' })
+  result.attention = {}
+  for _, dtype in ipairs({ 'f32', 'bf16' }) do
+    local tc, fc = attention_alone(dtype, nil)
+    local tp, fp = attention_alone(dtype, segments)
+    print(('attention alone %s [%d, 8, %d, 64] fwd+bwd: causal %.3f s, packed %.3f s (%.2fx faster; FLOPs %.2fx fewer)')
+      :format(dtype, cfg.batch, cfg.attention_seq, tc, tp, tc / tp, fc / fp))
+    result.attention[dtype] = { causal_s = tc, packed_s = tp, causal_flops = fc, packed_flops = fp }
+  end
+end
 
 local c = llama.config(cfg.model)
 local model
@@ -106,7 +154,7 @@ for round = 1, cfg.rounds do
   end
 end
 
-local out = { model = cfg.model, seq = cfg.seq, batch = cfg.batch, min_len = cfg.min_len, max_len = cfg.max_len,
+local out = { attention = result.attention, model = cfg.model, seq = cfg.seq, batch = cfg.batch, min_len = cfg.min_len, max_len = cfg.max_len,
               precision = cfg.precision, steps = cfg.steps, rounds = cfg.rounds }
 for _, way in ipairs(WAYS) do
   -- fraction: real tokens over the slots the measured steps computed
