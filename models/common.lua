@@ -10,9 +10,10 @@ local M = {}
 
 -- Mean cross-entropy of next-token predictions of `model` (forward: ids ->
 -- logits [B, T, V]); targets i64 [B, T] are the ids shifted by one, -100
--- entries ignored. Returns loss, logits.
-function M.causal_lm_loss(model, ids, targets)
-  local logits = model(ids)
+-- entries ignored; opts go to the forward (a packed batch's positions and
+-- segments). Returns loss, logits.
+function M.causal_lm_loss(model, ids, targets, opts)
+  local logits = model(ids, opts)
   local V = model.config.vocab_size
   return F.cross_entropy(logits:view(-1, V), targets:view(-1), { ignore_index = -100 }), logits
 end

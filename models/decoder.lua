@@ -256,14 +256,15 @@ function M.define(decl)
     if placement ~= 'pre' then self.post_feedforward_layernorm = norm(c.dim, c, opts) end
   end
 
-  -- rope = {cos, sin} of [T, head_dim] (and positions when decoding);
-  -- mask and kv_cache as nn.Attention's (decoding: fsdp.generate). A
+  -- rope = {cos, sin} of [T, head_dim] (and positions when decoding or
+  -- packed); mask, kv_cache and segments as nn.Attention's (decoding:
+  -- fsdp.generate; segments: packed training batches). A
   -- mixture of experts returns its router logits [B*T, E] second: an
   -- output of the layer, so that activation checkpointing and the sharded
   -- units' hooks carry their gradient (the load-balancing loss) like the
   -- hidden states'.
-  function DecoderLayer:forward(x, rope, mask, kv_cache)
-    local a = { rope = rope, mask = mask, kv_cache = kv_cache }
+  function DecoderLayer:forward(x, rope, mask, kv_cache, segments)
+    local a = { rope = rope, mask = mask, kv_cache = kv_cache, segments = segments }
     local h, m, logits
     if placement == 'pre' then
       h = x + self.self_attn(self.input_layernorm(x), a)
@@ -320,7 +321,9 @@ function M.define(decl)
   -- ids i64 [B, T] -> hidden states [B, T, dim], and with a mixture of
   -- experts the list of every layer's router logits. opts (decoding,
   -- fsdp.generate): positions i64 [B, T], rope_len, mask (bool, broadcast
-  -- to [B, H, T, S]), cache (its layer(i) is layer i's).
+  -- to [B, H, T, S]), cache (its layer(i) is layer i's); (packed training
+  -- batches, fsdp.data.packing) positions restarting at 0 per document and
+  -- segments i64 [B, T] ([Note: packed sequences] in core/ops/attention.c).
   function Model:forward(ids, opts)
     local h = self.embed_tokens(ids)
     if decl.embed_scale then
@@ -341,7 +344,7 @@ function M.define(decl)
         h, logits = layer(h, t)
       else
         h, logits = layer(h, { cos = t.cos, sin = t.sin, positions = opts.positions }, opts.mask,
-          opts.cache and opts.cache:layer(i))
+          opts.cache and opts.cache:layer(i), opts.segments)
       end
       if router then router[#router + 1] = logits end
     end
@@ -386,12 +389,13 @@ function M.define(decl)
 
   -- Mean cross-entropy of next-token predictions; targets i64 [B, T] (the
   -- ids shifted by one; -100 entries are ignored). Returns loss, logits.
+  -- opts: forward's (a packed batch: {positions =, segments =}).
   -- A mixture of experts whose config outputs router logits adds
   -- router_aux_loss_coef times the load-balancing loss of all its layers'
   -- logits (transformers' load_balancing_loss_func, with no attention mask,
   -- as its training forward of ids alone computes it).
-  function CausalLM:loss(ids, targets)
-    local loss, logits = common.causal_lm_loss(self, ids, targets)
+  function CausalLM:loss(ids, targets, opts)
+    local loss, logits = common.causal_lm_loss(self, ids, targets, opts)
     local router = rawget(self, '_router_logits')
     rawset(self, '_router_logits', nil)
     local c = self.config

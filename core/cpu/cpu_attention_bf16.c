@@ -8,7 +8,9 @@
  * The unit of work is a block of QBLOCK query rows of one (batch, head)
  * against the keys it sees: with causal masking those up to its last row,
  * with a window from its first row's window start rounded down to 32 (a
- * whole pair-packed tile; the rows' masks hide the extra keys). A
+ * whole pair-packed tile; the rows' masks hide the extra keys), and with
+ * packed sequences from its first row's document start, rounded the same
+ * way ([Note: packed sequences], core/ops/attention.c). A
  * operands are bf16 rows as stored, B operands are packed pair-
  * interleaved ([K/2][N][2], see pack_pairs): the layout both AMX's
  * tdpbf16ps and AVX512-BF16's vdpbf16ps multiply, each f32 sum taking
@@ -262,23 +264,34 @@ static inline const bf16 *row_of(const fl_tensor *t, int64_t b, int64_t h, int64
     return (const bf16 *)t->data + b * t->stride[0] + h * t->stride[1] + i * t->stride[2];
 }
 
-/* The keys a block of rows [i0, i0 + m) multiplies: [*j0, *j1), j0 a
- * multiple of 32 (the window's start rounded down), j1 the last row's
- * diagonal (causal) or Tk. */
-static inline void block_keys(const fl_attention_args *a, int64_t i0, int64_t m, int64_t Tk,
-                              int64_t *j0, int64_t *j1) {
-    int64_t lo = a->window > 0 ? i0 - a->window + 1 : 0;
+/* The first key query i of batch row b sees: its window's start, or its
+ * document's when later (packed sequences); never decreases along i. */
+static inline int64_t first_key(const fl_attention_args *a, int64_t b, int64_t i) {
+    int64_t lo = a->window > 0 ? i - a->window + 1 : 0;
+    if (a->starts) {
+        int64_t s = ((const int64_t *)a->starts->data)[b * a->starts->shape[1] + i];
+        if (s > lo) lo = s;
+    }
+    return lo;
+}
+
+/* The keys a block of rows [i0, i0 + m) of batch row b multiplies:
+ * [*j0, *j1), j0 a multiple of 32 (the first row's first key rounded
+ * down), j1 the last row's diagonal (causal) or Tk. */
+static inline void block_keys(const fl_attention_args *a, int64_t b, int64_t i0, int64_t m,
+                              int64_t Tk, int64_t *j0, int64_t *j1) {
+    int64_t lo = first_key(a, b, i0);
     lo = lo < 0 ? 0 : lo > Tk ? Tk : lo;
     *j0 = lo / 32 * 32;
     *j1 = a->causal && i0 + m < Tk ? i0 + m : Tk;
     if (*j1 < *j0) *j1 = *j0;
 }
 
-/* The keys query i sees, as [*lo, *hi) relative to the block's first key
- * j0 (its last key j1): empty when hi <= lo. */
-static inline void row_keys(const fl_attention_args *a, int64_t i, int64_t j0, int64_t j1,
-                            int64_t *lo, int64_t *hi) {
-    int64_t h = a->causal && i + 1 < j1 ? i + 1 : j1, l = a->window > 0 ? i - a->window + 1 : 0;
+/* The keys query i of batch row b sees, as [*lo, *hi) relative to the
+ * block's first key j0 (its last key j1): empty when hi <= lo. */
+static inline void row_keys(const fl_attention_args *a, int64_t b, int64_t i, int64_t j0,
+                            int64_t j1, int64_t *lo, int64_t *hi) {
+    int64_t h = a->causal && i + 1 < j1 ? i + 1 : j1, l = first_key(a, b, i);
     *lo = (l > j0 ? l : j0) - j0;
     *hi = h - j0;
 }
@@ -313,14 +326,14 @@ static inline __m512 scores16(__m512 s, __m512 scale, float cap, __m512 *th) {
  * rows); per row the logsumexp and 1/rowsum (-inf and 0 for a row that
  * sees no key). */
 static void forward_softmax(const fl_attention_args *a, float *S, bf16 *P, int64_t m,
-                            int64_t m_pad, int64_t np, int64_t j0, int64_t j1, int64_t i0,
-                            float *lse, float *inv_sum) {
+                            int64_t m_pad, int64_t np, int64_t j0, int64_t j1, int64_t b,
+                            int64_t i0, float *lse, float *inv_sum) {
     __m512 scale = _mm512_set1_ps((float)a->scale), th;
     float cap = (float)a->softcap;
     for (int64_t r = 0; r < m_pad; r++) {
         bf16 *p = P + r * np;
         int64_t lo = 0, hi = 0;
-        if (r < m) row_keys(a, i0 + r, j0, j1, &lo, &hi);
+        if (r < m) row_keys(a, b, i0 + r, j0, j1, &lo, &hi);
         if (hi <= lo) {
             memset(p, 0, (size_t)np * sizeof *p);
             if (r < m) lse[r] = -INFINITY, inv_sum[r] = 0;
@@ -399,7 +412,7 @@ int fl_bf16_attention(const fl_attention_args *a, bool tiles) {
                 packed = b * Hkv + hk;
             }
             int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK, j0, j1;
-            block_keys(a, i0, m, Tk, &j0, &j1);
+            block_keys(a, b, i0, m, Tk, &j0, &j1);
             int64_t m_pad = round_up(m, 32), np = round_up(j1 - j0, 32);
             float *lse = (float *)a->lse->data + (b * Hq + h) * Tq + i0;
             if (np == 0) { /* no row of the block sees a key */
@@ -412,7 +425,7 @@ int fl_bf16_attention(const fl_attention_args *a, bool tiles) {
             copy_rows(Qb, row_of(q, b, h, i0), q->stride[2], m, m_pad, D, false);
             /* (packed K^T: column j0 at 2 j0; packed V: key pair j0 / 2 at j0 Dv) */
             product(tiles, m_pad, np, D, Qb, D, Kt + 2 * j0, Tp, S, np, false);
-            forward_softmax(a, S, P, m, m_pad, np, j0, j1, i0, lse, inv_sum);
+            forward_softmax(a, S, P, m, m_pad, np, j0, j1, b, i0, lse, inv_sum);
             product(tiles, m_pad, Dv, np, P, np, Vp + j0 * Dv, Dv, O, Dv, false);
             for (int64_t r = 0; r < m; r++) {
                 bf16 *o = (bf16 *)row_of(a->out, b, h, i0 + r);
@@ -461,7 +474,8 @@ static void store_transposed(const fl_tensor *t, int64_t b, int64_t h, const flo
  * (dSb: the A operand of dQ). Padding rows are zero. */
 static void backward_softmax(const fl_attention_args *a, float *S, float *dP, bf16 *Pp, bf16 *dSp,
                              bf16 *dSb, const float *lse, const float *rowdot, int64_t m,
-                             int64_t m_pad, int64_t np, int64_t j0, int64_t j1, int64_t i0) {
+                             int64_t m_pad, int64_t np, int64_t j0, int64_t j1, int64_t b,
+                             int64_t i0) {
     __m512 scale = _mm512_set1_ps((float)a->scale), zero = _mm512_setzero_ps();
     __m512 one = _mm512_set1_ps(1.0f), th = zero;
     float cap = (float)a->softcap;
@@ -476,7 +490,7 @@ static void backward_softmax(const fl_attention_args *a, float *S, float *dP, bf
                     continue;
                 }
                 int64_t lo, hi;
-                row_keys(a, i0 + i, j0, j1, &lo, &hi);
+                row_keys(a, b, i0 + i, j0, j1, &lo, &hi);
                 __mmask16 keep = lanes_in(j, lo, hi);
                 __m512 x = _mm512_sub_ps(scores16(_mm512_loadu_ps(s[t] + j), scale, cap, &th),
                                          _mm512_set1_ps(lse[i]));
@@ -529,7 +543,7 @@ int fl_bf16_attention_backward(const fl_attention_args *a, bool tiles) {
             for (int64_t h = hk * group; h < (hk + 1) * group; h++)
                 for (int64_t qb = 0; qb < nqb; qb++) {
                     int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK, j0, j1;
-                    block_keys(a, i0, m, Tk, &j0, &j1);
+                    block_keys(a, b, i0, m, Tk, &j0, &j1);
                     int64_t m_pad = round_up(m, 32), np = round_up(j1 - j0, 32);
                     if (np == 0) { /* no row sees a key: dq zero, nothing to dk, dv */
                         for (int64_t r = 0; r < m; r++)
@@ -555,7 +569,8 @@ int fl_bf16_attention_backward(const fl_attention_args *a, bool tiles) {
                      * j0 / 2 at j0 D; dK^T, dV^T: column j0) */
                     product(tiles, m_pad, np, D, Qb, D, Kt + 2 * j0, Tp, S, np, false);
                     product(tiles, m_pad, np, Dv, dOb, Dv, Vt + 2 * j0, Tp, dP, np, false);
-                    backward_softmax(a, S, dP, Pp, dSp, dSb, lse, rowdot, m, m_pad, np, j0, j1, i0);
+                    backward_softmax(a, S, dP, Pp, dSp, dSb, lse, rowdot, m, m_pad, np, j0, j1, b,
+                                     i0);
                     product(tiles, Dv, np, m_pad, dOT, m_pad, Pp, np, dVt + j0, Tp, true);
                     product(tiles, D, np, m_pad, QT, m_pad, dSp, np, dKt + j0, Tp, true);
                     product(tiles, m_pad, D, np, dSb, np, Kp + j0 * D, D, dQ, D, false);

@@ -15,6 +15,9 @@
  * window and softcap], core/ops/attention.c): from the first row's window
  * start (0 without a window) to the last row's diagonal (causal) or Tk, so
  * causal GEMMs shrink to about half and windowed ones to the window.
+ * Packed sequences ([Note: packed sequences], core/ops/attention.c) raise
+ * each row's first key to its document's start (a->starts): the block
+ * starts at its first row's, so blocks skip the keys of earlier documents.
  */
 
 #include "cpu_fused_rows.h"
@@ -45,10 +48,22 @@ FL_ISA_BODY void FL_ISA_BODY_NAME(FN(row_softcap))(R *s, R *t, int64_t n, R cap)
 }
 FL_ISA_CLONES_VOID(AVX2, FN(row_softcap), (R *s, R *t, int64_t n, R cap), (s, t, n, cap))
 
-/* The keys [*j0, *j1) the rows [i0, i0 + m) of a block can see. */
-static inline void FN(key_range)(const fl_attention_args *a, int64_t i0, int64_t m, int64_t Tk,
-                                 int64_t *j0, int64_t *j1) {
-    int64_t lo = a->window > 0 ? i0 - a->window + 1 : 0;
+/* The first key query i of batch row b sees: the window's start, or its
+ * document's (packed sequences) when later. Never decreases along i. */
+static inline int64_t FN(first_key)(const fl_attention_args *a, int64_t b, int64_t i) {
+    int64_t lo = a->window > 0 ? i - a->window + 1 : 0;
+    if (a->starts) {
+        int64_t s = ((const int64_t *)a->starts->data)[b * a->starts->shape[1] + i];
+        if (s > lo) lo = s;
+    }
+    return lo;
+}
+
+/* The keys [*j0, *j1) the rows [i0, i0 + m) of a block of batch row b can
+ * see (from the first row's first key: first_key never decreases). */
+static inline void FN(key_range)(const fl_attention_args *a, int64_t b, int64_t i0, int64_t m,
+                                 int64_t Tk, int64_t *j0, int64_t *j1) {
+    int64_t lo = m > 0 ? FN(first_key)(a, b, i0) : 0;
     *j0 = lo > 0 ? (lo < Tk ? lo : Tk) : 0;
     *j1 = a->causal && i0 + m < Tk ? i0 + m : Tk;
     if (*j1 < *j0) *j1 = *j0;
@@ -76,11 +91,13 @@ static void FN(probabilities)(const fl_attention_args *a, R *S, R *T, int64_t m,
             else
                 for (int64_t j = 0; j < nk; j++) s[j] += br[j * bs];
         }
-        /* keys j0 + j with j0 + j > i (causal) or j0 + j <= i - window */
+        /* keys j0 + j with j0 + j > i (causal) or before the row's first key
+         * (j0 + j <= i - window, or another document) */
         if (a->causal)
             for (int64_t j = i + 1 - j0 > 0 ? i + 1 - j0 : 0; j < nk; j++) s[j] = -INFINITY;
-        if (a->window > 0)
-            for (int64_t j = 0, e = i - a->window + 1 - j0; j < nk && j < e; j++) s[j] = -INFINITY;
+        if (a->window > 0 || a->starts)
+            for (int64_t j = 0, e = FN(first_key)(a, b, i) - j0; j < nk && j < e; j++)
+                s[j] = -INFINITY;
         R shift = saved_lse ? saved_lse[r] : FN(row_max)(s, nk);
         if (shift == -INFINITY) {
             /* Every key masked: no probability mass, zero output. */
@@ -113,7 +130,7 @@ static int FN(attention)(const fl_attention_args *a) {
             if (!S || oom) continue;
             int64_t qb = it % nqb, h = (it / nqb) % Hq, b = it / (nqb * Hq), hk = h / group;
             int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK, j0, j1;
-            FN(key_range)(a, i0, m, Tk, &j0, &j1);
+            FN(key_range)(a, b, i0, m, Tk, &j0, &j1);
             int64_t nk = j1 - j0;
             R *O = FN(row_of)(a->out, b, h, i0), *L = FN(row_of)(a->lse, b, h, i0);
             R *inv_sum = S + QBLOCK * (Tk ? Tk : 1), *pack = inv_sum + QBLOCK;
@@ -209,7 +226,7 @@ static int FN(attention_backward)(const fl_attention_args *a) {
                 for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
                     for (int64_t qb = 0; qb < nqb; qb++) {
                         int64_t i0 = qb * QBLOCK, m = Tq - i0 < QBLOCK ? Tq - i0 : QBLOCK, j0, j1;
-                        FN(key_range)(a, i0, m, Tk, &j0, &j1);
+                        FN(key_range)(a, b, i0, m, Tk, &j0, &j1);
                         int64_t nk = j1 - j0;
                         const R *K = FN(row_of)(k, b, hk, j0), *V = FN(row_of)(v, b, hk, j0);
                         R *dK = a->dk ? FN(row_of)(a->dk, b, hk, j0) : NULL;

@@ -15,8 +15,9 @@
  * 32 with the online softmax: a running max m and sum l per row, the
  * output accumulator rescaled by exp(m_old - m_new) when the max grows,
  * so the scores never leave the chip. Causal blocks stop at the last key
- * their last row can see, windowed ones start at the first tile their first
- * row can see. Geometry: cuda_attention.cuh.
+ * their last row can see, windowed ones (and packed sequences' blocks:
+ * [Note: packed sequences], core/ops/attention.c) start at the first tile
+ * their first row can see. Geometry: cuda_attention.cuh.
  */
 #include "cuda_attention.cuh"
 #include "cuda_sdpa.cuh"
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) attention_kernel(fl_att_params
         for (int c = 0; c < NC; c++) acc[rr][c] = 0;
     }
     int64_t kend = p.causal ? min(p.Tk, i0 + FL_ATT_TILE) : p.Tk;
-    for (int64_t k0 = fl_att_first_key(p, i0); k0 < kend; k0 += FL_ATT_KTILE) {
+    for (int64_t k0 = fl_att_first_key(p, b, i0); k0 < kend; k0 += FL_ATT_KTILE) {
         __syncthreads(); /* the previous tile's readers are done */
         for (int x = tid; x < FL_ATT_KTILE * D; x += FL_ATT_THREADS) {
             int jj = x / D, d = x % D;
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) attention_kernel(fl_att_params
         for (int rr = 0; rr < FL_ATT_ROWS; rr++) {
             const int64_t i = i0 + warp * FL_ATT_ROWS + rr;
             T th, sv = fl_att_score(p, s[rr], &th);
-            bool masked = j >= p.Tk || fl_att_hidden(p, i, j);
+            bool masked = j >= p.Tk || i >= p.Tq || fl_att_hidden(p, b, i, j);
             if (!masked && p.bias.p && i < p.Tq) sv += p.bias.row(b, h, i)[j * p.bias.s3];
             if (masked) sv = (T)-INFINITY;
             T mn = fmax(m[rr], fl_cu_warp_max(sv));

@@ -49,6 +49,10 @@ template <typename T> struct fl_att_params {
     T scale;
     int64_t window; /* 0: none ([Note: attention window and softcap], core/ops/attention.c) */
     T softcap;      /* 0: none */
+    /* NULL, or [B, Tq]: each query's document start (packed sequences:
+     * [Note: packed sequences], core/ops/attention.c), never decreasing
+     * along the queries */
+    const int64_t *starts;
 };
 
 template <typename T> static inline fl_att_view<T> fl_att_view_of(const fl_tensor *t) {
@@ -89,6 +93,7 @@ template <typename T> static fl_att_params<T> fl_att_params_of(const fl_attentio
     p.scale = (T)a->scale;
     p.window = a->window;
     p.softcap = (T)a->softcap;
+    p.starts = a->starts ? (const int64_t *)a->starts->data : NULL;
     p.drow = NULL;
     const int64_t scores[4] = {p.B, p.Hq, p.Tq, p.Tk};
     p.dbias_exact = a->dbias != NULL;
@@ -146,10 +151,21 @@ static inline int fl_att_check_dtypes(const char *op, const fl_attention_args *a
                         op, fl_dtype_name(t));
 }
 
-/* Whether query i is kept from key j by the causal and window masks. */
+/* The first key query i (< Tq) of batch row b sees: its window's start,
+ * or its document's when later (packed sequences). Never decreases along i. */
 template <typename T>
-__device__ __forceinline__ bool fl_att_hidden(const fl_att_params<T> &p, int64_t i, int64_t j) {
-    return (p.causal && j > i) || (p.window > 0 && j <= i - p.window);
+__device__ __forceinline__ int64_t fl_att_row_first(const fl_att_params<T> &p, int64_t b, int64_t i) {
+    int64_t lo = p.window > 0 ? i - p.window + 1 : 0;
+    if (p.starts) lo = max(lo, p.starts[b * p.Tq + i]);
+    return lo;
+}
+
+/* Whether query i (< Tq) of batch row b is kept from key j by the causal,
+ * window and document masks. */
+template <typename T>
+__device__ __forceinline__ bool fl_att_hidden(const fl_att_params<T> &p, int64_t b, int64_t i,
+                                              int64_t j) {
+    return (p.causal && j > i) || ((p.window > 0 || p.starts) && j < fl_att_row_first(p, b, i));
 }
 
 /* The score before the bias: scale * q.k, softcapped when asked; *th gets
@@ -165,9 +181,10 @@ template <typename T> __device__ __forceinline__ T fl_att_score(const fl_att_par
 }
 
 /* The first key tile (a multiple of FL_ATT_KTILE) any of the rows from i0
- * on can see: 0 without a window. */
-template <typename T> __device__ __forceinline__ int64_t fl_att_first_key(const fl_att_params<T> &p, int64_t i0) {
-    int64_t lo = p.window > 0 ? i0 - p.window + 1 : 0;
+ * (< Tq) on of batch row b can see: 0 without a window or documents. */
+template <typename T>
+__device__ __forceinline__ int64_t fl_att_first_key(const fl_att_params<T> &p, int64_t b, int64_t i0) {
+    int64_t lo = fl_att_row_first(p, b, i0);
     return lo > 0 ? lo / FL_ATT_KTILE * FL_ATT_KTILE : 0;
 }
 

@@ -19,7 +19,9 @@
  *   3. dK and dV: one block per (32 keys, kv head, batch) walks the query
  *      tiles of every query head of its group (grouped-query attention:
  *      the block is the only writer of its keys' rows), from the first
- *      tile that can see its keys when causal.
+ *      tile that can see its keys when causal, up to the last that can
+ *      (a window; packed sequences: [Note: packed sequences],
+ *      core/ops/attention.c).
  * Both 2 and 3 recompute S and dO V^T (FlashAttention-2 recomputes them
  * once and adds dQ with atomics instead): the price of determinism.
  */
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) dq_kernel(fl_att_params<T> p) 
         for (int c = 0; c < NC; c++) acc[rr][c] = 0;
     }
     int64_t kend = p.causal ? min(p.Tk, i0 + FL_ATT_TILE) : p.Tk;
-    for (int64_t k0 = fl_att_first_key(p, i0); k0 < kend; k0 += FL_ATT_KTILE) {
+    for (int64_t k0 = fl_att_first_key(p, b, i0); k0 < kend; k0 += FL_ATT_KTILE) {
         __syncthreads();
         for (int x = tid; x < FL_ATT_KTILE * D; x += FL_ATT_THREADS) {
             int jj = x / D, d = x % D;
@@ -110,7 +112,7 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) dq_kernel(fl_att_params<T> p) 
         #pragma unroll
         for (int rr = 0; rr < FL_ATT_ROWS; rr++) {
             const int64_t i = i0 + warp * FL_ATT_ROWS + rr;
-            bool masked = i >= p.Tq || j >= p.Tk || fl_att_hidden(p, i, j) || L[rr] == (T)-INFINITY;
+            bool masked = i >= p.Tq || j >= p.Tk || fl_att_hidden(p, b, i, j) || L[rr] == (T)-INFINITY;
             T pr = 0, th = 0;
             if (!masked) {
                 T sv = fl_att_score(p, s[rr], &th);
@@ -181,6 +183,10 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) dkdv_kernel(fl_att_params<T> p
     const T *kw = Ks + warp * FL_ATT_ROWS * D, *vw = Vs + warp * FL_ATT_ROWS * Dv;
     for (int64_t h = hk * p.group; h < (hk + 1) * p.group; h++) {
         for (int64_t i0 = qstart; i0 < qend; i0 += FL_ATT_KTILE) {
+            /* Packed sequences: rows' first keys never decrease, so once a
+             * tile's first row starts past this block's last key, no later
+             * query sees any of its keys (the same for the whole block). */
+            if (p.starts && fl_att_row_first(p, b, i0) > k0 + FL_ATT_TILE - 1) break;
             __syncthreads();
             for (int x = tid; x < FL_ATT_KTILE * D; x += FL_ATT_THREADS) {
                 int ii = x / D, d = x % D;
@@ -207,7 +213,7 @@ __global__ void __launch_bounds__(FL_ATT_THREADS) dkdv_kernel(fl_att_params<T> p
             #pragma unroll
             for (int kk = 0; kk < FL_ATT_ROWS; kk++) {
                 const int64_t j = k0 + warp * FL_ATT_ROWS + kk;
-                bool masked = i >= p.Tq || j >= p.Tk || fl_att_hidden(p, i, j) || Li == (T)-INFINITY;
+                bool masked = i >= p.Tq || j >= p.Tk || fl_att_hidden(p, b, i, j) || Li == (T)-INFINITY;
                 T pr = 0, th = 0;
                 if (!masked) {
                     T sv = fl_att_score(p, s[kk], &th);

@@ -269,6 +269,10 @@ const char *call_refusal(const fl_attention_args *a, bool backward, const sdpa_k
      * the kernels, which compute them exactly. */
     if (a->window > 0) return "a sliding window (computed by the flash-style kernels)";
     if (a->softcap > 0) return "a logit softcap (computed by the flash-style kernels)";
+    /* ([Note: packed sequences], core/ops/attention.c) cuDNN's ragged
+     * offsets and padding masks were never checked against the kernels on a
+     * GPU here: packed calls take the kernels. */
+    if (a->starts) return "packed sequences (computed by the flash-style kernels)";
     return NULL;
 }
 

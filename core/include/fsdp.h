@@ -896,13 +896,20 @@ FL_API fl_tensor *fl_apply_rotary(const fl_tensor *x, const fl_tensor *cos, cons
  * keys i - window < j <= i, the last `window` tokens including itself
  * (Mistral's and Gemma's sliding window; 0 = none). softcap > 0: scores
  * become softcap * tanh(scores / softcap) before the bias and the masks
- * (Gemma 2's attention logit softcapping; 0 = none). Neither materialises
- * a [Tq, Tk] mask. */
+ * (Gemma 2's attention logit softcapping; 0 = none). segments (NULL =
+ * none; only with causal and Tq == Tk): packed sequences, an i64 or i32
+ * [B, T] tensor on q's device of document ids, each maximal run of equal
+ * ids one document, negative ids padding: key j is visible from query i
+ * only when both lie in one run (block-diagonal causal attention); a
+ * padding query sees nothing (zeros out, zero gradients) and a padding
+ * key is seen by nothing ([Note: packed sequences], core/ops/attention.c).
+ * None of them materialises a [Tq, Tk] mask. */
 typedef struct fl_attention_options {
     bool causal;
     double scale;
     int64_t window;
     double softcap;
+    const fl_tensor *segments;
 } fl_attention_options;
 
 /* softmax(softcap(scale * q @ k^T) + bias, masks) @ v, flash-attention

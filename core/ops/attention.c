@@ -50,10 +50,47 @@
  * (from the first row's window start to the last row's diagonal), so a
  * window makes the work O(Tq * window). cuDNN's graphs (cuda_sdpa.cu) are
  * not given either option: such calls take the flash-style kernels.
+ *
+ * [Note: packed sequences]
+ * Several short examples trained in one sequence (lua/fsdp/data/packing.lua
+ * packs them) must not see each other: fl_attention_options.segments is an
+ * i64/i32 [B, T] tensor of document ids, and key j is visible from query i
+ * only when i and j lie in one maximal run of equal ids (and j <= i:
+ * segments need causal, and Tq == Tk; the window, softcap and a bias still
+ * apply). A run is a document, so ids need only differ between neighbours
+ * (the packer numbers them 0, 1, ... per row); negative ids are padding:
+ * a padding query sees no key (zeros out, lse -inf, zero gradients, as any
+ * row with every key masked) and no query sees a padding key.
+ * - The op reads the ids to the host (a device-to-host copy, a sync on a
+ *   GPU, as the MoE routing's) and turns them into starts [B, T] (i64, on
+ *   q's device, saved for the backward): query i's document begins at key
+ *   starts[b, i] (i + 1 for padding: an empty range). Causal attention
+ *   within contiguous documents is then exactly "keys starts[i] ... i", a
+ *   per-row lower bound like the window's, so every kernel (CPU f32/f64
+ *   blocks, CPU bf16 tiles and dot products, CUDA's flash-style kernels)
+ *   masks key j < max(starts[i], i - window + 1), and no [Tq, Tk] mask
+ *   exists anywhere. starts never decreases along i (a run's rows share
+ *   one; padding's i + 1 is at least any earlier row's), so a block of
+ *   rows i0 ... i1 sees keys from starts[i0] (its first row's) to i1: a
+ *   block that begins inside a document skips every key before that
+ *   document, and one key block (CUDA's dK/dV) stops at the first query
+ *   tile whose first row starts past its keys. Work follows each
+ *   document's own causal triangle, up to one block's rectangle at each
+ *   boundary.
+ * - FLOPs count each document as its own causal attention: L * L / 2 pairs
+ *   for L tokens (the causal convention above), the exact pairs of a
+ *   window shorter than the document; 2.5 times that for the backward.
+ *   Padding counts nothing, and one document filling the row counts what
+ *   the unpacked call does. On meta (no ids to read) the count is the
+ *   unpacked call's (one document per row: the bound).
+ * - cuDNN's graphs (cuda_sdpa.cu) are not given segments (its ragged
+ *   offsets were never checked on a GPU here): packed calls take the
+ *   flash-style kernels.
  */
 #include "fused.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 static const fl_node_type attention_type;
 
@@ -78,6 +115,68 @@ static int64_t forward_flops(int64_t b, int64_t hq, int64_t tq, int64_t tk, int6
         return fl_flops_mul(fl_flops_mul(2 * b, hq), fl_flops_mul(window_pairs(tq, tk, window), d + dv));
     int64_t f = fl_flops_mul(fl_flops_mul(fl_flops_mul(2 * b, hq), fl_flops_mul(tq, tk)), d + dv);
     return causal ? f / 2 : f;
+}
+
+/* Twice the (query, key) pairs a document of n tokens counts: causal
+ * attention's convention (n * n / 2, as forward_flops), or the exact pairs
+ * of a window shorter than the document (as forward_flops). */
+static int64_t document_pairs2(int64_t n, int64_t window) {
+    return window > 0 && window < n ? 2 * window_pairs(n, n, window) : n * n;
+}
+
+/* The packed sequences' segment ids: integer [B, T] on q's device, with
+ * causal attention of Tq == Tk queries and keys. */
+static int check_segments(const fl_tensor *seg, const fl_tensor *q, const fl_tensor *k,
+                          bool causal) {
+    if (fl_check_tensor(OP, seg, false) || fl_fused_check_device(OP, "segments", seg, q->device))
+        return fl_last_status();
+    char a[128], b[128];
+    fl_shape_str(seg, a, sizeof a);
+    fl_shape_str(q, b, sizeof b);
+    if (seg->dtype != FL_I64 && seg->dtype != FL_I32)
+        return fl_fail(FL_ERR_ARG, "%s: segments must be i64 (or i32) document ids, got %s", OP,
+                       fl_dtype_name(seg->dtype));
+    if (!causal)
+        return fl_fail(FL_ERR_ARG, "%s: segments (packed sequences) need causal attention", OP);
+    if (k->shape[2] != q->shape[2])
+        return fl_fail(FL_ERR_ARG, "%s: segments need as many keys as queries (self-attention), "
+                                   "got %lld queries and %lld keys",
+                       OP, (long long)q->shape[2], (long long)k->shape[2]);
+    if (seg->ndim != 2 || seg->shape[0] != q->shape[0] || seg->shape[1] != q->shape[2])
+        return fl_fail(FL_ERR_ARG, "%s: segments of shape %s must be [batch, seq] = [%lld, %lld] "
+                                   "for q %s",
+                       OP, a, (long long)q->shape[0], (long long)q->shape[2], b);
+    return FL_OK;
+}
+
+/* The starts of a packed call ([Note: packed sequences]) on q's device, and
+ * in *pairs2 twice the (query, key) pairs its documents count. */
+static fl_tensor *segment_starts(const fl_tensor *seg, fl_device device, int64_t window,
+                                 int64_t *pairs2) {
+    int64_t B = seg->shape[0], T = seg->shape[1], n = seg->numel;
+    int64_t *ids = malloc((size_t)(n ? 2 * n : 1) * sizeof *ids);
+    if (!ids)
+        return FL_FAIL_NULL(FL_ERR_OOM, "%s: out of host memory for %lld segment ids", OP,
+                            (long long)n);
+    int64_t *st = ids + n;
+    fl_tensor *out = NULL;
+    if (fl_to_host(seg, ids, FL_I64, n) == FL_OK) {
+        *pairs2 = 0;
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t *id = ids + b * T;
+            int64_t *s = st + b * T;
+            for (int64_t i = 0; i < T; i++) {
+                s[i] = id[i] < 0 ? i + 1 : i > 0 && id[i] == id[i - 1] ? s[i - 1] : i;
+                /* a document ends at i: count it */
+                if (id[i] >= 0 && (i == T - 1 || id[i + 1] != id[i]))
+                    *pairs2 += document_pairs2(i - s[i] + 1, window);
+            }
+        }
+        int64_t shape[2] = {B, T};
+        out = fl_from_host(2, shape, FL_I64, device, st, FL_I64, n);
+    }
+    free(ids);
+    return out;
 }
 
 static int check_qkv(const fl_tensor *q, const fl_tensor *k, const fl_tensor *v) {
@@ -200,7 +299,8 @@ static int check_options(const fl_attention_options *o) {
 fl_tensor *fl_scaled_dot_product_attention(const fl_tensor *q, const fl_tensor *k,
                                            const fl_tensor *v, const fl_tensor *bias, bool causal,
                                            double scale) {
-    fl_attention_options o = {.causal = causal, .scale = scale, .window = 0, .softcap = 0};
+    fl_attention_options o = {.causal = causal, .scale = scale, .window = 0, .softcap = 0,
+                              .segments = NULL};
     return fl_attention(q, k, v, bias, &o);
 }
 
@@ -215,17 +315,26 @@ fl_tensor *fl_attention(const fl_tensor *q, const fl_tensor *k, const fl_tensor 
     int64_t scores[4] = {B, Hq, Tq, Tk};
     if (bias && (check_bias(bias, scores) || fl_fused_check_device(OP, "bias", bias, q->device)))
         return NULL;
+    const fl_tensor *seg = opts->segments;
+    if (seg && check_segments(seg, q, k, causal)) return NULL;
     const fl_tensor *ins[4] = {q, k, v, bias};
-    bool no_storage = fl_fused_no_storage(4, ins);
+    bool no_storage = fl_fused_no_storage(4, ins) || (seg && !fl_tensor_has_storage(seg));
+    int64_t flops = forward_flops(B, Hq, Tq, Tk, D, Dv, causal, window), pairs2 = 0;
+    fl_tensor *starts = NULL;
+    if (seg && !no_storage) {
+        if (!(starts = segment_starts(seg, q->device, window, &pairs2))) return NULL;
+        flops = fl_flops_mul(fl_flops_mul(Hq, pairs2), D + Dv);
+    }
     fl_dtype r = fl_fused_compute_dtype(q->dtype);
     int64_t out_shape[4] = {B, Hq, Tq, Dv};
     fl_tensor *out = fl_fused_output(4, out_shape, q->dtype, q->device, no_storage);
     fl_tensor *lse = out ? fl_fused_output(3, scores, r, q->device, no_storage) : NULL;
     if (!lse) {
         fl_tensor_release(out);
+        fl_tensor_release(starts);
         return NULL;
     }
-    fl_flops_add(forward_flops(B, Hq, Tq, Tk, D, Dv, causal, window));
+    fl_flops_add(flops);
     if (!no_storage) {
         const fl_fused_kernels *kern = fl_fused_kernels_of(OP, q->device);
         prepared p = {0};
@@ -237,7 +346,7 @@ fl_tensor *fl_attention(const fl_tensor *q, const fl_tensor *k, const fl_tensor 
             if (bias) bias_view(bias, scores, &b4);
             fl_attention_args a = {.q = q, .k = k, .v = v, .bias = bias ? &b4 : NULL,
                                    .causal = causal, .scale = scale, .window = window,
-                                   .softcap = softcap, .out = out, .lse = lse};
+                                   .softcap = softcap, .starts = starts, .out = out, .lse = lse};
             rc = kern->attention_native(&a, &done);
         }
         if (!rc && !done) rc = prepare(&p, q, k, v, bias, scores);
@@ -248,7 +357,8 @@ fl_tensor *fl_attention(const fl_tensor *q, const fl_tensor *k, const fl_tensor 
         if (!rc && !done) {
             fl_attention_args a = {.q = p.q, .k = p.k, .v = p.v, .bias = bias ? &p.bias4 : NULL,
                                    .causal = causal, .scale = scale, .window = window,
-                                   .softcap = softcap, .out = out_c, .lse = lse};
+                                   .softcap = softcap, .starts = starts, .out = out_c,
+                                   .lse = lse};
             rc = kern->attention(&a);
         }
         if (!rc && !done && out_c != out) rc = fl_copy_(out, out_c);
@@ -257,21 +367,24 @@ fl_tensor *fl_attention(const fl_tensor *q, const fl_tensor *k, const fl_tensor 
         if (rc) {
             fl_tensor_release(out);
             fl_tensor_release(lse);
+            fl_tensor_release(starts);
             return NULL;
         }
     }
     if (fl_needs_grad(4, ins)) {
         fl_node *node;
-        const fl_tensor *saved[6] = {q, k, v, bias, out, lse};
-        out = fl_fused_record(&attention_type, 4, ins, out, 6, saved, &node);
+        const fl_tensor *saved[7] = {q, k, v, bias, out, lse, starts};
+        out = fl_fused_record(&attention_type, 4, ins, out, 7, saved, &node);
         if (out) {
             node->f[0] = scale;
             node->f[1] = softcap;
             node->i[0] = causal;
             node->i[1] = window;
+            node->i[2] = flops; /* the forward's, exact for packed calls */
         }
     }
     fl_tensor_release(lse);
+    fl_tensor_release(starts);
     return out;
 }
 
@@ -295,7 +408,7 @@ static int backward_native(const fl_fused_kernels *kern, fl_node *node, const fl
         fl_attention_args a = {.q = q, .k = node->saved[1], .v = node->saved[2],
                                .bias = bias ? &b4 : NULL, .causal = node->i[0] != 0,
                                .scale = node->f[0], .window = node->i[1], .softcap = node->f[1],
-                               .lse = (fl_tensor *)node->saved[5],
+                               .starts = node->saved[6], .lse = (fl_tensor *)node->saved[5],
                                .dout = gc, .o = oc, .dq = d[0], .dk = d[1], .dv = d[2]};
         rc = kern->attention_native_backward(&a, done);
     }
@@ -315,13 +428,14 @@ static int attention_backward(fl_node *node, fl_tensor *const *go, fl_tensor **g
     double scale = node->f[0], softcap = node->f[1];
     bool causal = node->i[0] != 0;
     int64_t window = node->i[1];
-    int64_t B = q->shape[0], Hq = q->shape[1], Tq = q->shape[2], D = q->shape[3];
-    int64_t Tk = k->shape[2], Dv = v->shape[3];
+    const fl_tensor *starts = node->saved[6];
+    int64_t B = q->shape[0], Hq = q->shape[1], Tq = q->shape[2];
+    int64_t Tk = k->shape[2];
     int64_t scores[4] = {B, Hq, Tq, Tk};
     const fl_tensor *all[7] = {q, k, v, bias, o, lse, g};
     bool no_storage = fl_fused_no_storage(7, all);
     fl_dtype r = fl_fused_compute_dtype(q->dtype);
-    fl_flops_add(fl_flops_mul(forward_flops(B, Hq, Tq, Tk, D, Dv, causal, window) / 2, 5));
+    fl_flops_add(fl_flops_mul(node->i[2] / 2, 5));
 
     bool want_bias = bias && fl_node_wants(node, 3);
     int64_t b4[4] = {1, 1, 1, 1};
@@ -357,7 +471,7 @@ static int attention_backward(fl_node *node, fl_tensor *const *go, fl_tensor **g
         if (!rc) {
             fl_attention_args a = {.q = p.q, .k = p.k, .v = p.v, .bias = bias ? &p.bias4 : NULL,
                                    .causal = causal, .scale = scale, .window = window,
-                                   .softcap = softcap, .lse = (fl_tensor *)lse,
+                                   .softcap = softcap, .starts = starts, .lse = (fl_tensor *)lse,
                                    .dout = gc, .o = oc, .dq = grads[0], .dk = grads[1],
                                    .dv = grads[2], .dbias = grads[3]};
             rc = kern->attention_backward(&a);

@@ -45,6 +45,13 @@ typedef struct fl_attention_args {
     double scale;
     int64_t window;  /* 0: none */
     double softcap;  /* 0: none */
+    /* Packed sequences: NULL, or i64 [B, Tq] contiguous on q's device (only
+     * with causal and Tq == Tk): starts[b, i] is query i's first visible
+     * key, the start of its document (i + 1 for padding, which sees
+     * nothing); keys before it are hidden like the window's. The op derives
+     * it from the caller's segment ids ([Note: packed sequences],
+     * core/ops/attention.c); it never decreases along i. */
+    const fl_tensor *starts;
     fl_tensor *out; /* [B, Hq, Tq, Dv] */
     fl_tensor *lse; /* [B, Hq, Tq]: logsumexp of each row of scores */
     /* backward only */

@@ -201,8 +201,12 @@ end
 -- attn_mask is accepted as its PyTorch name), scale (1/sqrt(D); T5 passes 1),
 -- window (0: none; with causal, query i sees keys i - window < j <= i:
 -- Mistral's and Gemma's sliding window), softcap (0: none; scores become
--- softcap * tanh(scores / softcap) before the bias and masks: Gemma 2).
--- No [Tq, Tk] mask is built for either (fsdp.h: fl_attention).
+-- softcap * tanh(scores / softcap) before the bias and masks: Gemma 2),
+-- segments (packed sequences, with causal and Tq == Tk: i64/i32 [B, T]
+-- document ids, each run of equal ids one document, negative ids padding;
+-- a query sees only the keys of its own document: [Note: packed
+-- sequences] in core/ops/attention.c). No [Tq, Tk] mask is built for any
+-- of them (fsdp.h: fl_attention).
 function M.scaled_dot_product_attention(q, k, v, opts)
   local name = 'scaled_dot_product_attention'
   opts = options(name, opts)
@@ -220,7 +224,7 @@ function M.scaled_dot_product_attention(q, k, v, opts)
   end
   local o = ffi.new('fl_attention_options', {
     causal = opts.causal and true or false, scale = number(name, 'scale', scale),
-    window = window, softcap = number(name, 'softcap', opts.softcap, 0) })
+    window = window, softcap = number(name, 'softcap', opts.softcap, 0), segments = maybe(opts.segments) })
   return wrap(C.fl_attention(qc, cptr(k), cptr(v), maybe(bias), o))
 end
 

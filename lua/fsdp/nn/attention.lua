@@ -7,7 +7,7 @@
 --                dropout = 0, out_dropout = 0, fused_qkv = false, names = {...},
 --                init = rule, out_init = init, bias_init = rule, device =, dtype =})
 --   y = attn(x, {rope = {cos =, sin =, positions =}, bias = t, mask = t, context = t,
---               kv_cache = layer_cache})
+--               kv_cache = layer_cache, segments = t})
 --
 -- Children, in the order PyTorch models register them: q_proj, k_proj,
 -- v_proj, o_proj (Hugging Face Llama names), or with fused_qkv one
@@ -30,6 +30,13 @@
 -- global layers, so each Attention has its own). softcap (0: none) maps the
 -- scaled scores to softcap * tanh(scores / softcap) before bias and masks
 -- (Gemma 2). Both go to the fused kernel, which builds no [T, S] mask.
+-- segments (packed sequences, training; causal self-attention only, not
+-- with a kv_cache, nor with attention dropout in training, whose path
+-- materialises the scores): i64 [B, T] document ids, each run of equal
+-- ids one document, negative ids padding; the fused kernel confines each
+-- query to its own document ([Note: packed sequences] in
+-- core/ops/attention.c). Positions restarting per document are the rope's
+-- (rope.positions).
 --
 -- kv_cache (decoding, fsdp.generate): an object whose update(k, v) stores
 -- this call's keys and values [B, KV, T, hd] (after RoPE) in its
@@ -208,6 +215,17 @@ function Attention:forward(x, opts)
     k = F.apply_rotary(k, rope.cos, rope.sin, ropts)
   end
   local causal, window, mask = self.causal, self.window, opts.mask
+  local segments = opts.segments
+  if segments ~= nil then
+    if opts.kv_cache ~= nil then
+      core.fail('Attention: segments (packed sequences) are for training, not with a kv_cache')
+    end
+    if not causal then core.fail('Attention: segments (packed sequences) need causal attention') end
+    if self.training and self.dropout > 0 then
+      core.fail(('Attention: segments (packed sequences) with attention dropout %g: the dropout path materialises '
+        .. 'the scores and has no document mask'):format(self.dropout))
+    end
+  end
   if opts.kv_cache ~= nil then
     if causal and T > 1 and mask == nil then
       core.fail(('Attention: %d queries with a kv_cache need a mask: with a cache the mask carries causality'):format(T))
@@ -229,7 +247,8 @@ function Attention:forward(x, opts)
     end
   end
   local bias = score_bias(F, { bias = opts.bias, mask = mask }, q)
-  local ao = { causal = causal, bias = bias, scale = self.scale, window = window, softcap = self.softcap }
+  local ao = { causal = causal, bias = bias, scale = self.scale, window = window, softcap = self.softcap,
+               segments = segments }
   local o
   if self.training and self.dropout > 0 then
     o = attend_with_dropout(F, q, k, v, bias, ao, self.dropout)
