@@ -13,7 +13,8 @@
 -- fsdp.data.chat (messages, ShareGPT, Alpaca, prompt/completion; the
 -- --chat_fields, --bad_records options), rendered and tokenized once
 -- (fsdp.data.chat_batches) and batched padded to each batch's longest
--- example ([Note: SFT batches are padded, not packed]). --train_on=
+-- example, or packed several to a row of --seq_len with --packing ([Note:
+-- SFT batches, padded or packed]). --train_on=
 -- assistant trains the assistant messages' tokens only (fsdp.data.
 -- chat_tokens); the loss of a step is the mean over its trained tokens on
 -- every rank and micro-batch, as one process computes it ([Note: the loss
@@ -53,6 +54,8 @@ local cfg = recipe.config(decoder_recipe.options(recipe.merge(chat.OPTIONS, {
   chat_template = { '', 'the chat template: a model directory or a .jinja file (default: --init_from\'s)' },
   seq_len = { 1024, 'tokens per example at most (a longer one is cut; one left with no answer token is dropped)',
               int = true, min = 2 },
+  packing = { false, 'pack several examples into each row of --seq_len tokens (positions restart, attention stays '
+                     .. 'inside each example), instead of padding each batch to its longest example' },
   num_samples = { 3, 'answers generated and shown at each validation', int = true, min = 0 },
   sample_max_new_tokens = { 64, 'tokens per generated answer at most', int = true, min = 1 },
   eval = { false, 'no training: the validation loss and the exact-match accuracy of greedy answers on the whole '
@@ -128,7 +131,8 @@ local model, n_params = decoder_recipe.build(R, cfg, SCRIPT, { batch = cfg.batch
 local opt, sched = decoder_recipe.optimizer(model, cfg)
 local pad_id = chat_model.tok.pad_id or chat_model.stop[1]
 local data = train_examples and chat_batches.Batches.new(train_examples, {
-  batch_size = cfg.batch_size, seed = cfg.seed, pad_id = pad_id })
+  batch_size = cfg.batch_size, seed = cfg.seed, pad_id = pad_id, pack = cfg.packing and cfg.seq_len or nil })
+if data then say('batches: %s', tostring(data)) end
 local val_data = val_examples and chat_batches.Batches.new(val_examples, {
   batch_size = cfg.val_batch_size > 0 and cfg.val_batch_size or cfg.batch_size, shuffle = false, pad_id = pad_id })
 
@@ -196,10 +200,13 @@ if cfg.eval then
   return
 end
 
--- (tokens/s counts the examples' mean length: padding is not throughput)
+-- (tokens/s counts real tokens, padding is not throughput: a padded
+-- batch's rows hold the examples' mean length, a packed one's the epoch's
+-- real fraction of --seq_len)
 local mean_len = 0
 for _, ex in ipairs(train_examples) do mean_len = mean_len + ex.ids:numel() end
 mean_len = mean_len / #train_examples
+if cfg.packing then mean_len = cfg.seq_len * data.fraction end
 local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = cfg.batch_size * cfg.grad_accum_steps, tokens_per_sample = mean_len,
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
@@ -222,7 +229,10 @@ for step = start_step + 1, cfg.max_steps do
   log:begin_step(step)
   local t0 = clock.now()
   local loss = accumulate.token_mean(model, cfg.grad_accum_steps, function() return data:next() end,
-    function(ids, targets) return model:loss(ids:to(dev), targets:to(dev)) end)
+    function(ids, targets, packed)
+      local opts = packed and { positions = packed.positions:to(dev), segments = packed.segments:to(dev) } or nil
+      return model:loss(ids:to(dev), targets:to(dev), opts)
+    end)
   local r = state.guard:step(step, loss)
   r.dt = clock.now() - t0
   log:step(step, r)

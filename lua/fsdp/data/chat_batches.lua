@@ -11,6 +11,8 @@
 --   local ids, targets = data:next()           -- [B, T] this rank's slice, T the batch's longest
 --   for ids, targets in val:batches(4) do ... end   -- from the start, in order (validation)
 --   data:state() / data:load_state(s)          -- the position a checkpoint stores
+--   local packed = cb.Batches.new(train, {batch_size = 4, pack = 512})   -- packed rows of 512 tokens
+--   local ids, targets, extra = packed:next()  -- extra: {positions =, segments =} (i64 [B, 512])
 --
 -- Targets are the labels shifted left (chat_tokens.targets): model:loss
 -- takes them as they are, -100 not trained. An example longer than
@@ -18,18 +20,25 @@
 -- count is reported); one left with no trained target is dropped and
 -- counted, since it would train nothing.
 --
--- [Note: SFT batches are padded, not packed]
--- A batch is padded to its longest example (pad_id, targets -100): the
--- attention is causal, so padding on the right changes no real token's
--- output, and the loss (accumulate.token_mean) counts trained tokens only,
--- so padding costs compute, never correctness. Packing several examples
--- into one sequence (block-diagonal attention) saves that compute; it
--- belongs in a packer between the examples and the batches (the examples
--- list is what a packer takes), not here.
+-- [Note: SFT batches, padded or packed]
+-- Padded (the default): a batch is padded to its longest example (pad_id,
+-- targets -100): the attention is causal, so padding on the right changes
+-- no real token's output, and the loss (accumulate.token_mean) counts
+-- trained tokens only, so padding costs compute, never correctness.
+-- Packed (opts.pack = seq_len): each epoch's examples, in that epoch's
+-- order, are packed by fsdp.data.packing (first-fit decreasing) into rows
+-- of seq_len, with positions restarting and attention confined to each
+-- example ([Note: packed sequences] in core/ops/attention.c), so a row's
+-- tokens each see what they would see alone. A global batch is
+-- batch_size * world rows, rank r taking rows r*B ... r*B+B-1; all ranks
+-- pack the same epoch alike, so they agree without a collective. next()
+-- then returns ids, targets and {positions =, segments =} for model:loss.
+-- The position a checkpoint stores is the epoch and the batches taken of it.
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local chat = require 'fsdp.data.chat'
 local chat_tokens = require 'fsdp.data.chat_tokens'
+local packing = require 'fsdp.data.packing'
 
 local M = {}
 
@@ -100,17 +109,47 @@ Batches.__index = Batches
 M.Batches = Batches
 
 -- opts: batch_size (per rank), seed, pad_id (0), shuffle (true: a new
--- order every epoch), rank and world (fsdp.dist's by default).
+-- order every epoch), rank and world (fsdp.dist's by default), pack (nil,
+-- or the length of packed rows: [Note: SFT batches, padded or packed]).
 function Batches.new(examples, opts)
   if #examples == 0 then core.fail('fsdp.data.chat_batches: no examples to batch') end
   local self = setmetatable({ examples = examples, B = opts.batch_size, seed = opts.seed or 0,
     pad_id = opts.pad_id or 0, shuffle = opts.shuffle ~= false, rank = opts.rank or fsdp.dist.rank(),
-    world = opts.world or fsdp.dist.world_size(), epoch = 0, pos = 0 }, Batches)
+    world = opts.world or fsdp.dist.world_size(), epoch = 0, pos = 0, pack = opts.pack }, Batches)
   self.order = self.shuffle and permutation(#examples, self.seed, self.epoch) or nil
+  if self.pack then self:pack_epoch() end
   return self
 end
 
-function Batches:steps_per_epoch() return math.max(1, math.floor(#self.examples / (self.B * self.world))) end
+-- Packed: the epoch's global batches, packed in its order (every rank
+-- alike), and their real tokens over their slots.
+function Batches:pack_epoch()
+  local list = {}
+  for i = 1, #self.examples do list[i] = self.examples[self.order and self.order[i] or i] end
+  local packer = packing.new(list, { seq_len = self.pack, batch_size = self.B * self.world, pad_id = self.pad_id })
+  self.packed = {}
+  for b in packer:batches() do self.packed[#self.packed + 1] = b end
+  self.fraction = packer:stats().fraction
+end
+
+function Batches:steps_per_epoch()
+  if self.pack then return #self.packed end
+  return math.max(1, math.floor(#self.examples / (self.B * self.world)))
+end
+
+-- Packed: this rank's rows of the next global batch, and their positions
+-- and segments.
+function Batches:next_packed()
+  if self.pos >= #self.packed then
+    self.epoch, self.pos = self.epoch + 1, 0
+    if self.shuffle then self.order = permutation(#self.examples, self.seed, self.epoch) end
+    self:pack_epoch()
+  end
+  self.pos = self.pos + 1
+  local b, r, B = self.packed[self.pos], self.rank * self.B, self.B
+  local function mine(t) return t:narrow(0, r, B) end
+  return mine(b.ids), mine(b.targets), { positions = mine(b.positions), segments = mine(b.segments) }
+end
 
 -- The examples at these indices as one padded batch.
 function Batches:pad(list)
@@ -130,6 +169,7 @@ end
 -- This rank's slice of the next global batch (B * world examples of the
 -- epoch's order; a new order each epoch).
 function Batches:next()
+  if self.pack then return self:next_packed() end
   local G = self.B * self.world
   local n = #self.examples
   if self.pos + G > n then
@@ -170,7 +210,7 @@ function Batches:batches(n)
 end
 
 function Batches:state() return { kind = 'chat', epoch = self.epoch, pos = self.pos, seed = self.seed,
-                                  examples = #self.examples } end
+                                  examples = #self.examples, pack = self.pack } end
 
 function Batches:load_state(s)
   if type(s) ~= 'table' or s.kind ~= 'chat' then
@@ -181,11 +221,21 @@ function Batches:load_state(s)
     core.fail(('fsdp.data.chat_batches: the checkpoint was trained on %d examples, this data holds %d (the data '
       .. 'changed)'):format(s.examples, #self.examples))
   end
+  if s.pack ~= self.pack then
+    core.fail(('fsdp.data.chat_batches: the checkpoint\'s batches were %s, these are %s (give the run\'s own '
+      .. '--packing and --seq_len)'):format(s.pack and ('packed in rows of ' .. s.pack) or 'padded',
+      self.pack and ('packed in rows of ' .. self.pack) or 'padded'))
+  end
   self.epoch, self.pos, self.seed = s.epoch, s.pos, s.seed
   if self.shuffle then self.order = permutation(#self.examples, self.seed, self.epoch) end
+  if self.pack then self:pack_epoch() end
 end
 
 function Batches:__tostring()
+  if self.pack then
+    return ('%d conversations packed in rows of %d tokens (%.1f%% real), %d rows per rank and batch'):format(
+      #self.examples, self.pack, 100 * self.fraction, self.B)
+  end
   return ('%d conversations, %d per rank and batch'):format(#self.examples, self.B)
 end
 

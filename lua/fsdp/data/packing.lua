@@ -14,7 +14,9 @@
 -- (nil at the end). An example is {ids = i64 [L] tensor or array of ids,
 -- labels = the same length or nil}: labels aligned with ids as Hugging
 -- Face's (labels[t] is the token at t or -100 where it is not trained, e.g.
--- the prompt); nil trains on every token.
+-- the prompt); nil trains on every token. An example may give targets
+-- instead (labels already shifted by one, -100 at its last token: what
+-- model:loss takes, as fsdp.data.chat_batches holds them).
 --
 -- A batch: ids, targets, positions, segments, all i64 [batch_size, seq_len]:
 --   targets    the labels shifted by one (what model:loss takes): the target
@@ -129,11 +131,21 @@ function Packer:pull()
   end
   local ids = ids_tensor(ex.ids, 'ids', n)
   local L = ids:numel()
-  local labels = ex.labels ~= nil and ids_tensor(ex.labels, 'labels', n) or ids
-  if labels:numel() ~= L then fail('example %d: %d labels for %d ids', n, labels:numel(), L) end
-  -- the targets of the whole example: labels shifted by one, -100 at its end
-  local targets = fsdp.full({ L }, -100, { dtype = 'i64' })
-  if L > 1 then targets:narrow(0, 0, L - 1):copy_(labels:narrow(0, 1, L - 1)) end
+  local targets
+  if ex.targets ~= nil then
+    if ex.labels ~= nil then fail('example %d gives both labels and targets', n) end
+    targets = ids_tensor(ex.targets, 'targets', n)
+    if targets:numel() ~= L then fail('example %d: %d targets for %d ids', n, targets:numel(), L) end
+    if targets:get(L - 1) ~= -100 then
+      fail('example %d: its targets predict past its last token (the last must be -100)', n)
+    end
+  else
+    local labels = ex.labels ~= nil and ids_tensor(ex.labels, 'labels', n) or ids
+    if labels:numel() ~= L then fail('example %d: %d labels for %d ids', n, labels:numel(), L) end
+    -- the targets of the whole example: labels shifted by one, -100 at its end
+    targets = fsdp.full({ L }, -100, { dtype = 'i64' })
+    if L > 1 then targets:narrow(0, 0, L - 1):copy_(labels:narrow(0, 1, L - 1)) end
+  end
   local T = self.T
   if L > T then
     if self.overflow == 'error' then fail('example %d has %d tokens, more than seq_len %d', n, L, T) end

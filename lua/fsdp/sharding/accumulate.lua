@@ -137,8 +137,10 @@ end
 -- Forward and backward of a step's k micro-batches with the loss averaged
 -- over the step's target tokens on every rank ([Note: the loss of a step
 -- over its tokens]). batch(i) gives micro-batch i's ids, targets (-100:
--- not trained); all k are taken first. loss_of(ids, targets) returns the
--- model's mean loss over the micro-batch's target tokens (model:loss).
+-- not trained) and optionally a third value passed on to loss_of (a packed
+-- batch's positions and segments); all k are taken first. loss_of(ids,
+-- targets, extra) returns the model's mean loss over the micro-batch's
+-- target tokens (model:loss).
 -- Returns this rank's part of the loss (what guard:step takes: its
 -- average over the ranks is the step's loss) and N, the step's target
 -- tokens across the ranks.
@@ -149,8 +151,8 @@ function M.token_mean(model, k, batch, loss_of)
   end
   local batches, counts, local_n = {}, {}, 0
   for i = 1, k do
-    local ids, targets = batch(i)
-    batches[i] = { ids, targets }
+    local ids, targets, extra = batch(i)
+    batches[i] = { ids, targets, extra }
     counts[i] = M.count_tokens(targets)
     local_n = local_n + counts[i]
   end
@@ -169,7 +171,7 @@ function M.token_mean(model, k, batch, loss_of)
   end
   local sum = 0
   local function one(i)
-    local loss = loss_of(batches[i][1], batches[i][2])
+    local loss = loss_of(batches[i][1], batches[i][2], batches[i][3])
     local w = counts[i] * D / N
     if counts[i] > 0 then sum = sum + loss:item() * counts[i] end
     if w ~= 1 then loss = loss * w end
