@@ -88,9 +88,10 @@ end
 -- Lake and Ice Lake servers) each bf16 product is converted to f32 and
 -- run as an f32 product ([Note: the bf16 routes], core/cpu/cpu_matmul.c),
 -- so a bf16 step costs f32's plus the conversions and mixed precision's
--- casts: benchmarks/train_step.lua measured it 9-13% slower than f32 at
--- avx2 and 13-15% slower at avx512 (README, "Performance (CPU)"); from
--- avx512_bf16 bf16 was 1.4-1.7x faster.
+-- casts: benchmarks/train_step.lua measured it 11-14% slower than f32 at
+-- avx2 and 9-18% slower at avx512 (GPT-2 124M and the small Llama on a
+-- Zen 5 capped by FSDP_CPU_ISA; README, "Performance (CPU)"); from
+-- avx512_bf16 bf16 was 1.5-1.8x faster.
 function M.cpu_precision_note(cfg)
   if compute_dtype(cfg) ~= 'bf16' then return nil end
   local isa, rank = fsdp.cpu_isa(), {}
