@@ -159,7 +159,8 @@ local function bench(name, family, c, B, T, layer)
       g.n, g.us, g.flops = g.n + 1, g.us + own[i], g.flops + (e.args.flops or 0)
     end
   end
-  return { name = name, params = n, batch = B, seq = T, ms = dt * 1e3, cpu_ms = median(cpu) * 1e3, fwd_ms = median(fwd) * 1e3,
+  return { name = name, params = n, batch = B, seq = T, ms = dt * 1e3, cpu_ms = median(cpu) * 1e3,
+           fwd_ms = median(fwd) * 1e3,
            bwd_ms = median(bwd) * 1e3, opt_ms = median(upd) * 1e3, tokens = B * T / dt, gflops = flops / dt / 1e9,
            model_gflop = flops / 1e9, op_gflop = op_flops / 1e9, op_gflops = op_flops / dt / 1e9, ops = ops }
 end
@@ -238,8 +239,8 @@ end
 print(('%-34s %11s %8s %8s %8s %8s %6s %9s %9s %9s %9s %9s'):format('model', 'params', 'ms/step', 'cpu ms', 'forward',
   'backward', 'optim', 'tokens/s', 'model GF', 'GFLOP/s', 'exec GF/s', 'of sgemm'))
 for _, r in ipairs(runs) do
-  print(('%-34s %11d %8.0f %8.0f %8.0f %8.0f %6.0f %9.0f %9.1f %9.1f %9.1f %8.0f%%'):format(r.name, r.params, r.ms, r.cpu_ms,
-    r.fwd_ms, r.bwd_ms, r.opt_ms, r.tokens, r.model_gflop, r.gflops, r.op_gflops, 100 * r.gflops / peak))
+  print(('%-34s %11d %8.0f %8.0f %8.0f %8.0f %6.0f %9.0f %9.1f %9.1f %9.1f %8.0f%%'):format(r.name, r.params,
+    r.ms, r.cpu_ms, r.fwd_ms, r.bwd_ms, r.opt_ms, r.tokens, r.model_gflop, r.gflops, r.op_gflops, 100 * r.gflops / peak))
 end
 print('(of sgemm: model GFLOP/s over the sgemm rate above; exec GF/s: FLOPs the ops counted)')
 for _, r in ipairs(runs) do
