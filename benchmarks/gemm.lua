@@ -13,7 +13,7 @@
 -- 3. Section 2 once with every product on OpenBLAS (bf16 ones converted
 --    to f32), then again for oneDNN and MKL where they are installed
 --    (each taking what it takes, [Note: GEMM libraries],
---    core/cpu/cpu_gemm.c: oneDNN every large bf16 product and the f32
+--    core/cpu/cpu_gemm.c: oneDNN every large bf16 product from avx512_bf16 and the f32
 --    forward's x W^T, MKL the other large f32 products), and with both.
 -- Timings are the best of N repetitions (after a warm-up), in GFLOP/s
 -- counting 2*m*n*k per product.

@@ -17,6 +17,11 @@
 -- (the floor a product could reach), and the step split into products
 -- (linear, matmul, attention) and everything else (--ops=0: none).
 --
+-- Each step is also timed in the process's CPU time (cpu ms/step: all
+-- threads together, so about threads x ms/step on an idle machine): on a
+-- machine shared with other work it moves far less than the wall time,
+-- and compares two runs of one thread count.
+--
 -- Ends with a line `RESULT {json}` per model (benchmarks/cpu_compare.sh
 -- puts them beside PyTorch's, benchmarks/torch_cpu.py).
 --
@@ -34,6 +39,8 @@ local gpt2 = require 'models.gpt2'
 local optim = require 'fsdp.optim'
 local recipe = require 'fsdp.recipe'
 local clock = require 'fsdp.clock'
+-- The process's CPU time in seconds, all threads together (clock(3)).
+local cpu_now = os.clock
 
 local cfg = recipe.config({
   steps = { 5, 'measured steps per model' },
@@ -98,18 +105,19 @@ local function bench(name, family, c, B, T, layer)
   local targets = fsdp.randint(0, c.vocab_size, { B, T }, { seed = 2 })
   -- the step and its phases (CPU work is synchronous: each phase ends
   -- when its call returns)
-  local times, fwd, bwd, upd, op_flops = {}, {}, {}, {}, 0
+  local times, cpu, fwd, bwd, upd, op_flops = {}, {}, {}, {}, {}, 0
   for step = 1, cfg.warmup + cfg.steps do
     fsdp.reset_flops()
-    local t0 = clock.now()
+    local c0, t0 = cpu_now(), clock.now()
     local loss = model:loss(ids, targets)
     local t1 = clock.now()
     loss:backward()
     local t2 = clock.now()
     opt:step()
     opt:zero_grad()
-    local t3 = clock.now()
+    local t3, c3 = clock.now(), cpu_now()
     if step > cfg.warmup then
+      cpu[#cpu + 1] = c3 - c0
       times[#times + 1], fwd[#fwd + 1], bwd[#bwd + 1], upd[#upd + 1] = t3 - t0, t1 - t0, t2 - t1, t3 - t2
       op_flops = fsdp.flops()
     end
@@ -151,7 +159,8 @@ local function bench(name, family, c, B, T, layer)
       g.n, g.us, g.flops = g.n + 1, g.us + own[i], g.flops + (e.args.flops or 0)
     end
   end
-  return { name = name, params = n, batch = B, seq = T, ms = dt * 1e3, fwd_ms = median(fwd) * 1e3,
+  return { name = name, params = n, batch = B, seq = T, ms = dt * 1e3, cpu_ms = median(cpu) * 1e3,
+           fwd_ms = median(fwd) * 1e3,
            bwd_ms = median(bwd) * 1e3, opt_ms = median(upd) * 1e3, tokens = B * T / dt, gflops = flops / dt / 1e9,
            model_gflop = flops / 1e9, op_gflop = op_flops / 1e9, op_gflops = op_flops / dt / 1e9, ops = ops }
 end
@@ -227,11 +236,11 @@ end
 -- Two FLOP counts: the model's 6N + 12LHT (what MFU uses; it counts the
 -- embedding as if it were a product) and what the ops executed (their own
 -- FLOP counters: products, attention, elementwise work).
-print(('%-34s %11s %8s %8s %8s %6s %9s %9s %9s %9s %9s'):format('model', 'params', 'ms/step', 'forward',
+print(('%-34s %11s %8s %8s %8s %8s %6s %9s %9s %9s %9s %9s'):format('model', 'params', 'ms/step', 'cpu ms', 'forward',
   'backward', 'optim', 'tokens/s', 'model GF', 'GFLOP/s', 'exec GF/s', 'of sgemm'))
 for _, r in ipairs(runs) do
-  print(('%-34s %11d %8.0f %8.0f %8.0f %6.0f %9.0f %9.1f %9.1f %9.1f %8.0f%%'):format(r.name, r.params, r.ms,
-    r.fwd_ms, r.bwd_ms, r.opt_ms, r.tokens, r.model_gflop, r.gflops, r.op_gflops, 100 * r.gflops / peak))
+  print(('%-34s %11d %8.0f %8.0f %8.0f %8.0f %6.0f %9.0f %9.1f %9.1f %9.1f %8.0f%%'):format(r.name, r.params,
+    r.ms, r.cpu_ms, r.fwd_ms, r.bwd_ms, r.opt_ms, r.tokens, r.model_gflop, r.gflops, r.op_gflops, 100 * r.gflops / peak))
 end
 print('(of sgemm: model GFLOP/s over the sgemm rate above; exec GF/s: FLOPs the ops counted)')
 for _, r in ipairs(runs) do
@@ -248,7 +257,7 @@ for _, r in ipairs(runs) do if r.ops then print_ops(r, peak) end end
 local cjson = require 'cjson'
 for _, r in ipairs(runs) do
   print('RESULT ' .. cjson.encode({ impl = 'fsdp-lua', model = r.name, params = r.params, batch = r.batch,
-    seq = r.seq, precision = cfg.precision, ms = r.ms, fwd_ms = r.fwd_ms, bwd_ms = r.bwd_ms, opt_ms = r.opt_ms, tokens_per_s = r.tokens,
+    seq = r.seq, precision = cfg.precision, ms = r.ms, cpu_ms = r.cpu_ms, fwd_ms = r.fwd_ms, bwd_ms = r.bwd_ms, opt_ms = r.opt_ms, tokens_per_s = r.tokens,
     gflops = r.gflops, sgemm_gflops = peak, product_gflops = r.product_rate, memory_gbs = r.memory_rate,
     model_gflop = r.model_gflop, floor_ms = r.floor_ms, floor_products_ms = r.floor_products_ms,
     floor_adamw_ms = r.floor_adamw_ms }))

@@ -9,8 +9,11 @@
  * measured fastest on this project's machines (2 cores of Intel Sapphire
  * Rapids, and of AMD Zen 5):
  * - oneDNN (cpu_onednn.c, asked by cpu_matmul.c before it converts
- *   anything): every large bf16 product (AMX tiles or AVX512-BF16), and
- *   large f32 ones laid out as x W^T (F.linear's forward). Also every
+ *   anything): every large bf16 product where the CPU has bf16 dot
+ *   products (AMX tiles or AVX512-BF16; below that level a bf16 product
+ *   is converted to f32 and takes the f32 route: [Note: the bf16 routes],
+ *   cpu_matmul.c), and large f32 ones laid out as x W^T (F.linear's
+ *   forward). Also every
  *   other large f32 product where OpenBLAS's kernels are narrower than
  *   the CPU (fl_cpu_openblas_narrow: OpenBLAS picks its kernels when it
  *   loads, and OPENBLAS_CORETYPE=Haswell, as set on the Zen 5 machines,
@@ -185,15 +188,15 @@ const char *fl_cpu_gemm_library(void) {
     const char *core;
     bool narrow = fl_cpu_openblas_narrow(&core);
     const char *f32_layouts = narrow && fl_cpu_onednn_wide() ? "in every layout" : "as x W^T";
-    if (dnn && fl_cpu_isa_level() >= FL_CPU_ISA_AVX512)
+    if (dnn && fl_cpu_isa_level() >= FL_CPU_ISA_AVX512_BF16)
         len += snprintf(text + len, sizeof text - len,
                         "oneDNN %s (bf16 products, and f32 ones %s, of %d multiply-adds and "
                         "more), ",
                         dnn_version, f32_layouts, FL_CPU_LARGE_PRODUCT);
-    else if (dnn) /* oneDNN's bf16 kernels need AVX-512: bf16 is converted */
+    else if (dnn) /* without bf16 dot products bf16 is converted ([Note: the bf16 routes]) */
         len += snprintf(text + len, sizeof text - len,
                         "oneDNN %s (f32 products %s, of %d multiply-adds and more; bf16 ones "
-                        "converted to f32 below the avx512 level), ",
+                        "converted to f32 below the avx512_bf16 level), ",
                         dnn_version, f32_layouts, FL_CPU_LARGE_PRODUCT);
     if (mkl)
         len += snprintf(text + len, sizeof text - len,

@@ -3,21 +3,22 @@
  * backward (batched, broadcast, with an optional bias), the row sums of the
  * bias gradient, and the CPU kernel table of the linear family.
  *
- * Every product is one GEMM call per matrix (f32: fl_cpu_sgemm, f64:
- * dgemm, large bf16 and large f32 x W^T: oneDNN). Operands are read in
- * place whenever one axis of the matrix has unit stride, the other axis
- * then being the library's leading dimension (with the transposition flag
- * for a transposed view); only other strides are copied. Large products
- * that oneDNN takes ([Note: GEMM libraries], cpu_gemm.c) read their
- * operands in their own dtype (bf16 or f32) and write out directly, the
- * bias added in f32 before oneDNN's single rounding. The rest of the
- * 16-bit products (f16, small ones, oneDNN absent or switched off) are
- * converted to f32 once per call for OpenBLAS, which has no bf16 GEMM in
- * Debian's build, accumulate into an f32 buffer and are rounded once to
- * the output dtype. The choice is made from dtypes, shapes and strides
- * before anything is copied, and matmul_scratch reports what each way
- * stages, for the planner's meta model ([Note: virtual storage],
- * core/ops/matmul.c).
+ * Every product is one GEMM call per matrix (f32: fl_cpu_sgemm or
+ * oneDNN, f64: dgemm, large bf16 with bf16 dot products: oneDNN). Operands
+ * are read in place whenever one axis of the matrix has unit stride, the
+ * other axis then being the library's leading dimension (with the
+ * transposition flag for a transposed view); only other strides are
+ * copied. Large products that oneDNN takes ([Note: GEMM libraries],
+ * cpu_gemm.c) read their operands in their own dtype (bf16 or f32) and
+ * write out directly, the bias added in f32 before oneDNN's single
+ * rounding. The rest of the 16-bit products (f16, bf16 without bf16 dot
+ * products, small ones, oneDNN absent or switched off) are converted to
+ * f32 once per call (Debian's OpenBLAS has no bf16 GEMM), take the route
+ * an f32 product of their layout takes, accumulate into an f32 buffer and
+ * are rounded once to the output dtype ([Note: the bf16 routes]). The
+ * choice is made from dtypes, shapes and strides before anything is
+ * copied, and matmul_scratch reports what each way stages, for the
+ * planner's meta model ([Note: virtual storage], core/ops/matmul.c).
  */
 #include "cpu_iter.h"
 #include "cpu_linear.h"
@@ -123,19 +124,25 @@ static int prepare(const fl_tensor *t, fl_dtype ct, fl_gemm_operand *op) {
     return FL_OK;
 }
 
+/* How a product reaches its library ([Note: the bf16 routes]): */
+typedef enum {
+    ON_ONEDNN,   /* oneDNN reads the operands in their dtype (bf16 or f32), writes out directly */
+    F32_ONEDNN,  /* 16-bit operands converted to f32, oneDNN's f32 kernels, an f32 result */
+    F32_LIBRARY, /* operands converted to the compute dtype, fl_cpu_sgemm (MKL, OpenBLAS) or dgemm */
+} route;
+
 /* Whether oneDNN takes the product out = a @ b (+ bias) with a and b read
- * in their dtype (both bf16 or both f32), written straight into out; *p
- * is the product it is asked about, with the layouts prepare will give the
- * operands (compacted ones row-major), folded into one product when
- * fl_gemm_fold_rows folds them.
+ * in dtype dt (bf16 or f32: their own, or f32 after conversion), written
+ * in c_dtype; *p is the product it is asked about, with the layouts
+ * prepare will give the operands in dt (compacted ones row-major), folded
+ * into one product when fl_gemm_fold_rows folds them.
  * A whole batch shares one answer: its products share dtypes, sizes and
  * layout (only the base pointers differ). */
 static bool onednn_plan(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b, bool bias,
-                        fl_onednn_product *p) {
+                        fl_dtype dt, fl_dtype c_dtype, fl_onednn_product *p) {
     memset(p, 0, sizeof *p);
-    fl_dtype dt = a->dtype;
-    if ((dt != FL_BF16 && dt != FL_F32) || b->dtype != dt || out->numel == 0 ||
-        (out->dtype != FL_BF16 && out->dtype != FL_F32))
+    if ((dt != FL_BF16 && dt != FL_F32) || b->dtype != a->dtype || out->numel == 0 ||
+        (c_dtype != FL_BF16 && c_dtype != FL_F32))
         return false;
     int nd = out->ndim;
     int64_t k = a->shape[nd - 1], elems, rows, lda;
@@ -143,7 +150,7 @@ static bool onednn_plan(const fl_tensor *out, const fl_tensor *a, const fl_tenso
     fl_gemm_operand A, B;
     operand_plan(a, dt, &A, &elems, NULL);
     operand_plan(b, dt, &B, &elems, NULL);
-    p->dtype = dt, p->c_dtype = out->dtype, p->bias = bias;
+    p->dtype = dt, p->c_dtype = c_dtype, p->bias = bias;
     p->n = out->shape[nd - 1], p->k = k, p->ldb = B.ld, p->ldc = p->n, p->trans_b = B.trans;
     if (fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda)) {
         p->m = rows, p->lda = lda, p->trans_a = false;
@@ -153,12 +160,42 @@ static bool onednn_plan(const fl_tensor *out, const fl_tensor *a, const fl_tenso
     return fl_cpu_onednn_takes(p);
 }
 
+/* [Note: the bf16 routes]
+ * A 16-bit product (bf16 or f16 operands) goes one of three ways, chosen
+ * from dtypes, layouts, sizes, the level in force and the library chosen
+ * (never a timing), before anything is copied:
+ * - oneDNN reads bf16 as it is (ON_ONEDNN) where fl_cpu_onednn_takes says
+ *   so: large bf16 products from the avx512_bf16 level, where the CPU has
+ *   bf16 dot products (cpu_onednn.c's routed() has the measurements).
+ * - Else its operands are converted to f32 and the product takes the f32
+ *   route an f32 product of that layout and size takes: oneDNN's f32
+ *   kernels where fl_cpu_onednn_takes would take that f32 product
+ *   (F32_ONEDNN), else fl_cpu_sgemm (F32_LIBRARY: MKL or OpenBLAS). Either
+ *   accumulates into an f32 result rounded once to the output dtype, so
+ *   a bf16 product below avx512_bf16 costs its f32 product plus the
+ *   conversions: 5-12% more than the f32 product alone at GPT-2's and
+ *   the small Llama's linear shapes (oneDNN's f32 kernels at the avx512
+ *   level, one thread; before, these products ran on fl_cpu_sgemm, at
+ *   OpenBLAS's Haswell rate on the Zen 5 machines, about half oneDNN's).
+ * cpu_matmul_scratch counts what each way stages ([Note: virtual
+ * storage], core/ops/matmul.c): ON_ONEDNN only the f32 bias, strided
+ * operands' copies and a long sum's accumulator; the f32 ways the f32
+ * result (16-bit outputs), the bias and the operands' f32 copies. */
+static route route_of(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b, bool bias,
+                      fl_onednn_product *p) {
+    if (onednn_plan(out, a, b, bias, a->dtype, out->dtype, p)) return ON_ONEDNN;
+    bool half = a->dtype == FL_BF16 || a->dtype == FL_F16;
+    if (half && out->dtype != FL_F64 && onednn_plan(out, a, b, bias, FL_F32, FL_F32, p))
+        return F32_ONEDNN;
+    return F32_LIBRARY;
+}
+
 /* Bytes cpu_matmul allocates for a while beyond out, as it would for these
- * views: on oneDNN the f32 bias, copies of strided operands and a long
- * sum's f32 accumulator (fl_cpu_onednn_scratch); else
- * the f32 result of a 16-bit product, the bias and the operands' f32
- * conversions. The planner's meta model counts them ([Note: virtual
- * storage], core/ops/matmul.c). */
+ * views ([Note: the bf16 routes]): on oneDNN in the operands' dtype the
+ * f32 bias, copies of strided operands and a long sum's f32 accumulator
+ * (fl_cpu_onednn_scratch); else the f32 result of a 16-bit product, the
+ * bias and the operands' f32 conversions. The planner's meta model counts
+ * them ([Note: virtual storage], core/ops/matmul.c). */
 static int64_t cpu_matmul_scratch(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
                                   const fl_tensor *bias) {
     if (out->numel == 0) return 0;
@@ -166,10 +203,11 @@ static int64_t cpu_matmul_scratch(const fl_tensor *out, const fl_tensor *a, cons
     int64_t n = out->shape[nd - 1], k = a->shape[nd - 1];
     fl_dtype ct = out->dtype == FL_F64 ? FL_F64 : FL_F32;
     fl_onednn_product p;
-    bool dnn = onednn_plan(out, a, b, bias != NULL, &p);
-    fl_dtype ot = dnn ? p.dtype : ct;
-    int64_t bytes = dnn ? fl_cpu_onednn_scratch(&p) : 0, ea = 0, eb = 0;
-    if (!dnn && out->dtype != ct) bytes += out->numel * (int64_t)fl_dtype_size(ct);
+    route r = route_of(out, a, b, bias != NULL, &p);
+    fl_dtype ot = r == ON_ONEDNN ? p.dtype : ct;
+    /* F32_ONEDNN's product writes f32: fl_cpu_onednn_scratch is 0 there */
+    int64_t bytes = r != F32_LIBRARY ? fl_cpu_onednn_scratch(&p) : 0, ea = 0, eb = 0;
+    if (r != ON_ONEDNN && out->dtype != ct) bytes += out->numel * (int64_t)fl_dtype_size(ct);
     if (bias) bytes += n * (int64_t)fl_dtype_size(ct);
     if (k > 0) {
         fl_gemm_operand A, B;
@@ -195,14 +233,16 @@ static void batch_offsets(const fl_tensor *out, const fl_gemm_operand *A, const 
     }
 }
 
-/* The batch's products one after another on oneDNN, into out itself
- * (bf16 or f32), the bias added in f32 before oneDNN's one rounding. */
-static int matmul_onednn(fl_tensor *out, const fl_onednn_product *p, const fl_gemm_operand *A,
-                         const fl_gemm_operand *B, const float *bias, bool folded) {
+/* The batch's products one after another on oneDNN, into c (out's shape
+ * in p->c_dtype: out itself, or cpu_matmul's f32 result), the bias added
+ * in f32 before oneDNN's one rounding. */
+static int matmul_onednn(const fl_tensor *out, const fl_onednn_product *p,
+                         const fl_gemm_operand *A, const fl_gemm_operand *B, const float *bias,
+                         bool folded, char *c) {
     int nb = out->ndim - 2;
     int64_t m = out->shape[nb], n = out->shape[nb + 1];
     int64_t nbatch = folded ? 1 : out->numel / (m * n), os = fl_dtype_size(p->dtype);
-    size_t cs = fl_dtype_size(out->dtype);
+    size_t cs = fl_dtype_size(p->c_dtype);
     /* A long sum in pieces wants an f32 accumulator ([Note: long sums in
      * pieces], cpu_onednn.c), one for the whole batch. */
     int64_t scratch_elems = fl_cpu_onednn_scratch(p) / (int64_t)sizeof(float);
@@ -213,8 +253,7 @@ static int matmul_onednn(fl_tensor *out, const fl_onednn_product *p, const fl_ge
         int64_t oa, ob; /* folded: one product, offsets 0 */
         batch_offsets(out, A, B, i, &oa, &ob);
         rc = fl_cpu_onednn_gemm(p, A->base + oa * os, B->base + ob * os, bias,
-                                (char *)out->data + i * m * n * (int64_t)cs,
-                                scratch ? scratch->data : NULL);
+                                c + i * m * n * (int64_t)cs, scratch ? scratch->data : NULL);
     }
     fl_tensor_release(scratch);
     return rc;
@@ -232,30 +271,32 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
     fl_tensor *cbuf = NULL, *bias_ct = NULL;
     char *c = out->data;
     int rc = FL_OK;
-    /* Decided before anything is copied: on oneDNN the operands are read
-     * as bf16 and the result written straight into out. */
+    /* Decided before anything is copied ([Note: the bf16 routes]): on
+     * oneDNN in their dtype the operands are read as they are and the
+     * result written straight into out; else through f32. */
     fl_onednn_product dp;
-    bool dnn = onednn_plan(out, a, b, bias != NULL, &dp);
+    route r = route_of(out, a, b, bias != NULL, &dp);
     if (bias) {
         bias_ct = fl_empty(1, &n, ct, out->device);
         rc = bias_ct ? fl_cpu_backend.copy(bias_ct, bias) : (int)fl_last_status();
         if (rc != FL_OK) goto done;
     }
-    if (dnn) {
-        if ((rc = prepare(a, dp.dtype, &A)) != FL_OK || (rc = prepare(b, dp.dtype, &B)) != FL_OK)
-            goto done;
-        int64_t rows, lda;
-        bool folded = fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda);
-        rc = matmul_onednn(out, &dp, &A, &B, bias_ct ? bias_ct->data : NULL, folded);
-        goto done;
-    }
-    if (out->dtype != ct) {
+    if (r != ON_ONEDNN && out->dtype != ct) {
         cbuf = fl_empty(1, &out->numel, ct, out->device);
         if (!cbuf) {
             rc = fl_last_status();
             goto done;
         }
         c = cbuf->data;
+    }
+    if (r != F32_LIBRARY) {
+        if ((rc = prepare(a, dp.dtype, &A)) != FL_OK || (rc = prepare(b, dp.dtype, &B)) != FL_OK)
+            goto done;
+        int64_t rows, lda;
+        bool folded = fl_gemm_fold_rows(&A, &B, out, k, &rows, &lda);
+        rc = matmul_onednn(out, &dp, &A, &B, bias_ct ? bias_ct->data : NULL, folded, c);
+        if (rc == FL_OK && cbuf) rc = fl_convert(out->data, out->dtype, cbuf->data, ct, out->numel);
+        goto done;
     }
     /* The bias goes into C first and the GEMM adds to it (beta = 1). */
     double beta = 0;

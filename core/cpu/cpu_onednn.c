@@ -13,7 +13,9 @@
  *
  * What comes here ([Note: GEMM libraries], cpu_gemm.c, has the whole
  * division of work):
- * - bf16 products (bf16 operands, f32 accumulation), and f32 products laid
+ * - bf16 products (bf16 operands, f32 accumulation) where the CPU has bf16
+ *   dot products (routed(), below; elsewhere cpu_matmul.c converts them
+ *   to f32 and they come here as f32 products), and f32 products laid
  *   out as x W^T (A as stored, B transposed: F.linear's forward). On the
  *   latter oneDNN's brgemm kernels ran 15-25% faster than OpenBLAS
  *   0.3.21's sgemm (GPT-2's five linear shapes at 256 tokens: 326-372
@@ -341,17 +343,27 @@ bool fl_cpu_onednn_wide(void) {
 }
 
 /* Whether oneDNN runs products of p's dtypes and layout at all, before
- * sizes and the library chosen: every bf16 product, and f32 ones in the
- * linear forward's layout (A as stored, B transposed: x W^T), or in any
- * layout where OpenBLAS's kernels are narrower than the CPU (entry_for
- * then also asks that oneDNN's are not). bf16 products only from the
- * avx512 level ([Note: CPU ISA levels]). */
+ * sizes and the library chosen: bf16 products from the avx512_bf16 level,
+ * and f32 ones in the linear forward's layout (A as stored, B transposed:
+ * x W^T), or in any layout where OpenBLAS's kernels are narrower than the
+ * CPU (entry_for then also asks that oneDNN's are not).
+ *
+ * bf16 needs the CPU's bf16 dot products. Below avx512 oneDNN has only
+ * reference kernels for bf16 (never taken). At avx512 without AVX512-BF16
+ * (Skylake-SP, Cascade Lake, Ice Lake servers) its packed GEMM emulates
+ * bf16 and ran GPT-2's and the small Llama's linear shapes (forward, dx,
+ * dW; 256 and 1024 tokens) at 76-86 GFLOP/s, where converting to f32 and
+ * taking the f32 route (cpu_matmul.c's [Note: the bf16 routes]: oneDNN's
+ * AVX-512 f32 kernels there) ran them at 163-230, conversions included;
+ * with the dot products (avx512_bf16) oneDNN's bf16 kernels ran them at
+ * 400-495 against 198-237 converted. Every shape measured went the same
+ * way at each level (one Zen 5 thread capped by FSDP_CPU_ISA, process
+ * CPU time, best of 2-3 alternating runs, 2026-12-06), so the rule is the
+ * level alone. */
 static bool routed(const fl_onednn_product *p) {
-    /* Below avx512 oneDNN has only reference kernels for bf16 (never
-     * taken): those products stay on the conversion path. */
     if (p->dtype == FL_BF16)
         return (p->c_dtype == FL_F32 || p->c_dtype == FL_BF16) &&
-               fl_cpu_isa_level() >= FL_CPU_ISA_AVX512;
+               fl_cpu_isa_level() >= FL_CPU_ISA_AVX512_BF16;
     if (p->dtype != FL_F32 || p->c_dtype != FL_F32) return false;
     return (!p->trans_a && p->trans_b) || fl_cpu_openblas_narrow(NULL);
 }

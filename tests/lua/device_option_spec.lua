@@ -85,6 +85,49 @@ describe('--device without a GPU', function()
   end)
 end)
 
+-- Where bf16 is slower than f32 on the CPU (below the avx512_bf16 level:
+-- no bf16 dot products, [Note: the bf16 routes], core/cpu/cpu_matmul.c),
+-- a CPU recipe's device line says so, with the advice; elsewhere, and for
+-- f32, it names the level alone. Checked at the level in force and in
+-- child processes capped at each lower level from avx2.
+describe("the device line's word on bf16 on the CPU", function()
+  if GPU then
+    pending('this build sees a GPU (' .. fsdp.cuda.status() .. '): recipes default to it')
+    return
+  end
+  local rank, isa = {}, fsdp.cpu_isa()
+  for i, name in ipairs(fsdp.cpu_isa_levels) do rank[name] = i end
+
+  it('is there for bf16 below avx512_bf16 only', function()
+    local slow = rank[isa.level] < rank.avx512_bf16
+    local note = device.cpu_precision_note({ device = 'cpu', mixed_precision = 'bf16' })
+    assert.equals(slow, note ~= nil)
+    if slow then
+      assert.equals(('bf16 is slower than f32 at the %s level (no bf16 dot products: its products run in f32 after '
+        .. 'conversions); train in f32 for speed, bf16 only to save memory'):format(isa.level), note)
+    end
+    assert.equals(slow, device.cpu_precision_note({ device = 'cpu', dtype = 'bf16' }) ~= nil)
+    assert.is_nil(device.cpu_precision_note({ device = 'cpu', dtype = 'f32' }))
+    assert.is_nil(device.cpu_precision_note({ device = 'cpu', dtype = 'f32', mixed_precision = '' }))
+    assert.equals('cpu, ISA ' .. isa.text .. (note and '; ' .. note or ''),
+      device.describe({ device = 'cpu', mixed_precision = 'bf16' }))
+    assert.equals('cpu, ISA ' .. isa.text, device.describe({ device = 'cpu', mixed_precision = '' }))
+  end)
+
+  it("is in a bf16 recipe's first lines at each level from avx2 to the CPU's", function()
+    for level = rank.avx2, rank[isa.cpu] do
+      local name = fsdp.cpu_isa_levels[level]
+      local out, rc = T.sh(('FSDP_CPU_ISA=%s timeout 120 %s recipes/llama2_7b.lua %s --device=cpu '
+        .. '--mixed_precision=bf16'):format(name, T.quote(require('fsdp.host').exe), SMALL))
+      assert.equals(0, rc, out)
+      local line = out:match('\ndevice: ([^\n]*)')
+      assert.is_truthy(line, out)
+      assert.equals(level < rank.avx512_bf16, line:find('; bf16 is slower than f32 at the ' .. name .. ' level', 1,
+        true) ~= nil, line)
+    end
+  end)
+end)
+
 describe('defaults that depend on other options (default_from)', function()
   local spec = {
     device = { 'auto', 'where' },

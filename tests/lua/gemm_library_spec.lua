@@ -1,5 +1,8 @@
 -- gemm_library_spec.lua: the CPU backend's GEMM libraries ([Note: GEMM
--- libraries], core/cpu/cpu_gemm.c). Large bf16 products, and large f32
+-- libraries], core/cpu/cpu_gemm.c). Large bf16 products where the CPU has
+-- bf16 dot products (the avx512_bf16 level; below it they are converted
+-- to f32 and take the f32 route: [Note: the bf16 routes],
+-- core/cpu/cpu_matmul.c), and large f32
 -- ones laid out as x W^T, run on oneDNN where it is installed (and every
 -- large f32 product where OpenBLAS's kernels are narrower than the CPU:
 -- OPENBLAS_CORETYPE=Haswell on a CPU with AVX-512); the other large f32
@@ -68,12 +71,12 @@ for i, name in ipairs(fsdp.cpu_isa_levels) do rank[name] = i end
 local level = rank[fsdp.cpu_isa().level]
 local wide_cores = { skylakex = true, cooperlake = true, sapphirerapids = true }
 local narrow = level >= rank.avx512 and not wide_cores[core:lower()]
--- oneDNN multiplies bf16 from the avx512 level on (below, its bf16
--- kernels are reference loops, never taken: the conversion path runs),
--- on brgemm with bf16 dot products (avx512_bf16) or on its packed GEMM
--- converting to f32 (avx512).
-local dnn_bf16 = level >= rank.avx512
-local dnn_bf16_dots = level >= rank.avx512_bf16
+-- oneDNN multiplies bf16 as bf16 where the CPU has bf16 dot products
+-- (avx512_bf16 and up). Below, its bf16 kernels are reference loops
+-- (avx2) or emulate bf16 at a third of the f32 route's rate (avx512): the
+-- products are converted to f32 and go where an f32 product of their
+-- layout goes ([Note: the bf16 routes], core/cpu/cpu_matmul.c).
+local dnn_bf16 = level >= rank.avx512_bf16
 
 -- f32 results of the same sums in another order: within a few f32 steps
 -- of the largest value (256 or 512 terms of about 0.25). Returns the
@@ -124,7 +127,7 @@ describe('oneDNN', function()
       assert.truthy(text:match('^oneDNN %d+%.%d+%.%d+ %(bf16 products, and f32 ones ' .. f32_layouts), text)
     else
       assert.truthy(text:match('^oneDNN %d+%.%d+%.%d+ %(f32 products ' .. f32_layouts
-        .. ', of %d+ multiply%-adds and more; bf16 ones converted to f32 below the avx512 level%)'), text)
+        .. ', of %d+ multiply%-adds and more; bf16 ones converted to f32 below the avx512_bf16 level%)'), text)
     end
     assert.truthy(text:match("MKL: not chosen %('onednn'%)%)$"), text)
   end)
@@ -181,7 +184,7 @@ describe('oneDNN', function()
   end)
 
   it('are what the planner counts: a meta product on oneDNN stages only the f32 bias' ..
-     (dnn_bf16 and '' or ' (below avx512: all that the conversion path stages)'), function()
+     (dnn_bf16 and '' or ' (below avx512_bf16: all that the conversion to f32 stages)'), function()
     -- The meta device imitating the CPU (fsdp.plan does this while it
     -- traces) raises its peak by what the CPU's matmul would stage;
     -- tests/mpi/plan_memory.lua checks whole plans against runs.
@@ -230,8 +233,9 @@ describe('oneDNN', function()
     C.fl_meta_set_f32_gemm(was)
     assert(ok, err)
     local s = fsdp.memory_stats('meta')
-    -- Below avx512 the bf16 product is converted: f32 copies of both
-    -- operands and the f32 result.
+    -- Below avx512_bf16 the bf16 product is converted: f32 copies of both
+    -- operands and the f32 result (oneDNN's f32 product then writes f32,
+    -- in pieces straight into that result).
     assert.equals(dnn_bf16 and LM * LN * 4 or (LM * LK + LK * LN + LM * LN) * 4, s.peak - s.in_use)
   end)
 
@@ -239,42 +243,101 @@ describe('oneDNN', function()
   -- vocabulary head's weight gradient over few tokens, and (where OpenBLAS
   -- is narrow, so oneDNN takes f32 NN products) an f32 input gradient of
   -- few rows against a B of 4 MB and more, run on oneDNN's packed GEMM;
-  -- the others on brgemm. Which kernel ran is read from oneDNN's own log
-  -- (ONEDNN_VERBOSE, in a child process: it is read when oneDNN loads).
+  -- the others on brgemm. Below avx512_bf16 a bf16 product reaches oneDNN
+  -- only converted, as the f32 product of its layout ([Note: the bf16
+  -- routes], core/cpu/cpu_matmul.c): x W^T at every level, the others
+  -- where OpenBLAS is narrow. Which kernel ran, and on which dtype, is read
+  -- from oneDNN's own log (ONEDNN_VERBOSE, in a child process: it is read
+  -- when oneDNN loads).
   local head_tn = { 'bf16 TN of a head', function(d) return randn({ 256, 4096 }, 1, d):t(), randn({ 256, 64 }, 2, d) end }
+  local blocks_tn = { 'bf16 TN of blocks', function(d) return randn({ 256, 768 }, 1, d):t(), randn({ 256, 768 }, 2, d) end }
+  local forward_nt = { 'x W^T', function(d) return randn({ 256, 768 }, 1, d), randn({ 768, 768 }, 2, d):t() end }
   local few_rows = { 'f32 NN of few rows', function(d) return randn({ 64, 1024 }, 1, d), randn({ 1024, 1024 }, 2, d) end }
-  local packed_gemm_test = (dnn_bf16 or narrow) and it or function(name)
-    pending(name .. ': at the ' .. fsdp.cpu_isa().level .. ' level oneDNN takes none of these products')
+  -- The source of a fresh operand shaped and laid out as t.
+  local function operand_code(t, dtype)
+    local shape = t:is_contiguous() and t.shape or { t.shape[2], t.shape[1] }
+    return ("f.randn({%s}, { dtype = '%s' })%s"):format(table.concat(shape, ', '), dtype,
+      t:is_contiguous() and '' or ':t()')
   end
-  packed_gemm_test('run the products their rule gives to oneDNN\'s packed GEMM there, and agree', function()
-    local chosen = {}
-    if dnn_bf16 then -- without bf16 dot products oneDNN's bf16 products are all its packed GEMM
-      chosen = { { head_tn, 'bf16', 'gemm:jit' },
-                 { { 'bf16 TN of blocks', function(d) return randn({ 256, 768 }, 1, d):t(), randn({ 256, 768 }, 2, d) end },
-                   'bf16', dnn_bf16_dots and 'brg:' or 'gemm:jit' } }
+  it('run each product on the oneDNN kernel and in the dtype their rule gives at the ' .. fsdp.cpu_isa().level ..
+     ' level, and agree', function()
+    -- { case, operands' dtype, kernel (prefix; nil: any but a reference
+    -- loop), the dtype oneDNN reads }
+    local chosen
+    if dnn_bf16 then
+      chosen = { { head_tn, 'bf16', 'gemm:jit', 'bf16' }, { blocks_tn, 'bf16', 'brg:', 'bf16' },
+                 { forward_nt, 'bf16', 'brg:', 'bf16' } }
+    else
+      chosen = { { forward_nt, 'bf16', nil, 'f32' } }
+      if narrow then
+        chosen[#chosen + 1] = { head_tn, 'bf16', 'gemm:jit', 'f32' }
+        chosen[#chosen + 1] = { blocks_tn, 'bf16', 'brg:', 'f32' }
+      end
     end
     if narrow then
-      chosen[#chosen + 1] = { head_tn, 'f32', 'gemm:jit' }
-      chosen[#chosen + 1] = { few_rows, 'f32', 'gemm:jit' }
+      chosen[#chosen + 1] = { head_tn, 'f32', 'gemm:jit', 'f32' }
+      chosen[#chosen + 1] = { few_rows, 'f32', 'gemm:jit', 'f32' }
     end
     for _, c in ipairs(chosen) do
-      local case, dtype, kernel = c[1], c[2], c[3]
+      local case, dtype, kernel, read = c[1], c[2], c[3], c[4]
+      local what = case[1] .. ' ' .. dtype
       local a, b = case[2](dtype)
       local want = on('openblas', function() return F.matmul(a, b) end)
       local got = on('onednn', function() return F.matmul(a, b) end)
-      if dtype == 'bf16' then assert_bf16_close(got, want, case[1]) else assert_f32_close(got, want, case[1]) end
-      local code = ("local f = require 'fsdp'; f.cpu_gemm_use('onednn'); "
-        .. "local a = f.randn({%s}, { dtype = '%s' }); local b = f.randn({%s}, { dtype = '%s' }); "
-        .. "f.F.matmul(%s, b)"):format(table.concat(a:is_contiguous() and a.shape or { a.shape[2], a.shape[1] }, ', '),
-          dtype, table.concat(b.shape, ', '), dtype, a:is_contiguous() and 'a' or 'a:t()')
+      if dtype == 'bf16' then assert_bf16_close(got, want, what) else assert_f32_close(got, want, what) end
+      local code = ("local f = require 'fsdp'; f.cpu_gemm_use('onednn'); f.F.matmul(%s, %s)"):format(
+        operand_code(a, dtype), operand_code(b, dtype))
       local p = assert(io.popen(('ONEDNN_VERBOSE=1 %q -e %q 2>&1'):format(require('fsdp.host').exe, code)))
       local out = p:read('*a')
       p:close()
-      local ran = out:match('onednn_verbose,exec,cpu,matmul,([^,]+),')
-      assert.is_truthy(ran, case[1] .. ' ' .. dtype .. ': no oneDNN product in\n' .. out)
-      assert.equals(kernel, ran:sub(1, #kernel), case[1] .. ' ' .. dtype)
+      local ran, src = out:match('onednn_verbose,exec,cpu,matmul,([^,]+),[^,]*,src_(%w+)')
+      assert.is_truthy(ran, what .. ': no oneDNN product in\n' .. out)
+      assert.equals(read, src, what .. ': the dtype oneDNN read')
+      if kernel then assert.equals(kernel, ran:sub(1, #kernel), what) end
+      assert.is_true(ran:sub(1, 3) ~= 'ref', what .. ': ' .. ran)
     end
   end)
+
+  -- [Note: the bf16 routes]: a 16-bit product oneDNN does not read as it
+  -- is (every one below avx512_bf16, f16 always, and every one on
+  -- OpenBLAS alone) is its operands' f32 product on the route an f32
+  -- product of that layout takes, rounded once: bit for bit the f32
+  -- product of the same values, rounded.
+  local function rounded_cases(half)
+    local function r(shape, seed, d) return randn(shape, seed, half):to(d) end
+    local L = 2 * K
+    return {
+      { 'NN', function(d) return r({ M, L }, 1, d), r({ L, N }, 2, d) end },
+      { 'NT', function(d) return r({ M, L }, 1, d), r({ N, L }, 2, d):t() end },
+      { 'TN', function(d) return r({ L, M }, 1, d):t(), r({ L, N }, 2, d) end },
+      { 'TT', function(d) return r({ L, M }, 1, d):t(), r({ N, L }, 2, d):t() end },
+      { 'a batch times one matrix (folded rows)', function(d) return r({ 3, M, L }, 1, d), r({ L, N }, 2, d) end },
+      { 'broadcast batch dims', function(d) return r({ 2, 1, M, L }, 1, d), r({ 1, 3, L, N }, 2, d) end },
+      { 'a strided operand', function(d) return r({ M, 2 * L }, 1, d):slice(1, 0, nil, 2), r({ L, N }, 2, d) end },
+      { 'a long sum (in pieces on oneDNN)', function(d) return r({ 512, 16384 }, 1, d), r({ 16384, N }, 2, d) end },
+      { 'linear with a bias', function(d) return r({ 2, 64, L }, 1, d), r({ N, L }, 2, d), r({ N }, 3, d) end, true },
+    }
+  end
+  for _, library in ipairs({ 'openblas', 'onednn' }) do
+    for _, half in ipairs({ 'bf16', 'f16' }) do
+      local applies = library == 'openblas' or half == 'f16' or not dnn_bf16
+      local test = applies and it or function(name)
+        pending(name .. ': at the ' .. fsdp.cpu_isa().level .. ' level oneDNN reads bf16 as it is')
+      end
+      test(('compute %s products on %s as their f32 product on the f32 route, rounded once'):format(half, library),
+        function()
+          fsdp.cpu_gemm_use(library)
+          for _, case in ipairs(rounded_cases(half)) do
+            local a, b, bias = case[2](half)
+            local a32, b32, bias32 = case[2]('f32')
+            local got = case[3] and F.linear(a, b, bias) or F.matmul(a, b)
+            local want = (case[3] and F.linear(a32, b32, bias32) or F.matmul(a32, b32)):to(half)
+            assert.equals(half, got.dtype)
+            assert.equals(0, T.max_abs_diff(got, want), half .. ' ' .. case[1])
+          end
+        end)
+    end
+  end
 
   it('agree on f32 x W^T products (oneDNN) within f32 rounding, and differ in bits', function()
     -- 512 terms: oneDNN splits them in blocks where OpenBLAS sums them in
@@ -313,22 +376,23 @@ describe('oneDNN', function()
     assert.equals(0, T.max_abs_diff(got.b, want.b), 'gradient of b')
   end)
 
-  it(narrow and 'run f32 NN, TN and TT products too, as OpenBLAS runs narrow kernels, and leave f16 ones on OpenBLAS'
-             or 'leave f32 NN, TN and TT products and f16 ones on OpenBLAS, bit for bit', function()
+  -- (16-bit products below the avx512_bf16 level take these f32 routes:
+  -- see 'compute ... as their f32 product on the f32 route' above.)
+  it(narrow and 'run f32 NN, TN and TT products too, as OpenBLAS runs narrow kernels'
+             or 'leave f32 NN, TN and TT products on OpenBLAS, bit for bit', function()
     -- 512 terms, where oneDNN's order would show (see above).
     local L = 2 * K
     local cases = {
       { 'f32', 'NN', function(d) return randn({ M, L }, 1, d), randn({ L, N }, 2, d) end },
       { 'f32', 'TN', function(d) return randn({ L, M }, 1, d):t(), randn({ L, N }, 2, d) end },
       { 'f32', 'TT', function(d) return randn({ L, M }, 1, d):t(), randn({ N, L }, 2, d):t() end },
-      { 'f16', 'NT', function(d) return randn({ M, L }, 1, d), randn({ N, L }, 2, d):t() end },
     }
     for _, case in ipairs(cases) do
       local a, b = case[3](case[1])
       local want = on('openblas', function() return F.matmul(a, b) end)
       local got = on('onednn', function() return F.matmul(a, b) end)
       local what = case[1] .. ' ' .. case[2]
-      if narrow and case[1] == 'f32' then
+      if narrow then
         assert.is_true(assert_f32_close(got, want, what) > 0, what .. ': bit for bit, so oneDNN did not run')
       else
         assert.equals(0, T.max_abs_diff(got, want), what)

@@ -76,13 +76,41 @@ M.OPTIONS = {
              check = function(v) return (M.check(v)) end },
 }
 
+-- The compute dtype a config names: --mixed_precision, else --dtype.
+local function compute_dtype(cfg)
+  local mp = cfg.mixed_precision or ''
+  return mp ~= '' and mp or cfg.dtype or 'f32'
+end
+
+-- What a bf16 run gets on this CPU, or nil where bf16 is the faster
+-- choice. Without bf16 dot products (below the avx512_bf16 level: AVX2
+-- CPUs, and AVX-512 ones without AVX512-BF16 such as Skylake-SP, Cascade
+-- Lake and Ice Lake servers) each bf16 product is converted to f32 and
+-- run as an f32 product ([Note: the bf16 routes], core/cpu/cpu_matmul.c),
+-- so a bf16 step costs f32's plus the conversions and mixed precision's
+-- casts: benchmarks/train_step.lua measured it 11-14% slower than f32 at
+-- avx2 and 9-18% slower at avx512 (GPT-2 124M and the small Llama on a
+-- Zen 5 capped by FSDP_CPU_ISA; README, "Performance (CPU)"); from
+-- avx512_bf16 bf16 was 1.5-1.8x faster.
+function M.cpu_precision_note(cfg)
+  if compute_dtype(cfg) ~= 'bf16' then return nil end
+  local isa, rank = fsdp.cpu_isa(), {}
+  for i, name in ipairs(fsdp.cpu_isa_levels) do rank[name] = i end
+  if rank[isa.level] >= rank.avx512_bf16 then return nil end
+  return ('bf16 is slower than f32 at the %s level (no bf16 dot products: its products run in f32 after '
+    .. 'conversions); train in f32 for speed, bf16 only to save memory'):format(isa.level)
+end
+
 -- How the ranks of this node use the device, for the log: on the CPU, its
--- instruction-set level.
+-- instruction-set level, and where bf16 is the slower choice there, that.
 function M.describe(cfg)
   local dev = M.resolve(cfg)
   -- The CPU's instruction-set level: what a run's speed and its last bits
   -- depend on ([Note: CPU ISA levels], core/base/cpu_isa.c).
-  if dev == 'cpu' then return 'cpu, ISA ' .. fsdp.cpu_isa().text end
+  if dev == 'cpu' then
+    local note = M.cpu_precision_note(cfg)
+    return 'cpu, ISA ' .. fsdp.cpu_isa().text .. (note and ('; ' .. note) or '')
+  end
   local count, ranks = fsdp.cuda.device_count(), fsdp.dist.local_size()
   local how = ''
   if not cfg.device:match(':') and ranks > 1 then
