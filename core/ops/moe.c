@@ -510,6 +510,26 @@ static int zero_expert(fl_tensor *t, int64_t e) {
     return v.numel ? fl_backend_of(t->device)->fill(&v, 0) : FL_OK;
 }
 
+/* The weight gradient of every expert, g[e] = dy_e^T x_e over expert e's
+ * sorted rows (an expert without tokens gets zeros): one product each. */
+static int expert_weight_grads(const fl_linear_kernels *lk, fl_tensor *g, const fl_tensor *dy,
+                               const fl_tensor *xr, const routing *r, int64_t E) {
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = r->offsets[e], n = r->offsets[e + 1] - r0;
+        if (!n) {
+            if (zero_expert(g, e)) return -1;
+            continue;
+        }
+        fl_tensor a, at, b, o;
+        rows_view(dy, r0, n, &a);
+        transposed(&a, &at);
+        rows_view(xr, r0, n, &b);
+        expert_view(g, e, false, &o);
+        if (product(lk, &o, &at, &b)) return -1;
+    }
+    return 0;
+}
+
 static int experts_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
     const char *op = "moe_experts backward";
     const fl_tensor *x = node->saved[0], *weights = node->saved[1], *gate_up = node->saved[2];
@@ -613,20 +633,7 @@ static int experts_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi)
         /* ddown_e = gys_e^T (w * act)_e; act is weighted in place (not needed after). */
         if (M && ff && bk->binary(FL_MUL, act, act, &wb, 0)) goto fail;
         gdown = fl_empty(3, down->shape, down->dtype, dev);
-        if (!gdown) goto fail;
-        for (int64_t e = 0; e < E; e++) {
-            int64_t r0 = r.offsets[e], n = r.offsets[e + 1] - r0;
-            if (!n) {
-                if (zero_expert(gdown, e)) goto fail;
-                continue;
-            }
-            fl_tensor a, at, b, o;
-            rows_view(gys, r0, n, &a);
-            transposed(&a, &at);
-            rows_view(act, r0, n, &b);
-            expert_view(gdown, e, false, &o);
-            if (product(lk, &o, &at, &b)) goto fail;
-        }
+        if (!gdown || expert_weight_grads(lk, gdown, gys, act, &r, E)) goto fail;
     }
     fl_tensor_release(act);
     act = NULL;
@@ -650,20 +657,7 @@ static int experts_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi)
         x2.ndim = 2, x2.shape[0] = N, x2.shape[1] = h, x2.stride[0] = h, x2.stride[1] = 1;
         xs = gather(op, &x2, r.tok);
         ggu = xs ? fl_empty(3, gate_up->shape, gate_up->dtype, dev) : NULL;
-        if (!ggu) goto fail;
-        for (int64_t e = 0; e < E; e++) {
-            int64_t r0 = r.offsets[e], n = r.offsets[e + 1] - r0;
-            if (!n) {
-                if (zero_expert(ggu, e)) goto fail;
-                continue;
-            }
-            fl_tensor a, at, b, o;
-            rows_view(dH, r0, n, &a);
-            transposed(&a, &at);
-            rows_view(xs, r0, n, &b);
-            expert_view(ggu, e, false, &o);
-            if (product(lk, &o, &at, &b)) goto fail;
-        }
+        if (!ggu || expert_weight_grads(lk, ggu, dH, xs, &r, E)) goto fail;
     }
     if (want_x) {
         int64_t shapeX[2] = {M, h};

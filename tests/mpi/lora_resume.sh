@@ -33,19 +33,8 @@ esac
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-lora-resume.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
-ok() { echo "ok - $* ($FAMILY)"; }
-not_ok() { echo "not ok - $* ($FAMILY)"; }
-comment() { sed 's/^/#   /' <<<"$1" | tail -n 40; }
-# run COMMAND...: its output in $out, its status in $rc (bounded: 120 s).
-run() {
-  out=$(timeout -k 5 120 "$@" 2>&1)
-  rc=$?
-}
-# The losses of steps FIRST..LAST in a metrics file, one per line, as written.
-losses() {
-  grep '"type":"train"' "$1" | sed -E 's/.*"loss":([^,}]*).*"step":([0-9]+).*/\2 \1/' |
-    awk -v a="$2" -v b="$3" '$1 >= a && $1 <= b'
-}
+TAP_TAG=$FAMILY
+. tests/mpi/tap.sh
 
 BASE=$WORK/base
 mkdir -p "$BASE"
