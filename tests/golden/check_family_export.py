@@ -13,7 +13,12 @@ logits are compared with ours and, for the plain export, with the golden's
     /var/tmp/fsdp-torch-venv/bin/python tests/golden/check_family_export.py [build/bin/fsdp-lua]
 
 Prints the largest difference relative to the largest logit per family and
-exits 1 if any exceeds 1e-4 (the issue's float32 bound).
+exits 1 if any exceeds 1e-4 (the issue's float32 bound). transformers 4.x
+(which reads mixtures of experts only under the hub's per-expert names) is
+checked the same way with a 4.x on the path, e.g.
+
+    pip install --target /var/tmp/tf4 "transformers==4.57.1" "huggingface_hub<1.0" "tokenizers<0.23"
+    PYTHONPATH=/var/tmp/tf4 /var/tmp/fsdp-torch-venv/bin/python tests/golden/check_family_export.py
 """
 import os
 import subprocess
