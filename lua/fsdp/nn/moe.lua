@@ -32,7 +32,11 @@ local Linear = require 'fsdp.nn.linear'
 local parameter = require 'fsdp.nn.parameter'
 local repr = require 'fsdp.nn.repr'
 
--- The experts' fused weights (a child, so its names read experts.*).
+-- The experts' fused weights (a child, so its names read experts.*):
+-- nn.MoEExperts(dim, ffn_dim, n_experts, {init =, device =, dtype =})
+-- holds gate_up_proj [n_experts, 2 * ffn_dim, dim] and down_proj
+-- [n_experts, dim, ffn_dim], each from the init rule, on that device in
+-- that dtype.
 local Experts = Module:extend('MoEExperts')
 
 function Experts:__init(dim, ffn_dim, n_experts, opts)
