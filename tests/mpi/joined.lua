@@ -72,7 +72,9 @@ T.test('joined time leaves out the wait for a late member', function()
   T.truthy(t.all_reduce == t.any and t.all_gather == 0, 'by kind')
   if R ~= 1 then
     T.truthy(busy >= 0.45, ('busy %.3f s on a rank that waited 0.5 s'):format(busy))
-    T.truthy(t.any < 0.25, ('joined %.3f s still holds the wait (busy %.3f s)'):format(t.any, busy))
+    -- (relative, not absolute: on a loaded machine the ring itself takes a
+    -- good part of a second, which joined time rightly keeps)
+    T.truthy(busy - t.any >= 0.4, ('joined %.3f s still holds the wait (busy %.3f s)'):format(t.any, busy))
     T.truthy(t.skew >= 0.45, ('skew %.3f s'):format(t.skew))
   else
     T.truthy(t.skew < 0.25, ('the late rank waited %.3f s for others'):format(t.skew))
@@ -97,15 +99,19 @@ T.test('a step record with comm_joined has comm_joined_s <= comm_busy_s', functi
                                                        comm_joined = true })
   local rec
   log._write = function(_, r) rec = r end
+  -- The last rank starts each all_reduce 0.3 s late. Other processes on
+  -- the cores can delay the others too (4 ranks share 2 cores), so the
+  -- skew measured is only bounded below loosely; the claim checked is the
+  -- relation: the joined time leaves most of the measured skew out.
   for step = 1, 2 do
-    if R == W - 1 then T.sleep(0.2) end
+    if R == W - 1 then T.sleep(0.3) end
     dist.all_reduce(fsdp.ones({ 1024 * 1024 }))
     log:step(step, { loss = 1.0, dt = 0.1 })
     if R == 0 then
       T.truthy(rec and rec.comm_joined_s and rec.comm.all_reduce.joined_s, 'no joined time in the record')
       T.truthy(rec.comm_joined_s <= rec.comm_busy_s + 1e-6,
         ('step %d: joined %.4f > busy %.4f'):format(step, rec.comm_joined_s, rec.comm_busy_s))
-      T.truthy(rec.comm_skew_s >= 0.15 and rec.comm_joined_s < rec.comm_busy_s - 0.1,
+      T.truthy(rec.comm_skew_s >= 0.1 and rec.comm_joined_s < rec.comm_busy_s - 0.5 * rec.comm_skew_s,
         ('step %d: skew %.3f, joined %.3f, busy %.3f'):format(step, rec.comm_skew_s, rec.comm_joined_s,
           rec.comm_busy_s))
     end
