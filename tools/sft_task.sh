@@ -12,7 +12,7 @@
 # Needs mpirun (and the MPI environment of tests/mpi/run.sh on a small machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DIR=${1:-/tmp/sft_task} STEPS=${2:-400}
+DIR=${1:-/tmp/sft_task} STEPS=${2:-1200}
 EXE=${FSDP_LUA:-build/bin/fsdp-lua}
 rm -rf "$DIR"
 "$EXE" tools/make_chat_task.lua --out="$DIR"
