@@ -207,12 +207,15 @@ end
 
 -- The entries of dir that a publication did not write (the manifest and
 -- the files it lists), for a complete manifest m.
+local MANIFEST_TMP = '^' .. M.MANIFEST:gsub('%.', '%%.') .. '%.tmp%.%d+$'
 local function foreign_entries(dir, m)
   local listed = { [M.MANIFEST] = true }
   for _, n in ipairs(m.files) do listed[n] = true end
   local out = {}
   for _, n in ipairs(files.list(dir)) do
-    if not listed[n] and not files.is_write_probe(n) then out[#out + 1] = n end
+    -- (the temporary file of a manifest being rewritten: a process killed
+    -- while discarding a complete export leaves one beside the manifest)
+    if not listed[n] and not files.is_write_probe(n) and not n:find(MANIFEST_TMP) then out[#out + 1] = n end
   end
   return out
 end
@@ -277,7 +280,6 @@ end
 -- Whether dir holds only what a publication put there: a manifest of ours
 -- (and for a complete one, only what it lists), or nothing but the
 -- temporary file of a manifest being written.
-local MANIFEST_TMP = '^' .. M.MANIFEST:gsub('%.', '%%.') .. '%.tmp%.%d+$'
 local function ours(dir)
   local ok, m = pcall(read_manifest, dir)
   if not ok then return false end
