@@ -288,6 +288,24 @@ static int product(const fl_linear_kernels *lk, fl_tensor *out, const fl_tensor 
     return lk->matmul(out, a, b, NULL);
 }
 
+/* Each expert's rows through its matrix: out_e = in_e w_e (w_e^T with
+ * transpose) over expert e's sorted rows, one product per expert that has
+ * tokens. */
+static int expert_rows(const fl_linear_kernels *lk, fl_tensor *out, const fl_tensor *in,
+                       const fl_tensor *w, bool transpose, const routing *r, int64_t E) {
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = r->offsets[e], n = r->offsets[e + 1] - r0;
+        if (!n) continue;
+        fl_tensor a, b, o;
+        rows_view(in, r0, n, &a);
+        expert_view(w, e, transpose, &b);
+        rows_view(out, r0, n, &o);
+        if (product(lk, &o, &a, &b)) return -1;
+    }
+    return 0;
+}
+
+
 /* out [rows, cols] = rows of src at idx (embedding's gather). */
 static fl_tensor *gather(const char *op, const fl_tensor *src, const fl_tensor *idx) {
     int64_t shape[2] = {idx->numel, src->shape[1]};
@@ -421,28 +439,12 @@ fl_tensor *fl_moe_experts(const fl_tensor *x, const fl_tensor *weights, const fl
         act = xs ? fl_empty(2, shapeA, x->dtype, dev) : NULL;
         O = act ? fl_empty(2, shapeO, x->dtype, dev) : NULL;
         if (!O) goto fail;
-        for (int64_t e = 0; e < E; e++) {
-            int64_t r0 = r.offsets[e], n = r.offsets[e + 1] - r0;
-            if (!n) continue;
-            fl_tensor a, b, o;
-            rows_view(xs, r0, n, &a);
-            expert_view(gate_up, e, true, &b);
-            rows_view(H, r0, n, &o);
-            if (product(lk, &o, &a, &b)) goto fail;
-        }
+        if (expert_rows(lk, H, xs, gate_up, true, &r, E)) goto fail;
         fl_tensor g, u;
         block_view(H, 0, M, 0, ff, &g);
         block_view(H, 0, M, ff, ff, &u);
         if (M && ek->silu_mul(act, &g, &u)) goto fail;
-        for (int64_t e = 0; e < E; e++) {
-            int64_t r0 = r.offsets[e], n = r.offsets[e + 1] - r0;
-            if (!n) continue;
-            fl_tensor a, b, o;
-            rows_view(act, r0, n, &a);
-            expert_view(down, e, true, &b);
-            rows_view(O, r0, n, &o);
-            if (product(lk, &o, &a, &b)) goto fail;
-        }
+        if (expert_rows(lk, O, act, down, true, &r, E)) goto fail;
         /* O *= the sorted weights, rounded to x's dtype. */
         wd = dense(weights);
         fl_tensor w2;
@@ -589,15 +591,7 @@ static int experts_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi)
         if (be->copy(Gc, &g) || be->copy(Uc, &u) || ek->silu_mul(act, Gc, Uc)) goto fail;
     }
     /* dAu = gys_e down_e (unweighted), into dA. */
-    for (int64_t e = 0; e < E; e++) {
-        int64_t r0 = r.offsets[e], n = r.offsets[e + 1] - r0;
-        if (!n) continue;
-        fl_tensor a, b, o;
-        rows_view(gys, r0, n, &a);
-        expert_view(down, e, false, &b);
-        rows_view(dA, r0, n, &o);
-        if (product(lk, &o, &a, &b)) goto fail;
-    }
+    if (expert_rows(lk, dA, gys, down, false, &r, E)) goto fail;
     wd = dense(weights);
     if (!wd) goto fail;
     fl_tensor w2;
@@ -663,15 +657,7 @@ static int experts_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi)
         int64_t shapeX[2] = {M, h};
         dxs = fl_empty(2, shapeX, x->dtype, dev);
         if (!dxs) goto fail;
-        for (int64_t e = 0; e < E; e++) {
-            int64_t r0 = r.offsets[e], n = r.offsets[e + 1] - r0;
-            if (!n) continue;
-            fl_tensor a, b, o;
-            rows_view(dH, r0, n, &a);
-            expert_view(gate_up, e, false, &b);
-            rows_view(dxs, r0, n, &o);
-            if (product(lk, &o, &a, &b)) goto fail;
-        }
+        if (expert_rows(lk, dxs, dH, gate_up, false, &r, E)) goto fail;
         gx2 = sum_picks(op, dxs, r.inv, N, k);
         gx = gx2 ? fl_empty(x->ndim, x->shape, x->dtype, dev) : NULL;
         if (!gx) goto fail;

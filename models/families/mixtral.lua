@@ -28,7 +28,7 @@ return decoder.define({
          fields = { sliding_window = 'sliding_window', num_local_experts = 'n_experts',
                     num_experts_per_tok = 'top_k', router_aux_loss_coef = 'router_aux_loss_coef',
                     output_router_logits = 'output_router_logits' },
-         -- router_jitter_noise multiplies the router's input by noise in training: not implemented
+         -- router_jitter_noise (noise on the router's input in training) must be 0: any other value is refused
          required = { hidden_act = 'silu', attention_dropout = 0, router_jitter_noise = 0 },
          defaults = { rms_norm_eps = 1e-5, max_position_embeddings = 131072, initializer_range = 0.02,
                       num_local_experts = 8, num_experts_per_tok = 2, router_aux_loss_coef = 0.001,
