@@ -14,8 +14,8 @@
 #   info     the device, driver, CUDA, cuDNN, NCCL and glibc versions; what
 #            the bundle lacks there
 #   specs    the GPU specs (every op against the CPU, the large-kernel,
-#            training, events, pinned memory, offload, zero-size and LoRA
-#            specs), one process each, in parallel; beside them the
+#            training, events, pinned memory, offload, zero-size, LoRA,
+#            profiler, windowed/packed attention and MoE specs), one process each, in parallel; beside them the
 #            collectives on cuda tensors under mpirun (2 and 4 ranks sharing
 #            the GPU: NCCL refuses them, so host copies; and FSDP_NCCL=0)
 #   recipes  recipes/llama2_7b.lua on a ~1B Llama (Llama-3.2-1B with a
@@ -154,7 +154,7 @@ if want specs && fits specs 60; then
   tmp=$(mktemp -d)
   specs=(backend_ops_spec cuda_elem_spec cuda_linear_spec cuda_fused_spec cuda_training_spec
          event_spec cuda_host_spec cuda_offload_spec empty_ops_spec lora_spec cuda_plugin_spec
-         bench_gpu_spec)
+         bench_gpu_spec profiler_spec attention_window_spec attention_packed_spec moe_spec)
   pids=()
   for s in "${specs[@]}"; do
     # FSDP_CUDNN_DEBUG=1, FSDP_CUBLAS_DEBUG=1: a line for each configuration

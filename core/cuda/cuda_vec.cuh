@@ -1,0 +1,122 @@
+/*
+ * cuda_vec.cuh: 16-byte loads and stores for the memory-bound kernels.
+ *
+ * Why: a kernel that moves one 2-byte element per thread through a
+ * run-time dtype switch reaches a fraction of HBM bandwidth (the H100
+ * profile of 2026-12-06: SiLU-multiply at about a quarter of it). Reading
+ * and writing 16 bytes per thread per operand (8 bf16/f16 or 4 f32
+ * elements) with the dtype fixed at compile time is what the hardware
+ * wants. The arithmetic per element is unchanged, and the conversions are
+ * cuda_dtype.cuh's (bit-exact with dtype.c), so a vectorised kernel gives
+ * the bits of the scalar one.
+ *
+ * A kernel uses the vector path only where fl_cu_vec_ok says so (every
+ * operand dense, of the one dtype, 16-byte aligned); elements past the last
+ * whole vector are done one by one by the same functor. fl_cu_vec_dispatch
+ * turns a run-time float dtype into the compile-time one.
+ */
+#ifndef FL_CUDA_VEC_CUH
+#define FL_CUDA_VEC_CUH
+
+#include "cuda_common.cuh"
+
+/* Bytes per vector access: one 128-bit load or store. */
+enum { FL_CU_VEC_BYTES = 16 };
+
+/* Storage of dtype DT (FL_F32, FL_BF16 or FL_F16), FL_CU_VEC_BYTES of it.
+ * The lanes are a union with the 16-byte word, not pointer casts of it: a
+ * host compiler (cudasim's g++) may drop stores made through a cast
+ * pointer of another type (strict aliasing), and GCC and nvcc define
+ * reading a union member other than the one last written. */
+template <int DT> struct fl_cu_vec {
+    static constexpr int SIZE = DT == FL_F32 ? 4 : 2;  /* bytes per element */
+    static constexpr int N = FL_CU_VEC_BYTES / SIZE;   /* elements per vector */
+    union {
+        uint4 raw;
+        float f[4];
+        uint16_t h[8];
+    } u;
+
+    /* Vector v of p (elements v * N ... v * N + N - 1). */
+    __device__ __forceinline__ static fl_cu_vec load(const void *p, int64_t v) {
+        fl_cu_vec r;
+        r.u.raw = ((const uint4 *)p)[v];
+        return r;
+    }
+    __device__ __forceinline__ void store(void *p, int64_t v) const { ((uint4 *)p)[v] = u.raw; }
+
+    /* Element k as f32, and f32 stored with dtype.c's rounding. */
+    __device__ __forceinline__ float get(int k) const {
+        if (DT == FL_F32) return u.f[k];
+        return DT == FL_BF16 ? fl_cu_from_bf16(u.h[k]) : fl_cu_from_f16(u.h[k]);
+    }
+    __device__ __forceinline__ void set(int k, float v) {
+        if (DT == FL_F32)
+            u.f[k] = v;
+        else
+            u.h[k] = DT == FL_BF16 ? fl_cu_bf16_bits(v) : fl_cu_f16_bits(v);
+    }
+};
+
+/* Element i of p (dtype DT) as f32, and f32 stored there: the scalar tail. */
+template <int DT> __device__ __forceinline__ float fl_cu_vget(const void *p, int64_t i) {
+    if (DT == FL_F32) return ((const float *)p)[i];
+    uint16_t b = ((const uint16_t *)p)[i];
+    return DT == FL_BF16 ? fl_cu_from_bf16(b) : fl_cu_from_f16(b);
+}
+template <int DT> __device__ __forceinline__ void fl_cu_vput(void *p, int64_t i, float v) {
+    if (DT == FL_F32)
+        ((float *)p)[i] = v;
+    else
+        ((uint16_t *)p)[i] = DT == FL_BF16 ? fl_cu_bf16_bits(v) : fl_cu_f16_bits(v);
+}
+
+/* A dtype the vector path serves. */
+static inline bool fl_cu_vec_dtype(fl_dtype dt) {
+    return dt == FL_F32 || dt == FL_BF16 || dt == FL_F16;
+}
+
+/* True when p (an operand's first element) starts a 16-byte vector; NULL
+ * (an absent operand) is fine. */
+static inline bool fl_cu_vec_aligned(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* True when the vector path may serve these tensors: all of dtype dt (one
+ * the path serves) and of ts[0]'s element count, contiguous in row-major
+ * order (so no broadcast view), 16-byte aligned. NULL entries (absent
+ * operands) are skipped. */
+static inline bool fl_cu_vec_ok(fl_dtype dt, int n, const fl_tensor *const *ts) {
+    if (!fl_cu_vec_dtype(dt)) return false;
+    int64_t numel = -1;
+    for (int k = 0; k < n; k++) {
+        const fl_tensor *t = ts[k];
+        if (!t) continue;
+        if (numel < 0) numel = t->numel;
+        if (t->dtype != dt || t->numel != numel || !fl_tensor_is_contiguous(t) ||
+            !fl_cu_vec_aligned(t->data))
+            return false;
+    }
+    return true;
+}
+
+/* Blocks for a grid-stride loop over n elements taken N per thread. */
+static inline unsigned fl_cu_vec_blocks(int64_t n, int per_thread, int threads) {
+    return fl_cu_blocks((n + per_thread - 1) / per_thread, threads);
+}
+
+/* Run BODY with the compile-time constant VDT bound to the run-time float
+ * dtype dt (FL_F32, FL_BF16 or FL_F16; the caller checked fl_cu_vec_dtype). */
+#define fl_cu_vec_dispatch(dt, VDT, ...)                                                          \
+    do {                                                                                           \
+        if ((dt) == FL_F32) {                                                                      \
+            constexpr int VDT = FL_F32;                                                            \
+            __VA_ARGS__;                                                                           \
+        } else if ((dt) == FL_BF16) {                                                              \
+            constexpr int VDT = FL_BF16;                                                           \
+            __VA_ARGS__;                                                                           \
+        } else {                                                                                   \
+            constexpr int VDT = FL_F16;                                                            \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+#endif /* FL_CUDA_VEC_CUH */
