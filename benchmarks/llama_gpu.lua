@@ -140,6 +140,7 @@ local function measure()
     loss0 = loss0 or loss
   end
   fsdp.reset_memory_stats(device)
+  fsdp.reset_bytes_moved()
   for step = cfg.warmup + 1, cfg.warmup + cfg.steps do
     local t0 = clock.now()
     loss = train_step(B, step)
@@ -165,11 +166,16 @@ local tokens_s = B * T / step_s
 local flops_tok = llama.flops_per_token(c, T, n_params)
 local mfu = flops_tok * tokens_s / (cfg.peak_tflops * 1e12)
 local mem = fsdp.memory_stats(device)
+-- What the memory-bound ops (all but the GEMMs and attention) read and
+-- wrote per step, counted from their operands ([Note: bytes moved]).
+local bytes_step = fsdp.bytes_moved() / cfg.steps
 
 print(('batch %d x seq %d: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %g TFLOP/s')
   :format(B, T, step_s * 1e3, tokens_s, flops_tok * tokens_s / 1e12, 100 * mfu, cfg.peak_tflops))
 print(('peak memory %.3f GiB allocated, %.3f GiB reserved; loss %.4f -> %.4f (ln V = %.4f)')
   :format(mem.peak / 2^30, (mem.reserved or 0) / 2^30, loss0, loss, math.log(c.vocab_size)))
+print(('memory-bound ops moved %.2f GB per step (benchmarks/step_bytes.lua lists them per op)')
+  :format(bytes_step / 1e9))
 -- Which attention ran (cuDNN's fused engine or the flash-style kernels):
 -- on a GPU never seen before, the first thing to know about the speed.
 local paths = fsdp.cuda.is_available() and fsdp.cuda.attention_paths() or nil
@@ -183,5 +189,5 @@ print('RESULT ' .. cjson.encode({
   batch = B, seq = T, steps = cfg.steps, warmup = cfg.warmup, step_ms = step_s * 1e3,
   tokens_per_s = tokens_s, flops_per_token = flops_tok, tflops = flops_tok * tokens_s / 1e12,
   mfu = mfu, peak_tflops = cfg.peak_tflops, peak_bytes = mem.peak, reserved_bytes = mem.reserved or 0,
-  loss_first = loss0, loss_last = loss, attention_paths = paths,
+  loss_first = loss0, loss_last = loss, attention_paths = paths, bytes_moved_per_step = bytes_step,
 }))

@@ -571,4 +571,18 @@ static inline int64_t fl_flops_sum(int64_t a, int64_t b) {
     return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
 }
 
+/* [Note: bytes moved]
+ * Every memory-bound op calls fl_count_bytes once per kernel it runs (on
+ * meta too, before the storage check), with the tensors that kernel reads
+ * and writes: its inputs as they are (a broadcast operand at its own size,
+ * since a kernel reads it from cache after the first time) and its
+ * outputs, NULL for an absent one. Gradient accumulation counts as the add
+ * it is; copies and casts on one device count source and destination
+ * (copies between devices are not counted: they cross a link); tensors made
+ * from host values (fl_from_host, rope tables) count what is written, on
+ * meta too. The counter
+ * (core/base/bytes_moved.c) is what the plan's cost model divides by memory
+ * bandwidth and what benchmarks/step_bytes.lua tabulates per op. */
+void fl_count_bytes(const char *op, int n, const fl_tensor *const *ts);
+
 #endif /* FL_INTERNAL_H */

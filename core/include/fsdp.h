@@ -625,6 +625,18 @@ FL_API int64_t fl_flops_exchange(int64_t count);
 /* Add n to the count, saturating. */
 FL_API void fl_flops_add(int64_t n);
 
+/* Bytes that memory-bound ops read and write since the last reset (every
+ * op but matmul, linear, conv2d and attention; each operand counted once,
+ * on every device, meta too; saturating): the cost model of the kernels
+ * that bandwidth bounds, as fl_flops is the GEMMs'. core/base/bytes_moved.c. */
+FL_API int64_t fl_bytes_moved(void);
+FL_API void fl_bytes_moved_reset(void);
+/* The count per op: up to max entries of (op name, calls, bytes) in the
+ * order ops first counted; returns how many were written. */
+FL_API int fl_bytes_moved_by_op(int max, const char **names, int64_t *calls, int64_t *bytes);
+/* Add bytes under an op name (a string that lives as long as the process). */
+FL_API void fl_bytes_moved_add(const char *op, int64_t bytes);
+
 /* ------------------------------------------------------------------------ */
 /* Ops                                                                       */
 /* ------------------------------------------------------------------------ */

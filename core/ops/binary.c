@@ -55,6 +55,7 @@ static fl_tensor *binary_impl(int op, const fl_tensor *a, const fl_tensor *b, fl
     fl_tensor *out = fl_op_output(ndim, shape, out_dtype, a->device, no_storage);
     if (!out) return NULL;
     fl_flops_add(out->numel);
+    fl_count_bytes(name, 3, (const fl_tensor *[]){a, b, out});
     if (!no_storage) {
         const fl_binary_kernels *k = fl_binary_kernels_of(name, out->device);
         fl_tensor va, vb;
@@ -158,6 +159,7 @@ static int inplace(int op, const char *name, fl_tensor *a, const fl_tensor *b, d
     if (a->device != b->device)
         return fl_fail(FL_ERR_ARG, "%s: tensors on different devices", name);
     fl_flops_add(a->numel);
+    fl_count_bytes(name, 3, (const fl_tensor *[]){a, b, a}); /* a read and written */
     if (metadata_only(a)) return FL_OK;
     if (metadata_only(b)) return fl_check_tensor(name, b, true);
     const fl_binary_kernels *k = fl_binary_kernels_of(name, a->device);

@@ -28,6 +28,7 @@ fl_tensor *fl_compare(fl_compare_op op, const fl_tensor *a, const fl_tensor *b) 
     fl_tensor *out = fl_op_output(ndim, shape, FL_BOOL, a->device, meta);
     if (!out) return NULL;
     fl_flops_add(out->numel);
+    fl_count_bytes(name, 3, (const fl_tensor *[]){a, b, out});
     if (!meta) {
         const fl_elementwise_kernels *k = fl_elementwise_kernels_of(name, a->device);
         fl_tensor va, vb;
@@ -88,6 +89,7 @@ fl_tensor *fl_where(const fl_tensor *cond, const fl_tensor *a, const fl_tensor *
                                       meta);
     if (!out) return NULL;
     fl_flops_add(out->numel);
+    fl_count_bytes("where", 4, (const fl_tensor *[]){cond, a, b, out});
     if (!meta) {
         const fl_elementwise_kernels *k = fl_elementwise_kernels_of("where", a->device);
         fl_tensor vc, va, vb;

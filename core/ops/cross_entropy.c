@@ -138,6 +138,7 @@ fl_tensor *fl_cross_entropy(const fl_tensor *logits, const fl_tensor *targets,
         return NULL;
     }
     fl_flops_add(4 * logits->numel);
+    fl_count_bytes(op, 3, (const fl_tensor *[]){logits, targets, lse});
     fl_loss_params p = {ignore_index, label_smoothing};
     int64_t count = 0;
     if (!no_storage) {
@@ -180,6 +181,7 @@ static int cross_entropy_backward(fl_node *node, fl_tensor *const *go, fl_tensor
         fl_fused_output(logits->ndim, logits->shape, logits->dtype, logits->device, no_storage);
     if (!dx) return fl_last_status();
     fl_flops_add(4 * logits->numel);
+    fl_count_bytes("cross_entropy backward", 4, (const fl_tensor *[]){logits, tg, lse, dx});
     if (!no_storage) {
         const fl_fused_kernels *k = fl_fused_kernels_of("cross_entropy backward", logits->device);
         fl_tensor *g_rows = NULL;
@@ -220,6 +222,7 @@ fl_tensor *fl_nll_loss(const fl_tensor *log_probs, const fl_tensor *targets, int
         return NULL;
     }
     fl_flops_add(rows);
+    fl_count_bytes(op, 2, (const fl_tensor *[]){targets, out}); /* one element per row read */
     fl_loss_params p = {ignore_index, 0};
     int64_t count = 0;
     if (!no_storage) {
@@ -261,6 +264,7 @@ static int nll_loss_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi
                                : fl_zeros(lp->ndim, lp->shape, lp->dtype, lp->device);
     if (!dx) return fl_last_status();
     fl_flops_add(tg->numel);
+    fl_count_bytes("nll_loss backward", 2, (const fl_tensor *[]){tg, dx}); /* dx: zeroed, then rows */
     if (!no_storage) {
         const fl_fused_kernels *k = fl_fused_kernels_of("nll_loss backward", lp->device);
         fl_tensor *g_rows = NULL;

@@ -48,6 +48,7 @@ fl_tensor *fl_embedding(const fl_tensor *ids, const fl_tensor *w, int64_t paddin
     bool no_storage = !ids->storage || !w->storage;
     fl_tensor *out = fl_linear_output(ids->ndim + 1, shape, w->dtype, w->device, no_storage);
     if (!out) return NULL;
+    fl_count_bytes(op, 3, (const fl_tensor *[]){ids, out, out}); /* rows read, then written */
     bool was = fl_set_grad_enabled(false);
     fl_tensor *idc = fl_contiguous(ids);
     int rc = idc ? FL_OK : (int)fl_last_status();
@@ -112,6 +113,8 @@ static int embedding_backward(fl_node *node, fl_tensor *const *go, fl_tensor **g
                                : fl_zeros(2, wshape->shape, wshape->dtype, dev);
     if (!gw) return fl_last_status();
     fl_flops_add(ids->numel * D);
+    /* the table zeroed, then each row of the gradient added into its row */
+    fl_count_bytes(op, 4, (const fl_tensor *[]){gw, ids, go[0], go[0]});
     int rc = FL_OK;
     if (!no_storage) rc = add_rows(op, node, go[0], gw);
     if (rc != FL_OK) {
@@ -136,6 +139,7 @@ static int embedding_backward_into(fl_node *node, fl_tensor *const *go, int inpu
     if (no_storage != !into->storage) return FL_OK;
     int64_t D = wshape->shape[1];
     fl_flops_add(ids->numel * D);
+    fl_count_bytes(op, 3, (const fl_tensor *[]){ids, go[0], go[0]}); /* rows read, added into */
     *done = true;
     if (no_storage) return FL_OK;
     return add_rows(op, node, go[0], into);

@@ -84,6 +84,7 @@ fl_tensor *fl_rms_norm(const fl_tensor *x, const fl_tensor *weight, double eps) 
         return NULL;
     }
     fl_flops_add(x->numel * (weight ? 4 : 3));
+    fl_count_bytes(op, 4, (const fl_tensor *[]){x, weight, out, rstd});
     if (!no_storage) {
         const fl_fused_kernels *k = fl_fused_kernels_of(op, x->device);
         if (!k || k->rms_norm(out, rstd, x, weight, eps) != FL_OK) {
@@ -116,6 +117,7 @@ static int rms_norm_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi
     }
     if (!rc) {
         fl_flops_add(x->numel * ((dx ? 6 : 0) + (dw ? 2 : 0)));
+        fl_count_bytes("rms_norm backward", 6, (const fl_tensor *[]){g, x, w, rstd, dx, dw});
         if (!no_storage) {
             const fl_fused_kernels *k = fl_fused_kernels_of("rms_norm backward", x->device);
             rc = !k ? (int)fl_last_status() : k->rms_norm_backward(dx, dw, g, x, w, rstd);
@@ -155,6 +157,7 @@ fl_tensor *fl_layer_norm(const fl_tensor *x, const fl_tensor *weight, const fl_t
         return NULL;
     }
     fl_flops_add(x->numel * (5 + (weight ? 1 : 0) + (bias ? 1 : 0)));
+    fl_count_bytes(op, 6, (const fl_tensor *[]){x, weight, bias, out, mean, rstd});
     if (!no_storage) {
         const fl_fused_kernels *k = fl_fused_kernels_of(op, x->device);
         if (!k || k->layer_norm(out, mean, rstd, x, weight, bias, eps) != FL_OK) {
@@ -194,6 +197,7 @@ static int layer_norm_backward(fl_node *node, fl_tensor *const *go, fl_tensor **
     }
     if (!rc) {
         fl_flops_add(x->numel * ((dx ? 8 : 0) + (dw ? 2 : 0) + (db ? 1 : 0)));
+        fl_count_bytes("layer_norm backward", 8, (const fl_tensor *[]){g, x, w, mean, rstd, dx, dw, db});
         if (!no_storage) {
             const fl_fused_kernels *k = fl_fused_kernels_of("layer_norm backward", x->device);
             rc = !k ? (int)fl_last_status() : k->layer_norm_backward(dx, dw, db, g, x, w, mean, rstd);

@@ -85,6 +85,7 @@ fl_tensor *fl_max_pool2d(const fl_tensor *x, int64_t kh, int64_t kw,
         return NULL;
     }
     fl_flops_add(fl_flops_mul(out->numel, fl_flops_mul(kh, kw)));
+    fl_count_bytes(op, 3, (const fl_tensor *[]){x, out, idx});
     int rc = FL_OK;
     if (!no_storage) {
         bool was = fl_set_grad_enabled(false);
@@ -126,6 +127,7 @@ static int max_pool2d_backward(fl_node *node, fl_tensor *const *go, fl_tensor **
                                : fl_zeros(xshape->ndim, xshape->shape, xshape->dtype, go[0]->device);
     if (!gx) return fl_last_status();
     fl_flops_add(go[0]->numel);
+    fl_count_bytes(op, 3, (const fl_tensor *[]){gx, go[0], idx}); /* gx zeroed, then rows added */
     int rc = FL_OK;
     if (!no_storage) {
         fl_tensor *g = fl_contiguous(go[0]);

@@ -67,6 +67,7 @@ static fl_tensor *sum_impl(const char *op, bool mean, const fl_tensor *x, int nd
     fl_tensor *out = fl_op_output(nd, shape, dtype, x->device, no_storage(x));
     if (!out) return NULL;
     fl_flops_add(x->numel);
+    fl_count_bytes(op, 2, (const fl_tensor *[]){x, out});
     if (!no_storage(x)) {
         const fl_elementwise_kernels *k = fl_elementwise_kernels_of(op, x->device);
         /* The kernel walks dense memory (strided inputs are rare here and a
@@ -216,6 +217,7 @@ static int minmax_impl(bool is_max, const fl_tensor *x, int dim, bool keepdim, f
     fl_tensor *ix = v ? fl_op_output(nd, shape, FL_I64, x->device, no_storage(x)) : NULL;
     if (!ix) goto fail;
     fl_flops_add(x->numel);
+    fl_count_bytes(op, 3, (const fl_tensor *[]){x, v, ix});
     if (!no_storage(x)) {
         const fl_elementwise_kernels *k = fl_elementwise_kernels_of(op, x->device);
         fl_tensor *dense = k ? fl_contiguous(x) : NULL;

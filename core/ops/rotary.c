@@ -272,8 +272,13 @@ int fl_rope_tables(int64_t seq_len, int64_t head_dim, const fl_rope_options *opt
     if (fl_check_shape(op, 2, shape, &n)) return fl_last_status();
     fl_flops_add(seq_len * (head_dim / 2));
     if (fl_device_kind_of(device) == FL_DEVICE_META) {
+        /* (counted as fl_from_host counts the other devices' tables) */
         *cos_out = fl_empty(2, shape, dtype, device);
         *sin_out = *cos_out ? fl_empty(2, shape, dtype, device) : NULL;
+        if (*sin_out) {
+            fl_count_bytes("from_host", 1, (const fl_tensor *[]){*cos_out});
+            fl_count_bytes("from_host", 1, (const fl_tensor *[]){*sin_out});
+        }
     } else {
         int64_t half = head_dim / 2;
         float *inv = malloc((size_t)half * sizeof *inv);
@@ -382,6 +387,7 @@ fl_tensor *fl_apply_rotary(const fl_tensor *x, const fl_tensor *cos, const fl_te
     fl_tensor *out = fl_fused_output(x->ndim, x->shape, x->dtype, x->device, no_storage);
     if (!out) return NULL;
     fl_flops_add(3 * x->numel);
+    fl_count_bytes(op, 2, (const fl_tensor *[]){x, out}); /* (the tables' rows are small) */
     if (!no_storage) {
         const fl_fused_kernels *k = fl_fused_kernels_of(op, x->device);
         if (!k || k->rotary(out, x, cos, sin, positions, false) != FL_OK) {
@@ -406,6 +412,7 @@ static int rotary_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) 
     fl_tensor *dx = fl_fused_output(g->ndim, g->shape, dtype, g->device, no_storage);
     if (!dx) return fl_last_status();
     fl_flops_add(3 * g->numel);
+    fl_count_bytes("apply_rotary backward", 2, (const fl_tensor *[]){g, dx});
     if (!no_storage) {
         const fl_fused_kernels *k = fl_fused_kernels_of("apply_rotary backward", g->device);
         if (!k || k->rotary(dx, g, cos, sin, pos, true) != FL_OK) {

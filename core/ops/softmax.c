@@ -23,6 +23,7 @@ static fl_tensor *softmax_impl(const fl_tensor *x, int dim, bool log) {
     fl_tensor *out = fl_fused_output(x->ndim, x->shape, x->dtype, x->device, no_storage);
     if (!out) return NULL;
     fl_flops_add(5 * x->numel);
+    fl_count_bytes(op, 2, (const fl_tensor *[]){x, out});
     if (!no_storage) {
         const fl_fused_kernels *k = fl_fused_kernels_of(op, x->device);
         if (!k || k->softmax(out, x, d, log) != FL_OK) {
@@ -54,6 +55,7 @@ static int softmax_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi)
     fl_tensor *dx = fl_fused_output(y->ndim, y->shape, y->dtype, y->device, no_storage);
     if (!dx) return fl_last_status();
     fl_flops_add(4 * y->numel);
+    fl_count_bytes(log ? "log_softmax backward" : "softmax backward", 3, (const fl_tensor *[]){g, y, dx});
     if (!no_storage) {
         const fl_fused_kernels *k =
             fl_fused_kernels_of(log ? "log_softmax backward" : "softmax backward", y->device);

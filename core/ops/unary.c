@@ -41,6 +41,7 @@ static fl_tensor *unary_impl(int op, const fl_tensor *x, double p0, double p1,
     fl_tensor *out = fl_op_output(x->ndim, x->shape, out_dtype, x->device, no_storage(x));
     if (!out) return NULL;
     fl_flops_add(out->numel);
+    fl_count_bytes(name, 2, (const fl_tensor *[]){x, out});
     if (!no_storage(x)) {
         const fl_elementwise_kernels *k = fl_elementwise_kernels_of(name, x->device);
         if (!k || k->unary(op, out, x, p0, p1) != FL_OK) {
@@ -117,6 +118,7 @@ static int unary_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
                                      no_storage(s) || no_storage(go[0]));
     if (!gx) return fl_last_status();
     fl_flops_add(2 * gx->numel);
+    fl_count_bytes(unary_names[op], 3, (const fl_tensor *[]){go[0], s, gx});
     if (!no_storage(gx)) {
         const fl_elementwise_kernels *k = fl_elementwise_kernels_of(unary_names[op], gx->device);
         if (!k || k->unary_backward(op, gx, go[0], s, node->f[0], node->f[1]) != FL_OK) {
@@ -169,6 +171,7 @@ fl_tensor *fl_silu_mul(const fl_tensor *gate, const fl_tensor *up) {
     fl_tensor *out = fl_op_output(gate->ndim, gate->shape, gate->dtype, gate->device, meta);
     if (!out) return NULL;
     fl_flops_add(2 * out->numel); /* the activation and the product */
+    fl_count_bytes("silu_mul", 3, (const fl_tensor *[]){gate, up, out});
     if (!meta) {
         const fl_elementwise_kernels *k = fl_elementwise_kernels_of("silu_mul", gate->device);
         if (!k || k->silu_mul(out, gate, up) != FL_OK) {
@@ -193,6 +196,7 @@ static int silu_mul_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi
                             : NULL;
     int rc = (want_gate && !gg) || (want_up && !gu) ? (int)fl_last_status() : FL_OK;
     fl_flops_add(4 * gate->numel);
+    fl_count_bytes("silu_mul backward", 5, (const fl_tensor *[]){go[0], gate, up, gg, gu});
     if (rc == FL_OK && !meta) {
         /* The kernel walks flat memory: five operands are more than the
          * strided iterator takes, and gy is often a broadcast view. */
@@ -247,6 +251,7 @@ static fl_tensor *dropout_apply(const fl_tensor *x, const fl_tensor *like, doubl
     fl_tensor *out = fl_op_output(like->ndim, like->shape, like->dtype, like->device, meta);
     if (!out) return NULL;
     fl_flops_add(out->numel);
+    fl_count_bytes("dropout", 2, (const fl_tensor *[]){x, out});
     if (!meta) {
         const fl_elementwise_kernels *k = fl_elementwise_kernels_of("dropout", x->device);
         if (!k || k->dropout(out, x, p, key) != FL_OK) {

@@ -87,6 +87,14 @@ int fl_optim_run(const char *op, int n, const fl_optim_operand *ops, fl_optim_lo
         if (check_operand(op, &ops[k], param)) return fl_last_status();
         metadata_only |= is_metadata_only(ops[k].t);
     }
+    /* Every operand read, every one but the gradient written back. */
+    const fl_tensor *moved[2 * FL_OPTIM_MAX_OPERANDS];
+    int n_moved = 0;
+    for (int k = 0; k < n; k++) {
+        moved[n_moved++] = ops[k].t;
+        if (k != 1) moved[n_moved++] = ops[k].t;
+    }
+    fl_count_bytes(op, n_moved, moved);
     if (metadata_only) return FL_OK;
     /* The device's kernel, or the host loops below on the cpu. */
     const fl_backend *be = fl_backend_of(param->device);

@@ -258,6 +258,8 @@ fl_tensor *fl_arange(double start, double end, double step, fl_dtype dtype, fl_d
     return t;
 }
 
+static int copy_impl(fl_tensor *dst, const fl_tensor *src, bool non_blocking, bool count);
+
 fl_tensor *fl_from_host(int ndim, const int64_t *shape, fl_dtype dtype, fl_device device,
                         const void *src, fl_dtype src_dtype, int64_t n) {
     int64_t numel;
@@ -271,9 +273,11 @@ fl_tensor *fl_from_host(int ndim, const int64_t *shape, fl_dtype dtype, fl_devic
     }
     if (n > 0 && !src) return FL_FAIL_NULL(FL_ERR_ARG, "from_host: source pointer is NULL");
     fl_tensor *t = create("from_host", ndim, shape, dtype, device, false);
+    /* What is written on the device, counted on meta too (where nothing is). */
+    if (t) fl_count_bytes("from_host", 1, (const fl_tensor *[]){t});
     if (!t || is_metadata_only(t)) return t;
     host_view v;
-    if (fl_copy_(t, host_view_init(&v, (void *)src, ndim, shape, src_dtype)) != FL_OK) {
+    if (copy_impl(t, host_view_init(&v, (void *)src, ndim, shape, src_dtype), false, false) != FL_OK) {
         fl_tensor_release(t);
         return NULL;
     }
@@ -474,11 +478,16 @@ static int copy_from_file(fl_tensor *dst, const fl_tensor *view) {
     return rc;
 }
 
-static int copy_impl(fl_tensor *dst, const fl_tensor *src, bool non_blocking) {
+/* count: whether the copy counts in fl_bytes_moved (a copy made by a caller
+ * that counts itself, such as fl_from_host, does not). */
+static int copy_impl(fl_tensor *dst, const fl_tensor *src, bool non_blocking, bool count) {
     if (fl_check_tensor("copy_", dst, false) || fl_check_tensor("copy_", src, false))
         return fl_last_status();
     int64_t stride[FL_MAX_DIMS];
     if (broadcast_to("copy_", src, dst, stride)) return fl_last_status();
+    /* (a copy between devices moves bytes over a link, not through one
+     * device's memory: not counted) */
+    if (count && dst->device == src->device) fl_count_bytes("copy", 2, (const fl_tensor *[]){src, dst});
     if (is_metadata_only(dst)) return FL_OK;
     if (fl_check_tensor("copy_ (destination)", dst, true) ||
         fl_check_tensor("copy_ (source)", src, true))
@@ -494,10 +503,10 @@ static int copy_impl(fl_tensor *dst, const fl_tensor *src, bool non_blocking) {
     return fl_backend_of(dst->device)->copy(dst, &view);
 }
 
-int fl_copy_(fl_tensor *dst, const fl_tensor *src) { return copy_impl(dst, src, false); }
+int fl_copy_(fl_tensor *dst, const fl_tensor *src) { return copy_impl(dst, src, false, true); }
 
 int fl_copy_non_blocking_(fl_tensor *dst, const fl_tensor *src) {
-    return copy_impl(dst, src, true);
+    return copy_impl(dst, src, true, true);
 }
 
 /* ---- copies that create tensors ------------------------------------------
@@ -545,7 +554,7 @@ fl_tensor *fl_tensor_to(const fl_tensor *t, fl_dtype dtype, fl_device device, bo
                fl_backend_of(t->device)->memcpy_async != NULL;
     fl_tensor *r = pin ? fl_empty_pinned(t->ndim, t->shape, dtype)
                        : fl_empty(t->ndim, t->shape, dtype, device);
-    if (r && copy_impl(r, t, true) != FL_OK) {
+    if (r && copy_impl(r, t, true, true) != FL_OK) {
         fl_tensor_release(r);
         return NULL;
     }

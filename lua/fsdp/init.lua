@@ -51,6 +51,26 @@ function M.flops() return tonumber(C.fl_flops()) end
 -- Set the FLOP counter of fsdp.flops() back to 0.
 function M.reset_flops() C.fl_flops_reset() end
 
+-- Bytes the memory-bound ops read and wrote since the last reset (meta
+-- included; every op but matmul, linear, conv2d and attention, each operand
+-- once: [Note: bytes moved] in core/base/internal.h).
+function M.bytes_moved() return tonumber(C.fl_bytes_moved()) end
+-- The same per op: a list of {op =, calls =, bytes =} in the order ops first
+-- counted.
+function M.bytes_moved_by_op()
+  local max = 128
+  local names = ffi.new('const char *[?]', max)
+  local calls, bytes = ffi.new('int64_t[?]', max), ffi.new('int64_t[?]', max)
+  local n = C.fl_bytes_moved_by_op(max, names, calls, bytes)
+  local list = {}
+  for i = 0, n - 1 do
+    list[#list + 1] = { op = ffi.string(names[i]), calls = tonumber(calls[i]), bytes = tonumber(bytes[i]) }
+  end
+  return list
+end
+-- Set the counters of fsdp.bytes_moved() back to 0.
+function M.reset_bytes_moved() C.fl_bytes_moved_reset() end
+
 -- defaults ------------------------------------------------------------------
 
 local default_dtype = C.FL_F32
