@@ -298,7 +298,8 @@ describe('cuda optimizer updates', function()
 
   -- A pair {cpu, gpu} of n-element views at element `off` of equal tensors.
   local function pair(n, off, dtype, seed, scale)
-    local base = seed and (randn({ n + off }, seed) * (scale or 1)):to(dtype) or fsdp.zeros({ n + off }, { dtype = dtype })
+    local base = seed and (randn({ n + off }, seed) * (scale or 1)):to(dtype)
+      or fsdp.zeros({ n + off }, { dtype = dtype })
     return { base:narrow(0, off, n), base:to(DEV):narrow(0, off, n) }
   end
 
