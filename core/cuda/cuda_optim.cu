@@ -17,6 +17,7 @@
  * gives the CPU's bits there too.
  */
 #include "cuda_common.cuh"
+#include "cuda_vec.cuh"
 
 extern "C" {
 #include "../optim/optim_update.h"
@@ -29,19 +30,14 @@ extern "C" {
 #define MUL __fmul_rn
 #define DIV __fdiv_rn
 
-/* The operands by value: data and stored dtype, NULL when absent. */
+/* The operands by value: data and stored dtype (NULL and f32 when
+ * absent), and bit k of `read` / `write` set when operand k is read /
+ * stored by this update. */
 struct operands {
     void *p[FL_OPTIM_MAX_OPERANDS];
     int dt[FL_OPTIM_MAX_OPERANDS];
+    unsigned read, write;
 };
-
-__device__ __forceinline__ float get(const operands &o, int k, int64_t i) {
-    return fl_cu_get_f32(o.p[k], i, o.dt[k]);
-}
-
-__device__ __forceinline__ void put(const operands &o, int k, int64_t i, float v) {
-    fl_cu_put_f32(o.p[k], i, o.dt[k], v);
-}
 
 /* x as it reads back after being stored as dtype d (fl_optim_round). */
 __device__ __forceinline__ float rounded(int d, float x) {
@@ -50,81 +46,244 @@ __device__ __forceinline__ float rounded(int d, float x) {
     return x;
 }
 
+/* Threads per block of every kernel here. */
+enum { THREADS = 256 };
+
 #define FOR_EACH_ELEMENT(i, n)                                                                     \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);                     \
          i += (int64_t)gridDim.x * blockDim.x)
 
-/* adamw.c: decay, lerp of m (PyTorch's two branches), v, then the param. */
-__global__ void adamw_kernel(operands o, fl_adamw_ctx c, int64_t n) {
-    float w = c.weight1, one_minus_w = SUB(1.0f, c.weight1);
-    bool far = !(w < 0.5f);
-    FOR_EACH_ELEMENT(i, n) {
-        float p = get(o, 0, i), g = get(o, 1, i), m = get(o, 2, i), v = get(o, 3, i);
+/* ---- the updates of one element ---------------------------------------------------
+ * Each takes x[k], operand k's value as f32 (0 for one not read), and
+ * leaves there the values of the operands it writes, unrounded: storing
+ * rounds them. The scalar and the vector kernels below run the same
+ * functor, so the path taken never changes a bit. */
+
+/* adamw.c: decay, lerp of m (PyTorch's two branches), v, then the param.
+ * (fixed<PD, SD>: the functor for the vector kernel of those dtypes; only
+ * AnyPrecisionAdamW's depends on them.) */
+struct adamw_op {
+    fl_adamw_ctx c;
+    template <int PD, int SD> adamw_op fixed() const { return *this; }
+    __device__ __forceinline__ void operator()(float *x) const {
+        float w = c.weight1, one_minus_w = SUB(1.0f, c.weight1);
+        bool far = !(w < 0.5f);
+        float p = x[0], g = x[1], m = x[2], v = x[3];
         m = far ? SUB(g, MUL(SUB(g, m), one_minus_w)) : ADD(m, MUL(w, SUB(g, m)));
         v = ADD(MUL(v, c.beta2), MUL(MUL(c.one_minus_beta2, g), g));
         float denom = ADD(DIV(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
-        p = ADD(MUL(p, c.decay), DIV(MUL(c.neg_step_size, m), denom));
-        put(o, 0, i, p);
-        put(o, 2, i, m);
-        put(o, 3, i, v);
+        x[0] = ADD(MUL(p, c.decay), DIV(MUL(c.neg_step_size, m), denom));
+        x[2] = m;
+        x[3] = v;
     }
-}
+};
 
 /* anyprecision_adamw.c: EMA moments rounded to their dtypes, the step from
- * the rounded values, Kahan-compensated when operand 4 is present. */
-__global__ void anyprecision_kernel(operands o, fl_anyprecision_ctx c, int64_t n) {
-    int pd = o.dt[0], md = o.dt[2], vd = o.dt[3];
-    FOR_EACH_ELEMENT(i, n) {
-        float g = get(o, 1, i), p = get(o, 0, i);
-        float m = rounded(md, ADD(MUL(get(o, 2, i), c.beta1), MUL(c.one_minus_beta1, g)));
-        float v = rounded(vd, ADD(MUL(get(o, 3, i), c.beta2), MUL(MUL(c.one_minus_beta2, g), g)));
-        put(o, 2, i, m);
-        put(o, 3, i, v);
+ * the rounded values, Kahan-compensated when operand 4 is present. pd, md,
+ * vd: the stored dtypes of param, exp_avg and exp_avg_sq, unless PD (the
+ * param's) and SD (both moments') fix them at compile time, which keeps
+ * the unrolled vector kernel free of their branches. */
+template <int PD = -1, int SD = -1> struct anyprecision_op {
+    fl_anyprecision_ctx c;
+    int pd, md, vd;
+    template <int P, int S> anyprecision_op<P, S> fixed() const { return {c, pd, md, vd}; }
+    __device__ __forceinline__ void operator()(float *x) const {
+        int pd = PD >= 0 ? PD : this->pd, md = SD >= 0 ? SD : this->md, vd = SD >= 0 ? SD : this->vd;
+        float p = x[0], g = x[1];
+        float m = rounded(md, ADD(MUL(x[2], c.beta1), MUL(c.one_minus_beta1, g)));
+        float v = rounded(vd, ADD(MUL(x[3], c.beta2), MUL(MUL(c.one_minus_beta2, g), g)));
+        x[2] = m;
+        x[3] = v;
         float denom = ADD(DIV(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
         float step = DIV(MUL(c.neg_step_size, m), denom);
         if (c.kahan) {
-            float comp = ADD(get(o, 4, i), ADD(MUL(c.neg_lr_wd, p), step));
+            float comp = ADD(x[4], ADD(MUL(c.neg_lr_wd, p), step));
             float next = rounded(pd, ADD(p, comp));
-            put(o, 4, i, SUB(comp, SUB(next, p)));
-            p = next;
+            x[4] = SUB(comp, SUB(next, p));
+            x[0] = next;
         } else {
-            p = ADD(MUL(p, ADD(1.0f, c.neg_lr_wd)), step);
+            x[0] = ADD(MUL(p, ADD(1.0f, c.neg_lr_wd)), step);
         }
-        put(o, 0, i, p);
     }
-}
+};
 
 /* sgd.c: weight decay, the momentum buffer (a copy of d on the first
- * step), nesterov, then the param. */
-__global__ void sgd_kernel(operands o, fl_sgd_ctx c, int64_t n) {
-    bool decay = c.weight_decay != 0;
-    float neg_lr = -c.lr;
-    FOR_EACH_ELEMENT(i, n) {
-        float p = get(o, 0, i), g = get(o, 1, i);
-        float d = decay ? ADD(g, MUL(c.weight_decay, p)) : g;
+ * step, when the buffer is not read), nesterov, then the param. */
+struct sgd_op {
+    fl_sgd_ctx c;
+    template <int PD, int SD> sgd_op fixed() const { return *this; }
+    __device__ __forceinline__ void operator()(float *x) const {
+        float p = x[0], g = x[1];
+        float d = c.weight_decay != 0 ? ADD(g, MUL(c.weight_decay, p)) : g;
         if (c.use_momentum) {
-            float b = c.first ? d : ADD(MUL(get(o, 2, i), c.momentum), MUL(c.one_minus_dampening, d));
-            put(o, 2, i, b);
+            float b = c.first ? d : ADD(MUL(x[2], c.momentum), MUL(c.one_minus_dampening, d));
+            x[2] = b;
             d = c.nesterov ? ADD(d, MUL(c.momentum, b)) : b;
         }
-        put(o, 0, i, ADD(p, MUL(neg_lr, d)));
+        x[0] = ADD(p, MUL(-c.lr, d));
     }
-}
+};
 
 /* adadelta.c: square_avg, delta from both square roots, acc_delta, param. */
-__global__ void adadelta_kernel(operands o, fl_adadelta_ctx c, int64_t n) {
-    bool decay = c.weight_decay != 0;
-    float neg_lr = -c.lr;
-    FOR_EACH_ELEMENT(i, n) {
-        float p = get(o, 0, i), g = get(o, 1, i), s = get(o, 2, i), a = get(o, 3, i);
-        float d = decay ? ADD(g, MUL(c.weight_decay, p)) : g;
+struct adadelta_op {
+    fl_adadelta_ctx c;
+    template <int PD, int SD> adadelta_op fixed() const { return *this; }
+    __device__ __forceinline__ void operator()(float *x) const {
+        float p = x[0], g = x[1], s = x[2], a = x[3];
+        float d = c.weight_decay != 0 ? ADD(g, MUL(c.weight_decay, p)) : g;
         s = ADD(MUL(s, c.rho), MUL(MUL(c.one_minus_rho, d), d));
         float delta = MUL(DIV(__fsqrt_rn(ADD(a, c.eps)), __fsqrt_rn(ADD(s, c.eps))), d);
         a = ADD(MUL(a, c.rho), MUL(MUL(c.one_minus_rho, delta), delta));
-        put(o, 2, i, s);
-        put(o, 3, i, a);
-        put(o, 0, i, ADD(p, MUL(neg_lr, delta)));
+        x[2] = s;
+        x[3] = a;
+        x[0] = ADD(p, MUL(-c.lr, delta));
     }
+};
+
+/* ---- the kernels -------------------------------------------------------------------- */
+
+/* Any dtypes: one element per thread, each operand through the run-time
+ * dtype switch. */
+template <class Op> __global__ void update_kernel(operands o, Op op, int64_t n) {
+    FOR_EACH_ELEMENT(i, n) {
+        float x[FL_OPTIM_MAX_OPERANDS];
+#pragma unroll
+        for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++)
+            x[k] = o.read >> k & 1 ? fl_cu_get_f32(o.p[k], i, o.dt[k]) : 0.0f;
+        op(x);
+#pragma unroll
+        for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++)
+            if (o.write >> k & 1) fl_cu_put_f32(o.p[k], i, o.dt[k], x[k]);
+    }
+}
+
+/* N consecutive elements of dtype DT (f32, bf16 or f16) held as N / V::N
+ * 16-byte vectors: an operand's share of one thread's elements in the
+ * vector kernel, loaded and stored whole. */
+template <int DT, int N> struct pack {
+    typedef fl_cu_vec<DT> V;
+    static constexpr int W = N / V::N;
+    static_assert(W >= 1 && W * V::N == N, "a pack is whole vectors");
+    V v[W];
+    /* Pack i of p (elements i * N ... i * N + N - 1). */
+    __device__ __forceinline__ void load(const void *p, int64_t i) {
+#pragma unroll
+        for (int w = 0; w < W; w++) v[w] = V::load(p, i * W + w);
+    }
+    __device__ __forceinline__ void store(void *p, int64_t i) const {
+#pragma unroll
+        for (int w = 0; w < W; w++) v[w].store(p, i * W + w);
+    }
+    __device__ __forceinline__ float get(int j) const { return v[j / V::N].get(j % V::N); }
+    __device__ __forceinline__ void set(int j, float x) { v[j / V::N].set(j % V::N, x); }
+};
+
+/* Elements per thread of the vector kernel: a 16-byte vector of the
+ * narrowest operand (8 when any is bf16, else 4), so each bf16 operand
+ * moves 16 bytes per thread and each f32 one 16 or 32. */
+template <int PD, int GD, int SD> struct vec_width {
+    static constexpr int N = PD == FL_BF16 || GD == FL_BF16 || SD == FL_BF16 ? 8 : 4;
+};
+
+/* Dense operands with the dtypes fixed at compile time: param PD, grad GD,
+ * every state operand SD (each f32 or bf16), every pointer 16-byte
+ * aligned; the param is written, the grad is not. Each thread updates N consecutive elements per iteration with
+ * vector loads and stores per operand; the n % N elements past the last
+ * whole pack are done one by one, by the same functor. */
+template <int PD, int GD, int SD, class Op>
+__global__ void update_vec_kernel(operands o, Op op, int64_t n) {
+    constexpr int N = vec_width<PD, GD, SD>::N;
+    int64_t np = n / N, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    unsigned rd = o.read, wr = o.write;
+    for (int64_t i = t; i < np; i += stride) {
+        pack<PD, N> p = {};
+        pack<GD, N> g = {};
+        pack<SD, N> s2 = {}, s3 = {}, s4 = {};
+        if (rd & 1) p.load(o.p[0], i);
+        if (rd & 2) g.load(o.p[1], i);
+        if (rd & 4) s2.load(o.p[2], i);
+        if (rd & 8) s3.load(o.p[3], i);
+        if (rd & 16) s4.load(o.p[4], i);
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            float x[FL_OPTIM_MAX_OPERANDS] = {p.get(j), g.get(j), s2.get(j), s3.get(j), s4.get(j)};
+            op(x);
+            p.set(j, x[0]);
+            if (wr & 4) s2.set(j, x[2]);
+            if (wr & 8) s3.set(j, x[3]);
+            if (wr & 16) s4.set(j, x[4]);
+        }
+        p.store(o.p[0], i);
+        if (wr & 4) s2.store(o.p[2], i);
+        if (wr & 8) s3.store(o.p[3], i);
+        if (wr & 16) s4.store(o.p[4], i);
+    }
+    for (int64_t i = np * N + t; i < n; i += stride) {
+        float x[FL_OPTIM_MAX_OPERANDS];
+#pragma unroll
+        for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) {
+            int dt = k == 0 ? PD : k == 1 ? GD : SD;
+            x[k] = !(rd >> k & 1) ? 0.0f
+                   : dt == FL_F32 ? fl_cu_vget<FL_F32>(o.p[k], i)
+                                  : fl_cu_vget<FL_BF16>(o.p[k], i);
+        }
+        op(x);
+#pragma unroll
+        for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) {
+            int dt = k == 0 ? PD : k == 1 ? GD : SD;
+            if (!(wr >> k & 1)) continue;
+            if (dt == FL_F32)
+                fl_cu_vput<FL_F32>(o.p[k], i, x[k]);
+            else
+                fl_cu_vput<FL_BF16>(o.p[k], i, x[k]);
+        }
+    }
+}
+
+/* Bind the compile-time NAME to dt, FL_F32 or FL_BF16. */
+#define BIND_F32_BF16(dt, NAME, ...)                                                               \
+    do {                                                                                           \
+        if ((dt) == FL_F32) {                                                                      \
+            constexpr int NAME = FL_F32;                                                           \
+            __VA_ARGS__;                                                                           \
+        } else {                                                                                   \
+            constexpr int NAME = FL_BF16;                                                          \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+/* The dtype of every operand from 2 on that is present (param's when there
+ * is none), or -1 when they differ. */
+static int state_dtype(const operands &o) {
+    int sd = -1;
+    for (int k = 2; k < FL_OPTIM_MAX_OPERANDS; k++) {
+        if (!o.p[k]) continue;
+        if (sd >= 0 && o.dt[k] != sd) return -1;
+        sd = o.dt[k];
+    }
+    return sd < 0 ? o.dt[0] : sd;
+}
+
+static bool f32_or_bf16(int dt) { return dt == FL_F32 || dt == FL_BF16; }
+
+/* Launch the update of op over n elements: the vector kernel when the
+ * param, the grad and the (common) state dtype are each f32 or bf16 and
+ * every operand is 16-byte aligned (the operands are dense: fl_optim_run
+ * checked), else the per-element one. */
+template <class Op> static void launch(const operands &o, const Op &op, int64_t n, cudaStream_t s) {
+    int pd = o.dt[0], gd = o.dt[1], sd = state_dtype(o);
+    bool vec = f32_or_bf16(pd) && f32_or_bf16(gd) && f32_or_bf16(sd) && (o.write & 3) == 1;
+    for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) vec = vec && fl_cu_vec_aligned(o.p[k]);
+    if (!vec) {
+        update_kernel<Op><<<fl_cu_blocks(n, THREADS), THREADS, 0, s>>>(o, op, n);
+        return;
+    }
+    BIND_F32_BF16(pd, PD, BIND_F32_BF16(gd, GD, BIND_F32_BF16(sd, SD, {
+        unsigned blocks = fl_cu_vec_blocks(n, vec_width<PD, GD, SD>::N, THREADS);
+        auto vop = op.template fixed<PD, SD>();
+        update_vec_kernel<PD, GD, SD, decltype(vop)><<<blocks, THREADS, 0, s>>>(o, vop, n);
+    })));
 }
 
 static int cuda_optim_update(const char *op, fl_optim_kind kind, const void *ctx, int n,
@@ -135,25 +294,32 @@ static int cuda_optim_update(const char *op, fl_optim_kind kind, const void *ctx
     int rc = fl_cu_use_device(op, param);
     if (rc != FL_OK) return rc;
     operands o;
+    o.read = o.write = 0;
     for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) {
         bool present = k < n && ops[k].t;
         o.p[k] = present ? ops[k].t->data : NULL;
         o.dt[k] = present ? (int)ops[k].t->dtype : (int)FL_F32;
+        if (present) o.read |= 1u << k;
+        if (present && ops[k].write) o.write |= 1u << k;
     }
-    unsigned blocks = fl_cu_blocks(numel, 256);
     cudaStream_t s = fl_cu_stream();
     switch (kind) {
     case FL_OPTIM_ADAMW:
-        adamw_kernel<<<blocks, 256, 0, s>>>(o, *(const fl_adamw_ctx *)ctx, numel);
+        launch(o, adamw_op{*(const fl_adamw_ctx *)ctx}, numel, s);
         break;
     case FL_OPTIM_ANYPRECISION_ADAMW:
-        anyprecision_kernel<<<blocks, 256, 0, s>>>(o, *(const fl_anyprecision_ctx *)ctx, numel);
+        launch(o, anyprecision_op<>{*(const fl_anyprecision_ctx *)ctx, o.dt[0], o.dt[2], o.dt[3]},
+               numel, s);
         break;
-    case FL_OPTIM_SGD:
-        sgd_kernel<<<blocks, 256, 0, s>>>(o, *(const fl_sgd_ctx *)ctx, numel);
+    case FL_OPTIM_SGD: {
+        const fl_sgd_ctx *c = (const fl_sgd_ctx *)ctx;
+        /* (the first step copies d into the buffer without reading it) */
+        if (c->first) o.read &= ~4u;
+        launch(o, sgd_op{*c}, numel, s);
         break;
+    }
     case FL_OPTIM_ADADELTA:
-        adadelta_kernel<<<blocks, 256, 0, s>>>(o, *(const fl_adadelta_ctx *)ctx, numel);
+        launch(o, adadelta_op{*(const fl_adadelta_ctx *)ctx}, numel, s);
         break;
     default:
         return fl_fail(FL_ERR_UNSUPPORTED, "%s on cuda: no kernel for update kind %d", op, (int)kind);
@@ -187,6 +353,48 @@ __global__ void sum_squares_kernel(double *part, const void *x, int dt, int64_t 
     }
 }
 
+/* The same partial sums for a 16-byte aligned f32, bf16 or f16 tensor:
+ * one thread per chunk keeps its four accumulators and reads the chunk 8
+ * elements (two quads) at a time with vector loads (32 bytes of f32, 16 of
+ * bf16), adding element 8v + j into accumulator j % 4 in the order above;
+ * a last whole quad and the tail are read one by one. (The accumulators'
+ * order leaves one thread per chunk at most 4 chains; the unrolled loop
+ * keeps several loads in flight per thread instead.) (The per-accumulator
+ * kernel above reads 4 strided bytes per thread per step.) */
+template <int DT> __global__ void sum_squares_vec_kernel(double *part, const void *x, int64_t numel,
+                                                         int64_t chunks) {
+    constexpr int N = 8;
+    static_assert(CHUNK % N == 0, "a chunk is whole packs");
+    FOR_EACH_ELEMENT(c, chunks) {
+        int64_t start = c * CHUNK;
+        int64_t len = numel - start < CHUNK ? numel - start : CHUNK, quads = len / 4;
+        int64_t packs = quads * 4 / N, first = start / N;
+        double s[4] = {0, 0, 0, 0};
+#pragma unroll 4
+        for (int64_t v = 0; v < packs; v++) {
+            pack<DT, N> a;
+            a.load(x, first + v);
+#pragma unroll
+            for (int j = 0; j < N; j++) {
+                double d = a.get(j);
+                s[j % 4] = __dadd_rn(s[j % 4], __dmul_rn(d, d));
+            }
+        }
+        if (packs * N < quads * 4) /* the last whole quad: one of the pack's two */
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                double d = fl_cu_vget<DT>(x, start + packs * N + k);
+                s[k] = __dadd_rn(s[k], __dmul_rn(d, d));
+            }
+        for (int64_t i = quads * 4; i < len; i++) {
+            double d = fl_cu_vget<DT>(x, start + i);
+            s[0] = __dadd_rn(s[0], __dmul_rn(d, d));
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) part[4 * c + k] = s[k];
+    }
+}
+
 static int cuda_grad_sq_norm(const fl_tensor *t, double *out) {
     const char *op = "grad_sq_norm";
     *out = 0;
@@ -202,8 +410,14 @@ static int cuda_grad_sq_norm(const fl_tensor *t, double *out) {
         fl_tensor_release(part);
         return fl_fail(FL_ERR_OOM, "%s: no host memory for %lld partial sums", op, (long long)nparts);
     }
-    sum_squares_kernel<<<fl_cu_blocks(nparts, 256), 256, 0, fl_cu_stream()>>>(
-        (double *)part->data, t->data, t->dtype, numel, chunks);
+    cudaStream_t s = fl_cu_stream();
+    if (fl_cu_vec_dtype(t->dtype) && fl_cu_vec_aligned(t->data))
+        fl_cu_vec_dispatch(t->dtype, VDT,
+                           sum_squares_vec_kernel<VDT><<<fl_cu_blocks(chunks, THREADS), THREADS, 0, s>>>(
+                               (double *)part->data, t->data, numel, chunks));
+    else
+        sum_squares_kernel<<<fl_cu_blocks(nparts, THREADS), THREADS, 0, s>>>(
+            (double *)part->data, t->data, t->dtype, numel, chunks);
     rc = fl_cu_check(op);
     if (rc == FL_OK) rc = fl_cuda_nccl_settle();
     if (rc == FL_OK) {
@@ -236,13 +450,37 @@ __global__ void scale_kernel(void *x, int dt, double alpha, int64_t n) {
     }
 }
 
+/* The same for a 16-byte aligned f32, bf16 or f16 tensor, a 16-byte
+ * vector per thread; the tail one by one. */
+template <int DT> __global__ void scale_vec_kernel(void *x, float a, int64_t n) {
+    typedef fl_cu_vec<DT> V;
+    int64_t nv = n / V::N, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t v = t; v < nv; v += stride) {
+        V r = V::load(x, v);
+#pragma unroll
+        for (int k = 0; k < V::N; k++) r.set(k, MUL(r.get(k), a));
+        r.store(x, v);
+    }
+    for (int64_t i = nv * V::N + t; i < n; i += stride) fl_cu_vput<DT>(x, i, MUL(fl_cu_vget<DT>(x, i), a));
+}
+
 static int cuda_grad_scale_(fl_tensor *t, double alpha) {
     const char *op = "grad_scale_";
     if (t->numel == 0) return FL_OK;
     int rc = fl_cu_use_device(op, t);
     if (rc != FL_OK) return rc;
-    scale_kernel<<<fl_cu_blocks(t->numel, 256), 256, 0, fl_cu_stream()>>>(t->data, t->dtype, alpha,
-                                                                          t->numel);
+    cudaStream_t s = fl_cu_stream();
+    if (fl_cu_vec_dtype(t->dtype) && fl_cu_vec_aligned(t->data)) {
+        unsigned blocks = fl_cu_vec_blocks(t->numel, FL_CU_VEC_BYTES / (int)fl_dtype_size(t->dtype),
+                                           THREADS);
+        fl_cu_vec_dispatch(t->dtype, VDT,
+                           scale_vec_kernel<VDT><<<blocks, THREADS, 0, s>>>(t->data, (float)alpha,
+                                                                            t->numel));
+    } else {
+        scale_kernel<<<fl_cu_blocks(t->numel, THREADS), THREADS, 0, s>>>(t->data, t->dtype, alpha,
+                                                                         t->numel);
+    }
     return fl_cu_check(op);
 }
 

@@ -285,4 +285,135 @@ describe('cuda optimizer updates', function()
       assert.same(pc.grad:to('f64'):tolist(), pg.grad:to('cpu'):to('f64'):tolist())
     end
   end)
+
+  -- The C updates called directly on operands of chosen dtypes, sizes and
+  -- offsets, on the CPU and on cuda:0, compared bit for bit (as f64 lists:
+  -- exact for every float dtype). Sizes: a whole number of 8-element packs
+  -- (8, 4096), with a tail (37, 4099); offset 1 (every operand misaligned)
+  -- and offset 4 (f32 operands 16-byte aligned, bf16 ones not) must take
+  -- the per-element kernel, offset 0 with f32/bf16 operands the vector one.
+  local ffi = require 'ffi'
+  local C = require('fsdp.core').C
+  local cptr = require('fsdp.tensor').cptr
+
+  -- A pair {cpu, gpu} of n-element views at element `off` of equal tensors.
+  local function pair(n, off, dtype, seed, scale)
+    local base = seed and (randn({ n + off }, seed) * (scale or 1)):to(dtype)
+      or fsdp.zeros({ n + off }, { dtype = dtype })
+    return { base:narrow(0, off, n), base:to(DEV):narrow(0, off, n) }
+  end
+
+  local function same_bits(pr, what)
+    assert.same(pr[1]:to('f64'):tolist(), pr[2]:to('cpu'):to('f64'):tolist(), what)
+  end
+
+  -- steps of call(side, operands, step) on both devices; dts: {param, grad,
+  -- state...}; every operand compared after the last.
+  local function same_updates(call, dts, n, off, steps, what)
+    local ops = { pair(n, off, dts[1], 60) }
+    for k = 3, #dts do ops[k] = pair(n, off, dts[k]) end
+    for s = 1, steps do
+      ops[2] = pair(n, off, dts[2], 60 + s, 0.1)
+      for side = 1, 2 do
+        local o = {}
+        for k = 1, #dts do o[k] = cptr(ops[k][side]) end
+        assert(call(o, s) == 0, what .. ': ' .. require('fsdp.core').last_error())
+      end
+    end
+    for k = 1, #dts do same_bits(ops[k], ('%s operand %d'):format(what, k)) end
+  end
+
+  local dtype_sets = {
+    { 'f32', 'f32', 'f32' }, { 'bf16', 'bf16', 'bf16' }, { 'bf16', 'bf16', 'f32' }, { 'f32', 'bf16', 'f32' },
+    { 'bf16', 'f32', 'bf16' }, { 'f16', 'f16', 'f16' }, { 'f32', 'f32', 'bf16' },
+  }
+  local sizes, offsets = { 8, 37, 4096, 4099 }, { 0, 1, 4 }
+
+  -- fn(dts, n, off, tag) for every dtype set, size and offset.
+  local function each_case(fn)
+    for _, d in ipairs(dtype_sets) do
+      for _, n in ipairs(sizes) do
+        for _, off in ipairs(offsets) do
+          fn(d, n, off, ('%s/%s/%s n=%d off=%d'):format(d[1], d[2], d[3], n, off))
+        end
+      end
+    end
+  end
+
+  it('AdamW is bit-exact on the vector path, its tails and its fallbacks', function()
+    local o = ffi.new('fl_adamw_options')
+    each_case(function(d, n, off, tag)
+      for _, beta1 in ipairs({ 0.9, 0.3 }) do
+        o.lr, o.beta1, o.beta2, o.eps, o.weight_decay = 1e-2, beta1, 0.95, 1e-8, 0.1
+        same_updates(function(x, s)
+          o.step = s
+          return C.fl_adamw_step_(x[1], x[2], x[3], x[4], o)
+        end, { d[1], d[2], d[3], d[3] }, n, off, 2, 'AdamW ' .. tag)
+      end
+    end)
+  end)
+
+  it('AnyPrecisionAdamW is bit-exact on the vector path, its tails and its fallbacks', function()
+    local o = ffi.new('fl_adamw_options')
+    o.lr, o.beta1, o.beta2, o.eps, o.weight_decay = 1e-3, 0.9, 0.95, 1e-8, 0.01
+    each_case(function(d, n, off, tag)
+      same_updates(function(x, s)
+        o.step = s
+        return C.fl_anyprecision_adamw_step_(x[1], x[2], x[3], x[4], x[5], o)
+      end, { d[1], d[2], d[3], d[3], d[3] }, n, off, 2, 'AnyPrecisionAdamW kahan ' .. tag)
+      same_updates(function(x, s)
+        o.step = s
+        return C.fl_anyprecision_adamw_step_(x[1], x[2], x[3], x[4], nil, o)
+      end, { d[1], d[2], d[3], d[3] }, n, off, 2, 'AnyPrecisionAdamW ' .. tag)
+    end)
+    -- moments of two dtypes: the per-element kernel
+    same_updates(function(x, s)
+      o.step = s
+      return C.fl_anyprecision_adamw_step_(x[1], x[2], x[3], x[4], x[5], o)
+    end, { 'bf16', 'bf16', 'f32', 'bf16', 'bf16' }, 4099, 0, 2, 'AnyPrecisionAdamW mixed moments')
+  end)
+
+  it('SGD is bit-exact on the vector path, its tails and its fallbacks', function()
+    local o = ffi.new('fl_sgd_options')
+    each_case(function(d, n, off, tag)
+      for _, v in ipairs({ { 0.1, 0, 0, 0, false }, { 0.1, 0.9, 0.1, 1e-2, false }, { 0.05, 0.9, 0, 0, true } }) do
+        o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov = v[1], v[2], v[3], v[4], v[5]
+        local dts = v[2] ~= 0 and { d[1], d[2], d[3] } or { d[1], d[2] }
+        same_updates(function(x, s)
+          o.step = s
+          return C.fl_sgd_step_(x[1], x[2], x[3], o)
+        end, dts, n, off, 3, 'SGD ' .. tag)
+      end
+    end)
+  end)
+
+  it('Adadelta is bit-exact on the vector path, its tails and its fallbacks', function()
+    local o = ffi.new('fl_adadelta_options')
+    o.lr, o.rho, o.eps, o.weight_decay = 1.0, 0.9, 1e-6, 1e-2
+    each_case(function(d, n, off, tag)
+      same_updates(function(x) return C.fl_adadelta_step_(x[1], x[2], x[3], x[4], o) end,
+        { d[1], d[2], d[3], d[3] }, n, off, 2, 'Adadelta ' .. tag)
+    end)
+  end)
+
+  it('sums squares and scales bit-exactly on the vector path, its tails and its fallbacks', function()
+    local sum = ffi.new('double[1]')
+    for _, dtype in ipairs({ 'f32', 'bf16', 'f16', 'f64' }) do
+      -- (2 * 4096 + 4 + 3: a last chunk with a whole quad past the packs, then a tail)
+      for _, n in ipairs({ 8, 37, 4096, 2 * 4096 + 4 + 3, 3 * 4096 + 8 }) do
+        for _, off in ipairs({ 0, 1 }) do
+          local tag = ('%s n=%d off=%d'):format(dtype, n, off)
+          local x = pair(n, off, dtype, 70)
+          local r = {}
+          for side = 1, 2 do
+            assert(C.fl_grad_sq_norm(cptr(x[side]), sum) == 0, tag)
+            r[side] = sum[0]
+          end
+          assert(r[1] == r[2], ('sum of squares %s: %.17g on cuda, %.17g on the cpu'):format(tag, r[2], r[1]))
+          for side = 1, 2 do assert(C.fl_grad_scale_(cptr(x[side]), 0.37) == 0, tag) end
+          same_bits(x, 'scale ' .. tag)
+        end
+      end
+    end
+  end)
 end)
