@@ -570,11 +570,26 @@ describe('REPL on a terminal', function()
     wait_prompt()
     type_line("m = require('models.llama').build('tiny', {device = 'meta'})")
     wait_prompt()
+    -- Numbered layers by their names in brackets ([Note: module names and
+    -- Lua paths]); a name typed as printed is respelled so that it parses.
     tmux('send-keys -t repl -l m.model.layers.1.ml')
     tmux('send-keys -t repl Tab')
     tmux('send-keys -t repl -l .up_pr')
     tmux('send-keys -t repl Tab')
-    wait_for('> m.model.layers.1.mlp.up_proj')
+    wait_for('> m.model.layers["1"].mlp.up_proj')
+    tmux('send-keys -t repl C-c')
+    -- Tab Tab lists methods and ["0"], ["1"], and keeps the typed '.'.
+    tmux('send-keys -t repl -l m.model.layers.')
+    tmux('send-keys -t repl Tab')
+    tmux('send-keys -t repl Tab')
+    s = wait_for('m.model.layers["1"]')
+    assert.is_truthy(s:find('m.model.layers.append', 1, true), s)
+    for _ = 1, 50 do  -- the prompt is redrawn under the list
+      if s:find('\n> m%.model%.layers%.%s*$') then break end
+      os.execute('sleep 0.1')
+      s = screen()
+    end
+    assert.is_truthy(s:find('\n> m%.model%.layers%.%s*$'), s)
     tmux('send-keys -t repl C-c')
     type_line('print("done" .. "!")')
     wait_for('done!')

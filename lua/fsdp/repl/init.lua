@@ -204,6 +204,11 @@ function M.setup()
   local ok, complete = pcall(require, 'fsdp.repl.complete')
   if ok then
     host.set_completer(function(before, word) return complete.candidates(before, word) end)
+    -- a module prints its tree, then how its numbered children are indexed
+    M.printers[#M.printers + 1] = function(v)
+      local note = complete.module_note(v)
+      if note then return tostring(v) .. '\n' .. note end
+    end
   else
     warn('tab completion is off: ' .. tostring(complete))
   end
