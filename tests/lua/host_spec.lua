@@ -367,6 +367,14 @@ describe('REPL on piped input', function()
     contains(out, 'after\n')
   end)
 
+  it("prints a library's verdict on the typed call as one line, without a traceback", function()
+    local out, rc = sh("printf 'fsdp.plan(1)\\nprint(\"after\")\\n' | " .. fl('-i'))
+    assert.are.equal(0, rc, out)
+    contains(out, 'stdin:1: fsdp.plan: expected an nn.Module (built on meta), got number\n')
+    not_contains(out, 'stack traceback:')
+    contains(out, 'after\n')
+  end)
+
   it('works with the built-in REPL when fsdp.repl cannot load', function()
     local root = tmp .. '/bare'
     os.execute('mkdir -p ' .. quote(root .. '/lua/fsdp'))

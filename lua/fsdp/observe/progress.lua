@@ -163,7 +163,9 @@ function Progress:finish(note)
   local elapsed = self.now() - self.t0
   local what = self.done > 0 and amount(self.done, self.unit) .. ' in ' or 'done in '
   local text = self.label .. ': ' .. what .. seconds(elapsed)
-  if self.done > 0 and elapsed > 0 then text = text .. (' (%s/s)'):format(amount(self.done / elapsed, self.unit, true)) end
+  if self.done > 0 and elapsed > 0 then
+    text = text .. (' (%s/s)'):format(amount(self.done / elapsed, self.unit, true))
+  end
   if note then text = text .. ', ' .. note end
   if self.mode == 'bar' then
     self:_clear()
