@@ -516,7 +516,8 @@ describe('fsdp.plan: nodes and options', function()
     for k, v in pairs(fsdp.devices['a100-80g']) do dev[k] = v end
     dev.ranks_per_node, dev.name = nil, 'no-node-size'
     assert.are.equal(2, fsdp.plan(m, { world = 16, device = dev }).options.nodes)
-    fails({ world = 12, device = 'h100-80g' }, 'world 12 is not a multiple of 8 ranks per node (device profile h100-80g)')
+    fails({ world = 12, device = 'h100-80g' },
+      'world 12 is not a multiple of 8 ranks per node (device profile h100-80g)')
     fails({ world = 16, nodes = 2, ranks_per_node = 4 }, 'is 8 ranks per node, not ranks_per_node 4')
   end)
 

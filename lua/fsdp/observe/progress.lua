@@ -154,6 +154,16 @@ function Progress:set_total(total)
   self.total = total
 end
 
+-- Around output of one's own that does not go through fsdp.observe.console
+-- (a plain print): hide() clears the bar, show() draws it again.
+function Progress:hide()
+  if self.mode == 'bar' then self:_clear(); self.out:flush() end
+end
+
+function Progress:show()
+  if self.mode == 'bar' and not self.finished then self:_draw() end
+end
+
 -- The closing line: "label: 2.1 GiB in 3.4 s (630 MiB/s)", or with a note
 -- ("label: done in 28.3 s, 32,000 pieces"). In lines mode only when the
 -- work printed a line before or is a phase.
