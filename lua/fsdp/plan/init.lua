@@ -10,10 +10,11 @@
 --   fsdp.plan.max_batch(m, {...})  -- the largest batch per rank that fits
 --
 -- Options (errors name the option at fault):
---   world (default: this job's size; with nodes and no world, nodes x ranks
---   per node), nodes (default: world / ranks per node), ranks_per_node
---   (default: the device profile's, 8 for the GPUs; every rank on one node
---   for 'cpu'; [Note: plan node size]), strategy (FULL_SHARD), policy (a function as fsdp.shard's, or
+--   world (default: this job's size), nodes (default: world / ranks per
+--   node; given without world, the world is nodes x ranks per node),
+--   ranks_per_node (default: the device profile's, 8 for the GPUs; every
+--   rank on one node for 'cpu'; [Note: plan node size]), strategy
+--   (FULL_SHARD), policy (a function as fsdp.shard's, or
 --   'transformer' / 'size' / 'none'; default: one unit per block, else
 --   fsdp.policy.size{}), blocks (a predicate over modules: the repeated
 --   layers that are wrapped, checkpointed and offloaded one by one;
