@@ -27,6 +27,8 @@ local tokenizer = require 'fsdp.data.tokenizer'
 local clock = require 'fsdp.clock'
 local corpus = require 'fsdp.data.corpus'
 local utf8 = require 'fsdp.data.utf8'
+local files = require 'fsdp.io.files'
+local progress = require 'fsdp.observe.progress'
 
 local cfg = recipe.config({
   input = { '', 'text (.txt) or JSONL (.jsonl) files, comma-separated' },
@@ -153,17 +155,40 @@ local function copy_file(from, to)
   dst:close()
 end
 
+-- The input's bytes for the progress line (fsdp.observe.progress); nil
+-- when a compressed file makes the text's size unknown.
+local function input_bytes()
+  local total = 0
+  for _, path in ipairs(inputs) do
+    if path:match('%.gz$') or path:match('%.zst$') then return nil end
+    total = total + (files.size(path) or 0)
+  end
+  return total
+end
+
 local t0 = clock.now()
 if cfg.train_spm > 0 then
   local spm = require 'fsdp.data.sentencepiece'
   local corpus = os.tmpname()
   local f = assert(io.open(corpus, 'wb'))
-  each_document(function(doc) f:write((doc:gsub('[\r\n]', ' ')), '\n') end)
+  local reading = progress.start('reading the text for the tokenizer', { total = input_bytes(), unit = 'B' })
+  each_document(function(doc)
+    f:write((doc:gsub('[\r\n]', ' ')), '\n')
+    reading:add(#doc + 1)
+  end)
   f:close()
+  reading:finish()
+  -- one C call that cannot report as it goes: announced, then timed
+  local phase = progress.phase(('training a SentencePiece %s model of %d pieces'):format(cfg.spm_model_type,
+    cfg.train_spm))
   local pieces, trained, lines
-  trained, pieces, lines = spm.train({ input = corpus, model_prefix = cfg.output .. '/tokenizer',
-    vocab_size = cfg.train_spm, model_type = cfg.spm_model_type, warn = false })
+  local ok, err = pcall(function()
+    trained, pieces, lines = spm.train({ input = corpus, model_prefix = cfg.output .. '/tokenizer',
+      vocab_size = cfg.train_spm, model_type = cfg.spm_model_type, warn = false })
+  end)
+  phase:finish(ok and ('%d pieces'):format(pieces) or 'failed')
   os.remove(corpus)
+  if not ok then error(err, 0) end
   if pieces < cfg.train_spm then
     io.stderr:write(('warning: tools/tokenize.lua: --train_spm=%d, but %s supports only %d pieces: the model has %d '
       .. '(ask for at most %d, or give more text)\n'):format(cfg.train_spm, cfg.input, pieces, pieces, pieces))
@@ -222,14 +247,23 @@ local function encode_batch()
 end
 
 local f = cfg.val_fraction
+local tokenizing = progress.start('tokenizing', { total = input_bytes(), unit = 'B' })
+local batch_bytes = 0
 each_document(function(doc)
   local val = math.floor((doc_index + 1) * f) > math.floor(doc_index * f)
   doc_index = doc_index + 1
   batch[#batch + 1] = doc
   batch_split[#batch_split + 1] = val and 'val' or 'train'
-  if #batch >= cfg.chunk_docs then encode_batch() end
+  batch_bytes = batch_bytes + #doc + 1
+  if #batch >= cfg.chunk_docs then
+    encode_batch()
+    tokenizing:add(batch_bytes)
+    batch_bytes = 0
+  end
 end)
 encode_batch()
+tokenizing:add(batch_bytes)
+tokenizing:finish(('%d documents'):format(doc_index))
 flush(splits.train)
 flush(splits.val)
 if doc_index == 0 then die('no documents found in %s', cfg.input) end

@@ -98,13 +98,18 @@ void host_set_completer(host_completer fn, void *data) {
 }
 
 /* The longest common prefix of the candidates, malloc'd. */
-static char *common_prefix(char **items, size_t n) {
+/* The longest common prefix of the candidates, malloc'd; `text` itself
+ * when that prefix is shorter: candidates may respell the word
+ * (`layers.` offers `layers.append` and `layers["0"]`), and Tab must never
+ * delete what was typed. */
+static char *common_prefix(char **items, size_t n, const char *text) {
     size_t len = strlen(items[0]);
     for (size_t i = 1; i < n; i++) {
         size_t k = 0;
         while (k < len && items[i][k] == items[0][k]) k++;
         len = k;
     }
+    if (len < strlen(text)) return strdup(text);
     return strndup(items[0], len);
 }
 
@@ -129,7 +134,7 @@ static char **attempt_completion(const char *text, int start, int end) {
         return NULL;
     }
     char **matches = calloc(n + 2, sizeof *matches);
-    char *prefix = n > 1 ? common_prefix(items, n) : NULL;
+    char *prefix = n > 1 ? common_prefix(items, n, text) : NULL;
     if (matches == NULL || (n > 1 && prefix == NULL)) {
         for (size_t i = 0; i < n; i++) free(items[i]);
         free(items);

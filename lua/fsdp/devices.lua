@@ -30,7 +30,9 @@
 --                 Gen4 x16 ~25 GB/s (A100, L40S), Gen5 x16 ~50 GB/s (H100,
 --                 H200) each way, about 80% of the link's 32 / 64 GB/s, what
 --                 pinned cudaMemcpyAsync usually measures
---   ranks_per_node  the usual node (8 GPUs); fsdp.plan's `nodes` overrides
+--   ranks_per_node  the usual node (8 GPUs; nil: 8); 'all': one node holds every rank
+--                 (cpu: this machine); fsdp.plan's `nodes` or `ranks_per_node`
+--                 overrides ([Note: plan node size] in fsdp.plan)
 --   page          allocation granularity of gathered units (the CPU backend
 --                 maps them in whole pages); nil: exact bytes
 --   f32_gemm      products in bf16/f16 stage f32 copies (the CPU backend:
@@ -70,7 +72,8 @@ local PROFILES = {
   -- declared guess (MPI over 2 cores), the memory and f32 rate are filled
   -- in from this machine on first use.
   cpu = { memory = 0, reserved = 0, flops = {}, utilization = 0.8, mem_bw = 10e9, intra_bw = 5e9,
-          inter_bw = 1.25e9, node_inter_bw = 1.25e9, ranks_per_node = 1, page = 4096, f32_gemm = true, f32_reduce = true,
+          inter_bw = 1.25e9, node_inter_bw = 1.25e9, ranks_per_node = 'all', page = 4096, f32_gemm = true,
+          f32_reduce = true,
           measured = false },
 }
 for name, p in pairs(PROFILES) do

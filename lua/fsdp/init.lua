@@ -510,7 +510,9 @@ local lazy = { nn = 'fsdp.nn', optim = 'fsdp.optim', functional = 'fsdp.function
                lora = 'fsdp.lora',
                -- fsdp.plan(model, opts): memory, communication and time per
                -- rank without allocating; fsdp.devices: its device profiles.
-               plan = 'fsdp.plan', devices = 'fsdp.devices' }
+               plan = 'fsdp.plan', devices = 'fsdp.devices',
+               -- fsdp.progress.start(label, {total=, unit=}): progress of long work
+               progress = 'fsdp.observe.progress' }
 setmetatable(M, {
   -- Tab completion (fsdp.complete) offers the lazy submodules too.
   __dir = function(t)

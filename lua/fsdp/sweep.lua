@@ -20,6 +20,7 @@
 -- runs, M.validate checks every point's options (recipes/sweep.lua refuses
 -- a grid with a bad point), and a sweep with a failed point exits non-zero.
 local quote = require 'fsdp.quote'
+local progress = require 'fsdp.observe.progress'
 
 local M = {}
 
@@ -147,8 +148,10 @@ end
 -- every point alike: count says how many), empty when all are valid.
 function M.validate(opts, points, axes)
   local problems, by_message = {}, {}
+  local bar = progress.start('sweep: checking the options', { total = #points, unit = 'points' })
   for i, point in ipairs(points) do
     local output, rc = capture(M.words(opts, point, axes, '--validate_options'))
+    bar:add(1)
     if rc ~= 0 or not output:find('options: ok', 1, true) then
       local message = output:match('fsdp%-lua: ([^\n]*)') or trim(output):match('([^\n]*)$') or ''
       if rc == 124 or rc == 137 then message = 'checking its options ran past the time limit' end
@@ -162,6 +165,7 @@ function M.validate(opts, points, axes)
       end
     end
   end
+  bar:finish()
   return problems
 end
 
@@ -180,10 +184,15 @@ function M.run(opts)
   if not is then fail(('recipe %s not found'):format(opts.recipe)) end
   local points = M.points(opts.axes)
   local results = {}
+  local bar = progress.start(('sweep of %s'):format(opts.recipe), { total = #points, unit = 'points' })
   for i, point in ipairs(points) do
     results[i] = M.run_point(opts, point, opts.axes)
+    bar:hide() -- on_result prints its line above the bar
     if opts.on_result then opts.on_result(i, #points, results[i]) end
+    bar:show()
+    bar:add(1)
   end
+  bar:finish()
   return results
 end
 

@@ -367,6 +367,14 @@ describe('REPL on piped input', function()
     contains(out, 'after\n')
   end)
 
+  it("prints a library's verdict on the typed call as one line, without a traceback", function()
+    local out, rc = sh("printf 'fsdp.plan(1)\\nprint(\"after\")\\n' | " .. fl('-i'))
+    assert.are.equal(0, rc, out)
+    contains(out, 'stdin:1: fsdp.plan: expected an nn.Module (built on meta), got number\n')
+    not_contains(out, 'stack traceback:')
+    contains(out, 'after\n')
+  end)
+
   it('works with the built-in REPL when fsdp.repl cannot load', function()
     local root = tmp .. '/bare'
     os.execute('mkdir -p ' .. quote(root .. '/lua/fsdp'))
@@ -570,11 +578,26 @@ describe('REPL on a terminal', function()
     wait_prompt()
     type_line("m = require('models.llama').build('tiny', {device = 'meta'})")
     wait_prompt()
+    -- Numbered layers by their names in brackets ([Note: module names and
+    -- Lua paths]); a name typed as printed is respelled so that it parses.
     tmux('send-keys -t repl -l m.model.layers.1.ml')
     tmux('send-keys -t repl Tab')
     tmux('send-keys -t repl -l .up_pr')
     tmux('send-keys -t repl Tab')
-    wait_for('> m.model.layers.1.mlp.up_proj')
+    wait_for('> m.model.layers["1"].mlp.up_proj')
+    tmux('send-keys -t repl C-c')
+    -- Tab Tab lists methods and ["0"], ["1"], and keeps the typed '.'.
+    tmux('send-keys -t repl -l m.model.layers.')
+    tmux('send-keys -t repl Tab')
+    tmux('send-keys -t repl Tab')
+    s = wait_for('m.model.layers["1"]')
+    assert.is_truthy(s:find('m.model.layers.append', 1, true), s)
+    for _ = 1, 50 do  -- the prompt is redrawn under the list
+      if s:find('\n> m%.model%.layers%.%s*$') then break end
+      os.execute('sleep 0.1')
+      s = screen()
+    end
+    assert.is_truthy(s:find('\n> m%.model%.layers%.%s*$'), s)
     tmux('send-keys -t repl C-c')
     type_line('print("done" .. "!")')
     wait_for('done!')

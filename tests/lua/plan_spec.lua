@@ -480,3 +480,50 @@ describe('fsdp.plan errors', function()
     assert.error_matches(function() fsdp.plan(Rev(), { blocks = 42 }) end, 'fsdp.plan: blocks must be a function')
   end)
 end)
+
+describe('fsdp.plan: nodes and options', function()
+  local m = require('models.llama').build('tiny', { device = 'meta' })
+  local function fails(opts, text)
+    local ok, err = pcall(fsdp.plan, m, opts)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(text, 1, true), tostring(err))
+    assert.is_nil(tostring(err):find('\n', 1, true))   -- one line
+  end
+
+  -- [Note: plan node size]
+  it('takes the node size from the device profile (8 GPUs), not the whole world as one node, and prints it', function()
+    local p = fsdp.plan(m, { world = 64, device = 'h100-80g' })
+    assert.are.equal(8, p.options.nodes)
+    assert.are.equal(8, p.options.ranks_per_node)
+    assert.truthy(tostring(p):find('64 x h100-80g (8 nodes of 8), FULL_SHARD', 1, true), tostring(p))
+    -- nodes alone: the world is nodes x the profile's node size
+    p = fsdp.plan(m, { nodes = 8, device = 'h100-80g' })
+    assert.are.equal(64, p.options.world)
+    -- a world within one node, and an explicit node size
+    p = fsdp.plan(m, { world = 4, device = 'h100-80g' })
+    assert.are.equal(1, p.options.nodes)
+    assert.truthy(tostring(p):find('4 x h100-80g (1 node of 4)', 1, true), tostring(p))
+    p = fsdp.plan(m, { world = 16, ranks_per_node = 4, device = 'h100-80g' })
+    assert.are.same({ 4, 4 }, { p.options.nodes, p.options.ranks_per_node })
+    -- HYBRID_SHARD shards within the node
+    p = fsdp.plan(m, { world = 16, device = 'h100-80g', strategy = 'HYBRID_SHARD' })
+    assert.are.equal(8, p.units[1].G)
+    -- the cpu profile is this machine: every rank on it
+    p = fsdp.plan(m, { world = 2 })
+    assert.are.equal(1, p.options.nodes)
+    -- a profile without a node size: 8
+    local dev = {}
+    for k, v in pairs(fsdp.devices['a100-80g']) do dev[k] = v end
+    dev.ranks_per_node, dev.name = nil, 'no-node-size'
+    assert.are.equal(2, fsdp.plan(m, { world = 16, device = dev }).options.nodes)
+    fails({ world = 12, device = 'h100-80g' },
+      'world 12 is not a multiple of 8 ranks per node (device profile h100-80g)')
+    fails({ world = 16, nodes = 2, ranks_per_node = 4 }, 'is 8 ranks per node, not ranks_per_node 4')
+  end)
+
+  it('answers a misspelt option with one line and "did you mean"', function()
+    fails({ nodse = 8 }, "fsdp.plan: unknown option 'nodse' (did you mean nodes?)")
+    fails({ wrold = 8 }, "(did you mean world?)")
+    fails({ zzzzzz = 1 }, "unknown option 'zzzzzz' (known: backward_prefetch, batch,")
+  end)
+end)

@@ -254,7 +254,7 @@ describe('recipes/llama2_7b.lua', function()
     -- 6,738,415,616 parameters unsharded in bf16: 12.551 GiB on every rank
     assert.matches('gradient accumulation buffers%s+12%.551%s+%(unsharded, 4 micro%-batches per step%)', out)
     out = run('--plan --plan_world=16 --plan_device=h100-80g')
-    assert.matches('16 x h100-80g, FULL_SHARD', out, 1, true) -- one node: nothing to say
+    assert.matches('16 x h100-80g (2 nodes of 8), FULL_SHARD', out, 1, true) -- the profile's node size
     assert.is_nil(out:find('accumulation', 1, true))
   end)
 

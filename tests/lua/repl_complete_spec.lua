@@ -44,18 +44,64 @@ describe('fsdp.repl.complete', function()
   end)
 
   it('follows module children, numbered layers and indices', function()
-    local layer = cands('model.model.layers.0.', env)
-    assert.is_true(has(layer, 'model.model.layers.0.self_attn'))
-    assert.is_true(has(layer, 'model.model.layers.0.mlp'))
-    assert.is_true(has(layer, 'model.model.layers.0.forward'))   -- methods through the class
+    local layer = cands('model.model.layers["0"].', env)
+    assert.is_true(has(layer, '.self_attn'))
+    assert.is_true(has(layer, '.mlp'))
+    assert.is_true(has(layer, '.forward'))   -- methods through the class
     local list = cands('model.model.layers.', env)
-    assert.are.same({ 'model.model.layers.0', 'model.model.layers.1' }, { list[1], list[2] })
+    assert.are.same({ 'model.model.layers["0"]', 'model.model.layers["1"]' }, { list[#list - 1], list[#list] })
     assert.is_true(has(list, 'model.model.layers.append'))
     assert.are.same({ '.mlp' }, cands('model.model.layers[1].ml', env))
     assert.are.same({ '.self_attn' }, cands('model.model.layers["0"].se', env))
-    assert.are.same({ 'model.model.layers.1.mlp.up_proj' }, cands('model.model.layers.1.mlp.up', env))
     assert.are.same({ 'cfg.layers' }, cands('cfg.la', env))
     assert.are.same({ '.width' }, cands('cfg.layers[1].w', env))
+  end)
+
+  -- [Note: module names and Lua paths]
+  it('offers only text that parses, and it evaluates to the module of that name', function()
+    local by_name = {}
+    for _, nm in ipairs(env.model:named_modules()) do by_name[nm[1]] = nm[2] end
+    local function evaluates(text)
+      local chunk, err = loadstring('return ' .. text)
+      assert.is_not_nil(chunk, ('%s does not parse: %s'):format(text, tostring(err)))
+      setfenv(chunk, env)
+      return chunk()
+    end
+    -- every candidate for these prefixes parses; the numbered ones are the modules named so
+    for _, typed in ipairs({ 'model.model.layers.', 'model.model.layers.0.', 'model.model.layers.1.ml',
+                             'model.model.layers.1', 'model.model.layers["0"].self_attn.' }) do
+      local got = cands(typed, env)
+      assert.is_true(#got > 0, typed)
+      local word = typed:match('[^%s"\'`@$><=;|&{}()%[%],+%-*/%%^#~]*$')
+      for _, c in ipairs(got) do
+        local line = typed:sub(1, #typed - #word) .. c
+        assert.is_nil(line:find('%.%d'), line)            -- never `.0`, a syntax error
+        evaluates(line)
+      end
+    end
+    assert.are.same({ 'model.model.layers["0"].self_attn' }, cands('model.model.layers.0.se', env))
+    assert.are.same({ 'model.model.layers["1"].mlp.up_proj' }, cands('model.model.layers.1.mlp.up', env))
+    assert.are.equal(by_name['model.layers.0.self_attn'], evaluates('model.model.layers["0"].self_attn'))
+    assert.are.equal(by_name['model.layers.1'], evaluates(cands('model.model.layers.1', env)[1]))
+    -- integer indices stay Lua positions of the same list
+    assert.are.equal(by_name['model.layers.0'], evaluates('model.model.layers[1]'))
+    -- inside brackets: the names, closed
+    assert.are.same({ '"0"]', '"1"]' }, cands('model.model.layers[', env))
+    assert.are.same({ '1"]' }, cands('model.model.layers["1', env))
+    assert.are.same({ "0']" }, cands("model.model.layers['0", env))
+    assert.are.equal(by_name['model.layers.1'], evaluates('model.model.layers["1"]'))
+    -- every module's name spelled as Lua reaches it
+    for name, m in pairs(by_name) do
+      if name ~= '' then assert.are.equal(m, evaluates('model.' .. complete.lua_path(name)), name) end
+    end
+    assert.are.equal('model.layers["0"].self_attn', complete.lua_path('model.layers.0.self_attn'))
+  end)
+
+  it('notes under a printed module how its numbered children are indexed', function()
+    assert.are.equal('-- index by name: model.layers["0"] is the module named model.layers.0 '
+      .. '(layers[1] is the same: Lua counts from 1)', complete.module_note(env.model))
+    assert.is_nil(complete.module_note(env.model.model.layers['0'].mlp))   -- nothing numbered inside
+    assert.is_nil(complete.module_note({ 1, 2 }))
   end)
 
   it('offers methods after ":" and tensor properties after "."', function()

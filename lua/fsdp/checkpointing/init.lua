@@ -43,6 +43,7 @@ local layout = require 'fsdp.checkpointing.layout'
 local parts_of = require 'fsdp.checkpointing.parts'
 local safetensors = require 'fsdp.io.safetensors'
 local optim_state = require 'fsdp.checkpointing.optim_state'
+local progress = require 'fsdp.observe.progress'
 local C = core.C
 local META = layout.META
 
@@ -128,20 +129,23 @@ end
 -- the writer checksums the data and refuses non-finite parameters and
 -- optimizer state (buffers such as masks may hold infinities). Returns the
 -- parts written, the optimizer's scalars and the file's checksum.
-local function write_rank_file(path, parts, opt, meta)
+local function write_rank_file(path, parts, opt, meta, label)
   local w = C.fl_safetensors_writer_new(path)
   if w == nil then core.raise() end
   local written, scalars, checksum = {}, {}, nil
+  local bar
   local ok, err = pcall(function()
-    local plan = {}
+    local plan, total = {}, 0
     for _, part in ipairs(parts) do
       local keys, sc = optim_state.of_part(opt, part)
       for name, s in pairs(sc) do scalars[name] = s end
       if part.writer then
         local c = Tensor.cptr(part.flat)
         core.check(C.fl_safetensors_writer_declare(w, part.key, c.dtype, 1, c.shape))
+        total = total + tonumber(c.numel) * tonumber(C.fl_dtype_size(c.dtype))
         local names = sorted(keys)
         for _, k in ipairs(names) do
+          total = total + part.len * tonumber(C.fl_dtype_size(core.dtype(keys[k])))
           local shape = core.ffi.new('int64_t[1]', part.len)
           core.check(C.fl_safetensors_writer_declare(w, part.key .. '#' .. k, core.dtype(keys[k]), 1, shape))
         end
@@ -152,9 +156,13 @@ local function write_rank_file(path, parts, opt, meta)
     core.check(C.fl_safetensors_writer_metadata(w, 'format', layout.FORMAT))
     for k, v in pairs(meta) do core.check(C.fl_safetensors_writer_metadata(w, META[k], tostring(v))) end
     core.check(C.fl_safetensors_writer_checksum(w))
+    -- rank 0's file stands for every rank's (fsdp.observe.progress)
+    bar = progress.start(label, { total = total, unit = 'B' })
     for _, e in ipairs(plan) do
       core.check(C.fl_safetensors_writer_finite(w, e.part.kind ~= 'buffer'))
-      core.check(C.fl_safetensors_writer_write(w, Tensor.cptr(e.part.flat)))
+      local c = Tensor.cptr(e.part.flat)
+      core.check(C.fl_safetensors_writer_write(w, c))
+      bar:add(tonumber(c.numel) * tonumber(C.fl_dtype_size(c.dtype)))
       core.check(C.fl_safetensors_writer_finite(w, true))
       for _, k in ipairs(e.keys) do
         local flat = fsdp.zeros({ e.part.len }, { dtype = e.dtypes[k] })
@@ -165,6 +173,7 @@ local function write_rank_file(path, parts, opt, meta)
           end
         end
         core.check(C.fl_safetensors_writer_write(w, Tensor.cptr(flat)))
+        bar:add(e.part.len * tonumber(C.fl_dtype_size(core.dtype(e.dtypes[k]))))
         flat:free()
       end
     end
@@ -172,6 +181,7 @@ local function write_rank_file(path, parts, opt, meta)
     checksum = core.ffi.string(C.fl_safetensors_writer_checksum_value(w))
   end)
   C.fl_safetensors_writer_free(w) -- removes the temporary file of a failed write at once
+  if bar then bar:finish(not ok and 'failed' or nil) end
   if not ok then error(err, 0) end
   return written, scalars, checksum
 end
@@ -233,7 +243,7 @@ function M.save(dir, objs)
   local file = layout.rank_file(rank, world)
   local ok, written, scalars, checksum = pcall(autograd.no_grad, function()
     return write_rank_file(files.join(step_dir, file), parts, objs.optimizer,
-      { step = step, run = run, rank = rank, world = world })
+      { step = step, run = run, rank = rank, world = world }, ('checkpoint: saving %s'):format(step_dir))
   end)
   local mine = ok and json.encode({
     file = file, written = written, optim = scalars, rng = random.get_state(), checksum = checksum,

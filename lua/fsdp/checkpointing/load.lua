@@ -21,6 +21,7 @@ local safetensors = require 'fsdp.io.safetensors'
 local files = require 'fsdp.io.files'
 local parts_of = require 'fsdp.checkpointing.parts'
 local layout = require 'fsdp.checkpointing.layout'
+local progress = require 'fsdp.observe.progress'
 
 local M = {}
 
@@ -77,36 +78,45 @@ local function load_model(cache, index, objs, opt_state)
     end
   end
   local saved_optim = index.optimizer and index.optimizer.state or {}
-  for _, part in ipairs(parts_of.of(objs.model)) do
-    for _, p in ipairs(part.params) do
-      local s = saved[p.name]
-      if not s then
-        missing[#missing + 1] = p.name
-      else
-        seen[p.name] = true
-        if core.format_shape(s.shape) ~= core.format_shape(p.shape) then
-          core.fail(('checkpoint %s: parameter %s is %s in the checkpoint, %s in the model')
-            :format(index.path, p.name, core.format_shape(s.shape), core.format_shape(p.shape)))
-        end
-        local first = s.offset + p.param_start
-        local what = 'parameter ' .. p.name
-        copy_range(cache, s.part, '', first, part.flat:narrow(0, p.shard_start, p.len), what)
-        -- state only where this rank holds elements ([Note: optimizer
-        -- state is saved by the ranks that hold the parameter])
-        if want_optim[p.name] and saved_optim[p.name] and p.len > 0 then
-          local st = {}
-          for k, v in pairs(saved_optim[p.name]) do st[k] = v end
-          for k, dtype in pairs(s.part.optim or {}) do
-            local t = fsdp.zeros({ p.len }, { dtype = dtype })
-            copy_range(cache, s.part, '#' .. k, first, t, what .. ' (optimizer ' .. k .. ')')
-            -- a whole (unsharded) parameter's state has its shape
-            st[k] = part.kind == 'unit' and t or t:view(p.shape)
+  local parts = parts_of.of(objs.model)
+  local n = 0
+  for _, part in ipairs(parts) do n = n + #part.params end
+  local bar = progress.start(('checkpoint: loading %s'):format(index.path), { total = n, unit = 'parameters' })
+  local ok, err = pcall(function()
+    for _, part in ipairs(parts) do
+      for _, p in ipairs(part.params) do
+        local s = saved[p.name]
+        if not s then
+          missing[#missing + 1] = p.name
+        else
+          seen[p.name] = true
+          if core.format_shape(s.shape) ~= core.format_shape(p.shape) then
+            core.fail(('checkpoint %s: parameter %s is %s in the checkpoint, %s in the model')
+              :format(index.path, p.name, core.format_shape(s.shape), core.format_shape(p.shape)))
           end
-          opt_state[p.name] = st
+          local first = s.offset + p.param_start
+          local what = 'parameter ' .. p.name
+          copy_range(cache, s.part, '', first, part.flat:narrow(0, p.shard_start, p.len), what)
+          -- state only where this rank holds elements ([Note: optimizer
+          -- state is saved by the ranks that hold the parameter])
+          if want_optim[p.name] and saved_optim[p.name] and p.len > 0 then
+            local st = {}
+            for k, v in pairs(saved_optim[p.name]) do st[k] = v end
+            for k, dtype in pairs(s.part.optim or {}) do
+              local t = fsdp.zeros({ p.len }, { dtype = dtype })
+              copy_range(cache, s.part, '#' .. k, first, t, what .. ' (optimizer ' .. k .. ')')
+              -- a whole (unsharded) parameter's state has its shape
+              st[k] = part.kind == 'unit' and t or t:view(p.shape)
+            end
+            opt_state[p.name] = st
+          end
         end
+        bar:add(1)
       end
     end
-  end
+  end)
+  bar:finish(not ok and 'failed' or nil)
+  if not ok then error(err, 0) end
   if #missing > 0 and objs.strict ~= false then
     core.fail(('checkpoint %s lacks parameters of the model: %s'):format(index.path, table.concat(missing, ', ')))
   end

@@ -30,6 +30,7 @@ M.SINGLE_NAME = 'model.safetensors'
 -- The single-file reader and writer (required when used: that module
 -- requires this one).
 local function st() return require 'fsdp.io.safetensors' end
+local function progress() return require 'fsdp.observe.progress' end
 
 local mode, join = files.mode, files.join
 
@@ -276,10 +277,15 @@ function M.load_into(model, path, opts)
   local piece_of = model.checkpoint_piece
   local pieces, piece_elems = {}, {}
   local covered, unexpected = {}, {}
+  local total_bytes = 0
   for _, name in ipairs(ck:names()) do
     local key = own[name] and name or aliases[name]
     local dst = key and own[key]
-    local shape = ck:info(name).shape
+    local info = ck:info(name)
+    local shape = info.shape
+    local numel = 1
+    for _, d in ipairs(shape) do numel = numel * d end
+    total_bytes = total_bytes + numel * tonumber(core.C.fl_dtype_size(core.dtype(info.dtype)))
     if dst == nil and piece_of then
       local pkey, offset, pshape = piece_of(model, name)
       local pdst = pkey and own[pkey]
@@ -323,13 +329,22 @@ function M.load_into(model, path, opts)
     if #unexpected > 0 then parts[#parts + 1] = 'unexpected keys: ' .. table.concat(unexpected, ', ') end
     core.fail(('load_into: %s does not fit the model: %s'):format(path, table.concat(parts, '; ')))
   end
-  for _, tensors in ck:each_file() do
-    model:load_state_dict(tensors, { strict = false })
-    for name, t in pairs(tensors) do
-      local p = pieces[name]
-      if p then M.copy_piece(p[1], t, p[2]) end
+  -- one update per file (fsdp.observe.progress)
+  local bar = require('fsdp.observe.progress').start('loading ' .. path, { total = total_bytes, unit = 'B' })
+  local ok, err = pcall(function()
+    for _, tensors in ck:each_file() do
+      model:load_state_dict(tensors, { strict = false })
+      local bytes = 0
+      for name, t in pairs(tensors) do
+        local p = pieces[name]
+        if p then M.copy_piece(p[1], t, p[2]) end
+        bytes = bytes + t:numel() * t:element_size()
+      end
+      bar:add(bytes)
     end
-  end
+  end)
+  bar:finish(not ok and 'failed' or nil)
+  if not ok then error(err, 0) end
   return missing, unexpected
 end
 
@@ -473,19 +488,23 @@ function M.save_sharded(dir, tensors, opts)
   local stage = publish.begin(dir, { what = 'save_sharded' })
   local metadata = with_id(opts.metadata, stage.id)
   local written, map = {}, {}
+  local bar = progress().start('saving ' .. dir, { total = total, unit = 'B' })
   local ok, err = pcall(function()
     for _, f in ipairs(plan) do
-      local shard = {}
+      local shard, bytes = {}, 0
       for _, e in ipairs(f[2]) do
         shard[#shard + 1] = { e[1], e[3] }
         map[e[1]] = f[1]
+        bytes = bytes + e[2]
       end
       st().save(join(stage.dir, f[1]), shard, metadata)
       written[#written + 1] = f[1]
+      bar:add(bytes)
     end
     finish_files(stage.dir, written, total, map, stage.id)
     stage:commit()
   end)
+  bar:finish(not ok and 'failed' or nil)
   if not ok then
     stage:abort()
     error(err, 0)
@@ -527,6 +546,8 @@ function M.stream_sharded(dir, decls, opts)
     for _, e in ipairs(f[2]) do map[e[1]] = f[1] end
   end
   return setmetatable({ dir = dir, plan = plan, total = total, map = map, file = 0, pos = 0, written = {},
+                        bar = progress().start(opts.label or 'writing safetensors files',
+                                               { total = total, unit = 'B' }),
                         metadata = opts.id and with_id(opts.metadata, opts.id) or opts.metadata or { format = 'pt' },
                         id = opts.id, checksum = opts.checksum, finite = opts.finite }, Stream)
 end
@@ -571,7 +592,9 @@ function Stream:write(name, t)
     core.fail(('stream_sharded: %s written where %s was declared (tensors go in the declared order)')
       :format(name, want))
   end
-  core.check(core.C.fl_safetensors_writer_write(self.w, Tensor.cptr(t)))
+  local c = Tensor.cptr(t)
+  core.check(core.C.fl_safetensors_writer_write(self.w, c))
+  self.bar:add(tonumber(c.numel) * tonumber(core.C.fl_dtype_size(c.dtype)))
   self.pos = self.pos + 1
   if self.pos == #f[2] then self:_close() end
 end
@@ -587,10 +610,12 @@ function Stream:finish()
     core.fail(('stream_sharded: finish() before every declared tensor of %s was written'):format(self.dir))
   end
   finish_files(self.dir, self.written, self.total, self.map, self.id)
+  self.bar:finish()
   return self.written
 end
 
 function Stream:abort()
+  self.bar:finish('failed')
   if self.w then
     core.C.fl_safetensors_writer_free(self.w)
     self.w = nil

@@ -46,6 +46,11 @@ end
 function M.print_all(fmt, ...) emit(text_of(fmt, ...)) end
 
 -- A progress bar: b.clear() erases it, b.draw() draws it; nil when gone.
-function M.set_bar(b) bar = b end
+-- Returns the bar it replaces (fsdp.observe.progress puts it back after).
+function M.set_bar(b)
+  local previous = bar
+  bar = b
+  return previous
+end
 
 return M

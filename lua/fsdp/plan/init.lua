@@ -10,8 +10,11 @@
 --   fsdp.plan.max_batch(m, {...})  -- the largest batch per rank that fits
 --
 -- Options (errors name the option at fault):
---   world (default: this job's size), nodes (1; ranks per node = world /
---   nodes), strategy (FULL_SHARD), policy (a function as fsdp.shard's, or
+--   world (default: this job's size), nodes (default: world / ranks per
+--   node; given without world, the world is nodes x ranks per node),
+--   ranks_per_node (default: the device profile's, 8 for the GPUs; every
+--   rank on one node for 'cpu'; [Note: plan node size]), strategy
+--   (FULL_SHARD), policy (a function as fsdp.shard's, or
 --   'transformer' / 'size' / 'none'; default: one unit per block, else
 --   fsdp.policy.size{}), blocks (a predicate over modules: the repeated
 --   layers that are wrapped, checkpointed and offloaded one by one;
@@ -46,6 +49,7 @@ local sharding = require 'fsdp.sharding'
 local devices = require 'fsdp.devices'
 local trace = require 'fsdp.plan.trace'
 local sim = require 'fsdp.plan.sim'
+local suggest = require 'fsdp.suggest'
 local C = core.C
 
 local M = {}
@@ -58,7 +62,8 @@ local WHO = 'fsdp.plan'
 local function fail(fmt, ...) core.fail(WHO .. ': ' .. fmt:format(...)) end
 
 local OPTIONS = {
-  world = true, nodes = true, strategy = true, policy = true, mixed_precision = true, checkpoint = true,
+  world = true, nodes = true, ranks_per_node = true, strategy = true, policy = true, mixed_precision = true,
+  checkpoint = true,
   offload = true, offload_activations = true, optimizer = true, batch = true, seq = true, device = true,
   backward_prefetch = true, forward_prefetch = true, limit_all_gathers = true, utilization = true, rank = true,
   grad_accum = true, blocks = true, example_batch = true, loss = true,
@@ -203,14 +208,47 @@ local function resolve(model, opts)
       local known = {}
       for o in pairs(OPTIONS) do known[#known + 1] = o end
       table.sort(known)
+      local hint = type(k) == 'string' and suggest.hint(k, known) or ''
+      if hint ~= '' then fail("unknown option '%s'%s", tostring(k), hint) end
       fail("unknown option '%s' (known: %s)", tostring(k), table.concat(known, ', '))
     end
   end
   local r = {}
-  r.world = positive_int(opts, 'world', require('fsdp.dist').world_size())
-  r.nodes = positive_int(opts, 'nodes', 1)
-  if r.world % r.nodes ~= 0 then fail('world %d is not a multiple of nodes %d', r.world, r.nodes) end
-  r.ranks_per_node = r.world / r.nodes
+  r.device = devices.get(opts.device or 'cpu', WHO .. ': device')
+  -- [Note: plan node size] A node holds ranks_per_node ranks: the
+  -- option, else the device profile's (8 GPUs; the cpu profile is this
+  -- machine: every rank on it), else world / nodes when nodes is given.
+  -- Given nodes and no world, the world is nodes x ranks per node.
+  local per_node = positive_int(opts, 'ranks_per_node', nil)
+  local dev_per_node = r.device.ranks_per_node
+  if dev_per_node ~= nil and dev_per_node ~= 'all' and validate.problem(dev_per_node, validate.COUNT) then
+    fail("device profile %s: ranks_per_node must be a positive integer or 'all', got %s", tostring(r.device.name),
+      validate.show(dev_per_node))
+  end
+  if opts.world == nil and opts.nodes ~= nil then
+    local n = positive_int(opts, 'nodes', 1)
+    local k = per_node or (dev_per_node ~= 'all' and dev_per_node) or 8
+    r.world = n * k
+  else
+    r.world = positive_int(opts, 'world', require('fsdp.dist').world_size())
+  end
+  if opts.nodes ~= nil then
+    r.nodes = positive_int(opts, 'nodes', 1)
+    if r.world % r.nodes ~= 0 then fail('world %d is not a multiple of nodes %d', r.world, r.nodes) end
+    r.ranks_per_node = r.world / r.nodes
+    if per_node and per_node ~= r.ranks_per_node then
+      fail('world %d on nodes %d is %d ranks per node, not ranks_per_node %d', r.world, r.nodes, r.ranks_per_node,
+        per_node)
+    end
+  else
+    local k = per_node or (dev_per_node == 'all' and r.world) or dev_per_node or 8
+    k = math.min(k, r.world)
+    if r.world % k ~= 0 then
+      fail('world %d is not a multiple of %d ranks per node (%s): pass nodes= or ranks_per_node=', r.world, k,
+        per_node and 'ranks_per_node' or ('device profile ' .. tostring(r.device.name)))
+    end
+    r.nodes, r.ranks_per_node = r.world / k, k
+  end
   r.strategy = opts.strategy or 'FULL_SHARD'
   sharding.check_strategy(r.strategy, '', WHO)
   r.rank = opts.rank or 0
@@ -227,7 +265,6 @@ local function resolve(model, opts)
   end
   r.master = first.dtype -- the trainable parameters' (frozen ones may differ)
   r.mp = sharding.mixed_precision(opts.mixed_precision, r.master, '', WHO)
-  r.device = devices.get(opts.device or 'cpu', WHO .. ': device')
   r.utilization = opts.utilization or r.device.utilization or 0.5
   if validate.problem(r.utilization, { positive = true, max = 1 }) then
     fail('utilization must be in (0, 1], got %s', validate.show(opts.utilization))

@@ -50,7 +50,8 @@ function M.format(p)
     (p.n_frozen or 0) > 0 and (' (%s trainable, %s frozen in %s)'):format(commas(p.n_params - p.n_frozen),
       commas(p.n_frozen), p.frozen_dtype) or '', unit_summary(p))
   line('  %d x %s%s, %s, params %s, compute %s, reduce %s, %s', r.world, dev.name or 'device',
-    r.nodes > 1 and (' (%d nodes of %d)'):format(r.nodes, r.ranks_per_node) or '', r.strategy,
+    r.nodes > 1 and (' (%d nodes of %d)'):format(r.nodes, r.ranks_per_node) or (' (1 node of %d)'):format(r.world),
+    r.strategy,
     r.master, mp.param, mp.reduce, r.optimizer)
   line('  batch %d x seq %d per rank (%s tokens)%s%s', r.batch, r.seq, commas(p.tokens),
     (r.checkpoint and ', activation checkpointing' or '') .. (r.offload_activations and ', activation offload' or ''),

@@ -1,13 +1,27 @@
 -- fsdp.repl.complete: Tab completion of Lua names for the REPL.
 --
 --   complete.candidates('x = fsdp.ra', 'fsdp.ra')   -> {'fsdp.rand', 'fsdp.randint', 'fsdp.randn'}
---   complete.candidates('model.layers.0.', 'model.layers.0.') -> {'model.layers.0.input_layernorm', ...}
+--   complete.candidates('m.layers.', 'm.layers.')     -> {..., 'm.layers.append', 'm.layers["0"]', 'm.layers["1"]'}
+--   complete.candidates('m.layers.0.ml', 'm.layers.0.ml') -> {'m.layers["0"].mlp'}
+--   complete.candidates('m.layers["', '')             -> {'0"]', '1"]', ...}
 --   complete.candidates('x:', 'x:')                  -> {'x:abs', 'x:add', ...} (methods only)
+--
+-- [Note: module names and Lua paths] Completion offers only text that
+-- parses, and the one rule for writing a module's name as Lua is: a
+-- segment of the name that is a Lua identifier is indexed with '.', any
+-- other (the numbered children of Sequential and ModuleList) with its
+-- name as a string in brackets. The module named
+-- `model.layers.0.self_attn` (print(model), named_modules, checkpoint
+-- keys) is `m.model.layers["0"].self_attn`. Integer indices stay Lua's
+-- positions in the same list, counted from 1 as ipairs and # count them:
+-- `layers[1]` is `layers["0"]` (fsdp.nn.container). M.lua_path(name)
+-- spells a name that way; a path typed with the names as printed
+-- (`m.model.layers.0.ml`) is respelled by the completion.
 --
 -- The line editor hands over the line up to the cursor and the word it will
 -- replace (the tail after the last operator, bracket or blank). The access
--- path before the cursor (`a.b[1].c:`, digits as field names like
--- `layers.0`, literal indices in brackets) is resolved from the globals by
+-- path before the cursor (`a.b[1].c:`, `a.b["0"].`, literal indices in
+-- brackets) is resolved from the globals by
 -- indexing only: nothing is called but __index metamethods, so completing
 -- never runs user code with side effects beyond them.
 --
@@ -27,6 +41,47 @@ local KEYWORDS = {
 
 local function is_identifier(s)
   return type(s) == 'string' and s:match('^[%a_][%w_]*$') ~= nil
+end
+
+-- A module's name as a Lua path ([Note: module names and Lua paths]):
+-- 'model.layers.0.self_attn' -> 'model.layers["0"].self_attn'.
+function M.lua_path(name)
+  local out = {}
+  for seg in (name .. '.'):gmatch('([^.]*)%.') do
+    if is_identifier(seg) then
+      out[#out + 1] = (#out > 0 and '.' or '') .. seg
+    else
+      out[#out + 1] = ('[%q]'):format(seg)
+    end
+  end
+  return table.concat(out)
+end
+
+-- The line the REPL prints under a module whose tree has numbered
+-- children, showing the rule with its first such module:
+--   -- index by name: model.layers["0"] is the module named model.layers.0 (layers[1] is the same: Lua counts from 1)
+-- nil for other values.
+function M.module_note(value)
+  if type(value) ~= 'table' or type(rawget(value, '_modules')) ~= 'table' then return nil end
+  local ok, list = pcall(function() return value:named_modules() end)
+  if not ok or type(list) ~= 'table' then return nil end
+  for _, nm in ipairs(list) do
+    local name = nm[1]
+    local last = type(name) == 'string' and name:match('([^.]+)$')
+    if last and last:match('^%d+$') then
+      local parent = name:match('^(.-)%.?[^.]+$')
+      local list_name = parent:match('([^.]+)$') or 'list'
+      return ('-- index by name: %s is the module named %s (%s[%d] is the same: Lua counts from 1)'):format(
+        M.lua_path(name), name, list_name, tonumber(last) + 1)
+    end
+  end
+  return nil
+end
+
+-- The typed part of a word respelled: ".0" segments (names as printed)
+-- become '["0"]'.
+local function respell(stem)
+  return (stem:gsub('%.(%d+)%f[^%w_]', '["%1"]'))
 end
 
 local function safe_index(obj, key)
@@ -147,11 +202,44 @@ local function in_string(s)
   return quote ~= nil
 end
 
+local numbered_order
+
 local function sorted(set)
   local out = {}
   for k in pairs(set) do out[#out + 1] = k end
   table.sort(out)
   return out
+end
+
+-- Children named by numbers in order: "10" after "9".
+function numbered_order(out) -- (declared above)
+  table.sort(out, function(a, b)
+    local pa, na = a:match('^(.-)(%d+)"?%]?$')
+    local pb, nb = b:match('^(.-)(%d+)"?%]?$')
+    if pa and pb and pa == pb then return tonumber(na) < tonumber(nb) end
+    return a < b
+  end)
+  return out
+end
+
+-- After `path[` or `path["`: the names of the value's children that are
+-- no identifiers, closed ('"0"]' after '[', '0"]' after '["'); the word
+-- (what libedit replaces) is what follows the last break.
+local function bracket_candidates(before, env)
+  local head, quote, partial = before:match('^(.-)%[(["\']?)([^"\'%]%[]*)$')
+  if not head or head == '' or (quote == '' and partial ~= '') then return nil end
+  local keys = parse_path(head, #head)
+  if not keys then return {} end
+  local value = resolve(env, keys)
+  if value == nil then return {} end
+  local q = quote ~= '' and quote or '"'
+  local out = {}
+  for k in pairs(M.names(value)) do
+    if not is_identifier(k) and k:sub(1, #partial) == partial and not k:find('[\n\\"\']') then
+      out[#out + 1] = (quote == '' and q or '') .. k .. q .. ']'
+    end
+  end
+  return numbered_order(out)
 end
 
 -- Replacements for `word` given the line up to the cursor; env defaults to
@@ -161,6 +249,8 @@ function M.candidates(before, word, env)
   word = word or ''
   -- Tab on a blank line indents (a loop body typed over several lines).
   if before:match('^%s*$') then return { '  ' } end
+  local bracketed = bracket_candidates(before, env)
+  if bracketed then return bracketed end
   if in_string(before) then return {} end
   local partial = before:match('([%w_]*)$')
   local sep_at = #before - #partial
@@ -191,22 +281,19 @@ function M.candidates(before, word, env)
     for _, k in ipairs(KEYWORDS) do pool[k] = true end
   end
   local show_private = partial:sub(1, 1) == '_'
-  local stem = word:sub(1, #word - #partial)
+  local stem = respell(word:sub(1, #word - #partial))
   local out = {}
   for _, k in ipairs(sorted(pool)) do
-    if k:sub(1, #partial) == partial and (show_private or k:sub(1, 1) ~= '_')
-       and (is_identifier(k) or k:match('^%d+$')) then
-      out[#out + 1] = stem .. k
+    if k:sub(1, #partial) == partial and (show_private or k:sub(1, 1) ~= '_') then
+      if is_identifier(k) then
+        out[#out + 1] = stem .. k
+      elseif k:match('^%d+$') and sep == '.' then
+        -- a numbered child: by its name in brackets, the '.' dropped
+        out[#out + 1] = stem:sub(1, -2) .. ('["%s"]'):format(k)
+      end
     end
   end
-  -- Children named by numbers in order: "10" after "9".
-  table.sort(out, function(a, b)
-    local pa, na = a:match('^(.-)(%d+)$')
-    local pb, nb = b:match('^(.-)(%d+)$')
-    if pa and pb and pa == pb then return tonumber(na) < tonumber(nb) end
-    return a < b
-  end)
-  return out
+  return numbered_order(out)
 end
 
 return M

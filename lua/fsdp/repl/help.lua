@@ -155,7 +155,7 @@ local function overview()
     out("fsdp (global `fsdp`, or require 'fsdp'):\n", columns(funcs, '  '), '\n')
     out('  submodules: ', table.concat(tables, ' '), '\n')
     out("  e.g. fsdp.summary(model), fsdp.fake(fn, {device = 'cuda:0'}), fsdp.memory_stats('cpu')\n")
-    out("       fsdp.plan(model, {world = 64, strategy = 'FULL_SHARD', mixed_precision = 'bf16',\n",
+    out("       fsdp.plan(model, {nodes = 8, strategy = 'FULL_SHARD', mixed_precision = 'bf16',\n",
         "                 device = 'h100-80g', batch = 1, seq = 4096})   per-rank memory, comm, time\n",
         "       (devices: fsdp.devices.names(); the largest batch: fsdp.plan.max_batch(model, {...}))\n\n")
   else

@@ -159,10 +159,30 @@ local function traceback(message, level, chunk)
   return message .. '\nstack traceback:\n' .. table.concat(frames, '\n')
 end
 
+-- Whether an error is a library's verdict on the typed input: blamed on
+-- the input ("stdin:1: fsdp.plan: unknown option ...", core.fail's level)
+-- but raised by a function that is not typed input. Such an error is one
+-- line, the typed call is the whole story; an error raised by typed code
+-- (error('boom'), t.x on nil) or blamed on a library file (a bug) keeps
+-- its traceback. Called by the error handler only: the stack above it
+-- (levels 1 this, 2 the handler) is the error's.
+function M.is_verdict(err)
+  local blame = M.chunk_name:gsub('^[=@]', '') .. ':'
+  if type(err) ~= 'string' or err:sub(1, #blame) ~= blame then return false end
+  local l = 3
+  while true do
+    local info = getinfo(l, 'S')
+    if info == nil then return false end
+    if info.what ~= 'C' then return info.source ~= M.chunk_name end
+    l = l + 1
+  end
+end
+
 -- Run a compiled chunk and print its results or its error.
 -- Returns true when it ran without error.
 function M.execute(chunk)
   local function on_error(err)
+    if M.is_verdict(err) then return err end
     -- Levels: 1 traceback, 2 on_error, 3 where the error was raised.
     -- (Not a tail call: that would remove on_error's level.)
     local text = traceback(error_text(err), 3, chunk)
@@ -204,6 +224,11 @@ function M.setup()
   local ok, complete = pcall(require, 'fsdp.repl.complete')
   if ok then
     host.set_completer(function(before, word) return complete.candidates(before, word) end)
+    -- a module prints its tree, then how its numbered children are indexed
+    M.printers[#M.printers + 1] = function(v)
+      local note = complete.module_note(v)
+      if note then return tostring(v) .. '\n' .. note end
+    end
   else
     warn('tab completion is off: ' .. tostring(complete))
   end

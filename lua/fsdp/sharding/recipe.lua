@@ -161,8 +161,9 @@ function M.plan_options(cfg, block_class, shape, script, device)
   local policy, mp = M.policy_and_precision(cfg, block_class, script or 'recipe')
   return {
     world = cfg.plan_world and cfg.plan_world > 0 and cfg.plan_world or fsdp.dist.world_size(),
+    -- --plan_world alone: the device profile's node size ([Note: plan node size])
     nodes = cfg.plan_nodes and cfg.plan_nodes > 0 and cfg.plan_nodes
-            or cfg.plan_world and cfg.plan_world > 0 and 1 or fsdp.dist.nodes(),
+            or not (cfg.plan_world and cfg.plan_world > 0) and fsdp.dist.nodes() or nil,
     strategy = cfg.sharding_strategy, policy = policy,
     mixed_precision = mp, checkpoint = cfg.activation_checkpointing, device = device,
     offload_activations = cfg.offload_activations or false,
