@@ -13,9 +13,18 @@
  * go through log and cos in double, and CUDA's libdevice and glibc's libm
  * differ in the last bit for some arguments, which would make a GPU-
  * initialised model differ from a CPU-initialised one.
+ *
+ * Copies move 16 bytes per thread step where the layout allows it (see
+ * copy_vec_plan): a dense same-dtype copy is a device memcpy; a dense
+ * conversion between f32, bf16 and f16, and any copy (same dtype or such
+ * a conversion) whose innermost dim is contiguous in both tensors in whole
+ * aligned vectors (the attention heads' [B,T,H,D] <-> [B,H,T,D]
+ * transposes), go through vector kernels with the index arithmetic done
+ * once per vector. Everything else walks element by element.
  */
 #include "cuda_elem.cuh"
 #include "cuda_elem.h"
+#include "cuda_vec.cuh"
 
 /* ---- copy ----------------------------------------------------------------------- */
 
@@ -26,6 +35,159 @@ __global__ void copy_kernel(fl_cu_iter it, char *dst, int dd, const char *src, i
         fl_cu_iter_offsets(it, i, off);
         fl_cu_convert_one(dst, off[0], dd, src, off[1], sd, size);
     }
+}
+
+/* A copy served FL_CU_VEC_BYTES at a time: the iterator's walk with the
+ * innermost dim (contiguous in both tensors) counted in groups of E
+ * elements that are whole aligned vectors in both. A dense walk (ndim 1)
+ * may end in a partial group (the tail, done element by element); a
+ * strided one may not. */
+struct copy_vec_plan {
+    int ndim;
+    int64_t nv; /* whole groups */
+    int64_t n;  /* elements walked: nv * E plus a dense walk's tail */
+    int64_t shape[FL_MAX_DIMS];     /* the last in groups */
+    int64_t stride[2][FL_MAX_DIMS]; /* dst, src per step of each dim: bytes for moves,
+                                       elements for conversions */
+};
+
+/* Offsets (stride units) in dst and src of group v: one division per
+ * outer dim, in I (32 bits when the group count allows: much cheaper). */
+template <typename I>
+__device__ __forceinline__ void copy_vec_offsets(const copy_vec_plan &p, I v, int64_t &od,
+                                                 int64_t &os) {
+    od = 0;
+    os = 0;
+#pragma unroll
+    for (int d = FL_MAX_DIMS - 1; d > 0; d--) {
+        if (d >= p.ndim) continue;
+        I n = (I)p.shape[d], q = v / n, j = v - q * n;
+        od += (int64_t)j * p.stride[0][d];
+        os += (int64_t)j * p.stride[1][d];
+        v = q;
+    }
+    od += (int64_t)v * p.stride[0][0];
+    os += (int64_t)v * p.stride[1][0];
+}
+
+/* Same dtype, any element size: raw 16-byte moves (plan strides in bytes). */
+template <typename I>
+__global__ void copy_move_vec_kernel(copy_vec_plan p, char *dst, const char *src, int size) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t v = t; v < p.nv; v += stride) {
+        int64_t od, os;
+        copy_vec_offsets<I>(p, (I)v, od, os);
+        *(uint4 *)(dst + od) = *(const uint4 *)(src + os);
+    }
+    int e = FL_CU_VEC_BYTES / size;
+    for (int64_t i = p.nv * e + t; i < p.n; i += stride) fl_cu_move_one(dst, i, src, i, size);
+}
+
+/* fl_cu_convert_one between distinct float dtypes, element for element:
+ * the scalar path takes the value through double and back (put_f64), which
+ * for anything but NaN gives the float itself (exact: f16 and bf16 values
+ * are floats), so only a NaN takes that path here too, for its bits. */
+__device__ __forceinline__ float copy_cast_value(float x) {
+    return x == x ? x : __double2float_rn((double)x);
+}
+
+/* A conversion from SD to DD (distinct float dtypes; plan strides in
+ * elements): E elements per group, E / N vectors of each side. */
+template <typename I, int SD, int DD>
+__global__ void copy_cast_vec_kernel(copy_vec_plan p, void *dst, const void *src) {
+    typedef fl_cu_vec<SD> VS;
+    typedef fl_cu_vec<DD> VD;
+    constexpr int E = VS::N > VD::N ? VS::N : VD::N;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t v = t; v < p.nv; v += stride) {
+        int64_t od, os;
+        copy_vec_offsets<I>(p, (I)v, od, os);
+        VS in[E / VS::N];
+        VD out[E / VD::N];
+#pragma unroll
+        for (int j = 0; j < E / VS::N; j++) in[j] = VS::load(src, os / VS::N + j);
+#pragma unroll
+        for (int k = 0; k < E; k++)
+            out[k / VD::N].set(k % VD::N, copy_cast_value(in[k / VS::N].get(k % VS::N)));
+#pragma unroll
+        for (int j = 0; j < E / VD::N; j++) out[j].store(dst, od / VD::N + j);
+    }
+    for (int64_t i = p.nv * E + t; i < p.n; i += stride)
+        fl_cu_vput<DD>(dst, i, copy_cast_value(fl_cu_vget<SD>(src, i)));
+}
+
+/* The plan of a copy on walk it (dst, src) in groups of e elements, where
+ * a stride step of tensor k must be a multiple of unit[k] elements (its
+ * vector) and is stored times scale[k]; false where the layout does not
+ * allow one. */
+static bool copy_vec_plan_of(const fl_cu_iter *it, const fl_tensor *dst, const fl_tensor *src,
+                             int e, const int unit[2], const int scale[2], copy_vec_plan *p) {
+    int last = it->ndim - 1;
+    if (!fl_cu_vec_aligned(dst->data) || !fl_cu_vec_aligned(src->data)) return false;
+    if (it->stride[0][last] != 1 || it->stride[1][last] != 1) return false;
+    if (!it->dense && it->shape[last] % e != 0) return false;
+    memset(p, 0, sizeof *p);
+    p->ndim = it->ndim;
+    for (int d = 0; d < it->ndim; d++) {
+        p->shape[d] = it->shape[d];
+        for (int k = 0; k < 2; k++) {
+            if (d < last && it->stride[k][d] % unit[k] != 0) return false;
+            p->stride[k][d] = (d < last ? it->stride[k][d] : e) * scale[k];
+        }
+    }
+    p->shape[last] /= e;
+    p->nv = it->numel / e; /* whole groups: all of them when strided */
+    p->n = it->numel;
+    return p->nv > 0;
+}
+
+/* Launches the conversion kernel for (sd, dd) with index type I. */
+template <typename I>
+static void copy_cast_launch(const copy_vec_plan &p, fl_tensor *dst, const fl_tensor *src) {
+    unsigned blocks = fl_cu_blocks(p.nv, FL_CU_THREADS);
+    cudaStream_t s = fl_cu_stream();
+    fl_dtype sd = src->dtype, dd = dst->dtype;
+#define FL_CAST_CASE(SD, DD)                                                                      \
+    if (sd == SD && dd == DD)                                                                      \
+        copy_cast_vec_kernel<I, SD, DD><<<blocks, FL_CU_THREADS, 0, s>>>(p, dst->data, src->data);
+    FL_CAST_CASE(FL_F32, FL_BF16)
+    else FL_CAST_CASE(FL_F32, FL_F16)
+    else FL_CAST_CASE(FL_BF16, FL_F32)
+    else FL_CAST_CASE(FL_F16, FL_F32)
+    else FL_CAST_CASE(FL_BF16, FL_F16)
+    else FL_CAST_CASE(FL_F16, FL_BF16)
+#undef FL_CAST_CASE
+}
+
+/* The vector path of a copy where it applies: true when launched. */
+static bool copy_vec(const fl_cu_iter *it, fl_tensor *dst, const fl_tensor *src) {
+    copy_vec_plan p;
+    if (dst->dtype == src->dtype) {
+        int size = (int)fl_dtype_size(dst->dtype), e = FL_CU_VEC_BYTES / size;
+        int unit[2] = {e, e}, scale[2] = {size, size};
+        if (size > FL_CU_VEC_BYTES || !copy_vec_plan_of(it, dst, src, e, unit, scale, &p))
+            return false;
+        unsigned blocks = fl_cu_blocks(p.nv, FL_CU_THREADS);
+        if (p.nv <= (int64_t)UINT32_MAX) /* group indices fit 32 bits */
+            copy_move_vec_kernel<uint32_t><<<blocks, FL_CU_THREADS, 0, fl_cu_stream()>>>(
+                p, (char *)dst->data, (const char *)src->data, size);
+        else
+            copy_move_vec_kernel<uint64_t><<<blocks, FL_CU_THREADS, 0, fl_cu_stream()>>>(
+                p, (char *)dst->data, (const char *)src->data, size);
+        return true;
+    }
+    if (!fl_cu_vec_dtype(dst->dtype) || !fl_cu_vec_dtype(src->dtype)) return false;
+    int ud = FL_CU_VEC_BYTES / (int)fl_dtype_size(dst->dtype);
+    int us = FL_CU_VEC_BYTES / (int)fl_dtype_size(src->dtype);
+    int unit[2] = {ud, us}, scale[2] = {1, 1};
+    if (!copy_vec_plan_of(it, dst, src, ud > us ? ud : us, unit, scale, &p)) return false;
+    if (p.nv <= (int64_t)UINT32_MAX)
+        copy_cast_launch<uint32_t>(p, dst, src);
+    else
+        copy_cast_launch<uint64_t>(p, dst, src);
+    return true;
 }
 
 extern "C" int fl_cuda_copy_kernel(fl_tensor *dst, const fl_tensor *src) {
@@ -42,6 +204,7 @@ extern "C" int fl_cuda_copy_kernel(fl_tensor *dst, const fl_tensor *src) {
             return fl_fail(FL_ERR_DEVICE, "copy_ on cuda: %s", cudaGetErrorString(e));
         return FL_OK;
     }
+    if (copy_vec(&it, dst, src)) return fl_cu_check("copy_");
     copy_kernel<<<fl_cu_blocks(it.numel, FL_CU_THREADS), FL_CU_THREADS, 0, fl_cu_stream()>>>(
         it, (char *)dst->data, dst->dtype, (const char *)src->data, src->dtype,
         (int)fl_dtype_size(dst->dtype));
@@ -64,6 +227,22 @@ __global__ void fill_kernel(fl_cu_iter it, char *dst, int size, uint64_t bits) {
     }
 }
 
+/* A dense, aligned fill: the element's bytes repeated over 16-byte stores,
+ * the elements past the last whole vector one by one. */
+__global__ void fill_vec_kernel(int64_t n, char *dst, int size, uint64_t bits, uint4 pattern) {
+    int64_t nv = n * size / FL_CU_VEC_BYTES, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t v = t; v < nv; v += stride) ((uint4 *)dst)[v] = pattern;
+    for (int64_t i = nv * (FL_CU_VEC_BYTES / size) + t; i < n; i += stride) {
+        switch (size) {
+        case 1: ((uint8_t *)dst)[i] = (uint8_t)bits; break;
+        case 2: ((uint16_t *)dst)[i] = (uint16_t)bits; break;
+        case 4: ((uint32_t *)dst)[i] = (uint32_t)bits; break;
+        default: ((uint64_t *)dst)[i] = bits; break;
+        }
+    }
+}
+
 extern "C" int fl_cuda_fill_kernel(fl_tensor *t, const void *element) {
     if (t->numel == 0) return FL_OK;
     if (fl_cu_use_device("fill_", t)) return fl_last_status();
@@ -73,6 +252,16 @@ extern "C" int fl_cuda_fill_kernel(fl_tensor *t, const void *element) {
     const fl_tensor *ts[1] = {t};
     fl_cu_iter it;
     fl_cu_iter_init(&it, 1, ts);
+    if (it.dense && fl_cu_vec_aligned(t->data)) {
+        uint4 pattern;
+        unsigned char bytes[FL_CU_VEC_BYTES];
+        for (int k = 0; k < FL_CU_VEC_BYTES; k += size) memcpy(bytes + k, &bits, (size_t)size);
+        memcpy(&pattern, bytes, sizeof pattern);
+        fill_vec_kernel<<<fl_cu_vec_blocks(t->numel, FL_CU_VEC_BYTES / size, FL_CU_THREADS),
+                          FL_CU_THREADS, 0, fl_cu_stream()>>>(t->numel, (char *)t->data, size, bits,
+                                                              pattern);
+        return fl_cu_check("fill_");
+    }
     fill_kernel<<<fl_cu_blocks(it.numel, FL_CU_THREADS), FL_CU_THREADS, 0, fl_cu_stream()>>>(
         it, (char *)t->data, size, bits);
     return fl_cu_check("fill_");

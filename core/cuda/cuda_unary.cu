@@ -9,8 +9,16 @@
  * within 1-4 ulp, as glibc's are), so results agree with the CPU to a few
  * ulp of f32, not bit for bit. Dropout's keep mask is integer arithmetic
  * on rng.c's Philox words and equals the CPU's exactly.
+ *
+ * Unary ops (forward and backward) and silu_mul (forward and backward)
+ * have a dense path: every operand contiguous, of one float dtype, 16-byte
+ * aligned (fl_cu_vec_ok), read and written 16 bytes per operand per thread
+ * step (cuda_vec.cuh) with the dtype fixed at compile time. The arithmetic
+ * per element is the generic kernels' own (the same inline functions), so
+ * both paths give the same bits; the host picks one per call.
  */
 #include "cuda_elem.cuh"
+#include "cuda_vec.cuh"
 
 extern "C" {
 #include "elementwise.h"
@@ -85,6 +93,29 @@ __global__ void unary_kernel(fl_cu_iter it, int op, T p0, T p1, double p0d, void
     }
 }
 
+/* The dense path of unary_kernel<float> (out and x of dtype DT). */
+template <int DT>
+__global__ void unary_vec_kernel(int64_t n, int op, float p0, float p1, double p0d, void *out,
+                                 const void *x) {
+    typedef fl_cu_vec<DT> V;
+    int64_t nv = n / V::N, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t v = t; v < nv; v += stride) {
+        V a = V::load(x, v), r;
+#pragma unroll
+        for (int k = 0; k < V::N; k++) r.set(k, unary_fwd<float>(op, a.get(k), p0, p1, p0d));
+        r.store(out, v);
+    }
+    for (int64_t i = nv * V::N + t; i < n; i += stride)
+        fl_cu_vput<DT>(out, i, unary_fwd<float>(op, fl_cu_vget<DT>(x, i), p0, p1, p0d));
+}
+
+/* Blocks for a vector kernel over t's elements (16 bytes per thread step). */
+static unsigned vec_blocks(const fl_tensor *t) {
+    return fl_cu_vec_blocks(t->numel, FL_CU_VEC_BYTES / (int)fl_dtype_size(t->dtype),
+                            FL_CU_THREADS);
+}
+
 /* The integer forms (abs, relu, square, clamp; unary.c sends no others). */
 __global__ void unary_i64_kernel(fl_cu_iter it, int op, int64_t lo, int64_t hi, void *out, int od,
                                  const void *x, int xd) {
@@ -129,10 +160,16 @@ int fl_cuda_unary(int op, fl_tensor *out, const fl_tensor *x, double p0, double 
     if (out->numel == 0) return FL_OK;
     if (fl_cu_use_device(name, out)) return fl_last_status();
     const fl_tensor *ts[2] = {out, x};
+    cudaStream_t s = fl_cu_stream();
+    if (fl_cu_vec_ok(out->dtype, 2, ts)) {
+        fl_cu_vec_dispatch(out->dtype, VDT,
+                           unary_vec_kernel<VDT><<<vec_blocks(out), FL_CU_THREADS, 0, s>>>(
+                               out->numel, op, (float)p0, (float)p1, p0, out->data, x->data));
+        return fl_cu_check(name);
+    }
     fl_cu_iter it;
     fl_cu_iter_init(&it, 2, ts);
     unsigned blocks = fl_cu_blocks(it.numel, FL_CU_THREADS);
-    cudaStream_t s = fl_cu_stream();
     if (ints)
         unary_i64_kernel<<<blocks, FL_CU_THREADS, 0, s>>>(it, op, bound_i64(p0), bound_i64(p1),
                                                           out->data, out->dtype, x->data, x->dtype);
@@ -195,6 +232,25 @@ __global__ void unary_bw_kernel(fl_cu_iter it, int op, T p0, T p1, double p0d, v
     }
 }
 
+/* The dense path of unary_bw_kernel<float> (gx, gy and s of dtype DT). */
+template <int DT>
+__global__ void unary_bw_vec_kernel(int64_t n, int op, float p0, float p1, double p0d, void *gx,
+                                    const void *gy, const void *s) {
+    typedef fl_cu_vec<DT> V;
+    int64_t nv = n / V::N, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t v = t; v < nv; v += stride) {
+        V g = V::load(gy, v), a = V::load(s, v), r;
+#pragma unroll
+        for (int k = 0; k < V::N; k++)
+            r.set(k, unary_bwd<float>(op, g.get(k), a.get(k), p0, p1, p0d));
+        r.store(gx, v);
+    }
+    for (int64_t i = nv * V::N + t; i < n; i += stride)
+        fl_cu_vput<DT>(gx, i, unary_bwd<float>(op, fl_cu_vget<DT>(gy, i), fl_cu_vget<DT>(s, i), p0,
+                                               p1, p0d));
+}
+
 int fl_cuda_unary_backward(int op, fl_tensor *gx, const fl_tensor *gy, const fl_tensor *s,
                            double p0, double p1) {
     const char *name = unary_name(op);
@@ -203,10 +259,17 @@ int fl_cuda_unary_backward(int op, fl_tensor *gx, const fl_tensor *gy, const fl_
     if (gx->numel == 0) return FL_OK;
     if (fl_cu_use_device(name, gx)) return fl_last_status();
     const fl_tensor *ts[3] = {gx, gy, s};
+    cudaStream_t st = fl_cu_stream();
+    if (fl_cu_vec_ok(gx->dtype, 3, ts)) {
+        fl_cu_vec_dispatch(gx->dtype, VDT,
+                           unary_bw_vec_kernel<VDT><<<vec_blocks(gx), FL_CU_THREADS, 0, st>>>(
+                               gx->numel, op, (float)p0, (float)p1, p0, gx->data, gy->data,
+                               s->data));
+        return fl_cu_check(name);
+    }
     fl_cu_iter it;
     fl_cu_iter_init(&it, 3, ts);
     unsigned blocks = fl_cu_blocks(it.numel, FL_CU_THREADS);
-    cudaStream_t st = fl_cu_stream();
     /* Compute type from gx as on the CPU: f64 for f64, f32 otherwise. */
     if (gx->dtype == FL_F64)
         unary_bw_kernel<double><<<blocks, FL_CU_THREADS, 0, st>>>(
@@ -220,6 +283,10 @@ int fl_cuda_unary_backward(int op, fl_tensor *gx, const fl_tensor *gy, const fl_
 
 /* ---- silu(gate) * up ------------------------------------------------------------------- */
 
+template <typename T> __device__ __forceinline__ T silu_mul_one(T a, T b) {
+    return a / ((T)1 + m_exp(-a)) * b;
+}
+
 template <typename T>
 __global__ void silu_mul_kernel(fl_cu_iter it, void *out, const void *gate, const void *up, int d) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < it.numel;
@@ -227,8 +294,24 @@ __global__ void silu_mul_kernel(fl_cu_iter it, void *out, const void *gate, cons
         int64_t off[FL_CU_ITER_MAX];
         fl_cu_iter_offsets(it, i, off);
         T a = load_c(T(), gate, off[1], d), b = load_c(T(), up, off[2], d);
-        store_c(out, off[0], d, a / ((T)1 + m_exp(-a)) * b);
+        store_c(out, off[0], d, silu_mul_one<T>(a, b));
     }
+}
+
+/* The dense path of silu_mul_kernel<float> (out, gate and up of dtype DT). */
+template <int DT>
+__global__ void silu_mul_vec_kernel(int64_t n, void *out, const void *gate, const void *up) {
+    typedef fl_cu_vec<DT> V;
+    int64_t nv = n / V::N, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t v = t; v < nv; v += stride) {
+        V a = V::load(gate, v), b = V::load(up, v), r;
+#pragma unroll
+        for (int k = 0; k < V::N; k++) r.set(k, silu_mul_one<float>(a.get(k), b.get(k)));
+        r.store(out, v);
+    }
+    for (int64_t i = nv * V::N + t; i < n; i += stride)
+        fl_cu_vput<DT>(out, i, silu_mul_one<float>(fl_cu_vget<DT>(gate, i), fl_cu_vget<DT>(up, i)));
 }
 
 static int float_only(const char *op, const fl_tensor *t) {
@@ -243,6 +326,13 @@ int fl_cuda_silu_mul(fl_tensor *out, const fl_tensor *gate, const fl_tensor *up)
     if (out->numel == 0) return FL_OK;
     if (fl_cu_use_device("silu_mul", out)) return fl_last_status();
     const fl_tensor *ts[3] = {out, gate, up};
+    if (fl_cu_vec_ok(out->dtype, 3, ts)) {
+        fl_cu_vec_dispatch(out->dtype, VDT,
+                           silu_mul_vec_kernel<VDT><<<vec_blocks(out), FL_CU_THREADS, 0,
+                                                      fl_cu_stream()>>>(out->numel, out->data,
+                                                                        gate->data, up->data));
+        return fl_cu_check("silu_mul");
+    }
     fl_cu_iter it;
     fl_cu_iter_init(&it, 3, ts);
     unsigned blocks = fl_cu_blocks(it.numel, FL_CU_THREADS);
@@ -257,15 +347,57 @@ int fl_cuda_silu_mul(fl_tensor *out, const fl_tensor *gate, const fl_tensor *up)
 
 /* dgate = gy * up * sigma (1 + a (1 - sigma)), dup = gy * silu(a); all
  * contiguous; either output may be NULL. */
+template <typename T> __device__ __forceinline__ T silu_sigma(T a) { return (T)1 / ((T)1 + m_exp(-a)); }
+template <typename T> __device__ __forceinline__ T silu_mul_dgate(T g, T a, T b, T sg) {
+    return g * b * sg * ((T)1 + a * ((T)1 - sg));
+}
+template <typename T> __device__ __forceinline__ T silu_mul_dup(T g, T a, T sg) { return g * a * sg; }
+
 template <typename T>
 __global__ void silu_mul_bw_kernel(int64_t n, void *ga, void *gb, const void *g, int gd,
                                    const void *a, const void *b, int d) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         T gv = load_c(T(), g, i, gd), av = load_c(T(), a, i, d), bv = load_c(T(), b, i, d);
-        T sg = (T)1 / ((T)1 + m_exp(-av));
-        if (ga) store_c(ga, i, d, gv * bv * sg * ((T)1 + av * ((T)1 - sg)));
-        if (gb) store_c(gb, i, d, gv * av * sg);
+        T sg = silu_sigma<T>(av);
+        if (ga) store_c(ga, i, d, silu_mul_dgate<T>(gv, av, bv, sg));
+        if (gb) store_c(gb, i, d, silu_mul_dup<T>(gv, av, sg));
+    }
+}
+
+/* The dense path of silu_mul_bw_kernel<float>: every operand (gy
+ * included) of dtype DT; up is read only when dgate is wanted. */
+template <int DT>
+__global__ void silu_mul_bw_vec_kernel(int64_t n, void *ga, void *gb, const void *g,
+                                       const void *a, const void *b) {
+    typedef fl_cu_vec<DT> V;
+    int64_t nv = n / V::N, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t v = t; v < nv; v += stride) {
+        V gv = V::load(g, v), av = V::load(a, v), ra, rb;
+        if (ga) {
+            V bv = V::load(b, v);
+#pragma unroll
+            for (int k = 0; k < V::N; k++) {
+                float x = av.get(k), sg = silu_sigma<float>(x);
+                ra.set(k, silu_mul_dgate<float>(gv.get(k), x, bv.get(k), sg));
+                if (gb) rb.set(k, silu_mul_dup<float>(gv.get(k), x, sg));
+            }
+            ra.store(ga, v);
+            if (gb) rb.store(gb, v);
+        } else {
+#pragma unroll
+            for (int k = 0; k < V::N; k++) {
+                float x = av.get(k);
+                rb.set(k, silu_mul_dup<float>(gv.get(k), x, silu_sigma<float>(x)));
+            }
+            rb.store(gb, v);
+        }
+    }
+    for (int64_t i = nv * V::N + t; i < n; i += stride) {
+        float gv = fl_cu_vget<DT>(g, i), av = fl_cu_vget<DT>(a, i), sg = silu_sigma<float>(av);
+        if (ga) fl_cu_vput<DT>(ga, i, silu_mul_dgate<float>(gv, av, fl_cu_vget<DT>(b, i), sg));
+        if (gb) fl_cu_vput<DT>(gb, i, silu_mul_dup<float>(gv, av, sg));
     }
 }
 
@@ -276,6 +408,16 @@ int fl_cuda_silu_mul_backward(fl_tensor *g_gate, fl_tensor *g_up, const fl_tenso
     if ((!g_gate && !g_up) || gate->numel == 0) return FL_OK;
     if (fl_cu_use_device(op, gate)) return fl_last_status();
     void *ga = g_gate ? g_gate->data : NULL, *gb = g_up ? g_up->data : NULL;
+    /* gy's dtype is its own (the op layer passes the incoming gradient as
+     * it is): the dense path needs it of gate's dtype too. */
+    const fl_tensor *ts[5] = {gate, up, gy, g_gate, g_up};
+    if (fl_cu_vec_ok(gate->dtype, 5, ts)) {
+        fl_cu_vec_dispatch(gate->dtype, VDT,
+                           silu_mul_bw_vec_kernel<VDT><<<vec_blocks(gate), FL_CU_THREADS, 0,
+                                                         fl_cu_stream()>>>(
+                               gate->numel, ga, gb, gy->data, gate->data, up->data));
+        return fl_cu_check(op);
+    }
     unsigned blocks = fl_cu_blocks(gate->numel, FL_CU_THREADS);
     if (gate->dtype == FL_F64)
         silu_mul_bw_kernel<double><<<blocks, FL_CU_THREADS, 0, fl_cu_stream()>>>(

@@ -3,7 +3,9 @@
 -- backend_ops_spec does not reach: random fills and dropout masks that must
 -- equal the CPU's bit for bit, dtype conversions with special values,
 -- strided and broadcast layouts, integer arithmetic, and reductions large
--- enough to take the chunked paths. Needs a GPU; pending otherwise.
+-- enough to take the chunked paths; the 16-byte vector paths (dense, aligned
+-- operands) against the element-by-element ones they must equal. Needs a
+-- GPU; pending otherwise.
 local fsdp = require 'fsdp'
 local F = fsdp.F
 
@@ -110,6 +112,175 @@ describe('cuda copies and fills', function()
     local hc = fsdp.zeros({ 5, 7 }, { dtype = 'f16' })
     hc:narrow(1, 2, 3):fill_(-1.0 / 3)
     same_values(flat(h), flat(hc))
+  end)
+end)
+
+-- The vector paths (core/cuda/cuda_vec.cuh) serve dense operands of one float
+-- dtype that start on 16 bytes; the same values one element into their
+-- storage (misaligned) or strided take the element-by-element kernels.
+-- Sizes: one whole vector, vectors plus a tail, many blocks plus a tail.
+describe('cuda 16-byte vector paths', function()
+  local FLOATS = { 'f32', 'bf16', 'f16' }
+  local SIZES = { 8, 37, 4099 }
+  local TOLERANCE = { f32 = 1e-5, bf16 = 2e-2, f16 = 4e-3 } -- backend_ops_spec's, vs f64
+
+  -- n seeded values (f64, on the CPU), positive ones for log/sqrt/pow.
+  local function values(n, seed, positive)
+    local v = fsdp.randn({ n }, { seed = seed })
+    return positive and F.abs(v) + 0.5 or v
+  end
+
+  -- On the device in dtype, requiring gradients: a fresh (aligned) tensor,
+  -- and a leaf one element longer whose narrow view holds the same values
+  -- (misaligned). Returns aligned, view, leaf.
+  local function placed(v, dtype)
+    local n = v.shape[1]
+    local a = v:to(dtype):to(DEV):detach():requires_grad_()
+    local leaf = F.cat({ fsdp.zeros({ 1 }), v }, 0):to(dtype):to(DEV):detach():requires_grad_()
+    return a, leaf:narrow(0, 1, n), leaf
+  end
+
+  local UNARY = {
+    { 'exp', F.exp }, { 'log', F.log, true }, { 'sqrt', F.sqrt, true }, { 'rsqrt', F.rsqrt, true },
+    { 'tanh', F.tanh }, { 'sigmoid', F.sigmoid }, { 'abs', F.abs }, { 'relu', F.relu },
+    { 'gelu', function(x) return F.gelu(x) end }, { 'gelu tanh', function(x) return F.gelu(x, 'tanh') end },
+    { 'silu', F.silu }, { 'square', F.square }, { 'pow', function(x) return F.pow(x, 1.5) end, true },
+    { 'clamp', function(x) return F.clamp(x, -0.5, 0.7) end },
+  }
+
+  it('unary forward and backward: the generic kernels\' bits, the CPU within rounding', function()
+    for _, case in ipairs(UNARY) do
+      local name, fn, positive = case[1], case[2], case[3]
+      for _, n in ipairs(SIZES) do
+        local v = values(n, n, positive)
+        local w = fsdp.randn({ n }, { seed = 77 })
+        for _, dt in ipairs(FLOATS) do
+          local what = ('%s %s n=%d'):format(name, dt, n)
+          local a, view, leaf = placed(v, dt)
+          local wd = w:to(dt):to(DEV)
+          local ya, yv = fn(a), fn(view)
+          same_values(flat(ya), flat(yv))
+          ;(ya * wd):sum():backward()
+          ;(yv * wd):sum():backward()
+          same_values(flat(a.grad), flat(leaf.grad:narrow(0, 1, n)))
+          -- a strided input (every other element): the generic forward
+          local m = F.cat({ v:view(n, 1), v:view(n, 1) }, 1):to(dt):to(DEV)
+          same_values(flat(fn(m:narrow(1, 0, 1))), flat(ya))
+          -- the CPU in f64 on the same rounded values
+          local r = v:to(dt):to('f64'):detach():requires_grad_()
+          local yr = fn(r)
+          ;(yr * w:to(dt):to('f64')):sum():backward()
+          local e = rel_error(ya, yr)
+          assert(e <= TOLERANCE[dt], ('%s: output error %.3g'):format(what, e))
+          e = rel_error(a.grad, r.grad)
+          assert(e <= TOLERANCE[dt], ('%s: gradient error %.3g'):format(what, e))
+        end
+      end
+    end
+  end)
+
+  it('silu_mul forward and backward (either gradient alone too)', function()
+    for _, n in ipairs(SIZES) do
+      local g, u, w = values(n, 1), values(n, 2), fsdp.randn({ n }, { seed = 3 })
+      for _, dt in ipairs(FLOATS) do
+        for _, wants in ipairs({ { true, true }, { true, false }, { false, true } }) do
+          local what = ('silu_mul %s n=%d wants %s %s'):format(dt, n, tostring(wants[1]), tostring(wants[2]))
+          local ga, gview, gleaf = placed(g, dt)
+          local ua, uview, uleaf = placed(u, dt)
+          for _, t in ipairs({ ga, gleaf }) do t:requires_grad_(wants[1]) end
+          for _, t in ipairs({ ua, uleaf }) do t:requires_grad_(wants[2]) end
+          if not wants[1] then gview = gleaf:narrow(0, 1, n) end
+          if not wants[2] then uview = uleaf:narrow(0, 1, n) end
+          local wd = w:to(dt):to(DEV)
+          local ya, yv = F.silu_mul(ga, ua), F.silu_mul(gview, uview)
+          same_values(flat(ya), flat(yv))
+          ;(ya * wd):sum():backward()
+          ;(yv * wd):sum():backward()
+          if wants[1] then same_values(flat(ga.grad), flat(gleaf.grad:narrow(0, 1, n))) end
+          if wants[2] then same_values(flat(ua.grad), flat(uleaf.grad:narrow(0, 1, n))) end
+          local gr = g:to(dt):to('f64'):detach():requires_grad_()
+          local ur = u:to(dt):to('f64'):detach():requires_grad_()
+          local yr = F.silu_mul(gr, ur)
+          ;(yr * w:to(dt):to('f64')):sum():backward()
+          assert(rel_error(ya, yr) <= TOLERANCE[dt], what .. ': output')
+          if wants[1] then assert(rel_error(ga.grad, gr.grad) <= TOLERANCE[dt], what .. ': dgate') end
+          if wants[2] then assert(rel_error(ua.grad, ur.grad) <= TOLERANCE[dt], what .. ': dup') end
+        end
+      end
+    end
+  end)
+
+  it('dense casts between f32, bf16 and f16 equal the CPU, aligned and not', function()
+    local specials = { 0, -0.0, 1 / 0, -1 / 0, 0 / 0, 65504, 65520, 1e-8, 6e-8, 1e-40, 3.4e38,
+                       1 + 2 ^ -8, 1 + 3 * 2 ^ -9, -7.9 }
+    for _, n in ipairs(SIZES) do
+      local list = (fsdp.randn({ n + 1 }, { seed = n }) * 300):tolist()
+      for i, s in ipairs(specials) do list[(i * 7) % (n + 1) + 1] = s end
+      local src = fsdp.tensor(list, { dtype = 'f64' })
+      for _, from in ipairs(FLOATS) do
+        local c = src:to(from)
+        local g = c:to(DEV)
+        for _, to in ipairs(FLOATS) do
+          if to ~= from then
+            local want = flat(c:narrow(0, 1, n):to(to))
+            same_values(flat(g:narrow(0, 1, n):clone():to(to)), want) -- vector path
+            same_values(flat(g:narrow(0, 1, n):to(to)), want)         -- misaligned
+            same_values(flat(g:to(to)), flat(c:to(to)))
+          end
+        end
+      end
+    end
+  end)
+
+  it('strided copies with a contiguous innermost dim (head transposes) equal the CPU', function()
+    local x = fsdp.randn({ 2, 5, 3, 64 }, { seed = 4 }) * 100
+    for _, dt in ipairs({ 'f32', 'bf16', 'f16', 'f64', 'i64', 'i32', 'u8' }) do
+      for _, d in ipairs({ 64, 12, 8 }) do -- 12: whole f32 vectors only
+        local c = x:narrow(3, 0, d):contiguous():to(dt)
+        local g = c:to(DEV)
+        -- [B,T,H,D] -> [B,H,T,D], and back into a permuted destination
+        same_values(flat(g:permute(0, 2, 1, 3):contiguous()), flat(c:permute(0, 2, 1, 3):contiguous()))
+        local back_g = fsdp.zeros({ 2, 5, 3, d }, { device = DEV, dtype = dt })
+        local back_c = fsdp.zeros({ 2, 5, 3, d }, { dtype = dt })
+        back_g:permute(0, 2, 1, 3):copy_(g:permute(0, 2, 1, 3):contiguous())
+        back_c:permute(0, 2, 1, 3):copy_(c:permute(0, 2, 1, 3):contiguous())
+        same_values(flat(back_g), flat(c))
+        same_values(flat(back_g), flat(back_c))
+        -- transposes that convert
+        for _, to in ipairs(FLOATS) do
+          if to ~= dt then
+            same_values(flat(g:permute(0, 2, 1, 3):to(to)), flat(c:permute(0, 2, 1, 3):to(to)))
+          end
+        end
+      end
+      -- column blocks: aligned (from element 16) and misaligned (from 1)
+      local m = fsdp.randn({ 5, 40 }, { seed = 5 }):to(dt)
+      local mg = m:to(DEV)
+      for _, start in ipairs({ 16, 1 }) do
+        same_values(flat(mg:narrow(1, start, 16):contiguous()), flat(m:narrow(1, start, 16):contiguous()))
+        if dt == 'f32' then
+          same_values(flat(mg:narrow(1, start, 16):to('bf16')), flat(m:narrow(1, start, 16):to('bf16')))
+        end
+      end
+      -- a broadcast source (stride 0 outside the rows)
+      local row = fsdp.randn({ 1, 64 }, { seed = 6 }):to(dt)
+      same_values(flat(row:to(DEV):expand(5, 64):contiguous()), flat(row:expand(5, 64):contiguous()))
+    end
+  end)
+
+  it('dense fills equal the CPU, aligned and not', function()
+    for _, dt in ipairs({ 'f32', 'bf16', 'f16', 'f64', 'i64', 'i32', 'i16', 'u8' }) do
+      local v = (dt == 'f32' or dt == 'bf16' or dt == 'f16' or dt == 'f64') and -1 / 3 or 7
+      for _, n in ipairs(SIZES) do
+        same_values(flat(fsdp.zeros({ n }, { device = DEV, dtype = dt }):fill_(v)),
+                    flat(fsdp.zeros({ n }, { dtype = dt }):fill_(v)))
+        local g = fsdp.zeros({ n + 1 }, { device = DEV, dtype = dt })
+        g:narrow(0, 1, n):fill_(v)
+        local c = fsdp.zeros({ n + 1 }, { dtype = dt })
+        c:narrow(0, 1, n):fill_(v)
+        same_values(flat(g), flat(c))
+      end
+    end
   end)
 end)
 
