@@ -16,6 +16,11 @@
 --   flops         dense peak FLOP/s per compute dtype {bf16=, f16=, f32=}
 --   utilization   the fraction of peak a training step reaches (its MFU);
 --                 the predicted compute time is flops / (peak * utilization)
+--   mem_utilization  nil, or the fraction of mem_bw the memory-bound ops
+--                 reach: then compute time is flops / (peak * utilization)
+--                 + their bytes / (mem_bw * mem_utilization), utilization
+--                 being the GEMMs' and attention's (fsdp.plan.cost; both
+--                 measured from a kernel profile, as the H100's are)
 --   mem_bw        memory bandwidth (the optimizer's pass over the shards)
 --   intra_bw      per-rank bandwidth to ranks of the same node, one way
 --                 (NVLink for the GPUs below)
@@ -121,6 +126,10 @@ function M.check(p, where)
   if validate.problem(u, { positive = true, max = 1 }) then
     core.fail(('%s: device profile %s: utilization must be in (0, 1], got %s'):format(where, tostring(p.name),
       validate.show(u)))
+  end
+  if p.mem_utilization ~= nil and validate.problem(p.mem_utilization, { positive = true, max = 1 }) then
+    core.fail(('%s: device profile %s: mem_utilization must be in (0, 1], got %s'):format(where,
+      tostring(p.name), validate.show(p.mem_utilization)))
   end
   if p.host_bw ~= nil then positive(p, 'host_bw', where) end
   if p.node_inter_bw ~= nil then positive(p, 'node_inter_bw', where) end

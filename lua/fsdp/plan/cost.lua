@@ -27,7 +27,11 @@
 -- smaller: a NIC per GPU (DGX) is not shared, a CPU node's one link is.
 --
 -- Time: compute = hardware FLOPs / (peak FLOP/s of the compute dtype x
--- utilization); communication = wire bytes / bandwidth; the optimizer
+-- utilization); on a device whose profile has mem_utilization, plus the
+-- bytes the memory-bound ops move (the trace counts them: [Note: bytes
+-- moved]; a checkpointed block's forward moves its bytes again, in the
+-- proportion of its FLOPs) / (mem_bw x mem_utilization), utilization then
+-- being the GEMMs' and attention's alone; communication = wire bytes / bandwidth; the optimizer
 -- reads and writes the shards, gradients and state once at memory
 -- bandwidth. With prefetching, communication overlaps compute (FSDP's
 -- point): the step takes the longer of the two plus the optimizer;
@@ -77,6 +81,9 @@ function M.fill(plan, flops)
   local hardware = model_flops + (r.checkpoint and flops.blocks_forward or 0)
   plan.flops = { model = model_flops, hardware = hardware, recompute = hardware - model_flops,
                  per_token = model_flops / math.max(plan.tokens, 1) }
+  local fwd = flops.forward or 0
+  local bytes = (flops.bytes or 0) + ((r.checkpoint and fwd > 0)
+    and (flops.bytes_forward or 0) * flops.blocks_forward / fwd or 0)
 
   -- communication
   local comm = {}
@@ -115,9 +122,11 @@ function M.fill(plan, flops)
 
   -- time
   local peak_flops = dev.flops[r.mp.param] or dev.flops.f32
-  local compute_s = hardware / (peak_flops * r.utilization)
+  local mem_util = dev.mem_utilization
+  local memory_s = mem_util and bytes / (dev.mem_bw * mem_util) or 0
+  local compute_s = hardware / (peak_flops * r.utilization) + memory_s
   local m = plan.memory
-  local opt_s = (2 * ((m.params_trainable or m.params) + m.optimizer) + m.grads) / dev.mem_bw
+  local opt_s = (2 * ((m.params_trainable or m.params) + m.optimizer) + m.grads) / (dev.mem_bw * (mem_util or 1))
   local overlap = r.backward_prefetch ~= false or r.forward_prefetch
   local moved = m.host_activations or 0
   local offload = { bytes = moved, to_host = 0, to_device = 0, exposed = 0, backlog = 0 }
@@ -132,6 +141,7 @@ function M.fill(plan, flops)
   local step_s = (overlap and math.max(busy_s, comm_s) or busy_s + comm_s) + opt_s
   plan.time = {
     compute = compute_s, comm = comm_s, optimizer = opt_s, step = step_s, overlap = overlap,
+    memory_bound = memory_s, bytes_moved = bytes,
     exposed_comm = overlap and math.max(0, comm_s - busy_s) or comm_s,
     offload = offload,
     tokens_per_s = plan.tokens * r.world / step_s,

@@ -101,9 +101,17 @@ function M.format(p)
   local t = p.time
   line('compute per step per rank: %s (%s per token)%s', si(p.flops.hardware, 'FLOP'), si(p.flops.per_token, 'FLOP'),
     p.flops.recompute > 0 and (', %s recomputed'):format(si(p.flops.recompute, 'FLOP')) or '')
-  line('time per step: compute %s at %.0f%% of %s, communication %s%s, optimizer %s',
-    seconds(t.compute), 100 * r.utilization, si(t.peak_flops, 'FLOP/s'), seconds(t.comm),
-    t.overlap and ' (overlapped)' or ' (not overlapped)', seconds(t.optimizer))
+  if t.memory_bound > 0 then
+    line('time per step: compute %s (GEMMs and attention at %.0f%% of %s, memory-bound ops %s: %s at %.0f%% of %s/s),',
+      seconds(t.compute), 100 * r.utilization, si(t.peak_flops, 'FLOP/s'), seconds(t.memory_bound),
+      si(t.bytes_moved, 'B'), 100 * dev.mem_utilization, si(dev.mem_bw, 'B'))
+    line('  communication %s%s, optimizer %s', seconds(t.comm),
+      t.overlap and ' (overlapped)' or ' (not overlapped)', seconds(t.optimizer))
+  else
+    line('time per step: compute %s at %.0f%% of %s, communication %s%s, optimizer %s',
+      seconds(t.compute), 100 * r.utilization, si(t.peak_flops, 'FLOP/s'), seconds(t.comm),
+      t.overlap and ' (overlapped)' or ' (not overlapped)', seconds(t.optimizer))
+  end
   local o = t.offload
   if o.bytes > 0 then
     line('  activation offload: %.3f %s each way at %s/s, to host %s (overlaps forward), back %s; %s exposed',

@@ -303,7 +303,7 @@ local function trace(model, o)
   end
 
   local inputs_bytes, caches, tokens
-  local flops = { total = 0, blocks_forward = 0 }
+  local flops = { total = 0, blocks_forward = 0, bytes = 0, bytes_forward = 0 }
   local result = {}
   -- FLOPs from zero: a count saturated by earlier work (huge meta
   -- models) would read as no FLOPs at all; the outer count gets ours back.
@@ -342,13 +342,13 @@ local function trace(model, o)
     -- 2. with grad: forward, loss, backward
     pass, grad_pass, entered = {}, true, 0
     collect()
-    local f0 = C.fl_flops()
+    local f0, m0 = C.fl_flops(), C.fl_bytes_moved()
     start_segment('stem', nil)
     local a = cast(args)
     local loss = o.loss(model, unpack(a, 1, a.n))
     a = nil -- luacheck: ignore
     if seg then end_segment() end
-    local f1 = C.fl_flops()
+    local f1, m1 = C.fl_flops(), C.fl_bytes_moved()
     local forward = pass
     local root = o.root_params
     bwd_boundary('head', root)
@@ -357,6 +357,9 @@ local function trace(model, o)
     bwd_boundary(nil) -- the stem's segment (or the last one open) ends with backward
     local f2 = C.fl_flops()
     flops.total = tonumber(f2 - f0)
+    -- what the memory-bound ops moved ([Note: bytes moved]), for devices
+    -- whose profile prices them (fsdp.plan.cost)
+    flops.bytes, flops.bytes_forward = tonumber(C.fl_bytes_moved() - m0), tonumber(m1 - m0)
 
     -- block profiles ([Note: inputs several blocks share])
     local function merges(i) -- whether a later block shares an input of block i
