@@ -13,7 +13,8 @@ local spec = {
 
 describe('recipe options', function()
   it('are typed by their defaults', function()
-    local cfg, rest = recipe.parse(spec, { '--lr=0.01', '--steps=3', '--dry-run', '--model=small', 'x' })
+    local cfg, rest = recipe.parse(spec, { '--lr=0.01', '--steps=3', '--dry-run', '--model=small', 'x' }, 'x.lua', nil,
+      { positional = 'X' })
     assert.same({ lr = 0.01, steps = 3, dry_run = true, model = 'small' }, cfg)
     assert.same({ 'x' }, rest)
     assert.is_false(recipe.parse(spec, { '--dry_run=no' }).dry_run)
