@@ -819,4 +819,54 @@ function M.format(cfg, full)
   return table.concat(lines, '\n')
 end
 
+-- [Note: the list of recipes]
+-- `fsdp-lua --list` (or `fsdp-lua recipes`) prints each recipes/*.lua with
+-- the first phrase of its purpose comment (up to the first ':', ';' or
+-- '. ' outside parentheses), so a recipe's first comment line is its entry
+-- and a helper module does not belong in recipes/ (T5's moved to models/).
+-- The recipes of the project root `root` (default: fsdp.host's), sorted:
+-- {name = 'llama2_7b.lua', path = 'recipes/llama2_7b.lua', summary = '...'}.
+function M.recipes(root)
+  root = root or require('fsdp.host').root or '.'
+  local lfs = require 'lfs'
+  local dir = root .. '/recipes'
+  local out = {}
+  if lfs.attributes(dir, 'mode') ~= 'directory' then return out end
+  for name in lfs.dir(dir) do
+    if name:match('%.lua$') then
+      local f = io.open(dir .. '/' .. name)
+      local text = f and f:read(4096) or ''
+      if f then f:close() end
+      local words = {}
+      for line in (text .. '\n'):gmatch('([^\n]*)\n') do
+        local c = line:match('^%-%-%s?(.*)$')
+        if not c or c:match('^%s*$') then break end
+        words[#words + 1] = c
+      end
+      local purpose = table.concat(words, ' '):gsub('^recipes/[%w_]+%.lua:%s*', '')
+      local depth, cut = 0, #purpose
+      for i = 1, #purpose do
+        local ch = purpose:sub(i, i)
+        if ch == '(' then depth = depth + 1 elseif ch == ')' then depth = depth - 1
+        elseif depth == 0 and (ch == ':' or ch == ';' or (ch == '.' and purpose:sub(i + 1, i + 1) == ' ')) then
+          cut = i - 1
+          break
+        end
+      end
+      -- (parentheses left out: one short line each)
+      local summary = purpose:sub(1, cut):gsub('%s*%b()', ''):gsub('%.$', '')
+      out[#out + 1] = { name = name, path = 'recipes/' .. name, summary = summary }
+    end
+  end
+  table.sort(out, function(a, b) return a.name < b.name end)
+  return out
+end
+
+-- Print the list (see the Note).
+function M.list(root)
+  local list = M.recipes(root)
+  print(('%d recipes (fsdp-lua recipes/NAME.lua --help lists one\'s options):'):format(#list))
+  for _, r in ipairs(list) do print(('  %-22s %s'):format(r.path, r.summary)) end
+end
+
 return M

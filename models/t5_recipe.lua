@@ -1,11 +1,11 @@
--- recipes/t5_recipe.lua: what recipes/t5_3b.lua and recipes/t5_11b.lua
+-- models/t5_recipe.lua: what recipes/t5_3b.lua and recipes/t5_11b.lua
 -- share: their options, the full-size dry run on meta, and training at
 -- reduced size on CPU on a synthetic source -> target task (reverse, or
 -- copy, a padded sequence of random tokens, then eos), ending with greedy
 -- generation on held-out examples and their exact-match rate.
 --
 -- With --data=FILE.jsonl it fine-tunes on source/target text pairs
--- instead (recipes/t5_pairs.lua): validation loss every --validation_freq
+-- instead (models/t5_pairs.lua): validation loss every --validation_freq
 -- steps, the data position in checkpoints, greedy outputs as text at the
 -- end.
 --
@@ -27,7 +27,7 @@ local t5 = require 'models.t5'
 local pretrained = require 'models.pretrained'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
-local t5_pairs = require 'recipes.t5_pairs'
+local t5_pairs = require 'models.t5_pairs'
 local lora = require 'fsdp.lora'
 local metrics = require 'fsdp.observe.metrics'
 local F = fsdp.F
