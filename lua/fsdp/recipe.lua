@@ -767,13 +767,14 @@ end
 
 -- Write the options of a run that differ from the defaults to
 -- dir/config.yaml ([Note: config files] in fsdp.config_file), so
--- `fsdp-lua SCRIPT --config dir/config.yaml` repeats it. Returns the path.
+-- `fsdp-lua SCRIPT --config dir/config.yaml` repeats it. Returns the path
+-- and the script (as recipe.config was told).
 function M.save_config(cfg, dir)
   local r = resolved[cfg] or {}
   local changed = {}
   for _, k in ipairs(M.changed(cfg)) do changed[k] = cfg[k] end
   local files = require 'fsdp.io.files'
-  return require('fsdp.config_file').write(files.join(dir, M.CONFIG_FILE), changed, r.script)
+  return require('fsdp.config_file').write(files.join(dir, M.CONFIG_FILE), changed, r.script), r.script
 end
 M.CONFIG_FILE = 'config.yaml'
 

@@ -172,7 +172,8 @@ describe('the fit check', function()
     assert.are.equal(2, rc, stdout .. stderr)
     assert.matches('^fsdp%-lua: recipes/llama2_7b.lua: does not fit: planned peak 105.8 GiB per rank %(parameters '
       .. '25.1 GiB, gradients 25.1 GiB, optimizer 50.2 GiB, activations [%d.]+ GiB%) > 40.0 GiB available %(', stderr)
-    assert.matches('try %-%-dtype=bf16 .* fewer layers %(%-%-num_layers%); or %-%-skip_fit_check\n$', stderr)
+    assert.matches('try %-%-dtype=bf16 .* fewer layers %(%-%-num_layers%); or %-%-skip_fit_check; to try the recipe '
+      .. 'here: %-%-model=tiny .*, %-%-dry%-run .* or %-%-plan .*\n$', stderr)
     assert.is_nil(stdout:find('sharding:', 1, true), stdout)
     print(('# 7B refused by the fit check in %.2f s'):format(dt))
   end)
@@ -183,7 +184,9 @@ describe('the fit check', function()
     assert.are.equal(2, rc, stdout .. stderr)
     assert.are.equal('fsdp-lua: --model Llama-2-7b: num_layers 32, hidden_width 4096, num_heads 32, ffn_dim 11008, '
       .. 'vocab_size 32000: 6.74e+09 parameters, 25.1 GiB of f32 weights: more than the 16.0 GiB available '
-      .. '(--memory_limit_mb=16384); try --dtype=bf16 (half the bytes), fewer layers (--num_layers) or more ranks\n',
+      .. '(--memory_limit_mb=16384); try --dtype=bf16 (half the bytes), fewer layers (--num_layers) or more ranks; '
+      .. 'to try the recipe here: --model=tiny (a small Llama that trains in seconds), --dry-run (the full size on meta, '
+      .. 'nothing allocated) or --plan (what each rank would hold, send and compute)\n',
       stderr)
     assert.are.equal('', stdout)
     assert.is_true(dt < 10, ('%.2f s'):format(dt))
