@@ -141,10 +141,33 @@ local CASES = {
     'grid point 1 of 2 (batch_size=0): --batch_size must be >= 1, got 0' },
   { 'recipes/sweep.lua --grid=bogus=1,2 --args=' .. T.quote(SMALL),
     'unknown option --bogus (valid: activation_checkpointing' },
+  -- issue 41: words that are not options ran the default 7B ([Note: command-line words] in fsdp.recipe)
+  { 'recipes/llama2_7b.lua model=tiny', 'fsdp-lua: model=tiny is not an option (did you mean --model=tiny?)\n' },
+  { 'recipes/llama2_7b.lua -model=tiny', 'fsdp-lua: -model=tiny is not an option (did you mean --model=tiny?)\n' },
+  { 'recipes/llama2_7b.lua --model=tiny --dry_run false', "fsdp-lua: unexpected argument 'false' after --dry_run, "
+    .. 'which takes no value (did you mean --dry_run=false?)\n' },
+  { 'recipes/llama2_7b.lua tiny', "fsdp-lua: unexpected argument 'tiny': recipes/llama2_7b.lua takes options only "
+    .. '(--key=value or --key value; --help lists them)\n' },
+  { 'recipes/t5_3b.lua -dry-run', 'fsdp-lua: -dry-run is not an option (did you mean --dry-run?)\n' },
+  { 'recipes/llama2_7b.lua --model', 'fsdp-lua: --model expects a value (--model=VALUE or --model VALUE)\n' },
+  { 'recipes/llama2_7b.lua --config=TMP/bad.yaml', 'fsdp-lua: --config TMP/bad.yaml: unknown option training.lrr '
+    .. '(did you mean lr?)\n' },
+  { 'recipes/llama2_7b.lua --model=tiny --metrics_file=TMP/old.jsonl', 'fsdp-lua: --metrics_file (TMP/old.jsonl) '
+    .. 'holds the records of an earlier run: give --metrics_file_mode=append or --metrics_file_mode=overwrite, '
+    .. '--resume_from_checkpoint to continue that run, or another file\n' },
+  { 'recipes/llama2_7b.lua --metrics_file_mode=apend', "--metrics_file_mode must be one of new, append, overwrite; "
+    .. "got 'apend' (did you mean append?)" },
 }
 
 describe('recipes refuse bad options before building anything', function()
   local slowest = 0
+  setup(function()
+    for name, text in pairs({ ['bad.yaml'] = 'model: tiny\ntraining:\n  lrr: 1e-4\n', ['old.jsonl'] = '{"step": 1}\n' }) do
+      local f = assert(io.open(tmp .. '/' .. name, 'w'))
+      f:write(text)
+      f:close()
+    end
+  end)
   for _, case in ipairs(CASES) do
     it(case[1], function()
       local args, want = case[1]:gsub('TMP', tmp), case[2]:gsub('TMP', tmp)
@@ -383,5 +406,71 @@ describe('--nproc', function()
     rc = run('--nproc 2 recipes/mnist.lua', env)
     assert.are.equal(0, rc)
     assert.are.equal('file', files.mode(mark))
+  end)
+end)
+
+-- issue 41: the first contact
+describe('a first run', function()
+  it('of the default 7B that does not fit names --model=tiny, --dry-run and --plan in its first lines', function()
+    local rc, stdout, stderr = run('recipes/llama2_7b.lua --memory_limit_mb=40960')
+    assert.are.equal(2, rc)
+    -- the config dump is what differs from the defaults
+    assert.are.equal('config:\n  memory_limit_mb = 40960\n  (81 other options at their defaults: --print_config lists '
+      .. 'them all)\n', stdout)
+    assert.matches('; to try the recipe here: --model=tiny (a small Llama that trains in seconds), --dry-run (the full '
+      .. 'size on meta, nothing allocated) or --plan (what each rank would hold, send and compute)\n', stderr, 1, true)
+  end)
+
+  it('takes --key value and --no-flag, and names the recipes with --list', function()
+    local rc, stdout, stderr = run('recipes/llama2_7b.lua --model tiny --max_steps 5 --no-activation_checkpointing '
+      .. '--reshard_after_forward false --validate_options')
+    assert.are.equal(0, rc, stderr)
+    assert.are.equal('options: ok\n', stdout)
+    for _, args in ipairs({ '--list', 'recipes' }) do
+      rc, stdout, stderr = run(args)
+      assert.are.equal(0, rc, stderr)
+      assert.matches('^%d+ recipes %(fsdp%-lua recipes/NAME.lua %-%-help lists one\'s options%):\n', stdout)
+      assert.matches('\n  recipes/llama2_7b.lua  train Llama 2 7B, the seed recipe\n', stdout, 1, true)
+      assert.is_nil(stdout:find('t5_recipe', 1, true)) -- helper modules live in models/
+    end
+    local _, help = run('--help')
+    assert.matches('--list', help, 1, true)
+  end)
+
+  it('keeps another run\'s --metrics_file only when told (append, overwrite) or resuming', function()
+    local m = tmp .. '/mode.jsonl'
+    local f = assert(io.open(m, 'w'))
+    f:write('{"old": true}\n')
+    f:close()
+    local base = 'recipes/llama2_7b.lua ' .. SMALL .. ' --max_steps=1 --warmup_steps=0 --validation_freq=0 '
+      .. '--metrics_file=' .. m
+    local rc, _, stderr = run(base)
+    assert.are.equal(2, rc)
+    assert.matches('holds the records of an earlier run', stderr, 1, true)
+    rc, _, stderr = run(base .. ' --metrics_file_mode=append')
+    assert.are.equal(0, rc, stderr)
+    local text = files.read(m)
+    assert.matches('^{"old": true}\n{', text)
+    rc, _, stderr = run(base .. ' --metrics_file_mode overwrite')
+    assert.are.equal(0, rc, stderr)
+    text = files.read(m)
+    assert.is_nil(text:find('old', 1, true))
+    assert.matches('"step":1', text, 1, true)
+  end)
+
+  it('saves its options beside the checkpoints, and --config repeats the run from them', function()
+    local ck = tmp .. '/first-ck'
+    local args = 'recipes/llama2_7b.lua ' .. SMALL .. ' --max_steps=2 --warmup_steps=1 --validation_freq=0 --eps 1e-6 '
+      .. '--checkpoint_freq=2 --checkpoint_dir=' .. ck
+    local rc, stdout, stderr = run(args)
+    assert.are.equal(0, rc, stderr)
+    assert.matches(('config: saved %s/config.yaml (fsdp-lua recipes/llama2_7b.lua --config %s/config.yaml repeats '
+      .. 'this run)'):format(ck, ck), stdout, 1, true)
+    local loss = stdout:match('Batch 2 Loss: ([%d.]+)')
+    local saved = files.read(ck .. '/config.yaml')
+    assert.matches('\neps: 1e-06\n', saved, 1, true)
+    rc, stdout, stderr = run(('recipes/llama2_7b.lua --config %s/config.yaml --checkpoint_dir=%s/again'):format(ck, tmp))
+    assert.are.equal(0, rc, stderr)
+    assert.are.equal(loss, stdout:match('Batch 2 Loss: ([%d.]+)'))
   end)
 end)
