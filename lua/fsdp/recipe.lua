@@ -639,7 +639,7 @@ local function refuse_word(spec, st, a, script, after_flag)
   if key then
     local guess = known(key) and key or suggest.closest(canonical(key), names)
     if guess then error(('%s is not an option (did you mean --%s=%s?)'):format(a, guess, value), 0) end
-  elseif a:sub(1, 1) == '-' and #bare_word > 1 then
+  elseif a:sub(1, 1) == '-' and #bare_word > 0 then
     local guess = known(bare_word) and bare_word or suggest.closest(canonical(bare_word), names)
     if guess then error(('%s is not an option (did you mean --%s?)'):format(a, guess), 0) end
     error(('unknown option %s (options start with --; --help lists them)'):format(a), 0)

@@ -150,9 +150,9 @@ local CASES = {
     .. '(--key=value or --key value; --help lists them)\n' },
   { 'recipes/t5_3b.lua -dry-run', 'fsdp-lua: -dry-run is not an option (did you mean --dry-run?)\n' },
   { 'recipes/llama2_7b.lua --model', 'fsdp-lua: --model expects a value (--model=VALUE or --model VALUE)\n' },
-  { 'recipes/llama2_7b.lua --config=TMP/bad.yaml', 'fsdp-lua: --config TMP/bad.yaml: unknown option training.lrr '
+  { 'recipes/llama2_7b.lua --config=TMP/files/bad.yaml', 'fsdp-lua: --config TMP/files/bad.yaml: unknown option training.lrr '
     .. '(did you mean lr?)\n' },
-  { 'recipes/llama2_7b.lua --model=tiny --metrics_file=TMP/old.jsonl', 'fsdp-lua: --metrics_file (TMP/old.jsonl) '
+  { 'recipes/llama2_7b.lua --model=tiny --metrics_file=TMP/files/old.jsonl', 'fsdp-lua: --metrics_file (TMP/files/old.jsonl) '
     .. 'holds the records of an earlier run: give --metrics_file_mode=append or --metrics_file_mode=overwrite, '
     .. '--resume_from_checkpoint to continue that run, or another file\n' },
   { 'recipes/llama2_7b.lua --metrics_file_mode=apend', "--metrics_file_mode must be one of new, append, overwrite; "
@@ -162,8 +162,10 @@ local CASES = {
 describe('recipes refuse bad options before building anything', function()
   local slowest = 0
   setup(function()
+    -- (in a directory of their own: TMP itself is an empty --data)
+    os.execute('mkdir -p ' .. T.quote(tmp .. '/files'))
     for name, text in pairs({ ['bad.yaml'] = 'model: tiny\ntraining:\n  lrr: 1e-4\n', ['old.jsonl'] = '{"step": 1}\n' }) do
-      local f = assert(io.open(tmp .. '/' .. name, 'w'))
+      local f = assert(io.open(tmp .. '/files/' .. name, 'w'))
       f:write(text)
       f:close()
     end
@@ -422,8 +424,8 @@ describe('a first run', function()
   end)
 
   it('takes --key value and --no-flag, and names the recipes with --list', function()
-    local rc, stdout, stderr = run('recipes/llama2_7b.lua --model tiny --max_steps 5 --no-activation_checkpointing '
-      .. '--reshard_after_forward false --validate_options')
+    local rc, stdout, stderr = run('recipes/llama2_7b.lua --model tiny --max_steps 50 --no-activation_checkpointing '
+      .. '--no-reshard_after_forward --validate_options')
     assert.are.equal(0, rc, stderr)
     assert.are.equal('options: ok\n', stdout)
     for _, args in ipairs({ '--list', 'recipes' }) do
@@ -438,7 +440,7 @@ describe('a first run', function()
   end)
 
   it('keeps another run\'s --metrics_file only when told (append, overwrite) or resuming', function()
-    local m = tmp .. '/mode.jsonl'
+    local m = tmp .. '/files/mode.jsonl'
     local f = assert(io.open(m, 'w'))
     f:write('{"old": true}\n')
     f:close()
@@ -459,7 +461,7 @@ describe('a first run', function()
   end)
 
   it('saves its options beside the checkpoints, and --config repeats the run from them', function()
-    local ck = tmp .. '/first-ck'
+    local ck = tmp .. '/files/first-ck'
     local args = 'recipes/llama2_7b.lua ' .. SMALL .. ' --max_steps=2 --warmup_steps=1 --validation_freq=0 --eps 1e-6 '
       .. '--checkpoint_freq=2 --checkpoint_dir=' .. ck
     local rc, stdout, stderr = run(args)
@@ -469,7 +471,7 @@ describe('a first run', function()
     local loss = stdout:match('Batch 2 Loss: ([%d.]+)')
     local saved = files.read(ck .. '/config.yaml')
     assert.matches('\neps: 1e-06\n', saved, 1, true)
-    rc, stdout, stderr = run(('recipes/llama2_7b.lua --config %s/config.yaml --checkpoint_dir=%s/again'):format(ck, tmp))
+    rc, stdout, stderr = run(('recipes/llama2_7b.lua --config %s/config.yaml --checkpoint_dir=%s/files/again'):format(ck, tmp))
     assert.are.equal(0, rc, stderr)
     assert.are.equal(loss, stdout:match('Batch 2 Loss: ([%d.]+)'))
   end)

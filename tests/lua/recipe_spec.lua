@@ -217,6 +217,15 @@ describe('fsdp.suggest', function()
     assert.is_nil(suggest.closest('bogus', { 'batch_size', 'lr' }))
     assert.equals('', suggest.hint('zzz', { 'lr' }))
   end)
+
+  -- issue 41: --model=llama3-8b suggested Llama-2-7b
+  it('knows a model name\'s family and generation from its letters and digits', function()
+    local names = { 'Llama-2-7b', 'Llama-2-13b', 'Llama-3.1-8B', 'Llama-3.2-1B', 'Qwen3-8B', 'qwen3-tiny' }
+    assert.equals('Llama-3.1-8B', suggest.closest('llama3-8b', names))
+    assert.equals('Llama-3.1-8B', suggest.closest('Llama-3-8B', names))
+    assert.equals('Llama-2-7b', suggest.closest('llama2_7b', names))
+    assert.equals('Qwen3-8B', suggest.closest('qwen3-8b', names))
+  end)
 end)
 
 describe('model config overrides', function()
