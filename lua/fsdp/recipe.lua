@@ -167,11 +167,11 @@ end
 -- The usage text of a spec.
 function M.usage(spec, script, opts)
   opts = opts or {}
-  local lines = { ('usage: fsdp-lua %s [--key=value | --key value | --flag | --no-flag ...] [--config FILE.yaml|.lua]%s')
-    :format(script or 'recipe.lua', opts.positional and (' ' .. opts.positional) or '') }
+  local lines = { ('usage: fsdp-lua %s [--key=value | --key value | --flag | --no-flag ...] '
+    .. '[--config FILE.yaml|.lua]%s'):format(script or 'recipe.lua', opts.positional and (' ' .. opts.positional) or '') }
   if opts.description then lines[#lines + 1] = opts.description end
-  lines[#lines + 1] = '--config: a YAML or Lua file of options, flat or in sections one level deep (training: {lr: 1e-4} '
-    .. 'is --lr); the command line overrides it. A run with --checkpoint_dir saves its options there as config.yaml.'
+  lines[#lines + 1] = '--config: a YAML or Lua file of options, flat or in sections one level deep '
+    .. '(training: {lr: 1e-4} is --lr); the command line overrides it. A run with --checkpoint_dir saves its options there as config.yaml.'
   lines[#lines + 1] = ''
   for _, k in ipairs(sorted_keys(spec)) do
     local d = spec[k]

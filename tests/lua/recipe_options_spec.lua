@@ -150,11 +150,12 @@ local CASES = {
     .. '(--key=value or --key value; --help lists them)\n' },
   { 'recipes/t5_3b.lua -dry-run', 'fsdp-lua: -dry-run is not an option (did you mean --dry-run?)\n' },
   { 'recipes/llama2_7b.lua --model', 'fsdp-lua: --model expects a value (--model=VALUE or --model VALUE)\n' },
-  { 'recipes/llama2_7b.lua --config=TMP/files/bad.yaml', 'fsdp-lua: --config TMP/files/bad.yaml: unknown option training.lrr '
-    .. '(did you mean lr?)\n' },
-  { 'recipes/llama2_7b.lua --model=tiny --metrics_file=TMP/files/old.jsonl', 'fsdp-lua: --metrics_file (TMP/files/old.jsonl) '
-    .. 'holds the records of an earlier run: give --metrics_file_mode=append or --metrics_file_mode=overwrite, '
-    .. '--resume_from_checkpoint to continue that run, or another file\n' },
+  { 'recipes/llama2_7b.lua --config=TMP/files/bad.yaml',
+    'fsdp-lua: --config TMP/files/bad.yaml: unknown option training.lrr (did you mean lr?)\n' },
+  { 'recipes/llama2_7b.lua --model=tiny --metrics_file=TMP/files/old.jsonl',
+    'fsdp-lua: --metrics_file (TMP/files/old.jsonl) holds the records of an earlier run: give '
+    .. '--metrics_file_mode=append or --metrics_file_mode=overwrite, --resume_from_checkpoint to continue that run, '
+    .. 'or another file\n' },
   { 'recipes/llama2_7b.lua --metrics_file_mode=apend', "--metrics_file_mode must be one of new, append, overwrite; "
     .. "got 'apend' (did you mean append?)" },
 }
@@ -164,7 +165,8 @@ describe('recipes refuse bad options before building anything', function()
   setup(function()
     -- (in a directory of their own: TMP itself is an empty --data)
     os.execute('mkdir -p ' .. T.quote(tmp .. '/files'))
-    for name, text in pairs({ ['bad.yaml'] = 'model: tiny\ntraining:\n  lrr: 1e-4\n', ['old.jsonl'] = '{"step": 1}\n' }) do
+    local texts = { ['bad.yaml'] = 'model: tiny\ntraining:\n  lrr: 1e-4\n', ['old.jsonl'] = '{"step": 1}\n' }
+    for name, text in pairs(texts) do
       local f = assert(io.open(tmp .. '/files/' .. name, 'w'))
       f:write(text)
       f:close()
@@ -210,8 +212,8 @@ describe('the fit check', function()
     assert.are.equal('fsdp-lua: --model Llama-2-7b: num_layers 32, hidden_width 4096, num_heads 32, ffn_dim 11008, '
       .. 'vocab_size 32000: 6.74e+09 parameters, 25.1 GiB of f32 weights: more than the 16.0 GiB available '
       .. '(--memory_limit_mb=16384); try --dtype=bf16 (half the bytes), fewer layers (--num_layers) or more ranks; '
-      .. 'to try the recipe here: --model=tiny (a small Llama that trains in seconds), --dry-run (the full size on meta, '
-      .. 'nothing allocated) or --plan (what each rank would hold, send and compute)\n',
+      .. 'to try the recipe here: --model=tiny (a small Llama that trains in seconds), --dry-run (the full size on '
+      .. 'meta, nothing allocated) or --plan (what each rank would hold, send and compute)\n',
       stderr)
     assert.are.equal('', stdout)
     assert.is_true(dt < 10, ('%.2f s'):format(dt))
@@ -471,7 +473,8 @@ describe('a first run', function()
     local loss = stdout:match('Batch 2 Loss: ([%d.]+)')
     local saved = files.read(ck .. '/config.yaml')
     assert.matches('\neps: 1e-06\n', saved, 1, true)
-    rc, stdout, stderr = run(('recipes/llama2_7b.lua --config %s/config.yaml --checkpoint_dir=%s/files/again'):format(ck, tmp))
+    rc, stdout, stderr = run(('recipes/llama2_7b.lua --config %s/config.yaml --checkpoint_dir=%s/files/again')
+      :format(ck, tmp))
     assert.are.equal(0, rc, stderr)
     assert.are.equal(loss, stdout:match('Batch 2 Loss: ([%d.]+)'))
   end)

@@ -371,7 +371,8 @@ describe('command-line words', function()
     bad({ '-zzz' }, 'unknown option -zzz (options start with --; --help lists them)')
     bad({ '--dry_run', 'false' },
       "unexpected argument 'false' after --dry_run, which takes no value (did you mean --dry_run=false?)")
-    bad({ 'tiny' }, "unexpected argument 'tiny': x.lua takes options only (--key=value or --key value; --help lists them)")
+    bad({ 'tiny' },
+      "unexpected argument 'tiny': x.lua takes options only (--key=value or --key value; --help lists them)")
     bad({ '--steps' }, '--steps expects a value (--steps=VALUE or --steps VALUE)')
     bad({ '--steps', '--lr=1' }, '--steps expects a value (--steps=VALUE or --steps VALUE)')
     bad({ '--config' }, '--config expects a file (--config=FILE.yaml, --config FILE.lua)')
@@ -451,7 +452,8 @@ describe('--config files', function()
     assert.same({ 'lr', 'model', 'steps' }, recipe.changed(cfg))
     assert.equals('  lr = 0.0003000001\n  model = a "quoted" name/x\n  steps = 3\n'
       .. '  (2 other options at their defaults: --print_config lists them all)', recipe.format(cfg))
-    assert.equals('  (all 5 options at their defaults: --print_config lists them)', recipe.format((recipe.parse(S, {}))))
+    assert.equals('  (all 5 options at their defaults: --print_config lists them)',
+      recipe.format((recipe.parse(S, {}))))
     local path, script = recipe.save_config(cfg, dir)
     assert.equals(dir .. '/config.yaml', path)
     assert.equals('x.lua', script)

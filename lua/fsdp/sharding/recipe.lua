@@ -26,17 +26,19 @@ M.OPTIONS = {
                                    hybrid_shard_zero2 = 'HYBRID_SHARD_ZERO2' },
                         -- FSDP2's fully_shard(reshard_after_forward=): True is FULL_SHARD,
                         -- False SHARD_GRAD_OP (--no-reshard_after_forward)
-                        aliases = { reshard_after_forward = { ['true'] = 'FULL_SHARD', ['1'] = 'FULL_SHARD',
-                                                              ['false'] = 'SHARD_GRAD_OP', ['0'] = 'SHARD_GRAD_OP' } } },
+                        aliases = { reshard_after_forward = {
+                          ['true'] = 'FULL_SHARD', ['1'] = 'FULL_SHARD', ['false'] = 'SHARD_GRAD_OP',
+                          ['0'] = 'SHARD_GRAD_OP' } } },
   -- --bf16 (the seed's flag): bf16 mixed precision, parameters kept in
   -- their dtype (FSDP's MixedPrecision(param_dtype=bfloat16, ...)).
   mixed_precision = { '', 'compute dtype of the sharded units (bf16, f16); empty: the parameter dtype (on cuda, '
                           .. 'when not given: bf16)', one_of = DTYPES,
                       default_from = function(cfg) return device.default_mixed_precision(cfg) end,
                       -- param_dtype: FSDP2's MixedPrecisionPolicy(param_dtype=), reduce_dtype below its reduce_dtype
-                      aliases = { 'param_dtype', bf16 = { ['true'] = 'bf16', ['1'] = 'bf16', ['false'] = '', ['0'] = '' } } },
-  reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype; FSDP2: MixedPrecisionPolicy(reduce_dtype=))',
-                   one_of = DTYPES },
+                      aliases = { 'param_dtype',
+                                  bf16 = { ['true'] = 'bf16', ['1'] = 'bf16', ['false'] = '', ['0'] = '' } } },
+  reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype; FSDP2: '
+                       .. 'MixedPrecisionPolicy(reduce_dtype=))', one_of = DTYPES },
   cpu_offload = { false, 'keep master shards, gradients and optimizer state in host memory, the optimizer step on the '
                          .. 'CPU (FSDP2: offload_policy=CPUOffloadPolicy(); on --device=cpu they are there already)' },
   wrap = { 'transformer', 'wrap policy: transformer (one unit per block), size, none',
