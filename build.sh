@@ -22,6 +22,7 @@ cd "$(dirname "$0")"
 PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
           libedit-dev libopenblas-dev libopenblas0-openmp openmpi-bin libopenmpi-dev lua-busted
           lua-cjson libjansson-dev libcmocka-dev tmux
+          lua-yaml # YAML --config files (lua/fsdp/config_file.lua)
           lua-filesystem gnuplot-nox
           libxxhash-dev # XXH3 checksums of checkpoint files
           libyajl-dev # streaming JSON: safetensors headers of any size

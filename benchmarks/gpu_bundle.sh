@@ -14,7 +14,7 @@
 #   sys/            every library ldd lists that is neither glibc's nor CUDA's
 #                   (OpenBLAS, jansson, libedit, libgfortran, libstdc++,
 #                   Open MPI's ...)
-#   lua/            Debian's Lua 5.1 modules: lua-cjson (fsdp's JSON) and
+#   lua/            Debian's Lua 5.1 modules: lua-cjson (fsdp's JSON), lua-yaml (YAML --config files) and
 #                   busted with its dependencies (the specs), C modules in
 #                   lua/lib, pure Lua in lua/share
 #   ompi/           Debian's Open MPI as a relocatable prefix (mpirun and
@@ -82,7 +82,8 @@ cp -r /usr/lib/x86_64-linux-gnu/pmix2/share/pmix "$ompi/pmix/share/pmix"
 # Libraries the GPU machine cannot be assumed to have: skip the C library
 # family (the machine's own must be used) and CUDA's (found there).
 skip='^(libc|libm|libmvec|libdl|libpthread|librt|libgcc_s|ld-linux-x86-64|linux-vdso|libfsdp|libcudart|libcublas|libcublasLt|libcudnn|libnccl)\.so'
-ldd "$bin" "$lib" "$plugin" "$mpi_plugin" /usr/bin/orterun /usr/bin/orted "${components[@]}" |
+ldd "$bin" "$lib" "$plugin" "$mpi_plugin" /usr/bin/orterun /usr/bin/orted "${components[@]}" \
+  /usr/lib/x86_64-linux-gnu/lua/5.1/yaml.so |  # (yaml.so: libyaml for YAML --config files)
   awk '/=> \// {print $1, $3}' | sort -u | while read -r name path; do
   if [[ ! "$name" =~ $skip ]]; then cp -L "$path" "$out/sys/$name"; fi
 done
@@ -96,6 +97,8 @@ done
 cp -rL /usr/lib/x86_64-linux-gnu/lua/5.1/. "$out/lua/lib/"
 cp -rL /usr/share/lua/5.1/. "$out/lua/share/"
 [ -f "$out/lua/lib/cjson.so" ] || { echo "gpu_bundle: lua-cjson's cjson.so not found (apt-get install lua-cjson)" >&2; exit 1; }
+[ -f "$out/lua/lib/yaml.so" ] && [ -d "$out/lua/share/lyaml" ] ||
+  { echo "gpu_bundle: lua-yaml's yaml.so or lyaml not found (apt-get install lua-yaml)" >&2; exit 1; }
 
 cat > "$out/env.sh" <<'ENV'
 # build/gpu_bundle/env.sh: `source` it on the GPU machine (benchmarks/gpu_bundle.sh wrote it).

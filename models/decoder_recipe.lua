@@ -46,6 +46,18 @@ M.MODEL_OPTIONS = {
 -- run would be refused by AdamW after the build)
 M.DTYPES = { 'f32', 'bf16' }
 
+-- [Note: the learning-rate schedule]
+-- The training recipes' schedule (fsdp.optim.lr_scheduler.WarmupCosine,
+-- stepped after each optimizer step) in the recipes' option names, as
+-- --help says it. Optimizer step s (1 to --max_steps) runs at
+--   lr * s / (W + 1)                                          s <= W
+--   min_lr + (lr - min_lr) * (1 + cos(pi * (s - 1 - W) / (max_steps - W))) / 2     s > W
+-- with W = --warmup_steps: the first step's lr is lr/(W+1), not 0 as in
+-- transformers' get_cosine_schedule_with_warmup (nanoGPT's and torchtitan's
+-- warmup), and the last step's is just above min_lr.
+M.SCHEDULE_HELP = 'optimizer step s (1..max_steps) runs at lr*s/(W+1) while s <= W (the first at lr/(W+1), not 0), '
+  .. 'then min_lr + (lr - min_lr)*(1 + cos(pi*(s-1-W)/(max_steps-W)))/2'
+
 -- The optimizer, schedule and loop options.
 M.TRAIN_OPTIONS = {
   batch_size = { 4, 'sequences per micro-batch and rank (the global batch is this times the world size and '
@@ -54,10 +66,12 @@ M.TRAIN_OPTIONS = {
   max_steps = { 100, 'optimizer steps', int = true, min = 1 },
   lr = { 3e-4, 'peak learning rate', positive = true },
   min_lr = { 3e-5, 'final learning rate of the cosine decay', min = 0, at_most = 'lr' },
-  warmup_steps = { 10, 'linear warmup steps', int = true, min = 0, less_than = 'max_steps' },
+  warmup_steps = { 10, 'linear warmup steps W, then cosine decay to --min_lr: ' .. M.SCHEDULE_HELP, int = true, min = 0,
+                   less_than = 'max_steps' },
   weight_decay = { 0.1, 'AdamW weight decay (not applied to norms)', min = 0 },
-  beta1 = { 0.9, 'AdamW beta1', min = 0, below = 1 },
-  beta2 = { 0.95, 'AdamW beta2', min = 0, below = 1 },
+  beta1 = { 0.9, 'AdamW beta1 (torch: betas[0])', min = 0, below = 1 },
+  beta2 = { 0.95, 'AdamW beta2 (torch: betas[1])', min = 0, below = 1 },
+  eps = { 1e-8, 'AdamW epsilon, added to sqrt of the second moment (torch: eps)', min = 0, aliases = { 'adam_eps' } },
   grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
   seed = { 0, 'initialisation and data seed', int = true, min = 0 },
   dtype = { 'f32', 'parameter and compute dtype: f32, bf16 (CPU: large products on oneDNN where installed)',
@@ -80,6 +94,11 @@ end
 
 local SIZE_OPTIONS = { { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
                        { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' }, { 'vocab_size', 'vocab_size' } }
+-- What a first run that does not fit this machine is told to try (the
+-- default is Llama 2 7B: a bare `fsdp-lua recipes/llama2_7b.lua` on a
+-- laptop ends here, in its first lines).
+M.TRY = 'to try the recipe here: --model=tiny (a small Llama that trains in seconds), --dry-run (the full size '
+  .. 'on meta, nothing allocated) or --plan (what each rank would hold, send and compute)'
 M.CONFIG_NAMES = { dim = 'hidden_width', n_heads = 'num_heads', n_kv_heads = 'num_kv_heads', head_dim = 'hidden_width',
                    n_layers = 'num_layers', ffn_dim = 'ffn_dim', vocab_size = 'vocab_size' }
 
@@ -136,7 +155,7 @@ function M.check(R, cfg, written, opts)
     rows = opts.rows,
     fix = (cfg.dtype == 'f32' and '--dtype=bf16 (half the bytes), ' or '')
       .. (R.src and 'a smaller model' or ('fewer layers (--%s)'):format(written.num_layers or 'num_layers'))
-      .. ' or more ranks' })
+      .. ' or more ranks' .. (R.src and '' or ('; ' .. M.TRY)) })
   local too_long = decoders.positions_problem(R.family, c, opts.seq, opts.seq_what, R.src, cfg.model,
     cfg.allow_past_max_positions)
   if too_long then error(too_long, 0) end
@@ -155,7 +174,8 @@ function M.build(R, cfg, who, shape)
   local n_params = model:num_parameters()
   -- before the fit check and sharding, which see the frozen base
   lora.apply_options(model, cfg, R.fam.lora_targets)
-  require('fsdp.sharding.fit').check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers' })
+  require('fsdp.sharding.fit').check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
+    try = not R.src and M.TRY or nil })
   require('fsdp.sharding.recipe').apply(model, cfg, R.fam.block, who)
   require('fsdp.observe.console').print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d '
     .. 'parameters, %s, %s'):format(c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size,
@@ -167,7 +187,7 @@ end
 -- parameters) and linear warmup then cosine decay to --min_lr.
 function M.optimizer(model, cfg)
   local opt = optim.AdamW(lora.trainable(model), {
-    lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, weight_decay = cfg.weight_decay,
+    lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, eps = cfg.eps, weight_decay = cfg.weight_decay,
     groups = { { match = require('fsdp.sharding.recipe').no_decay, weight_decay = 0 } },
   })
   local sched = optim.lr_scheduler.WarmupCosine(opt, {

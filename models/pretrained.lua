@@ -2,7 +2,7 @@
 -- up. --init_from starts from a Hugging Face directory, a sharded training
 -- checkpoint of ours or a full state dict file; --export_hf writes the
 -- trained model as a Hugging Face directory. Shared by the training
--- recipes (recipes/llama2_7b.lua for Llama and GPT-2, recipes/t5_recipe.lua),
+-- recipes (recipes/llama2_7b.lua for Llama and GPT-2, models/t5_recipe.lua),
 -- recipes/generate.lua and tools/export.lua, so a path means the same
 -- everywhere.
 --

@@ -1,6 +1,6 @@
 -- recipes/deepvit_8b.lua: the DeepViT 8B experiment of the seed (images
 -- 256x256 in 32x32 patches, width 1024, 952 re-attention blocks, 10000
--- classes), on one process for now: --dry-run builds it at full size on
+-- classes), sharded over the job's ranks: --dry-run builds it at full size on
 -- meta; reduced sizes train on CPU with synthetic image classes.
 --
 --   fsdp-lua recipes/deepvit_8b.lua --dry-run

@@ -63,7 +63,8 @@ local cfg = recipe.config(decoder_recipe.options(recipe.merge(chat.OPTIONS, {
   val_batches = { 0, 'batches per validation (0: the whole validation set)', int = true, min = 0 },
   lr = { 2e-5, 'peak learning rate', positive = true },
   min_lr = { 0, 'final learning rate of the cosine decay', min = 0, at_most = 'lr' },
-  warmup_steps = { 0, 'linear warmup steps', int = true, min = 0, less_than = 'max_steps' },
+  warmup_steps = { 0, 'linear warmup steps W, then cosine decay to --min_lr: ' .. decoder_recipe.SCHEDULE_HELP,
+                   int = true, min = 0, less_than = 'max_steps' },
   weight_decay = { 0, 'AdamW weight decay (not applied to norms)', min = 0 },
 })), arg, SCRIPT, function(cfg, written)
   if cfg.init_from == '' then

@@ -1,9 +1,9 @@
 -- recipes/t5_3b.lua: the seed's T5 3B experiment (t5-3b: d_model 1024,
 -- d_ff 16384, 32 heads of 128, 24 + 24 layers, 2,851,598,336 parameters)
--- on one process for now: --dry-run builds it at full size on meta;
+-- sharded over the job's ranks: --dry-run builds it at full size on meta;
 -- reduced sizes train on CPU on a synthetic reversal task with padded
--- sources (recipes/t5_recipe.lua), then generate greedily; --data
--- fine-tunes on source/target JSONL pairs instead (recipes/t5_pairs.lua).
+-- sources (models/t5_recipe.lua), then generate greedily; --data
+-- fine-tunes on source/target JSONL pairs instead (models/t5_pairs.lua).
 --
 --   fsdp-lua recipes/t5_3b.lua --dry-run
 --   fsdp-lua recipes/t5_3b.lua --num_layers=2 --d_model=64 --d_ff=128 --num_heads=4 --d_kv=16 \
@@ -11,4 +11,4 @@
 --   fsdp-lua recipes/t5_3b.lua --model=tiny --data=examples/summaries/train.jsonl \
 --            --val_data=examples/summaries/val.jsonl --max_steps=300
 --   fsdp-lua recipes/t5_3b.lua --help
-require('recipes.t5_recipe').run('t5-3b', 'recipes/t5_3b.lua', arg)
+require('models.t5_recipe').run('t5-3b', 'recipes/t5_3b.lua', arg)

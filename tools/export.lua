@@ -39,7 +39,7 @@ local cfg, positional = recipe.config({
                            .. 'or bf16', one_of = { 'auto', 'f32', 'bf16' } },
   tokenizer_from = { '', 'copy the tokenizer files of this directory (default: the Hugging Face directory the run '
                          .. 'started from, when the checkpoint records one)', input = 'dir' },
-}, arg, 'tools/export.lua')
+}, arg, 'tools/export.lua', nil, { positional = 'CHECKPOINT DIR' })
 
 local function usage(msg) recipe.usage_error('tools/export.lua: ' .. msg) end
 

@@ -16,7 +16,7 @@ local cfg, paths = recipe.config({
     if not v:match('^%d+x%d+$') then return 'must be WIDTHxHEIGHT, e.g. 1200x800' end
   end },
   title = { '', 'the title in the gnuplot script (default: the run names)' },
-}, arg, 'tools/plot.lua')
+}, arg, 'tools/plot.lua', nil, { positional = 'METRICS.jsonl ...' })
 
 if #paths == 0 then recipe.usage_error('tools/plot.lua: give one or more metrics JSONL files') end
 for _, p in ipairs(paths) do

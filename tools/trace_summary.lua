@@ -20,7 +20,7 @@ local files = require 'fsdp.io.files'
 local cfg, paths = recipe.config({
   top = { 15, 'spans to list, by their own time', int = true, min = 1 },
   merge = { '', 'also write all the files\' events into this one trace', output = 'file' },
-}, arg, 'tools/trace_summary.lua')
+}, arg, 'tools/trace_summary.lua', nil, { positional = 'TRACE.json ...' })
 if #paths == 0 then recipe.usage_error('tools/trace_summary.lua: give one or more trace files (--profile_steps)') end
 
 local function fail(msg)

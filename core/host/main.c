@@ -45,6 +45,7 @@ typedef struct options {
     bool interactive;  /* -i */
     bool version;      /* -v, --version */
     bool help;         /* -h, --help */
+    bool list;         /* --list, or the script `recipes`: list the recipes */
     int nproc;         /* --nproc N: ranks to start under mpirun; 0: none */
     int nproc_arg;     /* argv index of --nproc */
     int nproc_args;    /* 1 for --nproc=N, 2 for --nproc N */
@@ -74,6 +75,9 @@ static void print_usage(FILE *out) {
         "  -i             enter the REPL after running the script and -e code\n"
         "  -v, --version  print version and build information\n"
         "  -h, --help     print this help and exit\n"
+        "  --list         list the recipes (recipes/*.lua), one line each; also\n"
+        "                 `" HOST_PROGNAME " recipes`. A recipe's options:\n"
+        "                 " HOST_PROGNAME " recipes/NAME.lua --help\n"
         "  --nproc N      run as N ranks: starts `mpirun -np N` with this\n"
         "                 executable and the other arguments; allows root and\n"
         "                 more ranks than cores when needed, and gives each\n"
@@ -148,6 +152,8 @@ static bool parse_option(options *opts, int argc, char **argv, int *i) {
         opts->version = true;
     } else if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
         opts->help = true;
+    } else if (strcmp(arg, "--list") == 0) {
+        opts->list = true;
     } else if (strcmp(arg, "--nproc") == 0 || strncmp(arg, "--nproc=", 8) == 0) {
         const char *value = arg[7] == '=' ? arg + 8 : NULL;
         opts->nproc_arg = *i;
@@ -188,6 +194,12 @@ static options parse_args(int argc, char **argv) {
         }
         if (!parse_option(&opts, argc, argv, &i)) break;
     }
+    /* `fsdp-lua recipes` (the directory, not a script) lists them too. */
+    if (opts.script != 0 && opts.script == argc - 1 &&
+        (strcmp(argv[opts.script], "recipes") == 0 || strcmp(argv[opts.script], "recipes/") == 0)) {
+        opts.list = true;
+        opts.script = 0;
+    }
     return opts;
 }
 
@@ -195,7 +207,7 @@ static options parse_args(int argc, char **argv) {
  * to do and a person is typing. */
 static bool repl_will_run(const options *opts) {
     if (opts->interactive) return true;
-    if (opts->script != 0 || opts->has_e || opts->version) return false;
+    if (opts->script != 0 || opts->has_e || opts->version || opts->list) return false;
     return isatty(STDIN_FILENO);
 }
 
@@ -296,11 +308,12 @@ static bool run_all(lua_State *L, run_context *ctx) {
     create_arg_table(L, ctx->argc, ctx->argv, opts->script);
     int end = opts->script != 0 ? opts->script : ctx->argc;
     if (!run_e_options(L, ctx->argc, ctx->argv, end)) return false;
+    if (opts->list && !run_string(L, "require('fsdp.recipe').list()")) return false;
     if (opts->script != 0) {
         if (!run_script(L, ctx->argc, ctx->argv, opts->script)) return false;
     }
     if (repl) return run_repl(L);
-    if (opts->script == 0 && !opts->has_e && !opts->version) {
+    if (opts->script == 0 && !opts->has_e && !opts->version && !opts->list) {
         return run_file(L, NULL, NULL, 0);
     }
     return true;

@@ -82,6 +82,10 @@ M.CONSTRAINTS = {
 }
 
 local VALIDATE_FLAG = 'validate_options'
+local PRINT_FLAG = 'print_config'
+
+-- cfg -> {spec, script} of the configs M.parse resolved (M.format, M.dump).
+local resolved = setmetatable({}, { __mode = 'k' })
 
 local function canonical(key) return (key:gsub('%-', '_')) end
 
@@ -161,8 +165,14 @@ local function describe(d)
 end
 
 -- The usage text of a spec.
-function M.usage(spec, script)
-  local lines = { ('usage: fsdp-lua %s [--key=value ...] [--config file.lua]'):format(script or 'recipe.lua'), '' }
+function M.usage(spec, script, opts)
+  opts = opts or {}
+  local lines = { ('usage: fsdp-lua %s [--key=value | --key value | --flag | --no-flag ...] '
+    .. '[--config FILE.yaml|.lua]%s'):format(script or 'recipe.lua', opts.positional and (' ' .. opts.positional) or '') }
+  if opts.description then lines[#lines + 1] = opts.description end
+  lines[#lines + 1] = '--config: a YAML or Lua file of options, flat or in sections one level deep '
+    .. '(training: {lr: 1e-4} is --lr); the command line overrides it. A run with --checkpoint_dir saves its options there as config.yaml.'
+  lines[#lines + 1] = ''
   for _, k in ipairs(sorted_keys(spec)) do
     local d = spec[k]
     lines[#lines + 1] = ('  --%-28s %-14s %s%s'):format(k, tostring(d[1]), d[2] or '', describe(d))
@@ -181,6 +191,8 @@ function M.usage(spec, script)
   end
   lines[#lines + 1] = ('  --%-28s %-14s %s'):format(VALIDATE_FLAG, 'false',
     'check the options (and the model config they make), print "options: ok" and exit')
+  lines[#lines + 1] = ('  --%-28s %-14s %s'):format(PRINT_FLAG, 'false',
+    'check the options, print every resolved value as YAML (a file --config takes) and exit')
   return table.concat(lines, '\n')
 end
 
@@ -568,82 +580,158 @@ end
 -- and the script's arguments, and check it (M.validate, then validate(cfg)
 -- when given: the recipe's checks of its model config). Returns the
 -- config table and the positional arguments. Exits after printing usage on
--- --help, and with "options: ok" after the checks on --validate_options; a
--- bad option prints its one-line message (no traceback: it is a usage
--- mistake, not a program error) and exits with status 2.
-function M.config(spec, args, script, validate)
-  local ok, cfg, positional, only = pcall(M.parse, spec, args, script, validate)
+-- --help, with "options: ok" after the checks on --validate_options, and
+-- after printing the whole resolved config (YAML that --config reads) on
+-- --print_config; a bad option prints its one-line message (no traceback:
+-- it is a usage mistake, not a program error) and exits with status 2.
+-- opts (optional): positional (words naming the positional arguments the
+-- script takes, for the usage line: 'CHECKPOINT OUT'; without it any is
+-- refused, see [Note: command-line words]), description (a line for the
+-- usage text).
+function M.config(spec, args, script, validate, opts)
+  local ok, cfg, positional, only = pcall(M.parse, spec, args, script, validate, opts)
   if not ok then M.usage_error(cfg) end
-  if only then
+  if only == 'print_config' then
+    print(M.dump(cfg, true))
+    os.exit(0)
+  elseif only then
     print('options: ok')
     os.exit(0)
   end
   return cfg, positional
 end
 
--- M.config without the exit: raises an error for a bad option. The third
--- result is true when --validate_options was given.
-function M.parse(spec, args, script, validate)
+-- [Note: command-line words]
+-- A value-taking option is --key=value or --key value (the next word,
+-- unless it starts with --); a boolean is --flag (true), --no-flag
+-- (false: when no_flag is not itself an option) or --flag=false. A word
+-- that is not an option is refused in one line unless the script takes
+-- positional arguments (recipe.config's opts.positional): key=value and
+-- -key=value ("did you mean --key=value?"), a word after a flag ("did you
+-- mean --flag=word?"), anything else naming what the script takes. A
+-- script that silently ran its defaults with `model=tiny` trained a 7B.
+
+-- The spec entry and alias of an option as written (or nil).
+local function entry(spec, st, key)
+  if spec[key] then return spec[key], nil end
+  local alias = st.aliases[key]
+  if alias then return spec[alias.key], alias end
+end
+
+-- Whether the option `key` (an alias too) is a flag: true for a boolean
+-- or an alias whose translation knows 'true' (--bf16), false for an
+-- option that takes a value, nil for no option.
+local function flag_kind(spec, st, key)
+  local d, alias = entry(spec, st, key)
+  if not d then return nil end
+  if alias and type(alias.translate) == 'table' and alias.translate['true'] ~= nil then return true end
+  return type(d[1]) == 'boolean'
+end
+
+-- The one-line refusal of a word that is not an option (see the Note).
+local function refuse_word(spec, st, a, script, after_flag)
+  local names = sorted_keys(spec)
+  for k in pairs(st.aliases) do names[#names + 1] = k end
+  table.sort(names)
+  local function known(k) return entry(spec, st, canonical(k)) ~= nil end
+  local bare_word = a:gsub('^%-', '')
+  local key, value = bare_word:match('^([%w_%-]+)=(.*)$')
+  if key then
+    local guess = known(key) and key or suggest.closest(canonical(key), names)
+    if guess then error(('%s is not an option (did you mean --%s=%s?)'):format(a, guess, value), 0) end
+  elseif a:sub(1, 1) == '-' and #bare_word > 0 then
+    local guess = known(bare_word) and bare_word or suggest.closest(canonical(bare_word), names)
+    if guess then error(('%s is not an option (did you mean --%s?)'):format(a, guess), 0) end
+    error(('unknown option %s (options start with --; --help lists them)'):format(a), 0)
+  end
+  if after_flag then
+    error(("unexpected argument '%s' after --%s, which takes no value (did you mean --%s=%s?)"):format(a, after_flag,
+      after_flag, a), 0)
+  end
+  error(("unexpected argument '%s': %s takes options only (--key=value or --key value; --help lists them)"):format(
+    a, script or 'this script'), 0)
+end
+
+-- M.config without the exits: raises an error for a bad option. The third
+-- result is true when --validate_options was given, 'print_config' for
+-- --print_config.
+function M.parse(spec, args, script, validate, opts)
+  opts = opts or {}
   check_spec(spec)
   local st = { aliases = alias_map(spec), names = {}, implied = {} }
   local cfg, positional = {}, {}
   local from_file = {} -- options a --config file gave
   for k, d in pairs(spec) do cfg[k] = d[1] end
   args = args or {}
+  local config_file = require 'fsdp.config_file'
   -- A --config file first, so the command line overrides it.
   for i, a in ipairs(args) do
     local path = a:match('^%-%-config=(.+)$') or (a == '--config' and args[i + 1])
+    if a == '--config' and (not path or path:sub(1, 2) == '--') then
+      error('--config expects a file (--config=FILE.yaml, --config FILE.lua)', 0)
+    end
     if path then
-      -- read like every input: a regular file, up to a bound
-      -- (fsdp.io.files: [Note: inputs are regular files])
-      local files = require 'fsdp.io.files'
-      local text, why = files.read(path, files.LIMITS.text[1], 'a --config file')
-      if not text then error(('--config: %s'):format(why), 0) end
-      local chunk, err = loadstring(text, '@' .. path)
-      if not chunk then error(('--config %s: %s'):format(path, err), 0) end
-      local ok, t = pcall(chunk)
-      if not ok or type(t) ~= 'table' then
-        error(('--config %s: must return a table of options (%s)'):format(path, tostring(t)), 0)
-      end
+      local t, where = config_file.read(path, function(k) return entry(spec, st, canonical(k)) ~= nil end,
+        function(k, written)
+          local names = sorted_keys(spec)
+          for a_ in pairs(st.aliases) do names[#names + 1] = a_ end
+          error(('--config %s: unknown option %s%s'):format(path, written, suggest.hint(canonical(k), names)), 0)
+        end)
       -- Names tracked apart from the command line's (which overrides the
       -- file under any name); implied options go with the rest.
       local file_st = { aliases = st.aliases, names = {}, implied = st.implied }
-      for _, k in ipairs(sorted_keys(t)) do apply(cfg, spec, k, t[k], 'file', file_st) end
+      for _, k in ipairs(sorted_keys(t)) do
+        local v = t[k]
+        local d = entry(spec, st, canonical(k))
+        -- YAML's 7 for a string option is '7'; a number's "1e-4" is parsed
+        if type(v) == 'number' and type(d[1]) == 'string' then v = config_file.yaml_value(v) end
+        local ok, err = pcall(apply, cfg, spec, k, v, 'file', file_st)
+        if not ok then error(('--config %s: %s: %s'):format(path, where[k], bare(err)), 0) end
+      end
       for k in pairs(file_st.names) do from_file[k] = true end
     end
   end
-  local skip, only = false, false
+  local skip, only, after_flag = false, false, nil
   for i, a in ipairs(args) do
+    local flag_before = after_flag
+    after_flag = nil
     if skip then
       skip = false
     elseif a == '--help' or a == '-h' then
-      print(M.usage(spec, script))
+      print(M.usage(spec, script, opts))
       os.exit(0)
     elseif a == '--config' then
       skip = true
     elseif a:match('^%-%-config=') then
       -- handled above
     elseif a:sub(1, 2) == '--' and canonical(a:sub(3)) == VALIDATE_FLAG then
-      only = true
-    elseif a:match('^%-%-') then
+      only = only or true
+    elseif a:sub(1, 2) == '--' and canonical(a:sub(3)) == PRINT_FLAG then
+      only = 'print_config'
+    elseif a:match('^%-%-.') then
       local key, value = a:match('^%-%-([%w_%-]+)=(.*)$')
       if not key then
         key = canonical(a:sub(3))
-        local d, flag = spec[key], nil
-        local alias = st.aliases[key]
-        if alias then
-          d = spec[alias.key]
-          -- an alias whose translation knows 'true' is a flag (--bf16)
-          flag = type(alias.translate) == 'table' and alias.translate['true'] ~= nil
+        local kind = flag_kind(spec, st, key)
+        local base = key:match('^no_(.+)$')
+        if kind == nil and base and flag_kind(spec, st, base) then
+          key, value = base, 'false'
+        elseif kind == true then
+          value = 'true'
+          after_flag = key
+        elseif kind == false then
+          value = args[i + 1]
+          if value == nil or value:sub(1, 2) == '--' then
+            error(('--%s expects a value (--%s=VALUE or --%s VALUE)'):format(key, key, key), 0)
+          end
+          skip = true
         end
-        if d and type(d[1]) ~= 'boolean' and not flag then
-          error(('--%s expects a value (--%s=...)'):format(key, key), 0)
-        end
-        value = 'true'
       end
-      apply(cfg, spec, key, value, 'cli', st)
-    else
+      apply(cfg, spec, key, value or 'true', 'cli', st)
+    elseif opts.positional and (a:sub(1, 1) ~= '-' or a == '-') then
       positional[#positional + 1] = a
+    else
+      refuse_word(spec, st, a, script, flag_before)
     end
   end
   apply_implied(cfg, spec, st)
@@ -656,8 +744,39 @@ function M.parse(spec, args, script, validate)
     local ok, err = pcall(validate, cfg, st.names)
     if not ok then error(bare(err), 0) end
   end
+  resolved[cfg] = { spec = spec, script = script }
   return cfg, positional, only
 end
+
+-- The keys of a resolved config whose values differ from their defaults
+-- (all keys, sorted, for a config M.parse did not make).
+function M.changed(cfg)
+  local r = resolved[cfg]
+  local keys = {}
+  for _, k in ipairs(sorted_keys(cfg)) do
+    if not r or not r.spec[k] or r.spec[k][1] ~= cfg[k] then keys[#keys + 1] = k end
+  end
+  return keys
+end
+
+-- A resolved config as YAML that --config reads: the values that differ
+-- from the defaults, or all of them (full).
+function M.dump(cfg, full)
+  return table.concat(require('fsdp.config_file').yaml_lines(cfg, not full and M.changed(cfg) or nil), '\n')
+end
+
+-- Write the options of a run that differ from the defaults to
+-- dir/config.yaml ([Note: config files] in fsdp.config_file), so
+-- `fsdp-lua SCRIPT --config dir/config.yaml` repeats it. Returns the path
+-- and the script (as recipe.config was told).
+function M.save_config(cfg, dir)
+  local r = resolved[cfg] or {}
+  local changed = {}
+  for _, k in ipairs(M.changed(cfg)) do changed[k] = cfg[k] end
+  local files = require 'fsdp.io.files'
+  return require('fsdp.config_file').write(files.join(dir, M.CONFIG_FILE), changed, r.script), r.script
+end
+M.CONFIG_FILE = 'config.yaml'
 
 -- Names a recipe exposed (a set), for the REPL's help().
 M.exposed = {}
@@ -687,11 +806,68 @@ function M.expose(objects)
   return objects
 end
 
--- The resolved config as printed at the start of a run.
-function M.format(cfg)
-  local lines = {}
-  for _, k in ipairs(sorted_keys(cfg)) do lines[#lines + 1] = ('  %s = %s'):format(k, tostring(cfg[k])) end
+-- The resolved config as printed at the start of a run: the values that
+-- differ from the defaults (all of them for a config M.parse did not
+-- make, or with full), and a line saying how many are left out.
+function M.format(cfg, full)
+  local lines, keys = {}, full and sorted_keys(cfg) or M.changed(cfg)
+  for _, k in ipairs(keys) do lines[#lines + 1] = ('  %s = %s'):format(k, tostring(cfg[k])) end
+  local rest = #sorted_keys(cfg) - #keys
+  if rest > 0 then
+    lines[#lines + 1] = (#keys == 0 and '  (all %d options at their defaults: --print_config lists them)'
+      or '  (%d other options at their defaults: --print_config lists them all)'):format(rest)
+  end
   return table.concat(lines, '\n')
+end
+
+-- [Note: the list of recipes]
+-- `fsdp-lua --list` (or `fsdp-lua recipes`) prints each recipes/*.lua with
+-- the first phrase of its purpose comment (up to the first ':', ';' or
+-- '. ' outside parentheses), so a recipe's first comment line is its entry
+-- and a helper module does not belong in recipes/ (T5's moved to models/).
+-- The recipes of the project root `root` (default: fsdp.host's), sorted:
+-- {name = 'llama2_7b.lua', path = 'recipes/llama2_7b.lua', summary = '...'}.
+function M.recipes(root)
+  root = root or require('fsdp.host').root or '.'
+  local lfs = require 'lfs'
+  local dir = root .. '/recipes'
+  local out = {}
+  if lfs.attributes(dir, 'mode') ~= 'directory' then return out end
+  for name in lfs.dir(dir) do
+    if name:match('%.lua$') then
+      local f = io.open(dir .. '/' .. name)
+      local text = f and f:read(4096) or ''
+      if f then f:close() end
+      local words = {}
+      for line in (text .. '\n'):gmatch('([^\n]*)\n') do
+        local c = line:match('^%-%-%s?(.*)$')
+        if not c or c:match('^%s*$') then break end
+        words[#words + 1] = c
+      end
+      local purpose = table.concat(words, ' '):gsub('^recipes/[%w_]+%.lua:%s*', '')
+      local depth, cut = 0, #purpose
+      for i = 1, #purpose do
+        local ch = purpose:sub(i, i)
+        if ch == '(' then depth = depth + 1 elseif ch == ')' then depth = depth - 1
+        elseif depth == 0 and (ch == ':' or ch == ';' or (ch == '.' and purpose:sub(i + 1, i + 1) == ' ')) then
+          cut = i - 1
+          break
+        end
+      end
+      -- (parentheses left out: one short line each)
+      local summary = purpose:sub(1, cut):gsub('%s*%b()', ''):gsub('%.$', '')
+      out[#out + 1] = { name = name, path = 'recipes/' .. name, summary = summary }
+    end
+  end
+  table.sort(out, function(a, b) return a.name < b.name end)
+  return out
+end
+
+-- Print the list (see the Note).
+function M.list(root)
+  local list = M.recipes(root)
+  print(('%d recipes (fsdp-lua recipes/NAME.lua --help lists one\'s options):'):format(#list))
+  for _, r in ipairs(list) do print(('  %-22s %s'):format(r.path, r.summary)) end
 end
 
 return M

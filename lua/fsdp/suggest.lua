@@ -6,11 +6,13 @@
 --   suggest.closest('FULL', {'FULL_SHARD', 'NO_SHARD'})         -- 'FULL_SHARD' (a unique prefix)
 --   suggest.hint('f8', {'f32', 'bf16'})                         -- " (did you mean f32?)" or ''
 --
--- A candidate is suggested when it differs from the name only in case,
--- when the name is, ignoring case, a unique prefix
+-- A candidate is suggested when it differs from the name only in case
+-- or punctuation (llama2-7b: Llama-2-7b), when the name is, ignoring
+-- case, a unique prefix
 -- of it, or else when its edit distance (case-insensitive, see M.distance) is
 -- the smallest and small for the name's length: at most 1 for names of up
--- to 4 characters, 2 up to 8, then a third of the length. A far-off name
+-- to 4 characters, 2 up to 8, then a third of the length; of equal
+-- distances, the one nearest without punctuation. A far-off name
 -- gets no suggestion rather than a misleading one.
 local M = {}
 
@@ -45,6 +47,9 @@ local function allowed(len)
   return math.floor(len / 3)
 end
 
+-- A name in lower case without punctuation.
+local function squeeze(s) return (s:lower():gsub('[%p%s]', '')) end
+
 -- The candidate `name` most likely meant, or nil. candidates: a list of
 -- strings (other values are skipped).
 function M.closest(name, candidates)
@@ -62,11 +67,22 @@ function M.closest(name, candidates)
     end
   end
   if prefixed then return prefixed end
-  local best, best_d
+  -- Spelt the same but for punctuation (llama2-7b for Llama-2-7b): that one.
+  local bare = squeeze(name)
+  for _, c in ipairs(candidates) do
+    if type(c) == 'string' and c ~= name and bare ~= '' and squeeze(c) == bare then return c end
+  end
+  -- Ties of the distance go to the candidate nearest without punctuation:
+  -- llama3-8b is 3 edits from both Llama-2-7b and Llama-3.1-8B, but 1
+  -- from llama318b and 2 from llama27b (the family and generation win).
+  local best, best_d, best_bare
   for _, c in ipairs(candidates) do
     if type(c) == 'string' then
       local d = M.distance(lower, c:lower())
-      if d > 0 and d <= allowed(#name) and (not best_d or d < best_d) then best, best_d = c, d end
+      if d > 0 and d <= allowed(#name) then
+        local b = M.distance(bare, squeeze(c))
+        if not best_d or d < best_d or (d == best_d and b < best_bare) then best, best_d, best_bare = c, d, b end
+      end
     end
   end
   return best

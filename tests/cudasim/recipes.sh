@@ -135,7 +135,7 @@ DEEPVIT=(recipes/deepvit_8b.lua --model=tiny --depth=2 --dim=32 --heads=2 --mlp_
 T5=(recipes/t5_3b.lua --model=tiny --num_layers=1 --d_model=32 --d_ff=64 --d_kv=8 --num_heads=4 --vocab_size=16
     --batch_size=2 --max_len=4 --max_steps=3 --warmup_steps=1 --log_every=1 --eval_examples=2 --skip_fit_check)
 MNIST=(recipes/mnist.lua --epochs=1 --train_size=8 --test_size=2 --batch_size=4 --test_batch_size=2 --log_interval=1)
-# GPT-2 trains through the Llama recipe; T5 fine-tunes on the example pairs (recipes/t5_pairs.lua).
+# GPT-2 trains through the Llama recipe; T5 fine-tunes on the example pairs (models/t5_pairs.lua).
 GPT2=(recipes/llama2_7b.lua --model=gpt2-tiny --seq_len=16 --batch_size=2 --max_steps=4 --warmup_steps=1 --lr=1e-2
       --validation_freq=2 --val_batches=1 --skip_fit_check)
 T5_PAIRS=(recipes/t5_3b.lua --model=tiny --num_layers=1 --d_model=32 --d_ff=64 --d_kv=8 --num_heads=4

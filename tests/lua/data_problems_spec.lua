@@ -91,7 +91,7 @@ describe('no silent data problems', function()
                                                    rank = 0, world_size = 1 })
     assert.same({ source = 1, target = 0 }, ds.truncated)
     out = T.capture_stdout(function()
-      require('recipes.t5_pairs').describe({ train = ds, val = ds },
+      require('models.t5_pairs').describe({ train = ds, val = ds },
         { val_batches = 1, val_data = 'v', val_fraction = 0, validation_freq = 1, source_len = 8, target_len = 8 })
     end)
     has(out, ('data: %s/p.jsonl (train split): 1 of 2 sources longer than --source_len=8'):format(tmp))

@@ -141,10 +141,37 @@ local CASES = {
     'grid point 1 of 2 (batch_size=0): --batch_size must be >= 1, got 0' },
   { 'recipes/sweep.lua --grid=bogus=1,2 --args=' .. T.quote(SMALL),
     'unknown option --bogus (valid: activation_checkpointing' },
+  -- issue 41: words that are not options ran the default 7B ([Note: command-line words] in fsdp.recipe)
+  { 'recipes/llama2_7b.lua model=tiny', 'fsdp-lua: model=tiny is not an option (did you mean --model=tiny?)\n' },
+  { 'recipes/llama2_7b.lua -model=tiny', 'fsdp-lua: -model=tiny is not an option (did you mean --model=tiny?)\n' },
+  { 'recipes/llama2_7b.lua --model=tiny --dry_run false', "fsdp-lua: unexpected argument 'false' after --dry_run, "
+    .. 'which takes no value (did you mean --dry_run=false?)\n' },
+  { 'recipes/llama2_7b.lua tiny', "fsdp-lua: unexpected argument 'tiny': recipes/llama2_7b.lua takes options only "
+    .. '(--key=value or --key value; --help lists them)\n' },
+  { 'recipes/t5_3b.lua -dry-run', 'fsdp-lua: -dry-run is not an option (did you mean --dry-run?)\n' },
+  { 'recipes/llama2_7b.lua --model', 'fsdp-lua: --model expects a value (--model=VALUE or --model VALUE)\n' },
+  { 'recipes/llama2_7b.lua --config=TMP/files/bad.yaml',
+    'fsdp-lua: --config TMP/files/bad.yaml: unknown option training.lrr (did you mean lr?)\n' },
+  { 'recipes/llama2_7b.lua --model=tiny --metrics_file=TMP/files/old.jsonl',
+    'fsdp-lua: --metrics_file (TMP/files/old.jsonl) holds the records of an earlier run: give '
+    .. '--metrics_file_mode=append or --metrics_file_mode=overwrite, --resume_from_checkpoint to continue that run, '
+    .. 'or another file\n' },
+  { 'recipes/llama2_7b.lua --metrics_file_mode=apend', "--metrics_file_mode must be one of new, append, overwrite; "
+    .. "got 'apend' (did you mean append?)" },
 }
 
 describe('recipes refuse bad options before building anything', function()
   local slowest = 0
+  setup(function()
+    -- (in a directory of their own: TMP itself is an empty --data)
+    os.execute('mkdir -p ' .. T.quote(tmp .. '/files'))
+    local texts = { ['bad.yaml'] = 'model: tiny\ntraining:\n  lrr: 1e-4\n', ['old.jsonl'] = '{"step": 1}\n' }
+    for name, text in pairs(texts) do
+      local f = assert(io.open(tmp .. '/files/' .. name, 'w'))
+      f:write(text)
+      f:close()
+    end
+  end)
   for _, case in ipairs(CASES) do
     it(case[1], function()
       local args, want = case[1]:gsub('TMP', tmp), case[2]:gsub('TMP', tmp)
@@ -172,7 +199,8 @@ describe('the fit check', function()
     assert.are.equal(2, rc, stdout .. stderr)
     assert.matches('^fsdp%-lua: recipes/llama2_7b.lua: does not fit: planned peak 105.8 GiB per rank %(parameters '
       .. '25.1 GiB, gradients 25.1 GiB, optimizer 50.2 GiB, activations [%d.]+ GiB%) > 40.0 GiB available %(', stderr)
-    assert.matches('try %-%-dtype=bf16 .* fewer layers %(%-%-num_layers%); or %-%-skip_fit_check\n$', stderr)
+    assert.matches('try %-%-dtype=bf16 .* fewer layers %(%-%-num_layers%); or %-%-skip_fit_check; to try the recipe '
+      .. 'here: %-%-model=tiny .*, %-%-dry%-run .* or %-%-plan .*\n$', stderr)
     assert.is_nil(stdout:find('sharding:', 1, true), stdout)
     print(('# 7B refused by the fit check in %.2f s'):format(dt))
   end)
@@ -183,7 +211,9 @@ describe('the fit check', function()
     assert.are.equal(2, rc, stdout .. stderr)
     assert.are.equal('fsdp-lua: --model Llama-2-7b: num_layers 32, hidden_width 4096, num_heads 32, ffn_dim 11008, '
       .. 'vocab_size 32000: 6.74e+09 parameters, 25.1 GiB of f32 weights: more than the 16.0 GiB available '
-      .. '(--memory_limit_mb=16384); try --dtype=bf16 (half the bytes), fewer layers (--num_layers) or more ranks\n',
+      .. '(--memory_limit_mb=16384); try --dtype=bf16 (half the bytes), fewer layers (--num_layers) or more ranks; '
+      .. 'to try the recipe here: --model=tiny (a small Llama that trains in seconds), --dry-run (the full size on '
+      .. 'meta, nothing allocated) or --plan (what each rank would hold, send and compute)\n',
       stderr)
     assert.are.equal('', stdout)
     assert.is_true(dt < 10, ('%.2f s'):format(dt))
@@ -380,5 +410,72 @@ describe('--nproc', function()
     rc = run('--nproc 2 recipes/mnist.lua', env)
     assert.are.equal(0, rc)
     assert.are.equal('file', files.mode(mark))
+  end)
+end)
+
+-- issue 41: the first contact
+describe('a first run', function()
+  it('of the default 7B that does not fit names --model=tiny, --dry-run and --plan in its first lines', function()
+    local rc, stdout, stderr = run('recipes/llama2_7b.lua --memory_limit_mb=40960')
+    assert.are.equal(2, rc)
+    -- the config dump is what differs from the defaults
+    assert.are.equal('config:\n  memory_limit_mb = 40960\n  (81 other options at their defaults: --print_config lists '
+      .. 'them all)\n', stdout)
+    assert.matches('; to try the recipe here: --model=tiny (a small Llama that trains in seconds), --dry-run (the full '
+      .. 'size on meta, nothing allocated) or --plan (what each rank would hold, send and compute)\n', stderr, 1, true)
+  end)
+
+  it('takes --key value and --no-flag, and names the recipes with --list', function()
+    local rc, stdout, stderr = run('recipes/llama2_7b.lua --model tiny --max_steps 50 --no-activation_checkpointing '
+      .. '--no-reshard_after_forward --validate_options')
+    assert.are.equal(0, rc, stderr)
+    assert.are.equal('options: ok\n', stdout)
+    for _, args in ipairs({ '--list', 'recipes' }) do
+      rc, stdout, stderr = run(args)
+      assert.are.equal(0, rc, stderr)
+      assert.matches('^%d+ recipes %(fsdp%-lua recipes/NAME.lua %-%-help lists one\'s options%):\n', stdout)
+      assert.matches('\n  recipes/llama2_7b.lua  train Llama 2 7B, the seed recipe\n', stdout, 1, true)
+      assert.is_nil(stdout:find('t5_recipe', 1, true)) -- helper modules live in models/
+    end
+    local _, help = run('--help')
+    assert.matches('--list', help, 1, true)
+  end)
+
+  it('keeps another run\'s --metrics_file only when told (append, overwrite) or resuming', function()
+    local m = tmp .. '/files/mode.jsonl'
+    local f = assert(io.open(m, 'w'))
+    f:write('{"old": true}\n')
+    f:close()
+    local base = 'recipes/llama2_7b.lua ' .. SMALL .. ' --max_steps=1 --warmup_steps=0 --validation_freq=0 '
+      .. '--metrics_file=' .. m
+    local rc, _, stderr = run(base)
+    assert.are.equal(2, rc)
+    assert.matches('holds the records of an earlier run', stderr, 1, true)
+    rc, _, stderr = run(base .. ' --metrics_file_mode=append')
+    assert.are.equal(0, rc, stderr)
+    local text = files.read(m)
+    assert.matches('^{"old": true}\n{', text)
+    rc, _, stderr = run(base .. ' --metrics_file_mode overwrite')
+    assert.are.equal(0, rc, stderr)
+    text = files.read(m)
+    assert.is_nil(text:find('old', 1, true))
+    assert.matches('"step":1', text, 1, true)
+  end)
+
+  it('saves its options beside the checkpoints, and --config repeats the run from them', function()
+    local ck = tmp .. '/files/first-ck'
+    local args = 'recipes/llama2_7b.lua ' .. SMALL .. ' --max_steps=2 --warmup_steps=1 --validation_freq=0 --eps 1e-6 '
+      .. '--checkpoint_freq=2 --checkpoint_dir=' .. ck
+    local rc, stdout, stderr = run(args)
+    assert.are.equal(0, rc, stderr)
+    assert.matches(('config: saved %s/config.yaml (fsdp-lua recipes/llama2_7b.lua --config %s/config.yaml repeats '
+      .. 'this run)'):format(ck, ck), stdout, 1, true)
+    local loss = stdout:match('Batch 2 Loss: ([%d.]+)')
+    local saved = files.read(ck .. '/config.yaml')
+    assert.matches('\neps: 1e-06\n', saved, 1, true)
+    rc, stdout, stderr = run(('recipes/llama2_7b.lua --config %s/config.yaml --checkpoint_dir=%s/files/again')
+      :format(ck, tmp))
+    assert.are.equal(0, rc, stderr)
+    assert.are.equal(loss, stdout:match('Batch 2 Loss: ([%d.]+)'))
   end)
 end)

@@ -13,7 +13,8 @@ local spec = {
 
 describe('recipe options', function()
   it('are typed by their defaults', function()
-    local cfg, rest = recipe.parse(spec, { '--lr=0.01', '--steps=3', '--dry-run', '--model=small', 'x' })
+    local cfg, rest = recipe.parse(spec, { '--lr=0.01', '--steps=3', '--dry-run', '--model=small', 'x' }, 'x.lua', nil,
+      { positional = 'X' })
     assert.same({ lr = 0.01, steps = 3, dry_run = true, model = 'small' }, cfg)
     assert.same({ 'x' }, rest)
     assert.is_false(recipe.parse(spec, { '--dry_run=no' }).dry_run)
@@ -216,6 +217,15 @@ describe('fsdp.suggest', function()
     assert.is_nil(suggest.closest('bogus', { 'batch_size', 'lr' }))
     assert.equals('', suggest.hint('zzz', { 'lr' }))
   end)
+
+  -- issue 41: --model=llama3-8b suggested Llama-2-7b
+  it('knows a model name\'s family and generation from its letters and digits', function()
+    local names = { 'Llama-2-7b', 'Llama-2-13b', 'Llama-3.1-8B', 'Llama-3.2-1B', 'Qwen3-8B', 'qwen3-tiny' }
+    assert.equals('Llama-3.1-8B', suggest.closest('llama3-8b', names))
+    assert.equals('Llama-3.1-8B', suggest.closest('Llama-3-8B', names))
+    assert.equals('Llama-2-7b', suggest.closest('llama2_7b', names))
+    assert.equals('Qwen3-8B', suggest.closest('qwen3-8b', names))
+  end)
 end)
 
 describe('model config overrides', function()
@@ -324,5 +334,131 @@ describe('recipes/deepvit_8b.lua and recipes/mnist.lua', function()
     out, rc = run('recipes/mnist.lua', '--epochs=1 --train_size=128 --test_size=64 --max_batches=2')
     assert.equals(0, rc, out)
     assert.matches('Test set: Average loss: [%d.]+, Accuracy: %d+/64', out)
+  end)
+end)
+
+-- issue 41: command-line words ([Note: command-line words] in fsdp.recipe)
+describe('command-line words', function()
+  local S = {
+    lr = { 3e-4, 'learning rate' },
+    steps = { 10, 'steps', int = true, min = 1 },
+    dry_run = { false, 'dry run' },
+    no_cache = { false, 'an option whose name starts with no_' },
+    model = { 'tiny', 'model' },
+    precision = { '', 'compute dtype', aliases = { bf16 = { ['true'] = 'bf16', ['false'] = '' } } },
+  }
+  local function bad(args, text, opts)
+    local ok, err = pcall(recipe.parse, S, args, 'x.lua', nil, opts)
+    assert.is_false(ok)
+    assert.equals(text, err)
+  end
+
+  it('take --key value as --key=value, --no-flag as --flag=false', function()
+    local cfg = recipe.parse(S, { '--model', 'small', '--lr', '-0.5', '--steps', '3', '--dry-run' })
+    assert.same({ lr = -0.5, steps = 3, dry_run = true, no_cache = false, model = 'small', precision = '' }, cfg)
+    assert.is_false(recipe.parse(S, { '--dry_run', '--no-dry-run' }).dry_run)
+    assert.is_false(recipe.parse(S, { '--no_dry_run' }).dry_run)
+    assert.is_true(recipe.parse(S, { '--no-cache' }).no_cache) -- an option of that name wins
+    assert.equals('', recipe.parse(S, { '--bf16', '--no-bf16' }).precision)
+    assert.equals('', recipe.parse(S, { '--model', '' }).model)
+  end)
+
+  it('refuse a word that is not an option in one line', function()
+    bad({ 'model=tiny' }, 'model=tiny is not an option (did you mean --model=tiny?)')
+    bad({ '-model=tiny' }, '-model=tiny is not an option (did you mean --model=tiny?)')
+    bad({ 'modle=tiny' }, 'modle=tiny is not an option (did you mean --model=tiny?)')
+    bad({ '-dry-run' }, '-dry-run is not an option (did you mean --dry-run?)')
+    bad({ '-zzz' }, 'unknown option -zzz (options start with --; --help lists them)')
+    bad({ '--dry_run', 'false' },
+      "unexpected argument 'false' after --dry_run, which takes no value (did you mean --dry_run=false?)")
+    bad({ 'tiny' },
+      "unexpected argument 'tiny': x.lua takes options only (--key=value or --key value; --help lists them)")
+    bad({ '--steps' }, '--steps expects a value (--steps=VALUE or --steps VALUE)')
+    bad({ '--steps', '--lr=1' }, '--steps expects a value (--steps=VALUE or --steps VALUE)')
+    bad({ '--config' }, '--config expects a file (--config=FILE.yaml, --config FILE.lua)')
+    -- a script that declares positional arguments takes them (and still refuses dashes it does not know)
+    local _, rest = recipe.parse(S, { 'a', '--lr', '1', 'b', '-' }, 'x.lua', nil, { positional = 'FILE ...' })
+    assert.same({ 'a', 'b', '-' }, rest)
+    bad({ '-model=tiny' }, '-model=tiny is not an option (did you mean --model=tiny?)', { positional = 'FILE' })
+  end)
+
+  it('list the forms and the positional arguments in --help', function()
+    local text = recipe.usage(S, 'x.lua', { positional = 'FILE ...' })
+    assert.matches('^usage: fsdp%-lua x%.lua %[%-%-key=value | %-%-key value | %-%-flag | %-%-no%-flag %.%.%.%] '
+      .. '%[%-%-config FILE%.yaml|%.lua%] FILE %.%.%.\n', text)
+    assert.matches('--print_config', text, 1, true)
+  end)
+end)
+
+-- issue 41: [Note: config files] in fsdp.config_file
+describe('--config files', function()
+  local S = {
+    lr = { 3e-4, 'learning rate', positive = true },
+    steps = { 10, 'steps', int = true, min = 1 },
+    dry_run = { false, 'dry run' },
+    model = { 'tiny', 'model' },
+    seq_len = { 128, 'tokens', aliases = { 'max_context_width' } },
+  }
+  local dir
+  setup(function() dir = T.tmpdir() end)
+  teardown(function() os.execute('rm -rf ' .. T.quote(dir)) end)
+  local function file(name, text)
+    local path = dir .. '/' .. name
+    local f = assert(io.open(path, 'w'))
+    f:write(text)
+    f:close()
+    return path
+  end
+  local function bad(args, text)
+    local ok, err = pcall(recipe.parse, S, args, 'x.lua')
+    assert.is_false(ok)
+    assert.equals(text, err)
+  end
+
+  it('take YAML, flat or in sections one level deep, under the command line', function()
+    local path = file('a.yaml', 'model: 7\ntraining:\n  lr: 1e-4\n  steps: 5\ndata: {max_context_width: 64}\n'
+      .. 'dry_run: yes\n')
+    local cfg = recipe.parse(S, { '--config', path, '--steps', '9' })
+    assert.same({ lr = 1e-4, steps = 9, dry_run = true, model = '7', seq_len = 64 }, cfg)
+    -- Lua files take sections too
+    cfg = recipe.parse(S, { '--config=' .. file('b.lua', 'return { optim = { lr = 0.5 }, steps = 7 }') })
+    assert.equals(0.5, cfg.lr)
+    assert.equals(7, cfg.steps)
+  end)
+
+  it('refuse what they cannot set in one line naming the key as written', function()
+    local p = file('c.yaml', 'training:\n  lrr: 1e-4\n')
+    bad({ '--config', p }, '--config ' .. p .. ': unknown option training.lrr (did you mean lr?)')
+    p = file('d.yaml', 'lr: 1\ntraining: {lr: 2}\n')
+    bad({ '--config', p }, '--config ' .. p .. ': lr and training.lr set the same option: give it once')
+    p = file('e.yaml', 'a:\n  b:\n    lr: 1\n')
+    bad({ '--config', p }, '--config ' .. p .. ': a.b: sections nest one level (training: {lr: 1e-4} sets lr)')
+    p = file('f.yaml', 'steps:\n')
+    bad({ '--config', p }, '--config ' .. p .. ': steps has no value')
+    p = file('g.yaml', 'training: {steps: 2.5}\n')
+    bad({ '--config', p }, '--steps must be an integer, got 2.5')
+    p = file('h.yaml', 'training: {steps: many}\n')
+    bad({ '--config', p }, '--config ' .. p .. ': training.steps: --steps expects a number, got "many"')
+    p = file('i.yaml', '- lr\n')
+    bad({ '--config', p }, '--config ' .. p .. ': must hold a mapping of options (key: value), not a list')
+    p = file('j.lua', 'lr: 1\n')
+    local ok, err = pcall(recipe.parse, S, { '--config', p })
+    assert.is_false(ok)
+    assert.matches('(a YAML file must end in .yaml or .yml)', err, 1, true)
+  end)
+
+  it('round-trip the resolved config: printed compactly, saved as YAML that --config reads', function()
+    local cfg = recipe.parse(S, { '--lr=0.0003000001', '--model', 'a "quoted" name/x', '--steps=3' }, 'x.lua')
+    assert.same({ 'lr', 'model', 'steps' }, recipe.changed(cfg))
+    assert.equals('  lr = 0.0003000001\n  model = a "quoted" name/x\n  steps = 3\n'
+      .. '  (2 other options at their defaults: --print_config lists them all)', recipe.format(cfg))
+    assert.equals('  (all 5 options at their defaults: --print_config lists them)',
+      recipe.format((recipe.parse(S, {}))))
+    local path, script = recipe.save_config(cfg, dir)
+    assert.equals(dir .. '/config.yaml', path)
+    assert.equals('x.lua', script)
+    assert.same(cfg, recipe.parse(S, { '--config', path }))
+    assert.equals('dry_run: false\nlr: 0.0003000001\nmodel: "a \\"quoted\\" name/x"\nseq_len: 128\nsteps: 3',
+      recipe.dump(cfg, true))
   end)
 end)

@@ -116,6 +116,16 @@ function M.lock(cfg)
     end
     stop_all(msg, M.EXIT_LOCKED)
   end
+  -- The run's options that differ from the defaults, beside its
+  -- checkpoints: `--config DIR/config.yaml` repeats it (fsdp.recipe.save_config).
+  if cfg.checkpoint_dir ~= '' and dist.rank() == 0 then
+    local ok, path, script = pcall(require('fsdp.recipe').save_config, cfg, cfg.checkpoint_dir)
+    if ok then
+      say('config: saved %s (fsdp-lua %s --config %s repeats this run)', path, script or 'RECIPE', path)
+    else
+      say('config: warning: cannot save the options in %s: %s', cfg.checkpoint_dir, tostring(path))
+    end
+  end
   if info and info.taken_over then
     say('checkpoint: took over %s from a job that ended without releasing it (%s)', info.path, info.taken_over)
   elseif info and info.unlocked then

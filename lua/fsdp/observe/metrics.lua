@@ -121,8 +121,12 @@ end
 -- metrics.options(own) adds them to a recipe's own (its own win on a
 -- clash, e.g. another --log_every default).
 M.OPTIONS = {
-  metrics_file = { '', 'append every step\'s numbers to this JSONL file (a resumed run drops the lines past its '
-                       .. 'resume step)', output = 'file' },
+  metrics_file = { '', 'write every step\'s numbers to this JSONL file (a resumed run drops the lines past its '
+                       .. 'resume step; an existing file of another run: see --metrics_file_mode)', output = 'file',
+                   check = function(v, cfg) return M.existing_file_problem(v, cfg) end },
+  metrics_file_mode = { 'new', 'with an existing non-empty --metrics_file: new (refuse it, unless '
+                               .. '--resume_from_checkpoint continues its run), append (this run\'s records after its '
+                               .. 'lines) or overwrite (empty it first)', one_of = { 'new', 'append', 'overwrite' } },
   tensorboard_dir = { '', 'write TensorBoard event files (scalars and the configuration) into this directory',
                       output = 'dir' },
   plot = { false, 'at the end, draw the --metrics_file curves (loss, validation loss, lr, tokens/s, memory) '
@@ -160,6 +164,21 @@ M.OPTIONS = {
 
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
 
+-- [Note: a metrics file of another run]
+-- A new run's records appended to an old run's file read as one run whose
+-- steps start over (tools/plot.lua, TensorBoard exports and sweeps read
+-- the stale lines), so an existing non-empty --metrics_file is refused at
+-- the option checks unless --resume_from_checkpoint continues the run that
+-- wrote it (Logger:resume then drops its lines past the resumed step) or
+-- --metrics_file_mode says append or overwrite (the Logger empties it).
+function M.existing_file_problem(path, cfg)
+  if path == '' or (cfg.metrics_file_mode or 'new') ~= 'new' or cfg.resume_from_checkpoint then return nil end
+  local lfs = require 'lfs'
+  if lfs.attributes(path, 'mode') ~= 'file' or (lfs.attributes(path, 'size') or 0) == 0 then return nil end
+  return ('(%s) holds the records of an earlier run: give --metrics_file_mode=append or --metrics_file_mode=overwrite, '
+    .. '--resume_from_checkpoint to continue that run, or another file'):format(path)
+end
+
 -- The steps between two printed lines of a terminal's log by default.
 M.TERMINAL_LOG_EVERY = 10
 
@@ -177,7 +196,8 @@ end
 
 -- opts: total_steps, batch_size (per rank), tokens_per_sample (0: no
 -- tokens/s), flops_per_sample (training FLOPs; 0: no TFLOPS), peak_tflops
--- (0: no MFU), metrics_file ('' or nil: none), tensorboard_dir ('' or
+-- (0: no MFU), metrics_file ('' or nil: none), metrics_file_mode ('overwrite' empties
+-- it first; default: config's), tensorboard_dir ('' or
 -- nil: none), config (a recipe's cfg: the TensorBoard text summary),
 -- plot (true: close() draws the metrics file's curves, fsdp.plot),
 -- profile_steps ('A:B': begin_step(A) starts a trace, fsdp.profiler, and
@@ -227,6 +247,12 @@ function M.Logger(opts)
   if self.leader and opts.metrics_file and opts.metrics_file ~= '' then
     local usable, why = files.check_output(opts.metrics_file) -- (a FIFO would block: refused)
     if not usable then core.fail(('fsdp.metrics: cannot open metrics file %s: %s'):format(opts.metrics_file, why)) end
+    -- --metrics_file_mode=overwrite ([Note: a metrics file of another run])
+    local mode = opts.metrics_file_mode or (type(opts.config) == 'table' and opts.config.metrics_file_mode)
+    if mode == 'overwrite' then
+      local f = io.open(opts.metrics_file, 'w')
+      if f then f:close() end
+    end
     local ok, f = pcall(files.appender, opts.metrics_file)
     if not ok then core.fail(('fsdp.metrics: cannot open metrics file %s'):format(tostring(f):gsub('^[^%s:]+:%d+: ', ''))) end
     self.file, self.file_path = f, opts.metrics_file

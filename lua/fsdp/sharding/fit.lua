@@ -197,7 +197,8 @@ end
 -- Refuse (exit 2, one line) when the plan of `model` (on meta, unsharded)
 -- for this job does not fit the budget. shape: {batch=, seq=} per rank as
 -- shard_recipe.plan's; names: option names for the suggestions
--- ({layers = 'num_layers'}); extra: more fsdp.plan options (optimizer).
+-- ({layers = 'num_layers'}; try: a phrase appended, what to run instead
+-- to try the recipe here); extra: more fsdp.plan options (optimizer).
 -- Returns the plan, or nil when skipped (--skip_fit_check, no budget known).
 function M.check(model, cfg, block_class, shape, script, names, extra)
   if cfg.skip_fit_check then return nil end
@@ -216,10 +217,11 @@ function M.check(model, cfg, block_class, shape, script, names, extra)
   if p.fits then return p end
   local m = p.memory
   local msg = ('%s: does not fit: planned peak %s per rank (parameters %s, gradients %s, optimizer %s, '
-    .. 'activations %s) > %s available (%s); try %s; or --skip_fit_check'):format(
+    .. 'activations %s) > %s available (%s); try %s; or --skip_fit_check%s'):format(
     script or 'recipe', size(m.peak), size(m.params), size(m.grads), size(m.optimizer),
     size(m.activations + m.inputs), size(budget), source,
-    suggestions(p, cfg, names or {}, opts.world, function() return (fsdp.plan.max_batch(model, opts)) end))
+    suggestions(p, cfg, names or {}, opts.world, function() return (fsdp.plan.max_batch(model, opts)) end),
+    names and names.try and ('; ' .. names.try) or '')
   require('fsdp.recipe').usage_error(msg)
 end
 

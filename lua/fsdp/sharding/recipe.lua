@@ -23,14 +23,24 @@ M.OPTIONS = {
                         values = { full = 'FULL_SHARD', full_shard = 'FULL_SHARD', shard_grad_op = 'SHARD_GRAD_OP',
                                    grad_op = 'SHARD_GRAD_OP', no_shard = 'NO_SHARD', hybrid = 'HYBRID_SHARD',
                                    hybrid_shard = 'HYBRID_SHARD', hybrid_zero2 = 'HYBRID_SHARD_ZERO2',
-                                   hybrid_shard_zero2 = 'HYBRID_SHARD_ZERO2' } },
+                                   hybrid_shard_zero2 = 'HYBRID_SHARD_ZERO2' },
+                        -- FSDP2's fully_shard(reshard_after_forward=): True is FULL_SHARD,
+                        -- False SHARD_GRAD_OP (--no-reshard_after_forward)
+                        aliases = { reshard_after_forward = {
+                          ['true'] = 'FULL_SHARD', ['1'] = 'FULL_SHARD', ['false'] = 'SHARD_GRAD_OP',
+                          ['0'] = 'SHARD_GRAD_OP' } } },
   -- --bf16 (the seed's flag): bf16 mixed precision, parameters kept in
   -- their dtype (FSDP's MixedPrecision(param_dtype=bfloat16, ...)).
   mixed_precision = { '', 'compute dtype of the sharded units (bf16, f16); empty: the parameter dtype (on cuda, '
                           .. 'when not given: bf16)', one_of = DTYPES,
                       default_from = function(cfg) return device.default_mixed_precision(cfg) end,
-                      aliases = { bf16 = { ['true'] = 'bf16', ['1'] = 'bf16', ['false'] = '', ['0'] = '' } } },
-  reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype)', one_of = DTYPES },
+                      -- param_dtype: FSDP2's MixedPrecisionPolicy(param_dtype=), reduce_dtype below its reduce_dtype
+                      aliases = { 'param_dtype',
+                                  bf16 = { ['true'] = 'bf16', ['1'] = 'bf16', ['false'] = '', ['0'] = '' } } },
+  reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype; FSDP2: '
+                       .. 'MixedPrecisionPolicy(reduce_dtype=))', one_of = DTYPES },
+  cpu_offload = { false, 'keep master shards, gradients and optimizer state in host memory, the optimizer step on the '
+                         .. 'CPU (FSDP2: offload_policy=CPUOffloadPolicy(); on --device=cpu they are there already)' },
   wrap = { 'transformer', 'wrap policy: transformer (one unit per block), size, none',
            one_of = { 'transformer', 'size', 'none' } },
   wrap_min_params = { 1e8, 'with --wrap=size: the parameters that make a unit', int = true, min = 1 },
@@ -120,7 +130,7 @@ function M.apply(model, cfg, block_class, script)
     policy = policy, strategy = cfg.sharding_strategy, mixed_precision = mp,
     backward_prefetch = bp ~= 'none' and bp or false, forward_prefetch = cfg.forward_prefetch,
     limit_all_gathers = cfg.limit_all_gathers, seed = cfg.seed, device = device.resolve(cfg),
-    init = M.init_rule(cfg),
+    init = M.init_rule(cfg), cpu_offload = cfg.cpu_offload,
   })
   local offload = cfg.offload_activations or false
   if type(offload) ~= 'boolean' then
@@ -166,7 +176,7 @@ function M.plan_options(cfg, block_class, shape, script, device)
             or not (cfg.plan_world and cfg.plan_world > 0) and fsdp.dist.nodes() or nil,
     strategy = cfg.sharding_strategy, policy = policy,
     mixed_precision = mp, checkpoint = cfg.activation_checkpointing, device = device,
-    offload_activations = cfg.offload_activations or false,
+    offload_activations = cfg.offload_activations or false, offload = cfg.cpu_offload or false,
     backward_prefetch = cfg.backward_prefetch ~= 'none' and cfg.backward_prefetch or false,
     forward_prefetch = cfg.forward_prefetch, batch = shape.batch, seq = shape.seq,
     grad_accum = cfg.grad_accum_steps,

@@ -1,11 +1,11 @@
--- recipes/t5_recipe.lua: what recipes/t5_3b.lua and recipes/t5_11b.lua
+-- models/t5_recipe.lua: what recipes/t5_3b.lua and recipes/t5_11b.lua
 -- share: their options, the full-size dry run on meta, and training at
 -- reduced size on CPU on a synthetic source -> target task (reverse, or
 -- copy, a padded sequence of random tokens, then eos), ending with greedy
 -- generation on held-out examples and their exact-match rate.
 --
 -- With --data=FILE.jsonl it fine-tunes on source/target text pairs
--- instead (recipes/t5_pairs.lua): validation loss every --validation_freq
+-- instead (models/t5_pairs.lua): validation loss every --validation_freq
 -- steps, the data position in checkpoints, greedy outputs as text at the
 -- end.
 --
@@ -27,7 +27,7 @@ local t5 = require 'models.t5'
 local pretrained = require 'models.pretrained'
 local optim = require 'fsdp.optim'
 local clock = require 'fsdp.clock'
-local t5_pairs = require 'recipes.t5_pairs'
+local t5_pairs = require 'models.t5_pairs'
 local lora = require 'fsdp.lora'
 local metrics = require 'fsdp.observe.metrics'
 local F = fsdp.F
@@ -119,8 +119,13 @@ function M.run(default_model, script, argv)
     max_len = { 8, 'synthetic task: longest source; shorter ones are padded and masked', int = true, min = 1 },
     max_steps = { 200, 'optimizer steps', int = true, min = 1 },
     lr = { 3e-3, 'peak learning rate', positive = true },
-    warmup_steps = { 20, 'linear warmup steps', int = true, min = 0, less_than = 'max_steps' },
+    warmup_steps = { 20, 'linear warmup steps W, then cosine decay to lr/10: optimizer step s (1..max_steps) runs '
+                         .. 'at lr*s/(W+1) while s <= W (the first at lr/(W+1), not 0), then lr/10 + 0.9*lr*(1 + '
+                         .. 'cos(pi*(s-1-W)/(max_steps-W)))/2', int = true, min = 0, less_than = 'max_steps' },
     weight_decay = { 0.0, 'AdamW weight decay (not applied to norms)', min = 0 },
+    beta1 = { 0.9, 'AdamW beta1 (torch: betas[0])', min = 0, below = 1 },
+    beta2 = { 0.999, 'AdamW beta2 (torch: betas[1])', min = 0, below = 1 },
+    eps = { 1e-8, 'AdamW epsilon, added to sqrt of the second moment (torch: eps)', min = 0, aliases = { 'adam_eps' } },
     grad_clip = { 1.0, 'clip the global gradient norm to this (0: off)', min = 0 },
     optimizer = { 'adamw', 'adamw or anyprecision (AnyPrecisionAdamW, bf16 states)', one_of = { 'adamw', 'anyprecision' } },
     task = { 'reverse', 'synthetic task (without --data): reverse or copy the source', one_of = { 'reverse', 'copy' } },
@@ -204,6 +209,7 @@ function M.run(default_model, script, argv)
 
   local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
   local opt = Opt(lora.trainable(model), { lr = cfg.lr, weight_decay = cfg.weight_decay,
+    betas = { cfg.beta1, cfg.beta2 }, eps = cfg.eps,
     groups = { { match = shard_recipe.no_decay, weight_decay = 0 } } })
   local sched = optim.lr_scheduler.WarmupCosine(opt, { warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps,
                                                        min_lr = cfg.lr / 10 })

@@ -1,4 +1,4 @@
--- recipes/t5_pairs.lua: the T5 recipe's fine-tuning path on text pairs
+-- models/t5_pairs.lua: the T5 recipe's fine-tuning path on text pairs
 -- (the seed's blog: T5 on a summarization dataset): --data=FILE.jsonl of
 -- {"source": ..., "target": ...} objects, tokenized at load
 -- (fsdp.data.pairs), a validation loss every --validation_freq steps on
@@ -6,7 +6,7 @@
 -- loss and greedy outputs on validation sources printed as text (source,
 -- reference, generated) with the exact-match rate over --eval_examples.
 --
---   local t5_pairs = require 'recipes.t5_pairs'
+--   local t5_pairs = require 'models.t5_pairs'
 --   options: t5_pairs.options({...})            -- --data, --val_data, --tokenizer, ...
 --   in the config check: local run = t5_pairs.open(cfg)   -- nil without --data
 --                        t5_pairs.model_overrides(run, cfg, overrides); ... c = t5.config(...)
@@ -194,7 +194,7 @@ end
 -- printed as text, and their exact-match rate (token for token, EOS
 -- included). Returns the number right and the number generated.
 function M.report(model, run, cfg, step)
-  local exact_match = require('recipes.t5_recipe').exact_match
+  local exact_match = require('models.t5_recipe').exact_match
   local n = math.min(cfg.eval_examples, run.val.n)
   local ids = {}
   for i = 1, n do ids[i] = i - 1 end
