@@ -527,3 +527,43 @@ describe('fsdp.plan: nodes and options', function()
     fails({ zzzzzz = 1 }, "unknown option 'zzzzzz' (known: backward_prefetch, batch,")
   end)
 end)
+
+describe('fsdp.plan: memory-bound ops priced by bandwidth', function()
+  it('adds the bytes the step moves over mem_bw x mem_utilization to the GEMMs\' time', function()
+    local base = fsdp.devices['h100-80g']
+    local dev = {}
+    for k, v in pairs(base) do dev[k] = v end
+    dev.name, dev.utilization, dev.mem_utilization = 'h100-priced', 0.7, 0.5
+    local opts = { world = 1, strategy = 'NO_SHARD', batch = 2, seq = 16 }
+    opts.device = base
+    local plain = fsdp.plan(tiny(), opts)
+    opts.device = dev
+    local priced = fsdp.plan(tiny(), opts)
+    -- the bytes are the step's forward and backward as the counter sees them
+    local m = tiny()
+    local ids = fsdp.empty({ 2, 16 }, { dtype = 'i64', device = 'meta' })
+    m:loss(ids, ids) -- (the first call makes the RoPE tables, which the plan's trace counts as caches)
+    fsdp.reset_bytes_moved()
+    m:loss(ids, ids):backward()
+    local bytes = fsdp.bytes_moved()
+    assert.equals(bytes, priced.time.bytes_moved)
+    assert.equals(0, plain.time.memory_bound)
+    local t = priced.time
+    assert.near(bytes / (dev.mem_bw * 0.5), t.memory_bound, 1e-12)
+    assert.near(priced.flops.hardware / (t.peak_flops * 0.7) + t.memory_bound, t.compute, 1e-12)
+    assert.near(plain.time.optimizer * 2, t.optimizer, 1e-12)
+    assert.truthy(tostring(priced):find('memory-bound ops', 1, true))
+    -- checkpointing moves the blocks' forward bytes again
+    opts.checkpoint = true
+    assert.is_true(fsdp.plan(tiny(), opts).time.bytes_moved > bytes)
+  end)
+
+  it('refuses a mem_utilization outside (0, 1]', function()
+    local dev = {}
+    for k, v in pairs(fsdp.devices['h100-80g']) do dev[k] = v end
+    dev.name, dev.mem_utilization = 'bad', 1.5
+    local ok, err = pcall(fsdp.plan, tiny(), { world = 1, device = dev })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('mem_utilization must be in (0, 1], got 1.5', 1, true), err)
+  end)
+end)
