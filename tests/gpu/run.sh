@@ -225,7 +225,8 @@ if want bench && fits bench 90; then
   for f in "$out"/bench/*.log; do { echo "### $f"; cat "$f"; } >>"$out/bench.log"; done
   rm -rf "$out/bench"
   say "bench: status $st"
-  sed -n '/^Llama\|^run \|^fsdp-lua,\|^PyTorch,\|targets\|^  /p' "$out/bench.log" | head -20 | tee -a "$summary"
+  sed -n '/^Llama\|^run \|^fsdp-lua,\|^PyTorch,\|targets\|^  \|^memory-bound/p' "$out/bench.log" | head -24 |
+    tee -a "$summary"
 fi
 
 # --- profile -----------------------------------------------------------------------
@@ -261,7 +262,9 @@ for r in body:
     t, c = tot.get(name, (0.0, 0))
     tot[name] = (t + avg * n, c + n)
 all_ms = sum(t for t, _ in tot.values())
-print(f"  all kernels: {all_ms:.1f} ms in {sum(c for _, c in tot.values())} launches")
+launches = sum(c for _, c in tot.values())
+# (two steps: one warmup, one measured; per step is half)
+print(f"  all kernels: {all_ms:.1f} ms in {launches} launches over 2 steps ({all_ms / 2:.1f} ms, {launches // 2} launches per step)")
 for name, (t, c) in sorted(tot.items(), key=lambda kv: -kv[1][0])[:25]:
     print(f"  {t:9.2f} {100 * t / all_ms:5.1f}% {c:6d}  {name}")
 EOF
