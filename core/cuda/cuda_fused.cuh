@@ -16,6 +16,7 @@
 #define FL_CUDA_FUSED_CUH
 
 #include "cuda_common.cuh"
+#include "cuda_vec.cuh"
 
 extern "C" {
 #include "../ops/fused.h"
@@ -98,6 +99,27 @@ static inline fl_cu_lanes fl_cu_lanes_of(const fl_tensor *t, int dim) {
     if (expect < 0) s.flat = 0; /* one lane */
     if (!flat) s.flat = -1;
     return s;
+}
+
+/* True when t's lanes along dim suit 16-byte vector loads (cuda_vec.cuh):
+ * t of a dtype the vector path serves, contiguous along dim, and every lane
+ * starting a vector (the data aligned, every other dim's stride a whole
+ * number of vectors; size-1 dims are free). A lane's length need not be
+ * whole vectors: kernels finish it element by element. */
+static inline bool fl_cu_lanes_vec_ok(const fl_tensor *t, int dim) {
+    if (!fl_cu_vec_dtype(t->dtype) || !t->ndim || !fl_cu_vec_aligned(t->data)) return false;
+    if (t->stride[dim] != 1 && t->shape[dim] > 1) return false;
+    int64_t size = (int64_t)fl_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++)
+        if (d != dim && t->shape[d] > 1 && (t->stride[d] * size) % FL_CU_VEC_BYTES) return false;
+    return true;
+}
+
+/* True when a contiguous output of `lanes` lanes of n elements (dtype dt,
+ * data p) has every lane starting a vector. */
+static inline bool fl_cu_rows_vec_ok(const void *p, fl_dtype dt, int64_t lanes, int64_t n) {
+    return fl_cu_vec_dtype(dt) && fl_cu_vec_aligned(p) &&
+           (lanes <= 1 || (n * (int64_t)fl_dtype_size(dt)) % FL_CU_VEC_BYTES == 0);
 }
 
 /* Element offset of lane `lane`'s first element. */
