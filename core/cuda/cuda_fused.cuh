@@ -182,6 +182,16 @@ static inline int fl_cu_row_threads(int64_t n) {
     return t;
 }
 
+/* Threads for one block per lane of the vector kernels (a thread per
+ * `units` 16-byte chunks at most), which declare
+ * __launch_bounds__(FL_CU_VEC_ROW_THREADS): half the usual block, so each
+ * thread may hold 128 registers (its chunks of the row) without spilling. */
+enum { FL_CU_VEC_ROW_THREADS = 512 };
+static inline int fl_cu_vec_row_threads(int64_t units) {
+    int t = fl_cu_row_threads(units);
+    return t < FL_CU_VEC_ROW_THREADS ? t : FL_CU_VEC_ROW_THREADS;
+}
+
 /* Blocks for one block per lane, grid-striding beyond the limit. */
 static inline unsigned fl_cu_row_blocks(int64_t lanes) {
     return lanes < 1 ? 1u : lanes > 65535LL * 16 ? 65535u * 16 : (unsigned)lanes;

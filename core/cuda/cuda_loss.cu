@@ -75,11 +75,10 @@ __global__ void __launch_bounds__(1024) cross_entropy_kernel(R *row_loss, void *
  * order; the sums (exp, and x for smoothing) add per thread chunk by chunk,
  * another order than the scalar kernel's, so lse may differ by rounding. */
 template <int XD>
-__global__ void __launch_bounds__(1024) cross_entropy_vec_kernel(float *row_loss, void *rows_out, int ro_dt,
-                                                                  float *lse, const void *x, fl_cu_lanes xl,
-                                                                  const void *tg, int t_dt, int64_t rows,
-                                                                  int64_t C, int64_t ignore, float smooth,
-                                                                  loss_result *res) {
+__global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
+    cross_entropy_vec_kernel(float *row_loss, void *rows_out, int ro_dt, float *lse, const void *x, fl_cu_lanes xl,
+                             const void *tg, int t_dt, int64_t rows, int64_t C, int64_t ignore, float smooth,
+                             loss_result *res) {
     typedef fl_cu_vec<XD> XV;
     constexpr int K = XV::N;
     int64_t chunks = C / K, nt = blockDim.x;
@@ -133,12 +132,10 @@ __global__ void __launch_bounds__(1024) cross_entropy_vec_kernel(float *row_loss
 /* The vector path of cross_entropy_backward_kernel: logits as above, dx of
  * their dtype with rows starting vectors; per element its arithmetic. */
 template <int XD>
-__global__ void __launch_bounds__(1024) cross_entropy_backward_vec_kernel(void *dx, const float *g_rows,
-                                                                           float g_scalar, const void *x,
-                                                                           fl_cu_lanes xl, const void *tg,
-                                                                           int t_dt, const float *lse, int64_t rows,
-                                                                           int64_t C, int64_t ignore,
-                                                                           float smooth) {
+__global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
+    cross_entropy_backward_vec_kernel(void *dx, const float *g_rows, float g_scalar, const void *x, fl_cu_lanes xl,
+                                      const void *tg, int t_dt, const float *lse, int64_t rows, int64_t C,
+                                      int64_t ignore, float smooth) {
     typedef fl_cu_vec<XD> XV;
     constexpr int K = XV::N;
     int64_t chunks = C / K, nt = blockDim.x;
@@ -183,7 +180,7 @@ bool logits_vec_ok(const fl_tensor *logits, const fl_tensor *lse) {
 
 /* Threads for a row of C elements read a vector at a time. */
 int vec_threads(const fl_tensor *logits, int64_t C) {
-    return fl_cu_row_threads(C / (FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(logits->dtype)));
+    return fl_cu_vec_row_threads(C / (FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(logits->dtype)));
 }
 
 /* One thread per row: -log_probs[r, t]. */
@@ -402,8 +399,7 @@ int fl_cuda_cross_entropy_backward(fl_tensor *dlogits, const fl_tensor *g_rows, 
     if (logits_vec_ok(logits, lse) && dlogits->dtype == logits->dtype &&
         fl_cu_rows_vec_ok(dlogits->data, dlogits->dtype, rows, C)) {
         fl_cu_vec_dispatch(logits->dtype, XD,
-                           cross_entropy_backward_vec_kernel<XD><<<blocks, vec_threads(logits, C), 0,
-                                                                   fl_cu_stream()>>>(
+                           cross_entropy_backward_vec_kernel<XD><<<blocks, vec_threads(logits, C), 0, fl_cu_stream()>>>(
                                dlogits->data, g_rows ? (const float *)g_rows->data : NULL, (float)g_scalar,
                                logits->data, xl, targets->data, targets->dtype, (const float *)lse->data, rows,
                                C, p->ignore_index, (float)p->label_smoothing));

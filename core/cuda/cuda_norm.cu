@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(1024) rms_norm_dx_kernel(void *dx, int dx_dt, 
  * promotion). A thread takes chunks of K elements (one x vector; for OD f32
  * and a 16-bit x, two OD vectors); the first ROW_CACHE chunks it takes stay
  * in registers from the reduction pass to the output pass, so a row of up
- * to ROW_CACHE * 1024 chunks (16384 bf16) is read from memory once. Past
+ * to ROW_CACHE * 512 chunks (8192 bf16) is read from memory once. Past
  * the last whole chunk (a single row whose length is not whole vectors) the
  * elements go one by one. Per element the arithmetic is the scalar
  * kernels'; the row sums add in another order (per thread, chunk by chunk),
@@ -110,12 +110,12 @@ bool vec_weight_ok(const fl_tensor *w, fl_dtype od, int64_t n) {
     } while (0)
 
 /* Threads for a row of `chunks` chunks: about ROW_CACHE chunks each. */
-int vec_row_threads(int64_t chunks) { return fl_cu_row_threads((chunks + ROW_CACHE - 1) / ROW_CACHE); }
+int vec_row_threads(int64_t chunks) { return fl_cu_vec_row_threads((chunks + ROW_CACHE - 1) / ROW_CACHE); }
 
 template <int XD, int OD>
-__global__ void __launch_bounds__(1024) rms_norm_vec_kernel(void *out, float *rstd, const void *x, fl_cu_lanes xl,
-                                                             const void *w, int64_t rows, int64_t n,
-                                                             double eps) {
+__global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
+    rms_norm_vec_kernel(void *out, float *rstd, const void *x, fl_cu_lanes xl, const void *w, int64_t rows,
+                        int64_t n, double eps) {
     typedef fl_cu_vec<XD> XV;
     constexpr int K = XV::N;
     int64_t chunks = n / K, nt = blockDim.x;
@@ -174,9 +174,9 @@ __global__ void __launch_bounds__(1024) rms_norm_vec_kernel(void *out, float *rs
 /* dx = inv * (dn - x * mean(dn * x) * inv^2), dn = g * w, as rms_norm_dx_kernel:
  * g (dtype OD) and x chunks both kept between the passes. */
 template <int XD, int OD>
-__global__ void __launch_bounds__(1024) rms_norm_dx_vec_kernel(void *dx, const void *g, fl_cu_lanes gl,
-                                                                const void *x, fl_cu_lanes xl, const void *w,
-                                                                const float *rstd, int64_t rows, int64_t n) {
+__global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
+    rms_norm_dx_vec_kernel(void *dx, const void *g, fl_cu_lanes gl, const void *x, fl_cu_lanes xl, const void *w,
+                           const float *rstd, int64_t rows, int64_t n) {
     typedef fl_cu_vec<XD> XV;
     constexpr int K = XV::N;
     int64_t chunks = n / K, nt = blockDim.x;

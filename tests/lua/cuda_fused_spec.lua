@@ -357,7 +357,7 @@ describe('the fused CUDA kernels', function()
         'rms_norm strided rows, no weight')
       against_cpu(function(a) return F.rms_norm(a) end, { r({ 4, 8 }, 81) }, dt, 'rms_norm one vector, no weight')
     end
-    -- A row longer than the registers keep (2 chunks of 1024 threads) reads x twice.
+    -- A row longer than the registers keep (2 chunks of 512 threads) reads x twice.
     against_cpu(rms, { randn({ 2, 8200 }, 82), randn({ 8200 }, 83) }, 'f32', 'rms_norm 8200 wide')
     -- A 16-bit x with an f32 weight: an f32 output (norm.c's promotion).
     for _, dt in ipairs { 'bf16', 'f16' } do
@@ -378,7 +378,8 @@ describe('the fused CUDA kernels', function()
           local bthd = function(a)
             return F.apply_rotary(a:transpose(1, 2), c:to(a.device), s:to(a.device), { positions = pos:to(a.device) })
           end
-          against_cpu(bthd, { randn({ 2, 20, 3, D }, 92, dt) }, dt, ('rotary [B, T, H, D] D=%d %s tables'):format(D, tdt))
+          against_cpu(bthd, { randn({ 2, 20, 3, D }, 92, dt) }, dt,
+            ('rotary [B, T, H, D] D=%d %s tables'):format(D, tdt))
         end
         local off = function(a)
           return F.apply_rotary(a:narrow(2, 1, D), cos:to(a.device), sin:to(a.device))
@@ -400,8 +401,8 @@ describe('the fused CUDA kernels', function()
           ('cross_entropy mean %dx%d'):format(rows, C))
       end
       local t = fsdp.randint(0, 64, { 4 }, { seed = 97 })
-      against_cpu(function(a, tg) return F.cross_entropy(a:narrow(1, 1, 64), tg) end, { randn({ 4, 65 }, 98, dt), t },
-        dt, 'cross_entropy rows from element 1')
+      against_cpu(function(a, tg) return F.cross_entropy(a:narrow(1, 1, 64), tg) end,
+        { randn({ 4, 65 }, 98, dt), t }, dt, 'cross_entropy rows from element 1')
     end
   end)
 end)
