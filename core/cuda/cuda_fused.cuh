@@ -16,6 +16,7 @@
 #define FL_CUDA_FUSED_CUH
 
 #include "cuda_common.cuh"
+#include "cuda_vec.cuh"
 
 extern "C" {
 #include "../ops/fused.h"
@@ -100,6 +101,27 @@ static inline fl_cu_lanes fl_cu_lanes_of(const fl_tensor *t, int dim) {
     return s;
 }
 
+/* True when t's lanes along dim suit 16-byte vector loads (cuda_vec.cuh):
+ * t of a dtype the vector path serves, contiguous along dim, and every lane
+ * starting a vector (the data aligned, every other dim's stride a whole
+ * number of vectors; size-1 dims are free). A lane's length need not be
+ * whole vectors: kernels finish it element by element. */
+static inline bool fl_cu_lanes_vec_ok(const fl_tensor *t, int dim) {
+    if (!fl_cu_vec_dtype(t->dtype) || !t->ndim || !fl_cu_vec_aligned(t->data)) return false;
+    if (t->stride[dim] != 1 && t->shape[dim] > 1) return false;
+    int64_t size = (int64_t)fl_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++)
+        if (d != dim && t->shape[d] > 1 && (t->stride[d] * size) % FL_CU_VEC_BYTES) return false;
+    return true;
+}
+
+/* True when a contiguous output of `lanes` lanes of n elements (dtype dt,
+ * data p) has every lane starting a vector. */
+static inline bool fl_cu_rows_vec_ok(const void *p, fl_dtype dt, int64_t lanes, int64_t n) {
+    return fl_cu_vec_dtype(dt) && fl_cu_vec_aligned(p) &&
+           (lanes <= 1 || (n * (int64_t)fl_dtype_size(dt)) % FL_CU_VEC_BYTES == 0);
+}
+
 /* Element offset of lane `lane`'s first element. */
 __device__ __forceinline__ int64_t fl_cu_lane_offset(const fl_cu_lanes &s, int64_t lane) {
     if (s.flat >= 0) return lane * s.flat;
@@ -158,6 +180,16 @@ static inline int fl_cu_row_threads(int64_t n) {
     int t = 32;
     while (t < 1024 && t < n) t *= 2;
     return t;
+}
+
+/* Threads for one block per lane of the vector kernels (a thread per
+ * `units` 16-byte chunks at most), which declare
+ * __launch_bounds__(FL_CU_VEC_ROW_THREADS): half the usual block, so each
+ * thread may hold 128 registers (its chunks of the row) without spilling. */
+enum { FL_CU_VEC_ROW_THREADS = 512 };
+static inline int fl_cu_vec_row_threads(int64_t units) {
+    int t = fl_cu_row_threads(units);
+    return t < FL_CU_VEC_ROW_THREADS ? t : FL_CU_VEC_ROW_THREADS;
 }
 
 /* Blocks for one block per lane, grid-striding beyond the limit. */

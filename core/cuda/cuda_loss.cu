@@ -68,6 +68,121 @@ __global__ void __launch_bounds__(1024) cross_entropy_kernel(R *row_loss, void *
     }
 }
 
+/* The vector path of cross_entropy_kernel (cuda_vec.cuh): f32 compute,
+ * logits of dtype XD whose rows are contiguous and each start a 16-byte
+ * vector. The max and sum-exp passes read a vector per thread step, the
+ * elements past the last whole vector one by one. The max is exact in any
+ * order; the sums (exp, and x for smoothing) add per thread chunk by chunk,
+ * another order than the scalar kernel's, so lse may differ by rounding. */
+template <int XD>
+__global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
+    cross_entropy_vec_kernel(float *row_loss, void *rows_out, int ro_dt, float *lse, const void *x, fl_cu_lanes xl,
+                             const void *tg, int t_dt, int64_t rows, int64_t C, int64_t ignore, float smooth,
+                             loss_result *res) {
+    typedef fl_cu_vec<XD> XV;
+    constexpr int K = XV::N;
+    int64_t chunks = C / K, nt = blockDim.x;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t t = fl_cu_ld_i64(tg, r, t_dt);
+        if (t == ignore || !target_ok(t, C)) {
+            if (threadIdx.x == 0) {
+                if (t != ignore) atomicMin(&res->bad_row, (unsigned long long)r);
+                lse[r] = 0;
+                row_loss[r] = 0;
+                if (rows_out) fl_cu_st(rows_out, r, ro_dt, 0.0f);
+            }
+            continue;
+        }
+        const char *xr = (const char *)x + fl_cu_lane_offset(xl, r) * XV::SIZE;
+        float mx = -INFINITY, sum = 0, sx = 0;
+        for (int64_t v = threadIdx.x; v < chunks; v += nt) {
+            XV a = XV::load(xr, v);
+#pragma unroll
+            for (int k = 0; k < K; k++) mx = fmax(mx, a.get(k));
+        }
+        for (int64_t i = chunks * K + threadIdx.x; i < C; i += nt) mx = fmax(mx, fl_cu_vget<XD>(xr, i));
+        mx = fl_cu_block_max(mx);
+        for (int64_t v = threadIdx.x; v < chunks; v += nt) {
+            XV a = XV::load(xr, v);
+#pragma unroll
+            for (int k = 0; k < K; k++) {
+                float e = a.get(k);
+                sum += fl_cu_exp(e - mx);
+                sx += e;
+            }
+        }
+        for (int64_t i = chunks * K + threadIdx.x; i < C; i += nt) {
+            float e = fl_cu_vget<XD>(xr, i);
+            sum += fl_cu_exp(e - mx);
+            sx += e;
+        }
+        sum = fl_cu_block_sum(sum);
+        if (smooth > 0) sx = fl_cu_block_sum(sx);
+        if (threadIdx.x == 0) {
+            float l = mx + (float)log((double)sum);
+            float loss = l - fl_cu_vget<XD>(xr, t);
+            if (smooth > 0) loss = (1 - smooth) * loss + smooth * (l - (float)((double)sx / (double)C));
+            lse[r] = l;
+            row_loss[r] = loss;
+            if (rows_out) fl_cu_st(rows_out, r, ro_dt, loss);
+        }
+    }
+}
+
+/* The vector path of cross_entropy_backward_kernel: logits as above, dx of
+ * their dtype with rows starting vectors; per element its arithmetic. */
+template <int XD>
+__global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
+    cross_entropy_backward_vec_kernel(void *dx, const float *g_rows, float g_scalar, const void *x, fl_cu_lanes xl,
+                                      const void *tg, int t_dt, const float *lse, int64_t rows, int64_t C,
+                                      int64_t ignore, float smooth) {
+    typedef fl_cu_vec<XD> XV;
+    constexpr int K = XV::N;
+    int64_t chunks = C / K, nt = blockDim.x;
+    float off = C ? smooth / (float)C : 0.0f;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t t = fl_cu_ld_i64(tg, r, t_dt);
+        bool skip = t == ignore || !target_ok(t, C);
+        float gs = g_rows ? g_rows[r] : g_scalar, l = lse[r];
+        const char *xr = (const char *)x + fl_cu_lane_offset(xl, r) * XV::SIZE;
+        char *dr = (char *)dx + r * C * XV::SIZE;
+        for (int64_t v = threadIdx.x; v < chunks; v += nt) {
+            XV d;
+            if (skip) {
+#pragma unroll
+                for (int k = 0; k < K; k++) d.set(k, 0.0f);
+            } else {
+                XV a = XV::load(xr, v);
+#pragma unroll
+                for (int k = 0; k < K; k++) {
+                    float e = gs * fl_cu_exp(a.get(k) - l) + -gs * off;
+                    if (v * K + k == t) e -= gs * (1 - smooth);
+                    d.set(k, e);
+                }
+            }
+            d.store(dr, v);
+        }
+        for (int64_t i = chunks * K + threadIdx.x; i < C; i += nt) {
+            float e = 0;
+            if (!skip) {
+                e = gs * fl_cu_exp(fl_cu_vget<XD>(xr, i) - l) + -gs * off;
+                if (i == t) e -= gs * (1 - smooth);
+            }
+            fl_cu_vput<XD>(dr, i, e);
+        }
+    }
+}
+
+/* Logits whose rows the vector kernels read (lse in f32). */
+bool logits_vec_ok(const fl_tensor *logits, const fl_tensor *lse) {
+    return lse->dtype == FL_F32 && fl_cu_lanes_vec_ok(logits, logits->ndim - 1);
+}
+
+/* Threads for a row of C elements read a vector at a time. */
+int vec_threads(const fl_tensor *logits, int64_t C) {
+    return fl_cu_vec_row_threads(C / (FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(logits->dtype)));
+}
+
 /* One thread per row: -log_probs[r, t]. */
 template <typename R>
 __global__ void __launch_bounds__(1024) nll_loss_kernel(R *row_loss, void *rows_out, int ro_dt, const void *lp, int lp_dt,
@@ -210,7 +325,16 @@ int cross_entropy_t(fl_tensor *rows_out, fl_tensor *lse, const fl_tensor *logits
     }
     loss_scratch s = {NULL, NULL};
     int rc = scratch_begin(op, &s, rows, lse->dtype, logits);
-    if (!rc) {
+    if (!rc && sizeof(R) == 4 && logits_vec_ok(logits, lse)) {
+        fl_cu_vec_dispatch(logits->dtype, XD,
+                           cross_entropy_vec_kernel<XD><<<fl_cu_row_blocks(rows), vec_threads(logits, C), 0,
+                                                          fl_cu_stream()>>>(
+                               (float *)s.rows->data, rows_out ? rows_out->data : NULL,
+                               rows_out ? rows_out->dtype : 0, (float *)lse->data, logits->data,
+                               fl_cu_lanes_of(logits, dim), targets->data, targets->dtype, rows, C,
+                               p->ignore_index, (float)p->label_smoothing, (loss_result *)s.res->data));
+        rc = fl_cu_check(op);
+    } else if (!rc) {
         cross_entropy_kernel<R><<<fl_cu_row_blocks(rows), fl_cu_row_threads(C), 0,
                                   fl_cu_stream()>>>(
             (R *)s.rows->data, rows_out ? rows_out->data : NULL, rows_out ? rows_out->dtype : 0,
@@ -272,7 +396,14 @@ int fl_cuda_cross_entropy_backward(fl_tensor *dlogits, const fl_tensor *g_rows, 
     unsigned blocks = fl_cu_row_blocks(rows);
     int threads = fl_cu_row_threads(C);
     fl_cu_lanes xl = fl_cu_lanes_of(logits, dim);
-    if (lse->dtype == FL_F64)
+    if (logits_vec_ok(logits, lse) && dlogits->dtype == logits->dtype &&
+        fl_cu_rows_vec_ok(dlogits->data, dlogits->dtype, rows, C)) {
+        fl_cu_vec_dispatch(logits->dtype, XD,
+                           cross_entropy_backward_vec_kernel<XD><<<blocks, vec_threads(logits, C), 0, fl_cu_stream()>>>(
+                               dlogits->data, g_rows ? (const float *)g_rows->data : NULL, (float)g_scalar,
+                               logits->data, xl, targets->data, targets->dtype, (const float *)lse->data, rows,
+                               C, p->ignore_index, (float)p->label_smoothing));
+    } else if (lse->dtype == FL_F64)
         cross_entropy_backward_kernel<double><<<blocks, threads, 0, fl_cu_stream()>>>(
             dlogits->data, dlogits->dtype, g_rows ? (const double *)g_rows->data : NULL,
             g_scalar, logits->data, logits->dtype, xl, targets->data, targets->dtype,

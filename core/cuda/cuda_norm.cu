@@ -66,6 +66,214 @@ __global__ void __launch_bounds__(1024) rms_norm_dx_kernel(void *dx, int dx_dt, 
     }
 }
 
+/* ---- the vector path (cuda_vec.cuh) -----------------------------------------
+ * Taken per call where x's lanes (and g's) are contiguous and each starts a
+ * 16-byte vector, the compute type is f32, x is of dtype XD (f32, bf16,
+ * f16) and the weight, the forward's output and the backward's g are of
+ * dtype OD: x's, or f32 for a 16-bit x with an f32 weight (norm.c's
+ * promotion). A thread takes chunks of K elements (one x vector; for OD f32
+ * and a 16-bit x, two OD vectors); the first ROW_CACHE chunks it takes stay
+ * in registers from the reduction pass to the output pass, so a row of up
+ * to ROW_CACHE * 512 chunks (8192 bf16) is read from memory once. Past
+ * the last whole chunk (a single row whose length is not whole vectors) the
+ * elements go one by one. Per element the arithmetic is the scalar
+ * kernels'; the row sums add in another order (per thread, chunk by chunk),
+ * so the statistics may differ from the scalar path's by rounding. */
+const int ROW_CACHE = 2;
+const int VEC_COLS = 64; /* threads (column chunks) per block of the vector partials */
+
+int64_t param_stride(const fl_tensor *t) { return t && t->ndim ? t->stride[0] : 0; }
+
+/* x of dtype xd with the weight side (weight, output, g) of od: a pair the
+ * vector kernels are built for. */
+bool vec_pair_ok(fl_dtype xd, fl_dtype od) {
+    return fl_cu_vec_dtype(xd) && (od == xd || (od == FL_F32 && (xd == FL_BF16 || xd == FL_F16)));
+}
+
+/* No weight, or one of dtype od, contiguous and aligned. */
+bool vec_weight_ok(const fl_tensor *w, fl_dtype od, int64_t n) {
+    return !w || (w->dtype == od && (param_stride(w) == 1 || n <= 1) && fl_cu_vec_aligned(w->data));
+}
+
+/* Run BODY with compile-time XD and OD bound to a pair vec_pair_ok accepts. */
+#define vec_pair_dispatch(xd, od, XD, OD, ...)                                                     \
+    do {                                                                                           \
+        if ((xd) == (od)) {                                                                        \
+            fl_cu_vec_dispatch(xd, XD, constexpr int OD = XD; __VA_ARGS__);                        \
+        } else if ((xd) == FL_BF16) {                                                              \
+            constexpr int XD = FL_BF16, OD = FL_F32;                                               \
+            __VA_ARGS__;                                                                           \
+        } else {                                                                                   \
+            constexpr int XD = FL_F16, OD = FL_F32;                                                \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+/* Threads for a row of `chunks` chunks: about ROW_CACHE chunks each. */
+int vec_row_threads(int64_t chunks) { return fl_cu_vec_row_threads((chunks + ROW_CACHE - 1) / ROW_CACHE); }
+
+template <int XD, int OD>
+__global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
+    rms_norm_vec_kernel(void *out, float *rstd, const void *x, fl_cu_lanes xl, const void *w, int64_t rows,
+                        int64_t n, double eps) {
+    typedef fl_cu_vec<XD> XV;
+    constexpr int K = XV::N;
+    int64_t chunks = n / K, nt = blockDim.x;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const char *xr = (const char *)x + fl_cu_lane_offset(xl, r) * XV::SIZE;
+        void *orow = (char *)out + r * n * fl_cu_vec<OD>::SIZE;
+        XV c[ROW_CACHE];
+        float ss = 0;
+#pragma unroll
+        for (int j = 0; j < ROW_CACHE; j++) {
+            int64_t v = threadIdx.x + j * nt;
+            if (v < chunks) {
+                c[j] = XV::load(xr, v);
+#pragma unroll
+                for (int k = 0; k < K; k++) ss += c[j].get(k) * c[j].get(k);
+            }
+        }
+        for (int64_t v = threadIdx.x + ROW_CACHE * nt; v < chunks; v += nt) {
+            XV a = XV::load(xr, v);
+#pragma unroll
+            for (int k = 0; k < K; k++) ss += a.get(k) * a.get(k);
+        }
+        for (int64_t i = chunks * K + threadIdx.x; i < n; i += nt) {
+            float e = fl_cu_vget<XD>(xr, i);
+            ss += e * e;
+        }
+        ss = fl_cu_block_sum(ss);
+        float inv = (float)(1.0 / sqrt((double)ss / (double)n + eps));
+        if (threadIdx.x == 0) rstd[r] = inv;
+        /* y = round_x(x * inv) * w, as rms_norm_kernel with round_dt = XD */
+        auto emit = [&](const XV &a, int64_t v) {
+            float y[K], wv[K];
+#pragma unroll
+            for (int k = 0; k < K; k++) y[k] = fl_cu_round_to(a.get(k) * inv, XD);
+            if (w) {
+                fl_cu_vload<OD, K>(w, v * K, wv);
+#pragma unroll
+                for (int k = 0; k < K; k++) y[k] *= wv[k];
+            }
+            fl_cu_vstore<OD, K>(orow, v * K, y);
+        };
+#pragma unroll
+        for (int j = 0; j < ROW_CACHE; j++) {
+            int64_t v = threadIdx.x + j * nt;
+            if (v < chunks) emit(c[j], v);
+        }
+        for (int64_t v = threadIdx.x + ROW_CACHE * nt; v < chunks; v += nt) emit(XV::load(xr, v), v);
+        for (int64_t i = chunks * K + threadIdx.x; i < n; i += nt) {
+            float y = fl_cu_round_to(fl_cu_vget<XD>(xr, i) * inv, XD);
+            if (w) y *= fl_cu_vget<OD>(w, i);
+            fl_cu_vput<OD>(orow, i, y);
+        }
+    }
+}
+
+/* dx = inv * (dn - x * mean(dn * x) * inv^2), dn = g * w, as rms_norm_dx_kernel:
+ * g (dtype OD) and x chunks both kept between the passes. */
+template <int XD, int OD>
+__global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
+    rms_norm_dx_vec_kernel(void *dx, const void *g, fl_cu_lanes gl, const void *x, fl_cu_lanes xl, const void *w,
+                           const float *rstd, int64_t rows, int64_t n) {
+    typedef fl_cu_vec<XD> XV;
+    constexpr int K = XV::N;
+    int64_t chunks = n / K, nt = blockDim.x;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const char *xr = (const char *)x + fl_cu_lane_offset(xl, r) * XV::SIZE;
+        const char *gr = (const char *)g + fl_cu_lane_offset(gl, r) * fl_cu_vec<OD>::SIZE;
+        void *drow = (char *)dx + r * n * XV::SIZE;
+        float inv = rstd[r], dot = 0;
+        float cg[ROW_CACHE][K];
+        XV cx[ROW_CACHE];
+        /* dn = g * w in place */
+        auto dn_of = [&](float (&dn)[K], int64_t v) {
+            fl_cu_vload<OD, K>(gr, v * K, dn);
+            if (w) {
+                float wv[K];
+                fl_cu_vload<OD, K>(w, v * K, wv);
+#pragma unroll
+                for (int k = 0; k < K; k++) dn[k] *= wv[k];
+            }
+        };
+#pragma unroll
+        for (int j = 0; j < ROW_CACHE; j++) {
+            int64_t v = threadIdx.x + j * nt;
+            if (v < chunks) {
+                dn_of(cg[j], v);
+                cx[j] = XV::load(xr, v);
+#pragma unroll
+                for (int k = 0; k < K; k++) dot += cg[j][k] * cx[j].get(k);
+            }
+        }
+        for (int64_t v = threadIdx.x + ROW_CACHE * nt; v < chunks; v += nt) {
+            float dn[K];
+            dn_of(dn, v);
+            XV a = XV::load(xr, v);
+#pragma unroll
+            for (int k = 0; k < K; k++) dot += dn[k] * a.get(k);
+        }
+        for (int64_t i = chunks * K + threadIdx.x; i < n; i += nt) {
+            float dn = fl_cu_vget<OD>(gr, i);
+            if (w) dn *= fl_cu_vget<OD>(w, i);
+            dot += dn * fl_cu_vget<XD>(xr, i);
+        }
+        dot = fl_cu_block_sum(dot);
+        float c = (float)((double)dot / (double)n) * inv * inv;
+        auto emit = [&](const float (&dn)[K], const XV &a, int64_t v) {
+            float d[K];
+#pragma unroll
+            for (int k = 0; k < K; k++) d[k] = inv * (dn[k] - a.get(k) * c);
+            fl_cu_vstore<XD, K>(drow, v * K, d);
+        };
+#pragma unroll
+        for (int j = 0; j < ROW_CACHE; j++) {
+            int64_t v = threadIdx.x + j * nt;
+            if (v < chunks) emit(cg[j], cx[j], v);
+        }
+        for (int64_t v = threadIdx.x + ROW_CACHE * nt; v < chunks; v += nt) {
+            float dn[K];
+            dn_of(dn, v);
+            emit(dn, XV::load(xr, v), v);
+        }
+        for (int64_t i = chunks * K + threadIdx.x; i < n; i += nt) {
+            float dn = fl_cu_vget<OD>(gr, i);
+            if (w) dn *= fl_cu_vget<OD>(w, i);
+            fl_cu_vput<XD>(drow, i, inv * (dn - fl_cu_vget<XD>(xr, i) * c));
+        }
+    }
+}
+
+/* RMSNorm's column partials (column_partials_kernel with mean NULL) a chunk
+ * of K columns per thread: the same sums in the same row order, so the
+ * same bits. n is whole chunks. */
+template <int XD, int OD>
+__global__ void __launch_bounds__(1024) rms_column_partials_vec_kernel(float *pw, const void *g, fl_cu_lanes gl,
+                                                                        const void *x, fl_cu_lanes xl,
+                                                                        const float *rstd, int64_t rows,
+                                                                        int64_t n, int64_t rows_per_group) {
+    typedef fl_cu_vec<XD> XV;
+    constexpr int K = XV::N;
+    int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (v >= n / K) return;
+    int64_t r0 = (int64_t)blockIdx.y * rows_per_group;
+    int64_t r1 = r0 + rows_per_group < rows ? r0 + rows_per_group : rows;
+    float sw[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) sw[k] = 0;
+#pragma unroll 2
+    for (int64_t r = r0; r < r1; r++) {
+        float gv[K];
+        fl_cu_vload<OD, K>(g, fl_cu_lane_offset(gl, r) + v * K, gv);
+        XV a = XV::load((const char *)x + fl_cu_lane_offset(xl, r) * XV::SIZE, v);
+        float inv = rstd[r];
+#pragma unroll
+        for (int k = 0; k < K; k++) sw[k] += gv[k] * (a.get(k) * inv);
+    }
+    fl_cu_vstore<FL_F32, K>(pw, (int64_t)blockIdx.y * n + v * K, sw);
+}
+
 template <typename R>
 __global__ void __launch_bounds__(1024) layer_norm_kernel(void *out, int out_dt, R *mean, R *rstd, const void *x,
                                   int x_dt, fl_cu_lanes xl, const void *w, int w_dt, int64_t ws,
@@ -171,7 +379,8 @@ template <> fl_dtype dtype_of<double>() { return FL_F64; }
 /* dw (and db) from g, x and the statistics: the two passes above. */
 template <typename R>
 int column_sums(const char *op, fl_tensor *dw, fl_tensor *db, const fl_tensor *g,
-                const fl_tensor *x, const R *mean, const R *rstd, int64_t rows, int64_t n) {
+                const fl_tensor *x, const R *mean, const R *rstd, int64_t rows, int64_t n,
+                bool vec = false) {
     int dim = x->ndim - 1;
     if (n == 0) return FL_OK;
     int64_t groups = (rows + 15) / 16;
@@ -182,7 +391,17 @@ int column_sums(const char *op, fl_tensor *dw, fl_tensor *db, const fl_tensor *g
     fl_tensor *pw = dw ? fl_cu_scratch(groups * n, dtype_of<R>(), x) : NULL;
     fl_tensor *pb = db ? fl_cu_scratch(groups * n, dtype_of<R>(), x) : NULL;
     int rc = (dw && !pw) || (db && !pb) ? (int)fl_last_status() : FL_OK;
-    if (!rc) {
+    if (!rc && vec && sizeof(R) == 4 && !db && fl_cu_vec_aligned(pw->data)) {
+        /* RMSNorm's dw, a chunk of columns per thread (the caller checked
+         * x and g as for the vector dx, and n whole chunks). */
+        int64_t chunks = n / (FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(x->dtype));
+        dim3 grid((unsigned)((chunks + VEC_COLS - 1) / VEC_COLS), (unsigned)groups);
+        vec_pair_dispatch(x->dtype, g->dtype, XD, OD,
+                          rms_column_partials_vec_kernel<XD, OD><<<grid, VEC_COLS, 0, fl_cu_stream()>>>(
+                              (float *)pw->data, g->data, fl_cu_lanes_of(g, dim), x->data,
+                              fl_cu_lanes_of(x, dim), (const float *)rstd, rows, n, per));
+        rc = fl_cu_check(op);
+    } else if (!rc) {
         dim3 grid((unsigned)((n + COLS - 1) / COLS), (unsigned)groups);
         column_partials_kernel<R><<<grid, COLS, 0, fl_cu_stream()>>>(
             pw ? (R *)pw->data : NULL, pb ? (R *)pb->data : NULL, g->data, g->dtype,
@@ -205,7 +424,6 @@ int column_sums(const char *op, fl_tensor *dw, fl_tensor *db, const fl_tensor *g
     return rc;
 }
 
-int64_t param_stride(const fl_tensor *t) { return t && t->ndim ? t->stride[0] : 0; }
 
 template <typename R>
 int rms_norm_t(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, const fl_tensor *w,
@@ -213,6 +431,15 @@ int rms_norm_t(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, const fl_ten
     int dim = x->ndim - 1;
     int64_t n = x->shape[dim], rows = n ? x->numel / n : 0;
     if (rows == 0) return FL_OK;
+    if (sizeof(R) == 4 && vec_pair_ok(x->dtype, out->dtype) && fl_cu_lanes_vec_ok(x, dim) &&
+        vec_weight_ok(w, out->dtype, n) && fl_cu_rows_vec_ok(out->data, out->dtype, rows, n)) {
+        int threads = vec_row_threads(n / (FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(x->dtype)));
+        vec_pair_dispatch(x->dtype, out->dtype, XD, OD,
+                          rms_norm_vec_kernel<XD, OD><<<fl_cu_row_blocks(rows), threads, 0, fl_cu_stream()>>>(
+                              out->data, (float *)rstd->data, x->data, fl_cu_lanes_of(x, dim),
+                              w ? w->data : NULL, rows, n, eps));
+        return fl_cu_check("rms_norm");
+    }
     int round_dt = x->dtype == FL_BF16 || x->dtype == FL_F16 ? (int)x->dtype : -1;
     rms_norm_kernel<R><<<fl_cu_row_blocks(rows), fl_cu_row_threads(n), 0, fl_cu_stream()>>>(
         out->data, out->dtype, (R *)rstd->data, x->data, x->dtype, fl_cu_lanes_of(x, dim),
@@ -226,7 +453,17 @@ int rms_norm_backward_t(fl_tensor *dx, fl_tensor *dw, const fl_tensor *g, const 
     const char *op = "rms_norm backward";
     int dim = x->ndim - 1;
     int64_t n = x->shape[dim], rows = n ? x->numel / n : 0;
-    if (dx && rows > 0) {
+    /* The vector path when x, g, w (and dx) suit it: see rms_norm_vec_kernel. */
+    bool vec = sizeof(R) == 4 && rows > 0 && vec_pair_ok(x->dtype, g->dtype) && fl_cu_lanes_vec_ok(x, dim) &&
+               fl_cu_lanes_vec_ok(g, dim) && vec_weight_ok(w, g->dtype, n);
+    if (dx && vec && dx->dtype == x->dtype && fl_cu_rows_vec_ok(dx->data, dx->dtype, rows, n)) {
+        int threads = vec_row_threads(n / (FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(x->dtype)));
+        vec_pair_dispatch(x->dtype, g->dtype, XD, OD,
+                          rms_norm_dx_vec_kernel<XD, OD><<<fl_cu_row_blocks(rows), threads, 0, fl_cu_stream()>>>(
+                              dx->data, g->data, fl_cu_lanes_of(g, dim), x->data, fl_cu_lanes_of(x, dim),
+                              w ? w->data : NULL, (const float *)rstd->data, rows, n));
+        if (fl_cu_check(op)) return fl_last_status();
+    } else if (dx && rows > 0) {
         rms_norm_dx_kernel<R><<<fl_cu_row_blocks(rows), fl_cu_row_threads(n), 0,
                                 fl_cu_stream()>>>(
             dx->data, dx->dtype, g->data, g->dtype, fl_cu_lanes_of(g, dim), x->data, x->dtype,
@@ -235,7 +472,9 @@ int rms_norm_backward_t(fl_tensor *dx, fl_tensor *dw, const fl_tensor *g, const 
         if (fl_cu_check(op)) return fl_last_status();
     }
     if (dw && rows == 0) return fl_fill_(dw, 0);
-    return dw ? column_sums<R>(op, dw, NULL, g, x, NULL, (const R *)rstd->data, rows, n) : FL_OK;
+    return dw ? column_sums<R>(op, dw, NULL, g, x, NULL, (const R *)rstd->data, rows, n,
+                               vec && n % (FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(x->dtype)) == 0)
+              : FL_OK;
 }
 
 template <typename R>

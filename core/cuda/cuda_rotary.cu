@@ -59,6 +59,69 @@ __global__ void __launch_bounds__(1024) rotary_kernel(void *out, int out_dt, con
     }
 }
 
+/* The vector path (cuda_vec.cuh): x's rows contiguous, each starting a
+ * 16-byte vector, D/2 whole vectors of x's dtype XD, out of XD, the tables
+ * (cos and sin of dtype TD: XD or f32) contiguous along D with aligned
+ * rows. A thread takes one vector of each half of a row (elements i .. i +
+ * K - 1 and i + D/2 ...), the matching table elements, and writes both
+ * halves' vectors; the arithmetic per element is rotary_kernel's. */
+template <int XD, int TD>
+__global__ void __launch_bounds__(1024) rotary_vec_kernel(void *out, const void *x, fl_cu_lanes xl, table cs,
+                                                           table sn, const void *pos, int pos_dt, int pos_ndim,
+                                                           int64_t ps0, int64_t ps1, int64_t rows, int64_t T,
+                                                           int64_t D, int64_t per_batch, int64_t table_rows,
+                                                           bool inverse, unsigned long long *bad_row) {
+    typedef fl_cu_vec<XD> XV;
+    constexpr int K = XV::N;
+    int64_t h = D / 2, hc = h / K, items = rows * hc;
+    for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < items;
+         it += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = it / hc, i = (it % hc) * K, t = r % T, p = t;
+        if (pos) {
+            int64_t off = pos_ndim == 1 ? t * ps0 : (r / per_batch) * ps0 + t * ps1;
+            p = fl_cu_ld_i64(pos, off, pos_dt);
+            if (p < 0 || p >= table_rows) {
+                atomicMin(bad_row, (unsigned long long)r);
+                continue;
+            }
+        }
+        const char *xr = (const char *)x + fl_cu_lane_offset(xl, r) * XV::SIZE;
+        float x1[K], x2[K], c1[K], c2[K], s1[K], s2[K], y1[K], y2[K];
+        fl_cu_vload<XD, K>(xr, i, x1);
+        fl_cu_vload<XD, K>(xr, i + h, x2);
+        fl_cu_vload<TD, K>(cs.p, p * cs.s0 + i, c1);
+        fl_cu_vload<TD, K>(cs.p, p * cs.s0 + i + h, c2);
+        fl_cu_vload<TD, K>(sn.p, p * sn.s0 + i, s1);
+        fl_cu_vload<TD, K>(sn.p, p * sn.s0 + i + h, s2);
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            if (!inverse) {
+                y1[k] = x1[k] * c1[k] - x2[k] * s1[k];
+                y2[k] = x2[k] * c2[k] + x1[k] * s2[k];
+            } else {
+                y1[k] = x1[k] * c1[k] + x2[k] * s2[k];
+                y2[k] = x2[k] * c2[k] - x1[k] * s1[k];
+            }
+        }
+        fl_cu_vstore<XD, K>(out, r * D + i, y1);
+        fl_cu_vstore<XD, K>(out, r * D + i + h, y2);
+    }
+}
+
+/* Tables the vector path reads with x of dtype xd: cos and sin of xd or
+ * f32, contiguous along D, rows starting vectors. */
+bool tables_vec_ok(const fl_tensor *cos, const fl_tensor *sin, fl_dtype xd) {
+    const fl_tensor *ts[2] = {cos, sin};
+    if (cos->dtype != sin->dtype || (cos->dtype != xd && cos->dtype != FL_F32)) return false;
+    for (int k = 0; k < 2; k++) {
+        const fl_tensor *t = ts[k];
+        if (t->stride[1] != 1 || !fl_cu_vec_aligned(t->data) ||
+            (t->shape[0] > 1 && (t->stride[0] * (int64_t)fl_dtype_size(t->dtype)) % FL_CU_VEC_BYTES))
+            return false;
+    }
+    return true;
+}
+
 table table_of(const fl_tensor *t) {
     table tb = {t->data, (int)t->dtype, t->stride[0], t->stride[1]};
     return tb;
@@ -92,7 +155,21 @@ int fl_cuda_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
     unsigned long long *bp = bad ? (unsigned long long *)bad->data : NULL;
     unsigned blocks = fl_cu_blocks(items, 256);
     fl_cu_lanes xl = fl_cu_lanes_of(x, dim);
-    if (out->dtype == FL_F64)
+    int64_t vec_k = fl_cu_vec_dtype(x->dtype) ? FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(x->dtype) : 0;
+    if (vec_k && out->dtype == x->dtype && (D / 2) % vec_k == 0 && fl_cu_lanes_vec_ok(x, dim) &&
+        fl_cu_rows_vec_ok(out->data, out->dtype, rows, D) && tables_vec_ok(cos, sin, x->dtype)) {
+        unsigned vblocks = fl_cu_blocks(rows * (D / 2 / vec_k), 256);
+        if (cos->dtype == x->dtype)
+            fl_cu_vec_dispatch(x->dtype, XD,
+                               rotary_vec_kernel<XD, XD><<<vblocks, 256, 0, fl_cu_stream()>>>(
+                                   out->data, x->data, xl, table_of(cos), table_of(sin), pd, pdt, pnd, ps0, ps1,
+                                   rows, T, D, per_batch, table_rows, inverse, bp));
+        else
+            fl_cu_vec_dispatch(x->dtype, XD,
+                               rotary_vec_kernel<XD, FL_F32><<<vblocks, 256, 0, fl_cu_stream()>>>(
+                                   out->data, x->data, xl, table_of(cos), table_of(sin), pd, pdt, pnd, ps0, ps1,
+                                   rows, T, D, per_batch, table_rows, inverse, bp));
+    } else if (out->dtype == FL_F64)
         rotary_kernel<double><<<blocks, 256, 0, fl_cu_stream()>>>(
             out->data, out->dtype, x->data, x->dtype, xl, table_of(cos), table_of(sin), pd, pdt,
             pnd, ps0, ps1, rows, T, D, per_batch, table_rows, inverse, bp);

@@ -71,6 +71,35 @@ template <int DT> __device__ __forceinline__ void fl_cu_vput(void *p, int64_t i,
         ((uint16_t *)p)[i] = DT == FL_BF16 ? fl_cu_bf16_bits(v) : fl_cu_f16_bits(v);
 }
 
+/* K consecutive elements of p (dtype DT) from element i, as f32, and K f32
+ * stored there: whole 16-byte vectors, so (i * element size) and K * element
+ * size are multiples of 16 bytes. For kernels whose operands differ in
+ * dtype (a bf16 row with f32 weights: 8 elements are one bf16 vector and
+ * two f32 ones). */
+template <int DT, int K> __device__ __forceinline__ void fl_cu_vload(const void *p, int64_t i, float (&v)[K]) {
+    typedef fl_cu_vec<DT> V;
+    static_assert(K % V::N == 0, "K must be whole vectors");
+    const char *b = (const char *)p + i * V::SIZE;
+#pragma unroll
+    for (int j = 0; j < K / V::N; j++) {
+        V a = V::load(b, j);
+#pragma unroll
+        for (int k = 0; k < V::N; k++) v[j * V::N + k] = a.get(k);
+    }
+}
+template <int DT, int K> __device__ __forceinline__ void fl_cu_vstore(void *p, int64_t i, const float (&v)[K]) {
+    typedef fl_cu_vec<DT> V;
+    static_assert(K % V::N == 0, "K must be whole vectors");
+    char *b = (char *)p + i * V::SIZE;
+#pragma unroll
+    for (int j = 0; j < K / V::N; j++) {
+        V a;
+#pragma unroll
+        for (int k = 0; k < V::N; k++) a.set(k, v[j * V::N + k]);
+        a.store(b, j);
+    }
+}
+
 /* A dtype the vector path serves. */
 static inline bool fl_cu_vec_dtype(fl_dtype dt) {
     return dt == FL_F32 || dt == FL_BF16 || dt == FL_F16;

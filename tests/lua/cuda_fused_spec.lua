@@ -311,6 +311,100 @@ describe('the fused CUDA kernels', function()
     end)
     assert.are.equal(cpu, gpu)
   end)
+
+  -- The row kernels' vector path (16-byte loads, core/cuda/cuda_vec.cuh) is
+  -- taken where the lanes are contiguous and each starts a vector; the rest
+  -- take the scalar kernels. Each case runs fn on the same typed inputs on
+  -- cuda:0 and on the CPU (same dtypes) and compares the output and every
+  -- input gradient within the dtype's tolerance. fn makes its views (a
+  -- narrow starting at element 1, a transpose) itself, on the device.
+  local function against_cpu(fn, inputs, dtype, what)
+    local function go(device)
+      local xs = {}
+      for i, t in ipairs(inputs) do
+        xs[i] = t:is_floating_point() and t:to(device):detach():requires_grad_() or t:to(device)
+      end
+      local out = fn(unpack(xs, 1, #inputs))
+      local w = fsdp.randn(out.shape, { seed = 98 }):to(out.dtype):to(device)
+      ;(out * w):sum():backward()
+      return out, xs
+    end
+    local out_g, xs_g = go('cuda:0')
+    local out_c, xs_c = go('cpu')
+    local tol = TOLERANCE[dtype]
+    assert_close(out_g, out_c, tol, what .. ' ' .. dtype .. ' output')
+    for i, x in ipairs(xs_c) do
+      if x.requires_grad then
+        assert_close(xs_g[i].grad, x.grad, tol, ('%s %s gradient %d'):format(what, dtype, i))
+      end
+    end
+  end
+
+  local function rms(a, c) return F.rms_norm(a, c, 1e-6) end
+
+  it('rms_norm on the vector path and its fallbacks: whole vectors, tails, misaligned and strided rows', function()
+    for _, dt in ipairs { 'f32', 'bf16', 'f16' } do
+      local function r(shape, seed) return randn(shape, seed, dt) end
+      against_cpu(rms, { r({ 5, 64 }, 70), r({ 64 }, 71) }, dt, 'rms_norm whole vectors')
+      against_cpu(rms, { r({ 1, 37 }, 72), r({ 37 }, 73) }, dt, 'rms_norm one row with a tail')
+      against_cpu(rms, { r({ 3, 4099 }, 74), r({ 4099 }, 75) }, dt, 'rms_norm misaligned rows of 4099')
+      against_cpu(rms, { r({ 1, 4099 }, 74), r({ 4099 }, 75) }, dt, 'rms_norm one row of 4099')
+      against_cpu(function(a, c) return rms(a:narrow(1, 1, 64), c) end, { r({ 5, 65 }, 76), r({ 64 }, 77) }, dt,
+        'rms_norm rows from element 1')
+      against_cpu(function(a, c) return rms(a:transpose(0, 1), c) end, { r({ 3, 5, 64 }, 78), r({ 64 }, 79) }, dt,
+        'rms_norm aligned non-flat rows')
+      against_cpu(function(a) return F.rms_norm(a:transpose(0, 1)) end, { r({ 64, 6 }, 80) }, dt,
+        'rms_norm strided rows, no weight')
+      against_cpu(function(a) return F.rms_norm(a) end, { r({ 4, 8 }, 81) }, dt, 'rms_norm one vector, no weight')
+    end
+    -- A row longer than the registers keep (2 chunks of 512 threads) reads x twice.
+    against_cpu(rms, { randn({ 2, 8200 }, 82), randn({ 8200 }, 83) }, 'f32', 'rms_norm 8200 wide')
+    -- A 16-bit x with an f32 weight: an f32 output (norm.c's promotion).
+    for _, dt in ipairs { 'bf16', 'f16' } do
+      against_cpu(rms, { randn({ 6, 128 }, 84, dt), randn({ 128 }, 85) }, dt, 'rms_norm f32 weight')
+      against_cpu(rms, { randn({ 1, 44 }, 86, dt), randn({ 44 }, 87) }, dt, 'rms_norm f32 weight, tail')
+    end
+  end)
+
+  it('apply_rotary on the vector path and its fallbacks: head dims, tables, [B, T, H, D] views', function()
+    for _, dt in ipairs { 'f32', 'bf16', 'f16' } do
+      for _, D in ipairs { 64, 16, 12 } do
+        local cos, sin = F.rope_tables(32, D)
+        for _, tdt in ipairs { 'f32', dt } do
+          local c, s = cos:to(tdt), sin:to(tdt)
+          local plain = function(a) return F.apply_rotary(a, c:to(a.device), s:to(a.device)) end
+          against_cpu(plain, { randn({ 2, 3, 20, D }, 90, dt) }, dt, ('rotary D=%d %s tables'):format(D, tdt))
+          local pos = fsdp.randint(0, 32, { 2, 20 }, { seed = 91 })
+          local bthd = function(a)
+            return F.apply_rotary(a:transpose(1, 2), c:to(a.device), s:to(a.device), { positions = pos:to(a.device) })
+          end
+          against_cpu(bthd, { randn({ 2, 20, 3, D }, 92, dt) }, dt,
+            ('rotary [B, T, H, D] D=%d %s tables'):format(D, tdt))
+        end
+        local off = function(a)
+          return F.apply_rotary(a:narrow(2, 1, D), cos:to(a.device), sin:to(a.device))
+        end
+        against_cpu(off, { randn({ 2, 20, D + 1 }, 93, dt) }, dt, ('rotary rows from element 1, D=%d'):format(D))
+      end
+    end
+  end)
+
+  it('cross_entropy on the vector path and its fallbacks: whole vectors, tails, misaligned rows', function()
+    for _, dt in ipairs { 'f32', 'bf16', 'f16' } do
+      for _, case in ipairs { { 6, 4096 }, { 1, 37 }, { 3, 4099 }, { 5, 8 } } do
+        local rows, C = case[1], case[2]
+        local t = fsdp.randint(0, C, { rows }, { seed = 94 })
+        if rows > 2 then t:narrow(0, 1, 1):fill_(-100) end
+        local ce = function(a, tg) return F.cross_entropy(a, tg, { reduction = 'none', label_smoothing = 0.1 }) end
+        against_cpu(ce, { randn({ rows, C }, 95, dt) * 3, t }, dt, ('cross_entropy %dx%d'):format(rows, C))
+        against_cpu(function(a, tg) return F.cross_entropy(a, tg) end, { randn({ rows, C }, 96, dt), t }, dt,
+          ('cross_entropy mean %dx%d'):format(rows, C))
+      end
+      local t = fsdp.randint(0, 64, { 4 }, { seed = 97 })
+      against_cpu(function(a, tg) return F.cross_entropy(a:narrow(1, 1, 64), tg) end,
+        { randn({ 4, 65 }, 98, dt), t }, dt, 'cross_entropy rows from element 1')
+    end
+  end)
 end)
 
 -- cuDNN's fused attention (core/cuda/cuda_sdpa.cu) against the flash-style
