@@ -19,6 +19,7 @@ local decoders = require 'models.decoders'
 local pretrained = require 'models.pretrained'
 local lora = require 'fsdp.lora'
 local optim = require 'fsdp.optim'
+local fit = require 'fsdp.sharding.fit'
 
 local M = {}
 
@@ -151,7 +152,7 @@ function M.check(R, cfg, written, opts)
   pretrained.bound(cfg, R.family, c, R.src, {
     model = cfg.model, options = M.CONFIG_NAMES, written = written, dtype = cfg.dtype,
     weights = opts.weights ~= false,
-    shards = cfg.sharding_strategy == 'NO_SHARD' and 1 or fsdp.dist.world_size(),
+    shards = fit.weight_shards(cfg),
     rows = opts.rows,
     fix = (cfg.dtype == 'f32' and '--dtype=bf16 (half the bytes), ' or '')
       .. (R.src and 'a smaller model' or ('fewer layers (--%s)'):format(written.num_layers or 'num_layers'))
@@ -174,7 +175,7 @@ function M.build(R, cfg, who, shape)
   local n_params = model:num_parameters()
   -- before the fit check and sharding, which see the frozen base
   lora.apply_options(model, cfg, R.fam.lora_targets)
-  require('fsdp.sharding.fit').check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
+  fit.check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
     try = not R.src and M.TRY or nil })
   require('fsdp.sharding.recipe').apply(model, cfg, R.fam.block, who)
   require('fsdp.observe.console').print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d '
