@@ -505,11 +505,8 @@ function M.generate(model, input_ids, opts)
   end)
 end
 
--- A config from a Hugging Face T5Config (config.json decoded to a
--- table), and back: models/hf.lua translates every family's configs
--- (required here lazily: it requires this file).
-function M.config_from_hf(hf, overrides) return require('models.hf').config_from_hf(hf, overrides) end
-function M.config_to_hf(c) return require('models.hf').config_to_hf(c, 't5') end
+-- (A config from a Hugging Face T5Config and back: models/hf.lua, which
+-- translates every family's configs, config_from_hf and config_to_hf.)
 
 -- Build a model: name_or_config as in M.config; opts: device ('cpu' or
 -- 'meta'), dtype, and config overrides (num_layers=, dropout=, ...).

@@ -230,6 +230,15 @@ for _, comp in ipairs(comps) do
     parts[#parts + 1] = ('%s -(%s:%d%s)->'):format(l[j], file_of[l[j]], r.line, r.lazy and ', in a function' or '')
   end
   print('  e.g. ' .. table.concat(parts, ' ') .. ' ' .. l[#l])
+  if os.getenv('REQUIRES_EDGES') then
+    local inside = {}
+    for _, m in ipairs(comp) do inside[m] = true end
+    for _, m in ipairs(comp) do
+      for w, r in pairs(edges[m]) do
+        if inside[w] then print(('    %s -> %s (%s:%d%s)'):format(m, w, file_of[m], r.line, r.lazy and ', lazy' or '')) end
+      end
+    end
+  end
 end
 if show_lazy then
   print('requires inside functions:')

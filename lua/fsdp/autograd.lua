@@ -370,4 +370,7 @@ function M.on_gradient(name, packed, backward)
   return rebuild(outs), true
 end
 
+-- t:backward() runs this engine (fsdp.tensor sits below this file).
+Tensor.run_backward = M.backward
+
 return M

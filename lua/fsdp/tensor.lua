@@ -145,10 +145,14 @@ Tensor.__newindex = function(t, k, v)
   rawset(t, k, v)
 end
 
--- Printing lives in fsdp.format (required lazily: it requires this file).
-Tensor.__tostring = function(t)
-  return require('fsdp.format').tensor(t)
+-- Printing lives in fsdp.format and backward in fsdp.autograd, both a
+-- layer above this file (they require it): each installs itself here when
+-- loaded (Tensor.format, Tensor.run_backward), and require 'fsdp' loads
+-- both. Until then a tensor prints as its shape, dtype and device.
+function Tensor.format(t)
+  return ('tensor(size=(%s), dtype=%s, device=%s)'):format(table.concat(t.shape, ', '), t.dtype, t.device)
 end
+Tensor.__tostring = function(t) return Tensor.format(t) end
 
 -- properties ------------------------------------------------------------------
 
@@ -240,7 +244,8 @@ function methods:detach() return wrap(C.fl_detach(cptr(self))) end
 -- opts.retain_graph keeps the graph's saved tensors so a second backward
 -- through it works (as PyTorch's retain_graph=True).
 function methods:backward(grad, opts)
-  require('fsdp.autograd').backward(self, grad, opts)
+  if not Tensor.run_backward then core.fail('backward: fsdp.autograd is not loaded (require \'fsdp\')') end
+  Tensor.run_backward(self, grad, opts)
 end
 
 -- arithmetic: t + u, t - 2, 3 * t, t / u, -t, with broadcasting -----------------

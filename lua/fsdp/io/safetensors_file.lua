@@ -1,5 +1,7 @@
--- fsdp.io.safetensors: load and save safetensors files (the C reader maps the
--- file and validates it; tensors are views of the mapping).
+-- fsdp.io.safetensors_file: load and save one safetensors file (the C
+-- reader maps the file and validates it; tensors are views of the
+-- mapping). Users reach it through fsdp.io.safetensors, which adds the
+-- multi-file checkpoints (fsdp.io.safetensors_sharded, built on this file).
 --
 --   local st = require 'fsdp.io.safetensors'
 --   local tensors, names, meta = st.load('model.safetensors')
@@ -11,10 +13,6 @@
 -- Hugging Face's ignore it). load() and the multi-file loaders verify it
 -- when present and refuse a damaged file, naming it; open() stays lazy
 -- (verify() on demand).
---
--- Multi-file checkpoints (Hugging Face's layout, fsdp.safetensors_sharded)
--- are reached from here too: st.open_checkpoint(path), st.load_dir(path),
--- st.load_into(model, path), st.save_sharded(dir, tensors, opts).
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local ffi, C = core.ffi, core.C
@@ -140,12 +138,5 @@ function M.save(path, tensors, metadata, opts)
   C.fl_safetensors_writer_free(w)
   if not ok then error(err, 0) end
 end
-
-local sharded = require 'fsdp.io.safetensors_sharded'
-M.open_checkpoint = sharded.open_checkpoint
-M.load_dir = sharded.load_dir
-M.load_into = sharded.load_into
-M.save_sharded = sharded.save_sharded
-M.parse_size = sharded.parse_size
 
 return M

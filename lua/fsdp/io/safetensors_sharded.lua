@@ -21,15 +21,15 @@ local Tensor = require 'fsdp.tensor'
 local cjson = require 'cjson'
 local files = require 'fsdp.io.files'
 local publish = require 'fsdp.io.publish'
+local st_file = require 'fsdp.io.safetensors_file'
 
 local M = {}
 
 M.INDEX_NAME = 'model.safetensors.index.json'
 M.SINGLE_NAME = 'model.safetensors'
 
--- The single-file reader and writer (required when used: that module
--- requires this one).
-local function st() return require 'fsdp.io.safetensors' end
+-- The single-file reader and writer.
+local function st() return st_file end
 local function progress() return require 'fsdp.observe.progress' end
 
 local mode, join = files.mode, files.join

@@ -64,7 +64,6 @@ local files = require 'fsdp.io.files'
 local console = require 'fsdp.observe.console'
 local outputs = require 'fsdp.observe.outputs'
 pcall(ffi.cdef, 'int isatty(int fd);')
-pcall(ffi.cdef, 'int gethostname(char *name, size_t len);')
 
 local M = {}
 
@@ -77,12 +76,8 @@ local function stdout_is_terminal()
   return ffi.C.isatty(1) == 1
 end
 
--- This machine's name (gethostname: no shell), '?' when it has none.
-function M.hostname()
-  local buf = ffi.new('char[256]')
-  if ffi.C.gethostname(buf, 255) ~= 0 or buf[0] == 0 then return '?' end
-  return ffi.string(buf)
-end
+-- This machine's name, '?' when it has none (fsdp.io.files.hostname).
+M.hostname = files.hostname
 local hostname = M.hostname
 
 -- The distributed setup of this rank, one line (FSDP_DEBUG=INFO prints it).
