@@ -34,6 +34,7 @@ local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
 local common = require 'models.common'
 local validate = require 'fsdp.validate'
+local generate = require 'fsdp.generate'
 
 local M = {}
 
@@ -488,7 +489,6 @@ function M.generate(model, input_ids, opts)
   for k, v in pairs(opts) do
     if k ~= 'eos_token_id' and k ~= 'attention_mask' and k ~= 'max_new_tokens' then sopts[k] = v end
   end
-  local generate = require 'fsdp.generate'
   sopts = generate.check_options(sopts)
   return fsdp.no_grad(function()
     local enc = model:encode(input_ids, mask)

@@ -25,6 +25,7 @@ local recipe = require 'fsdp.recipe'
 local metrics = require 'fsdp.observe.metrics'
 local pairs_data = require 'fsdp.data.pairs'
 local t5 = require 'models.t5'
+local console = require 'fsdp.observe.console'
 local F = fsdp.F
 
 local M = {}
@@ -57,7 +58,7 @@ function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 -- Rank 0 speaks ("[rank 0] " first with several ranks: fsdp.console);
 -- flushed, so a log file being followed shows each validation as it comes.
-local function say(fmt, ...) require('fsdp.observe.console').print(fmt:format(...)) end
+local function say(fmt, ...) console.print(fmt:format(...)) end
 
 -- Open the tokenizer and both splits from the options; nil without --data.
 -- Raises a usage message naming the option at fault.

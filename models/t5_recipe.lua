@@ -31,13 +31,15 @@ local clock = require 'fsdp.clock'
 local t5_pairs = require 'models.t5_pairs'
 local lora = require 'fsdp.lora'
 local metrics = require 'fsdp.observe.metrics'
+local console = require 'fsdp.observe.console'
+local profiler = require 'fsdp.observe.profiler'
 local F = fsdp.F
 
 local M = {}
 
 -- Under a launcher every rank runs this; rank 0 speaks, "[rank 0] " first
 -- with several ranks (fsdp.console).
-local function print(line) require('fsdp.observe.console').print(line) end
+local function print(line) console.print(line) end
 
 -- The task. batch(step, B) -> input_ids [B, L+1] (content ids 2..V-1 of
 -- a random length in [min_len, L], eos 1, pad 0), attention_mask, labels
@@ -239,7 +241,7 @@ function M.run(default_model, script, argv)
       local src, mask, labels, dmask = task.batch(((step - 1) * k + i - 1) * W + R, cfg.batch_size)
       return model:loss(src:to(dev), labels:to(dev), { attention_mask = mask:to(dev), decoder_attention_mask = dmask:to(dev) })
     end)
-    local r = require('fsdp.observe.profiler').call('optimizer', 'optim', state.guard.step, state.guard, step, loss)
+    local r = profiler.call('optimizer', 'optim', state.guard.step, state.guard, step, loss)
     r.dt = clock.now() - t0
     log:step(step, r)
     if pairs_run then t5_pairs.maybe_validate(model, pairs_run, cfg, step) end

@@ -7,16 +7,21 @@
 -- each circle, and with --lazy each require inside a function with the
 -- comment line above it; exits non-zero when there is a circle.
 --
---   luajit tools/requires.lua [--lazy]          (or fsdp-lua tools/requires.lua)
+--   luajit tools/requires.lua [--lazy] [--named]   (or fsdp-lua tools/requires.lua)
 --
 -- A require is `require 'm'`, `require "m"`, `require('m')` or
 -- `pcall(require, 'm')` with a literal name; names built at run time
 -- (require('models.families.' .. name)) are counted as dynamic and make no
--- edge. The reader knows Lua's strings and comments, and counts a require
+-- edge; with --named, a file with one also depends on every module it
+-- names in a string literal (a list of modules it loads: the fsdp facade's
+-- submodules loaded on first use, fsdp.functional's families,
+-- models.common's size table). Those circles are not yet cut
+-- (docs/ARCHITECTURE.md, "Lua layers"); the rule holds without --named. The reader knows Lua's strings and comments, and counts a require
 -- as inside a function when a `function` block is open around it.
-local show_lazy = false
+local show_lazy, with_named = false, false
 for _, a in ipairs(arg) do
   if a == '--lazy' then show_lazy = true end
+  if a == '--named' then with_named = true end
 end
 
 local function lines(cmd)
@@ -100,7 +105,7 @@ local function requires_of(path)
   local src = f:read('*a')
   f:close()
   local toks = tokens(src)
-  local stack, fn_depth, out, dynamic = {}, 0, {}, 0
+  local stack, fn_depth, out, dynamic, named = {}, 0, {}, 0, {}
   local skip_do = 0 -- `while`/`for` open their block at their `do`
   for k, t in ipairs(toks) do
     local w = t.word
@@ -127,7 +132,14 @@ local function requires_of(path)
         dynamic = dynamic + 1
       end
       if name then out[#out + 1] = { name = name, line = t.line, lazy = fn_depth > 0 } end
+    elseif t.str and file_of[t.str] then
+      named[#named + 1] = { name = t.str, line = t.line, lazy = fn_depth > 0 }
     end
+  end
+  -- With --named, a file that requires names it computes (a list of
+  -- modules it loads) depends on every module it names in a string.
+  if dynamic > 0 and with_named then
+    for _, r in ipairs(named) do out[#out + 1] = r end
   end
   if #stack ~= 0 then io.stderr:write(('requires.lua: %s: %d block(s) left open (a reading error)\n'):format(path, #stack)) end
   return out, dynamic, src

@@ -9,6 +9,7 @@
 -- (#t is not available: LuaJIT, like Lua 5.1, ignores __len on tables; use
 -- t:size(0).)
 local core = require 'fsdp.core'
+local random = require 'fsdp.random'
 local ffi, C = core.ffi, core.C
 
 local Tensor = {}
@@ -449,19 +450,19 @@ end
 -- Random fills take the same options as the factories: {seed=, stream=,
 -- offset=} (see fsdp.random).
 function methods:uniform_(low, high, opts)
-  local seed, stream, offset = require('fsdp.random').key(opts)
+  local seed, stream, offset = random.key(opts)
   core.check(C.fl_uniform_(cptr(self), seed, stream, offset, low or 0, high or 1))
   return self
 end
 
 function methods:normal_(mean, std, opts)
-  local seed, stream, offset = require('fsdp.random').key(opts)
+  local seed, stream, offset = random.key(opts)
   core.check(C.fl_normal_(cptr(self), seed, stream, offset, mean or 0, std or 1))
   return self
 end
 
 function methods:random_(low, high, opts)
-  local seed, stream, offset = require('fsdp.random').key(opts)
+  local seed, stream, offset = random.key(opts)
   core.check(C.fl_randint_(cptr(self), seed, stream, offset, low, high))
   return self
 end

@@ -22,6 +22,7 @@ local cjson = require 'cjson'
 local files = require 'fsdp.io.files'
 local publish = require 'fsdp.io.publish'
 local st_file = require 'fsdp.io.safetensors_file'
+local autograd = require 'fsdp.autograd'
 
 local M = {}
 
@@ -356,7 +357,7 @@ function M.copy_piece(dst, src, offset)
   local seg = rawget(dst, 'fsdp_offset') or 0
   local lo, hi = math.max(offset, seg), math.min(offset + n, seg + dst:numel())
   if lo >= hi then return end
-  require('fsdp.autograd').no_grad(function()
+  autograd.no_grad(function()
     dst:view(-1):narrow(0, lo - seg, hi - lo):copy_(src:reshape(-1):narrow(0, lo - offset, hi - lo))
   end)
 end

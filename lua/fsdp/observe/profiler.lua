@@ -49,6 +49,7 @@ local json = require 'fsdp.io.json'
 local files = require 'fsdp.io.files'
 local spans = require 'fsdp.spans'
 local ffi = require 'ffi'
+local core = require 'fsdp.core'
 local C = require('fsdp.core').C
 
 -- Backward node spans the engine keeps between two takes (about 100 bytes
@@ -244,7 +245,6 @@ function M.start(opts)
   events[1] = { name = 'process_name', ph = 'M', pid = pid, tid = 0, args = { name = ('rank %d'):format(pid) } }
   events[2] = { name = 'process_sort_index', ph = 'M', pid = pid, tid = 0, args = { sort_index = pid } }
   events[3] = { name = 'thread_name', ph = 'M', pid = pid, tid = 0, args = { name = 'host' } }
-  local core = require 'fsdp.core'
   local dev = core.device(device)
   if C.fl_device_kind_of(dev) == C.FL_DEVICE_CUDA then
     timed = { dev = dev, pending = {} }
@@ -286,7 +286,7 @@ local function take_node_spans()
           C.fl_event_free(sp.device_end)
         end
       end
-      counter(sp.start_us + sp.duration_us, require('fsdp.core').device_name(sp.device), tonumber(sp.in_use))
+      counter(sp.start_us + sp.duration_us, core.device_name(sp.device), tonumber(sp.in_use))
     end
     if n < 1024 then return dropped end
   end

@@ -50,6 +50,8 @@ local devices = require 'fsdp.devices'
 local trace = require 'fsdp.plan.trace'
 local sim = require 'fsdp.plan.sim'
 local suggest = require 'fsdp.suggest'
+local dist = require 'fsdp.dist'
+local cost = require 'fsdp.plan.cost'
 local C = core.C
 
 local M = {}
@@ -212,7 +214,7 @@ local function resolve(model, opts)
     local k = per_node or (dev_per_node ~= 'all' and dev_per_node) or 8
     r.world = n * k
   else
-    r.world = positive_int(opts, 'world', require('fsdp.dist').world_size())
+    r.world = positive_int(opts, 'world', dist.world_size())
   end
   if opts.nodes ~= nil then
     r.nodes = positive_int(opts, 'nodes', 1)
@@ -407,7 +409,7 @@ function M.plan(model, opts)
                               n_params = model:num_parameters(), blocks = #blocks, block_params = block_params,
                               tokens = tr.tokens, n_frozen = n_frozen, frozen_dtype = frozen_dtype },
                             Plan)
-  require('fsdp.plan.cost').fill(plan, tr.flops)
+  cost.fill(plan, tr.flops)
   local usable = r.device.memory - (r.device.reserved or 0)
   plan.usable = usable
   plan.fits = mem.peak <= usable

@@ -19,6 +19,7 @@
 -- --skip_fit_check trains anyway (the plan is an estimate).
 local fsdp = require 'fsdp'
 local layout = require 'fsdp.sharding.layout'
+local core = require 'fsdp.core'
 
 local M = {}
 
@@ -144,7 +145,6 @@ function M.bound(cfg, b)
   if b.weights == false or cfg.skip_fit_check then return end
   local budget, source = M.device_budget(cfg)
   if not budget then return end
-  local core = require 'fsdp.core'
   local per_param = tonumber(core.C.fl_dtype_size(core.dtype(b.dtype or 'f32')))
   local weights = b.params * per_param / (b.shards or 1)
   local need, parts = weights, {}

@@ -40,6 +40,7 @@ local parameter = require 'fsdp.nn.parameter'
 local Unit = require 'fsdp.sharding.unit'
 local layout = require 'fsdp.sharding.layout'
 local State = require 'fsdp.sharding.hooks'
+local clip = require 'fsdp.optim.clip'
 local ffi, C = core.ffi, core.C
 
 local M = {}
@@ -339,7 +340,6 @@ end
 -- every rank (fsdp.nonfinite decides from it).
 function M.grad_norm(model)
   local S = state_of(model, 'grad_norm')
-  local clip = require 'fsdp.optim.clip'
   local local_sq = 0
   for _, u in ipairs(S.units) do
     u:sync_zero_grad()
@@ -376,7 +376,7 @@ function M.scale_grads(model, coef)
   for _, u in ipairs(S.units) do
     if u.grad ~= nil and u.grad:has_storage() then core.check(C.fl_grad_scale_(Tensor.cptr(u.grad), coef)) end
   end
-  require('fsdp.optim.clip').scale_grads(ignored_params(S), coef)
+  clip.scale_grads(ignored_params(S), coef)
 end
 
 -- Run fn() with every parameter slot holding the whole parameter in the
