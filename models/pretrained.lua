@@ -37,6 +37,14 @@ local json = require 'fsdp.io.json'
 local hf = require 'models.hf'
 local decoders = require 'models.decoders'
 local st = require 'fsdp.io.safetensors_sharded'
+local common = require 'models.common'
+local nonfinite = require 'fsdp.nonfinite'
+local console = require 'fsdp.observe.console'
+local hub = require 'fsdp.data.hub'
+local publish = require 'fsdp.io.publish'
+local fit = require 'fsdp.sharding.fit'
+local lora = require 'fsdp.lora'
+local clock = require 'fsdp.clock'
 
 local M = {}
 
@@ -193,14 +201,6 @@ end
 local SAMPLES, SAMPLE_BYTES = 64, 64 * 1024
 
 local ffi = require 'ffi'
-local common = require 'models.common'
-local nonfinite = require 'fsdp.nonfinite'
-local console = require 'fsdp.observe.console'
-local hub = require 'fsdp.data.hub'
-local publish = require 'fsdp.io.publish'
-local fit = require 'fsdp.sharding.fit'
-local lora = require 'fsdp.lora'
-local clock = require 'fsdp.clock'
 local function xxh3(bytes) return core.C.fl_checksum(bytes, #bytes) end
 local function hex(v)
   local out = ffi.new('char[?]', core.C.FL_CHECKSUM_TEXT)

@@ -44,6 +44,8 @@ local parts_of = require 'fsdp.checkpointing.parts'
 local safetensors = require 'fsdp.io.safetensors'
 local optim_state = require 'fsdp.checkpointing.optim_state'
 local progress = require 'fsdp.observe.progress'
+local lock = require 'fsdp.checkpointing.lock'
+local console = require 'fsdp.observe.console'
 local C = core.C
 local META = layout.META
 
@@ -324,8 +326,6 @@ function M.resolve(path)
 end
 
 local load_sharded = require 'fsdp.checkpointing.load'
-local lock = require 'fsdp.checkpointing.lock'
-local console = require 'fsdp.observe.console'
 
 -- Whether saved rank r's file in step_dir is the one the index describes,
 -- whole: it exists as a regular file, its header parses, it was written by

@@ -83,10 +83,10 @@
 -- so that pretraining keeps its bits. A mixture of experts' router loss,
 -- added to the mean, is weighted by the micro-batch's share of the tokens
 -- (transformers adds it to each micro-batch's normalised loss).
-local M = {}
-local validate = require 'fsdp.validate'
 local dist = require 'fsdp.dist'
 local fsdp = require 'fsdp'
+local M = {}
+local validate = require 'fsdp.validate'
 local IGNORE = -100
 
 M.OPTIONS = {
