@@ -193,6 +193,8 @@ end
 function M.define(decl)
   local P = decl.class
   local fam = { name = decl.name, decl = decl, configs = decl.configs, lora_targets = decl.lora_targets }
+  -- What sizes it, for the bound on a config before building (common.size_of).
+  common.add_sizes(decl.name, decl.mlp == 'moe')
 
   local Attention = nn.Attention:extend(P .. 'Attention')
   if decl.qk_norm then Attention.project = parts.qk_norm_project(decl.qk_norm) end

@@ -19,6 +19,10 @@ local decoders = require 'models.decoders'
 local pretrained = require 'models.pretrained'
 local lora = require 'fsdp.lora'
 local optim = require 'fsdp.optim'
+local fit = require 'fsdp.sharding.fit'
+local nonfinite = require 'fsdp.nonfinite'
+local accumulate = require 'fsdp.sharding.accumulate'
+local console = require 'fsdp.observe.console'
 
 local M = {}
 
@@ -87,9 +91,9 @@ M.TRAIN_OPTIONS = {
 -- --init_from/export, LoRA, metrics, accumulation) plus these and `own`
 -- (own wins on a clash).
 function M.options(own)
-  return require('fsdp.observe.metrics').options(lora.options(pretrained.options(require('fsdp.nonfinite').options(
+  return require('fsdp.observe.metrics').options(lora.options(pretrained.options(nonfinite.options(
     require('fsdp.checkpointing.recipe').options(require('fsdp.sharding.recipe').options(
-    require('fsdp.sharding.accumulate').options(recipe.merge(M.MODEL_OPTIONS, M.TRAIN_OPTIONS, own))))))))
+    accumulate.options(recipe.merge(M.MODEL_OPTIONS, M.TRAIN_OPTIONS, own))))))))
 end
 
 local SIZE_OPTIONS = { { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
@@ -151,7 +155,7 @@ function M.check(R, cfg, written, opts)
   pretrained.bound(cfg, R.family, c, R.src, {
     model = cfg.model, options = M.CONFIG_NAMES, written = written, dtype = cfg.dtype,
     weights = opts.weights ~= false,
-    shards = cfg.sharding_strategy == 'NO_SHARD' and 1 or fsdp.dist.world_size(),
+    shards = fit.weight_shards(cfg),
     rows = opts.rows,
     fix = (cfg.dtype == 'f32' and '--dtype=bf16 (half the bytes), ' or '')
       .. (R.src and 'a smaller model' or ('fewer layers (--%s)'):format(written.num_layers or 'num_layers'))
@@ -174,10 +178,10 @@ function M.build(R, cfg, who, shape)
   local n_params = model:num_parameters()
   -- before the fit check and sharding, which see the frozen base
   lora.apply_options(model, cfg, R.fam.lora_targets)
-  require('fsdp.sharding.fit').check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
+  fit.check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
     try = not R.src and M.TRY or nil })
   require('fsdp.sharding.recipe').apply(model, cfg, R.fam.block, who)
-  require('fsdp.observe.console').print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d '
+  console.print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d '
     .. 'parameters, %s, %s'):format(c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size,
     n_params, cfg.dtype, R.fam.name))
   return model, n_params

@@ -11,6 +11,7 @@ local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local parameter = require 'fsdp.nn.parameter'
 local repr = require 'fsdp.nn.repr'
+local functional = require 'fsdp.functional'
 
 local Linear = Module:extend('Linear')
 
@@ -38,7 +39,7 @@ function Linear:__init(in_features, out_features, opts)
 end
 
 function Linear:forward(x)
-  return require('fsdp.functional').linear(x, self.weight, self.bias)
+  return functional.linear(x, self.weight, self.bias)
 end
 
 function Linear:extra_repr()
