@@ -20,9 +20,11 @@
 #include <stdint.h>
 #include <string.h>
 
-/* On the device too where the CUDA headers are in (nvcc; cudasim's g++). */
+/* On the device too where the CUDA headers are in (nvcc; cudasim's g++),
+ * always inlined there: a call would cost a kernel a stack frame (which
+ * ptxas reports as spills, failing tools/kernel_resources.lua's check). */
 #ifdef __host__
-#define FL_HD static inline __host__ __device__
+#define FL_HD static __host__ __device__ __forceinline__
 #else
 #define FL_HD static inline
 #endif
@@ -34,17 +36,27 @@
 
 /* ---- f32 <-> bf16 / f16 ------------------------------------------------------ */
 
-/* Type punning through memcpy: defined behaviour, compiled to a move. */
+/* Type punning through memcpy: defined behaviour, compiled to a move on
+ * the host. On the device the intrinsics: nvcc can keep a memcpy'd local
+ * in memory, a stack frame in every kernel that converts. */
 FL_HD uint32_t fl_f32_bits(float f) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
+#endif
 }
 
 FL_HD float fl_bits_f32(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
+#endif
 }
 
 /* cond ? a : b as bit masks. Plain ?: here would not vectorise: GCC keeps
@@ -75,8 +87,9 @@ FL_HD float fl_f32_from_bf16(uint16_t bits) {
 }
 
 /* f16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. The magnitude falls
- * in one of three ranges; all three results are computed and one selected,
- * so the bulk loops have no branches and vectorise:
+ * in one of three ranges; on the host all three results are computed and
+ * one selected, so the bulk loops have no branches and vectorise (the
+ * device branches instead); each range's result is written once:
  *   >= 65536 or not finite: infinity, or a quiet NaN keeping the top payload;
  *   >= 2^-14 (normal f16): rebias the exponent and round off 13 mantissa
  *     bits with the same add-and-carry trick as bf16 (a carry out of the
@@ -92,12 +105,21 @@ FL_HD uint16_t fl_f16_from_f32(float value) {
     uint32_t x = fl_f32_bits(value);
     uint32_t sign = (x >> 16) & 0x8000u;
     uint32_t a = x & 0x7fffffffu;
-    uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
-    uint32_t special = fl_select_u32(a > 0x7f800000u, nan, 0x7c00u);
-    uint32_t normal = (a + 0xc8000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13; /* (15-127) << 23 */
-    uint32_t subnormal = fl_f32_bits(fl_bits_f32(a) + 0.5f) - 0x3f000000u;
-    uint32_t h = fl_select_u32(a >= 0x47800000u, special,                  /* 65536.0f */
-                            fl_select_u32(a >= 0x38800000u, normal, subnormal)); /* 2^-14 */
+#define FL_F16_SPECIAL (fl_select_u32(a > 0x7f800000u, 0x7e00u | ((a >> 13) & 0x3ffu), 0x7c00u))
+#define FL_F16_NORMAL ((a + 0xc8000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13) /* (15-127) << 23 */
+#define FL_F16_SUBNORMAL (fl_f32_bits(fl_bits_f32(a) + 0.5f) - 0x3f000000u)
+#ifdef __CUDA_ARCH__
+    /* The device takes the one branch it needs: computing all three made
+     * ptxas spill in kernels that store f16 (tools/kernel_resources.lua). */
+    uint32_t h = a >= 0x47800000u ? FL_F16_SPECIAL : a >= 0x38800000u ? FL_F16_NORMAL : FL_F16_SUBNORMAL;
+#else
+    uint32_t special = FL_F16_SPECIAL, normal = FL_F16_NORMAL, subnormal = FL_F16_SUBNORMAL;
+    uint32_t h = fl_select_u32(a >= 0x47800000u, special,                      /* 65536.0f */
+                               fl_select_u32(a >= 0x38800000u, normal, subnormal)); /* 2^-14 */
+#endif
+#undef FL_F16_SPECIAL
+#undef FL_F16_NORMAL
+#undef FL_F16_SUBNORMAL
     return (uint16_t)(sign | h);
 }
 
