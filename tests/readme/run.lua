@@ -429,10 +429,10 @@ local function exists(path)
   return false
 end
 
--- Every relative link of `text` (the file `path`, relative to root) names
--- a file that exists and, for a .md file, an anchor among its headings.
-local function check_links(path, text)
-  local dir = path:match('^(.*)/[^/]*$') or '.'
+-- Every relative link of `text` (the file at `full`, reported as `path`)
+-- names a file that exists and, for a .md file, an anchor among its headings.
+local function check_links(path, full_path, text)
+  local dir = full_path:match('^(.*)/[^/]*$') or '.'
   local bad, count, fence = {}, 0, false
   local n_line = 0
   for l in (text .. '\n'):gmatch('(.-)\r?\n') do
@@ -443,7 +443,7 @@ local function check_links(path, text)
         if not target:match('^%a[%w+.-]*:') then   -- not https:, mailto:
           count = count + 1
           local file_part, anchor = target:match('^([^#]*)#?(.*)$')
-          local full = file_part == '' and root .. '/' .. path or root .. '/' .. dir .. '/' .. file_part
+          local full = file_part == '' and full_path or dir .. '/' .. file_part
           if file_part ~= '' and not exists(full) and not exists(full .. '/.') then
             bad[#bad + 1] = ('line %d: %s: no such file'):format(n_line, target)
           elseif anchor ~= '' and full:match('%.md$') and not anchors_of(read_file(full))[anchor] then
@@ -492,7 +492,7 @@ end
 local stats = {}
 local function run_file(path)
   local display = path:sub(1, #root + 1) == root .. '/' and path:sub(#root + 2) or path
-  local full = path:sub(1, 1) == '/' and path or root .. '/' .. path
+  local full = path:sub(1, 1) == '/' and path or root .. '/' .. display
   file = display
   stat = { file = display, passed = 0, failed = 0, skipped = 0, blocks_run = 0, blocks_skipped = 0 }
   stats[#stats + 1] = stat
@@ -501,7 +501,7 @@ local function run_file(path)
   local text = read_file(full)
   local blocks, errors = parse_blocks(text)
   for _, e in ipairs(errors) do report(false, display .. ' ' .. e, e) end
-  if not only then check_links(display, text) end
+  if not only then check_links(display, full, text) end
   local previous_lua   -- the code of the lua block before, for `continues`
   for _, b in ipairs(blocks) do
     local wanted = wanted_block(b)
