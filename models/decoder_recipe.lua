@@ -176,9 +176,7 @@ function M.build(R, cfg, who, shape)
   local c = R.config
   local model = R.fam.module.build(c, { device = 'meta', dtype = cfg.dtype })
   local n_params = model:num_parameters()
-  -- (before the fit check, whose trace runs the model's own loss)
-  model.fused_loss = cfg.fused_loss
-  if cfg.loss_chunk_rows > 0 then model.loss_chunk_rows = cfg.loss_chunk_rows end
+  M.loss_options(model, cfg) -- (before the fit check, whose trace runs the model's own loss)
   -- before the fit check and sharding, which see the frozen base
   lora.apply_options(model, cfg, R.fam.lora_targets)
   require('fsdp.sharding.fit').check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
@@ -188,6 +186,13 @@ function M.build(R, cfg, who, shape)
     .. 'parameters, %s, %s'):format(c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size,
     n_params, cfg.dtype, R.fam.name))
   return model, n_params
+end
+
+-- --fused_loss and --loss_chunk_rows on a built model ([Note: the fused
+-- loss] in models/decoder.lua): true fuses validation's loss too.
+function M.loss_options(model, cfg)
+  model.fused_loss = cfg.fused_loss
+  if cfg.loss_chunk_rows > 0 then model.loss_chunk_rows = cfg.loss_chunk_rows end
 end
 
 -- AdamW on the trainable parameters (no decay for norms and other 1-d
