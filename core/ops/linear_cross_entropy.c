@@ -196,6 +196,11 @@ fl_tensor *fl_linear_cross_entropy(const fl_tensor *h, const fl_tensor *w, const
     /* views, products and casts of the chunks are this op's own business */
     bool was = fl_set_grad_enabled(false);
     for (int64_t r0 = 0; !rc && r0 < N; r0 += rows) rc = run_chunk(&r, r0, N - r0 < rows ? N - r0 : rows);
+    if (!rc && r.want_dw && !r.dw) { /* no rows: a zero gradient, as the unfused product's */
+        r.dw = r.no_storage ? fl_fake(2, w->shape, w->dtype, w->device)
+                            : fl_zeros(2, w->shape, w->dtype, w->device);
+        if (!r.dw) rc = fl_last_status();
+    }
     if (!rc && r.dw && r.dw->dtype != w->dtype) {
         /* the wide sum rounded once to W's dtype */
         fl_tensor *dw = fl_to(r.dw, w->dtype, w->device);
