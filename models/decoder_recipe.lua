@@ -44,6 +44,10 @@ M.MODEL_OPTIONS = {
               int = true, min = 0, aliases = { 'intermediate_size' } },
   vocab_size = { 0, 'override the vocabulary (0: keep)', int = true, min = 0 },
   allow_past_max_positions = decoders.OPTIONS.allow_past_max_positions,
+  fused_loss = { true, 'the LM head and the cross-entropy as one chunked op in training: the [tokens, vocab] '
+                       .. 'logits and their gradient never whole (models/decoder.lua)' },
+  loss_chunk_rows = { 0, 'with --fused_loss: token rows per chunk (0: about 256 MB of logits a chunk)', int = true,
+                      min = 0 },
 }
 
 -- (no f64: the optimizers update f32, bf16 and f16 parameters, so an f64
@@ -176,6 +180,7 @@ function M.build(R, cfg, who, shape)
   local c = R.config
   local model = R.fam.module.build(c, { device = 'meta', dtype = cfg.dtype })
   local n_params = model:num_parameters()
+  M.loss_options(model, cfg) -- (before the fit check, whose trace runs the model's own loss)
   -- before the fit check and sharding, which see the frozen base
   lora.apply_options(model, cfg, R.fam.lora_targets)
   fit.check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
@@ -185,6 +190,13 @@ function M.build(R, cfg, who, shape)
     .. 'parameters, %s, %s'):format(c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size,
     n_params, cfg.dtype, R.fam.name))
   return model, n_params
+end
+
+-- --fused_loss and --loss_chunk_rows on a built model ([Note: the fused
+-- loss] in models/decoder.lua): true fuses validation's loss too.
+function M.loss_options(model, cfg)
+  model.fused_loss = cfg.fused_loss
+  if cfg.loss_chunk_rows > 0 then model.loss_chunk_rows = cfg.loss_chunk_rows end
 end
 
 -- AdamW on the trainable parameters (no decay for norms and other 1-d
