@@ -79,7 +79,8 @@ describe('cuda kernel launches', function()
         local size = { 8 * i + 3 }
         local t = { fsdp.randn(size, { seed = i, device = DEV, dtype = 'bf16' }),
                     fsdp.randn(size, { seed = 1000 + i, device = DEV, dtype = 'bf16' }),
-                    fsdp.zeros(size, { device = DEV, dtype = 'bf16' }), fsdp.zeros(size, { device = DEV, dtype = 'bf16' }) }
+                    fsdp.zeros(size, { device = DEV, dtype = 'bf16' }),
+                    fsdp.zeros(size, { device = DEV, dtype = 'bf16' }) }
         keep[i] = t
         for k = 1, 4 do a[k][i - 1] = cptr(t[k]) end
       end

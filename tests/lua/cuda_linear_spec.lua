@@ -408,7 +408,9 @@ describe('cuda optimizer updates', function()
     each_case(function(d, n, off, tag) cases[#cases + 1] = { d = d, n = n, off = off, tag = tag } end)
     -- (more than two batches of the commonest kind: whole bf16 tensors, some
     -- with tails; and an empty one)
-    for i = 1, 160 do cases[#cases + 1] = { d = { 'bf16', 'bf16', 'bf16' }, n = 16 * i + i % 3, off = 0, tag = 'bf16 x' .. i } end
+    for i = 1, 160 do
+      cases[#cases + 1] = { d = { 'bf16', 'bf16', 'bf16' }, n = 16 * i + i % 3, off = 0, tag = 'bf16 x' .. i }
+    end
     cases[#cases + 1] = { d = { 'f32', 'f32', 'f32' }, n = 0, off = 0, tag = 'empty' }
     -- operands[case][k] = {cpu, gpu} for each of: one by one, at once
     local function operands(seed)
@@ -448,7 +450,8 @@ describe('cuda optimizer updates', function()
     for i, c in ipairs(cases) do
       for k = 1, 4 do
         for side = 1, 2 do
-          local want, got = single[i][k][side]:to('cpu'):to('f64'):tolist(), multi[i][k][side]:to('cpu'):to('f64'):tolist()
+          local want = single[i][k][side]:to('cpu'):to('f64'):tolist()
+          local got = multi[i][k][side]:to('cpu'):to('f64'):tolist()
           assert.same(want, got, ('multi vs single %s operand %d side %d'):format(c.tag, k, side))
         end
         same_bits(multi[i][k], ('multi cpu vs cuda %s operand %d'):format(c.tag, k))
@@ -464,8 +467,11 @@ describe('cuda optimizer updates', function()
                                m = fsdp.zeros({ 16 }, { device = DEV }), v = fsdp.zeros({ 16 }, { device = DEV }) } end
     local before = ts[1].p:to('cpu'):tolist()
     local function call()
-      local a = { ffi.new('fl_tensor *[3]'), ffi.new('const fl_tensor *[3]'), ffi.new('fl_tensor *[3]'), ffi.new('fl_tensor *[3]') }
-      for i = 1, 3 do a[1][i - 1], a[2][i - 1], a[3][i - 1], a[4][i - 1] = cptr(ts[i].p), cptr(ts[i].g), cptr(ts[i].m), cptr(ts[i].v) end
+      local a = { ffi.new('fl_tensor *[3]'), ffi.new('const fl_tensor *[3]'), ffi.new('fl_tensor *[3]'),
+                  ffi.new('fl_tensor *[3]') }
+      for i = 1, 3 do
+        a[1][i - 1], a[2][i - 1], a[3][i - 1], a[4][i - 1] = cptr(ts[i].p), cptr(ts[i].g), cptr(ts[i].m), cptr(ts[i].v)
+      end
       return C.fl_adamw_step_multi_(3, a[1], a[2], a[3], a[4], o)
     end
     ts[3].g = randn({ 15 }, 20):to(DEV)
@@ -477,7 +483,8 @@ describe('cuda optimizer updates', function()
     local on_gpu = ts[3]
     ts[3] = { p = randn({ 16 }, 3), g = randn({ 16 }, 13), m = fsdp.zeros({ 16 }), v = fsdp.zeros({ 16 }) }
     assert.is_not.equal(0, call())
-    assert.matches("adamw: tensor 2: param is on cpu but tensor 0's is on cuda:0", require('fsdp.core').last_error(), 1, true)
+    assert.matches("adamw: tensor 2: param is on cpu but tensor 0's is on cuda:0", require('fsdp.core').last_error(),
+      1, true)
     ts[3] = on_gpu
     ts[3].g = ts[1].m -- another tensor's state
     assert.is_not.equal(0, call())

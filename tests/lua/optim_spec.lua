@@ -183,7 +183,8 @@ describe('AdamW over many tensors at once', function()
 
   -- A view of n elements at `off` of a fresh tensor: random (seed) or zeros.
   local function view(n, off, dtype, seed)
-    local base = seed and (fsdp.randn({ n + off }, { seed = seed }) * 0.5):to(dtype) or fsdp.zeros({ n + off }, { dtype = dtype })
+    local base = seed and (fsdp.randn({ n + off }, { seed = seed }) * 0.5):to(dtype)
+      or fsdp.zeros({ n + off }, { dtype = dtype })
     return base:narrow(0, off, n)
   end
 
@@ -262,19 +263,24 @@ describe('AdamW over many tensors at once', function()
     local m, v = { view(8, 0, 'f32'), view(8, 0, 'f32') }, { view(8, 0, 'f32'), view(8, 0, 'f32') }
     local before = p[1]:tolist()
     local function call()
-      local a = { ffi.new('fl_tensor *[2]'), ffi.new('const fl_tensor *[2]'), ffi.new('fl_tensor *[2]'), ffi.new('fl_tensor *[2]') }
-      for i = 1, 2 do a[1][i - 1], a[2][i - 1], a[3][i - 1], a[4][i - 1] = cptr(p[i]), cptr(g[i]), cptr(m[i]), cptr(v[i]) end
+      local a = { ffi.new('fl_tensor *[2]'), ffi.new('const fl_tensor *[2]'), ffi.new('fl_tensor *[2]'),
+                  ffi.new('fl_tensor *[2]') }
+      for i = 1, 2 do
+        a[1][i - 1], a[2][i - 1], a[3][i - 1], a[4][i - 1] = cptr(p[i]), cptr(g[i]), cptr(m[i]), cptr(v[i])
+      end
       return C.fl_adamw_step_multi_(2, a[1], a[2], a[3], a[4], o)
     end
     assert.is_not.equal(0, call())
-    assert_mentions(require('fsdp.core').last_error(), 'adamw: tensor 1: grad has 7 elements (shape [7]) but param has 8')
+    assert_mentions(require('fsdp.core').last_error(),
+      'adamw: tensor 1: grad has 7 elements (shape [7]) but param has 8')
     g[2] = p[1] -- tensor 1 reads tensor 0's param as its grad
     assert.is_not.equal(0, call())
     assert_mentions(require('fsdp.core').last_error(), "adamw: tensor 0's param and tensor 1's grad share memory")
     assert.same(before, p[1]:tolist())
     -- through the optimizer: the parameter's name
     local base = fsdp.tensor({ 1, 2, 3, 4 })
-    local c, d, e = nn.Parameter(fsdp.tensor({ 5, 6 })), nn.Parameter(base:narrow(0, 0, 3)), nn.Parameter(base:narrow(0, 1, 3))
+    local c = nn.Parameter(fsdp.tensor({ 5, 6 }))
+    local d, e = nn.Parameter(base:narrow(0, 0, 3)), nn.Parameter(base:narrow(0, 1, 3))
     local opt = optim.AdamW({ { 'c', c }, { 'd', d }, { 'e', e } })
     c.grad, d.grad, e.grad = fsdp.tensor({ 1, 1 }), fsdp.tensor({ 1, 1, 1 }), fsdp.tensor({ 1, 1, 1 })
     assert_mentions(error_of(opt.step, opt), "AdamW: adamw: parameter d's param and parameter e's param share memory")
