@@ -132,6 +132,7 @@ if cfg.find_batch then
   print(('find_batch: largest batch %d'):format(B))
 end
 
+local cuda_device = device:match('^cuda') ~= nil
 -- Measure: warmup steps, then reset the peak so it covers steady-state
 -- steps only (as torch.cuda.reset_peak_memory_stats on the other side).
 local loss0, loss, times
@@ -143,6 +144,7 @@ local function measure()
   end
   fsdp.reset_memory_stats(device)
   fsdp.reset_bytes_moved()
+  if cuda_device then fsdp.cuda.reset_launches() end
   for step = cfg.warmup + 1, cfg.warmup + cfg.steps do
     local t0 = clock.now()
     loss = train_step(B, step)
@@ -171,6 +173,10 @@ local mem = fsdp.memory_stats(device)
 -- What the memory-bound ops (all but the GEMMs and attention) read and
 -- wrote per step, counted from their operands ([Note: bytes moved]).
 local bytes_step = fsdp.bytes_moved() / cfg.steps
+-- The backend's kernel launches per step ([Note: kernel launches counted]:
+-- its own kernels; cuBLAS's and cuDNN's are not among them): small
+-- kernels cost a launch each, and CPU time to issue it.
+local launches_step = cuda_device and fsdp.cuda.launches() / cfg.steps or nil
 
 print(('batch %d x seq %d: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %g TFLOP/s')
   :format(B, T, step_s * 1e3, tokens_s, flops_tok * tokens_s / 1e12, 100 * mfu, cfg.peak_tflops))
@@ -178,6 +184,10 @@ print(('peak memory %.3f GiB allocated, %.3f GiB reserved; loss %.4f -> %.4f (ln
   :format(mem.peak / 2^30, (mem.reserved or 0) / 2^30, loss0, loss, math.log(c.vocab_size)))
 print(('memory-bound ops moved %.2f GB per step (benchmarks/step_bytes.lua lists them per op)')
   :format(bytes_step / 1e9))
+if launches_step then
+  print(('kernel launches per step: %.0f (the backend\'s own; cuBLAS and cuDNN launch theirs besides)')
+    :format(launches_step))
+end
 -- Which attention ran (cuDNN's fused engine or the flash-style kernels):
 -- on a GPU never seen before, the first thing to know about the speed.
 local paths = fsdp.cuda.is_available() and fsdp.cuda.attention_paths() or nil
@@ -192,4 +202,5 @@ print('RESULT ' .. cjson.encode({
   tokens_per_s = tokens_s, flops_per_token = flops_tok, tflops = flops_tok * tokens_s / 1e12,
   mfu = mfu, peak_tflops = cfg.peak_tflops, peak_bytes = mem.peak, reserved_bytes = mem.reserved or 0,
   loss_first = loss0, loss_last = loss, attention_paths = paths, bytes_moved_per_step = bytes_step,
+  launches_per_step = launches_step,
 }))

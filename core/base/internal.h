@@ -196,8 +196,9 @@ int64_t fl_cpu_empty_cache(void);
  * tensor struct they take change, so a stale plugin is refused with a
  * message instead of misbehaving (2: fl_tensor gained virtual_storage;
  * 3: fl_linear_kernels gained matmul_scratch; 4: fl_elementwise_kernels
- * gained moe_route and moe_route_backward). */
-enum { FL_BACKEND_ABI = 4 };
+ * gained moe_route and moe_route_backward; 5: fl_optim_kernels gained
+ * update_multi, fl_backend gained kernel_launches). */
+enum { FL_BACKEND_ABI = 5 };
 
 /* The symbol a backend plugin (libfsdp_cuda.so) exports: returns its
  * vtable. */
@@ -314,6 +315,9 @@ typedef struct fl_backend {
     /* Which paths scaled_dot_product_attention took (fsdp.h:
      * fl_attention_paths); NULL: it has one path only. */
     void (*attention_paths)(int64_t counts[4]);
+    /* The kernel launches counted (fsdp.h: fl_kernel_launches) into
+     * counts, then set back to 0 when reset. NULL: it launches none. */
+    void (*kernel_launches)(int64_t counts[2], bool reset);
     /* The version of a library the backend loaded, as that library
      * reports it (fsdp.h: fl_device_library_version); -1 for one it does
      * not use. NULL: none to report. */

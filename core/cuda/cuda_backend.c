@@ -211,6 +211,23 @@ static void *cuda_host_alloc(int64_t nbytes) {
 
 static const struct fl_device_comm_ops *cuda_comm_ops(void) { return fl_cuda_nccl_ops(); }
 
+int64_t fl_cuda_launch_count;
+
+#ifdef FL_CUDASIM
+/* tests/cudasim/sim_runtime.cc: the launches the simulator was asked for. */
+int64_t fl_sim_launch_count(bool reset);
+#endif
+
+static void cuda_kernel_launches(int64_t counts[2], bool reset) {
+    counts[0] = reset ? __atomic_exchange_n(&fl_cuda_launch_count, 0, __ATOMIC_RELAXED)
+                      : __atomic_load_n(&fl_cuda_launch_count, __ATOMIC_RELAXED);
+#ifdef FL_CUDASIM
+    counts[1] = fl_sim_launch_count(reset);
+#else
+    counts[1] = -1;
+#endif
+}
+
 static const fl_backend cuda_backend = {
     .abi = FL_BACKEND_ABI,
     .name = "cuda",
@@ -256,6 +273,7 @@ static const fl_backend cuda_backend = {
     .fused = &fl_cuda_fused_kernels,
     .optim = &fl_cuda_optim_kernels,
     .attention_paths = fl_cuda_attention_paths,
+    .kernel_launches = cuda_kernel_launches,
     .library_version = fl_cuda_library_version,
     .comm_ops = cuda_comm_ops,
 };

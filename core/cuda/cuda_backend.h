@@ -56,6 +56,9 @@ int fl_cuda_user_event_query(int index, void *ev, bool *done);
 int fl_cuda_user_event_synchronize(int index, void *ev);
 int fl_cuda_user_event_elapsed(int index, void *start, void *end, double *ms);
 int fl_cuda_synchronize(int index);
+/* The backend's kernel launches so far ([Note: kernel launches counted] in
+ * cuda_common.cuh), added to by fl_cu_check. */
+extern int64_t fl_cuda_launch_count;
 
 #ifdef __cplusplus
 }

@@ -89,9 +89,18 @@ static inline unsigned fl_cu_blocks(int64_t n, int threads) {
     return (unsigned)b;
 }
 
+/* [Note: kernel launches counted]
+ * Every kernel launch of this backend is followed by exactly one
+ * fl_cu_check, and nothing else calls it: so it counts the launches
+ * (fl_cuda_launch_count; fsdp.h: fl_kernel_launches), in one place
+ * instead of at some hundred launch sites. A launch without its check, or
+ * a check without a launch, makes the count differ from the simulator's
+ * in the cudasim build (tests/lua/cuda_launches_spec.lua). */
+
 /* After a launch: the launch's error (bad configuration, a sticky fault of
  * an earlier kernel) as the core's error naming the op. */
 static inline int fl_cu_check(const char *op) {
+    __atomic_fetch_add(&fl_cuda_launch_count, 1, __ATOMIC_RELAXED);
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? FL_OK : fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(e));
 }

@@ -199,13 +199,18 @@ int fl_cuda_embedding_backward(fl_tensor *gw, const fl_tensor *ids, const fl_ten
     unsigned blocks = fl_cu_blocks(n_pow2, 256);
     make_keys_kernel<<<blocks, 256, 0, s>>>(k, ids->data, ids->dtype == FL_I64, n, n_pow2, V,
                                             padding_idx);
-    for (int64_t size = 2; size <= n_pow2; size <<= 1)
-        for (int64_t stride = size >> 1; stride > 0; stride >>= 1)
+    rc = fl_cu_check(op); /* (one check per launch: [Note: kernel launches counted]) */
+    for (int64_t size = 2; size <= n_pow2 && rc == FL_OK; size <<= 1)
+        for (int64_t stride = size >> 1; stride > 0 && rc == FL_OK; stride >>= 1) {
             bitonic_step_kernel<<<blocks, 256, 0, s>>>(k, n_pow2, size, stride);
+            rc = fl_cu_check(op);
+        }
     int threads = D >= 256 ? 256 : (int)((D + 31) / 32 * 32);
-    sum_runs_kernel<<<(unsigned)(n < 65536 ? n : 65536), threads, 0, s>>>(gw->data, gd, gy->data,
-                                                                          gy->dtype, k, n, D);
-    rc = fl_cu_check(op);
+    if (rc == FL_OK) {
+        sum_runs_kernel<<<(unsigned)(n < 65536 ? n : 65536), threads, 0, s>>>(gw->data, gd, gy->data,
+                                                                              gy->dtype, k, n, D);
+        rc = fl_cu_check(op);
+    }
     /* The pool is stream-ordered: the keys are reused only by later work. */
     fl_tensor_release(keys);
     return rc;

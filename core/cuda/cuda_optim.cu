@@ -2,9 +2,10 @@
  * cuda_optim.cu: the fused optimizer updates (AdamW, AnyPrecisionAdamW,
  * SGD, Adadelta) and the two kernels of clip-by-global-norm on the GPU.
  *
- * Each update is one kernel launch over a flat shard, one thread per
- * element (grid-stride), doing exactly the CPU loop's operations
- * (the .c files of core/optim) on the same f32 constants (optim_update.h): every
+ * Each update is one kernel launch over a flat shard (or one per batch of
+ * tensors of a multi-tensor step: [Note: multi-tensor updates]), doing
+ * exactly the CPU loop's operations (the .c files of core/optim) on the
+ * same f32 constants (optim_update.h): every
  * operand is read as f32, each value is rounded once when stored (nearest
  * even), and the arithmetic is written with the _rn intrinsics, which nvcc
  * never contracts into fused multiply-adds. The CPU build has no FMA
@@ -181,64 +182,132 @@ template <int DT, int N> struct pack {
 /* Elements per thread of the vector kernel: a 16-byte vector of the
  * narrowest operand (8 when any is bf16, else 4), so each bf16 operand
  * moves 16 bytes per thread and each f32 one 16 or 32. */
+__host__ __device__ constexpr int vec_width_of(int pd, int gd, int sd) {
+    return pd == FL_BF16 || gd == FL_BF16 || sd == FL_BF16 ? 8 : 4;
+}
 template <int PD, int GD, int SD> struct vec_width {
-    static constexpr int N = PD == FL_BF16 || GD == FL_BF16 || SD == FL_BF16 ? 8 : 4;
+    static constexpr int N = vec_width_of(PD, GD, SD);
 };
 
-/* Dense operands with the dtypes fixed at compile time: param PD, grad GD,
- * every state operand SD (each f32 or bf16), every pointer 16-byte
- * aligned; the param is written, the grad is not. Each thread updates N consecutive elements per iteration with
- * vector loads and stores per operand; the n % N elements past the last
- * whole pack are done one by one, by the same functor. */
+/* The vector kernels' work, shared so that every path runs the same
+ * operations: dense operands with the dtypes fixed at compile time (param
+ * PD, grad GD, every state operand SD, each f32 or bf16), every pointer
+ * 16-byte aligned; the param is written, the grad is not. vec_pack updates
+ * pack i (N consecutive elements, N = vec_width) with vector loads and
+ * stores per operand; vec_one updates element i alone (the n % N elements
+ * past the last whole pack), by the same functor. */
+template <int PD, int GD, int SD, class Op>
+__device__ __forceinline__ void vec_pack(void *const *ptr, unsigned rd, unsigned wr, const Op &op, int64_t i) {
+    constexpr int N = vec_width<PD, GD, SD>::N;
+    pack<PD, N> p = {};
+    pack<GD, N> g = {};
+    pack<SD, N> s2 = {}, s3 = {}, s4 = {};
+    if (rd & 1) p.load(ptr[0], i);
+    if (rd & 2) g.load(ptr[1], i);
+    if (rd & 4) s2.load(ptr[2], i);
+    if (rd & 8) s3.load(ptr[3], i);
+    if (rd & 16) s4.load(ptr[4], i);
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        float x[FL_OPTIM_MAX_OPERANDS] = {p.get(j), g.get(j), s2.get(j), s3.get(j), s4.get(j)};
+        op(x);
+        p.set(j, x[0]);
+        if (wr & 4) s2.set(j, x[2]);
+        if (wr & 8) s3.set(j, x[3]);
+        if (wr & 16) s4.set(j, x[4]);
+    }
+    p.store(ptr[0], i);
+    if (wr & 4) s2.store(ptr[2], i);
+    if (wr & 8) s3.store(ptr[3], i);
+    if (wr & 16) s4.store(ptr[4], i);
+}
+
+template <int PD, int GD, int SD, class Op>
+__device__ __forceinline__ void vec_one(void *const *ptr, unsigned rd, unsigned wr, const Op &op, int64_t i) {
+    float x[FL_OPTIM_MAX_OPERANDS];
+#pragma unroll
+    for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) {
+        int dt = k == 0 ? PD : k == 1 ? GD : SD;
+        x[k] = !(rd >> k & 1) ? 0.0f
+               : dt == FL_F32 ? fl_cu_vget<FL_F32>(ptr[k], i)
+                              : fl_cu_vget<FL_BF16>(ptr[k], i);
+    }
+    op(x);
+#pragma unroll
+    for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) {
+        int dt = k == 0 ? PD : k == 1 ? GD : SD;
+        if (!(wr >> k & 1)) continue;
+        if (dt == FL_F32)
+            fl_cu_vput<FL_F32>(ptr[k], i, x[k]);
+        else
+            fl_cu_vput<FL_BF16>(ptr[k], i, x[k]);
+    }
+}
+
+/* One tensor's update by vectors: grid-stride over the whole packs, then
+ * the tail one by one. */
 template <int PD, int GD, int SD, class Op>
 __global__ void update_vec_kernel(operands o, Op op, int64_t n) {
     constexpr int N = vec_width<PD, GD, SD>::N;
     int64_t np = n / N, stride = (int64_t)gridDim.x * blockDim.x;
     int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    unsigned rd = o.read, wr = o.write;
-    for (int64_t i = t; i < np; i += stride) {
-        pack<PD, N> p = {};
-        pack<GD, N> g = {};
-        pack<SD, N> s2 = {}, s3 = {}, s4 = {};
-        if (rd & 1) p.load(o.p[0], i);
-        if (rd & 2) g.load(o.p[1], i);
-        if (rd & 4) s2.load(o.p[2], i);
-        if (rd & 8) s3.load(o.p[3], i);
-        if (rd & 16) s4.load(o.p[4], i);
-#pragma unroll
-        for (int j = 0; j < N; j++) {
-            float x[FL_OPTIM_MAX_OPERANDS] = {p.get(j), g.get(j), s2.get(j), s3.get(j), s4.get(j)};
-            op(x);
-            p.set(j, x[0]);
-            if (wr & 4) s2.set(j, x[2]);
-            if (wr & 8) s3.set(j, x[3]);
-            if (wr & 16) s4.set(j, x[4]);
-        }
-        p.store(o.p[0], i);
-        if (wr & 4) s2.store(o.p[2], i);
-        if (wr & 8) s3.store(o.p[3], i);
-        if (wr & 16) s4.store(o.p[4], i);
+    for (int64_t i = t; i < np; i += stride) vec_pack<PD, GD, SD>(o.p, o.read, o.write, op, i);
+    for (int64_t i = np * N + t; i < n; i += stride) vec_one<PD, GD, SD>(o.p, o.read, o.write, op, i);
+}
+
+/* ---- multi-tensor updates ------------------------------------------------------------
+ * [Note: multi-tensor updates]
+ * An optimizer step over many tensors (fl_adamw_step_multi_) is one launch
+ * per batch of up to MULTI_MAX tensors whose operands fit the vector
+ * kernel with the same dtypes, instead of one launch per tensor (146 for
+ * Llama-3.2-1B). The batch's table goes by value, as PyTorch's
+ * multi_tensor_apply passes its own: kernel parameters stay within 4 KiB, so
+ * there is nothing to allocate, copy or keep alive until the kernel runs.
+ * Tensor j owns blocks first[j] ... first[j+1] - 1, each covering
+ * THREADS * MULTI_PACKS whole packs of it; its last block also does its
+ * tail. A block finds its tensor by binary search over first[]. Each
+ * element gets vec_pack's or vec_one's operations, as in the one-tensor
+ * kernel, so the result is the same bit for bit. Tensors that do not fit
+ * (f16, misaligned, mixed state dtypes) are launched one by one. */
+
+/* Tensors per launch: the table below and the largest functor stay within
+ * the 4 KiB of kernel parameters (static_assert below). */
+enum { MULTI_MAX = 76 };
+/* Packs per thread of a block: a block covers THREADS * MULTI_PACKS of its
+ * tensor's packs (8192 elements when N = 8). */
+enum { MULTI_PACKS = 4 };
+
+struct multi_table {
+    int count;
+    unsigned read, write;    /* as operands' (the same for all tensors of a batch) */
+    unsigned first[MULTI_MAX]; /* tensor j's first block */
+    int64_t n[MULTI_MAX];     /* tensor j's elements */
+    void *p[MULTI_MAX][FL_OPTIM_MAX_OPERANDS];
+};
+static_assert(sizeof(multi_table) + 64 <= 4096, "a batch and its functor fit the kernel parameters");
+
+template <int PD, int GD, int SD, class Op> __global__ void update_multi_kernel(multi_table tab, Op op) {
+    constexpr int N = vec_width<PD, GD, SD>::N;
+    unsigned b = blockIdx.x;
+    int lo = 0, hi = tab.count - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (tab.first[mid] <= b) lo = mid;
+        else hi = mid - 1;
     }
-    for (int64_t i = np * N + t; i < n; i += stride) {
-        float x[FL_OPTIM_MAX_OPERANDS];
+    void *ptr[FL_OPTIM_MAX_OPERANDS];
 #pragma unroll
-        for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) {
-            int dt = k == 0 ? PD : k == 1 ? GD : SD;
-            x[k] = !(rd >> k & 1) ? 0.0f
-                   : dt == FL_F32 ? fl_cu_vget<FL_F32>(o.p[k], i)
-                                  : fl_cu_vget<FL_BF16>(o.p[k], i);
-        }
-        op(x);
+    for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) ptr[k] = tab.p[lo][k];
+    int64_t n = tab.n[lo], np = n / N;
+    int64_t base = (int64_t)(b - tab.first[lo]) * (THREADS * MULTI_PACKS) + threadIdx.x;
 #pragma unroll
-        for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) {
-            int dt = k == 0 ? PD : k == 1 ? GD : SD;
-            if (!(wr >> k & 1)) continue;
-            if (dt == FL_F32)
-                fl_cu_vput<FL_F32>(o.p[k], i, x[k]);
-            else
-                fl_cu_vput<FL_BF16>(o.p[k], i, x[k]);
-        }
+    for (int u = 0; u < MULTI_PACKS; u++) {
+        int64_t i = base + u * THREADS;
+        if (i < np) vec_pack<PD, GD, SD>(ptr, tab.read, tab.write, op, i);
     }
+    bool last = lo + 1 == tab.count ? b + 1 == gridDim.x : b + 1 == tab.first[lo + 1];
+    int64_t i = np * N + threadIdx.x;
+    if (last && i < n) vec_one<PD, GD, SD>(ptr, tab.read, tab.write, op, i);
 }
 
 /* Bind the compile-time NAME to dt, FL_F32 or FL_BF16. */
@@ -267,32 +336,9 @@ static int state_dtype(const operands &o) {
 
 static bool f32_or_bf16(int dt) { return dt == FL_F32 || dt == FL_BF16; }
 
-/* Launch the update of op over n elements: the vector kernel when the
- * param, the grad and the (common) state dtype are each f32 or bf16 and
- * every operand is 16-byte aligned (the operands are dense: fl_optim_run
- * checked), else the per-element one. */
-template <class Op> static void launch(const operands &o, const Op &op, int64_t n, cudaStream_t s) {
-    int pd = o.dt[0], gd = o.dt[1], sd = state_dtype(o);
-    bool vec = f32_or_bf16(pd) && f32_or_bf16(gd) && f32_or_bf16(sd) && (o.write & 3) == 1;
-    for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) vec = vec && fl_cu_vec_aligned(o.p[k]);
-    if (!vec) {
-        update_kernel<Op><<<fl_cu_blocks(n, THREADS), THREADS, 0, s>>>(o, op, n);
-        return;
-    }
-    BIND_F32_BF16(pd, PD, BIND_F32_BF16(gd, GD, BIND_F32_BF16(sd, SD, {
-        unsigned blocks = fl_cu_vec_blocks(n, vec_width<PD, GD, SD>::N, THREADS);
-        auto vop = op.template fixed<PD, SD>();
-        update_vec_kernel<PD, GD, SD, decltype(vop)><<<blocks, THREADS, 0, s>>>(o, vop, n);
-    })));
-}
-
-static int cuda_optim_update(const char *op, fl_optim_kind kind, const void *ctx, int n,
-                             const fl_optim_operand *ops) {
-    const fl_tensor *param = ops[0].t;
-    int64_t numel = param->numel;
-    if (numel == 0) return FL_OK;
-    int rc = fl_cu_use_device(op, param);
-    if (rc != FL_OK) return rc;
+/* The operands of one set, with the bits of those the update reads and
+ * writes (the first SGD step copies d into its buffer without reading it). */
+static operands operands_of(fl_optim_kind kind, const void *ctx, int n, const fl_optim_operand *ops) {
     operands o;
     o.read = o.write = 0;
     for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) {
@@ -302,29 +348,144 @@ static int cuda_optim_update(const char *op, fl_optim_kind kind, const void *ctx
         if (present) o.read |= 1u << k;
         if (present && ops[k].write) o.write |= 1u << k;
     }
-    cudaStream_t s = fl_cu_stream();
+    if (kind == FL_OPTIM_SGD && ((const fl_sgd_ctx *)ctx)->first) o.read &= ~4u;
+    return o;
+}
+
+/* Whether the vector kernels take o: the param, the grad and the (common)
+ * state dtype each f32 or bf16, every operand 16-byte aligned (the
+ * operands are dense: fl_optim_run checked), the param written and the
+ * grad not. */
+static bool vec_fits(const operands &o) {
+    bool vec = f32_or_bf16(o.dt[0]) && f32_or_bf16(o.dt[1]) && f32_or_bf16(state_dtype(o)) &&
+               (o.write & 3) == 1;
+    for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) vec = vec && fl_cu_vec_aligned(o.p[k]);
+    return vec;
+}
+
+/* f(functor) with the functor of kind for operands o (the result of f),
+ * or an error for a kind without a kernel. */
+template <class F>
+static int with_functor(const char *op, fl_optim_kind kind, const void *ctx, const operands &o, F f) {
     switch (kind) {
     case FL_OPTIM_ADAMW:
-        launch(o, adamw_op{*(const fl_adamw_ctx *)ctx}, numel, s);
-        break;
+        return f(adamw_op{*(const fl_adamw_ctx *)ctx});
     case FL_OPTIM_ANYPRECISION_ADAMW:
-        launch(o, anyprecision_op<>{*(const fl_anyprecision_ctx *)ctx, o.dt[0], o.dt[2], o.dt[3]},
-               numel, s);
-        break;
-    case FL_OPTIM_SGD: {
-        const fl_sgd_ctx *c = (const fl_sgd_ctx *)ctx;
-        /* (the first step copies d into the buffer without reading it) */
-        if (c->first) o.read &= ~4u;
-        launch(o, sgd_op{*c}, numel, s);
-        break;
-    }
+        return f(anyprecision_op<>{*(const fl_anyprecision_ctx *)ctx, o.dt[0], o.dt[2], o.dt[3]});
+    case FL_OPTIM_SGD:
+        return f(sgd_op{*(const fl_sgd_ctx *)ctx});
     case FL_OPTIM_ADADELTA:
-        launch(o, adadelta_op{*(const fl_adadelta_ctx *)ctx}, numel, s);
-        break;
+        return f(adadelta_op{*(const fl_adadelta_ctx *)ctx});
     default:
         return fl_fail(FL_ERR_UNSUPPORTED, "%s on cuda: no kernel for update kind %d", op, (int)kind);
     }
-    return fl_cu_check(op);
+}
+
+/* Launch the update of op over the n elements of o: the vector kernel
+ * when it fits, else the per-element one. */
+template <class Op>
+static int launch(const char *name, const operands &o, const Op &op, int64_t n, cudaStream_t s) {
+    if (!vec_fits(o)) {
+        update_kernel<Op><<<fl_cu_blocks(n, THREADS), THREADS, 0, s>>>(o, op, n);
+        return fl_cu_check(name);
+    }
+    int pd = o.dt[0], gd = o.dt[1], sd = state_dtype(o);
+    BIND_F32_BF16(pd, PD, BIND_F32_BF16(gd, GD, BIND_F32_BF16(sd, SD, {
+        unsigned blocks = fl_cu_vec_blocks(n, vec_width<PD, GD, SD>::N, THREADS);
+        auto vop = op.template fixed<PD, SD>();
+        update_vec_kernel<PD, GD, SD, decltype(vop)><<<blocks, THREADS, 0, s>>>(o, vop, n);
+    })));
+    return fl_cu_check(name);
+}
+
+static int cuda_optim_update(const char *op, fl_optim_kind kind, const void *ctx, int n,
+                             const fl_optim_operand *ops) {
+    const fl_tensor *param = ops[0].t;
+    int64_t numel = param->numel;
+    if (numel == 0) return FL_OK;
+    int rc = fl_cu_use_device(op, param);
+    if (rc != FL_OK) return rc;
+    operands o = operands_of(kind, ctx, n, ops);
+    return with_functor(op, kind, ctx, o, [&](const auto &f) { return launch(op, o, f, numel, fl_cu_stream()); });
+}
+
+/* Launch one batch of the multi-tensor kernel (all its tensors with o's
+ * dtypes and read/write bits) over `blocks` blocks. */
+template <class Op>
+static int launch_multi(const char *name, const multi_table &tab, unsigned blocks, const operands &o,
+                        const Op &op, cudaStream_t s) {
+    BIND_F32_BF16(o.dt[0], PD, BIND_F32_BF16(o.dt[1], GD, BIND_F32_BF16(state_dtype(o), SD, {
+        auto vop = op.template fixed<PD, SD>();
+        update_multi_kernel<PD, GD, SD, decltype(vop)><<<blocks, THREADS, 0, s>>>(tab, vop);
+    })));
+    return fl_cu_check(name);
+}
+
+/* Whether the vector kernel treats a and b alike (one batch may hold both). */
+static bool same_batch(const operands &a, const operands &b) {
+    return a.dt[0] == b.dt[0] && a.dt[1] == b.dt[1] && state_dtype(a) == state_dtype(b) &&
+           a.read == b.read && a.write == b.write;
+}
+
+/* Blocks of a batch at most (a grid's x dimension allows 2^31 - 1). */
+static const int64_t MULTI_BLOCKS_MAX = (int64_t)1 << 30;
+
+/* [Note: multi-tensor updates]: the sets that fit the vector kernel in
+ * batches of equal dtypes, the others one launch each. */
+static int cuda_optim_update_multi(const char *op, fl_optim_kind kind, const void *ctx, int count, int n,
+                                   const fl_optim_operand *ops) {
+    int rc = fl_cu_use_device(op, ops[0].t);
+    if (rc != FL_OK) return rc;
+    operands *os = (operands *)malloc((size_t)count * sizeof *os);
+    unsigned char *done = (unsigned char *)calloc((size_t)count, 1);
+    if (!os || !done) {
+        free(os);
+        free(done);
+        return fl_fail(FL_ERR_OOM, "%s on cuda: no host memory for the operands of %d tensors", op, count);
+    }
+    cudaStream_t s = fl_cu_stream();
+    for (int i = 0; i < count && rc == FL_OK; i++) {
+        os[i] = operands_of(kind, ctx, n, ops + (size_t)i * n);
+        int64_t numel = ops[(size_t)i * n].t->numel;
+        int64_t nb = (numel / vec_width_of(os[i].dt[0], os[i].dt[1], state_dtype(os[i])) +
+                      THREADS * MULTI_PACKS - 1) / (THREADS * MULTI_PACKS);
+        if (vec_fits(os[i]) && nb < MULTI_BLOCKS_MAX) continue;
+        done[i] = 1;
+        rc = with_functor(op, kind, ctx, os[i], [&](const auto &f) { return launch(op, os[i], f, numel, s); });
+    }
+    for (int i = 0; i < count && rc == FL_OK; i++) {
+        if (done[i]) continue;
+        int width = vec_width_of(os[i].dt[0], os[i].dt[1], state_dtype(os[i]));
+        multi_table tab = {};
+        tab.count = 0;
+        tab.read = os[i].read;
+        tab.write = os[i].write;
+        int64_t blocks = 0;
+        for (int j = i; j <= count && rc == FL_OK; j++) {
+            bool member = j < count && !done[j] && same_batch(os[i], os[j]);
+            int64_t numel = member ? ops[(size_t)j * n].t->numel : 0;
+            int64_t nb = (numel / width + THREADS * MULTI_PACKS - 1) / (THREADS * MULTI_PACKS);
+            if (nb < 1) nb = 1;
+            bool full = tab.count == MULTI_MAX || (member && blocks + nb > MULTI_BLOCKS_MAX);
+            if (tab.count > 0 && (j == count || full)) {
+                rc = with_functor(op, kind, ctx, os[i], [&](const auto &f) {
+                    return launch_multi(op, tab, (unsigned)blocks, os[i], f, s);
+                });
+                tab.count = 0;
+                blocks = 0;
+            }
+            if (!member) continue;
+            tab.first[tab.count] = (unsigned)blocks;
+            tab.n[tab.count] = numel;
+            for (int k = 0; k < FL_OPTIM_MAX_OPERANDS; k++) tab.p[tab.count][k] = os[j].p[k];
+            tab.count++;
+            blocks += nb;
+            done[j] = 1;
+        }
+    }
+    free(os);
+    free(done);
+    return rc;
 }
 
 /* ---- clip-by-global-norm --------------------------------------------------------- */
@@ -486,6 +647,7 @@ static int cuda_grad_scale_(fl_tensor *t, double alpha) {
 
 extern "C" const fl_optim_kernels fl_cuda_optim_kernels = {
     cuda_optim_update,
+    cuda_optim_update_multi,
     cuda_grad_sq_norm,
     cuda_grad_scale_,
 };

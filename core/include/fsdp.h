@@ -158,6 +158,16 @@ FL_API const char *fl_device_status(fl_device_kind kind);
  * calls with a sliding window or a softcap always take the kernels).
  * Zeros for a kind with one path (cpu) or whose backend is not open. */
 FL_API void fl_attention_paths(fl_device_kind kind, int64_t counts[4]);
+/* Kernel launches by the backend of the kind since the process started or
+ * fl_kernel_launches_reset: counts[0] the launches of the backend's own
+ * kernels ([Note: kernel launches counted] in core/cuda/cuda_common.cuh;
+ * the kernels cuBLAS, cuDNN and NCCL launch inside a call are not among
+ * them); counts[1] the launches the device itself saw where the backend
+ * can ask (the simulator of the cudasim build, so a test can compare the
+ * two), else -1. Zero and -1 for a kind without kernels (cpu) or whose
+ * backend is not open. */
+FL_API void fl_kernel_launches(fl_device_kind kind, int64_t counts[2]);
+FL_API void fl_kernel_launches_reset(fl_device_kind kind);
 /* The version of a library the backend of the kind uses, as the library
  * loaded at run time reports it: "cudnn" gives cudnnGetVersion() (91400
  * for 9.14.0), which decides what cuDNN's attention takes
@@ -1141,6 +1151,18 @@ typedef struct fl_adamw_options {
 } fl_adamw_options;
 FL_API int fl_adamw_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *exp_avg,
                           fl_tensor *exp_avg_sq, const fl_adamw_options *opts);
+/* The same step of `count` tensors at once (PyTorch's fused multi-tensor
+ * AdamW): tensor i is params[i], grads[i], exp_avgs[i], exp_avg_sqs[i],
+ * each checked as fl_adamw_step_ checks one (an error names the tensor's
+ * index, and no tensor is updated then), all on one device, no tensor
+ * sharing memory with another. One options (one step count) for all. Each
+ * tensor ends bit for bit as fl_adamw_step_ would leave it; on cuda the
+ * update is one kernel launch per batch of tensors of the same dtypes
+ * (dtypes may differ between tensors). The bytes moved are counted once
+ * per call. count 0 does nothing. */
+FL_API int fl_adamw_step_multi_(int count, fl_tensor *const *params, const fl_tensor *const *grads,
+                                fl_tensor *const *exp_avgs, fl_tensor *const *exp_avg_sqs,
+                                const fl_adamw_options *opts);
 
 /* AnyPrecisionAdamW (torchdistx): AdamW with exp_avg and exp_avg_sq in any
  * state dtype (bf16 typically), m = beta1*m + (1-beta1)*g, and, when

@@ -13,6 +13,7 @@
 #include "optim_kernel.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 /* One AdamW update of n elements (n <= FL_OPTIM_CHUNK) in three
  * vectorised passes over L1-resident data: the moments, their square
@@ -69,10 +70,8 @@ int fl_adamw_check_options(const char *op, const fl_adamw_options *o) {
     return FL_OK;
 }
 
-int fl_adamw_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *exp_avg,
-                   fl_tensor *exp_avg_sq, const fl_adamw_options *o) {
-    const char *op = "adamw";
-    if (fl_adamw_check_options(op, o)) return fl_last_status();
+/* The constants of one AdamW step, from checked options. */
+static fl_adamw_ctx adamw_ctx(const fl_adamw_options *o) {
     double bc1 = 1 - pow(o->beta1, (double)o->step);
     double bc2 = 1 - pow(o->beta2, (double)o->step);
     fl_adamw_ctx c = {
@@ -84,6 +83,14 @@ int fl_adamw_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *exp_avg,
         .neg_step_size = (float)(-o->lr / bc1),
         .bc2_sqrt = (float)sqrt(bc2),
     };
+    return c;
+}
+
+int fl_adamw_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *exp_avg,
+                   fl_tensor *exp_avg_sq, const fl_adamw_options *o) {
+    const char *op = "adamw";
+    if (fl_adamw_check_options(op, o)) return fl_last_status();
+    fl_adamw_ctx c = adamw_ctx(o);
     if (!exp_avg || !exp_avg_sq)
         return fl_fail(FL_ERR_ARG, "%s: %s is NULL", op, exp_avg ? "exp_avg_sq" : "exp_avg");
     fl_optim_operand ops[4] = {
@@ -93,4 +100,33 @@ int fl_adamw_step_(fl_tensor *param, const fl_tensor *grad, fl_tensor *exp_avg,
         {"exp_avg_sq", exp_avg_sq, true},
     };
     return fl_optim_run(op, 4, ops, adamw_loop, FL_OPTIM_ADAMW, &c);
+}
+
+int fl_adamw_step_multi_(int count, fl_tensor *const *params, const fl_tensor *const *grads,
+                         fl_tensor *const *exp_avgs, fl_tensor *const *exp_avg_sqs,
+                         const fl_adamw_options *o) {
+    const char *op = "adamw";
+    if (fl_adamw_check_options(op, o)) return fl_last_status();
+    if (count < 0) return fl_fail(FL_ERR_ARG, "%s: %d tensors; the count must be >= 0", op, count);
+    if (count == 0) return FL_OK;
+    if (!params || !grads || !exp_avgs || !exp_avg_sqs)
+        return fl_fail(FL_ERR_ARG, "%s: %d tensors but the %s array is NULL", op, count,
+                       !params ? "params" : !grads ? "grads" : !exp_avgs ? "exp_avgs" : "exp_avg_sqs");
+    for (int i = 0; i < count; i++)
+        if (!exp_avgs[i] || !exp_avg_sqs[i])
+            return fl_fail(FL_ERR_ARG, "%s: tensor %d: %s is NULL", op, i,
+                           exp_avgs[i] ? "exp_avg_sq" : "exp_avg");
+    fl_optim_operand *ops = malloc((size_t)count * 4 * sizeof *ops);
+    if (!ops) return fl_fail(FL_ERR_OOM, "%s: no host memory for the operands of %d tensors", op, count);
+    for (int i = 0; i < count; i++) {
+        fl_optim_operand *set = ops + (size_t)i * 4;
+        set[0] = (fl_optim_operand){"param", params[i], true};
+        set[1] = (fl_optim_operand){"grad", (fl_tensor *)grads[i], false};
+        set[2] = (fl_optim_operand){"exp_avg", exp_avgs[i], true};
+        set[3] = (fl_optim_operand){"exp_avg_sq", exp_avg_sqs[i], true};
+    }
+    fl_adamw_ctx c = adamw_ctx(o);
+    int rc = fl_optim_run_multi(op, count, 4, ops, adamw_loop, FL_OPTIM_ADAMW, &c);
+    free(ops);
+    return rc;
 }

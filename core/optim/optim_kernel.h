@@ -54,6 +54,18 @@ typedef void (*fl_optim_loop)(const void *ctx, int64_t n, float *const *x,
 int fl_optim_run(const char *op, int n, const fl_optim_operand *ops, fl_optim_loop loop,
                  fl_optim_kind kind, const void *ctx);
 
+/* The same update of `count` operand sets with the same constants (one
+ * optimizer step of many tensors): set i is ops[i*n ... i*n + n-1], each
+ * checked as fl_optim_run checks one (errors name "op: tensor i"), all on
+ * one device, no operand of one set sharing bytes with another's. Every set
+ * is checked before any is updated. The bytes of all sets are counted once
+ * for the call ([Note: bytes moved]: it is one kernel, or a few). The
+ * device's update_multi runs them (one launch per batch of sets on CUDA),
+ * or its update set by set; the cpu loops over the sets. The result is
+ * that of fl_optim_run on each set, bit for bit. */
+int fl_optim_run_multi(const char *op, int count, int n, const fl_optim_operand *ops,
+                       fl_optim_loop loop, fl_optim_kind kind, const void *ctx);
+
 /* Check the hyper-parameters every optimizer has. */
 int fl_optim_check_lr(const char *op, double lr, double weight_decay);
 /* Check fl_adamw_options (AdamW and AnyPrecisionAdamW share them). */

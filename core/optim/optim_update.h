@@ -62,13 +62,18 @@ enum { FL_GRAD_NORM_CHUNK = 4096 };
 /* A device backend's kernels of the family (fl_backend.optim; the cpu runs
  * the host loops of core/optim instead). update: the update of `kind` over
  * all elements of checked, dense, non-overlapping operands on one device,
- * one kernel launch; ctx is the kind's struct above. grad_sq_norm and
+ * one kernel launch; ctx is the kind's struct above. update_multi (NULL:
+ * update is called per set): the same over `count` sets of n operands
+ * (set i at ops + i*n), checked and not sharing memory, each set's result
+ * that of update, in as few launches as the device allows. grad_sq_norm and
  * grad_scale_: grad_norm.c on a device tensor (checked, dense, float), the
  * sum of squares with the CPU's chunks and order of additions, and the
  * in-place scale. FL_OK or an error naming op. */
 typedef struct fl_optim_kernels {
     int (*update)(const char *op, fl_optim_kind kind, const void *ctx, int n,
                   const fl_optim_operand *ops);
+    int (*update_multi)(const char *op, fl_optim_kind kind, const void *ctx, int count, int n,
+                        const fl_optim_operand *ops);
     int (*grad_sq_norm)(const fl_tensor *t, double *out);
     int (*grad_scale_)(fl_tensor *t, double alpha);
 } fl_optim_kernels;

@@ -159,6 +159,21 @@ int64_t fl_device_library_version(fl_device_kind kind, const char *library) {
     return be && be->library_version ? be->library_version(library) : -1;
 }
 
+void fl_kernel_launches(fl_device_kind kind, int64_t counts[2]) {
+    counts[0] = 0;
+    counts[1] = -1;
+    if (kind != FL_DEVICE_CUDA || !cuda_opened) return;
+    const fl_backend *be = cuda();
+    if (be && be->kernel_launches) be->kernel_launches(counts, false);
+}
+
+void fl_kernel_launches_reset(fl_device_kind kind) {
+    int64_t counts[2];
+    if (kind != FL_DEVICE_CUDA || !cuda_opened) return;
+    const fl_backend *be = cuda();
+    if (be && be->kernel_launches) be->kernel_launches(counts, true);
+}
+
 void fl_attention_paths(fl_device_kind kind, int64_t counts[4]) {
     for (int i = 0; i < 4; i++) counts[i] = 0;
     /* Only an open backend can have counted anything. */

@@ -458,6 +458,17 @@ M.cuda = {
     return { cudnn_forward = tonumber(c[0]), kernel_forward = tonumber(c[1]),
              cudnn_backward = tonumber(c[2]), kernel_backward = tonumber(c[3]) }
   end,
+  -- How many kernels the CUDA backend launched since the process started
+  -- or reset_launches() (its own kernels; cuBLAS, cuDNN and NCCL calls
+  -- launch theirs besides), and as a second value the launches the
+  -- simulator saw in the cudasim build (nil elsewhere), which must agree.
+  launches = function()
+    local c = ffi.new('int64_t[2]')
+    C.fl_kernel_launches(C.FL_DEVICE_CUDA, c)
+    return tonumber(c[0]), c[1] >= 0 and tonumber(c[1]) or nil
+  end,
+  -- Set both counts of launches() back to 0.
+  reset_launches = function() C.fl_kernel_launches_reset(C.FL_DEVICE_CUDA) end,
 }
 
 -- Wait until everything queued on a cuda device (default cuda:0) has run:

@@ -10,6 +10,8 @@
 #define FL_SIM_INTERNAL_H
 
 #include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,6 +48,12 @@ size_t fl_sim_smem_limit(const void *kernel);
  * the arguments copied at launch, as the GPU copies them. */
 void fl_sim_launch_kernel(struct fl_sim_site site, const void *kernel, dim3 grid, dim3 block, size_t smem,
                           cudaStream_t stream, void (*body)(void *), void *closure, void (*destroy)(void *));
+
+/* The kernel launches asked for (every call of fl_sim_launch_kernel, run
+ * or refused) since the start or the last reset; reset sets it back to 0
+ * after reading. The CUDA backend reports it beside its own count
+ * (fl_kernel_launches) so a test can compare them. */
+int64_t fl_sim_launch_count(bool reset);
 
 /* The scheduler's two halves (sim_fiber.cc). fl_sim_launch_valid checks a
  * configuration when it is launched (a bad one is a non-sticky launch

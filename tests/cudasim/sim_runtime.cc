@@ -587,8 +587,16 @@ void sync_before_free(const char *call) {
 
 } // namespace
 
+static int64_t launches_asked;
+
+int64_t fl_sim_launch_count(bool reset) {
+    return reset ? __atomic_exchange_n(&launches_asked, 0, __ATOMIC_RELAXED)
+                 : __atomic_load_n(&launches_asked, __ATOMIC_RELAXED);
+}
+
 void fl_sim_launch_kernel(fl_sim_site site, const void *kernel, dim3 grid, dim3 block, size_t smem,
                           cudaStream_t stream, void (*body)(void *), void *closure, void (*destroy)(void *)) {
+    __atomic_fetch_add(&launches_asked, 1, __ATOMIC_RELAXED);
     stream_guard g(stream_lock);
     sim_stream *s;
     if (!lookup_stream(stream, &s)) {

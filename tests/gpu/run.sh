@@ -225,7 +225,8 @@ if want bench && fits bench 90; then
   for f in "$out"/bench/*.log; do { echo "### $f"; cat "$f"; } >>"$out/bench.log"; done
   rm -rf "$out/bench"
   say "bench: status $st"
-  sed -n '/^Llama\|^run \|^fsdp-lua,\|^PyTorch,\|targets\|^  \|^memory-bound/p' "$out/bench.log" | head -24 |
+  sed -n '/^Llama\|^run \|^fsdp-lua,\|^PyTorch,\|targets\|^  \|^memory-bound\|^kernel launches/p' \
+    "$out/bench.log" | head -25 |
     tee -a "$summary"
 fi
 

@@ -396,6 +396,102 @@ describe('cuda optimizer updates', function()
     end)
   end)
 
+  -- One fl_adamw_step_multi_ over many tensors of every dtype set, size
+  -- and offset above (and more than two of the kernel's batches of 76 of
+  -- one kind, so batches, dtype groups and per-tensor fallbacks all occur) against one
+  -- fl_adamw_step_ per tensor, on each device, bit for bit; and the cuda
+  -- results against the cpu's.
+  it('AdamW over many tensors at once gives each tensor its own update, bit for bit', function()
+    local o = ffi.new('fl_adamw_options')
+    o.lr, o.beta2, o.eps, o.weight_decay = 1e-2, 0.95, 1e-8, 0.1
+    local cases = {}
+    each_case(function(d, n, off, tag) cases[#cases + 1] = { d = d, n = n, off = off, tag = tag } end)
+    -- (more than two batches of the commonest kind: whole bf16 tensors, some
+    -- with tails; and an empty one)
+    for i = 1, 160 do
+      cases[#cases + 1] = { d = { 'bf16', 'bf16', 'bf16' }, n = 16 * i + i % 3, off = 0, tag = 'bf16 x' .. i }
+    end
+    cases[#cases + 1] = { d = { 'f32', 'f32', 'f32' }, n = 0, off = 0, tag = 'empty' }
+    -- operands[case][k] = {cpu, gpu} for each of: one by one, at once
+    local function operands(seed)
+      local out = {}
+      for i, c in ipairs(cases) do
+        local dts = { c.d[1], c.d[2], c.d[3], c.d[3] }
+        out[i] = {}
+        for k = 1, 4 do
+          out[i][k] = k == 2 and pair(c.n, c.off, dts[k], seed + i, 0.1)
+            or k == 1 and pair(c.n, c.off, dts[k], 5000 + i) or pair(c.n, c.off, dts[k])
+        end
+      end
+      return out
+    end
+    local single, multi = operands(100), operands(100)
+    for step = 1, 2 do
+      o.step, o.beta1 = step, step == 1 and 0.9 or 0.3
+      if step == 2 then -- new gradients
+        local g2 = operands(900)
+        for i = 1, #cases do single[i][2], multi[i][2] = g2[i][2], g2[i][2] end
+      end
+      for side = 1, 2 do
+        for i, c in ipairs(cases) do
+          local x = single[i]
+          assert(C.fl_adamw_step_(cptr(x[1][side]), cptr(x[2][side]), cptr(x[3][side]), cptr(x[4][side]), o) == 0,
+            c.tag .. ': ' .. require('fsdp.core').last_error())
+        end
+        local n = #cases
+        local a = { ffi.new('fl_tensor *[?]', n), ffi.new('const fl_tensor *[?]', n),
+                    ffi.new('fl_tensor *[?]', n), ffi.new('fl_tensor *[?]', n) }
+        for i = 1, n do
+          for k = 1, 4 do a[k][i - 1] = cptr(multi[i][k][side]) end
+        end
+        assert(C.fl_adamw_step_multi_(n, a[1], a[2], a[3], a[4], o) == 0, require('fsdp.core').last_error())
+      end
+    end
+    for i, c in ipairs(cases) do
+      for k = 1, 4 do
+        for side = 1, 2 do
+          local want = single[i][k][side]:to('cpu'):to('f64'):tolist()
+          local got = multi[i][k][side]:to('cpu'):to('f64'):tolist()
+          assert.same(want, got, ('multi vs single %s operand %d side %d'):format(c.tag, k, side))
+        end
+        same_bits(multi[i][k], ('multi cpu vs cuda %s operand %d'):format(c.tag, k))
+      end
+    end
+  end)
+
+  it('AdamW over many tensors names the tensor at fault and updates none', function()
+    local o = ffi.new('fl_adamw_options')
+    o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.step = 1e-2, 0.9, 0.95, 1e-8, 0.1, 1
+    local ts = {}
+    for i = 1, 3 do ts[i] = { p = randn({ 16 }, i):to(DEV), g = randn({ 16 }, 10 + i):to(DEV),
+                               m = fsdp.zeros({ 16 }, { device = DEV }), v = fsdp.zeros({ 16 }, { device = DEV }) } end
+    local before = ts[1].p:to('cpu'):tolist()
+    local function call()
+      local a = { ffi.new('fl_tensor *[3]'), ffi.new('const fl_tensor *[3]'), ffi.new('fl_tensor *[3]'),
+                  ffi.new('fl_tensor *[3]') }
+      for i = 1, 3 do
+        a[1][i - 1], a[2][i - 1], a[3][i - 1], a[4][i - 1] = cptr(ts[i].p), cptr(ts[i].g), cptr(ts[i].m), cptr(ts[i].v)
+      end
+      return C.fl_adamw_step_multi_(3, a[1], a[2], a[3], a[4], o)
+    end
+    ts[3].g = randn({ 15 }, 20):to(DEV)
+    assert.is_not.equal(0, call())
+    assert.matches('adamw: tensor 2: grad has 15 elements', require('fsdp.core').last_error(), 1, true)
+    ts[3].g = randn({ 16 }, 20)
+    assert.is_not.equal(0, call())
+    assert.matches('adamw: tensor 2: grad is on cpu but param is on cuda:0', require('fsdp.core').last_error(), 1, true)
+    local on_gpu = ts[3]
+    ts[3] = { p = randn({ 16 }, 3), g = randn({ 16 }, 13), m = fsdp.zeros({ 16 }), v = fsdp.zeros({ 16 }) }
+    assert.is_not.equal(0, call())
+    assert.matches("adamw: tensor 2: param is on cpu but tensor 0's is on cuda:0", require('fsdp.core').last_error(),
+      1, true)
+    ts[3] = on_gpu
+    ts[3].g = ts[1].m -- another tensor's state
+    assert.is_not.equal(0, call())
+    assert.matches("tensor 0's exp_avg and tensor 2's grad share memory", require('fsdp.core').last_error(), 1, true)
+    assert.same(before, ts[1].p:to('cpu'):tolist())
+  end)
+
   it('sums squares and scales bit-exactly on the vector path, its tails and its fallbacks', function()
     local sum = ffi.new('double[1]')
     for _, dtype in ipairs({ 'f32', 'bf16', 'f16', 'f64' }) do

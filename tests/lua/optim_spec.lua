@@ -170,6 +170,125 @@ describe('AdamW', function()
   end)
 end)
 
+-- The whole parameters of a group are updated by one fl_adamw_step_multi_
+-- per (device, dtypes, step): each must end as its own fl_adamw_step_
+-- leaves it, bit for bit, at every dtype mix, with tails past the vector
+-- widths, misaligned views and parameters on different step counts.
+describe('AdamW over many tensors at once', function()
+  local ffi = require 'ffi'
+  local C = require('fsdp.core').C
+  local cptr = require('fsdp.tensor').cptr
+  local dtype_sets = { { 'f32', 'f32', 'f32' }, { 'bf16', 'bf16', 'bf16' }, { 'bf16', 'bf16', 'f32' },
+                       { 'f32', 'bf16', 'f32' }, { 'f16', 'f16', 'f16' }, { 'f32', 'f32', 'bf16' } }
+
+  -- A view of n elements at `off` of a fresh tensor: random (seed) or zeros.
+  local function view(n, off, dtype, seed)
+    local base = seed and (fsdp.randn({ n + off }, { seed = seed }) * 0.5):to(dtype)
+      or fsdp.zeros({ n + off }, { dtype = dtype })
+    return base:narrow(0, off, n)
+  end
+
+  it('gives each tensor the update of its own call, bit for bit', function()
+    local o = ffi.new('fl_adamw_options')
+    o.lr, o.beta1, o.beta2, o.eps, o.weight_decay = 1e-2, 0.9, 0.95, 1e-8, 0.1
+    local cases = {}
+    for _, d in ipairs(dtype_sets) do
+      for _, n in ipairs({ 0, 1, 8, 37, 1024, 4099, 70000 }) do
+        for _, off in ipairs({ 0, 1, 4 }) do cases[#cases + 1] = { d = d, n = n, off = off } end
+      end
+    end
+    local function make()
+      local out = {}
+      for i, c in ipairs(cases) do
+        out[i] = { view(c.n, c.off, c.d[1], i), view(c.n, c.off, c.d[2], 500 + i), view(c.n, c.off, c.d[3]),
+                   view(c.n, c.off, c.d[3]) }
+      end
+      return out
+    end
+    local single, multi = make(), make()
+    local n = #cases
+    local a = { ffi.new('fl_tensor *[?]', n), ffi.new('const fl_tensor *[?]', n), ffi.new('fl_tensor *[?]', n),
+                ffi.new('fl_tensor *[?]', n) }
+    for step = 1, 3 do
+      o.step, o.beta1 = step, step == 3 and 0.3 or 0.9 -- (beta1 < 0.5: the other lerp branch)
+      for i = 1, n do
+        local x = single[i]
+        assert(C.fl_adamw_step_(cptr(x[1]), cptr(x[2]), cptr(x[3]), cptr(x[4]), o) == 0)
+        for k = 1, 4 do a[k][i - 1] = cptr(multi[i][k]) end
+      end
+      assert(C.fl_adamw_step_multi_(n, a[1], a[2], a[3], a[4], o) == 0, require('fsdp.core').last_error())
+    end
+    for i, c in ipairs(cases) do
+      for k = 1, 4 do
+        assert.same(single[i][k]:to('f64'):tolist(), multi[i][k]:to('f64'):tolist(),
+          ('%s/%s/%s n=%d off=%d operand %d'):format(c.d[1], c.d[2], c.d[3], c.n, c.off, k))
+      end
+    end
+    assert.equals(0, C.fl_adamw_step_multi_(0, nil, nil, nil, nil, o))
+  end)
+
+  it('steps parameters of different step counts and dtypes as one by one', function()
+    local function run(multi)
+      local ps = { { 'a', nn.Parameter(view(37, 0, 'f32', 1)) }, { 'b', nn.Parameter(view(4099, 0, 'bf16', 2)) },
+                   { 'c', nn.Parameter(view(8, 0, 'f32', 3)) }, { 'd', nn.Parameter(view(5, 0, 'f16', 4)) } }
+      local opt = optim.AdamW(ps, { lr = 1e-2, weight_decay = 0.1 })
+      if not multi then -- the per-parameter path of the base class
+        opt.update_many = require('fsdp.optim.optimizer').update_many
+      end
+      for s = 1, 3 do
+        for i, np in ipairs(ps) do
+          -- (c misses step 1: its step count lags the others')
+          if not (s == 1 and np[1] == 'c') then np[2].grad = view(np[2]:numel(), 0, np[2].dtype, 100 * s + i) end
+        end
+        opt:step()
+        opt:zero_grad()
+      end
+      return ps, opt
+    end
+    local p1, o1 = run(true)
+    local p2, o2 = run(false)
+    for i = 1, #p1 do
+      assert.same(p2[i][2]:to('f64'):tolist(), p1[i][2]:to('f64'):tolist(), p1[i][1])
+      assert.equals(o2.state[p1[i][1]].step, o1.state[p1[i][1]].step)
+      assert.same(o2.state[p1[i][1]].exp_avg_sq:to('f64'):tolist(), o1.state[p1[i][1]].exp_avg_sq:to('f64'):tolist())
+    end
+    assert.equals(2, o1.state.c.step)
+  end)
+
+  it('names the tensor at fault and updates none', function()
+    local o = ffi.new('fl_adamw_options')
+    o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.step = 1e-2, 0.9, 0.95, 1e-8, 0.1, 1
+    local p = { view(8, 0, 'f32', 1), view(8, 0, 'f32', 2) }
+    local g = { view(8, 0, 'f32', 3), view(7, 0, 'f32', 4) }
+    local m, v = { view(8, 0, 'f32'), view(8, 0, 'f32') }, { view(8, 0, 'f32'), view(8, 0, 'f32') }
+    local before = p[1]:tolist()
+    local function call()
+      local a = { ffi.new('fl_tensor *[2]'), ffi.new('const fl_tensor *[2]'), ffi.new('fl_tensor *[2]'),
+                  ffi.new('fl_tensor *[2]') }
+      for i = 1, 2 do
+        a[1][i - 1], a[2][i - 1], a[3][i - 1], a[4][i - 1] = cptr(p[i]), cptr(g[i]), cptr(m[i]), cptr(v[i])
+      end
+      return C.fl_adamw_step_multi_(2, a[1], a[2], a[3], a[4], o)
+    end
+    assert.is_not.equal(0, call())
+    assert_mentions(require('fsdp.core').last_error(),
+      'adamw: tensor 1: grad has 7 elements (shape [7]) but param has 8')
+    g[2] = p[1] -- tensor 1 reads tensor 0's param as its grad
+    assert.is_not.equal(0, call())
+    assert_mentions(require('fsdp.core').last_error(), "adamw: tensor 0's param and tensor 1's grad share memory")
+    assert.same(before, p[1]:tolist())
+    -- through the optimizer: the parameter's name
+    local base = fsdp.tensor({ 1, 2, 3, 4 })
+    local c = nn.Parameter(fsdp.tensor({ 5, 6 }))
+    local d, e = nn.Parameter(base:narrow(0, 0, 3)), nn.Parameter(base:narrow(0, 1, 3))
+    local opt = optim.AdamW({ { 'c', c }, { 'd', d }, { 'e', e } })
+    c.grad, d.grad, e.grad = fsdp.tensor({ 1, 1 }), fsdp.tensor({ 1, 1, 1 }), fsdp.tensor({ 1, 1, 1 })
+    assert_mentions(error_of(opt.step, opt), "AdamW: adamw: parameter d's param and parameter e's param share memory")
+    assert.same({ 1, 2, 3, 4 }, base:tolist())
+    assert.same({ 5, 6 }, c:tolist())
+  end)
+end)
+
 describe('SGD', function()
   local function reference(opts, steps)
     local init = { 1, -2, 0.5, 3 }

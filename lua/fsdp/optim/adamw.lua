@@ -1,5 +1,8 @@
 -- fsdp.optim.adamw: AdamW (Loshchilov & Hutter), PyTorch's torch.optim.AdamW
--- with its defaults, one fused C update per parameter (fl_adamw_step_):
+-- with its defaults, fused C updates: the whole parameters of a group in
+-- one multi-tensor call per (device, dtypes, step) (fl_adamw_step_multi_,
+-- one kernel launch per batch of tensors on cuda), a sharded unit's run of
+-- segments in one call on its flat shard (fl_adamw_step_):
 --
 --   p *= 1 - lr * weight_decay
 --   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2
@@ -62,6 +65,60 @@ function AdamW:update(g, name, p, grad)
                       self:options_for(g, st.step)) ~= 0 then
     st.step = st.step - 1
     self:raise(name)
+  end
+end
+
+-- The state of one whole parameter, made on its first update.
+local function state_of(self, g, name, p)
+  local st = self.state[name]
+  if st == nil then
+    local dtype = g.state_dtype or nil
+    st = { step = 0, exp_avg = self:zeros_like(p, dtype), exp_avg_sq = self:zeros_like(p, dtype) }
+    self.state[name] = st
+  end
+  return st
+end
+
+-- Whole parameters of group g: one fl_adamw_step_multi_ per set of equal
+-- device, dtypes and step (the options hold one step), each parameter's
+-- result bit for bit that of its own fl_adamw_step_. A failure names the
+-- parameter at fault (the core checks every tensor before updating any).
+function AdamW:update_many(g, names, ps, grads)
+  local sets, order = {}, {}
+  for i = 1, #ps do
+    local p, grad = ps[i], grads[i]
+    local st = state_of(self, g, names[i], p)
+    local key = ('%s|%s|%s|%s|%s|%d'):format(p.device, p.dtype, grad.dtype, st.exp_avg.dtype,
+                                             st.exp_avg_sq.dtype, st.step)
+    local set = sets[key]
+    if set == nil then
+      set = { step = st.step + 1, names = {}, sts = {}, p = {}, g = {} }
+      sets[key] = set
+      order[#order + 1] = set
+    end
+    local k = #set.names + 1
+    set.names[k], set.sts[k], set.p[k], set.g[k] = names[i], st, p, grad
+  end
+  for _, set in ipairs(order) do
+    local n = #set.names
+    local cp, cg = ffi.new('fl_tensor *[?]', n), ffi.new('const fl_tensor *[?]', n)
+    local cm, cv = ffi.new('fl_tensor *[?]', n), ffi.new('fl_tensor *[?]', n)
+    for k = 1, n do
+      cp[k - 1], cg[k - 1] = cptr(set.p[k]), cptr(set.g[k])
+      cm[k - 1], cv[k - 1] = cptr(set.sts[k].exp_avg), cptr(set.sts[k].exp_avg_sq)
+    end
+    if C.fl_adamw_step_multi_(n, cp, cg, cm, cv, self:options_for(g, set.step)) ~= 0 then
+      local msg = core.last_error()
+      local at = tonumber(msg:match(': tensor (%d+): '))
+      if at then
+        core.fail(('%s: parameter %s: %s'):format(self.name, set.names[at + 1], (msg:gsub(': tensor %d+: ', ': ', 1))))
+      end
+      -- (two tensors at fault: "tensor 0's param and tensor 3's grad share memory")
+      core.fail(('%s: %s'):format(self.name, (msg:gsub("tensor (%d+)'s", function(i)
+        return ("parameter %s's"):format(set.names[tonumber(i) + 1])
+      end))))
+    end
+    for k = 1, n do set.sts[k].step = set.step end
   end
 end
 

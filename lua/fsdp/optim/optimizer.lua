@@ -139,6 +139,12 @@ function Optimizer:setup() end
 function Optimizer:update()
   core.fail(self.name .. ' has no update()')
 end
+-- update_many(g, names, ps, grads): update whole (unsharded) parameters of
+-- group g at once; a subclass with a multi-tensor kernel overrides it
+-- (AdamW: [Note: multi-tensor updates] in core/cuda/cuda_optim.cu).
+function Optimizer:update_many(g, names, ps, grads)
+  for i = 1, #ps do self:update(g, names[i], ps[i], grads[i]) end
+end
 
 -- Raise the core's last error with the optimizer and parameter named.
 function Optimizer:raise(name)
@@ -287,12 +293,14 @@ function Optimizer:step()
   end
   for gi, g in ipairs(self.param_groups) do
     local params, names = g.params, g.names
+    local ns, ps, gs = {}, {}, {}
     for i = 1, #params do
       if rawget(params[i], 'fsdp_unit') == nil then
         local grad = grad_of(params[i])
-        if grad ~= nil then self:update(g, names[i], params[i], grad) end
+        if grad ~= nil then ns[#ns + 1], ps[#ps + 1], gs[#gs + 1] = names[i], params[i], grad end
       end
     end
+    if #ps > 0 then self:update_many(g, ns, ps, gs) end
     for _, run in ipairs(self.runs[gi]) do self:step_run(g, run) end
   end
 end
