@@ -16,6 +16,7 @@
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local decoders = require 'models.decoders'
+local llama_family = require 'models.families.llama'
 local pretrained = require 'models.pretrained'
 local lora = require 'fsdp.lora'
 local optim = require 'fsdp.optim'
@@ -34,6 +35,7 @@ M.MODEL_OPTIONS = {
                           .. 'Qwen3-8B, Mistral-7B-v0.3, Gemma-2-2B, Gemma-3-1B, Phi-3-mini-4k, OLMo-2-1124-7B, '
                           .. 'qwen3-tiny, ... in models/families/); '
                           .. 'with --init_from a directory, its config.json decides', one_of = decoders.names,
+            values = llama_family.old_names,
             aliases = { model_type = { llama_v2 = 'Llama-2-7b' } } },
   num_layers = { 0, 'override the number of layers (0: keep the config)', int = true, min = 0 },
   hidden_width = { 0, 'override the model width (0: keep)', int = true, min = 0, multiple_of = 'num_heads' },

@@ -57,8 +57,11 @@ local configs = {
   ['tiny'] = { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 176,
                vocab_size = 256, rope_theta = 1e4, max_seq_len = 512 },
 }
-configs['llama2_7b'] = configs['Llama-2-7b']
-configs['llama2_70b'] = configs['Llama-2-70b']
+-- Model names are the Hugging Face names of the published sizes; the
+-- project's first spellings still find them but are listed nowhere (an
+-- index, not keys: pairs() and --model's choices show one name per model).
+local OLD_NAMES = { llama2_7b = 'Llama-2-7b', llama2_70b = 'Llama-2-70b' }
+setmetatable(configs, { __index = function(_, k) return OLD_NAMES[k] and configs[OLD_NAMES[k]] end })
 
 local M = decoder.define({
   name = 'llama', class = 'Llama', norm = 'rms', norm_class = false, norms = 'pre', activation = 'silu',
@@ -72,4 +75,7 @@ local M = decoder.define({
          -- LlamaConfig's defaults (ours differ: norm eps 1e-5, 4096 positions).
          defaults = { rms_norm_eps = 1e-6, max_position_embeddings = 2048, initializer_range = 0.02 } },
 })
+-- The old spellings and the names they stand for (--model takes them too).
+M.old_names = OLD_NAMES
+
 return M

@@ -95,3 +95,18 @@ describe('a family\'s declared differences', function()
     assert.is_true(g2.flops_per_token(c, 8192) > full)
   end)
 end)
+
+describe('model names', function()
+  it('are the Hugging Face names of the published sizes; the old spellings find them but are not listed', function()
+    local decoders = require 'models.decoders'
+    local llama = require 'models.llama'
+    local names = {}
+    for _, n in ipairs(decoders.names()) do names[n] = true end
+    assert.is_true(names['Llama-2-7b'] and names['Llama-3.1-8B'] and names['Qwen3-8B'])
+    assert.is_nil(names['llama2_7b'])
+    assert.is_nil(names['llama2_70b'])
+    assert.same(llama.config('Llama-2-70b'), llama.config('llama2_70b'))
+    local dr = require 'models.decoder_recipe'
+    assert.equals('Llama-2-7b', dr.MODEL_OPTIONS.model.values.llama2_7b)
+  end)
+end)
