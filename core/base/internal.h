@@ -400,6 +400,10 @@ typedef struct fl_node_type {
                          bool *done);
     /* Optional: free node->extra. */
     void (*release)(fl_node *node);
+    /* The backward takes NULL in grads_out for outputs no gradient reached
+     * (instead of zeros made for it): a fused op with two outputs whose
+     * kernel can skip a missing one (add_rms_norm, core/ops/norm.c). */
+    bool null_grads;
 } fl_node_type;
 
 enum { FL_NODE_MAX_SAVED = 8 };
