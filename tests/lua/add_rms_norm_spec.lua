@@ -137,6 +137,46 @@ describe('F.add_rms_norm', function()
     assert.same({ 64 }, w.grad.shape)
   end)
 
+  -- The decoder's pre-norm layers ([Note: the layer's add and norm fused] in
+  -- models/decoder.lua): a tiny Llama's loss and gradients with the fusion
+  -- and with the two ops.
+  local llama = require 'models.llama'
+  local function tiny_step(fuse, device, hook)
+    llama.DecoderLayer.fuse_add_norm = fuse
+    local c = llama.config('tiny')
+    local model = llama.build(c, { device = device })
+    model:init_weights({ seed = 1 })
+    if hook then
+      model.model.layers:children()[1].post_attention_layernorm:register_forward_hook(function() end)
+    end
+    local ids = fsdp.randint(0, c.vocab_size, { 2, 16 }, { seed = 3 }):to(device)
+    local targets = fsdp.randint(0, c.vocab_size, { 2, 16 }, { seed = 4 }):to(device)
+    fsdp.reset_bytes_moved()
+    local loss = model:loss(ids, targets)
+    loss:backward()
+    local calls = 0
+    for _, e in ipairs(fsdp.bytes_moved_by_op()) do
+      if e.op == 'add_rms_norm' then calls = e.calls end
+    end
+    llama.DecoderLayer.fuse_add_norm = true
+    return loss, model:named_parameters(), calls
+  end
+
+  it('gives a tiny Llama the loss and gradients of the two ops, fused in every layer without hooks', function()
+    for _, device in ipairs(DEVICES) do
+      local l1, p1, calls = tiny_step(true, device)
+      local l2, p2, none = tiny_step(false, device)
+      local _, _, hooked = tiny_step(true, device, true)
+      assert.equals(llama.config('tiny').n_layers, calls, device .. ': layers fused')
+      assert.equals(0, none, device .. ': fusion off')
+      assert.equals(llama.config('tiny').n_layers - 1, hooked, device .. ': a norm with a hook runs as itself')
+      assert.equals(l2:item(), l1:item(), device .. ': loss')
+      for i, np in ipairs(p1) do
+        close(np[2].grad, p2[i][2].grad, 1e-6, device .. ' gradient of ' .. np[1])
+      end
+    end
+  end)
+
   it('refuses a branch of another shape or dtype, and a weight of another size, naming them', function()
     local x = fsdp.randn({ 2, 8 })
     T.raises(function() F.add_rms_norm(x, fsdp.randn({ 8, 2 }), nil, 1e-5) end,
