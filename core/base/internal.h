@@ -386,7 +386,8 @@ typedef struct fl_output_meta {
 
 typedef struct fl_node_type {
     const char *name; /* "MulBackward" */
-    /* grads_out has n_outputs entries, never NULL (zeros are filled in).
+    /* grads_out has n_outputs entries, never NULL (zeros are filled in)
+     * unless null_grads below.
      * Write a new reference into grads_in[i] for each input i whose edge is
      * not FL_EDGE_NONE (leave the others NULL). Runs with grad mode off. */
     int (*backward)(fl_node *node, fl_tensor *const *grads_out, fl_tensor **grads_in);
