@@ -98,8 +98,10 @@ case "${1:-build}" in
     install_mkl
     build release
     shift
-    # Llama 2's architecture at a size two cores train in about ten seconds:
-    # the loss falls from ln(512) = 6.2 toward the synthetic data's entropy.
+    # Llama 2's architecture at a size two cores train in seconds (9.6 s on
+    # the project's shared 2-core Zen 5 on 2026-12-06; README.md's quick
+    # start has the measurement): the loss falls from ln(512) = 6.2 toward
+    # the synthetic data's entropy.
     exec build/bin/fsdp-lua recipes/llama2_7b.lua --num_layers=4 --hidden_width=128 \
       --num_heads=4 --vocab_size=512 --seq_len=128 --batch_size=8 --max_steps=120 \
       --lr=3e-3 --min_lr=3e-4 --warmup_steps=10 --log_every=10 "$@"

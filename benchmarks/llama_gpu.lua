@@ -46,6 +46,7 @@ local cfg = recipe.config({
   seed = { 0, 'init and data seed' },
   peak_tflops = { 989, 'device peak TFLOP/s for MFU (989: H100 SXM bf16 dense)' },
   memory_limit_mb = { 0, 'cap the device\'s memory (0: none); makes --find_batch testable on cpu' },
+  fused_loss = { true, 'the LM head and cross-entropy as one chunked op (false: logits, then the loss)' },
 }, arg, 'benchmarks/llama_gpu.lua')
 
 local device = cfg.device
@@ -57,6 +58,7 @@ if cfg.memory_limit_mb > 0 then fsdp.set_memory_limit(device, cfg.memory_limit_m
 
 local t_build = clock.now()
 local model = llama.build(c, { device = device, dtype = cfg.dtype })
+model.fused_loss = cfg.fused_loss
 model:init_weights({ seed = cfg.seed })
 local n_params = model:num_parameters()
 local opt = optim.AdamW(model:named_parameters(), {

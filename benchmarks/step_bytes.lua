@@ -24,10 +24,12 @@ local cfg = recipe.config({
   seq = { 2048, 'sequence length' },
   batch = { 8, 'sequences per step' },
   bandwidth = { 3.35e12, 'memory bandwidth in bytes/s for the floor column (H100 SXM: 3.35e12)' },
+  fused_loss = { true, 'the LM head and cross-entropy as one chunked op (false: logits, then the loss)' },
 }, arg, 'benchmarks/step_bytes.lua')
 
 local c = llama.config(cfg.model)
 local model = llama.build(c, { device = 'meta', dtype = cfg.dtype })
+model.fused_loss = cfg.fused_loss
 local opt = optim.AdamW(model:named_parameters(), { lr = 1e-4, weight_decay = 0.1 })
 local shape = { cfg.batch, cfg.seq }
 local ids = fsdp.empty(shape, { dtype = 'i64', device = 'meta' })

@@ -117,21 +117,15 @@ M.SIZES = {
               fields = { 'depth', 'dim', 'heads', 'dim_head', 'mlp_dim', 'num_classes' } },
 }
 -- The declared decoder families (models/families/) size like Llama, a
--- mixture of experts by its experts too; their closed forms follow their
--- declarations (models/decoder.lua). Looked up when first asked:
--- models.decoders, which lists them, requires this file.
-local function sizes_of(family)
-  local s = M.SIZES[family]
-  if s then return s end
-  local f = require('models.decoders').families[family]
-  if not (f and f.declared) then return nil end
-  s = { module = 'models.families.' .. family, blocks = { 'n_layers' },
-        fields = { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size' } }
-  if f.module.decl.mlp == 'moe' then s.fields = { 'n_layers', 'dim', 'n_heads', 'n_experts', 'moe_ffn_dim',
-                                                   'vocab_size' } end
-  M.SIZES[family] = s
-  return s
+-- mixture of experts by its experts too: models/decoder.lua's define adds
+-- each one here as it declares it (it sits above this file).
+function M.add_sizes(family, moe)
+  if M.SIZES[family] then return end
+  M.SIZES[family] = { module = 'models.families.' .. family, blocks = { 'n_layers' },
+                      fields = moe and { 'n_layers', 'dim', 'n_heads', 'n_experts', 'moe_ffn_dim', 'vocab_size' }
+                        or { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size' } }
 end
+local function sizes_of(family) return M.SIZES[family] end
 
 -- The parameters (closed form) and blocks of a family's checked config,
 -- and its size fields (M.SIZES). Nothing is built.

@@ -193,6 +193,8 @@ end
 function M.define(decl)
   local P = decl.class
   local fam = { name = decl.name, decl = decl, configs = decl.configs, lora_targets = decl.lora_targets }
+  -- What sizes it, for the bound on a config before building (common.size_of).
+  common.add_sizes(decl.name, decl.mlp == 'moe')
 
   local Attention = nn.Attention:extend(P .. 'Attention')
   if decl.qk_norm then Attention.project = parts.qk_norm_project(decl.qk_norm) end
@@ -396,9 +398,13 @@ function M.define(decl)
   -- ids: i64 [B, T] -> logits [B, T, vocab] (final_softcap: tanh(z/c)*c).
   -- opts: Model:forward's, and last_only (the last position's alone).
   -- A mixture of experts keeps the forward's router logits for loss().
-  function CausalLM:forward(ids, opts)
+  -- ce (loss()'s fused path): {targets =, ignore_index =, chunk_rows =}:
+  -- the mean cross-entropy of the head's logits instead of the logits,
+  -- through the head's call (a sharded head's hooks run as for logits).
+  function CausalLM:forward(ids, opts, ce)
     local h, router = self.model(ids, opts)
     if router then rawset(self, '_router_logits', router) end
+    if ce then return self.lm_head(h, ce) end
     if opts and opts.last_only then h = h:narrow(1, h:size(1) - 1, 1) end
     local logits = self.lm_head(h)
     local cap = self.config.final_softcap
@@ -412,15 +418,48 @@ function M.define(decl)
   -- (fam.kv_cache_spec(c): the same from a config, before a model is built)
   function CausalLM:kv_cache_spec() return fam.kv_cache_spec(self.config) end
 
+  -- [Note: the fused loss] The head and the cross-entropy run as one
+  -- chunked op (F.linear_cross_entropy: [Note: the fused head and loss] in
+  -- core/ops/linear_cross_entropy.c) where the math is exactly
+  -- cross_entropy(h W^T): a plain bias-free nn.Linear head (tied or not),
+  -- no final softcap. A LoRA head (LoRALinear) or a softcapped family
+  -- (Gemma 2) takes the unfused path. Default: fused while autograd
+  -- records (training), where the logits and their gradient would be the
+  -- step's largest tensors; unfused under no_grad, where the logits come
+  -- back for inspection. model.fused_loss = false (the recipes'
+  -- --fused_loss=false) or opts.fused_loss = false turns it off, true forces
+  -- it; model.loss_chunk_rows / opts.loss_chunk_rows set the rows per chunk.
+  local function fusable(self)
+    local head = self.lm_head
+    return not self.config.final_softcap and head:class_name() == 'Linear' and head.bias == nil
+  end
+  local LOSS_KEYS = { fused_loss = true, loss_chunk_rows = true }
+
   -- Mean cross-entropy of next-token predictions; targets i64 [B, T] (the
-  -- ids shifted by one; -100 entries are ignored). Returns loss, logits.
-  -- opts: forward's (a packed batch: {positions =, segments =}).
+  -- ids shifted by one; -100 entries are ignored). Returns loss, logits
+  -- (nil on the fused path: [Note: the fused loss]).
+  -- opts: forward's (a packed batch: {positions =, segments =}), and
+  -- fused_loss, loss_chunk_rows.
   -- A mixture of experts whose config outputs router logits adds
   -- router_aux_loss_coef times the load-balancing loss of all its layers'
   -- logits (transformers' load_balancing_loss_func, with no attention mask,
   -- as its training forward of ids alone computes it).
   function CausalLM:loss(ids, targets, opts)
-    local loss, logits = common.causal_lm_loss(self, ids, targets, opts)
+    local fused, rows = rawget(self, 'fused_loss'), rawget(self, 'loss_chunk_rows')
+    if opts then
+      local fwd = {}
+      for k, v in pairs(opts) do if not LOSS_KEYS[k] then fwd[k] = v end end
+      if opts.fused_loss ~= nil then fused = opts.fused_loss end
+      rows = opts.loss_chunk_rows or rows
+      opts = next(fwd) ~= nil and fwd or nil
+    end
+    if fused == nil then fused = require('fsdp.autograd').is_grad_enabled() end
+    local loss, logits
+    if fused and fusable(self) then
+      loss = self(ids, opts, { targets = targets, ignore_index = -100, chunk_rows = rows })
+    else
+      loss, logits = common.causal_lm_loss(self, ids, targets, opts)
+    end
     local router = rawget(self, '_router_logits')
     rawset(self, '_router_logits', nil)
     local c = self.config

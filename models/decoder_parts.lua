@@ -13,10 +13,13 @@
 -- On f32 activations the three are the same products, so the f32
 -- goldens cannot tell 'rms' from 'rms_wide'; bf16 runs can.
 local nn = require 'fsdp.nn'
+local functional = require 'fsdp.functional'
+local core = require 'fsdp.core'
+local moe_keys = require 'models.moe_keys'
 
 local M = {}
 
-local function F() return require('fsdp.functional') end
+local function F() return functional end
 
 -- x in f32 (itself when it is), and a function casting a result back.
 local function widened(x)
@@ -86,7 +89,7 @@ function FusedGatedMLP:__init(dim, hidden, opts)
                                             dtype = opts.dtype })
   self.activation = opts.activation or 'silu'
   if self.activation ~= 'silu' then
-    require('fsdp.core').fail(('%s: only silu is fused (got %s)'):format(self:class_name(), self.activation))
+    core.fail(('%s: only silu is fused (got %s)'):format(self:class_name(), self.activation))
   end
 end
 
@@ -113,7 +116,6 @@ end
 -- only those) and 5.x load the export. A renamed tensor (Mixtral's
 -- router, block_sparse_moe.gate) is a piece of one run: the whole.
 function M.checkpoint_pieces(CausalLM, layout)
-  local moe_keys = require 'models.moe_keys'
   local L = moe_keys.layout(layout)
   -- offset and shape of expert e's part in the fused parameter of config c
   local function place(c, e, part)

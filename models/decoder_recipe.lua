@@ -19,6 +19,10 @@ local decoders = require 'models.decoders'
 local pretrained = require 'models.pretrained'
 local lora = require 'fsdp.lora'
 local optim = require 'fsdp.optim'
+local fit = require 'fsdp.sharding.fit'
+local nonfinite = require 'fsdp.nonfinite'
+local accumulate = require 'fsdp.sharding.accumulate'
+local console = require 'fsdp.observe.console'
 
 local M = {}
 
@@ -40,6 +44,10 @@ M.MODEL_OPTIONS = {
               int = true, min = 0, aliases = { 'intermediate_size' } },
   vocab_size = { 0, 'override the vocabulary (0: keep)', int = true, min = 0 },
   allow_past_max_positions = decoders.OPTIONS.allow_past_max_positions,
+  fused_loss = { true, 'the LM head and the cross-entropy as one chunked op in training: the [tokens, vocab] '
+                       .. 'logits and their gradient never whole (models/decoder.lua)' },
+  loss_chunk_rows = { 0, 'with --fused_loss: token rows per chunk (0: about 256 MB of logits a chunk)', int = true,
+                      min = 0 },
 }
 
 -- (no f64: the optimizers update f32, bf16 and f16 parameters, so an f64
@@ -87,9 +95,9 @@ M.TRAIN_OPTIONS = {
 -- --init_from/export, LoRA, metrics, accumulation) plus these and `own`
 -- (own wins on a clash).
 function M.options(own)
-  return require('fsdp.observe.metrics').options(lora.options(pretrained.options(require('fsdp.nonfinite').options(
+  return require('fsdp.observe.metrics').options(lora.options(pretrained.options(nonfinite.options(
     require('fsdp.checkpointing.recipe').options(require('fsdp.sharding.recipe').options(
-    require('fsdp.sharding.accumulate').options(recipe.merge(M.MODEL_OPTIONS, M.TRAIN_OPTIONS, own))))))))
+    accumulate.options(recipe.merge(M.MODEL_OPTIONS, M.TRAIN_OPTIONS, own))))))))
 end
 
 local SIZE_OPTIONS = { { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
@@ -151,7 +159,7 @@ function M.check(R, cfg, written, opts)
   pretrained.bound(cfg, R.family, c, R.src, {
     model = cfg.model, options = M.CONFIG_NAMES, written = written, dtype = cfg.dtype,
     weights = opts.weights ~= false,
-    shards = cfg.sharding_strategy == 'NO_SHARD' and 1 or fsdp.dist.world_size(),
+    shards = fit.weight_shards(cfg),
     rows = opts.rows,
     fix = (cfg.dtype == 'f32' and '--dtype=bf16 (half the bytes), ' or '')
       .. (R.src and 'a smaller model' or ('fewer layers (--%s)'):format(written.num_layers or 'num_layers'))
@@ -172,15 +180,23 @@ function M.build(R, cfg, who, shape)
   local c = R.config
   local model = R.fam.module.build(c, { device = 'meta', dtype = cfg.dtype })
   local n_params = model:num_parameters()
+  M.loss_options(model, cfg) -- (before the fit check, whose trace runs the model's own loss)
   -- before the fit check and sharding, which see the frozen base
   lora.apply_options(model, cfg, R.fam.lora_targets)
-  require('fsdp.sharding.fit').check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
+  fit.check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
     try = not R.src and M.TRY or nil })
   require('fsdp.sharding.recipe').apply(model, cfg, R.fam.block, who)
-  require('fsdp.observe.console').print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d '
+  console.print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d '
     .. 'parameters, %s, %s'):format(c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size,
     n_params, cfg.dtype, R.fam.name))
   return model, n_params
+end
+
+-- --fused_loss and --loss_chunk_rows on a built model ([Note: the fused
+-- loss] in models/decoder.lua): true fuses validation's loss too.
+function M.loss_options(model, cfg)
+  model.fused_loss = cfg.fused_loss
+  if cfg.loss_chunk_rows > 0 then model.loss_chunk_rows = cfg.loss_chunk_rows end
 end
 
 -- AdamW on the trainable parameters (no decay for norms and other 1-d

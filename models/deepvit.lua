@@ -19,6 +19,7 @@ local fsdp = require 'fsdp'
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
 local common = require 'models.common'
+local safetensors_sharded = require 'fsdp.io.safetensors_sharded'
 
 local M = {}
 
@@ -263,7 +264,7 @@ end
 -- emb_dropout (0: the values are not in the file).
 function M.from_vit_pytorch(path, opts)
   opts = opts or {}
-  local st = require 'fsdp.io.safetensors_sharded'
+  local st = safetensors_sharded
   local ck = st.open_checkpoint(path)
   local info = {}
   for _, name in ipairs(ck:names()) do info[name] = ck:info(name) end

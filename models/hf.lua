@@ -45,6 +45,9 @@ local t5 = require 'models.t5'
 local gpt2 = require 'models.gpt2'
 local lfs = require 'lfs'
 local files = require 'fsdp.io.files'
+local sharding = require 'fsdp.sharding'
+local autograd = require 'fsdp.autograd'
+local decoder = require 'models.decoder'
 
 local M = {}
 
@@ -194,7 +197,6 @@ local function decoder_spec(fam)
                  required = d.required or {}, special = set(ROPE_KEYS), ignored = set(d.ignored or {}) }
   for k, v in pairs(DECODER_FIELDS) do spec.fields[k] = v end
   for k, v in pairs(DECODER_RULES) do spec.rules[k] = v end
-  local decoder = require 'models.decoder'
   for k, ours in pairs(d.fields or {}) do
     spec.fields[k] = ours
     spec.rules[k] = decoder.FIELD_RULES[ours]
@@ -206,7 +208,6 @@ end
 
 -- The layer_types list of a config (for export).
 local function layer_types_of(fam, c)
-  local decoder = require 'models.decoder'
   local out = json.array({})
   for i = 1, c.n_layers do
     out[i] = decoder.window_of(fam.decl, c, i - 1) and 'sliding_attention' or 'full_attention'
@@ -635,7 +636,7 @@ end
 function M.token_ids(dir)
   local out = {}
   for _, name in ipairs({ 'config.json', 'generation_config.json' }) do
-    local text = require('fsdp.io.files').read(dir .. '/' .. name)
+    local text = files.read(dir .. '/' .. name)
     local h = text and json.decode(text)
     if type(h) == 'table' then
       for _, k in ipairs(M.TOKEN_ID_KEYS) do
@@ -650,7 +651,7 @@ end
 -- in (5.x dtype, else 4.x torch_dtype): 'f32', 'bf16', 'f16', or nil when
 -- it names none we read (or two that disagree).
 function M.source_dtype(dir)
-  local text = require('fsdp.io.files').read(dir .. '/config.json')
+  local text = files.read(dir .. '/config.json')
   local h = text and json.decode(text)
   if type(h) ~= 'table' then return nil end
   local ours = {}
@@ -789,11 +790,11 @@ function M.save_pretrained(model, dir, opts)
     for _, e in ipairs(order) do put(e[1], state[e[1]]) end
   elseif sharded then
     -- Every rank takes part in every gather, even after rank 0 failed.
-    require('fsdp.sharding').each_full_unit(model, function(u, by)
+    sharding.each_full_unit(model, function(u, by)
       for _, p in ipairs(u.params) do put(p.name, by[p]) end
     end)
   else
-    require('fsdp.autograd').no_grad(function()
+    autograd.no_grad(function()
       for _, np in ipairs(model:named_parameters()) do put(np[1], np[2]) end
     end)
   end

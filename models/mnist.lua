@@ -9,6 +9,7 @@
 --   local log_probs = net(images)          -- images f32 [N, 1, 28, 28]
 local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
+local suggest = require 'fsdp.suggest'
 
 local M = {}
 
@@ -44,7 +45,7 @@ function M.build(opts)
   for k in pairs(opts or {}) do
     if k ~= 'device' and k ~= 'dtype' then
       error(("mnist.build: unknown option '%s'%s (options: device, dtype)"):format(tostring(k),
-        require('fsdp.suggest').hint(k, { 'device', 'dtype' })), 2)
+        suggest.hint(k, { 'device', 'dtype' })), 2)
     end
   end
   return Net(opts)

@@ -30,6 +30,8 @@
 -- will write before any tensor exists; copy_expert/expert_view move one
 -- expert at a time, so neither side holds a second copy of the experts.
 local core = require 'fsdp.core'
+local autograd = require 'fsdp.autograd'
+local fsdp = require 'fsdp'
 
 local M = {}
 
@@ -123,7 +125,7 @@ function M.copy_expert(fused, e, part, t)
     core.fail(('moe_keys: expert %d %s of shape %s does not fit %s (its slice of %s)'):format(
       e, part, core.format_shape(t.shape), core.format_shape(dst.shape), core.format_shape(fused.shape)))
   end
-  require('fsdp.autograd').no_grad(function() dst:copy_(t) end)
+  autograd.no_grad(function() dst:copy_(t) end)
 end
 
 -- {disk name = tensor} -> {fused name = tensor}: each fused tensor built
@@ -143,7 +145,6 @@ function M.fuse(L, tensors)
       g.like = t
     end
   end
-  local fsdp = require 'fsdp'
   for fused, g in pairs(groups) do
     local down = fused:match('down_proj$') ~= nil
     local parts = down and { 'down' } or { 'gate', 'up' }

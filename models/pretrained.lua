@@ -37,6 +37,14 @@ local json = require 'fsdp.io.json'
 local hf = require 'models.hf'
 local decoders = require 'models.decoders'
 local st = require 'fsdp.io.safetensors_sharded'
+local common = require 'models.common'
+local nonfinite = require 'fsdp.nonfinite'
+local console = require 'fsdp.observe.console'
+local hub = require 'fsdp.data.hub'
+local publish = require 'fsdp.io.publish'
+local fit = require 'fsdp.sharding.fit'
+local lora = require 'fsdp.lora'
+local clock = require 'fsdp.clock'
 
 local M = {}
 
@@ -232,7 +240,7 @@ function M.fingerprint(src)
     local weights = { src.path }
     if src.kind == 'hf' then
       parts[1] = files.read(files.join(src.path, 'config.json')) or ''
-      weights = require('fsdp.io.safetensors_sharded').open_checkpoint(src.path)._files
+      weights = st.open_checkpoint(src.path)._files
       table.sort(weights)
     end
     for _, path in ipairs(weights) do weight_file_parts(path, parts) end
@@ -268,14 +276,12 @@ function M.open(path, opts)
   -- OWNER/NAME[@REVISION] that is not a local path: the Hugging Face
   -- cache's snapshot ([Note: the hub cache] in fsdp.data.hub); a local
   -- directory of that name wins.
-  local hub = require 'fsdp.data.hub'
   local hub_name
   if not mode and hub.is_model_name(path) then
     local ok, dir = pcall(hub.model_dir, path)
     if not ok then fail('%s', bare(dir)) end
     hub_name, path, mode = path, dir, files.mode(dir)
   end
-  local publish = require 'fsdp.io.publish'
   if not mode then fail('%s does not exist%s', path, publish.missing_hint(path)) end
   local src = { path = path }
   -- Our unfinished or mixed export is refused as such, whatever it holds.
@@ -381,8 +387,7 @@ end
 -- dtype, shards, extra, fix, rows: as fit.bound's. Raises one line.
 function M.bound(cfg, family, c, src, opts)
   opts = opts or {}
-  local fit = require 'fsdp.sharding.fit'
-  local params, blocks, fields = require('models.common').size_of(family, c)
+  local params, blocks, fields = common.size_of(family, c)
   local where, name_of
   local source = opts.source or '--init_from'
   if src and src.kind == 'hf' then
@@ -486,7 +491,6 @@ end
 -- directory an export may replace (fsdp.io.publish: an export replaces
 -- its directory whole).
 function M.export_problem(dir, src, what, other)
-  local publish = require 'fsdp.io.publish'
   local kept = {}
   local function add(name, path, holds)
     if type(path) == 'string' and path ~= '' then kept[#kept + 1] = { name, path, holds } end
@@ -528,7 +532,7 @@ function M.build(src, place)
     model = decoders.families[src.family].module.build(src.config, place)
   end
   if src.lora then
-    require('fsdp.lora').apply(model, { rank = src.lora.rank, alpha = src.lora.alpha, rslora = src.lora.rslora,
+    lora.apply(model, { rank = src.lora.rank, alpha = src.lora.alpha, rslora = src.lora.rslora,
                                         targets = src.lora.targets })
   end
   return model
@@ -541,7 +545,6 @@ end
 function M.load(model, src)
   if src.lora then M.load(model, src.base) end
   -- New LoRA adapters are not in the pretrained weights: they keep their init.
-  local lora = require 'fsdp.lora'
   local adapters = lora.config_of(model) and lora.is_adapter or nil
   local ok, err = pcall(function()
     if src.kind == 'hf' then
@@ -563,7 +566,7 @@ function M.load(model, src)
   -- exits 0 with garbage) or be exported as they are: the values loaded
   -- are checked, one C pass over this rank's part (collective when
   -- sharded over several ranks).
-  local name = require('fsdp.nonfinite').first_nonfinite(model, true)
+  local name = nonfinite.first_nonfinite(model, true)
   if name then
     local file = src.where
     if src.kind == 'hf' then
@@ -575,7 +578,7 @@ function M.load(model, src)
 end
 
 -- rank 0's line ("[rank 0] " first with several ranks; fsdp.console)
-local function say(msg) require('fsdp.observe.console').print(msg) end
+local function say(msg) console.print(msg) end
 
 -- A training recipe's start, after its --resume_from_checkpoint (which
 -- returned start_step): src's weights into the (sharded) model, unless a
@@ -585,15 +588,15 @@ function M.start(cfg, model, src, start_step, resumed)
   if not src then return end
   -- A LoRA run's checkpoint holds only the adapters: its frozen base comes
   -- from --init_from again, which must be the base they were trained on.
-  local is_lora = require('fsdp.lora').config_of(model) ~= nil
+  local is_lora = lora.config_of(model) ~= nil
   if start_step > 0 and is_lora then
     local extra = resumed and type(resumed.extra) == 'table' and resumed.extra or {}
     check_base(src, extra.init_from_fingerprint, ('the checkpoint of step %d in %s'):format(start_step,
       cfg.checkpoint_dir))
-    local t0 = require('fsdp.clock').now()
+    local t0 = clock.now()
     M.load(model, src)
     say(('init_from: loaded the LoRA base %s in %.2f s under the adapters resumed from step %d'):format(
-      M.describe(src), require('fsdp.clock').now() - t0, start_step))
+      M.describe(src), clock.now() - t0, start_step))
     return
   end
   if start_step > 0 then
@@ -601,7 +604,6 @@ function M.start(cfg, model, src, start_step, resumed)
       .. 'once a checkpoint exists)'):format(M.describe(src), cfg.checkpoint_dir))
     return
   end
-  local clock = require 'fsdp.clock'
   local t0 = clock.now()
   M.load(model, src)
   say(('init_from: loaded %s in %.2f s (a fresh optimizer, step 0)'):format(M.describe(src), clock.now() - t0))
@@ -646,8 +648,7 @@ end
 -- adapter files. Returns the seconds it took.
 function M.export(cfg, model, src)
   if (cfg.export_hf or '') == '' then return end
-  local t0 = require('fsdp.clock').now()
-  local lora = require 'fsdp.lora'
+  local t0 = clock.now()
   local what, how = 'Hugging Face ' .. hf.family_of_model(model).name, ''
   local ok, err
   if lora.config_of(model) and cfg.export_lora == 'adapter' then
@@ -667,7 +668,7 @@ function M.export(cfg, model, src)
     })
   end
   if not ok then fail('--export_hf %s: %s', cfg.export_hf, bare(err)) end
-  local dt = require('fsdp.clock').now() - t0
+  local dt = clock.now() - t0
   say(('export: wrote %s (%s)%s in %.2f s'):format(cfg.export_hf, what, how, dt))
   return dt
 end

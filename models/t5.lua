@@ -34,6 +34,7 @@ local nn = require 'fsdp.nn'
 local F = require 'fsdp.functional'
 local common = require 'models.common'
 local validate = require 'fsdp.validate'
+local generate = require 'fsdp.generate'
 
 local M = {}
 
@@ -488,7 +489,6 @@ function M.generate(model, input_ids, opts)
   for k, v in pairs(opts) do
     if k ~= 'eos_token_id' and k ~= 'attention_mask' and k ~= 'max_new_tokens' then sopts[k] = v end
   end
-  local generate = require 'fsdp.generate'
   sopts = generate.check_options(sopts)
   return fsdp.no_grad(function()
     local enc = model:encode(input_ids, mask)
@@ -505,11 +505,8 @@ function M.generate(model, input_ids, opts)
   end)
 end
 
--- A config from a Hugging Face T5Config (config.json decoded to a
--- table), and back: models/hf.lua translates every family's configs
--- (required here lazily: it requires this file).
-function M.config_from_hf(hf, overrides) return require('models.hf').config_from_hf(hf, overrides) end
-function M.config_to_hf(c) return require('models.hf').config_to_hf(c, 't5') end
+-- (A config from a Hugging Face T5Config and back: models/hf.lua, which
+-- translates every family's configs, config_from_hf and config_to_hf.)
 
 -- Build a model: name_or_config as in M.config; opts: device ('cpu' or
 -- 'meta'), dtype, and config overrides (num_layers=, dropout=, ...).

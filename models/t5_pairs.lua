@@ -25,6 +25,7 @@ local recipe = require 'fsdp.recipe'
 local metrics = require 'fsdp.observe.metrics'
 local pairs_data = require 'fsdp.data.pairs'
 local t5 = require 'models.t5'
+local console = require 'fsdp.observe.console'
 local F = fsdp.F
 
 local M = {}
@@ -57,7 +58,7 @@ function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 -- Rank 0 speaks ("[rank 0] " first with several ranks: fsdp.console);
 -- flushed, so a log file being followed shows each validation as it comes.
-local function say(fmt, ...) require('fsdp.observe.console').print(fmt:format(...)) end
+local function say(fmt, ...) console.print(fmt:format(...)) end
 
 -- Open the tokenizer and both splits from the options; nil without --data.
 -- Raises a usage message naming the option at fault.
@@ -189,12 +190,29 @@ local function text(tok, ids, stop)
   return (s:gsub('%c', function(c) return ('\\x%02x'):format(c:byte()) end))
 end
 
+-- Greedy generation on a batch: per-row exact match of the generated
+-- tokens (start token dropped) against labels up to and including eos.
+-- Returns the number of rows right, and the generated ids. opts: more
+-- options of t5.generate (eos_token_id).
+function M.exact_match(model, src, mask, labels, opts)
+  local n = labels:size(1)
+  local gen = { attention_mask = mask, max_new_tokens = n }
+  for k, v in pairs(opts or {}) do gen[k] = v end
+  local out = t5.generate(model, src, gen)
+  local got = out:narrow(1, 1, out:size(1) - 1)
+  if got:size(1) < n then
+    got = F.cat({ got, fsdp.zeros({ got:size(0), n - got:size(1) }, { dtype = 'i64', device = got.device }) }, 1)
+  end
+  local errors = F.sum((F.ne(got, labels):to('i64') * F.ne(labels, -100):to('i64')), 1)
+  return F.sum(F.eq(errors, 0):to('i64')):item(), got
+end
+
 -- At the end: greedy outputs on the first --eval_examples validation pairs
 -- (all ranks take part: the parameters are gathered once), the first four
 -- printed as text, and their exact-match rate (token for token, EOS
 -- included). Returns the number right and the number generated.
 function M.report(model, run, cfg, step)
-  local exact_match = require('models.t5_recipe').exact_match
+  local exact_match = M.exact_match
   local n = math.min(cfg.eval_examples, run.val.n)
   local ids = {}
   for i = 1, n do ids[i] = i - 1 end

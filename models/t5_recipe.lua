@@ -20,6 +20,7 @@
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local shard_recipe = require 'fsdp.sharding.recipe'
+local fit = require 'fsdp.sharding.fit'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local nonfinite = require 'fsdp.nonfinite'
 local accumulate = require 'fsdp.sharding.accumulate'
@@ -30,13 +31,15 @@ local clock = require 'fsdp.clock'
 local t5_pairs = require 'models.t5_pairs'
 local lora = require 'fsdp.lora'
 local metrics = require 'fsdp.observe.metrics'
+local console = require 'fsdp.observe.console'
+local profiler = require 'fsdp.observe.profiler'
 local F = fsdp.F
 
 local M = {}
 
 -- Under a launcher every rank runs this; rank 0 speaks, "[rank 0] " first
 -- with several ranks (fsdp.console).
-local function print(line) require('fsdp.observe.console').print(line) end
+local function print(line) console.print(line) end
 
 -- The task. batch(step, B) -> input_ids [B, L+1] (content ids 2..V-1 of
 -- a random length in [min_len, L], eos 1, pad 0), attention_mask, labels
@@ -73,22 +76,9 @@ function M.reverse_task(opts)
   return task
 end
 
--- Greedy generation on a batch: per-row exact match of the generated
--- tokens (start token dropped) against labels up to and including eos.
--- Returns the number of rows right, and the generated ids. opts: more
--- options of t5.generate (eos_token_id).
-function M.exact_match(model, src, mask, labels, opts)
-  local n = labels:size(1)
-  local gen = { attention_mask = mask, max_new_tokens = n }
-  for k, v in pairs(opts or {}) do gen[k] = v end
-  local out = t5.generate(model, src, gen)
-  local got = out:narrow(1, 1, out:size(1) - 1)
-  if got:size(1) < n then
-    got = F.cat({ got, fsdp.zeros({ got:size(0), n - got:size(1) }, { dtype = 'i64', device = got.device }) }, 1)
-  end
-  local errors = F.sum((F.ne(got, labels):to('i64') * F.ne(labels, -100):to('i64')), 1)
-  return F.sum(F.eq(errors, 0):to('i64')):item(), got
-end
+-- Greedy generation on a batch: the rows whose generated tokens match
+-- their labels (models/t5_pairs.lua, which its report uses too).
+M.exact_match = t5_pairs.exact_match
 
 local function commas(n)
   local s = ('%d'):format(n)
@@ -165,7 +155,7 @@ function M.run(default_model, script, argv)
       rows = not cfg.dry_run and { cfg.batch_size * (pairs_run and math.max(cfg.source_len, cfg.target_len)
         or cfg.max_len + 1), '--batch_size ' .. cfg.batch_size .. ' x ' .. (pairs_run and 'the longest pair'
         or '(--max_len + 1)') } or nil,
-      shards = cfg.sharding_strategy == 'NO_SHARD' and 1 or fsdp.dist.world_size(),
+      shards = fit.weight_shards(cfg),
       fix = (cfg.dtype == 'f32' and '--dtype=bf16 (half the bytes), ' or '')
         .. (src and 'a smaller model' or 'fewer layers (--num_layers)') .. ' or more ranks' })
     -- After --init_from: the tokenizer must fit the model the weights make.
@@ -199,7 +189,7 @@ function M.run(default_model, script, argv)
   local n_params = model:num_parameters()
   lora.apply_options(model, cfg, 'q,v') -- --lora_rank: adapters (PEFT's default T5 targets), the rest frozen
   -- Refused here, with the planner's numbers, when it cannot fit this machine.
-  require('fsdp.sharding.fit').check(model, cfg, t5.Block,
+  fit.check(model, cfg, t5.Block,
     { batch = cfg.batch_size, seq = pairs_run and math.max(cfg.source_len, cfg.target_len) or cfg.max_len + 1 }, script,
     { layers = 'num_layers' }, { optimizer = cfg.optimizer == 'anyprecision' and 'anyprecision_adamw' or 'adamw' })
   shard_recipe.apply(model, cfg, t5.Block, script)
@@ -251,7 +241,7 @@ function M.run(default_model, script, argv)
       local src, mask, labels, dmask = task.batch(((step - 1) * k + i - 1) * W + R, cfg.batch_size)
       return model:loss(src:to(dev), labels:to(dev), { attention_mask = mask:to(dev), decoder_attention_mask = dmask:to(dev) })
     end)
-    local r = require('fsdp.observe.profiler').call('optimizer', 'optim', state.guard.step, state.guard, step, loss)
+    local r = profiler.call('optimizer', 'optim', state.guard.step, state.guard, step, loss)
     r.dt = clock.now() - t0
     log:step(step, r)
     if pairs_run then t5_pairs.maybe_validate(model, pairs_run, cfg, step) end

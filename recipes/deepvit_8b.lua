@@ -13,6 +13,7 @@
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local shard_recipe = require 'fsdp.sharding.recipe'
+local fit = require 'fsdp.sharding.fit'
 local ckpt_recipe = require 'fsdp.checkpointing.recipe'
 local nonfinite = require 'fsdp.nonfinite'
 local accumulate = require 'fsdp.sharding.accumulate'
@@ -72,7 +73,7 @@ local cfg = recipe.config(metrics.options(nonfinite.options(ckpt_recipe.options(
     model = cfg.model, options = names, written = written, weights = not (cfg.dry_run or cfg.plan),
     rows = not cfg.dry_run and { cfg.batch_size * (c.num_patches + 1), ('--batch_size %d x %d tokens an image')
       :format(cfg.batch_size, c.num_patches + 1) } or nil,
-    shards = cfg.sharding_strategy == 'NO_SHARD' and 1 or fsdp.dist.world_size(),
+    shards = fit.weight_shards(cfg),
     fix = 'fewer blocks (--depth) or more ranks' })
 end)
 
@@ -98,7 +99,7 @@ local dev = shard_recipe.device(cfg)
 local model = deepvit.DeepViT(c, { device = 'meta' })
 local n_params = model:num_parameters()
 -- Refused here, with the planner's numbers, when it cannot fit this machine.
-require('fsdp.sharding.fit').check(model, cfg, deepvit.Block, { batch = cfg.batch_size }, 'recipes/deepvit_8b.lua',
+fit.check(model, cfg, deepvit.Block, { batch = cfg.batch_size }, 'recipes/deepvit_8b.lua',
   { layers = 'depth' }, { optimizer = cfg.optimizer == 'anyprecision' and 'anyprecision_adamw' or 'adamw' })
 shard_recipe.apply(model, cfg, deepvit.Block, 'recipes/deepvit_8b.lua')
 console.print(('model: %d blocks, width %d, %d heads, image %d / patch %d, %d classes: %d parameters'):format(

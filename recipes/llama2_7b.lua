@@ -209,6 +209,7 @@ end
 -- --plan: what each rank would hold for this config (nothing allocated).
 if cfg.plan then
   local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
+  decoder_recipe.loss_options(model, cfg)
   lora.apply_options(model, cfg, fam.lora_targets)
   shard_recipe.plan(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len }, 'recipes/llama2_7b.lua')
   recipe.expose({ model = model, config = c, cfg = cfg })

@@ -7,7 +7,7 @@
 #   c-asan   the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   lua      busted specs run inside fsdp-lua (tests/lua/*_spec.lua)
 #   lua-asan the same specs through the sanitized build
-#   readme   every command and Lua snippet of README.md (tests/readme/run.lua)
+#   readme   every command and Lua snippet of README.md and docs/*.md (tests/readme/run.lua)
 #   embed    a C program embedding the framework, and a stock luajit
 #            requiring it (tests/embed/run.sh)
 #   cudasim  the CUDA backend's kernels run on the CPU (tests/cudasim/run.sh)

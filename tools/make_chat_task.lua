@@ -1,5 +1,5 @@
 -- tools/make_chat_task.lua: the data and the tiny models of the SFT
--- learning task (README "Supervised fine-tuning"; tools/sft_task.sh runs
+-- learning task (docs/sft.md; tools/sft_task.sh runs
 -- it end to end). Deterministic for a --seed.
 --
 --   fsdp-lua tools/make_chat_task.lua --out=DIR [--seed=0 --train=3000 --test=200]
@@ -17,7 +17,7 @@
 -- tokens (tests/golden/tokenizers/qwen2_style.json; digits are single
 -- tokens); the templates are the real ones stored in tests/data/chat_templates.
 -- There is no pretrained model on the build machines: the weights are
--- random, and the task's first stage teaches them the sums (see README).
+-- random, and the task's first stage teaches them the sums (see docs/sft.md).
 local fsdp = require 'fsdp'
 local recipe = require 'fsdp.recipe'
 local cjson = require 'cjson'

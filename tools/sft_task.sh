@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/sft_task.sh [DIR] [LORA_STEPS]: the SFT learning task end to end
-# (README "Supervised fine-tuning"): data and two tiny random models
+# (docs/sft.md): data and two tiny random models
 # (tools/make_chat_task.lua), then for each family (qwen2 with the
 # Qwen2.5-Instruct template, llama with SmolLM2's):
 #   1. full-parameter training on the plain sums (facts.jsonl, no template): what a

@@ -339,6 +339,25 @@ done:
     return rc;
 }
 
+/* out (f32/f64) += a @ b, 2-d: the operands in out's dtype (converted
+ * when 16-bit), one GEMM with beta = 1 onto out. Always the BLAS route: a
+ * oneDNN product writes its result rather than adding to it. */
+static int cpu_matmul_acc(fl_tensor *out, const fl_tensor *a, const fl_tensor *b) {
+    FL_ASSERT(out->ndim == 2 && a->ndim == 2 && b->ndim == 2 && fl_tensor_is_contiguous(out));
+    FL_ASSERT(out->dtype == FL_F32 || out->dtype == FL_F64);
+    int64_t m = out->shape[0], n = out->shape[1], k = a->shape[1];
+    if (out->numel == 0 || k == 0) return FL_OK;
+    fl_gemm_operand A = {0}, B = {0};
+    int rc = prepare(a, out->dtype, &A);
+    if (rc == FL_OK) rc = prepare(b, out->dtype, &B);
+    if (rc == FL_OK)
+        fl_cpu_gemm_ct(out->dtype, A.trans, B.trans, m, n, k, A.base, A.ld, B.base, B.ld, 1.0,
+                       out->data, n);
+    fl_tensor_release(A.owned);
+    fl_tensor_release(B.owned);
+    return rc;
+}
+
 /* ---- row sums (bias gradients) ------------------------------------------------- */
 
 /* Column sums of in [rows, n] accumulated in double. Threads own blocks of
@@ -398,6 +417,7 @@ static int cpu_sum_rows(fl_tensor *out, const fl_tensor *in) {
 const fl_linear_kernels fl_cpu_linear_kernels = {
     .matmul = cpu_matmul,
     .matmul_scratch = cpu_matmul_scratch,
+    .matmul_acc = cpu_matmul_acc,
     .sum_rows = cpu_sum_rows,
     .embedding = fl_cpu_embedding,
     .embedding_backward = fl_cpu_embedding_backward,

@@ -14,68 +14,10 @@
 
 #include <stdint.h>
 
-/* ---- bit-exact conversions (mirrors of dtype.c) ------------------------------ */
+#include "numeric.h"
 
-__device__ __forceinline__ uint16_t fl_cu_bf16_bits(float value) {
-    uint32_t x = __float_as_uint(value);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-__device__ __forceinline__ float fl_cu_from_bf16(uint16_t bits) {
-    return __uint_as_float((uint32_t)bits << 16);
-}
-
-/* dtype.c's f16_from_f32: three candidates, one selected (the subnormal one
- * relies on round-to-nearest float addition, which __fadd_rn guarantees
- * and which flush-to-zero never touches: 0.5f + |x| is normal). */
-__device__ __forceinline__ uint16_t fl_cu_f16_bits(float value) {
-    uint32_t x = __float_as_uint(value);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t a = x & 0x7fffffffu;
-    uint32_t h;
-    if (a >= 0x47800000u) { /* >= 65536 or not finite */
-        h = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x3ffu)) : 0x7c00u;
-    } else if (a >= 0x38800000u) { /* normal f16 */
-        h = (a + 0xc8000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13;
-    } else {
-        h = __float_as_uint(__fadd_rn(__uint_as_float(a), 0.5f)) - 0x3f000000u;
-    }
-    return (uint16_t)(sign | h);
-}
-
-__device__ __forceinline__ float fl_cu_from_f16(uint16_t bits) {
-    uint32_t sign = (uint32_t)(bits & 0x8000u) << 16;
-    uint32_t em = bits & 0x7fffu;
-    uint32_t f;
-    if (em >= 0x7c00u)
-        f = 0x7f800000u | (em << 13) | (em > 0x7c00u ? 0x00400000u : 0u);
-    else if (em >= 0x0400u)
-        f = (em << 13) + (112u << 23);
-    else
-        f = __float_as_uint(__fmul_rn((float)(int32_t)em, 0x1p-24f));
-    return __uint_as_float(sign | f);
-}
-
-/* double -> float rounded to odd, so the second rounding to f16/bf16 is
- * the correct single rounding (dtype.c explains why). */
-__device__ __forceinline__ float fl_cu_f32_round_odd(double d) {
-    float f = __double2float_rn(d);
-    if ((double)f == d || d != d) return f;
-    uint32_t b = __float_as_uint(f);
-    if (fabs((double)f) > fabs(d)) b -= 1u;
-    return __uint_as_float(b | 1u);
-}
-
-__device__ __forceinline__ double fl_cu_f64_round_odd_from_i64(int64_t v) {
-    uint64_t m = v < 0 ? 0ull - (uint64_t)v : (uint64_t)v;
-    if (m < (1ull << 53)) return (double)v;
-    int shift = 11 - __clzll((long long)m);
-    uint64_t kept = (m >> shift) | ((m & ((1ull << shift) - 1u)) != 0);
-    double d = ldexp((double)kept, shift);
-    return v < 0 ? -d : d;
-}
+/* The f32 <-> bf16/f16 conversions and round-to-odd steps are numeric.h's,
+ * the same code dtype.c runs. */
 
 /* Float -> integer: truncate, saturate at [lo, hi] (exact doubles), NaN -> 0. */
 __device__ __forceinline__ int64_t fl_cu_int_from_f64(double d, double lo, double hi) {
@@ -94,8 +36,8 @@ __device__ __forceinline__ double fl_cu_get_f64(const void *p, int64_t i, int d)
     switch (d) {
     case FL_F32: return ((const float *)p)[i];
     case FL_F64: return ((const double *)p)[i];
-    case FL_F16: return fl_cu_from_f16(((const uint16_t *)p)[i]);
-    case FL_BF16: return fl_cu_from_bf16(((const uint16_t *)p)[i]);
+    case FL_F16: return fl_f32_from_f16(((const uint16_t *)p)[i]);
+    case FL_BF16: return fl_f32_from_bf16(((const uint16_t *)p)[i]);
     case FL_I64: return (double)((const long long *)p)[i];
     case FL_I32: return ((const int32_t *)p)[i];
     case FL_I16: return ((const int16_t *)p)[i];
@@ -127,8 +69,8 @@ __device__ __forceinline__ int64_t fl_cu_get_i64(const void *p, int64_t i, int d
 __device__ __forceinline__ float fl_cu_get_f32(const void *p, int64_t i, int d) {
     switch (d) {
     case FL_F32: return ((const float *)p)[i];
-    case FL_F16: return fl_cu_from_f16(((const uint16_t *)p)[i]);
-    case FL_BF16: return fl_cu_from_bf16(((const uint16_t *)p)[i]);
+    case FL_F16: return fl_f32_from_f16(((const uint16_t *)p)[i]);
+    case FL_BF16: return fl_f32_from_bf16(((const uint16_t *)p)[i]);
     case FL_I64: return __ll2float_rn(((const long long *)p)[i]);
     case FL_U32: return __uint2float_rn(((const uint32_t *)p)[i]);
     case FL_I32: return __int2float_rn(((const int32_t *)p)[i]);
@@ -140,8 +82,8 @@ __device__ __forceinline__ void fl_cu_put_f64(void *p, int64_t i, int d, double 
     switch (d) {
     case FL_F32: ((float *)p)[i] = __double2float_rn(v); break;
     case FL_F64: ((double *)p)[i] = v; break;
-    case FL_F16: ((uint16_t *)p)[i] = fl_cu_f16_bits(fl_cu_f32_round_odd(v)); break;
-    case FL_BF16: ((uint16_t *)p)[i] = fl_cu_bf16_bits(fl_cu_f32_round_odd(v)); break;
+    case FL_F16: ((uint16_t *)p)[i] = fl_f16_from_f32(fl_f32_round_odd(v)); break;
+    case FL_BF16: ((uint16_t *)p)[i] = fl_bf16_from_f32(fl_f32_round_odd(v)); break;
     case FL_I64: ((long long *)p)[i] = fl_cu_int_from_f64(v, -0x1p63, 0x1p63); break;
     case FL_I32: ((int32_t *)p)[i] = (int32_t)fl_cu_int_from_f64(v, INT32_MIN, INT32_MAX); break;
     case FL_I16: ((int16_t *)p)[i] = (int16_t)fl_cu_int_from_f64(v, INT16_MIN, INT16_MAX); break;
@@ -159,8 +101,8 @@ __device__ __forceinline__ void fl_cu_put_f64(void *p, int64_t i, int d, double 
 __device__ __forceinline__ void fl_cu_put_f32(void *p, int64_t i, int d, float v) {
     switch (d) {
     case FL_F32: ((float *)p)[i] = v; break;
-    case FL_F16: ((uint16_t *)p)[i] = fl_cu_f16_bits(v); break;
-    case FL_BF16: ((uint16_t *)p)[i] = fl_cu_bf16_bits(v); break;
+    case FL_F16: ((uint16_t *)p)[i] = fl_f16_from_f32(v); break;
+    case FL_BF16: ((uint16_t *)p)[i] = fl_bf16_from_f32(v); break;
     default: fl_cu_put_f64(p, i, d, (double)v); break;
     }
 }
@@ -169,8 +111,8 @@ __device__ __forceinline__ void fl_cu_put_i64(void *p, int64_t i, int d, int64_t
     switch (d) {
     case FL_F32: ((float *)p)[i] = __ll2float_rn(v); break;
     case FL_F64: ((double *)p)[i] = __ll2double_rn(v); break;
-    case FL_F16: ((uint16_t *)p)[i] = fl_cu_f16_bits(fl_cu_f32_round_odd(fl_cu_f64_round_odd_from_i64(v))); break;
-    case FL_BF16: ((uint16_t *)p)[i] = fl_cu_bf16_bits(fl_cu_f32_round_odd(fl_cu_f64_round_odd_from_i64(v))); break;
+    case FL_F16: ((uint16_t *)p)[i] = fl_f16_from_f32(fl_f32_round_odd(fl_f64_round_odd_from_i64(v))); break;
+    case FL_BF16: ((uint16_t *)p)[i] = fl_bf16_from_f32(fl_f32_round_odd(fl_f64_round_odd_from_i64(v))); break;
     case FL_I64: ((long long *)p)[i] = v; break;
     case FL_I32: ((int32_t *)p)[i] = (int32_t)fl_cu_clamp_i64(v, INT32_MIN, INT32_MAX); break;
     case FL_I16: ((int16_t *)p)[i] = (int16_t)fl_cu_clamp_i64(v, INT16_MIN, INT16_MAX); break;

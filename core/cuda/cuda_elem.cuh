@@ -4,7 +4,8 @@
  *
 
  * - (Element conversions are cuda_dtype.cuh's, through cuda_common.cuh.)
- * - rng.c's Philox-4x32-10 block function, for random fills and dropout.
+ * - rng.c's Philox-4x32-10 block (numeric.h's function), for random fills and
+ *   dropout.
  * - A multi-tensor strided walk (fl_cu_iter), the device twin of
  *   core/cpu/cpu_iter.c: size-1 dims dropped, dims merged where every
  *   tensor is contiguous across them, so a dense tensor is one long row
@@ -82,30 +83,12 @@ __device__ __forceinline__ void fl_cu_iter_offsets(const fl_cu_iter &it, int64_t
 
 /* ---- counter-based random numbers ----------------------------------------------- */
 
-/* rng.c's philox4x32_10, word for word. */
+/* Block `block` of the stream (seed, stream): rng.c's mapping onto
+ * numeric.h's Philox-4x32-10, the code rng.c runs. */
 __device__ __forceinline__ void fl_cu_philox(uint64_t block, uint64_t stream, uint64_t seed,
                                              uint32_t w[4]) {
-    uint32_t c0 = (uint32_t)block, c1 = (uint32_t)(block >> 32);
-    uint32_t c2 = (uint32_t)stream, c3 = (uint32_t)(stream >> 32);
-    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-#pragma unroll
-    for (int round = 0; round < 10; round++) {
-        if (round > 0) {
-            k0 += 0x9E3779B9u;
-            k1 += 0xBB67AE85u;
-        }
-        uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-        uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-        uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-        c0 = n0;
-        c1 = lo1;
-        c2 = n2;
-        c3 = lo0;
-    }
-    w[0] = c0;
-    w[1] = c1;
-    w[2] = c2;
-    w[3] = c3;
+    fl_philox4x32_10((uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream, (uint32_t)(stream >> 32),
+                     (uint32_t)seed, (uint32_t)(seed >> 32), w);
 }
 
 #endif /* FL_CUDA_ELEM_CUH */

@@ -137,7 +137,7 @@ static int lt_gemm(const char *op, int dev, const fl_cu_gemm_args *g, void *ws, 
     int32_t batch = (int32_t)g->batch;
     cublasLtMatmulHeuristicResult_t result;
     int returned = 0;
-    float alpha = 1, beta = 0;
+    float alpha = 1, beta = (float)g->beta;
     memset(&result, 0, sizeof result);
 
 #define LT(call, name)                                                                             \

@@ -98,6 +98,7 @@ static int cuda_sum_rows(fl_tensor *out, const fl_tensor *in) {
 extern "C" const fl_linear_kernels fl_cuda_linear_kernels = {
     fl_cuda_matmul,
     NULL, /* matmul_scratch: cuBLASLt reads 16-bit operands as they are */
+    fl_cuda_matmul_acc,
     cuda_sum_rows,
     fl_cuda_embedding,
     fl_cuda_embedding_backward,

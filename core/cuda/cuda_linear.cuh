@@ -25,6 +25,7 @@ int fl_cuda_max_pool2d(fl_tensor *out, fl_tensor *indices, const fl_tensor *x, i
 int fl_cuda_max_pool2d_backward(fl_tensor *gx, const fl_tensor *gy, const fl_tensor *indices);
 
 int fl_cuda_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b, const fl_tensor *bias);
+int fl_cuda_matmul_acc(fl_tensor *out, const fl_tensor *a, const fl_tensor *b);
 
 /* C[i] = A[i] @ B[i] (+ bias) for i < batch, row-major: A at a + i * sa, B
  * at b + i * sb, C at c + i * sc (strides in elements; 0 reads one matrix
@@ -40,7 +41,7 @@ struct fl_cu_gemm_args {
     fl_dtype ab, cd;  /* dtype of A and B; of C (the output) */
     const void *bias; /* n values of bias_dtype for the epilogue, or NULL (not f64) */
     fl_dtype bias_dtype;
-    double beta;      /* f64 only: 1 when C already holds the bias */
+    double beta;      /* 0, or 1: C already holds the bias (f64) or a sum to add onto */
 };
 
 /* The workspace cuBLASLt is offered: its own advice for Hopper (split-K and

@@ -28,6 +28,35 @@ struct loss_result {
 
 __device__ __forceinline__ bool target_ok(int64_t t, int64_t C) { return t >= 0 && t < C; }
 
+/* Row r of a cross-entropy forward whose target t is ignored or out of
+ * range: thread 0 zeroes its results and records a bad target. True when
+ * the row is done so (every thread of the block gets the same answer). */
+template <typename R>
+__device__ __forceinline__ bool ce_skip_row(int64_t r, int64_t t, int64_t C, int64_t ignore, R *lse, R *row_loss,
+                                            void *rows_out, int ro_dt, loss_result *res) {
+    if (t != ignore && target_ok(t, C)) return false;
+    if (threadIdx.x == 0) {
+        if (t != ignore) atomicMin(&res->bad_row, (unsigned long long)r);
+        lse[r] = 0;
+        row_loss[r] = 0;
+        if (rows_out) fl_cu_st(rows_out, r, ro_dt, (R)0);
+    }
+    return true;
+}
+
+/* Thread 0 of row r's block: its log-sum-exp and loss from the row's max,
+ * sum of exps, sum of logits (label smoothing) and target logit xt. */
+template <typename R>
+__device__ __forceinline__ void ce_finish_row(int64_t r, R mx, R sum, R sx, R xt, R smooth, int64_t C, R *lse,
+                                              R *row_loss, void *rows_out, int ro_dt) {
+    R l = mx + (R)log((double)sum);
+    R loss = l - xt;
+    if (smooth > 0) loss = (1 - smooth) * loss + smooth * (l - (R)((double)sx / (double)C));
+    lse[r] = l;
+    row_loss[r] = loss;
+    if (rows_out) fl_cu_st(rows_out, r, ro_dt, loss);
+}
+
 /* One block per row of logits [rows, C] (last dim, strided). */
 template <typename R>
 __global__ void __launch_bounds__(1024) cross_entropy_kernel(R *row_loss, void *rows_out, int ro_dt, R *lse,
@@ -36,15 +65,7 @@ __global__ void __launch_bounds__(1024) cross_entropy_kernel(R *row_loss, void *
                                      R smooth, loss_result *res) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int64_t t = fl_cu_ld_i64(tg, r, t_dt);
-        if (t == ignore || !target_ok(t, C)) {
-            if (threadIdx.x == 0) {
-                if (t != ignore) atomicMin(&res->bad_row, (unsigned long long)r);
-                lse[r] = 0;
-                row_loss[r] = 0;
-                if (rows_out) fl_cu_st(rows_out, r, ro_dt, (R)0);
-            }
-            continue;
-        }
+        if (ce_skip_row(r, t, C, ignore, lse, row_loss, rows_out, ro_dt, res)) continue;
         int64_t xo = fl_cu_lane_offset(xl, r), xs = xl.step;
         R mx = (R)-INFINITY, sum = 0, sx = 0;
         for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
@@ -57,14 +78,9 @@ __global__ void __launch_bounds__(1024) cross_entropy_kernel(R *row_loss, void *
         }
         sum = fl_cu_block_sum(sum);
         if (smooth > 0) sx = fl_cu_block_sum(sx);
-        if (threadIdx.x == 0) {
-            R l = mx + (R)log((double)sum);
-            R loss = l - fl_cu_ld<R>(x, xo + t * xs, x_dt);
-            if (smooth > 0) loss = (1 - smooth) * loss + smooth * (l - (R)((double)sx / (double)C));
-            lse[r] = l;
-            row_loss[r] = loss;
-            if (rows_out) fl_cu_st(rows_out, r, ro_dt, loss);
-        }
+        if (threadIdx.x == 0)
+            ce_finish_row(r, mx, sum, sx, fl_cu_ld<R>(x, xo + t * xs, x_dt), smooth, C, lse, row_loss, rows_out,
+                          ro_dt);
     }
 }
 
@@ -84,15 +100,7 @@ __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
     int64_t chunks = C / K, nt = blockDim.x;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int64_t t = fl_cu_ld_i64(tg, r, t_dt);
-        if (t == ignore || !target_ok(t, C)) {
-            if (threadIdx.x == 0) {
-                if (t != ignore) atomicMin(&res->bad_row, (unsigned long long)r);
-                lse[r] = 0;
-                row_loss[r] = 0;
-                if (rows_out) fl_cu_st(rows_out, r, ro_dt, 0.0f);
-            }
-            continue;
-        }
+        if (ce_skip_row(r, t, C, ignore, lse, row_loss, rows_out, ro_dt, res)) continue;
         const char *xr = (const char *)x + fl_cu_lane_offset(xl, r) * XV::SIZE;
         float mx = -INFINITY, sum = 0, sx = 0;
         for (int64_t v = threadIdx.x; v < chunks; v += nt) {
@@ -118,14 +126,8 @@ __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
         }
         sum = fl_cu_block_sum(sum);
         if (smooth > 0) sx = fl_cu_block_sum(sx);
-        if (threadIdx.x == 0) {
-            float l = mx + (float)log((double)sum);
-            float loss = l - fl_cu_vget<XD>(xr, t);
-            if (smooth > 0) loss = (1 - smooth) * loss + smooth * (l - (float)((double)sx / (double)C));
-            lse[r] = l;
-            row_loss[r] = loss;
-            if (rows_out) fl_cu_st(rows_out, r, ro_dt, loss);
-        }
+        if (threadIdx.x == 0)
+            ce_finish_row(r, mx, sum, sx, fl_cu_vget<XD>(xr, t), smooth, C, lse, row_loss, rows_out, ro_dt);
     }
 }
 

@@ -247,3 +247,50 @@ done:
     return rc;
 }
 
+
+/* out (f32/f64) += a @ b, 2-d (fl_linear_kernels.matmul_acc): one product
+ * with beta = 1 onto out, the operands read in their own dtype (cuBLASLt
+ * takes bf16/f16 operands with an f32 C; f64 is cuBLAS's dgemm). */
+int fl_cuda_matmul_acc(fl_tensor *out, const fl_tensor *a, const fl_tensor *b) {
+    const char *op = "matmul_acc";
+    if (out->numel == 0 || a->shape[1] == 0) return FL_OK;
+    if (out->dtype == FL_F64 && a->dtype != FL_F64)
+        return fl_fail(FL_ERR_UNSUPPORTED, "%s on cuda: an f64 sum of %s operands", op,
+                       fl_dtype_name(a->dtype));
+    int rc = fl_cu_use_device(op, out);
+    if (rc != FL_OK) return rc;
+    int dev = fl_device_index(out->device);
+    fl_gemm_operand A, B;
+    memset(&A, 0, sizeof A);
+    memset(&B, 0, sizeof B);
+    fl_tensor *ws = NULL;
+    fl_cu_gemm_args g;
+    memset(&g, 0, sizeof g);
+    if ((rc = prepare(a, &A)) != FL_OK || (rc = prepare(b, &B)) != FL_OK) goto done;
+    g.m = out->shape[0];
+    g.n = out->shape[1];
+    g.k = a->shape[1];
+    g.batch = 1;
+    g.a = A.base;
+    g.ta = A.trans;
+    g.lda = A.ld;
+    g.b = B.base;
+    g.tb = B.trans;
+    g.ldb = B.ld;
+    g.c = out->data;
+    g.ldc = max1(g.n);
+    g.ab = a->dtype;
+    g.cd = out->dtype;
+    g.beta = 1;
+    if (out->dtype != FL_F64 && !(ws = fl_cu_workspace(out, FL_CU_GEMM_WORKSPACE))) {
+        rc = fl_last_status();
+        goto done;
+    }
+    rc = fl_cu_gemm(op, dev, &g, ws ? ws->data : NULL, FL_CU_GEMM_WORKSPACE);
+    if (rc == FL_CU_NO_ALGORITHM) rc = no_algorithm(out, g.k);
+done:
+    fl_tensor_release(A.owned);
+    fl_tensor_release(B.owned);
+    fl_tensor_release(ws);
+    return rc;
+}

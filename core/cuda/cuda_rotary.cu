@@ -21,24 +21,54 @@ struct table {
     int64_t s0, s1;
 };
 
+/* The positions (NULL: row t uses table row t) and what finding a row's
+ * table row takes: x's rows per batch entry and the tables' length. */
+struct position_map {
+    const void *p;
+    int dt, ndim;
+    int64_t s0, s1, per_batch, table_rows;
+    unsigned long long *bad_row; /* the first row whose position is out of range */
+};
+
+/* Element offset of row r's position (t = r % T). */
+__host__ __device__ __forceinline__ int64_t position_offset(const position_map &ps, int64_t r, int64_t t) {
+    return ps.ndim == 1 ? t * ps.s0 : (r / ps.per_batch) * ps.s0 + t * ps.s1;
+}
+
+/* The table row of x's row r, or -1 (recorded in bad_row) when its
+ * position is outside the tables. */
+__device__ __forceinline__ int64_t table_row(const position_map &ps, int64_t r, int64_t T) {
+    int64_t t = r % T;
+    if (!ps.p) return t;
+    int64_t p = fl_cu_ld_i64(ps.p, position_offset(ps, r, t), ps.dt);
+    if (p < 0 || p >= ps.table_rows) {
+        atomicMin(ps.bad_row, (unsigned long long)r);
+        return -1;
+    }
+    return p;
+}
+
+/* One pair (x1, x2) = (x[i], x[i + D/2]) rotated, or rotated back. */
+template <typename R>
+__device__ __forceinline__ void rotate(R x1, R x2, R c1, R c2, R s1, R s2, bool inverse, R &y1, R &y2) {
+    if (!inverse) {
+        y1 = x1 * c1 - x2 * s1;
+        y2 = x2 * c2 + x1 * s2;
+    } else {
+        y1 = x1 * c1 + x2 * s2;
+        y2 = x2 * c2 - x1 * s1;
+    }
+}
+
 template <typename R>
 __global__ void __launch_bounds__(1024) rotary_kernel(void *out, int out_dt, const void *x, int x_dt, fl_cu_lanes xl,
-                              table cs, table sn, const void *pos, int pos_dt, int pos_ndim,
-                              int64_t ps0, int64_t ps1, int64_t rows, int64_t T, int64_t D,
-                              int64_t per_batch, int64_t table_rows, bool inverse,
-                              unsigned long long *bad_row) {
+                                                      table cs, table sn, position_map ps, int64_t rows, int64_t T,
+                                                      int64_t D, bool inverse) {
     int64_t h = D / 2, items = rows * h;
     for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < items;
          it += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = it / h, i = it % h, t = r % T, p = t;
-        if (pos) {
-            int64_t off = pos_ndim == 1 ? t * ps0 : (r / per_batch) * ps0 + t * ps1;
-            p = fl_cu_ld_i64(pos, off, pos_dt);
-            if (p < 0 || p >= table_rows) {
-                atomicMin(bad_row, (unsigned long long)r);
-                continue;
-            }
-        }
+        int64_t r = it / h, i = it % h, p = table_row(ps, r, T);
+        if (p < 0) continue;
         int64_t xo = fl_cu_lane_offset(xl, r);
         R x1 = fl_cu_ld<R>(x, xo + i * xl.step, x_dt);
         R x2 = fl_cu_ld<R>(x, xo + (i + h) * xl.step, x_dt);
@@ -47,13 +77,7 @@ __global__ void __launch_bounds__(1024) rotary_kernel(void *out, int out_dt, con
         R s1 = fl_cu_ld<R>(sn.p, p * sn.s0 + i * sn.s1, sn.dt);
         R s2 = fl_cu_ld<R>(sn.p, p * sn.s0 + (i + h) * sn.s1, sn.dt);
         R y1, y2;
-        if (!inverse) {
-            y1 = x1 * c1 - x2 * s1;
-            y2 = x2 * c2 + x1 * s2;
-        } else {
-            y1 = x1 * c1 + x2 * s2;
-            y2 = x2 * c2 - x1 * s1;
-        }
+        rotate(x1, x2, c1, c2, s1, s2, inverse, y1, y2);
         fl_cu_st(out, r * D + i, out_dt, y1);
         fl_cu_st(out, r * D + i + h, out_dt, y2);
     }
@@ -67,24 +91,15 @@ __global__ void __launch_bounds__(1024) rotary_kernel(void *out, int out_dt, con
  * halves' vectors; the arithmetic per element is rotary_kernel's. */
 template <int XD, int TD>
 __global__ void __launch_bounds__(1024) rotary_vec_kernel(void *out, const void *x, fl_cu_lanes xl, table cs,
-                                                           table sn, const void *pos, int pos_dt, int pos_ndim,
-                                                           int64_t ps0, int64_t ps1, int64_t rows, int64_t T,
-                                                           int64_t D, int64_t per_batch, int64_t table_rows,
-                                                           bool inverse, unsigned long long *bad_row) {
+                                                           table sn, position_map ps, int64_t rows, int64_t T,
+                                                           int64_t D, bool inverse) {
     typedef fl_cu_vec<XD> XV;
     constexpr int K = XV::N;
     int64_t h = D / 2, hc = h / K, items = rows * hc;
     for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < items;
          it += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = it / hc, i = (it % hc) * K, t = r % T, p = t;
-        if (pos) {
-            int64_t off = pos_ndim == 1 ? t * ps0 : (r / per_batch) * ps0 + t * ps1;
-            p = fl_cu_ld_i64(pos, off, pos_dt);
-            if (p < 0 || p >= table_rows) {
-                atomicMin(bad_row, (unsigned long long)r);
-                continue;
-            }
-        }
+        int64_t r = it / hc, i = (it % hc) * K, p = table_row(ps, r, T);
+        if (p < 0) continue;
         const char *xr = (const char *)x + fl_cu_lane_offset(xl, r) * XV::SIZE;
         float x1[K], x2[K], c1[K], c2[K], s1[K], s2[K], y1[K], y2[K];
         fl_cu_vload<XD, K>(xr, i, x1);
@@ -94,15 +109,7 @@ __global__ void __launch_bounds__(1024) rotary_vec_kernel(void *out, const void 
         fl_cu_vload<TD, K>(sn.p, p * sn.s0 + i, s1);
         fl_cu_vload<TD, K>(sn.p, p * sn.s0 + i + h, s2);
 #pragma unroll
-        for (int k = 0; k < K; k++) {
-            if (!inverse) {
-                y1[k] = x1[k] * c1[k] - x2[k] * s1[k];
-                y2[k] = x2[k] * c2[k] + x1[k] * s2[k];
-            } else {
-                y1[k] = x1[k] * c1[k] + x2[k] * s2[k];
-                y2[k] = x2[k] * c2[k] - x1[k] * s1[k];
-            }
-        }
+        for (int k = 0; k < K; k++) rotate(x1[k], x2[k], c1[k], c2[k], s1[k], s2[k], inverse, y1[k], y2[k]);
         fl_cu_vstore<XD, K>(out, r * D + i, y1);
         fl_cu_vstore<XD, K>(out, r * D + i + h, y2);
     }
@@ -148,11 +155,14 @@ int fl_cuda_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
             return fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(e));
         }
     }
-    const void *pd = positions ? positions->data : NULL;
-    int pdt = positions ? positions->dtype : 0, pnd = positions ? positions->ndim : 0;
-    int64_t ps0 = positions ? positions->stride[0] : 0;
-    int64_t ps1 = positions && positions->ndim > 1 ? positions->stride[1] : 0;
-    unsigned long long *bp = bad ? (unsigned long long *)bad->data : NULL;
+    position_map ps = {positions ? positions->data : NULL,
+                    positions ? (int)positions->dtype : 0,
+                    positions ? positions->ndim : 0,
+                    positions ? positions->stride[0] : 0,
+                    positions && positions->ndim > 1 ? positions->stride[1] : 0,
+                    per_batch,
+                    table_rows,
+                    bad ? (unsigned long long *)bad->data : NULL};
     unsigned blocks = fl_cu_blocks(items, 256);
     fl_cu_lanes xl = fl_cu_lanes_of(x, dim);
     int64_t vec_k = fl_cu_vec_dtype(x->dtype) ? FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(x->dtype) : 0;
@@ -162,21 +172,19 @@ int fl_cuda_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
         if (cos->dtype == x->dtype)
             fl_cu_vec_dispatch(x->dtype, XD,
                                rotary_vec_kernel<XD, XD><<<vblocks, 256, 0, fl_cu_stream()>>>(
-                                   out->data, x->data, xl, table_of(cos), table_of(sin), pd, pdt, pnd, ps0, ps1,
-                                   rows, T, D, per_batch, table_rows, inverse, bp));
+                                   out->data, x->data, xl, table_of(cos), table_of(sin), ps, rows, T, D,
+                                   inverse));
         else
             fl_cu_vec_dispatch(x->dtype, XD,
                                rotary_vec_kernel<XD, FL_F32><<<vblocks, 256, 0, fl_cu_stream()>>>(
-                                   out->data, x->data, xl, table_of(cos), table_of(sin), pd, pdt, pnd, ps0, ps1,
-                                   rows, T, D, per_batch, table_rows, inverse, bp));
+                                   out->data, x->data, xl, table_of(cos), table_of(sin), ps, rows, T, D,
+                                   inverse));
     } else if (out->dtype == FL_F64)
         rotary_kernel<double><<<blocks, 256, 0, fl_cu_stream()>>>(
-            out->data, out->dtype, x->data, x->dtype, xl, table_of(cos), table_of(sin), pd, pdt,
-            pnd, ps0, ps1, rows, T, D, per_batch, table_rows, inverse, bp);
+            out->data, out->dtype, x->data, x->dtype, xl, table_of(cos), table_of(sin), ps, rows, T, D, inverse);
     else
         rotary_kernel<float><<<blocks, 256, 0, fl_cu_stream()>>>(
-            out->data, out->dtype, x->data, x->dtype, xl, table_of(cos), table_of(sin), pd, pdt,
-            pnd, ps0, ps1, rows, T, D, per_batch, table_rows, inverse, bp);
+            out->data, out->dtype, x->data, x->dtype, xl, table_of(cos), table_of(sin), ps, rows, T, D, inverse);
     int rc = fl_cu_check(op);
     if (!rc && bad) rc = fl_cuda_nccl_settle();
     if (!rc && bad) {
@@ -186,11 +194,10 @@ int fl_cuda_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
             rc = fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(e));
         } else if (row != ~0ull) {
             /* The first bad row's position, read back for the message. */
-            int64_t r = (int64_t)row, t = r % T;
-            int64_t off = pnd == 1 ? t * ps0 : (r / per_batch) * ps0 + t * ps1;
+            int64_t r = (int64_t)row, off = position_offset(ps, r, r % T);
             size_t es = fl_dtype_size(positions->dtype);
             unsigned char v[8] = {0};
-            e = cudaMemcpy(v, (const char *)pd + off * (int64_t)es, es, cudaMemcpyDeviceToHost);
+            e = cudaMemcpy(v, (const char *)ps.p + off * (int64_t)es, es, cudaMemcpyDeviceToHost);
             rc = e != cudaSuccess
                      ? fl_fail(FL_ERR_DEVICE, "%s on cuda: %s", op, cudaGetErrorString(e))
                      : fl_fail(FL_ERR_ARG, "%s: position %lld is out of range for tables of "

@@ -48,13 +48,13 @@ template <int DT> struct fl_cu_vec {
     /* Element k as f32, and f32 stored with dtype.c's rounding. */
     __device__ __forceinline__ float get(int k) const {
         if (DT == FL_F32) return u.f[k];
-        return DT == FL_BF16 ? fl_cu_from_bf16(u.h[k]) : fl_cu_from_f16(u.h[k]);
+        return DT == FL_BF16 ? fl_f32_from_bf16(u.h[k]) : fl_f32_from_f16(u.h[k]);
     }
     __device__ __forceinline__ void set(int k, float v) {
         if (DT == FL_F32)
             u.f[k] = v;
         else
-            u.h[k] = DT == FL_BF16 ? fl_cu_bf16_bits(v) : fl_cu_f16_bits(v);
+            u.h[k] = DT == FL_BF16 ? fl_bf16_from_f32(v) : fl_f16_from_f32(v);
     }
 };
 
@@ -62,13 +62,13 @@ template <int DT> struct fl_cu_vec {
 template <int DT> __device__ __forceinline__ float fl_cu_vget(const void *p, int64_t i) {
     if (DT == FL_F32) return ((const float *)p)[i];
     uint16_t b = ((const uint16_t *)p)[i];
-    return DT == FL_BF16 ? fl_cu_from_bf16(b) : fl_cu_from_f16(b);
+    return DT == FL_BF16 ? fl_f32_from_bf16(b) : fl_f32_from_f16(b);
 }
 template <int DT> __device__ __forceinline__ void fl_cu_vput(void *p, int64_t i, float v) {
     if (DT == FL_F32)
         ((float *)p)[i] = v;
     else
-        ((uint16_t *)p)[i] = DT == FL_BF16 ? fl_cu_bf16_bits(v) : fl_cu_f16_bits(v);
+        ((uint16_t *)p)[i] = DT == FL_BF16 ? fl_bf16_from_f32(v) : fl_f16_from_f32(v);
 }
 
 /* K consecutive elements of p (dtype DT) from element i, as f32, and K f32

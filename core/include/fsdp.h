@@ -853,6 +853,21 @@ typedef enum fl_loss_reduction {
 FL_API fl_tensor *fl_cross_entropy(const fl_tensor *logits, const fl_tensor *targets,
                                    int64_t ignore_index, fl_loss_reduction reduction,
                                    double label_smoothing);
+/* A language model's head and cross-entropy in one op, over chunks of rows:
+ * the loss of logits = h @ w^T (h [N, D], w [V, D], one float dtype) against
+ * targets [N], without the [N, V] logits or their gradient ever whole
+ * ([Note: the fused head and loss] in core/ops/linear_cross_entropy.c).
+ * reduction mean or sum; ignore_index, label_smoothing and the result's
+ * dtype as fl_cross_entropy. With grad, the gradients to h and w are
+ * computed here, chunk by chunk, and the backward only scales them.
+ * chunk_rows <= 0: rows such that a chunk's logits are about 256 MB. */
+FL_API fl_tensor *fl_linear_cross_entropy(const fl_tensor *h, const fl_tensor *w,
+                                          const fl_tensor *targets, int64_t ignore_index,
+                                          fl_loss_reduction reduction, double label_smoothing,
+                                          int64_t chunk_rows);
+/* The rows per chunk fl_linear_cross_entropy takes for a vocabulary of
+ * `vocab` in `dtype` and a requested chunk_rows (<= 0: automatic). */
+FL_API int64_t fl_linear_cross_entropy_chunk_rows(int64_t vocab, fl_dtype dtype, int64_t chunk_rows);
 /* Negative log-likelihood of log-probabilities [..., C] (e.g. the output of
  * fl_log_softmax) at targets [...]: -log_probs[..., target]; reductions and
  * ignore_index as fl_cross_entropy. */

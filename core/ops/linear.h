@@ -22,6 +22,11 @@ typedef struct fl_linear_kernels {
      * ([Note: virtual storage], core/ops/matmul.c). NULL: none. */
     int64_t (*matmul_scratch)(const fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
                               const fl_tensor *bias);
+    /* out [m, n] (contiguous, f32 or f64) += a [m, k] @ b [k, n]: a and b
+     * 2-d of one float dtype (any strides), the sum in out's dtype. The
+     * chunked accumulation of a weight gradient (core/ops/linear_cross_entropy.c):
+     * every chunk adds onto one wide sum, rounded once at the end. */
+    int (*matmul_acc)(fl_tensor *out, const fl_tensor *a, const fl_tensor *b);
     /* out[n] = sum over the rows of in [rows, n] (any strides): the bias
      * gradient. out is contiguous, in's dtype. */
     int (*sum_rows)(fl_tensor *out, const fl_tensor *in);

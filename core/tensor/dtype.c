@@ -19,6 +19,7 @@
  * conversion produces.
  */
 #include "internal.h"
+#include "numeric.h"
 #include "cpu_isa_dispatch.h"
 
 #include <limits.h>
@@ -100,129 +101,15 @@ int fl_dtype_parse(const char *name) {
 /* f32 <-> bf16 / f16                                                        */
 /* ------------------------------------------------------------------------ */
 
-/* Type punning through memcpy: defined behaviour, compiled to a move. */
-static inline uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* cond ? a : b as bit masks. Plain ?: here would not vectorise: GCC keeps
- * the float operation of an unselected candidate behind a branch, in case
- * it traps (-ftrapping-math, the default). */
-static inline uint32_t select_u32(bool cond, uint32_t a, uint32_t b) {
-    uint32_t mask = 0u - (uint32_t)cond;
-    return (a & mask) | (b & ~mask);
-}
-
-/* bf16 is the top half of an f32, so rounding is one integer add: adding
- * 0x7fff plus the lowest kept bit carries into the kept half exactly when
- * the dropped half is above 0x8000, or equal to it with an odd kept half
- * (ties to even). A carry out of the largest finite value lands on the
- * infinity pattern, which is the correct overflow. A NaN must not take the
- * add (it could carry into infinity): it keeps its top half with the top
- * mantissa bit set, a quiet NaN whatever its payload. Both candidates are
- * computed and one selected: the bulk loops have no branch. */
-static inline uint16_t bf16_from_f32(float value) {
-    uint32_t x = f32_bits(value);
-    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-    uint32_t quiet_nan = (x >> 16) | 0x0040u;
-    return (uint16_t)select_u32((x & 0x7fffffffu) > 0x7f800000u, quiet_nan, rounded);
-}
-
-static inline float f32_from_bf16(uint16_t bits) {
-    return bits_f32((uint32_t)bits << 16);
-}
-
-/* f16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. The magnitude falls
- * in one of three ranges; all three results are computed and one selected,
- * so the bulk loops have no branches and vectorise:
- *   >= 65536 or not finite: infinity, or a quiet NaN keeping the top payload;
- *   >= 2^-14 (normal f16): rebias the exponent and round off 13 mantissa
- *     bits with the same add-and-carry trick as bf16 (a carry out of the
- *     mantissa correctly bumps the exponent, and 65520 and up carry into
- *     the infinity pattern 0x7c00);
- *   below 2^-14 (subnormal or zero): the result counts units of 2^-24. Adding
- *     0.5f makes the FPU do the rounding: the spacing of floats in [0.5, 1)
- *     is exactly 2^-24, so the sum is 0.5 plus the magnitude rounded to
- *     nearest even in those units, and subtracting the bits of 0.5f leaves
- *     the unit count (1024, the smallest normal's pattern, when it carries).
- *     Relies on the default rounding mode, which the core never changes. */
-static inline uint16_t f16_from_f32(float value) {
-    uint32_t x = f32_bits(value);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t a = x & 0x7fffffffu;
-    uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
-    uint32_t special = select_u32(a > 0x7f800000u, nan, 0x7c00u);
-    uint32_t normal = (a + 0xc8000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13; /* (15-127) << 23 */
-    uint32_t subnormal = f32_bits(bits_f32(a) + 0.5f) - 0x3f000000u;
-    uint32_t h = select_u32(a >= 0x47800000u, special,                  /* 65536.0f */
-                            select_u32(a >= 0x38800000u, normal, subnormal)); /* 2^-14 */
-    return (uint16_t)(sign | h);
-}
-
-/* Every f16 is exactly an f32; again three candidates and a select. Normal:
- * move the bits up and rebias the exponent (+112 = 127 - 15). Infinity and
- * NaN: the all-ones exponent, payload moved up, and the quiet bit set so a
- * signalling NaN becomes quiet as in hardware conversions. Subnormal:
- * mantissa * 2^-24, exact in float arithmetic. */
-static inline float f32_from_f16(uint16_t bits) {
-    uint32_t sign = (uint32_t)(bits & 0x8000u) << 16;
-    uint32_t em = bits & 0x7fffu; /* exponent and mantissa */
-    uint32_t normal = (em << 13) + (112u << 23);
-    uint32_t special = 0x7f800000u | (em << 13) | select_u32(em > 0x7c00u, 0x00400000u, 0);
-    uint32_t subnormal = f32_bits((float)(int32_t)em * 0x1p-24f);
-    uint32_t f = select_u32(em >= 0x7c00u, special, select_u32(em >= 0x0400u, normal, subnormal));
-    return bits_f32(sign | f);
-}
-
-uint16_t fl_f32_to_bf16(float value) { return bf16_from_f32(value); }
-float fl_bf16_to_f32(uint16_t bits) { return f32_from_bf16(bits); }
-uint16_t fl_f32_to_f16(float value) { return f16_from_f32(value); }
-float fl_f16_to_f32(uint16_t bits) { return f32_from_f16(bits); }
+uint16_t fl_f32_to_bf16(float value) { return fl_bf16_from_f32(value); }
+float fl_bf16_to_f32(uint16_t bits) { return fl_f32_from_bf16(bits); }
+uint16_t fl_f32_to_f16(float value) { return fl_f16_from_f32(value); }
+float fl_f16_to_f32(uint16_t bits) { return fl_f32_from_f16(bits); }
 
 /* ------------------------------------------------------------------------ */
 /* Exact double/int64 -> 16-bit floats                                       */
 /* ------------------------------------------------------------------------ */
 
-/* Going double -> float -> f16 rounds twice, and twice is wrong: a double
- * just above a halfway point of f16 can round to a float exactly on it, and
- * the second rounding then breaks the tie to even, downward. The classic
- * cure is rounding the first step "to odd": truncate toward zero and set
- * the lowest bit whenever something was cut off. The odd bit remembers
- * "a little more than this" and, since float keeps at least two more bits
- * than f16 (24 vs 11) or bf16 (24 vs 8), the second rounding then gives the
- * correctly rounded result. This holds for subnormals too: float's finest
- * step (2^-149) is far below f16's (2^-24) and bf16's (2^-133). */
-static inline float f32_round_odd(double d) {
-    float f = (float)d; /* nearest; keeps NaN (quiet) and infinities */
-    if ((double)f == d || isnan(d)) return f;
-    uint32_t b = f32_bits(f);
-    /* f is the nearest float, so truncation is f itself or its neighbour
-     * toward zero (for an overflow to infinity: the largest finite float). */
-    if (fabs((double)f) > fabs(d)) b -= 1u;
-    return bits_f32(b | 1u);
-}
-
-/* The same idea one level up: int64 -> double rounded to odd, so that
- * int64 -> bf16 rounds once (|v| above 2^53 does not fit a double). */
-static inline double f64_round_odd_from_i64(int64_t v) {
-    uint64_t m = v < 0 ? 0u - (uint64_t)v : (uint64_t)v;
-    if (m < (UINT64_C(1) << 53)) return (double)v;
-    int shift = 11 - __builtin_clzll(m); /* bits below the top 53 */
-    uint64_t kept = (m >> shift) | ((m & ((UINT64_C(1) << shift) - 1u)) != 0);
-    double d = ldexp((double)kept, shift); /* kept has 53 bits: exact */
-    return v < 0 ? -d : d;
-}
-
-static inline uint16_t f16_from_f64(double d) { return f16_from_f32(f32_round_odd(d)); }
-static inline uint16_t bf16_from_f64(double d) { return bf16_from_f32(f32_round_odd(d)); }
 
 /* ------------------------------------------------------------------------ */
 /* Scalar load / store                                                       */
@@ -275,8 +162,8 @@ double fl_load_f64(const void *p, fl_dtype dtype) {
     switch (dtype) {
     case FL_F32: return load_f32(p);
     case FL_F64: return load_f64(p);
-    case FL_F16: return f32_from_f16(load_u16(p));
-    case FL_BF16: return f32_from_bf16(load_u16(p));
+    case FL_F16: return fl_f32_from_f16(load_u16(p));
+    case FL_BF16: return fl_f32_from_bf16(load_u16(p));
     case FL_I64: return (double)load_i64(p);
     case FL_I32: return load_i32(p);
     case FL_I16: return load_i16(p);
@@ -294,8 +181,8 @@ int64_t fl_load_i64(const void *p, fl_dtype dtype) {
     switch (dtype) {
     case FL_F32: return i64_from_f64(load_f32(p));
     case FL_F64: return i64_from_f64(load_f64(p));
-    case FL_F16: return i64_from_f64(f32_from_f16(load_u16(p)));
-    case FL_BF16: return i64_from_f64(f32_from_bf16(load_u16(p)));
+    case FL_F16: return i64_from_f64(fl_f32_from_f16(load_u16(p)));
+    case FL_BF16: return i64_from_f64(fl_f32_from_bf16(load_u16(p)));
     case FL_I64: return load_i64(p);
     case FL_I32: return load_i32(p);
     case FL_I16: return load_i16(p);
@@ -313,8 +200,8 @@ void fl_store_f64(void *p, fl_dtype dtype, double v) {
     switch (dtype) {
     case FL_F32: store_f32(p, v); return;
     case FL_F64: store_f64(p, v); return;
-    case FL_F16: store_u16(p, f16_from_f64(v)); return;
-    case FL_BF16: store_u16(p, bf16_from_f64(v)); return;
+    case FL_F16: store_u16(p, fl_f16_from_f64(v)); return;
+    case FL_BF16: store_u16(p, fl_bf16_from_f64(v)); return;
     case FL_I64: store_i64(p, i64_from_f64(v)); return;
     case FL_I32: store_i32(p, int_from_f64(v, INT32_MIN, INT32_MAX)); return;
     case FL_I16: store_i16(p, int_from_f64(v, INT16_MIN, INT16_MAX)); return;
@@ -334,8 +221,8 @@ void fl_store_i64(void *p, fl_dtype dtype, int64_t v) {
     switch (dtype) {
     case FL_F32: store_f32(p, (float)v); return;
     case FL_F64: store_f64(p, (double)v); return;
-    case FL_F16: store_u16(p, f16_from_f64(f64_round_odd_from_i64(v))); return;
-    case FL_BF16: store_u16(p, bf16_from_f64(f64_round_odd_from_i64(v))); return;
+    case FL_F16: store_u16(p, fl_f16_from_f64(fl_f64_round_odd_from_i64(v))); return;
+    case FL_BF16: store_u16(p, fl_bf16_from_f64(fl_f64_round_odd_from_i64(v))); return;
     case FL_I64: store_i64(p, v); return;
     case FL_I32: store_i32(p, clamp_i64(v, INT32_MIN, INT32_MAX)); return;
     case FL_I16: store_i16(p, clamp_i64(v, INT16_MIN, INT16_MAX)); return;
@@ -370,10 +257,10 @@ static inline int64_t i64_from_f32(float x) {
 }
 
 /* 16-bit floats widen exactly; double narrows to them in one rounding
- * (f32_round_odd). Kernels that sum in double (embedding's backward) load
+ * (fl_f32_round_odd). Kernels that sum in double (embedding's backward) load
  * and store bf16 rows through these. */
-static inline double f64_from_bf16(uint16_t x) { return f32_from_bf16(x); }
-static inline double f64_from_f16(uint16_t x) { return f32_from_f16(x); }
+static inline double f64_from_bf16(uint16_t x) { return fl_f32_from_bf16(x); }
+static inline double f64_from_f16(uint16_t x) { return fl_f32_from_f16(x); }
 
 /* One contiguous loop per fast pair, compiled for each ISA level and run
  * at the one in force ([Note: ISA clones]: AVX-512 narrows 32-bit lanes
@@ -409,10 +296,10 @@ static inline double f64_from_f16(uint16_t x) { return f32_from_f16(x); }
         }                                                                      \
     }
 
-DEFINE_CONVERT(convert_f32_to_bf16, uint16_t, float, bf16_from_f32)
-DEFINE_CONVERT(convert_bf16_to_f32, float, uint16_t, f32_from_bf16)
-DEFINE_CONVERT(convert_f32_to_f16, uint16_t, float, f16_from_f32)
-DEFINE_CONVERT(convert_f16_to_f32, float, uint16_t, f32_from_f16)
+DEFINE_CONVERT(convert_f32_to_bf16, uint16_t, float, fl_bf16_from_f32)
+DEFINE_CONVERT(convert_bf16_to_f32, float, uint16_t, fl_f32_from_bf16)
+DEFINE_CONVERT(convert_f32_to_f16, uint16_t, float, fl_f16_from_f32)
+DEFINE_CONVERT(convert_f16_to_f32, float, uint16_t, fl_f32_from_f16)
 DEFINE_CONVERT(convert_f32_to_f64, double, float, f64_from_f32)
 DEFINE_CONVERT(convert_f64_to_f32, float, double, f32_from_f64)
 DEFINE_CONVERT(convert_f32_to_i32, int32_t, float, i32_from_f32)
@@ -420,9 +307,9 @@ DEFINE_CONVERT(convert_i32_to_f32, float, int32_t, f32_from_i32)
 DEFINE_CONVERT(convert_f32_to_i64, int64_t, float, i64_from_f32)
 DEFINE_CONVERT(convert_i64_to_f32, float, int64_t, f32_from_i64)
 DEFINE_CONVERT(convert_bf16_to_f64, double, uint16_t, f64_from_bf16)
-DEFINE_CONVERT(convert_f64_to_bf16, uint16_t, double, bf16_from_f64)
+DEFINE_CONVERT(convert_f64_to_bf16, uint16_t, double, fl_bf16_from_f64)
 DEFINE_CONVERT(convert_f16_to_f64, double, uint16_t, f64_from_f16)
-DEFINE_CONVERT(convert_f64_to_f16, uint16_t, double, f16_from_f64)
+DEFINE_CONVERT(convert_f64_to_f16, uint16_t, double, fl_f16_from_f64)
 
 static const struct {
     fl_dtype dst, src;

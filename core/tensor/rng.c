@@ -13,7 +13,7 @@
  *
  *   key      = { lo32(seed), hi32(seed) }
  *   g        = spec->first_index + index      (uint64, wraps)
- *   block(b) = philox4x32_10(counter = { lo32(b), hi32(b),
+ *   block(b) = fl_philox4x32_10(counter = { lo32(b), hi32(b),
  *                                        lo32(stream), hi32(stream) }, key)
  *              -> words w[0..3]
  *
@@ -39,56 +39,18 @@
  * (identical on every rank of one installation).
  */
 #include "internal.h"
+#include "numeric.h"
 
 #include <math.h>
 #include <string.h>
 
-enum {
-    PHILOX_ROUNDS = 10
-};
-
-/* Random123's constants: the two round multipliers and the Weyl sequence
- * (golden ratio and sqrt(3) - 1, scaled to 32 bits) that bumps the key. */
-#define PHILOX_M0 UINT32_C(0xD2511F53)
-#define PHILOX_M1 UINT32_C(0xCD9E8D57)
-#define PHILOX_W0 UINT32_C(0x9E3779B9)
-#define PHILOX_W1 UINT32_C(0xBB67AE85)
-
-/* Ten rounds of: two 32x32->64 multiplies, whose high halves are mixed with
- * the other two words and the round key and whose low halves are carried
- * over, in Random123's word order. The key advances by the Weyl constants
- * before every round but the first. */
-static inline void philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                                 uint32_t k0, uint32_t k1, uint32_t out[4]) {
-    for (int round = 0; round < PHILOX_ROUNDS; round++) {
-        if (round > 0) {
-            k0 += PHILOX_W0;
-            k1 += PHILOX_W1;
-        }
-        uint64_t p0 = (uint64_t)PHILOX_M0 * c0;
-        uint64_t p1 = (uint64_t)PHILOX_M1 * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
-        uint32_t n1 = (uint32_t)p1;
-        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        uint32_t n3 = (uint32_t)p0;
-        c0 = n0;
-        c1 = n1;
-        c2 = n2;
-        c3 = n3;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
-
 void fl_philox4x32(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
-    philox4x32_10(counter[0], counter[1], counter[2], counter[3], key[0], key[1], out);
+    fl_philox4x32_10(counter[0], counter[1], counter[2], counter[3], key[0], key[1], out);
 }
 
 /* Block b of the stream (seed, stream), per the contract above. */
 static inline void random_block(const fl_random_spec *spec, uint64_t b, uint32_t w[4]) {
-    philox4x32_10((uint32_t)b, (uint32_t)(b >> 32), (uint32_t)spec->stream,
+    fl_philox4x32_10((uint32_t)b, (uint32_t)(b >> 32), (uint32_t)spec->stream,
                   (uint32_t)(spec->stream >> 32), (uint32_t)spec->seed,
                   (uint32_t)(spec->seed >> 32), w);
 }
@@ -148,7 +110,7 @@ int64_t fl_random_int64(const fl_random_spec *spec, uint64_t index) {
 
 void fl_philox_lanes(const fl_random_spec *spec, uint64_t first_block,
                      uint32_t out[4][FL_PHILOX_LANES]) {
-    /* The rounds of philox4x32_10, written lane-wise over consecutive
+    /* The rounds of fl_philox4x32_10, written lane-wise over consecutive
      * blocks so the 32x32->64-bit products vectorise (about 3x the speed
      * of one block per call). */
     uint32_t x0[FL_PHILOX_LANES], x1[FL_PHILOX_LANES], x2[FL_PHILOX_LANES], x3[FL_PHILOX_LANES];
@@ -160,15 +122,15 @@ void fl_philox_lanes(const fl_random_spec *spec, uint64_t first_block,
         x3[l] = (uint32_t)(spec->stream >> 32);
     }
     uint32_t k0 = (uint32_t)spec->seed, k1 = (uint32_t)(spec->seed >> 32);
-    for (int round = 0; round < PHILOX_ROUNDS; round++) {
+    for (int round = 0; round < FL_PHILOX_ROUNDS; round++) {
         if (round > 0) {
-            k0 += PHILOX_W0;
-            k1 += PHILOX_W1;
+            k0 += FL_PHILOX_W0;
+            k1 += FL_PHILOX_W1;
         }
 #pragma omp simd
         for (int l = 0; l < FL_PHILOX_LANES; l++) {
-            uint64_t p0 = (uint64_t)PHILOX_M0 * x0[l];
-            uint64_t p1 = (uint64_t)PHILOX_M1 * x2[l];
+            uint64_t p0 = (uint64_t)FL_PHILOX_M0 * x0[l];
+            uint64_t p1 = (uint64_t)FL_PHILOX_M1 * x2[l];
             uint32_t n0 = (uint32_t)(p1 >> 32) ^ x1[l] ^ k0;
             uint32_t n2 = (uint32_t)(p0 >> 32) ^ x3[l] ^ k1;
             x1[l] = (uint32_t)p1;

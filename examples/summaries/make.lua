@@ -1,5 +1,5 @@
 -- examples/summaries/make.lua: writes the example dataset of the T5
--- fine-tuning command in README (train.jsonl, val.jsonl next to this
+-- fine-tuning command in docs/training.md (train.jsonl, val.jsonl next to this
 -- file): short news-style sentences as sources and their one-line
 -- summaries as targets, in the {"source": ..., "target": ...} JSONL that
 -- recipes/t5_3b.lua --data reads. The pairs are generated from templates

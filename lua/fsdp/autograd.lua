@@ -9,6 +9,7 @@
 -- nested backward (checkpointing does exactly that).
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
+local random = require 'fsdp.random'
 local ffi, C = core.ffi, core.C
 
 local M = {}
@@ -231,7 +232,6 @@ end
 -- Returns fn's outputs.
 function M.checkpoint_with_params(params, fn, ...)
   local inputs = pack(...)
-  local random = require 'fsdp.random'
   local rng_state = random.get_state()
   local outputs = pack(M.no_grad(fn, unpack(inputs, 1, inputs.n)))
   local swap = params.swap
@@ -369,5 +369,8 @@ function M.on_gradient(name, packed, backward)
   M.attach(name, list, outs, backward)
   return rebuild(outs), true
 end
+
+-- t:backward() runs this engine (fsdp.tensor sits below this file).
+Tensor.run_backward = M.backward
 
 return M

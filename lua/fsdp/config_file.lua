@@ -15,6 +15,7 @@
 -- sections), a key without a value and an unknown key are refused in one
 -- line naming the file and the key as written ("training.lrr"). The
 -- command line overrides the file (fsdp.recipe applies the file first).
+local files = require 'fsdp.io.files'
 local M = {}
 
 local function sorted_keys(t)
@@ -30,7 +31,6 @@ local function is_yaml(path) return path:lower():match('%.ya?ml$') ~= nil end
 local function load(path)
   -- read like every input: a regular file, up to a bound
   -- (fsdp.io.files: [Note: inputs are regular files])
-  local files = require 'fsdp.io.files'
   local text, why = files.read(path, files.LIMITS.text[1], 'a --config file')
   if not text then error(('--config: %s'):format(why), 0) end
   if is_yaml(path) then

@@ -52,6 +52,9 @@
 -- measured once (a few small GEMMs, ~10 ms) the first time it is asked for.
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
+local files = require 'fsdp.io.files'
+local fsdp = require 'fsdp'
+local clock = require 'fsdp.clock'
 
 local M = {}
 
@@ -165,8 +168,6 @@ end
 function M.measure_cpu()
   local p = M.cpu
   if type(p) ~= 'table' or p.measured then return p end
-  local fsdp = require 'fsdp'
-  local clock = require 'fsdp.clock'
   local n = 384
   local best = math.huge
   -- Under a memory limit the products may not fit: then a declared rate.
@@ -225,7 +226,7 @@ end
 -- writes one). Named after the file unless it says "name"; checked.
 function M.load(path, where)
   where = where or 'fsdp.devices.load'
-  local text, why = require('fsdp.io.files').read(path, nil, 'a device profile')
+  local text, why = files.read(path, nil, 'a device profile')
   if not text then core.fail(('%s: cannot read device profile: %s'):format(where, why)) end
   local ok, fields = pcall(require('cjson').decode, text)
   if not ok or type(fields) ~= 'table' then

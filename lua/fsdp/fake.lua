@@ -19,16 +19,23 @@
 --
 -- The mode is a dynamic extent: it ends when fn returns or raises, the
 -- default device is restored either way, and calls nest.
+local core = require 'fsdp.core'
+
 local M = {}
 
 local depth = 0
 
+-- The default device lives in fsdp (lua/fsdp/init.lua, above this file:
+-- its factories ask M.active); it hands its getter and setter over here.
+local device_of = {}
+function M.use_default_device(get, set) device_of.get, device_of.set = get, set end
+
 -- True while some fsdp.fake call is running (the factories ask).
 function M.active() return depth > 0 end
 
-local function finish(fsdp, saved_device, ok, ...)
+local function finish(saved_device, ok, ...)
   depth = depth - 1
-  fsdp.set_default_device(saved_device)
+  device_of.set(saved_device)
   if not ok then error((...), 0) end
   return ...
 end
@@ -36,8 +43,6 @@ end
 -- Run fn(...) in fake mode and return its results. opts.device (a device
 -- name such as 'cuda:0' or 'cpu') is the default device inside fn.
 function M.run(fn, opts, ...)
-  local fsdp = require 'fsdp'
-  local core = require 'fsdp.core'
   if type(fn) ~= 'function' then
     core.fail(('fsdp.fake: expected a function, got %s'):format(type(fn)))
   end
@@ -48,13 +53,13 @@ function M.run(fn, opts, ...)
   for k in pairs(opts) do
     if k ~= 'device' then core.fail(('fsdp.fake: unknown option %s (valid: device)'):format(tostring(k))) end
   end
-  local saved_device = fsdp.get_default_device()
+  local saved_device = device_of.get()
   -- Validate the device before entering the mode: a bad name is the
   -- caller's mistake and names their line.
   if opts.device ~= nil then core.device(opts.device) end
   depth = depth + 1
-  if opts.device ~= nil then fsdp.set_default_device(opts.device) end
-  return finish(fsdp, saved_device, pcall(fn, ...))
+  if opts.device ~= nil then device_of.set(opts.device) end
+  return finish(saved_device, pcall(fn, ...))
 end
 
 return M

@@ -181,4 +181,7 @@ function M.tensor(t)
   return out .. ')'
 end
 
+-- Tensors print through this file ([tostring] in fsdp.tensor).
+Tensor.format = function(t) return M.tensor(t) end
+
 return M

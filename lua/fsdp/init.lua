@@ -32,6 +32,7 @@ M.manual_seed = random.manual_seed
 M.initial_seed = random.initial_seed
 
 local autograd = require 'fsdp.autograd'
+require 'fsdp.format' -- tensors print through it (it installs Tensor.format)
 M.autograd = autograd
 M.no_grad = autograd.no_grad
 M.enable_grad = autograd.enable_grad
@@ -87,6 +88,7 @@ function M.get_default_dtype() return core.dtype_name(default_dtype) end
 function M.set_default_device(d) default_device = core.device(d) end
 -- The default device's name ('cpu' unless fsdp.set_default_device changed it).
 function M.get_default_device() return core.device_name(default_device) end
+fake.use_default_device(M.get_default_device, M.set_default_device)
 
 -- The options table of a factory: the argument after the shape, if any.
 local function options(nextarg, ...)

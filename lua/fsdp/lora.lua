@@ -36,6 +36,12 @@ local Linear = require 'fsdp.nn.linear'
 local LoRALinear = require 'fsdp.nn.lora'
 local parameter = require 'fsdp.nn.parameter'
 local autograd = require 'fsdp.autograd'
+local layout = require 'fsdp.sharding.layout'
+local safetensors = require 'fsdp.io.safetensors'
+local nonfinite = require 'fsdp.nonfinite'
+local publish = require 'fsdp.io.publish'
+local files = require 'fsdp.io.files'
+local json = require 'fsdp.io.json'
 
 local M = {}
 M.LoRALinear = LoRALinear
@@ -166,7 +172,7 @@ function M.apply(model, opts)
   for _, nm in ipairs(order) do adapter_dtype[nm[2]] = nm[2].weight.dtype end
 
   -- Freeze the whole model first (the adapters are made after).
-  local slots = require('fsdp.sharding.layout').slots_of(model)
+  local slots = layout.slots_of(model)
   local done = {}
   for _, p in ipairs(model:parameters()) do
     if not done[p] then
@@ -358,10 +364,8 @@ function M.save_peft(model, dir, opts)
   if dist.rank() == 0 then
     -- Built beside dir and swapped in whole ([Note: exports are published
     -- whole] in fsdp.io.publish).
-    local publish = require 'fsdp.io.publish'
     local stage
     local ok, e = pcall(function()
-      local files = require 'fsdp.io.files'
       stage = publish.begin(dir, { what = 'save_peft' })
       local list = {}
       for name, t in pairs(sd) do
@@ -369,9 +373,8 @@ function M.save_peft(model, dir, opts)
         list[#list + 1] = { PREFIX .. name, t }
       end
       table.sort(list, function(a, b) return a[1] < b[1] end)
-      require('fsdp.io.safetensors').save(files.join(stage.dir, 'adapter_model.safetensors'), list,
+      safetensors.save(files.join(stage.dir, 'adapter_model.safetensors'), list,
         { format = 'pt', [publish.ID_KEY] = stage.id }, { finite = true })
-      local json = require 'fsdp.io.json'
       local targets = json.array({})
       for i, t in ipairs(cfg.targets) do targets[i] = t end
       local text = json.encode({
@@ -409,7 +412,7 @@ local function check_peft_config(h, path, model)
   for _, k in ipairs({ 'rank_pattern', 'alpha_pattern' }) do
     if type(h[k]) == 'table' and next(h[k]) ~= nil then refuse('%s is not empty (one rank and alpha for all layers)', k) end
   end
-  local null = require('fsdp.io.json').null
+  local null = json.null
   for _, k in ipairs({ 'modules_to_save', 'layers_to_transform', 'layers_pattern', 'exclude_modules',
                        'target_parameters', 'layer_replication', 'trainable_token_indices',
                        'alora_invocation_tokens' }) do
@@ -448,8 +451,6 @@ end
 -- sharded); not on the meta device. Returns the model.
 function M.load_peft(model, dir, opts)
   opts = opts or {}
-  local files = require 'fsdp.io.files'
-  local json = require 'fsdp.io.json'
   -- A regular file or none: a FIFO or a device is refused naming it.
   local function regular(path)
     local ok, is = pcall(files.is_file, path)
@@ -476,7 +477,7 @@ function M.load_peft(model, dir, opts)
   local wpath = files.join(dir, 'adapter_model.safetensors')
   regular(wpath)
   do
-    local f = require('fsdp.io.safetensors').open(wpath)
+    local f = safetensors.open(wpath)
     for _, name in ipairs(f:names()) do
       local which = name:match('%.(lora_[AB])%.[^.]*%.?weight$')
       local shape = f:info(name).shape
@@ -500,7 +501,7 @@ function M.load_peft(model, dir, opts)
   else
     M.apply(model, want)
   end
-  local f = require('fsdp.io.safetensors').open(wpath)
+  local f = safetensors.open(wpath)
   local state, unexpected, file_name = {}, {}, {}
   for _, name in ipairs(f:names()) do
     -- PEFT writes lora_A.weight; older versions (and other tools) keep the
@@ -539,7 +540,7 @@ function M.load_peft(model, dir, opts)
     for name in pairs(state) do names[#names + 1] = name end
     table.sort(names)
     for _, name in ipairs(names) do
-      local at = require('fsdp.nonfinite').first_nonfinite_element(state[name])
+      local at = nonfinite.first_nonfinite_element(state[name])
       if at then
         fail('load_peft: %s: %s holds a NaN or infinite value (element %d)', wpath, file_name[name], at)
       end

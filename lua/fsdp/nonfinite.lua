@@ -55,6 +55,9 @@ local Module = require 'fsdp.nn.module'
 local clip = require 'fsdp.optim.clip'
 local Tensor = require 'fsdp.tensor'
 local ffi = require 'ffi'
+local sharding = require 'fsdp.sharding'
+local console = require 'fsdp.observe.console'
+local checkpointing = require 'fsdp.checkpointing'
 
 local M = {}
 
@@ -91,7 +94,7 @@ end
 local function clip_to(model, max_norm, total)
   local coef = max_norm / (total + 1e-6)
   if coef >= 1 then return end
-  if is_sharded(model) then require('fsdp.sharding').scale_grads(model, coef)
+  if is_sharded(model) then sharding.scale_grads(model, coef)
   else clip.scale_grads(model:parameters(), coef) end
 end
 
@@ -187,7 +190,7 @@ function M.Guard(opts)
   return setmetatable({
     model = opts.model, optimizer = opts.optimizer, scheduler = opts.scheduler, policy = policy,
     max_skips = max_skips, grad_clip = grad_clip, skips = 0, on_stop = opts.on_stop,
-    say = opts.say or function(line) require('fsdp.observe.console').print(line) end,
+    say = opts.say or function(line) console.print(line) end,
   }, Guard)
 end
 
@@ -312,7 +315,7 @@ function M.guard(cfg, state, script)
     if dist.rank() == 0 then
       local dir = cfg.checkpoint_dir
       if dir and dir ~= '' then
-        local latest = require('fsdp.checkpointing').latest(dir)
+        local latest = checkpointing.latest(dir)
         text = text .. (latest and ('; the newest checkpoint is %s'):format(latest)
           or ('; %s holds no complete checkpoint'):format(dir))
       end

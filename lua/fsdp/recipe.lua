@@ -48,6 +48,10 @@
 -- option's aliases.
 local suggest = require 'fsdp.suggest'
 local checks = require 'fsdp.validate'
+local core = require 'fsdp.core'
+local publish = require 'fsdp.io.publish'
+local files = require 'fsdp.io.files'
+local config_file = require 'fsdp.config_file'
 
 local M = {}
 
@@ -405,8 +409,8 @@ local probe_count = 0
 local function writable_dir(dir)
   probe_count = probe_count + 1
   -- Unique per rank of a job (each rank checks the same paths at once).
-  local rank = tonumber(require('fsdp.core').C.fl_dist_launcher_rank())
-  local probe = ('%s/%s%d-%d-%d-%s'):format(dir, require('fsdp.io.files').WRITE_PROBE, rank, os.time(), probe_count,
+  local rank = tonumber(core.C.fl_dist_launcher_rank())
+  local probe = ('%s/%s%d-%d-%d-%s'):format(dir, files.WRITE_PROBE, rank, os.time(), probe_count,
     tostring({}):match('0x(%x+)') or '0')
   local f, err = io.open(probe, 'w')
   if not f then return nil, (err:gsub('^[^:]*: ', '')) end
@@ -425,7 +429,6 @@ end
 
 local function path_problem(key, d, v)
   if type(v) ~= 'string' or v == '' then return end
-  local files = require 'fsdp.io.files'
   if d.input then
     if v == '-' and d.stdin then return end
     local m = mode(v)
@@ -435,7 +438,7 @@ local function path_problem(key, d, v)
       v, m = dir, mode(dir)
     end
     if not m and not (d.input == 'glob' and v:find('[%*%?%[]')) then
-      return ('%s does not exist%s'):format(v, require('fsdp.io.publish').missing_hint(v))
+      return ('%s does not exist%s'):format(v, publish.missing_hint(v))
     end
     if d.input == 'file' and m == 'directory' then return ('%s is a directory, not a file'):format(v) end
     if d.input == 'dir' and m ~= 'directory' then return ('%s is not a directory'):format(v) end
@@ -538,7 +541,7 @@ M.bare = bare
 -- mistake: fsdp.data.hub's download commands); anything else after the
 -- first line (a traceback) is dropped.
 function M.usage_error(msg)
-  local rank = tonumber(require('fsdp.core').C.fl_dist_launcher_rank())
+  local rank = tonumber(core.C.fl_dist_launcher_rank())
   if rank <= 0 then
     local text = bare(msg)
     local line = text:match('^[^\n]*')
@@ -663,7 +666,6 @@ function M.parse(spec, args, script, validate, opts)
   local from_file = {} -- options a --config file gave
   for k, d in pairs(spec) do cfg[k] = d[1] end
   args = args or {}
-  local config_file = require 'fsdp.config_file'
   -- A --config file first, so the command line overrides it.
   for i, a in ipairs(args) do
     local path = a:match('^%-%-config=(.+)$') or (a == '--config' and args[i + 1])
@@ -762,7 +764,7 @@ end
 -- A resolved config as YAML that --config reads: the values that differ
 -- from the defaults, or all of them (full).
 function M.dump(cfg, full)
-  return table.concat(require('fsdp.config_file').yaml_lines(cfg, not full and M.changed(cfg) or nil), '\n')
+  return table.concat(config_file.yaml_lines(cfg, not full and M.changed(cfg) or nil), '\n')
 end
 
 -- Write the options of a run that differ from the defaults to
@@ -773,8 +775,7 @@ function M.save_config(cfg, dir)
   local r = resolved[cfg] or {}
   local changed = {}
   for _, k in ipairs(M.changed(cfg)) do changed[k] = cfg[k] end
-  local files = require 'fsdp.io.files'
-  return require('fsdp.config_file').write(files.join(dir, M.CONFIG_FILE), changed, r.script), r.script
+  return config_file.write(files.join(dir, M.CONFIG_FILE), changed, r.script), r.script
 end
 M.CONFIG_FILE = 'config.yaml'
 

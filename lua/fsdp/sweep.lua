@@ -21,6 +21,7 @@
 -- a grid with a bad point), and a sweep with a failed point exits non-zero.
 local quote = require 'fsdp.quote'
 local progress = require 'fsdp.observe.progress'
+local files = require 'fsdp.io.files'
 
 local M = {}
 
@@ -322,7 +323,7 @@ M.csv_field = csv_field
 -- One row per point: the axes, status, samples_per_s, tflops, peak_bytes,
 -- peak_mib, message.
 function M.write_csv(path, axes, results)
-  local f, err = require('fsdp.io.files').open_output(path)
+  local f, err = files.open_output(path)
   if not f then fail(('cannot write %s: %s'):format(path, err)) end
   local header = {}
   for _, a in ipairs(axes) do header[#header + 1] = csv_field(a.name) end
@@ -358,7 +359,6 @@ function M.write_chart(png, axes, results, opts)
   local quotable, why = pcall(quote.gnuplot, base)
   if not quotable then return nil, why end
   local q = quote.gnuplot
-  local files = require 'fsdp.io.files'
   -- what gnuplot writes is checked too: a FIFO there would block it
   local writable, why2 = files.check_output(png)
   if not writable then return nil, why2 end

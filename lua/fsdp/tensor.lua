@@ -9,6 +9,7 @@
 -- (#t is not available: LuaJIT, like Lua 5.1, ignores __len on tables; use
 -- t:size(0).)
 local core = require 'fsdp.core'
+local random = require 'fsdp.random'
 local ffi, C = core.ffi, core.C
 
 local Tensor = {}
@@ -145,10 +146,14 @@ Tensor.__newindex = function(t, k, v)
   rawset(t, k, v)
 end
 
--- Printing lives in fsdp.format (required lazily: it requires this file).
-Tensor.__tostring = function(t)
-  return require('fsdp.format').tensor(t)
+-- Printing lives in fsdp.format and backward in fsdp.autograd, both a
+-- layer above this file (they require it): each installs itself here when
+-- loaded (Tensor.format, Tensor.run_backward), and require 'fsdp' loads
+-- both. Until then a tensor prints as its shape, dtype and device.
+function Tensor.format(t)
+  return ('tensor(size=(%s), dtype=%s, device=%s)'):format(table.concat(t.shape, ', '), t.dtype, t.device)
 end
+Tensor.__tostring = function(t) return Tensor.format(t) end
 
 -- properties ------------------------------------------------------------------
 
@@ -240,7 +245,8 @@ function methods:detach() return wrap(C.fl_detach(cptr(self))) end
 -- opts.retain_graph keeps the graph's saved tensors so a second backward
 -- through it works (as PyTorch's retain_graph=True).
 function methods:backward(grad, opts)
-  require('fsdp.autograd').backward(self, grad, opts)
+  if not Tensor.run_backward then core.fail('backward: fsdp.autograd is not loaded (require \'fsdp\')') end
+  Tensor.run_backward(self, grad, opts)
 end
 
 -- arithmetic: t + u, t - 2, 3 * t, t / u, -t, with broadcasting -----------------
@@ -444,19 +450,19 @@ end
 -- Random fills take the same options as the factories: {seed=, stream=,
 -- offset=} (see fsdp.random).
 function methods:uniform_(low, high, opts)
-  local seed, stream, offset = require('fsdp.random').key(opts)
+  local seed, stream, offset = random.key(opts)
   core.check(C.fl_uniform_(cptr(self), seed, stream, offset, low or 0, high or 1))
   return self
 end
 
 function methods:normal_(mean, std, opts)
-  local seed, stream, offset = require('fsdp.random').key(opts)
+  local seed, stream, offset = random.key(opts)
   core.check(C.fl_normal_(cptr(self), seed, stream, offset, mean or 0, std or 1))
   return self
 end
 
 function methods:random_(low, high, opts)
-  local seed, stream, offset = require('fsdp.random').key(opts)
+  local seed, stream, offset = random.key(opts)
   core.check(C.fl_randint_(cptr(self), seed, stream, offset, low, high))
   return self
 end

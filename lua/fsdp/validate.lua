@@ -16,6 +16,7 @@
 -- skip integers, so 1e300 is no count), min (>= it), max (<= it), positive
 -- (> 0), below (< it), nonfinite (true: inf and -inf pass; NaN never does).
 -- A bound that a NaN fails is checked as `not (v >= min)`, never `v < min`.
+local json = require 'fsdp.io.json'
 local M = {}
 
 -- The largest integer a double holds with every integer below it.
@@ -45,7 +46,7 @@ function M.show(v, limit)
     if n <= limit then out[#out + 1] = s end
     n = n + #s
   end
-  local null = require('fsdp.io.json').null
+  local null = json.null
   local function walk(x, depth)
     local t = type(x)
     if t == 'number' then put(show_number(x))
@@ -54,7 +55,7 @@ function M.show(v, limit)
     elseif x == null then put('null')
     elseif t == 'table' and depth < 6 then
       local m = getmetatable(x)
-      if m and m == require('fsdp.io.json').float_mt then return walk(x.value, depth) end
+      if m and m == json.float_mt then return walk(x.value, depth) end
       local len = #x
       local count = 0
       for _ in pairs(x) do count = count + 1 end

@@ -4,7 +4,7 @@
 # restarts never change training by a single bit.
 #
 #   tests/chaos/chaos.sh            the short version (CI: tests/mpi/run.sh)
-#   tests/chaos/chaos.sh long       >= 24 kills over 4 chains (README, Checkpoints)
+#   tests/chaos/chaos.sh long       >= 24 kills over 4 chains (docs/checkpoints.md)
 #   FSDP_CHAOS_SEED=N tests/chaos/chaos.sh [long]   replay the random choices of a run
 #
 # The job is recipes/llama2_7b.lua at a tiny size under mpirun, with AdamW

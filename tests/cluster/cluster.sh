@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/cluster/cluster.sh: a Slurm cluster in a box on one Linux machine,
 # for the cluster suite (tests/cluster/run.sh) and for users who want to try
-# multi-node runs without a cluster (README: Running on a cluster).
+# multi-node runs without a cluster (docs/clusters.md).
 #
 #   tests/cluster/cluster.sh up DIR [NODES]   start it (2 or 3 nodes, default 3)
 #   tests/cluster/cluster.sh run DIR CMD...   run a Slurm command (sbatch,

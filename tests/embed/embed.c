@@ -1,6 +1,6 @@
 /*
  * embed.c: fsdp-lua embedded in a C program through its public API (the
- * example of README.md's "Embedding fsdp-lua"; built as build/bin/fsdp-embed
+ * example of docs/embedding.md, "Embedding fsdp-lua"; built as build/bin/fsdp-embed
  * and run by tests/embed/run.sh).
  *
  *   fsdp-embed [ROOT]    ROOT: the project root (the directory holding

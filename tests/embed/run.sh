@@ -4,7 +4,7 @@
 #   1. build/bin/fsdp-embed (tests/embed/embed.c): a C program with its own
 #      LuaJIT state trains three steps and reads each loss through the C API.
 #   2-3. Debian's stock `luajit` (not our host) requires 'fsdp' with the
-#      paths README.md documents and trains a step: libfsdp.so found
+#      paths docs/embedding.md documents and trains a step: libfsdp.so found
 #      beside the sources (the build tree), and through LUA_CPATH by a copy
 #      of the sources that has no build tree.
 #   4. That copy without LUA_CPATH: one clear error, exit 1.

@@ -242,8 +242,12 @@ if want profile && fits profile 45; then
       --cache-control none --print-summary per-kernel --csv \
       "$EXE" benchmarks/llama_gpu.lua --batch=${PROFILE_BATCH:-8} --steps=1 --warmup=1 >"$out/profile.log" 2>&1
     st=$?
+    # The bytes the same step's memory-bound ops move, counted on meta
+    # ([Note: bytes moved]): beside the kernels' times, how near each op
+    # family runs to the memory bandwidth.
+    "$EXE" benchmarks/step_bytes.lua --batch=${PROFILE_BATCH:-8} >"$out/step_bytes.tmp" 2>&1
     say "profile: status $st; the top kernels by total GPU time (ms, calls, name):"
-    python3 - "$out/profile.log" <<'EOF' | tee -a "$summary"
+    python3 - "$out/profile.log" "$out/step_bytes.tmp" <<'EOF' | tee -a "$summary"
 import csv, sys
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 if not rows:
@@ -267,7 +271,37 @@ launches = sum(c for _, c in tot.values())
 print(f"  all kernels: {all_ms:.1f} ms in {launches} launches over 2 steps ({all_ms / 2:.1f} ms, {launches // 2} launches per step)")
 for name, (t, c) in sorted(tot.items(), key=lambda kv: -kv[1][0])[:25]:
     print(f"  {t:9.2f} {100 * t / all_ms:5.1f}% {c:6d}  {name}")
+# Op families: kernel names (first match wins) -> the ops step_bytes.lua
+# counts (one step; the profile holds two, so kernel times are halved).
+import re
+families = [("add", r"binary"), ("adamw", r"update|adamw"), ("silu_mul backward", r"silu_mul_bw"),
+            ("silu_mul", r"silu_mul"), ("cross_entropy backward", r"cross_entropy_backward"),
+            ("cross_entropy", r"cross_entropy|loss_total"),
+            ("rms_norm backward", r"rms_norm_dx|column_|add_rms_norm_bw"), ("rms_norm", r"rms_norm"),
+            ("rotary", r"rotary"), ("copy", r"copy|move|cast")]
+counted = {}
+for line in open(sys.argv[2]):
+    m = re.match(r"(\S.*?)\s+(\d+)\s+([\d.]+)\s+[\d.]+%", line)
+    if m:
+        op = "rotary" if m.group(1).startswith("apply_rotary") else m.group(1)
+        counted[op] = counted.get(op, 0.0) + float(m.group(3))
+ms = {}
+for name, (t, c) in tot.items():
+    fam = next((f for f, rx in families if re.search(rx, name)), None)
+    if fam: ms[fam] = ms.get(fam, 0.0) + t / 2
+if counted:
+    print("  memory-bound ops per step: kernel ms, GB counted (benchmarks/step_bytes.lua), GB/s, % of 3.35 TB/s")
+    tms = tgb = 0.0
+    for fam, _ in families:
+        if fam not in ms or fam not in counted: continue
+        gb = counted[fam]; tms += ms[fam]; tgb += gb
+        bw = gb / ms[fam] * 1e3
+        print(f"  {fam:24s} {ms[fam]:8.2f} ms {gb:8.2f} GB {bw:8.0f} GB/s {100 * bw / 3350:5.1f}%")
+    if tms > 0:
+        bw = tgb / tms * 1e3
+        print(f"  {'these ops':24s} {tms:8.2f} ms {tgb:8.2f} GB {bw:8.0f} GB/s {100 * bw / 3350:5.1f}%")
 EOF
+    rm -f "$out/step_bytes.tmp"
   fi
 fi
 say "tests/gpu/run.sh: done in $(( $(date +%s) - start )) s"

@@ -133,6 +133,14 @@ cases.cross_entropy = function()
   assert.same({ 0 }, shape_of(none))
   return { s, none, F.cross_entropy(logits, targets) }
 end
+cases.linear_cross_entropy = function()
+  -- no rows (a sum of nothing, the weight's gradient zeros), and no hidden width (logits all 0)
+  local s = F.linear_cross_entropy(x({ 0, 4 }), x({ 5, 4 }), ids(0), { reduction = 'sum' })
+  assert.equal(0, s:item())
+  local flat = F.linear_cross_entropy(x({ 3, 0 }), x({ 5, 0 }), ids(3), { chunk_rows = 2 })
+  assert.is_true(math.abs(flat:item() - math.log(5)) < 1e-6)
+  return { s, flat, F.linear_cross_entropy(x({ 0, 4 }), x({ 5, 4 }), ids(0)) }
+end
 cases.nll_loss = function()
   local lp = F.log_softmax(x({ 0, 5 }), -1)
   return F.nll_loss(lp, ids(0), { reduction = 'sum' })

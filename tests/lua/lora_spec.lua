@@ -38,7 +38,8 @@ local function logits_of(m, g)
   g = g or BASE_GOLDEN
   local masks = g.decoder_attention_mask and { attention_mask = g.attention_mask,
                                                decoder_attention_mask = g.decoder_attention_mask } or nil
-  local _, logits = m:loss(g.input_ids, g.labels, masks)
+  -- (under no_grad a decoder's loss returns its logits: [Note: the fused loss])
+  local _, logits = fsdp.no_grad(function() return m:loss(g.input_ids, g.labels, masks) end)
   return logits
 end
 

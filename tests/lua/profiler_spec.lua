@@ -55,7 +55,7 @@ describe('fsdp.observe.profiler', function()
     for _, e in ipairs(trace.traceEvents) do names[e.name] = true end
     assert.is_true(names['model.layers.1.self_attn'] and names['backward model.layers.0'] and names.optimizer)
     -- ops, forward (fsdp.functional) and backward (the engine's nodes), with
-    -- their FLOPs and what they made: 2 layers x 7 linears + the head, twice
+    -- their FLOPs and what they made: 2 layers x 7 linears, twice
     local ops = {}
     for _, e in ipairs(trace.traceEvents) do
       if e.ph == 'X' and e.cat == 'op' then
@@ -68,8 +68,11 @@ describe('fsdp.observe.profiler', function()
         end
       end
     end
-    assert.equals(2 * 15, ops['F.linear'])
-    assert.equals(2 * 15, ops.LinearBackward)
+    -- (the head and loss: one fused op, [Note: the fused loss] in models/decoder.lua)
+    assert.equals(2 * 14, ops['F.linear'])
+    assert.equals(2 * 14, ops.LinearBackward)
+    assert.equals(2, ops['F.linear_cross_entropy'])
+    assert.equals(2, ops.LinearCrossEntropyBackward)
     assert.is_true(ops['F.scaled_dot_product_attention'] == 4 and ops.ScaledDotProductAttentionBackward == 4)
     -- tensor methods and operators outside fsdp.functional: the residual
     -- adds (2 per layer: the one after attention fused with the norm after

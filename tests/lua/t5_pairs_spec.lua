@@ -1,6 +1,6 @@
 -- tests/lua/t5_pairs_spec.lua: T5 fine-tuning on source/target JSONL pairs
 -- (recipes/t5_3b.lua --data, models/t5_pairs.lua) with the example
--- dataset of README (examples/summaries): on 2 ranks a tiny T5's
+-- dataset of docs/training.md (examples/summaries): on 2 ranks a tiny T5's
 -- validation loss falls within 20 steps, the greedy outputs are printed as
 -- text, and a run killed after step 12 and started again resumes from its
 -- step-10 checkpoint (the data position in it) and logs exactly what the

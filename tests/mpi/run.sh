@@ -304,7 +304,7 @@ for np in 2 4; do
 done
 # The chaos test, short: random kills, resumes of resumed runs, 2 <-> 4
 # ranks, every number and checkpoint bit for bit (tests/chaos/chaos.sh long
-# is the long version, README: Checkpoints). It bounds its own attempts.
+# is the long version, docs/checkpoints.md). It bounds its own attempts.
 run_tap "chaos: llama2_7b.lua killed at random, resumed on 2 and 4 ranks" -- tests/chaos/chaos.sh short
 
 expect_failure "a rank failing inside a sharded backward ends the job, 4 ranks" 15 \

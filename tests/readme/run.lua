@@ -1,13 +1,17 @@
--- tests/readme/run.lua: README.md runs as written. Every ```sh command and
--- every ```lua snippet of README.md is run, in order, and reported as TAP
--- (the `readme` suite of tests/run.sh):
+-- tests/readme/run.lua: the docs run as written. Every ```sh command and
+-- every ```lua snippet of README.md and of each guide in docs/ (every
+-- docs/*.md) is run, file by file, in order, and reported as TAP (the
+-- `readme` suite of tests/run.sh), with the counts of run and skipped
+-- blocks per file at the end:
 --
---   build/bin/fsdp-lua tests/readme/run.lua [README.md]
---   FSDP_README_ONLY=LINE,...  only the blocks holding these lines of README.md
---                              (a continued snippet still gets what it continues)
+--   build/bin/fsdp-lua tests/readme/run.lua [FILE.md ...]   (default: README.md, docs/*.md)
+--   FSDP_README_ONLY=[FILE:]LINE,...  only the blocks holding these lines (of FILE,
+--                              e.g. docs/gpu.md:40; a bare LINE: of every file run;
+--                              a continued snippet still gets what it continues)
 --
 -- [Note: README test conventions]
--- What README.md may rely on, and what it must mark:
+-- What README.md and the guides may rely on, and what they must mark
+-- (each file is read alone, as by a reader who opened just that file):
 --   * ```sh (or bash, shell) blocks are commands: one per line, `\` at a
 --     line's end continues it, `#` starts a comment. Each command runs in
 --     its own bash from a scratch directory that mirrors the repository
@@ -15,7 +19,9 @@
 --     tests/golden/...) work and outputs (data/, checkpoints/, /tmp/...)
 --     do not land in the tree. `fsdp-lua` is on PATH (README says so in
 --     its quick start); an `export ...` command stays in effect for every
---     later command, as in the terminal of a reader going top-down.
+--     later command of the same file, as in the terminal of a reader
+--     going top-down. Each file gets a fresh scratch directory and no
+--     exports: a guide that needs one (Open MPI as root) says so itself.
 --   * A command whose comment starts with `fsdp-lua:` shows the error it
 --     gives: it must exit non-zero and print that comment's first line
 --     (`...` in it stands for any text).
@@ -35,12 +41,14 @@
 --     '/tmp/adapter') are the run's own: they run as the same paths
 --     under the scratch directory (reported as written), so two runs at
 --     once, or what an earlier run left in /tmp/ft, never meet.
+--   * Relative links ([GPU](gpu.md#gpu-benchmark), ../README.md#quick-start)
+--     must name a file that exists and, for a .md file, one of its
+--     headings (GitHub's anchors): checked per file as one test.
 -- Commands that cannot run in CI are in SKIP below, each with its reason;
 -- long ones are shortened by SIZES below, only by appending options the
 -- README documents. Nothing else is special-cased: a new block is run.
 -- The repository: the tree this fsdp-lua runs its library from.
 local root = require('fsdp.host').root
-local README = arg[1] or (root .. '/README.md')
 
 -- Commands not run, matched (Lua patterns) against the command's text.
 local SKIP = {
@@ -126,11 +134,11 @@ local function parse_blocks(text)
         if why and why ~= '' then b.skip = why
         elseif directive == 'continues' then b.continues = true
         else
-          errors[#errors + 1] = ('README line %d: unknown readme-test comment %q (skip (why) or continues)')
+          errors[#errors + 1] = ('line %d: unknown readme-test comment %q (skip (why) or continues)')
             :format(directive_line, directive)
         end
         if b.continues and lang ~= 'lua' then
-          errors[#errors + 1] = ('README line %d: `continues` marks a lua block, this one is %q')
+          errors[#errors + 1] = ('line %d: `continues` marks a lua block, this one is %q')
             :format(directive_line, lang)
         end
       end
@@ -203,36 +211,54 @@ local function is_transcript(text) return text:match('^%s*> ') ~= nil end
 
 -- Running ----------------------------------------------------------------------
 
-local scratch = trim(io.popen('mktemp -d "${TMPDIR:-/tmp}/fsdp-readme.XXXXXX"'):read('*a'))
-assert(scratch ~= '', 'mktemp failed')
-do -- the repository's top-level entries, linked
-  -- Only what git tracks (and build/, the binary under test): an output a
-  -- command writes (logs/, sweep_out/) then lands in the scratch directory,
-  -- never in a stray directory of the checkout that a later `git add -A`
-  -- would commit. Outside a git checkout, every entry.
+-- The repository's top-level entries: only what git tracks (and build/,
+-- the binary under test), so an output a command writes (logs/,
+-- sweep_out/) lands in the scratch directory, never in a stray directory
+-- of the checkout that a later `git add -A` would commit. Outside a git
+-- checkout, every entry.
+local top_level = {}
+do
   local p = io.popen('git -C ' .. sh_quote(root) .. ' ls-tree --name-only HEAD 2>/dev/null')
-  local names = {}
-  for name in p:lines() do names[#names + 1] = name end
+  for name in p:lines() do top_level[#top_level + 1] = name end
   p:close()
-  if #names == 0 then
+  if #top_level == 0 then
     p = io.popen('ls -A ' .. sh_quote(root))
-    for name in p:lines() do if name ~= '.git' then names[#names + 1] = name end end
+    for name in p:lines() do if name ~= '.git' then top_level[#top_level + 1] = name end end
     p:close()
   else
-    names[#names + 1] = 'build'
+    top_level[#top_level + 1] = 'build'
   end
-  for _, name in ipairs(names) do
-    os.execute(('ln -s %s %s'):format(sh_quote(root .. '/' .. name), sh_quote(scratch .. '/' .. name)))
-  end
+end
+
+-- INPUTS, made once and linked into each file's scratch directory.
+local base = trim(io.popen('mktemp -d "${TMPDIR:-/tmp}/fsdp-readme.XXXXXX"'):read('*a'))
+assert(base ~= '', 'mktemp failed')
+do
   package.path = root .. '/?.lua;' .. package.path
   local corpus = require 'tests.data.corpus'
-  for name, opts in pairs(INPUTS) do corpus.write(scratch .. '/' .. name, opts) end
+  os.execute('mkdir -p ' .. sh_quote(base .. '/inputs'))
+  for name, opts in pairs(INPUTS) do corpus.write(base .. '/inputs/' .. name, opts) end
+end
+
+-- A fresh scratch directory per file: the repository mirrored, the
+-- inputs, its own tmp/ and var/tmp/.
+local scratch
+local n_scratch = 0
+local function new_scratch()
+  n_scratch = n_scratch + 1
+  scratch = ('%s/%d'):format(base, n_scratch)
+  os.execute(('mkdir -p %s %s'):format(sh_quote(scratch .. '/tmp'), sh_quote(scratch .. '/var/tmp')))
+  for _, name in ipairs(top_level) do
+    os.execute(('ln -s %s %s'):format(sh_quote(root .. '/' .. name), sh_quote(scratch .. '/' .. name)))
+  end
+  for name in pairs(INPUTS) do
+    os.execute(('ln -s %s %s'):format(sh_quote(base .. '/inputs/' .. name), sh_quote(scratch .. '/' .. name)))
+  end
 end
 
 -- The text of a command or snippet with its /tmp/ and /var/tmp/ paths
 -- moved under the scratch directory: a path's start (not inside another
 -- path or word), one pass, so the scratch path itself is never moved again.
-os.execute(('mkdir -p %s %s'):format(sh_quote(scratch .. '/tmp'), sh_quote(scratch .. '/var/tmp')))
 local function own_tmp(text)
   return (('\n' .. text):gsub('([^%w%._~$/-])(/[%w/]*)', function(before, path)
     for _, shared in ipairs({ '/tmp/', '/var/tmp/' }) do
@@ -263,7 +289,10 @@ end
 
 local clock = require 'fsdp.clock'
 local n, failed, skipped = 0, 0, 0
+local file        -- the file being run, as named in the report (README.md, docs/gpu.md)
+local stat        -- its counts: { passed =, failed =, skipped =, blocks_run =, blocks_skipped = }
 local started = clock.now()
+-- Reports a test; returns whether it ran (not skipped).
 local function report(ok, name, detail, skip)
   n = n + 1
   local took = clock.now() - started
@@ -272,15 +301,19 @@ local function report(ok, name, detail, skip)
   if #name > 110 then name = name:sub(1, 107) .. '...' end
   if skip then
     skipped = skipped + 1
+    stat.skipped = stat.skipped + 1
     print(('ok %d - %s # SKIP %s'):format(n, name, skip))
   elseif ok then
+    stat.passed = stat.passed + 1
     print(('ok %d - %s (%.1f s)'):format(n, name, took))
   else
     failed = failed + 1
+    stat.failed = stat.failed + 1
     print(('not ok %d - %s (%.1f s)'):format(n, name, took))
     for l in (detail .. '\n'):gmatch('(.-)\n') do print('#   ' .. l) end
   end
   io.stdout:flush()
+  return skip == nil
 end
 
 local function tail(text, count)
@@ -305,7 +338,7 @@ local function shows(out, expected)
 end
 
 local function run_command(c)
-  local name = ('README.md:%d %s'):format(c.line, c.code)
+  local name = ('%s:%d %s'):format(file, c.line, c.code)
   for _, s in ipairs(SKIP) do
     if c.code:match(s[1]) then return report(true, name, nil, s[2]) end
   end
@@ -320,10 +353,10 @@ local function run_command(c)
   if code:match('^export ') then exports[#exports + 1] = code end
   if expected then
     local ok = rc ~= 0 and rc ~= 124 and shows(out, expected)
-    report(ok, name, ('expected a failure showing %q; exit status %d, output:\n%s')
+    return report(ok, name, ('expected a failure showing %q; exit status %d, output:\n%s')
       :format(expected, rc, tail(out, 20)))
   else
-    report(rc == 0, name, ('exit status %d%s, output:\n%s'):format(rc,
+    return report(rc == 0, name, ('exit status %d%s, output:\n%s'):format(rc,
       rc == 124 and ' (stopped: no output for 60 s)' or '', tail(out, 30)))
   end
 end
@@ -337,7 +370,7 @@ local repl = require 'fsdp.repl'
 repl.setup()
 for i, input in ipairs({%s}) do
   if repl.eval(input) ~= true then
-    io.stderr:write('README REPL input ', i, ' failed: ', input, '\n')
+    io.stderr:write('REPL input ', i, ' failed: ', input, '\n')
     os.exit(1)
   end
 end
@@ -352,70 +385,172 @@ local chunk = assert(loadfile('.snippet.lua'))
 setfenv(chunk, setmetatable({}, {
   __index = function(_, k)
     local v = _G[k]
-    if v == nil then error(("README snippet reads the undefined variable '%s'"):format(tostring(k)), 2) end
+    if v == nil then error(("the snippet reads the undefined variable '%s'"):format(tostring(k)), 2) end
     return v
   end }))
 chunk()
 ]]
 
 local function run_lua(b, code, transcript)
-  local name = ('README.md:%d lua%s'):format(b.line, b.continues and ' (continued)' or '')
+  local name = ('%s:%d lua%s'):format(file, b.line, b.continues and ' (continued)' or '')
   local first = b.text:match('^%s*([^\n]*)') or ''
   name = name .. ': ' .. first
   if b.skip then return report(true, name, nil, b.skip) end
   write_file(scratch .. '/.snippet.lua', own_tmp(code))
   write_file(scratch .. '/.strict.lua', STRICT)
   local rc, out = run_bash(transcript and 'fsdp-lua .snippet.lua' or 'fsdp-lua .strict.lua')
-  report(rc == 0, name, ('exit status %d, output:\n%s\n-- the script:\n%s'):format(rc, tail(out, 30), code))
+  return report(rc == 0, name, ('exit status %d, output:\n%s\n-- the script:\n%s'):format(rc, tail(out, 30), code))
+end
+
+-- Links ------------------------------------------------------------------------
+
+-- The anchors GitHub gives a Markdown text's headings: lower case, all but
+-- letters, digits, spaces, '-' and '_' dropped, spaces as '-'; a heading
+-- met again gets -1, -2, ...
+local function anchors_of(text)
+  local set, seen, fence = {}, {}, false
+  for l in (text .. '\n'):gmatch('(.-)\r?\n') do
+    if l:match('^%s*```') then fence = not fence
+    elseif not fence then
+      local h = l:match('^#+%s+(.-)%s*$')
+      if h then
+        local a = h:lower():gsub('[^%w _%-]', ''):gsub(' ', '-')
+        if seen[a] then seen[a] = seen[a] + 1; set[a .. '-' .. seen[a]] = true
+        else seen[a] = 0; set[a] = true end
+      end
+    end
+  end
+  return set
+end
+
+local function exists(path)
+  local f = io.open(path, 'rb')
+  if f then f:close() return true end
+  return false
+end
+
+-- Every relative link of `text` (the file at `full`, reported as `path`)
+-- names a file that exists and, for a .md file, an anchor among its headings.
+local function check_links(path, full_path, text)
+  local dir = full_path:match('^(.*)/[^/]*$') or '.'
+  local bad, count, fence = {}, 0, false
+  local n_line = 0
+  for l in (text .. '\n'):gmatch('(.-)\r?\n') do
+    n_line = n_line + 1
+    if l:match('^%s*```') then fence = not fence
+    elseif not fence then
+      for target in l:gmatch('%]%(([^)%s]+)%)') do
+        if not target:match('^%a[%w+.-]*:') then   -- not https:, mailto:
+          count = count + 1
+          local file_part, anchor = target:match('^([^#]*)#?(.*)$')
+          local full = file_part == '' and full_path or dir .. '/' .. file_part
+          if file_part ~= '' and not exists(full) and not exists(full .. '/.') then
+            bad[#bad + 1] = ('line %d: %s: no such file'):format(n_line, target)
+          elseif anchor ~= '' and full:match('%.md$') and not anchors_of(read_file(full))[anchor] then
+            bad[#bad + 1] = ('line %d: %s: no heading with that anchor'):format(n_line, target)
+          end
+        end
+      end
+    end
+  end
+  report(#bad == 0, ('%s: its %d relative links lead to a file and heading'):format(path, count),
+    table.concat(bad, '\n'))
 end
 
 -- Main -------------------------------------------------------------------------
 
-local blocks, errors = parse_blocks(read_file(README))
+-- The files: the arguments, or README.md and every docs/*.md.
+local files = {}
+for i = 1, #arg do files[#files + 1] = arg[i] end
+if #files == 0 then
+  files[1] = 'README.md'
+  local p = io.popen('cd ' .. sh_quote(root) .. ' && ls docs/*.md')
+  for name in p:lines() do files[#files + 1] = name end
+  p:close()
+end
+
+-- FSDP_README_ONLY: { [file or '*'] = { line, ... } }
 local only
 if os.getenv('FSDP_README_ONLY') then
   only = {}
-  for l in os.getenv('FSDP_README_ONLY'):gmatch('%d+') do only[#only + 1] = tonumber(l) end
+  for item in os.getenv('FSDP_README_ONLY'):gmatch('[^,%s]+') do
+    local f, l = item:match('^(.*):(%d+)$')
+    if not f then f, l = '*', item:match('^(%d+)$') end
+    assert(l, 'FSDP_README_ONLY: expected LINE or FILE:LINE, got ' .. item)
+    only[f] = only[f] or {}
+    table.insert(only[f], tonumber(l))
+  end
 end
 local function wanted_block(b)
   if not only then return true end
-  for _, l in ipairs(only) do if l >= b.line and l <= b.last then return true end end
+  for _, key in ipairs({ '*', file }) do
+    for _, l in ipairs(only[key] or {}) do if l >= b.line and l <= b.last then return true end end
+  end
   return false
 end
 
-for _, e in ipairs(errors) do report(false, e, e) end
-local previous_lua   -- the code of the lua block before, for `continues`
-for _, b in ipairs(blocks) do
-  local wanted = wanted_block(b)
-  if SHELL[b.lang] then
-    for _, c in ipairs(parse_commands(b)) do
-      if wanted then
-        if b.skip then report(true, ('README.md:%d %s'):format(c.line, c.code), nil, b.skip)
-        else run_command(c) end
+local stats = {}
+local function run_file(path)
+  local display = path:sub(1, #root + 1) == root .. '/' and path:sub(#root + 2) or path
+  local full = path:sub(1, 1) == '/' and path or root .. '/' .. display
+  file = display
+  stat = { file = display, passed = 0, failed = 0, skipped = 0, blocks_run = 0, blocks_skipped = 0 }
+  stats[#stats + 1] = stat
+  new_scratch()
+  exports = {}
+  local text = read_file(full)
+  local blocks, errors = parse_blocks(text)
+  for _, e in ipairs(errors) do report(false, display .. ' ' .. e, e) end
+  if not only then check_links(display, full, text) end
+  local previous_lua   -- the code of the lua block before, for `continues`
+  for _, b in ipairs(blocks) do
+    local wanted = wanted_block(b)
+    local ran
+    if SHELL[b.lang] then
+      for _, c in ipairs(parse_commands(b)) do
+        if wanted then
+          if b.skip then report(true, ('%s:%d %s'):format(display, c.line, c.code), nil, b.skip)
+          elseif run_command(c) then ran = true end
+        end
       end
-    end
-  elseif b.lang == 'lua' then
-    local transcript = is_transcript(b.text)
-    local code = lua_script(b.text, transcript)
-    if b.continues then
-      if not previous_lua then
-        report(false, ('README.md:%d: continues, but no lua block comes before it'):format(b.line), '')
-      elseif previous_lua.transcript ~= transcript then
-        report(false, ('README.md:%d: continues a lua block of the other kind (script / REPL input)')
-          :format(b.line), '')
-      elseif transcript then
-        code = lua_script(previous_lua.text .. '\n' .. b.text, true)
-      else
-        code = previous_lua.code .. '\n-- README.md:' .. b.line .. '\n' .. code
+    elseif b.lang == 'lua' then
+      local transcript = is_transcript(b.text)
+      local code = lua_script(b.text, transcript)
+      local broken = false
+      if b.continues then
+        if not previous_lua then
+          broken = report(false, ('%s:%d: continues, but no lua block comes before it'):format(display, b.line), '')
+        elseif previous_lua.transcript ~= transcript then
+          broken = report(false, ('%s:%d: continues a lua block of the other kind (script / REPL input)')
+            :format(display, b.line), '')
+        elseif transcript then
+          code = lua_script(previous_lua.text .. '\n' .. b.text, true)
+        else
+          code = previous_lua.code .. '\n-- ' .. display .. ':' .. b.line .. '\n' .. code
+        end
       end
+      if wanted and not broken then ran = run_lua(b, code, transcript) end
+      previous_lua = { code = code, text = (b.continues and previous_lua and previous_lua.text .. '\n' or '') .. b.text,
+                       transcript = transcript }
+    else
+      wanted = false   -- text, not a block that runs
     end
-    if wanted then run_lua(b, code, transcript) end
-    previous_lua = { code = code, text = (b.continues and previous_lua and previous_lua.text .. '\n' or '') .. b.text,
-                     transcript = transcript }
+    if wanted then
+      if ran then stat.blocks_run = stat.blocks_run + 1 else stat.blocks_skipped = stat.blocks_skipped + 1 end
+    end
   end
 end
 
-os.execute('rm -rf ' .. sh_quote(scratch))
+for _, f in ipairs(files) do run_file(f) end
+os.execute('rm -rf ' .. sh_quote(base))
+
+-- Per file: blocks run (a shell block counts as run when any of its
+-- commands ran) and skipped; then the tests (commands, snippets, links).
+print('# file                          blocks run  skipped   tests passed  failed  skipped')
+for _, s in ipairs(stats) do
+  print(('# %-30s %10d %8d %15d %7d %8d'):format(s.file, s.blocks_run, s.blocks_skipped,
+    s.passed, s.failed, s.skipped))
+end
 print(('1..%d'):format(n))
 print(('%d passed, %d failed, %d skipped'):format(n - failed - skipped, failed, skipped))
 os.exit(failed == 0 and 0 or 1)

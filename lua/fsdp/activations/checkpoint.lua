@@ -12,6 +12,7 @@
 -- with everything inside them, for one extra forward of compute.
 local autograd = require 'fsdp.autograd'
 local select_modules = require 'fsdp.activations.select_modules'
+local offload = require 'fsdp.activations.offload'
 
 -- The parameter slots of m's tree, read at each call (the sharding layer
 -- swaps parameters for views of gathered units): the distinct tensors, and
@@ -47,7 +48,7 @@ local function wrap(m)
     -- A module whose activations are offloaded (fsdp.offload_activations,
     -- applied before this): the checkpoint's kept inputs are what moves.
     if rawget(self, '_offloaded') and not autograd.in_backward() then
-      return require('fsdp.activations.offload').scoped(autograd.checkpoint_with_params, params_of(self),
+      return offload.scoped(autograd.checkpoint_with_params, params_of(self),
                                              forward, self, ...)
     end
     return autograd.checkpoint_with_params(params_of(self), forward, self, ...)

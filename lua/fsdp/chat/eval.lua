@@ -204,6 +204,8 @@ local function arith(self, op, a, b)
   rt_error(self, ("unsupported operand type(s) for %s: '%s' and '%s'"):format(op, ka, kb))
 end
 M.arith = arith
+-- (filters reach it through the interpreter they are given: sum adds with +)
+Interp.arith = arith
 
 function Interp:contains(container, item)
   local k = kind(container)

@@ -536,11 +536,10 @@ F.sum = function(interp, v, a, kw)
   local attribute = arg(a, kw, 1, 'attribute', NONE)
   local total = arg(a, kw, 2, 'start', 0)
   local items = interp:iterate(v)
-  local arith = require('fsdp.chat.eval').arith
   for i = 1, items.n do
     local x = items[i]
     if attribute ~= NONE then x = attr_path(interp, x, attribute) end
-    total = arith(interp, '+', total, x)
+    total = interp:arith('+', total, x)
   end
   return total
 end

@@ -16,6 +16,7 @@ local core = require 'fsdp.core'
 local fsdp = require 'fsdp'
 local dist = require 'fsdp.dist'
 local Tensor = require 'fsdp.tensor'
+local sharding = require 'fsdp.sharding'
 local C = core.C
 
 local M = {}
@@ -92,7 +93,7 @@ function M.save_full_state_dict(path, model, opts)
   end)
   -- Every rank takes part in every gather, even after rank 0 failed, so
   -- no rank is left waiting in a collective.
-  require('fsdp.sharding').each_full_unit(model, function(u, by)
+  sharding.each_full_unit(model, function(u, by)
     try(function()
       for _, p in ipairs(u.params) do
         local t = by[p]

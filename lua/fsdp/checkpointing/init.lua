@@ -44,6 +44,8 @@ local parts_of = require 'fsdp.checkpointing.parts'
 local safetensors = require 'fsdp.io.safetensors'
 local optim_state = require 'fsdp.checkpointing.optim_state'
 local progress = require 'fsdp.observe.progress'
+local lock = require 'fsdp.checkpointing.lock'
+local console = require 'fsdp.observe.console'
 local C = core.C
 local META = layout.META
 
@@ -203,7 +205,7 @@ function M.save(dir, objs)
   end
   -- The directory is this job's before anything in it changes ([Note: one
   -- job per checkpoint directory]); once per directory, then a table look-up.
-  require('fsdp.checkpointing.lock').acquire(dir)
+  lock.acquire(dir)
   local rank, world = dist.rank(), dist.world_size()
   local run = run_of(objs)
   local step_dir = layout.step_dir(dir, step)
@@ -234,7 +236,7 @@ function M.save(dir, objs)
       local ok, err = os.rename(step_dir, aside)
       if not ok then core.fail(('checkpointing.save: %s is a %s and cannot be moved aside: %s'):format(step_dir, mode, err)) end
       io.stderr:write(('%scheckpoint: %s was a %s, not a checkpoint: moved to %s\n'):format(
-        require('fsdp.observe.console').prefix(), step_dir, mode, aside))
+        console.prefix(), step_dir, mode, aside))
     end
     files.mkdir_p(step_dir, 'checkpointing.save')
     files.fsync(dir)
@@ -299,7 +301,7 @@ function M.save(dir, objs)
     files.write_atomic(files.join(step_dir, layout.COMPLETE), ('step %d, %d ranks\n'):format(step, world))
     if objs.keep then
       for _, note in ipairs(select(2, layout.prune(dir, objs.keep, step))) do
-        io.stderr:write(('%scheckpoint: pruning %s\n'):format(require('fsdp.observe.console').prefix(), note))
+        io.stderr:write(('%scheckpoint: pruning %s\n'):format(console.prefix(), note))
       end
     end
   end)

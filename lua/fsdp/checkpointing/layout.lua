@@ -231,7 +231,6 @@ end
 -- What a checkpoint records of a model's LoRA adapters (fsdp.lora): the
 -- settings that change what the saved adapters compute, not dropout.
 function M.lora_settings(cfg)
-  local json = require 'fsdp.io.json'
   local targets = json.array({})
   for i, t in ipairs(cfg.targets) do targets[i] = t end
   return { rank = cfg.rank, alpha = cfg.alpha, rslora = cfg.rslora and true or false, targets = targets }

@@ -35,6 +35,7 @@ local files = require 'fsdp.io.files'
 local ckpt = require 'fsdp.checkpointing'
 local json = require 'fsdp.io.json'
 local dir_lock = require 'fsdp.checkpointing.lock'
+local console = require 'fsdp.observe.console'
 
 local M = {}
 
@@ -71,7 +72,7 @@ M.OPTIONS = {
 function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
 
 -- rank 0's line ("[rank 0] " first with several ranks; fsdp.console)
-local function say(fmt, ...) require('fsdp.observe.console').print(fmt:format(...)) end
+local function say(fmt, ...) console.print(fmt:format(...)) end
 
 local function check(cfg)
   if (cfg.checkpoint_freq > 0 or cfg.resume_from_checkpoint) and cfg.checkpoint_dir == '' then

@@ -16,6 +16,7 @@
 local ffi = require 'ffi'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
+local files = require 'fsdp.io.files'
 local C = core.C
 
 local M = {}
@@ -37,7 +38,6 @@ end
 -- or {content = ...}; nil when the file or the key is missing.
 local function config_tokens(path)
   local dir = path:match('^(.*)/[^/]*$') or '.'
-  local files = require 'fsdp.io.files'
   local cpath = dir .. '/tokenizer_config.json'
   local ok0, is = pcall(files.is_file, cpath)
   if not ok0 then core.fail('fsdp.data.bpe: ' .. is) end

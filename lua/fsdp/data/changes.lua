@@ -10,6 +10,7 @@
 --   changes.apply(self.data_changed, found)   -- raises on a refusing change under 'stop'; says the rest
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
+local console = require 'fsdp.observe.console'
 local C = core.C
 
 local M = {}
@@ -143,7 +144,6 @@ end
 -- caller continues.
 function M.apply(policy, found)
   M.refuse(policy, found)
-  local console = require 'fsdp.observe.console'
   for _, c in ipairs(found) do
     console.print_all(('data: %s: %s%s'):format(M.name(c.file), c.what,
       c.refuse and '; going on with it as it is (--data_changed=continue)' or ''))

@@ -48,6 +48,7 @@
 local ffi = require 'ffi'
 local cjson = require 'cjson'
 local core = require 'fsdp.core'
+local corpus = require 'fsdp.data.corpus'
 local C = core.C
 
 local M = {}
@@ -313,7 +314,7 @@ function M.records(spec, opts)
   local policy = opts.bad_records or 'stop'
   if not POLICIES[policy] then fail('bad_records must be stop or skip, got %s', tostring(policy)) end
   local nopts = { _fields = M.fields(opts.fields), train_on = check_train_on(opts.train_on) }
-  local paths = require('fsdp.data.corpus').files(spec)
+  local paths = corpus.files(spec)
   for _, p in ipairs(paths) do
     if p:match('%.txt$') or p:match('%.txt%.gz$') or p:match('%.txt%.zst$') then
       fail('%s: chat records are JSON lines (.jsonl or .json, optionally .gz/.zst), not text', p)

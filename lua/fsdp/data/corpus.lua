@@ -65,6 +65,8 @@ local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local fsdp = require 'fsdp'
 local changes = require 'fsdp.data.changes'
+local console = require 'fsdp.observe.console'
+local dist = require 'fsdp.dist'
 local C = core.C
 
 local M = {}
@@ -147,7 +149,6 @@ function M.open(spec, opts)
   if validate.problem(B, validate.COUNT) then fail('open %s: batch_size must be an integer >= 1', spec) end
   local split = opts.split or 'all'
   if not SPLITS[split] then fail('open %s: split must be all, train or val, got %s', spec, tostring(split)) end
-  local dist = require 'fsdp.dist'
   local rank = opts.rank or dist.rank()
   local world = opts.world_size or dist.world_size()
   local read_rank, read_world = rank, world
@@ -347,7 +348,7 @@ function Stream:load_state(s)
   end
   if not fingerprinted then
     -- a position saved before fingerprints: nothing to compare
-    require('fsdp.observe.console').print_all(('data: %s: the saved position has no fingerprint (saved by an '
+    console.print_all(('data: %s: the saved position has no fingerprint (saved by an '
       .. 'older fsdp-lua): resuming without checking the files'):format(self.path))
     local name = self:file_name(s.file)
     if name ~= s.file_name then

@@ -18,13 +18,14 @@
 local corpus = require 'fsdp.data.corpus'
 local changes = require 'fsdp.data.changes'
 local lfs = require 'lfs'
+local dist = require 'fsdp.dist'
 
 local M = {}
 
 local function bare(err) return (tostring(err):gsub('^[^\n:]*:%d+: ', '')) end
 
 local function say(fmt, ...)
-  if require('fsdp.dist').rank() == 0 then
+  if dist.rank() == 0 then
     io.stdout:write(fmt:format(...), '\n')
     io.stdout:flush()
   end
@@ -108,7 +109,7 @@ function M.open_val(cfg, train, val_batch)
   local ok, val = pcall(corpus.open, path, o)
   if not ok then error(('--%s: %s'):format(cfg.val_data ~= '' and 'val_data' or 'data', bare(val)), 0) end
   local n = val:count_batches(cfg.val_batches)
-  local world = require('fsdp.dist').world_size()
+  local world = dist.world_size()
   if n == 0 then
     say('warning: %s holds no whole validation batch (%d sequences of %d tokens); training without validation '
       .. '(give --val_data, or a larger --val_fraction)', what, val_batch * world, cfg.seq_len)

@@ -23,6 +23,7 @@ local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local Sampler = require 'fsdp.data.sampler'
+local files = require 'fsdp.io.files'
 
 local M = {}
 
@@ -97,7 +98,6 @@ local Raw = {}
 Raw.__index = Raw
 
 local function read_all(path)
-  local files = require 'fsdp.io.files'
   local s, err = files.read(path, files.LIMITS.data[1], 'a raw image file')
   if not s then fail('%s', err) end
   return s

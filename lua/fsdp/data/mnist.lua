@@ -12,6 +12,7 @@
 -- to near-perfect accuracy in an epoch, which is what a smoke test needs.
 local ffi = require 'ffi'
 local fsdp = require 'fsdp'
+local files = require 'fsdp.io.files'
 
 local M = {}
 
@@ -36,7 +37,6 @@ local function big_endian_u32(s, pos)
 end
 
 local function read_file(path)
-  local files = require 'fsdp.io.files'
   local s, err = files.read(path, files.LIMITS.data[1], 'an MNIST idx file')
   if not s then error('mnist: ' .. err, 3) end
   return s

@@ -28,6 +28,8 @@ local Sampler = require 'fsdp.data.sampler'
 local tokenizer = require 'fsdp.data.tokenizer'
 local utf8 = require 'fsdp.data.utf8'
 local changes = require 'fsdp.data.changes'
+local console = require 'fsdp.observe.console'
+local files = require 'fsdp.io.files'
 
 local M = {}
 
@@ -65,7 +67,6 @@ end
 function M.open(path, opts)
   local sf, tf = opts.source_field or 'source', opts.target_field or 'target'
   -- (a regular file, read whole within a bound: its fingerprint is of all of it)
-  local files = require 'fsdp.io.files'
   local content, err = files.read(path, files.LIMITS.data[1], 'a pairs file')
   if not content then fail('cannot read pairs: %s', err) end
   local split, frac = opts.split or 'train', opts.val_fraction or 0
@@ -148,7 +149,7 @@ function Dataset:load_state(s)
   end
   local found = {}
   if s.files == nil then
-    require('fsdp.observe.console').print_all(('data: %s: the saved position has no fingerprint (saved by an '
+    console.print_all(('data: %s: the saved position has no fingerprint (saved by an '
       .. 'older fsdp-lua): resuming without checking the file'):format(self.path))
   elseif not changes.valid_listing(s.files) then
     fail('%s: the saved position\'s fingerprint is damaged', self.path)

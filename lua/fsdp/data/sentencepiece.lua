@@ -13,6 +13,7 @@
 local ffi = require 'ffi'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
+local files = require 'fsdp.io.files'
 local C = core.C
 
 local M = {}
@@ -36,7 +37,7 @@ function M.train(opts)
   for _, k in ipairs({ 'input', 'model_prefix', 'vocab_size' }) do
     if opts[k] == nil then fail('train: option %s is required', k) end
   end
-  local f, why = require('fsdp.io.files').open_input(opts.input)
+  local f, why = files.open_input(opts.input)
   if not f then fail('train: cannot read the corpus: %s', why) end
   local max_len = tonumber((opts.extra or {}).max_sentence_length) or 4192
   local lines = { long = 0, lines = 0, max_sentence_length = max_len }
@@ -85,7 +86,6 @@ M.Tokenizer = Tokenizer
 
 -- Load a model; a missing file or another format raises an error naming it.
 function M.load(path)
-  local files = require 'fsdp.io.files'
   local ok, why = files.check_input(path)
   if not ok then fail('cannot open the model: %s', why) end
   local t = C.fl_spm_load(path)

@@ -17,6 +17,10 @@
 -- encode(docs) -> {i64 tensor per document} and decode(ids) -> text.
 local core = require 'fsdp.core'
 local files = require 'fsdp.io.files'
+local byte_tokenizer = require 'fsdp.data.byte_tokenizer'
+local bpe = require 'fsdp.data.bpe'
+local sentencepiece = require 'fsdp.data.sentencepiece'
+local hub = require 'fsdp.data.hub'
 
 local M = {}
 
@@ -31,13 +35,12 @@ end
 
 function M.load(spec)
   if spec == nil or spec == '' or spec == 'byte' then
-    return require('fsdp.data.byte_tokenizer').new()
+    return byte_tokenizer.new()
   end
   if type(spec) ~= 'string' then
     core.fail(('fsdp.data.tokenizer: expected \'byte\', a tokenizer file or a model directory, got %s'):format(
       type(spec)))
   end
-  local hub = require 'fsdp.data.hub'
   if hub.is_model_name(spec) then
     local ok, dir = pcall(hub.tokenizer_dir, spec)
     if not ok then core.fail('fsdp.data.tokenizer: ' .. dir) end
@@ -57,14 +60,14 @@ function M.load(spec)
     local ok, why = files.check_input(spec)
     if not ok then core.fail('fsdp.data.tokenizer: ' .. why) end
   end
-  if path:match('%.json$') then return require('fsdp.data.bpe').load(path) end
-  if path:match('%.model$') then return require('fsdp.data.sentencepiece').load(path) end
+  if path:match('%.json$') then return bpe.load(path) end
+  if path:match('%.model$') then return sentencepiece.load(path) end
   local f, why = files.open_input(path)
   if not f then core.fail('fsdp.data.tokenizer: ' .. why) end
   local head = f:read(64) or ''
   f:close()
-  if head:match('^%s*{') then return require('fsdp.data.bpe').load(path) end
-  return require('fsdp.data.sentencepiece').load(path)
+  if head:match('^%s*{') then return bpe.load(path) end
+  return sentencepiece.load(path)
 end
 
 return M

@@ -46,6 +46,7 @@ local safetensors = require 'fsdp.io.safetensors'
 local Sampler = require 'fsdp.data.sampler'
 local changes = require 'fsdp.data.changes'
 local lfs = require 'lfs'
+local console = require 'fsdp.observe.console'
 
 local SAMPLE = 64 * 1024
 
@@ -237,7 +238,7 @@ function Dataset:load_state(s)
   end
   local found = {}
   if s.shards_digest == nil then
-    require('fsdp.observe.console').print_all(('data: %s: the saved position has no fingerprint (saved by an '
+    console.print_all(('data: %s: the saved position has no fingerprint (saved by an '
       .. 'older fsdp-lua): resuming without checking the shards'):format(self.path))
   elseif s.shards ~= nil and not changes.valid_listing(s.shards) then
     fail('%s: the saved position\'s list of shards is damaged', self.path)

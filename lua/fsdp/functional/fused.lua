@@ -108,6 +108,24 @@ function M.cross_entropy(logits, targets, opts)
   return wrap(C.fl_cross_entropy(cptr(logits), cptr(targets), ignore, reduction, smoothing))
 end
 
+-- A language model's head and cross-entropy as one chunked op: the loss
+-- of logits = h @ weight^T (h [N, D] or [..., D], weight [V, D]) against
+-- targets [N] (or [...]) without the [N, V] logits or their gradient
+-- ever whole ([Note: the fused head and loss] in
+-- core/ops/linear_cross_entropy.c). opts as cross_entropy's with reduction
+-- 'mean' or 'sum', and chunk_rows (rows per chunk; nil: about 256 MB of
+-- logits a chunk). Equal to F.cross_entropy(F.linear(h, weight), targets)
+-- up to the order of the weight gradient's sum.
+function M.linear_cross_entropy(h, weight, targets, opts)
+  local ignore, reduction, o = loss_options('linear_cross_entropy', opts)
+  local smoothing = number('linear_cross_entropy', 'label_smoothing', o.label_smoothing, 0)
+  local chunk = number('linear_cross_entropy', 'chunk_rows', o.chunk_rows, 0)
+  if Tensor.is_tensor(h) and h:dim() ~= 2 then h = h:reshape(-1, h:size(-1)) end
+  if Tensor.is_tensor(targets) and targets:dim() ~= 1 then targets = targets:reshape(-1) end
+  return wrap(C.fl_linear_cross_entropy(cptr(h), cptr(weight), cptr(targets), ignore, reduction, smoothing,
+                                        chunk))
+end
+
 -- Negative log-likelihood of log-probabilities [..., C] (F.log_softmax's
 -- output) at integer targets [...]; options as cross_entropy's (no
 -- smoothing).

@@ -13,7 +13,16 @@ local core = require 'fsdp.core'
 local lfs = require 'lfs'
 local ffi, C = core.ffi, core.C
 
+pcall(ffi.cdef, 'int gethostname(char *name, size_t len);')
+
 local M = {}
+
+-- This machine's name (gethostname: no shell), '?' when it has none.
+function M.hostname()
+  local buf = ffi.new('char[256]')
+  if ffi.C.gethostname(buf, 255) ~= 0 or buf[0] == 0 then return '?' end
+  return ffi.string(buf)
+end
 
 function M.mode(path) return lfs.attributes(path, 'mode') end
 -- The mode of the entry itself, not of what a symbolic link points to:

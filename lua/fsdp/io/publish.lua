@@ -58,6 +58,7 @@ local core = require 'fsdp.core'
 local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
 local lfs = require 'lfs'
+local st_file = require 'fsdp.io.safetensors_file'
 local ffi = core.ffi
 
 local M = {}
@@ -408,7 +409,7 @@ local function id_of(path)
     if type(doc) ~= 'table' then fail('%s is not a JSON object', path) end
     return type(doc.metadata) == 'table' and doc.metadata[M.ID_KEY] or nil
   end
-  local f = require('fsdp.io.safetensors').open(path)
+  local f = st_file.open(path)
   local id = f:metadata()[M.ID_KEY]
   f:close()
   return id

@@ -21,15 +21,16 @@ local Tensor = require 'fsdp.tensor'
 local cjson = require 'cjson'
 local files = require 'fsdp.io.files'
 local publish = require 'fsdp.io.publish'
+local st_file = require 'fsdp.io.safetensors_file'
+local autograd = require 'fsdp.autograd'
 
 local M = {}
 
 M.INDEX_NAME = 'model.safetensors.index.json'
 M.SINGLE_NAME = 'model.safetensors'
 
--- The single-file reader and writer (required when used: that module
--- requires this one).
-local function st() return require 'fsdp.io.safetensors' end
+-- The single-file reader and writer.
+local function st() return st_file end
 local function progress() return require 'fsdp.observe.progress' end
 
 local mode, join = files.mode, files.join
@@ -356,7 +357,7 @@ function M.copy_piece(dst, src, offset)
   local seg = rawget(dst, 'fsdp_offset') or 0
   local lo, hi = math.max(offset, seg), math.min(offset + n, seg + dst:numel())
   if lo >= hi then return end
-  require('fsdp.autograd').no_grad(function()
+  autograd.no_grad(function()
     dst:view(-1):narrow(0, lo - seg, hi - lo):copy_(src:reshape(-1):narrow(0, lo - offset, hi - lo))
   end)
 end

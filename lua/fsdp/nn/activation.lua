@@ -6,6 +6,7 @@
 local core = require 'fsdp.core'
 local Module = require 'fsdp.nn.module'
 local repr = require 'fsdp.nn.repr'
+local functional = require 'fsdp.functional'
 
 local M = {}
 
@@ -14,7 +15,7 @@ local ReLU = Module:extend('ReLU')
 M.ReLU = ReLU
 
 function ReLU:forward(x)
-  return require('fsdp.functional').relu(x)
+  return functional.relu(x)
 end
 
 -- nn.GELU(opts): the GELU of F.gelu. opts: approximate ('none': the exact
@@ -31,7 +32,7 @@ function GELU:__init(opts)
 end
 
 function GELU:forward(x)
-  return require('fsdp.functional').gelu(x, { approximate = self.approximate })
+  return functional.gelu(x, { approximate = self.approximate })
 end
 
 function GELU:extra_repr()
@@ -43,7 +44,7 @@ local SiLU = Module:extend('SiLU')
 M.SiLU = SiLU
 
 function SiLU:forward(x)
-  return require('fsdp.functional').silu(x)
+  return functional.silu(x)
 end
 
 return M

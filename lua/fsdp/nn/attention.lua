@@ -71,6 +71,7 @@ local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local Linear = require 'fsdp.nn.linear'
+local functional = require 'fsdp.functional'
 
 local Attention = Module:extend('Attention')
 
@@ -205,7 +206,7 @@ end
 
 function Attention:forward(x, opts)
   opts = opts or {}
-  local F = require('fsdp.functional')
+  local F = functional
   local B, T = x:size(0), x:size(1)
   local q, k, v = self:project(x, opts.context)
   local rope = opts.rope

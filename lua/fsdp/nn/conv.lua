@@ -13,6 +13,7 @@ local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local parameter = require 'fsdp.nn.parameter'
 local repr = require 'fsdp.nn.repr'
+local functional = require 'fsdp.functional'
 
 local Conv2d = Module:extend('Conv2d')
 
@@ -54,7 +55,7 @@ function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
 end
 
 function Conv2d:forward(x)
-  return require('fsdp.functional').conv2d(x, self.weight, self.bias,
+  return functional.conv2d(x, self.weight, self.bias,
     { stride = self.stride, padding = self.padding })
 end
 

@@ -9,6 +9,7 @@ local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local repr = require 'fsdp.nn.repr'
+local functional = require 'fsdp.functional'
 
 local Dropout = Module:extend('Dropout')
 
@@ -22,7 +23,7 @@ end
 
 function Dropout:forward(x)
   if not self.training or self.p == 0 then return x end
-  return require('fsdp.functional').dropout(x, self.p, true)
+  return functional.dropout(x, self.p, true)
 end
 
 function Dropout:extra_repr()

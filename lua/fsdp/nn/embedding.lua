@@ -8,6 +8,7 @@ local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local parameter = require 'fsdp.nn.parameter'
+local functional = require 'fsdp.functional'
 
 local Embedding = Module:extend('Embedding')
 
@@ -24,7 +25,7 @@ function Embedding:__init(num_embeddings, embedding_dim, opts)
 end
 
 function Embedding:forward(ids)
-  return require('fsdp.functional').embedding(ids, self.weight)
+  return functional.embedding(ids, self.weight)
 end
 
 function Embedding:extra_repr()

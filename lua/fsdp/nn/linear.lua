@@ -11,6 +11,7 @@ local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local parameter = require 'fsdp.nn.parameter'
 local repr = require 'fsdp.nn.repr'
+local functional = require 'fsdp.functional'
 
 local Linear = Module:extend('Linear')
 
@@ -37,8 +38,16 @@ function Linear:__init(in_features, out_features, opts)
   end
 end
 
-function Linear:forward(x)
-  return require('fsdp.functional').linear(x, self.weight, self.bias)
+-- forward(x, ce): with ce = {targets =, ignore_index =, reduction =,
+-- label_smoothing =, chunk_rows =}, the cross-entropy of the output
+-- against ce.targets instead of the output, which then never exists whole
+-- (F.linear_cross_entropy; a bias-free Linear: a language model's head).
+function Linear:forward(x, ce)
+  if ce ~= nil then
+    if self.bias ~= nil then core.fail('Linear: a fused cross-entropy needs a Linear without bias') end
+    return functional.linear_cross_entropy(x, self.weight, ce.targets, ce)
+  end
+  return functional.linear(x, self.weight, self.bias)
 end
 
 function Linear:extra_repr()

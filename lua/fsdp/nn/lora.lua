@@ -30,6 +30,7 @@ local Linear = require 'fsdp.nn.linear'
 local Dropout = require 'fsdp.nn.dropout'
 local parameter = require 'fsdp.nn.parameter'
 local repr = require 'fsdp.nn.repr'
+local functional = require 'fsdp.functional'
 
 local LoRALinear = Module:extend('LoRALinear')
 
@@ -94,7 +95,7 @@ function LoRALinear:__init(linear, opts)
 end
 
 function LoRALinear:forward(x)
-  local F = require('fsdp.functional')
+  local F = functional
   local w, b = self.weight, self.bias
   if w.dtype ~= x.dtype then w = w:to({ dtype = x.dtype }) end
   if b ~= nil and b.dtype ~= x.dtype then b = b:to({ dtype = x.dtype }) end

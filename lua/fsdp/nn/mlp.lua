@@ -24,6 +24,7 @@ local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local Linear = require 'fsdp.nn.linear'
+local functional = require 'fsdp.functional'
 
 local M = {}
 
@@ -96,7 +97,7 @@ function GatedMLP:__init(dim, hidden, opts)
 end
 
 function GatedMLP:forward(x)
-  local F = require('fsdp.functional')
+  local F = functional
   local n = self._names
   local gate, up = self[n[1]](x), self[n[2]](x)
   local h
@@ -125,7 +126,7 @@ function MLP:__init(dim, hidden, opts)
 end
 
 function MLP:forward(x)
-  local F = require('fsdp.functional')
+  local F = functional
   local n = self._names
   return output(self, F, self[n[2]](ACTIVATIONS[self.activation](F, self[n[1]](x))))
 end

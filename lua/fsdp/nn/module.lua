@@ -24,7 +24,7 @@
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local repr = require 'fsdp.nn.repr'
-local profiler = require 'fsdp.observe.profiler'
+local spans = require 'fsdp.spans'
 local parameter = require 'fsdp.nn.parameter'
 
 local is_tensor = fsdp.is_tensor
@@ -138,14 +138,15 @@ local function plain_call(self, ...)
 end
 
 local function forward_span(self, t0, ...)
-  profiler.span(profiler.module_name(self), 'forward', t0)
+  spans.span(spans.module_name(self), 'forward', t0)
   return ...
 end
 
--- With a trace being recorded (fsdp.profiler) every call is a span named
--- by the module's path; otherwise one field read more.
+-- With a trace being recorded (fsdp.observe.profiler subscribed to
+-- fsdp.spans) every call is a span named by the module's path; otherwise
+-- one field read more.
 local function call(self, ...)
-  if profiler.on then return forward_span(self, profiler.now(), plain_call(self, ...)) end
+  if spans.on then return forward_span(self, spans.now(), plain_call(self, ...)) end
   return plain_call(self, ...)
 end
 

@@ -31,6 +31,7 @@ local Module = require 'fsdp.nn.module'
 local Linear = require 'fsdp.nn.linear'
 local parameter = require 'fsdp.nn.parameter'
 local repr = require 'fsdp.nn.repr'
+local functional = require 'fsdp.functional'
 
 -- The experts' fused weights (a child, so its names read experts.*):
 -- nn.MoEExperts(dim, ffn_dim, n_experts, {init =, device =, dtype =})
@@ -47,7 +48,7 @@ function Experts:__init(dim, ffn_dim, n_experts, opts)
 end
 
 function Experts:forward(x, weights, ids)
-  return require('fsdp.functional').moe_experts(x, weights, ids, self.gate_up_proj, self.down_proj)
+  return functional.moe_experts(x, weights, ids, self.gate_up_proj, self.down_proj)
 end
 
 function Experts:extra_repr()
@@ -84,7 +85,7 @@ function MoE:__init(dim, ffn_dim, n_experts, top_k, opts)
 end
 
 function MoE:forward(x)
-  local F = require('fsdp.functional')
+  local F = functional
   local shape = x.shape
   if shape[#shape] ~= self.dim then
     core.fail(('MoE: input of shape [%s] must end in dim %d'):format(table.concat(shape, ', '), self.dim))

@@ -14,6 +14,7 @@ local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
 local parameter = require 'fsdp.nn.parameter'
 local repr = require 'fsdp.nn.repr'
+local functional = require 'fsdp.functional'
 
 local M = {}
 
@@ -56,7 +57,7 @@ function RMSNorm:__init(dim, opts)
 end
 
 function RMSNorm:forward(x)
-  return require('fsdp.functional').rms_norm(x, self.weight, self.eps)
+  return functional.rms_norm(x, self.weight, self.eps)
 end
 
 RMSNorm.extra_repr = norm_repr
@@ -87,7 +88,7 @@ function LayerNorm:__init(dim, opts)
 end
 
 function LayerNorm:forward(x)
-  return require('fsdp.functional').layer_norm(x, self.weight, self.bias, self.eps)
+  return functional.layer_norm(x, self.weight, self.bias, self.eps)
 end
 
 LayerNorm.extra_repr = norm_repr

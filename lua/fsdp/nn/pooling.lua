@@ -4,6 +4,7 @@
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
+local functional = require 'fsdp.functional'
 
 local MaxPool2d = Module:extend('MaxPool2d')
 
@@ -18,7 +19,7 @@ function MaxPool2d:__init(kernel_size, stride)
 end
 
 function MaxPool2d:forward(x)
-  return require('fsdp.functional').max_pool2d(x, self.kernel_size, self.stride)
+  return functional.max_pool2d(x, self.kernel_size, self.stride)
 end
 
 function MaxPool2d:extra_repr()

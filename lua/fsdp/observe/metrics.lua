@@ -63,8 +63,10 @@ local json = require 'fsdp.io.json'
 local files = require 'fsdp.io.files'
 local console = require 'fsdp.observe.console'
 local outputs = require 'fsdp.observe.outputs'
+local quote = require 'fsdp.quote'
+local tensorboard = require 'fsdp.observe.tensorboard'
+local profiler = require 'fsdp.observe.profiler'
 pcall(ffi.cdef, 'int isatty(int fd);')
-pcall(ffi.cdef, 'int gethostname(char *name, size_t len);')
 
 local M = {}
 
@@ -77,12 +79,8 @@ local function stdout_is_terminal()
   return ffi.C.isatty(1) == 1
 end
 
--- This machine's name (gethostname: no shell), '?' when it has none.
-function M.hostname()
-  local buf = ffi.new('char[256]')
-  if ffi.C.gethostname(buf, 255) ~= 0 or buf[0] == 0 then return '?' end
-  return ffi.string(buf)
-end
+-- This machine's name, '?' when it has none (fsdp.io.files.hostname).
+M.hostname = files.hostname
 local hostname = M.hostname
 
 -- The distributed setup of this rank, one line (FSDP_DEBUG=INFO prints it).
@@ -133,7 +131,7 @@ M.OPTIONS = {
                   .. 'into a PNG and an SVG beside it (tools/plot.lua; gnuplot)', needs = 'metrics_file',
             check = function(v)
               -- found missing at start, not after the whole run
-              if v and select(2, require('fsdp.quote').capture({ 'gnuplot', '--version' })) ~= 0 then
+              if v and select(2, quote.capture({ 'gnuplot', '--version' })) ~= 0 then
                 return 'needs gnuplot, which is not installed (Debian: apt-get install gnuplot-nox)'
               end
             end },
@@ -269,7 +267,7 @@ function M.Logger(opts)
   if self.leader and opts.tensorboard_dir and opts.tensorboard_dir ~= '' then
     self.tb_dir = opts.tensorboard_dir
     self:_tb(0, function()
-      self.tb = require('fsdp.observe.tensorboard').Writer(opts.tensorboard_dir)
+      self.tb = tensorboard.Writer(opts.tensorboard_dir)
       if opts.config then self.tb:text('config', M.config_markdown(opts.config), 0) end
     end)
   end
@@ -292,7 +290,6 @@ end
 function Logger:begin_step(step)
   local p = self.profile
   if not p then return end
-  local profiler = require 'fsdp.observe.profiler'
   if profiler.on then
     profiler.span(('step %d'):format(p.step), 'step', p.step_t0)
     if step > p.last then self:_end_profile() end
@@ -306,7 +303,6 @@ function Logger:begin_step(step)
 end
 
 function Logger:_end_profile()
-  local profiler = require 'fsdp.observe.profiler'
   if not profiler.on then return end
   local n
   if not self.outputs:write('profile_dir', self.profile.path, nil, function() n = profiler.stop(self.profile.path) end) then
@@ -352,7 +348,7 @@ function Logger:resume(step)
   end
   if self.tb_dir and self.tb then
     local n = 0
-    self:_tb(step, function() n = require('fsdp.observe.tensorboard').truncate_after(self.tb_dir, step) end)
+    self:_tb(step, function() n = tensorboard.truncate_after(self.tb_dir, step) end)
     if n > 0 then
       self:print('metrics: %s: dropped %d TensorBoard event%s past step %d', self.tb_dir, n, n == 1 and '' or 's', step)
     end
@@ -586,8 +582,7 @@ end
 -- 0; the process will exit with status 5: fsdp.observe.outputs). Returns
 -- that list (empty when nothing was lost).
 function Logger:close()
-  if self.profile and require('fsdp.observe.profiler').on then
-    local profiler = require 'fsdp.observe.profiler'
+  if self.profile and profiler.on then
     profiler.span(('step %d'):format(self.profile.step), 'step', self.profile.step_t0)
     self:_end_profile()
   end

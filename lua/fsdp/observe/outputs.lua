@@ -38,6 +38,8 @@
 --     that checkpoint are lost, as at any stop; resume from it.
 local dist = require 'fsdp.dist'
 local console = require 'fsdp.observe.console'
+local checkpointing = require 'fsdp.checkpointing'
+local json = require 'fsdp.io.json'
 
 local M = {}
 
@@ -135,7 +137,7 @@ function Outputs:check_stop(step)
     if self.failures[1] then text = text .. ': ' .. describe(self.failures[1], self.world_size) end
     local dir = self.checkpoint_dir
     if dir and dir ~= '' then
-      local latest = require('fsdp.checkpointing').latest(dir)
+      local latest = checkpointing.latest(dir)
       text = text .. (latest and ('; the newest checkpoint is %s'):format(latest)
         or ('; %s holds no complete checkpoint'):format(dir))
     end
@@ -156,7 +158,6 @@ end
 function Outputs:close()
   local all = {}
   if self.world_size > 1 then
-    local json = require 'fsdp.io.json'
     local mine = json.encode(json.array(self.failures))
     for _, text in ipairs(dist.all_gather_strings(mine)) do
       for _, f in ipairs(json.decode(text)) do all[#all + 1] = f end

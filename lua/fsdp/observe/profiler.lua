@@ -28,9 +28,10 @@
 -- inside the module and unit spans, and each adds a sample to the memory
 -- counter, so the peak falls at an op (tools/trace_summary.lua names it).
 --
--- Instrumented code asks `profiler.on` (one field read) before anything
--- else: with no trace being recorded a module call or a unit's
--- collective costs nothing more. Spans on the host track are host time:
+-- Modules and sharded units sit below this file: they report their spans
+-- to fsdp.spans, to which start subscribes (stop unsubscribes), and ask
+-- `spans.on` (one field read) before anything else: with no trace being
+-- recorded a module call or a unit's collective costs nothing more. Spans on the host track are host time:
 -- on a GPU a span is the time to queue the work, a "wait" span is where
 -- the host blocked on a collective, which on the CPU is the communication
 -- not hidden behind compute.
@@ -46,7 +47,9 @@
 -- lists the ops by device time when the trace has them.
 local json = require 'fsdp.io.json'
 local files = require 'fsdp.io.files'
+local spans = require 'fsdp.spans'
 local ffi = require 'ffi'
+local core = require 'fsdp.core'
 local C = require('fsdp.core').C
 
 -- Backward node spans the engine keeps between two takes (about 100 bytes
@@ -58,7 +61,7 @@ local M = { on = false }
 local epoch = require('fsdp.clock').epoch
 
 -- Microseconds since the epoch.
-function M.now() return epoch() * 1e6 end
+function M.now() return epoch() * 1e6 end -- (fsdp.spans.now: the same clock)
 
 local events, names, device, pid, memory_stats
 local wrapped -- the op tables' own functions while they are wrapped
@@ -242,7 +245,6 @@ function M.start(opts)
   events[1] = { name = 'process_name', ph = 'M', pid = pid, tid = 0, args = { name = ('rank %d'):format(pid) } }
   events[2] = { name = 'process_sort_index', ph = 'M', pid = pid, tid = 0, args = { sort_index = pid } }
   events[3] = { name = 'thread_name', ph = 'M', pid = pid, tid = 0, args = { name = 'host' } }
-  local core = require 'fsdp.core'
   local dev = core.device(device)
   if C.fl_device_kind_of(dev) == C.FL_DEVICE_CUDA then
     timed = { dev = dev, pending = {} }
@@ -254,6 +256,7 @@ function M.start(opts)
   core.check(C.fl_engine_record_spans(NODE_SPANS))
   wrap_ops()
   M.on = true
+  spans.subscribe(M.span, M.module_name)
 end
 
 -- The backward nodes the engine timed since the last take, as op spans;
@@ -283,7 +286,7 @@ local function take_node_spans()
           C.fl_event_free(sp.device_end)
         end
       end
-      counter(sp.start_us + sp.duration_us, require('fsdp.core').device_name(sp.device), tonumber(sp.in_use))
+      counter(sp.start_us + sp.duration_us, core.device_name(sp.device), tonumber(sp.in_use))
     end
     if n < 1024 then return dropped end
   end
@@ -320,6 +323,7 @@ end
 function M.stop(path)
   if not M.on then return 0 end
   M.on = false
+  spans.subscribe(nil)
   unwrap_ops()
   local dropped = take_node_spans()
   C.fl_engine_record_spans(0)

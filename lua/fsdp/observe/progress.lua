@@ -28,6 +28,7 @@
 local ffi = require 'ffi'
 local clock = require 'fsdp.clock'
 local console = require 'fsdp.observe.console'
+local dist = require 'fsdp.dist'
 pcall(ffi.cdef, 'int isatty(int fd);')
 
 local M = {}
@@ -38,7 +39,6 @@ M.interval = tonumber(os.getenv('FSDP_PROGRESS_INTERVAL') or '') or 10
 
 -- 'bar', 'lines' or 'off' for this process (see the top).
 function M.mode()
-  local dist = require 'fsdp.dist'
   if dist.rank() ~= 0 then return 'off' end
   local v = os.getenv('FSDP_PROGRESS')
   if v == '0' then return 'off' end

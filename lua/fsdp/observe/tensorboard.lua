@@ -110,7 +110,7 @@ local Writer = {}
 Writer.__index = Writer
 
 local function hostname()
-  local name = require('fsdp.observe.metrics').hostname()
+  local name = files.hostname()
   return (name == '?' and 'localhost' or name):gsub('[^%w%.%-_]', '_')
 end
 

@@ -50,6 +50,8 @@ local devices = require 'fsdp.devices'
 local trace = require 'fsdp.plan.trace'
 local sim = require 'fsdp.plan.sim'
 local suggest = require 'fsdp.suggest'
+local dist = require 'fsdp.dist'
+local cost = require 'fsdp.plan.cost'
 local C = core.C
 
 local M = {}
@@ -144,59 +146,41 @@ local function policy_of(opts, block_set)
   fail("policy must be a function, 'transformer', 'size' or 'none', got %s", tostring(p))
 end
 
--- Whether fsdp.shard puts t among a unit's frozen parameters ([Note:
--- frozen parameters] in fsdp/sharding/unit.lua).
-local function is_frozen(t) return t:is_floating_point() and not t.requires_grad end
-
--- The units fsdp.shard would make, with this rank's numbers: per wrapped
--- module one for its trainable parameters and, before it, one for its
--- frozen ones (gathered and freed with it, never reduced; its shard in
--- the frozen parameters' dtype).
+-- The units fsdp.shard would make (sharding.resolve: the same function
+-- decides them, [Note: one resolution of the units]), with this rank's
+-- numbers: per wrapped module one for its trainable parameters and, before
+-- it, one for its frozen ones (gathered and freed with it, never reduced;
+-- its shard in the frozen parameters' dtype).
 local function plan_units(model, r)
-  local specs = sharding.plan_units(model, r.policy, {})
-  local units = {}
-  for i, spec in ipairs(specs) do
-    local ov = spec.overrides
-    local where = spec.name == '' and 'root unit: ' or ('unit %s: '):format(spec.name)
-    local st = ov.strategy or r.strategy
-    sharding.check_strategy(st, where, WHO)
-    local mp = ov.mixed_precision ~= nil and sharding.mixed_precision(ov.mixed_precision, r.master, where, WHO) or r.mp
-    local shard_on = sharding.strategy_info[st].shard
-    local G = shard_on == 'self' and 1 or shard_on == 'node' and r.ranks_per_node or r.world
-    local reshard = sharding.strategy_info[st].reshard
-    if ov.reshard_after_forward ~= nil then reshard = ov.reshard_after_forward end
-    local trainable, frozen = {}, {}
-    for _, t in ipairs(spec.tensors) do
-      local list = is_frozen(t) and frozen or trainable
-      list[#list + 1] = t
-    end
-    local function unit(tensors, frozen_unit)
-      local numel = 0
-      for _, t in ipairs(tensors) do numel = numel + t:numel() end
-      local master = frozen_unit and tensors[1].dtype or r.master
-      local padded = math.ceil(numel / G) * G
-      local shard = padded / G
-      local ps = size_of(mp.param)
-      local aliased = G == 1 and mp.param == master
-      local gb = aliased and 0 or padded * ps
-      if r.device.page and gb > 0 then gb = math.ceil(gb / r.device.page) * r.device.page end
-      return {
-        name = spec.name, label = (spec.name == '' and '<root>' or spec.name) .. (frozen_unit and ' (frozen)' or ''),
-        module = spec.module, tensors = tensors, strategy = st, numel = numel, padded = padded, shard = shard,
-        G = G, replicas = r.world / G, aliased = aliased, gb = gb, ps = ps, rs = size_of(mp.reduce),
-        gs = size_of(mp.grad), reshard = reshard, root = i == #specs, param_dtype = mp.param,
-        reduce_dtype = mp.reduce, frozen = frozen_unit, master_dtype = master,
-        -- real elements in this rank's shard (the last ranks hold the padding)
-        real = math.max(0, math.min(shard, numel - r.rank % G * shard)),
-      }
-    end
-    local fu = #frozen > 0 and unit(frozen, true) or nil
-    local u = #trainable > 0 and unit(trainable, false) or fu
-    if fu and fu ~= u then
-      units[#units + 1] = fu
-      u.partner = fu
-    end
+  local specs, resolved = sharding.resolve(model, { policy = r.policy, ignored = {}, strategy = r.strategy_value,
+                                                    master = r.master, mp = r.mp, who = WHO })
+  local units, of = {}, {}
+  for _, ru in ipairs(resolved) do
+    local spec, mp = ru.spec, ru.spec.mp
+    local G = spec.strategy:shard_size(r.world, r.ranks_per_node)
+    local numel = 0
+    for _, t in ipairs(ru.tensors) do numel = numel + t:numel() end
+    local master = ru.master_dtype
+    local padded = math.ceil(numel / G) * G
+    local shard = padded / G
+    local ps = size_of(mp.param)
+    local aliased = G == 1 and mp.param == master
+    local gb = aliased and 0 or padded * ps
+    if r.device.page and gb > 0 then gb = math.ceil(gb / r.device.page) * r.device.page end
+    local u = {
+      name = spec.name, label = (spec.name == '' and '<root>' or spec.name) .. (ru.frozen and ' (frozen)' or ''),
+      module = spec.module, tensors = ru.tensors, strategy = spec.strategy.name, numel = numel, padded = padded,
+      shard = shard, G = G, replicas = r.world / G, aliased = aliased, gb = gb, ps = ps, rs = size_of(mp.reduce),
+      gs = size_of(mp.grad), reshard = spec.reshard_after_forward, root = spec.is_root, param_dtype = mp.param,
+      reduce_dtype = mp.reduce, frozen = ru.frozen, master_dtype = master,
+      -- real elements in this rank's shard (the last ranks hold the padding)
+      real = math.max(0, math.min(shard, numel - r.rank % G * shard)),
+    }
+    of[ru] = u
     units[#units + 1] = u
+  end
+  for _, ru in ipairs(resolved) do
+    if ru.partner then of[ru].partner = of[ru.partner] end
   end
   return units
 end
@@ -230,7 +214,7 @@ local function resolve(model, opts)
     local k = per_node or (dev_per_node ~= 'all' and dev_per_node) or 8
     r.world = n * k
   else
-    r.world = positive_int(opts, 'world', require('fsdp.dist').world_size())
+    r.world = positive_int(opts, 'world', dist.world_size())
   end
   if opts.nodes ~= nil then
     r.nodes = positive_int(opts, 'nodes', 1)
@@ -249,20 +233,16 @@ local function resolve(model, opts)
     end
     r.nodes, r.ranks_per_node = r.world / k, k
   end
-  r.strategy = opts.strategy or 'FULL_SHARD'
-  sharding.check_strategy(r.strategy, '', WHO)
+  r.strategy_value = sharding.strategy(opts.strategy or 'FULL_SHARD', '', WHO)
+  r.strategy = r.strategy_value.name
   r.rank = opts.rank or 0
   if validate.problem(r.rank, { int = true, min = 0, below = r.world }) then
     fail('rank must be an integer in [0, %d), got %s', r.world, validate.show(opts.rank))
   end
   r.batch = positive_int(opts, 'batch', 1)
   r.grad_accum = positive_int(opts, 'grad_accum', 1)
-  local all = model:parameters()
-  if not all[1] then fail('the model has no parameters') end
-  local first = all[1]
-  for _, p in ipairs(all) do
-    if not is_frozen(p) then first = p; break end
-  end
+  local first = sharding.master_param(model)
+  if not first then fail('the model has no parameters') end
   r.master = first.dtype -- the trainable parameters' (frozen ones may differ)
   r.mp = sharding.mixed_precision(opts.mixed_precision, r.master, '', WHO)
   r.utilization = opts.utilization or r.device.utilization or 0.5
@@ -429,7 +409,7 @@ function M.plan(model, opts)
                               n_params = model:num_parameters(), blocks = #blocks, block_params = block_params,
                               tokens = tr.tokens, n_frozen = n_frozen, frozen_dtype = frozen_dtype },
                             Plan)
-  require('fsdp.plan.cost').fill(plan, tr.flops)
+  cost.fill(plan, tr.flops)
   local usable = r.device.memory - (r.device.reserved or 0)
   plan.usable = usable
   plan.fits = mem.peak <= usable

@@ -83,6 +83,8 @@
 -- so that pretraining keeps its bits. A mixture of experts' router loss,
 -- added to the mean, is weighted by the micro-batch's share of the tokens
 -- (transformers adds it to each micro-batch's normalised loss).
+local dist = require 'fsdp.dist'
+local fsdp = require 'fsdp'
 local M = {}
 local validate = require 'fsdp.validate'
 local IGNORE = -100
@@ -125,13 +127,12 @@ end
 local function data_parallel(model)
   local S = rawget(model, '_fsdp')
   if not S then return 1, nil end
-  local dist = require 'fsdp.dist'
   return S.group and S.group:size() or dist.world_size(), S.group
 end
 
 -- The target tokens of a targets tensor (entries other than -100).
 function M.count_tokens(targets)
-  return require('fsdp').F.ne(targets, IGNORE):to('i64'):sum():item()
+  return fsdp.F.ne(targets, IGNORE):to('i64'):sum():item()
 end
 
 -- Forward and backward of a step's k micro-batches with the loss averaged
@@ -159,8 +160,7 @@ function M.token_mean(model, k, batch, loss_of)
   local D, group = data_parallel(model)
   local N = local_n
   if D > 1 then
-    local fsdp = require 'fsdp'
-    local t = require('fsdp.dist').all_reduce(fsdp.tensor({ local_n }, { dtype = 'f64' }), { op = 'sum',
+    local t = dist.all_reduce(fsdp.tensor({ local_n }, { dtype = 'f64' }), { op = 'sum',
       group = group })
     N = t:get(0)
   end

@@ -23,6 +23,7 @@
 -- (fsdp.metrics). What the user gives always wins; on the CPU nothing
 -- changes.
 local fsdp = require 'fsdp'
+local suggest = require 'fsdp.suggest'
 
 local M = {}
 
@@ -38,7 +39,7 @@ function M.check(text)
     index = tonumber(text:match('%d+'))
   elseif text ~= 'cpu' then
     return ("must be auto, cpu, cuda or cuda:N; got '%s'%s"):format(text,
-      require('fsdp.suggest').hint(text, { 'auto', 'cpu', 'cuda' }))
+      suggest.hint(text, { 'auto', 'cpu', 'cuda' }))
   end
   local dev = 'cpu'
   if text ~= 'cpu' then

@@ -18,6 +18,8 @@
 -- parts, the budget, and what would make it fit; exit status 2.
 -- --skip_fit_check trains anyway (the plan is an estimate).
 local fsdp = require 'fsdp'
+local layout = require 'fsdp.sharding.layout'
+local core = require 'fsdp.core'
 
 local M = {}
 
@@ -108,6 +110,15 @@ local function bytes_text(b)
 end
 M.bytes_text = bytes_text
 
+-- The ranks sharing a run's weights in the cheap bound below: 1 when its
+-- strategy (cfg.sharding_strategy, default FULL_SHARD) keeps every
+-- parameter whole on each rank, else the world (the hybrids shard over a
+-- node's ranks only, so the world gives a lower bound, as the bound must).
+function M.weight_shards(cfg)
+  local st = layout.strategy(cfg.sharding_strategy or 'FULL_SHARD')
+  return st.shards_across == 'none' and 1 or fsdp.dist.world_size()
+end
+
 -- The cheap bound (see the Note above); raises one line (a usage error
 -- when called from a recipe's option checks) naming what set the sizes.
 -- b: params (the closed form's count), blocks (built on meta), dtype (of
@@ -134,7 +145,6 @@ function M.bound(cfg, b)
   if b.weights == false or cfg.skip_fit_check then return end
   local budget, source = M.device_budget(cfg)
   if not budget then return end
-  local core = require 'fsdp.core'
   local per_param = tonumber(core.C.fl_dtype_size(core.dtype(b.dtype or 'f32')))
   local weights = b.params * per_param / (b.shards or 1)
   local need, parts = weights, {}
@@ -182,12 +192,14 @@ local function suggestions(p, cfg, names, world, largest_batch)
     out[#out + 1] = ('--%s=bf16 (about half the bytes)'):format(dtype_opt)
   end
   -- Ranks on this machine share its memory; sharding over more machines
-  -- divides the persistent state (FULL_SHARD: parameters, gradients and
-  -- optimizer state) among all ranks.
+  -- divides the persistent state (parameters, gradients and optimizer
+  -- state) among all ranks when the strategy shards across them all
+  -- (FULL_SHARD, SHARD_GRAD_OP; not the hybrids or NO_SHARD).
   local per_rank = m.peak - m.persistent
-  if cfg.sharding_strategy == 'FULL_SHARD' and per_rank < p.usable then
+  local st = cfg.sharding_strategy and layout.strategy(cfg.sharding_strategy)
+  if st and st.shards_across == 'group' and per_rank < p.usable then
     local total = m.persistent * world
-    out[#out + 1] = ('sharding over more machines (FULL_SHARD: about %d ranks of this budget)'):format(
+    out[#out + 1] = ('sharding over more machines (%s: about %d ranks of this budget)'):format(st.name,
       math.max(world + 1, math.ceil(total / (p.usable - per_rank))))
   end
   if names.layers then out[#out + 1] = ('fewer layers (--%s)'):format(names.layers) end

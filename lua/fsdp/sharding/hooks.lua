@@ -7,7 +7,7 @@
 -- and autograd nodes.
 local autograd = require 'fsdp.autograd'
 local Tensor = require 'fsdp.tensor'
-local profiler = require 'fsdp.observe.profiler'
+local spans = require 'fsdp.spans' -- the profiler (fsdp.observe) subscribes
 
 local State = {}
 State.__index = State
@@ -121,7 +121,7 @@ end
 
 function State:pre_backward(u)
   -- a unit's backward span (fsdp.profiler): from here to its post_backward
-  if profiler.on then u.backward_t0 = profiler.now() end
+  if spans.on then u.backward_t0 = spans.now() end
   if not self.callback_queued then
     self.callback_queued = true
     autograd.queue_callback(function() self:finish_backward() end)
@@ -148,8 +148,8 @@ function State:post_backward(u, grads)
   end
   rest(u)
   if self.backward_prefetch == 'post' and self.bwd_next then self:start_unshard(self.bwd_next[u]) end
-  if profiler.on and u.backward_t0 then
-    profiler.span('backward ' .. u:label(), 'backward', u.backward_t0)
+  if spans.on and u.backward_t0 then
+    spans.span('backward ' .. u:label(), 'backward', u.backward_t0)
     u.backward_t0 = nil
   end
 end

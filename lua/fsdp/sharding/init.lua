@@ -40,6 +40,7 @@ local parameter = require 'fsdp.nn.parameter'
 local Unit = require 'fsdp.sharding.unit'
 local layout = require 'fsdp.sharding.layout'
 local State = require 'fsdp.sharding.hooks'
+local clip = require 'fsdp.optim.clip'
 local ffi, C = core.ffi, core.C
 
 local M = {}
@@ -64,13 +65,12 @@ end)
 M.policy = require 'fsdp.sharding.policy'
 
 -- What fsdp.shard decides up front lives in layout.lua (shared with the
--- planner); the step's hooks in hooks.lua.
-local STRATEGIES = layout.strategy_info
-local check_strategy, mixed_precision = layout.check_strategy, layout.mixed_precision
-local plan_units, slots_of, check_shared = layout.plan_units, layout.slots_of, layout.check_shared
-local strategy_groups = layout.strategy_groups
-M.strategies, M.strategy_info = layout.strategies, layout.strategy_info
-M.check_strategy, M.mixed_precision, M.plan_units = check_strategy, mixed_precision, plan_units
+-- planner: [Note: one resolution of the units]); the step's hooks in
+-- hooks.lua.
+local mixed_precision = layout.mixed_precision
+M.strategies, M.strategy, M.is_strategy = layout.strategies, layout.strategy, layout.is_strategy
+M.check_strategy, M.mixed_precision, M.plan_units = layout.check_strategy, mixed_precision, layout.plan_units
+M.resolve, M.master_param = layout.resolve, layout.master_param
 
 local OPTIONS = {
   policy = true, strategy = true, mixed_precision = true, cpu_offload = true,
@@ -222,8 +222,7 @@ function M.shard(model, opts)
       core.fail(("fsdp.shard: unknown option '%s' (known: %s)"):format(tostring(k), table.concat(known, ', ')))
     end
   end
-  local strategy = opts.strategy or 'FULL_SHARD'
-  check_strategy(strategy)
+  local strategy = layout.strategy(opts.strategy or 'FULL_SHARD')
   local bp = opts.backward_prefetch
   if bp == nil then bp = 'pre' end
   if bp ~= 'pre' and bp ~= 'post' and bp ~= false then
@@ -237,14 +236,10 @@ function M.shard(model, opts)
   local ignored = opts.ignored or {}
   local seed = opts.seed or fsdp.initial_seed()
 
-  local all = model:parameters()
-  if not all[1] then core.fail('fsdp.shard: the model has no parameters') end
+  local first = layout.master_param(model)
+  if not first then core.fail('fsdp.shard: the model has no parameters') end
   -- The master dtype is the trainable parameters' (frozen ones may be kept
   -- in another: [Note: frozen parameters] in fsdp/sharding/unit.lua).
-  local first = all[1]
-  for _, p in ipairs(all) do
-    if p.requires_grad then first = p; break end
-  end
   local master = first.dtype
   local device = opts.device or (first:is_meta() and 'cpu' or first.device)
   if device ~= 'cpu' and device ~= 'meta' and not device:match('^cuda') then
@@ -252,55 +247,31 @@ function M.shard(model, opts)
   end
   local base_mp = mixed_precision(opts.mixed_precision, master)
 
-  local plan, fqn = plan_units(model, opts.policy, ignored)
-  agree_structure(plan, fqn, strategy, opts, seed, device)
-  local slots = slots_of(model)
+  local plan, _, fqn = layout.resolve(model, { policy = opts.policy, ignored = ignored, strategy = strategy,
+                                                master = master, mp = base_mp, who = 'fsdp.shard' })
+  agree_structure(plan, fqn, strategy.name, opts, seed, device)
   local S = setmetatable({
     units = {}, inflight = {}, pending = {}, sync = true, iteration = 0,
     recording_forward = true, recording_backward = true, fwd_order = {}, bwd_order = {},
     backward_prefetch = bp, forward_prefetch = opts.forward_prefetch and true or false,
     limit_all_gathers = opts.limit_all_gathers and true or false,
-    cpu_offload = opts.cpu_offload and true or false, strategy = strategy, model = model,
+    cpu_offload = opts.cpu_offload and true or false, strategy = strategy.name, model = model,
     ignored = ignored, device = device, master = master, group = group, -- group: the data-parallel ranks (nil: all)
   }, State)
 
-  for i, spec in ipairs(plan) do
-    local ov = spec.overrides
-    local where = spec.name == '' and 'root unit: ' or ('unit %s: '):format(spec.name)
-    local st = ov.strategy or strategy
-    check_strategy(st, where)
-    local mp = ov.mixed_precision ~= nil and mixed_precision(ov.mixed_precision, master, where) or base_mp
-    local shard_group, replicate_group = strategy_groups(st, group)
-    -- Trainable and frozen parameters go to separate flat parameters.
-    local params, frozen, frozen_dtype = {}, {}, nil
-    for _, t in ipairs(spec.tensors) do
-      local p = { name = fqn[t], tensor = t, slots = slots[t] }
-      if t.requires_grad or not t:is_floating_point() then
-        if t.dtype ~= master then
-          core.fail(('fsdp.shard: parameter %s is %s but the model\'s trainable parameters are %s: one master '
-            .. 'dtype per model (frozen parameters may differ)'):format(fqn[t], t.dtype, master))
-        end
-        params[#params + 1] = p
-      else
-        frozen_dtype = frozen_dtype or t.dtype
-        if t.dtype ~= frozen_dtype then
-          core.fail(('fsdp.shard: frozen parameter %s is %s but %s of the same unit is %s: one dtype per unit\'s '
-            .. 'frozen parameters'):format(fqn[t], t.dtype, frozen[1].name, frozen_dtype))
-        end
-        frozen[#frozen + 1] = p
-      end
-    end
-    local reshard = STRATEGIES[st].reshard
-    if ov.reshard_after_forward ~= nil then reshard = ov.reshard_after_forward end
-    local function make(list, is_frozen)
-      if i < #plan then check_shared(spec, list) end
+  for _, spec in ipairs(plan) do
+    local mp = spec.mp
+    local shard_group, replicate_group = spec.strategy:groups(group)
+    -- One C unit per resolved unit (layout.resolve: the frozen one first).
+    local function make(r)
+      local list = r.params
       if opts.sync_module_states then broadcast_params(list, device) end
       local u = Unit.new({
-        name = spec.name, module = spec.module, params = list, strategy = st,
+        name = spec.name, module = spec.module, params = list, strategy = spec.strategy.name,
         shard_group = shard_group, replicate_group = replicate_group,
-        master_dtype = is_frozen and frozen_dtype or master, param_dtype = mp.param, reduce_dtype = mp.reduce,
-        grad_dtype = mp.grad, device = device, cpu_offload = opts.cpu_offload, is_root = i == #plan,
-        reshard_after_forward = reshard, frozen = is_frozen,
+        master_dtype = r.master_dtype, param_dtype = mp.param, reduce_dtype = mp.reduce,
+        grad_dtype = mp.grad, device = device, cpu_offload = opts.cpu_offload, is_root = spec.is_root,
+        reshard_after_forward = spec.reshard_after_forward, frozen = r.frozen,
       })
       u.shard_size = shard_group and shard_group:size() or dist.world_size()
       u.replicas = dist.world_size() / u.shard_size
@@ -316,10 +287,10 @@ function M.shard(model, opts)
       u:bind_segments()
       return u
     end
-    local fu = #frozen > 0 and make(frozen, true) or nil
+    local fu = spec.frozen and make(spec.frozen) or nil
     local u = fu
-    if #params > 0 then
-      u = make(params, false)
+    if spec.trainable then
+      u = make(spec.trainable)
       u.partner = fu
     end
     -- The frozen unit before its partner, so the root stays last.
@@ -369,7 +340,6 @@ end
 -- every rank (fsdp.nonfinite decides from it).
 function M.grad_norm(model)
   local S = state_of(model, 'grad_norm')
-  local clip = require 'fsdp.optim.clip'
   local local_sq = 0
   for _, u in ipairs(S.units) do
     u:sync_zero_grad()
@@ -406,7 +376,7 @@ function M.scale_grads(model, coef)
   for _, u in ipairs(S.units) do
     if u.grad ~= nil and u.grad:has_storage() then core.check(C.fl_grad_scale_(Tensor.cptr(u.grad), coef)) end
   end
-  require('fsdp.optim.clip').scale_grads(ignored_params(S), coef)
+  clip.scale_grads(ignored_params(S), coef)
 end
 
 -- Run fn() with every parameter slot holding the whole parameter in the

@@ -11,18 +11,49 @@ local M = {}
 
 -- strategies ---------------------------------------------------------------------------
 
--- reshard_after_forward and where shards live: 'group' (the shard group
--- option, default the world), 'node' (hybrid), 'self' (no sharding).
-local STRATEGIES = {
-  FULL_SHARD = { reshard = true, shard = 'group' },
-  SHARD_GRAD_OP = { reshard = false, shard = 'group' },
-  NO_SHARD = { reshard = false, shard = 'self' },
-  HYBRID_SHARD = { reshard = true, shard = 'node' },
-  HYBRID_SHARD_ZERO2 = { reshard = false, shard = 'node' },
-}
+-- [Note: strategies are values]
+-- A strategy is one of the five values below, named by the strings users
+-- pass ('FULL_SHARD', ...; M.strategy turns a name into its value). What
+-- the sharding and the planner need to know of it are its properties, read
+-- here and nowhere compared by name:
+--   reshard_after_forward  whether a unit frees its gathered parameters
+--                          after forward (and gathers them again for
+--                          backward);
+--   shards_across          which ranks split one unit's parameters:
+--                          'group' (the shard group option, default the
+--                          world), 'node' (the ranks of one node), 'none'
+--                          (every rank holds them whole);
+--   replicates_across      which ranks hold copies of the same shard and
+--                          sum their gradients: 'none', 'nodes' (one copy
+--                          per node), 'group' (every rank of the group).
+local Strategy = {}
+Strategy.__index = Strategy
+Strategy.__name = 'Strategy'
+Strategy.__tostring = function(s) return s.name end
+
+local function strategy(name, reshard, shards_across, replicates_across)
+  return setmetatable({ name = name, reshard_after_forward = reshard, shards_across = shards_across,
+                        replicates_across = replicates_across }, Strategy)
+end
+M.FULL_SHARD = strategy('FULL_SHARD', true, 'group', 'none')
+M.SHARD_GRAD_OP = strategy('SHARD_GRAD_OP', false, 'group', 'none')
+M.NO_SHARD = strategy('NO_SHARD', false, 'none', 'group')
+M.HYBRID_SHARD = strategy('HYBRID_SHARD', true, 'node', 'nodes')
+M.HYBRID_SHARD_ZERO2 = strategy('HYBRID_SHARD_ZERO2', false, 'node', 'nodes')
+-- The names, in the order help and errors list them.
 M.strategies = { 'FULL_SHARD', 'SHARD_GRAD_OP', 'NO_SHARD', 'HYBRID_SHARD', 'HYBRID_SHARD_ZERO2' }
--- Read by the planner (fsdp.plan), which must make the same choices.
-M.strategy_info = STRATEGIES
+local by_name = {}
+for _, n in ipairs(M.strategies) do by_name[n] = M[n] end
+
+function M.is_strategy(x) return getmetatable(x) == Strategy end
+
+-- How many ranks share one unit's shards (the planner's arithmetic: a
+-- world of `world` ranks, `ranks_per_node` on a node).
+function Strategy:shard_size(world, ranks_per_node)
+  if self.shards_across == 'none' then return 1 end
+  if self.shards_across == 'node' then return ranks_per_node end
+  return world
+end
 
 -- Groups are created collectively, once per process, in the order first
 -- needed (the same on every rank: policies are deterministic).
@@ -36,21 +67,28 @@ local function hybrid_groups()
   return groups.shard, groups.replicate
 end
 
-local function strategy_groups(name, group)
-  local s = STRATEGIES[name].shard
-  if s == 'group' then return group, nil end
-  if s == 'self' then return self_group(), group or dist.world() end
+-- The process groups a unit of this strategy shards and replicates over
+-- (collective on first use: it may create them), given the shard group
+-- option (nil: the world). Returns shard_group, replicate_group (nil: the
+-- option's group, none).
+function Strategy:groups(group)
+  if self.shards_across == 'group' then return group, nil end
+  if self.shards_across == 'none' then return self_group(), group or dist.world() end
   return hybrid_groups()
 end
 
+-- The strategy a name (or a strategy) stands for; an unknown one fails.
 -- `who` names the caller in errors ('fsdp.shard', or 'fsdp.plan').
-local function check_strategy(s, where, who)
-  if not STRATEGIES[s] then
+function M.strategy(s, where, who)
+  if M.is_strategy(s) then return s end
+  local st = type(s) == 'string' and by_name[s]
+  if not st then
     core.fail(("%s: %sunknown strategy '%s' (known: %s)"):format(who or 'fsdp.shard', where or '', tostring(s),
       table.concat(M.strategies, ', ')))
   end
+  return st
 end
-M.check_strategy = check_strategy
+function M.check_strategy(s, where, who) M.strategy(s, where, who) end
 
 -- {param=, reduce=, buffer=} dtype names; nil fields keep the model's.
 local function mixed_precision(mp, master, where, who)
@@ -105,15 +143,15 @@ end
 -- A unit other than the root is freed while modules outside it run, so a
 -- parameter it owns must not be used from outside it (tied weights belong
 -- in one unit, or to the root).
-local function check_shared(spec, params)
+local function check_shared(spec, params, who)
   local inside = {}
   for _, m in ipairs(spec.module:modules()) do inside[m] = true end
   for _, p in ipairs(params) do
     for _, slot in ipairs(p.slots) do
       if not inside[slot[3]] then
-        core.fail(('fsdp.shard: parameter %s of unit %s is also used by %s, outside that unit; '
+        core.fail(('%s: parameter %s of unit %s is also used by %s, outside that unit; '
           .. 'wrap the modules sharing it in one unit or leave them to the root'):format(
-          p.name, spec.name, slot[4] == '' and 'the root' or slot[4]))
+          who or 'fsdp.shard', p.name, spec.name, slot[4] == '' and 'the root' or slot[4]))
       end
     end
   end
@@ -158,11 +196,97 @@ local function plan_units(model, policy, ignored)
   visit(model, '', true)
   return units, fqn
 end
--- The planner (fsdp.plan) asks the same question of a meta model, so its
--- units are exactly the ones fsdp.shard would make.
+-- The planner (fsdp.plan) asks the same question of a meta model through
+-- M.resolve, so its units are exactly the ones fsdp.shard would make.
 M.plan_units = plan_units
 M.slots_of = slots_of
-M.check_shared = check_shared
-M.strategy_groups = strategy_groups
+
+-- The parameter whose dtype is the model's master dtype: the first that
+-- requires grad (frozen ones may be kept in another: [Note: frozen
+-- parameters] in fsdp/sharding/unit.lua), else the first; nil when the
+-- model has none.
+function M.master_param(model)
+  local all = model:parameters()
+  for _, p in ipairs(all) do
+    if p.requires_grad then return p end
+  end
+  return all[1]
+end
+
+-- [Note: one resolution of the units]
+-- What every unit of a sharded model is, decided once, on any device
+-- (meta included) and before any memory moves or any collective runs:
+-- fsdp.shard builds its units from it and fsdp.plan prices the same
+-- structure, so the two cannot drift. resolve(model, o) with
+--   o.policy, o.ignored (fsdp.shard's options), o.strategy (the default
+--   strategy, a value: M.strategy), o.master (the master dtype: the dtype
+--   of M.master_param), o.mp (the resolved base mixed precision:
+--   M.mixed_precision), o.who (the caller named in errors)
+-- applies the policy (plan_units) and returns the wrapped modules, children
+-- before parents and the root last, each the spec of plan_units ({module=,
+-- name=, overrides=, tensors=}) plus:
+--   is_root, strategy (a value: the unit's override, else o.strategy), mp
+--   (its dtypes: override or o.mp), reshard_after_forward (the strategy's
+--   unless overridden), frozen and trainable (the unit of its frozen
+--   parameters and of the others, nil when it has none: [Note: frozen
+--   parameters] in unit.lua), lead (the unit the hooks drive: trainable,
+--   else frozen);
+-- each unit {spec=, frozen=, params = {{name=, tensor=, slots=}...},
+-- tensors = {...}, master_dtype=, partner= (the trainable unit's frozen
+-- one)}. A second return value lists the units in the order fsdp.shard
+-- keeps them (a frozen unit just before its partner; the root last), the
+-- third maps each tensor to its name. Fails, naming o.who, on what
+-- fsdp.shard cannot shard: an unknown strategy or precision, a trainable
+-- parameter not in the master dtype, frozen parameters of two dtypes in
+-- one unit, a parameter used outside its (non-root) unit.
+function M.resolve(model, o)
+  local who, master = o.who or 'fsdp.shard', o.master
+  local specs, fqn = plan_units(model, o.policy, o.ignored or {})
+  local slots = slots_of(model)
+  local units = {}
+  for i, spec in ipairs(specs) do
+    local ov = spec.overrides
+    local where = spec.name == '' and 'root unit: ' or ('unit %s: '):format(spec.name)
+    spec.is_root = i == #specs
+    spec.strategy = ov.strategy ~= nil and M.strategy(ov.strategy, where, who) or o.strategy
+    spec.mp = ov.mixed_precision ~= nil and mixed_precision(ov.mixed_precision, master, where, who) or o.mp
+    spec.reshard_after_forward = spec.strategy.reshard_after_forward
+    if ov.reshard_after_forward ~= nil then spec.reshard_after_forward = ov.reshard_after_forward end
+    -- Trainable and frozen parameters go to separate flat parameters.
+    local params, frozen, frozen_dtype = {}, {}, nil
+    for _, t in ipairs(spec.tensors) do
+      local p = { name = fqn[t], tensor = t, slots = slots[t] }
+      if t.requires_grad or not t:is_floating_point() then
+        if t.dtype ~= master then
+          core.fail(('%s: parameter %s is %s but the model\'s trainable parameters are %s: one master '
+            .. 'dtype per model (frozen parameters may differ)'):format(who, fqn[t], t.dtype, master))
+        end
+        params[#params + 1] = p
+      else
+        frozen_dtype = frozen_dtype or t.dtype
+        if t.dtype ~= frozen_dtype then
+          core.fail(('%s: frozen parameter %s is %s but %s of the same unit is %s: one dtype per unit\'s '
+            .. 'frozen parameters'):format(who, fqn[t], t.dtype, frozen[1].name, frozen_dtype))
+        end
+        frozen[#frozen + 1] = p
+      end
+    end
+    local function unit(list, is_frozen)
+      if not spec.is_root then check_shared(spec, list, who) end
+      local tensors = {}
+      for j, p in ipairs(list) do tensors[j] = p.tensor end
+      return { spec = spec, frozen = is_frozen, params = list, tensors = tensors,
+               master_dtype = is_frozen and frozen_dtype or master }
+    end
+    spec.frozen = #frozen > 0 and unit(frozen, true) or nil
+    spec.trainable = #params > 0 and unit(params, false) or nil
+    spec.lead = spec.trainable or spec.frozen
+    if spec.trainable then spec.trainable.partner = spec.frozen end
+    -- The frozen unit before its partner, so the root stays last.
+    if spec.frozen and spec.frozen ~= spec.lead then units[#units + 1] = spec.frozen end
+    units[#units + 1] = spec.lead
+  end
+  return specs, units, fqn
+end
 
 return M

@@ -10,6 +10,11 @@
 -- class and train in bf16 mixed precision; these options expose each choice.
 local fsdp = require 'fsdp'
 local device = require 'fsdp.sharding.device'
+local dist = require 'fsdp.dist'
+local suggest = require 'fsdp.suggest'
+local lora = require 'fsdp.lora'
+local devices = require 'fsdp.devices'
+local console = require 'fsdp.observe.console'
 
 local M = {}
 
@@ -53,7 +58,7 @@ M.OPTIONS = {
   plan_world = { 0, 'with --plan: the number of ranks to plan for (0: this job\'s)', int = true, min = 0 },
   plan_nodes = { 0, 'with --plan: the number of nodes to plan for (0: this job\'s, or 1 with --plan_world; must divide it)',
                  int = true, min = 0, check = function(v, cfg)
-                   local world = cfg.plan_world > 0 and cfg.plan_world or require('fsdp.dist').world_size()
+                   local world = cfg.plan_world > 0 and cfg.plan_world or dist.world_size()
                    if v > 0 and world % v ~= 0 then
                      return ('(%d) must divide the world planned for (%d ranks)'):format(v, world)
                    end
@@ -61,7 +66,6 @@ M.OPTIONS = {
   plan_device = { 'cpu', 'device profile for --plan (fsdp.devices: cpu, a100-80g, h100-80g, ...; or a JSON file '
                         .. 'describing one, see fsdp.devices.load; on cuda, when not given: the detected GPU\'s)',
                   check = function(v)
-                    local devices = require 'fsdp.devices'
                     if v:match('%.json$') then
                       local ok, why = pcall(devices.load, v, 'profile')
                       return not ok and tostring(why):gsub('^.-profile: ', '') or nil
@@ -69,7 +73,7 @@ M.OPTIONS = {
                     local names = devices.names()
                     for _, name in ipairs(names) do if name == v then return nil end end
                     return ("must be one of %s, or a device profile's .json file; got '%s'%s"):format(
-                      table.concat(names, ', '), v, require('fsdp.suggest').hint(v, names))
+                      table.concat(names, ', '), v, suggest.hint(v, names))
                   end,
                   default_from = function(cfg) return device.default_plan_device(cfg) end },
   skip_fit_check = { false, 'train even when the planner says the config does not fit this machine\'s memory' },
@@ -112,7 +116,7 @@ end
 -- do not have.
 function M.init_rule(cfg)
   if (cfg.init_from or '') == '' then return true end
-  if (cfg.lora_rank or 0) > 0 then return require('fsdp.lora').is_adapter end
+  if (cfg.lora_rank or 0) > 0 then return lora.is_adapter end
   return false
 end
 
@@ -143,7 +147,6 @@ function M.apply(model, cfg, block_class, script)
   local units = fsdp.sharding.units(model)
   local W = fsdp.dist.world_size()
   local where = device.describe(cfg)
-  local console = require 'fsdp.observe.console'
   if where then console.print('device: ' .. where) end
   -- A frozen base (LoRA) has units of its own: their share of this rank's
   -- shards is what it costs (no gradient or optimizer state comes with it).

@@ -33,7 +33,7 @@ local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local autograd = require 'fsdp.autograd'
 local parameter = require 'fsdp.nn.parameter'
-local profiler = require 'fsdp.observe.profiler'
+local spans = require 'fsdp.spans' -- the profiler (fsdp.observe) subscribes
 local ffi, C = core.ffi, core.C
 
 local Unit = {}
@@ -195,9 +195,9 @@ end
 -- The reduced gradient is in: bind it.
 function Unit:finish_reduce()
   if not C.fl_unit_reduce_pending(self.c) then return end
-  local t0 = profiler.on and profiler.now()
+  local t0 = spans.on and spans.now()
   core.check(C.fl_unit_finish_reduce(self.c))
-  if t0 then profiler.span('wait reduce-scatter ' .. self:label(), 'wait', t0) end
+  if t0 then spans.span('wait reduce-scatter ' .. self:label(), 'wait', t0) end
   self:bind_grads()
 end
 
@@ -222,18 +222,18 @@ local function wait(self)
   end
 end
 function Unit:unshard()
-  if not profiler.on then return unshard(self) end
-  local t0 = profiler.now()
+  if not spans.on then return unshard(self) end
+  local t0 = spans.now()
   unshard(self)
   local bytes = tonumber(C.fl_unit_gathered_bytes(self.c))
   if self.partner then bytes = bytes + tonumber(C.fl_unit_gathered_bytes(self.partner.c)) end
-  profiler.span('all-gather ' .. self:label(), 'comm', t0, { bytes = bytes })
+  spans.span('all-gather ' .. self:label(), 'comm', t0, { bytes = bytes })
 end
 function Unit:wait()
-  if not profiler.on then return wait(self) end
-  local t0 = profiler.now()
+  if not spans.on then return wait(self) end
+  local t0 = spans.now()
   wait(self)
-  profiler.span('wait all-gather ' .. self:label(), 'wait', t0)
+  spans.span('wait all-gather ' .. self:label(), 'wait', t0)
 end
 
 -- Whether unshard() has anything to start (this unit or its partner).
@@ -241,10 +241,10 @@ function Unit:needs_unshard()
   return self:state() == 'SHARDED' or (self.partner ~= nil and self.partner:state() == 'SHARDED')
 end
 function Unit:reshard()
-  if not profiler.on then return core.check(C.fl_unit_reshard(self.c)) end
-  local t0 = profiler.now()
+  if not spans.on then return core.check(C.fl_unit_reshard(self.c)) end
+  local t0 = spans.now()
   core.check(C.fl_unit_reshard(self.c))
-  profiler.span('reshard ' .. self:label(), 'comm', t0)
+  spans.span('reshard ' .. self:label(), 'comm', t0)
 end
 
 -- Views of the gathered parameters, made outputs of a post-backward node
@@ -286,10 +286,10 @@ function Unit:reduce_grads(grads, sync)
     return
   end
   self.accumulated = nil
-  local t0 = profiler.on and profiler.now()
+  local t0 = spans.on and spans.now()
   core.check(C.fl_unit_reduce(self.c, Tensor.cptr(flat)))
   if t0 then
-    profiler.span('reduce-scatter ' .. self:label(), 'comm', t0, { bytes = flat:numel() * flat:element_size() })
+    spans.span('reduce-scatter ' .. self:label(), 'comm', t0, { bytes = flat:numel() * flat:element_size() })
   end
 end
 
