@@ -258,6 +258,24 @@ function M.define(decl)
     if placement ~= 'pre' then self.post_feedforward_layernorm = norm(c.dim, c, opts) end
   end
 
+  -- [Note: the layer's add and norm fused] In a pre-norm layer the residual
+  -- add after attention and post_attention_layernorm run as one op,
+  -- F.add_rms_norm (the same bits as the two; one backward pass for h's
+  -- gradient: [Note: residual add fused with RMSNorm] in core/ops/norm.c),
+  -- when that norm is the plain RMSNorm (Llama, Qwen 2/3, Mistral, Mixtral,
+  -- Qwen3-MoE, Phi-3: not OLMo 2's or Gemma's variants, whose forward is
+  -- their own) and has no hooks or forward of its own (a unit's, observe's,
+  -- checkpoint's), which calling the op directly would skip. The layer's
+  -- output h + m stays an add: the next layer's input norm is across the
+  -- layer's boundary (its own unit, its own checkpoint). Set
+  -- DecoderLayer.fuse_add_norm = false for the two ops.
+  DecoderLayer.fuse_add_norm = true
+  local function plain_rms_norm(norm)
+    if rawget(norm, 'forward') ~= nil or norm.forward ~= nn.RMSNorm.forward then return false end
+    local pre, post = rawget(norm, '_forward_pre_hooks'), rawget(norm, '_forward_hooks')
+    return pre ~= nil and post ~= nil and #pre == 0 and #post == 0
+  end
+
   -- rope = {cos, sin} of [T, head_dim] (and positions when decoding or
   -- packed); mask, kv_cache and segments as nn.Attention's (decoding:
   -- fsdp.generate; segments: packed training batches). A
@@ -269,8 +287,15 @@ function M.define(decl)
     local a = { rope = rope, mask = mask, kv_cache = kv_cache, segments = segments }
     local h, m, logits
     if placement == 'pre' then
-      h = x + self.self_attn(self.input_layernorm(x), a)
-      m, logits = self.mlp(self.post_attention_layernorm(h))
+      local o, n2 = self.self_attn(self.input_layernorm(x), a), self.post_attention_layernorm
+      if self.fuse_add_norm and o.dtype == x.dtype and plain_rms_norm(n2) then
+        local y
+        h, y = F.add_rms_norm(x, o, n2.weight, n2.eps)
+        m, logits = self.mlp(y)
+      else
+        h = x + o
+        m, logits = self.mlp(n2(h))
+      end
     elseif placement == 'sandwich' then
       h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), a))
       m, logits = self.mlp(self.pre_feedforward_layernorm(h))

@@ -467,8 +467,10 @@ fail:
     return NULL;
 }
 
-/* Fill in zero gradients for outputs that none reached. */
+/* Fill in zero gradients for outputs that none reached (unless the node
+ * takes NULL for them: fl_node_type.null_grads). */
 static int complete_buffers(node_state *st) {
+    if (st->node->type->null_grads) return FL_OK;
     for (int k = 0; k < st->node->n_outputs; k++) {
         if (st->buffers[k]) continue;
         fl_output_meta *m = &st->node->outputs[k];

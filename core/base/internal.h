@@ -390,7 +390,8 @@ typedef struct fl_output_meta {
 
 typedef struct fl_node_type {
     const char *name; /* "MulBackward" */
-    /* grads_out has n_outputs entries, never NULL (zeros are filled in).
+    /* grads_out has n_outputs entries, never NULL (zeros are filled in)
+     * unless null_grads below.
      * Write a new reference into grads_in[i] for each input i whose edge is
      * not FL_EDGE_NONE (leave the others NULL). Runs with grad mode off. */
     int (*backward)(fl_node *node, fl_tensor *const *grads_out, fl_tensor **grads_in);
@@ -404,6 +405,10 @@ typedef struct fl_node_type {
                          bool *done);
     /* Optional: free node->extra. */
     void (*release)(fl_node *node);
+    /* The backward takes NULL in grads_out for outputs no gradient reached
+     * (instead of zeros made for it): a fused op with two outputs whose
+     * kernel can skip a missing one (add_rms_norm, core/ops/norm.c). */
+    bool null_grads;
 } fl_node_type;
 
 enum { FL_NODE_MAX_SAVED = 8 };

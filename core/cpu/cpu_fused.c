@@ -10,6 +10,8 @@
 const fl_fused_kernels fl_cpu_fused_kernels = {
     .rms_norm = fl_cpu_rms_norm,
     .rms_norm_backward = fl_cpu_rms_norm_backward,
+    .add_rms_norm = fl_cpu_add_rms_norm,
+    .add_rms_norm_backward = fl_cpu_add_rms_norm_backward,
     .layer_norm = fl_cpu_layer_norm,
     .layer_norm_backward = fl_cpu_layer_norm_backward,
     .softmax = fl_cpu_softmax,

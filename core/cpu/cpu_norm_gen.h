@@ -20,10 +20,14 @@ static bool FN(rows_wide)(const fl_tensor *x, const fl_tensor *out, const fl_ten
 
 /* ---- RMSNorm ----------------------------------------------------------------- */
 
+/* With a (add_rms_norm): x + a is first computed in R and stored to h
+ * (rounded to its dtype as cpu_binary.c's add rounds), and the row of h is
+ * then normalised exactly as rms_norm normalises its input. */
 static int FN(rms_norm)(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, const fl_tensor *w,
-                        double eps) {
+                        double eps, const fl_tensor *a, fl_tensor *h) {
+    const char *name = a ? "add_rms_norm" : "rms_norm";
     int dim = x->ndim - 1;
-    int64_t n = x->shape[dim], rows = n ? x->numel / n : 0, xs = x->stride[dim];
+    int64_t n = x->shape[dim], rows = n ? x->numel / n : 0;
     R *wr = FN(param)(w, n);
     /* Llama casts the normalised f32 value to the input dtype before the
      * weight multiply: for 16-bit inputs the value is rounded through it. */
@@ -31,24 +35,38 @@ static int FN(rms_norm)(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, con
     R *rs = rstd->data;
     bool oom = w && !wr;
 #ifdef FL_ROWS_F32
-    bool wide = FN(rows_wide)(x, out, NULL, n);
+    bool wide = FN(rows_wide)(a ? h : x, out, NULL, n);
 #endif
 #pragma omp parallel if (rows * n >= FL_FUSED_PARALLEL_MIN)
     {
-        R *buf = malloc((size_t)(2 * n + 1) * sizeof(R) + (size_t)n * 2);
+        R *buf = malloc((size_t)((a ? 4 : 2) * n + 1) * sizeof(R) + (size_t)n * 2);
         if (!buf) oom = true;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             if (!buf || oom) continue;
+            /* the row to normalise: x's, or h's once written */
+            const char *src = fl_fused_lane(x, dim, r);
+            const fl_tensor *s = x;
+            if (a) {
+                R *xa = buf + 2 * n; /* x's and a's lanes, before the 16-bit scratch */
+                const R *xr = FN(lane_in)(src, x->dtype, x->stride[dim], n, xa);
+                const R *ar = FN(lane_in)(fl_fused_lane(a, dim, r), a->dtype, a->stride[dim], n, xa + n);
+                char *hp = (char *)h->data + r * n * (int64_t)fl_dtype_size(h->dtype);
+                R *hr = FN(lane_dst)(hp, h->dtype, 1, buf);
+                for (int64_t i = 0; i < n; i++) hr[i] = xr[i] + ar[i];
+                FN(lane_out)(hp, h->dtype, 1, n, hr);
+                src = hp;
+                s = h;
+            }
 #ifdef FL_ROWS_F32
             if (wide) {
                 char *yp = (char *)out->data + r * n * (int64_t)fl_dtype_size(out->dtype);
-                rs[r] = fl_avx512_rms_norm_row(yp, out->dtype == FL_BF16, fl_fused_lane(x, dim, r),
-                                               x->dtype == FL_BF16, wr, n, eps, round16);
+                rs[r] = fl_avx512_rms_norm_row(yp, out->dtype == FL_BF16, src, s->dtype == FL_BF16, wr, n,
+                                               eps, round16);
                 continue;
             }
 #endif
-            const R *xr = FN(lane_in)(fl_fused_lane(x, dim, r), x->dtype, xs, n, buf);
+            const R *xr = FN(lane_in)(src, s->dtype, s->stride[dim], n, buf);
             char *op = (char *)out->data + r * n * (int64_t)fl_dtype_size(out->dtype);
             R *yr = FN(lane_dst)(op, out->dtype, 1, buf + n);
             double ss = 0;
@@ -58,7 +76,7 @@ static int FN(rms_norm)(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, con
             rs[r] = inv;
             for (int64_t i = 0; i < n; i++) yr[i] = xr[i] * inv;
             if (round16) {
-                void *half = buf + 2 * n + 1;
+                void *half = buf + (a ? 4 : 2) * n + 1;
                 fl_convert(half, x->dtype, yr, RT, n);
                 fl_convert(yr, RT, half, x->dtype, n);
             }
@@ -69,11 +87,14 @@ static int FN(rms_norm)(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, con
         free(buf);
     }
     free(wr);
-    return oom ? fl_fail(FL_ERR_OOM, "rms_norm: out of host memory for scratch rows") : FL_OK;
+    return oom ? fl_fail(FL_ERR_OOM, "%s: out of host memory for scratch rows", name) : FL_OK;
 }
 
+/* With gh (add_rms_norm): dx + gh, added in R and rounded once. */
 static int FN(rms_norm_backward)(fl_tensor *dx, fl_tensor *dw, const fl_tensor *g,
-                                 const fl_tensor *x, const fl_tensor *w, const fl_tensor *rstd) {
+                                 const fl_tensor *x, const fl_tensor *w, const fl_tensor *rstd,
+                                 const fl_tensor *gh) {
+    const char *name = gh ? "add_rms_norm backward" : "rms_norm backward";
     int dim = x->ndim - 1;
     int64_t n = x->shape[dim], rows = n ? x->numel / n : 0;
     R *wr = FN(param)(w, n);
@@ -86,18 +107,26 @@ static int FN(rms_norm_backward)(fl_tensor *dx, fl_tensor *dw, const fl_tensor *
 #endif
 #pragma omp parallel if (rows * n >= FL_FUSED_PARALLEL_MIN)
     {
-        R *buf = malloc((size_t)(3 * n + 1) * sizeof(R));
+        R *buf = malloc((size_t)(4 * n + 1) * sizeof(R));
         if (!buf) oom = true;
         double *mine = parts ? parts + (int64_t)omp_get_thread_num() * n : NULL;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             if (!buf || oom) continue;
+            char *dp = dx ? (char *)dx->data + r * n * (int64_t)fl_dtype_size(dx->dtype) : NULL;
+            /* dx in R first when gh is added to it */
+            R *dr = dx ? (gh ? buf + 2 * n : FN(lane_dst)(dp, dx->dtype, 1, buf + 2 * n)) : NULL;
 #ifdef FL_ROWS_F32
             if (wide) {
-                fl_avx512_rms_norm_backward_row(
-                    dx ? (char *)dx->data + r * n * (int64_t)fl_dtype_size(dx->dtype) : NULL,
-                    dx && dx->dtype == FL_BF16, fl_fused_lane(x, dim, r), x->dtype == FL_BF16,
-                    fl_fused_lane(g, dim, r), g->dtype == FL_BF16, wr, rs[r], n, mine);
+                fl_avx512_rms_norm_backward_row(gh ? (void *)dr : dp, !gh && dx && dx->dtype == FL_BF16,
+                                                fl_fused_lane(x, dim, r), x->dtype == FL_BF16,
+                                                fl_fused_lane(g, dim, r), g->dtype == FL_BF16, wr, rs[r], n,
+                                                mine);
+                if (dx && gh) {
+                    const R *hr = FN(lane_in)(fl_fused_lane(gh, dim, r), gh->dtype, gh->stride[dim], n, buf);
+                    for (int64_t i = 0; i < n; i++) dr[i] += hr[i];
+                    FN(lane_out)(dp, dx->dtype, 1, n, dr);
+                }
                 continue;
             }
 #endif
@@ -107,8 +136,6 @@ static int FN(rms_norm_backward)(fl_tensor *dx, fl_tensor *dw, const fl_tensor *
             R inv = rs[r];
             if (dx) {
                 /* dx = inv * (dn - xhat * mean(dn * xhat)), dn = g * w */
-                char *dp = (char *)dx->data + r * n * (int64_t)fl_dtype_size(dx->dtype);
-                R *dr = FN(lane_dst)(dp, dx->dtype, 1, buf + 2 * n);
                 const R *dn = gr;
                 if (wr) {
                     for (int64_t i = 0; i < n; i++) dr[i] = gr[i] * wr[i];
@@ -119,6 +146,11 @@ static int FN(rms_norm_backward)(fl_tensor *dx, fl_tensor *dw, const fl_tensor *
                 for (int64_t i = 0; i < n; i++) dot += (double)dn[i] * xr[i];
                 R c = (R)(dot / (double)n) * inv * inv;
                 for (int64_t i = 0; i < n; i++) dr[i] = inv * (dn[i] - xr[i] * c);
+                if (gh) {
+                    const R *hr =
+                        FN(lane_in)(fl_fused_lane(gh, dim, r), gh->dtype, gh->stride[dim], n, buf + 3 * n);
+                    for (int64_t i = 0; i < n; i++) dr[i] += hr[i];
+                }
                 FN(lane_out)(dp, dx->dtype, 1, n, dr);
             }
             if (mine)
@@ -129,8 +161,7 @@ static int FN(rms_norm_backward)(fl_tensor *dx, fl_tensor *dw, const fl_tensor *
     if (!oom && dw) FN(reduce_partials)(dw, parts, nthreads, n);
     free(parts);
     free(wr);
-    return oom ? fl_fail(FL_ERR_OOM, "rms_norm backward: out of host memory for scratch rows")
-               : FL_OK;
+    return oom ? fl_fail(FL_ERR_OOM, "%s: out of host memory for scratch rows", name) : FL_OK;
 }
 
 /* ---- LayerNorm ------------------------------------------------------------------ */

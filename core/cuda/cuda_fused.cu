@@ -2,7 +2,7 @@
  * cuda_fused.cu: the CUDA kernel table of the fused family (fused.h), which
  * fl_fused_kernels_of returns for cuda tensors. Entries, in the table's
  * order, live in one file per concern:
- *   cuda_norm.cu                RMSNorm, LayerNorm (+ backward)
+ *   cuda_norm.cu                RMSNorm, add + RMSNorm, LayerNorm (+ backward)
  *   cuda_softmax.cu             softmax, log-softmax (+ backward)
  *   cuda_loss.cu                cross-entropy, NLL (+ backward)
  *   cuda_rotary.cu              rotary embeddings and their inverse
@@ -16,6 +16,8 @@
 extern "C" const fl_fused_kernels fl_cuda_fused_kernels = {
     fl_cuda_rms_norm,
     fl_cuda_rms_norm_backward,
+    fl_cuda_add_rms_norm,
+    fl_cuda_add_rms_norm_backward,
     fl_cuda_layer_norm,
     fl_cuda_layer_norm_backward,
     fl_cuda_softmax,

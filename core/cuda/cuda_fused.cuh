@@ -210,6 +210,11 @@ int fl_cuda_rms_norm(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, const 
                      double eps);
 int fl_cuda_rms_norm_backward(fl_tensor *dx, fl_tensor *dw, const fl_tensor *g,
                               const fl_tensor *x, const fl_tensor *w, const fl_tensor *rstd);
+int fl_cuda_add_rms_norm(fl_tensor *h, fl_tensor *out, fl_tensor *rstd, const fl_tensor *x,
+                         const fl_tensor *a, const fl_tensor *w, double eps);
+int fl_cuda_add_rms_norm_backward(fl_tensor *dh, fl_tensor *dw, const fl_tensor *gh,
+                                  const fl_tensor *gy, const fl_tensor *h, const fl_tensor *w,
+                                  const fl_tensor *rstd);
 int fl_cuda_layer_norm(fl_tensor *out, fl_tensor *mean, fl_tensor *rstd, const fl_tensor *x,
                        const fl_tensor *w, const fl_tensor *b, double eps);
 int fl_cuda_layer_norm_backward(fl_tensor *dx, fl_tensor *dw, fl_tensor *db, const fl_tensor *g,

@@ -1,5 +1,7 @@
 /*
- * cuda_norm.cu: RMSNorm and LayerNorm on CUDA, forward and backward, with
+ * cuda_norm.cu: RMSNorm (alone, and after a residual add: add_rms_norm,
+ * the same kernels with the add's operand and h's gradient passed) and
+ * LayerNorm on CUDA, forward and backward, with
  * the semantics of the CPU kernels (cpu_norm_gen.h): math in R (float for
  * f32/f16/bf16, double for f64), statistics rstd/mean saved per row in R,
  * RMSNorm's output rounded through x's 16-bit dtype before the weight
@@ -18,37 +20,54 @@
 namespace {
 
 const int COLS = 256;       /* columns per block of the partial sums */
+
+/* x + y rounded once (no contraction into a neighbouring multiply), as
+ * cuda_binary.cu's add. */
+__device__ __forceinline__ float add_rn(float x, float y) { return __fadd_rn(x, y); }
+__device__ __forceinline__ double add_rn(double x, double y) { return __dadd_rn(x, y); }
+
 const int MAX_GROUPS = 256; /* row groups of the partial sums */
 
 template <typename R>
 __global__ void __launch_bounds__(1024) rms_norm_kernel(void *out, int out_dt, R *rstd, const void *x, int x_dt,
                                 fl_cu_lanes xl, const void *w, int w_dt, int64_t ws, int64_t rows,
-                                int64_t n, double eps, int round_dt) {
+                                int64_t n, double eps, int round_dt, void *h, const void *a, fl_cu_lanes al) {
+    /* With a (add_rms_norm): h = x + a (dtype x_dt, contiguous) is written in
+     * the first pass and read back as the row to normalise. */
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        int64_t xo = fl_cu_lane_offset(xl, r), xs = xl.step;
+        int64_t xo = fl_cu_lane_offset(xl, r), xs = xl.step, ao = a ? fl_cu_lane_offset(al, r) : 0;
         R ss = 0;
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
             R v = fl_cu_ld<R>(x, xo + i * xs, x_dt);
+            if (a) {
+                fl_cu_st(h, r * n + i, x_dt, add_rn(v, fl_cu_ld<R>(a, ao + i * al.step, x_dt)));
+                v = fl_cu_ld<R>(h, r * n + i, x_dt);
+            }
             ss += v * v;
         }
+        /* the row of pass 2: h's (this thread's own elements, written above) */
+        const void *src = a ? h : x;
+        if (a) xo = r * n, xs = 1;
         ss = fl_cu_block_sum(ss);
         R inv = (R)(1.0 / sqrt((double)ss / (double)n + eps));
         if (threadIdx.x == 0) rstd[r] = inv;
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            R y = fl_cu_round_to(fl_cu_ld<R>(x, xo + i * xs, x_dt) * inv, round_dt);
+            R y = fl_cu_round_to(fl_cu_ld<R>(src, xo + i * xs, x_dt) * inv, round_dt);
             if (w) y *= fl_cu_ld<R>(w, i * ws, w_dt);
             fl_cu_st(out, r * n + i, out_dt, y);
         }
     }
 }
 
-/* dx = inv * (dn - x * mean(dn * x) * inv^2), dn = g * w */
+/* dx = inv * (dn - x * mean(dn * x) * inv^2), dn = g * w (+ gh: add_rms_norm) */
 template <typename R>
 __global__ void __launch_bounds__(1024) rms_norm_dx_kernel(void *dx, int dx_dt, const void *g, int g_dt, fl_cu_lanes gl,
                                    const void *x, int x_dt, fl_cu_lanes xl, const void *w,
-                                   int w_dt, int64_t ws, const R *rstd, int64_t rows, int64_t n) {
+                                   int w_dt, int64_t ws, const R *rstd, int64_t rows, int64_t n,
+                                   const void *gh, int gh_dt, fl_cu_lanes hl) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int64_t xo = fl_cu_lane_offset(xl, r), go = fl_cu_lane_offset(gl, r);
+        int64_t ho = gh ? fl_cu_lane_offset(hl, r) : 0;
         R inv = rstd[r], dot = 0;
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
             R dn = fl_cu_ld<R>(g, go + i * gl.step, g_dt);
@@ -60,8 +79,10 @@ __global__ void __launch_bounds__(1024) rms_norm_dx_kernel(void *dx, int dx_dt, 
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
             R dn = fl_cu_ld<R>(g, go + i * gl.step, g_dt);
             if (w) dn *= fl_cu_ld<R>(w, i * ws, w_dt);
-            R xv = fl_cu_ld<R>(x, xo + i * xl.step, x_dt);
-            fl_cu_st(dx, r * n + i, dx_dt, inv * (dn - xv * c));
+            R xv = fl_cu_ld<R>(x, xo + i * xl.step, x_dt), d = inv * (dn - xv * c);
+            /* add_rms_norm: h's own gradient added once, in R */
+            if (gh) d = add_rn(d, fl_cu_ld<R>(gh, ho + i * hl.step, gh_dt));
+            fl_cu_st(dx, r * n + i, dx_dt, d);
         }
     }
 }
@@ -115,31 +136,52 @@ int vec_row_threads(int64_t chunks) { return fl_cu_vec_row_threads((chunks + ROW
 template <int XD, int OD>
 __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
     rms_norm_vec_kernel(void *out, float *rstd, const void *x, fl_cu_lanes xl, const void *w, int64_t rows,
-                        int64_t n, double eps) {
+                        int64_t n, double eps, void *h, const void *b, fl_cu_lanes bl) {
     typedef fl_cu_vec<XD> XV;
     constexpr int K = XV::N;
     int64_t chunks = n / K, nt = blockDim.x;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const char *xr = (const char *)x + fl_cu_lane_offset(xl, r) * XV::SIZE;
         void *orow = (char *)out + r * n * fl_cu_vec<OD>::SIZE;
+        /* With b (add_rms_norm): chunk v of h = x + b, rounded to XD as the
+         * vector add rounds and stored to h's row; pass 2 reads h's row. */
+        const char *br = b ? (const char *)b + fl_cu_lane_offset(bl, r) * XV::SIZE : NULL;
+        char *hrow = b ? (char *)h + r * n * XV::SIZE : NULL;
+        auto row = [&](int64_t v) {
+            XV e = XV::load(xr, v);
+            if (b) {
+                XV f = XV::load(br, v);
+#pragma unroll
+                for (int k = 0; k < K; k++) e.set(k, __fadd_rn(e.get(k), f.get(k)));
+                e.store(hrow, v);
+            }
+            return e;
+        };
+        auto elem = [&](int64_t i) {
+            float e = fl_cu_vget<XD>(xr, i);
+            if (!b) return e;
+            fl_cu_vput<XD>(hrow, i, __fadd_rn(e, fl_cu_vget<XD>(br, i)));
+            return fl_cu_vget<XD>(hrow, i);
+        };
+        const char *src = b ? hrow : xr;
         XV c[ROW_CACHE];
         float ss = 0;
 #pragma unroll
         for (int j = 0; j < ROW_CACHE; j++) {
             int64_t v = threadIdx.x + j * nt;
             if (v < chunks) {
-                c[j] = XV::load(xr, v);
+                c[j] = row(v);
 #pragma unroll
                 for (int k = 0; k < K; k++) ss += c[j].get(k) * c[j].get(k);
             }
         }
         for (int64_t v = threadIdx.x + ROW_CACHE * nt; v < chunks; v += nt) {
-            XV a = XV::load(xr, v);
+            XV a = row(v);
 #pragma unroll
             for (int k = 0; k < K; k++) ss += a.get(k) * a.get(k);
         }
         for (int64_t i = chunks * K + threadIdx.x; i < n; i += nt) {
-            float e = fl_cu_vget<XD>(xr, i);
+            float e = elem(i);
             ss += e * e;
         }
         ss = fl_cu_block_sum(ss);
@@ -162,9 +204,9 @@ __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
             int64_t v = threadIdx.x + j * nt;
             if (v < chunks) emit(c[j], v);
         }
-        for (int64_t v = threadIdx.x + ROW_CACHE * nt; v < chunks; v += nt) emit(XV::load(xr, v), v);
+        for (int64_t v = threadIdx.x + ROW_CACHE * nt; v < chunks; v += nt) emit(XV::load(src, v), v);
         for (int64_t i = chunks * K + threadIdx.x; i < n; i += nt) {
-            float y = fl_cu_round_to(fl_cu_vget<XD>(xr, i) * inv, XD);
+            float y = fl_cu_round_to(fl_cu_vget<XD>(src, i) * inv, XD);
             if (w) y *= fl_cu_vget<OD>(w, i);
             fl_cu_vput<OD>(orow, i, y);
         }
@@ -176,7 +218,7 @@ __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
 template <int XD, int OD>
 __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
     rms_norm_dx_vec_kernel(void *dx, const void *g, fl_cu_lanes gl, const void *x, fl_cu_lanes xl, const void *w,
-                           const float *rstd, int64_t rows, int64_t n) {
+                           const float *rstd, int64_t rows, int64_t n, const void *gh, fl_cu_lanes hl) {
     typedef fl_cu_vec<XD> XV;
     constexpr int K = XV::N;
     int64_t chunks = n / K, nt = blockDim.x;
@@ -184,6 +226,8 @@ __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
         const char *xr = (const char *)x + fl_cu_lane_offset(xl, r) * XV::SIZE;
         const char *gr = (const char *)g + fl_cu_lane_offset(gl, r) * fl_cu_vec<OD>::SIZE;
         void *drow = (char *)dx + r * n * XV::SIZE;
+        /* add_rms_norm: h's own gradient (dtype XD) added to each result */
+        const char *ghr = gh ? (const char *)gh + fl_cu_lane_offset(hl, r) * XV::SIZE : NULL;
         float inv = rstd[r], dot = 0;
         float cg[ROW_CACHE][K];
         XV cx[ROW_CACHE];
@@ -225,6 +269,11 @@ __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
             float d[K];
 #pragma unroll
             for (int k = 0; k < K; k++) d[k] = inv * (dn[k] - a.get(k) * c);
+            if (gh) {
+                XV e = XV::load(ghr, v);
+#pragma unroll
+                for (int k = 0; k < K; k++) d[k] = __fadd_rn(d[k], e.get(k));
+            }
             fl_cu_vstore<XD, K>(drow, v * K, d);
         };
 #pragma unroll
@@ -240,7 +289,8 @@ __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
         for (int64_t i = chunks * K + threadIdx.x; i < n; i += nt) {
             float dn = fl_cu_vget<OD>(gr, i);
             if (w) dn *= fl_cu_vget<OD>(w, i);
-            fl_cu_vput<XD>(drow, i, inv * (dn - fl_cu_vget<XD>(xr, i) * c));
+            float d = inv * (dn - fl_cu_vget<XD>(xr, i) * c);
+            fl_cu_vput<XD>(drow, i, gh ? __fadd_rn(d, fl_cu_vget<XD>(ghr, i)) : d);
         }
     }
 }
@@ -425,50 +475,58 @@ int column_sums(const char *op, fl_tensor *dw, fl_tensor *db, const fl_tensor *g
 }
 
 
+/* a, h: NULL, or add_rms_norm's branch and h (h = x + a normalised). */
 template <typename R>
 int rms_norm_t(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, const fl_tensor *w,
-               double eps) {
+               double eps, const fl_tensor *a = NULL, fl_tensor *h = NULL) {
+    const char *op = a ? "add_rms_norm" : "rms_norm";
     int dim = x->ndim - 1;
     int64_t n = x->shape[dim], rows = n ? x->numel / n : 0;
     if (rows == 0) return FL_OK;
+    fl_cu_lanes al = fl_cu_lanes_of(a ? a : x, dim);
     if (sizeof(R) == 4 && vec_pair_ok(x->dtype, out->dtype) && fl_cu_lanes_vec_ok(x, dim) &&
-        vec_weight_ok(w, out->dtype, n) && fl_cu_rows_vec_ok(out->data, out->dtype, rows, n)) {
+        vec_weight_ok(w, out->dtype, n) && fl_cu_rows_vec_ok(out->data, out->dtype, rows, n) &&
+        (!a || (fl_cu_lanes_vec_ok(a, dim) && fl_cu_rows_vec_ok(h->data, h->dtype, rows, n)))) {
         int threads = vec_row_threads(n / (FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(x->dtype)));
         vec_pair_dispatch(x->dtype, out->dtype, XD, OD,
                           rms_norm_vec_kernel<XD, OD><<<fl_cu_row_blocks(rows), threads, 0, fl_cu_stream()>>>(
                               out->data, (float *)rstd->data, x->data, fl_cu_lanes_of(x, dim),
-                              w ? w->data : NULL, rows, n, eps));
-        return fl_cu_check("rms_norm");
+                              w ? w->data : NULL, rows, n, eps, h ? h->data : NULL, a ? a->data : NULL, al));
+        return fl_cu_check(op);
     }
     int round_dt = x->dtype == FL_BF16 || x->dtype == FL_F16 ? (int)x->dtype : -1;
     rms_norm_kernel<R><<<fl_cu_row_blocks(rows), fl_cu_row_threads(n), 0, fl_cu_stream()>>>(
         out->data, out->dtype, (R *)rstd->data, x->data, x->dtype, fl_cu_lanes_of(x, dim),
-        w ? w->data : NULL, w ? w->dtype : 0, param_stride(w), rows, n, eps, round_dt);
-    return fl_cu_check("rms_norm");
+        w ? w->data : NULL, w ? w->dtype : 0, param_stride(w), rows, n, eps, round_dt,
+        h ? h->data : NULL, a ? a->data : NULL, al);
+    return fl_cu_check(op);
 }
 
+/* gh: NULL, or add_rms_norm's gradient of h, added to dx. */
 template <typename R>
 int rms_norm_backward_t(fl_tensor *dx, fl_tensor *dw, const fl_tensor *g, const fl_tensor *x,
-                        const fl_tensor *w, const fl_tensor *rstd) {
-    const char *op = "rms_norm backward";
+                        const fl_tensor *w, const fl_tensor *rstd, const fl_tensor *gh = NULL) {
+    const char *op = gh ? "add_rms_norm backward" : "rms_norm backward";
     int dim = x->ndim - 1;
     int64_t n = x->shape[dim], rows = n ? x->numel / n : 0;
+    fl_cu_lanes hl = fl_cu_lanes_of(gh ? gh : x, dim);
     /* The vector path when x, g, w (and dx) suit it: see rms_norm_vec_kernel. */
     bool vec = sizeof(R) == 4 && rows > 0 && vec_pair_ok(x->dtype, g->dtype) && fl_cu_lanes_vec_ok(x, dim) &&
                fl_cu_lanes_vec_ok(g, dim) && vec_weight_ok(w, g->dtype, n);
-    if (dx && vec && dx->dtype == x->dtype && fl_cu_rows_vec_ok(dx->data, dx->dtype, rows, n)) {
+    if (dx && vec && dx->dtype == x->dtype && fl_cu_rows_vec_ok(dx->data, dx->dtype, rows, n) &&
+        (!gh || (gh->dtype == x->dtype && fl_cu_lanes_vec_ok(gh, dim)))) {
         int threads = vec_row_threads(n / (FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(x->dtype)));
         vec_pair_dispatch(x->dtype, g->dtype, XD, OD,
                           rms_norm_dx_vec_kernel<XD, OD><<<fl_cu_row_blocks(rows), threads, 0, fl_cu_stream()>>>(
                               dx->data, g->data, fl_cu_lanes_of(g, dim), x->data, fl_cu_lanes_of(x, dim),
-                              w ? w->data : NULL, (const float *)rstd->data, rows, n));
+                              w ? w->data : NULL, (const float *)rstd->data, rows, n, gh ? gh->data : NULL, hl));
         if (fl_cu_check(op)) return fl_last_status();
     } else if (dx && rows > 0) {
         rms_norm_dx_kernel<R><<<fl_cu_row_blocks(rows), fl_cu_row_threads(n), 0,
                                 fl_cu_stream()>>>(
             dx->data, dx->dtype, g->data, g->dtype, fl_cu_lanes_of(g, dim), x->data, x->dtype,
             fl_cu_lanes_of(x, dim), w ? w->data : NULL, w ? w->dtype : 0, param_stride(w),
-            (const R *)rstd->data, rows, n);
+            (const R *)rstd->data, rows, n, gh ? gh->data : NULL, gh ? gh->dtype : 0, hl);
         if (fl_cu_check(op)) return fl_last_status();
     }
     if (dw && rows == 0) return fl_fill_(dw, 0);
@@ -531,6 +589,21 @@ int fl_cuda_rms_norm_backward(fl_tensor *dx, fl_tensor *dw, const fl_tensor *g,
     if (fl_cu_use_device("rms_norm backward", x)) return fl_last_status();
     return rstd->dtype == FL_F64 ? rms_norm_backward_t<double>(dx, dw, g, x, w, rstd)
                                  : rms_norm_backward_t<float>(dx, dw, g, x, w, rstd);
+}
+
+int fl_cuda_add_rms_norm(fl_tensor *h, fl_tensor *out, fl_tensor *rstd, const fl_tensor *x,
+                         const fl_tensor *a, const fl_tensor *w, double eps) {
+    if (fl_cu_use_device("add_rms_norm", x)) return fl_last_status();
+    return rstd->dtype == FL_F64 ? rms_norm_t<double>(out, rstd, x, w, eps, a, h)
+                                 : rms_norm_t<float>(out, rstd, x, w, eps, a, h);
+}
+
+int fl_cuda_add_rms_norm_backward(fl_tensor *dh, fl_tensor *dw, const fl_tensor *gh,
+                                  const fl_tensor *gy, const fl_tensor *h, const fl_tensor *w,
+                                  const fl_tensor *rstd) {
+    if (fl_cu_use_device("add_rms_norm backward", h)) return fl_last_status();
+    return rstd->dtype == FL_F64 ? rms_norm_backward_t<double>(dh, dw, gy, h, w, rstd, gh)
+                                 : rms_norm_backward_t<float>(dh, dw, gy, h, w, rstd, gh);
 }
 
 int fl_cuda_layer_norm(fl_tensor *out, fl_tensor *mean, fl_tensor *rstd, const fl_tensor *x,

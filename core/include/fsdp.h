@@ -831,6 +831,13 @@ FL_API fl_tensor *fl_cat(int n, const fl_tensor *const *tensors, int dim);
  * multiply. weight: NULL or [x.shape[-1]]. Result dtype: x's (the
  * promotion of x's and weight's when they differ, as weight * x). */
 FL_API fl_tensor *fl_rms_norm(const fl_tensor *x, const fl_tensor *weight, double eps);
+/* A residual add and the RMSNorm that follows it, in one kernel each way
+ * (core/ops/norm.c): *h = x + a (x's dtype, rounded as fl_add rounds) and
+ * *y = fl_rms_norm(*h, weight, eps), the same bits as the two ops. x and a
+ * of one shape and float dtype. Backward: one gradient for h, the sum of
+ * h's own and the norm's, delivered to both x and a as an add's is. */
+FL_API int fl_add_rms_norm(const fl_tensor *x, const fl_tensor *a, const fl_tensor *weight,
+                           double eps, fl_tensor **h, fl_tensor **y);
 /* LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * weight +
  * bias with the biased variance; weight and bias NULL or [x.shape[-1]]. */
 FL_API fl_tensor *fl_layer_norm(const fl_tensor *x, const fl_tensor *weight,

@@ -67,6 +67,16 @@ typedef struct fl_fused_kernels {
                     double eps);
     int (*rms_norm_backward)(fl_tensor *dx, fl_tensor *dw, const fl_tensor *g, const fl_tensor *x,
                              const fl_tensor *w, const fl_tensor *rstd);
+    /* h = x + a rounded to h's dtype (x's), then rms_norm of h into out
+     * and rstd, as rms_norm would from h ([Note: residual add fused with
+     * RMSNorm], norm.c). x and a: same shape and dtype, any strides. */
+    int (*add_rms_norm)(fl_tensor *h, fl_tensor *out, fl_tensor *rstd, const fl_tensor *x,
+                        const fl_tensor *a, const fl_tensor *w, double eps);
+    /* dh = gh + rms_norm_backward's dx of gy (gh NULL: none), rounded once
+     * to dh's dtype; dw as rms_norm_backward's. dh or dw may be NULL. */
+    int (*add_rms_norm_backward)(fl_tensor *dh, fl_tensor *dw, const fl_tensor *gh,
+                                 const fl_tensor *gy, const fl_tensor *h, const fl_tensor *w,
+                                 const fl_tensor *rstd);
     int (*layer_norm)(fl_tensor *out, fl_tensor *mean, fl_tensor *rstd, const fl_tensor *x,
                       const fl_tensor *w, const fl_tensor *b, double eps);
     /* dx, dw, db may each be NULL (not wanted). */

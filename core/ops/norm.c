@@ -17,7 +17,8 @@
  * of one bf16 rounding).
  *
  * FLOPs (per element of x): rms_norm 3 (square-add, scale) + 1 with a
- * weight; backward 6 for dx + 2 for dweight. layer_norm 5 (+1 weight, +1
+ * weight; backward 6 for dx + 2 for dweight; add_rms_norm one more each
+ * way (the add; backward only with h's own gradient). layer_norm 5 (+1 weight, +1
  * bias); backward 8 for dx, +2 for dweight, +1 for dbias.
  */
 #include "fused.h"
@@ -135,6 +136,133 @@ static int rms_norm_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi
 
 static const fl_node_type rms_norm_type = {.name = "RmsNormBackward",
                                            .backward = rms_norm_backward};
+
+/* ---- add_rms_norm ---------------------------------------------------------- */
+
+/* [Note: residual add fused with RMSNorm]
+ * A pre-norm decoder layer computes h = x + attn(...) and then
+ * post_attention_layernorm(h); as two ops the add writes h and the norm
+ * reads it back, and in backward h's gradient is the sum of two (the
+ * residual's and the norm's dx), one more add. fl_add_rms_norm does both
+ * in one kernel: it writes h (rounded to x's dtype exactly as the add
+ * would) and normalises the rounded h as fl_rms_norm would, so h, y and
+ * rstd are the bits of the two ops. Its backward writes
+ * dh = g_h + rms_norm's dx(g_y) in one pass (in f32, rounded once to h's
+ * dtype: for 16-bit h one rounding where the two ops had two) and dw as
+ * rms_norm's, and gives dh to both x and a. A gradient that reaches only
+ * one of h, y comes as NULL (fl_node_type.null_grads): no zeros are made or
+ * read for the other. Bytes: x, a, w read and h, y, rstd written forward;
+ * g_h, g_y, h, w, rstd read and dh, dw written backward. */
+
+static const fl_node_type add_rms_norm_type;
+
+static bool same_shape(const fl_tensor *a, const fl_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+int fl_add_rms_norm(const fl_tensor *x, const fl_tensor *a, const fl_tensor *weight, double eps,
+                    fl_tensor **h_out, fl_tensor **y_out) {
+    const char *op = "add_rms_norm";
+    if (!h_out || !y_out) return fl_fail(FL_ERR_ARG, "%s: h and y must not be NULL", op);
+    *h_out = *y_out = NULL;
+    if (check_input(op, x, eps) || fl_fused_check_float(op, "branch", a) ||
+        fl_fused_check_device(op, "branch", a, x->device) || check_param(op, "weight", x, weight))
+        return fl_last_status();
+    if (a->dtype != x->dtype || !same_shape(a, x)) {
+        char sa[128], sx[128];
+        return fl_fail(FL_ERR_ARG, "%s: branch %s %s must have the input's shape and dtype, %s %s", op,
+                       fl_shape_str(a, sa, sizeof sa), fl_dtype_name(a->dtype),
+                       fl_shape_str(x, sx, sizeof sx), fl_dtype_name(x->dtype));
+    }
+    const fl_tensor *ins[3] = {x, a, weight};
+    bool no_storage = fl_fused_no_storage(3, ins);
+    fl_tensor *h = fl_fused_output(x->ndim, x->shape, x->dtype, x->device, no_storage);
+    fl_tensor *y = h ? fl_fused_output(x->ndim, x->shape, promote(x->dtype, weight), x->device,
+                                       no_storage)
+                     : NULL;
+    fl_tensor *rstd = y ? stats(x, y, no_storage) : NULL;
+    int rc = rstd ? FL_OK : (int)fl_last_status();
+    if (!rc) {
+        fl_flops_add(x->numel * (weight ? 5 : 4));
+        fl_count_bytes(op, 6, (const fl_tensor *[]){x, a, weight, h, y, rstd});
+        if (!no_storage) {
+            const fl_fused_kernels *k = fl_fused_kernels_of(op, x->device);
+            rc = !k ? (int)fl_last_status() : k->add_rms_norm(h, y, rstd, x, a, weight, eps);
+        }
+    }
+    if (!rc && fl_needs_grad(3, ins)) {
+        fl_node *node = fl_node_new(&add_rms_norm_type, 3, ins, 2);
+        if (!node) {
+            rc = fl_last_status();
+        } else {
+            fl_node_save(node, h);
+            fl_node_save(node, weight);
+            fl_node_save(node, rstd);
+            fl_node_set_output(node, 0, h);
+            fl_node_set_output(node, 1, y);
+            fl_node_release(node);
+        }
+    }
+    fl_tensor_release(rstd);
+    if (rc) {
+        fl_tensor_release(h);
+        fl_tensor_release(y);
+        return rc;
+    }
+    *h_out = h;
+    *y_out = y;
+    return FL_OK;
+}
+
+static int add_rms_norm_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
+    const fl_tensor *h = node->saved[0], *w = node->saved[1], *rstd = node->saved[2];
+    const fl_tensor *gh = go[0], *gy = go[1];
+    bool want_h = fl_node_wants(node, 0) || fl_node_wants(node, 1);
+    bool want_w = fl_node_wants(node, 2);
+    fl_tensor *dh = NULL, *dw = NULL;
+    int rc = FL_OK;
+    if (!gy) {
+        /* Only h was used: its gradient passes to x and a as an add's, and
+         * the weight gets none (as with the two ops, where the norm never
+         * ran backward). */
+        if (want_h && gh) dh = fl_tensor_retain((fl_tensor *)gh);
+    } else {
+        const fl_tensor *gs[2] = {gh, gy};
+        bool no_storage = fl_fused_no_storage(2, gs) || !h->storage;
+        if (want_h) {
+            dh = fl_fused_output(h->ndim, h->shape, h->dtype, h->device, no_storage);
+            if (!dh) rc = fl_last_status();
+        }
+        if (!rc && want_w) {
+            dw = fl_fused_output(1, w->shape, w->dtype, w->device, no_storage);
+            if (!dw) rc = fl_last_status();
+        }
+        if (!rc && (dh || dw)) {
+            fl_flops_add(h->numel * ((dh ? 6 + (gh ? 1 : 0) : 0) + (dw ? 2 : 0)));
+            fl_count_bytes("add_rms_norm backward", 7, (const fl_tensor *[]){gh, gy, h, w, rstd, dh, dw});
+            if (!no_storage) {
+                const fl_fused_kernels *k = fl_fused_kernels_of("add_rms_norm backward", h->device);
+                rc = !k ? (int)fl_last_status() : k->add_rms_norm_backward(dh, dw, gh, gy, h, w, rstd);
+            }
+        }
+    }
+    if (rc) {
+        fl_tensor_release(dh);
+        fl_tensor_release(dw);
+        return rc;
+    }
+    if (dh && fl_node_wants(node, 0)) gi[0] = fl_tensor_retain(dh);
+    if (dh && fl_node_wants(node, 1)) gi[1] = fl_tensor_retain(dh);
+    fl_tensor_release(dh);
+    gi[2] = dw;
+    return FL_OK;
+}
+
+static const fl_node_type add_rms_norm_type = {
+    .name = "AddRmsNormBackward", .backward = add_rms_norm_backward, .null_grads = true};
 
 /* ---- layer_norm ------------------------------------------------------------ */
 

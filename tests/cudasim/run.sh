@@ -66,7 +66,8 @@ FSDP_LUA="$bin/fsdp-lua" tests/cudasim/recipes.sh "$n" || rc=1
   tests/lua/event_spec.lua tests/lua/cuda_host_spec.lua tests/lua/cuda_offload_spec.lua \
   tests/lua/empty_ops_spec.lua tests/lua/lora_spec.lua tests/lua/profiler_spec.lua \
   tests/lua/attention_window_spec.lua tests/lua/attention_packed_spec.lua tests/lua/moe_spec.lua \
-  tests/lua/bytes_moved_spec.lua tests/lua/linear_cross_entropy_spec.lua tests/lua/cuda_launches_spec.lua || rc=1
+  tests/lua/bytes_moved_spec.lua tests/lua/linear_cross_entropy_spec.lua tests/lua/cuda_launches_spec.lua \
+  tests/lua/add_rms_norm_spec.lua || rc=1
 # The attention paths for a cuDNN older than 9.16 (a backward with Tk not a
 # multiple of 128 goes to the kernels), as an H100 machine's system library was.
 FSDP_CUDASIM_CUDNN_VERSION=91400 "$bin/fsdp-lua" tests/busted.lua -o TAP --filter='attention' \

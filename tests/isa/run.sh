@@ -19,8 +19,9 @@ if [ ! -x "$EXE" ]; then
   exit 1
 fi
 
-SPECS=(gemm_library attention_bf16 attention_window attention_packed fused cpu_rows linear elementwise binary backend_ops
-       tensor autograd nn_layers llama gpt2 t5 deepvit_golden hf_llama hf_gpt2 hf_t5 hf_generate hf_families lora optim accumulate moe linear_cross_entropy)
+SPECS=(gemm_library attention_bf16 attention_window attention_packed fused add_rms_norm cpu_rows linear elementwise
+       binary backend_ops tensor autograd nn_layers llama gpt2 t5 deepvit_golden hf_llama hf_gpt2 hf_t5 hf_generate
+       hf_families lora optim accumulate moe linear_cross_entropy)
 # avx512_bf16 below amx is left out: its one kernel (bf16 attention on dot
 # products) runs beside the tiles in one process (attention_bf16_spec).
 LEVELS=(avx2 avx512)

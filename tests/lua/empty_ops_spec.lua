@@ -111,6 +111,16 @@ end
 cases.rms_norm = function()
   return { F.rms_norm(x({ 0, 4 }), x({ 4 })), F.rms_norm(x({ 2, 0, 4 }), x({ 4 })), F.rms_norm(x({ 2, 0 }), x({ 0 })) }
 end
+cases.add_rms_norm = function()
+  local out = {}
+  for _, shape in ipairs({ { 0, 4 }, { 2, 0, 4 }, { 2, 0 } }) do
+    local h, y = F.add_rms_norm(x(shape), x(shape), x({ shape[#shape] }), 1e-5)
+    assert.same(shape, shape_of(h))
+    assert.same(shape, shape_of(y))
+    out[#out + 1], out[#out + 2] = h, y
+  end
+  return out
+end
 cases.layer_norm = function()
   return { F.layer_norm(x({ 0, 4 }), x({ 4 }), x({ 4 })), F.layer_norm(x({ 2, 0, 4 }), x({ 4 }), x({ 4 })) }
 end
