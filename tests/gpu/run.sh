@@ -155,7 +155,7 @@ if want specs && fits specs 60; then
   specs=(backend_ops_spec cuda_elem_spec cuda_linear_spec cuda_fused_spec cuda_training_spec
          event_spec cuda_host_spec cuda_offload_spec empty_ops_spec lora_spec cuda_plugin_spec
          bench_gpu_spec profiler_spec attention_window_spec attention_packed_spec moe_spec bytes_moved_spec
-         linear_cross_entropy_spec cuda_launches_spec)
+         linear_cross_entropy_spec cuda_launches_spec add_rms_norm_spec)
   pids=()
   for s in "${specs[@]}"; do
     # FSDP_CUDNN_DEBUG=1, FSDP_CUBLAS_DEBUG=1: a line for each configuration
