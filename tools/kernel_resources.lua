@@ -31,6 +31,10 @@ local cfg = recipe.config({
 local ALLOWED = {
   { '<double[,>]', 'an f64 instantiation (of any template arguments): f64 serves finite-difference checks, '
     .. 'not training, and needs twice the registers of the f32 one under the same launch bounds' },
+  { 'rms_norm_dx_kernel<float, true>', 'add_rms_norm\'s backward for rows the vector path declines (misaligned or '
+    .. 'strided): a third operand\'s lane walk beside rms_norm\'s; its own instance, so rms_norm\'s stays clean' },
+  { 'rms_norm_dx_vec_kernel<2, 2, true>', 'add_rms_norm\'s backward for f16 x with an f16 weight (bf16 and f32, '
+    .. 'the training dtypes, do not spill): 4 bytes' },
 }
 
 -- Demangled names of the mangled ones, through c++filt in one call.

@@ -59,15 +59,15 @@ __global__ void __launch_bounds__(1024) rms_norm_kernel(void *out, int out_dt, R
     }
 }
 
-/* dx = inv * (dn - x * mean(dn * x) * inv^2), dn = g * w (+ gh: add_rms_norm) */
-template <typename R>
+/* dx = inv * (dn - x * mean(dn * x) * inv^2), dn = g * w (+ gh: add_rms_norm,
+ * ADD; a separate instance, so rms_norm's own keeps its registers) */
+template <typename R, bool ADD>
 __global__ void __launch_bounds__(1024) rms_norm_dx_kernel(void *dx, int dx_dt, const void *g, int g_dt, fl_cu_lanes gl,
                                    const void *x, int x_dt, fl_cu_lanes xl, const void *w,
                                    int w_dt, int64_t ws, const R *rstd, int64_t rows, int64_t n,
                                    const void *gh, int gh_dt, fl_cu_lanes hl) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int64_t xo = fl_cu_lane_offset(xl, r), go = fl_cu_lane_offset(gl, r);
-        int64_t ho = gh ? fl_cu_lane_offset(hl, r) : 0;
         R inv = rstd[r], dot = 0;
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
             R dn = fl_cu_ld<R>(g, go + i * gl.step, g_dt);
@@ -76,12 +76,14 @@ __global__ void __launch_bounds__(1024) rms_norm_dx_kernel(void *dx, int dx_dt, 
         }
         dot = fl_cu_block_sum(dot);
         R c = (R)((double)dot / (double)n) * inv * inv;
+        /* (h's lane found only now: one offset fewer live across the reduction) */
+        int64_t ho = ADD ? fl_cu_lane_offset(hl, r) : 0;
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
             R dn = fl_cu_ld<R>(g, go + i * gl.step, g_dt);
             if (w) dn *= fl_cu_ld<R>(w, i * ws, w_dt);
             R xv = fl_cu_ld<R>(x, xo + i * xl.step, x_dt), d = inv * (dn - xv * c);
             /* add_rms_norm: h's own gradient added once, in R */
-            if (gh) d = add_rn(d, fl_cu_ld<R>(gh, ho + i * hl.step, gh_dt));
+            if (ADD) d = add_rn(d, fl_cu_ld<R>(gh, ho + i * hl.step, gh_dt));
             fl_cu_st(dx, r * n + i, dx_dt, d);
         }
     }
@@ -215,7 +217,7 @@ __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
 
 /* dx = inv * (dn - x * mean(dn * x) * inv^2), dn = g * w, as rms_norm_dx_kernel:
  * g (dtype OD) and x chunks both kept between the passes. */
-template <int XD, int OD>
+template <int XD, int OD, bool ADD>
 __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
     rms_norm_dx_vec_kernel(void *dx, const void *g, fl_cu_lanes gl, const void *x, fl_cu_lanes xl, const void *w,
                            const float *rstd, int64_t rows, int64_t n, const void *gh, fl_cu_lanes hl) {
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
         const char *gr = (const char *)g + fl_cu_lane_offset(gl, r) * fl_cu_vec<OD>::SIZE;
         void *drow = (char *)dx + r * n * XV::SIZE;
         /* add_rms_norm: h's own gradient (dtype XD) added to each result */
-        const char *ghr = gh ? (const char *)gh + fl_cu_lane_offset(hl, r) * XV::SIZE : NULL;
+        const char *ghr = ADD ? (const char *)gh + fl_cu_lane_offset(hl, r) * XV::SIZE : NULL;
         float inv = rstd[r], dot = 0;
         float cg[ROW_CACHE][K];
         XV cx[ROW_CACHE];
@@ -269,7 +271,7 @@ __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
             float d[K];
 #pragma unroll
             for (int k = 0; k < K; k++) d[k] = inv * (dn[k] - a.get(k) * c);
-            if (gh) {
+            if (ADD) {
                 XV e = XV::load(ghr, v);
 #pragma unroll
                 for (int k = 0; k < K; k++) d[k] = __fadd_rn(d[k], e.get(k));
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__(FL_CU_VEC_ROW_THREADS)
             float dn = fl_cu_vget<OD>(gr, i);
             if (w) dn *= fl_cu_vget<OD>(w, i);
             float d = inv * (dn - fl_cu_vget<XD>(xr, i) * c);
-            fl_cu_vput<XD>(drow, i, gh ? __fadd_rn(d, fl_cu_vget<XD>(ghr, i)) : d);
+            fl_cu_vput<XD>(drow, i, ADD ? __fadd_rn(d, fl_cu_vget<XD>(ghr, i)) : d);
         }
     }
 }
@@ -516,17 +518,30 @@ int rms_norm_backward_t(fl_tensor *dx, fl_tensor *dw, const fl_tensor *g, const 
     if (dx && vec && dx->dtype == x->dtype && fl_cu_rows_vec_ok(dx->data, dx->dtype, rows, n) &&
         (!gh || (gh->dtype == x->dtype && fl_cu_lanes_vec_ok(gh, dim)))) {
         int threads = vec_row_threads(n / (FL_CU_VEC_BYTES / (int64_t)fl_dtype_size(x->dtype)));
-        vec_pair_dispatch(x->dtype, g->dtype, XD, OD,
-                          rms_norm_dx_vec_kernel<XD, OD><<<fl_cu_row_blocks(rows), threads, 0, fl_cu_stream()>>>(
-                              dx->data, g->data, fl_cu_lanes_of(g, dim), x->data, fl_cu_lanes_of(x, dim),
-                              w ? w->data : NULL, (const float *)rstd->data, rows, n, gh ? gh->data : NULL, hl));
+        if (gh)
+            vec_pair_dispatch(x->dtype, g->dtype, XD, OD,
+                              rms_norm_dx_vec_kernel<XD, OD, true><<<fl_cu_row_blocks(rows), threads, 0,
+                                                                     fl_cu_stream()>>>(
+                                  dx->data, g->data, fl_cu_lanes_of(g, dim), x->data, fl_cu_lanes_of(x, dim),
+                                  w ? w->data : NULL, (const float *)rstd->data, rows, n, gh->data, hl));
+        else
+            vec_pair_dispatch(x->dtype, g->dtype, XD, OD,
+                              rms_norm_dx_vec_kernel<XD, OD, false><<<fl_cu_row_blocks(rows), threads, 0,
+                                                                      fl_cu_stream()>>>(
+                                  dx->data, g->data, fl_cu_lanes_of(g, dim), x->data, fl_cu_lanes_of(x, dim),
+                                  w ? w->data : NULL, (const float *)rstd->data, rows, n, (const void *)NULL, hl));
         if (fl_cu_check(op)) return fl_last_status();
     } else if (dx && rows > 0) {
-        rms_norm_dx_kernel<R><<<fl_cu_row_blocks(rows), fl_cu_row_threads(n), 0,
-                                fl_cu_stream()>>>(
-            dx->data, dx->dtype, g->data, g->dtype, fl_cu_lanes_of(g, dim), x->data, x->dtype,
-            fl_cu_lanes_of(x, dim), w ? w->data : NULL, w ? w->dtype : 0, param_stride(w),
-            (const R *)rstd->data, rows, n, gh ? gh->data : NULL, gh ? gh->dtype : 0, hl);
+        if (gh)
+            rms_norm_dx_kernel<R, true><<<fl_cu_row_blocks(rows), fl_cu_row_threads(n), 0, fl_cu_stream()>>>(
+                dx->data, dx->dtype, g->data, g->dtype, fl_cu_lanes_of(g, dim), x->data, x->dtype,
+                fl_cu_lanes_of(x, dim), w ? w->data : NULL, w ? w->dtype : 0, param_stride(w),
+                (const R *)rstd->data, rows, n, gh->data, gh->dtype, hl);
+        else
+            rms_norm_dx_kernel<R, false><<<fl_cu_row_blocks(rows), fl_cu_row_threads(n), 0, fl_cu_stream()>>>(
+                dx->data, dx->dtype, g->data, g->dtype, fl_cu_lanes_of(g, dim), x->data, x->dtype,
+                fl_cu_lanes_of(x, dim), w ? w->data : NULL, w ? w->dtype : 0, param_stride(w),
+                (const R *)rstd->data, rows, n, (const void *)NULL, 0, hl);
         if (fl_cu_check(op)) return fl_last_status();
     }
     if (dw && rows == 0) return fl_fill_(dw, 0);
