@@ -590,7 +590,7 @@ static inline int64_t fl_flops_sum(int64_t a, int64_t b) {
  * (copies between devices are not counted: they cross a link); tensors made
  * from host values (fl_from_host, rope tables) count what is written, on
  * meta too. The counter
- * (core/base/bytes_moved.c) is what the plan's cost model divides by memory
+ * (core/tensor/bytes_moved.c) is what the plan's cost model divides by memory
  * bandwidth and what benchmarks/step_bytes.lua tabulates per op. */
 void fl_count_bytes(const char *op, int n, const fl_tensor *const *ts);
 

@@ -638,7 +638,7 @@ FL_API void fl_flops_add(int64_t n);
 /* Bytes that memory-bound ops read and write since the last reset (every
  * op but matmul, linear, conv2d and attention; each operand counted once,
  * on every device, meta too; saturating): the cost model of the kernels
- * that bandwidth bounds, as fl_flops is the GEMMs'. core/base/bytes_moved.c. */
+ * that bandwidth bounds, as fl_flops is the GEMMs'. core/tensor/bytes_moved.c. */
 FL_API int64_t fl_bytes_moved(void);
 FL_API void fl_bytes_moved_reset(void);
 /* The count per op: up to max entries of (op name, calls, bytes) in the
