@@ -30,7 +30,8 @@
 -- models/pretrained.lua).
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local fsdp = require 'fsdp'
+local dist = require 'fsdp.dist'
+local factories = require 'fsdp.factories'
 local Module = require 'fsdp.nn.module'
 local Linear = require 'fsdp.nn.linear'
 local LoRALinear = require 'fsdp.nn.lora'
@@ -179,7 +180,7 @@ function M.apply(model, opts)
       done[p] = true
       local t = p
       if base_dtype and p:is_floating_point() and p.dtype ~= base_dtype then
-        t = fsdp.empty(p.shape, { dtype = base_dtype, device = 'meta' })
+        t = factories.empty(p.shape, { dtype = base_dtype, device = 'meta' })
         parameter.mark(t, rawget(p, 'init'))
         for _, slot in ipairs(slots[p]) do slot[1][slot[2]] = t end
       end
@@ -237,7 +238,7 @@ M.is_adapter = is_adapter
 -- (collective: every rank calls it); rank0_only leaves others empty.
 function M.adapter_state_dict(model, opts)
   opts = opts or {}
-  local keep = not opts.rank0_only or fsdp.dist.rank() == 0
+  local keep = not opts.rank0_only or dist.rank() == 0
   local out = {}
   local S = rawget(model, '_fsdp')
   if not S then
@@ -358,7 +359,6 @@ function M.save_peft(model, dir, opts)
   if task == nil then
     fail('save_peft: no PEFT task type known for a %s; pass task_type (e.g. "CAUSAL_LM")', model:class_name())
   end
-  local dist = fsdp.dist
   local sd = M.adapter_state_dict(model, { rank0_only = true })
   local err
   if dist.rank() == 0 then

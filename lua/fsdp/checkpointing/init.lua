@@ -32,7 +32,7 @@
 -- is ever written from a diverged run.
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local fsdp = require 'fsdp'
+local factories = require 'fsdp.factories'
 local Tensor = require 'fsdp.tensor'
 local dist = require 'fsdp.dist'
 local random = require 'fsdp.random'
@@ -167,7 +167,7 @@ local function write_rank_file(path, parts, opt, meta, label)
       bar:add(tonumber(c.numel) * tonumber(C.fl_dtype_size(c.dtype)))
       core.check(C.fl_safetensors_writer_finite(w, true))
       for _, k in ipairs(e.keys) do
-        local flat = fsdp.zeros({ e.part.len }, { dtype = e.dtypes[k] })
+        local flat = factories.zeros({ e.part.len }, { dtype = e.dtypes[k] })
         for _, p in ipairs(e.part.params) do
           local st = opt.state[p.name]
           if p.len > 0 and st and st[k] ~= nil then

@@ -473,11 +473,7 @@ Plan.__tostring = function(p) return require('fsdp.plan.report').format(p) end
 -- fsdp.plan(model, opts) is M.plan.
 setmetatable(M, { __call = function(_, ...) return M.plan(...) end })
 
--- The REPL prints plans with their report (the REPL needs the host; a
--- plain Lua without it has no REPL to teach).
-local ok, repl = pcall(require, 'fsdp.repl')
-if ok and repl.add_printer then
-  repl.add_printer(function(v) if Plan.is_plan(v) then return tostring(v) end end)
-end
+-- The REPL prints a plan through its __tostring (fsdp.repl.pretty leaves a
+-- table with its own __tostring to it), so this module names no REPL.
 
 return M

@@ -44,6 +44,7 @@
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local autograd = require 'fsdp.autograd'
+local factories = require 'fsdp.factories'
 local ffi = require 'ffi'
 local C = core.C
 
@@ -112,7 +113,7 @@ local function cast_model(model, param_dtype_of, buffer_dtype)
   local undo, made = {}, {}
   local function stand_in(t, dtype, grad)
     if not made[t] then
-      local s = require('fsdp').empty(t.shape, { dtype = dtype, device = 'meta' })
+      local s = factories.empty(t.shape, { dtype = dtype, device = 'meta' })
       if grad then s:requires_grad_(true) end
       made[t] = s
     end
