@@ -43,6 +43,8 @@ local nonfinite = require 'fsdp.nonfinite'
 local publish = require 'fsdp.io.publish'
 local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
+local sharding = require 'fsdp.sharding'
+local recipe = require 'fsdp.recipe'
 
 local M = {}
 M.LoRALinear = LoRALinear
@@ -306,7 +308,7 @@ function M.merged_state_dict(model, opts)
   opts = opts or {}
   local sd
   if rawget(model, '_fsdp') then
-    sd = require('fsdp.sharding').full_state_dict(model, { rank0_only = opts.rank0_only })
+    sd = sharding.full_state_dict(model, { rank0_only = opts.rank0_only })
   else
     sd = model:state_dict()
   end
@@ -571,7 +573,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 local function apply_cfg(model, cfg, default_targets)
   local targets = cfg.lora_targets ~= '' and cfg.lora_targets or default_targets
@@ -580,7 +582,7 @@ local function apply_cfg(model, cfg, default_targets)
     base_dtype = cfg.lora_base_dtype ~= '' and cfg.lora_base_dtype or nil, seed = cfg.seed,
   })
   if not ok then
-    return nil, ('--lora_targets %s: %s'):format(targets, (require('fsdp.recipe').bare(names):gsub('^lora: ', '')))
+    return nil, ('--lora_targets %s: %s'):format(targets, (recipe.bare(names):gsub('^lora: ', '')))
   end
   return names, targets
 end
@@ -602,7 +604,7 @@ end
 function M.apply_options(model, cfg, default_targets)
   if (cfg.lora_rank or 0) == 0 then return nil end
   local names, targets = apply_cfg(model, cfg, default_targets)
-  if not names then require('fsdp.recipe').usage_error(targets) end
+  if not names then recipe.usage_error(targets) end
   local n = M.count(model)
   print(('lora: rank %d, alpha %s on %d Linears (%s): %d trainable of %d parameters (%.2f%%)%s'):format(
     cfg.lora_rank, tostring(cfg.lora_alpha), #names, tostring(targets), n.trainable, n.total,

@@ -58,6 +58,7 @@ local ffi = require 'ffi'
 local sharding = require 'fsdp.sharding'
 local console = require 'fsdp.observe.console'
 local checkpointing = require 'fsdp.checkpointing'
+local recipe = require 'fsdp.recipe'
 
 local M = {}
 
@@ -76,7 +77,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
 M.finite = finite

@@ -17,6 +17,7 @@ local factories = require 'fsdp.factories'
 local dist = require 'fsdp.dist'
 local Tensor = require 'fsdp.tensor'
 local sharding = require 'fsdp.sharding'
+local safetensors = require 'fsdp.io.safetensors'
 local C = core.C
 
 local M = {}
@@ -63,7 +64,7 @@ function M.save_full_state_dict(path, model, opts)
           if e[2]:is_floating_point() then list[i] = { e[1], e[2]:to({ dtype = opts.dtype }) } end
         end
       end
-      require('fsdp.io.safetensors').save(path, list, opts.metadata or { format = 'pt' },
+      safetensors.save(path, list, opts.metadata or { format = 'pt' },
         { checksum = opts.checksum ~= false, finite = opts.finite })
     end
     if dist.world_size() > 1 then dist.barrier() end

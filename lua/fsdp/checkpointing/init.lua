@@ -46,6 +46,8 @@ local optim_state = require 'fsdp.checkpointing.optim_state'
 local progress = require 'fsdp.observe.progress'
 local lock = require 'fsdp.checkpointing.lock'
 local console = require 'fsdp.observe.console'
+local load_sharded = require 'fsdp.checkpointing.load'
+local full = require 'fsdp.checkpointing.full'
 local C = core.C
 local META = layout.META
 
@@ -325,8 +327,6 @@ function M.resolve(path)
   return latest
 end
 
-local load_sharded = require 'fsdp.checkpointing.load'
-
 -- Whether saved rank r's file in step_dir is the one the index describes,
 -- whole: it exists as a regular file, its header parses, it was written by
 -- this run at this step as rank r of the saved world, its checksum is the
@@ -405,6 +405,6 @@ function M.load(path, objs, index)
 end
 
 -- The whole model to one file (fsdp.save_full_state_dict, which see).
-M.save_full_state_dict = function(...) return require('fsdp.checkpointing.full').save_full_state_dict(...) end
+M.save_full_state_dict = function(...) return full.save_full_state_dict(...) end
 
 return M

@@ -52,6 +52,8 @@ local sim = require 'fsdp.plan.sim'
 local suggest = require 'fsdp.suggest'
 local dist = require 'fsdp.dist'
 local cost = require 'fsdp.plan.cost'
+local report = require 'fsdp.plan.report'
+local nn = require 'fsdp.nn'
 local C = core.C
 
 local M = {}
@@ -115,7 +117,7 @@ local function find_blocks(model, pred)
   if pred ~= nil and type(pred) ~= 'function' then
     fail('blocks must be a function(module) -> boolean, got %s', type(pred))
   end
-  local ModuleList = require('fsdp.nn').ModuleList
+  local ModuleList = nn.ModuleList
   local blocks = {}
   local function walk(m)
     for _, ch in ipairs(m:children()) do
@@ -468,7 +470,7 @@ function M.max_batch(model, opts)
 end
 
 function Plan.is_plan(x) return getmetatable(x) == Plan end
-Plan.__tostring = function(p) return require('fsdp.plan.report').format(p) end
+Plan.__tostring = function(p) return report.format(p) end
 
 -- fsdp.plan(model, opts) is M.plan.
 setmetatable(M, { __call = function(_, ...) return M.plan(...) end })

@@ -46,6 +46,7 @@ local Tensor = require 'fsdp.tensor'
 local autograd = require 'fsdp.autograd'
 local factories = require 'fsdp.factories'
 local ffi = require 'ffi'
+local hooks = require 'fsdp.sharding.hooks'
 local C = core.C
 
 local M = {}
@@ -322,7 +323,7 @@ local function trace(model, o)
     inputs_bytes, tokens = in_use() - before, n_tokens or o.batch * (seq or o.seq or 1)
     result.seq = seq or o.seq or 1
     -- (the root unit's cast of floating inputs; on a copy: args serves both passes)
-    local cast_inputs = require('fsdp.sharding.hooks').cast_inputs
+    local cast_inputs = hooks.cast_inputs
     local function cast(a) return cast_inputs(autograd.pack(unpack(a, 1, a.n)), o.input_dtype) end
 
     -- 1. without grad: what checkpointed blocks keep (their output) and
