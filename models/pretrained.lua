@@ -36,6 +36,7 @@ local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
 local hf = require 'models.hf'
 local decoders = require 'models.decoders'
+local t5 = require 'models.t5'
 local st = require 'fsdp.io.safetensors_sharded'
 local common = require 'models.common'
 local nonfinite = require 'fsdp.nonfinite'
@@ -97,9 +98,11 @@ local function family_of_names(shapes, where)
     .. '(shared.weight) model', where)
 end
 
-local MODULES = { gpt2 = 'models.gpt2', t5 = 'models.t5' }
-for _, name in ipairs(decoders.DECLARED) do MODULES[name] = 'models.families.' .. name end
-local function module_of(family) return require(MODULES[family]) end
+-- The model file of each family: T5's, and the decoders' (GPT-2 and the
+-- declared families), which models.decoders has loaded.
+local MODULES = { t5 = t5 }
+for name, fam in pairs(decoders.families) do MODULES[name] = fam.module end
+local function module_of(family) return MODULES[family] end
 
 -- A decoder's config from its weights' shapes (name -> shape): layers,
 -- width, vocabulary, MLP width, KV width; what shapes cannot tell (heads,

@@ -330,7 +330,7 @@ setmetatable(M, {
   __index = function(t, k)
     local name = lazy[k]
     if not name then return nil end
-    local mod = require(name)
+    local mod = require(name) -- lazy: start-up (the submodules above, loaded on first use)
     rawset(t, k, mod)
     return mod
   end,
@@ -351,7 +351,9 @@ M.summary = require('fsdp.repl.summary').summary
 -- target's doc comment (fsdp.help, [Note: help texts are doc comments]).
 M._forwards = setmetatable({}, { __mode = 'k' })
 local function forward(module, name)
+  -- lazy: start-up (sharding and checkpointing load on the first call)
   local fn = function(...) return require(module)[name](...) end
+  -- lazy: start-up, as above
   M._forwards[fn] = function() return require(module)[name] end
   return fn
 end
