@@ -8,8 +8,9 @@
 -- table: dtype ('f32' default), device ('cpu' default; 'meta', 'cuda:N'),
 -- and for random ones seed, stream, offset (see fsdp.random); they live in
 -- fsdp.factories, which this facade re-exports. It is the top of the
--- library: no module of lua/fsdp requires it (docs/ARCHITECTURE.md, "Lua
--- layers"), so it loads its submodules by name, some on first use.
+-- library: no module it loads, at once or on first use, requires it back
+-- (docs/ARCHITECTURE.md, "Lua layers"); those lower modules take the
+-- factories from fsdp.factories.
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local random = require 'fsdp.random'
