@@ -23,7 +23,6 @@ local files = require 'fsdp.io.files'
 local publish = require 'fsdp.io.publish'
 local st_file = require 'fsdp.io.safetensors_file'
 local autograd = require 'fsdp.autograd'
-local progress = require 'fsdp.observe.progress'
 
 local M = {}
 
@@ -32,6 +31,11 @@ M.SINGLE_NAME = 'model.safetensors'
 
 -- The single-file reader and writer.
 local function st() return st_file end
+-- The progress bars of long loads and saves (fsdp.observe.progress, which
+-- brings fsdp.dist and the console).
+local function progress()
+  return require 'fsdp.observe.progress' -- lazy: start-up (require 'fsdp' loads this file, not the bars)
+end
 
 local mode, join = files.mode, files.join
 
@@ -331,7 +335,7 @@ function M.load_into(model, path, opts)
     core.fail(('load_into: %s does not fit the model: %s'):format(path, table.concat(parts, '; ')))
   end
   -- one update per file (fsdp.observe.progress)
-  local bar = progress.start('loading ' .. path, { total = total_bytes, unit = 'B' })
+  local bar = progress().start('loading ' .. path, { total = total_bytes, unit = 'B' })
   local ok, err = pcall(function()
     for _, tensors in ck:each_file() do
       model:load_state_dict(tensors, { strict = false })
@@ -489,7 +493,7 @@ function M.save_sharded(dir, tensors, opts)
   local stage = publish.begin(dir, { what = 'save_sharded' })
   local metadata = with_id(opts.metadata, stage.id)
   local written, map = {}, {}
-  local bar = progress.start('saving ' .. dir, { total = total, unit = 'B' })
+  local bar = progress().start('saving ' .. dir, { total = total, unit = 'B' })
   local ok, err = pcall(function()
     for _, f in ipairs(plan) do
       local shard, bytes = {}, 0
@@ -547,7 +551,7 @@ function M.stream_sharded(dir, decls, opts)
     for _, e in ipairs(f[2]) do map[e[1]] = f[1] end
   end
   return setmetatable({ dir = dir, plan = plan, total = total, map = map, file = 0, pos = 0, written = {},
-                        bar = progress.start(opts.label or 'writing safetensors files',
+                        bar = progress().start(opts.label or 'writing safetensors files',
                                                { total = total, unit = 'B' }),
                         metadata = opts.id and with_id(opts.metadata, opts.id) or opts.metadata or { format = 'pt' },
                         id = opts.id, checksum = opts.checksum, finite = opts.finite }, Stream)
