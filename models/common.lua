@@ -104,36 +104,42 @@ end
 
 -- What sets the size of each family's model, for the bound recipes and
 -- tools hold a config to before building (fsdp.sharding.fit.bound):
--- the fields that build blocks, and the fields that make the parameter
--- count (shown in that order when a size is refused).
-M.SIZES = {
-  llama = { module = 'models.llama', blocks = { 'n_layers' },
-            fields = { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size' } },
-  gpt2 = { module = 'models.gpt2', blocks = { 'n_layers' },
-           fields = { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size', 'max_seq_len' } },
-  t5 = { module = 'models.t5', blocks = { 'num_layers', 'num_decoder_layers' },
-         fields = { 'num_layers', 'num_decoder_layers', 'd_model', 'num_heads', 'd_kv', 'd_ff', 'vocab_size' } },
-  deepvit = { module = 'models.deepvit', blocks = { 'depth' },
-              fields = { 'depth', 'dim', 'heads', 'dim_head', 'mlp_dim', 'num_classes' } },
-}
--- The declared decoder families (models/families/) size like Llama, a
--- mixture of experts by its experts too: models/decoder.lua's define adds
--- each one here as it declares it (it sits above this file).
+-- the fields that build blocks, the fields that make the parameter count
+-- (shown in that order when a size is refused), and the closed form of
+-- that count. Each model file adds its own row as it loads (gpt2, t5 and
+-- deepvit by add_sizes_of, every family models/decoder.lua declares by
+-- add_sizes), so this file, which they all require, names none of them.
+M.SIZES = {}
+
+-- A model file's row: M.SIZES[family] = { blocks = {fields}, fields =
+-- {fields}, closed_form_parameters = fn(config) }.
+function M.add_sizes_of(family, blocks, fields, closed_form_parameters)
+  M.SIZES[family] = { blocks = blocks, fields = fields, closed_form_parameters = closed_form_parameters }
+end
+
+-- A declared decoder family (models/decoder.lua's define, as it declares
+-- one) sizes like Llama, a mixture of experts by its experts too. Its
+-- closed form is its module's, which is loading as it declares.
 function M.add_sizes(family, moe)
   if M.SIZES[family] then return end
   M.SIZES[family] = { module = 'models.families.' .. family, blocks = { 'n_layers' },
                       fields = moe and { 'n_layers', 'dim', 'n_heads', 'n_experts', 'moe_ffn_dim', 'vocab_size' }
                         or { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size' } }
 end
-local function sizes_of(family) return M.SIZES[family] end
 
 -- The parameters (closed form) and blocks of a family's checked config,
--- and its size fields (M.SIZES). Nothing is built.
+-- and its size fields (M.SIZES). Nothing is built; the family's model file
+-- is loaded (it added the row).
 function M.size_of(family, c)
-  local s = sizes_of(family)
+  local s = M.SIZES[family]
+  if not s then
+    error(('size_of: no sizes known for the family %s (its model file, which adds them, is not loaded)')
+      :format(tostring(family)), 2)
+  end
   local blocks = 0
   for _, f in ipairs(s.blocks) do blocks = blocks + c[f] end
-  return require(s.module).closed_form_parameters(c), blocks, s.fields
+  local closed_form = s.closed_form_parameters or package.loaded[s.module].closed_form_parameters
+  return closed_form(c), blocks, s.fields
 end
 
 -- A set of field names from a list.

@@ -49,6 +49,9 @@ local F = require 'fsdp.functional'
 local common = require 'models.common'
 local validate = require 'fsdp.validate'
 local parts = require 'models.decoder_parts'
+local hf_rope = require 'models.hf_rope'
+local autograd = require 'fsdp.autograd'
+local factories = require 'fsdp.factories'
 
 local M = {}
 
@@ -98,7 +101,7 @@ local function config_function(decl)
     if c.rope_scaling ~= nil then
       -- transformers' rope types and their keys (models/hf_rope.lua); the
       -- decoder rotates whole heads (apply_rotary_pos_emb has no partial path).
-      local why = require('models.hf_rope').check_scaling(c.rope_scaling)
+      local why = hf_rope.check_scaling(c.rope_scaling)
       need(not why, 'rope_scaling ' .. (why or ''):gsub('^%.', ''))
       local prf = c.rope_scaling.partial_rotary_factor
       need(prf == nil or prf == 1, ('rope_scaling.partial_rotary_factor %s: the decoder rotates the whole head '
@@ -355,7 +358,7 @@ function M.define(decl)
     local h = self.embed_tokens(ids)
     if decl.embed_scale then
       -- sqrt(dim) as an f32 tensor cast to the embeddings' dtype, as HF does
-      local s = require('fsdp').tensor({ math.sqrt(self.config.dim) }, { dtype = 'f32' })
+      local s = factories.tensor({ math.sqrt(self.config.dim) }, { dtype = 'f32' })
       h = h * s:to(h.dtype):item()
     end
     local layers = self.layers:children()
@@ -453,7 +456,7 @@ function M.define(decl)
       rows = opts.loss_chunk_rows or rows
       opts = next(fwd) ~= nil and fwd or nil
     end
-    if fused == nil then fused = require('fsdp.autograd').is_grad_enabled() end
+    if fused == nil then fused = autograd.is_grad_enabled() end
     local loss, logits
     if fused and fusable(self) then
       loss = self(ids, opts, { targets = targets, ignore_index = -100, chunk_rows = rows })

@@ -24,6 +24,9 @@ local fit = require 'fsdp.sharding.fit'
 local nonfinite = require 'fsdp.nonfinite'
 local accumulate = require 'fsdp.sharding.accumulate'
 local console = require 'fsdp.observe.console'
+local metrics = require 'fsdp.observe.metrics'
+local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+local shard_recipe = require 'fsdp.sharding.recipe'
 
 local M = {}
 
@@ -97,8 +100,8 @@ M.TRAIN_OPTIONS = {
 -- --init_from/export, LoRA, metrics, accumulation) plus these and `own`
 -- (own wins on a clash).
 function M.options(own)
-  return require('fsdp.observe.metrics').options(lora.options(pretrained.options(nonfinite.options(
-    require('fsdp.checkpointing.recipe').options(require('fsdp.sharding.recipe').options(
+  return metrics.options(lora.options(pretrained.options(nonfinite.options(
+    ckpt_recipe.options(shard_recipe.options(
     accumulate.options(recipe.merge(M.MODEL_OPTIONS, M.TRAIN_OPTIONS, own))))))))
 end
 
@@ -187,7 +190,7 @@ function M.build(R, cfg, who, shape)
   lora.apply_options(model, cfg, R.fam.lora_targets)
   fit.check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
     try = not R.src and M.TRY or nil })
-  require('fsdp.sharding.recipe').apply(model, cfg, R.fam.block, who)
+  shard_recipe.apply(model, cfg, R.fam.block, who)
   console.print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d '
     .. 'parameters, %s, %s'):format(c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size,
     n_params, cfg.dtype, R.fam.name))
@@ -206,7 +209,7 @@ end
 function M.optimizer(model, cfg)
   local opt = optim.AdamW(lora.trainable(model), {
     lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, eps = cfg.eps, weight_decay = cfg.weight_decay,
-    groups = { { match = require('fsdp.sharding.recipe').no_decay, weight_decay = 0 } },
+    groups = { { match = shard_recipe.no_decay, weight_decay = 0 } },
   })
   local sched = optim.lr_scheduler.WarmupCosine(opt, {
     warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps, min_lr = cfg.min_lr })
@@ -220,7 +223,7 @@ end
 function M.memory_limit(cfg)
   if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
   if cfg.memory_limit_mb > 0 and not cfg.plan then
-    fsdp.set_memory_limit(require('fsdp.sharding.recipe').device(cfg), cfg.memory_limit_mb * 2^20)
+    fsdp.set_memory_limit(shard_recipe.device(cfg), cfg.memory_limit_mb * 2^20)
   end
 end
 

@@ -329,4 +329,8 @@ function M.from_vit_pytorch(path, opts)
   return model, layout
 end
 
+-- What sizes it, for the bound on a config before building (common.size_of).
+common.add_sizes_of('deepvit', { 'depth' },
+  { 'depth', 'dim', 'heads', 'dim_head', 'mlp_dim', 'num_classes' }, M.closed_form_parameters)
+
 return M

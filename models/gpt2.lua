@@ -285,4 +285,8 @@ function M.to_hf_state_dict(model)
   return out
 end
 
+-- What sizes it, for the bound on a config before building (common.size_of).
+common.add_sizes_of('gpt2', { 'n_layers' },
+  { 'n_layers', 'dim', 'n_heads', 'ffn_dim', 'vocab_size', 'max_seq_len' }, M.closed_form_parameters)
+
 return M

@@ -48,6 +48,7 @@ local files = require 'fsdp.io.files'
 local sharding = require 'fsdp.sharding'
 local autograd = require 'fsdp.autograd'
 local decoder = require 'models.decoder'
+local safetensors = require 'fsdp.io.safetensors'
 
 local M = {}
 
@@ -545,7 +546,7 @@ local function check_shapes(dir, c, family_name, where)
   for _, np in ipairs(model:named_parameters()) do want[np[1]] = np[2].shape end
   local hf_shape = family.hf_shape or function(_, shape) return shape end
   for _, file in ipairs(st.open_checkpoint(dir):files()) do
-    local f = require('fsdp.io.safetensors').open(file)
+    local f = safetensors.open(file)
     local names = f:names()
     table.sort(names)
     for _, name in ipairs(names) do

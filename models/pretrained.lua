@@ -36,6 +36,7 @@ local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
 local hf = require 'models.hf'
 local decoders = require 'models.decoders'
+local t5 = require 'models.t5'
 local st = require 'fsdp.io.safetensors_sharded'
 local common = require 'models.common'
 local nonfinite = require 'fsdp.nonfinite'
@@ -45,6 +46,9 @@ local publish = require 'fsdp.io.publish'
 local fit = require 'fsdp.sharding.fit'
 local lora = require 'fsdp.lora'
 local clock = require 'fsdp.clock'
+local recipe = require 'fsdp.recipe'
+local ckpt_parts = require 'fsdp.checkpointing.parts'
+local ckpt = require 'fsdp.checkpointing'
 
 local M = {}
 
@@ -60,7 +64,7 @@ M.OPTIONS = {
                     .. 'generation_config.json, the tokenizer files of --init_from)', output = 'dir' },
   export_max_shard_size = { '5GB', 'with --export_hf: the largest weight file; more go in numbered files and an index',
                             check = function(v)
-                              local ok, err = pcall(require('fsdp.io.safetensors_sharded').parse_size, v,
+                              local ok, err = pcall(st.parse_size, v,
                                 'export_max_shard_size')
                               if not ok then return (tostring(err):gsub('^.-export_max_shard_size ', '')) end
                             end },
@@ -76,7 +80,7 @@ M.OPTIONS = {
                   one_of = { 'merged', 'adapter' }, needs = { 'lora_rank', 'export_hf' } },
 }
 
-function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 local function fail(fmt, ...) error(fmt:format(...), 0) end
 
@@ -94,9 +98,11 @@ local function family_of_names(shapes, where)
     .. '(shared.weight) model', where)
 end
 
-local MODULES = { gpt2 = 'models.gpt2', t5 = 'models.t5' }
-for _, name in ipairs(decoders.DECLARED) do MODULES[name] = 'models.families.' .. name end
-local function module_of(family) return require(MODULES[family]) end
+-- The model file of each family: T5's, and the decoders' (GPT-2 and the
+-- declared families), which models.decoders has loaded.
+local MODULES = { t5 = t5 }
+for name, fam in pairs(decoders.families) do MODULES[name] = fam.module end
+local function module_of(family) return MODULES[family] end
 
 -- A decoder's config from its weights' shapes (name -> shape): layers,
 -- width, vocabulary, MLP width, KV width; what shapes cannot tell (heads,
@@ -235,7 +241,7 @@ function M.fingerprint(src)
   if src.fingerprint then return src.fingerprint end
   local parts = {}
   if src.kind == 'checkpoint' then
-    parts[1] = files.read(files.join(src.step_dir, require('fsdp.checkpointing').layout.INDEX)) or ''
+    parts[1] = files.read(files.join(src.step_dir, ckpt.layout.INDEX)) or ''
   else
     local weights = { src.path }
     if src.kind == 'hf' then
@@ -304,7 +310,6 @@ function M.open(path, opts)
     src.kind, src.family, src.config, src.hf, src.hf_dir = 'hf', family, c, h, path
     src.where = files.join(path, 'config.json')
   elseif mode == 'directory' then
-    local ckpt = require 'fsdp.checkpointing'
     local is_step = files.mode(files.join(path, ckpt.layout.INDEX)) == 'file'
     local has_safetensors = false
     for _, n in ipairs(files.list(path)) do
@@ -345,7 +350,7 @@ function M.open(path, opts)
       end
     else
       local shapes = {}
-      for name, p in pairs(require('fsdp.checkpointing.parts').saved_params(index)) do shapes[name] = p.shape end
+      for name, p in pairs(ckpt_parts.saved_params(index)) do shapes[name] = p.shape end
       src.family = family_of_names(shapes, step_dir)
       accepted(src.family, opts, step_dir)
       local o = {}
@@ -553,7 +558,6 @@ function M.load(model, src)
       core.fail('a training checkpoint does not load under new LoRA adapters (tools/export.lua writes it as a '
         .. 'Hugging Face directory, which does)')
     elseif src.kind == 'checkpoint' then
-      local ckpt = require 'fsdp.checkpointing'
       local index, why = ckpt.check(src.step_dir)
       if not index then core.fail(why) end
       ckpt.load(src.step_dir, { model = model, weights_only = true }, index)

@@ -515,4 +515,9 @@ function M.build(name_or_config, opts)
   return Model(M.config(name_or_config, overrides), placement)
 end
 
+-- What sizes it, for the bound on a config before building (common.size_of).
+common.add_sizes_of('t5', { 'num_layers', 'num_decoder_layers' },
+  { 'num_layers', 'num_decoder_layers', 'd_model', 'num_heads', 'd_kv', 'd_ff', 'vocab_size' },
+  M.closed_form_parameters)
+
 return M

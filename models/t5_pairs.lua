@@ -26,6 +26,7 @@ local metrics = require 'fsdp.observe.metrics'
 local pairs_data = require 'fsdp.data.pairs'
 local t5 = require 'models.t5'
 local console = require 'fsdp.observe.console'
+local tokenizers = require 'fsdp.data.tokenizer'
 local F = fsdp.F
 
 local M = {}
@@ -64,7 +65,7 @@ local function say(fmt, ...) console.print(fmt:format(...)) end
 -- Raises a usage message naming the option at fault.
 function M.open(cfg)
   if cfg.data == '' then return nil end
-  local ok, tok = pcall(require('fsdp.data.tokenizer').load, cfg.tokenizer ~= '' and cfg.tokenizer or 'byte')
+  local ok, tok = pcall(tokenizers.load, cfg.tokenizer ~= '' and cfg.tokenizer or 'byte')
   if not ok then
     error(('--tokenizer %s: %s'):format(cfg.tokenizer, recipe.bare(tok)), 0)
   end

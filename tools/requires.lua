@@ -7,6 +7,11 @@
 -- each circle, and with --lazy each require inside a function with the
 -- comment line above it; exits non-zero when there is a circle.
 --
+-- A require stays inside a function only for a reason, given in a comment
+-- that starts `-- lazy:` on the line above it or at the end of its line
+-- (start-up time, an optional load through pcall, a circle it would
+-- close); one without is listed and makes the exit non-zero too.
+--
 --   luajit tools/requires.lua [--lazy] [--named]   (or fsdp-lua tools/requires.lua)
 --
 -- A require is `require 'm'`, `require "m"`, `require('m')` or
@@ -14,10 +19,11 @@
 -- (require('models.families.' .. name)) are counted as dynamic and make no
 -- edge; with --named, a file with one also depends on every module it
 -- names in a string literal (a list of modules it loads: the fsdp facade's
--- submodules loaded on first use, fsdp.functional's families,
--- models.common's size table). Those circles are not yet cut
--- (docs/ARCHITECTURE.md, "Lua layers"); the rule holds without --named. The reader knows Lua's strings and comments, and counts a require
--- as inside a function when a `function` block is open around it.
+-- submodules loaded on first use); the rule holds with --named too
+-- (docs/ARCHITECTURE.md, "Lua layers"). Such names are no requires: they
+-- count as edges, not as requires inside functions. The reader knows
+-- Lua's strings and comments, and counts a require as inside a function
+-- when a `function` block is open around it.
 local show_lazy, with_named = false, false
 for _, a in ipairs(arg) do
   if a == '--lazy' then show_lazy = true end
@@ -99,13 +105,14 @@ local function tokens(src)
   return out
 end
 
--- Requires of one file: {{name=, line=, lazy=bool}...}, and the dynamic count.
+-- Requires of one file: {{name=, line=, lazy=bool}...}, the dynamic count,
+-- the source, and the lines of dynamic requires inside functions.
 local function requires_of(path)
   local f = assert(io.open(path))
   local src = f:read('*a')
   f:close()
   local toks = tokens(src)
-  local stack, fn_depth, out, dynamic, named = {}, 0, {}, 0, {}
+  local stack, fn_depth, out, dynamic, named, dynamic_lazy = {}, 0, {}, 0, {}, {}
   local skip_do = 0 -- `while`/`for` open their block at their `do`
   for k, t in ipairs(toks) do
     local w = t.word
@@ -130,10 +137,14 @@ local function requires_of(path)
         if after and after.punct == '.' then dynamic = dynamic + 1 else name = b.str end
       elseif a and (a.punct == '(' or a.punct == ',') then
         dynamic = dynamic + 1
+        if fn_depth > 0 then dynamic_lazy[#dynamic_lazy + 1] = t.line end
+      end
+      if not name and fn_depth > 0 and a and b and b.str and toks[k + 3] and toks[k + 3].punct == '.' then
+        dynamic_lazy[#dynamic_lazy + 1] = t.line
       end
       if name then out[#out + 1] = { name = name, line = t.line, lazy = fn_depth > 0 } end
     elseif t.str and file_of[t.str] then
-      named[#named + 1] = { name = t.str, line = t.line, lazy = fn_depth > 0 }
+      named[#named + 1] = { name = t.str, line = t.line, lazy = false, named = true }
     end
   end
   -- With --named, a file that requires names it computes (a list of
@@ -142,27 +153,41 @@ local function requires_of(path)
     for _, r in ipairs(named) do out[#out + 1] = r end
   end
   if #stack ~= 0 then io.stderr:write(('requires.lua: %s: %d block(s) left open (a reading error)\n'):format(path, #stack)) end
-  return out, dynamic, src
+  return out, dynamic, src, dynamic_lazy
 end
 
-local edges, n_edges, n_lazy, n_dynamic, lazy_list = {}, 0, 0, 0, {}
+-- The reason a require inside a function gives: `-- lazy: ...` on its
+-- line or the line above.
+local function reason(src_lines, line)
+  for _, l in ipairs({ src_lines[line] or '', src_lines[line - 1] or '' }) do
+    local why = l:match('%-%-%s*lazy:%s*(.-)%s*$')
+    if why and why ~= '' then return why end
+  end
+end
+
+local edges, n_edges, n_lazy, n_dynamic, lazy_list, unexplained = {}, 0, 0, 0, {}, {}
 for _, f in ipairs(files) do
   local m = module_of(f)
   edges[m] = edges[m] or {}
-  local reqs, dynamic, src = requires_of(f)
+  local reqs, dynamic, src, dynamic_lazy = requires_of(f)
   n_dynamic = n_dynamic + dynamic
   local src_lines
+  for _, line in ipairs(dynamic_lazy) do
+    src_lines = src_lines or lines("cat " .. f)
+    if not reason(src_lines, line) then unexplained[#unexplained + 1] = ('%s:%d (a computed name)'):format(f, line) end
+  end
   for _, r in ipairs(reqs) do
     if file_of[r.name] and r.name ~= m then
       if not edges[m][r.name] then n_edges = n_edges + 1 end
       edges[m][r.name] = edges[m][r.name] or r
       if r.lazy then
         n_lazy = n_lazy + 1
+        src_lines = src_lines or lines("cat " .. f)
+        local why = reason(src_lines, r.line)
+        if not why then unexplained[#unexplained + 1] = ('%s:%d %s'):format(f, r.line, r.name) end
         if show_lazy then
-          src_lines = src_lines or lines("cat " .. f)
-          local above = src_lines[r.line - 1] or ''
-          lazy_list[#lazy_list + 1] = ('%s:%d %s\n    %s\n    %s'):format(f, r.line, r.name,
-            above:match('^%s*(.-)$'), (src_lines[r.line] or ''):match('^%s*(.-)$'))
+          lazy_list[#lazy_list + 1] = ('%s:%d %s\n    lazy: %s\n    %s'):format(f, r.line, r.name,
+            why or '(no reason given)', (src_lines[r.line] or ''):match('^%s*(.-)$'))
         end
       end
     end
@@ -256,6 +281,9 @@ if show_lazy then
   print('requires inside functions:')
   for _, s in ipairs(lazy_list) do print('  ' .. s) end
 end
-print(('%d modules, %d edges, %d circle(s) (%d modules in them), %d require(s) inside functions, %d dynamic'):format(
-  #names, n_edges, #comps, in_circles, n_lazy, n_dynamic))
-os.exit(#comps == 0 and 0 or 1)
+for _, u in ipairs(unexplained) do
+  print(('require inside a function with no `-- lazy:` reason above it: %s'):format(u))
+end
+print(('%d modules, %d edges, %d circle(s) (%d modules in them), %d require(s) inside functions (%d without a reason), '
+  .. '%d dynamic'):format(#names, n_edges, #comps, in_circles, n_lazy, #unexplained, n_dynamic))
+os.exit((#comps == 0 and #unexplained == 0) and 0 or 1)

@@ -30,7 +30,8 @@
 -- models/pretrained.lua).
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local fsdp = require 'fsdp'
+local dist = require 'fsdp.dist'
+local factories = require 'fsdp.factories'
 local Module = require 'fsdp.nn.module'
 local Linear = require 'fsdp.nn.linear'
 local LoRALinear = require 'fsdp.nn.lora'
@@ -42,6 +43,8 @@ local nonfinite = require 'fsdp.nonfinite'
 local publish = require 'fsdp.io.publish'
 local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
+local sharding = require 'fsdp.sharding'
+local recipe = require 'fsdp.recipe'
 
 local M = {}
 M.LoRALinear = LoRALinear
@@ -179,7 +182,7 @@ function M.apply(model, opts)
       done[p] = true
       local t = p
       if base_dtype and p:is_floating_point() and p.dtype ~= base_dtype then
-        t = fsdp.empty(p.shape, { dtype = base_dtype, device = 'meta' })
+        t = factories.empty(p.shape, { dtype = base_dtype, device = 'meta' })
         parameter.mark(t, rawget(p, 'init'))
         for _, slot in ipairs(slots[p]) do slot[1][slot[2]] = t end
       end
@@ -237,7 +240,7 @@ M.is_adapter = is_adapter
 -- (collective: every rank calls it); rank0_only leaves others empty.
 function M.adapter_state_dict(model, opts)
   opts = opts or {}
-  local keep = not opts.rank0_only or fsdp.dist.rank() == 0
+  local keep = not opts.rank0_only or dist.rank() == 0
   local out = {}
   local S = rawget(model, '_fsdp')
   if not S then
@@ -305,7 +308,7 @@ function M.merged_state_dict(model, opts)
   opts = opts or {}
   local sd
   if rawget(model, '_fsdp') then
-    sd = require('fsdp.sharding').full_state_dict(model, { rank0_only = opts.rank0_only })
+    sd = sharding.full_state_dict(model, { rank0_only = opts.rank0_only })
   else
     sd = model:state_dict()
   end
@@ -358,7 +361,6 @@ function M.save_peft(model, dir, opts)
   if task == nil then
     fail('save_peft: no PEFT task type known for a %s; pass task_type (e.g. "CAUSAL_LM")', model:class_name())
   end
-  local dist = fsdp.dist
   local sd = M.adapter_state_dict(model, { rank0_only = true })
   local err
   if dist.rank() == 0 then
@@ -571,7 +573,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 local function apply_cfg(model, cfg, default_targets)
   local targets = cfg.lora_targets ~= '' and cfg.lora_targets or default_targets
@@ -580,7 +582,7 @@ local function apply_cfg(model, cfg, default_targets)
     base_dtype = cfg.lora_base_dtype ~= '' and cfg.lora_base_dtype or nil, seed = cfg.seed,
   })
   if not ok then
-    return nil, ('--lora_targets %s: %s'):format(targets, (require('fsdp.recipe').bare(names):gsub('^lora: ', '')))
+    return nil, ('--lora_targets %s: %s'):format(targets, (recipe.bare(names):gsub('^lora: ', '')))
   end
   return names, targets
 end
@@ -602,7 +604,7 @@ end
 function M.apply_options(model, cfg, default_targets)
   if (cfg.lora_rank or 0) == 0 then return nil end
   local names, targets = apply_cfg(model, cfg, default_targets)
-  if not names then require('fsdp.recipe').usage_error(targets) end
+  if not names then recipe.usage_error(targets) end
   local n = M.count(model)
   print(('lora: rank %d, alpha %s on %d Linears (%s): %d trainable of %d parameters (%.2f%%)%s'):format(
     cfg.lora_rank, tostring(cfg.lora_alpha), #names, tostring(targets), n.trainable, n.total,

@@ -47,7 +47,7 @@
 -- right after the backward of step STEP, this rank's part of the gradient
 -- of each named parameter (the part may be empty: then this rank sees no
 -- bad element and the collective still names it); tests/mpi/nonfinite.sh.
-local fsdp = require 'fsdp'
+local factories = require 'fsdp.factories'
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local dist = require 'fsdp.dist'
@@ -58,6 +58,7 @@ local ffi = require 'ffi'
 local sharding = require 'fsdp.sharding'
 local console = require 'fsdp.observe.console'
 local checkpointing = require 'fsdp.checkpointing'
+local recipe = require 'fsdp.recipe'
 
 local M = {}
 
@@ -76,7 +77,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
 M.finite = finite
@@ -85,7 +86,7 @@ local function is_sharded(model) return Module.is_module(model) and rawget(model
 
 -- The global gradient norm of model (collective when sharded).
 local function grad_norm(model)
-  if is_sharded(model) then return fsdp.grad_norm(model) end
+  if is_sharded(model) then return sharding.grad_norm(model) end
   return clip.grad_norm(model:parameters())
 end
 
@@ -143,7 +144,7 @@ function M.first_nonfinite(model, of_values)
     end
   end
   if dist.world_size() > 1 then
-    first = dist.all_reduce(fsdp.tensor({ first }, { dtype = 'f64' }), { op = 'min' }):item()
+    first = dist.all_reduce(factories.tensor({ first }, { dtype = 'f64' }), { op = 'min' }):item()
   end
   local np = params[first]
   if not np then return nil end
@@ -229,7 +230,7 @@ function Guard:step(step, loss)
   local elsewhere = false
   if dist.world_size() > 1 then
     local local_bad = (not is_sharded(model) and not finite(norm)) and 1 or 0
-    local t = dist.all_reduce(fsdp.tensor({ value, local_bad }, { dtype = 'f64' }), { op = 'avg' })
+    local t = dist.all_reduce(factories.tensor({ value, local_bad }, { dtype = 'f64' }), { op = 'avg' })
     value, elsewhere = t:get(0), t:get(1) > 0
   end
   local lr = opt.param_groups[1].lr
@@ -290,7 +291,7 @@ function Guard:check_parameters(step)
     end
   end
   if dist.world_size() > 1 then
-    bad = dist.all_reduce(fsdp.tensor({ bad }, { dtype = 'f64' }), { op = 'max' }):item()
+    bad = dist.all_reduce(factories.tensor({ bad }, { dtype = 'f64' }), { op = 'max' }):item()
   end
   if bad == 0 then return end
   local name, unit = M.first_nonfinite(model, true)

@@ -52,6 +52,7 @@ local core = require 'fsdp.core'
 local publish = require 'fsdp.io.publish'
 local files = require 'fsdp.io.files'
 local config_file = require 'fsdp.config_file'
+local hub = require 'fsdp.data.hub'
 
 local M = {}
 
@@ -423,7 +424,7 @@ local function mode(path) return require('lfs').attributes(path, 'mode') end
 
 local function make_dir(key, dir)
   if mode(dir) == 'directory' then return end
-  local ok, err = pcall(require('fsdp.io.files').mkdir_p, dir, '--' .. key)
+  local ok, err = pcall(files.mkdir_p, dir, '--' .. key)
   if not ok then error((tostring(err):gsub('^[^\n:]+:%d+: ', '')), 0) end
 end
 
@@ -432,8 +433,8 @@ local function path_problem(key, d, v)
   if d.input then
     if v == '-' and d.stdin then return end
     local m = mode(v)
-    if not m and d.hub and require('fsdp.data.hub').is_model_name(v) then
-      local ok, dir = pcall(require('fsdp.data.hub').model_dir, v)
+    if not m and d.hub and hub.is_model_name(v) then
+      local ok, dir = pcall(hub.model_dir, v)
       if not ok then return tostring(dir) end
       v, m = dir, mode(dir)
     end

@@ -180,7 +180,7 @@ function M.failed(result) return result.status == 'error' or result.status == 't
 -- (seconds per point), exe, on_result(i, n, result) after each point.
 function M.run(opts)
   if type(opts.recipe) ~= 'string' then fail('run: opts.recipe must be the path of a recipe') end
-  local ok, is = pcall(require('fsdp.io.files').is_file, opts.recipe)
+  local ok, is = pcall(files.is_file, opts.recipe)
   if not ok then fail(is) end
   if not is then fail(('recipe %s not found'):format(opts.recipe)) end
   local points = M.points(opts.axes)

@@ -7,6 +7,8 @@
 -- the executable or read printed output share.
 local fsdp = require 'fsdp'
 local Tensor = require 'fsdp.tensor'
+local host = require 'fsdp.host'
+local files = require 'fsdp.io.files'
 
 local M = {}
 
@@ -109,7 +111,7 @@ M.quote = require('fsdp.quote').shell
 -- Run a shell command from the project root; returns its output (stdout
 -- and stderr together) and exit status.
 function M.sh(cmd)
-  local p = assert(io.popen(('cd %s && (%s) 2>&1; echo "@rc=$?"'):format(M.quote(require('fsdp.host').root), cmd)))
+  local p = assert(io.popen(('cd %s && (%s) 2>&1; echo "@rc=$?"'):format(M.quote(host.root), cmd)))
   local out = p:read('*a')
   p:close()
   local body, rc = out:match('^(.-)@rc=(%d+)\n?$')
@@ -119,7 +121,6 @@ end
 -- Run a script of the project (e.g. 'recipes/mnist.lua') with the
 -- executable under test, bounded in time: output and exit status.
 function M.run_script(script, args, seconds)
-  local host = require 'fsdp.host'
   return M.sh(('timeout %d %s %s %s'):format(seconds or 120, M.quote(host.exe), script, args or ''))
 end
 
@@ -127,7 +128,6 @@ end
 -- project root, bounded in time: exit status, stdout and stderr apart
 -- (for specs that check which stream a message went to).
 function M.run_exe(args, seconds)
-  local host, files = require 'fsdp.host', require 'fsdp.io.files'
   local err = os.tmpname()
   local p = assert(io.popen(('cd %s && timeout %d %s %s 2>%s; echo "@rc=$?"'):format(M.quote(host.root),
     seconds or 120, M.quote(host.exe), args, M.quote(err))))

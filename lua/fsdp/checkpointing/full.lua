@@ -13,10 +13,11 @@
 -- ever holds more than one unit whole; the file appears atomically at the
 -- end (the core's safetensors writer: temporary file, fsync, rename).
 local core = require 'fsdp.core'
-local fsdp = require 'fsdp'
+local factories = require 'fsdp.factories'
 local dist = require 'fsdp.dist'
 local Tensor = require 'fsdp.tensor'
 local sharding = require 'fsdp.sharding'
+local safetensors = require 'fsdp.io.safetensors'
 local C = core.C
 
 local M = {}
@@ -63,7 +64,7 @@ function M.save_full_state_dict(path, model, opts)
           if e[2]:is_floating_point() then list[i] = { e[1], e[2]:to({ dtype = opts.dtype }) } end
         end
       end
-      require('fsdp.io.safetensors').save(path, list, opts.metadata or { format = 'pt' },
+      safetensors.save(path, list, opts.metadata or { format = 'pt' },
         { checksum = opts.checksum ~= false, finite = opts.finite })
     end
     if dist.world_size() > 1 then dist.barrier() end
@@ -117,7 +118,7 @@ function M.save_full_state_dict(path, model, opts)
   end)
   if w ~= nil then C.fl_safetensors_writer_free(w) end
   if dist.world_size() > 1 then
-    local flag = fsdp.tensor({ failed and 1 or 0 }, { dtype = 'i32' })
+    local flag = factories.tensor({ failed and 1 or 0 }, { dtype = 'i32' })
     dist.broadcast(flag, 0)
     if flag:item() ~= 0 and not rank0 then
       core.fail(('save_full_state_dict: rank 0 could not write %s (see its error)'):format(path))

@@ -32,7 +32,7 @@
 -- is ever written from a diverged run.
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local fsdp = require 'fsdp'
+local factories = require 'fsdp.factories'
 local Tensor = require 'fsdp.tensor'
 local dist = require 'fsdp.dist'
 local random = require 'fsdp.random'
@@ -46,6 +46,8 @@ local optim_state = require 'fsdp.checkpointing.optim_state'
 local progress = require 'fsdp.observe.progress'
 local lock = require 'fsdp.checkpointing.lock'
 local console = require 'fsdp.observe.console'
+local load_sharded = require 'fsdp.checkpointing.load'
+local full = require 'fsdp.checkpointing.full'
 local C = core.C
 local META = layout.META
 
@@ -167,7 +169,7 @@ local function write_rank_file(path, parts, opt, meta, label)
       bar:add(tonumber(c.numel) * tonumber(C.fl_dtype_size(c.dtype)))
       core.check(C.fl_safetensors_writer_finite(w, true))
       for _, k in ipairs(e.keys) do
-        local flat = fsdp.zeros({ e.part.len }, { dtype = e.dtypes[k] })
+        local flat = factories.zeros({ e.part.len }, { dtype = e.dtypes[k] })
         for _, p in ipairs(e.part.params) do
           local st = opt.state[p.name]
           if p.len > 0 and st and st[k] ~= nil then
@@ -325,8 +327,6 @@ function M.resolve(path)
   return latest
 end
 
-local load_sharded = require 'fsdp.checkpointing.load'
-
 -- Whether saved rank r's file in step_dir is the one the index describes,
 -- whole: it exists as a regular file, its header parses, it was written by
 -- this run at this step as rank r of the saved world, its checksum is the
@@ -405,6 +405,6 @@ function M.load(path, objs, index)
 end
 
 -- The whole model to one file (fsdp.save_full_state_dict, which see).
-M.save_full_state_dict = function(...) return require('fsdp.checkpointing.full').save_full_state_dict(...) end
+M.save_full_state_dict = function(...) return full.save_full_state_dict(...) end
 
 return M

@@ -13,7 +13,7 @@
 -- their holders saved, fsdp.checkpointing.optim_state); the optimizer
 -- regroups it into its fused runs on the next step.
 local core = require 'fsdp.core'
-local fsdp = require 'fsdp'
+local factories = require 'fsdp.factories'
 local dist = require 'fsdp.dist'
 local random = require 'fsdp.random'
 local autograd = require 'fsdp.autograd'
@@ -103,7 +103,7 @@ local function load_model(cache, index, objs, opt_state)
             local st = {}
             for k, v in pairs(saved_optim[p.name]) do st[k] = v end
             for k, dtype in pairs(s.part.optim or {}) do
-              local t = fsdp.zeros({ p.len }, { dtype = dtype })
+              local t = factories.zeros({ p.len }, { dtype = dtype })
               copy_range(cache, s.part, '#' .. k, first, t, what .. ' (optimizer ' .. k .. ')')
               -- a whole (unsharded) parameter's state has its shape
               st[k] = part.kind == 'unit' and t or t:view(p.shape)

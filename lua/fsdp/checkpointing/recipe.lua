@@ -36,6 +36,9 @@ local ckpt = require 'fsdp.checkpointing'
 local json = require 'fsdp.io.json'
 local dir_lock = require 'fsdp.checkpointing.lock'
 local console = require 'fsdp.observe.console'
+local recipe = require 'fsdp.recipe'
+local ckpt_load = require 'fsdp.checkpointing.load'
+local profiler = require 'fsdp.observe.profiler'
 
 local M = {}
 
@@ -69,7 +72,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 -- rank 0's line ("[rank 0] " first with several ranks; fsdp.console)
 local function say(fmt, ...) console.print(fmt:format(...)) end
@@ -120,7 +123,7 @@ function M.lock(cfg)
   -- The run's options that differ from the defaults, beside its
   -- checkpoints: `--config DIR/config.yaml` repeats it (fsdp.recipe.save_config).
   if cfg.checkpoint_dir ~= '' and dist.rank() == 0 then
-    local ok, path, script = pcall(require('fsdp.recipe').save_config, cfg, cfg.checkpoint_dir)
+    local ok, path, script = pcall(recipe.save_config, cfg, cfg.checkpoint_dir)
     if ok then
       say('config: saved %s (fsdp-lua %s --config %s repeats this run)', path, script or 'RECIPE', path)
     else
@@ -164,7 +167,7 @@ function M.resume(cfg, objs)
       local ok, info = pcall(ckpt.load, dir, objs, index)
       -- A refusal all ranks share (the data changed since the save: fsdp.data.changes)
       -- ends the job with one line from rank 0, before any tensor is read.
-      if not ok and require('fsdp.checkpointing.load').is_refusal(info) then
+      if not ok and ckpt_load.is_refusal(info) then
         if dist.rank() == 0 then
           io.stdout:flush()
           io.stderr:write(('fsdp-lua: %s\n'):format(tostring(info)))
@@ -233,7 +236,7 @@ function M.after_step(cfg, objs, step, extra)
       extra = e
     end
     local t0 = clock.now()
-    local ok, dir = pcall(require('fsdp.observe.profiler').call, 'checkpoint save', 'ckpt', ckpt.save,
+    local ok, dir = pcall(profiler.call, 'checkpoint save', 'ckpt', ckpt.save,
       cfg.checkpoint_dir, {
         model = objs.model, optimizer = objs.optimizer, scheduler = objs.scheduler, data = objs.data,
         step = step, keep = cfg.keep_checkpoints, extra = extra,

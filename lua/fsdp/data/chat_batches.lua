@@ -39,6 +39,7 @@ local core = require 'fsdp.core'
 local chat = require 'fsdp.data.chat'
 local chat_tokens = require 'fsdp.data.chat_tokens'
 local packing = require 'fsdp.data.packing'
+local accumulate = require 'fsdp.sharding.accumulate'
 
 local M = {}
 
@@ -58,7 +59,7 @@ function M.load(spec, tpl, tok, opts)
       set.truncated = set.truncated + 1
       ids, targets = ids:narrow(0, 0, opts.seq_len):contiguous(), targets:narrow(0, 0, opts.seq_len):contiguous()
     end
-    local trained = require('fsdp.sharding.accumulate').count_tokens(targets)
+    local trained = accumulate.count_tokens(targets)
     if trained == 0 then
       set.dropped = set.dropped + 1
     else

@@ -63,7 +63,7 @@
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local fsdp = require 'fsdp'
+local factories = require 'fsdp.factories'
 local changes = require 'fsdp.data.changes'
 local console = require 'fsdp.observe.console'
 local dist = require 'fsdp.dist'
@@ -192,7 +192,7 @@ end
 -- Up to n rows of seq_len + 1 tokens (an i64 [k, seq_len + 1] tensor,
 -- k < n only at the end of a `once` stream; nil when k = 0).
 function Stream:rows(n)
-  local t = fsdp.empty({ n, self.seq_len + 1 }, { dtype = 'i64' })
+  local t = factories.empty({ n, self.seq_len + 1 }, { dtype = 'i64' })
   local k = tonumber(C.fl_stream_next(self._s, n, ffi.cast('int64_t *', t._c.data)))
   if k < 0 then core.raise() end
   if k == 0 then return nil end

@@ -19,6 +19,8 @@ local corpus = require 'fsdp.data.corpus'
 local changes = require 'fsdp.data.changes'
 local lfs = require 'lfs'
 local dist = require 'fsdp.dist'
+local token_shards = require 'fsdp.data.tokens'
+local tokenizers = require 'fsdp.data.tokenizer'
 
 local M = {}
 
@@ -49,7 +51,7 @@ function M.is_raw(path)
   if mode == 'file' then return not path:match('%.safetensors$') end
   if mode == 'directory' then
     -- corpus files and no shards (an empty directory gets the shards' message)
-    if #require('fsdp.data.tokens').shard_paths(path, 'train') > 0 then return false end
+    if #token_shards.shard_paths(path, 'train') > 0 then return false end
     local ok, err = pcall(corpus.files, path)
     -- a FIFO or a device with a corpus name is that error, not "no shards"
     -- (fl_file_check_regular's words)
@@ -62,7 +64,7 @@ end
 -- The --tokenizer for streaming ('byte' when not given).
 function M.tokenizer(cfg)
   local name = cfg.tokenizer ~= '' and cfg.tokenizer or 'byte'
-  local ok, tok = pcall(require('fsdp.data.tokenizer').load, name)
+  local ok, tok = pcall(tokenizers.load, name)
   if not ok then error(('--tokenizer %s: %s'):format(name, bare(tok)), 0) end
   if type(tok.c_hook) ~= 'function' then
     error(('--tokenizer %s: this tokenizer has no C hook for the streaming loader yet; tokenize the corpus '

@@ -20,6 +20,7 @@
 --   local dir = hub.model_dir('HuggingFaceTB/SmolLM2-135M@main')   -- --init_from's, or error
 local files = require 'fsdp.io.files'
 local quote = require 'fsdp.quote'
+local corpus = require 'fsdp.data.corpus'
 
 local M = {}
 
@@ -93,7 +94,7 @@ end
 
 -- The files of a glob (fsdp.data.corpus's listing), or an empty list.
 local function matches(glob)
-  local ok, list = pcall(require('fsdp.data.corpus').files, glob)
+  local ok, list = pcall(corpus.files, glob)
   return ok and list or {}
 end
 

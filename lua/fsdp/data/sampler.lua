@@ -31,6 +31,7 @@
 -- sequences need no index array, and any position is reachable at once.
 local bit = require 'bit'
 local core = require 'fsdp.core'
+local dist = require 'fsdp.dist'
 
 local Sampler = {}
 Sampler.__index = Sampler
@@ -63,7 +64,6 @@ function Sampler.new(opts)
   check_int(self.seed, 'seed', 0)
   self.shuffle = opts.shuffle ~= false
   if opts.rank == nil or opts.world_size == nil then
-    local dist = require('fsdp').dist
     self.rank, self.world_size = opts.rank or dist.rank(), opts.world_size or dist.world_size()
   else
     self.rank, self.world_size = opts.rank, opts.world_size

@@ -12,6 +12,7 @@
 -- chain (index 2^30 on), never seen in training.
 local core = require 'fsdp.core'
 local synthetic = require 'fsdp.data.synthetic'
+local dist = require 'fsdp.dist'
 
 local Source = {}
 Source.__index = Source
@@ -26,7 +27,6 @@ function Source.new(vocab, opts)
   self.vocab_size, self.batch_size, self.seq_len = vocab, opts.batch_size, opts.seq_len
   self.seed = opts.seed or 0
   if opts.rank == nil or opts.world_size == nil then
-    local dist = require('fsdp').dist
     self.rank, self.world_size = opts.rank or dist.rank(), opts.world_size or dist.world_size()
   else
     self.rank, self.world_size = opts.rank, opts.world_size

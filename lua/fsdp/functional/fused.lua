@@ -14,6 +14,7 @@
 -- keyword arguments.
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
+local factories = require 'fsdp.factories'
 local ffi, C = core.ffi, core.C
 local wrap, cptr = Tensor.wrap, Tensor.cptr
 
@@ -206,10 +207,8 @@ function M.rope_tables(seq_len, head_dim, opts)
       end
     end
   end
-  -- Required lazily: fsdp itself loads the functional modules.
-  local fsdp = require 'fsdp'
-  local dtype = core.dtype(opts.dtype or fsdp.get_default_dtype())
-  local device = core.device(opts.device or fsdp.get_default_device())
+  local dtype = core.dtype(opts.dtype or factories.get_default_dtype())
+  local device = core.device(opts.device or factories.get_default_device())
   local out = ffi.new('fl_tensor*[2]')
   core.check(C.fl_rope_tables(number(name, 'seq_len', seq_len), head_dim, o, dtype, device, out, out + 1))
   local _ = keep

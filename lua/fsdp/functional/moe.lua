@@ -10,6 +10,9 @@
 -- fl_moe_experts); nn.MoE is the module over them.
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
+local autograd = require 'fsdp.autograd'
+local factories = require 'fsdp.factories'
+local fused = require 'fsdp.functional.fused' -- softmax
 local ffi, C = core.ffi, core.C
 local wrap, cptr = Tensor.wrap, Tensor.cptr
 
@@ -53,15 +56,13 @@ function M.load_balancing_loss(router_logits, n_experts, top_k, attention_mask)
   if type(router_logits) ~= 'table' or Tensor.is_tensor(router_logits) or #router_logits == 0 then
     core.fail(name .. ': router_logits must be a non-empty list of [tokens, experts] tensors')
   end
-  local fsdp = require 'fsdp'
-  local F = require 'fsdp.functional'
   local first = router_logits[1]
   local mask
   if attention_mask ~= nil then
     mask = attention_mask:reshape({ -1 }):float()
   end
   local counts, probs, rows
-  local experts = fsdp.arange(n_experts, { dtype = 'i64', device = first.device })
+  local experts = factories.arange(n_experts, { dtype = 'i64', device = first.device })
   for i, logits in ipairs(router_logits) do
     local shape = logits.shape
     if #shape ~= 2 or shape[2] ~= n_experts then
@@ -72,9 +73,9 @@ function M.load_balancing_loss(router_logits, n_experts, top_k, attention_mask)
       core.fail(('%s: attention_mask has %d positions, router_logits[%d] %d rows'):format(
         name, mask.shape[1], i, shape[1]))
     end
-    local p = F.softmax(logits:float(), -1)
+    local p = fused.softmax(logits:float(), -1)
     local ids
-    fsdp.no_grad(function() local _; _, ids = M.moe_route(logits, top_k) end)
+    autograd.no_grad(function() local _; _, ids = M.moe_route(logits, top_k) end)
     local picked = ids:unsqueeze(-1):eq(experts):float()          -- [N, k, E]
     local c, s
     if mask then

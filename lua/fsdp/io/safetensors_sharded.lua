@@ -31,7 +31,11 @@ M.SINGLE_NAME = 'model.safetensors'
 
 -- The single-file reader and writer.
 local function st() return st_file end
-local function progress() return require 'fsdp.observe.progress' end
+-- The progress bars of long loads and saves (fsdp.observe.progress, which
+-- brings fsdp.dist and the console).
+local function progress()
+  return require 'fsdp.observe.progress' -- lazy: start-up (require 'fsdp' loads this file, not the bars)
+end
 
 local mode, join = files.mode, files.join
 
@@ -331,7 +335,7 @@ function M.load_into(model, path, opts)
     core.fail(('load_into: %s does not fit the model: %s'):format(path, table.concat(parts, '; ')))
   end
   -- one update per file (fsdp.observe.progress)
-  local bar = require('fsdp.observe.progress').start('loading ' .. path, { total = total_bytes, unit = 'B' })
+  local bar = progress().start('loading ' .. path, { total = total_bytes, unit = 'B' })
   local ok, err = pcall(function()
     for _, tensors in ck:each_file() do
       model:load_state_dict(tensors, { strict = false })

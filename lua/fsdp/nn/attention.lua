@@ -66,7 +66,7 @@
 -- Weights start as nn.Linear's (PyTorch's kaiming-uniform) unless the
 -- model gives rules: init for q, k, v (or qkv), out_init for o (GPT-2
 -- scales it by 1/sqrt(2 n_layers)), bias_init for every bias.
-local fsdp = require 'fsdp'
+local factories = require 'fsdp.factories'
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
@@ -184,8 +184,8 @@ local function attend_with_dropout(F, q, k, v, bias, o, p)
   if o.softcap > 0 then scores = F.tanh(scores / o.softcap) * o.softcap end
   if bias ~= nil then scores = scores + bias end
   if o.causal then
-    local rows = fsdp.arange(T, { dtype = 'i64', device = q.device }):view(T, 1)
-    local cols = fsdp.arange(S, { dtype = 'i64', device = q.device }):view(1, S)
+    local rows = factories.arange(T, { dtype = 'i64', device = q.device }):view(T, 1)
+    local cols = factories.arange(S, { dtype = 'i64', device = q.device }):view(1, S)
     scores = F.masked_fill(scores, F.gt(cols, rows), -math.huge)
     if o.window > 0 then scores = F.masked_fill(scores, F.le(cols, rows - o.window), -math.huge) end
   end
@@ -198,7 +198,7 @@ end
 local function score_bias(F, opts, like)
   local bias, mask = opts.bias, opts.mask
   if mask == nil then return bias end
-  local zero = fsdp.zeros({}, { dtype = like.dtype, device = like.device })
+  local zero = factories.zeros({}, { dtype = like.dtype, device = like.device })
   local from_mask = F.where(mask, zero, -math.huge)
   if bias == nil then return from_mask end
   return bias + from_mask
@@ -241,8 +241,8 @@ function Attention:forward(x, opts)
     elseif window > 0 then
       -- queries at cache positions S - T ... S - 1 see keys j > position - window
       local S = k:size(2)
-      local rows = fsdp.arange(T, { dtype = 'i64', device = q.device }):view(T, 1) + (S - T - window)
-      local band = F.gt(fsdp.arange(S, { dtype = 'i64', device = q.device }):view(1, S), rows)
+      local rows = factories.arange(T, { dtype = 'i64', device = q.device }):view(T, 1) + (S - T - window)
+      local band = F.gt(factories.arange(S, { dtype = 'i64', device = q.device }):view(1, S), rows)
       mask = mask == nil and band or F.where(band, mask, false)
       window = 0
     end

@@ -22,7 +22,8 @@
 -- LoRA is applied before fsdp.shard, which shards the adapters and gives
 -- the frozen base a flat parameter of its own ([Note: frozen parameters] in
 -- fsdp/sharding/unit.lua). fsdp.lora applies it to a model by names.
-local fsdp = require 'fsdp'
+local factories = require 'fsdp.factories'
+local random = require 'fsdp.random'
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local Module = require 'fsdp.nn.module'
@@ -42,7 +43,7 @@ local function frozen(t, dtype)
     local rule = rawget(t, 'init')
     local c
     if t:is_meta() then
-      c = fsdp.empty(t.shape, { dtype = dtype, device = 'meta' })
+      c = factories.empty(t.shape, { dtype = dtype, device = 'meta' })
     else
       c = t:detach():to({ dtype = dtype })
     end
@@ -86,7 +87,7 @@ function LoRALinear:__init(linear, opts)
   if not w:is_meta() then
     -- A live model: the adapter gets its init values now, keyed by its own
     -- full name once it is in the model (fsdp.lora.apply passes it).
-    local seed, name = opts.seed or fsdp.initial_seed(), opts.name or ''
+    local seed, name = opts.seed or random.initial_seed(), opts.name or ''
     for _, key in ipairs({ 'lora_A', 'lora_B' }) do
       local t = self[key].weight
       parameter.fill(t, rawget(t, 'init'), { seed = seed, name = (name ~= '' and name .. '.' or '') .. key .. '.weight' })

@@ -21,13 +21,16 @@
 -- (the sharding layer all-gathers and frees parameters there). An error
 -- raised anywhere inside is re-raised once, by the innermost module, as
 -- "in <path>: <message>" so a failure deep in a model names its place.
-local fsdp = require 'fsdp'
+local autograd = require 'fsdp.autograd'
+local factories = require 'fsdp.factories'
+local random = require 'fsdp.random'
+local Tensor = require 'fsdp.tensor'
 local core = require 'fsdp.core'
 local repr = require 'fsdp.nn.repr'
 local spans = require 'fsdp.spans'
 local parameter = require 'fsdp.nn.parameter'
 
-local is_tensor = fsdp.is_tensor
+local is_tensor = Tensor.is_tensor
 local pack = function(...) return { n = select('#', ...), ... } end
 local unpack = unpack
 
@@ -527,10 +530,7 @@ function Module:state_dict()
   return sd, keys
 end
 
-local function no_grad(fn)
-  if fsdp.no_grad then return fsdp.no_grad(fn) end
-  return fn()
-end
+local no_grad = autograd.no_grad
 
 -- Copy values from a name -> tensor table into this model's parameters and
 -- buffers (converting dtype and device). With strict (the default) any
@@ -651,7 +651,7 @@ function Module:to_empty(opts)
   local device = opts and opts.device
   if device == nil then core.fail('to_empty expects {device=...}') end
   return replace_tensors(self, function(t)
-    return fsdp.empty(t.shape, { device = device, dtype = t.dtype })
+    return factories.empty(t.shape, { device = device, dtype = t.dtype })
   end)
 end
 
@@ -663,7 +663,7 @@ end
 function Module:init_weights(opts)
   opts = opts or {}
   if opts.device then self:to_empty({ device = opts.device }) end
-  local seed = opts.seed or fsdp.initial_seed()
+  local seed = opts.seed or random.initial_seed()
   local function fill(list, what)
     for _, nt in ipairs(list) do
       local name, t = nt[1], nt[2]

@@ -28,7 +28,9 @@
 -- (seed, name, index) keying.
 local ffi = require 'ffi'
 local bit = require 'bit'
-local fsdp = require 'fsdp'
+local factories = require 'fsdp.factories'
+local random = require 'fsdp.random'
+local Tensor = require 'fsdp.tensor'
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 
@@ -108,7 +110,7 @@ function M.fill(t, rule, key, what)
   local bad = M.check_rule(rule)
   if bad then core.fail(('init of %s: %s'):format(what, bad)) end
   local stream = key.stream or (key.name and M.stream(key.name)) or 0
-  local seed, offset = key.seed or fsdp.initial_seed(), key.offset or 0
+  local seed, offset = key.seed or random.initial_seed(), key.offset or 0
   if type(rule) == 'function' then
     rule(t, { seed = seed, stream = stream, offset = offset, name = key.name })
     return t
@@ -147,13 +149,13 @@ function M.Parameter(shape_or_tensor, opts)
     local bad = M.check_rule(opts.init)
     if bad then core.fail('Parameter: ' .. bad) end
   end
-  if fsdp.is_tensor(shape_or_tensor) then
+  if Tensor.is_tensor(shape_or_tensor) then
     return mark(shape_or_tensor, opts.init)
   end
   if type(shape_or_tensor) ~= 'table' then
     core.fail(('Parameter expects a shape table or a tensor, got %s'):format(type(shape_or_tensor)))
   end
-  local t = fsdp.empty(shape_or_tensor, { device = opts.device, dtype = opts.dtype })
+  local t = factories.empty(shape_or_tensor, { device = opts.device, dtype = opts.dtype })
   return mark(t, opts.init)
 end
 

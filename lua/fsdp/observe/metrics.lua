@@ -66,6 +66,9 @@ local outputs = require 'fsdp.observe.outputs'
 local quote = require 'fsdp.quote'
 local tensorboard = require 'fsdp.observe.tensorboard'
 local profiler = require 'fsdp.observe.profiler'
+local recipe = require 'fsdp.recipe'
+local joined = require 'fsdp.observe.joined'
+local plotter = require 'fsdp.observe.plot'
 pcall(ffi.cdef, 'int isatty(int fd);')
 
 local M = {}
@@ -150,7 +153,7 @@ M.OPTIONS = {
                   check = function(v, cfg)
                     -- created and probed at start when there will be traces
                     if (cfg.profile_steps or '') == '' then return nil end
-                    local why = require('fsdp.recipe').output_problem('profile_dir', 'dir', v)
+                    local why = recipe.output_problem('profile_dir', 'dir', v)
                     return why and (': ' .. why)
                   end },
   comm_joined = { false, 'also measure each step\'s communication from the moment each collective\'s last member '
@@ -160,7 +163,7 @@ M.OPTIONS = {
   on_output_error = outputs.OPTION,
 }
 
-function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 -- [Note: a metrics file of another run]
 -- A new run's records appended to an old run's file read as one run whose
@@ -481,7 +484,7 @@ function Logger:_comm_joined(comm)
   local log = self.joined_pending
   for _, rec in ipairs(fsdp.dist.collective_log()) do log[#log + 1] = rec end
   local t
-  t, self.joined_pending = require('fsdp.observe.joined').seconds(log)
+  t, self.joined_pending = joined.seconds(log)
   for kind, c in pairs(comm or {}) do c.joined_s = t[kind] end
   return t.any, t.skew
 end
@@ -610,7 +613,7 @@ function Logger:close()
     local base = self.plot:gsub('%.jsonl$', '')
     local out
     if self.outputs:write('plot', base .. '.png', nil, function()
-      out = require('fsdp.observe.plot').draw({ self.plot }, base)
+      out = plotter.draw({ self.plot }, base)
     end) then
       self:print('plot: wrote %s and %s', out.png, out.svg)
     end

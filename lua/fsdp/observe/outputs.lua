@@ -37,6 +37,7 @@
 --     and the newest checkpoint, exit status EXIT_STATUS. The steps since
 --     that checkpoint are lost, as at any stop; resume from it.
 local dist = require 'fsdp.dist'
+local factories = require 'fsdp.factories'
 local console = require 'fsdp.observe.console'
 local checkpointing = require 'fsdp.checkpointing'
 local json = require 'fsdp.io.json'
@@ -128,7 +129,7 @@ function Outputs:check_stop(step)
   if self.policy ~= 'stop' then return end
   local failed = #self.failures > 0
   if self.world_size > 1 then
-    local t = require('fsdp').tensor({ failed and 1 or 0 }, { dtype = 'f64' })
+    local t = factories.tensor({ failed and 1 or 0 }, { dtype = 'f64' })
     failed = dist.all_reduce(t, { op = 'max' }):item() > 0
   end
   if not failed then return end

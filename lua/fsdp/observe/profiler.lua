@@ -50,7 +50,10 @@ local files = require 'fsdp.io.files'
 local spans = require 'fsdp.spans'
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
-local C = require('fsdp.core').C
+local C = core.C
+local fsdp = require 'fsdp' -- memory_stats
+local F = require 'fsdp.functional'
+local sharding = require 'fsdp.sharding'
 
 -- Backward node spans the engine keeps between two takes (about 100 bytes
 -- each): a few steps of a large model's nodes.
@@ -193,13 +196,13 @@ local OPERATORS = { '__add', '__sub', '__mul', '__div', '__pow', '__unm' }
 
 -- The tables whose functions are ops, and how their spans are named.
 local function op_tables()
-  local Tensor = getmetatable(require('fsdp').ones({}))
+  local Tensor = getmetatable(fsdp.ones({}))
   local methods, operators = {}, {}
   for k, f in pairs(Tensor.methods) do
     if type(f) == 'function' and not NOT_OPS[k] and not k:match('^is_') then methods[k] = true end
   end
   for _, k in ipairs(OPERATORS) do operators[k] = true end
-  return { { require 'fsdp.functional', 'F.' }, { Tensor.methods, 'Tensor.', methods },
+  return { { F, 'F.' }, { Tensor.methods, 'Tensor.', methods },
            { Tensor, 'Tensor.', operators } }
 end
 
@@ -238,8 +241,8 @@ function M.start(opts)
     for _, nm in ipairs(opts.model:named_modules()) do names[nm[2]] = nm[1] == '' and 'model' or nm[1] end
   end
   device, pid = opts.device or 'cpu', opts.rank or 0
-  memory_stats = require('fsdp').memory_stats
-  units = opts.model and rawget(opts.model, '_fsdp') and require('fsdp.sharding').units(opts.model) or nil
+  memory_stats = fsdp.memory_stats
+  units = opts.model and rawget(opts.model, '_fsdp') and sharding.units(opts.model) or nil
   persistent = memory_stats(device).in_use
   series_t, series_g = {}, {}
   events[1] = { name = 'process_name', ph = 'M', pid = pid, tid = 0, args = { name = ('rank %d'):format(pid) } }

@@ -12,7 +12,6 @@
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local fsdp = require 'fsdp'
 local Tensor = require 'fsdp.tensor'
 local Module = require 'fsdp.nn.module'
 
@@ -25,14 +24,14 @@ local M = {}
 -- {name, tensor} pairs.
 local function tensors_of(params)
   if Module.is_module(params) then return params:parameters() end
-  if fsdp.is_tensor(params) then return { params } end
+  if Tensor.is_tensor(params) then return { params } end
   if type(params) ~= 'table' then
     core.fail(('clip_grad_norm_: params must be tensors or a module, got %s'):format(type(params)))
   end
   local out = {}
   for i, e in ipairs(params) do
-    if fsdp.is_tensor(e) then out[#out + 1] = e
-    elseif type(e) == 'table' and fsdp.is_tensor(e[2]) then out[#out + 1] = e[2]
+    if Tensor.is_tensor(e) then out[#out + 1] = e
+    elseif type(e) == 'table' and Tensor.is_tensor(e[2]) then out[#out + 1] = e[2]
     else core.fail(('clip_grad_norm_: params entry %d is not a tensor'):format(i)) end
   end
   return out

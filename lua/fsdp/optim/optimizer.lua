@@ -16,7 +16,9 @@
 -- group carries all hyper-parameters (lr among them, which schedulers set).
 -- State is keyed by parameter name, so state dicts speak the model's names.
 local core = require 'fsdp.core'
-local fsdp = require 'fsdp'
+local factories = require 'fsdp.factories'
+local F = require 'fsdp.functional'
+local Tensor = require 'fsdp.tensor'
 local Module = require 'fsdp.nn.module'
 
 local Optimizer = {}
@@ -60,9 +62,9 @@ local function normalise_params(self, params)
   local out, seen = {}, {}
   for i, e in ipairs(params) do
     local name, p
-    if fsdp.is_tensor(e) then
+    if Tensor.is_tensor(e) then
       name, p = tostring(i - 1), e
-    elseif type(e) == 'table' and type(e[1]) == 'string' and fsdp.is_tensor(e[2]) then
+    elseif type(e) == 'table' and type(e[1]) == 'string' and Tensor.is_tensor(e[2]) then
       name, p = e[1], e[2]
     else
       core.fail(('%s: params entry %d is neither a tensor nor a {name, tensor} pair'):format(self.name, i))
@@ -153,7 +155,7 @@ end
 
 -- A zero state tensor shaped like p (dtype: p's unless given).
 function Optimizer:zeros_like(p, dtype)
-  return fsdp.zeros(p.shape, { dtype = dtype or p.dtype, device = p.device })
+  return factories.zeros(p.shape, { dtype = dtype or p.dtype, device = p.device })
 end
 
 -- The gradient of p as a contiguous tensor, or nil.
@@ -204,7 +206,7 @@ end
 local function scalars_of(st)
   local out = {}
   for k, v in pairs(st) do
-    if not fsdp.is_tensor(v) then
+    if not Tensor.is_tensor(v) then
       out[#out + 1] = k .. '=' .. (type(v) == 'number' and ('%.17g'):format(v) or tostring(v))
     end
   end
@@ -230,10 +232,10 @@ local function adopt_state(self, run)
   end
   local st = {}
   for k, v in pairs(sts[1]) do
-    if fsdp.is_tensor(v) then
+    if Tensor.is_tensor(v) then
       local parts = {}
       for i = 1, #sts do parts[i] = sts[i][k]:reshape(-1) end
-      st[k] = fsdp.cat(parts, 0)
+      st[k] = F.cat(parts, 0)
     else
       st[k] = v
     end
@@ -249,7 +251,7 @@ local function share_state(self, run)
     local n = run.params[i]:numel()
     local s = {}
     for k, v in pairs(run.state) do
-      s[k] = fsdp.is_tensor(v) and v:narrow(0, off, n) or v
+      s[k] = Tensor.is_tensor(v) and v:narrow(0, off, n) or v
     end
     self.state[name] = s
     off = off + n
@@ -382,7 +384,7 @@ function Optimizer:load_state_dict(sd)
   for name, st in pairs(sd.state) do
     local p, s = by_name[name], {}
     for k, v in pairs(st) do
-      if fsdp.is_tensor(v) then s[k] = v:to({ device = p.device }):clone() else s[k] = v end
+      if Tensor.is_tensor(v) then s[k] = v:to({ device = p.device }):clone() else s[k] = v end
     end
     state[name] = s
   end

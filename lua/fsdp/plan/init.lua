@@ -52,6 +52,8 @@ local sim = require 'fsdp.plan.sim'
 local suggest = require 'fsdp.suggest'
 local dist = require 'fsdp.dist'
 local cost = require 'fsdp.plan.cost'
+local report = require 'fsdp.plan.report'
+local nn = require 'fsdp.nn'
 local C = core.C
 
 local M = {}
@@ -115,7 +117,7 @@ local function find_blocks(model, pred)
   if pred ~= nil and type(pred) ~= 'function' then
     fail('blocks must be a function(module) -> boolean, got %s', type(pred))
   end
-  local ModuleList = require('fsdp.nn').ModuleList
+  local ModuleList = nn.ModuleList
   local blocks = {}
   local function walk(m)
     for _, ch in ipairs(m:children()) do
@@ -468,16 +470,12 @@ function M.max_batch(model, opts)
 end
 
 function Plan.is_plan(x) return getmetatable(x) == Plan end
-Plan.__tostring = function(p) return require('fsdp.plan.report').format(p) end
+Plan.__tostring = function(p) return report.format(p) end
 
 -- fsdp.plan(model, opts) is M.plan.
 setmetatable(M, { __call = function(_, ...) return M.plan(...) end })
 
--- The REPL prints plans with their report (the REPL needs the host; a
--- plain Lua without it has no REPL to teach).
-local ok, repl = pcall(require, 'fsdp.repl')
-if ok and repl.add_printer then
-  repl.add_printer(function(v) if Plan.is_plan(v) then return tostring(v) end end)
-end
+-- The REPL prints a plan through its __tostring (fsdp.repl.pretty leaves a
+-- table with its own __tostring to it), so this module names no REPL.
 
 return M

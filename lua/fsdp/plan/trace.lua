@@ -44,7 +44,9 @@
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
 local autograd = require 'fsdp.autograd'
+local factories = require 'fsdp.factories'
 local ffi = require 'ffi'
+local hooks = require 'fsdp.sharding.hooks'
 local C = core.C
 
 local M = {}
@@ -112,7 +114,7 @@ local function cast_model(model, param_dtype_of, buffer_dtype)
   local undo, made = {}, {}
   local function stand_in(t, dtype, grad)
     if not made[t] then
-      local s = require('fsdp').empty(t.shape, { dtype = dtype, device = 'meta' })
+      local s = factories.empty(t.shape, { dtype = dtype, device = 'meta' })
       if grad then s:requires_grad_(true) end
       made[t] = s
     end
@@ -321,7 +323,7 @@ local function trace(model, o)
     inputs_bytes, tokens = in_use() - before, n_tokens or o.batch * (seq or o.seq or 1)
     result.seq = seq or o.seq or 1
     -- (the root unit's cast of floating inputs; on a copy: args serves both passes)
-    local cast_inputs = require('fsdp.sharding.hooks').cast_inputs
+    local cast_inputs = hooks.cast_inputs
     local function cast(a) return cast_inputs(autograd.pack(unpack(a, 1, a.n)), o.input_dtype) end
 
     -- 1. without grad: what checkpointed blocks keep (their output) and

@@ -149,6 +149,7 @@ local function overview()
       '      Tab Tab lists the choices; Up/Down recall history (', tostring(host.history_file()),
       ');\n      Ctrl-C cancels the line or interrupts a run; Ctrl-D exits.\n',
       'values: expressions print their value; help(x) lists what x has.\n\n')
+  -- lazy: optional (pcall): the overview still shows the keys when the library fails to load
   local ok, fsdp = pcall(require, 'fsdp')
   if ok then
     local funcs, tables = library_names(fsdp)

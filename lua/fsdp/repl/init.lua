@@ -221,6 +221,7 @@ local set_up = false
 function M.setup()
   if set_up then return end
   set_up = true
+  -- lazy: optional (pcall): the loop runs without completion
   local ok, complete = pcall(require, 'fsdp.repl.complete')
   if ok then
     host.set_completer(function(before, word) return complete.candidates(before, word) end)
@@ -232,13 +233,16 @@ function M.setup()
   else
     warn('tab completion is off: ' .. tostring(complete))
   end
+  -- lazy: optional (pcall): without it values print by tostring
   local pretty_ok, pretty = pcall(require, 'fsdp.repl.pretty')
   if pretty_ok then M.printers[#M.printers + 1] = pretty.format end
   if rawget(_G, 'help') == nil then
+    -- lazy: optional (pcall), and only when no global help exists
     local help_ok, help = pcall(require, 'fsdp.repl.help')
     if help_ok then rawset(_G, 'help', help.help) end
   end
   if rawget(_G, 'fsdp') == nil then
+    -- lazy: optional (pcall): a library that fails to load is reported, the REPL goes on
     local fsdp_ok, fsdp = pcall(require, 'fsdp')
     if fsdp_ok then
       rawset(_G, 'fsdp', fsdp)

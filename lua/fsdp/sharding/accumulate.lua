@@ -87,6 +87,7 @@ local dist = require 'fsdp.dist'
 local fsdp = require 'fsdp'
 local M = {}
 local validate = require 'fsdp.validate'
+local recipe = require 'fsdp.recipe'
 local IGNORE = -100
 
 M.OPTIONS = {
@@ -95,7 +96,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 local function sharded(model) return rawget(model, '_fsdp') ~= nil end
 

@@ -24,6 +24,8 @@
 -- changes.
 local fsdp = require 'fsdp'
 local suggest = require 'fsdp.suggest'
+local recipe = require 'fsdp.recipe'
+local core = require 'fsdp.core'
 
 local M = {}
 
@@ -125,13 +127,13 @@ function M.describe(cfg)
 end
 
 -- A recipe's own options plus --device.
-function M.options(own) return require('fsdp.recipe').merge(M.OPTIONS, own) end
+function M.options(own) return recipe.merge(M.OPTIONS, own) end
 
 -- The device a config's --device names: 'cpu' or 'cuda:N' (checked when
 -- the options were read).
 function M.resolve(cfg)
   local why, dev = M.check(cfg.device or 'cpu')
-  if why then require('fsdp.core').fail('--device ' .. why) end
+  if why then core.fail('--device ' .. why) end
   return dev
 end
 

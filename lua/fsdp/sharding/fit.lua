@@ -20,6 +20,9 @@
 local fsdp = require 'fsdp'
 local layout = require 'fsdp.sharding.layout'
 local core = require 'fsdp.core'
+local recipe = require 'fsdp.recipe'
+local sharding_device = require 'fsdp.sharding.device'
+local shard_recipe = require 'fsdp.sharding.recipe'
 
 local M = {}
 
@@ -61,12 +64,12 @@ end
 function M.device_budget(cfg)
   local budget, source = M.budget(cfg)
   local base = fsdp.devices.cpu
-  if cfg.device and require('fsdp.sharding.device').resolve(cfg) ~= 'cpu' then
+  if cfg.device and sharding_device.resolve(cfg) ~= 'cpu' then
     -- On a GPU: --memory_limit_mb, else its profile's memory less what
     -- the runtime keeps; planned by a GPU profile's rules (no f32 copies
     -- of bf16 GEMM operands, no page rounding). A GPU without a profile
     -- (cudasim) and no limit is not checked.
-    local gpu = require('fsdp.sharding.device').profile(cfg)
+    local gpu = sharding_device.profile(cfg)
     if (cfg.memory_limit_mb or 0) == 0 then
       if not gpu then return nil end
       budget, source = gpu.memory - (gpu.reserved or 0), gpu.name .. ' memory less its reserve'
@@ -214,7 +217,6 @@ end
 -- Returns the plan, or nil when skipped (--skip_fit_check, no budget known).
 function M.check(model, cfg, block_class, shape, script, names, extra)
   if cfg.skip_fit_check then return nil end
-  local shard_recipe = require 'fsdp.sharding.recipe'
   local budget, source, base = M.device_budget(cfg)
   if not budget then return nil end
   local device = {}
@@ -234,7 +236,7 @@ function M.check(model, cfg, block_class, shape, script, names, extra)
     size(m.activations + m.inputs), size(budget), source,
     suggestions(p, cfg, names or {}, opts.world, function() return (fsdp.plan.max_batch(model, opts)) end),
     names and names.try and ('; ' .. names.try) or '')
-  require('fsdp.recipe').usage_error(msg)
+  recipe.usage_error(msg)
 end
 
 return M

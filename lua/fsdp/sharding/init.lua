@@ -30,7 +30,8 @@
 -- parameters] there).
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local fsdp = require 'fsdp'
+local factories = require 'fsdp.factories'
+local random = require 'fsdp.random'
 local dist = require 'fsdp.dist'
 local autograd = require 'fsdp.autograd'
 local Tensor = require 'fsdp.tensor'
@@ -118,7 +119,7 @@ local function prepare_buffers(model, device, mp_buffer, seed, sync)
           local name = prefix == '' and key or prefix .. '.' .. key
           local r = b
           if b:is_meta() and device ~= 'meta' then
-            r = fsdp.empty(b.shape, { dtype = b.dtype, device = device })
+            r = factories.empty(b.shape, { dtype = b.dtype, device = device })
             local rule = rawget(b, 'init')
             if rule == nil then
               core.fail(('fsdp.shard: buffer %s is on the meta device and has no init rule'):format(name))
@@ -149,7 +150,7 @@ local function broadcast_params(spec_params, device)
         end
         full = t:contiguous()
       else
-        full = fsdp.empty(t.shape, { dtype = t.dtype, device = device })
+        full = factories.empty(t.shape, { dtype = t.dtype, device = device })
       end
       dist.broadcast(full, 0)
       p.values = full
@@ -234,7 +235,7 @@ function M.shard(model, opts)
   local group = opts.group
   if group ~= nil and getmetatable(group) ~= dist.Group then core.fail('fsdp.shard: group must be a Group from fsdp.dist') end
   local ignored = opts.ignored or {}
-  local seed = opts.seed or fsdp.initial_seed()
+  local seed = opts.seed or random.initial_seed()
 
   local first = layout.master_param(model)
   if not first then core.fail('fsdp.shard: the model has no parameters') end
@@ -349,7 +350,7 @@ function M.grad_norm(model)
     end
   end
   local_sq = local_sq + clip.grad_sq_norm(ignored_params(S)) / dist.world_size()
-  local t = fsdp.tensor({ local_sq }, { dtype = 'f64' })
+  local t = factories.tensor({ local_sq }, { dtype = 'f64' })
   dist.all_reduce(t)
   return math.sqrt(t:item())
 end

@@ -15,6 +15,7 @@ local suggest = require 'fsdp.suggest'
 local lora = require 'fsdp.lora'
 local devices = require 'fsdp.devices'
 local console = require 'fsdp.observe.console'
+local recipe = require 'fsdp.recipe'
 
 local M = {}
 
@@ -81,7 +82,7 @@ M.OPTIONS = {
 
 -- A recipe's own options plus these and --device (fsdp.sharding.device;
 -- its own win on a clash).
-function M.options(own) return require('fsdp.recipe').merge(device.OPTIONS, M.OPTIONS, own) end
+function M.options(own) return recipe.merge(device.OPTIONS, M.OPTIONS, own) end
 
 -- The device the config trains on: 'cpu' or 'cuda:N'.
 M.device = device.resolve
