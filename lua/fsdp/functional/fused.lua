@@ -52,12 +52,13 @@ function M.rms_norm(x, weight, eps)
   return wrap(C.fl_rms_norm(cptr(x), maybe(weight), number('rms_norm', 'eps', eps, 1e-6)))
 end
 
+-- (the two outputs of fl_add_rms_norm)
+local add_norm_out = ffi.new('fl_tensor *[2]')
+
 -- F.add_rms_norm(x, a, weight, eps) -> h, y: the residual add h = x + a
 -- and y = F.rms_norm(h, weight, eps) in one kernel (the same bits as the
 -- two), with one backward pass for h's gradient ([Note: residual add fused
 -- with RMSNorm] in core/ops/norm.c). x and a of one shape and dtype.
-local add_norm_out = ffi.new('fl_tensor *[2]')
-
 function M.add_rms_norm(x, a, weight, eps)
   core.check(C.fl_add_rms_norm(cptr(x), cptr(a), maybe(weight), number('add_rms_norm', 'eps', eps, 1e-6),
                                add_norm_out, add_norm_out + 1))
