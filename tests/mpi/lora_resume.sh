@@ -74,7 +74,7 @@ if [ "$rc" -ne 0 ]; then not_ok "could not write the other base: $out"; exit 1; 
 mv "$WORK/other.safetensors" "$BASE/model.safetensors"
 refused() { # WHAT: the last command failed in one line naming the base and both fingerprints
   local line
-  line=$(grep -m1 'fsdp-lua' <<<"$out")
+  line=$(grep -m1 'fsdp-lua: ' <<<"$out")
   if [ "$rc" -ne 0 ] && grep -qE "holds LoRA adapters trained on a base with fingerprint xxh3-64:[0-9a-f]{16}, but Hugging Face directory $BASE \(.*\) now has xxh3-64:[0-9a-f]{16}" <<<"$line"; then
     ok "$1 refuses the replaced base: $line"
   else
