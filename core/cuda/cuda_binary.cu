@@ -75,24 +75,13 @@ __global__ void binary_kernel(fl_cu_iter it, int op, T al, void *out, int od, co
     }
 }
 
-/* The dense path: out, a and b of one float dtype, contiguous, aligned;
- * one 16-byte vector per operand per thread step (cuda_vec.cuh), the
- * elements past the last whole vector one by one. */
-template <int DT>
-__global__ void binary_vec_kernel(int64_t n, int op, float al, void *out, const void *a,
-                                  const void *b) {
-    typedef fl_cu_vec<DT> V;
-    int64_t nv = n / V::N, stride = (int64_t)gridDim.x * blockDim.x;
-    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    for (int64_t v = t; v < nv; v += stride) {
-        V x = V::load(a, v), y = V::load(b, v), r;
-#pragma unroll
-        for (int k = 0; k < V::N; k++) r.set(k, binary_op(op, x.get(k), y.get(k), al));
-        r.store(out, v);
-    }
-    for (int64_t i = nv * V::N + t; i < n; i += stride)
-        fl_cu_vput<DT>(out, i, binary_op(op, fl_cu_vget<DT>(a, i), fl_cu_vget<DT>(b, i), al));
-}
+/* The dense path (every operand contiguous, of one float dtype, aligned):
+ * cuda_vec.cuh's map with this op in f32. */
+struct binary_fn {
+    int op;
+    float al;
+    __device__ __forceinline__ float operator()(float x, float y) const { return binary_op(op, x, y, al); }
+};
 
 /* dtype.c's double -> int64 (the CPU's (T)alpha for integer axpy). */
 static int64_t alpha_i64(double v) {
@@ -115,11 +104,10 @@ static int cuda_binary(int op, fl_tensor *out, const fl_tensor *a, const fl_tens
     const fl_tensor *ts[3] = {out, a, b};
     cudaStream_t s = fl_cu_stream();
     if (fl_cu_vec_ok(out->dtype, 3, ts)) {
-        unsigned blocks = fl_cu_vec_blocks(out->numel, FL_CU_VEC_BYTES / (int)fl_dtype_size(out->dtype),
-                                           FL_CU_THREADS);
+        binary_fn f = {op, (float)alpha};
         fl_cu_vec_dispatch(out->dtype, VDT,
-                           binary_vec_kernel<VDT><<<blocks, FL_CU_THREADS, 0, s>>>(
-                               out->numel, op, (float)alpha, out->data, a->data, b->data));
+                           fl_cu_vec_map_kernel<VDT, 2, binary_fn><<<fl_cu_vec_map_blocks(out, FL_CU_THREADS), FL_CU_THREADS,
+                                                         0, s>>>(out->numel, out->data, a->data, b->data, f));
         return fl_cu_check(name);
     }
     fl_cu_iter it;

@@ -93,28 +93,14 @@ __global__ void unary_kernel(fl_cu_iter it, int op, T p0, T p1, double p0d, void
     }
 }
 
-/* The dense path of unary_kernel<float> (out and x of dtype DT). */
-template <int DT>
-__global__ void unary_vec_kernel(int64_t n, int op, float p0, float p1, double p0d, void *out,
-                                 const void *x) {
-    typedef fl_cu_vec<DT> V;
-    int64_t nv = n / V::N, stride = (int64_t)gridDim.x * blockDim.x;
-    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    for (int64_t v = t; v < nv; v += stride) {
-        V a = V::load(x, v), r;
-#pragma unroll
-        for (int k = 0; k < V::N; k++) r.set(k, unary_fwd<float>(op, a.get(k), p0, p1, p0d));
-        r.store(out, v);
-    }
-    for (int64_t i = nv * V::N + t; i < n; i += stride)
-        fl_cu_vput<DT>(out, i, unary_fwd<float>(op, fl_cu_vget<DT>(x, i), p0, p1, p0d));
-}
-
-/* Blocks for a vector kernel over t's elements (16 bytes per thread step). */
-static unsigned vec_blocks(const fl_tensor *t) {
-    return fl_cu_vec_blocks(t->numel, FL_CU_VEC_BYTES / (int)fl_dtype_size(t->dtype),
-                            FL_CU_THREADS);
-}
+/* The dense path of unary_kernel<float> (out and x of dtype DT): its op as
+ * an f32 functor for cuda_vec.cuh's map. */
+struct unary_fn {
+    int op;
+    float p0, p1;
+    double p0d;
+    __device__ __forceinline__ float operator()(float x) const { return unary_fwd<float>(op, x, p0, p1, p0d); }
+};
 
 /* The integer forms (abs, relu, square, clamp; unary.c sends no others). */
 __global__ void unary_i64_kernel(fl_cu_iter it, int op, int64_t lo, int64_t hi, void *out, int od,
@@ -162,9 +148,10 @@ int fl_cuda_unary(int op, fl_tensor *out, const fl_tensor *x, double p0, double 
     const fl_tensor *ts[2] = {out, x};
     cudaStream_t s = fl_cu_stream();
     if (fl_cu_vec_ok(out->dtype, 2, ts)) {
+        unary_fn f = {op, (float)p0, (float)p1, p0};
         fl_cu_vec_dispatch(out->dtype, VDT,
-                           unary_vec_kernel<VDT><<<vec_blocks(out), FL_CU_THREADS, 0, s>>>(
-                               out->numel, op, (float)p0, (float)p1, p0, out->data, x->data));
+                           fl_cu_vec_map_kernel<VDT, 1, unary_fn><<<fl_cu_vec_map_blocks(out, FL_CU_THREADS), FL_CU_THREADS,
+                                                         0, s>>>(out->numel, out->data, x->data, (const void *)NULL, f));
         return fl_cu_check(name);
     }
     fl_cu_iter it;
@@ -233,23 +220,14 @@ __global__ void unary_bw_kernel(fl_cu_iter it, int op, T p0, T p1, double p0d, v
 }
 
 /* The dense path of unary_bw_kernel<float> (gx, gy and s of dtype DT). */
-template <int DT>
-__global__ void unary_bw_vec_kernel(int64_t n, int op, float p0, float p1, double p0d, void *gx,
-                                    const void *gy, const void *s) {
-    typedef fl_cu_vec<DT> V;
-    int64_t nv = n / V::N, stride = (int64_t)gridDim.x * blockDim.x;
-    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    for (int64_t v = t; v < nv; v += stride) {
-        V g = V::load(gy, v), a = V::load(s, v), r;
-#pragma unroll
-        for (int k = 0; k < V::N; k++)
-            r.set(k, unary_bwd<float>(op, g.get(k), a.get(k), p0, p1, p0d));
-        r.store(gx, v);
+struct unary_bw_fn {
+    int op;
+    float p0, p1;
+    double p0d;
+    __device__ __forceinline__ float operator()(float g, float v) const {
+        return unary_bwd<float>(op, g, v, p0, p1, p0d);
     }
-    for (int64_t i = nv * V::N + t; i < n; i += stride)
-        fl_cu_vput<DT>(gx, i, unary_bwd<float>(op, fl_cu_vget<DT>(gy, i), fl_cu_vget<DT>(s, i), p0,
-                                               p1, p0d));
-}
+};
 
 int fl_cuda_unary_backward(int op, fl_tensor *gx, const fl_tensor *gy, const fl_tensor *s,
                            double p0, double p1) {
@@ -261,10 +239,10 @@ int fl_cuda_unary_backward(int op, fl_tensor *gx, const fl_tensor *gy, const fl_
     const fl_tensor *ts[3] = {gx, gy, s};
     cudaStream_t st = fl_cu_stream();
     if (fl_cu_vec_ok(gx->dtype, 3, ts)) {
+        unary_bw_fn f = {op, (float)p0, (float)p1, p0};
         fl_cu_vec_dispatch(gx->dtype, VDT,
-                           unary_bw_vec_kernel<VDT><<<vec_blocks(gx), FL_CU_THREADS, 0, st>>>(
-                               gx->numel, op, (float)p0, (float)p1, p0, gx->data, gy->data,
-                               s->data));
+                           fl_cu_vec_map_kernel<VDT, 2, unary_bw_fn><<<fl_cu_vec_map_blocks(gx, FL_CU_THREADS), FL_CU_THREADS,
+                                                         0, st>>>(gx->numel, gx->data, gy->data, s->data, f));
         return fl_cu_check(name);
     }
     fl_cu_iter it;
@@ -299,20 +277,9 @@ __global__ void silu_mul_kernel(fl_cu_iter it, void *out, const void *gate, cons
 }
 
 /* The dense path of silu_mul_kernel<float> (out, gate and up of dtype DT). */
-template <int DT>
-__global__ void silu_mul_vec_kernel(int64_t n, void *out, const void *gate, const void *up) {
-    typedef fl_cu_vec<DT> V;
-    int64_t nv = n / V::N, stride = (int64_t)gridDim.x * blockDim.x;
-    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    for (int64_t v = t; v < nv; v += stride) {
-        V a = V::load(gate, v), b = V::load(up, v), r;
-#pragma unroll
-        for (int k = 0; k < V::N; k++) r.set(k, silu_mul_one<float>(a.get(k), b.get(k)));
-        r.store(out, v);
-    }
-    for (int64_t i = nv * V::N + t; i < n; i += stride)
-        fl_cu_vput<DT>(out, i, silu_mul_one<float>(fl_cu_vget<DT>(gate, i), fl_cu_vget<DT>(up, i)));
-}
+struct silu_mul_fn {
+    __device__ __forceinline__ float operator()(float a, float b) const { return silu_mul_one<float>(a, b); }
+};
 
 static int float_only(const char *op, const fl_tensor *t) {
     return fl_dtype_is_float(t->dtype)
@@ -328,9 +295,9 @@ int fl_cuda_silu_mul(fl_tensor *out, const fl_tensor *gate, const fl_tensor *up)
     const fl_tensor *ts[3] = {out, gate, up};
     if (fl_cu_vec_ok(out->dtype, 3, ts)) {
         fl_cu_vec_dispatch(out->dtype, VDT,
-                           silu_mul_vec_kernel<VDT><<<vec_blocks(out), FL_CU_THREADS, 0,
-                                                      fl_cu_stream()>>>(out->numel, out->data,
-                                                                        gate->data, up->data));
+                           fl_cu_vec_map_kernel<VDT, 2, silu_mul_fn><<<fl_cu_vec_map_blocks(out, FL_CU_THREADS), FL_CU_THREADS,
+                                                         0, fl_cu_stream()>>>(out->numel, out->data, gate->data,
+                                                                              up->data, silu_mul_fn()));
         return fl_cu_check("silu_mul");
     }
     fl_cu_iter it;
@@ -413,7 +380,7 @@ int fl_cuda_silu_mul_backward(fl_tensor *g_gate, fl_tensor *g_up, const fl_tenso
     const fl_tensor *ts[5] = {gate, up, gy, g_gate, g_up};
     if (fl_cu_vec_ok(gate->dtype, 5, ts)) {
         fl_cu_vec_dispatch(gate->dtype, VDT,
-                           silu_mul_bw_vec_kernel<VDT><<<vec_blocks(gate), FL_CU_THREADS, 0,
+                           silu_mul_bw_vec_kernel<VDT><<<fl_cu_vec_map_blocks(gate, FL_CU_THREADS), FL_CU_THREADS, 0,
                                                          fl_cu_stream()>>>(
                                gate->numel, ga, gb, gy->data, gate->data, up->data));
         return fl_cu_check(op);

@@ -132,6 +132,40 @@ static inline unsigned fl_cu_vec_blocks(int64_t n, int per_thread, int threads) 
     return fl_cu_blocks((n + per_thread - 1) / per_thread, threads);
 }
 
+/* out[i] = f(a[i]) (NIN 1) or f(a[i], b[i]) (NIN 2) over n elements, all
+ * of dtype DT and dense and aligned (fl_cu_vec_ok): a vector per operand per
+ * thread step, the elements past the last whole vector one by one, the same
+ * f (a functor computing in f32) for both. The elementwise ops' dense paths. */
+template <int DT, int NIN, typename F>
+__global__ void fl_cu_vec_map_kernel(int64_t n, void *out, const void *a, const void *b, F f) {
+    typedef fl_cu_vec<DT> V;
+    int64_t nv = n / V::N, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t v = t; v < nv; v += stride) {
+        V x = V::load(a, v), r;
+        if constexpr (NIN == 2) {
+            V y = V::load(b, v);
+#pragma unroll
+            for (int k = 0; k < V::N; k++) r.set(k, f(x.get(k), y.get(k)));
+        } else {
+#pragma unroll
+            for (int k = 0; k < V::N; k++) r.set(k, f(x.get(k)));
+        }
+        r.store(out, v);
+    }
+    for (int64_t i = nv * V::N + t; i < n; i += stride) {
+        if constexpr (NIN == 2)
+            fl_cu_vput<DT>(out, i, f(fl_cu_vget<DT>(a, i), fl_cu_vget<DT>(b, i)));
+        else
+            fl_cu_vput<DT>(out, i, f(fl_cu_vget<DT>(a, i)));
+    }
+}
+
+/* Blocks for fl_cu_vec_map_kernel over t's elements (threads per block). */
+static inline unsigned fl_cu_vec_map_blocks(const fl_tensor *t, int threads) {
+    return fl_cu_vec_blocks(t->numel, FL_CU_VEC_BYTES / (int)fl_dtype_size(t->dtype), threads);
+}
+
 /* Run BODY with the compile-time constant VDT bound to the run-time float
  * dtype dt (FL_F32, FL_BF16 or FL_F16; the caller checked fl_cu_vec_dtype). */
 #define fl_cu_vec_dispatch(dt, VDT, ...)                                                          \
