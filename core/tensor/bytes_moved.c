@@ -33,8 +33,14 @@ static int64_t total;
 void fl_bytes_moved_add(const char *op, int64_t bytes) {
     if (bytes < 0) bytes = 0;
     pthread_mutex_lock(&lock);
+    /* The op's own string literal first (the common case, a pointer
+     * compare per entry); names compared only for a copy from elsewhere. */
     int i = 0;
-    while (i < n_ops && ops[i].name != op && strcmp(ops[i].name, op) != 0) i++;
+    while (i < n_ops && ops[i].name != op) i++;
+    if (i == n_ops) {
+        i = 0;
+        while (i < n_ops && strcmp(ops[i].name, op) != 0) i++;
+    }
     if (i == n_ops) {
         if (n_ops < MAX_OPS - 1) {
             ops[n_ops++].name = op;
