@@ -177,6 +177,10 @@ run_tap "groups, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/groups.lua
 run_tap "groups, 2 ranks as 2 nodes of 1" FSDP_RANKS_PER_NODE=1 -- \
   mpirun -np 2 "$EXE" tests/mpi/groups.lua
+# The device mesh (fsdp.mesh): coordinates and groups of 5 meshes, and
+# FSDP whose groups come from one = HYBRID_SHARD by nodes = one process.
+run_tap "device mesh, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
+  mpirun -np 4 "$EXE" tests/mpi/mesh.lua
 for np in 2 4; do
   run_tap "monitored barrier, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/monitored_barrier.lua
 done
