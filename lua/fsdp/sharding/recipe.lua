@@ -99,7 +99,7 @@ end
 -- and as before (no mesh: the strategy's own groups) when none is. What the
 -- options leave open comes from --sharding_strategy: the hybrids shard
 -- inside a node and replicate across (dp_shard = ranks per node / tp,
--- dp_replicate = nodes), NO_SHARD replicates over every data-parallel rank
+-- dp_replicate = nodes; or the ranks --dp_shard leaves), NO_SHARD replicates over every data-parallel rank
 -- (dp_shard 1), the others shard over them all (dp_replicate 1).
 -- mesh_sizes(cfg, {world=, nodes=}) gives {dp_replicate=, dp_shard=, tp=}
 -- or nil (no mesh option given), for this job (default) or the world
@@ -127,6 +127,8 @@ function M.mesh_sizes(cfg, where)
     end
     S = per_node / T
     if Rr == 0 then Rr = nodes end
+  elseif st.shards_across == 'node' and Rr == 0 and world % (S * T) == 0 then
+    Rr = world / (S * T) -- (the hybrids replicate over what the shards leave)
   end
   local spec = { tp = T, dp_shard = S > 0 and S or nil, dp_replicate = Rr > 0 and Rr or nil }
   local ok, sizes = pcall(mesh_mod.resolve_sizes, spec, world, 'mesh')
