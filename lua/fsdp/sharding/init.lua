@@ -349,6 +349,15 @@ local function ignored_params(S)
   return out
 end
 
+-- The squares of a gradient's elements, summed in double.
+local function sq_norm(g)
+  core.check(C.fl_grad_sq_norm(Tensor.cptr(g), sq))
+  return sq[0]
+end
+
+-- Whether a TP layer split this parameter (its segment keeps the field).
+local function is_tp_split(t) return rawget(t, 'tp') ~= nil end
+
 -- The global L2 norm of the gradients of a sharded model, over every
 -- rank's shards (collective: every rank calls it and gets the same bits).
 -- Each rank adds the squares of its shards, divided by the number of
@@ -365,14 +374,6 @@ end
 -- world sum adds the T parts of the whole), a copied one 1/T of them per
 -- TP rank (counted once in all). Both divided by the unit's data-parallel
 -- replicas, as without TP. Without TP the whole shard is one sum, as ever.
-local function sq_norm(g)
-  core.check(C.fl_grad_sq_norm(Tensor.cptr(g), sq))
-  return sq[0]
-end
-
--- Whether a TP layer split this parameter (its segment keeps the field).
-local function is_tp_split(t) return rawget(t, 'tp') ~= nil end
-
 function M.grad_norm(model)
   local S = state_of(model, 'grad_norm')
   local T = S.tp or 1
