@@ -84,8 +84,8 @@ M.MESH_OPTIONS = {
 
 -- The optimizer, schedule and loop options.
 M.TRAIN_OPTIONS = {
-  batch_size = { 4, 'sequences per micro-batch and rank (the global batch is this times the world size and '
-                    .. '--grad_accum_steps)', int = true, min = 1, aliases = { 'train_batch_size' } },
+  batch_size = { 4, 'sequences per micro-batch and rank (the global batch is this times the data-parallel ranks, '
+                    .. 'the world / --tp, and --grad_accum_steps)', int = true, min = 1, aliases = { 'train_batch_size' } },
   val_batch_size = { 0, 'sequences per validation batch and rank (0: --batch_size)', int = true, min = 0 },
   max_steps = { 100, 'optimizer steps', int = true, min = 1 },
   lr = { 3e-4, 'peak learning rate', positive = true },
