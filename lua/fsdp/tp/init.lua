@@ -139,7 +139,7 @@ function M.grad_norm(model)
       for _, p in ipairs(u.params) do
         local seg = p.segment
         if seg ~= nil and u.grad ~= nil then
-          total = total + sq_of(seg.grad) * (rawget(p.tensor, 'tp') and T or 1) / u.replicas
+          total = total + sq_of(seg.grad) * (rawget(seg, 'tp') and T or 1) / u.replicas
         end
       end
     end
