@@ -117,6 +117,16 @@ T.test(('Llama tp %d with LoRA on q_proj (colwise), o_proj and down_proj (rowwis
   compare_models(CFG, { lora = true }, true)
 end)
 
+T.test(('load_state_dict of the logical tensors into a tp %d model takes each rank\'s slice'):format(W), function()
+  local ref = build(CFG, {})
+  local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+  tp.parallelize(m, m:tp_plan(), { group = world })
+  m:init_weights({ device = 'cpu', seed = SEED + 1 })
+  local want = ref:state_dict()
+  m:load_state_dict(want)
+  for name, p in pairs(m:state_dict()) do T.eq(p, slice(want[name], p), 'loaded ' .. name) end
+end)
+
 T.test('vocab-parallel cross-entropy = F.cross_entropy (mean, sum, none; ignored rows)', function()
   local N, V = 10, 8 * W
   local full = fsdp.randn({ N, V }, { seed = 3 }) * 3
