@@ -230,6 +230,9 @@ function M.check_tp(cfg, c, R, tp_module)
   if type(model.tp_plan) ~= 'function' then
     error(('--tp=%d: the %s family has no tensor-parallel plan (model:tp_plan); use --tp=1'):format(T, R.fam.name), 0)
   end
+  -- (a family whose plan does not cover a feature says which: MoE, fused projections)
+  local ok, why = pcall(model.tp_plan, model)
+  if not ok then error(('--tp=%d: %s; use --tp=1'):format(T, recipe.bare(why)), 0) end
 end
 
 -- The device mesh of a checked config (R.mesh_sizes; nil without mesh
@@ -255,12 +258,12 @@ function M.build(R, cfg, who, shape)
   local mesh = R.mesh or M.mesh(R)
   R.mesh = mesh
   local model = R.fam.module.build(c, { device = 'meta', dtype = cfg.dtype })
+  local n_params = model:num_parameters() -- (the whole model's, before TP splits it)
   -- --tp: the TP layers first (on meta), so the fit check and the
   -- sharding see what one TP rank holds ([Note: what --tp checks])
   if mesh and mesh:size('tp') > 1 then
     require('fsdp.tp').parallelize(model, model:tp_plan(), { mesh = mesh })
   end
-  local n_params = model:num_parameters()
   M.loss_options(model, cfg) -- (before the fit check, whose trace runs the model's own loss)
   -- before the fit check and sharding, which see the frozen base
   lora.apply_options(model, cfg, R.fam.lora_targets)
