@@ -181,6 +181,7 @@ run_tap "groups, 2 ranks as 2 nodes of 1" FSDP_RANKS_PER_NODE=1 -- \
 # FSDP whose groups come from one = HYBRID_SHARD by nodes = one process.
 run_tap "device mesh, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/mesh.lua
+run_tap "the decoder recipe's --tp and --dp_shard, 2 and 4 ranks" -- tests/mpi/mesh_recipe.sh
 for np in 2 4; do
   run_tap "monitored barrier, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/monitored_barrier.lua
 done
