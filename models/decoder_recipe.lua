@@ -85,7 +85,8 @@ M.MESH_OPTIONS = {
 -- The optimizer, schedule and loop options.
 M.TRAIN_OPTIONS = {
   batch_size = { 4, 'sequences per micro-batch and rank (the global batch is this times the data-parallel ranks, '
-                    .. 'the world / --tp, and --grad_accum_steps)', int = true, min = 1, aliases = { 'train_batch_size' } },
+                    .. 'the world / --tp, and --grad_accum_steps)', int = true, min = 1,
+                aliases = { 'train_batch_size' } },
   val_batch_size = { 0, 'sequences per validation batch and rank (0: --batch_size)', int = true, min = 0 },
   max_steps = { 100, 'optimizer steps', int = true, min = 1 },
   lr = { 3e-4, 'peak learning rate', positive = true },
@@ -222,8 +223,8 @@ function M.check_tp(cfg, c, R, tp_module)
   for _, k in ipairs(M.TP_UNSUPPORTED) do
     local v = cfg[k[1]]
     if v ~= nil and v ~= k[2] then
-      error(('--tp=%d with --%s: not tensor-parallel yet (whole shapes are split over the TP ranks); use --tp=1'):format(
-        T, k[1]), 0)
+      error(('--tp=%d with --%s: not tensor-parallel yet (whole shapes are split over the TP ranks); '
+        .. 'use --tp=1'):format(T, k[1]), 0)
     end
   end
   local model = R.fam.module.build(c, { device = 'meta' })
