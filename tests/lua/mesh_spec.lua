@@ -24,8 +24,8 @@ describe('fsdp.mesh on one rank', function()
         assert.are.equal(1, m:group(d):size())
         assert.are.same({ 0 }, m:group(d):ranks())
       end
-      assert.are.same({ { name = 'dp_replicate', size = 1 }, { name = 'dp_shard', size = 1 }, { name = 'tp', size = 1 } },
-        m:dims())
+      assert.are.same({ { name = 'dp_replicate', size = 1 }, { name = 'dp_shard', size = 1 },
+                        { name = 'tp', size = 1 } }, m:dims())
       assert.are.equal('mesh dp_replicate 1 x dp_shard 1 x tp 1 (rank 0: 0,0,0)', tostring(m))
       assert.is_true(mesh_mod.is_mesh(m))
     end
