@@ -49,7 +49,8 @@ describe('fsdp.mesh on one rank', function()
   end)
 
   it('resolves sizes for other worlds: dp_shard inferred, the others 1 when omitted', function()
-    assert.are.same({ dp_replicate = 2, dp_shard = 4, tp = 2 }, mesh_mod.resolve_sizes({ dp_replicate = 2, tp = 2 }, 16))
+    assert.are.same({ dp_replicate = 2, dp_shard = 4, tp = 2 },
+      mesh_mod.resolve_sizes({ dp_replicate = 2, tp = 2 }, 16))
     assert.are.same({ dp_replicate = 1, dp_shard = 8, tp = 8 }, mesh_mod.resolve_sizes({ tp = 8 }, 64))
     assert.are.same({ dp_replicate = 4, dp_shard = 2, tp = 1 }, mesh_mod.resolve_sizes({ dp_replicate = 4,
                                                                                           dp_shard = 2 }, 8))

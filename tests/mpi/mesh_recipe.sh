@@ -24,8 +24,8 @@ comment() { sed 's/^/#   /' <<<"$1"; }
 run() {
   local name=$1 np=$2; shift 2
   local out
-  if ! out=$(timeout 300 mpirun -np "$np" "$EXE" recipes/llama2_7b.lua $ARGS --metrics_file="$WORK/$name.jsonl" "$@" 2>&1)
-  then
+  if ! out=$(timeout 300 mpirun -np "$np" "$EXE" recipes/llama2_7b.lua $ARGS \
+               --metrics_file="$WORK/$name.jsonl" "$@" 2>&1); then
     not_ok "$name: the recipe failed"
     comment "$out"
     return 1
@@ -41,7 +41,10 @@ run() {
 
 run dp2 2 && run dp2_mesh 2 --dp_shard=2 && {
   if cmp -s "$WORK/dp2.txt" "$WORK/dp2_mesh.txt"; then ok "--dp_shard=2 on 2 ranks logs the bits of no mesh"
-  else not_ok "--dp_shard=2 on 2 ranks differs from no mesh"; comment "$(paste "$WORK/dp2.txt" "$WORK/dp2_mesh.txt")"; fi
+  else
+    not_ok "--dp_shard=2 on 2 ranks differs from no mesh"
+    comment "$(paste "$WORK/dp2.txt" "$WORK/dp2_mesh.txt")"
+  fi
 }
 run tp2 4 --tp=2 && {
   # f32: TP changes only the order of additions (split GEMMs, all-reduced)
