@@ -18,13 +18,13 @@ local fsdp = require 'fsdp'
 local dist = fsdp.dist
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 local ckpt = require 'fsdp.checkpointing'
 local files = require 'fsdp.io.files'
 local lfs = require 'lfs'
 
-local cfg = recipe.config({
+local cfg = options.config({
   layers = { 4, 'decoder layers' },
   dim = { 512, 'model width' },
   vocab = { 16000, 'vocabulary (embedding and head: the largest unit)' },

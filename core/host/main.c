@@ -308,7 +308,7 @@ static bool run_all(lua_State *L, run_context *ctx) {
     create_arg_table(L, ctx->argc, ctx->argv, opts->script);
     int end = opts->script != 0 ? opts->script : ctx->argc;
     if (!run_e_options(L, ctx->argc, ctx->argv, end)) return false;
-    if (opts->list && !run_string(L, "require('fsdp.recipe').list()")) return false;
+    if (opts->list && !run_string(L, "require('fsdp.options').list()")) return false;
     if (opts->script != 0) {
         if (!run_script(L, ctx->argc, ctx->argv, opts->script)) return false;
     }

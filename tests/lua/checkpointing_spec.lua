@@ -17,7 +17,7 @@ local ckpt = require 'fsdp.checkpointing'
 local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
 local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
-local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+local ckpt_options = require 'fsdp.checkpointing.options'
 local lfs = require 'lfs'
 
 local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64,
@@ -302,7 +302,7 @@ describe('checkpoint integrity, one rank', function()
     assert.matches('checkpointing.load: refused: checkpoint ' .. pat(sd) .. ': ' .. pat(sd .. '/' .. RANK) .. ':? ' .. reason, err)
     local b = setup()
     local cfg = { checkpoint_dir = dir, resume_from_checkpoint = true, checkpoint_freq = 0 }
-    assert.equals(2, ckpt_recipe.resume(cfg, b))
+    assert.equals(2, ckpt_options.resume(cfg, b))
     assert.same(want, { step(b), step(b) })
   end
 
@@ -340,7 +340,7 @@ describe('checkpoint integrity, one rank', function()
     two_checkpoints(dir)
     for _, s in ipairs({ 2, 4 }) do os.remove(('%s/step-%06d/%s'):format(dir, s, RANK)) end
     local cfg = { checkpoint_dir = dir, resume_from_checkpoint = true, checkpoint_freq = 0 }
-    local ok, err = pcall(ckpt_recipe.resume, cfg, setup())
+    local ok, err = pcall(ckpt_options.resume, cfg, setup())
     assert.is_false(ok)
     assert.matches('no intact checkpoint in ' .. pat(dir) .. ' %(refused: .*step%-000004, .*step%-000002%)', err)
   end)

@@ -141,7 +141,7 @@ local CASES = {
     'grid point 1 of 2 (batch_size=0): --batch_size must be >= 1, got 0' },
   { 'recipes/sweep.lua --grid=bogus=1,2 --args=' .. T.quote(SMALL),
     'unknown option --bogus (valid: activation_checkpointing' },
-  -- issue 41: words that are not options ran the default 7B ([Note: command-line words] in fsdp.recipe)
+  -- issue 41: words that are not options ran the default 7B ([Note: command-line words] in fsdp.options)
   { 'recipes/llama2_7b.lua model=tiny', 'fsdp-lua: model=tiny is not an option (did you mean --model=tiny?)\n' },
   { 'recipes/llama2_7b.lua -model=tiny', 'fsdp-lua: -model=tiny is not an option (did you mean --model=tiny?)\n' },
   { 'recipes/llama2_7b.lua --model=tiny --dry_run false', "fsdp-lua: unexpected argument 'false' after --dry_run, "
@@ -435,7 +435,7 @@ describe('a first run', function()
       assert.are.equal(0, rc, stderr)
       assert.matches('^%d+ recipes %(fsdp%-lua recipes/NAME.lua %-%-help lists one\'s options%):\n', stdout)
       assert.matches('\n  recipes/llama2_7b.lua  train Llama 2 7B, the seed recipe\n', stdout, 1, true)
-      assert.is_nil(stdout:find('t5_recipe', 1, true)) -- helper modules live in models/
+      assert.is_nil(stdout:find('t5_training', 1, true)) -- helper modules live in models/
     end
     local _, help = run('--help')
     assert.matches('--list', help, 1, true)

@@ -6,7 +6,7 @@
 --   local model = llama.CausalLM(c, {device = 'meta', dtype = cfg.dtype})
 --   fit.check(model, cfg, llama.DecoderLayer, {batch = cfg.batch_size, seq = cfg.seq_len}, script,
 --             {layers = 'num_layers'})
---   shard_recipe.apply(model, cfg, llama.DecoderLayer, script)   -- allocates
+--   shard_options.apply(model, cfg, llama.DecoderLayer, script)   -- allocates
 --
 -- Without it, a configuration far past the machine (the 7B recipe's
 -- defaults in f32 on a 24 GB CPU machine: ~100 GiB) starts allocating and
@@ -20,9 +20,9 @@
 local fsdp = require 'fsdp'
 local layout = require 'fsdp.sharding.layout'
 local core = require 'fsdp.core'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local sharding_device = require 'fsdp.sharding.device'
-local shard_recipe = require 'fsdp.sharding.recipe'
+local shard_options = require 'fsdp.sharding.options'
 
 local M = {}
 
@@ -211,7 +211,7 @@ end
 
 -- Refuse (exit 2, one line) when the plan of `model` (on meta, unsharded)
 -- for this job does not fit the budget. shape: {batch=, seq=} per rank as
--- shard_recipe.plan's; names: option names for the suggestions
+-- shard_options.plan's; names: option names for the suggestions
 -- ({layers = 'num_layers'}; try: a phrase appended, what to run instead
 -- to try the recipe here); extra: more fsdp.plan options (optimizer).
 -- Returns the plan, or nil when skipped (--skip_fit_check, no budget known).
@@ -225,7 +225,7 @@ function M.check(model, cfg, block_class, shape, script, names, extra)
   -- this machine (which would allocate).
   device.flops = { f32 = 20e9, bf16 = 20e9, f16 = 20e9 }
   device.name, device.memory, device.reserved, device.measured = base.name, budget, 0, true
-  local opts = shard_recipe.plan_options(cfg, block_class, shape, script, device)
+  local opts = shard_options.plan_options(cfg, block_class, shape, script, device)
   for k, v in pairs(extra or {}) do opts[k] = v end
   local p = fsdp.plan(model, opts)
   if p.fits then return p end
@@ -236,7 +236,7 @@ function M.check(model, cfg, block_class, shape, script, names, extra)
     size(m.activations + m.inputs), size(budget), source,
     suggestions(p, cfg, names or {}, opts.world, function() return (fsdp.plan.max_batch(model, opts)) end),
     names and names.try and ('; ' .. names.try) or '')
-  recipe.usage_error(msg)
+  options.usage_error(msg)
 end
 
 return M

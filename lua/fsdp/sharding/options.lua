@@ -1,10 +1,10 @@
--- fsdp.sharding.recipe: the sharding options every training recipe shares,
+-- fsdp.sharding.options: the sharding options every training recipe shares,
 -- and the step from a recipe's config to a sharded, checkpointed model.
 --
---   local shard_recipe = require 'fsdp.sharding.recipe'
---   local cfg = recipe.config(shard_recipe.options({ lr = {...}, ... }), arg, 'recipes/x.lua')
+--   local shard_options = require 'fsdp.sharding.options'
+--   local cfg = options.config(shard_options.options({ lr = {...}, ... }), arg, 'recipes/x.lua')
 --   local model = Model(c, {device = 'meta'})
---   shard_recipe.apply(model, cfg, Block)   -- wrap and checkpoint by the block class
+--   shard_options.apply(model, cfg, Block)   -- wrap and checkpoint by the block class
 --
 -- The seed's recipes wrap the transformer block class, checkpoint the same
 -- class and train in bf16 mixed precision; these options expose each choice.
@@ -15,11 +15,11 @@ local suggest = require 'fsdp.suggest'
 local lora = require 'fsdp.lora'
 local devices = require 'fsdp.devices'
 local console = require 'fsdp.observe.console'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 
 local M = {}
 
--- Each entry carries its constraints (fsdp.recipe checks them before a
+-- Each entry carries its constraints (fsdp.options checks them before a
 -- recipe builds anything).
 local DTYPES = { '', 'bf16', 'f16', 'f32' }
 M.OPTIONS = {
@@ -82,7 +82,7 @@ M.OPTIONS = {
 
 -- A recipe's own options plus these and --device (fsdp.sharding.device;
 -- its own win on a clash).
-function M.options(own) return recipe.merge(device.OPTIONS, M.OPTIONS, own) end
+function M.options(own) return options.merge(device.OPTIONS, M.OPTIONS, own) end
 
 -- The device the config trains on: 'cpu' or 'cuda:N'.
 M.device = device.resolve
