@@ -37,7 +37,7 @@
 --   loss as {n=, ...}, tokens, seq; default model:example_batch), loss
 --   (function(model, ...) -> the loss; default model:loss).
 --
--- Units are fsdp.shard's own (fsdp.sharding.plan_units, the same padding).
+-- Units are fsdp.shard's own (fsdp.sharding.assign_units, the same padding).
 -- What the model keeps and computes comes from tracing one training step
 -- of it on meta tensors (fsdp.plan.trace: any model with a loss and an
 -- example batch, nothing per family); the bytes of the sharded step from

@@ -70,7 +70,7 @@ M.policy = require 'fsdp.sharding.policy'
 -- hooks.lua.
 local mixed_precision = layout.mixed_precision
 M.strategies, M.strategy, M.is_strategy = layout.strategies, layout.strategy, layout.is_strategy
-M.check_strategy, M.mixed_precision, M.plan_units = layout.check_strategy, mixed_precision, layout.plan_units
+M.check_strategy, M.mixed_precision, M.assign_units = layout.check_strategy, mixed_precision, layout.assign_units
 M.resolve, M.master_param = layout.resolve, layout.master_param
 
 local OPTIONS = {
