@@ -437,7 +437,7 @@ expect_failure "fsdp-lua --nproc 2 propagates a failing rank's exit status" 15 \
 
 # The mpi backend without a launcher: an MPI singleton of one rank.
 out=$(env FSDP_BACKEND=mpi timeout -k 5 "$LIMIT" "$EXE" -e \
-  "local d = require('fsdp').dist; local t = d.all_reduce(require('fsdp').ones(2)); print(d.backend(), d.world_size(), t:sum():item())" 2>&1)
+  "local d = require('fsdp').dist; local t = d.all_reduce(require('fsdp').ones(2)); print(d.transport(), d.world_size(), t:sum():item())" 2>&1)
 if [ "$out" = "$(printf 'mpi\t1\t2')" ]; then
   ok "FSDP_BACKEND=mpi without a launcher runs as a one-rank MPI world"
 else

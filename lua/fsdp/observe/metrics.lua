@@ -90,9 +90,9 @@ local hostname = M.hostname
 function M.dist_info()
   local dist = fsdp.dist
   local w = dist.world()
-  return ('rank %d of %d, local rank %d of %d, node %d of %d, backend %s, world group %s, NCCL_DEBUG=%s, '
-    .. 'host %s'):format(dist.rank(), dist.world_size(), dist.local_rank(), dist.local_size(), dist.node(),
-    dist.nodes(), dist.backend(), tostring(w), os.getenv('NCCL_DEBUG') or '(unset)',
+  return ('rank %d of %d, local rank %d of %d, node %d of %d, transport %s, world group %s, NCCL_DEBUG=%s, '
+    .. 'machine %s'):format(dist.rank(), dist.world_size(), dist.local_rank(), dist.local_size(), dist.node(),
+    dist.nodes(), dist.transport(), tostring(w), os.getenv('NCCL_DEBUG') or '(unset)',
     os.getenv('HOSTNAME') or hostname())
 end
 
