@@ -293,7 +293,7 @@ describe('absurd sizes, non-finite values and config.json mistakes', function()
     -- (A) sizes bounded before building, for every family and path
     { 'recipes/llama2_7b.lua --init_from=DIR:layers', '--init_from DIR:layers/config.json: num_hidden_layers 1e+12, '
       .. 'hidden_size 32, num_attention_heads 4, intermediate_size 48, vocab_size 64: 1e+12 blocks to build, 14.6 PiB '
-      .. 'of host memory at 16 KiB each on meta, more than the ' },
+      .. 'of CPU memory at 16 KiB each on meta, more than the ' },
     { 'recipes/generate.lua --init_from=DIR:layers --prompt_ids=1', '--init_from DIR:layers/config.json: '
       .. 'num_hidden_layers 1e+12, ' },
     { 'recipes/llama2_7b.lua --init_from=DIR:infinity',

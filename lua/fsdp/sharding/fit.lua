@@ -86,7 +86,7 @@ end
 -- while memory grows. So before anything is built the sizes are held to
 -- what the machine can hold, from the config alone (closed forms, no
 -- module made):
---   * the blocks built on meta cost host memory (their modules, the Lua
+--   * the blocks built on meta cost CPU memory (their modules, the Lua
 --     and C objects of their parameters: a Llama layer takes 16 KiB):
 --     checked always, --dry_run and --plan included (they build it too);
 --   * a step's tokens are the rows of its products, which take fewer
@@ -99,7 +99,7 @@ end
 --     says --skip_fit_check.
 -- Both are lower bounds of what the run needs, so nothing the planner
 -- would accept is refused; what they refuse could never have run.
-M.HOST_BYTES_PER_BLOCK = 16 * 1024
+M.CPU_BYTES_PER_BLOCK = 16 * 1024
 
 local function count(n)
   if n < 1e6 then return ('%d'):format(n) end
@@ -138,12 +138,12 @@ function M.bound(cfg, b)
     error(('%s: %s tokens per micro-batch, past the 2^31 rows a matrix product takes'):format(b.rows[2],
       count(b.rows[1])), 0)
   end
-  local host, host_source = M.budget(cfg)
+  local cpu_budget, cpu_source = M.budget(cfg)
   local blocks = b.blocks or 0
-  if host and blocks * M.HOST_BYTES_PER_BLOCK > host then
-    error(('%s: %s blocks to build, %s of host memory at %d KiB each on meta, more than the %s available (%s)')
-      :format(b.what, count(blocks), bytes_text(blocks * M.HOST_BYTES_PER_BLOCK), M.HOST_BYTES_PER_BLOCK / 1024,
-        bytes_text(host), host_source), 0)
+  if cpu_budget and blocks * M.CPU_BYTES_PER_BLOCK > cpu_budget then
+    error(('%s: %s blocks to build, %s of CPU memory at %d KiB each on meta, more than the %s available (%s)')
+      :format(b.what, count(blocks), bytes_text(blocks * M.CPU_BYTES_PER_BLOCK), M.CPU_BYTES_PER_BLOCK / 1024,
+        bytes_text(cpu_budget), cpu_source), 0)
   end
   if b.weights == false or cfg.skip_fit_check then return end
   local budget, source = M.device_budget(cfg)

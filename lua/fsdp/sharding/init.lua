@@ -203,7 +203,7 @@ end
 --   backward_prefetch ('pre'; 'post', false), forward_prefetch (false),
 --     limit_all_gathers (false);
 --   cpu_offload (false: true keeps master shards, gradients and optimizer
---     state in host memory);
+--     state in CPU memory);
 --   sync_module_states (false: true takes rank 0's values instead of the
 --     init rules), seed (fsdp.initial_seed(): each rank materialises only
 --     its shards from it);

@@ -45,7 +45,7 @@ M.OPTIONS = {
                                   bf16 = { ['true'] = 'bf16', ['1'] = 'bf16', ['false'] = '', ['0'] = '' } } },
   reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype; FSDP2: '
                        .. 'MixedPrecisionPolicy(reduce_dtype=))', one_of = DTYPES },
-  cpu_offload = { false, 'keep master shards, gradients and optimizer state in host memory, the optimizer step on the '
+  cpu_offload = { false, 'keep master shards, gradients and optimizer state in CPU memory, the optimizer step on the '
                          .. 'CPU (FSDP2: offload_policy=CPUOffloadPolicy(); on --device=cpu they are there already)' },
   wrap = { 'transformer', 'wrap policy: transformer (one unit per block), size, none',
            one_of = { 'transformer', 'size', 'none' } },
@@ -54,7 +54,7 @@ M.OPTIONS = {
   forward_prefetch = { false, 'gather the next unit in forward ahead of time' },
   limit_all_gathers = { true, 'at most two all-gathers in flight' },
   activation_checkpointing = { false, 'recompute each block in backward instead of keeping activations' },
-  offload_activations = { false, 'move what each block saves for backward to pinned host memory (cuda; a no-op on the cpu)' },
+  offload_activations = { false, 'move what each block saves for backward to pinned CPU memory (cuda; a no-op on the cpu)' },
   plan = { false, 'print what each rank would hold, send and compute (fsdp.plan) for this config, and exit' },
   plan_world = { 0, 'with --plan: the number of ranks to plan for (0: this job\'s)', int = true, min = 0 },
   plan_nodes = { 0, 'with --plan: the number of nodes to plan for (0: this job\'s, or 1 with --plan_world; must divide it)',
@@ -163,7 +163,7 @@ function M.apply(model, cfg, block_class, script)
     cfg.sharding_strategy, W, W == 1 and '' or 's', #units, frozen > 0 and (' (%d frozen)'):format(frozen) or '',
     units[#units].param_dtype, units[#units].reduce_dtype,
     cfg.activation_checkpointing and ', checkpointed blocks' or '',
-    offload and ', activations offloaded to pinned host memory' or '',
+    offload and ', activations offloaded to pinned CPU memory' or '',
     frozen > 0 and ('; rank 0 holds %.3f MiB of trainable shards, %.3f MiB frozen (%s)'):format(train_bytes / 2^20,
       frozen_bytes / 2^20, frozen_dtype) or ''))
   return model, units
