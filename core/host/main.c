@@ -12,7 +12,8 @@
  * error exits with what fsdp.host.set_exit_status asked (0 by default).
  *
  * Before any user code runs, package.path gets the project root (see
- * paths.c) and package.preload gets `fsdp.host` (hostlib.c).
+ * paths.c) and package.preload gets `fsdp.host` (hostlib.c) and the old
+ * names of renamed modules (lua/fsdp/renamed.lua).
  *
  * --nproc N replaces this process with `mpirun -np N` running the same
  * executable and arguments (see launch_ranks), so mpirun's exit status is
@@ -305,6 +306,11 @@ static bool run_all(lua_State *L, run_context *ctx) {
     open_libraries(L);
     host_set_package_path(L, paths.root);
     host_preload_module(L, &paths, repl);
+    /* Without a root there is no library to alias (nor to load). */
+    if (paths.root[0] != '\0' &&
+        !run_string(L, "require('fsdp.renamed').install(package.preload)")) {
+        return false;
+    }
     create_arg_table(L, ctx->argc, ctx->argv, opts->script);
     int end = opts->script != 0 ? opts->script : ctx->argc;
     if (!run_e_options(L, ctx->argc, ctx->argv, end)) return false;
