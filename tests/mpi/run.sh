@@ -424,7 +424,7 @@ out=$(env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
   -u OMPI_MCA_rmaps_base_oversubscribe -u OMPI_MCA_btl_vader_single_copy_mechanism \
   timeout -k 5 "$LIMIT" "$EXE" --nproc $np tests/mpi/nproc.lua first 'second arg' 2>&1)
 rc=$?
-lines=$(grep -c "backend=mpi size=$np sum=$np args=first,second arg" <<<"$out")
+lines=$(grep -c "transport=mpi size=$np sum=$np args=first,second arg" <<<"$out")
 if [ "$rc" -eq 0 ] && [ "$lines" -eq $np ]; then
   ok "fsdp-lua --nproc $np (more ranks than the $cpus CPUs) forwards the arguments to every rank"
 else
