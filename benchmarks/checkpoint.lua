@@ -81,7 +81,7 @@ opt:zero_grad()
 
 local r = {}
 r.save = { timed(function(i) ckpt.save(dir, { model = m, optimizer = opt, step = i, keep = 1 }) end) }
-local last = dir .. '/' .. ckpt.layout.step_name(cfg.repeats)
+local last = dir .. '/' .. ckpt.directory.step_name(cfg.repeats)
 local ckpt_bytes = bytes_under(last)
 local m2, opt2
 r.load = { timed(function() ckpt.load(last, { model = m2, optimizer = opt2 }) end,

@@ -9,7 +9,7 @@ local renamed = require 'fsdp.renamed'
 local T = require 'fsdp.testing'
 
 local host = require 'fsdp.host'
-local ROOTS = 'lua models recipes tools benchmarks tests/lua tests/mpi'
+local ROOTS = 'lua models recipes tools benchmarks tests/lua tests/mpi tests/chaos tests/fuzz'
 
 local function project_files()
   local p = assert(io.popen(('cd %s && find %s -name "*.lua" | sort'):format(T.quote(host.root), ROOTS)))
@@ -54,12 +54,27 @@ describe('renamed modules', function()
     end
     assert.are.same({}, found)
   end)
+
+  it('leave no use of a renamed field (fsdp.checkpointing.layout, plan_units)', function()
+    local OLD_FIELDS = { 'ckpt%.layout%f[^%w_]', "checkpointing'%)%.layout%f[^%w_]", '%f[%w_]plan_units%f[^%w_]' }
+    local found = {}
+    for _, f in ipairs(project_files()) do
+      if f ~= 'tests/lua/names_spec.lua' then
+        local src = assert(io.open(host.root .. '/' .. f)):read('*a')
+        for _, pat in ipairs(OLD_FIELDS) do
+          if src:find(pat) then found[#found + 1] = f .. ': ' .. pat end
+        end
+      end
+    end
+    assert.are.same({}, found)
+  end)
 end)
 
 describe('the old local names', function()
   -- Globals nothing defines: each was the local of a module now named otherwise.
   local OLD_LOCALS = { recipe = 'options', shard_recipe = 'shard_options', ckpt_recipe = 'ckpt_options',
-                       corpus_recipe = 'corpus_options', decoder_recipe = 'decoder_training' }
+                       corpus_recipe = 'corpus_options', decoder_recipe = 'decoder_training',
+                       layout = 'directory, where it was fsdp.checkpointing.layout' }
 
   it('are read as globals by no file (luajit -bl lists each global read)', function()
     local files = project_files()

@@ -153,7 +153,7 @@ end
 -- numbers: per wrapped module one for its trainable parameters and, before
 -- it, one for its frozen ones (gathered and freed with it, never reduced;
 -- its shard in the frozen parameters' dtype).
-local function plan_units(model, r)
+local function planned_units(model, r)
   local specs, resolved = sharding.resolve(model, { policy = r.policy, ignored = {}, strategy = r.strategy_value,
                                                     master = r.master, mp = r.mp, who = WHO })
   local units, of = {}, {}
@@ -306,7 +306,7 @@ function M.plan(model, opts)
   if type(loss) ~= 'function' then
     fail('%s has no loss method: pass loss = function(model, ...) returning the loss', model:class_name())
   end
-  local units = plan_units(model, r)
+  local units = planned_units(model, r)
   local root = units[#units]
 
   -- persistent bytes of this rank
