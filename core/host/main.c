@@ -306,9 +306,11 @@ static bool run_all(lua_State *L, run_context *ctx) {
     open_libraries(L);
     host_set_package_path(L, paths.root);
     host_preload_module(L, &paths, repl);
-    /* Without a root there is no library to alias (nor to load). */
+    /* A root without the library (a bare FSDP_LUA_HOME) has nothing to
+     * alias; a library whose renamed.lua fails still reports it. */
     if (paths.root[0] != '\0' &&
-        !run_string(L, "require('fsdp.renamed').install(package.preload)")) {
+        !run_string(L, "if package.searchpath('fsdp.renamed', package.path) then "
+                       "require('fsdp.renamed').install(package.preload) end")) {
         return false;
     }
     create_arg_table(L, ctx->argc, ctx->argv, opts->script);
