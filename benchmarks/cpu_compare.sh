@@ -72,6 +72,11 @@ case $level in
   avx512_bf16) export ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 ;;
 esac
 echo "cpu_compare: CPU level $isa_text" >&2
+# torch.compile's kernels are cached per level: on 2026-12-06 the compiled
+# f32 step aborted with "malloc_consolidate(): invalid chunk size" in both
+# rounds while reading the shared default cache (/tmp/torchinductor_$USER,
+# written by runs at other levels), and ran with a fresh one.
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$VENV/inductor-cache/$level}
 
 : >"$out/fma_peak.jsonl"
 fma=$out/fma_peak

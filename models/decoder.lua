@@ -475,6 +475,29 @@ function M.define(decl)
 
   if decl.moe_keys then parts.checkpoint_pieces(CausalLM, decl.moe_keys) end
 
+  -- [Note: the decoder's TP plan] The tensor-parallel plan of every family
+  -- (fsdp.tp.parallelize(model, model:tp_plan(), {mesh =})): attention heads
+  -- split (q/k/v colwise, o rowwise), the gated MLP's gate/up colwise and
+  -- down rowwise, embeddings and head split by vocabulary (tied ones share
+  -- the split), norms replicated. Fused projections (Phi-3), experts and a
+  -- q/k norm over the whole projection (OLMo 2) are refused for now.
+  function CausalLM:tp_plan()
+    local why = decl.mlp == 'moe' and 'its mixture-of-experts MLP'
+      or decl.fused and 'its fused qkv_proj and gate_up_proj'
+      or decl.qk_norm == 'flat' and 'its q/k norm over the whole projection'
+    if why then error(('%s: no tensor-parallel plan for %s yet'):format(decl.name, why), 2) end
+    return {
+      { match = '^model%.embed_tokens$', style = 'vocab_embedding' },
+      { match = '%.self_attn$', style = 'attention' },
+      { match = '%.self_attn%.[qkv]_proj$', style = 'colwise' },
+      { match = '%.self_attn%.o_proj$', style = 'rowwise' },
+      { match = '%.mlp%.gate_proj$', style = 'colwise' },
+      { match = '%.mlp%.up_proj$', style = 'colwise' },
+      { match = '%.mlp%.down_proj$', style = 'rowwise' },
+      { match = '^lm_head$', style = 'vocab_head' },
+    }
+  end
+
   -- fsdp.plan's example batch (common.causal_lm_batch).
   function CausalLM:example_batch(batch, seq) return common.causal_lm_batch(self, batch, seq) end
 

@@ -71,10 +71,22 @@ M.DTYPES = { 'f32', 'bf16' }
 M.SCHEDULE_HELP = 'optimizer step s (1..max_steps) runs at lr*s/(W+1) while s <= W (the first at lr/(W+1), not 0), '
   .. 'then min_lr + (lr - min_lr)*(1 + cos(pi*(s-1-W)/(max_steps-W)))/2'
 
+-- The device mesh ([Note: the recipe's mesh] in fsdp/sharding/options.lua):
+-- none given, no mesh (the strategy's own groups, as ever).
+M.MESH_OPTIONS = {
+  tp = { 1, 'tensor-parallel ranks: each layer\'s weights split over this many consecutive ranks of a node, which see '
+            .. 'the same batches (1: none)', int = true, min = 1 },
+  dp_shard = { 0, 'ranks one unit\'s parameters are sharded over (0: from --sharding_strategy: the ranks left by '
+                  .. '--tp and --dp_replicate; a node\'s for the hybrids)', int = true, min = 0 },
+  dp_replicate = { 0, 'copies of each shard, their gradients summed (HSDP; 0: from --sharding_strategy: the nodes for '
+                      .. 'the hybrids, else 1)', int = true, min = 0 },
+}
+
 -- The optimizer, schedule and loop options.
 M.TRAIN_OPTIONS = {
-  batch_size = { 4, 'sequences per micro-batch and rank (the global batch is this times the world size and '
-                    .. '--grad_accum_steps)', int = true, min = 1, aliases = { 'train_batch_size' } },
+  batch_size = { 4, 'sequences per micro-batch and rank (the global batch is this times the data-parallel ranks, '
+                    .. 'the world / --tp, and --grad_accum_steps)', int = true, min = 1,
+                aliases = { 'train_batch_size' } },
   val_batch_size = { 0, 'sequences per validation batch and rank (0: --batch_size)', int = true, min = 0 },
   max_steps = { 100, 'optimizer steps', int = true, min = 1 },
   lr = { 3e-4, 'peak learning rate', positive = true },
@@ -102,7 +114,7 @@ M.TRAIN_OPTIONS = {
 function M.options(own)
   return metrics.options(lora.options(pretrained.options(nonfinite.options(
     ckpt_options.options(shard_options.options(
-    accumulate.options(options.merge(M.MODEL_OPTIONS, M.TRAIN_OPTIONS, own))))))))
+    accumulate.options(options.merge(M.MODEL_OPTIONS, M.MESH_OPTIONS, M.TRAIN_OPTIONS, own))))))))
 end
 
 local SIZE_OPTIONS = { { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
@@ -173,7 +185,68 @@ function M.check(R, cfg, written, opts)
     cfg.allow_past_max_positions)
   if too_long then error(too_long, 0) end
   lora.check_options(cfg, function() return R.fam.module.build(c, { device = 'meta' }) end, R.fam.lora_targets)
+  -- the mesh against the world (--plan: the world planned for) and, with
+  -- --tp, against the model
+  local plan_world = opts.weights == false and (cfg.plan_world or 0) > 0 and cfg.plan_world or nil
+  R.mesh_sizes = shard_options.mesh_sizes(cfg, plan_world and {
+    world = plan_world, nodes = (cfg.plan_nodes or 0) > 0 and cfg.plan_nodes or 1 } or nil)
+  if cfg.tp > 1 then M.check_tp(cfg, c, R) end
   return c
+end
+
+-- [Note: what --tp checks]
+-- Before anything is built: tensor parallelism is in this build (the
+-- fsdp.tp module), the model's split dimensions (heads, key/value heads,
+-- MLP and expert widths, vocabulary) divide by --tp, the family has a TP
+-- plan (model:tp_plan, on a meta build) and no option asks for what the
+-- TP layers do not cover: parameters whose whole shape only one TP rank
+-- knows cannot be loaded from whole weights (--init_from), adapted
+-- (--lora_rank), checkpointed (--checkpoint_dir: the index records the
+-- shapes a rank holds) or exported whole (--export_hf,
+-- --save_full_state_dict) yet.
+M.TP_SPLIT = { { 'n_heads', 'num_heads' }, { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' },
+               { 'moe_ffn_dim', 'moe_ffn_dim' }, { 'vocab_size', 'vocab_size' } }
+M.TP_UNSUPPORTED = { { 'init_from', '' }, { 'lora_rank', 0 }, { 'checkpoint_dir', '' }, { 'export_hf', '' },
+                     { 'save_full_state_dict', '' } }
+
+function M.check_tp(cfg, c, R, tp_module)
+  local T = cfg.tp
+  local ok = tp_module ~= nil or pcall(require, 'fsdp.tp')
+  if not ok then error('--tp: tensor parallelism is not available in this build', 0) end
+  for _, k in ipairs(M.TP_SPLIT) do
+    local v = c[k[1]] or (k[1] == 'n_kv_heads' and c.n_heads) or nil
+    if v and v % T ~= 0 then
+      error(('--tp=%d does not divide the model\'s %s (%d): tensor parallelism splits it over the TP ranks'):format(
+        T, k[2], v), 0)
+    end
+  end
+  for _, k in ipairs(M.TP_UNSUPPORTED) do
+    local v = cfg[k[1]]
+    if v ~= nil and v ~= k[2] then
+      error(('--tp=%d with --%s: not tensor-parallel yet (whole shapes are split over the TP ranks); '
+        .. 'use --tp=1'):format(T, k[1]), 0)
+    end
+  end
+  local model = R.fam.module.build(c, { device = 'meta' })
+  if type(model.tp_plan) ~= 'function' then
+    error(('--tp=%d: the %s family has no tensor-parallel plan (model:tp_plan); use --tp=1'):format(T, R.fam.name), 0)
+  end
+  -- (a family whose plan does not cover a feature says which: MoE, fused projections)
+  local ok, why = pcall(model.tp_plan, model)
+  if not ok then error(('--tp=%d: %s; use --tp=1'):format(T, options.bare(why)), 0) end
+end
+
+-- The device mesh of a checked config (R.mesh_sizes; nil without mesh
+-- options), made the current one (the data samplers' and loss's
+-- data-parallel ranks: [Note: data-parallel rank and size] in fsdp/mesh.lua)
+-- and printed. Collective.
+function M.mesh(R)
+  if not R.mesh_sizes then return nil end
+  local mesh_mod = require 'fsdp.mesh'
+  local mesh = mesh_mod.new(R.mesh_sizes)
+  mesh_mod.set_current(mesh)
+  console.print(tostring(mesh))
+  return mesh
 end
 
 -- The model of R built on meta, LoRA applied (--lora_rank), checked to
@@ -183,14 +256,21 @@ end
 -- parameter count before LoRA.
 function M.build(R, cfg, who, shape)
   local c = R.config
+  local mesh = R.mesh or M.mesh(R)
+  R.mesh = mesh
   local model = R.fam.module.build(c, { device = 'meta', dtype = cfg.dtype })
-  local n_params = model:num_parameters()
+  local n_params = model:num_parameters() -- (the whole model's, before TP splits it)
+  -- --tp: the TP layers first (on meta), so the fit check and the
+  -- sharding see what one TP rank holds ([Note: what --tp checks])
+  if mesh and mesh:size('tp') > 1 then
+    require('fsdp.tp').parallelize(model, model:tp_plan(), { mesh = mesh })
+  end
   M.loss_options(model, cfg) -- (before the fit check, whose trace runs the model's own loss)
   -- before the fit check and sharding, which see the frozen base
   lora.apply_options(model, cfg, R.fam.lora_targets)
   fit.check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
     try = not R.src and M.TRY or nil })
-  shard_options.apply(model, cfg, R.fam.block, who)
+  shard_options.apply(model, cfg, R.fam.block, who, mesh)
   console.print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d '
     .. 'parameters, %s, %s'):format(c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size,
     n_params, cfg.dtype, R.fam.name))

@@ -286,7 +286,8 @@ end
 local step_batch = cfg.batch_size * cfg.grad_accum_steps
 local log = metrics.Logger({
   total_steps = cfg.max_steps, batch_size = step_batch, tokens_per_sample = cfg.seq_len,
-  flops_per_sample = model_module.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len,
+  -- (a rank of a TP group computes 1/--tp of its batch's FLOPs)
+  flops_per_sample = model_module.flops_per_token(c, cfg.seq_len, n_params) * cfg.seq_len / cfg.tp,
   peak_tflops = cfg.peak_tflops, metrics_file = cfg.metrics_file, log_every = cfg.log_every, device = dev,
   tensorboard_dir = cfg.tensorboard_dir, config = cfg, plot = cfg.plot,
   profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model, comm_joined = cfg.comm_joined,
@@ -311,7 +312,7 @@ if cfg.resume_from_checkpoint then log:resume(start_step) end
 -- step 0), unless a checkpoint of this run was resumed just now.
 pretrained.start(cfg, model, src, start_step, resumed)
 
-local flops_per_step = model_module.flops_per_token(c, cfg.seq_len, n_params) * step_batch * cfg.seq_len
+local flops_per_step = model_module.flops_per_token(c, cfg.seq_len, n_params) * step_batch * cfg.seq_len / cfg.tp
 local step_times = {}
 for step = start_step + 1, cfg.max_steps do
   log:begin_step(step) -- --profile_steps
@@ -350,7 +351,7 @@ if cfg.summary and cfg.max_steps > start_step then
   for step = first, cfg.max_steps do seconds = seconds + step_times[step] end
   local steps = cfg.max_steps - first + 1
   print('SUMMARY ' .. require('cjson').encode({
-    samples_per_s = step_batch * dist.world_size() * steps / seconds,
+    samples_per_s = step_batch * require('fsdp.mesh').data_parallel_size() * steps / seconds,
     tflops = flops_per_step * steps / seconds / 1e12,
     peak_bytes = fsdp.memory_stats(dev).peak,
     step_seconds = seconds / steps, steps = steps, parameters = n_params,

@@ -158,8 +158,11 @@ end
 -- (summon_full_params: generation then runs no collective). Returns the
 -- number right (all ranks) and rank 0's shown lines.
 local function answers(first, last, show)
+  -- (by data-parallel rank: the ranks of a TP group answer the same prompts, [Note: data-parallel rank and
+  -- size] in fsdp/mesh.lua)
+  local mesh = require 'fsdp.mesh'
   local mine = {}
-  for i = first + dist.rank(), last, dist.world_size() do mine[#mine + 1] = i end
+  for i = first + mesh.data_parallel_rank(), last, mesh.data_parallel_size() do mine[#mine + 1] = i end
   local right, lines = 0, {}
   model:eval()
   fsdp.summon_full_params(model, function()
@@ -182,7 +185,7 @@ local function answers(first, last, show)
   end)
   model:train()
   local t = fsdp.tensor({ right }, { dtype = 'f64' })
-  if dist.world_size() > 1 then dist.all_reduce(t) end
+  if mesh.data_parallel_size() > 1 then dist.all_reduce(t, { group = mesh.data_parallel_group() }) end
   return t:get(0), lines
 end
 

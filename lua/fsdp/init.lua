@@ -314,7 +314,7 @@ for d = 0, C.FL_DTYPE_COUNT - 1 do M.dtypes[#M.dtypes + 1] = core.dtype_name(d) 
 local lazy = { nn = 'fsdp.nn', optim = 'fsdp.optim', functional = 'fsdp.functional',
                F = 'fsdp.functional', dist = 'fsdp.dist', sharding = 'fsdp.sharding',
                policy = 'fsdp.sharding.policy', checkpointing = 'fsdp.checkpointing',
-               lora = 'fsdp.lora',
+               lora = 'fsdp.lora', mesh = 'fsdp.mesh',
                -- fsdp.plan(model, opts): memory, communication and time per
                -- rank without allocating; fsdp.devices: its device profiles.
                plan = 'fsdp.plan', devices = 'fsdp.devices',

@@ -177,6 +177,11 @@ run_tap "groups, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/groups.lua
 run_tap "groups, 2 ranks as 2 nodes of 1" FSDP_RANKS_PER_NODE=1 -- \
   mpirun -np 2 "$EXE" tests/mpi/groups.lua
+# The device mesh (fsdp.mesh): coordinates and groups of 5 meshes, and
+# FSDP whose groups come from one = HYBRID_SHARD by nodes = one process.
+run_tap "device mesh, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
+  mpirun -np 4 "$EXE" tests/mpi/mesh.lua
+run_tap "the decoder recipe's --tp and --dp_shard, 2 and 4 ranks" -- tests/mpi/mesh_recipe.sh
 for np in 2 4; do
   run_tap "monitored barrier, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/monitored_barrier.lua
 done
@@ -200,6 +205,14 @@ run_tap "token-mean loss = one process, 1 rank" -- "$EXE" tests/mpi/token_mean.l
 run_tap "token-mean loss = one process, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/token_mean.lua
 run_tap "token-mean loss, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/token_mean.lua
+# Tensor parallelism (fsdp.tp): the layers against one rank, then TP x FSDP
+# training (50 AdamW steps) against one process.
+for np in 2 4; do
+  run_tap "TP layers, loss and gradients = one rank, tp $np" -- mpirun -np $np "$EXE" tests/mpi/tp_layers.lua
+done
+run_tap "TP training = one process, tp 2 on 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/tp_equivalence.lua 2
+run_tap "TP x FSDP training = one process, tp 2 x dp 2" -- mpirun -np 4 "$EXE" tests/mpi/tp_equivalence.lua 2
+run_tap "TP training = one process, tp 4 x dp 1, f32" -- mpirun -np 4 "$EXE" tests/mpi/tp_equivalence.lua 4 f32
 run_tap "LoRA: adapters sharded over a frozen base = one rank, 2 ranks" -- \
   mpirun -np 2 "$EXE" tests/mpi/lora.lua
 run_tap "LoRA, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \

@@ -115,8 +115,10 @@ M.Batches = Batches
 function Batches.new(examples, opts)
   if #examples == 0 then core.fail('fsdp.data.chat_batches: no examples to batch') end
   local self = setmetatable({ examples = examples, B = opts.batch_size, seed = opts.seed or 0,
-    pad_id = opts.pad_id or 0, shuffle = opts.shuffle ~= false, rank = opts.rank or fsdp.dist.rank(),
-    world = opts.world or fsdp.dist.world_size(), epoch = 0, pos = 0, pack = opts.pack }, Batches)
+    pad_id = opts.pad_id or 0, shuffle = opts.shuffle ~= false,
+    -- the data-parallel ranks ([Note: data-parallel rank and size] in fsdp/mesh.lua)
+    rank = opts.rank or require('fsdp.mesh').data_parallel_rank(),
+    world = opts.world or require('fsdp.mesh').data_parallel_size(), epoch = 0, pos = 0, pack = opts.pack }, Batches)
   self.order = self.shuffle and permutation(#examples, self.seed, self.epoch) or nil
   if self.pack then self:pack_epoch() end
   return self

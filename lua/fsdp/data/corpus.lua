@@ -149,8 +149,9 @@ function M.open(spec, opts)
   if validate.problem(B, validate.COUNT) then fail('open %s: batch_size must be an integer >= 1', spec) end
   local split = opts.split or 'all'
   if not SPLITS[split] then fail('open %s: split must be all, train or val, got %s', spec, tostring(split)) end
-  local rank = opts.rank or dist.rank()
-  local world = opts.world_size or dist.world_size()
+  local mesh = require 'fsdp.mesh' -- the data-parallel ranks ([Note: data-parallel rank and size])
+  local rank = opts.rank or mesh.data_parallel_rank()
+  local world = opts.world_size or mesh.data_parallel_size()
   local read_rank, read_world = rank, world
   if opts.read_all then read_rank, read_world = 0, 1 end
   local o = ffi.new('fl_stream_opts')

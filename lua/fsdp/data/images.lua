@@ -31,8 +31,8 @@ local function fail(fmt, ...) core.fail('fsdp.data.images: ' .. fmt:format(...))
 
 local function dist_opts(opts)
   if opts.rank ~= nil and opts.world_size ~= nil then return opts.rank, opts.world_size end
-  local dist = fsdp.dist
-  return opts.rank or dist.rank(), opts.world_size or dist.world_size()
+  local mesh = require 'fsdp.mesh' -- the data-parallel ranks ([Note: data-parallel rank and size])
+  return opts.rank or mesh.data_parallel_rank(), opts.world_size or mesh.data_parallel_size()
 end
 
 -- synthetic -------------------------------------------------------------------

@@ -115,7 +115,10 @@ function M.open(path, opts)
   self.labels, _, self.truncated.target = pad_rows(tok:encode(targets), opts.target_len, tok.eos_id, -100)
   self.seed = opts.seed or 0
   local rank, world = opts.rank, opts.world_size
-  if rank == nil or world == nil then rank, world = rank or fsdp.dist.rank(), world or fsdp.dist.world_size() end
+  if rank == nil or world == nil then -- the data-parallel ranks ([Note: data-parallel rank and size] in fsdp/mesh.lua)
+    local mesh = require 'fsdp.mesh'
+    rank, world = rank or mesh.data_parallel_rank(), world or mesh.data_parallel_size()
+  end
   local batch = opts.batch_size
   if opts.cap_batch and type(batch) == 'number' then batch = math.max(1, math.min(batch, math.floor(self.n / world))) end
   self.batch_size = batch

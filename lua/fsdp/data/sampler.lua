@@ -31,7 +31,9 @@
 -- sequences need no index array, and any position is reachable at once.
 local bit = require 'bit'
 local core = require 'fsdp.core'
-local dist = require 'fsdp.dist'
+-- the data-parallel ranks: a TP group shares its batches ([Note: data-parallel rank and size] in
+-- fsdp/mesh.lua)
+local mesh = require 'fsdp.mesh'
 
 local Sampler = {}
 Sampler.__index = Sampler
@@ -52,7 +54,7 @@ local function check_int(v, what, min)
 end
 
 -- opts: n (examples), batch_size (per rank), seed (default 0), shuffle
--- (default true), rank and world_size (default: fsdp.dist's), name (for
+-- (default true), rank and world_size (default: fsdp.mesh.data_parallel_rank/size()), name (for
 -- messages, e.g. the dataset path).
 function Sampler.new(opts)
   local self = setmetatable({}, Sampler)
@@ -64,7 +66,8 @@ function Sampler.new(opts)
   check_int(self.seed, 'seed', 0)
   self.shuffle = opts.shuffle ~= false
   if opts.rank == nil or opts.world_size == nil then
-    self.rank, self.world_size = opts.rank or dist.rank(), opts.world_size or dist.world_size()
+    self.rank, self.world_size = opts.rank or mesh.data_parallel_rank(),
+      opts.world_size or mesh.data_parallel_size()
   else
     self.rank, self.world_size = opts.rank, opts.world_size
   end

@@ -12,7 +12,9 @@
 -- chain (index 2^30 on), never seen in training.
 local core = require 'fsdp.core'
 local synthetic = require 'fsdp.data.synthetic'
-local dist = require 'fsdp.dist'
+-- the data-parallel ranks: a TP group shares its batches ([Note: data-parallel rank and size] in
+-- fsdp/mesh.lua)
+local mesh = require 'fsdp.mesh'
 
 local Source = {}
 Source.__index = Source
@@ -20,14 +22,15 @@ Source.__index = Source
 local VAL_BASE = 2 ^ 30
 
 -- opts: batch_size, seq_len, seed (0), noise (0.1), rank/world_size
--- (default: fsdp.dist's).
+-- (default: fsdp.mesh.data_parallel_rank/size()).
 function Source.new(vocab, opts)
   local self = setmetatable({}, Source)
   self.chain = synthetic.Markov(vocab, { seed = opts.seed, noise = opts.noise })
   self.vocab_size, self.batch_size, self.seq_len = vocab, opts.batch_size, opts.seq_len
   self.seed = opts.seed or 0
   if opts.rank == nil or opts.world_size == nil then
-    self.rank, self.world_size = opts.rank or dist.rank(), opts.world_size or dist.world_size()
+    self.rank, self.world_size = opts.rank or mesh.data_parallel_rank(),
+      opts.world_size or mesh.data_parallel_size()
   else
     self.rank, self.world_size = opts.rank, opts.world_size
   end

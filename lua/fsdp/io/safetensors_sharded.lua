@@ -309,6 +309,10 @@ function M.load_into(model, path, opts)
     elseif dst == nil then
       unexpected[#unexpected + 1] = name
     else
+      if rawget(dst, 'tp') then
+        core.fail(('load_into: %s is tensor-parallel (fsdp.tp); loading checkpoints into a TP model is not '
+          .. 'supported yet: load before tp.parallelize, or train from init'):format(name))
+      end
       local want = rawget(dst, 'fsdp_shape') or dst.shape -- a sharded model's whole shape
       if core.format_shape(shape) ~= core.format_shape(want) then
         core.fail(('load_into: size mismatch for %s: %s has %s, the model %s')

@@ -60,6 +60,9 @@ function LoRALinear:__init(linear, opts)
     core.fail(('LoRALinear: expects a Linear, got %s'):format(
       Module.is_module(linear) and linear:class_name() or type(linear)))
   end
+  if rawget(linear.weight, 'tp') then
+    core.fail('LoRALinear: the Linear is already tensor-parallel; apply LoRA before fsdp.tp.parallelize')
+  end
   -- (fsdp.validate: a NaN alpha passes `alpha <= 0` and makes every output NaN)
   local r = opts.rank or 8
   local why = validate.problem(r, validate.COUNT)

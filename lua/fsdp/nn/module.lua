@@ -554,7 +554,9 @@ function Module:load_state_dict(state, opts)
       if not loaded[own[key]] then missing[#missing + 1] = key end
     else
       local dst = own[key]
-      local ds, ss = rawget(dst, 'fsdp_shape') or dst.shape, src.shape
+      -- a TP shard (fsdp.tp) takes its slice of the logical tensor
+      local tp = rawget(dst, 'tp')
+      local ds, ss = tp and tp.global_shape or rawget(dst, 'fsdp_shape') or dst.shape, src.shape
       if core.format_shape(ds) ~= core.format_shape(ss) then
         core.fail(('load_state_dict: size mismatch for %s: the checkpoint has %s, the model %s')
           :format(key, core.format_shape(ss), core.format_shape(ds)))
@@ -577,7 +579,11 @@ function Module:load_state_dict(state, opts)
       if src ~= nil then
         -- A shard segment of a sharded model takes only its slice: with a
         -- memory-mapped checkpoint no rank reads the whole tensor.
-        local offset = rawget(dst, 'fsdp_offset')
+        local tp, offset = rawget(dst, 'tp'), rawget(dst, 'fsdp_offset')
+        if tp then
+          local n = src:size(tp.dim) / tp.size
+          src = src:narrow(tp.dim, tp.rank * n, n):contiguous()
+        end
         if offset then src = src:reshape(-1):narrow(0, offset, dst:numel()) end
         dst:copy_(src)
       end

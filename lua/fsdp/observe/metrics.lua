@@ -212,12 +212,19 @@ end
 -- ('continue' or 'stop'; default: config's, else 'continue') and
 -- checkpoint_dir (default: config's), for failed writes
 -- (fsdp.observe.outputs), err (io.stderr, where their lines go).
+-- The data-parallel ranks a logger's samples come from: its world_size
+-- option when given, else fsdp.mesh's.
+local function data_parallel_ranks(self)
+  return self.data_parallel or require('fsdp.mesh').data_parallel_size()
+end
+
 function M.Logger(opts)
   opts = opts or {}
   local self = setmetatable({}, Logger)
   local dist = fsdp.dist
   self.rank = opts.rank or dist.rank()
   self.world_size = opts.world_size or dist.world_size()
+  self.data_parallel = opts.world_size
   self.total_steps = number_opt(opts, 'total_steps', 0)
   self.batch_size = number_opt(opts, 'batch_size', 1)
   self.tokens_per_sample = number_opt(opts, 'tokens_per_sample', 0)
@@ -505,7 +512,9 @@ function Logger:step(step, s)
     return
   end
   local dt = s.dt or 0
-  local samples = self.batch_size * self.world_size
+  -- (the data-parallel ranks: a TP group trains on one batch, [Note:
+  -- data-parallel rank and size] in fsdp/mesh.lua)
+  local samples = self.batch_size * data_parallel_ranks(self)
   -- rates over `seconds` for `steps` steps
   local function rates(steps, seconds)
     local sps = seconds > 0 and samples * steps / seconds or 0

@@ -35,7 +35,11 @@
 --   unsharded accumulation buffers of fsdp.sharding.accumulate count at
 --   the peak), example_batch (function(batch, seq) -> the arguments of the
 --   loss as {n=, ...}, tokens, seq; default model:example_batch), loss
---   (function(model, ...) -> the loss; default model:loss).
+--   (function(model, ...) -> the loss; default model:loss), mesh (an
+--   fsdp.mesh, or its sizes {dp_replicate=, dp_shard=, tp=} for the world
+--   planned for: units shard over dp_shard and replicate over
+--   dp_replicate, [Note: strategies on a mesh] in fsdp/sharding/layout.lua;
+--   the model is what one TP rank holds).
 --
 -- Units are fsdp.shard's own (fsdp.sharding.assign_units, the same padding).
 -- What the model keeps and computes comes from tracing one training step
@@ -70,7 +74,7 @@ local OPTIONS = {
   checkpoint = true,
   offload = true, offload_activations = true, optimizer = true, batch = true, seq = true, device = true,
   backward_prefetch = true, forward_prefetch = true, limit_all_gathers = true, utilization = true, rank = true,
-  grad_accum = true, blocks = true, example_batch = true, loss = true,
+  grad_accum = true, blocks = true, example_batch = true, loss = true, mesh = true,
 }
 
 local function size_of(dtype) return tonumber(C.fl_dtype_size(core.dtype(dtype))) end
@@ -159,7 +163,14 @@ local function planned_units(model, r)
   local units, of = {}, {}
   for _, ru in ipairs(resolved) do
     local spec, mp = ru.spec, ru.spec.mp
-    local G = spec.strategy:shard_size(r.world, r.ranks_per_node)
+    local G, replicas, shard_index
+    if r.mesh then
+      G, replicas = spec.strategy:mesh_shard_size(r.mesh)
+      shard_index = math.floor(r.rank / r.mesh.tp) % G -- [Note: the device mesh] in fsdp/mesh.lua
+    else
+      G = spec.strategy:shard_size(r.world, r.ranks_per_node)
+      replicas, shard_index = r.world / G, r.rank % G
+    end
     local numel = 0
     for _, t in ipairs(ru.tensors) do numel = numel + t:numel() end
     local master = ru.master_dtype
@@ -172,11 +183,11 @@ local function planned_units(model, r)
     local u = {
       name = spec.name, label = (spec.name == '' and '<root>' or spec.name) .. (ru.frozen and ' (frozen)' or ''),
       module = spec.module, tensors = ru.tensors, strategy = spec.strategy.name, numel = numel, padded = padded,
-      shard = shard, G = G, replicas = r.world / G, aliased = aliased, gb = gb, ps = ps, rs = size_of(mp.reduce),
+      shard = shard, G = G, replicas = replicas, aliased = aliased, gb = gb, ps = ps, rs = size_of(mp.reduce),
       gs = size_of(mp.grad), reshard = spec.reshard_after_forward, root = spec.is_root, param_dtype = mp.param,
       reduce_dtype = mp.reduce, frozen = ru.frozen, master_dtype = master,
       -- real elements in this rank's shard (the last ranks hold the padding)
-      real = math.max(0, math.min(shard, numel - r.rank % G * shard)),
+      real = math.max(0, math.min(shard, numel - shard_index * shard)),
     }
     of[ru] = u
     units[#units + 1] = u
@@ -234,6 +245,14 @@ local function resolve(model, opts)
         per_node and 'ranks_per_node' or ('device profile ' .. tostring(r.device.name)))
     end
     r.nodes, r.ranks_per_node = r.world / k, k
+  end
+  if opts.mesh ~= nil then
+    local mesh = require 'fsdp.mesh'
+    local m = opts.mesh
+    if mesh.is_mesh(m) then
+      m = { dp_replicate = m:size('dp_replicate'), dp_shard = m:size('dp_shard'), tp = m:size('tp') }
+    end
+    r.mesh = mesh.resolve_sizes(m, r.world, WHO .. ': mesh')
   end
   r.strategy_value = sharding.strategy(opts.strategy or 'FULL_SHARD', '', WHO)
   r.strategy = r.strategy_value.name

@@ -76,7 +76,7 @@ M.resolve, M.master_param = layout.resolve, layout.master_param
 local OPTIONS = {
   policy = true, strategy = true, mixed_precision = true, cpu_offload = true,
   backward_prefetch = true, forward_prefetch = true, limit_all_gathers = true,
-  sync_module_states = true, ignored = true, group = true, seed = true, device = true, init = true,
+  sync_module_states = true, ignored = true, group = true, seed = true, device = true, init = true, mesh = true,
 }
 
 -- the API ----------------------------------------------------------------------------------
@@ -180,7 +180,10 @@ local function agree_structure(plan, fqn, strategy, opts, seed, device)
     units[i] = { name = spec.name, params = table.concat(params, ', '), overrides = spec.overrides }
   end
   local mp = opts.mixed_precision
+  local mesh = opts.mesh and { dp_replicate = opts.mesh:size('dp_replicate'), dp_shard = opts.mesh:size('dp_shard'),
+                               tp = opts.mesh:size('tp') } or 'none'
   dist.agree('the sharded model (fsdp.shard)', {
+    mesh = mesh,
     strategy = strategy, units = units, n_units = #plan, seed = seed, device = device:match('^cuda') and 'cuda' or device,
     mixed_precision = type(mp) == 'table' and mp or tostring(mp),
     backward_prefetch = tostring(opts.backward_prefetch), forward_prefetch = opts.forward_prefetch and true or false,
@@ -209,7 +212,11 @@ end
 --     its shards from it);
 --   ignored ({}: modules left replicated and not reduced), group (the
 --     world: the process group to shard over), device (the parameters'
---     device, 'cpu' for a meta model; 'meta' plans without allocating).
+--     device, 'cpu' for a meta model; 'meta' plans without allocating);
+--   mesh (none: an fsdp.mesh; its groups replace `group` and the nodes:
+--     [Note: strategies on a mesh] in layout.lua; parameters a TP layer
+--     split carry p.tp and count once per TP group in the gradient norm).
+--     The model's data-parallel ranks are then the mesh's 'dp'.
 -- Returns the model.
 function M.shard(model, opts)
   opts = opts or {}
@@ -234,6 +241,11 @@ function M.shard(model, opts)
   end
   local group = opts.group
   if group ~= nil and getmetatable(group) ~= dist.Group then core.fail('fsdp.shard: group must be a Group from fsdp.dist') end
+  local mesh = opts.mesh
+  if mesh ~= nil and not require('fsdp.mesh').is_mesh(mesh) then
+    core.fail(('fsdp.shard: mesh must be a mesh from fsdp.mesh.new, got %s'):format(type(mesh)))
+  end
+  if mesh and group then core.fail('fsdp.shard: give group or mesh, not both (a mesh brings its own groups)') end
   local ignored = opts.ignored or {}
   local seed = opts.seed or random.initial_seed()
 
@@ -257,12 +269,16 @@ function M.shard(model, opts)
     backward_prefetch = bp, forward_prefetch = opts.forward_prefetch and true or false,
     limit_all_gathers = opts.limit_all_gathers and true or false,
     cpu_offload = opts.cpu_offload and true or false, strategy = strategy.name, model = model,
-    ignored = ignored, device = device, master = master, group = group, -- group: the data-parallel ranks (nil: all)
+    ignored = ignored, device = device, master = master,
+    group = mesh and mesh:group('dp') or group, -- the data-parallel ranks (nil: all)
+    mesh = mesh, tp = mesh and mesh:size('tp') or 1,
   }, State)
 
   for _, spec in ipairs(plan) do
     local mp = spec.mp
-    local shard_group, replicate_group = spec.strategy:groups(group)
+    local shard_group, replicate_group
+    if mesh then shard_group, replicate_group = spec.strategy:mesh_groups(mesh)
+    else shard_group, replicate_group = spec.strategy:groups(group) end
     -- One C unit per resolved unit (layout.resolve: the frozen one first).
     local function make(r)
       local list = r.params
@@ -275,7 +291,8 @@ function M.shard(model, opts)
         reshard_after_forward = spec.reshard_after_forward, frozen = r.frozen,
       })
       u.shard_size = shard_group and shard_group:size() or dist.world_size()
-      u.replicas = dist.world_size() / u.shard_size
+      -- (with a mesh, TP ranks are not replicas: they hold other parameters)
+      u.replicas = (mesh and mesh:size('dp') or dist.world_size()) / u.shard_size
       if opts.sync_module_states then
         for _, p in ipairs(list) do p.tensor = p.values; p.values = nil end
       end
@@ -332,6 +349,15 @@ local function ignored_params(S)
   return out
 end
 
+-- The squares of a gradient's elements, summed in double.
+local function sq_norm(g)
+  core.check(C.fl_grad_sq_norm(Tensor.cptr(g), sq))
+  return sq[0]
+end
+
+-- Whether a TP layer split this parameter (its segment keeps the field).
+local function is_tp_split(t) return rawget(t, 'tp') ~= nil end
+
 -- The global L2 norm of the gradients of a sharded model, over every
 -- rank's shards (collective: every rank calls it and gets the same bits).
 -- Each rank adds the squares of its shards, divided by the number of
@@ -339,17 +365,42 @@ end
 -- all-reduce over the world gives the norm of the whole gradient. A NaN or
 -- infinite gradient element anywhere makes the norm NaN or infinite on
 -- every rank (fsdp.nonfinite decides from it).
+--
+-- [Note: the gradient norm under tensor parallelism]
+-- On a mesh with tp = T > 1 the ranks of one TP group hold different
+-- parameters where a TP layer split them (the parameter carries p.tp) and
+-- copies of the others (norms, say). So, per parameter segment of a unit's
+-- gradient shard: a split one counts its squares once per TP rank (the
+-- world sum adds the T parts of the whole), a copied one 1/T of them per
+-- TP rank (counted once in all). Both divided by the unit's data-parallel
+-- replicas, as without TP. Without TP the whole shard is one sum, as ever.
 function M.grad_norm(model)
   local S = state_of(model, 'grad_norm')
+  local T = S.tp or 1
   local local_sq = 0
   for _, u in ipairs(S.units) do
     u:sync_zero_grad()
     if u.grad ~= nil and u.grad:has_storage() then
-      core.check(C.fl_grad_sq_norm(Tensor.cptr(u.grad), sq))
-      local_sq = local_sq + sq[0] / u.replicas
+      if T == 1 then
+        local_sq = local_sq + sq_norm(u.grad) / u.replicas
+      else
+        for _, p in ipairs(u.params) do
+          if p.len > 0 then
+            local part = sq_norm(u.grad:narrow(0, p.shard_start, p.len))
+            local_sq = local_sq + part / (u.replicas * (is_tp_split(p.segment) and 1 or T))
+          end
+        end
+      end
     end
   end
-  local_sq = local_sq + clip.grad_sq_norm(ignored_params(S)) / dist.world_size()
+  local world = dist.world_size()
+  if T == 1 then
+    local_sq = local_sq + clip.grad_sq_norm(ignored_params(S)) / world
+  else
+    for _, p in ipairs(ignored_params(S)) do
+      local_sq = local_sq + clip.grad_sq_norm({ p }) / (is_tp_split(p) and world / T or world)
+    end
+  end
   local t = factories.tensor({ local_sq }, { dtype = 'f64' })
   dist.all_reduce(t)
   return math.sqrt(t:item())

@@ -77,6 +77,38 @@ function Strategy:groups(group)
   return hybrid_groups()
 end
 
+-- [Note: strategies on a mesh]
+-- With a device mesh (fsdp.shard's `mesh` option; [Note: the device mesh]
+-- in fsdp/mesh.lua) the groups come from the mesh, not from the shard
+-- group option or node boundaries: the sharding strategies (FULL_SHARD,
+-- SHARD_GRAD_OP, and the hybrids alike) shard over 'dp_shard' and, when
+-- dp_replicate > 1, sum their gradients over 'dp_replicate' (HSDP whose
+-- groups are the mesh's); NO_SHARD replicates over 'dp'. TP ranks are
+-- neither shards nor replicas of one another: they hold different
+-- parameters. `sizes` is a Mesh or a plain {dp_replicate=, dp_shard=, tp=}
+-- (the planner's, for a world it does not run in).
+local function mesh_sizes(sizes)
+  if type(sizes.size) == 'function' then
+    return { dp_replicate = sizes:size('dp_replicate'), dp_shard = sizes:size('dp_shard'), tp = sizes:size('tp') }
+  end
+  return sizes
+end
+
+-- The ranks sharing one unit's shards, and the ranks holding copies of
+-- each shard (whose gradients are summed), on a mesh of these sizes.
+function Strategy:mesh_shard_size(sizes)
+  local s = mesh_sizes(sizes)
+  local G = self.shards_across == 'none' and 1 or s.dp_shard
+  return G, s.dp_replicate * s.dp_shard / G
+end
+
+-- The process groups of a unit of this strategy on a mesh (fsdp.mesh; its
+-- groups exist already): shard_group, replicate_group (nil: none).
+function Strategy:mesh_groups(mesh)
+  if self.shards_across == 'none' then return self_group(), mesh:group('dp') end
+  return mesh:group('dp_shard'), mesh:size('dp_replicate') > 1 and mesh:group('dp_replicate') or nil
+end
+
 -- The strategy a name (or a strategy) stands for; an unknown one fails.
 -- `who` names the caller in errors ('fsdp.shard', or 'fsdp.plan').
 function M.strategy(s, where, who)

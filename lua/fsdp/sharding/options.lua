@@ -16,6 +16,8 @@ local lora = require 'fsdp.lora'
 local devices = require 'fsdp.devices'
 local console = require 'fsdp.observe.console'
 local options = require 'fsdp.options'
+local layout = require 'fsdp.sharding.layout'
+local mesh_mod = require 'fsdp.mesh'
 
 local M = {}
 
@@ -91,6 +93,60 @@ local function bad(script, fmt, ...)
   error(script .. ': ' .. fmt:format(...), 0)
 end
 
+-- [Note: the recipe's mesh]
+-- A recipe with mesh options (--tp, --dp_shard, --dp_replicate: the
+-- decoder recipes) trains on a device mesh (fsdp.mesh) when any is given,
+-- and as before (no mesh: the strategy's own groups) when none is. What the
+-- options leave open comes from --sharding_strategy: the hybrids shard
+-- inside a node and replicate across (dp_shard = ranks per node / tp,
+-- dp_replicate = nodes; or the ranks --dp_shard leaves), NO_SHARD replicates over every data-parallel rank
+-- (dp_shard 1), the others shard over them all (dp_replicate 1).
+-- mesh_sizes(cfg, {world=, nodes=}) gives {dp_replicate=, dp_shard=, tp=}
+-- or nil (no mesh option given), for this job (default) or the world
+-- --plan plans for; a contradiction raises one usage line.
+function M.mesh_sizes(cfg, where)
+  local T, S, Rr = cfg.tp or 1, cfg.dp_shard or 0, cfg.dp_replicate or 0
+  if T == 1 and S == 0 and Rr == 0 then return nil end
+  where = where or {}
+  local world = where.world or dist.world_size()
+  local nodes = where.nodes or math.max(1, dist.nodes())
+  local per_node = world / nodes
+  local st = layout.strategy(cfg.sharding_strategy or 'FULL_SHARD')
+  local function bad(fmt, ...) error(fmt:format(...), 0) end
+  if st.shards_across == 'none' then
+    if S > 1 then
+      bad('--dp_shard=%d contradicts --sharding_strategy=%s, which shards nothing (it replicates over the '
+        .. 'data-parallel ranks): leave --dp_shard out or choose a sharding strategy', S, st.name)
+    end
+    S = 1
+    if Rr == 0 and world % T == 0 then Rr = world / T end
+  elseif st.shards_across == 'node' and S == 0 then
+    if per_node % T ~= 0 then
+      bad('--tp=%d does not divide the %d ranks per node: a tensor-parallel group must not straddle nodes', T,
+        per_node)
+    end
+    S = per_node / T
+    if Rr == 0 then Rr = nodes end
+  elseif st.shards_across == 'node' and Rr == 0 and world % (S * T) == 0 then
+    Rr = world / (S * T) -- (the hybrids replicate over what the shards leave)
+  end
+  local spec = { tp = T, dp_shard = S > 0 and S or nil, dp_replicate = Rr > 0 and Rr or nil }
+  local ok, sizes = pcall(mesh_mod.resolve_sizes, spec, world, 'mesh')
+  if not ok then
+    bad('--tp=%d --dp_shard=%s --dp_replicate=%s: %s', T, S > 0 and S or '(the rest)', Rr > 0 and Rr or 1,
+      (options.bare(sizes):gsub('^mesh: ', '')))
+  end
+  if T > 1 and nodes > 1 and per_node % T ~= 0 then
+    bad('--tp=%d does not divide the %d ranks per node: a tensor-parallel group must not straddle nodes', T, per_node)
+  end
+  if st.shards_across == 'node' and per_node % (sizes.dp_shard * T) ~= 0 then
+    bad('--sharding_strategy=%s shards inside a node, but --dp_shard=%d x --tp=%d is %d ranks, which does not divide '
+      .. 'the %d ranks per node (FULL_SHARD with --dp_replicate shards across nodes)', st.name, sizes.dp_shard, T,
+      sizes.dp_shard * T, per_node)
+  end
+  return sizes
+end
+
 -- The wrap policy and mixed precision a config asks for (checked).
 function M.policy_and_precision(cfg, block_class, script)
   local policies = {
@@ -123,8 +179,9 @@ end
 
 -- Shard `model` (built on meta) as cfg says, units and checkpoints on
 -- instances of block_class; each rank initialises its shards from the init
--- rules with cfg.seed. Returns the model and its units.
-function M.apply(model, cfg, block_class, script)
+-- rules with cfg.seed; `mesh` (an fsdp.mesh, or nil) gives the groups.
+-- Returns the model and its units.
+function M.apply(model, cfg, block_class, script, mesh)
   script = script or 'recipe'
   -- Every rank must train with the same options: compared before the
   -- model is sharded (its first collective), naming the keys that differ.
@@ -135,7 +192,7 @@ function M.apply(model, cfg, block_class, script)
     policy = policy, strategy = cfg.sharding_strategy, mixed_precision = mp,
     backward_prefetch = bp ~= 'none' and bp or false, forward_prefetch = cfg.forward_prefetch,
     limit_all_gathers = cfg.limit_all_gathers, seed = cfg.seed, device = device.resolve(cfg),
-    init = M.init_rule(cfg), cpu_offload = cfg.cpu_offload,
+    init = M.init_rule(cfg), cpu_offload = cfg.cpu_offload, mesh = mesh,
   })
   local offload = cfg.offload_activations or false
   if type(offload) ~= 'boolean' then
@@ -159,8 +216,9 @@ function M.apply(model, cfg, block_class, script)
       train_bytes = train_bytes + u:shard_bytes()
     end
   end
-  console.print(('sharding: %s over %d rank%s, %d units%s, compute %s, reduce %s%s%s%s'):format(
-    cfg.sharding_strategy, W, W == 1 and '' or 's', #units, frozen > 0 and (' (%d frozen)'):format(frozen) or '',
+  console.print(('sharding: %s over %s, %d units%s, compute %s, reduce %s%s%s%s'):format(
+    cfg.sharding_strategy, mesh and ('the %s'):format((tostring(mesh):gsub(' %(rank.*', '')))
+      or ('%d rank%s'):format(W, W == 1 and '' or 's'), #units, frozen > 0 and (' (%d frozen)'):format(frozen) or '',
     units[#units].param_dtype, units[#units].reduce_dtype,
     cfg.activation_checkpointing and ', checkpointed blocks' or '',
     offload and ', activations offloaded to pinned CPU memory' or '',
@@ -173,11 +231,14 @@ end
 -- world, batch and seq from shape) on `device` (a name or profile).
 function M.plan_options(cfg, block_class, shape, script, device)
   local policy, mp = M.policy_and_precision(cfg, block_class, script or 'recipe')
+  local world = cfg.plan_world and cfg.plan_world > 0 and cfg.plan_world or fsdp.dist.world_size()
+  -- --plan_world alone: the device profile's node size ([Note: plan node size])
+  local nodes = cfg.plan_nodes and cfg.plan_nodes > 0 and cfg.plan_nodes
+                or not (cfg.plan_world and cfg.plan_world > 0) and fsdp.dist.nodes() or nil
   return {
-    world = cfg.plan_world and cfg.plan_world > 0 and cfg.plan_world or fsdp.dist.world_size(),
-    -- --plan_world alone: the device profile's node size ([Note: plan node size])
-    nodes = cfg.plan_nodes and cfg.plan_nodes > 0 and cfg.plan_nodes
-            or not (cfg.plan_world and cfg.plan_world > 0) and fsdp.dist.nodes() or nil,
+    world = world, nodes = nodes,
+    -- the mesh options' sizes for that world ([Note: the recipe's mesh])
+    mesh = M.mesh_sizes(cfg, { world = world, nodes = nodes or 1 }),
     strategy = cfg.sharding_strategy, policy = policy,
     mixed_precision = mp, checkpoint = cfg.activation_checkpointing, device = device,
     offload_activations = cfg.offload_activations or false, offload = cfg.cpu_offload or false,

@@ -1,0 +1,171 @@
+-- fsdp.tp: tensor parallelism inside a node (Megatron-LM style), composed
+-- with fsdp.shard across nodes (issue 43: TP x FSDP).
+--
+--   local tp = require 'fsdp.tp'
+--   local model = llama.CausalLM(cfg, {device = 'meta'})
+--   tp.parallelize(model, model:tp_plan(), {mesh = mesh})    -- or {group = tp_group}
+--   fsdp.shard(model, {group = dp_group, policy = ...})      -- shards the local TP shards
+--   ... loss:backward(); tp.clip_grad_norm(model, 1.0); opt:step()
+--
+-- A plan is a list of {match = 'lua pattern on the module name' | function(module, name),
+-- style = 'colwise' | 'rowwise' | 'vocab_embedding' | 'vocab_head' | 'attention'}
+-- (fsdp.tp.styles says what each does); each module takes the style of the
+-- first entry it matches. Models declare their plan (models/decoder.lua:
+-- CausalLM:tp_plan()). parallelize runs on the meta (or fake, or a live)
+-- model before fsdp.shard: every matched module's parameters become this
+-- rank's shards, with the same names, values keyed by their global index
+-- ([Note: TP init keying] in fsdp/tp/shard_init.lua), and each carries
+-- p.tp = {dim =, size =, rank =, global_shape =}; replicated parameters
+-- have no p.tp. The whole plan is checked before anything changes: sizes
+-- not divisible by the TP size, a style on the wrong module, a mixture of
+-- experts, all fail with one line naming the module and the sizes.
+--
+-- Every rank of a TP group must see the same input (the same data-parallel
+-- rank's batch); their losses are then equal.
+local core = require 'fsdp.core'
+local ffi = require 'ffi'
+local dist = require 'fsdp.dist'
+local nn = require 'fsdp.nn'
+local Tensor = require 'fsdp.tensor'
+local factories = require 'fsdp.factories'
+local styles = require 'fsdp.tp.styles'
+
+local M = {}
+
+M.collectives = require 'fsdp.tp.collectives'
+M.cross_entropy = require('fsdp.tp.cross_entropy').cross_entropy
+M.shard_init = require 'fsdp.tp.shard_init'
+
+local function fail(fmt, ...) core.fail('tp.parallelize: ' .. fmt:format(...)) end
+
+-- The TP group from opts: {group = Group} or {mesh = anything with :group('tp')}.
+local function group_of(opts)
+  if type(opts) ~= 'table' then fail('expected options {mesh = m} or {group = g}, got %s', type(opts)) end
+  local g = opts.group
+  if g == nil and opts.mesh ~= nil then
+    if type(opts.mesh) ~= 'table' or type(opts.mesh.group) ~= 'function' then
+      fail('opts.mesh has no :group(dim) method')
+    end
+    g = opts.mesh:group('tp')
+  end
+  if g == nil then fail('needs {mesh = m} (its tp dimension) or {group = g} (an fsdp.dist Group)') end
+  if getmetatable(g) ~= dist.Group then fail('the tp group is a %s, not an fsdp.dist Group', type(g)) end
+  if not g:is_member() then fail('this rank is not a member of the tp group %s', g:name()) end
+  return g
+end
+
+local function check_plan(plan)
+  if type(plan) ~= 'table' or #plan == 0 then fail('the plan must be a non-empty list of {match =, style =}') end
+  for i, e in ipairs(plan) do
+    if type(e) ~= 'table' or (type(e.match) ~= 'string' and type(e.match) ~= 'function') then
+      fail('plan entry %d needs match = a name pattern or a function(module, name)', i)
+    end
+    if not styles.NAMES[e.style] then
+      fail("plan entry %d: unknown style %s (known: colwise, rowwise, vocab_embedding, vocab_head, attention)",
+        i, tostring(e.style))
+    end
+  end
+end
+
+local function style_of(plan, m, name)
+  for _, e in ipairs(plan) do
+    local hit
+    if type(e.match) == 'string' then hit = name:match(e.match) ~= nil else hit = e.match(m, name) end
+    if hit then return e.style end
+  end
+  return nil
+end
+
+-- tp.parallelize(model, plan, {mesh = m} | {group = g}): see the top of
+-- this file. Returns the model.
+function M.parallelize(model, plan, opts)
+  if not nn.Module.is_module(model) then fail('expected a model (an nn.Module), got %s', type(model)) end
+  if rawget(model, '_fsdp') then fail('the model is already sharded: call tp.parallelize before fsdp.shard') end
+  if rawget(model, '_tp') then fail('the model is already tensor-parallel') end
+  check_plan(plan)
+  local group = group_of(opts)
+  local T = group:size()
+  local chosen, by_name = {}, {}
+  for _, nm in ipairs(model:named_modules()) do
+    local name, m = nm[1], nm[2]
+    if nn.MoE and m:is_instance_of(nn.MoE) then
+      fail('%s is a mixture of experts (%s); TP of experts is not supported yet', name, m:class_name())
+    end
+    local s = style_of(plan, m, name)
+    if s then
+      chosen[#chosen + 1] = { name, m, s }
+      by_name[name] = s
+    end
+  end
+  if #chosen == 0 then fail('the plan matched no module of %s', model:class_name()) end
+  for _, c in ipairs(chosen) do styles.check(c[3], c[2], c[1], T, by_name) end
+  local ctx = { group = group, size = T, rank = group:rank(), done = {} }
+  for _, c in ipairs(chosen) do styles.apply(c[3], c[2], c[1], ctx) end
+  rawset(model, '_tp', { group = group, size = T, rank = group:rank(), styles = by_name })
+  return model
+end
+
+-- The TP group of a parallelized model (nil for one that is not).
+function M.group(model)
+  local s = rawget(model, '_tp')
+  return s and s.group
+end
+
+local sq = ffi.new('double[1]')
+
+local function sq_of(g)
+  if g == nil or not g:has_storage() then return 0 end
+  if not g:is_contiguous() then g = g:contiguous() end
+  core.check(core.C.fl_grad_sq_norm(Tensor.cptr(g), sq))
+  return sq[0]
+end
+
+-- The global L2 norm of a TP model's gradients (collective over the world
+-- when the model is also sharded by fsdp.shard, else over the TP group):
+-- every element of the logical model counted once. A TP shard's squares
+-- count as they are; a replicated parameter's are divided by the TP size
+-- (every TP rank holds it); an fsdp unit's by its replicas as
+-- fsdp.grad_norm divides them (world / shard group size), so a TP shard,
+-- held by world / (shard size * T) ranks, is multiplied back by T.
+-- (The mesh's grad-norm, once it lands, reads the same p.tp.)
+function M.grad_norm(model)
+  local s = rawget(model, '_tp')
+  if not s then core.fail('tp.grad_norm: the model is not tensor-parallel (tp.parallelize)') end
+  local T, total = s.size, 0
+  local sharded = rawget(model, '_fsdp')
+  if sharded then
+    for _, u in ipairs(sharded.units) do
+      u:sync_zero_grad()
+      for _, p in ipairs(u.params) do
+        local seg = p.segment
+        if seg ~= nil and u.grad ~= nil then
+          total = total + sq_of(seg.grad) * (rawget(seg, 'tp') and T or 1) / u.replicas
+        end
+      end
+    end
+  else
+    for _, p in ipairs(model:parameters()) do
+      total = total + sq_of(p.grad) / (rawget(p, 'tp') and 1 or T)
+    end
+  end
+  local t = factories.tensor({ total }, { dtype = 'f64' })
+  dist.all_reduce(t, sharded and {} or { group = s.group })
+  return math.sqrt(t:item())
+end
+
+-- Clip a TP model's gradients to a global L2 norm of at most max_norm
+-- (M.grad_norm); returns the norm before clipping (as fsdp.clip_grad_norm).
+function M.clip_grad_norm(model, max_norm)
+  local total = M.grad_norm(model)
+  local coef = max_norm / (total + 1e-6)
+  if coef < 1 and total == total and total ~= math.huge then
+    if rawget(model, '_fsdp') then
+      require('fsdp.sharding').scale_grads(model, coef)
+    else
+      require('fsdp.optim.clip').scale_grads(model:parameters(), coef)
+    end
+  end
+  return total
+end
+
+return M

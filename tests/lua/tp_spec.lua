@@ -1,0 +1,170 @@
+-- tp_spec.lua: fsdp.tp on one process: the checks of a plan and of
+-- parallelize (one clear line naming the module, before anything
+-- changes), the families' plans, the TP init keying (a shard's values are
+-- the logical tensor's, for dim-0 and dim-1 shards and for FSDP segments
+-- that start mid-row), and a tp 1 model (a group of one) equal to the
+-- plain model. The numerics on 2 and 4 ranks: tests/mpi/tp_layers.lua and
+-- tests/mpi/tp_equivalence.lua.
+local fsdp = require 'fsdp'
+local nn = fsdp.nn
+local tp = require 'fsdp.tp'
+local lora = require 'fsdp.lora'
+local llama = require 'models.llama'
+local decoders = require 'models.decoders'
+local parameter = require 'fsdp.nn.parameter'
+
+local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64, max_seq_len = 32 }
+
+local function meta_llama(over)
+  local c = {}
+  for k, v in pairs(CFG) do c[k] = v end
+  for k, v in pairs(over or {}) do c[k] = v end
+  return llama.CausalLM(llama.config('Llama-2-7b', c), { device = 'meta' })
+end
+
+local function err_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, 'expected an error')
+  return tostring(err)
+end
+
+local world = fsdp.dist.world()
+
+describe('tp.parallelize checks', function()
+  it('needs a group or a mesh', function()
+    local m = meta_llama()
+    assert.matches('needs {mesh = m}', err_of(tp.parallelize, m, m:tp_plan(), {}), 1, true)
+    assert.matches('no :group', err_of(tp.parallelize, m, m:tp_plan(), { mesh = {} }), 1, true)
+    assert.matches('not an fsdp.dist Group', err_of(tp.parallelize, m, m:tp_plan(), { group = 3 }), 1, true)
+  end)
+
+  it('takes the tp group of a mesh', function()
+    local m = meta_llama()
+    local asked
+    tp.parallelize(m, m:tp_plan(), { mesh = { group = function(_, dim) asked = dim; return world end } })
+    assert.equal('tp', asked)
+    assert.equal(world, tp.group(m))
+  end)
+
+  it('refuses a malformed plan', function()
+    local m = meta_llama()
+    assert.matches('non%-empty list', err_of(tp.parallelize, m, {}, { group = world }))
+    assert.matches("unknown style diagonal", err_of(tp.parallelize, m, { { match = 'x', style = 'diagonal' } },
+      { group = world }), 1, true)
+    assert.matches('plan entry 1 needs match', err_of(tp.parallelize, m, { { style = 'colwise' } }, { group = world }),
+      1, true)
+    assert.matches('matched no module', err_of(tp.parallelize, m, { { match = 'nothing', style = 'colwise' } },
+      { group = world }), 1, true)
+  end)
+
+  it('refuses a style on the wrong module, naming it, and changes nothing', function()
+    local m = meta_llama()
+    local e = err_of(tp.parallelize, m, { { match = 'input_layernorm$', style = 'colwise' } }, { group = world })
+    assert.matches("model.layers.0.input_layernorm is a RMSNorm; 'colwise' takes a Linear", e, 1, true)
+    e = err_of(tp.parallelize, m, { { match = '%.self_attn$', style = 'attention' } }, { group = world })
+    assert.matches("model.layers.0.self_attn: its q_proj must be 'colwise' in the plan", e, 1, true)
+    assert.is_nil(rawget(m.model.layers[1].self_attn.q_proj.weight, 'tp'))
+    assert.equal(4, m.model.layers[1].self_attn.n_heads)
+  end)
+
+  it('refuses a sharded model and a second parallelize', function()
+    local m = meta_llama()
+    tp.parallelize(m, m:tp_plan(), { group = world })
+    assert.matches('already tensor%-parallel', err_of(tp.parallelize, m, m:tp_plan(), { group = world }))
+    local s = meta_llama()
+    fsdp.shard(s, { group = world })
+    assert.matches('call tp.parallelize before fsdp.shard', err_of(tp.parallelize, s, s:tp_plan(), { group = world }),
+      1, true)
+  end)
+
+  it('refuses LoRA on a layer already tensor-parallel (LoRA goes first)', function()
+    local m = meta_llama()
+    tp.parallelize(m, m:tp_plan(), { group = world })
+    assert.matches('apply LoRA before fsdp.tp.parallelize', err_of(lora.apply, m, { rank = 4, targets = { 'q_proj' } }), 1, true)
+  end)
+
+  it('refuses LoRA dropout', function()
+    local m = meta_llama()
+    lora.apply(m, { rank = 4, targets = { 'q_proj' }, dropout = 0.1 })
+    assert.matches('LoRA dropout 0.1 with TP is not supported', err_of(tp.parallelize, m, m:tp_plan(),
+      { group = world }), 1, true)
+  end)
+end)
+
+describe('the decoder families\' TP plans', function()
+  local function build(family)
+    return decoders.families[family].module.build('tiny', { device = 'meta' })
+  end
+
+  it('refuses fused projections, experts and whole-projection q/k norms in one line', function()
+    assert.matches('phi3: no tensor%-parallel plan for its fused qkv_proj', err_of(function() build('phi3'):tp_plan() end))
+    assert.matches('mixture%-of%-experts', err_of(function() build('qwen3_moe'):tp_plan() end))
+    assert.matches('whole projection', err_of(function() build('olmo2'):tp_plan() end))
+  end)
+
+  it('parallelizes every other family with a group of one and keeps its loss', function()
+    for _, family in ipairs({ 'llama', 'qwen2', 'qwen3', 'mistral', 'gemma2', 'gemma3_text' }) do
+      local ref, m = build(family), build(family)
+      tp.parallelize(m, m:tp_plan(), { group = world })
+      local n = 0
+      for _, np in ipairs(m:named_parameters()) do if rawget(np[2], 'tp') then n = n + 1 end end
+      assert.is_true(n > 0, family)
+      ref:init_weights({ device = 'cpu', seed = 1 })
+      m:init_weights({ device = 'cpu', seed = 1 })
+      local ids = fsdp.randint(0, ref.config.vocab_size, { 1, 6 }, { seed = 2 })
+      local a, b = ref:loss(ids, ids), m:loss(ids, ids)
+      assert.is_true(math.abs(a:item() - b:item()) <= 1e-6 * math.abs(a:item()), family)
+    end
+  end)
+end)
+
+describe('TP init keying', function()
+  -- The logical tensor, filled as one process fills it.
+  local function logical(shape, rule)
+    local t = fsdp.empty(shape)
+    parameter.fill(t, rule, { seed = 3, name = 'w' })
+    return t
+  end
+
+  local function shard(rule, tp_, shape, offset, n)
+    local t = fsdp.empty({ n })
+    local r = require('fsdp.tp.shard_init').rule(rule, tp_, 'w')
+    parameter.fill(t, r, { seed = 3, name = 'w', offset = offset })
+    return t
+  end
+
+  for _, rule in ipairs({ nn.init.normal(0.02), nn.init.kaiming_uniform(7), nn.init.uniform(-1, 2) }) do
+    it('gives a dim-0 and a dim-1 shard, whole or as segments, the logical values (' .. rule.kind .. ')', function()
+      local full = logical({ 6, 8 }, rule)
+      for rank = 0, 1 do
+        local rows = { dim = 0, size = 2, rank = rank, global_shape = { 6, 8 } }
+        local want0 = full:narrow(0, rank * 3, 3):contiguous():reshape(-1)
+        assert.same(want0:tolist(), shard(rule, rows, nil, 0, 24):tolist())
+        assert.same(want0:narrow(0, 5, 11):tolist(), shard(rule, rows, nil, 5, 11):tolist())
+        local cols = { dim = 1, size = 2, rank = rank, global_shape = { 6, 8 } }
+        local want1 = full:narrow(1, rank * 4, 4):contiguous():reshape(-1)
+        assert.same(want1:tolist(), shard(rule, cols, nil, 0, 24):tolist())
+        -- a segment starting and ending mid-row
+        assert.same(want1:narrow(0, 3, 14):tolist(), shard(rule, cols, nil, 3, 14):tolist())
+      end
+    end)
+  end
+
+  it('keeps index-free rules and refuses computed ones', function()
+    local si = require 'fsdp.tp.shard_init'
+    local z = nn.init.zeros()
+    assert.equal(z, si.rule(z, { dim = 1, size = 2, rank = 0, global_shape = { 2, 2 } }, 'w'))
+    assert.matches('computed %(function%) init rule', err_of(si.rule, function() end,
+      { dim = 0, size = 2, rank = 0, global_shape = { 2 } }, 'layers.0.w'))
+  end)
+
+  it('marks TP shards with p.tp and leaves replicated parameters alone', function()
+    local m = meta_llama()
+    tp.parallelize(m, m:tp_plan(), { group = world })
+    local l = m.model.layers[1]
+    assert.same({ dim = 0, size = 1, rank = 0, global_shape = { 32, 32 } }, rawget(l.self_attn.q_proj.weight, 'tp'))
+    assert.same({ dim = 1, size = 1, rank = 0, global_shape = { 32, 64 } }, rawget(l.mlp.down_proj.weight, 'tp'))
+    assert.same({ dim = 0, size = 1, rank = 0, global_shape = { 64, 32 } }, rawget(m.lm_head.weight, 'tp'))
+    assert.is_nil(rawget(l.input_layernorm.weight, 'tp'))
+  end)
+end)
