@@ -405,7 +405,7 @@ function methods:to(x, opts)
   return wrap(C.fl_to(c, dtype, device))
 end
 
--- Page-locked host memory (needs a CUDA device): a pinned copy of this
+-- Page-locked CPU memory (needs a CUDA device): a pinned copy of this
 -- cpu tensor, or itself when already pinned.
 function methods:pin_memory() return wrap(C.fl_pin_memory(cptr(self))) end
 function methods:is_pinned() return C.fl_is_pinned(cptr(self)) end

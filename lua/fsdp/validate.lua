@@ -1,5 +1,5 @@
 -- fsdp.validate: the one numeric check every validation shares: recipe
--- options (fsdp.recipe), model configs (models/common.lua), the values of
+-- options (fsdp.options), model configs (models/common.lua), the values of
 -- config.json and adapter_config.json, generation, layer and optimizer
 -- arguments. Each says what is wrong the same way, and none lets NaN
 -- through: `v <= 0` is false for NaN, so a check written as a comparison

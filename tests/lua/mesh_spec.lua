@@ -6,8 +6,8 @@
 local fsdp = require 'fsdp'
 local mesh_mod = require 'fsdp.mesh'
 local layout = require 'fsdp.sharding.layout'
-local shard_recipe = require 'fsdp.sharding.recipe'
-local dr = require 'models.decoder_recipe'
+local shard_options = require 'fsdp.sharding.options'
+local dr = require 'models.decoder_training'
 local decoders = require 'models.decoders'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
@@ -142,7 +142,7 @@ describe('the decoder recipes\' mesh options', function()
   local function sizes(o, where)
     local cfg = { tp = o.tp or 1, dp_shard = o.dp_shard or 0, dp_replicate = o.dp_replicate or 0,
                   sharding_strategy = o.strategy or 'FULL_SHARD' }
-    return shard_recipe.mesh_sizes(cfg, where or { world = 8, nodes = 2 })
+    return shard_options.mesh_sizes(cfg, where or { world = 8, nodes = 2 })
   end
 
   it('makes no mesh when none is given, and fills what is left from the strategy', function()

@@ -437,7 +437,7 @@ out=$(env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
   -u OMPI_MCA_rmaps_base_oversubscribe -u OMPI_MCA_btl_vader_single_copy_mechanism \
   timeout -k 5 "$LIMIT" "$EXE" --nproc $np tests/mpi/nproc.lua first 'second arg' 2>&1)
 rc=$?
-lines=$(grep -c "backend=mpi size=$np sum=$np args=first,second arg" <<<"$out")
+lines=$(grep -c "transport=mpi size=$np sum=$np args=first,second arg" <<<"$out")
 if [ "$rc" -eq 0 ] && [ "$lines" -eq $np ]; then
   ok "fsdp-lua --nproc $np (more ranks than the $cpus CPUs) forwards the arguments to every rank"
 else
@@ -450,7 +450,7 @@ expect_failure "fsdp-lua --nproc 2 propagates a failing rank's exit status" 15 \
 
 # The mpi backend without a launcher: an MPI singleton of one rank.
 out=$(env FSDP_BACKEND=mpi timeout -k 5 "$LIMIT" "$EXE" -e \
-  "local d = require('fsdp').dist; local t = d.all_reduce(require('fsdp').ones(2)); print(d.backend(), d.world_size(), t:sum():item())" 2>&1)
+  "local d = require('fsdp').dist; local t = d.all_reduce(require('fsdp').ones(2)); print(d.transport(), d.world_size(), t:sum():item())" 2>&1)
 if [ "$out" = "$(printf 'mpi\t1\t2')" ]; then
   ok "FSDP_BACKEND=mpi without a launcher runs as a one-rank MPI world"
 else

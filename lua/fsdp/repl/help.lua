@@ -2,7 +2,7 @@
 -- listed by hand, so it stays true as the library grows.
 --
 --   help()            the keys, the fsdp library, models/, recipes/ and the
---                     globals a recipe exposed (fsdp-lua -i recipe.lua)
+--                     globals a recipe exposed (fsdp-lua -i options.lua)
 --   help(fn)          a function's signature, options and description
 --   help(value)       the fields and methods of a value (what Tab offers),
 --                     after its module's description when it is a module
@@ -182,8 +182,8 @@ local function overview()
       end
     end
   end
-  local recipe = package.loaded['fsdp.recipe']
-  local exposed = recipe and recipe.exposed and sorted(recipe.exposed) or {}
+  local options = package.loaded['fsdp.options']
+  local exposed = options and options.exposed and sorted(options.exposed) or {}
   if #exposed > 0 then out('\nfrom the recipe: ', table.concat(exposed, ', '), '\n') end
 end
 

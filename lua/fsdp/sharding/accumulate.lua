@@ -3,7 +3,7 @@
 -- the last one.
 --
 --   local accumulate = require 'fsdp.sharding.accumulate'
---   local cfg = recipe.config(accumulate.options({...}), arg, script)
+--   local cfg = options.config(accumulate.options({...}), arg, script)
 --   for step = start + 1, cfg.max_steps do
 --     local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function(i)
 --       local ids, targets = data:next()            -- micro-batch i of k
@@ -87,7 +87,7 @@ local dist = require 'fsdp.dist'
 local fsdp = require 'fsdp'
 local M = {}
 local validate = require 'fsdp.validate'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local IGNORE = -100
 
 M.OPTIONS = {
@@ -96,7 +96,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return recipe.merge(M.OPTIONS, own) end
+function M.options(own) return options.merge(M.OPTIONS, own) end
 
 local function sharded(model) return rawget(model, '_fsdp') ~= nil end
 

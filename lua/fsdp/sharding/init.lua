@@ -70,7 +70,7 @@ M.policy = require 'fsdp.sharding.policy'
 -- hooks.lua.
 local mixed_precision = layout.mixed_precision
 M.strategies, M.strategy, M.is_strategy = layout.strategies, layout.strategy, layout.is_strategy
-M.check_strategy, M.mixed_precision, M.plan_units = layout.check_strategy, mixed_precision, layout.plan_units
+M.check_strategy, M.mixed_precision, M.assign_units = layout.check_strategy, mixed_precision, layout.assign_units
 M.resolve, M.master_param = layout.resolve, layout.master_param
 
 local OPTIONS = {
@@ -206,7 +206,7 @@ end
 --   backward_prefetch ('pre'; 'post', false), forward_prefetch (false),
 --     limit_all_gathers (false);
 --   cpu_offload (false: true keeps master shards, gradients and optimizer
---     state in host memory);
+--     state in CPU memory);
 --   sync_module_states (false: true takes rank 0's values instead of the
 --     init rules), seed (fsdp.initial_seed(): each rank materialises only
 --     its shards from it);

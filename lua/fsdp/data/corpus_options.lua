@@ -1,4 +1,4 @@
--- fsdp.data.corpus_recipe: training recipes on a raw corpus. --data (or
+-- fsdp.data.corpus_options: training recipes on a raw corpus. --data (or
 -- the seed's --dataset) names token shards from tools/tokenize.lua or, new,
 -- the files people download: a .txt/.jsonl/.json(.gz/.zst) file, a
 -- directory or a glob, streamed by fsdp.data.corpus with the --tokenizer
@@ -11,10 +11,10 @@
 -- fingerprint of a data position] in fsdp.data.corpus); the option serves
 -- token shards too.
 --
---   local corpus_recipe = require 'fsdp.data.corpus_recipe'
---   local spec = corpus_recipe.options({...})          -- adds the raw-corpus options
---   if corpus_recipe.is_raw(cfg.data) then train = corpus_recipe.open(cfg, written) end
---   local val = corpus_recipe.open_val(cfg, train, val_batch_size)   -- nil: no validation (warned)
+--   local corpus_options = require 'fsdp.data.corpus_options'
+--   local spec = corpus_options.options({...})          -- adds the raw-corpus options
+--   if corpus_options.is_raw(cfg.data) then train = corpus_options.open(cfg, written) end
+--   local val = corpus_options.open_val(cfg, train, val_batch_size)   -- nil: no validation (warned)
 local corpus = require 'fsdp.data.corpus'
 local changes = require 'fsdp.data.changes'
 local lfs = require 'lfs'
