@@ -27,6 +27,8 @@ local console = require 'fsdp.observe.console'
 local metrics = require 'fsdp.observe.metrics'
 local ckpt_options = require 'fsdp.checkpointing.options'
 local shard_options = require 'fsdp.sharding.options'
+local mesh_mod = require 'fsdp.mesh'
+local tp = require 'fsdp.tp'
 
 local M = {}
 
@@ -209,10 +211,8 @@ M.TP_SPLIT = { { 'n_heads', 'num_heads' }, { 'n_kv_heads', 'num_kv_heads' }, { '
 M.TP_UNSUPPORTED = { { 'init_from', '' }, { 'lora_rank', 0 }, { 'checkpoint_dir', '' }, { 'export_hf', '' },
                      { 'save_full_state_dict', '' } }
 
-function M.check_tp(cfg, c, R, tp_module)
+function M.check_tp(cfg, c, R)
   local T = cfg.tp
-  local ok = tp_module ~= nil or pcall(require, 'fsdp.tp')
-  if not ok then error('--tp: tensor parallelism is not available in this build', 0) end
   for _, k in ipairs(M.TP_SPLIT) do
     local v = c[k[1]] or (k[1] == 'n_kv_heads' and c.n_heads) or nil
     if v and v % T ~= 0 then
@@ -242,7 +242,6 @@ end
 -- and printed. Collective.
 function M.mesh(R)
   if not R.mesh_sizes then return nil end
-  local mesh_mod = require 'fsdp.mesh'
   local mesh = mesh_mod.new(R.mesh_sizes)
   mesh_mod.set_current(mesh)
   console.print(tostring(mesh))
@@ -263,7 +262,7 @@ function M.build(R, cfg, who, shape)
   -- --tp: the TP layers first (on meta), so the fit check and the
   -- sharding see what one TP rank holds ([Note: what --tp checks])
   if mesh and mesh:size('tp') > 1 then
-    require('fsdp.tp').parallelize(model, model:tp_plan(), { mesh = mesh })
+    tp.parallelize(model, model:tp_plan(), { mesh = mesh })
   end
   M.loss_options(model, cfg) -- (before the fit check, whose trace runs the model's own loss)
   -- before the fit check and sharding, which see the frozen base

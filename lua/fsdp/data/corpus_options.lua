@@ -21,6 +21,7 @@ local lfs = require 'lfs'
 local dist = require 'fsdp.dist'
 local token_shards = require 'fsdp.data.tokens'
 local tokenizers = require 'fsdp.data.tokenizer'
+local mesh = require 'fsdp.mesh'
 
 local M = {}
 
@@ -111,7 +112,7 @@ function M.open_val(cfg, train, val_batch)
   local ok, val = pcall(corpus.open, path, o)
   if not ok then error(('--%s: %s'):format(cfg.val_data ~= '' and 'val_data' or 'data', bare(val)), 0) end
   local n = val:count_batches(cfg.val_batches)
-  local world = require('fsdp.mesh').data_parallel_size() -- (a TP group shares its batches)
+  local world = mesh.data_parallel_size() -- (a TP group shares its batches)
   if n == 0 then
     say('warning: %s holds no whole validation batch (%d sequences of %d tokens); training without validation '
       .. '(give --val_data, or a larger --val_fraction)', what, val_batch * world, cfg.seq_len)

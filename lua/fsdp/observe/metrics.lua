@@ -69,6 +69,7 @@ local profiler = require 'fsdp.observe.profiler'
 local options = require 'fsdp.options'
 local joined = require 'fsdp.observe.joined'
 local plotter = require 'fsdp.observe.plot'
+local mesh = require 'fsdp.mesh'
 pcall(ffi.cdef, 'int isatty(int fd);')
 
 local M = {}
@@ -215,7 +216,7 @@ end
 -- The data-parallel ranks a logger's samples come from: its world_size
 -- option when given, else fsdp.mesh's.
 local function data_parallel_ranks(self)
-  return self.data_parallel or require('fsdp.mesh').data_parallel_size()
+  return self.data_parallel or mesh.data_parallel_size()
 end
 
 function M.Logger(opts)

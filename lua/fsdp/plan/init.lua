@@ -58,6 +58,7 @@ local dist = require 'fsdp.dist'
 local cost = require 'fsdp.plan.cost'
 local report = require 'fsdp.plan.report'
 local nn = require 'fsdp.nn'
+local mesh = require 'fsdp.mesh'
 local C = core.C
 
 local M = {}
@@ -247,7 +248,6 @@ local function resolve(model, opts)
     r.nodes, r.ranks_per_node = r.world / k, k
   end
   if opts.mesh ~= nil then
-    local mesh = require 'fsdp.mesh'
     local m = opts.mesh
     if mesh.is_mesh(m) then
       m = { dp_replicate = m:size('dp_replicate'), dp_shard = m:size('dp_shard'), tp = m:size('tp') }

@@ -42,6 +42,7 @@ local Unit = require 'fsdp.sharding.unit'
 local layout = require 'fsdp.sharding.layout'
 local State = require 'fsdp.sharding.hooks'
 local clip = require 'fsdp.optim.clip'
+local mesh_mod = require 'fsdp.mesh'
 local ffi, C = core.ffi, core.C
 
 local M = {}
@@ -242,7 +243,7 @@ function M.shard(model, opts)
   local group = opts.group
   if group ~= nil and getmetatable(group) ~= dist.Group then core.fail('fsdp.shard: group must be a Group from fsdp.dist') end
   local mesh = opts.mesh
-  if mesh ~= nil and not require('fsdp.mesh').is_mesh(mesh) then
+  if mesh ~= nil and not mesh_mod.is_mesh(mesh) then
     core.fail(('fsdp.shard: mesh must be a mesh from fsdp.mesh.new, got %s'):format(type(mesh)))
   end
   if mesh and group then core.fail('fsdp.shard: give group or mesh, not both (a mesh brings its own groups)') end
