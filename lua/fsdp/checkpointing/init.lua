@@ -48,6 +48,7 @@ local lock = require 'fsdp.checkpointing.lock'
 local console = require 'fsdp.observe.console'
 local load_sharded = require 'fsdp.checkpointing.load'
 local full = require 'fsdp.checkpointing.full'
+local tables = require 'fsdp.tables'
 local C = core.C
 local META = layout.META
 
@@ -120,12 +121,7 @@ local function check_objs(objs, what)
   end
 end
 
-local function sorted(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
+local sorted = tables.sorted_keys
 
 -- This rank's file: for every part it writes, the slice and one flat
 -- tensor per optimizer state key (built per key while writing, so only one

@@ -23,6 +23,7 @@ local files = require 'fsdp.io.files'
 local publish = require 'fsdp.io.publish'
 local st_file = require 'fsdp.io.safetensors_file'
 local autograd = require 'fsdp.autograd'
+local tables = require 'fsdp.tables'
 
 local M = {}
 
@@ -45,12 +46,7 @@ local function dirname(path)
   return d == '' and '/' or d
 end
 
-local function sorted(t)
-  local keys = {}
-  for k in pairs(t) do keys[#keys + 1] = k end
-  table.sort(keys)
-  return keys
-end
+local sorted = tables.sorted_keys
 
 -- reading -------------------------------------------------------------------------------
 

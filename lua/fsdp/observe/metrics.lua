@@ -69,6 +69,7 @@ local profiler = require 'fsdp.observe.profiler'
 local recipe = require 'fsdp.recipe'
 local joined = require 'fsdp.observe.joined'
 local plotter = require 'fsdp.observe.plot'
+local tables = require 'fsdp.tables'
 pcall(ffi.cdef, 'int isatty(int fd);')
 
 local M = {}
@@ -319,9 +320,7 @@ end
 
 -- The configuration as a markdown table (TensorBoard's text tab).
 function M.config_markdown(cfg)
-  local keys = {}
-  for k in pairs(cfg) do keys[#keys + 1] = k end
-  table.sort(keys)
+  local keys = tables.sorted_keys(cfg)
   local rows = { '| option | value |', '|---|---|' }
   for _, k in ipairs(keys) do
     rows[#rows + 1] = ('| %s | %s |'):format(k, (tostring(cfg[k]):gsub('|', '\\|')))
