@@ -25,6 +25,7 @@ PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
           lua-yaml # YAML --config files (lua/fsdp/config_file.lua)
           lua-filesystem gnuplot-nox
           libxxhash-dev # XXH3 checksums of checkpoint files
+          libisal-dev # CRC-32C of TensorBoard event records (core/io/crc32c.c)
           libyajl-dev # streaming JSON: safetensors headers of any size
           zlib1g-dev libzstd-dev # corpus readers: .gz and .zst shards (core/data)
           libpcre2-dev libutf8proc-dev libsentencepiece-dev # tokenizers (core/text)
