@@ -73,7 +73,11 @@ generate() {
   local opts=()
   [ "${FSDP_NO_CUDA:-0}" = 1 ] && opts+=(--no-cuda)
   if command -v premake5 >/dev/null; then
-    premake5 --file=premake5.lua "${opts[@]}" gmake2 >/dev/null
+    # premake5 5.0.0-beta5 renamed its makefile action gmake2 to gmake (the
+    # old gmake became gmakelegacy); earlier 5.0 releases know only gmake2.
+    local action=gmake
+    premake5 --version | grep -Eq '5\.0\.0-(alpha[0-9]*|beta[1-4])([^0-9]|$)' && action=gmake2
+    premake5 --file=premake5.lua "${opts[@]}" "$action" >/dev/null
   else
     premake4 --file=premake5.lua "${opts[@]}" gmake >/dev/null
   fi
