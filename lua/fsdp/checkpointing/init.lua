@@ -60,6 +60,15 @@ M.layout = layout
 -- that crashed), which were skipped.
 function M.latest(dir) return layout.latest(dir) end
 
+-- Where a stopped run can go on from, as a clause its message ends with:
+-- "; the newest checkpoint is DIR/step-N", "; DIR holds no complete
+-- checkpoint", or '' when the run keeps none (dir nil or '').
+function M.resume_hint(dir)
+  if dir == nil or dir == '' then return '' end
+  local latest = M.latest(dir)
+  return latest and ('; the newest checkpoint is %s'):format(latest) or ('; %s holds no complete checkpoint'):format(dir)
+end
+
 
 -- An error message without the "file:line: " a raise put in front: it is
 -- passed on to other ranks and raised again with the caller's position.
