@@ -11,13 +11,9 @@
 -- Options: lr (1.0), rho (0.9), eps (1e-6), weight_decay (0), groups. The
 -- MNIST tutorial trains with Adadelta(lr = 1.0) and StepLR(gamma = 0.7).
 local ffi = require 'ffi'
-local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local Tensor = require 'fsdp.tensor'
 local Optimizer = require 'fsdp.optim.optimizer'
-
-local C = core.C
-local cptr = Tensor.cptr
+local C, cptr = Optimizer.C, Optimizer.cptr
 
 local Adadelta = Optimizer:extend('Adadelta', {
   lr = 1.0, rho = 0.9, eps = 1e-6, weight_decay = 0,

@@ -14,11 +14,8 @@
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local Tensor = require 'fsdp.tensor'
 local Optimizer = require 'fsdp.optim.optimizer'
-
-local C = core.C
-local cptr = Tensor.cptr
+local C, cptr = Optimizer.C, Optimizer.cptr
 
 -- (AdamW.ranges serve AnyPrecisionAdamW too)
 local AdamW = Optimizer:extend('AdamW', {

@@ -8,13 +8,9 @@
 -- Options (torchdistx's defaults): lr (1e-3), betas ({0.9, 0.999}), eps
 -- (1e-8), weight_decay (0), use_kahan_summation (false), momentum_dtype,
 -- variance_dtype, compensation_buffer_dtype (all 'bf16'), groups.
-local core = require 'fsdp.core'
-local Tensor = require 'fsdp.tensor'
 local Optimizer = require 'fsdp.optim.optimizer'
 local AdamW = require 'fsdp.optim.adamw'
-
-local C = core.C
-local cptr = Tensor.cptr
+local C, cptr = Optimizer.C, Optimizer.cptr
 
 local AnyPrecisionAdamW = Optimizer:extend('AnyPrecisionAdamW', {
   lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 0.0,

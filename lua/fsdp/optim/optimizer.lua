@@ -27,6 +27,11 @@ local Optimizer = {}
 Optimizer.__index = Optimizer
 Optimizer.name = 'Optimizer'
 
+-- What a subclass calls its fused kernel with: the core's C namespace and
+-- a Tensor's fl_tensor pointer (so its header is its own requires only).
+Optimizer.C = core.C
+Optimizer.cptr = Tensor.cptr
+
 -- A new optimizer class: Optimizer:extend('AdamW', {lr = 1e-3, ...}, ranges).
 -- Calling the class builds an instance: AdamW(params, opts). `ranges` is
 -- what check_group holds every group to, in order: {key, rule} (a

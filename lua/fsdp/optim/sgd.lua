@@ -9,13 +9,9 @@
 -- Options: lr (1e-3), momentum (0), dampening (0), weight_decay (0),
 -- nesterov (false), groups. The momentum buffer has the param's dtype.
 local ffi = require 'ffi'
-local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local Tensor = require 'fsdp.tensor'
 local Optimizer = require 'fsdp.optim.optimizer'
-
-local C = core.C
-local cptr = Tensor.cptr
+local C, cptr = Optimizer.C, Optimizer.cptr
 
 local SGD = Optimizer:extend('SGD', {
   lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false,
