@@ -187,20 +187,18 @@ function Checkpoint:file_of(name)
   return file
 end
 
-function Checkpoint:info(name)
+-- f:<method>(name) on the file that holds name, opened for it alone.
+local function from_file_of(self, method, name)
   local f = st().open(self:file_of(name))
-  local info = f:info(name)
+  local v = f[method](f, name)
   f:close()
-  return info
+  return v
 end
 
+function Checkpoint:info(name) return from_file_of(self, 'info', name) end
+
 -- One tensor (a view of its file's mapping, which lives as long as it does).
-function Checkpoint:get(name)
-  local f = st().open(self:file_of(name))
-  local t = f:get(name)
-  f:close()
-  return t
-end
+function Checkpoint:get(name) return from_file_of(self, 'get', name) end
 
 -- Iterate file by file: `for path, tensors in ck:each_file() do ... end`
 -- with tensors the name -> Tensor views of that file's share of the
