@@ -177,7 +177,8 @@ describe('AdamW', function()
       { optim.Adadelta, { weight_decay = -1 }, 'Adadelta: weight_decay must be >= 0, got -1' },
       { optim.SGD, { dampening = -0.5 }, 'SGD: dampening must be >= 0, got -0.5' },
       { optim.SGD, { lr = 0.1, momentum = 0 / 0 }, 'SGD: momentum must be a finite number, got nan' },
-      { optim.AnyPrecisionAdamW, { betas = { 0.9 } }, 'AnyPrecisionAdamW: betas must be {beta1, beta2} with each in [0, 1)' },
+      { optim.AnyPrecisionAdamW, { betas = { 0.9 } },
+        'AnyPrecisionAdamW: betas must be {beta1, beta2} with each in [0, 1)' },
       { optim.AnyPrecisionAdamW, { eps = -1 }, 'AnyPrecisionAdamW: eps must be >= 0, got -1' },
       { optim.AdamW, { weight_decay = math.huge }, 'AdamW: weight_decay must be a finite number, got inf' },
     }) do

@@ -66,7 +66,8 @@ function M.latest(dir) return layout.latest(dir) end
 function M.resume_hint(dir)
   if dir == nil or dir == '' then return '' end
   local latest = M.latest(dir)
-  return latest and ('; the newest checkpoint is %s'):format(latest) or ('; %s holds no complete checkpoint'):format(dir)
+  if latest then return ('; the newest checkpoint is %s'):format(latest) end
+  return ('; %s holds no complete checkpoint'):format(dir)
 end
 
 
