@@ -244,6 +244,8 @@ project "fsdp"
   includedirs { pkg_config_dirs("--cflags-only-I", "openblas") }
   libdirs { OPENBLAS.libdirs }
   links { OPENBLAS.link, "jansson", "yajl", "xxhash", "m", "pthread", "dl" }
+  -- ISA-L: CRC-32C of TensorBoard records (core/io/crc32c.c).
+  links { "isal" }
   linkoptions { OPENBLAS.rpath }
   -- Corpus readers (core/data): gzip and zstd shards.
   links { "z", "zstd" }

@@ -16,14 +16,11 @@
 -- line naming the file and the key as written ("training.lrr"). The
 -- command line overrides the file (fsdp.options applies the file first).
 local files = require 'fsdp.io.files'
+local tables = require 'fsdp.tables'
 local M = {}
 
-local function sorted_keys(t)
-  local keys = {}
-  for k in pairs(t) do keys[#keys + 1] = k end
-  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
-  return keys
-end
+-- (keys of YAML mappings may mix numbers and strings)
+local function sorted_keys(t) return tables.sorted_keys(t, tables.by_string) end
 
 local function is_yaml(path) return path:lower():match('%.ya?ml$') ~= nil end
 

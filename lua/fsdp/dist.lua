@@ -24,6 +24,7 @@
 -- default 600; dist.set_timeout) naming the collective, group and rank.
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
+local tables = require 'fsdp.tables'
 local ffi, C = core.ffi, core.C
 local cptr = Tensor.cptr
 
@@ -433,10 +434,8 @@ local function flatten(values, prefix, out)
 end
 
 local function canonical(values)
-  local flat, keys, lines = flatten(values, '', {}), {}, {}
-  for k in pairs(flat) do keys[#keys + 1] = k end
-  table.sort(keys)
-  for i, k in ipairs(keys) do lines[i] = k .. '\0' .. flat[k] end
+  local flat, lines = flatten(values, '', {}), {}
+  for i, k in ipairs(tables.sorted_keys(flat)) do lines[i] = k .. '\0' .. flat[k] end
   return table.concat(lines, '\n'), flat
 end
 

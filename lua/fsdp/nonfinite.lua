@@ -314,12 +314,7 @@ function M.guard(cfg, state, script)
   })
   guard.on_stop = function(text)
     if dist.rank() == 0 then
-      local dir = cfg.checkpoint_dir
-      if dir and dir ~= '' then
-        local latest = checkpointing.latest(dir)
-        text = text .. (latest and ('; the newest checkpoint is %s'):format(latest)
-          or ('; %s holds no complete checkpoint'):format(dir))
-      end
+      text = text .. checkpointing.resume_hint(cfg.checkpoint_dir)
       io.stdout:flush()
       io.stderr:write(('fsdp-lua: %s: %s\n'):format(script, text))
       io.stderr:flush()

@@ -53,6 +53,7 @@ local publish = require 'fsdp.io.publish'
 local files = require 'fsdp.io.files'
 local config_file = require 'fsdp.config_file'
 local hub = require 'fsdp.data.hub'
+local tables = require 'fsdp.tables'
 
 local M = {}
 
@@ -110,12 +111,7 @@ local function parse_value(key, text, default)
   return text
 end
 
-local function sorted_keys(t)
-  local keys = {}
-  for k in pairs(t) do keys[#keys + 1] = k end
-  table.sort(keys)
-  return keys
-end
+local sorted_keys = tables.sorted_keys
 
 -- The keys of a table, sorted (model config names for one_of).
 M.keys = sorted_keys

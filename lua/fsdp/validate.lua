@@ -134,5 +134,6 @@ M.INDEX = { int = true, min = 0 }          -- a token id, a step, a seed
 M.POSITIVE = { positive = true }           -- a rate, a scale, a temperature
 M.NONNEGATIVE = { min = 0 }                -- an epsilon, a weight decay, an init std
 M.PROBABILITY = { min = 0, below = 1 }     -- a dropout rate
+M.FRACTION = { min = 0, max = 1 }          -- a decay rate: rho, dampening
 
 return M

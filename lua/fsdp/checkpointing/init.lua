@@ -48,6 +48,7 @@ local lock = require 'fsdp.checkpointing.lock'
 local console = require 'fsdp.observe.console'
 local load_sharded = require 'fsdp.checkpointing.load'
 local full = require 'fsdp.checkpointing.full'
+local tables = require 'fsdp.tables'
 local C = core.C
 local META = directory.META
 
@@ -58,6 +59,16 @@ M.directory = directory
 -- step, or nil; third, the incomplete directories newer than it (a save
 -- that crashed), which were skipped.
 function M.latest(dir) return directory.latest(dir) end
+
+-- Where a stopped run can go on from, as a clause its message ends with:
+-- "; the newest checkpoint is DIR/step-N", "; DIR holds no complete
+-- checkpoint", or '' when the run keeps none (dir nil or '').
+function M.resume_hint(dir)
+  if dir == nil or dir == '' then return '' end
+  local latest = M.latest(dir)
+  if latest then return ('; the newest checkpoint is %s'):format(latest) end
+  return ('; %s holds no complete checkpoint'):format(dir)
+end
 
 
 -- An error message without the "file:line: " a raise put in front: it is
@@ -120,12 +131,7 @@ local function check_objs(objs, what)
   end
 end
 
-local function sorted(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
+local sorted = tables.sorted_keys
 
 -- This rank's file: for every part it writes, the slice and one flat
 -- tensor per optimizer state key (built per key while writing, so only one

@@ -70,6 +70,7 @@ local options = require 'fsdp.options'
 local joined = require 'fsdp.observe.joined'
 local plotter = require 'fsdp.observe.plot'
 local mesh = require 'fsdp.mesh'
+local tables = require 'fsdp.tables'
 pcall(ffi.cdef, 'int isatty(int fd);')
 
 local M = {}
@@ -327,9 +328,7 @@ end
 
 -- The configuration as a markdown table (TensorBoard's text tab).
 function M.config_markdown(cfg)
-  local keys = {}
-  for k in pairs(cfg) do keys[#keys + 1] = k end
-  table.sort(keys)
+  local keys = tables.sorted_keys(cfg)
   local rows = { '| option | value |', '|---|---|' }
   for _, k in ipairs(keys) do
     rows[#rows + 1] = ('| %s | %s |'):format(k, (tostring(cfg[k]):gsub('|', '\\|')))

@@ -29,6 +29,7 @@
 local M = {}
 
 local complete = require 'fsdp.repl.complete'
+local tables = require 'fsdp.tables'
 
 local function out(...) io.stdout:write(...) end
 
@@ -122,12 +123,7 @@ local function wrap(text, indent, width)
   return table.concat(lines, '\n' .. indent)
 end
 
-local function sorted(set)
-  local list = {}
-  for k in pairs(set) do list[#list + 1] = k end
-  table.sort(list)
-  return list
-end
+local sorted = tables.sorted_keys
 
 -- The library's functions and submodules, split by kind.
 local function library_names(fsdp)

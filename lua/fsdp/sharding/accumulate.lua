@@ -100,6 +100,15 @@ function M.options(own) return options.merge(M.OPTIONS, own) end
 
 local function sharded(model) return rawget(model, '_fsdp') ~= nil end
 
+-- one(i) for i = 1..k, all but the last under no_sync on a sharded model,
+-- so gradients are reduced once, at the last micro-batch.
+local function micro_batches(model, k, one)
+  for i = 1, k - 1 do
+    if sharded(model) then model:no_sync(function() one(i) end) else one(i) end
+  end
+  one(k)
+end
+
 -- Forward and backward of k micro-batches: micro(i) returns micro-batch
 -- i's loss (a scalar tensor, mean-reduced). Gradients accumulate in the
 -- model; only the last backward communicates (a sharded model; an
@@ -116,10 +125,7 @@ function M.forward_backward(model, k, micro)
     if k > 1 then loss = loss * (1 / k) end
     loss:backward()
   end
-  for i = 1, k - 1 do
-    if sharded(model) then model:no_sync(function() one(i) end) else one(i) end
-  end
-  one(k)
+  micro_batches(model, k, one)
   return sum / k
 end
 
@@ -178,10 +184,7 @@ function M.token_mean(model, k, batch, loss_of)
     if w ~= 1 then loss = loss * w end
     loss:backward()
   end
-  for i = 1, k - 1 do
-    if sharded(model) then model:no_sync(function() one(i) end) else one(i) end
-  end
-  one(k)
+  micro_batches(model, k, one)
   return sum * D / N, N
 end
 
