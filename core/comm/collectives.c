@@ -1,5 +1,5 @@
 /*
- * collectives.c: the collectives every backend shares, the API of core/dist:
+ * collectives.c: the collectives every backend shares, the API of core/comm:
  * checking tensors, staging 16-bit floats in f32, averaging, starting the
  * backend's request. Beside it: work.c (work handles with deadlines and
  * the counts of started collectives), device_path.c (collectives on

@@ -9,7 +9,7 @@
  * rings of MPI_Isend/MPI_Irecv), so the rank computes while data moves. Open MPI moves non-blocking collectives only
  * inside MPI calls; the MPI backend therefore runs a progress thread that
  * tests outstanding requests every FSDP_PROGRESS_INTERVAL_US (default 100)
- * microseconds while any exist (see core/dist/mpi/backend_mpi.c), and
+ * microseconds while any exist (see core/comm/mpi/backend_mpi.c), and
  * fl_work_test / fl_work_wait progress them too. A wait polls: it yields
  * the core between polls for the first second (see fl_dist_pause), then
  * sleeps briefly, and fails after the collective timeout instead of

@@ -1,5 +1,5 @@
 /*
- * dist.h: what the files of core/dist share inside the core: the state of
+ * dist.h: what the files of core/comm share inside the core: the state of
  * the distributed runtime (dist.c), the group and work structures (group.c,
  * work.c), the waiting policy every blocking loop uses, and what the files
  * of the collectives share (collectives.c, work.c, device_path.c,
