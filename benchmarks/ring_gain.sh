@@ -34,7 +34,7 @@ best() {
   done | awk '!($1 in m) || $2 < m[$1] { m[$1] = $2 } END { for (k in m) print k, m[k] }' | sort
 }
 
-echo "# $(date -u +%Y-%m-%d) $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores;" \
+echo "# $(date -u +%Y-%m-%d) $(lscpu | sed -n 's/^Model name: *//p'), $(getconf _NPROCESSORS_ONLN) cores;" \
   "Open MPI $(mpirun --version | awk 'NR == 1 { print $NF }'); $MIB MiB f32, best of $REPEATS runs"
 printf '%-6s %-15s %10s %12s %12s\n' ranks kind 'ring ms' 'libnbc ms' 'libnbc/ring'
 for np in ${RING_GAIN_RANKS:-2 4}; do
