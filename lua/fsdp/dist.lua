@@ -1,4 +1,4 @@
--- fsdp.dist: process groups and collectives (the C side is core/dist/).
+-- fsdp.dist: process groups and collectives (the C side is core/comm/).
 --
 --   local dist = require('fsdp').dist
 --   dist.init()                                  -- optional: first use does it
@@ -337,7 +337,7 @@ local stats_seconds = ffi.new('double[2]')
 -- count as f32, their staging); wait_s the seconds the process spent blocked
 -- waiting for them: communication that compute did not hide; busy_s the
 -- seconds during which at least one was in flight on the mpi transport:
--- the link's time, hidden or not (core/dist/mpi/backend_mpi.c, [Note: busy
+-- the link's time, hidden or not (core/comm/mpi/backend_mpi.c, [Note: busy
 -- time]). `any` sums the kinds, its busy_s counting overlapping
 -- collectives of different kinds once (fl_dist_collective_stats).
 -- Differences of two calls give one step's.
@@ -356,7 +356,7 @@ local log_buf = ffi.new('fl_coll_record[256]')
 local log_lost = ffi.new('int64_t[1]')
 
 -- The collectives this process saw complete since the previous call, as
--- the mpi transport logged them (core/dist/mpi/backend_mpi.c, [Note:
+-- the mpi transport logged them (core/comm/mpi/backend_mpi.c, [Note:
 -- joined time]), oldest first: { comm =, sequence =, kind = 'all_gather',
 -- start =, finish = } (comm and sequence name one collective alike on all
 -- its members; start and finish are seconds on world rank 0's monotonic

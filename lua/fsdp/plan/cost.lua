@@ -15,7 +15,7 @@
 -- the byte). "wire" counts what a rank sends with
 -- ring algorithms: (G-1)/G of the buffer for all-gather and reduce-scatter,
 -- 2(R-1)/R for all-reduce, which is what the MPI plugin's rings move
--- ([Note: ring collectives], core/dist/mpi/ring.c) and NCCL's. A group
+-- ([Note: ring collectives], core/comm/mpi/ring.c) and NCCL's. A group
 -- inside one node runs at the device's intra-node bandwidth. A group
 -- across nodes runs at its inter-node one, shared: a ring laid out node by
 -- node leaves each node once, so a node carries one flow per group of

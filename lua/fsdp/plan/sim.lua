@@ -56,7 +56,7 @@ local M = {}
 -- head/stem: profiles; opts: persistent, inputs, checkpoint (bool),
 -- offload_activations (bool: the blocks' kept bytes live in CPU memory),
 -- forward_prefetch, backward_prefetch ('pre', 'post', false), f32_reduce
--- (the backend stages 16-bit reductions in f32: core/dist/collectives.c,
+-- (the backend stages 16-bit reductions in f32: core/comm/collectives.c,
 -- for MPI; NCCL reduces bf16 itself). Units that
 -- hold no block's parameters (a policy wrapping the embedding, say) are
 -- treated like the root: gathered for the whole step, reduced last.
