@@ -123,8 +123,9 @@ describe('fsdp.plan with tp', function()
       'fsdp.plan: give mesh or tp / dp_shard / dp_replicate, not both')
     T.raises(function() fsdp.plan(tiny(), with({ tp = 2, sequence_parallel = 1 })) end,
       'fsdp.plan: sequence_parallel must be true or false, got 1')
-    local odd = llama.CausalLM(llama.config('tiny', { dim = 64, n_layers = 1, n_heads = 4, n_kv_heads = 2, ffn_dim = 176,
-                                                      vocab_size = 256, max_seq_len = 64 }), { device = 'meta' })
+    local odd = llama.CausalLM(llama.config('tiny', { dim = 64, n_layers = 1, n_heads = 4, n_kv_heads = 2,
+                                                      ffn_dim = 176, vocab_size = 256, max_seq_len = 64 }),
+                               { device = 'meta' })
     T.raises(function() fsdp.plan(odd, with({ tp = 4 })) end,
       'fsdp.plan: tp = 4: model.layers.0.self_attn: n_kv_heads 2 is not divisible by tp 4')
   end)
@@ -174,8 +175,9 @@ describe('fsdp.plan.search', function()
   end)
 
   it('skips a tp the model does not divide, saying why; refuses the options it chooses', function()
-    local odd = llama.CausalLM(llama.config('tiny', { dim = 64, n_layers = 1, n_heads = 4, n_kv_heads = 2, ffn_dim = 176,
-                                                      vocab_size = 256, max_seq_len = 64 }), { device = 'meta' })
+    local odd = llama.CausalLM(llama.config('tiny', { dim = 64, n_layers = 1, n_heads = 4, n_kv_heads = 2,
+                                                      ffn_dim = 176, vocab_size = 256, max_seq_len = 64 }),
+                               { device = 'meta' })
     local s = fsdp.plan.search(odd, { world = 4, ranks_per_node = 4, device = 'h100-80g', batch = 1, seq = 16 })
     assert.are.equal('tp 4 x FSDP 1', s.skipped[1].label)
     assert.is_truthy(s.skipped[1].why:find('n_kv_heads 2 is not divisible by tp 4', 1, true))

@@ -113,7 +113,8 @@ function M.format(p)
     line('  %-15s %6d calls  %10.3f GiB  %10.3f GiB on the wire (intra-node)  %s  (on the critical path)', 'tp',
       tc.calls, tc.bytes / GiB, tc.wire / GiB, seconds(tc.seconds))
     if tc.per_layer then
-      line('    per layer (forward and backward): %d calls, %.3f MiB (%s)', tc.per_layer.calls, tc.per_layer.bytes / 2^20, table.concat(kinds, ', '))
+      line('    per layer (forward and backward): %d calls, %.3f MiB (%s)', tc.per_layer.calls,
+        tc.per_layer.bytes / 2^20, table.concat(kinds, ', '))
     end
   end
   local t = p.time
