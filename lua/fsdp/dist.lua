@@ -115,16 +115,23 @@ local function wrap_group(ptr)
   return setmetatable({ _c = ffi.gc(ptr, C.fl_group_release) }, Group)
 end
 
-function Group:is_member() return C.fl_group_is_member(self._c) end
+function Group:is_member() return self._plan ~= nil or C.fl_group_is_member(self._c) end
 -- Rank inside the group (-1 outside it) and the member count (0 outside).
-function Group:rank() return C.fl_group_rank(self._c) end
-function Group:size() return C.fl_group_size(self._c) end
+function Group:rank() return self._plan and self._plan.rank or C.fl_group_rank(self._c) end
+function Group:size() return self._plan and self._plan.size or C.fl_group_size(self._c) end
 -- How the group moves cuda tensors: 'nccl', 'host copies' or 'undecided'
 -- (before its first collective on them).
-function Group:device_library() return ffi.string(C.fl_group_device_library(self._c)) end
-function Group:name() return ffi.string(C.fl_group_name(self._c)) end
+function Group:device_library()
+  return self._plan and 'none (planning)' or ffi.string(C.fl_group_device_library(self._c))
+end
+function Group:name() return self._plan and self._plan.name or ffi.string(C.fl_group_name(self._c)) end
 -- The world ranks of the members, in group order.
 function Group:ranks()
+  if self._plan then
+    local r = {}
+    for i = 1, self._plan.size do r[i] = i - 1 end
+    return r
+  end
   local r = {}
   for i = 0, self:size() - 1 do r[i + 1] = C.fl_group_world_rank(self._c, i) end
   return r
@@ -141,6 +148,34 @@ function M.world()
   if not world_group then world_group = wrap_group(C.fl_group_world()) end
   return world_group
 end
+
+-- [Note: planning groups]
+-- A planning group stands for a group of `size` ranks that this process
+-- is not part of (fsdp.plan traces what tensor parallelism's rank `rank`
+-- would run, on meta tensors, without a job of that size). It is a Group
+-- (so fsdp.tp takes it as it takes any), whose collectives take only meta
+-- and fake tensors, move nothing, and append one record per call to
+-- group.log: { kind = 'all_reduce' | 'all_gather' | 'reduce_scatter' |
+-- 'broadcast', bytes = the buffer as a backend would get it (an
+-- all-gather's gathered output, a reduce-scatter's whole input; as
+-- collective_stats counts), size = the group size }. It makes no C group
+-- and takes no part in any collective of the job.
+function M.planning_group(size, opts)
+  opts = opts or {}
+  if type(size) ~= 'number' or size < 1 or size ~= math.floor(size) then
+    core.fail(('planning_group: size must be a positive integer, got %s'):format(tostring(size)))
+  end
+  local rank = opts.rank or 0
+  if type(rank) ~= 'number' or rank < 0 or rank >= size or rank ~= math.floor(rank) then
+    core.fail(('planning_group: rank must be an integer in [0, %d), got %s'):format(size, tostring(rank)))
+  end
+  local g = setmetatable({ _plan = { size = size, rank = rank, name = opts.name or ('planning(%d)'):format(size) } },
+                         Group)
+  g.log = {}
+  return g
+end
+
+function Group:is_planning() return self._plan ~= nil end
 
 -- A group of the given world ranks (0-based, group order). Collective over
 -- the world; ranks outside the list get a group that is not a member.
@@ -250,6 +285,25 @@ local function group_of(opts)
   return g and g._c or nil
 end
 
+-- opts.group when it is a planning group ([Note: planning groups]): then
+-- `what` on t (meta or fake only) is recorded with `bytes`, and the caller
+-- returns without a backend.
+local function planned(opts, what, t, bytes)
+  local g = opts.group
+  if g == nil or g._plan == nil then return false end
+  if not (t:is_meta() or t:is_fake()) then
+    core.fail(('%s: the planning group %s moves no data: it takes meta or fake tensors, got a %s tensor'):format(
+      what, g:name(), t.device))
+  end
+  if opts.async then core.fail(('%s: the planning group %s has no async collectives'):format(what, g:name())) end
+  if g._plan.size > 1 then
+    g.log[#g.log + 1] = { kind = what, bytes = bytes, size = g._plan.size }
+  end
+  return true
+end
+
+local function nbytes(t) return t:numel() * tonumber(C.fl_dtype_size(cptr(t).dtype)) end
+
 local function group_size(opts)
   local g = group_obj(opts)
   return g and g:size() or M.world_size()
@@ -276,6 +330,7 @@ function M.all_gather(t, opts)
     if #shape == 0 then shape = { size } else shape[1] = shape[1] * size end
     out = like(t, shape)
   end
+  if planned(opts, 'all_gather', t, nbytes(out)) then return out end
   return finish(C.fl_all_gather_into(group_of(opts), cptr(out), cptr(t)), out, opts)
 end
 
@@ -299,6 +354,7 @@ function M.reduce_scatter(t, opts)
     end
     out = like(t, shape)
   end
+  if planned(opts, 'reduce_scatter', t, nbytes(t)) then return out end
   return finish(C.fl_reduce_scatter(group_of(opts), cptr(out), cptr(t), op), out, opts)
 end
 
@@ -307,6 +363,7 @@ end
 function M.all_reduce(t, opts)
   opts = options(opts, 'all_reduce')
   local op = reduce_op(opts.op, 'all_reduce')
+  if planned(opts, 'all_reduce', t, nbytes(t)) then return t end
   return finish(C.fl_all_reduce(group_of(opts), cptr(t), op), t, opts)
 end
 
@@ -314,6 +371,7 @@ end
 function M.broadcast(t, root, opts)
   if type(root) == 'table' and opts == nil then root, opts = nil, root end
   opts = options(opts, 'broadcast')
+  if planned(opts, 'broadcast', t, nbytes(t)) then return t end
   return finish(C.fl_broadcast(group_of(opts), cptr(t), root or 0), t, opts)
 end
 

@@ -235,6 +235,8 @@ run_tap "planned = measured collectives, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER
   mpirun -np 4 "$EXE" tests/mpi/plan_comm.lua
 run_tap "planned = measured memory, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/plan_memory.lua
+# Device meshes: tp 2 x dp 2, tp 4, tp 1 x dp 4 planned (fsdp.plan's tp, dp_shard) against measured.
+run_tap "planned = measured memory on device meshes, 4 ranks" -- mpirun -np 4 "$EXE" tests/mpi/plan_memory.lua mesh
 # The Llama recipe, sharded: 2 ranks of batch 2 log the losses of 1 rank of
 # batch 4 (f32: equal to the printed 4 decimals, within 2e-4).
 recipe_losses() { grep -oE 'Batch [0-9]+ Loss: [0-9.]+' | awk '{print $4}'; }

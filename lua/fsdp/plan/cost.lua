@@ -37,6 +37,9 @@
 -- point): the step takes the longer of the two plus the optimizer;
 -- without, their sum.
 --
+-- Tensor parallelism (fsdp.plan.tp): plan.tp_comm's seconds add to
+-- compute, on the critical path; plan.comm stays FSDP's collectives.
+--
 -- Activation offload moves plan.memory.pinned_activations bytes each way per
 -- step at the device's pinned_bw. The copies to CPU memory run on a copy
 -- stream beside the forward: only what exceeds the forward's compute time
@@ -87,7 +90,11 @@ function M.fill(plan, flops)
 
   -- communication
   local comm = {}
-  local spans_nodes = function(G) return G > r.ranks_per_node end
+  -- On a mesh with tp T a shard group's members are T ranks apart (TP
+  -- groups are the innermost, [Note: the device mesh]): G of them span G x T
+  -- ranks, and each node has T such groups (one per TP rank) in flight.
+  local T = r.tp or 1
+  local spans_nodes = function(G) return G * T > r.ranks_per_node end
   -- A reduction in bf16/f16 through a backend without 16-bit sums (the
   -- profile's f32_reduce: MPI) moves the f32 copy the core stages.
   local function reduced_size(u) return dev.f32_reduce and u.rs < 4 and 4 or u.rs end
@@ -96,7 +103,7 @@ function M.fill(plan, flops)
     if u.G > 1 then
       -- shard groups are runs of consecutive ranks: one spanning nodes
       -- holds all of each node's ranks, so a node carries one of them
-      local bw = ring_bw(dev, r, link, 1)
+      local bw = ring_bw(dev, r, link, T)
       local gathers = (u.reshard and not u.root) and 2 or 1
       local buf = u.padded * u.ps
       add(comm, 'all_gather', gathers, gathers * buf, gathers * buf * (u.G - 1) / u.G, link, bw)
@@ -111,7 +118,7 @@ function M.fill(plan, flops)
       -- replica groups take every G-th rank: a node holds
       -- ranks_per_node / G members of each (at least one), so
       -- ranks_per_node / that many of them cross its link at once
-      local flows = r.ranks_per_node / math.max(1, math.floor(r.ranks_per_node / u.G))
+      local flows = r.ranks_per_node / math.max(1, math.floor(r.ranks_per_node / (u.G * T)))
       local buf = u.shard * reduced_size(u)
       add(comm, 'all_reduce', 1, buf, buf * 2 * (R - 1) / R, rlink, ring_bw(dev, r, rlink, flows))
     end
@@ -137,14 +144,19 @@ function M.fill(plan, flops)
     offload.exposed = late + offload.to_device
     offload.backlog = late * dev.pinned_bw
   end
-  local busy_s = compute_s + offload.exposed
+  -- TP collectives are on the critical path ([Note: TP collectives in the
+  -- step's time], fsdp.plan.tp): they lengthen compute, which FSDP's
+  -- collectives overlap
+  local tp_s = plan.tp_comm and plan.tp_comm.seconds or 0
+  local busy_s = compute_s + offload.exposed + tp_s
   local step_s = (overlap and math.max(busy_s, comm_s) or busy_s + comm_s) + opt_s
   plan.time = {
-    compute = compute_s, comm = comm_s, optimizer = opt_s, step = step_s, overlap = overlap,
+    compute = compute_s, comm = comm_s, tp_comm = tp_s, optimizer = opt_s, step = step_s, overlap = overlap,
     memory_bound = memory_s, bytes_moved = bytes,
     exposed_comm = overlap and math.max(0, comm_s - busy_s) or comm_s,
     offload = offload,
-    tokens_per_s = plan.tokens * r.world / step_s,
+    -- (a TP group's ranks train on one batch: world / tp batches per step)
+    tokens_per_s = plan.tokens * r.world / (r.tp or 1) / step_s,
     mfu = model_flops / step_s / peak_flops,
     peak_flops = peak_flops,
   }

@@ -39,7 +39,15 @@
 --   fsdp.mesh, or its sizes {dp_replicate=, dp_shard=, tp=} for the world
 --   planned for: units shard over dp_shard and replicate over
 --   dp_replicate, [Note: strategies on a mesh] in fsdp/sharding/layout.lua;
---   the model is what one TP rank holds).
+--   the model is what one TP rank holds), or the sizes themselves: tp,
+--   dp_shard, dp_replicate (fsdp.mesh.resolve_sizes: dp_shard takes what
+--   the others leave). With tp > 1 the model (built on meta, not yet
+--   tensor-parallel) is planned as TP rank 0 runs it: a copy parallelized
+--   by fsdp.tp with model:tp_plan() over a planning group that records its
+--   collectives (fsdp.plan.tp); plan.tp_comm is their bytes and time, on
+--   the critical path. sequence_parallel (false) models sequence
+--   parallelism's activation saving ([Note: sequence parallel in the plan]).
+--   fsdp.plan.search(model, opts): every mesh for a cluster, ranked.
 --
 -- Units are fsdp.shard's own (fsdp.sharding.assign_units, the same padding).
 -- What the model keeps and computes comes from tracing one training step
@@ -57,6 +65,7 @@ local suggest = require 'fsdp.suggest'
 local dist = require 'fsdp.dist'
 local cost = require 'fsdp.plan.cost'
 local report = require 'fsdp.plan.report'
+local tpplan = require 'fsdp.plan.tp'
 local nn = require 'fsdp.nn'
 local mesh = require 'fsdp.mesh'
 local C = core.C
@@ -76,6 +85,7 @@ local OPTIONS = {
   offload = true, offload_activations = true, optimizer = true, batch = true, seq = true, device = true,
   backward_prefetch = true, forward_prefetch = true, limit_all_gathers = true, utilization = true, rank = true,
   grad_accum = true, blocks = true, example_batch = true, loss = true, mesh = true,
+  tp = true, dp_shard = true, dp_replicate = true, sequence_parallel = true,
 }
 
 local function size_of(dtype) return tonumber(C.fl_dtype_size(core.dtype(dtype))) end
@@ -247,13 +257,26 @@ local function resolve(model, opts)
     end
     r.nodes, r.ranks_per_node = r.world / k, k
   end
-  if opts.mesh ~= nil then
+  local mesh_opts = opts.tp ~= nil or opts.dp_shard ~= nil or opts.dp_replicate ~= nil
+  if mesh_opts and opts.mesh ~= nil then fail('give mesh or tp / dp_shard / dp_replicate, not both') end
+  if mesh_opts then
+    r.mesh = mesh.resolve_sizes({ tp = opts.tp, dp_shard = opts.dp_shard,
+                                  dp_replicate = opts.dp_replicate }, r.world, WHO)
+  elseif opts.mesh ~= nil then
     local m = opts.mesh
     if mesh.is_mesh(m) then
       m = { dp_replicate = m:size('dp_replicate'), dp_shard = m:size('dp_shard'), tp = m:size('tp') }
     end
     r.mesh = mesh.resolve_sizes(m, r.world, WHO .. ': mesh')
   end
+  r.tp = r.mesh and r.mesh.tp or 1
+  if r.tp > 1 and r.ranks_per_node % r.tp ~= 0 then
+    fail('tp %d does not divide the %d ranks per node: a tensor-parallel group must not straddle nodes', r.tp,
+      r.ranks_per_node)
+  end
+  local sp = opts.sequence_parallel
+  if sp ~= nil and type(sp) ~= 'boolean' then fail('sequence_parallel must be true or false, got %s', tostring(sp)) end
+  r.sequence_parallel = (sp and r.tp > 1) or false
   r.strategy_value = sharding.strategy(opts.strategy or 'FULL_SHARD', '', WHO)
   r.strategy = r.strategy_value.name
   r.rank = opts.rank or 0
@@ -305,6 +328,12 @@ function M.plan(model, opts)
   opts = opts or {}
   if type(opts) ~= 'table' then fail('expected an options table, got %s', type(opts)) end
   local r = resolve(model, opts)
+  -- tp > 1: plan TP rank 0's copy of the model (fsdp.plan.tp)
+  local plain, tp_group = model, nil
+  if r.tp > 1 then
+    local c = tpplan.parallelized(model, r.tp)
+    model, tp_group = c.model, c.group
+  end
   local blocks_in_order = find_blocks(model, opts.blocks)
   local block_set = {}
   for _, b in ipairs(blocks_in_order) do block_set[b] = true end
@@ -375,9 +404,28 @@ function M.plan(model, opts)
     blocks = blocks_in_order, batch = r.batch, seq = opts.seq, example_batch = example_batch, loss = loss,
     param_dtype_of = function(t) local u = unit_of[t]; return u and u.param_dtype or r.mp.param end,
     buffer_dtype = r.mp.buffer, input_dtype = root.param_dtype, root_params = root_params,
-    f32_gemm = r.device.f32_gemm,
+    f32_gemm = r.device.f32_gemm, tp_log = tp_group and tp_group.log,
     example_batch_fn = opts.example_batch or model.example_batch, loss_fn = opts.loss or model.loss,
   })
+  local block_profiles = tr.blocks
+  if r.sequence_parallel then
+    -- [Note: sequence parallel in the plan] (fsdp.plan.tp): the blocks of
+    -- the un-parallelized model, traced alike, give what SP keeps
+    local plain_blocks = find_blocks(plain, opts.blocks)
+    local plain_in_block, plain_root = {}, {}
+    for _, b in ipairs(plain_blocks) do for _, t in ipairs(b:parameters()) do plain_in_block[t] = true end end
+    for _, t in ipairs(plain:parameters()) do
+      if not plain_in_block[t] then plain_root[#plain_root + 1] = t end
+    end
+    local ptr = trace.run(plain, {
+      blocks = plain_blocks, batch = r.batch, seq = opts.seq, example_batch = function(b, t)
+        return plain:example_batch(b, t) end, loss = loss,
+      param_dtype_of = function() return r.mp.param end, buffer_dtype = r.mp.buffer, input_dtype = root.param_dtype,
+      root_params = plain_root, f32_gemm = r.device.f32_gemm,
+      example_batch_fn = opts.example_batch or plain.example_batch, loss_fn = opts.loss or plain.loss,
+    })
+    block_profiles = tpplan.sequence_parallel_blocks(tr.blocks, ptr.blocks, r.tp)
+  end
   r.seq = tr.seq
   mem.buffers = mem.buffers + tr.caches
   mem.persistent = mem.persistent + tr.caches
@@ -393,7 +441,7 @@ function M.plan(model, opts)
       if u and not seen[u] then seen[u] = true; us[#us + 1] = u end
       block_params = block_params + t:numel()
     end
-    blocks[i] = { name = name_of[m] or ('block ' .. i), units = us, prof = tr.blocks[i] }
+    blocks[i] = { name = name_of[m] or ('block ' .. i), units = us, prof = block_profiles[i] }
   end
   local stem, head, inputs = tr.stem, tr.head, tr.inputs
   local offload_activations = r.offload_activations and r.device.name ~= 'cpu'
@@ -430,6 +478,10 @@ function M.plan(model, opts)
                               n_params = model:num_parameters(), blocks = #blocks, block_params = block_params,
                               tokens = tr.tokens, n_frozen = n_frozen, frozen_dtype = frozen_dtype },
                             Plan)
+  if r.tp > 1 then
+    plan.n_params = plain:num_parameters()
+    plan.tp_comm = tpplan.comm(tr, r.device.intra_bw, r.checkpoint)
+  end
   cost.fill(plan, tr.flops)
   local usable = r.device.memory - (r.device.reserved or 0)
   plan.usable = usable
@@ -487,6 +539,10 @@ function M.max_batch(model, opts)
   end
   return lo, try(lo)
 end
+
+-- fsdp.plan.search(model, opts): every device mesh for a cluster, planned
+-- and ranked (fsdp.plan.search).
+function M.search(model, opts) return require('fsdp.plan.search').search(model, opts) end
 
 function Plan.is_plan(x) return getmetatable(x) == Plan end
 Plan.__tostring = function(p) return report.format(p) end

@@ -53,6 +53,11 @@ function M.format(p)
     r.nodes > 1 and (' (%d nodes of %d)'):format(r.nodes, r.ranks_per_node) or (' (1 node of %d)'):format(r.world),
     r.strategy,
     r.master, mp.param, mp.reduce, r.optimizer)
+  if r.mesh then
+    line('  mesh dp_replicate %d x dp_shard %d x tp %d%s%s', r.mesh.dp_replicate, r.mesh.dp_shard, r.mesh.tp,
+      r.tp > 1 and ' (the model is TP rank 0\'s shards)' or '',
+      r.sequence_parallel and ', sequence parallel (modelled: fsdp.plan.tp)' or '')
+  end
   line('  batch %d x seq %d per rank (%s tokens)%s%s', r.batch, r.seq, commas(p.tokens),
     (r.checkpoint and ', activation checkpointing' or '') .. (r.offload_activations and ', activation offload' or ''),
     r.offload and ', CPU offload' or '')
@@ -98,6 +103,20 @@ function M.format(p)
     end
   end
   if not any then line('  none (one rank per shard group and no replicas)') end
+  local tc = p.tp_comm
+  if tc then
+    local kinds = {}
+    for _, kind in ipairs({ 'all_reduce', 'all_gather', 'reduce_scatter', 'broadcast' }) do
+      local c = tc.per_layer and tc.per_layer.by_kind[kind]
+      if c then kinds[#kinds + 1] = ('%s %d x %.3f MiB'):format(kind, c.calls, c.bytes / c.calls / 2^20) end
+    end
+    line('  %-15s %6d calls  %10.3f GiB  %10.3f GiB on the wire (intra-node)  %s  (on the critical path)', 'tp',
+      tc.calls, tc.bytes / GiB, tc.wire / GiB, seconds(tc.seconds))
+    if tc.per_layer then
+      line('    per layer (forward and backward): %d calls, %.3f MiB (%s)', tc.per_layer.calls,
+        tc.per_layer.bytes / 2^20, table.concat(kinds, ', '))
+    end
+  end
   local t = p.time
   line('compute per step per rank: %s (%s per token)%s', si(p.flops.hardware, 'FLOP'), si(p.flops.per_token, 'FLOP'),
     p.flops.recompute > 0 and (', %s recomputed'):format(si(p.flops.recompute, 'FLOP')) or '')
@@ -112,6 +131,7 @@ function M.format(p)
       seconds(t.compute), 100 * r.utilization, si(t.peak_flops, 'FLOP/s'), seconds(t.comm),
       t.overlap and ' (overlapped)' or ' (not overlapped)', seconds(t.optimizer))
   end
+  if (t.tp_comm or 0) > 0 then line('  tensor-parallel collectives %s (added to compute)', seconds(t.tp_comm)) end
   local o = t.offload
   if o.bytes > 0 then
     line('  activation offload: %.3f %s each way at %s/s, to CPU memory %s (overlaps forward), back %s; %s exposed',

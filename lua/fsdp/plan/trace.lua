@@ -145,9 +145,19 @@ end
 -- A segment's measurement: bytes in use at its start (after collection),
 -- and at its end its net change, its peak above the start and the
 -- gradient bytes it added to `params`.
+-- The records of the TP collectives a planning group made (fsdp.dist's
+-- [Note: planning groups]) while a trace runs, or nil; each segment keeps
+-- those made inside it (`collectives`).
+local tp_log
+local function slice(log, from, to)
+  local r = {}
+  for i = from, to do r[#r + 1] = log[i] end
+  return r
+end
 local function open(params)
   reset_peak()
-  return { start = in_use(), grads = params and grad_bytes(params) or 0, params = params, flops = C.fl_flops() }
+  return { start = in_use(), grads = params and grad_bytes(params) or 0, params = params, flops = C.fl_flops(),
+           log0 = tp_log and #tp_log or 0 }
 end
 local function close(seg)
   local p = peak()
@@ -155,7 +165,8 @@ local function close(seg)
   local now = in_use()
   local w = seg.params and (grad_bytes(seg.params) - seg.grads) or 0
   return { net = now - seg.start, high = math.max(p, now) - seg.start, w = w,
-           flops = tonumber(C.fl_flops() - seg.flops) }
+           flops = tonumber(C.fl_flops() - seg.flops),
+           collectives = tp_log and slice(tp_log, seg.log0 + 1, #tp_log) or {} }
 end
 
 -- A backward segment as fsdp.plan.sim's one step: up by a + w (w the
@@ -183,9 +194,12 @@ end
 -- seq, example_batch(batch, seq) -> args of loss, tokens; loss(model, ...)
 -- -> scalar; param_dtype_of(tensor) -> dtype, buffer_dtype, input_dtype
 -- (floating inputs are cast to it, as the root unit's pre-forward does),
--- root_params (parameters of no block), f32_gemm (bool).
+-- root_params (parameters of no block), f32_gemm (bool), tp_log (the log
+-- of the planning group a tensor-parallel model was parallelized with).
 -- Returns { stem=, head=, blocks = {prof per block, forward order},
--- inputs=, caches=, flops = {total=, blocks_forward=}, tokens= }.
+-- inputs=, caches=, flops = {total=, blocks_forward=}, tokens=,
+-- collectives = {forward =, backward =} (the step's TP collectives; a
+-- block profile's own in prof.collectives) }.
 local function trace(model, o)
   local blocks = o.blocks
   local kinds, first_of = {}, {}
@@ -345,12 +359,14 @@ local function trace(model, o)
     pass, grad_pass, entered = {}, true, 0
     collect()
     local f0, m0 = C.fl_flops(), C.fl_bytes_moved()
+    local l0 = tp_log and #tp_log or 0
     start_segment('stem', nil)
     local a = cast(args)
     local loss = o.loss(model, unpack(a, 1, a.n))
     a = nil -- luacheck: ignore
     if seg then end_segment() end
     local f1, m1 = C.fl_flops(), C.fl_bytes_moved()
+    local l1 = tp_log and #tp_log or 0
     local forward = pass
     local root = o.root_params
     bwd_boundary('head', root)
@@ -359,6 +375,10 @@ local function trace(model, o)
     bwd_boundary(nil) -- the stem's segment (or the last one open) ends with backward
     local f2 = C.fl_flops()
     flops.total = tonumber(f2 - f0)
+    -- the step's TP collectives (none without a planning group)
+    local l2 = tp_log and #tp_log or 0
+    result.collectives = { forward = tp_log and slice(tp_log, l0 + 1, l1) or {},
+                           backward = tp_log and slice(tp_log, l1 + 1, l2) or {} }
     -- what the memory-bound ops moved ([Note: bytes moved]), for devices
     -- whose profile prices them (fsdp.plan.cost)
     flops.bytes, flops.bytes_forward = tonumber(C.fl_bytes_moved() - m0), tonumber(m1 - m0)
@@ -387,7 +407,8 @@ local function trace(model, o)
             rep, blocks[rep]:class_name()))
         end
         p = { saved = f.net, fwd_extra = f.high - f.net, input = g.net, fwd_ckpt_extra = g.high - g.net,
-              steps = { as_step(b) }, flops_forward = f.flops or 0 }
+              steps = { as_step(b) }, flops_forward = f.flops or 0,
+              collectives = { forward = f.collectives, backward = b.collectives or {} } }
         prof_of_kind[rep] = p
       end
       local merge = shared_bytes[rep] or 0
@@ -423,7 +444,7 @@ local function trace(model, o)
   if not ok then error(err, 0) end
   return {
     blocks = result, stem = result.stem, head = result.head, inputs = inputs_bytes, caches = caches,
-    flops = flops, tokens = tokens, seq = result.seq,
+    flops = flops, tokens = tokens, seq = result.seq, collectives = result.collectives,
   }
 end
 
@@ -438,7 +459,9 @@ local function run(model, o)
   local budget = Tensor.set_collect_budget(math.huge)
   local held = Tensor.hold_collector(true)
   C.fl_meta_trace_begin()
+  tp_log = o.tp_log
   local ok, r = pcall(trace, model, o)
+  tp_log = nil
   C.fl_meta_trace_end()
   Tensor.hold_collector(held)
   Tensor.set_collect_budget(budget)

@@ -66,6 +66,9 @@ M.OPTIONS = {
                      return ('(%d) must divide the world planned for (%d ranks)'):format(v, world)
                    end
                  end },
+  plan_search = { false, 'with --plan: plan every device mesh (tp x FSDP or HSDP, with and without sequence '
+                  .. 'parallel) for the world planned for, at --batch_size x that world sequences per step, and '
+                  .. 'print them ranked with a recommendation (fsdp.plan.search)' },
   plan_device = { 'cpu', 'device profile for --plan (fsdp.devices: cpu, a100-80g, h100-80g, ...; or a JSON file '
                         .. 'describing one, see fsdp.devices.load; on cuda, when not given: the detected GPU\'s)',
                   check = function(v)
@@ -269,6 +272,15 @@ function M.plan(model, cfg, block_class, shape, script)
     device.memory, device.reserved = limit, 0
   end
   local opts = M.plan_options(cfg, block_class, shape, script, device)
+  if cfg.plan_search then
+    -- every mesh at the global batch of plain FSDP with --batch_size per rank
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.mesh, o.strategy, o.global_batch, o.batch = nil, nil, shape.batch * opts.world, nil
+    local s = fsdp.plan.search(model, o)
+    if fsdp.dist.rank() == 0 then print(s) end
+    return s
+  end
   local p = fsdp.plan(model, opts)
   local max_batch = limit and fsdp.plan.max_batch(model, opts) or nil
   if fsdp.dist.rank() == 0 then
