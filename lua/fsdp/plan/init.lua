@@ -68,6 +68,7 @@ local report = require 'fsdp.plan.report'
 local tpplan = require 'fsdp.plan.tp'
 local nn = require 'fsdp.nn'
 local mesh = require 'fsdp.mesh'
+local search = require 'fsdp.plan.search'
 local C = core.C
 
 local M = {}
@@ -542,7 +543,7 @@ end
 
 -- fsdp.plan.search(model, opts): every device mesh for a cluster, planned
 -- and ranked (fsdp.plan.search).
-function M.search(model, opts) return require('fsdp.plan.search').search(model, opts) end
+function M.search(model, opts) return search.search(model, opts, M.plan) end
 
 function Plan.is_plan(x) return getmetatable(x) == Plan end
 Plan.__tostring = function(p) return report.format(p) end

@@ -66,7 +66,8 @@ local function label(row)
 end
 M.label = label
 
-function M.search(model, opts)
+-- plan: fsdp.plan.plan, passed in by fsdp.plan (which requires this file).
+function M.search(model, opts, plan)
   opts = opts or {}
   if type(opts) ~= 'table' then fail('expected an options table, got %s', type(opts)) end
   for _, k in ipairs({ 'tp', 'dp_shard', 'dp_replicate', 'mesh', 'strategy' }) do
@@ -108,7 +109,7 @@ function M.search(model, opts)
             for k, v in pairs(base) do o[k] = v end
             o.tp, o.dp_shard, o.dp_replicate, o.sequence_parallel, o.batch = T, mesh.dp_shard, mesh.dp_replicate, sp,
               batch
-            local ok, p = pcall(require('fsdp.plan').plan, model, o)
+            local ok, p = pcall(plan, model, o)
             if ok then
               row.plan = p
               rows[#rows + 1] = row

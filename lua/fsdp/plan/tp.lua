@@ -37,6 +37,7 @@ local core = require 'fsdp.core'
 local dist = require 'fsdp.dist'
 local factories = require 'fsdp.factories'
 local nn = require 'fsdp.nn'
+local tp = require 'fsdp.tp'
 
 local M = {}
 
@@ -109,7 +110,6 @@ function M.parallelized(model, T)
   if not ok then fail('tp = %d: %s', T, (tostring(plan):gsub('^[^:]*:%d+: ', ''))) end
   local group = dist.planning_group(T, { name = ('tp %d (planned)'):format(T) })
   local copy = copy_model(model)
-  local tp = require 'fsdp.tp'
   local ok2, err = pcall(tp.parallelize, copy, plan, { group = group })
   if not ok2 then fail('tp = %d: %s', T, (tostring(err):gsub('^.-tp%.parallelize: ', ''))) end
   by_t[T] = { model = copy, group = group }
