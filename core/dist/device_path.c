@@ -4,6 +4,7 @@
  * else through host copies ([Note: collectives on device tensors]).
  */
 #include "dist.h"
+#include "op_common.h"
 
 #include <string.h>
 

@@ -9,7 +9,11 @@
 #define FL_DIST_H
 
 #include "dist_backend.h"
-#include "internal.h"
+#include "backend.h"
+#include "error.h"
+#include "files.h"
+#include "shape.h"
+#include "storage.h"
 
 typedef struct fl_dist_state {
     bool initialized;

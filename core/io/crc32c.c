@@ -7,7 +7,7 @@
  * logged step, so a byte-at-a-time table is enough: the table is built
  * once, on first use, from the polynomial rather than pasted in.
  */
-#include "internal.h"
+#include "error.h"
 
 #include <pthread.h>
 

@@ -2,7 +2,9 @@
 -- "Layers" and "Backends are plugins"): no file outside core/cuda names the
 -- CUDA backend, and tools/layers.lua finds core/tensor calling nothing
 -- above it and no circle between files of different layers, in the
--- release objects the suite was built from.
+-- release objects the suite was built from; and tools/includes.lua finds
+-- no backend including a header of the layers above it and no include
+-- circle between folders, in the sources.
 local function run(cmd)
   local f = assert(io.popen(cmd .. ' 2>&1'))
   local out = f:read('*a')
@@ -28,5 +30,34 @@ describe('the core reaches backends only through their vtables', function()
     local out, ok = run('luajit tools/layers.lua ' .. objdir)
     assert.is_true(ok, out)
     assert.matches('0 problem%(s%)', out)
+  end)
+end)
+
+describe('the include arrows run one way', function()
+  it('has backends include only the device contract, base and tensor, and no folder circle', function()
+    local out, ok = run('luajit tools/includes.lua')
+    assert.is_true(ok, out)
+    assert.matches('0 include%(s%) from backends upward, 0 folder circle%(s%), 0 problem%(s%)', out)
+  end)
+
+  it('reports a backend that includes an op header, and an include circle', function()
+    -- A copy of the tree's headers with one bad include added to each rule's
+    -- side: the checker must fail on it, so the spec above can fail.
+    local tmp = os.tmpname()
+    os.remove(tmp)
+    local setup = table.concat({
+      'mkdir -p ' .. tmp,
+      'cp -r core tools lua ' .. tmp,
+      'printf \'#include "binary.h"\\n\' >> ' .. tmp .. '/core/cpu/cpu_compare.c',
+      'printf \'#include "op_common.h"\\n\' >> ' .. tmp .. '/core/tensor/shape.c',
+      'printf \'#include "device_pool.h"\\n\' >> ' .. tmp .. '/core/ops/op_common.h',
+    }, ' && ')
+    local _, made = run(setup)
+    assert.is_true(made)
+    local out, ok = run('cd ' .. tmp .. ' && luajit tools/includes.lua')
+    run('rm -rf ' .. tmp)
+    assert.is_false(ok)
+    assert.matches('backend includes above it: core/cpu/cpu_compare.c %-> core/ops/binary.h', out)
+    assert.matches('include circle between folders: [a-z <>-]*ops', out)
   end)
 end)
