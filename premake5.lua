@@ -234,7 +234,7 @@ project "fsdp"
   -- The MPI and CUDA backends are their own libraries (below): the core
   -- links neither MPI nor any CUDA library.
   excludes { "core/host/**.c", "core/comm/mpi/**.c", "core/cuda/**.c" }
-  includedirs { "core/base", "core/ops" }
+  includedirs { "core/base", "core/backend", "core/ops" }
   -- -fno-math-errno: no code reads errno after a math call, and without
   -- it GCC keeps every loop with a sqrtf scalar (the optimizers' updates).
   buildoptions { "-fPIC", "-fvisibility=hidden", "-fopenmp", "-fno-math-errno" }
@@ -272,7 +272,7 @@ project "fsdp_cuda"
   kind "SharedLib"
   outdirs "lib"
   files { "core/cuda/**.c" }
-  includedirs { "core/base", "core/ops", "core/comm", CUDA_HOME .. "/include" }
+  includedirs { "core/base", "core/backend", "core/comm", CUDA_HOME .. "/include" }
   buildoptions { "-fPIC", "-fvisibility=hidden" }
   -- Refuse to link with a symbol left unresolved: the loader's dlopen
   -- would otherwise be the first to notice.

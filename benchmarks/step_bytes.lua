@@ -7,7 +7,7 @@
 --
 -- Every op but matmul/linear, conv2d and attention counts each operand it
 -- reads and each output it writes once ([Note: bytes moved] in
--- core/base/internal.h): the floor a streaming kernel reaches. Divided by a
+-- core/base/flops.h): the floor a streaming kernel reaches. Divided by a
 -- memory bandwidth (--bandwidth, bytes/s; default the H100's 3.35e12), it
 -- is the least time those ops can take; a profile's kernel times over it
 -- give how far each kernel is from the floor. The step is the one

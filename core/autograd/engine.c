@@ -25,7 +25,10 @@
  * FL_ENGINE_LUA_NODE with the node's output gradients, and the caller
  * resumes it with fl_engine_provide. C never calls into Lua.
  */
-#include "internal.h"
+#include "error.h"
+#include "shape.h"
+#include "storage.h"
+#include "node.h"
 
 #include <string.h>
 #include <time.h>

@@ -37,7 +37,7 @@
  * cannot change once chosen. Tests run each level as its own process
  * (tests/run.sh's isa suite).
  */
-#include "internal.h"
+#include "error.h"
 #include "cpu_isa_dispatch.h"
 
 #include <pthread.h>

@@ -7,7 +7,7 @@
  * a debugger. Broken internal invariants are not errors: fl_abort stops the
  * process with the location, because continuing would corrupt results.
  */
-#include "internal.h"
+#include "error.h"
 
 #include <stdarg.h>
 #include <string.h>

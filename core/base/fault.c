@@ -19,7 +19,7 @@
  * Other faults are passed on to whatever handler was installed before ours
  * (AddressSanitizer's, or the default action).
  */
-#include "internal.h"
+#include "storage.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -3,10 +3,11 @@
  * read from its environment before any backend is loaded. In base, below
  * dist, because the error layer names the rank when it aborts (error.c).
  */
-#include "internal.h"
+#include "files.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <stdlib.h>
 
 int fl_env_int(const char *name, int fallback) {
     const char *v = getenv(name);

@@ -2,7 +2,7 @@
  * version.c: the core's version and a one-line description of its build,
  * shown by `fsdp-lua --version` and recorded in benchmark output.
  */
-#include "internal.h"
+#include "error.h"
 
 #define FL_VERSION_STRING "0.1.0"
 

@@ -8,6 +8,7 @@
  * (fl_work_start_device in work.c).
  */
 #include "dist.h"
+#include "op_common.h"
 
 #include <string.h>
 

@@ -11,7 +11,11 @@
 #define FL_DIST_H
 
 #include "dist_backend.h"
-#include "internal.h"
+#include "backend.h"
+#include "error.h"
+#include "files.h"
+#include "shape.h"
+#include "storage.h"
 
 /* ==== transport: transport.c, communicator.c, device_path.c, backend_self.c ==== */
 

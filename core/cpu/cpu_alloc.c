@@ -25,10 +25,11 @@
  * compacted for) at its first touch, which the cache makes a one-time
  * cost. FSDP_CPU_HUGE_PAGES=0 keeps 4 KiB pages.
  */
-#include "internal.h"
+#include "cpu_alloc.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>

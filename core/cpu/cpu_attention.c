@@ -18,6 +18,7 @@
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math")
 
 #include "cpu_fused_math.h"
+#include "cpu_blas.h"
 #include "cpu_rows_avx512.h"
 
 #include <cblas.h>

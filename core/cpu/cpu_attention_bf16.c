@@ -35,6 +35,7 @@
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
 
 #include "cpu_avx512.h"
+#include "cpu_alloc.h"
 
 #include <math.h>
 #include <omp.h>

@@ -21,6 +21,8 @@
  */
 
 #include "cpu_fused_rows.h"
+#include "error.h"
+#include "backend.h"
 
 /* Row i0 of (b, h) of a [B, H, T, X] tensor with a dense last dim. */
 static inline R *FN(row_of)(const fl_tensor *t, int64_t b, int64_t h, int64_t i) {

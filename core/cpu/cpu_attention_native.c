@@ -1,7 +1,7 @@
 /*
  * cpu_attention_native.c: whether bf16 attention runs on the bf16 kernels
  * (cpu_attention_bf16.c), on which products, and which calls they take:
- * the CPU table's attention_native entries (core/ops/fused.h).
+ * the CPU table's attention_native entries (core/backend/backend.h).
  *
  * [Note: bf16 attention kernels]
  * - Without them a bf16 attention runs the f32 kernels (cpu_attention.c)

@@ -5,10 +5,9 @@
  * the op families (defined in the other files of cpu/).
  */
 #include "cpu_iter.h"
-#include "binary.h"
-#include "elementwise.h"
-#include "fused.h"
-#include "linear.h"
+#include "cpu_kernels.h"
+#include "files.h"
+#include "cpu_alloc.h"
 
 #include <omp.h>
 #include <string.h>

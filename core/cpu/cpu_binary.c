@@ -8,7 +8,7 @@
  */
 #include "cpu_iter.h"
 #include "cpu_rows_avx512.h"
-#include "binary.h"
+#include "cpu_kernels.h"
 
 #include <string.h>
 

@@ -12,6 +12,7 @@
  */
 #include "cpu_iter.h"
 #include "cpu_linear.h"
+#include "shape.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -17,7 +17,7 @@
 #include "cpu_isa_dispatch.h"
 #include "cpu_iter.h"
 #include "cpu_rows_avx512.h"
-#include "fused.h"
+#include "backend.h"
 
 #include <math.h>
 #include <omp.h>

@@ -43,7 +43,8 @@
  * or OPENBLAS_NUM_THREADS if set); they never run at the same time, since
  * ops run one after another.
  */
-#include "internal.h"
+#include "error.h"
+#include "cpu_blas.h"
 #include "cpu_rows_avx512.h"
 
 #include <cblas.h>

@@ -8,7 +8,7 @@
 #ifndef FL_CPU_ITER_H
 #define FL_CPU_ITER_H
 
-#include "internal.h"
+#include "error.h"
 
 enum { FL_CPU_ITER_MAX = 4 };
 

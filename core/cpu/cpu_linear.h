@@ -2,23 +2,19 @@
  * cpu_linear.h: the CPU kernels of the linear family, spread over
  * cpu_matmul.c (GEMM, row sums, and the table itself), cpu_embedding.c,
  * cpu_conv2d.c and cpu_pool2d.c. Their contracts are the fields of
- * fl_linear_kernels (core/ops/linear.h).
+ * fl_linear_kernels (core/backend/backend.h).
  */
 #ifndef FL_CPU_LINEAR_H
 #define FL_CPU_LINEAR_H
 
-#include "linear.h"
+#include "cpu_kernels.h"
 
-int fl_cpu_embedding(fl_tensor *out, const fl_tensor *ids, const fl_tensor *w);
-int fl_cpu_embedding_backward(fl_tensor *gw, const fl_tensor *ids, const fl_tensor *gy,
-                              int64_t padding_idx);
-int fl_cpu_conv2d(fl_tensor *out, const fl_tensor *x, const fl_tensor *w, const fl_tensor *bias,
-                  const fl_conv2d_options *o);
-int fl_cpu_conv2d_backward(fl_tensor *gx, fl_tensor *gw, fl_tensor *gb, const fl_tensor *gy,
-                           const fl_tensor *x, const fl_tensor *w, const fl_conv2d_options *o);
-int fl_cpu_max_pool2d(fl_tensor *out, fl_tensor *indices, const fl_tensor *x, int64_t kh,
-                      int64_t kw, const fl_conv2d_options *o);
-int fl_cpu_max_pool2d_backward(fl_tensor *gx, const fl_tensor *gy, const fl_tensor *indices);
+fl_embedding_kernel fl_cpu_embedding;
+fl_embedding_backward_kernel fl_cpu_embedding_backward;
+fl_conv2d_kernel fl_cpu_conv2d;
+fl_conv2d_backward_kernel fl_cpu_conv2d_backward;
+fl_max_pool2d_kernel fl_cpu_max_pool2d;
+fl_max_pool2d_backward_kernel fl_cpu_max_pool2d_backward;
 
 /* C = A @ B (+ beta * C) in the compute dtype ct (f32: fl_cpu_sgemm; f64:
  * BLAS dgemm), row-major, with the BLAS transposition flags: what every

@@ -23,6 +23,8 @@
 #include "cpu_iter.h"
 #include "cpu_linear.h"
 #include "gemm_operand.h"
+#include "shape.h"
+#include "cpu_blas.h"
 
 #include <cblas.h>
 #include <omp.h>

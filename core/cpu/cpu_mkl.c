@@ -19,7 +19,7 @@
  * against 259-317; an f32 GPT-2 step's backward took ~10% less. In the
  * forward's layout (NT) oneDNN is faster still, so those stay there.
  */
-#include "internal.h"
+#include "cpu_blas.h"
 
 #include <dlfcn.h>
 #include <omp.h>

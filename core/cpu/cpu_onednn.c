@@ -49,7 +49,8 @@
  *   order, so results agree to bf16 rounding, and f32 ones to f32
  *   rounding of the sums (tests/lua/gemm_library_spec.lua).
  */
-#include "internal.h"
+#include "error.h"
+#include "cpu_blas.h"
 #include "cpu_linear.h"
 
 #include <dlfcn.h>

@@ -22,7 +22,7 @@
  * of softmax, cross-entropy and attention about twice as fast as the AVX2
  * clone's 8.
  */
-#include "binary.h"
+#include "backend.h"
 #include "cpu_fused_math.h"
 
 #if FL_ROWS_AVX512_BUILD

@@ -9,7 +9,7 @@
 #ifndef FL_CPU_ROWS_AVX512_H
 #define FL_CPU_ROWS_AVX512_H
 
-#include "internal.h"
+#include "error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FL_ROWS_AVX512_BUILD 1

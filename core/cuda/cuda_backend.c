@@ -1,14 +1,16 @@
 /*
  * cuda_backend.c: the vtable of the cuda device and the entry point of the
  * plugin it is built into (libfsdp_cuda.so, opened by
- * core/tensor/backend.c: [Note: the device interface] in internal.h).
+ * core/tensor/backend.c: [Note: the device interface] in core/backend/backend.h).
  * Memory comes from one caching pool per device (core/tensor/device_pool.c
  * over cudaMalloc and CUDA events); transfers go to cuda_runtime.cu; the
  * element kernels (strided copy with conversion, fill, uniform and int
  * random fills) to cuda_copy.cu; streams, events and pinned host memory to
  * cuda_host.cu and cuda_event.cu, whose 0/-1 answers become errors here.
  */
-#include "internal.h"
+#include "error.h"
+#include "element.h"
+#include "backend.h"
 #include "cuda_backend.h"
 #include "cuda_elem.h"
 #include "../tensor/device_pool.h"

@@ -14,7 +14,7 @@
 #include "cuda_vec.cuh"
 
 extern "C" {
-#include "binary.h"
+#include "backend.h"
 }
 
 /* The operation in compute type T (float, double or int64 through

@@ -17,7 +17,7 @@
 #define FL_CUDA_COMMON_CUH
 
 extern "C" {
-#include "internal.h"
+#include "error.h"
 }
 
 #include <cuda_bf16.h>

@@ -1,12 +1,12 @@
 /*
  * cuda_elem.h: the C entry points of the tensor core's element kernels on
  * the GPU (cuda_copy.cu), called by the device vtable in cuda_backend.c.
- * Contracts are those of fl_backend's copy, fill and random (internal.h).
+ * Contracts are those of fl_backend's copy, fill and random (core/backend/backend.h).
  */
 #ifndef FL_CUDA_ELEM_H
 #define FL_CUDA_ELEM_H
 
-#include "internal.h"
+#include "element.h"
 
 #ifdef __cplusplus
 extern "C" {

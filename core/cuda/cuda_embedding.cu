@@ -22,6 +22,7 @@
  * simulator, running blocks one after another, could not.
  */
 #include "cuda_linear.cuh"
+#include "shape.h"
 
 #include <limits.h>
 

@@ -19,7 +19,7 @@
 #include "cuda_vec.cuh"
 
 extern "C" {
-#include "../ops/fused.h"
+#include "backend.h"
 }
 
 #include <math.h>
@@ -206,36 +206,20 @@ static inline fl_tensor *fl_cu_scratch(int64_t n, fl_dtype dtype, const fl_tenso
 
 /* ---- the entries of fl_cuda_fused_kernels (cuda_fused.cu) ----------------- */
 
-int fl_cuda_rms_norm(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, const fl_tensor *w,
-                     double eps);
-int fl_cuda_rms_norm_backward(fl_tensor *dx, fl_tensor *dw, const fl_tensor *g,
-                              const fl_tensor *x, const fl_tensor *w, const fl_tensor *rstd);
-int fl_cuda_add_rms_norm(fl_tensor *h, fl_tensor *out, fl_tensor *rstd, const fl_tensor *x,
-                         const fl_tensor *a, const fl_tensor *w, double eps);
-int fl_cuda_add_rms_norm_backward(fl_tensor *dh, fl_tensor *dw, const fl_tensor *gh,
-                                  const fl_tensor *gy, const fl_tensor *h, const fl_tensor *w,
-                                  const fl_tensor *rstd);
-int fl_cuda_layer_norm(fl_tensor *out, fl_tensor *mean, fl_tensor *rstd, const fl_tensor *x,
-                       const fl_tensor *w, const fl_tensor *b, double eps);
-int fl_cuda_layer_norm_backward(fl_tensor *dx, fl_tensor *dw, fl_tensor *db, const fl_tensor *g,
-                                const fl_tensor *x, const fl_tensor *w, const fl_tensor *mean,
-                                const fl_tensor *rstd);
-int fl_cuda_softmax(fl_tensor *out, const fl_tensor *x, int dim, bool log);
-int fl_cuda_softmax_backward(fl_tensor *dx, const fl_tensor *g, const fl_tensor *y, int dim,
-                             bool log);
-int fl_cuda_cross_entropy(fl_tensor *rows_out, fl_tensor *lse, const fl_tensor *logits,
-                          const fl_tensor *targets, const fl_loss_params *p, double *total,
-                          int64_t *count);
-int fl_cuda_cross_entropy_backward(fl_tensor *dlogits, const fl_tensor *g_rows, double g_scalar,
-                                   const fl_tensor *logits, const fl_tensor *targets,
-                                   const fl_tensor *lse, const fl_loss_params *p);
-int fl_cuda_nll_loss(fl_tensor *rows_out, const fl_tensor *log_probs, const fl_tensor *targets,
-                     const fl_loss_params *p, double *total, int64_t *count);
-int fl_cuda_nll_loss_backward(fl_tensor *dlp, const fl_tensor *g_rows, double g_scalar,
-                              const fl_tensor *targets, const fl_loss_params *p);
-int fl_cuda_rotary(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
-                   const fl_tensor *sin, const fl_tensor *positions, bool inverse);
-int fl_cuda_attention(const fl_attention_args *a);
-int fl_cuda_attention_backward(const fl_attention_args *a);
+fl_rms_norm_kernel fl_cuda_rms_norm;
+fl_rms_norm_backward_kernel fl_cuda_rms_norm_backward;
+fl_add_rms_norm_kernel fl_cuda_add_rms_norm;
+fl_add_rms_norm_backward_kernel fl_cuda_add_rms_norm_backward;
+fl_layer_norm_kernel fl_cuda_layer_norm;
+fl_layer_norm_backward_kernel fl_cuda_layer_norm_backward;
+fl_softmax_kernel fl_cuda_softmax;
+fl_softmax_backward_kernel fl_cuda_softmax_backward;
+fl_cross_entropy_kernel fl_cuda_cross_entropy;
+fl_cross_entropy_backward_kernel fl_cuda_cross_entropy_backward;
+fl_nll_loss_kernel fl_cuda_nll_loss;
+fl_nll_loss_backward_kernel fl_cuda_nll_loss_backward;
+fl_rotary_kernel fl_cuda_rotary;
+fl_attention_kernel fl_cuda_attention;
+fl_attention_backward_kernel fl_cuda_attention_backward;
 
 #endif /* FL_CUDA_FUSED_CUH */

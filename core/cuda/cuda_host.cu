@@ -50,7 +50,7 @@ extern "C" void fl_cuda_host_free(void *ptr) {
  * One non-blocking stream per device, made on first use (one of the side
  * streams of fl_cuda_side_stream, next to NCCL's), for copies that
  * should overlap the kernels of the compute stream (activation offload's
- * device-to-host copies, core/autograd/offload.c). Non-blocking, so the
+ * device-to-host copies, core/tape/offload.c). Non-blocking, so the
  * legacy default stream's implicit synchronisation does not serialise it
  * with the kernels again; everything that crosses between the two streams
  * is therefore ordered explicitly by events (fl_cuda_stream_wait_stream,

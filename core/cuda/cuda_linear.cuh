@@ -2,7 +2,7 @@
  * cuda_linear.cuh: what the CUDA kernels of the linear family share across
  * their files: cuda_gemm.cu (matmul, row sums, the table), cuda_embedding.cu,
  * cuda_pool2d.cu and cuda_conv.cu. Their contracts are the fields of
- * fl_linear_kernels (core/ops/linear.h).
+ * fl_linear_kernels (core/backend/backend.h).
  */
 #ifndef FL_CUDA_LINEAR_CUH
 #define FL_CUDA_LINEAR_CUH
@@ -10,22 +10,18 @@
 #include "cuda_common.cuh"
 
 extern "C" {
-#include "../ops/linear.h"
+#include "backend.h"
 }
 
-int fl_cuda_embedding(fl_tensor *out, const fl_tensor *ids, const fl_tensor *w);
-int fl_cuda_embedding_backward(fl_tensor *gw, const fl_tensor *ids, const fl_tensor *gy,
-                               int64_t padding_idx);
-int fl_cuda_conv2d(fl_tensor *out, const fl_tensor *x, const fl_tensor *w, const fl_tensor *bias,
-                   const fl_conv2d_options *o);
-int fl_cuda_conv2d_backward(fl_tensor *gx, fl_tensor *gw, fl_tensor *gb, const fl_tensor *gy,
-                            const fl_tensor *x, const fl_tensor *w, const fl_conv2d_options *o);
-int fl_cuda_max_pool2d(fl_tensor *out, fl_tensor *indices, const fl_tensor *x, int64_t kh,
-                       int64_t kw, const fl_conv2d_options *o);
-int fl_cuda_max_pool2d_backward(fl_tensor *gx, const fl_tensor *gy, const fl_tensor *indices);
+fl_embedding_kernel fl_cuda_embedding;
+fl_embedding_backward_kernel fl_cuda_embedding_backward;
+fl_conv2d_kernel fl_cuda_conv2d;
+fl_conv2d_backward_kernel fl_cuda_conv2d_backward;
+fl_max_pool2d_kernel fl_cuda_max_pool2d;
+fl_max_pool2d_backward_kernel fl_cuda_max_pool2d_backward;
 
-int fl_cuda_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b, const fl_tensor *bias);
-int fl_cuda_matmul_acc(fl_tensor *out, const fl_tensor *a, const fl_tensor *b);
+fl_matmul_kernel fl_cuda_matmul;
+fl_matmul_acc_kernel fl_cuda_matmul_acc;
 
 /* C[i] = A[i] @ B[i] (+ bias) for i < batch, row-major: A at a + i * sa, B
  * at b + i * sb, C at c + i * sc (strides in elements; 0 reads one matrix

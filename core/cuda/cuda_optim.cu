@@ -5,7 +5,7 @@
  * Each update is one kernel launch over a flat shard (or one per batch of
  * tensors of a multi-tensor step: [Note: multi-tensor updates]), doing
  * exactly the CPU loop's operations (the .c files of core/optim) on the
- * same f32 constants (optim_update.h): every
+ * same f32 constants (backend.h): every
  * operand is read as f32, each value is rounded once when stored (nearest
  * even), and the arithmetic is written with the _rn intrinsics, which nvcc
  * never contracts into fused multiply-adds. The CPU build has no FMA
@@ -21,7 +21,7 @@
 #include "cuda_vec.cuh"
 
 extern "C" {
-#include "../optim/optim_update.h"
+#include "backend.h"
 }
 
 #include <stdlib.h>

@@ -21,7 +21,7 @@
 #include "cuda_vec.cuh"
 
 extern "C" {
-#include "elementwise.h"
+#include "backend.h"
 }
 #include "cuda_elementwise.cuh"
 

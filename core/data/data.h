@@ -4,7 +4,7 @@
 #ifndef FL_DATA_H
 #define FL_DATA_H
 
-#include "../base/internal.h"
+#include "error.h"
 
 /* The longest document a reader accepts unless told otherwise: larger than
  * any web document worth training on, small enough that a file without

@@ -33,6 +33,7 @@
  * and a document longer than max_doc_bytes (its line and the limit).
  */
 #include "data.h"
+#include "files.h"
 
 #include <errno.h>
 #include <string.h>

@@ -570,7 +570,7 @@ FL_API int fl_engine_record_spans(int capacity);
  * since the last call. */
 FL_API int fl_engine_take_spans(fl_node_span *out, int max, int64_t *dropped);
 
-/* Activation offload (core/autograd/offload.c). While a scope is open on
+/* Activation offload (core/tape/offload.c). While a scope is open on
  * this thread, tensors that ops save for backward and that live on a cuda
  * device are copied to pinned host memory (queued, non-blocking) and kept
  * there; the engine copies them back just before the backward that reads

@@ -14,7 +14,8 @@
  * then swapped with the old directory in one step (fl_path_exchange) or
  * renamed into place (fl_rename_durable), the parent fsynced after.
  */
-#include "internal.h"
+#include "error.h"
+#include "files.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -14,7 +14,7 @@
  * the same cache-sized block just before the block is hashed, so the data
  * is brought from memory once for both.
  */
-#include "internal.h"
+#include "error.h"
 
 #include <stdlib.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t by value */

@@ -16,7 +16,7 @@
  * register, so the inversions are done here, and it takes an int length, so
  * buffers past 2^31 bytes go in pieces.
  */
-#include "internal.h"
+#include "error.h"
 
 #include <isa-l/crc.h>
 

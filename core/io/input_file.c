@@ -17,7 +17,8 @@
  * (fl_file_read_all) stops at its bound, named by the caller, whatever the
  * file's size claims to be (files in /proc say 0 and hold more).
  */
-#include "internal.h"
+#include "error.h"
+#include "files.h"
 
 #include <errno.h>
 #include <fcntl.h>

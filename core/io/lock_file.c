@@ -34,7 +34,7 @@
 #define _GNU_SOURCE 1
 #endif
 
-#include "internal.h"
+#include "error.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -19,7 +19,10 @@
  * file is written under a temporary name and renamed after fsync
  * (the steps of atomic_file.c).
  */
-#include "internal.h"
+#include "error.h"
+#include "files.h"
+#include "shape.h"
+#include "storage.h"
 
 #include <errno.h>
 #include <fcntl.h>

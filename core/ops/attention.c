@@ -88,6 +88,9 @@
  *   flash-style kernels.
  */
 #include "fused.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
 
 #include <math.h>
 #include <stdlib.h>

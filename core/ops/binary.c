@@ -10,6 +10,11 @@
  * kernel, and record a backward node when an input requires grad.
  */
 #include "binary.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
+#include "node.h"
+#include "op_common.h"
 
 #include <string.h>
 

@@ -6,6 +6,9 @@
  * movement only).
  */
 #include "linear.h"
+#include "shape.h"
+#include "node.h"
+#include "storage.h"
 
 #include <stdlib.h>
 #include <string.h>

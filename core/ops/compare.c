@@ -7,6 +7,10 @@
  * a and b. FLOPs: one per output element.
  */
 #include "elementwise.h"
+#include "storage.h"
+#include "flops.h"
+#include "node.h"
+#include "op_common.h"
 
 #include <math.h>
 

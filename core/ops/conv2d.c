@@ -7,6 +7,10 @@
  * for dx and once for dw, and N * O * Ho * Wo additions for db.
  */
 #include "linear.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
+#include "node.h"
 
 #include <string.h>
 

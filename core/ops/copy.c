@@ -5,7 +5,8 @@
  * nothing of autograd); this file records the backward, which sends the
  * gradient back converted to the input's dtype and device.
  */
-#include "internal.h"
+#include "storage.h"
+#include "node.h"
 
 static int to_backward(fl_node *node, fl_tensor *const *go, fl_tensor **gi) {
     gi[0] = fl_to(go[0], (fl_dtype)node->i[0], (fl_device)node->i[1]);

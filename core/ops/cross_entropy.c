@@ -33,6 +33,9 @@
  * 4 backward (subtract, exp, scale, subtract); nll_loss 1 per row each way.
  */
 #include "fused.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
 
 #include <math.h>
 

@@ -3,6 +3,7 @@
  * shared op helpers, broadcasting and promotion, are in op_common.c).
  */
 #include "elementwise.h"
+#include "op_common.h"
 
 const fl_elementwise_kernels *fl_elementwise_kernels_of(const char *op, fl_device device) {
     const fl_backend *be = fl_backend_of(device);

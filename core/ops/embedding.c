@@ -8,6 +8,10 @@
  * addition per gradient element it adds (numel(ids) * D).
  */
 #include "linear.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
+#include "node.h"
 
 #include <string.h>
 

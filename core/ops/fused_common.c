@@ -5,6 +5,8 @@
  * and fake inputs, and conversions done outside autograd.
  */
 #include "fused.h"
+#include "storage.h"
+#include "op_common.h"
 
 const fl_fused_kernels *fl_fused_kernels_of(const char *op, fl_device device) {
     const fl_backend *be = fl_backend_of(device);

@@ -34,6 +34,9 @@
  */
 #include "fused.h"
 #include "linear.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
 
 #include <math.h>
 

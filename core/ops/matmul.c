@@ -11,6 +11,12 @@
  * are flattened, dW = dY^T @ X is one product over all rows.
  */
 #include "linear.h"
+#include "shape.h"
+#include "storage.h"
+#include "memory.h"
+#include "flops.h"
+#include "node.h"
+#include "op_common.h"
 
 #include <stdatomic.h>
 #include <string.h>

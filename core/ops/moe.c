@@ -43,6 +43,10 @@
 #include "elementwise.h"
 #include "binary.h"
 #include "linear.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
+#include "node.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -22,6 +22,9 @@
  * bias); backward 8 for dx, +2 for dweight, +1 for dbias.
  */
 #include "fused.h"
+#include "shape.h"
+#include "flops.h"
+#include "storage.h"
 
 #include <math.h>
 

@@ -5,7 +5,9 @@
  * creation that keeps meta and fake tensors storage-less, and the error of
  * a device with no kernel.
  */
-#include "internal.h"
+#include "error.h"
+#include "shape.h"
+#include "op_common.h"
 
 #include <string.h>
 

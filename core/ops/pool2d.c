@@ -7,6 +7,10 @@
  * the backward counts one addition per output element.
  */
 #include "linear.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
+#include "node.h"
 
 #include <string.h>
 

@@ -7,6 +7,11 @@
  * through the ops they are built from.
  */
 #include "elementwise.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
+#include "node.h"
+#include "op_common.h"
 
 #include <string.h>
 

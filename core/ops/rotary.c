@@ -34,6 +34,9 @@
  * products t * inv_freq; the trigonometry is not counted).
  */
 #include "fused.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
 
 #include <math.h>
 #include <stdlib.h>

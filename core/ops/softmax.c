@@ -10,6 +10,9 @@
  * scale), 4 backward.
  */
 #include "fused.h"
+#include "shape.h"
+#include "flops.h"
+#include "storage.h"
 
 static const fl_node_type softmax_types[2];
 

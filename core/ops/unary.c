@@ -17,6 +17,11 @@
  * a fused backward (the derivative and the product with the gradient).
  */
 #include "elementwise.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
+#include "node.h"
+#include "op_common.h"
 
 #include <math.h>
 

@@ -6,7 +6,10 @@
  * unsqueeze, flatten. All of them work on meta and fake tensors, since they
  * only compute geometry.
  */
-#include "internal.h"
+#include "error.h"
+#include "shape.h"
+#include "storage.h"
+#include "node.h"
 
 #include <string.h>
 

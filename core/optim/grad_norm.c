@@ -9,7 +9,9 @@
  * The CUDA kernels (core/cuda/cuda_optim.cu) keep the same chunks and
  * order, so a GPU gives the same bits.
  */
-#include "optim_update.h"
+#include "backend.h"
+#include "shape.h"
+#include "storage.h"
 
 #include <stdlib.h>
 

@@ -3,6 +3,9 @@
  * the fused optimizer updates (see optim_kernel.h).
  */
 #include "optim_kernel.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
 
 #include <math.h>
 #include <stdio.h>

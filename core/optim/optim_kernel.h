@@ -14,7 +14,7 @@
 #define FL_OPTIM_KERNEL_H
 
 #include "cpu_isa_dispatch.h"
-#include "optim_update.h"
+#include "backend.h"
 
 #include <math.h>
 #include <string.h>
@@ -47,7 +47,7 @@ typedef void (*fl_optim_loop)(const void *ctx, int64_t n, float *const *x,
 
 /* Check the operands and run the update over all elements: `loop` on the
  * CPU, the CUDA kernel of `kind` on a GPU (ctx is kind's struct of
- * optim_update.h either way). Meta and fake operands are checked for shape
+ * core/backend/backend.h either way). Meta and fake operands are checked for shape
  * and dtype and then left alone (there are no values to update), so a model
  * planned on meta can step its optimizer. Returns FL_OK or the status of
  * the failure, with the error naming `op`. */

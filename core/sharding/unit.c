@@ -22,7 +22,11 @@
  * (the all-gather runs on the device buffer), and the reduced gradient
  * comes down into grad, so the optimizer steps on the host.
  */
-#include "internal.h"
+#include "error.h"
+#include "shape.h"
+#include "storage.h"
+#include "memory.h"
+#include "backend.h"
 
 #include <string.h>
 

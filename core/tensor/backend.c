@@ -16,7 +16,7 @@
  * install), or at FSDP_CUDA_LIBRARY. Loading is once per process; its
  * outcome, success or the reason, is kept.
  */
-#include "internal.h"
+#include "backend.h"
 
 #include <dlfcn.h>
 #include <limits.h>

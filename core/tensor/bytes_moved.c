@@ -9,13 +9,13 @@
  * streams its operands moves (a kernel that reads an operand twice moves
  * more, and that is the point of measuring it against this floor). Matmul,
  * linear, conv2d and attention are not counted: their bytes are small next
- * to their FLOPs. [Note: bytes moved] in core/base/internal.h names the
+ * to their FLOPs. [Note: bytes moved] in core/base/flops.h names the
  * counting rule each op follows.
  *
  * The table is small and fixed: op names are the ops' string literals, so
  * there are a few dozen; any beyond the table's size count under "other".
  */
-#include "internal.h"
+#include "flops.h"
 
 #include <pthread.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  * A device is one int (kind | index << 8) so it crosses the FFI as a plain
  * number that LuaJIT can compile calls with (structs by value it cannot).
  */
-#include "internal.h"
+#include "error.h"
 
 #include <string.h>
 

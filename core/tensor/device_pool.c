@@ -37,7 +37,7 @@
  */
 #include "device_pool.h"
 
-#include "internal.h"
+#include "error.h"
 
 #include <pthread.h>
 #include <stdio.h>

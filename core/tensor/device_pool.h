@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Exported to backend plugins (internal.h says why; repeated here so the
+/* Exported to backend plugins (core/base/error.h says why; repeated here so the
  * header stays self-contained). */
 #ifndef FL_PLUGIN_API
 #define FL_PLUGIN_API __attribute__((visibility("default")))

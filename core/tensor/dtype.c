@@ -18,7 +18,8 @@
  * ranks, so the CPU must produce exactly the bits a GPU's hardware
  * conversion produces.
  */
-#include "internal.h"
+#include "error.h"
+#include "element.h"
 #include "numeric.h"
 #include "cpu_isa_dispatch.h"
 

@@ -5,7 +5,8 @@
  * call returns (cpu: its backend has no events). Benchmarks and training
  * loops time and wait through these without knowing the device.
  */
-#include "internal.h"
+#include "error.h"
+#include "backend.h"
 
 #include <string.h>
 #include <time.h>

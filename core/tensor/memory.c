@@ -8,7 +8,9 @@
  * tests and sweeps exercise out-of-memory handling on a big machine.
  * Counters are atomics: communication threads allocate too.
  */
-#include "internal.h"
+#include "error.h"
+#include "memory.h"
+#include "backend.h"
 
 #include <stdatomic.h>
 

@@ -10,7 +10,7 @@
  * (fl_pinning_backend), like every device call of core/tensor. Only a
  * copy between pinned memory and a device can be queued without blocking
  * the host (cuda_host.cu says why), which is what non-blocking transfers
- * and activation offload (core/autograd/offload.c) need.
+ * and activation offload (core/tape/offload.c) need.
  *
  * cudaMallocHost is slow (it maps and locks pages, often milliseconds) and
  * cudaFreeHost synchronises the device, so pinned blocks come from a
@@ -42,7 +42,11 @@
  * message saying so (as PyTorch), rather than handing back pageable memory
  * that would silently make "non-blocking" copies blocking.
  */
-#include "internal.h"
+#include "error.h"
+#include "pinned.h"
+#include "memory.h"
+#include "backend.h"
+#include "storage.h"
 #include "device_pool.h"
 
 #include <pthread.h>

@@ -38,7 +38,8 @@
  * and cos and so match to the last bit only where the math library agrees
  * (identical on every rank of one installation).
  */
-#include "internal.h"
+#include "error.h"
+#include "element.h"
 #include "numeric.h"
 
 #include <math.h>

@@ -3,7 +3,8 @@
  * wrapping, shape validation, contiguity, strides, and shape strings for
  * error messages.
  */
-#include "internal.h"
+#include "error.h"
+#include "shape.h"
 
 #include <string.h>
 

@@ -6,7 +6,10 @@
  * file, a buffer owned by another library) carries its own release callback
  * and is not counted as allocator memory.
  */
-#include "internal.h"
+#include "error.h"
+#include "storage.h"
+#include "memory.h"
+#include "backend.h"
 
 #include <stdatomic.h>
 

@@ -12,7 +12,14 @@
  * (so model init code runs unchanged on meta) and fail with a clear message
  * when they must read.
  */
-#include "internal.h"
+#include "error.h"
+#include "shape.h"
+#include "element.h"
+#include "storage.h"
+#include "pinned.h"
+#include "flops.h"
+#include "backend.h"
+#include "node.h"
 
 #include <math.h>
 #include <string.h>

@@ -38,7 +38,7 @@
  * of its own on the same loaded model (read-only, shared, reference
  * counted), without reading the file again.
  */
-#include "internal.h"
+#include "error.h"
 
 #include <jansson.h>
 #include <limits.h>

@@ -10,6 +10,7 @@
  * own): give each worker thread its own.
  */
 #include "fsdp.h"
+#include "error.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>

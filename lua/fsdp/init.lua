@@ -58,7 +58,7 @@ function M.reset_flops() C.fl_flops_reset() end
 
 -- Bytes the memory-bound ops read and wrote since the last reset (meta
 -- included; every op but matmul, linear, conv2d and attention, each operand
--- once: [Note: bytes moved] in core/base/internal.h).
+-- once: [Note: bytes moved] in core/base/flops.h).
 function M.bytes_moved() return tonumber(C.fl_bytes_moved()) end
 -- The same per op: a list of {op =, calls =, bytes =} in the order ops first
 -- counted.

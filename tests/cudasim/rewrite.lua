@@ -2,7 +2,7 @@
 --   luajit rewrite.lua IN.cu > OUT.cc
 -- The build writes the rewritten .cu and .cuh files side by side into one
 -- folder of the object tree, so includes of each other find the rewritten
--- copies; includes that climb out of core/cuda ("../ops/fused.h") are made
+-- copies; includes that climb out of core/cuda ("../tensor/device_pool.h") are made
 -- absolute. Every line stays where it was (compiler messages and debuggers
 -- point at the original, named by a #line directive):
 --   kernel<T, N><<<grid, block, smem, stream>>>(args)

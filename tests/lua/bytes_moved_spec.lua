@@ -1,5 +1,5 @@
 -- bytes_moved_spec.lua: the bytes-moved counter ([Note: bytes moved] in
--- core/base/internal.h): each memory-bound op counts the operands it reads
+-- core/base/flops.h): each memory-bound op counts the operands it reads
 -- and the outputs it writes once, on every device; GEMMs are not counted;
 -- a training step counts the same bytes op by op on cpu, on meta (where
 -- nothing runs) and on cuda:0 (a GPU, or the cudasim build); and

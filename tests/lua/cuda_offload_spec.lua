@@ -353,7 +353,7 @@ describe('offload_activations on cuda:0', function()
     assert.is_true(st.kept_params > 0, 'the gathered weights were saved and kept')
   end)
 
-  -- [Note: offload streams] in core/autograd/offload.c. Under cudasim the
+  -- [Note: offload streams] in core/tape/offload.c. Under cudasim the
   -- copy stream runs only when something forces it, so each test below
   -- gets wrong values where one ordering is missing.
 

@@ -4,7 +4,9 @@
 -- above it, no circle between files of different layers, and in core/comm
 -- no circle between any files and no call up its three layers ([Note: the
 -- layers of core/comm]), in the release objects the suite was built from
--- (the MPI plugin's too when it is built).
+-- (the MPI plugin's too when it is built); and tools/includes.lua finds
+-- no backend including a header of the layers above it and no include
+-- circle between folders, in the sources.
 local function run(cmd)
   local f = assert(io.popen(cmd .. ' 2>&1'))
   local out = f:read('*a')
@@ -47,5 +49,35 @@ describe('the core reaches backends only through their vtables', function()
     assert.is_nil(out:match('core/comm calls up a layer'), out)
     assert.is_nil(out:match('has no layer of core/comm'), out)
     assert.matches('0 problem%(s%)', out)
+  end)
+end)
+
+describe('the include arrows run one way', function()
+  it('has backends include only the device contract, base and tensor, and no folder circle', function()
+    local out = run('luajit tools/includes.lua; echo "exit $?"')
+    assert.matches('exit 0', out)
+    assert.matches('0 include%(s%) from backends upward, 0 folder circle%(s%), 0 problem%(s%)', out)
+  end)
+
+  it('reports a backend that includes an op header, and an include circle', function()
+    -- A copy of the tree's headers with one bad include added to each rule's
+    -- side: the checker must fail on it, so the spec above can fail.
+    local tmp = os.tmpname()
+    os.remove(tmp)
+    local setup = table.concat({
+      'mkdir -p ' .. tmp,
+      'cp -r core tools lua ' .. tmp,
+      'printf \'#include "binary.h"\\n\' >> ' .. tmp .. '/core/cpu/cpu_compare.c',
+      'printf \'#include "op_common.h"\\n\' >> ' .. tmp .. '/core/tensor/shape.c',
+      'printf \'#include "device_pool.h"\\n\' >> ' .. tmp .. '/core/ops/op_common.h',
+    }, ' && ')
+    run(setup)
+    -- (the exit status is not seen here: LuaJIT's popen close returns true)
+    local out = run('cd ' .. tmp .. ' && luajit tools/includes.lua; echo "exit $?"')
+    run('rm -rf ' .. tmp)
+    assert.matches('exit 1', out)
+    assert.matches('1 include%(s%) from backends upward, 1 folder circle%(s%), 2 problem%(s%)', out)
+    assert.matches('backend includes above it: core/cpu/cpu_compare.c %-> core/ops/binary.h', out)
+    assert.matches('include circle between folders: [a-z <>-]*ops', out)
   end)
 end)

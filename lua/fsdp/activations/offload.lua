@@ -9,7 +9,7 @@
 -- its ops save for backward move to pinned CPU memory as they are saved
 -- (queued copies on the device's copy stream, overlapping the forward) and
 -- come back just before the backward that reads them
--- (core/autograd/offload.c, [Note: offload streams]), so the
+-- (core/tape/offload.c, [Note: offload streams]), so the
 -- device keeps only what the forward still uses. Parameters, a sharded
 -- unit's gathered parameters and cpu tensors are never moved; on a cpu
 -- model it changes nothing. PyTorch: save_on_cpu / offload_wrapper.

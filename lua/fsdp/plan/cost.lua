@@ -48,7 +48,7 @@
 -- can spread over, while the last block's copy can really only hide
 -- behind the head. The copies back are queued on the compute stream
 -- before each node's backward and serialise with its kernels (no prefetch
--- yet, core/autograd/offload.c): all exposed. Exposed copy time lengthens
+-- yet, core/tape/offload.c): all exposed. Exposed copy time lengthens
 -- compute, which collectives on their own streams still overlap. When
 -- the copies to CPU memory outlast the forward, the replay's memory is
 -- optimistic (it drops each block's bytes when its forward ends):

@@ -22,7 +22,7 @@
 --       dtype.
 --   fsdp.checkpoint  a checkpointed block keeps its input; its backward
 --       runs its forward again, then the same steps.
---   fsdp.offload_activations (core/autograd/offload.c)  what an offloaded
+--   fsdp.offload_activations (core/tape/offload.c)  what an offloaded
 --       block keeps (its saved tensors, or with checkpointing its input)
 --       is copied to pinned CPU memory while forward goes on and comes
 --       back just before the backward that reads it. Two approximations:

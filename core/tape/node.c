@@ -10,7 +10,11 @@
  * long chain of nodes is iterative (a worklist), not recursive, so a deep
  * model's graph cannot overflow the C stack when it is dropped.
  */
-#include "internal.h"
+#include "error.h"
+#include "shape.h"
+#include "storage.h"
+#include "flops.h"
+#include "node.h"
 
 #include <stdatomic.h>
 #include <string.h>

@@ -112,7 +112,11 @@
  * restored by one thread at a time (the backward that owns the graph), as
  * without prefetch.
  */
-#include "internal.h"
+#include "error.h"
+#include "storage.h"
+#include "pinned.h"
+#include "node.h"
+#include "backend.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -4,10 +4,10 @@
  * linear, shared by core/cpu/cpu_matmul.c and core/cuda/cuda_matmul.cu so
  * both backends read the same views in place and fold the same batches.
  */
-#ifndef FL_OPS_GEMM_OPERAND_H
-#define FL_OPS_GEMM_OPERAND_H
+#ifndef FL_GEMM_OPERAND_H
+#define FL_GEMM_OPERAND_H
 
-#include "internal.h"
+#include "error.h"
 
 /* One operand as the library reads it. */
 typedef struct fl_gemm_operand {
@@ -32,4 +32,4 @@ FL_PLUGIN_API bool fl_gemm_layout(int64_t r, int64_t c, int64_t sr, int64_t sc, 
 FL_PLUGIN_API bool fl_gemm_fold_rows(const fl_gemm_operand *A, const fl_gemm_operand *B, const fl_tensor *out,
                        int64_t k, int64_t *rows, int64_t *lda);
 
-#endif /* FL_OPS_GEMM_OPERAND_H */
+#endif /* FL_GEMM_OPERAND_H */
