@@ -31,7 +31,9 @@ local function layouts(shape, splits)
     if sp == 'whole' then
       group[1] = { shape = shape }
     else
-      for r = 0, sp.size - 1 do group[#group + 1] = { shape = shape, tp = { dim = sp.dim, size = sp.size, rank = r } } end
+      for r = 0, sp.size - 1 do
+        group[#group + 1] = { shape = shape, tp = { dim = sp.dim, size = sp.size, rank = r } }
+      end
     end
     out[#out + 1] = group
   end
@@ -81,7 +83,8 @@ describe('checkpoint pieces across TP splits', function()
       for _, want in ipairs(wanted) do
         local n = logical.numel(want)
         -- the whole array, halves, and ranges starting and ending mid-row
-        local ranges = { { 0, n }, { 0, math.floor(n / 2) }, { math.floor(n / 2), n - math.floor(n / 2) }, { 5, 7 }, { 1, n - 2 }, { n - 1, 1 } }
+        local h = math.floor(n / 2)
+        local ranges = { { 0, n }, { 0, h }, { h, n - h }, { 5, 7 }, { 1, n - 2 }, { n - 1, 1 } }
         for _, group in ipairs(saved_groups) do
           for _, piece in ipairs({ 5, 7, 1000 }) do
             local worst = check(full, group, want, ranges, piece)

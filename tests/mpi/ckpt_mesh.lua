@@ -121,7 +121,9 @@ for _, l in ipairs(layouts) do
     ckpt.save(work .. '/' .. tag, { model = B.model, optimizer = B.opt, step = K })
     local loss = train_step(B, K + 1)
     local rel = math.abs(loss - next_loss) / math.abs(next_loss)
-    if T.rank == 0 then print(('# %s: step %d loss relative to the uninterrupted run %.3g'):format(label, K + 1, rel)) end
+    if T.rank == 0 then
+      print(('# %s: step %d loss relative to the uninterrupted run %.3g'):format(label, K + 1, rel))
+    end
     if tag == 'same' then
       T.truthy(loss == next_loss, ('step %d loss %.9g, the uninterrupted run %.9g'):format(K + 1, loss, next_loss))
     else

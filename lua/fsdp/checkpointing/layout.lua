@@ -222,7 +222,8 @@ function M.read_index(step_dir)
         check_int(path, p.tp.dim, tw .. '.dim')
         check_int(path, p.tp.size, tw .. '.size', 1)
         check_int(path, p.tp.rank, tw .. '.rank')
-        if p.tp.rank >= p.tp.size or p.tp.dim >= math.max(#p.shape, 1) or (p.shape[p.tp.dim + 1] or 0) % p.tp.size ~= 0 then
+        local split = p.shape[p.tp.dim + 1] or 0
+        if p.tp.rank >= p.tp.size or p.tp.dim >= math.max(#p.shape, 1) or split % p.tp.size ~= 0 then
           bad(path, '%s: rank %d of %d along dim %d does not split shape [%s]', tw, p.tp.rank, p.tp.size, p.tp.dim,
             table.concat(p.shape, ', '))
         end

@@ -58,7 +58,8 @@ local function unit_part(u, suffix)
         :format(u:label(), p.name, p.offset + p.param_start, part.start + p.shard_start))
     end
     part.params[i] = { name = p.name, shape = p.shape, offset = p.offset, param_start = p.param_start,
-                       shard_start = p.shard_start, len = p.len, tensor = p.segment, tp = p.segment and rawget(p.segment, 'tp') }
+                       shard_start = p.shard_start, len = p.len, tensor = p.segment,
+                       tp = p.segment and rawget(p.segment, 'tp') }
   end
   return part
 end
