@@ -47,8 +47,9 @@ compare() {
       if not a[name] or table.concat(a[name].shape, 'x') ~= table.concat(t.shape, 'x') then
         print('names differ at ' .. name); os.exit(0)
       end
-      local d = (a[name]:double() - t:double()):norm():item()
-      worst = math.max(worst, d == 0 and 0 or d / t:double():norm():item())
+      local function norm(x) return math.sqrt((x * x):sum():item()) end
+      local d = norm(a[name]:double() - t:double())
+      worst = math.max(worst, d == 0 and 0 or d / norm(t:double()))
       n = n + 1
     end
     for name in pairs(a) do if not b[name] then print('names differ at ' .. name); os.exit(0) end end
