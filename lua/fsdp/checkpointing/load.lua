@@ -24,7 +24,7 @@ local safetensors = require 'fsdp.io.safetensors'
 local files = require 'fsdp.io.files'
 local parts_of = require 'fsdp.checkpointing.parts'
 local logical = require 'fsdp.checkpointing.logical'
-local layout = require 'fsdp.checkpointing.layout'
+local directory = require 'fsdp.checkpointing.directory'
 local progress = require 'fsdp.observe.progress'
 
 local M = {}
@@ -176,7 +176,7 @@ local function describe_lora(l)
 end
 
 local function check_lora(index, model)
-  local want = rawget(model, '_lora') and layout.lora_settings(rawget(model, '_lora')) or nil
+  local want = rawget(model, '_lora') and directory.lora_settings(rawget(model, '_lora')) or nil
   local have = index.lora
   local same = (want == nil) == (have == nil)
   if same and want then

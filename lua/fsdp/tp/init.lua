@@ -29,6 +29,8 @@ local nn = require 'fsdp.nn'
 local Tensor = require 'fsdp.tensor'
 local factories = require 'fsdp.factories'
 local styles = require 'fsdp.tp.styles'
+local sharding = require 'fsdp.sharding'
+local clip = require 'fsdp.optim.clip'
 
 local M = {}
 
@@ -160,9 +162,9 @@ function M.clip_grad_norm(model, max_norm)
   local coef = max_norm / (total + 1e-6)
   if coef < 1 and total == total and total ~= math.huge then
     if rawget(model, '_fsdp') then
-      require('fsdp.sharding').scale_grads(model, coef)
+      sharding.scale_grads(model, coef)
     else
-      require('fsdp.optim.clip').scale_grads(model:parameters(), coef)
+      clip.scale_grads(model:parameters(), coef)
     end
   end
   return total
