@@ -13,8 +13,10 @@
 --     relative across meshes (the bound of tests/mpi/tp_equivalence.lua:
 --     only the order of additions differs: split GEMMs summed over TP
 --     ranks, gradients averaged over other dp ranks).
--- A checkpoint of another model (other ffn width) is refused in one line
--- naming the parameter and both logical shapes.
+-- A TP model that is not sharded (whole parameters per TP rank) saves,
+-- loads at dp_shard 4 and at tp 4, and writes a full state dict equal to
+-- the model without TP. A checkpoint of another model (other ffn width)
+-- is refused in one line naming the parameter and both logical shapes.
 --
 --   mpirun -np 4 fsdp-lua tests/mpi/ckpt_mesh.lua WORK
 local fsdp = require 'fsdp'
@@ -24,6 +26,7 @@ local mesh_mod = require 'fsdp.mesh'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
 local ckpt = require 'fsdp.checkpointing'
+local st_sharded = require 'fsdp.io.safetensors_sharded'
 local T = require 'tests.mpi.tap'
 
 local work = arg[1]
@@ -155,6 +158,34 @@ for _, l in ipairs(layouts) do
     T.truthy(n > 10, ('only %d tensors compared'):format(n))
   end)
 end
+
+T.test('a TP model without fsdp.shard: its checkpoint and full state dict hold the logical tensors', function()
+  local function tp_only(sizes)
+    local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+    m:init_weights({ seed = SEED, device = 'cpu' })
+    if sizes then tp.parallelize(m, m:tp_plan(), { mesh = mesh_mod.new(sizes) }) end
+    -- values no init gives, so a load that copies nothing is seen
+    fsdp.no_grad(function()
+      for _, p in ipairs(m:parameters()) do p:mul_(1.5) end
+    end)
+    return m
+  end
+  local m2 = tp_only({ tp = 2, dp_shard = 2 })
+  ckpt.save(work .. '/tponly', { model = m2, step = 0 })
+  ckpt.save_full_state_dict(work .. '/tponly.safetensors', m2)
+  local want = st_sharded.load_dir(work .. '/tponly.safetensors')
+  -- the file is the model without TP
+  compare_full(tp_only(nil):state_dict(), want, 'the TP-only model\'s file against no TP')
+  local B = build({ dp_shard = 4 })
+  ckpt.load(work .. '/tponly', { model = B.model })
+  compare_full(fsdp.full_state_dict(B.model), want, 'loaded at dp_shard 4')
+  local m4 = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+  m4:init_weights({ seed = SEED, device = 'cpu' })
+  tp.parallelize(m4, m4:tp_plan(), { mesh = mesh_mod.new({ tp = 4 }) })
+  ckpt.load(work .. '/tponly', { model = m4 })
+  ckpt.save_full_state_dict(work .. '/tponly4.safetensors', m4)
+  compare_full(st_sharded.load_dir(work .. '/tponly4.safetensors'), want, 'loaded at tp 4 without fsdp.shard')
+end)
 
 T.test('a checkpoint of another model is refused in one line naming the parameter and both shapes', function()
   local other = {}
