@@ -5,11 +5,13 @@
 -- ranges that start and end mid-row; every range of every other split is
 -- assembled from them and compared with the slice cut directly
 -- (fsdp.tp.shard_init.slice). Also: what a plan reads (only the saved
--- slices holding the wanted columns, only the rows touched), and the
--- errors for a missing or doubled slice.
+-- slices holding the wanted columns, only the rows touched), the errors
+-- for a missing or doubled slice, and the index entries of a TP model's
+-- parts (parts.describe, parts.saved_params).
 local fsdp = require 'fsdp'
 local logical = require 'fsdp.checkpointing.logical'
 local shard_init = require 'fsdp.tp.shard_init'
+local parts = require 'fsdp.checkpointing.parts'
 
 -- A logical tensor of distinct values: element i is i + 1.
 local function logical_tensor(shape)
@@ -158,5 +160,32 @@ describe('checkpoint pieces across TP splits', function()
     local ok, err = pcall(logical.box, { shape = { 2, 4, 2 }, tp = { dim = 1, size = 2, rank = 0 } })
     assert.is_false(ok)
     assert.matches('dim 1 of a 3%-d tensor', err)
+  end)
+
+  it('describes a TP rank\'s part against the logical tensors, and finds every slice of a saved index', function()
+    -- rank 1's unit of a tp 2 model: a colwise weight [4, 8] of logical [8, 8], a replicated norm
+    local part = { key = 'unit:layers.0@tp1', kind = 'unit', dtype = 'f32', numel = 40, padded_numel = 40,
+                   params = { { name = 'w', shape = { 4, 8 }, offset = 0,
+                                tp = { dim = 0, size = 2, rank = 1, global_shape = { 8, 8 } } },
+                              { name = 'norm', shape = { 8 }, offset = 32 } } }
+    local index = { path = 'spec', parts = {} }
+    for t = 0, 1 do index.parts[t + 1] = parts.describe(part, t) end
+    assert.are.equal('unit:layers.0@tp0', index.parts[1].key)
+    assert.are.same({ 8, 8 }, { index.parts[1].params[1].shape[1], index.parts[1].params[1].shape[2] })
+    assert.are.same({ dim = 0, size = 2, rank = 0 }, index.parts[1].params[1].tp)
+    assert.is_nil(index.parts[2].params[2].tp)
+    local saved = parts.saved_params(index)
+    assert.are.equal(2, #saved.w.sources)
+    assert.are.equal(1, saved.w.sources[2].layout.tp.rank)
+    assert.are.equal(1, #saved.norm.sources) -- a replicated parameter: one copy serves
+    -- TP rank 1's part missing: one line naming the parameter and the rank
+    index.parts[2] = nil
+    local ok, err = pcall(parts.saved_params, index)
+    assert.is_false(ok)
+    assert.matches('parameter w is split over 2 TP ranks, but 1 slices are listed', err, 1, true)
+    index.parts[2] = parts.describe(part, 0)
+    ok, err = pcall(parts.saved_params, index)
+    assert.is_false(ok)
+    assert.matches("TP rank 0's slice is listed 2 times", err, 1, true)
   end)
 end)

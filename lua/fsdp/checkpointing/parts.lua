@@ -166,11 +166,12 @@ function M.saved_params(index)
       damaged('parameter %s is split over %d TP ranks, but %d slices are listed', name, e.split.size, #e.sources)
     elseif e.split then
       table.sort(e.sources, function(a, b) return a.layout.tp.rank < b.layout.tp.rank end)
+      local count = {}
+      for _, src in ipairs(e.sources) do count[src.layout.tp.rank] = (count[src.layout.tp.rank] or 0) + 1 end
       for r = 0, e.split.size - 1 do
-        local s = e.sources[r + 1]
-        if not s or s.layout.tp.rank ~= r then
+        if count[r] ~= 1 then
           damaged('parameter %s is split over %d TP ranks, but TP rank %d\'s slice is %s', name, e.split.size, r,
-            s and 'listed twice' or 'missing')
+            count[r] and ('listed %d times'):format(count[r]) or 'missing')
         end
       end
     end
