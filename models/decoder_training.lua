@@ -201,15 +201,15 @@ end
 -- fsdp.tp module), the model's split dimensions (heads, key/value heads,
 -- MLP and expert widths, vocabulary) divide by --tp, the family has a TP
 -- plan (model:tp_plan, on a meta build) and no option asks for what the
--- TP layers do not cover: parameters whose whole shape only one TP rank
--- knows cannot be loaded from whole weights (--init_from), adapted
--- (--lora_rank), checkpointed (--checkpoint_dir: the index records the
--- shapes a rank holds) or exported whole (--export_hf,
--- --save_full_state_dict) yet.
+-- TP layers do not cover: LoRA adapters (--lora_rank) are not split yet.
+-- Whole weights load into TP slices (--init_from: each rank copies its
+-- slice of the logical tensor), checkpoints record logical tensors and
+-- resume on another mesh (--checkpoint_dir: [Note: logical tensors in
+-- sharded checkpoints]), exports gather them (--export_hf,
+-- --save_full_state_dict).
 M.TP_SPLIT = { { 'n_heads', 'num_heads' }, { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' },
                { 'moe_ffn_dim', 'moe_ffn_dim' }, { 'vocab_size', 'vocab_size' } }
-M.TP_UNSUPPORTED = { { 'init_from', '' }, { 'lora_rank', 0 }, { 'checkpoint_dir', '' }, { 'export_hf', '' },
-                     { 'save_full_state_dict', '' } }
+M.TP_UNSUPPORTED = { { 'lora_rank', 0 } }
 
 function M.check_tp(cfg, c, R)
   local T = cfg.tp

@@ -676,10 +676,14 @@ local function write_order(model)
   local out = {}
   if S then
     for _, u in ipairs(S.units) do
-      for _, p in ipairs(u.params) do out[#out + 1] = { p.name, p.shape, u.master_dtype } end
+      for _, p in ipairs(u.params) do out[#out + 1] = { p.name, sharding.full_shape(p), u.master_dtype } end
     end
   else
-    for _, np in ipairs(model:named_parameters()) do out[#out + 1] = { np[1], np[2].shape, np[2].dtype } end
+    -- (a TP slice is written as its logical tensor: save_pretrained gathers it)
+    for _, np in ipairs(model:named_parameters()) do
+      local tp = rawget(np[2], 'tp')
+      out[#out + 1] = { np[1], tp and tp.global_shape or np[2].shape, np[2].dtype }
+    end
   end
   return out
 end
@@ -710,7 +714,8 @@ function M.save_pretrained(model, dir, opts)
   local family = M.family_of_model(model)
   local dist = fsdp.dist
   local sharded = rawget(model, '_fsdp') ~= nil
-  local writes = not sharded or dist.rank() == 0
+  -- (a TP model's ranks hold slices: rank 0 writes the gathered tensors)
+  local writes = dist.rank() == 0 or not (sharded or rawget(model, '_tp'))
   local hf_shape = family.hf_shape or function(_, shape) return shape end
   local hf_tensor = family.hf_tensor or function(_, t) return t end
   local order = write_order(model)
@@ -793,8 +798,18 @@ function M.save_pretrained(model, dir, opts)
       for _, p in ipairs(u.params) do put(p.name, by[p]) end
     end)
   else
+    local tps = rawget(model, '_tp')
     autograd.no_grad(function()
-      for _, np in ipairs(model:named_parameters()) do put(np[1], np[2]) end
+      for _, np in ipairs(model:named_parameters()) do
+        local tp = tps and tps.size > 1 and rawget(np[2], 'tp')
+        if tp then
+          local whole = sharding.logical(np[2], tp, tps.group) -- collective: every rank, rank 0 writes
+          put(np[1], whole)
+          whole:free()
+        else
+          put(np[1], np[2])
+        end
+      end
     end)
   end
   try(function()

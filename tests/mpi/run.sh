@@ -269,6 +269,12 @@ run_tap "hybrid checkpoint loaded as NO_SHARD on 2 ranks, saved again" -- \
   mpirun -np 2 "${RESHARD[@]}" load "$CK" NO_SHARD transformer b c
 run_tap "NO_SHARD checkpoint loaded on 1 rank" -- "${RESHARD[@]}" load "$CK" FULL_SHARD transformer c
 rm -rf "$CK"
+# Across meshes (issue 43): a tp 2 x dp_shard 2 checkpoint at tp 4, dp_shard 4
+# and no mesh, and back, bit for bit; the recipe killed and resumed across them.
+CK=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-ckpt-mesh.XXXXXX")
+run_tap "TP checkpoint across meshes, 4 ranks" -- mpirun -np 4 "$EXE" tests/mpi/ckpt_mesh.lua "$CK"
+rm -rf "$CK"
+run_tap "llama2_7b.lua --tp: killed and resumed across meshes; init_from, exports" -- tests/mpi/ckpt_mesh_recipe.sh
 for np in 2 4; do
   run_tap "streamed full state dict, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/ckpt_full_state_dict.lua
 done

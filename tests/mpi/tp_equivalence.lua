@@ -98,16 +98,10 @@ local function train(m, first, rows, clip)
   return losses
 end
 
--- The logical parameters of a TP x FSDP model: full over dp, gathered over tp.
-local function logical_params(m, dims)
-  local out, full, names = {}, fsdp.full_state_dict(m), {}
-  for name in pairs(full) do names[#names + 1] = name end
-  table.sort(names) -- every rank gathers in the same order
-  for _, name in ipairs(names) do
-    local t, d = full[name], dims[name]
-    out[name] = d and fsdp.no_grad(function() return tp.collectives.gather(t, d.dim, tp_group) end) or t
-  end
-  return out
+-- The logical parameters of a TP x FSDP model: fsdp.full_state_dict gathers
+-- them over dp and tp (fsdp.sharding.each_full_unit).
+local function logical_params(m)
+  return fsdp.full_state_dict(m)
 end
 
 local refs = {}
@@ -122,7 +116,7 @@ end
 
 local function run(precision, ckpt)
   local ref = reference(precision)
-  local m, dims = build(dp_group, precision, true, ckpt)
+  local m = build(dp_group, precision, true, ckpt)
   local rows = G / DP
   local losses = train(m, dp_rank * rows, rows, function(x) tp.clip_grad_norm(x, CLIP) end)
   local tol = precision == 'f32' and 1e-5 or 2e-2
@@ -134,7 +128,7 @@ local function run(precision, ckpt)
       i, losses[i], ref.losses[i], e, tol))
   end
   T.truthy(math.abs(losses[K] - losses[1]) > 1e-3, 'the loss did not move: nothing was trained')
-  local got, pworst = logical_params(m, dims), 0
+  local got, pworst = logical_params(m), 0
   for name, want in pairs(ref.params) do
     T.truthy(got[name] ~= nil, 'missing ' .. name)
     local err, why

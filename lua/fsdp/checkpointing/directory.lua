@@ -35,7 +35,9 @@ local M = {}
 M.INDEX = 'index.json'
 M.COMPLETE = 'COMPLETE'
 M.FORMAT = 'fsdp-lua sharded checkpoint'
-M.VERSION = 2 -- 2: rank files carry checksum, step, run and rank; 1 (no checks) still loads
+-- 3: parameters may be TP slices of their logical tensors (params[i].tp, shape logical: [Note: logical
+-- tensors in sharded checkpoints]); 2: rank files carry checksum, step, run and rank; 1 (no checks): all load
+M.VERSION = 3
 M.META = { checksum = 'fsdp_checksum', step = 'fsdp_step', run = 'fsdp_run', rank = 'fsdp_rank',
            world = 'fsdp_world' }
 
@@ -180,8 +182,9 @@ function M.read_index(step_dir)
     bad(path, 'not a sharded checkpoint index (format is %s, expected "%s")',
       type(doc) == 'table' and tostring(doc.format) or type(doc), M.FORMAT)
   end
-  if doc.version ~= M.VERSION and doc.version ~= 1 then
-    bad(path, 'version %s, this build reads versions 1 and %d', tostring(doc.version), M.VERSION)
+  if type(doc.version) ~= 'number' or doc.version < 1 or doc.version > M.VERSION
+     or doc.version ~= math.floor(doc.version) then
+    bad(path, 'version %s, this build reads versions 1 to %d', tostring(doc.version), M.VERSION)
   end
   if doc.version >= 2 and (type(doc.run) ~= 'string' or doc.run == '') then
     bad(path, 'run must name the run that saved it')
@@ -213,6 +216,18 @@ function M.read_index(step_dir)
         bad(path, '%s.params[%d] needs a name and a shape', where, j)
       end
       check_int(path, p.offset, ('%s.params[%d].offset'):format(where, j))
+      if p.tp ~= nil then
+        local tw = ('%s.params[%d].tp'):format(where, j)
+        if type(p.tp) ~= 'table' then bad(path, '%s must be {dim, size, rank}', tw) end
+        check_int(path, p.tp.dim, tw .. '.dim')
+        check_int(path, p.tp.size, tw .. '.size', 1)
+        check_int(path, p.tp.rank, tw .. '.rank')
+        local split = p.shape[p.tp.dim + 1] or 0
+        if p.tp.rank >= p.tp.size or p.tp.dim >= math.max(#p.shape, 1) or split % p.tp.size ~= 0 then
+          bad(path, '%s: rank %d of %d along dim %d does not split shape [%s]', tw, p.tp.rank, p.tp.size, p.tp.dim,
+            table.concat(p.shape, ', '))
+        end
+      end
     end
     for j, sh in ipairs(part.shards) do
       local w = ('%s.shards[%d]'):format(where, j)

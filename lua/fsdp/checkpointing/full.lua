@@ -11,12 +11,16 @@
 -- unit is gathered (fsdp.sharding.each_full_unit), its parameters appended
 -- to the file and the gathered buffer freed before the next unit. No rank
 -- ever holds more than one unit whole; the file appears atomically at the
--- end (the core's safetensors writer: temporary file, fsync, rename).
+-- end (the core's safetensors writer: temporary file, fsync, rename). A
+-- tensor-parallel model's file holds the logical tensors, each TP slice
+-- gathered over its TP group (fsdp.sharding.each_full_unit): the file of
+-- the same model trained without TP.
 local core = require 'fsdp.core'
 local factories = require 'fsdp.factories'
 local dist = require 'fsdp.dist'
 local Tensor = require 'fsdp.tensor'
 local sharding = require 'fsdp.sharding'
+local autograd = require 'fsdp.autograd'
 local safetensors = require 'fsdp.io.safetensors'
 local C = core.C
 
@@ -54,10 +58,16 @@ function M.save_full_state_dict(path, model, opts)
   local S = rawget(model, '_fsdp')
   local rank0 = dist.rank() == 0
   if not S then
-    -- Not sharded: every rank holds the model already; rank 0 writes it.
+    -- Not sharded: every rank holds the model already (a TP model its
+    -- slices, gathered into the logical tensors: collective); rank 0 writes it.
+    local tps = rawget(model, '_tp')
+    local list = {}
+    for _, np in ipairs(model:named_parameters()) do
+      local tp, t = tps and tps.size > 1 and rawget(np[2], 'tp'), np[2]
+      if tp then t = autograd.no_grad(function() return sharding.logical(np[2], tp, tps.group) end) end
+      list[#list + 1] = { np[1], t }
+    end
     if rank0 then
-      local list = {}
-      for _, np in ipairs(model:named_parameters()) do list[#list + 1] = np end
       for _, nb in ipairs(buffers(model)) do list[#list + 1] = nb end
       if opts.dtype then
         for i, e in ipairs(list) do
@@ -83,7 +93,7 @@ function M.save_full_state_dict(path, model, opts)
     w = C.fl_safetensors_writer_new(path)
     if w == nil then core.raise() end
     for _, u in ipairs(S.units) do
-      for _, p in ipairs(u.params) do declare(w, p.name, dtype_of(u.master_dtype), p.shape) end
+      for _, p in ipairs(u.params) do declare(w, p.name, dtype_of(u.master_dtype), sharding.full_shape(p)) end
     end
     for _, nb in ipairs(bufs) do declare(w, nb[1], dtype_of(nb[2].dtype), nb[2].shape) end
     for k, v in pairs(opts.metadata or { format = 'pt' }) do

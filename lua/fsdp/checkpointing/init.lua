@@ -14,7 +14,11 @@
 -- its own safetensors file with its slice of every part
 -- (fsdp.checkpointing.parts: a unit's master shard, or a whole unsharded
 -- tensor) and the optimizer's state over the same slice, one tensor per
--- part and state key: "unit:model.layers.0", "unit:model.layers.0#exp_avg".
+-- part and state key: "unit:model.layers.0", "unit:model.layers.0#exp_avg"
+-- (a tensor-parallel model: one part per TP rank, "unit:model.layers.0@tp1",
+-- its parameters described against the logical tensors: [Note: logical
+-- tensors in sharded checkpoints] in fsdp/checkpointing/logical.lua, so a
+-- run saved on one mesh resumes on another).
 -- Rank 0 then writes index.json (world size, strategy, every part's
 -- parameters with shapes and offsets and the slices each rank saved; the
 -- step, the optimizer's hyper-parameters and per-parameter counters, the
@@ -249,7 +253,15 @@ function M.save(dir, objs)
     files.mkdir_p(step_dir, 'checkpointing.save')
     files.fsync(dir)
   end)
-  local parts = parts_of.of(objs.model)
+  -- In a TP model the unsharded parameters are written by one rank per TP
+  -- rank (the first one holding it); the units by their shard ranks.
+  local tp, param_writer = parts_of.tp_of(objs.model), nil
+  if tp.size > 1 then
+    local first = {}
+    for r, t in ipairs(dist.all_gather_strings(tostring(tp.rank))) do first[t] = first[t] or r - 1 end
+    param_writer = first[tostring(tp.rank)] == rank
+  end
+  local parts = parts_of.of(objs.model, param_writer)
   local file = directory.rank_file(rank, world)
   local ok, written, scalars, checksum = pcall(autograd.no_grad, function()
     return write_rank_file(files.join(step_dir, file), parts, objs.optimizer,
@@ -283,16 +295,26 @@ function M.save(dir, objs)
       -- settings is refused (load.lua), not trained on silently changed.
       lora = rawget(objs.model, '_lora') and directory.lora_settings(rawget(objs.model, '_lora')) or nil,
     }
-    for i, part in ipairs(parts) do
-      local entry = parts_of.describe(part)
-      for r = 0, world - 1 do
-        local w = descs[r].written[part.key]
-        if w then
-          entry.shards[#entry.shards + 1] = { rank = r, start = w.start, len = w.len }
-          for k, dt in pairs(w.optim) do entry.optim[k] = dt end
-        end
+    -- A TP model's parts, one per TP rank, are described from rank 0's
+    -- own (the same layout, another split: parts.describe).
+    if tp.size > 1 then index.tp_size = tp.size end
+    for _, part in ipairs(parts) do
+      local tp_ranks = { false }
+      if tp.size > 1 and part.kind ~= 'buffer' then
+        tp_ranks = {}
+        for t = 0, tp.size - 1 do tp_ranks[t + 1] = t end
       end
-      index.parts[i] = entry
+      for _, t in ipairs(tp_ranks) do
+        local entry = parts_of.describe(part, t or nil)
+        for r = 0, world - 1 do
+          local w = descs[r].written[entry.key]
+          if w then
+            entry.shards[#entry.shards + 1] = { rank = r, start = w.start, len = w.len }
+            for k, dt in pairs(w.optim) do entry.optim[k] = dt end
+          end
+        end
+        index.parts[#index.parts + 1] = entry
+      end
     end
     for r = 0, world - 1 do
       index.ranks[r + 1] = { file = descs[r].file, checksum = descs[r].checksum, rng = descs[r].rng,

@@ -7,7 +7,10 @@
 -- parts.pieces() says which saved ranks' files hold which pieces of it.
 -- Files are memory-mapped (fsdp.safetensors) and each piece is copied from
 -- the mapping into place, so a rank touches only the pages of its share
--- whatever the saved world size, strategy or wrap. Optimizer state is
+-- whatever the saved world size, strategy or wrap. A parameter saved
+-- with another tensor-parallel split (or none) is assembled from the
+-- saved slices that hold this rank's elements ([Note: logical tensors in
+-- sharded checkpoints] in fsdp/checkpointing/logical.lua). Optimizer state is
 -- stored over the same slices and comes back the same way, per parameter
 -- name, for the parameters this rank holds elements of (with the scalars
 -- their holders saved, fsdp.checkpointing.optim_state); the optimizer
@@ -20,6 +23,7 @@ local autograd = require 'fsdp.autograd'
 local safetensors = require 'fsdp.io.safetensors'
 local files = require 'fsdp.io.files'
 local parts_of = require 'fsdp.checkpointing.parts'
+local logical = require 'fsdp.checkpointing.logical'
 local directory = require 'fsdp.checkpointing.directory'
 local progress = require 'fsdp.observe.progress'
 
@@ -68,6 +72,28 @@ local function copy_range(cache, saved_part, suffix, first, dst, what)
   end
 end
 
+local function shape_text(shape) return core.format_shape(shape) end
+
+-- Fill dst (1-d) with elements [first, first + dst:numel()) of `want`
+-- (this rank's layout of the parameter: {shape = logical, tp =}) from
+-- the saved sources of tensor `suffix`: straight from the source of the
+-- same layout when there is one (the same TP split, or none on both
+-- sides: the pieces are flat ranges), else assembled across TP splits
+-- (fsdp.checkpointing.logical).
+local function copy_param(cache, s, suffix, want, first, dst, what)
+  for _, src in ipairs(s.sources) do
+    if logical.same_layout(src.layout, want) then
+      return copy_range(cache, src.part, suffix, src.offset + first, dst, what)
+    end
+  end
+  local layouts = {}
+  for i, src in ipairs(s.sources) do layouts[i] = src.layout end
+  logical.assemble(want, first, dst, layouts, function(i, a, m, into)
+    local src = s.sources[i]
+    copy_range(cache, src.part, suffix, src.offset + a, into:narrow(0, 0, m), what)
+  end, what)
+end
+
 local function load_model(cache, index, objs, opt_state)
   local saved = parts_of.saved_params(index)
   local seen, missing = {}, {}
@@ -90,21 +116,24 @@ local function load_model(cache, index, objs, opt_state)
           missing[#missing + 1] = p.name
         else
           seen[p.name] = true
-          if core.format_shape(s.shape) ~= core.format_shape(p.shape) then
+          -- compared as logical tensors: a TP split of either side is
+          -- resolved by the layouts ([Note: logical tensors in sharded
+          -- checkpoints] in fsdp/checkpointing/logical.lua)
+          local want = { shape = p.tp and p.tp.global_shape or p.shape, tp = p.tp }
+          if shape_text(s.shape) ~= shape_text(want.shape) then
             core.fail(('checkpoint %s: parameter %s is %s in the checkpoint, %s in the model')
-              :format(index.path, p.name, core.format_shape(s.shape), core.format_shape(p.shape)))
+              :format(index.path, p.name, shape_text(s.shape), shape_text(want.shape)))
           end
-          local first = s.offset + p.param_start
           local what = 'parameter ' .. p.name
-          copy_range(cache, s.part, '', first, part.flat:narrow(0, p.shard_start, p.len), what)
+          copy_param(cache, s, '', want, p.param_start, part.flat:narrow(0, p.shard_start, p.len), what)
           -- state only where this rank holds elements ([Note: optimizer
           -- state is saved by the ranks that hold the parameter])
           if want_optim[p.name] and saved_optim[p.name] and p.len > 0 then
             local st = {}
             for k, v in pairs(saved_optim[p.name]) do st[k] = v end
-            for k, dtype in pairs(s.part.optim or {}) do
+            for k, dtype in pairs(s.sources[1].part.optim or {}) do
               local t = factories.zeros({ p.len }, { dtype = dtype })
-              copy_range(cache, s.part, '#' .. k, first, t, what .. ' (optimizer ' .. k .. ')')
+              copy_param(cache, s, '#' .. k, want, p.param_start, t, what .. ' (optimizer ' .. k .. ')')
               -- a whole (unsharded) parameter's state has its shape
               st[k] = part.kind == 'unit' and t or t:view(p.shape)
             end

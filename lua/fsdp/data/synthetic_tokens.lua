@@ -55,7 +55,12 @@ function Source:batches(n)
   end
 end
 
-function Source:state() return { kind = 'synthetic', step = self.step, seed = self.seed } end
+-- The position: micro-batches read per rank, and the data-parallel world
+-- they were read by, so a resume on another number of data-parallel
+-- ranks (a checkpoint across meshes) continues at the same chain batch.
+function Source:state()
+  return { kind = 'synthetic', step = self.step, seed = self.seed, world_size = self.world_size }
+end
 
 function Source:load_state(s)
   if type(s) ~= 'table' or s.kind ~= 'synthetic' or type(s.step) ~= 'number' then
@@ -66,7 +71,17 @@ function Source:load_state(s)
     core.fail(('fsdp.data.synthetic_tokens: the saved position is for seed %s, this source has seed %d'):format(
       tostring(s.seed), self.seed))
   end
-  self.step = s.step
+  local step = s.step
+  if type(s.world_size) == 'number' and s.world_size ~= self.world_size then
+    -- chain batches 0 .. step * W - 1 were read, W' ranks go on from there
+    local read = step * s.world_size
+    if read % self.world_size ~= 0 then
+      core.fail(('fsdp.data.synthetic_tokens: the saved position (%d batches on each of %d data-parallel ranks) '
+        .. 'does not continue on %d ranks'):format(step, s.world_size, self.world_size))
+    end
+    step = read / self.world_size
+  end
+  self.step = step
 end
 
 function Source:__tostring()

@@ -288,6 +288,10 @@ function M.load_into(model, path, opts)
     if dst == nil and piece_of then
       local pkey, offset, pshape = piece_of(model, name)
       local pdst = pkey and own[pkey]
+      if pdst ~= nil and rawget(pdst, 'tp') then
+        core.fail(('load_into: %s is stored in pieces (%s) and tensor-parallel (fsdp.tp): not supported; load '
+          .. 'before tp.parallelize'):format(pkey, name))
+      end
       if pdst ~= nil then
         if core.format_shape(shape) ~= core.format_shape(pshape) then
           core.fail(('load_into: size mismatch for %s: %s has %s, the model %s (its part of %s)')
@@ -303,11 +307,10 @@ function M.load_into(model, path, opts)
     elseif dst == nil then
       unexpected[#unexpected + 1] = name
     else
-      if rawget(dst, 'tp') then
-        core.fail(('load_into: %s is tensor-parallel (fsdp.tp); loading checkpoints into a TP model is not '
-          .. 'supported yet: load before tp.parallelize, or train from init'):format(name))
-      end
-      local want = rawget(dst, 'fsdp_shape') or dst.shape -- a sharded model's whole shape
+      -- a TP slice (fsdp.tp) is checked against its logical tensor, of
+      -- which load_state_dict copies only its slice (of the mapped file)
+      local tp = rawget(dst, 'tp')
+      local want = tp and tp.global_shape or rawget(dst, 'fsdp_shape') or dst.shape -- a sharded model's whole shape
       if core.format_shape(shape) ~= core.format_shape(want) then
         core.fail(('load_into: size mismatch for %s: %s has %s, the model %s')
           :format(name, ck:file_of(name), core.format_shape(shape), core.format_shape(want)))

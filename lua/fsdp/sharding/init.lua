@@ -478,17 +478,52 @@ end
 -- buffer and its views are freed as soon as fn returns, not left to the
 -- collector, so at most one unit is ever whole on any rank (fn keeps
 -- what it clones).
+-- In a tensor-parallel model (fsdp.tp) `by` holds the LOGICAL tensors:
+-- each TP-split parameter is gathered over the TP group too (M.logical),
+-- so full state dicts and exports are those of the model without TP.
 function M.each_full_unit(model, fn)
   local S = state_of(model, 'each_full_unit')
+  local tps = rawget(model, '_tp')
   autograd.no_grad(function()
     for _, u in ipairs(S.units) do
       local by, full = u:gather_full()
+      if tps and tps.size > 1 then
+        for _, p in ipairs(u.params) do
+          local tp = p.segment and rawget(p.segment, 'tp')
+          if tp then
+            local whole = M.logical(by[p], tp, tps.group)
+            by[p]:free()
+            by[p] = whole
+          end
+        end
+      end
       local ok, err = pcall(fn, u, by)
       for _, t in pairs(by) do t:free() end
       full:free()
       if not ok then error(err, 0) end
     end
   end)
+end
+
+-- The logical tensor of which t is this rank's TP slice (tp = p.tp:
+-- {dim, size, rank, global_shape}), gathered over the TP group `group`
+-- (collective over it): the slices concatenated along tp.dim in rank order.
+function M.logical(t, tp, group)
+  if tp.size == 1 then return t:clone() end
+  if tp.dim == 0 then return dist.all_gather(t:contiguous(), { group = group }) end
+  local front = t:transpose(0, tp.dim):contiguous()
+  local all = dist.all_gather(front, { group = group })
+  local out = all:transpose(0, tp.dim):contiguous()
+  front:free()
+  all:free()
+  return out
+end
+
+-- The shape a unit parameter (u.params[i]) has in a full state dict: the
+-- logical one of a TP slice (as each_full_unit gives it), else its own.
+function M.full_shape(p)
+  local tp = p.segment and rawget(p.segment, 'tp')
+  return tp and tp.global_shape or p.shape
 end
 
 -- The whole parameters by name (master dtype), gathered unit by unit
