@@ -57,7 +57,7 @@ int fl_engine_record_spans(int capacity) {
     spans_dropped = 0;
     if (capacity == 0) return FL_OK;
     spans = calloc((size_t)capacity, sizeof *spans);
-    if (!spans) return fl_fail(FL_ERR_OOM, "record spans: out of host memory for %d spans", capacity);
+    if (!spans) return fl_fail(FL_ERR_OOM, "record spans: out of CPU memory for %d spans", capacity);
     span_cap = capacity;
     return FL_OK;
 }
@@ -407,7 +407,7 @@ static int discover(fl_engine *e, int n_roots, fl_tensor *const *roots) {
         }
     }
     free(stack);
-    if (oom) return fl_fail(FL_ERR_OOM, "backward: out of host memory for the graph");
+    if (oom) return fl_fail(FL_ERR_OOM, "backward: out of CPU memory for the graph");
     return FL_OK;
 }
 
@@ -421,7 +421,7 @@ static int state_of(const fl_engine *e, const fl_node *n) {
 
 fl_engine *fl_engine_start(int n, fl_tensor *const *roots, fl_tensor *const *grads) {
     fl_engine *e = calloc(1, sizeof *e);
-    if (!e) return FL_FAIL_NULL(FL_ERR_OOM, "backward: out of host memory");
+    if (!e) return FL_FAIL_NULL(FL_ERR_OOM, "backward: out of CPU memory");
     e->pending = -1;
     for (int r = 0; r < n; r++) {
         fl_tensor *root = roots[r];
@@ -442,7 +442,7 @@ fl_engine *fl_engine_start(int n, fl_tensor *const *roots, fl_tensor *const *gra
     if (discover(e, n, roots) != FL_OK) goto fail;
     e->heap = calloc((size_t)(e->n_states > 0 ? e->n_states : 1), sizeof(int));
     if (!e->heap) {
-        fl_fail(FL_ERR_OOM, "backward: out of host memory");
+        fl_fail(FL_ERR_OOM, "backward: out of CPU memory");
         goto fail;
     }
     bool was = fl_set_grad_enabled(false);
@@ -574,7 +574,7 @@ int fl_engine_step(fl_engine *e, fl_engine_event *event) {
         fl_tensor *stack_in[8];
         fl_tensor **grads_in = node->n_inputs <= 8 ? stack_in
                                                   : calloc((size_t)node->n_inputs, sizeof *grads_in);
-        if (!grads_in) { rc = fl_fail(FL_ERR_OOM, "backward: out of host memory"); break; }
+        if (!grads_in) { rc = fl_fail(FL_ERR_OOM, "backward: out of CPU memory"); break; }
         memset(grads_in, 0, (size_t)node->n_inputs * sizeof *grads_in);
         /* Saved tensors offloaded to host memory come back to their device
          * first (one place for every op: backward formulas never see
@@ -611,7 +611,7 @@ int fl_engine_provide(fl_engine *e, int n, fl_tensor *const *grads) {
                        node->type->name, n, node->n_inputs);
     fl_tensor *stack_in[8];
     fl_tensor **grads_in = n <= 8 ? stack_in : calloc((size_t)n, sizeof *grads_in);
-    if (!grads_in) return fl_fail(FL_ERR_OOM, "backward: out of host memory");
+    if (!grads_in) return fl_fail(FL_ERR_OOM, "backward: out of CPU memory");
     for (int i = 0; i < n; i++) grads_in[i] = fl_tensor_retain(grads[i]);
     bool was = fl_set_grad_enabled(false);
     int s = e->pending;

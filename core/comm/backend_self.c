@@ -70,7 +70,7 @@ static void self_abandon(void *req) {}
 
 static void self_abort(int code) { exit(code); }
 
-const fl_dist_backend fl_dist_self_backend = {
+const fl_transport fl_dist_self_backend = {
     .abi = FL_DIST_BACKEND_ABI,
     .name = "self",
     .init = self_init,

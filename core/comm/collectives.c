@@ -19,7 +19,7 @@
  *              the backend or the device library, completion and its
  *              post-processing, waiting with a deadline, works released
  *              early, the counts of started collectives.
- *   transport  the backend vtable (dist_backend.h) and its backends: self
+ *   transport  the backend vtable (transport.h) and its backends: self
  *              (backend_self.c) and the MPI plugin (mpi/, its own
  *              library); host staging of device tensors and the device
  *              library's ops (device_path.c); a group's communicators and

@@ -97,7 +97,7 @@ static void start_pokes(void) {
     fl_set_allocation_hook(poke_between_kernels);
 }
 
-extern const fl_dist_backend fl_dist_self_backend;
+extern const fl_transport fl_dist_self_backend;
 
 enum { DEFAULT_TIMEOUT_SECONDS = 600 };
 /* [Note: leaving the job]: how long a rank leaving early waits for the
@@ -156,12 +156,12 @@ static int load_mpi_plugin(const char *why) {
     if (!handle) {
         const char *err = dlerror();
         return fl_fail(FL_ERR_DEVICE,
-                       "dist: the mpi backend is needed (%s) but %s cannot be loaded: %s "
+                       "dist: the mpi transport is needed (%s) but %s cannot be loaded: %s "
                        "(it is built when Open MPI's development files are installed: "
                        "libopenmpi-dev)",
                        why, path, err ? err : "unknown error");
     }
-    fl_dist_backend_entry entry;
+    fl_transport_entry entry;
     void *sym = dlsym(handle, FL_DIST_MPI_ENTRY);
     memcpy(&entry, &sym, sizeof entry);
     if (!entry) {
@@ -169,7 +169,7 @@ static int load_mpi_plugin(const char *why) {
         return fl_fail(FL_ERR_DEVICE, "dist: %s does not export %s: not an fsdp-lua mpi backend",
                        path, FL_DIST_MPI_ENTRY);
     }
-    const fl_dist_backend *b = entry();
+    const fl_transport *b = entry();
     if (!b || b->abi != FL_DIST_BACKEND_ABI) {
         dlclose(handle);
         return fl_fail(FL_ERR_DEVICE,
@@ -327,15 +327,17 @@ int fl_dist_init(void) {
         return fl_fail(FL_ERR_STATE, "dist: the distributed runtime was already finalized");
     double timeout;
     if (read_timeout(&timeout)) return fl_last_status();
-    const char *choice = getenv("FSDP_BACKEND");
+    /* FSDP_TRANSPORT, or its old name FSDP_BACKEND */
+    const char *var = "FSDP_TRANSPORT", *choice = getenv(var);
+    if (!choice || !*choice) var = "FSDP_BACKEND", choice = getenv(var);
     char why[128];
     const char *reason = launcher_reason(why, sizeof why);
     bool want_mpi;
     if (choice && *choice && strcmp(choice, "auto") != 0) {
         if (strcmp(choice, "mpi") != 0 && strcmp(choice, "self") != 0)
-            return fl_fail(FL_ERR_ARG, "dist: FSDP_BACKEND=%s: expected mpi, self or auto", choice);
+            return fl_fail(FL_ERR_ARG, "dist: %s=%s: expected mpi, self or auto", var, choice);
         want_mpi = strcmp(choice, "mpi") == 0;
-        reason = "FSDP_BACKEND=mpi";
+        reason = strcmp(var, "FSDP_TRANSPORT") == 0 ? "FSDP_TRANSPORT=mpi" : "FSDP_BACKEND=mpi";
     } else {
         want_mpi = reason != NULL;
     }
@@ -374,9 +376,11 @@ int fl_dist_ensure(void) { return fl_dist.initialized ? FL_OK : fl_dist_init(); 
 
 bool fl_dist_is_initialized(void) { return fl_dist.initialized; }
 
-const char *fl_dist_backend_name(void) {
+const char *fl_dist_transport_name(void) {
     return fl_dist_ensure() ? NULL : fl_dist.backend->name;
 }
+
+const char *fl_dist_backend_name(void) { return fl_dist_transport_name(); }
 
 #define TOPO_GETTER(fn, field)                                                \
     int fn(void) { return fl_dist_ensure() ? -1 : fl_dist.topo.field; }

@@ -10,7 +10,7 @@
 #ifndef FL_DIST_H
 #define FL_DIST_H
 
-#include "dist_backend.h"
+#include "transport.h"
 #include "backend.h"
 #include "error.h"
 #include "files.h"
@@ -22,7 +22,7 @@
 typedef struct fl_dist_state {
     bool initialized;
     bool finalized;
-    const fl_dist_backend *backend;
+    const fl_transport *backend;
     void *plugin;          /* dlopen handle of libfsdp_mpi.so, or NULL */
     fl_dist_topology topo; /* after FSDP_RANKS_PER_NODE */
     double timeout;        /* seconds a wait may last */

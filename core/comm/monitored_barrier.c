@@ -46,7 +46,7 @@ static bool poll_until(void **req, double start, double deadline) {
 
 static int barrier_member(fl_group *g, int tag, double timeout) {
     static const int arrived = 1;
-    const fl_dist_backend *b = fl_dist.backend;
+    const fl_transport *b = fl_dist.backend;
     /* Heap, and deliberately not freed when abandoned: a cancelled receive
      * may still be written while the cancellation completes. */
     int *verdict = calloc(VERDICT_INTS, sizeof(int));
@@ -90,7 +90,7 @@ static int barrier_member(fl_group *g, int tag, double timeout) {
 }
 
 static int barrier_root(fl_group *g, int tag, double timeout) {
-    const fl_dist_backend *b = fl_dist.backend;
+    const fl_transport *b = fl_dist.backend;
     int n = g->size;
     int *reports = calloc((size_t)n, sizeof(int));
     void **reqs = calloc((size_t)n, sizeof(void *));

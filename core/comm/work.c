@@ -459,7 +459,7 @@ int fl_dist_collective_stats(const char *kind, int64_t *count, int64_t *bytes, d
     if (bytes) *bytes = b;
     if (wait_seconds) *wait_seconds = waited;
     if (busy_seconds) {
-        const fl_dist_backend *be = fl_dist.initialized ? fl_dist.backend : NULL;
+        const fl_transport *be = fl_dist.initialized ? fl_dist.backend : NULL;
         *busy_seconds = be && be->busy_seconds ? be->busy_seconds(k) : 0;
     }
     return FL_OK;
@@ -469,7 +469,7 @@ int fl_dist_collective_log(fl_coll_record *out, int max, int64_t *lost) {
     if (lost) *lost = 0;
     if (max < 0 || (max > 0 && !out))
         return fl_fail(FL_ERR_ARG, "collective log: room for %d records at %p", max, (void *)out), -1;
-    const fl_dist_backend *be = fl_dist.initialized ? fl_dist.backend : NULL;
+    const fl_transport *be = fl_dist.initialized ? fl_dist.backend : NULL;
     if (!be || !be->collective_log || max == 0) return 0;
     int64_t dropped = 0;
     int n = be->collective_log(out, max, &dropped);

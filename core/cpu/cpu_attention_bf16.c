@@ -438,7 +438,7 @@ int fl_bf16_attention(const fl_attention_args *a, bool tiles) {
         if (s.base && tiles) _tile_release();
         scratch_put(&s);
     }
-    return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention: out of host memory for "
+    return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention: out of CPU memory for "
                                      "score blocks")
                : FL_OK;
 }
@@ -588,7 +588,7 @@ int fl_bf16_attention_backward(const fl_attention_args *a, bool tiles) {
         if (s.base && tiles) _tile_release();
         scratch_put(&s);
     }
-    return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention backward: out of host memory "
+    return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention backward: out of CPU memory "
                                      "for score blocks")
                : FL_OK;
 }

@@ -154,7 +154,7 @@ static int FN(attention)(const fl_attention_args *a) {
         free(S);
     }
     if (par) blas_serial_end(blas_threads);
-    return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention: out of host memory for "
+    return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention: out of CPU memory for "
                                      "score blocks")
                : FL_OK;
 }
@@ -276,7 +276,7 @@ static int FN(attention_backward)(const fl_attention_args *a) {
             for (int64_t x = 0; x < db->numel; x++) dst[x] += db_parts[(int64_t)t * db->numel + x];
     }
     free(db_parts);
-    return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention backward: out of host memory "
+    return oom ? fl_fail(FL_ERR_OOM, "scaled_dot_product_attention backward: out of CPU memory "
                                      "for score blocks")
                : FL_OK;
 }

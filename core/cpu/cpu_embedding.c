@@ -71,7 +71,7 @@ int fl_cpu_embedding_backward(fl_tensor *gw, const fl_tensor *ids, const fl_tens
     if (!e || !starts) {
         free(e);
         free(starts);
-        return fl_fail(FL_ERR_OOM, "embedding backward: out of host memory for %lld ids",
+        return fl_fail(FL_ERR_OOM, "embedding backward: out of CPU memory for %lld ids",
                        (long long)n);
     }
     int64_t m = 0;

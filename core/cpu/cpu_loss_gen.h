@@ -78,7 +78,7 @@ static int FN(cross_entropy)(fl_tensor *rows_out, fl_tensor *lse, const fl_tenso
                                    "for %lld classes (ignore_index is %lld)",
                        (long long)bad_value, (long long)bad_row, (long long)C,
                        (long long)p->ignore_index);
-    if (oom) return fl_fail(FL_ERR_OOM, "cross_entropy: out of host memory for scratch rows");
+    if (oom) return fl_fail(FL_ERR_OOM, "cross_entropy: out of CPU memory for scratch rows");
     *total = tot;
     *count = cnt;
     return FL_OK;
@@ -131,7 +131,7 @@ static int FN(cross_entropy_backward)(fl_tensor *dlogits, const fl_tensor *g_row
         }
         free(buf);
     }
-    return oom ? fl_fail(FL_ERR_OOM, "cross_entropy backward: out of host memory for scratch rows")
+    return oom ? fl_fail(FL_ERR_OOM, "cross_entropy backward: out of CPU memory for scratch rows")
                : FL_OK;
 }
 

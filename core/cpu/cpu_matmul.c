@@ -380,7 +380,7 @@ static int cpu_sum_rows(fl_tensor *out, const fl_tensor *in) {
     int64_t parts = big && nblocks < threads ? threads : 1;
     if (parts > rows) parts = max1(rows);
     double *partial = malloc((size_t)(parts * n) * sizeof *partial);
-    if (!partial) return fl_fail(FL_ERR_OOM, "linear backward: out of host memory for row sums");
+    if (!partial) return fl_fail(FL_ERR_OOM, "linear backward: out of CPU memory for row sums");
     const char *base = in->data;
 #pragma omp parallel for collapse(2) schedule(static) if (big)
     for (int64_t p = 0; p < parts; p++) {

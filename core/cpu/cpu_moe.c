@@ -87,7 +87,7 @@ int fl_cpu_moe_route(fl_tensor *weights, fl_tensor *ids, const fl_tensor *logits
         }
         free(buf);
     }
-    return failed ? fl_fail(FL_ERR_OOM, "moe_route: out of host memory for a row of %lld logits",
+    return failed ? fl_fail(FL_ERR_OOM, "moe_route: out of CPU memory for a row of %lld logits",
                             (long long)E)
                   : FL_OK;
 }
@@ -129,7 +129,7 @@ int fl_cpu_moe_route_backward(fl_tensor *dlogits, const fl_tensor *dweights,
         }
         free(buf);
     }
-    return failed ? fl_fail(FL_ERR_OOM, "moe_route backward: out of host memory for a row of %lld "
+    return failed ? fl_fail(FL_ERR_OOM, "moe_route backward: out of CPU memory for a row of %lld "
                                         "logits", (long long)E)
                   : FL_OK;
 }

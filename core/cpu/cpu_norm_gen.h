@@ -87,7 +87,7 @@ static int FN(rms_norm)(fl_tensor *out, fl_tensor *rstd, const fl_tensor *x, con
         free(buf);
     }
     free(wr);
-    return oom ? fl_fail(FL_ERR_OOM, "%s: out of host memory for scratch rows", name) : FL_OK;
+    return oom ? fl_fail(FL_ERR_OOM, "%s: out of CPU memory for scratch rows", name) : FL_OK;
 }
 
 /* With gh (add_rms_norm): dx + gh, added in R and rounded once. */
@@ -161,7 +161,7 @@ static int FN(rms_norm_backward)(fl_tensor *dx, fl_tensor *dw, const fl_tensor *
     if (!oom && dw) FN(reduce_partials)(dw, parts, nthreads, n);
     free(parts);
     free(wr);
-    return oom ? fl_fail(FL_ERR_OOM, "%s: out of host memory for scratch rows", name) : FL_OK;
+    return oom ? fl_fail(FL_ERR_OOM, "%s: out of CPU memory for scratch rows", name) : FL_OK;
 }
 
 /* ---- LayerNorm ------------------------------------------------------------------ */
@@ -217,7 +217,7 @@ static int FN(layer_norm)(fl_tensor *out, fl_tensor *mean, fl_tensor *rstd, cons
     }
     free(wr);
     free(br);
-    return oom ? fl_fail(FL_ERR_OOM, "layer_norm: out of host memory for scratch rows") : FL_OK;
+    return oom ? fl_fail(FL_ERR_OOM, "layer_norm: out of CPU memory for scratch rows") : FL_OK;
 }
 
 static int FN(layer_norm_backward)(fl_tensor *dx, fl_tensor *dw, fl_tensor *db,
@@ -290,6 +290,6 @@ static int FN(layer_norm_backward)(fl_tensor *dx, fl_tensor *dw, fl_tensor *db,
     free(pw);
     free(pb);
     free(wr);
-    return oom ? fl_fail(FL_ERR_OOM, "layer_norm backward: out of host memory for scratch rows")
+    return oom ? fl_fail(FL_ERR_OOM, "layer_norm backward: out of CPU memory for scratch rows")
                : FL_OK;
 }

@@ -147,7 +147,7 @@ typedef struct sum_pass {
                 return FL_OK;                                                               \
             }                                                                               \
             T *part = malloc((size_t)(A * nb) * sizeof(T));                                 \
-            if (!part) return fl_fail(FL_ERR_OOM, "sum: out of host memory for partial sums"); \
+            if (!part) return fl_fail(FL_ERR_OOM, "sum: out of CPU memory for partial sums"); \
             _Pragma("omp parallel for schedule(static) if (par)")                           \
             for (int64_t item = 0; item < A * nb; item++) {                                 \
                 int64_t a = item / nb, start = item % nb * RUN_BLOCK;                       \
@@ -177,7 +177,7 @@ typedef struct sum_pass {
             return FL_OK;                                                                   \
         }                                                                                   \
         T *part = malloc((size_t)(items * nb * TILE) * sizeof(T));                          \
-        if (!part) return fl_fail(FL_ERR_OOM, "sum: out of host memory for partial sums");  \
+        if (!part) return fl_fail(FL_ERR_OOM, "sum: out of CPU memory for partial sums");  \
         _Pragma("omp parallel for schedule(static) if (par)")                               \
         for (int64_t job = 0; job < items * nb; job++) {                                    \
             int64_t item = job / nb, k = job % nb;                                          \
@@ -236,7 +236,7 @@ int fl_cpu_sum(fl_tensor *out, const fl_tensor *in, const bool *reduce, double d
         fl_dtype ddt = last ? out->dtype : integer ? FL_I64 : FL_F64;
         char *dst = last ? out->data : malloc((size_t)(A * B > 0 ? A * B : 1) * 8);
         if (!dst) {
-            rc = fl_fail(FL_ERR_OOM, "sum: out of host memory for partial sums");
+            rc = fl_fail(FL_ERR_OOM, "sum: out of CPU memory for partial sums");
             break;
         }
         sum_pass p = {src, sdt, dst, ddt, A, size[g], B, last ? divisor : 1.0};
@@ -310,7 +310,7 @@ typedef struct minmax_geom {
             if (!keys || !at) {                                                             \
                 free(keys);                                                                 \
                 free(at);                                                                   \
-                return fl_fail(FL_ERR_OOM, "max: out of host memory for partial results");  \
+                return fl_fail(FL_ERR_OOM, "max: out of CPU memory for partial results");  \
             }                                                                               \
             _Pragma("omp parallel for schedule(static) if (par)")                           \
             for (int64_t item = 0; item < A * nb; item++) {                                 \

@@ -67,5 +67,5 @@ static int FN(rotary)(fl_tensor *out, const fl_tensor *x, const fl_tensor *cos,
         return fl_fail(FL_ERR_ARG, "apply_rotary: position %lld is out of range for tables of "
                                    "%lld positions",
                        (long long)bad_value, (long long)table_rows);
-    return oom ? fl_fail(FL_ERR_OOM, "apply_rotary: out of host memory for scratch rows") : FL_OK;
+    return oom ? fl_fail(FL_ERR_OOM, "apply_rotary: out of CPU memory for scratch rows") : FL_OK;
 }

@@ -36,7 +36,7 @@ static int FN(softmax)(fl_tensor *out, const fl_tensor *x, int dim, bool is_log)
         }
         free(buf);
     }
-    return oom ? fl_fail(FL_ERR_OOM, "%s: out of host memory for scratch rows",
+    return oom ? fl_fail(FL_ERR_OOM, "%s: out of CPU memory for scratch rows",
                          is_log ? "log_softmax" : "softmax")
                : FL_OK;
 }
@@ -78,6 +78,6 @@ static int FN(softmax_backward)(fl_tensor *dx, const fl_tensor *g, const fl_tens
         }
         free(buf);
     }
-    return oom ? fl_fail(FL_ERR_OOM, "softmax backward: out of host memory for scratch rows")
+    return oom ? fl_fail(FL_ERR_OOM, "softmax backward: out of CPU memory for scratch rows")
                : FL_OK;
 }

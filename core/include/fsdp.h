@@ -1213,13 +1213,15 @@ FL_API int fl_grad_sq_norm(const fl_tensor *t, double *out);
 FL_API int fl_grad_scale_(fl_tensor *t, double alpha);
 
 /* ---- distributed: process groups and collectives (core/comm/) ---- */
-/* One interface over two backends, chosen by fl_dist_init:
+/* One interface over two transports (the ways collectives travel; a
+ * "backend" is a device's vtable), chosen by fl_dist_init:
  *   self  one rank, no MPI: collectives are copies or nothing;
  *   mpi   Open MPI over cpu tensors. It lives in libfsdp_mpi.so next to
  *         this library and is loaded only when a launcher started the
  *         process (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK, or
- *         SLURM_PROCID with SLURM_NTASKS > 1) or FSDP_BACKEND=mpi, so a
- *         plain run never touches MPI. FSDP_BACKEND=self forces one rank;
+ *         SLURM_PROCID with SLURM_NTASKS > 1) or FSDP_TRANSPORT=mpi, so a
+ *         plain run never touches MPI. FSDP_TRANSPORT=self forces one rank
+ *         (FSDP_BACKEND, its old name, is read when it is unset);
  *         FSDP_MPI_LIBRARY names another plugin file.
  * Collectives start at once and return a work handle (non-blocking MPI
  * underneath, so compute overlaps communication); fl_work_wait finishes
@@ -1248,12 +1250,14 @@ typedef enum fl_reduce_op {
     FL_REDUCE_OP_COUNT = 4
 } fl_reduce_op;
 
-/* Start the backend (idempotent). Fails naming the plugin path and the
- * loader's message when the mpi backend is wanted and cannot load, and
+/* Start the transport (idempotent). Fails naming the plugin path and the
+ * loader's message when the mpi transport is wanted and cannot load, and
  * when FSDP_RANKS_PER_NODE does not divide the world size. */
 FL_API int fl_dist_init(void);
 FL_API bool fl_dist_is_initialized(void);
-/* "self" or "mpi"; NULL with the error set if initialisation fails. */
+/* The transport in use, "self" or "mpi"; NULL with the error set if
+ * initialisation fails. fl_dist_backend_name is its old name. */
+FL_API const char *fl_dist_transport_name(void);
 FL_API const char *fl_dist_backend_name(void);
 /* Where this process stands (initialise on first use; -1 on failure). The
  * node of a rank comes from MPI's shared-memory split, or, with

@@ -159,7 +159,7 @@ static fl_tensor *segment_starts(const fl_tensor *seg, fl_device device, int64_t
     int64_t B = seg->shape[0], T = seg->shape[1], n = seg->numel;
     int64_t *ids = malloc((size_t)(n ? 2 * n : 1) * sizeof *ids);
     if (!ids)
-        return FL_FAIL_NULL(FL_ERR_OOM, "%s: out of host memory for %lld segment ids", OP,
+        return FL_FAIL_NULL(FL_ERR_OOM, "%s: out of CPU memory for %lld segment ids", OP,
                             (long long)n);
     int64_t *st = ids + n;
     fl_tensor *out = NULL;

@@ -73,7 +73,7 @@ fl_tensor *fl_cat(int n, const fl_tensor *const *ts, int dim) {
         int64_t *sizes = malloc((size_t)n * sizeof *sizes);
         fl_node *node = NULL;
         rc = sizes ? fl_record(&cat_type, n, ts, out, 0, NULL, &node)
-                   : fl_fail(FL_ERR_OOM, "cat: out of host memory for %d sizes", n);
+                   : fl_fail(FL_ERR_OOM, "cat: out of CPU memory for %d sizes", n);
         if (node) {
             for (int i = 0; i < n; i++) sizes[i] = ts[i]->shape[d];
             node->i[0] = d;

@@ -240,7 +240,7 @@ static int sort_by_expert(const char *op, const fl_tensor *ids, int64_t E, bool 
     if (!h || !r->offsets) {
         free(h);
         routing_free(r);
-        return fl_fail(FL_ERR_OOM, "%s: out of host memory to sort %lld routed rows", op,
+        return fl_fail(FL_ERR_OOM, "%s: out of CPU memory to sort %lld routed rows", op,
                        (long long)M);
     }
     int64_t *tok = h + M, *slot = tok + M, *inv = slot + M;
@@ -257,7 +257,7 @@ static int sort_by_expert(const char *op, const fl_tensor *ids, int64_t E, bool 
     /* Stable: within an expert, rows stay in (token, pick) order. */
     int64_t *cursor = malloc((size_t)E * sizeof *cursor);
     if (!cursor) {
-        fl_fail(FL_ERR_OOM, "%s: out of host memory for %lld experts", op, (long long)E);
+        fl_fail(FL_ERR_OOM, "%s: out of CPU memory for %lld experts", op, (long long)E);
         goto fail;
     }
     memcpy(cursor, r->offsets, (size_t)E * sizeof *cursor);

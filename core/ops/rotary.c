@@ -291,7 +291,7 @@ int fl_rope_tables(int64_t seq_len, int64_t head_dim, const fl_rope_options *opt
             free(inv);
             free(c);
             free(s);
-            return fl_fail(FL_ERR_OOM, "%s: out of host memory for [%lld, %lld] tables", op,
+            return fl_fail(FL_ERR_OOM, "%s: out of CPU memory for [%lld, %lld] tables", op,
                            (long long)seq_len, (long long)head_dim);
         }
         double attention;

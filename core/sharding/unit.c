@@ -102,7 +102,7 @@ static int reserve_gathered(fl_unit *u) {
         be->vm_unreserve(index, p, u->range_bytes);
         free(s);
         fl_tensor_release(t);
-        return unit_fail(u, FL_ERR_OOM, "out of host memory for a header");
+        return unit_fail(u, FL_ERR_OOM, "out of CPU memory for a header");
     }
     s->data = p;
     s->nbytes = u->range_bytes;
@@ -161,7 +161,7 @@ fl_unit *fl_unit_new(const char *name, int n, const char *const *names, const in
             return FL_FAIL_NULL(FL_ERR_ARG, "sharded unit %s: dtype %s is not a floating-point type",
                                 name && name[0] ? name : "<root>", fl_dtype_name(dts[i]));
     fl_unit *u = calloc(1, sizeof *u);
-    if (!u) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a unit");
+    if (!u) return FL_FAIL_NULL(FL_ERR_OOM, "out of CPU memory for a unit");
     u->name = strdup(name ? name : "");
     u->cfg = *config;
     u->n = n;
@@ -211,7 +211,7 @@ fl_unit *fl_unit_new(const char *name, int n, const char *const *names, const in
     }
     return u;
 oom:
-    fl_fail(FL_ERR_OOM, "out of host memory for a unit");
+    fl_fail(FL_ERR_OOM, "out of CPU memory for a unit");
 fail:
     fl_unit_free(u);
     return NULL;

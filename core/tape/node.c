@@ -106,7 +106,7 @@ fl_node *fl_node_new(const fl_node_type *type, int n_inputs, const fl_tensor *co
         free(node);
         free(edges);
         free(outs);
-        return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for an autograd node");
+        return FL_FAIL_NULL(FL_ERR_OOM, "out of CPU memory for an autograd node");
     }
     node->type = type;
     node->refcount = 1;
@@ -251,7 +251,7 @@ int fl_lua_node_attach(int64_t lua_id, const char *name, int n_inputs,
     }
     if (!fl_needs_grad(n_inputs, (const fl_tensor *const *)inputs)) return FL_OK;
     lua_node_extra *extra = calloc(1, sizeof *extra);
-    if (!extra) return fl_fail(FL_ERR_OOM, "out of host memory for an autograd node");
+    if (!extra) return fl_fail(FL_ERR_OOM, "out of CPU memory for an autograd node");
     snprintf(extra->name, sizeof extra->name, "%s", name && *name ? name : "LuaBackward");
     extra->type = fl_lua_node_type;
     extra->type.name = extra->name;

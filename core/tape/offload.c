@@ -375,7 +375,7 @@ static int64_t span_of(const fl_tensor *t) {
  * the error set. Grad mode is off (no node for the contiguous copy). */
 static fl_packed *pack(const fl_tensor *t) {
     fl_packed *p = calloc(1, sizeof *p);
-    if (!p) return FL_FAIL_NULL(FL_ERR_OOM, "offload: out of host memory");
+    if (!p) return FL_FAIL_NULL(FL_ERR_OOM, "offload: out of CPU memory");
     p->refcount = 1;
     p->device = t->device;
     p->backend = fl_backend_of(t->device);

@@ -135,7 +135,7 @@ fl_storage *fl_pinned_storage_new(const char *op, int64_t nbytes) {
     fl_pool *p = host_pool(op);
     if (!p) return NULL;
     fl_storage *s = calloc(1, sizeof *s);
-    if (!s) return FL_FAIL_NULL(FL_ERR_OOM, "%s: out of host memory for a storage header", op);
+    if (!s) return FL_FAIL_NULL(FL_ERR_OOM, "%s: out of CPU memory for a storage header", op);
     if (fl_memory_note_alloc(cpu_device(), nbytes) != FL_OK) {
         free(s);
         return NULL;

@@ -35,7 +35,7 @@ fl_storage *fl_storage_new(fl_device device, int64_t nbytes) {
                             fl_device_status(kind));
     }
     fl_storage *s = calloc(1, sizeof *s);
-    if (!s) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a storage header");
+    if (!s) return FL_FAIL_NULL(FL_ERR_OOM, "out of CPU memory for a storage header");
     if (fl_memory_note_alloc(device, nbytes) != FL_OK) {
         free(s);
         return NULL;
@@ -124,7 +124,7 @@ static void virtual_release(void *ctx, void *data, int64_t nbytes) {
 
 fl_storage *fl_storage_virtual(int64_t nbytes) {
     fl_storage *s = calloc(1, sizeof *s);
-    if (!s) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a storage header");
+    if (!s) return FL_FAIL_NULL(FL_ERR_OOM, "out of CPU memory for a storage header");
     fl_device meta = fl_device_make(FL_DEVICE_META, 0);
     if (fl_memory_note_alloc(meta, nbytes) != FL_OK) {
         free(s);

@@ -32,7 +32,7 @@ fl_tensor *fl_tensor_header(int ndim, const int64_t *shape, fl_dtype dtype, fl_d
      * overflow] in shape.c). */
     if (fl_check_shape("tensor", ndim, shape, NULL)) return NULL;
     fl_tensor *t = calloc(1, sizeof *t);
-    if (!t) return FL_FAIL_NULL(FL_ERR_OOM, "out of host memory for a tensor header");
+    if (!t) return FL_FAIL_NULL(FL_ERR_OOM, "out of CPU memory for a tensor header");
     t->ndim = ndim;
     t->numel = 1;
     for (int d = 0; d < ndim; d++) {
@@ -251,7 +251,7 @@ fl_tensor *fl_arange(double start, double end, double step, fl_dtype dtype, fl_d
     double *values = malloc((size_t)(n > 0 ? n : 1) * sizeof *values);
     if (!values) {
         fl_tensor_release(t);
-        return FL_FAIL_NULL(FL_ERR_OOM, "arange: out of host memory for %lld values",
+        return FL_FAIL_NULL(FL_ERR_OOM, "arange: out of CPU memory for %lld values",
                             (long long)n);
     }
     for (int64_t i = 0; i < n; i++) values[i] = start + (double)i * step;
@@ -462,7 +462,7 @@ static int copy_from_file(fl_tensor *dst, const fl_tensor *view) {
     size_t nbytes = (size_t)(span * esize);
     const char *from = (const char *)view->data;
     void *buf = malloc(nbytes);
-    if (!buf) return fl_fail(FL_ERR_OOM, "copy_: out of host memory for %zu bytes of %s", nbytes,
+    if (!buf) return fl_fail(FL_ERR_OOM, "copy_: out of CPU memory for %zu bytes of %s", nbytes,
                              view->storage->file);
     if (fl_guarded_memcpy(buf, from, nbytes) != 0) {
         free(buf);

@@ -45,7 +45,7 @@ function M.is_initialized() return C.fl_dist_is_initialized() end
 -- device's: docs/ARCHITECTURE.md, "Names"). M.backend is its old name,
 -- kept for scripts.
 function M.transport()
-  local name = C.fl_dist_backend_name()
+  local name = C.fl_dist_transport_name()
   if name == nil then core.raise() end
   return ffi.string(name)
 end
@@ -290,7 +290,7 @@ end
 -- returns without a backend.
 local function planned(opts, what, t, bytes)
   local g = opts.group
-  if g == nil or g._plan == nil then return false end
+  if getmetatable(g) ~= Group or g._plan == nil then return false end -- (a wrong group fails where it is checked)
   if not (t:is_meta() or t:is_fake()) then
     core.fail(('%s: the planning group %s moves no data: it takes meta or fake tensors, got a %s tensor'):format(
       what, g:name(), t.device))

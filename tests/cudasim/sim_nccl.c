@@ -408,7 +408,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
         return invalid(ncclInvalidArgument, "ncclCommInitRank: commId was not made by ncclGetUniqueId");
 
     struct ncclComm *c = calloc(1, sizeof *c);
-    if (!c) return invalid(ncclSystemError, "ncclCommInitRank: out of host memory");
+    if (!c) return invalid(ncclSystemError, "ncclCommInitRank: out of CPU memory");
     memcpy(c->name, commId.internal, sizeof c->name);
     c->rank = rank;
     c->nranks = nranks;
@@ -848,7 +848,7 @@ static ncclResult_t coll_submit(coll_call call, cudaStream_t stream) {
     if (r != ncclSuccess || call.count == 0) return r; /* count 0: NCCL returns at once, no sync */
     if (!fl_sim_stream_enqueue) return coll_run(&call); /* linked without the runtime: stream 0 only */
     coll_call *k = malloc(sizeof *k);
-    if (!k) return invalid(ncclSystemError, "%s: out of host memory", coll_name(call.kind));
+    if (!k) return invalid(ncclSystemError, "%s: out of CPU memory", coll_name(call.kind));
     *k = call;
     call.comm->pending++;
     int queued = fl_sim_stream_enqueue(stream, queued_run, queued_drop, k);

@@ -468,7 +468,7 @@ void unref_event(sim_event *e) {
 sim_op *new_op(op_kind kind) {
     sim_op *op = (sim_op *)calloc(1, sizeof *op);
     if (!op) {
-        fprintf(stderr, "cudasim: out of host memory for a stream operation\n");
+        fprintf(stderr, "cudasim: out of CPU memory for a stream operation\n");
         abort();
     }
     op->kind = kind;

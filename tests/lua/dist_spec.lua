@@ -14,7 +14,7 @@ local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 -- may run under one); returns output (stdout and stderr) and exit code.
 local function run(env, ...)
   local parts = { 'env -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u PMI_SIZE -u PMI_RANK',
-                  '-u PMIX_RANK -u SLURM_PROCID -u SLURM_NTASKS -u FSDP_BACKEND', env or '',
+                  '-u PMIX_RANK -u SLURM_PROCID -u SLURM_NTASKS -u FSDP_BACKEND -u FSDP_TRANSPORT', env or '',
                   'timeout 20', quote(host.exe) }
   for i = 1, select('#', ...) do parts[#parts + 1] = quote((select(i, ...))) end
   local f = assert(io.popen(table.concat(parts, ' ') .. ' 2>&1; echo "@rc=$?"'))
@@ -192,10 +192,10 @@ describe('fsdp.dist from the outside', function()
   end)
 
   it('reports a missing mpi plugin with its path and the loader\'s message', function()
-    local out, rc = run('FSDP_BACKEND=mpi FSDP_MPI_LIBRARY=/nonexistent/libfsdp_mpi.so', '-e',
+    local out, rc = run('FSDP_TRANSPORT=mpi FSDP_MPI_LIBRARY=/nonexistent/libfsdp_mpi.so', '-e',
       "require('fsdp').dist.init()")
     assert.are.equal(1, rc)
-    contains(out, 'dist: the mpi backend is needed (FSDP_BACKEND=mpi) but '
+    contains(out, 'dist: the mpi transport is needed (FSDP_TRANSPORT=mpi) but '
       .. '/nonexistent/libfsdp_mpi.so cannot be loaded: ')
     contains(out, 'No such file or directory')
   end)
@@ -204,6 +204,9 @@ describe('fsdp.dist from the outside', function()
     local out, rc = run('FSDP_BACKEND=tcp', '-e', "require('fsdp').dist.init()")
     assert.are.equal(1, rc)
     contains(out, 'FSDP_BACKEND=tcp: expected mpi, self or auto')
+    out, rc = run('FSDP_TRANSPORT=tcp FSDP_BACKEND=self', '-e', "require('fsdp').dist.init()")
+    assert.are.equal(1, rc)
+    contains(out, 'FSDP_TRANSPORT=tcp: expected mpi, self or auto')
     out, rc = run('FSDP_COLLECTIVE_TIMEOUT=soon', '-e', "require('fsdp').dist.init()")
     assert.are.equal(1, rc)
     contains(out, 'FSDP_COLLECTIVE_TIMEOUT=soon is not a positive number of seconds')

@@ -41,7 +41,7 @@
  * Each channel message is received whole (probe, then receive its size),
  * so no receive ever stays posted into memory that could go away.
  */
-#include "dist_backend.h"
+#include "transport.h"
 #include "ring.h"
 
 #include <errno.h>
@@ -946,7 +946,7 @@ static int mpi_collective_log(fl_coll_record *out, int max, int64_t *lost) {
     return n;
 }
 
-static const fl_dist_backend mpi_backend = {
+static const fl_transport mpi_backend = {
     .abi = FL_DIST_BACKEND_ABI,
     .name = "mpi",
     .init = mpi_backend_init,
@@ -971,5 +971,5 @@ static const fl_dist_backend mpi_backend = {
     .poke = mpi_poke,
 };
 
-EXPORT const fl_dist_backend *fl_dist_mpi_backend(void);
-EXPORT const fl_dist_backend *fl_dist_mpi_backend(void) { return &mpi_backend; }
+EXPORT const fl_transport *fl_dist_mpi_backend(void);
+EXPORT const fl_transport *fl_dist_mpi_backend(void) { return &mpi_backend; }

@@ -6,7 +6,7 @@
 #ifndef FL_DIST_MPI_RING_H
 #define FL_DIST_MPI_RING_H
 
-#include "dist_backend.h"
+#include "transport.h"
 
 #include <mpi.h>
 #include <stdbool.h>

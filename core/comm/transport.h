@@ -1,7 +1,9 @@
 /*
- * dist_backend.h: the vtable a communication backend implements, shared by
- * the core (core/comm/) and the MPI plugin (core/comm/mpi/, built into
- * libfsdp_mpi.so).
+ * transport.h: the vtable a transport (the way collectives travel: the
+ * one-rank `self`, `mpi`) implements, shared by the core (core/comm/) and
+ * the MPI plugin (core/comm/mpi/, built into libfsdp_mpi.so). ("Backend"
+ * is the device's vtable, core/backend/backend.h; this was once called the
+ * dist backend, whence FL_DIST_BACKEND_ABI and the plugin's entry name.)
  *
  * The plugin is a separate shared object so that libfsdp.so never links
  * libmpi: a plain run starts fast, prints nothing from MPI and works on
@@ -16,8 +18,8 @@
  * FL_DIST_BACKEND_ABI changes whenever this file does, so a stale plugin is
  * refused with a message instead of misbehaving.
  */
-#ifndef FL_DIST_BACKEND_H
-#define FL_DIST_BACKEND_H
+#ifndef FL_TRANSPORT_H
+#define FL_TRANSPORT_H
 
 #include "fsdp.h"
 
@@ -58,7 +60,7 @@ typedef struct fl_roll_answer {
     double oldest;        /* age of its oldest collective in flight */
 } fl_roll_answer;
 
-typedef struct fl_dist_backend {
+typedef struct fl_transport {
     int abi; /* FL_DIST_BACKEND_ABI */
     const char *name;
     /* Start (MPI_Init) and describe the world. */
@@ -111,8 +113,8 @@ typedef struct fl_dist_backend {
      * progressing them right now (never blocks): [Note: progress from
      * compute], core/comm/dist.c. NULL: nothing ever needs it. */
     void (*poke)(void);
-} fl_dist_backend;
+} fl_transport;
 
-typedef const fl_dist_backend *(*fl_dist_backend_entry)(void);
+typedef const fl_transport *(*fl_transport_entry)(void);
 
-#endif /* FL_DIST_BACKEND_H */
+#endif /* FL_TRANSPORT_H */
