@@ -22,6 +22,12 @@
 --
 -- Every rank of a TP group must see the same input (the same data-parallel
 -- rank's batch); their losses are then equal.
+--
+-- {sequence_parallel = true} (Megatron-LM's sequence parallelism, [Note:
+-- sequence parallelism] in fsdp/tp/styles.lua): the hidden states between
+-- the TP regions hold this rank's 1/T of the sequence; the plan must then
+-- name the regions ('attention', 'region') and the modules between them
+-- that hold parameters ('sequence': the norms), which is checked.
 local core = require 'fsdp.core'
 local ffi = require 'ffi'
 local dist = require 'fsdp.dist'
@@ -61,7 +67,8 @@ local function check_plan(plan)
       fail('plan entry %d needs match = a name pattern or a function(module, name)', i)
     end
     if not styles.NAMES[e.style] then
-      fail("plan entry %d: unknown style %s (known: colwise, rowwise, vocab_embedding, vocab_head, attention)",
+      fail("plan entry %d: unknown style %s (known: colwise, rowwise, vocab_embedding, vocab_head, attention, "
+        .. 'region, sequence)',
         i, tostring(e.style))
     end
   end
@@ -76,14 +83,59 @@ local function style_of(plan, m, name)
   return nil
 end
 
--- tp.parallelize(model, plan, {mesh = m} | {group = g}): see the top of
--- this file. Returns the model.
+local function label(name) return name == '' and '(the root)' or name end
+
+-- The nearest module above `name` (itself excluded) in `set`, or nil.
+local function ancestor_in(name, set)
+  local n = name
+  while true do
+    n = n:match('^(.*)%.[^.]+$')
+    if n == nil then return set[''] and '' or nil end
+    if set[n] then return n end
+  end
+end
+
+-- Under sequence parallelism every colwise/rowwise layer sits in a region
+-- (an 'attention' or 'region' module, whose input is gathered), no
+-- 'sequence' module does, and every module with parameters of its own
+-- between the regions is in the plan: a norm left out would compute on
+-- its rows and keep a partial gradient, silently.
+local function check_sequence(model, by_name)
+  local regions, planned = {}, {}
+  for name, s in pairs(by_name) do
+    if s == 'attention' or s == 'region' then regions[name] = true end
+    planned[name] = true
+  end
+  for name, s in pairs(by_name) do
+    local r = ancestor_in(name, regions)
+    if (s == 'colwise' or s == 'rowwise') and r == nil then
+      fail("sequence_parallel: %s is '%s' outside a region: an enclosing module needs style 'attention' or "
+        .. "'region' (its input is gathered along the sequence)", label(name), s)
+    end
+    if s == 'sequence' and r ~= nil then
+      fail("sequence_parallel: %s is 'sequence' inside the region %s, which sees the whole sequence", label(name),
+        label(r))
+    end
+  end
+  for _, nm in ipairs(model:named_modules()) do
+    local name, m = nm[1], nm[2]
+    if next(rawget(m, '_parameters')) ~= nil and not planned[name] and ancestor_in(name, planned) == nil then
+      fail("sequence_parallel: %s (%s) holds parameters between the TP regions but is not in the plan: give it "
+        .. "style 'sequence' (a norm) or put it inside a region", label(name), m:class_name())
+    end
+  end
+end
+
+-- tp.parallelize(model, plan, {mesh = m} | {group = g}, sequence_parallel =):
+-- see the top of this file. Returns the model.
 function M.parallelize(model, plan, opts)
   if not nn.Module.is_module(model) then fail('expected a model (an nn.Module), got %s', type(model)) end
   if rawget(model, '_fsdp') then fail('the model is already sharded: call tp.parallelize before fsdp.shard') end
   if rawget(model, '_tp') then fail('the model is already tensor-parallel') end
   check_plan(plan)
   local group = group_of(opts)
+  local sp = opts.sequence_parallel
+  if sp ~= nil and type(sp) ~= 'boolean' then fail('sequence_parallel must be true or false, got %s', tostring(sp)) end
   local T = group:size()
   local chosen, by_name = {}, {}
   for _, nm in ipairs(model:named_modules()) do
@@ -99,9 +151,11 @@ function M.parallelize(model, plan, opts)
   end
   if #chosen == 0 then fail('the plan matched no module of %s', model:class_name()) end
   for _, c in ipairs(chosen) do styles.check(c[3], c[2], c[1], T, by_name) end
-  local ctx = { group = group, size = T, rank = group:rank(), done = {} }
+  if sp then check_sequence(model, by_name) end
+  local ctx = { group = group, size = T, rank = group:rank(), done = {}, sp = sp and T > 1 }
   for _, c in ipairs(chosen) do styles.apply(c[3], c[2], c[1], ctx) end
-  rawset(model, '_tp', { group = group, size = T, rank = group:rank(), styles = by_name })
+  rawset(model, '_tp', { group = group, size = T, rank = group:rank(), styles = by_name,
+                         sequence_parallel = sp or false })
   return model
 end
 
