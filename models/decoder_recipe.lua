@@ -80,6 +80,9 @@ M.MESH_OPTIONS = {
                   .. '--tp and --dp_replicate; a node\'s for the hybrids)', int = true, min = 0 },
   dp_replicate = { 0, 'copies of each shard, their gradients summed (HSDP; 0: from --sharding_strategy: the nodes for '
                       .. 'the hybrids, else 1)', int = true, min = 0 },
+  sequence_parallel = { false, 'with --tp: the norms and residuals between the TP regions run on each TP rank\'s '
+                               .. '1/tp of the sequence (less activation memory; the sequence length must divide '
+                               .. 'by --tp)' },
 }
 
 -- The optimizer, schedule and loop options.
@@ -191,6 +194,13 @@ function M.check(R, cfg, written, opts)
   R.mesh_sizes = shard_recipe.mesh_sizes(cfg, plan_world and {
     world = plan_world, nodes = (cfg.plan_nodes or 0) > 0 and cfg.plan_nodes or 1 } or nil)
   if cfg.tp > 1 then M.check_tp(cfg, c, R) end
+  if cfg.sequence_parallel then
+    if cfg.tp <= 1 then error('--sequence_parallel needs --tp > 1: it splits the sequence over the TP ranks', 0) end
+    if cfg.seq_len and cfg.seq_len % cfg.tp ~= 0 then
+      error(('--sequence_parallel: --%s=%d is not divisible by --tp=%d (each TP rank holds 1/tp of the sequence)')
+        :format(written.seq_len or 'seq_len', cfg.seq_len, cfg.tp), 0)
+    end
+  end
   return c
 end
 
@@ -263,7 +273,7 @@ function M.build(R, cfg, who, shape)
   -- --tp: the TP layers first (on meta), so the fit check and the
   -- sharding see what one TP rank holds ([Note: what --tp checks])
   if mesh and mesh:size('tp') > 1 then
-    require('fsdp.tp').parallelize(model, model:tp_plan(), { mesh = mesh })
+    require('fsdp.tp').parallelize(model, model:tp_plan(), { mesh = mesh, sequence_parallel = cfg.sequence_parallel })
   end
   M.loss_options(model, cfg) -- (before the fit check, whose trace runs the model's own loss)
   -- before the fit check and sharding, which see the frozen base

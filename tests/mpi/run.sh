@@ -213,6 +213,10 @@ done
 run_tap "TP training = one process, tp 2 on 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/tp_equivalence.lua 2
 run_tap "TP x FSDP training = one process, tp 2 x dp 2" -- mpirun -np 4 "$EXE" tests/mpi/tp_equivalence.lua 2
 run_tap "TP training = one process, tp 4 x dp 1, f32" -- mpirun -np 4 "$EXE" tests/mpi/tp_equivalence.lua 4 f32
+# Sequence parallelism: the same bounds, and the activation memory it saves.
+run_tap "TP + SP training = one process, tp 2 on 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/tp_equivalence.lua 2 both sp
+run_tap "TP + SP x FSDP training = one process, tp 2 x dp 2, f32" -- \
+  mpirun -np 4 "$EXE" tests/mpi/tp_equivalence.lua 2 f32 sp
 run_tap "LoRA: adapters sharded over a frozen base = one rank, 2 ranks" -- \
   mpirun -np 2 "$EXE" tests/mpi/lora.lua
 run_tap "LoRA, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \

@@ -7,7 +7,15 @@
 --   mpirun -np 4 fsdp-lua tests/mpi/tp_equivalence.lua 2 f32    tp 2 x dp 2
 --   mpirun -np 4 fsdp-lua tests/mpi/tp_equivalence.lua 4 f32    tp 4 x dp 1
 --   mpirun -np 2 fsdp-lua tests/mpi/tp_equivalence.lua 2        tp 2, f32 and bf16
---   (args: tp size, precision f32 | bf16 | both (default); tests/mpi/run.sh runs them)
+--   mpirun -np 4 fsdp-lua tests/mpi/tp_equivalence.lua 2 both sp    tp 2 x dp 2, sequence parallel
+--   (args: tp size, precision f32 | bf16 | both (default), sp for sequence parallelism;
+--   tests/mpi/run.sh runs them)
+--
+-- Sequence parallelism changes only where sums happen (a reduce-scatter
+-- where an all-reduce was, a norm weight's gradient summed over T sequence
+-- shards), so the same bounds hold; it also prints (and checks) the peak
+-- memory of one training step per rank with and without it, where the
+-- activations dominate.
 --
 -- The bound, f32: 1e-5 relative on every step's loss and (norm-wise, per
 -- tensor) on the final parameters. The two runs compute the same products
@@ -44,6 +52,7 @@ local T = require 'tests.mpi.tap'
 local R, W = T.rank, T.world
 local TP = tonumber(arg and arg[1]) or W
 local which = arg and arg[2] or 'both'
+local SP = arg and arg[3] == 'sp'
 local precisions = which == 'both' and { 'f32', 'bf16' } or { which }
 assert(W % TP == 0, 'the tp size must divide the world')
 local DP = W / TP
@@ -70,7 +79,7 @@ local function build(group, precision, with_tp, ckpt)
   local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
   local dims = {}
   if with_tp then
-    tp.parallelize(m, m:tp_plan(), { group = tp_group })
+    tp.parallelize(m, m:tp_plan(), { group = tp_group, sequence_parallel = SP })
     for _, np in ipairs(m:named_parameters()) do dims[np[1]] = rawget(np[2], 'tp') end
   end
   fsdp.shard(m, { group = group, strategy = 'FULL_SHARD', policy = policy, seed = SEED,
@@ -149,17 +158,65 @@ local function run(precision, ckpt)
     pworst = math.max(pworst, err)
   end
   if R == 0 then
-    io.stdout:write(('# tp %d x dp %d %s%s: worst loss error %.3g, parameters %.3g over %d steps\n'):format(
-      TP, DP, precision, ckpt and ' checkpointed' or '', worst, pworst, K))
+    io.stdout:write(('# tp %d x dp %d%s %s%s: worst loss error %.3g, parameters %.3g over %d steps\n'):format(
+      TP, DP, SP and ' sequence parallel' or '', precision, ckpt and ' checkpointed' or '', worst, pworst, K))
   end
 end
 
+local SPN = SP and ' sequence parallel' or ''
 for _, precision in ipairs(precisions) do
-  T.test(('tp %d x dp %d (FULL_SHARD) %s, %d AdamW steps with clipping = one process'):format(
-    TP, DP, precision, K), function() run(precision, false) end)
+  T.test(('tp %d x dp %d%s (FULL_SHARD) %s, %d AdamW steps with clipping = one process'):format(
+    TP, DP, SPN, precision, K), function() run(precision, false) end)
 end
-T.test(('tp %d x dp %d f32 with activation checkpointing = one process'):format(TP, DP), function()
+T.test(('tp %d x dp %d%s f32 with activation checkpointing = one process'):format(TP, DP, SPN), function()
   run('f32', true)
 end)
+
+-- The activation memory sequence parallelism saves: the peak bytes of one
+-- forward and backward above what is live before it (parameters and
+-- their shards), per rank, with and without SP, at a config where the
+-- activations dominate (seq 256, batch 4, width 64: ~1000x the weights'
+-- share of a layer), plain and with every layer checkpointed. Without
+-- checkpointing SP shrinks the norms' and residuals' saved tensors and
+-- the layer boundaries to 1/T; the gathered inputs of the q/k/v and
+-- gate/up products, the attention and the MLP's inner activations stay
+-- whole or per head. With checkpointing the saved layer inputs are all
+-- that remains of a layer between forward and backward, and those are
+-- 1/T. Collected before every allocation, so only live tensors count.
+if SP then
+  T.test(('tp %d x dp %d: activation memory with and without sequence parallelism'):format(TP, DP), function()
+    local cfg = { dim = 64, n_layers = 4, n_heads = 4, n_kv_heads = 4, ffn_dim = 128, vocab_size = 64,
+                  max_seq_len = 256 }
+    local ids = fsdp.randint(0, cfg.vocab_size, { 4, 256 }, { seed = 13 })
+    local budget = fsdp.set_collect_budget(0)
+    local function peak(sp, ckpt)
+      local m = llama.CausalLM(llama.config('Llama-2-7b', cfg), { device = 'meta' })
+      tp.parallelize(m, m:tp_plan(), { group = tp_group, sequence_parallel = sp })
+      fsdp.shard(m, { group = dp_group, strategy = 'FULL_SHARD', policy = policy, seed = SEED })
+      if ckpt then fsdp.checkpoint(m, function(x) return x:is_instance_of(llama.DecoderLayer) end) end
+      fsdp.collect()
+      fsdp.reset_memory_stats()
+      local base = fsdp.memory_stats().in_use
+      local loss = m:loss(ids, ids)
+      loss:backward()
+      local p = fsdp.memory_stats().peak - base
+      loss = nil -- luacheck: ignore
+      m = nil -- luacheck: ignore
+      fsdp.collect()
+      return p
+    end
+    local lines = {}
+    for _, ckpt in ipairs({ false, true }) do
+      local without, with = peak(false, ckpt), peak(true, ckpt)
+      local line = ('%s: peak above the parameters %.2f MiB without SP, %.2f MiB with (%.0f%% saved)'):format(
+        ckpt and 'checkpointed layers' or 'no checkpointing', without / 2^20, with / 2^20, 100 * (1 - with / without))
+      lines[#lines + 1] = line
+      T.truthy(with < without, line .. ': sequence parallelism saved nothing')
+    end
+    fsdp.set_collect_budget(budget)
+    io.stdout:write(('# [rank %d] tp %d x dp %d, seq 256 x batch 4, width 64, 4 layers: %s\n'):format(
+      R, TP, DP, table.concat(lines, '; ')))
+  end)
+end
 
 T.done()
