@@ -5,7 +5,7 @@
 --   local model = llama.CausalLM(cfg, {device = 'meta'})
 --   tp.parallelize(model, model:tp_plan(), {mesh = mesh})    -- or {group = tp_group}
 --   fsdp.shard(model, {group = dp_group, policy = ...})      -- shards the local TP shards
---   ... loss:backward(); tp.clip_grad_norm(model, 1.0); opt:step()
+--   ... loss:backward(); fsdp.clip_grad_norm(model, 1.0); opt:step()
 --
 -- A plan is a list of {match = 'lua pattern on the module name' | function(module, name),
 -- style = 'colwise' | 'rowwise' | 'vocab_embedding' | 'vocab_head' | 'attention'}
@@ -29,11 +29,8 @@
 -- name the regions ('attention', 'region') and the modules between them
 -- that hold parameters ('sequence': the norms), which is checked.
 local core = require 'fsdp.core'
-local ffi = require 'ffi'
 local dist = require 'fsdp.dist'
 local nn = require 'fsdp.nn'
-local Tensor = require 'fsdp.tensor'
-local factories = require 'fsdp.factories'
 local styles = require 'fsdp.tp.styles'
 
 local M = {}
@@ -165,61 +162,26 @@ function M.group(model)
   return s and s.group
 end
 
-local sq = ffi.new('double[1]')
-
-local function sq_of(g)
-  if g == nil or not g:has_storage() then return 0 end
-  if not g:is_contiguous() then g = g:contiguous() end
-  core.check(core.C.fl_grad_sq_norm(Tensor.cptr(g), sq))
-  return sq[0]
-end
-
--- The global L2 norm of a TP model's gradients (collective over the world
--- when the model is also sharded by fsdp.shard, else over the TP group):
--- every element of the logical model counted once. A TP shard's squares
--- count as they are; a replicated parameter's are divided by the TP size
--- (every TP rank holds it); an fsdp unit's by its replicas as
--- fsdp.grad_norm divides them (world / shard group size), so a TP shard,
--- held by world / (shard size * T) ranks, is multiplied back by T.
--- (The mesh's grad-norm, once it lands, reads the same p.tp.)
-function M.grad_norm(model)
-  local s = rawget(model, '_tp')
-  if not s then core.fail('tp.grad_norm: the model is not tensor-parallel (tp.parallelize)') end
-  local T, total = s.size, 0
-  local sharded = rawget(model, '_fsdp')
-  if sharded then
-    for _, u in ipairs(sharded.units) do
-      u:sync_zero_grad()
-      for _, p in ipairs(u.params) do
-        local seg = p.segment
-        if seg ~= nil and u.grad ~= nil then
-          total = total + sq_of(seg.grad) * (rawget(seg, 'tp') and T or 1) / u.replicas
-        end
-      end
-    end
-  else
-    for _, p in ipairs(model:parameters()) do
-      total = total + sq_of(p.grad) / (rawget(p, 'tp') and 1 or T)
-    end
+-- The gradient norm of a TP model is fsdp.grad_norm's ([Note: the gradient
+-- norm under tensor parallelism] in fsdp/sharding/init.lua: a split
+-- parameter's squares once per TP rank, a replicated one's 1/T), for a
+-- model sharded by fsdp.shard over a mesh or over its data-parallel group.
+-- These two are its names here, kept for callers of fsdp.tp.
+local function sharded_tp(model, what)
+  if not rawget(model, '_tp') then
+    core.fail(('tp.%s: the model is not tensor-parallel (tp.parallelize)'):format(what))
   end
-  local t = factories.tensor({ total }, { dtype = 'f64' })
-  dist.all_reduce(t, sharded and {} or { group = s.group })
-  return math.sqrt(t:item())
+  if not rawget(model, '_fsdp') then
+    core.fail(('tp.%s: shard the model first (fsdp.shard, a group of one for no data parallelism): '
+      .. 'the TP gradient norm is fsdp.%s'):format(what, what))
+  end
+  return require('fsdp.sharding')
 end
 
--- Clip a TP model's gradients to a global L2 norm of at most max_norm
--- (M.grad_norm); returns the norm before clipping (as fsdp.clip_grad_norm).
+function M.grad_norm(model) return sharded_tp(model, 'grad_norm').grad_norm(model) end
+
 function M.clip_grad_norm(model, max_norm)
-  local total = M.grad_norm(model)
-  local coef = max_norm / (total + 1e-6)
-  if coef < 1 and total == total and total ~= math.huge then
-    if rawget(model, '_fsdp') then
-      require('fsdp.sharding').scale_grads(model, coef)
-    else
-      require('fsdp.optim.clip').scale_grads(model:parameters(), coef)
-    end
-  end
-  return total
+  return sharded_tp(model, 'clip_grad_norm').clip_grad_norm(model, max_norm)
 end
 
 return M
