@@ -210,13 +210,15 @@ end
 -- MLP and expert widths, vocabulary) divide by --tp, the family has a TP
 -- plan (model:tp_plan, on a meta build) and no option asks for what the
 -- TP layers do not cover: parameters whose whole shape only one TP rank
--- knows cannot be loaded from whole weights (--init_from), adapted
--- (--lora_rank), checkpointed (--checkpoint_dir: the index records the
--- shapes a rank holds) or exported whole (--export_hf,
--- --save_full_state_dict) yet.
+-- knows cannot be loaded from whole weights (--init_from), checkpointed
+-- (--checkpoint_dir: the index records the shapes a rank holds) or
+-- exported whole (--export_hf, --save_full_state_dict) yet. LoRA
+-- (--lora_rank) is applied before TP, which splits each adapter with its
+-- layer (fsdp/tp/styles.lua), without dropout (each TP rank would drop
+-- different elements).
 M.TP_SPLIT = { { 'n_heads', 'num_heads' }, { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' },
                { 'moe_ffn_dim', 'moe_ffn_dim' }, { 'vocab_size', 'vocab_size' } }
-M.TP_UNSUPPORTED = { { 'init_from', '' }, { 'lora_rank', 0 }, { 'checkpoint_dir', '' }, { 'export_hf', '' },
+M.TP_UNSUPPORTED = { { 'init_from', '' }, { 'checkpoint_dir', '' }, { 'export_hf', '' },
                      { 'save_full_state_dict', '' } }
 
 function M.check_tp(cfg, c, R, tp_module)
@@ -236,6 +238,10 @@ function M.check_tp(cfg, c, R, tp_module)
       error(('--tp=%d with --%s: not tensor-parallel yet (whole shapes are split over the TP ranks); '
         .. 'use --tp=1'):format(T, k[1]), 0)
     end
+  end
+  if (cfg.lora_rank or 0) > 0 and (cfg.lora_dropout or 0) > 0 then
+    error(('--tp=%d with --lora_dropout=%g: each TP rank would drop different elements of the adapters\' '
+      .. 'input; use --lora_dropout=0'):format(T, cfg.lora_dropout), 0)
   end
   local model = R.fam.module.build(c, { device = 'meta' })
   if type(model.tp_plan) ~= 'function' then
@@ -270,14 +276,15 @@ function M.build(R, cfg, who, shape)
   R.mesh = mesh
   local model = R.fam.module.build(c, { device = 'meta', dtype = cfg.dtype })
   local n_params = model:num_parameters() -- (the whole model's, before TP splits it)
-  -- --tp: the TP layers first (on meta), so the fit check and the
-  -- sharding see what one TP rank holds ([Note: what --tp checks])
+  M.loss_options(model, cfg) -- (before the fit check, whose trace runs the model's own loss)
+  -- before TP (which splits each adapter with its layer), the fit check
+  -- and sharding, which see the frozen base
+  lora.apply_options(model, cfg, R.fam.lora_targets)
+  -- --tp: the TP layers (on meta) before the fit check and the sharding,
+  -- so they see what one TP rank holds ([Note: what --tp checks])
   if mesh and mesh:size('tp') > 1 then
     require('fsdp.tp').parallelize(model, model:tp_plan(), { mesh = mesh, sequence_parallel = cfg.sequence_parallel })
   end
-  M.loss_options(model, cfg) -- (before the fit check, whose trace runs the model's own loss)
-  -- before the fit check and sharding, which see the frozen base
-  lora.apply_options(model, cfg, R.fam.lora_targets)
   fit.check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
     try = not R.src and M.TRY or nil })
   shard_recipe.apply(model, cfg, R.fam.block, who, mesh)

@@ -2,8 +2,9 @@
 # tests/mpi/mesh_recipe.sh: the decoder recipes' mesh options end to end on
 # recipes/llama2_7b.lua (tiny model, synthetic data, f32): --tp=2 on 4
 # ranks (tp 2 x dp_shard 2) logs the losses and gradient norms of 2 ranks
-# without a mesh (the same data-parallel batches), so does --tp=2
-# --sequence_parallel, --dp_shard=2 on 2 ranks
+# without a mesh (the same data-parallel batches), so do --tp=2
+# --sequence_parallel and --tp=2 --lora_rank=4 (against LoRA on 2 ranks),
+# --dp_shard=2 on 2 ranks
 # logs exactly the bits of no mesh, and --tp with an uncovered family or
 # feature fails in one line before anything is built.
 #
@@ -66,7 +67,15 @@ same_as() {
 run tp2 4 --tp=2 && same_as dp2 tp2 "--tp=2 on 4 ranks (tp 2 x dp_shard 2) = 2 ranks without TP"
 run tp2sp 4 --tp=2 --sequence_parallel && \
   same_as dp2 tp2sp "--tp=2 --sequence_parallel on 4 ranks (tp 2 x dp_shard 2) = 2 ranks without TP"
+# LoRA then TP then sharding: the adapters split with their layers
+run dp2lora 2 --lora_rank=4 && {
+  run tp2lora 4 --tp=2 --lora_rank=4 && \
+    same_as dp2lora tp2lora "--tp=2 --lora_rank=4 on 4 ranks (tp 2 x dp_shard 2) = 2 ranks of LoRA without TP"
+  run tp2lora_sp 4 --tp=2 --lora_rank=4 --sequence_parallel && \
+    same_as dp2lora tp2lora_sp "--tp=2 --lora_rank=4 --sequence_parallel on 4 ranks = 2 ranks of LoRA without TP"
+}
 for bad in "--sequence_parallel|--sequence_parallel needs --tp > 1" \
+           "--tp=2 --lora_rank=4 --lora_dropout=0.1|--tp=2 with --lora_dropout=0.1" \
            "--tp=2 --sequence_parallel --seq_len=33|--seq_len=33 is not divisible by --tp=2"; do
   flags=${bad%%|*} needle=${bad#*|}
   # shellcheck disable=SC2086
