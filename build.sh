@@ -25,6 +25,7 @@ PACKAGES=(build-essential pkg-config premake4 luajit libluajit-5.1-dev
           lua-yaml # YAML --config files (lua/fsdp/config_file.lua)
           lua-filesystem gnuplot-nox
           libxxhash-dev # XXH3 checksums of checkpoint files
+          libisal-dev # CRC-32C of TensorBoard event records (core/io/crc32c.c)
           libyajl-dev # streaming JSON: safetensors headers of any size
           zlib1g-dev libzstd-dev # corpus readers: .gz and .zst shards (core/data)
           libpcre2-dev libutf8proc-dev libsentencepiece-dev # tokenizers (core/text)
@@ -72,7 +73,11 @@ generate() {
   local opts=()
   [ "${FSDP_NO_CUDA:-0}" = 1 ] && opts+=(--no-cuda)
   if command -v premake5 >/dev/null; then
-    premake5 --file=premake5.lua "${opts[@]}" gmake2 >/dev/null
+    # premake5 5.0.0-beta5 renamed its makefile action gmake2 to gmake (the
+    # old gmake became gmakelegacy); earlier 5.0 releases know only gmake2.
+    local action=gmake
+    premake5 --version | grep -Eq '5\.0\.0-(alpha[0-9]*|beta[1-4])([^0-9]|$)' && action=gmake2
+    premake5 --file=premake5.lua "${opts[@]}" "$action" >/dev/null
   else
     premake4 --file=premake5.lua "${opts[@]}" gmake >/dev/null
   fi

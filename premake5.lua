@@ -233,7 +233,7 @@ project "fsdp"
   files { "core/**.c" }
   -- The MPI and CUDA backends are their own libraries (below): the core
   -- links neither MPI nor any CUDA library.
-  excludes { "core/host/**.c", "core/dist/mpi/**.c", "core/cuda/**.c" }
+  excludes { "core/host/**.c", "core/comm/mpi/**.c", "core/cuda/**.c" }
   includedirs { "core/base", "core/ops" }
   -- -fno-math-errno: no code reads errno after a math call, and without
   -- it GCC keeps every loop with a sqrtf scalar (the optimizers' updates).
@@ -244,6 +244,8 @@ project "fsdp"
   includedirs { pkg_config_dirs("--cflags-only-I", "openblas") }
   libdirs { OPENBLAS.libdirs }
   links { OPENBLAS.link, "jansson", "yajl", "xxhash", "m", "pthread", "dl" }
+  -- ISA-L: CRC-32C of TensorBoard records (core/io/crc32c.c).
+  links { "isal" }
   linkoptions { OPENBLAS.rpath }
   -- Corpus readers (core/data): gzip and zstd shards.
   links { "z", "zstd" }
@@ -270,7 +272,7 @@ project "fsdp_cuda"
   kind "SharedLib"
   outdirs "lib"
   files { "core/cuda/**.c" }
-  includedirs { "core/base", "core/ops", "core/dist", CUDA_HOME .. "/include" }
+  includedirs { "core/base", "core/ops", "core/comm", CUDA_HOME .. "/include" }
   buildoptions { "-fPIC", "-fvisibility=hidden" }
   -- Refuse to link with a symbol left unresolved: the loader's dlopen
   -- would otherwise be the first to notice.
@@ -306,14 +308,14 @@ project "fsdp_cuda"
   end
 end
 
--- The mpi backend of core/dist: a plugin the core dlopen()s only in a
+-- The mpi backend of core/comm: a plugin the core dlopen()s only in a
 -- process a launcher started, so libfsdp.so never depends on libmpi.
 if MPI then
 project "fsdp_mpi"
   kind "SharedLib"
   outdirs "lib"
-  files { "core/dist/mpi/**.c" }
-  includedirs { "core/dist", MPI.includedirs }
+  files { "core/comm/mpi/**.c" }
+  includedirs { "core/comm", MPI.includedirs }
   libdirs { MPI.libdirs }
   buildoptions { "-fPIC", "-fvisibility=hidden" }
   links { "fsdp", "mpi", "pthread" }

@@ -18,13 +18,13 @@ local fsdp = require 'fsdp'
 local dist = fsdp.dist
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 local ckpt = require 'fsdp.checkpointing'
 local files = require 'fsdp.io.files'
 local lfs = require 'lfs'
 
-local cfg = recipe.config({
+local cfg = options.config({
   layers = { 4, 'decoder layers' },
   dim = { 512, 'model width' },
   vocab = { 16000, 'vocabulary (embedding and head: the largest unit)' },
@@ -81,7 +81,7 @@ opt:zero_grad()
 
 local r = {}
 r.save = { timed(function(i) ckpt.save(dir, { model = m, optimizer = opt, step = i, keep = 1 }) end) }
-local last = dir .. '/' .. ckpt.layout.step_name(cfg.repeats)
+local last = dir .. '/' .. ckpt.directory.step_name(cfg.repeats)
 local ckpt_bytes = bytes_under(last)
 local m2, opt2
 r.load = { timed(function() ckpt.load(last, { model = m2, optimizer = opt2 }) end,

@@ -24,7 +24,7 @@
 -- GB/s = 1e9 bytes/s; best of --repeats.
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 local Tensor = require 'fsdp.tensor'
 local st = require 'fsdp.io.safetensors'
@@ -38,7 +38,7 @@ int posix_fadvise(int fd, long offset, long len, int advice);
 ]]
 local O_RDONLY, POSIX_FADV_DONTNEED = 0, 4
 
-local cfg = recipe.config({
+local cfg = options.config({
   mib = { 256, 'size of the file in MiB' },
   repeats = { 5, 'runs of each measurement; the best is printed' },
   dir = { '/tmp', 'where the file is written' },

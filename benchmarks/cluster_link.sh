@@ -21,7 +21,7 @@
 # off (no backward or forward prefetch, no all-gather limit) and on
 # (backward PRE, forward prefetch). Columns: the bytes of a step's
 # collectives planned (fsdp.plan) and measured (the metrics' comm_bytes,
-# counted by core/dist; they differ by the recipe's own few-byte
+# counted by core/comm; they differ by the recipe's own few-byte
 # all-reduces of the loss and gradient norm); the communication time
 # planned (fsdp.plan.cost: ring wire bytes / bandwidth, the node's link
 # shared by the rings crossing it at once, no latency) with the link at
@@ -97,7 +97,7 @@ shape() { # shape on|off
 # as "STEP_MS MIB WAIT_MS BUSY_MS JOINED_MS SKEW_MS KIND=BUSY/JOINED,...":
 # its time, the bytes its collectives moved, the time it blocked waiting
 # for them, the time some were in flight (the metrics' comm, counted by
-# core/dist: fsdp.dist.collective_stats), that time counted from each
+# core/comm: fsdp.dist.collective_stats), that time counted from each
 # collective's last member's start (--comm_joined: fsdp.observe.joined)
 # and the waits for late members summed.
 step_once() {

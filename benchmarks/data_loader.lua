@@ -17,12 +17,12 @@
 local fsdp = require 'fsdp'
 local host = require 'fsdp.host'
 package.path = host.root .. '/?.lua;' .. package.path
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 local corpus = require 'fsdp.data.corpus'
 local gen = require 'tests.data.corpus'
 
-local cfg = recipe.config({
+local cfg = options.config({
   mb = { 16, 'megabytes of text per format', min = 1 },
   files = { 4, 'shards per format', int = true, min = 1 },
   train_steps = { 3, 'measured training steps (after one unmeasured)', int = true, min = 1 },

@@ -18,10 +18,10 @@ local fsdp = require 'fsdp'
 local dist = fsdp.dist
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 
-local cfg = recipe.config({
+local cfg = options.config({
   steps = { 5, 'measured steps per configuration' },
   layers = { 4, 'decoder layers' },
   dim = { 256, 'model width' },

@@ -12,7 +12,7 @@
 -- cache step t runs the model on prompt + t tokens, so its cost grows
 -- with the length and the gap widens with --new_tokens and --prompt_len.
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 local llama = require 'models.llama'
 local generate = require 'fsdp.generate'
@@ -21,7 +21,7 @@ local names = {}
 for k in pairs(llama.configs) do names[#names + 1] = k end
 table.sort(names)
 
-local cfg = recipe.config({
+local cfg = options.config({
   model = { 'small', 'Llama config (models/llama.lua)', one_of = names },
   num_layers = { 0, 'override the layer count (0: the config\'s)', int = true, min = 0 },
   vocab_size = { 0, 'override the vocabulary (0: the config\'s)', int = true, min = 0 },

@@ -11,11 +11,11 @@
 --
 --   mpirun -np 2 fsdp-lua benchmarks/link_rate.lua [--mib=16] [--rounds=5] [--warmup=3]
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 local dist = fsdp.dist
 
-local cfg = recipe.config({
+local cfg = options.config({
   mib = { 16, 'the gathered buffer, MiB' },
   rounds = { 5, 'timed rounds of each collective' },
   warmup = { 3, 'untimed rounds of each collective first', int = true, min = 1 },

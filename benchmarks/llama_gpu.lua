@@ -26,11 +26,11 @@
 local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 local cjson = require 'cjson'
 
-local cfg = recipe.config({
+local cfg = options.config({
   model = { 'Llama-3.2-1B', 'a models/llama.lua config (Llama-3.2-1B, TinyLlama-1.1B, tiny, ...)' },
   num_layers = { 0, 'override the config\'s layer count (0: keep it)' },
   device = { 'cuda:0', 'where parameters, activations and optimizer state live' },

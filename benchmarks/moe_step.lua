@@ -18,10 +18,10 @@ local fsdp = require 'fsdp'
 local nn = require 'fsdp.nn'
 local F = fsdp.F
 local optim = require 'fsdp.optim'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 
-local cfg = recipe.config({
+local cfg = options.config({
   steps = { 10, 'measured steps' },
   warmup = { 3, 'unmeasured steps first' },
   batch = { 4, 'sequences' },

@@ -25,12 +25,12 @@
 local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 local packing = require 'fsdp.data.packing'
 local median = require('benchmarks.stats').median
 
-local cfg = recipe.config({
+local cfg = options.config({
   model = { 'small', "models/llama.lua's config" },
   seq = { 512, 'tokens per row', int = true, min = 1 },
   batch = { 4, 'rows per batch', int = true, min = 1 },

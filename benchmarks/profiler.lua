@@ -11,11 +11,11 @@ local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local nn = require 'fsdp.nn'
 local optim = require 'fsdp.optim'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 local profiler = require 'fsdp.observe.profiler'
 
-local cfg = recipe.config({
+local cfg = options.config({
   steps = { 40, 'measured steps in all (half off, half on)', int = true, min = 2 },
   block = { 5, 'steps in a row with the same setting', int = true, min = 1 },
   model = { 'tiny', 'Llama config (models/llama.lua)' },

@@ -18,10 +18,10 @@
 local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 
-local cfg = recipe.config({
+local cfg = options.config({
   seqs = { '256,512,1024,2048,4096', 'sequence lengths, comma-separated' },
   steps = { 2, 'measured steps per length (after one unmeasured)', int = true, min = 1 },
   width = { 512, 'model width (heads of 64)', int = true, min = 64 },
@@ -33,7 +33,7 @@ local mp = cfg.precision == 'bf16' and 'bf16' or nil
 local seqs = {}
 for s in cfg.seqs:gmatch('[^,]+') do
   local n = tonumber(s)
-  if not n or n < 1 or n ~= math.floor(n) then recipe.usage_error('--seqs: not a length: ' .. s) end
+  if not n or n < 1 or n ~= math.floor(n) then options.usage_error('--seqs: not a length: ' .. s) end
   seqs[#seqs + 1] = n
 end
 

@@ -16,9 +16,9 @@
 local fsdp = require 'fsdp'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 
-local cfg = recipe.config({
+local cfg = options.config({
   model = { 'Llama-3.2-1B', 'a models/llama.lua config' },
   dtype = { 'bf16', 'parameter and compute dtype' },
   seq = { 2048, 'sequence length' },

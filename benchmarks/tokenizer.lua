@@ -12,11 +12,11 @@
 -- model) and the byte tokenizer. One thread, one call per document. Their
 -- vocabularies are small (600-800): a real one (50k-150k) gives about a
 -- third of the tokens per byte, so compare MB/s across vocabularies.
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 local tokenizer = require 'fsdp.data.tokenizer'
 
-local cfg = recipe.config({
+local cfg = options.config({
   mb = { 4, 'megabytes of text' },
   docs = { 2000, 'documents the text is cut into' },
   tokenizer = { 'tests/golden/tokenizers/gpt2_style.json,tests/golden/tokenizers/llama3_style.json,'

@@ -37,12 +37,12 @@ local F = require 'fsdp.functional'
 local llama = require 'models.llama'
 local gpt2 = require 'models.gpt2'
 local optim = require 'fsdp.optim'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 -- The process's CPU time in seconds, all threads together (clock(3)).
 local cpu_now = os.clock
 
-local cfg = recipe.config({
+local cfg = options.config({
   steps = { 5, 'measured steps per model' },
   warmup = { 2, 'unmeasured steps first' },
   only = { '', 'run one model: gpt2 or llama' },

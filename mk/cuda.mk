@@ -49,7 +49,7 @@ FL_SIM_LIB_OBJECTS := $(addprefix $(OBJDIR)/,$(addsuffix .o,$(notdir $(FL_SIM_LI
 FL_SIM_FLAGS := -O2 -g -fPIC -fvisibility=hidden -ffp-contract=off -Wall -Wno-unused-function \
   -Wno-unknown-pragmas -Wno-sign-compare \
   -I$(FL_ROOT)/core/include -I$(FL_ROOT)/core/base -I$(FL_ROOT)/core/ops -I$(FL_ROOT)/core/cuda \
-  -I$(FL_ROOT)/core/dist \
+  -I$(FL_ROOT)/core/comm \
   -I$(FL_SIM_DIR) \
   -I$(FL_CUDA_HOME)/include -DFL_CUDASIM -D_GNU_SOURCE
 FL_SIM_CXXFLAGS := -std=c++17 -fno-exceptions $(FL_SIM_FLAGS)

@@ -8,7 +8,7 @@
 # need __gxx_personality_v0 and __cxa_guard_*; nothing here throws.
 root=$(cd "$(dirname "$0")/.." && pwd)
 echo "-std=c++17 -O2 -g -lineinfo -Xcompiler -fPIC,-fvisibility=hidden,-Wall" \
-     "-I$root/core/include -I$root/core/base -I$root/core/ops -I$root/core/dist" \
+     "-I$root/core/include -I$root/core/base -I$root/core/ops -I$root/core/comm" \
      "-gencode arch=compute_80,code=sm_80" \
      "-gencode arch=compute_90,code=sm_90" \
      "-gencode arch=compute_90,code=compute_90" \

@@ -5,6 +5,7 @@ local fsdp = require 'fsdp'
 local F = require 'fsdp.functional'
 local suggest = require 'fsdp.suggest'
 local validate = require 'fsdp.validate'
+local tables = require 'fsdp.tables'
 
 local M = {}
 
@@ -42,9 +43,7 @@ function M.merge_config(family, configs, defaults, aliases, name_or_config, over
   if type(base) == 'string' then
     base = configs[base]
     if not base then
-      local names = {}
-      for k in pairs(configs) do names[#names + 1] = k end
-      table.sort(names)
+      local names = tables.sorted_keys(configs)
       error(("%s: unknown config '%s'%s (known: %s)"):format(family, name_or_config,
         suggest.hint(name_or_config, names), table.concat(names, ', ')), 3)
     end
@@ -94,10 +93,7 @@ function M.check_fields(family, c, ints, rates, reals)
   for _, k in ipairs(rates or {}) do
     if c[k] ~= nil then check(k, validate.PROBABILITY, 'in [0, 1)') end
   end
-  local names = {}
-  for k in pairs(reals or {}) do names[#names + 1] = k end
-  table.sort(names)
-  for _, k in ipairs(names) do
+  for _, k in ipairs(tables.sorted_keys(reals or {})) do
     if c[k] ~= nil then check(k, reals[k]) end
   end
 end

@@ -49,6 +49,7 @@ local sharding = require 'fsdp.sharding'
 local autograd = require 'fsdp.autograd'
 local decoder = require 'models.decoder'
 local safetensors = require 'fsdp.io.safetensors'
+local tables = require 'fsdp.tables'
 
 local M = {}
 
@@ -98,10 +99,7 @@ local function quote(v) return type(v) == 'string' and "'" .. v .. "'" or show(v
 -- named by its key: "num_hidden_layers must be an integer of at most
 -- 2^53 ..., got 1e+300", never by the field it becomes.
 local function check_keys(where, h, spec)
-  local names = {}
-  for k in pairs(h) do names[#names + 1] = k end
-  table.sort(names)
-  for _, k in ipairs(names) do
+  for _, k in ipairs(tables.sorted_keys(h)) do
     local v = h[k]
     local want = spec.required[k]
     if want == nil then want = COMMON_REQUIRED[k] end

@@ -24,6 +24,7 @@
 -- max_position_embeddings (transformers' standardize_rope_params).
 local json = require 'fsdp.io.json'
 local validate = require 'fsdp.validate'
+local tables = require 'fsdp.tables'
 
 local M = {}
 
@@ -185,10 +186,7 @@ function M.from_hf(where, h, fail)
     if bad then fail(where, '%s %s', prf_key, bad) end
     if prf ~= 1 then scaling.partial_rotary_factor = prf end
   end
-  local fields = {}
-  for k in pairs(keys) do fields[#fields + 1] = k end
-  table.sort(fields)
-  for _, k in ipairs(fields) do
+  for _, k in ipairs(tables.sorted_keys(keys)) do
     local v, key = p[k], where_p .. '.' .. k
     if v == nil and k == 'original_max_position_embeddings' then
       -- transformers' standardize_rope_params: the top-level key (Phi-3's

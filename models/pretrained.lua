@@ -2,7 +2,7 @@
 -- up. --init_from starts from a Hugging Face directory, a sharded training
 -- checkpoint of ours or a full state dict file; --export_hf writes the
 -- trained model as a Hugging Face directory. Shared by the training
--- recipes (recipes/llama2_7b.lua for Llama and GPT-2, models/t5_recipe.lua),
+-- recipes (recipes/llama2_7b.lua for Llama and GPT-2, models/t5_training.lua),
 -- recipes/generate.lua and tools/export.lua, so a path means the same
 -- everywhere.
 --
@@ -46,7 +46,7 @@ local publish = require 'fsdp.io.publish'
 local fit = require 'fsdp.sharding.fit'
 local lora = require 'fsdp.lora'
 local clock = require 'fsdp.clock'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local ckpt_parts = require 'fsdp.checkpointing.parts'
 local ckpt = require 'fsdp.checkpointing'
 
@@ -80,7 +80,7 @@ M.OPTIONS = {
                   one_of = { 'merged', 'adapter' }, needs = { 'lora_rank', 'export_hf' } },
 }
 
-function M.options(own) return recipe.merge(M.OPTIONS, own) end
+function M.options(own) return options.merge(M.OPTIONS, own) end
 
 local function fail(fmt, ...) error(fmt:format(...), 0) end
 
@@ -241,7 +241,7 @@ function M.fingerprint(src)
   if src.fingerprint then return src.fingerprint end
   local parts = {}
   if src.kind == 'checkpoint' then
-    parts[1] = files.read(files.join(src.step_dir, ckpt.layout.INDEX)) or ''
+    parts[1] = files.read(files.join(src.step_dir, ckpt.directory.INDEX)) or ''
   else
     local weights = { src.path }
     if src.kind == 'hf' then
@@ -310,18 +310,18 @@ function M.open(path, opts)
     src.kind, src.family, src.config, src.hf, src.hf_dir = 'hf', family, c, h, path
     src.where = files.join(path, 'config.json')
   elseif mode == 'directory' then
-    local is_step = files.mode(files.join(path, ckpt.layout.INDEX)) == 'file'
+    local is_step = files.mode(files.join(path, ckpt.directory.INDEX)) == 'file'
     local has_safetensors = false
     for _, n in ipairs(files.list(path)) do
       if n:match('%.safetensors$') then has_safetensors = true end
     end
-    if not is_step and not ckpt.layout.latest(path) and #ckpt.layout.scan(path).incomplete == 0 then
+    if not is_step and not ckpt.directory.latest(path) and #ckpt.directory.scan(path).incomplete == 0 then
       fail('%s is neither a Hugging Face model directory (it has no config.json%s) nor a checkpoint directory '
         .. '(no step-NNNNNN/ saves)', path, has_safetensors and ', only safetensors files' or '')
     end
     local ok, step_dir = pcall(ckpt.resolve, path)
     if not ok then fail('%s', bare(step_dir):gsub('^checkpointing%.load: ', '')) end
-    local ok2, index = pcall(ckpt.layout.read_index, step_dir)
+    local ok2, index = pcall(ckpt.directory.read_index, step_dir)
     if not ok2 then fail('%s', bare(index)) end
     src.kind, src.step_dir, src.index, src.where = 'checkpoint', step_dir, index, step_dir
     local extra = type(index.extra) == 'table' and index.extra or {}
@@ -466,7 +466,7 @@ local function open_option(cfg, written, opts)
 end
 
 -- A recipe's --init_from, opened and checked against its other options
--- (call it in the recipe's option checks, recipe.config's fourth
+-- (call it in the recipe's option checks, options.config's fourth
 -- argument; written: the names the options were given under). Returns
 -- the source, or nil without --init_from. opts: families and who (as
 -- open's), overrides and t5_config (as open's), sizes ({{config field,

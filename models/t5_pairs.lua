@@ -21,7 +21,7 @@
 -- check_model(), which the recipe runs among its option checks: one line
 -- naming the option, exit status 2, before a model is built.
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local metrics = require 'fsdp.observe.metrics'
 local pairs_data = require 'fsdp.data.pairs'
 local t5 = require 'models.t5'
@@ -55,7 +55,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return recipe.merge(M.OPTIONS, own) end
+function M.options(own) return options.merge(M.OPTIONS, own) end
 
 -- Rank 0 speaks ("[rank 0] " first with several ranks: fsdp.console);
 -- flushed, so a log file being followed shows each validation as it comes.
@@ -67,7 +67,7 @@ function M.open(cfg)
   if cfg.data == '' then return nil end
   local ok, tok = pcall(tokenizers.load, cfg.tokenizer ~= '' and cfg.tokenizer or 'byte')
   if not ok then
-    error(('--tokenizer %s: %s'):format(cfg.tokenizer, recipe.bare(tok)), 0)
+    error(('--tokenizer %s: %s'):format(cfg.tokenizer, options.bare(tok)), 0)
   end
   local common = { tokenizer = tok, source_field = cfg.source_field, target_field = cfg.target_field,
                    source_len = cfg.source_len, target_len = cfg.target_len, seed = cfg.seed }
@@ -76,7 +76,7 @@ function M.open(cfg)
     for k, v in pairs(common) do if opts[k] == nil then opts[k] = v end end
     local opened, ds = pcall(pairs_data.open, path, opts)
     if opened then return ds end
-    return nil, (recipe.bare(ds):gsub('^fsdp%.data%.pairs: ', ''))
+    return nil, (options.bare(ds):gsub('^fsdp%.data%.pairs: ', ''))
   end
   local function need(option, ds, why)
     if not ds then error(('--%s: %s'):format(option, why), 0) end

@@ -21,7 +21,7 @@
 -- answer, one per line, so scripts and tests can drive it.
 local ffi = require 'ffi'
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local decoders = require 'models.decoders'
 local pretrained = require 'models.pretrained'
 local assistant = require 'fsdp.chat.assistant'
@@ -29,7 +29,7 @@ local lora = require 'fsdp.lora'
 pcall(ffi.cdef, 'int isatty(int fd);')
 
 local src, chat_model
-local cfg = recipe.config({
+local cfg = options.config({
   init_from = { '', 'the model: a Hugging Face directory, an export, a sharded checkpoint or a state dict',
                 input = true },
   model = { '', 'model config name for what a state dict does not tell (heads, RoPE)',
@@ -53,10 +53,10 @@ local cfg = recipe.config({
   if cfg.init_from == '' then error('--init_from is needed: the model to talk to', 0) end
   local ok, s = pcall(pretrained.open, cfg.init_from, { families = decoders.ORDER, who = 'chat', model = cfg.model,
     num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
-  if not ok then error('--init_from ' .. recipe.bare(s), 0) end
+  if not ok then error('--init_from ' .. options.bare(s), 0) end
   src = s
   local ok2, a = pcall(assistant.open, src, { tokenizer = cfg.tokenizer, chat_template = cfg.chat_template })
-  if not ok2 then error(recipe.bare(a), 0) end
+  if not ok2 then error(options.bare(a), 0) end
   chat_model = a
 end)
 
@@ -69,7 +69,7 @@ end
 local dev = require('fsdp.sharding.device').resolve(cfg)
 local model = pretrained.build(src, { device = dev, dtype = cfg.dtype })
 local ok, err = pcall(pretrained.load, model, src)
-if not ok then die(recipe.bare(err)) end
+if not ok then die(options.bare(err)) end
 if lora.config_of(model) then lora.merge(model) end
 model:eval()
 local limit = model:kv_cache_spec().max_positions
@@ -131,7 +131,7 @@ while true do
         top_p = cfg.top_p, repetition_penalty = cfg.repetition_penalty, seed = cfg.seed + turn,
         allow_past_max_positions = cfg.allow_past_max_positions,
         on_text = interactive and function(piece) io.stdout:write(piece); io.stdout:flush() end or nil })
-      if not ok2 then die(recipe.bare(text)) end
+      if not ok2 then die(options.bare(text)) end
       if interactive then io.stdout:write('\n') else print((text:gsub('\n', ' '))) end
       io.stdout:flush()
       history[#history + 1] = { role = 'assistant', content = text }

@@ -11,10 +11,10 @@
 -- wrap and checkpoint policies name; --optimizer=anyprecision uses
 -- AnyPrecisionAdamW (bf16 states) as the seed can.
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
-local shard_recipe = require 'fsdp.sharding.recipe'
+local options = require 'fsdp.options'
+local shard_options = require 'fsdp.sharding.options'
 local fit = require 'fsdp.sharding.fit'
-local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+local ckpt_options = require 'fsdp.checkpointing.options'
 local nonfinite = require 'fsdp.nonfinite'
 local accumulate = require 'fsdp.sharding.accumulate'
 local deepvit = require 'models.deepvit'
@@ -30,8 +30,8 @@ local F = fsdp.F
 -- make are checked before anything is built: a bad one is one line naming
 -- it, exit status 2.
 local c
-local cfg = recipe.config(metrics.options(nonfinite.options(ckpt_recipe.options(shard_recipe.options(accumulate.options({
-  model = { '8B', 'config: 60M, 1B, 3B, 8B, tiny', one_of = function() return recipe.keys(deepvit.configs) end },
+local cfg = options.config(metrics.options(nonfinite.options(ckpt_options.options(shard_options.options(accumulate.options({
+  model = { '8B', 'config: 60M, 1B, 3B, 8B, tiny', one_of = function() return options.keys(deepvit.configs) end },
   depth = { 0, 'override the number of blocks (0: keep)', int = true, min = 0 },
   dim = { 0, 'override the width (0: keep)', int = true, min = 0 },
   heads = { 0, 'override the heads (0: keep)', int = true, min = 0 },
@@ -65,7 +65,7 @@ local cfg = recipe.config(metrics.options(nonfinite.options(ckpt_recipe.options(
   for _, k in ipairs({ 'depth', 'dim', 'heads', 'mlp_dim', 'image_size', 'patch_size', 'num_classes', 'dropout' }) do
     names[k] = k
   end
-  if not ok then error(recipe.explain(err, names), 0) end
+  if not ok then error(options.explain(err, names), 0) end
   c = err
   -- The sizes against this machine before anything is built, even on
   -- meta ([Note: sizes are bounded before building] in fsdp.sharding.fit).
@@ -85,23 +85,23 @@ if cfg.dry_run then
   print(('training FLOPs per image: %.3e'):format(deepvit.flops_per_image(c)))
   print(('built on meta in %.2f s; cpu memory in use: %d bytes'):format(clock.now() - t0,
     fsdp.memory_stats('cpu').in_use))
-  recipe.expose({ model = m, config = c, cfg = cfg })  -- for the REPL after -i
+  options.expose({ model = m, config = c, cfg = cfg })  -- for the REPL after -i
   return
 end
 
--- --checkpoint_dir is this job's alone from here on (fsdp.checkpointing.recipe.lock).
-ckpt_recipe.lock(cfg)
+-- --checkpoint_dir is this job's alone from here on (fsdp.checkpointing.options.lock).
+ckpt_options.lock(cfg)
 fsdp.manual_seed(cfg.seed)
 -- On meta, then sharded (one unit per DeepViTBlock, the seed's wrap and
 -- checkpoint class): each rank initialises only its shards.
 -- --device: the shards, every batch and the loss live there (cpu or cuda:N).
-local dev = shard_recipe.device(cfg)
+local dev = shard_options.device(cfg)
 local model = deepvit.DeepViT(c, { device = 'meta' })
 local n_params = model:num_parameters()
 -- Refused here, with the planner's numbers, when it cannot fit this machine.
 fit.check(model, cfg, deepvit.Block, { batch = cfg.batch_size }, 'recipes/deepvit_8b.lua',
   { layers = 'depth' }, { optimizer = cfg.optimizer == 'anyprecision' and 'anyprecision_adamw' or 'adamw' })
-shard_recipe.apply(model, cfg, deepvit.Block, 'recipes/deepvit_8b.lua')
+shard_options.apply(model, cfg, deepvit.Block, 'recipes/deepvit_8b.lua')
 console.print(('model: %d blocks, width %d, %d heads, image %d / patch %d, %d classes: %d parameters'):format(
   c.depth, c.dim, c.heads, c.image_size, c.patch_size, c.num_classes, n_params))
 local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
@@ -132,7 +132,7 @@ local log = metrics.Logger({
 })
 local state = { model = model, optimizer = opt, data = data }
 state.guard = nonfinite.guard(cfg, state, 'recipes/deepvit_8b.lua')  -- the step, and --on_nonfinite
-local start_step = ckpt_recipe.resume(cfg, state)
+local start_step = ckpt_options.resume(cfg, state)
 if cfg.resume_from_checkpoint then log:resume(start_step) end
 for step = start_step + 1, cfg.max_steps do
   log:begin_step(step) -- --profile_steps
@@ -151,7 +151,7 @@ for step = start_step + 1, cfg.max_steps do
       val_data:batches(cfg.val_batches)))
     model:train()
   end
-  ckpt_recipe.after_step(cfg, state, step, { model = cfg.model })
+  ckpt_options.after_step(cfg, state, step, { model = cfg.model })
 end
 log:close()
-ckpt_recipe.finish(cfg, model)
+ckpt_options.finish(cfg, model)

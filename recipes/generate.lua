@@ -27,7 +27,7 @@
 -- Without a tokenizer, give token ids with --prompt_ids ('1,5,9' one prompt;
 -- ';' between prompts) and the output is ids.
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local validate = require 'fsdp.validate'
 local generate = require 'fsdp.generate'
 local files = require 'fsdp.io.files'
@@ -63,7 +63,7 @@ end
 -- anything is built.
 local src, family, config, config_name
 
-local cfg = recipe.config({
+local cfg = options.config({
   init_from = { '', 'the weights: a Hugging Face directory, a sharded checkpoint directory, or a full state dict '
                     .. '.safetensors file (empty: random weights of --model, to try the options)', input = true },
   model = { '', 'model config name for what the weights do not tell (heads, RoPE); empty: the checkpoint\'s, '
@@ -128,12 +128,12 @@ local cfg = recipe.config({
     if cfg.num_heads > 0 then o.n_heads = cfg.num_heads end
     if cfg.num_kv_heads > 0 then o.n_kv_heads = cfg.num_kv_heads end
     local ok, c = pcall(decoders.families[family].module.config, config_name, o)
-    if not ok then error(recipe.explain(c, { n_heads = 'num_heads', n_kv_heads = 'num_kv_heads' }), 0) end
+    if not ok then error(options.explain(c, { n_heads = 'num_heads', n_kv_heads = 'num_kv_heads' }), 0) end
     config = c
   else
     local ok, s = pcall(pretrained.open, cfg.init_from, { families = decoders.ORDER, who = 'generation',
       model = cfg.model, num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
-    if not ok then error('--init_from ' .. recipe.bare(s), 0) end
+    if not ok then error('--init_from ' .. options.bare(s), 0) end
     src, family, config = s, s.family, s.config
   end
 end)
@@ -163,9 +163,9 @@ do
     if ok then
       tok = t
     elseif cfg.prompt_ids ~= '' and cfg.tokenizer == '' then
-      io.stderr:write(('fsdp-lua: warning: %s (the output stays ids)\n'):format(recipe.bare(t)))
+      io.stderr:write(('fsdp-lua: warning: %s (the output stays ids)\n'):format(options.bare(t)))
     else
-      die(recipe.bare(t))
+      die(options.bare(t))
     end
   end
 end
@@ -241,11 +241,11 @@ do
     model = cfg.model ~= '' and cfg.model or nil, options = { n_heads = 'num_heads', n_kv_heads = 'num_kv_heads' },
     dtype = cfg.dtype, extra = extra,
     fix = 'a smaller --max_new_tokens, fewer prompts' .. (cfg.dtype == 'f32' and ' or --dtype=bf16' or '') })
-  if not ok then recipe.usage_error(err) end
+  if not ok then options.usage_error(err) end
   local too_long = decoders.positions_problem(family, config, longest + cfg.max_new_tokens,
     ('the longest prompt (%d tokens, %s) plus --max_new_tokens (%d)'):format(longest, source, cfg.max_new_tokens),
     src, cfg.model, cfg.allow_past_max_positions)
-  if too_long then recipe.usage_error(too_long) end
+  if too_long then options.usage_error(too_long) end
 end
 
 -- loading ----------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ local model
 local t0 = clock.now()
 if cfg.init_from == '' then
   local ok, m = pcall(decoders.families[family].module.build, config, place)
-  if not ok then die(recipe.bare(m)) end
+  if not ok then die(options.bare(m)) end
   model = m
   model:init_weights({ seed = cfg.seed })
   print(('model: %s %s with random weights (seed %d)'):format(family, cfg.model, cfg.seed))
@@ -262,7 +262,7 @@ else
   model = pretrained.build(src, place)
   -- (the values are checked finite as they load: pretrained.load)
   local ok2, err = pcall(pretrained.load, model, src)
-  if not ok2 then die(recipe.bare(err)) end
+  if not ok2 then die(options.bare(err)) end
   -- A LoRA run's checkpoint: its adapters folded into the base once, so
   -- decoding runs plain Linears.
   if require('fsdp.lora').config_of(model) then require('fsdp.lora').merge(model) end
@@ -347,7 +347,7 @@ local ok, rows, info = pcall(generate.generate, model, prompts, {
   seed = cfg.seed, use_cache = not cfg.no_cache, on_token = on_token,
   allow_past_max_positions = cfg.allow_past_max_positions,
 })
-if not ok then die(recipe.bare(rows)) end
+if not ok then die(options.bare(rows)) end
 local dt = clock.now() - t1
 if #prompts == 1 then io.stdout:write('\n') end
 local n = 0
@@ -364,4 +364,4 @@ for i, row in ipairs(rows) do
 end
 print(('generated %d tokens for %d prompt%s in %.2f s (%.1f tokens/s, %s)'):format(n, #prompts,
   #prompts == 1 and '' or 's', dt, n / dt, cfg.no_cache and 'no cache' or 'KV cache'))
-recipe.expose({ model = model, cfg = cfg, rows = rows, info = info })
+options.expose({ model = model, cfg = cfg, rows = rows, info = info })

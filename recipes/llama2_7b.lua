@@ -17,10 +17,10 @@
 -- shards as downloaded) streams them with --tokenizer (default byte; a
 -- tokenizer.json, a SentencePiece .model or an HF directory),
 -- tokenized ahead in C threads, the position saved in every checkpoint
--- (fsdp.data.corpus_recipe).
+-- (fsdp.data.corpus_options).
 --
 -- The seed's options (its llama2_7b-training.sbatch TRAINING_ARGS) are
--- aliases of these ([Note: option aliases] in fsdp.recipe; README has the
+-- aliases of these ([Note: option aliases] in fsdp.options; README has the
 -- table): --max_context_width is --seq_len, --num_key_value_heads
 -- --num_kv_heads, --intermediate_size --ffn_dim, --train_batch_size
 -- --batch_size, --model_type=llama_v2 the Llama 2 family (--model), --bf16
@@ -40,27 +40,27 @@
 -- writes the trained model as a Hugging Face directory at the end
 -- (models/pretrained.lua).
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local pretrained = require 'models.pretrained'
-local decoder_recipe = require 'models.decoder_recipe'
+local decoder_training = require 'models.decoder_training'
 local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
 local tokens = require 'fsdp.data.tokens'
-local corpus_recipe = require 'fsdp.data.corpus_recipe'
+local corpus_options = require 'fsdp.data.corpus_options'
 local hub = require 'fsdp.data.hub'
 local metrics = require 'fsdp.observe.metrics'
 local console = require 'fsdp.observe.console'
 local profiler = require 'fsdp.observe.profiler'
 
-local shard_recipe = require 'fsdp.sharding.recipe'
-local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+local shard_options = require 'fsdp.sharding.options'
+local ckpt_options = require 'fsdp.checkpointing.options'
 local nonfinite = require 'fsdp.nonfinite'
 local accumulate = require 'fsdp.sharding.accumulate'
 local lora = require 'fsdp.lora'
 
--- Each option carries its constraints (fsdp.recipe checks them, and the
+-- Each option carries its constraints (fsdp.options checks them, and the
 -- model config they make, before anything is built: a bad one is one line
 -- naming it, exit status 2). The model, optimizer and loop options are the
--- decoder recipes' (models/decoder_recipe.lua).
+-- decoder recipes' (models/decoder_training.lua).
 local R, c, train_data, fam, src
 -- --dataset (the seed's): a path or glob is --data; a Hugging Face dataset
 -- this build knows (c4) stands for its local shards (fsdp.data.hub), the
@@ -79,7 +79,7 @@ local function hub_dataset_alias(text)
   hub_requested = { name = text, train = hub.train_glob(text) }
   return hub_requested.train
 end
-local cfg = recipe.config(decoder_recipe.options(corpus_recipe.options({
+local cfg = options.config(decoder_training.options(corpus_options.options({
   seq_len = { 128, 'tokens per sequence', int = true, min = 1, aliases = { 'max_context_width' } },
   data_noise = { 0.1, 'synthetic data: probability of a random next token', min = 0, max = 1 },
   data = { '', 'token shards (a directory from tools/tokenize.lua, or one shard), or raw text streamed: a '
@@ -98,7 +98,7 @@ local cfg = recipe.config(decoder_recipe.options(corpus_recipe.options({
   -- The family, --init_from (the family and shapes are the weights': a
   -- size option given too must agree, found from headers and JSON before
   -- anything is built) and the size overrides.
-  R = decoder_recipe.resolve(cfg, written, 'recipes/llama2_7b.lua')
+  R = decoder_training.resolve(cfg, written, 'recipes/llama2_7b.lua')
   src, fam = R.src, R.fam
   local overrides = R.overrides
   written_data = written.data or 'data'
@@ -126,24 +126,24 @@ local cfg = recipe.config(decoder_recipe.options(corpus_recipe.options({
   -- opened here, so a directory without shards is a mistake in --data.
   local raw = false
   if cfg.data ~= '' and not cfg.dry_run then
-    local ok, is = pcall(corpus_recipe.is_raw, cfg.data) -- (a FIFO among the files: refused)
-    if not ok then error(('--%s: '):format(written.data or 'data') .. recipe.bare(is), 0) end
+    local ok, is = pcall(corpus_options.is_raw, cfg.data) -- (a FIFO among the files: refused)
+    if not ok then error(('--%s: '):format(written.data or 'data') .. options.bare(is), 0) end
     raw = is
   end
   if raw then
-    train_data = corpus_recipe.open(cfg, written)
+    train_data = corpus_options.open(cfg, written)
   elseif cfg.data ~= '' and not cfg.dry_run then
     local opened, data = pcall(tokens.open, cfg.data, { split = 'train', seq_len = cfg.seq_len,
                                                         batch_size = cfg.batch_size, seed = cfg.seed,
                                                         data_changed = cfg.data_changed })
-    if not opened then error(('--%s: '):format(written.data or 'data') .. recipe.bare(data), 0) end
+    if not opened then error(('--%s: '):format(written.data or 'data') .. options.bare(data), 0) end
     train_data = data
     -- --tokenizer (the seed's): what the shards say they were made with.
     if cfg.tokenizer ~= '' then
       local ok, tok = pcall(require('fsdp.data.tokenizer').load, cfg.tokenizer)
       if not ok then
         error(('--tokenizer %s: %s (expected \'byte\', a SentencePiece .model, a tokenizer.json or a local HF '
-          .. 'model directory; Hugging Face hub names are not fetched)'):format(cfg.tokenizer, recipe.bare(tok)), 0)
+          .. 'model directory; Hugging Face hub names are not fetched)'):format(cfg.tokenizer, options.bare(tok)), 0)
       end
       if tok.vocab_size ~= data.vocab_size or tok.eos_id ~= data.eos_id then
         error(('--tokenizer %s (vocab %d, eos %s) is not the tokenizer of --%s %s (%s: vocab %d, eos %d)'):format(
@@ -167,7 +167,7 @@ local cfg = recipe.config(decoder_recipe.options(corpus_recipe.options({
   end
   -- The model config, bounded against this machine before anything is
   -- built (even on meta), within the model's positions, LoRA targets found.
-  c = decoder_recipe.check(R, cfg, written, {
+  c = decoder_training.check(R, cfg, written, {
     weights = not (cfg.dry_run or cfg.plan), seq = cfg.seq_len,
     seq_what = ('--%s (%d)'):format(written.seq_len or 'seq_len', cfg.seq_len),
     rows = not cfg.dry_run and { cfg.batch_size * cfg.seq_len, ('--%s %d x --%s %d'):format(
@@ -176,10 +176,10 @@ end)
 local model_module = fam.module
 
 -- rank 0 alone (fsdp.console: "[rank 0] " first with several ranks)
-console.print('config:\n' .. recipe.format(cfg))
+console.print('config:\n' .. options.format(cfg))
 
 -- --memory_limit_mb (and --summary's peak): live tensors only
-decoder_recipe.memory_limit(cfg)
+decoder_training.memory_limit(cfg)
 
 -- 6738415616 -> "6,738,415,616"
 local function commas(n)
@@ -202,43 +202,43 @@ if cfg.dry_run then
   print(('training FLOPs per token at seq %d: %.3e'):format(cfg.seq_len, model_module.flops_per_token(c, cfg.seq_len, n)))
   print(('built on meta in %.2f s; cpu memory in use: %d bytes'):format(clock.now() - t0,
     fsdp.memory_stats('cpu').in_use))
-  recipe.expose({ model = model, config = c, cfg = cfg })
+  options.expose({ model = model, config = c, cfg = cfg })
   return
 end
 
 -- --plan: what each rank would hold for this config (nothing allocated).
 if cfg.plan then
   local model = model_module.build(c, { device = 'meta', dtype = cfg.dtype })
-  decoder_recipe.loss_options(model, cfg)
+  decoder_training.loss_options(model, cfg)
   lora.apply_options(model, cfg, fam.lora_targets)
-  shard_recipe.plan(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len }, 'recipes/llama2_7b.lua')
-  recipe.expose({ model = model, config = c, cfg = cfg })
+  shard_options.plan(model, cfg, fam.block, { batch = cfg.batch_size, seq = cfg.seq_len }, 'recipes/llama2_7b.lua')
+  options.expose({ model = model, config = c, cfg = cfg })
   return
 end
 
 -- --checkpoint_dir is this job's alone from here on; a second job on it
--- stops now, naming this one (fsdp.checkpointing.recipe.lock).
-ckpt_recipe.lock(cfg)
+-- stops now, naming this one (fsdp.checkpointing.options.lock).
+ckpt_options.lock(cfg)
 
 -- Built on meta, then sharded: each rank materialises only its shards,
 -- with the values of a one-process init (fsdp.nn.parameter). On one rank
 -- this is plain training (the one unit holds everything).
 local dist = fsdp.dist
 -- --device: the shards, every batch and the loss live there (cpu or cuda:N).
-local dev = shard_recipe.device(cfg)
+local dev = shard_options.device(cfg)
 -- (--lora_rank: adapters on the --lora_targets Linears, the rest frozen;
 -- refused here, with the planner's numbers, when it cannot fit this
 -- machine.)
-local model, n_params = decoder_recipe.build(R, cfg, 'recipes/llama2_7b.lua', { batch = cfg.batch_size,
+local model, n_params = decoder_training.build(R, cfg, 'recipes/llama2_7b.lua', { batch = cfg.batch_size,
                                                                                seq = cfg.seq_len })
-local opt, sched = decoder_recipe.optimizer(model, cfg)
+local opt, sched = decoder_training.optimizer(model, cfg)
 -- data: `data` and `val_data` share one interface (next, batches, state,
 -- load_state); data:state() is the position a checkpoint stores.
 local data, val_data
 local val_batch = cfg.val_batch_size > 0 and cfg.val_batch_size or cfg.batch_size
 if train_data and getmetatable(train_data) == require('fsdp.data.corpus').Stream then
   data = train_data
-  val_data = corpus_recipe.open_val(cfg, data, val_batch)
+  val_data = corpus_options.open_val(cfg, data, val_batch)
   console.print(('data: %s streamed%s'):format(tostring(data),
     val_data and (', validation on ' .. tostring(val_data)) or ', no validation split'))
 elseif train_data then
@@ -250,11 +250,11 @@ elseif train_data then
                                                       shuffle = false })
     local where = cfg.val_data ~= '' and 'val_data' or written_data
     if not ok and tostring(opened):find('fewer than one global batch', 1, true) then
-      -- as with raw text (fsdp.data.corpus_recipe): a warning, and no validation
+      -- as with raw text (fsdp.data.corpus_options): a warning, and no validation
       console.print(('warning: --%s: %s; training without validation (give --val_data, or tokenize with a larger '
-        .. '--val_fraction)'):format(where, recipe.bare(opened)))
+        .. '--val_fraction)'):format(where, options.bare(opened)))
     elseif not ok then
-      error(('--%s: %s'):format(where, recipe.bare(opened)), 0)
+      error(('--%s: %s'):format(where, options.bare(opened)), 0)
     else
       val_data = opened
     end
@@ -300,12 +300,12 @@ end
 
 -- --resume_from_checkpoint: parameters, optimizer, schedule, data position
 -- and RNG come back from the newest complete checkpoint, so the losses from
--- here on are the uninterrupted run's (fsdp.checkpointing.recipe).
+-- here on are the uninterrupted run's (fsdp.checkpointing.options).
 -- The step itself (clipping, the optimizer and schedule, and what a NaN or
 -- infinite loss or gradient does: --on_nonfinite) is fsdp.nonfinite's.
 local state = { model = model, optimizer = opt, scheduler = sched, data = data }
 state.guard = nonfinite.guard(cfg, state, 'recipes/llama2_7b.lua')
-local start_step, resumed = ckpt_recipe.resume(cfg, state)
+local start_step, resumed = ckpt_options.resume(cfg, state)
 -- what a killed run logged past the resumed step goes (its steps come again)
 if cfg.resume_from_checkpoint then log:resume(start_step) end
 -- --init_from: its weights into each rank's shards (a fresh optimizer,
@@ -334,17 +334,17 @@ for step = start_step + 1, cfg.max_steps do
   if val_data and cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then
     validate(step)
   end
-  ckpt_recipe.after_step(cfg, state, step, pretrained.extra(cfg.model, fam.name, c, src))
+  ckpt_options.after_step(cfg, state, step, pretrained.extra(cfg.model, fam.name, c, src))
 end
 log:close()
-ckpt_recipe.finish(cfg, model)
+ckpt_options.finish(cfg, model)
 pretrained.export(cfg, model, src)
 
 -- For the REPL after `fsdp-lua -i recipes/llama2_7b.lua ...`, and for
 -- recipes/sweep.lua: one machine-readable line. The first step is warmup
 -- (first-touch allocations) and is left out of the rates when there are
 -- more.
-recipe.expose({ model = model, config = c, cfg = cfg, opt = opt, sched = sched, data = data })
+options.expose({ model = model, config = c, cfg = cfg, opt = opt, sched = sched, data = data })
 if cfg.summary and cfg.max_steps > start_step then
   local first = cfg.max_steps > start_step + 1 and start_step + 2 or start_step + 1
   local seconds = 0

@@ -13,7 +13,7 @@
 -- averaged gradient is the whole batch's, so the losses do not depend on
 -- the number of ranks (dropout's masks aside).
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local mnist_model = require 'models.mnist'
 local mnist = require 'fsdp.data.mnist'
 local optim = require 'fsdp.optim'
@@ -24,7 +24,7 @@ local F = fsdp.F
 
 -- Each option carries its constraints, checked before anything is built.
 local device = require 'fsdp.sharding.device'
-local cfg = recipe.config(device.options(nonfinite.options(accumulate.options({
+local cfg = options.config(device.options(nonfinite.options(accumulate.options({
   data = { '', 'directory of the MNIST idx files (empty: synthetic digits)', input = 'dir' },
   epochs = { 3, 'training epochs', int = true, min = 1 },
   batch_size = { 64, 'training batch size (of the whole job: each rank computes a slice)', int = true, min = 1,
@@ -47,7 +47,7 @@ if cfg.dry_run then
   local net = mnist_model.build({ device = 'meta' })
   print(net)
   print(('parameters: %d'):format(net:num_parameters()))
-  recipe.expose({ model = net, cfg = cfg })  -- for the REPL after -i
+  options.expose({ model = net, cfg = cfg })  -- for the REPL after -i
   return
 end
 

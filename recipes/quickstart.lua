@@ -11,8 +11,8 @@
 -- Later issues turn this into a CPU training run.
 local fsdp = require 'fsdp'
 
--- The options, checked before anything runs (fsdp.recipe).
-local opts = require('fsdp.recipe').config({
+-- The options, checked before anything runs (fsdp.options).
+local opts = require('fsdp.options').config({
   ranks = { 4, 'shards the weight is initialised as', int = true, min = 1 },
   dim = { 1024, 'rows and columns of the weight', int = true, min = 1, multiple_of = 'ranks' },
   seed = { 0, 'initialisation seed', int = true, min = 0 },

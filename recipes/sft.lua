@@ -26,11 +26,11 @@
 -- reference. --eval measures instead of training: the validation loss and
 -- the exact-match accuracy of greedy answers over the whole validation set.
 -- Model, optimizer, sharding, LoRA, checkpoint, metrics and export options
--- are the decoder recipes' (models/decoder_recipe.lua), as in
+-- are the decoder recipes' (models/decoder_training.lua), as in
 -- recipes/llama2_7b.lua.
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
-local decoder_recipe = require 'models.decoder_recipe'
+local options = require 'fsdp.options'
+local decoder_training = require 'models.decoder_training'
 local pretrained = require 'models.pretrained'
 local chat = require 'fsdp.data.chat'
 local chat_batches = require 'fsdp.data.chat_batches'
@@ -38,14 +38,14 @@ local assistant = require 'fsdp.chat.assistant'
 local accumulate = require 'fsdp.sharding.accumulate'
 local metrics = require 'fsdp.observe.metrics'
 local console = require 'fsdp.observe.console'
-local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+local ckpt_options = require 'fsdp.checkpointing.options'
 local nonfinite = require 'fsdp.nonfinite'
 local clock = require 'fsdp.clock'
 
 local SCRIPT = 'recipes/sft.lua'
 local R, chat_model, train_set, val_set
 
-local cfg = recipe.config(decoder_recipe.options(recipe.merge(chat.OPTIONS, {
+local cfg = options.config(decoder_training.options(options.merge(chat.OPTIONS, {
   data = { '', 'chat records to train on: JSON lines (.jsonl/.json, .gz/.zst), a file, directory or glob '
                 .. '(fsdp.data.chat)', input = 'glob' },
   val_data = { '', 'chat records to validate on (default: --val_fraction of --data held out)', input = 'glob' },
@@ -63,7 +63,7 @@ local cfg = recipe.config(decoder_recipe.options(recipe.merge(chat.OPTIONS, {
   val_batches = { 0, 'batches per validation (0: the whole validation set)', int = true, min = 0 },
   lr = { 2e-5, 'peak learning rate', positive = true },
   min_lr = { 0, 'final learning rate of the cosine decay', min = 0, at_most = 'lr' },
-  warmup_steps = { 0, 'linear warmup steps W, then cosine decay to --min_lr: ' .. decoder_recipe.SCHEDULE_HELP,
+  warmup_steps = { 0, 'linear warmup steps W, then cosine decay to --min_lr: ' .. decoder_training.SCHEDULE_HELP,
                    int = true, min = 0, less_than = 'max_steps' },
   weight_decay = { 0, 'AdamW weight decay (not applied to norms)', min = 0 },
 })), arg, SCRIPT, function(cfg, written)
@@ -73,11 +73,11 @@ local cfg = recipe.config(decoder_recipe.options(recipe.merge(chat.OPTIONS, {
   end
   if cfg.data == '' and not cfg.eval then error('--data is needed: the chat records to train on', 0) end
   if cfg.eval and cfg.val_data == '' and cfg.data == '' then error('--eval needs --val_data (or --data)', 0) end
-  R = decoder_recipe.resolve(cfg, written, SCRIPT)
+  R = decoder_training.resolve(cfg, written, SCRIPT)
   local ok, a = pcall(assistant.open, R.src, { tokenizer = cfg.tokenizer, chat_template = cfg.chat_template })
-  if not ok then error(recipe.bare(a), 0) end
+  if not ok then error(options.bare(a), 0) end
   chat_model = a
-  local c = decoder_recipe.check(R, cfg, written, {
+  local c = decoder_training.check(R, cfg, written, {
     seq = cfg.seq_len + cfg.sample_max_new_tokens,
     seq_what = ('--%s (%d) plus --sample_max_new_tokens (%d)'):format(written.seq_len or 'seq_len', cfg.seq_len,
       cfg.sample_max_new_tokens),
@@ -92,7 +92,7 @@ local cfg = recipe.config(decoder_recipe.options(recipe.merge(chat.OPTIONS, {
   ro.seq_len = cfg.seq_len
   local function load(key)
     local ok2, set = pcall(chat_batches.load, cfg[key], a.tpl, a.tok, ro)
-    if not ok2 then error(('--%s: %s'):format(written[key] or key, recipe.bare(set)), 0) end
+    if not ok2 then error(('--%s: %s'):format(written[key] or key, options.bare(set)), 0) end
     if #set.examples == 0 then
       error(('--%s %s holds no example with a token to train on (%d records, %d dropped)'):format(written[key] or key,
         cfg[key], set.records, set.dropped), 0)
@@ -104,10 +104,10 @@ local cfg = recipe.config(decoder_recipe.options(recipe.merge(chat.OPTIONS, {
 end)
 
 local dist = fsdp.dist
-local dev = require('fsdp.sharding.recipe').device(cfg)
+local dev = require('fsdp.sharding.options').device(cfg)
 local function say(fmt, ...) console.print(fmt:format(...)) end
-console.print('config:\n' .. recipe.format(cfg))
-decoder_recipe.memory_limit(cfg)
+console.print('config:\n' .. options.format(cfg))
+decoder_training.memory_limit(cfg)
 
 for _, s in ipairs({ { train_set, cfg.data }, { val_set, cfg.val_data } }) do
   local set = s[1]
@@ -127,9 +127,9 @@ if cfg.eval and not val_examples then val_examples = train_examples end
 say('chat: tokenizer %s, template %s, a turn ends at %s', tostring(chat_model.tok), chat_model.tpl.name,
   table.concat(chat_model.stop, ','))
 
-ckpt_recipe.lock(cfg)
-local model, n_params = decoder_recipe.build(R, cfg, SCRIPT, { batch = cfg.batch_size, seq = cfg.seq_len })
-local opt, sched = decoder_recipe.optimizer(model, cfg)
+ckpt_options.lock(cfg)
+local model, n_params = decoder_training.build(R, cfg, SCRIPT, { batch = cfg.batch_size, seq = cfg.seq_len })
+local opt, sched = decoder_training.optimizer(model, cfg)
 local pad_id = chat_model.tok.pad_id or chat_model.stop[1]
 local data = train_examples and chat_batches.Batches.new(train_examples, {
   batch_size = cfg.batch_size, seed = cfg.seed, pad_id = pad_id, pack = cfg.packing and cfg.seq_len or nil })
@@ -191,7 +191,7 @@ end
 
 local state = { model = model, optimizer = opt, scheduler = sched, data = data }
 state.guard = nonfinite.guard(cfg, state, SCRIPT)
-local start_step, resumed = ckpt_recipe.resume(cfg, state)
+local start_step, resumed = ckpt_options.resume(cfg, state)
 pretrained.start(cfg, model, R.src, start_step, resumed)
 
 if cfg.eval then
@@ -200,7 +200,7 @@ if cfg.eval then
   for _, l in ipairs(lines) do console.print(l) end
   say('eval: answer loss %.4f over %d tokens; exact match %d/%d = %.1f%%', loss, n, right, #val_examples,
     100 * right / #val_examples)
-  recipe.expose({ model = model, cfg = cfg })
+  options.expose({ model = model, cfg = cfg })
   return
 end
 
@@ -241,9 +241,9 @@ for step = start_step + 1, cfg.max_steps do
   r.dt = clock.now() - t0
   log:step(step, r)
   if cfg.validation_freq > 0 and (step % cfg.validation_freq == 0 or step == cfg.max_steps) then validate(step) end
-  ckpt_recipe.after_step(cfg, state, step, pretrained.extra(cfg.model, R.fam.name, R.config, R.src))
+  ckpt_options.after_step(cfg, state, step, pretrained.extra(cfg.model, R.fam.name, R.config, R.src))
 end
 log:close()
-ckpt_recipe.finish(cfg, model)
+ckpt_options.finish(cfg, model)
 pretrained.export(cfg, model, R.src)
-recipe.expose({ model = model, config = R.config, cfg = cfg, opt = opt, data = data })
+options.expose({ model = model, config = R.config, cfg = cfg, opt = opt, data = data })

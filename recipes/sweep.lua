@@ -17,11 +17,11 @@
 -- are recorded and the sweep goes on. Results: the table on stdout and
 -- <out>/sweep.csv, <out>/sweep.png (samples/s and peak MiB per point,
 -- drawn by gnuplot; <out>/sweep.gp re-draws it).
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local sweep = require 'fsdp.sweep'
 local clock = require 'fsdp.clock'
 
-local cfg = recipe.config({
+local cfg = options.config({
   recipe = { 'recipes/llama2_7b.lua', 'the recipe to run at each point' },
   grid = { 'dtype=f32,bf16 activation_checkpointing=false,true batch_size=2,8',
            'axes "key=v1,v2 key2=..." over the recipe\'s options',

@@ -2,10 +2,10 @@
 -- d_ff 65536, 128 heads of 128, 24 + 24 layers, 11,307,321,344
 -- parameters) sharded over the job's ranks: --dry-run builds it at full size on
 -- meta; reduced sizes train on CPU on a synthetic reversal task with
--- padded sources (models/t5_recipe.lua), then generate greedily.
+-- padded sources (models/t5_training.lua), then generate greedily.
 --
 --   fsdp-lua recipes/t5_11b.lua --dry-run
 --   fsdp-lua recipes/t5_11b.lua --num_layers=2 --d_model=64 --d_ff=128 --num_heads=4 --d_kv=16 \
 --            --vocab_size=32 --max_steps=300
 --   fsdp-lua recipes/t5_11b.lua --help
-require('models.t5_recipe').run('t5-11b', 'recipes/t5_11b.lua', arg)
+require('models.t5_training').run('t5-11b', 'recipes/t5_11b.lua', arg)

@@ -2,7 +2,7 @@
 -- d_ff 16384, 32 heads of 128, 24 + 24 layers, 2,851,598,336 parameters)
 -- sharded over the job's ranks: --dry-run builds it at full size on meta;
 -- reduced sizes train on CPU on a synthetic reversal task with padded
--- sources (models/t5_recipe.lua), then generate greedily; --data
+-- sources (models/t5_training.lua), then generate greedily; --data
 -- fine-tunes on source/target JSONL pairs instead (models/t5_pairs.lua).
 --
 --   fsdp-lua recipes/t5_3b.lua --dry-run
@@ -11,4 +11,4 @@
 --   fsdp-lua recipes/t5_3b.lua --model=tiny --data=examples/summaries/train.jsonl \
 --            --val_data=examples/summaries/val.jsonl --max_steps=300
 --   fsdp-lua recipes/t5_3b.lua --help
-require('models.t5_recipe').run('t5-3b', 'recipes/t5_3b.lua', arg)
+require('models.t5_training').run('t5-3b', 'recipes/t5_3b.lua', arg)

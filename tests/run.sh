@@ -33,7 +33,7 @@ failures=()
 
 run_suite() { # run_suite NAME COMMAND...
   local name=$1; shift
-  local out rc p f s
+  local out rc p f s start=$SECONDS
   echo "=== $name: $*"
   out=$("$@" 2>&1)
   rc=$?
@@ -48,7 +48,7 @@ run_suite() { # run_suite NAME COMMAND...
   fi
   while IFS= read -r line; do failures+=("$name: $line"); done < <(grep -E '^not ok [0-9]+' <<<"$out")
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
-  echo "=== $name: $p passed, $f failed, $s skipped"
+  echo "=== $name: $p passed, $f failed, $s skipped in $((SECONDS - start)) s"
 }
 
 SUITES="$*"

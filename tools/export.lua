@@ -18,12 +18,12 @@
 -- so it must be missing, empty or an earlier export; a kill leaves the
 -- old export or the new one ([Note: exports are published whole] in
 -- lua/fsdp/io/publish.lua).
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local clock = require 'fsdp.clock'
 local hf = require 'models.hf'
 local pretrained = require 'models.pretrained'
 
-local cfg, positional = recipe.config({
+local cfg, positional = options.config({
   max_shard_size = { '5GB', 'the largest weight file; more go in numbered files and an index',
                      check = function(v)
                        local ok, err = pcall(require('fsdp.io.safetensors_sharded').parse_size, v)
@@ -41,18 +41,18 @@ local cfg, positional = recipe.config({
                          .. 'started from, when the checkpoint records one)', input = 'dir' },
 }, arg, 'tools/export.lua', nil, { positional = 'CHECKPOINT DIR' })
 
-local function usage(msg) recipe.usage_error('tools/export.lua: ' .. msg) end
+local function usage(msg) options.usage_error('tools/export.lua: ' .. msg) end
 
 if #positional ~= 2 then usage('give CHECKPOINT DIR (a checkpoint, step directory or state dict, and the output directory)') end
 local from, out = positional[1], positional[2]
 -- DIR first: a bad output path is found before anything is read.
-local ok, err = pcall(recipe.validate, { out = { '', '', output = 'dir' } }, { out = out })
-if not ok then usage((recipe.bare(err):gsub('^%-%-out', 'DIR'))) end
+local ok, err = pcall(options.validate, { out = { '', '', output = 'dir' } }, { out = out })
+if not ok then usage((options.bare(err):gsub('^%-%-out', 'DIR'))) end
 
 local t0 = clock.now()
 local opened, src = pcall(pretrained.open, from, { who = 'tools/export.lua', model = cfg.model,
                                                    num_heads = cfg.num_heads, num_kv_heads = cfg.num_kv_heads })
-if not opened then usage(recipe.bare(src)) end
+if not opened then usage(options.bare(src)) end
 if src.kind == 'hf' then usage(('%s is a Hugging Face directory already'):format(from)) end
 -- DIR is replaced whole (fsdp.io.publish): never over what the model
 -- comes from, only over a missing, empty or earlier export directory.
@@ -64,12 +64,12 @@ if why then usage(why) end
 -- ([Note: sizes are bounded before building] in fsdp.sharding.fit).
 local bounded, too_big = pcall(pretrained.bound, {}, src.family, src.config, src, { source = 'CHECKPOINT',
   dtype = require('fsdp').get_default_dtype() })
-if not bounded then usage(recipe.bare(too_big)) end
+if not bounded then usage(options.bare(too_big)) end
 
 local model = pretrained.build(src, { device = 'cpu' })
 local loaded, why = pcall(pretrained.load, model, src)
 if not loaded then
-  io.stderr:write('fsdp-lua: tools/export.lua: ', recipe.bare(why), '\n')
+  io.stderr:write('fsdp-lua: tools/export.lua: ', options.bare(why), '\n')
   os.exit(1, true) -- (the state closed: the model's tensors are freed, as a sanitizer checks)
 end
 -- A LoRA run's checkpoint (adapters on its --init_from base): exported merged.
@@ -81,7 +81,7 @@ local saved, written = pcall(hf.save_pretrained, model, out, {
   tokenizer_from = cfg.tokenizer_from ~= '' and cfg.tokenizer_from or src.tokenizer_from,
 })
 if not saved then
-  io.stderr:write('fsdp-lua: tools/export.lua: ', recipe.bare(written), '\n')
+  io.stderr:write('fsdp-lua: tools/export.lua: ', options.bare(written), '\n')
   os.exit(1, true)
 end
 print(('export: %s, %d parameters -> %s (%d weight file%s, config.json) in %.2f s'):format(pretrained.describe(src),

@@ -16,10 +16,10 @@
 -- shared-memory limit does not launch; both are decided by ptxas at build
 -- time, so CI sees them (docs/ARCHITECTURE.md, "Kernel resources").
 -- Kernels allowed to spill are listed in ALLOWED with the reason.
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local quote = require 'fsdp.quote'
 
-local cfg = recipe.config({
+local cfg = options.config({
   arch = { 'sm_90', 'the architecture to report (the build makes sm_80 and sm_90)' },
   dir = { 'build/obj/release/fsdp_cuda', 'where the build keeps OBJECT.ptxas' },
   check = { false, 'print TAP and exit 1 on a spill or a static shared memory over the limit' },

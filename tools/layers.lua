@@ -5,10 +5,15 @@
 --      backend is reached only through its vtable, which is data, so the
 --      built-in cpu backend's table does not count as a call.
 --   2. No circle: no two files (and no two layers) call each other,
---      directly or around a loop, other than within one layer's files.
+--      directly or around a loop, other than within one layer's files;
+--      in core/comm not even there.
+--   3. core/comm's own three layers ([Note: the layers of core/comm] in
+--      core/comm/collectives.c): calls run from API to work to transport,
+--      never back up, and every file of core/comm has one of them.
 -- Reads `nm` of the release objects (build/obj/release/fsdp, and
--- fsdp_cuda when the CUDA plugin is built), prints the circles and the
--- calls that break rule 1, and exits non-zero if there are any.
+-- fsdp_mpi and fsdp_cuda when those plugins are built), prints the circles
+-- and the calls that break rules 1 and 3, and exits non-zero if there are
+-- any.
 --
 --   luajit tools/layers.lua [OBJDIR...]      (or fsdp-lua tools/layers.lua)
 --   luajit tools/layers.lua --files          also list file-level circles
@@ -20,7 +25,9 @@ local dirs, list_files = {}, false
 for _, a in ipairs(arg) do
   if a == '--files' then list_files = true else dirs[#dirs + 1] = a end
 end
-if #dirs == 0 then dirs = { 'build/obj/release/fsdp', 'build/obj/release/fsdp_cuda' } end
+if #dirs == 0 then
+  dirs = { 'build/obj/release/fsdp', 'build/obj/release/fsdp_mpi', 'build/obj/release/fsdp_cuda' }
+end
 
 -- The lines a command (a list of words) prints; its errors are dropped
 -- (a missing object directory lists nothing).
@@ -74,6 +81,22 @@ end
 -- whose engine (engine.c: it runs ops to sum gradients) above them.
 local own_layer = { ['core/autograd/engine.c'] = 'autograd-engine' }
 local function layer(src) return own_layer[src] or src:match('^core/([^/]+)/') end
+
+-- Folders whose files must not call each other in a circle even within
+-- their layer (rule 2): the others' in-layer circles are only listed
+-- (--files).
+local no_file_circles = { comm = true }
+
+-- Rule 3: core/comm's layers, bottom first, and the layer of each file.
+local comm_layers = { 'transport', 'work', 'API' }
+local comm_layer_of = {
+  ['core/comm/transport.c'] = 1, ['core/comm/communicator.c'] = 1,
+  ['core/comm/device_path.c'] = 1, ['core/comm/backend_self.c'] = 1,
+  ['core/comm/mpi/backend_mpi.c'] = 1, ['core/comm/mpi/ring.c'] = 1,
+  ['core/comm/work.c'] = 2,
+  ['core/comm/dist.c'] = 3, ['core/comm/group.c'] = 3, ['core/comm/collectives.c'] = 3,
+  ['core/comm/monitored_barrier.c'] = 3,
+}
 
 -- File graph: a -> b when a calls a function of b (data references, the
 -- vtables and kernel tables, are how layers reach upward on purpose).
@@ -166,9 +189,34 @@ for _, comp in ipairs(sccs(fnodes, function(v) return edges[v] or {} end)) do
   for _, f in ipairs(comp) do layers[layer(f)] = true end
   local n = 0
   for _ in pairs(layers) do n = n + 1 end
-  if n > 1 or list_files then
+  local strict = n == 1 and no_file_circles[layer(comp[1])]
+  if n > 1 or strict or list_files then
     print(('circle between files%s: %s'):format(n > 1 and '' or ' (one layer)', table.concat(comp, ' <-> ')))
-    if n > 1 then bad = bad + 1 end
+    if n > 1 or strict then bad = bad + 1 end
+  end
+end
+
+-- Rule 3.
+local comm_files = {}
+for src in pairs(edges) do
+  if layer(src) == 'comm' then comm_files[#comm_files + 1] = src end
+end
+table.sort(comm_files)
+for _, src in ipairs(comm_files) do
+  local from = comm_layer_of[src]
+  if not from then
+    print(('%s has no layer of core/comm (name it in tools/layers.lua, comm_layer_of)'):format(src))
+    bad = bad + 1
+  else
+    for d, names in pairs(edges[src]) do
+      local to = comm_layer_of[d]
+      if to and to > from then
+        table.sort(names)
+        print(('core/comm calls up a layer: %s (%s) -> %s (%s) (%s)'):format(src, comm_layers[from], d,
+          comm_layers[to], table.concat(names, ', ')))
+        bad = bad + 1
+      end
+    end
   end
 end
 

@@ -19,13 +19,13 @@
 -- There is no pretrained model on the build machines: the weights are
 -- random, and the task's first stage teaches them the sums (see docs/sft.md).
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local cjson = require 'cjson'
 local files = require 'fsdp.io.files'
 local hf = require 'models.hf'
 local decoders = require 'models.decoders'
 
-local cfg = recipe.config({
+local cfg = options.config({
   out = { '', 'the directory to write (created)', output = 'dir' },
   seed = { 0, 'the data and weights seed', int = true, min = 0 },
   train = { 3000, 'training conversations', int = true, min = 1 },

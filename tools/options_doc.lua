@@ -11,7 +11,7 @@
 --   fsdp-lua tools/options_doc.lua --out=FILE write FILE instead
 local host = require 'fsdp.host'
 local quote = require 'fsdp.quote'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 
 local out_path, check = host.root .. '/docs/options.md', false
 for _, a in ipairs(arg) do
@@ -38,7 +38,7 @@ local parts = {
   '`--no-flag`) or in a `--config` file ([Training](training.md)).',
   '',
 }
-local list = recipe.recipes(host.root)
+local list = options.recipes(host.root)
 for _, r in ipairs(list) do
   parts[#parts + 1] = ('- [%s](#%s): %s'):format(r.path, r.path:gsub('[^%w _%-]', ''):lower(), r.summary)
 end

@@ -7,10 +7,10 @@
 --
 -- gnuplot draws them (fsdp.plot); the script and the data it was given
 -- stay beside the images (<out>.gp, <out>.N.dat) to re-plot by hand.
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local plot = require 'fsdp.observe.plot'
 
-local cfg, paths = recipe.config({
+local cfg, paths = options.config({
   out = { '', 'the images\' path without extension (default: the first file\'s, without .jsonl)', output = 'file' },
   size = { '1200x800', 'image width x height in pixels', check = function(v)
     if not v:match('^%d+x%d+$') then return 'must be WIDTHxHEIGHT, e.g. 1200x800' end
@@ -18,19 +18,19 @@ local cfg, paths = recipe.config({
   title = { '', 'the title in the gnuplot script (default: the run names)' },
 }, arg, 'tools/plot.lua', nil, { positional = 'METRICS.jsonl ...' })
 
-if #paths == 0 then recipe.usage_error('tools/plot.lua: give one or more metrics JSONL files') end
+if #paths == 0 then options.usage_error('tools/plot.lua: give one or more metrics JSONL files') end
 for _, p in ipairs(paths) do
   local files = require 'fsdp.io.files'
-  if files.mode(p) == nil then recipe.usage_error(('tools/plot.lua: %s: no such file'):format(p)) end
+  if files.mode(p) == nil then options.usage_error(('tools/plot.lua: %s: no such file'):format(p)) end
   local ok, why = files.check_input(p) -- a FIFO would block the read
-  if not ok then recipe.usage_error('tools/plot.lua: ' .. why) end
+  if not ok then options.usage_error('tools/plot.lua: ' .. why) end
 end
 local base = cfg.out ~= '' and cfg.out or paths[1]:gsub('%.jsonl$', '')
 local w, h = cfg.size:match('^(%d+)x(%d+)$')
 local ok, out = pcall(plot.draw, paths, base, { width = tonumber(w), height = tonumber(h),
                                                 title = cfg.title ~= '' and cfg.title or nil })
 if not ok then
-  io.stderr:write('fsdp-lua: tools/plot.lua: ', recipe.bare(out), '\n')
+  io.stderr:write('fsdp-lua: tools/plot.lua: ', options.bare(out), '\n')
   os.exit(1)
 end
 print(('plot: wrote %s and %s (%d run%s)'):format(out.png, out.svg, #paths, #paths == 1 and '' or 's'))

@@ -21,7 +21,7 @@
 -- tokenizer_config.json beside it, which may name its eos). A given
 -- tokenizer is loaded before anything is written.
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local tokens = require 'fsdp.data.tokens'
 local tokenizer = require 'fsdp.data.tokenizer'
 local clock = require 'fsdp.clock'
@@ -30,7 +30,7 @@ local utf8 = require 'fsdp.data.utf8'
 local files = require 'fsdp.io.files'
 local progress = require 'fsdp.observe.progress'
 
-local cfg = recipe.config({
+local cfg = options.config({
   input = { '', 'text (.txt) or JSONL (.jsonl) files, comma-separated' },
   output = { '', 'directory for the shards (created)' },
   tokenizer = { 'byte', "'byte', a SentencePiece .model, a tokenizer.json, or an HF model directory holding one" },
@@ -78,7 +78,7 @@ local function each_document(emit)
           if text ~= '' then emit(text) end
         end
       end)
-      if not ok then die('%s', require('fsdp.recipe').bare(err)) end
+      if not ok then die('%s', require('fsdp.options').bare(err)) end
     elseif cfg.documents == 'file' then
       local text = f:read(cfg.max_doc_bytes + 1) or '' -- no more than a document may hold
       if #text > cfg.max_doc_bytes then
@@ -134,7 +134,7 @@ local function load_tokenizer(path)
     path = tokenizer.find_in(path) or path -- load() names a directory without one
   end
   local ok, tok = pcall(tokenizer.load, path)
-  if not ok then die('%s', require('fsdp.recipe').bare(tok)) end
+  if not ok then die('%s', require('fsdp.options').bare(tok)) end
   if not tok.eos_id then
     die('the tokenizer %s has no end-of-text token to separate documents (no eos_token in a tokenizer_config.json '
       .. 'beside it, none of the usual names)', path)

@@ -13,15 +13,15 @@
 --
 -- --merge writes the ranks' events into one Chrome/Perfetto trace (one
 -- process track per rank).
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local json = require 'fsdp.io.json'
 local files = require 'fsdp.io.files'
 
-local cfg, paths = recipe.config({
+local cfg, paths = options.config({
   top = { 15, 'spans to list, by their own time', int = true, min = 1 },
   merge = { '', 'also write all the files\' events into this one trace', output = 'file' },
 }, arg, 'tools/trace_summary.lua', nil, { positional = 'TRACE.json ...' })
-if #paths == 0 then recipe.usage_error('tools/trace_summary.lua: give one or more trace files (--profile_steps)') end
+if #paths == 0 then options.usage_error('tools/trace_summary.lua: give one or more trace files (--profile_steps)') end
 
 local function fail(msg)
   io.stderr:write('fsdp-lua: tools/trace_summary.lua: ', msg, '\n')

@@ -264,22 +264,32 @@ void fl_packed_release(fl_packed *p) {
 
 /* ---- the copies ([Note: offload streams]) ---------------------------------------- */
 
+/* The device's copy stream in *copy, ordered after the compute stream's
+ * work so far; dev receives the device's name for messages. */
+static int copy_stream_after_compute(const fl_packed *p, uint64_t *copy, char dev[32]) {
+    int index = fl_device_index(p->device);
+    fl_device_format(p->device, dev, 32);
+    *copy = 0;
+    if (p->backend->side_stream(index, FL_STREAM_COPY, copy) != FL_OK ||
+        p->backend->stream_wait_stream(index, *copy, 0) != FL_OK)
+        return fl_fail_prefix("offload: cannot order the copy stream of %s", dev);
+    return FL_OK;
+}
+
 /* Queue the copy of src's span (nbytes) into p->host on the copy stream,
  * after the compute stream's work so far, and record p->done after it. */
 static int copy_to_host(fl_packed *p, const fl_tensor *src, int64_t nbytes) {
     const fl_backend *be = p->backend;
     int index = fl_device_index(p->device);
     char dev[32];
-    fl_device_format(p->device, dev, sizeof dev);
-    uint64_t copy = 0;
-    if (be->side_stream(index, FL_STREAM_COPY, &copy) != FL_OK ||
-        be->stream_wait_stream(index, copy, 0) != FL_OK)
-        return fl_fail_prefix("offload: cannot order the copy stream of %s", dev);
+    uint64_t copy;
+    int rc = copy_stream_after_compute(p, &copy, dev);
+    if (rc != FL_OK) return rc;
     /* Before queueing: a block the pool does not know could not be held
      * back, so nothing is copied out of it. */
     if (nbytes > 0 && !be->record_stream(index, src->storage->data, copy))
         return fl_fail_prefix("offload: the saved tensor's storage on %s", dev);
-    int rc = fl_pinned_copy_async_on(p->device, copy, p->host->data, src->data, nbytes, true,
+    rc = fl_pinned_copy_async_on(p->device, copy, p->host->data, src->data, nbytes, true,
                                      p->host->storage);
     if (rc != FL_OK) return rc;
     p->done = be->event_record(index, copy);
@@ -304,15 +314,12 @@ static int prefetch(fl_packed *q) {
     const fl_backend *be = q->backend;
     int index = fl_device_index(q->device);
     char dev[32];
-    fl_device_format(q->device, dev, sizeof dev);
-    uint64_t copy = 0;
-    if (be->side_stream(index, FL_STREAM_COPY, &copy) != FL_OK ||
-        be->stream_wait_stream(index, copy, 0) != FL_OK)
-        return fl_fail_prefix("offload: cannot order the copy stream of %s", dev);
+    uint64_t copy;
+    int rc = copy_stream_after_compute(q, &copy, dev);
+    if (rc != FL_OK) return rc;
     fl_tensor *flat = fl_empty(1, &q->span, q->dtype, q->device);
     if (!flat) return fl_last_status();
     int64_t nbytes = q->span * (int64_t)fl_dtype_size(q->dtype);
-    int rc = FL_OK;
     if (nbytes > 0 && !be->record_stream(index, flat->storage->data, copy))
         rc = fl_fail_prefix("offload: a new tensor's storage on %s", dev);
     if (rc == FL_OK)

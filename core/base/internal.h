@@ -108,7 +108,7 @@ int fl_guarded_memcpy(void *dst, const void *src, size_t n);
 fl_storage *fl_storage_new(fl_device device, int64_t nbytes);
 /* A function fl_storage_new calls after each allocation it makes (NULL:
  * none): how the distributed layer above progresses collectives between
- * kernels ([Note: progress from compute], core/dist/dist.c) without this
+ * kernels ([Note: progress from compute], core/comm/dist.c) without this
  * layer knowing of it. */
 void fl_set_allocation_hook(void (*hook)(void));
 /* Storage that holds nothing and counts nbytes in the meta device's memory
@@ -221,7 +221,7 @@ struct fl_elementwise_kernels; /* core/ops/elementwise.h */
 struct fl_linear_kernels;      /* core/ops/linear.h */
 struct fl_fused_kernels;       /* core/ops/fused.h */
 struct fl_optim_kernels;       /* core/optim/optim_update.h */
-struct fl_device_comm_ops;     /* core/dist/dist.h */
+struct fl_device_comm_ops;     /* core/comm/dist.h */
 
 typedef struct fl_backend {
     int abi; /* FL_BACKEND_ABI */

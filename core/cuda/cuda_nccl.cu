@@ -1,5 +1,5 @@
 /*
- * cuda_nccl.cu: NCCL as the device library of core/dist (fl_device_comm_ops):
+ * cuda_nccl.cu: NCCL as the device library of core/comm (fl_device_comm_ops):
  * collectives on cuda tensors move GPU to GPU, in their own dtype (bf16
  * and ncclAvg natively), on a communication stream per device that waits
  * for the kernels queued before them (an event) and overlaps those queued

@@ -3,7 +3,7 @@
  *
  * A script that calls os.exit() leaves without finishing; in a job of
  * several ranks that must end the job rather than leave the others
- * waiting for this rank ([Note: leaving the job] in core/dist/dist.c).
+ * waiting for this rank ([Note: leaving the job] in core/comm/dist.c).
  * os.exit is wrapped so the message can say where the script left
  * ("os.exit(0) at train.lua:12"); host_finish is the other end: the
  * script (or REPL) finished, so the runtime finalizes normally.

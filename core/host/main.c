@@ -12,7 +12,8 @@
  * error exits with what fsdp.host.set_exit_status asked (0 by default).
  *
  * Before any user code runs, package.path gets the project root (see
- * paths.c) and package.preload gets `fsdp.host` (hostlib.c).
+ * paths.c) and package.preload gets `fsdp.host` (hostlib.c) and the old
+ * names of renamed modules (lua/fsdp/renamed.lua).
  *
  * --nproc N replaces this process with `mpirun -np N` running the same
  * executable and arguments (see launch_ranks), so mpirun's exit status is
@@ -305,10 +306,17 @@ static bool run_all(lua_State *L, run_context *ctx) {
     open_libraries(L);
     host_set_package_path(L, paths.root);
     host_preload_module(L, &paths, repl);
+    /* A root without the library (a bare FSDP_LUA_HOME) has nothing to
+     * alias; a library whose renamed.lua fails still reports it. */
+    if (paths.root[0] != '\0' &&
+        !run_string(L, "if package.searchpath('fsdp.renamed', package.path) then "
+                       "require('fsdp.renamed').install(package.preload) end")) {
+        return false;
+    }
     create_arg_table(L, ctx->argc, ctx->argv, opts->script);
     int end = opts->script != 0 ? opts->script : ctx->argc;
     if (!run_e_options(L, ctx->argc, ctx->argv, end)) return false;
-    if (opts->list && !run_string(L, "require('fsdp.recipe').list()")) return false;
+    if (opts->list && !run_string(L, "require('fsdp.options').list()")) return false;
     if (opts->script != 0) {
         if (!run_script(L, ctx->argc, ctx->argv, opts->script)) return false;
     }

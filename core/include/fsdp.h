@@ -1212,7 +1212,7 @@ FL_API int fl_grad_sq_norm(const fl_tensor *t, double *out);
  * 16-bit floats): the scaling of clip-by-norm. No-op on meta and fake. */
 FL_API int fl_grad_scale_(fl_tensor *t, double alpha);
 
-/* ---- distributed: process groups and collectives (core/dist/) ---- */
+/* ---- distributed: process groups and collectives (core/comm/) ---- */
 /* One interface over two backends, chosen by fl_dist_init:
  *   self  one rank, no MPI: collectives are copies or nothing;
  *   mpi   Open MPI over cpu tensors. It lives in libfsdp_mpi.so next to
@@ -1226,7 +1226,7 @@ FL_API int fl_grad_scale_(fl_tensor *t, double alpha);
  * one. Every rank of a group starts the same collectives on it in the same
  * order. Tensors are contiguous, on one device; cuda tensors move through
  * NCCL when every rank of the group can use it, else through host copies
- * ([Note: collectives on device tensors] in core/dist/device_path.c);
+ * ([Note: collectives on device tensors] in core/comm/device_path.c);
  * meta and fake tensors are checked and left alone, so planning code runs
  * unchanged. bf16 and f16
  * reductions accumulate in f32. A wait gives up after the collective
@@ -1283,12 +1283,12 @@ FL_API void fl_dist_abort_on_error(const char *message);
  * after it. The host calls it when its script finished. init registers an
  * atexit hook for a process that exits before that (os.exit mid-run): in a
  * job it ends the job unless every rank is leaving too ([Note: leaving
- * the job] in core/dist/dist.c). */
+ * the job] in core/comm/dist.c). */
 FL_API void fl_dist_finalize(void);
 /* For the host's os.exit: what ends the process if it exits before
  * fl_dist_finalize ("os.exit(0) at x.lua:12"). Exiting early in a job of
  * several ranks ends the job unless every rank leaves within seconds
- * ([Note: leaving the job] in core/dist/dist.c); the message names this. */
+ * ([Note: leaving the job] in core/comm/dist.c); the message names this. */
 FL_API void fl_dist_note_exit(const char *how);
 /* A 64-bit digest (FNV-1a) of n bytes: what ranks exchange to agree on
  * their configuration before comparing it whole (fsdp.dist.agree). */
@@ -1398,7 +1398,7 @@ typedef enum fl_coll_kind {
 } fl_coll_kind;
 /* One completed collective as the host backend saw it, for measuring
  * communication from the moment the last member joined ([Note: joined
- * time] in core/dist/mpi/backend_mpi.c). comm and sequence name the same
+ * time] in core/comm/mpi/backend_mpi.c). comm and sequence name the same
  * collective on every member of its group: comm the communicator (a number
  * derived from how it was split, equal on its members), sequence its
  * collectives counted from 0. start and end are seconds on world rank 0's

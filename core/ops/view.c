@@ -244,6 +244,18 @@ fl_tensor *fl_slice(const fl_tensor *t, int dim, int64_t start, int64_t stop, in
                     t, VIEW_SLICE, 4, params);
 }
 
+/* t's shape and strides without dimension d (select, squeeze); returns
+ * the number of dimensions left. */
+static int without_dim(const fl_tensor *t, int d, int64_t *shape, int64_t *stride) {
+    int n = 0;
+    for (int k = 0; k < t->ndim; k++) {
+        if (k == d) continue;
+        shape[n] = t->shape[k];
+        stride[n++] = t->stride[k];
+    }
+    return n;
+}
+
 fl_tensor *fl_select(const fl_tensor *t, int dim, int64_t index) {
     if (fl_check_tensor("select", t, false)) return NULL;
     int d = fl_wrap_dim("select", t, dim, 0);
@@ -255,12 +267,7 @@ fl_tensor *fl_select(const fl_tensor *t, int dim, int64_t index) {
                             (long long)index, d, fl_shape_str(t, s, sizeof s));
     }
     int64_t shape[FL_MAX_DIMS], stride[FL_MAX_DIMS];
-    int n = 0;
-    for (int k = 0; k < t->ndim; k++) {
-        if (k == d) continue;
-        shape[n] = t->shape[k];
-        stride[n++] = t->stride[k];
-    }
+    int n = without_dim(t, d, shape, stride);
     int64_t params[2] = {d, i};
     return recorded(fl_tensor_view_of(t, n, shape, stride, t->offset + i * t->stride[d]), t,
                     VIEW_SELECT, 2, params);
@@ -365,12 +372,7 @@ fl_tensor *fl_squeeze(const fl_tensor *t, int dim) {
                             fl_shape_str(t, s, sizeof s), (long long)t->shape[d]);
     }
     int64_t shape[FL_MAX_DIMS], stride[FL_MAX_DIMS];
-    int n = 0;
-    for (int k = 0; k < t->ndim; k++) {
-        if (k == d) continue;
-        shape[n] = t->shape[k];
-        stride[n++] = t->stride[k];
-    }
+    int n = without_dim(t, d, shape, stride);
     return recorded(fl_tensor_view_of(t, n, shape, stride, t->offset), t, VIEW_RESHAPE, 0, NULL);
 }
 

@@ -327,7 +327,7 @@ int fl_unit_wait(fl_unit *u) {
     int rc = fl_work_wait(u->gather_work);
     /* A timed-out all-gather may still be written into by MPI: its pages
      * stay (leaked with the unit's range) rather than fault under it
-     * ([Note: a collective that never completes] in core/dist). */
+     * ([Note: a collective that never completes] in core/comm). */
     if (fl_work_is_pending(u->gather_work)) u->stranded = true;
     fl_work_release(u->gather_work);
     u->gather_work = NULL;

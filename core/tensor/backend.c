@@ -5,7 +5,7 @@
  * The cpu backend is built into libfsdp.so. The cuda backend is a plugin,
  * libfsdp_cuda.so (core/cuda, with cudart, cuBLASLt, cuDNN and NCCL behind
  * it), opened on the first use of a cuda device or of a question only it
- * can answer (how many GPUs, pinned memory), exactly as core/dist opens
+ * can answer (how many GPUs, pinned memory), exactly as core/comm opens
  * libfsdp_mpi.so only under a launcher. A CPU run thus never loads CUDA's
  * libraries: it starts in milliseconds and runs where they are absent.
  * When the plugin is missing or cannot be loaded, cuda devices simply do

@@ -243,7 +243,7 @@ function M.checkpoint_with_params(params, fn, ...)
   local n_data = #tensor_inputs
   for _, p in ipairs(ptensors) do tensor_inputs[#tensor_inputs + 1] = p end
   -- Inside an offload scope (fsdp.offload_activations) the kept inputs go
-  -- to pinned host memory: packed[i] replaces inputs[i] until the recompute.
+  -- to pinned CPU memory: packed[i] replaces inputs[i] until the recompute.
   local packed = offload_inputs(inputs)
   -- Outputs leave the forward as fresh detached tensors; the Lua node makes
   -- them depend on the inputs.

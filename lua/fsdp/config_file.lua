@@ -1,6 +1,6 @@
 -- fsdp.config_file: the files `--config FILE` reads (YAML or Lua) and the
 -- resolved config a run writes beside its checkpoints (YAML that --config
--- reads back), for fsdp.recipe.
+-- reads back), for fsdp.options.
 --
 --   local t, where = config_file.read('run.yaml')   -- {lr = 1e-4, ...}, {lr = 'training.lr'}
 --   config_file.write('ck/config.yaml', {lr = 1e-4, model = 'tiny'}, 'recipes/llama2_7b.lua')
@@ -14,16 +14,13 @@
 -- nesting, a key set twice (at the top and in a section, or in two
 -- sections), a key without a value and an unknown key are refused in one
 -- line naming the file and the key as written ("training.lrr"). The
--- command line overrides the file (fsdp.recipe applies the file first).
+-- command line overrides the file (fsdp.options applies the file first).
 local files = require 'fsdp.io.files'
+local tables = require 'fsdp.tables'
 local M = {}
 
-local function sorted_keys(t)
-  local keys = {}
-  for k in pairs(t) do keys[#keys + 1] = k end
-  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
-  return keys
-end
+-- (keys of YAML mappings may mix numbers and strings)
+local function sorted_keys(t) return tables.sorted_keys(t, tables.by_string) end
 
 local function is_yaml(path) return path:lower():match('%.ya?ml$') ~= nil end
 

@@ -29,7 +29,7 @@
 --                 ranks whose collectives cross nodes at once share
 --                 (fsdp.plan.cost); nil: inter_bw x ranks per node (a NIC
 --                 per rank, as the GPUs below)
---   host_bw       device <-> pinned host memory, one way, as copies reach it
+--   pinned_bw     device <-> pinned CPU memory, one way, as copies reach it
 --                 (activation offload's traffic); nil: the planner refuses
 --                 offload_activations on that device. The GPUs below: PCIe
 --                 Gen4 x16 ~25 GB/s (A100, L40S), Gen5 x16 ~50 GB/s (H100,
@@ -64,19 +64,19 @@ local GiB, MiB = 2^30, 2^20
 local PROFILES = {
   ['a100-40g'] = { memory = 40960 * MiB, reserved = GiB, flops = { bf16 = 312e12, f16 = 312e12, f32 = 19.5e12 },
                    utilization = 0.5, mem_bw = 1.555e12, intra_bw = 300e9, inter_bw = 25e9,
-                   host_bw = 25e9, ranks_per_node = 8 },
+                   pinned_bw = 25e9, ranks_per_node = 8 },
   ['a100-80g'] = { memory = 81920 * MiB, reserved = GiB, flops = { bf16 = 312e12, f16 = 312e12, f32 = 19.5e12 },
                    utilization = 0.5, mem_bw = 2.039e12, intra_bw = 300e9, inter_bw = 25e9,
-                   host_bw = 25e9, ranks_per_node = 8 },
+                   pinned_bw = 25e9, ranks_per_node = 8 },
   ['h100-80g'] = { memory = 81559 * MiB, reserved = GiB, flops = { bf16 = 989e12, f16 = 989e12, f32 = 67e12 },
                    utilization = 0.45, mem_bw = 3.35e12, intra_bw = 450e9, inter_bw = 50e9,
-                   host_bw = 50e9, ranks_per_node = 8 },
+                   pinned_bw = 50e9, ranks_per_node = 8 },
   ['h200-141g'] = { memory = 143771 * MiB, reserved = GiB, flops = { bf16 = 989e12, f16 = 989e12, f32 = 67e12 },
                     utilization = 0.45, mem_bw = 4.8e12, intra_bw = 450e9, inter_bw = 50e9,
-                    host_bw = 50e9, ranks_per_node = 8 },
+                    pinned_bw = 50e9, ranks_per_node = 8 },
   ['l40s-48g'] = { memory = 46068 * MiB, reserved = GiB, flops = { bf16 = 362e12, f16 = 362e12, f32 = 91.6e12 },
                    utilization = 0.4, mem_bw = 864e9, intra_bw = 25e9, inter_bw = 25e9,
-                   host_bw = 25e9, ranks_per_node = 8 },
+                   pinned_bw = 25e9, ranks_per_node = 8 },
   -- Ranks on one machine talk through shared memory; the figures are a
   -- declared guess (MPI over 2 cores), the memory and f32 rate are filled
   -- in from this machine on first use.
@@ -135,7 +135,9 @@ function M.check(p, where)
     core.fail(('%s: device profile %s: mem_utilization must be in (0, 1], got %s'):format(where,
       tostring(p.name), validate.show(p.mem_utilization)))
   end
-  if p.host_bw ~= nil then positive(p, 'host_bw', where) end
+  -- host_bw is the field's old name ("host" is the executable: docs/ARCHITECTURE.md, "Names").
+  if p.pinned_bw == nil then p.pinned_bw, p.host_bw = p.host_bw, nil end
+  if p.pinned_bw ~= nil then positive(p, 'pinned_bw', where) end
   if p.node_inter_bw ~= nil then positive(p, 'node_inter_bw', where) end
   if p.reserved ~= nil and validate.problem(p.reserved, validate.NONNEGATIVE) then
     core.fail(('%s: device profile %s: reserved must be a number >= 0'):format(where, tostring(p.name)))

@@ -1,4 +1,4 @@
--- fsdp.dist: process groups and collectives (the C side is core/dist/).
+-- fsdp.dist: process groups and collectives (the C side is core/comm/).
 --
 --   local dist = require('fsdp').dist
 --   dist.init()                                  -- optional: first use does it
@@ -8,12 +8,12 @@
 --   ... compute while the data moves ...
 --   local mine = work:wait()
 --
--- A plain `fsdp-lua x.lua` is one rank on the `self` backend (collectives
--- are copies); under mpirun / srun / `fsdp-lua --nproc N` the `mpi` backend
--- is loaded. Every rank must call the same collectives on a group in the
+-- A plain `fsdp-lua x.lua` is one rank on the `self` transport (collectives
+-- are copies); under mpirun / srun / `fsdp-lua --nproc N` the `mpi`
+-- transport is loaded. Every rank must call the same collectives on a group in the
 -- same order, and creating a group is itself collective (every rank calls,
 -- members or not). Tensors are contiguous, on one device: cpu, or cuda
--- (through NCCL when every rank can use it, else through host copies:
+-- (through NCCL when every rank can use it, else through copies in CPU memory:
 -- group:device_library() says which); meta and fake ones are checked and
 -- left alone. Options shared by the collectives:
 --   group  a Group (default: the world)
@@ -24,6 +24,7 @@
 -- default 600; dist.set_timeout) naming the collective, group and rank.
 local core = require 'fsdp.core'
 local Tensor = require 'fsdp.tensor'
+local tables = require 'fsdp.tables'
 local ffi, C = core.ffi, core.C
 local cptr = Tensor.cptr
 
@@ -31,7 +32,7 @@ local M = {}
 
 -- runtime -------------------------------------------------------------------
 
--- Start the backend (idempotent; every other function does it on first use).
+-- Start the transport (idempotent; every other function does it on first use).
 function M.init()
   core.check(C.fl_dist_init())
   return M
@@ -40,12 +41,15 @@ end
 -- Whether the process group is set up (dist.init, or any first use, did it).
 function M.is_initialized() return C.fl_dist_is_initialized() end
 
--- 'self' or 'mpi'.
-function M.backend()
+-- The transport the collectives take: 'self' or 'mpi' ("backend" is a
+-- device's: docs/ARCHITECTURE.md, "Names"). M.backend is its old name,
+-- kept for scripts.
+function M.transport()
   local name = C.fl_dist_backend_name()
   if name == nil then core.raise() end
   return ffi.string(name)
 end
+M.backend = M.transport
 
 local function getter(fn)
   return function()
@@ -89,7 +93,7 @@ function M.set_timeout(seconds)
   core.check(C.fl_dist_set_timeout(seconds))
 end
 
--- Shut the backend down now (otherwise it happens at exit).
+-- Shut the transport down now (otherwise it happens at exit).
 function M.finalize() C.fl_dist_finalize() end
 
 -- print(...) prefixed with "[rank r] " so interleaved output says who spoke.
@@ -328,12 +332,12 @@ local stats_seconds = ffi.new('double[2]')
 
 -- What this process's collectives moved since it started, by kind:
 -- { all_gather = { calls =, bytes =, wait_s =, busy_s = }, ..., any = {...} }.
--- bytes are the buffers as the backend got them (an all_gather's gathered
+-- bytes are the buffers as the transport got them (an all_gather's gathered
 -- output, a reduce_scatter's whole input; 16-bit reductions through MPI
--- count as f32, their staging); wait_s the seconds the host spent blocked
+-- count as f32, their staging); wait_s the seconds the process spent blocked
 -- waiting for them: communication that compute did not hide; busy_s the
--- seconds during which at least one was in flight on the host backend:
--- the link's time, hidden or not (core/dist/mpi/backend_mpi.c, [Note: busy
+-- seconds during which at least one was in flight on the mpi transport:
+-- the link's time, hidden or not (core/comm/mpi/backend_mpi.c, [Note: busy
 -- time]). `any` sums the kinds, its busy_s counting overlapping
 -- collectives of different kinds once (fl_dist_collective_stats).
 -- Differences of two calls give one step's.
@@ -352,11 +356,11 @@ local log_buf = ffi.new('fl_coll_record[256]')
 local log_lost = ffi.new('int64_t[1]')
 
 -- The collectives this process saw complete since the previous call, as
--- the host backend logged them (core/dist/mpi/backend_mpi.c, [Note:
+-- the mpi transport logged them (core/comm/mpi/backend_mpi.c, [Note:
 -- joined time]), oldest first: { comm =, sequence =, kind = 'all_gather',
 -- start =, finish = } (comm and sequence name one collective alike on all
 -- its members; start and finish are seconds on world rank 0's monotonic
--- clock), and how many older records the backend dropped unread (it keeps
+-- clock), and how many older records the transport dropped unread (it keeps
 -- the newest FL_COLL_LOG_CAPACITY). Empty on one process.
 -- fsdp.observe.joined turns the logs of all ranks into communication time.
 function M.collective_log()
@@ -430,10 +434,8 @@ local function flatten(values, prefix, out)
 end
 
 local function canonical(values)
-  local flat, keys, lines = flatten(values, '', {}), {}, {}
-  for k in pairs(flat) do keys[#keys + 1] = k end
-  table.sort(keys)
-  for i, k in ipairs(keys) do lines[i] = k .. '\0' .. flat[k] end
+  local flat, lines = flatten(values, '', {}), {}
+  for i, k in ipairs(tables.sorted_keys(flat)) do lines[i] = k .. '\0' .. flat[k] end
   return table.concat(lines, '\n'), flat
 end
 

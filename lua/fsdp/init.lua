@@ -275,7 +275,7 @@ function M.cuda.synchronize(device)
 end
 
 local pinned_buf = ffi.new('int64_t[2]')
--- The pinned host pool: {allocated =, reserved =} bytes (pinned tensors in
+-- The pinned CPU memory pool: {allocated =, reserved =} bytes (pinned tensors in
 -- use, and what the pool holds from the system).
 function M.cuda.pinned_memory_stats()
   core.check(C.fl_pinned_stats(pinned_buf, pinned_buf + 1))

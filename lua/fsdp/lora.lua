@@ -44,7 +44,7 @@ local publish = require 'fsdp.io.publish'
 local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
 local sharding = require 'fsdp.sharding'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 
 local M = {}
 M.LoRALinear = LoRALinear
@@ -573,7 +573,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return recipe.merge(M.OPTIONS, own) end
+function M.options(own) return options.merge(M.OPTIONS, own) end
 
 local function apply_cfg(model, cfg, default_targets)
   local targets = cfg.lora_targets ~= '' and cfg.lora_targets or default_targets
@@ -582,12 +582,12 @@ local function apply_cfg(model, cfg, default_targets)
     base_dtype = cfg.lora_base_dtype ~= '' and cfg.lora_base_dtype or nil, seed = cfg.seed,
   })
   if not ok then
-    return nil, ('--lora_targets %s: %s'):format(targets, (recipe.bare(names):gsub('^lora: ', '')))
+    return nil, ('--lora_targets %s: %s'):format(targets, (options.bare(names):gsub('^lora: ', '')))
   end
   return names, targets
 end
 
--- For a recipe's option checks (recipe.config's function): with
+-- For a recipe's option checks (options.config's function): with
 -- --lora_rank > 0, whether the targets fit the model build() makes (on
 -- meta: cheap), so a wrong name is refused with the other bad options,
 -- before the run prints or builds anything. Raises the usage message.
@@ -604,7 +604,7 @@ end
 function M.apply_options(model, cfg, default_targets)
   if (cfg.lora_rank or 0) == 0 then return nil end
   local names, targets = apply_cfg(model, cfg, default_targets)
-  if not names then recipe.usage_error(targets) end
+  if not names then options.usage_error(targets) end
   local n = M.count(model)
   print(('lora: rank %d, alpha %s on %d Linears (%s): %d trainable of %d parameters (%.2f%%)%s'):format(
     cfg.lora_rank, tostring(cfg.lora_alpha), #names, tostring(targets), n.trainable, n.total,

@@ -2,7 +2,7 @@
 -- recipe's step between loss:backward() and the next step.
 --
 --   local nonfinite = require 'fsdp.nonfinite'
---   local cfg = recipe.config(nonfinite.options(ckpt_recipe.options(...)), arg, script)
+--   local cfg = options.config(nonfinite.options(ckpt_options.options(...)), arg, script)
 --   local state = {model = model, optimizer = opt, scheduler = sched, data = data}
 --   state.guard = nonfinite.guard(cfg, state, script)   -- checks --on_nonfinite
 --   for step = start + 1, cfg.max_steps do
@@ -10,7 +10,7 @@
 --     loss:backward()
 --     local r = state.guard:step(step, loss)   -- {loss =, grad_norm =, lr =, skipped =}
 --     log:step(step, r)
---     ckpt_recipe.after_step(cfg, state, step)
+--     ckpt_options.after_step(cfg, state, step)
 --   end
 --
 -- guard:step computes the global gradient norm (fsdp.grad_norm on a
@@ -37,10 +37,10 @@
 --           Megatron and DeepSpeed skip an overflowing step: the schedule
 --           follows applied updates), a log line saying so; past
 --           max_skips skipped steps, stop as above. The count is part of
---           the checkpoint (fsdp.checkpointing.recipe stores guard.skips),
+--           the checkpoint (fsdp.checkpointing.options stores guard.skips),
 --           so a resumed run continues the bound.
 -- A finite gradient can still overflow in its update; before each save
--- fsdp.checkpointing.recipe calls guard:check_parameters(step), which stops
+-- fsdp.checkpointing.options calls guard:check_parameters(step), which stops
 -- (whatever the policy) when a parameter shard holds a NaN or infinity.
 --
 -- Test hook: FSDP_TEST_NONFINITE_GRAD=STEP:NAME[,NAME...] fills with NaN,
@@ -58,7 +58,7 @@ local ffi = require 'ffi'
 local sharding = require 'fsdp.sharding'
 local console = require 'fsdp.observe.console'
 local checkpointing = require 'fsdp.checkpointing'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 
 local M = {}
 
@@ -77,7 +77,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return recipe.merge(M.OPTIONS, own) end
+function M.options(own) return options.merge(M.OPTIONS, own) end
 
 local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
 M.finite = finite
@@ -262,7 +262,7 @@ function Guard:step(step, loss)
   error(text, 0)
 end
 
--- Before a checkpoint of `step` is written (fsdp.checkpointing.recipe's
+-- Before a checkpoint of `step` is written (fsdp.checkpointing.options's
 -- after_step): the parameters are finite. A finite gradient can still
 -- overflow in the update (an absurd lr); the next step's check would see
 -- it, but this step's save comes first. One C pass over this rank's
@@ -314,12 +314,7 @@ function M.guard(cfg, state, script)
   })
   guard.on_stop = function(text)
     if dist.rank() == 0 then
-      local dir = cfg.checkpoint_dir
-      if dir and dir ~= '' then
-        local latest = checkpointing.latest(dir)
-        text = text .. (latest and ('; the newest checkpoint is %s'):format(latest)
-          or ('; %s holds no complete checkpoint'):format(dir))
-      end
+      text = text .. checkpointing.resume_hint(cfg.checkpoint_dir)
       io.stdout:flush()
       io.stderr:write(('fsdp-lua: %s: %s\n'):format(script, text))
       io.stderr:flush()

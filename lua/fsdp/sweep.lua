@@ -142,7 +142,7 @@ function M.run_point(opts, point, axes)
 end
 
 -- Check every point's options before any point runs: the recipe run with
--- the point's whole command line and --validate_options (fsdp.recipe:
+-- the point's whole command line and --validate_options (fsdp.options:
 -- the options and the model config they make are checked, nothing is
 -- built; ~50 ms a point). Returns a list of problems {index=, point=,
 -- message=, count=}, one per distinct message (an unknown option fails

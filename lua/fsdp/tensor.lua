@@ -405,7 +405,7 @@ function methods:to(x, opts)
   return wrap(C.fl_to(c, dtype, device))
 end
 
--- Page-locked host memory (needs a CUDA device): a pinned copy of this
+-- Page-locked CPU memory (needs a CUDA device): a pinned copy of this
 -- cpu tensor, or itself when already pinned.
 function methods:pin_memory() return wrap(C.fl_pin_memory(cptr(self))) end
 function methods:is_pinned() return C.fl_is_pinned(cptr(self)) end
@@ -479,17 +479,23 @@ end
 
 -- Value at a 0-based index given as numbers or a table; Lua number for
 -- float and 32-bit-or-smaller types, int64 cdata for i64/u32 beyond 2^53.
-function methods:get(...)
-  local c = cptr(self)
+-- The 0-based indices of get/set (numbers or one table; negative ones
+-- count from the end) into index_buf.
+local function put_index(op, c, ...)
   local idx = type(...) == 'table' and ... or { ... }
   if #idx ~= c.ndim then
-    core.fail(('get: %d indices for a %d-d tensor'):format(#idx, c.ndim))
+    core.fail(('%s: %d indices for a %d-d tensor'):format(op, #idx, c.ndim))
   end
   for i = 1, #idx do
     local v = idx[i]
     if v < 0 then v = v + c.shape[i - 1] end
     index_buf[i - 1] = v
   end
+end
+
+function methods:get(...)
+  local c = cptr(self)
+  put_index('get', c, ...)
   if is_integer_dtype(c.dtype) then
     core.check(C.fl_get_i64(c, index_buf, int_buf))
     local v = int_buf[0]
@@ -505,15 +511,7 @@ end
 -- t:set(value, i, j, ...)
 function methods:set(value, ...)
   local c = cptr(self)
-  local idx = type(...) == 'table' and ... or { ... }
-  if #idx ~= c.ndim then
-    core.fail(('set: %d indices for a %d-d tensor'):format(#idx, c.ndim))
-  end
-  for i = 1, #idx do
-    local v = idx[i]
-    if v < 0 then v = v + c.shape[i - 1] end
-    index_buf[i - 1] = v
-  end
+  put_index('set', c, ...)
   if type(value) == 'boolean' then value = value and 1 or 0 end
   core.check(C.fl_set(c, index_buf, value))
   return self

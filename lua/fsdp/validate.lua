@@ -1,5 +1,5 @@
 -- fsdp.validate: the one numeric check every validation shares: recipe
--- options (fsdp.recipe), model configs (models/common.lua), the values of
+-- options (fsdp.options), model configs (models/common.lua), the values of
 -- config.json and adapter_config.json, generation, layer and optimizer
 -- arguments. Each says what is wrong the same way, and none lets NaN
 -- through: `v <= 0` is false for NaN, so a check written as a comparison
@@ -134,5 +134,6 @@ M.INDEX = { int = true, min = 0 }          -- a token id, a step, a seed
 M.POSITIVE = { positive = true }           -- a rate, a scale, a temperature
 M.NONNEGATIVE = { min = 0 }                -- an epsilon, a weight decay, an init std
 M.PROBABILITY = { min = 0, below = 1 }     -- a dropout rate
+M.FRACTION = { min = 0, max = 1 }          -- a decay rate: rho, dampening
 
 return M

@@ -23,7 +23,7 @@ local Tensor = require 'fsdp.tensor'
 local safetensors = require 'fsdp.io.safetensors'
 local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
-local layout = require('fsdp.checkpointing').layout
+local directory = require('fsdp.checkpointing').directory
 
 local problems = {}
 local function problem(fmt, ...)
@@ -163,14 +163,14 @@ end
 
 local function checkpoints(dir, ref_dir)
   local n, counters, tensors = 0, 0, 0
-  for _, e in ipairs(layout.scan(dir).complete) do
-    local index = layout.read_index(e.path)
+  for _, e in ipairs(directory.scan(dir).complete) do
+    local index = directory.read_index(e.path)
     counters = counters + stale_counters(index)
-    local ref_path = layout.step_dir(ref_dir, e.step)
-    if not layout.is_complete(ref_path) then
+    local ref_path = directory.step_dir(ref_dir, e.step)
+    if not directory.is_complete(ref_path) then
       problem('%s: the reference has no complete checkpoint of step %d (%s)', e.path, e.step, ref_path)
     else
-      tensors = tensors + same_checkpoint(index, layout.read_index(ref_path))
+      tensors = tensors + same_checkpoint(index, directory.read_index(ref_path))
     end
     n = n + 1
   end

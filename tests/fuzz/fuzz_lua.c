@@ -2,7 +2,7 @@
  * fuzz_lua.c: libFuzzer harness for the readers written in Lua, run in the
  * embedded LuaJIT as fsdp-lua runs them: the token-shard reader
  * (fsdp.data.tokens) and the checkpoint index reader
- * (fsdp.checkpointing.layout.read_index), over the C core below them.
+ * (fsdp.checkpointing.directory.read_index), over the C core below them.
  *
  * FUZZ_TARGET names a script in tests/fuzz/targets/ returning a function
  * of the input file's path; a Lua error is a refusal (fine), anything the

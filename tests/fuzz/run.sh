@@ -10,7 +10,7 @@
 #   target       harness                          seeds
 #   safetensors  fuzz_safetensors (C reader)      every dtype, checkpoint rank files
 #   tokens       fuzz_lua, fsdp.data.tokens       token shards
-#   index        fuzz_lua, checkpointing.layout   a checkpoint's index.json
+#   index        fuzz_lua, checkpointing.directory   a checkpoint's index.json
 #   corpus       fuzz_lua, fsdp.data.corpus       JSONL plain/gzip/zstd, text
 #   tokenizer    fuzz_lua, fsdp.data.bpe          the shipped test tokenizer.json files
 #   position     fuzz_lua, load_state of a corpus  saved data positions (JSON)

@@ -210,8 +210,8 @@ describe('chat records', function()
   end)
 
   it('has recipe options whose defaults read records', function()
-    local recipe = require 'fsdp.recipe'
-    local cfg = recipe.config(chat.OPTIONS, { '--train_on=all', '--chat_fields=messages:dialog' }, 'chat_spec')
+    local options = require 'fsdp.options'
+    local cfg = options.config(chat.OPTIONS, { '--train_on=all', '--chat_fields=messages:dialog' }, 'chat_spec')
     local o = chat.record_opts(cfg)
     assert.same({ fields = 'messages:dialog', train_on = 'all', bad_records = 'stop', max_record_bytes = 8388608 }, o)
     local p = write(tmp .. '/opts.jsonl', { { dialog = { { role = 'user', content = 'a' } } } })

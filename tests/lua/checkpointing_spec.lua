@@ -17,7 +17,7 @@ local ckpt = require 'fsdp.checkpointing'
 local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
 local synthetic_tokens = require 'fsdp.data.synthetic_tokens'
-local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+local ckpt_options = require 'fsdp.checkpointing.options'
 local lfs = require 'lfs'
 
 local CFG = { dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 64, vocab_size = 64,
@@ -302,7 +302,7 @@ describe('checkpoint integrity, one rank', function()
     assert.matches('checkpointing.load: refused: checkpoint ' .. pat(sd) .. ': ' .. pat(sd .. '/' .. RANK) .. ':? ' .. reason, err)
     local b = setup()
     local cfg = { checkpoint_dir = dir, resume_from_checkpoint = true, checkpoint_freq = 0 }
-    assert.equals(2, ckpt_recipe.resume(cfg, b))
+    assert.equals(2, ckpt_options.resume(cfg, b))
     assert.same(want, { step(b), step(b) })
   end
 
@@ -340,7 +340,7 @@ describe('checkpoint integrity, one rank', function()
     two_checkpoints(dir)
     for _, s in ipairs({ 2, 4 }) do os.remove(('%s/step-%06d/%s'):format(dir, s, RANK)) end
     local cfg = { checkpoint_dir = dir, resume_from_checkpoint = true, checkpoint_freq = 0 }
-    local ok, err = pcall(ckpt_recipe.resume, cfg, setup())
+    local ok, err = pcall(ckpt_options.resume, cfg, setup())
     assert.is_false(ok)
     assert.matches('no intact checkpoint in ' .. pat(dir) .. ' %(refused: .*step%-000004, .*step%-000002%)', err)
   end)
@@ -357,7 +357,7 @@ describe('checkpoint integrity, one rank', function()
     assert.is_false(ok)
     assert.matches("step 2 not saved %(rank 0 failed%): .*tensor 'unit:model.layers.1#exp_avg' is not finite", err)
     assert.is_nil(files.lmode(dir .. '/step-000002/COMPLETE'))
-    assert.is_true(ckpt.layout.is_complete(dir .. '/step-000001')) -- the last finite checkpoint is kept
+    assert.is_true(ckpt.directory.is_complete(dir .. '/step-000001')) -- the last finite checkpoint is kept
     a.optimizer.state[name].exp_avg:fill_(0)
     a.model.model.norm.weight:fill_(1 / 0)
     ok, err = pcall(ckpt.save, dir, { model = a.model, optimizer = a.optimizer, step = 3, keep = 1 })
@@ -392,13 +392,13 @@ describe('checkpoint integrity, one rank', function()
     assert.same({ 'index.json.tmp.5', 'notes.txt', RANK .. '.tmp.77', 'sub' }, files.list(s1))
     assert.equals('link', files.lmode(dir .. '/step-000002'))
     assert.same({ 'user.txt' }, files.list(dir .. '/step-000003'))
-    local s = ckpt.layout.scan(dir)
+    local s = ckpt.directory.scan(dir)
     assert.equals(1, #s.complete)
     assert.equals(7, s.complete[1].step)
     -- a link where a save's own step directory goes is moved aside, not followed
     assert.is_true(lfs.link(outside, dir .. '/step-000008', true))
     ckpt.save(dir, { model = a.model, step = 8, keep = 1 })
-    assert.is_true(ckpt.layout.is_complete(dir .. '/step-000008'))
+    assert.is_true(ckpt.directory.is_complete(dir .. '/step-000008'))
     assert.equals('keep me', files.read(outside .. '/COMPLETE'))
     assert.same({ 'COMPLETE', 'index.json', RANK, 'sub' }, files.list(outside))
     assert.equals(8, ckpt.load(dir, { model = setup().model }).step)
@@ -463,7 +463,7 @@ describe('a recipe whose save cannot be written', function()
       true), out)
     assert.truthy(out:find(('File too large; the newest checkpoint is %s/step-000001\n'):format(dir), 1, true), out)
     assert.is_nil(out:find('traceback', 1, true))
-    assert.is_false(ckpt.layout.is_complete(dir .. '/step-000002'))
+    assert.is_false(ckpt.directory.is_complete(dir .. '/step-000002'))
     assert.truthy(ckpt.check(dir .. '/step-000001'))
   end)
 end)

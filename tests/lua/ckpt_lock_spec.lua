@@ -143,7 +143,7 @@ describe('checkpoint directory lock', function()
     assert.is_false(ok)
     assert.truthy(tostring(err):find(('checkpoint directory %s is in use by another job (host '):format(dir), 1, true),
       tostring(err))
-    assert.is_nil(files.mode(ckpt.layout.step_dir(dir, 2)))
+    assert.is_nil(files.mode(ckpt.directory.step_dir(dir, 2)))
     assert.truthy(ckpt.check(step_dir))
     assert.equal(step_dir, (ckpt.latest(dir)))
   end)

@@ -7,7 +7,7 @@
 -- memory after forward by at least 90% of the bytes it moved, copies a
 -- view saved by several nodes once, never moves a parameter (plain,
 -- transposed, or a sharded unit's), and composes with activation
--- checkpointing in either order. The copies to the host run on a copy
+-- checkpointing in either order. The copies to CPU memory run on a copy
 -- stream (deferred under cudasim, so each ordering below fails there when
 -- it is missing): the copy back waits for its copy to the host, and the
 -- device and pinned blocks a queued copy uses are not reused before it
@@ -158,7 +158,7 @@ describe('the recipes\' --offload_activations', function()
       .. '--max_steps=2 --batch_size=2 --offload_activations --activation_checkpointing'
     local out, rc = run('recipes/deepvit_8b.lua', args)
     assert.equals(0, rc, out)
-    assert.matches('checkpointed blocks, activations offloaded to pinned host memory', out, 1, true)
+    assert.matches('checkpointed blocks, activations offloaded to pinned CPU memory', out, 1, true)
     assert.matches('Batch 2 Loss: ', out, 1, true)
     out, rc = run('recipes/deepvit_8b.lua', '--offload_activations=maybe --dry-run')
     assert.equals(2, rc, out)
@@ -249,7 +249,7 @@ describe('offload_activations on cuda:0', function()
   it('holds less device memory after forward, by at least 90% of what it moved', function()
     local plain = after_forward()
     local held, st = after_forward(function(m) fsdp.offload_activations(m, is_layer) end)
-    print(('\n# device bytes held after forward: %d plain, %d offloaded (%d bytes moved to pinned host memory)')
+    print(('\n# device bytes held after forward: %d plain, %d offloaded (%d bytes moved to pinned CPU memory)')
       :format(plain, held, st.bytes))
     assert.is_true(st.bytes > 0)
     assert(plain - held >= 0.9 * st.bytes, ('saved %d bytes of device memory for %d moved')

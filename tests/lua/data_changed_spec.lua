@@ -412,7 +412,7 @@ describe('the llama recipe on a raw corpus', function()
       :format(dir, ck)
     local rc, out, err = testing.run_exe(args .. ' --max_steps=2', 60)
     assert.equal(0, rc, out .. err)
-    local at = require('fsdp.checkpointing.layout').read_index(ck .. '/step-000002').ranks[1].data
+    local at = require('fsdp.checkpointing.directory').read_index(ck .. '/step-000002').ranks[1].data
     assert.truthy(at.offset > 50, at.offset)
     -- a byte of the file being read, before the position
     local file = at.file_name

@@ -2,7 +2,7 @@
 -- in a build or on a machine without a GPU: auto trains on the CPU with the
 -- CPU's defaults, cuda and cuda:N are refused before anything is built (exit
 -- 2, one line naming --device and why), bad values are named; options whose
--- default depends on others (fsdp.recipe's default_from) keep what the user
+-- default depends on others (fsdp.options's default_from) keep what the user
 -- gave, on the command line or in --config; the CUDA device names map to the
 -- planner's profiles; the GPU defaults (on a stubbed GPU). The training on
 -- cuda itself is the cudasim suite's
@@ -10,7 +10,7 @@
 local fsdp = require 'fsdp'
 local T = require 'fsdp.testing'
 local files = require 'fsdp.io.files'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local device = require 'fsdp.sharding.device'
 
 local GPU = fsdp.cuda.is_available()
@@ -145,30 +145,30 @@ describe('defaults that depend on other options (default_from)', function()
   }
 
   it('computes an option the user did not give, in key order, and keeps one given', function()
-    local cfg = recipe.parse(spec, { '--device=gpu-like' }, 'x.lua')
+    local cfg = options.parse(spec, { '--device=gpu-like' }, 'x.lua')
     assert.equals('bf16', cfg.mixed_precision)
     assert.equals(989, cfg.peak)  -- reads mixed_precision, which sorts before it
-    cfg = recipe.parse(spec, { '--device=gpu-like', '--mixed_precision=' }, 'x.lua')
+    cfg = options.parse(spec, { '--device=gpu-like', '--mixed_precision=' }, 'x.lua')
     assert.equals('', cfg.mixed_precision)
     assert.equals(0, cfg.peak)
-    cfg = recipe.parse(spec, { '--device=gpu-like', '--peak=5' }, 'x.lua')
+    cfg = options.parse(spec, { '--device=gpu-like', '--peak=5' }, 'x.lua')
     assert.equals(5, cfg.peak)
-    cfg = recipe.parse(spec, { '--device=cpu' }, 'x.lua')
+    cfg = options.parse(spec, { '--device=cpu' }, 'x.lua')
     assert.equals('', cfg.mixed_precision)
   end)
 
   it('keeps a value given in a --config file', function()
     local path = tmp .. '/opts.lua'
     files.write_atomic(path, "return { mixed_precision = 'f32' }")
-    local cfg = recipe.parse(spec, { '--device=gpu-like', '--config=' .. path }, 'x.lua')
+    local cfg = options.parse(spec, { '--device=gpu-like', '--config=' .. path }, 'x.lua')
     assert.equals('f32', cfg.mixed_precision)
   end)
 
   it('checks a computed value and names the option when it cannot be computed', function()
-    local ok, err = pcall(recipe.parse, spec, { '--device=bad' }, 'x.lua')
+    local ok, err = pcall(options.parse, spec, { '--device=bad' }, 'x.lua')
     assert.is_false(ok)
     assert.matches("--broken (default from the other options) must be one of", err, 1, true)
-    ok, err = pcall(recipe.parse, spec, { '--device=refuse' }, 'x.lua')
+    ok, err = pcall(options.parse, spec, { '--device=refuse' }, 'x.lua')
     assert.is_false(ok)
     assert.equals('--refusing is needed here', err)
   end)

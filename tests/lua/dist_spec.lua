@@ -32,11 +32,12 @@ end
 local function values(t) return t:double():contiguous():view(-1):tolist() end
 
 describe('fsdp.dist on one rank', function()
-  it('is the self backend, rank 0 of 1, one node', function()
+  it('is the self transport, rank 0 of 1, one node', function()
     dist.init()
     dist.init() -- idempotent
     assert.is_true(dist.is_initialized())
-    assert.are.equal('self', dist.backend())
+    assert.are.equal('self', dist.transport())
+    assert.are.equal(dist.transport, dist.backend) -- the old name, kept for scripts
     assert.are.equal(0, dist.rank())
     assert.are.equal(1, dist.world_size())
     assert.are.same({ 0, 1, 0, 1 }, { dist.local_rank(), dist.local_size(), dist.node(), dist.nodes() })

@@ -106,7 +106,7 @@ describe('model names', function()
     assert.is_nil(names['llama2_7b'])
     assert.is_nil(names['llama2_70b'])
     assert.same(llama.config('Llama-2-70b'), llama.config('llama2_70b'))
-    local dr = require 'models.decoder_recipe'
+    local dr = require 'models.decoder_training'
     assert.equals('Llama-2-7b', dr.MODEL_OPTIONS.model.values.llama2_7b)
   end)
 end)

@@ -6,8 +6,8 @@
 local fsdp = require 'fsdp'
 local mesh_mod = require 'fsdp.mesh'
 local layout = require 'fsdp.sharding.layout'
-local shard_recipe = require 'fsdp.sharding.recipe'
-local dr = require 'models.decoder_recipe'
+local shard_options = require 'fsdp.sharding.options'
+local dr = require 'models.decoder_training'
 local decoders = require 'models.decoders'
 local llama = require 'models.llama'
 local optim = require 'fsdp.optim'
@@ -142,7 +142,7 @@ describe('the decoder recipes\' mesh options', function()
   local function sizes(o, where)
     local cfg = { tp = o.tp or 1, dp_shard = o.dp_shard or 0, dp_replicate = o.dp_replicate or 0,
                   sharding_strategy = o.strategy or 'FULL_SHARD' }
-    return shard_recipe.mesh_sizes(cfg, where or { world = 8, nodes = 2 })
+    return shard_options.mesh_sizes(cfg, where or { world = 8, nodes = 2 })
   end
 
   it('makes no mesh when none is given, and fills what is left from the strategy', function()
@@ -174,25 +174,21 @@ describe('the decoder recipes\' mesh options', function()
     for _, k in ipairs(dr.TP_UNSUPPORTED) do cfg[k[1]] = k[2] end
     local with_plan = { fam = { name = 'planned', module = { build = function()
       return { tp_plan = function() return {} end } end } } }
-    local fake_tp = {}
-    dr.check_tp(cfg, c, with_plan, fake_tp) -- tiny: 4 heads, 2 kv heads, ffn 176, vocab 256 divide by 2
+    dr.check_tp(cfg, c, with_plan) -- tiny: 4 heads, 2 kv heads, ffn 176, vocab 256 divide by 2
     cfg.tp = 4
-    T.raises(function() dr.check_tp(cfg, c, with_plan, fake_tp) end,
+    T.raises(function() dr.check_tp(cfg, c, with_plan) end,
       "--tp=4 does not divide the model's num_kv_heads (2)")
     cfg.tp = 2
     local moe = setmetatable({ moe_ffn_dim = 33 }, { __index = c })
-    T.raises(function() dr.check_tp(cfg, moe, with_plan, fake_tp) end, "does not divide the model's moe_ffn_dim (33)")
+    T.raises(function() dr.check_tp(cfg, moe, with_plan) end, "does not divide the model's moe_ffn_dim (33)")
     cfg.lora_rank, cfg.lora_dropout = 8, 0
-    dr.check_tp(cfg, c, with_plan, fake_tp) -- LoRA is applied before TP, which splits the adapters
+    dr.check_tp(cfg, c, with_plan) -- LoRA is applied before TP, which splits the adapters
     cfg.lora_dropout = 0.1
-    T.raises(function() dr.check_tp(cfg, c, with_plan, fake_tp) end, '--tp=2 with --lora_dropout=0.1')
+    T.raises(function() dr.check_tp(cfg, c, with_plan) end, '--tp=2 with --lora_dropout=0.1')
     cfg.lora_rank, cfg.lora_dropout = 0, nil
     local no_plan = { fam = { name = 'plain', module = { build = function() return {} end } } }
-    T.raises(function() dr.check_tp(cfg, c, no_plan, fake_tp) end,
+    T.raises(function() dr.check_tp(cfg, c, no_plan) end,
       '--tp=2: the plain family has no tensor-parallel plan (model:tp_plan)')
-    if not pcall(require, 'fsdp.tp') then
-      T.raises(function() dr.check_tp(cfg, c, with_plan) end, '--tp: tensor parallelism is not available in this build')
-    end
   end)
 
   it('refuses --tp in a recipe run with one line, and prints the mesh it trains on', function()

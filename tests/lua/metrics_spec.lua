@@ -211,7 +211,7 @@ describe('FSDP_DEBUG=INFO', function()
       host.root, host.exe))
     local out = p:read('*a')
     p:close()
-    assert.matches('[rank 0] fsdp: rank 0 of 1, local rank 0 of 1, node 0 of 1, backend self, world group '
+    assert.matches('[rank 0] fsdp: rank 0 of 1, local rank 0 of 1, node 0 of 1, transport self, world group '
       .. 'Group(world, rank 0 of 1, world ranks {0}), NCCL_DEBUG=WARN', out, 1, true)
     assert.matches('Batch 2 Loss:', out, 1, true)
   end)

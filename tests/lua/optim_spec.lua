@@ -168,6 +168,30 @@ describe('AdamW', function()
     d.grad = fsdp.tensor({ 1, 1 }, { dtype = 'f64' })
     assert_mentions(error_of(opt.step, opt), 'AdamW: parameter layers.0.w: adamw: param has dtype f64')
   end)
+
+  -- Each class declares its ranges once (Optimizer:extend); the base check_group reads them.
+  it('holds every optimizer to its declared ranges, and a refused update counts no step', function()
+    local one = { param({ 1 }) }
+    for _, case in ipairs({
+      { optim.Adadelta, { rho = 1.5 }, 'Adadelta: rho must be <= 1, got 1.5' },
+      { optim.Adadelta, { weight_decay = -1 }, 'Adadelta: weight_decay must be >= 0, got -1' },
+      { optim.SGD, { dampening = -0.5 }, 'SGD: dampening must be >= 0, got -0.5' },
+      { optim.SGD, { lr = 0.1, momentum = 0 / 0 }, 'SGD: momentum must be a finite number, got nan' },
+      { optim.AnyPrecisionAdamW, { betas = { 0.9 } },
+        'AnyPrecisionAdamW: betas must be {beta1, beta2} with each in [0, 1)' },
+      { optim.AnyPrecisionAdamW, { eps = -1 }, 'AnyPrecisionAdamW: eps must be >= 0, got -1' },
+      { optim.AdamW, { weight_decay = math.huge }, 'AdamW: weight_decay must be a finite number, got inf' },
+    }) do
+      assert_mentions(error_of(case[1], one, case[2]), case[3])
+    end
+    for _, cls in ipairs({ optim.AdamW, optim.AnyPrecisionAdamW, optim.SGD, optim.Adadelta }) do
+      local d = nn.Parameter(fsdp.tensor({ 1, 2 }, { dtype = 'f64' }))
+      local opt = cls({ { 'w', d } }, { momentum = cls == optim.SGD and 0.9 or nil })
+      d.grad = fsdp.tensor({ 1, 1 }, { dtype = 'f64' })
+      assert_mentions(error_of(opt.step, opt), cls.name .. ': parameter w: ')
+      assert.equals(0, opt.state.w.step, cls.name)
+    end
+  end)
 end)
 
 -- The whole parameters of a group are updated by one fl_adamw_step_multi_

@@ -11,7 +11,7 @@ describe('docs/options.md', function()
     local out, rc = T.run_script('tools/options_doc.lua', '--check', 120)
     assert.are.equal(0, rc, out)
     local page = files.read(host.root .. '/docs/options.md')
-    for _, r in ipairs(require('fsdp.recipe').recipes(host.root)) do
+    for _, r in ipairs(require('fsdp.options').recipes(host.root)) do
       assert.truthy(page:find('\n## ' .. r.path .. '\n', 1, true), r.path .. ' has no section')
     end
     assert.truthy(page:find('--max_steps', 1, true))

@@ -180,8 +180,8 @@ describe('fsdp.plan memory', function()
   it('moves shards, gradients and optimizer state to the host with offload', function()
     local p = fsdp.plan(llama70(), with(H100, { checkpoint = true, offload = true }))
     local q = fsdp.plan(llama70(), with(H100, { checkpoint = true }))
-    assert.are.equal(q.memory.params + q.memory.grads + q.memory.optimizer, p.memory.host)
-    assert.are.equal(q.memory.persistent - p.memory.host, p.memory.persistent)
+    assert.are.equal(q.memory.params + q.memory.grads + q.memory.optimizer, p.memory.cpu_offloaded)
+    assert.are.equal(q.memory.persistent - p.memory.cpu_offloaded, p.memory.persistent)
   end)
 
   it('prices optimizers by their state', function()
@@ -265,12 +265,12 @@ describe('fsdp.plan activation offload', function()
   local BLOCK, INPUT = 269312, 16384
   local ONE = { world = 1, mixed_precision = 'bf16', device = 'h100-80g', seq = 128 }
 
-  it('moves the blocks\' saved activations to pinned host memory', function()
+  it('moves the blocks\' saved activations to pinned CPU memory', function()
     local m = tiny()
     local plain = fsdp.plan(m, ONE)
     local off = fsdp.plan(m, with(ONE, { offload_activations = true }))
-    assert.are.equal(0, plain.memory.host_activations)
-    assert.are.equal(2 * BLOCK, off.memory.host_activations)
+    assert.are.equal(0, plain.memory.pinned_activations)
+    assert.are.equal(2 * BLOCK, off.memory.pinned_activations)
     -- what is on the device at the end of forward drops by both layers
     assert.are.equal(plain.memory.activations - 2 * BLOCK, off.memory.activations)
     -- The peak is in the last layer's backward, whose activations are
@@ -279,7 +279,7 @@ describe('fsdp.plan activation offload', function()
     assert.are.equal(plain.memory.peak - BLOCK, off.memory.peak)
     -- parameters, gradients and optimizer state do not move
     assert.are.equal(plain.memory.persistent, off.memory.persistent)
-    assert.are.equal(0, off.memory.host)
+    assert.are.equal(0, off.memory.cpu_offloaded)
   end)
 
   it('prices the copies: forward ones hidden by compute up to its length, backward ones exposed', function()
@@ -287,7 +287,7 @@ describe('fsdp.plan activation offload', function()
     local off = fsdp.plan(m, with(ONE, { offload_activations = true }))
     local o = off.time.offload
     assert.are.equal(2 * BLOCK, o.bytes)
-    assert.near(538624 / 50e9, o.to_host, 1e-15)   -- 10.77 us each way at 50 GB/s
+    assert.near(538624 / 50e9, o.to_cpu, 1e-15)   -- 10.77 us each way at 50 GB/s
     assert.near(538624 / 50e9, o.to_device, 1e-15)
     -- the forward: a third of the model's FLOPs (99,360,768 as traced: the
     -- fused loss's scaling of dh and dW by the incoming gradient included) at
@@ -301,10 +301,10 @@ describe('fsdp.plan activation offload', function()
     local t = off.time
     assert.near(t.compute + o.exposed + t.optimizer, t.step, 1e-15)
     -- A slow device whose forward (99,336,192 / 3 / 1e10 = 3.31 ms)
-    -- outlasts the copies to the host (0.539 ms at 1 GB/s): only the
+    -- outlasts the copies to CPU memory (0.539 ms at 1 GB/s): only the
     -- copies back are exposed.
     fsdp.devices.add({ name = 'test-slow-host', memory = 2^30, flops = { bf16 = 1e10, f32 = 1e10 },
-                       utilization = 1, mem_bw = 1e11, intra_bw = 1e10, inter_bw = 1e9, host_bw = 1e9 })
+                       utilization = 1, mem_bw = 1e11, intra_bw = 1e10, inter_bw = 1e9, pinned_bw = 1e9 })
     local slow = fsdp.plan(m, with(ONE, { device = 'test-slow-host', offload_activations = true }))
     assert.near(538624 / 1e9, slow.time.offload.exposed, 1e-15)
     assert.are.equal(0, slow.time.offload.backlog)
@@ -318,7 +318,7 @@ describe('fsdp.plan activation offload', function()
     local m = tiny()
     local ck = fsdp.plan(m, with(ONE, { checkpoint = true }))
     local both = fsdp.plan(m, with(ONE, { checkpoint = true, offload_activations = true }))
-    assert.are.equal(2 * INPUT, both.memory.host_activations)
+    assert.are.equal(2 * INPUT, both.memory.pinned_activations)
     assert.are.equal(ck.memory.activations - 2 * INPUT, both.memory.activations)
     -- layer 0's input is on the host during layer 1's backward (the peak)
     assert.are.equal('backward of model.layers.1', both.memory.peak_at)
@@ -330,11 +330,11 @@ describe('fsdp.plan activation offload', function()
   it('changes nothing on the cpu device, and is printed', function()
     local m = tiny()
     local cpu = fsdp.plan(m, { world = 1, seq = 128, offload_activations = true })
-    assert.are.equal(0, cpu.memory.host_activations)
+    assert.are.equal(0, cpu.memory.pinned_activations)
     assert.are.equal(fsdp.plan(m, { world = 1, seq = 128 }).memory.peak, cpu.memory.peak)
     local text = tostring(fsdp.plan(m, with(ONE, { offload_activations = true })))
     -- 538,624 bytes in MiB (the unit of the tiny model's report)
-    for _, needle in ipairs({ 'activation offload', 'activations in pinned host memory          0.514',
+    for _, needle in ipairs({ 'activation offload', 'activations in pinned CPU memory           0.514',
                               'each way at 50 GB/s' }) do
       assert.is_truthy(text:find(needle, 1, true), needle .. ' in:\n' .. text)
     end
@@ -441,13 +441,20 @@ describe('fsdp.plan errors', function()
       'fsdp.plan: offload_activations must be true or false, got yes')
     assert.error_matches(function() fsdp.plan(m, { checkpoint = 1 }) end,
       'fsdp.plan: checkpoint must be true or false, got 1')
-    fsdp.devices.add({ name = 'test-no-host-link', memory = 2^30, flops = { f32 = 1e12 }, mem_bw = 1e11,
+    fsdp.devices.add({ name = 'test-no-cpu-link', memory = 2^30, flops = { f32 = 1e12 }, mem_bw = 1e11,
                        intra_bw = 1e10, inter_bw = 1e9 })
-    assert.error_matches(function() fsdp.plan(m, { device = 'test-no-host-link', offload_activations = true }) end,
-      'fsdp.plan: offload_activations: device profile test%-no%-host%-link has no host_bw')
+    assert.error_matches(function() fsdp.plan(m, { device = 'test-no-cpu-link', offload_activations = true }) end,
+      'fsdp.plan: offload_activations: device profile test%-no%-cpu%-link has no pinned_bw')
     assert.error_matches(function() fsdp.devices.add({ name = 'bad-host', memory = 1, flops = { f32 = 1 },
+                                                       mem_bw = 1, intra_bw = 1, inter_bw = 1, pinned_bw = 0 }) end,
+      'device profile bad%-host: pinned_bw must be a positive number')
+    -- host_bw, the field's old name, is still read (docs/ARCHITECTURE.md, "Names")
+    fsdp.devices.add({ name = 'test-old-name', memory = 2^30, flops = { f32 = 1e12 }, mem_bw = 1e11, intra_bw = 1e10,
+                       inter_bw = 1e9, host_bw = 5e9 })
+    assert.are.equal(5e9, fsdp.devices['test-old-name'].pinned_bw)
+    assert.error_matches(function() fsdp.devices.add({ name = 'bad-old', memory = 1, flops = { f32 = 1 },
                                                        mem_bw = 1, intra_bw = 1, inter_bw = 1, host_bw = 0 }) end,
-      'device profile bad%-host: host_bw must be a positive number')
+      'device profile bad%-old: pinned_bw must be a positive number')
     assert.error_matches(function() fsdp.plan(m, { rank = 3, world = 2 }) end, 'fsdp.plan: rank must be')
     assert.error_matches(function() fsdp.plan(42) end, 'fsdp.plan: expected an nn.Module')
     local sharded = tiny()

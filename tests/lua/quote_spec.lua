@@ -177,7 +177,7 @@ describe('every site that writes a command or a script', function()
     local recipe = dir .. '/' .. HOSTILE .. '.lua'
     local f = assert(io.open(recipe, 'w'))
     f:write([[
-local cfg = require('fsdp.recipe').config({ a = { '', 'any text' }, max_steps = { 1, 'steps', int = true },
+local cfg = require('fsdp.options').config({ a = { '', 'any text' }, max_steps = { 1, 'steps', int = true },
   warmup_steps = { 0, 'warmup' }, log_every = { 1, 'log' }, summary = { false, 'summary' },
   skip_fit_check = { false, 'no fit check' } }, arg, 'r.lua')
 assert(cfg.a == "`id>BQ`$(id>DS);id>SC;'\"" or cfg.a:match('^[xy]'), 'the argument arrived changed: ' .. cfg.a)

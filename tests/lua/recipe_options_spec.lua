@@ -141,7 +141,7 @@ local CASES = {
     'grid point 1 of 2 (batch_size=0): --batch_size must be >= 1, got 0' },
   { 'recipes/sweep.lua --grid=bogus=1,2 --args=' .. T.quote(SMALL),
     'unknown option --bogus (valid: activation_checkpointing' },
-  -- issue 41: words that are not options ran the default 7B ([Note: command-line words] in fsdp.recipe)
+  -- issue 41: words that are not options ran the default 7B ([Note: command-line words] in fsdp.options)
   { 'recipes/llama2_7b.lua model=tiny', 'fsdp-lua: model=tiny is not an option (did you mean --model=tiny?)\n' },
   { 'recipes/llama2_7b.lua -model=tiny', 'fsdp-lua: -model=tiny is not an option (did you mean --model=tiny?)\n' },
   { 'recipes/llama2_7b.lua --model=tiny --dry_run false', "fsdp-lua: unexpected argument 'false' after --dry_run, "
@@ -293,7 +293,7 @@ describe('absurd sizes, non-finite values and config.json mistakes', function()
     -- (A) sizes bounded before building, for every family and path
     { 'recipes/llama2_7b.lua --init_from=DIR:layers', '--init_from DIR:layers/config.json: num_hidden_layers 1e+12, '
       .. 'hidden_size 32, num_attention_heads 4, intermediate_size 48, vocab_size 64: 1e+12 blocks to build, 14.6 PiB '
-      .. 'of host memory at 16 KiB each on meta, more than the ' },
+      .. 'of CPU memory at 16 KiB each on meta, more than the ' },
     { 'recipes/generate.lua --init_from=DIR:layers --prompt_ids=1', '--init_from DIR:layers/config.json: '
       .. 'num_hidden_layers 1e+12, ' },
     { 'recipes/llama2_7b.lua --init_from=DIR:infinity',
@@ -435,7 +435,7 @@ describe('a first run', function()
       assert.are.equal(0, rc, stderr)
       assert.matches('^%d+ recipes %(fsdp%-lua recipes/NAME.lua %-%-help lists one\'s options%):\n', stdout)
       assert.matches('\n  recipes/llama2_7b.lua  train Llama 2 7B, the seed recipe\n', stdout, 1, true)
-      assert.is_nil(stdout:find('t5_recipe', 1, true)) -- helper modules live in models/
+      assert.is_nil(stdout:find('t5_training', 1, true)) -- helper modules live in models/
     end
     local _, help = run('--help')
     assert.matches('--list', help, 1, true)

@@ -216,7 +216,7 @@ end
 local sharded, adapters, step = %q, %q, %q
 try('index', require('fsdp.io.safetensors_sharded').open_checkpoint, sharded)
 try('peft', require('fsdp.lora').load_peft, {}, adapters)
-try('ckpt_index', require('fsdp.checkpointing.layout').read_index, step)
+try('ckpt_index', require('fsdp.checkpointing.directory').read_index, step)
 ]]):format(sharded, adapters, step))
     for name, text in pairs({ index = sharded .. '/model.safetensors.index.json is a FIFO',
                               peft = adapters .. '/adapter_config.json is a FIFO',

@@ -1,6 +1,6 @@
 -- repl_complete_spec.lua: the REPL's helpers in-process: Tab completion
 -- candidates (fsdp.complete), the table printer (fsdp.pretty), help()
--- (fsdp.help) and recipe.expose. The terminal itself is driven through
+-- (fsdp.help) and options.expose. The terminal itself is driven through
 -- tmux in host_spec.lua.
 local complete = require 'fsdp.repl.complete'
 local pretty = require 'fsdp.repl.pretty'
@@ -196,9 +196,9 @@ end)
 
 describe('recipe.expose', function()
   it('does nothing outside an interactive session', function()
-    local recipe = require 'fsdp.recipe'
+    local options = require 'fsdp.options'
     local obj = {}
-    assert.are.equal(obj, recipe.expose({ exposed_probe = obj }).exposed_probe)
+    assert.are.equal(obj, options.expose({ exposed_probe = obj }).exposed_probe)
     assert.is_nil(rawget(_G, 'exposed_probe'))
   end)
 end)

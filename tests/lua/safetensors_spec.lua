@@ -227,7 +227,12 @@ describe('multi-file checkpoints', function()
     local files = fsdp.save_safetensors_sharded(d, { { 'small', fsdp.zeros({ 2 }) }, { 'big', fsdp.zeros({ 100 }) },
                                                      { 'tail', fsdp.zeros({ 2 }) } }, { max_shard_size = '100B' })
     assert.equals(3, #files)
-    assert.equals(d .. '/model-00002-of-00003.safetensors', fsdp.safetensors.open_checkpoint(d):file_of('big'))
+    local ck = fsdp.safetensors.open_checkpoint(d)
+    assert.equals(d .. '/model-00002-of-00003.safetensors', ck:file_of('big'))
+    -- info and get open the file that holds the name
+    assert.same({ dtype = 'f32', shape = { 100 } }, ck:info('big'))
+    assert.same({ 0, 0 }, ck:get('tail'):tolist())
+    assert.error_matches(function() ck:get('nope') end, 'no tensor named nope', nil, true)
     rm_rf(d)
   end)
 

@@ -156,7 +156,7 @@ describe('recipes/sweep.lua', function()
     local script = tmp .. '/flaky.lua'
     local f = assert(io.open(script, 'w'))
     f:write([[
-local cfg = require('fsdp.recipe').config({
+local cfg = require('fsdp.options').config({
   fail = { false, 'fail while running' }, max_steps = { 1, 'steps', int = true, min = 1 },
   warmup_steps = { 0, 'warmup' }, log_every = { 1, 'log' }, summary = { false, 'summary' },
   skip_fit_check = { false, 'no fit check' },

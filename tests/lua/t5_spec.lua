@@ -210,7 +210,7 @@ end)
 
 describe('a tiny T5 on padded sequences', function()
   local optim = require 'fsdp.optim'
-  local task_lib = require 'models.t5_recipe'
+  local task_lib = require 'models.t5_training'
 
   it('learns to copy 2..6 tokens and greedy generation reproduces held-out sources exactly', function()
     -- Variable lengths, padded and masked (attention_mask, decoder_attention_mask);

@@ -26,7 +26,7 @@ local last = T.world - 1
 
 T.test('a finite save succeeds', function()
   ckpt.save(dir, { model = m, step = 1, keep = 1 })
-  T.truthy(ckpt.layout.is_complete(dir .. '/step-000001'), 'step 1 is complete')
+  T.truthy(ckpt.directory.is_complete(dir .. '/step-000001'), 'step 1 is complete')
 end)
 
 T.test('NaN in the last rank\'s shard fails the save on every rank, naming step, rank and tensor', function()
@@ -38,7 +38,7 @@ T.test('NaN in the last rank\'s shard fails the save on every rank, naming step,
   T.truthy(tostring(err):find(want, 1, true) ~= nil and tostring(err):find("tensor 'unit:", 1, true) ~= nil,
     'the error names step, rank and tensor: ' .. tostring(err))
   T.truthy(files.lmode(dir .. '/step-000002/COMPLETE') == nil, 'step 2 has no COMPLETE')
-  T.truthy(ckpt.layout.is_complete(dir .. '/step-000001'), 'step 1 is kept')
+  T.truthy(ckpt.directory.is_complete(dir .. '/step-000001'), 'step 1 is kept')
 end)
 
 fsdp.dist.barrier()

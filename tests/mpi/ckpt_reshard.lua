@@ -146,7 +146,7 @@ end)
 T.test(('a save %d steps after the resume holds step %d for every parameter (%s)'):format(K, 2 * K, label), function()
   local dir = ('%s/later-%s-%d-%s'):format(work, from, W, strategy)
   ckpt.save(dir, { model = m, optimizer = opt, scheduler = sched, data = data, step = 2 * K })
-  local index = ckpt.layout.read_index(ckpt.latest(dir))
+  local index = ckpt.directory.read_index(ckpt.latest(dir))
   local n = 0
   for _, np in ipairs(m:named_parameters()) do
     T.truthy(np[2]:numel() > 0 or opt.state[np[1]] == nil,

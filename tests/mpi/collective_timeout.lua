@@ -48,7 +48,7 @@ end
 -- Rank 1 times out first, but rank 0 answers its roll call from inside a
 -- collective, so rank 1 does not end the job with what it sees: it waits
 -- for rank 0's own timeout, whose message names rank 2 ([Note: the rank
--- that knows] in core/dist/work.c).
+-- that knows] in core/comm/work.c).
 if arg[1] == 'chain' then
   assert(dist.world_size() == 3, 'chain: run on 3 ranks')
   local g01, g02 = dist.new_group { 0, 1 }, dist.new_group { 0, 2 }

@@ -16,7 +16,7 @@ local function round_to(v, dtype)
 end
 
 T.test('world: backend, rank, size, node of one machine', function()
-  T.truthy(dist.backend() == 'mpi', 'backend is ' .. dist.backend())
+  T.truthy(dist.transport() == 'mpi', 'transport is ' .. dist.transport())
   T.truthy(W >= 2 and r >= 0 and r < W, 'rank/size')
   T.truthy(dist.launcher_rank() == r, 'launcher rank agrees with MPI')
   -- all ranks on this machine share memory: one node (no override here)

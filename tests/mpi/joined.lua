@@ -1,7 +1,7 @@
 -- tests/mpi/joined.lua: the plugin's log of completed collectives and the
 -- communication time counted from each one's last member
 -- (fsdp.dist.collective_log, fsdp.observe.joined; [Note: joined time] in
--- core/dist/mpi/backend_mpi.c). Run under mpirun -np 2 and -np 4.
+-- core/comm/mpi/backend_mpi.c). Run under mpirun -np 2 and -np 4.
 local fsdp = require 'fsdp'
 local dist = fsdp.dist
 local joined = require 'fsdp.observe.joined'

@@ -4,5 +4,5 @@
 local fsdp = require 'fsdp'
 local dist = fsdp.dist
 local total = dist.all_reduce(fsdp.ones(1)):item()
-dist.print(('backend=%s size=%d sum=%d args=%s'):format(
-  dist.backend(), dist.world_size(), total, table.concat({ ... }, ',')))
+dist.print(('transport=%s size=%d sum=%d args=%s'):format(
+  dist.transport(), dist.world_size(), total, table.concat({ ... }, ',')))

@@ -1,6 +1,6 @@
 -- tests/mpi/plan_comm.lua: the planner's communication against what the
 -- collectives really moved (fsdp.dist.collective_stats, counted in
--- core/dist as the backend gets the buffers): for each strategy in f32
+-- core/comm as the backend gets the buffers): for each strategy in f32
 -- and in bf16 mixed precision, every rank plans a small Llama for itself
 -- (fsdp.plan), shards the same model, trains one step as the recipes do
 -- and compares, per kind, the calls and bytes of the step's all-gathers

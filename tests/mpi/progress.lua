@@ -1,6 +1,6 @@
 -- tests/mpi/progress.lua: collectives progress while the rank computes,
 -- without the progress thread ([Note: progress from compute] in
--- core/dist/dist.c). Run under FSDP_PROGRESS_THREAD=0 with mpirun -np 2,
+-- core/comm/dist.c). Run under FSDP_PROGRESS_THREAD=0 with mpirun -np 2,
 -- once as it is and once with FSDP_PROGRESS_FROM_COMPUTE=0, which must
 -- show the difference: then nothing moves the all-gather until the wait.
 local fsdp = require 'fsdp'

@@ -4,7 +4,7 @@
 --
 --   exit N   rank 1 calls os.exit(N) inside the forward of step 2, while
 --            the others gather units with it: the job ends within seconds
---            ([Note: leaving the job] in core/dist/dist.c)
+--            ([Note: leaving the job] in core/comm/dist.c)
 --   all N    every rank calls os.exit(N) after a barrier: a clean exit
 --            with status N, nothing aborted
 --   spin     rank 1 spins in Lua at step 2: the others time out naming it

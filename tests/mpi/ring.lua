@@ -1,5 +1,5 @@
 -- tests/mpi/ring.lua: the MPI plugin's ring collectives ([Note: ring
--- collectives], core/dist/mpi/ring.c) against values computed locally, on
+-- collectives], core/comm/mpi/ring.c) against values computed locally, on
 -- any number of ranks. tests/mpi/run.sh runs it on 2, 3 and 4 ranks, with
 -- the rings taking every buffer (FSDP_RING_MIN_BYTES=0) and with the
 -- default threshold.

@@ -158,7 +158,7 @@ fi
 for np in 2 4; do
   run_tap "collectives, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/collectives.lua
 done
-# The plugin's ring collectives (core/dist/mpi/ring.c): on every buffer
+# The plugin's ring collectives (core/comm/mpi/ring.c): on every buffer
 # (FSDP_RING_MIN_BYTES=0, so blocks of one element and odd rank counts
 # too) and with the default threshold, which leaves small ones to MPI.
 for np in 2 3 4; do
@@ -172,7 +172,7 @@ for np in 2 4; do
   run_tap "collective log and joined time, $np ranks" -- mpirun -np $np "$EXE" tests/mpi/joined.lua
 done
 # Collectives progress between kernels on the computing thread ([Note:
-# progress from compute], core/dist/dist.c): without the progress thread an
+# progress from compute], core/comm/dist.c): without the progress thread an
 # all-gather completes during 0.4 s of ops; with the pokes off too it waits.
 run_tap "an all-gather progresses while the rank computes, 2 ranks" FSDP_PROGRESS_THREAD=0 -- \
   mpirun -np 2 "$EXE" tests/mpi/progress.lua
@@ -238,7 +238,7 @@ run_tap "planned = measured memory, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/pl
 run_tap "planned = measured memory, a model the planner was never taught, 2 ranks" -- \
   mpirun -np 2 "$EXE" tests/mpi/plan_any_model.lua
 # The planner's collectives (calls and bytes of a step, per kind) against
-# what core/dist counted, every strategy in f32 and bf16; hybrid as 2 nodes of 2.
+# what core/comm counted, every strategy in f32 and bf16; hybrid as 2 nodes of 2.
 run_tap "planned = measured collectives, 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/plan_comm.lua
 run_tap "planned = measured collectives, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \
   mpirun -np 4 "$EXE" tests/mpi/plan_comm.lua
@@ -446,7 +446,7 @@ out=$(env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
   -u OMPI_MCA_rmaps_base_oversubscribe -u OMPI_MCA_btl_vader_single_copy_mechanism \
   timeout -k 5 "$LIMIT" "$EXE" --nproc $np tests/mpi/nproc.lua first 'second arg' 2>&1)
 rc=$?
-lines=$(grep -c "backend=mpi size=$np sum=$np args=first,second arg" <<<"$out")
+lines=$(grep -c "transport=mpi size=$np sum=$np args=first,second arg" <<<"$out")
 if [ "$rc" -eq 0 ] && [ "$lines" -eq $np ]; then
   ok "fsdp-lua --nproc $np (more ranks than the $cpus CPUs) forwards the arguments to every rank"
 else
@@ -459,7 +459,7 @@ expect_failure "fsdp-lua --nproc 2 propagates a failing rank's exit status" 15 \
 
 # The mpi backend without a launcher: an MPI singleton of one rank.
 out=$(env FSDP_BACKEND=mpi timeout -k 5 "$LIMIT" "$EXE" -e \
-  "local d = require('fsdp').dist; local t = d.all_reduce(require('fsdp').ones(2)); print(d.backend(), d.world_size(), t:sum():item())" 2>&1)
+  "local d = require('fsdp').dist; local t = d.all_reduce(require('fsdp').ones(2)); print(d.transport(), d.world_size(), t:sum():item())" 2>&1)
 if [ "$out" = "$(printf 'mpi\t1\t2')" ]; then
   ok "FSDP_BACKEND=mpi without a launcher runs as a one-rank MPI world"
 else

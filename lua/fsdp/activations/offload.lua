@@ -1,4 +1,4 @@
--- fsdp.activations.offload (fsdp.offload_activations): activation offload to pinned host memory,
+-- fsdp.activations.offload (fsdp.offload_activations): activation offload to pinned CPU memory,
 -- chosen by a predicate over modules (the interface of fsdp.checkpoint).
 --
 --   local llama = require 'models.llama'
@@ -6,7 +6,7 @@
 --   fsdp.offload_activations(model, is_block, {every = 2})   -- every second match
 --
 -- A matching module's forward runs inside an offload scope: the tensors
--- its ops save for backward move to pinned host memory as they are saved
+-- its ops save for backward move to pinned CPU memory as they are saved
 -- (queued copies on the device's copy stream, overlapping the forward) and
 -- come back just before the backward that reads them
 -- (core/autograd/offload.c, [Note: offload streams]), so the

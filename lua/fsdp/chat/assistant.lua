@@ -21,7 +21,7 @@ local files = require 'fsdp.io.files'
 local template = require 'fsdp.chat.template'
 local tokenizer = require 'fsdp.data.tokenizer'
 local generate = require 'fsdp.generate'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 
 local M = {}
 local Assistant = {}
@@ -57,7 +57,7 @@ function M.open(src, opts)
       dir and (' in ' .. dir) or '')
   end
   local ok, tok = pcall(tokenizer.load, tok_spec)
-  if not ok then fail('--tokenizer %s: %s', tok_spec, recipe.bare(tok)) end
+  if not ok then fail('--tokenizer %s: %s', tok_spec, options.bare(tok)) end
   local tpl_spec = (opts.chat_template or '') ~= '' and opts.chat_template or dir
   if not tpl_spec then
     fail('%s has no chat template: give --chat_template (a model directory or a .jinja file)', where)

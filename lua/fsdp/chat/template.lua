@@ -33,6 +33,7 @@ local lexer = require 'fsdp.chat.lexer'
 local parser = require 'fsdp.chat.parser'
 local eval = require 'fsdp.chat.eval'
 local filters = require 'fsdp.chat.filters'
+local tables = require 'fsdp.tables'
 
 local NONE, kind = values.NONE, values.kind
 
@@ -199,11 +200,8 @@ local function globals(opts)
       if kind(src) ~= 'dict' then eval.rt_error(interp, 'namespace() takes a dict or keyword arguments') end
       for _, k in ipairs(src.keys) do values.dict_set(ns, k, src.map[k]) end
     end
-    local names = {}
-    for k in pairs(kwargs) do names[#names + 1] = k end
     -- Python keeps keyword order; kwargs here lost it, so sort for a stable repr
-    table.sort(names)
-    for _, k in ipairs(names) do
+    for _, k in ipairs(tables.sorted_keys(kwargs)) do
       if k:sub(1, 1) == '_' then
         eval.rt_error(interp, ("Chat templates cannot store underscore-prefixed attributes on a namespace, "
           .. "but got '%s'."):format(k))
@@ -217,10 +215,7 @@ local function globals(opts)
     if args[1] ~= nil and kind(args[1]) == 'dict' then
       for _, k in ipairs(args[1].keys) do values.dict_set(d, k, args[1].map[k]) end
     end
-    local names = {}
-    for k in pairs(kwargs) do names[#names + 1] = k end
-    table.sort(names)
-    for _, k in ipairs(names) do values.dict_set(d, k, kwargs[k]) end
+    for _, k in ipairs(tables.sorted_keys(kwargs)) do values.dict_set(d, k, kwargs[k]) end
     return d
   end, 'dict')
   g.range = values.callable(function(args, _, interp)

@@ -23,6 +23,7 @@
 -- values.json_decode keeps JSON's key order and its int/float distinction,
 -- because `tojson` must write dicts in insertion order and numbers as they
 -- came.
+local tables = require 'fsdp.tables'
 local M = {}
 
 local NONE = setmetatable({}, { __tostring = function() return 'None' end })
@@ -98,11 +99,8 @@ function M.from_lua(x)
     l.n = #x
     return l
   end
-  local keys = {}
-  for k in pairs(x) do keys[#keys + 1] = k end
-  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
   local d = M.dict()
-  for _, k in ipairs(keys) do M.dict_set(d, k, M.from_lua(x[k])) end
+  for _, k in ipairs(tables.sorted_keys(x, tables.by_string)) do M.dict_set(d, k, M.from_lua(x[k])) end
   return d
 end
 

@@ -10,7 +10,7 @@
 --   for step = info.step + 1, max_steps do ... end
 --   ckpt.save_full_state_dict('model.safetensors', m)          -- HF names, one unit at a time
 --
--- A save writes <dir>/step-000120/ (fsdp.checkpointing.layout): every rank
+-- A save writes <dir>/step-000120/ (fsdp.checkpointing.directory): every rank
 -- its own safetensors file with its slice of every part
 -- (fsdp.checkpointing.parts: a unit's master shard, or a whole unsharded
 -- tensor) and the optimizer's state over the same slice, one tensor per
@@ -24,7 +24,7 @@
 -- parameter name and element offset, so no rank reads more than its share.
 --
 -- Nothing loads silently wrong: every rank file carries the checksum of its
--- tensor data, the step, the run and its rank (fsdp.checkpointing.layout),
+-- tensor data, the step, the run and its rank (fsdp.checkpointing.directory),
 -- and a load first checks every file against the index (check(): each
 -- file once, by one rank, verdict shared by all ranks), refusing a damaged,
 -- swapped or stale file with one message naming it. A save refuses
@@ -39,7 +39,7 @@ local random = require 'fsdp.random'
 local autograd = require 'fsdp.autograd'
 local files = require 'fsdp.io.files'
 local json = require 'fsdp.io.json'
-local layout = require 'fsdp.checkpointing.layout'
+local directory = require 'fsdp.checkpointing.directory'
 local parts_of = require 'fsdp.checkpointing.parts'
 local safetensors = require 'fsdp.io.safetensors'
 local optim_state = require 'fsdp.checkpointing.optim_state'
@@ -48,16 +48,27 @@ local lock = require 'fsdp.checkpointing.lock'
 local console = require 'fsdp.observe.console'
 local load_sharded = require 'fsdp.checkpointing.load'
 local full = require 'fsdp.checkpointing.full'
+local tables = require 'fsdp.tables'
 local C = core.C
-local META = layout.META
+local META = directory.META
 
 local M = {}
-M.layout = layout
+M.directory = directory
 
 -- ckpt.latest(dir): the newest complete step directory of dir and its
 -- step, or nil; third, the incomplete directories newer than it (a save
 -- that crashed), which were skipped.
-function M.latest(dir) return layout.latest(dir) end
+function M.latest(dir) return directory.latest(dir) end
+
+-- Where a stopped run can go on from, as a clause its message ends with:
+-- "; the newest checkpoint is DIR/step-N", "; DIR holds no complete
+-- checkpoint", or '' when the run keeps none (dir nil or '').
+function M.resume_hint(dir)
+  if dir == nil or dir == '' then return '' end
+  local latest = M.latest(dir)
+  if latest then return ('; the newest checkpoint is %s'):format(latest) end
+  return ('; %s holds no complete checkpoint'):format(dir)
+end
 
 
 -- An error message without the "file:line: " a raise put in front: it is
@@ -120,12 +131,7 @@ local function check_objs(objs, what)
   end
 end
 
-local function sorted(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
+local sorted = tables.sorted_keys
 
 -- This rank's file: for every part it writes, the slice and one flat
 -- tensor per optimizer state key (built per key while writing, so only one
@@ -157,7 +163,7 @@ local function write_rank_file(path, parts, opt, meta, label)
         written[part.key] = { start = part.start, len = part.len, optim = keys }
       end
     end
-    core.check(C.fl_safetensors_writer_metadata(w, 'format', layout.FORMAT))
+    core.check(C.fl_safetensors_writer_metadata(w, 'format', directory.FORMAT))
     for k, v in pairs(meta) do core.check(C.fl_safetensors_writer_metadata(w, META[k], tostring(v))) end
     core.check(C.fl_safetensors_writer_checksum(w))
     -- rank 0's file stands for every rank's (fsdp.observe.progress)
@@ -210,7 +216,7 @@ function M.save(dir, objs)
   lock.acquire(dir)
   local rank, world = dist.rank(), dist.world_size()
   local run = run_of(objs)
-  local step_dir = layout.step_dir(dir, step)
+  local step_dir = directory.step_dir(dir, step)
   -- Rank 0's parts (the step directory here, the index and COMPLETE
   -- below) can fail alone, on a full disk say: each is followed by an
   -- agreement instead of a barrier, so every rank fails the save alike
@@ -230,7 +236,7 @@ function M.save(dir, objs)
     if mode == 'directory' then
       -- A directory of this step from an interrupted or earlier save: its
       -- own files go, stray ones stay.
-      layout.remove_checkpoint(step_dir)
+      directory.remove_checkpoint(step_dir)
     elseif mode then
       -- A file or link where this save's directory goes: moved aside
       -- (never followed, nothing deleted).
@@ -244,7 +250,7 @@ function M.save(dir, objs)
     files.fsync(dir)
   end)
   local parts = parts_of.of(objs.model)
-  local file = layout.rank_file(rank, world)
+  local file = directory.rank_file(rank, world)
   local ok, written, scalars, checksum = pcall(autograd.no_grad, function()
     return write_rank_file(files.join(step_dir, file), parts, objs.optimizer,
       { step = step, run = run, rank = rank, world = world }, ('checkpoint: saving %s'):format(step_dir))
@@ -269,13 +275,13 @@ function M.save(dir, objs)
   local optim_scalars = optim_state.merge(reports, world, step_dir)
   on_rank0(function()
     local index = {
-      format = layout.FORMAT, version = layout.VERSION, step = step, world_size = world, run = run,
+      format = directory.FORMAT, version = directory.VERSION, step = step, world_size = world, run = run,
       strategy = rawget(objs.model, '_fsdp') and rawget(objs.model, '_fsdp').strategy or 'unsharded',
       parts = {}, ranks = {}, extra = objs.extra,
       scheduler = objs.scheduler and objs.scheduler:state_dict() or nil,
       -- The adapters' scaling is no parameter: kept so a resume with other
       -- settings is refused (load.lua), not trained on silently changed.
-      lora = rawget(objs.model, '_lora') and layout.lora_settings(rawget(objs.model, '_lora')) or nil,
+      lora = rawget(objs.model, '_lora') and directory.lora_settings(rawget(objs.model, '_lora')) or nil,
     }
     for i, part in ipairs(parts) do
       local entry = parts_of.describe(part)
@@ -296,13 +302,13 @@ function M.save(dir, objs)
       local sd = objs.optimizer:state_dict()
       index.optimizer = { class = objs.optimizer.name, param_groups = sd.param_groups, state = optim_scalars }
     end
-    files.write_atomic(files.join(step_dir, layout.INDEX), json.encode(index))
+    files.write_atomic(files.join(step_dir, directory.INDEX), json.encode(index))
     if os.getenv('FSDP_TEST_KILL_IN_SAVE') == tostring(step) then
       M.kill_self('FSDP_TEST_KILL_IN_SAVE=' .. step .. ': files written, COMPLETE not yet')
     end
-    files.write_atomic(files.join(step_dir, layout.COMPLETE), ('step %d, %d ranks\n'):format(step, world))
+    files.write_atomic(files.join(step_dir, directory.COMPLETE), ('step %d, %d ranks\n'):format(step, world))
     if objs.keep then
-      for _, note in ipairs(select(2, layout.prune(dir, objs.keep, step))) do
+      for _, note in ipairs(select(2, directory.prune(dir, objs.keep, step))) do
         io.stderr:write(('%scheckpoint: pruning %s\n'):format(console.prefix(), note))
       end
     end
@@ -314,15 +320,15 @@ end
 -- (it must be complete), else the newest complete one under it.
 function M.resolve(path)
   if type(path) ~= 'string' or path == '' then core.fail('checkpointing.load: path must be a directory') end
-  if files.mode(files.join(path, layout.INDEX)) == 'file' then
-    if not layout.is_complete(path) then
+  if files.mode(files.join(path, directory.INDEX)) == 'file' then
+    if not directory.is_complete(path) then
       core.fail(('checkpointing.load: %s has no %s: the save was interrupted; load an earlier step')
-        :format(path, layout.COMPLETE))
+        :format(path, directory.COMPLETE))
     end
     return path
   end
   if files.mode(path) ~= 'directory' then core.fail(('checkpointing.load: %s: no such directory'):format(path)) end
-  local latest = layout.latest(path)
+  local latest = directory.latest(path)
   if not latest then core.fail(('checkpointing.load: %s holds no complete checkpoint'):format(path)) end
   return latest
 end
@@ -369,7 +375,7 @@ end
 -- and the first problem any rank found (the same on every rank).
 function M.check(step_dir)
   local ok, res = pcall(function()
-    local index = layout.read_index(step_dir)
+    local index = directory.read_index(step_dir)
     if index.version >= 2 then
       for r = dist.rank(), index.world_size - 1, dist.world_size() do check_file(step_dir, index, r) end
     end

@@ -20,7 +20,7 @@ local autograd = require 'fsdp.autograd'
 local safetensors = require 'fsdp.io.safetensors'
 local files = require 'fsdp.io.files'
 local parts_of = require 'fsdp.checkpointing.parts'
-local layout = require 'fsdp.checkpointing.layout'
+local directory = require 'fsdp.checkpointing.directory'
 local progress = require 'fsdp.observe.progress'
 
 local M = {}
@@ -147,7 +147,7 @@ local function describe_lora(l)
 end
 
 local function check_lora(index, model)
-  local want = rawget(model, '_lora') and layout.lora_settings(rawget(model, '_lora')) or nil
+  local want = rawget(model, '_lora') and directory.lora_settings(rawget(model, '_lora')) or nil
   local have = index.lora
   local same = (want == nil) == (have == nil)
   if same and want then

@@ -23,7 +23,7 @@
 -- 0's verdict): every rank calls it, every rank learns the same outcome in
 -- the same call, and a refused job stops on every rank before anything is
 -- built, read or written (the recipes call it right after their options,
--- fsdp.checkpointing.recipe.lock; save and the recipes' resume call it
+-- fsdp.checkpointing.options.lock; save and the recipes' resume call it
 -- too, so a training script of its own is covered at its first save).
 -- Ranks given different directories are refused by name (dist.agree)
 -- rather than left waiting in a collective.

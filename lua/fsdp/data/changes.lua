@@ -17,7 +17,7 @@ local M = {}
 
 M.POLICIES = { 'stop', 'continue' }
 
--- The recipes' option (fsdp.recipe spec entry).
+-- The recipes' option (fsdp.options spec entry).
 M.OPTION = { 'stop', 'on resume, when the data files changed since the checkpoint (a file truncated, edited where '
                      .. 'it was read, added or removed): stop refuses in one line naming the file; continue says '
                      .. 'what changed and goes on with the data as it is (appending to a file is allowed either way)',

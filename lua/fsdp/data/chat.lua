@@ -285,7 +285,7 @@ end
 
 local POLICIES = { stop = true, skip = true }
 
--- The recipe options of chat data (fsdp.recipe specs), and the opts of
+-- The recipe options of chat data (fsdp.options specs), and the opts of
 -- records() and fsdp.data.chat_tokens.encode from a parsed config.
 M.OPTIONS = {
   chat_fields = { '', 'chat data: field names other than the standard ones, canonical:name pairs (e.g. '

@@ -40,6 +40,7 @@ local chat = require 'fsdp.data.chat'
 local chat_tokens = require 'fsdp.data.chat_tokens'
 local packing = require 'fsdp.data.packing'
 local accumulate = require 'fsdp.sharding.accumulate'
+local mesh = require 'fsdp.mesh'
 
 local M = {}
 
@@ -117,8 +118,8 @@ function Batches.new(examples, opts)
   local self = setmetatable({ examples = examples, B = opts.batch_size, seed = opts.seed or 0,
     pad_id = opts.pad_id or 0, shuffle = opts.shuffle ~= false,
     -- the data-parallel ranks ([Note: data-parallel rank and size] in fsdp/mesh.lua)
-    rank = opts.rank or require('fsdp.mesh').data_parallel_rank(),
-    world = opts.world or require('fsdp.mesh').data_parallel_size(), epoch = 0, pos = 0, pack = opts.pack }, Batches)
+    rank = opts.rank or mesh.data_parallel_rank(),
+    world = opts.world or mesh.data_parallel_size(), epoch = 0, pos = 0, pack = opts.pack }, Batches)
   self.order = self.shuffle and permutation(#examples, self.seed, self.epoch) or nil
   if self.pack then self:pack_epoch() end
   return self

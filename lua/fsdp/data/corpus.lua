@@ -67,6 +67,7 @@ local factories = require 'fsdp.factories'
 local changes = require 'fsdp.data.changes'
 local console = require 'fsdp.observe.console'
 local dist = require 'fsdp.dist'
+local mesh = require 'fsdp.mesh'
 local C = core.C
 
 local M = {}
@@ -149,7 +150,7 @@ function M.open(spec, opts)
   if validate.problem(B, validate.COUNT) then fail('open %s: batch_size must be an integer >= 1', spec) end
   local split = opts.split or 'all'
   if not SPLITS[split] then fail('open %s: split must be all, train or val, got %s', spec, tostring(split)) end
-  local mesh = require 'fsdp.mesh' -- the data-parallel ranks ([Note: data-parallel rank and size])
+  -- the data-parallel ranks ([Note: data-parallel rank and size] in fsdp/mesh.lua)
   local rank = opts.rank or mesh.data_parallel_rank()
   local world = opts.world_size or mesh.data_parallel_size()
   local read_rank, read_world = rank, world

@@ -21,6 +21,7 @@
 local files = require 'fsdp.io.files'
 local quote = require 'fsdp.quote'
 local corpus = require 'fsdp.data.corpus'
+local tables = require 'fsdp.tables'
 
 local M = {}
 
@@ -73,12 +74,7 @@ M.DATASETS['allenai/c4'] = M.DATASETS.c4
 function M.known(name) return M.DATASETS[name] end
 
 -- The dataset names this build knows, sorted.
-function M.names()
-  local out = {}
-  for k in pairs(M.DATASETS) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
+function M.names() return tables.sorted_keys(M.DATASETS) end
 local function names_known() return table.concat(M.names(), ', ') end
 
 local function dataset_dir(name, config)

@@ -24,6 +24,7 @@ local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
 local Sampler = require 'fsdp.data.sampler'
 local files = require 'fsdp.io.files'
+local mesh = require 'fsdp.mesh'
 
 local M = {}
 
@@ -31,7 +32,7 @@ local function fail(fmt, ...) core.fail('fsdp.data.images: ' .. fmt:format(...))
 
 local function dist_opts(opts)
   if opts.rank ~= nil and opts.world_size ~= nil then return opts.rank, opts.world_size end
-  local mesh = require 'fsdp.mesh' -- the data-parallel ranks ([Note: data-parallel rank and size])
+  -- the data-parallel ranks ([Note: data-parallel rank and size] in fsdp/mesh.lua)
   return opts.rank or mesh.data_parallel_rank(), opts.world_size or mesh.data_parallel_size()
 end
 

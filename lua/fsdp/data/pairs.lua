@@ -30,6 +30,7 @@ local utf8 = require 'fsdp.data.utf8'
 local changes = require 'fsdp.data.changes'
 local console = require 'fsdp.observe.console'
 local files = require 'fsdp.io.files'
+local mesh = require 'fsdp.mesh'
 
 local M = {}
 
@@ -116,7 +117,6 @@ function M.open(path, opts)
   self.seed = opts.seed or 0
   local rank, world = opts.rank, opts.world_size
   if rank == nil or world == nil then -- the data-parallel ranks ([Note: data-parallel rank and size] in fsdp/mesh.lua)
-    local mesh = require 'fsdp.mesh'
     rank, world = rank or mesh.data_parallel_rank(), world or mesh.data_parallel_size()
   end
   local batch = opts.batch_size

@@ -14,6 +14,7 @@ local ffi = require 'ffi'
 local fsdp = require 'fsdp'
 local core = require 'fsdp.core'
 local files = require 'fsdp.io.files'
+local tables = require 'fsdp.tables'
 local C = core.C
 
 local M = {}
@@ -53,9 +54,7 @@ function M.train(opts)
     minloglevel = 2, -- its progress log: errors come back as values
   }
   for k, v in pairs(opts.extra or {}) do kw[k] = v end
-  local names = {}
-  for k in pairs(kw) do names[#names + 1] = k end
-  table.sort(names)
+  local names = tables.sorted_keys(kw)
   local keys, values = ffi.new('const char *[?]', #names), ffi.new('const char *[?]', #names)
   local keep = {}
   for i, k in ipairs(names) do

@@ -44,7 +44,7 @@ function M.write_atomic(path, text)
   core.check(C.fl_file_write_atomic(path, text, #text))
 end
 
--- The name a writability probe starts with (fsdp.recipe creates one in an
+-- The name a writability probe starts with (fsdp.options creates one in an
 -- output directory and removes it at once): one left by a process killed
 -- in between is ours, not the user's, wherever it is found.
 M.WRITE_PROBE = '.fsdp-lua-write-probe-'

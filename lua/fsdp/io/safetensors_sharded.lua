@@ -23,6 +23,7 @@ local files = require 'fsdp.io.files'
 local publish = require 'fsdp.io.publish'
 local st_file = require 'fsdp.io.safetensors_file'
 local autograd = require 'fsdp.autograd'
+local tables = require 'fsdp.tables'
 
 local M = {}
 
@@ -45,12 +46,7 @@ local function dirname(path)
   return d == '' and '/' or d
 end
 
-local function sorted(t)
-  local keys = {}
-  for k in pairs(t) do keys[#keys + 1] = k end
-  table.sort(keys)
-  return keys
-end
+local sorted = tables.sorted_keys
 
 -- reading -------------------------------------------------------------------------------
 
@@ -191,20 +187,18 @@ function Checkpoint:file_of(name)
   return file
 end
 
-function Checkpoint:info(name)
+-- f:<method>(name) on the file that holds name, opened for it alone.
+local function from_file_of(self, method, name)
   local f = st().open(self:file_of(name))
-  local info = f:info(name)
+  local v = f[method](f, name)
   f:close()
-  return info
+  return v
 end
 
+function Checkpoint:info(name) return from_file_of(self, 'info', name) end
+
 -- One tensor (a view of its file's mapping, which lives as long as it does).
-function Checkpoint:get(name)
-  local f = st().open(self:file_of(name))
-  local t = f:get(name)
-  f:close()
-  return t
-end
+function Checkpoint:get(name) return from_file_of(self, 'get', name) end
 
 -- Iterate file by file: `for path, tensors in ck:each_file() do ... end`
 -- with tensors the name -> Tensor views of that file's share of the

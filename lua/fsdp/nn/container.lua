@@ -11,6 +11,7 @@
 local core = require 'fsdp.core'
 local Module = require 'fsdp.nn.module'
 local repr = require 'fsdp.nn.repr'
+local tables = require 'fsdp.tables'
 
 local M = {}
 
@@ -131,10 +132,7 @@ function ModuleDict:__init(entries)
     end
     return
   end
-  local keys = {}
-  for k in pairs(entries) do keys[#keys + 1] = k end
-  table.sort(keys)
-  for _, k in ipairs(keys) do self:add_module(k, entries[k]) end
+  for _, k in ipairs(tables.sorted_keys(entries)) do self:add_module(k, entries[k]) end
 end
 
 function ModuleDict:get(name) return rawget(self, '_modules')[name] end

@@ -1,6 +1,6 @@
 -- fsdp.observe.joined: communication time counted from the moment each
 -- collective's last member joined it ([Note: joined time] in
--- core/dist/mpi/backend_mpi.c): the link's time, without the time a rank
+-- core/comm/mpi/backend_mpi.c): the link's time, without the time a rank
 -- waited for late peers, which is what fsdp.plan.cost predicts.
 --
 --   local joined = require 'fsdp.observe.joined'

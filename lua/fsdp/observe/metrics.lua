@@ -66,9 +66,11 @@ local outputs = require 'fsdp.observe.outputs'
 local quote = require 'fsdp.quote'
 local tensorboard = require 'fsdp.observe.tensorboard'
 local profiler = require 'fsdp.observe.profiler'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local joined = require 'fsdp.observe.joined'
 local plotter = require 'fsdp.observe.plot'
+local mesh = require 'fsdp.mesh'
+local tables = require 'fsdp.tables'
 pcall(ffi.cdef, 'int isatty(int fd);')
 
 local M = {}
@@ -90,9 +92,9 @@ local hostname = M.hostname
 function M.dist_info()
   local dist = fsdp.dist
   local w = dist.world()
-  return ('rank %d of %d, local rank %d of %d, node %d of %d, backend %s, world group %s, NCCL_DEBUG=%s, '
-    .. 'host %s'):format(dist.rank(), dist.world_size(), dist.local_rank(), dist.local_size(), dist.node(),
-    dist.nodes(), dist.backend(), tostring(w), os.getenv('NCCL_DEBUG') or '(unset)',
+  return ('rank %d of %d, local rank %d of %d, node %d of %d, transport %s, world group %s, NCCL_DEBUG=%s, '
+    .. 'machine %s'):format(dist.rank(), dist.world_size(), dist.local_rank(), dist.local_size(), dist.node(),
+    dist.nodes(), dist.transport(), tostring(w), os.getenv('NCCL_DEBUG') or '(unset)',
     os.getenv('HOSTNAME') or hostname())
 end
 
@@ -118,7 +120,7 @@ function M.evaluate(loss_fn, batches)
   return total / count
 end
 
--- The options every training recipe shares (fsdp.recipe specs):
+-- The options every training recipe shares (fsdp.options specs):
 -- metrics.options(own) adds them to a recipe's own (its own win on a
 -- clash, e.g. another --log_every default).
 M.OPTIONS = {
@@ -153,7 +155,7 @@ M.OPTIONS = {
                   check = function(v, cfg)
                     -- created and probed at start when there will be traces
                     if (cfg.profile_steps or '') == '' then return nil end
-                    local why = recipe.output_problem('profile_dir', 'dir', v)
+                    local why = options.output_problem('profile_dir', 'dir', v)
                     return why and (': ' .. why)
                   end },
   comm_joined = { false, 'also measure each step\'s communication from the moment each collective\'s last member '
@@ -163,7 +165,7 @@ M.OPTIONS = {
   on_output_error = outputs.OPTION,
 }
 
-function M.options(own) return recipe.merge(M.OPTIONS, own) end
+function M.options(own) return options.merge(M.OPTIONS, own) end
 
 -- [Note: a metrics file of another run]
 -- A new run's records appended to an old run's file read as one run whose
@@ -215,7 +217,7 @@ end
 -- The data-parallel ranks a logger's samples come from: its world_size
 -- option when given, else fsdp.mesh's.
 local function data_parallel_ranks(self)
-  return self.data_parallel or require('fsdp.mesh').data_parallel_size()
+  return self.data_parallel or mesh.data_parallel_size()
 end
 
 function M.Logger(opts)
@@ -326,9 +328,7 @@ end
 
 -- The configuration as a markdown table (TensorBoard's text tab).
 function M.config_markdown(cfg)
-  local keys = {}
-  for k in pairs(cfg) do keys[#keys + 1] = k end
-  table.sort(keys)
+  local keys = tables.sorted_keys(cfg)
   local rows = { '| option | value |', '|---|---|' }
   for _, k in ipairs(keys) do
     rows[#rows + 1] = ('| %s | %s |'):format(k, (tostring(cfg[k]):gsub('|', '\\|')))

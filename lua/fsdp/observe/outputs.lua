@@ -136,12 +136,7 @@ function Outputs:check_stop(step)
   if self.rank == 0 then
     local text = ('stopped after step %d: a write to an output failed (--on_output_error=stop)'):format(step)
     if self.failures[1] then text = text .. ': ' .. describe(self.failures[1], self.world_size) end
-    local dir = self.checkpoint_dir
-    if dir and dir ~= '' then
-      local latest = checkpointing.latest(dir)
-      text = text .. (latest and ('; the newest checkpoint is %s'):format(latest)
-        or ('; %s holds no complete checkpoint'):format(dir))
-    end
+    text = text .. checkpointing.resume_hint(self.checkpoint_dir)
     io.stdout:flush()
     self.err:write('fsdp-lua: ', text, '\n')
     self.err:flush()

@@ -14,32 +14,16 @@
 local ffi = require 'ffi'
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local Tensor = require 'fsdp.tensor'
 local Optimizer = require 'fsdp.optim.optimizer'
+local C, cptr = Optimizer.C, Optimizer.cptr
 
-local C = core.C
-local cptr = Tensor.cptr
-
+-- (AdamW.ranges serve AnyPrecisionAdamW too)
 local AdamW = Optimizer:extend('AdamW', {
   lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 1e-2, state_dtype = false,
+}, {
+  { 'lr', validate.NONNEGATIVE }, { 'betas', validate.PROBABILITY, pair = '{beta1, beta2} with each in [0, 1)' },
+  { 'eps', validate.NONNEGATIVE }, { 'weight_decay', validate.NONNEGATIVE },
 })
-
--- Checks shared with AnyPrecisionAdamW.
--- (fsdp.validate: a NaN lr or eps would pass a comparison and make every
--- parameter NaN at the first step)
-function AdamW:check_group(g)
-  local why = validate.problem(g.lr, validate.NONNEGATIVE)
-  if why then return 'lr ' .. why end
-  local b = g.betas
-  if type(b) ~= 'table' or validate.problem(b[1], validate.PROBABILITY) or validate.problem(b[2], validate.PROBABILITY) then
-    return 'betas must be {beta1, beta2} with each in [0, 1)'
-  end
-  why = validate.problem(g.eps, validate.NONNEGATIVE)
-  if why then return 'eps ' .. why end
-  why = validate.problem(g.weight_decay, validate.NONNEGATIVE)
-  if why then return 'weight_decay ' .. why end
-  return nil
-end
 
 function AdamW:setup()
   self.options = ffi.new('fl_adamw_options')
@@ -53,30 +37,16 @@ function AdamW:options_for(g, step)
   return o
 end
 
-function AdamW:update(g, name, p, grad)
-  local st = self.state[name]
-  if st == nil then
-    local dtype = g.state_dtype or nil
-    st = { step = 0, exp_avg = self:zeros_like(p, dtype), exp_avg_sq = self:zeros_like(p, dtype) }
-    self.state[name] = st
-  end
-  st.step = st.step + 1
-  if C.fl_adamw_step_(cptr(p), cptr(grad), cptr(st.exp_avg), cptr(st.exp_avg_sq),
-                      self:options_for(g, st.step)) ~= 0 then
-    st.step = st.step - 1
-    self:raise(name)
-  end
+function AdamW:new_state(g, p)
+  local dtype = g.state_dtype or nil
+  return { exp_avg = self:zeros_like(p, dtype), exp_avg_sq = self:zeros_like(p, dtype) }
 end
 
--- The state of one whole parameter, made on its first update.
-local function state_of(self, g, name, p)
-  local st = self.state[name]
-  if st == nil then
-    local dtype = g.state_dtype or nil
-    st = { step = 0, exp_avg = self:zeros_like(p, dtype), exp_avg_sq = self:zeros_like(p, dtype) }
-    self.state[name] = st
-  end
-  return st
+function AdamW:update(g, name, p, grad)
+  local st = self:state_of(g, name, p)
+  st.step = st.step + 1
+  self:check_update(name, st, C.fl_adamw_step_(cptr(p), cptr(grad), cptr(st.exp_avg), cptr(st.exp_avg_sq),
+                                               self:options_for(g, st.step)))
 end
 
 -- Whole parameters of group g: one fl_adamw_step_multi_ per set of equal
@@ -87,7 +57,7 @@ function AdamW:update_many(g, names, ps, grads)
   local sets, order = {}, {}
   for i = 1, #ps do
     local p, grad = ps[i], grads[i]
-    local st = state_of(self, g, names[i], p)
+    local st = self:state_of(g, names[i], p)
     local key = ('%s|%s|%s|%s|%s|%d'):format(p.device, p.dtype, grad.dtype, st.exp_avg.dtype,
                                              st.exp_avg_sq.dtype, st.step)
     local set = sets[key]

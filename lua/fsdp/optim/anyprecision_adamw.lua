@@ -8,44 +8,33 @@
 -- Options (torchdistx's defaults): lr (1e-3), betas ({0.9, 0.999}), eps
 -- (1e-8), weight_decay (0), use_kahan_summation (false), momentum_dtype,
 -- variance_dtype, compensation_buffer_dtype (all 'bf16'), groups.
-local core = require 'fsdp.core'
-local Tensor = require 'fsdp.tensor'
 local Optimizer = require 'fsdp.optim.optimizer'
 local AdamW = require 'fsdp.optim.adamw'
-
-local C = core.C
-local cptr = Tensor.cptr
+local C, cptr = Optimizer.C, Optimizer.cptr
 
 local AnyPrecisionAdamW = Optimizer:extend('AnyPrecisionAdamW', {
   lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 0.0,
   use_kahan_summation = false, momentum_dtype = 'bf16', variance_dtype = 'bf16',
   compensation_buffer_dtype = 'bf16',
-})
+}, AdamW.ranges)
 
-AnyPrecisionAdamW.check_group = AdamW.check_group
 AnyPrecisionAdamW.setup = AdamW.setup
 AnyPrecisionAdamW.options_for = AdamW.options_for
 
+function AnyPrecisionAdamW:new_state(g, p)
+  return {
+    exp_avg = self:zeros_like(p, g.momentum_dtype),
+    exp_avg_sq = self:zeros_like(p, g.variance_dtype),
+    compensation = g.use_kahan_summation and self:zeros_like(p, g.compensation_buffer_dtype) or nil,
+  }
+end
+
 function AnyPrecisionAdamW:update(g, name, p, grad)
-  local st = self.state[name]
-  if st == nil then
-    st = {
-      step = 0,
-      exp_avg = self:zeros_like(p, g.momentum_dtype),
-      exp_avg_sq = self:zeros_like(p, g.variance_dtype),
-    }
-    if g.use_kahan_summation then
-      st.compensation = self:zeros_like(p, g.compensation_buffer_dtype)
-    end
-    self.state[name] = st
-  end
+  local st = self:state_of(g, name, p)
   st.step = st.step + 1
   local comp = st.compensation and cptr(st.compensation) or nil
-  if C.fl_anyprecision_adamw_step_(cptr(p), cptr(grad), cptr(st.exp_avg), cptr(st.exp_avg_sq),
-                                   comp, self:options_for(g, st.step)) ~= 0 then
-    st.step = st.step - 1
-    self:raise(name)
-  end
+  self:check_update(name, st, C.fl_anyprecision_adamw_step_(cptr(p), cptr(grad), cptr(st.exp_avg),
+                                                            cptr(st.exp_avg_sq), comp, self:options_for(g, st.step)))
 end
 
 return AnyPrecisionAdamW

@@ -1,7 +1,7 @@
 -- fsdp.optim.optimizer: the base class of the optimizers: parameter groups
 -- chosen by predicates on names, per-parameter state keyed by name, step,
--- zero_grad and state dicts. Subclasses give their defaults, check their
--- hyper-parameters, and update one parameter with a fused C kernel.
+-- zero_grad and state dicts. Subclasses give their defaults and the ranges
+-- of their hyper-parameters, and update one parameter with a fused C kernel.
 --
 --   local opt = optim.AdamW(model:named_parameters(), {
 --     lr = 3e-4, betas = {0.9, 0.95}, weight_decay = 0.1,
@@ -16,18 +16,31 @@
 -- group carries all hyper-parameters (lr among them, which schedulers set).
 -- State is keyed by parameter name, so state dicts speak the model's names.
 local core = require 'fsdp.core'
+local validate = require 'fsdp.validate'
 local factories = require 'fsdp.factories'
 local F = require 'fsdp.functional'
 local Tensor = require 'fsdp.tensor'
 local Module = require 'fsdp.nn.module'
+local tables = require 'fsdp.tables'
 
 local Optimizer = {}
 Optimizer.__index = Optimizer
 Optimizer.name = 'Optimizer'
 
--- A new optimizer class: Optimizer:extend('AdamW', {lr = 1e-3, ...}).
--- Calling the class builds an instance: AdamW(params, opts).
-function Optimizer:extend(name, defaults)
+-- What a subclass calls its fused kernel with: the core's C namespace and
+-- a Tensor's fl_tensor pointer (so its header is its own requires only).
+Optimizer.C = core.C
+Optimizer.cptr = Tensor.cptr
+
+-- A new optimizer class: Optimizer:extend('AdamW', {lr = 1e-3, ...}, ranges).
+-- Calling the class builds an instance: AdamW(params, opts). `ranges` is
+-- what check_group holds every group to, in order: {key, rule} (a
+-- fsdp.validate rule: NaN and infinity pass none, where a comparison would
+-- let a NaN lr make every parameter NaN at the first step), or {key, rule,
+-- pair = 'text'} for a pair of numbers each under rule ("betas must be
+-- <text>" otherwise). A class with checks beyond ranges overrides
+-- check_group and calls Optimizer.check_group first.
+function Optimizer:extend(name, defaults, ranges)
   local cls = setmetatable({}, {
     __index = self,
     __call = function(c, params, opts) return c.new(c, params, opts) end,
@@ -35,15 +48,11 @@ function Optimizer:extend(name, defaults)
   cls.__index = cls
   cls.name = name
   cls.defaults = defaults
+  cls.ranges = ranges or {}
   return cls
 end
 
-local function known_keys(defaults)
-  local keys = {}
-  for k in pairs(defaults) do keys[#keys + 1] = k end
-  table.sort(keys)
-  return table.concat(keys, ', ')
-end
+local function known_keys(defaults) return table.concat(tables.sorted_keys(defaults), ', ') end
 
 -- A copy of v (tables one level deep: betas).
 local function copy(v)
@@ -132,15 +141,58 @@ function Optimizer.new(cls, params, opts)
   return self
 end
 
--- Subclass hooks: validate a group (return a message or nil), prepare
--- per-optimizer scratch, update one parameter: update(g, name, p, grad),
--- where p and grad may be views of a sharded unit's buffers that are
--- freed when it returns (keep a clone, not them).
-function Optimizer:check_group() return nil end
+-- Subclass hooks: prepare per-optimizer scratch (setup), make the state of
+-- a parameter at its first update (new_state(g, p): its tensors), update
+-- one parameter: update(g, name, p, grad), where p and grad may be views of
+-- a sharded unit's buffers that are freed when it returns (keep a clone,
+-- not them).
 function Optimizer:setup() end
+function Optimizer:new_state() return {} end
 function Optimizer:update()
   core.fail(self.name .. ' has no update()')
 end
+
+-- What is wrong with group g's hyper-parameters under the class's ranges
+-- (a message), or nil.
+function Optimizer:check_group(g)
+  for _, r in ipairs(self.ranges) do
+    local key, rule, v = r[1], r[2], g[r[1]]
+    if r.pair then
+      if type(v) ~= 'table' or validate.problem(v[1], rule) or validate.problem(v[2], rule) then
+        return key .. ' must be ' .. r.pair
+      end
+    else
+      local why = validate.problem(v, rule)
+      if why then return key .. ' ' .. why end
+    end
+  end
+  return nil
+end
+
+-- The state of parameter `name` (step = 0 and new_state's tensors at its
+-- first update).
+function Optimizer:state_of(g, name, p)
+  local st = self.state[name]
+  if st == nil then
+    st = self:new_state(g, p)
+    st.step = 0
+    self.state[name] = st
+  end
+  return st
+end
+
+-- Count one update of st and make it with the fused kernel's status rc:
+-- a refusal takes the count back and raises the core's message with the
+-- optimizer and parameter named.
+--   st.step = st.step + 1
+--   self:check_update(name, st, C.fl_sgd_step_(...))
+function Optimizer:check_update(name, st, rc)
+  if rc ~= 0 then
+    st.step = st.step - 1
+    self:raise(name)
+  end
+end
+
 -- update_many(g, names, ps, grads): update whole (unsharded) parameters of
 -- group g at once; a subclass with a multi-tensor kernel overrides it
 -- (AdamW: [Note: multi-tensor updates] in core/cuda/cuda_optim.cu).

@@ -9,25 +9,20 @@
 -- Options: lr (1e-3), momentum (0), dampening (0), weight_decay (0),
 -- nesterov (false), groups. The momentum buffer has the param's dtype.
 local ffi = require 'ffi'
-local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
-local Tensor = require 'fsdp.tensor'
 local Optimizer = require 'fsdp.optim.optimizer'
-
-local C = core.C
-local cptr = Tensor.cptr
+local C, cptr = Optimizer.C, Optimizer.cptr
 
 local SGD = Optimizer:extend('SGD', {
   lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false,
+}, {
+  { 'lr', validate.NONNEGATIVE }, { 'momentum', validate.NONNEGATIVE }, { 'weight_decay', validate.NONNEGATIVE },
+  { 'dampening', validate.FRACTION },
 })
 
 function SGD:check_group(g)
-  -- (fsdp.validate: NaN and infinity pass none of these)
-  for _, k in ipairs({ 'lr', 'momentum', 'weight_decay' }) do
-    local why = validate.problem(g[k], validate.NONNEGATIVE)
-    if why then return k .. ' ' .. why end
-  end
-  if validate.problem(g.dampening, { min = 0, max = 1 }) then return 'dampening must be in [0, 1]' end
+  local why = Optimizer.check_group(self, g)
+  if why then return why end
   if g.nesterov and (g.momentum <= 0 or g.dampening ~= 0) then
     return 'nesterov momentum requires momentum > 0 and zero dampening'
   end
@@ -38,13 +33,12 @@ function SGD:setup()
   self.options = ffi.new('fl_sgd_options')
 end
 
+function SGD:new_state(g, p)
+  return { momentum_buffer = g.momentum ~= 0 and self:zeros_like(p) or nil }
+end
+
 function SGD:update(g, name, p, grad)
-  local st = self.state[name]
-  if st == nil then
-    st = { step = 0 }
-    if g.momentum ~= 0 then st.momentum_buffer = self:zeros_like(p) end
-    self.state[name] = st
-  end
+  local st = self:state_of(g, name, p)
   if g.momentum ~= 0 and st.momentum_buffer == nil then
     -- momentum switched on after steps without it: start the buffer afresh
     st.momentum_buffer, st.step = self:zeros_like(p), 0
@@ -54,10 +48,7 @@ function SGD:update(g, name, p, grad)
   o.lr, o.momentum, o.dampening, o.weight_decay = g.lr, g.momentum, g.dampening, g.weight_decay
   o.nesterov, o.step = g.nesterov and true or false, st.step
   local buf = g.momentum ~= 0 and cptr(st.momentum_buffer) or nil
-  if C.fl_sgd_step_(cptr(p), cptr(grad), buf, o) ~= 0 then
-    st.step = st.step - 1
-    self:raise(name)
-  end
+  self:check_update(name, st, C.fl_sgd_step_(cptr(p), cptr(grad), buf, o))
 end
 
 return SGD

@@ -15,7 +15,7 @@
 -- the byte). "wire" counts what a rank sends with
 -- ring algorithms: (G-1)/G of the buffer for all-gather and reduce-scatter,
 -- 2(R-1)/R for all-reduce, which is what the MPI plugin's rings move
--- ([Note: ring collectives], core/dist/mpi/ring.c) and NCCL's. A group
+-- ([Note: ring collectives], core/comm/mpi/ring.c) and NCCL's. A group
 -- inside one node runs at the device's intra-node bandwidth. A group
 -- across nodes runs at its inter-node one, shared: a ring laid out node by
 -- node leaves each node once, so a node carries one flow per group of
@@ -37,8 +37,8 @@
 -- point): the step takes the longer of the two plus the optimizer;
 -- without, their sum.
 --
--- Activation offload moves plan.memory.host_activations bytes each way per
--- step at the device's host_bw. The copies to the host run on a copy
+-- Activation offload moves plan.memory.pinned_activations bytes each way per
+-- step at the device's pinned_bw. The copies to CPU memory run on a copy
 -- stream beside the forward: only what exceeds the forward's compute time
 -- (a third of the model's FLOPs, the 6N rule's 2N; a recompute belongs to
 -- backward) is exposed. This treats the forward as one span the copies
@@ -47,10 +47,10 @@
 -- before each node's backward and serialise with its kernels (no prefetch
 -- yet, core/autograd/offload.c): all exposed. Exposed copy time lengthens
 -- compute, which collectives on their own streams still overlap. When
--- the copies to the host outlast the forward, the replay's memory is
+-- the copies to CPU memory outlast the forward, the replay's memory is
 -- optimistic (it drops each block's bytes when its forward ends):
 -- `backlog` is about what is then still waiting on the device at the end
--- of forward, host_bw x the excess.
+-- of forward, pinned_bw x the excess.
 local M = {}
 
 local function add(comm, kind, calls, bytes, wire, link, bw)
@@ -128,14 +128,14 @@ function M.fill(plan, flops)
   local m = plan.memory
   local opt_s = (2 * ((m.params_trainable or m.params) + m.optimizer) + m.grads) / (dev.mem_bw * (mem_util or 1))
   local overlap = r.backward_prefetch ~= false or r.forward_prefetch
-  local moved = m.host_activations or 0
-  local offload = { bytes = moved, to_host = 0, to_device = 0, exposed = 0, backlog = 0 }
+  local moved = m.pinned_activations or 0
+  local offload = { bytes = moved, to_cpu = 0, to_device = 0, exposed = 0, backlog = 0 }
   if moved > 0 then
-    offload.to_host, offload.to_device = moved / dev.host_bw, moved / dev.host_bw
+    offload.to_cpu, offload.to_device = moved / dev.pinned_bw, moved / dev.pinned_bw
     local forward_s = model_flops / 3 / (peak_flops * r.utilization)
-    local late = math.max(0, offload.to_host - forward_s)
+    local late = math.max(0, offload.to_cpu - forward_s)
     offload.exposed = late + offload.to_device
-    offload.backlog = late * dev.host_bw
+    offload.backlog = late * dev.pinned_bw
   end
   local busy_s = compute_s + offload.exposed
   local step_s = (overlap and math.max(busy_s, comm_s) or busy_s + comm_s) + opt_s

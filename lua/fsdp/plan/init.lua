@@ -22,9 +22,9 @@
 --   fsdp.shard's: 'bf16' or {param=, reduce=, buffer=,
 --   keep_low_precision_grads=}), checkpoint (true: the blocks),
 --   offload_activations (true: the blocks' saved activations go to pinned
---   host memory, fsdp.offload_activations; composes with checkpoint, which
+--   CPU memory, fsdp.offload_activations; composes with checkpoint, which
 --   leaves only the blocks' inputs to move), offload (cpu_offload: shards,
---   gradients and optimizer state live in host memory), optimizer
+--   gradients and optimizer state live in CPU memory), optimizer
 --   ('adamw', 'anyprecision_adamw', 'sgd', 'adadelta', 'none', or {name=,
 --   state_dtype=, momentum=, use_kahan_summation=, momentum_dtype=,
 --   variance_dtype=}), batch (sequences per rank, 1), seq (tokens per
@@ -41,7 +41,7 @@
 --   dp_replicate, [Note: strategies on a mesh] in fsdp/sharding/layout.lua;
 --   the model is what one TP rank holds).
 --
--- Units are fsdp.shard's own (fsdp.sharding.plan_units, the same padding).
+-- Units are fsdp.shard's own (fsdp.sharding.assign_units, the same padding).
 -- What the model keeps and computes comes from tracing one training step
 -- of it on meta tensors (fsdp.plan.trace: any model with a loss and an
 -- example batch, nothing per family); the bytes of the sharded step from
@@ -58,6 +58,7 @@ local dist = require 'fsdp.dist'
 local cost = require 'fsdp.plan.cost'
 local report = require 'fsdp.plan.report'
 local nn = require 'fsdp.nn'
+local mesh = require 'fsdp.mesh'
 local C = core.C
 
 local M = {}
@@ -157,7 +158,7 @@ end
 -- numbers: per wrapped module one for its trainable parameters and, before
 -- it, one for its frozen ones (gathered and freed with it, never reduced;
 -- its shard in the frozen parameters' dtype).
-local function plan_units(model, r)
+local function planned_units(model, r)
   local specs, resolved = sharding.resolve(model, { policy = r.policy, ignored = {}, strategy = r.strategy_value,
                                                     master = r.master, mp = r.mp, who = WHO })
   local units, of = {}, {}
@@ -247,7 +248,6 @@ local function resolve(model, opts)
     r.nodes, r.ranks_per_node = r.world / k, k
   end
   if opts.mesh ~= nil then
-    local mesh = require 'fsdp.mesh'
     local m = opts.mesh
     if mesh.is_mesh(m) then
       m = { dp_replicate = m:size('dp_replicate'), dp_shard = m:size('dp_shard'), tp = m:size('tp') }
@@ -287,9 +287,9 @@ local function resolve(model, opts)
   r.offload_activations = oa or false
   -- fsdp.offload_activations leaves cpu tensors alone (nothing to gain):
   -- on the cpu device the option changes nothing. Any other device needs
-  -- the host link's bandwidth to price the copies.
-  if r.offload_activations and r.device.name ~= 'cpu' and not r.device.host_bw then
-    fail('offload_activations: device profile %s has no host_bw (bytes/s to and from pinned host memory, '
+  -- the CPU link's bandwidth to price the copies.
+  if r.offload_activations and r.device.name ~= 'cpu' and not r.device.pinned_bw then
+    fail('offload_activations: device profile %s has no pinned_bw (bytes/s to and from pinned CPU memory, '
       .. 'one way; fsdp.devices)', tostring(r.device.name))
   end
   r.opt_bytes, r.optimizer = optimizer_bytes(opts.optimizer, r.master)
@@ -325,7 +325,7 @@ function M.plan(model, opts)
   if type(loss) ~= 'function' then
     fail('%s has no loss method: pass loss = function(model, ...) returning the loss', model:class_name())
   end
-  local units = plan_units(model, r)
+  local units = planned_units(model, r)
   local root = units[#units]
 
   -- persistent bytes of this rank
@@ -345,11 +345,11 @@ function M.plan(model, opts)
     local d = (r.mp.buffer and b:is_floating_point()) and r.mp.buffer or b.dtype
     mem.buffers = mem.buffers + b:numel() * size_of(d)
   end
-  mem.host = 0
+  mem.cpu_offloaded = 0
   if r.offload and r.device.name ~= 'cpu' then
-    mem.host = mem.params + mem.grads + mem.optimizer
+    mem.cpu_offloaded = mem.params + mem.grads + mem.optimizer
   end
-  mem.persistent = mem.params + mem.grads + mem.optimizer + mem.buffers - mem.host
+  mem.persistent = mem.params + mem.grads + mem.optimizer + mem.buffers - mem.cpu_offloaded
   -- [Note: gradient accumulation memory] (fsdp.sharding.accumulate): with
   -- k > 1 micro-batches every unit keeps its whole packed gradient in the
   -- reduce dtype between backwards, through the last micro-batch's
@@ -417,10 +417,10 @@ function M.plan(model, opts)
   mem.peak_other = other.peak
   mem.transient = step.peak - mem.persistent - accumulation_extra - step.gathered_peak - step.activations - inputs
   mem.residual = step.residual
-  -- Pinned host memory the offloaded activations take at the end of
-  -- forward; the same bytes cross the host link each way every step. Not
-  -- part of mem.host (the cpu_offload state, subtracted from persistent).
-  mem.host_activations = step.host
+  -- Pinned CPU memory the offloaded activations take at the end of
+  -- forward; the same bytes cross the CPU link each way every step. Not
+  -- part of mem.cpu_offloaded (the cpu_offload state, subtracted from persistent).
+  mem.pinned_activations = step.pinned
 
   local n_frozen, frozen_dtype = 0, nil
   for _, u in ipairs(units) do

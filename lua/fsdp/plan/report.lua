@@ -62,13 +62,13 @@ function M.format(p)
   line('  %-38s%s', ('gradients (%s shards)'):format(mp.grad), gib(m.grads))
   line('  %-38s%s', ('optimizer state (%s)'):format(r.optimizer), gib(m.optimizer))
   line('  buffers and caches                    %s', gib(m.buffers))
-  if m.host > 0 then line('  offloaded to host memory             -%s', gib(m.host)) end
+  if m.cpu_offloaded > 0 then line('  offloaded to CPU memory              -%s', gib(m.cpu_offloaded)) end
   line('  persistent                            %s', gib(m.persistent))
   line('  %-38s%s', ('gathered units (largest %.3f)'):format(m.largest_unit / scale), gib(m.gathered))
   line('  activations saved                     %s  (checkpointed %.3f, not %.3f)', gib(m.activations),
     m.activations_checkpointed / scale, m.activations_full / scale)
-  if m.host_activations > 0 then
-    line('  activations in pinned host memory     %s  (not on the device)', gib(m.host_activations))
+  if m.pinned_activations > 0 then
+    line('  activations in pinned CPU memory      %s  (not on the device)', gib(m.pinned_activations))
   end
   if (m.accumulation or 0) > 0 then
     line('  %-38s%s  (unsharded, %d micro-batches per step)', 'gradient accumulation buffers',
@@ -77,7 +77,7 @@ function M.format(p)
   line('  inputs                                %s', gib(m.inputs))
   -- with offload, a block's activations copied back are transients too
   line('  backward transients                   %s%s', gib(math.max(0, m.transient)),
-    m.host_activations > 0 and '  (with a block\'s activations copied back)' or '')
+    m.pinned_activations > 0 and '  (with a block\'s activations copied back)' or '')
   line('  peak                                  %s  (at %s)', gib(m.peak), m.peak_at)
   line('  device memory usable                  %s  (%s)', gib(p.usable),
     (dev.reserved or 0) > 0 and ('%.1f GiB reserved by the runtime'):format(dev.reserved / GiB) or 'nothing reserved')
@@ -114,10 +114,10 @@ function M.format(p)
   end
   local o = t.offload
   if o.bytes > 0 then
-    line('  activation offload: %.3f %s each way at %s/s, to host %s (overlaps forward), back %s; %s exposed',
-      o.bytes / scale, unit, si(dev.host_bw, 'B'), seconds(o.to_host), seconds(o.to_device), seconds(o.exposed))
+    line('  activation offload: %.3f %s each way at %s/s, to CPU memory %s (overlaps forward), back %s; %s exposed',
+      o.bytes / scale, unit, si(dev.pinned_bw, 'B'), seconds(o.to_cpu), seconds(o.to_device), seconds(o.exposed))
     if o.backlog > 0 then
-      line('  (the copies to the host outlast the forward: ~%.3f %s still on the device when it ends, '
+      line('  (the copies to CPU memory outlast the forward: ~%.3f %s still on the device when it ends, '
         .. 'not in the peak)', o.backlog / scale, unit)
     end
   end

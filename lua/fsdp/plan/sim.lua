@@ -24,20 +24,20 @@
 --       runs its forward again, then the same steps.
 --   fsdp.offload_activations (core/autograd/offload.c)  what an offloaded
 --       block keeps (its saved tensors, or with checkpointing its input)
---       is copied to pinned host memory while forward goes on and comes
+--       is copied to pinned CPU memory while forward goes on and comes
 --       back just before the backward that reads it. Two approximations:
 --       - forward: the block's kept bytes are on the device while its own
 --         forward runs and leave when it ends (high within the block: what
 --         it saved first may be copied already). The caching pool really
 --         holds each device block until its copy has run on the copy
---         stream, so this assumes the host link keeps up with compute;
+--         stream, so this assumes the CPU link keeps up with compute;
 --         when it does not, a few blocks' copies are still in flight and
 --         on the device (fsdp.plan.cost prices the excess time and reports
 --         the bytes as time.offload.backlog; the peak leaves them out).
 --       - backward (errs high): the whole block's kept bytes come back
 --         when its backward starts, before its first step. The engine restores them
 --         node by node (fl_node_unpack_saved), so the later nodes' tensors
---         are really still on the host while the first steps run; the
+--         are really still in CPU memory while the first steps run; the
 --         steps do not say which saved tensors each one reads. With
 --         checkpointing this is exact: the checkpoint node restores its
 --         input, then the recompute (never offloaded) runs.
@@ -54,9 +54,9 @@ local M = {}
 -- in forward order (gap: {saved=, fwd_extra=, steps=} of code between the
 -- block before and this one);
 -- head/stem: profiles; opts: persistent, inputs, checkpoint (bool),
--- offload_activations (bool: the blocks' kept bytes live on the host),
+-- offload_activations (bool: the blocks' kept bytes live in CPU memory),
 -- forward_prefetch, backward_prefetch ('pre', 'post', false), f32_reduce
--- (the backend stages 16-bit reductions in f32: core/dist/collectives.c,
+-- (the backend stages 16-bit reductions in f32: core/comm/collectives.c,
 -- for MPI; NCCL reduces bf16 itself). Units that
 -- hold no block's parameters (a policy wrapping the embedding, say) are
 -- treated like the root: gathered for the whole step, reduced last.
@@ -65,7 +65,7 @@ function M.run(units, blocks, stem, head, opts)
   local peak, peak_at = live, 'rest'
   local gathered_now, gathered_peak = 0, 0
   local saved_now, saved_peak = 0, 0
-  local host = 0 -- offloaded activations in pinned host memory
+  local pinned = 0 -- offloaded activations in pinned CPU memory
   local is_gathered, vgrads = {}, {}
   local root = units[#units]
   local function bump(x, where)
@@ -136,10 +136,10 @@ function M.run(units, blocks, stem, head, opts)
     bump(kept, where); keep(kept)
     check((opts.checkpoint and b.prof.fwd_ckpt_extra or b.prof.fwd_extra) or 0, where)
     if opts.offload_activations then
-      -- copied to the host: gone from the device when the block's forward
+      -- copied to CPU memory: gone from the device when the block's forward
       -- ends (see the top of this file)
       live, saved_now = live - kept, saved_now - kept
-      host = host + kept
+      pinned = pinned + kept
     end
     for _, u in ipairs(b.units) do
       if last_fwd[u] == i and u.reshard and u ~= root then free(u) end
@@ -221,10 +221,10 @@ function M.run(units, blocks, stem, head, opts)
   return {
     peak = peak, peak_at = peak_at, gathered_peak = gathered_peak, activations = activations,
     saved_peak = saved_peak,
-    -- Bytes offloaded: in pinned host memory at the end of forward, and
+    -- Bytes offloaded: in pinned CPU memory at the end of forward, and
     -- copied each way once per step (a tensor several nodes save is one
     -- copy, as the profiles count it once).
-    host = host,
+    pinned = pinned,
     -- What the steps did not give back (0 when a model's steps balance).
     residual = live - (opts.persistent + opts.inputs),
   }

@@ -32,6 +32,7 @@
 -- starting with '_' are offered only when the typed prefix starts with '_'.
 -- After ':' only functions are offered. Tab on a blank line indents. Needs nothing from the fsdp
 -- library, like the REPL itself.
+local tables = require 'fsdp.tables'
 local M = {}
 
 local KEYWORDS = {
@@ -204,12 +205,7 @@ end
 
 local numbered_order
 
-local function sorted(set)
-  local out = {}
-  for k in pairs(set) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
+local sorted = tables.sorted_keys
 
 -- Children named by numbers in order: "10" after "9".
 function numbered_order(out) -- (declared above)

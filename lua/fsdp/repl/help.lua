@@ -2,7 +2,7 @@
 -- listed by hand, so it stays true as the library grows.
 --
 --   help()            the keys, the fsdp library, models/, recipes/ and the
---                     globals a recipe exposed (fsdp-lua -i recipe.lua)
+--                     globals a recipe exposed (fsdp-lua -i options.lua)
 --   help(fn)          a function's signature, options and description
 --   help(value)       the fields and methods of a value (what Tab offers),
 --                     after its module's description when it is a module
@@ -29,6 +29,7 @@
 local M = {}
 
 local complete = require 'fsdp.repl.complete'
+local tables = require 'fsdp.tables'
 
 local function out(...) io.stdout:write(...) end
 
@@ -122,12 +123,7 @@ local function wrap(text, indent, width)
   return table.concat(lines, '\n' .. indent)
 end
 
-local function sorted(set)
-  local list = {}
-  for k in pairs(set) do list[#list + 1] = k end
-  table.sort(list)
-  return list
-end
+local sorted = tables.sorted_keys
 
 -- The library's functions and submodules, split by kind.
 local function library_names(fsdp)
@@ -182,8 +178,8 @@ local function overview()
       end
     end
   end
-  local recipe = package.loaded['fsdp.recipe']
-  local exposed = recipe and recipe.exposed and sorted(recipe.exposed) or {}
+  local options = package.loaded['fsdp.options']
+  local exposed = options and options.exposed and sorted(options.exposed) or {}
   if #exposed > 0 then out('\nfrom the recipe: ', table.concat(exposed, ', '), '\n') end
 end
 

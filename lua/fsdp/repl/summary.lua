@@ -23,6 +23,7 @@
 -- row for every layer), print (false: only return the data).
 local core = require 'fsdp.core'
 local validate = require 'fsdp.validate'
+local tables = require 'fsdp.tables'
 local C = core.C
 
 local M = {}
@@ -58,10 +59,7 @@ end
 
 -- Sorted "a+b" of a set's keys.
 local function joined(set)
-  local keys = {}
-  for k in pairs(set) do keys[#keys + 1] = k end
-  table.sort(keys)
-  return table.concat(keys, '+')
+  return table.concat(tables.sorted_keys(set), '+')
 end
 
 local function check_args(model, opts)

@@ -3,7 +3,7 @@
 -- the last one.
 --
 --   local accumulate = require 'fsdp.sharding.accumulate'
---   local cfg = recipe.config(accumulate.options({...}), arg, script)
+--   local cfg = options.config(accumulate.options({...}), arg, script)
 --   for step = start + 1, cfg.max_steps do
 --     local loss = accumulate.forward_backward(model, cfg.grad_accum_steps, function(i)
 --       local ids, targets = data:next()            -- micro-batch i of k
@@ -87,7 +87,7 @@ local dist = require 'fsdp.dist'
 local fsdp = require 'fsdp'
 local M = {}
 local validate = require 'fsdp.validate'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local IGNORE = -100
 
 M.OPTIONS = {
@@ -96,9 +96,18 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return recipe.merge(M.OPTIONS, own) end
+function M.options(own) return options.merge(M.OPTIONS, own) end
 
 local function sharded(model) return rawget(model, '_fsdp') ~= nil end
+
+-- one(i) for i = 1..k, all but the last under no_sync on a sharded model,
+-- so gradients are reduced once, at the last micro-batch.
+local function micro_batches(model, k, one)
+  for i = 1, k - 1 do
+    if sharded(model) then model:no_sync(function() one(i) end) else one(i) end
+  end
+  one(k)
+end
 
 -- Forward and backward of k micro-batches: micro(i) returns micro-batch
 -- i's loss (a scalar tensor, mean-reduced). Gradients accumulate in the
@@ -116,10 +125,7 @@ function M.forward_backward(model, k, micro)
     if k > 1 then loss = loss * (1 / k) end
     loss:backward()
   end
-  for i = 1, k - 1 do
-    if sharded(model) then model:no_sync(function() one(i) end) else one(i) end
-  end
-  one(k)
+  micro_batches(model, k, one)
   return sum / k
 end
 
@@ -178,10 +184,7 @@ function M.token_mean(model, k, batch, loss_of)
     if w ~= 1 then loss = loss * w end
     loss:backward()
   end
-  for i = 1, k - 1 do
-    if sharded(model) then model:no_sync(function() one(i) end) else one(i) end
-  end
-  one(k)
+  micro_batches(model, k, one)
   return sum * D / N, N
 end
 

@@ -2,7 +2,7 @@
 -- a GPU changes in a recipe's defaults.
 --
 --   local device = require 'fsdp.sharding.device'
---   local cfg = recipe.config(device.options({...}), arg, script)
+--   local cfg = options.config(device.options({...}), arg, script)
 --   local dev = device.resolve(cfg)            -- 'cpu' or 'cuda:N'
 --   ids = ids:to(dev)
 --
@@ -15,8 +15,8 @@
 --
 -- [Note: GPU defaults]
 -- On a cuda device a recipe's options that the user did not give take the
--- values a GPU user expects (their specs' default_from, fsdp.recipe): bf16
--- mixed precision (--mixed_precision, fsdp.sharding.recipe), the detected
+-- values a GPU user expects (their specs' default_from, fsdp.options): bf16
+-- mixed precision (--mixed_precision, fsdp.sharding.options), the detected
 -- GPU's profile for --plan (--plan_device) and its peak for MFU
 -- (--peak_tflops, from fsdp.devices.for_cuda); the step log then also shows
 -- the caching allocator's allocated / reserved / peak bytes
@@ -24,7 +24,7 @@
 -- changes.
 local fsdp = require 'fsdp'
 local suggest = require 'fsdp.suggest'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local core = require 'fsdp.core'
 
 local M = {}
@@ -127,7 +127,7 @@ function M.describe(cfg)
 end
 
 -- A recipe's own options plus --device.
-function M.options(own) return recipe.merge(M.OPTIONS, own) end
+function M.options(own) return options.merge(M.OPTIONS, own) end
 
 -- The device a config's --device names: 'cpu' or 'cuda:N' (checked when
 -- the options were read).
@@ -146,7 +146,7 @@ function M.profile(cfg)
   return fsdp.devices.for_cuda(fsdp.cuda.status())
 end
 
--- default_from of the shared options (fsdp.recipe: run when the user did
+-- default_from of the shared options (fsdp.options: run when the user did
 -- not give the option, in the order of the keys).
 -- --mixed_precision: bf16 on a GPU.
 function M.default_mixed_precision(cfg)

@@ -6,7 +6,7 @@
 --   local model = llama.CausalLM(c, {device = 'meta', dtype = cfg.dtype})
 --   fit.check(model, cfg, llama.DecoderLayer, {batch = cfg.batch_size, seq = cfg.seq_len}, script,
 --             {layers = 'num_layers'})
---   shard_recipe.apply(model, cfg, llama.DecoderLayer, script)   -- allocates
+--   shard_options.apply(model, cfg, llama.DecoderLayer, script)   -- allocates
 --
 -- Without it, a configuration far past the machine (the 7B recipe's
 -- defaults in f32 on a 24 GB CPU machine: ~100 GiB) starts allocating and
@@ -20,9 +20,9 @@
 local fsdp = require 'fsdp'
 local layout = require 'fsdp.sharding.layout'
 local core = require 'fsdp.core'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local sharding_device = require 'fsdp.sharding.device'
-local shard_recipe = require 'fsdp.sharding.recipe'
+local shard_options = require 'fsdp.sharding.options'
 
 local M = {}
 
@@ -86,7 +86,7 @@ end
 -- while memory grows. So before anything is built the sizes are held to
 -- what the machine can hold, from the config alone (closed forms, no
 -- module made):
---   * the blocks built on meta cost host memory (their modules, the Lua
+--   * the blocks built on meta cost CPU memory (their modules, the Lua
 --     and C objects of their parameters: a Llama layer takes 16 KiB):
 --     checked always, --dry_run and --plan included (they build it too);
 --   * a step's tokens are the rows of its products, which take fewer
@@ -99,7 +99,7 @@ end
 --     says --skip_fit_check.
 -- Both are lower bounds of what the run needs, so nothing the planner
 -- would accept is refused; what they refuse could never have run.
-M.HOST_BYTES_PER_BLOCK = 16 * 1024
+M.CPU_BYTES_PER_BLOCK = 16 * 1024
 
 local function count(n)
   if n < 1e6 then return ('%d'):format(n) end
@@ -138,12 +138,12 @@ function M.bound(cfg, b)
     error(('%s: %s tokens per micro-batch, past the 2^31 rows a matrix product takes'):format(b.rows[2],
       count(b.rows[1])), 0)
   end
-  local host, host_source = M.budget(cfg)
+  local cpu_budget, cpu_source = M.budget(cfg)
   local blocks = b.blocks or 0
-  if host and blocks * M.HOST_BYTES_PER_BLOCK > host then
-    error(('%s: %s blocks to build, %s of host memory at %d KiB each on meta, more than the %s available (%s)')
-      :format(b.what, count(blocks), bytes_text(blocks * M.HOST_BYTES_PER_BLOCK), M.HOST_BYTES_PER_BLOCK / 1024,
-        bytes_text(host), host_source), 0)
+  if cpu_budget and blocks * M.CPU_BYTES_PER_BLOCK > cpu_budget then
+    error(('%s: %s blocks to build, %s of CPU memory at %d KiB each on meta, more than the %s available (%s)')
+      :format(b.what, count(blocks), bytes_text(blocks * M.CPU_BYTES_PER_BLOCK), M.CPU_BYTES_PER_BLOCK / 1024,
+        bytes_text(cpu_budget), cpu_source), 0)
   end
   if b.weights == false or cfg.skip_fit_check then return end
   local budget, source = M.device_budget(cfg)
@@ -211,7 +211,7 @@ end
 
 -- Refuse (exit 2, one line) when the plan of `model` (on meta, unsharded)
 -- for this job does not fit the budget. shape: {batch=, seq=} per rank as
--- shard_recipe.plan's; names: option names for the suggestions
+-- shard_options.plan's; names: option names for the suggestions
 -- ({layers = 'num_layers'}; try: a phrase appended, what to run instead
 -- to try the recipe here); extra: more fsdp.plan options (optimizer).
 -- Returns the plan, or nil when skipped (--skip_fit_check, no budget known).
@@ -225,7 +225,7 @@ function M.check(model, cfg, block_class, shape, script, names, extra)
   -- this machine (which would allocate).
   device.flops = { f32 = 20e9, bf16 = 20e9, f16 = 20e9 }
   device.name, device.memory, device.reserved, device.measured = base.name, budget, 0, true
-  local opts = shard_recipe.plan_options(cfg, block_class, shape, script, device)
+  local opts = shard_options.plan_options(cfg, block_class, shape, script, device)
   for k, v in pairs(extra or {}) do opts[k] = v end
   local p = fsdp.plan(model, opts)
   if p.fits then return p end
@@ -236,7 +236,7 @@ function M.check(model, cfg, block_class, shape, script, names, extra)
     size(m.activations + m.inputs), size(budget), source,
     suggestions(p, cfg, names or {}, opts.world, function() return (fsdp.plan.max_batch(model, opts)) end),
     names and names.try and ('; ' .. names.try) or '')
-  recipe.usage_error(msg)
+  options.usage_error(msg)
 end
 
 return M

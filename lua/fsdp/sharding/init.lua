@@ -42,6 +42,7 @@ local Unit = require 'fsdp.sharding.unit'
 local layout = require 'fsdp.sharding.layout'
 local State = require 'fsdp.sharding.hooks'
 local clip = require 'fsdp.optim.clip'
+local mesh_mod = require 'fsdp.mesh'
 local ffi, C = core.ffi, core.C
 
 local M = {}
@@ -70,7 +71,7 @@ M.policy = require 'fsdp.sharding.policy'
 -- hooks.lua.
 local mixed_precision = layout.mixed_precision
 M.strategies, M.strategy, M.is_strategy = layout.strategies, layout.strategy, layout.is_strategy
-M.check_strategy, M.mixed_precision, M.plan_units = layout.check_strategy, mixed_precision, layout.plan_units
+M.check_strategy, M.mixed_precision, M.assign_units = layout.check_strategy, mixed_precision, layout.assign_units
 M.resolve, M.master_param = layout.resolve, layout.master_param
 
 local OPTIONS = {
@@ -206,7 +207,7 @@ end
 --   backward_prefetch ('pre'; 'post', false), forward_prefetch (false),
 --     limit_all_gathers (false);
 --   cpu_offload (false: true keeps master shards, gradients and optimizer
---     state in host memory);
+--     state in CPU memory);
 --   sync_module_states (false: true takes rank 0's values instead of the
 --     init rules), seed (fsdp.initial_seed(): each rank materialises only
 --     its shards from it);
@@ -242,7 +243,7 @@ function M.shard(model, opts)
   local group = opts.group
   if group ~= nil and getmetatable(group) ~= dist.Group then core.fail('fsdp.shard: group must be a Group from fsdp.dist') end
   local mesh = opts.mesh
-  if mesh ~= nil and not require('fsdp.mesh').is_mesh(mesh) then
+  if mesh ~= nil and not mesh_mod.is_mesh(mesh) then
     core.fail(('fsdp.shard: mesh must be a mesh from fsdp.mesh.new, got %s'):format(type(mesh)))
   end
   if mesh and group then core.fail('fsdp.shard: give group or mesh, not both (a mesh brings its own groups)') end

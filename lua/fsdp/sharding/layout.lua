@@ -191,7 +191,7 @@ end
 
 -- Apply the policy bottom-up. Returns {{module=, name=, overrides=,
 -- tensors={...}}...} children before parents, the root last.
-local function plan_units(model, policy, ignored)
+local function assign_units(model, policy, ignored)
   local claimed = {}
   for _, m in ipairs(ignored) do
     for _, p in ipairs(m:parameters()) do claimed[p] = true end
@@ -230,7 +230,7 @@ local function plan_units(model, policy, ignored)
 end
 -- The planner (fsdp.plan) asks the same question of a meta model through
 -- M.resolve, so its units are exactly the ones fsdp.shard would make.
-M.plan_units = plan_units
+M.assign_units = assign_units
 M.slots_of = slots_of
 
 -- The parameter whose dtype is the model's master dtype: the first that
@@ -254,8 +254,8 @@ end
 --   strategy, a value: M.strategy), o.master (the master dtype: the dtype
 --   of M.master_param), o.mp (the resolved base mixed precision:
 --   M.mixed_precision), o.who (the caller named in errors)
--- applies the policy (plan_units) and returns the wrapped modules, children
--- before parents and the root last, each the spec of plan_units ({module=,
+-- applies the policy (assign_units) and returns the wrapped modules, children
+-- before parents and the root last, each the spec of assign_units ({module=,
 -- name=, overrides=, tensors=}) plus:
 --   is_root, strategy (a value: the unit's override, else o.strategy), mp
 --   (its dtypes: override or o.mp), reshard_after_forward (the strategy's
@@ -273,7 +273,7 @@ end
 -- one unit, a parameter used outside its (non-root) unit.
 function M.resolve(model, o)
   local who, master = o.who or 'fsdp.shard', o.master
-  local specs, fqn = plan_units(model, o.policy, o.ignored or {})
+  local specs, fqn = assign_units(model, o.policy, o.ignored or {})
   local slots = slots_of(model)
   local units = {}
   for i, spec in ipairs(specs) do

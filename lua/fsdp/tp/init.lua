@@ -32,6 +32,7 @@ local core = require 'fsdp.core'
 local dist = require 'fsdp.dist'
 local nn = require 'fsdp.nn'
 local styles = require 'fsdp.tp.styles'
+local sharding = require 'fsdp.sharding'
 
 local M = {}
 
@@ -175,7 +176,7 @@ local function sharded_tp(model, what)
     core.fail(('tp.%s: shard the model first (fsdp.shard, a group of one for no data parallelism): '
       .. 'the TP gradient norm is fsdp.%s'):format(what, what))
   end
-  return require('fsdp.sharding')
+  return sharding
 end
 
 function M.grad_norm(model) return sharded_tp(model, 'grad_norm').grad_norm(model) end

@@ -1,6 +1,6 @@
 -- The sharded checkpoint's index reader on one file: copied as
 -- <dir>/index.json (the reader takes a step directory) and read.
-local layout = require 'fsdp.checkpointing.layout'
+local directory = require 'fsdp.checkpointing.directory'
 
 -- tests/fuzz/run.sh gives a work directory it removes afterwards.
 local dir = os.getenv('FUZZ_WORKDIR')
@@ -9,7 +9,7 @@ if not dir then
   os.remove(dir)
 end
 assert(os.execute("mkdir -p '" .. dir .. "'") == 0)
-local index = dir .. '/' .. layout.INDEX
+local index = dir .. '/' .. directory.INDEX
 
 return function(path)
   local src = assert(io.open(path, 'rb'))
@@ -18,5 +18,5 @@ return function(path)
   local f = assert(io.open(index, 'wb'))
   f:write(text)
   f:close()
-  layout.read_index(dir)
+  directory.read_index(dir)
 end

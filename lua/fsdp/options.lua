@@ -1,7 +1,7 @@
--- fsdp.recipe: the command line and configuration of training recipes.
+-- fsdp.options: the command line and configuration of training recipes.
 --
---   local recipe = require 'fsdp.recipe'
---   local cfg = recipe.config({
+--   local options = require 'fsdp.options'
+--   local cfg = options.config({
 --     model = {'Llama-2-7b', 'model config name', one_of = names},
 --     lr = {3e-4, 'peak learning rate', positive = true},
 --     warmup_steps = {10, 'linear warmup steps', int = true, min = 0, less_than = 'max_steps'},
@@ -22,7 +22,7 @@
 -- (inputs exist; outputs' directories are created and shown writable by a
 -- probe file). A recipe's own checks that need more than one value (its
 -- model config: heads dividing the width, a model name's fields) go in the
--- function passed as recipe.config's fourth argument, which runs right
+-- function passed as options.config's fourth argument, which runs right
 -- after. Any failure is a usage error: one line `fsdp-lua: --key ...`
 -- naming the option, no traceback, exit status 2, before a model is built
 -- or a byte allocated. An unknown option, enum value or model config key
@@ -53,6 +53,7 @@ local publish = require 'fsdp.io.publish'
 local files = require 'fsdp.io.files'
 local config_file = require 'fsdp.config_file'
 local hub = require 'fsdp.data.hub'
+local tables = require 'fsdp.tables'
 
 local M = {}
 
@@ -110,12 +111,7 @@ local function parse_value(key, text, default)
   return text
 end
 
-local function sorted_keys(t)
-  local keys = {}
-  for k in pairs(t) do keys[#keys + 1] = k end
-  table.sort(keys)
-  return keys
-end
+local sorted_keys = tables.sorted_keys
 
 -- The keys of a table, sorted (model config names for one_of).
 M.keys = sorted_keys
@@ -215,24 +211,24 @@ local function alias_map(spec)
   for _, k in ipairs(sorted_keys(spec)) do
     local d = spec[k]
     if d.aliases ~= nil then
-      if type(d.aliases) ~= 'table' then error(('fsdp.recipe: spec entry %s: aliases must be a table'):format(k), 0) end
+      if type(d.aliases) ~= 'table' then error(('fsdp.options: spec entry %s: aliases must be a table'):format(k), 0) end
       for a, tr in pairs(d.aliases) do
         if type(a) == 'number' then a, tr = tr, nil end
         if type(a) ~= 'string' or a:find('[^%w_]') then
-          error(('fsdp.recipe: spec entry %s: alias %s must be a name'):format(k, tostring(a)), 0)
+          error(('fsdp.options: spec entry %s: alias %s must be a name'):format(k, tostring(a)), 0)
         end
         if tr ~= nil and type(tr) ~= 'table' and type(tr) ~= 'function' then
-          error(('fsdp.recipe: spec entry %s: alias %s: the translation must be a table or a function'):format(k, a), 0)
+          error(('fsdp.options: spec entry %s: alias %s: the translation must be a table or a function'):format(k, a), 0)
         end
         if spec[a] or map[a] then
-          error(('fsdp.recipe: alias %s of %s is also %s'):format(a, k, spec[a] and 'an option' or
+          error(('fsdp.options: alias %s of %s is also %s'):format(a, k, spec[a] and 'an option' or
             'an alias of ' .. map[a].key), 0)
         end
         map[a] = { key = k, translate = tr }
       end
     end
     if d.values ~= nil and type(d.values) ~= 'table' and type(d.values) ~= 'function' then
-      error(('fsdp.recipe: spec entry %s: values must be a table {theirs = ours} or a function'):format(k), 0)
+      error(('fsdp.options: spec entry %s: values must be a table {theirs = ours} or a function'):format(k), 0)
     end
   end
   return map
@@ -243,16 +239,16 @@ end
 local function check_spec(spec)
   for _, k in ipairs(sorted_keys(spec)) do
     local d = spec[k]
-    if type(d) ~= 'table' then error(('fsdp.recipe: spec entry %s must be a table {default, description, ...}'):format(k), 0) end
+    if type(d) ~= 'table' then error(('fsdp.options: spec entry %s must be a table {default, description, ...}'):format(k), 0) end
     for name in pairs(d) do
       if name ~= 1 and name ~= 2 and not M.CONSTRAINTS[name] then
-        error(('fsdp.recipe: spec entry %s: unknown constraint %s%s'):format(k, tostring(name),
+        error(('fsdp.options: spec entry %s: unknown constraint %s%s'):format(k, tostring(name),
           suggest.hint(name, sorted_keys(M.CONSTRAINTS))), 0)
       end
     end
     for _, rel in ipairs({ 'less_than', 'at_most', 'multiple_of' }) do
       if d[rel] ~= nil and type(d[rel]) ~= 'string' then
-        error(('fsdp.recipe: spec entry %s: %s must name an option'):format(k, rel), 0)
+        error(('fsdp.options: spec entry %s: %s must name an option'):format(k, rel), 0)
       end
     end
   end
@@ -336,7 +332,7 @@ end
 local function apply_implied(cfg, spec, st)
   for _, imp in ipairs(st.implied) do
     local key, value, from = imp[1], imp[2], imp[3]
-    if spec[key] == nil then error(('fsdp.recipe: --%s implies an unknown option %s'):format(from, key), 0) end
+    if spec[key] == nil then error(('fsdp.options: --%s implies an unknown option %s'):format(from, key), 0) end
     local given = st.names[key]
     if given and given ~= from and cfg[key] ~= value then
       error(('--%s=%s and --%s=%s disagree: give one of them'):format(from, tostring(value), given,
@@ -610,7 +606,7 @@ end
 -- unless it starts with --); a boolean is --flag (true), --no-flag
 -- (false: when no_flag is not itself an option) or --flag=false. A word
 -- that is not an option is refused in one line unless the script takes
--- positional arguments (recipe.config's opts.positional): key=value and
+-- positional arguments (options.config's opts.positional): key=value and
 -- -key=value ("did you mean --key=value?"), a word after a flag ("did you
 -- mean --flag=word?"), anything else naming what the script takes. A
 -- script that silently ran its defaults with `model=tiny` trained a 7B.
@@ -771,7 +767,7 @@ end
 -- Write the options of a run that differ from the defaults to
 -- dir/config.yaml ([Note: config files] in fsdp.config_file), so
 -- `fsdp-lua SCRIPT --config dir/config.yaml` repeats it. Returns the path
--- and the script (as recipe.config was told).
+-- and the script (as options.config was told).
 function M.save_config(cfg, dir)
   local r = resolved[cfg] or {}
   local changed = {}
@@ -784,7 +780,7 @@ M.CONFIG_FILE = 'config.yaml'
 M.exposed = {}
 
 -- Option specs combined, later tables winning on a clash: the shared
--- option sets (fsdp.sharding.recipe, fsdp.checkpointing.recipe) under a
+-- option sets (fsdp.sharding.options, fsdp.checkpointing.options) under a
 -- recipe's own.
 function M.merge(...)
   local all = {}

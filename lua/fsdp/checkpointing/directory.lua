@@ -1,4 +1,4 @@
--- fsdp.checkpointing.layout: the on-disk layout of sharded checkpoints and
+-- fsdp.checkpointing.directory: the files a sharded checkpoint writes on disk and
 -- the questions asked of a checkpoint directory (which steps are complete,
 -- which is newest, which to delete), apart from what the files hold.
 --

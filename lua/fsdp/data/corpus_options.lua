@@ -1,4 +1,4 @@
--- fsdp.data.corpus_recipe: training recipes on a raw corpus. --data (or
+-- fsdp.data.corpus_options: training recipes on a raw corpus. --data (or
 -- the seed's --dataset) names token shards from tools/tokenize.lua or, new,
 -- the files people download: a .txt/.jsonl/.json(.gz/.zst) file, a
 -- directory or a glob, streamed by fsdp.data.corpus with the --tokenizer
@@ -11,16 +11,17 @@
 -- fingerprint of a data position] in fsdp.data.corpus); the option serves
 -- token shards too.
 --
---   local corpus_recipe = require 'fsdp.data.corpus_recipe'
---   local spec = corpus_recipe.options({...})          -- adds the raw-corpus options
---   if corpus_recipe.is_raw(cfg.data) then train = corpus_recipe.open(cfg, written) end
---   local val = corpus_recipe.open_val(cfg, train, val_batch_size)   -- nil: no validation (warned)
+--   local corpus_options = require 'fsdp.data.corpus_options'
+--   local spec = corpus_options.options({...})          -- adds the raw-corpus options
+--   if corpus_options.is_raw(cfg.data) then train = corpus_options.open(cfg, written) end
+--   local val = corpus_options.open_val(cfg, train, val_batch_size)   -- nil: no validation (warned)
 local corpus = require 'fsdp.data.corpus'
 local changes = require 'fsdp.data.changes'
 local lfs = require 'lfs'
 local dist = require 'fsdp.dist'
 local token_shards = require 'fsdp.data.tokens'
 local tokenizers = require 'fsdp.data.tokenizer'
+local mesh = require 'fsdp.mesh'
 
 local M = {}
 
@@ -111,7 +112,7 @@ function M.open_val(cfg, train, val_batch)
   local ok, val = pcall(corpus.open, path, o)
   if not ok then error(('--%s: %s'):format(cfg.val_data ~= '' and 'val_data' or 'data', bare(val)), 0) end
   local n = val:count_batches(cfg.val_batches)
-  local world = require('fsdp.mesh').data_parallel_size() -- (a TP group shares its batches)
+  local world = mesh.data_parallel_size() -- (a TP group shares its batches)
   if n == 0 then
     say('warning: %s holds no whole validation batch (%d sequences of %d tokens); training without validation '
       .. '(give --val_data, or a larger --val_fraction)', what, val_batch * world, cfg.seq_len)

@@ -1,17 +1,17 @@
--- fsdp.checkpointing.recipe: the checkpoint options every training recipe
+-- fsdp.checkpointing.options: the checkpoint options every training recipe
 -- shares, and the three points where a training loop meets them.
 --
---   local ckpt_recipe = require 'fsdp.checkpointing.recipe'
---   local cfg = recipe.config(ckpt_recipe.options(shard_recipe.options({...})), arg, script)
+--   local ckpt_options = require 'fsdp.checkpointing.options'
+--   local cfg = options.config(ckpt_options.options(shard_options.options({...})), arg, script)
 --   local objs = {model = m, optimizer = opt, scheduler = sched, data = data}
 --   objs.guard = nonfinite.guard(cfg, objs, script)      -- optional (fsdp.nonfinite)
---   ckpt_recipe.lock(cfg)                                -- before building: --checkpoint_dir is this job's
---   local start = ckpt_recipe.resume(cfg, objs)          -- 0, or the step resumed from
+--   ckpt_options.lock(cfg)                                -- before building: --checkpoint_dir is this job's
+--   local start = ckpt_options.resume(cfg, objs)          -- 0, or the step resumed from
 --   for step = start + 1, cfg.max_steps do
 --     ... one step ...
---     ckpt_recipe.after_step(cfg, objs, step)            -- saves every --checkpoint_freq steps
+--     ckpt_options.after_step(cfg, objs, step)            -- saves every --checkpoint_freq steps
 --   end
---   ckpt_recipe.finish(cfg, m)                           -- --save_full_state_dict
+--   ckpt_options.finish(cfg, m)                           -- --save_full_state_dict
 --
 -- The same command serves a fresh start and every restart after a crash or
 -- a requeue (the seed's Slurm recipe): with --resume_from_checkpoint the run
@@ -36,7 +36,7 @@ local ckpt = require 'fsdp.checkpointing'
 local json = require 'fsdp.io.json'
 local dir_lock = require 'fsdp.checkpointing.lock'
 local console = require 'fsdp.observe.console'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local ckpt_load = require 'fsdp.checkpointing.load'
 local profiler = require 'fsdp.observe.profiler'
 
@@ -48,7 +48,7 @@ local M = {}
 -- running again would be refused again.
 M.EXIT_LOCKED = 4
 
--- Each entry carries its constraints (fsdp.recipe checks them before a
+-- Each entry carries its constraints (fsdp.options checks them before a
 -- recipe builds anything): the output paths are created and probed for
 -- writing at start, not found unwritable at the first save or after the
 -- whole run.
@@ -72,7 +72,7 @@ M.OPTIONS = {
 }
 
 -- A recipe's own options plus these (its own win on a clash).
-function M.options(own) return recipe.merge(M.OPTIONS, own) end
+function M.options(own) return options.merge(M.OPTIONS, own) end
 
 -- rank 0's line ("[rank 0] " first with several ranks; fsdp.console)
 local function say(fmt, ...) console.print(fmt:format(...)) end
@@ -121,9 +121,9 @@ function M.lock(cfg)
     stop_all(msg, M.EXIT_LOCKED)
   end
   -- The run's options that differ from the defaults, beside its
-  -- checkpoints: `--config DIR/config.yaml` repeats it (fsdp.recipe.save_config).
+  -- checkpoints: `--config DIR/config.yaml` repeats it (fsdp.options.save_config).
   if cfg.checkpoint_dir ~= '' and dist.rank() == 0 then
-    local ok, path, script = pcall(recipe.save_config, cfg, cfg.checkpoint_dir)
+    local ok, path, script = pcall(options.save_config, cfg, cfg.checkpoint_dir)
     if ok then
       say('config: saved %s (fsdp-lua %s --config %s repeats this run)', path, script or 'RECIPE', path)
     else
@@ -149,12 +149,12 @@ function M.resume(cfg, objs)
   M.lock(cfg)
   if not cfg.resume_from_checkpoint then return 0 end
   -- Rank 0's view of the directory, so every rank walks the same list.
-  local s = ckpt.layout.scan(cfg.checkpoint_dir)
+  local s = ckpt.directory.scan(cfg.checkpoint_dir)
   if dist.world_size() > 1 then s = json.decode(dist.all_gather_strings(json.encode(s))[1]) end
   local newest = s.complete[#s.complete]
   for _, e in ipairs(s.incomplete) do
     if not newest or e.step >= newest.step then
-      say('checkpoint: skipping %s: no %s (its save was interrupted)', e.path, ckpt.layout.COMPLETE)
+      say('checkpoint: skipping %s: no %s (its save was interrupted)', e.path, ckpt.directory.COMPLETE)
     end
   end
   local refused = {}

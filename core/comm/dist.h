@@ -1,15 +1,19 @@
 /*
- * dist.h: what the files of core/dist share inside the core: the state of
- * the distributed runtime (dist.c), the group and work structures (group.c,
- * work.c), the waiting policy every blocking loop uses, and what the files
- * of the collectives share (collectives.c, work.c, device_path.c,
- * monitored_barrier.c).
+ * dist.h: what the files of core/comm share inside the core, in the order
+ * of their layers ([Note: the layers of core/comm] in collectives.c):
+ * transport (the runtime's state, groups' and communicators' structures,
+ * the clock, messages, the roll call, device tensors' host staging), work
+ * (the work structure and what starts, finishes and drains works), and the
+ * API's own (initialising on first use, resolving a group, a group's device
+ * path). A declaration sits in the section of the file that defines it.
  */
 #ifndef FL_DIST_H
 #define FL_DIST_H
 
 #include "dist_backend.h"
 #include "internal.h"
+
+/* ==== transport: transport.c, communicator.c, device_path.c, backend_self.c ==== */
 
 typedef struct fl_dist_state {
     bool initialized;
@@ -40,9 +44,6 @@ typedef struct fl_dist_state {
 } fl_dist_state;
 
 extern fl_dist_state fl_dist;
-
-/* Initialise on first use: FL_OK, or the status of a failed init. */
-int fl_dist_ensure(void);
 
 struct fl_group {
     int32_t refcount;
@@ -94,16 +95,11 @@ const fl_device_comm_ops *fl_device_comm_ops_of(fl_device device);
  * collects them, at a different moment and in a different order on every
  * rank, so a group's device communicator is not destroyed then: it is
  * retired, and fl_dist_finalize destroys the retired ones in creation
- * order, which every rank shares. */
-void fl_dist_retire_device_comm(fl_group *g);
+ * order, which every rank shares (fl_dist_free_retired_comms). */
+void fl_dist_free_retired_comms(void);
 
 /* A group around a backend communicator (taken over; NULL: non-member). */
 fl_group *fl_group_wrap(void *comm, const char *name);
-/* The group a collective runs on (NULL: world), checked to have this rank
- * as a member; fails naming the collective, group and rank. */
-fl_group *fl_group_resolve(const char *op, fl_group *g);
-/* "rank 3" or "rank ?" for messages. */
-const char *fl_dist_rank_str(char *buf, size_t size);
 
 /* Monotonic seconds. */
 FL_PLUGIN_API double fl_dist_now(void);
@@ -112,6 +108,14 @@ FL_PLUGIN_API double fl_dist_now(void);
  * while polled; other ranks sharing the core get it), then sleep briefly,
  * up to a millisecond, so waiting for a late rank does not burn a core. */
 FL_PLUGIN_API void fl_dist_pause(double waited);
+
+/* "rank 3" or "rank ?" for messages. */
+const char *fl_dist_rank_str(char *buf, size_t size);
+
+/* "all_reduce on group world (rank 1 of 4, world rank 1)" into buf. */
+const char *fl_dist_where(char *buf, size_t size, const char *op, const fl_group *g);
+/* fl_fail with that prefix. */
+int fl_dist_fail_at(const char *op, const fl_group *g, fl_status status, const char *what);
 
 /* [Note: the watch channel]: ask every member of g what it is doing.
  * Returns g->size answers (free them), or NULL when the backend has no
@@ -126,14 +130,17 @@ void fl_dist_roll_report(const fl_roll_answer *a, int n, double patience, char *
  * within milliseconds; a loaded machine may delay that a second or two. */
 #define FL_ROLL_CALL_SECONDS 3.0
 
-/* Complete what was dropped, without blocking (each call progresses). */
-void fl_dist_progress_dropped(void);
-/* Wait for every dropped work, at most `seconds` in all. */
-void fl_dist_drain_dropped(double seconds);
+/* Device tensors ([Note: collectives on device tensors], device_path.c):
+ * on a device other than the CPU (with storage); both tensors of a
+ * two-tensor collective on one device (fails naming the collective); a
+ * host copy of t; an empty host tensor of t's shape. */
+bool fl_dist_on_device(const fl_tensor *t);
+int fl_dist_check_same_device(const char *op, const fl_group *g, const fl_tensor *out,
+                              const fl_tensor *in);
+fl_tensor *fl_dist_host_copy(const fl_tensor *t);
+fl_tensor *fl_dist_host_like(const fl_tensor *t);
 
-
-/* ---- shared by the files of the collectives (collectives.c, work.c,
- * device_path.c, monitored_barrier.c) ---- */
+/* ==== work: work.c ============================================================== */
 
 struct fl_work {
     const char *name;  /* the collective */
@@ -152,28 +159,47 @@ struct fl_work {
     fl_work *next;     /* in fl_dist.dropped */
 };
 
-/* "all_reduce on group world (rank 1 of 4, world rank 1)" into buf. */
-const char *fl_dist_where(char *buf, size_t size, const char *op, const fl_group *g);
-/* fl_fail with that prefix. */
-int fl_dist_fail_at(const char *op, const fl_group *g, fl_status status, const char *what);
 /* A work of the collective `name` on g (g referenced), or NULL. */
 fl_work *fl_work_new(const char *name, fl_group *g);
 void fl_work_free(fl_work *w);
+/* A work complete from the start (nothing to move), or NULL. */
+fl_work *fl_work_done(const char *name, fl_group *g);
+/* Start c (host buffers, checked by the caller) on w's group through the
+ * host backend: w is returned started (and post-processed when the backend
+ * finished at once), or freed and NULL on a failure naming the collective.
+ * No collective starts once the runtime is broken ([Note: a collective
+ * that never completes]). */
+fl_work *fl_work_start(fl_work *w, const fl_coll *c);
+/* Start c (device pointers) through g's device library (g's device path
+ * decided: fl_group_device_path); keep0/keep1 stay referenced until it
+ * completes. */
+fl_work *fl_work_start_device(const char *op, fl_group *g, const fl_coll *c, fl_tensor *keep0,
+                              const fl_tensor *keep1);
+/* Attach to w, which moves host, the copy of host back into dev when w
+ * completes (at once if it did); w and host consumed; NULL when w is. */
+fl_work *fl_work_copy_back(fl_work *w, fl_tensor *dev, fl_tensor *host);
 /* Test w once; post-process it when it completed (*done). */
 int fl_work_progress(fl_work *w, bool *done);
 /* Post-processing of a completed work. */
 int fl_work_finish(fl_work *w);
-/* Count c, started on a group of group_size ranks, for w. */
-void fl_dist_count_started(fl_work *w, const fl_coll *c, int group_size);
-/* Collectives on device tensors (device_path.c). */
-bool fl_dist_on_device(const fl_tensor *t);
-int fl_dist_check_same_device(const char *op, const fl_group *g, const fl_tensor *out,
-                              const fl_tensor *in);
-fl_tensor *fl_dist_host_copy(const fl_tensor *t);
-fl_tensor *fl_dist_host_like(const fl_tensor *t);
-int fl_dist_device_path(const char *op, fl_group *g, fl_device dev);
-fl_work *fl_dist_launch_device(const char *op, fl_group *g, const fl_coll *c, fl_tensor *keep0,
-                               const fl_tensor *keep1);
-fl_work *fl_dist_copy_back_when_done(fl_work *w, fl_tensor *dev, fl_tensor *host);
+/* Complete what was dropped, without blocking (each call progresses). */
+void fl_dist_progress_dropped(void);
+/* Wait for every dropped work, at most `seconds` in all. */
+void fl_dist_drain_dropped(double seconds);
+
+/* ==== API: dist.c, group.c (collectives.c, monitored_barrier.c) ================ */
+
+/* Initialise on first use: FL_OK, or the status of a failed init. */
+int fl_dist_ensure(void);
+
+/* The group a collective runs on (NULL: world), checked to have this rank
+ * as a member; fails naming the collective, group and rank. */
+fl_group *fl_group_resolve(const char *op, fl_group *g);
+
+/* How g moves tensors on dev, decided with every rank of g on its first
+ * collective there ([Note: collectives on device tensors]): 1 through the
+ * device library (a communicator made then), 0 through host copies, -1 on
+ * an error (named for op). */
+int fl_group_device_path(const char *op, fl_group *g, fl_device dev);
 
 #endif /* FL_DIST_H */

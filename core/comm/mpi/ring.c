@@ -14,7 +14,39 @@
  * MB/s of ring wire bytes, reduce_scatter 42, all_reduce 61. So the plugin
  * runs these three itself when the buffer is large (FSDP_RING_MIN_BYTES,
  * default 64 KiB; smaller ones, the loss and the gradient norm, keep
- * libnbc's few-message algorithms) and FSDP_MPI_RING is not 0:
+ * libnbc's few-message algorithms) and FSDP_MPI_RING is not 0.
+ * The ring's own gain, as libnbc's time over the ring's, in shared memory
+ * (`benchmarks/ring_gain.sh [MIB]`: link_rate.lua with FSDP_MPI_RING=1
+ * and 0, the fastest round of 3-5 runs each; 2026-12-06 by the machine's
+ * clock, AMD EPYC (Zen 5), 2 cores shared with other jobs at load 11-16,
+ * Open MPI 4.1.4; 16 MiB run twice, so its ranges are the noise, 64 MiB
+ * once):
+ *                     reduce_scatter  all_reduce  all_gather
+ *   16 MiB, 2 ranks     3.0-5.5x       0.7-1.3x    0.95-1.07x
+ *   16 MiB, 4 ranks     1.0-1.5x       0.9-1.1x    0.75-0.85x
+ *   64 MiB, 2 ranks     3.7x           2.4x        0.63x
+ *   64 MiB, 4 ranks     2.0x           1.9x        1.2x
+ * So the gain is the reduce-scatter's, FSDP's every backward, and the
+ * large all-reduce's; in shared memory the all-gather gains nothing
+ * (libnbc's moves no more bytes there), and it stays a ring for its
+ * crossing of each node's link once each way and one tag sequence with
+ * the others.
+ * Why not a library's ring. Gloo (Debian's libgloo-dev, a 2022 snapshot)
+ * is C++, moves data over its own TCP or ibverbs transport (no shared
+ * memory: ranks of one node would talk over loopback TCP instead of Open
+ * MPI's vader), meets its ranks through a store of its own (a file, or
+ * Redis through hiredis, which the package depends on), so a second
+ * rendezvous and set of connections beside MPI's, and its algorithms'
+ * run() blocks until done, so overlapping compute would take a thread per
+ * collective. MPICH (Debian's mpich 4.0.2) has ring schedules for its
+ * non-blocking all-gather and all-reduce (the `tsp_ring` algorithms of
+ * MPIR_CVAR_I*_INTRA_ALGORITHM), but it is another MPI: the plugin would
+ * link libmpich instead of Open MPI, and jobs would start under MPICH's
+ * Hydra mpiexec rather than the mpirun and srun --mpi=pmix paths this
+ * project runs and tests; one job cannot mix the two. This file is a
+ * couple of hundred lines over MPI_Isend/MPI_Irecv, which Open MPI
+ * already progresses.
+ * The ring:
  *   - the buffer is cut into one block per rank (reduce-scatter's and
  *     all-gather's blocks are the ranks' own; an all-reduce's N elements
  *     are cut as evenly as they go);

@@ -1,4 +1,4 @@
--- models/t5_recipe.lua: what recipes/t5_3b.lua and recipes/t5_11b.lua
+-- models/t5_training.lua: what recipes/t5_3b.lua and recipes/t5_11b.lua
 -- share: their options, the full-size dry run on meta, and training at
 -- reduced size on CPU on a synthetic source -> target task (reverse, or
 -- copy, a padded sequence of random tokens, then eos), ending with greedy
@@ -18,10 +18,10 @@
 -- full state dict; --export_hf writes the trained model as a Hugging Face
 -- directory at the end (models/pretrained.lua).
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
-local shard_recipe = require 'fsdp.sharding.recipe'
+local options = require 'fsdp.options'
+local shard_options = require 'fsdp.sharding.options'
 local fit = require 'fsdp.sharding.fit'
-local ckpt_recipe = require 'fsdp.checkpointing.recipe'
+local ckpt_options = require 'fsdp.checkpointing.options'
 local nonfinite = require 'fsdp.nonfinite'
 local accumulate = require 'fsdp.sharding.accumulate'
 local t5 = require 'models.t5'
@@ -92,10 +92,10 @@ function M.run(default_model, script, argv)
   -- make are checked before anything is built (a full-size model takes
   -- minutes): a bad one is one line naming it, exit status 2.
   local c, src, pairs_run
-  local cfg = recipe.config(metrics.options(lora.options(t5_pairs.options(pretrained.options(nonfinite.options(
-    ckpt_recipe.options(shard_recipe.options(accumulate.options({
+  local cfg = options.config(metrics.options(lora.options(t5_pairs.options(pretrained.options(nonfinite.options(
+    ckpt_options.options(shard_options.options(accumulate.options({
     model = { default_model, 'config (models/t5.lua): t5-small ... t5-11b, t5-v1_1-xl, t5-v1_1-xxl, tiny',
-              one_of = function() return recipe.keys(t5.configs) end },
+              one_of = function() return options.keys(t5.configs) end },
     num_layers = { 0, 'override encoder and decoder layers (0: keep)', int = true, min = 0 },
     d_model = { 0, 'override the width (0: keep)', int = true, min = 0 },
     d_ff = { 0, 'override the MLP width (0: keep)', int = true, min = 0 },
@@ -138,9 +138,9 @@ function M.run(default_model, script, argv)
     end
     if overrides.num_layers then overrides.num_decoder_layers = overrides.num_layers end
     local ok, err = pcall(t5.config, cfg.model, overrides)
-    local options = { num_layers = 'num_layers', num_decoder_layers = 'num_layers', d_model = 'd_model', d_ff = 'd_ff',
+    local size_options = { num_layers = 'num_layers', num_decoder_layers = 'num_layers', d_model = 'd_model', d_ff = 'd_ff',
                       d_kv = 'd_kv', num_heads = 'num_heads', vocab_size = 'vocab_size' }
-    if not ok then error(recipe.explain(err, options), 0) end
+    if not ok then error(options.explain(err, size_options), 0) end
     c = err
     -- --init_from: the weights' config (size options given too must agree).
     src = pretrained.from_options(cfg, written, {
@@ -151,7 +151,7 @@ function M.run(default_model, script, argv)
     -- The sizes against this machine before anything is built, even on
     -- meta ([Note: sizes are bounded before building] in fsdp.sharding.fit).
     pretrained.bound(cfg, 't5', c, src, {
-      model = cfg.model, options = options, written = written, dtype = cfg.dtype, weights = not (cfg.dry_run or cfg.plan),
+      model = cfg.model, options = size_options, written = written, dtype = cfg.dtype, weights = not (cfg.dry_run or cfg.plan),
       rows = not cfg.dry_run and { cfg.batch_size * (pairs_run and math.max(cfg.source_len, cfg.target_len)
         or cfg.max_len + 1), '--batch_size ' .. cfg.batch_size .. ' x ' .. (pairs_run and 'the longest pair'
         or '(--max_len + 1)') } or nil,
@@ -177,13 +177,13 @@ function M.run(default_model, script, argv)
     return
   end
 
-  print('config:\n' .. recipe.format(cfg))
-  -- --checkpoint_dir is this job's alone from here on (fsdp.checkpointing.recipe.lock).
-  ckpt_recipe.lock(cfg)
+  print('config:\n' .. options.format(cfg))
+  -- --checkpoint_dir is this job's alone from here on (fsdp.checkpointing.options.lock).
+  ckpt_options.lock(cfg)
   -- On meta, then sharded (one unit per T5Block, the seed's wrap and
   -- checkpoint class): each rank initialises only its shards.
   -- --device: the shards, every batch and the loss live there (cpu or cuda:N).
-  local dev = shard_recipe.device(cfg)
+  local dev = shard_options.device(cfg)
   if pairs_run then pairs_run.device = dev end
   local model = t5.Model(c, { device = 'meta', dtype = cfg.dtype })
   local n_params = model:num_parameters()
@@ -192,7 +192,7 @@ function M.run(default_model, script, argv)
   fit.check(model, cfg, t5.Block,
     { batch = cfg.batch_size, seq = pairs_run and math.max(cfg.source_len, cfg.target_len) or cfg.max_len + 1 }, script,
     { layers = 'num_layers' }, { optimizer = cfg.optimizer == 'anyprecision' and 'anyprecision_adamw' or 'adamw' })
-  shard_recipe.apply(model, cfg, t5.Block, script)
+  shard_options.apply(model, cfg, t5.Block, script)
   print(('model: %d + %d layers, d_model %d, d_ff %d, %d heads x %d, vocab %d, %s: %d parameters, %s'):format(
     c.num_layers, c.num_decoder_layers, c.d_model, c.d_ff, c.num_heads, c.d_kv, c.vocab_size,
     c.gated and 'v1.1' or 'v1.0', n_params, cfg.dtype))
@@ -200,7 +200,7 @@ function M.run(default_model, script, argv)
   local Opt = cfg.optimizer == 'anyprecision' and optim.AnyPrecisionAdamW or optim.AdamW
   local opt = Opt(lora.trainable(model), { lr = cfg.lr, weight_decay = cfg.weight_decay,
     betas = { cfg.beta1, cfg.beta2 }, eps = cfg.eps,
-    groups = { { match = shard_recipe.no_decay, weight_decay = 0 } } })
+    groups = { { match = shard_options.no_decay, weight_decay = 0 } } })
   local sched = optim.lr_scheduler.WarmupCosine(opt, { warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps,
                                                        min_lr = cfg.lr / 10 })
   local task
@@ -225,7 +225,7 @@ function M.run(default_model, script, argv)
     config = cfg, plot = cfg.plot, profile_steps = cfg.profile_steps, profile_dir = cfg.profile_dir, model = model,
     comm_joined = cfg.comm_joined })
   if pairs_run then pairs_run.log = log end
-  local start_step, resumed = ckpt_recipe.resume(cfg, state)
+  local start_step, resumed = ckpt_options.resume(cfg, state)
   if cfg.resume_from_checkpoint then log:resume(start_step) end
   pretrained.start(cfg, model, src, start_step, resumed) -- --init_from's weights, unless a checkpoint was resumed
   for step = start_step + 1, cfg.max_steps do
@@ -245,10 +245,10 @@ function M.run(default_model, script, argv)
     r.dt = clock.now() - t0
     log:step(step, r)
     if pairs_run then t5_pairs.maybe_validate(model, pairs_run, cfg, step) end
-    ckpt_recipe.after_step(cfg, state, step, pretrained.extra(cfg.model, 't5', c, src))
+    ckpt_options.after_step(cfg, state, step, pretrained.extra(cfg.model, 't5', c, src))
   end
   log:close()
-  ckpt_recipe.finish(cfg, model)
+  ckpt_options.finish(cfg, model)
   pretrained.export(cfg, model, src)
 
   if pairs_run then

@@ -1,6 +1,6 @@
 /*
  * dist_backend.h: the vtable a communication backend implements, shared by
- * the core (core/dist/) and the MPI plugin (core/dist/mpi/, built into
+ * the core (core/comm/) and the MPI plugin (core/comm/mpi/, built into
  * libfsdp_mpi.so).
  *
  * The plugin is a separate shared object so that libfsdp.so never links
@@ -87,7 +87,7 @@ typedef struct fl_dist_backend {
     void (*abandon)(void *req);
     /* End every process of the job with this exit code. */
     void (*abort)(int code);
-    /* [Note: the watch channel] (core/dist/mpi/backend_mpi.c); NULL in a
+    /* [Note: the watch channel] (core/comm/mpi/backend_mpi.c); NULL in a
      * backend of one rank. roll_call asks every other member of comm what
      * it is doing and fills answers[i] for group rank i (this rank's own
      * entry says what it is doing), waiting at most `patience` seconds. */
@@ -103,13 +103,13 @@ typedef struct fl_dist_backend {
      * overlapped or not. NULL: collectives complete as they start. */
     double (*busy_seconds)(int kind);
     /* Move up to max of the oldest completed collectives' records
-     * ([Note: joined time], core/dist/mpi/backend_mpi.c) into out; returns
+     * ([Note: joined time], core/comm/mpi/backend_mpi.c) into out; returns
      * how many; *lost = records dropped unread since the previous call.
      * NULL: the backend keeps none. */
     int (*collective_log)(fl_coll_record *out, int max, int64_t *lost);
     /* Progress the collectives in flight once, unless another thread is
      * progressing them right now (never blocks): [Note: progress from
-     * compute], core/dist/dist.c. NULL: nothing ever needs it. */
+     * compute], core/comm/dist.c. NULL: nothing ever needs it. */
     void (*poke)(void);
 } fl_dist_backend;
 

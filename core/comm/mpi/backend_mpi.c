@@ -1,7 +1,7 @@
 /*
  * backend_mpi.c: the Open MPI backend, built alone into libfsdp_mpi.so and
  * loaded by the core only in processes a launcher started (see [Note:
- * choosing the backend] in core/dist/dist.c), so libfsdp.so never links
+ * choosing the backend] in core/comm/dist.c), so libfsdp.so never links
  * libmpi.
  *
  * It moves contiguous host buffers with MPI's non-blocking collectives
@@ -37,7 +37,7 @@
  *   (or runs without the progress thread).
  * - LEAVE: a rank leaving before its run finished (os.exit mid-run) tells
  *   the others; the core's exit hook waits briefly for all to leave and
- *   otherwise ends the job (core/dist/dist.c, [Note: leaving the job]).
+ *   otherwise ends the job (core/comm/dist.c, [Note: leaving the job]).
  * Each channel message is received whole (probe, then receive its size),
  * so no receive ever stays posted into memory that could go away.
  */
@@ -223,7 +223,7 @@ static void poll_one(mpi_req *r) {
 static void watch_poll(void);
 
 /* One pass over the requests in flight, from a thread that computes
- * ([Note: progress from compute], core/dist/dist.c). A try-lock: when the
+ * ([Note: progress from compute], core/comm/dist.c). A try-lock: when the
  * progress thread (or a wait) holds the lock it is progressing them. */
 static void mpi_poke(void) {
     if (pthread_mutex_trylock(&S.lock) != 0) return;
@@ -512,7 +512,7 @@ static MPI_Op mpi_op(fl_reduce_op op) {
 /* ---- init and finalize ------------------------------------------------------------- */
 
 /* Ring collectives' messages take tags above the monitored barrier's
- * (1 ... 30000, core/dist/monitored_barrier.c) and at most 32767, the
+ * (1 ... 30000, core/comm/monitored_barrier.c) and at most 32767, the
  * least MPI_TAG_UB the standard allows. */
 enum { RING_TAG_FIRST = 30720, RING_TAGS = 2048 };
 

@@ -1,6 +1,8 @@
 /*
  * monitored_barrier.c: a barrier that names the ranks that did not arrive
- * within a timeout (fl_monitored_barrier), as torch.distributed's.
+ * within a timeout (fl_monitored_barrier), as torch.distributed's. In the
+ * API layer of core/comm ([Note: the layers of core/comm] in
+ * collectives.c): point-to-point messages on the backend, no work.
  */
 #include "dist.h"
 

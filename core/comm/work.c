@@ -1,15 +1,19 @@
 /*
- * work.c: the work a collective returns: testing and waiting with a
- * deadline, post-processing when it completes (averaging, rounding 16-bit
- * results back from f32), failure, and the counts of the collectives this
- * process started (fl_dist_collective_stats).
+ * work.c: the middle layer of core/comm ([Note: the layers of core/comm] in
+ * collectives.c): the work a collective returns. Starting the backend's
+ * request (or the device library's) for a checked collective, testing and
+ * waiting with a deadline, post-processing when it completes (averaging,
+ * rounding 16-bit results back from f32, copying a host stand-in back to
+ * its device tensor), failure, works released before completion, and the
+ * counts of the collectives this process started
+ * (fl_dist_collective_stats). It calls only the transport below it.
  *
  * [Note: progress and waiting]
  * Collectives are non-blocking MPI (MPI_Iallgather..., or the plugin's
  * rings of MPI_Isend/MPI_Irecv), so the rank computes while data moves. Open MPI moves non-blocking collectives only
  * inside MPI calls; the MPI backend therefore runs a progress thread that
  * tests outstanding requests every FSDP_PROGRESS_INTERVAL_US (default 100)
- * microseconds while any exist (see core/dist/mpi/backend_mpi.c), and
+ * microseconds while any exist (see core/comm/mpi/backend_mpi.c), and
  * fl_work_test / fl_work_wait progress them too. A wait polls: it yields
  * the core between polls for the first second (see fl_dist_pause), then
  * sleeps briefly, and fails after the collective timeout instead of
@@ -155,6 +159,96 @@ int fl_work_progress(fl_work *w, bool *done) {
     }
     *done = true;
     return FL_OK;
+}
+
+/* ---- starting ----------------------------------------------------------------- */
+
+/* Count c, started on a group of group_size ranks, for w. The buffer is
+ * the whole gathered output of an all_gather and the whole input of a
+ * reduce_scatter (count is one rank's part), the tensor of an all_reduce
+ * or broadcast; 16-bit reductions arrive here already staged in f32. */
+static void count_started(fl_work *w, const fl_coll *c, int group_size) {
+    if ((int)c->kind < 0 || (int)c->kind > FL_COLL_BARRIER) return;
+    int64_t elements = c->count;
+    if (c->kind == FL_COLL_ALL_GATHER || c->kind == FL_COLL_REDUCE_SCATTER) elements *= group_size;
+    coll_started[c->kind]++;
+    coll_bytes[c->kind] += c->kind == FL_COLL_BARRIER ? 0 : elements * (int64_t)fl_dtype_size(c->dtype);
+    w->kind = (int)c->kind;
+}
+
+fl_work *fl_work_done(const char *name, fl_group *g) {
+    fl_work *w = fl_work_new(name, g);
+    if (w) w->completed = true;
+    return w;
+}
+
+fl_work *fl_work_start(fl_work *w, const fl_coll *c) {
+    if (fl_dist.broken) {
+        char why[700];
+        snprintf(why, sizeof why, "no collective can start on this rank after an earlier one "
+                 "timed out (MPI may still complete that one): %s",
+                 fl_dist.broken_message);
+        fl_dist_fail_at(w->name, w->group, FL_ERR_STATE, why);
+        fl_work_free(w);
+        return NULL;
+    }
+    count_started(w, c, w->group->size);
+    int rc = fl_dist.backend->start(w->group->comm, c, &w->req);
+    if (rc != FL_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", fl_last_error());
+        fl_dist_fail_at(w->name, w->group, FL_ERR_DEVICE, why);
+        fl_work_free(w);
+        return NULL;
+    }
+    bool done;
+    /* A backend that finished at once (or a request already complete)
+     * still gets its post-processing now. */
+    if (!w->req && fl_work_progress(w, &done) != FL_OK) {
+        fl_work_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+fl_work *fl_work_start_device(const char *op, fl_group *g, const fl_coll *c, fl_tensor *keep0,
+                              const fl_tensor *keep1) {
+    const fl_device_comm_ops *ops = fl_device_comm_ops_of(g->comm_device);
+    fl_work *w = fl_work_new(op, g);
+    if (!w) return NULL;
+    count_started(w, c, g->size);
+    w->keep[0] = fl_tensor_retain(keep0);
+    w->keep[1] = keep1 ? fl_tensor_retain((fl_tensor *)keep1) : NULL;
+    w->dops = ops;
+    char label[160];
+    fl_dist_where(label, sizeof label, op, g);
+    if (ops->start(g->device_comm, fl_device_index(g->comm_device), c, label, &w->req) != FL_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", fl_last_error());
+        fl_dist_fail_at(op, g, FL_ERR_DEVICE, why);
+        fl_work_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+fl_work *fl_work_copy_back(fl_work *w, fl_tensor *dev, fl_tensor *host) {
+    if (!w) {
+        fl_tensor_release(host);
+        return NULL;
+    }
+    if (w->completed) {
+        int rc = fl_copy_(dev, host);
+        fl_tensor_release(host);
+        if (rc != FL_OK) {
+            fl_work_free(w);
+            return NULL;
+        }
+        return w;
+    }
+    w->device_out = fl_tensor_retain(dev);
+    w->host_out = host;
+    return w;
 }
 
 int fl_work_test(fl_work *w, bool *done) {
@@ -335,19 +429,6 @@ void fl_dist_drain_dropped(double seconds) {
         }
         fl_dist_pause(waited);
     }
-}
-
-/* Count c, started on a group of group_size ranks, for w. The buffer is
- * the whole gathered output of an all_gather and the whole input of a
- * reduce_scatter (count is one rank's part), the tensor of an all_reduce
- * or broadcast; 16-bit reductions arrive here already staged in f32. */
-void fl_dist_count_started(fl_work *w, const fl_coll *c, int group_size) {
-    if ((int)c->kind < 0 || (int)c->kind > FL_COLL_BARRIER) return;
-    int64_t elements = c->count;
-    if (c->kind == FL_COLL_ALL_GATHER || c->kind == FL_COLL_REDUCE_SCATTER) elements *= group_size;
-    coll_started[c->kind]++;
-    coll_bytes[c->kind] += c->kind == FL_COLL_BARRIER ? 0 : elements * (int64_t)fl_dtype_size(c->dtype);
-    w->kind = (int)c->kind;
 }
 
 static int coll_kind_of(const char *kind) {

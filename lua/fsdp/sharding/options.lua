@@ -1,10 +1,10 @@
--- fsdp.sharding.recipe: the sharding options every training recipe shares,
+-- fsdp.sharding.options: the sharding options every training recipe shares,
 -- and the step from a recipe's config to a sharded, checkpointed model.
 --
---   local shard_recipe = require 'fsdp.sharding.recipe'
---   local cfg = recipe.config(shard_recipe.options({ lr = {...}, ... }), arg, 'recipes/x.lua')
+--   local shard_options = require 'fsdp.sharding.options'
+--   local cfg = options.config(shard_options.options({ lr = {...}, ... }), arg, 'recipes/x.lua')
 --   local model = Model(c, {device = 'meta'})
---   shard_recipe.apply(model, cfg, Block)   -- wrap and checkpoint by the block class
+--   shard_options.apply(model, cfg, Block)   -- wrap and checkpoint by the block class
 --
 -- The seed's recipes wrap the transformer block class, checkpoint the same
 -- class and train in bf16 mixed precision; these options expose each choice.
@@ -15,13 +15,13 @@ local suggest = require 'fsdp.suggest'
 local lora = require 'fsdp.lora'
 local devices = require 'fsdp.devices'
 local console = require 'fsdp.observe.console'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local layout = require 'fsdp.sharding.layout'
 local mesh_mod = require 'fsdp.mesh'
 
 local M = {}
 
--- Each entry carries its constraints (fsdp.recipe checks them before a
+-- Each entry carries its constraints (fsdp.options checks them before a
 -- recipe builds anything).
 local DTYPES = { '', 'bf16', 'f16', 'f32' }
 M.OPTIONS = {
@@ -47,7 +47,7 @@ M.OPTIONS = {
                                   bf16 = { ['true'] = 'bf16', ['1'] = 'bf16', ['false'] = '', ['0'] = '' } } },
   reduce_dtype = { '', 'dtype of gradient reduction (default: the compute dtype; FSDP2: '
                        .. 'MixedPrecisionPolicy(reduce_dtype=))', one_of = DTYPES },
-  cpu_offload = { false, 'keep master shards, gradients and optimizer state in host memory, the optimizer step on the '
+  cpu_offload = { false, 'keep master shards, gradients and optimizer state in CPU memory, the optimizer step on the '
                          .. 'CPU (FSDP2: offload_policy=CPUOffloadPolicy(); on --device=cpu they are there already)' },
   wrap = { 'transformer', 'wrap policy: transformer (one unit per block), size, none',
            one_of = { 'transformer', 'size', 'none' } },
@@ -56,7 +56,7 @@ M.OPTIONS = {
   forward_prefetch = { false, 'gather the next unit in forward ahead of time' },
   limit_all_gathers = { true, 'at most two all-gathers in flight' },
   activation_checkpointing = { false, 'recompute each block in backward instead of keeping activations' },
-  offload_activations = { false, 'move what each block saves for backward to pinned host memory (cuda; a no-op on the cpu)' },
+  offload_activations = { false, 'move what each block saves for backward to pinned CPU memory (cuda; a no-op on the cpu)' },
   plan = { false, 'print what each rank would hold, send and compute (fsdp.plan) for this config, and exit' },
   plan_world = { 0, 'with --plan: the number of ranks to plan for (0: this job\'s)', int = true, min = 0 },
   plan_nodes = { 0, 'with --plan: the number of nodes to plan for (0: this job\'s, or 1 with --plan_world; must divide it)',
@@ -84,7 +84,7 @@ M.OPTIONS = {
 
 -- A recipe's own options plus these and --device (fsdp.sharding.device;
 -- its own win on a clash).
-function M.options(own) return recipe.merge(device.OPTIONS, M.OPTIONS, own) end
+function M.options(own) return options.merge(device.OPTIONS, M.OPTIONS, own) end
 
 -- The device the config trains on: 'cpu' or 'cuda:N'.
 M.device = device.resolve
@@ -134,7 +134,7 @@ function M.mesh_sizes(cfg, where)
   local ok, sizes = pcall(mesh_mod.resolve_sizes, spec, world, 'mesh')
   if not ok then
     bad('--tp=%d --dp_shard=%s --dp_replicate=%s: %s', T, S > 0 and S or '(the rest)', Rr > 0 and Rr or 1,
-      (recipe.bare(sizes):gsub('^mesh: ', '')))
+      (options.bare(sizes):gsub('^mesh: ', '')))
   end
   if T > 1 and nodes > 1 and per_node % T ~= 0 then
     bad('--tp=%d does not divide the %d ranks per node: a tensor-parallel group must not straddle nodes', T, per_node)
@@ -221,7 +221,7 @@ function M.apply(model, cfg, block_class, script, mesh)
       or ('%d rank%s'):format(W, W == 1 and '' or 's'), #units, frozen > 0 and (' (%d frozen)'):format(frozen) or '',
     units[#units].param_dtype, units[#units].reduce_dtype,
     cfg.activation_checkpointing and ', checkpointed blocks' or '',
-    offload and ', activations offloaded to pinned host memory' or '',
+    offload and ', activations offloaded to pinned CPU memory' or '',
     frozen > 0 and ('; rank 0 holds %.3f MiB of trainable shards, %.3f MiB frozen (%s)'):format(train_bytes / 2^20,
       frozen_bytes / 2^20, frozen_dtype) or ''))
   return model, units

@@ -1,7 +1,11 @@
 /*
  * dist.c: starting and stopping the distributed runtime: which backend
  * runs, loading the MPI plugin, where this rank stands (rank, node), the
- * collective timeout, and ending the whole job when a rank fails.
+ * collective timeout, and ending the whole job when a rank fails. The
+ * bottom of the API layer ([Note: the layers of core/comm] in
+ * collectives.c): it fills the runtime's state (fl_dist, in transport.c)
+ * and calls only the work and transport layers; groups and collectives
+ * call it.
  *
  * [Note: choosing the backend]
  * libfsdp.so never links libmpi. A process started by a launcher
@@ -68,13 +72,10 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-fl_dist_state fl_dist;
 
 /* [Note: progress from compute] */
 enum { POKE_GAP_US = 50 };
@@ -106,30 +107,6 @@ static const double LEAVE_PATIENCE = 3.0;
  * taking them to be waiting for this one. */
 static const double WAITED_FOR_GRACE = 1.0;
 
-/* ---- time and waiting ----------------------------------------------------- */
-
-double fl_dist_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-void fl_dist_pause(double waited) {
-    /* Open MPI moves data (and computes reductions) only inside MPI calls,
-     * so every pause between polls is time the collective stands still:
-     * sleeping even 20 us between polls made a 32 MB reduce_scatter take
-     * twice as long as MPI's own blocking call. Yielding instead lets other
-     * ranks sharing the core run, and costs nothing when none do. */
-    if (waited < 1.0) {
-        sched_yield();
-        return;
-    }
-    /* Waits this long are a late or failed peer, not a transfer: poll
-     * less often so a wait of minutes does not burn a core. */
-    struct timespec ts = {0, waited < 10.0 ? 50000 : 1000000};
-    nanosleep(&ts, NULL);
-}
-
 /* ---- the environment --------------------------------------------------------- */
 
 /* Why a launcher started this process ("OMPI_COMM_WORLD_SIZE=4"), or NULL. */
@@ -149,13 +126,6 @@ static const char *launcher_reason(char *buf, size_t size) {
         return buf;
     }
     return NULL;
-}
-
-const char *fl_dist_rank_str(char *buf, size_t size) {
-    int r = fl_dist.initialized ? fl_dist.topo.rank : fl_dist_launcher_rank();
-    if (r < 0) r = 0;
-    snprintf(buf, size, "rank %d", r);
-    return buf;
 }
 
 /* ---- loading the MPI plugin -------------------------------------------------- */
@@ -256,60 +226,6 @@ static void end_job(const char *why) {
             why, fl_dist.topo.size);
     fflush(stderr);
     fl_dist.backend->abort(1);
-}
-
-fl_roll_answer *fl_dist_roll_call(fl_group *g, double patience) {
-    if (!fl_dist.backend || !fl_dist.backend->roll_call || !g || !g->comm || g->size < 2)
-        return NULL;
-    fl_roll_answer *a = calloc((size_t)g->size, sizeof *a);
-    if (a && fl_dist.backend->roll_call(g->comm, patience, a) != FL_OK) {
-        free(a);
-        return NULL;
-    }
-    return a;
-}
-
-void fl_dist_roll_report(const fl_roll_answer *a, int n, double patience, char *buf,
-                         size_t size) {
-    size_t len = 0;
-    char silent[256] = "";
-    size_t slen = 0;
-    int n_silent = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n; i++) {
-        if (a[i].world_rank == fl_dist.topo.rank) continue;
-        if (!a[i].answered) {
-            if (slen < sizeof silent)
-                slen += (size_t)snprintf(silent + slen, sizeof silent - slen, "%s%d",
-                                         n_silent ? ", " : "", a[i].world_rank);
-            n_silent++;
-        } else if (a[i].in_flight == 0 && len < size) {
-            if (a[i].since_last < 0)
-                len += (size_t)snprintf(buf + len, size - len,
-                                        "%sworld rank %d has not started any collective",
-                                        len ? "; " : "", a[i].world_rank);
-            else
-                len += (size_t)snprintf(buf + len, size - len,
-                                        "%sworld rank %d is not in any collective (it started "
-                                        "its last one %.1f s ago)",
-                                        len ? "; " : "", a[i].world_rank, a[i].since_last);
-        }
-    }
-    if (n_silent && len < size)
-        len += (size_t)snprintf(buf + len, size - len,
-                                "%sworld rank%s %s did not answer within %g s (stopped, dead, "
-                                "or stuck outside MPI)",
-                                len ? "; " : "", n_silent > 1 ? "s" : "", silent, patience);
-    /* Nobody idle or silent: say where the others wait, since one of them
-     * waits for a rank outside this group (or all for each other). */
-    if (len > 0) return;
-    for (int i = 0; i < n && len < size; i++)
-        if (a[i].world_rank != fl_dist.topo.rank && a[i].answered && a[i].in_flight > 0)
-            len += (size_t)snprintf(buf + len, size - len,
-                                    "%sworld rank %d waits in a collective (its oldest started "
-                                    "%.1f s ago, %d in flight)",
-                                    len ? "; " : "", a[i].world_rank, a[i].oldest,
-                                    a[i].in_flight);
 }
 
 /* "0, 2, 3" from the ranks not flagged in left; returns how many. */
@@ -488,26 +404,6 @@ int fl_dist_set_timeout(double seconds) {
     return FL_OK;
 }
 
-void fl_dist_retire_device_comm(fl_group *g) {
-    const fl_device_comm_ops *ops = fl_device_comm_ops_of(g->comm_device);
-    if (fl_dist.finalized || !ops) return; /* gone with the process */
-    if (fl_dist.n_retired == fl_dist.cap_retired) {
-        int cap = fl_dist.cap_retired ? 2 * fl_dist.cap_retired : 8;
-        void *p = realloc(fl_dist.retired, (size_t)cap * sizeof *fl_dist.retired);
-        if (!p) return; /* left to the process's end */
-        fl_dist.retired = p;
-        fl_dist.cap_retired = cap;
-    }
-    fl_dist.retired[fl_dist.n_retired++] =
-        (struct fl_retired_comm){g->device_comm_seq, ops, g->device_comm};
-    g->device_comm = NULL;
-}
-
-static int by_seq(const void *a, const void *b) {
-    const struct fl_retired_comm *x = a, *y = b;
-    return (x->seq > y->seq) - (x->seq < y->seq);
-}
-
 void fl_dist_finalize(void) {
     if (!fl_dist.backend || fl_dist.finalized) return;
     /* MPI_Finalize with a collective that may never complete could wait
@@ -521,14 +417,7 @@ void fl_dist_finalize(void) {
         fl_dist_drain_dropped(fl_dist.timeout);
         fl_group_release(fl_dist.world);
         fl_dist.world = NULL;
-        /* [Note: destroying device communicators] */
-        if (fl_dist.n_retired > 1)
-            qsort(fl_dist.retired, (size_t)fl_dist.n_retired, sizeof *fl_dist.retired, by_seq);
-        for (int i = 0; i < fl_dist.n_retired; i++)
-            fl_dist.retired[i].ops->comm_free(fl_dist.retired[i].comm);
-        free(fl_dist.retired);
-        fl_dist.retired = NULL;
-        fl_dist.n_retired = fl_dist.cap_retired = 0;
+        fl_dist_free_retired_comms();
     }
     fl_dist.initialized = false;
     fl_dist.finalized = true;

@@ -9,35 +9,17 @@
  * collective over its parent, as MPI_Comm_split is: every rank calls, and a
  * rank that is not a member gets a group that says so (is_member false)
  * rather than nothing, so the same script runs on every rank.
+ *
+ * In the API layer of core/comm ([Note: the layers of core/comm] in
+ * collectives.c): a group's lifetime (wrap, retain, release) sits below
+ * the works that reference it, in communicator.c. A group's first
+ * collective on device tensors decides here, with every rank, how the group
+ * moves them, through works started directly (the collectives call this
+ * file, so this file calls none of them).
  */
 #include "dist.h"
 
 #include <string.h>
-
-fl_group *fl_group_wrap(void *comm, const char *name) {
-    fl_group *g = calloc(1, sizeof *g);
-    if (!g) {
-        if (comm) fl_dist.backend->comm_free(comm);
-        return FL_FAIL_NULL(FL_ERR_OOM, "dist: out of memory creating group %s", name);
-    }
-    g->refcount = 1;
-    g->comm = comm;
-    g->rank = -1;
-    snprintf(g->name, sizeof g->name, "%s", name);
-    if (!comm) return g;
-    g->rank = fl_dist.backend->comm_rank(comm);
-    g->size = fl_dist.backend->comm_size(comm);
-    g->world_ranks = malloc(sizeof(int) * (size_t)(g->size > 0 ? g->size : 1));
-    if (!g->world_ranks || g->rank < 0 || g->size < 1 ||
-        fl_dist.backend->world_ranks(comm, g->world_ranks) != FL_OK) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", g->world_ranks ? fl_last_error() : "out of memory");
-        fl_group_release(g);
-        return FL_FAIL_NULL(FL_ERR_DEVICE, "dist: cannot describe the members of group %s: %s",
-                            name, why);
-    }
-    return g;
-}
 
 fl_group *fl_group_resolve(const char *op, fl_group *g) {
     if (fl_dist_ensure()) return NULL;
@@ -131,19 +113,101 @@ int fl_group_hybrid(fl_group **shard, fl_group **replicate) {
     return FL_OK;
 }
 
-fl_group *fl_group_retain(fl_group *g) {
-    if (g) g->refcount++;
-    return g;
+/* ---- how a group moves device tensors ([Note: collectives on device tensors]) ---- */
+
+/* Run one collective over the host tensor t on g and wait for it: the
+ * group's own exchanges while it decides its device path. The buffer is
+ * this file's and well formed, so the work starts without the checks the
+ * collectives make of a caller's tensors; the work keeps t referenced, as
+ * a timeout may leave it with the backend. */
+static int host_exchange(fl_group *g, const char *name, fl_coll_kind kind, fl_tensor *t,
+                         fl_reduce_op rop) {
+    fl_work *w = fl_work_new(name, g);
+    if (!w) return fl_last_status();
+    w->keep[0] = fl_tensor_retain(t);
+    fl_coll c = {kind, NULL, t->data, t->numel, t->dtype, rop, 0};
+    w = fl_work_start(w, &c);
+    int rc = w ? fl_work_wait(w) : (int)fl_last_status();
+    fl_work_release(w);
+    return rc;
 }
 
-void fl_group_release(fl_group *g) {
-    if (!g || --g->refcount > 0) return;
-    /* After finalize the backend is gone; its communicators went with it. */
-    if (g->device_comm) fl_dist_retire_device_comm(g);
-    if (g->comm && fl_dist.backend && !fl_dist.finalized) fl_dist.backend->comm_free(g->comm);
-    free(g->world_ranks);
-    free(g);
+/* Every rank of g learns whether all of them have *flag set (an all-reduce
+ * of int32 minima on the host). */
+static int agree(fl_group *g, int32_t *flag) {
+    int64_t one = 1;
+    fl_tensor *t = fl_empty(1, &one, FL_I32, fl_device_make(FL_DEVICE_CPU, 0));
+    if (!t) return fl_last_status();
+    *(int32_t *)t->data = *flag;
+    int rc = host_exchange(g, "all_reduce", FL_COLL_ALL_REDUCE, t, FL_REDUCE_MIN);
+    *flag = *(int32_t *)t->data;
+    fl_tensor_release(t);
+    return rc;
 }
+
+/* All ranks or none use the library: a rank without it, or one whose
+ * communicator could not be made (NCCL refuses two ranks on one GPU),
+ * sends the whole group through host copies, since collectives of the two
+ * kinds would never meet. */
+int fl_group_device_path(const char *op, fl_group *g, fl_device dev) {
+    if (g->size == 1) return 0;
+    if (g->device_path == 0) {
+        const fl_device_comm_ops *ops = fl_device_comm_ops_of(dev);
+        /* A rank that cannot use its device must say so before the others
+         * block in comm_init waiting for it. */
+        int32_t ok = ops != NULL && ops->check_device(fl_device_index(dev)) == FL_OK;
+        if (ops && !ok)
+            fprintf(stderr, "fsdp-lua: rank %d: %s cannot use the device: %s\n", fl_dist.topo.rank,
+                    ops->name, fl_last_error());
+        if (agree(g, &ok)) return -1;
+        unsigned char id[129] = {0};
+        if (ok) {
+            int64_t n = sizeof id;
+            fl_tensor *t = fl_empty(1, &n, FL_U8, fl_device_make(FL_DEVICE_CPU, 0));
+            if (!t) return -1;
+            unsigned char *b = t->data;
+            memset(b, 0, sizeof id);
+            if (g->rank == 0) b[0] = ops->unique_id(b + 1) == FL_OK;
+            int rc = host_exchange(g, "broadcast", FL_COLL_BROADCAST, t, FL_REDUCE_SUM);
+            memcpy(id, b, sizeof id);
+            fl_tensor_release(t);
+            if (rc) return -1;
+            ok = id[0];
+        }
+        void *comm = NULL;
+        char why[300] = "";
+        if (ok) {
+            ok = ops->comm_init(g->size, id + 1, g->rank, fl_device_index(dev), &comm) == FL_OK;
+            if (!ok) snprintf(why, sizeof why, "%s", fl_last_error());
+            int32_t all = ok;
+            if (agree(g, &all)) return -1;
+            /* A communicator some ranks made and others could not is left
+             * alone: destroying it is collective over ranks that never
+             * joined, and would hang. */
+            if (!all && why[0])
+                fprintf(stderr, "fsdp-lua: rank %d: %s is not used for cuda tensors on group %s (%s); "
+                        "they move through host copies\n", fl_dist.topo.rank, ops->name, g->name, why);
+            ok = all;
+        }
+        g->device_path = ok ? 1 : -1;
+        g->device_comm = ok ? comm : NULL;
+        g->comm_device = dev;
+        if (ok) g->device_comm_seq = ++fl_dist.device_comms_made;
+    }
+    if (g->device_path < 0) return 0;
+    if (g->comm_device != dev) {
+        char a[32], b[32], why[160];
+        fl_device_format(g->comm_device, a, sizeof a);
+        fl_device_format(dev, b, sizeof b);
+        snprintf(why, sizeof why, "the group's %s communicator is on %s, the tensors on %s",
+                 fl_device_comm_ops_of(dev)->name, a, b);
+        fl_dist_fail_at(op, g, FL_ERR_ARG, why);
+        return -1;
+    }
+    return 1;
+}
+
+/* ---- what a group says about itself ------------------------------------------------ */
 
 bool fl_group_is_member(const fl_group *g) { return g && g->comm; }
 int fl_group_rank(const fl_group *g) { return g ? g->rank : -1; }

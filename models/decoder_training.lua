@@ -1,12 +1,12 @@
--- models/decoder_recipe.lua: what the decoder training recipes share
+-- models/decoder_training.lua: what the decoder training recipes share
 -- (recipes/llama2_7b.lua on token data, recipes/sft.lua on conversations):
 -- the model and optimizer options, the model config they make (from
 -- --model and the size overrides, or from --init_from's weights), its
 -- checks against this machine before anything is built, the sharded build
 -- with LoRA, and AdamW with warmup and cosine decay.
 --
---   local dr = require 'models.decoder_recipe'
---   local cfg = recipe.config(dr.options({...own...}), arg, script, function(cfg, written)
+--   local dr = require 'models.decoder_training'
+--   local cfg = options.config(dr.options({...own...}), arg, script, function(cfg, written)
 --     R = dr.resolve(cfg, written, script)      -- family, --init_from source, size overrides
 --     ... (R.overrides.vocab_size from the data, say) ...
 --     dr.check(R, cfg, written, {rows = ..., dry_run = ..., plan = ...})   -- R.config; bounds, positions, LoRA
@@ -14,7 +14,7 @@
 --   local model, n_params = dr.build(R, cfg, script, {batch =, seq =})   -- sharded, LoRA applied
 --   local opt, sched = dr.optimizer(model, cfg)
 local fsdp = require 'fsdp'
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local decoders = require 'models.decoders'
 local llama_family = require 'models.families.llama'
 local pretrained = require 'models.pretrained'
@@ -25,8 +25,10 @@ local nonfinite = require 'fsdp.nonfinite'
 local accumulate = require 'fsdp.sharding.accumulate'
 local console = require 'fsdp.observe.console'
 local metrics = require 'fsdp.observe.metrics'
-local ckpt_recipe = require 'fsdp.checkpointing.recipe'
-local shard_recipe = require 'fsdp.sharding.recipe'
+local ckpt_options = require 'fsdp.checkpointing.options'
+local shard_options = require 'fsdp.sharding.options'
+local mesh_mod = require 'fsdp.mesh'
+local tp = require 'fsdp.tp'
 
 local M = {}
 
@@ -71,7 +73,7 @@ M.DTYPES = { 'f32', 'bf16' }
 M.SCHEDULE_HELP = 'optimizer step s (1..max_steps) runs at lr*s/(W+1) while s <= W (the first at lr/(W+1), not 0), '
   .. 'then min_lr + (lr - min_lr)*(1 + cos(pi*(s-1-W)/(max_steps-W)))/2'
 
--- The device mesh ([Note: the recipe's mesh] in fsdp/sharding/recipe.lua):
+-- The device mesh ([Note: the recipe's mesh] in fsdp/sharding/options.lua):
 -- none given, no mesh (the strategy's own groups, as ever).
 M.MESH_OPTIONS = {
   tp = { 1, 'tensor-parallel ranks: each layer\'s weights split over this many consecutive ranks of a node, which see '
@@ -116,8 +118,8 @@ M.TRAIN_OPTIONS = {
 -- (own wins on a clash).
 function M.options(own)
   return metrics.options(lora.options(pretrained.options(nonfinite.options(
-    ckpt_recipe.options(shard_recipe.options(
-    accumulate.options(recipe.merge(M.MODEL_OPTIONS, M.MESH_OPTIONS, M.TRAIN_OPTIONS, own))))))))
+    ckpt_options.options(shard_options.options(
+    accumulate.options(options.merge(M.MODEL_OPTIONS, M.MESH_OPTIONS, M.TRAIN_OPTIONS, own))))))))
 end
 
 local SIZE_OPTIONS = { { 'n_layers', 'num_layers' }, { 'dim', 'hidden_width' }, { 'n_heads', 'num_heads' },
@@ -172,7 +174,7 @@ function M.check(R, cfg, written, opts)
     c = R.src.config
   else
     local ok, err = pcall(R.fam.module.config, R.config_name, R.overrides)
-    if not ok then error(recipe.explain(err, M.CONFIG_NAMES, written), 0) end
+    if not ok then error(options.explain(err, M.CONFIG_NAMES, written), 0) end
     c = err
   end
   R.config = c
@@ -191,7 +193,7 @@ function M.check(R, cfg, written, opts)
   -- the mesh against the world (--plan: the world planned for) and, with
   -- --tp, against the model
   local plan_world = opts.weights == false and (cfg.plan_world or 0) > 0 and cfg.plan_world or nil
-  R.mesh_sizes = shard_recipe.mesh_sizes(cfg, plan_world and {
+  R.mesh_sizes = shard_options.mesh_sizes(cfg, plan_world and {
     world = plan_world, nodes = (cfg.plan_nodes or 0) > 0 and cfg.plan_nodes or 1 } or nil)
   if cfg.tp > 1 then M.check_tp(cfg, c, R) end
   if cfg.sequence_parallel then
@@ -221,10 +223,8 @@ M.TP_SPLIT = { { 'n_heads', 'num_heads' }, { 'n_kv_heads', 'num_kv_heads' }, { '
 M.TP_UNSUPPORTED = { { 'init_from', '' }, { 'checkpoint_dir', '' }, { 'export_hf', '' },
                      { 'save_full_state_dict', '' } }
 
-function M.check_tp(cfg, c, R, tp_module)
+function M.check_tp(cfg, c, R)
   local T = cfg.tp
-  local ok = tp_module ~= nil or pcall(require, 'fsdp.tp')
-  if not ok then error('--tp: tensor parallelism is not available in this build', 0) end
   for _, k in ipairs(M.TP_SPLIT) do
     local v = c[k[1]] or (k[1] == 'n_kv_heads' and c.n_heads) or nil
     if v and v % T ~= 0 then
@@ -249,7 +249,7 @@ function M.check_tp(cfg, c, R, tp_module)
   end
   -- (a family whose plan does not cover a feature says which: MoE, fused projections)
   local ok, why = pcall(model.tp_plan, model)
-  if not ok then error(('--tp=%d: %s; use --tp=1'):format(T, recipe.bare(why)), 0) end
+  if not ok then error(('--tp=%d: %s; use --tp=1'):format(T, options.bare(why)), 0) end
 end
 
 -- The device mesh of a checked config (R.mesh_sizes; nil without mesh
@@ -258,7 +258,6 @@ end
 -- and printed. Collective.
 function M.mesh(R)
   if not R.mesh_sizes then return nil end
-  local mesh_mod = require 'fsdp.mesh'
   local mesh = mesh_mod.new(R.mesh_sizes)
   mesh_mod.set_current(mesh)
   console.print(tostring(mesh))
@@ -283,11 +282,11 @@ function M.build(R, cfg, who, shape)
   -- --tp: the TP layers (on meta) before the fit check and the sharding,
   -- so they see what one TP rank holds ([Note: what --tp checks])
   if mesh and mesh:size('tp') > 1 then
-    require('fsdp.tp').parallelize(model, model:tp_plan(), { mesh = mesh, sequence_parallel = cfg.sequence_parallel })
+    tp.parallelize(model, model:tp_plan(), { mesh = mesh, sequence_parallel = cfg.sequence_parallel })
   end
   fit.check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
     try = not R.src and M.TRY or nil })
-  shard_recipe.apply(model, cfg, R.fam.block, who, mesh)
+  shard_options.apply(model, cfg, R.fam.block, who, mesh)
   console.print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d '
     .. 'parameters, %s, %s'):format(c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size,
     n_params, cfg.dtype, R.fam.name))
@@ -306,7 +305,7 @@ end
 function M.optimizer(model, cfg)
   local opt = optim.AdamW(lora.trainable(model), {
     lr = cfg.lr, betas = { cfg.beta1, cfg.beta2 }, eps = cfg.eps, weight_decay = cfg.weight_decay,
-    groups = { { match = shard_recipe.no_decay, weight_decay = 0 } },
+    groups = { { match = shard_options.no_decay, weight_decay = 0 } },
   })
   local sched = optim.lr_scheduler.WarmupCosine(opt, {
     warmup_steps = cfg.warmup_steps, total_steps = cfg.max_steps, min_lr = cfg.min_lr })
@@ -320,7 +319,7 @@ end
 function M.memory_limit(cfg)
   if cfg.memory_limit_mb > 0 or cfg.summary then fsdp.set_collect_budget(0) end
   if cfg.memory_limit_mb > 0 and not cfg.plan then
-    fsdp.set_memory_limit(shard_recipe.device(cfg), cfg.memory_limit_mb * 2^20)
+    fsdp.set_memory_limit(shard_options.device(cfg), cfg.memory_limit_mb * 2^20)
   end
 end
 

@@ -1,7 +1,7 @@
--- recipe_spec.lua: recipe options: typed --key=value overrides, flags,
+-- options_spec.lua: recipe options: typed --key=value overrides, flags,
 -- --config files layered under the command line, clear errors, and the
 -- recipes themselves end to end (dry run at full size; a short CPU run).
-local recipe = require 'fsdp.recipe'
+local options = require 'fsdp.options'
 local T = require 'fsdp.testing'
 
 local spec = {
@@ -13,11 +13,11 @@ local spec = {
 
 describe('recipe options', function()
   it('are typed by their defaults', function()
-    local cfg, rest = recipe.parse(spec, { '--lr=0.01', '--steps=3', '--dry-run', '--model=small', 'x' }, 'x.lua', nil,
+    local cfg, rest = options.parse(spec, { '--lr=0.01', '--steps=3', '--dry-run', '--model=small', 'x' }, 'x.lua', nil,
       { positional = 'X' })
     assert.same({ lr = 0.01, steps = 3, dry_run = true, model = 'small' }, cfg)
     assert.same({ 'x' }, rest)
-    assert.is_false(recipe.parse(spec, { '--dry_run=no' }).dry_run)
+    assert.is_false(options.parse(spec, { '--dry_run=no' }).dry_run)
   end)
 
   it('layer a --config file under the command line', function()
@@ -25,20 +25,20 @@ describe('recipe options', function()
     local f = io.open(path, 'w')
     f:write('return { lr = 0.5, steps = 7 }')
     f:close()
-    local cfg = recipe.parse(spec, { '--config', path, '--steps=9' })
+    local cfg = options.parse(spec, { '--config', path, '--steps=9' })
     assert.equals(0.5, cfg.lr)
     assert.equals(9, cfg.steps)
     os.remove(path)
   end)
 
   it('name what is wrong', function()
-    assert.error_matches(function() recipe.parse(spec, { '--bogus=1' }) end,
+    assert.error_matches(function() options.parse(spec, { '--bogus=1' }) end,
       'unknown option %-%-bogus %(valid: dry_run, lr, model, steps%)')
-    assert.error_matches(function() recipe.parse(spec, { '--step=1' }) end,
+    assert.error_matches(function() options.parse(spec, { '--step=1' }) end,
       'unknown option %-%-step %(did you mean %-%-steps%?%)')
-    assert.error_matches(function() recipe.parse(spec, { '--lr=fast' }) end, '%-%-lr expects a number, got "fast"')
-    assert.error_matches(function() recipe.parse(spec, { '--steps' }) end, '%-%-steps expects a value')
-    assert.error_matches(function() recipe.parse(spec, { '--dry_run=maybe' }) end, 'expects true or false')
+    assert.error_matches(function() options.parse(spec, { '--lr=fast' }) end, '%-%-lr expects a number, got "fast"')
+    assert.error_matches(function() options.parse(spec, { '--steps' }) end, '%-%-steps expects a value')
+    assert.error_matches(function() options.parse(spec, { '--dry_run=maybe' }) end, 'expects true or false')
   end)
 end)
 
@@ -57,34 +57,34 @@ describe('option aliases', function()
     warmup = { 2, 'warmup', int = true, min = 0, less_than = 'steps', aliases = { 'warmup_iters' } },
   }
   local function bad(args, text)
-    assert.error_matches(function() recipe.parse(S, args) end, text, nil, true)
+    assert.error_matches(function() options.parse(S, args) end, text, nil, true)
   end
 
   it('set the option, translating values', function()
-    local cfg = recipe.parse(S, { '--max_context_width=64', '--model_type=llama_v2', '--strategy=full', '--bf16' })
+    local cfg = options.parse(S, { '--max_context_width=64', '--model_type=llama_v2', '--strategy=full', '--bf16' })
     assert.equals(64, cfg.seq_len)
     assert.equals('Llama-2-7b', cfg.model)
     assert.equals('FULL_SHARD', cfg.strategy)
     assert.equals('bf16', cfg.precision)
-    assert.equals('', recipe.parse(S, { '--bf16=false' }).precision)
-    assert.equals('FULL_SHARD', recipe.parse(S, { '--strategy=FULL' }).strategy)
-    assert.equals(32, recipe.parse(S, { '--ctx=32' }).seq_len)
+    assert.equals('', options.parse(S, { '--bf16=false' }).precision)
+    assert.equals('FULL_SHARD', options.parse(S, { '--strategy=FULL' }).strategy)
+    assert.equals(32, options.parse(S, { '--ctx=32' }).seq_len)
   end)
 
   it('may imply other options (--resume=DIR)', function()
-    local cfg = recipe.parse(S, { '--resume=./ck' })
+    local cfg = options.parse(S, { '--resume=./ck' })
     assert.is_true(cfg.resume)
     assert.equals('./ck', cfg.dir)
-    cfg = recipe.parse(S, { '--dir=./ck', '--resume=./ck' })
+    cfg = options.parse(S, { '--dir=./ck', '--resume=./ck' })
     assert.is_true(cfg.resume)
-    assert.is_true(recipe.parse(S, { '--dir=x', '--resume' }).resume)
+    assert.is_true(options.parse(S, { '--dir=x', '--resume' }).resume)
     bad({ '--dir=./a', '--resume=./b' }, '--resume=./b and --dir=./a disagree: give one of them')
     -- in a --config file too; the command line still overrides a file's value under another name
     local path = os.tmpname()
     local f = io.open(path, 'w')
     f:write("return { resume = './ck', max_context_width = 64 }")
     f:close()
-    cfg = recipe.parse(S, { '--config', path, '--seq_len=32' })
+    cfg = options.parse(S, { '--config', path, '--seq_len=32' })
     os.remove(path)
     assert.is_true(cfg.resume)
     assert.equals('./ck', cfg.dir)
@@ -103,12 +103,12 @@ describe('option aliases', function()
   end)
 
   it('are listed by --help, and a clash with an option is a spec error', function()
-    local usage = recipe.usage(S, 'x.lua')
+    local usage = options.usage(S, 'x.lua')
     assert.matches('alias --max_context_width\n', usage, 1, true)
     assert.matches("alias --model_type (llama_v2 -> 'Llama-2-7b')", usage, 1, true)
     assert.matches('also full', usage, 1, true)
     assert.error_matches(function()
-      recipe.parse({ a = { 1, 'a', aliases = { 'b' } }, b = { 2, 'b' } }, {})
+      options.parse({ a = { 1, 'a', aliases = { 'b' } }, b = { 2, 'b' } }, {})
     end, 'alias b of a is also an option', nil, true)
   end)
 end)
@@ -134,11 +134,11 @@ describe('option constraints', function()
     odd = { 1, 'an odd number', check = function(v) if v % 2 == 0 then return 'must be odd, got ' .. v end end },
   }
   local function bad(args, pattern)
-    assert.error_matches(function() recipe.parse(S, args) end, pattern, nil, true)
+    assert.error_matches(function() options.parse(S, args) end, pattern, nil, true)
   end
 
   it('check integers, ranges and finite numbers', function()
-    assert.equals(8, recipe.parse(S, { '--batch_size=8' }).batch_size)
+    assert.equals(8, options.parse(S, { '--batch_size=8' }).batch_size)
     bad({ '--batch_size=0' }, '--batch_size must be >= 1, got 0')
     bad({ '--batch_size=1.5' }, '--batch_size must be an integer, got 1.5')
     bad({ '--lr=0' }, '--lr must be > 0, got 0')
@@ -158,17 +158,17 @@ describe('option constraints', function()
 
   it('check relations when both options are set', function()
     bad({ '--warmup=10', '--steps=3' }, '--warmup (10) must be less than --steps (3)')
-    assert.equals(0, recipe.parse(S, { '--warmup=0', '--steps=1' }).warmup)
+    assert.equals(0, options.parse(S, { '--warmup=0', '--steps=1' }).warmup)
     bad({ '--min_lr=0.1' }, '--min_lr (0.1) must be at most --lr (0.001)')
     bad({ '--width=10', '--heads=4' }, '--width (10) must be a multiple of --heads (4)')
-    assert.equals(10, recipe.parse(S, { '--width=10' }).width)  -- heads 0: the model's, checked there
+    assert.equals(10, options.parse(S, { '--width=10' }).width)  -- heads 0: the model's, checked there
     bad({ '--ckpt_freq=5' }, '--ckpt_freq needs --ckpt_dir')
   end)
 
   it('check paths: inputs exist, output directories are created and writable', function()
     local dir = T.tmpdir()
     bad({ '--data=' .. dir .. '/none' }, '--data: ' .. dir .. '/none does not exist')
-    local cfg = recipe.parse(S, { '--ckpt_dir=' .. dir .. '/c/d', '--ckpt_freq=5', '--out=' .. dir .. '/e/f.bin',
+    local cfg = options.parse(S, { '--ckpt_dir=' .. dir .. '/c/d', '--ckpt_freq=5', '--out=' .. dir .. '/e/f.bin',
                                   '--data=' .. dir })
     assert.equals(5, cfg.ckpt_freq)
     assert.equals('directory', files.mode(dir .. '/c/d'))
@@ -184,21 +184,21 @@ describe('option constraints', function()
     local function check(cfg)
       if cfg.width > 0 and cfg.width < 8 then error('models/x.lua:3: x config: dim ' .. cfg.width .. ' too small', 0) end
     end
-    assert.error_matches(function() recipe.parse(S, { '--width=4' }, 'x', check) end,
+    assert.error_matches(function() options.parse(S, { '--width=4' }, 'x', check) end,
       '^x config: dim 4 too small$')
     assert.equals('x config: dim 4 too small (from --width)',
-      recipe.explain('models/x.lua:3: x config: dim 4 too small', { dim = 'width', heads = 'heads' }))
-    local _, _, only = recipe.parse(S, { '--validate_options' }, 'x', check)
+      options.explain('models/x.lua:3: x config: dim 4 too small', { dim = 'width', heads = 'heads' }))
+    local _, _, only = options.parse(S, { '--validate_options' }, 'x', check)
     assert.is_true(only)
   end)
 
   it('refuse a misspelt constraint in a spec', function()
-    assert.error_matches(function() recipe.parse({ n = { 1, 'n', minimum = 1 } }, {}) end,
+    assert.error_matches(function() options.parse({ n = { 1, 'n', minimum = 1 } }, {}) end,
       'spec entry n: unknown constraint minimum', nil, true)
   end)
 
   it('show in --help', function()
-    local usage = recipe.usage(S, 'x.lua')
+    local usage = options.usage(S, 'x.lua')
     assert.matches('--batch_size%s+4%s+batch %[integer >= 1%]', usage)
     assert.matches('--warmup%s+2%s+warmup %[integer >= 0; < %-%-steps%]', usage)
     assert.matches('--dtype%s+f32%s+dtype %[one of f32, bf16%]', usage)
@@ -337,7 +337,7 @@ describe('recipes/deepvit_8b.lua and recipes/mnist.lua', function()
   end)
 end)
 
--- issue 41: command-line words ([Note: command-line words] in fsdp.recipe)
+-- issue 41: command-line words ([Note: command-line words] in fsdp.options)
 describe('command-line words', function()
   local S = {
     lr = { 3e-4, 'learning rate' },
@@ -348,19 +348,19 @@ describe('command-line words', function()
     precision = { '', 'compute dtype', aliases = { bf16 = { ['true'] = 'bf16', ['false'] = '' } } },
   }
   local function bad(args, text, opts)
-    local ok, err = pcall(recipe.parse, S, args, 'x.lua', nil, opts)
+    local ok, err = pcall(options.parse, S, args, 'x.lua', nil, opts)
     assert.is_false(ok)
     assert.equals(text, err)
   end
 
   it('take --key value as --key=value, --no-flag as --flag=false', function()
-    local cfg = recipe.parse(S, { '--model', 'small', '--lr', '-0.5', '--steps', '3', '--dry-run' })
+    local cfg = options.parse(S, { '--model', 'small', '--lr', '-0.5', '--steps', '3', '--dry-run' })
     assert.same({ lr = -0.5, steps = 3, dry_run = true, no_cache = false, model = 'small', precision = '' }, cfg)
-    assert.is_false(recipe.parse(S, { '--dry_run', '--no-dry-run' }).dry_run)
-    assert.is_false(recipe.parse(S, { '--no_dry_run' }).dry_run)
-    assert.is_true(recipe.parse(S, { '--no-cache' }).no_cache) -- an option of that name wins
-    assert.equals('', recipe.parse(S, { '--bf16', '--no-bf16' }).precision)
-    assert.equals('', recipe.parse(S, { '--model', '' }).model)
+    assert.is_false(options.parse(S, { '--dry_run', '--no-dry-run' }).dry_run)
+    assert.is_false(options.parse(S, { '--no_dry_run' }).dry_run)
+    assert.is_true(options.parse(S, { '--no-cache' }).no_cache) -- an option of that name wins
+    assert.equals('', options.parse(S, { '--bf16', '--no-bf16' }).precision)
+    assert.equals('', options.parse(S, { '--model', '' }).model)
   end)
 
   it('refuse a word that is not an option in one line', function()
@@ -377,13 +377,13 @@ describe('command-line words', function()
     bad({ '--steps', '--lr=1' }, '--steps expects a value (--steps=VALUE or --steps VALUE)')
     bad({ '--config' }, '--config expects a file (--config=FILE.yaml, --config FILE.lua)')
     -- a script that declares positional arguments takes them (and still refuses dashes it does not know)
-    local _, rest = recipe.parse(S, { 'a', '--lr', '1', 'b', '-' }, 'x.lua', nil, { positional = 'FILE ...' })
+    local _, rest = options.parse(S, { 'a', '--lr', '1', 'b', '-' }, 'x.lua', nil, { positional = 'FILE ...' })
     assert.same({ 'a', 'b', '-' }, rest)
     bad({ '-model=tiny' }, '-model=tiny is not an option (did you mean --model=tiny?)', { positional = 'FILE' })
   end)
 
   it('list the forms and the positional arguments in --help', function()
-    local text = recipe.usage(S, 'x.lua', { positional = 'FILE ...' })
+    local text = options.usage(S, 'x.lua', { positional = 'FILE ...' })
     assert.matches('^usage: fsdp%-lua x%.lua %[%-%-key=value | %-%-key value | %-%-flag | %-%-no%-flag %.%.%.%] '
       .. '%[%-%-config FILE%.yaml|%.lua%] FILE %.%.%.\n', text)
     assert.matches('--print_config', text, 1, true)
@@ -410,7 +410,7 @@ describe('--config files', function()
     return path
   end
   local function bad(args, text)
-    local ok, err = pcall(recipe.parse, S, args, 'x.lua')
+    local ok, err = pcall(options.parse, S, args, 'x.lua')
     assert.is_false(ok)
     assert.equals(text, err)
   end
@@ -418,10 +418,10 @@ describe('--config files', function()
   it('take YAML, flat or in sections one level deep, under the command line', function()
     local path = file('a.yaml', 'model: 7\ntraining:\n  lr: 1e-4\n  steps: 5\ndata: {max_context_width: 64}\n'
       .. 'dry_run: yes\n')
-    local cfg = recipe.parse(S, { '--config', path, '--steps', '9' })
+    local cfg = options.parse(S, { '--config', path, '--steps', '9' })
     assert.same({ lr = 1e-4, steps = 9, dry_run = true, model = '7', seq_len = 64 }, cfg)
     -- Lua files take sections too
-    cfg = recipe.parse(S, { '--config=' .. file('b.lua', 'return { optim = { lr = 0.5 }, steps = 7 }') })
+    cfg = options.parse(S, { '--config=' .. file('b.lua', 'return { optim = { lr = 0.5 }, steps = 7 }') })
     assert.equals(0.5, cfg.lr)
     assert.equals(7, cfg.steps)
   end)
@@ -442,23 +442,23 @@ describe('--config files', function()
     p = file('i.yaml', '- lr\n')
     bad({ '--config', p }, '--config ' .. p .. ': must hold a mapping of options (key: value), not a list')
     p = file('j.lua', 'lr: 1\n')
-    local ok, err = pcall(recipe.parse, S, { '--config', p })
+    local ok, err = pcall(options.parse, S, { '--config', p })
     assert.is_false(ok)
     assert.matches('(a YAML file must end in .yaml or .yml)', err, 1, true)
   end)
 
   it('round-trip the resolved config: printed compactly, saved as YAML that --config reads', function()
-    local cfg = recipe.parse(S, { '--lr=0.0003000001', '--model', 'a "quoted" name/x', '--steps=3' }, 'x.lua')
-    assert.same({ 'lr', 'model', 'steps' }, recipe.changed(cfg))
+    local cfg = options.parse(S, { '--lr=0.0003000001', '--model', 'a "quoted" name/x', '--steps=3' }, 'x.lua')
+    assert.same({ 'lr', 'model', 'steps' }, options.changed(cfg))
     assert.equals('  lr = 0.0003000001\n  model = a "quoted" name/x\n  steps = 3\n'
-      .. '  (2 other options at their defaults: --print_config lists them all)', recipe.format(cfg))
+      .. '  (2 other options at their defaults: --print_config lists them all)', options.format(cfg))
     assert.equals('  (all 5 options at their defaults: --print_config lists them)',
-      recipe.format((recipe.parse(S, {}))))
-    local path, script = recipe.save_config(cfg, dir)
+      options.format((options.parse(S, {}))))
+    local path, script = options.save_config(cfg, dir)
     assert.equals(dir .. '/config.yaml', path)
     assert.equals('x.lua', script)
-    assert.same(cfg, recipe.parse(S, { '--config', path }))
+    assert.same(cfg, options.parse(S, { '--config', path }))
     assert.equals('dry_run: false\nlr: 0.0003000001\nmodel: "a \\"quoted\\" name/x"\nseq_len: 128\nsteps: 3',
-      recipe.dump(cfg, true))
+      options.dump(cfg, true))
   end)
 end)
