@@ -479,8 +479,12 @@ function M.define(decl)
   -- (fsdp.tp.parallelize(model, model:tp_plan(), {mesh =})): attention heads
   -- split (q/k/v colwise, o rowwise), the gated MLP's gate/up colwise and
   -- down rowwise, embeddings and head split by vocabulary (tied ones share
-  -- the split), norms replicated. Fused projections (Phi-3), experts and a
-  -- q/k norm over the whole projection (OLMo 2) are refused for now.
+  -- the split), norms replicated. With sequence parallelism the attention
+  -- and the MLP are the regions whose input is gathered along the sequence
+  -- and the layer norms and the final norm run on this rank's rows
+  -- ('sequence'; a q/k norm per head is inside the attention). Fused
+  -- projections (Phi-3), experts and a q/k norm over the whole projection
+  -- (OLMo 2) are refused for now.
   function CausalLM:tp_plan()
     local why = decl.mlp == 'moe' and 'its mixture-of-experts MLP'
       or decl.fused and 'its fused qkv_proj and gate_up_proj'
@@ -494,6 +498,9 @@ function M.define(decl)
       { match = '%.mlp%.gate_proj$', style = 'colwise' },
       { match = '%.mlp%.up_proj$', style = 'colwise' },
       { match = '%.mlp%.down_proj$', style = 'rowwise' },
+      { match = '%.mlp$', style = 'region' },
+      { match = '^model%.layers%.%d+%.[%w_]*layernorm$', style = 'sequence' },
+      { match = '^model%.norm$', style = 'sequence' },
       { match = '^lm_head$', style = 'vocab_head' },
     }
   end

@@ -82,6 +82,9 @@ M.MESH_OPTIONS = {
                   .. '--tp and --dp_replicate; a node\'s for the hybrids)', int = true, min = 0 },
   dp_replicate = { 0, 'copies of each shard, their gradients summed (HSDP; 0: from --sharding_strategy: the nodes for '
                       .. 'the hybrids, else 1)', int = true, min = 0 },
+  sequence_parallel = { false, 'with --tp: the norms and residuals between the TP regions run on each TP rank\'s '
+                               .. '1/tp of the sequence (less activation memory; the sequence length must divide '
+                               .. 'by --tp)' },
 }
 
 -- The optimizer, schedule and loop options.
@@ -193,23 +196,30 @@ function M.check(R, cfg, written, opts)
   R.mesh_sizes = shard_options.mesh_sizes(cfg, plan_world and {
     world = plan_world, nodes = (cfg.plan_nodes or 0) > 0 and cfg.plan_nodes or 1 } or nil)
   if cfg.tp > 1 then M.check_tp(cfg, c, R) end
+  if cfg.sequence_parallel then
+    if cfg.tp <= 1 then error('--sequence_parallel needs --tp > 1: it splits the sequence over the TP ranks', 0) end
+    if cfg.seq_len and cfg.seq_len % cfg.tp ~= 0 then
+      error(('--sequence_parallel: --%s=%d is not divisible by --tp=%d (each TP rank holds 1/tp of the sequence)')
+        :format(written.seq_len or 'seq_len', cfg.seq_len, cfg.tp), 0)
+    end
+  end
   return c
 end
 
 -- [Note: what --tp checks]
--- Before anything is built: tensor parallelism is in this build (the
--- fsdp.tp module), the model's split dimensions (heads, key/value heads,
+-- Before anything is built: the model's split dimensions (heads, key/value heads,
 -- MLP and expert widths, vocabulary) divide by --tp, the family has a TP
 -- plan (model:tp_plan, on a meta build) and no option asks for what the
--- TP layers do not cover: LoRA adapters (--lora_rank) are not split yet.
--- Whole weights load into TP slices (--init_from: each rank copies its
--- slice of the logical tensor), checkpoints record logical tensors and
--- resume on another mesh (--checkpoint_dir: [Note: logical tensors in
--- sharded checkpoints]), exports gather them (--export_hf,
--- --save_full_state_dict).
+-- TP layers do not cover. Whole weights load into TP slices (--init_from:
+-- each rank copies its slice of the logical tensor), checkpoints record
+-- logical tensors and resume on another mesh (--checkpoint_dir: [Note:
+-- logical tensors in sharded checkpoints]), exports gather them
+-- (--export_hf, --save_full_state_dict). LoRA (--lora_rank) is applied
+-- before TP, which splits each adapter with its layer (fsdp/tp/styles.lua),
+-- without dropout (each TP rank would drop different elements).
 M.TP_SPLIT = { { 'n_heads', 'num_heads' }, { 'n_kv_heads', 'num_kv_heads' }, { 'ffn_dim', 'ffn_dim' },
                { 'moe_ffn_dim', 'moe_ffn_dim' }, { 'vocab_size', 'vocab_size' } }
-M.TP_UNSUPPORTED = { { 'lora_rank', 0 } }
+M.TP_UNSUPPORTED = {}
 
 function M.check_tp(cfg, c, R)
   local T = cfg.tp
@@ -226,6 +236,10 @@ function M.check_tp(cfg, c, R)
       error(('--tp=%d with --%s: not tensor-parallel yet (whole shapes are split over the TP ranks); '
         .. 'use --tp=1'):format(T, k[1]), 0)
     end
+  end
+  if (cfg.lora_rank or 0) > 0 and (cfg.lora_dropout or 0) > 0 then
+    error(('--tp=%d with --lora_dropout=%g: each TP rank would drop different elements of the adapters\' '
+      .. 'input; use --lora_dropout=0'):format(T, cfg.lora_dropout), 0)
   end
   local model = R.fam.module.build(c, { device = 'meta' })
   if type(model.tp_plan) ~= 'function' then
@@ -259,14 +273,15 @@ function M.build(R, cfg, who, shape)
   R.mesh = mesh
   local model = R.fam.module.build(c, { device = 'meta', dtype = cfg.dtype })
   local n_params = model:num_parameters() -- (the whole model's, before TP splits it)
-  -- --tp: the TP layers first (on meta), so the fit check and the
-  -- sharding see what one TP rank holds ([Note: what --tp checks])
-  if mesh and mesh:size('tp') > 1 then
-    tp.parallelize(model, model:tp_plan(), { mesh = mesh })
-  end
   M.loss_options(model, cfg) -- (before the fit check, whose trace runs the model's own loss)
-  -- before the fit check and sharding, which see the frozen base
+  -- before TP (which splits each adapter with its layer), the fit check
+  -- and sharding, which see the frozen base
   lora.apply_options(model, cfg, R.fam.lora_targets)
+  -- --tp: the TP layers (on meta) before the fit check and the sharding,
+  -- so they see what one TP rank holds ([Note: what --tp checks])
+  if mesh and mesh:size('tp') > 1 then
+    tp.parallelize(model, model:tp_plan(), { mesh = mesh, sequence_parallel = cfg.sequence_parallel })
+  end
   fit.check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
     try = not R.src and M.TRY or nil })
   shard_options.apply(model, cfg, R.fam.block, who, mesh)

@@ -181,9 +181,11 @@ describe('the decoder recipes\' mesh options', function()
     cfg.tp = 2
     local moe = setmetatable({ moe_ffn_dim = 33 }, { __index = c })
     T.raises(function() dr.check_tp(cfg, moe, with_plan) end, "does not divide the model's moe_ffn_dim (33)")
-    cfg.lora_rank = 8
-    T.raises(function() dr.check_tp(cfg, c, with_plan) end, '--tp=2 with --lora_rank: not tensor-parallel yet')
-    cfg.lora_rank = 0
+    cfg.lora_rank, cfg.lora_dropout = 8, 0
+    dr.check_tp(cfg, c, with_plan) -- LoRA is applied before TP, which splits the adapters
+    cfg.lora_dropout = 0.1
+    T.raises(function() dr.check_tp(cfg, c, with_plan) end, '--tp=2 with --lora_dropout=0.1')
+    cfg.lora_rank, cfg.lora_dropout = 0, nil
     local no_plan = { fam = { name = 'plain', module = { build = function() return {} end } } }
     T.raises(function() dr.check_tp(cfg, c, no_plan) end,
       '--tp=2: the plain family has no tensor-parallel plan (model:tp_plan)')

@@ -2,8 +2,9 @@
 -- parallelize (one clear line naming the module, before anything
 -- changes), the families' plans, the TP init keying (a shard's values are
 -- the logical tensor's, for dim-0 and dim-1 shards and for FSDP segments
--- that start mid-row), and a tp 1 model (a group of one) equal to the
--- plain model. The numerics on 2 and 4 ranks: tests/mpi/tp_layers.lua and
+-- that start mid-row), and a tp 1 model (a group of one, with and
+-- without sequence parallelism, whose plan checks run on one rank too)
+-- equal to the plain model. The numerics on 2 and 4 ranks: tests/mpi/tp_layers.lua and
 -- tests/mpi/tp_equivalence.lua.
 local fsdp = require 'fsdp'
 local nn = fsdp.nn
@@ -102,19 +103,45 @@ describe('the decoder families\' TP plans', function()
     assert.matches('whole projection', err_of(function() build('olmo2'):tp_plan() end))
   end)
 
-  it('parallelizes every other family with a group of one and keeps its loss', function()
+  it('parallelizes every other family with a group of one and keeps its loss, with and without SP', function()
     for _, family in ipairs({ 'llama', 'qwen2', 'qwen3', 'mistral', 'gemma2', 'gemma3_text' }) do
-      local ref, m = build(family), build(family)
-      tp.parallelize(m, m:tp_plan(), { group = world })
-      local n = 0
-      for _, np in ipairs(m:named_parameters()) do if rawget(np[2], 'tp') then n = n + 1 end end
-      assert.is_true(n > 0, family)
-      ref:init_weights({ device = 'cpu', seed = 1 })
-      m:init_weights({ device = 'cpu', seed = 1 })
-      local ids = fsdp.randint(0, ref.config.vocab_size, { 1, 6 }, { seed = 2 })
-      local a, b = ref:loss(ids, ids), m:loss(ids, ids)
-      assert.is_true(math.abs(a:item() - b:item()) <= 1e-6 * math.abs(a:item()), family)
+      for _, sp in ipairs({ false, true }) do
+        local ref, m = build(family), build(family)
+        -- (sequence_parallel checks the plan's regions and norms here; on one rank it moves nothing)
+        tp.parallelize(m, m:tp_plan(), { group = world, sequence_parallel = sp })
+        local n = 0
+        for _, np in ipairs(m:named_parameters()) do if rawget(np[2], 'tp') then n = n + 1 end end
+        assert.is_true(n > 0, family)
+        ref:init_weights({ device = 'cpu', seed = 1 })
+        m:init_weights({ device = 'cpu', seed = 1 })
+        local ids = fsdp.randint(0, ref.config.vocab_size, { 1, 6 }, { seed = 2 })
+        local a, b = ref:loss(ids, ids), m:loss(ids, ids)
+        assert.is_true(math.abs(a:item() - b:item()) <= 1e-6 * math.abs(a:item()), family)
+      end
     end
+  end)
+
+  it('refuses, with sequence_parallel, a plan that leaves a norm out or a projection outside a region', function()
+    local function plan_without(style)
+      local m, plan = build('llama'), {}
+      for _, e in ipairs(m:tp_plan()) do if e.style ~= style then plan[#plan + 1] = e end end
+      return m, plan
+    end
+    local m, plan = plan_without('sequence')
+    assert.matches("model.layers.0.input_layernorm (RMSNorm) holds parameters between the TP regions",
+      err_of(tp.parallelize, m, plan, { group = world, sequence_parallel = true }), 1, true)
+    tp.parallelize(m, plan, { group = world }) -- (without SP the norms need no style)
+    m, plan = plan_without('region')
+    assert.matches("'colwise' outside a region", err_of(tp.parallelize, m, plan, { group = world,
+      sequence_parallel = true }), 1, true)
+    m = build('llama')
+    plan = { { match = '%.self_attn%.q_norm$', style = 'sequence' } }
+    for _, e in ipairs(m:tp_plan()) do plan[#plan + 1] = e end
+    m = build('qwen3')
+    assert.matches("_norm is 'sequence' inside the region model.layers.", err_of(tp.parallelize, m, plan,
+      { group = world, sequence_parallel = true }), 1, true)
+    assert.matches('sequence_parallel must be true or false', err_of(tp.parallelize, m, m:tp_plan(),
+      { group = world, sequence_parallel = 1 }), 1, true)
   end)
 end)
 

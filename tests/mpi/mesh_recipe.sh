@@ -2,7 +2,9 @@
 # tests/mpi/mesh_recipe.sh: the decoder recipes' mesh options end to end on
 # recipes/llama2_7b.lua (tiny model, synthetic data, f32): --tp=2 on 4
 # ranks (tp 2 x dp_shard 2) logs the losses and gradient norms of 2 ranks
-# without a mesh (the same data-parallel batches), --dp_shard=2 on 2 ranks
+# without a mesh (the same data-parallel batches), so do --tp=2
+# --sequence_parallel and --tp=2 --lora_rank=4 (against LoRA on 2 ranks),
+# --dp_shard=2 on 2 ranks
 # logs exactly the bits of no mesh, and --tp with an uncovered family or
 # feature fails in one line before anything is built.
 #
@@ -46,19 +48,44 @@ run dp2 2 && run dp2_mesh 2 --dp_shard=2 && {
     comment "$(paste "$WORK/dp2.txt" "$WORK/dp2_mesh.txt")"
   fi
 }
-run tp2 4 --tp=2 && {
-  # f32: TP changes only the order of additions (split GEMMs, all-reduced)
-  worst=$(paste "$WORK/dp2.txt" "$WORK/tp2.txt" | awk '
+# same_as BASE NAME WHAT: NAME's losses and gradient norms within 1e-5
+# relative of BASE's (f32: TP changes only the order of additions: split
+# GEMMs, all-reduced or reduce-scattered).
+same_as() {
+  local base=$1 name=$2 what=$3 worst
+  worst=$(paste "$WORK/$base.txt" "$WORK/$name.txt" | awk '
     function rel(a, b) { d = a - b; if (d < 0) d = -d; return d / (b < 0 ? -b : b) }
     { e = rel($3, $1); if (e > w) w = e; e = rel($4, $2); if (e > w) w = e; n++ }
     END { if (n == 0) print "none"; else printf "%.3g\n", w }')
   if [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }'; then
-    ok "--tp=2 on 4 ranks (tp 2 x dp_shard 2) = 2 ranks without TP: worst relative loss/grad-norm error $worst"
+    ok "$what: worst relative loss/grad-norm error $worst"
   else
-    not_ok "--tp=2 on 4 ranks differs from 2 ranks without TP (worst $worst)"
-    comment "$(paste "$WORK/dp2.txt" "$WORK/tp2.txt")"
+    not_ok "$what differs (worst $worst)"
+    comment "$(paste "$WORK/$base.txt" "$WORK/$name.txt")"
   fi
 }
+run tp2 4 --tp=2 && same_as dp2 tp2 "--tp=2 on 4 ranks (tp 2 x dp_shard 2) = 2 ranks without TP"
+run tp2sp 4 --tp=2 --sequence_parallel && \
+  same_as dp2 tp2sp "--tp=2 --sequence_parallel on 4 ranks (tp 2 x dp_shard 2) = 2 ranks without TP"
+# LoRA then TP then sharding: the adapters split with their layers
+run dp2lora 2 --lora_rank=4 && {
+  run tp2lora 4 --tp=2 --lora_rank=4 && \
+    same_as dp2lora tp2lora "--tp=2 --lora_rank=4 on 4 ranks (tp 2 x dp_shard 2) = 2 ranks of LoRA without TP"
+  run tp2lora_sp 4 --tp=2 --lora_rank=4 --sequence_parallel && \
+    same_as dp2lora tp2lora_sp "--tp=2 --lora_rank=4 --sequence_parallel on 4 ranks = 2 ranks of LoRA without TP"
+}
+for bad in "--sequence_parallel|--sequence_parallel needs --tp > 1" \
+           "--tp=2 --lora_rank=4 --lora_dropout=0.1|--tp=2 with --lora_dropout=0.1" \
+           "--tp=2 --sequence_parallel --seq_len=33|--seq_len=33 is not divisible by --tp=2"; do
+  flags=${bad%%|*} needle=${bad#*|}
+  # shellcheck disable=SC2086
+  out=$(timeout 120 mpirun -np 2 "$EXE" recipes/llama2_7b.lua $ARGS $flags 2>&1)
+  if grep -qF -- "$needle" <<<"$out" && ! grep -q "Batch 1" <<<"$out"; then
+    ok "$flags fails in one line before training"
+  else
+    not_ok "$flags was not refused as expected"; comment "$out"
+  fi
+done
 out=$(timeout 120 mpirun -np 2 "$EXE" recipes/llama2_7b.lua $ARGS --model=gpt2-tiny --tp=2 2>&1)
 if grep -qF -- "--tp=2: the gpt2 family has no tensor-parallel plan" <<<"$out" && ! grep -q "Batch 1" <<<"$out"; then
   ok "--tp=2 with a family without a TP plan fails in one line before training"

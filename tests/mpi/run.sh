@@ -127,6 +127,11 @@ if [ "${1:-}" = cuda ]; then
   done
   run_tap "cuda, 4 ranks on cuda:<local rank>, nccl" FSDP_EXPECT_DEVICE_LIBRARY=nccl \
     FSDP_TEST_CUDA_DEVICE=local FSDP_CUDASIM_DEVICES=4 -- mpirun -np 4 "$EXE" tests/mpi/cuda_collectives.lua
+  # TP x FSDP (and sequence parallelism) with the TP model's shards on cuda:0, against one CPU process
+  run_tap "TP on cuda, tp 2, 2 ranks, host copies" FSDP_NCCL=0 FSDP_TEST_DEVICE=cuda:0 FSDP_TEST_STEPS=10 -- \
+    mpirun -np 2 "$EXE" tests/mpi/tp_equivalence.lua 2 f32
+  run_tap "TP + SP on cuda, tp 2, 2 ranks, nccl" FSDP_TEST_DEVICE=cuda:0 FSDP_TEST_STEPS=10 -- \
+    mpirun -np 2 "$EXE" tests/mpi/tp_equivalence.lua 2 f32 sp
   expect_failure "a cuda collective rank 1 never joins fails on rank 0 and ends the job" 20 \
     "fsdp-lua: rank 0:|all_reduce on group world (rank 0 of 2, world rank 0)" \
     FSDP_COLLECTIVE_TIMEOUT=1 -- mpirun -np 2 "$EXE" tests/mpi/collective_timeout.lua cuda
@@ -213,6 +218,10 @@ done
 run_tap "TP training = one process, tp 2 on 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/tp_equivalence.lua 2
 run_tap "TP x FSDP training = one process, tp 2 x dp 2" -- mpirun -np 4 "$EXE" tests/mpi/tp_equivalence.lua 2
 run_tap "TP training = one process, tp 4 x dp 1, f32" -- mpirun -np 4 "$EXE" tests/mpi/tp_equivalence.lua 4 f32
+# Sequence parallelism: the same bounds, and the activation memory it saves.
+run_tap "TP + SP training = one process, tp 2 on 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/tp_equivalence.lua 2 both sp
+run_tap "TP + SP x FSDP training = one process, tp 2 x dp 2, f32" -- \
+  mpirun -np 4 "$EXE" tests/mpi/tp_equivalence.lua 2 f32 sp
 run_tap "LoRA: adapters sharded over a frozen base = one rank, 2 ranks" -- \
   mpirun -np 2 "$EXE" tests/mpi/lora.lua
 run_tap "LoRA, HYBRID_SHARD too, 4 ranks as 2 nodes of 2" FSDP_RANKS_PER_NODE=2 -- \

@@ -1,7 +1,9 @@
 -- tests/mpi/tp_layers.lua: tensor-parallel layers (fsdp.tp) on the world
 -- as one TP group, against the same model on one rank: init values, the
 -- loss and the gradients of a tiny Llama (untied and tied, with LoRA
--- adapters on colwise and rowwise layers), the vocab-parallel
+-- adapters on colwise and rowwise layers), the same with sequence
+-- parallelism (and for Gemma 2's sandwich norms and Qwen 3's per-head q/k
+-- norms, on 2 ranks), the vocab-parallel
 -- cross-entropy, the differentiable collectives, and the checks that need
 -- more than one rank (sizes not divisible by the TP size).
 --
@@ -48,9 +50,14 @@ local function slice(full, p)
 end
 
 local function build(cfg, opts)
-  local m = llama.CausalLM(llama.config('Llama-2-7b', cfg), { device = 'meta' })
+  local m
+  if opts.family then
+    m = require('models.families.' .. opts.family).build('tiny', { device = 'meta' })
+  else
+    m = llama.CausalLM(llama.config('Llama-2-7b', cfg), { device = 'meta' })
+  end
   if opts.lora then lora.apply(m, { rank = 4, alpha = 8, targets = { 'q_proj', 'o_proj', 'down_proj' } }) end
-  if opts.tp then tp.parallelize(m, m:tp_plan(), { group = world }) end
+  if opts.tp then tp.parallelize(m, m:tp_plan(), { group = world, sequence_parallel = opts.sp }) end
   m:init_weights({ device = 'cpu', seed = SEED })
   if opts.lora then
     -- B starts at zero: give it values so the adapters' products count
@@ -69,7 +76,8 @@ local tg = fsdp.randint(0, CFG.vocab_size, { 2, 12 }, { seed = 2 })
 fsdp.no_grad(function() tg:narrow(1, 0, 3):fill_(-100) end)
 
 local function compare_models(cfg, opts, fused)
-  local ref, m = build(cfg, opts), build(cfg, { tp = true, lora = opts.lora })
+  local ref = build(cfg, opts)
+  local m = build(cfg, { tp = true, lora = opts.lora, sp = opts.sp, family = opts.family })
   local want, got = ref:state_dict(), m:state_dict()
   local sharded = 0
   for name, p in pairs(got) do
@@ -115,6 +123,52 @@ end)
 
 T.test(('Llama tp %d with LoRA on q_proj (colwise), o_proj and down_proj (rowwise)'):format(W), function()
   compare_models(CFG, { lora = true }, true)
+end)
+
+-- Sequence parallelism: the hidden states between the regions are this
+-- rank's rows (12 / W of them), the norms' gradients all-reduced.
+for _, fused in ipairs({ true, false }) do
+  T.test(('Llama tp %d sequence parallel: loss and gradients = one rank (%s loss)'):format(W,
+    fused and 'fused' or 'unfused'), function() compare_models(CFG, { sp = true }, fused) end)
+end
+
+T.test(('Llama tp %d sequence parallel, tied embeddings, LoRA on colwise and rowwise'):format(W), function()
+  local cfg = {}
+  for k, v in pairs(CFG) do cfg[k] = v end
+  cfg.tied = true
+  compare_models(cfg, { sp = true, lora = true }, true)
+end)
+
+if W == 2 then
+  for _, fam in ipairs({ 'gemma2', 'qwen3' }) do
+    for _, sp in ipairs({ false, true }) do
+      T.test(('%s tiny tp 2%s (its norms): loss and gradients = one rank'):format(fam,
+        sp and ' sequence parallel' or ''), function() compare_models(nil, { sp = sp, family = fam }, true) end)
+    end
+  end
+end
+
+T.test('sequence parallel: the hidden states are this rank\'s rows; refusals name the module', function()
+  local m = build(CFG, { tp = true, sp = true })
+  local seen
+  m.model.layers[1].input_layernorm:register_forward_hook(function(_, args) seen = args[1] end)
+  fsdp.no_grad(function() m:loss(ids, tg) end)
+  T.same_shape(seen, { 2, 12 / W, CFG.dim }, 'a norm sees [B, S/T, dim]')
+  local odd = fsdp.randint(0, CFG.vocab_size, { 2, 13 }, { seed = 1 })
+  T.raises(function() m:loss(odd, odd) end, 'model.embed_tokens', 'sequence length 13',
+    'not divisible by tp ' .. W)
+  local function refused(edit, ...)
+    local mm = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+    local plan = {}
+    for _, e in ipairs(mm:tp_plan()) do if edit(e) then plan[#plan + 1] = e end end
+    T.raises(function() tp.parallelize(mm, plan, { group = world, sequence_parallel = true }) end, ...)
+  end
+  refused(function(e) return e.style ~= 'sequence' end, 'model.layers.0.input_layernorm', "style 'sequence'")
+  refused(function(e) return e.style ~= 'region' end, 'outside a region', "'region'")
+  T.raises(function()
+    local mm = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
+    tp.parallelize(mm, mm:tp_plan(), { group = world, sequence_parallel = 'yes' })
+  end, 'sequence_parallel must be true or false')
 end)
 
 T.test(('load_state_dict of the logical tensors into a tp %d model takes each rank\'s slice'):format(W), function()

@@ -375,9 +375,15 @@ local function is_tp_split(t) return rawget(t, 'tp') ~= nil end
 -- world sum adds the T parts of the whole), a copied one 1/T of them per
 -- TP rank (counted once in all). Both divided by the unit's data-parallel
 -- replicas, as without TP. Without TP the whole shard is one sum, as ever.
+-- A TP model sharded over a plain group (fsdp.tp.parallelize, then
+-- fsdp.shard{group = dp_group}) has T from its TP state, and its units'
+-- replicas (world / shard size) count the T TP ranks too: per_tp takes
+-- them out. (tp.grad_norm and tp.clip_grad_norm are this function's.)
 function M.grad_norm(model)
   local S = state_of(model, 'grad_norm')
-  local T = S.tp or 1
+  local T, per_tp = S.tp or 1, 1
+  local tp_state = rawget(model, '_tp')
+  if T == 1 and tp_state and tp_state.size > 1 then T, per_tp = tp_state.size, tp_state.size end
   local local_sq = 0
   for _, u in ipairs(S.units) do
     u:sync_zero_grad()
@@ -388,7 +394,7 @@ function M.grad_norm(model)
         for _, p in ipairs(u.params) do
           if p.len > 0 then
             local part = sq_norm(u.grad:narrow(0, p.shard_start, p.len))
-            local_sq = local_sq + part / (u.replicas * (is_tp_split(p.segment) and 1 or T))
+            local_sq = local_sq + part / (u.replicas / per_tp * (is_tp_split(p.segment) and 1 or T))
           end
         end
       end

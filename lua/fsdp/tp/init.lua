@@ -5,7 +5,7 @@
 --   local model = llama.CausalLM(cfg, {device = 'meta'})
 --   tp.parallelize(model, model:tp_plan(), {mesh = mesh})    -- or {group = tp_group}
 --   fsdp.shard(model, {group = dp_group, policy = ...})      -- shards the local TP shards
---   ... loss:backward(); tp.clip_grad_norm(model, 1.0); opt:step()
+--   ... loss:backward(); fsdp.clip_grad_norm(model, 1.0); opt:step()
 --
 -- A plan is a list of {match = 'lua pattern on the module name' | function(module, name),
 -- style = 'colwise' | 'rowwise' | 'vocab_embedding' | 'vocab_head' | 'attention'}
@@ -22,15 +22,17 @@
 --
 -- Every rank of a TP group must see the same input (the same data-parallel
 -- rank's batch); their losses are then equal.
+--
+-- {sequence_parallel = true} (Megatron-LM's sequence parallelism, [Note:
+-- sequence parallelism] in fsdp/tp/styles.lua): the hidden states between
+-- the TP regions hold this rank's 1/T of the sequence; the plan must then
+-- name the regions ('attention', 'region') and the modules between them
+-- that hold parameters ('sequence': the norms), which is checked.
 local core = require 'fsdp.core'
-local ffi = require 'ffi'
 local dist = require 'fsdp.dist'
 local nn = require 'fsdp.nn'
-local Tensor = require 'fsdp.tensor'
-local factories = require 'fsdp.factories'
 local styles = require 'fsdp.tp.styles'
 local sharding = require 'fsdp.sharding'
-local clip = require 'fsdp.optim.clip'
 
 local M = {}
 
@@ -63,7 +65,8 @@ local function check_plan(plan)
       fail('plan entry %d needs match = a name pattern or a function(module, name)', i)
     end
     if not styles.NAMES[e.style] then
-      fail("plan entry %d: unknown style %s (known: colwise, rowwise, vocab_embedding, vocab_head, attention)",
+      fail("plan entry %d: unknown style %s (known: colwise, rowwise, vocab_embedding, vocab_head, attention, "
+        .. 'region, sequence)',
         i, tostring(e.style))
     end
   end
@@ -78,14 +81,59 @@ local function style_of(plan, m, name)
   return nil
 end
 
--- tp.parallelize(model, plan, {mesh = m} | {group = g}): see the top of
--- this file. Returns the model.
+local function label(name) return name == '' and '(the root)' or name end
+
+-- The nearest module above `name` (itself excluded) in `set`, or nil.
+local function ancestor_in(name, set)
+  local n = name
+  while true do
+    n = n:match('^(.*)%.[^.]+$')
+    if n == nil then return set[''] and '' or nil end
+    if set[n] then return n end
+  end
+end
+
+-- Under sequence parallelism every colwise/rowwise layer sits in a region
+-- (an 'attention' or 'region' module, whose input is gathered), no
+-- 'sequence' module does, and every module with parameters of its own
+-- between the regions is in the plan: a norm left out would compute on
+-- its rows and keep a partial gradient, silently.
+local function check_sequence(model, by_name)
+  local regions, planned = {}, {}
+  for name, s in pairs(by_name) do
+    if s == 'attention' or s == 'region' then regions[name] = true end
+    planned[name] = true
+  end
+  for name, s in pairs(by_name) do
+    local r = ancestor_in(name, regions)
+    if (s == 'colwise' or s == 'rowwise') and r == nil then
+      fail("sequence_parallel: %s is '%s' outside a region: an enclosing module needs style 'attention' or "
+        .. "'region' (its input is gathered along the sequence)", label(name), s)
+    end
+    if s == 'sequence' and r ~= nil then
+      fail("sequence_parallel: %s is 'sequence' inside the region %s, which sees the whole sequence", label(name),
+        label(r))
+    end
+  end
+  for _, nm in ipairs(model:named_modules()) do
+    local name, m = nm[1], nm[2]
+    if next(rawget(m, '_parameters')) ~= nil and not planned[name] and ancestor_in(name, planned) == nil then
+      fail("sequence_parallel: %s (%s) holds parameters between the TP regions but is not in the plan: give it "
+        .. "style 'sequence' (a norm) or put it inside a region", label(name), m:class_name())
+    end
+  end
+end
+
+-- tp.parallelize(model, plan, {mesh = m} | {group = g}, sequence_parallel =):
+-- see the top of this file. Returns the model.
 function M.parallelize(model, plan, opts)
   if not nn.Module.is_module(model) then fail('expected a model (an nn.Module), got %s', type(model)) end
   if rawget(model, '_fsdp') then fail('the model is already sharded: call tp.parallelize before fsdp.shard') end
   if rawget(model, '_tp') then fail('the model is already tensor-parallel') end
   check_plan(plan)
   local group = group_of(opts)
+  local sp = opts.sequence_parallel
+  if sp ~= nil and type(sp) ~= 'boolean' then fail('sequence_parallel must be true or false, got %s', tostring(sp)) end
   local T = group:size()
   local chosen, by_name = {}, {}
   for _, nm in ipairs(model:named_modules()) do
@@ -101,9 +149,11 @@ function M.parallelize(model, plan, opts)
   end
   if #chosen == 0 then fail('the plan matched no module of %s', model:class_name()) end
   for _, c in ipairs(chosen) do styles.check(c[3], c[2], c[1], T, by_name) end
-  local ctx = { group = group, size = T, rank = group:rank(), done = {} }
+  if sp then check_sequence(model, by_name) end
+  local ctx = { group = group, size = T, rank = group:rank(), done = {}, sp = sp and T > 1 }
   for _, c in ipairs(chosen) do styles.apply(c[3], c[2], c[1], ctx) end
-  rawset(model, '_tp', { group = group, size = T, rank = group:rank(), styles = by_name })
+  rawset(model, '_tp', { group = group, size = T, rank = group:rank(), styles = by_name,
+                         sequence_parallel = sp or false })
   return model
 end
 
@@ -113,61 +163,26 @@ function M.group(model)
   return s and s.group
 end
 
-local sq = ffi.new('double[1]')
-
-local function sq_of(g)
-  if g == nil or not g:has_storage() then return 0 end
-  if not g:is_contiguous() then g = g:contiguous() end
-  core.check(core.C.fl_grad_sq_norm(Tensor.cptr(g), sq))
-  return sq[0]
-end
-
--- The global L2 norm of a TP model's gradients (collective over the world
--- when the model is also sharded by fsdp.shard, else over the TP group):
--- every element of the logical model counted once. A TP shard's squares
--- count as they are; a replicated parameter's are divided by the TP size
--- (every TP rank holds it); an fsdp unit's by its replicas as
--- fsdp.grad_norm divides them (world / shard group size), so a TP shard,
--- held by world / (shard size * T) ranks, is multiplied back by T.
--- (The mesh's grad-norm, once it lands, reads the same p.tp.)
-function M.grad_norm(model)
-  local s = rawget(model, '_tp')
-  if not s then core.fail('tp.grad_norm: the model is not tensor-parallel (tp.parallelize)') end
-  local T, total = s.size, 0
-  local sharded = rawget(model, '_fsdp')
-  if sharded then
-    for _, u in ipairs(sharded.units) do
-      u:sync_zero_grad()
-      for _, p in ipairs(u.params) do
-        local seg = p.segment
-        if seg ~= nil and u.grad ~= nil then
-          total = total + sq_of(seg.grad) * (rawget(seg, 'tp') and T or 1) / u.replicas
-        end
-      end
-    end
-  else
-    for _, p in ipairs(model:parameters()) do
-      total = total + sq_of(p.grad) / (rawget(p, 'tp') and 1 or T)
-    end
+-- The gradient norm of a TP model is fsdp.grad_norm's ([Note: the gradient
+-- norm under tensor parallelism] in fsdp/sharding/init.lua: a split
+-- parameter's squares once per TP rank, a replicated one's 1/T), for a
+-- model sharded by fsdp.shard over a mesh or over its data-parallel group.
+-- These two are its names here, kept for callers of fsdp.tp.
+local function sharded_tp(model, what)
+  if not rawget(model, '_tp') then
+    core.fail(('tp.%s: the model is not tensor-parallel (tp.parallelize)'):format(what))
   end
-  local t = factories.tensor({ total }, { dtype = 'f64' })
-  dist.all_reduce(t, sharded and {} or { group = s.group })
-  return math.sqrt(t:item())
+  if not rawget(model, '_fsdp') then
+    core.fail(('tp.%s: shard the model first (fsdp.shard, a group of one for no data parallelism): '
+      .. 'the TP gradient norm is fsdp.%s'):format(what, what))
+  end
+  return sharding
 end
 
--- Clip a TP model's gradients to a global L2 norm of at most max_norm
--- (M.grad_norm); returns the norm before clipping (as fsdp.clip_grad_norm).
+function M.grad_norm(model) return sharded_tp(model, 'grad_norm').grad_norm(model) end
+
 function M.clip_grad_norm(model, max_norm)
-  local total = M.grad_norm(model)
-  local coef = max_norm / (total + 1e-6)
-  if coef < 1 and total == total and total ~= math.huge then
-    if rawget(model, '_fsdp') then
-      sharding.scale_grads(model, coef)
-    else
-      clip.scale_grads(model:parameters(), coef)
-    end
-  end
-  return total
+  return sharded_tp(model, 'clip_grad_norm').clip_grad_norm(model, max_norm)
 end
 
 return M

@@ -14,6 +14,27 @@
 --                    gathered on the last dim
 --   attention        nn.Attention: n_heads and n_kv_heads divided by the TP size (its q/k/v
 --                    must be colwise and o rowwise in the same plan)
+--   region           a module holding colwise and rowwise layers (the MLP): nothing without
+--                    sequence parallelism
+--   sequence         a module between the regions (the norms): nothing without sequence
+--                    parallelism
+-- [Note: sequence parallelism] (tp.parallelize(..., {sequence_parallel = true}); Megatron-LM's
+-- SP, Korthikanti et al. 2022) The hidden states between the TP regions are
+-- [B, S/T, dim]: this rank's rows of the sequence (dim 1). An attention or
+-- region module all-gathers its input along the sequence (gather with a
+-- reduce-scatter backward, which also sums the colwise layers' partial input
+-- gradients, so colwise drops its copy_to); a rowwise layer reduce-scatters
+-- its output along the sequence instead of all-reducing it (backward:
+-- all-gather); vocab_embedding reduce-scatters its lookup, vocab_head
+-- gathers its input. The 'sequence' modules (norms) run on their rows
+-- alone, so the gradient of a replicated parameter used there (a norm's
+-- weight, a rowwise bias, the replicated LoRA factor next to a collective)
+-- is this rank's rows' part: it is used through copy_to (identity forward,
+-- all-reduce of its gradient over the TP group), so every TP rank holds the
+-- whole gradient by the end of backward, as without SP. Rotary positions
+-- need nothing: attention runs on the gathered sequence with the whole
+-- sequence's tables (the model computes them from the ids, which every TP
+-- rank holds whole).
 -- LoRA (nn.LoRALinear, applied before parallelize): colwise keeps lora_A
 -- replicated and splits lora_B by rows, rowwise splits lora_A by columns
 -- and keeps lora_B replicated; the low-rank activation is where the
@@ -30,7 +51,13 @@ local tp_ce = require 'fsdp.tp.cross_entropy'
 
 local M = {}
 
-M.NAMES = { colwise = true, rowwise = true, vocab_embedding = true, vocab_head = true, attention = true }
+local function pack(...) return { n = select('#', ...), ... } end
+
+M.NAMES = { colwise = true, rowwise = true, vocab_embedding = true, vocab_head = true, attention = true,
+            region = true, sequence = true }
+
+-- The sequence dim of the hidden states [B, S, dim] under sequence parallelism.
+M.SEQ_DIM = 1
 
 local function is(m, cls) return cls ~= nil and m:is_instance_of(cls) end
 local function is_lora(m) return is(m, nn.LoRALinear) end
@@ -88,6 +115,10 @@ function checks.attention(m, name, T, styles)
   need(styles[prefix .. n.o] == 'rowwise', "%s: its %s must be 'rowwise' in the plan (is %s)", label(name), n.o,
     tostring(styles[prefix .. n.o]))
 end
+
+function checks.region() end
+
+function checks.sequence() end
 
 function M.check(style, m, name, T, styles)
   if is_lora(m) then
@@ -152,6 +183,30 @@ local function base_linear(m, x, bias)
   return F.linear(x, w, b)
 end
 
+-- Call fn(...) with the parameters of m and its children used through
+-- copy_to: identity forward, their gradients all-reduced over the group in
+-- backward ([Note: sequence parallelism]: a replicated parameter that sees
+-- only this rank's rows). The slots are restored before returning.
+local function with_summed_grads(m, g, fn, ...)
+  local saved = {}
+  for _, sub in ipairs(m:modules()) do
+    local ps = rawget(sub, '_parameters')
+    for k, p in pairs(ps) do
+      saved[#saved + 1] = { ps, k, p }
+      ps[k] = collectives.copy_to(p, g)
+    end
+  end
+  local res = pack(pcall(fn, ...))
+  for _, e in ipairs(saved) do e[1][e[2]] = e[3] end
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+M.with_summed_grads = with_summed_grads
+
+local function gather_seq(x, g)
+  return collectives.gather(x, M.SEQ_DIM, g, { backward = 'reduce_scatter' })
+end
+
 local apply = {}
 
 function apply.colwise(m, name, ctx)
@@ -159,16 +214,24 @@ function apply.colwise(m, name, ctx)
   shard_param(m, 'bias', 0, ctx, join(name, 'bias'))
   local g = ctx.group
   m.out_features = m.out_features / ctx.size
+  -- (under SP the region's gather is the copy_to: its reduce-scatter backward sums)
+  local copy_to = ctx.sp and function(x) return x end or function(x) return collectives.copy_to(x, g) end
   if is_lora(m) then
     shard_param(m.lora_B, 'weight', 0, ctx, join(name, 'lora_B.weight'))
     m.lora_B.out_features = m.lora_B.out_features / ctx.size
     rawset(m, 'forward', function(self, x)
-      local y = base_linear(self, collectives.copy_to(x, g), self.bias)
-      local u = collectives.copy_to(self.lora_A(x), g)
+      local y = base_linear(self, copy_to(x), self.bias)
+      local u
+      if ctx.sp then
+        -- lora_A sees the whole sequence but only this rank's share of du
+        u = with_summed_grads(self.lora_A, g, self.lora_A, x)
+      else
+        u = collectives.copy_to(self.lora_A(x), g)
+      end
       return y + self.lora_B(u) * self.scaling
     end)
   else
-    rawset(m, 'forward', function(self, x) return F.linear(collectives.copy_to(x, g), self.weight, self.bias) end)
+    rawset(m, 'forward', function(self, x) return F.linear(copy_to(x), self.weight, self.bias) end)
   end
 end
 
@@ -176,21 +239,42 @@ function apply.rowwise(m, name, ctx)
   shard_param(m, 'weight', 1, ctx, join(name, 'weight'))
   local g = ctx.group
   m.in_features = m.in_features / ctx.size
+  local reduce, bias_of
+  if ctx.sp then
+    reduce = function(y) return collectives.reduce_scatter(y, M.SEQ_DIM, g) end
+    bias_of = function(b) return collectives.copy_to(b, g) end
+  else
+    reduce = function(y) return collectives.reduce_from(y, g) end
+    bias_of = function(b) return b end
+  end
   if is_lora(m) then
     shard_param(m.lora_A, 'weight', 1, ctx, join(name, 'lora_A.weight'))
     m.lora_A.in_features = m.lora_A.in_features / ctx.size
     rawset(m, 'forward', function(self, x)
-      local y = collectives.reduce_from(base_linear(self, x, nil), g)
-      if self.bias ~= nil then y = y + (self.bias.dtype ~= y.dtype and self.bias:to({ dtype = y.dtype }) or self.bias) end
-      local u = collectives.reduce_from(self.lora_A(x), g)
-      return y + self.lora_B(u) * self.scaling
+      local y = reduce(base_linear(self, x, nil))
+      if self.bias ~= nil then
+        local b = bias_of(self.bias)
+        y = y + (b.dtype ~= y.dtype and b:to({ dtype = y.dtype }) or b)
+      end
+      local u = reduce(self.lora_A(x))
+      local v = ctx.sp and with_summed_grads(self.lora_B, g, self.lora_B, u) or self.lora_B(u)
+      return y + v * self.scaling
     end)
   else
     rawset(m, 'forward', function(self, x)
-      local y = collectives.reduce_from(F.linear(x, self.weight), g)
-      if self.bias ~= nil then y = y + self.bias end
+      local y = reduce(F.linear(x, self.weight))
+      if self.bias ~= nil then y = y + bias_of(self.bias) end
       return y
     end)
+  end
+end
+
+-- Under SP the sequence must split evenly over the group (checked here,
+-- where it enters: the embedding's ids, the head's rows).
+local function check_rows(n, ctx, name)
+  if n % ctx.size ~= 0 then
+    core.fail(('tp sequence parallel: in %s, sequence length %d is not divisible by tp %d'):format(
+      label(name), n, ctx.size))
   end
 end
 
@@ -205,6 +289,10 @@ function apply.vocab_embedding(m, name, ctx)
     local idx = F.clamp(rel, 0, rows - 1)
     local e = F.embedding(idx, self.weight)
     e = F.where(F.eq(idx, rel):unsqueeze(-1), e, 0)
+    if ctx.sp then
+      check_rows(e:size(M.SEQ_DIM), ctx, name)
+      return collectives.reduce_scatter(e, M.SEQ_DIM, g)
+    end
     return collectives.reduce_from(e, g)
   end)
 end
@@ -216,7 +304,8 @@ function apply.vocab_head(m, name, ctx)
   m.out_features = rows
   m.vocab_start = start
   rawset(m, 'forward', function(self, x, ce)
-    local z = F.linear(collectives.copy_to(x, g), self.weight)
+    -- (under SP the gather's reduce-scatter backward sums the partial input gradients)
+    local z = F.linear(ctx.sp and gather_seq(x, g) or collectives.copy_to(x, g), self.weight)
     if ce ~= nil then
       return tp_ce.cross_entropy(z, ce.targets, { group = g, vocab_start = start, ignore_index = ce.ignore_index,
         reduction = ce.reduction, label_smoothing = ce.label_smoothing })
@@ -225,9 +314,37 @@ function apply.vocab_head(m, name, ctx)
   end)
 end
 
+-- Under SP: the module's input gathered along the sequence before its own forward.
+local function gather_input(m, ctx)
+  if not ctx.sp then return end
+  local inner, g = m.forward, ctx.group
+  rawset(m, 'forward', function(self, x, ...) return inner(self, gather_seq(x, g), ...) end)
+end
+
+-- A replicated module that sees only this rank's share of a sum: its
+-- parameters' gradients are summed over the group (with_summed_grads).
+local function sum_grads_of(m, g)
+  local inner = m.forward
+  rawset(m, 'forward', function(self, ...) return with_summed_grads(self, g, inner, self, ...) end)
+end
+
+-- A q/k norm per head (Qwen 3, Gemma 3) is replicated but normalises only
+-- this rank's heads: its weight's gradient is this rank's heads' part.
 function apply.attention(m, _, ctx)
   m.n_heads = m.n_heads / ctx.size
   m.n_kv_heads = m.n_kv_heads / ctx.size
+  local proj = {}
+  for _, k in ipairs({ 'q', 'k', 'v', 'o' }) do proj[m._names[k]] = true end
+  for _, nc in ipairs(m:named_children()) do
+    if not proj[nc[1]] and #nc[2]:parameters() > 0 then sum_grads_of(nc[2], ctx.group) end
+  end
+  gather_input(m, ctx)
+end
+
+function apply.region(m, _, ctx) gather_input(m, ctx) end
+
+function apply.sequence(m, _, ctx)
+  if ctx.sp then sum_grads_of(m, ctx.group) end
 end
 
 function M.apply(style, m, name, ctx) apply[style](m, name, ctx) end
