@@ -419,8 +419,8 @@ describe('a first run', function()
     local rc, stdout, stderr = run('recipes/llama2_7b.lua --memory_limit_mb=40960')
     assert.are.equal(2, rc)
     -- the config dump is what differs from the defaults
-    assert.are.equal('config:\n  memory_limit_mb = 40960\n  (83 other options at their defaults: --print_config lists '
-      .. 'them all)\n', stdout)
+    assert.matches('^config:\n  memory_limit_mb = 40960\n  %(%d+ other options at their defaults: %-%-print_config '
+      .. 'lists them all%)\n$', stdout)
     assert.matches('; to try the recipe here: --model=tiny (a small Llama that trains in seconds), --dry-run (the full '
       .. 'size on meta, nothing allocated) or --plan (what each rank would hold, send and compute)\n', stderr, 1, true)
   end)
