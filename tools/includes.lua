@@ -16,6 +16,7 @@
 --
 --   luajit tools/includes.lua [--counts]      (or fsdp-lua tools/includes.lua)
 package.path = './lua/?.lua;' .. package.path -- fsdp.quote needs nothing else
+local graph = require 'tools.graph'
 local quote = require 'fsdp.quote'
 
 local counts = false
@@ -109,27 +110,7 @@ for p, hs in pairs(edges) do
   end
 end
 table.sort(fnodes)
-local index, low, on, stack, n = {}, {}, {}, {}, 0
-local circles = {}
-local function visit(v)
-  n = n + 1; index[v] = n; low[v] = n
-  stack[#stack + 1] = v; on[v] = true
-  local ws = {}
-  for w in pairs(fsucc[v] or {}) do ws[#ws + 1] = w end
-  table.sort(ws)
-  for _, w in ipairs(ws) do
-    if not index[w] then visit(w); low[v] = math.min(low[v], low[w])
-    elseif on[w] then low[v] = math.min(low[v], index[w]) end
-  end
-  if low[v] == index[v] then
-    local comp = {}
-    repeat
-      local w = table.remove(stack); on[w] = nil; comp[#comp + 1] = w
-    until w == v
-    if #comp > 1 then table.sort(comp); circles[#circles + 1] = comp end
-  end
-end
-for _, v in ipairs(fnodes) do if not index[v] then visit(v) end end
+local circles = graph.sccs(fnodes, function(v) return fsucc[v] or {} end)
 for _, comp in ipairs(circles) do
   print('include circle between folders: ' .. table.concat(comp, ' <-> '))
   local inside = {}

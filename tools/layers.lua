@@ -20,6 +20,7 @@
 --   luajit tools/layers.lua --files          also list file-level circles
 --                                            within a layer
 package.path = './lua/?.lua;' .. package.path -- fsdp.quote needs nothing else
+local graph = require 'tools.graph'
 local quote = require 'fsdp.quote'
 
 local dirs, list_files = {}, false
@@ -112,28 +113,7 @@ for src, names in pairs(uses) do
   end
 end
 
--- Strongly connected components (Tarjan) of a graph given as node -> set.
-local function sccs(nodes, succ)
-  local index, low, on, stack, out, n = {}, {}, {}, {}, {}, 0
-  local function visit(v)
-    n = n + 1; index[v] = n; low[v] = n
-    stack[#stack + 1] = v; on[v] = true
-    for w in pairs(succ(v)) do
-      if not index[w] then visit(w); low[v] = math.min(low[v], low[w])
-      elseif on[w] then low[v] = math.min(low[v], index[w]) end
-    end
-    if low[v] == index[v] then
-      local comp = {}
-      repeat
-        local w = table.remove(stack); on[w] = nil; comp[#comp + 1] = w
-      until w == v
-      if #comp > 1 then table.sort(comp); out[#out + 1] = comp end
-    end
-  end
-  table.sort(nodes)
-  for _, v in ipairs(nodes) do if not index[v] then visit(v) end end
-  return out
-end
+local sccs = graph.sccs
 
 local bad = 0
 
