@@ -278,12 +278,20 @@ local function check_rows(n, ctx, name)
   end
 end
 
-function apply.vocab_embedding(m, name, ctx)
+-- A vocabulary split: this rank's rows of m's weight (the vocabulary
+-- entries start .. start + rows - 1), m's size field narrowed to them.
+-- Returns rows, start, the TP group.
+local function split_vocab(m, name, ctx, size_field)
   shard_param(m, 'weight', 0, ctx, join(name, 'weight'))
-  local rows = m.num_embeddings / ctx.size
-  local start, g = ctx.rank * rows, ctx.group
-  m.num_embeddings = rows
+  local rows = m[size_field] / ctx.size
+  local start = ctx.rank * rows
+  m[size_field] = rows
   m.vocab_start = start
+  return rows, start, ctx.group
+end
+
+function apply.vocab_embedding(m, name, ctx)
+  local rows, start, g = split_vocab(m, name, ctx, 'num_embeddings')
   rawset(m, 'forward', function(self, ids)
     local rel = ids - start
     local idx = F.clamp(rel, 0, rows - 1)
@@ -298,11 +306,7 @@ function apply.vocab_embedding(m, name, ctx)
 end
 
 function apply.vocab_head(m, name, ctx)
-  shard_param(m, 'weight', 0, ctx, join(name, 'weight'))
-  local rows = m.out_features / ctx.size
-  local start, g = ctx.rank * rows, ctx.group
-  m.out_features = rows
-  m.vocab_start = start
+  local _, start, g = split_vocab(m, name, ctx, 'out_features')
   rawset(m, 'forward', function(self, x, ce)
     -- (under SP the gather's reduce-scatter backward sums the partial input gradients)
     local z = F.linear(ctx.sp and gather_seq(x, g) or collectives.copy_to(x, g), self.weight)
