@@ -218,6 +218,8 @@ done
 run_tap "TP training = one process, tp 2 on 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/tp_equivalence.lua 2
 run_tap "TP x FSDP training = one process, tp 2 x dp 2" -- mpirun -np 4 "$EXE" tests/mpi/tp_equivalence.lua 2
 run_tap "TP training = one process, tp 4 x dp 1, f32" -- mpirun -np 4 "$EXE" tests/mpi/tp_equivalence.lua 4 f32
+run_tap "TP x HSDP on a mesh (dp_replicate 2 x tp 2) = one process, f32" -- \
+  mpirun -np 4 "$EXE" tests/mpi/tp_equivalence.lua 2 f32 hsdp
 # Sequence parallelism: the same bounds, and the activation memory it saves.
 run_tap "TP + SP training = one process, tp 2 on 2 ranks" -- mpirun -np 2 "$EXE" tests/mpi/tp_equivalence.lua 2 both sp
 run_tap "TP + SP x FSDP training = one process, tp 2 x dp 2, f32" -- \

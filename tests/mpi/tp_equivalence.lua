@@ -8,8 +8,10 @@
 --   mpirun -np 4 fsdp-lua tests/mpi/tp_equivalence.lua 4 f32    tp 4 x dp 1
 --   mpirun -np 2 fsdp-lua tests/mpi/tp_equivalence.lua 2        tp 2, f32 and bf16
 --   mpirun -np 4 fsdp-lua tests/mpi/tp_equivalence.lua 2 both sp    tp 2 x dp 2, sequence parallel
---   (args: tp size, precision f32 | bf16 | both (default), sp for sequence parallelism;
---   tests/mpi/run.sh runs them)
+--   mpirun -np 4 fsdp-lua tests/mpi/tp_equivalence.lua 2 f32 hsdp  a mesh dp_replicate 2 x tp 2:
+--                                                                  HYBRID_SHARD's groups from the mesh
+--   (args: tp size, precision f32 | bf16 | both (default), sp for sequence parallelism, hsdp for
+--   the mesh; tests/mpi/run.sh runs them)
 --
 -- Sequence parallelism changes only where sums happen (a reduce-scatter
 -- where an all-reduce was, a norm weight's gradient summed over T sequence
@@ -53,6 +55,7 @@ local R, W = T.rank, T.world
 local TP = tonumber(arg and arg[1]) or W
 local which = arg and arg[2] or 'both'
 local SP = arg and arg[3] == 'sp'
+local HSDP = arg and arg[3] == 'hsdp'
 -- FSDP_TEST_DEVICE=cuda:0: the TP model on a cuda device (tests/mpi/run.sh cuda, which the cudasim
 -- suite runs), the reference on the CPU
 local DEV = os.getenv('FSDP_TEST_DEVICE') or 'cpu'
@@ -74,6 +77,13 @@ local one = dist.split(R, { name = 'one rank' })
 local tp_group = dist.split(math.floor(R / TP), { name = 'tp' })
 local dp_group = dist.split(R % TP, { name = 'dp' })
 local dp_rank = dp_group:rank()
+-- hsdp: the data-parallel ranks replicate (dp_replicate = DP) instead of
+-- sharding; the mesh lays ranks out as the groups above (tp innermost).
+local mesh = HSDP and fsdp.mesh.new({ dp_replicate = DP, dp_shard = 1, tp = TP }) or nil
+if mesh then
+  assert(mesh:coordinate('dp') == dp_rank and mesh:group('tp'):rank() == tp_group:rank(),
+    'the mesh lays ranks out as the tp and dp groups of this test')
+end
 
 local function mp_of(precision)
   if precision == 'bf16' then return { param = 'bf16', reduce = 'f32', buffer = 'bf16' } end
@@ -84,11 +94,13 @@ local policy = fsdp.policy.transformer { llama.DecoderLayer }
 local function build(group, precision, with_tp, ckpt)
   local m = llama.CausalLM(llama.config('Llama-2-7b', CFG), { device = 'meta' })
   local dims = {}
+  local on_mesh = with_tp and mesh ~= nil
   if with_tp then
-    tp.parallelize(m, m:tp_plan(), { group = tp_group, sequence_parallel = SP })
+    tp.parallelize(m, m:tp_plan(), on_mesh and { mesh = mesh } or { group = tp_group, sequence_parallel = SP })
     for _, np in ipairs(m:named_parameters()) do dims[np[1]] = rawget(np[2], 'tp') end
   end
-  fsdp.shard(m, { group = group, strategy = 'FULL_SHARD', policy = policy, seed = SEED,
+  fsdp.shard(m, { group = not on_mesh and group or nil, mesh = on_mesh and mesh or nil,
+                  strategy = on_mesh and 'HYBRID_SHARD' or 'FULL_SHARD', policy = policy, seed = SEED,
                   mixed_precision = mp_of(precision), device = with_tp and DEV or 'cpu' })
   if ckpt then fsdp.checkpoint(m, function(x) return x:is_instance_of(llama.DecoderLayer) end) end
   return m, dims
@@ -176,9 +188,10 @@ local function run(precision, ckpt)
 end
 
 local SPN = SP and ' sequence parallel' or ''
+local HOW = HSDP and 'HYBRID_SHARD, dp_replicate ' .. DP .. ' on a mesh' or 'FULL_SHARD'
 for _, precision in ipairs(precisions) do
-  T.test(('tp %d x dp %d%s (FULL_SHARD) %s on %s, %d AdamW steps with clipping = one process'):format(
-    TP, DP, SPN, precision, DEV, K), function() run(precision, false) end)
+  T.test(('tp %d x dp %d%s (%s) %s on %s, %d AdamW steps with clipping = one process'):format(
+    TP, DP, SPN, HOW, precision, DEV, K), function() run(precision, false) end)
 end
 T.test(('tp %d x dp %d%s f32 with activation checkpointing = one process'):format(TP, DP, SPN), function()
   run('f32', true)
