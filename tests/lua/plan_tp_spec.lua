@@ -1,7 +1,7 @@
 -- plan_tp_spec.lua: tensor parallelism in the planner (fsdp.plan with tp,
 -- fsdp.plan.tp, fsdp.plan.search, fsdp.dist's planning groups): the TP
 -- collectives of a step against the formula from the model's dimensions,
--- the local shards, sequence parallelism's activations, the time, the
+-- the local shards, sequence parallelism traced, the time, the
 -- search's enumeration and ranking on a toy cluster, and the errors. The
 -- planned memory against measured memory on meshes is
 -- tests/mpi/plan_memory.lua (its `mesh` cases).
@@ -45,21 +45,21 @@ describe('fsdp.dist planning groups', function()
 end)
 
 describe('fsdp.plan with tp', function()
-  it('prices the TP collectives of fsdp.tp: per layer 2 all-reduces forward, 5 backward, of b x s x dim', function()
+  it('prices the TP collectives of fsdp.tp: per layer 2 all-reduces forward, 2 backward, of b x s x dim', function()
     for _, tp in ipairs({ 2, 4 }) do
       for _, mp in ipairs({ false, 'bf16' }) do
         local p = fsdp.plan(tiny(), with({ tp = tp, mixed_precision = mp or nil }))
         local elt = mp and 2 or 4
         local act = B * SEQ * CFG.dim * elt -- one activation of the residual stream
         -- forward: o_proj and down_proj reduce their outputs (rowwise);
-        -- backward: q, k, v, gate and up each reduce their input's gradient (colwise copy_to)
+        -- backward: the attention's and the MLP's inputs' gradients ([Note: TP regions])
         local layer = p.tp_comm.per_layer
-        assert.are.equal(7, layer.calls, 'calls per layer')
-        assert.are.equal(7 * act, layer.bytes, 'bytes per layer')
-        assert.are.equal(7 * act * 2 * (tp - 1) / tp, layer.wire, 'wire bytes per layer')
+        assert.are.equal(4, layer.calls, 'calls per layer')
+        assert.are.equal(4 * act, layer.bytes, 'bytes per layer')
+        assert.are.equal(4 * act * 2 * (tp - 1) / tp, layer.wire, 'wire bytes per layer')
         -- the step: 3 layers, plus the embedding's all-reduce (forward), the
         -- head's copy_to (backward) and the vocab-parallel loss's reductions
-        assert.is_true(p.tp_comm.calls > 3 * 7)
+        assert.is_true(p.tp_comm.calls > 3 * 4)
         assert.are.equal(p.tp_comm.wire / p.options.device.intra_bw, p.tp_comm.seconds)
       end
     end
@@ -98,22 +98,30 @@ describe('fsdp.plan with tp', function()
     assert.are.equal(p.tokens * 8 / 2 / p.time.step, p.time.tokens_per_s)
     local text = tostring(p)
     assert.is_truthy(text:find('mesh dp_replicate 1 x dp_shard 4 x tp 2', 1, true))
-    assert.is_truthy(text:find('per layer (forward and backward): 7 calls', 1, true))
+    assert.is_truthy(text:find('per layer (forward and backward): 4 calls', 1, true))
   end)
 
-  it('models sequence parallel: each block keeps 1/tp of what the un-parallelized block keeps', function()
+  it('traces sequence parallel: a block keeps its rows, its collectives are gathers and reduce-scatters', function()
     local m = tiny()
     for _, ck in ipairs({ false, true }) do
-      local flat = fsdp.plan(m, with({ checkpoint = ck }))
       local tp = fsdp.plan(m, with({ tp = 2, checkpoint = ck }))
       local sp = fsdp.plan(m, with({ tp = 2, sequence_parallel = true, checkpoint = ck }))
       assert.is_true(sp.memory.activations < tp.memory.activations)
-      assert.is_true(sp.memory.peak < tp.memory.peak)
-      assert.are.equal(tp.tp_comm.wire, sp.tp_comm.wire) -- reduce-scatter + all-gather = all-reduce
-      -- the blocks keep half the flat model's; the stem and head stay as TP traced them
-      assert.is_true(sp.memory.activations > flat.memory.activations / 2)
-      assert.is_true(sp.memory.activations < flat.memory.activations)
+      -- per layer, each way: the two regions gather their input, the two rowwise layers reduce-scatter
+      -- (backward the reverse), and backward sums the two norms' weight gradients
+      local act = B * SEQ * CFG.dim * 4
+      local k = sp.tp_comm.per_layer.by_kind
+      assert.are.same({ calls = 4, bytes = 4 * act, wire = 4 * act / 2 }, k.all_gather)
+      assert.are.same({ calls = 4, bytes = 4 * act, wire = 4 * act / 2 }, k.reduce_scatter)
+      assert.are.same({ calls = 2, bytes = 2 * CFG.dim * 4, wire = 2 * CFG.dim * 4 }, k.all_reduce)
+      assert.is_nil(tp.tp_comm.per_layer.by_kind.all_gather)
     end
+    -- with checkpointing a block keeps only its input: this rank's rows, 1/2 of TP's
+    local tp = fsdp.plan(m, with({ tp = 2, checkpoint = true }))
+    local sp = fsdp.plan(m, with({ tp = 2, checkpoint = true, sequence_parallel = true }))
+    assert.is_true(sp.memory.activations_checkpointed < tp.memory.activations_checkpointed)
+    T.raises(function() fsdp.plan(m, with({ tp = 2, sequence_parallel = true, seq = 33 })) end,
+      'fsdp.plan: sequence_parallel: seq 33 is not divisible by tp 2')
   end)
 
   it('refuses what cannot be planned, in one line', function()

@@ -2,9 +2,10 @@
 -- parallelize (one clear line naming the module, before anything
 -- changes), the families' plans, the TP init keying (a shard's values are
 -- the logical tensor's, for dim-0 and dim-1 shards and for FSDP segments
--- that start mid-row), and a tp 1 model (a group of one, with and
+-- that start mid-row), a tp 1 model (a group of one, with and
 -- without sequence parallelism, whose plan checks run on one rank too)
--- equal to the plain model. The numerics on 2 and 4 ranks: tests/mpi/tp_layers.lua and
+-- equal to the plain model, and the collectives of a layer's forward and
+-- backward (over a planning group, which records them on meta tensors). The numerics on 2 and 4 ranks: tests/mpi/tp_layers.lua and
 -- tests/mpi/tp_equivalence.lua.
 local fsdp = require 'fsdp'
 local nn = fsdp.nn
@@ -142,6 +143,71 @@ describe('the decoder families\' TP plans', function()
       { group = world, sequence_parallel = true }), 1, true)
     assert.matches('sequence_parallel must be true or false', err_of(tp.parallelize, m, m:tp_plan(),
       { group = world, sequence_parallel = 1 }), 1, true)
+  end)
+end)
+
+describe('TP collectives per layer (a planning group records each)', function()
+  -- The collectives (kind:bytes) of one step of a meta Llama with `layers`
+  -- layers parallelized over a planning group of 2, forward and backward.
+  local function step_log(layers, plan_of, sp)
+    local m = meta_llama({ n_layers = layers })
+    local g = fsdp.dist.planning_group(2)
+    tp.parallelize(m, plan_of and plan_of(m) or m:tp_plan(), { group = g, sequence_parallel = sp })
+    local ids = fsdp.empty({ 2, 8 }, { device = 'meta', dtype = 'i64' })
+    local loss = m:loss(ids, ids)
+    local n = #g.log
+    loss:backward()
+    local fwd, bwd = {}, {}
+    for i, r in ipairs(g.log) do table.insert(i <= n and fwd or bwd, r.kind .. ':' .. r.bytes) end
+    return fwd, bwd
+  end
+  -- What one more layer adds: the entries of the longer list past the shorter's, as a multiset.
+  local function one_layer(plan_of, sp)
+    local f1, b1 = step_log(1, plan_of, sp)
+    local f2, b2 = step_log(2, plan_of, sp)
+    local function extra(short, long)
+      local left = {}
+      for _, k in ipairs(long) do left[k] = (left[k] or 0) + 1 end
+      for _, k in ipairs(short) do left[k] = left[k] - 1 end
+      for k, c in pairs(left) do if c == 0 then left[k] = nil end end
+      return left
+    end
+    return extra(f1, f2), extra(b1, b2)
+  end
+  local act = 2 * 8 * CFG.dim * 4 -- one [2, 8, dim] f32 activation
+
+  it('are Megatron-LM\'s: 2 all-reduces forward (o, down) and 2 backward (the regions\' inputs)', function()
+    local f, b = one_layer()
+    assert.same({ ['all_reduce:' .. act] = 2 }, f)
+    assert.same({ ['all_reduce:' .. act] = 2 }, b)
+  end)
+
+  it('are a copy_to per colwise layer outside a region (a plan without the MLP\'s region)', function()
+    local function no_region(m)
+      local plan = {}
+      for _, e in ipairs(m:tp_plan()) do if e.style ~= 'region' then plan[#plan + 1] = e end end
+      return plan
+    end
+    local f, b = one_layer(no_region)
+    assert.same({ ['all_reduce:' .. act] = 2 }, f)
+    assert.same({ ['all_reduce:' .. act] = 3 }, b) -- the attention's input, gate's and up's
+  end)
+
+  it('under sequence parallelism: a gather and a reduce-scatter per region, each way, and the norms\' weights',
+    function()
+      local f, b = one_layer(nil, true)
+      assert.same({ ['all_gather:' .. act] = 2, ['reduce_scatter:' .. act] = 2 }, f)
+      -- (the two norms' weight gradients are summed: [Note: sequence parallelism])
+      assert.same({ ['all_gather:' .. act] = 2, ['reduce_scatter:' .. act] = 2, ['all_reduce:' .. CFG.dim * 4] = 2 },
+        b)
+    end)
+
+  it('refuses a region inside a region, naming both', function()
+    local m = meta_llama()
+    local plan = { { match = '^model%.layers%.%d+$', style = 'region' } }
+    for _, e in ipairs(m:tp_plan()) do plan[#plan + 1] = e end
+    assert.matches("model.layers.0.self_attn is 'attention' inside the region model.layers.0: "
+      .. 'regions do not nest', err_of(tp.parallelize, m, plan, { group = world }), 1, true)
   end)
 end)
 

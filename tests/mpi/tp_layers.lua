@@ -3,7 +3,7 @@
 -- loss and the gradients of a tiny Llama (untied and tied, with LoRA
 -- adapters on colwise and rowwise layers), the same with sequence
 -- parallelism (and for Gemma 2's sandwich norms and Qwen 3's per-head q/k
--- norms, on 2 ranks), the vocab-parallel
+-- norms, on 2 ranks), the collectives a layer makes, the vocab-parallel
 -- cross-entropy, the differentiable collectives, and the checks that need
 -- more than one rank (sizes not divisible by the TP size).
 --
@@ -124,6 +124,34 @@ end)
 T.test(('Llama tp %d with LoRA on q_proj (colwise), o_proj and down_proj (rowwise)'):format(W), function()
   compare_models(CFG, { lora = true }, true)
 end)
+
+-- [Note: TP regions] (fsdp/tp/styles.lua): per layer the rowwise outputs
+-- are all-reduced in forward and the two regions' inputs in backward, as
+-- Megatron-LM: what a second layer adds to a step's real collectives.
+T.test(('Llama tp %d: a layer makes 2 all-reduces in forward and 2 in backward (dist.collective_counts)'):format(W),
+  function()
+    local function counts(layers)
+      local cfg = {}
+      for k, v in pairs(CFG) do cfg[k] = v end
+      cfg.n_layers = layers
+      local m = build(cfg, { tp = true })
+      local c0 = dist.collective_counts()
+      local loss = m:loss(ids, tg)
+      local c1 = dist.collective_counts()
+      loss:backward()
+      local c2 = dist.collective_counts()
+      local f, b = {}, {}
+      for k, v in pairs(c2) do f[k], b[k] = c1[k] - (c0[k] or 0), v - c1[k] end
+      return f, b
+    end
+    local f1, b1 = counts(1)
+    local f2, b2 = counts(2)
+    for _, k in ipairs({ 'all_reduce', 'all_gather', 'reduce_scatter', 'broadcast' }) do
+      local want = k == 'all_reduce' and 2 or 0
+      T.truthy(f2[k] - f1[k] == want, ('forward: a layer adds %d %s, want %d'):format(f2[k] - f1[k], k, want))
+      T.truthy(b2[k] - b1[k] == want, ('backward: a layer adds %d %s, want %d'):format(b2[k] - b1[k], k, want))
+    end
+  end)
 
 -- Sequence parallelism: the hidden states between the regions are this
 -- rank's rows (12 / W of them), the norms' gradients all-reduced.

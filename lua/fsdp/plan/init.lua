@@ -45,8 +45,9 @@
 --   tensor-parallel) is planned as TP rank 0 runs it: a copy parallelized
 --   by fsdp.tp with model:tp_plan() over a planning group that records its
 --   collectives (fsdp.plan.tp); plan.tp_comm is their bytes and time, on
---   the critical path. sequence_parallel (false) models sequence
---   parallelism's activation saving ([Note: sequence parallel in the plan]).
+--   the critical path. sequence_parallel (false): the copy with fsdp.tp's
+--   sequence parallelism, traced alike ([Note: sequence parallel in the
+--   plan]; the sequence must divide by tp).
 --   fsdp.plan.search(model, opts): every mesh for a cluster, ranked.
 --
 -- Units are fsdp.shard's own (fsdp.sharding.assign_units, the same padding).
@@ -332,7 +333,7 @@ function M.plan(model, opts)
   -- tp > 1: plan TP rank 0's copy of the model (fsdp.plan.tp)
   local plain, tp_group = model, nil
   if r.tp > 1 then
-    local c = tpplan.parallelized(model, r.tp)
+    local c = tpplan.parallelized(model, r.tp, r.sequence_parallel)
     model, tp_group = c.model, c.group
   end
   local blocks_in_order = find_blocks(model, opts.blocks)
@@ -341,6 +342,9 @@ function M.plan(model, opts)
   r.policy, r.policy_name = policy_of(opts, block_set)
   if opts.seq ~= nil and validate.problem(opts.seq, validate.COUNT) then
     fail('seq must be a positive integer, got %s', validate.show(opts.seq))
+  end
+  if r.sequence_parallel and opts.seq ~= nil and opts.seq % r.tp ~= 0 then
+    fail('sequence_parallel: seq %d is not divisible by tp %d (each TP rank holds seq / tp rows)', opts.seq, r.tp)
   end
   local example_batch = opts.example_batch
   if example_batch == nil and type(model.example_batch) == 'function' then
@@ -409,24 +413,6 @@ function M.plan(model, opts)
     example_batch_fn = opts.example_batch or model.example_batch, loss_fn = opts.loss or model.loss,
   })
   local block_profiles = tr.blocks
-  if r.sequence_parallel then
-    -- [Note: sequence parallel in the plan] (fsdp.plan.tp): the blocks of
-    -- the un-parallelized model, traced alike, give what SP keeps
-    local plain_blocks = find_blocks(plain, opts.blocks)
-    local plain_in_block, plain_root = {}, {}
-    for _, b in ipairs(plain_blocks) do for _, t in ipairs(b:parameters()) do plain_in_block[t] = true end end
-    for _, t in ipairs(plain:parameters()) do
-      if not plain_in_block[t] then plain_root[#plain_root + 1] = t end
-    end
-    local ptr = trace.run(plain, {
-      blocks = plain_blocks, batch = r.batch, seq = opts.seq, example_batch = function(b, t)
-        return plain:example_batch(b, t) end, loss = loss,
-      param_dtype_of = function() return r.mp.param end, buffer_dtype = r.mp.buffer, input_dtype = root.param_dtype,
-      root_params = plain_root, f32_gemm = r.device.f32_gemm,
-      example_batch_fn = opts.example_batch or plain.example_batch, loss_fn = opts.loss or plain.loss,
-    })
-    block_profiles = tpplan.sequence_parallel_blocks(tr.blocks, ptr.blocks, r.tp)
-  end
   r.seq = tr.seq
   mem.buffers = mem.buffers + tr.caches
   mem.persistent = mem.persistent + tr.caches

@@ -56,7 +56,7 @@ function M.format(p)
   if r.mesh then
     line('  mesh dp_replicate %d x dp_shard %d x tp %d%s%s', r.mesh.dp_replicate, r.mesh.dp_shard, r.mesh.tp,
       r.tp > 1 and ' (the model is TP rank 0\'s shards)' or '',
-      r.sequence_parallel and ', sequence parallel (modelled: fsdp.plan.tp)' or '')
+      r.sequence_parallel and ', sequence parallel' or '')
   end
   line('  batch %d x seq %d per rank (%s tokens)%s%s', r.batch, r.seq, commas(p.tokens),
     (r.checkpoint and ', activation checkpointing' or '') .. (r.offload_activations and ', activation offload' or ''),

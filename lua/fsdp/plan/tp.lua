@@ -19,20 +19,15 @@
 -- collectives run again in backward.
 --
 -- [Note: sequence parallel in the plan]
--- fsdp.tp has no sequence parallelism yet, so the planner models it
--- rather than tracing it (as Korthikanti et al. 2022, "Reducing Activation
--- Recomputation in Large Transformer Models", do): with SP the parts of a
--- block TP leaves replicated (norms, residual adds, dropout: the
--- activations of the whole hidden size) are split along the sequence
--- across the T ranks, and every all-reduce becomes a reduce-scatter plus
--- an all-gather (the same bytes on the wire: a ring all-reduce is those
--- two). So every activation a block keeps is 1/T of what the block keeps
--- without TP: the block's saved bytes and what a checkpointed block keeps
--- (its input, the residual stream) are the un-parallelized model's / T,
--- and the comm is unchanged. The stem and the head are left as traced, and
--- a block's transient forward peak too (its gathered input is full-size).
--- This is the ideal Megatron-LM layout (each linear keeps its
--- sequence-sharded input and gathers it again in backward).
+-- With sequence_parallel the copy is parallelized with fsdp.tp's own
+-- sequence parallelism ({sequence_parallel = true}) and traced like any
+-- other: the hidden states between the regions are [B, S/T, dim], the
+-- regions gather their input along the sequence and the rowwise layers
+-- reduce-scatter, so what each block keeps (and a checkpointed block's
+-- input), the gathered inputs the products save whole, the norms' summed
+-- weight gradients and the collectives all come from the step itself.
+-- (Until fsdp.tp had SP this was a model: every saved byte / T.) The
+-- sequence length must divide by T, as for the recipes.
 local core = require 'fsdp.core'
 local dist = require 'fsdp.dist'
 local factories = require 'fsdp.factories'
@@ -88,32 +83,37 @@ local function copy_model(model)
   return module(model, '')
 end
 
--- The copies parallelized so far: model -> T -> {model =, group =}. The
--- trace of a copy is cached by its parameters (fsdp.plan.trace), so plans
--- of one model and tp size that differ in anything else trace it once.
+-- The copies parallelized so far: model -> key (T, and SP) -> {model =,
+-- group =}. The trace of a copy is cached by its parameters
+-- (fsdp.plan.trace), so plans of one model and tp size that differ in
+-- anything else trace it once.
 local copies = setmetatable({}, { __mode = 'k' })
 
 -- What TP rank 0 of `T` holds of `model` (unsharded, on meta, not already
--- parallelized): {model = the parallelized copy, group = its planning
--- group (group.log: the collectives the copy's traces made)}.
-function M.parallelized(model, T)
+-- parallelized), with sequence parallelism when `sp`: {model = the
+-- parallelized copy, group = its planning group (group.log: the
+-- collectives the copy's traces made)}.
+function M.parallelized(model, T, sp)
   if rawget(model, '_tp') then
     fail('tp: the model is already tensor-parallel: plan the model as built (the planner parallelizes a copy)')
   end
   if type(model.tp_plan) ~= 'function' then
     fail('tp = %d: %s has no tensor-parallel plan (model:tp_plan())', T, model:class_name())
   end
-  local by_t = copies[model] or {}
-  copies[model] = by_t
-  if by_t[T] then return by_t[T] end
+  local by_key = copies[model] or {}
+  copies[model] = by_key
+  local key = T .. (sp and '+sp' or '')
+  if by_key[key] then return by_key[key] end
   local ok, plan = pcall(model.tp_plan, model)
   if not ok then fail('tp = %d: %s', T, (tostring(plan):gsub('^[^:]*:%d+: ', ''))) end
   local group = dist.planning_group(T, { name = ('tp %d (planned)'):format(T) })
   local copy = copy_model(model)
-  local ok2, err = pcall(tp.parallelize, copy, plan, { group = group })
-  if not ok2 then fail('tp = %d: %s', T, (tostring(err):gsub('^.-tp%.parallelize: ', ''))) end
-  by_t[T] = { model = copy, group = group }
-  return by_t[T]
+  local ok2, err = pcall(tp.parallelize, copy, plan, { group = group, sequence_parallel = sp or nil })
+  if not ok2 then
+    fail('tp = %d%s: %s', T, sp and ' sequence parallel' or '', (tostring(err):gsub('^.-tp%.parallelize: ', '')))
+  end
+  by_key[key] = { model = copy, group = group }
+  return by_key[key]
 end
 
 -- Bytes a rank sends for one collective record with ring algorithms.
@@ -163,28 +163,6 @@ function M.comm(tr, bw, checkpoint)
     total.per_layer = l
   end
   return total
-end
-
--- Block profiles with sequence parallelism ([Note: sequence parallel in
--- the plan]): `tp_blocks` (the TP copy's) with saved bytes and inputs
--- taken from `plain_blocks` (the un-parallelized model's) / T.
-function M.sequence_parallel_blocks(tp_blocks, plain_blocks, T)
-  local out = {}
-  for i, p in ipairs(tp_blocks) do
-    local q = {}
-    for k, v in pairs(p) do q[k] = v end
-    local base = plain_blocks[i]
-    q.saved = math.ceil(base.saved / T)
-    q.input = math.ceil(base.input / T)
-    -- backward frees what forward kept: the first step frees that much less
-    local d = p.saved - q.saved
-    q.steps = {}
-    for j, st in ipairs(p.steps) do
-      q.steps[j] = j == 1 and { a = st.a, w = st.w, f = st.f - d, t = st.t } or st
-    end
-    out[i] = q
-  end
-  return out
 end
 
 M.copy_model = copy_model

@@ -35,8 +35,12 @@
 -- wrap inside the measured blocks' forward (with and without grad) and
 -- the head's, where Lua temporaries would otherwise raise the high mark
 -- (the next op's output allocated while the last one's dead input still
--- counts). Backward runs in C (only the trace's own nodes wrap), the stem
--- and gaps hold few temporaries, and blocks it does not measure take their
+-- counts), and inside every backward segment: backward runs in C, but
+-- Lua nodes wrap there too (fsdp.tp's collectives: a sequence-parallel
+-- region's reduce-scatter leaves its transposed copy and its output as
+-- garbage, which raised a planned block's backward high mark by 74 KiB
+-- in tests/mpi/plan_memory.lua mesh). The stem and gaps' forward hold few
+-- temporaries, and blocks it does not measure take their
 -- profile from the first of their kind: there garbage is left for the
 -- next boundary. A full collection walks the whole Lua heap (about a
 -- millisecond for Llama-2-70B's, ten for DeepViT-8B's 952 blocks), so
@@ -253,7 +257,7 @@ local function trace(model, o)
     end
     bseg, bseg_name = nil, nil
     if next_name then
-      exact(true, false)
+      exact(true, true)
       bseg, bseg_name = open(params), next_name
     end
   end

@@ -85,6 +85,7 @@ local function label(name) return name == '' and '(the root)' or name end
 
 -- The nearest module above `name` (itself excluded) in `set`, or nil.
 local function ancestor_in(name, set)
+  if name == '' then return nil end
   local n = name
   while true do
     n = n:match('^(.*)%.[^.]+$')
@@ -93,18 +94,35 @@ local function ancestor_in(name, set)
   end
 end
 
+-- The regions of the plan (name -> true: its 'attention' and 'region'
+-- modules, [Note: TP regions] in fsdp/tp/styles.lua), none inside another
+-- (its input's gradient would be summed twice). chosen: {name, module,
+-- style} in module order (so an error names the first module at fault).
+local function check_regions(chosen)
+  local regions = {}
+  for _, c in ipairs(chosen) do
+    if c[3] == 'attention' or c[3] == 'region' then regions[c[1]] = true end
+  end
+  for _, c in ipairs(chosen) do
+    local r = regions[c[1]] and ancestor_in(c[1], regions)
+    if r then
+      fail("%s is '%s' inside the region %s: regions do not nest (the input's gradient would be summed twice)",
+        label(c[1]), c[3], label(r))
+    end
+  end
+  return regions
+end
+
 -- Under sequence parallelism every colwise/rowwise layer sits in a region
 -- (an 'attention' or 'region' module, whose input is gathered), no
 -- 'sequence' module does, and every module with parameters of its own
 -- between the regions is in the plan: a norm left out would compute on
 -- its rows and keep a partial gradient, silently.
-local function check_sequence(model, by_name)
-  local regions, planned = {}, {}
-  for name, s in pairs(by_name) do
-    if s == 'attention' or s == 'region' then regions[name] = true end
-    planned[name] = true
-  end
-  for name, s in pairs(by_name) do
+local function check_sequence(model, chosen, regions)
+  local planned = {}
+  for _, c in ipairs(chosen) do planned[c[1]] = true end
+  for _, c in ipairs(chosen) do
+    local name, s = c[1], c[3]
     local r = ancestor_in(name, regions)
     if (s == 'colwise' or s == 'rowwise') and r == nil then
       fail("sequence_parallel: %s is '%s' outside a region: an enclosing module needs style 'attention' or "
@@ -149,8 +167,10 @@ function M.parallelize(model, plan, opts)
   end
   if #chosen == 0 then fail('the plan matched no module of %s', model:class_name()) end
   for _, c in ipairs(chosen) do styles.check(c[3], c[2], c[1], T, by_name) end
-  if sp then check_sequence(model, by_name) end
-  local ctx = { group = group, size = T, rank = group:rank(), done = {}, sp = sp and T > 1 }
+  local regions = check_regions(chosen)
+  if sp then check_sequence(model, chosen, regions) end
+  local ctx = { group = group, size = T, rank = group:rank(), done = {}, sp = sp and T > 1,
+                in_region = function(name) return ancestor_in(name, regions) ~= nil end }
   for _, c in ipairs(chosen) do styles.apply(c[3], c[2], c[1], ctx) end
   rawset(model, '_tp', { group = group, size = T, rank = group:rank(), styles = by_name,
                          sequence_parallel = sp or false })

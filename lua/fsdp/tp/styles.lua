@@ -4,7 +4,9 @@
 -- (check), then applies it (apply), so a bad plan changes nothing.
 --
 --   colwise          Linear [out, in]: weight and bias split by rows (dim 0); input copied in
---                    (copy_to: all-reduce of its gradient), output this rank's features
+--                    (copy_to: all-reduce of its gradient) unless it sits in a region, whose
+--                    input is copied in once for all its colwise layers; output this rank's
+--                    features
 --   rowwise          Linear: weight split by columns (dim 1), input this rank's features;
 --                    one all-reduce of the output (reduce_from), then the (replicated) bias
 --   vocab_embedding  Embedding [V, D] split by rows; ids outside this rank's rows give 0;
@@ -13,19 +15,32 @@
 --                    vocab-parallel cross-entropy (fsdp.tp.cross_entropy), else the logits
 --                    gathered on the last dim
 --   attention        nn.Attention: n_heads and n_kv_heads divided by the TP size (its q/k/v
---                    must be colwise and o rowwise in the same plan)
---   region           a module holding colwise and rowwise layers (the MLP): nothing without
---                    sequence parallelism
+--                    must be colwise and o rowwise in the same plan); a region
+--   region           a module holding colwise and rowwise layers (the MLP)
 --   sequence         a module between the regions (the norms): nothing without sequence
 --                    parallelism
+-- [Note: TP regions] An 'attention' or 'region' module is where a replicated
+-- input enters rank-local computation: its colwise layers each produce a
+-- partial gradient of that input, and the input's whole gradient is their
+-- sum, so the region copies its input in once (copy_to: one all-reduce in
+-- backward, summing all of them together) and its colwise layers skip
+-- their own (Megatron-LM's layout: per transformer layer two all-reduces in
+-- forward, the rowwise outputs, and two in backward, the regions' inputs,
+-- where a copy_to per colwise layer made five). Under sequence parallelism
+-- the region's all-gather plays the copy_to (its reduce-scatter backward
+-- sums). So inside a region its input may feed only colwise layers: a
+-- replicated path from the region's input to its output would have its
+-- whole gradient summed T times.
+-- Regions do not nest (parallelize refuses it). A cross-attention's
+-- context (opts.context, the input of k and v) is copied in alike.
 -- [Note: sequence parallelism] (tp.parallelize(..., {sequence_parallel = true}); Megatron-LM's
 -- SP, Korthikanti et al. 2022) The hidden states between the TP regions are
 -- [B, S/T, dim]: this rank's rows of the sequence (dim 1). An attention or
 -- region module all-gathers its input along the sequence (gather with a
 -- reduce-scatter backward, which also sums the colwise layers' partial input
--- gradients, so colwise drops its copy_to); a rowwise layer reduce-scatters
--- its output along the sequence instead of all-reducing it (backward:
--- all-gather); vocab_embedding reduce-scatters its lookup, vocab_head
+-- gradients, in place of the region's copy_to: [Note: TP regions]); a
+-- rowwise layer reduce-scatters its output along the sequence instead of
+-- all-reducing it (backward: all-gather); vocab_embedding reduce-scatters its lookup, vocab_head
 -- gathers its input. The 'sequence' modules (norms) run on their rows
 -- alone, so the gradient of a replicated parameter used there (a norm's
 -- weight, a rowwise bias, the replicated LoRA factor next to a collective)
@@ -214,16 +229,18 @@ function apply.colwise(m, name, ctx)
   shard_param(m, 'bias', 0, ctx, join(name, 'bias'))
   local g = ctx.group
   m.out_features = m.out_features / ctx.size
-  -- (under SP the region's gather is the copy_to: its reduce-scatter backward sums)
-  local copy_to = ctx.sp and function(x) return x end or function(x) return collectives.copy_to(x, g) end
+  -- (in a region the region's copy_to, or its gather under SP, sums the input's gradient: [Note: TP regions])
+  local inside = ctx.in_region(name)
+  local copy_to = inside and function(x) return x end or function(x) return collectives.copy_to(x, g) end
   if is_lora(m) then
     shard_param(m.lora_B, 'weight', 0, ctx, join(name, 'lora_B.weight'))
     m.lora_B.out_features = m.lora_B.out_features / ctx.size
     rawset(m, 'forward', function(self, x)
       local y = base_linear(self, copy_to(x), self.bias)
       local u
-      if ctx.sp then
-        -- lora_A sees the whole sequence but only this rank's share of du
+      if inside then
+        -- lora_A's output gets only this rank's share of du (lora_B's rows):
+        -- its input's gradient is summed by the region, its weight's here
         u = with_summed_grads(self.lora_A, g, self.lora_A, x)
       else
         u = collectives.copy_to(self.lora_A(x), g)
@@ -318,11 +335,27 @@ function apply.vocab_head(m, name, ctx)
   end)
 end
 
--- Under SP: the module's input gathered along the sequence before its own forward.
-local function gather_input(m, ctx)
-  if not ctx.sp then return end
+-- A region's input ([Note: TP regions]): copied in (copy_to) once for its
+-- colwise layers, or under SP gathered along the sequence, before the
+-- module's own forward. An attention's context (opts.context: a
+-- cross-attention's k and v project it) is copied in too.
+local function region_input(m, ctx, context)
   local inner, g = m.forward, ctx.group
-  rawset(m, 'forward', function(self, x, ...) return inner(self, gather_seq(x, g), ...) end)
+  local enter
+  if ctx.sp then
+    enter = function(x) return gather_seq(x, g) end
+  else
+    enter = function(x) return collectives.copy_to(x, g) end
+  end
+  rawset(m, 'forward', function(self, x, opts, ...)
+    if context and type(opts) == 'table' and opts.context ~= nil then
+      local o = {}
+      for k, v in pairs(opts) do o[k] = v end
+      o.context = collectives.copy_to(opts.context, g)
+      opts = o
+    end
+    return inner(self, enter(x), opts, ...)
+  end)
 end
 
 -- A replicated module that sees only this rank's share of a sum: its
@@ -342,10 +375,10 @@ function apply.attention(m, _, ctx)
   for _, nc in ipairs(m:named_children()) do
     if not proj[nc[1]] and #nc[2]:parameters() > 0 then sum_grads_of(nc[2], ctx.group) end
   end
-  gather_input(m, ctx)
+  region_input(m, ctx, true)
 end
 
-function apply.region(m, _, ctx) gather_input(m, ctx) end
+function apply.region(m, _, ctx) region_input(m, ctx) end
 
 function apply.sequence(m, _, ctx)
   if ctx.sp then sum_grads_of(m, ctx.group) end
