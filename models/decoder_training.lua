@@ -277,13 +277,15 @@ function M.build(R, cfg, who, shape)
   -- before TP (which splits each adapter with its layer), the fit check
   -- and sharding, which see the frozen base
   lora.apply_options(model, cfg, R.fam.lora_targets)
-  -- --tp: the TP layers (on meta) before the fit check and the sharding,
-  -- so they see what one TP rank holds ([Note: what --tp checks])
+  -- the fit check plans the whole model: with --tp the planner
+  -- parallelizes a copy of it itself (fsdp.plan's tp, from the mesh sizes)
+  fit.check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
+    try = not R.src and M.TRY or nil })
+  -- --tp: the TP layers (on meta) before the sharding, so it sees what one
+  -- TP rank holds ([Note: what --tp checks])
   if mesh and mesh:size('tp') > 1 then
     tp.parallelize(model, model:tp_plan(), { mesh = mesh, sequence_parallel = cfg.sequence_parallel })
   end
-  fit.check(model, cfg, R.fam.block, shape, who, { layers = 'num_layers',
-    try = not R.src and M.TRY or nil })
   shard_options.apply(model, cfg, R.fam.block, who, mesh)
   console.print(('model: %d layers, width %d, %d heads (%d kv), ffn %d, vocab %d: %d '
     .. 'parameters, %s, %s'):format(c.n_layers, c.dim, c.n_heads, c.n_kv_heads or c.n_heads, c.ffn_dim, c.vocab_size,

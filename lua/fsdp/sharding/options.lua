@@ -242,6 +242,7 @@ function M.plan_options(cfg, block_class, shape, script, device)
     world = world, nodes = nodes,
     -- the mesh options' sizes for that world ([Note: the recipe's mesh])
     mesh = M.mesh_sizes(cfg, { world = world, nodes = nodes or 1 }),
+    sequence_parallel = cfg.sequence_parallel and true or nil, -- (the decoders' --sequence_parallel)
     strategy = cfg.sharding_strategy, policy = policy,
     mixed_precision = mp, checkpoint = cfg.activation_checkpointing, device = device,
     offload_activations = cfg.offload_activations or false, offload = cfg.cpu_offload or false,
