@@ -160,6 +160,10 @@ end
 -- all-gather's gathered output, a reduce-scatter's whole input; as
 -- collective_stats counts), size = the group size }. It makes no C group
 -- and takes no part in any collective of the job.
+--
+-- fsdp.dist.planning_group(size, {rank =, name =}): a planning group of
+-- `size` ranks as seen by rank `rank` (default 0), called `name` in
+-- messages (default 'planning(<size>)').
 function M.planning_group(size, opts)
   opts = opts or {}
   if type(size) ~= 'number' or size < 1 or size ~= math.floor(size) then
