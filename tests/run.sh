@@ -5,7 +5,8 @@
 # Suites (each speaks TAP, which is how the counts are gathered):
 #   c        the core's C tests (cmocka), release build
 #   c-asan   the same under AddressSanitizer + UndefinedBehaviorSanitizer
-#   lua      busted specs run inside fsdp-lua (tests/lua/*_spec.lua)
+#   lua      busted specs run inside fsdp-lua (tests/lua/*_spec.lua), a
+#            process per file (tests/lua/run.sh)
 #   lua-asan the same specs through the sanitized build
 #   readme   every command and Lua snippet of README.md and docs/*.md (tests/readme/run.lua)
 #   embed    a C program embedding the framework, and a stock luajit
@@ -66,7 +67,7 @@ if want c-asan; then
     skipped=$((skipped + 1))
   fi
 fi
-want lua && run_suite lua build/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
+want lua && run_suite lua tests/lua/run.sh build/bin/fsdp-lua
 want readme && run_suite readme build/bin/fsdp-lua tests/readme/run.lua
 want embed && run_suite embed tests/embed/run.sh
 # The specs again through the sanitized core: memory errors in C reached
@@ -74,7 +75,7 @@ want embed && run_suite embed tests/embed/run.sh
 if want lua-asan; then
   if [ -x build/asan/bin/fsdp-lua ]; then
     run_suite lua-asan env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-      LSAN_OPTIONS=suppressions="$PWD/tests/lsan.supp":print_suppressions=0 build/asan/bin/fsdp-lua tests/busted.lua -o TAP tests/lua
+      LSAN_OPTIONS=suppressions="$PWD/tests/lsan.supp":print_suppressions=0 tests/lua/run.sh build/asan/bin/fsdp-lua
   else
     echo "=== lua-asan: skipped (build/asan/bin/fsdp-lua not built; ./build.sh test builds it)"
     skipped=$((skipped + 1))
