@@ -1,10 +1,24 @@
--- tools/graph.lua: the circles of a dependency graph, for the tools that
--- check the core's layering (tools/layers.lua: calls between files;
--- tools/includes.lua: includes between folders).
+-- tools/graph.lua: what the tools that check the core's layering share
+-- (tools/layers.lua: calls between files; tools/includes.lua: includes
+-- between folders): the circles of a dependency graph, and the lines a
+-- command prints.
 --
 --   local graph = require 'tools.graph'      (tools run from the repository root)
 --   for _, circle in ipairs(graph.sccs(nodes, succ)) do ... end
+package.path = './lua/?.lua;' .. package.path -- fsdp.quote needs nothing else
+local quote = require 'fsdp.quote'
+
 local M = {}
+
+-- The lines a command (a list of words) prints; its errors are dropped
+-- (a missing object directory lists nothing).
+function M.lines(words)
+  local f = assert(io.popen(quote.command(words) .. ' 2>/dev/null'))
+  local out = {}
+  for l in f:lines() do out[#out + 1] = l end
+  f:close()
+  return out
+end
 
 -- The strongly connected components of more than one node (Tarjan), each
 -- sorted, of the graph whose nodes are `nodes` (a list) and whose edges

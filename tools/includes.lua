@@ -15,22 +15,14 @@
 -- and, with --counts, the edges from backends upward and the folder graph.
 --
 --   luajit tools/includes.lua [--counts]      (or fsdp-lua tools/includes.lua)
-package.path = './lua/?.lua;' .. package.path -- fsdp.quote needs nothing else
 local graph = require 'tools.graph'
-local quote = require 'fsdp.quote'
 
 local counts = false
 for _, a in ipairs(arg) do
   if a == '--counts' then counts = true end
 end
 
-local function lines(words)
-  local f = assert(io.popen(quote.command(words) .. ' 2>/dev/null'))
-  local out = {}
-  for l in f:lines() do out[#out + 1] = l end
-  f:close()
-  return out
-end
+local lines = graph.lines
 
 local BACKENDS = { cpu = true, cuda = true }
 -- What a backend may include besides its own folder.

@@ -19,9 +19,7 @@
 --   luajit tools/layers.lua [OBJDIR...]      (or fsdp-lua tools/layers.lua)
 --   luajit tools/layers.lua --files          also list file-level circles
 --                                            within a layer
-package.path = './lua/?.lua;' .. package.path -- fsdp.quote needs nothing else
 local graph = require 'tools.graph'
-local quote = require 'fsdp.quote'
 
 local dirs, list_files = {}, false
 for _, a in ipairs(arg) do
@@ -31,15 +29,7 @@ if #dirs == 0 then
   dirs = { 'build/obj/release/fsdp', 'build/obj/release/fsdp_mpi', 'build/obj/release/fsdp_cuda' }
 end
 
--- The lines a command (a list of words) prints; its errors are dropped
--- (a missing object directory lists nothing).
-local function lines(words)
-  local f = assert(io.popen(quote.command(words) .. ' 2>/dev/null'))
-  local out = {}
-  for l in f:lines() do out[#out + 1] = l end
-  f:close()
-  return out
-end
+local lines = graph.lines
 
 -- Object basename -> source path (premake names objects by basename; the
 -- build refuses two sources with one basename).
