@@ -350,6 +350,8 @@ project "fsdp-ctest"
   outdirs "bin"
   files { "tests/c/**.c" }
   includedirs { "core/base" }
-  -- gomp: test_dtype.c runs the bulk conversions on 1, 2 and 3 threads
+  -- gomp: test_dtype.c runs the bulk conversions on 1, 2 and 3 threads;
+  -- test_threads.c opens a nested region to prove its thread counter
+  buildoptions { "-fopenmp" }
   links { "fsdp", "cmocka", "gomp", "m" }
   linkoptions { "-Wl,-rpath,'$$ORIGIN/../lib'" }

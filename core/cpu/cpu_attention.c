@@ -56,8 +56,11 @@ static void blas_serial_end(int n) {
 static void sgemm(float *pack, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                   float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                   float *c, int64_t ldc) {
-    /* (with the blocks on one thread, BLAS keeps its threads: see the top) */
-    bool one_thread = omp_in_parallel() || omp_get_max_threads() == 1;
+    /* Outside any OpenMP region BLAS threads the product (see the top);
+     * inside one, an idle one too, the block kernel keeps it on this
+     * thread ([Note: no library call inside an idle OpenMP region],
+     * cpu_matmul.c). */
+    bool one_thread = omp_get_level() > 0 || omp_get_max_threads() == 1;
     if (!one_thread ||
         !fl_cpu_block_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pack))
         fl_cpu_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

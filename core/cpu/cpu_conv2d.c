@@ -224,9 +224,14 @@ int fl_cpu_conv2d(fl_tensor *out, const fl_tensor *x, const fl_tensor *w, const 
     if (rc == FL_OK) {
         char *colbase = cols ? cols->data : NULL;
         int64_t colbytes = g->K * g->P * (int64_t)c.cs;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-        for (int64_t n = 0; n < g->N; n++)
-            forward_image(&c, n, colbase ? colbase + omp_get_thread_num() * colbytes : NULL);
+        /* [Note: no library call inside an idle OpenMP region], cpu_matmul.c */
+        if (threads > 1) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+            for (int64_t n = 0; n < g->N; n++)
+                forward_image(&c, n, colbase ? colbase + omp_get_thread_num() * colbytes : NULL);
+        } else {
+            for (int64_t n = 0; n < g->N; n++) forward_image(&c, n, colbase);
+        }
         rc = put_back(out, oo);
     }
     fl_tensor_release(xo);
@@ -287,6 +292,34 @@ static int bias_grad(fl_tensor *gb, const fl_tensor *gy, const geom *g) {
     return rc;
 }
 
+/* What the threads of backward_images share. */
+typedef struct backward_share {
+    const conv_ctx *c;
+    bool want_gx;
+    char *gwd, *buf;  /* dw (ct, [O, K]) or NULL; the threads' scratch */
+    int64_t per;      /* scratch elements per thread */
+    bool private_dw;  /* each thread sums dw into its own accumulator */
+} backward_share;
+
+/* One thread's images (all of them on one thread, outside a region). */
+static void backward_thread(const backward_share *sh) {
+    const conv_ctx *c = sh->c;
+    const geom *g = &c->g;
+    bool pointwise = is_pointwise(g);
+    int64_t kp = g->K * g->P, ok = g->O * g->K;
+    size_t cs = c->cs;
+    char *p = sh->buf ? sh->buf + omp_get_thread_num() * sh->per * (int64_t)cs : NULL;
+    char *col = NULL, *dcol = NULL, *acc = sh->gwd;
+    if (sh->gwd && !pointwise) col = p, p += kp * (int64_t)cs;
+    if (sh->want_gx && !pointwise) dcol = p, p += kp * (int64_t)cs;
+    if (sh->gwd && sh->private_dw) {
+        acc = p;
+        memset(acc, 0, (size_t)ok * cs);
+    }
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < g->N; n++) backward_image(c, n, col, dcol, acc);
+}
+
 /* The per-image part of the backward: dw into gwd (ct, [O, K]) when
  * wanted, gx (in c->gx) when wanted. */
 static int backward_images(const conv_ctx *c, bool want_gx, char *gwd) {
@@ -303,18 +336,13 @@ static int backward_images(const conv_ctx *c, bool want_gx, char *gwd) {
     if (per > 0 && !(scr = scratch(threads * per, c->ct))) return fl_last_status();
     char *buf = scr ? scr->data : NULL;
     if (gwd) memset(gwd, 0, (size_t)ok * cs);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        char *p = buf ? buf + omp_get_thread_num() * per * (int64_t)cs : NULL;
-        char *col = NULL, *dcol = NULL, *acc = gwd;
-        if (gwd && !pointwise) col = p, p += kp * (int64_t)cs;
-        if (want_gx && !pointwise) dcol = p, p += kp * (int64_t)cs;
-        if (gwd && threads > 1) {
-            acc = p;
-            memset(acc, 0, (size_t)ok * cs);
-        }
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < g->N; n++) backward_image(c, n, col, dcol, acc);
+    backward_share sh = {c, want_gx, gwd, buf, per, threads > 1};
+    /* [Note: no library call inside an idle OpenMP region], cpu_matmul.c */
+    if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+        backward_thread(&sh);
+    } else {
+        backward_thread(&sh);
     }
     if (gwd && threads > 1) { /* the private accumulators, added in thread order */
         for (int t = 0; t < threads; t++) {

@@ -261,6 +261,28 @@ static int matmul_onednn(const fl_tensor *out, const fl_onednn_product *p,
     return rc;
 }
 
+/* [Note: no library call inside an idle OpenMP region]
+ * `#pragma omp parallel ... if (false)` still opens a region, of one
+ * thread. A threaded library called inside it (OpenBLAS's OpenMP build,
+ * oneDNN, MKL) then starts a nested team, and libgomp keeps no pool for
+ * nested teams: it creates and joins fresh threads for every call. In a
+ * GPT-2 step at the avx2 level that was ~100 thread creations a step, one
+ * per large gradient product. Code that may call a library serially
+ * branches around the region instead of passing `if (...)` to it. */
+
+/* Product i of a batch: c[i] = beta c[i] + A[i] B[i] (sums of k), in ct. */
+static void gemm_batch_item(const fl_tensor *out, const fl_gemm_operand *A,
+                            const fl_gemm_operand *B, int64_t k, fl_dtype ct, int64_t i,
+                            double beta, char *c) {
+    int nb = out->ndim - 2;
+    int64_t m = out->shape[nb], n = out->shape[nb + 1];
+    size_t cs = fl_dtype_size(ct);
+    int64_t oa, ob;
+    batch_offsets(out, A, B, i, &oa, &ob);
+    fl_cpu_gemm_ct(ct, A->trans, B->trans, m, n, k, A->base + oa * (int64_t)cs, A->ld,
+                   B->base + ob * (int64_t)cs, B->ld, beta, c + i * m * n * (int64_t)cs, n);
+}
+
 static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
                       const fl_tensor *bias) {
     int nd = out->ndim, nb = nd - 2;
@@ -320,15 +342,15 @@ static int cpu_matmul(fl_tensor *out, const fl_tensor *a, const fl_tensor *b,
             fl_cpu_gemm_ct(ct, false, B.trans, rows, n, k, A.base, lda, B.base, B.ld, beta, c, n);
         } else {
             /* Small products (attention heads) go one per thread; large
-             * ones one after another, each threaded by OpenBLAS. */
-            bool spread = nbatch > 1 && m * n * k <= FL_CPU_SMALL_GEMM;
-#pragma omp parallel for schedule(static) if (spread)
-            for (int64_t i = 0; i < nbatch; i++) {
-                int64_t oa, ob;
-                batch_offsets(out, &A, &B, i, &oa, &ob);
-                fl_cpu_gemm_ct(ct, A.trans, B.trans, m, n, k, A.base + oa * (int64_t)cs, A.ld,
-                               B.base + ob * (int64_t)cs, B.ld, beta, c + i * m * n * (int64_t)cs,
-                               n);
+             * ones one after another, each threaded by its library, and
+             * outside any OpenMP region: [Note: no library call inside an
+             * idle OpenMP region]. */
+            if (nbatch > 1 && m * n * k <= FL_CPU_SMALL_GEMM) {
+#pragma omp parallel for schedule(static)
+                for (int64_t i = 0; i < nbatch; i++)
+                    gemm_batch_item(out, &A, &B, k, ct, i, beta, c);
+            } else {
+                for (int64_t i = 0; i < nbatch; i++) gemm_batch_item(out, &A, &B, k, ct, i, beta, c);
             }
         }
     }

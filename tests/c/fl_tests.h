@@ -15,5 +15,6 @@ int fl_test_optim(void);
 int fl_test_device_pool(void);
 int fl_test_checksum(void);
 int fl_test_text(void);
+int fl_test_threads(void);
 
 #endif /* FL_TESTS_H */

@@ -20,6 +20,7 @@ static const group groups[] = {
     {"view", fl_test_view},     {"memory", fl_test_memory},
     {"optim", fl_test_optim},   {"device_pool", fl_test_device_pool},
     {"checksum", fl_test_checksum}, {"text", fl_test_text},
+    {"threads", fl_test_threads},
 };
 
 int main(int argc, char **argv) {
