@@ -1,13 +1,15 @@
 -- benchmarks/gemm.lua: how close F.linear comes to the machine's sgemm.
 --
---   build/bin/fsdp-lua benchmarks/gemm.lua [--reps=N] [--dtype=f32|bf16]
+--   build/bin/fsdp-lua benchmarks/gemm.lua [--reps=N] [--dtype=f32|bf16] [--model=gpt2|llama]
 --
 -- 1. Raw OpenBLAS sgemm (cblas_sgemm straight through the FFI, no
 --    framework) at 1024^3 and at a GPT-2-like 256 x 3072 x 768.
 -- 2. F.linear forward + backward (through autograd: dx, dW and db) on the
 --    GPT-2-124M shapes at batch 4 x seq 64 (x is [256, in]): c_attn, the
 --    attention projection, the MLP up and down projections, and the LM
---    head. Each is compared with raw sgemm doing the same three products
+--    head; or (--model=llama) the small Llama's of benchmarks/train_step.lua
+--    at batch 4 x seq 256 (x is [1024, in]): a q/k/v/o projection, gate or
+--    up, down, and the head. Each is compared with raw sgemm doing the same three products
 --    (y = x W^T, dx = dy W, dW = dy^T x), so the ratio is the framework's
 --    overhead: output allocation, bias, row sums, gradient accumulation.
 -- 3. Section 2 once with every product on OpenBLAS (bf16 ones converted
@@ -21,14 +23,33 @@ local fsdp = require 'fsdp'
 local F = require 'fsdp.functional.linear'
 local ffi = require 'ffi'
 
-local opts = { reps = 5, dtype = 'f32' }
+local opts = { reps = 5, dtype = 'f32', model = 'gpt2' }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match('^%-%-([%w_]+)=(.+)$')
   if not k or opts[k] == nil then
-    error(('unknown option %s (expected --reps=N, --dtype=f32|bf16)'):format(a), 0)
+    error(('unknown option %s (expected --reps=N, --dtype=f32|bf16, --model=gpt2|llama)'):format(a), 0)
   end
   opts[k] = tonumber(v) or v
 end
+
+-- The products of each model: weight [out, in] and whether it has a bias,
+-- for x of `rows` rows.
+local MODELS = {
+  gpt2 = { rows = 4 * 64, shapes = {
+    { 'c_attn', 2304, 768, true },
+    { 'attn.c_proj', 768, 768, true },
+    { 'mlp.c_fc', 3072, 768, true },
+    { 'mlp.c_proj', 768, 3072, true },
+    { 'lm_head', 50257, 768, false },
+  } },
+  llama = { rows = 4 * 256, shapes = {
+    { 'q/k/v/o_proj', 512, 512, false },
+    { 'gate/up_proj', 1376, 512, false },
+    { 'down_proj', 512, 1376, false },
+    { 'lm_head', 32000, 512, false },
+  } },
+}
+if not MODELS[opts.model] then error(('unknown model %s (expected gpt2 or llama)'):format(opts.model), 0) end
 
 ffi.cdef [[
 typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
@@ -98,17 +119,11 @@ if #libraries > 2 then libraries[#libraries + 1] = 'auto' end
 for _, library in ipairs(libraries) do
   if library then fsdp.cpu_gemm_use(library) end
   print()
-  print(('F.linear forward + backward (%s), x [256, in], vs raw sgemm of the same 3 products'):format(opts.dtype))
+  print(('F.linear forward + backward (%s), x [%d, in], vs raw sgemm of the same 3 products'):format(opts.dtype,
+    MODELS[opts.model].rows))
   print('  products on: ' .. fsdp.cpu_gemm_library())
   print(('  %-22s %10s %10s %10s %8s %8s'):format('weight [out, in]', 'fwd GF/s', 'f+b GF/s', 'sgemm 3x', 'ratio', 'vs peak'))
-  local rows = 4 * 64
-  local shapes = {
-    { 'c_attn', 2304, 768, true },
-    { 'attn.c_proj', 768, 768, true },
-    { 'mlp.c_fc', 3072, 768, true },
-    { 'mlp.c_proj', 768, 3072, true },
-    { 'lm_head', 50257, 768, false },
-  }
+  local rows, shapes = MODELS[opts.model].rows, MODELS[opts.model].shapes
   local total_flops, total_t, total_raw = 0, 0, 0
   for _, s in ipairs(shapes) do
     local name, out, inf, has_bias = s[1], s[2], s[3], s[4]
@@ -134,7 +149,7 @@ for _, library in ipairs(libraries) do
     x, w, b, gy, raw = nil, nil, nil, nil, nil
     collectgarbage()
   end
-  print(('  %-23s %10s %10.1f %10.1f %7.0f%% %7.0f%%'):format('all five', '', gflops(total_flops, total_t),
+  print(('  %-23s %10s %10.1f %10.1f %7.0f%% %7.0f%%'):format('all', '', gflops(total_flops, total_t),
     gflops(total_flops, total_raw), 100 * total_raw / total_t, 100 * gflops(total_flops, total_t) / sgemm_peak))
 end
 fsdp.cpu_gemm_use(initial)
