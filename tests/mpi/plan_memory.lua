@@ -139,10 +139,9 @@ if arg and arg[1] == 'mesh' then
                           -- rank 0 alone 5.7% off; both unexplained so far, issue 43's note. Nor
                           -- tp 2 x dp_shard 2 sequence parallel f32: in two of three full CI runs of
                           -- 2026-12-06 one rank's plan held the same 16 KiB more at rest (+2.2%),
-                          -- never in 12 runs of this file alone; fsdp.plan's trace now takes its
-                          -- caches from the smaller of two forwards, which ended the same stray
-                          -- in one process (1 first trace in 20 before, 0 in 50 after), but CI
-                          -- saw it once more. Its bf16 and checkpointed forms stay below.)
+                          -- never in 12 runs of this file alone; in one process about 1 first
+                          -- trace in 20 of it measures 8-16 KiB more caches, held by no Lua
+                          -- value. Its bf16 and checkpointed forms stay below.)
                           { { tp = 4, dp_shard = 1 }, 'bf16', false, true },
                           { { tp = 2, dp_shard = 2 }, 'bf16', true, true } }) do
     local sizes, mp, checkpoint, sp = case[1], case[2], case[3], case[4]

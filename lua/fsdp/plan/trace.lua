@@ -347,31 +347,17 @@ local function trace(model, o)
     -- 1. without grad: what checkpointed blocks keep (their output) and
     -- their forward's high mark; caches the model makes once (RoPE tables)
     local base = in_use()
-    local function forward_without_grad()
-      entered = 0
-      autograd.no_grad(function()
-        start_segment('stem', nil)
-        local a = cast(args)
-        o.loss(model, unpack(a, 1, a.n))
-        a = nil -- luacheck: ignore
-        if seg then end_segment() end
-      end)
-      collect()
-      return in_use() - base
-    end
-    local made = forward_without_grad()
+    entered = 0
+    autograd.no_grad(function()
+      start_segment('stem', nil)
+      local a = cast(args)
+      o.loss(model, unpack(a, 1, a.n))
+      a = nil -- luacheck: ignore
+      if seg then end_segment() end
+    end)
+    collect()
+    caches = remember_caches(model, o, in_use() - base)
     local nograd = pass
-    -- Now and then (one first trace in ~20 of a tensor-parallel tiny
-    -- Llama) one activation of the forward outlives it and the collection:
-    -- 8-16 KiB more at rest, nothing any Lua value reaches. A second
-    -- forward makes no caches (the first made them) and rarely keeps one
-    -- too, so the smaller of the two is what the model keeps.
-    if made > 0 then
-      pass = {}
-      made = math.min(made, forward_without_grad())
-      pass = nograd
-    end
-    caches = remember_caches(model, o, made)
 
     -- 2. with grad: forward, loss, backward
     pass, grad_pass, entered = {}, true, 0
