@@ -81,11 +81,10 @@ static void one_image_convolution(void *arg) {
     fl_tensor_release(x);
 }
 
+/* Two OpenMP threads at least, whatever OMP_NUM_THREADS says: one thread
+ * starts no team, and the tests would prove nothing. */
 static void skip_on_one_thread(void) {
-    if (omp_get_max_threads() < 2) {
-        print_message("skipped: one OpenMP thread (OMP_NUM_THREADS=1) starts no team\n");
-        skip();
-    }
+    if (omp_get_max_threads() < 2) omp_set_num_threads(2);
 }
 
 static void products_start_no_threads(void **state) {
